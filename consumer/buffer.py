@@ -1,0 +1,142 @@
+"""The bounded batch queue between the receive thread and the trainer.
+
+Capacity counts every batch the consumer holds that the trainer has not taken: those
+received and waiting, and those already staged onto the model device. The coordinator
+grants a credit only for a free slot (``capacity - len(queue) - credits in flight``),
+so :meth:`BatchQueue.put` finding the queue full is a protocol violation, never
+back-pressure. With the default capacity of 3 the queue is the triple buffer: one
+batch arriving, one staged on the model device, one being trained on.
+
+Staging: when a ``stage`` function is given, a stager thread converts each batch's
+host arrays to device tensors as soon as it arrives, while the trainer runs its step
+on the previous one. The trainer takes batches in arrival order and waits for the
+head batch's staging if it is not finished yet.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+# The stager re-checks its stop flag at least this often while idle.
+STAGER_POLL_S = 0.5
+
+
+class QueueFull(RuntimeError):
+    """A batch arrived without a free slot: a credit accounting error."""
+
+
+@dataclass
+class QueuedBatch:
+    lease: int
+    epoch: int
+    index: int
+    ids: list[str]
+    arrays: Any  # dict of numpy arrays, replaced by staged tensors
+    producer: str
+    received_t: float = field(default_factory=time.monotonic)
+    staged: bool = False
+
+
+class BatchQueue:
+    def __init__(self, capacity: int, stage: Callable[[Any], Any] | None = None,
+                 on_free: Callable[[], None] | None = None) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._stage = stage
+        self._on_free = on_free
+        self._items: collections.deque[QueuedBatch] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.high_water = 0
+        self.stage_errors = 0
+        self._stager: threading.Thread | None = None
+        if stage is not None:
+            self._stager = threading.Thread(target=self._stage_loop, name="stager", daemon=True)
+            self._stager.start()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    def put(self, item: QueuedBatch) -> None:
+        with self._cond:
+            if len(self._items) >= self.capacity:
+                raise QueueFull(f"queue at capacity {self.capacity}")
+            if self._stage is None:
+                item.staged = True
+            self._items.append(item)
+            self.high_water = max(self.high_water, len(self._items))
+            self._cond.notify_all()
+
+    def wait_for_depth(self, depth: int, timeout: float, stop: threading.Event | None = None) -> int:
+        """Block until ``depth`` batches are held, ``timeout`` passes or ``stop`` is set."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._items) < depth and not self._closed and not (stop and stop.is_set()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(min(remaining, STAGER_POLL_S))
+            return len(self._items)
+
+    def get(self, timeout: float) -> tuple[QueuedBatch, int] | None:
+        """Take the oldest batch once staged; return it with the depth seen on asking.
+
+        Returns None if nothing arrived within ``timeout`` (the caller re-checks its stop
+        flag and asks again; the wait still counts as data wait).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            depth = len(self._items)
+            while not self._items or not self._items[0].staged:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return None
+                self._cond.wait(remaining)
+            item = self._items.popleft()
+            self._cond.notify_all()
+        if self._on_free is not None:
+            self._on_free()
+        return item, depth
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._stager is not None:
+            self._stager.join(timeout=5.0)
+
+    def _next_unstaged(self) -> QueuedBatch | None:
+        for item in self._items:
+            if not item.staged:
+                return item
+        return None
+
+    def _stage_loop(self) -> None:
+        assert self._stage is not None
+        while True:
+            with self._cond:
+                item = self._next_unstaged()
+                while item is None and not self._closed:
+                    self._cond.wait(STAGER_POLL_S)
+                    item = self._next_unstaged()
+                if self._closed:
+                    return
+            try:
+                staged = self._stage(item.arrays)
+            except Exception:  # a staging failure must not kill the thread: train from host memory
+                log.exception("staging batch of lease %d failed; it will be used from host memory", item.lease)
+                self.stage_errors += 1
+                staged = item.arrays
+            with self._cond:
+                item.arrays = staged
+                item.staged = True
+                self._cond.notify_all()

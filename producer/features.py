@@ -1,0 +1,352 @@
+"""The log-mel spectrogram: the one definition used for training data and at inference.
+
+Every producer computes its training features here, and a user synthesising with a
+trained model must compute the same features the same way, so the definition is fixed
+and written down exactly. It matches librosa's
+``librosa.feature.melspectrogram(y, sr, n_fft, hop_length, win_length, window="hann",
+center=True, pad_mode="reflect", power=1.0, n_mels, fmin, fmax, htk=False,
+norm="slaney")`` followed by ``log(max(mel, log_floor))`` (librosa itself is not
+needed). With ``cfg = FeaturesConfig`` (``shared/config.py``):
+
+Definition
+----------
+1. **Centre padding.** The mono float signal x[n] (n samples, n >= n_fft//2 + 1) is
+   padded by ``n_fft // 2`` samples on both sides in *reflect* mode (the edge sample is
+   not repeated: ``[x2, x1, x0, x1, x2, ...]``, numpy's/TF's ``"reflect"``). A clip of
+   at most ``n_fft // 2`` samples cannot be reflected and is refused with ValueError.
+2. **Framing.** Frames of ``n_fft`` samples start every ``hop_length`` samples of the
+   padded signal, the last one being the last that fits entirely (no end padding).
+   Frame t is therefore centred on sample ``t * hop_length`` of the original signal and
+   the frame count is ``1 + n // hop_length`` (for an even n_fft, as in every shipped
+   config; in general ``1 + (n + 2 * (n_fft // 2) - n_fft) // hop_length``), see
+   :func:`num_frames`.
+3. **Window.** A *periodic* Hann window of ``win_length`` samples,
+   ``w[k] = 0.5 - 0.5 * cos(2 * pi * k / win_length)``, k = 0 .. win_length-1
+   (scipy's ``get_window("hann", win_length, fftbins=True)``), zero-padded to n_fft and
+   *centred* in it: it starts at offset ``(n_fft - win_length) // 2``, as librosa's
+   ``pad_center`` does.
+4. **Magnitude STFT.** ``S[t, f] = |rfft(frame_t * window)[f]|``, f = 0 .. n_fft//2:
+   the magnitude, *not* the power (librosa's ``power=1.0``).
+5. **Mel filterbank.** ``n_mels`` triangular filters on the *Slaney* mel scale
+   (librosa's default ``htk=False``, from Slaney's Auditory Toolbox: linear below
+   1 kHz, ``mel = 3 * f / 200``; logarithmic above, ``mel = 15 + 27 * ln(f / 1000) /
+   ln(6.4)``). The n_mels + 2 edge frequencies are equally spaced in mel between
+   ``fmin_hz`` and ``fmax_hz``; filter m rises linearly from edge m to edge m+1 and
+   falls to edge m+2, evaluated at the rfft bin frequencies ``k * sample_rate_hz /
+   n_fft``. Each filter is then *Slaney area normalised* (librosa's ``norm="slaney"``):
+   multiplied by ``2 / (edge[m+2] - edge[m])`` in Hz, so filters have roughly constant
+   energy per channel. See :func:`mel_filterbank`.
+6. **Mel magnitudes.** ``M[t, m] = sum_f S[t, f] * fb[f, m]``.
+7. **Log.** ``L[t, m] = ln(max(M[t, m], log_floor))``, the *natural* log, with the
+   floor clamping silence (``log_floor = 1e-5`` gives a minimum of about -11.51).
+
+Padding
+-------
+When a batch pads spectrograms of different lengths to a common frame count, padded
+frames take the value ``ln(log_floor)`` (:func:`pad_value`), i.e. what digital silence
+gives, not 0 (which would be a loud frame in log space).
+
+Shapes
+------
+Dimension legend used in the docstrings below:
+
+- ``N``: number of audio samples of one clip
+- ``B``: number of clips in one batched computation
+- ``T``: number of frames, ``num_frames(N, cfg)``
+- ``F``: number of rfft bins, ``n_fft // 2 + 1``
+- ``M``: number of mel channels, ``n_mels``
+
+Implementations
+---------------
+- :func:`log_mel_spectrogram_numpy`: the plain numpy reference (explicit frames,
+  ``np.fft.rfft``), in float64 by default.
+- :class:`MelComputer`: the producer's batched computation, TensorFlow ops inside one
+  ``tf.function`` (backend ``"tf"``, optionally on a GPU) or the numpy reference in
+  float32 (backend ``"numpy"``).
+- :func:`log_mel_spectrogram`: the function users call at inference; the same code path
+  as the producers (a cached :class:`MelComputer`).
+
+TensorFlow is imported lazily, inside the functions that need it: importing this module
+does not import TensorFlow, so a process that only reads configs or uses the numpy
+backend does not pay for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from shared.config import FeaturesConfig
+
+logger = logging.getLogger(__name__)
+
+# Slaney's mel scale (Auditory Toolbox, and librosa with htk=False).
+_SLANEY_F_SP_HZ = 200.0 / 3.0  # Hz per mel in the linear part
+_SLANEY_MIN_LOG_HZ = 1000.0  # where the scale switches from linear to logarithmic
+_SLANEY_MIN_LOG_MEL = _SLANEY_MIN_LOG_HZ / _SLANEY_F_SP_HZ  # = 15 mel at 1 kHz
+_SLANEY_LOGSTEP = math.log(6.4) / 27.0  # 27 mel per factor 6.4 above 1 kHz
+
+# The TF path works in float32: the precision of the audio and of the features the model
+# consumes; float64 is only worth it for the reference.
+_TF_DTYPE = np.float32
+
+# How many MelComputers log_mel_spectrogram keeps (one per distinct FeaturesConfig): a
+# process normally uses one config; a few more cover tests and notebooks.
+_CACHED_COMPUTERS = 8
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
+    """Slaney mel of frequencies ``hz`` (any shape, float64)."""
+    hz = np.asarray(hz, dtype=np.float64)
+    mel = hz / _SLANEY_F_SP_HZ
+    log_part = hz >= _SLANEY_MIN_LOG_HZ
+    mel = np.where(
+        log_part,
+        _SLANEY_MIN_LOG_MEL + np.log(np.maximum(hz, _SLANEY_MIN_LOG_HZ) / _SLANEY_MIN_LOG_HZ) / _SLANEY_LOGSTEP,
+        mel,
+    )
+    return mel
+
+
+def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_hz_to_mel` (any shape, float64)."""
+    mel = np.asarray(mel, dtype=np.float64)
+    hz = _SLANEY_F_SP_HZ * mel
+    log_part = mel >= _SLANEY_MIN_LOG_MEL
+    return np.where(
+        log_part,
+        _SLANEY_MIN_LOG_HZ * np.exp(_SLANEY_LOGSTEP * (np.maximum(mel, _SLANEY_MIN_LOG_MEL) - _SLANEY_MIN_LOG_MEL)),
+        hz,
+    )
+
+
+def _check_cfg(cfg: FeaturesConfig) -> None:
+    if cfg.win_length > cfg.n_fft:
+        raise ValueError(f"win_length ({cfg.win_length}) must not exceed n_fft ({cfg.n_fft})")
+    if cfg.n_fft <= 0 or cfg.hop_length <= 0 or cfg.win_length <= 0 or cfg.n_mels <= 0:
+        raise ValueError("n_fft, hop_length, win_length and n_mels must be positive")
+    if cfg.log_floor <= 0:
+        raise ValueError(f"log_floor must be positive, got {cfg.log_floor}")
+
+
+def centered_window(cfg: FeaturesConfig) -> np.ndarray:
+    """The analysis window, float64 [n_fft]: periodic Hann of win_length, centred."""
+    _check_cfg(cfg)
+    k = np.arange(cfg.win_length, dtype=np.float64)
+    hann = 0.5 - 0.5 * np.cos(2.0 * np.pi * k / cfg.win_length)
+    window = np.zeros(cfg.n_fft, dtype=np.float64)
+    start = (cfg.n_fft - cfg.win_length) // 2
+    window[start:start + cfg.win_length] = hann
+    return window
+
+
+def min_num_samples(cfg: FeaturesConfig) -> int:
+    """Shortest clip (in samples) that reflect centre padding accepts: ``n_fft//2 + 1``."""
+    return cfg.n_fft // 2 + 1
+
+
+def _as_clip(audio: Any, cfg: FeaturesConfig, dtype: Any, what: str = "audio") -> np.ndarray:
+    """Validate one mono clip [N] and return it as ``dtype``."""
+    array = np.asarray(audio)
+    if array.ndim != 1:
+        raise ValueError(f"{what} must be mono, shape [num_samples]; got shape {array.shape}")
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ValueError(f"{what} must be floating point (samples in [-1, 1]); got dtype {array.dtype}")
+    needed = min_num_samples(cfg)
+    if array.shape[0] < needed:
+        raise ValueError(
+            f"{what} has {array.shape[0]} samples; the log-mel needs at least n_fft//2 + 1 = {needed} "
+            f"({1000.0 * needed / cfg.sample_rate_hz:.1f} ms at {cfg.sample_rate_hz} Hz) for reflect "
+            f"centre padding; reject such clips")
+    return array.astype(dtype, copy=False)
+
+
+def _reflect_pad(clip: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """Centre padding [N] -> [N + 2 * (n_fft // 2)], reflect mode."""
+    return np.pad(clip, cfg.n_fft // 2, mode="reflect")
+
+
+# ------------------------------------------------------------------------- public API
+
+
+def mel_filterbank(cfg: FeaturesConfig) -> np.ndarray:
+    """Slaney-scale, Slaney-normalised triangular filters, float64 [F, M].
+
+    ``F = n_fft // 2 + 1`` rfft bins, ``M = n_mels`` channels; identical to
+    ``librosa.filters.mel(sr, n_fft, n_mels, fmin, fmax, htk=False, norm="slaney").T``.
+    Logs a warning if a filter covers no rfft bin (too many mels for this n_fft).
+    """
+    _check_cfg(cfg)
+    fft_hz = np.fft.rfftfreq(cfg.n_fft, d=1.0 / cfg.sample_rate_hz)  # [F]
+    mel_edges = np.linspace(_hz_to_mel(cfg.fmin_hz), _hz_to_mel(cfg.fmax_hz), cfg.n_mels + 2)
+    edges_hz = _mel_to_hz(mel_edges)  # [M + 2]
+    widths_hz = np.diff(edges_hz)  # [M + 1]
+    ramps = edges_hz[:, None] - fft_hz[None, :]  # [M + 2, F]
+    lower = -ramps[:-2] / widths_hz[:-1, None]  # rising edge, [M, F]
+    upper = ramps[2:] / widths_hz[1:, None]  # falling edge, [M, F]
+    weights = np.maximum(0.0, np.minimum(lower, upper))  # [M, F]
+    weights *= (2.0 / (edges_hz[2:] - edges_hz[:-2]))[:, None]  # Slaney area normalisation
+    empty = np.flatnonzero(weights.max(axis=1) <= 0.0)
+    if empty.size:
+        logger.warning("mel filterbank: %d of %d filters cover no FFT bin (channels %s); "
+                       "use fewer n_mels or a larger n_fft", empty.size, cfg.n_mels, empty.tolist()[:10])
+    return np.ascontiguousarray(weights.T)
+
+
+def num_frames(num_samples: int, cfg: FeaturesConfig) -> int:
+    """Frame count T of a clip of ``num_samples`` samples: ``1 + num_samples // hop``.
+
+    (General form, also right for an odd n_fft: ``1 + (N + 2*(n_fft//2) - n_fft) // hop``.)
+    """
+    padded = int(num_samples) + 2 * (cfg.n_fft // 2)
+    if padded < cfg.n_fft:
+        return 0
+    return 1 + (padded - cfg.n_fft) // cfg.hop_length
+
+
+def pad_value(cfg: FeaturesConfig) -> float:
+    """Log-mel value of padded frames: ``ln(log_floor)`` (digital silence)."""
+    return float(math.log(cfg.log_floor))
+
+
+def log_mel_spectrogram_numpy(
+    audio: np.ndarray, cfg: FeaturesConfig = FeaturesConfig(), dtype: Any = np.float64
+) -> np.ndarray:
+    """Reference log-mel in plain numpy: [N] -> [T, M] of ``dtype``.
+
+    Frames are built explicitly (a strided view of the reflect-padded clip) and
+    transformed with ``np.fft.rfft``; every step runs in ``dtype`` (numpy >= 2 keeps
+    float32 FFTs in single precision). Raises ValueError for a clip shorter than
+    ``n_fft // 2 + 1`` samples or one that is not 1-D floating point.
+    """
+    clip = _as_clip(audio, cfg, dtype)
+    padded = _reflect_pad(clip, cfg)  # [N + 2 * (n_fft // 2)]
+    frames = np.lib.stride_tricks.sliding_window_view(padded, cfg.n_fft)[:: cfg.hop_length]  # [T, n_fft]
+    expected = num_frames(clip.shape[0], cfg)
+    if frames.shape[0] != expected:  # the definition and num_frames must agree
+        raise AssertionError(f"framing produced {frames.shape[0]} frames, num_frames says {expected}")
+    window = centered_window(cfg).astype(dtype)
+    spectrum = np.abs(np.fft.rfft(frames * window, n=cfg.n_fft, axis=-1))  # [T, F]
+    mel = spectrum.astype(dtype, copy=False) @ mel_filterbank(cfg).astype(dtype)  # [T, M]
+    floor = np.asarray(cfg.log_floor, dtype=dtype)
+    return np.log(np.maximum(mel, floor)).astype(dtype, copy=False)
+
+
+class MelComputer:
+    """Log-mels of several clips at once, with the configured backend.
+
+    ``MelComputer(cfg, device)(clips)`` maps a list of B mono clips (each [N_i], floating
+    point, samples in [-1, 1]) to a list of B float32 arrays [T_i, M], with
+    ``T_i = num_frames(N_i, cfg)``; each result equals that clip's unbatched log-mel.
+
+    Backend ``"tf"``: each clip is reflect centre padded on its own (in numpy, so the end
+    of a short clip is reflected, not zero padded), the padded clips are zero padded on
+    the right to a common length [B, N_max + 2 * (n_fft // 2)], and one ``tf.function``
+    (input signature ``TensorSpec([None, None], float32)``, so it is traced once) frames,
+    windows, FFTs and projects the whole batch to [B, T_max, M], under
+    ``tf.device(device)`` when ``device`` is given (e.g. ``"/GPU:0"``). Each clip's own
+    T_i frames are then sliced out; frames past T_i (which read zero padding) are
+    discarded.
+
+    Backend ``"numpy"``: :func:`log_mel_spectrogram_numpy` in float32, clip by clip;
+    ``device`` is ignored.
+
+    Raises ValueError, naming the clip, for a clip shorter than ``n_fft // 2 + 1``
+    samples (callers should reject those when indexing).
+    """
+
+    def __init__(self, cfg: FeaturesConfig, device: str | None = None) -> None:
+        _check_cfg(cfg)
+        if cfg.backend not in ("tf", "numpy"):
+            raise ValueError(f"features backend must be 'tf' or 'numpy', got {cfg.backend!r}")
+        self.cfg = cfg
+        self.device = device
+        self._filterbank = mel_filterbank(cfg)  # float64 [F, M]
+        self._window = centered_window(cfg)  # float64 [n_fft]
+        self._tf_fn: Callable[[Any], Any] | None = None
+        self._build_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"MelComputer(backend={self.cfg.backend!r}, device={self.device!r})"
+
+    def __call__(self, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Log-mels of ``clips`` ([N_i] each) -> list of float32 [T_i, M]."""
+        if self.cfg.backend == "numpy":
+            checked = [_as_clip(c, self.cfg, np.float32, f"clip {i}") for i, c in enumerate(clips)]
+            return [log_mel_spectrogram_numpy(c, self.cfg, dtype=np.float32) for c in checked]
+        return self._call_tf(clips)
+
+    # -- TensorFlow backend
+
+    def _call_tf(self, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if len(clips) == 0:
+            return []
+        padded = [_reflect_pad(_as_clip(c, self.cfg, _TF_DTYPE, f"clip {i}"), self.cfg) for i, c in enumerate(clips)]
+        frames = [num_frames(p.shape[0] - 2 * (self.cfg.n_fft // 2), self.cfg) for p in padded]
+        batch = np.zeros((len(padded), max(p.shape[0] for p in padded)), dtype=_TF_DTYPE)  # [B, N_max + 2*pad]
+        for row, p in zip(batch, padded):
+            row[: p.shape[0]] = p
+        fn = self._tf_function()
+        with self._device_scope():
+            result = fn(batch).numpy()  # [B, T_max, M]
+        return [np.ascontiguousarray(result[i, :t]) for i, t in enumerate(frames)]
+
+    def _device_scope(self) -> contextlib.AbstractContextManager[Any]:
+        if self.device is None:
+            return contextlib.nullcontext()
+        import tensorflow as tf
+
+        return tf.device(self.device)
+
+    def _tf_function(self) -> Callable[[Any], Any]:
+        with self._build_lock:
+            if self._tf_fn is None:
+                self._tf_fn = self._build_tf_function()
+            return self._tf_fn
+
+    def _build_tf_function(self) -> Callable[[Any], Any]:
+        import tensorflow as tf
+
+        cfg = self.cfg
+        window = self._window.astype(_TF_DTYPE)  # [n_fft]
+        filterbank = self._filterbank.astype(_TF_DTYPE)  # [F, M]
+        log_floor = float(cfg.log_floor)
+        device_scope = self._device_scope
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+        def batched_log_mel(padded_audio: Any) -> Any:
+            """[B, N_max + 2 * (n_fft // 2)] centre-padded clips -> [B, T_max, M] log-mel."""
+            with device_scope():
+                frames = tf.signal.frame(padded_audio, cfg.n_fft, cfg.hop_length, pad_end=False)  # [B, T, n_fft]
+                windowed = frames * tf.constant(window)
+                spectrum = tf.abs(tf.signal.rfft(windowed, fft_length=[cfg.n_fft]))  # [B, T, F]
+                mel = tf.linalg.matmul(spectrum, tf.constant(filterbank))  # [B, T, M]
+                return tf.math.log(tf.maximum(mel, log_floor))
+
+        logger.debug("built the batched log-mel tf.function (device=%s)", self.device)
+        return batched_log_mel
+
+
+@functools.lru_cache(maxsize=_CACHED_COMPUTERS)
+def _cached_computer(cfg: FeaturesConfig) -> MelComputer:
+    return MelComputer(cfg)
+
+
+def log_mel_spectrogram(audio: np.ndarray, cfg: FeaturesConfig = FeaturesConfig()) -> np.ndarray:
+    """Log-mel spectrogram of one mono clip: [N] -> float32 [T, M].
+
+    This is the function to call at inference: it runs exactly the code the producers
+    ran for training (a :class:`MelComputer` for ``cfg``, cached per config; with the
+    default ``backend="tf"`` that is the TensorFlow path on the default device).
+    Raises ValueError for a clip shorter than ``n_fft // 2 + 1`` samples.
+    """
+    return _cached_computer(cfg)([_as_clip(audio, cfg, _TF_DTYPE)])[0]

@@ -1,0 +1,17 @@
+"""stoker: keep a training GPU fed. See README.md and ../shared/ARCHITECTURE.md.
+
+    python run.py                                  train on the embedded demo data
+    python run.py --data-gpu 0 --model-gpu 1       producers on GPU 0, trainer on GPU 1
+    python run.py produce --connect tcp://HOST:PORT --data DIR
+    python run.py bench
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shared.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

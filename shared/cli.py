@@ -1,0 +1,246 @@
+"""The command line of ``python run.py``; see ARCHITECTURE.md for the contract.
+
+Every mistake a user can make (bad flag, unknown config key, missing dataset, GPU
+that is not there, endpoint in use, unknown model) ends with one line on stderr,
+``stoker: error: ...``, and a non-zero exit; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import logging
+import sys
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+from shared import config as config_mod
+
+log = logging.getLogger("stoker")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
+COMMANDS = ("train", "produce", "bench")
+LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
+
+EXIT_USER = 2
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line."""
+
+
+def out(text: str = "") -> None:
+    """The CLI's output layer: results for the user on stdout (logs go to stderr)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see python run.py {self.prog.split()[-1] if ' ' in self.prog else ''}--help)"
+                        .replace("run.py run.py", "run.py"))
+
+
+def _train_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
+    parser.add_argument("--data-gpu", type=int, help="GPU index for the producers")
+    parser.add_argument("--model-gpu", type=int, help="GPU index for the trainer")
+    parser.add_argument("--data-gpu-memory", type=int, metavar="MB", help="memory limit per producer process")
+    parser.add_argument("--model-gpu-memory", type=int, metavar="MB", help="memory limit of the trainer")
+    parser.add_argument("--producers", type=int, help="local producer processes (0: remote ones only)")
+    parser.add_argument("--bind", metavar="ENDPOINT", help="consumer endpoint, e.g. tcp://0.0.0.0:5555")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--steps", type=int, help="train this many steps")
+    parser.add_argument("--epochs", type=int, help="train this many epochs (instead of --steps)")
+    parser.add_argument("--buffer-size", type=int, help="queue capacity in batches (default 3)")
+    parser.add_argument("--model-start-delay", type=float, metavar="S", help="warm-up before the first step")
+    parser.add_argument("--model", help="tiny | synthetic:MS")
+    parser.add_argument("--run-dir", help="where the run's files go (default runs/<timestamp>)")
+    parser.add_argument("--record-samples", action="store_true", default=None, help="write samples.jsonl")
+    parser.add_argument("--keys", metavar="DIR", help="CURVE keys directory")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="allow a non-loopback bind without keys")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. --set trainer.learning_rate=1e-3")
+
+
+FLAG_KEYS = {
+    "data": "data.path", "data_gpu": "devices.data_gpu", "model_gpu": "devices.model_gpu",
+    "data_gpu_memory": "devices.data_gpu_memory_mb", "model_gpu_memory": "devices.model_gpu_memory_mb",
+    "producers": "pipeline.producers", "bind": "pipeline.bind", "batch_size": "batching.batch_size",
+    "steps": "trainer.steps", "epochs": "trainer.epochs", "buffer_size": "pipeline.buffer_size",
+    "model_start_delay": "pipeline.model_start_delay_s", "model": "trainer.model", "run_dir": "run.run_dir",
+    "record_samples": "trainer.record_samples", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
+    "log_level": "run.log_level",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="run.py", description="stoker: keep a training GPU fed")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    _train_parser(sub.add_parser("train", help="train (the default command)"))
+    produce = sub.add_parser("produce", help="start producers on this host for a trainer elsewhere")
+    produce.add_argument("--connect", required=True, metavar="ENDPOINT", help="the trainer's endpoint")
+    produce.add_argument("--data", default="", help="dataset directory (same dataset as the trainer's)")
+    produce.add_argument("--producers", type=int, default=1)
+    produce.add_argument("--data-gpu", type=int)
+    produce.add_argument("--data-gpu-memory", type=int, metavar="MB")
+    produce.add_argument("--keys", metavar="DIR")
+    produce.add_argument("--log-level", default="INFO")
+    bench = sub.add_parser("bench", help="run the benchmarks; prints a table, writes bench.json")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions and batches")
+    bench.add_argument("--out", default="bench.json")
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> config_mod.Config:
+    overrides: dict[str, Any] = {}
+    for attr, key in FLAG_KEYS.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides[key] = value
+    if args.steps is not None and args.epochs is None:
+        overrides["trainer.epochs"] = None
+    if args.epochs is not None and args.steps is None:
+        overrides["trainer.steps"] = None
+    for item in args.set:
+        key, value = config_mod.parse_override(item)
+        overrides[key] = value
+    if "data.path" in overrides and overrides["data.path"]:
+        overrides["data.path"] = str(Path(overrides["data.path"]).expanduser().resolve())
+    return config_mod.load(args.config, overrides)
+
+
+def is_loopback(endpoint: str) -> bool:
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = rest.rsplit(":", 1)[0]
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def make_run_dir(requested: str) -> Path:
+    if requested:
+        path = Path(requested).expanduser().resolve()
+    else:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = Path("runs").resolve() / stamp
+        n = 1
+        while path.exists():
+            path = Path("runs").resolve() / f"{stamp}-{n}"
+            n += 1
+    if path.exists() and any(path.iterdir()):
+        raise UserError(f"run directory {path} is not empty; choose another --run-dir")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create run directory {path}: {exc.strerror}") from None
+    return path
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from consumer.models import ModelError, check_model
+    from shared.dataset import DatasetError, resolve_root
+    from shared.devices import DeviceError, list_gpus, plan_devices
+    from shared.launcher import run_training
+    from shared.proc import setup_logging
+
+    cfg = resolve_config(args)
+    setup_logging("launcher", cfg.run.log_level)
+    try:
+        root = resolve_root(cfg.data.path)
+        check_model(cfg.trainer.model)
+    except (DatasetError, ModelError) as exc:
+        raise UserError(str(exc)) from None
+    if cfg.pipeline.keys:
+        raise UserError("--keys: CURVE authentication is not available in this version")
+    if not is_loopback(cfg.pipeline.bind) and not cfg.pipeline.insecure:
+        raise UserError(f"--bind {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
+                        "unauthenticated: add --insecure to accept that")
+    try:
+        plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
+    except DeviceError as exc:
+        raise UserError(str(exc)) from None
+    run_dir = make_run_dir(cfg.run.run_dir)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(root)),
+                              run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+    config_mod.save(cfg, run_dir / "config.yaml")
+    log.info("%s", plan.describe(cfg.pipeline.producers))
+    log.info("run directory %s", run_dir)
+    code = run_training(cfg, run_dir, plan)
+    print_summary(run_dir)
+    return code
+
+
+def print_summary(run_dir: Path) -> None:
+    import json
+
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        out(f"no summary in {run_dir}")
+        return
+    loss = ""
+    if s.get("loss_first") is not None:
+        loss = f"  loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}"
+    wait = s.get("data_wait_frac")
+    out(f"stoker run {run_dir}: {s['exit_reason']}")
+    out(f"  {s['steps']} steps, {s['samples']} samples, {s.get('epochs_completed', 0)} epochs in "
+        f"{s['wall_s']:.1f} s; {s['steps_per_s']:.2f} steps/s, {s['samples_per_s']:.1f} samples/s{loss}")
+    out(f"  trainer waited for data {100 * (wait or 0):.1f}% of its time; queue depth mean "
+        f"{s.get('queue_depth_mean') or 0:.2f} of {s.get('capacity')}; {s['starved_steps']} starved steps; "
+        f"{s['rejected']} samples rejected")
+    out(f"  verdict: {s['verdict']}; recommended producers: {s['recommended_producers']}")
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from shared.dataset import DatasetError, resolve_root
+    from shared.devices import DeviceError, DevicesConfig, list_gpus, plan_devices
+    from shared.launcher import run_producers
+    from shared.proc import setup_logging
+
+    setup_logging("launcher", args.log_level)
+    if args.keys:
+        raise UserError("--keys: CURVE authentication is not available in this version")
+    if args.producers < 1:
+        raise UserError("--producers must be at least 1")
+    try:
+        root = resolve_root(args.data)
+        devices = DevicesConfig(data_gpu=args.data_gpu, model_gpu=None, data_gpu_memory_mb=args.data_gpu_memory)
+        plan = plan_devices(devices, list_gpus() if args.data_gpu is not None else [], args.producers)
+    except (DatasetError, DeviceError) as exc:
+        raise UserError(str(exc)) from None
+    return run_producers(args.connect, str(root), args.producers, plan, 3, args.log_level)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from benchmarks.suite import main as bench_main
+
+    return bench_main(quick=args.quick, out_path=Path(args.out))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        argv = ["train", *argv]
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "train":
+            return cmd_train(args)
+        if args.command == "produce":
+            return cmd_produce(args)
+        if args.command == "bench":
+            return cmd_bench(args)
+        build_parser().print_help()
+        return EXIT_USER
+    except (UserError, config_mod.ConfigError) as exc:
+        sys.stderr.write(f"stoker: error: {exc}\n")
+        return EXIT_USER
+    except KeyboardInterrupt:
+        sys.stderr.write("stoker: interrupted\n")
+        return 130

@@ -1,0 +1,287 @@
+"""Configuration schema: frozen dataclasses loaded from YAML.
+
+Every key of ``configs/default.yaml`` is a field of one of the sections below, and
+nothing else is accepted: an unknown key or a value of the wrong type is a
+:class:`ConfigError`, not a silent default (as nanoGPT's configurator refuses them).
+Units are part of the names (``_ms``, ``_s``, ``_hz``, ``_mb``).
+
+Precedence, lowest first: dataclass defaults, the YAML file, command-line flags,
+``--set section.key=value`` overrides. The resolved config is written to the run
+directory as ``config.yaml`` and is what every child process loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration the user wrote cannot be used (unknown key, wrong type, bad value)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the dataset is and which clips are usable."""
+
+    path: str = ""  # LJSpeech-layout directory; empty means the embedded demo set
+    metadata_file: str = "metadata.csv"  # `id|text|normalized_text` (or `id|text`)
+    min_audio_s: float = 0.2  # shorter clips are rejected at index time
+    max_audio_s: float = 20.0  # longer clips are rejected at index time
+    max_tokens: int = 400  # texts that tokenize to more are rejected at index time
+
+
+@dataclass(frozen=True)
+class FeaturesConfig:
+    """The log-mel spectrogram; see producer/features.py for the exact definition."""
+
+    sample_rate_hz: int = 22050
+    n_fft: int = 1024
+    hop_length: int = 256
+    win_length: int = 1024
+    n_mels: int = 80
+    fmin_hz: float = 0.0
+    fmax_hz: float = 8000.0
+    log_floor: float = 1e-5  # magnitudes below this are clamped before the log
+    backend: str = "tf"  # "tf": TensorFlow ops on the data device; "numpy": reference
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How the epoch plan groups samples into batches of a few fixed shapes."""
+
+    batch_size: int = 16
+    num_buckets: int = 4  # distinct padded shapes, so the trainer traces at most this many
+    frames_multiple: int = 16  # bucket frame bounds are rounded up to a multiple of this
+    tokens_multiple: int = 8  # bucket token bounds are rounded up to a multiple of this
+    seed: int = 1234  # seeds the per-epoch shuffle of batches
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Processes, sockets and flow control."""
+
+    producers: int = 2  # local producer processes; 0 means remote ones only
+    bind: str = "tcp://127.0.0.1:*"  # consumer's ROUTER endpoint; '*' picks a free port
+    buffer_size: int = 3  # queue capacity in batches (receiving, staged, training)
+    model_start_delay_s: float = 2.0  # warm-up: first step waits for a full queue or this long
+    lease_ahead: int = 3  # planned batches a producer may hold (prepared or in preparation)
+    heartbeat_interval_s: float = 1.0  # how often each side says it is alive
+    heartbeat_timeout_s: float = 5.0  # silence after which a peer is presumed dead
+    max_message_mb: int = 256  # larger frames are refused by the socket (ZMQ_MAXMSGSIZE)
+    producer_restarts: int = 3  # restarts of one crashed local producer before giving up
+    keys: str = ""  # directory of CURVE keys (empty: no authentication)
+    insecure: bool = False  # allow binding a non-loopback address without keys
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    """GPU pinning. None means: no GPU for that role (CPU), unless auto-selected."""
+
+    data_gpu: int | None = None
+    model_gpu: int | None = None
+    data_gpu_memory_mb: int | None = None  # per producer process
+    model_gpu_memory_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The training loop."""
+
+    model: str = "tiny"  # tiny | synthetic:MS | package.module:function
+    steps: int | None = 300  # stop after this many steps (None: run --epochs)
+    epochs: int | None = None  # stop after this many full epochs (overrides steps)
+    learning_rate: float = 2e-3
+    log_every_steps: int = 25  # progress line interval
+    record_samples: bool = False  # write samples.jsonl (ids of every batch)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where the run's files go."""
+
+    run_dir: str = ""  # empty: runs/<timestamp>/
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+SECTIONS: dict[str, type] = typing.get_type_hints(Config)
+
+
+def _section_types(section_cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(section_cls)
+
+
+def _check_value(where: str, value: Any, annotation: Any) -> Any:
+    """Return ``value`` if it fits ``annotation`` (int accepted for float), else raise."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check_value(where, value, option)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {annotation!r}")  # schema bug
+
+
+def _validate(cfg: Config) -> None:
+    """Cross-field rules that types alone cannot express."""
+    f, b, p, t = cfg.features, cfg.batching, cfg.pipeline, cfg.trainer
+    positive = {
+        "features.sample_rate_hz": f.sample_rate_hz, "features.n_fft": f.n_fft,
+        "features.hop_length": f.hop_length, "features.win_length": f.win_length,
+        "features.n_mels": f.n_mels, "batching.batch_size": b.batch_size,
+        "batching.num_buckets": b.num_buckets, "batching.frames_multiple": b.frames_multiple,
+        "batching.tokens_multiple": b.tokens_multiple, "pipeline.buffer_size": p.buffer_size,
+        "pipeline.lease_ahead": p.lease_ahead, "pipeline.heartbeat_interval_s": p.heartbeat_interval_s,
+        "pipeline.max_message_mb": p.max_message_mb, "trainer.log_every_steps": t.log_every_steps,
+        "data.max_tokens": cfg.data.max_tokens, "features.log_floor": f.log_floor,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if f.win_length > f.n_fft:
+        raise ConfigError(f"features.win_length ({f.win_length}) must not exceed features.n_fft ({f.n_fft})")
+    if not 0 <= f.fmin_hz < f.fmax_hz <= f.sample_rate_hz / 2:
+        raise ConfigError(
+            f"need 0 <= features.fmin_hz < features.fmax_hz <= sample_rate_hz/2, got "
+            f"{f.fmin_hz}, {f.fmax_hz}, {f.sample_rate_hz / 2}")
+    if f.backend not in ("tf", "numpy"):
+        raise ConfigError(f"features.backend must be 'tf' or 'numpy', got {f.backend!r}")
+    if p.heartbeat_timeout_s <= p.heartbeat_interval_s:
+        raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
+    if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0:
+        raise ConfigError("pipeline.producers, producer_restarts and model_start_delay_s must be >= 0")
+    if t.steps is None and t.epochs is None:
+        raise ConfigError("set trainer.steps or trainer.epochs")
+    for key, value in (("trainer.steps", t.steps), ("trainer.epochs", t.epochs)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if not 0 < cfg.data.min_audio_s < cfg.data.max_audio_s:
+        raise ConfigError("need 0 < data.min_audio_s < data.max_audio_s")
+    for key, value in (("devices.data_gpu", cfg.devices.data_gpu), ("devices.model_gpu", cfg.devices.model_gpu),
+                       ("devices.data_gpu_memory_mb", cfg.devices.data_gpu_memory_mb),
+                       ("devices.model_gpu_memory_mb", cfg.devices.model_gpu_memory_mb)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+    if cfg.run.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"run.log_level must be DEBUG, INFO, WARNING or ERROR, got {cfg.run.log_level!r}")
+
+
+def from_dict(raw: Mapping[str, Any] | None, base: Config | None = None) -> Config:
+    """Build a Config from nested mappings, on top of ``base`` (defaults if None)."""
+    base = base or Config()
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a config must be a mapping of sections, got {type(raw).__name__}")
+    sections = {}
+    for name, section_cls in SECTIONS.items():
+        current = getattr(base, name)
+        given = raw.get(name, {})
+        if given is None:
+            given = {}
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"section '{name}' must be a mapping, got {given!r}")
+        hints = _section_types(section_cls)
+        unknown = sorted(set(given) - set(hints))
+        if unknown:
+            raise ConfigError(f"unknown config key '{name}.{unknown[0]}' (known in '{name}': "
+                              f"{', '.join(sorted(hints))})")
+        values = {k: _check_value(f"{name}.{k}", v, hints[k]) for k, v in given.items()}
+        sections[name] = dataclasses.replace(current, **values)
+    unknown_sections = sorted(set(raw) - set(SECTIONS))
+    if unknown_sections:
+        raise ConfigError(f"unknown config section '{unknown_sections[0]}' (known: {', '.join(SECTIONS)})")
+    cfg = Config(**sections)
+    _validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def load(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Load YAML at ``path`` (None: defaults only), then apply dotted ``overrides``."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {p}: {exc.strerror}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config {p} is not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config {p} must be a mapping of sections")
+    raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if not key or "." in key:
+            raise ConfigError(f"override '{dotted}' must look like section.key")
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section '{section}' in '{dotted}' (known: {', '.join(SECTIONS)})")
+        target = raw.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"section '{section}' must be a mapping")
+        target[key] = value
+    return from_dict(raw)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse one ``--set section.key=value``; the value is read as a YAML scalar."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects section.key=value, got {text!r}")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip(), parsed
+
+
+def save(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,187 @@
+"""Which GPU each process gets, decided before any TensorFlow is imported.
+
+The launcher never imports TensorFlow. It lists GPUs with ``nvidia-smi`` (or NVML when
+``nvidia-ml-py`` is installed), decides a :class:`DevicePlan`, and gives each child an
+environment in which ``CUDA_VISIBLE_DEVICES`` names exactly one GPU (or none), so the
+child's TensorFlow sees only its own device as ``/GPU:0``. Memory limits are applied
+inside the child by :func:`configure_tensorflow`, the only place TensorFlow is imported
+for device setup.
+
+Modes:
+    cpu          no GPU found, or none requested while some flag was given: all on CPU
+    dual-gpu     producers on --data-gpu, trainer on --model-gpu (different indexes)
+    single-gpu   one GPU shared (only one exists, or both flags name the same index):
+                 memory is split between the trainer and the producers, and stated
+With neither flag, stoker picks: GPU 0 for the trainer and GPU 1 (or 0, shared) for
+the producers when GPUs exist; CPU otherwise. With only one flag, the other role runs
+on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Mapping
+
+from shared.config import DevicesConfig
+
+log = logging.getLogger(__name__)
+
+# nvidia-smi answers in well under a second; a hung driver must not hang the launcher.
+NVIDIA_SMI_TIMEOUT_S = 10.0
+
+# In single-GPU mode producers only run STFTs and matmuls on a few batches: this share
+# of the card (split among producers) is ample, and the trainer keeps the rest.
+SINGLE_GPU_DATA_SHARE = 0.15
+# Headroom left for the CUDA context and cuDNN workspaces of every process on a shared card.
+SINGLE_GPU_RESERVE_SHARE = 0.05
+# A producer never needs more than this by default, even on a card of its own.
+DEFAULT_PRODUCER_MEMORY_MB = 2048
+
+
+class DeviceError(Exception):
+    """A GPU request that cannot be met (no such index, no GPU at all)."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    mode: str  # cpu | single-gpu | dual-gpu
+    data_gpu: int | None
+    model_gpu: int | None
+    data_memory_mb: int | None  # per producer process; None: no limit (CPU or unset)
+    model_memory_mb: int | None
+
+    def describe(self, producers: int) -> str:
+        if self.mode == "cpu":
+            return "CPU mode: no GPU in use; producers and trainer run on the CPU"
+        if self.mode == "single-gpu":
+            return (f"single-GPU mode: GPU {self.model_gpu} shared; trainer limited to "
+                    f"{self.model_memory_mb} MB, each of {producers} producer(s) to {self.data_memory_mb} MB")
+        data = "CPU" if self.data_gpu is None else f"GPU {self.data_gpu}"
+        model = "CPU" if self.model_gpu is None else f"GPU {self.model_gpu}"
+        return f"{self.mode} mode: producers on {data}, trainer on {model}"
+
+
+def list_gpus() -> list[GpuInfo]:
+    """GPUs the driver reports; [] where there is no driver, tool or device."""
+    exe = shutil.which("nvidia-smi")
+    if exe:
+        try:
+            out = subprocess.run(
+                [exe, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("nvidia-smi failed (%s); assuming no GPU", exc)
+            return []
+        if out.returncode != 0:
+            log.info("nvidia-smi found no usable GPU: %s", out.stderr.strip()[:200])
+            return []
+        gpus = []
+        for line in out.stdout.strip().splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 3 and parts[0].isdigit():
+                mem = int(float(parts[2])) if parts[2].replace(".", "", 1).isdigit() else 0
+                gpus.append(GpuInfo(int(parts[0]), parts[1], mem))
+        return gpus
+    try:
+        import pynvml  # nvidia-ml-py, optional
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+        try:
+            return [GpuInfo(i, str(pynvml.nvmlDeviceGetName(h)), int(pynvml.nvmlDeviceGetMemoryInfo(h).total >> 20))
+                    for i in range(pynvml.nvmlDeviceGetCount())
+                    for h in [pynvml.nvmlDeviceGetHandleByIndex(i)]]
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        log.info("NVML found no usable GPU: %s", exc)
+        return []
+
+
+def _check(index: int, flag: str, gpus: list[GpuInfo]) -> GpuInfo:
+    for gpu in gpus:
+        if gpu.index == index:
+            return gpu
+    if not gpus:
+        raise DeviceError(f"{flag} {index} requested, but no GPU is visible on this host "
+                          f"(omit {flag} to run on the CPU)")
+    found = ", ".join(f"{g.index} ({g.name})" for g in gpus)
+    raise DeviceError(f"{flag} {index}: no such GPU; this host has {len(gpus)}: {found}")
+
+
+def plan_devices(cfg: DevicesConfig, gpus: list[GpuInfo], producers: int) -> DevicePlan:
+    """Decide each role's GPU and memory limit; raise :class:`DeviceError` on a bad request."""
+    data_idx, model_idx = cfg.data_gpu, cfg.model_gpu
+    if data_idx is None and model_idx is None:
+        if not gpus:
+            return DevicePlan("cpu", None, None, None, None)
+        model_idx = gpus[0].index
+        data_idx = gpus[1].index if len(gpus) > 1 else gpus[0].index
+    data_gpu = _check(data_idx, "--data-gpu", gpus) if data_idx is not None else None
+    model_gpu = _check(model_idx, "--model-gpu", gpus) if model_idx is not None else None
+    if data_gpu is None and model_gpu is None:
+        return DevicePlan("cpu", None, None, None, None)
+    if data_gpu is not None and model_gpu is not None and data_gpu.index == model_gpu.index:
+        total = model_gpu.memory_mb
+        n = max(producers, 1)
+        data_mb = cfg.data_gpu_memory_mb or max(256, min(DEFAULT_PRODUCER_MEMORY_MB,
+                                                          int(total * SINGLE_GPU_DATA_SHARE / n)))
+        model_mb = cfg.model_gpu_memory_mb or int(total * (1 - SINGLE_GPU_RESERVE_SHARE)) - n * data_mb
+        if total and model_mb + n * data_mb > total:
+            raise DeviceError(f"GPU {model_gpu.index} has {total} MB: trainer {model_mb} MB + "
+                              f"{n} x {data_mb} MB for producers does not fit")
+        if model_mb <= 0:
+            raise DeviceError(f"GPU {model_gpu.index} ({total} MB) leaves no memory for the trainer "
+                              f"after {n} x {data_mb} MB for producers")
+        return DevicePlan("single-gpu", data_gpu.index, model_gpu.index, data_mb, model_mb)
+    data_mb = None
+    if data_gpu is not None:
+        data_mb = cfg.data_gpu_memory_mb or min(DEFAULT_PRODUCER_MEMORY_MB,
+                                                int(data_gpu.memory_mb * 0.9 / max(producers, 1)))
+    mode = "dual-gpu" if data_gpu is not None and model_gpu is not None else "mixed"
+    return DevicePlan(mode, data_gpu.index if data_gpu else None, model_gpu.index if model_gpu else None,
+                      data_mb, cfg.model_gpu_memory_mb if model_gpu is not None else None)
+
+
+def child_env(base: Mapping[str, str], gpu: int | None) -> dict[str, str]:
+    """The environment of a child pinned to ``gpu`` (None: no GPU visible at all)."""
+    env = dict(base)
+    # An empty value hides every GPU from CUDA, so TensorFlow places everything on the CPU.
+    env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
+    # Device indexes follow nvidia-smi's order, not CUDA's "fastest first" default.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    # TensorFlow's C++ INFO/WARNING chatter (cuInit failures on CPU hosts, oneDNN notices)
+    # would drown the run's own log; the user can still set it lower.
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def configure_tensorflow(memory_mb: int | None):  # -> the tensorflow module
+    """Import TensorFlow in a pinned child and apply its memory limit; return (tf, device)."""
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        raise RuntimeError("CUDA_VISIBLE_DEVICES must be set before TensorFlow is imported")
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return tf, "/CPU:0"
+    gpu = gpus[0]  # CUDA_VISIBLE_DEVICES leaves exactly one
+    if memory_mb:
+        tf.config.set_logical_device_configuration(
+            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=int(memory_mb))])
+    else:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    return tf, "/GPU:0"

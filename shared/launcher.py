@@ -1,0 +1,315 @@
+"""The launcher: starts, pins, supervises and stops the local processes of a run.
+
+It never imports TensorFlow. Children are started with ``subprocess`` (a fresh
+interpreter, never a fork), each with its own environment from
+:func:`shared.devices.child_env`, in a session of its own (so a terminal's Ctrl-C
+reaches the launcher only), and with a status pipe (shared/proc.py).
+
+Shutdown protocol (as PyTorch's DataLoader documents its own):
+  1. Stop signal. The trainer finishing ends the consumer, which sends STOP to every
+     producer. On Ctrl-C or SIGTERM the launcher sends SIGTERM to every child at once:
+     the consumer stops after its current step and writes summary.json; producers send
+     BYE with their leases and exit.
+  2. Drain and join with a timeout: the consumer gets CONSUMER_STOP_S, producers
+     PRODUCER_STOP_S after the consumer has gone.
+  3. Terminate: whatever is still running gets SIGTERM, then SIGKILL after KILL_AFTER_S.
+     If the consumer could not write summary.json, the launcher writes it from
+     metrics.jsonl. Total bound: under 10 s from the signal.
+
+Supervision: a local producer that exits with an error while the run goes on is
+reported with its error message and restarted, at most ``pipeline.producer_restarts``
+times each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from shared.config import Config
+from shared.devices import DevicePlan, child_env
+from shared.metrics import read_jsonl, summarize, write_json
+
+log = logging.getLogger("launcher")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# The consumer stops after its current step; a tiny step is far below this, but a
+# consumer still importing TensorFlow finishes the import before it can react.
+CONSUMER_STOP_S = 7.0
+# Producers have been told STOP (or SIGTERM) by then; they only need to close sockets.
+PRODUCER_STOP_S = 2.0
+# Between SIGTERM and SIGKILL for a child that ignores the protocol.
+KILL_AFTER_S = 0.5
+# Supervision loop tick: how soon a crash or a signal is noticed.
+TICK_S = 0.2
+# Indexing a large dataset and importing TensorFlow both happen before "ready".
+CONSUMER_READY_TIMEOUT_S = 600.0
+
+EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class LaunchError(Exception):
+    """A run that cannot start; the message is the one line the user sees."""
+
+
+@dataclass
+class Child:
+    role: str  # "consumer" or "producer"
+    name: str
+    argv: list[str]
+    gpu: int | None
+    proc: subprocess.Popen | None = None
+    status_fd: int = -1
+    buffer: bytes = b""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    restarts: int = 0
+    last_error: str = ""
+    done: bool = False
+
+
+class Supervisor:
+    def __init__(self, plan: DevicePlan, log_level: str = "INFO") -> None:
+        self.plan = plan
+        self.log_level = log_level
+        self.children: list[Child] = []
+        self.signalled: int | None = None
+
+    # ------------------------------------------------------------ signals
+    def install_signals(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            if self.signalled is None:
+                log.info("%s received: stopping (drain, join, terminate)", signal.Signals(signum).name)
+            self.signalled = signum
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    # ------------------------------------------------------------ children
+    def spawn(self, child: Child) -> Child:
+        read_fd, write_fd = os.pipe()
+        env = child_env(os.environ, child.gpu)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        argv = [sys.executable, "-m", *child.argv, "--parent-pid", str(os.getpid()), "--status-fd", str(write_fd)]
+        child.proc = subprocess.Popen(argv, env=env, cwd=PROJECT_ROOT, pass_fds=(write_fd,),
+                                      start_new_session=True, stdin=subprocess.DEVNULL)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        child.status_fd = read_fd
+        child.buffer = b""
+        child.done = False
+        if child not in self.children:
+            self.children.append(child)
+        log.debug("started %s (pid %d) with CUDA_VISIBLE_DEVICES=%r", child.name, child.proc.pid,
+                  env["CUDA_VISIBLE_DEVICES"])
+        return child
+
+    def _read_status(self, child: Child) -> None:
+        if child.status_fd < 0:
+            return
+        try:
+            while True:
+                chunk = os.read(child.status_fd, 65536)
+                if not chunk:
+                    os.close(child.status_fd)
+                    child.status_fd = -1
+                    break
+                child.buffer += chunk
+        except BlockingIOError:
+            pass
+        *lines, child.buffer = child.buffer.split(b"\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("%s wrote a malformed status line", child.name)
+                continue
+            if not isinstance(event, dict):
+                continue
+            if event.get("event") == "error":
+                child.last_error = f"{event.get('type')}: {event.get('message')}"
+                if event.get("user_error"):
+                    child.last_error = str(event.get("message"))
+                event["user_error"] = bool(event.get("user_error"))
+            child.events.append(event)
+
+    def poll_status(self, timeout: float) -> None:
+        fds = [c.status_fd for c in self.children if c.status_fd >= 0]
+        try:
+            select.select(fds, [], [], timeout)  # with no pipe left, a plain timed wait
+        except InterruptedError:
+            pass
+        for child in self.children:
+            self._read_status(child)
+
+    def terminate(self, children: list[Child], deadline_s: float) -> None:
+        """SIGTERM, wait until the deadline, then SIGKILL whatever is left."""
+        for c in children:
+            if c.proc and c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+        self.wait(children, deadline_s)
+        for c in children:
+            if c.proc and c.proc.poll() is None:
+                log.warning("%s did not stop in time; killing it", c.name)
+                c.proc.kill()
+        self.wait(children, KILL_AFTER_S)
+
+    def wait(self, children: list[Child], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while any(c.proc and c.proc.poll() is None for c in children):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self.poll_status(min(TICK_S, remaining))
+
+    def cleanup(self) -> None:
+        for c in self.children:
+            if c.proc and c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.wait(timeout=5)
+            if c.status_fd >= 0:
+                os.close(c.status_fd)
+                c.status_fd = -1
+
+    def supervise_producers(self, producers: list[Child], limit: int, keep_going: Callable[[], bool]) -> None:
+        """Restart crashed producers (bounded); called once per tick while the run goes on."""
+        for p in producers:
+            if p.done or p.proc is None:
+                continue
+            code = p.proc.poll()
+            if code is None:
+                continue
+            self._read_status(p)
+            if code == 0 or not keep_going():
+                p.done = True
+                continue
+            reason = p.last_error or f"exit status {code}"
+            if code == EXIT_USER:
+                log.error("%s stopped: %s", p.name, reason)
+                p.done = True
+            elif p.restarts < limit:
+                p.restarts += 1
+                log.error("%s crashed (%s); restarting it (%d of %d)", p.name, reason, p.restarts, limit)
+                p.last_error = ""
+                self.spawn(p)
+            else:
+                log.error("%s crashed (%s); not restarting it again after %d restarts", p.name, reason, limit)
+                p.done = True
+
+
+def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory_mb: int | None,
+                   log_level: str, host: str) -> Child:
+    name = f"p{index}@{host}"
+    argv = ["producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level]
+    if memory_mb:
+        argv += ["--gpu-memory-mb", str(memory_mb)]
+    return Child("producer", name, argv, gpu)
+
+
+def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
+    """Run the consumer and the local producers; return the trainer's exit status."""
+    import socket
+
+    sup = Supervisor(plan, cfg.run.log_level)
+    sup.install_signals()
+    started = time.monotonic()
+    argv = ["consumer.main", "--run-dir", str(run_dir)]
+    if plan.model_memory_mb:
+        argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]
+    consumer = sup.spawn(Child("consumer", "consumer", argv, plan.model_gpu))
+    producers: list[Child] = []
+    code: int | None = None
+    try:
+        endpoint = None
+        deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
+        while endpoint is None:
+            sup.poll_status(TICK_S)
+            for event in consumer.events:
+                if event.get("event") == "ready":
+                    endpoint = event["endpoint"]
+                elif event.get("event") == "error" and event.get("user_error"):
+                    sup.wait([consumer], CONSUMER_STOP_S)
+                    raise LaunchError(str(event.get("message")))
+            consumer.events.clear()
+            if endpoint is None and consumer.proc.poll() is not None:
+                raise LaunchError(f"the consumer exited before it was ready (status {consumer.proc.returncode}"
+                                  f"{': ' + consumer.last_error if consumer.last_error else ''})")
+            if sup.signalled is not None:
+                break
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the consumer was not ready after {CONSUMER_READY_TIMEOUT_S:.0f} s")
+        if endpoint is not None and sup.signalled is None:
+            host = socket.gethostname()
+            for i in range(cfg.pipeline.producers):
+                producers.append(sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu,
+                                                          plan.data_memory_mb, cfg.run.log_level, host)))
+            log.info("started %d local producer(s) for %s", len(producers), endpoint)
+        while consumer.proc.poll() is None and sup.signalled is None:
+            sup.poll_status(TICK_S)
+            sup.supervise_producers(producers, cfg.pipeline.producer_restarts,
+                                    keep_going=lambda: consumer.proc.poll() is None and sup.signalled is None)
+        if sup.signalled is not None:
+            # Stop signal to everyone at once; the consumer drains and writes its summary.
+            for c in [consumer, *producers]:
+                if c.proc and c.proc.poll() is None:
+                    c.proc.send_signal(signal.SIGTERM)
+            sup.wait([consumer], CONSUMER_STOP_S)
+            sup.terminate([consumer], KILL_AFTER_S)
+        code = consumer.proc.wait()
+        sup.wait(producers, PRODUCER_STOP_S)
+        sup.terminate(producers, KILL_AFTER_S)
+    finally:
+        sup.cleanup()
+    if code is None or code < 0:  # killed by a signal
+        code = EXIT_INTERRUPTED if sup.signalled is not None else EXIT_FAILED
+    if sup.signalled is not None and code == EXIT_OK:
+        code = EXIT_INTERRUPTED
+    ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started)
+    return code
+
+
+def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float) -> None:
+    """Write summary.json from metrics.jsonl if the consumer could not."""
+    path = run_dir / "summary.json"
+    if path.exists():
+        return
+    reason = {EXIT_INTERRUPTED: "interrupted"}.get(code, f"failed: {error}" if error else f"consumer exit {code}")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rejected = len(read_jsonl(run_dir / "rejected.jsonl"))
+    summary = summarize(rows, capacity=cfg.pipeline.buffer_size, batches_per_epoch=0, producers=[],
+                        rejected=rejected, exit_reason=reason, wall_s=wall_s, batch_size=cfg.batching.batch_size,
+                        extra={"written_by": "launcher"})
+    write_json(path, summary)
+    log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl", path)
+
+
+def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str) -> int:
+    """``run.py produce``: N producers on this host for a consumer elsewhere, until Ctrl-C."""
+    import socket
+
+    sup = Supervisor(plan, log_level)
+    sup.install_signals()
+    host = socket.gethostname()
+    producers = [sup.spawn(producer_child(i, endpoint, data, plan.data_gpu, plan.data_memory_mb, log_level, host))
+                 for i in range(count)]
+    log.info("started %d producer(s) for %s", count, endpoint)
+    try:
+        while sup.signalled is None and not all(p.done for p in producers):
+            sup.poll_status(TICK_S)
+            sup.supervise_producers(producers, restarts, keep_going=lambda: sup.signalled is None)
+        sup.terminate(producers, PRODUCER_STOP_S)
+    finally:
+        sup.cleanup()
+    failed = [p for p in producers if p.proc is not None and p.proc.returncode not in (0, -signal.SIGTERM)]
+    if sup.signalled is not None:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if failed else EXIT_OK

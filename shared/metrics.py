@@ -1,0 +1,156 @@
+"""Per-step metrics, the run summary and the starvation verdict.
+
+``metrics.jsonl`` has one object per training step (see ARCHITECTURE.md): ``step``,
+``epoch``, ``t`` (s since the run started), ``queue_depth`` (batches held when the
+trainer asked), ``wait_ms`` (time the trainer waited for the batch), ``step_ms``
+(time of the step itself), ``loss`` (null for the synthetic trainer).
+
+:func:`summarize` turns those rows into summary.json's figures. It is a pure function
+of the rows and the producers' statistics, so the launcher can write a summary from
+``metrics.jsonl`` when the consumer could not, and ``diagnose`` can recompute it.
+
+Verdict:
+    producer-bound   the trainer waited for data more than WAIT_BOUND_FRAC of its time
+    consumer-bound   it hardly waited and the queue was nearly full on average: the
+                     producers are ahead and spend their time waiting for credits
+    balanced         neither
+``recommended_producers`` = ceil(PRODUCER_MARGIN x producer time per batch / trainer
+time per batch): how many producers keep up with a trainer that never waits (the
+tf.data service auto-scaler's demand / rate formula), with a margin for jitter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+# Waiting more than 5% of the time for data means the GPU visibly starves.
+WAIT_BOUND_FRAC = 0.05
+# A queue whose mean depth is within this many batches of capacity is "full".
+FULL_QUEUE_SLACK = 1.0
+# Producers needed are rounded up after this safety factor for jitter and stalls.
+PRODUCER_MARGIN = 1.2
+# metrics.jsonl is flushed at least this often, so a crash loses at most this much.
+FLUSH_INTERVAL_S = 1.0
+
+
+class JsonlWriter:
+    """Append JSON lines, thread-safe, flushed every FLUSH_INTERVAL_S and on close."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+        self._last_flush = time.monotonic()
+
+    def write(self, obj: dict[str, Any]) -> None:
+        with self._lock:
+            self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            now = time.monotonic()
+            if now - self._last_flush >= FLUSH_INTERVAL_S:
+                self._file.flush()
+                self._last_flush = now
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a jsonl file; a torn last line (crash mid-write) is ignored."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def verdict(data_wait_frac: float | None, queue_depth_mean: float | None, capacity: int) -> str:
+    if data_wait_frac is None or queue_depth_mean is None:
+        return "balanced"
+    if data_wait_frac > WAIT_BOUND_FRAC:
+        return "producer-bound"
+    if queue_depth_mean >= capacity - FULL_QUEUE_SLACK:
+        return "consumer-bound"
+    return "balanced"
+
+
+def recommend_producers(kind: str, step_ms_mean: float | None, prep_ms_means: Iterable[float | None],
+                        current: int) -> int:
+    """Producers needed for the trainer's demand, with margin (see module docstring)."""
+    rates = [p for p in prep_ms_means if p]
+    if not step_ms_mean or not rates:
+        return max(current, 1) + (1 if kind == "producer-bound" else 0)
+    needed = max(1, math.ceil(PRODUCER_MARGIN * (sum(rates) / len(rates)) / step_ms_mean))
+    if kind == "producer-bound":
+        return max(needed, current + 1)
+    if kind == "consumer-bound":
+        return max(1, min(needed, current)) if current else needed
+    return needed
+
+
+def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoch: int,
+              producers: list[dict[str, Any]], rejected: int, exit_reason: str,
+              wall_s: float, warmup_s: float = 0.0, batch_size: int = 0,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """summary.json from metrics rows (see ARCHITECTURE.md for the contract)."""
+    steps = len(rows)
+    wait = [r["wait_ms"] for r in rows]
+    step_ms = [r["step_ms"] for r in rows]
+    depth = [r["queue_depth"] for r in rows]
+    samples = sum(int(r.get("samples", 0)) for r in rows)
+    losses = [r["loss"] for r in rows if r.get("loss") is not None]
+    train_ms = sum(wait) + sum(step_ms)
+    data_wait_frac = sum(wait) / train_ms if train_ms > 0 else None
+    depth_mean = _mean(depth)
+    kind = verdict(data_wait_frac, depth_mean, capacity)
+    alive = sum(1 for p in producers if p.get("batches"))
+    train_s = train_ms / 1000
+    summary: dict[str, Any] = {
+        "steps": steps,
+        "epochs_completed": (steps // batches_per_epoch) if batches_per_epoch else 0,
+        "samples": samples,
+        "wall_s": round(wall_s, 3),
+        "warmup_s": round(warmup_s, 3),
+        "steps_per_s": round(steps / train_s, 4) if train_s > 0 else 0.0,
+        "samples_per_s": round(samples / train_s, 3) if train_s > 0 else 0.0,
+        "data_wait_frac": round(data_wait_frac, 5) if data_wait_frac is not None else None,
+        "queue_depth_mean": round(depth_mean, 4) if depth_mean is not None else None,
+        "starved_steps": sum(1 for d in depth if d == 0),
+        "step_ms_mean": round(_mean(step_ms), 3) if step_ms else None,
+        "wait_ms_mean": round(_mean(wait), 3) if wait else None,
+        "rejected": rejected,
+        "producers": producers,
+        "verdict": kind,
+        "recommended_producers": recommend_producers(
+            kind, _mean(step_ms), [p.get("prep_ms_mean") for p in producers], alive),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "capacity": capacity,
+        "batch_size": batch_size,
+        "exit_reason": exit_reason,
+    }
+    if extra:
+        summary.update(extra)
+    return summary
+
+
+def write_json(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)

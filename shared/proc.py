@@ -1,0 +1,98 @@
+"""Process plumbing shared by the launcher and its children.
+
+Status channel: each child gets the write end of a pipe (``--status-fd``) and writes
+one JSON object per line: ``{"event": "ready", ...}``, ``{"event": "error", "type",
+"message", "where", "user_error"}``. Exceptions thus cross the process boundary as
+data (as PyTorch's ExceptionWrapper) and the launcher reports them in one line.
+
+Dead parent: children are started in their own session (so a terminal's Ctrl-C reaches
+only the launcher, which runs the shutdown protocol), ask the kernel for SIGTERM when
+the launcher dies (PR_SET_PDEATHSIG), and also compare ``os.getppid()`` with the pid
+they were given, for platforms without prctl.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(role)s %(name)s: %(message)s"
+
+
+class _RoleFilter(logging.Filter):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.role = self.role
+        return True
+
+
+def setup_logging(role: str, level: str = "INFO") -> None:
+    """Plain, levelled log lines on stderr, tagged with the process role."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_RoleFilter(role))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+class StatusWriter:
+    """Write JSON events to the launcher; a missing fd makes every call a no-op."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._file = os.fdopen(fd, "w", buffering=1) if fd is not None and fd >= 0 else None
+        self._lock = threading.Lock()
+
+    def send(self, event: str, **fields: Any) -> None:
+        if self._file is None:
+            return
+        with self._lock:
+            try:
+                self._file.write(json.dumps({"event": event, **fields}) + "\n")
+            except (BrokenPipeError, OSError):
+                self._file = None  # the launcher is gone; the parent-death watch will stop us
+
+    def error(self, exc: BaseException, where: str, user_error: bool = False) -> None:
+        self.send("error", type=type(exc).__name__, message=str(exc), where=where, user_error=user_error)
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Ask Linux to SIGTERM this process when its parent dies; check it has not already."""
+    if parent_pid is None:
+        return
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            log.debug("prctl unavailable; relying on getppid checks")
+    if os.getppid() != parent_pid:
+        raise SystemExit(f"parent {parent_pid} already gone")
+
+
+def parent_alive(parent_pid: int | None) -> bool:
+    return parent_pid is None or os.getppid() == parent_pid
+
+
+def install_stop_handlers(event: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``event``; the process then stops at its next check."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        event.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

@@ -1,0 +1,189 @@
+"""The wire protocol between producers and the consumer.
+
+One message is a list of ZeroMQ frames, as in pyzmq's ``examples/serialization``:
+
+    frame 0      msgpack map, the header: {"v": PROTOCOL_VERSION, "k": kind, "a": arrays, ...fields}
+    frame 1..n   one raw buffer per array, C order, in the order of "a"
+
+``"a"`` is a list of ``[name, dtype, shape]`` triples. A receiver trusts nothing: the
+header must be a msgpack map within :data:`MAX_HEADER_BYTES`, name this protocol
+version and a known kind, list only allowed dtypes, and every array's declared size
+must equal its frame's length. Anything else raises :class:`ProtocolError` with a
+short reason that the consumer counts (``rejected_messages`` in summary.json) before
+dropping the message. Nothing is ever unpickled.
+
+Message kinds and their fields (P = producer, C = consumer):
+
+    HELLO      P->C  producer, host, pid, fingerprint
+    WELCOME    C->P  producer_index, features (dict), heartbeat_interval_s, heartbeat_timeout_s
+    REFUSE     C->P  reason                           (hello refused; producer exits)
+    LEASE      C->P  lease, epoch, index, ids, shape  (a planned batch to prepare)
+    READY      P->C  lease                            (that batch is prepared, waiting for a credit)
+    CREDIT     C->P  lease                            (a free queue slot: send that batch now)
+    BATCH      P->C  lease, ids, rejected, prep_ms + arrays (see producer/collate.py)
+    HEARTBEAT  both  ready, working                   (liveness; producer reports its backlog)
+    ERROR      P->C  type, message, where             (an exception, as data)
+    BYE        P->C  leases                           (leaving; these leases go back to the plan)
+    STOP       C->P  reason                           (the run is over)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# A header carries ids of one batch and some counters: 1 MiB is far above any real
+# header (a batch of 64 ids is ~2 KiB) and small enough that a hostile one costs nothing.
+MAX_HEADER_BYTES = 1 << 20
+
+# At most this many arrays per message: a batch has four; the bound stops a header
+# from making the receiver build thousands of views.
+MAX_ARRAYS = 16
+
+# pyzmq copies frames smaller than this even with copy=False (zmq.COPY_THRESHOLD), so
+# sending everything with copy=False gives "zero-copy above ~64 KiB" for free.
+ZERO_COPY_BYTES = 65536
+
+HELLO = "hello"
+WELCOME = "welcome"
+REFUSE = "refuse"
+LEASE = "lease"
+READY = "ready"
+CREDIT = "credit"
+BATCH = "batch"
+HEARTBEAT = "heartbeat"
+ERROR = "error"
+BYE = "bye"
+STOP = "stop"
+KINDS = frozenset({HELLO, WELCOME, REFUSE, LEASE, READY, CREDIT, BATCH, HEARTBEAT, ERROR, BYE, STOP})
+
+# Only plain numeric dtypes cross the wire: object or structured dtypes could smuggle
+# pointers or pickles, and these cover every tensor a batch holds.
+ALLOWED_DTYPES = frozenset({
+    "bool", "uint8", "int8", "int16", "uint16", "int32", "int64",
+    "float16", "float32", "float64",
+})
+
+_RESERVED = ("v", "k", "a")
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol. ``reason`` is a short counter key."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class Message:
+    kind: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+def encode(kind: str, fields: Mapping[str, Any] | None = None,
+           arrays: Mapping[str, np.ndarray] | None = None) -> list[Any]:
+    """Return the frames of one message (send them with ``send_multipart(copy=False)``)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown message kind {kind!r}")
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": kind}
+    for key, value in (fields or {}).items():
+        if key in _RESERVED:
+            raise ValueError(f"field name {key!r} is reserved")
+        header[key] = value
+    frames: list[Any] = []
+    specs = []
+    for name, array in (arrays or {}).items():
+        array = np.ascontiguousarray(array)
+        if array.dtype.name not in ALLOWED_DTYPES:
+            raise ValueError(f"array {name!r} has dtype {array.dtype}, not allowed on the wire")
+        specs.append([name, array.dtype.name, list(array.shape)])
+        frames.append(array)
+    header["a"] = specs
+    return [msgpack.packb(header, use_bin_type=True), *frames]
+
+
+def _buffer(frame: Any) -> memoryview:
+    """A read-only view on a frame's bytes, whether zmq.Frame, bytes or memoryview."""
+    buf = getattr(frame, "buffer", frame)
+    return memoryview(buf)
+
+
+def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
+    """Parse and check one message; raise :class:`ProtocolError` if anything is off.
+
+    Arrays are zero-copy views on the frames (read-only); copy them to keep them past
+    the frames' lifetime if the frames are reused.
+    """
+    if not frames:
+        raise ProtocolError("empty", "no frames")
+    head = _buffer(frames[0])
+    if head.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError("oversized", f"header of {head.nbytes} bytes")
+    try:
+        header = msgpack.unpackb(head, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises many types for garbage; all mean the same
+        raise ProtocolError("not_msgpack", type(exc).__name__) from None
+    if not isinstance(header, dict):
+        raise ProtocolError("bad_header", "header is not a map")
+    if header.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError("bad_version", f"version {header.get('v')!r}")
+    kind = header.get("k")
+    if kind not in KINDS:
+        raise ProtocolError("bad_kind", f"kind {kind!r}")
+    specs = header.get("a", [])
+    if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
+        raise ProtocolError("bad_header", "array list")
+    if len(frames) != 1 + len(specs):
+        raise ProtocolError("frame_count", f"{len(frames) - 1} frames for {len(specs)} arrays")
+    total = head.nbytes
+    arrays: dict[str, np.ndarray] = {}
+    for spec, frame in zip(specs, frames[1:]):
+        if (not isinstance(spec, list) or len(spec) != 3 or not isinstance(spec[0], str)
+                or spec[1] not in ALLOWED_DTYPES or not isinstance(spec[2], list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in spec[2])):
+            raise ProtocolError("bad_array", f"spec {spec!r}"[:200])
+        name, dtype_name, shape = spec
+        if name in arrays:
+            raise ProtocolError("bad_array", f"duplicate array {name!r}")
+        dtype = np.dtype(dtype_name)
+        expected = math.prod(shape) * dtype.itemsize
+        buf = _buffer(frame)
+        if buf.nbytes != expected:
+            raise ProtocolError("size_mismatch", f"{name}: {buf.nbytes} bytes, declared {expected}")
+        total += expected
+        if max_bytes is not None and total > max_bytes:
+            raise ProtocolError("oversized", f"{total} bytes")
+        arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    fields = {k: v for k, v in header.items() if k not in _RESERVED}
+    return Message(kind=kind, fields=fields, arrays=arrays)
+
+
+def require(msg: Message, **types_: type | tuple[type, ...]) -> None:
+    """Check that ``msg`` has each named field with the given type(s)."""
+    for key, expected in types_.items():
+        value = msg.fields.get(key)
+        if not isinstance(value, expected) or isinstance(value, bool) and expected in (int, (int,)):
+            raise ProtocolError("bad_field", f"{msg.kind}.{key} = {value!r}"[:200])
+
+
+def error_fields(exc: BaseException, where: str) -> dict[str, str]:
+    """An exception as plain data, to cross a process boundary (as PyTorch's ExceptionWrapper)."""
+    import traceback
+
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"type": type(exc).__name__, "message": str(exc), "where": where, "traceback": tb[-4000:]}

@@ -1,0 +1,254 @@
+"""Tests for producer/features.py: the one log-mel definition and its implementations.
+
+Relative error, as used throughout: ``max|exp(a) - exp(b)| / max|exp(b)|`` over the whole
+spectrogram, i.e. computed on the *linear* mel magnitudes (the log-mels exponentiated),
+with ``b`` the float64 numpy reference. Comparing the logs directly would amplify
+float32 rounding in near-silent bins (a 1e-7 absolute error on a 1e-5 magnitude is a
+1e-2 error after the log) without saying anything about the features that matter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from producer import features
+from producer.features import (
+    MelComputer,
+    log_mel_spectrogram,
+    log_mel_spectrogram_numpy,
+    mel_filterbank,
+    num_frames,
+    pad_value,
+)
+from shared.config import FeaturesConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEMO_WAV = REPO_ROOT / "data" / "demo" / "wavs" / "DEMO-0004.wav"
+CFG = FeaturesConfig()
+MAX_RELATIVE_ERROR = 1e-4  # float32 vs float64: ~1e-7 expected, 1e-4 leaves a wide margin
+BATCH_TOLERANCE = 1e-6  # batched vs one-by-one TF results (identical in practice)
+LIBROSA_TOLERANCE = 1e-3
+IMPORT_TIMEOUT_S = 120  # a cold interpreter importing numpy and the config, with margin
+SEED = 1234
+
+
+def relative_error(log_mel: np.ndarray, reference_log_mel: np.ndarray) -> float:
+    """max|exp(a) - exp(b)| / max|exp(b)|: the error on linear mel magnitudes."""
+    a = np.exp(np.asarray(log_mel, dtype=np.float64))
+    b = np.exp(np.asarray(reference_log_mel, dtype=np.float64))
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def chirp_with_noise(seconds: float = 2.0, cfg: FeaturesConfig = CFG) -> np.ndarray:
+    """A linear chirp 50 Hz -> 8 kHz plus white noise, float32 [N] (deterministic)."""
+    rng = np.random.default_rng(SEED)
+    sr = cfg.sample_rate_hz
+    t = np.arange(int(seconds * sr)) / sr
+    f0, f1 = 50.0, 8000.0
+    phase = 2.0 * np.pi * (f0 * t + 0.5 * (f1 - f0) / seconds * t**2)
+    signal = 0.5 * np.sin(phase) + 0.02 * rng.standard_normal(t.shape[0])
+    return signal.astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def tf_computer() -> MelComputer:
+    return MelComputer(CFG)
+
+
+# ------------------------------------------------------------------ definition pieces
+
+
+def test_filterbank_shape_and_values() -> None:
+    fb = mel_filterbank(CFG)
+    assert fb.shape == (CFG.n_fft // 2 + 1, CFG.n_mels)
+    assert fb.dtype == np.float64
+    assert np.all(fb >= 0.0)
+    assert np.all(fb.max(axis=0) > 0.0), "every filter must cover at least one FFT bin"
+    assert np.all(fb[np.fft.rfftfreq(CFG.n_fft, 1.0 / CFG.sample_rate_hz) > CFG.fmax_hz] == 0.0)
+    peaks = fb.argmax(axis=0)
+    assert np.all(np.diff(peaks) >= 0), "filters must be ordered by frequency"
+
+
+def test_filterbank_is_slaney_area_normalised() -> None:
+    # A triangle of height 2 / (f_right - f_left) has unit area in Hz; for filters much
+    # wider than an FFT bin the sampled sum times the bin spacing is close to that.
+    fb = mel_filterbank(CFG)
+    bin_hz = CFG.sample_rate_hz / CFG.n_fft
+    areas = fb.sum(axis=0) * bin_hz
+    np.testing.assert_allclose(areas[40:], 1.0, rtol=0.03)
+
+
+def test_slaney_mel_scale_anchor_points() -> None:
+    # Slaney: 3 mel per 200 Hz up to 1 kHz (15 mel), then 27 mel per factor 6.4.
+    np.testing.assert_allclose(features._hz_to_mel(np.array([0.0, 200.0, 1000.0, 6400.0])), [0.0, 3.0, 15.0, 42.0])
+    hz = np.array([0.0, 300.0, 999.0, 1000.0, 4321.0, 11025.0])
+    np.testing.assert_allclose(features._mel_to_hz(features._hz_to_mel(hz)), hz, rtol=1e-12, atol=1e-9)
+
+
+def test_window_is_periodic_hann_centred() -> None:
+    cfg = dataclasses.replace(CFG, win_length=800)
+    window = features.centered_window(cfg)
+    assert window.shape == (CFG.n_fft,)
+    start = (CFG.n_fft - 800) // 2
+    assert np.all(window[:start] == 0.0) and np.all(window[start + 800:] == 0.0)
+    k = np.arange(800)
+    np.testing.assert_allclose(window[start:start + 800], 0.5 - 0.5 * np.cos(2 * np.pi * k / 800))
+
+
+@pytest.mark.parametrize("num_samples", [513, 1000, 22050, 22050 * 3 + 17, 256 * 40])
+def test_num_frames_matches_definition(num_samples: int) -> None:
+    assert num_frames(num_samples, CFG) == 1 + num_samples // CFG.hop_length
+    audio = np.zeros(num_samples, dtype=np.float32)
+    assert log_mel_spectrogram_numpy(audio, CFG).shape == (num_frames(num_samples, CFG), CFG.n_mels)
+
+
+def test_pad_value_is_log_of_floor_and_what_silence_gives() -> None:
+    assert pad_value(CFG) == pytest.approx(math.log(CFG.log_floor))
+    silence = log_mel_spectrogram_numpy(np.zeros(4000, dtype=np.float32), CFG)
+    assert np.all(silence == pad_value(CFG))
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def test_numpy_float32_matches_float64_reference() -> None:
+    audio = chirp_with_noise()
+    reference = log_mel_spectrogram_numpy(audio, CFG, dtype=np.float64)
+    single = log_mel_spectrogram_numpy(audio, CFG, dtype=np.float32)
+    assert single.dtype == np.float32 and reference.dtype == np.float64
+    assert single.shape == reference.shape == (num_frames(audio.shape[0], CFG), CFG.n_mels)
+    assert relative_error(single, reference) <= MAX_RELATIVE_ERROR
+
+
+def test_tf_matches_numpy_reference_on_chirp() -> None:
+    audio = chirp_with_noise()
+    reference = log_mel_spectrogram_numpy(audio, CFG)
+    result = log_mel_spectrogram(audio, CFG)
+    assert result.dtype == np.float32
+    assert result.shape == reference.shape
+    assert relative_error(result, reference) <= MAX_RELATIVE_ERROR
+
+
+def test_tf_matches_numpy_reference_on_demo_wav() -> None:
+    audio, rate = sf.read(str(DEMO_WAV), dtype="float32")
+    assert rate == CFG.sample_rate_hz
+    reference = log_mel_spectrogram_numpy(audio, CFG)
+    result = log_mel_spectrogram(audio, CFG)
+    assert result.shape == reference.shape
+    assert relative_error(result, reference) <= MAX_RELATIVE_ERROR
+
+
+@pytest.mark.parametrize("win_length", [800, 513])
+def test_win_length_shorter_than_n_fft(win_length: int) -> None:
+    cfg = dataclasses.replace(CFG, win_length=win_length)
+    audio = chirp_with_noise(1.0, cfg)
+    reference = log_mel_spectrogram_numpy(audio, cfg)
+    assert relative_error(log_mel_spectrogram(audio, cfg), reference) <= MAX_RELATIVE_ERROR
+    assert relative_error(log_mel_spectrogram_numpy(audio, cfg, dtype=np.float32), reference) <= MAX_RELATIVE_ERROR
+    # a shorter window is a different feature, not the same one
+    assert relative_error(log_mel_spectrogram_numpy(audio, CFG), reference) > 1e-2
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_batch_equals_per_clip_results(tf_computer: MelComputer) -> None:
+    audio = chirp_with_noise(2.0)
+    rng = np.random.default_rng(SEED)
+    lengths = [513, 700, 5000, 22050, 22050 + 129, audio.shape[0], 1024 + 255]
+    clips = [audio[rng.integers(0, audio.shape[0] - n + 1):][:n] for n in lengths]
+    batched = tf_computer(clips)
+    assert len(batched) == len(clips)
+    for clip, result in zip(clips, batched):
+        assert result.dtype == np.float32
+        assert result.shape == (num_frames(clip.shape[0], CFG), CFG.n_mels)
+        np.testing.assert_allclose(result, log_mel_spectrogram(clip, CFG), rtol=0, atol=BATCH_TOLERANCE)
+        # the last frames use the clip's own reflect padding, not the batch's zero padding
+        assert relative_error(result, log_mel_spectrogram_numpy(clip, CFG)) <= MAX_RELATIVE_ERROR
+
+
+def test_tf_function_is_traced_once(tf_computer: MelComputer) -> None:
+    audio = chirp_with_noise(1.0)
+    for sizes in ([600], [600, 9000], [20000, 513, 4000]):
+        tf_computer([audio[:n] for n in sizes])
+    assert tf_computer._tf_fn is not None
+    assert tf_computer._tf_fn.experimental_get_tracing_count() == 1
+
+
+def test_numpy_backend_matches_numpy_reference() -> None:
+    cfg = dataclasses.replace(CFG, backend="numpy")
+    audio = chirp_with_noise(1.0)
+    clips = [audio[:600], audio, audio[:3000]]
+    results = MelComputer(cfg)(clips)
+    for clip, result in zip(clips, results):
+        assert result.dtype == np.float32
+        np.testing.assert_array_equal(result, log_mel_spectrogram_numpy(clip, cfg, dtype=np.float32))
+
+
+def test_explicit_device_placement() -> None:
+    # "/CPU:0" exists everywhere; on a machine with a GPU the producers pass "/GPU:0".
+    audio = chirp_with_noise(1.0)
+    (result,) = MelComputer(CFG, device="/CPU:0")([audio])
+    np.testing.assert_allclose(result, log_mel_spectrogram(audio, CFG), rtol=0, atol=BATCH_TOLERANCE)
+
+
+def test_empty_batch(tf_computer: MelComputer) -> None:
+    assert tf_computer([]) == []
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("backend", ["tf", "numpy"])
+def test_short_clip_raises(backend: str, tf_computer: MelComputer) -> None:
+    cfg = dataclasses.replace(CFG, backend=backend)
+    too_short = np.zeros(CFG.n_fft // 2, dtype=np.float32)
+    computer = tf_computer if backend == "tf" else MelComputer(cfg)
+    with pytest.raises(ValueError, match="at least"):
+        computer([np.zeros(4000, dtype=np.float32), too_short])
+    with pytest.raises(ValueError, match="at least"):
+        log_mel_spectrogram_numpy(too_short, cfg)
+    with pytest.raises(ValueError, match="at least"):
+        log_mel_spectrogram(too_short, cfg)
+    assert computer([np.zeros(CFG.n_fft // 2 + 1, dtype=np.float32)])[0].shape == (3, CFG.n_mels)
+
+
+def test_bad_audio_raises() -> None:
+    with pytest.raises(ValueError, match="mono"):
+        log_mel_spectrogram_numpy(np.zeros((2, 4000), dtype=np.float32), CFG)
+    with pytest.raises(ValueError, match="floating"):
+        log_mel_spectrogram_numpy(np.zeros(4000, dtype=np.int16), CFG)
+
+
+def test_import_does_not_import_tensorflow() -> None:
+    code = "import producer.features, sys; assert 'tensorflow' not in sys.modules"
+    completed = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                               timeout=IMPORT_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stderr
+
+
+# ---------------------------------------------------------------------------- librosa
+
+
+def test_matches_librosa_if_available() -> None:
+    librosa = pytest.importorskip("librosa")
+    audio = chirp_with_noise()
+    mel = librosa.feature.melspectrogram(
+        y=audio.astype(np.float64), sr=CFG.sample_rate_hz, n_fft=CFG.n_fft, hop_length=CFG.hop_length,
+        win_length=CFG.win_length, window="hann", center=True, pad_mode="reflect", power=1.0,
+        n_mels=CFG.n_mels, fmin=CFG.fmin_hz, fmax=CFG.fmax_hz, htk=False, norm="slaney")  # [M, T]
+    expected = np.log(np.maximum(mel.T, CFG.log_floor))
+    ours = log_mel_spectrogram_numpy(audio, CFG)
+    assert ours.shape == expected.shape
+    assert relative_error(ours, expected) <= LIBROSA_TOLERANCE
+    np.testing.assert_allclose(mel_filterbank(CFG), librosa.filters.mel(
+        sr=CFG.sample_rate_hz, n_fft=CFG.n_fft, n_mels=CFG.n_mels, fmin=CFG.fmin_hz, fmax=CFG.fmax_hz,
+        htk=False, norm="slaney").T, rtol=1e-5, atol=1e-9)
