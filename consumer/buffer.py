@@ -51,7 +51,7 @@ class BatchQueue:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
         self._stage = stage
-        self._on_free = on_free
+        self.on_free = on_free
         self._items: collections.deque[QueuedBatch] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -59,6 +59,15 @@ class BatchQueue:
         self.stage_errors = 0
         self._stager: threading.Thread | None = None
         if stage is not None:
+            self.enable_staging(stage)
+
+    def enable_staging(self, stage: Callable[[Any], Any]) -> None:
+        """Stage every batch that arrives from now on (the trainer may be built after the
+        queue has started filling; batches already held are used from host memory)."""
+        with self._cond:
+            if self._stager is not None:
+                raise RuntimeError("staging already enabled")
+            self._stage = stage
             self._stager = threading.Thread(target=self._stage_loop, name="stager", daemon=True)
             self._stager.start()
 
@@ -103,8 +112,8 @@ class BatchQueue:
                 self._cond.wait(remaining)
             item = self._items.popleft()
             self._cond.notify_all()
-        if self._on_free is not None:
-            self._on_free()
+        if self.on_free is not None:
+            self.on_free()
         return item, depth
 
     def close(self) -> None:

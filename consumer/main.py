@@ -33,7 +33,7 @@ from consumer.models import ModelError, make_trainer, uses_tensorflow
 from consumer.plan import EpochPlanner
 from shared import config as config_mod
 from shared.dataset import DatasetError, Rejection, build_index
-from shared.metrics import JsonlWriter, summarize, write_json
+from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
 from shared.proc import StatusWriter, die_with_parent, install_stop_handlers, parent_alive, setup_logging
 
 log = logging.getLogger("consumer")
@@ -58,7 +58,6 @@ class Run:
         self.parent_pid = parent_pid
         self.gpu_memory_mb = gpu_memory_mb
         self.rejected_count = 0
-        self.rows_written = 0
         self.started = time.monotonic()
 
     def _record_rejections(self, rejections: list[Rejection]) -> None:
@@ -66,103 +65,33 @@ class Run:
             self.rejected.write(r.to_json())
         self.rejected_count += len(rejections)
 
-    def _progress(self, step: int, total: int | None, loss: float | None, recent: list[dict[str, Any]],
-                  alive: int) -> None:
-        wait = sum(r["wait_ms"] for r in recent)
-        busy = wait + sum(r["step_ms"] for r in recent)
-        samples = sum(r["samples"] for r in recent)
-        depth = sum(r["queue_depth"] for r in recent) / len(recent)
-        loss_text = f"loss {loss:.4f}  " if loss is not None else ""
-        log.info("step %d%s  %s%.1f samples/s  queue %.1f/%d  wait %.1f%%  producers %d",
-                 step, f"/{total}" if total else "", loss_text,
-                 samples / (busy / 1000) if busy else 0.0, depth, self.cfg.pipeline.buffer_size,
-                 100 * wait / busy if busy else 0.0, alive)
-
     def execute(self) -> int:
         cfg = self.cfg
         self.rejected = JsonlWriter(self.run_dir / "rejected.jsonl")
-        metrics = JsonlWriter(self.run_dir / "metrics.jsonl")
-        samples_log = JsonlWriter(self.run_dir / "samples.jsonl") if cfg.trainer.record_samples else None
         index = build_index(cfg.data, cfg.features)
         self._record_rejections(index.rejected)
         planner = EpochPlanner(index.samples, cfg.batching)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches of %d per epoch in %d shapes %s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  cfg.batching.batch_size, len(planner.shapes), planner.shapes)
-        device = "/CPU:0"
-        if uses_tensorflow(cfg.trainer.model):
-            from shared.devices import configure_tensorflow
-
-            _, device = configure_tensorflow(self.gpu_memory_mb)
-        trainer = make_trainer(cfg, device)
-        log.info("trainer %s on %s", trainer.name, device if trainer.uses_tensorflow else "host (no TensorFlow)")
-
-        coordinator: Coordinator | None = None
-        queue = BatchQueue(cfg.pipeline.buffer_size, stage=trainer.stage if trainer.uses_tensorflow else None)
-        max_epochs = cfg.trainer.epochs
-        total_steps = max_epochs * planner.batches_per_epoch if max_epochs else cfg.trainer.steps
-        coordinator = Coordinator(cfg, planner, queue, self.stop, max_epochs=max_epochs,
+        queue = BatchQueue(cfg.pipeline.buffer_size)
+        coordinator = Coordinator(cfg, planner, queue, self.stop, max_epochs=cfg.trainer.epochs,
                                   on_rejected=self._record_rejections)
-        queue._on_free = coordinator.notify_free
+        queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()
         log.info("consumer listening on %s", endpoint)
+        # Producers start now, while this process imports TensorFlow and builds the model.
         self.status.send("ready", endpoint=endpoint, batches_per_epoch=planner.batches_per_epoch)
-
-        exit_reason, code = "completed", EXIT_OK
-        epoch_done: dict[int, int] = {}
-        epochs_completed = 0
-        recent: list[dict[str, Any]] = []
-        warmup_s = 0.0
-        t0 = time.monotonic()
-        step = 0
+        loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid)
         try:
-            warm_start = time.monotonic()
-            queue.wait_for_depth(queue.capacity, cfg.pipeline.model_start_delay_s, self.stop)
-            warmup_s = time.monotonic() - warm_start
-            t0 = time.monotonic()
-            while total_steps is None or step < total_steps:
-                if self.stop.is_set():
-                    break
-                asked = time.monotonic()
-                got = None
-                last_warn = asked
-                while got is None and not self.stop.is_set():
-                    got = queue.get(WAIT_SLICE_S)
-                    now = time.monotonic()
-                    if got is None:
-                        if not parent_alive(self.parent_pid):
-                            log.error("launcher is gone; stopping")
-                            self.stop.set()
-                        elif now - last_warn >= NO_DATA_WARN_S:
-                            log.warning("no batch for %.0f s (%d producers alive)", now - asked, coordinator.alive())
-                            last_warn = now
-                if got is None:
-                    break
-                item, depth = got
-                begun = time.monotonic()
-                loss = trainer.step(item.arrays)
-                ended = time.monotonic()
-                step += 1
-                row = {"step": step, "epoch": item.epoch, "t": round(ended - t0, 4), "queue_depth": depth,
-                       "wait_ms": round((begun - asked) * 1e3, 3), "step_ms": round((ended - begun) * 1e3, 3),
-                       "loss": loss, "samples": len(item.ids), "producer": item.producer}
-                metrics.write(row)
-                if samples_log is not None:
-                    samples_log.write({"step": step, "epoch": item.epoch, "ids": item.ids})
-                epoch_done[item.epoch] = epoch_done.get(item.epoch, 0) + 1
-                if epoch_done[item.epoch] == planner.batches_per_epoch:
-                    epochs_completed += 1
-                recent.append(row)
-                if step % cfg.trainer.log_every_steps == 0 or step == total_steps:
-                    self._progress(step, total_steps, loss, recent, coordinator.alive())
-                    recent = []
+            loop.run(self.gpu_memory_mb)
             if coordinator.failure is not None:
                 raise coordinator.failure
-            if self.stop.is_set() and (total_steps is None or step < total_steps):
-                exit_reason, code = "interrupted", EXIT_INTERRUPTED
+            if loop.interrupted:
+                loop.exit_reason, loop.code = "interrupted", EXIT_INTERRUPTED
         except BaseException as exc:
-            exit_reason, code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
+            loop.exit_reason, loop.code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
             log.exception("training failed")
             self.status.error(exc, "consumer")
         finally:
@@ -170,24 +99,120 @@ class Run:
             coordinator.join(COORDINATOR_JOIN_S)
             coordinator.close_notifier()
             queue.close()
-            metrics.close()
-            if samples_log is not None:
-                samples_log.close()
+            loop.close()
             self.rejected.close()
-            from shared.metrics import read_jsonl
-
-            rows = read_jsonl(self.run_dir / "metrics.jsonl")
             snap = coordinator.snapshot()
             summary = summarize(
-                rows, capacity=cfg.pipeline.buffer_size, batches_per_epoch=planner.batches_per_epoch,
-                producers=snap["producers"], rejected=self.rejected_count, exit_reason=exit_reason,
-                wall_s=time.monotonic() - self.started, warmup_s=warmup_s, batch_size=cfg.batching.batch_size,
-                extra={"epochs_completed": epochs_completed, "model": trainer.name,
-                       "rejected_messages": snap["rejected_messages"],
-                       "reissued_leases": snap["reissued_leases"], "queue_high_water": queue.high_water})
+                read_jsonl(self.run_dir / "metrics.jsonl"), capacity=cfg.pipeline.buffer_size,
+                batches_per_epoch=planner.batches_per_epoch, producers=snap["producers"],
+                rejected=self.rejected_count, exit_reason=loop.exit_reason,
+                wall_s=time.monotonic() - self.started, warmup_s=loop.warmup_s, batch_size=cfg.batching.batch_size,
+                extra={"epochs_completed": loop.epochs_completed, "model": cfg.trainer.model,
+                       "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
+                       "queue_high_water": queue.high_water})
             write_json(self.run_dir / "summary.json", summary)
-            log.info("run over (%s): %d steps, summary in %s", exit_reason, step, self.run_dir / "summary.json")
-        return code
+            log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
+                     self.run_dir / "summary.json")
+        return loop.code
+
+
+class TrainLoop:
+    """Warm-up, then: wait for a batch, step, record; until the budget or a stop."""
+
+    def __init__(self, cfg: config_mod.Config, run_dir: Path, queue: BatchQueue, coordinator: Coordinator,
+                 planner: EpochPlanner, stop: threading.Event, parent_pid: int | None) -> None:
+        self.cfg = cfg
+        self.queue = queue
+        self.coordinator = coordinator
+        self.planner = planner
+        self.stop = stop
+        self.parent_pid = parent_pid
+        self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
+        self.samples_log = JsonlWriter(run_dir / "samples.jsonl") if cfg.trainer.record_samples else None
+        epochs = cfg.trainer.epochs
+        self.total_steps = epochs * planner.batches_per_epoch if epochs else cfg.trainer.steps
+        self.step = 0
+        self.epochs_completed = 0
+        self.warmup_s = 0.0
+        self.interrupted = False
+        self.exit_reason, self.code = "completed", EXIT_OK
+        self._epoch_done: dict[int, int] = {}
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self.samples_log is not None:
+            self.samples_log.close()
+
+    def _next_batch(self) -> tuple[Any, int] | None:
+        """The next batch and the depth seen on asking; None when stopped while waiting."""
+        asked = last_warn = time.monotonic()
+        while not self.stop.is_set():
+            got = self.queue.get(WAIT_SLICE_S)
+            if got is not None:
+                return got
+            now = time.monotonic()
+            if not parent_alive(self.parent_pid):
+                log.error("launcher is gone; stopping")
+                self.stop.set()
+            elif now - last_warn >= NO_DATA_WARN_S:
+                log.warning("no batch for %.0f s (%d producers alive)", now - asked, self.coordinator.alive())
+                last_warn = now
+        return None
+
+    def run(self, gpu_memory_mb: int | None) -> None:
+        cfg = self.cfg
+        device = "/CPU:0"
+        if uses_tensorflow(cfg.trainer.model):
+            from shared.devices import configure_tensorflow
+
+            _, device = configure_tensorflow(gpu_memory_mb)
+        trainer = make_trainer(cfg, device)
+        if trainer.uses_tensorflow:
+            self.queue.enable_staging(trainer.stage)
+        log.info("trainer %s on %s", trainer.name, device if trainer.uses_tensorflow else "host (no TensorFlow)")
+        warm_start = time.monotonic()
+        self.queue.wait_for_depth(self.queue.capacity, cfg.pipeline.model_start_delay_s, self.stop)
+        self.warmup_s = time.monotonic() - warm_start
+        t0 = time.monotonic()
+        recent: list[dict[str, Any]] = []
+        while self.total_steps is None or self.step < self.total_steps:
+            asked = time.monotonic()
+            got = self._next_batch()
+            if got is None:
+                self.interrupted = True
+                return
+            item, depth = got
+            begun = time.monotonic()
+            loss = trainer.step(item.arrays)
+            ended = time.monotonic()
+            self.step += 1
+            row = {"step": self.step, "epoch": item.epoch, "t": round(ended - t0, 4), "queue_depth": depth,
+                   "wait_ms": round((begun - asked) * 1e3, 3), "step_ms": round((ended - begun) * 1e3, 3),
+                   "loss": loss, "samples": len(item.ids), "producer": item.producer}
+            self.metrics.write(row)
+            if self.samples_log is not None:
+                self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
+            self._epoch_done[item.epoch] = self._epoch_done.get(item.epoch, 0) + 1
+            if self._epoch_done[item.epoch] == self.planner.batches_per_epoch:
+                self.epochs_completed += 1
+            recent.append(row)
+            if self.step % cfg.trainer.log_every_steps == 0 or self.step == self.total_steps:
+                self._progress(loss, recent)
+                recent = []
+            if self.stop.is_set() and (self.total_steps is None or self.step < self.total_steps):
+                self.interrupted = True
+                return
+
+    def _progress(self, loss: float | None, recent: list[dict[str, Any]]) -> None:
+        wait = sum(r["wait_ms"] for r in recent)
+        busy = wait + sum(r["step_ms"] for r in recent)
+        samples = sum(r["samples"] for r in recent)
+        depth = sum(r["queue_depth"] for r in recent) / len(recent)
+        loss_text = f"loss {loss:.4f}  " if loss is not None else ""
+        log.info("step %d%s  %s%.1f samples/s  queue %.1f/%d  wait %.1f%%  producers %d",
+                 self.step, f"/{self.total_steps}" if self.total_steps else "", loss_text,
+                 samples / (busy / 1000) if busy else 0.0, depth, self.cfg.pipeline.buffer_size,
+                 100 * wait / busy if busy else 0.0, self.coordinator.alive())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent(args.parent_pid)
         return Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb).execute()
     except (DatasetError, ModelError, BindError) as exc:
+        # The launcher prints a user error as its one line; log it only when run alone.
+        log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)
         status.error(exc, "consumer", user_error=True)
-        log.error("%s", exc)
         return EXIT_USER
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from shared import config as config_mod
+from shared.launcher import LaunchError
 
 log = logging.getLogger("stoker")
 
@@ -238,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_bench(args)
         build_parser().print_help()
         return EXIT_USER
-    except (UserError, config_mod.ConfigError) as exc:
+    except (UserError, config_mod.ConfigError, LaunchError) as exc:
         sys.stderr.write(f"stoker: error: {exc}\n")
         return EXIT_USER
     except KeyboardInterrupt:

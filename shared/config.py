@@ -13,6 +13,7 @@ directory as ``config.yaml`` and is what every child process loads.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -264,11 +265,16 @@ def load(path: str | Path | None, overrides: Mapping[str, Any] | None = None) ->
             raise ConfigError(f"override '{dotted}' must look like section.key")
         if section not in SECTIONS:
             raise ConfigError(f"unknown config section '{section}' in '{dotted}' (known: {', '.join(SECTIONS)})")
-        target = raw.setdefault(section, {})
+        target = raw.get(section)
+        if target is None:  # absent, or an empty section in the YAML (``devices:``)
+            target = raw[section] = {}
         if not isinstance(target, dict):
             raise ConfigError(f"section '{section}' must be a mapping")
         target[key] = value
     return from_dict(raw)
+
+
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -280,6 +286,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
+    if isinstance(parsed, str) and _EXPONENT_FLOAT.fullmatch(parsed.strip()):
+        parsed = float(parsed)  # YAML 1.1 reads 1e-5 and 1.0e5 as strings
     return key.strip(), parsed
 
 

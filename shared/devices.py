@@ -164,7 +164,8 @@ def child_env(base: Mapping[str, str], gpu: int | None) -> dict[str, str]:
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     # TensorFlow's C++ INFO/WARNING chatter (cuInit failures on CPU hosts, oneDNN notices)
     # would drown the run's own log; the user can still set it lower.
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # On a CPU-only child, CUDA's "no device" error is expected, so errors are hidden too.
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if gpu is None else "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -9,6 +9,10 @@ trainer asked), ``wait_ms`` (time the trainer waited for the batch), ``step_ms``
 of the rows and the producers' statistics, so the launcher can write a summary from
 ``metrics.jsonl`` when the consumer could not, and ``diagnose`` can recompute it.
 
+``data_wait_frac`` is the share of the trainer's time (waits + steps) spent waiting for
+data after warm-up; warm-up ends when the first batch is in hand, so the first step's
+wait is reported apart (``first_batch_wait_ms``, and ``data_wait_frac_incl_warmup``).
+
 Verdict:
     producer-bound   the trainer waited for data more than WAIT_BOUND_FRAC of its time
     consumer-bound   it hardly waited and the queue was nearly full on average: the
@@ -116,7 +120,10 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
     samples = sum(int(r.get("samples", 0)) for r in rows)
     losses = [r["loss"] for r in rows if r.get("loss") is not None]
     train_ms = sum(wait) + sum(step_ms)
-    data_wait_frac = sum(wait) / train_ms if train_ms > 0 else None
+    # Warm-up lasts until the first batch is in hand: the first step's wait is start-up
+    # (processes importing TensorFlow, first batches), reported as first_batch_wait_ms.
+    steady_ms = sum(wait[1:]) + sum(step_ms)
+    data_wait_frac = sum(wait[1:]) / steady_ms if steady_ms > 0 else None
     depth_mean = _mean(depth)
     kind = verdict(data_wait_frac, depth_mean, capacity)
     alive = sum(1 for p in producers if p.get("batches"))
@@ -130,6 +137,8 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
         "steps_per_s": round(steps / train_s, 4) if train_s > 0 else 0.0,
         "samples_per_s": round(samples / train_s, 3) if train_s > 0 else 0.0,
         "data_wait_frac": round(data_wait_frac, 5) if data_wait_frac is not None else None,
+        "data_wait_frac_incl_warmup": round(sum(wait) / train_ms, 5) if train_ms > 0 else None,
+        "first_batch_wait_ms": wait[0] if wait else None,
         "queue_depth_mean": round(depth_mean, 4) if depth_mean is not None else None,
         "starved_steps": sum(1 for d in depth if d == 0),
         "step_ms_mean": round(_mean(step_ms), 3) if step_ms else None,

@@ -65,6 +65,10 @@ class StatusWriter:
             except (BrokenPipeError, OSError):
                 self._file = None  # the launcher is gone; the parent-death watch will stop us
 
+    @property
+    def connected(self) -> bool:
+        return self._file is not None
+
     def error(self, exc: BaseException, where: str, user_error: bool = False) -> None:
         self.send("error", type=type(exc).__name__, message=str(exc), where=where, user_error=user_error)
 

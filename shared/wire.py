@@ -108,7 +108,10 @@ def encode(kind: str, fields: Mapping[str, Any] | None = None,
     frames: list[Any] = []
     specs = []
     for name, array in (arrays or {}).items():
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array)
+        array = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d 1-d
+        if not array.dtype.isnative:  # the header names no byte order: send native order
+            array = array.astype(array.dtype.newbyteorder("="))
         if array.dtype.name not in ALLOWED_DTYPES:
             raise ValueError(f"array {name!r} has dtype {array.dtype}, not allowed on the wire")
         specs.append([name, array.dtype.name, list(array.shape)])
@@ -140,10 +143,10 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
         raise ProtocolError("not_msgpack", type(exc).__name__) from None
     if not isinstance(header, dict):
         raise ProtocolError("bad_header", "header is not a map")
-    if header.get("v") != PROTOCOL_VERSION:
+    if type(header.get("v")) is not int or header["v"] != PROTOCOL_VERSION:  # True == 1
         raise ProtocolError("bad_version", f"version {header.get('v')!r}")
     kind = header.get("k")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:  # a list or map is unhashable
         raise ProtocolError("bad_kind", f"kind {kind!r}")
     specs = header.get("a", [])
     if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
@@ -154,7 +157,7 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
     arrays: dict[str, np.ndarray] = {}
     for spec, frame in zip(specs, frames[1:]):
         if (not isinstance(spec, list) or len(spec) != 3 or not isinstance(spec[0], str)
-                or spec[1] not in ALLOWED_DTYPES or not isinstance(spec[2], list)
+                or not isinstance(spec[1], str) or spec[1] not in ALLOWED_DTYPES or not isinstance(spec[2], list)
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in spec[2])):
             raise ProtocolError("bad_array", f"spec {spec!r}"[:200])
         name, dtype_name, shape = spec
@@ -168,7 +171,12 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
         total += expected
         if max_bytes is not None and total > max_bytes:
             raise ProtocolError("oversized", f"{total} bytes")
-        arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        try:
+            view = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        except ValueError:  # too many dimensions, or a dimension numpy cannot index (0-size)
+            raise ProtocolError("bad_array", f"{name}: shape {shape}"[:200]) from None
+        view.flags.writeable = False  # zmq.Frame buffers are writable; the views are documented read-only
+        arrays[name] = view
     fields = {k: v for k, v in header.items() if k not in _RESERVED}
     return Message(kind=kind, fields=fields, arrays=arrays)
 
@@ -177,7 +185,8 @@ def require(msg: Message, **types_: type | tuple[type, ...]) -> None:
     """Check that ``msg`` has each named field with the given type(s)."""
     for key, expected in types_.items():
         value = msg.fields.get(key)
-        if not isinstance(value, expected) or isinstance(value, bool) and expected in (int, (int,)):
+        allowed = expected if isinstance(expected, tuple) else (expected,)
+        if not isinstance(value, expected) or isinstance(value, bool) and bool not in allowed:
             raise ProtocolError("bad_field", f"{msg.kind}.{key} = {value!r}"[:200])
 
 

@@ -1,0 +1,119 @@
+"""Running ``python run.py`` from tests: output lines, waits with deadlines, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RunProcess:
+    """``python run.py ARGS`` with its stderr+stdout lines collected by a reader thread."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.argv = [sys.executable, str(ROOT / "run.py"), *args]
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     cwd=ROOT, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.descendants: dict[int, psutil.Process] = {}
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for_line(self, pattern: str, timeout: float) -> str:
+        """Block until a line matches ``pattern``; fail with the output so far if not."""
+        regex = re.compile(pattern)
+        for line in self.lines:
+            if regex.search(line):
+                return line
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n" + self.output())
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"process ended before a line matched {pattern!r}:\n" + self.output())
+            self.lines.append(line)
+            if regex.search(line):
+                return line
+
+    def remember_children(self) -> dict[int, psutil.Process]:
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self.descendants[child.pid] = child
+        except psutil.NoSuchProcess:
+            pass
+        return self.descendants
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        while True:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                self.lines.append(line)
+        return code
+
+    def output(self) -> str:
+        return "\n".join(self.lines[-80:])
+
+    def alive_descendants(self) -> list[psutil.Process]:
+        return [p for p in self.descendants.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    def kill(self) -> None:
+        """Clean-up for a failed test: kill the launcher and every child it started."""
+        self.remember_children()
+        for p in [*self.descendants.values()]:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> "RunProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

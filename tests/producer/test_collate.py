@@ -1,0 +1,107 @@
+"""Tests for producer/collate.py: bucket-shaped padding as documented in its legend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from producer.collate import BATCH_ARRAYS, collate
+from shared.text import PAD_ID
+from tests.factories import make_batch
+
+PAD = float(np.log(1e-5))
+B, L, T, F = 4, 12, 20, 6
+
+
+def _examples(lengths: list[tuple[int, int]], seed: int = 0):
+    rng = np.random.default_rng(seed)
+    tokens = [rng.integers(2, 38, size=n).astype(np.int32) for n, _ in lengths]
+    mels = [rng.standard_normal((t, F)).astype(np.float32) for _, t in lengths]
+    return tokens, mels
+
+
+def test_shapes_dtypes_and_names() -> None:
+    tokens, mels = _examples([(3, 5), (12, 20), (1, 1)])
+    out = collate(tokens, mels, B, L, T, F, PAD)
+    assert tuple(out) == BATCH_ARRAYS
+    assert out["tokens"].shape == (B, L) and out["tokens"].dtype == np.int32
+    assert out["token_lengths"].shape == (B,) and out["token_lengths"].dtype == np.int32
+    assert out["mel"].shape == (B, T, F) and out["mel"].dtype == np.float32
+    assert out["mel_lengths"].shape == (B,) and out["mel_lengths"].dtype == np.int32
+    for array in out.values():
+        assert array.flags.c_contiguous
+
+
+def test_values_and_padding() -> None:
+    lengths = [(3, 5), (12, 20), (1, 1)]
+    tokens, mels = _examples(lengths, seed=1)
+    out = collate(tokens, mels, B, L, T, F, PAD)
+    np.testing.assert_array_equal(out["token_lengths"], [3, 12, 1, 0])
+    np.testing.assert_array_equal(out["mel_lengths"], [5, 20, 1, 0])
+    for row, (n, t) in enumerate(lengths):
+        np.testing.assert_array_equal(out["tokens"][row, :n], tokens[row])
+        assert np.all(out["tokens"][row, n:] == PAD_ID)
+        np.testing.assert_array_equal(out["mel"][row, :t], mels[row])
+        assert np.all(out["mel"][row, t:] == np.float32(PAD))
+
+
+def test_empty_rows_are_all_padding() -> None:
+    tokens, mels = _examples([(4, 7)])
+    out = collate(tokens, mels, B, L, T, F, PAD)
+    assert list(out["token_lengths"][1:]) == [0, 0, 0]
+    assert list(out["mel_lengths"][1:]) == [0, 0, 0]
+    assert np.all(out["tokens"][1:] == PAD_ID)
+    assert np.all(out["mel"][1:] == np.float32(PAD))
+
+
+def test_no_examples_gives_an_all_empty_batch() -> None:
+    out = collate([], [], B, L, T, F, PAD)
+    assert out["tokens"].shape == (B, L) and not out["token_lengths"].any() and not out["mel_lengths"].any()
+
+
+def test_pad_value_is_used() -> None:
+    tokens, mels = _examples([(2, 2)])
+    out = collate(tokens, mels, 2, L, T, F, -3.5)
+    assert out["mel"][0, 2, 0] == -3.5 and np.all(out["mel"][1] == -3.5)
+
+
+@pytest.mark.parametrize(("lengths", "match"), [
+    ([(L + 1, 5)], "exceeds bucket"),
+    ([(3, T + 1)], "exceeds bucket"),
+])
+def test_too_long_example_raises(lengths, match: str) -> None:
+    tokens, mels = _examples(lengths)
+    with pytest.raises(ValueError, match=match):
+        collate(tokens, mels, B, L, T, F, PAD)
+
+
+def test_wrong_mel_channels_raises() -> None:
+    tokens = [np.ones(3, np.int32)]
+    mels = [np.zeros((4, F + 1), np.float32)]
+    with pytest.raises(ValueError, match="exceeds bucket"):
+        collate(tokens, mels, B, L, T, F, PAD)
+
+
+def test_count_errors() -> None:
+    tokens, mels = _examples([(2, 2)] * (B + 1))
+    with pytest.raises(ValueError, match=f"{B + 1} examples for a batch of {B}"):
+        collate(tokens, mels, B, L, T, F, PAD)
+    with pytest.raises(ValueError, match="differ in count"):
+        collate(tokens[:2], mels[:1], B, L, T, F, PAD)
+
+
+def test_exact_fit_is_accepted() -> None:
+    tokens, mels = _examples([(L, T)] * B)
+    out = collate(tokens, mels, B, L, T, F, PAD)
+    assert np.all(out["token_lengths"] == L) and np.all(out["mel_lengths"] == T)
+    assert not np.any(out["mel"] == np.float32(PAD))  # no padding at all (random values)
+
+
+def test_factory_batch_is_consistent() -> None:
+    batch = make_batch(batch_size=5, max_tokens=9, max_frames=11, n_mels=7, valid=3, seed=4)
+    assert batch["mel"].shape == (5, 11, 7)
+    assert np.all(batch["token_lengths"][:3] > 0) and np.all(batch["token_lengths"][3:] == 0)
+    for row in range(5):
+        n = batch["token_lengths"][row]
+        assert np.all(batch["tokens"][row, :n] != PAD_ID)
+        assert np.all(batch["tokens"][row, n:] == PAD_ID)

@@ -1,0 +1,213 @@
+"""End-to-end: ``python run.py`` on real processes, sockets and the demo data."""
+
+from __future__ import annotations
+
+import collections
+import signal
+
+import psutil
+import pytest
+import soundfile
+import zmq
+
+from shared import config as config_mod
+from tests.factories import append_metadata, make_dataset
+from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+
+pytestmark = pytest.mark.timeout(180)
+
+SUMMARY_FIELDS = {"steps", "epochs_completed", "samples", "wall_s", "steps_per_s", "samples_per_s",
+                  "data_wait_frac", "queue_depth_mean", "starved_steps", "rejected", "producers", "verdict",
+                  "recommended_producers", "loss_first", "loss_last", "exit_reason"}
+PRODUCER_FIELDS = {"id", "host", "batches", "samples", "rejected", "status"}
+METRIC_FIELDS = {"step", "epoch", "t", "queue_depth", "wait_ms", "step_ms", "loss"}
+DEMO_CLIPS = 64
+# Fast failure detection for the fault tests: a dead producer's leases move after this.
+FAST_HEARTBEAT = ["--set", "pipeline.heartbeat_interval_s=0.3", "--set", "pipeline.heartbeat_timeout_s=1.5"]
+NUMPY_FEATURES = ["--set", "features.backend=numpy"]
+
+
+def check_exactly_once(samples_rows: list[dict], epochs: int, expected_ids: set[str]) -> None:
+    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for row in samples_rows:
+        per_epoch[row["epoch"]].update(row["ids"])
+    assert sorted(per_epoch) == list(range(epochs))
+    for epoch, counts in per_epoch.items():
+        assert set(counts) == expected_ids, f"epoch {epoch}: missing {expected_ids - set(counts)}"
+        assert max(counts.values()) == 1, f"epoch {epoch}: duplicates {[k for k, v in counts.items() if v > 1]}"
+
+
+def test_demo_synthetic_run_writes_contract_files(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("--model", "synthetic:5", "--epochs", "2", "--producers", "2", "--record-samples",
+                     "--model-start-delay", "0.5", "--run-dir", str(run_dir), *NUMPY_FEATURES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert SUMMARY_FIELDS <= set(summary)
+    assert summary["exit_reason"] == "completed"
+    assert summary["epochs_completed"] == 2
+    assert summary["samples"] == 2 * DEMO_CLIPS
+    assert summary["verdict"] in ("producer-bound", "consumer-bound", "balanced")
+    assert summary["recommended_producers"] >= 1
+    assert summary["loss_first"] is None  # the synthetic trainer has no loss
+    assert len(summary["producers"]) == 2
+    for producer in summary["producers"]:
+        assert PRODUCER_FIELDS <= set(producer)
+    assert sum(p["samples"] for p in summary["producers"]) == 2 * DEMO_CLIPS
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(metrics) == summary["steps"] == 8
+    for row in metrics:
+        assert METRIC_FIELDS <= set(row)
+        assert 0 <= row["queue_depth"] <= 3
+        assert row["step_ms"] >= 5.0
+    assert [r["step"] for r in metrics] == list(range(1, 9))
+    saved = config_mod.load(run_dir / "config.yaml")
+    assert saved.trainer.model == "synthetic:5" and saved.trainer.epochs == 2
+    from shared.dataset import DEMO_DATA_DIR, read_metadata
+
+    demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, demo_ids)
+    assert "verdict:" in result.stdout
+
+
+@pytest.mark.slow
+def test_demo_tiny_model_loss_falls(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("--model", "tiny", "--steps", "40", "--producers", "1", "--batch-size", "8",
+                     "--run-dir", str(run_dir), timeout=170)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["steps"] == 40
+    assert summary["loss_last"] < 0.7 * summary["loss_first"]
+    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert all(isinstance(x, float) for x in losses)
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
+
+
+def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
+    run_dir = tmp_path / "run"
+    with RunProcess("--model", "synthetic:40", "--epochs", "6", "--producers", "2", "--record-samples",
+                    "--model-start-delay", "0.5", "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=2",
+                    *NUMPY_FEATURES, *FAST_HEARTBEAT) as run:
+        run.wait_for_line(r"step 2/24", timeout=60)
+        children = run.remember_children().values()
+        producers = [p for p in children if "producer.worker" in " ".join(p.cmdline())]
+        consumer = [p for p in children if "consumer.main" in " ".join(p.cmdline())]
+        assert len(producers) == 2 and len(consumer) == 1
+        # The pinning environment each child really got (CPU mode here: no GPU visible).
+        for p in [*producers, *consumer]:
+            assert p.environ().get("CUDA_VISIBLE_DEVICES") == ""
+        producers[0].kill()
+        run.wait_for_line(r"crashed .*restarting it", timeout=30)
+        assert run.wait(timeout=120) == 0, run.output()
+        run.remember_children()
+    summary = read_json(run_dir / "summary.json")
+    assert summary["exit_reason"] == "completed"
+    assert summary["epochs_completed"] == 6
+    from shared.dataset import DEMO_DATA_DIR, read_metadata
+
+    demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 6, demo_ids)
+    assert max(p["connections"] for p in summary["producers"]) >= 2  # the restarted one joined again
+
+
+def test_ctrl_c_drains_writes_summary_and_leaves_no_orphans(tmp_path):
+    run_dir = tmp_path / "run"
+    with RunProcess("--model", "synthetic:50", "--steps", "100000", "--producers", "2", "--run-dir", str(run_dir),
+                    "--model-start-delay", "0.5", "--set", "trainer.log_every_steps=5", *NUMPY_FEATURES) as run:
+        run.wait_for_line(r"step 5/", timeout=60)
+        run.remember_children()
+        assert len(run.descendants) == 3
+        run.proc.send_signal(signal.SIGINT)
+        code = run.wait(timeout=10)
+        assert code == 130, run.output()
+        gone, alive = psutil.wait_procs(list(run.descendants.values()), timeout=2)
+        assert not alive, f"orphans: {alive}"
+    summary = read_json(run_dir / "summary.json")
+    assert summary["exit_reason"] == "interrupted"
+    assert summary["steps"] >= 5
+    assert len(read_jsonl(run_dir / "metrics.jsonl")) == summary["steps"]
+
+
+def test_unreadable_clip_is_rejected_and_run_goes_on(tmp_path):
+    data = tmp_path / "data"
+    ids = make_dataset(data, count=12)
+    (data / "wavs" / f"{ids[3]}.wav").write_bytes(b"RIFF\x00\x00\x00\x00not really a wav file at all")
+    append_metadata(data, ["BROKEN-LINE-WITHOUT-TEXT", "GHOST|a clip with no audio file|a clip with no audio file"])
+    run_dir = tmp_path / "run"
+    result = run_cli("--data", str(data), "--model", "synthetic:1", "--epochs", "1", "--batch-size", "4",
+                     "--producers", "1", "--record-samples", "--run-dir", str(run_dir),
+                     "--model-start-delay", "0.2", *NUMPY_FEATURES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    rejected = {r["id"]: r for r in read_jsonl(run_dir / "rejected.jsonl")}
+    assert summary["rejected"] == len(rejected) == 3
+    assert "unreadable audio" in rejected[ids[3]]["reason"]
+    assert "missing" in rejected["GHOST"]["reason"]
+    assert "malformed metadata line 13" in rejected["BROKEN-LINE-WITHOUT-TEXT"]["reason"]
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 1, set(ids) - {ids[3]})
+
+
+def _one_error_line(result) -> str:
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("stoker: error:")]
+    assert len(errors) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return errors[0]
+
+
+def test_nonexistent_data_is_one_line(tmp_path):
+    line = _one_error_line(run_cli("--data", str(tmp_path / "nope"), "--run-dir", str(tmp_path / "r")))
+    assert "does not exist" in line
+
+
+def test_missing_gpu_is_one_line(tmp_path):
+    line = _one_error_line(run_cli("--data-gpu", "7", "--model-gpu", "1", "--run-dir", str(tmp_path / "r")))
+    assert "--data-gpu 7" in line
+
+
+def test_bad_flag_and_unknown_key_are_one_line(tmp_path):
+    assert "unrecognized arguments" in _one_error_line(run_cli("--no-such-flag"))
+    assert "trainer.stepz" in _one_error_line(run_cli("--set", "trainer.stepz=3"))
+    assert "expected an integer" in _one_error_line(run_cli("--set", "batching.batch_size=big"))
+    assert "synthetic:MS" in _one_error_line(run_cli("--model", "synthetic:fast"))
+
+
+def test_non_loopback_bind_needs_insecure(tmp_path):
+    line = _one_error_line(run_cli("--bind", "tcp://0.0.0.0:5599", "--run-dir", str(tmp_path / "r")))
+    assert "--insecure" in line
+
+
+def test_endpoint_in_use_is_one_line(tmp_path):
+    ctx = zmq.Context.instance()
+    holder = ctx.socket(zmq.ROUTER)
+    holder.linger = 0
+    try:
+        port = holder.bind_to_random_port("tcp://127.0.0.1")
+        line = _one_error_line(run_cli("--bind", f"tcp://127.0.0.1:{port}", "--model", "synthetic:1",
+                                       "--run-dir", str(tmp_path / "r"), *NUMPY_FEATURES))
+        assert "cannot bind" in line and "in use" in line
+    finally:
+        holder.close()
+
+
+def test_dataset_without_usable_clip_is_one_line(tmp_path):
+    data = tmp_path / "data"
+    ids = make_dataset(data, count=2)
+    for sample_id in ids:
+        (data / "wavs" / f"{sample_id}.wav").write_bytes(b"garbage")
+    line = _one_error_line(run_cli("--data", str(data), "--model", "synthetic:1", "--run-dir", str(tmp_path / "r")))
+    assert "no usable clip" in line
+
+
+def test_stereo_and_other_rate_clips_are_used(tmp_path):
+    data = tmp_path / "data"
+    ids = make_dataset(data, count=6, rate_hz=16000)
+    audio, rate = soundfile.read(str(data / "wavs" / f"{ids[0]}.wav"))
+    soundfile.write(str(data / "wavs" / f"{ids[0]}.wav"), [[a, a] for a in audio], rate)
+    run_dir = tmp_path / "run"
+    result = run_cli("--data", str(data), "--model", "synthetic:1", "--epochs", "1", "--batch-size", "3",
+                     "--producers", "1", "--run-dir", str(run_dir), "--model-start-delay", "0.2", *NUMPY_FEATURES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_json(run_dir / "summary.json")["samples"] == 6
