@@ -26,6 +26,8 @@ def load_audio(path: Path, target_rate_hz: int) -> np.ndarray:
     except FileNotFoundError:
         raise AudioError(f"audio file missing: {path.name}") from None
     except Exception as exc:  # libsndfile raises LibsndfileError/RuntimeError for corrupt data
+        if not Path(path).exists():  # soundfile reports a missing file as LibsndfileError, not FileNotFoundError
+            raise AudioError(f"audio file missing: {path.name}") from None
         raise AudioError(f"unreadable audio {path.name}: {str(exc).splitlines()[0][:160]}") from None
     if audio.shape[0] == 0:
         raise AudioError(f"audio file has no samples: {path.name}")

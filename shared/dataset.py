@@ -97,6 +97,8 @@ def read_metadata(root: Path, metadata_file: str = "metadata.csv") -> tuple[list
         raise DatasetError(f"{meta} not found (expected LJSpeech layout: metadata.csv and wavs/)") from None
     except OSError as exc:
         raise DatasetError(f"cannot read {meta}: {exc.strerror}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (Windows editors) is not part of the id
+        raw = raw[3:]
     entries: list[Entry] = []
     rejected: list[Rejection] = []
     seen: set[str] = set()

@@ -78,3 +78,15 @@ def make_samples(count: int = 100, seed: int = 0, max_tokens: int = 150, max_fra
         samples.append(Sample(id=f"{prefix}{i:05d}", text=sentence(i), num_tokens=int(rng.integers(2, max_tokens + 1)),
                               num_frames=frames, duration_s=frames * 256 / 22050))
     return samples
+
+
+def add_clip(root: Path, sample_id: str, duration_s: float, rate_hz: int = 22050, text: str | None = None,
+             channels: int = 1, seed: int = 0, subtype: str = "PCM_16") -> Path:
+    """Write one more clip ``wavs/<sample_id>.wav`` and append its metadata line; return its path."""
+    wavs = root / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    path = wavs / f"{sample_id}.wav"
+    soundfile.write(str(path), tone(duration_s, rate_hz, seed=seed, channels=channels), rate_hz, subtype=subtype)
+    text = sentence(seed) if text is None else text
+    append_metadata(root, [f"{sample_id}|{text}|{text}"])
+    return path

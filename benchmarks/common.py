@@ -1,0 +1,165 @@
+"""Helpers shared by the benchmark modules: statistics, machine facts, child processes.
+
+Every figure is a ratio against a baseline measured in the same run (this machine is
+small, shared and noisy), summarised as the median over repetitions with min and max.
+A ratio is always stored with the two measured numbers it came from, so a reader can
+recompute it: ``{"value": num / den, "numerator": num, "denominator": den}``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import platform
+import queue as queue_mod
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# Children that do not stop on their own within this many seconds after their work is
+# done are terminated (SIGTERM), then killed.
+JOIN_TIMEOUT_S = 10.0
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not produce its numbers (a child failed, timed out, ...)."""
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min and max of repeated measurements (and the values themselves)."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("no values")
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
+            "values": [round(v, 6) for v in vals]}
+
+
+def ratio(numerator: float, denominator: float, **extra: Any) -> dict[str, Any]:
+    """A ratio with the two numbers it came from; both must be positive measurements."""
+    if not (numerator > 0 and denominator > 0):
+        raise BenchError(f"ratio of non-positive numbers {numerator!r} / {denominator!r}")
+    return {"value": numerator / denominator, "numerator": numerator, "denominator": denominator, **extra}
+
+
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Slope of the least-squares line through (xs, ys)."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError("need at least two points")
+    mx = sum(xs) / len(xs)
+    my = sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("all x equal")
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+    try:
+        info["usable_cores"] = len(os.sched_getaffinity(0))
+    except AttributeError:
+        pass
+    try:
+        import zmq
+
+        info["zmq"] = zmq.zmq_version()
+        info["pyzmq"] = zmq.__version__
+    except ImportError:
+        pass
+    try:
+        import numpy
+
+        info["numpy"] = numpy.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def spawn_context() -> Any:
+    """Children are fresh interpreters (never forked), as the project requires."""
+    return multiprocessing.get_context("spawn")
+
+
+def collect(result_queue: Any, roles: Sequence[str], procs: Sequence[Any], timeout_s: float) -> dict[str, dict]:
+    """Wait for one result dict per role from ``result_queue``; raise on error or timeout.
+
+    A child posts ``{"role": ..., "ok": True, ...}`` or ``{"role": ..., "ok": False,
+    "error": text}``. A child that dies without posting is noticed at once.
+    """
+    results: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(results) < len(roles):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BenchError(f"timed out after {timeout_s:.0f} s waiting for {sorted(set(roles) - set(results))}")
+        try:
+            item = result_queue.get(timeout=min(0.5, remaining))
+        except queue_mod.Empty:
+            dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+            if dead:
+                # a last look: the child may have posted its error just before exiting
+                try:
+                    item = result_queue.get(timeout=0.5)
+                except queue_mod.Empty:
+                    raise BenchError(f"child {dead[0].name} exited with status {dead[0].exitcode} "
+                                     "without a result") from None
+            else:
+                continue
+        if not item.get("ok"):
+            raise BenchError(f"{item.get('role')} failed: {item.get('error')}")
+        results[item["role"]] = item
+    return results
+
+
+def stop_children(procs: Sequence[Any], timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    """Join children with a timeout; terminate, then kill, whatever is still running."""
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        if p.pid is None:  # never started
+            continue
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.pid is not None and p.is_alive():
+            p.terminate()
+            p.join(2.0)
+        if p.pid is not None and p.is_alive():
+            p.kill()
+            p.join(2.0)
+
+
+def close_queue(q: Any) -> None:
+    try:
+        q.close()
+        q.cancel_join_thread()
+    except (OSError, ValueError):
+        pass
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain, left-aligned text table."""
+    cells = [[str(h) for h in headers]] + [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)

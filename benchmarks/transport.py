@@ -1,0 +1,408 @@
+"""Transport benchmark: stoker's wire protocol vs raw pyzmq, same payload, same machine.
+
+Baseline (``raw``): PUSH -> PULL, one numpy frame per message holding exactly the
+payload bytes of a batch, ``send(copy=False)`` / ``recv(copy=False)``.
+
+Candidate (``protocol``): DEALER (producer side) -> ROUTER (consumer side) with
+``shared.wire.encode/decode`` and the credit round trip. The payload is shaped like a
+real batch (tokens int32 [B, L], token_lengths int32 [B], mel float32 [B, T, F],
+mel_lengths int32 [B]) with B = 16, F = 80 and L, T picked so the four arrays total
+about 8 MiB, 1 MiB or 64 KiB. The receiver grants a CREDIT only for a free slot of a
+capacity-3 ``consumer.buffer.BatchQueue`` (``capacity - len(queue) - credits in
+flight``), and drains each arriving BATCH at once: decode (all header checks and
+size checks), ``put``, ``get``. The sender sends a BATCH only against a CREDIT. So at
+most 3 batches are in flight, as in a run. (The LEASE/READY messages of a real run
+happen ahead of time and are left out: the sender always has its batch prepared.)
+
+Sender and receiver are separate spawned processes (no shared GIL). Both throughputs
+are measured by the receiver, from the arrival of the last warm-up message to the
+arrival of the last one. Repetitions are interleaved (raw and protocol alternate which
+goes first), so drift on a noisy machine hits both. Reported per transport (tcp
+loopback, ipc) and size: GB/s (1e9 bytes/s of payload) and batches/s as median
+[min, max] over the repetitions, and the ratio protocol/raw of the medians.
+
+Run alone: ``python -m benchmarks.transport [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import (BenchError, close_queue, collect, ratio, spawn_context, spread,
+                               stop_children, table)
+
+BATCH_SIZE = 16
+N_MELS = 80
+CAPACITY = 3
+# Text is ~1 token per 6 mel frames in LJSpeech-like data; the tokens are a small share anyway.
+FRAMES_PER_TOKEN = 6
+
+SIZES = {"8MiB": 8 << 20, "1MiB": 1 << 20, "64KiB": 64 << 10}
+TRANSPORTS = ("tcp", "ipc")
+TARGET_SIZE = "8MiB"
+TARGET_RATIO = 0.8
+# No recv waits longer than this; a silent peer fails the measurement.
+RECV_TIMEOUT_MS = 10_000
+
+
+@dataclass
+class TransportPlan:
+    repetitions: int = 5
+    # timed messages per measurement, by size (about 0.2-0.5 GB each for the big sizes)
+    messages: dict[str, int] = field(default_factory=lambda: {"8MiB": 48, "1MiB": 300, "64KiB": 3000})
+    warmup: int = 5
+    transports: tuple[str, ...] = TRANSPORTS
+    timeout_s: float = 120.0
+
+    @classmethod
+    def quick(cls) -> "TransportPlan":
+        return cls(repetitions=3, messages={"8MiB": 32, "1MiB": 200, "64KiB": 2000})
+
+
+# ---------------------------------------------------------------- payloads
+def batch_shape(target_bytes: int, batch_size: int = BATCH_SIZE, n_mels: int = N_MELS) -> tuple[int, int]:
+    """(L, T) whose batch arrays total about ``target_bytes``."""
+    per_frame = batch_size * 4 * (n_mels + 1.0 / FRAMES_PER_TOKEN)
+    frames = max(1, int(round((target_bytes - 2 * batch_size * 4) / per_frame)))
+    tokens = max(1, frames // FRAMES_PER_TOKEN)
+    return tokens, frames
+
+
+def make_batch(tokens: int, frames: int, batch_size: int = BATCH_SIZE, n_mels: int = N_MELS,
+               seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "tokens": rng.integers(1, 60, size=(batch_size, tokens), dtype=np.int32),
+        "token_lengths": np.full(batch_size, tokens, dtype=np.int32),
+        "mel": rng.standard_normal((batch_size, frames, n_mels), dtype=np.float32),
+        "mel_lengths": np.full(batch_size, frames, dtype=np.int32),
+    }
+
+
+def payload_bytes(arrays: dict[str, np.ndarray]) -> int:
+    return sum(a.nbytes for a in arrays.values())
+
+
+def _endpoint(transport: str, tmpdir: str) -> str:
+    if transport == "tcp":
+        return "tcp://127.0.0.1:*"
+    if transport == "ipc":
+        return f"ipc://{tmpdir}/{uuid.uuid4().hex[:12]}.sock"
+    raise ValueError(f"unknown transport {transport!r}")
+
+
+def _fail(res_q: Any, role: str) -> None:
+    res_q.put({"role": role, "ok": False, "error": traceback.format_exc()[-2000:]})
+
+
+def _recv_ready(sock: Any, what: str) -> None:
+    if not sock.poll(RECV_TIMEOUT_MS):
+        raise TimeoutError(f"nothing received for {RECV_TIMEOUT_MS} ms ({what})")
+
+
+# ---------------------------------------------------------------- raw PUSH/PULL children
+def raw_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.linger = 0
+    try:
+        sock.bind(spec)
+        ep_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        t0 = 0.0
+        for i in range(warmup + count):
+            _recv_ready(sock, f"raw message {i}")
+            frame = sock.recv(copy=False)
+            if len(frame.buffer) != nbytes:
+                raise ValueError(f"got {len(frame.buffer)} bytes, expected {nbytes}")
+            del frame
+            if i == warmup - 1:
+                t0 = time.perf_counter()
+        seconds = time.perf_counter() - t0
+        res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes})
+    except BaseException:
+        _fail(res_q, "receiver")
+    finally:
+        done.set()
+        sock.close()
+        ctx.term()
+
+
+def raw_sender(nbytes: int, total: int, ep_q: Any, res_q: Any, done: Any, timeout_s: float) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.linger = 0
+    try:
+        endpoint = ep_q.get(timeout=timeout_s)
+        payload = np.random.default_rng(1).integers(0, 255, size=nbytes, dtype=np.uint8)
+        sock.connect(endpoint)
+        for i in range(total):
+            if not sock.poll(RECV_TIMEOUT_MS, zmq.POLLOUT):
+                raise TimeoutError(f"cannot send raw message {i}")
+            sock.send(payload, copy=False)
+        # linger is 0: keep the socket open until the receiver has everything
+        if not done.wait(timeout_s):
+            raise TimeoutError("receiver did not finish")
+        res_q.put({"role": "sender", "ok": True, "sent": total})
+    except BaseException:
+        _fail(res_q, "sender")
+    finally:
+        sock.close()
+        ctx.term()
+
+
+# ---------------------------------------------------------------- protocol DEALER/ROUTER children
+def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any) -> None:
+    import zmq
+
+    from consumer.buffer import BatchQueue, QueuedBatch
+    from shared import wire
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    try:
+        sock.bind(spec)
+        ep_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        _recv_ready(sock, "hello")
+        frames = sock.recv_multipart(copy=False)
+        identity = frames[0].bytes
+        hello = wire.decode(frames[1:])
+        if hello.kind != wire.HELLO:
+            raise ValueError(f"expected hello, got {hello.kind}")
+        queue = BatchQueue(CAPACITY)
+        total = warmup + count
+        state = {"credits_out": 0, "next_lease": 1}
+        outstanding: set[int] = set()
+
+        def grant() -> None:
+            free = queue.capacity - len(queue) - state["credits_out"]
+            while free > 0 and state["next_lease"] <= total:
+                lease = state["next_lease"]
+                sock.send_multipart([identity, *wire.encode(wire.CREDIT, {"lease": lease})])
+                outstanding.add(lease)
+                state["next_lease"] += 1
+                state["credits_out"] += 1
+                free -= 1
+
+        grant()
+        received = 0
+        t0 = 0.0
+        max_bytes = 256 << 20
+        while received < total:
+            _recv_ready(sock, f"batch {received}")
+            frames = sock.recv_multipart(copy=False)
+            msg = wire.decode(frames[1:], max_bytes=max_bytes)
+            if msg.kind != wire.BATCH:
+                continue
+            lease = msg["lease"]
+            if lease not in outstanding:
+                raise ValueError(f"batch for lease {lease} without a credit")
+            if sum(a.nbytes for a in msg.arrays.values()) != nbytes:
+                raise ValueError("wrong payload size")
+            outstanding.discard(lease)
+            queue.put(QueuedBatch(lease=lease, epoch=0, index=received, ids=list(msg["ids"]),
+                                  arrays=msg.arrays, producer="bench"))
+            state["credits_out"] -= 1
+            got = queue.get(timeout=0)
+            if got is None:
+                raise RuntimeError("queue returned nothing")
+            del got, msg, frames
+            received += 1
+            if received == warmup:
+                t0 = time.perf_counter()
+            grant()
+        seconds = time.perf_counter() - t0
+        sock.send_multipart([identity, *wire.encode(wire.STOP, {"reason": "bench over"})])
+        res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes,
+                   "queue_high_water": queue.high_water})
+        done.wait(5.0)  # let the sender read STOP before the socket goes
+    except BaseException:
+        _fail(res_q, "receiver")
+    finally:
+        done.set()
+        sock.close()
+        ctx.term()
+
+
+def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, timeout_s: float) -> None:
+    import zmq
+
+    from shared import wire
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        endpoint = ep_q.get(timeout=timeout_s)
+        arrays = make_batch(*shape)
+        ids = [f"BENCH-{i:04d}" for i in range(BATCH_SIZE)]
+        sock.connect(endpoint)
+        sock.send_multipart(wire.encode(wire.HELLO, {"producer": "bench", "host": "localhost", "pid": os.getpid(),
+                                                     "fingerprint": ""}))
+        sent = 0
+        while True:
+            _recv_ready(sock, "credit")
+            msg = wire.decode(sock.recv_multipart())
+            if msg.kind == wire.CREDIT:
+                frames = wire.encode(wire.BATCH, {"lease": msg["lease"], "epoch": 0, "index": sent, "ids": ids,
+                                                  "rejected": [], "prep_ms": 0.0}, arrays)
+                sock.send_multipart(frames, copy=False)
+                sent += 1
+            elif msg.kind == wire.STOP:
+                break
+        res_q.put({"role": "sender", "ok": True, "sent": sent})
+    except BaseException:
+        _fail(res_q, "sender")
+    finally:
+        done.set()
+        sock.close()
+        ctx.term()
+
+
+# ---------------------------------------------------------------- one measurement
+def measure(kind: str, transport: str, size: int, count: int, warmup: int, tmpdir: str,
+            timeout_s: float) -> dict[str, Any]:
+    """One measurement in two fresh processes; returns seconds, messages, bytes."""
+    if warmup < 1:
+        raise ValueError("warmup must be >= 1 (the clock starts at the last warm-up message)")
+    ctx = spawn_context()
+    ep_q, res_q, done = ctx.Queue(), ctx.Queue(), ctx.Event()
+    spec = _endpoint(transport, tmpdir)
+    shape = batch_shape(size)
+    nbytes = _shape_bytes(shape)
+    if kind == "raw":
+        receiver = ctx.Process(target=raw_receiver, args=(spec, nbytes, warmup, count, ep_q, res_q, done),
+                               name=f"raw-receiver-{transport}", daemon=True)
+        sender = ctx.Process(target=raw_sender, args=(nbytes, warmup + count, ep_q, res_q, done, timeout_s),
+                             name=f"raw-sender-{transport}", daemon=True)
+    elif kind == "protocol":
+        receiver = ctx.Process(target=protocol_receiver, args=(spec, nbytes, warmup, count, ep_q, res_q, done),
+                               name=f"protocol-receiver-{transport}", daemon=True)
+        sender = ctx.Process(target=protocol_sender, args=(shape, ep_q, res_q, done, timeout_s),
+                             name=f"protocol-sender-{transport}", daemon=True)
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    procs = [receiver, sender]
+    try:
+        for p in procs:
+            p.start()
+        results = collect(res_q, ["receiver", "sender"], procs, timeout_s)
+    finally:
+        stop_children(procs)
+        for q in (ep_q, res_q):
+            close_queue(q)
+    rec = results["receiver"]
+    if rec["seconds"] <= 0:
+        raise BenchError(f"{kind}/{transport}: non-positive duration {rec['seconds']}")
+    return {"seconds": rec["seconds"], "messages": rec["messages"], "bytes": rec["bytes"],
+            "gbps": rec["bytes"] / rec["seconds"] / 1e9, "batches_per_s": rec["messages"] / rec["seconds"]}
+
+
+def _shape_bytes(shape: tuple[int, int], batch_size: int = BATCH_SIZE, n_mels: int = N_MELS) -> int:
+    tokens, frames = shape
+    return 4 * batch_size * (tokens + 1 + frames * n_mels + 1)
+
+
+# ---------------------------------------------------------------- the section
+def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
+        log: Any = None) -> list[dict[str, Any]]:
+    """All measurements of the plan; one row per (transport, size)."""
+    plan = plan or TransportPlan()
+    sizes = sizes or SIZES
+    log = log or (lambda text: None)
+    samples: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    tmpdir = tempfile.mkdtemp(prefix="stoker-bench-")
+    try:
+        for rep in range(plan.repetitions):
+            for transport in plan.transports:
+                for size_name, size in sizes.items():
+                    kinds = ("raw", "protocol") if rep % 2 == 0 else ("protocol", "raw")
+                    for kind in kinds:
+                        m = measure(kind, transport, size, plan.messages[size_name], plan.warmup, tmpdir,
+                                    plan.timeout_s)
+                        samples.setdefault((transport, size_name, kind), []).append(m)
+                        log(f"transport rep {rep + 1}/{plan.repetitions} {transport} {size_name} {kind}: "
+                            f"{m['gbps']:.3f} GB/s, {m['batches_per_s']:.0f} batches/s")
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    rows = []
+    for transport in plan.transports:
+        for size_name, size in sizes.items():
+            raw = samples[(transport, size_name, "raw")]
+            proto = samples[(transport, size_name, "protocol")]
+            raw_gbps = spread([m["gbps"] for m in raw])
+            proto_gbps = spread([m["gbps"] for m in proto])
+            paired = spread([p["gbps"] / r["gbps"] for p, r in zip(proto, raw)])
+            shape = batch_shape(size)
+            value = ratio(proto_gbps["median"], raw_gbps["median"], paired=paired,
+                          note="median protocol GB/s / median raw GB/s; paired = per-repetition ratios")
+            applies = size_name == TARGET_SIZE
+            rows.append({
+                "transport": transport,
+                "size": size_name,
+                "payload_bytes": _shape_bytes(shape),
+                "batch_shape": {"B": BATCH_SIZE, "L": shape[0], "T": shape[1], "F": N_MELS},
+                "messages": plan.messages[size_name],
+                "repetitions": plan.repetitions,
+                "raw": {"gbps": raw_gbps, "batches_per_s": spread([m["batches_per_s"] for m in raw])},
+                "protocol": {"gbps": proto_gbps, "batches_per_s": spread([m["batches_per_s"] for m in proto])},
+                "ratio": value,
+                "target": {"what": f"protocol >= {TARGET_RATIO} x raw at {TARGET_SIZE}", "min_ratio": TARGET_RATIO,
+                           "applies": applies, "met": (value["value"] >= TARGET_RATIO) if applies else None},
+            })
+    return rows
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    headers = ["transport", "size", "raw GB/s med [min,max]", "proto GB/s med [min,max]",
+               "raw batch/s", "proto batch/s", "ratio", "paired [min,max]", "target"]
+    out = []
+    for r in rows:
+        rg, pg = r["raw"]["gbps"], r["protocol"]["gbps"]
+        pr = r["ratio"]["paired"]
+        target = ("met" if r["target"]["met"] else "NOT met") + f" (>= {r['target']['min_ratio']})" \
+            if r["target"]["applies"] else "-"
+        out.append([r["transport"], r["size"],
+                    f"{rg['median']:.3f} [{rg['min']:.3f},{rg['max']:.3f}]",
+                    f"{pg['median']:.3f} [{pg['min']:.3f},{pg['max']:.3f}]",
+                    f"{r['raw']['batches_per_s']['median']:.0f}", f"{r['protocol']['batches_per_s']['median']:.0f}",
+                    f"{r['ratio']['value']:.3f}", f"[{pr['min']:.3f},{pr['max']:.3f}]", target])
+    return table(headers, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.transport")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    plan = TransportPlan.quick() if args.quick else TransportPlan()
+    try:
+        rows = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True))
+    except BenchError as exc:
+        print(f"transport benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    print(render(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

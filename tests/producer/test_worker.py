@@ -1,0 +1,115 @@
+"""A real Producer (in a thread) against a scripted consumer on a ROUTER socket."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from producer.features import log_mel_spectrogram_numpy, pad_value
+from producer.worker import Producer
+from shared import wire
+from shared.config import FeaturesConfig
+from tests.factories import make_dataset
+
+pytestmark = pytest.mark.timeout(60)
+
+RECV_TIMEOUT_MS = 10000
+
+
+class FakeConsumer:
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.sock.rcvtimeo = RECV_TIMEOUT_MS
+        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.identity = b""
+
+    def recv(self, kind: str, skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> wire.Message:
+        while True:
+            frames = self.sock.recv_multipart()
+            self.identity = frames[0]
+            msg = wire.decode(frames[1:])
+            if msg.kind == kind:
+                return msg
+            assert msg.kind in skip, f"expected {kind}, got {msg.kind}"
+
+    def send(self, kind: str, fields: dict) -> None:
+        self.sock.send_multipart([self.identity, *wire.encode(kind, fields)])
+
+
+@pytest.fixture
+def setup(tmp_path):
+    ids = make_dataset(tmp_path / "data", count=6)
+    ctx = zmq.Context()
+    consumer = FakeConsumer(ctx)
+    stop = threading.Event()
+    producer = Producer(consumer.endpoint, tmp_path / "data", "p-test", stop, context=ctx)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", producer.run()), daemon=True)
+    thread.start()
+    features = FeaturesConfig(backend="numpy", n_mels=16)
+    yield consumer, producer, stop, thread, result, ids, tmp_path / "data", features
+    stop.set()
+    thread.join(10)
+    consumer.sock.close()
+    ctx.term()
+
+
+def welcome(consumer: FakeConsumer, features: FeaturesConfig, batch_size: int = 4) -> None:
+    consumer.recv(wire.HELLO)
+    consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(features),
+                                 "batch_size": batch_size, "metadata_file": "metadata.csv",
+                                 "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 30.0})
+
+
+def test_lease_ready_credit_batch_with_a_rejected_clip(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    (root / "wavs" / f"{ids[1]}.wav").write_bytes(b"RIFF....WAVEgarbage")
+    welcome(consumer, features)
+    lease_ids = [ids[0], ids[1], ids[2]]
+    consumer.send(wire.LEASE, {"lease": 7, "epoch": 0, "index": 0, "ids": lease_ids, "shape": [64, 128]})
+    assert consumer.recv(wire.READY)["lease"] == 7
+    consumer.send(wire.CREDIT, {"lease": 7})
+    batch = consumer.recv(wire.BATCH)
+    assert batch["lease"] == 7
+    assert batch["ids"] == [ids[0], ids[2]]
+    assert [r["id"] for r in batch["rejected"]] == [ids[1]]
+    assert "unreadable audio" in batch["rejected"][0]["reason"]
+    mel, lengths = batch.arrays["mel"], batch.arrays["mel_lengths"]
+    assert mel.shape == (4, 128, 16) and list(lengths[2:]) == [0, 0]
+    import soundfile
+
+    audio, _ = soundfile.read(str(root / "wavs" / f"{ids[0]}.wav"), dtype="float32")
+    expected = log_mel_spectrogram_numpy(audio, features, dtype=np.float32)
+    assert lengths[0] == expected.shape[0]
+    np.testing.assert_allclose(mel[0, :lengths[0]], expected, rtol=1e-5, atol=1e-5)
+    assert np.all(mel[0, lengths[0]:] == np.float32(pad_value(features)))
+    consumer.send(wire.STOP, {"reason": "test over"})
+    thread.join(10)
+    assert result["code"] == 0
+
+
+def test_stop_signal_sends_bye_with_held_leases(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    welcome(consumer, features)
+    consumer.send(wire.LEASE, {"lease": 3, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
+    consumer.send(wire.LEASE, {"lease": 4, "epoch": 0, "index": 1, "ids": [ids[3]], "shape": [64, 128]})
+    consumer.recv(wire.READY)
+    stop.set()  # what SIGTERM/SIGINT do
+    bye = consumer.recv(wire.BYE, skip=(wire.HEARTBEAT, wire.READY))
+    assert sorted(bye["leases"]) == [3, 4]
+    thread.join(10)
+    assert result["code"] == 0
+
+
+def test_garbage_from_the_consumer_is_ignored(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    welcome(consumer, features)
+    consumer.sock.send_multipart([consumer.identity, b"\xc1 not msgpack"])
+    consumer.send(wire.LEASE, {"lease": 1, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
+    assert consumer.recv(wire.READY)["lease"] == 1
+    assert thread.is_alive()

@@ -1,0 +1,276 @@
+"""Tests for shared/dataset.py: metadata parsing, the index, and precise rejections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import soundfile
+
+from shared.config import DataConfig, FeaturesConfig
+from shared.dataset import (
+    DEMO_DATA_DIR,
+    DatasetError,
+    Rejection,
+    build_index,
+    expected_samples,
+    read_metadata,
+    resolve_root,
+)
+from shared.text import encode_text
+from tests.factories import add_clip, append_metadata, make_dataset
+
+FEATURES = FeaturesConfig()
+HOP = FEATURES.hop_length
+
+
+def _data(root: Path, **kw) -> DataConfig:
+    return DataConfig(path=str(root), **kw)
+
+
+def _reasons(index) -> dict[str, str]:
+    return {r.id: r.reason for r in index.rejected}
+
+
+def _metadata_lines(root: Path) -> int:
+    return len((root / "metadata.csv").read_bytes().splitlines())
+
+
+@pytest.fixture
+def good(tmp_path: Path) -> tuple[Path, list[str]]:
+    ids = make_dataset(tmp_path, count=6)
+    return tmp_path, ids
+
+
+def test_build_index_on_factory_dataset(good) -> None:
+    root, ids = good
+    index = build_index(_data(root), FEATURES)
+    assert index.root == root.resolve()
+    assert [s.id for s in index.samples] == ids
+    assert index.rejected == []
+    for sample in index.samples:
+        info = soundfile.info(str(root / "wavs" / f"{sample.id}.wav"))
+        assert sample.num_frames == 1 + info.frames // HOP
+        assert sample.duration_s == pytest.approx(info.frames / info.samplerate)
+        assert sample.num_tokens == len(encode_text(sample.text))
+    assert set(index.by_id()) == set(ids)
+    assert len(index.fingerprint) == 16
+
+
+def test_fingerprint_is_stable_and_tracks_content(good) -> None:
+    root, _ = good
+    first = build_index(_data(root), FEATURES).fingerprint
+    assert build_index(_data(root), FEATURES).fingerprint == first
+    add_clip(root, "EXTRA", 1.0)
+    assert build_index(_data(root), FEATURES).fingerprint != first
+
+
+def _expect_rejected(root: Path, good_ids: list[str], sample_id: str, fragment: str, **data_kw) -> Rejection:
+    index = build_index(_data(root, **data_kw), FEATURES)
+    assert [s.id for s in index.samples] == good_ids  # the good clips are all kept
+    matches = [r for r in index.rejected if r.id == sample_id]
+    assert len(matches) == 1, index.rejected
+    assert fragment in matches[0].reason, matches[0].reason
+    assert matches[0].producer == "index"
+    return matches[0]
+
+
+def test_missing_wav(good) -> None:
+    root, ids = good
+    append_metadata(root, ["GONE|Some text.|Some text."])
+    _expect_rejected(root, ids, "GONE", "audio file missing: GONE.wav")
+
+
+def test_empty_wav(good) -> None:
+    root, ids = good
+    (root / "wavs" / "ZERO.wav").write_bytes(b"")
+    append_metadata(root, ["ZERO|Some text.|Some text."])
+    _expect_rejected(root, ids, "ZERO", "audio file empty: ZERO.wav")
+
+
+def test_non_audio_file_named_wav(good) -> None:
+    root, ids = good
+    (root / "wavs" / "TEXT.wav").write_text("this is not audio at all\n" * 20, encoding="utf-8")
+    append_metadata(root, ["TEXT|Some text.|Some text."])
+    rejection = _expect_rejected(root, ids, "TEXT", "unreadable audio TEXT.wav")
+    assert "\n" not in rejection.reason and len(rejection.reason) < 250
+
+
+def test_malformed_metadata_line(good) -> None:
+    root, ids = good
+    line = _metadata_lines(root) + 1
+    append_metadata(root, ["NOPIPE just some words", "A|b|c|d"])
+    index = build_index(_data(root), FEATURES)
+    assert [s.id for s in index.samples] == ids
+    reasons = [r.reason for r in index.rejected]
+    assert reasons == [f"malformed metadata line {line}: expected id|text|normalized_text",
+                       f"malformed metadata line {line + 1}: expected id|text|normalized_text"]
+
+
+@pytest.mark.parametrize("bad_id", ["../escape", "sub/dir", ".hidden"])
+def test_ids_that_are_not_plain_file_names(good, bad_id: str) -> None:
+    root, ids = good
+    append_metadata(root, [f"{bad_id}|Some text.|Some text."])
+    index = build_index(_data(root), FEATURES)
+    assert [s.id for s in index.samples] == ids
+    assert len(index.rejected) == 1 and "malformed metadata line" in index.rejected[0].reason
+
+
+def test_non_utf8_metadata_line(good) -> None:
+    root, ids = good
+    line = _metadata_lines(root) + 1
+    append_metadata(root, [b"LATIN|caf\xe9 au lait|caf\xe9 au lait"])
+    _expect_rejected(root, ids, f"line:{line}", f"metadata line {line} is not valid UTF-8")
+
+
+def test_duplicate_id(good) -> None:
+    root, ids = good
+    line = _metadata_lines(root) + 1
+    append_metadata(root, [f"{ids[2]}|Another text.|Another text."])
+    index = build_index(_data(root), FEATURES)
+    assert [s.id for s in index.samples] == ids
+    assert index.by_id()[ids[2]].text != "Another text."  # the first line wins
+    assert index.rejected == [Rejection(ids[2], f"duplicate id on metadata line {line}")]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "1234 #$%", "\u65e5\u672c"])
+def test_empty_text(good, text: str) -> None:
+    root, ids = good
+    add_clip(root, "MUTE", 1.0, text=text)
+    line = _metadata_lines(root)
+    _expect_rejected(root, ids, "MUTE", f"empty text on metadata line {line}")
+
+
+def test_text_too_long(good) -> None:
+    root, ids = good
+    longest = max(s.num_tokens for s in build_index(_data(root), FEATURES).samples)
+    add_clip(root, "WORDY", 1.0, text="a" * longest)
+    _expect_rejected(root, ids, "WORDY", f"text of {longest + 1} tokens exceeds data.max_tokens={longest}",
+                     max_tokens=longest)
+
+
+def test_clip_longer_than_max(good) -> None:
+    root, ids = good
+    add_clip(root, "LONG", 2.5)
+    _expect_rejected(root, ids, "LONG", "clip of 2.50 s outside 0.2..2.0 s", max_audio_s=2.0)
+
+
+def test_clip_shorter_than_min(good) -> None:
+    root, ids = good
+    add_clip(root, "SHORT", 0.1)
+    _expect_rejected(root, ids, "SHORT", "clip of 0.10 s outside 0.2..20.0 s")
+
+
+def test_clip_shorter_than_a_frame(good) -> None:
+    root, ids = good
+    add_clip(root, "BLIP", 0.02)  # 441 samples < n_fft/2+1
+    _expect_rejected(root, ids, "BLIP", "shorter than n_fft/2+1", min_audio_s=0.01)
+
+
+def test_all_faults_at_once_keep_the_good_clips(good) -> None:
+    root, ids = good
+    (root / "wavs" / "ZERO.wav").write_bytes(b"")
+    (root / "wavs" / "TEXT.wav").write_bytes(b"RIFF....WAVEjunk")
+    add_clip(root, "LONG", 2.5)
+    add_clip(root, "SHORT", 0.1)
+    append_metadata(root, ["GONE|a|a", "ZERO|a|a", "TEXT|a|a", "BAD LINE", b"X|\xff\xfe|a", f"{ids[0]}|dup|dup",
+                           "EMPTY||"])
+    index = build_index(_data(root, max_audio_s=2.0), FEATURES)
+    assert [s.id for s in index.samples] == ids
+    assert len(index.rejected) == 9
+
+
+def test_two_field_lines_and_crlf(tmp_path: Path) -> None:
+    ids = make_dataset(tmp_path, count=3)
+    raw = (tmp_path / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    first_id = raw[0].split("|")[0]
+    raw[0] = f"{first_id}|Only One Field"
+    (tmp_path / "metadata.csv").write_bytes(("\r\n".join(raw) + "\r\n").encode("utf-8"))
+    index = build_index(_data(tmp_path), FEATURES)
+    assert [s.id for s in index.samples] == ids
+    assert index.samples[0].text == "Only One Field"
+    entries, rejected = read_metadata(tmp_path)
+    assert rejected == [] and [e.line for e in entries] == [1, 2, 3]
+
+
+def test_normalized_text_is_used(tmp_path: Path) -> None:
+    make_dataset(tmp_path, count=1)
+    add_clip(tmp_path, "NORM", 1.0)
+    lines = (tmp_path / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    lines[-1] = "NORM|Dr. Smith paid $5|Doctor Smith paid five dollars"
+    (tmp_path / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    index = build_index(_data(tmp_path), FEATURES)
+    assert index.by_id()["NORM"].text == "Doctor Smith paid five dollars"
+
+
+def test_utf8_bom_does_not_reject_the_first_clip(tmp_path: Path) -> None:
+    ids = make_dataset(tmp_path, count=3)
+    meta = tmp_path / "metadata.csv"
+    meta.write_bytes(b"\xef\xbb\xbf" + meta.read_bytes())
+    index = build_index(_data(tmp_path), FEATURES)
+    assert [s.id for s in index.samples] == ids and index.rejected == []
+
+
+def test_frame_count_at_16khz(good) -> None:
+    root, ids = good
+    path = add_clip(root, "SIXTEEN", 1.2345, rate_hz=16000)
+    index = build_index(_data(root), FEATURES)
+    sample = index.by_id()["SIXTEEN"]
+    n_source = soundfile.info(str(path)).frames
+    n = expected_samples(n_source, 16000, FEATURES.sample_rate_hz)
+    assert n == -(-n_source * 22050 // 16000)  # ceil
+    assert sample.num_frames == 1 + n // HOP
+    assert sample.duration_s == pytest.approx(n_source / 16000)
+
+
+def test_frame_count_with_another_hop(good) -> None:
+    root, ids = good
+    features = FeaturesConfig(hop_length=200)
+    index = build_index(_data(root), features)
+    for sample in index.samples:
+        frames = soundfile.info(str(root / "wavs" / f"{sample.id}.wav")).frames
+        assert sample.num_frames == 1 + frames // 200
+
+
+def test_expected_samples() -> None:
+    assert expected_samples(1000, 22050, 22050) == 1000
+    assert expected_samples(16000, 16000, 22050) == 22050
+    assert expected_samples(1, 16000, 22050) == 2  # ceil(1.378)
+    assert expected_samples(44100, 44100, 22050) == 22050
+    assert expected_samples(3, 44100, 22050) == 2
+
+
+def test_nonexistent_directory(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="does not exist"):
+        build_index(_data(tmp_path / "nope"), FEATURES)
+    with pytest.raises(DatasetError, match="does not exist"):
+        resolve_root(str(tmp_path / "nope"))
+
+
+def test_path_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(DatasetError, match="not a directory"):
+        resolve_root(str(tmp_path / "f"))
+
+
+def test_directory_without_metadata(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="metadata.csv not found"):
+        build_index(_data(tmp_path), FEATURES)
+
+
+def test_no_usable_clip(tmp_path: Path) -> None:
+    (tmp_path / "wavs").mkdir()
+    append_metadata(tmp_path, ["A|text|text", "B|text|text"])
+    with pytest.raises(DatasetError, match=r"no usable clip \(2 rejected\)"):
+        build_index(_data(tmp_path), FEATURES)
+    (tmp_path / "metadata.csv").write_bytes(b"")
+    with pytest.raises(DatasetError, match="no usable clip"):
+        build_index(_data(tmp_path), FEATURES)
+
+
+def test_demo_set() -> None:
+    assert resolve_root("") == DEMO_DATA_DIR.resolve()
+    index = build_index(DataConfig(), FEATURES)
+    assert len(index.samples) == 64
+    assert index.rejected == []
+    assert index.samples[0].id == "DEMO-0001"
