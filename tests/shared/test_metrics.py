@@ -61,8 +61,11 @@ def test_figures_from_synthetic_rows() -> None:
     rows = _rows(waits, steps, depths, losses=[None, 4.0, 3.5, None, 3.0, 2.9, 2.8, None])
     producers = [_producer(0, 25.0), _producer(1, 35.0)]
     summary = _summary(rows, producers, rejected=3, exit_reason="interrupted", batches_per_epoch=3, batch_size=4)
-    expected_frac = sum(waits) / (sum(waits) + sum(steps))
+    # The first step's wait is warm-up (module docstring): reported apart, not in data_wait_frac.
+    expected_frac = sum(waits[1:]) / (sum(waits[1:]) + sum(steps))
     assert summary["data_wait_frac"] == pytest.approx(expected_frac, abs=1e-5)
+    assert summary["data_wait_frac_incl_warmup"] == pytest.approx(sum(waits) / (sum(waits) + sum(steps)), abs=1e-5)
+    assert summary["first_batch_wait_ms"] == waits[0]
     assert summary["steps"] == 8
     assert summary["epochs_completed"] == 2
     assert summary["samples"] == 32
@@ -101,10 +104,21 @@ def test_producer_bound_when_waiting_more_than_5_percent() -> None:
 
 
 def test_waiting_exactly_5_percent_is_not_producer_bound() -> None:
-    rows = _rows([5.0] * 10, [95.0] * 10, [1] * 10)
+    # First row: a long warm-up wait that does not count; then 5 ms of 100 waited.
+    rows = _rows([999.0, 5.0], [0.0, 95.0], [1, 1])
+    assert _summary(rows)["data_wait_frac"] == 0.05
     assert _summary(rows)["verdict"] == "balanced"
-    rows = _rows([5.1] * 10, [94.9] * 10, [1] * 10)
+    rows = _rows([999.0, 5.1], [0.0, 94.9], [1, 1])
     assert _summary(rows)["verdict"] == "producer-bound"
+
+
+def test_warm_up_wait_alone_is_not_starvation() -> None:
+    rows = _rows([5000.0] + [0.0] * 9, [50.0] * 10, [0] + [1] * 9)
+    summary = _summary(rows)
+    assert summary["data_wait_frac"] == 0.0
+    assert summary["data_wait_frac_incl_warmup"] == pytest.approx(5000 / 5500, abs=1e-5)
+    assert summary["verdict"] == "balanced"
+    assert summary["starved_steps"] == 1
 
 
 def test_consumer_bound_when_queue_full_and_no_wait() -> None:
