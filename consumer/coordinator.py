@@ -289,6 +289,8 @@ class Coordinator:
         planned = set(lease.batch.ids)
         delivered = msg["ids"]
         rejected_ids = [r.get("id") if isinstance(r, dict) else None for r in msg["rejected"]]
+        if not all(isinstance(x, str) for x in [*delivered, *rejected_ids]):
+            return "bad_batch"
         if (len(delivered) + len(rejected_ids) != len(planned)
                 or set(delivered) | set(rejected_ids) != planned):
             return "bad_batch"
@@ -299,7 +301,8 @@ class Coordinator:
 
     def _on_batch(self, peer: Peer, msg: wire.Message, now: float) -> None:
         lease_id = msg.get("lease")
-        lease = self._leases.get(lease_id) if isinstance(lease_id, int) else None
+        valid_id = isinstance(lease_id, int) and not isinstance(lease_id, bool)
+        lease = self._leases.get(lease_id) if valid_id else None
         if lease is None:
             self._count("unknown_lease", str(lease_id))
             return

@@ -12,6 +12,7 @@ Modes:
     dual-gpu     producers on --data-gpu, trainer on --model-gpu (different indexes)
     single-gpu   one GPU shared (only one exists, or both flags name the same index):
                  memory is split between the trainer and the producers, and stated
+    mixed        one role on a GPU, the other on the CPU (only one flag given)
 With neither flag, stoker picks: GPU 0 for the trainer and GPU 1 (or 0, shared) for
 the producers when GPUs exist; CPU otherwise. With only one flag, the other role runs
 on CPU.

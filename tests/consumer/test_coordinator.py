@@ -244,3 +244,20 @@ def test_bye_returns_leases_at_once(harness):
     assert got == ids  # the returned batches come first, in plan order
     stats = {p["id"]: p for p in h.coord.snapshot()["producers"]}
     assert stats["leaving"]["status"] == "left"
+
+
+def test_batch_with_non_string_ids_is_dropped_not_fatal(harness):
+    h = harness(cfg=make_config(lease_ahead=1))
+    sock = h.producer()
+    h.recv(sock, wire.WELCOME)
+    lease = h.recv(sock, wire.LEASE)
+    sock.send_multipart(wire.encode(wire.READY, {"lease": lease["lease"]}))
+    h.recv(sock, wire.CREDIT)
+    max_tokens, max_frames = lease["shape"]
+    arrays = make_batch(4, max_tokens, max_frames, 8, valid=len(lease["ids"]))
+    sock.send_multipart(wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": [[1]] * len(lease["ids"]),
+                                                 "rejected": [{"id": [2]}]}, arrays))
+    again = h.recv(sock, wire.LEASE)
+    assert again["ids"] == lease["ids"]
+    assert h.coord.failure is None
+    assert h.coord.snapshot()["rejected_messages"]["bad_batch"] == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile
 
@@ -94,6 +95,14 @@ def test_non_audio_file_named_wav(good) -> None:
     append_metadata(root, ["TEXT|Some text.|Some text."])
     rejection = _expect_rejected(root, ids, "TEXT", "unreadable audio TEXT.wav")
     assert "\n" not in rejection.reason and len(rejection.reason) < 250
+
+
+def test_wav_with_a_header_and_no_samples(good) -> None:
+    root, ids = good
+    soundfile.write(str(root / "wavs" / "HOLLOW.wav"), np.zeros(0, np.float32), 22050, subtype="PCM_16")
+    assert (root / "wavs" / "HOLLOW.wav").stat().st_size > 0
+    append_metadata(root, ["HOLLOW|Some text.|Some text."])
+    _expect_rejected(root, ids, "HOLLOW", "audio file has no samples: HOLLOW.wav")
 
 
 def test_malformed_metadata_line(good) -> None:
