@@ -34,7 +34,8 @@ from consumer.plan import EpochPlanner
 from shared import config as config_mod
 from shared.dataset import DatasetError, Rejection, build_index
 from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
-from shared.proc import StatusWriter, die_with_parent, install_stop_handlers, parent_alive, setup_logging
+from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent,
+                         install_stop_handlers, parent_alive, setup_logging)
 
 log = logging.getLogger("consumer")
 
@@ -45,7 +46,6 @@ NO_DATA_WARN_S = 10.0
 # After training, give the coordinator this long to send STOP and close.
 COORDINATOR_JOIN_S = 3.0
 
-EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class Run:

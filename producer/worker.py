@@ -32,7 +32,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import zmq
 
 from shared import wire

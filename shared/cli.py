@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Sequence
 
 from shared import config as config_mod
 from shared.launcher import LaunchError
+from shared.proc import EXIT_INTERRUPTED, EXIT_USER
 
 log = logging.getLogger("stoker")
 
@@ -24,7 +25,6 @@ DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 COMMANDS = ("train", "produce", "bench")
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 
-EXIT_USER = 2
 
 
 class UserError(Exception):
@@ -244,4 +244,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER
     except KeyboardInterrupt:
         sys.stderr.write("stoker: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED

@@ -38,6 +38,7 @@ from typing import Any, Callable
 from shared.config import Config
 from shared.devices import DevicePlan, child_env
 from shared.metrics import read_jsonl, summarize, write_json
+from shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
 
 log = logging.getLogger("launcher")
 
@@ -55,7 +56,6 @@ TICK_S = 0.2
 # Indexing a large dataset and importing TensorFlow both happen before "ready".
 CONSUMER_READY_TIMEOUT_S = 600.0
 
-EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class LaunchError(Exception):

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
+# Exit statuses of run.py and its children: finished, trainer failed, user error, interrupted.
+EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
+
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(role)s %(name)s: %(message)s"
 
 
