@@ -373,6 +373,7 @@ class Coordinator:
             "metadata_file": self.cfg.data.metadata_file,
             "heartbeat_interval_s": self.cfg.pipeline.heartbeat_interval_s,
             "heartbeat_timeout_s": self.cfg.pipeline.heartbeat_timeout_s,
+            "faults": dataclasses.asdict(self.cfg.faults),
         })
         self._assign(peer)
 

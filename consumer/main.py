@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -31,8 +32,10 @@ from consumer.buffer import BatchQueue
 from consumer.coordinator import BindError, Coordinator
 from consumer.models import ModelError, make_trainer, uses_tensorflow
 from consumer.plan import EpochPlanner
+from consumer.telemetry import Telemetry
 from shared import config as config_mod
 from shared.dataset import DatasetError, Rejection, build_index
+from shared.gpumon import GpuSampler
 from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
 from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent,
                          install_stop_handlers, parent_alive, setup_logging)
@@ -109,7 +112,7 @@ class Run:
                 wall_s=time.monotonic() - self.started, warmup_s=loop.warmup_s, batch_size=cfg.batching.batch_size,
                 extra={"epochs_completed": loop.epochs_completed, "model": cfg.trainer.model,
                        "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
-                       "queue_high_water": queue.high_water})
+                       "queue_high_water": queue.high_water, "host_cores": os.cpu_count()})
             write_json(self.run_dir / "summary.json", summary)
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
                      self.run_dir / "summary.json")
@@ -137,6 +140,8 @@ class TrainLoop:
         self.interrupted = False
         self.exit_reason, self.code = "completed", EXIT_OK
         self._epoch_done: dict[int, int] = {}
+        self.telemetry = Telemetry(run_dir, queue.capacity, self.total_steps,
+                                   lambda: coordinator.snapshot()["producers"], cfg.run.metrics_port)
 
     def close(self) -> None:
         self.metrics.close()
@@ -151,6 +156,7 @@ class TrainLoop:
             if got is not None:
                 return got
             now = time.monotonic()
+            self.telemetry.tick(now)
             if not parent_alive(self.parent_pid):
                 log.error("launcher is gone; stopping")
                 self.stop.set()
@@ -190,6 +196,7 @@ class TrainLoop:
                    "wait_ms": round((begun - asked) * 1e3, 3), "step_ms": round((ended - begun) * 1e3, 3),
                    "loss": loss, "samples": len(item.ids), "producer": item.producer}
             self.metrics.write(row)
+            self.telemetry.on_step(row)
             if self.samples_log is not None:
                 self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
             self._epoch_done[item.epoch] = self._epoch_done.get(item.epoch, 0) + 1
@@ -221,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--gpu-memory-mb", type=int, default=None)
     parser.add_argument("--status-fd", type=int, default=None)
+    parser.add_argument("--nvml-gpus", default="", help="ROLE=INDEX,... GPUs whose utilisation to record")
     args = parser.parse_args(argv)
     status = StatusWriter(args.status_fd)
     stop = threading.Event()
@@ -233,7 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("consumer", cfg.run.log_level)
     try:
         die_with_parent(args.parent_pid)
-        return Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb).execute()
+        gpus = {role: int(index) for role, _, index in
+                (item.partition("=") for item in args.nvml_gpus.split(",") if item)}
+        sampler = GpuSampler(gpus, args.run_dir)
+        sampler.start()
+        try:
+            return Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb).execute()
+        finally:
+            sampler.stop()
     except (DatasetError, ModelError, BindError) as exc:
         # The launcher prints a user error as its one line; log it only when run alone.
         log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)

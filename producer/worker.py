@@ -35,7 +35,7 @@ from typing import Any
 import zmq
 
 from shared import wire
-from shared.config import FeaturesConfig
+from shared.config import FaultsConfig, FeaturesConfig
 from shared.dataset import DatasetError, audio_path, read_metadata, resolve_root
 from shared.proc import StatusWriter, die_with_parent, install_stop_handlers, parent_alive, setup_logging
 from shared.text import encode_text
@@ -59,7 +59,7 @@ class BatchMaker:
     """Turns one lease into the frames of a BATCH message."""
 
     def __init__(self, root: Path, texts: dict[str, str], features: FeaturesConfig,
-                 batch_size: int, device: str | None, name: str) -> None:
+                 batch_size: int, device: str | None, name: str, faults: FaultsConfig | None = None) -> None:
         from producer.collate import collate
         from producer.features import MelComputer, pad_value
 
@@ -71,6 +71,18 @@ class BatchMaker:
         self._collate = collate
         self._pad = pad_value(features)
         self._mels = MelComputer(features, device=device)
+        self.faults = faults or FaultsConfig()
+        self._next_stall = time.monotonic() + self.faults.producer_stall_every_s
+
+    def _inject_faults(self) -> None:
+        """Configured fault injection: sleeping is the simulated slow storage or stall."""
+        f = self.faults
+        if f.producer_delay_ms > 0:
+            time.sleep(f.producer_delay_ms / 1000)
+        if f.producer_stall_s > 0 and time.monotonic() >= self._next_stall:
+            log.info("%s: injected stall of %.2f s", self.name, f.producer_stall_s)
+            time.sleep(f.producer_stall_s)
+            self._next_stall += f.producer_stall_every_s
 
     def make(self, lease: dict[str, Any]) -> list[Any]:
         from producer.audio import AudioError, load_audio
@@ -98,6 +110,7 @@ class BatchMaker:
             tokens.append(tok)
             clips.append(audio)
         mels = self._mels(clips) if clips else []
+        self._inject_faults()
         arrays = self._collate(tokens, mels, self.batch_size, max_tokens, max_frames,
                                self.features.n_mels, self._pad)
         prep_ms = (time.perf_counter() - started) * 1e3
@@ -171,7 +184,9 @@ class Producer:
         if features.backend == "tf":
             _, device = configure_tensorflow(self.memory_mb)
         log.info("%s computing log-mels with %s on %s", self.name, features.backend, device or "CPU")
-        return BatchMaker(self.root, self._texts or {}, features, int(welcome["batch_size"]), device, self.name)
+        faults = FaultsConfig(**welcome.get("faults", {}))
+        return BatchMaker(self.root, self._texts or {}, features, int(welcome["batch_size"]), device, self.name,
+                          faults)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:

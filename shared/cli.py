@@ -22,7 +22,7 @@ log = logging.getLogger("stoker")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-COMMANDS = ("train", "produce", "bench")
+COMMANDS = ("train", "produce", "bench", "diagnose", "watch")
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 
 
@@ -64,6 +64,7 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="allow a non-loopback bind without keys")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on port N")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. --set trainer.learning_rate=1e-3")
 
@@ -75,7 +76,7 @@ FLAG_KEYS = {
     "steps": "trainer.steps", "epochs": "trainer.epochs", "buffer_size": "pipeline.buffer_size",
     "model_start_delay": "pipeline.model_start_delay_s", "model": "trainer.model", "run_dir": "run.run_dir",
     "record_samples": "trainer.record_samples", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
-    "log_level": "run.log_level",
+    "log_level": "run.log_level", "metrics_port": "run.metrics_port",
 }
 
 
@@ -91,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--data-gpu-memory", type=int, metavar="MB")
     produce.add_argument("--keys", metavar="DIR")
     produce.add_argument("--log-level", default="INFO")
+    diagnose = sub.add_parser("diagnose", help="explain where a run's time went")
+    diagnose.add_argument("run_dir", metavar="RUN_DIR")
+    diagnose.add_argument("--json", action="store_true", help="the report as JSON")
+    watch = sub.add_parser("watch", help="show a running trainer's queue depth, wait and throughput")
+    watch.add_argument("run_dir", metavar="RUN_DIR")
     bench = sub.add_parser("bench", help="run the benchmarks; prints a table, writes bench.json")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions and batches")
     bench.add_argument("--out", default="bench.json")
@@ -219,6 +225,32 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return run_producers(args.connect, str(root), args.producers, plan, 3, args.log_level)
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    import json
+
+    from shared.diagnose import DiagnoseError, analyse, render
+
+    try:
+        report = analyse(Path(args.run_dir))
+    except DiagnoseError as exc:
+        raise UserError(str(exc)) from None
+    out(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from shared.watch import watch
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a directory")
+    summary = watch(run_dir)
+    if summary is not None:
+        out(f"run over ({summary.get('exit_reason')}): verdict {summary.get('verdict')}, "
+            f"recommended producers {summary.get('recommended_producers')}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from benchmarks.suite import main as bench_main
 
@@ -237,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_produce(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "diagnose":
+            return cmd_diagnose(args)
+        if args.command == "watch":
+            return cmd_watch(args)
         build_parser().print_help()
         return EXIT_USER
     except (UserError, config_mod.ConfigError, LaunchError) as exc:

@@ -105,11 +105,25 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class FaultsConfig:
+    """Injected faults, to test the diagnosis on controlled scenarios (all off by default).
+
+    They act inside every producer and use no CPU: a delay stands in for slow storage,
+    a stall for a periodic hiccup (garbage collection, a storage pause).
+    """
+
+    producer_delay_ms: float = 0.0  # added to the preparation of every batch
+    producer_stall_every_s: float = 0.0  # a producer stalls once per this period (0: never)
+    producer_stall_s: float = 0.0  # for this long
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Where the run's files go."""
 
     run_dir: str = ""  # empty: runs/<timestamp>/
     log_level: str = "INFO"
+    metrics_port: int = 0  # serve Prometheus metrics on this port (0: off)
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,7 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 
@@ -205,6 +220,13 @@ def _validate(cfg: Config) -> None:
                        ("devices.model_gpu_memory_mb", cfg.devices.model_gpu_memory_mb)):
         if value is not None and value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
+    fl = cfg.faults
+    if fl.producer_delay_ms < 0 or fl.producer_stall_every_s < 0 or fl.producer_stall_s < 0:
+        raise ConfigError("faults.* must be >= 0")
+    if fl.producer_stall_s > 0 and fl.producer_stall_every_s <= fl.producer_stall_s:
+        raise ConfigError("faults.producer_stall_every_s must exceed faults.producer_stall_s")
+    if not 0 <= cfg.run.metrics_port <= 65535:
+        raise ConfigError(f"run.metrics_port must be 0..65535, got {cfg.run.metrics_port}")
     if cfg.run.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"run.log_level must be DEBUG, INFO, WARNING or ERROR, got {cfg.run.log_level!r}")
 

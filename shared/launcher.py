@@ -225,6 +225,10 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
     argv = ["consumer.main", "--run-dir", str(run_dir)]
     if plan.model_memory_mb:
         argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]
+    nvml = [f"{role}={index}" for role, index in (("data", plan.data_gpu), ("model", plan.model_gpu))
+            if index is not None]
+    if nvml:
+        argv += ["--nvml-gpus", ",".join(nvml)]
     consumer = sup.spawn(Child("consumer", "consumer", argv, plan.model_gpu))
     producers: list[Child] = []
     code: int | None = None

@@ -1,0 +1,310 @@
+"""``python run.py diagnose RUN_DIR``: where the time went, from a run's files alone.
+
+Reads ``metrics.jsonl`` (one row per step), ``summary.json`` (producers' figures),
+``rejected.jsonl``, ``config.yaml`` and, when recorded, ``gpu.jsonl``. Reports:
+
+- step time (mean, p50, p95, p99) and the share of time spent waiting for data;
+- queue depth over time (a sparkline) and as a histogram;
+- starvation episodes: runs of consecutive steps that found the queue empty;
+- periodic patterns in wait time: the autocorrelation of the per-step wait, its
+  strongest peak as a period (steps and seconds) and its strength (0..1);
+- per producer: batches, samples, time to prepare a batch (its rate), and time a
+  prepared batch waited for a credit (the sign that the trainer is the limit);
+- rejected samples by reason; GPU utilisation of the data and model GPUs;
+- the verdict with the numbers behind it, and the cure as a command line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import yaml
+
+from shared.metrics import (PRODUCER_MARGIN, WAIT_BOUND_FRAC, read_jsonl, recommend_producers, verdict)
+
+SPARK = " ▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 64
+# A period is reported only when the autocorrelation peak is at least this strong;
+# below it, noise in a few hundred steps produces spurious peaks.
+MIN_PERIOD_STRENGTH = 0.3
+# Shortest period considered, in steps: lag 1 is dominated by step-to-step smoothness.
+MIN_PERIOD_STEPS = 2
+# Fewer steps than this cannot show a pattern worth reporting.
+MIN_STEPS_FOR_PERIOD = 16
+# Periodicity is looked for only when waiting costs at least this share of the time.
+MIN_WAIT_FRAC_FOR_PERIOD = 0.01
+
+
+class DiagnoseError(Exception):
+    """The directory is not a run (no metrics.jsonl)."""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def sparkline(values: Sequence[float], top: float, width: int = SPARK_WIDTH) -> str:
+    """Means of ``values`` in ``width`` columns, drawn with block characters up to ``top``."""
+    if not len(values) or top <= 0:
+        return ""
+    cols = np.array_split(np.asarray(values, dtype=float), min(width, len(values)))
+    levels = len(SPARK) - 1
+    return "".join(SPARK[int(round(min(c.mean() / top, 1.0) * levels))] for c in cols)
+
+
+def starvation_episodes(depths: Sequence[int], waits: Sequence[float]) -> list[dict[str, Any]]:
+    """Runs of consecutive steps whose queue was empty: start step, length, total wait."""
+    episodes: list[dict[str, Any]] = []
+    start = None
+    for i, depth in enumerate([*depths, 1]):
+        if depth == 0 and start is None:
+            start = i
+        elif depth != 0 and start is not None:
+            episodes.append({"start_step": start + 1, "steps": i - start,
+                             "wait_ms": round(float(sum(waits[start:i])), 3)})
+            start = None
+    return episodes
+
+
+def autocorrelation(series: Sequence[float]) -> np.ndarray:
+    """Normalised autocorrelation for lags 0..n-1 (1.0 at lag 0; zeros if constant)."""
+    x = np.asarray(series, dtype=float)
+    x = x - x.mean()
+    denom = float(np.dot(x, x))
+    if denom == 0:
+        return np.zeros(len(x))
+    n = len(x)
+    spectrum = np.fft.rfft(x, 2 * n)
+    acf = np.fft.irfft(spectrum * np.conj(spectrum))[:n]
+    # Unbiased: each lag averaged over its own number of pairs, so long lags are not damped.
+    return (acf / denom) * n / np.maximum(n - np.arange(n), 1)
+
+
+def find_period(waits: Sequence[float], step_s: float) -> dict[str, Any] | None:
+    """The strongest periodic pattern in per-step waits, or None."""
+    n = len(waits)
+    if n < MIN_STEPS_FOR_PERIOD:
+        return None
+    acf = autocorrelation(waits)
+    max_lag = n // 2
+    best_lag, best = None, MIN_PERIOD_STRENGTH
+    for lag in range(MIN_PERIOD_STEPS, max_lag):
+        if acf[lag] >= best and acf[lag] >= acf[lag - 1] and acf[lag] >= acf[lag + 1]:
+            best_lag, best = lag, float(acf[lag])
+    if best_lag is None:
+        return None
+    # The strongest peak may be a multiple of the true period: prefer the smallest lag
+    # whose peak is nearly as strong and divides it.
+    for divisor in range(best_lag // MIN_PERIOD_STEPS, 1, -1):
+        if best_lag % divisor == 0:
+            lag = best_lag // divisor
+            window = acf[max(lag - 1, MIN_PERIOD_STEPS):lag + 2]
+            if len(window) and window.max() >= 0.8 * best:
+                best_lag = max(range(max(lag - 1, MIN_PERIOD_STEPS), lag + 2), key=lambda k: acf[k])
+                best = float(acf[best_lag])
+                break
+    # Refine the peak to a fraction of a step with a parabola through its neighbours.
+    y0, y1, y2 = acf[best_lag - 1], acf[best_lag], acf[best_lag + 1]
+    curvature = y0 - 2 * y1 + y2
+    offset = 0.5 * (y0 - y2) / curvature if curvature < 0 else 0.0
+    period_steps = best_lag + offset
+    return {"period_steps": round(period_steps, 3), "period_s": round(period_steps * step_s, 3),
+            "strength": round(best, 3)}
+
+
+def reason_category(reason: str) -> str:
+    """A rejection reason without its particulars (file names, numbers)."""
+    head = reason.split(":")[0]
+    return re.sub(r"\S*\d\S*", "N", head).strip()
+
+
+def analyse(run_dir: Path) -> dict[str, Any]:
+    """Everything ``diagnose`` reports, as data."""
+    run_dir = Path(run_dir)
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    if not (run_dir / "metrics.jsonl").exists():
+        raise DiagnoseError(f"{run_dir} has no metrics.jsonl: not a stoker run directory")
+    summary: dict[str, Any] = {}
+    if (run_dir / "summary.json").exists():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    config: dict[str, Any] = {}
+    if (run_dir / "config.yaml").exists():
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    capacity = int(summary.get("capacity") or config.get("pipeline", {}).get("buffer_size", 3))
+    steps = len(rows)
+    step_ms = [r["step_ms"] for r in rows]
+    waits = [r["wait_ms"] for r in rows]
+    depths = [r["queue_depth"] for r in rows]
+    steady_waits = waits[1:]
+    busy = sum(steady_waits) + sum(step_ms)
+    wait_frac = sum(steady_waits) / busy if busy > 0 else None
+    depth_mean = float(np.mean(depths)) if depths else None
+    ts = [r["t"] for r in rows]
+    step_s = (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else (step_ms[0] / 1000 if step_ms else 0.0)
+    producers = summary.get("producers", [])
+    per_producer_steps = Counter(r.get("producer") for r in rows)
+    producer_rows = []
+    for p in producers:
+        prep = p.get("prep_ms_mean")
+        credit = p.get("credit_wait_ms_mean")
+        producer_rows.append({
+            "id": p.get("id"), "host": p.get("host"), "status": p.get("status"),
+            "batches": p.get("batches", 0), "samples": p.get("samples", 0), "rejected": p.get("rejected", 0),
+            "trained_batches": per_producer_steps.get(p.get("id"), 0),
+            "prep_ms_mean": prep, "rate_batches_per_s": round(1000 / prep, 3) if prep else None,
+            "credit_wait_ms_mean": credit,
+            "blocked_frac": round(credit / (credit + prep), 4) if prep and credit is not None else None,
+        })
+    rejected = read_jsonl(run_dir / "rejected.jsonl")
+    by_reason = Counter(reason_category(r.get("reason", "")) for r in rejected)
+    kind = verdict(wait_frac, depth_mean, capacity)
+    alive = sum(1 for p in producers if p.get("batches"))
+    step_mean = float(np.mean(step_ms)) if step_ms else None
+    recommended = recommend_producers(kind, step_mean, [p.get("prep_ms_mean") for p in producers], alive)
+    prep_means = [p["prep_ms_mean"] for p in producer_rows if p["prep_ms_mean"]]
+    demand = 1000 / step_mean if step_mean else None
+    rate = 1000 / float(np.mean(prep_means)) if prep_means else None
+    report = {
+        "run_dir": str(run_dir),
+        "steps": steps,
+        "capacity": capacity,
+        "step_ms": {"mean": step_mean, "p50": percentile(step_ms, 50), "p95": percentile(step_ms, 95),
+                    "p99": percentile(step_ms, 99)},
+        "wait_ms": {"mean": float(np.mean(waits)) if waits else None, "p95": percentile(waits, 95),
+                    "first": waits[0] if waits else None},
+        "data_wait_frac": wait_frac,
+        "queue_depth": {
+            "mean": depth_mean,
+            "histogram": {str(d): depths.count(d) for d in range(capacity + 1)},
+            "sparkline": sparkline(depths, capacity),
+        },
+        "starvation": {},
+        # A pattern in waits that are a negligible share of the time is not worth reporting.
+        "period": find_period(waits, step_s) if (wait_frac or 0) >= MIN_WAIT_FRAC_FOR_PERIOD else None,
+        "producers": producer_rows,
+        "rejected": {"total": len(rejected), "by_reason": dict(by_reason.most_common())},
+        "gpu": gpu_report(run_dir),
+        "verdict": kind,
+        "evidence": {
+            "data_wait_frac": wait_frac, "wait_bound_frac": WAIT_BOUND_FRAC, "queue_depth_mean": depth_mean,
+            "trainer_demand_batches_per_s": round(demand, 3) if demand else None,
+            "producer_rate_batches_per_s": round(rate, 3) if rate else None,
+            "producers_delivering": alive, "margin": PRODUCER_MARGIN,
+        },
+        "recommended_producers": recommended,
+        "cure": cure_command(config, kind, recommended, alive),
+        "host_cores": summary.get("host_cores"),
+        "exit_reason": summary.get("exit_reason"),
+    }
+    episodes = starvation_episodes(depths, waits)
+    report["starvation"] = {
+        "episodes": len(episodes), "starved_steps": sum(e["steps"] for e in episodes),
+        "longest_steps": max((e["steps"] for e in episodes), default=0),
+        "worst": sorted(episodes, key=lambda e: -e["wait_ms"])[:5],
+    }
+    return report
+
+
+def gpu_report(run_dir: Path) -> dict[str, Any] | None:
+    rows = read_jsonl(run_dir / "gpu.jsonl")
+    if not rows:
+        return None
+    out: dict[str, Any] = {}
+    for role in sorted({r.get("role", "?") for r in rows}):
+        util = [r["util"] for r in rows if r.get("role") == role and r.get("util") is not None]
+        mem = [r["mem_used_mb"] for r in rows if r.get("role") == role and r.get("mem_used_mb") is not None]
+        index = next((r.get("gpu") for r in rows if r.get("role") == role), None)
+        out[role] = {"gpu": index, "samples": len(util),
+                     "util_mean": round(float(np.mean(util)), 1) if util else None,
+                     "util_p5": percentile(util, 5), "util_p95": percentile(util, 95),
+                     "util_sparkline": sparkline(util, 100.0),
+                     "mem_used_mb_max": max(mem) if mem else None}
+    return out
+
+
+def cure_command(config: dict[str, Any], kind: str, recommended: int, current: int) -> str:
+    data = config.get("data", {}).get("path", "")
+    model = config.get("trainer", {}).get("model", "tiny")
+    batch = config.get("batching", {}).get("batch_size")
+    parts = ["python run.py"]
+    if data:
+        parts.append(f"--data {data}")
+    parts.append(f"--model {model}")
+    if batch:
+        parts.append(f"--batch-size {batch}")
+    devices = config.get("devices", {})
+    for key, flag in (("data_gpu", "--data-gpu"), ("model_gpu", "--model-gpu")):
+        if devices.get(key) is not None:
+            parts.append(f"{flag} {devices[key]}")
+    parts.append(f"--producers {recommended}")
+    if kind == "consumer-bound" and recommended >= current:
+        return "no change needed for the input pipeline: the trainer is the limit"
+    return " ".join(parts)
+
+
+def _fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as text a person reads in a minute."""
+    lines = [f"stoker diagnosis of {report['run_dir']} ({report['steps']} steps, {report['exit_reason']})", ""]
+    s = report["step_ms"]
+    lines.append(f"step time     mean {_fmt(s['mean'])} ms  p50 {_fmt(s['p50'])}  p95 {_fmt(s['p95'])}  "
+                 f"p99 {_fmt(s['p99'])}")
+    wait = report["data_wait_frac"]
+    lines.append(f"data wait     {_fmt(wait * 100 if wait is not None else None)}% of the trainer's time after "
+                 f"warm-up (first batch waited {_fmt(report['wait_ms']['first'])} ms)")
+    q = report["queue_depth"]
+    lines.append(f"queue depth   mean {_fmt(q['mean'], '.2f')} of {report['capacity']}  "
+                 f"over time |{q['sparkline']}|")
+    total = max(report["steps"], 1)
+    for depth, count in q["histogram"].items():
+        bar = "#" * int(round(40 * count / total))
+        lines.append(f"  depth {depth}: {count:6d} steps  {bar}")
+    st = report["starvation"]
+    lines.append(f"starvation    {st['episodes']} episodes, {st['starved_steps']} steps found the queue empty, "
+                 f"longest {st['longest_steps']} steps")
+    for e in st["worst"][:3]:
+        lines.append(f"  from step {e['start_step']}: {e['steps']} steps, {e['wait_ms']:.0f} ms waiting")
+    period = report["period"]
+    if period:
+        lines.append(f"periodicity   wait repeats every {period['period_steps']:.1f} steps (~{period['period_s']:.2f} s), "
+                     f"strength {period['strength']:.2f}")
+    else:
+        lines.append("periodicity   no periodic pattern in wait time")
+    lines.append("producers")
+    for p in report["producers"]:
+        lines.append(f"  {p['id']:<20} {p['status'] or '':<8} {p['batches']:6d} batches  "
+                     f"prepare {_fmt(p['prep_ms_mean'])} ms/batch ({_fmt(p['rate_batches_per_s'], '.2f')}/s)  "
+                     f"waits for credit {_fmt(p['credit_wait_ms_mean'])} ms "
+                     f"({_fmt(p['blocked_frac'] * 100 if p['blocked_frac'] is not None else None)}% blocked)")
+    rej = report["rejected"]
+    lines.append(f"rejected      {rej['total']} samples")
+    for reason, count in list(rej["by_reason"].items())[:8]:
+        lines.append(f"  {count:6d}  {reason}")
+    gpu = report["gpu"]
+    if gpu:
+        for role, g in gpu.items():
+            lines.append(f"gpu {role:<9} GPU {g['gpu']}: utilisation mean {_fmt(g['util_mean'])}% "
+                         f"(p5 {_fmt(g['util_p5'])}, p95 {_fmt(g['util_p95'])}) |{g['util_sparkline']}|")
+    else:
+        lines.append("gpu           not recorded (no GPU, or NVML unavailable)")
+    ev = report["evidence"]
+    lines.append("")
+    lines.append(f"verdict       {report['verdict']}: waited {_fmt(wait * 100 if wait is not None else None)}% "
+                 f"(bound {ev['wait_bound_frac'] * 100:.0f}%), queue mean {_fmt(ev['queue_depth_mean'], '.2f')}"
+                 f"/{report['capacity']}; trainer wants {_fmt(ev['trainer_demand_batches_per_s'], '.2f')} "
+                 f"batches/s, one producer makes {_fmt(ev['producer_rate_batches_per_s'], '.2f')}/s")
+    lines.append(f"advice        {report['recommended_producers']} producers "
+                 f"(= ceil({ev['margin']} x demand / rate)); {report['cure']}")
+    cores = report.get("host_cores")
+    if cores and report["verdict"] == "producer-bound" and report["recommended_producers"] > cores:
+        lines.append(f"              the run's host has {cores} cores: CPU-bound producers beyond that do not run "
+                     "faster; put them on the data GPU (--data-gpu), or on other hosts (run.py produce)")
+    return "\n".join(lines)
