@@ -43,6 +43,15 @@ class _Parser(argparse.ArgumentParser):
                         .replace("run.py run.py", "run.py"))
 
 
+def _producers_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
+
+
 def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
@@ -50,7 +59,9 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-gpu", type=int, help="GPU index for the trainer")
     parser.add_argument("--data-gpu-memory", type=int, metavar="MB", help="memory limit per producer process")
     parser.add_argument("--model-gpu-memory", type=int, metavar="MB", help="memory limit of the trainer")
-    parser.add_argument("--producers", type=int, help="local producer processes (0: remote ones only)")
+    parser.add_argument("--producers", type=_producers_arg, help="local producer processes (0: remote ones only), "
+                        "or auto: start with one, add while the trainer starves")
+    parser.add_argument("--max-producers", type=int, metavar="N", help="ceiling for --producers auto")
     parser.add_argument("--bind", metavar="ENDPOINT", help="consumer endpoint, e.g. tcp://0.0.0.0:5555")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--steps", type=int, help="train this many steps")
@@ -76,7 +87,7 @@ FLAG_KEYS = {
     "steps": "trainer.steps", "epochs": "trainer.epochs", "buffer_size": "pipeline.buffer_size",
     "model_start_delay": "pipeline.model_start_delay_s", "model": "trainer.model", "run_dir": "run.run_dir",
     "record_samples": "trainer.record_samples", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
-    "log_level": "run.log_level", "metrics_port": "run.metrics_port",
+    "log_level": "run.log_level", "metrics_port": "run.metrics_port", "max_producers": "pipeline.max_producers",
 }
 
 
@@ -109,6 +120,9 @@ def resolve_config(args: argparse.Namespace) -> config_mod.Config:
         value = getattr(args, attr, None)
         if value is not None:
             overrides[key] = value
+    if overrides.get("pipeline.producers") == "auto":
+        overrides["pipeline.producers"] = 1
+        overrides["pipeline.producers_auto"] = True
     if args.steps is not None and args.epochs is None:
         overrides["trainer.epochs"] = None
     if args.epochs is not None and args.steps is None:

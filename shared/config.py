@@ -69,6 +69,8 @@ class PipelineConfig:
     """Processes, sockets and flow control."""
 
     producers: int = 2  # local producer processes; 0 means remote ones only
+    producers_auto: bool = False  # --producers auto: start with one, add/remove by evidence
+    max_producers: int = 0  # ceiling for producers_auto (0: the host's core count)
     bind: str = "tcp://127.0.0.1:*"  # consumer's ROUTER endpoint; '*' picks a free port
     buffer_size: int = 3  # queue capacity in batches (receiving, staged, training)
     model_start_delay_s: float = 2.0  # warm-up: first step waits for a full queue or this long
@@ -206,7 +208,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"features.backend must be 'tf' or 'numpy', got {f.backend!r}")
     if p.heartbeat_timeout_s <= p.heartbeat_interval_s:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
-    if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0:
+    if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0 or p.max_producers < 0:
         raise ConfigError("pipeline.producers, producer_restarts and model_start_delay_s must be >= 0")
     if t.steps is None and t.epochs is None:
         raise ConfigError("set trainer.steps or trainer.epochs")

@@ -32,8 +32,12 @@ SPARK_WIDTH = 64
 # A period is reported only when the autocorrelation peak is at least this strong;
 # below it, noise in a few hundred steps produces spurious peaks.
 MIN_PERIOD_STRENGTH = 0.3
-# Shortest period considered, in steps: lag 1 is dominated by step-to-step smoothness.
-MIN_PERIOD_STEPS = 2
+# Shortest period considered, in time bins (lag 1 is dominated by smoothness) and in
+# steps (a wait at every step is chronic starvation, not a pattern).
+MIN_PERIOD_BINS = 2
+MIN_PERIOD_STEPS = 3
+# Time bins of the wait signal are half a step, but never finer than this.
+MIN_BIN_S = 0.01
 # Fewer steps than this cannot show a pattern worth reporting.
 MIN_STEPS_FOR_PERIOD = 16
 # Periodicity is looked for only when waiting costs at least this share of the time.
@@ -81,39 +85,81 @@ def autocorrelation(series: Sequence[float]) -> np.ndarray:
     n = len(x)
     spectrum = np.fft.rfft(x, 2 * n)
     acf = np.fft.irfft(spectrum * np.conj(spectrum))[:n]
-    # Unbiased: each lag averaged over its own number of pairs, so long lags are not damped.
-    return (acf / denom) * n / np.maximum(n - np.arange(n), 1)
+    # The biased estimate (divided by n at every lag) damps long lags, where few pairs
+    # make noisy peaks; so the fundamental period wins over its multiples.
+    return acf / denom
 
 
-def find_period(waits: Sequence[float], step_s: float) -> dict[str, Any] | None:
-    """The strongest periodic pattern in per-step waits, or None."""
-    n = len(waits)
-    if n < MIN_STEPS_FOR_PERIOD:
+def wait_signal(rows: Sequence[dict[str, Any]], bin_s: float) -> np.ndarray:
+    """Share of each ``bin_s`` time bin that the trainer spent waiting (a uniform time series).
+
+    Periods are found in time, not in steps: a stall every 2 s spans a varying number of
+    steps when steps are not all alike, which would smear a step-domain pattern.
+    """
+    if not rows:
+        return np.zeros(0)
+    end = rows[-1]["t"]
+    signal = np.zeros(int(end / bin_s) + 2)
+    for r in rows:
+        wait_end = r["t"] - r["step_ms"] / 1000
+        wait_start = max(wait_end - r["wait_ms"] / 1000, 0.0)
+        if wait_end <= wait_start:
+            continue
+        first, last = int(wait_start / bin_s), int(wait_end / bin_s)
+        for b in range(first, last + 1):
+            overlap = min(wait_end, (b + 1) * bin_s) - max(wait_start, b * bin_s)
+            if overlap > 0:
+                signal[b] += overlap / bin_s
+    return signal
+
+
+def find_period(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The strongest periodic pattern in the trainer's waiting, or None.
+
+    The waiting is rasterised onto a uniform time grid (:func:`wait_signal`); the
+    strongest local maximum of its autocorrelation (above MIN_PERIOD_STRENGTH) is the
+    period, refined to a fraction of a bin with a parabola; a strong peak at a multiple
+    of a nearly as strong shorter one yields the shorter one.
+    """
+    if len(rows) < MIN_STEPS_FOR_PERIOD:
         return None
-    acf = autocorrelation(waits)
-    max_lag = n // 2
+    intervals = [(r["wait_ms"] + r["step_ms"]) / 1000 for r in rows[1:]]
+    step_s = float(np.mean(intervals)) if intervals else 0.0
+    bin_s = max(MIN_BIN_S, float(np.median(intervals)) / 2) if intervals else MIN_BIN_S
+    signal = wait_signal(rows[1:], bin_s)
+    n = len(signal)
+    if n < 4 * MIN_PERIOD_BINS:
+        return None
+    # A wait at every step (chronic starvation) is no periodic pattern: a moving average
+    # over MIN_PERIOD_STEPS steps removes the step rate before looking for periods.
+    min_lag = max(MIN_PERIOD_BINS, int(np.ceil(MIN_PERIOD_STEPS * step_s / bin_s)))
+    smoothed = np.convolve(signal, np.ones(min_lag) / min_lag, mode="same")
+    acf = autocorrelation(smoothed)
+    # Peaks are looked for only past the first zero crossing: before it, the correlation
+    # of each wait with itself (and the smoothing) decays and makes no period.
+    below = np.nonzero(acf[min_lag:n // 2] < 0)[0]
+    if not len(below):
+        return None
+    start = min_lag + int(below[0])
     best_lag, best = None, MIN_PERIOD_STRENGTH
-    for lag in range(MIN_PERIOD_STEPS, max_lag):
+    for lag in range(start, n // 2):
         if acf[lag] >= best and acf[lag] >= acf[lag - 1] and acf[lag] >= acf[lag + 1]:
             best_lag, best = lag, float(acf[lag])
     if best_lag is None:
         return None
-    # The strongest peak may be a multiple of the true period: prefer the smallest lag
-    # whose peak is nearly as strong and divides it.
-    for divisor in range(best_lag // MIN_PERIOD_STEPS, 1, -1):
-        if best_lag % divisor == 0:
-            lag = best_lag // divisor
-            window = acf[max(lag - 1, MIN_PERIOD_STEPS):lag + 2]
-            if len(window) and window.max() >= 0.8 * best:
-                best_lag = max(range(max(lag - 1, MIN_PERIOD_STEPS), lag + 2), key=lambda k: acf[k])
-                best = float(acf[best_lag])
-                break
-    # Refine the peak to a fraction of a step with a parabola through its neighbours.
+    for divisor in range(best_lag // start, 1, -1):
+        lag = round(best_lag / divisor)
+        lo, hi = max(lag - 1, start), lag + 2
+        if abs(lag * divisor - best_lag) <= divisor and acf[lo:hi].max() >= 0.8 * best:
+            best_lag = max(range(lo, hi), key=lambda k: acf[k])
+            best = float(acf[best_lag])
+            break
     y0, y1, y2 = acf[best_lag - 1], acf[best_lag], acf[best_lag + 1]
     curvature = y0 - 2 * y1 + y2
     offset = 0.5 * (y0 - y2) / curvature if curvature < 0 else 0.0
-    period_steps = best_lag + offset
-    return {"period_steps": round(period_steps, 3), "period_s": round(period_steps * step_s, 3),
+    period_s = (best_lag + offset) * bin_s
+    return {"period_s": round(float(period_s), 3),
+            "period_steps": round(float(period_s / step_s), 2) if step_s else None,
             "strength": round(best, 3)}
 
 
@@ -185,7 +231,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         },
         "starvation": {},
         # A pattern in waits that are a negligible share of the time is not worth reporting.
-        "period": find_period(waits, step_s) if (wait_frac or 0) >= MIN_WAIT_FRAC_FOR_PERIOD else None,
+        "period": find_period(rows) if (wait_frac or 0) >= MIN_WAIT_FRAC_FOR_PERIOD else None,
         "producers": producer_rows,
         "rejected": {"total": len(rejected), "by_reason": dict(by_reason.most_common())},
         "gpu": gpu_report(run_dir),
@@ -242,8 +288,10 @@ def cure_command(config: dict[str, Any], kind: str, recommended: int, current: i
         if devices.get(key) is not None:
             parts.append(f"{flag} {devices[key]}")
     parts.append(f"--producers {recommended}")
-    if kind == "consumer-bound" and recommended >= current:
-        return "no change needed for the input pipeline: the trainer is the limit"
+    if kind == "consumer-bound":
+        if recommended >= current:
+            return "no change needed for the input pipeline: the trainer is the limit"
+        return f"the trainer is the limit and fewer producers suffice: {' '.join(parts)}"
     return " ".join(parts)
 
 
@@ -274,7 +322,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  from step {e['start_step']}: {e['steps']} steps, {e['wait_ms']:.0f} ms waiting")
     period = report["period"]
     if period:
-        lines.append(f"periodicity   wait repeats every {period['period_steps']:.1f} steps (~{period['period_s']:.2f} s), "
+        lines.append(f"periodicity   waiting repeats every {period['period_s']:.2f} s (~{period['period_steps']} steps), "
                      f"strength {period['strength']:.2f}")
     else:
         lines.append("periodicity   no periodic pattern in wait time")

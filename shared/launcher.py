@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from shared.autoscale import DECISION_INTERVAL_S
 from shared.config import Config
 from shared.devices import DevicePlan, child_env
 from shared.metrics import read_jsonl, summarize, write_json
@@ -75,6 +76,7 @@ class Child:
     restarts: int = 0
     last_error: str = ""
     done: bool = False
+    retiring: bool = False  # told to stop by the auto-scaler: its exit is not a crash
 
 
 class Supervisor:
@@ -189,7 +191,7 @@ class Supervisor:
             if code is None:
                 continue
             self._read_status(p)
-            if code == 0 or not keep_going():
+            if code == 0 or p.retiring or not keep_going():
                 p.done = True
                 continue
             reason = p.last_error or f"exit status {code}"
@@ -232,6 +234,7 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
     consumer = sup.spawn(Child("consumer", "consumer", argv, plan.model_gpu))
     producers: list[Child] = []
     code: int | None = None
+    auto: AutoControl | None = None
     try:
         endpoint = None
         deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
@@ -257,10 +260,14 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
                 producers.append(sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu,
                                                           plan.data_memory_mb, cfg.run.log_level, host)))
             log.info("started %d local producer(s) for %s", len(producers), endpoint)
+        if cfg.pipeline.producers_auto:
+            auto = AutoControl(cfg, run_dir, sup, producers, endpoint, plan)
         while consumer.proc.poll() is None and sup.signalled is None:
             sup.poll_status(TICK_S)
             sup.supervise_producers(producers, cfg.pipeline.producer_restarts,
                                     keep_going=lambda: consumer.proc.poll() is None and sup.signalled is None)
+            if auto is not None:
+                auto.step()
         if sup.signalled is not None:
             # Stop signal to everyone at once; the consumer drains and writes its summary.
             for c in [consumer, *producers]:
@@ -278,7 +285,65 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
     if sup.signalled is not None and code == EXIT_OK:
         code = EXIT_INTERRUPTED
     ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started)
+    if auto is not None:
+        auto.record(run_dir / "summary.json")
     return code
+
+
+class AutoControl:
+    """Applies :class:`shared.autoscale.AutoScaler` decisions to local producers."""
+
+    def __init__(self, cfg: Config, run_dir: Path, sup: "Supervisor", producers: list[Child],
+                 endpoint: str, plan: DevicePlan) -> None:
+        import socket
+
+        import psutil
+
+        from shared.autoscale import AutoScaler, LiveWindow, default_max_producers
+
+        self.cfg, self.sup, self.producers, self.endpoint, self.plan = cfg, sup, producers, endpoint, plan
+        self.host = socket.gethostname()
+        self.scaler = AutoScaler(cfg.pipeline.max_producers or default_max_producers(), cfg.pipeline.buffer_size)
+        self.window = LiveWindow(run_dir)
+        self._psutil = psutil
+        psutil.cpu_percent(interval=None)  # starts the CPU-busy measurement window
+        self.next_decision = time.monotonic() + DECISION_INTERVAL_S
+        log.info("auto producers: starting with %d, at most %d", len(producers), self.scaler.max_producers)
+
+    def active(self) -> list[Child]:
+        return [p for p in self.producers if not p.done and p.proc is not None and p.proc.poll() is None
+                and not p.retiring]
+
+    def step(self) -> None:
+        now = time.monotonic()
+        if now < self.next_decision:
+            return
+        self.next_decision = now + DECISION_INTERVAL_S
+        evidence = self.window.read(self._psutil.cpu_percent(interval=None) / 100)
+        if evidence is None:
+            return
+        active = self.active()
+        change = self.scaler.decide(len(active), evidence)
+        if change > 0:
+            index = len(self.producers)
+            self.producers.append(self.sup.spawn(producer_child(
+                index, self.endpoint, self.cfg.data.path, self.plan.data_gpu, self.plan.data_memory_mb,
+                self.cfg.run.log_level, self.host)))
+        elif change < 0 and active:
+            victim = active[-1]
+            victim.retiring = True
+            victim.proc.send_signal(signal.SIGTERM)  # it says BYE and returns its leases
+
+    def record(self, summary_path: Path) -> None:
+        import json
+
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, ValueError):
+            return
+        summary["autoscale"] = {"final_producers": len(self.active()), "max_producers": self.scaler.max_producers,
+                                "decisions": self.scaler.decisions}
+        write_json(summary_path, summary)
 
 
 def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float) -> None:

@@ -1,0 +1,104 @@
+"""The diagnosis is right: controlled scenarios built from real runs, not mocked numbers.
+
+Producers are made slow with injected faults (a delay or a periodic stall that uses no
+CPU), so the scenarios hold on a 2-core machine whatever else it runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shared.diagnose import analyse, autocorrelation, find_period, render, sparkline, starvation_episodes
+from tests.factories import make_dataset
+from tests.procs import read_json, run_cli
+
+pytestmark = pytest.mark.timeout(240)
+
+FAST = ["--set", "features.backend=numpy", "--batch-size", "4", "--model-start-delay", "0.5",
+        "--log-level", "WARNING"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("diag") / "data"
+    make_dataset(root, count=24)
+    return root
+
+
+def run(data, run_dir, *args: str) -> dict:
+    result = run_cli("--data", str(data), "--run-dir", str(run_dir), *FAST, *args, timeout=200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return read_json(run_dir / "summary.json")
+
+
+def test_too_few_producers_is_producer_bound_and_the_cure_works(data, tmp_path):
+    slow = ["--model", "synthetic:60", "--set", "faults.producer_delay_ms=150"]
+    first = run(data, tmp_path / "one", *slow, "--steps", "60", "--producers", "1")
+    assert first["verdict"] == "producer-bound"
+    assert first["data_wait_frac"] > 0.3
+    report = analyse(tmp_path / "one")
+    assert report["verdict"] == "producer-bound"
+    recommended = report["recommended_producers"]
+    assert recommended == first["recommended_producers"] >= 2
+    assert f"--producers {recommended}" in report["cure"]
+    cured = run(data, tmp_path / "cured", *slow, "--steps", "150", "--producers", str(recommended))
+    assert cured["data_wait_frac"] <= 0.05, (recommended, cured["data_wait_frac"])
+
+
+def test_slow_trainer_is_consumer_bound_and_asks_for_no_more(data, tmp_path):
+    summary = run(data, tmp_path / "slow", "--model", "synthetic:150", "--steps", "40", "--producers", "2")
+    assert summary["verdict"] == "consumer-bound"
+    assert summary["recommended_producers"] <= 2
+    report = analyse(tmp_path / "slow")
+    assert all(p["blocked_frac"] > 0.5 for p in report["producers"])
+    assert "trainer is the limit" in report["cure"]
+
+
+def test_periodic_stall_period_is_found_within_ten_percent(data, tmp_path):
+    period_s = 2.0
+    run(data, tmp_path / "stall", "--model", "synthetic:40", "--steps", "400", "--producers", "1",
+        "--set", f"faults.producer_stall_every_s={period_s}", "--set", "faults.producer_stall_s=0.5")
+    report = analyse(tmp_path / "stall")
+    assert report["period"] is not None, render(report)
+    assert abs(report["period"]["period_s"] - period_s) / period_s <= 0.10, report["period"]
+    assert report["starvation"]["episodes"] >= 4
+
+
+def test_diagnose_command_text_and_json(data, tmp_path):
+    run(data, tmp_path / "r", "--model", "synthetic:5", "--steps", "20", "--producers", "1")
+    text = run_cli("diagnose", str(tmp_path / "r"))
+    assert text.returncode == 0
+    for heading in ("step time", "data wait", "queue depth", "starvation", "periodicity", "producers",
+                    "rejected", "verdict", "advice"):
+        assert heading in text.stdout
+    as_json = json.loads(run_cli("diagnose", str(tmp_path / "r"), "--json").stdout)
+    assert as_json["steps"] == 20 and as_json["verdict"] in ("producer-bound", "consumer-bound", "balanced")
+    missing = run_cli("diagnose", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and missing.stderr.startswith("stoker: error:")
+
+
+def test_find_period_on_a_known_signal():
+    # 20 ms steps; every 1.25 s the trainer waits 300 ms; steps in between vary in length.
+    rows, t = [], 0.0
+    next_stall = 1.25
+    for i in range(600):
+        step_ms = 20.0 + 10.0 * (i % 3)
+        wait_ms = 300.0 if t >= next_stall else 1.0
+        if wait_ms > 1.0:
+            next_stall += 1.25
+        t += (step_ms + wait_ms) / 1000
+        rows.append({"t": t, "wait_ms": wait_ms, "step_ms": step_ms})
+    found = find_period(rows)
+    assert found["period_s"] == pytest.approx(1.25, rel=0.05)
+    flat = [{"t": 0.03 * (i + 1), "wait_ms": 1.0, "step_ms": 29.0} for i in range(600)]
+    assert find_period(flat) is None
+
+
+def test_autocorrelation_is_one_at_zero_and_sparkline_and_episodes():
+    acf = autocorrelation([0, 1, 0, 1, 0, 1, 0, 1])
+    assert acf[0] == pytest.approx(1.0) and acf[2] > 0.7 and acf[1] < -0.8
+    assert sparkline([0, 0, 3, 3], top=3, width=4) == "  ██"
+    episodes = starvation_episodes([0, 0, 1, 0, 2], [5, 6, 0, 7, 0])
+    assert [(e["start_step"], e["steps"], e["wait_ms"]) for e in episodes] == [(1, 2, 11.0), (4, 1, 7.0)]
