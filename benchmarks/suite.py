@@ -141,8 +141,9 @@ def render(report: dict[str, Any]) -> str:
              f"python {m.get('python')}, {m.get('platform')}; {report['duration_s']} s"]
     sections = report["sections"]
     if sections.get("transport"):
-        parts += ["", "transport: protocol (DEALER/ROUTER + credits, capacity 3) vs raw PUSH/PULL, "
-                      "median [min,max] of repetitions", transport.render(sections["transport"])]
+        parts += ["", "transport: protocol (DEALER/ROUTER + wire + credits, capacity 3) vs raw PUSH/PULL; credit = raw "
+                      "frames with the same credit window (informational); median [min,max] of repetitions",
+                  transport.render(sections["transport"])]
     if sections.get("pipeline"):
         parts += ["", "pipeline: python run.py --model synthetic:100 --batch-size 16 (ideal 10 steps/s, demand "
                       "10 batches/s); after warm-up = from the end of step 1", pipeline.render(sections["pipeline"])]

@@ -14,12 +14,18 @@ size checks), ``put``, ``get``. The sender sends a BATCH only against a CREDIT. 
 most 3 batches are in flight, as in a run. (The LEASE/READY messages of a real run
 happen ahead of time and are left out: the sender always has its batch prepared.)
 
+Decomposition (``credit``, informational): raw single frames over DEALER/ROUTER with the
+same capacity-3 credit window, but no wire encoding and no queue. credit/raw is the
+cost of flow control; protocol/credit the cost of the wire format and the queue.
+
 Sender and receiver are separate spawned processes (no shared GIL). Both throughputs
 are measured by the receiver, from the arrival of the last warm-up message to the
 arrival of the last one. Repetitions are interleaved (raw and protocol alternate which
-goes first), so drift on a noisy machine hits both. Reported per transport (tcp
+goes first, alternating), so drift on a noisy machine hits all. Reported per transport (tcp
 loopback, ipc) and size: GB/s (1e9 bytes/s of payload) and batches/s as median
-[min, max] over the repetitions, and the ratio protocol/raw of the medians.
+[min, max] over the repetitions, and the ratio protocol/raw of the medians. Also the
+CPU time per batch of each whole process (``time.process_time``: main thread, ZeroMQ io
+thread, pyzmq's gc thread), to tell "more CPU per byte" from "idle bubbles".
 
 Run alone: ``python -m benchmarks.transport [--quick]``.
 """
@@ -51,6 +57,10 @@ FRAMES_PER_TOKEN = 6
 
 SIZES = {"8MiB": 8 << 20, "1MiB": 1 << 20, "64KiB": 64 << 10}
 TRANSPORTS = ("tcp", "ipc")
+# raw: the baseline; protocol: the candidate; credit: raw frames over DEALER/ROUTER with the
+# same credit window but no wire encoding and no queue, to split the protocol's cost into
+# "flow control" (credit / raw) and "wire format + queue" (protocol / credit).
+KINDS = ("raw", "credit", "protocol")
 TARGET_SIZE = "8MiB"
 TARGET_RATIO = 0.8
 # No recv waits longer than this; a silent peer fails the measurement.
@@ -60,15 +70,17 @@ RECV_TIMEOUT_MS = 10_000
 @dataclass
 class TransportPlan:
     repetitions: int = 5
-    # timed messages per measurement, by size (about 0.2-0.5 GB each for the big sizes)
-    messages: dict[str, int] = field(default_factory=lambda: {"8MiB": 48, "1MiB": 300, "64KiB": 3000})
+    # timed messages per measurement, by size: ~1.2 GB (about half a second) for the big
+    # sizes, so scheduling noise of a few ms does not decide the figure
+    messages: dict[str, int] = field(default_factory=lambda: {"8MiB": 150, "1MiB": 1000, "64KiB": 3000})
     warmup: int = 5
     transports: tuple[str, ...] = TRANSPORTS
+    kinds: tuple[str, ...] = KINDS
     timeout_s: float = 120.0
 
     @classmethod
     def quick(cls) -> "TransportPlan":
-        return cls(repetitions=3, messages={"8MiB": 32, "1MiB": 200, "64KiB": 2000})
+        return cls(repetitions=3, messages={"8MiB": 80, "1MiB": 500, "64KiB": 1500})
 
 
 # ---------------------------------------------------------------- payloads
@@ -122,7 +134,7 @@ def raw_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res
     try:
         sock.bind(spec)
         ep_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
-        t0 = 0.0
+        t0 = c0 = 0.0
         for i in range(warmup + count):
             _recv_ready(sock, f"raw message {i}")
             frame = sock.recv(copy=False)
@@ -131,8 +143,11 @@ def raw_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res
             del frame
             if i == warmup - 1:
                 t0 = time.perf_counter()
+                c0 = time.process_time()
         seconds = time.perf_counter() - t0
-        res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes})
+        cpu_s = time.process_time() - c0
+        res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes,
+                   "cpu_s": cpu_s})
     except BaseException:
         _fail(res_q, "receiver")
     finally:
@@ -151,6 +166,7 @@ def raw_sender(nbytes: int, total: int, ep_q: Any, res_q: Any, done: Any, timeou
         endpoint = ep_q.get(timeout=timeout_s)
         payload = np.random.default_rng(1).integers(0, 255, size=nbytes, dtype=np.uint8)
         sock.connect(endpoint)
+        c0 = time.process_time()
         for i in range(total):
             if not sock.poll(RECV_TIMEOUT_MS, zmq.POLLOUT):
                 raise TimeoutError(f"cannot send raw message {i}")
@@ -158,7 +174,7 @@ def raw_sender(nbytes: int, total: int, ep_q: Any, res_q: Any, done: Any, timeou
         # linger is 0: keep the socket open until the receiver has everything
         if not done.wait(timeout_s):
             raise TimeoutError("receiver did not finish")
-        res_q.put({"role": "sender", "ok": True, "sent": total})
+        res_q.put({"role": "sender", "ok": True, "sent": total, "cpu_s": time.process_time() - c0})
     except BaseException:
         _fail(res_q, "sender")
     finally:
@@ -167,7 +183,8 @@ def raw_sender(nbytes: int, total: int, ep_q: Any, res_q: Any, done: Any, timeou
 
 
 # ---------------------------------------------------------------- protocol DEALER/ROUTER children
-def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any) -> None:
+def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any,
+                      capacity: int = CAPACITY) -> None:
     import zmq
 
     from consumer.buffer import BatchQueue, QueuedBatch
@@ -185,7 +202,7 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
         hello = wire.decode(frames[1:])
         if hello.kind != wire.HELLO:
             raise ValueError(f"expected hello, got {hello.kind}")
-        queue = BatchQueue(CAPACITY)
+        queue = BatchQueue(capacity)
         total = warmup + count
         state = {"credits_out": 0, "next_lease": 1}
         outstanding: set[int] = set()
@@ -202,7 +219,7 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
 
         grant()
         received = 0
-        t0 = 0.0
+        t0 = c0 = 0.0
         max_bytes = 256 << 20
         while received < total:
             _recv_ready(sock, f"batch {received}")
@@ -226,10 +243,13 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
             received += 1
             if received == warmup:
                 t0 = time.perf_counter()
+                c0 = time.process_time()
             grant()
         seconds = time.perf_counter() - t0
+        cpu_s = time.process_time() - c0
         sock.send_multipart([identity, *wire.encode(wire.STOP, {"reason": "bench over"})])
         res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes,
+                   "cpu_s": cpu_s,
                    "queue_high_water": queue.high_water})
         done.wait(5.0)  # let the sender read STOP before the socket goes
     except BaseException:
@@ -253,6 +273,7 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
         arrays = make_batch(*shape)
         ids = [f"BENCH-{i:04d}" for i in range(BATCH_SIZE)]
         sock.connect(endpoint)
+        c0 = time.process_time()
         sock.send_multipart(wire.encode(wire.HELLO, {"producer": "bench", "host": "localhost", "pid": os.getpid(),
                                                      "fingerprint": ""}))
         sent = 0
@@ -266,7 +287,82 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
                 sent += 1
             elif msg.kind == wire.STOP:
                 break
-        res_q.put({"role": "sender", "ok": True, "sent": sent})
+        res_q.put({"role": "sender", "ok": True, "sent": sent, "cpu_s": time.process_time() - c0})
+    except BaseException:
+        _fail(res_q, "sender")
+    finally:
+        done.set()
+        sock.close()
+        ctx.term()
+
+
+# ---------------------------------------------------------------- raw frames with credits (decomposition)
+def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any,
+                    capacity: int = CAPACITY) -> None:
+    """ROUTER granting raw credit frames for a capacity-``capacity`` window; no wire, no queue."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    try:
+        sock.bind(spec)
+        ep_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        _recv_ready(sock, "hello")
+        identity = sock.recv_multipart()[0]
+        total = warmup + count
+        granted = received = 0
+        credits_out = 0
+        t0 = c0 = 0.0
+        while received < total:
+            while credits_out < capacity and granted < total:
+                sock.send_multipart([identity, b"C"])
+                granted += 1
+                credits_out += 1
+            _recv_ready(sock, f"credit frame {received}")
+            frames = sock.recv_multipart(copy=False)
+            if len(frames[1].buffer) != nbytes:
+                raise ValueError(f"got {len(frames[1].buffer)} bytes, expected {nbytes}")
+            del frames
+            credits_out -= 1
+            received += 1
+            if received == warmup:
+                t0 = time.perf_counter()
+                c0 = time.process_time()
+        seconds = time.perf_counter() - t0
+        cpu_s = time.process_time() - c0
+        sock.send_multipart([identity, b"S"])
+        res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes,
+                   "cpu_s": cpu_s})
+        done.wait(5.0)
+    except BaseException:
+        _fail(res_q, "receiver")
+    finally:
+        done.set()
+        sock.close()
+        ctx.term()
+
+
+def credit_sender(nbytes: int, ep_q: Any, res_q: Any, done: Any, timeout_s: float) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        endpoint = ep_q.get(timeout=timeout_s)
+        payload = np.random.default_rng(1).integers(0, 255, size=nbytes, dtype=np.uint8)
+        sock.connect(endpoint)
+        c0 = time.process_time()
+        sock.send(b"H")
+        sent = 0
+        while True:
+            _recv_ready(sock, "credit")
+            if sock.recv() == b"S":
+                break
+            sock.send(payload, copy=False)
+            sent += 1
+        res_q.put({"role": "sender", "ok": True, "sent": sent, "cpu_s": time.process_time() - c0})
     except BaseException:
         _fail(res_q, "sender")
     finally:
@@ -277,7 +373,7 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
 
 # ---------------------------------------------------------------- one measurement
 def measure(kind: str, transport: str, size: int, count: int, warmup: int, tmpdir: str,
-            timeout_s: float) -> dict[str, Any]:
+            timeout_s: float, capacity: int = CAPACITY) -> dict[str, Any]:
     """One measurement in two fresh processes; returns seconds, messages, bytes."""
     if warmup < 1:
         raise ValueError("warmup must be >= 1 (the clock starts at the last warm-up message)")
@@ -291,8 +387,15 @@ def measure(kind: str, transport: str, size: int, count: int, warmup: int, tmpdi
                                name=f"raw-receiver-{transport}", daemon=True)
         sender = ctx.Process(target=raw_sender, args=(nbytes, warmup + count, ep_q, res_q, done, timeout_s),
                              name=f"raw-sender-{transport}", daemon=True)
+    elif kind == "credit":
+        receiver = ctx.Process(target=credit_receiver,
+                               args=(spec, nbytes, warmup, count, ep_q, res_q, done, capacity),
+                               name=f"credit-receiver-{transport}", daemon=True)
+        sender = ctx.Process(target=credit_sender, args=(nbytes, ep_q, res_q, done, timeout_s),
+                             name=f"credit-sender-{transport}", daemon=True)
     elif kind == "protocol":
-        receiver = ctx.Process(target=protocol_receiver, args=(spec, nbytes, warmup, count, ep_q, res_q, done),
+        receiver = ctx.Process(target=protocol_receiver,
+                               args=(spec, nbytes, warmup, count, ep_q, res_q, done, capacity),
                                name=f"protocol-receiver-{transport}", daemon=True)
         sender = ctx.Process(target=protocol_sender, args=(shape, ep_q, res_q, done, timeout_s),
                              name=f"protocol-sender-{transport}", daemon=True)
@@ -310,8 +413,12 @@ def measure(kind: str, transport: str, size: int, count: int, warmup: int, tmpdi
     rec = results["receiver"]
     if rec["seconds"] <= 0:
         raise BenchError(f"{kind}/{transport}: non-positive duration {rec['seconds']}")
+    snd = results["sender"]
     return {"seconds": rec["seconds"], "messages": rec["messages"], "bytes": rec["bytes"],
-            "gbps": rec["bytes"] / rec["seconds"] / 1e9, "batches_per_s": rec["messages"] / rec["seconds"]}
+            "gbps": rec["bytes"] / rec["seconds"] / 1e9, "batches_per_s": rec["messages"] / rec["seconds"],
+            # CPU of each whole process (main thread, ZeroMQ io thread, pyzmq's gc thread) per message
+            "receiver_cpu_us": rec["cpu_s"] / rec["messages"] * 1e6,
+            "sender_cpu_us": snd["cpu_s"] / max(1, snd["sent"]) * 1e6}
 
 
 def _shape_bytes(shape: tuple[int, int], batch_size: int = BATCH_SIZE, n_mels: int = N_MELS) -> int:
@@ -332,7 +439,7 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
         for rep in range(plan.repetitions):
             for transport in plan.transports:
                 for size_name, size in sizes.items():
-                    kinds = ("raw", "protocol") if rep % 2 == 0 else ("protocol", "raw")
+                    kinds = plan.kinds if rep % 2 == 0 else tuple(reversed(plan.kinds))
                     for kind in kinds:
                         m = measure(kind, transport, size, plan.messages[size_name], plan.warmup, tmpdir,
                                     plan.timeout_s)
@@ -341,6 +448,11 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
                             f"{m['gbps']:.3f} GB/s, {m['batches_per_s']:.0f} batches/s")
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+    def block(ms: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"gbps": spread([m["gbps"] for m in ms]), "batches_per_s": spread([m["batches_per_s"] for m in ms]),
+                "receiver_cpu_us_per_batch": spread([m["receiver_cpu_us"] for m in ms]),
+                "sender_cpu_us_per_batch": spread([m["sender_cpu_us"] for m in ms])}
+
     rows = []
     for transport in plan.transports:
         for size_name, size in sizes.items():
@@ -353,6 +465,17 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
             value = ratio(proto_gbps["median"], raw_gbps["median"], paired=paired,
                           note="median protocol GB/s / median raw GB/s; paired = per-repetition ratios")
             applies = size_name == TARGET_SIZE
+            decomposition = None
+            if (transport, size_name, "credit") in samples:
+                credit = samples[(transport, size_name, "credit")]
+                credit_gbps = spread([m["gbps"] for m in credit])
+                decomposition = {
+                    "credit": block(credit),
+                    "flow_control_ratio": ratio(credit_gbps["median"], raw_gbps["median"],
+                                                note="raw frames with the credit window / raw PUSH-PULL"),
+                    "wire_and_queue_ratio": ratio(proto_gbps["median"], credit_gbps["median"],
+                                                  note="protocol / raw frames with the credit window"),
+                }
             rows.append({
                 "transport": transport,
                 "size": size_name,
@@ -360,9 +483,10 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
                 "batch_shape": {"B": BATCH_SIZE, "L": shape[0], "T": shape[1], "F": N_MELS},
                 "messages": plan.messages[size_name],
                 "repetitions": plan.repetitions,
-                "raw": {"gbps": raw_gbps, "batches_per_s": spread([m["batches_per_s"] for m in raw])},
-                "protocol": {"gbps": proto_gbps, "batches_per_s": spread([m["batches_per_s"] for m in proto])},
+                "raw": block(raw),
+                "protocol": block(proto),
                 "ratio": value,
+                "decomposition": decomposition,
                 "target": {"what": f"protocol >= {TARGET_RATIO} x raw at {TARGET_SIZE}", "min_ratio": TARGET_RATIO,
                            "applies": applies, "met": (value["value"] >= TARGET_RATIO) if applies else None},
             })
@@ -371,7 +495,8 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
 
 def render(rows: list[dict[str, Any]]) -> str:
     headers = ["transport", "size", "raw GB/s med [min,max]", "proto GB/s med [min,max]",
-               "raw batch/s", "proto batch/s", "ratio", "paired [min,max]", "target"]
+               "raw batch/s", "proto batch/s", "ratio", "paired [min,max]", "credit GB/s", "credit/raw",
+               "proto/credit", "target"]
     out = []
     for r in rows:
         rg, pg = r["raw"]["gbps"], r["protocol"]["gbps"]
@@ -382,8 +507,29 @@ def render(rows: list[dict[str, Any]]) -> str:
                     f"{rg['median']:.3f} [{rg['min']:.3f},{rg['max']:.3f}]",
                     f"{pg['median']:.3f} [{pg['min']:.3f},{pg['max']:.3f}]",
                     f"{r['raw']['batches_per_s']['median']:.0f}", f"{r['protocol']['batches_per_s']['median']:.0f}",
-                    f"{r['ratio']['value']:.3f}", f"[{pr['min']:.3f},{pr['max']:.3f}]", target])
-    return table(headers, out)
+                    f"{r['ratio']['value']:.3f}", f"[{pr['min']:.3f},{pr['max']:.3f}]", *_decomposition(r), target])
+    cpu_rows = []
+    for r in rows:
+        cells = [r["transport"], r["size"]]
+        for kind in ("raw", "credit", "protocol"):
+            b = r["decomposition"]["credit"] if kind == "credit" and r.get("decomposition") else r.get(kind)
+            if b is None or "sender_cpu_us_per_batch" not in b:
+                cells += ["-", "-"]
+                continue
+            cells += [f"{b['sender_cpu_us_per_batch']['median']:.0f}", f"{b['receiver_cpu_us_per_batch']['median']:.0f}"]
+        cpu_rows.append(cells)
+    cpu = table(["transport", "size", "raw send", "raw recv", "credit send", "credit recv", "proto send",
+                 "proto recv"], cpu_rows)
+    return (table(headers, out) + "\n\nCPU microseconds per batch, whole process (main + ZeroMQ io + pyzmq gc "
+            "threads), median\n" + cpu)
+
+
+def _decomposition(row: dict[str, Any]) -> list[str]:
+    d = row.get("decomposition")
+    if not d:
+        return ["-", "-", "-"]
+    return [f"{d['credit']['gbps']['median']:.3f}", f"{d['flow_control_ratio']['value']:.3f}",
+            f"{d['wire_and_queue_ratio']['value']:.3f}"]
 
 
 def main(argv: list[str] | None = None) -> int:
