@@ -86,7 +86,7 @@ class Run:
         log.info("consumer listening on %s", endpoint)
         # Producers start now, while this process imports TensorFlow and builds the model.
         self.status.send("ready", endpoint=endpoint, batches_per_epoch=planner.batches_per_epoch)
-        loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid)
+        loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started)
         try:
             loop.run(self.gpu_memory_mb)
             if coordinator.failure is not None:
@@ -123,13 +123,14 @@ class TrainLoop:
     """Warm-up, then: wait for a batch, step, record; until the budget or a stop."""
 
     def __init__(self, cfg: config_mod.Config, run_dir: Path, queue: BatchQueue, coordinator: Coordinator,
-                 planner: EpochPlanner, stop: threading.Event, parent_pid: int | None) -> None:
+                 planner: EpochPlanner, stop: threading.Event, parent_pid: int | None, started: float) -> None:
         self.cfg = cfg
         self.queue = queue
         self.coordinator = coordinator
         self.planner = planner
         self.stop = stop
         self.parent_pid = parent_pid
+        self.started = started  # "t" in metrics.jsonl counts from the consumer's start
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
         self.samples_log = JsonlWriter(run_dir / "samples.jsonl") if cfg.trainer.record_samples else None
         epochs = cfg.trainer.epochs
@@ -176,10 +177,22 @@ class TrainLoop:
         if trainer.uses_tensorflow:
             self.queue.enable_staging(trainer.stage)
         log.info("trainer %s on %s", trainer.name, device if trainer.uses_tensorflow else "host (no TensorFlow)")
-        warm_start = time.monotonic()
+        # Warm-up: the first batch, then a full queue or model_start_delay_s more, so that
+        # producers still starting (importing TensorFlow, tracing) can fill the queue.
+        warm_start = last_warn = time.monotonic()
+        while not self.stop.is_set() and self.queue.wait_for_depth(1, WAIT_SLICE_S, self.stop) < 1:
+            now = time.monotonic()
+            self.telemetry.tick(now)
+            if not parent_alive(self.parent_pid):
+                log.error("launcher is gone; stopping")
+                self.stop.set()
+            elif now - last_warn >= NO_DATA_WARN_S:
+                log.warning("no batch yet after %.0f s (%d producers alive)", now - warm_start,
+                            self.coordinator.alive())
+                last_warn = now
         self.queue.wait_for_depth(self.queue.capacity, cfg.pipeline.model_start_delay_s, self.stop)
         self.warmup_s = time.monotonic() - warm_start
-        t0 = time.monotonic()
+        t0 = self.started
         recent: list[dict[str, Any]] = []
         while self.total_steps is None or self.step < self.total_steps:
             asked = time.monotonic()

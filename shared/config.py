@@ -73,7 +73,7 @@ class PipelineConfig:
     max_producers: int = 0  # ceiling for producers_auto (0: the host's core count)
     bind: str = "tcp://127.0.0.1:*"  # consumer's ROUTER endpoint; '*' picks a free port
     buffer_size: int = 3  # queue capacity in batches (receiving, staged, training)
-    model_start_delay_s: float = 2.0  # warm-up: first step waits for a full queue or this long
+    model_start_delay_s: float = 2.0  # warm-up: after the first batch, wait for a full queue or this
     lease_ahead: int = 3  # planned batches a producer may hold (prepared or in preparation)
     heartbeat_interval_s: float = 1.0  # how often each side says it is alive
     heartbeat_timeout_s: float = 5.0  # silence after which a peer is presumed dead

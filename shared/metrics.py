@@ -12,6 +12,7 @@ of the rows and the producers' statistics, so the launcher can write a summary f
 ``data_wait_frac`` is the share of the trainer's time (waits + steps) spent waiting for
 data after warm-up; warm-up ends when the first batch is in hand, so the first step's
 wait is reported apart (``first_batch_wait_ms``, and ``data_wait_frac_incl_warmup``).
+``steps_per_s`` and ``samples_per_s`` are over the same time (from the first step's start).
 
 Verdict:
     producer-bound   the trainer waited for data more than WAIT_BOUND_FRAC of its time
@@ -127,15 +128,17 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
     depth_mean = _mean(depth)
     kind = verdict(data_wait_frac, depth_mean, capacity)
     alive = sum(1 for p in producers if p.get("batches"))
-    train_s = train_ms / 1000
+    # Rates over the same time as data_wait_frac: from the start of the first step on.
+    steady_s = steady_ms / 1000
     summary: dict[str, Any] = {
         "steps": steps,
         "epochs_completed": (steps // batches_per_epoch) if batches_per_epoch else 0,
         "samples": samples,
         "wall_s": round(wall_s, 3),
         "warmup_s": round(warmup_s, 3),
-        "steps_per_s": round(steps / train_s, 4) if train_s > 0 else 0.0,
-        "samples_per_s": round(samples / train_s, 3) if train_s > 0 else 0.0,
+        "steps_per_s": round(steps / steady_s, 4) if steady_s > 0 else 0.0,
+        "samples_per_s": round(samples / steady_s, 3) if steady_s > 0 else 0.0,
+        "steps_per_s_incl_warmup": round(steps / (train_ms / 1000), 4) if train_ms > 0 else 0.0,
         "data_wait_frac": round(data_wait_frac, 5) if data_wait_frac is not None else None,
         "data_wait_frac_incl_warmup": round(sum(wait) / train_ms, 5) if train_ms > 0 else None,
         "first_batch_wait_ms": wait[0] if wait else None,

@@ -71,9 +71,11 @@ def test_figures_from_synthetic_rows() -> None:
     assert summary["samples"] == 32
     assert summary["starved_steps"] == 3
     assert summary["queue_depth_mean"] == pytest.approx(sum(depths) / 8, abs=1e-4)
-    train_s = (sum(waits) + sum(steps)) / 1000
-    assert summary["steps_per_s"] == pytest.approx(8 / train_s, rel=1e-3)
-    assert summary["samples_per_s"] == pytest.approx(32 / train_s, rel=1e-3)
+    # Rates are over the time after warm-up too: from the start of the first step on.
+    steady_s = (sum(waits[1:]) + sum(steps)) / 1000
+    assert summary["steps_per_s"] == pytest.approx(8 / steady_s, rel=1e-3)
+    assert summary["samples_per_s"] == pytest.approx(32 / steady_s, rel=1e-3)
+    assert summary["steps_per_s_incl_warmup"] == pytest.approx(8000 / (sum(waits) + sum(steps)), rel=1e-3)
     assert summary["loss_first"] == 4.0 and summary["loss_last"] == 2.8
     assert summary["rejected"] == 3 and summary["exit_reason"] == "interrupted"
     assert summary["wall_s"] == 12.346
