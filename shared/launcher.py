@@ -308,6 +308,7 @@ class AutoControl:
         self._psutil = psutil
         psutil.cpu_percent(interval=None)  # starts the CPU-busy measurement window
         self.next_decision = time.monotonic() + DECISION_INTERVAL_S
+        self.last_count = len(producers)
         log.info("auto producers: starting with %d, at most %d", len(producers), self.scaler.max_producers)
 
     def active(self) -> list[Child]:
@@ -320,16 +321,18 @@ class AutoControl:
             return
         self.next_decision = now + DECISION_INTERVAL_S
         evidence = self.window.read(self._psutil.cpu_percent(interval=None) / 100)
+        active = self.active()
+        self.last_count = len(active)
         if evidence is None:
             return
-        active = self.active()
         change = self.scaler.decide(len(active), evidence)
         if change > 0:
             index = len(self.producers)
             self.producers.append(self.sup.spawn(producer_child(
                 index, self.endpoint, self.cfg.data.path, self.plan.data_gpu, self.plan.data_memory_mb,
                 self.cfg.run.log_level, self.host)))
-        elif change < 0 and active:
+        self.last_count += change
+        if change < 0 and active:
             victim = active[-1]
             victim.retiring = True
             victim.proc.send_signal(signal.SIGTERM)  # it says BYE and returns its leases
@@ -341,7 +344,7 @@ class AutoControl:
             summary = json.loads(summary_path.read_text())
         except (OSError, ValueError):
             return
-        summary["autoscale"] = {"final_producers": len(self.active()), "max_producers": self.scaler.max_producers,
+        summary["autoscale"] = {"final_producers": self.last_count, "max_producers": self.scaler.max_producers,
                                 "decisions": self.scaler.decisions}
         write_json(summary_path, summary)
 

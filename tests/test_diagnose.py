@@ -34,8 +34,9 @@ def run(data, run_dir, *args: str) -> dict:
 
 
 def test_too_few_producers_is_producer_bound_and_the_cure_works(data, tmp_path):
-    slow = ["--model", "synthetic:60", "--set", "faults.producer_delay_ms=150"]
-    first = run(data, tmp_path / "one", *slow, "--steps", "60", "--producers", "1")
+    # The trainer wants 10 batches/s; a producer makes ~3/s, mostly the injected delay.
+    slow = ["--model", "synthetic:100", "--set", "faults.producer_delay_ms=300"]
+    first = run(data, tmp_path / "one", *slow, "--steps", "30", "--producers", "1")
     assert first["verdict"] == "producer-bound"
     assert first["data_wait_frac"] > 0.3
     report = analyse(tmp_path / "one")
@@ -43,7 +44,7 @@ def test_too_few_producers_is_producer_bound_and_the_cure_works(data, tmp_path):
     recommended = report["recommended_producers"]
     assert recommended == first["recommended_producers"] >= 2
     assert f"--producers {recommended}" in report["cure"]
-    cured = run(data, tmp_path / "cured", *slow, "--steps", "150", "--producers", str(recommended))
+    cured = run(data, tmp_path / "cured", *slow, "--steps", "100", "--producers", str(recommended))
     assert cured["data_wait_frac"] <= 0.05, (recommended, cured["data_wait_frac"])
 
 
