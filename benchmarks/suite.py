@@ -6,6 +6,8 @@ Runs three sections, prints plain tables and writes ``bench.json``:
     pipeline   the real run with a 100 ms synthetic trainer vs the ideal 10 steps/s
                (benchmarks/pipeline.py)
     memory     the consumer's RSS over thousands of batches (benchmarks/memory.py)
+    starvation verdicts, cures, periods and --producers auto on controlled scenarios
+               (benchmarks/starvation.py; full suite only)
 
 Targets (each judged on figures stored with the two numbers they come from):
     protocol >= 0.8 x raw at 8 MiB (both transports);
@@ -28,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import memory, pipeline, transport
+from benchmarks import memory, pipeline, starvation, transport
 from benchmarks.common import machine_info, table
 
-SECTIONS = ("transport", "pipeline", "memory")
+SECTIONS = ("transport", "pipeline", "memory", "starvation")
+# The starvation scenarios are a dozen real runs (minutes): only in the full suite.
+QUICK_SECTIONS = ("transport", "pipeline", "memory")
 
 
 @dataclass
@@ -47,7 +51,7 @@ class SuitePlan:
         if not quick:
             return cls()
         return cls(transport=transport.TransportPlan.quick(), pipeline=pipeline.PipelinePlan.quick(),
-                   memory=memory.MemoryPlan.quick())
+                   memory=memory.MemoryPlan.quick(), sections=QUICK_SECTIONS)
 
 
 def _log(text: str) -> None:
@@ -80,6 +84,9 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
             out.append({"section": "pipeline", "what": t["capacity_above_demand"]["what"], "value": c["value"],
                         "numerator": c["numerator"], "denominator": c["denominator"], "limit": 1.0,
                         "met": t["capacity_above_demand"]["met"]})
+    for name, scenario in (sections.get("starvation") or {}).items():
+        out.append({"section": "starvation", "what": f"{name}: {scenario['target']}", "value": float(scenario["met"]),
+                    "numerator": None, "denominator": None, "limit": 1.0, "met": scenario["met"]})
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -111,6 +118,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "transport": lambda: transport.run(plan.transport, plan.transport_sizes, log=log),
         "pipeline": lambda: pipeline.run(plan.pipeline, log=log),
         "memory": lambda: memory.run(plan.memory, log=log),
+        "starvation": lambda: starvation.main(quick=quick),
     }
     durations = {}
     for name in plan.sections:
@@ -150,6 +158,9 @@ def render(report: dict[str, Any]) -> str:
     if sections.get("memory"):
         parts += ["", "memory: consumer process RSS (coordinator + queue capacity 3, trainer as fast as possible)",
                   memory.render(sections["memory"])]
+    if sections.get("starvation"):
+        parts += ["", "starvation: is the diagnosis right? real runs with injected producer faults",
+                  starvation.table(sections["starvation"])]
     if report["targets"]:
         parts += ["", "targets", render_targets(report["targets"])]
     for name, error in report["errors"].items():

@@ -195,6 +195,7 @@ def test_suite_writes_bench_json(tmp_path, monkeypatch):
         pipeline=pipeline.PipelinePlan([pipeline.RunSpec("tf", 2, 30, 2, targets=True),
                                         pipeline.RunSpec("numpy", 2, 20, 1, targets=False)]),
         memory=memory.MemoryPlan(batches=40, sample_every=10, timeout_s=60),
+        sections=suite.QUICK_SECTIONS,
     )
     out = tmp_path / "sub" / "bench.json"
     report = suite.run_suite(plan, out, quick=True, log=lambda text: None)
@@ -238,3 +239,27 @@ def test_pipeline_short_real_run():
     assert result["summary"]["exit_reason"] == "completed"
     assert result["capacity"] is not None and result["capacity"]["producers"] == 1
     assert_ratio(result["capacity"]["ratio"])
+
+
+def test_starvation_section_table_and_targets(tmp_path):
+    from benchmarks import starvation
+
+    starvation.make_dataset(tmp_path / "data", count=3)
+    assert len((tmp_path / "data" / "metadata.csv").read_text().splitlines()) == 3
+    rows = [{"wait_ms": w, "step_ms": 100.0} for w in (50.0, 50.0, 0.0, 0.0)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert starvation.second_half_wait(tmp_path) == 0.0
+    result = {
+        "A_producer_bound": {"verdict": "producer-bound", "data_wait_frac_before": 0.6, "recommended_producers": 4,
+                             "data_wait_frac_after": 0.01, "target": "t", "met": True},
+        "B_consumer_bound": {"verdict": "consumer-bound", "recommended_producers": 2, "target": "t", "met": True},
+        "C_periodic_stall": {"injected_period_s": 2.0, "reported": {"period_s": 2.1}, "relative_error": 0.05,
+                             "target": "t", "met": True},
+        "D_auto_vs_fixed": {"fixed": {1: {"second_half": 0.5}, 2: {"second_half": 0.0}}, "best_fixed_producers": 2,
+                            "auto_final_producers": 3, "auto_wait_second_half": 0.01, "auto_wait_whole_run": 0.2,
+                            "target": "t", "met": False},
+    }
+    text = starvation.table(result)
+    assert "recommended 4" in text and "NOT met" in text and "2.1 s" in text
+    items = [t for t in suite.targets({"starvation": result}) if t["section"] == "starvation"]
+    assert [t["met"] for t in items] == [True, True, True, False]
