@@ -32,6 +32,7 @@ from consumer.buffer import BatchQueue
 from consumer.coordinator import BindError, Coordinator
 from consumer.models import ModelError, make_trainer, uses_tensorflow
 from consumer.plan import EpochPlanner
+from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
 from shared.dataset import DatasetError, Rejection, build_index
@@ -131,6 +132,8 @@ class TrainLoop:
         self.stop = stop
         self.parent_pid = parent_pid
         self.started = started  # "t" in metrics.jsonl counts from the consumer's start
+        self.run_dir = run_dir
+        self.tb: TensorBoard | None = None
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
         self.samples_log = JsonlWriter(run_dir / "samples.jsonl") if cfg.trainer.record_samples else None
         epochs = cfg.trainer.epochs
@@ -145,6 +148,8 @@ class TrainLoop:
                                    lambda: coordinator.snapshot()["producers"], cfg.run.metrics_port)
 
     def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
         self.metrics.close()
         if self.samples_log is not None:
             self.samples_log.close()
@@ -176,6 +181,7 @@ class TrainLoop:
         trainer = make_trainer(cfg, device)
         if trainer.uses_tensorflow:
             self.queue.enable_staging(trainer.stage)
+            self.tb = TensorBoard(self.run_dir)
         log.info("trainer %s on %s", trainer.name, device if trainer.uses_tensorflow else "host (no TensorFlow)")
         # Warm-up: the first batch, then a full queue or model_start_delay_s more, so that
         # producers still starting (importing TensorFlow, tracing) can fill the queue.
@@ -229,10 +235,13 @@ class TrainLoop:
         samples = sum(r["samples"] for r in recent)
         depth = sum(r["queue_depth"] for r in recent) / len(recent)
         loss_text = f"loss {loss:.4f}  " if loss is not None else ""
+        alive = self.coordinator.alive()
         log.info("step %d%s  %s%.1f samples/s  queue %.1f/%d  wait %.1f%%  producers %d",
                  self.step, f"/{self.total_steps}" if self.total_steps else "", loss_text,
                  samples / (busy / 1000) if busy else 0.0, depth, self.cfg.pipeline.buffer_size,
-                 100 * wait / busy if busy else 0.0, self.coordinator.alive())
+                 100 * wait / busy if busy else 0.0, alive)
+        if self.tb is not None:
+            self.tb.write(self.step, self.telemetry.window(time.monotonic()), loss, alive)
 
 
 def main(argv: list[str] | None = None) -> int:

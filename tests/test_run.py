@@ -74,7 +74,7 @@ def test_demo_synthetic_run_writes_contract_files(tmp_path):
 def test_demo_tiny_model_loss_falls(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("--model", "tiny", "--steps", "40", "--producers", "1", "--batch-size", "8",
-                     "--run-dir", str(run_dir), timeout=170)
+                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=10", timeout=170)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(run_dir / "summary.json")
     assert summary["steps"] == 40
@@ -82,6 +82,8 @@ def test_demo_tiny_model_loss_falls(tmp_path):
     losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")]
     assert all(isinstance(x, float) for x in losses)
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
+    events = list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 200  # scalars written, not only the file header
 
 
 def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
