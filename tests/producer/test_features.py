@@ -238,17 +238,42 @@ def test_import_does_not_import_tensorflow() -> None:
 # ---------------------------------------------------------------------------- librosa
 
 
-def test_matches_librosa_if_available() -> None:
-    librosa = pytest.importorskip("librosa")
-    audio = chirp_with_noise()
+def _librosa_log_mel(audio: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """librosa's melspectrogram with the parameters of the definition, then the same log."""
+    librosa = pytest.importorskip("librosa")  # the test extra installs it
     mel = librosa.feature.melspectrogram(
-        y=audio.astype(np.float64), sr=CFG.sample_rate_hz, n_fft=CFG.n_fft, hop_length=CFG.hop_length,
-        win_length=CFG.win_length, window="hann", center=True, pad_mode="reflect", power=1.0,
-        n_mels=CFG.n_mels, fmin=CFG.fmin_hz, fmax=CFG.fmax_hz, htk=False, norm="slaney")  # [M, T]
-    expected = np.log(np.maximum(mel.T, CFG.log_floor))
-    ours = log_mel_spectrogram_numpy(audio, CFG)
-    assert ours.shape == expected.shape
-    assert relative_error(ours, expected) <= LIBROSA_TOLERANCE
+        y=audio.astype(np.float64), sr=cfg.sample_rate_hz, n_fft=cfg.n_fft, hop_length=cfg.hop_length,
+        win_length=cfg.win_length, window="hann", center=True, pad_mode="reflect", power=1.0,
+        n_mels=cfg.n_mels, fmin=cfg.fmin_hz, fmax=cfg.fmax_hz, htk=False, norm="slaney")  # [M, T]
+    return np.log(np.maximum(mel.T, cfg.log_floor))
+
+
+@pytest.mark.parametrize("cfg", [CFG, dataclasses.replace(CFG, win_length=800, n_mels=64, fmin_hz=40.0)],
+                         ids=["default", "win800-mels64-fmin40"])
+def test_matches_librosa(cfg: FeaturesConfig) -> None:
+    audio = chirp_with_noise(cfg=cfg)
+    expected = _librosa_log_mel(audio, cfg)
+    for ours in (log_mel_spectrogram_numpy(audio, cfg), log_mel_spectrogram(audio, cfg)):
+        assert ours.shape == expected.shape
+        assert relative_error(ours, expected) <= LIBROSA_TOLERANCE
+
+
+def test_filterbank_matches_librosa() -> None:
+    librosa = pytest.importorskip("librosa")
     np.testing.assert_allclose(mel_filterbank(CFG), librosa.filters.mel(
         sr=CFG.sample_rate_hz, n_fft=CFG.n_fft, n_mels=CFG.n_mels, fmin=CFG.fmin_hz, fmax=CFG.fmax_hz,
         htk=False, norm="slaney").T, rtol=1e-5, atol=1e-9)
+
+
+def test_public_function_is_the_tf_path_whatever_the_backend() -> None:
+    audio = chirp_with_noise(1.0)
+    numpy_cfg = dataclasses.replace(CFG, backend="numpy")
+    np.testing.assert_array_equal(log_mel_spectrogram(audio, numpy_cfg), log_mel_spectrogram(audio, CFG))
+    assert features._cached_computer(CFG).cfg.backend == "tf"
+
+
+def test_public_function_defaults_and_accepts_float64() -> None:
+    audio = chirp_with_noise(1.0)
+    result = log_mel_spectrogram(audio.astype(np.float64))
+    assert result.dtype == np.float32 and result.shape == (num_frames(audio.shape[0], CFG), CFG.n_mels)
+    assert relative_error(result, log_mel_spectrogram_numpy(audio, CFG)) <= MAX_RELATIVE_ERROR
