@@ -36,6 +36,9 @@ class DataConfig:
     min_audio_s: float = 0.2  # shorter clips are rejected at index time
     max_audio_s: float = 20.0  # longer clips are rejected at index time
     max_tokens: int = 400  # texts that tokenize to more are rejected at index time
+    index_cache: str = ""  # "" = DATASET/.stoker (or the user cache dir if read-only); "off"; or a directory
+    index_workers: int = 0  # processes reading audio headers on a cold index build; 0 = one per usable core
+    feature_cache: str = ""  # "" = off; "auto" = DATASET/.stoker/features (or the user cache dir); or a directory
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,8 @@ def _validate(cfg: Config) -> None:
     for key, value in (("trainer.steps", t.steps), ("trainer.epochs", t.epochs)):
         if value is not None and value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    if cfg.data.index_workers < 0:
+        raise ConfigError(f"data.index_workers must be >= 0, got {cfg.data.index_workers}")
     if not 0 < cfg.data.min_audio_s < cfg.data.max_audio_s:
         raise ConfigError("need 0 < data.min_audio_s < data.max_audio_s")
     for key, value in (("devices.data_gpu", cfg.devices.data_gpu), ("devices.model_gpu", cfg.devices.model_gpu),

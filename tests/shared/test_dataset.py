@@ -79,21 +79,23 @@ def _expect_rejected(root: Path, good_ids: list[str], sample_id: str, fragment: 
 def test_missing_wav(good) -> None:
     root, ids = good
     append_metadata(root, ["GONE|Some text.|Some text."])
-    _expect_rejected(root, ids, "GONE", "audio file missing: GONE.wav")
+    _expect_rejected(root, ids, "GONE", f"audio file missing: wavs/GONE.wav (metadata line {_metadata_lines(root)})")
 
 
 def test_empty_wav(good) -> None:
     root, ids = good
     (root / "wavs" / "ZERO.wav").write_bytes(b"")
     append_metadata(root, ["ZERO|Some text.|Some text."])
-    _expect_rejected(root, ids, "ZERO", "audio file empty: ZERO.wav")
+    _expect_rejected(root, ids, "ZERO", f"audio file empty: wavs/ZERO.wav (metadata line {_metadata_lines(root)})")
 
 
 def test_non_audio_file_named_wav(good) -> None:
     root, ids = good
     (root / "wavs" / "TEXT.wav").write_text("this is not audio at all\n" * 20, encoding="utf-8")
     append_metadata(root, ["TEXT|Some text.|Some text."])
-    rejection = _expect_rejected(root, ids, "TEXT", "unreadable audio TEXT.wav")
+    rejection = _expect_rejected(root, ids, "TEXT", "audio file unreadable: wavs/TEXT.wav: ")
+    assert rejection.reason.endswith(f"(metadata line {_metadata_lines(root)})") and rejection.file == "wavs/TEXT.wav"
+    assert str(root) not in rejection.reason
     assert "\n" not in rejection.reason and len(rejection.reason) < 250
 
 
@@ -102,7 +104,7 @@ def test_wav_with_a_header_and_no_samples(good) -> None:
     soundfile.write(str(root / "wavs" / "HOLLOW.wav"), np.zeros(0, np.float32), 22050, subtype="PCM_16")
     assert (root / "wavs" / "HOLLOW.wav").stat().st_size > 0
     append_metadata(root, ["HOLLOW|Some text.|Some text."])
-    _expect_rejected(root, ids, "HOLLOW", "audio file has no samples: HOLLOW.wav")
+    _expect_rejected(root, ids, "HOLLOW", "audio file has no samples: wavs/HOLLOW.wav")
 
 
 def test_malformed_metadata_line(good) -> None:
@@ -112,8 +114,9 @@ def test_malformed_metadata_line(good) -> None:
     index = build_index(_data(root), FEATURES)
     assert [s.id for s in index.samples] == ids
     reasons = [r.reason for r in index.rejected]
-    assert reasons == [f"malformed metadata line {line}: expected id|text|normalized_text",
-                       f"malformed metadata line {line + 1}: expected id|text|normalized_text"]
+    assert reasons == [f"malformed metadata line {line}: 1 field, expected id|text|normalized_text or id|text",
+                       f"malformed metadata line {line + 1}: 4 fields, expected id|text|normalized_text or id|text"]
+    assert [r.line for r in index.rejected] == [line, line + 1]
 
 
 @pytest.mark.parametrize("bad_id", ["../escape", "sub/dir", ".hidden"])
@@ -129,7 +132,8 @@ def test_non_utf8_metadata_line(good) -> None:
     root, ids = good
     line = _metadata_lines(root) + 1
     append_metadata(root, [b"LATIN|caf\xe9 au lait|caf\xe9 au lait"])
-    _expect_rejected(root, ids, f"line:{line}", f"metadata line {line} is not valid UTF-8")
+    rejection = _expect_rejected(root, ids, "LATIN", f"metadata line {line} is not valid UTF-8 (byte 0xe9 at column 10)")
+    assert rejection.line == line
 
 
 def test_duplicate_id(good) -> None:
@@ -139,7 +143,7 @@ def test_duplicate_id(good) -> None:
     index = build_index(_data(root), FEATURES)
     assert [s.id for s in index.samples] == ids
     assert index.by_id()[ids[2]].text != "Another text."  # the first line wins
-    assert index.rejected == [Rejection(ids[2], f"duplicate id on metadata line {line}")]
+    assert index.rejected == [Rejection(ids[2], f"duplicate id on metadata line {line} (first on line 3)", line=line)]
 
 
 @pytest.mark.parametrize("text", ["", "   ", "1234 #$%", "\u65e5\u672c"])
@@ -161,13 +165,14 @@ def test_text_too_long(good) -> None:
 def test_clip_longer_than_max(good) -> None:
     root, ids = good
     add_clip(root, "LONG", 2.5)
-    _expect_rejected(root, ids, "LONG", "clip of 2.50 s outside 0.2..2.0 s", max_audio_s=2.0)
+    _expect_rejected(root, ids, "LONG", "clip of 2.50 s longer than data.max_audio_s=2 s: wavs/LONG.wav (metadata line 7)",
+                     max_audio_s=2.0)
 
 
 def test_clip_shorter_than_min(good) -> None:
     root, ids = good
     add_clip(root, "SHORT", 0.1)
-    _expect_rejected(root, ids, "SHORT", "clip of 0.10 s outside 0.2..20.0 s")
+    _expect_rejected(root, ids, "SHORT", "clip of 0.10 s shorter than data.min_audio_s=0.2 s: wavs/SHORT.wav")
 
 
 def test_clip_shorter_than_a_frame(good) -> None:
