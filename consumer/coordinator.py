@@ -91,7 +91,7 @@ class ProducerStats:
     last_error: str = ""
     # Feature cache, summed over this producer's batches (see producer/feature_cache.py).
     cache_hits: int = 0
-    cache_computed: int = 0  # misses + stale + corrupt: log-mels computed from audio and stored
+    cache_computed: int = 0  # log-mels computed from audio (no valid entry) and stored
     cache_stale: int = 0
     cache_corrupt: int = 0
 
@@ -360,7 +360,7 @@ class Coordinator:
             # Time the prepared batch waited for its credit: high when the trainer is the limit.
             stats.credit_wait_ms_total += max(0.0, lease.credited_t - lease.ready_t) * 1e3
             stats.cache_hits += count("hits")
-            stats.cache_computed += count("misses") + count("stale") + count("corrupt")
+            stats.cache_computed += count("computed")
             stats.cache_stale += count("stale")
             stats.cache_corrupt += count("corrupt")
         if rejections:

@@ -153,7 +153,7 @@ class BatchMaker:
                   "ids": ids, "rejected": rejected, "prep_ms": round(prep_ms, 3)}
         if self.cache is not None and before is not None:
             delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
-            fields["cache"] = delta.to_json()
+            fields["cache"] = {**delta.to_json(), "computed": len(computed_by_id)}
         return wire.encode(wire.BATCH, fields, arrays)
 
 

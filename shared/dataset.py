@@ -375,7 +375,31 @@ def probe_audio(path: Path) -> AudioProbe:
     if info.frames <= 0 or info.samplerate <= 0:
         return AudioProbe(info.frames, info.samplerate, info.channels, error="audio file has no samples",
                           detail="empty or truncated stream")
+    if info.format == "FLAC":
+        problem = _flac_tail_problem(soundfile, path, info.frames)
+        if problem:
+            return AudioProbe(info.frames, info.samplerate, info.channels, error="audio file truncated",
+                              detail=problem)
     return AudioProbe(info.frames, info.samplerate, info.channels)
+
+
+def _flac_tail_problem(soundfile: Any, path: Path, frames: int) -> str:
+    """Whether a FLAC stream really reaches the last sample its STREAMINFO announces.
+
+    A FLAC file cut short keeps its header, so soundfile.info reports the full length;
+    seeking to the last sample and decoding it (one block, ~0.3 ms) finds the cut.
+    WAV needs no decoding (:func:`riff_problem`); Ogg has no total in its header, so a
+    cut Ogg file reads as a shorter clip (or as one with no samples).
+    """
+    try:
+        with soundfile.SoundFile(str(path)) as f:
+            f.seek(frames - 1)
+            got = f.read(1, dtype="float32", always_2d=True).shape[0]
+    except Exception:  # libsndfile raises LibsndfileError/RuntimeError when the stream is cut
+        got = 0
+    if got != 1:
+        return f"the stream ends before sample {frames} its header announces"
+    return ""
 
 
 def libsndfile_message(exc: BaseException) -> str:
@@ -384,6 +408,9 @@ def libsndfile_message(exc: BaseException) -> str:
     line = str(text).strip().splitlines()[0] if str(text).strip() else type(exc).__name__
     if line.startswith("Error opening ") and ": " in line:
         line = line.rsplit(": ", 1)[1]
+    for prefix in ("Error : ", "Error: "):
+        if line.startswith(prefix):
+            line = line[len(prefix):]
     return line[:MAX_DETAIL_CHARS]
 
 

@@ -17,9 +17,10 @@ from shared.dataset import (
     expected_samples,
     read_metadata,
     resolve_root,
+    scan_audio,
 )
 from shared.text import encode_text
-from tests.factories import add_clip, append_metadata, make_dataset
+from tests.factories import add_clip, append_metadata, make_dataset, make_faulty_dataset, truncate_wav
 
 FEATURES = FeaturesConfig()
 HOP = FEATURES.hop_length
@@ -288,3 +289,100 @@ def test_demo_set() -> None:
     assert len(index.samples) == 64
     assert index.rejected == []
     assert index.samples[0].id == "DEMO-0001"
+
+
+# ------------------------------------------------------------------ formats and faults
+
+
+def test_every_fault_of_the_faulty_dataset(tmp_path: Path) -> None:
+    faulty = make_faulty_dataset(tmp_path)
+    index = build_index(_data(tmp_path, max_audio_s=faulty.max_audio_s), FEATURES)
+    assert sorted(s.id for s in index.samples) == sorted(faulty.valid + list(faulty.producer_rejections))
+    got = [(r.id, r.reason) for r in index.rejected]
+    for expected in faulty.index_rejections:
+        assert expected in got
+    for sample_id, start, end in faulty.loose_rejections:
+        (reason,) = [r for i, r in got if i == sample_id]
+        assert reason.startswith(start) and reason.endswith(end), reason
+    assert len(got) == len(faulty.index_rejections) + len(faulty.loose_rejections)
+    for r in index.rejected:
+        assert "\n" not in r.reason and str(tmp_path) not in r.reason and r.line is not None
+
+
+def test_truncated_wav_is_rejected_from_its_header(good) -> None:
+    root, ids = good
+    declared, kept = truncate_wav(add_clip(root, "CUT", 1.0))
+    assert soundfile.info(str(root / "wavs" / "CUT.wav")).frames == kept // 2  # libsndfile alone clamps silently
+    _expect_rejected(root, ids, "CUT", f"audio file truncated: wavs/CUT.wav: holds {kept} of the {declared} "
+                                       f"sample bytes its header declares (metadata line {_metadata_lines(root)})")
+
+
+@pytest.mark.parametrize("keep", [12, 30, 44])
+def test_wav_cut_inside_its_header(good, keep: int) -> None:
+    root, ids = good
+    path = add_clip(root, "STUB", 1.0)
+    path.write_bytes(path.read_bytes()[:keep])
+    rejection = _expect_rejected(root, ids, "STUB", "audio file truncated: wavs/STUB.wav: ")
+    assert rejection.reason.endswith(f"(metadata line {_metadata_lines(root)})")
+
+
+def test_wav_with_chunks_before_data_and_odd_sizes(good) -> None:
+    # A LIST chunk of odd length (padded) between fmt and data, as tagging tools write.
+    root, ids = good
+    path = add_clip(root, "TAGGED", 1.0)
+    raw = path.read_bytes()
+    at = raw.index(b"data")
+    tag = b"LIST" + (5).to_bytes(4, "little") + b"INFOx" + b"\0"
+    path.write_bytes(raw[:at] + tag + raw[at:])
+    index = build_index(_data(root), FEATURES)
+    assert "TAGGED" in index.by_id() and not index.rejected
+    truncate_wav(path)
+    _expect_rejected(root, ids, "TAGGED", "audio file truncated: wavs/TAGGED.wav: holds ")
+
+
+def test_streamed_wav_with_unknown_data_size_is_accepted(good) -> None:
+    root, ids = good
+    path = add_clip(root, "STREAMED", 1.0)
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"data")
+    raw[at + 4:at + 8] = (0xFFFFFFFF).to_bytes(4, "little")  # what a tool writing to a pipe leaves
+    path.write_bytes(bytes(raw))
+    assert "STREAMED" in build_index(_data(root), FEATURES).by_id()
+
+
+def test_flac_ogg_stereo_and_other_rates_are_indexed(good) -> None:
+    root, ids = good
+    add_clip(root, "F", 1.25, suffix=".flac")
+    add_clip(root, "O", 1.0, suffix=".ogg")
+    add_clip(root, "S", 1.0, channels=2)
+    add_clip(root, "R", 1.0, rate_hz=44100)
+    index = build_index(_data(root), FEATURES)
+    assert not index.rejected
+    by_id = index.by_id()
+    assert (by_id["F"].audio, by_id["O"].audio, by_id["S"].audio) == ("F.flac", "O.ogg", "S.wav")
+    assert by_id["F"].num_frames == 1 + int(1.25 * 22050) // HOP
+    assert by_id["R"].num_frames == 1 + expected_samples(44100, 44100, 22050) // HOP
+
+
+def test_wav_is_preferred_when_an_id_has_several_files(good) -> None:
+    root, ids = good
+    add_clip(root, "TWICE", 1.0, suffix=".flac")
+    add_clip(root, "TWICE", 2.0, metadata=False)
+    assert build_index(_data(root), FEATURES).by_id()["TWICE"].audio == "TWICE.wav"
+    assert scan_audio(root)["TWICE"].name == "TWICE.wav"
+
+
+def test_truncated_flac_is_found_by_its_tail(good) -> None:
+    root, ids = good
+    path = add_clip(root, "HALF", 1.5, suffix=".flac")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    _expect_rejected(root, ids, "HALF", "audio file truncated: wavs/HALF.flac: the stream ends before sample 33075 "
+                                        f"its header announces (metadata line {_metadata_lines(root)})")
+
+
+def test_rejections_carry_line_and_file_in_json(good) -> None:
+    root, ids = good
+    append_metadata(root, ["GONE|text|text"])
+    (rejection,) = build_index(_data(root), FEATURES).rejected
+    assert rejection.to_json() == {"id": "GONE", "reason": rejection.reason, "producer": "index",
+                                   "line": _metadata_lines(root), "file": "wavs/GONE.wav"}
