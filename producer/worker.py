@@ -215,10 +215,11 @@ class Producer:
             wake.close()
 
     def _make_maker(self) -> BatchMaker:
+        from producer.features import resolve_backend
         from shared.devices import configure_tensorflow
 
         welcome = self._welcome or {}
-        features = FeaturesConfig(**welcome["features"])
+        features = resolve_backend(FeaturesConfig(**welcome["features"]))
         device = None
         if features.backend == "tf":
             _, device = configure_tensorflow(self.memory_mb)

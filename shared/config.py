@@ -53,7 +53,7 @@ class FeaturesConfig:
     fmin_hz: float = 0.0
     fmax_hz: float = 8000.0
     log_floor: float = 1e-5  # magnitudes below this are clamped before the log
-    backend: str = "tf"  # "tf": TensorFlow ops on the data device; "numpy": reference
+    backend: str = "auto"  # "tf": TensorFlow ops on the data device; "numpy": numpy/scipy; "auto": tf on a GPU
 
 
 @dataclass(frozen=True)
@@ -190,8 +190,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"need 0 <= features.fmin_hz < features.fmax_hz <= sample_rate_hz/2, got "
             f"{f.fmin_hz}, {f.fmax_hz}, {f.sample_rate_hz / 2}")
-    if f.backend not in ("tf", "numpy"):
-        raise ConfigError(f"features.backend must be 'tf' or 'numpy', got {f.backend!r}")
+    if f.backend not in ("auto", "tf", "numpy"):
+        raise ConfigError(f"features.backend must be 'auto', 'tf' or 'numpy', got {f.backend!r}")
     if p.heartbeat_timeout_s <= p.heartbeat_interval_s:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
     if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0:

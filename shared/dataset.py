@@ -439,23 +439,31 @@ def _run_items(root: Path, items: list[tuple[str | None, str | None]],
     helpers = min(workers - 1, len(chunks) - 1)
     # Spawned, never forked: the caller may have imported TensorFlow.
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(helpers, mp_context=context) as pool:
-        running: dict[concurrent.futures.Future, int] = {}
+    try:
+        with concurrent.futures.ProcessPoolExecutor(helpers, mp_context=context) as pool:
+            running: dict[concurrent.futures.Future, int] = {}
 
-        def top_up() -> None:
-            while todo and len(running) < 2 * helpers:
-                n = todo.popleft()
-                running[pool.submit(_work_items, str(root), chunks[n])] = n
+            def top_up() -> None:
+                while todo and len(running) < 2 * helpers:
+                    n = todo.popleft()
+                    running[pool.submit(_work_items, str(root), chunks[n])] = n
 
-        top_up()
-        while todo:  # this process works from the back while the helpers start and work from the front
-            n = todo.pop()
-            results[n] = _work_items(str(root), chunks[n])
-            for future in [f for f in running if f.done()]:
-                results[running.pop(future)] = future.result()
             top_up()
-        for future in concurrent.futures.as_completed(list(running)):
-            results[running.pop(future)] = future.result()
+            while todo:  # this process works from the back while the helpers start and work from the front
+                n = todo.pop()
+                results[n] = _work_items(str(root), chunks[n])
+                for future in [f for f in running if f.done()]:
+                    results[running.pop(future)] = future.result()
+                top_up()
+            for future in concurrent.futures.as_completed(list(running)):
+                results[running.pop(future)] = future.result()
+    except Exception as exc:  # a broken pool (e.g. a script without a __main__ guard) must not stop indexing
+        log.warning("parallel header reading failed (%s: %s); reading the rest in this process",
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        helpers = 0
+        for n, chunk in enumerate(results):
+            if chunk is None:
+                results[n] = _work_items(str(root), chunks[n])
     return [item for chunk in results for item in (chunk or [])], helpers + 1
 
 

@@ -72,8 +72,11 @@ def test_precompute_then_train_reads_every_clip_and_a_corrupt_entry_is_recompute
     assert train.returncode == 0, train.stderr[-3000:]
     summary = read_json(run_dir / "summary.json")
     assert summary["index"]["cache"] == "hit" and summary["index"]["headers_read"] == 0
-    assert summary["feature_cache"] == {"dir": str(cache), "hits": 2 * valid - 1, "computed": 1, "stale": 0,
-                                        "corrupt": 1}
+    fc = summary["feature_cache"]
+    # Epochs overlap across producers (leases run ahead), so the second epoch's read of the
+    # damaged entry may come before the first epoch's rewrite: then it is found corrupt twice.
+    assert fc["dir"] == str(cache) and fc["stale"] == 0 and fc["corrupt"] in (1, 2)
+    assert fc["computed"] == fc["corrupt"] and fc["hits"] + fc["computed"] == 2 * valid
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(faulty.valid))
 
 

@@ -33,6 +33,7 @@ from shared.config import FeaturesConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_WAV = REPO_ROOT / "data" / "demo" / "wavs" / "DEMO-0004.wav"
 CFG = FeaturesConfig()
+TF_CFG = dataclasses.replace(CFG, backend="tf")
 MAX_RELATIVE_ERROR = 1e-4  # float32 vs float64: ~1e-7 expected, 1e-4 leaves a wide margin
 BATCH_TOLERANCE = 1e-6  # batched vs one-by-one TF results (identical in practice)
 LIBROSA_TOLERANCE = 1e-3
@@ -60,7 +61,7 @@ def chirp_with_noise(seconds: float = 2.0, cfg: FeaturesConfig = CFG) -> np.ndar
 
 @pytest.fixture(scope="module")
 def tf_computer() -> MelComputer:
-    return MelComputer(CFG)
+    return MelComputer(TF_CFG)
 
 
 # ------------------------------------------------------------------ definition pieces
@@ -183,20 +184,24 @@ def test_tf_function_is_traced_once(tf_computer: MelComputer) -> None:
     assert tf_computer._tf_fn.experimental_get_tracing_count() == 1
 
 
-def test_numpy_backend_matches_numpy_reference() -> None:
+def test_numpy_backend_matches_the_reference_and_batches_like_tf() -> None:
     cfg = dataclasses.replace(CFG, backend="numpy")
-    audio = chirp_with_noise(1.0)
-    clips = [audio[:600], audio, audio[:3000]]
-    results = MelComputer(cfg)(clips)
+    audio = chirp_with_noise(2.0)
+    clips = [audio[:600], audio, audio[:3000], audio[:513], audio[7:30000]]
+    computer = MelComputer(cfg)
+    results = computer(clips)
     for clip, result in zip(clips, results):
-        assert result.dtype == np.float32
-        np.testing.assert_array_equal(result, log_mel_spectrogram_numpy(clip, cfg, dtype=np.float32))
+        assert result.dtype == np.float32 and result.shape == (num_frames(clip.shape[0], CFG), CFG.n_mels)
+        assert relative_error(result, log_mel_spectrogram_numpy(clip, CFG)) <= MAX_RELATIVE_ERROR
+        np.testing.assert_allclose(result, computer([clip])[0], rtol=0, atol=BATCH_TOLERANCE)
+        np.testing.assert_allclose(result, log_mel_spectrogram(clip, CFG), rtol=0, atol=1e-4)
+    assert computer([]) == []
 
 
 def test_explicit_device_placement() -> None:
     # "/CPU:0" exists everywhere; on a machine with a GPU the producers pass "/GPU:0".
     audio = chirp_with_noise(1.0)
-    (result,) = MelComputer(CFG, device="/CPU:0")([audio])
+    (result,) = MelComputer(TF_CFG, device="/CPU:0")([audio])
     np.testing.assert_allclose(result, log_mel_spectrogram(audio, CFG), rtol=0, atol=BATCH_TOLERANCE)
 
 
@@ -267,9 +272,24 @@ def test_filterbank_matches_librosa() -> None:
 
 def test_public_function_is_the_tf_path_whatever_the_backend() -> None:
     audio = chirp_with_noise(1.0)
-    numpy_cfg = dataclasses.replace(CFG, backend="numpy")
-    np.testing.assert_array_equal(log_mel_spectrogram(audio, numpy_cfg), log_mel_spectrogram(audio, CFG))
-    assert features._cached_computer(CFG).cfg.backend == "tf"
+    expected = MelComputer(TF_CFG)([audio])[0]
+    for backend in ("numpy", "auto", "tf"):
+        result = log_mel_spectrogram(audio, dataclasses.replace(CFG, backend=backend))
+        np.testing.assert_array_equal(result, expected)
+    assert features._cached_computer(TF_CFG).cfg.backend == "tf"
+
+
+@pytest.mark.parametrize("visible, expected", [("", "numpy"), ("-1", "numpy"), ("0", "tf"), ("GPU-5d1c", "tf"),
+                                               (None, "numpy")])
+def test_auto_backend_is_tf_only_with_a_gpu(visible: str | None, expected: str, monkeypatch) -> None:
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert features.resolve_backend(CFG).backend == expected
+    assert MelComputer(CFG).cfg.backend == expected
+    assert features.resolve_backend(TF_CFG).backend == "tf"  # explicit choices are kept
+    assert features.resolve_backend(CFG, has_gpu=True).backend == "tf"
 
 
 def test_public_function_defaults_and_accepts_float64() -> None:
