@@ -386,3 +386,20 @@ def test_rejections_carry_line_and_file_in_json(good) -> None:
     (rejection,) = build_index(_data(root), FEATURES).rejected
     assert rejection.to_json() == {"id": "GONE", "reason": rejection.reason, "producer": "index",
                                    "line": _metadata_lines(root), "file": "wavs/GONE.wav"}
+
+
+@pytest.mark.parametrize("fmt, subtype, channels", [
+    ("WAV", "PCM_U8", 1), ("WAV", "PCM_16", 2), ("WAV", "PCM_24", 1), ("WAV", "PCM_32", 3), ("WAV", "FLOAT", 1),
+    ("WAV", "DOUBLE", 2), ("WAVEX", "PCM_16", 2), ("WAVEX", "FLOAT", 1), ("RF64", "PCM_16", 1),
+    ("WAV", "ULAW", 1), ("WAV", "IMA_ADPCM", 1), ("FLAC", "PCM_16", 2), ("OGG", "VORBIS", 1),
+])
+def test_header_facts_agree_with_libsndfile(tmp_path: Path, fmt: str, subtype: str, channels: int) -> None:
+    from shared.dataset import probe_audio
+
+    path = tmp_path / f"clip.{ {'WAV': 'wav', 'WAVEX': 'wav', 'RF64': 'wav', 'FLAC': 'flac', 'OGG': 'ogg'}[fmt] }"
+    audio = np.stack([np.sin(np.arange(12345) * 0.01 * (c + 1)) * 0.3 for c in range(channels)], axis=1)
+    soundfile.write(str(path), audio, 16000, format=fmt, subtype=subtype)
+    info = soundfile.info(str(path))
+    probe = probe_audio(path)
+    assert probe.error == ""
+    assert (probe.frames, probe.rate, probe.channels) == (info.frames, info.samplerate, info.channels)

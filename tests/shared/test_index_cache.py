@@ -171,7 +171,7 @@ def test_cache_off_and_cache_in_a_given_directory(root: Path, tmp_path: Path) ->
 
 
 def test_parallel_build_equals_serial_build(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dataset, "PARALLEL_MIN_ITEMS", 1)
+    monkeypatch.setattr(dataset, "PARALLEL_MIN_SECONDS", 0.0)
     monkeypatch.setattr(dataset, "CHUNK_ITEMS", 3)
     serial = build_index(_data(root, index_cache="off", index_workers=1), FEATURES)
     parallel = build_index(_data(root, index_cache="off", index_workers=2), FEATURES)
@@ -191,3 +191,11 @@ def test_feature_cache_dir_setting(root: Path, tmp_path: Path, monkeypatch: pyte
     make_dataset(other, count=1)
     (other / ".stoker").write_text("blocked")
     assert feature_cache_dir("AUTO", other) == str(tmp_path / "user-cache" / "stoker" / "features")
+
+
+def test_parallel_only_when_the_work_outlasts_starting_a_helper() -> None:
+    wavs = [(f"{i}.wav", 1000, "some text") for i in range(20_000)]
+    assert dataset._estimated_seconds(wavs) == pytest.approx(20_000 * (dataset.WAV_HEADER_S + dataset.TEXT_S))
+    assert dataset._estimated_seconds(wavs) < dataset.PARALLEL_MIN_SECONDS  # LJSpeech-sized: one process
+    flacs = [(f"{i}.flac", 1000, None) for i in range(20_000)]
+    assert dataset._estimated_seconds(flacs) > dataset.PARALLEL_MIN_SECONDS
