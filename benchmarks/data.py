@@ -324,14 +324,11 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
                 for entry in maker.cache.dir.glob("*.mel"):
                     entry.unlink()
             started = time.perf_counter()
-            delivered = 0
             for lease in leases:
-                frames = maker.make(lease)
-                delivered += len(lease["ids"])
-                del frames
+                maker.make(lease)  # the encoded BATCH frames, as a producer would send them
             seconds = time.perf_counter() - started
             cache = maker.cache.counts.to_json() if getattr(maker, "cache", None) is not None else None
-            conn.send({"ok": True, "seconds": seconds, "clips": clips, "delivered": delivered, "cache": cache})
+            conn.send({"ok": True, "seconds": seconds, "clips": clips, "cache": cache})
     except BaseException as exc:  # reported to the parent as data
         try:
             conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})

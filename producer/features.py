@@ -61,14 +61,15 @@ Implementations
 - :func:`log_mel_spectrogram_numpy`: the plain numpy reference (explicit frames,
   ``np.fft.rfft``), in float64 by default.
 - :class:`MelComputer`: the producer's batched computation, TensorFlow ops inside one
-  ``tf.function`` (backend ``"tf"``, optionally on a GPU) or the numpy reference in
-  float32 (backend ``"numpy"``).
+  ``tf.function`` (backend ``"tf"``, optionally on a GPU) or numpy with scipy's
+  pocketfft in single precision (backend ``"numpy"``); ``"auto"`` (the default) is
+  ``"tf"`` in a process given a GPU and ``"numpy"`` otherwise (:func:`resolve_backend`).
 - :func:`log_mel_spectrogram`: the public function (``from producer.features import
   log_mel_spectrogram``), for inference and for anyone who needs the training features.
-  It always runs the TensorFlow path, whatever ``cfg.backend`` says: that is the code the
-  producers run by default, on the data GPU when there is one, so a model is fed at
-  inference exactly what it was trained on. The numpy backend is a float32 rendering of
-  the reference, kept for hosts without TensorFlow and for tests.
+  It always runs the TensorFlow path, whatever ``cfg.backend`` says: the code producers
+  run on the data GPU. On a CPU the numpy backend computes the same definition (both
+  within float32 rounding of the reference, see below) about twice as fast, which is
+  why ``"auto"`` picks it there.
 
 Both paths are tested against the float64 reference (relative error on linear mel
 magnitudes <= 1e-4) and against ``librosa.feature.melspectrogram`` with the parameters
@@ -274,8 +275,11 @@ class MelComputer:
     straddle two segments). Only the rfft bins some mel filter uses are kept before the
     magnitude and the projection (bins above ``fmax_hz`` have zero weight).
 
-    Backend ``"numpy"``: :func:`log_mel_spectrogram_numpy` in float32, clip by clip;
-    ``device`` is ignored.
+    Backend ``"numpy"``: the same concatenated layout and bin range, framed as a strided
+    view and transformed in blocks of :data:`_NUMPY_BLOCK_ROWS` frames (window, rfft with
+    scipy's pocketfft in float32, magnitude, projection), so a block stays in cache;
+    ``device`` is ignored. Backend ``"auto"`` becomes one of the two in the constructor
+    (:func:`resolve_backend`).
 
     Raises ValueError, naming the clip, for a clip shorter than ``n_fft // 2 + 1``
     samples (callers should reject those when indexing).
