@@ -89,6 +89,11 @@ class ProducerStats:
     prep_ms_total: float = 0.0
     credit_wait_ms_total: float = 0.0
     last_error: str = ""
+    # Feature cache, summed over this producer's batches (see producer/feature_cache.py).
+    cache_hits: int = 0
+    cache_computed: int = 0  # log-mels computed from audio (no valid entry) and stored
+    cache_stale: int = 0
+    cache_corrupt: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -101,8 +106,9 @@ class ProducerStats:
 class Coordinator:
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, stop: threading.Event,
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, metadata_sha256: str = "") -> None:
         self.cfg = cfg
+        self.metadata_sha256 = metadata_sha256
         self.planner = planner
         self.queue = queue
         self.stop = stop
@@ -337,6 +343,13 @@ class Coordinator:
         rejections = [Rejection(str(r.get("id")), str(r.get("reason", "rejected by producer"))[:300], peer.name)
                       for r in msg["rejected"]]
         prep_ms = msg.get("prep_ms")
+        cache = msg.get("cache")
+        cache = cache if isinstance(cache, dict) else {}
+
+        def count(key: str) -> int:
+            value = cache.get(key, 0)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
         with self._lock:
             stats = self.producers[peer.name]
             stats.batches += 1
@@ -346,6 +359,10 @@ class Coordinator:
                 stats.prep_ms_total += float(prep_ms)
             # Time the prepared batch waited for its credit: high when the trainer is the limit.
             stats.credit_wait_ms_total += max(0.0, lease.credited_t - lease.ready_t) * 1e3
+            stats.cache_hits += count("hits")
+            stats.cache_computed += count("computed")
+            stats.cache_stale += count("stale")
+            stats.cache_corrupt += count("corrupt")
         if rejections:
             for r in rejections:
                 log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
@@ -371,6 +388,8 @@ class Coordinator:
             "features": dataclasses.asdict(self.cfg.features),
             "batch_size": self.cfg.batching.batch_size,
             "metadata_file": self.cfg.data.metadata_file,
+            "metadata_sha256": self.metadata_sha256,
+            "feature_cache": self.cfg.data.feature_cache,
             "heartbeat_interval_s": self.cfg.pipeline.heartbeat_interval_s,
             "heartbeat_timeout_s": self.cfg.pipeline.heartbeat_timeout_s,
             "faults": dataclasses.asdict(self.cfg.faults),

@@ -20,6 +20,8 @@ endpoint in use, unknown model).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import logging
 import os
 import sys
@@ -35,7 +37,7 @@ from consumer.plan import EpochPlanner
 from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
-from shared.dataset import DatasetError, Rejection, build_index
+from shared.dataset import DatasetError, Rejection, build_index, feature_cache_dir, read_metadata_bytes
 from shared.gpumon import GpuSampler
 from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
 from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent,
@@ -63,24 +65,36 @@ class Run:
         self.gpu_memory_mb = gpu_memory_mb
         self.rejected_count = 0
         self.started = time.monotonic()
+        self._producer_rejected: set[str] = set()
 
     def _record_rejections(self, rejections: list[Rejection]) -> None:
+        """Write each rejected clip once: a clip a producer cannot read fails again every epoch."""
         for r in rejections:
+            if r.producer != "index":
+                if r.id in self._producer_rejected:
+                    continue
+                self._producer_rejected.add(r.id)
             self.rejected.write(r.to_json())
-        self.rejected_count += len(rejections)
+            self.rejected_count += 1
 
     def execute(self) -> int:
         cfg = self.cfg
         self.rejected = JsonlWriter(self.run_dir / "rejected.jsonl")
         index = build_index(cfg.data, cfg.features)
         self._record_rejections(index.rejected)
+        feature_cache = feature_cache_dir(cfg.data.feature_cache, index.root)
+        if feature_cache != cfg.data.feature_cache:
+            cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
+        if feature_cache:
+            log.info("feature cache %s", feature_cache)
+        metadata_sha256 = hashlib.sha256(read_metadata_bytes(index.root, cfg.data.metadata_file)).hexdigest()
         planner = EpochPlanner(index.samples, cfg.batching)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches of %d per epoch in %d shapes %s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  cfg.batching.batch_size, len(planner.shapes), planner.shapes)
         queue = BatchQueue(cfg.pipeline.buffer_size)
         coordinator = Coordinator(cfg, planner, queue, self.stop, max_epochs=cfg.trainer.epochs,
-                                  on_rejected=self._record_rejections)
+                                  on_rejected=self._record_rejections, metadata_sha256=metadata_sha256)
         queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()
@@ -113,11 +127,23 @@ class Run:
                 wall_s=time.monotonic() - self.started, warmup_s=loop.warmup_s, batch_size=cfg.batching.batch_size,
                 extra={"epochs_completed": loop.epochs_completed, "model": cfg.trainer.model,
                        "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
-                       "queue_high_water": queue.high_water, "host_cores": os.cpu_count()})
+                       "queue_high_water": queue.high_water, "host_cores": os.cpu_count(),
+                       "clips": len(index.samples), "index": index.stats.to_json(),
+                       "feature_cache": feature_cache_totals(feature_cache, snap["producers"])})
             write_json(self.run_dir / "summary.json", summary)
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
                      self.run_dir / "summary.json")
         return loop.code
+
+
+def feature_cache_totals(directory: str, producers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """summary.json's ``feature_cache``: what the producers' caches did, summed (None: off)."""
+    if not directory:
+        return None
+    totals: dict[str, Any] = {"dir": directory}
+    for key in ("hits", "computed", "stale", "corrupt"):
+        totals[key] = sum(int(p.get(f"cache_{key}", 0) or 0) for p in producers)
+    return totals
 
 
 class TrainLoop:

@@ -21,6 +21,8 @@ the producer sends BYE with the leases it still holds, so they are re-planned at
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import logging
 import os
 import queue
@@ -32,11 +34,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zmq
 
 from shared import wire
 from shared.config import FaultsConfig, FeaturesConfig
-from shared.dataset import DatasetError, audio_path, read_metadata, resolve_root
+from shared.dataset import (AUDIO_SUFFIX, DatasetError, audio_path, read_metadata_bytes, parse_metadata,
+                            relative_audio, resolve_root, scan_audio)
 from shared.proc import StatusWriter, die_with_parent, install_stop_handlers, parent_alive, setup_logging
 from shared.text import encode_text
 
@@ -56,21 +60,31 @@ FINAL_LINGER_MS = 500
 
 
 class BatchMaker:
-    """Turns one lease into the frames of a BATCH message."""
+    """Turns one lease into the frames of a BATCH message.
+
+    Per clip: tokens from the metadata text; the log-mel from the feature cache when
+    one is configured and holds a valid entry, else from the audio (read, downmixed,
+    resampled, then transformed with the other clips of the batch at once, and stored
+    in the cache). Clips that cannot be used are reported as rejected, with the reason.
+    """
 
     def __init__(self, root: Path, texts: dict[str, str], features: FeaturesConfig,
-                 batch_size: int, device: str | None, name: str, faults: FaultsConfig | None = None) -> None:
+                 batch_size: int, device: str | None, name: str, files: dict[str, str] | None = None,
+                 feature_cache: str = "", faults: FaultsConfig | None = None) -> None:
         from producer.collate import collate
+        from producer.feature_cache import FeatureCache
         from producer.features import MelComputer, pad_value
 
         self.root = root
         self.texts = texts
+        self.files = files if files is not None else {}
         self.features = features
         self.batch_size = batch_size
         self.name = name
         self._collate = collate
         self._pad = pad_value(features)
         self._mels = MelComputer(features, device=device)
+        self.cache = FeatureCache(feature_cache, features, root) if feature_cache else None
         self.faults = faults or FaultsConfig()
         self._next_stall = time.monotonic() + self.faults.producer_stall_every_s
 
@@ -85,37 +99,74 @@ class BatchMaker:
             self._next_stall += f.producer_stall_every_s
 
     def make(self, lease: dict[str, Any]) -> list[Any]:
+        """The BATCH frames of one lease (fields include the clips rejected and cache counts)."""
         from producer.audio import AudioError, load_audio
+        from producer.feature_cache import CacheCounts
 
         started = time.perf_counter()
         max_tokens, max_frames = lease["shape"]
-        ids, tokens, clips, rejected = [], [], [], []
+        before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
+        rows: list[tuple[str, np.ndarray, np.ndarray | None]] = []  # (id, tokens, mel or None: to compute)
+        clips: list[np.ndarray] = []
+        to_store: list[tuple[str, str, os.stat_result]] = []
+        rejected: list[dict[str, str]] = []
         for sample_id in lease["ids"]:
             text = self.texts.get(sample_id)
             if text is None:
                 rejected.append({"id": sample_id, "reason": f"id not in metadata on host {pysocket.gethostname()}"})
                 continue
-            try:
-                audio = load_audio(audio_path(self.root, sample_id), self.features.sample_rate_hz)
-            except AudioError as exc:
-                rejected.append({"id": sample_id, "reason": str(exc)})
-                continue
+            name = self.files.get(sample_id) or f"{sample_id}{AUDIO_SUFFIX}"
+            where = relative_audio(sample_id, name)
+            path = audio_path(self.root, sample_id, name)
             tok = encode_text(text)
-            frames = 1 + len(audio) // self.features.hop_length
+            mel = None
+            if self.cache is not None:
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    st = None  # load_audio says why
+                if st is not None:
+                    mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
+                    if mel is None:
+                        to_store.append((sample_id, name, st))
+            if mel is None:
+                try:
+                    audio = load_audio(path, self.features.sample_rate_hz, where)
+                except AudioError as exc:
+                    rejected.append({"id": sample_id, "reason": str(exc)})
+                    continue
+                frames = 1 + len(audio) // self.features.hop_length
+            else:
+                frames = mel.shape[0]
             if len(tok) > max_tokens or frames > max_frames:
                 rejected.append({"id": sample_id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
                                                             f"{frames} frames > bucket {max_tokens}x{max_frames})"})
                 continue
+            rows.append((sample_id, tok, mel))
+            if mel is None:
+                clips.append(audio)
+        computed = iter(self._mels(clips) if clips else [])
+        ids, tokens, mels = [], [], []
+        computed_by_id: dict[str, np.ndarray] = {}
+        for sample_id, tok, mel in rows:
+            if mel is None:
+                mel = computed_by_id[sample_id] = next(computed)
             ids.append(sample_id)
             tokens.append(tok)
-            clips.append(audio)
-        mels = self._mels(clips) if clips else []
+            mels.append(mel)
+        if self.cache is not None:
+            for sample_id, name, st in to_store:
+                if sample_id in computed_by_id:
+                    self.cache.put(sample_id, name, st.st_size, st.st_mtime_ns, computed_by_id[sample_id])
         self._inject_faults()
         arrays = self._collate(tokens, mels, self.batch_size, max_tokens, max_frames,
                                self.features.n_mels, self._pad)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
                   "ids": ids, "rejected": rejected, "prep_ms": round(prep_ms, 3)}
+        if self.cache is not None and before is not None:
+            delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
+            fields["cache"] = {**delta.to_json(), "computed": len(computed_by_id)}
         return wire.encode(wire.BATCH, fields, arrays)
 
 
@@ -144,6 +195,7 @@ class Producer:
         self._welcome: dict[str, Any] | None = None
         self._welcomed = threading.Event()
         self._texts: dict[str, str] | None = None
+        self._files: dict[str, str] | None = None
         self.batches_sent = 0
 
     # ---------------------------------------------------------------- compute thread
@@ -176,17 +228,20 @@ class Producer:
             wake.close()
 
     def _make_maker(self) -> BatchMaker:
+        from producer.features import resolve_backend
         from shared.devices import configure_tensorflow
 
         welcome = self._welcome or {}
-        features = FeaturesConfig(**welcome["features"])
+        features = resolve_backend(FeaturesConfig(**welcome["features"]))
         device = None
         if features.backend == "tf":
             _, device = configure_tensorflow(self.memory_mb)
-        log.info("%s computing log-mels with %s on %s", self.name, features.backend, device or "CPU")
+        cache_dir = str(welcome.get("feature_cache") or "")
+        log.info("%s computing log-mels with %s on %s%s", self.name, features.backend, device or "CPU",
+                 f"; feature cache {cache_dir}" if cache_dir else "")
         faults = FaultsConfig(**welcome.get("faults", {}))
         return BatchMaker(self.root, self._texts or {}, features, int(welcome["batch_size"]), device, self.name,
-                          faults)
+                          files=self._files or {}, feature_cache=cache_dir, faults=faults)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:
@@ -229,7 +284,7 @@ class Producer:
             first = self._welcome is None
             self._welcome = msg.fields
             if first:
-                self._load_metadata(msg.get("metadata_file", "metadata.csv"))
+                self._load_metadata(msg.get("metadata_file", "metadata.csv"), msg.get("metadata_sha256"))
             self._welcomed.set()
             log.info("%s joined %s as producer %s", self.name, self.endpoint, msg.get("producer_index"))
         elif msg.kind == wire.LEASE:
@@ -250,11 +305,17 @@ class Producer:
             raise SystemExit(2)
         return True
 
-    def _load_metadata(self, metadata_file: str) -> None:
-        entries, rejected = read_metadata(self.root, metadata_file)
+    def _load_metadata(self, metadata_file: str, consumer_sha256: Any = None) -> None:
+        """The same metadata parser and audio file lookup as the consumer's index."""
+        raw = read_metadata_bytes(self.root, metadata_file)
+        entries, rejected = parse_metadata(raw)
         self._texts = {e.id: e.text for e in entries}
-        log.info("%s read %d metadata entries (%d malformed) from %s",
-                 self.name, len(entries), len(rejected), self.root)
+        self._files = {sample_id: f.name for sample_id, f in scan_audio(self.root).items()}
+        if isinstance(consumer_sha256, str) and consumer_sha256 != hashlib.sha256(raw).hexdigest():
+            log.warning("%s: %s on this host differs from the trainer's; clips whose text changed will be rejected",
+                        self.name, self.root / metadata_file)
+        log.info("%s read %d metadata entries (%d malformed) and %d audio files from %s",
+                 self.name, len(entries), len(rejected), len(self._files), self.root)
 
     def run(self) -> int:
         """Serve until STOP, a signal or a dead parent; return the exit status."""

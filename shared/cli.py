@@ -22,7 +22,7 @@ log = logging.getLogger("stoker")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-COMMANDS = ("train", "produce", "bench", "diagnose", "watch")
+COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch")
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 
 
@@ -108,6 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.add_argument("--json", action="store_true", help="the report as JSON")
     watch = sub.add_parser("watch", help="show a running trainer's queue depth, wait and throughput")
     watch.add_argument("run_dir", metavar="RUN_DIR")
+    precompute = sub.add_parser("precompute", help="fill the feature cache ahead of training, with all producers")
+    precompute.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
+    precompute.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
+    precompute.add_argument("--producers", type=int, help="local producer processes (default: pipeline.producers)")
+    precompute.add_argument("--data-gpu", type=int, help="GPU index for the producers")
+    precompute.add_argument("--data-gpu-memory", type=int, metavar="MB", help="memory limit per producer process")
+    precompute.add_argument("--batch-size", type=int)
+    precompute.add_argument("--run-dir", help="where the run's files go (default runs/<timestamp>)")
+    precompute.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    precompute.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="override any config key; data.feature_cache=DIR picks the cache "
+                                 "(default: auto, DATASET/.stoker/features)")
     bench = sub.add_parser("bench", help="run the benchmarks; prints a table, writes bench.json")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions and batches")
     bench.add_argument("--out", default="bench.json")
@@ -123,9 +135,10 @@ def resolve_config(args: argparse.Namespace) -> config_mod.Config:
     if overrides.get("pipeline.producers") == "auto":
         overrides["pipeline.producers"] = 1
         overrides["pipeline.producers_auto"] = True
-    if args.steps is not None and args.epochs is None:
+    steps, epochs = getattr(args, "steps", None), getattr(args, "epochs", None)
+    if steps is not None and epochs is None:
         overrides["trainer.epochs"] = None
-    if args.epochs is not None and args.steps is None:
+    if epochs is not None and steps is None:
         overrides["trainer.steps"] = None
     for item in args.set:
         key, value = config_mod.parse_override(item)
@@ -162,16 +175,16 @@ def make_run_dir(requested: str) -> Path:
     return path
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _launch(cfg: config_mod.Config) -> tuple[int, Path, config_mod.Config]:
+    """Check what the user asked for, make the run directory, run; (status, run dir, config)."""
     import dataclasses
 
     from consumer.models import ModelError, check_model
-    from shared.dataset import DatasetError, resolve_root
+    from shared.dataset import DatasetError, feature_cache_dir, resolve_root
     from shared.devices import DeviceError, list_gpus, plan_devices
     from shared.launcher import run_training
     from shared.proc import setup_logging
 
-    cfg = resolve_config(args)
     setup_logging("launcher", cfg.run.log_level)
     try:
         root = resolve_root(cfg.data.path)
@@ -188,14 +201,60 @@ def cmd_train(args: argparse.Namespace) -> int:
     except DeviceError as exc:
         raise UserError(str(exc)) from None
     run_dir = make_run_dir(cfg.run.run_dir)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(root)),
-                              run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+    data = dataclasses.replace(cfg.data, path=str(root), feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
+    cfg = dataclasses.replace(cfg, data=data, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
     config_mod.save(cfg, run_dir / "config.yaml")
     log.info("%s", plan.describe(cfg.pipeline.producers))
     log.info("run directory %s", run_dir)
-    code = run_training(cfg, run_dir, plan)
+    return run_training(cfg, run_dir, plan), run_dir, cfg
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    code, run_dir, _ = _launch(resolve_config(args))
     print_summary(run_dir)
     return code
+
+
+# precompute is one epoch of a run whose trainer takes each batch and drops it at once:
+# the real producers (all of them) fill the feature cache, and nothing waits on a model.
+PRECOMPUTE_MODEL = "synthetic:0"
+
+
+def cmd_precompute(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    cfg = resolve_config(args)
+    if cfg.pipeline.producers < 1:
+        raise UserError("precompute needs at least one local producer (--producers N)")
+    cfg = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, feature_cache=cfg.data.feature_cache or "auto"),
+        trainer=dataclasses.replace(cfg.trainer, model=PRECOMPUTE_MODEL, steps=None, epochs=1, record_samples=False),
+        pipeline=dataclasses.replace(cfg.pipeline, model_start_delay_s=0.0))
+    code, run_dir, cfg = _launch(cfg)
+    print_precompute_summary(run_dir, cfg.data.feature_cache)
+    return code
+
+
+def print_precompute_summary(run_dir: Path, cache_dir: str) -> None:
+    import json
+
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        out(f"no summary in {run_dir}")
+        return
+    cache = s.get("feature_cache") or {}
+    clips = s.get("samples", 0)
+    wall = s.get("wall_s") or 0.0
+    rate = clips / wall if wall > 0 else 0.0
+    complete = s.get("epochs_completed", 0) >= 1
+    out(f"precompute {'done' if complete else 'INCOMPLETE (' + str(s.get('exit_reason')) + ')'}: {clips} clips in "
+        f"{wall:.1f} s ({rate:.1f} clips/s, {len(s.get('producers') or [])} producers): "
+        f"{cache.get('computed', 0)} computed, {cache.get('hits', 0)} already cached, "
+        f"{cache.get('corrupt', 0)} corrupt entries recomputed, {s.get('rejected', 0)} clips rejected "
+        f"(see {run_dir / 'rejected.jsonl'})")
+    out(f"  feature cache {cache_dir}; train with --set data.feature_cache={cache_dir}")
 
 
 def print_summary(run_dir: Path) -> None:
@@ -281,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_train(args)
         if args.command == "produce":
             return cmd_produce(args)
+        if args.command == "precompute":
+            return cmd_precompute(args)
         if args.command == "bench":
             return cmd_bench(args)
         if args.command == "diagnose":

@@ -36,6 +36,9 @@ class DataConfig:
     min_audio_s: float = 0.2  # shorter clips are rejected at index time
     max_audio_s: float = 20.0  # longer clips are rejected at index time
     max_tokens: int = 400  # texts that tokenize to more are rejected at index time
+    index_cache: str = ""  # "" = DATASET/.stoker (or the user cache dir if read-only); "off"; or a directory
+    index_workers: int = 0  # processes reading audio headers on a cold index build; 0 = one per usable core
+    feature_cache: str = ""  # "" = off; "auto" = DATASET/.stoker/features (or the user cache dir); or a directory
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class FeaturesConfig:
     fmin_hz: float = 0.0
     fmax_hz: float = 8000.0
     log_floor: float = 1e-5  # magnitudes below this are clamped before the log
-    backend: str = "tf"  # "tf": TensorFlow ops on the data device; "numpy": reference
+    backend: str = "auto"  # "tf": TensorFlow ops on the data device; "numpy": numpy/scipy; "auto": tf on a GPU
 
 
 @dataclass(frozen=True)
@@ -204,8 +207,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"need 0 <= features.fmin_hz < features.fmax_hz <= sample_rate_hz/2, got "
             f"{f.fmin_hz}, {f.fmax_hz}, {f.sample_rate_hz / 2}")
-    if f.backend not in ("tf", "numpy"):
-        raise ConfigError(f"features.backend must be 'tf' or 'numpy', got {f.backend!r}")
+    if f.backend not in ("auto", "tf", "numpy"):
+        raise ConfigError(f"features.backend must be 'auto', 'tf' or 'numpy', got {f.backend!r}")
     if p.heartbeat_timeout_s <= p.heartbeat_interval_s:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
     if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0 or p.max_producers < 0:
@@ -215,6 +218,8 @@ def _validate(cfg: Config) -> None:
     for key, value in (("trainer.steps", t.steps), ("trainer.epochs", t.epochs)):
         if value is not None and value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    if cfg.data.index_workers < 0:
+        raise ConfigError(f"data.index_workers must be >= 0, got {cfg.data.index_workers}")
     if not 0 < cfg.data.min_audio_s < cfg.data.max_audio_s:
         raise ConfigError("need 0 < data.min_audio_s < data.max_audio_s")
     for key, value in (("devices.data_gpu", cfg.devices.data_gpu), ("devices.model_gpu", cfg.devices.model_gpu),

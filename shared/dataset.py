@@ -1,32 +1,94 @@
 """The dataset index: which clips exist, how long they are, and which were rejected.
 
-LJSpeech layout: ``DIR/metadata.csv`` with one ``id|text|normalized_text`` line per clip
-(a plain ``id|text`` line is accepted too; the last field is the text used), and the
-audio in ``DIR/wavs/<id>.wav``. The index reads only metadata and audio *headers*
-(soundfile.info), never decodes audio, so the consumer can plan an epoch before any
-producer has started. Producers read the same metadata with :func:`read_metadata`.
+Layout (LJSpeech): ``DIR/metadata.csv`` with one ``id|text|normalized_text`` line per
+clip (a plain ``id|text`` line is accepted too; the last field is the text used), and
+the audio in ``DIR/wavs/<id>.<suffix>``: any format libsndfile reads (wav, flac, ogg,
+...; :data:`AUDIO_SUFFIXES` in order of preference when an id has several files).
 
-Every clip that cannot be used becomes a :class:`Rejection` with a precise reason; the
-run records them in ``rejected.jsonl`` and counts them in summary.json.
+The index reads only metadata and audio *headers* (``soundfile.info``, plus a RIFF chunk
+walk that catches truncated WAV files), never decodes audio, so the consumer can plan
+an epoch before any producer has started. Producers read the same metadata with
+:func:`read_metadata` and find the same files with :func:`scan_audio`.
+
+Every clip that cannot be used becomes a :class:`Rejection` with a precise reason
+naming the file and the metadata line; the run records them in ``rejected.jsonl`` and
+counts them in summary.json. Nothing a dataset holds makes indexing raise, except a
+dataset that cannot be used at all (:class:`DatasetError`).
+
+Index cache
+-----------
+A built index is stored (``data.index_cache``; see :func:`index_cache_file`) under a
+key: a SHA-256 over the metadata bytes, the name, size and mtime of every audio file,
+the config keys the index depends on (:func:`index_config`) and :data:`INDEX_FORMAT`.
+A matching cache file is loaded instead of building (no header is read). On any
+change the index is derived again, reusing what is still valid: header facts of audio
+files whose name, size and mtime are unchanged, and token counts of unchanged texts;
+only changed or new files are read. A cache file that fails its checksum or cannot be
+parsed is ignored (logged) and rebuilt from scratch. Headers are read by
+``data.index_workers`` processes when the work would outlast starting them
+(:data:`PARALLEL_MIN_SECONDS`).
 """
 
 from __future__ import annotations
 
+import array
+import collections
+import concurrent.futures
+import dataclasses
+import gc
 import hashlib
 import logging
 import math
+import multiprocessing
 import os
-from dataclasses import dataclass
+import struct
+import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from shared.config import DataConfig, FeaturesConfig
-from shared.text import encode_text
+from shared.text import SYMBOLS, count_tokens
 
 log = logging.getLogger(__name__)
 
 DEMO_DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "demo"
 AUDIO_DIR = "wavs"
-AUDIO_SUFFIX = ".wav"
+AUDIO_SUFFIX = ".wav"  # the LJSpeech suffix, named in "missing" reasons
+# Suffixes of formats libsndfile reads, in order of preference when one id has several.
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".w64",
+                  ".rf64", ".caf")
+
+# Bump when the cache layout or any rule that derives the index from its inputs changes.
+INDEX_FORMAT = 3
+# Cache files start with this magic, then the SHA-256 of the msgpack payload that follows.
+INDEX_CACHE_MAGIC = b"STKIDX02"
+# "" in data.index_cache: the dataset's own hidden directory, else the user cache dir.
+DATASET_CACHE_DIR = ".stoker"
+INDEX_CACHE_OFF = "off"
+FEATURE_CACHE_AUTO = "auto"
+# Header reads are shared with spawned helper processes only when the work would take
+# this long in one process: a helper needs ~0.5 s to start (a fresh interpreter importing
+# numpy and this package), so shorter work is done sooner alone.
+PARALLEL_MIN_SECONDS = 2.0
+# Estimated cost of one item, to apply that rule before reading anything (measured on a
+# 2-core VM): a WAV header walk, a libsndfile header read, a FLAC header plus the decode
+# of its last block, and one text's tokenization.
+WAV_HEADER_S = 50e-6
+OTHER_HEADER_S = 100e-6
+FLAC_HEADER_S = 400e-6
+TEXT_S = 10e-6
+# Headers per task handed to a worker: large enough to amortise the task overhead,
+# small enough that the last tasks balance the load.
+CHUNK_ITEMS = 1000
+# A RIFF header (fmt, LIST, fact chunks) nearly always fits in this; larger chunks are
+# skipped by seeking, not read.
+RIFF_PROBE_BYTES = 4096
+# RIFF/RF64 data sizes that mean "unknown, read to the end" (streamed writers).
+RIFF_UNKNOWN_SIZES = (0, 0xFFFFFFFF)
+# Longest libsndfile message kept in a reason.
+MAX_DETAIL_CHARS = 160
 
 
 class DatasetError(Exception):
@@ -42,15 +104,20 @@ class Entry:
     line: int
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One usable clip: enough to plan batches without decoding audio."""
+class Sample(NamedTuple):
+    """One usable clip: enough to plan batches without decoding audio.
+
+    A NamedTuple, not a frozen dataclass: a warm index load makes one per clip, and a
+    tuple is built several times faster.
+    """
 
     id: str
     text: str
     num_tokens: int  # including EOS
     num_frames: int  # mel frames at the configured rate and hop
     duration_s: float
+    audio: str = ""  # file name in the audio directory ("" for synthetic samples)
+    line: int = 0  # metadata line
 
 
 @dataclass(frozen=True)
@@ -58,9 +125,54 @@ class Rejection:
     id: str
     reason: str
     producer: str = "index"  # who rejected it: "index" (consumer) or a producer name
+    line: int | None = None  # metadata line, where one applies
+    file: str | None = None  # dataset-relative audio file, where one applies
 
-    def to_json(self) -> dict[str, str]:
-        return {"id": self.id, "reason": self.reason, "producer": self.producer}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "reason": self.reason, "producer": self.producer}
+        if self.line is not None:
+            out["line"] = self.line
+        if self.file is not None:
+            out["file"] = self.file
+        return out
+
+
+class AudioFile(NamedTuple):
+    """One file of the audio directory, as listed (no header read)."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+
+class AudioProbe(NamedTuple):
+    """What an audio header says, or why the file cannot be used.
+
+    ``error`` names the fault ("audio file truncated"), "" when the file is usable;
+    ``detail`` says more where there is more to say (libsndfile's message, byte counts).
+    """
+
+    frames: int = 0
+    rate: int = 0
+    channels: int = 0
+    error: str = ""
+    detail: str = ""
+
+
+@dataclass
+class IndexStats:
+    """How the index was obtained: for logs, summary.json and the cache tests."""
+
+    cache: str = "off"  # hit | miss | stale | corrupt | off
+    cache_file: str = ""
+    headers_read: int = 0  # audio headers read this time
+    headers_reused: int = 0  # header facts taken from the previous cache
+    texts_tokenized: int = 0
+    workers: int = 1
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -69,9 +181,13 @@ class DatasetIndex:
     samples: list[Sample]
     rejected: list[Rejection]
     fingerprint: str
+    stats: IndexStats = field(default_factory=IndexStats)
 
     def by_id(self) -> dict[str, Sample]:
         return {s.id: s for s in self.samples}
+
+
+# ----------------------------------------------------------------------- the layout
 
 
 def resolve_root(path: str) -> Path:
@@ -84,45 +200,126 @@ def resolve_root(path: str) -> Path:
     return root.resolve()
 
 
-def audio_path(root: Path, sample_id: str) -> Path:
-    return root / AUDIO_DIR / f"{sample_id}{AUDIO_SUFFIX}"
+def audio_path(root: Path, sample_id: str, name: str | None = None) -> Path:
+    """Where a clip's audio is: ``wavs/<name>``, by default ``wavs/<id>.wav``."""
+    return root / AUDIO_DIR / (name or f"{sample_id}{AUDIO_SUFFIX}")
 
 
-def read_metadata(root: Path, metadata_file: str = "metadata.csv") -> tuple[list[Entry], list[Rejection]]:
-    """Parse the metadata file; malformed lines become rejections, never exceptions."""
-    meta = root / metadata_file
+def relative_audio(sample_id: str, name: str | None = None) -> str:
+    """The dataset-relative path named in reasons: ``wavs/<name>``."""
+    return f"{AUDIO_DIR}/{name or sample_id + AUDIO_SUFFIX}"
+
+
+def scan_audio(root: Path) -> dict[str, AudioFile]:
+    """Every audio file of ``root/wavs`` by id (its name without the suffix).
+
+    One directory listing (sizes and mtimes come with it); when an id has files with
+    several suffixes, the first in :data:`AUDIO_SUFFIXES` wins. A missing directory
+    gives an empty map (each clip is then rejected as missing).
+    """
+    rank = {suffix: i for i, suffix in enumerate(AUDIO_SUFFIXES)}
+    directory = root / AUDIO_DIR
+    chosen: dict[str, tuple[int, str]] = {}  # stem -> (suffix rank, file name)
     try:
-        raw = meta.read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(f"{meta} not found (expected LJSpeech layout: metadata.csv and wavs/)") from None
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                name = entry.name
+                stem, dot, suffix = name.rpartition(".")
+                order = rank.get("." + suffix.lower()) if dot and stem else None
+                if order is None or not entry.is_file():
+                    continue
+                previous = chosen.get(stem)
+                if previous is None or order < previous[0]:
+                    chosen[stem] = (order, name)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
     except OSError as exc:
-        raise DatasetError(f"cannot read {meta}: {exc.strerror}") from None
+        raise DatasetError(f"cannot list {directory}: {exc.strerror}") from None
+    # stat relative to the directory's descriptor: no path to resolve per file (the
+    # per-file stat is most of a warm index load, and unavoidable: mtimes are the key)
+    found: dict[str, AudioFile] = {}
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        stat = os.stat
+        for stem, (_, name) in chosen.items():
+            try:
+                st = stat(name, dir_fd=fd)
+            except OSError:
+                continue  # vanished while listing: the clip is reported missing
+            found[stem] = AudioFile(name, st.st_size, st.st_mtime_ns)
+    finally:
+        os.close(fd)
+    return found
+
+
+def _utf8_problem(raw: bytes) -> str:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+    return ""
+
+
+def parse_metadata(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
+    """Parse metadata bytes; malformed lines become rejections, never exceptions."""
     if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (Windows editors) is not part of the id
         raw = raw[3:]
     entries: list[Entry] = []
     rejected: list[Rejection] = []
-    seen: set[str] = set()
+    first_line: dict[str, int] = {}
     for number, line_bytes in enumerate(raw.splitlines(), start=1):
         if not line_bytes.strip():
             continue
         try:
             line = line_bytes.decode("utf-8")
         except UnicodeDecodeError:
-            rejected.append(Rejection(f"line:{number}", f"metadata line {number} is not valid UTF-8"))
+            head = line_bytes.split(b"|", 1)[0].strip()
+            try:
+                sample_id = head.decode("utf-8") if head else ""
+            except UnicodeDecodeError:
+                sample_id = ""
+            rejected.append(Rejection(sample_id or f"line:{number}",
+                                      f"metadata line {number} is not valid UTF-8 ({_utf8_problem(line_bytes)})",
+                                      line=number))
             continue
         parts = line.split("|")
         sample_id = parts[0].strip()
-        if len(parts) not in (2, 3) or not sample_id or "/" in sample_id or sample_id.startswith("."):
-            rejected.append(Rejection(sample_id or f"line:{number}",
-                                      f"malformed metadata line {number}: expected id|text|normalized_text"))
+        problem = ""
+        if len(parts) not in (2, 3):
+            problem = f"{len(parts)} field{'s' if len(parts) != 1 else ''}, expected id|text|normalized_text or id|text"
+        elif not sample_id:
+            problem = "empty id"
+        elif "/" in sample_id or "\\" in sample_id or sample_id.startswith("."):
+            problem = f"id {sample_id!r} is not a plain file name"
+        if problem:
+            rejected.append(Rejection(sample_id or f"line:{number}", f"malformed metadata line {number}: {problem}",
+                                      line=number))
             continue
-        if sample_id in seen:
-            rejected.append(Rejection(sample_id, f"duplicate id on metadata line {number}"))
+        if sample_id in first_line:
+            rejected.append(Rejection(sample_id, f"duplicate id on metadata line {number} "
+                                                 f"(first on line {first_line[sample_id]})", line=number))
             continue
-        seen.add(sample_id)
+        first_line[sample_id] = number
         text = parts[-1].strip() or parts[1].strip()
         entries.append(Entry(sample_id, text, number))
     return entries, rejected
+
+
+def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> bytes:
+    meta = root / metadata_file
+    try:
+        return meta.read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"{meta} not found (expected LJSpeech layout: metadata.csv and wavs/)") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{meta} is a directory, not a metadata file") from None
+    except OSError as exc:
+        raise DatasetError(f"cannot read {meta}: {exc.strerror}") from None
+
+
+def read_metadata(root: Path, metadata_file: str = "metadata.csv") -> tuple[list[Entry], list[Rejection]]:
+    """Parse ``root/metadata_file``; malformed lines become rejections, never exceptions."""
+    return parse_metadata(read_metadata_bytes(root, metadata_file))
 
 
 def expected_samples(num_samples: int, source_rate_hz: int, target_rate_hz: int) -> int:
@@ -132,54 +329,574 @@ def expected_samples(num_samples: int, source_rate_hz: int, target_rate_hz: int)
     return int(math.ceil(num_samples * target_rate_hz / source_rate_hz))
 
 
-def build_index(data: DataConfig, features: FeaturesConfig) -> DatasetIndex:
-    """Read metadata and audio headers; return usable samples and rejections."""
-    import soundfile  # here, so that processes which never index don't load libsndfile
+# ----------------------------------------------------------------------- headers
 
-    root = resolve_root(data.path)
-    entries, rejected = read_metadata(root, data.metadata_file)
-    samples: list[Sample] = []
+
+class RiffFacts(NamedTuple):
+    """What a RIFF/RF64 WAVE header says: whether the data is complete, and the length.
+
+    ``frames`` is None when the fmt chunk is not plain PCM or IEEE float (or the data
+    size is unknown): libsndfile then says how long the file is.
+    """
+
+    problem: str = ""
+    frames: int | None = None
+    rate: int = 0
+    channels: int = 0
+
+
+# WAVE format tags whose frame count is simply data bytes / block align (PCM, IEEE float);
+# 0xFFFE (WAVE_FORMAT_EXTENSIBLE) names one of them in its sub-format GUID.
+_PCM_TAG, _FLOAT_TAG, _EXTENSIBLE_TAG = 1, 3, 0xFFFE
+_PLAIN_BITS = {_PCM_TAG: (8, 16, 24, 32), _FLOAT_TAG: (32, 64)}
+
+
+def riff_facts(path: str | Path, size: int) -> RiffFacts | None:
+    """Walk a WAVE file's chunks (seeking over their bodies); None if it is not RIFF WAVE.
+
+    libsndfile silently clamps a WAV whose ``data`` chunk claims more bytes than the
+    file holds (a copy cut short), so the ``data`` chunk's declared size is compared
+    with the bytes that follow its header. For PCM and float data the length comes
+    from the same walk (``data bytes // block align``, as libsndfile computes it), so
+    the index need not open the file with libsndfile at all.
+    """
+    fd = os.open(path, os.O_RDONLY)  # os-level reads: no buffered file object per header
+    try:
+        buffer = os.pread(fd, RIFF_PROBE_BYTES, 0)
+        base = 0  # file offset of buffer[0]
+        if len(buffer) < 12 or buffer[:4] not in (b"RIFF", b"RF64", b"BW64") or buffer[8:12] != b"WAVE":
+            return None
+        ds64_data: int | None = None
+        fmt: tuple[int, int, int, int, int] | None = None  # tag, channels, rate, block align, bits
+        offset = 12
+        while True:
+            if offset + 8 > size:
+                return RiffFacts(problem=f"the header ends at byte {size} without a data chunk")
+            if offset + 8 > base + len(buffer):
+                buffer, base = os.pread(fd, RIFF_PROBE_BYTES, offset), offset
+            at = offset - base
+            chunk, length = buffer[at:at + 4], struct.unpack_from("<I", buffer, at + 4)[0]
+            if chunk == b"ds64" and at + 8 + 16 <= len(buffer):  # RF64: 64-bit riff and data sizes
+                ds64_data = struct.unpack_from("<Q", buffer, at + 8 + 8)[0]
+            elif chunk == b"fmt " and length >= 16 and at + 8 + 16 <= len(buffer):
+                tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", buffer, at + 8)
+                if tag == _EXTENSIBLE_TAG and length >= 40 and at + 8 + 26 <= len(buffer):
+                    tag = struct.unpack_from("<H", buffer, at + 8 + 24)[0]  # first bytes of the sub-format GUID
+                fmt = (tag, channels, rate, align, bits)
+            elif chunk == b"data":
+                if ds64_data is not None and length == 0xFFFFFFFF:
+                    length = ds64_data
+                elif length in RIFF_UNKNOWN_SIZES:
+                    return RiffFacts()  # written by a streaming tool: the data runs to the end of the file
+                held = size - (offset + 8)
+                if held < length:
+                    return RiffFacts(problem=f"holds {held} of the {length} sample bytes its header declares")
+                if fmt is None:
+                    return RiffFacts()
+                tag, channels, rate, align, bits = fmt
+                if bits not in _PLAIN_BITS.get(tag, ()) or channels < 1 or rate < 1 or align != channels * bits // 8:
+                    return RiffFacts()
+                return RiffFacts(frames=length // align, rate=rate, channels=channels)
+            offset += 8 + length + (length & 1)  # chunks are padded to an even size
+    finally:
+        os.close(fd)
+
+
+def riff_problem(path: Path, size: int) -> str:
+    """Why a WAVE file's sample data is incomplete, or "" (also for files that are not WAVE)."""
+    facts = riff_facts(path, size)
+    return facts.problem if facts is not None else ""
+
+
+def probe_audio(path: str | Path, size: int | None = None) -> AudioProbe:
+    """Header facts of one audio file (no decoding), or the reason it cannot be used.
+
+    ``size``: the file's size when the caller has just listed it (saves a stat).
+    """
+    try:
+        if size is None:
+            size = os.stat(path).st_size
+        if size == 0:
+            return AudioProbe(error="audio file empty")
+        riff = riff_facts(path, size)
+    except FileNotFoundError:
+        return AudioProbe(error="audio file missing")
+    except OSError as exc:
+        return AudioProbe(error="audio file unreadable", detail=str(exc.strerror))
+    if riff is not None and riff.problem:
+        return AudioProbe(error="audio file truncated", detail=riff.problem)
+    if riff is not None and riff.frames is not None:
+        if riff.frames == 0:
+            return AudioProbe(0, riff.rate, riff.channels, error="audio file has no samples",
+                              detail="empty or truncated stream")
+        return AudioProbe(riff.frames, riff.rate, riff.channels)  # plain PCM/float WAV: no libsndfile needed
+    import soundfile  # here, so that processes which index only plain WAV files never load libsndfile
+
+    try:
+        info = soundfile.info(str(path))
+    except Exception as exc:  # libsndfile reports every unreadable header as RuntimeError/LibsndfileError
+        return AudioProbe(error="audio file unreadable", detail=libsndfile_message(exc))
+    if info.frames <= 0 or info.samplerate <= 0:
+        return AudioProbe(info.frames, info.samplerate, info.channels, error="audio file has no samples",
+                          detail="empty or truncated stream")
+    if info.format == "FLAC":
+        problem = _flac_tail_problem(soundfile, path, info.frames)
+        if problem:
+            return AudioProbe(info.frames, info.samplerate, info.channels, error="audio file truncated",
+                              detail=problem)
+    return AudioProbe(info.frames, info.samplerate, info.channels)
+
+
+def _flac_tail_problem(soundfile: Any, path: str | Path, frames: int) -> str:
+    """Whether a FLAC stream really reaches the last sample its STREAMINFO announces.
+
+    A FLAC file cut short keeps its header, so soundfile.info reports the full length;
+    seeking to the last sample and decoding it (one block, ~0.3 ms) finds the cut.
+    WAV needs no decoding (:func:`riff_problem`); Ogg has no total in its header, so a
+    cut Ogg file reads as a shorter clip (or as one with no samples).
+    """
+    try:
+        with soundfile.SoundFile(str(path)) as f:
+            f.seek(frames - 1)
+            got = f.read(1, dtype="float32", always_2d=True).shape[0]
+    except Exception:  # libsndfile raises LibsndfileError/RuntimeError when the stream is cut
+        got = 0
+    if got != 1:
+        return f"the stream ends before sample {frames} its header announces"
+    return ""
+
+
+def libsndfile_message(exc: BaseException) -> str:
+    """libsndfile's own words for a failure, one short line, without the file path."""
+    text = getattr(exc, "error_string", None) or str(exc) or type(exc).__name__
+    line = str(text).strip().splitlines()[0] if str(text).strip() else type(exc).__name__
+    if line.startswith("Error opening ") and ": " in line:
+        line = line.rsplit(": ", 1)[1]
+    for prefix in ("Error : ", "Error: "):
+        if line.startswith(prefix):
+            line = line[len(prefix):]
+    return line[:MAX_DETAIL_CHARS]
+
+
+def _probe_tuple(p: AudioProbe) -> tuple[int, int, int, str, str]:
+    return tuple(p)  # type: ignore[return-value]
+
+
+def _work_items(root: str, items: Sequence[tuple[str | None, int, str | None]]) -> list[tuple[tuple | None, int | None]]:
+    """Read headers and count tokens: [(audio name or None, its size, text or None)] -> [(probe, tokens)].
+
+    Runs in worker processes (so it takes and returns plain tuples) and in-process.
+    """
+    base = os.path.join(root, AUDIO_DIR)
+    join = os.path.join
+    out: list[tuple[tuple | None, int | None]] = []
+    for name, size, text in items:
+        probe = _probe_tuple(probe_audio(join(base, name), size)) if name is not None else None
+        tokens = count_tokens(text) if text is not None else None
+        out.append((probe, tokens))
+    return out
+
+
+def _estimated_seconds(items: Sequence[tuple[str | None, int, str | None]]) -> float:
+    """What :func:`_work_items` would take in one process, from the file suffixes alone."""
+    total = 0.0
+    for name, _, text in items:
+        if name is not None:
+            suffix = name.rpartition(".")[2].lower()
+            total += WAV_HEADER_S if suffix == "wav" else FLAC_HEADER_S if suffix == "flac" else OTHER_HEADER_S
+        if text is not None:
+            total += TEXT_S
+    return total
+
+
+def _run_items(root: Path, items: list[tuple[str | None, int, str | None]],
+               workers: int) -> tuple[list[tuple[tuple | None, int | None]], int]:
+    """:func:`_work_items` over all items, in ``workers`` processes (this one included)."""
+    if workers <= 1 or len(items) < 2 or _estimated_seconds(items) < PARALLEL_MIN_SECONDS:
+        return _work_items(str(root), items), 1
+    chunks = [items[i:i + CHUNK_ITEMS] for i in range(0, len(items), CHUNK_ITEMS)]
+    results: list[list[Any] | None] = [None] * len(chunks)
+    todo = collections.deque(range(len(chunks)))
+    helpers = min(workers - 1, len(chunks) - 1)
+    # Spawned, never forked: the caller may have imported TensorFlow.
+    context = multiprocessing.get_context("spawn")
+    try:
+        with concurrent.futures.ProcessPoolExecutor(helpers, mp_context=context) as pool:
+            running: dict[concurrent.futures.Future, int] = {}
+
+            def top_up() -> None:
+                while todo and len(running) < 2 * helpers:
+                    n = todo.popleft()
+                    running[pool.submit(_work_items, str(root), chunks[n])] = n
+
+            top_up()
+            while todo:  # this process works from the back while the helpers start and work from the front
+                n = todo.pop()
+                results[n] = _work_items(str(root), chunks[n])
+                for future in [f for f in running if f.done()]:
+                    results[running.pop(future)] = future.result()
+                top_up()
+            for future in concurrent.futures.as_completed(list(running)):
+                results[running.pop(future)] = future.result()
+    except Exception as exc:  # a broken pool (e.g. a script without a __main__ guard) must not stop indexing
+        log.warning("parallel header reading failed (%s: %s); reading the rest in this process",
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        helpers = 0
+        for n, chunk in enumerate(results):
+            if chunk is None:
+                results[n] = _work_items(str(root), chunks[n])
+    return [item for chunk in results for item in (chunk or [])], helpers + 1
+
+
+# ----------------------------------------------------------------------- the cache
+
+
+def index_config(data: DataConfig, features: FeaturesConfig) -> dict[str, Any]:
+    """Everything the index depends on besides the files: part of the cache key."""
+    return {
+        "format": INDEX_FORMAT, "vocabulary": list(SYMBOLS),
+        "metadata_file": data.metadata_file, "min_audio_s": data.min_audio_s, "max_audio_s": data.max_audio_s,
+        "max_tokens": data.max_tokens, "sample_rate_hz": features.sample_rate_hz, "n_fft": features.n_fft,
+        "hop_length": features.hop_length,
+    }
+
+
+def index_key(metadata: bytes, audio: dict[str, AudioFile], config: dict[str, Any]) -> str:
+    """SHA-256 over the metadata bytes, every audio file's name, size and mtime, and the config."""
     digest = hashlib.sha256()
-    digest.update(repr((features.sample_rate_hz, features.hop_length)).encode())
+    digest.update(repr(sorted(config.items())).encode())
+    digest.update(hashlib.sha256(metadata).digest())
+    files = [audio[stem] for stem in sorted(audio)]
+    digest.update("\0".join([f.name for f in files]).encode("utf-8", "surrogateescape"))
+    digest.update(array.array("q", [f.size for f in files]).tobytes())
+    digest.update(array.array("q", [f.mtime_ns for f in files]).tobytes())
+    return digest.hexdigest()
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/stoker`` or ``~/.cache/stoker``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "stoker"
+
+
+def _name_hash(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def index_cache_file(root: Path, data: DataConfig) -> list[Path]:
+    """Where the index cache may live, in order of preference (empty: caching is off).
+
+    ``data.index_cache``: "" tries ``DATASET/.stoker/`` first and falls back to the user
+    cache dir (a read-only dataset); "off" disables the cache; a directory is used as
+    given. Outside the dataset, the file name includes a hash of the dataset path.
+    """
+    setting = data.index_cache.strip()
+    if setting.lower() == INDEX_CACHE_OFF:
+        return []
+    meta_tag = _name_hash(data.metadata_file)
+    outside = f"index-{_name_hash(str(root), data.metadata_file)}.msgpack"
+    if setting:
+        return [Path(setting).expanduser() / outside]
+    return [root / DATASET_CACHE_DIR / f"index-{meta_tag}.msgpack", user_cache_dir() / "index" / outside]
+
+
+def feature_cache_dir(setting: str, root: Path) -> str:
+    """The directory ``data.feature_cache`` names, absolute: "" (off), "auto", or a path.
+
+    "auto" is ``DATASET/.stoker/features`` when the dataset directory is writable, else
+    ``~/.cache/stoker/features`` (logged).
+    """
+    setting = setting.strip()
+    if not setting:
+        return ""
+    if setting.lower() != FEATURE_CACHE_AUTO:
+        return str(Path(setting).expanduser().resolve())
+    inside = root / DATASET_CACHE_DIR / "features"
+    try:
+        inside.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=inside)
+        os.close(fd)
+        os.unlink(probe)
+        return str(inside)
+    except OSError as exc:
+        fallback = user_cache_dir() / "features"
+        log.info("cannot write the feature cache in %s (%s); using %s", inside, exc.strerror or exc, fallback)
+        return str(fallback)
+
+
+def _pack(payload: dict[str, Any]) -> bytes:
+    import msgpack
+
+    body = msgpack.packb(payload, use_bin_type=True)
+    return INDEX_CACHE_MAGIC + hashlib.sha256(body).digest() + body
+
+
+def _unpack(blob: bytes) -> dict[str, Any]:
+    """The payload of a cache file; ValueError if it is not one or fails its checksum."""
+    import msgpack
+
+    head = len(INDEX_CACHE_MAGIC)
+    if len(blob) < head + 32 or blob[:head] != INDEX_CACHE_MAGIC:
+        raise ValueError("not an index cache file of this version")
+    body = blob[head + 32:]
+    if hashlib.sha256(body).digest() != blob[head:head + 32]:
+        raise ValueError("checksum mismatch")
+    try:
+        payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types for bad data
+        raise ValueError(f"bad payload ({type(exc).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != INDEX_FORMAT:
+        raise ValueError("unknown payload format")
+    return payload
+
+
+def _read_cache(candidates: list[Path], key: str) -> tuple[Path | None, dict[str, Any] | None, str]:
+    """The cache file for ``key`` if one exists: (path, payload, state).
+
+    state: "hit" (a candidate holds this key), "stale" (the payload returned is an older
+    index, reusable in part), "corrupt" (a candidate failed its checksum and nothing
+    else was usable) or "miss" (no cache file at all).
+    """
+    reusable: tuple[Path, dict[str, Any]] | None = None
+    corrupt = False
+    for path in candidates:
+        try:
+            blob = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            log.warning("cannot read index cache %s (%s); ignoring it", path, exc.strerror)
+            continue
+        try:
+            payload = _unpack(blob)
+        except ValueError as exc:
+            log.warning("index cache %s is corrupt (%s); rebuilding the index", path, exc)
+            corrupt = True
+            continue
+        if payload.get("key") == key:
+            return path, payload, "hit"
+        if reusable is None:
+            reusable = (path, payload)
+    if reusable is not None:
+        return reusable[0], reusable[1], "stale"
+    return None, None, "corrupt" if corrupt else "miss"
+
+
+def _write_atomic(path: Path, blob: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_cache(candidates: list[Path], blob: bytes) -> Path | None:
+    """Write to the first candidate that accepts it; log a fall-back; never raise."""
+    for n, path in enumerate(candidates):
+        try:
+            _write_atomic(path, blob)
+        except OSError as exc:
+            nxt = candidates[n + 1] if n + 1 < len(candidates) else None
+            if nxt is not None:
+                log.info("cannot write the index cache in %s (%s); using %s", path.parent,
+                         exc.strerror or exc, nxt.parent)
+            else:
+                log.warning("cannot write the index cache %s (%s); the next run indexes again", path,
+                            exc.strerror or exc)
+            continue
+        return path
+    return None
+
+
+def _columns(rows: Iterable[Any], names: Sequence[str]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {n: [] for n in names}
+    for row in rows:
+        for n in names:
+            out[n].append(getattr(row, n))
+    return out
+
+
+_SAMPLE_FIELDS = ("id", "text", "num_tokens", "num_frames", "duration_s", "audio", "line")
+_REJECTION_FIELDS = ("id", "reason", "line", "file")
+_PROBE_FIELDS = ("name", "size", "mtime_ns", "frames", "rate", "channels", "error", "detail")
+
+
+def _from_payload(payload: dict[str, Any]) -> tuple[list[Sample], list[Rejection]]:
+    s = payload["samples"]
+    samples = list(map(Sample, s["id"], s["text"], s["num_tokens"], s["num_frames"], s["duration_s"], s["audio"],
+                       s["line"]))
+    r = payload["rejected"]
+    rejected = [Rejection(i, reason, "index", line, file)
+                for i, reason, line, file in zip(r["id"], r["reason"], r["line"], r["file"])]
+    return samples, rejected
+
+
+# ----------------------------------------------------------------------- building
+
+
+def build_index(data: DataConfig, features: FeaturesConfig) -> DatasetIndex:
+    """The index of ``data.path``: from the cache when nothing changed, else built and cached."""
+    # Building creates a few small objects per clip and frees none of them: the cyclic
+    # collector would walk the growing heap again and again (a 100,000-item index took
+    # 40% longer per item than a 13,100-item one). Nothing here makes reference cycles.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_index(data, features)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_index(data: DataConfig, features: FeaturesConfig) -> DatasetIndex:
+    started = time.perf_counter()
+    root = resolve_root(data.path)
+    metadata = read_metadata_bytes(root, data.metadata_file)
+    audio = scan_audio(root)
+    config = index_config(data, features)
+    key = index_key(metadata, audio, config)
+    candidates = index_cache_file(root, data)
+    cache_path, payload, state = _read_cache(candidates, key) if candidates else (None, None, "off")
+    stats = IndexStats(cache=state)
+    if state == "hit" and payload is not None:
+        try:
+            samples, rejected = _from_payload(payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
+            payload, stats.cache = None, "corrupt"
+        else:
+            stats.cache_file = str(cache_path)
+            return _finish(root, samples, rejected, key, stats, started, log_rejections=False)
+    entries, rejected = parse_metadata(metadata)
+    old_probes: dict[str, tuple] = {}
+    old_tokens: dict[str, int] = {}
+    if payload is not None:
+        try:
+            p = payload["probes"]
+            old_probes = {name: row for name, *row in zip(*(p[f] for f in _PROBE_FIELDS))}
+            old_tokens = dict(zip(payload["samples"]["text"], payload["samples"]["num_tokens"]))
+            old_tokens.update(zip(payload["other_tokens"]["text"], payload["other_tokens"]["n"]))
+        except (KeyError, TypeError, ValueError):
+            old_probes, old_tokens = {}, {}
+    probes: dict[str, AudioProbe] = {}
+    todo: list[tuple[str | None, int, str | None]] = []
     for entry in entries:
-        path = audio_path(root, entry.id)
-        tokens = encode_text(entry.text)
-        if len(tokens) == 0:
-            rejected.append(Rejection(entry.id, f"empty text on metadata line {entry.line}"))
+        file = audio.get(entry.id)
+        name = None
+        size = 0
+        if file is not None and file.name not in probes:
+            old = old_probes.get(file.name)
+            if old is not None and old[0] == file.size and old[1] == file.mtime_ns:
+                probes[file.name] = AudioProbe(*old[2:])
+                stats.headers_reused += 1
+            else:
+                name, size = file.name, file.size
+        text = entry.text if entry.text not in old_tokens else None
+        if name is not None or text is not None:
+            todo.append((name, size, text))
+    results, stats.workers = _run_items(root, todo, max(1, _workers(data)))
+    tokens = dict(old_tokens)
+    for (name, _, text), (probe, count) in zip(todo, results):
+        if name is not None and probe is not None:
+            probes[name] = AudioProbe(*probe)
+            stats.headers_read += 1
+        if text is not None and count is not None:
+            tokens[text] = count
+            stats.texts_tokenized += 1
+    samples, rejected = _apply_rules(entries, rejected, audio, probes, tokens, data, features)
+    if candidates:
+        used = {a.name for a in audio.values()}
+        probe_rows = [(name, audio_file.size, audio_file.mtime_ns, *_probe_tuple(probes[name]))
+                      for audio_file in audio.values() for name in (audio_file.name,) if name in probes and name in used]
+        # Token counts of texts that are not a sample's (their clip was rejected), so that a
+        # later re-derivation tokenizes only texts that changed.
+        sample_texts = {s.text for s in samples}
+        other = {e.text: tokens[e.text] for e in entries if e.text not in sample_texts and e.text in tokens}
+        payload_out = {
+            "format": INDEX_FORMAT, "key": key, "root": str(root), "config": config,
+            "samples": _columns(samples, _SAMPLE_FIELDS),
+            "rejected": _columns(rejected, _REJECTION_FIELDS),
+            "probes": {f: [row[i] for row in probe_rows] for i, f in enumerate(_PROBE_FIELDS)},
+            "other_tokens": {"text": list(other), "n": list(other.values())},
+        }
+        written = _write_cache(candidates, _pack(payload_out))
+        stats.cache_file = str(written) if written else ""
+    return _finish(root, samples, rejected, key, stats, started, log_rejections=True)
+
+
+def _workers(data: DataConfig) -> int:
+    if data.index_workers > 0:
+        return data.index_workers
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _apply_rules(entries: list[Entry], rejected: list[Rejection], audio: dict[str, AudioFile],
+                 probes: dict[str, AudioProbe], tokens: dict[str, int], data: DataConfig,
+                 features: FeaturesConfig) -> tuple[list[Sample], list[Rejection]]:
+    """Turn parsed metadata, header facts and token counts into samples and rejections."""
+    rejected = list(rejected)
+    samples: list[Sample] = []
+    shortest = features.n_fft // 2 + 1  # reflect centre padding needs this many samples
+    for entry in entries:
+        place = f"metadata line {entry.line}"
+        count = tokens.get(entry.text, 0)
+        if count == 0:
+            detail = ": nothing left after normalisation" if entry.text else ""
+            rejected.append(Rejection(entry.id, f"empty text on {place}{detail}", line=entry.line))
             continue
-        if len(tokens) > data.max_tokens:
-            rejected.append(Rejection(entry.id, f"text of {len(tokens)} tokens exceeds data.max_tokens={data.max_tokens}"))
+        if count > data.max_tokens:
+            rejected.append(Rejection(entry.id, f"text of {count} tokens exceeds data.max_tokens={data.max_tokens} "
+                                                f"({place})", line=entry.line))
             continue
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:
-            rejected.append(Rejection(entry.id, f"audio file missing: {path.name}"))
+        file = audio.get(entry.id)
+        if file is None:
+            where = relative_audio(entry.id)
+            rejected.append(Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where))
             continue
-        if stat.st_size == 0:
-            rejected.append(Rejection(entry.id, f"audio file empty: {path.name}"))
+        where = relative_audio(entry.id, file.name)
+        probe = probes[file.name]
+        if probe.error:
+            detail = f": {probe.detail}" if probe.detail else ""
+            rejected.append(Rejection(entry.id, f"{probe.error}: {where}{detail} ({place})", line=entry.line,
+                                      file=where))
             continue
-        try:
-            info = soundfile.info(str(path))
-        except Exception as exc:  # libsndfile reports every unreadable header as RuntimeError/LibsndfileError
-            rejected.append(Rejection(entry.id, f"unreadable audio {path.name}: {str(exc).splitlines()[0][:160]}"))
+        duration = probe.frames / probe.rate
+        if duration > data.max_audio_s or duration < data.min_audio_s:
+            bound = (f"longer than data.max_audio_s={data.max_audio_s:g}" if duration > data.max_audio_s
+                     else f"shorter than data.min_audio_s={data.min_audio_s:g}")
+            rejected.append(Rejection(entry.id, f"clip of {duration:.2f} s {bound} s: {where} ({place})",
+                                      line=entry.line, file=where))
             continue
-        if info.frames <= 0 or info.samplerate <= 0:
-            rejected.append(Rejection(entry.id, f"audio file has no samples: {path.name}"))
+        n = expected_samples(probe.frames, probe.rate, features.sample_rate_hz)
+        if n < shortest:
+            rejected.append(Rejection(entry.id, f"clip of {n} samples at {features.sample_rate_hz} Hz is shorter "
+                                                f"than n_fft/2+1 = {shortest}: {where} ({place})",
+                                      line=entry.line, file=where))
             continue
-        duration = info.frames / info.samplerate
-        if not data.min_audio_s <= duration <= data.max_audio_s:
-            rejected.append(Rejection(
-                entry.id, f"clip of {duration:.2f} s outside {data.min_audio_s}..{data.max_audio_s} s"))
-            continue
-        n = expected_samples(info.frames, info.samplerate, features.sample_rate_hz)
-        if n < features.n_fft // 2 + 1:
-            rejected.append(Rejection(entry.id, f"clip of {n} samples is shorter than n_fft/2+1"))
-            continue
-        frames = 1 + n // features.hop_length
-        samples.append(Sample(entry.id, entry.text, len(tokens), frames, duration))
-        digest.update(f"{entry.id}|{entry.text}|{info.frames}|{info.samplerate}\n".encode())
-    for r in rejected:
-        log.warning("rejected %s: %s", r.id, r.reason)
+        samples.append(Sample(entry.id, entry.text, count, 1 + n // features.hop_length, duration, file.name,
+                              entry.line))
+    return samples, rejected
+
+
+def _finish(root: Path, samples: list[Sample], rejected: list[Rejection], key: str, stats: IndexStats,
+            started: float, log_rejections: bool) -> DatasetIndex:
+    stats.seconds = time.perf_counter() - started
+    if log_rejections:
+        for r in rejected:
+            log.warning("rejected %s: %s", r.id, r.reason)
+    log.info("index of %s: %d clips usable, %d rejected (cache %s, %d headers read, %d reused, %d worker(s), "
+             "%.2f s)", root, len(samples), len(rejected), stats.cache, stats.headers_read, stats.headers_reused,
+             stats.workers, stats.seconds)
     if not samples:
         raise DatasetError(f"dataset {root} has no usable clip ({len(rejected)} rejected)")
-    return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=digest.hexdigest()[:16])
+    return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=key[:16], stats=stats)

@@ -190,8 +190,6 @@ def analyse(run_dir: Path) -> dict[str, Any]:
     busy = sum(steady_waits) + sum(step_ms)
     wait_frac = sum(steady_waits) / busy if busy > 0 else None
     depth_mean = float(np.mean(depths)) if depths else None
-    ts = [r["t"] for r in rows]
-    step_s = (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else (step_ms[0] / 1000 if step_ms else 0.0)
     producers = summary.get("producers", [])
     per_producer_steps = Counter(r.get("producer") for r in rows)
     producer_rows = []

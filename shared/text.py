@@ -84,8 +84,26 @@ _CHAR_MAP = {**_LETTER_SPELLINGS, **_PUNCTUATION_MAP}
 _ID_DTYPE = np.int32
 
 
+def _ascii_table() -> dict[int, str | None]:
+    """One str.translate table doing steps 2-4 for ASCII text (steps 1 and 3 change
+    nothing there but the backtick): lowercase, ` -> ', whitespace -> space, drop the rest."""
+    table: dict[int, str | None] = {}
+    for code in range(128):
+        ch = chr(code).lower()
+        ch = _CHAR_MAP.get(ch, ch)
+        table[code] = " " if ch.isspace() else ch if ch in _TEXT_CHARS else None
+    return table
+
+
+_ASCII_TABLE = _ascii_table()
+# Normalised text is ASCII: bytes.translate maps it to token ids in one C call.
+_ID_BYTES = bytes(_SYMBOL_TO_ID.get(chr(code), 0) for code in range(256))
+
+
 def normalize_text(text: str) -> str:
     """Return ``text`` reduced to the vocabulary (see the module docstring for the rules)."""
+    if text.isascii():  # the common case (LJSpeech): one C-level pass, same result as below
+        return " ".join(text.translate(_ASCII_TABLE).split())
     decomposed = unicodedata.normalize("NFKD", text)
     no_marks = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
     lowered = no_marks.casefold()
@@ -110,9 +128,16 @@ def encode_text(text: str) -> np.ndarray:
     normalized = normalize_text(text)
     if not normalized:
         return np.zeros((0,), dtype=_ID_DTYPE)
-    ids = [_SYMBOL_TO_ID[ch] for ch in normalized]
-    ids.append(EOS_ID)
-    return np.asarray(ids, dtype=_ID_DTYPE)
+    ids = np.empty(len(normalized) + 1, dtype=_ID_DTYPE)
+    ids[:-1] = np.frombuffer(normalized.encode("ascii").translate(_ID_BYTES), dtype=np.uint8)
+    ids[-1] = EOS_ID
+    return ids
+
+
+def count_tokens(text: str) -> int:
+    """``len(encode_text(text))`` without building the array: normalised length + EOS, or 0."""
+    normalized = normalize_text(text)
+    return len(normalized) + 1 if normalized else 0
 
 
 def decode_ids(ids: Iterable[int] | np.ndarray) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -81,12 +82,104 @@ def make_samples(count: int = 100, seed: int = 0, max_tokens: int = 150, max_fra
 
 
 def add_clip(root: Path, sample_id: str, duration_s: float, rate_hz: int = 22050, text: str | None = None,
-             channels: int = 1, seed: int = 0, subtype: str = "PCM_16") -> Path:
-    """Write one more clip ``wavs/<sample_id>.wav`` and append its metadata line; return its path."""
+             channels: int = 1, seed: int = 0, subtype: str | None = None, suffix: str = ".wav",
+             metadata: bool = True) -> Path:
+    """Write one more clip ``wavs/<sample_id><suffix>`` (format from the suffix: wav, flac,
+    ogg) and append its metadata line unless ``metadata`` is False; return its path."""
     wavs = root / "wavs"
     wavs.mkdir(parents=True, exist_ok=True)
-    path = wavs / f"{sample_id}.wav"
+    path = wavs / f"{sample_id}{suffix}"
+    subtype = subtype or {".wav": "PCM_16", ".flac": "PCM_16", ".ogg": "VORBIS"}[suffix]
     soundfile.write(str(path), tone(duration_s, rate_hz, seed=seed, channels=channels), rate_hz, subtype=subtype)
     text = sentence(seed) if text is None else text
-    append_metadata(root, [f"{sample_id}|{text}|{text}"])
+    if metadata:
+        append_metadata(root, [f"{sample_id}|{text}|{text}"])
     return path
+
+
+def truncate_wav(path: Path, keep_fraction: float = 0.25) -> tuple[int, int]:
+    """Cut a PCM WAV short inside its sample data, keeping its header (which then claims
+    more bytes than the file holds, as a copy interrupted halfway does). Returns
+    (declared data bytes, data bytes kept)."""
+    raw = path.read_bytes()
+    at = raw.index(b"data")
+    declared = int.from_bytes(raw[at + 4:at + 8], "little")
+    kept = int(declared * keep_fraction) & ~1
+    path.write_bytes(raw[:at + 8 + kept])
+    return declared, kept
+
+
+@dataclass
+class FaultyDataset:
+    """A dataset holding every fault the reader must reject, beside valid clips of every kind.
+
+    ``valid``: ids that must be trained, each exactly once per epoch.
+    ``index_rejections``: (id, exact reason) the index gives, the file and metadata line
+    named. ``loose_rejections``: (id, start, end) of reasons with libsndfile's own words
+    in the middle. ``producer_rejections``: id -> start of the reason a producer gives
+    (faults only decoding reveals: a FLAC corrupted in the middle, header and tail intact).
+    Run with ``data.max_audio_s = max_audio_s``, so that LONG is overlong.
+    """
+
+    root: Path
+    valid: list[str]
+    index_rejections: list[tuple[str, str]]
+    loose_rejections: list[tuple[str, str, str]]
+    producer_rejections: dict[str, str]
+    max_audio_s: float = 2.5
+
+
+def make_faulty_dataset(root: Path, good: int = 8) -> FaultyDataset:
+    """Valid wav/flac/ogg/stereo/16 kHz/plain-``id|text`` clips plus one clip or line per fault."""
+    valid = make_dataset(root, count=good)
+    add_clip(root, "STEREO", 1.1, channels=2, seed=101)
+    add_clip(root, "RATE16K", 0.9, rate_hz=16000, seed=102)
+    add_clip(root, "FLACCLIP", 1.2, suffix=".flac", seed=103)
+    add_clip(root, "OGGCLIP", 1.0, suffix=".ogg", seed=104)
+    add_clip(root, "PLAIN", 0.8, seed=105, metadata=False)
+    append_metadata(root, ["PLAIN|Only two fields on this line."])
+    valid += ["STEREO", "RATE16K", "FLACCLIP", "OGGCLIP", "PLAIN"]
+    line = good + 5
+    exact: list[tuple[str, str]] = []
+    loose: list[tuple[str, str, str]] = []
+
+    def next_line() -> int:
+        nonlocal line
+        line += 1
+        return line
+
+    append_metadata(root, ["GONE|A clip whose audio file is not there.|A clip whose audio file is not there."])
+    exact.append(("GONE", f"audio file missing: wavs/GONE.wav (metadata line {next_line()})"))
+    (root / "wavs" / "ZERO.wav").write_bytes(b"")
+    append_metadata(root, ["ZERO|An empty audio file.|An empty audio file."])
+    exact.append(("ZERO", f"audio file empty: wavs/ZERO.wav (metadata line {next_line()})"))
+    declared, kept = truncate_wav(add_clip(root, "CUT", 1.5, seed=106))
+    exact.append(("CUT", f"audio file truncated: wavs/CUT.wav: holds {kept} of the {declared} sample bytes its "
+                         f"header declares (metadata line {next_line()})"))
+    (root / "wavs" / "JUNK.wav").write_text("this is a text file, not audio\n" * 10, encoding="utf-8")
+    append_metadata(root, ["JUNK|A text file named like audio.|A text file named like audio."])
+    loose.append(("JUNK", "audio file unreadable: wavs/JUNK.wav: ", f" (metadata line {next_line()})"))
+    append_metadata(root, ["NOPIPE this line has no separator at all"])
+    exact.append(("NOPIPE this line has no separator at all",
+                  f"malformed metadata line {next_line()}: 1 field, expected id|text|normalized_text or id|text"))
+    add_clip(root, "MUTE", 1.0, seed=107, metadata=False)
+    append_metadata(root, ["MUTE||"])
+    exact.append(("MUTE", f"empty text on metadata line {next_line()}"))
+    add_clip(root, "LATIN", 1.0, seed=108, metadata=False)
+    append_metadata(root, [b"LATIN|caf\xe9 au lait|caf\xe9 au lait"])
+    exact.append(("LATIN", f"metadata line {next_line()} is not valid UTF-8 (byte 0xe9 at column 10)"))
+    append_metadata(root, [f"{valid[0]}|The same id a second time.|The same id a second time."])
+    exact.append((valid[0], f"duplicate id on metadata line {next_line()} (first on line 1)"))
+    add_clip(root, "LONG", 3.0, seed=109)
+    exact.append(("LONG", f"clip of 3.00 s longer than data.max_audio_s=2.5 s: wavs/LONG.wav "
+                          f"(metadata line {next_line()})"))
+    flac = add_clip(root, "CUTFLAC", 1.5, suffix=".flac", seed=110)
+    raw = flac.read_bytes()
+    flac.write_bytes(raw[:len(raw) // 2])  # STREAMINFO intact: only decoding the tail finds the cut
+    exact.append(("CUTFLAC", "audio file truncated: wavs/CUTFLAC.flac: the stream ends before sample 33075 its "
+                             f"header announces (metadata line {next_line()})"))
+    bad = bytearray(add_clip(root, "BADFLAC", 1.5, suffix=".flac", seed=111).read_bytes())
+    bad[len(bad) // 3:len(bad) // 3 + 64] = b"\xff" * 64  # header and tail intact: only decoding finds it
+    (root / "wavs" / "BADFLAC.flac").write_bytes(bytes(bad))
+    next_line()
+    return FaultyDataset(root, valid, exact, loose, {"BADFLAC": "audio file unreadable: wavs/BADFLAC.flac: "})

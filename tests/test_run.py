@@ -144,7 +144,7 @@ def test_unreadable_clip_is_rejected_and_run_goes_on(tmp_path):
     summary = read_json(run_dir / "summary.json")
     rejected = {r["id"]: r for r in read_jsonl(run_dir / "rejected.jsonl")}
     assert summary["rejected"] == len(rejected) == 3
-    assert "unreadable audio" in rejected[ids[3]]["reason"]
+    assert rejected[ids[3]]["reason"].startswith(f"audio file unreadable: wavs/{ids[3]}.wav: ")
     assert "missing" in rejected["GHOST"]["reason"]
     assert "malformed metadata line 13" in rejected["BROKEN-LINE-WITHOUT-TEXT"]["reason"]
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 1, set(ids) - {ids[3]})

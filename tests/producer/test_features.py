@@ -33,6 +33,7 @@ from shared.config import FeaturesConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_WAV = REPO_ROOT / "data" / "demo" / "wavs" / "DEMO-0004.wav"
 CFG = FeaturesConfig()
+TF_CFG = dataclasses.replace(CFG, backend="tf")
 MAX_RELATIVE_ERROR = 1e-4  # float32 vs float64: ~1e-7 expected, 1e-4 leaves a wide margin
 BATCH_TOLERANCE = 1e-6  # batched vs one-by-one TF results (identical in practice)
 LIBROSA_TOLERANCE = 1e-3
@@ -60,7 +61,7 @@ def chirp_with_noise(seconds: float = 2.0, cfg: FeaturesConfig = CFG) -> np.ndar
 
 @pytest.fixture(scope="module")
 def tf_computer() -> MelComputer:
-    return MelComputer(CFG)
+    return MelComputer(TF_CFG)
 
 
 # ------------------------------------------------------------------ definition pieces
@@ -183,20 +184,24 @@ def test_tf_function_is_traced_once(tf_computer: MelComputer) -> None:
     assert tf_computer._tf_fn.experimental_get_tracing_count() == 1
 
 
-def test_numpy_backend_matches_numpy_reference() -> None:
+def test_numpy_backend_matches_the_reference_and_batches_like_tf() -> None:
     cfg = dataclasses.replace(CFG, backend="numpy")
-    audio = chirp_with_noise(1.0)
-    clips = [audio[:600], audio, audio[:3000]]
-    results = MelComputer(cfg)(clips)
+    audio = chirp_with_noise(2.0)
+    clips = [audio[:600], audio, audio[:3000], audio[:513], audio[7:30000]]
+    computer = MelComputer(cfg)
+    results = computer(clips)
     for clip, result in zip(clips, results):
-        assert result.dtype == np.float32
-        np.testing.assert_array_equal(result, log_mel_spectrogram_numpy(clip, cfg, dtype=np.float32))
+        assert result.dtype == np.float32 and result.shape == (num_frames(clip.shape[0], CFG), CFG.n_mels)
+        assert relative_error(result, log_mel_spectrogram_numpy(clip, CFG)) <= MAX_RELATIVE_ERROR
+        np.testing.assert_allclose(result, computer([clip])[0], rtol=0, atol=BATCH_TOLERANCE)
+        np.testing.assert_allclose(result, log_mel_spectrogram(clip, CFG), rtol=0, atol=1e-4)
+    assert computer([]) == []
 
 
 def test_explicit_device_placement() -> None:
     # "/CPU:0" exists everywhere; on a machine with a GPU the producers pass "/GPU:0".
     audio = chirp_with_noise(1.0)
-    (result,) = MelComputer(CFG, device="/CPU:0")([audio])
+    (result,) = MelComputer(TF_CFG, device="/CPU:0")([audio])
     np.testing.assert_allclose(result, log_mel_spectrogram(audio, CFG), rtol=0, atol=BATCH_TOLERANCE)
 
 
@@ -238,17 +243,57 @@ def test_import_does_not_import_tensorflow() -> None:
 # ---------------------------------------------------------------------------- librosa
 
 
-def test_matches_librosa_if_available() -> None:
-    librosa = pytest.importorskip("librosa")
-    audio = chirp_with_noise()
+def _librosa_log_mel(audio: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """librosa's melspectrogram with the parameters of the definition, then the same log."""
+    librosa = pytest.importorskip("librosa")  # the test extra installs it
     mel = librosa.feature.melspectrogram(
-        y=audio.astype(np.float64), sr=CFG.sample_rate_hz, n_fft=CFG.n_fft, hop_length=CFG.hop_length,
-        win_length=CFG.win_length, window="hann", center=True, pad_mode="reflect", power=1.0,
-        n_mels=CFG.n_mels, fmin=CFG.fmin_hz, fmax=CFG.fmax_hz, htk=False, norm="slaney")  # [M, T]
-    expected = np.log(np.maximum(mel.T, CFG.log_floor))
-    ours = log_mel_spectrogram_numpy(audio, CFG)
-    assert ours.shape == expected.shape
-    assert relative_error(ours, expected) <= LIBROSA_TOLERANCE
+        y=audio.astype(np.float64), sr=cfg.sample_rate_hz, n_fft=cfg.n_fft, hop_length=cfg.hop_length,
+        win_length=cfg.win_length, window="hann", center=True, pad_mode="reflect", power=1.0,
+        n_mels=cfg.n_mels, fmin=cfg.fmin_hz, fmax=cfg.fmax_hz, htk=False, norm="slaney")  # [M, T]
+    return np.log(np.maximum(mel.T, cfg.log_floor))
+
+
+@pytest.mark.parametrize("cfg", [CFG, dataclasses.replace(CFG, win_length=800, n_mels=64, fmin_hz=40.0)],
+                         ids=["default", "win800-mels64-fmin40"])
+def test_matches_librosa(cfg: FeaturesConfig) -> None:
+    audio = chirp_with_noise(cfg=cfg)
+    expected = _librosa_log_mel(audio, cfg)
+    for ours in (log_mel_spectrogram_numpy(audio, cfg), log_mel_spectrogram(audio, cfg)):
+        assert ours.shape == expected.shape
+        assert relative_error(ours, expected) <= LIBROSA_TOLERANCE
+
+
+def test_filterbank_matches_librosa() -> None:
+    librosa = pytest.importorskip("librosa")
     np.testing.assert_allclose(mel_filterbank(CFG), librosa.filters.mel(
         sr=CFG.sample_rate_hz, n_fft=CFG.n_fft, n_mels=CFG.n_mels, fmin=CFG.fmin_hz, fmax=CFG.fmax_hz,
         htk=False, norm="slaney").T, rtol=1e-5, atol=1e-9)
+
+
+def test_public_function_is_the_tf_path_whatever_the_backend() -> None:
+    audio = chirp_with_noise(1.0)
+    expected = MelComputer(TF_CFG)([audio])[0]
+    for backend in ("numpy", "auto", "tf"):
+        result = log_mel_spectrogram(audio, dataclasses.replace(CFG, backend=backend))
+        np.testing.assert_array_equal(result, expected)
+    assert features._cached_computer(TF_CFG).cfg.backend == "tf"
+
+
+@pytest.mark.parametrize("visible, expected", [("", "numpy"), ("-1", "numpy"), ("0", "tf"), ("GPU-5d1c", "tf"),
+                                               (None, "numpy")])
+def test_auto_backend_is_tf_only_with_a_gpu(visible: str | None, expected: str, monkeypatch) -> None:
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert features.resolve_backend(CFG).backend == expected
+    assert MelComputer(CFG).cfg.backend == expected
+    assert features.resolve_backend(TF_CFG).backend == "tf"  # explicit choices are kept
+    assert features.resolve_backend(CFG, has_gpu=True).backend == "tf"
+
+
+def test_public_function_defaults_and_accepts_float64() -> None:
+    audio = chirp_with_noise(1.0)
+    result = log_mel_spectrogram(audio.astype(np.float64))
+    assert result.dtype == np.float32 and result.shape == (num_frames(audio.shape[0], CFG), CFG.n_mels)
+    assert relative_error(result, log_mel_spectrogram_numpy(audio, CFG)) <= MAX_RELATIVE_ERROR

@@ -17,9 +17,10 @@ from shared.dataset import (
     expected_samples,
     read_metadata,
     resolve_root,
+    scan_audio,
 )
 from shared.text import encode_text
-from tests.factories import add_clip, append_metadata, make_dataset
+from tests.factories import add_clip, append_metadata, make_dataset, make_faulty_dataset, truncate_wav
 
 FEATURES = FeaturesConfig()
 HOP = FEATURES.hop_length
@@ -79,21 +80,23 @@ def _expect_rejected(root: Path, good_ids: list[str], sample_id: str, fragment: 
 def test_missing_wav(good) -> None:
     root, ids = good
     append_metadata(root, ["GONE|Some text.|Some text."])
-    _expect_rejected(root, ids, "GONE", "audio file missing: GONE.wav")
+    _expect_rejected(root, ids, "GONE", f"audio file missing: wavs/GONE.wav (metadata line {_metadata_lines(root)})")
 
 
 def test_empty_wav(good) -> None:
     root, ids = good
     (root / "wavs" / "ZERO.wav").write_bytes(b"")
     append_metadata(root, ["ZERO|Some text.|Some text."])
-    _expect_rejected(root, ids, "ZERO", "audio file empty: ZERO.wav")
+    _expect_rejected(root, ids, "ZERO", f"audio file empty: wavs/ZERO.wav (metadata line {_metadata_lines(root)})")
 
 
 def test_non_audio_file_named_wav(good) -> None:
     root, ids = good
     (root / "wavs" / "TEXT.wav").write_text("this is not audio at all\n" * 20, encoding="utf-8")
     append_metadata(root, ["TEXT|Some text.|Some text."])
-    rejection = _expect_rejected(root, ids, "TEXT", "unreadable audio TEXT.wav")
+    rejection = _expect_rejected(root, ids, "TEXT", "audio file unreadable: wavs/TEXT.wav: ")
+    assert rejection.reason.endswith(f"(metadata line {_metadata_lines(root)})") and rejection.file == "wavs/TEXT.wav"
+    assert str(root) not in rejection.reason
     assert "\n" not in rejection.reason and len(rejection.reason) < 250
 
 
@@ -102,7 +105,7 @@ def test_wav_with_a_header_and_no_samples(good) -> None:
     soundfile.write(str(root / "wavs" / "HOLLOW.wav"), np.zeros(0, np.float32), 22050, subtype="PCM_16")
     assert (root / "wavs" / "HOLLOW.wav").stat().st_size > 0
     append_metadata(root, ["HOLLOW|Some text.|Some text."])
-    _expect_rejected(root, ids, "HOLLOW", "audio file has no samples: HOLLOW.wav")
+    _expect_rejected(root, ids, "HOLLOW", "audio file has no samples: wavs/HOLLOW.wav")
 
 
 def test_malformed_metadata_line(good) -> None:
@@ -112,8 +115,9 @@ def test_malformed_metadata_line(good) -> None:
     index = build_index(_data(root), FEATURES)
     assert [s.id for s in index.samples] == ids
     reasons = [r.reason for r in index.rejected]
-    assert reasons == [f"malformed metadata line {line}: expected id|text|normalized_text",
-                       f"malformed metadata line {line + 1}: expected id|text|normalized_text"]
+    assert reasons == [f"malformed metadata line {line}: 1 field, expected id|text|normalized_text or id|text",
+                       f"malformed metadata line {line + 1}: 4 fields, expected id|text|normalized_text or id|text"]
+    assert [r.line for r in index.rejected] == [line, line + 1]
 
 
 @pytest.mark.parametrize("bad_id", ["../escape", "sub/dir", ".hidden"])
@@ -129,7 +133,8 @@ def test_non_utf8_metadata_line(good) -> None:
     root, ids = good
     line = _metadata_lines(root) + 1
     append_metadata(root, [b"LATIN|caf\xe9 au lait|caf\xe9 au lait"])
-    _expect_rejected(root, ids, f"line:{line}", f"metadata line {line} is not valid UTF-8")
+    rejection = _expect_rejected(root, ids, "LATIN", f"metadata line {line} is not valid UTF-8 (byte 0xe9 at column 10)")
+    assert rejection.line == line
 
 
 def test_duplicate_id(good) -> None:
@@ -139,7 +144,7 @@ def test_duplicate_id(good) -> None:
     index = build_index(_data(root), FEATURES)
     assert [s.id for s in index.samples] == ids
     assert index.by_id()[ids[2]].text != "Another text."  # the first line wins
-    assert index.rejected == [Rejection(ids[2], f"duplicate id on metadata line {line}")]
+    assert index.rejected == [Rejection(ids[2], f"duplicate id on metadata line {line} (first on line 3)", line=line)]
 
 
 @pytest.mark.parametrize("text", ["", "   ", "1234 #$%", "\u65e5\u672c"])
@@ -161,13 +166,14 @@ def test_text_too_long(good) -> None:
 def test_clip_longer_than_max(good) -> None:
     root, ids = good
     add_clip(root, "LONG", 2.5)
-    _expect_rejected(root, ids, "LONG", "clip of 2.50 s outside 0.2..2.0 s", max_audio_s=2.0)
+    _expect_rejected(root, ids, "LONG", "clip of 2.50 s longer than data.max_audio_s=2 s: wavs/LONG.wav (metadata line 7)",
+                     max_audio_s=2.0)
 
 
 def test_clip_shorter_than_min(good) -> None:
     root, ids = good
     add_clip(root, "SHORT", 0.1)
-    _expect_rejected(root, ids, "SHORT", "clip of 0.10 s outside 0.2..20.0 s")
+    _expect_rejected(root, ids, "SHORT", "clip of 0.10 s shorter than data.min_audio_s=0.2 s: wavs/SHORT.wav")
 
 
 def test_clip_shorter_than_a_frame(good) -> None:
@@ -283,3 +289,117 @@ def test_demo_set() -> None:
     assert len(index.samples) == 64
     assert index.rejected == []
     assert index.samples[0].id == "DEMO-0001"
+
+
+# ------------------------------------------------------------------ formats and faults
+
+
+def test_every_fault_of_the_faulty_dataset(tmp_path: Path) -> None:
+    faulty = make_faulty_dataset(tmp_path)
+    index = build_index(_data(tmp_path, max_audio_s=faulty.max_audio_s), FEATURES)
+    assert sorted(s.id for s in index.samples) == sorted(faulty.valid + list(faulty.producer_rejections))
+    got = [(r.id, r.reason) for r in index.rejected]
+    for expected in faulty.index_rejections:
+        assert expected in got
+    for sample_id, start, end in faulty.loose_rejections:
+        (reason,) = [r for i, r in got if i == sample_id]
+        assert reason.startswith(start) and reason.endswith(end), reason
+    assert len(got) == len(faulty.index_rejections) + len(faulty.loose_rejections)
+    for r in index.rejected:
+        assert "\n" not in r.reason and str(tmp_path) not in r.reason and r.line is not None
+
+
+def test_truncated_wav_is_rejected_from_its_header(good) -> None:
+    root, ids = good
+    declared, kept = truncate_wav(add_clip(root, "CUT", 1.0))
+    assert soundfile.info(str(root / "wavs" / "CUT.wav")).frames == kept // 2  # libsndfile alone clamps silently
+    _expect_rejected(root, ids, "CUT", f"audio file truncated: wavs/CUT.wav: holds {kept} of the {declared} "
+                                       f"sample bytes its header declares (metadata line {_metadata_lines(root)})")
+
+
+@pytest.mark.parametrize("keep", [12, 30, 44])
+def test_wav_cut_inside_its_header(good, keep: int) -> None:
+    root, ids = good
+    path = add_clip(root, "STUB", 1.0)
+    path.write_bytes(path.read_bytes()[:keep])
+    rejection = _expect_rejected(root, ids, "STUB", "audio file truncated: wavs/STUB.wav: ")
+    assert rejection.reason.endswith(f"(metadata line {_metadata_lines(root)})")
+
+
+def test_wav_with_chunks_before_data_and_odd_sizes(good) -> None:
+    # A LIST chunk of odd length (padded) between fmt and data, as tagging tools write.
+    root, ids = good
+    path = add_clip(root, "TAGGED", 1.0)
+    raw = path.read_bytes()
+    at = raw.index(b"data")
+    tag = b"LIST" + (5).to_bytes(4, "little") + b"INFOx" + b"\0"
+    path.write_bytes(raw[:at] + tag + raw[at:])
+    index = build_index(_data(root), FEATURES)
+    assert "TAGGED" in index.by_id() and not index.rejected
+    truncate_wav(path)
+    _expect_rejected(root, ids, "TAGGED", "audio file truncated: wavs/TAGGED.wav: holds ")
+
+
+def test_streamed_wav_with_unknown_data_size_is_accepted(good) -> None:
+    root, ids = good
+    path = add_clip(root, "STREAMED", 1.0)
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"data")
+    raw[at + 4:at + 8] = (0xFFFFFFFF).to_bytes(4, "little")  # what a tool writing to a pipe leaves
+    path.write_bytes(bytes(raw))
+    assert "STREAMED" in build_index(_data(root), FEATURES).by_id()
+
+
+def test_flac_ogg_stereo_and_other_rates_are_indexed(good) -> None:
+    root, ids = good
+    add_clip(root, "F", 1.25, suffix=".flac")
+    add_clip(root, "O", 1.0, suffix=".ogg")
+    add_clip(root, "S", 1.0, channels=2)
+    add_clip(root, "R", 1.0, rate_hz=44100)
+    index = build_index(_data(root), FEATURES)
+    assert not index.rejected
+    by_id = index.by_id()
+    assert (by_id["F"].audio, by_id["O"].audio, by_id["S"].audio) == ("F.flac", "O.ogg", "S.wav")
+    assert by_id["F"].num_frames == 1 + int(1.25 * 22050) // HOP
+    assert by_id["R"].num_frames == 1 + expected_samples(44100, 44100, 22050) // HOP
+
+
+def test_wav_is_preferred_when_an_id_has_several_files(good) -> None:
+    root, ids = good
+    add_clip(root, "TWICE", 1.0, suffix=".flac")
+    add_clip(root, "TWICE", 2.0, metadata=False)
+    assert build_index(_data(root), FEATURES).by_id()["TWICE"].audio == "TWICE.wav"
+    assert scan_audio(root)["TWICE"].name == "TWICE.wav"
+
+
+def test_truncated_flac_is_found_by_its_tail(good) -> None:
+    root, ids = good
+    path = add_clip(root, "HALF", 1.5, suffix=".flac")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    _expect_rejected(root, ids, "HALF", "audio file truncated: wavs/HALF.flac: the stream ends before sample 33075 "
+                                        f"its header announces (metadata line {_metadata_lines(root)})")
+
+
+def test_rejections_carry_line_and_file_in_json(good) -> None:
+    root, ids = good
+    append_metadata(root, ["GONE|text|text"])
+    (rejection,) = build_index(_data(root), FEATURES).rejected
+    assert rejection.to_json() == {"id": "GONE", "reason": rejection.reason, "producer": "index",
+                                   "line": _metadata_lines(root), "file": "wavs/GONE.wav"}
+
+
+@pytest.mark.parametrize("fmt, subtype, channels", [
+    ("WAV", "PCM_U8", 1), ("WAV", "PCM_16", 2), ("WAV", "PCM_24", 1), ("WAV", "PCM_32", 3), ("WAV", "FLOAT", 1),
+    ("WAV", "DOUBLE", 2), ("WAVEX", "PCM_16", 2), ("WAVEX", "FLOAT", 1), ("RF64", "PCM_16", 1),
+    ("WAV", "ULAW", 1), ("WAV", "IMA_ADPCM", 1), ("FLAC", "PCM_16", 2), ("OGG", "VORBIS", 1),
+])
+def test_header_facts_agree_with_libsndfile(tmp_path: Path, fmt: str, subtype: str, channels: int) -> None:
+    from shared.dataset import probe_audio
+
+    path = tmp_path / f"clip.{ {'WAV': 'wav', 'WAVEX': 'wav', 'RF64': 'wav', 'FLAC': 'flac', 'OGG': 'ogg'}[fmt] }"
+    audio = np.stack([np.sin(np.arange(12345) * 0.01 * (c + 1)) * 0.3 for c in range(channels)], axis=1)
+    soundfile.write(str(path), audio, 16000, format=fmt, subtype=subtype)
+    info = soundfile.info(str(path))
+    probe = probe_audio(path)
+    assert probe.error == ""
+    assert (probe.frames, probe.rate, probe.channels) == (info.frames, info.samplerate, info.channels)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.text import EOS_ID, PAD_ID, SYMBOLS, VOCAB_SIZE, decode_ids, encode_text, normalize_text
+from shared.text import EOS_ID, PAD_ID, SYMBOLS, VOCAB_SIZE, count_tokens, decode_ids, encode_text, normalize_text
 
 IMPORT_TIMEOUT_S = 60  # a cold interpreter importing numpy, with a wide margin
 
@@ -84,3 +84,34 @@ def test_module_does_not_import_tensorflow() -> None:
     completed = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True,
                                timeout=IMPORT_TIMEOUT_S)
     assert completed.returncode == 0, completed.stderr
+
+
+def _normalize_slowly(text: str) -> str:
+    """The general path of normalize_text, without its ASCII shortcut."""
+    import unicodedata
+
+    from shared import text as text_mod
+
+    decomposed = unicodedata.normalize("NFKD", text)
+    lowered = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+    out = []
+    for ch in lowered:
+        ch = text_mod._CHAR_MAP.get(ch, ch)
+        if len(ch) == 1 and ch.isspace():
+            out.append(" ")
+        elif ch in text_mod._TEXT_CHARS or (len(ch) > 1 and all(c in text_mod._TEXT_CHARS for c in ch)):
+            out.append(ch)
+    return " ".join("".join(out).split())
+
+
+def test_ascii_shortcut_equals_the_general_rules() -> None:
+    rng = np.random.default_rng(7)
+    samples = ["".join(chr(c) for c in rng.integers(0, 128, size=int(rng.integers(0, 60)))) for _ in range(3000)]
+    samples += [string.printable, "`Back`ticks` and\x1c\x1fseparators", "ALL CAPS, Mixed; Case: fine?!"]
+    for raw in samples:
+        assert normalize_text(raw) == _normalize_slowly(raw), repr(raw)
+        ids = encode_text(raw)
+        expected = [SYMBOLS.index(ch) for ch in _normalize_slowly(raw)]
+        assert ids.dtype == np.int32
+        assert ids.tolist() == (expected + [EOS_ID] if expected else [])
+        assert count_tokens(raw) == len(ids)

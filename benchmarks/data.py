@@ -1,0 +1,520 @@
+"""Data benchmarks: the dataset index, the producer against a librosa one, the feature cache.
+
+``python -m benchmarks.data [--quick] [--out FILE] [--workdir DIR]`` prints a table and
+writes JSON; :func:`run` returns the same dict. Every figure is measured in this run, on
+this machine, as the median over repetitions (min and max kept); every ratio is stored
+with the two numbers it comes from.
+
+index
+    Generated LJSpeech-layout datasets of 13,100 (LJSpeech's size) and 100,000 items:
+    metadata.csv with ``id|text|text`` lines of 12-24 random words (LJSpeech's texts
+    average ~100 characters) and one real WAV file per id (8 kHz 16-bit mono, 0.25 s,
+    so that 100,000 files fit in ~400 MB; the index reads headers only, so the clip
+    length does not change its work). Cold: ``build_index`` with no cache file (every
+    header read, every text tokenized, ``data.index_workers`` = 0, i.e. one process per
+    usable core), including the writing of the cache. Warm: ``build_index`` with the cache
+    written by the cold build (metadata hashed, audio directory listed, cache verified
+    and loaded). The files were just written, so they are in the page cache: a first
+    read from a cold disk adds the device's latency to the cold build. Targets at
+    13,100: cold <= 3 s, warm <= 0.3 s; linear: the time per item at 100,000 is at most
+    1.3 x the time per item at 13,100 (cold and warm).
+
+producer
+    The same clips (LJSpeech-like: 22,050 Hz 16-bit mono, durations drawn from a normal
+    of mean 6.6 s, sd 2.2 s, clipped to 1.1..10.1 s, as LJSpeech's are), in the same
+    planned batches (consumer/plan.py: batch 16, 4 buckets), through each variant in its
+    own spawned process, one at a time, variants interleaved repetition by repetition:
+
+    - ``stoker``: producer.worker.BatchMaker with the default config (``features.backend:
+      auto``, resolved as a producer resolves it: TF when the process has a GPU, else the
+      numpy backend), no cache: read, downmix, resample if needed, log-mel, tokens,
+      collate, encode the BATCH message.
+    - ``stoker-tf``: the same with the TF backend forced (on a CPU: informational).
+    - ``librosa``: the same work written with librosa as one would: ``librosa.load(path,
+      sr=22050, mono=True)`` (librosa's default resampler, soxr_hq),
+      ``librosa.feature.melspectrogram`` with the definition's parameters, the same log
+      floor, the same tokenizer, collate and message encoding.
+    - ``stoker-warm``: as ``stoker``, with ``data.feature_cache`` filled beforehand (the
+      rate of a pass that fills an empty cache, compute and store, is reported beside it).
+
+    Judged with one thread per process (``OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS=1``, TF
+    intra- and inter-op threads 1): producers run one per core, so one core is what each
+    has. The same variants with the libraries' default threading are reported too
+    (informational; on 2 cores a library that starts a thread per core in each of two
+    producers oversubscribes the machine). Targets: stoker >= 1.5 x librosa clips/s;
+    warm cache >= 5 x stoker (cold) clips/s.
+
+Quick mode: smaller index sizes (13,100 and 30,000), fewer clips and repetitions, no
+default-threads rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from benchmarks.common import BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
+
+LJSPEECH_ITEMS = 13_100
+LARGE_ITEMS = 100_000
+# Index targets (at LJSpeech's size) and the linearity bound between the two sizes.
+TARGET_COLD_S = 3.0
+TARGET_WARM_S = 0.3
+TARGET_LINEAR = 1.3
+# Producer targets.
+TARGET_VS_LIBROSA = 1.5
+TARGET_WARM_VS_COLD = 5.0
+# Generated index items: tiny real WAV files (header + 0.25 s of 8 kHz 16-bit silence).
+INDEX_RATE_HZ = 8000
+INDEX_SECONDS = 0.25
+# LJSpeech's clip durations: mean 6.6 s, sd ~2.2 s, between 1.1 and 10.1 s.
+CLIP_MEAN_S, CLIP_SD_S, CLIP_MIN_S, CLIP_MAX_S = 6.6, 2.2, 1.1, 10.1
+BATCH_SIZE = 16
+# Environment of a process with one thread per library (set before the child starts).
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                  "NUMBA_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+QUIET_TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+# A child that has not answered a pass in this long is presumed stuck.
+PASS_TIMEOUT_S = 600.0
+# Starting a child includes importing TensorFlow or librosa.
+CHILD_START_TIMEOUT_S = 180.0
+WORDS = ("the prisoner was taken to newgate where he remained until his trial at the old bailey in "
+         "september of that year when the jury found him guilty and the court sentenced him to death "
+         "but the sentence was afterwards commuted to transportation for life").split()
+
+
+@dataclass
+class DataPlan:
+    index_sizes: list[int] = field(default_factory=lambda: [LJSPEECH_ITEMS, LARGE_ITEMS])
+    index_repetitions: int = 3
+    clips: int = 64
+    repetitions: int = 5
+    variants: list[str] = field(default_factory=lambda: ["stoker", "librosa", "stoker-warm", "stoker-tf"])
+    default_threads: bool = True  # also measure with the libraries' default threading
+
+    @classmethod
+    def quick(cls) -> "DataPlan":
+        return cls(index_sizes=[LJSPEECH_ITEMS, 30_000], index_repetitions=2, clips=32, repetitions=3,
+                   default_threads=False)
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for children started inside the block."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ------------------------------------------------------------------------ generation
+
+
+def _wav_bytes(rate_hz: int, seconds: float) -> bytes:
+    """A complete 16-bit mono PCM WAV file of silence."""
+    frames = int(rate_hz * seconds)
+    data = frames * 2
+    header = b"RIFF" + struct.pack("<I", 36 + data) + b"WAVE" + b"fmt " + struct.pack(
+        "<IHHIIHH", 16, 1, 1, rate_hz, rate_hz * 2, 2, 16) + b"data" + struct.pack("<I", data)
+    return header + b"\0" * data
+
+
+def make_index_dataset(root: Path, items: int, seed: int = 0) -> float:
+    """Metadata plus ``items`` tiny WAV files; returns the seconds it took."""
+    import random
+
+    started = time.perf_counter()
+    rng = random.Random(seed)
+    wavs = root / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    blob = _wav_bytes(INDEX_RATE_HZ, INDEX_SECONDS)
+    lines = []
+    for i in range(items):
+        sample_id = f"LJ{i // 1000:03d}-{i % 1000:04d}"
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 24))).capitalize() + "."
+        lines.append(f"{sample_id}|{text}|{text}")
+        with open(wavs / f"{sample_id}.wav", "wb") as f:
+            f.write(blob)
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return time.perf_counter() - started
+
+
+def make_clips(root: Path, count: int, seed: int = 0) -> None:
+    """``count`` LJSpeech-like clips (voiced-like tones) with texts of matching length."""
+    import numpy as np
+    import soundfile
+
+    rng = np.random.default_rng(seed)
+    wavs = root / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(count):
+        seconds = float(np.clip(rng.normal(CLIP_MEAN_S, CLIP_SD_S), CLIP_MIN_S, CLIP_MAX_S))
+        t = np.arange(int(seconds * 22050)) / 22050
+        f0 = 100 + 60 * rng.random()
+        phase = 2 * np.pi * np.cumsum(f0 * (1 + 0.05 * np.sin(2 * np.pi * 3 * t))) / 22050
+        audio = sum(np.sin(k * phase) / k for k in range(1, 8)) * 0.15 + 0.005 * rng.standard_normal(t.size)
+        sample_id = f"CLIP{i:04d}"
+        soundfile.write(str(wavs / f"{sample_id}.wav"), audio.astype(np.float32), 22050, subtype="PCM_16")
+        words = max(2, int(seconds * 2.6))  # LJSpeech: ~15 characters per second
+        text = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(words)).capitalize() + "."
+        lines.append(f"{sample_id}|{text}|{text}")
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------ index
+
+
+def _timed_index(root: Path, cache_dir: Path, workers: int) -> tuple[float, dict[str, Any]]:
+    from shared.config import DataConfig, FeaturesConfig
+    from shared.dataset import build_index
+
+    data = DataConfig(path=str(root), index_cache=str(cache_dir), index_workers=workers)
+    started = time.perf_counter()
+    index = build_index(data, FeaturesConfig())
+    seconds = time.perf_counter() - started
+    return seconds, {**index.stats.to_json(), "samples": len(index.samples), "rejected": len(index.rejected)}
+
+
+def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log) -> dict[str, Any]:
+    import logging
+
+    logging.getLogger("shared.dataset").setLevel(logging.WARNING)  # one info line per build is noise here
+    rows = []
+    for items in plan.index_sizes:
+        root = workdir / f"index-{items}"
+        made = make_index_dataset(root, items)
+        log(f"index: generated {items} items in {made:.1f} s")
+        cache = workdir / f"index-cache-{items}"
+        cold, warm, cold_stats, warm_stats = [], [], {}, {}
+        for _ in range(plan.index_repetitions):
+            shutil.rmtree(cache, ignore_errors=True)
+            seconds, cold_stats = _timed_index(root, cache, workers=0)
+            if cold_stats["cache"] != "miss" or cold_stats["headers_read"] != items:
+                raise BenchError(f"cold build was not cold: {cold_stats}")
+            cold.append(seconds)
+            seconds, warm_stats = _timed_index(root, cache, workers=0)
+            if warm_stats["cache"] != "hit":
+                raise BenchError(f"warm build missed the cache: {warm_stats}")
+            warm.append(seconds)
+        log(f"index {items}: cold {min(cold):.2f}..{max(cold):.2f} s, warm {min(warm):.3f}..{max(warm):.3f} s")
+        rows.append({"items": items, "cold_s": spread(cold), "warm_s": spread(warm),
+                     "cold_us_per_item": 1e6 * spread(cold)["median"] / items,
+                     "warm_us_per_item": 1e6 * spread(warm)["median"] / items,
+                     "workers": cold_stats["workers"], "cache_bytes": Path(warm_stats["cache_file"]).stat().st_size,
+                     "generate_s": made})
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+    base = next((r for r in rows if r["items"] == LJSPEECH_ITEMS), rows[0])
+    large = rows[-1]
+    targets = {
+        "cold": {"what": f"cold index of {base['items']} items <= {TARGET_COLD_S} s",
+                 "value": base["cold_s"]["median"], "limit": TARGET_COLD_S,
+                 "met": base["cold_s"]["median"] <= TARGET_COLD_S},
+        "warm": {"what": f"warm index of {base['items']} items <= {TARGET_WARM_S} s",
+                 "value": base["warm_s"]["median"], "limit": TARGET_WARM_S,
+                 "met": base["warm_s"]["median"] <= TARGET_WARM_S},
+    }
+    if large is not base:
+        for kind in ("cold", "warm"):
+            r = ratio(large[f"{kind}_us_per_item"], base[f"{kind}_us_per_item"],
+                      note=f"us per item at {large['items']} / at {base['items']}")
+            targets[f"linear_{kind}"] = {"what": f"{kind} build linear: per-item time at {large['items']} <= "
+                                                 f"{TARGET_LINEAR} x at {base['items']}",
+                                         "ratio": r, "value": r["value"], "limit": TARGET_LINEAR,
+                                         "met": r["value"] <= TARGET_LINEAR}
+    return {"rows": rows, "targets": targets}
+
+
+# ------------------------------------------------------------------------ producers
+
+
+class LibrosaBatchMaker:
+    """The producer's work written with librosa, as a user of librosa would write it."""
+
+    def __init__(self, root: Path, texts: dict[str, str], files: dict[str, str], features: Any,
+                 batch_size: int) -> None:
+        import librosa
+
+        from producer.collate import collate
+        from producer.features import pad_value
+
+        self.librosa = librosa
+        self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
+        self.collate = collate
+        self.pad = pad_value(features)
+
+    def make(self, lease: dict[str, Any]) -> list[Any]:
+        import numpy as np
+
+        from shared import wire
+        from shared.text import encode_text
+
+        f = self.f
+        max_tokens, max_frames = lease["shape"]
+        tokens, mels = [], []
+        for sample_id in lease["ids"]:
+            y, _ = self.librosa.load(str(self.root / "wavs" / self.files[sample_id]), sr=f.sample_rate_hz, mono=True)
+            mel = self.librosa.feature.melspectrogram(
+                y=y, sr=f.sample_rate_hz, n_fft=f.n_fft, hop_length=f.hop_length, win_length=f.win_length,
+                window="hann", center=True, pad_mode="reflect", power=1.0, n_mels=f.n_mels, fmin=f.fmin_hz,
+                fmax=f.fmax_hz, htk=False, norm="slaney")
+            mels.append(np.log(np.maximum(mel.T, f.log_floor)).astype(np.float32))
+            tokens.append(encode_text(self.texts[sample_id]))
+        arrays = self.collate(tokens, mels, self.batch_size, max_tokens, max_frames, f.n_mels, self.pad)
+        return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": list(lease["ids"]), "rejected": []}, arrays)
+
+
+def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, Any]], cache_dir: str,
+                    one_thread: bool) -> None:
+    """One variant in its own process: answer each "run" with the seconds one pass took."""
+    try:
+        from producer.features import resolve_backend
+        from shared.config import FeaturesConfig
+        from shared.dataset import read_metadata, scan_audio
+
+        base = Path(root)
+        entries, _ = read_metadata(base)
+        texts = {e.id: e.text for e in entries}
+        files = {k: v.name for k, v in scan_audio(base).items()}
+        if variant == "librosa":
+            features = FeaturesConfig(backend="numpy")  # only its parameters are used
+        else:
+            features = resolve_backend(FeaturesConfig(backend="tf" if variant == "stoker-tf" else "auto"))
+        if features.backend == "tf":
+            import tensorflow as tf
+
+            if one_thread:
+                tf.config.threading.set_intra_op_parallelism_threads(1)
+                tf.config.threading.set_inter_op_parallelism_threads(1)
+        if variant == "librosa":
+            maker: Any = LibrosaBatchMaker(base, texts, files, features, BATCH_SIZE)
+        else:
+            from producer.worker import BatchMaker
+
+            maker = BatchMaker(base, texts, features, BATCH_SIZE, None, variant, files=files,
+                               feature_cache=cache_dir if variant == "stoker-warm" else "")
+        clips = sum(len(lease["ids"]) for lease in leases)
+        conn.send({"ok": True, "ready": True, "backend": features.backend if variant != "librosa" else "librosa"})
+        while True:
+            command = conn.recv()
+            if command not in ("run", "refill"):
+                break
+            if command == "refill" and getattr(maker, "cache", None) is not None:
+                for entry in maker.cache.dir.glob("*.mel"):
+                    entry.unlink()
+            started = time.perf_counter()
+            for lease in leases:
+                maker.make(lease)  # the encoded BATCH frames, as a producer would send them
+            seconds = time.perf_counter() - started
+            cache = maker.cache.counts.to_json() if getattr(maker, "cache", None) is not None else None
+            conn.send({"ok": True, "seconds": seconds, "clips": clips, "cache": cache})
+    except BaseException as exc:  # reported to the parent as data
+        try:
+            conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        except (OSError, ValueError):
+            pass
+    finally:
+        conn.close()
+
+
+def _plan_leases(root: Path) -> list[dict[str, Any]]:
+    from consumer.plan import EpochPlanner
+    from shared.config import BatchingConfig, DataConfig, FeaturesConfig
+    from shared.dataset import build_index
+
+    index = build_index(DataConfig(path=str(root), index_cache="off"), FeaturesConfig())
+    planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
+    return [{"lease": n, "epoch": 0, "index": b.index, "ids": list(b.ids), "shape": list(b.shape)}
+            for n, b in enumerate(planner.plan(0), start=1)]
+
+
+def _answer(conn: Any, proc: Any, what: str, timeout_s: float) -> dict[str, Any]:
+    if not conn.poll(timeout_s):
+        raise BenchError(f"{what}: no answer within {timeout_s:.0f} s (alive: {proc.is_alive()})")
+    try:
+        reply = conn.recv()
+    except EOFError:
+        raise BenchError(f"{what}: the child exited (status {proc.exitcode})") from None
+    if not reply.get("ok"):
+        raise BenchError(f"{what} failed: {reply.get('error')}")
+    return reply
+
+
+def _measure(variants: list[str], root: Path, leases: list[dict[str, Any]], cache_dir: Path, one_thread: bool,
+             repetitions: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Start one child per variant, warm each up, then interleave timed passes."""
+    context = spawn_context()
+    children: dict[str, tuple[Any, Any]] = {}
+    env = {**QUIET_TF_ENV, **(ONE_THREAD_ENV if one_thread else {})}
+    try:
+        with _environment(env):
+            for variant in variants:
+                parent, child = context.Pipe()
+                proc = context.Process(target=_producer_child, name=f"bench-{variant}", daemon=True,
+                                       args=(child, variant, str(root), leases, str(cache_dir), one_thread))
+                proc.start()
+                child.close()
+                children[variant] = (parent, proc)
+        backends = {}
+        for variant, (conn, proc) in children.items():
+            backends[variant] = _answer(conn, proc, f"{variant} start", CHILD_START_TIMEOUT_S)["backend"]
+        fill: dict[str, Any] = {}
+        for variant, (conn, proc) in children.items():  # warm-up: tracing, JIT, file cache; fills the cache
+            conn.send("run")
+            _answer(conn, proc, f"{variant} warm-up", PASS_TIMEOUT_S)
+            if variant == "stoker-warm":  # one pass into an emptied cache, warm otherwise: the fill rate
+                conn.send("refill")
+                fill = _answer(conn, proc, f"{variant} fill", PASS_TIMEOUT_S)
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        last: dict[str, Any] = {}
+        for rep in range(repetitions):
+            order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+            for variant in order:
+                conn, proc = children[variant]
+                conn.send("run")
+                reply = _answer(conn, proc, variant, PASS_TIMEOUT_S)
+                times[variant].append(reply["clips"] / reply["seconds"])
+                last[variant] = reply
+        for conn, _ in children.values():
+            conn.send("stop")
+    finally:
+        for conn, _ in children.values():
+            conn.close()
+        stop_children([proc for _, proc in children.values()])
+    out: dict[str, Any] = {v: {"clips_per_s": spread(times[v]), "clips": last[v]["clips"], "backend": backends[v]}
+                           for v in variants}
+    if "stoker-warm" in out:
+        cache = last["stoker-warm"]["cache"] or {}
+        out["stoker-warm"]["cache"] = cache
+        if cache.get("hits", 0) == 0:
+            raise BenchError(f"the warm-cache variant read nothing from its cache: {cache}")
+        out["stoker-warm"]["fill_clips_per_s"] = fill["clips"] / fill["seconds"] if fill else None
+    log("producer (" + ("1 thread" if one_thread else "default threads") + "): " +
+        ", ".join(f"{v} {out[v]['clips_per_s']['median']:.1f}" for v in variants) + " clips/s")
+    return out
+
+
+def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log) -> dict[str, Any]:
+    root = workdir / "clips"
+    make_clips(root, plan.clips)
+    leases = _plan_leases(root)
+    result: dict[str, Any] = {"clips": plan.clips, "batches": len(leases), "threads": {}}
+    modes = [True, False] if plan.default_threads else [True]
+    for one_thread in modes:
+        cache_dir = workdir / f"feature-cache-{'one' if one_thread else 'default'}"
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        result["threads"]["1" if one_thread else "default"] = _measure(
+            plan.variants, root, leases, cache_dir, one_thread, plan.repetitions, log)
+    judged = result["threads"]["1"]
+    targets: dict[str, Any] = {}
+    if "stoker" in judged and "librosa" in judged:
+        r = ratio(judged["stoker"]["clips_per_s"]["median"], judged["librosa"]["clips_per_s"]["median"],
+                  note=f"median clips/s, one thread per process, same clips and batches, same run; stoker's "
+                       f"backend: {judged['stoker']['backend']}")
+        targets["vs_librosa"] = {"what": f"producer clips/s per process >= {TARGET_VS_LIBROSA} x librosa",
+                                 "ratio": r, "value": r["value"], "limit": TARGET_VS_LIBROSA,
+                                 "met": r["value"] >= TARGET_VS_LIBROSA}
+    if "stoker" in judged and "stoker-warm" in judged:
+        r = ratio(judged["stoker-warm"]["clips_per_s"]["median"], judged["stoker"]["clips_per_s"]["median"],
+                  note="median clips/s, warm feature cache / computing (no cache)")
+        targets["warm_vs_cold"] = {"what": f"warm feature cache clips/s >= {TARGET_WARM_VS_COLD} x cold",
+                                   "ratio": r, "value": r["value"], "limit": TARGET_WARM_VS_COLD,
+                                   "met": r["value"] >= TARGET_WARM_VS_COLD}
+    result["targets"] = targets
+    shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+# ------------------------------------------------------------------------ report
+
+
+def run(plan: DataPlan | None = None, workdir: Path | None = None,
+        log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Both sections; returns the report (machine facts, rows, targets)."""
+    plan = plan or DataPlan()
+    own = workdir is None
+    base = Path(tempfile.mkdtemp(prefix="stoker-bench-data-")) if own else Path(workdir)
+    base.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        report: dict[str, Any] = {"machine": machine_info(), "plan": plan.__dict__}
+        report["index"] = run_index(plan, base, log)
+        report["producer"] = run_producer(plan, base, log)
+    finally:
+        if own:
+            shutil.rmtree(base, ignore_errors=True)
+    report["duration_s"] = round(time.monotonic() - started, 1)
+    report["targets"] = [{"section": section, **t} for section in ("index", "producer")
+                         for t in report[section]["targets"].values()]
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    idx = report["index"]["rows"]
+    lines = ["index (page cache warm; workers = processes reading headers)",
+             table(["items", "cold s (median [min,max])", "warm s (median [min,max])", "cold us/item", "warm us/item",
+                    "workers", "cache MB"],
+                   [[r["items"], f"{r['cold_s']['median']:.3f} [{r['cold_s']['min']:.3f},{r['cold_s']['max']:.3f}]",
+                     f"{r['warm_s']['median']:.3f} [{r['warm_s']['min']:.3f},{r['warm_s']['max']:.3f}]",
+                     f"{r['cold_us_per_item']:.1f}", f"{r['warm_us_per_item']:.1f}", r["workers"],
+                     f"{r['cache_bytes'] / 1e6:.1f}"] for r in idx])]
+    prod = report["producer"]
+    for threads, variants in prod["threads"].items():
+        rows = []
+        for name, v in variants.items():
+            s = v["clips_per_s"]
+            extra = ""
+            if name == "stoker-warm" and v.get("fill_clips_per_s"):
+                extra = f"first pass (compute + store): {v['fill_clips_per_s']:.1f} clips/s"
+            rows.append([name, v.get("backend", ""), f"{s['median']:.1f}", f"{s['min']:.1f}", f"{s['max']:.1f}", s["n"],
+                         extra])
+        lines += ["", f"producer, {prod['clips']} clips in {prod['batches']} batches of {BATCH_SIZE}, "
+                      f"{'one thread per process (judged)' if threads == '1' else 'default threading (informational)'}",
+                  table(["variant", "backend", "clips/s", "min", "max", "passes", "note"], rows)]
+    rows = []
+    for t in report["targets"]:
+        r = t.get("ratio")
+        source = f"{r['numerator']:.4g} / {r['denominator']:.4g}" if r else ""
+        rows.append([t["section"], t["what"], f"{t['value']:.4g}", source, f"{t['limit']:g}",
+                     "met" if t["met"] else "NOT met"])
+    lines += ["", "targets", table(["section", "target", "value", "from", "limit", "result"], rows)]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.data")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
+    parser.add_argument("--out", default="bench-data.json", help="JSON report (default bench-data.json)")
+    parser.add_argument("--workdir", help="where the generated datasets go (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    plan = DataPlan.quick() if args.quick else DataPlan()
+    report = run(plan, Path(args.workdir) if args.workdir else None)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(render(report))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

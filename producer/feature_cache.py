@@ -1,0 +1,221 @@
+"""The feature cache: computed log-mels stored on disk and read back instead of recomputed.
+
+``data.feature_cache=DIR`` makes every producer look up each clip's log-mel here before
+reading and transforming its audio, and store what it computed. Epoch two of a run, and
+every later run with the same preprocessing, then reads instead of computes;
+``python run.py precompute`` fills the cache ahead of training with all producers.
+
+Layout: ``DIR/<key>/<id>.mel``, where ``key`` (16 hex digits) is a SHA-256 over the
+features config (every key except ``backend``: both backends compute the same
+definition), the resolved dataset directory and :data:`FORMAT_VERSION`.
+``DIR/<key>/config.json`` says in words what the key stands for. A different config or
+dataset gets a directory of its own, so nothing stale is ever read across configs.
+
+One entry (little-endian):
+
+    header   magic "STKMEL01" | frames u32 | n_mels u32 | name_crc u32 | lo f64 | step f64 |
+             audio_size u64 | audio_mtime_ns i64 | crc32 u32
+    payload  uint16 [frames, n_mels], C order
+
+Compact dtype: each clip's log-mel is quantised affinely to 16 bits,
+``code = round((x - lo) / step)`` with ``lo`` the clip's minimum and
+``step = (max - lo) / 65535``, and read back as ``lo + code * step`` in float32. The error
+is at most ``step / 2`` (plus float32 rounding): for a typical clip spanning the log floor
+(-11.5) to +4 that is 1.2e-4 in natural-log units, i.e. 0.012% in linear magnitude, and
+the clip's minimum (digital silence: exactly ln(log_floor)) comes back exactly. Half the
+size of float32, and far more precise than float16 (whose step at |x| = 8 is 7.8e-3).
+
+Checks on every read: the magic, the shape against the file size and the config, the
+audio file's size, mtime and name against the entry (an edited clip is *stale*, not
+read), and a CRC-32 over the header fields and payload (a flipped bit is *corrupt*).
+A stale or corrupt entry is recomputed and rewritten, and counted. Writes go to a
+temporary file in the same directory and are renamed into place, so concurrent
+producers and interrupted runs never leave a half-written entry under a real name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import struct
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared.config import FeaturesConfig
+
+log = logging.getLogger(__name__)
+
+# Bump when the entry layout, the quantisation or the audio preprocessing changes.
+FORMAT_VERSION = 1
+MAGIC = b"STKMEL01"
+ENTRY_SUFFIX = ".mel"
+_HEADER = struct.Struct("<8sIIIddQqI")
+# 16-bit codes: 65536 levels between the clip's minimum and maximum.
+_LEVELS = 65535
+_CODE_DTYPE = np.dtype("<u2")
+
+
+@dataclass
+class CacheCounts:
+    """What the cache did for one producer (or one batch)."""
+
+    hits: int = 0  # entries read and verified
+    misses: int = 0  # no entry yet: computed and stored
+    stale: int = 0  # the audio file changed since the entry was written: recomputed
+    corrupt: int = 0  # entry failed its checks (checksum, size, magic): recomputed
+    written: int = 0
+    write_errors: int = 0
+
+    def add(self, other: "CacheCounts") -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def to_json(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def cache_key(features: FeaturesConfig, root: Path) -> dict[str, Any]:
+    """What a cache directory's entries depend on (its name is a hash of this)."""
+    params = {k: v for k, v in dataclasses.asdict(features).items() if k != "backend"}
+    return {"format": FORMAT_VERSION, "features": params, "dataset": str(root)}
+
+
+def cache_dir_name(features: FeaturesConfig, root: Path) -> str:
+    text = json.dumps(cache_key(features, root), sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def quantize(mel: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """float [T, M] -> (lo, step, uint16 codes [T, M]); see the module docstring."""
+    values = np.asarray(mel, dtype=np.float64)
+    lo = float(values.min()) if values.size else 0.0
+    hi = float(values.max()) if values.size else 0.0
+    step = (hi - lo) / _LEVELS if hi > lo else 1.0
+    codes = np.rint((values - lo) / step)
+    return lo, step, np.clip(codes, 0, _LEVELS).astype(_CODE_DTYPE)
+
+
+def dequantize(lo: float, step: float, codes: np.ndarray) -> np.ndarray:
+    """uint16 codes [T, M] -> float32 [T, M]."""
+    out = codes.astype(np.float32)
+    out *= np.float32(step)
+    out += np.float32(lo)
+    return out
+
+
+def _name_crc(name: str) -> int:
+    return zlib.crc32(name.encode("utf-8", "surrogateescape"))
+
+
+class FeatureCache:
+    """Entries of one (features config, dataset) pair under ``directory/<key>/``."""
+
+    def __init__(self, directory: str | Path, features: FeaturesConfig, root: Path) -> None:
+        self.features = features
+        self.dir = Path(directory) / cache_dir_name(features, root)
+        self._key = cache_key(features, root)
+        self._ready = False
+        self._writable = True
+        self.counts = CacheCounts()
+
+    def __repr__(self) -> str:
+        return f"FeatureCache({str(self.dir)!r})"
+
+    def path(self, sample_id: str) -> Path:
+        return self.dir / f"{sample_id}{ENTRY_SUFFIX}"
+
+    # ------------------------------------------------------------------ reading
+    def get(self, sample_id: str, audio_name: str, audio_size: int, audio_mtime_ns: int) -> np.ndarray | None:
+        """The cached log-mel float32 [T, n_mels], or None (miss, stale or corrupt: counted)."""
+        try:
+            blob = self.path(sample_id).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            self.counts.misses += 1
+            return None
+        except OSError as exc:
+            log.warning("cannot read feature cache entry %s (%s); recomputing", self.path(sample_id), exc.strerror)
+            self.counts.corrupt += 1
+            return None
+        problem, stale, mel = self._decode(blob, audio_name, audio_size, audio_mtime_ns)
+        if mel is not None:
+            self.counts.hits += 1
+            return mel
+        if stale:
+            self.counts.stale += 1
+            log.debug("feature cache entry %s is stale (%s); recomputing", sample_id, problem)
+        else:
+            self.counts.corrupt += 1
+            log.warning("feature cache entry %s is corrupt (%s); recomputing it", self.path(sample_id), problem)
+        return None
+
+    def _decode(self, blob: bytes, audio_name: str, audio_size: int,
+                audio_mtime_ns: int) -> tuple[str, bool, np.ndarray | None]:
+        """(problem, stale, mel): mel is None when there is a problem."""
+        if len(blob) < _HEADER.size:
+            return f"{len(blob)} bytes, shorter than the header", False, None
+        magic, frames, n_mels, name_crc, lo, step, size, mtime_ns, crc = _HEADER.unpack_from(blob)
+        if magic != MAGIC:
+            return "not a feature cache entry of this version", False, None
+        expected = _HEADER.size + frames * n_mels * _CODE_DTYPE.itemsize
+        if len(blob) != expected or n_mels != self.features.n_mels:
+            return f"{len(blob)} bytes for {frames}x{n_mels} (expected {expected}, n_mels {self.features.n_mels})", \
+                False, None
+        if zlib.crc32(blob[_HEADER.size:], zlib.crc32(blob[:_HEADER.size - 4])) != crc:
+            return "checksum mismatch", False, None
+        if (size, mtime_ns, name_crc) != (audio_size, audio_mtime_ns, _name_crc(audio_name)):
+            return "the audio file changed since it was cached", True, None
+        codes = np.frombuffer(blob, dtype=_CODE_DTYPE, offset=_HEADER.size).reshape(frames, n_mels)
+        return "", False, dequantize(lo, step, codes)
+
+    # ------------------------------------------------------------------ writing
+    def _prepare(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        about = self.dir / "config.json"
+        if not about.exists():
+            fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=self.dir)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({**self._key, "entries": f"<id>{ENTRY_SUFFIX}, see producer/feature_cache.py"}, f,
+                          indent=1, sort_keys=True)
+            os.replace(tmp, about)
+        self._ready = True
+
+    def put(self, sample_id: str, audio_name: str, audio_size: int, audio_mtime_ns: int, mel: np.ndarray) -> bool:
+        """Store one clip's log-mel [T, n_mels]; False (logged once) if the disk refuses."""
+        if not self._writable:
+            return False
+        lo, step, codes = quantize(mel)
+        frames, n_mels = codes.shape
+        header = _HEADER.pack(MAGIC, frames, n_mels, _name_crc(audio_name), lo, step, audio_size, audio_mtime_ns, 0)
+        payload = codes.tobytes()
+        crc = zlib.crc32(payload, zlib.crc32(header[:-4]))
+        header = header[:-4] + struct.pack("<I", crc)
+        tmp = None
+        try:
+            if not self._ready:
+                self._prepare()
+            fd, tmp = tempfile.mkstemp(prefix=f".{sample_id}.", suffix=".tmp", dir=self.dir)
+            with os.fdopen(fd, "wb") as f:
+                f.write(header)
+                f.write(payload)
+            os.replace(tmp, self.path(sample_id))
+        except OSError as exc:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            self.counts.write_errors += 1
+            self._writable = False
+            log.warning("cannot write the feature cache in %s (%s); computing without storing from now on",
+                        self.dir, exc.strerror or exc)
+            return False
+        self.counts.written += 1
+        return True

@@ -1,0 +1,201 @@
+"""The index cache: a hit reads no header; every change rebuilds exactly what it must."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from shared import dataset
+from shared.config import DataConfig, FeaturesConfig
+from shared.dataset import build_index, index_cache_file
+from tests.factories import add_clip, append_metadata, make_dataset
+
+FEATURES = FeaturesConfig()
+CLIPS = 10
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))  # never the real user's cache
+    data = tmp_path / "data"
+    make_dataset(data, count=CLIPS)
+    append_metadata(data, ["GONE|no audio for this one|no audio for this one"])
+    return data
+
+
+def _data(root: Path, **kw) -> DataConfig:
+    return DataConfig(path=str(root), **kw)
+
+
+def _same(a: dataset.DatasetIndex, b: dataset.DatasetIndex) -> None:
+    assert a.samples == b.samples
+    assert a.rejected == b.rejected
+    assert a.fingerprint == b.fingerprint
+
+
+def test_second_build_is_a_hit_that_reads_no_header(root: Path) -> None:
+    cold = build_index(_data(root), FEATURES)
+    assert (cold.stats.cache, cold.stats.headers_read, cold.stats.headers_reused) == ("miss", CLIPS, 0)
+    assert cold.stats.texts_tokenized == CLIPS + 1
+    (cache_file,) = [p for p in index_cache_file(root, _data(root)) if p.exists()]
+    assert cache_file.parent == root / ".stoker"
+    warm = build_index(_data(root), FEATURES)
+    assert (warm.stats.cache, warm.stats.headers_read, warm.stats.texts_tokenized) == ("hit", 0, 0)
+    assert warm.stats.cache_file == str(cache_file)
+    _same(cold, warm)
+
+
+def test_touching_one_wav_rereads_that_header_only(root: Path) -> None:
+    build_index(_data(root), FEATURES)
+    wav = root / "wavs" / "T0003.wav"
+    stat = wav.stat()
+    os.utime(wav, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    index = build_index(_data(root), FEATURES)
+    assert (index.stats.cache, index.stats.headers_read, index.stats.headers_reused) == ("stale", 1, CLIPS - 1)
+    assert index.stats.texts_tokenized == 0
+    assert build_index(_data(root), FEATURES).stats.cache == "hit"
+
+
+def test_a_rewritten_wav_changes_its_sample(root: Path) -> None:
+    before = build_index(_data(root), FEATURES).by_id()["T0002"]
+    add_clip(root, "T0002", 2.0, metadata=False)  # same name, new length
+    index = build_index(_data(root), FEATURES)
+    assert index.stats.headers_read == 1
+    after = index.by_id()["T0002"]
+    assert after.num_frames == 1 + 44100 // FEATURES.hop_length != before.num_frames
+
+
+def test_a_new_clip_reads_only_its_header(root: Path) -> None:
+    build_index(_data(root), FEATURES)
+    add_clip(root, "NEW", 1.0)
+    index = build_index(_data(root), FEATURES)
+    assert (index.stats.headers_read, index.stats.headers_reused, index.stats.texts_tokenized) == (1, CLIPS, 1)
+    assert "NEW" in index.by_id()
+
+
+def test_an_edited_text_is_tokenized_again_alone(root: Path) -> None:
+    build_index(_data(root), FEATURES)
+    meta = root / "metadata.csv"
+    lines = meta.read_text(encoding="utf-8").splitlines()
+    lines[4] = "T0004|A brand new sentence for this clip.|A brand new sentence for this clip."
+    meta.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    index = build_index(_data(root), FEATURES)
+    assert (index.stats.cache, index.stats.headers_read, index.stats.texts_tokenized) == ("stale", 0, 1)
+    assert index.by_id()["T0004"].text == "A brand new sentence for this clip."
+
+
+@pytest.mark.parametrize("change", [
+    {"data": {"max_audio_s": 1.0}},
+    {"data": {"max_tokens": 20}},
+    {"features": {"hop_length": 200}},
+    {"features": {"sample_rate_hz": 16000, "fmax_hz": 8000.0}},
+])
+def test_a_config_key_the_index_depends_on_rederives_it_without_reading_headers(root: Path, change: dict) -> None:
+    build_index(_data(root), FEATURES)
+    data = dataclasses.replace(_data(root), **change.get("data", {}))
+    features = dataclasses.replace(FEATURES, **change.get("features", {}))
+    index = build_index(data, features)
+    assert (index.stats.cache, index.stats.headers_read, index.stats.texts_tokenized) == ("stale", 0, 0)
+    fresh = build_index(dataclasses.replace(data, index_cache="off"), features)
+    _same(index, fresh)  # what was re-derived equals a build from scratch
+    assert fresh.stats.cache == "off" and fresh.stats.headers_read == CLIPS
+
+
+@pytest.mark.parametrize("change", [{"n_mels": 64}, {"backend": "numpy"}, {"log_floor": 1e-4}])
+def test_a_config_key_the_index_ignores_keeps_the_cache(root: Path, change: dict) -> None:
+    build_index(_data(root), FEATURES)
+    assert build_index(_data(root), dataclasses.replace(FEATURES, **change)).stats.cache == "hit"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])
+def test_a_corrupt_cache_file_is_rebuilt_from_scratch(root: Path, damage: str, caplog) -> None:
+    cold = build_index(_data(root), FEATURES)
+    path = Path(cold.stats.cache_file)
+    blob = bytearray(path.read_bytes())
+    if damage == "flip":
+        blob[len(blob) // 2] ^= 0x40
+    elif damage == "truncate":
+        blob = blob[: len(blob) // 2]
+    elif damage == "garbage":
+        blob = bytearray(b"not a cache at all" * 10)
+    else:
+        blob = bytearray()
+    path.write_bytes(bytes(blob))
+    with caplog.at_level(logging.WARNING, logger="shared.dataset"):
+        rebuilt = build_index(_data(root), FEATURES)
+    assert (rebuilt.stats.cache, rebuilt.stats.headers_read, rebuilt.stats.headers_reused) == ("corrupt", CLIPS, 0)
+    assert any("is corrupt" in r.getMessage() for r in caplog.records)
+    _same(cold, rebuilt)
+    assert build_index(_data(root), FEATURES).stats.cache == "hit"  # and rewritten
+
+
+def test_read_only_dataset_falls_back_to_the_user_cache(root: Path, tmp_path: Path, caplog) -> None:
+    (root / ".stoker").write_text("a file where the cache directory would go")  # mkdir fails, as on a read-only disk
+    with caplog.at_level(logging.INFO, logger="shared.dataset"):
+        cold = build_index(_data(root), FEATURES)
+    assert Path(cold.stats.cache_file).is_relative_to(tmp_path / "user-cache" / "stoker" / "index")
+    assert any("cannot write the index cache" in r.getMessage() for r in caplog.records)
+    warm = build_index(_data(root), FEATURES)
+    assert warm.stats.cache == "hit" and warm.stats.cache_file == cold.stats.cache_file
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_read_only_dataset_directory(root: Path, tmp_path: Path) -> None:
+    os.chmod(root, 0o555)
+    try:
+        index = build_index(_data(root), FEATURES)
+        assert Path(index.stats.cache_file).is_relative_to(tmp_path / "user-cache")
+        assert build_index(_data(root), FEATURES).stats.cache == "hit"
+    finally:
+        os.chmod(root, 0o755)
+
+
+def test_nothing_writable_still_indexes(root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (root / ".stoker").write_text("blocked")
+    (tmp_path / "user-cache").write_text("blocked too")
+    index = build_index(_data(root), FEATURES)
+    assert len(index.samples) == CLIPS and index.stats.cache_file == ""
+
+
+def test_cache_off_and_cache_in_a_given_directory(root: Path, tmp_path: Path) -> None:
+    off = build_index(_data(root, index_cache="off"), FEATURES)
+    assert off.stats.cache == "off" and not (root / ".stoker").exists()
+    elsewhere = tmp_path / "index-cache"
+    first = build_index(_data(root, index_cache=str(elsewhere)), FEATURES)
+    assert Path(first.stats.cache_file).parent == elsewhere and not (root / ".stoker").exists()
+    assert build_index(_data(root, index_cache=str(elsewhere)), FEATURES).stats.cache == "hit"
+
+
+def test_parallel_build_equals_serial_build(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dataset, "PARALLEL_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(dataset, "CHUNK_ITEMS", 3)
+    serial = build_index(_data(root, index_cache="off", index_workers=1), FEATURES)
+    parallel = build_index(_data(root, index_cache="off", index_workers=2), FEATURES)
+    assert (serial.stats.workers, parallel.stats.workers) == (1, 2)
+    assert parallel.stats.headers_read == CLIPS
+    _same(serial, parallel)
+
+
+def test_feature_cache_dir_setting(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.dataset import feature_cache_dir
+
+    assert feature_cache_dir("", root) == ""
+    assert feature_cache_dir("auto", root) == str(root / ".stoker" / "features")
+    monkeypatch.chdir(tmp_path)
+    assert feature_cache_dir("rel/cache", root) == str(tmp_path / "rel" / "cache")
+    other = tmp_path / "other"
+    make_dataset(other, count=1)
+    (other / ".stoker").write_text("blocked")
+    assert feature_cache_dir("AUTO", other) == str(tmp_path / "user-cache" / "stoker" / "features")
+
+
+def test_parallel_only_when_the_work_outlasts_starting_a_helper() -> None:
+    wavs = [(f"{i}.wav", 1000, "some text") for i in range(20_000)]
+    assert dataset._estimated_seconds(wavs) == pytest.approx(20_000 * (dataset.WAV_HEADER_S + dataset.TEXT_S))
+    assert dataset._estimated_seconds(wavs) < dataset.PARALLEL_MIN_SECONDS  # LJSpeech-sized: one process
+    flacs = [(f"{i}.flac", 1000, None) for i in range(20_000)]
+    assert dataset._estimated_seconds(flacs) > dataset.PARALLEL_MIN_SECONDS
