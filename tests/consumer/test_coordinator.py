@@ -38,25 +38,33 @@ def make_config(**pipeline) -> Config:
 
 
 class Harness:
-    def __init__(self, cfg: Config, n: int = 12, max_epochs: int | None = None) -> None:
+    def __init__(self, cfg: Config, n: int = 12, max_epochs: int | None = None, **coordinator_kwargs) -> None:
         self.cfg = cfg
         self.ctx = zmq.Context()
         self.stop = threading.Event()
         self.queue = BatchQueue(cfg.pipeline.buffer_size)
         self.planner = EpochPlanner(samples(n), cfg.batching)
-        self.coord = Coordinator(cfg, self.planner, self.queue, self.stop, max_epochs=max_epochs, context=self.ctx)
+        self.rejected: list = []
+        self.coord = Coordinator(cfg, self.planner, self.queue, self.stop, max_epochs=max_epochs, context=self.ctx,
+                                 on_rejected=self.rejected.extend, **coordinator_kwargs)
         self.queue.on_free = self.coord.notify_free
         self.endpoint = self.coord.bind("tcp://127.0.0.1:*")
         self.coord.start()
         self.peers: list[zmq.Socket] = []
 
-    def producer(self, name: str = "fake") -> zmq.Socket:
+    def socket(self, **options) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
         sock.linger = 0
         sock.rcvtimeo = RECV_TIMEOUT_MS
+        for key, value in options.items():
+            setattr(sock, key, value)
         sock.connect(self.endpoint)
         self.peers.append(sock)
-        sock.send_multipart(wire.encode(wire.HELLO, {"producer": name, "host": "test", "pid": 1, "fingerprint": ""}))
+        return sock
+
+    def producer(self, name: str = "fake", sock: zmq.Socket | None = None, **hello) -> zmq.Socket:
+        sock = sock or self.socket()
+        sock.send_multipart(wire.encode(wire.HELLO, {"producer": name, "host": "test", "pid": 1, **hello}))
         return sock
 
     def recv(self, sock: zmq.Socket, kind: str, skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> wire.Message:
@@ -76,12 +84,12 @@ class Harness:
                            arrays)
 
     def close(self) -> None:
+        for sock in self.peers:  # first, so the coordinator need not wait for their BYEs
+            sock.close()
         self.stop.set()
         self.coord.join(5)
         self.coord.close_notifier()
         self.queue.close()
-        for sock in self.peers:
-            sock.close()
         self.ctx.term()
 
 
