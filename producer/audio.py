@@ -17,6 +17,10 @@ class AudioError(Exception):
     """A clip that cannot be used; ``str(exc)`` is the rejection reason."""
 
 
+class AudioMissing(AudioError):
+    """The clip's file is not on this host; another host may have it."""
+
+
 def load_audio(path: Path, target_rate_hz: int) -> np.ndarray:
     """Return mono float32 audio at ``target_rate_hz``; raise :class:`AudioError`."""
     import soundfile
@@ -24,10 +28,10 @@ def load_audio(path: Path, target_rate_hz: int) -> np.ndarray:
     try:
         audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except FileNotFoundError:
-        raise AudioError(f"audio file missing: {path.name}") from None
+        raise AudioMissing(f"audio file missing: {path.name}") from None
     except Exception as exc:  # libsndfile raises LibsndfileError/RuntimeError for corrupt data
         if not Path(path).exists():  # soundfile reports a missing file as LibsndfileError, not FileNotFoundError
-            raise AudioError(f"audio file missing: {path.name}") from None
+            raise AudioMissing(f"audio file missing: {path.name}") from None
         raise AudioError(f"unreadable audio {path.name}: {str(exc).splitlines()[0][:160]}") from None
     if audio.shape[0] == 0:
         raise AudioError(f"audio file has no samples: {path.name}")
