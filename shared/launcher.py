@@ -18,7 +18,8 @@ Shutdown protocol (as PyTorch's DataLoader documents its own):
 
 Supervision: a local producer that exits with an error while the run goes on is
 reported with its error message and restarted, at most ``pipeline.producer_restarts``
-times each.
+times each. One that stops with a user error (status 2: refused by the trainer, a bad
+key) is not restarted; ``run.py produce`` ends with that reason as its one error line.
 """
 
 from __future__ import annotations
@@ -180,7 +181,8 @@ class Supervisor:
                 os.close(c.status_fd)
                 c.status_fd = -1
 
-    def supervise_producers(self, producers: list[Child], limit: int, keep_going: Callable[[], bool]) -> None:
+    def supervise_producers(self, producers: list[Child], limit: int, keep_going: Callable[[], bool],
+                            report_user_errors: bool = True) -> None:
         """Restart crashed producers (bounded); called once per tick while the run goes on."""
         for p in producers:
             if p.done or p.proc is None:
@@ -194,7 +196,8 @@ class Supervisor:
                 continue
             reason = p.last_error or f"exit status {code}"
             if code == EXIT_USER:
-                log.error("%s stopped: %s", p.name, reason)
+                if report_user_errors:
+                    log.error("%s stopped: %s", p.name, reason)
                 p.done = True
             elif p.restarts < limit:
                 p.restarts += 1
@@ -207,11 +210,14 @@ class Supervisor:
 
 
 def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory_mb: int | None,
-                   log_level: str, host: str) -> Child:
+                   log_level: str, host: str, keys: str = "", metadata_file: str = "metadata.csv") -> Child:
     name = f"p{index}@{host}"
-    argv = ["producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level]
+    argv = ["producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level,
+            "--metadata-file", metadata_file]
     if memory_mb:
         argv += ["--gpu-memory-mb", str(memory_mb)]
+    if keys:
+        argv += ["--keys", keys]  # a directory; the secret key never appears on a command line
     return Child("producer", name, argv, gpu)
 
 
@@ -251,7 +257,9 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
             host = socket.gethostname()
             for i in range(cfg.pipeline.producers):
                 producers.append(sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu,
-                                                          plan.data_memory_mb, cfg.run.log_level, host)))
+                                                          plan.data_memory_mb, cfg.run.log_level, host,
+                                                          keys=cfg.pipeline.keys,
+                                                          metadata_file=cfg.data.metadata_file)))
             log.info("started %d local producer(s) for %s", len(producers), endpoint)
         while consumer.proc.poll() is None and sup.signalled is None:
             sup.poll_status(TICK_S)
@@ -292,24 +300,31 @@ def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: fl
     log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl", path)
 
 
-def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str) -> int:
-    """``run.py produce``: N producers on this host for a consumer elsewhere, until Ctrl-C."""
+def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str,
+                  keys: str = "") -> int:
+    """``run.py produce``: N producers on this host for a consumer elsewhere, until Ctrl-C or the
+    trainer's STOP. Raises LaunchError with the reason when the producers were refused."""
     import socket
 
     sup = Supervisor(plan, log_level)
     sup.install_signals()
     host = socket.gethostname()
-    producers = [sup.spawn(producer_child(i, endpoint, data, plan.data_gpu, plan.data_memory_mb, log_level, host))
+    producers = [sup.spawn(producer_child(i, endpoint, data, plan.data_gpu, plan.data_memory_mb, log_level, host,
+                                          keys=keys))
                  for i in range(count)]
     log.info("started %d producer(s) for %s", count, endpoint)
     try:
         while sup.signalled is None and not all(p.done for p in producers):
             sup.poll_status(TICK_S)
-            sup.supervise_producers(producers, restarts, keep_going=lambda: sup.signalled is None)
+            sup.supervise_producers(producers, restarts, keep_going=lambda: sup.signalled is None,
+                                    report_user_errors=False)
         sup.terminate(producers, PRODUCER_STOP_S)
     finally:
         sup.cleanup()
-    failed = [p for p in producers if p.proc is not None and p.proc.returncode not in (0, -signal.SIGTERM)]
+    refused = [p.last_error for p in producers if p.proc is not None and p.proc.returncode == EXIT_USER]
     if sup.signalled is not None:
         return EXIT_INTERRUPTED
+    if refused:
+        raise LaunchError("; ".join(dict.fromkeys(r or "a producer stopped with a user error" for r in refused)))
+    failed = [p for p in producers if p.proc is not None and p.proc.returncode not in (0, -signal.SIGTERM)]
     return EXIT_FAILED if failed else EXIT_OK
