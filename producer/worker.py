@@ -69,6 +69,10 @@ HELLO_RETRY_S = 2.0
 # Reconnect back-off after the consumer went silent: doubles up to the maximum.
 RECONNECT_MIN_S = 0.5
 RECONNECT_MAX_S = 8.0
+# While a connection cannot be made (trainer down, link cut), ZeroMQ retries it with its
+# own back-off from 100 ms up to this: a returning link is found within it, at the cost
+# of one connection attempt per interval.
+CONNECT_RETRY_MAX_S = 2.0
 # How long the compute thread waits for work before re-checking the stop flag.
 WORK_POLL_S = 0.2
 # Closing the socket after BYE or an ERROR: give the last message this long to leave.
@@ -180,6 +184,7 @@ class Producer:
         self._handshake_failures = 0
         self._connected_t = 0.0
         self._last_hello = 0.0
+        self._first_batch_logged = False
         self._session = ""  # new for each connection; the consumer treats repeated HELLOs of one as one
         self._first_lease_logged = False
         self.rtt_ms: float | None = None
@@ -235,7 +240,7 @@ class Producer:
         # pile up while the trainer is away, and a send then fails at once (EAGAIN).
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_BYTES)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_MAX_S * 1000))
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(CONNECT_RETRY_MAX_S * 1000))
         if self.keys is not None:
             sock.curve_secretkey = self.keys.secret
             sock.curve_publickey = self.keys.public
@@ -244,11 +249,18 @@ class Producer:
                                                 addr=f"inproc://producer-monitor-{uuid.uuid4().hex}")
         sock.connect(self.endpoint)
         self._connected_t = time.monotonic()
-        self._first_lease_logged = False
+        self._first_lease_logged = self._first_batch_logged = False
         self._session = uuid.uuid4().hex[:12]
         return sock
 
     def _close(self, sock: zmq.Socket, linger_ms: int = 0) -> None:
+        # Read what is waiting first: the kernel resets a connection closed with unread
+        # input, and a reset can lose our last message (BYE) on its way out.
+        for _ in range(RECV_BURST):
+            try:
+                sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                break
         if self._monitor is not None:
             try:
                 sock.disable_monitor()
@@ -296,6 +308,10 @@ class Producer:
             return
         try:
             sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            if not self._first_batch_logged:
+                self._first_batch_logged = True
+                log.info("%s: first batch delivered %.2f s after connecting", self.name,
+                         time.monotonic() - self._connected_t)
         except zmq.Again:  # the link is down; the consumer revokes the credit and re-plans the batch
             log.warning("%s: could not send the batch of lease %d: consumer not reachable", self.name, lease_id)
         self._held.discard(lease_id)
@@ -407,6 +423,7 @@ class Producer:
         interval = 1.0
         timeout = 5.0
         exit_code = EXIT_OK
+        told_to_stop = False
         try:
             while not self.stop.is_set():
                 events = dict(poller.poll(POLL_INTERVAL_MS))
@@ -454,10 +471,10 @@ class Producer:
                             interval = float(msg.get("heartbeat_interval_s", interval))
                             timeout = float(msg.get("heartbeat_timeout_s", timeout))
                         if not self._handle(sock, msg, now):
-                            self.stop.set()
+                            told_to_stop = True
                             break
-                    if self.stop.is_set():
-                        break
+                    if told_to_stop:
+                        break  # STOP was answered with BYE already
                 if not parent_alive(self.parent_pid):
                     log.warning("%s: parent process is gone, exiting", self.name)
                     exit_code = EXIT_FAILED
