@@ -56,6 +56,12 @@ KILL_AFTER_S = 0.5
 TICK_S = 0.2
 # Indexing a large dataset and importing TensorFlow both happen before "ready".
 CONSUMER_READY_TIMEOUT_S = 600.0
+# Producers get parallelism from processes, not BLAS threads: their matrix products are
+# small (mel filterbank x one batch of frames), and OpenBLAS's threads cost more than they
+# save: a batch of 16 demo clips took 200 ms with its default threads and 75-85 ms with
+# one, on 2 cores, and with several producers the threads also oversubscribe the cores.
+# Defaults only: a variable set in the user's environment wins.
+PRODUCER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 
 
@@ -76,6 +82,7 @@ class Child:
     restarts: int = 0
     last_error: str = ""
     done: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # defaults for this child's environment
 
 
 class Supervisor:
@@ -99,6 +106,8 @@ class Supervisor:
     def spawn(self, child: Child) -> Child:
         read_fd, write_fd = os.pipe()
         env = child_env(os.environ, child.gpu)
+        for key, value in child.env.items():
+            env.setdefault(key, value)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         argv = [sys.executable, "-m", *child.argv, "--parent-pid", str(os.getpid()), "--status-fd", str(write_fd)]
         child.proc = subprocess.Popen(argv, env=env, cwd=PROJECT_ROOT, pass_fds=(write_fd,),
@@ -218,7 +227,7 @@ def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory
         argv += ["--gpu-memory-mb", str(memory_mb)]
     if keys:
         argv += ["--keys", keys]  # a directory; the secret key never appears on a command line
-    return Child("producer", name, argv, gpu)
+    return Child("producer", name, argv, gpu, env=dict(PRODUCER_ENV))
 
 
 def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
