@@ -12,9 +12,11 @@ Otherwise several producers with one name (two hosts with one hostname) get ``#2
 Leases (work): the epoch plan (consumer/plan.py) is handed out batch by batch. Each
 producer holds up to ``lease_ahead`` leases. A lease is identified by a fresh integer;
 re-issuing a planned batch creates a new lease id, so a late delivery of the old one is
-recognised and dropped. A producer that says BYE, reports a fatal ERROR or is silent
-for ``heartbeat_timeout_s`` loses its leases: their planned batches go back to the front
-of the pending list, and the next free lease slot of a live producer takes them. A
+recognised and dropped. A producer that says BYE, reports a fatal ERROR, whose
+connection closes without BYE (its process died: the kernel closed the socket) or that
+is silent for ``heartbeat_timeout_s`` (frozen, or cut off by the network) loses its
+leases: their planned batches go back to the front of the pending list, and the next
+free lease slot of a live producer takes them. A
 lease not prepared within ``lease_timeout_s`` is revoked (REVOKE) and re-planned. That
 keeps "every valid sample exactly once per epoch" while any producer is alive.
 
@@ -27,8 +29,9 @@ other work is left for them; with no producer alive it waits.
 
 Credits (flow): a producer tells READY when a leased batch is prepared. The coordinator
 sends a CREDIT for a ready lease only while
-``queued batches + credits in flight < capacity``, lowest (epoch, index) first, so the
-queue can never overflow and its depth is exact. A credit not used within the heartbeat
+``queued batches + credits in flight < capacity``, to the producer holding the fewest
+credits first, then lowest (epoch, index), so the queue can never overflow, its depth is
+exact, and a producer that freezes blocks at most its share of it. A credit not used within the heartbeat
 timeout is revoked and its batch re-planned.
 
 Liveness: each side sends HEARTBEAT every ``heartbeat_interval_s``; a producer's
@@ -431,13 +434,23 @@ class Coordinator:
         self._grant()
 
     def _grant(self) -> None:
+        """Credits for free slots: to the producer holding the fewest, then in plan order.
+
+        Spreading them means a producer that freezes while holding credits blocks at most
+        its share of the queue until it is presumed dead, not the whole queue.
+        """
         free = self.queue.capacity - len(self.queue) - self._credits_out
         if free <= 0:
             return
-        ready = sorted((lease for lease in self._leases.values() if lease.state == "ready"),
-                       key=lambda lease: (lease.batch.epoch, lease.batch.index))
+        ready = [lease for lease in self._leases.values() if lease.state == "ready"]
+        if not ready:
+            return
+        held = collections.Counter(lease.identity for lease in self._leases.values() if lease.state == "credited")
         now = time.monotonic()
-        for lease in ready[:free]:
+        for _ in range(min(free, len(ready))):
+            lease = min(ready, key=lambda x: (held[x.identity], x.batch.epoch, x.batch.index))
+            ready.remove(lease)
+            held[lease.identity] += 1
             lease.state = "credited"
             lease.credited_t = now
             self._credits_out += 1
@@ -786,14 +799,19 @@ class Coordinator:
             peer = self._peers.get(identity) if identity is not None else None
             if peer is not None and peer.fd != value:
                 return  # an old connection handed over to the producer's new one
-            if peer is not None:
-                peer.fd = -1  # no connection now; it may come back (ZeroMQ reconnects) or time out
             self._count("connection_dropped", "(closed without BYE: a frame above pipeline.max_message_mb, a broken "
                                               "stream, or a producer that died)")
-            if peer is not None and any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases):
-                log.warning("the connection of producer %s closed while it held a credit: if it keeps happening, its "
-                            "batches may exceed pipeline.max_message_mb=%d", peer.name,
-                            self.cfg.pipeline.max_message_mb)
+            if peer is not None:
+                # Its process died (the kernel closed the connection) or the transport cut it:
+                # nothing more will come on it, so its work moves now rather than after the
+                # heartbeat timeout. If it is alive after all, ZeroMQ reconnects it and it is
+                # told to say HELLO again.
+                credited = any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases)
+                log.warning("the connection of producer %s closed without BYE: presumed dead, re-planning its %d "
+                            "leases%s", peer.name, len(peer.leases),
+                            f" (if this repeats, its batches may exceed pipeline.max_message_mb="
+                            f"{self.cfg.pipeline.max_message_mb})" if credited else "")
+                self._drop_peer(peer, "dead")
 
     def _housekeeping(self, now: float) -> None:
         timeout = self.cfg.pipeline.heartbeat_timeout_s
