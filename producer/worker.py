@@ -80,8 +80,8 @@ FINAL_LINGER_MS = 500
 # The consumer only sends small control messages (a lease lists one batch's ids); a
 # larger frame is refused by the socket, so a hostile endpoint cannot make us allocate.
 MAX_INBOUND_BYTES = 16 << 20
-# Handshake failures that are not an explicit key refusal (a security mismatch, or not
-# a stoker trainer at all): give up after this many in a row, not at the first glitch.
+# Handshakes that fail without detail (the peer closed the connection during it): give
+# up after this many in a row, not at the first glitch.
 HANDSHAKE_FAILURES_FATAL = 3
 # A pong later than this is from an earlier connection, not a round trip.
 MAX_RTT_S = 60.0
@@ -380,12 +380,13 @@ class Producer:
             raise Refused(f"the trainer at {self.endpoint} rejected this producer's CURVE key{key}: add its .key "
                           "file to the trainer's keys/authorized directory")
         else:
+            # ZeroMQ gives up on a connection after a protocol failure (it does not retry), so
+            # one is final; a failure without detail (the peer closed mid-handshake) is retried.
             self._handshake_failures += 1
-            if self._handshake_failures >= HANDSHAKE_FAILURES_FATAL:
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL or self._handshake_failures >= HANDSHAKE_FAILURES_FATAL:
                 hint = ("the trainer does not use --keys, or server.key is not the trainer's" if self.keys
                         else "the trainer uses --keys: pass --keys DIR with server.key and a client key pair")
-                raise Refused(f"security handshake with {self.endpoint} failed {self._handshake_failures} times: "
-                              f"{hint}")
+                raise Refused(f"security handshake with {self.endpoint} failed: {hint}")
 
     def _refused(self, exc: Refused) -> int:
         self.status.send("error", type="Refused", message=str(exc), where=self.name, user_error=True)

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 
 from producer.features import log_mel_spectrogram_numpy, pad_value
 from producer.worker import Producer
@@ -207,3 +208,33 @@ def test_stop_is_answered_with_bye(setup):
     consumer.recv(wire.BYE, skip=(wire.HEARTBEAT, wire.HELLO))
     thread.join(10)
     assert result["code"] == 0
+
+
+@pytest.mark.parametrize("case", ["wrong server key", "server without keys"])
+def test_a_security_mismatch_ends_with_status_2(tmp_path, case):
+    from shared.keys import load_client_keys, make_keys
+
+    make_keys(tmp_path / "keys", ["client"])
+    make_keys(tmp_path / "other", [])
+    make_dataset(tmp_path / "data", count=2)
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)
+    server.linger = 0
+    if case == "wrong server key":  # the producer holds keys/server.key, the trainer other/server's pair
+        public, secret = zmq.auth.load_certificate(str(tmp_path / "other" / "server.key_secret"))
+        server.curve_server, server.curve_publickey, server.curve_secretkey = True, public, secret
+    endpoint = f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}"
+    stop = threading.Event()
+    producer = Producer(endpoint, tmp_path / "data", "p-keys", stop, context=ctx,
+                        keys=load_client_keys(tmp_path / "keys"))
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", producer.run()), daemon=True)
+    thread.start()
+    try:
+        thread.join(20)
+        assert result.get("code") == 2
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+        ctx.term()
