@@ -87,6 +87,8 @@ HANDSHAKE_FAILURES_FATAL = 3
 MAX_RTT_S = 60.0
 # Messages read per wake-up before the loop looks at its other duties.
 RECV_BURST = 64
+# While no trainer answers (not started yet, unreachable), say so this often.
+WAITING_NOTE_S = 15.0
 MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -425,6 +427,7 @@ class Producer:
         timeout = 5.0
         exit_code = EXIT_OK
         told_to_stop = False
+        last_waiting_note = 0.0
         try:
             while not self.stop.is_set():
                 events = dict(poller.poll(POLL_INTERVAL_MS))
@@ -489,6 +492,10 @@ class Producer:
                 if not self._welcomed.is_set():
                     if not hello_sent or now - self._last_hello >= HELLO_RETRY_S:
                         hello_sent = self._hello(sock)
+                    if now - max(self._connected_t, last_waiting_note) >= WAITING_NOTE_S:
+                        log.info("%s: waiting for the trainer at %s (no answer for %.0f s)", self.name, self.endpoint,
+                                 now - self._connected_t)
+                        last_waiting_note = now
                 elif now - last_heard > timeout:
                     log.warning("%s: consumer silent for %.1f s; dropping %d leases and reconnecting in %.1f s",
                                 self.name, now - last_heard, len(self._held), backoff)
