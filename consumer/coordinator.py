@@ -618,8 +618,9 @@ class Coordinator:
                             peer.name, peer.host, sample_id, str(reason)[:300])
             peer.lacks.update(ids)
             self._replan_missed(batch, ids)
-            self._assign_all()
-        self._assign(peer)
+        # Every producer with a free slot, not only this one: one that lacks clips may have
+        # found nothing it could take a moment ago, and there may be new work now.
+        self._assign_all()
         if not delivered:
             self._grant()  # the credit came back without filling a slot
 
@@ -727,7 +728,10 @@ class Coordinator:
             return
         first = frames[0]
         identity = bytes(first.bytes if hasattr(first, "bytes") else first)
-        fd = first.get(zmq.SRCFD) if isinstance(first, zmq.Frame) else -1
+        try:  # the connection it came on (-1 for transports without one)
+            fd = first.get(zmq.SRCFD) if isinstance(first, zmq.Frame) else -1
+        except zmq.ZMQError:
+            fd = -1
         if fd >= 0 and fd not in self._fd_owner:
             self._remember(self._fd_owner, fd, identity)
         try:

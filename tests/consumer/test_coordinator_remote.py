@@ -15,7 +15,7 @@ import zmq
 
 from shared import wire
 from shared.keys import load_client_keys, load_server_keys, make_keys
-from tests.consumer.test_coordinator import Harness, harness, make_config, samples  # noqa: F401 (fixture)
+from tests.consumer.harness import Harness, make_config, samples
 from tests.factories import describe_copy, fake_scan
 
 pytestmark = pytest.mark.timeout(60)
