@@ -2,28 +2,57 @@
 
 It runs in its own thread and is the only user of the ROUTER socket.
 
+Joining: a producer's HELLO describes its dataset (shared/dataset.py). A producer
+whose metadata or audio index does not match the trainer's is sent REFUSE with the
+reason, which both sides log. One that lacks some audio files is accepted; it is
+never leased those samples. A HELLO with the name, host and launcher pid of a live
+producer is that producer restarted: the old one's leases are re-planned at once.
+Otherwise several producers with one name (two hosts with one hostname) get ``#2``...
+
 Leases (work): the epoch plan (consumer/plan.py) is handed out batch by batch. Each
 producer holds up to ``lease_ahead`` leases. A lease is identified by a fresh integer;
 re-issuing a planned batch creates a new lease id, so a late delivery of the old one is
-recognised and dropped. A producer that says BYE, reports a fatal ERROR or is silent
-for ``heartbeat_timeout_s`` loses its leases: their planned batches go back to the front
-of the pending list. That keeps "every valid sample exactly once per epoch" while any
-producer is alive.
+recognised and dropped. A producer that says BYE, reports a fatal ERROR, whose
+connection closes without BYE (its process died: the kernel closed the socket) or that
+is silent for ``heartbeat_timeout_s`` (frozen, or cut off by the network) loses its
+leases: their planned batches go back to the front of the pending list, and the next
+free lease slot of a live producer takes them. A
+lease not prepared within ``lease_timeout_s`` is revoked (REVOKE) and re-planned. That
+keeps "every valid sample exactly once per epoch" while any producer is alive.
+
+Misses: a producer that does not have a leased clip (deleted, or an unfinished copy)
+delivers the rest of the batch and reports the clip as *missed*. The coordinator
+notes that this producer lacks it and re-plans it in the same epoch and bucket shape:
+merged into a pending batch of that bucket with room, or as a small batch of its own.
+A sample is rejected (rejected.jsonl) only when every live producer lacks it and no
+other work is left for them; with no producer alive it waits.
 
 Credits (flow): a producer tells READY when a leased batch is prepared. The coordinator
 sends a CREDIT for a ready lease only while
-``queued batches + credits in flight < capacity``, lowest (epoch, index) first, so the
-queue can never overflow and its depth is exact. A credit not used within the heartbeat
+``queued batches + credits in flight < capacity``, to the producer holding the fewest
+credits first, then lowest (epoch, index), so the queue can never overflow, its depth is
+exact, and a producer that freezes blocks at most its share of it. A credit not used within the heartbeat
 timeout is revoked and its batch re-planned.
+
+Liveness: each side sends HEARTBEAT every ``heartbeat_interval_s``; a producer's
+heartbeat carries a ping that the coordinator answers at once (pong), so the producer
+measures the round trip (``rtt_ms`` per producer in summary.json). A message from an
+identity the coordinator does not know (it restarted, or declared that producer dead)
+is answered, at most once a second, with REFUSE ``rejoin``: the producer says HELLO again.
 
 Anything malformed or unexpected is dropped and counted by reason
 (``rejected_messages`` in summary.json); nothing a peer sends can stop the coordinator.
+The socket itself refuses frames above ``pipeline.max_message_mb`` by closing that
+connection unread; a socket monitor counts such closures (``connection_dropped``: a
+connection closed without BYE, which also covers a producer killed outright) and
+failed CURVE handshakes (``unauthenticated``, ``handshake_failed``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -33,22 +62,43 @@ from typing import Any, Callable
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
 from consumer.plan import EpochPlanner, PlannedBatch
 from shared import wire
 from shared.config import Config
-from shared.dataset import Rejection
+from shared.dataset import DatasetScan, Rejection, check_agreement
+from shared.keys import ServerKeys, short
 
 log = logging.getLogger("consumer.coordinator")
 
 # The loop wakes at least this often for heartbeats and expiry even when nothing arrives.
 POLL_INTERVAL_MS = 100
-# On stop, give the STOP messages this long to leave before the socket closes.
+# On stop, wait this long for every producer to answer STOP with BYE before closing:
+# a producer's socket drops unread messages when its connection closes, so closing
+# right after sending STOP could lose it.
+STOP_ACK_S = 1.0
+# Then give anything still queued this long to leave.
 STOP_LINGER_MS = 500
 # Expected dtype and rank of each batch array (see producer/collate.py).
 BATCH_SPEC = {"tokens": ("int32", 2), "token_lengths": ("int32", 1),
               "mel": ("float32", 3), "mel_lengths": ("int32", 1)}
+# A producer that lacks clips looks this far into the pending list for a batch it can
+# take (whole or in part); beyond it, it waits for others to take the front.
+ASSIGN_SCAN_LIMIT = 256
+# Tell an unknown identity to say HELLO again at most this often: a restarted trainer
+# brings its producers back at once, and a flood of garbage gets no amplification.
+REJOIN_NUDGE_INTERVAL_S = 1.0
+# Bounds on per-identity bookkeeping, so hostile peers cannot grow it without limit.
+IDENTITY_MEMORY = 4096
+# Refusals kept for summary.json (each also logged; repeats of one reason at debug level).
+REFUSALS_KEPT = 100
+# A pong older than this is from a previous connection, not a round trip.
+MAX_RTT_S = 60.0
+# Socket events the coordinator watches (see _on_monitor_event).
+MONITOR_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 class BindError(Exception):
@@ -75,6 +125,12 @@ class Peer:
     index: int
     last_seen: float
     leases: set[int] = field(default_factory=set)
+    lacks: set[str] = field(default_factory=set)  # sample ids this producer has no audio for
+    fd: int = -1  # the socket's file descriptor of its current connection
+    joined_t: float = 0.0
+    base_name: str = ""  # the name it asked for (``name`` may carry a #N suffix)
+    launcher: int | None = None  # pid of the process that started it, on its host
+    session: str | None = None  # one per connection of the producer: repeated HELLOs carry the same
 
 
 @dataclass
@@ -86,6 +142,10 @@ class ProducerStats:
     rejected: int = 0
     status: str = "alive"
     connections: int = 0
+    misses: int = 0  # leased clips this producer did not have (re-planned elsewhere)
+    lacks: int = 0  # clips it declared missing at HELLO
+    rtt_ms: float | None = None  # last heartbeat round trip it measured
+    first_lease_ms: float | None = None  # from its (last) HELLO to its first lease
     prep_ms_total: float = 0.0
     credit_wait_ms_total: float = 0.0
     last_error: str = ""
@@ -103,10 +163,32 @@ class ProducerStats:
         return out
 
 
+@dataclass
+class Failover:
+    """A producer that left or died holding leases, and how fast its work moved on."""
+
+    producer: str
+    status: str
+    leases: int
+    silent_s: float  # from its last message to being declared gone
+    last_heard_unix: float
+    declared_unix: float
+    reissued: int = 0
+    reissued_unix: float | None = None  # when the last of its batches was leased to another
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        done = self.reissued_unix
+        out["reissue_after_last_heard_s"] = round(done - self.last_heard_unix, 3) if done else None
+        out["reissue_after_declared_s"] = round(done - self.declared_unix, 3) if done else None
+        return out
+
+
 class Coordinator:
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, stop: threading.Event,
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
-                 context: zmq.Context | None = None, metadata_sha256: str = "") -> None:
+                 context: zmq.Context | None = None, metadata_sha256: str = "", dataset: DatasetScan | None = None,
+                 keys: ServerKeys | None = None) -> None:
         self.cfg = cfg
         self.metadata_sha256 = metadata_sha256
         self.planner = planner
@@ -115,8 +197,12 @@ class Coordinator:
         self.max_epochs = max_epochs
         self.on_rejected = on_rejected or (lambda rejections: None)
         self.ctx = context or zmq.Context.instance()
+        self.dataset = dataset  # None: accept any producer's dataset (tests, benchmarks)
+        self.keys = keys
         self.endpoint = ""
         self._router: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._auth: Any = None
         self._wake_addr = f"inproc://consumer-wake-{uuid.uuid4().hex}"
         self._wake_local = threading.local()
         self._pending: collections.deque[PlannedBatch] = collections.deque()
@@ -125,10 +211,20 @@ class Coordinator:
         self._leases: dict[int, Lease] = {}
         self._peers: dict[bytes, Peer] = {}
         self._credits_out = 0
+        self._orphans: dict[tuple[int, int], Failover] = {}  # re-planned batches of a gone producer
+        self._fd_owner: dict[int, bytes] = {}  # connection -> identity that spoke on it
+        self._gone: set[bytes] = set()  # identities that said BYE or were refused: their close is expected
+        self._nudged: dict[bytes, float] = {}
+        self._unmatched_handshake_failures = 0
+        self._refusal_reasons_seen: set[str] = set()
         self._lock = threading.Lock()  # guards the stats below, read by other threads
         self.producers: dict[str, ProducerStats] = {}
         self.dropped: collections.Counter[str] = collections.Counter()
         self.reissued = 0
+        self.missed = 0
+        self.refusals: list[dict[str, str]] = []
+        self.failovers: list[Failover] = []
+        self._epoch_rejected: collections.Counter[int] = collections.Counter()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         self._max_bytes = cfg.pipeline.max_message_mb << 20
@@ -139,17 +235,47 @@ class Coordinator:
         router = self.ctx.socket(zmq.ROUTER)
         router.linger = 0
         router.setsockopt(zmq.MAXMSGSIZE, self._max_bytes)
+        # A producer that reconnects after a network outage keeps its identity; the old
+        # connection may still look open here, and without hand-over the new one is refused.
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if self.keys is not None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("consumer.auth"))
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=str(self.keys.authorized_dir))
+            router.curve_secretkey = self.keys.secret
+            router.curve_publickey = self.keys.public
+            router.curve_server = True
+        self._monitor = router.get_monitor_socket(events=MONITOR_EVENTS,
+                                                  addr=f"inproc://consumer-monitor-{uuid.uuid4().hex}")
         try:
             router.bind(endpoint)
         except zmq.ZMQError as exc:
-            router.close()
+            self._close_sockets(router)
             raise BindError(f"cannot bind {endpoint}: {exc.strerror}") from None
         self._router = router
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.keys is not None:
+            log.info("CURVE on: server key %s, %d allowed producer keys in %s", short(self.keys.public),
+                     self.keys.allowed, self.keys.authorized_dir)
         self._wake = self.ctx.socket(zmq.PULL)
         self._wake.linger = 0
         self._wake.bind(self._wake_addr)
         return self.endpoint
+
+    def _close_sockets(self, router: zmq.Socket, linger_ms: int = 0) -> None:
+        if self._monitor is not None:
+            try:
+                router.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close()
+            self._monitor = None
+        router.close(linger=linger_ms)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run_guarded, name="coordinator", daemon=True)
@@ -183,12 +309,20 @@ class Coordinator:
         with self._lock:
             return sum(1 for p in self.producers.values() if p.status == "alive")
 
+    def rejected_in_epoch(self, epoch: int) -> int:
+        """Samples of ``epoch`` rejected while the run went on (they will not be trained)."""
+        with self._lock:
+            return self._epoch_rejected[epoch]
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "producers": [p.to_json() for p in self.producers.values()],
                 "rejected_messages": dict(self.dropped),
                 "reissued_leases": self.reissued,
+                "missed_samples": self.missed,
+                "refused_producers": list(self.refusals),
+                "failovers": [f.to_json() for f in self.failovers],
             }
 
     # ------------------------------------------------------------ sending
@@ -202,30 +336,63 @@ class Coordinator:
             log.warning("could not send %s to %s: %s", kind, identity, exc)
 
     # ------------------------------------------------------------ plan and leases
-    def _next_planned(self) -> PlannedBatch | None:
-        if not self._pending and (self.max_epochs is None or self._next_epoch < self.max_epochs):
-            self._pending.extend(self.planner.plan(self._next_epoch))
-            self._next_epoch += 1
-        return self._pending.popleft() if self._pending else None
+    def _plan_more(self) -> bool:
+        if self.max_epochs is not None and self._next_epoch >= self.max_epochs:
+            return False
+        self._pending.extend(self.planner.plan(self._next_epoch))
+        self._next_epoch += 1
+        return True
+
+    def _take_for(self, peer: Peer) -> PlannedBatch | None:
+        """The next pending batch this producer can prepare; split off the clips it lacks."""
+        if not self._pending and not self._plan_more():
+            return None
+        if not peer.lacks:
+            return self._pending.popleft()
+        for pos, batch in enumerate(itertools.islice(self._pending, ASSIGN_SCAN_LIMIT)):
+            usable = tuple(i for i in batch.ids if i not in peer.lacks)
+            if not usable:
+                continue
+            if len(usable) == len(batch.ids):
+                del self._pending[pos]
+                return batch
+            # Same epoch, bucket and shape: the part it lacks stays in place for another producer.
+            self._pending[pos] = dataclasses.replace(batch, ids=tuple(i for i in batch.ids if i in peer.lacks))
+            return dataclasses.replace(batch, ids=usable)
+        return None
+
+    def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
+        now = time.monotonic()
+        lease = Lease(self._next_lease, batch, peer.identity, issued_t=now)
+        self._next_lease += 1
+        self._leases[lease.id] = lease
+        peer.leases.add(lease.id)
+        self._send(peer.identity, wire.LEASE, {
+            "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
+            "ids": list(batch.ids), "shape": list(batch.shape)})
+        orphan = self._orphans.pop((batch.epoch, batch.index), None)
+        with self._lock:
+            stats = self.producers.get(peer.name)
+            if stats is not None and stats.first_lease_ms is None:
+                stats.first_lease_ms = round((now - peer.joined_t) * 1e3, 3)
+            if orphan is not None:
+                orphan.reissued += 1
+                orphan.reissued_unix = time.time()
 
     def _assign(self, peer: Peer) -> None:
         while len(peer.leases) < self.cfg.pipeline.lease_ahead:
-            batch = self._next_planned()
+            batch = self._take_for(peer)
             if batch is None:
+                if self._pending and self._reject_unplaceable():
+                    continue  # work nobody alive can do was rejected; look again
                 return
-            lease = Lease(self._next_lease, batch, peer.identity)
-            self._next_lease += 1
-            self._leases[lease.id] = lease
-            peer.leases.add(lease.id)
-            self._send(peer.identity, wire.LEASE, {
-                "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
-                "ids": list(batch.ids), "shape": list(batch.shape)})
+            self._lease(peer, batch)
 
     def _assign_all(self) -> None:
         for peer in sorted(self._peers.values(), key=lambda p: len(p.leases)):
             self._assign(peer)
 
-    def _release(self, lease_ids: list[int]) -> None:
+    def _release(self, lease_ids: list[int], orphaned_by: Failover | None = None) -> None:
         """Put leased batches back at the front of the plan, in plan order."""
         batches = []
         for lease_id in lease_ids:
@@ -238,34 +405,112 @@ class Coordinator:
             if peer is not None:
                 peer.leases.discard(lease_id)
             batches.append(lease.batch)
+            if orphaned_by is not None:
+                self._orphans[(lease.batch.epoch, lease.batch.index)] = orphaned_by
         for batch in sorted(batches, key=lambda b: (b.epoch, b.index), reverse=True):
             self._pending.appendleft(batch)
         if batches:
             with self._lock:
                 self.reissued += len(batches)
 
+    def _revoke(self, lease_ids: list[int]) -> None:
+        """Re-plan leases a live producer still holds, and tell it to forget them."""
+        for lease_id in lease_ids:
+            lease = self._leases.get(lease_id)
+            if lease is not None and lease.identity in self._peers:
+                self._send(lease.identity, wire.REVOKE, {"lease": lease_id})
+        self._release(lease_ids)
+
     def _drop_peer(self, peer: Peer, status: str) -> None:
         self._peers.pop(peer.identity, None)
-        self._release(sorted(peer.leases))
+        now = time.monotonic()
+        failover = None
+        if peer.leases:
+            failover = Failover(producer=peer.name, status=status, leases=len(peer.leases),
+                                silent_s=round(now - peer.last_seen, 3),
+                                last_heard_unix=time.time() - (now - peer.last_seen), declared_unix=time.time())
+        self._release(sorted(peer.leases), orphaned_by=failover)
         with self._lock:
             stats = self.producers.get(peer.name)
             if stats is not None:
                 stats.status = status
+            if failover is not None:
+                self.failovers.append(failover)
         self._assign_all()
         self._grant()
 
     def _grant(self) -> None:
+        """Credits for free slots: to the producer holding the fewest, then in plan order.
+
+        Spreading them means a producer that freezes while holding credits blocks at most
+        its share of the queue until it is presumed dead, not the whole queue.
+        """
         free = self.queue.capacity - len(self.queue) - self._credits_out
         if free <= 0:
             return
-        ready = sorted((lease for lease in self._leases.values() if lease.state == "ready"),
-                       key=lambda lease: (lease.batch.epoch, lease.batch.index))
+        ready = [lease for lease in self._leases.values() if lease.state == "ready"]
+        if not ready:
+            return
+        held = collections.Counter(lease.identity for lease in self._leases.values() if lease.state == "credited")
         now = time.monotonic()
-        for lease in ready[:free]:
+        for _ in range(min(free, len(ready))):
+            lease = min(ready, key=lambda x: (held[x.identity], x.batch.epoch, x.batch.index))
+            ready.remove(lease)
+            held[lease.identity] += 1
             lease.state = "credited"
             lease.credited_t = now
             self._credits_out += 1
             self._send(lease.identity, wire.CREDIT, {"lease": lease.id})
+
+    # ------------------------------------------------------------ misses and rejections
+    def _reject(self, epoch: int, rejections: list[Rejection]) -> None:
+        if not rejections:
+            return
+        with self._lock:
+            self._epoch_rejected[epoch] += len(rejections)
+        self.on_rejected(rejections)
+
+    def _replan_missed(self, template: PlannedBatch, ids: list[str]) -> None:
+        """Missed clips go back into the same epoch and bucket shape, for another producer."""
+        size = self.cfg.batching.batch_size
+        for pos, batch in enumerate(self._pending):
+            if batch.epoch == template.epoch and batch.bucket == template.bucket and len(batch.ids) + len(ids) <= size:
+                self._pending[pos] = dataclasses.replace(batch, ids=batch.ids + tuple(ids))
+                return
+        self._pending.appendleft(dataclasses.replace(template, ids=tuple(ids)))
+
+    def _reject_unplaceable(self) -> bool:
+        """Reject pending clips that every live producer lacks; True if there were any.
+
+        Called only when a producer has a free lease slot and nothing it can take: the
+        clips are rejected as late as possible, so a producer that joins meanwhile with
+        the file still trains them.
+        """
+        peers = list(self._peers.values())
+        if not peers:
+            return False
+        common = set.intersection(*(p.lacks for p in peers))
+        if not common:
+            return False
+        hosts = ", ".join(sorted({p.host for p in peers}))
+        kept: collections.deque[PlannedBatch] = collections.deque()
+        changed = False
+        for batch in self._pending:
+            lost = [i for i in batch.ids if i in common]
+            if not lost:
+                kept.append(batch)
+                continue
+            changed = True
+            for sample_id in lost:
+                log.warning("sample %s is missing on every producer host alive (%s); rejecting it for epoch %d",
+                            sample_id, hosts, batch.epoch)
+            self._reject(batch.epoch, [Rejection(i, f"audio file missing on every producer host ({hosts})",
+                                                 "coordinator") for i in lost])
+            rest = tuple(i for i in batch.ids if i not in common)
+            if rest:
+                kept.append(dataclasses.replace(batch, ids=rest))
+        self._pending = kept
+        return changed
 
     # ------------------------------------------------------------ receiving
     def _count(self, reason: str, detail: str = "") -> None:
@@ -276,10 +521,19 @@ class Coordinator:
         log.log(logging.WARNING if first else logging.DEBUG, "dropped a message (%s) %s; further ones are "
                 "counted in summary.json", reason, detail)
 
+    @staticmethod
+    def _entries(value: list[Any]) -> list[tuple[Any, Any]] | None:
+        """``[{id, reason}]`` as pairs; None if any entry is not such a map."""
+        if not all(isinstance(r, dict) for r in value):
+            return None
+        return [(r.get("id"), r.get("reason", "")) for r in value]
+
     def _check_batch(self, msg: wire.Message, lease: Lease) -> str | None:
         """Why this BATCH does not match its lease, or None if it does."""
         try:
             wire.require(msg, ids=list, rejected=list)
+            if "missed" in msg.fields:
+                wire.require(msg, missed=list)
         except wire.ProtocolError as exc:
             return exc.reason
         if set(BATCH_SPEC) != set(msg.arrays):
@@ -292,13 +546,15 @@ class Coordinator:
             array = msg.arrays[name]
             if array.dtype.name != dtype or array.shape != expected_shapes[name]:
                 return "bad_batch"
-        planned = set(lease.batch.ids)
-        delivered = msg["ids"]
-        rejected_ids = [r.get("id") if isinstance(r, dict) else None for r in msg["rejected"]]
-        if not all(isinstance(x, str) for x in [*delivered, *rejected_ids]):
+        rejected = self._entries(msg["rejected"])
+        missed = self._entries(msg.get("missed", []))
+        if rejected is None or missed is None:
             return "bad_batch"
-        if (len(delivered) + len(rejected_ids) != len(planned)
-                or set(delivered) | set(rejected_ids) != planned):
+        delivered = msg["ids"]
+        accounted = [*delivered, *(i for i, _ in rejected), *(i for i, _ in missed)]
+        if not all(isinstance(x, str) for x in accounted):
+            return "bad_batch"
+        if len(accounted) != len(lease.batch.ids) or set(accounted) != set(lease.batch.ids):
             return "bad_batch"
         lengths = msg.arrays["mel_lengths"]
         if np.any(lengths[:len(delivered)] <= 0) or np.any(lengths[len(delivered):] != 0):
@@ -327,21 +583,25 @@ class Coordinator:
             self._assign_all()
             self._grant()
             return
-        item = QueuedBatch(lease=lease_id, epoch=lease.batch.epoch, index=lease.batch.index,
-                           ids=list(msg["ids"]), arrays=msg.arrays, producer=peer.name)
-        try:
-            self.queue.put(item)
-        except QueueFull:
-            # Cannot happen while credits are counted right; if it does, re-plan rather than lose it.
-            log.error("queue full on delivery of lease %d; re-planning it", lease_id)
-            self._count("queue_full")
-            self._release([lease_id])
-            return
+        batch = lease.batch
+        delivered = list(msg["ids"])
+        if delivered:
+            item = QueuedBatch(lease=lease_id, epoch=batch.epoch, index=batch.index, ids=delivered,
+                               arrays=msg.arrays, producer=peer.name)
+            try:
+                self.queue.put(item)
+            except QueueFull:
+                # Cannot happen while credits are counted right; if it does, re-plan rather than lose it.
+                log.error("queue full on delivery of lease %d; re-planning it", lease_id)
+                self._count("queue_full")
+                self._release([lease_id])
+                return
         self._credits_out -= 1
         del self._leases[lease_id]
         peer.leases.discard(lease_id)
-        rejections = [Rejection(str(r.get("id")), str(r.get("reason", "rejected by producer"))[:300], peer.name)
-                      for r in msg["rejected"]]
+        rejections = [Rejection(str(i), str(reason)[:300] or "rejected by producer", peer.name)
+                      for i, reason in self._entries(msg["rejected"]) or []]
+        missed = self._entries(msg.get("missed", [])) or []
         prep_ms = msg.get("prep_ms")
         cache = msg.get("cache")
         cache = cache if isinstance(cache, dict) else {}
@@ -353,9 +613,11 @@ class Coordinator:
         with self._lock:
             stats = self.producers[peer.name]
             stats.batches += 1
-            stats.samples += len(item.ids)
+            stats.samples += len(delivered)
             stats.rejected += len(rejections)
-            if isinstance(prep_ms, (int, float)):
+            stats.misses += len(missed)
+            self.missed += len(missed)
+            if isinstance(prep_ms, (int, float)) and not isinstance(prep_ms, bool):
                 stats.prep_ms_total += float(prep_ms)
             # Time the prepared batch waited for its credit: high when the trainer is the limit.
             stats.credit_wait_ms_total += max(0.0, lease.credited_t - lease.ready_t) * 1e3
@@ -363,28 +625,96 @@ class Coordinator:
             stats.cache_computed += count("computed")
             stats.cache_stale += count("stale")
             stats.cache_corrupt += count("corrupt")
-        if rejections:
-            for r in rejections:
-                log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
-            self.on_rejected(rejections)
-        self._assign(peer)
+        for r in rejections:
+            log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
+        self._reject(batch.epoch, rejections)
+        if missed:
+            ids = [str(i) for i, _ in missed]
+            for sample_id, reason in missed:
+                log.warning("producer %s (host %s) does not have %s (%s); re-planning it onto another producer",
+                            peer.name, peer.host, sample_id, str(reason)[:300])
+            peer.lacks.update(ids)
+            self._replan_missed(batch, ids)
+        # Every producer with a free slot, not only this one: one that lacks clips may have
+        # found nothing it could take a moment ago, and there may be new work now.
+        self._assign_all()
+        if not delivered:
+            self._grant()  # the credit came back without filling a slot
 
-    def _on_hello(self, identity: bytes, msg: wire.Message, now: float) -> None:
+    def _refuse(self, identity: bytes, name: str, host: str, reason: str, **extra: Any) -> None:
+        self._send(identity, wire.REFUSE, {"reason": reason, **extra})
+        self._remember(self._gone, identity)
+        first = reason not in self._refusal_reasons_seen
+        if first and len(self._refusal_reasons_seen) < IDENTITY_MEMORY:
+            self._refusal_reasons_seen.add(reason)
+        log.log(logging.WARNING if first else logging.DEBUG, "refused producer %s from %s: %s", name, host, reason)
+        with self._lock:
+            if len(self.refusals) < REFUSALS_KEPT:
+                self.refusals.append({"producer": name, "host": host, "reason": reason})
+
+    @staticmethod
+    def _remember(store: set[Any] | dict[Any, Any], key: Any, value: Any = None) -> None:
+        """Add to a bounded set or map: hostile peers must not grow it without limit."""
+        if len(store) >= IDENTITY_MEMORY and key not in store:
+            store.clear()  # forgetting costs at most a log line, a nudge or a miscounted close
+        if isinstance(store, set):
+            store.add(key)
+        else:
+            store[key] = value
+
+    def _on_hello(self, identity: bytes, msg: wire.Message, now: float, fd: int) -> None:
         wire.require(msg, producer=str, host=str, pid=int)
-        old = self._peers.get(identity)
-        if old is not None:  # reconnected with the same identity: it dropped its work
-            self._drop_peer(old, "alive")
         name = msg["producer"][:200]
-        peer = Peer(identity, name, msg["host"][:200], msg["pid"], len(self._peers), now)
+        host = msg["host"][:200]
+        lacks: frozenset[str] = frozenset()
+        if self.dataset is not None:
+            agreement = check_agreement(self.dataset, msg.get("dataset"), host)
+            if not agreement.ok:
+                extra = {"metadata_file": agreement.metadata_file} if agreement.metadata_file else {}
+                self._refuse(identity, name, host, agreement.reason, **extra)
+                return
+            lacks = agreement.lacks
+        launcher = msg.get("launcher")
+        launcher = launcher if isinstance(launcher, int) and not isinstance(launcher, bool) else None
+        session = msg.get("session")
+        session = session if isinstance(session, str) else None
+        old = self._peers.get(identity)
+        if old is not None and session is not None and old.session == session:
+            self._send(identity, wire.WELCOME, self._welcome_fields(old))  # a HELLO retry crossed our WELCOME
+            return
+        if old is not None:  # reconnected with the same identity: it dropped its work
+            self._drop_peer(old, "reconnected")
+        for other in list(self._peers.values()):
+            if (launcher is not None and other.base_name == name and other.host == host
+                    and other.launcher == launcher):
+                # Its launcher restarted it: the old process is gone, its work need not wait for the timeout.
+                log.info("producer %s restarted on %s (pid %d, was %d); re-planning the %d leases of the old one",
+                         other.name, host, msg["pid"], other.pid, len(other.leases))
+                self._drop_peer(other, "restarted")
+        self._gone.discard(identity)
+        taken = {p.name for p in self._peers.values()}
+        unique, n = name, 2
+        while unique in taken:  # two hosts with one hostname, or two launchers on one host
+            unique, n = f"{name}#{n}", n + 1
+        peer = Peer(identity, unique, host, msg["pid"], len(self._peers), now, lacks=set(lacks), fd=fd,
+                    joined_t=now, base_name=name, launcher=launcher, session=session)
         self._peers[identity] = peer
         with self._lock:
-            stats = self.producers.setdefault(name, ProducerStats(id=name, host=peer.host))
+            stats = self.producers.setdefault(unique, ProducerStats(id=unique, host=host))
             stats.status = "alive"
-            stats.host = peer.host
+            stats.host = host
             stats.connections += 1
-        log.info("producer %s joined from %s (pid %d)", name, peer.host, peer.pid)
-        self._send(identity, wire.WELCOME, {
+            stats.lacks = len(lacks)
+            stats.first_lease_ms = None
+        log.info("producer %s joined from %s (pid %d)%s", unique, host, peer.pid,
+                 f"; it lacks {len(lacks)} audio files, which others will prepare" if lacks else "")
+        self._send(identity, wire.WELCOME, self._welcome_fields(peer))
+        self._assign(peer)
+
+    def _welcome_fields(self, peer: Peer) -> dict[str, Any]:
+        return {
             "producer_index": peer.index,
+            "producer_name": peer.name,
             "features": dataclasses.asdict(self.cfg.features),
             "batch_size": self.cfg.batching.batch_size,
             "metadata_file": self.cfg.data.metadata_file,
@@ -393,14 +723,37 @@ class Coordinator:
             "heartbeat_interval_s": self.cfg.pipeline.heartbeat_interval_s,
             "heartbeat_timeout_s": self.cfg.pipeline.heartbeat_timeout_s,
             "faults": dataclasses.asdict(self.cfg.faults),
-        })
-        self._assign(peer)
+        }
+
+    def _nudge(self, identity: bytes, now: float) -> None:
+        """An identity we do not know talks as if it had joined: ask it to say HELLO again."""
+        if identity in self._gone or now - self._nudged.get(identity, -REJOIN_NUDGE_INTERVAL_S) < REJOIN_NUDGE_INTERVAL_S:
+            return
+        self._remember(self._nudged, identity, now)
+        self._send(identity, wire.REFUSE, {"reason": "unknown producer (the trainer restarted, or declared it "
+                                                     "dead): say HELLO again", "rejoin": True})
+
+    def _on_heartbeat(self, peer: Peer, msg: wire.Message, now: float) -> None:
+        ping = msg.get("ping")
+        if isinstance(ping, (int, float)) and not isinstance(ping, bool):
+            self._send(peer.identity, wire.HEARTBEAT, {"pong": ping})
+        rtt = msg.get("rtt_ms")
+        if isinstance(rtt, (int, float)) and not isinstance(rtt, bool) and 0 <= rtt <= MAX_RTT_S * 1e3:
+            with self._lock:
+                self.producers[peer.name].rtt_ms = round(float(rtt), 3)
 
     def _on_message(self, frames: list[Any], now: float) -> None:
         if len(frames) < 2:
             self._count("frame_count")
             return
-        identity = bytes(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
+        first = frames[0]
+        identity = bytes(first.bytes if hasattr(first, "bytes") else first)
+        try:  # the connection it came on (-1 for transports without one)
+            fd = first.get(zmq.SRCFD) if isinstance(first, zmq.Frame) else -1
+        except zmq.ZMQError:
+            fd = -1
+        if fd >= 0 and fd not in self._fd_owner:
+            self._remember(self._fd_owner, fd, identity)
         try:
             msg = wire.decode(frames[1:], max_bytes=self._max_bytes)
         except wire.ProtocolError as exc:
@@ -408,13 +761,20 @@ class Coordinator:
             return
         try:
             if msg.kind == wire.HELLO:
-                self._on_hello(identity, msg, now)
+                if fd >= 0:
+                    self._fd_owner[fd] = identity
+                self._on_hello(identity, msg, now, fd)
                 return
             peer = self._peers.get(identity)
             if peer is None:
                 self._count("unknown_peer", msg.kind)
+                if msg.kind in (wire.HEARTBEAT, wire.READY, wire.BATCH):
+                    self._nudge(identity, now)
                 return
             peer.last_seen = now
+            if fd >= 0:
+                peer.fd = fd
+                self._fd_owner[fd] = identity
             if msg.kind == wire.BATCH:
                 self._on_batch(peer, msg, now)
             elif msg.kind == wire.READY:
@@ -427,21 +787,55 @@ class Coordinator:
                 lease.ready_t = now
                 self._grant()
             elif msg.kind == wire.HEARTBEAT:
-                pass
+                self._on_heartbeat(peer, msg, now)
             elif msg.kind == wire.ERROR:
                 text = f"{msg.get('type')}: {msg.get('message')} (in {msg.get('where')})"[:1000]
                 log.error("producer %s reported %s", peer.name, text)
                 with self._lock:
                     self.producers[peer.name].last_error = text
                 if msg.get("fatal"):
+                    self._remember(self._gone, identity)
                     self._drop_peer(peer, "crashed")
             elif msg.kind == wire.BYE:
                 log.info("producer %s left, returning %d leases", peer.name, len(peer.leases))
+                self._remember(self._gone, identity)
                 self._drop_peer(peer, "left")
             else:
                 self._count("unexpected_kind", msg.kind)
         except wire.ProtocolError as exc:
             self._count(exc.reason, exc.detail)
+
+    def _on_monitor_event(self, event: dict[str, Any]) -> None:
+        kind, value = event["event"], event["value"]
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self._unmatched_handshake_failures += 1
+            self._count("unauthenticated", f"(a producer key not in the allow-list; ZAP status {value})")
+        elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            self._unmatched_handshake_failures += 1
+            self._count("handshake_failed", f"(security mismatch or not ZeroMQ; code {value:#x})")
+        elif kind == zmq.EVENT_DISCONNECTED:
+            identity = self._fd_owner.pop(value, None)
+            if identity is None and self._unmatched_handshake_failures > 0:
+                self._unmatched_handshake_failures -= 1  # the close that follows a failed handshake
+                return
+            if identity is not None and identity in self._gone:
+                return  # closed after BYE or a refusal: expected
+            peer = self._peers.get(identity) if identity is not None else None
+            if peer is not None and peer.fd != value:
+                return  # an old connection handed over to the producer's new one
+            self._count("connection_dropped", "(closed without BYE: a frame above pipeline.max_message_mb, a broken "
+                                              "stream, or a producer that died)")
+            if peer is not None:
+                # Its process died (the kernel closed the connection) or the transport cut it:
+                # nothing more will come on it, so its work moves now rather than after the
+                # heartbeat timeout. If it is alive after all, ZeroMQ reconnects it and it is
+                # told to say HELLO again.
+                credited = any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases)
+                log.warning("the connection of producer %s closed without BYE: presumed dead, re-planning its %d "
+                            "leases%s", peer.name, len(peer.leases),
+                            f" (if this repeats, its batches may exceed pipeline.max_message_mb="
+                            f"{self.cfg.pipeline.max_message_mb})" if credited else "")
+                self._drop_peer(peer, "dead")
 
     def _housekeeping(self, now: float) -> None:
         timeout = self.cfg.pipeline.heartbeat_timeout_s
@@ -454,9 +848,46 @@ class Coordinator:
                  if lease.state == "credited" and now - lease.credited_t > timeout]
         if stale:
             log.warning("%d credited batches not delivered within %.1f s; re-planning them", len(stale), timeout)
-            self._release(stale)
+        stuck = [lease.id for lease in self._leases.values()
+                 if lease.state == "working" and now - lease.issued_t > self.cfg.pipeline.lease_timeout_s]
+        if stuck:
+            log.warning("%d leases not prepared within pipeline.lease_timeout_s=%.0f s; re-planning them",
+                        len(stuck), self.cfg.pipeline.lease_timeout_s)
+        if stale or stuck:
+            self._revoke(stale + stuck)
             self._assign_all()
         self._grant()
+
+    def _say_stop(self, router: zmq.Socket) -> None:
+        """STOP to every producer, then wait (bounded) for their BYEs or their connections to close."""
+        for identity in self._peers:
+            self._send(identity, wire.STOP, {"reason": "run over"})
+        waiting = {identity for identity, peer in self._peers.items() if peer.fd >= 0}
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
+        deadline = time.monotonic() + STOP_ACK_S
+        while waiting and time.monotonic() < deadline:
+            events = dict(poller.poll(POLL_INTERVAL_MS))
+            if self._monitor is not None and self._monitor in events:
+                try:
+                    event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    event = {}
+                if event.get("event") == zmq.EVENT_DISCONNECTED:
+                    waiting.discard(self._fd_owner.get(event["value"], b""))
+            if router not in events:
+                continue
+            try:
+                frames = router.recv_multipart(flags=zmq.NOBLOCK)
+                msg = wire.decode(frames[1:], max_bytes=self._max_bytes)
+            except (zmq.Again, wire.ProtocolError, IndexError):
+                continue
+            if msg.kind in (wire.BYE, wire.ERROR):
+                waiting.discard(bytes(frames[0]))
+        if waiting:
+            log.debug("%d producers did not acknowledge STOP", len(waiting))
 
     def _run_guarded(self) -> None:
         try:
@@ -468,10 +899,12 @@ class Coordinator:
 
     def _run(self) -> None:
         router = self._router
-        assert router is not None
+        assert router is not None and self._monitor is not None
+        monitor = self._monitor
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(self._wake, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         interval = self.cfg.pipeline.heartbeat_interval_s
         last_beat = last_housekeeping = time.monotonic()
         try:
@@ -485,6 +918,12 @@ class Coordinator:
                         except zmq.Again:
                             break
                     self._grant()
+                if monitor in events:
+                    for _ in range(64):
+                        try:
+                            self._on_monitor_event(recv_monitor_message(monitor, flags=zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
                 if router in events:
                     for _ in range(64):  # bounded burst, then heartbeats get their turn
                         try:
@@ -500,9 +939,8 @@ class Coordinator:
                     self._housekeeping(now)
                     last_housekeeping = now
         finally:
-            for identity in list(self._peers):
-                self._send(identity, wire.STOP, {"reason": "run over"})
-            router.close(linger=STOP_LINGER_MS)
+            self._say_stop(router)
+            self._close_sockets(router, STOP_LINGER_MS)
             self._wake.close()
             with self._lock:
                 for stats in self.producers.values():

@@ -10,8 +10,8 @@ Training loop, per step: ask the queue for the next batch (the time until it com
 (``step_ms``), record the row. The first step waits until the queue is full or
 ``model_start_delay_s`` has passed (warm-up, reported as ``warmup_s``).
 
-Stop: the step budget is reached, the planned epochs are trained, or SIGTERM/SIGINT
-arrives (checked between steps and while waiting). Then: the coordinator sends STOP to
+Stop: the step budget is reached, the planned epochs are complete (every sample of
+each trained, or rejected while the run went on), or SIGTERM/SIGINT arrives (checked between steps and while waiting). Then: the coordinator sends STOP to
 every producer and closes, the run files are flushed and summary.json is written.
 Exit status: 0 finished, 130 interrupted, 1 failed, 2 a user error (bad dataset,
 endpoint in use, unknown model).
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import logging
 import os
 import sys
@@ -37,11 +36,12 @@ from consumer.plan import EpochPlanner
 from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
-from shared.dataset import DatasetError, Rejection, build_index, feature_cache_dir, read_metadata_bytes
+from shared.dataset import DatasetError, Rejection, build_index, feature_cache_dir
 from shared.gpumon import GpuSampler
+from shared.keys import KeysError, load_server_keys
 from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
 from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent,
-                         install_stop_handlers, parent_alive, setup_logging)
+                         flush_sockets, install_stop_handlers, parent_alive, setup_logging)
 
 log = logging.getLogger("consumer")
 
@@ -51,6 +51,8 @@ WAIT_SLICE_S = 0.25
 NO_DATA_WARN_S = 10.0
 # After training, give the coordinator this long to send STOP and close.
 COORDINATOR_JOIN_S = 3.0
+# At exit, give the STOP messages this long to reach the producers.
+FLUSH_S = 1.0
 
 
 
@@ -87,14 +89,18 @@ class Run:
             cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
         if feature_cache:
             log.info("feature cache %s", feature_cache)
-        metadata_sha256 = hashlib.sha256(read_metadata_bytes(index.root, cfg.data.metadata_file)).hexdigest()
+        metadata_sha256 = index.scan.metadata_sha256
         planner = EpochPlanner(index.samples, cfg.batching)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches of %d per epoch in %d shapes %s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  cfg.batching.batch_size, len(planner.shapes), planner.shapes)
+        log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
+                 index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
+        keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
         queue = BatchQueue(cfg.pipeline.buffer_size)
         coordinator = Coordinator(cfg, planner, queue, self.stop, max_epochs=cfg.trainer.epochs,
-                                  on_rejected=self._record_rejections, metadata_sha256=metadata_sha256)
+                                  on_rejected=self._record_rejections, metadata_sha256=metadata_sha256,
+                                  dataset=index.scan, keys=keys)
         queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()
@@ -129,7 +135,9 @@ class Run:
                        "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
                        "queue_high_water": queue.high_water, "host_cores": os.cpu_count(),
                        "clips": len(index.samples), "index": index.stats.to_json(),
-                       "feature_cache": feature_cache_totals(feature_cache, snap["producers"])})
+                       "feature_cache": feature_cache_totals(feature_cache, snap["producers"]),
+                       "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
+                       "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint})
             write_json(self.run_dir / "summary.json", summary)
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
                      self.run_dir / "summary.json")
@@ -162,16 +170,35 @@ class TrainLoop:
         self.tb: TensorBoard | None = None
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
         self.samples_log = JsonlWriter(run_dir / "samples.jsonl") if cfg.trainer.record_samples else None
-        epochs = cfg.trainer.epochs
-        self.total_steps = epochs * planner.batches_per_epoch if epochs else cfg.trainer.steps
+        self.epochs = cfg.trainer.epochs
+        # With --epochs the run ends when those epochs are complete; re-planned misses can add
+        # a batch or two, so the step count is only the plan's expectation (for progress lines).
+        self.total_steps = None if self.epochs else cfg.trainer.steps
+        self.expected_steps = self.epochs * planner.batches_per_epoch if self.epochs else cfg.trainer.steps
         self.step = 0
         self.epochs_completed = 0
         self.warmup_s = 0.0
         self.interrupted = False
         self.exit_reason, self.code = "completed", EXIT_OK
         self._epoch_done: dict[int, int] = {}
-        self.telemetry = Telemetry(run_dir, queue.capacity, self.total_steps,
+        self.telemetry = Telemetry(run_dir, queue.capacity, self.expected_steps,
                                    lambda: coordinator.snapshot()["producers"], cfg.run.metrics_port)
+        self._trained: dict[int, int] = {}  # samples trained, per epoch
+        self._complete: set[int] = set()
+
+    def _update_epochs(self) -> None:
+        """Mark epochs whose every sample was trained or rejected while the run went on."""
+        last = self.epochs if self.epochs else max(self._trained, default=-1) + 1
+        for epoch in range(last):
+            if epoch not in self._complete and (self._trained.get(epoch, 0) + self.coordinator.rejected_in_epoch(epoch)
+                                                >= self.planner.samples_per_epoch):
+                self._complete.add(epoch)
+        self.epochs_completed = len(self._complete)
+
+    def finished(self) -> bool:
+        if self.total_steps is not None:
+            return self.step >= self.total_steps
+        return self.epochs_completed >= (self.epochs or 0)
 
     def close(self) -> None:
         if self.tb is not None:
@@ -181,12 +208,17 @@ class TrainLoop:
             self.samples_log.close()
 
     def _next_batch(self) -> tuple[Any, int] | None:
-        """The next batch and the depth seen on asking; None when stopped while waiting."""
+        """The next batch and the depth seen on asking; None when stopped while waiting, or
+        when the last epoch completed meanwhile (its last samples were rejected)."""
         asked = last_warn = time.monotonic()
         while not self.stop.is_set():
             got = self.queue.get(WAIT_SLICE_S)
             if got is not None:
                 return got
+            if self.epochs:
+                self._update_epochs()
+                if self.finished():
+                    return None
             now = time.monotonic()
             self.telemetry.tick(now)
             if not parent_alive(self.parent_pid):
@@ -226,11 +258,14 @@ class TrainLoop:
         self.warmup_s = time.monotonic() - warm_start
         t0 = self.started
         recent: list[dict[str, Any]] = []
-        while self.total_steps is None or self.step < self.total_steps:
+        while not self.finished():
             asked = time.monotonic()
             got = self._next_batch()
             if got is None:
-                self.interrupted = True
+                if not self.finished():
+                    self.interrupted = True
+                else:
+                    self._progress(None, recent)
                 return
             item, depth = got
             begun = time.monotonic()
@@ -244,18 +279,19 @@ class TrainLoop:
             self.telemetry.on_step(row)
             if self.samples_log is not None:
                 self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
-            self._epoch_done[item.epoch] = self._epoch_done.get(item.epoch, 0) + 1
-            if self._epoch_done[item.epoch] == self.planner.batches_per_epoch:
-                self.epochs_completed += 1
+            self._trained[item.epoch] = self._trained.get(item.epoch, 0) + len(item.ids)
+            self._update_epochs()
             recent.append(row)
-            if self.step % cfg.trainer.log_every_steps == 0 or self.step == self.total_steps:
+            if self.step % cfg.trainer.log_every_steps == 0 or self.finished():
                 self._progress(loss, recent)
                 recent = []
-            if self.stop.is_set() and (self.total_steps is None or self.step < self.total_steps):
+            if self.stop.is_set() and not self.finished():
                 self.interrupted = True
                 return
 
     def _progress(self, loss: float | None, recent: list[dict[str, Any]]) -> None:
+        if not recent:
+            return
         wait = sum(r["wait_ms"] for r in recent)
         busy = wait + sum(r["step_ms"] for r in recent)
         samples = sum(r["samples"] for r in recent)
@@ -263,7 +299,7 @@ class TrainLoop:
         loss_text = f"loss {loss:.4f}  " if loss is not None else ""
         alive = self.coordinator.alive()
         log.info("step %d%s  %s%.1f samples/s  queue %.1f/%d  wait %.1f%%  producers %d",
-                 self.step, f"/{self.total_steps}" if self.total_steps else "", loss_text,
+                 self.step, f"/{self.expected_steps}" if self.expected_steps else "", loss_text,
                  samples / (busy / 1000) if busy else 0.0, depth, self.cfg.pipeline.buffer_size,
                  100 * wait / busy if busy else 0.0, alive)
         if self.tb is not None:
@@ -294,10 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         sampler = GpuSampler(gpus, args.run_dir)
         sampler.start()
         try:
-            return Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb).execute()
+            code = Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb).execute()
         finally:
             sampler.stop()
-    except (DatasetError, ModelError, BindError) as exc:
+        flush_sockets(FLUSH_S)
+        return code
+    except (DatasetError, ModelError, BindError, KeysError) as exc:
         # The launcher prints a user error as its one line; log it only when run alone.
         log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)
         status.error(exc, "consumer", user_error=True)

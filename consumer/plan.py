@@ -71,6 +71,9 @@ class EpochPlanner:
         self.cfg = cfg
         self.buckets = make_buckets(samples, cfg)
         self.batches_per_epoch = sum(-(-len(b.sample_ids) // cfg.batch_size) for b in self.buckets)
+        # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
+        # an extra batch, so an epoch is complete when all its samples are trained or rejected.
+        self.samples_per_epoch = sum(len(b.sample_ids) for b in self.buckets)
 
     @property
     def shapes(self) -> list[tuple[int, int]]:

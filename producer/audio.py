@@ -24,10 +24,15 @@ class AudioError(Exception):
     """A clip that cannot be used; ``str(exc)`` is the rejection reason."""
 
 
+class AudioMissing(AudioError):
+    """The clip's file is not on this host; another host may have it."""
+
+
 def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.ndarray:
     """Return mono float32 audio at ``target_rate_hz``; raise :class:`AudioError`.
 
     ``where`` names the file in reasons (the dataset-relative path); default: its name.
+    A file absent on this host raises :class:`AudioMissing`.
     """
     import soundfile
 
@@ -36,7 +41,7 @@ def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.
         size = Path(path).stat().st_size
         problem = riff_problem(Path(path), size) if size else ""
     except FileNotFoundError:
-        raise AudioError(f"audio file missing: {where}") from None
+        raise AudioMissing(f"audio file missing: {where}") from None
     except OSError as exc:
         raise AudioError(f"audio file unreadable: {where}: {exc.strerror}") from None
     if size == 0:
@@ -47,7 +52,7 @@ def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.
         audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except Exception as exc:  # libsndfile raises LibsndfileError/RuntimeError for corrupt data
         if not Path(path).exists():  # soundfile reports a missing file as LibsndfileError, not FileNotFoundError
-            raise AudioError(f"audio file missing: {where}") from None
+            raise AudioMissing(f"audio file missing: {where}") from None
         raise AudioError(f"audio file unreadable: {where}: {libsndfile_message(exc)}") from None
     if audio.shape[0] == 0:
         raise AudioError(f"audio file has no samples: {where}")

@@ -6,13 +6,29 @@ Two threads:
                   CREDIT for it, BYE on stop. Polls with a timeout; never blocks.
   compute thread  reads audio, computes log-mels (TensorFlow ops on the data device, or
                   the numpy reference), collates to the bucket shape, encodes the frames,
-                  and hands the lease id to the io thread over an inproc socket.
+                  and hands the lease id to the io thread over an inproc socket. It takes
+                  the lowest (epoch, index) first, so re-planned work goes before new work.
+
+Joining: before its HELLO the producer scans its dataset (shared/dataset.py: metadata
+and audio file sizes) and describes it; a trainer whose dataset differs answers REFUSE
+with the reason, which the producer logs and exits with status 2. With ``--keys`` the
+socket is a CURVE client; a trainer that rejects the key (or speaks no CURVE) fails the
+handshake, which the producer sees on its socket monitor and reports the same way.
 
 A producer keeps up to ``lease_ahead`` batches leased; prepared ones wait for their
-credit, so a credit is answered at once. A clip that cannot be read is dropped from
-its batch and reported in the batch header (``rejected``); any other failure is sent
-to the consumer as an ERROR message and ends the process with status 1 (the launcher
-restarts local producers).
+credit, so a credit is answered at once. A clip whose file is not on this host is
+reported as *missed* (the consumer re-plans it onto another producer); one that cannot
+be read is *rejected*; both leave the batch, which is delivered with the rest. Any
+other failure is sent to the consumer as an ERROR message and ends the process with
+status 1 (the launcher restarts local producers).
+
+Liveness and reconnection: while joined, the producer sends HEARTBEAT (with a ping the
+consumer answers, giving the round trip) every ``heartbeat_interval_s``. If the consumer
+is silent for ``heartbeat_timeout_s`` (trainer restarted, network down) the producer
+drops its leases (the consumer re-plans them), closes the socket and connects again
+after a back-off that doubles up to RECONNECT_MAX_S, saying HELLO until welcomed. The
+socket is ``IMMEDIATE``: nothing queues for a connection that is not up, so a long
+outage leaves no backlog of stale messages.
 
 Shutdown: STOP from the consumer, SIGTERM/SIGINT, or a dead parent. On SIGTERM/SIGINT
 the producer sends BYE with the leases it still holds, so they are re-planned at once.
@@ -22,7 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
+import itertools
 import logging
 import os
 import queue
@@ -36,12 +52,15 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from shared import wire
 from shared.config import FaultsConfig, FeaturesConfig
-from shared.dataset import (AUDIO_SUFFIX, DatasetError, audio_path, read_metadata_bytes, parse_metadata,
-                            relative_audio, resolve_root, scan_audio)
-from shared.proc import StatusWriter, die_with_parent, install_stop_handlers, parent_alive, setup_logging
+from shared.dataset import (AUDIO_SUFFIX, DatasetError, DatasetScan, audio_path, relative_audio, resolve_root,
+                            scan_dataset)
+from shared.keys import ClientKeys, KeysError, load_client_keys, short
+from shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
+    install_stop_handlers, parent_alive, setup_logging
 from shared.text import encode_text
 
 log = logging.getLogger("producer")
@@ -53,10 +72,32 @@ HELLO_RETRY_S = 2.0
 # Reconnect back-off after the consumer went silent: doubles up to the maximum.
 RECONNECT_MIN_S = 0.5
 RECONNECT_MAX_S = 8.0
+# While a connection cannot be made (trainer down, link cut), ZeroMQ retries it with its
+# own back-off from 100 ms up to this: a returning link is found within it, at the cost
+# of one connection attempt per interval.
+CONNECT_RETRY_MAX_S = 2.0
 # How long the compute thread waits for work before re-checking the stop flag.
 WORK_POLL_S = 0.2
 # Closing the socket after BYE or an ERROR: give the last message this long to leave.
 FINAL_LINGER_MS = 500
+# The consumer only sends small control messages (a lease lists one batch's ids); a
+# larger frame is refused by the socket, so a hostile endpoint cannot make us allocate.
+MAX_INBOUND_BYTES = 16 << 20
+# Handshakes that fail without detail (the peer closed the connection during it): give
+# up after this many in a row, not at the first glitch.
+HANDSHAKE_FAILURES_FATAL = 3
+# A pong later than this is from an earlier connection, not a round trip.
+MAX_RTT_S = 60.0
+# Messages read per wake-up before the loop looks at its other duties.
+RECV_BURST = 64
+# While no trainer answers (not started yet, unreachable), say so this often.
+WAITING_NOTE_S = 15.0
+MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+class Refused(Exception):
+    """The trainer will not have this producer; the message is one line for the user."""
 
 
 class BatchMaker:
@@ -65,12 +106,15 @@ class BatchMaker:
     Per clip: tokens from the metadata text; the log-mel from the feature cache when
     one is configured and holds a valid entry, else from the audio (read, downmixed,
     resampled, then transformed with the other clips of the batch at once, and stored
-    in the cache). Clips that cannot be used are reported as rejected, with the reason.
+    in the cache). Clips whose file is not on this host are reported as missed (the
+    consumer re-plans them onto another producer); clips that cannot be used are
+    reported as rejected, with the reason.
     """
 
     def __init__(self, root: Path, texts: dict[str, str], features: FeaturesConfig,
-                 batch_size: int, device: str | None, name: str, files: dict[str, str] | None = None,
-                 feature_cache: str = "", faults: FaultsConfig | None = None) -> None:
+                 batch_size: int, device: str | None, name: str, host: str | None = None,
+                 files: dict[str, str] | None = None, feature_cache: str = "",
+                 faults: FaultsConfig | None = None) -> None:
         from producer.collate import collate
         from producer.feature_cache import FeatureCache
         from producer.features import MelComputer, pad_value
@@ -81,6 +125,7 @@ class BatchMaker:
         self.features = features
         self.batch_size = batch_size
         self.name = name
+        self.host = host or pysocket.gethostname()
         self._collate = collate
         self._pad = pad_value(features)
         self._mels = MelComputer(features, device=device)
@@ -99,8 +144,8 @@ class BatchMaker:
             self._next_stall += f.producer_stall_every_s
 
     def make(self, lease: dict[str, Any]) -> list[Any]:
-        """The BATCH frames of one lease (fields include the clips rejected and cache counts)."""
-        from producer.audio import AudioError, load_audio
+        """The BATCH frames of one lease (fields include the clips rejected, missed and cache counts)."""
+        from producer.audio import AudioError, AudioMissing, load_audio
         from producer.feature_cache import CacheCounts
 
         started = time.perf_counter()
@@ -110,10 +155,11 @@ class BatchMaker:
         clips: list[np.ndarray] = []
         to_store: list[tuple[str, str, os.stat_result]] = []
         rejected: list[dict[str, str]] = []
+        missed: list[dict[str, str]] = []
         for sample_id in lease["ids"]:
             text = self.texts.get(sample_id)
             if text is None:
-                rejected.append({"id": sample_id, "reason": f"id not in metadata on host {pysocket.gethostname()}"})
+                missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
                 continue
             name = self.files.get(sample_id) or f"{sample_id}{AUDIO_SUFFIX}"
             where = relative_audio(sample_id, name)
@@ -132,6 +178,9 @@ class BatchMaker:
             if mel is None:
                 try:
                     audio = load_audio(path, self.features.sample_rate_hz, where)
+                except AudioMissing as exc:
+                    missed.append({"id": sample_id, "reason": f"{exc} on host {self.host}"})
+                    continue
                 except AudioError as exc:
                     rejected.append({"id": sample_id, "reason": str(exc)})
                     continue
@@ -163,7 +212,7 @@ class BatchMaker:
                                self.features.n_mels, self._pad)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
-                  "ids": ids, "rejected": rejected, "prep_ms": round(prep_ms, 3)}
+                  "ids": ids, "rejected": rejected, "missed": missed, "prep_ms": round(prep_ms, 3)}
         if self.cache is not None and before is not None:
             delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
             fields["cache"] = {**delta.to_json(), "computed": len(computed_by_id)}
@@ -173,7 +222,8 @@ class BatchMaker:
 class Producer:
     def __init__(self, endpoint: str, data_root: Path, name: str, stop: threading.Event,
                  parent_pid: int | None = None, memory_mb: int | None = None,
-                 status: StatusWriter | None = None, context: zmq.Context | None = None) -> None:
+                 status: StatusWriter | None = None, context: zmq.Context | None = None,
+                 keys: ClientKeys | None = None, metadata_file: str = "metadata.csv") -> None:
         self.endpoint = endpoint
         self.root = data_root
         self.name = name
@@ -182,10 +232,13 @@ class Producer:
         self.memory_mb = memory_mb
         self.status = status or StatusWriter(None)
         self.ctx = context or zmq.Context.instance()
+        self.keys = keys
+        self.metadata_file = metadata_file
         self.identity = f"{name}-{uuid.uuid4().hex[:8]}".encode()
         self.host = pysocket.gethostname()
         self._wake_addr = f"inproc://producer-wake-{uuid.uuid4().hex}"
-        self._work: queue.Queue = queue.Queue()
+        self._work: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()  # ties in (epoch, index) keep arrival order
         self._ready: dict[int, list[Any]] = {}
         self._ready_lock = threading.Lock()
         self._held: set[int] = set()  # leases given to us and not yet delivered
@@ -194,8 +247,16 @@ class Producer:
         self._failure: BaseException | None = None
         self._welcome: dict[str, Any] | None = None
         self._welcomed = threading.Event()
-        self._texts: dict[str, str] | None = None
-        self._files: dict[str, str] | None = None
+        self._scan: DatasetScan | None = None
+        self._scanned: set[str] = set()
+        self._monitor: zmq.Socket | None = None
+        self._handshake_failures = 0
+        self._connected_t = 0.0
+        self._last_hello = 0.0
+        self._first_batch_logged = False
+        self._session = ""  # new for each connection; the consumer treats repeated HELLOs of one as one
+        self._first_lease_logged = False
+        self.rtt_ms: float | None = None
         self.batches_sent = 0
 
     # ---------------------------------------------------------------- compute thread
@@ -207,11 +268,11 @@ class Producer:
         try:
             while not self.stop.is_set():
                 try:
-                    generation, lease = self._work.get(timeout=WORK_POLL_S)
+                    *_, generation, lease = self._work.get(timeout=WORK_POLL_S)
                 except queue.Empty:
                     continue
-                if generation != self._generation:
-                    continue
+                if generation != self._generation or lease["lease"] not in self._held:
+                    continue  # dropped on reconnect, or revoked while waiting
                 if maker is None:
                     maker = self._make_maker()
                 frames = maker.make(lease)
@@ -228,11 +289,10 @@ class Producer:
             wake.close()
 
     def _make_maker(self) -> BatchMaker:
-        from producer.features import resolve_backend
         from shared.devices import configure_tensorflow
 
         welcome = self._welcome or {}
-        features = resolve_backend(FeaturesConfig(**welcome["features"]))
+        features = FeaturesConfig(**welcome["features"])
         device = None
         if features.backend == "tf":
             _, device = configure_tensorflow(self.memory_mb)
@@ -240,26 +300,72 @@ class Producer:
         log.info("%s computing log-mels with %s on %s%s", self.name, features.backend, device or "CPU",
                  f"; feature cache {cache_dir}" if cache_dir else "")
         faults = FaultsConfig(**welcome.get("faults", {}))
-        return BatchMaker(self.root, self._texts or {}, features, int(welcome["batch_size"]), device, self.name,
-                          files=self._files or {}, feature_cache=cache_dir, faults=faults)
+        texts = {e.id: e.text for e in self._scan.entries} if self._scan else {}
+        files = dict(self._scan.files) if self._scan else {}
+        return BatchMaker(self.root, texts, features, int(welcome["batch_size"]), device, self.name, self.host,
+                          files=files, feature_cache=cache_dir, faults=faults)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
         sock.linger = 0
         sock.identity = self.identity
+        # Queue nothing for a connection that is not up: no stale HELLOs or heartbeats
+        # pile up while the trainer is away, and a send then fails at once (EAGAIN).
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_BYTES)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(CONNECT_RETRY_MAX_S * 1000))
+        if self.keys is not None:
+            sock.curve_secretkey = self.keys.secret
+            sock.curve_publickey = self.keys.public
+            sock.curve_serverkey = self.keys.server_public
+        self._monitor = sock.get_monitor_socket(events=MONITOR_EVENTS,
+                                                addr=f"inproc://producer-monitor-{uuid.uuid4().hex}")
         sock.connect(self.endpoint)
+        self._connected_t = time.monotonic()
+        self._first_lease_logged = self._first_batch_logged = False
+        self._session = uuid.uuid4().hex[:12]
         return sock
 
-    def _send(self, sock: zmq.Socket, kind: str, fields: dict[str, Any] | None = None) -> None:
+    def _close(self, sock: zmq.Socket, linger_ms: int = 0) -> None:
+        # Read what is waiting first: the kernel resets a connection closed with unread
+        # input, and a reset can lose our last message (BYE) on its way out.
+        for _ in range(RECV_BURST):
+            try:
+                sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                break
+        if self._monitor is not None:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close()
+            self._monitor = None
+        sock.close(linger=linger_ms)
+
+    def _send(self, sock: zmq.Socket, kind: str, fields: dict[str, Any] | None = None) -> bool:
         try:
             sock.send_multipart(wire.encode(kind, fields), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("could not send %s: consumer not reachable", kind)
+            return True
+        except zmq.Again:  # not connected (IMMEDIATE) or the link is full: the caller retries
+            log.debug("could not send %s: consumer not reachable", kind)
+            return False
 
-    def _hello(self, sock: zmq.Socket) -> None:
-        self._send(sock, wire.HELLO, {"producer": self.name, "host": self.host, "pid": os.getpid(),
-                                      "fingerprint": ""})
+    def _hello(self, sock: zmq.Socket) -> bool:
+        assert self._scan is not None
+        sent = self._send(sock, wire.HELLO, {"producer": self.name, "host": self.host, "pid": os.getpid(),
+                                             "launcher": os.getppid(), "session": self._session,
+                                             "dataset": self._scan.describe()})
+        if sent:
+            self._last_hello = time.monotonic()
+        return sent
+
+    def _rescan(self, metadata_file: str) -> None:
+        self._scan = scan_dataset(self.root, metadata_file)
+        self._scanned.add(metadata_file)
+        log.info("%s: dataset %s (%s): %d entries, %d audio files missing here, fingerprint %s", self.name,
+                 self.root, metadata_file, len(self._scan.entries), len(self._scan.missing), self._scan.fingerprint)
 
     def _reset_work(self) -> None:
         self._generation += 1
@@ -274,51 +380,104 @@ class Producer:
         if frames is None:
             self._credited.add(lease_id)
             return
-        sock.send_multipart(frames, copy=False)
+        try:
+            sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            if not self._first_batch_logged:
+                self._first_batch_logged = True
+                log.info("%s: first batch delivered %.2f s after connecting", self.name,
+                         time.monotonic() - self._connected_t)
+        except zmq.Again:  # the link is down; the consumer revokes the credit and re-plans the batch
+            log.warning("%s: could not send the batch of lease %d: consumer not reachable", self.name, lease_id)
         self._held.discard(lease_id)
         self.batches_sent += 1
 
-    def _handle(self, sock: zmq.Socket, msg: wire.Message) -> bool:
+    def _forget(self, lease_id: int) -> None:
+        self._held.discard(lease_id)
+        self._credited.discard(lease_id)
+        with self._ready_lock:
+            self._ready.pop(lease_id, None)
+
+    def _handle(self, sock: zmq.Socket, msg: wire.Message, now: float) -> bool:
         """Act on one consumer message; return False when the producer must stop."""
         if msg.kind == wire.WELCOME:
             first = self._welcome is None
             self._welcome = msg.fields
-            if first:
-                self._load_metadata(msg.get("metadata_file", "metadata.csv"), msg.get("metadata_sha256"))
+            consumer_sha256 = msg.get("metadata_sha256")
+            if (first and self._scan is not None and isinstance(consumer_sha256, str) and consumer_sha256
+                    and self._scan.metadata_sha256 and consumer_sha256 != self._scan.metadata_sha256):
+                # agreement compares what counts (ids and texts); other bytes may differ
+                log.info("%s: %s on this host is not byte for byte the trainer's (same ids and texts)",
+                         self.name, self.root / self._scan.metadata_file)
             self._welcomed.set()
-            log.info("%s joined %s as producer %s", self.name, self.endpoint, msg.get("producer_index"))
+            log.info("%s joined %s as producer %s (%s)", self.name, self.endpoint, msg.get("producer_name", self.name),
+                     msg.get("producer_index"))
         elif msg.kind == wire.LEASE:
             wire.require(msg, lease=int, epoch=int, index=int, ids=list, shape=list)
+            if not self._first_lease_logged:
+                self._first_lease_logged = True
+                log.info("%s: first lease %.2f s after connecting", self.name, now - self._connected_t)
             self._held.add(msg["lease"])
-            self._work.put((self._generation, msg.fields))
+            self._work.put((msg["epoch"], msg["index"], next(self._order), self._generation, msg.fields))
         elif msg.kind == wire.CREDIT:
             wire.require(msg, lease=int)
             if msg["lease"] in self._held:
                 self._send_batch(sock, msg["lease"])
+        elif msg.kind == wire.REVOKE:
+            wire.require(msg, lease=int)
+            self._forget(msg["lease"])
+        elif msg.kind == wire.HEARTBEAT:
+            pong = msg.get("pong")
+            if isinstance(pong, (int, float)) and not isinstance(pong, bool) and 0 <= now - pong <= MAX_RTT_S:
+                self.rtt_ms = round((now - pong) * 1e3, 3)
         elif msg.kind == wire.STOP:
             log.info("%s: consumer says stop (%s)", self.name, msg.get("reason", ""))
+            self._send(sock, wire.BYE, {"leases": sorted(self._held)})  # the consumer waits for this
             return False
         elif msg.kind == wire.REFUSE:
-            reason = msg.get("reason", "refused")
-            self.status.send("error", type="Refused", message=str(reason), where=self.name, user_error=True)
-            log.error("consumer refused %s: %s", self.name, reason)
-            raise SystemExit(2)
+            reason = str(msg.get("reason", "refused"))[:1000]
+            wanted = msg.get("metadata_file")
+            if msg.get("rejoin") is True:
+                if now - self._last_hello < HELLO_RETRY_S:
+                    return True  # answers a message sent before our latest HELLO
+                if self._welcomed.is_set():
+                    log.warning("%s: the consumer does not know this producer any more; joining again", self.name)
+                    self._reset_work()
+                    self._welcomed.clear()
+                self._hello(sock)
+            elif isinstance(wanted, str) and wanted not in self._scanned and "/" not in wanted:
+                log.info("%s: the trainer reads %s; scanning that instead", self.name, wanted)
+                self._rescan(wanted)
+                self._hello(sock)
+            else:
+                raise Refused(f"the trainer at {self.endpoint} refused this producer: {reason}")
         return True
 
-    def _load_metadata(self, metadata_file: str, consumer_sha256: Any = None) -> None:
-        """The same metadata parser and audio file lookup as the consumer's index."""
-        raw = read_metadata_bytes(self.root, metadata_file)
-        entries, rejected = parse_metadata(raw)
-        self._texts = {e.id: e.text for e in entries}
-        self._files = {sample_id: f.name for sample_id, f in scan_audio(self.root).items()}
-        if isinstance(consumer_sha256, str) and consumer_sha256 != hashlib.sha256(raw).hexdigest():
-            log.warning("%s: %s on this host differs from the trainer's; clips whose text changed will be rejected",
-                        self.name, self.root / metadata_file)
-        log.info("%s read %d metadata entries (%d malformed) and %d audio files from %s",
-                 self.name, len(entries), len(rejected), len(self._files), self.root)
+    def _on_monitor_event(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._handshake_failures = 0
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            key = f" (public key {short(self.keys.public)})" if self.keys else ""
+            raise Refused(f"the trainer at {self.endpoint} rejected this producer's CURVE key{key}: add its .key "
+                          "file to the trainer's keys/authorized directory")
+        else:
+            # ZeroMQ gives up on a connection after a protocol failure (it does not retry), so
+            # one is final; a failure without detail (the peer closed mid-handshake) is retried.
+            self._handshake_failures += 1
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL or self._handshake_failures >= HANDSHAKE_FAILURES_FATAL:
+                hint = ("the trainer does not use --keys, or server.key is not the trainer's" if self.keys
+                        else "the trainer uses --keys: pass --keys DIR with server.key and a client key pair")
+                raise Refused(f"security handshake with {self.endpoint} failed: {hint}")
+
+    def _refused(self, exc: Refused) -> int:
+        self.status.send("error", type="Refused", message=str(exc), where=self.name, user_error=True)
+        # Under a launcher, it prints the one line; run alone, this log line is it.
+        log.log(logging.DEBUG if self.status.connected else logging.ERROR, "%s", exc)
+        return EXIT_USER
 
     def run(self) -> int:
         """Serve until STOP, a signal or a dead parent; return the exit status."""
+        self._rescan(self.metadata_file)
         wake = self.ctx.socket(zmq.PAIR)
         wake.linger = 0
         wake.bind(self._wake_addr)
@@ -326,15 +485,28 @@ class Producer:
         worker.start()
         sock = self._connect()
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+
+        def watch(s: zmq.Socket) -> None:
+            poller.register(s, zmq.POLLIN)
+            assert self._monitor is not None
+            poller.register(self._monitor, zmq.POLLIN)
+
+        def unwatch(s: zmq.Socket) -> None:
+            poller.unregister(s)
+            if self._monitor is not None:
+                poller.unregister(self._monitor)
+
+        watch(sock)
         poller.register(wake, zmq.POLLIN)
-        self._hello(sock)
+        hello_sent = self._hello(sock)
         now = time.monotonic()
-        last_heard = last_hello = last_beat = now
+        last_heard = last_beat = now
         backoff = RECONNECT_MIN_S
         interval = 1.0
         timeout = 5.0
-        exit_code = 0
+        exit_code = EXIT_OK
+        told_to_stop = False
+        last_waiting_note = 0.0
         try:
             while not self.stop.is_set():
                 events = dict(poller.poll(POLL_INTERVAL_MS))
@@ -345,63 +517,90 @@ class Producer:
                         exc = self._failure or RuntimeError("compute thread failed")
                         self._send(sock, wire.ERROR, {**wire.error_fields(exc, self.name), "fatal": True})
                         self.status.error(exc, self.name)
-                        sock.close(linger=FINAL_LINGER_MS)
-                        return 1
+                        self._close(sock, FINAL_LINGER_MS)
+                        return EXIT_FAILED
                     lease_id = int(token)
                     if lease_id in self._credited:
                         self._credited.discard(lease_id)
                         self._send_batch(sock, lease_id)
                     elif lease_id in self._held:
                         self._send(sock, wire.READY, {"lease": lease_id})
+                    else:  # revoked while it was being prepared
+                        self._forget(lease_id)
+                if self._monitor is not None and self._monitor in events:
+                    while True:
+                        try:
+                            event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._on_monitor_event(event)
+                        if (event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and not self._welcomed.is_set()
+                                and not hello_sent):
+                            hello_sent = self._hello(sock)  # the link is up: join now, not at the next retry
                 if sock in events:
-                    try:
-                        msg = wire.decode(sock.recv_multipart())
-                    except wire.ProtocolError as exc:
-                        log.warning("dropped a malformed message from the consumer: %s", exc)
-                        continue
-                    last_heard = now
-                    backoff = RECONNECT_MIN_S
-                    if msg.kind == wire.WELCOME:
-                        interval = float(msg.get("heartbeat_interval_s", interval))
-                        timeout = float(msg.get("heartbeat_timeout_s", timeout))
-                    if not self._handle(sock, msg):
-                        break
+                    for _ in range(RECV_BURST):  # bounded: heartbeats and the wake socket get their turn
+                        try:
+                            frames = sock.recv_multipart(flags=zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        try:
+                            msg = wire.decode(frames)
+                        except wire.ProtocolError as exc:
+                            log.warning("dropped a malformed message from the consumer: %s", exc)
+                            continue
+                        last_heard = now
+                        backoff = RECONNECT_MIN_S
+                        if msg.kind == wire.WELCOME:
+                            interval = float(msg.get("heartbeat_interval_s", interval))
+                            timeout = float(msg.get("heartbeat_timeout_s", timeout))
+                        if not self._handle(sock, msg, now):
+                            told_to_stop = True
+                            break
+                    if told_to_stop:
+                        break  # STOP was answered with BYE already
                 if not parent_alive(self.parent_pid):
                     log.warning("%s: parent process is gone, exiting", self.name)
-                    exit_code = 1
+                    exit_code = EXIT_FAILED
                     break
-                if now - last_beat >= interval:
+                if self._welcomed.is_set() and now - last_beat >= interval:
                     with self._ready_lock:
                         ready = len(self._ready)
-                    self._send(sock, wire.HEARTBEAT, {"ready": ready, "working": len(self._held) - ready})
+                    self._send(sock, wire.HEARTBEAT, {"ready": ready, "working": len(self._held) - ready,
+                                                      "ping": now, "rtt_ms": self.rtt_ms})
                     last_beat = now
-                if not self._welcomed.is_set() and now - last_hello >= HELLO_RETRY_S:
-                    self._hello(sock)
-                    last_hello = now
-                elif self._welcomed.is_set() and now - last_heard > timeout:
+                if not self._welcomed.is_set():
+                    if not hello_sent or now - self._last_hello >= HELLO_RETRY_S:
+                        hello_sent = self._hello(sock)
+                    if now - max(self._connected_t, last_waiting_note) >= WAITING_NOTE_S:
+                        log.info("%s: waiting for the trainer at %s (no answer for %.0f s)", self.name, self.endpoint,
+                                 now - self._connected_t)
+                        last_waiting_note = now
+                elif now - last_heard > timeout:
                     log.warning("%s: consumer silent for %.1f s; dropping %d leases and reconnecting in %.1f s",
                                 self.name, now - last_heard, len(self._held), backoff)
                     self._reset_work()
                     self._welcomed.clear()
-                    poller.unregister(sock)
-                    sock.close()
+                    unwatch(sock)
+                    self._close(sock)
                     if self.stop.wait(backoff):
                         break
                     backoff = min(backoff * 2, RECONNECT_MAX_S)
                     sock = self._connect()
-                    poller.register(sock, zmq.POLLIN)
-                    self._hello(sock)
-                    last_hello = last_heard = time.monotonic()
+                    watch(sock)
+                    hello_sent = self._hello(sock)
+                    last_heard = time.monotonic()
             else:
                 if self._held:
                     log.info("%s: leaving, returning %d leases", self.name, len(self._held))
                 self._send(sock, wire.BYE, {"leases": sorted(self._held)})
             return exit_code
+        except Refused as exc:
+            return self._refused(exc)
         finally:
             self.stop.set()
             worker.join(timeout=2.0)
             if not sock.closed:
-                sock.close(linger=FINAL_LINGER_MS)
+                self._close(sock, FINAL_LINGER_MS)
             wake.close()
 
 
@@ -410,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect", required=True)
     parser.add_argument("--data", default="")
     parser.add_argument("--name", default=f"p0@{pysocket.gethostname()}")
+    parser.add_argument("--keys", default="", help="CURVE keys directory (server.key and a client key pair)")
+    parser.add_argument("--metadata-file", default="metadata.csv")
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--gpu-memory-mb", type=int, default=None)
     parser.add_argument("--status-fd", type=int, default=None)
@@ -422,18 +623,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         die_with_parent(args.parent_pid)
         root = resolve_root(args.data)
-        producer = Producer(args.connect, root, args.name, stop, args.parent_pid, args.gpu_memory_mb, status)
-        return producer.run()
-    except DatasetError as exc:
+        keys = load_client_keys(Path(args.keys)) if args.keys else None
+        producer = Producer(args.connect, root, args.name, stop, args.parent_pid, args.gpu_memory_mb, status,
+                            keys=keys, metadata_file=args.metadata_file)
+        code = producer.run()
+        flush_sockets(FINAL_LINGER_MS / 1000)  # the BYE must reach the consumer: it re-plans our leases at once
+        return code
+    except (DatasetError, KeysError) as exc:
         status.error(exc, args.name, user_error=True)
-        log.error("%s", exc)
-        return 2
+        log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)
+        return EXIT_USER
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
+        return exc.code if isinstance(exc.code, int) else EXIT_FAILED
     except Exception as exc:
         status.error(exc, args.name)
         log.exception("producer %s failed", args.name)
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

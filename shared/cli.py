@@ -22,8 +22,10 @@ log = logging.getLogger("stoker")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch")
+COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys")
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
+# `run.py produce` restarts a crashed producer at most this many times (as pipeline.producer_restarts).
+PRODUCE_RESTARTS = 3
 
 
 
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--producers", type=int, default=1)
     produce.add_argument("--data-gpu", type=int)
     produce.add_argument("--data-gpu-memory", type=int, metavar="MB")
-    produce.add_argument("--keys", metavar="DIR")
+    produce.add_argument("--keys", metavar="DIR", help="CURVE keys: server.key and one client key pair")
     produce.add_argument("--log-level", default="INFO")
     diagnose = sub.add_parser("diagnose", help="explain where a run's time went")
     diagnose.add_argument("run_dir", metavar="RUN_DIR")
@@ -120,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     precompute.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="override any config key; data.feature_cache=DIR picks the cache "
                                  "(default: auto, DATASET/.stoker/features)")
+    keys = sub.add_parser("keys", help="make CURVE key pairs for authenticated remote producers")
+    keys.add_argument("dir", metavar="DIR", help="directory for the keys (created; existing keys are kept)")
+    keys.add_argument("--client", action="append", metavar="NAME",
+                      help="a producer key pair to make and allow (repeatable; default: client)")
     bench = sub.add_parser("bench", help="run the benchmarks; prints a table, writes bench.json")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions and batches")
     bench.add_argument("--out", default="bench.json")
@@ -192,10 +198,12 @@ def _launch(cfg: config_mod.Config) -> tuple[int, Path, config_mod.Config]:
     except (DatasetError, ModelError) as exc:
         raise UserError(str(exc)) from None
     if cfg.pipeline.keys:
-        raise UserError("--keys: CURVE authentication is not available in this version")
-    if not is_loopback(cfg.pipeline.bind) and not cfg.pipeline.insecure:
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(
+            cfg.pipeline, keys=str(Path(cfg.pipeline.keys).expanduser().resolve())))
+        check_keys(Path(cfg.pipeline.keys), server=True, client=cfg.pipeline.producers > 0)
+    elif not is_loopback(cfg.pipeline.bind) and not cfg.pipeline.insecure:
         raise UserError(f"--bind {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
-                        "unauthenticated: add --insecure to accept that")
+                        "unauthenticated: use --keys DIR (python run.py keys DIR), or add --insecure to accept that")
     try:
         plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
     except DeviceError as exc:
@@ -278,24 +286,67 @@ def print_summary(run_dir: Path) -> None:
     out(f"  verdict: {s['verdict']}; recommended producers: {s['recommended_producers']}")
 
 
+def check_keys(directory: Path, server: bool, client: bool) -> None:
+    """Load the keys a role needs now, so a bad key directory is one line before anything starts."""
+    from shared.keys import KeysError, load_client_keys, load_server_keys
+
+    try:
+        if server:
+            load_server_keys(directory)
+        if client:
+            load_client_keys(directory)
+    except KeysError as exc:
+        raise UserError(f"--keys: {exc}") from None
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
-    from shared.dataset import DatasetError, resolve_root
+    from shared.dataset import DatasetError, resolve_root, scan_dataset
     from shared.devices import DeviceError, DevicesConfig, list_gpus, plan_devices
     from shared.launcher import run_producers
     from shared.proc import setup_logging
 
     setup_logging("launcher", args.log_level)
-    if args.keys:
-        raise UserError("--keys: CURVE authentication is not available in this version")
     if args.producers < 1:
         raise UserError("--producers must be at least 1")
+    if "://" not in args.connect:
+        raise UserError(f"--connect {args.connect}: expected an endpoint such as tcp://HOST:PORT")
+    keys = ""
+    if args.keys:
+        keys = str(Path(args.keys).expanduser().resolve())
+        check_keys(Path(keys), server=False, client=True)
+    elif not is_loopback(args.connect):
+        log.warning("connecting to %s without --keys: batches travel unencrypted and the trainer cannot tell "
+                    "who sends them", args.connect)
     try:
         root = resolve_root(args.data)
+        scan = scan_dataset(root)
         devices = DevicesConfig(data_gpu=args.data_gpu, model_gpu=None, data_gpu_memory_mb=args.data_gpu_memory)
         plan = plan_devices(devices, list_gpus() if args.data_gpu is not None else [], args.producers)
     except (DatasetError, DeviceError) as exc:
         raise UserError(str(exc)) from None
-    return run_producers(args.connect, str(root), args.producers, plan, 3, args.log_level)
+    log.info("dataset %s: %d entries, %d audio files missing here, fingerprint %s", root, len(scan.entries),
+             len(scan.missing), scan.fingerprint)
+    return run_producers(args.connect, str(root), args.producers, plan, PRODUCE_RESTARTS, args.log_level, keys=keys)
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from shared.keys import DEFAULT_CLIENT, KeysError, make_keys
+
+    directory = Path(args.dir).expanduser().resolve()
+    clients = args.client or [DEFAULT_CLIENT]
+    try:
+        report = make_keys(directory, clients)
+    except KeysError as exc:
+        raise UserError(str(exc)) from None
+    for line in report:
+        out(line)
+    out("")
+    out(f"trainer host:   python run.py --bind tcp://0.0.0.0:PORT --keys {directory} ...")
+    out(f"producer hosts: copy {directory / 'server.key'} and one client pair (NAME.key, NAME.key_secret) into")
+    out("                a directory DIR there, then: python run.py produce --connect tcp://TRAINER:PORT --keys DIR")
+    out(f"secret keys (*.key_secret) stay private; revoke a producer by removing its file from "
+        f"{directory / 'authorized'}")
+    return 0
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -348,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_diagnose(args)
         if args.command == "watch":
             return cmd_watch(args)
+        if args.command == "keys":
+            return cmd_keys(args)
         build_parser().print_help()
         return EXIT_USER
     except (UserError, config_mod.ConfigError, LaunchError) as exc:

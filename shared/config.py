@@ -80,6 +80,7 @@ class PipelineConfig:
     lease_ahead: int = 3  # planned batches a producer may hold (prepared or in preparation)
     heartbeat_interval_s: float = 1.0  # how often each side says it is alive
     heartbeat_timeout_s: float = 5.0  # silence after which a peer is presumed dead
+    lease_timeout_s: float = 120.0  # a lease not prepared in this long is re-planned elsewhere
     max_message_mb: int = 256  # larger frames are refused by the socket (ZMQ_MAXMSGSIZE)
     producer_restarts: int = 3  # restarts of one crashed local producer before giving up
     keys: str = ""  # directory of CURVE keys (empty: no authentication)
@@ -196,6 +197,7 @@ def _validate(cfg: Config) -> None:
         "batching.tokens_multiple": b.tokens_multiple, "pipeline.buffer_size": p.buffer_size,
         "pipeline.lease_ahead": p.lease_ahead, "pipeline.heartbeat_interval_s": p.heartbeat_interval_s,
         "pipeline.max_message_mb": p.max_message_mb, "trainer.log_every_steps": t.log_every_steps,
+        "pipeline.lease_timeout_s": p.lease_timeout_s,
         "data.max_tokens": cfg.data.max_tokens, "features.log_floor": f.log_floor,
     }
     for key, value in positive.items():

@@ -27,6 +27,26 @@ only changed or new files are read. A cache file that fails its checksum or cann
 parsed is ignored (logged) and rebuilt from scratch. Headers are read by
 ``data.index_workers`` processes when the work would outlast starting them
 (:data:`PARALLEL_MIN_SECONDS`).
+
+Dataset agreement
+-----------------
+A producer on another host must read the same dataset as the trainer. Both sides
+compute a :class:`DatasetScan` from the metadata (parsed by :func:`parse_metadata`, the
+one metadata reader) and the audio directory listing of :func:`scan_audio` (no audio is
+decoded; 13,100 LJSpeech clips take well under a second) and compare two fingerprints:
+
+    metadata  sha256 of ``id TAB text LF`` per metadata entry, sorted by id (the text a
+              producer tokenizes; line order, the unused middle column and malformed
+              lines do not count)
+    audio     sha256 of ``id TAB byte-size LF`` per audio file present, sorted by id
+
+Paths and modification times are left out on purpose: a copy on another host lives
+under another directory and ``cp``/``scp`` reset mtimes, yet it is the same data.
+Byte sizes catch a resampled, re-encoded or truncated copy cheaply. A producer may lack
+some audio files (an unfinished copy): it lists them in its HELLO, the trainer checks
+the rest of the index against its own and never gives that producer those samples
+(:func:`check_agreement`). The trainer's scan comes with its index
+(:attr:`DatasetIndex.scan`), derived from the bytes and listing the index was keyed on.
 """
 
 from __future__ import annotations
@@ -46,7 +66,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from shared.config import DataConfig, FeaturesConfig
 from shared.text import SYMBOLS, count_tokens
@@ -175,13 +195,80 @@ class IndexStats:
         return dataclasses.asdict(self)
 
 
+# A host may lack at most this many audio files and still produce: the ids travel in
+# its HELLO (about 20 bytes each, far below wire.MAX_HEADER_BYTES), and a copy missing
+# more is an unfinished copy or the wrong directory, better refused with a clear reason.
+MAX_MISSING_IDS = 1024
+# Fingerprints are this many hex digits of sha256: 64 bits, ample to tell datasets apart.
+FINGERPRINT_HEX = 16
+
+
+@dataclass(frozen=True)
+class DatasetScan:
+    """What one host sees of a dataset: metadata entries and audio file sizes."""
+
+    root: Path
+    metadata_file: str
+    entries: list[Entry]
+    malformed: list[Rejection]  # metadata lines that are not entries
+    sizes: dict[str, int]  # audio byte size of every entry whose file exists
+    missing: list[str]  # entry ids without an audio file, sorted
+    metadata_fp: str
+    audio_fp: str
+    files: dict[str, str] = field(default_factory=dict)  # audio file name by id (see scan_audio)
+    metadata_sha256: str = ""  # of the metadata bytes as read, "" when not known
+
+    @property
+    def fingerprint(self) -> str:
+        """Both fingerprints as one short string, for logs and summary.json."""
+        return f"{self.metadata_fp[:8]}{self.audio_fp[:8]}"
+
+    def describe(self) -> dict[str, Any]:
+        """The ``dataset`` field of a producer's HELLO."""
+        return {"metadata_file": self.metadata_file, "metadata": self.metadata_fp, "audio": self.audio_fp,
+                "entries": len(self.entries), "missing": self.missing[:MAX_MISSING_IDS],
+                "missing_count": len(self.missing)}
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The trainer's verdict on a producer's dataset: refused (``reason``) or accepted."""
+
+    ok: bool
+    reason: str = ""
+    lacks: frozenset[str] = frozenset()  # ids this producer has no audio for
+    metadata_file: str = ""  # set when the producer read another metadata file than the trainer
+
+
 @dataclass
 class DatasetIndex:
+    """The usable samples and the rejections of a dataset.
+
+    ``fingerprint`` is the index cache key (it tracks the config too); ``scan`` is the
+    dataset as seen on this host for dataset agreement, derived on first use from the
+    metadata bytes and audio listing the index was built from (a warm cache load does
+    not pay for parsing the metadata unless a scan is wanted).
+    """
+
     root: Path
     samples: list[Sample]
     rejected: list[Rejection]
     fingerprint: str
     stats: IndexStats = field(default_factory=IndexStats)
+    metadata_file: str = "metadata.csv"
+    _scan: DatasetScan | None = field(default=None, repr=False)
+    _scan_inputs: tuple[bytes, dict[str, AudioFile]] | None = field(default=None, repr=False)
+
+    @property
+    def scan(self) -> DatasetScan:
+        if self._scan is None:
+            if self._scan_inputs is not None:
+                metadata, audio = self._scan_inputs
+                self._scan = scan_from(self.root, self.metadata_file, metadata, audio)
+                self._scan_inputs = None
+            else:
+                self._scan = scan_dataset(self.root, self.metadata_file)
+        return self._scan
 
     def by_id(self) -> dict[str, Sample]:
         return {s.id: s for s in self.samples}
@@ -320,6 +407,96 @@ def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> byte
 def read_metadata(root: Path, metadata_file: str = "metadata.csv") -> tuple[list[Entry], list[Rejection]]:
     """Parse ``root/metadata_file``; malformed lines become rejections, never exceptions."""
     return parse_metadata(read_metadata_bytes(root, metadata_file))
+
+
+# ----------------------------------------------------------------------- agreement
+
+
+def _digest(lines: Iterable[str]) -> str:
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8"))
+    return digest.hexdigest()[:FINGERPRINT_HEX]
+
+
+def metadata_fingerprint(entries: Iterable[Entry]) -> str:
+    return _digest(f"{e.id}\t{e.text}\n" for e in sorted(entries, key=lambda e: e.id))
+
+
+def audio_fingerprint(sizes: Mapping[str, int], without: Collection[str] = ()) -> str:
+    return _digest(f"{i}\t{sizes[i]}\n" for i in sorted(sizes) if i not in without)
+
+
+def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[str, AudioFile]) -> DatasetScan:
+    """The scan of metadata bytes and an audio listing (:func:`scan_audio`) already read."""
+    entries, malformed = parse_metadata(metadata)
+    sizes: dict[str, int] = {}
+    files: dict[str, str] = {}
+    missing: list[str] = []
+    for entry in entries:
+        file = audio.get(entry.id)
+        if file is None:  # absent, or not reachable here (a dangling link): missing on this host
+            missing.append(entry.id)
+        else:
+            sizes[entry.id] = file.size
+            files[entry.id] = file.name
+    return DatasetScan(root=root, metadata_file=metadata_file, entries=entries, malformed=malformed, sizes=sizes,
+                       missing=sorted(missing), metadata_fp=metadata_fingerprint(entries),
+                       audio_fp=audio_fingerprint(sizes), files=files,
+                       metadata_sha256=hashlib.sha256(metadata).hexdigest())
+
+
+def scan_dataset(root: Path, metadata_file: str = "metadata.csv") -> DatasetScan:
+    """Read the metadata and list the audio files; raise DatasetError if unreadable."""
+    return scan_from(root, metadata_file, read_metadata_bytes(root, metadata_file), scan_audio(root))
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def check_agreement(reference: DatasetScan, described: Any, host: str) -> Agreement:
+    """Does a producer's HELLO ``dataset`` (:meth:`DatasetScan.describe`) match ``reference``?
+
+    Accepted: same metadata, and every audio file the producer has is the trainer's (same
+    byte size); files it lacks are returned in ``lacks``. Refused otherwise, with a reason
+    that names the host and says what differs. A producer having a file the trainer lacks
+    is refused too: the trainer cannot check that file against anything.
+    """
+    fields = {"metadata_file": str, "metadata": str, "audio": str, "entries": int, "missing_count": int}
+    if (not isinstance(described, dict) or not _is_str_list(described.get("missing"))
+            or not all(isinstance(described.get(k), t) and not isinstance(described.get(k), bool)
+                       for k, t in fields.items())):
+        return Agreement(False, f"producer on {host} did not describe its dataset (a stoker without dataset "
+                                "agreement?)")
+    if described["metadata_file"] != reference.metadata_file:
+        return Agreement(False, f"producer on {host} read {described['metadata_file']!r}; the trainer reads "
+                                f"{reference.metadata_file!r}", metadata_file=reference.metadata_file)
+    where = f"dataset on {host} does not match the trainer's"
+    if described["metadata"] != reference.metadata_fp:
+        return Agreement(False, f"{where}: {reference.metadata_file} differs ({described['entries']} entries, "
+                                f"fingerprint {described['metadata'][:8]} there; {len(reference.entries)} entries, "
+                                f"fingerprint {reference.metadata_fp[:8]} on the trainer); point --data at a copy "
+                                "of the trainer's dataset")
+    lacks = set(described["missing"])
+    count = described["missing_count"]
+    if count > MAX_MISSING_IDS or count != len(lacks):
+        return Agreement(False, f"{where}: {count} of {len(reference.entries)} audio files are missing on {host} "
+                                f"(at most {MAX_MISSING_IDS} may be); finish copying the dataset")
+    known = {e.id for e in reference.entries}
+    if not lacks <= known:
+        return Agreement(False, f"{where}: it lists missing ids that are not in the metadata")
+    extra = sorted(set(reference.missing) - lacks)
+    if extra:
+        return Agreement(False, f"{where}: {host} has {len(extra)} audio files the trainer lacks "
+                                f"(e.g. {extra[0]}), so they cannot be checked; complete the trainer's copy")
+    expected = (reference.audio_fp if lacks == set(reference.missing)
+                else audio_fingerprint(reference.sizes, without=lacks))
+    if described["audio"] != expected:
+        return Agreement(False, f"{where}: audio files in {AUDIO_DIR}/ differ in size (fingerprint "
+                                f"{described['audio'][:8]} there, {expected[:8]} expected); a resampled or "
+                                "re-encoded copy?")
+    return Agreement(True, lacks=frozenset(lacks - set(reference.missing)))
 
 
 def expected_samples(num_samples: int, source_rate_hz: int, target_rate_hz: int) -> int:
@@ -773,7 +950,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig) -> DatasetIndex:
             payload, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            return _finish(root, samples, rejected, key, stats, started, log_rejections=False)
+            return _finish(root, samples, rejected, key, stats, started, log_rejections=False,
+                           scan_inputs=(data.metadata_file, metadata, audio))
     entries, rejected = parse_metadata(metadata)
     old_probes: dict[str, tuple] = {}
     old_tokens: dict[str, int] = {}
@@ -828,7 +1006,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig) -> DatasetIndex:
         }
         written = _write_cache(candidates, _pack(payload_out))
         stats.cache_file = str(written) if written else ""
-    return _finish(root, samples, rejected, key, stats, started, log_rejections=True)
+    return _finish(root, samples, rejected, key, stats, started, log_rejections=True,
+                   scan_inputs=(data.metadata_file, metadata, audio))
 
 
 def _workers(data: DataConfig) -> int:
@@ -889,7 +1068,8 @@ def _apply_rules(entries: list[Entry], rejected: list[Rejection], audio: dict[st
 
 
 def _finish(root: Path, samples: list[Sample], rejected: list[Rejection], key: str, stats: IndexStats,
-            started: float, log_rejections: bool) -> DatasetIndex:
+            started: float, log_rejections: bool,
+            scan_inputs: tuple[str, bytes, dict[str, AudioFile]]) -> DatasetIndex:
     stats.seconds = time.perf_counter() - started
     if log_rejections:
         for r in rejected:
@@ -899,4 +1079,6 @@ def _finish(root: Path, samples: list[Sample], rejected: list[Rejection], key: s
              stats.workers, stats.seconds)
     if not samples:
         raise DatasetError(f"dataset {root} has no usable clip ({len(rejected)} rejected)")
-    return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=key[:16], stats=stats)
+    metadata_file, metadata, audio = scan_inputs
+    return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=key[:16], stats=stats,
+                        metadata_file=metadata_file, _scan_inputs=(metadata, audio))

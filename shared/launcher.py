@@ -18,7 +18,8 @@ Shutdown protocol (as PyTorch's DataLoader documents its own):
 
 Supervision: a local producer that exits with an error while the run goes on is
 reported with its error message and restarted, at most ``pipeline.producer_restarts``
-times each.
+times each. One that stops with a user error (status 2: refused by the trainer, a bad
+key) is not restarted; ``run.py produce`` ends with that reason as its one error line.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ KILL_AFTER_S = 0.5
 TICK_S = 0.2
 # Indexing a large dataset and importing TensorFlow both happen before "ready".
 CONSUMER_READY_TIMEOUT_S = 600.0
+# Producers get parallelism from processes, not BLAS threads: their matrix products are
+# small (mel filterbank x one batch of frames), and OpenBLAS's threads cost more than they
+# save: a batch of 16 demo clips took 200 ms with its default threads and 75-85 ms with
+# one, on 2 cores, and with several producers the threads also oversubscribe the cores.
+# Defaults only: a variable set in the user's environment wins.
+PRODUCER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 
 
@@ -77,6 +84,7 @@ class Child:
     last_error: str = ""
     done: bool = False
     retiring: bool = False  # told to stop by the auto-scaler: its exit is not a crash
+    env: dict[str, str] = field(default_factory=dict)  # defaults for this child's environment
 
 
 class Supervisor:
@@ -100,6 +108,8 @@ class Supervisor:
     def spawn(self, child: Child) -> Child:
         read_fd, write_fd = os.pipe()
         env = child_env(os.environ, child.gpu)
+        for key, value in child.env.items():
+            env.setdefault(key, value)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         argv = [sys.executable, "-m", *child.argv, "--parent-pid", str(os.getpid()), "--status-fd", str(write_fd)]
         child.proc = subprocess.Popen(argv, env=env, cwd=PROJECT_ROOT, pass_fds=(write_fd,),
@@ -182,7 +192,8 @@ class Supervisor:
                 os.close(c.status_fd)
                 c.status_fd = -1
 
-    def supervise_producers(self, producers: list[Child], limit: int, keep_going: Callable[[], bool]) -> None:
+    def supervise_producers(self, producers: list[Child], limit: int, keep_going: Callable[[], bool],
+                            report_user_errors: bool = True) -> None:
         """Restart crashed producers (bounded); called once per tick while the run goes on."""
         for p in producers:
             if p.done or p.proc is None:
@@ -196,7 +207,8 @@ class Supervisor:
                 continue
             reason = p.last_error or f"exit status {code}"
             if code == EXIT_USER:
-                log.error("%s stopped: %s", p.name, reason)
+                if report_user_errors:
+                    log.error("%s stopped: %s", p.name, reason)
                 p.done = True
             elif p.restarts < limit:
                 p.restarts += 1
@@ -209,12 +221,15 @@ class Supervisor:
 
 
 def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory_mb: int | None,
-                   log_level: str, host: str) -> Child:
+                   log_level: str, host: str, keys: str = "", metadata_file: str = "metadata.csv") -> Child:
     name = f"p{index}@{host}"
-    argv = ["producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level]
+    argv = ["producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level,
+            "--metadata-file", metadata_file]
     if memory_mb:
         argv += ["--gpu-memory-mb", str(memory_mb)]
-    return Child("producer", name, argv, gpu)
+    if keys:
+        argv += ["--keys", keys]  # a directory; the secret key never appears on a command line
+    return Child("producer", name, argv, gpu, env=dict(PRODUCER_ENV))
 
 
 def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
@@ -258,7 +273,9 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
             host = socket.gethostname()
             for i in range(cfg.pipeline.producers):
                 producers.append(sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu,
-                                                          plan.data_memory_mb, cfg.run.log_level, host)))
+                                                          plan.data_memory_mb, cfg.run.log_level, host,
+                                                          keys=cfg.pipeline.keys,
+                                                          metadata_file=cfg.data.metadata_file)))
             log.info("started %d local producer(s) for %s", len(producers), endpoint)
         if cfg.pipeline.producers_auto:
             auto = AutoControl(cfg, run_dir, sup, producers, endpoint, plan)
@@ -330,7 +347,8 @@ class AutoControl:
             index = len(self.producers)
             self.producers.append(self.sup.spawn(producer_child(
                 index, self.endpoint, self.cfg.data.path, self.plan.data_gpu, self.plan.data_memory_mb,
-                self.cfg.run.log_level, self.host)))
+                self.cfg.run.log_level, self.host, keys=self.cfg.pipeline.keys,
+                metadata_file=self.cfg.data.metadata_file)))
         self.last_count += change
         if change < 0 and active:
             victim = active[-1]
@@ -364,24 +382,31 @@ def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: fl
     log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl", path)
 
 
-def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str) -> int:
-    """``run.py produce``: N producers on this host for a consumer elsewhere, until Ctrl-C."""
+def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str,
+                  keys: str = "") -> int:
+    """``run.py produce``: N producers on this host for a consumer elsewhere, until Ctrl-C or the
+    trainer's STOP. Raises LaunchError with the reason when the producers were refused."""
     import socket
 
     sup = Supervisor(plan, log_level)
     sup.install_signals()
     host = socket.gethostname()
-    producers = [sup.spawn(producer_child(i, endpoint, data, plan.data_gpu, plan.data_memory_mb, log_level, host))
+    producers = [sup.spawn(producer_child(i, endpoint, data, plan.data_gpu, plan.data_memory_mb, log_level, host,
+                                          keys=keys))
                  for i in range(count)]
     log.info("started %d producer(s) for %s", count, endpoint)
     try:
         while sup.signalled is None and not all(p.done for p in producers):
             sup.poll_status(TICK_S)
-            sup.supervise_producers(producers, restarts, keep_going=lambda: sup.signalled is None)
+            sup.supervise_producers(producers, restarts, keep_going=lambda: sup.signalled is None,
+                                    report_user_errors=False)
         sup.terminate(producers, PRODUCER_STOP_S)
     finally:
         sup.cleanup()
-    failed = [p for p in producers if p.proc is not None and p.proc.returncode not in (0, -signal.SIGTERM)]
+    refused = [p.last_error for p in producers if p.proc is not None and p.proc.returncode == EXIT_USER]
     if sup.signalled is not None:
         return EXIT_INTERRUPTED
+    if refused:
+        raise LaunchError("; ".join(dict.fromkeys(r or "a producer stopped with a user error" for r in refused)))
+    failed = [p for p in producers if p.proc is not None and p.proc.returncode not in (0, -signal.SIGTERM)]
     return EXIT_FAILED if failed else EXIT_OK

@@ -94,6 +94,23 @@ def parent_alive(parent_pid: int | None) -> bool:
     return parent_pid is None or os.getppid() == parent_pid
 
 
+def flush_sockets(timeout_s: float) -> None:
+    """Let the last messages (STOP, BYE) leave before the process exits.
+
+    Closing a socket with a linger queues its messages for the ZeroMQ I/O thread; only
+    terminating the context waits for them. It blocks while any socket is still open,
+    so it runs in a helper thread and is given up after ``timeout_s``.
+    """
+    import zmq
+
+    ctx = zmq.Context.instance()
+    done = threading.Thread(target=ctx.term, name="zmq-term", daemon=True)
+    done.start()
+    done.join(timeout_s)
+    if done.is_alive():
+        log.debug("sockets still open after %.1f s; exiting without flushing them", timeout_s)
+
+
 def install_stop_handlers(event: threading.Event) -> None:
     """SIGTERM and SIGINT set ``event``; the process then stops at its next check."""
 

@@ -14,17 +14,26 @@ dropping the message. Nothing is ever unpickled.
 
 Message kinds and their fields (P = producer, C = consumer):
 
-    HELLO      P->C  producer, host, pid, fingerprint
-    WELCOME    C->P  producer_index, features (dict), heartbeat_interval_s, heartbeat_timeout_s
-    REFUSE     C->P  reason                           (hello refused; producer exits)
+    HELLO      P->C  producer, host, pid, launcher (parent pid), session (one per connection; a repeated
+                     HELLO of a session only gets its WELCOME again), dataset (DatasetScan.describe())
+    WELCOME    C->P  producer_index, producer_name, features (dict), batch_size, metadata_file,
+                     heartbeat_interval_s, heartbeat_timeout_s
+    REFUSE     C->P  reason [, metadata_file] [, rejoin]
+                     hello refused: the producer exits with status 2, unless metadata_file names
+                     the file to scan instead (it scans and says HELLO again) or rejoin is true
+                     (the consumer does not know this producer, e.g. after a restart: HELLO again)
     LEASE      C->P  lease, epoch, index, ids, shape  (a planned batch to prepare)
     READY      P->C  lease                            (that batch is prepared, waiting for a credit)
     CREDIT     C->P  lease                            (a free queue slot: send that batch now)
-    BATCH      P->C  lease, ids, rejected, prep_ms + arrays (see producer/collate.py)
-    HEARTBEAT  both  ready, working                   (liveness; producer reports its backlog)
-    ERROR      P->C  type, message, where             (an exception, as data)
+    REVOKE     C->P  lease                            (forget that lease: it was re-planned elsewhere)
+    BATCH      P->C  lease, ids, rejected, missed, prep_ms + arrays (see producer/collate.py)
+                     rejected: [{id, reason}] clips that cannot be used anywhere (unreadable);
+                     missed:   [{id, reason}] clips this host does not have (re-planned elsewhere)
+    HEARTBEAT  both  P->C: ready, working, ping (sender's clock), rtt_ms (last round trip)
+                     C->P: pong (the ping it answers) or nothing (the consumer's own beat)
+    ERROR      P->C  type, message, where [, fatal]   (an exception, as data)
     BYE        P->C  leases                           (leaving; these leases go back to the plan)
-    STOP       C->P  reason                           (the run is over)
+    STOP       C->P  reason                           (the run is over; producers answer BYE)
 """
 
 from __future__ import annotations
@@ -56,12 +65,13 @@ REFUSE = "refuse"
 LEASE = "lease"
 READY = "ready"
 CREDIT = "credit"
+REVOKE = "revoke"
 BATCH = "batch"
 HEARTBEAT = "heartbeat"
 ERROR = "error"
 BYE = "bye"
 STOP = "stop"
-KINDS = frozenset({HELLO, WELCOME, REFUSE, LEASE, READY, CREDIT, BATCH, HEARTBEAT, ERROR, BYE, STOP})
+KINDS = frozenset({HELLO, WELCOME, REFUSE, LEASE, READY, CREDIT, REVOKE, BATCH, HEARTBEAT, ERROR, BYE, STOP})
 
 # Only plain numeric dtypes cross the wire: object or structured dtypes could smuggle
 # pointers or pickles, and these cover every tensor a batch holds.

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 import soundfile
+
+if TYPE_CHECKING:
+    from shared.dataset import DatasetScan
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing "
          "near an old stone bridge under grey autumn skies").split()
@@ -183,3 +186,24 @@ def make_faulty_dataset(root: Path, good: int = 8) -> FaultyDataset:
     (root / "wavs" / "BADFLAC.flac").write_bytes(bytes(bad))
     next_line()
     return FaultyDataset(root, valid, exact, loose, {"BADFLAC": "audio file unreadable: wavs/BADFLAC.flac: "})
+
+
+def fake_scan(ids: Iterable[str], missing: Iterable[str] = ()) -> "DatasetScan":
+    """A trainer's dataset scan without files: entries with some text, made-up audio sizes."""
+    from shared.dataset import DatasetScan, Entry, audio_fingerprint, metadata_fingerprint
+
+    entries = [Entry(i, f"text of {i}", n + 1) for n, i in enumerate(ids)]
+    lacking = set(missing)
+    sizes = {e.id: 1000 + n for n, e in enumerate(entries) if e.id not in lacking}
+    return DatasetScan(root=Path("/nowhere"), metadata_file="metadata.csv", entries=entries, malformed=[],
+                       sizes=sizes, missing=sorted(lacking), metadata_fp=metadata_fingerprint(entries),
+                       audio_fp=audio_fingerprint(sizes))
+
+
+def describe_copy(scan: "DatasetScan", lacking: Iterable[str] = ()) -> dict:
+    """The HELLO ``dataset`` of a host whose copy of ``scan`` lacks the files ``lacking``."""
+    from shared.dataset import audio_fingerprint
+
+    gone = sorted(set(lacking) | set(scan.missing))
+    return {**scan.describe(), "audio": audio_fingerprint(scan.sizes, without=gone), "missing": gone,
+            "missing_count": len(gone)}

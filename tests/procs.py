@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 class RunProcess:
     """``python run.py ARGS`` with its stderr+stdout lines collected by a reader thread."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.argv = [sys.executable, str(ROOT / "run.py"), *args]
+    def __init__(self, *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> None:
+        # prefix: a command that execs the rest, e.g. ``ip netns exec NS`` (same pid, so no orphans)
+        self.argv = [*(prefix or []), sys.executable, str(ROOT / "run.py"), *args]
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -38,12 +39,15 @@ class RunProcess:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)
 
-    def wait_for_line(self, pattern: str, timeout: float) -> str:
-        """Block until a line matches ``pattern``; fail with the output so far if not."""
+    def wait_for_line(self, pattern: str, timeout: float, count: int = 1) -> str:
+        """Block until ``count`` lines match ``pattern``; return the last; fail with the output so far if not."""
         regex = re.compile(pattern)
+        seen = 0
         for line in self.lines:
             if regex.search(line):
-                return line
+                seen += 1
+                if seen == count:
+                    return line
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -57,7 +61,9 @@ class RunProcess:
                 raise AssertionError(f"process ended before a line matched {pattern!r}:\n" + self.output())
             self.lines.append(line)
             if regex.search(line):
-                return line
+                seen += 1
+                if seen == count:
+                    return line
 
     def remember_children(self) -> dict[int, psutil.Process]:
         try:

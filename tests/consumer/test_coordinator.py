@@ -2,102 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 import time
 
 import numpy as np
 import pytest
 import zmq
 
-from consumer.buffer import BatchQueue
-from consumer.coordinator import Coordinator
-from consumer.plan import EpochPlanner
 from shared import wire
-from shared.config import Config, PipelineConfig
-from shared.dataset import Sample
+from tests.consumer.harness import make_config
 from tests.factories import make_batch
 
 pytestmark = pytest.mark.timeout(60)
-
-RECV_TIMEOUT_MS = 5000
-
-
-def samples(n: int = 12) -> list[Sample]:
-    return [Sample(f"S{i:03d}", "text", 5 + i % 4, 20 + i, 0.5) for i in range(n)]
-
-
-def make_config(**pipeline) -> Config:
-    cfg = Config()
-    base = dict(heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0, lease_ahead=2, buffer_size=3)
-    base.update(pipeline)
-    return dataclasses.replace(
-        cfg, pipeline=dataclasses.replace(PipelineConfig(), **base),
-        batching=dataclasses.replace(cfg.batching, batch_size=4, num_buckets=2),
-        features=dataclasses.replace(cfg.features, n_mels=8))
-
-
-class Harness:
-    def __init__(self, cfg: Config, n: int = 12, max_epochs: int | None = None) -> None:
-        self.cfg = cfg
-        self.ctx = zmq.Context()
-        self.stop = threading.Event()
-        self.queue = BatchQueue(cfg.pipeline.buffer_size)
-        self.planner = EpochPlanner(samples(n), cfg.batching)
-        self.coord = Coordinator(cfg, self.planner, self.queue, self.stop, max_epochs=max_epochs, context=self.ctx)
-        self.queue.on_free = self.coord.notify_free
-        self.endpoint = self.coord.bind("tcp://127.0.0.1:*")
-        self.coord.start()
-        self.peers: list[zmq.Socket] = []
-
-    def producer(self, name: str = "fake") -> zmq.Socket:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.rcvtimeo = RECV_TIMEOUT_MS
-        sock.connect(self.endpoint)
-        self.peers.append(sock)
-        sock.send_multipart(wire.encode(wire.HELLO, {"producer": name, "host": "test", "pid": 1, "fingerprint": ""}))
-        return sock
-
-    def recv(self, sock: zmq.Socket, kind: str, skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> wire.Message:
-        """Next message of ``kind``, skipping heartbeats (and the kinds in ``skip``)."""
-        while True:
-            msg = wire.decode(sock.recv_multipart())
-            if msg.kind == kind:
-                return msg
-            assert msg.kind in skip, f"expected {kind}, got {msg.kind}"
-
-    def batch_frames(self, lease: wire.Message) -> list:
-        max_tokens, max_frames = lease["shape"]
-        ids = lease["ids"]
-        arrays = make_batch(self.cfg.batching.batch_size, max_tokens, max_frames, self.cfg.features.n_mels,
-                            valid=len(ids))
-        return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": ids, "rejected": [], "prep_ms": 1.0},
-                           arrays)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.coord.join(5)
-        self.coord.close_notifier()
-        self.queue.close()
-        for sock in self.peers:
-            sock.close()
-        self.ctx.term()
-
-
-@pytest.fixture
-def harness():
-    made = []
-
-    def make(**kwargs) -> Harness:
-        h = Harness(**kwargs)
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.close()
-
 
 def test_hello_welcome_and_leases(harness):
     h = harness(cfg=make_config())

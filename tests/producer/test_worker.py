@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 
 from producer.features import log_mel_spectrogram_numpy, pad_value
 from producer.worker import Producer
@@ -114,3 +115,127 @@ def test_garbage_from_the_consumer_is_ignored(setup):
     consumer.send(wire.LEASE, {"lease": 1, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
     assert consumer.recv(wire.READY)["lease"] == 1
     assert thread.is_alive()
+
+
+def test_hello_describes_the_dataset_with_its_missing_files(tmp_path):
+    ids = make_dataset(tmp_path / "data", count=4)
+    (tmp_path / "data" / "wavs" / f"{ids[2]}.wav").unlink()
+    ctx = zmq.Context()
+    consumer = FakeConsumer(ctx)
+    stop = threading.Event()
+    producer = Producer(consumer.endpoint, tmp_path / "data", "p-scan", stop, context=ctx)
+    thread = threading.Thread(target=producer.run, daemon=True)
+    thread.start()
+    try:
+        hello = consumer.recv(wire.HELLO)
+        assert hello["dataset"]["missing"] == [ids[2]] and hello["dataset"]["entries"] == 4
+        assert isinstance(hello["session"], str) and hello["launcher"] > 0
+    finally:
+        stop.set()
+        thread.join(10)
+        consumer.sock.close()
+        ctx.term()
+
+
+def test_a_file_missing_on_this_host_is_missed_not_rejected(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    (root / "wavs" / f"{ids[1]}.wav").unlink()
+    welcome(consumer, features)
+    consumer.send(wire.LEASE, {"lease": 5, "epoch": 0, "index": 0, "ids": [ids[0], ids[1]], "shape": [64, 128]})
+    consumer.recv(wire.READY)
+    consumer.send(wire.CREDIT, {"lease": 5})
+    batch = consumer.recv(wire.BATCH)
+    assert batch["ids"] == [ids[0]] and batch["rejected"] == []
+    assert [m["id"] for m in batch["missed"]] == [ids[1]]
+    assert f"on host {producer.host}" in batch["missed"][0]["reason"]
+
+
+def test_refused_hello_ends_with_status_2(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    consumer.recv(wire.HELLO)
+    consumer.send(wire.REFUSE, {"reason": "dataset on h does not match the trainer's"})
+    thread.join(10)
+    assert result["code"] == 2
+
+
+def test_refusal_naming_another_metadata_file_makes_it_scan_that(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    (root / "train.csv").write_text((root / "metadata.csv").read_text().splitlines()[0] + "\n")
+    assert consumer.recv(wire.HELLO)["dataset"]["metadata_file"] == "metadata.csv"
+    consumer.send(wire.REFUSE, {"reason": "reads train.csv", "metadata_file": "train.csv"})
+    again = consumer.recv(wire.HELLO)
+    assert again["dataset"]["metadata_file"] == "train.csv" and again["dataset"]["entries"] == 1
+
+
+def test_a_rejoin_request_drops_work_and_says_hello_again(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    welcome(consumer, features)
+    consumer.send(wire.LEASE, {"lease": 8, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
+    consumer.recv(wire.READY)
+    producer._last_hello -= 10  # the REFUSE answers a message sent after our HELLO
+    consumer.send(wire.REFUSE, {"reason": "unknown producer", "rejoin": True})
+    consumer.recv(wire.HELLO, skip=(wire.HEARTBEAT, wire.READY))
+    assert producer._held == set() and thread.is_alive()
+
+
+def test_a_revoked_lease_is_never_offered(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    welcome(consumer, features)
+    consumer.send(wire.LEASE, {"lease": 1, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
+    consumer.send(wire.REVOKE, {"lease": 1})
+    consumer.send(wire.LEASE, {"lease": 2, "epoch": 0, "index": 1, "ids": [ids[2]], "shape": [64, 128]})
+    assert consumer.recv(wire.READY)["lease"] == 2
+    consumer.send(wire.CREDIT, {"lease": 1})  # a credit for the revoked lease is ignored
+    consumer.send(wire.CREDIT, {"lease": 2})
+    assert consumer.recv(wire.BATCH)["lease"] == 2
+
+
+def test_heartbeats_carry_a_ping_and_the_pong_gives_the_round_trip(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    welcome(consumer, features)
+    beat = consumer.recv(wire.HEARTBEAT, skip=(wire.HELLO,))
+    assert isinstance(beat["ping"], float)
+    consumer.send(wire.HEARTBEAT, {"pong": beat["ping"]})
+    beat = consumer.recv(wire.HEARTBEAT, skip=(wire.HELLO,))
+    while beat.get("rtt_ms") is None:
+        beat = consumer.recv(wire.HEARTBEAT, skip=(wire.HELLO,))
+    assert 0 <= beat["rtt_ms"] < 10000
+
+
+def test_stop_is_answered_with_bye(setup):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    welcome(consumer, features)
+    consumer.send(wire.STOP, {"reason": "run over"})
+    consumer.recv(wire.BYE, skip=(wire.HEARTBEAT, wire.HELLO))
+    thread.join(10)
+    assert result["code"] == 0
+
+
+@pytest.mark.parametrize("case", ["wrong server key", "server without keys"])
+def test_a_security_mismatch_ends_with_status_2(tmp_path, case):
+    from shared.keys import load_client_keys, make_keys
+
+    make_keys(tmp_path / "keys", ["client"])
+    make_keys(tmp_path / "other", [])
+    make_dataset(tmp_path / "data", count=2)
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)
+    server.linger = 0
+    if case == "wrong server key":  # the producer holds keys/server.key, the trainer other/server's pair
+        public, secret = zmq.auth.load_certificate(str(tmp_path / "other" / "server.key_secret"))
+        server.curve_server, server.curve_publickey, server.curve_secretkey = True, public, secret
+    endpoint = f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}"
+    stop = threading.Event()
+    producer = Producer(endpoint, tmp_path / "data", "p-keys", stop, context=ctx,
+                        keys=load_client_keys(tmp_path / "keys"))
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", producer.run()), daemon=True)
+    thread.start()
+    try:
+        thread.join(20)
+        assert result.get("code") == 2
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+        ctx.term()

@@ -36,15 +36,19 @@ def _reason(frames) -> str:
 # --------------------------------------------------------------------------- round trips
 
 FIELDS_BY_KIND = {
-    wire.HELLO: {"producer": "p0", "host": "h", "pid": 123, "fingerprint": "abc"},
+    wire.HELLO: {"producer": "p0", "host": "h", "pid": 123,
+                 "dataset": {"metadata_file": "metadata.csv", "metadata": "ab", "audio": "cd", "entries": 2,
+                             "missing": ["x"], "missing_count": 1}},
     wire.WELCOME: {"producer_index": 1, "features": {"n_mels": 80, "backend": "numpy"},
                    "heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 5.0},
     wire.REFUSE: {"reason": "fingerprint differs"},
     wire.LEASE: {"lease": 7, "epoch": 0, "index": 3, "ids": ["a", "b"], "shape": [16, 64]},
     wire.READY: {"lease": 7},
     wire.CREDIT: {"lease": 7},
-    wire.BATCH: {"lease": 7, "ids": ["a", "b"], "rejected": [["c", "bad"]], "prep_ms": 12.5},
-    wire.HEARTBEAT: {"ready": 2, "working": 1},
+    wire.REVOKE: {"lease": 7},
+    wire.BATCH: {"lease": 7, "ids": ["a", "b"], "rejected": [["c", "bad"]], "missed": [{"id": "d", "reason": "gone"}],
+                 "prep_ms": 12.5},
+    wire.HEARTBEAT: {"ready": 2, "working": 1, "ping": 12.25, "rtt_ms": 0.5},
     wire.ERROR: {"type": "ValueError", "message": "boom", "where": "worker"},
     wire.BYE: {"leases": [1, 2, 3]},
     wire.STOP: {"reason": "done"},

@@ -1,0 +1,299 @@
+"""The coordinator with producers on other hosts: agreement, misses, liveness, restarts, CURVE.
+
+Scripted producers on real DEALER sockets, as in test_coordinator.py; a small loop
+(:class:`Sim`) plays any number of them and the trainer until an epoch is accounted for.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from shared import wire
+from shared.keys import load_client_keys, load_server_keys, make_keys
+from tests.consumer.harness import Harness, make_config, samples
+from tests.factories import describe_copy, fake_scan
+
+pytestmark = pytest.mark.timeout(60)
+
+IDS = [s.id for s in samples(12)]
+# Every wait in these tests ends by this deadline; a healthy run needs a fraction of it.
+DEADLINE_S = 15.0
+
+
+def snapshot_until(h: Harness, check, what: str) -> dict:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        snap = h.coord.snapshot()
+        if check(snap):
+            return snap
+        h.queue.wait_for_depth(99, 0.05)
+    raise AssertionError(f"timed out waiting for {what}: {h.coord.snapshot()}")
+
+
+class Sim:
+    """Scripted producers that prepare every lease at once, plus a trainer taking every batch.
+
+    ``missing[name]`` are ids that producer does not have at run time: it reports them as
+    missed. ``leases[name]`` records every LEASE each producer got.
+    """
+
+    def __init__(self, h: Harness) -> None:
+        self.h = h
+        self.socks: dict[str, zmq.Socket] = {}
+        self.missing: dict[str, set[str]] = {}
+        self.leases: dict[str, list[dict]] = collections.defaultdict(list)
+        self.held: dict[str, dict[int, dict]] = collections.defaultdict(dict)
+        self.trained: list[tuple[int, str, list[str]]] = []  # (epoch, producer, ids)
+        self.paused: set[str] = set()  # these record their leases but prepare nothing yet
+        self.poller = zmq.Poller()
+
+    def join(self, name: str, missing: set[str] = frozenset(), **hello) -> zmq.Socket:
+        sock = self.h.producer(name, **hello)
+        self.socks[name] = sock
+        self.missing[name] = set(missing)
+        self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _serve(self, name: str, msg: wire.Message) -> None:
+        sock = self.socks[name]
+        if msg.kind == wire.LEASE:
+            self.leases[name].append(msg.fields)
+            self.held[name][msg["lease"]] = msg.fields
+            if name not in self.paused:
+                sock.send_multipart(wire.encode(wire.READY, {"lease": msg["lease"]}))
+        elif msg.kind == wire.CREDIT:
+            lease = self.held[name].pop(msg["lease"])
+            have = [i for i in lease["ids"] if i not in self.missing[name]]
+            missed = [{"id": i, "reason": f"audio file missing: {i}.wav on host {name}-host"}
+                      for i in lease["ids"] if i in self.missing[name]]
+            frames = self.h.batch_frames({**lease, "ids": have})
+            header = wire.decode(frames)
+            sock.send_multipart(wire.encode(wire.BATCH, {**header.fields, "missed": missed}, header.arrays))
+
+    def resume(self, name: str) -> None:
+        self.paused.discard(name)
+        for lease_id in self.held[name]:
+            self.socks[name].send_multipart(wire.encode(wire.READY, {"lease": lease_id}))
+
+    def step(self, timeout_ms: int = 50) -> None:
+        for sock, _ in self.poller.poll(timeout_ms):
+            name = next(n for n, s in self.socks.items() if s is sock)
+            while sock.poll(0):
+                self._serve(name, wire.decode(sock.recv_multipart()))
+        got = self.h.queue.get(0.0)
+        if got is not None:
+            item, _ = got
+            self.trained.append((item.epoch, item.producer, item.ids))
+
+    def run_until(self, done, what: str) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out: {what}; trained {self.trained}, rejected {self.h.rejected}")
+            self.step()
+
+    def trained_ids(self, epoch: int = 0) -> collections.Counter:
+        return collections.Counter(i for e, _, ids in self.trained if e == epoch for i in ids)
+
+    def accounted(self, epoch: int = 0) -> int:
+        return sum(self.trained_ids(epoch).values()) + self.h.coord.rejected_in_epoch(epoch)
+
+
+# ---------------------------------------------------------------- agreement
+def test_a_producer_with_another_dataset_is_refused_with_the_reason(harness):
+    scan = fake_scan(IDS)
+    h = harness(cfg=make_config(), dataset=scan)
+    other = fake_scan([*IDS, "EXTRA"])
+    sock = h.producer("stranger", dataset=other.describe())
+    refuse = h.recv(sock, wire.REFUSE)
+    assert "dataset on test does not match the trainer's: metadata.csv differs" in refuse["reason"]
+    assert sock.poll(300) == 0  # no WELCOME, no lease
+    snap = h.coord.snapshot()
+    assert snap["refused_producers"] == [{"producer": "stranger", "host": "test", "reason": refuse["reason"]}]
+    assert snap["producers"] == []
+
+
+def test_a_producer_without_a_dataset_description_is_refused(harness):
+    h = harness(cfg=make_config(), dataset=fake_scan(IDS))
+    sock = h.producer("old", fingerprint="")
+    assert "did not describe its dataset" in h.recv(sock, wire.REFUSE)["reason"]
+
+
+def test_clips_a_producer_lacks_are_never_leased_to_it_and_go_to_another(harness):
+    scan = fake_scan(IDS)
+    h = harness(cfg=make_config(lease_ahead=2), max_epochs=1, dataset=scan)
+    sim = Sim(h)
+    lacking = {IDS[0], IDS[5], IDS[7]}
+    sim.join("full", dataset=describe_copy(scan))
+    sim.join("partial", dataset=describe_copy(scan, lacking))
+    sim.run_until(lambda: sim.accounted() == len(IDS), "an epoch")
+    assert all(not lacking & set(lease["ids"]) for lease in sim.leases["partial"])
+    assert sim.leases["partial"], "the partial copy got work too"
+    assert sim.trained_ids() == collections.Counter(IDS)  # exactly once
+    stats = {p["id"]: p for p in h.coord.snapshot()["producers"]}
+    assert stats["partial"]["lacks"] == 3 and h.rejected == []
+
+
+# ---------------------------------------------------------------- misses
+def test_a_missed_clip_is_replanned_onto_another_producer_in_its_shape(harness):
+    h = harness(cfg=make_config(lease_ahead=4), max_epochs=1)
+    sim = Sim(h)
+    sim.paused.add("a")
+    sim.join("a", missing={IDS[5]})
+    sim.run_until(lambda: len(sim.leases["a"]) == h.planner.batches_per_epoch, "a holding the whole epoch")
+    original = next(lease for lease in sim.leases["a"] if IDS[5] in lease["ids"])
+    sim.join("b")
+    sim.resume("a")
+    sim.run_until(lambda: sim.accounted() == len(IDS), "an epoch")
+    assert [lease["ids"] for lease in sim.leases["b"]] == [[IDS[5]]]
+    replanned = sim.leases["b"][0]
+    assert (replanned["epoch"], replanned["shape"]) == (original["epoch"], original["shape"])
+    assert sim.trained_ids() == collections.Counter(IDS)
+    stats = {p["id"]: p for p in h.coord.snapshot()["producers"]}
+    assert stats["a"]["misses"] == 1 and h.coord.snapshot()["missed_samples"] == 1
+    assert h.rejected == []
+
+
+def test_a_clip_no_live_producer_has_is_rejected_with_the_hosts(harness):
+    h = harness(cfg=make_config(lease_ahead=2), max_epochs=1)
+    sim = Sim(h)
+    sim.join("a", missing={IDS[3]})
+    sim.run_until(lambda: sim.accounted() == len(IDS), "an epoch")
+    assert [(r.id, r.producer) for r in h.rejected] == [(IDS[3], "coordinator")]
+    assert "missing on every producer host (test)" in h.rejected[0].reason
+    assert h.coord.rejected_in_epoch(0) == 1
+    assert sim.trained_ids() == collections.Counter(set(IDS) - {IDS[3]})
+
+
+def test_a_clip_nobody_alive_has_waits_for_a_producer_that_has_it(harness):
+    scan = fake_scan(IDS)
+    h = harness(cfg=make_config(lease_ahead=4), max_epochs=1, dataset=scan)
+    sim = Sim(h)
+    sim.paused.add("partial")
+    sim.join("partial", dataset=describe_copy(scan, {IDS[3]}))
+    sim.run_until(lambda: len(sim.leases["partial"]) == h.planner.batches_per_epoch, "the partial copy's leases")
+    sim.socks["partial"].send_multipart(wire.encode(wire.BYE, {"leases": []}))
+    snapshot_until(h, lambda s: s["producers"][0]["status"] == "left", "it to leave")
+    assert h.rejected == []  # nobody alive: nothing is rejected, the work waits
+    sim.join("full", dataset=describe_copy(scan))
+    sim.run_until(lambda: sim.accounted() == len(IDS), "the full copy to train the epoch")
+    assert sim.trained_ids() == collections.Counter(IDS) and h.rejected == []
+
+
+# ---------------------------------------------------------------- liveness
+def test_ping_is_answered_with_pong_and_rtt_is_kept(harness):
+    h = harness(cfg=make_config())
+    sock = h.producer("p")
+    h.recv(sock, wire.WELCOME)
+    sock.send_multipart(wire.encode(wire.HEARTBEAT, {"ready": 0, "working": 0, "ping": 12.5, "rtt_ms": 0.75}))
+    beat = h.recv(sock, wire.HEARTBEAT, skip=(wire.LEASE,))
+    while "pong" not in beat.fields:  # the coordinator's own beats carry no pong
+        beat = h.recv(sock, wire.HEARTBEAT, skip=(wire.LEASE,))
+    assert beat["pong"] == 12.5
+    snapshot_until(h, lambda s: s["producers"][0]["rtt_ms"] == 0.75, "rtt")
+
+
+def test_an_unknown_producer_is_told_to_say_hello_again(harness):
+    h = harness(cfg=make_config())
+    sock = h.socket()
+    sock.send_multipart(wire.encode(wire.HEARTBEAT, {"ready": 0, "working": 0}))
+    refuse = h.recv(sock, wire.REFUSE)
+    assert refuse["rejoin"] is True
+    assert h.coord.snapshot()["rejected_messages"]["unknown_peer"] == 1
+
+
+def test_a_lease_not_prepared_in_time_is_revoked_and_replanned(harness):
+    h = harness(cfg=make_config(lease_ahead=1, lease_timeout_s=0.5))
+    sock = h.producer("slow")
+    h.recv(sock, wire.WELCOME)
+    lease = h.recv(sock, wire.LEASE)
+    revoke = h.recv(sock, wire.REVOKE)
+    assert revoke["lease"] == lease["lease"]
+    again = h.recv(sock, wire.LEASE)
+    assert again["ids"] == lease["ids"] and again["lease"] != lease["lease"]
+
+
+def test_a_restarted_producer_takes_over_the_old_ones_leases_at_once(harness):
+    h = harness(cfg=make_config(lease_ahead=2, heartbeat_timeout_s=30.0))
+    old = h.producer("p0@h", launcher=42)
+    h.recv(old, wire.WELCOME)
+    ids = sorted(tuple(h.recv(old, wire.LEASE)["ids"]) for _ in range(2))
+    new = h.producer("p0@h", launcher=42)
+    h.recv(new, wire.WELCOME)
+    assert sorted(tuple(h.recv(new, wire.LEASE)["ids"]) for _ in range(2)) == ids
+    snap = snapshot_until(h, lambda s: s["failovers"] and s["failovers"][0]["reissued"] == 2, "the re-issue")
+    assert [p["id"] for p in snap["producers"]] == ["p0@h"]
+    assert snap["producers"][0]["connections"] == 2
+    assert snap["failovers"][0]["status"] == "restarted"
+    other = h.producer("p0@h", launcher=7)  # another launcher on a host with the same name
+    assert h.recv(other, wire.WELCOME)["producer_name"] == "p0@h#2"
+
+
+def test_a_repeated_hello_of_one_session_changes_nothing(harness):
+    h = harness(cfg=make_config(lease_ahead=2))
+    sock = h.producer("p", session="s1")
+    h.recv(sock, wire.WELCOME)
+    first = [h.recv(sock, wire.LEASE)["lease"] for _ in range(2)]
+    h.producer("p", sock=sock, session="s1")
+    h.recv(sock, wire.WELCOME)
+    assert sock.poll(300) == 0 or wire.decode(sock.recv_multipart()).kind == wire.HEARTBEAT
+    snap = h.coord.snapshot()
+    assert snap["reissued_leases"] == 0 and snap["producers"][0]["connections"] == 1
+    assert first
+
+
+def test_stop_waits_for_the_producers_bye(harness):
+    h = harness(cfg=make_config())
+    sock = h.producer("p")
+    h.recv(sock, wire.WELCOME)
+    h.stop.set()
+    h.recv(sock, wire.STOP, skip=(wire.HEARTBEAT, wire.LEASE))
+    assert h.coord._thread.is_alive()  # still waiting for the BYE
+    sock.send_multipart(wire.encode(wire.BYE, {"leases": []}))
+    h.coord.join(5)
+    assert not h.coord._thread.is_alive()
+
+
+# ---------------------------------------------------------------- hostile connections
+def test_an_oversized_frame_closes_that_connection_only(harness):
+    h = harness(cfg=make_config(max_message_mb=1))
+    honest = h.producer("honest")
+    h.recv(honest, wire.WELCOME)
+    attacker = h.socket()
+    attacker.send(b"x" * (2 << 20))
+    snapshot_until(h, lambda s: s["rejected_messages"].get("connection_dropped", 0) >= 1, "the drop")
+    honest.send_multipart(wire.encode(wire.HEARTBEAT, {"ready": 0, "working": 0, "ping": 1.0}))
+    assert h.recv(honest, wire.HEARTBEAT, skip=(wire.LEASE,)) is not None
+    assert h.coord.failure is None
+
+
+# ---------------------------------------------------------------- CURVE
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    make_keys(tmp_path / "keys", ["client"])
+    make_keys(tmp_path / "stranger", ["client"])  # a pair the trainer does not know
+    return tmp_path
+
+
+def test_curve_admits_allowed_keys_only(harness, keys: Path):
+    h = harness(cfg=make_config(), keys=load_server_keys(keys / "keys"))
+    allowed = load_client_keys(keys / "keys")
+    stranger = load_client_keys(keys / "stranger")
+    intruder = h.socket(curve_secretkey=stranger.secret, curve_publickey=stranger.public,
+                        curve_serverkey=allowed.server_public)
+    h.producer("intruder", sock=intruder)
+    plain = h.socket()
+    h.producer("plain", sock=plain)
+    good = h.socket(curve_secretkey=allowed.secret, curve_publickey=allowed.public,
+                    curve_serverkey=allowed.server_public)
+    h.producer("good", sock=good)
+    assert h.recv(good, wire.WELCOME)["producer_name"] == "good"
+    snap = snapshot_until(h, lambda s: s["rejected_messages"].get("unauthenticated", 0) >= 1
+                          and s["rejected_messages"].get("handshake_failed", 0) >= 1, "both refusals")
+    assert [p["id"] for p in snap["producers"]] == ["good"]
+    assert intruder.poll(200) == 0 and plain.poll(0) == 0

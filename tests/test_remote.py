@@ -1,0 +1,275 @@
+"""Producers on other hosts, end to end: real ``run.py`` and ``run.py produce`` processes.
+
+On loopback: producers joining and leaving mid-epoch, kill -9 of one, a producer with
+another dataset refused, a copy missing a clip, CURVE, and a fuzzer. Every run uses the
+numpy features and a synthetic trainer (no TensorFlow), fast heartbeats so failures are
+noticed in 1.5 s, and waits only on log lines and exits, each with a deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from shared import wire
+from shared.dataset import DEMO_DATA_DIR, read_metadata, scan_dataset
+from shared.keys import make_keys
+from tests.factories import make_dataset
+from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+
+pytestmark = pytest.mark.timeout(120)
+
+NUMPY_FEATURES = ["--set", "features.backend=numpy"]
+# A dead producer's leases move 1.5 s after its last message.
+FAST_HEARTBEAT = ["--set", "pipeline.heartbeat_interval_s=0.3", "--set", "pipeline.heartbeat_timeout_s=1.5"]
+HEARTBEAT_TIMEOUT_S = 1.5
+# Seconds allowed for start-up of a run.py process (interpreter, imports, dataset scan).
+START_S = 60
+DEMO_IDS = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
+
+
+def trainer(run_dir: Path, *args: str, prefix: list[str] | None = None) -> RunProcess:
+    return RunProcess("--model", "synthetic:100", "--batch-size", "8", "--record-samples", "--model-start-delay",
+                      "0.2", "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", *NUMPY_FEATURES,
+                      *FAST_HEARTBEAT, *args, prefix=prefix)
+
+
+def produce(endpoint: str, *args: str, prefix: list[str] | None = None) -> RunProcess:
+    return RunProcess("produce", "--connect", endpoint, "--producers", "1", *args, prefix=prefix)
+
+
+def endpoint_of(run: RunProcess) -> str:
+    line = run.wait_for_line(r"consumer listening on tcp://", START_S)
+    return re.search(r"(tcp://\S+)", line).group(1)
+
+
+def check_exactly_once(samples_rows: list[dict], epochs: int | None, expected_ids: set[str]) -> None:
+    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for row in samples_rows:
+        per_epoch[row["epoch"]].update(row["ids"])
+    if epochs is not None:
+        assert sorted(per_epoch) == list(range(epochs))
+    for epoch, counts in per_epoch.items():
+        assert set(counts) == expected_ids, f"epoch {epoch}: missing {expected_ids - set(counts)}"
+        assert max(counts.values()) == 1, f"epoch {epoch}: duplicates {[k for k, v in counts.items() if v > 1]}"
+
+
+def producers_by_id(summary: dict) -> dict[str, dict]:
+    return {p["id"]: p for p in summary["producers"]}
+
+
+def partial_copy(to: Path, drop: str) -> Path:
+    shutil.copytree(DEMO_DATA_DIR, to)
+    (to / "wavs" / f"{drop}.wav").unlink()
+    return to
+
+
+def one_error_line(run: RunProcess) -> str:
+    errors = [line for line in run.lines if line.startswith("stoker: error:")]
+    assert len(errors) == 1, run.output()
+    assert not any("Traceback" in line for line in run.lines), run.output()
+    return errors[0]
+
+
+# ---------------------------------------------------------------- join, leave, die
+def test_remote_producer_joins_and_leaves_mid_epoch(tmp_path):
+    run_dir = tmp_path / "run"
+    with trainer(run_dir, "--epochs", "10", "--producers", "1") as run:
+        endpoint = endpoint_of(run)
+        run.wait_for_line(r"step 4/", START_S)
+        with produce(endpoint) as remote:
+            first = remote.wait_for_line(r"first lease ([0-9.]+) s after connecting", START_S)
+            assert float(re.search(r"first lease ([0-9.]+) s", first).group(1)) < 2.0
+            remote.wait_for_line(r"first batch delivered", 30)
+            run.wait_for_line(r"producer p0@\S+#2 joined", 10)
+            remote.proc.send_signal(signal.SIGINT)  # Ctrl-C: its leases come back at once (BYE)
+            assert remote.wait(timeout=15) == 130, remote.output()
+        left = run.wait_for_line(r"producer p0@\S+#2 left, returning \d+ leases", 10)
+        assert run.wait(timeout=90) == 0, run.output()
+    assert "presumed dead" not in "\n".join(run.lines)  # it left; nobody had to time out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 10
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 10, DEMO_IDS)
+    remote_stats = next(p for p in summary["producers"] if p["id"].endswith("#2"))
+    assert remote_stats["status"] == "left" and remote_stats["batches"] >= 1, summary["producers"]
+    assert left
+
+
+def test_kill_9_of_a_remote_producer_loses_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    with trainer(run_dir, "--epochs", "8", "--producers", "0") as run:
+        endpoint = endpoint_of(run)
+        with produce(endpoint) as victim, produce(endpoint) as survivor:
+            for remote in (victim, survivor):
+                remote.wait_for_line(r"first batch delivered", START_S)
+            launcher = psutil.Process(victim.proc.pid)
+            child = launcher.children()[0]
+            launcher.suspend()  # so that it cannot restart the child before it is gone too
+            child.kill()
+            launcher.kill()
+            victim.wait(timeout=10)
+            # the kernel closed its connection: presumed dead at once, not after the heartbeat timeout
+            run.wait_for_line(r"connection of producer \S+ closed without BYE: presumed dead", 10)
+            assert run.wait(timeout=90) == 0, run.output()
+            assert survivor.wait(timeout=15) == 0, survivor.output()  # the trainer's STOP ended it
+    summary = read_json(run_dir / "summary.json")
+    assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 8
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 8, DEMO_IDS)
+    dead = [f for f in summary["failovers"] if f["status"] == "dead"]
+    assert len(dead) == 1 and dead[0]["reissued"] >= 1, summary["failovers"]
+    assert dead[0]["reissue_after_last_heard_s"] <= HEARTBEAT_TIMEOUT_S + 1.0, dead[0]
+
+
+# ---------------------------------------------------------------- dataset agreement
+def test_another_dataset_is_refused_and_a_clip_missing_everywhere_is_rejected(tmp_path):
+    other = tmp_path / "other"
+    make_dataset(other, count=6)
+    partial = partial_copy(tmp_path / "partial", "DEMO-0005")
+    run_dir = tmp_path / "run"
+    with trainer(run_dir, "--epochs", "2", "--producers", "0") as run:
+        endpoint = endpoint_of(run)
+        with produce(endpoint, "--data", str(other)) as stranger:
+            assert stranger.wait(timeout=30) == 2, stranger.output()
+        line = one_error_line(stranger)
+        assert f"the trainer at {endpoint} refused this producer: dataset on" in line
+        assert "metadata.csv differs" in line
+        run.wait_for_line(r"refused producer p0@\S+ from \S+: dataset on .* metadata.csv differs", 10)
+        with produce(endpoint, "--data", str(partial)) as remote:
+            run.wait_for_line(r"joined from .* it lacks 1 audio files", START_S)
+            assert run.wait(timeout=60) == 0, run.output()
+            remote.wait(timeout=15)
+    summary = read_json(run_dir / "summary.json")
+    assert summary["refused_producers"][0]["reason"] in line
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, DEMO_IDS - {"DEMO-0005"})
+    rejected = read_jsonl(run_dir / "rejected.jsonl")
+    # once, although both epochs planned it (a producer-side rejection is recorded once per run)
+    assert [r["id"] for r in rejected] == ["DEMO-0005"]
+    assert all("missing on every producer host" in r["reason"] for r in rejected)
+    assert summary["rejected"] == 1 and summary["epochs_completed"] == 2
+
+
+# ---------------------------------------------------------------- CURVE
+def test_curve_an_unauthorised_producer_delivers_nothing_an_authorised_one_trains(tmp_path):
+    keys, strangers = tmp_path / "keys", tmp_path / "strangers"
+    result = run_cli("keys", str(keys))
+    assert result.returncode == 0 and "authorized" in result.stdout, result.stderr
+    make_keys(strangers, ["client"])
+    intruder_keys = tmp_path / "intruder"
+    intruder_keys.mkdir()
+    shutil.copy(keys / "server.key", intruder_keys)  # the right server, a key it does not allow
+    for name in ("client.key", "client.key_secret"):
+        shutil.copy(strangers / name, intruder_keys)
+    run_dir = tmp_path / "run"
+    with trainer(run_dir, "--epochs", "2", "--producers", "0", "--keys", str(keys)) as run:
+        endpoint = endpoint_of(run)
+        with produce(endpoint, "--keys", str(intruder_keys)) as intruder:
+            assert intruder.wait(timeout=30) == 2, intruder.output()
+        assert "rejected this producer's CURVE key" in one_error_line(intruder)
+        with produce(endpoint) as plain:
+            assert plain.wait(timeout=30) == 2, plain.output()
+        assert "the trainer uses --keys" in one_error_line(plain)
+        with produce(endpoint, "--keys", str(keys)) as good:
+            assert run.wait(timeout=60) == 0, run.output()
+            good.wait(timeout=15)
+    summary = read_json(run_dir / "summary.json")
+    assert len(summary["producers"]) == 1 and summary["producers"][0]["batches"] == 16
+    assert summary["rejected_messages"]["unauthenticated"] >= 1
+    assert summary["rejected_messages"]["handshake_failed"] >= 1
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, DEMO_IDS)
+    secrets = [line.split('"')[1] for path in (keys / "server.key_secret", keys / "client.key_secret")
+               for line in path.read_text().splitlines() if "secret-key" in line]
+    assert len(secrets) == 2
+    written = "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file())
+    logs = "\n".join(run.lines + intruder.lines + plain.lines + good.lines)
+    for secret in secrets:
+        assert secret not in written and secret not in logs
+
+
+# ---------------------------------------------------------------- hostile peers
+FUZZ_EACH = 1000
+# The fuzzer's sockets wait this long, at most, for their messages to leave.
+FUZZ_LINGER_MS = 10000
+
+
+def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
+    """Send FUZZ_EACH messages of each malformed kind, oversized frames, and batches for leases
+    never issued (from a registered peer, which then leaves)."""
+    ctx = zmq.Context()
+    socks = []
+
+    def dealer() -> zmq.Socket:
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = FUZZ_LINGER_MS  # everything sent must arrive, to be counted
+        sock.sndtimeo = sock.rcvtimeo = FUZZ_LINGER_MS
+        sock.connect(endpoint)
+        socks.append(sock)
+        return sock
+
+    try:
+        rng = np.random.default_rng(0)
+        garbage = dealer()
+        for i in range(FUZZ_EACH):
+            garbage.send(b"\xc1" + rng.bytes(int(rng.integers(0, 40))))  # 0xc1 is never msgpack
+            garbage.send(msgpack.packb({"v": 99, "k": "hello", "a": []}))
+            garbage.send(msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": f"nope{i % 7}", "a": []}))
+            garbage.send_multipart([msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "batch",
+                                                   "a": [["mel", "float32", [10, 10]]]}), b"short"])
+        for _ in range(3):  # each above pipeline.max_message_mb=1: the socket closes that connection
+            dealer().send(b"\0" * (2 << 20))
+        peer = dealer()
+        peer.send_multipart(wire.encode(wire.HELLO, {"producer": "fuzzer", "host": "fuzz", "pid": 1,
+                                                     "dataset": dataset}))
+        while wire.decode(peer.recv_multipart()).kind != wire.WELCOME:
+            pass
+        for i in range(FUZZ_EACH):
+            lease = 10 ** 9 + i
+            peer.send_multipart(wire.encode(wire.BATCH, {"lease": lease, "ids": [], "rejected": []}))
+            peer.send_multipart(wire.encode(wire.READY, {"lease": lease}))
+        # The pong to this ping proves the coordinator has read everything before it. (Closing
+        # a socket with unread input resets the connection, losing what is still in flight.)
+        peer.send_multipart(wire.encode(wire.HEARTBEAT, {"ready": 0, "working": 0, "ping": -1.0}))
+        while wire.decode(peer.recv_multipart()).get("pong") != -1.0:
+            pass
+        peer.send_multipart(wire.encode(wire.BYE, {"leases": []}))
+        report["ok"] = True
+    except BaseException as exc:  # reported to the test thread
+        report["error"] = repr(exc)
+    finally:
+        for sock in socks:
+            sock.close()
+        ctx.term()
+
+
+def test_fuzz_thousands_of_malformed_messages_while_training(tmp_path):
+    run_dir = tmp_path / "run"
+    with trainer(run_dir, "--epochs", "6", "--producers", "1", "--set", "pipeline.max_message_mb=1") as run:
+        endpoint = endpoint_of(run)
+        run.wait_for_line(r"step 4/", START_S)
+        report: dict = {}
+        thread = threading.Thread(target=fuzz, args=(endpoint, scan_dataset(DEMO_DATA_DIR).describe(), report),
+                                  daemon=True)
+        thread.start()
+        thread.join(60)
+        assert report.get("ok"), report
+        assert run.wait(timeout=90) == 0, run.output()
+    summary = read_json(run_dir / "summary.json")
+    dropped = summary["rejected_messages"]
+    assert dropped["not_msgpack"] == FUZZ_EACH
+    assert dropped["bad_version"] == FUZZ_EACH
+    assert dropped["bad_kind"] == FUZZ_EACH
+    assert dropped["size_mismatch"] == FUZZ_EACH
+    assert dropped["unknown_lease"] >= 2 * FUZZ_EACH, str(dropped) + "\n" + run.output()
+    assert dropped["connection_dropped"] >= 3
+    assert summary["exit_reason"] == "completed"
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 6, DEMO_IDS)
+    assert max(r["wait_ms"] for r in read_jsonl(run_dir / "metrics.jsonl")[1:]) < 3000
