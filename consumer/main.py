@@ -11,8 +11,9 @@ Training loop, per step: ask the queue for the next batch (the time until it com
 ``model_start_delay_s`` has passed (warm-up, reported as ``warmup_s``).
 
 Stop: the step budget is reached, the planned epochs are complete (every sample of
-each trained, or rejected while the run went on), or SIGTERM/SIGINT arrives (checked between steps and while waiting). Then: the coordinator sends STOP to
-every producer and closes, the run files are flushed and summary.json is written.
+each trained, or rejected while the run went on), or SIGTERM/SIGINT arrives (checked
+between steps and while waiting). Then: the coordinator sends STOP to every producer
+and closes, the run files are flushed and summary.json is written.
 Exit status: 0 finished, 130 interrupted, 1 failed, 2 a user error (bad dataset,
 endpoint in use, unknown model).
 """
@@ -188,10 +189,10 @@ class TrainLoop:
 
     def _update_epochs(self) -> None:
         """Mark epochs whose every sample was trained or rejected while the run went on."""
-        last = self.epochs if self.epochs else max(self._trained, default=-1) + 1
-        for epoch in range(last):
-            if epoch not in self._complete and (self._trained.get(epoch, 0) + self.coordinator.rejected_in_epoch(epoch)
-                                                >= self.planner.samples_per_epoch):
+        candidates = set(range(self.epochs)) if self.epochs else set(self._trained)
+        for epoch in candidates - self._complete:
+            if (self._trained.get(epoch, 0) + self.coordinator.rejected_in_epoch(epoch)
+                    >= self.planner.samples_per_epoch):
                 self._complete.add(epoch)
         self.epochs_completed = len(self._complete)
 

@@ -130,6 +130,26 @@ def test_kill_9_of_a_remote_producer_loses_nothing(tmp_path):
     assert dead[0]["reissue_after_last_heard_s"] <= HEARTBEAT_TIMEOUT_S + 1.0, dead[0]
 
 
+def test_remote_producer_rejoins_a_restarted_trainer(tmp_path):
+    with trainer(tmp_path / "first", "--steps", "100000", "--producers", "0") as first:
+        endpoint = endpoint_of(first)
+        with produce(endpoint) as remote:
+            remote.wait_for_line(r"first batch delivered", START_S)
+            # the trainer crashes: no STOP reaches the producer
+            consumer = next(p for p in psutil.Process(first.proc.pid).children()
+                            if "consumer.main" in " ".join(p.cmdline()))
+            consumer.kill()
+            first.kill()
+            remote.wait_for_line(r"consumer silent for [0-9.]+ s; dropping \d+ leases and reconnecting", 10)
+            run_dir = tmp_path / "second"
+            with trainer(run_dir, "--epochs", "2", "--producers", "0", "--bind", endpoint) as second:
+                assert endpoint_of(second) == endpoint
+                second.wait_for_line(r"producer p0@\S+ joined", 30)
+                assert second.wait(timeout=60) == 0, second.output()
+                assert remote.wait(timeout=15) == 0, remote.output()
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, DEMO_IDS)
+
+
 # ---------------------------------------------------------------- dataset agreement
 def test_another_dataset_is_refused_and_a_clip_missing_everywhere_is_rejected(tmp_path):
     other = tmp_path / "other"
