@@ -113,7 +113,7 @@ def scenario_d(data: Path, work: Path, steps: int, max_fixed: int) -> dict[str, 
                     "steps_per_s": s["steps_per_s"]}
     best_wait = min(v["second_half"] for v in fixed.values())
     best_n = min(n for n, v in fixed.items() if v["second_half"] <= best_wait + 0.01)
-    auto = run(data, work / "dauto", "--model", FAST_MODEL, *SLOW_PRODUCER, "--steps", str(3 * steps),
+    auto = run(data, work / "dauto", "--model", FAST_MODEL, *SLOW_PRODUCER, "--steps", str(4 * steps),
                "--producers", "auto", "--max-producers", str(max_fixed + 1))
     final = auto.get("autoscale", {}).get("final_producers")
     auto_wait = second_half_wait(work / "dauto")

@@ -6,7 +6,8 @@ decision is logged.
 
 Rules, with hysteresis so the count does not oscillate:
   add     the trainer waited more than ADD_WAIT_FRAC of its time in ADD_STREAK windows
-          in a row, the count is below the maximum, and the host has a free core
+          in a row, the count is below the maximum, and the host has a free core; it
+          adds as many as the window's demand / rate says are needed (at least one)
   remove  it waited less than REMOVE_WAIT_FRAC, the queue was nearly full and the
           producers spent more than REMOVE_BLOCKED_FRAC of their time holding prepared
           batches that waited for a credit, in REMOVE_STREAK windows in a row; and the
@@ -20,10 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from shared.metrics import PRODUCER_MARGIN
 
 log = logging.getLogger("launcher.autoscale")
 
@@ -49,6 +53,8 @@ class Evidence:
     steps: int
     cpu_busy_frac: float
     producers_delivering: int
+    prep_ms_mean: float | None = None  # producers' time to prepare a batch, in the window
+    step_ms_mean: float | None = None  # the trainer's step time, in the window
 
     def describe(self) -> str:
         blocked = "n/a" if self.blocked_frac is None else f"{100 * self.blocked_frac:.0f}%"
@@ -84,7 +90,13 @@ class AutoScaler:
             elif ev.cpu_busy_frac > MAX_CPU_BUSY_FRAC:
                 reason = "starving but the host has no free core"
             else:
+                # Jump to what the evidence says is needed (the diagnosis' demand / rate
+                # formula), at least one more; later windows correct an over- or undershoot.
                 change, reason = 1, "the trainer starves"
+                if ev.prep_ms_mean and ev.step_ms_mean:
+                    needed = math.ceil(PRODUCER_MARGIN * ev.prep_ms_mean / ev.step_ms_mean)
+                    change = max(1, min(needed, self.max_producers) - count)
+                    reason += f" (about {needed} needed: {ev.prep_ms_mean:.0f} ms per batch, step {ev.step_ms_mean:.0f} ms)"
         elif self._remove_streak >= REMOVE_STREAK and count > 1 and count - 1 > self.starved_at:
             change, reason = -1, "producers mostly wait for credits"
         else:
@@ -116,7 +128,7 @@ class LiveWindow:
         if w.get("wait_frac") is None:
             return None
         prep_total = credit_total = 0.0
-        delivering = 0
+        delivering = delivered = 0
         current = {}
         for p in live.get("producers", []):
             if p.get("status") != "alive":
@@ -128,12 +140,14 @@ class LiveWindow:
             before = self._last.get(p["id"], (0, 0.0, 0.0))
             if batches > before[0]:
                 delivering += 1
+                delivered += batches - before[0]
                 prep_total += prep - before[1]
                 credit_total += credit - before[2]
         self._last = current
         blocked = credit_total / (credit_total + prep_total) if credit_total + prep_total > 0 else None
         return Evidence(float(w["wait_frac"]), float(w.get("queue_depth_mean") or 0.0), blocked,
-                        int(w.get("steps") or 0), cpu_busy_frac, delivering)
+                        int(w.get("steps") or 0), cpu_busy_frac, delivering,
+                        prep_total / delivered if delivered else None, w.get("step_ms_mean"))
 
 
 def default_max_producers() -> int:

@@ -343,7 +343,7 @@ class AutoControl:
         if evidence is None:
             return
         change = self.scaler.decide(len(active), evidence)
-        if change > 0:
+        for _ in range(max(change, 0)):
             index = len(self.producers)
             self.producers.append(self.sup.spawn(producer_child(
                 index, self.endpoint, self.cfg.data.path, self.plan.data_gpu, self.plan.data_memory_mb,

@@ -63,3 +63,11 @@ def test_live_window_measures_blocked_share_between_readings(tmp_path):
     assert abs(second.blocked_frac - 0.75) < 1e-9
     write(20, 100.0, 150.0)
     assert window.read(0.2).producers_delivering == 0
+
+
+def test_jumps_to_the_count_the_evidence_asks_for():
+    scaler = AutoScaler(max_producers=8, capacity=3)
+    starving = Evidence(0.6, 0.0, 0.0, 20, 0.3, 1, prep_ms_mean=330.0, step_ms_mean=100.0)
+    assert [scaler.decide(1, starving) for _ in range(ADD_STREAK)][-1] == 3  # ceil(1.2 x 3.3) = 4 in all
+    capped = AutoScaler(max_producers=2, capacity=3)
+    assert [capped.decide(1, starving) for _ in range(ADD_STREAK)][-1] == 1
