@@ -217,6 +217,7 @@ def test_curve_an_unauthorised_producer_delivers_nothing_an_authorised_one_train
 
 # ---------------------------------------------------------------- hostile peers
 FUZZ_EACH = 1000
+FUZZ_EPOCHS = 30
 # The fuzzer's sockets wait this long, at most, for their messages to leave.
 FUZZ_LINGER_MS = 10000
 
@@ -272,7 +273,10 @@ def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
 
 def test_fuzz_thousands_of_malformed_messages_while_training(tmp_path):
     run_dir = tmp_path / "run"
-    with trainer(run_dir, "--epochs", "6", "--producers", "1", "--set", "pipeline.max_message_mb=1") as run:
+    # 30 epochs of 8 steps of 100 ms: long enough that the run cannot end before the fuzzer has
+    # sent everything and had its pong, even on a loaded 2-core machine.
+    with trainer(run_dir, "--epochs", str(FUZZ_EPOCHS), "--producers", "1",
+                 "--set", "pipeline.max_message_mb=1") as run:
         endpoint = endpoint_of(run)
         run.wait_for_line(r"step 4/", START_S)
         report: dict = {}
@@ -291,5 +295,5 @@ def test_fuzz_thousands_of_malformed_messages_while_training(tmp_path):
     assert dropped["unknown_lease"] >= 2 * FUZZ_EACH, str(dropped) + "\n" + run.output()
     assert dropped["connection_dropped"] >= 3
     assert summary["exit_reason"] == "completed"
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 6, DEMO_IDS)
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), FUZZ_EPOCHS, DEMO_IDS)
     assert max(r["wait_ms"] for r in read_jsonl(run_dir / "metrics.jsonl")[1:]) < 3000
