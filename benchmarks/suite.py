@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import memory, pipeline, starvation, transport
+from benchmarks import data, memory, pipeline, producers, starvation, transport
 from benchmarks.common import machine_info, table
 
-SECTIONS = ("transport", "pipeline", "memory", "starvation")
-# The starvation scenarios are a dozen real runs (minutes): only in the full suite.
+SECTIONS = ("transport", "pipeline", "memory", "starvation", "data", "producers")
+# The starvation scenarios, the data and the producers sections are many real runs
+# (minutes each): only in the full suite. Each also runs alone: python -m benchmarks.NAME.
 QUICK_SECTIONS = ("transport", "pipeline", "memory")
 
 
@@ -87,6 +88,10 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
     for name, scenario in (sections.get("starvation") or {}).items():
         out.append({"section": "starvation", "what": f"{name}: {scenario['target']}", "value": float(scenario["met"]),
                     "numerator": None, "denominator": None, "limit": 1.0, "met": scenario["met"]})
+    for t in (sections.get("data") or {}).get("targets", []):
+        r = t.get("ratio") or {}
+        out.append({"section": "data", "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
+                    "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -119,6 +124,9 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "pipeline": lambda: pipeline.run(plan.pipeline, log=log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
+        "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
+        "producers": lambda: producers.run(producers.ProducersPlan.quick() if quick else producers.ProducersPlan(),
+                                           log=log),
     }
     durations = {}
     for name in plan.sections:
@@ -161,6 +169,11 @@ def render(report: dict[str, Any]) -> str:
     if sections.get("starvation"):
         parts += ["", "starvation: is the diagnosis right? real runs with injected producer faults",
                   starvation.table(sections["starvation"])]
+    if sections.get("data"):
+        parts += ["", "data: index build and cache, producer vs librosa, feature cache", data.render(sections["data"])]
+    if sections.get("producers"):
+        parts += ["", "producers: scaling with N producers, failover of a killed one",
+                  producers.render(sections["producers"])]
     if report["targets"]:
         parts += ["", "targets", render_targets(report["targets"])]
     for name, error in report["errors"].items():
