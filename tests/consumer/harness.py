@@ -70,6 +70,12 @@ class Harness:
                 return msg
             assert msg.kind in skip, f"expected {kind}, got {msg.kind}"
 
+    def credit(self, sock: zmq.Socket, lease: wire.Message,
+               skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> wire.Message:
+        """Say the lease's batch is READY and wait for its CREDIT."""
+        sock.send_multipart(wire.encode(wire.READY, {"lease": lease["lease"]}))
+        return self.recv(sock, wire.CREDIT, skip=skip)
+
     def batch_frames(self, lease: wire.Message) -> list:
         max_tokens, max_frames = lease["shape"]
         ids = lease["ids"]

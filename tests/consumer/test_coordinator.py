@@ -59,8 +59,7 @@ def test_late_duplicate_and_uncredited_batches_are_dropped(harness):
     lease = h.recv(sock, wire.LEASE)
     frames = h.batch_frames(lease)
     sock.send_multipart(frames)  # no credit yet: dropped
-    sock.send_multipart(wire.encode(wire.READY, {"lease": lease["lease"]}))
-    h.recv(sock, wire.CREDIT, skip=(wire.HEARTBEAT, wire.LEASE))
+    h.credit(sock, lease, skip=(wire.HEARTBEAT, wire.LEASE))
     sock.send_multipart(h.batch_frames(lease))
     sock.send_multipart(h.batch_frames(lease))  # duplicate of a delivered lease
     got = h.queue.get(5)
@@ -79,8 +78,7 @@ def test_batch_not_matching_its_lease_is_dropped_and_replanned(harness):
     sock = h.producer()
     h.recv(sock, wire.WELCOME)
     lease = h.recv(sock, wire.LEASE)
-    sock.send_multipart(wire.encode(wire.READY, {"lease": lease["lease"]}))
-    h.recv(sock, wire.CREDIT)
+    h.credit(sock, lease)
     max_tokens, max_frames = lease["shape"]
     wrong = make_batch(4, max_tokens, max_frames + 16, 8, valid=len(lease["ids"]))
     sock.send_multipart(wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": lease["ids"], "rejected": []},
@@ -135,8 +133,7 @@ def test_silent_producer_loses_its_leases_to_another(harness):
             assert msg.kind == wire.HEARTBEAT  # no new work while its two leases are held
     # Delivering one lease frees a slot: the next lease is a re-planned batch of the dead one.
     lease = first[0]
-    survivor.send_multipart(wire.encode(wire.READY, {"lease": lease["lease"]}))
-    h.recv(survivor, wire.CREDIT)
+    h.credit(survivor, lease)
     survivor.send_multipart(h.batch_frames(lease))
     replanned = h.recv(survivor, wire.LEASE)
     assert replanned["lease"] not in taken
@@ -166,8 +163,7 @@ def test_batch_with_non_string_ids_is_dropped_not_fatal(harness):
     sock = h.producer()
     h.recv(sock, wire.WELCOME)
     lease = h.recv(sock, wire.LEASE)
-    sock.send_multipart(wire.encode(wire.READY, {"lease": lease["lease"]}))
-    h.recv(sock, wire.CREDIT)
+    h.credit(sock, lease)
     max_tokens, max_frames = lease["shape"]
     arrays = make_batch(4, max_tokens, max_frames, 8, valid=len(lease["ids"]))
     sock.send_multipart(wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": [[1]] * len(lease["ids"]),
