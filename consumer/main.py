@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import sys
 import threading
@@ -30,14 +31,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from consumer import melimage, validation
 from consumer.buffer import BatchQueue
 from consumer.coordinator import BindError, Coordinator
-from consumer.models import ModelError, make_trainer, uses_tensorflow
+from consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
 from consumer.plan import EpochPlanner
+from consumer.progress import LiveLine
 from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
-from shared.dataset import DatasetError, Rejection, build_index, feature_cache_dir
+from shared.dataset import DatasetError, Rejection, Sample, build_index, feature_cache_dir
 from shared.gpumon import GpuSampler
 from shared.keys import KeysError, load_server_keys
 from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
@@ -55,6 +58,9 @@ COORDINATOR_JOIN_S = 3.0
 # At exit, give the STOP messages this long to reach the producers.
 FLUSH_S = 1.0
 
+
+class NonFiniteLoss(Exception):
+    """Too many steps in a row had a NaN or inf loss; the message is one line for the user."""
 
 
 class Run:
@@ -91,7 +97,10 @@ class Run:
         if feature_cache:
             log.info("feature cache %s", feature_cache)
         metadata_sha256 = index.scan.metadata_sha256
-        planner = EpochPlanner(index.samples, cfg.batching)
+        # Held-out clips only when the trainer has a loss to validate (not synthetic:MS).
+        train_samples, val_samples = (validation.split(index.samples, cfg.trainer.val_clips, cfg.batching.seed)
+                                      if uses_tensorflow(cfg.trainer.model) else (index.samples, []))
+        planner = EpochPlanner(train_samples, cfg.batching)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches of %d per epoch in %d shapes %s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  cfg.batching.batch_size, len(planner.shapes), planner.shapes)
@@ -108,13 +117,18 @@ class Run:
         log.info("consumer listening on %s", endpoint)
         # Producers start now, while this process imports TensorFlow and builds the model.
         self.status.send("ready", endpoint=endpoint, batches_per_epoch=planner.batches_per_epoch)
-        loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started)
+        loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started,
+                         val_samples=val_samples, data_root=index.root)
         try:
             loop.run(self.gpu_memory_mb)
             if coordinator.failure is not None:
                 raise coordinator.failure
             if loop.interrupted:
                 loop.exit_reason, loop.code = "interrupted", EXIT_INTERRUPTED
+        except NonFiniteLoss as exc:
+            loop.exit_reason, loop.code = f"failed: {exc}"[:500], EXIT_FAILED
+            log.error("%s", exc)
+            self.status.error(exc, "consumer")
         except BaseException as exc:
             loop.exit_reason, loop.code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
             log.exception("training failed")
@@ -135,7 +149,8 @@ class Run:
                 extra={"epochs_completed": loop.epochs_completed, "model": cfg.trainer.model,
                        "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
                        "queue_high_water": queue.high_water, "host_cores": os.cpu_count(),
-                       "clips": len(index.samples), "index": index.stats.to_json(),
+                       "clips": len(index.samples), "val_clips": len(val_samples),
+                       "index": index.stats.to_json(), **loop.model_summary(),
                        "feature_cache": feature_cache_totals(feature_cache, snap["producers"]),
                        "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
                        "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint})
@@ -156,10 +171,17 @@ def feature_cache_totals(directory: str, producers: list[dict[str, Any]]) -> dic
 
 
 class TrainLoop:
-    """Warm-up, then: wait for a batch, step, record; until the budget or a stop."""
+    """Warm-up, then: wait for a batch, step, record; until the budget or a stop.
+
+    The step never waits for the device: its loss stays a tensor until the end of the
+    logging interval (``trainer.log_every_steps``), when the interval's losses are
+    fetched at once, its metrics.jsonl rows written, the progress line logged and the
+    non-finite count checked. Validation runs every ``trainer.val_every_steps``.
+    """
 
     def __init__(self, cfg: config_mod.Config, run_dir: Path, queue: BatchQueue, coordinator: Coordinator,
-                 planner: EpochPlanner, stop: threading.Event, parent_pid: int | None, started: float) -> None:
+                 planner: EpochPlanner, stop: threading.Event, parent_pid: int | None, started: float,
+                 val_samples: list[Sample] | None = None, data_root: Path | None = None) -> None:
         self.cfg = cfg
         self.queue = queue
         self.coordinator = coordinator
@@ -168,7 +190,10 @@ class TrainLoop:
         self.parent_pid = parent_pid
         self.started = started  # "t" in metrics.jsonl counts from the consumer's start
         self.run_dir = run_dir
+        self.val_samples = val_samples or []
+        self.data_root = data_root
         self.tb: TensorBoard | None = None
+        self.trainer: Trainer | None = None
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
         self.samples_log = JsonlWriter(run_dir / "samples.jsonl") if cfg.trainer.record_samples else None
         self.epochs = cfg.trainer.epochs
@@ -184,8 +209,15 @@ class TrainLoop:
         self._epoch_done: dict[int, int] = {}
         self.telemetry = Telemetry(run_dir, queue.capacity, self.expected_steps,
                                    lambda: coordinator.snapshot()["producers"], cfg.run.metrics_port)
+        self.live = LiveLine()
         self._trained: dict[int, int] = {}  # samples trained, per epoch
         self._complete: set[int] = set()
+        self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is still on the device
+        self._last_loss: float | None = None
+        self._val_batches: list[Any] = []
+        self._val_arrays: list[dict[str, Any]] = []
+        self.val_losses: list[tuple[int, float]] = []
+        self.skipped_steps = 0
 
     def _update_epochs(self) -> None:
         """Mark epochs whose every sample was trained or rejected while the run went on."""
@@ -202,11 +234,21 @@ class TrainLoop:
         return self.epochs_completed >= (self.epochs or 0)
 
     def close(self) -> None:
+        self.live.close()
         if self.tb is not None:
             self.tb.close()
         self.metrics.close()
         if self.samples_log is not None:
             self.samples_log.close()
+
+    def model_summary(self) -> dict[str, Any]:
+        """summary.json fields of the trainer: parameters, precision, traces, validation."""
+        if self.trainer is None or not self.trainer.uses_tensorflow:
+            return {}
+        return {"trainer": self.trainer.stats(), "skipped_steps": self.skipped_steps,
+                "val_loss_first": self.val_losses[0][1] if self.val_losses else None,
+                "val_loss_last": self.val_losses[-1][1] if self.val_losses else None,
+                "val_losses": [{"step": s, "loss": v} for s, v in self.val_losses]}
 
     def _next_batch(self) -> tuple[Any, int] | None:
         """The next batch and the depth seen on asking; None when stopped while waiting, or
@@ -230,20 +272,42 @@ class TrainLoop:
                 last_warn = now
         return None
 
-    def run(self, gpu_memory_mb: int | None) -> None:
+    def _make_trainer(self, gpu_memory_mb: int | None) -> Trainer:
         cfg = self.cfg
         device = "/CPU:0"
         if uses_tensorflow(cfg.trainer.model):
             from shared.devices import configure_tensorflow
 
             _, device = configure_tensorflow(gpu_memory_mb)
-        trainer = make_trainer(cfg, device)
+        budget = self.expected_steps if self.expected_steps else None
+        trainer = make_trainer(cfg, device, self.planner.shapes, budget)
         if trainer.uses_tensorflow:
             self.queue.enable_staging(trainer.stage)
             self.tb = TensorBoard(self.run_dir)
+            if self.val_samples and self.data_root is not None:
+                self._val_arrays = validation.make_batches(self.val_samples, self.data_root, cfg)
+                self._val_batches = [trainer.stage(b) for b in self._val_arrays]
+                log.info("validation: %s, every %d steps", validation.describe(self._val_arrays),
+                         cfg.trainer.val_every_steps)
+            trainer.prepare(self.planner.shapes)  # type: ignore[attr-defined]
         log.info("trainer %s on %s", trainer.name, device if trainer.uses_tensorflow else "host (no TensorFlow)")
-        # Warm-up: the first batch, then a full queue or model_start_delay_s more, so that
-        # producers still starting (importing TensorFlow, tracing) can fill the queue.
+        return trainer
+
+    def run(self, gpu_memory_mb: int | None) -> None:
+        trainer = self.trainer = self._make_trainer(gpu_memory_mb)
+        try:
+            self._warm_up()
+            self._train(trainer)
+        except BaseException:
+            self._flush(trainer, check=False)
+            raise
+        self._flush(trainer)
+        if trainer.uses_tensorflow and self.step and not self.interrupted:
+            self._validate(trainer)
+
+    def _warm_up(self) -> None:
+        """The first batch, then a full queue or model_start_delay_s more, so that producers
+        still starting (importing TensorFlow, tracing) can fill the queue."""
         warm_start = last_warn = time.monotonic()
         while not self.stop.is_set() and self.queue.wait_for_depth(1, WAIT_SLICE_S, self.stop) < 1:
             now = time.monotonic()
@@ -255,44 +319,88 @@ class TrainLoop:
                 log.warning("no batch yet after %.0f s (%d producers alive)", now - warm_start,
                             self.coordinator.alive())
                 last_warn = now
-        self.queue.wait_for_depth(self.queue.capacity, cfg.pipeline.model_start_delay_s, self.stop)
+        self.queue.wait_for_depth(self.queue.capacity, self.cfg.pipeline.model_start_delay_s, self.stop)
         self.warmup_s = time.monotonic() - warm_start
+
+    def _train(self, trainer: Trainer) -> None:
+        cfg = self.cfg
         t0 = self.started
-        recent: list[dict[str, Any]] = []
         while not self.finished():
             asked = time.monotonic()
             got = self._next_batch()
             if got is None:
                 if not self.finished():
                     self.interrupted = True
-                else:
-                    self._progress(None, recent)
                 return
             item, depth = got
             begun = time.monotonic()
-            loss = trainer.step(item.arrays)
+            handle = trainer.step(item.arrays)
             ended = time.monotonic()
             self.step += 1
             row = {"step": self.step, "epoch": item.epoch, "t": round(ended - t0, 4), "queue_depth": depth,
                    "wait_ms": round((begun - asked) * 1e3, 3), "step_ms": round((ended - begun) * 1e3, 3),
-                   "loss": loss, "samples": len(item.ids), "producer": item.producer}
-            self.metrics.write(row)
+                   "loss": None, "samples": len(item.ids), "producer": item.producer}
+            self._pending.append((row, handle))
             self.telemetry.on_step(row)
             if self.samples_log is not None:
                 self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
             self._trained[item.epoch] = self._trained.get(item.epoch, 0) + len(item.ids)
             self._update_epochs()
-            recent.append(row)
+            if self.live.due():
+                self.live.update(self._live_text())
             if self.step % cfg.trainer.log_every_steps == 0 or self.finished():
-                self._progress(loss, recent)
-                recent = []
+                self._flush(trainer)
+            if trainer.uses_tensorflow and self.step % cfg.trainer.val_every_steps == 0 and not self.finished():
+                self._validate(trainer)
             if self.stop.is_set() and not self.finished():
                 self.interrupted = True
                 return
 
-    def _progress(self, loss: float | None, recent: list[dict[str, Any]]) -> None:
-        if not recent:
+    def _flush(self, trainer: Trainer, check: bool = True) -> None:
+        """End of a logging interval: fetch its losses (the one device sync), write its rows,
+        log progress, and (``check``) stop if the loss has been non-finite too long."""
+        pending, self._pending = self._pending, []
+        if not pending:
             return
+        try:
+            losses = trainer.resolve([handle for _, handle in pending])
+        except Exception as exc:  # already failing (check=False): keep the rows, without losses
+            if check:
+                raise
+            log.warning("losses of the last %d steps unavailable: %s", len(pending), exc)
+            losses = [None] * len(pending)
+        rows = []
+        for (row, _), loss in zip(pending, losses):
+            row["loss"] = loss if loss is None or math.isfinite(loss) else None
+            self.metrics.write(row)
+            rows.append(row)
+        finite = [loss for loss in losses if loss is not None and math.isfinite(loss)]
+        mean_loss = sum(finite) / len(finite) if finite else None
+        if mean_loss is not None:
+            self._last_loss = finite[-1]
+        health = trainer.health()
+        if health.bad_total > self.skipped_steps:
+            log.warning("skipped %d step(s) with a NaN or inf loss (%d in all, %d in a row)",
+                        health.bad_total - self.skipped_steps, health.bad_total, health.bad_in_row)
+        self.skipped_steps = health.bad_total
+        self._progress(mean_loss, rows, trainer)
+        limit = self.cfg.trainer.max_bad_steps
+        if check and health.bad_in_row >= limit:
+            raise NonFiniteLoss(
+                f"the loss was NaN or inf for {health.bad_in_row} steps in a row (trainer.max_bad_steps={limit}); "
+                f"those steps were skipped, so the model holds its last good state; training stopped "
+                f"(try a lower trainer.learning_rate, or check the data)")
+
+    def _live_text(self) -> str:
+        window = self.telemetry.window(time.monotonic())
+        total = f"/{self.expected_steps}" if self.expected_steps else ""
+        loss = f"  loss {self._last_loss:.4f}" if self._last_loss is not None else ""
+        wait = window["wait_frac"]
+        return (f"step {self.step}{total}{loss}  {window['samples_per_s'] or 0:.1f} samples/s  "
+                f"queue {window['queue_depth_mean'] or 0:.1f}/{self.queue.capacity}  "
+                f"wait {100 * (wait or 0):.1f}%")
+
+    def _progress(self, loss: float | None, recent: list[dict[str, Any]], trainer: Trainer) -> None:
         wait = sum(r["wait_ms"] for r in recent)
         busy = wait + sum(r["step_ms"] for r in recent)
         samples = sum(r["samples"] for r in recent)
@@ -304,7 +412,28 @@ class TrainLoop:
                  samples / (busy / 1000) if busy else 0.0, depth, self.cfg.pipeline.buffer_size,
                  100 * wait / busy if busy else 0.0, alive)
         if self.tb is not None:
-            self.tb.write(self.step, self.telemetry.window(time.monotonic()), loss, alive)
+            train = {"skipped_steps": float(self.skipped_steps)}
+            learning_rate = getattr(trainer, "learning_rate", None)
+            if learning_rate is not None:
+                train["learning_rate"] = learning_rate()
+            self.tb.write(self.step, self.telemetry.window(time.monotonic()), loss, alive, train)
+
+    def _validate(self, trainer: Trainer) -> None:
+        """The loss on the held-out clips, and the first clip's mel image, into the log and tb/."""
+        if not self._val_batches or self.tb is None:
+            return
+        if self.val_losses and self.val_losses[-1][0] == self.step:
+            return
+        loss = trainer.evaluate(self._val_batches)  # type: ignore[attr-defined]
+        if loss is None:
+            return
+        self.val_losses.append((self.step, loss))
+        log.info("step %d  validation loss %.4f", self.step, loss)
+        first = self._val_arrays[0]
+        frames = int(first["mel_lengths"][0])
+        predicted = trainer.predict({k: v[:1] for k, v in first.items()})["mel"][0]  # type: ignore[attr-defined]
+        image = melimage.comparison(predicted[:frames], first["mel"][0, :frames])
+        self.tb.validation(self.step, loss, image)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,37 +1,67 @@
-"""Trainers the consumer can run: ``synthetic:MS`` and ``tiny``.
+"""Trainers the consumer can run: ``synthetic:MS`` and the Keras text-to-mel models.
 
-A trainer has two methods the consumer calls:
-    stage(arrays) -> staged   host numpy arrays -> what step() takes (device tensors);
-                              runs in the stager thread while the previous step trains
-    step(staged) -> loss      one optimisation step; the loss as a float (None: no loss)
+A trainer has these methods, which the consumer's training loop calls:
+
+    stage(arrays) -> staged     host numpy arrays -> what step() takes (device tensors);
+                                runs in the stager thread while the previous step trains
+    step(staged) -> handle      one training step; returns a handle on its loss without
+                                waiting for the device (a tensor, or None)
+    resolve(handles) -> losses  the losses of those steps as floats: the one point where the
+                                loop syncs with the device, once per logging interval
+    health() -> Health          non-finite steps (skipped), read at the same point
+    stats() -> dict             figures for summary.json
 
 ``synthetic:MS`` holds each step for MS milliseconds without using the CPU (it sleeps
 until a deadline, standing in for a GPU kernel), so a run measures the input pipeline
 alone. It does not import TensorFlow.
 
-``tiny`` is a small non-autoregressive text-to-mel model trained with a masked L1 mel
-loss under ``tf.function``: a character embedding and convolutional text encoder with
-positional encodings; one query per output frame, encoding the frame's expected
-position in the text (frame / mel_length x token_length); multi-head attention from
-frames to text (padding masked); a convolutional decoder to F mel channels. Its one
-traced signature has None for L and T, so buckets never retrace.
+``KerasTrainer`` trains a built-in preset (``tiny``, ``small``, ``base``: consumer/tts.py)
+or a user's model (``package.module:function``, contract in consumer/tts.py and
+docs/MODELS.md):
+
+- The step is two graphs. Forward and backward: one concrete ``tf.function`` per bucket
+  shape (B, L, T), traced when that shape first arrives; the plan has at most
+  ``batching.num_buckets`` shapes, so tracing is bounded, and a shape beyond them is
+  traced too, counted as a retrace and logged as a warning. The update (accumulate,
+  skip if non-finite, clip, Adam): one graph traced once, since gradients have the
+  variables' shapes whatever the bucket (the optimizer's many small ops made a
+  per-bucket trace twice as slow).
+- XLA (``jit_compile``) on a GPU by default (``trainer.jit_compile``).
+- Mixed precision on a GPU by default (``trainer.precision: auto`` -> ``mixed_float16``
+  with dynamic loss scaling via Keras' LossScaleOptimizer); float32 on the CPU.
+- Gradient accumulation over ``trainer.grad_accum`` batches: the gradient numerators
+  are summed and divided by the summed valid frames, which equals the gradient of those
+  batches as one (see consumer/tts.py, objective).
+- Global-norm gradient clipping (``trainer.clip_norm``), Adam with a linear warm-up and
+  a cosine decay over the run's budget (``trainer.warmup_steps``, ``lr_decay``).
+- A step whose loss is NaN or inf is skipped inside the graph (no update, no
+  accumulation) and counted; the loop stops after ``trainer.max_bad_steps`` in a row.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from consumer import tts
+from consumer.tts import ModelError
 from shared.config import Config
 
 log = logging.getLogger(__name__)
 
+__all__ = ["ModelError", "Health", "Trainer", "SyntheticTrainer", "KerasTrainer", "check_model",
+           "uses_tensorflow", "make_trainer", "choose_precision", "choose_jit_compile"]
 
-class ModelError(Exception):
-    """The --model value cannot be used."""
+
+@dataclass(frozen=True)
+class Health:
+    bad_in_row: int  # consecutive steps with a non-finite loss, up to the last step
+    bad_total: int  # steps skipped for a non-finite loss in the whole run
 
 
 class Trainer(Protocol):
@@ -40,7 +70,13 @@ class Trainer(Protocol):
 
     def stage(self, arrays: dict[str, np.ndarray]) -> Any: ...
 
-    def step(self, staged: Any) -> float | None: ...
+    def step(self, staged: Any) -> Any: ...
+
+    def resolve(self, handles: Sequence[Any]) -> list[float | None]: ...
+
+    def health(self) -> Health: ...
+
+    def stats(self) -> dict[str, Any]: ...
 
 
 class SyntheticTrainer:
@@ -60,89 +96,260 @@ class SyntheticTrainer:
         time.sleep(self.step_ms / 1000.0)
         return None
 
+    def resolve(self, handles: Sequence[Any]) -> list[float | None]:
+        return [None] * len(handles)
 
-def _positional(tf: Any, positions: Any, dim: int) -> Any:
-    """Sinusoidal encoding of (possibly fractional) positions [..., 1] -> [..., dim]."""
-    half = dim // 2
-    freqs = tf.exp(-np.log(10000.0) * tf.range(half, dtype=tf.float32) / half)
-    angles = positions * freqs
-    return tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)
+    def health(self) -> Health:
+        return Health(0, 0)
 
-
-def build_tiny_model(vocab_size: int, n_mels: int, dim: int = 128, heads: int = 2) -> Any:
-    """The ``tiny`` Keras model: (tokens, token_lengths, mel_lengths, T) -> mel [B, T, F]."""
-    import keras
-    import tensorflow as tf
-    from keras import layers
-
-    class TinyTTS(keras.Model):
-        def __init__(self) -> None:
-            super().__init__(name="tiny_tts")
-            self.dim = dim
-            self.embed = layers.Embedding(vocab_size, dim)
-            self.encoder = [layers.Conv1D(dim, 5, padding="same", activation="relu") for _ in range(2)]
-            self.enc_norm = layers.LayerNormalization()
-            self.query = layers.Dense(dim)
-            self.attention = layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)
-            self.decoder = [layers.Conv1D(dim, 5, padding="same", activation="relu") for _ in range(2)]
-            self.out = layers.Dense(n_mels)
-
-        def call(self, tokens: Any, token_lengths: Any, mel_lengths: Any, frames: Any) -> Any:
-            text_len = tf.shape(tokens)[1]
-            token_mask = tf.sequence_mask(token_lengths, text_len)  # [B, L]
-            pos = tf.cast(tf.range(text_len), tf.float32)[None, :, None]
-            x = self.embed(tokens) + _positional(tf, pos, self.dim)
-            for conv in self.encoder:
-                x = x + conv(x) * tf.cast(token_mask, x.dtype)[..., None]
-            x = self.enc_norm(x)
-            t = tf.cast(tf.range(frames), tf.float32)[None, :, None]  # [1, T, 1]
-            ratio = (tf.cast(token_lengths, tf.float32) / tf.maximum(tf.cast(mel_lengths, tf.float32), 1.0))
-            expected = t * ratio[:, None, None]  # [B, T, 1]: where in the text frame t should be
-            q = self.query(_positional(tf, expected, self.dim))
-            mask = tf.logical_and(token_mask[:, None, :], tf.ones([1, frames, 1], tf.bool))  # [B, T, L]
-            h = q + self.attention(q, x, attention_mask=mask)
-            for conv in self.decoder:
-                h = h + conv(h)
-            return self.out(h)
-
-    return TinyTTS()
+    def stats(self) -> dict[str, Any]:
+        return {}
 
 
-class TinyTrainer:
-    """The ``tiny`` text-to-mel model with a masked L1 loss."""
+def choose_precision(setting: str, on_gpu: bool) -> str:
+    """The Keras dtype policy: ``auto`` is mixed_float16 on a GPU, float32 on the CPU."""
+    if setting == "auto":
+        return "mixed_float16" if on_gpu else "float32"
+    return setting
+
+
+def choose_jit_compile(setting: bool | None, on_gpu: bool) -> bool:
+    """XLA for the step: None (auto) compiles on a GPU only (on the CPU it rarely pays)."""
+    return on_gpu if setting is None else setting
+
+
+class _FloatOps:
+    """math-like functions on floats, for ``lr_at`` outside the graph."""
+
+    minimum, maximum, cos = staticmethod(min), staticmethod(max), staticmethod(math.cos)
+
+
+def lr_at(step: Any, peak: float, warmup: int, total: int | None, decay: str, min_frac: float,
+          ops: Any = _FloatOps) -> Any:
+    """Learning rate at optimizer update ``step`` (0-based): linear warm-up to ``peak`` over
+    ``warmup`` updates, then constant or a cosine down to ``min_frac x peak`` at ``total``.
+
+    ``ops``: minimum, maximum and cos for floats (default), or for tensors (``_TensorOps``).
+    """
+    s = step + 1.0
+    warm = ops.minimum(1.0, s / max(warmup, 1)) if warmup else 1.0
+    if decay != "cosine" or not total or total <= warmup:
+        return peak * warm
+    progress = ops.minimum(1.0, ops.maximum(0.0, (s - warmup) / (total - warmup)))
+    cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
+    return peak * warm * (min_frac + (1.0 - min_frac) * cosine)
+
+
+class _TensorOps:
+    """math-like functions on tensors, for ``lr_at`` inside the graph."""
+
+    def __init__(self, tf: Any) -> None:
+        self.minimum, self.maximum, self.cos = tf.minimum, tf.maximum, tf.cos
+
+
+class KerasTrainer:
+    """A Keras text-to-mel model trained with the masked mel loss (module docstring)."""
 
     uses_tensorflow = True
 
-    def __init__(self, cfg: Config, device: str) -> None:
+    def __init__(self, cfg: Config, device: str, shapes: Sequence[tuple[int, int]] = (),
+                 total_batches: int | None = None, optimizer: Any = None) -> None:
+        """``shapes``: the plan's bucket shapes (L, T); ``total_batches``: the run's budget
+        in batches (None: unknown; the learning rate then stays at its peak after warm-up);
+        ``optimizer``: a Keras optimizer to use instead of Adam (tests)."""
         import keras
         import tensorflow as tf
 
         from shared.text import VOCAB_SIZE
 
+        t = cfg.trainer
         self.tf = tf
-        self.name = "tiny"
+        self.cfg = cfg
         self.device = device
-        tf.random.set_seed(cfg.trainer.seed)
-        keras.utils.set_random_seed(cfg.trainer.seed)
+        self.name = t.model
+        on_gpu = "GPU" in device.upper()
+        self.precision = choose_precision(t.precision, on_gpu)
+        self.jit_compile = choose_jit_compile(t.jit_compile, on_gpu)
+        if self.precision != "float32" and not on_gpu:
+            log.warning("trainer.precision=%s on the CPU: mixed precision is slow there", self.precision)
+        keras.mixed_precision.set_global_policy(self.precision)
+        tf.random.set_seed(t.seed)
+        keras.utils.set_random_seed(t.seed)
+        self.accum = t.grad_accum
+        self.bucket_shapes = len(shapes)
+        batch = cfg.batching.batch_size
+        tokens, frames = shapes[0] if shapes else (cfg.batching.tokens_multiple, cfg.batching.frames_multiple)
+        n_mels = cfg.features.n_mels
         with tf.device(device):
-            self.model = build_tiny_model(VOCAB_SIZE, cfg.features.n_mels)
-            self.optimizer = keras.optimizers.Adam(learning_rate=cfg.trainer.learning_rate)
-        spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
-                tf.TensorSpec([None, None, None], tf.float32), tf.TensorSpec([None], tf.int32)]
-        self._train_step = tf.function(self._step_fn, input_signature=spec)
+            self.model = tts.build(t.model, VOCAB_SIZE, n_mels)
+            # Build the variables and check the contract on a batch of the first bucket's shape.
+            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0)
+            try:
+                result = self.model(dummy, training=False)
+            except ModelError:
+                raise
+            except Exception as exc:  # the user's model code: its error, named with the contract
+                raise ModelError(f"--model {t.model}: calling the model on a batch of B={batch}, "
+                                 f"L={tokens}, T={frames}, F={n_mels} failed: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}; {tts.CONTRACT}") from exc
+            tts.check_outputs(t.model, result, batch, frames, n_mels)
+            self.param_count = tts.count_params(self.model)
+            updates = -(-total_batches // self.accum) if total_batches else None
+            self.total_updates = updates
+            if optimizer is None:
+                schedule = self._schedule(keras, updates)
+                optimizer = keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=t.clip_norm or None)
+            self.loss_scaling = self.precision == "mixed_float16"
+            if self.loss_scaling:
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            self.optimizer = optimizer
+            variables = self.model.trainable_variables
+            self.optimizer.build(variables)
+            self._grad_sums = ([tf.Variable(tf.zeros_like(v), trainable=False, name="grad_sum") for v in variables]
+                               if self.accum > 1 else [])
+            self._frames_sum = tf.Variable(0.0, trainable=False, name="frames_sum")
+            self._micro = tf.Variable(0, trainable=False, dtype=tf.int64, name="micro_step")
+            self._bad_in_row = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_in_row")
+            self._bad_total = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_total")
+        self._function = tf.function(self._grad_fn, jit_compile=self.jit_compile, reduce_retracing=False)
+        self._update = tf.function(self._update_fn, jit_compile=self.jit_compile).get_concrete_function(
+            tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32),
+            [tf.TensorSpec(v.shape, v.dtype) for v in self.model.trainable_variables])
+        self._eval_function = tf.function(self._eval_fn, jit_compile=self.jit_compile, reduce_retracing=False)
+        self._concrete: dict[tuple[Any, ...], Any] = {}
+        self.traces = 0  # incremented by the Python body of the step, i.e. once per trace
+        self.retraces = 0  # traces of shapes beyond the plan's bucket shapes
+        log.info("model %s: %s trainable parameters; precision %s%s; XLA %s; gradient accumulation %d",
+                 t.model, f"{self.param_count:,}", self.precision, " with loss scaling" if self.loss_scaling else "",
+                 "on" if self.jit_compile else "off", self.accum)
 
-    def _step_fn(self, tokens: Any, token_lengths: Any, mel: Any, mel_lengths: Any) -> Any:
+    def _schedule(self, keras: Any, updates: int | None) -> Any:
+        t = self.cfg.trainer
+        ops = _TensorOps(self.tf)
         tf = self.tf
-        frames = tf.shape(mel)[1]
+
+        class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
+            def __call__(self, step: Any) -> Any:
+                return lr_at(tf.cast(step, tf.float32), t.learning_rate, t.warmup_steps, updates,
+                             t.lr_decay, t.min_lr_frac, ops)
+
+            def get_config(self) -> dict[str, Any]:
+                return {}
+
+        return WarmupCosine()
+
+    # -- the step -------------------------------------------------------------------------
+
+    def _loss_and_grads(self, batch: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
+        """(numerator, valid frames, gradients of the (scaled) numerator)."""
+        tf = self.tf
+        t = self.cfg.trainer
+        variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
-            pred = self.model(tokens, token_lengths, mel_lengths, frames, training=True)
-            mask = tf.cast(tf.sequence_mask(mel_lengths, frames), tf.float32)[..., None]  # [B, T, 1]
-            denom = tf.maximum(tf.reduce_sum(mask) * tf.cast(tf.shape(mel)[2], tf.float32), 1.0)
-            loss = tf.reduce_sum(tf.abs(pred - mel) * mask) / denom
-        grads = tape.gradient(loss, self.model.trainable_variables)
-        grads, _ = tf.clip_by_global_norm(grads, 1.0)
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        return loss
+            out = tts.outputs_of(self.model(batch, training=True))
+            numerator, valid, _ = tts.objective(tf, out, batch, t.l2_weight, t.length_loss_weight)
+            scaled = self.optimizer.scale_loss(numerator) if self.loss_scaling else numerator
+        grads = tape.gradient(scaled, variables)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
+        return numerator, valid, grads
+
+    def _apply(self, grads: list[Any], frames: Any) -> None:
+        denom = self.tf.maximum(frames, 1.0)
+        self.optimizer.apply([g / denom for g in grads], self.model.trainable_variables)
+
+    def _grad_fn(self, tokens: Any, token_lengths: Any, mel: Any, mel_lengths: Any) -> Any:
+        """Forward and backward of one batch: (loss, valid frames, gradient numerators).
+        Traced once per bucket shape."""
+        tf = self.tf
+        self.traces += 1  # Python side effect: runs once per trace, never per step
+        batch = {"tokens": tokens, "token_lengths": token_lengths, "mel": mel, "mel_lengths": mel_lengths}
+        numerator, valid, grads = self._loss_and_grads(batch)
+        return numerator / tf.maximum(valid, 1.0), valid, grads
+
+    def _update_fn(self, loss: Any, valid: Any, grads: list[Any]) -> Any:
+        """Apply (or accumulate) one batch's gradients, skipping a non-finite loss.
+
+        Its inputs have the variables' shapes whatever the bucket, so it is traced once:
+        the optimizer's many small ops are traced and optimised one time, not per bucket.
+        """
+        tf = self.tf
+        finite = tf.math.is_finite(loss)
+
+        def skip() -> Any:
+            return tf.constant(False)
+
+        if self.accum == 1:
+            def update() -> Any:
+                self._apply(grads, valid)
+                return tf.constant(True)
+
+            tf.cond(finite, update, skip)
+        else:
+            def accumulate() -> Any:
+                for total, g in zip(self._grad_sums, grads):
+                    total.assign_add(g)
+                self._frames_sum.assign_add(valid)
+                return tf.constant(True)
+
+            def update_accumulated() -> Any:
+                self._apply([s.read_value() for s in self._grad_sums], self._frames_sum.read_value())
+                for total in self._grad_sums:
+                    total.assign(tf.zeros_like(total))
+                self._frames_sum.assign(0.0)
+                self._micro.assign(0)
+                return tf.constant(True)
+
+            tf.cond(finite, accumulate, skip)
+            self._micro.assign_add(1)
+            tf.cond(self._micro >= self.accum, update_accumulated, skip)
+        bad = tf.cast(tf.logical_not(finite), tf.int64)
+        self._bad_in_row.assign((self._bad_in_row + bad) * bad)
+        self._bad_total.assign_add(bad)
+        return finite
+
+    def _eval_fn(self, tokens: Any, token_lengths: Any, mel: Any, mel_lengths: Any) -> Any:
+        batch = {"tokens": tokens, "token_lengths": token_lengths, "mel": mel, "mel_lengths": mel_lengths}
+        t = self.cfg.trainer
+        out = tts.outputs_of(self.model(batch, training=False))
+        numerator, valid, _ = tts.objective(self.tf, out, batch, t.l2_weight, t.length_loss_weight)
+        return self.tf.stack([numerator, valid])
+
+    @staticmethod
+    def _args(staged: dict[str, Any]) -> tuple[Any, ...]:
+        return staged["tokens"], staged["token_lengths"], staged["mel"], staged["mel_lengths"]
+
+    def _concrete_for(self, args: tuple[Any, ...]) -> Any:
+        """The step's concrete function for this bucket shape, traced on first use."""
+        key = tuple(tuple(a.shape) for a in args)
+        fn = self._concrete.get(key)
+        if fn is None:
+            tf = self.tf
+            started = time.monotonic()
+            fn = self._function.get_concrete_function(*(tf.TensorSpec(a.shape, a.dtype) for a in args))
+            self._concrete[key] = fn
+            shape = (key[0][0], key[0][1], key[2][1])
+            if len(self._concrete) > max(self.bucket_shapes, 1):
+                self.retraces += 1
+                log.warning("traced the training step for shape B=%d L=%d T=%d, which is not one of the "
+                            "plan's %d bucket shapes (%d traces so far)", *shape, self.bucket_shapes,
+                            len(self._concrete))
+            else:
+                log.debug("traced the training step for bucket shape B=%d L=%d T=%d in %.1f s",
+                          *shape, time.monotonic() - started)
+        return fn
+
+    def prepare(self, shapes: Sequence[tuple[int, int]]) -> None:
+        """Trace and run the step's forward/backward once for each bucket shape (L, T), on a
+        dummy batch and without updating anything, so no step after warm-up traces or
+        waits for graph optimisation. Run while the producers fill the queue."""
+        started = time.monotonic()
+        cfg = self.cfg
+        for tokens, frames in shapes:
+            dummy = tts.dummy_inputs(cfg.batching.batch_size, tokens, frames, cfg.features.n_mels, -1.0)
+            args = self._args(self.stage(dummy))
+            with self.tf.device(self.device):
+                self._concrete_for(args)(*args)[0].numpy()
+        log.info("training step traced for %d bucket shape(s) in %.1f s", len(shapes), time.monotonic() - started)
 
     def stage(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         tf = self.tf
@@ -150,15 +357,59 @@ class TinyTrainer:
             # identity() forces a copy onto the device now, in the stager thread.
             return {k: tf.identity(tf.convert_to_tensor(v)) for k, v in arrays.items()}
 
-    def step(self, staged: dict[str, Any]) -> float:
+    def step(self, staged: dict[str, Any]) -> Any:
+        args = self._args(staged)
         with self.tf.device(self.device):
-            loss = self._train_step(staged["tokens"], staged["token_lengths"], staged["mel"], staged["mel_lengths"])
-        return float(loss)
+            loss, valid, grads = self._concrete_for(args)(*args)
+            self._update(loss, valid, grads)
+        return loss
+
+    def resolve(self, handles: Sequence[Any]) -> list[float | None]:
+        if not handles:
+            return []
+        values = self.tf.stack(list(handles)).numpy()
+        return [float(v) for v in values]
+
+    def health(self) -> Health:
+        return Health(int(self._bad_in_row.numpy()), int(self._bad_total.numpy()))
+
+    def learning_rate(self) -> float:
+        lr = self.optimizer.learning_rate
+        return float(lr.numpy() if hasattr(lr, "numpy") else lr)
+
+    @property
+    def updates(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def evaluate(self, batches: Sequence[dict[str, Any]]) -> float | None:
+        """The loss over ``batches`` (all valid frames together); None without batches."""
+        if not batches:
+            return None
+        tf = self.tf
+        with tf.device(self.device):
+            totals = tf.add_n([self._eval_function(*self._args(b)) for b in batches]).numpy()
+        return float(totals[0] / max(totals[1], 1.0))
+
+    def predict(self, arrays: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The model's outputs on one batch, as float32 numpy (for images and synthesis)."""
+        with self.tf.device(self.device):
+            out = tts.outputs_of(self.model(arrays, training=False))
+        return {k: np.asarray(self.tf.cast(v, self.tf.float32)) for k, v in out.items()}
+
+    def trackables(self) -> dict[str, Any]:
+        """What a checkpoint must hold to continue training exactly."""
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def stats(self) -> dict[str, Any]:
+        return {"params": self.param_count, "precision": self.precision, "jit_compile": self.jit_compile,
+                "grad_accum": self.accum, "traces": len(self._concrete), "bucket_shapes": self.bucket_shapes,
+                "retraces": self.retraces, "optimizer_updates": self.updates}
 
 
 def check_model(spec: str) -> float | None:
     """Validate --model without importing TensorFlow; return MS for synthetic:MS, else None."""
-    if spec.startswith("synthetic:"):
+    kind = tts.check_spec(spec)
+    if kind == "synthetic":
         try:
             ms = float(spec.split(":", 1)[1])
         except ValueError:
@@ -166,8 +417,25 @@ def check_model(spec: str) -> float | None:
         if not ms >= 0:
             raise ModelError(f"--model {spec}: expected synthetic:MS with MS >= 0 milliseconds")
         return ms
-    if spec != "tiny":
-        raise ModelError(f"--model {spec}: not available in this version (use tiny or synthetic:MS)")
+    if kind == "user":
+        import importlib.util
+        import os
+        import sys
+
+        module = spec.partition(":")[0]
+        # As the children will (shared/devices.py, child_env): PYTHONPATH, then the current directory.
+        added = os.getcwd() not in sys.path
+        if added:
+            sys.path.append(os.getcwd())
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            found = None
+        finally:
+            if added:
+                sys.path.remove(os.getcwd())
+        if found is None:
+            raise ModelError(f"--model {spec}: no module named {module} (is its directory on PYTHONPATH?)")
     return None
 
 
@@ -175,8 +443,9 @@ def uses_tensorflow(spec: str) -> bool:
     return check_model(spec) is None
 
 
-def make_trainer(cfg: Config, device: str) -> Trainer:
+def make_trainer(cfg: Config, device: str, shapes: Sequence[tuple[int, int]] = (),
+                 total_batches: int | None = None) -> Trainer:
     ms = check_model(cfg.trainer.model)
     if ms is not None:
         return SyntheticTrainer(ms)
-    return TinyTrainer(cfg, device)
+    return KerasTrainer(cfg, device, shapes, total_batches)

@@ -1,9 +1,11 @@
 """TensorBoard event files under ``RUN_DIR/tb/`` (runs whose trainer uses TensorFlow).
 
 Written with ``tf.summary`` at every progress interval (``trainer.log_every_steps``), so
-the trainer never syncs for it more often than that: loss, data wait share, step time,
-queue depth, samples/s, producers alive, and the GPU utilisation the NVML sampler
-recorded since the last write. A synthetic trainer does not import TensorFlow, and
+the trainer never syncs for it more often than that: training loss (mean of the
+interval), learning rate, non-finite steps skipped, data wait share, step time, queue
+depth, samples/s, producers alive, and the GPU utilisation the NVML sampler recorded
+since the last write. At each validation (``trainer.val_every_steps``): the validation
+loss and an image of a held-out clip's target mel (top) and prediction (bottom). A synthetic trainer does not import TensorFlow, and
 writes no TensorBoard files (its figures are all in metrics.jsonl and live.json).
 """
 
@@ -47,11 +49,15 @@ class TensorBoard:
             by_role.setdefault(row.get("role", "?"), []).append(row.get("util", 0))
         return by_role
 
-    def write(self, step: int, window: dict[str, Any], loss: float | None, alive: int) -> None:
+    def write(self, step: int, window: dict[str, Any], loss: float | None, alive: int,
+              train: dict[str, float] | None = None) -> None:
+        """One progress interval; ``train``: more train/ scalars (learning rate, skipped steps)."""
         tf = self.tf
         with self.writer.as_default(step=step):
             if loss is not None:
                 tf.summary.scalar("train/loss", loss)
+            for name, value in (train or {}).items():
+                tf.summary.scalar(f"train/{name}", value)
             for key, tag in (("wait_frac", "pipeline/data_wait_frac"), ("step_ms_mean", "pipeline/step_ms"),
                              ("queue_depth_mean", "pipeline/queue_depth"), ("samples_per_s", "pipeline/samples_per_s")):
                 if window.get(key) is not None:
@@ -59,6 +65,16 @@ class TensorBoard:
             tf.summary.scalar("pipeline/producers_alive", alive)
             for role, utils in self._gpu_since_last().items():
                 tf.summary.scalar(f"gpu/{role}_util", sum(utils) / len(utils))
+        self.writer.flush()
+
+    def validation(self, step: int, loss: float | None, image: Any = None) -> None:
+        """The validation loss, and an ``[H, W, 3]`` uint8 image (target above prediction)."""
+        tf = self.tf
+        with self.writer.as_default(step=step):
+            if loss is not None:
+                tf.summary.scalar("val/loss", loss)
+            if image is not None:
+                tf.summary.image("val/mel_target_vs_predicted", image[None], max_outputs=1)
         self.writer.flush()
 
     def close(self) -> None:

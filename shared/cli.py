@@ -22,7 +22,7 @@ log = logging.getLogger("stoker")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys")
+COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth")
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 # `run.py produce` restarts a crashed producer at most this many times (as pipeline.producer_restarts).
 PRODUCE_RESTARTS = 3
@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose = sub.add_parser("diagnose", help="explain where a run's time went")
     diagnose.add_argument("run_dir", metavar="RUN_DIR")
     diagnose.add_argument("--json", action="store_true", help="the report as JSON")
+    synth = sub.add_parser("synth", help="run a trained model on a text: a mel (.npy) and its image (.png)")
+    synth.add_argument("run_dir", metavar="RUN_DIR")
+    synth.add_argument("--text", required=True, help="what to say")
+    synth.add_argument("--out", default="mel.npy", help="the mel [T, F] as .npy; the .png goes beside it")
+    synth.add_argument("--frames", type=int, help="mel frames to produce (default: the model's length prediction)")
+    synth.add_argument("--gpu", type=int, help="GPU index to run on (default: the CPU)")
     watch = sub.add_parser("watch", help="show a running trainer's queue depth, wait and throughput")
     watch.add_argument("run_dir", metavar="RUN_DIR")
     precompute = sub.add_parser("precompute", help="fill the feature cache ahead of training, with all producers")
@@ -375,6 +381,25 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_synth(args: argparse.Namespace) -> int:
+    from consumer.synth import SynthError, synthesize
+    from consumer.tts import ModelError
+    from shared.proc import setup_logging
+
+    setup_logging("synth", "WARNING")
+    run_dir = Path(args.run_dir).expanduser()
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a directory")
+    try:
+        result = synthesize(run_dir, args.text, Path(args.out), frames=args.frames, gpu=args.gpu)
+    except (SynthError, ModelError) as exc:
+        raise UserError(str(exc)) from None
+    out(f"{result.mel_path}: mel of {result.frames} frames ({result.seconds:.2f} s) for {result.tokens} tokens, "
+        f"from {result.checkpoint}")
+    out(f"{result.png_path}: its image")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from benchmarks.suite import main as bench_main
 
@@ -401,6 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_watch(args)
         if args.command == "keys":
             return cmd_keys(args)
+        if args.command == "synth":
+            return cmd_synth(args)
         build_parser().print_help()
         return EXIT_USER
     except (UserError, config_mod.ConfigError, LaunchError) as exc:

@@ -99,13 +99,25 @@ class DevicesConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """The training loop."""
+    """The training loop and the model's optimisation (consumer/models.py, consumer/tts.py)."""
 
-    model: str = "tiny"  # tiny | synthetic:MS | package.module:function
+    model: str = "tiny"  # tiny | small | base | synthetic:MS | package.module:function
     steps: int | None = 300  # stop after this many steps (None: run --epochs)
     epochs: int | None = None  # stop after this many full epochs (overrides steps)
-    learning_rate: float = 2e-3
-    log_every_steps: int = 25  # progress line interval
+    learning_rate: float = 2e-3  # peak learning rate, reached after the warm-up
+    warmup_steps: int = 30  # optimizer updates of linear learning-rate warm-up
+    lr_decay: str = "cosine"  # cosine: down to min_lr_frac x peak at the end of the budget | constant
+    min_lr_frac: float = 0.1
+    grad_accum: int = 1  # batches whose gradients are summed into one update
+    clip_norm: float = 1.0  # clip the update's global gradient norm to this (0: no clipping)
+    l2_weight: float = 0.0  # weight of the masked L2 mel loss added to the L1
+    length_loss_weight: float = 0.1  # weight of the length head's loss (what synth uses to choose T)
+    precision: str = "auto"  # auto (mixed_float16 on GPU, float32 on CPU) | float32 | mixed_float16 | mixed_bfloat16
+    jit_compile: bool | None = None  # XLA for the step; None: on for a GPU, off on the CPU
+    max_bad_steps: int = 20  # stop after this many non-finite losses in a row (each is skipped)
+    val_clips: int = 4  # clips held out of training for the validation loss (at most a tenth)
+    val_every_steps: int = 100  # validation loss (and a mel image in tb/) this often, and at the end
+    log_every_steps: int = 25  # progress line interval; the only point the step syncs with the host
     record_samples: bool = False  # write samples.jsonl (ids of every batch)
     seed: int = 0
 
@@ -143,6 +155,8 @@ class Config:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)
 
@@ -215,6 +229,17 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
     if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0 or p.max_producers < 0:
         raise ConfigError("pipeline.producers, producer_restarts and model_start_delay_s must be >= 0")
+    if t.lr_decay not in ("cosine", "constant"):
+        raise ConfigError(f"trainer.lr_decay must be 'cosine' or 'constant', got {t.lr_decay!r}")
+    if t.precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
+    if t.grad_accum < 1 or t.max_bad_steps < 1 or t.val_every_steps < 1:
+        raise ConfigError("trainer.grad_accum, max_bad_steps and val_every_steps must be >= 1")
+    if t.learning_rate <= 0 or not 0 <= t.min_lr_frac <= 1:
+        raise ConfigError("need trainer.learning_rate > 0 and 0 <= trainer.min_lr_frac <= 1")
+    if min(t.warmup_steps, t.val_clips) < 0 or min(t.clip_norm, t.l2_weight, t.length_loss_weight) < 0:
+        raise ConfigError("trainer.warmup_steps, val_clips, clip_norm, l2_weight and length_loss_weight "
+                          "must be >= 0")
     if t.steps is None and t.epochs is None:
         raise ConfigError("set trainer.steps or trainer.epochs")
     for key, value in (("trainer.steps", t.steps), ("trainer.epochs", t.epochs)):

@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from shared.config import DevicesConfig
@@ -168,6 +169,11 @@ def child_env(base: Mapping[str, str], gpu: int | None) -> dict[str, str]:
     # On a CPU-only child, CUDA's "no device" error is expected, so errors are hidden too.
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if gpu is None else "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # A user's model module (--model module:function) is found as from the user's shell: on
+    # PYTHONPATH or in the current directory. Children run from the project root, so both
+    # are passed as absolute paths.
+    paths = [str(Path(p).resolve()) for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, os.getcwd()]))
     return env
 
 

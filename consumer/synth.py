@@ -1,0 +1,110 @@
+"""``python run.py synth RUN_DIR --text "..." --out mel.npy``: what the trained model produces.
+
+Loads the run's resolved config and its latest checkpoint (model weights only), turns
+the text into tokens as training did (shared/text.py), chooses the number of frames T
+from the model's length head (``log_frames``) unless ``--frames`` is given, and runs the
+model once. Writes the mel as float32 ``[T, F]`` (.npy) and an image of it (.png, low
+frequencies at the bottom) beside it.
+
+Runs in the calling process, on the CPU unless a GPU index is given (it is pinned with
+``CUDA_VISIBLE_DEVICES`` before TensorFlow is imported).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+CKPT_DIR = "ckpt"
+# A synthesized clip longer than this many frames is refused (a runaway length prediction):
+# about 60 s at 22.05 kHz and a 256-sample hop.
+MAX_FRAMES = 5000
+
+
+class SynthError(Exception):
+    """Synthesis cannot run; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    mel_path: Path
+    png_path: Path
+    frames: int
+    seconds: float
+    checkpoint: str
+    tokens: int
+
+
+def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None) -> SynthResult:
+    from shared import config as config_mod
+    from shared.text import VOCAB_SIZE, encode_text
+
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise SynthError(f"{run_dir} is not a run directory (no config.yaml)")
+    try:
+        cfg = config_mod.load(cfg_path)
+    except config_mod.ConfigError as exc:
+        raise SynthError(f"{cfg_path}: {exc}") from None
+    from consumer import tts
+
+    spec = cfg.trainer.model
+    if tts.check_spec(spec) == "synthetic":
+        raise SynthError(f"run {run_dir} trained the stand-in trainer {spec}, which has no model to synthesize with")
+    tokens = encode_text(text)
+    if len(tokens) <= 1:
+        raise SynthError("--text has nothing to say after normalisation")
+    if frames is not None and not 0 < frames <= MAX_FRAMES:
+        raise SynthError(f"--frames must be between 1 and {MAX_FRAMES}")
+    os.environ["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
+    from shared.devices import configure_tensorflow
+
+    tf, device = configure_tensorflow(None)
+    ckpt_dir = run_dir / CKPT_DIR
+    latest = tf.train.latest_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    if latest is None:
+        raise SynthError(f"no checkpoint in {ckpt_dir} (is the run old, or did it stop before its first save?)")
+    n_mels = cfg.features.n_mels
+    from producer.features import pad_value
+
+    pad = pad_value(cfg.features)
+    with tf.device(device):
+        model = tts.build(spec, VOCAB_SIZE, n_mels)
+        probe = {"tokens": tokens[None].astype(np.int32), "token_lengths": np.array([len(tokens)], np.int32),
+                 "mel": np.full((1, cfg.batching.frames_multiple, n_mels), pad, np.float32),
+                 "mel_lengths": np.array([cfg.batching.frames_multiple], np.int32)}
+        out_probe = tts.outputs_of(model(probe, training=False))
+        try:
+            tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+        except (tf.errors.OpError, AssertionError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SynthError(f"checkpoint {latest} cannot be read for model {spec}: {first}") from None
+        if frames is None:
+            if "log_frames" not in out_probe:
+                raise SynthError(f"model {spec} predicts no length (no 'log_frames' output): pass --frames N")
+            out_probe = tts.outputs_of(model(probe, training=False))
+            predicted = float(out_probe["log_frames"][0])
+            if not math.isfinite(predicted) or math.exp(min(predicted, 50.0)) > MAX_FRAMES:
+                raise SynthError(f"the model predicts an unusable length (log frames {predicted:.2f}); "
+                                 f"pass --frames N")
+            frames = max(1, int(round(math.exp(predicted))))
+        inputs = {**probe, "mel": np.full((1, frames, n_mels), pad, np.float32),
+                  "mel_lengths": np.array([frames], np.int32)}
+        mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
+    from consumer import melimage
+
+    out = out.expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mel_path = out if out.suffix == ".npy" else out.with_suffix(out.suffix + ".npy")
+    np.save(mel_path, mel.astype(np.float32))
+    png_path = mel_path.with_suffix(".png")
+    melimage.write_png(png_path, melimage.colorize(mel))
+    seconds = frames * cfg.features.hop_length / cfg.features.sample_rate_hz
+    return SynthResult(mel_path, png_path, frames, seconds, latest, len(tokens))

@@ -1,0 +1,311 @@
+"""The text-to-mel acoustic model (presets ``tiny``, ``small``, ``base``), the loss, and
+the contract a user's own model (``--model package.module:function``) must keep.
+
+Inputs of every model, one training batch (dimension legend as in producer/collate.py:
+B batch, L tokens, T mel frames, F mel channels):
+
+    tokens         int32    [B, L]     character ids (shared/text.py); padding 0
+    token_lengths  int32    [B]        valid tokens per row; 0 for an empty row
+    mel            float32  [B, T, F]  target log-mel; padding log(features.log_floor).
+                                       Only its shape (T) is meant to be used: at synthesis it
+                                       is all padding. A model may use it for teacher forcing.
+    mel_lengths    int32    [B]        valid frames per row; 0 for an empty row
+
+The model is called as ``model(inputs, training=...)`` with ``inputs`` a dict of those
+four tensors, and returns either the predicted mel ``[B, T, F]`` or a dict with:
+
+    "mel"          [B, T, F]  the prediction (required)
+    "log_frames"   [B]        predicted log(number of frames), used by ``run.py synth``
+                              to choose T (optional: without it synth uses the dataset's
+                              frames-per-token ratio, or ``--frames``)
+    "loss"         scalar     an extra loss added to the mel loss (optional)
+
+The loss (``objective``), per batch, with V = sum(mel_lengths) valid frames:
+
+    mel_l1   = sum(|pred - mel| * mask) / (V * F)
+    mel_l2   = sum((pred - mel)^2 * mask) / (V * F)          weight trainer.l2_weight
+    length   = sum_b mel_lengths_b * (log_frames_b - log(mel_lengths_b))^2 / V
+                                                              weight trainer.length_loss_weight
+    loss     = mel_l1 + l2_weight * mel_l2 + length_weight * length + extra
+
+Every term is a sum over valid frames divided by V, so gradient accumulation over K
+micro-batches (sum the numerators' gradients, divide by the summed V) gives exactly the
+gradient of the K batches as one large batch. A model's extra ``loss`` is taken as a mean
+and weighted by V, i.e. over micro-batches it is averaged in proportion to their frames.
+
+The built-in model (``TextToMel``): a transformer text encoder (character embedding,
+sinusoidal positions, pre-norm self-attention blocks with convolutional feed-forward),
+and a decoder whose queries, one per output frame, encode where in the text that frame
+is expected to be (frame / T_valid x L_valid, a monotonic prior) and where in the clip it
+is; each decoder block attends from frames to the text (padding masked) and applies a
+convolutional feed-forward along time. Attention learns the alignment from the mel
+loss alone: no external durations. A length head predicts log(frames) from the pooled
+text encoding (on a stopped gradient, so the mel loss alone shapes the encoder), which
+is what lets ``synth`` choose T. Frame self-attention is left out: its cost grows with
+T^2 and the convolutions give the decoder the local context it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+INPUT_NAMES = ("tokens", "token_lengths", "mel", "mel_lengths")
+# Sinusoidal position encodings: the wavelength scale of the original transformer.
+POSITION_SCALE = 10000.0
+# The length head predicts log(frames / tokens) around this prior (LJSpeech: ~5-7 frames
+# of 256 samples at 22.05 kHz per character).
+LOG_FRAMES_PER_TOKEN_INIT = math.log(6.0)
+
+CONTRACT = (
+    "a user model is built by `function(vocab_size=..., n_mels=...)` and must return a Keras model; "
+    "it is called as model({'tokens': int32 [B, L], 'token_lengths': int32 [B], 'mel': float32 [B, T, F], "
+    "'mel_lengths': int32 [B]}, training=bool) and must return the mel [B, T, F] or a dict with 'mel' "
+    "(and optionally 'log_frames' [B], 'loss' scalar); see docs/MODELS.md")
+
+
+class ModelError(Exception):
+    """The --model value cannot be used (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    dim: int  # model width
+    heads: int  # attention heads
+    encoder_layers: int
+    decoder_layers: int
+    ffn_dim: int  # width of the convolutional feed-forward
+    kernel: int  # its kernel size (over tokens in the encoder, frames in the decoder)
+    dropout: float
+
+
+PRESETS: dict[str, Preset] = {
+    # For CPUs and the demo: about 0.7 M parameters, a few ms per step on a GPU.
+    "tiny": Preset(dim=128, heads=2, encoder_layers=2, decoder_layers=2, ffn_dim=128, kernel=5, dropout=0.0),
+    # A single-GPU research baseline: about 15 M parameters.
+    "small": Preset(dim=256, heads=4, encoder_layers=4, decoder_layers=4, ffn_dim=1024, kernel=5, dropout=0.1),
+    # Tens of millions of parameters (about 38 M): for a model GPU that the pipeline must keep busy.
+    "base": Preset(dim=512, heads=8, encoder_layers=6, decoder_layers=6, ffn_dim=1024, kernel=3, dropout=0.1),
+}
+
+
+def positional(tf: Any, positions: Any, dim: int) -> Any:
+    """Sinusoidal encoding of (possibly fractional) positions [..., 1] -> [..., dim], float32."""
+    half = dim // 2
+    freqs = tf.exp(-math.log(POSITION_SCALE) * tf.range(half, dtype=tf.float32) / half)
+    angles = tf.cast(positions, tf.float32) * freqs
+    return tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)
+
+
+def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
+    """The built-in ``TextToMel`` Keras model of a preset (see the module docstring)."""
+    import keras
+    import tensorflow as tf
+    from keras import layers
+
+    p = PRESETS[preset]
+
+    class ConvFeedForward(layers.Layer):
+        """Pre-norm conv feed-forward along the sequence, residual, padding kept at zero."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.norm = layers.LayerNormalization()
+            self.inner = layers.Conv1D(p.ffn_dim, p.kernel, padding="same", activation="relu")
+            self.outer = layers.Conv1D(p.dim, 1)
+            self.drop = layers.Dropout(p.dropout)
+
+        def call(self, x: Any, mask: Any, training: bool = False) -> Any:
+            h = self.inner(self.norm(x) * mask)
+            return x + self.drop(self.outer(h), training=training) * mask
+
+    class Attend(layers.Layer):
+        """Pre-norm multi-head attention from ``x`` to ``memory`` (itself when None), residual."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.norm = layers.LayerNormalization()
+            self.attention = layers.MultiHeadAttention(num_heads=p.heads, key_dim=p.dim // p.heads,
+                                                       dropout=p.dropout)
+
+        def call(self, x: Any, memory: Any, attention_mask: Any, training: bool = False) -> Any:
+            q = self.norm(x)
+            kv = q if memory is None else memory
+            return x + self.attention(q, kv, attention_mask=attention_mask, training=training)
+
+    class TextToMel(keras.Model):
+        def __init__(self) -> None:
+            super().__init__(name="text_to_mel")
+            self.embed = layers.Embedding(vocab_size, p.dim)
+            self.enc_attention = [Attend(name=f"enc_attention_{i}") for i in range(p.encoder_layers)]
+            self.enc_ffn = [ConvFeedForward(name=f"enc_ffn_{i}") for i in range(p.encoder_layers)]
+            self.enc_norm = layers.LayerNormalization()
+            self.query = layers.Dense(p.dim)
+            self.dec_attention = [Attend(name=f"dec_attention_{i}") for i in range(p.decoder_layers)]
+            self.dec_ffn = [ConvFeedForward(name=f"dec_ffn_{i}") for i in range(p.decoder_layers)]
+            self.dec_norm = layers.LayerNormalization()
+            self.out = layers.Dense(n_mels, dtype="float32")
+            self.length_hidden = layers.Dense(p.dim, activation="relu")
+            self.length_out = layers.Dense(1, dtype="float32", kernel_initializer="zeros")
+
+        def call(self, inputs: dict[str, Any], training: bool = False) -> dict[str, Any]:
+            tokens, token_lengths = inputs["tokens"], inputs["token_lengths"]
+            mel_lengths = inputs["mel_lengths"]
+            text_len, frames = tf.shape(tokens)[1], tf.shape(inputs["mel"])[1]
+            token_mask = tf.sequence_mask(token_lengths, text_len)  # [B, L]
+            x = self.embed(tokens)
+            dtype = x.dtype
+            x = x * math.sqrt(p.dim) + tf.cast(positional(tf, tf.range(text_len)[None, :, None], p.dim), dtype)
+            tmask = tf.cast(token_mask, dtype)[..., None]
+            self_mask = token_mask[:, None, :] & token_mask[:, :, None]  # [B, L, L]
+            for attend, ffn in zip(self.enc_attention, self.enc_ffn):
+                x = attend(x, None, self_mask, training=training)
+                x = ffn(x, tmask, training=training)
+            x = self.enc_norm(x) * tmask
+
+            # Length head: masked mean of the text encoding (gradient stopped) -> log frames.
+            n_tok = tf.maximum(tf.cast(token_lengths, tf.float32), 1.0)
+            pooled = tf.reduce_sum(tf.cast(tf.stop_gradient(x), tf.float32), axis=1) / n_tok[:, None]
+            log_frames = (tf.math.log(n_tok) + LOG_FRAMES_PER_TOKEN_INIT
+                          + self.length_out(self.length_hidden(pooled))[:, 0])
+
+            # Frame queries: expected text position (monotonic prior) and position in the clip.
+            t = tf.cast(tf.range(frames), tf.float32)[None, :, None]  # [1, T, 1]
+            valid_frames = tf.maximum(tf.cast(mel_lengths, tf.float32), 1.0)[:, None, None]
+            expected = t * tf.cast(token_lengths, tf.float32)[:, None, None] / valid_frames  # [B, T, 1]
+            progress = 100.0 * t / valid_frames
+            q = tf.concat([positional(tf, expected, p.dim), positional(tf, progress, p.dim)], axis=-1)
+            h = self.query(tf.cast(q, dtype))
+            fmask = tf.cast(tf.sequence_mask(mel_lengths, frames), dtype)[..., None]  # [B, T, 1]
+            cross_mask = tf.logical_and(token_mask[:, None, :], tf.ones([1, frames, 1], tf.bool))  # [B, T, L]
+            for attend, ffn in zip(self.dec_attention, self.dec_ffn):
+                h = attend(h, x, cross_mask, training=training)
+                h = ffn(h, fmask, training=training)
+            mel = self.out(self.dec_norm(h))
+            return {"mel": mel, "log_frames": log_frames}
+
+    return TextToMel()
+
+
+def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: float) -> dict[str, np.ndarray]:
+    """A batch of the model's input shapes and dtypes (to build and check a model)."""
+    rng = np.random.default_rng(0)
+    return {
+        "tokens": rng.integers(2, 30, size=(batch, tokens)).astype(np.int32),
+        "token_lengths": np.full(batch, tokens, np.int32),
+        "mel": np.full((batch, frames, n_mels), pad_value, np.float32),
+        "mel_lengths": np.full(batch, frames, np.int32),
+    }
+
+
+def check_spec(spec: str) -> str:
+    """Validate a model name without importing TensorFlow or the user's module:
+    returns "preset", "synthetic" or "user"."""
+    if spec in PRESETS:
+        return "preset"
+    if spec.startswith("synthetic:"):
+        return "synthetic"
+    module, sep, function = spec.partition(":")
+    if not sep or not module or not function.isidentifier() or not all(
+            part.isidentifier() for part in module.split(".")):
+        raise ModelError(f"--model {spec}: expected one of {', '.join(PRESETS)}, synthetic:MS, "
+                         f"or package.module:function")
+    return "user"
+
+
+def load_user_builder(spec: str) -> Callable[..., Any]:
+    module_name, _, function = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any error it raises on import is theirs to see
+        raise ModelError(f"--model {spec}: cannot import {module_name}: {type(exc).__name__}: {exc} "
+                         f"(is it on PYTHONPATH?)") from exc
+    builder = getattr(module, function, None)
+    if not callable(builder):
+        raise ModelError(f"--model {spec}: {module_name} has no function {function}")
+    return builder
+
+
+def build(spec: str, vocab_size: int, n_mels: int) -> Any:
+    """The Keras model named by ``spec`` (a preset or a user's ``module:function``)."""
+    if check_spec(spec) == "preset":
+        return build_model(spec, vocab_size, n_mels)
+    builder = load_user_builder(spec)
+    try:
+        model = builder(vocab_size=vocab_size, n_mels=n_mels)
+    except Exception as exc:  # the user's code: report what it raised, with the contract
+        raise ModelError(f"--model {spec}: building the model failed: {type(exc).__name__}: {exc}; "
+                         f"{CONTRACT}") from exc
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise ModelError(f"--model {spec}: the function returned {type(model).__name__}, not a keras.Model; "
+                         f"{CONTRACT}")
+    return model
+
+
+def outputs_of(result: Any) -> dict[str, Any]:
+    """A model's return value as a dict with "mel" (and maybe "log_frames", "loss")."""
+    if isinstance(result, dict):
+        if "mel" not in result:
+            raise ModelError(f"the model returned a dict without 'mel' (keys {sorted(result)}); {CONTRACT}")
+        unknown = set(result) - {"mel", "log_frames", "loss"}
+        if unknown:
+            raise ModelError(f"the model returned unknown outputs {sorted(unknown)}; {CONTRACT}")
+        return result
+    return {"mel": result}
+
+
+def check_outputs(spec: str, result: Any, batch: int, frames: int, n_mels: int) -> None:
+    """Check a model's outputs on a dummy batch against the contract; ModelError if not kept."""
+    try:
+        out = outputs_of(result)
+    except ModelError as exc:
+        raise ModelError(f"--model {spec}: {exc}") from None
+    expected = {"mel": (batch, frames, n_mels), "log_frames": (batch,), "loss": ()}
+    for name, tensor in out.items():
+        shape = tuple(getattr(tensor, "shape", ()))
+        if tuple(shape) != expected[name]:
+            raise ModelError(f"--model {spec}: output {name!r} has shape {list(shape)} for a batch of "
+                             f"B={batch}, T={frames}, F={n_mels}; expected {list(expected[name])}; {CONTRACT}")
+
+
+def objective(tf: Any, out: dict[str, Any], batch: dict[str, Any], l2_weight: float,
+              length_weight: float) -> tuple[Any, Any, dict[str, Any]]:
+    """(numerator, V, terms): loss = numerator / V with V the batch's valid frames (float32).
+
+    ``terms`` holds each term's numerator (mel_l1, mel_l2, length, extra), for logging.
+    """
+    mel = batch["mel"]
+    mel_lengths = batch["mel_lengths"]
+    frames, n_mels = tf.shape(mel)[1], tf.shape(mel)[2]
+    pred = tf.cast(out["mel"], tf.float32)
+    mask = tf.cast(tf.sequence_mask(mel_lengths, frames), tf.float32)[..., None]  # [B, T, 1]
+    valid = tf.cast(tf.reduce_sum(mel_lengths), tf.float32)
+    err = (pred - mel) * mask
+    terms = {"mel_l1": tf.reduce_sum(tf.abs(err)) / tf.cast(n_mels, tf.float32)}
+    numerator = terms["mel_l1"]
+    if l2_weight:
+        terms["mel_l2"] = tf.reduce_sum(tf.square(err)) / tf.cast(n_mels, tf.float32)
+        numerator += l2_weight * terms["mel_l2"]
+    if length_weight and "log_frames" in out:
+        lengths = tf.cast(mel_lengths, tf.float32)
+        target = tf.math.log(tf.maximum(lengths, 1.0))
+        terms["length"] = tf.reduce_sum(lengths * tf.square(tf.cast(out["log_frames"], tf.float32) - target))
+        numerator += length_weight * terms["length"]
+    if "loss" in out:
+        terms["extra"] = tf.cast(out["loss"], tf.float32) * valid
+        numerator += terms["extra"]
+    return numerator, valid, terms
+
+
+def count_params(model: Any) -> int:
+    """Trainable parameters of a built model."""
+    return int(sum(int(np.prod(v.shape)) for v in model.trainable_weights))

@@ -1,0 +1,196 @@
+"""The Keras trainer (consumer/models.py): it learns, accumulates exactly, skips NaN,
+traces once per bucket shape, keeps the user-model contract, picks precision and XLA
+by device. Small shapes (B=4, L=16, T=32) keep each case to a few seconds on a CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+import pytest
+
+from consumer import models
+from consumer.models import Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision, lr_at
+from shared import config as config_mod
+from tests.factories import make_batch
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+SHAPE = (16, 32)  # (L, T) of every test batch
+
+
+def _cfg(**trainer) -> config_mod.Config:
+    base = config_mod.Config()
+    settings = {"warmup_steps": 0, "lr_decay": "constant", **trainer}
+    return dataclasses.replace(base, batching=dataclasses.replace(base.batching, batch_size=4),
+                               trainer=dataclasses.replace(base.trainer, **settings))
+
+
+def _trainer(shapes=(SHAPE,), **trainer) -> KerasTrainer:
+    return KerasTrainer(_cfg(**trainer), "/CPU:0", shapes, total_batches=100)
+
+
+def _weights(trainer: KerasTrainer) -> list[np.ndarray]:
+    return [v.numpy().copy() for v in trainer.model.trainable_variables]
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def _speech_like_batch() -> dict[str, np.ndarray]:
+    """A batch whose mels have a speech-like level and smooth structure (learnable, unlike noise)."""
+    batch = make_batch(4, *SHAPE, seed=0)
+    t = np.arange(SHAPE[1])[None, :, None]
+    f = np.arange(80)[None, None, :]
+    mel = -6.0 + 2.0 * np.sin(f / 9.0 + t / 5.0) - f / 40.0
+    valid = t < batch["mel_lengths"][:, None, None]
+    batch["mel"] = np.where(valid, mel, batch["mel"]).astype(np.float32)
+    return batch
+
+
+def test_loss_falls_on_a_fixed_batch() -> None:
+    trainer = _trainer(learning_rate=3e-3)
+    staged = trainer.stage(_speech_like_batch())
+    losses = trainer.resolve([trainer.step(staged) for _ in range(40)])
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[-1] < 0.5 * losses[0]
+    assert trainer.updates == 40 and trainer.health() == Health(0, 0)
+
+
+def test_gradient_accumulation_equals_the_large_batch_gradient() -> None:
+    """K=2 micro-batches, then one update == one update on both as a single batch (plain SGD,
+    so the update is the gradient itself; different valid frames per micro-batch)."""
+    first, second = make_batch(4, *SHAPE, valid=4, seed=1), make_batch(4, *SHAPE, valid=2, seed=2)
+    assert first["mel_lengths"].sum() != second["mel_lengths"].sum()
+    both = {k: np.concatenate([first[k], second[k]]) for k in first}
+
+    def sgd_trainer(accum: int) -> KerasTrainer:
+        keras.utils.set_random_seed(0)
+        return KerasTrainer(_cfg(grad_accum=accum, clip_norm=0.0), "/CPU:0", [SHAPE], total_batches=10,
+                            optimizer=keras.optimizers.SGD(learning_rate=1.0))
+
+    accumulated, large = sgd_trainer(2), sgd_trainer(1)
+    start = _weights(accumulated)
+    assert all(np.array_equal(a, b) for a, b in zip(start, _weights(large)))
+    accumulated.step(accumulated.stage(first))
+    assert all(np.array_equal(a, b) for a, b in zip(start, _weights(accumulated)))  # no update after 1 of 2
+    accumulated.step(accumulated.stage(second))
+    large.step(large.stage(both))
+    assert accumulated.updates == large.updates == 1
+    for before, a, b in zip(start, _weights(accumulated), _weights(large)):
+        np.testing.assert_allclose(before - a, before - b, rtol=2e-4, atol=1e-6)
+    assert any(not np.allclose(before, a) for before, a in zip(start, _weights(accumulated)))
+
+
+def test_nan_loss_is_skipped_and_counted() -> None:
+    trainer = _trainer(model="tests.consumer.user_models:nan_loss")
+    before = _weights(trainer)
+    staged = trainer.stage(make_batch(4, *SHAPE))
+    losses = trainer.resolve([trainer.step(staged) for _ in range(3)])
+    assert all(math.isnan(x) for x in losses)
+    assert trainer.health() == Health(bad_in_row=3, bad_total=3)
+    assert trainer.updates == 0
+    assert all(np.array_equal(a, b) for a, b in zip(before, _weights(trainer)))
+
+
+def test_a_good_step_resets_the_bad_run() -> None:
+    trainer = _trainer()
+    good = trainer.stage(make_batch(4, *SHAPE))
+    poisoned = make_batch(4, *SHAPE)
+    poisoned["mel"][0, 0, 0] = np.inf
+    bad = trainer.stage(poisoned)
+    trainer.resolve([trainer.step(bad), trainer.step(bad), trainer.step(good), trainer.step(bad)])
+    assert trainer.health() == Health(bad_in_row=1, bad_total=3)
+    assert trainer.updates == 1
+
+
+def test_one_trace_per_bucket_shape_and_retraces_are_logged(caplog) -> None:
+    shapes = [(16, 32), (24, 48)]
+    trainer = _trainer(shapes=shapes)
+    trainer.prepare(shapes)
+    assert trainer.stats()["traces"] == 2
+    for _ in range(3):
+        for L, T in shapes:
+            trainer.step(trainer.stage(make_batch(4, L, T)))
+    assert trainer.stats()["traces"] == 2 and trainer.retraces == 0
+    with caplog.at_level(logging.WARNING, logger="consumer.models"):
+        trainer.step(trainer.stage(make_batch(4, 8, 16)))
+    assert trainer.retraces == 1
+    assert "not one of the plan's 2 bucket shapes" in caplog.text
+
+
+def test_evaluate_and_predict() -> None:
+    trainer = _trainer()
+    batch = make_batch(4, *SHAPE, valid=3)
+    loss = trainer.evaluate([trainer.stage(batch)])
+    assert loss is not None and math.isfinite(loss)
+    assert trainer.evaluate([]) is None
+    out = trainer.predict(batch)
+    assert out["mel"].shape == (4, 32, 80) and out["log_frames"].shape == (4,)
+
+
+def test_user_model_trains() -> None:
+    trainer = _trainer(model="tests.consumer.user_models:good", learning_rate=1e-2)
+    staged = trainer.stage(make_batch(4, *SHAPE))
+    losses = trainer.resolve([trainer.step(staged) for _ in range(20)])
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("wrong_shape", r"output 'mel' has shape \[4, 33, 80\] for a batch of B=4, T=32, F=80; expected \[4, 32, 80\]"),
+    ("unknown_output", r"unknown outputs \['alignment'\]"),
+])
+def test_user_model_breaking_the_contract_is_refused(name: str, message: str) -> None:
+    with pytest.raises(ModelError, match=message) as info:
+        _trainer(model=f"tests.consumer.user_models:{name}")
+    assert "docs/MODELS.md" in str(info.value)
+
+
+def test_precision_and_xla_follow_the_device() -> None:
+    assert choose_precision("auto", on_gpu=True) == "mixed_float16"
+    assert choose_precision("auto", on_gpu=False) == "float32"
+    assert choose_precision("mixed_bfloat16", on_gpu=True) == "mixed_bfloat16"
+    assert choose_jit_compile(None, on_gpu=True) is True
+    assert choose_jit_compile(None, on_gpu=False) is False
+    assert choose_jit_compile(False, on_gpu=True) is False
+    trainer = _trainer()  # the CPU: float32, no XLA, no loss scaling
+    assert (trainer.precision, trainer.jit_compile, trainer.loss_scaling) == ("float32", False, False)
+    assert not isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_mixed_float16_uses_loss_scaling() -> None:
+    """What a GPU gets by default, forced here on the CPU: policy, scaled optimizer, float32 output."""
+    trainer = _trainer(precision="mixed_float16")
+    assert trainer.loss_scaling and isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert keras.mixed_precision.global_policy().name == "mixed_float16"
+    out = trainer.predict(make_batch(4, *SHAPE))
+    assert out["mel"].dtype == np.float32
+    loss = trainer.resolve([trainer.step(trainer.stage(make_batch(4, *SHAPE)))])[0]
+    assert math.isfinite(loss)
+
+
+def test_learning_rate_schedule() -> None:
+    assert lr_at(0, 1.0, 10, 100, "cosine", 0.1) == pytest.approx(0.1)
+    assert lr_at(9, 1.0, 10, 100, "cosine", 0.1) == pytest.approx(1.0)
+    assert lr_at(99, 1.0, 10, 100, "cosine", 0.1) == pytest.approx(0.1)
+    assert lr_at(54, 1.0, 10, 100, "cosine", 0.1) == pytest.approx(0.55)
+    assert lr_at(500, 1.0, 10, None, "cosine", 0.1) == 1.0  # unknown budget: constant after warm-up
+    assert lr_at(3, 2.0, 0, 100, "constant", 0.1) == 2.0
+    trainer = _trainer(warmup_steps=4, learning_rate=1.0, lr_decay="cosine")
+    assert trainer.learning_rate() == pytest.approx(0.25)
+
+
+def test_check_model_without_tensorflow_imports() -> None:
+    assert models.check_model("synthetic:5") == 5.0
+    assert models.check_model("tiny") is None
+    assert models.check_model("tests.consumer.user_models:good") is None
+    with pytest.raises(ModelError, match="no module named no_such_pkg"):
+        models.check_model("no_such_pkg.mod:build")
+    with pytest.raises(ModelError, match="MS >= 0"):
+        models.check_model("synthetic:-1")

@@ -1,0 +1,60 @@
+"""Users' models for the contract tests (``--model tests.consumer.user_models:NAME``).
+
+Each builder has the documented signature ``function(vocab_size=..., n_mels=...)``.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from keras import layers
+
+
+class FramesModel(keras.Model):
+    """Embeds the mean token of each row and broadcasts it over the frames: small, learns a level."""
+
+    def __init__(self, vocab_size: int, n_mels: int, out_frames_delta: int = 0, poison: bool = False) -> None:
+        super().__init__()
+        self.embed = layers.Embedding(vocab_size, 16)
+        self.out = layers.Dense(n_mels, dtype="float32")
+        self.delta = out_frames_delta
+        self.poison = poison
+
+    def call(self, inputs, training=False):
+        frames = tf.shape(inputs["mel"])[1] + self.delta
+        pooled = tf.reduce_mean(self.embed(inputs["tokens"]), axis=1)  # [B, 16]
+        mel = self.out(tf.tile(pooled[:, None, :], [1, frames, 1]))
+        if self.poison:
+            mel = mel * float("nan")
+        return mel
+
+
+def good(vocab_size: int, n_mels: int) -> keras.Model:
+    return FramesModel(vocab_size, n_mels)
+
+
+def nan_loss(vocab_size: int, n_mels: int) -> keras.Model:
+    """Every loss is NaN."""
+    return FramesModel(vocab_size, n_mels, poison=True)
+
+
+def wrong_shape(vocab_size: int, n_mels: int) -> keras.Model:
+    """Returns one frame too many."""
+    return FramesModel(vocab_size, n_mels, out_frames_delta=1)
+
+
+def not_a_model(vocab_size: int, n_mels: int) -> object:
+    return object()
+
+
+def raises(vocab_size: int, n_mels: int) -> keras.Model:
+    raise RuntimeError("no weights file at /nonexistent")
+
+
+class UnknownOutput(FramesModel):
+    def call(self, inputs, training=False):
+        return {"mel": super().call(inputs, training), "alignment": inputs["tokens"]}
+
+
+def unknown_output(vocab_size: int, n_mels: int) -> keras.Model:
+    return UnknownOutput(vocab_size, n_mels)
