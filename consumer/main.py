@@ -14,6 +14,9 @@ Stop: the step budget is reached, the planned epochs are complete (every sample 
 each trained, or rejected while the run went on), or SIGTERM/SIGINT arrives (checked
 between steps and while waiting). Then: the coordinator sends STOP to every producer
 and closes, the run files are flushed and summary.json is written.
+Checkpoints (consumer/checkpoint.py): every ``trainer.checkpoint_every_steps``, at the
+end and after a stop signal, model, optimizer, step and input position go to
+``DIR/ckpt/``; with ``--resume`` the run goes on from the latest one.
 Exit status: 0 finished, 130 interrupted, 1 failed, 2 a user error (bad dataset,
 endpoint in use, unknown model).
 """
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from consumer.buffer import BatchQueue
+from consumer.checkpoint import RESUME_CONFIG, CheckpointError, RunCheckpoints
 from consumer.coordinator import BindError, Coordinator
 from consumer.models import ModelError, make_trainer, uses_tensorflow
 from consumer.plan import EpochPlanner
@@ -59,8 +63,10 @@ FLUSH_S = 1.0
 
 class Run:
     def __init__(self, cfg: config_mod.Config, run_dir: Path, stop: threading.Event,
-                 status: StatusWriter, parent_pid: int | None, gpu_memory_mb: int | None) -> None:
+                 status: StatusWriter, parent_pid: int | None, gpu_memory_mb: int | None,
+                 resume: bool = False) -> None:
         self.cfg = cfg
+        self.resume = resume
         self.run_dir = run_dir
         self.stop = stop
         self.status = status
@@ -69,10 +75,13 @@ class Run:
         self.rejected_count = 0
         self.started = time.monotonic()
         self._producer_rejected: set[str] = set()
+        self._rejected_before: set[tuple[str, str]] = set()  # rows a resumed run's rejected.jsonl holds
 
     def _record_rejections(self, rejections: list[Rejection]) -> None:
         """Write each rejected clip once: a clip a producer cannot read fails again every epoch."""
         for r in rejections:
+            if (r.id, r.reason) in self._rejected_before:
+                continue
             if r.producer != "index":
                 if r.id in self._producer_rejected:
                     continue
@@ -82,9 +91,7 @@ class Run:
 
     def execute(self) -> int:
         cfg = self.cfg
-        self.rejected = JsonlWriter(self.run_dir / "rejected.jsonl")
         index = build_index(cfg.data, cfg.features)
-        self._record_rejections(index.rejected)
         feature_cache = feature_cache_dir(cfg.data.feature_cache, index.root)
         if feature_cache != cfg.data.feature_cache:
             cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
@@ -97,20 +104,27 @@ class Run:
                  cfg.batching.batch_size, len(planner.shapes), planner.shapes)
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
                  index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
+        checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint)
+        if self.resume:
+            self._resume(checkpoints)  # CheckpointError before anything in the run directory changes
+        self.rejected = JsonlWriter(self.run_dir / "rejected.jsonl")
+        self._record_rejections(index.rejected)
         keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
         queue = BatchQueue(cfg.pipeline.buffer_size)
         coordinator = Coordinator(cfg, planner, queue, self.stop, max_epochs=cfg.trainer.epochs,
                                   on_rejected=self._record_rejections, metadata_sha256=metadata_sha256,
-                                  dataset=index.scan, keys=keys)
+                                  dataset=index.scan, keys=keys, resume=checkpoints.skip_plan())
         queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()
         log.info("consumer listening on %s", endpoint)
         # Producers start now, while this process imports TensorFlow and builds the model.
         self.status.send("ready", endpoint=endpoint, batches_per_epoch=planner.batches_per_epoch)
-        loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started)
+        loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started,
+                         checkpoints)
         try:
             loop.run(self.gpu_memory_mb)
+            loop.save_checkpoint()  # at the end, and after Ctrl-C or SIGTERM (not after a failure)
             if coordinator.failure is not None:
                 raise coordinator.failure
             if loop.interrupted:
@@ -138,11 +152,28 @@ class Run:
                        "clips": len(index.samples), "index": index.stats.to_json(),
                        "feature_cache": feature_cache_totals(feature_cache, snap["producers"]),
                        "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
-                       "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint})
+                       "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
+                       "checkpoint": checkpoints.summary(), "resumed_from_step":
+                           checkpoints.resumed.step if checkpoints.resumed is not None else None})
             write_json(self.run_dir / "summary.json", summary)
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
                      self.run_dir / "summary.json")
         return loop.code
+
+    def _resume(self, checkpoints: RunCheckpoints) -> None:
+        """Continue from the latest checkpoint: check it, cut the step logs back to it, adopt
+        the config the launcher resolved for the resumed run, keep rejected.jsonl's rows."""
+        resumed = checkpoints.resume()
+        self.started -= resumed.last_t  # "t" in metrics.jsonl goes on from the last row kept
+        pending = self.run_dir / RESUME_CONFIG
+        if pending.exists():
+            pending.replace(self.run_dir / "config.yaml")
+        # The summary of the session before is rewritten at the end; until then it would be stale.
+        (self.run_dir / "summary.json").unlink(missing_ok=True)
+        self._rejected_before = {(str(r.get("id")), str(r.get("reason"))) for r in
+                                 read_jsonl(self.run_dir / "rejected.jsonl")}
+        self._producer_rejected = {i for i, _ in self._rejected_before}
+        self.rejected_count = len(self._rejected_before)
 
 
 def feature_cache_totals(directory: str, producers: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -159,7 +190,8 @@ class TrainLoop:
     """Warm-up, then: wait for a batch, step, record; until the budget or a stop."""
 
     def __init__(self, cfg: config_mod.Config, run_dir: Path, queue: BatchQueue, coordinator: Coordinator,
-                 planner: EpochPlanner, stop: threading.Event, parent_pid: int | None, started: float) -> None:
+                 planner: EpochPlanner, stop: threading.Event, parent_pid: int | None, started: float,
+                 checkpoints: RunCheckpoints | None = None) -> None:
         self.cfg = cfg
         self.queue = queue
         self.coordinator = coordinator
@@ -186,6 +218,10 @@ class TrainLoop:
                                    lambda: coordinator.snapshot()["producers"], cfg.run.metrics_port)
         self._trained: dict[int, int] = {}  # samples trained, per epoch
         self._complete: set[int] = set()
+        self.checkpoints = checkpoints
+        if checkpoints is not None:  # a resumed run goes on from its checkpoint's step and epochs
+            self.step, self._trained, self._complete = checkpoints.loop_state()
+            self.epochs_completed = len(self._complete)
 
     def _update_epochs(self) -> None:
         """Mark epochs whose every sample was trained or rejected while the run went on."""
@@ -200,6 +236,16 @@ class TrainLoop:
         if self.total_steps is not None:
             return self.step >= self.total_steps
         return self.epochs_completed >= (self.epochs or 0)
+
+    def save_checkpoint(self) -> None:
+        """Checkpoint model, optimizer, step and input position now; the step logs are
+        flushed first, so they hold every step the checkpoint counts."""
+        if self.checkpoints is None:
+            return
+        self.metrics.flush()
+        if self.samples_log is not None:
+            self.samples_log.flush()
+        self.checkpoints.save(self.step)
 
     def close(self) -> None:
         if self.tb is not None:
@@ -238,10 +284,15 @@ class TrainLoop:
 
             _, device = configure_tensorflow(gpu_memory_mb)
         trainer = make_trainer(cfg, device)
+        if self.checkpoints is not None:
+            self.checkpoints.attach(trainer)  # restores the model and optimizer of a resumed run
         if trainer.uses_tensorflow:
             self.queue.enable_staging(trainer.stage)
             self.tb = TensorBoard(self.run_dir)
         log.info("trainer %s on %s", trainer.name, device if trainer.uses_tensorflow else "host (no TensorFlow)")
+        if self.finished():
+            log.info("nothing left to train at step %d (pass --steps or --epochs to go on)", self.step)
+            return
         # Warm-up: the first batch, then a full queue or model_start_delay_s more, so that
         # producers still starting (importing TensorFlow, tracing) can fill the queue.
         warm_start = last_warn = time.monotonic()
@@ -282,6 +333,8 @@ class TrainLoop:
                 self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
             self._trained[item.epoch] = self._trained.get(item.epoch, 0) + len(item.ids)
             self._update_epochs()
+            if self.checkpoints is not None and self.checkpoints.record_step(self.step, item.epoch, item.ids):
+                self.save_checkpoint()  # every trainer.checkpoint_every_steps
             recent.append(row)
             if self.step % cfg.trainer.log_every_steps == 0 or self.finished():
                 self._progress(loss, recent)
@@ -314,12 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-mb", type=int, default=None)
     parser.add_argument("--status-fd", type=int, default=None)
     parser.add_argument("--nvml-gpus", default="", help="ROLE=INDEX,... GPUs whose utilisation to record")
+    parser.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     args = parser.parse_args(argv)
     status = StatusWriter(args.status_fd)
     stop = threading.Event()
     install_stop_handlers(stop)
+    config_path = args.run_dir / "config.yaml"
+    if args.resume and (args.run_dir / RESUME_CONFIG).exists():
+        config_path = args.run_dir / RESUME_CONFIG  # becomes config.yaml once the checkpoint is checked
     try:
-        cfg = config_mod.load(args.run_dir / "config.yaml")
+        cfg = config_mod.load(config_path)
     except config_mod.ConfigError as exc:
         status.error(exc, "consumer", user_error=True)
         return EXIT_USER
@@ -331,12 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         sampler = GpuSampler(gpus, args.run_dir)
         sampler.start()
         try:
-            code = Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb).execute()
+            code = Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb, args.resume).execute()
         finally:
             sampler.stop()
         flush_sockets(FLUSH_S)
         return code
-    except (DatasetError, ModelError, BindError, KeysError) as exc:
+    except (DatasetError, ModelError, BindError, KeysError, CheckpointError) as exc:
         # The launcher prints a user error as its one line; log it only when run alone.
         log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)
         status.error(exc, "consumer", user_error=True)
