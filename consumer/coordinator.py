@@ -19,6 +19,9 @@ leases: their planned batches go back to the front of the pending list, and the 
 free lease slot of a live producer takes them. A
 lease not prepared within ``lease_timeout_s`` is revoked (REVOKE) and re-planned. That
 keeps "every valid sample exactly once per epoch" while any producer is alive.
+A resumed run passes its checkpoint's input position (consumer/checkpoint.py): planning
+starts at its first open epoch and leases only the planned batches (or the parts of
+them) not trained at the checkpoint.
 
 Misses: a producer that does not have a leased clip (deleted, or an unfinished copy)
 delivers the rest of the batch and reports the clip as *missed*. The coordinator
