@@ -150,6 +150,8 @@ class InputPosition:
         if strays:
             log.warning("epoch %d: %d trained samples are not in its plan or were trained before: %s", epoch,
                         len(strays), strays[:5])
+        for done in [e for e in self._epochs if e in self.complete]:  # their ids are needed no more
+            del self._epochs[done]
 
     def first_open(self) -> int:
         epoch = 0

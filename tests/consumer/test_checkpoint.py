@@ -247,3 +247,14 @@ def test_coordinator_skips_complete_epochs(harness):
     h.recv(sock, wire.WELCOME)
     leases = [h.recv(sock, wire.LEASE) for _ in plan_of.plan(2)]
     assert {m["epoch"] for m in leases} == {2}
+
+
+def test_complete_epochs_are_forgotten():
+    plan_of = planner()
+    position = InputPosition(plan_of)
+    for batch in plan_of.plan(0):
+        position.record(0, batch.ids)
+    position.complete.add(0)  # the trainer marks it once its samples are all trained
+    position.record(1, plan_of.plan(1)[0].ids)
+    assert position.trained_counts() == {1: len(plan_of.plan(1)[0].ids)}
+    assert position.done_batches(0) == set() and position.to_json()["complete_below"] == 1
