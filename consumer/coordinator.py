@@ -19,6 +19,9 @@ leases: their planned batches go back to the front of the pending list, and the 
 free lease slot of a live producer takes them. A
 lease not prepared within ``lease_timeout_s`` is revoked (REVOKE) and re-planned. That
 keeps "every valid sample exactly once per epoch" while any producer is alive.
+A resumed run passes its checkpoint's input position (consumer/checkpoint.py): planning
+starts at its first open epoch and leases only the planned batches (or the parts of
+them) not trained at the checkpoint.
 
 Misses: a producer that does not have a leased clip (deleted, or an unfinished copy)
 delivers the rest of the batch and reports the clip as *missed*. The coordinator
@@ -58,7 +61,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import zmq
@@ -70,6 +73,9 @@ from shared import wire
 from shared.config import Config
 from shared.dataset import DatasetScan, Rejection, check_agreement
 from shared.keys import ServerKeys, short
+
+if TYPE_CHECKING:
+    from consumer.checkpoint import InputPosition
 
 log = logging.getLogger("consumer.coordinator")
 
@@ -188,7 +194,7 @@ class Coordinator:
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, stop: threading.Event,
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
                  context: zmq.Context | None = None, metadata_sha256: str = "", dataset: DatasetScan | None = None,
-                 keys: ServerKeys | None = None) -> None:
+                 keys: ServerKeys | None = None, resume: InputPosition | None = None) -> None:
         self.cfg = cfg
         self.metadata_sha256 = metadata_sha256
         self.planner = planner
@@ -206,7 +212,9 @@ class Coordinator:
         self._wake_addr = f"inproc://consumer-wake-{uuid.uuid4().hex}"
         self._wake_local = threading.local()
         self._pending: collections.deque[PlannedBatch] = collections.deque()
-        self._next_epoch = 0
+        # A resumed run leases only what its checkpoint's input position left (consumer/checkpoint.py).
+        self.resume = resume
+        self._next_epoch = resume.first_open() if resume is not None else 0
         self._next_lease = 1
         self._leases: dict[int, Lease] = {}
         self._peers: dict[bytes, Peer] = {}
@@ -337,11 +345,16 @@ class Coordinator:
 
     # ------------------------------------------------------------ plan and leases
     def _plan_more(self) -> bool:
-        if self.max_epochs is not None and self._next_epoch >= self.max_epochs:
-            return False
-        self._pending.extend(self.planner.plan(self._next_epoch))
-        self._next_epoch += 1
-        return True
+        """Plan the next epoch with work left (a resumed one may have none); False at the last."""
+        while self.max_epochs is None or self._next_epoch < self.max_epochs:
+            batches = self.planner.plan(self._next_epoch)
+            self._next_epoch += 1
+            if self.resume is not None:
+                batches = self.resume.remaining(batches)
+            if batches:
+                self._pending.extend(batches)
+                return True
+        return False
 
     def _take_for(self, peer: Peer) -> PlannedBatch | None:
         """The next pending batch this producer can prepare; split off the clips it lacks."""

@@ -14,6 +14,9 @@ Stop: the step budget is reached, the planned epochs are complete (every sample 
 each trained, or rejected while the run went on), or SIGTERM/SIGINT arrives (checked
 between steps and while waiting). Then: the coordinator sends STOP to every producer
 and closes, the run files are flushed and summary.json is written.
+Checkpoints (consumer/checkpoint.py): every ``trainer.checkpoint_every_steps``, at the
+end and after a stop signal, model, optimizer, step and input position go to
+``DIR/ckpt/``; with ``--resume`` the run goes on from the latest one.
 Exit status: 0 finished, 130 interrupted, 1 failed, 2 a user error (bad dataset,
 endpoint in use, unknown model).
 """
@@ -33,6 +36,7 @@ from typing import Any
 
 from consumer import melimage, validation
 from consumer.buffer import BatchQueue
+from consumer.checkpoint import RESUME_CONFIG, CheckpointError, RunCheckpoints
 from consumer.coordinator import BindError, Coordinator
 from consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
 from consumer.plan import EpochPlanner
@@ -65,8 +69,10 @@ class NonFiniteLoss(Exception):
 
 class Run:
     def __init__(self, cfg: config_mod.Config, run_dir: Path, stop: threading.Event,
-                 status: StatusWriter, parent_pid: int | None, gpu_memory_mb: int | None) -> None:
+                 status: StatusWriter, parent_pid: int | None, gpu_memory_mb: int | None,
+                 resume: bool = False) -> None:
         self.cfg = cfg
+        self.resume = resume
         self.run_dir = run_dir
         self.stop = stop
         self.status = status
@@ -75,10 +81,13 @@ class Run:
         self.rejected_count = 0
         self.started = time.monotonic()
         self._producer_rejected: set[str] = set()
+        self._rejected_before: set[tuple[str, str]] = set()  # rows a resumed run's rejected.jsonl holds
 
     def _record_rejections(self, rejections: list[Rejection]) -> None:
         """Write each rejected clip once: a clip a producer cannot read fails again every epoch."""
         for r in rejections:
+            if (r.id, r.reason) in self._rejected_before:
+                continue
             if r.producer != "index":
                 if r.id in self._producer_rejected:
                     continue
@@ -88,9 +97,7 @@ class Run:
 
     def execute(self) -> int:
         cfg = self.cfg
-        self.rejected = JsonlWriter(self.run_dir / "rejected.jsonl")
         index = build_index(cfg.data, cfg.features)
-        self._record_rejections(index.rejected)
         feature_cache = feature_cache_dir(cfg.data.feature_cache, index.root)
         if feature_cache != cfg.data.feature_cache:
             cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
@@ -106,11 +113,16 @@ class Run:
                  cfg.batching.batch_size, len(planner.shapes), planner.shapes)
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
                  index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
+        checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint)
+        if self.resume:
+            self._resume(checkpoints)  # CheckpointError before anything in the run directory changes
+        self.rejected = JsonlWriter(self.run_dir / "rejected.jsonl")
+        self._record_rejections(index.rejected)
         keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
         queue = BatchQueue(cfg.pipeline.buffer_size)
         coordinator = Coordinator(cfg, planner, queue, self.stop, max_epochs=cfg.trainer.epochs,
                                   on_rejected=self._record_rejections, metadata_sha256=metadata_sha256,
-                                  dataset=index.scan, keys=keys)
+                                  dataset=index.scan, keys=keys, resume=checkpoints.skip_plan())
         queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()
@@ -118,15 +130,17 @@ class Run:
         # Producers start now, while this process imports TensorFlow and builds the model.
         self.status.send("ready", endpoint=endpoint, batches_per_epoch=planner.batches_per_epoch)
         loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started,
-                         val_samples=val_samples, data_root=index.root)
+                         checkpoints, val_samples=val_samples, data_root=index.root)
         try:
             loop.run(self.gpu_memory_mb)
+            loop.save_checkpoint()  # at the end, and after Ctrl-C or SIGTERM (not after a failure)
             if coordinator.failure is not None:
                 raise coordinator.failure
             if loop.interrupted:
                 loop.exit_reason, loop.code = "interrupted", EXIT_INTERRUPTED
         except NonFiniteLoss as exc:
             loop.exit_reason, loop.code = f"failed: {exc}"[:500], EXIT_FAILED
+            loop.save_checkpoint()  # non-finite steps were skipped: the model holds its last good state
             log.error("%s", exc)
             self.status.error(exc, "consumer")
         except BaseException as exc:
@@ -153,11 +167,28 @@ class Run:
                        "index": index.stats.to_json(), **loop.model_summary(),
                        "feature_cache": feature_cache_totals(feature_cache, snap["producers"]),
                        "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
-                       "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint})
+                       "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
+                       "checkpoint": checkpoints.summary(), "resumed_from_step":
+                           checkpoints.resumed.step if checkpoints.resumed is not None else None})
             write_json(self.run_dir / "summary.json", summary)
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
                      self.run_dir / "summary.json")
         return loop.code
+
+    def _resume(self, checkpoints: RunCheckpoints) -> None:
+        """Continue from the latest checkpoint: check it, cut the step logs back to it, adopt
+        the config the launcher resolved for the resumed run, keep rejected.jsonl's rows."""
+        resumed = checkpoints.resume()
+        self.started -= resumed.last_t  # "t" in metrics.jsonl goes on from the last row kept
+        pending = self.run_dir / RESUME_CONFIG
+        if pending.exists():
+            pending.replace(self.run_dir / "config.yaml")
+        # The summary of the session before is rewritten at the end; until then it would be stale.
+        (self.run_dir / "summary.json").unlink(missing_ok=True)
+        self._rejected_before = {(str(r.get("id")), str(r.get("reason"))) for r in
+                                 read_jsonl(self.run_dir / "rejected.jsonl")}
+        self._producer_rejected = {i for i, _ in self._rejected_before}
+        self.rejected_count = len(self._rejected_before)
 
 
 def feature_cache_totals(directory: str, producers: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -181,7 +212,8 @@ class TrainLoop:
 
     def __init__(self, cfg: config_mod.Config, run_dir: Path, queue: BatchQueue, coordinator: Coordinator,
                  planner: EpochPlanner, stop: threading.Event, parent_pid: int | None, started: float,
-                 val_samples: list[Sample] | None = None, data_root: Path | None = None) -> None:
+                 checkpoints: RunCheckpoints | None = None, val_samples: list[Sample] | None = None,
+                 data_root: Path | None = None) -> None:
         self.cfg = cfg
         self.queue = queue
         self.coordinator = coordinator
@@ -218,6 +250,10 @@ class TrainLoop:
         self._val_arrays: list[dict[str, Any]] = []
         self.val_losses: list[tuple[int, float]] = []
         self.skipped_steps = 0
+        self.checkpoints = checkpoints
+        if checkpoints is not None:  # a resumed run goes on from its checkpoint's step and epochs
+            self.step, self._trained, self._complete = checkpoints.loop_state()
+            self.epochs_completed = len(self._complete)
 
     def _update_epochs(self) -> None:
         """Mark epochs whose every sample was trained or rejected while the run went on."""
@@ -232,6 +268,18 @@ class TrainLoop:
         if self.total_steps is not None:
             return self.step >= self.total_steps
         return self.epochs_completed >= (self.epochs or 0)
+
+    def save_checkpoint(self) -> None:
+        """Checkpoint model, optimizer, step and input position now; the step logs are
+        flushed first, so they hold every step the checkpoint counts."""
+        if self.checkpoints is None:
+            return
+        if self.trainer is not None:
+            self._flush(self.trainer)  # the rows whose loss is still on the device, first
+        self.metrics.flush()
+        if self.samples_log is not None:
+            self.samples_log.flush()
+        self.checkpoints.save(self.step)
 
     def close(self) -> None:
         self.live.close()
@@ -281,6 +329,8 @@ class TrainLoop:
             _, device = configure_tensorflow(gpu_memory_mb)
         budget = self.expected_steps if self.expected_steps else None
         trainer = make_trainer(cfg, device, self.planner.shapes, budget)
+        if self.checkpoints is not None:
+            self.checkpoints.attach(trainer)  # restores the model and optimizer of a resumed run
         if trainer.uses_tensorflow:
             self.queue.enable_staging(trainer.stage)
             self.tb = TensorBoard(self.run_dir)
@@ -295,6 +345,9 @@ class TrainLoop:
 
     def run(self, gpu_memory_mb: int | None) -> None:
         trainer = self.trainer = self._make_trainer(gpu_memory_mb)
+        if self.finished():
+            log.info("nothing left to train at step %d (pass --steps or --epochs to go on)", self.step)
+            return
         try:
             self._warm_up()
             self._train(trainer)
@@ -348,6 +401,8 @@ class TrainLoop:
             self._update_epochs()
             if self.live.due():
                 self.live.update(self._live_text())
+            if self.checkpoints is not None and self.checkpoints.record_step(self.step, item.epoch, item.ids):
+                self.save_checkpoint()  # every trainer.checkpoint_every_steps
             if self.step % cfg.trainer.log_every_steps == 0 or self.finished():
                 self._flush(trainer)
             if trainer.uses_tensorflow and self.step % cfg.trainer.val_every_steps == 0 and not self.finished():
@@ -443,12 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-mb", type=int, default=None)
     parser.add_argument("--status-fd", type=int, default=None)
     parser.add_argument("--nvml-gpus", default="", help="ROLE=INDEX,... GPUs whose utilisation to record")
+    parser.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     args = parser.parse_args(argv)
     status = StatusWriter(args.status_fd)
     stop = threading.Event()
     install_stop_handlers(stop)
+    config_path = args.run_dir / "config.yaml"
+    if args.resume and (args.run_dir / RESUME_CONFIG).exists():
+        config_path = args.run_dir / RESUME_CONFIG  # becomes config.yaml once the checkpoint is checked
     try:
-        cfg = config_mod.load(args.run_dir / "config.yaml")
+        cfg = config_mod.load(config_path)
     except config_mod.ConfigError as exc:
         status.error(exc, "consumer", user_error=True)
         return EXIT_USER
@@ -460,12 +519,12 @@ def main(argv: list[str] | None = None) -> int:
         sampler = GpuSampler(gpus, args.run_dir)
         sampler.start()
         try:
-            code = Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb).execute()
+            code = Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb, args.resume).execute()
         finally:
             sampler.stop()
         flush_sockets(FLUSH_S)
         return code
-    except (DatasetError, ModelError, BindError, KeysError) as exc:
+    except (DatasetError, ModelError, BindError, KeysError, CheckpointError) as exc:
         # The launcher prints a user error as its one line; log it only when run alone.
         log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)
         status.error(exc, "consumer", user_error=True)

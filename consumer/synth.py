@@ -22,7 +22,6 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-CKPT_DIR = "ckpt"
 # A synthesized clip longer than this many frames is refused (a runaway length prediction):
 # about 60 s at 22.05 kHz and a 256-sample hop.
 MAX_FRAMES = 5000
@@ -67,10 +66,19 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     from shared.devices import configure_tensorflow
 
     tf, device = configure_tensorflow(None)
+    from consumer.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
+
     ckpt_dir = run_dir / CKPT_DIR
-    latest = tf.train.latest_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-    if latest is None:
-        raise SynthError(f"no checkpoint in {ckpt_dir} (is the run old, or did it stop before its first save?)")
+    found = Checkpointer(ckpt_dir, keep=1).latest()
+    if found is None:
+        raise SynthError(f"no checkpoint in {ckpt_dir} (did the run stop before its first save?)")
+    try:
+        position = Checkpointer.verify(found)
+    except CheckpointError as exc:
+        raise SynthError(str(exc)) from None
+    if "model" not in position.get("state", []):
+        raise SynthError(f"checkpoint {found} holds no model weights")
+    latest = str(found / STATE_PREFIX)
     n_mels = cfg.features.n_mels
     from producer.features import pad_value
 
@@ -82,7 +90,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
                  "mel_lengths": np.array([cfg.batching.frames_multiple], np.int32)}
         out_probe = tts.outputs_of(model(probe, training=False))
         try:
-            tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+            tf.train.Checkpoint(model=model).read(latest).expect_partial().assert_existing_objects_matched()
         except (tf.errors.OpError, AssertionError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SynthError(f"checkpoint {latest} cannot be read for model {spec}: {first}") from None
@@ -107,4 +115,4 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     png_path = mel_path.with_suffix(".png")
     melimage.write_png(png_path, melimage.colorize(mel))
     seconds = frames * cfg.features.hop_length / cfg.features.sample_rate_hz
-    return SynthResult(mel_path, png_path, frames, seconds, latest, len(tokens))
+    return SynthResult(mel_path, png_path, frames, seconds, str(found), len(tokens))

@@ -55,7 +55,9 @@ def _producers_arg(text: str) -> int | str:
 
 
 def _train_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--config", help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint, with its "
+                        "config.yaml (flags and --set given now override it, e.g. --steps N to go further)")
     parser.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
     parser.add_argument("--data-gpu", type=int, help="GPU index for the producers")
     parser.add_argument("--model-gpu", type=int, help="GPU index for the trainer")
@@ -157,7 +159,7 @@ def resolve_config(args: argparse.Namespace) -> config_mod.Config:
         overrides[key] = value
     if "data.path" in overrides and overrides["data.path"]:
         overrides["data.path"] = str(Path(overrides["data.path"]).expanduser().resolve())
-    return config_mod.load(args.config, overrides)
+    return config_mod.load(args.config or DEFAULT_CONFIG, overrides)
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -187,8 +189,30 @@ def make_run_dir(requested: str) -> Path:
     return path
 
 
-def _launch(cfg: config_mod.Config) -> tuple[int, Path, config_mod.Config]:
-    """Check what the user asked for, make the run directory, run; (status, run dir, config)."""
+def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
+    """``--resume RUN_DIR``: that run's config.yaml with the flags given now; checks that
+    there is something to resume (the consumer checks the checkpoint itself)."""
+    from consumer.checkpoint import CKPT_DIR, Checkpointer
+
+    run_dir = Path(args.resume).expanduser().resolve()
+    if not run_dir.is_dir():
+        raise UserError(f"--resume {run_dir}: no such run directory")
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"--resume {run_dir}: it has no config.yaml, so it is not a stoker run directory")
+    if args.config is not None:
+        raise UserError("--resume continues with RUN_DIR/config.yaml; change keys with flags or --set, not --config")
+    if args.run_dir is not None and Path(args.run_dir).expanduser().resolve() != run_dir:
+        raise UserError("--resume continues in RUN_DIR itself; --run-dir cannot name another directory")
+    if Checkpointer(run_dir / CKPT_DIR, keep=1).latest() is None:
+        raise UserError(f"--resume {run_dir}: no checkpoint in {run_dir / CKPT_DIR} (the run stopped before its "
+                        "first one); nothing to resume")
+    args.config = str(run_dir / "config.yaml")
+    return resolve_config(args), run_dir
+
+
+def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int, Path, config_mod.Config]:
+    """Check what the user asked for, make the run directory (or take the resumed one's),
+    run; (status, run dir, config)."""
     import dataclasses
 
     from consumer.models import ModelError, check_model
@@ -214,17 +238,34 @@ def _launch(cfg: config_mod.Config) -> tuple[int, Path, config_mod.Config]:
         plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
     except DeviceError as exc:
         raise UserError(str(exc)) from None
-    run_dir = make_run_dir(cfg.run.run_dir)
+    run_dir = resume_dir or make_run_dir(cfg.run.run_dir)
     data = dataclasses.replace(cfg.data, path=str(root), feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
     cfg = dataclasses.replace(cfg, data=data, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
-    config_mod.save(cfg, run_dir / "config.yaml")
+    if resume_dir is None:
+        config_mod.save(cfg, run_dir / "config.yaml")
+        log.info("%s", plan.describe(cfg.pipeline.producers))
+        log.info("run directory %s", run_dir)
+        return run_training(cfg, run_dir, plan), run_dir, cfg
+    from consumer.checkpoint import RESUME_CONFIG
+
+    # The consumer moves it over config.yaml once the checkpoint has been checked: a
+    # resume that fails leaves the run directory as it was.
+    pending = run_dir / RESUME_CONFIG
+    config_mod.save(cfg, pending)
     log.info("%s", plan.describe(cfg.pipeline.producers))
-    log.info("run directory %s", run_dir)
-    return run_training(cfg, run_dir, plan), run_dir, cfg
+    log.info("resuming run directory %s", run_dir)
+    try:
+        return run_training(cfg, run_dir, plan, resume=True), run_dir, cfg
+    finally:
+        pending.unlink(missing_ok=True)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    code, run_dir, _ = _launch(resolve_config(args))
+    if args.resume:
+        cfg, resume_dir = resume_config(args)
+        code, run_dir, _ = _launch(cfg, resume_dir)
+    else:
+        code, run_dir, _ = _launch(resolve_config(args))
     print_summary(run_dir)
     return code
 

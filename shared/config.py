@@ -120,6 +120,8 @@ class TrainerConfig:
     log_every_steps: int = 25  # progress line interval; the only point the step syncs with the host
     record_samples: bool = False  # write samples.jsonl (ids of every batch)
     seed: int = 0
+    checkpoint_every_steps: int = 100  # checkpoint (ckpt/) every this many steps; 0 = only at the end and on stop
+    keep_checkpoints: int = 3  # the newest this many checkpoints are kept
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ def _validate(cfg: Config) -> None:
         "batching.tokens_multiple": b.tokens_multiple, "pipeline.buffer_size": p.buffer_size,
         "pipeline.lease_ahead": p.lease_ahead, "pipeline.heartbeat_interval_s": p.heartbeat_interval_s,
         "pipeline.max_message_mb": p.max_message_mb, "trainer.log_every_steps": t.log_every_steps,
-        "pipeline.lease_timeout_s": p.lease_timeout_s,
+        "pipeline.lease_timeout_s": p.lease_timeout_s, "trainer.keep_checkpoints": t.keep_checkpoints,
         "data.max_tokens": cfg.data.max_tokens, "features.log_floor": f.log_floor,
     }
     for key, value in positive.items():
@@ -245,6 +247,8 @@ def _validate(cfg: Config) -> None:
     for key, value in (("trainer.steps", t.steps), ("trainer.epochs", t.epochs)):
         if value is not None and value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    if t.checkpoint_every_steps < 0:
+        raise ConfigError(f"trainer.checkpoint_every_steps must be >= 0, got {t.checkpoint_every_steps}")
     if cfg.data.index_workers < 0:
         raise ConfigError(f"data.index_workers must be >= 0, got {cfg.data.index_workers}")
     if not 0 < cfg.data.min_audio_s < cfg.data.max_audio_s:

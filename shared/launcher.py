@@ -232,14 +232,15 @@ def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory
     return Child("producer", name, argv, gpu, env=dict(PRODUCER_ENV))
 
 
-def run_training(cfg: Config, run_dir: Path, plan: DevicePlan) -> int:
-    """Run the consumer and the local producers; return the trainer's exit status."""
+def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = False) -> int:
+    """Run the consumer and the local producers; return the trainer's exit status.
+    ``resume``: the consumer continues from the run directory's latest checkpoint."""
     import socket
 
     sup = Supervisor(plan, cfg.run.log_level)
     sup.install_signals()
     started = time.monotonic()
-    argv = ["consumer.main", "--run-dir", str(run_dir)]
+    argv = ["consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
     if plan.model_memory_mb:
         argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]
     nvml = [f"{role}={index}" for role, index in (("data", plan.data_gpu), ("model", plan.model_gpu))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -59,6 +60,14 @@ class JsonlWriter:
             if now - self._last_flush >= FLUSH_INTERVAL_S:
                 self._file.flush()
                 self._last_flush = now
+
+    def flush(self) -> None:
+        """Everything written so far onto the disk (before a checkpoint that counts these rows)."""
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._last_flush = time.monotonic()
 
     def close(self) -> None:
         with self._lock:

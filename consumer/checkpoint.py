@@ -1,0 +1,537 @@
+"""Checkpoints and resume: model, optimizer, step and the input position, in ``RUN_DIR/ckpt/``.
+
+Layout: one directory per checkpoint, named by its step, the newest K kept
+(``trainer.keep_checkpoints``)::
+
+    ckpt/ckpt-000120/position.json                 step, input position, plan identity, model
+    ckpt/ckpt-000120/state.index                   tf.train.Checkpoint(**trainer.trackables, step=...)
+    ckpt/ckpt-000120/state.data-00000-of-00001     (only when the trainer has trackables)
+    ckpt/ckpt-000120/MANIFEST.json                 size and SHA-256 of every file above; written last
+
+A checkpoint is written into ``ckpt/.tmp-ckpt-000120-PID/`` (every file fsynced), then
+renamed to ``ckpt-000120`` in one step, so a directory named ``ckpt-N`` is always
+complete and the newest such directory is the latest checkpoint; a crash mid-save
+leaves only a ``.tmp-*`` directory, which resume ignores and the next save removes.
+On resume every file is checked against the manifest before anything else is read or
+written: a missing manifest, a missing file, a size or checksum mismatch is a
+:class:`CheckpointError` naming the file (one line for the user), and nothing in the
+run directory is changed.
+
+The TensorFlow part holds whatever the trainer exposes as ``trackables`` (a dict of
+name -> trackable, e.g. ``{"model": ..., "optimizer": ...}``; an attribute or a method)
+plus ``step``. Restoring uses ``tf.train.Checkpoint.read``, whose deferred restoration
+fills variables as they are created (Keras builds a model and its optimizer slots at
+the first step). A trainer without trackables (``synthetic:MS``) gets a checkpoint
+of the step and input position only, and TensorFlow is never imported.
+``tf.train.CheckpointManager`` is not used: it keeps its own state file beside the
+checkpoints and cannot make the input position and the model state one atomic unit,
+and the synthetic trainer has no TensorFlow to run it.
+
+Input position (:class:`InputPosition`): for every epoch, which of its planned batches
+(consumer/plan.py: the plan of an epoch is a pure function of the index, the batching
+config and the epoch number) were trained. It records the sample ids of each trained
+batch and maps them to the planned batch they belong to in the epoch's plan, so a
+planned batch is *done* when all its samples were trained, however they travelled: a
+producer lacking some clips delivers a planned batch in parts, and a missed clip
+re-planned by the coordinator rides in another batch of its bucket or in an extra
+batch of its own. ``position.json`` stores per open epoch the indices of the done
+planned batches and the ids trained from batches not yet done; epochs complete (every
+sample trained or rejected) are stored as ``complete_below`` (all epochs before it) and
+``complete`` (later ones, when leasing ahead finished one first). Several epochs can be
+open at once, since the coordinator leases ahead across the epoch boundary.
+
+Resume: the coordinator starts at the first open epoch, plans each epoch as before and
+leases only what is left (:meth:`InputPosition.remaining`): done planned batches are
+skipped, a partly trained one keeps its untrained samples, in its planned shape and
+place; complete epochs are skipped. So the plan is the same, only the remaining batches
+are trained, and nothing trained at the last checkpoint is trained again. Samples
+rejected before the checkpoint are not part of the position: they are tried again and
+rejected again. The plan identity (a SHA-256 over the batching config and every
+bucket's shape and sample ids) must match, or the plan would differ: resume refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+from consumer.plan import EpochPlanner, PlannedBatch
+from shared.config import Config
+
+log = logging.getLogger(__name__)
+
+CKPT_DIR = "ckpt"
+# The resolved config of a resumed run, written by the launcher and moved over
+# config.yaml by the consumer only once the checkpoint has been checked, so a failed
+# resume changes nothing.
+RESUME_CONFIG = "config.resume.yaml"
+FORMAT = 1  # of position.json and MANIFEST.json; a newer one is refused, not guessed at
+MANIFEST = "MANIFEST.json"
+POSITION = "position.json"
+STATE_PREFIX = "state"  # tf.train.Checkpoint files: state.index, state.data-*
+_NAME = re.compile(r"^ckpt-(\d+)$")
+_TMP_PREFIX = ".tmp-"
+# Files are hashed in chunks of this size (model files can be large).
+HASH_CHUNK = 1 << 20
+# The run files a resume cuts back to the checkpoint's step, so they describe what the
+# model trained (rows after the checkpoint were trained by a model state now lost).
+STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
+# Trainers whose checkpoints hold no model state, so one may resume another.
+STATELESS_MODEL = "synthetic:"
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be used (missing, corrupt, or for another plan or model); one line."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:06d}"
+
+
+# --------------------------------------------------------------------------- position
+@dataclass
+class _EpochProgress:
+    home: dict[str, int]  # sample id -> index of its planned batch in this epoch's plan
+    sizes: list[int]  # samples of each planned batch
+    done: set[int] = field(default_factory=set)
+    partial: dict[int, set[str]] = field(default_factory=dict)  # planned index -> ids trained so far
+
+    @classmethod
+    def of(cls, plan: list[PlannedBatch]) -> "_EpochProgress":
+        return cls(home={i: b.index for b in plan for i in b.ids}, sizes=[len(b.ids) for b in plan])
+
+    def add(self, sample_id: str) -> bool:
+        index = self.home.get(sample_id)
+        if index is None or index in self.done:
+            return False
+        got = self.partial.setdefault(index, set())
+        if sample_id in got:
+            return False
+        got.add(sample_id)
+        if len(got) == self.sizes[index]:
+            self.done.add(index)
+            del self.partial[index]
+        return True
+
+    def trained(self) -> int:
+        return sum(self.sizes[i] for i in self.done) + sum(len(ids) for ids in self.partial.values())
+
+    def trained_ids(self) -> set[str]:
+        return {i for i, index in self.home.items() if index in self.done}.union(*self.partial.values())
+
+
+class InputPosition:
+    """Which planned batches of which epochs were trained (see the module docstring)."""
+
+    def __init__(self, planner: EpochPlanner) -> None:
+        self.planner = planner
+        self.complete: set[int] = set()  # epochs whose every sample was trained or rejected
+        self._epochs: dict[int, _EpochProgress] = {}
+
+    def _progress(self, epoch: int) -> _EpochProgress:
+        progress = self._epochs.get(epoch)
+        if progress is None:
+            progress = self._epochs[epoch] = _EpochProgress.of(self.planner.plan(epoch))
+        return progress
+
+    def record(self, epoch: int, ids: Iterable[str]) -> None:
+        """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned)."""
+        progress = self._progress(epoch)
+        strays = [i for i in ids if not progress.add(i)]
+        if strays:
+            log.warning("epoch %d: %d trained samples are not in its plan or were trained before: %s", epoch,
+                        len(strays), strays[:5])
+        for done in [e for e in self._epochs if e in self.complete]:  # their ids are needed no more
+            del self._epochs[done]
+
+    def first_open(self) -> int:
+        epoch = 0
+        while epoch in self.complete:
+            epoch += 1
+        return epoch
+
+    def trained_counts(self) -> dict[int, int]:
+        """Samples trained per open epoch (the trainer's completion count starts from these)."""
+        return {e: p.trained() for e, p in self._epochs.items() if e not in self.complete}
+
+    def done_batches(self, epoch: int) -> set[int]:
+        progress = self._epochs.get(epoch)
+        return set(progress.done) if progress is not None else set()
+
+    def remaining(self, batches: list[PlannedBatch]) -> list[PlannedBatch]:
+        """The part of an epoch's plan still to train: done planned batches left out, partly
+        trained ones cut to their untrained samples (same index, bucket and shape)."""
+        if not batches:
+            return []
+        epoch = batches[0].epoch
+        if epoch in self.complete:
+            return []
+        progress = self._epochs.get(epoch)
+        if progress is None:
+            return list(batches)
+        left = []
+        for batch in batches:
+            if batch.index in progress.done:
+                continue
+            trained = progress.partial.get(batch.index, set())
+            ids = tuple(i for i in batch.ids if i not in trained)
+            if ids:
+                left.append(batch if len(ids) == len(batch.ids) else replace(batch, ids=ids))
+        return left
+
+    def to_json(self) -> dict[str, Any]:
+        below = self.first_open()
+        return {
+            "complete_below": below,
+            "complete": sorted(e for e in self.complete if e > below),
+            "open": {str(e): {"done": sorted(p.done),
+                              "ids": sorted(i for ids in p.partial.values() for i in ids)}
+                     for e, p in sorted(self._epochs.items()) if e not in self.complete},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, planner: EpochPlanner) -> "InputPosition":
+        """Rebuild a position; CheckpointError (ValueError inside) when it does not fit the plan."""
+        position = cls(planner)
+        try:
+            below = data["complete_below"]
+            position.complete = set(range(int(below))) | {int(e) for e in data["complete"]}
+            for key, entry in data["open"].items():
+                epoch = int(key)
+                progress = position._progress(epoch)
+                for index in entry["done"]:
+                    index = int(index)
+                    if not 0 <= index < len(progress.sizes):
+                        raise ValueError(f"epoch {epoch} has no planned batch {index}")
+                    progress.done.add(index)
+                for sample_id in entry["ids"]:
+                    if sample_id not in progress.home:
+                        raise ValueError(f"sample {sample_id!r} is not in the plan of epoch {epoch}")
+                    progress.add(sample_id)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"the input position does not fit this run's epoch plan ({exc})") from None
+        return position
+
+
+def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, Any]:
+    """What makes two runs' epoch plans equal: batching config and the buckets' shapes and ids."""
+    digest = hashlib.sha256()
+    cfg = planner.cfg
+    digest.update(json.dumps([cfg.batch_size, cfg.seed], separators=(",", ":")).encode())
+    for bucket in planner.buckets:
+        digest.update(f"\n{bucket.index}\t{bucket.max_tokens}\t{bucket.max_frames}\t".encode())
+        digest.update("\t".join(bucket.sample_ids).encode("utf-8"))
+    return {"fingerprint": digest.hexdigest(), "dataset_fingerprint": dataset_fingerprint,
+            "batching": dataclasses.asdict(cfg), "batches_per_epoch": planner.batches_per_epoch,
+            "samples_per_epoch": planner.samples_per_epoch}
+
+
+def _plan_difference(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    changed = [f"batching.{k} {saved['batching'].get(k)!r} then, {v!r} now"
+               for k, v in now["batching"].items() if saved.get("batching", {}).get(k) != v]
+    if saved.get("dataset_fingerprint") != now["dataset_fingerprint"]:
+        changed.append(f"dataset fingerprint {saved.get('dataset_fingerprint')} then, "
+                       f"{now['dataset_fingerprint']} now")
+    if not changed:
+        changed.append("the usable clips or their lengths changed (data.* or features.* settings, or the files)")
+    return "; ".join(changed)
+
+
+# --------------------------------------------------------------------------- files
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, separators=(",", ":"))
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def trim_step_log(path: Path, max_step: int) -> dict[str, Any] | None:
+    """Keep the rows of a per-step jsonl file up to ``max_step`` (atomically: temporary file,
+    rename); a torn last line goes too. Return the last row kept (None: none, or no file)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    kept, last = [], None
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= max_step:
+            kept.append(line)
+            last = row
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+        log.info("%s: dropped %d rows after the checkpoint's step %d", path.name, len(lines) - len(kept), max_step)
+    return last
+
+
+class Checkpointer:
+    """Checkpoint directories under one ``ckpt/``: atomic save, keep the last K, verified load."""
+
+    def __init__(self, directory: Path, keep: int) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.directory = directory
+        self.keep = keep
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, oldest first."""
+        found = []
+        try:
+            entries = list(self.directory.iterdir())
+        except FileNotFoundError:
+            return []
+        for path in entries:
+            match = _NAME.match(path.name)
+            if match and path.is_dir():
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1][1] if found else None
+
+    def save(self, step: int, position: dict[str, Any], tf_checkpoint: Any = None) -> Path:
+        """Write checkpoint ``step`` (``position`` -> position.json; ``tf_checkpoint``, a
+        tf.train.Checkpoint, -> state.*), atomically; then keep only the newest ``keep``."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(_TMP_PREFIX + "*"):  # from a save a crash cut short
+            shutil.rmtree(leftover, ignore_errors=True)
+        name = checkpoint_name(step)
+        tmp = self.directory / f"{_TMP_PREFIX}{name}-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            _write_json(tmp / POSITION, {"format": FORMAT, "step": step, **position})
+            if tf_checkpoint is not None:
+                tf_checkpoint.write(str(tmp / STATE_PREFIX))
+            files = {}
+            for path in sorted(tmp.iterdir()):
+                _fsync_file(path)
+                files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+            _write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": files})
+            final = self.directory / name
+            if final.exists():  # a resumed run passing a step saved by a run it superseded
+                shutil.rmtree(final)
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_file(self.directory)
+        for _, old in self.checkpoints()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    @staticmethod
+    def verify(path: Path) -> dict[str, Any]:
+        """Check every file against the manifest; return position.json's content."""
+        def corrupt(reason: str) -> CheckpointError:
+            return CheckpointError(f"checkpoint {path} is corrupt ({reason}); nothing was changed. Move it away to "
+                                   "resume from the one before, if any")
+
+        try:
+            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+            files = manifest["files"]
+            version = manifest["format"]
+        except FileNotFoundError:
+            raise corrupt(f"{MANIFEST} is missing") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise corrupt(f"{MANIFEST} unreadable: {exc}") from None
+        if version != FORMAT:
+            raise CheckpointError(f"checkpoint {path} has format {version!r}; this stoker reads format {FORMAT}")
+        if not isinstance(files, dict) or POSITION not in files:
+            raise corrupt(f"{MANIFEST} lists no {POSITION}")
+        for name, expected in sorted(files.items()):
+            file = path / name
+            try:
+                size = file.stat().st_size
+            except FileNotFoundError:
+                raise corrupt(f"{name} is missing") from None
+            if not isinstance(expected, dict) or size != expected.get("bytes"):
+                raise corrupt(f"{name} has {size} bytes, the manifest says {expected.get('bytes')}")
+            if _sha256(file) != expected.get("sha256"):
+                raise corrupt(f"{name}: checksum mismatch")
+        try:
+            position = json.loads((path / POSITION).read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise corrupt(f"{POSITION}: {exc}") from None
+        if not isinstance(position, dict) or not isinstance(position.get("step"), int):
+            raise corrupt(f"{POSITION} has no step")
+        return position
+
+
+# --------------------------------------------------------------------------- the run's hooks
+def _trackables_of(trainer: Any) -> dict[str, Any] | None:
+    trackables = getattr(trainer, "trackables", None)
+    if callable(trackables):
+        trackables = trackables()
+    if trackables is not None and "step" in trackables:
+        raise ValueError("a trainer's trackables must not be named 'step' (the checkpoint's own step)")
+    return dict(trackables) if trackables else None
+
+
+@dataclass
+class Resumed:
+    """What a resumed run continues from."""
+
+    path: Path
+    step: int
+    position: InputPosition
+    state: list[str]  # names of the trackables saved with it
+    last_t: float = 0.0  # "t" of the last metrics row kept
+
+
+class RunCheckpoints:
+    """The consumer's checkpointing: the loop calls :meth:`record_step` after each step and
+    :meth:`save` (through TrainLoop.save_checkpoint); :meth:`resume` runs before training."""
+
+    def __init__(self, run_dir: Path, cfg: Config, planner: EpochPlanner, dataset_fingerprint: str) -> None:
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.checkpointer = Checkpointer(run_dir / CKPT_DIR, cfg.trainer.keep_checkpoints)
+        self.every = cfg.trainer.checkpoint_every_steps
+        self.identity = plan_identity(planner, dataset_fingerprint)
+        self.planner = planner
+        self.position = InputPosition(planner)
+        self.resumed: Resumed | None = None
+        self.saved = 0
+        self.last_step: int | None = None
+        self.save_ms_max = 0.0
+        self._attached = False
+        self._trackables: dict[str, Any] | None = None
+        self._tf_checkpoint: Any = None
+        self._step_var: Any = None
+
+    # ------------------------------------------------------------ resume (before training)
+    def resume(self) -> Resumed:
+        """Load and check the latest checkpoint; cut the step logs back to it.
+
+        Raises CheckpointError (before changing anything) when there is none, it is
+        corrupt, or it belongs to another epoch plan or model.
+        """
+        path = self.checkpointer.latest()
+        if path is None:
+            raise CheckpointError(f"no checkpoint in {self.checkpointer.directory}: nothing to resume")
+        saved = Checkpointer.verify(path)
+        if saved.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path} has format {saved.get('format')!r}; this stoker reads "
+                                  f"format {FORMAT}")
+        plan = saved.get("plan") or {}
+        if plan.get("fingerprint") != self.identity["fingerprint"]:
+            raise CheckpointError(f"cannot resume from {path}: this run's epoch plan differs from the "
+                                  f"checkpoint's ({_plan_difference(plan, self.identity)})")
+        model, now = saved.get("model"), self.cfg.trainer.model
+        if model != now and not (str(model).startswith(STATELESS_MODEL) and now.startswith(STATELESS_MODEL)):
+            raise CheckpointError(f"cannot resume from {path}: it holds the state of --model {model}, not {now}")
+        position = InputPosition.from_json(saved.get("position"), self.planner)
+        resumed = Resumed(path, saved["step"], position, list(saved.get("state") or []))
+        for name in STEP_LOGS:
+            last = trim_step_log(self.run_dir / name, resumed.step)
+            if name == STEP_LOGS[0] and last is not None:
+                resumed.last_t = float(last.get("t", 0.0))
+        self.position = position
+        self.resumed = resumed
+        self.last_step = resumed.step
+        log.info("resuming from %s: step %d, epochs complete below %d, %d open epochs", path, resumed.step,
+                 position.first_open(), len(position.trained_counts()))
+        return resumed
+
+    def skip_plan(self) -> InputPosition | None:
+        """A frozen copy of the resumed position for the coordinator (its own thread)."""
+        if self.resumed is None:
+            return None
+        return InputPosition.from_json(self.position.to_json(), self.planner)
+
+    def loop_state(self) -> tuple[int, dict[int, int], set[int]]:
+        """(step, samples trained per epoch, complete epochs) for the trainer loop; the
+        complete set is this position's own, so the loop marking an epoch marks it here."""
+        step = self.resumed.step if self.resumed is not None else 0
+        return step, self.position.trained_counts(), self.position.complete
+
+    # ------------------------------------------------------------ training
+    def attach(self, trainer: Any) -> None:
+        """Take the trainer's trackables; restore them when resuming."""
+        self._trackables = _trackables_of(trainer)
+        self._attached = True
+        saved_state = self.resumed.state if self.resumed is not None else None
+        if self._trackables is None:
+            if getattr(trainer, "uses_tensorflow", False):
+                log.warning("trainer %s exposes no trackables: checkpoints hold the step and input position, "
+                            "not the model", getattr(trainer, "name", "?"))
+            if saved_state:
+                raise CheckpointError(f"checkpoint {self.resumed.path} holds {saved_state} but trainer "
+                                      f"{getattr(trainer, 'name', '?')} exposes no trackables to restore")
+            return
+        import tensorflow as tf
+
+        self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self._tf_checkpoint = tf.train.Checkpoint(**self._trackables, step=self._step_var)
+        if self.resumed is None:
+            return
+        if sorted(saved_state or []) != sorted(self._trackables):
+            raise CheckpointError(f"checkpoint {self.resumed.path} holds {saved_state}, the trainer exposes "
+                                  f"{sorted(self._trackables)}")
+        self._tf_checkpoint.read(str(self.resumed.path / STATE_PREFIX))
+        if int(self._step_var.numpy()) != self.resumed.step:
+            raise CheckpointError(f"checkpoint {self.resumed.path}: its model state is of step "
+                                  f"{int(self._step_var.numpy())}, its position of step {self.resumed.step}")
+        log.info("restored %s from %s", ", ".join(sorted(self._trackables)), self.resumed.path)
+
+    def record_step(self, step: int, epoch: int, ids: Iterable[str]) -> bool:
+        """Record a trained batch; True when a periodic checkpoint is due at this step."""
+        self.position.record(epoch, ids)
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int) -> Path | None:
+        """Checkpoint ``step`` now (skipped at step 0, when already saved, or before the
+        trainer is attached: a model state that is not there cannot be saved)."""
+        if step == 0 or step == self.last_step or not self._attached:
+            return None
+        began = time.monotonic()
+        if self._step_var is not None:
+            self._step_var.assign(step)
+        path = self.checkpointer.save(step, {
+            "saved_unix": round(time.time(), 3), "model": self.cfg.trainer.model, "plan": self.identity,
+            "state": sorted(self._trackables or {}), "position": self.position.to_json()}, self._tf_checkpoint)
+        elapsed_ms = (time.monotonic() - began) * 1e3
+        self.saved += 1
+        self.last_step = step
+        self.save_ms_max = max(self.save_ms_max, elapsed_ms)
+        log.info("checkpoint at step %d saved in %.0f ms: %s", step, elapsed_ms, path)
+        return path
+
+    def summary(self) -> dict[str, Any]:
+        return {"last_step": self.last_step, "saved": self.saved, "save_ms_max": round(self.save_ms_max, 3),
+                "dir": str(self.checkpointer.directory), "every_steps": self.every}

@@ -1,0 +1,97 @@
+"""The TensorFlow part of consumer/checkpoint.py: a trainer's ``trackables`` (a small Keras
+model and its optimizer) saved with the step and restored into fresh objects."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from consumer.checkpoint import CheckpointError, RunCheckpoints
+from consumer.plan import EpochPlanner
+from shared.config import BatchingConfig, Config
+from tests.factories import make_samples
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+pytestmark = pytest.mark.timeout(120)
+
+PLANNER = EpochPlanner(make_samples(20, seed=5), BatchingConfig(batch_size=4, num_buckets=2))
+
+
+class KerasTrainer:
+    """A minimal trainer exposing ``trackables`` as the consumer's trainers do."""
+
+    name = "keras-test"
+    uses_tensorflow = True
+
+    def __init__(self, as_method: bool = False) -> None:
+        keras.utils.set_random_seed(1)
+        self.model = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+        self.optimizer = keras.optimizers.Adam(1e-2)
+        self.x = tf.constant(np.linspace(-1, 1, 24, dtype=np.float32).reshape(8, 3))
+        self.y = tf.reduce_sum(self.x, axis=1, keepdims=True)
+        if as_method:
+            self.trackables = lambda: {"model": self.model, "optimizer": self.optimizer}
+
+    @property
+    def trackables(self) -> dict:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def step(self) -> float:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((self.model(self.x) - self.y) ** 2)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        return float(loss)
+
+
+class MethodTrainer(KerasTrainer):
+    trackables = None  # replaced per instance by a method
+
+    def __init__(self) -> None:
+        super().__init__(as_method=True)
+
+
+def checkpoints(run_dir) -> RunCheckpoints:
+    cfg = Config()
+    return RunCheckpoints(run_dir, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model="tiny")),
+                          PLANNER, "data-1")
+
+
+@pytest.mark.parametrize("trainer_cls", [KerasTrainer, MethodTrainer])
+def test_model_optimizer_and_step_are_restored(tmp_path, trainer_cls):
+    first = trainer_cls()
+    saving = checkpoints(tmp_path)
+    saving.attach(first)
+    for step, batch in enumerate(PLANNER.plan(0)[:3], start=1):
+        first.step()
+        saving.record_step(step, 0, batch.ids)
+    path = saving.save(3)
+    assert sorted(p.name for p in path.iterdir()) == ["MANIFEST.json", "position.json", "state.data-00000-of-00001",
+                                                      "state.index"]
+    expected = [first.step() for _ in range(2)]  # what training goes on to do from step 3
+
+    second = trainer_cls()  # fresh weights; Keras builds them (and the optimizer's slots) at the first step
+    resuming = checkpoints(tmp_path)
+    assert resuming.resume().step == 3
+    resuming.attach(second)
+    assert [second.step() for _ in range(2)] == pytest.approx(expected, rel=1e-6)
+    assert int(second.optimizer.iterations.numpy()) == 5
+    assert resuming.skip_plan().remaining(PLANNER.plan(0)) == PLANNER.plan(0)[3:]
+
+
+def test_checkpoint_without_model_state_cannot_restore_a_model(tmp_path):
+    class Stateless:
+        name, uses_tensorflow = "stateless", False
+
+    saving = checkpoints(tmp_path)
+    saving.attach(Stateless())
+    saving.record_step(1, 0, PLANNER.plan(0)[0].ids)
+    saving.save(1)
+    resuming = checkpoints(tmp_path)
+    resuming.resume()
+    with pytest.raises(CheckpointError, match=r"holds \[\], the trainer exposes \['model', 'optimizer'\]"):
+        resuming.attach(KerasTrainer())

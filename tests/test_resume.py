@@ -1,0 +1,157 @@
+"""End-to-end: checkpoints of a real run, a crash (SIGKILL to every process of the run),
+``python run.py --resume RUN_DIR``, Ctrl-C, and the one-line errors of a resume that cannot be."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from consumer.checkpoint import CKPT_DIR, POSITION, Checkpointer
+from shared.dataset import DEMO_DATA_DIR, read_metadata
+from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+from tests.test_run import NUMPY_FEATURES, check_exactly_once
+
+DEMO_IDS = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
+# Batches of 4 make 16 steps an epoch on the 64 demo clips: a checkpoint every 3 steps
+# leaves time to crash mid-epoch after one. Steps of 60 ms keep the epoch at about a
+# second (100 ms in the crash test: 1 s from a checkpoint to the end), long enough to
+# land the kill before the epoch ends.
+SMALL_RUN = ["--model", "synthetic:60", "--batch-size", "4", "--producers", "1", "--model-start-delay", "0.2",
+             *NUMPY_FEATURES]
+CHECKPOINT_LINE = r"checkpoint at step (\d+) saved"
+
+
+def crash(run: RunProcess) -> None:
+    """SIGKILL every process of the run, the consumer first: none can save or clean up."""
+    run.remember_children()
+    procs = sorted(run.descendants.values(), key=lambda p: "consumer" not in " ".join(p.cmdline()))
+    for p in [*procs, psutil.Process(run.proc.pid)]:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    run.wait(timeout=10)
+    gone, alive = psutil.wait_procs(list(run.descendants.values()), timeout=5)
+    assert not alive, f"survivors: {alive}"
+
+
+def latest_step(run_dir: Path) -> int:
+    return Checkpointer(run_dir / CKPT_DIR, keep=1).checkpoints()[-1][0]
+
+
+@pytest.mark.timeout(90)
+def test_kill_9_mid_epoch_then_resume_trains_every_batch_once(tmp_path):
+    run_dir = tmp_path / "run"
+    with RunProcess(*SMALL_RUN, "--model", "synthetic:100", "--epochs", "1", "--record-samples", "--run-dir", str(run_dir),
+                    "--set", "trainer.checkpoint_every_steps=3") as run:
+        run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
+        crash(run)
+    ckpt_step = latest_step(run_dir)
+    before = read_jsonl(run_dir / "samples.jsonl")
+    assert not (run_dir / "summary.json").exists()
+    assert ckpt_step >= 6 and len(before) < 16, "the crash did not land mid-epoch"
+    done_then = {i for r in before if r["step"] <= ckpt_step for i in r["ids"]}
+
+    result = run_cli("--resume", str(run_dir), timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(run_dir / "samples.jsonl")
+    check_exactly_once(rows, 1, DEMO_IDS)  # every planned sample of the epoch, none twice
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert rows[:ckpt_step] == [r for r in before if r["step"] <= ckpt_step]
+    after = [i for r in rows[ckpt_step:] for i in r["ids"]]
+    assert not done_then & set(after), "a batch done at the checkpoint was trained again"
+    per_batch = collections.Counter(tuple(r["ids"]) for r in rows)
+    assert max(per_batch.values()) == 1
+    summary = read_json(run_dir / "summary.json")
+    assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 1
+    assert summary["resumed_from_step"] == ckpt_step
+    assert summary["steps"] == len(rows) == len(read_jsonl(run_dir / "metrics.jsonl"))
+    assert summary["samples"] == len(DEMO_IDS)
+    assert latest_step(run_dir) == len(rows)  # the end of the run is checkpointed too
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_saves_a_checkpoint_and_resume_extends_the_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    with RunProcess(*SMALL_RUN, "--steps", "100000", "--run-dir", str(run_dir),
+                    "--set", "trainer.log_every_steps=2") as run:
+        run.wait_for_line(r"step 4/", timeout=60)
+        run.remember_children()
+        run.proc.send_signal(signal.SIGINT)
+        assert run.wait(timeout=15) == 130, run.output()
+        gone, alive = psutil.wait_procs(list(run.descendants.values()), timeout=2)
+        assert not alive, f"orphans: {alive}"
+    steps = read_json(run_dir / "summary.json")["steps"]
+    assert latest_step(run_dir) == steps >= 4  # checkpoint_every_steps=100 was never reached: saved on stop
+
+    result = run_cli("--resume", str(run_dir), "--steps", str(steps + 3), timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["steps"] == steps + 3 and summary["resumed_from_step"] == steps
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, steps + 4))
+    assert "trainer:\n" in (run_dir / "config.yaml").read_text()
+    assert f"steps: {steps + 3}" in (run_dir / "config.yaml").read_text()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("resume") / "run"
+    result = run_cli(*SMALL_RUN, "--steps", "4", "--run-dir", str(run_dir), timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(run, target)
+    return target
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def one_error_line(result) -> str:
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("stoker: error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    return errors[0]
+
+
+@pytest.mark.timeout(60)
+def test_corrupt_checkpoint_is_one_line_and_nothing_is_overwritten(finished_run, tmp_path):
+    run_dir = copy_of(finished_run, tmp_path)
+    position = run_dir / CKPT_DIR / "ckpt-000004" / POSITION
+    position.write_text(position.read_text().replace('"step":4', '"step":9'))
+    before = snapshot(run_dir)
+    line = one_error_line(run_cli("--resume", str(run_dir), "--steps", "8", timeout=60))
+    assert re.search(r"checkpoint .*ckpt-000004 is corrupt \(position.json: checksum mismatch\)", line), line
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.timeout(60)
+def test_resume_with_another_plan_is_one_line(finished_run, tmp_path):
+    run_dir = copy_of(finished_run, tmp_path)
+    before = snapshot(run_dir)
+    line = one_error_line(run_cli("--resume", str(run_dir), "--batch-size", "8", timeout=60))
+    assert "epoch plan differs" in line and "batching.batch_size 4 then, 8 now" in line
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.timeout(30)
+def test_resume_of_nothing_is_one_line(finished_run, tmp_path):
+    assert "no such run directory" in one_error_line(run_cli("--resume", str(tmp_path / "nope")))
+    (tmp_path / "empty").mkdir()
+    assert "no config.yaml" in one_error_line(run_cli("--resume", str(tmp_path / "empty")))
+    run_dir = copy_of(finished_run, tmp_path)
+    shutil.rmtree(run_dir / CKPT_DIR)
+    assert "no checkpoint in" in one_error_line(run_cli("--resume", str(run_dir)))
+    assert "not --config" in one_error_line(run_cli("--resume", str(finished_run), "--config", "x.yaml"))
