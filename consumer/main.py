@@ -138,6 +138,10 @@ class Run:
                 raise coordinator.failure
             if loop.interrupted:
                 loop.exit_reason, loop.code = "interrupted", EXIT_INTERRUPTED
+        except ModelError as exc:  # the model cannot be built or breaks its contract: the user's to fix
+            loop.exit_reason, loop.code = f"failed: {exc}"[:500], EXIT_USER
+            log.log(logging.DEBUG if self.status.connected else logging.ERROR, "%s", exc)
+            self.status.error(exc, "consumer", user_error=True)
         except NonFiniteLoss as exc:
             loop.exit_reason, loop.code = f"failed: {exc}"[:500], EXIT_FAILED
             loop.save_checkpoint()  # non-finite steps were skipped: the model holds its last good state

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +56,11 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     from consumer import tts
 
     spec = cfg.trainer.model
-    if tts.check_spec(spec) == "synthetic":
+    kind = tts.check_spec(spec)
+    if kind == "synthetic":
         raise SynthError(f"run {run_dir} trained the stand-in trainer {spec}, which has no model to synthesize with")
+    if kind == "user" and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # a user's module is found as in training: PYTHONPATH, then here
     tokens = encode_text(text)
     if len(tokens) <= 1:
         raise SynthError("--text has nothing to say after normalisation")

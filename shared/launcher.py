@@ -305,6 +305,10 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
     ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started)
     if auto is not None:
         auto.record(run_dir / "summary.json")
+    if code == EXIT_USER and consumer.last_error:
+        # Found after the consumer was ready (a user's model that breaks its contract, a
+        # checkpoint whose state does not fit): still the user's one line.
+        raise LaunchError(consumer.last_error)
     return code
 
 

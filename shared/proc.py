@@ -50,6 +50,8 @@ def setup_logging(role: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # TensorFlow's absl logger reports routine internals at INFO (checkpoint sharding times).
+    logging.getLogger("absl").setLevel(max(logging.WARNING, root.level))
 
 
 class StatusWriter:

@@ -112,9 +112,11 @@ class RunProcess:
             self.proc.stdout.close()
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python run.py ARGS`` from the project root; ``env``: variables added to this one's."""
     return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout, stdin=subprocess.DEVNULL)
+                          cwd=ROOT, timeout=timeout, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **env} if env else None)
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -71,19 +71,80 @@ def test_demo_synthetic_run_writes_contract_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_tiny_model_loss_falls(tmp_path):
+@pytest.mark.timeout(300)
+def test_demo_tiny_model_learns_validates_checkpoints_and_synthesizes(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("--model", "tiny", "--steps", "40", "--producers", "1", "--batch-size", "8",
-                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=10", timeout=170)
+                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=10",
+                     "--set", "trainer.val_every_steps=20", timeout=200)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(run_dir / "summary.json")
     assert summary["steps"] == 40
-    assert summary["loss_last"] < 0.7 * summary["loss_first"]
+    assert summary["loss_last"] < 0.5 * summary["loss_first"]
     losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")]
-    assert all(isinstance(x, float) for x in losses)
+    assert len(losses) == 40 and all(isinstance(x, float) for x in losses)
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
+    # Held-out clips (4 of the 64), validated at step 20 and at the end.
+    assert summary["val_clips"] == 4 and [v["step"] for v in summary["val_losses"]] == [20, 40]
+    assert all(v["loss"] > 0 for v in summary["val_losses"])
+    trainer = summary["trainer"]
+    assert trainer["params"] > 100_000 and trainer["precision"] == "float32" and trainer["jit_compile"] is False
+    assert trainer["traces"] == trainer["bucket_shapes"] and trainer["retraces"] == 0
+    assert "trainable parameters" in result.stderr and "validation loss" in result.stderr
     events = list((run_dir / "tb").glob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 200  # scalars written, not only the file header
+    assert events and events[0].stat().st_size > 2000  # scalars and the mel image, not only a header
+    assert (run_dir / "ckpt" / "ckpt-000040" / "MANIFEST.json").exists()
+    out = tmp_path / "said" / "mel.npy"
+    synth = run_cli("synth", str(run_dir), "--text", "The dog barked.", "--out", str(out), timeout=90)
+    assert synth.returncode == 0, synth.stderr[-2000:]
+    assert out.exists() and out.with_suffix(".png").exists()
+    assert "ckpt-000040" in synth.stdout
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_the_run_with_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("--model", "tests.consumer.user_models:nan_loss", "--steps", "50", "--producers", "1",
+                     "--batch-size", "8", "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=2",
+                     "--set", "trainer.max_bad_steps=4", "--model-start-delay", "0", timeout=150)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "NaN or inf for 4 steps in a row" in result.stderr.strip().splitlines()[-1]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["steps"] == 4 and summary["skipped_steps"] == 4
+    assert summary["trainer"]["optimizer_updates"] == 0
+    assert summary["exit_reason"].startswith("failed: the loss was NaN or inf")
+    assert (run_dir / "ckpt" / "ckpt-000004").is_dir()
+
+
+@pytest.mark.slow
+def test_docs_example_user_model_trains(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("--model", "conv_tts:build", "--steps", "12", "--producers", "1", "--batch-size", "8",
+                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", "--model-start-delay", "0",
+                     env={"PYTHONPATH": "docs/examples"}, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["steps"] == 12 and summary["trainer"]["params"] > 10_000
+    assert summary["loss_last"] < summary["loss_first"]
+
+
+def test_user_model_breaking_the_contract_is_one_line(tmp_path):
+    result = run_cli("--model", "tests.consumer.user_models:wrong_shape", "--steps", "5", "--producers", "1",
+                     "--run-dir", str(tmp_path / "run"), timeout=150)
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("stoker: error: --model tests.consumer.user_models:wrong_shape: output 'mel' has shape")
+    assert "docs/MODELS.md" in last and "Traceback" not in result.stderr
+
+
+def test_unknown_user_module_is_refused_before_starting(tmp_path):
+    result = run_cli("--model", "no_such_module_xyz:build", "--run-dir", str(tmp_path / "run"), timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "stoker: error: --model no_such_module_xyz:build: no module named no_such_module_xyz "
+        "(is its directory on PYTHONPATH?)")
+    assert not (tmp_path / "run").exists()
 
 
 def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):

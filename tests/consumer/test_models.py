@@ -20,6 +20,8 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 SHAPE = (16, 32)  # (L, T) of every test batch
+# A small user model: mechanics that do not need the real one are traced in a fraction of tiny's time.
+GOOD = "tests.consumer.user_models:good"
 
 
 def _cfg(**trainer) -> config_mod.Config:
@@ -100,7 +102,7 @@ def test_nan_loss_is_skipped_and_counted() -> None:
 
 
 def test_a_good_step_resets_the_bad_run() -> None:
-    trainer = _trainer()
+    trainer = _trainer(model=GOOD)
     good = trainer.stage(make_batch(4, *SHAPE))
     poisoned = make_batch(4, *SHAPE)
     poisoned["mel"][0, 0, 0] = np.inf
@@ -112,7 +114,7 @@ def test_a_good_step_resets_the_bad_run() -> None:
 
 def test_one_trace_per_bucket_shape_and_retraces_are_logged(caplog) -> None:
     shapes = [(16, 32), (24, 48)]
-    trainer = _trainer(shapes=shapes)
+    trainer = _trainer(shapes=shapes, model=GOOD)
     trainer.prepare(shapes)
     assert trainer.stats()["traces"] == 2
     for _ in range(3):
@@ -159,14 +161,14 @@ def test_precision_and_xla_follow_the_device() -> None:
     assert choose_jit_compile(None, on_gpu=True) is True
     assert choose_jit_compile(None, on_gpu=False) is False
     assert choose_jit_compile(False, on_gpu=True) is False
-    trainer = _trainer()  # the CPU: float32, no XLA, no loss scaling
+    trainer = _trainer(model=GOOD)  # the CPU: float32, no XLA, no loss scaling
     assert (trainer.precision, trainer.jit_compile, trainer.loss_scaling) == ("float32", False, False)
     assert not isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
 
 
 def test_mixed_float16_uses_loss_scaling() -> None:
     """What a GPU gets by default, forced here on the CPU: policy, scaled optimizer, float32 output."""
-    trainer = _trainer(precision="mixed_float16")
+    trainer = _trainer(precision="mixed_float16", model=GOOD)
     assert trainer.loss_scaling and isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
     assert keras.mixed_precision.global_policy().name == "mixed_float16"
     out = trainer.predict(make_batch(4, *SHAPE))
@@ -182,7 +184,7 @@ def test_learning_rate_schedule() -> None:
     assert lr_at(54, 1.0, 10, 100, "cosine", 0.1) == pytest.approx(0.55)
     assert lr_at(500, 1.0, 10, None, "cosine", 0.1) == 1.0  # unknown budget: constant after warm-up
     assert lr_at(3, 2.0, 0, 100, "constant", 0.1) == 2.0
-    trainer = _trainer(warmup_steps=4, learning_rate=1.0, lr_decay="cosine")
+    trainer = _trainer(warmup_steps=4, learning_rate=1.0, lr_decay="cosine", model=GOOD)
     assert trainer.learning_rate() == pytest.approx(0.25)
 
 

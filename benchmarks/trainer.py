@@ -1,0 +1,254 @@
+"""Trainer benchmark: what the trainer's input side costs, and that nothing retraces.
+
+1. Input-side overhead. The same Keras model (``tiny`` by default, on the CPU here), the
+   same batches (the demo plan's bucket shapes, batch 16), timed two ways in one process:
+
+   baseline (``memory``)  batches already staged as tensors in memory; the loop only steps
+   candidate (``queue``)  the consumer's real input side: a feeder thread puts host numpy
+                          batches into a capacity-3 ``BatchQueue`` as soon as a slot is free
+                          (the producers are never the bottleneck here), the queue's stager
+                          thread copies each onto the device while the step runs, and the
+                          loop takes them with ``get()``: dequeue + staging, nothing else
+
+   Both resolve their losses every ``log_every`` steps, as the training loop does.
+   Overhead = queue time per step / memory time per step - 1; target <= 0.02. Repetitions
+   alternate which goes first; the figure is the median ratio.
+
+2. Retraces after warm-up. A fresh trainer is prepared for the plan's bucket shapes
+   (``prepare()``, as the consumer does during warm-up), then trained ``retrace_steps``
+   steps on batches in the order of real epoch plans; the traces counted after warm-up
+   must be 0. (Batch 4 here: the count does not depend on B, and it keeps 1,000 steps
+   to a minute on 2 cores.)
+
+The resume target (kill -9 mid-epoch, then ``--resume``: every planned batch trained, none
+twice since the checkpoint) is a test, ``tests/test_resume.py``, not a timing.
+
+Run alone: ``python -m benchmarks.trainer [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import BenchError, ratio, spread, table
+
+log = logging.getLogger(__name__)
+
+TARGET_OVERHEAD = 0.02
+# Rows of real text per batch (the rest of the bucket length is padding), as in the demo data.
+FILL = 0.85
+# No wait for a queued batch lasts longer than this; a stuck feeder fails the measurement.
+GET_TIMEOUT_S = 30.0
+
+
+@dataclass
+class TrainerPlan:
+    model: str = "tiny"
+    batch_size: int = 16
+    steps: int = 120  # timed steps per measurement
+    warmup_steps: int = 10  # untimed steps before each measurement
+    repetitions: int = 3
+    log_every: int = 25
+    retrace_steps: int = 1000
+    retrace_batch_size: int = 4
+
+    @classmethod
+    def quick(cls) -> "TrainerPlan":
+        return cls(steps=40, repetitions=2, retrace_steps=200)
+
+
+def _demo_setup(batch_size: int) -> tuple[Any, Any]:
+    """The resolved default config (CPU, this batch size) and the demo dataset's planner."""
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU figure the issue asks for
+    from consumer import validation
+    from consumer.plan import EpochPlanner
+    from shared import config as config_mod
+    from shared.dataset import DEMO_DATA_DIR, build_index
+
+    cfg = config_mod.load(None, {"data.path": str(DEMO_DATA_DIR), "batching.batch_size": batch_size})
+    index = build_index(cfg.data, cfg.features)
+    train, _ = validation.split(index.samples, cfg.trainer.val_clips, cfg.batching.seed)
+    return cfg, EpochPlanner(train, cfg.batching)
+
+
+def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) -> dict[str, np.ndarray]:
+    """A host batch of a bucket's shape, rows filled to about FILL of it (as producers send)."""
+    from producer.collate import collate
+
+    rng = np.random.default_rng(seed)
+    toks = [rng.integers(2, 38, size=max(2, int(tokens * FILL))).astype(np.int32) for _ in range(batch_size)]
+    mels = [(rng.standard_normal((max(1, int(frames * FILL)), n_mels)) - 5.0).astype(np.float32)
+            for _ in range(batch_size)]
+    return collate(toks, mels, batch_size, tokens, frames, n_mels, float(np.log(1e-5)))
+
+
+def _make_trainer(cfg: Any, shapes: list[tuple[int, int]], model: str) -> Any:
+    from consumer.models import KerasTrainer
+
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model=model))
+    trainer = KerasTrainer(cfg, "/CPU:0", shapes, total_batches=None)
+    trainer.prepare(shapes)
+    return trainer
+
+
+def _time_memory(trainer: Any, staged: list[Any], steps: int, warmup: int, log_every: int) -> float:
+    """Seconds per step with batches already on the device."""
+    handles = [trainer.step(staged[i % len(staged)]) for i in range(warmup)]
+    trainer.resolve(handles)
+    began = time.perf_counter()
+    handles = []
+    for i in range(steps):
+        handles.append(trainer.step(staged[i % len(staged)]))
+        if len(handles) == log_every:
+            trainer.resolve(handles)
+            handles = []
+    trainer.resolve(handles)
+    return (time.perf_counter() - began) / steps
+
+
+def _time_queue(trainer: Any, host: list[dict[str, np.ndarray]], steps: int, warmup: int, log_every: int) -> float:
+    """Seconds per step through the consumer's queue with device staging."""
+    from consumer.buffer import BatchQueue, QueuedBatch
+
+    total = warmup + steps
+    free = threading.Event()
+    queue = BatchQueue(3, stage=trainer.stage, on_free=free.set)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            for i in range(total):
+                while len(queue) >= queue.capacity:
+                    if stop.is_set():
+                        return
+                    free.wait(1.0)
+                    free.clear()
+                queue.put(QueuedBatch(lease=i, epoch=0, index=i, ids=[], arrays=host[i % len(host)], producer="feed"))
+        except BaseException as exc:  # reported by the measuring thread
+            failure.append(exc)
+
+    feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+    feeder.start()
+    try:
+        handles: list[Any] = []
+        began = 0.0
+        for i in range(total):
+            if i == warmup:
+                trainer.resolve(handles)
+                handles = []
+                began = time.perf_counter()
+            got = queue.get(GET_TIMEOUT_S)
+            if got is None:
+                raise BenchError(f"no batch from the feeder in {GET_TIMEOUT_S:g} s ({failure or 'no error'})")
+            handles.append(trainer.step(got[0].arrays))
+            if len(handles) == log_every:
+                trainer.resolve(handles)
+                handles = []
+        trainer.resolve(handles)
+        return (time.perf_counter() - began) / steps
+    finally:
+        stop.set()
+        queue.close()
+        feeder.join(5.0)
+
+
+def measure_overhead(plan: TrainerPlan) -> dict[str, Any]:
+    cfg, planner = _demo_setup(plan.batch_size)
+    shapes = planner.shapes
+    trainer = _make_trainer(cfg, shapes, plan.model)
+    host = [_batch(plan.batch_size, tokens, frames, cfg.features.n_mels, seed=i)
+            for i, (tokens, frames) in enumerate(shapes)]
+    staged = [trainer.stage(b) for b in host]
+    memory, queued = [], []
+    for rep in range(plan.repetitions):
+        order = ("memory", "queue") if rep % 2 == 0 else ("queue", "memory")
+        for kind in order:
+            if kind == "memory":
+                memory.append(_time_memory(trainer, staged, plan.steps, plan.warmup_steps, plan.log_every))
+            else:
+                queued.append(_time_queue(trainer, host, plan.steps, plan.warmup_steps, plan.log_every))
+    ratios = [q / m - 1.0 for q, m in zip(queued, memory)]
+    overhead = statistics.median(ratios)
+    return {
+        "model": plan.model, "batch_size": plan.batch_size, "shapes": [list(s) for s in shapes],
+        "params": trainer.param_count, "steps": plan.steps,
+        "memory_step_ms": spread([m * 1e3 for m in memory]), "queue_step_ms": spread([q * 1e3 for q in queued]),
+        "overhead": {**ratio(statistics.median(queued), statistics.median(memory)), "value": overhead,
+                     "per_repetition": [round(r, 5) for r in ratios]},
+        "target": TARGET_OVERHEAD, "met": overhead <= TARGET_OVERHEAD,
+    }
+
+
+def measure_retraces(plan: TrainerPlan) -> dict[str, Any]:
+    cfg, planner = _demo_setup(plan.retrace_batch_size)
+    shapes = planner.shapes
+    trainer = _make_trainer(cfg, shapes, plan.model)
+    after_warmup = trainer.stats()["traces"]
+    host = {shape: _batch(plan.retrace_batch_size, *shape, cfg.features.n_mels, seed=i)
+            for i, shape in enumerate(shapes)}
+    staged = {shape: trainer.stage(batch) for shape, batch in host.items()}
+    order: list[tuple[int, int]] = []
+    epoch = 0
+    while len(order) < plan.retrace_steps:
+        order.extend(tuple(b.shape) for b in planner.plan(epoch))
+        epoch += 1
+    began = time.perf_counter()
+    handles = []
+    for shape in order[:plan.retrace_steps]:
+        handles.append(trainer.step(staged[shape]))
+        if len(handles) == plan.log_every:
+            trainer.resolve(handles)
+            handles = []
+    trainer.resolve(handles)
+    stats = trainer.stats()
+    retraces = stats["traces"] - after_warmup
+    return {"steps": plan.retrace_steps, "epochs": epoch, "bucket_shapes": len(shapes),
+            "traces_at_warmup": after_warmup, "traces_after_warmup": retraces, "retraces_logged": stats["retraces"],
+            "seconds": round(time.perf_counter() - began, 2), "target": 0, "met": retraces == 0}
+
+
+def run(plan: TrainerPlan) -> dict[str, Any]:
+    return {"overhead": measure_overhead(plan), "retraces": measure_retraces(plan)}
+
+
+def render(result: dict[str, Any]) -> str:
+    o, r = result["overhead"], result["retraces"]
+    rows = [
+        ["input side (dequeue + staging) vs in-memory tensors",
+         f"{o['queue_step_ms']['median']:.1f} / {o['memory_step_ms']['median']:.1f} ms per step",
+         f"{100 * o['overhead']['value']:+.2f}%", f"<= {100 * o['target']:.0f}%", "met" if o["met"] else "NOT met"],
+        [f"traces after warm-up over {r['steps']} steps ({r['bucket_shapes']} bucket shapes)",
+         f"{r['traces_at_warmup']} at warm-up", str(r["traces_after_warmup"]), "0", "met" if r["met"] else "NOT met"],
+    ]
+    return table(["trainer", "measured", "figure", "target", ""], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.trainer", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default="", help="also write the result as JSON here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    result = run(TrainerPlan.quick() if args.quick else TrainerPlan())
+    sys.stdout.write(render(result) + "\n")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
