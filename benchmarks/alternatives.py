@@ -370,16 +370,18 @@ def analyze(rows: Sequence[dict[str, Any]], first_batch_unix: float, started_uni
             "time_to_first_batch_s": first_batch_unix - started_unix}
 
 
-def run_stoker(plan: AlternativesPlan, work: Path) -> dict[str, Any]:
+def run_stoker(plan: AlternativesPlan, work: Path, backend: str = "tf") -> dict[str, Any]:
+    """One stoker run measured from outside (see the module docstring)."""
     run_dir = work / "stoker-run"
     shutil.rmtree(run_dir, ignore_errors=True)
     argv = [sys.executable, str(PROJECT_ROOT / "run.py"), "--data", plan.data, "--model", f"synthetic:{plan.step_ms:g}",
             "--batch-size", str(BATCH_SIZE), "--steps", str(plan.steps), "--producers", str(plan.workers),
-            "--set", "features.backend=tf", "--model-start-delay", "0", "--run-dir", str(run_dir),
+            "--set", f"features.backend={backend}", "--model-start-delay", "0", "--run-dir", str(run_dir),
             "--log-level", "WARNING"]
     memory = MemorySampler()
     cpu0 = _child_cpu_s()
     started = time.time()
+    work.mkdir(parents=True, exist_ok=True)
     proc = _start(argv, work / "stoker.log")
     memory.roots.append(proc.pid)
     try:
