@@ -104,7 +104,7 @@ class AlternativesPlan:
 
     @classmethod
     def quick(cls) -> "AlternativesPlan":
-        return cls(steps=50, repetitions=1)
+        return cls(steps=30, repetitions=1)
 
 
 # ---------------------------------------------------------------- the shared work
