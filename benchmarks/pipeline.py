@@ -21,9 +21,10 @@ loop's own overhead). From the run's ``summary.json`` and ``metrics.jsonl``:
   with the demand 1000 / 100 = 10 batches/s. Capacity must be above demand for the
   targets to be fair; the chosen configuration (P, backend) is checked by this number.
 
-Full: the chosen configuration ``tf`` backend, P = 2, S = 300, 3 repetitions; plus one
-``numpy`` backend run for comparison (informational, no targets: on 2 cores two numpy
-producers are expected below demand). Quick: S = 100, 2 repetitions, numpy S = 60.
+Several trainer steps (``RunSpec.step_ms``; the figures above are for 100 ms, and
+scale as 1000 / MS). Full: the judged configuration ``tf`` backend, P = 2, MS = 100,
+S = 200, 2 repetitions; informational runs at MS = 200 (tf) and MS = 50 (tf and numpy).
+Quick: numpy backend (no TensorFlow import), P = 2, S = 60 at MS = 100 (judged) and 50.
 
 Run alone: ``python -m benchmarks.pipeline [--quick]``.
 """
