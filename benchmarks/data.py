@@ -54,6 +54,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import struct
 import sys
@@ -80,6 +81,10 @@ INDEX_SECONDS = 0.25
 # LJSpeech's clip durations: mean 6.6 s, sd ~2.2 s, between 1.1 and 10.1 s.
 CLIP_MEAN_S, CLIP_SD_S, CLIP_MIN_S, CLIP_MAX_S = 6.6, 2.2, 1.1, 10.1
 BATCH_SIZE = 16
+DEMO_DATA = Path(__file__).resolve().parent.parent / "data" / "demo"
+# The preprocessing section (issue 6): stoker's producer as configured by default (numpy
+# log-mels on a CPU), with TensorFlow's ops, the same work with librosa, the numpy reference.
+PREPROCESSING_VARIANTS = ("stoker", "stoker-tf", "librosa", "numpy-reference")
 # Environment of a process with one thread per library (set before the child starts).
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                   "NUMBA_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
@@ -196,7 +201,10 @@ def _timed_index(root: Path, cache_dir: Path, workers: int) -> tuple[float, dict
     return seconds, {**index.stats.to_json(), "samples": len(index.samples), "rejected": len(index.rejected)}
 
 
-def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log) -> dict[str, Any]:
+def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
+              with_dataset: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Index build times at each size; ``with_dataset(root)``, if given, runs on each
+    generated dataset (index cache cold) and its result is kept in the row."""
     import logging
 
     logging.getLogger("shared.dataset").setLevel(logging.WARNING)  # one info line per build is noise here
@@ -206,6 +214,7 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log) 
         made = make_index_dataset(root, items)
         log(f"index: generated {items} items in {made:.1f} s")
         cache = workdir / f"index-cache-{items}"
+        extra = with_dataset(root) if with_dataset is not None else None
         cold, warm, cold_stats, warm_stats = [], [], {}, {}
         for _ in range(plan.index_repetitions):
             shutil.rmtree(cache, ignore_errors=True)
@@ -222,7 +231,7 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log) 
                      "cold_us_per_item": 1e6 * spread(cold)["median"] / items,
                      "warm_us_per_item": 1e6 * spread(warm)["median"] / items,
                      "workers": cold_stats["workers"], "cache_bytes": Path(warm_stats["cache_file"]).stat().st_size,
-                     "generate_s": made})
+                     "generate_s": made, **({"with_dataset": extra} if extra is not None else {})})
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
     base = next((r for r in rows if r["items"] == LJSPEECH_ITEMS), rows[0])
@@ -285,6 +294,37 @@ class LibrosaBatchMaker:
         return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": list(lease["ids"]), "rejected": []}, arrays)
 
 
+class ReferenceBatchMaker(LibrosaBatchMaker):
+    """The producer's work with the plain numpy reference log-mel (float64, one clip at a time)."""
+
+    def __init__(self, root: Path, texts: dict[str, str], files: dict[str, str], features: Any,
+                 batch_size: int) -> None:
+        from producer.collate import collate
+        from producer.features import pad_value
+
+        self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
+        self.collate = collate
+        self.pad = pad_value(features)
+
+    def make(self, lease: dict[str, Any]) -> list[Any]:
+        import numpy as np
+
+        from producer.audio import load_audio
+        from producer.features import log_mel_spectrogram_numpy
+        from shared import wire
+        from shared.text import encode_text
+
+        f = self.f
+        max_tokens, max_frames = lease["shape"]
+        tokens, mels = [], []
+        for sample_id in lease["ids"]:
+            audio = load_audio(self.root / "wavs" / self.files[sample_id], f.sample_rate_hz)
+            mels.append(log_mel_spectrogram_numpy(audio, f).astype(np.float32))
+            tokens.append(encode_text(self.texts[sample_id]))
+        arrays = self.collate(tokens, mels, self.batch_size, max_tokens, max_frames, f.n_mels, self.pad)
+        return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": list(lease["ids"]), "rejected": []}, arrays)
+
+
 def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, Any]], cache_dir: str,
                     one_thread: bool) -> None:
     """One variant in its own process: answer each "run" with the seconds one pass took."""
@@ -297,7 +337,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         entries, _ = read_metadata(base)
         texts = {e.id: e.text for e in entries}
         files = {k: v.name for k, v in scan_audio(base).items()}
-        if variant == "librosa":
+        if variant in ("librosa", "numpy-reference"):
             features = FeaturesConfig(backend="numpy")  # only its parameters are used
         else:
             features = resolve_backend(FeaturesConfig(backend="tf" if variant == "stoker-tf" else "auto"))
@@ -309,13 +349,16 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
                 tf.config.threading.set_inter_op_parallelism_threads(1)
         if variant == "librosa":
             maker: Any = LibrosaBatchMaker(base, texts, files, features, BATCH_SIZE)
+        elif variant == "numpy-reference":
+            maker = ReferenceBatchMaker(base, texts, files, features, BATCH_SIZE)
         else:
             from producer.worker import BatchMaker
 
             maker = BatchMaker(base, texts, features, BATCH_SIZE, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")
         clips = sum(len(lease["ids"]) for lease in leases)
-        conn.send({"ok": True, "ready": True, "backend": features.backend if variant != "librosa" else "librosa"})
+        backend = variant if variant in ("librosa", "numpy-reference") else features.backend
+        conn.send({"ok": True, "ready": True, "backend": backend})
         while True:
             command = conn.recv()
             if command not in ("run", "refill"):
@@ -323,12 +366,15 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
             if command == "refill" and getattr(maker, "cache", None) is not None:
                 for entry in maker.cache.dir.glob("*.mel"):
                     entry.unlink()
-            started = time.perf_counter()
+            started, cpu0 = time.perf_counter(), time.process_time()
             for lease in leases:
                 maker.make(lease)  # the encoded BATCH frames, as a producer would send them
             seconds = time.perf_counter() - started
+            cpu_s = time.process_time() - cpu0  # every thread of this process
             cache = maker.cache.counts.to_json() if getattr(maker, "cache", None) is not None else None
-            conn.send({"ok": True, "seconds": seconds, "clips": clips, "cache": cache})
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+            conn.send({"ok": True, "seconds": seconds, "clips": clips, "cache": cache, "cpu_s": cpu_s,
+                       "peak_rss_mb": peak_mb})
     except BaseException as exc:  # reported to the parent as data
         try:
             conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
@@ -387,6 +433,7 @@ def _measure(variants: list[str], root: Path, leases: list[dict[str, Any]], cach
                 conn.send("refill")
                 fill = _answer(conn, proc, f"{variant} fill", PASS_TIMEOUT_S)
         times: dict[str, list[float]] = {v: [] for v in variants}
+        cpu: dict[str, list[float]] = {v: [] for v in variants}
         last: dict[str, Any] = {}
         for rep in range(repetitions):
             order = variants[rep % len(variants):] + variants[:rep % len(variants)]
@@ -395,6 +442,7 @@ def _measure(variants: list[str], root: Path, leases: list[dict[str, Any]], cach
                 conn.send("run")
                 reply = _answer(conn, proc, variant, PASS_TIMEOUT_S)
                 times[variant].append(reply["clips"] / reply["seconds"])
+                cpu[variant].append(reply["cpu_s"] / reply["clips"] * 1e3)
                 last[variant] = reply
         for conn, _ in children.values():
             conn.send("stop")
@@ -402,7 +450,8 @@ def _measure(variants: list[str], root: Path, leases: list[dict[str, Any]], cach
         for conn, _ in children.values():
             conn.close()
         stop_children([proc for _, proc in children.values()])
-    out: dict[str, Any] = {v: {"clips_per_s": spread(times[v]), "clips": last[v]["clips"], "backend": backends[v]}
+    out: dict[str, Any] = {v: {"clips_per_s": spread(times[v]), "clips": last[v]["clips"], "backend": backends[v],
+                               "cpu_ms_per_clip": spread(cpu[v]), "peak_rss_mb": last[v]["peak_rss_mb"]}
                            for v in variants}
     if "stoker-warm" in out:
         cache = last["stoker-warm"]["cache"] or {}
@@ -413,6 +462,38 @@ def _measure(variants: list[str], root: Path, leases: list[dict[str, Any]], cach
     log("producer (" + ("1 thread" if one_thread else "default threads") + "): " +
         ", ".join(f"{v} {out[v]['clips_per_s']['median']:.1f}" for v in variants) + " clips/s")
     return out
+
+
+def run_preprocessing(repetitions: int, variants: Sequence[str] = PREPROCESSING_VARIANTS,
+                      root: Path = DEMO_DATA, log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Clips/s of one producer process on the demo data (one thread each), against librosa
+    (when installed) and the plain numpy reference; its CPU per clip and peak RSS."""
+    import importlib.util
+
+    chosen = [v for v in variants if v != "librosa" or importlib.util.find_spec("librosa") is not None]
+    leases = _plan_leases(root)
+    with tempfile.TemporaryDirectory(prefix="stoker-bench-pre-") as cache_dir:
+        measured = _measure(chosen, root, leases, Path(cache_dir), True, repetitions, log)
+    out: dict[str, Any] = {"data": str(root), "clips": measured[chosen[0]]["clips"], "batches": len(leases),
+                           "variants": measured, "ratios": {}}
+    base = measured["stoker"]["clips_per_s"]["median"]
+    for v in chosen:
+        if v != "stoker":
+            out["ratios"][v] = ratio(base, measured[v]["clips_per_s"]["median"],
+                                     note=f"median clips/s: stoker ({measured['stoker']['backend']}) / {v}")
+    return out
+
+
+def render_preprocessing(section: dict[str, Any]) -> str:
+    rows = []
+    for name, v in section["variants"].items():
+        s = v["clips_per_s"]
+        r = section["ratios"].get(name)
+        rows.append([name, v["backend"], f"{s['median']:.1f} [{s['min']:.1f},{s['max']:.1f}]",
+                     f"{r['value']:.2f}" if r else "-", f"{v['cpu_ms_per_clip']['median']:.1f}",
+                     f"{v['peak_rss_mb']:.0f}"])
+    return table(["variant", "backend", "clips/s med [min,max]", "stoker / this", "CPU ms/clip", "peak RSS MB"],
+                 rows)
 
 
 def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log) -> dict[str, Any]:
@@ -470,15 +551,22 @@ def run(plan: DataPlan | None = None, workdir: Path | None = None,
     return report
 
 
-def render(report: dict[str, Any]) -> str:
-    idx = report["index"]["rows"]
-    lines = ["index (page cache warm; workers = processes reading headers)",
+def render_index(section: dict[str, Any]) -> str:
+    """The index rows: build times cold and warm at each size."""
+    idx = section["rows"]
+    return "\n".join(["index (page cache warm; workers = processes reading headers)",
              table(["items", "cold s (median [min,max])", "warm s (median [min,max])", "cold us/item", "warm us/item",
-                    "workers", "cache MB"],
+                    "workers", "cache MB", "first batch s (cold)"],
                    [[r["items"], f"{r['cold_s']['median']:.3f} [{r['cold_s']['min']:.3f},{r['cold_s']['max']:.3f}]",
                      f"{r['warm_s']['median']:.3f} [{r['warm_s']['min']:.3f},{r['warm_s']['max']:.3f}]",
                      f"{r['cold_us_per_item']:.1f}", f"{r['warm_us_per_item']:.1f}", r["workers"],
-                     f"{r['cache_bytes'] / 1e6:.1f}"] for r in idx])]
+                     f"{r['cache_bytes'] / 1e6:.1f}",
+                     f"{r['with_dataset']['time_to_first_batch_s']:.2f}" if r.get("with_dataset") else "-"]
+                    for r in idx])])
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [render_index(report["index"])]
     prod = report["producer"]
     for threads, variants in prod["threads"].items():
         rows = []

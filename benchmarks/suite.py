@@ -1,22 +1,27 @@
 """The benchmark suite behind ``python run.py bench [--quick] [--out FILE]``.
 
-Runs three sections, prints plain tables and writes ``bench.json``:
+Runs the five sections of issue 6, prints plain tables and writes ``bench.json``:
 
-    transport  stoker's wire protocol with credits vs raw PUSH/PULL (benchmarks/transport.py)
-    pipeline   the real run with a 100 ms synthetic trainer vs the ideal 10 steps/s
-               (benchmarks/pipeline.py)
-    memory     the consumer's RSS over thousands of batches (benchmarks/memory.py)
-    starvation verdicts, cures, periods and --producers auto on controlled scenarios
-               (benchmarks/starvation.py; full suite only)
+    transport      stoker's wire protocol with credits vs raw PUSH/PULL, tcp and ipc,
+                   64 KiB / 1 MiB / 8 MiB batches (benchmarks/transport.py)
+    preprocessing  clips/s of one producer process on the demo data vs librosa and the
+                   numpy reference; CPU per clip and peak RSS (benchmarks/data.py)
+    pipeline       real runs with synthetic:MS trainers at several MS vs the ideal
+                   1000/MS steps/s; data_wait_frac of each (benchmarks/pipeline.py)
+    alternatives   stoker vs tf.data in-process, tf.data service, multiprocessing.Queue on
+                   the same data, preprocessing and trainer step (benchmarks/alternatives.py)
+    scaling        remote producers N = 1, 2, 4 (benchmarks/producers.py); index build and
+                   time to first batch at 13,100 and 100,000 items (benchmarks/data.py)
 
-Targets (each judged on figures stored with the two numbers they come from):
-    protocol >= 0.8 x raw at 8 MiB (both transports);
-    steps/s after warm-up >= 0.97 x 10 and data_wait_frac after warm-up <= 0.02
-    (synthetic:100, batch 16, the chosen producers and backend);
-    no memory growth (criterion in benchmarks/memory.py).
+The older sections (memory: the consumer's RSS over thousands of batches; starvation:
+diagnosis on injected faults; data: the full data benchmark; producers: scaling,
+stand-ins, failover) are not in the default plan, to keep the full run under 20
+minutes on two cores; each runs alone (``python -m benchmarks.NAME``) or by naming it in
+``SuitePlan.sections``.
 
-Exit status: 0 when every section produced its numbers (targets met or not: they are
-reported, not enforced), 1 when a section failed to run.
+Every figure is the median of repetitions with min and max; every ratio is stored with
+the two numbers measured in this run that it came from. Targets are reported, not
+enforced: exit status 0 when every section produced its numbers, 1 when one failed.
 """
 
 from __future__ import annotations
@@ -30,13 +35,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import data, memory, pipeline, producers, starvation, transport
+from benchmarks import alternatives, data, memory, pipeline, producers, starvation, transport
 from benchmarks.common import machine_info, table
 
-SECTIONS = ("transport", "pipeline", "memory", "starvation", "data", "producers")
-# The starvation scenarios, the data and the producers sections are many real runs
-# (minutes each): only in the full suite. Each also runs alone: python -m benchmarks.NAME.
-QUICK_SECTIONS = ("transport", "pipeline", "memory")
+SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling")
+QUICK_SECTIONS = SECTIONS
+# Sections that run only when named (see the module docstring).
+EXTRA_SECTIONS = ("memory", "starvation", "data", "producers")
+# Time to first batch at scale: a run of a few steps of this synthetic trainer.
+SCALING_FIRST_BATCH_STEP_MS = 10.0
+
+
+@dataclass
+class ScalingPlan:
+    producers: producers.ProducersPlan = field(default_factory=lambda: producers.ProducersPlan(sections=("scaling",)))
+    index: data.DataPlan = field(default_factory=lambda: data.DataPlan(index_repetitions=2))
+
+    @classmethod
+    def quick(cls) -> "ScalingPlan":
+        return cls(producers.ProducersPlan(scaling_steps=30, sections=("scaling",)),
+                   data.DataPlan(index_sizes=[data.LJSPEECH_ITEMS, 30_000], index_repetitions=1))
+
+
+def run_scaling(plan: ScalingPlan, log: Any) -> dict[str, Any]:
+    """Producers N = 1, 2, 4 and the index (with time to first batch) at two dataset sizes."""
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="stoker-bench-scaling-"))
+    try:
+        def first_batch(root: Path) -> dict[str, Any]:
+            # python run.py --data ROOT (index cache cold: built by this run) until the first batch
+            run = alternatives.AlternativesPlan(step_ms=SCALING_FIRST_BATCH_STEP_MS, steps=3, workers=1,
+                                                data=str(root))
+            r = alternatives.run_stoker(run, work / f"first-batch-{root.name}", backend="numpy")
+            log(f"scaling: {root.name}: first batch {r['time_to_first_batch_s']:.2f} s after the command")
+            return r
+
+        return {"producers": producers.scaling(plan.producers, work, log),
+                "index": data.run_index(plan.index, work, log, with_dataset=first_batch)}
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @dataclass
@@ -45,6 +85,9 @@ class SuitePlan:
     transport_sizes: dict[str, int] = field(default_factory=lambda: dict(transport.SIZES))
     pipeline: pipeline.PipelinePlan = field(default_factory=pipeline.PipelinePlan)
     memory: memory.MemoryPlan = field(default_factory=memory.MemoryPlan)
+    preprocessing_repetitions: int = 5
+    alternatives: alternatives.AlternativesPlan = field(default_factory=alternatives.AlternativesPlan)
+    scaling: ScalingPlan = field(default_factory=ScalingPlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -52,7 +95,9 @@ class SuitePlan:
         if not quick:
             return cls()
         return cls(transport=transport.TransportPlan.quick(), pipeline=pipeline.PipelinePlan.quick(),
-                   memory=memory.MemoryPlan.quick(), sections=QUICK_SECTIONS)
+                   memory=memory.MemoryPlan.quick(), preprocessing_repetitions=1,
+                   alternatives=alternatives.AlternativesPlan.quick(), scaling=ScalingPlan.quick(),
+                   sections=QUICK_SECTIONS)
 
 
 def _log(text: str) -> None:
@@ -92,6 +137,16 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
         r = t.get("ratio") or {}
         out.append({"section": "data", "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
                     "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
+    for t in (sections.get("alternatives") or {}).get("targets", []):
+        r = t.get("ratio") or {}
+        out.append({"section": "alternatives", "what": t["what"], "value": t["value"],
+                    "numerator": r.get("numerator"), "denominator": r.get("denominator"), "limit": t["limit"],
+                    "met": t["met"]})
+    index = (sections.get("scaling") or {}).get("index") or {}
+    for t in index.get("targets", {}).values():
+        r = t.get("ratio") or {}
+        out.append({"section": "scaling", "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
+                    "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -121,6 +176,9 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
     }
     runners = {
         "transport": lambda: transport.run(plan.transport, plan.transport_sizes, log=log),
+        "preprocessing": lambda: data.run_preprocessing(plan.preprocessing_repetitions, log=log),
+        "alternatives": lambda: alternatives.run(plan.alternatives, log=log),
+        "scaling": lambda: run_scaling(plan.scaling, log),
         "pipeline": lambda: pipeline.run(plan.pipeline, log=log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
@@ -157,12 +215,27 @@ def render(report: dict[str, Any]) -> str:
              f"python {m.get('python')}, {m.get('platform')}; {report['duration_s']} s"]
     sections = report["sections"]
     if sections.get("transport"):
-        parts += ["", "transport: protocol (DEALER/ROUTER + wire + credits, capacity 3) vs raw PUSH/PULL; credit = raw "
+        parts += ["", "1. transport: protocol (DEALER/ROUTER + wire + credits, capacity 3) vs raw PUSH/PULL; credit = raw "
                       "frames with the same credit window (informational); median [min,max] of repetitions",
                   transport.render(sections["transport"])]
+    if sections.get("preprocessing"):
+        pre = sections["preprocessing"]
+        parts += ["", f"2. preprocessing: one producer process, one thread, the demo data ({pre['clips']} clips in "
+                      f"{pre['batches']} batches of 16): read + resample + log-mel + tokens + padding + message; "
+                      "ratio = stoker clips/s / this variant's", data.render_preprocessing(pre)]
     if sections.get("pipeline"):
-        parts += ["", "pipeline: python run.py --model synthetic:100 --batch-size 16 (ideal 10 steps/s, demand "
-                      "10 batches/s); after warm-up = from the end of step 1", pipeline.render(sections["pipeline"])]
+        parts += ["", "3. pipeline: python run.py --model synthetic:MS --batch-size 16 (ideal 1000/MS steps/s); "
+                      "after warm-up = from the end of step 1", pipeline.render(sections["pipeline"])]
+    if sections.get("alternatives"):
+        a = sections["alternatives"]["config"]
+        parts += ["", f"4. alternatives: same demo data, same batches and TF-op preprocessing, trainer step = sleep "
+                      f"{a['step_ms']:g} ms, P = {a['workers']} (producers / parallel calls / service workers / queue "
+                      f"workers), {a['steps']} steps; median [min,max] of {a['repetitions']}",
+                  alternatives.render(sections["alternatives"])]
+    if sections.get("scaling"):
+        sc = sections["scaling"]
+        parts += ["", "5. scaling", producers.render({"scaling": sc["producers"]}), "",
+                  data.render_index(sc["index"])]
     if sections.get("memory"):
         parts += ["", "memory: consumer process RSS (coordinator + queue capacity 3, trainer as fast as possible)",
                   memory.render(sections["memory"])]

@@ -61,15 +61,18 @@ TRANSPORTS = ("tcp", "ipc")
 # same credit window but no wire encoding and no queue, to split the protocol's cost into
 # "flow control" (credit / raw) and "wire format + queue" (protocol / credit).
 KINDS = ("raw", "credit", "protocol")
+# Minimum protocol/raw throughput ratio by batch size (issue 6): big batches must move at
+# nearly wire speed; small ones pay a per-message cost (header, credit round trip, queue).
+TARGET_RATIOS = {"8MiB": 0.8, "64KiB": 0.5}
 TARGET_SIZE = "8MiB"
-TARGET_RATIO = 0.8
+TARGET_RATIO = TARGET_RATIOS[TARGET_SIZE]
 # No recv waits longer than this; a silent peer fails the measurement.
 RECV_TIMEOUT_MS = 10_000
 
 
 @dataclass
 class TransportPlan:
-    repetitions: int = 5
+    repetitions: int = 3
     # timed messages per measurement, by size: ~1.2 GB (about half a second) for the big
     # sizes, so scheduling noise of a few ms does not decide the figure
     messages: dict[str, int] = field(default_factory=lambda: {"8MiB": 150, "1MiB": 1000, "64KiB": 3000})
@@ -80,7 +83,8 @@ class TransportPlan:
 
     @classmethod
     def quick(cls) -> "TransportPlan":
-        return cls(repetitions=3, messages={"8MiB": 80, "1MiB": 500, "64KiB": 1500})
+        # without the informational "credit" decomposition, to fit the quick suite's 3 minutes
+        return cls(repetitions=2, messages={"8MiB": 60, "1MiB": 300, "64KiB": 1000}, kinds=("raw", "protocol"))
 
 
 # ---------------------------------------------------------------- payloads
@@ -268,6 +272,7 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
+    sock.copy_threshold = wire.COPY_THRESHOLD_BYTES  # as producer/worker.py sets it
     try:
         endpoint = ep_q.get(timeout=timeout_s)
         arrays = make_batch(*shape)
@@ -464,7 +469,8 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
             shape = batch_shape(size)
             value = ratio(proto_gbps["median"], raw_gbps["median"], paired=paired,
                           note="median protocol GB/s / median raw GB/s; paired = per-repetition ratios")
-            applies = size_name == TARGET_SIZE
+            applies = size_name in TARGET_RATIOS
+            min_ratio = TARGET_RATIOS.get(size_name, TARGET_RATIO)
             decomposition = None
             if (transport, size_name, "credit") in samples:
                 credit = samples[(transport, size_name, "credit")]
@@ -487,8 +493,8 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
                 "protocol": block(proto),
                 "ratio": value,
                 "decomposition": decomposition,
-                "target": {"what": f"protocol >= {TARGET_RATIO} x raw at {TARGET_SIZE}", "min_ratio": TARGET_RATIO,
-                           "applies": applies, "met": (value["value"] >= TARGET_RATIO) if applies else None},
+                "target": {"what": f"protocol >= {min_ratio} x raw at {size_name}", "min_ratio": min_ratio,
+                           "applies": applies, "met": (value["value"] >= min_ratio) if applies else None},
             })
     return rows
 

@@ -314,6 +314,7 @@ class Producer:
         # pile up while the trainer is away, and a send then fails at once (EAGAIN).
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_BYTES)
+        sock.copy_threshold = wire.COPY_THRESHOLD_BYTES  # small batches: a memcpy beats zero-copy
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(CONNECT_RETRY_MAX_S * 1000))
         if self.keys is not None:
             sock.curve_secretkey = self.keys.secret
