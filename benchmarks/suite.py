@@ -12,6 +12,9 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
                    the same data, preprocessing and trainer step (benchmarks/alternatives.py)
     scaling        remote producers N = 1, 2, 4 (benchmarks/producers.py); index build and
                    time to first batch at 13,100 and 100,000 items (benchmarks/data.py)
+    trainer        (full run only) the trainer's input side (dequeue + staging) vs the same
+                   model fed from tensors in memory, and traces after warm-up over 1,000
+                   steps (benchmarks/trainer.py, issue 3's targets)
 
 The older sections (memory: the consumer's RSS over thousands of batches; starvation:
 diagnosis on injected faults; data: the full data benchmark; producers: scaling,
@@ -35,11 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import alternatives, data, memory, pipeline, producers, starvation, transport
+from benchmarks import alternatives, data, memory, pipeline, producers, starvation, trainer, transport
 from benchmarks.common import machine_info, table
 
-SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling")
-QUICK_SECTIONS = SECTIONS
+SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "trainer")
+# The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
+QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling")
 # Sections that run only when named (see the module docstring).
 EXTRA_SECTIONS = ("memory", "starvation", "data", "producers")
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
@@ -88,6 +92,7 @@ class SuitePlan:
     preprocessing_repetitions: int = 5
     alternatives: alternatives.AlternativesPlan = field(default_factory=alternatives.AlternativesPlan)
     scaling: ScalingPlan = field(default_factory=ScalingPlan)
+    trainer: trainer.TrainerPlan = field(default_factory=trainer.TrainerPlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -97,7 +102,7 @@ class SuitePlan:
         return cls(transport=transport.TransportPlan.quick(), pipeline=pipeline.PipelinePlan.quick(),
                    memory=memory.MemoryPlan.quick(), preprocessing_repetitions=1,
                    alternatives=alternatives.AlternativesPlan.quick(), scaling=ScalingPlan.quick(),
-                   sections=QUICK_SECTIONS)
+                   trainer=trainer.TrainerPlan.quick(), sections=QUICK_SECTIONS)
 
 
 def _log(text: str) -> None:
@@ -147,6 +152,15 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
         r = t.get("ratio") or {}
         out.append({"section": "scaling", "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
                     "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
+    tr = sections.get("trainer")
+    if tr:
+        o, r = tr["overhead"], tr["retraces"]
+        out.append({"section": "trainer", "what": "input side (dequeue + staging) overhead vs in-memory tensors",
+                    "value": o["overhead"]["value"], "numerator": o["overhead"]["numerator"],
+                    "denominator": o["overhead"]["denominator"], "limit": o["target"], "met": o["met"]})
+        out.append({"section": "trainer", "what": f"traces after warm-up over {r['steps']} steps",
+                    "value": float(r["traces_after_warmup"]), "numerator": None, "denominator": None,
+                    "limit": 0.0, "met": r["met"]})
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -180,6 +194,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "alternatives": lambda: alternatives.run(plan.alternatives, log=log),
         "scaling": lambda: run_scaling(plan.scaling, log),
         "pipeline": lambda: pipeline.run(plan.pipeline, log=log),
+        "trainer": lambda: trainer.run(plan.trainer),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
         "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
@@ -236,6 +251,9 @@ def render(report: dict[str, Any]) -> str:
         sc = sections["scaling"]
         parts += ["", "5. scaling", producers.render({"scaling": sc["producers"]}), "",
                   data.render_index(sc["index"])]
+    if sections.get("trainer"):
+        parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
+                      "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]
     if sections.get("memory"):
         parts += ["", "memory: consumer process RSS (coordinator + queue capacity 3, trainer as fast as possible)",
                   memory.render(sections["memory"])]
