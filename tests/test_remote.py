@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import threading
+import traceback
 from pathlib import Path
 
 import msgpack
@@ -219,7 +220,9 @@ def test_curve_an_unauthorised_producer_delivers_nothing_an_authorised_one_train
 FUZZ_EACH = 1000
 FUZZ_EPOCHS = 30
 # The fuzzer's sockets wait this long, at most, for their messages to leave.
-FUZZ_LINGER_MS = 10000
+FUZZ_LINGER_MS = 30000
+# The fuzzer's whole work: 4,000 messages and two round trips, on a loaded 2-core machine.
+FUZZ_JOIN_S = 120
 
 
 def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
@@ -264,13 +267,14 @@ def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
         peer.send_multipart(wire.encode(wire.BYE, {"leases": []}))
         report["ok"] = True
     except BaseException as exc:  # reported to the test thread
-        report["error"] = repr(exc)
+        report["error"] = traceback.format_exc()
     finally:
         for sock in socks:
             sock.close()
         ctx.term()
 
 
+@pytest.mark.timeout(300)
 def test_fuzz_thousands_of_malformed_messages_while_training(tmp_path):
     run_dir = tmp_path / "run"
     # 30 epochs of 8 steps of 100 ms: long enough that the run cannot end before the fuzzer has
@@ -283,8 +287,8 @@ def test_fuzz_thousands_of_malformed_messages_while_training(tmp_path):
         thread = threading.Thread(target=fuzz, args=(endpoint, scan_dataset(DEMO_DATA_DIR).describe(), report),
                                   daemon=True)
         thread.start()
-        thread.join(60)
-        assert report.get("ok"), report
+        thread.join(FUZZ_JOIN_S)
+        assert report.get("ok"), f"{report.get('error')}\n{run.output()[-4000:]}"
         assert run.wait(timeout=90) == 0, run.output()
     summary = read_json(run_dir / "summary.json")
     dropped = summary["rejected_messages"]
