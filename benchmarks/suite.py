@@ -243,7 +243,8 @@ def render(report: dict[str, Any]) -> str:
                       "after warm-up = from the end of step 1", pipeline.render(sections["pipeline"])]
     if sections.get("alternatives"):
         a = sections["alternatives"]["config"]
-        parts += ["", f"4. alternatives: same demo data, same batches and TF-op preprocessing, trainer step = sleep "
+        parts += ["", f"4. alternatives: same demo data, same batches, same log-mel (stoker: its default numpy backend; "
+                      f"stoker (tf ops) and the tf.data variants: TF ops), trainer step = sleep "
                       f"{a['step_ms']:g} ms, P = {a['workers']} (producers / parallel calls / service workers / queue "
                       f"workers), {a['steps']} steps; median [min,max] of {a['repetitions']}",
                   alternatives.render(sections["alternatives"])]

@@ -266,7 +266,7 @@ def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
             pass
         peer.send_multipart(wire.encode(wire.BYE, {"leases": []}))
         report["ok"] = True
-    except BaseException as exc:  # reported to the test thread
+    except BaseException:  # reported to the test thread
         report["error"] = traceback.format_exc()
     finally:
         for sock in socks:
