@@ -102,6 +102,11 @@ IDENTITY_MEMORY = 4096
 REFUSALS_KEPT = 100
 # A pong older than this is from a previous connection, not a round trip.
 MAX_RTT_S = 60.0
+# A closed connection is held against its producer this long before the producer is
+# presumed dead: the kernel reuses file descriptors, so the close of an older connection
+# (a refused oversized frame, a fuzzer) can be reported after a producer's new connection
+# took the same descriptor, whose ACCEPTED event then follows at once in the event stream.
+DISCONNECT_GRACE_S = 0.5
 # Socket events the coordinator watches (see _on_monitor_event).
 MONITOR_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -224,6 +229,7 @@ class Coordinator:
         self._gone: set[bytes] = set()  # identities that said BYE or were refused: their close is expected
         self._nudged: dict[bytes, float] = {}
         self._unmatched_handshake_failures = 0
+        self._suspects: dict[int, tuple[bytes, float]] = {}  # fd -> (identity, when its close was seen)
         self._refusal_reasons_seen: set[str] = set()
         self._lock = threading.Lock()  # guards the stats below, read by other threads
         self.producers: dict[str, ProducerStats] = {}
@@ -840,17 +846,34 @@ class Coordinator:
                                               "stream, or a producer that died)")
             if peer is not None:
                 # Its process died (the kernel closed the connection) or the transport cut it:
-                # nothing more will come on it, so its work moves now rather than after the
-                # heartbeat timeout. If it is alive after all, ZeroMQ reconnects it and it is
-                # told to say HELLO again.
-                credited = any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases)
-                log.warning("the connection of producer %s closed without BYE: presumed dead, re-planning its %d "
-                            "leases%s", peer.name, len(peer.leases),
-                            f" (if this repeats, its batches may exceed pipeline.max_message_mb="
-                            f"{self.cfg.pipeline.max_message_mb})" if credited else "")
-                self._drop_peer(peer, "dead")
+                # nothing more will come on it, so its work moves soon rather than after the
+                # heartbeat timeout; unless an ACCEPTED on the same descriptor follows within
+                # DISCONNECT_GRACE_S, which shows the close was of an older connection.
+                self._suspects[value] = (identity, time.monotonic())
+        elif kind == zmq.EVENT_ACCEPTED and value in self._suspects:
+            identity, _ = self._suspects.pop(value)
+            self._fd_owner[value] = identity
+            log.debug("a connection closed on fd %d was an older one; producer %s is on its new one", value,
+                      self._peers[identity].name if identity in self._peers else "?")
+
+    def _presume_dead_if_closed(self, now: float) -> None:
+        """Producers whose connection closed DISCONNECT_GRACE_S ago with no new one on its fd."""
+        for fd, (identity, seen) in list(self._suspects.items()):
+            if now - seen < DISCONNECT_GRACE_S:
+                continue
+            del self._suspects[fd]
+            peer = self._peers.get(identity)
+            if peer is None or peer.fd != fd or identity in self._gone:
+                continue
+            credited = any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases)
+            log.warning("the connection of producer %s closed without BYE: presumed dead, re-planning its %d "
+                        "leases%s", peer.name, len(peer.leases),
+                        f" (if this repeats, its batches may exceed pipeline.max_message_mb="
+                        f"{self.cfg.pipeline.max_message_mb})" if credited else "")
+            self._drop_peer(peer, "dead")
 
     def _housekeeping(self, now: float) -> None:
+        self._presume_dead_if_closed(now)
         timeout = self.cfg.pipeline.heartbeat_timeout_s
         for peer in list(self._peers.values()):
             if now - peer.last_seen > timeout:

@@ -73,19 +73,24 @@ class RunProcess:
             pass
         return self.descendants
 
-    def wait(self, timeout: float) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
+    def _drain(self) -> None:
+        """Move the lines read so far into ``lines``, without waiting."""
         while True:
             try:
                 line = self._queue.get_nowait()
             except queue.Empty:
-                break
+                return
             if line is not None:
                 self.lines.append(line)
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        self._drain()
         return code
 
     def output(self) -> str:
+        self._drain()
         return "\n".join(self.lines[-80:])
 
     def alive_descendants(self) -> list[psutil.Process]:
