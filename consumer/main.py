@@ -314,15 +314,21 @@ class TrainLoop:
                 self._update_epochs()
                 if self.finished():
                     return None
-            now = time.monotonic()
-            self.telemetry.tick(now)
-            if not parent_alive(self.parent_pid):
-                log.error("launcher is gone; stopping")
-                self.stop.set()
-            elif now - last_warn >= NO_DATA_WARN_S:
-                log.warning("no batch for %.0f s (%d producers alive)", now - asked, self.coordinator.alive())
-                last_warn = now
+            last_warn = self._waiting(asked, last_warn, "no batch for")
         return None
+
+    def _waiting(self, since: float, last_warn: float, what: str) -> float:
+        """One slice of waiting for a batch: live figures, the launcher's liveness, and a
+        warning every NO_DATA_WARN_S; returns when the last warning was given."""
+        now = time.monotonic()
+        self.telemetry.tick(now)
+        if not parent_alive(self.parent_pid):
+            log.error("launcher is gone; stopping")
+            self.stop.set()
+        elif now - last_warn >= NO_DATA_WARN_S:
+            log.warning("%s %.0f s (%d producers alive)", what, now - since, self.coordinator.alive())
+            return now
+        return last_warn
 
     def _make_trainer(self, gpu_memory_mb: int | None) -> Trainer:
         cfg = self.cfg
@@ -367,15 +373,7 @@ class TrainLoop:
         still starting (importing TensorFlow, tracing) can fill the queue."""
         warm_start = last_warn = time.monotonic()
         while not self.stop.is_set() and self.queue.wait_for_depth(1, WAIT_SLICE_S, self.stop) < 1:
-            now = time.monotonic()
-            self.telemetry.tick(now)
-            if not parent_alive(self.parent_pid):
-                log.error("launcher is gone; stopping")
-                self.stop.set()
-            elif now - last_warn >= NO_DATA_WARN_S:
-                log.warning("no batch yet after %.0f s (%d producers alive)", now - warm_start,
-                            self.coordinator.alive())
-                last_warn = now
+            last_warn = self._waiting(warm_start, last_warn, "no batch yet after")
         self.queue.wait_for_depth(self.queue.capacity, self.cfg.pipeline.model_start_delay_s, self.stop)
         self.warmup_s = time.monotonic() - warm_start
 
