@@ -258,71 +258,67 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
 # ------------------------------------------------------------------------ producers
 
 
-class LibrosaBatchMaker:
+class _PerClipBatchMaker:
+    """A producer's work done one clip at a time: read, log-mel (``clip_mel``), tokens,
+    collation, message; the variants differ only in how a clip becomes a log-mel."""
+
+    def __init__(self, root: Path, texts: dict[str, str], files: dict[str, str], features: Any,
+                 batch_size: int) -> None:
+        from producer.collate import collate
+        from producer.features import pad_value
+
+        self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
+        self.collate = collate
+        self.pad = pad_value(features)
+
+    def clip_mel(self, path: Path) -> Any:
+        raise NotImplementedError
+
+    def make(self, lease: dict[str, Any]) -> list[Any]:
+        import numpy as np
+
+        from shared import wire
+        from shared.text import encode_text
+
+        max_tokens, max_frames = lease["shape"]
+        tokens, mels = [], []
+        for sample_id in lease["ids"]:
+            mels.append(np.asarray(self.clip_mel(self.root / "wavs" / self.files[sample_id]), np.float32))
+            tokens.append(encode_text(self.texts[sample_id]))
+        arrays = self.collate(tokens, mels, self.batch_size, max_tokens, max_frames, self.f.n_mels, self.pad)
+        return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": list(lease["ids"]), "rejected": []}, arrays)
+
+
+class LibrosaBatchMaker(_PerClipBatchMaker):
     """The producer's work written with librosa, as a user of librosa would write it."""
 
     def __init__(self, root: Path, texts: dict[str, str], files: dict[str, str], features: Any,
                  batch_size: int) -> None:
-        import librosa
+        import librosa  # imported here, outside the timed passes
 
-        from producer.collate import collate
-        from producer.features import pad_value
-
+        super().__init__(root, texts, files, features, batch_size)
         self.librosa = librosa
-        self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
-        self.collate = collate
-        self.pad = pad_value(features)
 
-    def make(self, lease: dict[str, Any]) -> list[Any]:
+    def clip_mel(self, path: Path) -> Any:
         import numpy as np
 
-        from shared import wire
-        from shared.text import encode_text
-
         f = self.f
-        max_tokens, max_frames = lease["shape"]
-        tokens, mels = [], []
-        for sample_id in lease["ids"]:
-            y, _ = self.librosa.load(str(self.root / "wavs" / self.files[sample_id]), sr=f.sample_rate_hz, mono=True)
-            mel = self.librosa.feature.melspectrogram(
-                y=y, sr=f.sample_rate_hz, n_fft=f.n_fft, hop_length=f.hop_length, win_length=f.win_length,
-                window="hann", center=True, pad_mode="reflect", power=1.0, n_mels=f.n_mels, fmin=f.fmin_hz,
-                fmax=f.fmax_hz, htk=False, norm="slaney")
-            mels.append(np.log(np.maximum(mel.T, f.log_floor)).astype(np.float32))
-            tokens.append(encode_text(self.texts[sample_id]))
-        arrays = self.collate(tokens, mels, self.batch_size, max_tokens, max_frames, f.n_mels, self.pad)
-        return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": list(lease["ids"]), "rejected": []}, arrays)
+        y, _ = self.librosa.load(str(path), sr=f.sample_rate_hz, mono=True)
+        mel = self.librosa.feature.melspectrogram(
+            y=y, sr=f.sample_rate_hz, n_fft=f.n_fft, hop_length=f.hop_length, win_length=f.win_length,
+            window="hann", center=True, pad_mode="reflect", power=1.0, n_mels=f.n_mels, fmin=f.fmin_hz,
+            fmax=f.fmax_hz, htk=False, norm="slaney")
+        return np.log(np.maximum(mel.T, f.log_floor))
 
 
-class ReferenceBatchMaker(LibrosaBatchMaker):
+class ReferenceBatchMaker(_PerClipBatchMaker):
     """The producer's work with the plain numpy reference log-mel (float64, one clip at a time)."""
 
-    def __init__(self, root: Path, texts: dict[str, str], files: dict[str, str], features: Any,
-                 batch_size: int) -> None:
-        from producer.collate import collate
-        from producer.features import pad_value
-
-        self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
-        self.collate = collate
-        self.pad = pad_value(features)
-
-    def make(self, lease: dict[str, Any]) -> list[Any]:
-        import numpy as np
-
+    def clip_mel(self, path: Path) -> Any:
         from producer.audio import load_audio
         from producer.features import log_mel_spectrogram_numpy
-        from shared import wire
-        from shared.text import encode_text
 
-        f = self.f
-        max_tokens, max_frames = lease["shape"]
-        tokens, mels = [], []
-        for sample_id in lease["ids"]:
-            audio = load_audio(self.root / "wavs" / self.files[sample_id], f.sample_rate_hz)
-            mels.append(log_mel_spectrogram_numpy(audio, f).astype(np.float32))
-            tokens.append(encode_text(self.texts[sample_id]))
-        arrays = self.collate(tokens, mels, self.batch_size, max_tokens, max_frames, f.n_mels, self.pad)
-        return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": list(lease["ids"]), "rejected": []}, arrays)
+        return log_mel_spectrogram_numpy(load_audio(path, self.f.sample_rate_hz), self.f)
 
 
 def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, Any]], cache_dir: str,
