@@ -380,6 +380,16 @@ def analyze(rows: Sequence[dict[str, Any]], first_batch_unix: float, started_uni
             "time_to_first_batch_s": first_batch_unix - started_unix}
 
 
+def _wait_run(proc: subprocess.Popen[bytes], plan: AlternativesPlan, timed_out: str, log_path: Path) -> int:
+    """The exit status of a measured run, allowed 3 x its ideal time plus start-up; stopped after."""
+    try:
+        return proc.wait(timeout=plan.steps * plan.step_ms / 1000 * 3 + RUN_OVERHEAD_S)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{timed_out}\n{_tail(log_path)}") from None
+    finally:
+        _stop(proc)
+
+
 def run_stoker(plan: AlternativesPlan, work: Path, backend: str = "auto") -> dict[str, Any]:
     """One stoker run measured from outside (see the module docstring)."""
     run_dir = work / "stoker-run"
@@ -395,11 +405,8 @@ def run_stoker(plan: AlternativesPlan, work: Path, backend: str = "auto") -> dic
     proc = _start(argv, work / "stoker.log")
     memory.roots.append(proc.pid)
     try:
-        code = proc.wait(timeout=plan.steps * plan.step_ms / 1000 * 3 + RUN_OVERHEAD_S)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"stoker timed out: {' '.join(argv)}\n{_tail(work / 'stoker.log')}") from None
+        code = _wait_run(proc, plan, f"stoker timed out: {' '.join(argv)}", work / "stoker.log")
     finally:
-        _stop(proc)
         peak_mb = memory.total_mb()
     cpu_s = _child_cpu_s() - cpu0
     if code != 0:
@@ -434,12 +441,7 @@ def run_alternative(kind: str, plan: AlternativesPlan, work: Path) -> dict[str, 
                 memory.roots.append(servers[-1].pid)
         trainer = _start([sys.executable, "-m", "benchmarks.alternatives", "child", kind, json.dumps(spec)], log_path)
         memory.roots.append(trainer.pid)
-        try:
-            code = trainer.wait(timeout=plan.steps * plan.step_ms / 1000 * 3 + RUN_OVERHEAD_S)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"{kind} timed out\n{_tail(log_path)}") from None
-        finally:
-            _stop(trainer)
+        code = _wait_run(trainer, plan, f"{kind} timed out", log_path)
     finally:
         for server in servers:
             _stop(server)
