@@ -25,7 +25,7 @@ from shared.config import BatchingConfig
 from shared.dataset import Sample
 
 
-def _round_up(value: int, multiple: int) -> int:
+def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
@@ -57,8 +57,8 @@ def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig) -> list[Bucket]
         members = [ordered[j] for j in group]
         buckets.append(Bucket(
             index=i,
-            max_tokens=_round_up(max(s.num_tokens for s in members), cfg.tokens_multiple),
-            max_frames=_round_up(max(s.num_frames for s in members), cfg.frames_multiple),
+            max_tokens=round_up(max(s.num_tokens for s in members), cfg.tokens_multiple),
+            max_frames=round_up(max(s.num_frames for s in members), cfg.frames_multiple),
             sample_ids=tuple(s.id for s in members),
         ))
     return buckets

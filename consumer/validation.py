@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from consumer.plan import round_up
 from shared import wire
 from shared.config import Config
 from shared.dataset import Sample
@@ -45,10 +46,6 @@ def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[list[Sample
     return [s for s in samples if s.id not in held], [s for s in samples if s.id in held]
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def make_batches(samples: Sequence[Sample], root: Path, cfg: Config) -> list[dict[str, np.ndarray]]:
     """The held-out clips as padded batches; clips that cannot be read here are left out (logged)."""
     if not samples:
@@ -64,8 +61,8 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config) -> list[dic
     batches = []
     for start in range(0, len(samples), b.batch_size):
         chunk = samples[start:start + b.batch_size]
-        shape = (_round_up(max(s.num_tokens for s in chunk), b.tokens_multiple),
-                 _round_up(max(s.num_frames for s in chunk), b.frames_multiple))
+        shape = (round_up(max(s.num_tokens for s in chunk), b.tokens_multiple),
+                 round_up(max(s.num_frames for s in chunk), b.frames_multiple))
         lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": [s.id for s in chunk],
                  "shape": shape}
         msg = wire.decode(maker.make(lease))
