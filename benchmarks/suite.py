@@ -230,8 +230,8 @@ def render(report: dict[str, Any]) -> str:
              f"python {m.get('python')}, {m.get('platform')}; {report['duration_s']} s"]
     sections = report["sections"]
     if sections.get("transport"):
-        parts += ["", "1. transport: protocol (DEALER/ROUTER + wire + credits, capacity 3) vs raw PUSH/PULL; credit = raw "
-                      "frames with the same credit window (informational); median [min,max] of repetitions",
+        parts += ["", "1. transport: protocol (DEALER/ROUTER + wire + credits, capacity 3) vs raw PUSH/PULL; "
+                      "median [min,max] of repetitions",
                   transport.render(sections["transport"])]
     if sections.get("preprocessing"):
         pre = sections["preprocessing"]

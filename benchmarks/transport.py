@@ -14,9 +14,19 @@ size checks), ``put``, ``get``. The sender sends a BATCH only against a CREDIT. 
 most 3 batches are in flight, as in a run. (The LEASE/READY messages of a real run
 happen ahead of time and are left out: the sender always has its batch prepared.)
 
-Decomposition (``credit``, informational): raw single frames over DEALER/ROUTER with the
-same capacity-3 credit window, but no wire encoding and no queue. credit/raw is the
-cost of flow control; protocol/credit the cost of the wire format and the queue.
+Decomposition (full run only, informational), three steps from raw to protocol:
+
+- ``credit``: raw single frames over DEALER/ROUTER with the same capacity-3 credit
+  window (one-byte credits), no wire encoding and no queue. credit/raw is the cost of
+  flow control.
+- ``frames``: the protocol's own messages, a BATCH of header + one frame per array
+  (encoded once, before the clock starts) answered to each CREDIT message of the
+  protocol, but no per-batch encode, no decode and no queue. frames/credit is the cost of
+  the frame layout the wire rules fix (5 frames a batch instead of 1), and frames/raw the
+  ceiling of any implementation of this wire format on the host: the protocol adds
+  Python work to it, never removes any.
+- protocol/frames is then the cost of the Python work per batch: encode, decode with all
+  its checks, the queue.
 
 Sender and receiver are separate spawned processes (no shared GIL). Both throughputs
 are measured by the receiver, from the arrival of the last warm-up message to the
@@ -57,10 +67,11 @@ FRAMES_PER_TOKEN = 6
 
 SIZES = {"8MiB": 8 << 20, "1MiB": 1 << 20, "64KiB": 64 << 10}
 TRANSPORTS = ("tcp", "ipc")
-# raw: the baseline; protocol: the candidate; credit: raw frames over DEALER/ROUTER with the
-# same credit window but no wire encoding and no queue, to split the protocol's cost into
-# "flow control" (credit / raw) and "wire format + queue" (protocol / credit).
-KINDS = ("raw", "credit", "protocol")
+# raw: the baseline; protocol: the candidate; credit and frames: the steps between them (see
+# the module docstring), which split the protocol's cost into flow control (credit / raw),
+# frame layout (frames / credit) and Python work per batch (protocol / frames).
+KINDS = ("raw", "credit", "frames", "protocol")
+STEPS = ("credit", "frames")
 # Minimum protocol/raw throughput ratio by batch size (issue 6): big batches must move at
 # nearly wire speed; small ones pay a per-message cost (header, credit round trip, queue).
 TARGET_RATIOS = {"8MiB": 0.8, "64KiB": 0.5}
@@ -83,7 +94,7 @@ class TransportPlan:
 
     @classmethod
     def quick(cls) -> "TransportPlan":
-        # without the informational "credit" decomposition, to fit the quick suite's 3 minutes
+        # without the informational decomposition, to fit the quick suite's 3 minutes
         return cls(repetitions=2, messages={"8MiB": 60, "1MiB": 300, "64KiB": 1000}, kinds=("raw", "protocol"))
 
 
@@ -264,7 +275,8 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
         ctx.term()
 
 
-def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, timeout_s: float) -> None:
+def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, timeout_s: float,
+                    capacity: int = CAPACITY) -> None:
     import zmq
 
     from shared import wire
@@ -277,6 +289,15 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
         endpoint = ep_q.get(timeout=timeout_s)
         arrays = make_batch(*shape)
         ids = [f"BENCH-{i:04d}" for i in range(BATCH_SIZE)]
+
+        def prepare(lease: int) -> list[Any]:
+            return wire.encode(wire.BATCH, {"lease": lease, "epoch": 0, "index": lease - 1, "ids": ids,
+                                            "rejected": [], "prep_ms": 0.0}, arrays)
+
+        # As a producer, keep the next `capacity` batches encoded ahead of their credits
+        # (producer/worker.py encodes in its compute thread, before READY); the encoding
+        # still costs this process its CPU, only off the credit -> send path.
+        ready = {lease: prepare(lease) for lease in range(1, capacity + 1)}
         sock.connect(endpoint)
         c0 = time.process_time()
         sock.send_multipart(wire.encode(wire.HELLO, {"producer": "bench", "host": "localhost", "pid": os.getpid(),
@@ -286,10 +307,11 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
             _recv_ready(sock, "credit")
             msg = wire.decode(sock.recv_multipart())
             if msg.kind == wire.CREDIT:
-                frames = wire.encode(wire.BATCH, {"lease": msg["lease"], "epoch": 0, "index": sent, "ids": ids,
-                                                  "rejected": [], "prep_ms": 0.0}, arrays)
+                lease = msg["lease"]
+                frames = ready.pop(lease, None) or prepare(lease)
                 sock.send_multipart(frames, copy=False)
                 sent += 1
+                ready[lease + capacity] = prepare(lease + capacity)
             elif msg.kind == wire.STOP:
                 break
         res_q.put({"role": "sender", "ok": True, "sent": sent, "cpu_s": time.process_time() - c0})
@@ -301,11 +323,18 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
         ctx.term()
 
 
-# ---------------------------------------------------------------- raw frames with credits (decomposition)
+# ---------------------------------------------------------------- the steps between (decomposition)
 def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any,
-                    capacity: int = CAPACITY) -> None:
-    """ROUTER granting raw credit frames for a capacity-``capacity`` window; no wire, no queue."""
+                    capacity: int = CAPACITY, protocol_frames: bool = False) -> None:
+    """ROUTER granting credits for a capacity-``capacity`` window; no decode, no queue.
+
+    ``credit`` kind: one-byte credits, one payload frame per batch. ``frames`` kind
+    (``protocol_frames``): the protocol's CREDIT and STOP messages, and batches of the
+    protocol's frames, checked by their total size only.
+    """
     import zmq
+
+    from shared import wire
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -318,16 +347,19 @@ def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, 
         total = warmup + count
         granted = received = 0
         credits_out = 0
+        first_array = 2 if protocol_frames else 1  # after the identity (and the header)
         t0 = c0 = 0.0
         while received < total:
             while credits_out < capacity and granted < total:
-                sock.send_multipart([identity, b"C"])
                 granted += 1
+                credit = wire.encode(wire.CREDIT, {"lease": granted}) if protocol_frames else [b"C"]
+                sock.send_multipart([identity, *credit])
                 credits_out += 1
-            _recv_ready(sock, f"credit frame {received}")
+            _recv_ready(sock, f"{'frames' if protocol_frames else 'credit'} message {received}")
             frames = sock.recv_multipart(copy=False)
-            if len(frames[1].buffer) != nbytes:
-                raise ValueError(f"got {len(frames[1].buffer)} bytes, expected {nbytes}")
+            got = sum(len(f.buffer) for f in frames[first_array:])
+            if got != nbytes:
+                raise ValueError(f"got {got} bytes, expected {nbytes}")
             del frames
             credits_out -= 1
             received += 1
@@ -336,7 +368,8 @@ def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, 
                 c0 = time.process_time()
         seconds = time.perf_counter() - t0
         cpu_s = time.process_time() - c0
-        sock.send_multipart([identity, b"S"])
+        sock.send_multipart([identity, *(wire.encode(wire.STOP, {"reason": "bench over"}) if protocol_frames
+                                         else [b"S"])])
         res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes,
                    "cpu_s": cpu_s})
         done.wait(5.0)
@@ -348,24 +381,43 @@ def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, 
         ctx.term()
 
 
-def credit_sender(nbytes: int, ep_q: Any, res_q: Any, done: Any, timeout_s: float) -> None:
+def credit_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, timeout_s: float,
+                  protocol_frames: bool = False) -> None:
+    """DEALER answering each credit with one batch, prepared once before the clock starts.
+
+    ``credit`` kind: the batch's bytes as one frame. ``frames`` kind
+    (``protocol_frames``): the protocol's BATCH frames, and each CREDIT decoded as the
+    producer decodes it.
+    """
     import zmq
+
+    from shared import wire
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
+    if protocol_frames:  # as the protocol's sender; raw frames keep pyzmq's default, as raw does
+        sock.copy_threshold = wire.COPY_THRESHOLD_BYTES
     try:
         endpoint = ep_q.get(timeout=timeout_s)
-        payload = np.random.default_rng(1).integers(0, 255, size=nbytes, dtype=np.uint8)
+        if protocol_frames:
+            batch = wire.encode(wire.BATCH, {"lease": 1, "epoch": 0, "index": 0,
+                                             "ids": [f"BENCH-{i:04d}" for i in range(BATCH_SIZE)],
+                                             "rejected": [], "prep_ms": 0.0}, make_batch(*shape))
+        else:
+            batch = [np.random.default_rng(1).integers(0, 255, size=_shape_bytes(shape), dtype=np.uint8)]
         sock.connect(endpoint)
         c0 = time.process_time()
         sock.send(b"H")
         sent = 0
         while True:
             _recv_ready(sock, "credit")
-            if sock.recv() == b"S":
+            if protocol_frames:
+                if wire.decode(sock.recv_multipart()).kind == wire.STOP:
+                    break
+            elif sock.recv() == b"S":
                 break
-            sock.send(payload, copy=False)
+            sock.send_multipart(batch, copy=False)
             sent += 1
         res_q.put({"role": "sender", "ok": True, "sent": sent, "cpu_s": time.process_time() - c0})
     except BaseException:
@@ -392,17 +444,18 @@ def measure(kind: str, transport: str, size: int, count: int, warmup: int, tmpdi
                                name=f"raw-receiver-{transport}", daemon=True)
         sender = ctx.Process(target=raw_sender, args=(nbytes, warmup + count, ep_q, res_q, done, timeout_s),
                              name=f"raw-sender-{transport}", daemon=True)
-    elif kind == "credit":
+    elif kind in STEPS:
+        frames = kind == "frames"
         receiver = ctx.Process(target=credit_receiver,
-                               args=(spec, nbytes, warmup, count, ep_q, res_q, done, capacity),
-                               name=f"credit-receiver-{transport}", daemon=True)
-        sender = ctx.Process(target=credit_sender, args=(nbytes, ep_q, res_q, done, timeout_s),
-                             name=f"credit-sender-{transport}", daemon=True)
+                               args=(spec, nbytes, warmup, count, ep_q, res_q, done, capacity, frames),
+                               name=f"{kind}-receiver-{transport}", daemon=True)
+        sender = ctx.Process(target=credit_sender, args=(shape, ep_q, res_q, done, timeout_s, frames),
+                             name=f"{kind}-sender-{transport}", daemon=True)
     elif kind == "protocol":
         receiver = ctx.Process(target=protocol_receiver,
                                args=(spec, nbytes, warmup, count, ep_q, res_q, done, capacity),
                                name=f"protocol-receiver-{transport}", daemon=True)
-        sender = ctx.Process(target=protocol_sender, args=(shape, ep_q, res_q, done, timeout_s),
+        sender = ctx.Process(target=protocol_sender, args=(shape, ep_q, res_q, done, timeout_s, capacity),
                              name=f"protocol-sender-{transport}", daemon=True)
     else:
         raise ValueError(f"unknown kind {kind!r}")
@@ -472,15 +525,24 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
             applies = size_name in TARGET_RATIOS
             min_ratio = TARGET_RATIOS.get(size_name, TARGET_RATIO)
             decomposition = None
-            if (transport, size_name, "credit") in samples:
+            if all((transport, size_name, step) in samples for step in STEPS):
                 credit = samples[(transport, size_name, "credit")]
-                credit_gbps = spread([m["gbps"] for m in credit])
+                frames = samples[(transport, size_name, "frames")]
+                credit_gbps = spread([m["gbps"] for m in credit])["median"]
+                frames_gbps = spread([m["gbps"] for m in frames])["median"]
                 decomposition = {
                     "credit": block(credit),
-                    "flow_control_ratio": ratio(credit_gbps["median"], raw_gbps["median"],
+                    "frames": block(frames),
+                    "flow_control_ratio": ratio(credit_gbps, raw_gbps["median"],
                                                 note="raw frames with the credit window / raw PUSH-PULL"),
-                    "wire_and_queue_ratio": ratio(proto_gbps["median"], credit_gbps["median"],
-                                                  note="protocol / raw frames with the credit window"),
+                    "frame_layout_ratio": ratio(frames_gbps, credit_gbps,
+                                                note="the protocol's frames and credits, no per-batch Python work "
+                                                     "/ raw frames with the credit window"),
+                    "ceiling_ratio": ratio(frames_gbps, raw_gbps["median"],
+                                           note="the protocol's frames and credits, no per-batch Python work "
+                                                "/ raw PUSH-PULL: the most this wire format reaches here"),
+                    "python_work_ratio": ratio(proto_gbps["median"], frames_gbps,
+                                               note="protocol / its frames and credits without the Python work"),
                 }
             rows.append({
                 "transport": transport,
@@ -501,8 +563,7 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
 
 def render(rows: list[dict[str, Any]]) -> str:
     headers = ["transport", "size", "raw GB/s med [min,max]", "proto GB/s med [min,max]",
-               "raw batch/s", "proto batch/s", "ratio", "paired [min,max]", "credit GB/s", "credit/raw",
-               "proto/credit", "target"]
+               "raw batch/s", "proto batch/s", "ratio", "paired [min,max]", "target"]
     out = []
     for r in rows:
         rg, pg = r["raw"]["gbps"], r["protocol"]["gbps"]
@@ -513,29 +574,32 @@ def render(rows: list[dict[str, Any]]) -> str:
                     f"{rg['median']:.3f} [{rg['min']:.3f},{rg['max']:.3f}]",
                     f"{pg['median']:.3f} [{pg['min']:.3f},{pg['max']:.3f}]",
                     f"{r['raw']['batches_per_s']['median']:.0f}", f"{r['protocol']['batches_per_s']['median']:.0f}",
-                    f"{r['ratio']['value']:.3f}", f"[{pr['min']:.3f},{pr['max']:.3f}]", *_decomposition(r), target])
+                    f"{r['ratio']['value']:.3f}", f"[{pr['min']:.3f},{pr['max']:.3f}]", target])
+    text = table(headers, out)
+    steps = [r for r in rows if r.get("decomposition")]
+    if steps:
+        text += ("\n\nFrom raw to protocol, median GB/s: credit = raw frames with the credit window; frames = the "
+                 "protocol's frames and credits without per-batch Python work (ceiling = frames / raw)\n")
+        text += table(["transport", "size", "credit GB/s", "frames GB/s", "credit/raw", "frames/credit",
+                       "ceiling", "proto/frames"],
+                      [[r["transport"], r["size"], f"{d['credit']['gbps']['median']:.3f}",
+                        f"{d['frames']['gbps']['median']:.3f}", f"{d['flow_control_ratio']['value']:.3f}",
+                        f"{d['frame_layout_ratio']['value']:.3f}", f"{d['ceiling_ratio']['value']:.3f}",
+                        f"{d['python_work_ratio']['value']:.3f}"]
+                       for r in steps for d in [r["decomposition"]]])
     cpu_rows = []
     for r in rows:
         cells = [r["transport"], r["size"]]
-        for kind in ("raw", "credit", "protocol"):
-            b = r["decomposition"]["credit"] if kind == "credit" and r.get("decomposition") else r.get(kind)
-            if b is None or "sender_cpu_us_per_batch" not in b:
+        for kind in KINDS:
+            b = (r.get("decomposition") or {}).get(kind) if kind in STEPS else r.get(kind)
+            if b is None:
                 cells += ["-", "-"]
                 continue
             cells += [f"{b['sender_cpu_us_per_batch']['median']:.0f}", f"{b['receiver_cpu_us_per_batch']['median']:.0f}"]
         cpu_rows.append(cells)
-    cpu = table(["transport", "size", "raw send", "raw recv", "credit send", "credit recv", "proto send",
-                 "proto recv"], cpu_rows)
-    return (table(headers, out) + "\n\nCPU microseconds per batch, whole process (main + ZeroMQ io + pyzmq gc "
-            "threads), median\n" + cpu)
-
-
-def _decomposition(row: dict[str, Any]) -> list[str]:
-    d = row.get("decomposition")
-    if not d:
-        return ["-", "-", "-"]
-    return [f"{d['credit']['gbps']['median']:.3f}", f"{d['flow_control_ratio']['value']:.3f}",
-            f"{d['wire_and_queue_ratio']['value']:.3f}"]
+    cpu = table(["transport", "size", *(f"{k} {side}" for k in KINDS for side in ("send", "recv"))], cpu_rows)
+    return (text + "\n\nCPU microseconds per batch, whole process (main + ZeroMQ io + pyzmq gc threads), "
+            "median\n" + cpu)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,12 +88,21 @@ def test_transport_tiny():
         assert_spread(r["ratio"]["paired"])
         assert r["target"]["applies"] is False and r["target"]["met"] is None
         d = r["decomposition"]
-        assert_spread(d["credit"]["gbps"])
-        assert_ratio(d["flow_control_ratio"])
-        assert_ratio(d["wire_and_queue_ratio"])
-        assert d["flow_control_ratio"]["numerator"] == d["credit"]["gbps"]["median"]
-        assert d["wire_and_queue_ratio"]["denominator"] == d["credit"]["gbps"]["median"]
-    assert "ratio" in transport.render(rows)
+        for step in transport.STEPS:
+            assert_spread(d[step]["gbps"])
+            assert d[step]["gbps"]["n"] == 2
+        credit, frames = d["credit"]["gbps"]["median"], d["frames"]["gbps"]["median"]
+        for key in ("flow_control_ratio", "frame_layout_ratio", "ceiling_ratio", "python_work_ratio"):
+            assert_ratio(d[key])
+        assert (d["flow_control_ratio"]["numerator"], d["flow_control_ratio"]["denominator"]) == \
+            (credit, r["raw"]["gbps"]["median"])
+        assert (d["frame_layout_ratio"]["numerator"], d["frame_layout_ratio"]["denominator"]) == (frames, credit)
+        assert (d["ceiling_ratio"]["numerator"], d["ceiling_ratio"]["denominator"]) == \
+            (frames, r["raw"]["gbps"]["median"])
+        assert (d["python_work_ratio"]["numerator"], d["python_work_ratio"]["denominator"]) == \
+            (r["protocol"]["gbps"]["median"], frames)
+    text = transport.render(rows)
+    assert "ratio" in text and "ceiling" in text and "frames send" in text
 
 
 # ---------------------------------------------------------------- pipeline (no subprocess)
