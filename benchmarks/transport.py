@@ -587,17 +587,19 @@ def render(rows: list[dict[str, Any]]) -> str:
                         f"{d['frame_layout_ratio']['value']:.3f}", f"{d['ceiling_ratio']['value']:.3f}",
                         f"{d['python_work_ratio']['value']:.3f}"]
                        for r in steps for d in [r["decomposition"]]])
+    def blocks(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {"raw": r["raw"], **(r.get("decomposition") or {}), "protocol": r["protocol"]}
+
+    kinds = [k for k in KINDS if any(k in blocks(r) for r in rows)]  # the quick run has no steps
     cpu_rows = []
     for r in rows:
         cells = [r["transport"], r["size"]]
-        for kind in KINDS:
-            b = (r.get("decomposition") or {}).get(kind) if kind in STEPS else r.get(kind)
-            if b is None:
-                cells += ["-", "-"]
-                continue
-            cells += [f"{b['sender_cpu_us_per_batch']['median']:.0f}", f"{b['receiver_cpu_us_per_batch']['median']:.0f}"]
+        for kind in kinds:
+            b = blocks(r).get(kind)
+            cells += ["-", "-"] if b is None else [f"{b['sender_cpu_us_per_batch']['median']:.0f}",
+                                                  f"{b['receiver_cpu_us_per_batch']['median']:.0f}"]
         cpu_rows.append(cells)
-    cpu = table(["transport", "size", *(f"{k} {side}" for k in KINDS for side in ("send", "recv"))], cpu_rows)
+    cpu = table(["transport", "size", *(f"{k} {side}" for k in kinds for side in ("send", "recv"))], cpu_rows)
     return (text + "\n\nCPU microseconds per batch, whole process (main + ZeroMQ io + pyzmq gc threads), "
             "median\n" + cpu)
 
