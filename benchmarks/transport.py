@@ -51,7 +51,7 @@ import tempfile
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -91,6 +91,9 @@ class TransportPlan:
     transports: tuple[str, ...] = TRANSPORTS
     kinds: tuple[str, ...] = KINDS
     timeout_s: float = 120.0
+    # the credit window (queue capacity); a run's default is 3 (``--buffer-size``), and the
+    # targets are judged only there
+    capacity: int = CAPACITY
 
     @classmethod
     def quick(cls) -> "TransportPlan":
@@ -500,7 +503,7 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
                     kinds = plan.kinds if rep % 2 == 0 else tuple(reversed(plan.kinds))
                     for kind in kinds:
                         m = measure(kind, transport, size, plan.messages[size_name], plan.warmup, tmpdir,
-                                    plan.timeout_s)
+                                    plan.timeout_s, plan.capacity)
                         samples.setdefault((transport, size_name, kind), []).append(m)
                         log(f"transport rep {rep + 1}/{plan.repetitions} {transport} {size_name} {kind}: "
                             f"{m['gbps']:.3f} GB/s, {m['batches_per_s']:.0f} batches/s")
@@ -522,7 +525,7 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
             shape = batch_shape(size)
             value = ratio(proto_gbps["median"], raw_gbps["median"], paired=paired,
                           note="median protocol GB/s / median raw GB/s; paired = per-repetition ratios")
-            applies = size_name in TARGET_RATIOS
+            applies = size_name in TARGET_RATIOS and plan.capacity == CAPACITY
             min_ratio = TARGET_RATIOS.get(size_name, TARGET_RATIO)
             decomposition = None
             if all((transport, size_name, step) in samples for step in STEPS):
@@ -551,6 +554,7 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
                 "batch_shape": {"B": BATCH_SIZE, "L": shape[0], "T": shape[1], "F": N_MELS},
                 "messages": plan.messages[size_name],
                 "repetitions": plan.repetitions,
+                "capacity": plan.capacity,
                 "raw": block(raw),
                 "protocol": block(proto),
                 "ratio": value,
@@ -607,9 +611,14 @@ def render(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.transport")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--capacity", type=int, default=CAPACITY,
+                        help=f"credit window = queue capacity (default {CAPACITY}, a run's default; "
+                             "the targets are judged only there)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
-    plan = TransportPlan.quick() if args.quick else TransportPlan()
+    if args.capacity < 1:
+        parser.error("--capacity must be at least 1")
+    plan = replace(TransportPlan.quick() if args.quick else TransportPlan(), capacity=args.capacity)
     try:
         rows = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True))
     except BenchError as exc:

@@ -343,7 +343,8 @@ class TrainLoop:
             self.checkpoints.attach(trainer)  # restores the model and optimizer of a resumed run
         if trainer.uses_tensorflow:
             self.queue.enable_staging(trainer.stage)
-            self.tb = TensorBoard(self.run_dir)
+            resumed = self.checkpoints.resumed if self.checkpoints is not None else None
+            self.tb = TensorBoard(self.run_dir, resumed.step if resumed is not None else None)
             if self.val_samples and self.data_root is not None:
                 self._val_arrays = validation.make_batches(self.val_samples, self.data_root, cfg)
                 self._val_batches = [trainer.stage(b) for b in self._val_arrays]

@@ -21,11 +21,53 @@ log = logging.getLogger(__name__)
 TB_DIR = "tb"
 
 
+def trim_events(directory: Path, max_step: int) -> int:
+    """Drop the events of steps after ``max_step`` from every event file in ``directory``.
+
+    A resumed run trains again from its checkpoint's step; the events its crashed
+    predecessor wrote past that step would otherwise sit in TensorBoard beside the new
+    ones, as a second curve over the same steps. (TensorBoard's own orphan purge needs a
+    SessionLog START event, which ``tf.summary`` writers never write, and the fast
+    loader ignores it.) Each file is rewritten only if it loses events: a temporary file,
+    then a rename. A torn last record (the crash came mid-write) goes too. Returns the
+    number of events dropped.
+    """
+    import tensorflow as tf
+
+    dropped = 0
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        kept: list[bytes] = []
+        later = 0
+        torn = False
+        try:
+            for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+                if tf.compat.v1.Event.FromString(record).step <= max_step:
+                    kept.append(record)
+                else:
+                    later += 1
+        except tf.errors.DataLossError:  # a truncated or corrupt tail: keep what came before it
+            torn = True
+        dropped += later
+        if not later and not torn:
+            continue
+        tmp = path.with_name(path.name + ".tmp")
+        with tf.io.TFRecordWriter(str(tmp)) as writer:
+            for record in kept:
+                writer.write(record)
+        tmp.replace(path)
+        log.info("%s: kept %d events up to step %d, dropped %d%s", path.name, len(kept), max_step, later,
+                 " (a torn last record dropped)" if torn else "")
+    return dropped
+
+
 class TensorBoard:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, resumed_step: int | None = None) -> None:
+        """``resumed_step``: the checkpoint's step of a resumed run; later events are dropped."""
         import tensorflow as tf
 
         self.tf = tf
+        if resumed_step is not None and (run_dir / TB_DIR).is_dir():
+            trim_events(run_dir / TB_DIR, resumed_step)
         self.writer = tf.summary.create_file_writer(str(run_dir / TB_DIR))
         self.gpu_path = run_dir / "gpu.jsonl"
         self._gpu_offset = 0

@@ -101,8 +101,18 @@ def test_transport_tiny():
             (frames, r["raw"]["gbps"]["median"])
         assert (d["python_work_ratio"]["numerator"], d["python_work_ratio"]["denominator"]) == \
             (r["protocol"]["gbps"]["median"], frames)
+        assert r["capacity"] == transport.CAPACITY
     text = transport.render(rows)
     assert "ratio" in text and "ceiling" in text and "frames send" in text
+
+
+def test_transport_other_window_is_not_judged():
+    plan = transport.TransportPlan(repetitions=1, messages={"64KiB": 10}, warmup=2, timeout_s=60,
+                                   transports=("tcp",), kinds=("raw", "protocol"), capacity=1)
+    (row,) = transport.run(plan, sizes={"64KiB": 64 << 10})
+    assert row["capacity"] == 1 and row["decomposition"] is None
+    assert row["target"]["applies"] is False and row["target"]["met"] is None
+    assert "frames send" not in transport.render([row])
 
 
 # ---------------------------------------------------------------- pipeline (no subprocess)
