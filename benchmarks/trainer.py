@@ -57,9 +57,13 @@ GET_TIMEOUT_S = 30.0
 class TrainerPlan:
     model: str = "tiny"
     batch_size: int = 16
-    steps: int = 120  # timed steps per measurement
-    warmup_steps: int = 10  # untimed steps before each measurement
-    repetitions: int = 3
+    # Many short measurements rather than a few long ones: on this shared 2-core machine a
+    # step's time drifted between 125 and 151 ms from one 16-second block to the next, which
+    # three blocks a side could not tell from a 2% overhead. Alternating 8 + 8 blocks of 50
+    # steps (about 7 s each) exposes both sides to the same drift, and their medians to less.
+    steps: int = 50  # timed steps per measurement
+    warmup_steps: int = 5  # untimed steps before each measurement (the trainer is traced already)
+    repetitions: int = 8
     log_every: int = 25
     retrace_steps: int = 1000
     retrace_batch_size: int = 4
