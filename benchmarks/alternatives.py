@@ -120,34 +120,36 @@ class AlternativesPlan:
 # ---------------------------------------------------------------- the shared work
 def plan_batches(data_dir: Path, steps: int) -> list[dict[str, Any]]:
     """The consumer's planned batches, epoch after epoch, until ``steps`` batches."""
-    from consumer.plan import EpochPlanner
+    from consumer.plan import EpochPlanner, TokenTable
     from shared.config import BatchingConfig, DataConfig, FeaturesConfig
     from shared.dataset import build_index
 
     index = build_index(DataConfig(path=str(data_dir), index_cache="off"), FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
-    files = {s.id: s.audio or f"{s.id}.wav" for s in index.samples}
-    texts = {s.id: s.text for s in index.samples}
+    files = {s.id: s.audio for s in index.samples}
+    assert index.vocabulary is not None
+    tokens = TokenTable(index.samples, index.vocabulary)
     out: list[dict[str, Any]] = []
     epoch = 0
     while len(out) < steps:
         for b in planner.plan(epoch):
             out.append({"ids": list(b.ids), "shape": list(b.shape),
-                        "paths": [str(data_dir / "wavs" / files[i]) for i in b.ids],
-                        "texts": [texts[i] for i in b.ids]})
+                        "paths": [str(data_dir / files[i]) for i in b.ids],
+                        "tokens": tokens(b.ids)})
         epoch += 1
     return out[:steps]
 
 
 def numpy_batch(batch: dict[str, Any], mels: Any, cfg: Any) -> dict[str, Any]:
     """One planned batch, as a stoker producer makes it (read, TF-op log-mel, tokens, pad)."""
+    import numpy as np
+
     from producer.audio import load_audio
     from producer.collate import collate
     from producer.features import pad_value
-    from shared.text import encode_text
 
     clips = [load_audio(Path(p), cfg.sample_rate_hz) for p in batch["paths"]]
-    tokens = [encode_text(t) for t in batch["texts"]]
+    tokens = [np.asarray(t, np.int32) for t in batch["tokens"]]
     max_tokens, max_frames = batch["shape"]
     return collate(tokens, mels(clips), BATCH_SIZE, max_tokens, max_frames, cfg.n_mels, pad_value(cfg))
 
@@ -156,9 +158,7 @@ def plan_tensors(batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The plan as fixed-shape arrays for ``from_tensor_slices``: one row per batch."""
     import numpy as np
 
-    from shared.text import encode_text
-
-    tokens = [[encode_text(t) for t in b["texts"]] for b in batches]
+    tokens = [[np.asarray(t, np.int32) for t in b["tokens"]] for b in batches]
     max_len = max([len(t) for row in tokens for t in row] + [b["shape"][0] for b in batches])  # bucket L
     n = len(batches)
     out = {"paths": np.full((n, BATCH_SIZE), "", dtype=object),

@@ -19,6 +19,12 @@ index
     13,100: cold <= 3 s, warm <= 0.3 s; linear: the time per item at 100,000 is at most
     1.3 x the time per item at 13,100 (cold and warm).
 
+    The 13,100-item dataset is indexed with the ``phonemes`` front-end too (espeak-ng
+    through phonemizer): cold with ``data.index_workers: 1`` (one core), cold with one
+    process per core, and warm (units cached with the index). Reported: sentences/s per
+    core and the speed-up over one core. Targets: speed-up >= 0.8 x the core count;
+    warm <= 0.3 s.
+
 producer
     The same clips (LJSpeech-like: 22,050 Hz 16-bit mono, durations drawn from a normal
     of mean 6.6 s, sd 2.2 s, clipped to 1.1..10.1 s, as LJSpeech's are), in the same
@@ -71,6 +77,8 @@ LARGE_ITEMS = 100_000
 # Index targets (at LJSpeech's size) and the linearity bound between the two sizes.
 TARGET_COLD_S = 3.0
 TARGET_WARM_S = 0.3
+# The phonemes front-end's cold index must use every core: speed-up over one core >= this x cores.
+TARGET_PHONEMES_SPEEDUP = 0.8
 TARGET_LINEAR = 1.3
 # Producer targets.
 TARGET_VS_LIBROSA = 1.5
@@ -102,6 +110,7 @@ WORDS = ("the prisoner was taken to newgate where he remained until his trial at
 class DataPlan:
     index_sizes: list[int] = field(default_factory=lambda: [LJSPEECH_ITEMS, LARGE_ITEMS])
     index_repetitions: int = 3
+    phoneme_repetitions: int = 2
     clips: int = 64
     repetitions: int = 5
     variants: list[str] = field(default_factory=lambda: ["stoker", "librosa", "stoker-warm", "stoker-tf"])
@@ -109,7 +118,8 @@ class DataPlan:
 
     @classmethod
     def quick(cls) -> "DataPlan":
-        return cls(index_sizes=[LJSPEECH_ITEMS, 30_000], index_repetitions=2, clips=32, repetitions=3,
+        return cls(index_sizes=[LJSPEECH_ITEMS, 30_000], index_repetitions=2, phoneme_repetitions=1, clips=32,
+                   repetitions=3,
                    default_threads=False)
 
 
@@ -190,13 +200,14 @@ def make_clips(root: Path, count: int, seed: int = 0) -> None:
 # ------------------------------------------------------------------------ index
 
 
-def _timed_index(root: Path, cache_dir: Path, workers: int) -> tuple[float, dict[str, Any]]:
-    from shared.config import DataConfig, FeaturesConfig
+def _timed_index(root: Path, cache_dir: Path, workers: int, frontend: str = "characters") -> tuple[float,
+                                                                                                   dict[str, Any]]:
+    from shared.config import DataConfig, FeaturesConfig, TextConfig
     from shared.dataset import build_index
 
     data = DataConfig(path=str(root), index_cache=str(cache_dir), index_workers=workers)
     started = time.perf_counter()
-    index = build_index(data, FeaturesConfig())
+    index = build_index(data, FeaturesConfig(), TextConfig(frontend=frontend))
     seconds = time.perf_counter() - started
     return seconds, {**index.stats.to_json(), "samples": len(index.samples), "rejected": len(index.rejected)}
 
@@ -209,12 +220,16 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
 
     logging.getLogger("shared.dataset").setLevel(logging.WARNING)  # one info line per build is noise here
     rows = []
+    # the phonemes front-end is measured on the LJSpeech-sized dataset (or the first size)
+    phoneme_items = LJSPEECH_ITEMS if LJSPEECH_ITEMS in plan.index_sizes else plan.index_sizes[0]
     for items in plan.index_sizes:
         root = workdir / f"index-{items}"
         made = make_index_dataset(root, items)
         log(f"index: generated {items} items in {made:.1f} s")
         cache = workdir / f"index-cache-{items}"
         extra = with_dataset(root) if with_dataset is not None else None
+        if items == phoneme_items:
+            phonemes = _phonemes_index(root, workdir / "phonemes-cache", plan.phoneme_repetitions, log)
         cold, warm, cold_stats, warm_stats = [], [], {}, {}
         for _ in range(plan.index_repetitions):
             shutil.rmtree(cache, ignore_errors=True)
@@ -236,6 +251,9 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
         shutil.rmtree(cache, ignore_errors=True)
     base = next((r for r in rows if r["items"] == LJSPEECH_ITEMS), rows[0])
     large = rows[-1]
+    cores = phonemes["cores"]
+    speedup = ratio(phonemes["one_core_s"]["median"], phonemes["cold_s"]["median"],
+                    note=f"cold phonemes index on 1 core / on {cores} cores")
     targets = {
         "cold": {"what": f"cold index of {base['items']} items <= {TARGET_COLD_S} s",
                  "value": base["cold_s"]["median"], "limit": TARGET_COLD_S,
@@ -244,6 +262,13 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
                  "value": base["warm_s"]["median"], "limit": TARGET_WARM_S,
                  "met": base["warm_s"]["median"] <= TARGET_WARM_S},
     }
+    targets["phonemes_speedup"] = {
+        "what": f"phonemes cold index: speed-up over one core >= {TARGET_PHONEMES_SPEEDUP} x {cores} cores",
+        "ratio": speedup, "value": speedup["value"], "limit": TARGET_PHONEMES_SPEEDUP * cores,
+        "met": speedup["value"] >= TARGET_PHONEMES_SPEEDUP * cores}
+    targets["phonemes_warm"] = {"what": f"warm phonemes index of {base['items']} items <= {TARGET_WARM_S} s",
+                                "value": phonemes["warm_s"]["median"], "limit": TARGET_WARM_S,
+                                "met": phonemes["warm_s"]["median"] <= TARGET_WARM_S}
     if large is not base:
         for kind in ("cold", "warm"):
             r = ratio(large[f"{kind}_us_per_item"], base[f"{kind}_us_per_item"],
@@ -252,7 +277,36 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
                                                  f"{TARGET_LINEAR} x at {base['items']}",
                                          "ratio": r, "value": r["value"], "limit": TARGET_LINEAR,
                                          "met": r["value"] <= TARGET_LINEAR}
-    return {"rows": rows, "targets": targets}
+    return {"rows": rows, "phonemes": phonemes, "targets": targets}
+
+
+def _phonemes_index(root: Path, cache: Path, repetitions: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """The index with the phonemes front-end: cold on one core, cold on every core, warm."""
+    from shared.dataset import _workers
+    from shared.config import DataConfig
+
+    cores = _workers(DataConfig())
+    one, cold, warm = [], [], []
+    stats: dict[str, Any] = {}
+    for _ in range(repetitions):
+        for workers, times in ((1, one), (0, cold)):
+            shutil.rmtree(cache, ignore_errors=True)
+            seconds, stats = _timed_index(root, cache, workers, "phonemes")
+            if stats["cache"] != "miss" or stats["texts_tokenized"] == 0:
+                raise BenchError(f"cold phonemes build was not cold: {stats}")
+            times.append(seconds)
+        seconds, warm_stats = _timed_index(root, cache, 0, "phonemes")
+        if warm_stats["cache"] != "hit":
+            raise BenchError(f"warm phonemes build missed the cache: {warm_stats}")
+        warm.append(seconds)
+    shutil.rmtree(cache, ignore_errors=True)
+    sentences = stats["texts_tokenized"]
+    per_core = sentences / spread(one)["median"]
+    log(f"index phonemes {sentences} sentences: 1 core {spread(one)['median']:.2f} s ({per_core:.0f} sentences/s), "
+        f"{cores} cores {spread(cold)['median']:.2f} s, warm {spread(warm)['median']:.3f} s")
+    return {"sentences": sentences, "cores": cores, "workers": stats["workers"], "one_core_s": spread(one),
+            "cold_s": spread(cold), "warm_s": spread(warm), "sentences_per_s_per_core": round(per_core, 1),
+            "sentences_per_s": round(sentences / spread(cold)["median"], 1)}
 
 
 # ------------------------------------------------------------------------ producers
@@ -278,13 +332,12 @@ class _PerClipBatchMaker:
         import numpy as np
 
         from shared import wire
-        from shared.text import encode_text
 
         max_tokens, max_frames = lease["shape"]
         tokens, mels = [], []
-        for sample_id in lease["ids"]:
-            mels.append(np.asarray(self.clip_mel(self.root / "wavs" / self.files[sample_id]), np.float32))
-            tokens.append(encode_text(self.texts[sample_id]))
+        for sample_id, row in zip(lease["ids"], lease["tokens"]):
+            mels.append(np.asarray(self.clip_mel(self.root / self.files[sample_id]), np.float32))
+            tokens.append(np.asarray(row, np.int32))
         arrays = self.collate(tokens, mels, self.batch_size, max_tokens, max_frames, self.f.n_mels, self.pad)
         return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": list(lease["ids"]), "rejected": []}, arrays)
 
@@ -381,14 +434,16 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
 
 
 def _plan_leases(root: Path) -> list[dict[str, Any]]:
-    from consumer.plan import EpochPlanner
+    from consumer.plan import EpochPlanner, TokenTable
     from shared.config import BatchingConfig, DataConfig, FeaturesConfig
     from shared.dataset import build_index
 
     index = build_index(DataConfig(path=str(root), index_cache="off"), FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
-    return [{"lease": n, "epoch": 0, "index": b.index, "ids": list(b.ids), "shape": list(b.shape)}
-            for n, b in enumerate(planner.plan(0), start=1)]
+    assert index.vocabulary is not None
+    tokens = TokenTable(index.samples, index.vocabulary)
+    return [{"lease": n, "epoch": 0, "index": b.index, "ids": list(b.ids), "shape": list(b.shape),
+             "tokens": tokens(b.ids)} for n, b in enumerate(planner.plan(0), start=1)]
 
 
 def _answer(conn: Any, proc: Any, what: str, timeout_s: float) -> dict[str, Any]:
@@ -558,7 +613,12 @@ def render_index(section: dict[str, Any]) -> str:
                      f"{r['cold_us_per_item']:.1f}", f"{r['warm_us_per_item']:.1f}", r["workers"],
                      f"{r['cache_bytes'] / 1e6:.1f}",
                      f"{r['with_dataset']['time_to_first_batch_s']:.2f}" if r.get("with_dataset") else "-"]
-                    for r in idx])])
+                    for r in idx])]
+                     + ([f"phonemes front-end, {section['phonemes']['sentences']} sentences: one core "
+                         f"{section['phonemes']['one_core_s']['median']:.2f} s "
+                         f"({section['phonemes']['sentences_per_s_per_core']:.0f} sentences/s per core), "
+                         f"{section['phonemes']['cores']} cores {section['phonemes']['cold_s']['median']:.2f} s, "
+                         f"warm {section['phonemes']['warm_s']['median']:.3f} s"] if "phonemes" in section else []))
 
 
 def render(report: dict[str, Any]) -> str:

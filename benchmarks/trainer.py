@@ -43,12 +43,15 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import BenchError, ratio, spread, table
+from shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
 
 TARGET_OVERHEAD = 0.02
 # Rows of real text per batch (the rest of the bucket length is padding), as in the demo data.
 FILL = 0.85
+# Token ids of the synthetic batches: about an English character vocabulary's size.
+TOKEN_IDS = 38
 # No wait for a queued batch lasts longer than this; a stuck feeder fails the measurement.
 GET_TIMEOUT_S = 30.0
 
@@ -92,7 +95,7 @@ def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) ->
     from producer.collate import collate
 
     rng = np.random.default_rng(seed)
-    toks = [rng.integers(2, 38, size=max(2, int(tokens * FILL))).astype(np.int32) for _ in range(batch_size)]
+    toks = [rng.integers(FIRST_SYMBOL_ID, TOKEN_IDS, size=max(2, int(tokens * FILL))).astype(np.int32) for _ in range(batch_size)]
     mels = [(rng.standard_normal((max(1, int(frames * FILL)), n_mels)) - 5.0).astype(np.float32)
             for _ in range(batch_size)]
     return collate(toks, mels, batch_size, tokens, frames, n_mels, float(np.log(1e-5)))
@@ -102,7 +105,7 @@ def _make_trainer(cfg: Any, shapes: list[tuple[int, int]], model: str) -> Any:
     from consumer.models import KerasTrainer
 
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model=model))
-    trainer = KerasTrainer(cfg, "/CPU:0", shapes, total_batches=None)
+    trainer = KerasTrainer(cfg, "/CPU:0", shapes, total_batches=None, vocab_size=TOKEN_IDS)
     trainer.prepare(shapes)
     return trainer
 

@@ -3,7 +3,7 @@
 Layout: one directory per checkpoint, named by its step, the newest K kept
 (``trainer.keep_checkpoints``)::
 
-    ckpt/ckpt-000120/position.json                 step, input position, plan identity, model
+    ckpt/ckpt-000120/position.json                 step, input position, plan identity, model, vocabulary
     ckpt/ckpt-000120/state.index                   tf.train.Checkpoint(**trainer.trackables, step=...)
     ckpt/ckpt-000120/state.data-00000-of-00001     (only when the trainer has trackables)
     ckpt/ckpt-000120/MANIFEST.json                 size and SHA-256 of every file above; written last
@@ -66,6 +66,7 @@ from typing import Any, Iterable
 
 from consumer.plan import EpochPlanner, PlannedBatch
 from shared.config import Config
+from shared.text import VOCAB_FILE, Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -417,8 +418,10 @@ class RunCheckpoints:
     """The consumer's checkpointing: the loop calls :meth:`record_step` after each step and
     :meth:`save` (through TrainLoop.save_checkpoint); :meth:`resume` runs before training."""
 
-    def __init__(self, run_dir: Path, cfg: Config, planner: EpochPlanner, dataset_fingerprint: str) -> None:
+    def __init__(self, run_dir: Path, cfg: Config, planner: EpochPlanner, dataset_fingerprint: str,
+                 vocabulary: Vocabulary | None = None) -> None:
         self.run_dir = run_dir
+        self.vocabulary = vocabulary  # saved in every checkpoint; a resume must bring the same one
         self.cfg = cfg
         self.checkpointer = Checkpointer(run_dir / CKPT_DIR, cfg.trainer.keep_checkpoints)
         self.every = cfg.trainer.checkpoint_every_steps
@@ -455,6 +458,16 @@ class RunCheckpoints:
         model, now = saved.get("model"), self.cfg.trainer.model
         if model != now and not (str(model).startswith(STATELESS_MODEL) and now.startswith(STATELESS_MODEL)):
             raise CheckpointError(f"cannot resume from {path}: it holds the state of --model {model}, not {now}")
+        if self.vocabulary is not None and "vocabulary" in saved:
+            try:
+                theirs = Vocabulary.from_state_dict(saved["vocabulary"])
+            except ValueError as exc:
+                raise CheckpointError(f"checkpoint {path}: {exc}") from None
+            if theirs.fingerprint != self.vocabulary.fingerprint:
+                raise CheckpointError(f"cannot resume from {path}: its vocabulary ({theirs.frontend}, {theirs.size} "
+                                      f"ids, {theirs.fingerprint}) is not the run's {VOCAB_FILE} "
+                                      f"({self.vocabulary.frontend}, {self.vocabulary.size} ids, "
+                                      f"{self.vocabulary.fingerprint})")
         position = InputPosition.from_json(saved.get("position"), self.planner)
         resumed = Resumed(path, saved["step"], position, list(saved.get("state") or []))
         for name in STEP_LOGS:
@@ -524,7 +537,9 @@ class RunCheckpoints:
             self._step_var.assign(step)
         path = self.checkpointer.save(step, {
             "saved_unix": round(time.time(), 3), "model": self.cfg.trainer.model, "plan": self.identity,
-            "state": sorted(self._trackables or {}), "position": self.position.to_json()}, self._tf_checkpoint)
+            "state": sorted(self._trackables or {}), "position": self.position.to_json(),
+            **({"vocabulary": self.vocabulary.state_dict()} if self.vocabulary is not None else {})},
+            self._tf_checkpoint)
         elapsed_ms = (time.monotonic() - began) * 1e3
         self.saved += 1
         self.last_step = step

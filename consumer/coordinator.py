@@ -68,7 +68,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
-from consumer.plan import EpochPlanner, PlannedBatch
+from consumer.plan import EpochPlanner, PlannedBatch, TokenTable
 from shared import wire
 from shared.config import Config
 from shared.dataset import DatasetScan, Rejection, check_agreement
@@ -199,8 +199,11 @@ class Coordinator:
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, stop: threading.Event,
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
                  context: zmq.Context | None = None, metadata_sha256: str = "", dataset: DatasetScan | None = None,
-                 keys: ServerKeys | None = None, resume: InputPosition | None = None) -> None:
+                 keys: ServerKeys | None = None, resume: InputPosition | None = None,
+                 tokens: TokenTable | None = None) -> None:
         self.cfg = cfg
+        # Token ids for the leases; None only where no producer makes batches (tests, benchmarks of the queue).
+        self.tokens = tokens
         self.metadata_sha256 = metadata_sha256
         self.planner = planner
         self.queue = queue
@@ -388,7 +391,8 @@ class Coordinator:
         peer.leases.add(lease.id)
         self._send(peer.identity, wire.LEASE, {
             "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
-            "ids": list(batch.ids), "shape": list(batch.shape)})
+            "ids": list(batch.ids), "shape": list(batch.shape),
+            "tokens": self.tokens(batch.ids) if self.tokens is not None else []})
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)
@@ -689,7 +693,8 @@ class Coordinator:
         if self.dataset is not None:
             agreement = check_agreement(self.dataset, msg.get("dataset"), host)
             if not agreement.ok:
-                extra = {"metadata_file": agreement.metadata_file} if agreement.metadata_file else {}
+                extra = ({"metadata_file": agreement.metadata_file, "columns": agreement.columns}
+                         if agreement.metadata_file else {})
                 self._refuse(identity, name, host, agreement.reason, **extra)
                 return
             lacks = agreement.lacks

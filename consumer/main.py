@@ -39,7 +39,7 @@ from consumer.buffer import BatchQueue
 from consumer.checkpoint import RESUME_CONFIG, CheckpointError, RunCheckpoints
 from consumer.coordinator import BindError, Coordinator
 from consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
-from consumer.plan import EpochPlanner
+from consumer.plan import EpochPlanner, TokenTable
 from consumer.progress import LiveLine
 from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
@@ -48,6 +48,7 @@ from shared.dataset import DatasetError, Rejection, Sample, build_index, feature
 from shared.gpumon import GpuSampler
 from shared.keys import KeysError, load_server_keys
 from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
+from shared.text import VOCAB_FILE, TextError, Vocabulary, load_vocabulary, save_vocabulary
 from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent,
                          flush_sockets, install_stop_handlers, parent_alive, setup_logging)
 
@@ -97,7 +98,15 @@ class Run:
 
     def execute(self) -> int:
         cfg = self.cfg
-        index = build_index(cfg.data, cfg.features)
+        # A resumed run keeps its vocabulary: texts it cannot encode are rejected, not re-numbered.
+        fixed = load_vocabulary(self.run_dir / VOCAB_FILE) if self.resume else None
+        index = build_index(cfg.data, cfg.features, cfg.text, fixed)
+        vocab = index.vocabulary
+        assert vocab is not None
+        save_vocabulary(vocab, self.run_dir / VOCAB_FILE)
+        log.info("text front-end %s: %d token ids, languages %s, %d speaker(s); vocabulary %s in %s",
+                 vocab.frontend, vocab.size, ", ".join(vocab.languages), len(vocab.speakers), vocab.fingerprint,
+                 self.run_dir / VOCAB_FILE)
         feature_cache = feature_cache_dir(cfg.data.feature_cache, index.root)
         if feature_cache != cfg.data.feature_cache:
             cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
@@ -105,24 +114,25 @@ class Run:
             log.info("feature cache %s", feature_cache)
         metadata_sha256 = index.scan.metadata_sha256
         # Held-out clips only when the trainer has a loss to validate (not synthetic:MS).
-        train_samples, val_samples = (validation.split(index.samples, cfg.trainer.val_clips, cfg.batching.seed)
-                                      if uses_tensorflow(cfg.trainer.model) else (index.samples, []))
+        train_samples, val_samples, eval_rejected = (validation.hold_out(index, cfg, self.run_dir)
+                                                     if uses_tensorflow(cfg.trainer.model) else (index.samples, [], []))
         planner = EpochPlanner(train_samples, cfg.batching)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches of %d per epoch in %d shapes %s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  cfg.batching.batch_size, len(planner.shapes), planner.shapes)
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
                  index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
-        checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint)
+        checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, vocab)
         if self.resume:
             self._resume(checkpoints)  # CheckpointError before anything in the run directory changes
         self.rejected = JsonlWriter(self.run_dir / "rejected.jsonl")
-        self._record_rejections(index.rejected)
+        self._record_rejections(index.rejected + eval_rejected)
         keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
         queue = BatchQueue(cfg.pipeline.buffer_size)
         coordinator = Coordinator(cfg, planner, queue, self.stop, max_epochs=cfg.trainer.epochs,
                                   on_rejected=self._record_rejections, metadata_sha256=metadata_sha256,
-                                  dataset=index.scan, keys=keys, resume=checkpoints.skip_plan())
+                                  dataset=index.scan, keys=keys, resume=checkpoints.skip_plan(),
+                                  tokens=TokenTable(train_samples, vocab))
         queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()
@@ -130,7 +140,7 @@ class Run:
         # Producers start now, while this process imports TensorFlow and builds the model.
         self.status.send("ready", endpoint=endpoint, batches_per_epoch=planner.batches_per_epoch)
         loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started,
-                         checkpoints, val_samples=val_samples, data_root=index.root)
+                         checkpoints, val_samples=val_samples, data_root=index.root, vocabulary=vocab)
         try:
             loop.run(self.gpu_memory_mb)
             loop.save_checkpoint()  # at the end, and after Ctrl-C or SIGTERM (not after a failure)
@@ -168,6 +178,9 @@ class Run:
                        "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
                        "queue_high_water": queue.high_water, "host_cores": os.cpu_count(),
                        "clips": len(index.samples), "val_clips": len(val_samples),
+                       "text": {"frontend": vocab.frontend, "vocab_size": vocab.size, "vocabulary": vocab.fingerprint,
+                                "languages": list(vocab.languages), "speakers": len(vocab.speakers),
+                                "lost": index.lost},
                        "index": index.stats.to_json(), **loop.model_summary(),
                        "feature_cache": feature_cache_totals(feature_cache, snap["producers"]),
                        "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
@@ -217,8 +230,9 @@ class TrainLoop:
     def __init__(self, cfg: config_mod.Config, run_dir: Path, queue: BatchQueue, coordinator: Coordinator,
                  planner: EpochPlanner, stop: threading.Event, parent_pid: int | None, started: float,
                  checkpoints: RunCheckpoints | None = None, val_samples: list[Sample] | None = None,
-                 data_root: Path | None = None) -> None:
+                 data_root: Path | None = None, vocabulary: Vocabulary | None = None) -> None:
         self.cfg = cfg
+        self.vocabulary = vocabulary  # None only for stand-in trainers in tests
         self.queue = queue
         self.coordinator = coordinator
         self.planner = planner
@@ -338,7 +352,8 @@ class TrainLoop:
 
             _, device = configure_tensorflow(gpu_memory_mb)
         budget = self.expected_steps if self.expected_steps else None
-        trainer = make_trainer(cfg, device, self.planner.shapes, budget)
+        trainer = make_trainer(cfg, device, self.planner.shapes, budget,
+                               self.vocabulary.size if self.vocabulary is not None else 0)
         if self.checkpoints is not None:
             self.checkpoints.attach(trainer)  # restores the model and optimizer of a resumed run
         if trainer.uses_tensorflow:
@@ -346,7 +361,8 @@ class TrainLoop:
             resumed = self.checkpoints.resumed if self.checkpoints is not None else None
             self.tb = TensorBoard(self.run_dir, resumed.step if resumed is not None else None)
             if self.val_samples and self.data_root is not None:
-                self._val_arrays = validation.make_batches(self.val_samples, self.data_root, cfg)
+                assert self.vocabulary is not None
+                self._val_arrays = validation.make_batches(self.val_samples, self.data_root, cfg, self.vocabulary)
                 self._val_batches = [trainer.stage(b) for b in self._val_arrays]
                 log.info("validation: %s, every %d steps", validation.describe(self._val_arrays),
                          cfg.trainer.val_every_steps)
@@ -527,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler.stop()
         flush_sockets(FLUSH_S)
         return code
-    except (DatasetError, ModelError, BindError, KeysError, CheckpointError) as exc:
+    except (DatasetError, ModelError, BindError, KeysError, CheckpointError, TextError) as exc:
         # The launcher prints a user error as its one line; log it only when run alone.
         log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)
         status.error(exc, "consumer", user_error=True)

@@ -153,17 +153,17 @@ class KerasTrainer:
     uses_tensorflow = True
 
     def __init__(self, cfg: Config, device: str, shapes: Sequence[tuple[int, int]] = (),
-                 total_batches: int | None = None, optimizer: Any = None) -> None:
+                 total_batches: int | None = None, optimizer: Any = None, *, vocab_size: int) -> None:
         """``shapes``: the plan's bucket shapes (L, T); ``total_batches``: the run's budget
         in batches (None: unknown; the learning rate then stays at its peak after warm-up);
-        ``optimizer``: a Keras optimizer to use instead of Adam (tests)."""
+        ``optimizer``: a Keras optimizer to use instead of Adam (tests); ``vocab_size``: token
+        ids of the run's vocabulary (shared/text.Vocabulary.size)."""
         import keras
         import tensorflow as tf
 
-        from shared.text import VOCAB_SIZE
-
         t = cfg.trainer
         self.tf = tf
+        self.vocab_size = vocab_size
         self.cfg = cfg
         self.device = device
         self.name = t.model
@@ -181,9 +181,9 @@ class KerasTrainer:
         tokens, frames = shapes[0] if shapes else (cfg.batching.tokens_multiple, cfg.batching.frames_multiple)
         n_mels = cfg.features.n_mels
         with tf.device(device):
-            self.model = tts.build(t.model, VOCAB_SIZE, n_mels)
+            self.model = tts.build(t.model, vocab_size, n_mels)
             # Build the variables and check the contract on a batch of the first bucket's shape.
-            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0)
+            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size)
             try:
                 result = self.model(dummy, training=False)
             except ModelError:
@@ -345,7 +345,7 @@ class KerasTrainer:
         started = time.monotonic()
         cfg = self.cfg
         for tokens, frames in shapes:
-            dummy = tts.dummy_inputs(cfg.batching.batch_size, tokens, frames, cfg.features.n_mels, -1.0)
+            dummy = tts.dummy_inputs(cfg.batching.batch_size, tokens, frames, cfg.features.n_mels, -1.0, self.vocab_size)
             args = self._args(self.stage(dummy))
             with self.tf.device(self.device):
                 self._concrete_for(args)(*args)[0].numpy()
@@ -443,9 +443,9 @@ def uses_tensorflow(spec: str) -> bool:
     return check_model(spec) is None
 
 
-def make_trainer(cfg: Config, device: str, shapes: Sequence[tuple[int, int]] = (),
-                 total_batches: int | None = None) -> Trainer:
+def make_trainer(cfg: Config, device: str, shapes: Sequence[tuple[int, int]], total_batches: int | None,
+                 vocab_size: int) -> Trainer:
     ms = check_model(cfg.trainer.model)
     if ms is not None:
         return SyntheticTrainer(ms)
-    return KerasTrainer(cfg, device, shapes, total_batches)
+    return KerasTrainer(cfg, device, shapes, total_batches, vocab_size=vocab_size)

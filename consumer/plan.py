@@ -23,6 +23,7 @@ import numpy as np
 
 from shared.config import BatchingConfig
 from shared.dataset import Sample
+from shared.text import Vocabulary
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -94,3 +95,19 @@ class EpochPlanner:
                          shape=(chunks[j][0].max_tokens, chunks[j][0].max_frames))
             for i, j in enumerate(order)
         ]
+
+
+class TokenTable:
+    """The token ids of each planned sample, as its lease carries them to a producer.
+
+    The trainer tokenizes (its index holds each text's units, made once by the text
+    front-end and cached), so a producer, here or on another host, needs no front-end,
+    phonemizer or vocabulary of its own, and its tokens cannot differ from the index's.
+    """
+
+    def __init__(self, samples: Sequence[Sample], vocabulary: Vocabulary) -> None:
+        self.vocabulary = vocabulary
+        self._units = {s.id: s.units for s in samples}
+
+    def __call__(self, ids: Sequence[str]) -> list[list[int]]:
+        return [self.vocabulary.encode(self._units[i]).tolist() for i in ids]

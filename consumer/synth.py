@@ -1,7 +1,8 @@
 """``python run.py synth RUN_DIR --text "..." --out mel.npy``: what the trained model produces.
 
 Loads the run's resolved config and its latest checkpoint (model weights only), turns
-the text into tokens as training did (shared/text.py), chooses the number of frames T
+the text into tokens with the run's own vocabulary and text front-end (the vocabulary
+saved in the checkpoint, else ``RUN_DIR/vocab.json``; shared/text.py), chooses the number of frames T
 from the model's length head (``log_frames``) unless ``--frames`` is given, and runs the
 model once. Writes the mel as float32 ``[T, F]`` (.npy) and an image of it (.png, low
 frequencies at the bottom) beside it.
@@ -18,6 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,9 +44,9 @@ class SynthResult:
     tokens: int
 
 
-def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None) -> SynthResult:
+def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None,
+               language: str | None = None) -> SynthResult:
     from shared import config as config_mod
-    from shared.text import VOCAB_SIZE, encode_text
 
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
@@ -61,9 +63,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         raise SynthError(f"run {run_dir} trained the stand-in trainer {spec}, which has no model to synthesize with")
     if kind == "user" and os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # a user's module is found as in training: PYTHONPATH, then here
-    tokens = encode_text(text)
-    if len(tokens) <= 1:
-        raise SynthError("--text has nothing to say after normalisation")
+    tokens, vocab = encode_for_run(run_dir, cfg, text, language or cfg.text.language)
     if frames is not None and not 0 < frames <= MAX_FRAMES:
         raise SynthError(f"--frames must be between 1 and {MAX_FRAMES}")
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
@@ -88,7 +88,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
 
     pad = pad_value(cfg.features)
     with tf.device(device):
-        model = tts.build(spec, VOCAB_SIZE, n_mels)
+        model = tts.build(spec, vocab.size, n_mels)
         probe = {"tokens": tokens[None].astype(np.int32), "token_lengths": np.array([len(tokens)], np.int32),
                  "mel": np.full((1, cfg.batching.frames_multiple, n_mels), pad, np.float32),
                  "mel_lengths": np.array([cfg.batching.frames_multiple], np.int32)}
@@ -120,3 +120,54 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     melimage.write_png(png_path, melimage.colorize(mel))
     seconds = frames * cfg.features.hop_length / cfg.features.sample_rate_hz
     return SynthResult(mel_path, png_path, frames, seconds, str(found), len(tokens))
+
+
+def run_vocabulary(run_dir: Path) -> Any:
+    """The vocabulary a run trained with: its newest checkpoint's, else ``RUN_DIR/vocab.json``."""
+    import json
+
+    from consumer.checkpoint import CKPT_DIR, POSITION, Checkpointer
+    from shared.text import VOCAB_FILE, TextError, Vocabulary, load_vocabulary
+
+    found = Checkpointer(run_dir / CKPT_DIR, keep=1).latest()
+    if found is not None:
+        try:
+            saved = json.loads((found / POSITION).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = {}
+        if isinstance(saved, dict) and "vocabulary" in saved:
+            try:
+                return Vocabulary.from_state_dict(saved["vocabulary"])
+            except ValueError as exc:
+                raise SynthError(f"checkpoint {found}: {exc}") from None
+    try:
+        return load_vocabulary(run_dir / VOCAB_FILE)
+    except TextError as exc:
+        raise SynthError(str(exc)) from None
+
+
+def encode_for_run(run_dir: Path, cfg: Any, text: str, language: str) -> tuple[np.ndarray, Any]:
+    """Token ids [L] of ``text`` as the run's front-end and vocabulary make them, and the vocabulary.
+
+    SynthError (one line) when the front-end changed since the run, the text has
+    characters the vocabulary lacks or loses characters, or nothing is left to say.
+    """
+    from shared.text import TextError, make_frontend
+
+    vocab = run_vocabulary(run_dir)
+    try:
+        frontend = make_frontend(vocab.frontend, cfg.text.digits)
+        problem = vocab.check_engine(frontend)
+        if problem:
+            raise SynthError(f"cannot tokenize as run {run_dir} did: {problem}")
+        made = frontend.units([text], language)[0]
+    except TextError as exc:
+        raise SynthError(str(exc)) from None
+    lacking = made.lost + vocab.missing(made.units)
+    if lacking:
+        shown = ", ".join(f"{ch!r} U+{ord(ch):04X}" for ch in dict.fromkeys(lacking))
+        raise SynthError(f"--text has characters the run's {vocab.frontend} vocabulary cannot represent: {shown}")
+    tokens = vocab.encode(made.units)
+    if frontend.count(made.units) == 0 or (not vocab.is_user and len(tokens) <= 1):
+        raise SynthError("--text has nothing to say after normalisation")
+    return tokens, vocab

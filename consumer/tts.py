@@ -4,7 +4,7 @@ the contract a user's own model (``--model package.module:function``) must keep.
 Inputs of every model, one training batch (dimension legend as in producer/collate.py:
 B batch, L tokens, T mel frames, F mel channels):
 
-    tokens         int32    [B, L]     character ids (shared/text.py); padding 0
+    tokens         int32    [B, L]     token ids of the run's vocabulary (shared/text.py); padding 0
     token_lengths  int32    [B]        valid tokens per row; 0 for an empty row
     mel            float32  [B, T, F]  target log-mel; padding log(features.log_floor).
                                        Only its shape (T) is meant to be used: at synthesis it
@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+
+from shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
 
@@ -194,11 +196,13 @@ def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
     return TextToMel()
 
 
-def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: float) -> dict[str, np.ndarray]:
-    """A batch of the model's input shapes and dtypes (to build and check a model)."""
+def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: float,
+                 vocab_size: int) -> dict[str, np.ndarray]:
+    """A batch of the model's input shapes and dtypes (to build and check a model); token
+    ids are drawn below ``vocab_size``, after <pad> and <eos> where the vocabulary has more."""
     rng = np.random.default_rng(0)
     return {
-        "tokens": rng.integers(2, 30, size=(batch, tokens)).astype(np.int32),
+        "tokens": rng.integers(min(FIRST_SYMBOL_ID, vocab_size - 1), vocab_size, size=(batch, tokens)).astype(np.int32),
         "token_lengths": np.full(batch, tokens, np.int32),
         "mel": np.full((batch, frames, n_mels), pad_value, np.float32),
         "mel_lengths": np.full(batch, frames, np.int32),

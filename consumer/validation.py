@@ -1,9 +1,14 @@
 """Held-out validation clips: which ones, and their batches.
 
+Where ``data.eval_file`` names a second metadata file (``metadata_eval.csv`` beside
+``metadata_train.csv``, the layout of the first users' own trainer), its clips are the
+validation clips, indexed with the training set's vocabulary (a character the training
+text never had rejects its clip, counted like any other). Otherwise
 ``trainer.val_clips`` clips (at most a tenth of the dataset, so a small dataset is not
 emptied) are held out of every epoch plan when the trainer has a loss to validate. The
 choice is a pure function of the sample ids and ``batching.seed`` (a hash order), so a
-resumed run, or another host, holds out the same clips.
+resumed run, or another host, holds out the same clips. The held-out ids are written to
+``RUN_DIR/validation.json`` (:data:`VALIDATION_FILE`).
 
 The consumer prepares their batches itself, once, at start, with the producers' own
 code (``producer.worker.BatchMaker``: same reader, features and collation) on the CPU,
@@ -25,12 +30,37 @@ import numpy as np
 from consumer.plan import round_up
 from shared import wire
 from shared.config import Config
-from shared.dataset import Sample
+from shared.dataset import DatasetIndex, Rejection, Sample, build_index
+from shared.metrics import write_json
+from shared.text import Vocabulary
 
 log = logging.getLogger(__name__)
 
 # Hold out at most this share of the clips, so that a tiny dataset keeps its training data.
 MAX_VAL_SHARE = 0.1
+# The held-out clips of a run: {"source": "eval_file" | "hash", "file": ..., "ids": [...]}.
+VALIDATION_FILE = "validation.json"
+
+
+def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path) -> tuple[list[Sample], list[Sample], list[Rejection]]:
+    """(training samples, validation samples, rejections of the eval file), recorded in the run directory."""
+    rejected: list[Rejection] = []
+    if cfg.data.eval_file:
+        evaluation = build_index(dataclasses.replace(cfg.data, metadata_file=cfg.data.eval_file), cfg.features,
+                                 cfg.text, index.vocabulary)
+        held = evaluation.samples
+        rejected = evaluation.rejected
+        ids = {s.id for s in held}
+        train = [s for s in index.samples if s.id not in ids]
+        if len(train) != len(index.samples):
+            log.warning("%d clips of %s are in %s too: they are validation clips only",
+                        len(index.samples) - len(train), cfg.data.metadata_file, cfg.data.eval_file)
+        source = {"source": "eval_file", "file": cfg.data.eval_file}
+    else:
+        train, held = split(index.samples, cfg.trainer.val_clips, cfg.batching.seed)
+        source = {"source": "hash", "val_clips": cfg.trainer.val_clips, "seed": cfg.batching.seed}
+    write_json(run_dir / VALIDATION_FILE, {**source, "ids": [s.id for s in held]})
+    return train, held, rejected
 
 
 def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[list[Sample], list[Sample]]:
@@ -46,10 +76,12 @@ def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[list[Sample
     return [s for s in samples if s.id not in held], [s for s in samples if s.id in held]
 
 
-def make_batches(samples: Sequence[Sample], root: Path, cfg: Config) -> list[dict[str, np.ndarray]]:
+def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
+                 vocabulary: Vocabulary) -> list[dict[str, np.ndarray]]:
     """The held-out clips as padded batches; clips that cannot be read here are left out (logged)."""
     if not samples:
         return []
+    from consumer.plan import TokenTable
     from producer.worker import BatchMaker
 
     # The numpy backend (same definition as the TF one, within 1e-4): on the CPU, leaving the
@@ -58,13 +90,15 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config) -> list[dic
     b = cfg.batching
     maker = BatchMaker(root, {s.id: s.text for s in samples}, features, b.batch_size, None, "validation",
                        files={s.id: s.audio for s in samples if s.audio})
+    tokens = TokenTable(samples, vocabulary)
     batches = []
     for start in range(0, len(samples), b.batch_size):
         chunk = samples[start:start + b.batch_size]
         shape = (round_up(max(s.num_tokens for s in chunk), b.tokens_multiple),
                  round_up(max(s.num_frames for s in chunk), b.frames_multiple))
-        lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": [s.id for s in chunk],
-                 "shape": shape}
+        ids = [s.id for s in chunk]
+        lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": ids, "shape": shape,
+                 "tokens": tokens(ids)}
         msg = wire.decode(maker.make(lease))
         for problem in msg["rejected"] + msg["missed"]:
             log.warning("validation clip %s left out: %s", problem["id"], problem["reason"])

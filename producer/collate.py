@@ -8,7 +8,7 @@ Dimension legend:
 
 Arrays of a batch, as they travel and as the trainer receives them:
 
-    tokens         int32    [B, L]     character ids (shared/text.py); padding PAD_ID = 0
+    tokens         int32    [B, L]     token ids of the run's vocabulary (shared/text.py); padding PAD_ID = 0
     token_lengths  int32    [B]        valid tokens per row (EOS included); 0 for empty rows
     mel            float32  [B, T, F]  log-mel (producer/features.py); padding log(log_floor)
     mel_lengths    int32    [B]        valid frames per row; 0 for empty rows

@@ -56,12 +56,12 @@ from zmq.utils.monitor import recv_monitor_message
 
 from shared import wire
 from shared.config import FaultsConfig, FeaturesConfig
-from shared.dataset import (AUDIO_SUFFIX, DatasetError, DatasetScan, audio_path, relative_audio, resolve_root,
+from shared.dataset import (DatasetError, DatasetScan, audio_path, relative_audio, resolve_root,
                             scan_dataset)
 from shared.keys import ClientKeys, KeysError, load_client_keys, short
+from shared.layouts import COLUMNS_AUTO, LayoutError
 from shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
     install_stop_handlers, parent_alive, setup_logging
-from shared.text import encode_text
 
 log = logging.getLogger("producer")
 
@@ -103,7 +103,8 @@ class Refused(Exception):
 class BatchMaker:
     """Turns one lease into the frames of a BATCH message.
 
-    Per clip: tokens from the metadata text; the log-mel from the feature cache when
+    Per clip: the token ids the lease carries (the trainer tokenizes: see
+    consumer/plan.TokenTable); the log-mel from the feature cache when
     one is configured and holds a valid entry, else from the audio (read, downmixed,
     resampled, then transformed with the other clips of the batch at once, and stored
     in the cache). Clips whose file is not on this host are reported as missed (the
@@ -156,15 +157,18 @@ class BatchMaker:
         to_store: list[tuple[str, str, os.stat_result]] = []
         rejected: list[dict[str, str]] = []
         missed: list[dict[str, str]] = []
-        for sample_id in lease["ids"]:
-            text = self.texts.get(sample_id)
-            if text is None:
+        token_rows = lease["tokens"]
+        for n, sample_id in enumerate(lease["ids"]):
+            if sample_id not in self.texts:
                 missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
                 continue
-            name = self.files.get(sample_id) or f"{sample_id}{AUDIO_SUFFIX}"
+            if n >= len(token_rows) or not token_rows[n]:
+                rejected.append({"id": sample_id, "reason": "the lease carries no token ids for this clip"})
+                continue
+            name = self.files.get(sample_id) or relative_audio(sample_id)
             where = relative_audio(sample_id, name)
             path = audio_path(self.root, sample_id, name)
-            tok = encode_text(text)
+            tok = np.asarray(token_rows[n], dtype=np.int32)
             mel = None
             if self.cache is not None:
                 try:
@@ -248,7 +252,7 @@ class Producer:
         self._welcome: dict[str, Any] | None = None
         self._welcomed = threading.Event()
         self._scan: DatasetScan | None = None
-        self._scanned: set[str] = set()
+        self._scanned: set[tuple[str, str]] = set()  # (metadata file, data.columns) read so far
         self._monitor: zmq.Socket | None = None
         self._handshake_failures = 0
         self._connected_t = 0.0
@@ -362,9 +366,9 @@ class Producer:
             self._last_hello = time.monotonic()
         return sent
 
-    def _rescan(self, metadata_file: str) -> None:
-        self._scan = scan_dataset(self.root, metadata_file)
-        self._scanned.add(metadata_file)
+    def _rescan(self, metadata_file: str, columns: str = COLUMNS_AUTO) -> None:
+        self._scan = scan_dataset(self.root, metadata_file, columns)
+        self._scanned.add((metadata_file, columns))
         log.info("%s: dataset %s (%s): %d entries, %d audio files missing here, fingerprint %s", self.name,
                  self.root, metadata_file, len(self._scan.entries), len(self._scan.missing), self._scan.fingerprint)
 
@@ -413,7 +417,7 @@ class Producer:
             log.info("%s joined %s as producer %s (%s)", self.name, self.endpoint, msg.get("producer_name", self.name),
                      msg.get("producer_index"))
         elif msg.kind == wire.LEASE:
-            wire.require(msg, lease=int, epoch=int, index=int, ids=list, shape=list)
+            wire.require(msg, lease=int, epoch=int, index=int, ids=list, shape=list, tokens=list)
             if not self._first_lease_logged:
                 self._first_lease_logged = True
                 log.info("%s: first lease %.2f s after connecting", self.name, now - self._connected_t)
@@ -437,6 +441,7 @@ class Producer:
         elif msg.kind == wire.REFUSE:
             reason = str(msg.get("reason", "refused"))[:1000]
             wanted = msg.get("metadata_file")
+            columns = msg.get("columns") if isinstance(msg.get("columns"), str) else COLUMNS_AUTO
             if msg.get("rejoin") is True:
                 if now - self._last_hello < HELLO_RETRY_S:
                     return True  # answers a message sent before our latest HELLO
@@ -445,9 +450,12 @@ class Producer:
                     self._reset_work()
                     self._welcomed.clear()
                 self._hello(sock)
-            elif isinstance(wanted, str) and wanted not in self._scanned and "/" not in wanted:
-                log.info("%s: the trainer reads %s; scanning that instead", self.name, wanted)
-                self._rescan(wanted)
+            elif isinstance(wanted, str) and (wanted, columns) not in self._scanned and "/" not in wanted:
+                log.info("%s: the trainer reads %s (columns %r); scanning that instead", self.name, wanted, columns)
+                try:
+                    self._rescan(wanted, columns)
+                except LayoutError as exc:
+                    raise Refused(f"the trainer's data.columns cannot be used here: {exc}") from None
                 self._hello(sock)
             else:
                 raise Refused(f"the trainer at {self.endpoint} refused this producer: {reason}")

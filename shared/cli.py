@@ -72,7 +72,10 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, help="train this many epochs (instead of --steps)")
     parser.add_argument("--buffer-size", type=int, help="queue capacity in batches (default 3)")
     parser.add_argument("--model-start-delay", type=float, metavar="S", help="warm-up before the first step")
-    parser.add_argument("--model", help="tiny | synthetic:MS")
+    parser.add_argument("--model", help="tiny | small | base | synthetic:MS | package.module:function")
+    parser.add_argument("--text-frontend", metavar="NAME",
+                        help="characters (any script) | phonemes (espeak-ng) | package.module:function")
+    parser.add_argument("--language", metavar="CODE", help="language of clips whose metadata names none (en, fa, ...)")
     parser.add_argument("--run-dir", help="where the run's files go (default runs/<timestamp>)")
     parser.add_argument("--record-samples", action="store_true", default=None, help="write samples.jsonl")
     parser.add_argument("--keys", metavar="DIR", help="CURVE keys directory")
@@ -92,6 +95,7 @@ FLAG_KEYS = {
     "model_start_delay": "pipeline.model_start_delay_s", "model": "trainer.model", "run_dir": "run.run_dir",
     "record_samples": "trainer.record_samples", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
     "log_level": "run.log_level", "metrics_port": "run.metrics_port", "max_producers": "pipeline.max_producers",
+    "text_frontend": "text.frontend", "language": "text.language",
 }
 
 
@@ -116,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", default="mel.npy", help="the mel [T, F] as .npy; the .png goes beside it")
     synth.add_argument("--frames", type=int, help="mel frames to produce (default: the model's length prediction)")
     synth.add_argument("--gpu", type=int, help="GPU index to run on (default: the CPU)")
+    synth.add_argument("--language", metavar="CODE", help="the text's language (default: the run's text.language)")
     watch = sub.add_parser("watch", help="show a running trainer's queue depth, wait and throughput")
     watch.add_argument("run_dir", metavar="RUN_DIR")
     precompute = sub.add_parser("precompute", help="fill the feature cache ahead of training, with all producers")
@@ -432,7 +437,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if not run_dir.is_dir():
         raise UserError(f"{run_dir} is not a directory")
     try:
-        result = synthesize(run_dir, args.text, Path(args.out), frames=args.frames, gpu=args.gpu)
+        result = synthesize(run_dir, args.text, Path(args.out), frames=args.frames, gpu=args.gpu,
+                            language=args.language)
     except (SynthError, ModelError) as exc:
         raise UserError(str(exc)) from None
     out(f"{result.mel_path}: mel of {result.frames} frames ({result.seconds:.2f} s) for {result.tokens} tokens, "

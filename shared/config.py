@@ -32,13 +32,25 @@ class DataConfig:
     """Where the dataset is and which clips are usable."""
 
     path: str = ""  # LJSpeech-layout directory; empty means the embedded demo set
-    metadata_file: str = "metadata.csv"  # `id|text|normalized_text` (or `id|text`)
+    metadata_file: str = "metadata.csv"  # LJSpeech lines (see data.columns), or a *.jsonl manifest
+    columns: str = ""  # metadata fields, e.g. "id|speaker|text"; "" = by field count (shared/layouts.py)
+    eval_file: str = ""  # held-out clips in the same layout (metadata_eval.csv); "" = trainer.val_clips by hash
     min_audio_s: float = 0.2  # shorter clips are rejected at index time
     max_audio_s: float = 20.0  # longer clips are rejected at index time
     max_tokens: int = 400  # texts that tokenize to more are rejected at index time
     index_cache: str = ""  # "" = DATASET/.stoker (or the user cache dir if read-only); "off"; or a directory
     index_workers: int = 0  # processes reading audio headers on a cold index build; 0 = one per usable core
     feature_cache: str = ""  # "" = off; "auto" = DATASET/.stoker/features (or the user cache dir); or a directory
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """What a clip's text becomes (shared/text.py): the front-end and its language rules."""
+
+    frontend: str = "characters"  # characters | phonemes | package.module:function (--text-frontend)
+    language: str = "en"  # language of clips whose metadata names none (--language)
+    digits: str = "spell"  # spell: numbers spelled out in the clip's language (num2words) | keep: digit symbols
+    max_lost_frac: float = 0.0  # reject a clip whose text loses more than this share of its characters
 
 
 @dataclass(frozen=True)
@@ -149,6 +161,7 @@ class RunConfig:
 @dataclass(frozen=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
+    text: TextConfig = field(default_factory=TextConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -249,6 +262,19 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if t.checkpoint_every_steps < 0:
         raise ConfigError(f"trainer.checkpoint_every_steps must be >= 0, got {t.checkpoint_every_steps}")
+    tx = cfg.text
+    if tx.digits not in ("spell", "keep"):
+        raise ConfigError(f"text.digits must be 'spell' or 'keep', got {tx.digits!r}")
+    if not 0 <= tx.max_lost_frac <= 1:
+        raise ConfigError(f"text.max_lost_frac must be between 0 and 1, got {tx.max_lost_frac}")
+    if tx.frontend not in ("characters", "phonemes") and not re.fullmatch(r"[\w.]+:\w+", tx.frontend):
+        raise ConfigError(f"text.frontend must be characters, phonemes or package.module:function, got "
+                          f"{tx.frontend!r}")
+    from shared.text import LANGUAGES
+
+    if tx.language not in LANGUAGES:
+        raise ConfigError(f"unknown language code {tx.language!r} for text.language (known: "
+                          f"{', '.join(sorted(LANGUAGES))})")
     if cfg.data.index_workers < 0:
         raise ConfigError(f"data.index_workers must be >= 0, got {cfg.data.index_workers}")
     if not 0 < cfg.data.min_audio_s < cfg.data.max_audio_s:

@@ -61,15 +61,18 @@ import logging
 import math
 import multiprocessing
 import os
+import stat as stat_module
 import struct
 import tempfile
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
-from shared.config import DataConfig, FeaturesConfig
-from shared.text import SYMBOLS, count_tokens
+from shared.config import DataConfig, FeaturesConfig, TextConfig
+from shared.layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, parse_entries, parse_metadata
+from shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, Vocabulary, make_frontend
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".a
                   ".rf64", ".caf")
 
 # Bump when the cache layout or any rule that derives the index from its inputs changes.
-INDEX_FORMAT = 3
+INDEX_FORMAT = 4
 # Cache files start with this magic, then the SHA-256 of the msgpack payload that follows.
 INDEX_CACHE_MAGIC = b"STKIDX02"
 # "" in data.index_cache: the dataset's own hidden directory, else the user cache dir.
@@ -92,6 +95,12 @@ FEATURE_CACHE_AUTO = "auto"
 # this long in one process: a helper needs ~0.5 s to start (a fresh interpreter importing
 # numpy and this package), so shorter work is done sooner alone.
 PARALLEL_MIN_SECONDS = 2.0
+# Clips whose metadata names no speaker are this speaker's.
+DEFAULT_SPEAKER = "default"
+# A dataset where more than this share of the clips is rejected for one cause ends the run
+# with one line naming the cause and the setting that fixes it (a wrong front-end,
+# language or column mapping rejects nearly everything).
+MOSTLY_REJECTED_FRAC = 0.5
 # Estimated cost of one item, to apply that rule before reading anything (measured on a
 # 2-core VM): a WAV header walk, a libsndfile header read, a FLAC header plus the decode
 # of its last block, and one text's tokenization.
@@ -99,6 +108,7 @@ WAV_HEADER_S = 50e-6
 OTHER_HEADER_S = 100e-6
 FLAC_HEADER_S = 400e-6
 TEXT_S = 10e-6
+PHONEMES_S = 400e-6  # one sentence through espeak-ng
 # Headers per task handed to a worker: large enough to amortise the task overhead,
 # small enough that the last tasks balance the load.
 CHUNK_ITEMS = 1000
@@ -115,15 +125,6 @@ class DatasetError(Exception):
     """The dataset as a whole cannot be used (missing, unreadable, no usable clip)."""
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One metadata line: the id, the text to speak, and where it came from."""
-
-    id: str
-    text: str
-    line: int
-
-
 class Sample(NamedTuple):
     """One usable clip: enough to plan batches without decoding audio.
 
@@ -138,23 +139,9 @@ class Sample(NamedTuple):
     duration_s: float
     audio: str = ""  # file name in the audio directory ("" for synthetic samples)
     line: int = 0  # metadata line
-
-
-@dataclass(frozen=True)
-class Rejection:
-    id: str
-    reason: str
-    producer: str = "index"  # who rejected it: "index" (consumer) or a producer name
-    line: int | None = None  # metadata line, where one applies
-    file: str | None = None  # dataset-relative audio file, where one applies
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "reason": self.reason, "producer": self.producer}
-        if self.line is not None:
-            out["line"] = self.line
-        if self.file is not None:
-            out["file"] = self.file
-        return out
+    language: str = ""  # language code (the metadata's, else text.language)
+    speaker: str = ""  # speaker name (the metadata's, else DEFAULT_SPEAKER)
+    units: str = ""  # what the text front-end made of the text (Vocabulary.encode gives the ids)
 
 
 class AudioFile(NamedTuple):
@@ -217,6 +204,7 @@ class DatasetScan:
     audio_fp: str
     files: dict[str, str] = field(default_factory=dict)  # audio file name by id (see scan_audio)
     metadata_sha256: str = ""  # of the metadata bytes as read, "" when not known
+    columns: str = COLUMNS_AUTO  # data.columns the metadata was parsed with
 
     @property
     def fingerprint(self) -> str:
@@ -225,7 +213,8 @@ class DatasetScan:
 
     def describe(self) -> dict[str, Any]:
         """The ``dataset`` field of a producer's HELLO."""
-        return {"metadata_file": self.metadata_file, "metadata": self.metadata_fp, "audio": self.audio_fp,
+        return {"metadata_file": self.metadata_file, "columns": self.columns, "metadata": self.metadata_fp,
+                "audio": self.audio_fp,
                 "entries": len(self.entries), "missing": self.missing[:MAX_MISSING_IDS],
                 "missing_count": len(self.missing)}
 
@@ -238,6 +227,7 @@ class Agreement:
     reason: str = ""
     lacks: frozenset[str] = frozenset()  # ids this producer has no audio for
     metadata_file: str = ""  # set when the producer read another metadata file than the trainer
+    columns: str | None = None  # set with metadata_file: the data.columns to read it with
 
 
 @dataclass
@@ -256,6 +246,9 @@ class DatasetIndex:
     fingerprint: str
     stats: IndexStats = field(default_factory=IndexStats)
     metadata_file: str = "metadata.csv"
+    columns: str = COLUMNS_AUTO
+    vocabulary: Vocabulary | None = None  # None only for indexes made without a front-end (tests)
+    lost: dict[str, Any] = field(default_factory=dict)  # lost characters: see TextReport.to_json
     _scan: DatasetScan | None = field(default=None, repr=False)
     _scan_inputs: tuple[bytes, dict[str, AudioFile]] | None = field(default=None, repr=False)
 
@@ -264,10 +257,10 @@ class DatasetIndex:
         if self._scan is None:
             if self._scan_inputs is not None:
                 metadata, audio = self._scan_inputs
-                self._scan = scan_from(self.root, self.metadata_file, metadata, audio)
+                self._scan = scan_from(self.root, self.metadata_file, metadata, audio, self.columns)
                 self._scan_inputs = None
             else:
-                self._scan = scan_dataset(self.root, self.metadata_file)
+                self._scan = scan_dataset(self.root, self.metadata_file, self.columns)
         return self._scan
 
     def by_id(self) -> dict[str, Sample]:
@@ -288,17 +281,17 @@ def resolve_root(path: str) -> Path:
 
 
 def audio_path(root: Path, sample_id: str, name: str | None = None) -> Path:
-    """Where a clip's audio is: ``wavs/<name>``, by default ``wavs/<id>.wav``."""
-    return root / AUDIO_DIR / (name or f"{sample_id}{AUDIO_SUFFIX}")
+    """Where a clip's audio is: ``name`` (relative to the dataset, or absolute), by default ``wavs/<id>.wav``."""
+    return root / relative_audio(sample_id, name)
 
 
 def relative_audio(sample_id: str, name: str | None = None) -> str:
-    """The dataset-relative path named in reasons: ``wavs/<name>``."""
-    return f"{AUDIO_DIR}/{name or sample_id + AUDIO_SUFFIX}"
+    """The audio path named in reasons and stored in the index: ``name``, by default ``wavs/<id>.wav``."""
+    return name or f"{AUDIO_DIR}/{sample_id}{AUDIO_SUFFIX}"
 
 
 def scan_audio(root: Path) -> dict[str, AudioFile]:
-    """Every audio file of ``root/wavs`` by id (its name without the suffix).
+    """Every audio file of ``root/wavs`` by id (its name without the suffix), named ``wavs/<file>``.
 
     One directory listing (sizes and mtimes come with it); when an id has files with
     several suffixes, the first in :data:`AUDIO_SUFFIXES` wins. A missing directory
@@ -333,63 +326,37 @@ def scan_audio(root: Path) -> dict[str, AudioFile]:
                 st = stat(name, dir_fd=fd)
             except OSError:
                 continue  # vanished while listing: the clip is reported missing
-            found[stem] = AudioFile(name, st.st_size, st.st_mtime_ns)
+            found[stem] = AudioFile(f"{AUDIO_DIR}/{name}", st.st_size, st.st_mtime_ns)
     finally:
         os.close(fd)
     return found
 
 
-def _utf8_problem(raw: bytes) -> str:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
-    return ""
+def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
+    """The audio files a manifest names, by id: one stat each (a missing file is left out).
 
-
-def parse_metadata(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
-    """Parse metadata bytes; malformed lines become rejections, never exceptions."""
-    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (Windows editors) is not part of the id
-        raw = raw[3:]
-    entries: list[Entry] = []
-    rejected: list[Rejection] = []
-    first_line: dict[str, int] = {}
-    for number, line_bytes in enumerate(raw.splitlines(), start=1):
-        if not line_bytes.strip():
+    ``AudioFile.name`` is the path as the manifest wrote it: relative to the dataset
+    directory, or absolute.
+    """
+    found: dict[str, AudioFile] = {}
+    for entry in entries:
+        if not entry.audio:
             continue
         try:
-            line = line_bytes.decode("utf-8")
-        except UnicodeDecodeError:
-            head = line_bytes.split(b"|", 1)[0].strip()
-            try:
-                sample_id = head.decode("utf-8") if head else ""
-            except UnicodeDecodeError:
-                sample_id = ""
-            rejected.append(Rejection(sample_id or f"line:{number}",
-                                      f"metadata line {number} is not valid UTF-8 ({_utf8_problem(line_bytes)})",
-                                      line=number))
-            continue
-        parts = line.split("|")
-        sample_id = parts[0].strip()
-        problem = ""
-        if len(parts) not in (2, 3):
-            problem = f"{len(parts)} field{'s' if len(parts) != 1 else ''}, expected id|text|normalized_text or id|text"
-        elif not sample_id:
-            problem = "empty id"
-        elif "/" in sample_id or "\\" in sample_id or sample_id.startswith("."):
-            problem = f"id {sample_id!r} is not a plain file name"
-        if problem:
-            rejected.append(Rejection(sample_id or f"line:{number}", f"malformed metadata line {number}: {problem}",
-                                      line=number))
-            continue
-        if sample_id in first_line:
-            rejected.append(Rejection(sample_id, f"duplicate id on metadata line {number} "
-                                                 f"(first on line {first_line[sample_id]})", line=number))
-            continue
-        first_line[sample_id] = number
-        text = parts[-1].strip() or parts[1].strip()
-        entries.append(Entry(sample_id, text, number))
-    return entries, rejected
+            st = os.stat(root / entry.audio)
+        except OSError:
+            continue  # reported as missing, with the path
+        if stat_module.S_ISREG(st.st_mode):
+            found[entry.id] = AudioFile(entry.audio, st.st_size, st.st_mtime_ns)
+    return found
+
+
+def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:
+    """The audio of a dataset by id: the files a manifest names, or the listing of ``wavs/``."""
+    if is_manifest(metadata_file):
+        entries, _ = parse_entries(metadata, metadata_file, columns)
+        return locate_audio(root, entries)
+    return scan_audio(root)
 
 
 def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> bytes:
@@ -404,9 +371,10 @@ def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> byte
         raise DatasetError(f"cannot read {meta}: {exc.strerror}") from None
 
 
-def read_metadata(root: Path, metadata_file: str = "metadata.csv") -> tuple[list[Entry], list[Rejection]]:
+def read_metadata(root: Path, metadata_file: str = "metadata.csv",
+                  columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
     """Parse ``root/metadata_file``; malformed lines become rejections, never exceptions."""
-    return parse_metadata(read_metadata_bytes(root, metadata_file))
+    return parse_entries(read_metadata_bytes(root, metadata_file), metadata_file, columns)
 
 
 # ----------------------------------------------------------------------- agreement
@@ -420,16 +388,17 @@ def _digest(lines: Iterable[str]) -> str:
 
 
 def metadata_fingerprint(entries: Iterable[Entry]) -> str:
-    return _digest(f"{e.id}\t{e.text}\n" for e in sorted(entries, key=lambda e: e.id))
+    return _digest(f"{e.id}\t{e.text}\t{e.speaker}\t{e.language}\n" for e in sorted(entries, key=lambda e: e.id))
 
 
 def audio_fingerprint(sizes: Mapping[str, int], without: Collection[str] = ()) -> str:
     return _digest(f"{i}\t{sizes[i]}\n" for i in sorted(sizes) if i not in without)
 
 
-def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[str, AudioFile]) -> DatasetScan:
+def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[str, AudioFile],
+              columns: str = COLUMNS_AUTO) -> DatasetScan:
     """The scan of metadata bytes and an audio listing (:func:`scan_audio`) already read."""
-    entries, malformed = parse_metadata(metadata)
+    entries, malformed = parse_entries(metadata, metadata_file, columns)
     sizes: dict[str, int] = {}
     files: dict[str, str] = {}
     missing: list[str] = []
@@ -443,12 +412,13 @@ def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[st
     return DatasetScan(root=root, metadata_file=metadata_file, entries=entries, malformed=malformed, sizes=sizes,
                        missing=sorted(missing), metadata_fp=metadata_fingerprint(entries),
                        audio_fp=audio_fingerprint(sizes), files=files,
-                       metadata_sha256=hashlib.sha256(metadata).hexdigest())
+                       metadata_sha256=hashlib.sha256(metadata).hexdigest(), columns=columns)
 
 
-def scan_dataset(root: Path, metadata_file: str = "metadata.csv") -> DatasetScan:
+def scan_dataset(root: Path, metadata_file: str = "metadata.csv", columns: str = COLUMNS_AUTO) -> DatasetScan:
     """Read the metadata and list the audio files; raise DatasetError if unreadable."""
-    return scan_from(root, metadata_file, read_metadata_bytes(root, metadata_file), scan_audio(root))
+    metadata = read_metadata_bytes(root, metadata_file)
+    return scan_from(root, metadata_file, metadata, list_audio(root, metadata_file, metadata, columns), columns)
 
 
 def _is_str_list(value: Any) -> bool:
@@ -469,9 +439,11 @@ def check_agreement(reference: DatasetScan, described: Any, host: str) -> Agreem
                        for k, t in fields.items())):
         return Agreement(False, f"producer on {host} did not describe its dataset (a stoker without dataset "
                                 "agreement?)")
-    if described["metadata_file"] != reference.metadata_file:
-        return Agreement(False, f"producer on {host} read {described['metadata_file']!r}; the trainer reads "
-                                f"{reference.metadata_file!r}", metadata_file=reference.metadata_file)
+    columns = described.get("columns", COLUMNS_AUTO)
+    if described["metadata_file"] != reference.metadata_file or columns != reference.columns:
+        return Agreement(False, f"producer on {host} read {described['metadata_file']!r} (columns {columns!r}); the "
+                                f"trainer reads {reference.metadata_file!r} (columns {reference.columns!r})",
+                         metadata_file=reference.metadata_file, columns=reference.columns)
     where = f"dataset on {host} does not match the trainer's"
     if described["metadata"] != reference.metadata_fp:
         return Agreement(False, f"{where}: {reference.metadata_file} differs ({described['entries']} entries, "
@@ -659,22 +631,45 @@ def _probe_tuple(p: AudioProbe) -> tuple[int, int, int, str, str]:
     return tuple(p)  # type: ignore[return-value]
 
 
-def _work_items(root: str, items: Sequence[tuple[str | None, int, str | None]]) -> list[tuple[tuple | None, int | None]]:
-    """Read headers and count tokens: [(audio name or None, its size, text or None)] -> [(probe, tokens)].
+# A text work item: (language, text); its result: (units, lost characters).
+TextKey = tuple[str, str]
+Item = tuple["str | None", int, "TextKey | None"]
+_FRONTENDS: dict[tuple[str, str], Frontend] = {}  # per process: a phonemizer backend is set up once
 
-    Runs in worker processes (so it takes and returns plain tuples) and in-process.
+
+def _frontend(spec: tuple[str, str]) -> Frontend:
+    frontend = _FRONTENDS.get(spec)
+    if frontend is None:
+        frontend = _FRONTENDS[spec] = make_frontend(*spec)
+    return frontend
+
+
+def _work_items(root: str, items: Sequence[Item], text_spec: tuple[str, str]) -> list[tuple[tuple | None,
+                                                                                               tuple | None]]:
+    """Read headers and make units: [(audio name or None, its size, (language, text) or None)]
+    -> [(probe, (units, lost))].
+
+    Runs in worker processes (so it takes and returns plain tuples) and in-process. Texts
+    go to the front-end one list per language (a phonemizer call has a set-up cost).
     """
-    base = os.path.join(root, AUDIO_DIR)
     join = os.path.join
-    out: list[tuple[tuple | None, int | None]] = []
-    for name, size, text in items:
-        probe = _probe_tuple(probe_audio(join(base, name), size)) if name is not None else None
-        tokens = count_tokens(text) if text is not None else None
-        out.append((probe, tokens))
-    return out
+    probes = [_probe_tuple(probe_audio(join(root, name), size)) if name is not None else None
+              for name, size, _ in items]
+    by_language: dict[str, list[int]] = collections.defaultdict(list)
+    for n, (_, _, key) in enumerate(items):
+        if key is not None:
+            by_language[key[0]].append(n)
+    units: list[tuple | None] = [None] * len(items)
+    if by_language:
+        frontend = _frontend(text_spec)
+        for code, positions in by_language.items():
+            made = frontend.units([items[n][2][1] for n in positions], code)  # type: ignore[index]
+            for n, u in zip(positions, made):
+                units[n] = (u.units, u.lost)
+    return list(zip(probes, units))
 
 
-def _estimated_seconds(items: Sequence[tuple[str | None, int, str | None]]) -> float:
+def _estimated_seconds(items: Sequence[Item], text_s: float) -> float:
     """What :func:`_work_items` would take in one process, from the file suffixes alone."""
     total = 0.0
     for name, _, text in items:
@@ -682,15 +677,16 @@ def _estimated_seconds(items: Sequence[tuple[str | None, int, str | None]]) -> f
             suffix = name.rpartition(".")[2].lower()
             total += WAV_HEADER_S if suffix == "wav" else FLAC_HEADER_S if suffix == "flac" else OTHER_HEADER_S
         if text is not None:
-            total += TEXT_S
+            total += text_s
     return total
 
 
-def _run_items(root: Path, items: list[tuple[str | None, int, str | None]],
-               workers: int) -> tuple[list[tuple[tuple | None, int | None]], int]:
+def _run_items(root: Path, items: list[Item], workers: int,
+               text_spec: tuple[str, str]) -> tuple[list[tuple[tuple | None, tuple | None]], int]:
     """:func:`_work_items` over all items, in ``workers`` processes (this one included)."""
-    if workers <= 1 or len(items) < 2 or _estimated_seconds(items) < PARALLEL_MIN_SECONDS:
-        return _work_items(str(root), items), 1
+    text_s = PHONEMES_S if text_spec[0] == "phonemes" else TEXT_S
+    if workers <= 1 or len(items) < 2 or _estimated_seconds(items, text_s) < PARALLEL_MIN_SECONDS:
+        return _work_items(str(root), items, text_spec), 1
     chunks = [items[i:i + CHUNK_ITEMS] for i in range(0, len(items), CHUNK_ITEMS)]
     results: list[list[Any] | None] = [None] * len(chunks)
     todo = collections.deque(range(len(chunks)))
@@ -704,35 +700,39 @@ def _run_items(root: Path, items: list[tuple[str | None, int, str | None]],
             def top_up() -> None:
                 while todo and len(running) < 2 * helpers:
                     n = todo.popleft()
-                    running[pool.submit(_work_items, str(root), chunks[n])] = n
+                    running[pool.submit(_work_items, str(root), chunks[n], text_spec)] = n
 
             top_up()
             while todo:  # this process works from the back while the helpers start and work from the front
                 n = todo.pop()
-                results[n] = _work_items(str(root), chunks[n])
+                results[n] = _work_items(str(root), chunks[n], text_spec)
                 for future in [f for f in running if f.done()]:
                     results[running.pop(future)] = future.result()
                 top_up()
             for future in concurrent.futures.as_completed(list(running)):
                 results[running.pop(future)] = future.result()
+    except TextError:
+        raise  # the front-end itself failed (a user tokenizer's error): the same in this process
     except Exception as exc:  # a broken pool (e.g. a script without a __main__ guard) must not stop indexing
         log.warning("parallel header reading failed (%s: %s); reading the rest in this process",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         helpers = 0
         for n, chunk in enumerate(results):
             if chunk is None:
-                results[n] = _work_items(str(root), chunks[n])
+                results[n] = _work_items(str(root), chunks[n], text_spec)
     return [item for chunk in results for item in (chunk or [])], helpers + 1
 
 
 # ----------------------------------------------------------------------- the cache
 
 
-def index_config(data: DataConfig, features: FeaturesConfig) -> dict[str, Any]:
+def index_config(data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
+                 vocabulary: Vocabulary | None = None) -> dict[str, Any]:
     """Everything the index depends on besides the files: part of the cache key."""
     return {
-        "format": INDEX_FORMAT, "vocabulary": list(SYMBOLS),
-        "metadata_file": data.metadata_file, "min_audio_s": data.min_audio_s, "max_audio_s": data.max_audio_s,
+        "format": INDEX_FORMAT, "frontend": frontend.name, "engine": frontend.engine(), "language": text.language,
+        "max_lost_frac": text.max_lost_frac, "vocabulary": vocabulary.fingerprint if vocabulary else "",
+        "columns": data.columns, "metadata_file": data.metadata_file, "min_audio_s": data.min_audio_s, "max_audio_s": data.max_audio_s,
         "max_tokens": data.max_tokens, "sample_rate_hz": features.sample_rate_hz, "n_fft": features.n_fft,
         "hop_length": features.hop_length,
     }
@@ -900,71 +900,91 @@ def _columns(rows: Iterable[Any], names: Sequence[str]) -> dict[str, list[Any]]:
     return out
 
 
-_SAMPLE_FIELDS = ("id", "text", "num_tokens", "num_frames", "duration_s", "audio", "line")
-_REJECTION_FIELDS = ("id", "reason", "line", "file")
+_SAMPLE_FIELDS = ("id", "text", "num_tokens", "num_frames", "duration_s", "audio", "line", "language", "speaker",
+                  "units")
+_REJECTION_FIELDS = ("id", "reason", "line", "file", "kind")
 _PROBE_FIELDS = ("name", "size", "mtime_ns", "frames", "rate", "channels", "error", "detail")
+_UNITS_FIELDS = ("language", "text", "units", "lost")
 
 
 def _from_payload(payload: dict[str, Any]) -> tuple[list[Sample], list[Rejection]]:
     s = payload["samples"]
-    samples = list(map(Sample, s["id"], s["text"], s["num_tokens"], s["num_frames"], s["duration_s"], s["audio"],
-                       s["line"]))
+    samples = list(map(Sample, *(s[f] for f in _SAMPLE_FIELDS)))
     r = payload["rejected"]
-    rejected = [Rejection(i, reason, "index", line, file)
-                for i, reason, line, file in zip(r["id"], r["reason"], r["line"], r["file"])]
+    rejected = [Rejection(i, reason, "index", line, file, kind)
+                for i, reason, line, file, kind in zip(*(r[f] for f in _REJECTION_FIELDS))]
     return samples, rejected
 
 
 # ----------------------------------------------------------------------- building
 
 
-def build_index(data: DataConfig, features: FeaturesConfig) -> DatasetIndex:
-    """The index of ``data.path``: from the cache when nothing changed, else built and cached."""
+def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | None = None,
+                vocabulary: Vocabulary | None = None) -> DatasetIndex:
+    """The index of ``data.path``: from the cache when nothing changed, else built and cached.
+
+    ``vocabulary``: a run's vocabulary to keep (``--resume``); texts with symbols it lacks,
+    or languages and speakers outside its tables, are rejected. None: built from the data.
+    Raises DatasetError when the dataset cannot be used and TextError when the text
+    front-end cannot (both one line for the user).
+    """
     # Building creates a few small objects per clip and frees none of them: the cyclic
     # collector would walk the growing heap again and again (a 100,000-item index took
     # 40% longer per item than a 13,100-item one). Nothing here makes reference cycles.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _build_index(data, features)
+        return _build_index(data, features, text or TextConfig(), vocabulary)
     finally:
         if enabled:
             gc.enable()
 
 
-def _build_index(data: DataConfig, features: FeaturesConfig) -> DatasetIndex:
+def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
+                 fixed: Vocabulary | None) -> DatasetIndex:
     started = time.perf_counter()
     root = resolve_root(data.path)
     metadata = read_metadata_bytes(root, data.metadata_file)
-    audio = scan_audio(root)
-    config = index_config(data, features)
+    audio = list_audio(root, data.metadata_file, metadata, data.columns)
+    frontend = make_frontend(text.frontend, text.digits)
+    if fixed is not None:
+        problem = fixed.check_engine(frontend)
+        if problem:
+            raise TextError(f"cannot keep the run's vocabulary: {problem}")
+    config = index_config(data, features, text, frontend, fixed)
     key = index_key(metadata, audio, config)
     candidates = index_cache_file(root, data)
     cache_path, payload, state = _read_cache(candidates, key) if candidates else (None, None, "off")
     stats = IndexStats(cache=state)
+    scan_inputs = (data.metadata_file, metadata, audio)
     if state == "hit" and payload is not None:
         try:
             samples, rejected = _from_payload(payload)
+            lost = dict(payload["lost"])
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
             payload, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            return _finish(root, samples, rejected, key, stats, started, log_rejections=False,
-                           scan_inputs=(data.metadata_file, metadata, audio))
-    entries, rejected = parse_metadata(metadata)
+            vocab = fixed or _vocabulary(frontend, samples)
+            return _finish(root, samples, rejected, key, stats, started, False, scan_inputs, data, vocab, lost)
+    entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
     old_probes: dict[str, tuple] = {}
-    old_tokens: dict[str, int] = {}
+    old_units: dict[TextKey, Units] = {}
     if payload is not None:
         try:
             p = payload["probes"]
             old_probes = {name: row for name, *row in zip(*(p[f] for f in _PROBE_FIELDS))}
-            old_tokens = dict(zip(payload["samples"]["text"], payload["samples"]["num_tokens"]))
-            old_tokens.update(zip(payload["other_tokens"]["text"], payload["other_tokens"]["n"]))
+            u = payload["units"]
+            # units are reused only from the same front-end with the same settings and versions
+            if u["frontend"] == [frontend.name, frontend.engine()]:
+                old_units = {(lang, txt): Units(units, lost)
+                             for lang, txt, units, lost in zip(*(u[f] for f in _UNITS_FIELDS))}
         except (KeyError, TypeError, ValueError):
-            old_probes, old_tokens = {}, {}
+            old_probes, old_units = {}, {}
     probes: dict[str, AudioProbe] = {}
-    todo: list[tuple[str | None, int, str | None]] = []
+    todo: list[Item] = []
+    wanted: set[TextKey] = set()
     for entry in entries:
         file = audio.get(entry.id)
         name = None
@@ -976,38 +996,51 @@ def _build_index(data: DataConfig, features: FeaturesConfig) -> DatasetIndex:
                 stats.headers_reused += 1
             else:
                 name, size = file.name, file.size
-        text = entry.text if entry.text not in old_tokens else None
-        if name is not None or text is not None:
-            todo.append((name, size, text))
-    results, stats.workers = _run_items(root, todo, max(1, _workers(data)))
-    tokens = dict(old_tokens)
-    for (name, _, text), (probe, count) in zip(todo, results):
+        text_key: TextKey | None = (entry.language or text.language, entry.text)
+        if text_key in old_units or text_key in wanted or text_key[0] not in LANGUAGES:
+            text_key = None
+        else:
+            wanted.add(text_key)
+        if name is not None or text_key is not None:
+            todo.append((name, size, text_key))
+    results, stats.workers = _run_items(root, todo, max(1, _workers(data)), (text.frontend, text.digits))
+    units = dict(old_units)
+    for (name, _, text_key), (probe, made) in zip(todo, results):
         if name is not None and probe is not None:
             probes[name] = AudioProbe(*probe)
             stats.headers_read += 1
-        if text is not None and count is not None:
-            tokens[text] = count
+        if text_key is not None and made is not None:
+            units[text_key] = Units(*made)
             stats.texts_tokenized += 1
-    samples, rejected = _apply_rules(entries, rejected, audio, probes, tokens, data, features)
+    samples, rejected, lost = _apply_rules(entries, rejected, audio, probes, units, data, features, text, frontend,
+                                           fixed)
+    vocab = fixed or _vocabulary(frontend, samples)
     if candidates:
         used = {a.name for a in audio.values()}
         probe_rows = [(name, audio_file.size, audio_file.mtime_ns, *_probe_tuple(probes[name]))
                       for audio_file in audio.values() for name in (audio_file.name,) if name in probes and name in used]
-        # Token counts of texts that are not a sample's (their clip was rejected), so that a
-        # later re-derivation tokenizes only texts that changed.
-        sample_texts = {s.text for s in samples}
-        other = {e.text: tokens[e.text] for e in entries if e.text not in sample_texts and e.text in tokens}
+        # Units of every text of the metadata (also of rejected clips), so that a later
+        # re-derivation sends only texts that changed through the front-end.
+        keys = {(e.language or text.language, e.text) for e in entries}
+        unit_rows = [(lang, txt, units[lang, txt].units, units[lang, txt].lost) for lang, txt in keys
+                     if (lang, txt) in units]
         payload_out = {
             "format": INDEX_FORMAT, "key": key, "root": str(root), "config": config,
             "samples": _columns(samples, _SAMPLE_FIELDS),
             "rejected": _columns(rejected, _REJECTION_FIELDS),
             "probes": {f: [row[i] for row in probe_rows] for i, f in enumerate(_PROBE_FIELDS)},
-            "other_tokens": {"text": list(other), "n": list(other.values())},
+            "units": {"frontend": [frontend.name, frontend.engine()],
+                      **{f: [row[i] for row in unit_rows] for i, f in enumerate(_UNITS_FIELDS)}},
+            "lost": lost,
         }
         written = _write_cache(candidates, _pack(payload_out))
         stats.cache_file = str(written) if written else ""
-    return _finish(root, samples, rejected, key, stats, started, log_rejections=True,
-                   scan_inputs=(data.metadata_file, metadata, audio))
+    return _finish(root, samples, rejected, key, stats, started, True, scan_inputs, data, vocab, lost)
+
+
+def _vocabulary(frontend: Frontend, samples: Sequence[Sample]) -> Vocabulary:
+    return Vocabulary.build(frontend, (s.units for s in samples), (s.language for s in samples),
+                            (s.speaker for s in samples))
 
 
 def _workers(data: DataConfig) -> int:
@@ -1019,66 +1052,156 @@ def _workers(data: DataConfig) -> int:
         return os.cpu_count() or 1
 
 
+# Rejection kinds (Rejection.kind): the cause shared by many clips of a dataset, and what fixes it.
+KIND_HINTS = {
+    "lost-text": "the text front-end cannot represent its text: check --language, --text-frontend, or allow "
+                 "some loss with --set text.max_lost_frac=F",
+    "empty-text": "its text is empty after normalisation: check data.columns (which field is the text) and "
+                  "--language",
+    "language": "its language is unknown: check the language column (data.columns) or --language",
+    "vocabulary": "its text or speaker is outside the run's vocabulary: resume only with the run's dataset",
+    "too-many-tokens": "its text is longer than data.max_tokens allows: raise --set data.max_tokens=N",
+    "missing-audio": "its audio file is missing: check --data (DIR/wavs/ID.wav) or the manifest's paths",
+    "unreadable-audio": "its audio file cannot be read",
+    "duration": "its duration is outside data.min_audio_s..data.max_audio_s",
+}
+
+
 def _apply_rules(entries: list[Entry], rejected: list[Rejection], audio: dict[str, AudioFile],
-                 probes: dict[str, AudioProbe], tokens: dict[str, int], data: DataConfig,
-                 features: FeaturesConfig) -> tuple[list[Sample], list[Rejection]]:
-    """Turn parsed metadata, header facts and token counts into samples and rejections."""
+                 probes: dict[str, AudioProbe], units: dict[TextKey, Units], data: DataConfig,
+                 features: FeaturesConfig, text: TextConfig, frontend: Frontend,
+                 fixed: Vocabulary | None) -> tuple[list[Sample], list[Rejection], dict[str, Any]]:
+    """Turn parsed metadata, header facts and units into samples, rejections and the lost-character report."""
     rejected = list(rejected)
     samples: list[Sample] = []
+    report = LostReport()
     shortest = features.n_fft // 2 + 1  # reflect centre padding needs this many samples
     for entry in entries:
         place = f"metadata line {entry.line}"
-        count = tokens.get(entry.text, 0)
+        code = entry.language or text.language
+        speaker = entry.speaker or DEFAULT_SPEAKER
+        made = units.get((code, entry.text))
+        if made is None:  # only a language outside LANGUAGES is never sent to the front-end
+            rejected.append(Rejection(entry.id, f"unknown language code {code!r} ({place}; known: "
+                                                f"{', '.join(sorted(LANGUAGES))})", line=entry.line, kind="language"))
+            continue
+        if fixed is not None:
+            missing = fixed.missing(made.units)
+            if missing:
+                made = Units("".join(ch for ch in made.units if ch not in missing), made.lost + missing)
+            if code not in fixed.languages or speaker not in fixed.speakers:
+                what = f"language {code!r}" if code not in fixed.languages else f"speaker {speaker!r}"
+                rejected.append(Rejection(entry.id, f"{what} is not in the run's tables ({place})", line=entry.line,
+                                          kind="vocabulary"))
+                continue
+        if made.lost:
+            report.add(entry.id, made.lost)
+            if made.lost_frac > text.max_lost_frac:
+                shown = ", ".join(f"{ch!r} U+{ord(ch):04X}" for ch in dict.fromkeys(made.lost))
+                rejected.append(Rejection(entry.id, f"text loses {len(made.lost)} of {len(made.lost) + len(made.units)} "
+                                                    f"characters the {text.frontend} front-end cannot represent "
+                                                    f"({shown}; text.max_lost_frac={text.max_lost_frac:g}) ({place})",
+                                          line=entry.line, kind="lost-text"))
+                continue
+        count = frontend.count(made.units)
         if count == 0:
             detail = ": nothing left after normalisation" if entry.text else ""
-            rejected.append(Rejection(entry.id, f"empty text on {place}{detail}", line=entry.line))
+            rejected.append(Rejection(entry.id, f"empty text on {place}{detail}", line=entry.line, kind="empty-text"))
             continue
         if count > data.max_tokens:
             rejected.append(Rejection(entry.id, f"text of {count} tokens exceeds data.max_tokens={data.max_tokens} "
-                                                f"({place})", line=entry.line))
+                                                f"({place})", line=entry.line, kind="too-many-tokens"))
             continue
         file = audio.get(entry.id)
         if file is None:
-            where = relative_audio(entry.id)
-            rejected.append(Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where))
+            where = relative_audio(entry.id, entry.audio or None)
+            rejected.append(Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where,
+                                      kind="missing-audio"))
             continue
         where = relative_audio(entry.id, file.name)
         probe = probes[file.name]
         if probe.error:
             detail = f": {probe.detail}" if probe.detail else ""
             rejected.append(Rejection(entry.id, f"{probe.error}: {where}{detail} ({place})", line=entry.line,
-                                      file=where))
+                                      file=where, kind="unreadable-audio"))
             continue
         duration = probe.frames / probe.rate
         if duration > data.max_audio_s or duration < data.min_audio_s:
             bound = (f"longer than data.max_audio_s={data.max_audio_s:g}" if duration > data.max_audio_s
                      else f"shorter than data.min_audio_s={data.min_audio_s:g}")
             rejected.append(Rejection(entry.id, f"clip of {duration:.2f} s {bound} s: {where} ({place})",
-                                      line=entry.line, file=where))
+                                      line=entry.line, file=where, kind="duration"))
             continue
         n = expected_samples(probe.frames, probe.rate, features.sample_rate_hz)
         if n < shortest:
             rejected.append(Rejection(entry.id, f"clip of {n} samples at {features.sample_rate_hz} Hz is shorter "
                                                 f"than n_fft/2+1 = {shortest}: {where} ({place})",
-                                      line=entry.line, file=where))
+                                      line=entry.line, file=where, kind="duration"))
             continue
         samples.append(Sample(entry.id, entry.text, count, 1 + n // features.hop_length, duration, file.name,
-                              entry.line))
-    return samples, rejected
+                              entry.line, code, speaker, made.units))
+    return samples, rejected, report.to_json()
+
+
+class LostReport:
+    """Characters a front-end could not represent, per dataset: occurrences, clips, example ids."""
+
+    def __init__(self) -> None:
+        self.chars: dict[str, list[Any]] = {}  # char -> [occurrences, clips, example ids]
+        self.clips = 0
+
+    def add(self, sample_id: str, lost: str) -> None:
+        self.clips += 1
+        for ch, n in collections.Counter(lost).items():
+            row = self.chars.setdefault(ch, [0, 0, []])
+            row[0] += n
+            row[1] += 1
+            if len(row[2]) < LOST_EXAMPLES:
+                row[2].append(sample_id)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"clips": N, "chars": [{"char", "code", "name", "count", "clips", "examples"}, ...]}``, most first."""
+        rows = sorted(self.chars.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        return {"clips": self.clips, "chars": [
+            {"char": ch, "code": f"U+{ord(ch):04X}", "name": unicodedata.name(ch, "").lower(), "count": count,
+             "clips": clips, "examples": examples} for ch, (count, clips, examples) in rows]}
+
+
+def _mostly_rejected(entries: int, rejected: Sequence[Rejection]) -> str:
+    """One line naming the cause when one kind of rejection took most of the dataset, else ""."""
+    kinds = collections.Counter(r.kind for r in rejected if r.kind)
+    if not kinds or entries <= 0:
+        return ""
+    kind, count = kinds.most_common(1)[0]
+    if count <= MOSTLY_REJECTED_FRAC * entries:
+        return ""
+    example = next(r for r in rejected if r.kind == kind)
+    return (f"{count} of {entries} clips were rejected because {KIND_HINTS[kind]} (e.g. {example.id}: "
+            f"{example.reason})")
 
 
 def _finish(root: Path, samples: list[Sample], rejected: list[Rejection], key: str, stats: IndexStats,
-            started: float, log_rejections: bool,
-            scan_inputs: tuple[str, bytes, dict[str, AudioFile]]) -> DatasetIndex:
+            started: float, log_rejections: bool, scan_inputs: tuple[str, bytes, dict[str, AudioFile]],
+            data: DataConfig, vocab: Vocabulary, lost: dict[str, Any]) -> DatasetIndex:
     stats.seconds = time.perf_counter() - started
     if log_rejections:
         for r in rejected:
             log.warning("rejected %s: %s", r.id, r.reason)
-    log.info("index of %s: %d clips usable, %d rejected (cache %s, %d headers read, %d reused, %d worker(s), "
-             "%.2f s)", root, len(samples), len(rejected), stats.cache, stats.headers_read, stats.headers_reused,
-             stats.workers, stats.seconds)
+    if lost.get("chars"):
+        shown = ", ".join(f"{c['char']!r} {c['code']} ({c['count']}x in {c['clips']} clips, e.g. "
+                          f"{', '.join(c['examples'])})" for c in lost["chars"][:8])
+        log.warning("%d clips of %s lose characters the %s front-end cannot represent: %s", lost["clips"], root,
+                    vocab.frontend, shown)
+    log.info("index of %s: %d clips usable, %d rejected (cache %s, %d headers read, %d reused, %d texts through "
+             "the front-end, %d worker(s), %.2f s)", root, len(samples), len(rejected), stats.cache,
+             stats.headers_read, stats.headers_reused, stats.texts_tokenized, stats.workers, stats.seconds)
+    cause = _mostly_rejected(len(samples) + len(rejected), rejected)
     if not samples:
-        raise DatasetError(f"dataset {root} has no usable clip ({len(rejected)} rejected)")
+        raise DatasetError(f"dataset {root} has no usable clip ({len(rejected)} rejected)"
+                           + (f": {cause}" if cause else ""))
+    if cause:
+        raise DatasetError(f"dataset {root}: {cause}")
     metadata_file, metadata, audio = scan_inputs
     return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=key[:16], stats=stats,
-                        metadata_file=metadata_file, _scan_inputs=(metadata, audio))
+                        metadata_file=metadata_file, columns=data.columns, vocabulary=vocab, lost=lost,
+                        _scan_inputs=(metadata, audio))

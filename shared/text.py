@@ -1,160 +1,563 @@
-"""Character tokenizer: a fixed, documented vocabulary shared by producers and the trainer.
+"""Text front-ends: what a clip's text becomes before the model sees it, for any language.
 
-The vocabulary is part of the data format: a model trained with it expects exactly these
-ids, so the table below must never be reordered (append only, and bump the model).
+A front-end turns ``(text, language)`` into *units*, a string whose characters are the
+tokens (letters of any script, or IPA phoneme symbols), and reports every character it
+could not represent. The :class:`Vocabulary` maps units to ids; it is built from the
+dataset when the index is built, and then travels with the run (``RUN_DIR/vocab.json``
+and every checkpoint), so that ``--resume``, ``synth`` and ``export`` use the run's ids,
+not whatever today's code and data would give.
 
-====  ==========  ==========================================
-id    symbol      meaning
-====  ==========  ==========================================
-0     ``<pad>``   padding (``PAD_ID``); never produced by :func:`encode_text`
-1     ``<eos>``   end of sentence (``EOS_ID``); appended by :func:`encode_text`
-2     ``" "``     a single space (runs of whitespace collapse to one)
-3-28  ``a``-``z``  the lowercase letters, in order (``a`` = 3, ``z`` = 28)
-29    ``'``       apostrophe (also curly single quotes)
-30    ``,``       comma
-31    ``.``       full stop
-32    ``!``       exclamation mark
-33    ``?``       question mark
-34    ``-``       hyphen (also en/em dashes and the minus sign)
-35    ``;``       semicolon
-36    ``:``       colon
-37    ``"``       double quote (also curly double quotes)
-====  ==========  ==========================================
+Front-ends (``text.frontend``, ``--text-frontend``)
+---------------------------------------------------
 
-``VOCAB_SIZE`` is 38.
+``characters`` (default)
+    The normalised text, one token per Unicode character (Persian, Arabic, Cyrillic,
+    CJK, accented Latin, ...). The vocabulary is the set of characters of the dataset.
+``phonemes``
+    The normalised text phonemized by espeak-ng (through ``phonemizer`` with the
+    library and data of the ``espeakng-loader`` wheel: no system package), one token
+    per IPA symbol, punctuation kept, stress marks kept, language-switch flags removed.
+    The vocabulary is the dataset's phoneme inventory. Phonemizing is done once, in
+    parallel, when the index is built, and cached with it.
+``package.module:function``
+    The user's own tokenizer: ``function(text, language) -> sequence of int`` whose
+    vocabulary size is ``function.vocab_size`` (or the module's ``VOCAB_SIZE``). Ids are
+    used as returned (no EOS is added); id 0 is the padding value, so a tokenizer should
+    not use it for a real token.
 
-Normalisation (:func:`normalize_text`), in order:
+Normalisation (:func:`normalize`), in order
+-------------------------------------------
 
-1. Unicode NFKD, then drop combining marks (``"café"`` -> ``"cafe"``; compatibility
-   forms such as the ligature ``"ﬁ"`` become ``"fi"``, the ellipsis ``"…"`` becomes
-   ``"..."``).
-2. Lowercase with :meth:`str.casefold` (so ``"ß"`` becomes ``"ss"``), and spell out a
-   few Latin letters that NFKD does not decompose (``æ``, ``œ``, ``ø``, ``ł``, ``đ``,
-   ``ð``, ``þ``, ``ı``).
-3. Map typographic punctuation to the ASCII symbols of the vocabulary: curly single
-   quotes and primes to ``'``, curly/low/angle double quotes to ``"``, dashes and the
-   minus sign to ``-``.
-4. Every whitespace character becomes a space; every other character outside the
-   vocabulary (digits included: spell numbers out before tokenizing) is dropped.
-5. Collapse runs of spaces to one, strip both ends.
+1. Unicode NFKC: compatibility forms become their plain letters (the ligature ``"ﬁ"``
+   becomes ``"fi"``, Arabic presentation forms their base letters, full-width Latin
+   plain Latin, ``"…"`` becomes ``"..."``); accents stay (``"café"`` keeps its ``é``).
+2. Per-language letters (:data:`LANGUAGES`): for ``fa`` the Arabic yeh and kaf (``ي``
+   ``ى`` ``ك``) become the Persian ``ی`` ``ک``, for ``ar`` the other way round; tatweel
+   (``ـ``) goes. The zero-width non-joiner (U+200C) is kept where the language writes
+   with it (``fa``: ``می‌روم`` is one word, not two) and becomes a space elsewhere.
+3. Typographic quotes and dashes become ASCII ``'`` ``"`` ``-``.
+4. Numbers (ASCII, Arabic-Indic and Persian digits, with a decimal point) are spelled
+   out in the clip's language by num2words where it knows the language
+   (``text.digits: spell``), else kept as digit symbols (``keep``). Never dropped.
+5. Case is folded (:meth:`str.casefold`) in scripts that have case.
+6. Whitespace runs become one space; both ends are stripped.
 
-This module does not import TensorFlow: it runs in every process, including ones that
-never touch a tensor.
+Characters no front-end can represent are *lost*, and reported: control and format
+characters (other than the joiners a language keeps), private-use, unassigned and
+surrogate code points, and "other symbols" (emoji, dingbats, ``©``). With a vocabulary
+fixed by the run (``--resume``, ``synth``), a character the vocabulary lacks is lost too.
+The index counts lost characters per dataset and rejects a clip that loses more than
+``text.max_lost_frac`` of its characters (default 0: any loss).
+
+Token ids: 0 is ``<pad>`` (padding), 1 is ``<eos>`` (appended to every text), then the
+vocabulary's symbols in code-point order. This module does not import TensorFlow.
 """
 
 from __future__ import annotations
 
-import string
+import hashlib
+import importlib
+import json
+import logging
+import re
 import unicodedata
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 PAD_SYMBOL = "<pad>"
 EOS_SYMBOL = "<eos>"
-_PUNCTUATION = ("'", ",", ".", "!", "?", "-", ";", ":", '"')
-
-SYMBOLS: tuple[str, ...] = (PAD_SYMBOL, EOS_SYMBOL, " ", *string.ascii_lowercase, *_PUNCTUATION)
-"""The vocabulary, indexed by token id (see the table in the module docstring)."""
-
 PAD_ID: int = 0
 EOS_ID: int = 1
-VOCAB_SIZE: int = len(SYMBOLS)
-
-_SYMBOL_TO_ID: dict[str, int] = {s: i for i, s in enumerate(SYMBOLS)}
-# Single characters that can appear in normalised text (everything but <pad> and <eos>).
-_TEXT_CHARS = frozenset(s for s in SYMBOLS if len(s) == 1)
-
-# Characters NFKD leaves alone but that have an obvious spelling in a-z.
-_LETTER_SPELLINGS = {
-    "æ": "ae", "œ": "oe", "ø": "o", "ł": "l", "đ": "d", "ð": "d", "þ": "th", "ı": "i",
-}
-# Typographic punctuation mapped onto the vocabulary's ASCII symbols.
-_PUNCTUATION_MAP = {
-    "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'", "\u02bc": "'",
-    "`": "'", "\u00b4": "'",
-    "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"',
-    "\u00ab": '"', "\u00bb": '"',
-    "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-",
-    "\u2015": "-", "\u2212": "-", "\u2043": "-",
-}
-_CHAR_MAP = {**_LETTER_SPELLINGS, **_PUNCTUATION_MAP}
-
+# Ids of the vocabulary's first symbol: after <pad> and <eos>.
+FIRST_SYMBOL_ID = 2
 # Token ids are int32: the dtype the batches and the model's embedding lookup use.
-_ID_DTYPE = np.int32
+ID_DTYPE = np.int32
+
+FRONTEND_CHARACTERS = "characters"
+FRONTEND_PHONEMES = "phonemes"
+FRONTENDS = (FRONTEND_CHARACTERS, FRONTEND_PHONEMES)
+DIGITS_SPELL = "spell"
+DIGITS_KEEP = "keep"
+# Bump when a rule that maps text to units changes: it is part of the index cache key,
+# so cached units are derived again, and of every saved vocabulary.
+TEXT_FORMAT = 1
+# Units of a user tokenizer are its ids written as decimal numbers joined by this.
+USER_ID_SEPARATOR = " "
+# The run's vocabulary (symbols, language and speaker tables), in the run directory.
+VOCAB_FILE = "vocab.json"
+# Lost characters listed per dataset with this many example clip ids each.
+LOST_EXAMPLES = 3
+
+ZWNJ = "\u200c"
+ZWJ = "\u200d"
+TATWEEL = "\u0640"
 
 
-def _ascii_table() -> dict[int, str | None]:
-    """One str.translate table doing steps 2-4 for ASCII text (steps 1 and 3 change
-    nothing there but the backtick): lowercase, ` -> ', whitespace -> space, drop the rest."""
-    table: dict[int, str | None] = {}
-    for code in range(128):
-        ch = chr(code).lower()
-        ch = _CHAR_MAP.get(ch, ch)
-        table[code] = " " if ch.isspace() else ch if ch in _TEXT_CHARS else None
-    return table
+class TextError(ValueError):
+    """A text setting a user chose cannot be used; the message is one line for the user."""
 
 
-_ASCII_TABLE = _ascii_table()
-# Normalised text is ASCII: bytes.translate maps it to token ids in one C call.
-_ID_BYTES = bytes(_SYMBOL_TO_ID.get(chr(code), 0) for code in range(256))
+@dataclass(frozen=True)
+class Language:
+    """What normalisation and the phonemizer need to know about one language."""
+
+    code: str
+    name: str
+    espeak: str  # espeak-ng voice for the phonemes front-end
+    num2words: str | None  # num2words language, None where it has none (digits are kept)
+    letters: dict[str, str] = field(default_factory=dict)  # per-language letter unification
+    keeps_zwnj: bool = False  # the zero-width non-joiner is part of the spelling
 
 
-def normalize_text(text: str) -> str:
-    """Return ``text`` reduced to the vocabulary (see the module docstring for the rules)."""
-    if text.isascii():  # the common case (LJSpeech): one C-level pass, same result as below
-        return " ".join(text.translate(_ASCII_TABLE).split())
-    decomposed = unicodedata.normalize("NFKD", text)
-    no_marks = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
-    lowered = no_marks.casefold()
+_ARABIC_TO_PERSIAN = {"\u064a": "\u06cc", "\u0649": "\u06cc", "\u0643": "\u06a9"}  # yeh, alef maksura, kaf
+_PERSIAN_TO_ARABIC = {"\u06cc": "\u064a", "\u06a9": "\u0643"}
+
+LANGUAGES: dict[str, Language] = {lang.code: lang for lang in (
+    Language("en", "English", "en-us", "en"),
+    Language("fa", "Persian", "fa", "fa", _ARABIC_TO_PERSIAN, keeps_zwnj=True),
+    Language("ar", "Arabic", "ar", "ar", _PERSIAN_TO_ARABIC),
+    Language("ur", "Urdu", "ur", None, _ARABIC_TO_PERSIAN, keeps_zwnj=True),
+    Language("de", "German", "de", "de"),
+    Language("fr", "French", "fr-fr", "fr"),
+    Language("es", "Spanish", "es", "es"),
+    Language("it", "Italian", "it", "it"),
+    Language("pt", "Portuguese", "pt", "pt"),
+    Language("nl", "Dutch", "nl", "nl"),
+    Language("pl", "Polish", "pl", "pl"),
+    Language("cs", "Czech", "cs", "cs"),
+    Language("sv", "Swedish", "sv", "sv"),
+    Language("tr", "Turkish", "tr", "tr"),
+    Language("ru", "Russian", "ru", "ru"),
+    Language("uk", "Ukrainian", "uk", "uk"),
+    Language("he", "Hebrew", "he", "he"),
+    Language("hi", "Hindi", "hi", None),
+    Language("zh", "Chinese (Mandarin)", "cmn", None),
+    Language("ja", "Japanese", "ja", "ja"),
+    Language("ko", "Korean", "ko", "ko"),
+)}
+
+_QUOTES_AND_DASHES = {
+    "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'", "\u02bc": "'", "`": "'",
+    "\u00b4": "'", "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"',
+    "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-", "\u2015": "-",
+    "\u2212": "-", "\u2043": "-",
+}
+# Arabic-Indic (U+0660) and Extended Arabic-Indic (U+06F0, Persian/Urdu) digits, and the
+# Arabic decimal separator, as ASCII for num2words.
+_DIGITS = {**{chr(0x0660 + d): str(d) for d in range(10)}, **{chr(0x06F0 + d): str(d) for d in range(10)},
+           "\u066b": "."}
+# A number: digits, optionally one decimal part ("3.5"); thousands separators are
+# removed first ("13,100" is one number, a comma between words is not touched).
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_ORDINAL_EN = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
+# Unicode general categories no front-end represents (see the module docstring).
+_LOST_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cn", "Cs", "So"})
+
+
+def language(code: str) -> Language:
+    """The :class:`Language` of ``code``; TextError naming the known codes otherwise."""
+    found = LANGUAGES.get(code)
+    if found is None:
+        raise TextError(f"unknown language code {code!r} (known: {', '.join(sorted(LANGUAGES))})")
+    return found
+
+
+# ----------------------------------------------------------------------- normalisation
+
+
+def _spell_numbers(text: str, lang: Language) -> str:
+    from num2words import num2words
+
+    def spell(match: re.Match[str]) -> str:
+        raw, source = match.group(0), match.string
+        value: int | float = float(raw) if "." in raw else int(raw)
+        before = " " if match.start() > 0 and source[match.start() - 1].isalnum() else ""
+        after = " " if match.end() < len(source) and source[match.end()].isalnum() else ""
+        return f"{before}{num2words(value, lang=lang.num2words)}{after}"
+
+    text = _THOUSANDS.sub("", text)
+    if lang.code == "en":  # "3rd" is "third", not "three rd"
+        text = _ORDINAL_EN.sub(lambda m: num2words(int(m.group(1)), lang="en", to="ordinal"), text)
+    return _NUMBER.sub(spell, text)
+
+
+def normalize(text: str, code: str, digits: str = DIGITS_SPELL) -> tuple[str, str]:
+    """``(normalised text, lost characters)`` of ``text`` in language ``code``.
+
+    Lost characters are returned in order of appearance, once per occurrence.
+    """
+    lang = language(code)
+    text = unicodedata.normalize("NFKC", text)
     out: list[str] = []
-    for ch in lowered:
-        ch = _CHAR_MAP.get(ch, ch)
-        if len(ch) == 1 and ch.isspace():
-            out.append(" ")
-        elif ch in _TEXT_CHARS or (len(ch) > 1 and all(c in _TEXT_CHARS for c in ch)):
-            out.append(ch)
-        # anything else is outside the vocabulary and dropped
-    return " ".join("".join(out).split())
-
-
-def encode_text(text: str) -> np.ndarray:
-    """Normalise ``text`` and map it to token ids, with ``EOS_ID`` appended.
-
-    Returns an int32 array of shape [T] (T = number of normalised characters + 1). If the
-    normalised text is empty the result is an empty array of shape [0] (no EOS), so that
-    callers can reject the sample with ``if ids.size == 0``.
-    """
-    normalized = normalize_text(text)
-    if not normalized:
-        return np.zeros((0,), dtype=_ID_DTYPE)
-    ids = np.empty(len(normalized) + 1, dtype=_ID_DTYPE)
-    ids[:-1] = np.frombuffer(normalized.encode("ascii").translate(_ID_BYTES), dtype=np.uint8)
-    ids[-1] = EOS_ID
-    return ids
-
-
-def count_tokens(text: str) -> int:
-    """``len(encode_text(text))`` without building the array: normalised length + EOS, or 0."""
-    normalized = normalize_text(text)
-    return len(normalized) + 1 if normalized else 0
-
-
-def decode_ids(ids: Iterable[int] | np.ndarray) -> str:
-    """Map token ids [T] back to text.
-
-    ``PAD_ID`` is skipped and decoding stops at the first ``EOS_ID`` (what follows it in
-    a padded batch row is padding). ``decode_ids(encode_text(t)) == normalize_text(t)``.
-    Raises ValueError for an id outside ``[0, VOCAB_SIZE)``.
-    """
-    chars: list[str] = []
-    for raw in np.asarray(ids).reshape(-1).tolist():
-        token = int(raw)
-        if not 0 <= token < VOCAB_SIZE:
-            raise ValueError(f"token id {token} is outside the vocabulary [0, {VOCAB_SIZE})")
-        if token == EOS_ID:
-            break
-        if token == PAD_ID:
+    lost: list[str] = []
+    for ch in text:
+        ch = lang.letters.get(ch, ch)
+        ch = _QUOTES_AND_DASHES.get(ch, ch)
+        ch = _DIGITS.get(ch, ch)
+        if ch == TATWEEL:
             continue
-        chars.append(SYMBOLS[token])
-    return "".join(chars)
+        if ch in (ZWNJ, ZWJ):
+            out.append(ch if lang.keeps_zwnj else " ")
+        elif ch.isspace():
+            out.append(" ")
+        elif unicodedata.category(ch) in _LOST_CATEGORIES:
+            lost.append(ch)
+        else:
+            out.append(ch)
+    joined = "".join(out)
+    if digits == DIGITS_SPELL and lang.num2words is not None and any(c.isdigit() for c in joined):
+        joined = _spell_numbers(joined, lang)
+    joined = joined.casefold()
+    # A joiner next to a space joins nothing: it goes with the space.
+    words = [w.strip(ZWNJ + ZWJ) for w in joined.split()]
+    return " ".join(w for w in words if w), "".join(lost)
+
+
+# ----------------------------------------------------------------------- front-ends
+
+
+@dataclass(frozen=True)
+class Units:
+    """What a front-end made of one text: the units (tokens as characters) and what was lost."""
+
+    units: str
+    lost: str = ""
+
+    @property
+    def lost_frac(self) -> float:
+        """Share of the text's characters that were lost."""
+        total = len(self.units) + len(self.lost)
+        return len(self.lost) / total if total else 0.0
+
+
+class Frontend:
+    """Text to units, one language at a time. Subclasses implement :meth:`units`."""
+
+    name: str = ""
+
+    def __init__(self, digits: str = DIGITS_SPELL) -> None:
+        self.digits = digits
+
+    def units(self, texts: Sequence[str], code: str) -> list[Units]:
+        raise NotImplementedError
+
+    def engine(self) -> dict[str, Any]:
+        """The versions that decide the units: part of the vocabulary and the index cache key."""
+        return {"text_format": TEXT_FORMAT, "digits": self.digits, "num2words": _version("num2words")}
+
+    def is_user(self) -> bool:
+        return False
+
+    def count(self, units: str) -> int:
+        """Token ids ``units`` become: one per symbol plus EOS (0 for empty units)."""
+        return len(units) + 1 if units else 0
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return ""
+
+
+class Characters(Frontend):
+    name = FRONTEND_CHARACTERS
+
+    def units(self, texts: Sequence[str], code: str) -> list[Units]:
+        return [Units(*normalize(t, code, self.digits)) for t in texts]
+
+
+# Punctuation the phonemizer keeps as it is (phonemizer's own set plus the Arabic-script
+# comma, semicolon and question mark, which espeak would otherwise read out as words).
+PHONEME_PUNCTUATION = ';:,.!?¡¿—…"«»“”()\u060c\u061b\u061f'
+
+
+class Phonemes(Frontend):
+    """espeak-ng through phonemizer, with the library and data of the espeakng-loader wheel."""
+
+    name = FRONTEND_PHONEMES
+
+    def __init__(self, digits: str = DIGITS_SPELL) -> None:
+        super().__init__(digits)
+        self._backends: dict[str, Any] = {}
+
+    def _backend(self, code: str) -> Any:
+        backend = self._backends.get(code)
+        if backend is None:
+            voice = language(code).espeak
+            EspeakBackend = load_espeak()
+            try:
+                backend = EspeakBackend(voice, preserve_punctuation=True, punctuation_marks=PHONEME_PUNCTUATION,
+                                        with_stress=True, language_switch="remove-flags", words_mismatch="ignore",
+                                        logger=_QUIET)
+            except RuntimeError as exc:
+                raise TextError(f"espeak-ng cannot phonemize language {code!r} (voice {voice}): {exc}") from None
+            self._backends[code] = backend
+        return backend
+
+    def units(self, texts: Sequence[str], code: str) -> list[Units]:
+        normalized = [normalize(t, code, self.digits) for t in texts]
+        backend = self._backend(code)
+        # one call for the whole list: espeak is set up once, not per sentence
+        phones = backend.phonemize([n for n, _ in normalized], strip=True, njobs=1)
+        return [Units(" ".join(p.split()), lost) for p, (_, lost) in zip(phones, normalized)]
+
+    def engine(self) -> dict[str, Any]:
+        # package versions, not the library's own: a cache key must not cost an espeak set-up
+        return {**super().engine(), "phonemizer": _version("phonemizer"),
+                "espeakng_loader": _version("espeakng-loader")}
+
+
+_QUIET = logging.getLogger("stoker.phonemizer")
+_QUIET.setLevel(logging.ERROR)  # phonemizer warns per line about word-count mismatches it was told to ignore
+
+
+def load_espeak() -> Any:
+    """phonemizer's EspeakBackend, pointed at the espeakng-loader wheel's library and data."""
+    try:
+        import espeakng_loader
+        from phonemizer.backend import EspeakBackend
+        from phonemizer.backend.espeak.wrapper import EspeakWrapper
+    except ImportError as exc:
+        raise TextError(f"the phonemes front-end needs phonemizer and espeakng-loader ({exc.name} is not "
+                        "installed): python -m pip install -e .") from None
+    EspeakWrapper.set_library(espeakng_loader.get_library_path())
+    EspeakWrapper.set_data_path(espeakng_loader.get_data_path())
+    return EspeakBackend
+
+
+class UserTokenizer(Frontend):
+    """A user's ``module:function`` mapping ``(text, language)`` to ids."""
+
+    def __init__(self, spec: str, digits: str = DIGITS_SPELL) -> None:
+        super().__init__(digits)
+        self.name = spec
+        self.function, self.vocab_size, self.version = load_user_tokenizer(spec)
+
+    def is_user(self) -> bool:
+        return True
+
+    def count(self, units: str) -> int:
+        return len(units.split(USER_ID_SEPARATOR)) if units else 0
+
+    def units(self, texts: Sequence[str], code: str) -> list[Units]:
+        out = []
+        for text in texts:
+            try:
+                ids = self.function(text, code)
+            except Exception as exc:  # the user's code: its failure is reported as theirs
+                raise TextError(f"tokenizer {self.name} failed on {text[:40]!r}: {type(exc).__name__}: {exc}") \
+                    from None
+            out.append(Units(USER_ID_SEPARATOR.join(str(i) for i in self._checked(ids, text))))
+        return out
+
+    def _checked(self, ids: Any, text: str) -> list[int]:
+        try:
+            values = list(ids)
+        except TypeError:
+            raise TextError(f"tokenizer {self.name} returned {type(ids).__name__}, not a sequence of int") from None
+        for v in values:
+            if isinstance(v, (bool, float, str)) or not isinstance(v, (int, np.integer)):
+                raise TextError(f"tokenizer {self.name} returned {v!r} ({type(v).__name__}) for {text[:40]!r}; "
+                                "ids must be integers")
+            if not 0 <= int(v) < self.vocab_size:
+                raise TextError(f"tokenizer {self.name} returned id {int(v)} outside [0, {self.vocab_size}) "
+                                f"for {text[:40]!r}")
+        return [int(v) for v in values]
+
+    def engine(self) -> dict[str, Any]:
+        return {"text_format": TEXT_FORMAT, "tokenizer": self.name, "version": self.version,
+                "vocab_size": self.vocab_size}
+
+
+def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str]:
+    """(function, vocab size, version) of a ``module:function`` tokenizer; TextError if unusable."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise TextError(f"text front-end {spec!r} must be characters, phonemes or package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any error while importing it is theirs
+        raise TextError(f"tokenizer module {module_name!r} cannot be imported: {type(exc).__name__}: {exc}") \
+            from None
+    function = getattr(module, attr, None)
+    if not callable(function):
+        raise TextError(f"tokenizer {spec}: {module_name} has no function {attr!r}")
+    size = getattr(function, "vocab_size", getattr(module, "VOCAB_SIZE", None))
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+        raise TextError(f"tokenizer {spec} has no vocabulary size: set {attr}.vocab_size or {module_name}.VOCAB_SIZE "
+                        "to an integer >= 2")
+    version = str(getattr(module, "__version__", "") or getattr(function, "version", ""))
+    return function, size, version
+
+
+def make_frontend(spec: str, digits: str = DIGITS_SPELL) -> Frontend:
+    """The front-end ``text.frontend`` names; TextError when it cannot be used."""
+    if digits not in (DIGITS_SPELL, DIGITS_KEEP):
+        raise TextError(f"text.digits must be {DIGITS_SPELL!r} or {DIGITS_KEEP!r}, got {digits!r}")
+    if spec == FRONTEND_CHARACTERS:
+        return Characters(digits)
+    if spec == FRONTEND_PHONEMES:
+        load_espeak()
+        return Phonemes(digits)
+    return UserTokenizer(spec, digits)
+
+
+# ----------------------------------------------------------------------- the vocabulary
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Token ids, and the language and speaker tables, of one run.
+
+    ``symbols`` is empty for a user tokenizer (its ids are its own, ``size`` of them).
+    Languages and speakers are listed in sorted order; a name's id is its position.
+    """
+
+    frontend: str
+    symbols: tuple[str, ...]
+    size: int
+    engine: dict[str, Any]
+    languages: tuple[str, ...] = ()
+    speakers: tuple[str, ...] = ()
+
+    @classmethod
+    def build(cls, frontend: Frontend, units: Iterable[str], languages: Iterable[str] = (),
+              speakers: Iterable[str] = ()) -> "Vocabulary":
+        """The vocabulary of a dataset: every symbol its units use, in code-point order."""
+        if frontend.is_user():
+            assert isinstance(frontend, UserTokenizer)
+            symbols: tuple[str, ...] = ()
+            size = frontend.vocab_size
+        else:
+            seen: set[str] = set()
+            for u in units:
+                seen.update(u)
+            symbols = (PAD_SYMBOL, EOS_SYMBOL, *sorted(seen))
+            size = len(symbols)
+        return cls(frontend.name, symbols, size, frontend.engine(), tuple(sorted(set(languages))),
+                   tuple(sorted(set(speakers))))
+
+    @property
+    def is_user(self) -> bool:
+        return not self.symbols
+
+    def missing(self, units: str) -> str:
+        """The characters of ``units`` this vocabulary lacks, in order ("" for a user tokenizer)."""
+        if self.is_user:
+            return ""
+        known = self._ids
+        return "".join(ch for ch in units if ch not in known)
+
+    @property
+    def _ids(self) -> dict[str, int]:
+        ids = self.__dict__.get("_id_cache")
+        if ids is None:
+            ids = {s: i for i, s in enumerate(self.symbols)}
+            object.__setattr__(self, "_id_cache", ids)
+        return ids
+
+    def encode(self, units: str) -> np.ndarray:
+        """Ids [L] of ``units``: one per symbol then ``EOS_ID``, or a user tokenizer's ids.
+
+        Raises KeyError for a symbol outside the vocabulary (the index rejects such texts first).
+        """
+        if self.is_user:
+            return np.array(units.split(USER_ID_SEPARATOR) if units else [], dtype=ID_DTYPE)
+        ids = self._ids
+        out = np.empty(len(units) + 1, dtype=ID_DTYPE)
+        for n, ch in enumerate(units):
+            out[n] = ids[ch]
+        out[-1] = EOS_ID
+        return out
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        """Units of ids [L]: padding skipped, stopping at the first EOS (ids joined by spaces for a user tokenizer)."""
+        values = [int(v) for v in np.asarray(ids).reshape(-1).tolist()]
+        for v in values:
+            if not 0 <= v < self.size:
+                raise ValueError(f"token id {v} is outside the vocabulary [0, {self.size})")
+        if self.is_user:
+            return USER_ID_SEPARATOR.join(str(v) for v in values if v != PAD_ID)
+        out = []
+        for v in values:
+            if v == EOS_ID:
+                break
+            if v != PAD_ID:
+                out.append(self.symbols[v])
+        return "".join(out)
+
+    def language_id(self, code: str) -> int:
+        return self.languages.index(code)
+
+    def speaker_id(self, name: str) -> int:
+        return self.speakers.index(name)
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits over everything that decides the ids."""
+        blob = json.dumps(self.state_dict(), sort_keys=True, ensure_ascii=False).encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"frontend": self.frontend, "symbols": list(self.symbols), "size": self.size,
+                "engine": dict(self.engine), "languages": list(self.languages), "speakers": list(self.speakers)}
+
+    @classmethod
+    def from_state_dict(cls, state: Any) -> "Vocabulary":
+        """The vocabulary a run saved; ValueError if ``state`` is not one."""
+        try:
+            vocab = cls(str(state["frontend"]), tuple(str(s) for s in state["symbols"]), int(state["size"]),
+                        dict(state["engine"]), tuple(str(s) for s in state["languages"]),
+                        tuple(str(s) for s in state["speakers"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a stoker vocabulary ({type(exc).__name__}: {exc})") from None
+        if vocab.symbols and (vocab.symbols[:FIRST_SYMBOL_ID] != (PAD_SYMBOL, EOS_SYMBOL)
+                              or vocab.size != len(vocab.symbols)):
+            raise ValueError("not a stoker vocabulary (symbols do not start with <pad>, <eos>)")
+        return vocab
+
+    def check_engine(self, frontend: Frontend) -> str:
+        """Why ``frontend`` would not make this vocabulary's units ("" when it would)."""
+        if frontend.name != self.frontend:
+            return f"the run used the {self.frontend} front-end, not {frontend.name}"
+        now = frontend.engine()
+        changed = [f"{k} {self.engine.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(self.engine))
+                   if now.get(k) != self.engine.get(k)]
+        return f"the {self.frontend} front-end changed since the run ({'; '.join(changed)})" if changed else ""
+
+
+def save_vocabulary(vocab: Vocabulary, path: Any) -> None:
+    """Write ``vocab`` as JSON (UTF-8, symbols as they are), atomically."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(vocab.state_dict(), f, ensure_ascii=False, indent=1)
+    os.replace(tmp, target)
+
+
+def load_vocabulary(path: Any) -> Vocabulary:
+    """The vocabulary saved at ``path``; TextError (one line) if it is missing or not one."""
+    from pathlib import Path
+
+    try:
+        state = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TextError(f"{path} not found: the run's vocabulary is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TextError(f"{path} cannot be read as a vocabulary: {exc}") from None
+    try:
+        return Vocabulary.from_state_dict(state)
+    except ValueError as exc:
+        raise TextError(f"{path}: {exc}") from None

@@ -18,11 +18,13 @@ Message kinds and their fields (P = producer, C = consumer):
                      HELLO of a session only gets its WELCOME again), dataset (DatasetScan.describe())
     WELCOME    C->P  producer_index, producer_name, features (dict), batch_size, metadata_file,
                      heartbeat_interval_s, heartbeat_timeout_s
-    REFUSE     C->P  reason [, metadata_file] [, rejoin]
+    REFUSE     C->P  reason [, metadata_file, columns] [, rejoin]
                      hello refused: the producer exits with status 2, unless metadata_file names
-                     the file to scan instead (it scans and says HELLO again) or rejoin is true
+                     the file (and columns the data.columns) to scan instead (it scans and says
+                     HELLO again) or rejoin is true
                      (the consumer does not know this producer, e.g. after a restart: HELLO again)
-    LEASE      C->P  lease, epoch, index, ids, shape  (a planned batch to prepare)
+    LEASE      C->P  lease, epoch, index, ids, shape, tokens  (a planned batch to prepare; tokens: the
+                     token ids of each clip, one list per id)
     READY      P->C  lease                            (that batch is prepared, waiting for a credit)
     CREDIT     C->P  lease                            (a free queue slot: send that batch now)
     REVOKE     C->P  lease                            (forget that lease: it was re-planned elsewhere)
@@ -45,7 +47,9 @@ from typing import Any, Mapping, Sequence
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 1
+# 2: a LEASE carries the token ids of its clips (the trainer tokenizes; producers of version 1
+# tokenized themselves, with a fixed a-z vocabulary, and must not join).
+PROTOCOL_VERSION = 2
 
 # A header carries ids of one batch and some counters: 1 MiB is far above any real
 # header (a batch of 64 ids is ~2 KiB) and small enough that a hostile one costs nothing.

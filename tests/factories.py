@@ -57,6 +57,10 @@ def append_metadata(root: Path, lines: Iterable[str | bytes]) -> None:
             f.write((line.encode("utf-8") if isinstance(line, str) else line) + b"\n")
 
 
+# Token ids of fake batches are drawn below this (about an English character vocabulary).
+TOKEN_IDS = 38
+
+
 def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, n_mels: int = 80,
                valid: int | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """A collated batch with ``valid`` real rows (the rest empty), as producers send them."""
@@ -64,7 +68,7 @@ def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, 
 
     rng = np.random.default_rng(seed)
     valid = batch_size if valid is None else valid
-    tokens = [rng.integers(2, 30, size=rng.integers(2, max_tokens + 1)).astype(np.int32) for _ in range(valid)]
+    tokens = [rng.integers(2, TOKEN_IDS, size=rng.integers(2, max_tokens + 1)).astype(np.int32) for _ in range(valid)]
     mels = [rng.standard_normal((int(rng.integers(1, max_frames + 1)), n_mels)).astype(np.float32)
             for _ in range(valid)]
     return collate(tokens, mels, batch_size, max_tokens, max_frames, n_mels, float(np.log(1e-5)))

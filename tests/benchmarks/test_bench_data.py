@@ -27,7 +27,10 @@ def test_tiny_data_benchmark_reports_every_figure_and_target(tmp_path):
     assert variants["stoker"]["backend"] == "numpy"  # auto on a machine without a GPU for this process
     assert variants["stoker-warm"]["cache"]["hits"] == plan.clips
     targets = {(t["section"], t["what"]) for t in report["targets"]}
-    assert len(targets) == 6
+    assert len(targets) == 8
+    phonemes = report["index"]["phonemes"]
+    assert phonemes["sentences"] == plan.index_sizes[0] and phonemes["sentences_per_s_per_core"] > 0
+    assert phonemes["cold_s"]["median"] > phonemes["warm_s"]["median"] > 0
     for t in report["targets"]:
         if "ratio" in t:
             r = t["ratio"]

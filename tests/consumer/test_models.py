@@ -14,7 +14,7 @@ import pytest
 from consumer import models
 from consumer.models import Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision, lr_at
 from shared import config as config_mod
-from tests.factories import make_batch
+from tests.factories import TOKEN_IDS, make_batch
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -32,7 +32,7 @@ def _cfg(**trainer) -> config_mod.Config:
 
 
 def _trainer(shapes=(SHAPE,), **trainer) -> KerasTrainer:
-    return KerasTrainer(_cfg(**trainer), "/CPU:0", shapes, total_batches=100)
+    return KerasTrainer(_cfg(**trainer), "/CPU:0", shapes, total_batches=100, vocab_size=TOKEN_IDS)
 
 
 def _weights(trainer: KerasTrainer) -> list[np.ndarray]:
@@ -75,6 +75,7 @@ def test_gradient_accumulation_equals_the_large_batch_gradient() -> None:
     def sgd_trainer(accum: int) -> KerasTrainer:
         keras.utils.set_random_seed(0)
         return KerasTrainer(_cfg(grad_accum=accum, clip_norm=0.0), "/CPU:0", [SHAPE], total_batches=10,
+                            vocab_size=TOKEN_IDS,
                             optimizer=keras.optimizers.SGD(learning_rate=1.0))
 
     accumulated, large = sgd_trainer(2), sgd_trainer(1)

@@ -8,22 +8,31 @@ import pytest
 from consumer.checkpoint import CKPT_DIR, Checkpointer
 from consumer.synth import SynthError, synthesize
 from shared import config as config_mod
+from shared.text import VOCAB_FILE, Characters, Vocabulary, save_vocabulary
 from tests.procs import run_cli
 
 tf = pytest.importorskip("tensorflow")
 
 
-def _run_dir(tmp_path, model: str = "tiny", weights: bool = True):
+# The texts of the fake run's dataset: its vocabulary is their characters.
+TRAINED_TEXTS = ("Printing, in the only sense with which we are at present concerned.", "Hello there!",
+                 "Where is the big red ball?")
+
+
+def _run_dir(tmp_path, model: str = "tiny", weights: bool = True, vocab: Vocabulary | None = None):
     from consumer import tts
-    from shared.text import VOCAB_SIZE
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     cfg = config_mod.load(None, {"trainer.model": model})
     config_mod.save(cfg, run_dir / "config.yaml")
+    if vocab is None:
+        frontend = Characters()
+        vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(TRAINED_TEXTS, "en")], ["en"], ["default"])
+    save_vocabulary(vocab, run_dir / VOCAB_FILE)
     if weights:
-        net = tts.build(model, VOCAB_SIZE, cfg.features.n_mels)
-        net(tts.dummy_inputs(1, 8, 16, cfg.features.n_mels, -11.5))
+        net = tts.build(model, vocab.size, cfg.features.n_mels)
+        net(tts.dummy_inputs(1, 8, 16, cfg.features.n_mels, -11.5, vocab.size))
         state = tf.train.Checkpoint(model=net, step=tf.Variable(7, dtype=tf.int64))
         Checkpointer(run_dir / CKPT_DIR, keep=1).save(7, {"state": ["model"], "model": model}, state)
     return run_dir
@@ -48,6 +57,32 @@ def test_synth_refusals(tmp_path) -> None:
         synthesize(run_dir, "  ", tmp_path / "mel.npy")
     with pytest.raises(SynthError, match="--frames must be between"):
         synthesize(run_dir, "Hello.", tmp_path / "mel.npy", frames=0)
+    # the run's vocabulary decides: a letter its dataset never had is refused by name, not dropped
+    with pytest.raises(SynthError, match=r"cannot represent: 'x' U\+0078"):
+        synthesize(run_dir, "Xylophone.", tmp_path / "mel.npy")
+    (run_dir / VOCAB_FILE).unlink()
+    with pytest.raises(SynthError, match="vocabulary is missing"):
+        synthesize(run_dir, "Hello.", tmp_path / "mel.npy")
+
+
+def test_synth_uses_the_run_vocabulary_not_todays(tmp_path) -> None:
+    """A Persian run synthesizes Persian: the ids come from the run's vocab.json."""
+    frontend = Characters()
+    texts = ["امروز هوا آفتابی است.", "سلام دنیا"]
+    vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(texts, "fa")], ["fa"], ["default"])
+    run_dir = _run_dir(tmp_path, vocab=vocab)
+    from consumer.synth import encode_for_run
+
+    cfg = config_mod.load(run_dir / "config.yaml")
+    tokens, used = encode_for_run(run_dir, cfg, "سلام دنیا", "fa")
+    assert used == vocab and used.decode(tokens) == "سلام دنیا" and tokens[-1] == 1
+    # the Arabic yeh (U+064A) is the Persian one after normalisation: the same ids
+    again, _ = encode_for_run(run_dir, cfg, "سلام دن\u064aا", "fa")
+    assert again.tolist() == tokens.tolist()
+    with pytest.raises(SynthError, match="U\\+060C"):  # the Persian comma was never in this run's data
+        encode_for_run(run_dir, cfg, "سلام، دنیا", "fa")
+    result = synthesize(run_dir, "سلام دنیا", tmp_path / "fa.npy", frames=20, language="fa")
+    assert result.tokens == len("سلام دنیا") + 1 and np.load(result.mel_path).shape == (20, 80)
 
 
 def test_synth_corrupt_checkpoint(tmp_path) -> None:

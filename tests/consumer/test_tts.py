@@ -29,7 +29,7 @@ def test_presets_parameter_counts() -> None:
 
 def _built(preset: str):
     model = tts.build(preset, 38, 80)
-    out = model(tts.dummy_inputs(2, 8, 16, 80, -11.5), training=False)
+    out = model(tts.dummy_inputs(2, 8, 16, 80, -11.5, 38), training=False)
     assert tuple(out["mel"].shape) == (2, 16, 80) and tuple(out["log_frames"].shape) == (2,)
     return model
 

@@ -28,10 +28,14 @@ def test_batches_are_collated_like_training_batches(tmp_path) -> None:
     index = build_index(cfg.data, cfg.features)
     _, held = validation.split(index.samples, 6, seed=0)
     assert len(held) == 3
-    batches = validation.make_batches(held, index.root, cfg)
+    batches = validation.make_batches(held, index.root, cfg, index.vocabulary)
     assert len(batches) == 1
     b = batches[0]
     assert b["tokens"].shape[0] == 3 and b["tokens"].dtype == np.int32
+    # each row holds its clip's ids as the run's vocabulary encodes its text
+    for row, length in enumerate(b["token_lengths"]):
+        decoded = index.vocabulary.decode(b["tokens"][row, :length])
+        assert decoded in {s.units for s in held}
     assert b["mel"].shape[1] % cfg.batching.frames_multiple == 0 and b["mel"].shape[2] == cfg.features.n_mels
     assert sorted(b["mel_lengths"]) == sorted(s.num_frames for s in held)
     assert "3 held-out clips" in validation.describe(batches)
@@ -43,6 +47,6 @@ def test_an_unreadable_clip_is_left_out(tmp_path, caplog) -> None:
     index = build_index(cfg.data, cfg.features)
     _, held = validation.split(index.samples, 2, seed=0)
     (index.root / "wavs" / f"{held[0].id}.wav").unlink()
-    batches = validation.make_batches(held, index.root, cfg)
+    batches = validation.make_batches(held, index.root, cfg, index.vocabulary)
     assert sum(len(b["mel_lengths"]) for b in batches) == 1
     assert f"validation clip {held[0].id} left out" in caplog.text

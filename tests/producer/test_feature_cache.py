@@ -129,7 +129,8 @@ def _maker(root: Path, cache_dir: Path | None, features: FeaturesConfig = FEATUR
 
 
 def _make(maker: BatchMaker, ids: list[str]) -> wire.Message:
-    frames = maker.make({"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE})
+    frames = maker.make({"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE,
+                         "tokens": [[2, 3, 1] for _ in ids]})
     return wire.decode(frames)
 
 

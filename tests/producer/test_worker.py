@@ -60,6 +60,16 @@ def setup(tmp_path):
     ctx.term()
 
 
+def tokens_of(sample_id: str) -> list[int]:
+    """Distinct token ids per clip, as the trainer's TokenTable would send them."""
+    return [2 + (ord(c) % 30) for c in sample_id] + [1]
+
+
+def lease(lease_id: int, ids: list[str], index: int = 0) -> dict:
+    return {"lease": lease_id, "epoch": 0, "index": index, "ids": ids, "shape": [64, 128],
+            "tokens": [tokens_of(i) for i in ids]}
+
+
 def welcome(consumer: FakeConsumer, features: FeaturesConfig, batch_size: int = 4) -> None:
     consumer.recv(wire.HELLO)
     consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(features),
@@ -72,13 +82,18 @@ def test_lease_ready_credit_batch_with_a_rejected_clip(setup):
     (root / "wavs" / f"{ids[1]}.wav").write_bytes(b"RIFF....WAVEgarbage")
     welcome(consumer, features)
     lease_ids = [ids[0], ids[1], ids[2]]
-    consumer.send(wire.LEASE, {"lease": 7, "epoch": 0, "index": 0, "ids": lease_ids, "shape": [64, 128]})
+    consumer.send(wire.LEASE, lease(7, lease_ids, index=0))
     assert consumer.recv(wire.READY)["lease"] == 7
     consumer.send(wire.CREDIT, {"lease": 7})
     batch = consumer.recv(wire.BATCH)
     assert batch["lease"] == 7
     assert batch["ids"] == [ids[0], ids[2]]
     assert [r["id"] for r in batch["rejected"]] == [ids[1]]
+    # the tokens are the lease's, row for row, padded with 0
+    for row, sample_id in enumerate(batch["ids"]):
+        expected_tokens = tokens_of(sample_id)
+        assert batch.arrays["token_lengths"][row] == len(expected_tokens)
+        assert batch.arrays["tokens"][row].tolist() == expected_tokens + [0] * (64 - len(expected_tokens))
     assert batch["rejected"][0]["reason"] == (f"audio file truncated: wavs/{ids[1]}.wav: the header ends at byte 19 "
                                               "without a data chunk")
     mel, lengths = batch.arrays["mel"], batch.arrays["mel_lengths"]
@@ -98,8 +113,8 @@ def test_lease_ready_credit_batch_with_a_rejected_clip(setup):
 def test_stop_signal_sends_bye_with_held_leases(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
-    consumer.send(wire.LEASE, {"lease": 3, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
-    consumer.send(wire.LEASE, {"lease": 4, "epoch": 0, "index": 1, "ids": [ids[3]], "shape": [64, 128]})
+    consumer.send(wire.LEASE, lease(3, [ids[0]], index=0))
+    consumer.send(wire.LEASE, lease(4, [ids[3]], index=1))
     consumer.recv(wire.READY)
     stop.set()  # what SIGTERM/SIGINT do
     bye = consumer.recv(wire.BYE, skip=(wire.HEARTBEAT, wire.READY))
@@ -112,7 +127,7 @@ def test_garbage_from_the_consumer_is_ignored(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
     consumer.sock.send_multipart([consumer.identity, b"\xc1 not msgpack"])
-    consumer.send(wire.LEASE, {"lease": 1, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
+    consumer.send(wire.LEASE, lease(1, [ids[0]], index=0))
     assert consumer.recv(wire.READY)["lease"] == 1
     assert thread.is_alive()
 
@@ -141,7 +156,7 @@ def test_a_file_missing_on_this_host_is_missed_not_rejected(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     (root / "wavs" / f"{ids[1]}.wav").unlink()
     welcome(consumer, features)
-    consumer.send(wire.LEASE, {"lease": 5, "epoch": 0, "index": 0, "ids": [ids[0], ids[1]], "shape": [64, 128]})
+    consumer.send(wire.LEASE, lease(5, [ids[0], ids[1]]))
     consumer.recv(wire.READY)
     consumer.send(wire.CREDIT, {"lease": 5})
     batch = consumer.recv(wire.BATCH)
@@ -170,7 +185,7 @@ def test_refusal_naming_another_metadata_file_makes_it_scan_that(setup):
 def test_a_rejoin_request_drops_work_and_says_hello_again(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
-    consumer.send(wire.LEASE, {"lease": 8, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
+    consumer.send(wire.LEASE, lease(8, [ids[0]], index=0))
     consumer.recv(wire.READY)
     producer._last_hello -= 10  # the REFUSE answers a message sent after our HELLO
     consumer.send(wire.REFUSE, {"reason": "unknown producer", "rejoin": True})
@@ -181,9 +196,9 @@ def test_a_rejoin_request_drops_work_and_says_hello_again(setup):
 def test_a_revoked_lease_is_never_offered(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
-    consumer.send(wire.LEASE, {"lease": 1, "epoch": 0, "index": 0, "ids": [ids[0]], "shape": [64, 128]})
+    consumer.send(wire.LEASE, lease(1, [ids[0]], index=0))
     consumer.send(wire.REVOKE, {"lease": 1})
-    consumer.send(wire.LEASE, {"lease": 2, "epoch": 0, "index": 1, "ids": [ids[2]], "shape": [64, 128]})
+    consumer.send(wire.LEASE, lease(2, [ids[2]], index=1))
     assert consumer.recv(wire.READY)["lease"] == 2
     consumer.send(wire.CREDIT, {"lease": 1})  # a credit for the revoked lease is ignored
     consumer.send(wire.CREDIT, {"lease": 2})

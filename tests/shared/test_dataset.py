@@ -19,7 +19,7 @@ from shared.dataset import (
     resolve_root,
     scan_audio,
 )
-from shared.text import encode_text
+from shared.text import normalize
 from tests.factories import add_clip, append_metadata, make_dataset, make_faulty_dataset, truncate_wav
 
 FEATURES = FeaturesConfig()
@@ -54,7 +54,9 @@ def test_build_index_on_factory_dataset(good) -> None:
         info = soundfile.info(str(root / "wavs" / f"{sample.id}.wav"))
         assert sample.num_frames == 1 + info.frames // HOP
         assert sample.duration_s == pytest.approx(info.frames / info.samplerate)
-        assert sample.num_tokens == len(encode_text(sample.text))
+        assert sample.units == normalize(sample.text, "en")[0] and sample.language == "en"
+        assert sample.num_tokens == len(sample.units) + 1 == len(index.vocabulary.encode(sample.units))
+        assert sample.speaker == "default" and sample.audio == f"wavs/{sample.id}.wav"
     assert set(index.by_id()) == set(ids)
     assert len(index.fingerprint) == 16
 
@@ -116,7 +118,8 @@ def test_malformed_metadata_line(good) -> None:
     assert [s.id for s in index.samples] == ids
     reasons = [r.reason for r in index.rejected]
     assert reasons == [f"malformed metadata line {line}: 1 field, expected id|text|normalized_text or id|text",
-                       f"malformed metadata line {line + 1}: 4 fields, expected id|text|normalized_text or id|text"]
+                       f"malformed metadata line {line + 1}: 4 fields, expected id|text|normalized_text or id|text "
+                       "(or id|text|normalized_text|speaker|language; set data.columns for other forms)"]
     assert [r.line for r in index.rejected] == [line, line + 1]
 
 
@@ -147,12 +150,33 @@ def test_duplicate_id(good) -> None:
     assert index.rejected == [Rejection(ids[2], f"duplicate id on metadata line {line} (first on line 3)", line=line)]
 
 
-@pytest.mark.parametrize("text", ["", "   ", "1234 #$%", "\u65e5\u672c"])
+@pytest.mark.parametrize("text", ["", "   "])
 def test_empty_text(good, text: str) -> None:
     root, ids = good
     add_clip(root, "MUTE", 1.0, text=text)
     line = _metadata_lines(root)
-    _expect_rejected(root, ids, "MUTE", f"empty text on metadata line {line}")
+    rejection = _expect_rejected(root, ids, "MUTE", f"empty text on metadata line {line}")
+    assert rejection.kind == "empty-text"
+
+
+@pytest.mark.parametrize(("text", "units"), [("1234 #$%", "one thousand, two hundred and thirty-four #$%"),
+                                             ("\u65e5\u672c", "\u65e5\u672c")])
+def test_digits_symbols_and_other_scripts_are_kept(good, text: str, units: str) -> None:
+    root, ids = good
+    add_clip(root, "KEPT", 1.0, text=text)
+    index = build_index(_data(root), FEATURES)
+    assert index.by_id()["KEPT"].units == units and index.rejected == []
+    assert set(units) <= set(index.vocabulary.symbols)
+
+
+def test_text_of_only_unrepresentable_characters_is_a_loss_not_silence(good) -> None:
+    root, ids = good
+    add_clip(root, "EMOJI", 1.0, text="\U0001f600\u263a")
+    line = _metadata_lines(root)
+    rejection = _expect_rejected(root, ids, "EMOJI", "text loses 2 of 2 characters the characters front-end "
+                                                     "cannot represent ('\U0001f600' U+1F600, '\u263a' U+263A; "
+                                                     f"text.max_lost_frac=0) (metadata line {line})")
+    assert rejection.kind == "lost-text"
 
 
 def test_text_too_long(good) -> None:
@@ -359,7 +383,7 @@ def test_flac_ogg_stereo_and_other_rates_are_indexed(good) -> None:
     index = build_index(_data(root), FEATURES)
     assert not index.rejected
     by_id = index.by_id()
-    assert (by_id["F"].audio, by_id["O"].audio, by_id["S"].audio) == ("F.flac", "O.ogg", "S.wav")
+    assert (by_id["F"].audio, by_id["O"].audio, by_id["S"].audio) == ("wavs/F.flac", "wavs/O.ogg", "wavs/S.wav")
     assert by_id["F"].num_frames == 1 + int(1.25 * 22050) // HOP
     assert by_id["R"].num_frames == 1 + expected_samples(44100, 44100, 22050) // HOP
 
@@ -368,8 +392,8 @@ def test_wav_is_preferred_when_an_id_has_several_files(good) -> None:
     root, ids = good
     add_clip(root, "TWICE", 1.0, suffix=".flac")
     add_clip(root, "TWICE", 2.0, metadata=False)
-    assert build_index(_data(root), FEATURES).by_id()["TWICE"].audio == "TWICE.wav"
-    assert scan_audio(root)["TWICE"].name == "TWICE.wav"
+    assert build_index(_data(root), FEATURES).by_id()["TWICE"].audio == "wavs/TWICE.wav"
+    assert scan_audio(root)["TWICE"].name == "wavs/TWICE.wav"
 
 
 def test_truncated_flac_is_found_by_its_tail(good) -> None:
@@ -385,7 +409,7 @@ def test_rejections_carry_line_and_file_in_json(good) -> None:
     append_metadata(root, ["GONE|text|text"])
     (rejection,) = build_index(_data(root), FEATURES).rejected
     assert rejection.to_json() == {"id": "GONE", "reason": rejection.reason, "producer": "index",
-                                   "line": _metadata_lines(root), "file": "wavs/GONE.wav"}
+                                   "line": _metadata_lines(root), "file": "wavs/GONE.wav", "kind": "missing-audio"}
 
 
 @pytest.mark.parametrize("fmt, subtype, channels", [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared import dataset
-from shared.config import DataConfig, FeaturesConfig
+from shared.config import DataConfig, FeaturesConfig, TextConfig
 from shared.dataset import build_index, index_cache_file
 from tests.factories import add_clip, append_metadata, make_dataset
 
@@ -90,17 +90,19 @@ def test_an_edited_text_is_tokenized_again_alone(root: Path) -> None:
 
 @pytest.mark.parametrize("change", [
     {"data": {"max_audio_s": 1.0}},
-    {"data": {"max_tokens": 20}},
+    {"data": {"max_tokens": 40}},
     {"features": {"hop_length": 200}},
     {"features": {"sample_rate_hz": 16000, "fmax_hz": 8000.0}},
+    {"text": {"max_lost_frac": 0.5}},
 ])
 def test_a_config_key_the_index_depends_on_rederives_it_without_reading_headers(root: Path, change: dict) -> None:
     build_index(_data(root), FEATURES)
     data = dataclasses.replace(_data(root), **change.get("data", {}))
     features = dataclasses.replace(FEATURES, **change.get("features", {}))
-    index = build_index(data, features)
+    text = TextConfig(**change.get("text", {}))
+    index = build_index(data, features, text)
     assert (index.stats.cache, index.stats.headers_read, index.stats.texts_tokenized) == ("stale", 0, 0)
-    fresh = build_index(dataclasses.replace(data, index_cache="off"), features)
+    fresh = build_index(dataclasses.replace(data, index_cache="off"), features, text)
     _same(index, fresh)  # what was re-derived equals a build from scratch
     assert fresh.stats.cache == "off" and fresh.stats.headers_read == CLIPS
 
@@ -195,7 +197,18 @@ def test_feature_cache_dir_setting(root: Path, tmp_path: Path, monkeypatch: pyte
 
 def test_parallel_only_when_the_work_outlasts_starting_a_helper() -> None:
     wavs = [(f"{i}.wav", 1000, "some text") for i in range(20_000)]
-    assert dataset._estimated_seconds(wavs) == pytest.approx(20_000 * (dataset.WAV_HEADER_S + dataset.TEXT_S))
-    assert dataset._estimated_seconds(wavs) < dataset.PARALLEL_MIN_SECONDS  # LJSpeech-sized: one process
+    assert dataset._estimated_seconds(wavs, dataset.TEXT_S) == pytest.approx(20_000 * (dataset.WAV_HEADER_S +
+                                                                                        dataset.TEXT_S))
+    assert dataset._estimated_seconds(wavs, dataset.TEXT_S) < dataset.PARALLEL_MIN_SECONDS  # LJSpeech-sized: one process
+    # the same texts through the phonemizer are worth spreading over the cores
+    assert dataset._estimated_seconds(wavs, dataset.PHONEMES_S) > dataset.PARALLEL_MIN_SECONDS
     flacs = [(f"{i}.flac", 1000, None) for i in range(20_000)]
-    assert dataset._estimated_seconds(flacs) > dataset.PARALLEL_MIN_SECONDS
+    assert dataset._estimated_seconds(flacs, dataset.TEXT_S) > dataset.PARALLEL_MIN_SECONDS
+
+
+def test_a_front_end_change_sends_every_text_through_it_again_but_reads_no_header(root: Path) -> None:
+    build_index(_data(root), FEATURES)
+    index = build_index(_data(root), FEATURES, TextConfig(digits="keep"))
+    texts = len((root / "metadata.csv").read_text(encoding="utf-8").splitlines())  # rejected clips' texts too
+    assert (index.stats.cache, index.stats.headers_read, index.stats.texts_tokenized) == ("stale", 0, texts)
+    assert build_index(_data(root), FEATURES, TextConfig(digits="keep")).stats.cache == "hit"
