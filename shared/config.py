@@ -270,7 +270,14 @@ def _validate(cfg: Config) -> None:
     if tx.frontend not in ("characters", "phonemes") and not re.fullmatch(r"[\w.]+:\w+", tx.frontend):
         raise ConfigError(f"text.frontend must be characters, phonemes or package.module:function, got "
                           f"{tx.frontend!r}")
+    from shared.layouts import LayoutError, parse_columns
     from shared.text import LANGUAGES
+
+    if cfg.data.columns:
+        try:
+            parse_columns(cfg.data.columns)
+        except LayoutError as exc:
+            raise ConfigError(str(exc)) from None
 
     if tx.language not in LANGUAGES:
         raise ConfigError(f"unknown language code {tx.language!r} for text.language (known: "

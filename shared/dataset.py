@@ -1059,7 +1059,7 @@ KIND_HINTS = {
     "empty-text": "its text is empty after normalisation: check data.columns (which field is the text) and "
                   "--language",
     "language": "its language is unknown: check the language column (data.columns) or --language",
-    "vocabulary": "its text or speaker is outside the run's vocabulary: resume only with the run's dataset",
+    "vocabulary": "its language or speaker is not in the run's tables: resume only with the run's dataset",
     "too-many-tokens": "its text is longer than data.max_tokens allows: raise --set data.max_tokens=N",
     "missing-audio": "its audio file is missing: check --data (DIR/wavs/ID.wav) or the manifest's paths",
     "unreadable-audio": "its audio file cannot be read",

@@ -1,0 +1,85 @@
+"""End-to-end: ``python run.py --data DIR`` on Persian and mixed Persian/English datasets,
+with each built-in front-end; the vocabulary in the run, on resume and in synth."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shared.text import normalize
+from tests.procs import read_json, read_jsonl, run_cli
+from tests.speech import make_mixed_dataset, make_persian_dataset
+from tests.test_run import check_exactly_once
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+# Small, fast runs: a tiny model, CPU log-mels, no held-out clips (every clip trains).
+FAST = ["--model", "tiny", "--batch-size", "4", "--producers", "1", "--model-start-delay", "0.2",
+        "--record-samples", "--set", "features.backend=numpy", "--set", "trainer.val_clips=0",
+        "--set", "trainer.log_every_steps=5"]
+
+
+def test_persian_run_characters_then_resume_and_synth(tmp_path):
+    made = make_persian_dataset(tmp_path / "fa")
+    run_dir = tmp_path / "run"
+    result = run_cli("--data", str(tmp_path / "fa"), "--language", "fa", "--epochs", "2", "--run-dir", str(run_dir),
+                     *FAST, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(made))
+    vocab = json.loads((run_dir / "vocab.json").read_text(encoding="utf-8"))
+    units = {normalize(text, "fa")[0] for text, _, _ in made.values()}
+    assert vocab["frontend"] == "characters" and vocab["languages"] == ["fa"]
+    assert set(vocab["symbols"][2:]) == set("".join(units))  # the vocabulary is the Persian text's
+    summary = read_json(run_dir / "summary.json")
+    assert summary["rejected"] == 0 and summary["text"]["vocab_size"] == len(vocab["symbols"])
+    assert summary["loss_last"] < summary["loss_first"]
+
+    # synth speaks Persian with the run's vocabulary, and names a character it lacks
+    said = run_cli("synth", str(run_dir), "--text", next(iter(made.values()))[0], "--frames", "20",
+                   "--out", str(tmp_path / "mel.npy"), timeout=120)
+    assert said.returncode == 0, said.stderr[-2000:]
+    # veh (U+06A4) is Arabic-script but not Persian: no Persian sentence has it
+    refused = run_cli("synth", str(run_dir), "--text", "\u06a4\u06a4", "--out", str(tmp_path / "x.npy"))
+    assert refused.returncode == 2 and "U+06A4" in refused.stderr.strip().splitlines()[-1]
+
+    # resume keeps the run's vocabulary (and every checkpoint carries it) ...
+    resumed = run_cli("--resume", str(run_dir), "--epochs", "3", timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert json.loads((run_dir / "vocab.json").read_text(encoding="utf-8")) == vocab
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 3, set(made))
+    # ... and refuses a vocab.json that would number the tokens otherwise, in one line
+    swapped = {**vocab, "symbols": vocab["symbols"][:2] + vocab["symbols"][3:4] + vocab["symbols"][2:3]
+               + vocab["symbols"][4:]}
+    (run_dir / "vocab.json").write_text(json.dumps(swapped, ensure_ascii=False), encoding="utf-8")
+    refused = run_cli("--resume", str(run_dir), "--epochs", "4", timeout=240)
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert "is not the run's vocab.json" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_mixed_run_phonemes(tmp_path):
+    made = make_mixed_dataset(tmp_path / "mix")
+    run_dir = tmp_path / "run"
+    result = run_cli("--data", str(tmp_path / "mix"), "--text-frontend", "phonemes", "--epochs", "1",
+                     "--run-dir", str(run_dir), *FAST, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 1, set(made))
+    vocab = json.loads((run_dir / "vocab.json").read_text(encoding="utf-8"))
+    assert vocab["frontend"] == "phonemes" and vocab["languages"] == ["en", "fa"]
+    assert vocab["speakers"] == sorted({speaker for _, speaker, _ in made.values()})
+    assert {"phonemizer", "espeakng_loader"} <= set(vocab["engine"])
+    assert not any("\u0600" <= ch <= "\u06ff" for ch in "".join(vocab["symbols"][2:]))  # IPA, not Persian script
+    assert read_json(run_dir / "summary.json")["text"]["frontend"] == "phonemes"
+
+
+def test_a_dataset_the_front_end_cannot_read_ends_with_one_line(tmp_path):
+    made = make_persian_dataset(tmp_path / "fa")
+    meta = tmp_path / "fa" / "metadata.csv"
+    meta.write_text("".join(f"{i}|{t} \u263a|{t} \u263a\n" for i, (t, _, _) in made.items()), encoding="utf-8")
+    result = run_cli("--data", str(tmp_path / "fa"), "--language", "fa", "--steps", "5",
+                     "--run-dir", str(tmp_path / "run"), *FAST)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("stoker: error: dataset ") and "Traceback" not in result.stderr
+    assert f"{len(made)} of {len(made)} clips were rejected because the text front-end cannot represent" in last
+    assert "--set text.max_lost_frac=F" in last
