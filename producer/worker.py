@@ -56,8 +56,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from shared import wire
 from shared.config import FaultsConfig, FeaturesConfig
-from shared.dataset import (DatasetError, DatasetScan, audio_path, relative_audio, resolve_root,
-                            scan_dataset)
+from shared.dataset import DatasetError, DatasetScan, audio_path, locate, relative_audio, scan_dataset
 from shared.keys import ClientKeys, KeysError, load_client_keys, short
 from shared.layouts import COLUMNS_AUTO, LayoutError
 from shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
@@ -631,10 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     install_stop_handlers(stop)
     try:
         die_with_parent(args.parent_pid)
-        root = resolve_root(args.data)
+        root, metadata_file = locate(args.data, args.metadata_file)
         keys = load_client_keys(Path(args.keys)) if args.keys else None
         producer = Producer(args.connect, root, args.name, stop, args.parent_pid, args.gpu_memory_mb, status,
-                            keys=keys, metadata_file=args.metadata_file)
+                            keys=keys, metadata_file=metadata_file)
         code = producer.run()
         flush_sockets(FINAL_LINGER_MS / 1000)  # the BYE must reach the consumer: it re-plans our leases at once
         return code

@@ -221,14 +221,15 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
     import dataclasses
 
     from consumer.models import ModelError, check_model
-    from shared.dataset import DatasetError, feature_cache_dir, resolve_root
+    from shared.dataset import DatasetError, feature_cache_dir, locate
+    from shared.layouts import is_mix
     from shared.devices import DeviceError, list_gpus, plan_devices
     from shared.launcher import run_training
     from shared.proc import setup_logging
 
     setup_logging("launcher", cfg.run.log_level)
     try:
-        root = resolve_root(cfg.data.path)
+        root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
         check_model(cfg.trainer.model)
     except (DatasetError, ModelError) as exc:
         raise UserError(str(exc)) from None
@@ -244,7 +245,8 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
     except DeviceError as exc:
         raise UserError(str(exc)) from None
     run_dir = resume_dir or make_run_dir(cfg.run.run_dir)
-    data = dataclasses.replace(cfg.data, path=str(root), feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
+    data = dataclasses.replace(cfg.data, path=str(root / metadata_file if is_mix(metadata_file) else root),
+                               feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
     cfg = dataclasses.replace(cfg, data=data, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
     if resume_dir is None:
         config_mod.save(cfg, run_dir / "config.yaml")
@@ -352,7 +354,8 @@ def check_keys(directory: Path, server: bool, client: bool) -> None:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from shared.dataset import DatasetError, resolve_root, scan_dataset
+    from shared.dataset import DatasetError, locate, scan_dataset
+    from shared.layouts import is_mix
     from shared.devices import DeviceError, DevicesConfig, list_gpus, plan_devices
     from shared.launcher import run_producers
     from shared.proc import setup_logging
@@ -370,15 +373,16 @@ def cmd_produce(args: argparse.Namespace) -> int:
         log.warning("connecting to %s without --keys: batches travel unencrypted and the trainer cannot tell "
                     "who sends them", args.connect)
     try:
-        root = resolve_root(args.data)
-        scan = scan_dataset(root)
+        root, metadata_file = locate(args.data, "metadata.csv")
+        scan = scan_dataset(root, metadata_file)
         devices = DevicesConfig(data_gpu=args.data_gpu, model_gpu=None, data_gpu_memory_mb=args.data_gpu_memory)
         plan = plan_devices(devices, list_gpus() if args.data_gpu is not None else [], args.producers)
     except (DatasetError, DeviceError) as exc:
         raise UserError(str(exc)) from None
     log.info("dataset %s: %d entries, %d audio files missing here, fingerprint %s", root, len(scan.entries),
              len(scan.missing), scan.fingerprint)
-    return run_producers(args.connect, str(root), args.producers, plan, PRODUCE_RESTARTS, args.log_level, keys=keys)
+    data = root / metadata_file if is_mix(metadata_file) else root
+    return run_producers(args.connect, str(data), args.producers, plan, PRODUCE_RESTARTS, args.log_level, keys=keys)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

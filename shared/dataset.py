@@ -71,7 +71,8 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from shared.config import DataConfig, FeaturesConfig, TextConfig
-from shared.layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, parse_entries, parse_metadata
+from shared.layouts import (COLUMNS_AUTO, MIX_ID_SEPARATOR, Entry, LayoutError, Rejection, is_manifest, is_mix,
+                            pack_mix, parse_entries, parse_metadata, parse_mix_spec, unpack_mix)
 from shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, Vocabulary, make_frontend
 
 log = logging.getLogger(__name__)
@@ -280,6 +281,17 @@ def resolve_root(path: str) -> Path:
     return root.resolve()
 
 
+def locate(path: str, metadata_file: str) -> tuple[Path, str]:
+    """(root, metadata file) of what ``--data`` names: a dataset directory, or a mix file
+    (``*.yaml``, shared/layouts.py), whose directory is the root its datasets are found from."""
+    given = Path(path).expanduser() if path else None
+    if given is not None and is_mix(given.name):
+        if not given.is_file():
+            raise DatasetError(f"mix file {given} does not exist")
+        return given.resolve().parent, given.name
+    return resolve_root(path), metadata_file
+
+
 def audio_path(root: Path, sample_id: str, name: str | None = None) -> Path:
     """Where a clip's audio is: ``name`` (relative to the dataset, or absolute), by default ``wavs/<id>.wav``."""
     return root / relative_audio(sample_id, name)
@@ -352,14 +364,32 @@ def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
 
 
 def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:
-    """The audio of a dataset by id: the files a manifest names, or the listing of ``wavs/``."""
+    """The audio of a dataset by id: the files a manifest names, or the listing of ``wavs/``;
+    for a mix, each dataset's, by prefixed id, with paths from ``root``."""
     if is_manifest(metadata_file):
         entries, _ = parse_entries(metadata, metadata_file, columns)
         return locate_audio(root, entries)
-    return scan_audio(root)
+    if not is_mix(metadata_file):
+        return scan_audio(root)
+    found: dict[str, AudioFile] = {}
+    for part, directory, raw in unpack_mix(metadata):
+        prefix = f"{part.name}{MIX_ID_SEPARATOR}"
+        if is_manifest(part.metadata_file):
+            entries, _ = parse_entries(raw, part.metadata_file, part.columns)
+            listed = {prefix + i: AudioFile(f"{directory}/{a.name}" if not a.name.startswith("/") else a.name,
+                                            a.size, a.mtime_ns)
+                      for i, a in locate_audio(root / directory, entries).items()}
+        else:
+            listed = {prefix + i: AudioFile(f"{directory}/{a.name}", a.size, a.mtime_ns)
+                      for i, a in scan_audio(root / directory).items()}
+        found.update(listed)
+    return found
 
 
 def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> bytes:
+    """The bytes of ``root/metadata_file``; for a mix, the blob of every dataset's metadata."""
+    if is_mix(metadata_file):
+        return _read_mix(root, metadata_file)
     meta = root / metadata_file
     try:
         return meta.read_bytes()
@@ -369,6 +399,29 @@ def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> byte
         raise DatasetError(f"{meta} is a directory, not a metadata file") from None
     except OSError as exc:
         raise DatasetError(f"cannot read {meta}: {exc.strerror}") from None
+
+
+def _read_mix(root: Path, mix_file: str) -> bytes:
+    try:
+        parts = parse_mix_spec(_read(root / mix_file).decode("utf-8", "replace"), "metadata.csv", COLUMNS_AUTO)
+    except LayoutError as exc:
+        raise DatasetError(f"{root / mix_file}: {exc}") from None
+    packed = []
+    for part in parts:
+        directory = Path(part.path).expanduser()
+        where = directory if directory.is_absolute() else root / directory
+        if not where.is_dir():
+            raise DatasetError(f"{root / mix_file}: dataset {part.name}: {where} is not a directory")
+        label = str(directory) if directory.is_absolute() else directory.as_posix().rstrip("/")
+        packed.append((part, label, read_metadata_bytes(where, part.metadata_file)))
+    return pack_mix(packed)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def read_metadata(root: Path, metadata_file: str = "metadata.csv",
@@ -943,7 +996,8 @@ def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | N
 def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
                  fixed: Vocabulary | None) -> DatasetIndex:
     started = time.perf_counter()
-    root = resolve_root(data.path)
+    root, metadata_file = locate(data.path, data.metadata_file)
+    data = dataclasses.replace(data, metadata_file=metadata_file)
     metadata = read_metadata_bytes(root, data.metadata_file)
     audio = list_audio(root, data.metadata_file, metadata, data.columns)
     frontend = make_frontend(text.frontend, text.digits)

@@ -57,16 +57,22 @@ def test_persian_run_characters_then_resume_and_synth(tmp_path):
     assert "is not the run's vocab.json" in refused.stderr.strip().splitlines()[-1]
 
 
-def test_mixed_run_phonemes(tmp_path):
-    made = make_mixed_dataset(tmp_path / "mix")
+def test_mixed_datasets_run_phonemes(tmp_path):
+    """Two datasets mixed by a mix file: a Persian/English one with speaker and language
+    columns, and a Persian one whose language the mix names; phonemes for both languages."""
+    mixed = make_mixed_dataset(tmp_path / "mix", n=6)
+    persian = make_persian_dataset(tmp_path / "fa", n=4)
+    (tmp_path / "data.yaml").write_text("datasets:\n  - path: mix\n  - path: fa\n    language: fa\n",
+                                        encoding="utf-8")
     run_dir = tmp_path / "run"
-    result = run_cli("--data", str(tmp_path / "mix"), "--text-frontend", "phonemes", "--epochs", "1",
+    result = run_cli("--data", str(tmp_path / "data.yaml"), "--text-frontend", "phonemes", "--epochs", "1",
                      "--run-dir", str(run_dir), *FAST, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 1, set(made))
+    expected = {f"mix:{i}" for i in mixed} | {f"fa:{i}" for i in persian}
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 1, expected)
     vocab = json.loads((run_dir / "vocab.json").read_text(encoding="utf-8"))
     assert vocab["frontend"] == "phonemes" and vocab["languages"] == ["en", "fa"]
-    assert vocab["speakers"] == sorted({speaker for _, speaker, _ in made.values()})
+    assert vocab["speakers"] == sorted({speaker for _, speaker, _ in mixed.values()} | {"fa"})
     assert {"phonemizer", "espeakng_loader"} <= set(vocab["engine"])
     assert not any("\u0600" <= ch <= "\u06ff" for ch in "".join(vocab["symbols"][2:]))  # IPA, not Persian script
     assert read_json(run_dir / "summary.json")["text"]["frontend"] == "phonemes"

@@ -12,7 +12,7 @@ import pytest
 from consumer import validation
 from shared import config as config_mod
 from shared.config import DataConfig, FeaturesConfig, TextConfig
-from shared.dataset import DatasetError, build_index, check_agreement, scan_dataset
+from shared.dataset import DatasetError, build_index, check_agreement, locate, scan_dataset
 from shared.text import TextError, Vocabulary, normalize
 from tests.speech import (make_english_digits_dataset, make_manifest_dataset, make_mixed_dataset,
                           make_persian_dataset, make_train_eval_dataset)
@@ -189,3 +189,60 @@ def test_bad_text_settings_are_one_line(tmp_path: Path) -> None:
         fixed = Vocabulary.from_state_dict({**build_index(_data(tmp_path), FEATURES).vocabulary.state_dict(),
                                             "frontend": "phonemes"})
         build_index(_data(tmp_path), FEATURES, TextConfig(language="fa"), fixed)
+
+
+MIX = """datasets:
+  - path: fa
+    language: fa
+  - path: en
+    name: english
+  - path: man
+    metadata_file: manifest.jsonl
+"""
+
+
+def test_several_datasets_mixed_in_one_run(tmp_path: Path) -> None:
+    persian = make_persian_dataset(tmp_path / "fa", n=4)
+    english = make_english_digits_dataset(tmp_path / "en", n=4)
+    manifest = make_manifest_dataset(tmp_path / "man", n=4)
+    (tmp_path / "mix.yaml").write_text(MIX, encoding="utf-8")
+    data = _data(tmp_path / "mix.yaml", index_cache=str(tmp_path / "cache"))
+    index = build_index(data, FEATURES)
+    assert index.rejected == []
+    expected = {**{f"fa:{i}": ("fa", "fa") for i in persian}, **{f"english:{i}": ("en", "english") for i in english},
+                **{f"man:{i}": (language, speaker) for i, (_, speaker, language) in manifest.items()}}
+    assert {s.id: (s.language, s.speaker) for s in index.samples} == expected  # each dataset's language and speaker
+    by_id = index.by_id()
+    assert by_id[f"fa:{next(iter(persian))}"].audio == f"fa/wavs/{next(iter(persian))}.wav"
+    assert by_id[f"man:{next(iter(manifest))}"].audio == f"man/audio/{next(iter(manifest))}.wav"
+    assert index.vocabulary.languages == ("en", "fa")
+    assert build_index(data, FEATURES).stats.cache == "hit"
+    # a producer host with its own copy (another directory) agrees with the trainer
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("fa", "en", "man"):
+        (copy / name).symlink_to(tmp_path / name)
+    (copy / "mix.yaml").write_text(MIX, encoding="utf-8")
+    root, mix_file = locate(str(copy / "mix.yaml"), "metadata.csv")
+    assert check_agreement(index.scan, scan_dataset(root, mix_file).describe(), "hostb").ok
+    # a missing clip is named with its dataset's path
+    (tmp_path / "en" / "wavs" / f"{next(iter(english))}.wav").unlink()
+    gone = build_index(data, FEATURES).rejected
+    assert [(r.id, r.file) for r in gone] == [(f"english:{next(iter(english))}",
+                                               f"en/wavs/{next(iter(english))}.wav")]
+
+
+@pytest.mark.parametrize(("mix", "message"), [
+    ("datasets: []\n", "must hold one key, datasets"),
+    ("datasets:\n  - path: nowhere\n", "nowhere is not a directory"),
+    ("datasets:\n  - path: fa\n    langauge: fa\n", "unknown key 'langauge'"),
+    ("datasets:\n  - path: fa\n  - path: fa\n", "names dataset 'fa' twice"),
+    ("datasets:\n  - path: fa\n    language: 'f a'\n", "is not a language code"),
+])
+def test_a_bad_mix_file_is_one_line(tmp_path: Path, mix: str, message: str) -> None:
+    make_persian_dataset(tmp_path / "fa", n=2)
+    (tmp_path / "mix.yaml").write_text(mix, encoding="utf-8")
+    with pytest.raises(DatasetError, match=message):
+        build_index(_data(tmp_path / "mix.yaml"), FEATURES)
+    with pytest.raises(DatasetError, match="mix file .* does not exist"):
+        build_index(_data(tmp_path / "none.yaml"), FEATURES)
