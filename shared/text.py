@@ -157,6 +157,11 @@ _ORDINAL_EN = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
 # Unicode general categories no front-end represents (see the module docstring).
 _LOST_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cn", "Cs", "So"})
+# ASCII text: control characters other than whitespace are lost, whitespace is a space, ` is '.
+_ASCII_LOST = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+_ASCII_TABLE = {**{c: None for c in [*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F]},
+                **{c: " " for c in range(0x09, 0x0E)}, ord("`"): "'"}
+_ANY_DIGIT = re.compile(r"\d")
 
 
 def language(code: str) -> Language:
@@ -192,6 +197,21 @@ def normalize(text: str, code: str, digits: str = DIGITS_SPELL) -> tuple[str, st
     Lost characters are returned in order of appearance, once per occurrence.
     """
     lang = language(code)
+    if text.isascii():  # the common case (LJSpeech): C-level passes, same result as the loop below
+        lost = "".join(_ASCII_LOST.findall(text))
+        joined = text.translate(_ASCII_TABLE)
+    else:
+        joined, lost = _normalize_chars(text, lang)
+    if digits == DIGITS_SPELL and lang.num2words is not None and _ANY_DIGIT.search(joined):
+        joined = _spell_numbers(joined, lang)
+    joined = joined.casefold()
+    # A joiner next to a space joins nothing: it goes with the space.
+    words = [w.strip(ZWNJ + ZWJ) for w in joined.split()]
+    return " ".join(w for w in words if w), lost
+
+
+def _normalize_chars(text: str, lang: Language) -> tuple[str, str]:
+    """Steps 1-3 of normalisation, one character at a time: (text, lost characters)."""
     text = unicodedata.normalize("NFKC", text)
     out: list[str] = []
     lost: list[str] = []
@@ -209,13 +229,7 @@ def normalize(text: str, code: str, digits: str = DIGITS_SPELL) -> tuple[str, st
             lost.append(ch)
         else:
             out.append(ch)
-    joined = "".join(out)
-    if digits == DIGITS_SPELL and lang.num2words is not None and any(c.isdigit() for c in joined):
-        joined = _spell_numbers(joined, lang)
-    joined = joined.casefold()
-    # A joiner next to a space joins nothing: it goes with the space.
-    words = [w.strip(ZWNJ + ZWJ) for w in joined.split()]
-    return " ".join(w for w in words if w), "".join(lost)
+    return "".join(out), "".join(lost)
 
 
 # ----------------------------------------------------------------------- front-ends

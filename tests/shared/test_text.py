@@ -154,3 +154,22 @@ def test_encode_is_the_vocabulary_order() -> None:
     assert vocab.encode("ab").dtype == np.int32
     row = np.concatenate([vocab.encode("ab"), np.zeros(3, np.int32)])
     assert vocab.decode(row) == "ab"
+
+
+def test_ascii_shortcut_gives_what_the_general_path_gives() -> None:
+    """normalize() takes a C-level path for ASCII text; it must not differ from the per-character one."""
+    import random
+    import string
+
+    from shared import text as text_mod
+
+    rng = random.Random(0)
+    alphabet = string.printable + "\x00\x01\x7f`"
+    english = text_mod.language("en")
+    for _ in range(2000):
+        raw = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        general, lost = text_mod._normalize_chars(raw, english)
+        # a non-ASCII character that normalisation removes sends the text down the general path
+        assert normalize(raw, "en") == normalize(raw + "\u0640", "en"), repr(raw)
+        assert normalize(raw, "en")[1] == lost
+        assert general.isascii()
