@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -253,4 +254,46 @@ def test_a_security_mismatch_ends_with_status_2(tmp_path, case):
         stop.set()
         thread.join(5)
         server.close()
+        ctx.term()
+
+
+# A producer process on a host without any text front-end: importing one fails there.
+NO_FRONT_END = """
+import sys
+for name in ("phonemizer", "num2words", "espeakng_loader"):
+    sys.modules[name] = None  # import fails
+from producer.worker import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_producer_needs_no_text_front_end(tmp_path):
+    """The trainer tokenizes: a producer host without phonemizer, num2words or espeak-ng
+    delivers exactly the lease's token ids, so its front-end cannot disagree with the trainer's."""
+    import subprocess
+    import sys
+
+    ids = make_dataset(tmp_path / "data", count=3)
+    ctx = zmq.Context()
+    consumer = FakeConsumer(ctx)
+    proc = subprocess.Popen([sys.executable, "-c", NO_FRONT_END, "--connect", consumer.endpoint, "--data",
+                             str(tmp_path / "data"), "--name", "bare"], cwd=Path(__file__).resolve().parents[2],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        welcome(consumer, FeaturesConfig(backend="numpy", n_mels=16))
+        consumer.send(wire.LEASE, lease(1, ids))
+        assert consumer.recv(wire.READY)["lease"] == 1
+        consumer.send(wire.CREDIT, {"lease": 1})
+        batch = consumer.recv(wire.BATCH)
+        for row, sample_id in enumerate(batch["ids"]):
+            expected = tokens_of(sample_id)
+            assert batch.arrays["tokens"][row, :len(expected)].tolist() == expected
+        assert batch["ids"] == ids
+        consumer.send(wire.STOP, {"reason": "test over"})
+        assert proc.wait(timeout=20) == 0, proc.stderr.read()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        consumer.sock.close()
         ctx.term()

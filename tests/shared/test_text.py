@@ -173,3 +173,10 @@ def test_ascii_shortcut_gives_what_the_general_path_gives() -> None:
         assert normalize(raw, "en") == normalize(raw + "\u0640", "en"), repr(raw)
         assert normalize(raw, "en")[1] == lost
         assert general.isascii()
+
+
+def test_phonemes_without_phonemizer_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "phonemizer", None)  # as on a host where it is not installed
+    with pytest.raises(TextError, match="the phonemes front-end needs phonemizer and espeakng-loader \\(phonemizer is "
+                                        "not installed\\): python -m pip install -e ."):
+        make_frontend("phonemes")
