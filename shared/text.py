@@ -340,7 +340,8 @@ def load_espeak() -> Any:
         from phonemizer.backend import EspeakBackend
         from phonemizer.backend.espeak.wrapper import EspeakWrapper
     except ImportError as exc:
-        raise TextError(f"the phonemes front-end needs phonemizer and espeakng-loader ({exc.name} is not "
+        missing = (exc.name or "phonemizer").split(".")[0]
+        raise TextError(f"the phonemes front-end needs phonemizer and espeakng-loader ({missing} is not "
                         "installed): python -m pip install -e .") from None
     EspeakWrapper.set_library(espeakng_loader.get_library_path())
     EspeakWrapper.set_data_path(espeakng_loader.get_data_path())

@@ -76,20 +76,14 @@ class _Espeak:
             return 0  # go on
 
         self._callback = callback_type(collect)  # kept: the library holds the pointer
-        self.rate = self._initialise()
+        self.rate = self.lib.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, BUFFER_MS,
+                                               espeakng_loader.get_data_path().encode(), 0)
+        if self.rate <= 0:
+            raise RuntimeError(f"espeak-ng did not initialise ({self.rate})")
+        self.lib.espeak_SetSynthCallback(self._callback)
         self.lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
         self.lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
                                           ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-
-    def _initialise(self) -> int:
-        import espeakng_loader
-
-        rate = self.lib.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, BUFFER_MS,
-                                          espeakng_loader.get_data_path().encode(), 0)
-        if rate <= 0:
-            raise RuntimeError(f"espeak-ng did not initialise ({rate})")
-        self.lib.espeak_SetSynthCallback(self._callback)
-        return rate
 
     def speak(self, text: str, voice: str) -> np.ndarray:
         if self.lib.espeak_SetVoiceByName(voice.encode()) != EE_OK:
@@ -131,28 +125,27 @@ def _write_lines(path: Path, lines: list[str]) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def _write_dataset(root: Path, metadata_file: str, prefix: str, sentences: tuple[str, ...], language: str,
+                   n: int, offset: int = 0) -> dict[str, tuple[str, str, str]]:
+    """``n`` clips of one language, ``id|text|text`` lines, sentences taken in turn from ``offset``."""
+    made, lines = {}, []
+    for i in range(offset, offset + n):
+        sample_id, text = f"{prefix}-{i + 1:04d}", sentences[i % len(sentences)]
+        write_clip(root / "wavs" / f"{sample_id}.wav", text, VOICES[language])
+        lines.append(f"{sample_id}|{text}|{text}")
+        made[sample_id] = (text, "default", language)
+    _write_lines(root / metadata_file, lines)
+    return made
+
+
 def make_persian_dataset(root: Path, n: int = 8) -> dict[str, tuple[str, str, str]]:
     """``n`` Persian clips, ``id|text|text`` lines (no language column: pass ``--language fa``)."""
-    made, lines = {}, []
-    for i in range(n):
-        sample_id, text = f"FA-{i + 1:04d}", PERSIAN[i % len(PERSIAN)]
-        write_clip(root / "wavs" / f"{sample_id}.wav", text, VOICES["fa"])
-        lines.append(f"{sample_id}|{text}|{text}")
-        made[sample_id] = (text, "default", "fa")
-    _write_lines(root / "metadata.csv", lines)
-    return made
+    return _write_dataset(root, "metadata.csv", "FA", PERSIAN, "fa", n)
 
 
 def make_english_digits_dataset(root: Path, n: int = 8) -> dict[str, tuple[str, str, str]]:
     """``n`` English clips whose texts have digits."""
-    made, lines = {}, []
-    for i in range(n):
-        sample_id, text = f"EN-{i + 1:04d}", ENGLISH_DIGITS[i % len(ENGLISH_DIGITS)]
-        write_clip(root / "wavs" / f"{sample_id}.wav", text, VOICES["en"])
-        lines.append(f"{sample_id}|{text}|{text}")
-        made[sample_id] = (text, "default", "en")
-    _write_lines(root / "metadata.csv", lines)
-    return made
+    return _write_dataset(root, "metadata.csv", "EN", ENGLISH_DIGITS, "en", n)
 
 
 def _mixed_rows(n: int) -> list[tuple[str, str, str, str]]:
@@ -193,14 +186,5 @@ def make_manifest_dataset(root: Path, n: int = 6) -> dict[str, tuple[str, str, s
 def make_train_eval_dataset(root: Path, n_train: int = 6, n_eval: int = 2) -> tuple[dict[str, tuple[str, str, str]],
                                                                                      dict[str, tuple[str, str, str]]]:
     """``metadata_train.csv`` and ``metadata_eval.csv`` sharing ``wavs/`` (English); (train, eval)."""
-    sets: list[dict[str, tuple[str, str, str]]] = []
-    for name, count, offset in (("train", n_train, 0), ("eval", n_eval, n_train)):
-        made, lines = {}, []
-        for i in range(offset, offset + count):
-            sample_id, text = f"TE-{i + 1:04d}", ENGLISH_DIGITS[i % len(ENGLISH_DIGITS)]
-            write_clip(root / "wavs" / f"{sample_id}.wav", text, VOICES["en"])
-            lines.append(f"{sample_id}|{text}|{text}")
-            made[sample_id] = (text, "default", "en")
-        _write_lines(root / f"metadata_{name}.csv", lines)
-        sets.append(made)
-    return sets[0], sets[1]
+    return (_write_dataset(root, "metadata_train.csv", "TE", ENGLISH_DIGITS, "en", n_train),
+            _write_dataset(root, "metadata_eval.csv", "TE", ENGLISH_DIGITS, "en", n_eval, offset=n_train))
