@@ -176,7 +176,8 @@ def test_ascii_shortcut_gives_what_the_general_path_gives() -> None:
 
 
 def test_phonemes_without_phonemizer_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "phonemizer", None)  # as on a host where it is not installed
+    for name in ["phonemizer", *(m for m in sys.modules if m.startswith("phonemizer."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # as on a host where it is not installed
     with pytest.raises(TextError, match="the phonemes front-end needs phonemizer and espeakng-loader \\(phonemizer is "
                                         "not installed\\): python -m pip install -e ."):
         make_frontend("phonemes")
