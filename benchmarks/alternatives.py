@@ -145,13 +145,13 @@ def numpy_batch(batch: dict[str, Any], mels: Any, cfg: Any) -> dict[str, Any]:
     import numpy as np
 
     from producer.audio import load_audio
-    from producer.collate import collate
-    from producer.features import pad_value
+    from shared.batch import SCHEMA, batch_dims, collate
 
     clips = [load_audio(Path(p), cfg.sample_rate_hz) for p in batch["paths"]]
     tokens = [np.asarray(t, np.int32) for t in batch["tokens"]]
     max_tokens, max_frames = batch["shape"]
-    return collate(tokens, mels(clips), BATCH_SIZE, max_tokens, max_frames, cfg.n_mels, pad_value(cfg))
+    return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels(clips))],
+                   batch_dims(BATCH_SIZE, (max_tokens, max_frames), cfg.n_mels), SCHEMA.pad_values(cfg.log_floor))
 
 
 def plan_tensors(batches: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ tcp loopback, epoch plan over the demo data's index, leases, credits) and the re
 ``consumer.buffer.BatchQueue`` (capacity 3), built as consumer/main.py builds them, and
 a trainer thread that takes batches as fast as it can (no step time). In a spawned
 child: a fake producer that speaks the protocol (HELLO; for each LEASE, a batch of the
-lease's shape collated with ``producer.collate.collate`` from random data, then READY;
+lease's shape collated with ``shared.batch.collate`` from random data, then READY;
 on CREDIT, the BATCH). Only this process's RSS is sampled (psutil), before the producer
 starts (``baseline``) and every ``sample_every`` batches.
 
@@ -79,8 +79,8 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
     """Speak the producer side of the protocol with random batches until STOP."""
     import zmq
 
-    from producer.collate import collate
     from shared import wire
+    from shared.batch import SCHEMA, batch_dims, collate
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -92,7 +92,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
         sock.connect(endpoint)
         sock.send_multipart(wire.encode(wire.HELLO, {"producer": "fake", "host": "localhost", "pid": os.getpid(),
                                                      "fingerprint": ""}))
-        batch_size, n_mels, pad = 16, 80, float(np.log(1e-5))
+        batch_size, n_mels, pads = 16, 80, SCHEMA.pad_values(1e-5)
         rows: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         ready: dict[int, list[Any]] = {}
         last_heard = last_beat = time.monotonic()
@@ -110,7 +110,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
             if msg.kind == wire.WELCOME:
                 batch_size = int(msg["batch_size"])
                 n_mels = int(msg["features"]["n_mels"])
-                pad = float(np.log(msg["features"]["log_floor"]))
+                pads = SCHEMA.pad_values(msg["features"]["log_floor"])
             elif msg.kind == wire.LEASE:
                 max_tokens, max_frames = msg["shape"]
                 tokens, mels = [], []
@@ -124,7 +124,8 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
                                      rng.standard_normal((n_frames, n_mels), dtype=np.float32))
                     tokens.append(rows[key][0])
                     mels.append(rows[key][1])
-                arrays = collate(tokens, mels, batch_size, max_tokens, max_frames, n_mels, pad)
+                arrays = collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
+                                 batch_dims(batch_size, (max_tokens, max_frames), n_mels), pads)
                 ready[msg["lease"]] = wire.encode(wire.BATCH, {
                     "lease": msg["lease"], "epoch": msg["epoch"], "index": msg["index"], "ids": list(msg["ids"]),
                     "rejected": [], "prep_ms": 0.1}, arrays)

@@ -309,8 +309,9 @@ def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str
     import numpy as np
     import zmq
 
-    from producer.collate import collate
     from shared import wire
+    from shared.batch import SCHEMA, batch_dims, collate
+    from shared.config import FeaturesConfig
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -335,9 +336,10 @@ def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str
                 key = (max_tokens, max_frames, len(current["ids"]))
                 if key not in cache:
                     n, f = len(current["ids"]), int(welcome["features"]["n_mels"])
-                    cache[key] = collate([np.ones(min(5, max_tokens), np.int32)] * n,
-                                         [np.zeros((min(10, max_frames), f), np.float32)] * n,
-                                         int(welcome["batch_size"]), max_tokens, max_frames, f, 0.0)
+                    example = {"tokens": np.ones(min(5, max_tokens), np.int32),
+                               "mel": np.zeros((min(10, max_frames), f), np.float32)}
+                    cache[key] = collate([example] * n, batch_dims(int(welcome["batch_size"]), current["shape"], f),
+                                         SCHEMA.pad_values(FeaturesConfig().log_floor))
                 ready[current["lease"]] = wire.encode(wire.BATCH, {
                     "lease": current["lease"], "ids": current["ids"], "rejected": [], "missed": [],
                     "prep_ms": hold_ms}, cache[key])

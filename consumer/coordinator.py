@@ -70,6 +70,7 @@ from zmq.utils.monitor import recv_monitor_message
 from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
 from consumer.plan import EpochPlanner, PlannedBatch, TokenTable
 from shared import wire
+from shared.batch import SCHEMA, batch_dims
 from shared.config import Config
 from shared.dataset import DatasetScan, Rejection, check_agreement
 from shared.keys import ServerKeys, short
@@ -87,9 +88,6 @@ POLL_INTERVAL_MS = 100
 STOP_ACK_S = 1.0
 # Then give anything still queued this long to leave.
 STOP_LINGER_MS = 500
-# Expected dtype and rank of each batch array (see producer/collate.py).
-BATCH_SPEC = {"tokens": ("int32", 2), "token_lengths": ("int32", 1),
-              "mel": ("float32", 3), "mel_lengths": ("int32", 1)}
 # A producer that lacks clips looks this far into the pending list for a batch it can
 # take (whole or in part); beyond it, it waits for others to take the front.
 ASSIGN_SCAN_LIMIT = 256
@@ -559,16 +557,9 @@ class Coordinator:
                 wire.require(msg, missed=list)
         except wire.ProtocolError as exc:
             return exc.reason
-        if set(BATCH_SPEC) != set(msg.arrays):
+        if SCHEMA.check(msg.arrays, batch_dims(self.cfg.batching.batch_size, lease.batch.shape,
+                                               self.cfg.features.n_mels)):
             return "bad_batch"
-        size = self.cfg.batching.batch_size
-        max_tokens, max_frames = lease.batch.shape
-        expected_shapes = {"tokens": (size, max_tokens), "token_lengths": (size,),
-                           "mel": (size, max_frames, self.cfg.features.n_mels), "mel_lengths": (size,)}
-        for name, (dtype, _rank) in BATCH_SPEC.items():
-            array = msg.arrays[name]
-            if array.dtype.name != dtype or array.shape != expected_shapes[name]:
-                return "bad_batch"
         rejected = self._entries(msg["rejected"])
         missed = self._entries(msg.get("missed", []))
         if rejected is None or missed is None:
@@ -579,8 +570,7 @@ class Coordinator:
             return "bad_batch"
         if len(accounted) != len(lease.batch.ids) or set(accounted) != set(lease.batch.ids):
             return "bad_batch"
-        lengths = msg.arrays["mel_lengths"]
-        if np.any(lengths[:len(delivered)] <= 0) or np.any(lengths[len(delivered):] != 0):
+        if SCHEMA.check_rows(msg.arrays, len(delivered)):
             return "bad_batch"
         return None
 

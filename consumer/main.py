@@ -44,6 +44,7 @@ from consumer.progress import LiveLine
 from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
+from shared.batch import FRAMES
 from shared.dataset import DatasetError, Rejection, Sample, build_index, feature_cache_dir
 from shared.gpumon import GpuSampler
 from shared.keys import KeysError, load_server_keys
@@ -504,7 +505,7 @@ class TrainLoop:
         self.val_losses.append((self.step, loss))
         log.info("step %d  validation loss %.4f", self.step, loss)
         first = self._val_arrays[0]
-        frames = int(first["mel_lengths"][0])
+        frames = int(first[FRAMES][0])
         predicted = trainer.predict({k: v[:1] for k, v in first.items()})["mel"][0]  # type: ignore[attr-defined]
         image = melimage.comparison(predicted[:frames], first["mel"][0, :frames])
         self.tb.validation(self.step, loss, image)

@@ -50,6 +50,7 @@ import numpy as np
 
 from consumer import tts
 from consumer.tts import ModelError
+from shared.batch import SCHEMA
 from shared.config import Config
 
 log = logging.getLogger(__name__)
@@ -257,12 +258,12 @@ class KerasTrainer:
         denom = self.tf.maximum(frames, 1.0)
         self.optimizer.apply([g / denom for g in grads], self.model.trainable_variables)
 
-    def _grad_fn(self, tokens: Any, token_lengths: Any, mel: Any, mel_lengths: Any) -> Any:
-        """Forward and backward of one batch: (loss, valid frames, gradient numerators).
-        Traced once per bucket shape."""
+    def _grad_fn(self, *arrays: Any) -> Any:
+        """Forward and backward of one batch (its arrays in SCHEMA order): (loss, valid
+        frames, gradient numerators). Traced once per bucket shape."""
         tf = self.tf
         self.traces += 1  # Python side effect: runs once per trace, never per step
-        batch = {"tokens": tokens, "token_lengths": token_lengths, "mel": mel, "mel_lengths": mel_lengths}
+        batch = dict(zip(SCHEMA.names, arrays))
         numerator, valid, grads = self._loss_and_grads(batch)
         return numerator / tf.maximum(valid, 1.0), valid, grads
 
@@ -307,8 +308,8 @@ class KerasTrainer:
         self._bad_total.assign_add(bad)
         return finite
 
-    def _eval_fn(self, tokens: Any, token_lengths: Any, mel: Any, mel_lengths: Any) -> Any:
-        batch = {"tokens": tokens, "token_lengths": token_lengths, "mel": mel, "mel_lengths": mel_lengths}
+    def _eval_fn(self, *arrays: Any) -> Any:
+        batch = dict(zip(SCHEMA.names, arrays))
         t = self.cfg.trainer
         out = tts.outputs_of(self.model(batch, training=False))
         numerator, valid, _ = tts.objective(self.tf, out, batch, t.l2_weight, t.length_loss_weight)
@@ -316,7 +317,7 @@ class KerasTrainer:
 
     @staticmethod
     def _args(staged: dict[str, Any]) -> tuple[Any, ...]:
-        return staged["tokens"], staged["token_lengths"], staged["mel"], staged["mel_lengths"]
+        return tuple(staged[name] for name in SCHEMA.names)
 
     def _concrete_for(self, args: tuple[Any, ...]) -> Any:
         """The step's concrete function for this bucket shape, traced on first use."""

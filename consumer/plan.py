@@ -1,6 +1,6 @@
 """Batch planning: which samples form which batch, and in which padded shape.
 
-Planning is separate from collation (producer/collate.py pads arrays) and from
+Planning is separate from collation (shared/batch.py pads arrays) and from
 serialization (shared/wire.py), as lhotse separates its samplers from collate_vectors.
 
 Buckets: samples are sorted by mel length and cut into ``num_buckets`` groups of

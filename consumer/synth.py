@@ -47,6 +47,7 @@ class SynthResult:
 def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None,
                language: str | None = None) -> SynthResult:
     from shared import config as config_mod
+    from shared.batch import SCHEMA
 
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
@@ -84,14 +85,10 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         raise SynthError(f"checkpoint {found} holds no model weights")
     latest = str(found / STATE_PREFIX)
     n_mels = cfg.features.n_mels
-    from producer.features import pad_value
-
-    pad = pad_value(cfg.features)
+    pads = SCHEMA.pad_values(cfg.features.log_floor)
     with tf.device(device):
         model = tts.build(spec, vocab.size, n_mels)
-        probe = {"tokens": tokens[None].astype(np.int32), "token_lengths": np.array([len(tokens)], np.int32),
-                 "mel": np.full((1, cfg.batching.frames_multiple, n_mels), pad, np.float32),
-                 "mel_lengths": np.array([cfg.batching.frames_multiple], np.int32)}
+        probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads)
         out_probe = tts.outputs_of(model(probe, training=False))
         try:
             tf.train.Checkpoint(model=model).read(latest).expect_partial().assert_existing_objects_matched()
@@ -107,8 +104,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
                 raise SynthError(f"the model predicts an unusable length (log frames {predicted:.2f}); "
                                  f"pass --frames N")
             frames = max(1, int(round(math.exp(predicted))))
-        inputs = {**probe, "mel": np.full((1, frames, n_mels), pad, np.float32),
-                  "mel_lengths": np.array([frames], np.int32)}
+        inputs = one_batch(tokens, frames, n_mels, pads)
         mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
     from consumer import melimage
 
@@ -171,3 +167,11 @@ def encode_for_run(run_dir: Path, cfg: Any, text: str, language: str) -> tuple[n
     if frontend.count(made.units) == 0 or (not vocab.is_user and len(tokens) <= 1):
         raise SynthError("--text has nothing to say after normalisation")
     return tokens, vocab
+
+
+def one_batch(tokens: np.ndarray, frames: int, n_mels: int, pads: dict[str, float]) -> dict[str, np.ndarray]:
+    """A batch of one row (shared/batch.py): the text's tokens, ``frames`` frames of padding for the mel."""
+    from shared.batch import batch_dims, collate
+
+    example = {"tokens": tokens, "mel": np.full((frames, n_mels), pads["mel"], np.float32)}
+    return collate([example], batch_dims(1, (len(tokens), frames), n_mels), pads)

@@ -1,7 +1,7 @@
 """The text-to-mel acoustic model (presets ``tiny``, ``small``, ``base``), the loss, and
 the contract a user's own model (``--model package.module:function``) must keep.
 
-Inputs of every model, one training batch (dimension legend as in producer/collate.py:
+Inputs of every model, one training batch (declared in shared/batch.py, legend there:
 B batch, L tokens, T mel frames, F mel channels):
 
     tokens         int32    [B, L]     token ids of the run's vocabulary (shared/text.py); padding 0
@@ -55,11 +55,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from shared.batch import SCHEMA, batch_dims, collate
 from shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
 
-INPUT_NAMES = ("tokens", "token_lengths", "mel", "mel_lengths")
 # Sinusoidal position encodings: the wavelength scale of the original transformer.
 POSITION_SCALE = 10000.0
 # The length head predicts log(frames / tokens) around this prior (LJSpeech: ~5-7 frames
@@ -201,12 +201,9 @@ def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: f
     """A batch of the model's input shapes and dtypes (to build and check a model); token
     ids are drawn below ``vocab_size``, after <pad> and <eos> where the vocabulary has more."""
     rng = np.random.default_rng(0)
-    return {
-        "tokens": rng.integers(min(FIRST_SYMBOL_ID, vocab_size - 1), vocab_size, size=(batch, tokens)).astype(np.int32),
-        "token_lengths": np.full(batch, tokens, np.int32),
-        "mel": np.full((batch, frames, n_mels), pad_value, np.float32),
-        "mel_lengths": np.full(batch, frames, np.int32),
-    }
+    examples = [{"tokens": rng.integers(min(FIRST_SYMBOL_ID, vocab_size - 1), vocab_size, size=tokens),
+                 "mel": np.full((frames, n_mels), pad_value, np.float32)} for _ in range(batch)]
+    return collate(examples, batch_dims(batch, (tokens, frames), n_mels), {**SCHEMA.pad_values(1.0), "mel": pad_value})
 
 
 def check_spec(spec: str) -> str:

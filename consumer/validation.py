@@ -13,7 +13,7 @@ resumed run, or another host, holds out the same clips. The held-out ids are wri
 The consumer prepares their batches itself, once, at start, with the producers' own
 code (``producer.worker.BatchMaker``: same reader, features and collation) on the CPU,
 so the validation loss is measured on exactly what training batches look like. Shapes
-(dimension legend in producer/collate.py): B = up to ``batching.batch_size`` rows, L and
+(dimension legend in shared/batch.py): B = up to ``batching.batch_size`` rows, L and
 T the longest held-out clip rounded up to ``tokens_multiple`` / ``frames_multiple``.
 """
 
@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from consumer.plan import round_up
-from shared import wire
+from shared.batch import FRAMES
 from shared.config import Config
 from shared.dataset import DatasetIndex, Rejection, Sample, build_index
 from shared.metrics import write_json
@@ -99,18 +99,18 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
         ids = [s.id for s in chunk]
         lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": ids, "shape": shape,
                  "tokens": tokens(ids)}
-        msg = wire.decode(maker.make(lease))
-        for problem in msg["rejected"] + msg["missed"]:
+        prepared = maker.make(lease)
+        for problem in prepared.fields["rejected"] + prepared.fields["missed"]:
             log.warning("validation clip %s left out: %s", problem["id"], problem["reason"])
-        if msg["ids"]:
-            rows = len(msg["ids"])
+        if prepared.fields["ids"]:
+            rows = len(prepared.fields["ids"])
             # Keep only the filled rows: B is the number of clips, the shape stays fixed per batch.
-            batches.append({k: np.array(v[:rows]) for k, v in msg.arrays.items()})
+            batches.append({k: v[:rows].copy() for k, v in prepared.arrays.items()})
     return batches
 
 
 def describe(batches: Sequence[dict[str, np.ndarray]]) -> str:
-    clips = sum(len(b["mel_lengths"]) for b in batches)
-    frames = sum(int(b["mel_lengths"].sum()) for b in batches)
+    clips = sum(len(b[FRAMES]) for b in batches)
+    frames = sum(int(b[FRAMES].sum()) for b in batches)
     return f"{clips} held-out clips ({frames} frames) in {len(batches)} batch(es)"
 

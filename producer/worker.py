@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from shared import wire
+from shared.batch import SCHEMA, batch_dims, collate
 from shared.config import FaultsConfig, FeaturesConfig
 from shared.dataset import DatasetError, DatasetScan, audio_path, locate, relative_audio, scan_dataset
 from shared.keys import ClientKeys, KeysError, load_client_keys, short
@@ -99,6 +101,17 @@ class Refused(Exception):
     """The trainer will not have this producer; the message is one line for the user."""
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared batch: the BATCH message's fields and its arrays (shared/batch.py)."""
+
+    fields: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    def __getitem__(self, key: str) -> Any:  # as wire.Message: the fields by name
+        return self.fields[key]
+
+
 class BatchMaker:
     """Turns one lease into the frames of a BATCH message.
 
@@ -115,9 +128,8 @@ class BatchMaker:
                  batch_size: int, device: str | None, name: str, host: str | None = None,
                  files: dict[str, str] | None = None, feature_cache: str = "",
                  faults: FaultsConfig | None = None) -> None:
-        from producer.collate import collate
         from producer.feature_cache import FeatureCache
-        from producer.features import MelComputer, pad_value
+        from producer.features import MelComputer
 
         self.root = root
         self.texts = texts
@@ -126,8 +138,7 @@ class BatchMaker:
         self.batch_size = batch_size
         self.name = name
         self.host = host or pysocket.gethostname()
-        self._collate = collate
-        self._pad = pad_value(features)
+        self._pads = SCHEMA.pad_values(features.log_floor)
         self._mels = MelComputer(features, device=device)
         self.cache = FeatureCache(feature_cache, features, root) if feature_cache else None
         self.faults = faults or FaultsConfig()
@@ -143,8 +154,9 @@ class BatchMaker:
             time.sleep(f.producer_stall_s)
             self._next_stall += f.producer_stall_every_s
 
-    def make(self, lease: dict[str, Any]) -> list[Any]:
-        """The BATCH frames of one lease (fields include the clips rejected, missed and cache counts)."""
+    def make(self, lease: dict[str, Any]) -> Prepared:
+        """The batch of one lease: its arrays (shared/batch.py) and the BATCH fields (the clips
+        delivered, rejected and missed, and cache counts). The transport encodes it."""
         from producer.audio import AudioError, AudioMissing, load_audio
         from producer.feature_cache import CacheCounts
 
@@ -198,28 +210,26 @@ class BatchMaker:
             if mel is None:
                 clips.append(audio)
         computed = iter(self._mels(clips) if clips else [])
-        ids, tokens, mels = [], [], []
+        ids, examples = [], []
         computed_by_id: dict[str, np.ndarray] = {}
         for sample_id, tok, mel in rows:
             if mel is None:
                 mel = computed_by_id[sample_id] = next(computed)
             ids.append(sample_id)
-            tokens.append(tok)
-            mels.append(mel)
+            examples.append({"tokens": tok, "mel": mel})
         if self.cache is not None:
             for sample_id, name, st in to_store:
                 if sample_id in computed_by_id:
                     self.cache.put(sample_id, name, st.st_size, st.st_mtime_ns, computed_by_id[sample_id])
         self._inject_faults()
-        arrays = self._collate(tokens, mels, self.batch_size, max_tokens, max_frames,
-                               self.features.n_mels, self._pad)
+        arrays = collate(examples, batch_dims(self.batch_size, lease["shape"], self.features.n_mels), self._pads)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
                   "ids": ids, "rejected": rejected, "missed": missed, "prep_ms": round(prep_ms, 3)}
         if self.cache is not None and before is not None:
             delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
             fields["cache"] = {**delta.to_json(), "computed": len(computed_by_id)}
-        return wire.encode(wire.BATCH, fields, arrays)
+        return Prepared(fields, arrays)
 
 
 class Producer:
@@ -278,7 +288,8 @@ class Producer:
                     continue  # dropped on reconnect, or revoked while waiting
                 if maker is None:
                     maker = self._make_maker()
-                frames = maker.make(lease)
+                prepared = maker.make(lease)
+                frames = wire.encode(wire.BATCH, prepared.fields, prepared.arrays)
                 if generation != self._generation:
                     continue
                 with self._ready_lock:

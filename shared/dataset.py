@@ -113,6 +113,8 @@ PHONEMES_S = 400e-6  # one sentence through espeak-ng
 # Headers per task handed to a worker: large enough to amortise the task overhead,
 # small enough that the last tasks balance the load.
 CHUNK_ITEMS = 1000
+# Texts through the phonemizer cost ~8x a header: smaller chunks, so the last ones still balance.
+PHONEME_CHUNK_ITEMS = 250
 # A RIFF header (fmt, LIST, fact chunks) nearly always fits in this; larger chunks are
 # skipped by seeking, not read.
 RIFF_PROBE_BYTES = 4096
@@ -177,6 +179,7 @@ class IndexStats:
     headers_reused: int = 0  # header facts taken from the previous cache
     texts_tokenized: int = 0
     workers: int = 1
+    read_s: float = 0.0  # reading headers and sending texts through the front-end: the parallel stage
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -740,7 +743,8 @@ def _run_items(root: Path, items: list[Item], workers: int,
     text_s = PHONEMES_S if text_spec[0] == "phonemes" else TEXT_S
     if workers <= 1 or len(items) < 2 or _estimated_seconds(items, text_s) < PARALLEL_MIN_SECONDS:
         return _work_items(str(root), items, text_spec), 1
-    chunks = [items[i:i + CHUNK_ITEMS] for i in range(0, len(items), CHUNK_ITEMS)]
+    size = PHONEME_CHUNK_ITEMS if text_spec[0] == "phonemes" else CHUNK_ITEMS
+    chunks = [items[i:i + size] for i in range(0, len(items), size)]
     results: list[list[Any] | None] = [None] * len(chunks)
     todo = collections.deque(range(len(chunks)))
     helpers = min(workers - 1, len(chunks) - 1)
@@ -1057,7 +1061,9 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             wanted.add(text_key)
         if name is not None or text_key is not None:
             todo.append((name, size, text_key))
+    read_started = time.perf_counter()
     results, stats.workers = _run_items(root, todo, max(1, _workers(data)), (text.frontend, text.digits))
+    stats.read_s = time.perf_counter() - read_started
     units = dict(old_units)
     for (name, _, text_key), (probe, made) in zip(todo, results):
         if name is not None and probe is not None:

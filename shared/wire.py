@@ -28,7 +28,7 @@ Message kinds and their fields (P = producer, C = consumer):
     READY      P->C  lease                            (that batch is prepared, waiting for a credit)
     CREDIT     C->P  lease                            (a free queue slot: send that batch now)
     REVOKE     C->P  lease                            (forget that lease: it was re-planned elsewhere)
-    BATCH      P->C  lease, ids, rejected, missed, prep_ms + arrays (see producer/collate.py)
+    BATCH      P->C  lease, ids, rejected, missed, prep_ms + arrays (see shared/batch.py)
                      rejected: [{id, reason}] clips that cannot be used anywhere (unreadable);
                      missed:   [{id, reason}] clips this host does not have (re-planned elsewhere)
     HEARTBEAT  both  P->C: ready, working, ping (sender's clock), rtt_ms (last round trip)

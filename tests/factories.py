@@ -64,14 +64,15 @@ TOKEN_IDS = 38
 def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, n_mels: int = 80,
                valid: int | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """A collated batch with ``valid`` real rows (the rest empty), as producers send them."""
-    from producer.collate import collate
+    from shared.batch import SCHEMA, batch_dims, collate
 
     rng = np.random.default_rng(seed)
     valid = batch_size if valid is None else valid
     tokens = [rng.integers(2, TOKEN_IDS, size=rng.integers(2, max_tokens + 1)).astype(np.int32) for _ in range(valid)]
     mels = [rng.standard_normal((int(rng.integers(1, max_frames + 1)), n_mels)).astype(np.float32)
             for _ in range(valid)]
-    return collate(tokens, mels, batch_size, max_tokens, max_frames, n_mels, float(np.log(1e-5)))
+    return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
+                   batch_dims(batch_size, (max_tokens, max_frames), n_mels), SCHEMA.pad_values(1e-5))
 
 
 def make_samples(count: int = 100, seed: int = 0, max_tokens: int = 150, max_frames: int = 800,

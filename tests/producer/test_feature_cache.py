@@ -12,8 +12,7 @@ import pytest
 
 from producer.feature_cache import FeatureCache, cache_dir_name, dequantize, quantize
 from producer.features import log_mel_spectrogram_numpy
-from producer.worker import BatchMaker
-from shared import wire
+from producer.worker import BatchMaker, Prepared
 from shared.config import FeaturesConfig
 from shared.dataset import read_metadata, scan_audio
 from tests.factories import make_dataset, tone
@@ -128,13 +127,12 @@ def _maker(root: Path, cache_dir: Path | None, features: FeaturesConfig = FEATUR
                       feature_cache=str(cache_dir) if cache_dir else "")
 
 
-def _make(maker: BatchMaker, ids: list[str]) -> wire.Message:
-    frames = maker.make({"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE,
-                         "tokens": [[2, 3, 1] for _ in ids]})
-    return wire.decode(frames)
+def _make(maker: BatchMaker, ids: list[str]) -> Prepared:
+    return maker.make({"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE,
+                       "tokens": [[2, 3, 1] for _ in ids]})
 
 
-def _assert_close(cached: wire.Message, computed: wire.Message) -> None:
+def _assert_close(cached: Prepared, computed: Prepared) -> None:
     for name in ("tokens", "token_lengths", "mel_lengths"):
         np.testing.assert_array_equal(cached.arrays[name], computed.arrays[name])
     mel = computed.arrays["mel"]

@@ -1,16 +1,22 @@
-"""Tests for producer/collate.py: bucket-shaped padding as documented in its legend."""
+"""Tests for shared/batch.py: the declared batch, its checks, and collation into it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from producer.collate import BATCH_ARRAYS, collate
+from shared.batch import FRAMES, MEL_PAD, SCHEMA, batch_dims, collate
 from shared.text import PAD_ID
 from tests.factories import make_batch
 
 PAD = float(np.log(1e-5))
 B, L, T, F = 4, 12, 20, 6
+
+
+def _collate(tokens, mels, size, max_tokens, max_frames, n_mels, mel_pad):
+    pads = {**SCHEMA.pad_values(1e-5), "mel": mel_pad}
+    return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
+                   batch_dims(size, (max_tokens, max_frames), n_mels), pads)
 
 
 def _examples(lengths: list[tuple[int, int]], seed: int = 0):
@@ -22,8 +28,8 @@ def _examples(lengths: list[tuple[int, int]], seed: int = 0):
 
 def test_shapes_dtypes_and_names() -> None:
     tokens, mels = _examples([(3, 5), (12, 20), (1, 1)])
-    out = collate(tokens, mels, B, L, T, F, PAD)
-    assert tuple(out) == BATCH_ARRAYS
+    out = _collate(tokens, mels, B, L, T, F, PAD)
+    assert tuple(out) == SCHEMA.names == ("tokens", "token_lengths", "mel", "mel_lengths")
     assert out["tokens"].shape == (B, L) and out["tokens"].dtype == np.int32
     assert out["token_lengths"].shape == (B,) and out["token_lengths"].dtype == np.int32
     assert out["mel"].shape == (B, T, F) and out["mel"].dtype == np.float32
@@ -35,7 +41,7 @@ def test_shapes_dtypes_and_names() -> None:
 def test_values_and_padding() -> None:
     lengths = [(3, 5), (12, 20), (1, 1)]
     tokens, mels = _examples(lengths, seed=1)
-    out = collate(tokens, mels, B, L, T, F, PAD)
+    out = _collate(tokens, mels, B, L, T, F, PAD)
     np.testing.assert_array_equal(out["token_lengths"], [3, 12, 1, 0])
     np.testing.assert_array_equal(out["mel_lengths"], [5, 20, 1, 0])
     for row, (n, t) in enumerate(lengths):
@@ -47,7 +53,7 @@ def test_values_and_padding() -> None:
 
 def test_empty_rows_are_all_padding() -> None:
     tokens, mels = _examples([(4, 7)])
-    out = collate(tokens, mels, B, L, T, F, PAD)
+    out = _collate(tokens, mels, B, L, T, F, PAD)
     assert list(out["token_lengths"][1:]) == [0, 0, 0]
     assert list(out["mel_lengths"][1:]) == [0, 0, 0]
     assert np.all(out["tokens"][1:] == PAD_ID)
@@ -55,44 +61,42 @@ def test_empty_rows_are_all_padding() -> None:
 
 
 def test_no_examples_gives_an_all_empty_batch() -> None:
-    out = collate([], [], B, L, T, F, PAD)
+    out = _collate([], [], B, L, T, F, PAD)
     assert out["tokens"].shape == (B, L) and not out["token_lengths"].any() and not out["mel_lengths"].any()
 
 
 def test_pad_value_is_used() -> None:
     tokens, mels = _examples([(2, 2)])
-    out = collate(tokens, mels, 2, L, T, F, -3.5)
+    out = _collate(tokens, mels, 2, L, T, F, -3.5)
     assert out["mel"][0, 2, 0] == -3.5 and np.all(out["mel"][1] == -3.5)
 
 
 @pytest.mark.parametrize(("lengths", "match"), [
-    ([(L + 1, 5)], "exceeds bucket"),
-    ([(3, T + 1)], "exceeds bucket"),
+    ([(L + 1, 5)], "exceeds the bucket"),
+    ([(3, T + 1)], "exceeds the bucket"),
 ])
 def test_too_long_example_raises(lengths, match: str) -> None:
     tokens, mels = _examples(lengths)
     with pytest.raises(ValueError, match=match):
-        collate(tokens, mels, B, L, T, F, PAD)
+        _collate(tokens, mels, B, L, T, F, PAD)
 
 
 def test_wrong_mel_channels_raises() -> None:
     tokens = [np.ones(3, np.int32)]
     mels = [np.zeros((4, F + 1), np.float32)]
-    with pytest.raises(ValueError, match="exceeds bucket"):
-        collate(tokens, mels, B, L, T, F, PAD)
+    with pytest.raises(ValueError, match="exceeds the bucket"):
+        _collate(tokens, mels, B, L, T, F, PAD)
 
 
 def test_count_errors() -> None:
     tokens, mels = _examples([(2, 2)] * (B + 1))
     with pytest.raises(ValueError, match=f"{B + 1} examples for a batch of {B}"):
-        collate(tokens, mels, B, L, T, F, PAD)
-    with pytest.raises(ValueError, match="differ in count"):
-        collate(tokens[:2], mels[:1], B, L, T, F, PAD)
+        _collate(tokens, mels, B, L, T, F, PAD)
 
 
 def test_exact_fit_is_accepted() -> None:
     tokens, mels = _examples([(L, T)] * B)
-    out = collate(tokens, mels, B, L, T, F, PAD)
+    out = _collate(tokens, mels, B, L, T, F, PAD)
     assert np.all(out["token_lengths"] == L) and np.all(out["mel_lengths"] == T)
     assert not np.any(out["mel"] == np.float32(PAD))  # no padding at all (random values)
 
@@ -105,3 +109,25 @@ def test_factory_batch_is_consistent() -> None:
         n = batch["token_lengths"][row]
         assert np.all(batch["tokens"][row, :n] != PAD_ID)
         assert np.all(batch["tokens"][row, n:] == PAD_ID)
+
+
+def test_schema_checks_names_dtypes_and_bucket_shapes() -> None:
+    dims = batch_dims(B, (L, T), F)
+    good = _collate(*_examples([(3, 5), (2, 2)]), B, L, T, F, PAD)
+    assert SCHEMA.check(good, dims) == "" and SCHEMA.check_rows(good, 2) == ""
+    assert SCHEMA.check({k: v for k, v in good.items() if k != "mel"}, dims).startswith("arrays ")
+    assert SCHEMA.check({**good, "tokens": good["tokens"].astype(np.int64)}, dims) == (
+        f"tokens is int64 [{B}, {L}], expected int32 [{B}, {L}]")
+    assert SCHEMA.check(good, batch_dims(B, (L, T + 16), F)) == (
+        f"mel is float32 [{B}, {T}, {F}], expected float32 [{B}, {T + 16}, {F}]")
+    assert SCHEMA.check_rows(good, 3) == "token_lengths does not match the 3 clips delivered"
+    assert SCHEMA.pad_values(1e-5) == {"tokens": 0.0, "token_lengths": 0.0, "mel": PAD, "mel_lengths": 0.0}
+    assert FRAMES in SCHEMA.names and SCHEMA.by_length_of("mel") == FRAMES
+
+
+def test_the_design_notes_print_the_schema() -> None:
+    from pathlib import Path
+
+    design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    assert SCHEMA.table() in design
+    assert MEL_PAD in SCHEMA.table()

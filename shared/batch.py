@@ -1,0 +1,150 @@
+"""The batch, declared once: every array a training batch carries, its dtype, its
+dimensions, the dimensions that vary by bucket, and its padding value.
+
+Producers collate by it (:func:`collate`), the coordinator checks every BATCH against
+it, the trainer, validation and synth build and read batches by it, and the design notes
+print its table (:func:`BatchSchema.table`; a test keeps docs/DESIGN.md equal to it).
+
+Dimension legend:
+
+====  ===================================================================================
+B     batch size: fixed (``batching.batch_size``); rows past the real examples are empty
+L     token length of the bucket (bucketed: padded up to ``batching.tokens_multiple``)
+T     mel frames of the bucket (bucketed: padded up to ``batching.frames_multiple``)
+F     mel channels (``features.n_mels``)
+====  ===================================================================================
+
+A *length* field holds, per row, the valid length of another field's first dimension
+after B (0 for an empty row); it is computed by collation, never sent by hand.
+
+Collation (:func:`collate`) pads a planned batch's examples, each a dict of its data
+fields (``tokens`` [L_i], ``mel`` [T_i, F]), into the fixed arrays of its bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from shared.text import PAD_ID
+
+LEGEND: dict[str, str] = {
+    "B": "batch size (fixed; rows past the real examples are empty, length 0)",
+    "L": "token length of the bucket (padded)",
+    "T": "mel frames of the bucket (padded)",
+    "F": "mel channels (features.n_mels)",
+}
+BUCKETED = ("L", "T")  # the dimensions a bucket fixes; the trainer traces once per (L, T)
+# The log-mel's padding is the floor of the log: log(features.log_floor), known from the config.
+MEL_PAD = "log(features.log_floor)"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One array of a batch."""
+
+    name: str
+    dtype: str  # numpy dtype name
+    dims: tuple[str, ...]  # letters of LEGEND, B first
+    pad: float | int | str  # padding value, or MEL_PAD
+    description: str
+    length_of: str = ""  # a length field: the field whose valid length (its dims[1]) it holds
+
+    def shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(dims[d] for d in self.dims)
+
+
+@dataclass(frozen=True)
+class BatchSchema:
+    fields: tuple[Field, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    @property
+    def data_fields(self) -> tuple[Field, ...]:
+        """The fields a producer fills from examples (the length fields are derived)."""
+        return tuple(f for f in self.fields if not f.length_of)
+
+    @property
+    def length_fields(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if f.length_of)
+
+    def by_length_of(self, name: str) -> str:
+        """The length field of field ``name``."""
+        return next(f.name for f in self.length_fields if f.length_of == name)
+
+    def pad_values(self, log_floor: float) -> dict[str, float]:
+        """Each field's padding value as a number (the mel's from ``features.log_floor``)."""
+        return {f.name: float(np.log(log_floor)) if f.pad == MEL_PAD else float(f.pad) for f in self.fields}
+
+    def shapes(self, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+        return {f.name: f.shape(dims) for f in self.fields}
+
+    def check(self, arrays: Mapping[str, Any], dims: Mapping[str, int]) -> str:
+        """Why ``arrays`` are not a batch of shape ``dims`` ("" when they are)."""
+        if set(arrays) != set(self.names):
+            return f"arrays {sorted(arrays)}, expected {sorted(self.names)}"
+        for f in self.fields:
+            array = arrays[f.name]
+            if array.dtype.name != f.dtype or tuple(array.shape) != f.shape(dims):
+                return (f"{f.name} is {array.dtype.name} {list(array.shape)}, expected {f.dtype} "
+                        f"{list(f.shape(dims))}")
+        return ""
+
+    def check_rows(self, arrays: Mapping[str, np.ndarray], filled: int) -> str:
+        """Why the first ``filled`` rows are not all real and the rest all empty ("" when they are)."""
+        for f in self.length_fields:
+            lengths = arrays[f.name]
+            if np.any(lengths[:filled] <= 0) or np.any(lengths[filled:] != 0):
+                return f"{f.name} does not match the {filled} clips delivered"
+        return ""
+
+    def table(self) -> str:
+        """The markdown table of the design notes: array, dtype, shape, padding."""
+        rows = ["| array | dtype | shape | padding | what |", "|---|---|---|---|---|"]
+        for f in self.fields:
+            pad = "0 for empty rows" if f.length_of else str(f.pad)
+            rows.append(f"| `{f.name}` | {f.dtype} | [{', '.join(f.dims)}] | {pad} | {f.description} |")
+        return "\n".join(rows)
+
+
+SCHEMA = BatchSchema((
+    Field("tokens", "int32", ("B", "L"), PAD_ID, "token ids of the run's vocabulary (shared/text.py)"),
+    Field("token_lengths", "int32", ("B",), 0, "valid tokens per row (EOS included)", length_of="tokens"),
+    Field("mel", "float32", ("B", "T", "F"), MEL_PAD, "log-mel (producer/features.py)"),
+    Field("mel_lengths", "int32", ("B",), 0, "valid frames per row", length_of="mel"),
+))
+
+
+# The length field the pipeline itself reads: valid frames per row (rows filled, frames trained).
+FRAMES = "mel_lengths"
+
+
+def batch_dims(batch_size: int, shape: Sequence[int], n_mels: int) -> dict[str, int]:
+    """The dimensions of a batch of a bucket ``shape`` = (L, T)."""
+    max_tokens, max_frames = shape
+    return {"B": batch_size, "L": int(max_tokens), "T": int(max_frames), "F": n_mels}
+
+
+def collate(examples: Sequence[Mapping[str, np.ndarray]], dims: Mapping[str, int], pads: Mapping[str, float],
+            schema: BatchSchema = SCHEMA) -> dict[str, np.ndarray]:
+    """Pad ``examples`` into arrays of shape ``dims`` (shared/batch.py); raise if one does not fit."""
+    size = dims["B"]
+    if len(examples) > size:
+        raise ValueError(f"{len(examples)} examples for a batch of {size}")
+    out = {f.name: np.full(f.shape(dims), pads[f.name], dtype=f.dtype) for f in schema.fields}
+    for row, example in enumerate(examples):
+        for f in schema.data_fields:
+            value = np.asarray(example[f.name])
+            bound = f.shape(dims)[1:]
+            if value.ndim != len(bound) or any(n > b for n, b in zip(value.shape, bound)) \
+                    or value.shape[1:] != bound[1:]:
+                raise ValueError(f"example {f.name} of shape {list(value.shape)} exceeds the bucket {list(bound)}")
+            out[f.name][(row, *(slice(0, n) for n in value.shape))] = value
+        for f in schema.length_fields:
+            out[f.name][row] = len(example[f.length_of])
+    return out
