@@ -1,18 +1,13 @@
 """The text-to-mel acoustic model (presets ``tiny``, ``small``, ``base``), the loss, and
 the contract a user's own model (``--model package.module:function``) must keep.
 
-Inputs of every model, one training batch (declared in shared/batch.py, legend there:
-B batch, L tokens, T mel frames, F mel channels):
-
-    tokens         int32    [B, L]     token ids of the run's vocabulary (shared/text.py); padding 0
-    token_lengths  int32    [B]        valid tokens per row; 0 for an empty row
-    mel            float32  [B, T, F]  target log-mel; padding log(features.log_floor).
-                                       Only its shape (T) is meant to be used: at synthesis it
-                                       is all padding. A model may use it for teacher forcing.
-    mel_lengths    int32    [B]        valid frames per row; 0 for an empty row
+Inputs of every model: one training batch, the arrays declared in shared/batch.py
+(``SCHEMA``, with the dimension legend B batch, L tokens, T mel frames, F mel channels,
+and each array's padding). Of ``mel`` only its shape (T) is meant to be used: at
+synthesis it is all padding (a model may use it for teacher forcing).
 
 The model is called as ``model(inputs, training=...)`` with ``inputs`` a dict of those
-four tensors, and returns either the predicted mel ``[B, T, F]`` or a dict with:
+tensors, and returns either the predicted mel ``[B, T, F]`` or a dict with:
 
     "mel"          [B, T, F]  the prediction (required)
     "log_frames"   [B]        predicted log(number of frames), used by ``run.py synth``
@@ -33,7 +28,7 @@ micro-batches (sum the numerators' gradients, divide by the summed V) gives exac
 gradient of the K batches as one large batch. A model's extra ``loss`` is taken as a mean
 and weighted by V, i.e. over micro-batches it is averaged in proportion to their frames.
 
-The built-in model (``TextToMel``): a transformer text encoder (character embedding,
+The built-in model (``TextToMel``): a transformer text encoder (token embedding,
 sinusoidal positions, pre-norm self-attention blocks with convolutional feed-forward),
 and a decoder whose queries, one per output frame, encode where in the text that frame
 is expected to be (frame / T_valid x L_valid, a monotonic prior) and where in the clip it

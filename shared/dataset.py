@@ -31,13 +31,14 @@ parsed is ignored (logged) and rebuilt from scratch. Headers are read by
 Dataset agreement
 -----------------
 A producer on another host must read the same dataset as the trainer. Both sides
-compute a :class:`DatasetScan` from the metadata (parsed by :func:`parse_metadata`, the
-one metadata reader) and the audio directory listing of :func:`scan_audio` (no audio is
-decoded; 13,100 LJSpeech clips take well under a second) and compare two fingerprints:
+compute a :class:`DatasetScan` from the metadata (parsed by shared/layouts.py's
+:func:`parse_entries`, the one metadata reader) and the audio listing of
+:func:`list_audio` (no audio is decoded; 13,100 LJSpeech clips take well under a second)
+and compare two fingerprints:
 
-    metadata  sha256 of ``id TAB text LF`` per metadata entry, sorted by id (the text a
-              producer tokenizes; line order, the unused middle column and malformed
-              lines do not count)
+    metadata  sha256 of ``id TAB text TAB speaker TAB language LF`` per metadata entry,
+              sorted by id (line order, the unused middle column and malformed lines do
+              not count)
     audio     sha256 of ``id TAB byte-size LF`` per audio file present, sorted by id
 
 Paths and modification times are left out on purpose: a copy on another host lives
@@ -72,7 +73,7 @@ from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from shared.config import DataConfig, FeaturesConfig, TextConfig
 from shared.layouts import (COLUMNS_AUTO, MIX_ID_SEPARATOR, Entry, LayoutError, Rejection, is_manifest, is_mix,
-                            pack_mix, parse_entries, parse_metadata, parse_mix_spec, unpack_mix)
+                            pack_mix, parse_entries, parse_mix_spec, unpack_mix)
 from shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, Vocabulary, make_frontend
 
 log = logging.getLogger(__name__)
