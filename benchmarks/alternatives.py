@@ -26,9 +26,9 @@ epoch, each batch padded to its bucket shape [B, L] / [B, T, F]. Same preprocess
 read the WAV, the log-mel of ``producer/features.py`` computed by its TensorFlow ops
 (the ``tf.function`` of :class:`producer.features.MelComputer`, which is what
 ``log_mel_spectrogram`` runs; stoker's producers run it with ``features.backend=tf``),
-tokens from ``shared/text.py`` (``encode_text``; for the tf.data variants computed when
-the plan is turned into tensors, since a Python tokenizer cannot run in a tf.data
-service worker), padding with the same values. stoker's own default computes the same
+token ids from the index's vocabulary (``consumer.plan.TokenTable``, as the leases carry
+them; for the tf.data variants put into the plan's tensors, since a Python tokenizer
+cannot run in a tf.data service worker), padding with the same values. stoker's own default computes the same
 definition without TensorFlow (the issue's "tf.data service ... needs the TF-op version
 of the preprocessing"); both stoker rows are reported. The demo set needs no resampling (a
 dataset at another rate would need a resampling op in the TF-op version). Same trainer

@@ -253,7 +253,7 @@ class DatasetIndex:
     metadata_file: str = "metadata.csv"
     columns: str = COLUMNS_AUTO
     vocabulary: Vocabulary | None = None  # None only for indexes made without a front-end (tests)
-    lost: dict[str, Any] = field(default_factory=dict)  # lost characters: see TextReport.to_json
+    lost: dict[str, Any] = field(default_factory=dict)  # lost characters: see LostReport.to_json
     _scan: DatasetScan | None = field(default=None, repr=False)
     _scan_inputs: tuple[bytes, dict[str, AudioFile]] | None = field(default=None, repr=False)
 
@@ -1005,7 +1005,7 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     data = dataclasses.replace(data, metadata_file=metadata_file)
     metadata = read_metadata_bytes(root, data.metadata_file)
     audio = list_audio(root, data.metadata_file, metadata, data.columns)
-    frontend = make_frontend(text.frontend, text.digits)
+    frontend = _frontend((text.frontend, text.digits))
     if fixed is not None:
         problem = fixed.check_engine(frontend)
         if problem:
