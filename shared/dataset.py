@@ -1020,12 +1020,12 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         try:
             samples, rejected = _from_payload(payload)
             lost = dict(payload["lost"])
+            vocab = fixed or Vocabulary.from_state_dict(payload["vocabulary"])
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
             payload, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            vocab = fixed or _vocabulary(frontend, samples)
             return _finish(root, samples, rejected, key, stats, started, False, scan_inputs, data, vocab, lost)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
     old_probes: dict[str, tuple] = {}
@@ -1037,8 +1037,11 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             u = payload["units"]
             # units are reused only from the same front-end with the same settings and versions
             if u["frontend"] == [frontend.name, frontend.engine()]:
-                old_units = {(lang, txt): Units(units, lost)
-                             for lang, txt, units, lost in zip(*(u[f] for f in _UNITS_FIELDS))}
+                s = payload["samples"]
+                old_units = {(lang, txt): Units(units) for lang, txt, units in zip(s["language"], s["text"],
+                                                                                   s["units"])}
+                old_units.update({(lang, txt): Units(units, lost)
+                                  for lang, txt, units, lost in zip(*(u[f] for f in _UNITS_FIELDS))})
         except (KeyError, TypeError, ValueError):
             old_probes, old_units = {}, {}
     probes: dict[str, AudioProbe] = {}
@@ -1080,9 +1083,11 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         used = {a.name for a in audio.values()}
         probe_rows = [(name, audio_file.size, audio_file.mtime_ns, *_probe_tuple(probes[name]))
                       for audio_file in audio.values() for name in (audio_file.name,) if name in probes and name in used]
-        # Units of every text of the metadata (also of rejected clips), so that a later
-        # re-derivation sends only texts that changed through the front-end.
-        keys = {(e.language or text.language, e.text) for e in entries}
+        # Units of every text of the metadata, so that a later re-derivation sends only texts
+        # that changed through the front-end: the samples hold theirs; the rest (rejected
+        # clips, and texts that lost characters) are listed apart.
+        plain = {(s.language, s.text) for s in samples if not units[s.language, s.text].lost}
+        keys = {(e.language or text.language, e.text) for e in entries} - plain
         unit_rows = [(lang, txt, units[lang, txt].units, units[lang, txt].lost) for lang, txt in keys
                      if (lang, txt) in units]
         payload_out = {
@@ -1092,7 +1097,7 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             "probes": {f: [row[i] for row in probe_rows] for i, f in enumerate(_PROBE_FIELDS)},
             "units": {"frontend": [frontend.name, frontend.engine()],
                       **{f: [row[i] for row in unit_rows] for i, f in enumerate(_UNITS_FIELDS)}},
-            "lost": lost,
+            "lost": lost, "vocabulary": vocab.state_dict(),
         }
         written = _write_cache(candidates, _pack(payload_out))
         stats.cache_file = str(written) if written else ""

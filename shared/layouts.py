@@ -27,6 +27,7 @@ be right is a :class:`LayoutError` (a user mistake: one line).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -170,11 +171,14 @@ def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry]
             expected = "|".join(names)
             problem = (f"{len(parts)} field{'s' if len(parts) != 1 else ''}, data.columns expects {len(names)} "
                        f"({expected})")
-        fields: dict[str, str] = {}
+        speaker = language = text = ""
         if not problem and line_names is not None:
-            fields = {n: p.strip() for n, p in zip(line_names, parts) if n != IGNORED}
-            sample_id = fields[ID]
-            problem = _id_problem(sample_id) or _language_problem(fields.get(LANGUAGE, ""))
+            at = _positions(line_names)
+            sample_id = parts[at[0]].strip()
+            text = (parts[at[2]].strip() if at[2] >= 0 else "") or (parts[at[1]].strip() if at[1] >= 0 else "")
+            speaker = parts[at[3]].strip() if at[3] >= 0 else ""
+            language = parts[at[4]].strip() if at[4] >= 0 else ""
+            problem = _id_problem(sample_id) or (_language_problem(language) if language else "")
         if problem:
             rejected.append(Rejection(sample_id or f"line:{number}", f"malformed metadata line {number}: {problem}",
                                       line=number))
@@ -184,9 +188,15 @@ def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry]
                                                  f"(first on line {first_line[sample_id]})", line=number))
             continue
         first_line[sample_id] = number
-        text = fields.get(NORMALIZED_TEXT) or fields.get(TEXT, "")
-        entries.append(Entry(sample_id, text, number, fields.get(SPEAKER, ""), fields.get(LANGUAGE, "")))
+        entries.append(Entry(sample_id, text, number, speaker, language))
     return entries, rejected
+
+
+@functools.lru_cache(maxsize=None)
+def _positions(names: tuple[str, ...]) -> tuple[int, int, int, int, int]:
+    """Field positions of id, text, normalized_text, speaker, language (-1: absent)."""
+    return tuple(names.index(n) if n in names else -1  # type: ignore[return-value]
+                 for n in (ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE))
 
 
 def _stem(path: str) -> str:

@@ -205,6 +205,8 @@ def normalize(text: str, code: str, digits: str = DIGITS_SPELL) -> tuple[str, st
     if digits == DIGITS_SPELL and lang.num2words is not None and _ANY_DIGIT.search(joined):
         joined = _spell_numbers(joined, lang)
     joined = joined.casefold()
+    if ZWNJ not in joined and ZWJ not in joined:
+        return " ".join(joined.split()), lost
     # A joiner next to a space joins nothing: it goes with the space.
     words = [w.strip(ZWNJ + ZWJ) for w in joined.split()]
     return " ".join(w for w in words if w), lost
