@@ -40,6 +40,8 @@ class QueuedBatch:
     ids: list[str]
     arrays: Any  # dict of numpy arrays, replaced by staged tensors
     producer: str
+    frames: int = 0  # valid mel frames of its rows
+    frames_computed: int = 0  # frames the step computes: B x T, padding included
     received_t: float = field(default_factory=time.monotonic)
     staged: bool = False
 

@@ -70,7 +70,7 @@ from zmq.utils.monitor import recv_monitor_message
 from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
 from consumer.plan import EpochPlanner, PlannedBatch, TokenTable
 from shared import wire
-from shared.batch import SCHEMA, batch_dims
+from shared.batch import FRAMES, SCHEMA, batch_dims
 from shared.config import Config
 from shared.dataset import DatasetScan, Rejection, check_agreement
 from shared.keys import ServerKeys, short
@@ -599,8 +599,10 @@ class Coordinator:
         batch = lease.batch
         delivered = list(msg["ids"])
         if delivered:
+            frames = msg.arrays[FRAMES]
             item = QueuedBatch(lease=lease_id, epoch=batch.epoch, index=batch.index, ids=delivered,
-                               arrays=msg.arrays, producer=peer.name)
+                               arrays=msg.arrays, producer=peer.name, frames=int(frames.sum()),
+                               frames_computed=int(frames.shape[0] * batch.shape[1]))
             try:
                 self.queue.put(item)
             except QueueFull:

@@ -412,7 +412,8 @@ class TrainLoop:
             self.step += 1
             row = {"step": self.step, "epoch": item.epoch, "t": round(ended - t0, 4), "queue_depth": depth,
                    "wait_ms": round((begun - asked) * 1e3, 3), "step_ms": round((ended - begun) * 1e3, 3),
-                   "loss": None, "samples": len(item.ids), "producer": item.producer}
+                   "loss": None, "samples": len(item.ids), "producer": item.producer, "frames": item.frames,
+                   "frames_computed": item.frames_computed}
             self._pending.append((row, handle))
             self.telemetry.on_step(row)
             if self.samples_log is not None:

@@ -42,6 +42,9 @@ MIN_BIN_S = 0.01
 MIN_STEPS_FOR_PERIOD = 16
 # Periodicity is looked for only when waiting costs at least this share of the time.
 MIN_WAIT_FRAC_FOR_PERIOD = 0.01
+# Below this share of valid frames the padding is named as waste (four equal-count buckets
+# on an LJSpeech-like length distribution compute ~13% padding, i.e. 0.87).
+PADDING_USEFUL_MIN = 0.85
 
 
 class DiagnoseError(Exception):
@@ -233,6 +236,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "producers": producer_rows,
         "rejected": {"total": len(rejected), "by_reason": dict(by_reason.most_common())},
         "gpu": gpu_report(run_dir),
+        "padding": padding_report(rows),
         "verdict": kind,
         "evidence": {
             "data_wait_frac": wait_frac, "wait_bound_frac": WAIT_BOUND_FRAC, "queue_depth_mean": depth_mean,
@@ -252,6 +256,15 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "worst": sorted(episodes, key=lambda e: -e["wait_ms"])[:5],
     }
     return report
+
+
+def padding_report(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """How much of the computed frames were padding (None when the rows do not say)."""
+    computed = sum(int(r.get("frames_computed", 0)) for r in rows)
+    if not computed:
+        return None
+    useful = sum(int(r.get("frames", 0)) for r in rows) / computed
+    return {"frames_useful_frac": round(useful, 4), "waste": useful < PADDING_USEFUL_MIN}
 
 
 def gpu_report(run_dir: Path) -> dict[str, Any] | None:
@@ -334,6 +347,12 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"rejected      {rej['total']} samples")
     for reason, count in list(rej["by_reason"].items())[:8]:
         lines.append(f"  {count:6d}  {reason}")
+    pad = report.get("padding")
+    if pad:
+        note = (f": padding wastes {100 * (1 - pad['frames_useful_frac']):.0f}% of the trainer's frames; more shape "
+                "buckets (--set batching.num_buckets=N) cut it" if pad["waste"] else "")
+        lines.append(f"padding       {_fmt(pad['frames_useful_frac'] * 100)}% of the frames the steps computed are "
+                     f"valid{note}")
     gpu = report["gpu"]
     if gpu:
         for role, g in gpu.items():

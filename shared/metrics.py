@@ -129,6 +129,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
     depth = [r["queue_depth"] for r in rows]
     samples = sum(int(r.get("samples", 0)) for r in rows)
     losses = [r["loss"] for r in rows if r.get("loss") is not None]
+    computed = sum(int(r.get("frames_computed", 0)) for r in rows)
     train_ms = sum(wait) + sum(step_ms)
     # Warm-up lasts until the first batch is in hand: the first step's wait is start-up
     # (processes importing TensorFlow, first batches), reported as first_batch_wait_ms.
@@ -156,6 +157,8 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
         "step_ms_mean": round(_mean(step_ms), 3) if step_ms else None,
         "wait_ms_mean": round(_mean(wait), 3) if wait else None,
         "rejected": rejected,
+        # valid frames over the frames the steps computed (padding excluded from the numerator)
+        "frames_useful_frac": round(sum(int(r.get("frames", 0)) for r in rows) / computed, 4) if computed else None,
         "producers": producers,
         "verdict": kind,
         "recommended_producers": recommend_producers(

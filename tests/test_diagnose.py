@@ -72,7 +72,7 @@ def test_diagnose_command_text_and_json(data, tmp_path):
     text = run_cli("diagnose", str(tmp_path / "r"))
     assert text.returncode == 0
     for heading in ("step time", "data wait", "queue depth", "starvation", "periodicity", "producers",
-                    "rejected", "verdict", "advice"):
+                    "rejected", "padding", "verdict", "advice"):
         assert heading in text.stdout
     as_json = json.loads(run_cli("diagnose", str(tmp_path / "r"), "--json").stdout)
     assert as_json["steps"] == 20 and as_json["verdict"] in ("producer-bound", "consumer-bound", "balanced")

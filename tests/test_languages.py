@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from shared.config import DataConfig, FeaturesConfig, TextConfig
+from shared.dataset import build_index
 from shared.text import normalize
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.speech import make_mixed_dataset, make_persian_dataset
@@ -34,6 +36,13 @@ def test_persian_run_characters_then_resume_and_synth(tmp_path):
     summary = read_json(run_dir / "summary.json")
     assert summary["rejected"] == 0 and summary["text"]["vocab_size"] == len(vocab["symbols"])
     assert summary["loss_last"] < summary["loss_first"]
+    # every clip's frames counted once per epoch; the padding the steps computed is the rest
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    index = build_index(DataConfig(path=str(tmp_path / "fa"), index_cache="off"), FeaturesConfig(),
+                        TextConfig(language="fa"))
+    assert sum(r["frames"] for r in rows) == 2 * sum(s.num_frames for s in index.samples)
+    assert summary["frames_useful_frac"] == round(sum(r["frames"] for r in rows)
+                                                  / sum(r["frames_computed"] for r in rows), 4) < 1
 
     # synth speaks Persian with the run's vocabulary, and names a character it lacks
     said = run_cli("synth", str(run_dir), "--text", next(iter(made.values()))[0], "--frames", "20",

@@ -229,3 +229,20 @@ def test_write_json_is_complete_and_leaves_no_temp(tmp_path: Path) -> None:
 def test_constants_match_the_documentation() -> None:
     assert metrics.WAIT_BOUND_FRAC == 0.05
     assert metrics.PRODUCER_MARGIN == 1.2
+
+
+def test_frames_useful_frac_is_valid_over_computed_frames() -> None:
+    rows = _rows([1.0] * 3, [10.0] * 3, [2] * 3)
+    for row, (frames, computed) in zip(rows, [(90, 100), (50, 100), (160, 200)]):
+        row.update(frames=frames, frames_computed=computed)
+    assert _summary(rows)["frames_useful_frac"] == round(300 / 400, 4)
+    assert _summary(_rows([1.0], [10.0], [2]))["frames_useful_frac"] is None  # rows that do not say
+
+
+def test_diagnose_names_padding_waste() -> None:
+    from shared.diagnose import padding_report
+
+    rows = [{"frames": 80, "frames_computed": 100}, {"frames": 70, "frames_computed": 100}]
+    assert padding_report(rows) == {"frames_useful_frac": 0.75, "waste": True}
+    assert padding_report([{"frames": 97, "frames_computed": 100}]) == {"frames_useful_frac": 0.97, "waste": False}
+    assert padding_report([{"step": 1}]) is None
