@@ -38,7 +38,8 @@ Normalisation (:func:`normalize`), in order
 3. Typographic quotes and dashes become ASCII ``'`` ``"`` ``-``.
 4. Numbers (ASCII, Arabic-Indic and Persian digits, with a decimal point) are spelled
    out in the clip's language by num2words where it knows the language
-   (``text.digits: spell``), else kept as digit symbols (``keep``). Never dropped.
+   (``text.digits: spell``), else kept as digit symbols (``keep``), as are numbers of
+   more than 15 digits and any num2words cannot say. Never dropped.
 5. Case is folded (:meth:`str.casefold`) in scripts that have case.
 6. Whitespace runs become one space; both ends are stripped.
 
@@ -162,6 +163,9 @@ _ASCII_LOST = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 _ASCII_TABLE = {**{c: None for c in [*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F]},
                 **{c: " " for c in range(0x09, 0x0E)}, ord("`"): "'"}
 _ANY_DIGIT = re.compile(r"\d")
+# Longer digit strings are kept as digits: codes and ids rather than quantities, and past a
+# float's precision num2words would say another number.
+MAX_SPELLED_DIGITS = 15
 
 
 def language(code: str) -> Language:
@@ -180,10 +184,17 @@ def _spell_numbers(text: str, lang: Language) -> str:
 
     def spell(match: re.Match[str]) -> str:
         raw, source = match.group(0), match.string
+        if sum(c.isdigit() for c in raw) > MAX_SPELLED_DIGITS:
+            return raw
         value: int | float = float(raw) if "." in raw else int(raw)
+        try:
+            words = num2words(value, lang=lang.num2words)
+        except (ArithmeticError, IndexError, KeyError, NotImplementedError, ValueError) as exc:
+            log.debug("num2words cannot spell %s in %s (%s): kept as digits", raw, lang.code, exc)
+            return raw
         before = " " if match.start() > 0 and source[match.start() - 1].isalnum() else ""
         after = " " if match.end() < len(source) and source[match.end()].isalnum() else ""
-        return f"{before}{num2words(value, lang=lang.num2words)}{after}"
+        return f"{before}{words}{after}"
 
     text = _THOUSANDS.sub("", text)
     if lang.code == "en":  # "3rd" is "third", not "three rd"

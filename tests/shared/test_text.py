@@ -181,3 +181,17 @@ def test_phonemes_without_phonemizer_is_one_clear_line(monkeypatch: pytest.Monke
     with pytest.raises(TextError, match="the phonemes front-end needs phonemizer and espeakng-loader \\(phonemizer is "
                                         "not installed\\): python -m pip install -e ."):
         make_frontend("phonemes")
+
+
+def test_numbers_never_break_normalisation() -> None:
+    """Any digit string in any language: spelled, or kept as digits (codes, numbers num2words cannot say)."""
+    import random
+
+    rng = random.Random(1)
+    assert normalize("1" * 40, "en") == ("1" * 40, "")  # an id, not a quantity
+    assert normalize("3.14159265358979323846", "fa")[0] == "3.14159265358979323846"
+    for code in LANGUAGES:
+        for _ in range(30):
+            digits = "".join(rng.choice("0123456789.,") for _ in range(rng.randint(1, 20)))
+            normalized, lost = normalize(f"x {digits} y", code)
+            assert lost == "" and normalized
