@@ -332,9 +332,20 @@ class Phonemes(Frontend):
     def units(self, texts: Sequence[str], code: str) -> list[Units]:
         normalized = [normalize(t, code, self.digits) for t in texts]
         backend = self._backend(code)
-        # one call for the whole list: espeak is set up once, not per sentence
-        phones = backend.phonemize([n for n, _ in normalized], strip=True, njobs=1)
+        try:  # one call for the whole list: espeak is set up once, not per sentence
+            phones = backend.phonemize([n for n, _ in normalized], strip=True, njobs=1)
+        except RuntimeError:  # one text the phonemizer cannot take: find it, keep the others
+            return [self._one(backend, n, lost) for n, lost in normalized]
         return [Units(" ".join(p.split()), lost) for p, (_, lost) in zip(phones, normalized)]
+
+    @staticmethod
+    def _one(backend: Any, text: str, lost: str) -> Units:
+        """One text alone; a text the phonemizer fails on is lost whole (its clip is rejected, counted)."""
+        try:
+            return Units(" ".join(backend.phonemize([text], strip=True, njobs=1)[0].split()), lost)
+        except RuntimeError as exc:
+            log.warning("espeak-ng cannot phonemize %r: %s", text[:60], exc)
+            return Units("", lost + text.replace(" ", ""))
 
     def engine(self) -> dict[str, Any]:
         # package versions, not the library's own: a cache key must not cost an espeak set-up

@@ -195,3 +195,19 @@ def test_numbers_never_break_normalisation() -> None:
             digits = "".join(rng.choice("0123456789.,") for _ in range(rng.randint(1, 20)))
             normalized, lost = normalize(f"x {digits} y", code)
             assert lost == "" and normalized
+
+
+def test_a_text_the_phonemizer_fails_on_is_lost_whole_and_the_others_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    frontend = make_frontend("phonemes")
+    backend = frontend._backend("en")
+    real = backend.phonemize
+
+    def fragile(texts, **kw):
+        if any("boom" in t for t in texts):
+            raise RuntimeError("espeak failed")
+        return real(texts, **kw)
+
+    monkeypatch.setattr(backend, "phonemize", fragile)
+    made = frontend.units(["hello", "boom now", "world"], "en")
+    assert made[0] == frontend.units(["hello"], "en")[0] and made[2].units
+    assert made[1] == Units("", "boomnow") and made[1].lost_frac == 1.0
