@@ -246,3 +246,17 @@ def test_a_bad_mix_file_is_one_line(tmp_path: Path, mix: str, message: str) -> N
         build_index(_data(tmp_path / "mix.yaml"), FEATURES)
     with pytest.raises(DatasetError, match="mix file .* does not exist"):
         build_index(_data(tmp_path / "none.yaml"), FEATURES)
+
+
+def test_a_user_tokenizer_indexes_and_sizes_the_vocabulary(tmp_path: Path) -> None:
+    made = make_persian_dataset(tmp_path, n=4)
+    text = TextConfig(frontend="tests.shared.user_tokenizers:bytes_tokenizer", language="fa")
+    index = build_index(_data(tmp_path), FEATURES, text)
+    vocab = index.vocabulary
+    assert index.rejected == [] and vocab.is_user and vocab.size == 257
+    for sample in index.samples:
+        ids = vocab.encode(sample.units).tolist()
+        assert ids == [b + 1 for b in made[sample.id][0].encode("utf-8")]  # the tokenizer's own ids
+        assert sample.num_tokens == len(ids)
+    with pytest.raises(TextError, match="returned 1.5"):
+        build_index(_data(tmp_path), FEATURES, TextConfig(frontend="tests.shared.user_tokenizers:floats"))
