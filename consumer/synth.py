@@ -120,18 +120,16 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
 
 def run_vocabulary(run_dir: Path) -> Any:
     """The vocabulary a run trained with: its newest checkpoint's, else ``RUN_DIR/vocab.json``."""
-    import json
-
-    from consumer.checkpoint import CKPT_DIR, POSITION, Checkpointer
+    from consumer.checkpoint import CKPT_DIR, CheckpointError, Checkpointer
     from shared.text import VOCAB_FILE, TextError, Vocabulary, load_vocabulary
 
     found = Checkpointer(run_dir / CKPT_DIR, keep=1).latest()
     if found is not None:
         try:
-            saved = json.loads((found / POSITION).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            saved = {}
-        if isinstance(saved, dict) and "vocabulary" in saved:
+            saved = Checkpointer.verify(found)
+        except CheckpointError as exc:
+            raise SynthError(str(exc)) from None
+        if "vocabulary" in saved:
             try:
                 return Vocabulary.from_state_dict(saved["vocabulary"])
             except ValueError as exc:
