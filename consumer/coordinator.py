@@ -70,7 +70,7 @@ from zmq.utils.monitor import recv_monitor_message
 from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
 from consumer.plan import EpochPlanner, PlannedBatch, TokenTable
 from shared import wire
-from shared.batch import FRAMES, SCHEMA, batch_dims
+from shared.batch import FRAMES, batch_dims, schema_for
 from shared.config import Config
 from shared.dataset import DatasetScan, Rejection, check_agreement
 from shared.keys import ServerKeys, short
@@ -202,6 +202,7 @@ class Coordinator:
         self.cfg = cfg
         # Token ids for the leases; None only where no producer makes batches (tests, benchmarks of the queue).
         self.tokens = tokens
+        self.schema = schema_for(cfg.batching.fields)
         self.metadata_sha256 = metadata_sha256
         self.planner = planner
         self.queue = queue
@@ -390,7 +391,7 @@ class Coordinator:
         self._send(peer.identity, wire.LEASE, {
             "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
             "ids": list(batch.ids), "shape": list(batch.shape),
-            "tokens": self.tokens(batch.ids) if self.tokens is not None else []})
+            **(self.tokens.lease_fields(batch.ids) if self.tokens is not None else {"tokens": []})})
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)
@@ -557,8 +558,8 @@ class Coordinator:
                 wire.require(msg, missed=list)
         except wire.ProtocolError as exc:
             return exc.reason
-        if SCHEMA.check(msg.arrays, batch_dims(self.cfg.batching.batch_size, lease.batch.shape,
-                                               self.cfg.features.n_mels)):
+        if self.schema.check(msg.arrays, batch_dims(self.cfg.batching.batch_size, lease.batch.shape,
+                                                    self.cfg.features.n_mels)):
             return "bad_batch"
         rejected = self._entries(msg["rejected"])
         missed = self._entries(msg.get("missed", []))
@@ -570,7 +571,7 @@ class Coordinator:
             return "bad_batch"
         if len(accounted) != len(lease.batch.ids) or set(accounted) != set(lease.batch.ids):
             return "bad_batch"
-        if SCHEMA.check_rows(msg.arrays, len(delivered)):
+        if self.schema.check_rows(msg.arrays, len(delivered)):
             return "bad_batch"
         return None
 
@@ -732,7 +733,7 @@ class Coordinator:
             "producer_index": peer.index,
             "producer_name": peer.name,
             "features": dataclasses.asdict(self.cfg.features),
-            "batch_size": self.cfg.batching.batch_size,
+            "batch_size": self.cfg.batching.batch_size, "fields": self.cfg.batching.fields,
             "metadata_file": self.cfg.data.metadata_file,
             "metadata_sha256": self.metadata_sha256,
             "feature_cache": self.cfg.data.feature_cache,

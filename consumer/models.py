@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
@@ -50,7 +51,7 @@ import numpy as np
 
 from consumer import tts
 from consumer.tts import ModelError
-from shared.batch import SCHEMA
+from shared.batch import OPTIONAL, schema_for
 from shared.config import Config
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ class KerasTrainer:
         t = cfg.trainer
         self.tf = tf
         self.vocab_size = vocab_size
+        self.schema = schema_for(cfg.batching.fields)
         self.cfg = cfg
         self.device = device
         self.name = t.model
@@ -184,11 +186,20 @@ class KerasTrainer:
         with tf.device(device):
             self.model = tts.build(t.model, vocab_size, n_mels)
             # Build the variables and check the contract on a batch of the first bucket's shape.
-            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size)
+            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size, self.schema)
             try:
                 result = self.model(dummy, training=False)
             except ModelError:
                 raise
+            except KeyError as exc:  # Keras wraps the key in its own message: find the field's name in it
+                said = re.sub(r"\x1b\[[0-9;]*m", "", str(exc.args[0]) if exc.args else "")  # no terminal colours
+                wanted = [n for n in OPTIONAL if n not in self.schema.names and re.search(rf"\b{n}\b", said)]
+                if wanted:
+                    raise ModelError(f"--model {t.model} reads the batch field {wanted[0]!r}, which this run does "
+                                     f"not switch on: --set batching.fields={wanted[0]} (optional fields: "
+                                     f"{', '.join(OPTIONAL)})") from None
+                raise ModelError(f"--model {t.model}: calling the model failed: KeyError: "
+                                 f"{str(exc).splitlines()[0]}; {tts.CONTRACT}") from exc
             except Exception as exc:  # the user's model code: its error, named with the contract
                 raise ModelError(f"--model {t.model}: calling the model on a batch of B={batch}, "
                                  f"L={tokens}, T={frames}, F={n_mels} failed: {type(exc).__name__}: "
@@ -259,11 +270,11 @@ class KerasTrainer:
         self.optimizer.apply([g / denom for g in grads], self.model.trainable_variables)
 
     def _grad_fn(self, *arrays: Any) -> Any:
-        """Forward and backward of one batch (its arrays in SCHEMA order): (loss, valid
+        """Forward and backward of one batch (its arrays in the schema's order): (loss, valid
         frames, gradient numerators). Traced once per bucket shape."""
         tf = self.tf
         self.traces += 1  # Python side effect: runs once per trace, never per step
-        batch = dict(zip(SCHEMA.names, arrays))
+        batch = dict(zip(self.schema.names, arrays))
         numerator, valid, grads = self._loss_and_grads(batch)
         return numerator / tf.maximum(valid, 1.0), valid, grads
 
@@ -309,15 +320,14 @@ class KerasTrainer:
         return finite
 
     def _eval_fn(self, *arrays: Any) -> Any:
-        batch = dict(zip(SCHEMA.names, arrays))
+        batch = dict(zip(self.schema.names, arrays))
         t = self.cfg.trainer
         out = tts.outputs_of(self.model(batch, training=False))
         numerator, valid, _ = tts.objective(self.tf, out, batch, t.l2_weight, t.length_loss_weight)
         return self.tf.stack([numerator, valid])
 
-    @staticmethod
-    def _args(staged: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(staged[name] for name in SCHEMA.names)
+    def _args(self, staged: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(staged[name] for name in self.schema.names)
 
     def _concrete_for(self, args: tuple[Any, ...]) -> Any:
         """The step's concrete function for this bucket shape, traced on first use."""
@@ -346,7 +356,8 @@ class KerasTrainer:
         started = time.monotonic()
         cfg = self.cfg
         for tokens, frames in shapes:
-            dummy = tts.dummy_inputs(cfg.batching.batch_size, tokens, frames, cfg.features.n_mels, -1.0, self.vocab_size)
+            dummy = tts.dummy_inputs(cfg.batching.batch_size, tokens, frames, cfg.features.n_mels, -1.0,
+                                     self.vocab_size, self.schema)
             args = self._args(self.stage(dummy))
             with self.tf.device(self.device):
                 self._concrete_for(args)(*args)[0].numpy()

@@ -17,7 +17,7 @@ bucket and the order of batches are shuffled with a generator seeded by (seed, e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -108,6 +108,14 @@ class TokenTable:
     def __init__(self, samples: Sequence[Sample], vocabulary: Vocabulary) -> None:
         self.vocabulary = vocabulary
         self._units = {s.id: s.units for s in samples}
+        speakers = {name: n for n, name in enumerate(vocabulary.speakers)}
+        languages = {code: n for n, code in enumerate(vocabulary.languages)}
+        self._ids = {s.id: (speakers.get(s.speaker, 0), languages.get(s.language, 0)) for s in samples}
 
     def __call__(self, ids: Sequence[str]) -> list[list[int]]:
         return [self.vocabulary.encode(self._units[i]).tolist() for i in ids]
+
+    def lease_fields(self, ids: Sequence[str]) -> dict[str, list[Any]]:
+        """What a lease carries for its clips: token ids, speaker ids and language ids."""
+        return {"tokens": self(ids), "speakers": [self._ids[i][0] for i in ids],
+                "languages": [self._ids[i][1] for i in ids]}

@@ -45,9 +45,9 @@ class SynthResult:
 
 
 def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None,
-               language: str | None = None) -> SynthResult:
+               language: str | None = None, speaker: str | None = None) -> SynthResult:
     from shared import config as config_mod
-    from shared.batch import SCHEMA
+    from shared.batch import schema_for
 
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
@@ -64,7 +64,18 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         raise SynthError(f"run {run_dir} trained the stand-in trainer {spec}, which has no model to synthesize with")
     if kind == "user" and os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # a user's module is found as in training: PYTHONPATH, then here
-    tokens, vocab = encode_for_run(run_dir, cfg, text, language or cfg.text.language)
+    code = language or cfg.text.language
+    tokens, vocab = encode_for_run(run_dir, cfg, text, code)
+    schema = schema_for(cfg.batching.fields)
+    ids = {"speaker_id": 0, "language_id": 0}
+    if "speaker_id" in schema.names:
+        if speaker is not None and speaker not in vocab.speakers:
+            raise SynthError(f"--speaker {speaker!r} is not one of the run's speakers ({', '.join(vocab.speakers)})")
+        ids["speaker_id"] = vocab.speaker_id(speaker) if speaker is not None else 0
+    if "language_id" in schema.names:
+        if code not in vocab.languages:
+            raise SynthError(f"--language {code} is not one of the run's languages ({', '.join(vocab.languages)})")
+        ids["language_id"] = vocab.language_id(code)
     if frames is not None and not 0 < frames <= MAX_FRAMES:
         raise SynthError(f"--frames must be between 1 and {MAX_FRAMES}")
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
@@ -85,10 +96,10 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         raise SynthError(f"checkpoint {found} holds no model weights")
     latest = str(found / STATE_PREFIX)
     n_mels = cfg.features.n_mels
-    pads = SCHEMA.pad_values(cfg.features.log_floor)
+    pads = schema.pad_values(cfg.features.log_floor)
     with tf.device(device):
         model = tts.build(spec, vocab.size, n_mels)
-        probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads)
+        probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids)
         out_probe = tts.outputs_of(model(probe, training=False))
         try:
             tf.train.Checkpoint(model=model).read(latest).expect_partial().assert_existing_objects_matched()
@@ -104,7 +115,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
                 raise SynthError(f"the model predicts an unusable length (log frames {predicted:.2f}); "
                                  f"pass --frames N")
             frames = max(1, int(round(math.exp(predicted))))
-        inputs = one_batch(tokens, frames, n_mels, pads)
+        inputs = one_batch(tokens, frames, n_mels, pads, schema, **ids)
         mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
     from consumer import melimage
 
@@ -167,9 +178,10 @@ def encode_for_run(run_dir: Path, cfg: Any, text: str, language: str) -> tuple[n
     return tokens, vocab
 
 
-def one_batch(tokens: np.ndarray, frames: int, n_mels: int, pads: dict[str, float]) -> dict[str, np.ndarray]:
+def one_batch(tokens: np.ndarray, frames: int, n_mels: int, pads: dict[str, float], schema: Any,
+              speaker_id: int = 0, language_id: int = 0) -> dict[str, np.ndarray]:
     """A batch of one row (shared/batch.py): the text's tokens, ``frames`` frames of padding for the mel."""
-    from shared.batch import batch_dims, collate
+    from shared.batch import batch_dims, collate, example
 
-    example = {"tokens": tokens, "mel": np.full((frames, n_mels), pads["mel"], np.float32)}
-    return collate([example], batch_dims(1, (len(tokens), frames), n_mels), pads)
+    row = example(tokens, np.full((frames, n_mels), pads["mel"], np.float32), schema, speaker_id, language_id)
+    return collate([row], batch_dims(1, (len(tokens), frames), n_mels), pads, schema)

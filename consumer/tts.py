@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shared.batch import SCHEMA, batch_dims, collate
+from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
 from shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
@@ -191,14 +191,15 @@ def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
     return TextToMel()
 
 
-def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: float,
-                 vocab_size: int) -> dict[str, np.ndarray]:
+def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: float, vocab_size: int,
+                 schema: BatchSchema = SCHEMA) -> dict[str, np.ndarray]:
     """A batch of the model's input shapes and dtypes (to build and check a model); token
     ids are drawn below ``vocab_size``, after <pad> and <eos> where the vocabulary has more."""
     rng = np.random.default_rng(0)
-    examples = [{"tokens": rng.integers(min(FIRST_SYMBOL_ID, vocab_size - 1), vocab_size, size=tokens),
-                 "mel": np.full((frames, n_mels), pad_value, np.float32)} for _ in range(batch)]
-    return collate(examples, batch_dims(batch, (tokens, frames), n_mels), {**SCHEMA.pad_values(1.0), "mel": pad_value})
+    examples = [example(rng.integers(min(FIRST_SYMBOL_ID, vocab_size - 1), vocab_size, size=tokens),
+                        np.full((frames, n_mels), pad_value, np.float32), schema) for _ in range(batch)]
+    return collate(examples, batch_dims(batch, (tokens, frames), n_mels),
+                   {**schema.pad_values(1.0), "mel": pad_value}, schema)
 
 
 def check_spec(spec: str) -> str:

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from consumer.plan import round_up
-from shared.batch import FRAMES
+from shared.batch import FRAMES, schema_for
 from shared.config import Config
 from shared.dataset import DatasetIndex, Rejection, Sample, build_index
 from shared.metrics import write_json
@@ -89,7 +89,7 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
     features = dataclasses.replace(cfg.features, backend="numpy")
     b = cfg.batching
     maker = BatchMaker(root, {s.id: s.text for s in samples}, features, b.batch_size, None, "validation",
-                       files={s.id: s.audio for s in samples if s.audio})
+                       files={s.id: s.audio for s in samples if s.audio}, schema=schema_for(b.fields))
     tokens = TokenTable(samples, vocabulary)
     batches = []
     for start in range(0, len(samples), b.batch_size):
@@ -98,7 +98,7 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
                  round_up(max(s.num_frames for s in chunk), b.frames_multiple))
         ids = [s.id for s in chunk]
         lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": ids, "shape": shape,
-                 "tokens": tokens(ids)}
+                 **tokens.lease_fields(ids)}
         prepared = maker.make(lease)
         for problem in prepared.fields["rejected"] + prepared.fields["missed"]:
             log.warning("validation clip %s left out: %s", problem["id"], problem["reason"])

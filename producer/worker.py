@@ -56,7 +56,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from shared import wire
-from shared.batch import SCHEMA, batch_dims, collate
+from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, schema_for
 from shared.config import FaultsConfig, FeaturesConfig
 from shared.dataset import DatasetError, DatasetScan, audio_path, locate, relative_audio, scan_dataset
 from shared.keys import ClientKeys, KeysError, load_client_keys, short
@@ -127,7 +127,7 @@ class BatchMaker:
     def __init__(self, root: Path, texts: dict[str, str], features: FeaturesConfig,
                  batch_size: int, device: str | None, name: str, host: str | None = None,
                  files: dict[str, str] | None = None, feature_cache: str = "",
-                 faults: FaultsConfig | None = None) -> None:
+                 faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA) -> None:
         from producer.feature_cache import FeatureCache
         from producer.features import MelComputer
 
@@ -138,7 +138,8 @@ class BatchMaker:
         self.batch_size = batch_size
         self.name = name
         self.host = host or pysocket.gethostname()
-        self._pads = SCHEMA.pad_values(features.log_floor)
+        self.schema = schema
+        self._pads = schema.pad_values(features.log_floor)
         self._mels = MelComputer(features, device=device)
         self.cache = FeatureCache(feature_cache, features, root) if feature_cache else None
         self.faults = faults or FaultsConfig()
@@ -212,17 +213,20 @@ class BatchMaker:
         computed = iter(self._mels(clips) if clips else [])
         ids, examples = [], []
         computed_by_id: dict[str, np.ndarray] = {}
+        extra = {i: (s, g) for i, s, g in zip(lease["ids"], lease.get("speakers", []), lease.get("languages", []))}
         for sample_id, tok, mel in rows:
             if mel is None:
                 mel = computed_by_id[sample_id] = next(computed)
             ids.append(sample_id)
-            examples.append({"tokens": tok, "mel": mel})
+            speaker, language = extra.get(sample_id, (0, 0))
+            examples.append(example(tok, mel, self.schema, int(speaker), int(language)))
         if self.cache is not None:
             for sample_id, name, st in to_store:
                 if sample_id in computed_by_id:
                     self.cache.put(sample_id, name, st.st_size, st.st_mtime_ns, computed_by_id[sample_id])
         self._inject_faults()
-        arrays = collate(examples, batch_dims(self.batch_size, lease["shape"], self.features.n_mels), self._pads)
+        arrays = collate(examples, batch_dims(self.batch_size, lease["shape"], self.features.n_mels), self._pads,
+                         self.schema)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
                   "ids": ids, "rejected": rejected, "missed": missed, "prep_ms": round(prep_ms, 3)}
@@ -316,8 +320,9 @@ class Producer:
         faults = FaultsConfig(**welcome.get("faults", {}))
         texts = {e.id: e.text for e in self._scan.entries} if self._scan else {}
         files = dict(self._scan.files) if self._scan else {}
+        schema = schema_for(str(welcome.get("fields") or ""))
         return BatchMaker(self.root, texts, features, int(welcome["batch_size"]), device, self.name, self.host,
-                          files=files, feature_cache=cache_dir, faults=faults)
+                          files=files, feature_cache=cache_dir, faults=faults, schema=schema)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:

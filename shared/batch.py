@@ -118,6 +118,39 @@ SCHEMA = BatchSchema((
     Field("mel", "float32", ("B", "T", "F"), MEL_PAD, "log-mel (producer/features.py)"),
     Field("mel_lengths", "int32", ("B",), 0, "valid frames per row", length_of="mel"),
 ))
+# Fields a run switches on (``batching.fields``); the model receives them with the others.
+OPTIONAL: dict[str, Field] = {f.name: f for f in (
+    Field("speaker_id", "int32", ("B",), 0, "speaker id: position in vocab.json's speakers (optional)"),
+    Field("language_id", "int32", ("B",), 0, "language id: position in vocab.json's languages (optional)"),
+    Field("stop", "float32", ("B", "T"), 1.0, "stop target: 0 before the last valid frame, 1 from it on "
+                                              "(optional)"),
+)}
+
+
+def schema_for(fields: str | Sequence[str]) -> BatchSchema:
+    """The batch of a run: SCHEMA plus the optional fields it switches on (comma-separated names)."""
+    names = [n.strip() for n in fields.split(",")] if isinstance(fields, str) else list(fields)
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in OPTIONAL]
+    if unknown:
+        raise ValueError(f"unknown batch field {unknown[0]!r} (optional fields: {', '.join(OPTIONAL)})")
+    return BatchSchema(SCHEMA.fields + tuple(OPTIONAL[n] for n in OPTIONAL if n in names))
+
+
+def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id: int = 0,
+            language_id: int = 0) -> dict[str, Any]:
+    """One clip's data fields for :func:`collate`, with the optional ones ``schema`` has."""
+    out: dict[str, Any] = {"tokens": tokens, "mel": mel}
+    names = schema.names
+    if "speaker_id" in names:
+        out["speaker_id"] = np.int32(speaker_id)
+    if "language_id" in names:
+        out["language_id"] = np.int32(language_id)
+    if "stop" in names:
+        stop = np.zeros(len(mel), np.float32)
+        stop[-1:] = 1.0
+        out["stop"] = stop
+    return out
 
 
 # The length field the pipeline itself reads: valid frames per row (rows filled, frames trained).

@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--frames", type=int, help="mel frames to produce (default: the model's length prediction)")
     synth.add_argument("--gpu", type=int, help="GPU index to run on (default: the CPU)")
     synth.add_argument("--language", metavar="CODE", help="the text's language (default: the run's text.language)")
+    synth.add_argument("--speaker", help="a speaker of the run's vocabulary, for a model trained with "
+                       "batching.fields=speaker_id (default: its first)")
     watch = sub.add_parser("watch", help="show a running trainer's queue depth, wait and throughput")
     watch.add_argument("run_dir", metavar="RUN_DIR")
     precompute = sub.add_parser("precompute", help="fill the feature cache ahead of training, with all producers")
@@ -442,7 +444,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         raise UserError(f"{run_dir} is not a directory")
     try:
         result = synthesize(run_dir, args.text, Path(args.out), frames=args.frames, gpu=args.gpu,
-                            language=args.language)
+                            language=args.language, speaker=args.speaker)
     except (SynthError, ModelError) as exc:
         raise UserError(str(exc)) from None
     out(f"{result.mel_path}: mel of {result.frames} frames ({result.seconds:.2f} s) for {result.tokens} tokens, "

@@ -77,6 +77,7 @@ class BatchingConfig:
     frames_multiple: int = 16  # bucket frame bounds are rounded up to a multiple of this
     tokens_multiple: int = 8  # bucket token bounds are rounded up to a multiple of this
     seed: int = 1234  # seeds the per-epoch shuffle of batches
+    fields: str = ""  # optional batch fields switched on, comma-separated: speaker_id, language_id, stop
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,12 @@ def _validate(cfg: Config) -> None:
     from shared.layouts import LayoutError, parse_columns
     from shared.text import LANGUAGES
 
+    from shared.batch import schema_for
+
+    try:
+        schema_for(b.fields)
+    except ValueError as exc:
+        raise ConfigError(f"batching.fields: {exc}") from None
     if cfg.data.columns:
         try:
             parse_columns(cfg.data.columns)

@@ -74,8 +74,11 @@ def test_mixed_datasets_run_phonemes(tmp_path):
     (tmp_path / "data.yaml").write_text("datasets:\n  - path: mix\n  - path: fa\n    language: fa\n",
                                         encoding="utf-8")
     run_dir = tmp_path / "run"
+    # a model conditioned on speaker and language (and checking the stop target), fed the optional fields
+    conditioned = ["--model", "tests.consumer.user_models:conditioned", "--set",
+                   "batching.fields=speaker_id,language_id,stop"]
     result = run_cli("--data", str(tmp_path / "data.yaml"), "--text-frontend", "phonemes", "--epochs", "1",
-                     "--run-dir", str(run_dir), *FAST, timeout=240)
+                     "--run-dir", str(run_dir), *FAST, *conditioned, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     expected = {f"mix:{i}" for i in mixed} | {f"fa:{i}" for i in persian}
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 1, expected)
@@ -84,7 +87,8 @@ def test_mixed_datasets_run_phonemes(tmp_path):
     assert vocab["speakers"] == sorted({speaker for _, speaker, _ in mixed.values()} | {"fa"})
     assert {"phonemizer", "espeakng_loader"} <= set(vocab["engine"])
     assert not any("\u0600" <= ch <= "\u06ff" for ch in "".join(vocab["symbols"][2:]))  # IPA, not Persian script
-    assert read_json(run_dir / "summary.json")["text"]["frontend"] == "phonemes"
+    summary = read_json(run_dir / "summary.json")
+    assert summary["text"]["frontend"] == "phonemes" and summary["exit_reason"] == "completed"
 
 
 def test_a_dataset_the_front_end_cannot_read_ends_with_one_line(tmp_path):

@@ -197,3 +197,27 @@ def test_check_model_without_tensorflow_imports() -> None:
         models.check_model("no_such_pkg.mod:build")
     with pytest.raises(ModelError, match="MS >= 0"):
         models.check_model("synthetic:-1")
+
+
+def test_optional_fields_reach_the_model_and_one_it_lacks_is_named() -> None:
+    """speaker_id, language_id and stop, switched on, are inputs the model conditions on (it
+    checks the stop target's form itself); a model reading a field the run does not switch on
+    is one line naming the setting."""
+    from shared.batch import batch_dims, collate, example, schema_for
+
+    fields = "speaker_id,language_id,stop"
+    base = _cfg(model="tests.consumer.user_models:conditioned", learning_rate=1e-2)
+    cfg = dataclasses.replace(base, batching=dataclasses.replace(base.batching, fields=fields))
+    trainer = KerasTrainer(cfg, "/CPU:0", [SHAPE], total_batches=100, vocab_size=TOKEN_IDS)
+    schema = schema_for(fields)
+    rng = np.random.default_rng(0)
+    rows = [example(rng.integers(2, TOKEN_IDS, size=5 + i), rng.standard_normal((20 + i, 80)).astype(np.float32),
+                    schema, speaker_id=i % 3, language_id=i % 2) for i in range(3)]
+    arrays = collate(rows, batch_dims(4, SHAPE, 80), schema.pad_values(1e-5), schema)
+    assert arrays["speaker_id"].tolist() == [0, 1, 2, 0] and arrays["language_id"].tolist() == [0, 1, 0, 0]
+    losses = trainer.resolve([trainer.step(trainer.stage(arrays)) for _ in range(20)])
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    with pytest.raises(ModelError, match=r"reads the batch field 'stop', which this run does not switch on: "
+                                         r"--set batching.fields=stop \(optional fields: speaker_id, language_id, "
+                                         r"stop\)$"):
+        _trainer(model="tests.consumer.user_models:conditioned")

@@ -19,12 +19,13 @@ TRAINED_TEXTS = ("Printing, in the only sense with which we are at present conce
                  "Where is the big red ball?")
 
 
-def _run_dir(tmp_path, model: str = "tiny", weights: bool = True, vocab: Vocabulary | None = None):
+def _run_dir(tmp_path, model: str = "tiny", weights: bool = True, vocab: Vocabulary | None = None, fields: str = ""):
     from consumer import tts
+    from shared.batch import schema_for
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = config_mod.load(None, {"trainer.model": model})
+    cfg = config_mod.load(None, {"trainer.model": model, "batching.fields": fields})
     config_mod.save(cfg, run_dir / "config.yaml")
     if vocab is None:
         frontend = Characters()
@@ -32,7 +33,7 @@ def _run_dir(tmp_path, model: str = "tiny", weights: bool = True, vocab: Vocabul
     save_vocabulary(vocab, run_dir / VOCAB_FILE)
     if weights:
         net = tts.build(model, vocab.size, cfg.features.n_mels)
-        net(tts.dummy_inputs(1, 8, 16, cfg.features.n_mels, -11.5, vocab.size))
+        net(tts.dummy_inputs(1, 8, 16, cfg.features.n_mels, -11.5, vocab.size, schema_for(fields)))
         state = tf.train.Checkpoint(model=net, step=tf.Variable(7, dtype=tf.int64))
         Checkpointer(run_dir / CKPT_DIR, keep=1).save(7, {"state": ["model"], "model": model}, state)
     return run_dir
@@ -102,3 +103,20 @@ def test_synth_cli_errors_are_one_line(tmp_path) -> None:
     assert synthetic.returncode == 2
     assert synthetic.stderr.strip().splitlines()[-1] == (
         f"stoker: error: run {run_dir} trained the stand-in trainer synthetic:5, which has no model to synthesize with")
+
+
+def test_synth_passes_the_speaker_and_language_the_model_was_trained_with(tmp_path) -> None:
+    frontend = Characters()
+    vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(TRAINED_TEXTS, "en")], ["en", "fa"],
+                             ["anna", "bob"])
+    run_dir = _run_dir(tmp_path, model="tests.consumer.user_models:conditioned", vocab=vocab,
+                       fields="speaker_id,language_id,stop")
+    first = synthesize(run_dir, "Hello there!", tmp_path / "a.npy", frames=30, speaker="anna")
+    second = synthesize(run_dir, "Hello there!", tmp_path / "b.npy", frames=30, speaker="bob")
+    again = synthesize(run_dir, "Hello there!", tmp_path / "c.npy", frames=30, speaker="bob")
+    a, b, c = (np.load(r.mel_path) for r in (first, second, again))
+    assert not np.allclose(a, b) and np.array_equal(b, c)  # the speaker reaches the model, the same twice
+    with pytest.raises(SynthError, match="--speaker 'carl' is not one of the run's speakers \\(anna, bob\\)"):
+        synthesize(run_dir, "Hello there!", tmp_path / "d.npy", frames=30, speaker="carl")
+    with pytest.raises(SynthError, match="--language de is not one of the run's languages \\(en, fa\\)"):
+        synthesize(run_dir, "Hello there!", tmp_path / "d.npy", frames=30, language="de")

@@ -58,3 +58,30 @@ class UnknownOutput(FramesModel):
 
 def unknown_output(vocab_size: int, n_mels: int) -> keras.Model:
     return UnknownOutput(vocab_size, n_mels)
+
+
+# What a model that conditions on speaker and language is told about a run: a few ids suffice here.
+MAX_SPEAKERS = 8
+MAX_LANGUAGES = 4
+
+
+class Conditioned(FramesModel):
+    """Adds speaker and language embeddings, and checks the stop target's documented form:
+    0 before each row's last valid frame, 1 from it on (padding included)."""
+
+    def __init__(self, vocab_size: int, n_mels: int) -> None:
+        super().__init__(vocab_size, n_mels)
+        self.speaker = layers.Embedding(MAX_SPEAKERS, n_mels)
+        self.language = layers.Embedding(MAX_LANGUAGES, n_mels)
+
+    def call(self, inputs, training=False):
+        frames = tf.shape(inputs["mel"])[1]
+        expected = tf.cast(tf.range(frames)[None, :] >= inputs["mel_lengths"][:, None] - 1, tf.float32)
+        tf.debugging.assert_equal(inputs["stop"], expected, message="stop target")
+        mel = super().call(inputs, training)
+        bias = self.speaker(inputs["speaker_id"]) + self.language(inputs["language_id"])  # [B, F]
+        return mel + bias[:, None, :]
+
+
+def conditioned(vocab_size: int, n_mels: int) -> keras.Model:
+    return Conditioned(vocab_size, n_mels)

@@ -131,3 +131,24 @@ def test_the_design_notes_print_the_schema() -> None:
     design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text(encoding="utf-8")
     assert SCHEMA.table() in design
     assert MEL_PAD in SCHEMA.table()
+    from shared.batch import OPTIONAL, BatchSchema
+
+    assert BatchSchema(tuple(OPTIONAL.values())).table() in design
+
+
+def test_optional_fields_are_declared_collated_and_checked() -> None:
+    from shared.batch import OPTIONAL, example, schema_for
+
+    schema = schema_for("stop, speaker_id")
+    assert schema.names == ("tokens", "token_lengths", "mel", "mel_lengths", "speaker_id", "stop")  # declared order
+    rows = [example(np.array([3, 4, 1], np.int32), np.zeros((5, F), np.float32), schema, speaker_id=2),
+            example(np.array([3, 1], np.int32), np.zeros((3, F), np.float32), schema, speaker_id=1)]
+    out = collate(rows, batch_dims(3, (4, 6), F), schema.pad_values(1e-5), schema)
+    assert out["speaker_id"].tolist() == [2, 1, 0] and out["speaker_id"].dtype == np.int32
+    assert out["stop"].tolist() == [[0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+    assert schema.check(out, batch_dims(3, (4, 6), F)) == ""
+    assert SCHEMA.check(out, batch_dims(3, (4, 6), F)).startswith("arrays ")  # a run without them refuses it
+    for name in OPTIONAL:
+        assert f"`{name}`" in schema_for(name).table()
+    with pytest.raises(ValueError, match="unknown batch field 'speakers'"):
+        schema_for("speakers")
