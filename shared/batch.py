@@ -73,9 +73,6 @@ class BatchSchema:
     def length_fields(self) -> tuple[Field, ...]:
         return tuple(f for f in self.fields if f.length_of)
 
-    def by_length_of(self, name: str) -> str:
-        """The length field of field ``name``."""
-        return next(f.name for f in self.length_fields if f.length_of == name)
 
     def pad_values(self, log_floor: float) -> dict[str, float]:
         """Each field's padding value as a number (the mel's from ``features.log_floor``)."""
@@ -104,11 +101,15 @@ class BatchSchema:
         return ""
 
     def table(self) -> str:
-        """The markdown table of the design notes: array, dtype, shape, padding."""
+        """The markdown table of the design notes (array, dtype, shape, padding), then the
+        legend of the dimensions its fields use, the bucketed ones marked."""
         rows = ["| array | dtype | shape | padding | what |", "|---|---|---|---|---|"]
         for f in self.fields:
             pad = "0 for empty rows" if f.length_of else str(f.pad)
             rows.append(f"| `{f.name}` | {f.dtype} | [{', '.join(f.dims)}] | {pad} | {f.description} |")
+        used = {d for f in self.fields for d in f.dims}
+        rows.append("")
+        rows += [f"- {d}: {text}{' (bucketed)' if d in BUCKETED else ''}" for d, text in LEGEND.items() if d in used]
         return "\n".join(rows)
 
 

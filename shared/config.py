@@ -22,6 +22,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from shared.batch import schema_for
+from shared.layouts import LayoutError, parse_columns
+from shared.text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
+
 
 class ConfigError(ValueError):
     """A configuration the user wrote cannot be used (unknown key, wrong type, bad value)."""
@@ -264,31 +268,25 @@ def _validate(cfg: Config) -> None:
     if t.checkpoint_every_steps < 0:
         raise ConfigError(f"trainer.checkpoint_every_steps must be >= 0, got {t.checkpoint_every_steps}")
     tx = cfg.text
-    if tx.digits not in ("spell", "keep"):
-        raise ConfigError(f"text.digits must be 'spell' or 'keep', got {tx.digits!r}")
+    if tx.digits not in (DIGITS_SPELL, DIGITS_KEEP):
+        raise ConfigError(f"text.digits must be {DIGITS_SPELL!r} or {DIGITS_KEEP!r}, got {tx.digits!r}")
     if not 0 <= tx.max_lost_frac <= 1:
         raise ConfigError(f"text.max_lost_frac must be between 0 and 1, got {tx.max_lost_frac}")
-    if tx.frontend not in ("characters", "phonemes") and not re.fullmatch(r"[\w.]+:\w+", tx.frontend):
+    if tx.frontend not in (FRONTEND_CHARACTERS, FRONTEND_PHONEMES) and not re.fullmatch(r"[\w.]+:\w+", tx.frontend):
         raise ConfigError(f"text.frontend must be characters, phonemes or package.module:function, got "
                           f"{tx.frontend!r}")
-    from shared.layouts import LayoutError, parse_columns
-    from shared.text import LANGUAGES
-
-    from shared.batch import schema_for
-
+    if tx.language not in LANGUAGES:
+        raise ConfigError(f"unknown language code {tx.language!r} for text.language (known: "
+                          f"{', '.join(sorted(LANGUAGES))})")
     try:
         schema_for(b.fields)
     except ValueError as exc:
         raise ConfigError(f"batching.fields: {exc}") from None
-    if cfg.data.columns:
-        try:
+    try:
+        if cfg.data.columns:
             parse_columns(cfg.data.columns)
-        except LayoutError as exc:
-            raise ConfigError(str(exc)) from None
-
-    if tx.language not in LANGUAGES:
-        raise ConfigError(f"unknown language code {tx.language!r} for text.language (known: "
-                          f"{', '.join(sorted(LANGUAGES))})")
+    except LayoutError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.data.index_workers < 0:
         raise ConfigError(f"data.index_workers must be >= 0, got {cfg.data.index_workers}")
     if not 0 < cfg.data.min_audio_s < cfg.data.max_audio_s:

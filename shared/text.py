@@ -80,7 +80,6 @@ ID_DTYPE = np.int32
 
 FRONTEND_CHARACTERS = "characters"
 FRONTEND_PHONEMES = "phonemes"
-FRONTENDS = (FRONTEND_CHARACTERS, FRONTEND_PHONEMES)
 DIGITS_SPELL = "spell"
 DIGITS_KEEP = "keep"
 # Bump when a rule that maps text to units changes: it is part of the index cache key,

@@ -264,3 +264,16 @@ def test_save_then_load_round_trip(tmp_path: Path) -> None:
 def test_save_default_round_trip(tmp_path: Path) -> None:
     save(Config(), tmp_path / "c.yaml")
     assert load(tmp_path / "c.yaml") == Config()
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("text.language", "xx", "unknown language code 'xx' for text.language"),
+    ("text.frontend", "bad", "text.frontend must be characters, phonemes or package.module:function"),
+    ("text.digits", "words", "text.digits must be 'spell' or 'keep'"),
+    ("text.max_lost_frac", 1.5, "text.max_lost_frac must be between 0 and 1"),
+    ("data.columns", "id|txt", "unknown column 'txt'"),
+    ("batching.fields", "speaker", "batching.fields: unknown batch field 'speaker'"),
+])
+def test_text_layout_and_field_settings_are_checked(key: str, value: object, message: str) -> None:
+    with pytest.raises(config_mod.ConfigError, match=message):
+        config_mod.load(None, {key: value})
