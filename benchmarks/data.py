@@ -412,7 +412,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         else:
             from producer.worker import BatchMaker
 
-            maker = BatchMaker(base, texts, features, BATCH_SIZE, None, variant, files=files,
+            maker = BatchMaker(base, texts, features, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")
         clips = sum(len(lease["ids"]) for lease in leases)
         backend = variant if variant in ("librosa", "numpy-reference") else features.backend
@@ -453,7 +453,7 @@ def _plan_leases(root: Path) -> list[dict[str, Any]]:
     assert index.vocabulary is not None
     tokens = TokenTable(index.samples, index.vocabulary)
     return [{"lease": n, "epoch": 0, "index": b.index, "ids": list(b.ids), "shape": list(b.shape),
-             "tokens": tokens(b.ids)} for n, b in enumerate(planner.plan(0), start=1)]
+             "rows": b.rows, "tokens": tokens(b.ids)} for n, b in enumerate(planner.plan(0), start=1)]
 
 
 def _answer(conn: Any, proc: Any, what: str, timeout_s: float) -> dict[str, Any]:

@@ -108,7 +108,6 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
             last_heard = time.monotonic()
             msg = wire.decode(sock.recv_multipart())
             if msg.kind == wire.WELCOME:
-                batch_size = int(msg["batch_size"])
                 n_mels = int(msg["features"]["n_mels"])
                 pads = SCHEMA.pad_values(msg["features"]["log_floor"])
             elif msg.kind == wire.LEASE:
@@ -125,7 +124,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
                     tokens.append(rows[key][0])
                     mels.append(rows[key][1])
                 arrays = collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
-                                 batch_dims(batch_size, (max_tokens, max_frames), n_mels), pads)
+                                 batch_dims(int(msg["rows"]), (max_tokens, max_frames), n_mels), pads)
                 ready[msg["lease"]] = wire.encode(wire.BATCH, {
                     "lease": msg["lease"], "epoch": msg["epoch"], "index": msg["index"], "ids": list(msg["ids"]),
                     "rejected": [], "prep_ms": 0.1}, arrays)
@@ -163,7 +162,7 @@ def run(plan: MemoryPlan | None = None, log: Any = None) -> dict[str, Any]:
     index = build_index(cfg.data, cfg.features)
     planner = EpochPlanner(index.samples, cfg.batching)
     shapes = planner.shapes
-    batch_bytes = [4 * cfg.batching.batch_size * (L + 1 + T * cfg.features.n_mels + 1) for L, T in shapes]
+    batch_bytes = [4 * B * (L + 1 + T * cfg.features.n_mels + 1) for B, L, T in shapes]
     max_batch = max(batch_bytes)
     stop = threading.Event()
     queue = BatchQueue(cfg.pipeline.buffer_size)

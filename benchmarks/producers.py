@@ -338,7 +338,7 @@ def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str
                     n, f = len(current["ids"]), int(welcome["features"]["n_mels"])
                     example = {"tokens": np.ones(min(5, max_tokens), np.int32),
                                "mel": np.zeros((min(10, max_frames), f), np.float32)}
-                    cache[key] = collate([example] * n, batch_dims(int(welcome["batch_size"]), current["shape"], f),
+                    cache[key] = collate([example] * n, batch_dims(int(current["rows"]), current["shape"], f),
                                          SCHEMA.pad_values(FeaturesConfig().log_floor))
                 ready[current["lease"]] = wire.encode(wire.BATCH, {
                     "lease": current["lease"], "ids": current["ids"], "rejected": [], "missed": [],

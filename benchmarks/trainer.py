@@ -102,7 +102,7 @@ def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) ->
                    batch_dims(batch_size, (tokens, frames), n_mels), SCHEMA.pad_values(1e-5))
 
 
-def _make_trainer(cfg: Any, shapes: list[tuple[int, int]], model: str) -> Any:
+def _make_trainer(cfg: Any, shapes: list[tuple[int, int, int]], model: str) -> Any:
     from consumer.models import KerasTrainer
 
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model=model))
@@ -177,8 +177,8 @@ def measure_overhead(plan: TrainerPlan) -> dict[str, Any]:
     cfg, planner = _demo_setup(plan.batch_size)
     shapes = planner.shapes
     trainer = _make_trainer(cfg, shapes, plan.model)
-    host = [_batch(plan.batch_size, tokens, frames, cfg.features.n_mels, seed=i)
-            for i, (tokens, frames) in enumerate(shapes)]
+    host = [_batch(rows, tokens, frames, cfg.features.n_mels, seed=i)
+            for i, (rows, tokens, frames) in enumerate(shapes)]
     staged = [trainer.stage(b) for b in host]
     memory, queued = [], []
     for rep in range(plan.repetitions):
@@ -206,13 +206,12 @@ def measure_retraces(plan: TrainerPlan) -> dict[str, Any]:
     shapes = planner.shapes
     trainer = _make_trainer(cfg, shapes, plan.model)
     after_warmup = trainer.stats()["traces"]
-    host = {shape: _batch(plan.retrace_batch_size, *shape, cfg.features.n_mels, seed=i)
-            for i, shape in enumerate(shapes)}
+    host = {shape: _batch(*shape, cfg.features.n_mels, seed=i) for i, shape in enumerate(shapes)}
     staged = {shape: trainer.stage(batch) for shape, batch in host.items()}
-    order: list[tuple[int, int]] = []
+    order: list[tuple[int, int, int]] = []
     epoch = 0
     while len(order) < plan.retrace_steps:
-        order.extend(tuple(b.shape) for b in planner.plan(epoch))
+        order.extend((b.rows, *b.shape) for b in planner.plan(epoch))
         epoch += 1
     began = time.perf_counter()
     handles = []

@@ -229,7 +229,7 @@ def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, 
     cfg = planner.cfg
     digest.update(json.dumps([cfg.batch_size, cfg.seed], separators=(",", ":")).encode())
     for bucket in planner.buckets:
-        digest.update(f"\n{bucket.index}\t{bucket.max_tokens}\t{bucket.max_frames}\t".encode())
+        digest.update(f"\n{bucket.index}\t{bucket.rows}\t{bucket.max_tokens}\t{bucket.max_frames}\t".encode())
         digest.update("\t".join(bucket.sample_ids).encode("utf-8"))
     return {"fingerprint": digest.hexdigest(), "dataset_fingerprint": dataset_fingerprint,
             "batching": dataclasses.asdict(cfg), "batches_per_epoch": planner.batches_per_epoch,

@@ -390,7 +390,7 @@ class Coordinator:
         peer.leases.add(lease.id)
         self._send(peer.identity, wire.LEASE, {
             "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
-            "ids": list(batch.ids), "shape": list(batch.shape),
+            "ids": list(batch.ids), "shape": list(batch.shape), "rows": batch.rows,
             **(self.tokens.lease_fields(batch.ids) if self.tokens is not None else {"tokens": []})})
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
@@ -494,9 +494,9 @@ class Coordinator:
 
     def _replan_missed(self, template: PlannedBatch, ids: list[str]) -> None:
         """Missed clips go back into the same epoch and bucket shape, for another producer."""
-        size = self.cfg.batching.batch_size
         for pos, batch in enumerate(self._pending):
-            if batch.epoch == template.epoch and batch.bucket == template.bucket and len(batch.ids) + len(ids) <= size:
+            if batch.epoch == template.epoch and batch.bucket == template.bucket \
+                    and len(batch.ids) + len(ids) <= template.rows:
                 self._pending[pos] = dataclasses.replace(batch, ids=batch.ids + tuple(ids))
                 return
         self._pending.appendleft(dataclasses.replace(template, ids=tuple(ids)))
@@ -558,7 +558,7 @@ class Coordinator:
                 wire.require(msg, missed=list)
         except wire.ProtocolError as exc:
             return exc.reason
-        if self.schema.check(msg.arrays, batch_dims(self.cfg.batching.batch_size, lease.batch.shape,
+        if self.schema.check(msg.arrays, batch_dims(lease.batch.rows, lease.batch.shape,
                                                     self.cfg.features.n_mels)):
             return "bad_batch"
         rejected = self._entries(msg["rejected"])
@@ -733,7 +733,7 @@ class Coordinator:
             "producer_index": peer.index,
             "producer_name": peer.name,
             "features": dataclasses.asdict(self.cfg.features),
-            "batch_size": self.cfg.batching.batch_size, "fields": self.cfg.batching.fields,
+            "fields": self.cfg.batching.fields,
             "metadata_file": self.cfg.data.metadata_file,
             "metadata_sha256": self.metadata_sha256,
             "feature_cache": self.cfg.data.feature_cache,

@@ -118,9 +118,10 @@ class Run:
         train_samples, val_samples, eval_rejected = (validation.hold_out(index, cfg, self.run_dir)
                                                      if uses_tensorflow(cfg.trainer.model) else (index.samples, [], []))
         planner = EpochPlanner(train_samples, cfg.batching)
-        log.info("dataset %s: %d clips usable, %d rejected; %d batches of %d per epoch in %d shapes %s",
+        log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
-                 cfg.batching.batch_size, len(planner.shapes), planner.shapes)
+                 len(planner.shapes), planner.shapes,
+                 f" (frame budget {cfg.batching.max_frames})" if cfg.batching.max_frames else "")
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
                  index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
         checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, vocab)

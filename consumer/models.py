@@ -154,9 +154,9 @@ class KerasTrainer:
 
     uses_tensorflow = True
 
-    def __init__(self, cfg: Config, device: str, shapes: Sequence[tuple[int, int]] = (),
+    def __init__(self, cfg: Config, device: str, shapes: Sequence[tuple[int, int, int]] = (),
                  total_batches: int | None = None, optimizer: Any = None, *, vocab_size: int) -> None:
-        """``shapes``: the plan's bucket shapes (L, T); ``total_batches``: the run's budget
+        """``shapes``: the plan's batch shapes (B, L, T); ``total_batches``: the run's budget
         in batches (None: unknown; the learning rate then stays at its peak after warm-up);
         ``optimizer``: a Keras optimizer to use instead of Adam (tests); ``vocab_size``: token
         ids of the run's vocabulary (shared/text.Vocabulary.size)."""
@@ -180,8 +180,8 @@ class KerasTrainer:
         keras.utils.set_random_seed(t.seed)
         self.accum = t.grad_accum
         self.bucket_shapes = len(shapes)
-        batch = cfg.batching.batch_size
-        tokens, frames = shapes[0] if shapes else (cfg.batching.tokens_multiple, cfg.batching.frames_multiple)
+        batch, tokens, frames = shapes[0] if shapes else (cfg.batching.batch_size, cfg.batching.tokens_multiple,
+                                                          cfg.batching.frames_multiple)
         n_mels = cfg.features.n_mels
         with tf.device(device):
             self.model = tts.build(t.model, vocab_size, n_mels)
@@ -349,14 +349,14 @@ class KerasTrainer:
                           *shape, time.monotonic() - started)
         return fn
 
-    def prepare(self, shapes: Sequence[tuple[int, int]]) -> None:
-        """Trace and run the step's forward/backward once for each bucket shape (L, T), on a
+    def prepare(self, shapes: Sequence[tuple[int, int, int]]) -> None:
+        """Trace and run the step's forward/backward once for each bucket shape (B, L, T), on a
         dummy batch and without updating anything, so no step after warm-up traces or
         waits for graph optimisation. Run while the producers fill the queue."""
         started = time.monotonic()
         cfg = self.cfg
-        for tokens, frames in shapes:
-            dummy = tts.dummy_inputs(cfg.batching.batch_size, tokens, frames, cfg.features.n_mels, -1.0,
+        for rows, tokens, frames in shapes:
+            dummy = tts.dummy_inputs(rows, tokens, frames, cfg.features.n_mels, -1.0,
                                      self.vocab_size, self.schema)
             args = self._args(self.stage(dummy))
             with self.tf.device(self.device):
@@ -455,7 +455,7 @@ def uses_tensorflow(spec: str) -> bool:
     return check_model(spec) is None
 
 
-def make_trainer(cfg: Config, device: str, shapes: Sequence[tuple[int, int]], total_batches: int | None,
+def make_trainer(cfg: Config, device: str, shapes: Sequence[tuple[int, int, int]], total_batches: int | None,
                  vocab_size: int) -> Trainer:
     ms = check_model(cfg.trainer.model)
     if ms is not None:

@@ -88,7 +88,7 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
     # model GPU to the trainer.
     features = dataclasses.replace(cfg.features, backend="numpy")
     b = cfg.batching
-    maker = BatchMaker(root, {s.id: s.text for s in samples}, features, b.batch_size, None, "validation",
+    maker = BatchMaker(root, {s.id: s.text for s in samples}, features, None, "validation",
                        files={s.id: s.audio for s in samples if s.audio}, schema=schema_for(b.fields))
     tokens = TokenTable(samples, vocabulary)
     batches = []
@@ -97,7 +97,7 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
         shape = (round_up(max(s.num_tokens for s in chunk), b.tokens_multiple),
                  round_up(max(s.num_frames for s in chunk), b.frames_multiple))
         ids = [s.id for s in chunk]
-        lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": ids, "shape": shape,
+        lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": ids, "shape": shape, "rows": len(ids),
                  **tokens.lease_fields(ids)}
         prepared = maker.make(lease)
         for problem in prepared.fields["rejected"] + prepared.fields["missed"]:

@@ -125,7 +125,7 @@ class BatchMaker:
     """
 
     def __init__(self, root: Path, texts: dict[str, str], features: FeaturesConfig,
-                 batch_size: int, device: str | None, name: str, host: str | None = None,
+                 device: str | None, name: str, host: str | None = None,
                  files: dict[str, str] | None = None, feature_cache: str = "",
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA) -> None:
         from producer.feature_cache import FeatureCache
@@ -135,7 +135,6 @@ class BatchMaker:
         self.texts = texts
         self.files = files if files is not None else {}
         self.features = features
-        self.batch_size = batch_size
         self.name = name
         self.host = host or pysocket.gethostname()
         self.schema = schema
@@ -225,7 +224,7 @@ class BatchMaker:
                 if sample_id in computed_by_id:
                     self.cache.put(sample_id, name, st.st_size, st.st_mtime_ns, computed_by_id[sample_id])
         self._inject_faults()
-        arrays = collate(examples, batch_dims(self.batch_size, lease["shape"], self.features.n_mels), self._pads,
+        arrays = collate(examples, batch_dims(int(lease["rows"]), lease["shape"], self.features.n_mels), self._pads,
                          self.schema)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
@@ -321,7 +320,7 @@ class Producer:
         texts = {e.id: e.text for e in self._scan.entries} if self._scan else {}
         files = dict(self._scan.files) if self._scan else {}
         schema = schema_for(str(welcome.get("fields") or ""))
-        return BatchMaker(self.root, texts, features, int(welcome["batch_size"]), device, self.name, self.host,
+        return BatchMaker(self.root, texts, features, device, self.name, self.host,
                           files=files, feature_cache=cache_dir, faults=faults, schema=schema)
 
     # ---------------------------------------------------------------- io thread

@@ -8,7 +8,8 @@ print its table (:func:`BatchSchema.table`; a test keeps docs/DESIGN.md equal to
 Dimension legend:
 
 ====  ===================================================================================
-B     batch size: fixed (``batching.batch_size``); rows past the real examples are empty
+B     rows: ``batching.batch_size``, or per bucket under a frame budget (``batching.max_frames``
+      // T); rows past the real examples are empty
 L     token length of the bucket (bucketed: padded up to ``batching.tokens_multiple``)
 T     mel frames of the bucket (bucketed: padded up to ``batching.frames_multiple``)
 F     mel channels (``features.n_mels``)
@@ -31,7 +32,8 @@ import numpy as np
 from shared.text import PAD_ID
 
 LEGEND: dict[str, str] = {
-    "B": "batch size (fixed; rows past the real examples are empty, length 0)",
+    "B": "rows (batching.batch_size, or max_frames // T per bucket under a frame budget; rows past the "
+         "real examples are empty, length 0)",
     "L": "token length of the bucket (padded)",
     "T": "mel frames of the bucket (padded)",
     "F": "mel channels (features.n_mels)",

@@ -68,6 +68,8 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-producers", type=int, metavar="N", help="ceiling for --producers auto")
     parser.add_argument("--bind", metavar="ENDPOINT", help="consumer endpoint, e.g. tcp://0.0.0.0:5555")
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-frames", type=int, metavar="N",
+                        help="frame-budget batches: rows per bucket so that a batch holds about N frames")
     parser.add_argument("--steps", type=int, help="train this many steps")
     parser.add_argument("--epochs", type=int, help="train this many epochs (instead of --steps)")
     parser.add_argument("--buffer-size", type=int, help="queue capacity in batches (default 3)")
@@ -91,6 +93,7 @@ FLAG_KEYS = {
     "data": "data.path", "data_gpu": "devices.data_gpu", "model_gpu": "devices.model_gpu",
     "data_gpu_memory": "devices.data_gpu_memory_mb", "model_gpu_memory": "devices.model_gpu_memory_mb",
     "producers": "pipeline.producers", "bind": "pipeline.bind", "batch_size": "batching.batch_size",
+    "max_frames": "batching.max_frames",
     "steps": "trainer.steps", "epochs": "trainer.epochs", "buffer_size": "pipeline.buffer_size",
     "model_start_delay": "pipeline.model_start_delay_s", "model": "trainer.model", "run_dir": "run.run_dir",
     "record_samples": "trainer.record_samples", "keys": "pipeline.keys", "insecure": "pipeline.insecure",

@@ -76,7 +76,8 @@ class FeaturesConfig:
 class BatchingConfig:
     """How the epoch plan groups samples into batches of a few fixed shapes."""
 
-    batch_size: int = 16
+    batch_size: int = 16  # rows of every batch (fixed rows; ignored under a frame budget)
+    max_frames: int = 0  # frame budget (--max-frames): rows per bucket so a batch holds about this many frames; 0 = off
     num_buckets: int = 4  # distinct padded shapes, so the trainer traces at most this many
     frames_multiple: int = 16  # bucket frame bounds are rounded up to a multiple of this
     tokens_multiple: int = 8  # bucket token bounds are rounded up to a multiple of this
@@ -245,6 +246,8 @@ def _validate(cfg: Config) -> None:
             f"{f.fmin_hz}, {f.fmax_hz}, {f.sample_rate_hz / 2}")
     if f.backend not in ("auto", "tf", "numpy"):
         raise ConfigError(f"features.backend must be 'auto', 'tf' or 'numpy', got {f.backend!r}")
+    if b.max_frames < 0:
+        raise ConfigError(f"batching.max_frames must be >= 0 (0: fixed batch_size rows), got {b.max_frames}")
     if p.heartbeat_timeout_s <= p.heartbeat_interval_s:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
     if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0 or p.max_producers < 0:

@@ -350,7 +350,8 @@ def render(report: dict[str, Any]) -> str:
     pad = report.get("padding")
     if pad:
         note = (f": padding wastes {100 * (1 - pad['frames_useful_frac']):.0f}% of the trainer's frames; more shape "
-                "buckets (--set batching.num_buckets=N) cut it" if pad["waste"] else "")
+                "buckets (--set batching.num_buckets=8) or frame-budget batches (--max-frames N) cut it"
+                if pad["waste"] else "")
         lines.append(f"padding       {_fmt(pad['frames_useful_frac'] * 100)}% of the frames the steps computed are "
                      f"valid{note}")
     gpu = report["gpu"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -92,6 +93,14 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _spread(values: Sequence[int]) -> dict[str, float] | None:
+    """min, median and max of ``values`` (None when empty)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"min": ordered[0], "median": float(statistics.median(ordered)), "max": ordered[-1]}
 
 
 def verdict(data_wait_frac: float | None, queue_depth_mean: float | None, capacity: int) -> str:
@@ -159,6 +168,8 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
         "rejected": rejected,
         # valid frames over the frames the steps computed (padding excluded from the numerator)
         "frames_useful_frac": round(sum(int(r.get("frames", 0)) for r in rows) / computed, 4) if computed else None,
+        # the frames each step computed (rows x T): the spread a frame budget keeps narrow
+        "frames_per_batch": _spread([int(r["frames_computed"]) for r in rows if r.get("frames_computed")]),
         "producers": producers,
         "verdict": kind,
         "recommended_producers": recommend_producers(

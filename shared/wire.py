@@ -16,15 +16,15 @@ Message kinds and their fields (P = producer, C = consumer):
 
     HELLO      P->C  producer, host, pid, launcher (parent pid), session (one per connection; a repeated
                      HELLO of a session only gets its WELCOME again), dataset (DatasetScan.describe())
-    WELCOME    C->P  producer_index, producer_name, features (dict), batch_size, fields (the optional
+    WELCOME    C->P  producer_index, producer_name, features (dict), fields (the optional
                      batch fields, shared/batch.py), metadata_file, heartbeat_interval_s, heartbeat_timeout_s
     REFUSE     C->P  reason [, metadata_file, columns] [, rejoin]
                      hello refused: the producer exits with status 2, unless metadata_file names
                      the file (and columns the data.columns) to scan instead (it scans and says
                      HELLO again) or rejoin is true
                      (the consumer does not know this producer, e.g. after a restart: HELLO again)
-    LEASE      C->P  lease, epoch, index, ids, shape, tokens, speakers, languages  (a planned batch to
-                     prepare; per clip: its token ids, speaker id and language id)
+    LEASE      C->P  lease, epoch, index, ids, shape (L, T), rows (B), tokens, speakers, languages  (a
+                     planned batch to prepare; per clip: its token ids, speaker id and language id)
     READY      P->C  lease                            (that batch is prepared, waiting for a credit)
     CREDIT     C->P  lease                            (a free queue slot: send that batch now)
     REVOKE     C->P  lease                            (forget that lease: it was re-planned elsewhere)
@@ -49,7 +49,8 @@ import numpy as np
 
 # 2: a LEASE carries the token ids of its clips (the trainer tokenizes; producers of version 1
 # tokenized themselves, with a fixed a-z vocabulary, and must not join).
-PROTOCOL_VERSION = 2
+# 3: a LEASE carries its batch's rows (B): under a frame budget each bucket has its own.
+PROTOCOL_VERSION = 3
 
 # A header carries ids of one batch and some counters: 1 MiB is far above any real
 # header (a batch of 64 ids is ~2 KiB) and small enough that a hostile one costs nothing.

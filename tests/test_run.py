@@ -70,6 +70,29 @@ def test_demo_synthetic_run_writes_contract_files(tmp_path):
     assert "verdict:" in result.stdout
 
 
+def test_frame_budget_run_trains_every_clip_once_in_few_static_shapes(tmp_path):
+    """--max-frames: rows per bucket, each batch within the budget, every clip once per epoch."""
+    run_dir = tmp_path / "run"
+    budget = 800
+    result = run_cli("--model", "synthetic:5", "--epochs", "2", "--producers", "2", "--record-samples",
+                     "--max-frames", str(budget), "--model-start-delay", "0.5", "--run-dir", str(run_dir),
+                     *NUMPY_FEATURES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    from shared.dataset import DEMO_DATA_DIR, read_metadata
+
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, {e.id for e in read_metadata(DEMO_DATA_DIR)[0]})
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    computed = {r["frames_computed"] for r in metrics}
+    assert len(computed) <= config_mod.BatchingConfig().num_buckets  # one rows x T per bucket shape
+    assert all(budget * 0.5 < c <= budget for c in computed)
+    rows = {len(r["ids"]) for r in read_jsonl(run_dir / "samples.jsonl")}
+    assert max(rows) > min(rows)  # short clips in more rows than long ones
+    summary = read_json(run_dir / "summary.json")
+    assert summary["frames_per_batch"]["max"] <= budget and summary["samples"] == 2 * DEMO_CLIPS
+    assert summary["frames_useful_frac"] == round(sum(r["frames"] for r in metrics) / sum(
+        r["frames_computed"] for r in metrics), 4)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_demo_tiny_model_learns_validates_checkpoints_and_synthesizes(tmp_path):

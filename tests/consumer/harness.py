@@ -79,7 +79,7 @@ class Harness:
     def batch_frames(self, lease: wire.Message) -> list:
         max_tokens, max_frames = lease["shape"]
         ids = lease["ids"]
-        arrays = make_batch(self.cfg.batching.batch_size, max_tokens, max_frames, self.cfg.features.n_mels,
+        arrays = make_batch(lease["rows"], max_tokens, max_frames, self.cfg.features.n_mels,
                             valid=len(ids))
         return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": ids, "rejected": [], "prep_ms": 1.0},
                            arrays)

@@ -18,7 +18,7 @@ def test_hello_welcome_and_leases(harness):
     h = harness(cfg=make_config())
     sock = h.producer()
     welcome = h.recv(sock, wire.WELCOME)
-    assert welcome["batch_size"] == 4 and welcome["features"]["n_mels"] == 8
+    assert welcome["features"]["n_mels"] == 8
     leases = [h.recv(sock, wire.LEASE) for _ in range(2)]  # lease_ahead
     assert len({m["lease"] for m in leases}) == 2
     for m in leases:

@@ -31,7 +31,7 @@ def _cfg(**trainer) -> config_mod.Config:
                                trainer=dataclasses.replace(base.trainer, **settings))
 
 
-def _trainer(shapes=(SHAPE,), **trainer) -> KerasTrainer:
+def _trainer(shapes=((4, *SHAPE),), **trainer) -> KerasTrainer:
     return KerasTrainer(_cfg(**trainer), "/CPU:0", shapes, total_batches=100, vocab_size=TOKEN_IDS)
 
 
@@ -74,7 +74,7 @@ def test_gradient_accumulation_equals_the_large_batch_gradient() -> None:
 
     def sgd_trainer(accum: int) -> KerasTrainer:
         keras.utils.set_random_seed(0)
-        return KerasTrainer(_cfg(grad_accum=accum, clip_norm=0.0), "/CPU:0", [SHAPE], total_batches=10,
+        return KerasTrainer(_cfg(grad_accum=accum, clip_norm=0.0), "/CPU:0", [(4, *SHAPE)], total_batches=10,
                             vocab_size=TOKEN_IDS,
                             optimizer=keras.optimizers.SGD(learning_rate=1.0))
 
@@ -114,13 +114,13 @@ def test_a_good_step_resets_the_bad_run() -> None:
 
 
 def test_one_trace_per_bucket_shape_and_retraces_are_logged(caplog) -> None:
-    shapes = [(16, 32), (24, 48)]
+    shapes = [(6, 16, 32), (3, 24, 48)]  # per-bucket rows, as a frame budget plans them
     trainer = _trainer(shapes=shapes, model=GOOD)
     trainer.prepare(shapes)
     assert trainer.stats()["traces"] == 2
     for _ in range(3):
-        for L, T in shapes:
-            trainer.step(trainer.stage(make_batch(4, L, T)))
+        for B, L, T in shapes:
+            trainer.step(trainer.stage(make_batch(B, L, T)))
     assert trainer.stats()["traces"] == 2 and trainer.retraces == 0
     with caplog.at_level(logging.WARNING, logger="consumer.models"):
         trainer.step(trainer.stage(make_batch(4, 8, 16)))
@@ -208,7 +208,7 @@ def test_optional_fields_reach_the_model_and_one_it_lacks_is_named() -> None:
     fields = "speaker_id,language_id,stop"
     base = _cfg(model="tests.consumer.user_models:conditioned", learning_rate=1e-2)
     cfg = dataclasses.replace(base, batching=dataclasses.replace(base.batching, fields=fields))
-    trainer = KerasTrainer(cfg, "/CPU:0", [SHAPE], total_batches=100, vocab_size=TOKEN_IDS)
+    trainer = KerasTrainer(cfg, "/CPU:0", [(4, *SHAPE)], total_batches=100, vocab_size=TOKEN_IDS)
     schema = schema_for(fields)
     rng = np.random.default_rng(0)
     rows = [example(rng.integers(2, TOKEN_IDS, size=5 + i), rng.standard_normal((20 + i, 80)).astype(np.float32),

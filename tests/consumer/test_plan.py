@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 
 import pytest
 
-from consumer.plan import EpochPlanner, make_buckets
+from consumer.plan import EpochPlanner, frame_budget_bounds, make_buckets, rows_for
 from shared.config import BatchingConfig
 from shared.dataset import Sample
 from tests.factories import make_samples
@@ -27,8 +28,12 @@ CASES = [
     (make_samples(50, seed=3), _cfg(batch_size=64, num_buckets=1)),
     (make_samples(33, seed=4), _cfg(batch_size=1, num_buckets=8, frames_multiple=1, tokens_multiple=1)),
     (make_samples(500, seed=5, max_frames=3000), _cfg(batch_size=32, num_buckets=6)),
+    (make_samples(203, seed=11), _cfg(max_frames=4000)),
+    (make_samples(500, seed=12, max_frames=3000), _cfg(max_frames=12000, num_buckets=8, frames_multiple=10)),
+    (make_samples(40, seed=13), _cfg(max_frames=700, num_buckets=3)),  # some clips longer than the budget
 ]
-CASE_IDS = ["default", "odd-sizes", "one-bucket", "batch-of-one", "large"]
+CASE_IDS = ["default", "odd-sizes", "one-bucket", "batch-of-one", "large", "budget", "budget-large",
+            "budget-below-longest"]
 
 
 @pytest.mark.parametrize(("samples", "cfg"), CASES, ids=CASE_IDS)
@@ -52,15 +57,15 @@ def test_batches_fit_their_shape(samples: list[Sample], cfg: BatchingConfig) -> 
         assert [b.index for b in plan] == list(range(len(plan)))
         for batch in plan:
             assert batch.epoch == epoch
-            assert 1 <= len(batch.ids) <= cfg.batch_size
+            assert 1 <= len(batch.ids) <= batch.rows
             max_tokens, max_frames = batch.shape
             assert max_tokens % cfg.tokens_multiple == 0
             assert max_frames % cfg.frames_multiple == 0
-            assert batch.shape == planner.shapes[batch.bucket]
+            assert (batch.rows, *batch.shape) == planner.shapes[batch.bucket]
             for sample_id in batch.ids:
                 assert by_id[sample_id].num_tokens <= max_tokens
                 assert by_id[sample_id].num_frames <= max_frames
-            shapes.add(batch.shape)
+            shapes.add((batch.rows, *batch.shape))
     assert len(shapes) <= cfg.num_buckets
     assert len(set(planner.shapes)) <= cfg.num_buckets
     assert shapes == set(planner.shapes)
@@ -73,7 +78,7 @@ def test_batches_per_epoch_matches_plan(samples: list[Sample], cfg: BatchingConf
         assert planner.batches_per_epoch == len(planner.plan(epoch))
     # Only a bucket's last batch may be partial.
     plan = planner.plan(0)
-    partial = collections.Counter(b.bucket for b in plan if len(b.ids) < cfg.batch_size)
+    partial = collections.Counter(b.bucket for b in plan if len(b.ids) < b.rows)
     assert all(n == 1 for n in partial.values())
 
 
@@ -130,7 +135,7 @@ def test_fewer_samples_than_buckets() -> None:
 def test_equal_lengths() -> None:
     samples = [Sample(f"E{i:03d}", "x", 10, 100, 1.0) for i in range(40)]
     planner = EpochPlanner(samples, _cfg(batch_size=8))
-    assert set(planner.shapes) == {(16, 112)}
+    assert set(planner.shapes) == {(8, 16, 112)}
     # 40 samples in 4 buckets of 10: each bucket needs ceil(10 / 8) = 2 batches.
     assert planner.batches_per_epoch == len(planner.plan(0)) == 8
     assert sorted(len(b.ids) for b in planner.plan(0)) == [2, 2, 2, 2, 8, 8, 8, 8]
@@ -139,3 +144,74 @@ def test_equal_lengths() -> None:
 def test_no_samples() -> None:
     planner = EpochPlanner([], _cfg())
     assert planner.buckets == [] and planner.batches_per_epoch == 0 and planner.plan(0) == []
+
+
+# ------------------------------------------------------------------ frame budget
+
+
+def _waste(frames: list[int], bounds: list[int], cfg: BatchingConfig) -> int:
+    """Padded frames plus the empty rows of each bucket's last batch, for these bounds."""
+    total, low = 0, -1
+    for bound in bounds:
+        members = [f for f in frames if low < -(-f // cfg.frames_multiple) * cfg.frames_multiple <= bound]
+        rows = rows_for(bound, cfg)
+        total += sum(bound - f for f in members) + (-len(members) % rows) * bound
+        low = bound
+    return total
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_frame_budget_bounds_are_the_best_partition(seed: int) -> None:
+    """The dynamic program's bounds waste no more than every other choice of bounds (brute force)."""
+    rng = random.Random(seed)
+    frames = [rng.randint(5, 160) for _ in range(rng.randint(10, 60))]
+    cfg = _cfg(max_frames=rng.choice([200, 400, 1000]), num_buckets=rng.randint(1, 4), frames_multiple=8)
+    values = sorted({-(-f // 8) * 8 for f in frames})
+    best = min(_waste(frames, [*cut, values[-1]], cfg)
+               for k in range(cfg.num_buckets) for cut in itertools.combinations(values[:-1], k))
+    bounds = frame_budget_bounds(frames, cfg)
+    assert len(bounds) <= cfg.num_buckets and bounds[-1] == values[-1] and bounds == sorted(set(bounds))
+    assert _waste(frames, bounds, cfg) == best
+
+
+@pytest.mark.parametrize(("samples", "cfg"), [c for c, i in zip(CASES, CASE_IDS) if i.startswith("budget")],
+                         ids=[i for i in CASE_IDS if i.startswith("budget")])
+def test_frame_budget_rows_hold_about_the_budget(samples: list[Sample], cfg: BatchingConfig) -> None:
+    planner = EpochPlanner(samples, cfg)
+    for bucket in planner.buckets:
+        rows, _, frames = bucket.shape
+        assert rows == max(1, cfg.max_frames // frames)
+        # The most rows that fit: one more would exceed the budget (a clip longer than it gets one row).
+        assert rows * frames <= cfg.max_frames or rows == 1
+        assert (rows + 1) * frames > cfg.max_frames
+    # Short clips get more rows than long ones.
+    rows = [b.rows for b in planner.buckets]
+    assert rows == sorted(rows, reverse=True) and rows[0] > 1
+
+
+def test_frame_budget_wastes_less_than_equal_count_buckets() -> None:
+    """Half the clips near 100 frames, half spread over 200-800: equal-count buckets spend half
+    their shapes on the narrow cluster, the frame budget's bounds go where padding is."""
+    rng = random.Random(0)
+    frames = [rng.randint(90, 110) for _ in range(400)] + [rng.randint(200, 800) for _ in range(400)]
+    samples = [Sample(f"S{i:04d}", "x", 10, f, 1.0) for i, f in enumerate(frames)]
+    cfg = _cfg(max_frames=8000, num_buckets=6, frames_multiple=4)
+    planner = EpochPlanner(samples, cfg)
+    assert sum(1 for b in planner.buckets if b.max_frames <= 112) == 1
+    fixed = EpochPlanner(samples, _cfg(num_buckets=6, frames_multiple=4))
+
+    def useful(p: EpochPlanner) -> float:
+        by_id = {s.id: s.num_frames for s in samples}
+        plan = p.plan(0)
+        return sum(by_id[i] for b in plan for i in b.ids) / sum(b.rows * b.shape[1] for b in plan)
+
+    assert useful(planner) > useful(fixed)
+
+
+def test_frame_budget_off_keeps_the_fixed_plan() -> None:
+    """max_frames 0 is the equal-count plan of batch_size rows, unchanged."""
+    samples = make_samples(203, seed=1)
+    planner = EpochPlanner(samples, _cfg())
+    assert {b.rows for b in planner.buckets} == {16}
+    sizes = [len(b.sample_ids) for b in planner.buckets]
+    assert max(sizes) - min(sizes) <= 1

@@ -123,12 +123,12 @@ def dataset(tmp_path: Path) -> tuple[Path, list[str]]:
 def _maker(root: Path, cache_dir: Path | None, features: FeaturesConfig = FEATURES) -> BatchMaker:
     entries, _ = read_metadata(root)
     files = {k: v.name for k, v in scan_audio(root).items()}
-    return BatchMaker(root, {e.id: e.text for e in entries}, features, BATCH, None, "p0", files=files,
+    return BatchMaker(root, {e.id: e.text for e in entries}, features, None, "p0", files=files,
                       feature_cache=str(cache_dir) if cache_dir else "")
 
 
 def _make(maker: BatchMaker, ids: list[str]) -> Prepared:
-    return maker.make({"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE,
+    return maker.make({"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE, "rows": BATCH,
                        "tokens": [[2, 3, 1] for _ in ids]})
 
 

@@ -67,14 +67,14 @@ def tokens_of(sample_id: str) -> list[int]:
 
 
 def lease(lease_id: int, ids: list[str], index: int = 0) -> dict:
-    return {"lease": lease_id, "epoch": 0, "index": index, "ids": ids, "shape": [64, 128],
+    return {"lease": lease_id, "epoch": 0, "index": index, "ids": ids, "shape": [64, 128], "rows": 4,
             "tokens": [tokens_of(i) for i in ids]}
 
 
-def welcome(consumer: FakeConsumer, features: FeaturesConfig, batch_size: int = 4, fields: str = "") -> None:
+def welcome(consumer: FakeConsumer, features: FeaturesConfig, fields: str = "") -> None:
     consumer.recv(wire.HELLO)
     consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(features),
-                                 "batch_size": batch_size, "fields": fields, "metadata_file": "metadata.csv",
+                                 "fields": fields, "metadata_file": "metadata.csv",
                                  "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 30.0})
 
 
