@@ -237,7 +237,7 @@ def run(plan: MemoryPlan | None = None, log: Any = None) -> dict[str, Any]:
         close_queue(res_q)
     snap = coordinator.snapshot()
     return analyze(samples, baseline=baseline, capacity=plan.capacity, max_batch_bytes=max_batch,
-                   batch_bytes_by_shape={f"{L}x{T}": b for (L, T), b in zip(shapes, batch_bytes)},
+                   batch_bytes_by_shape={f"{B}x{L}x{T}": b for (B, L, T), b in zip(shapes, batch_bytes)},
                    extra={"batches": state["taken"], "sample_every": plan.sample_every, "seconds": elapsed,
                           "batches_per_s": state["taken"] / elapsed, "payload_gbps": state["bytes"] / elapsed / 1e9,
                           "producer_sent": sent, "queue_high_water": queue.high_water,

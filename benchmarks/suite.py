@@ -12,6 +12,9 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
                    the same data, preprocessing and trainer step (benchmarks/alternatives.py)
     scaling        remote producers N = 1, 2, 4 (benchmarks/producers.py); index build and
                    time to first batch at 13,100 and 100,000 items (benchmarks/data.py)
+    batching       frame-budget batches vs fixed rows: padding and shapes of the plans, and
+                   (full run only) the tiny model's samples/s at the same memory
+                   (benchmarks/batching.py)
     trainer        (full run only) the trainer's input side (dequeue + staging) vs the same
                    model fed from tensors in memory, and traces after warm-up over 1,000
                    steps (benchmarks/trainer.py, issue 3's targets)
@@ -38,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import alternatives, data, memory, pipeline, producers, starvation, trainer, transport
+from benchmarks import alternatives, batching, data, memory, pipeline, producers, starvation, trainer, transport
 from benchmarks.common import machine_info, table
 
-SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "trainer")
+SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "trainer")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
-QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling")
+QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching")
 # Sections that run only when named (see the module docstring).
 EXTRA_SECTIONS = ("memory", "starvation", "data", "producers")
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
@@ -93,6 +96,7 @@ class SuitePlan:
     alternatives: alternatives.AlternativesPlan = field(default_factory=alternatives.AlternativesPlan)
     scaling: ScalingPlan = field(default_factory=ScalingPlan)
     trainer: trainer.TrainerPlan = field(default_factory=trainer.TrainerPlan)
+    batching: batching.BatchingPlan = field(default_factory=batching.BatchingPlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -102,7 +106,8 @@ class SuitePlan:
         return cls(transport=transport.TransportPlan.quick(), pipeline=pipeline.PipelinePlan.quick(),
                    memory=memory.MemoryPlan.quick(), preprocessing_repetitions=1,
                    alternatives=alternatives.AlternativesPlan.quick(), scaling=ScalingPlan.quick(),
-                   trainer=trainer.TrainerPlan.quick(), sections=QUICK_SECTIONS)
+                   trainer=trainer.TrainerPlan.quick(), batching=batching.BatchingPlan.quick(),
+                   sections=QUICK_SECTIONS)
 
 
 def _log(text: str) -> None:
@@ -161,6 +166,10 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"section": "trainer", "what": f"traces after warm-up over {r['steps']} steps",
                     "value": float(r["traces_after_warmup"]), "numerator": None, "denominator": None,
                     "limit": 0.0, "met": r["met"]})
+    for t in (sections.get("batching") or {}).get("targets", []):
+        r = t.get("ratio") or {}
+        out.append({"section": "batching", "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
+                    "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -195,6 +204,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "scaling": lambda: run_scaling(plan.scaling, log),
         "pipeline": lambda: pipeline.run(plan.pipeline, log=log),
         "trainer": lambda: trainer.run(plan.trainer),
+        "batching": lambda: batching.run(plan.batching, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
         "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
@@ -252,6 +262,9 @@ def render(report: dict[str, Any]) -> str:
         sc = sections["scaling"]
         parts += ["", "5. scaling", producers.render({"scaling": sc["producers"]}), "",
                   data.render_index(sc["index"])]
+    if sections.get("batching"):
+        parts += ["", "batching: frame-budget batches vs fixed rows on 13,100 LJSpeech-like clip lengths (same peak "
+                      "memory)", batching.render(sections["batching"])]
     if sections.get("trainer"):
         parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
                       "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]

@@ -1,0 +1,33 @@
+"""benchmarks/batching.py: the generated corpus and the padding figures of both plans (no TensorFlow)."""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks import batching, suite
+
+
+def test_ljspeech_like_lengths_are_deterministic_and_in_range() -> None:
+    first, again = batching.ljspeech_like(500, seed=3), batching.ljspeech_like(500, seed=3)
+    assert first == again
+    seconds = [s.duration_s for s in first]
+    assert batching.MIN_S <= min(seconds) and max(seconds) <= batching.MAX_S
+    assert 6.0 < sum(seconds) / len(seconds) < 7.2  # LJSpeech's mean is 6.6 s
+    assert all(s.num_frames == 1 + int(s.duration_s * 22050) // 256 for s in first)
+
+
+def test_padding_figures_of_both_plans() -> None:
+    result = batching.run(batching.BatchingPlan(clips=3000, throughput=False), log_fn=lambda text: None)
+    fixed, framed = result["fixed"], result["frame_budget"]
+    assert len(fixed["shapes"]) == batching.FIXED_BUCKETS and {s[0] for s in fixed["shapes"]} == {16}
+    # The budget is the fixed plan's largest batch: the same peak memory.
+    assert result["budget_frames"] == max(b * t for b, _, t in fixed["shapes"])
+    assert len(framed["shapes"]) <= batching.BUDGET_BUCKETS
+    assert all(b * t <= result["budget_frames"] for b, _, t in framed["shapes"])
+    assert framed["frames_useful_frac"] > fixed["frames_useful_frac"] + 0.03
+    assert framed["within_10pct_frac"] == 1.0
+    useful = result["targets"][0]
+    assert math.isclose(useful["value"], useful["ratio"]["numerator"] / useful["ratio"]["denominator"])
+    items = [t for t in suite.targets({"batching": result}) if t["section"] == "batching"]
+    assert len(items) == 2 and all(isinstance(t["met"], bool) for t in items)
+    assert "frame budget" in batching.render(result)
