@@ -53,7 +53,11 @@ class Sim:
         self.poller = zmq.Poller()
 
     def join(self, name: str, missing: set[str] = frozenset(), **hello) -> zmq.Socket:
+        """A producer says HELLO and is welcomed before anything else happens: otherwise the
+        coordinator may handle another producer's batch first (and, say, reject a clip that
+        every producer it knows so far lacks)."""
         sock = self.h.producer(name, **hello)
+        self.h.recv(sock, wire.WELCOME)
         self.socks[name] = sock
         self.missing[name] = set(missing)
         self.poller.register(sock, zmq.POLLIN)
