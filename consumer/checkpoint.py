@@ -4,7 +4,9 @@ Layout: one directory per checkpoint, named by its step, the newest K kept
 (``trainer.keep_checkpoints``)::
 
     ckpt/ckpt-000120/position.json                 step, input position, plan identity, model, vocabulary
-    ckpt/ckpt-000120/state.index                   tf.train.Checkpoint(**trainer.trackables, step=...)
+    ckpt/ckpt-000120/state.index                   tf.train.Checkpoint(**trainer.trackables, step=...): the
+                                                   model, its variables as a list (consumer/tts.restorable),
+                                                   the optimizer
     ckpt/ckpt-000120/state.data-00000-of-00001     (only when the trainer has trackables)
     ckpt/ckpt-000120/MANIFEST.json                 size and SHA-256 of every file above; written last
 

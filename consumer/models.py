@@ -410,7 +410,7 @@ class KerasTrainer:
 
     def trackables(self) -> dict[str, Any]:
         """What a checkpoint must hold to continue training exactly."""
-        return {"model": self.model, "optimizer": self.optimizer}
+        return {**tts.restorable(self.model), "optimizer": self.optimizer}
 
     def stats(self) -> dict[str, Any]:
         return {"params": self.param_count, "precision": self.precision, "jit_compile": self.jit_compile,

@@ -94,6 +94,9 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         raise SynthError(str(exc)) from None
     if "model" not in position.get("state", []):
         raise SynthError(f"checkpoint {found} holds no model weights")
+    if "weights" not in position.get("state", []):
+        raise SynthError(f"checkpoint {found} was written by an older stoker and misses some model weights; "
+                         f"train on with --resume {run_dir} --steps N for a complete one")
     latest = str(found / STATE_PREFIX)
     n_mels = cfg.features.n_mels
     pads = schema.pad_values(cfg.features.log_floor)
@@ -102,7 +105,8 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids)
         out_probe = tts.outputs_of(model(probe, training=False))
         try:
-            tf.train.Checkpoint(model=model).read(latest).expect_partial().assert_existing_objects_matched()
+            tf.train.Checkpoint(**tts.restorable(model)).read(latest).expect_partial() \
+                .assert_existing_objects_matched()
         except (tf.errors.OpError, AssertionError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SynthError(f"checkpoint {latest} cannot be read for model {spec}: {first}") from None
