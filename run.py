@@ -1,4 +1,4 @@
-"""stoker: keep a training GPU fed. See README.md and ../shared/ARCHITECTURE.md.
+"""stoker: keep a training GPU fed. See README.md and docs/DESIGN.md.
 
     python run.py                                  train on the embedded demo data
     python run.py --data-gpu 0 --model-gpu 1       producers on GPU 0, trainer on GPU 1

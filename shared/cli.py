@@ -1,4 +1,4 @@
-"""The command line of ``python run.py``; see ARCHITECTURE.md for the contract.
+"""The command line of ``python run.py``; README.md states it as a contract.
 
 Every mistake a user can make (bad flag, unknown config key, missing dataset, GPU
 that is not there, endpoint in use, unknown model) ends with one line on stderr,

@@ -1,6 +1,6 @@
 """Per-step metrics, the run summary and the starvation verdict.
 
-``metrics.jsonl`` has one object per training step (see ARCHITECTURE.md): ``step``,
+``metrics.jsonl`` has one object per training step (a contract: README.md): ``step``,
 ``epoch``, ``t`` (s since the run started), ``queue_depth`` (batches held when the
 trainer asked), ``wait_ms`` (time the trainer waited for the batch), ``step_ms``
 (time of the step itself), ``loss`` (null for the synthetic trainer).
@@ -131,7 +131,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
               producers: list[dict[str, Any]], rejected: int, exit_reason: str,
               wall_s: float, warmup_s: float = 0.0, batch_size: int = 0,
               extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """summary.json from metrics rows (see ARCHITECTURE.md for the contract)."""
+    """summary.json from metrics rows (its fields are a contract: README.md, "What a run writes")."""
     steps = len(rows)
     wait = [r["wait_ms"] for r in rows]
     step_ms = [r["step_ms"] for r in rows]

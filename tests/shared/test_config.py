@@ -14,7 +14,7 @@ from shared.config import Config, ConfigError, from_dict, load, parse_override, 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_YAML = REPO_ROOT / "configs" / "default.yaml"
 
-# Keys the command line documented in ARCHITECTURE.md maps onto (flag -> section.key).
+# Keys the documented command line (README.md) maps onto (flag -> section.key).
 DOCUMENTED_KEYS = {
     "--data": "data.path", "--data-gpu": "devices.data_gpu", "--model-gpu": "devices.model_gpu",
     "--data-gpu-memory": "devices.data_gpu_memory_mb", "--model-gpu-memory": "devices.model_gpu_memory_mb",

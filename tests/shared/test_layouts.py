@@ -340,7 +340,7 @@ def test_manifest_happy_path() -> None:
                     {"audio_filepath": "D.wav", "text": " Only text. ", "normalized_text": "", "speaker": None,
                      "language": None, "duration": None, "id": None, "offset": 0, "extra": [1, 2]},
                     {"audio_filepath": "C:\\data\\E.v2.wav", "text": "Windows path."},
-                    {"audio_filepath": "../shared/F", "normalized_text": "No text key."})
+                    {"audio_filepath": "../other/F", "normalized_text": "No text key."})
     entries, rejected = parse_manifest(raw)
     assert rejected == []
     assert entries == [Entry("A", "Hello.", 1, "3", "en", "audio/A.wav"),
@@ -348,7 +348,7 @@ def test_manifest_happy_path() -> None:
                        Entry("custom", "Given id.", 3, "", "", "x/C.wav"),
                        Entry("D", "Only text.", 4, "", "", "D.wav"),
                        Entry("E.v2", "Windows path.", 5, "", "", "C:\\data\\E.v2.wav"),
-                       Entry("F", "No text key.", 6, "", "", "../shared/F")]
+                       Entry("F", "No text key.", 6, "", "", "../other/F")]
 
 
 @pytest.mark.parametrize("ascii_only", [False, True])

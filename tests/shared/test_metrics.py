@@ -15,7 +15,7 @@ from shared.metrics import JsonlWriter, read_jsonl, recommend_producers, summari
 pytestmark = pytest.mark.timeout(60)
 
 CAPACITY = 3
-# summary.json fields fixed by ARCHITECTURE.md ("Field names above are a contract").
+# summary.json fields that are a contract (README.md, "What a run writes").
 SUMMARY_CONTRACT = {
     "steps", "epochs_completed", "samples", "wall_s", "steps_per_s", "samples_per_s", "data_wait_frac",
     "queue_depth_mean", "starved_steps", "rejected", "producers", "verdict", "recommended_producers",
