@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared.cli import main  # noqa: E402
+from stoker.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -71,7 +71,7 @@ def second_half_wait(run_dir: Path) -> float:
 
 
 def scenario_a(data: Path, work: Path, steps: int) -> dict[str, Any]:
-    from shared.diagnose import analyse
+    from stoker.diagnose import analyse
 
     first = run(data, work / "a1", "--model", FAST_MODEL, *SLOW_PRODUCER, "--steps", str(steps // 4),
                 "--producers", "1")
@@ -94,7 +94,7 @@ def scenario_b(data: Path, work: Path, steps: int) -> dict[str, Any]:
 
 
 def scenario_c(data: Path, work: Path, steps: int, period_s: float = 2.0) -> dict[str, Any]:
-    from shared.diagnose import analyse
+    from stoker.diagnose import analyse
 
     run(data, work / "c", "--model", "synthetic:40", "--steps", str(steps), "--producers", "1",
         "--set", f"faults.producer_stall_every_s={period_s}", "--set", "faults.producer_stall_s=0.5")

@@ -350,7 +350,7 @@ class TrainLoop:
         cfg = self.cfg
         device = "/CPU:0"
         if uses_tensorflow(cfg.trainer.model):
-            from shared.devices import configure_tensorflow
+            from shared.tfsetup import configure_tensorflow
 
             _, device = configure_tensorflow(gpu_memory_mb)
         budget = self.expected_steps if self.expected_steps else None

@@ -435,7 +435,7 @@ def check_model(spec: str) -> float | None:
         import sys
 
         module = spec.partition(":")[0]
-        # As the children will (shared/devices.py, child_env): PYTHONPATH, then the current directory.
+        # As the children will (stoker/devices.py, child_env): PYTHONPATH, then the current directory.
         added = os.getcwd() not in sys.path
         if added:
             sys.path.append(os.getcwd())

@@ -79,7 +79,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     if frames is not None and not 0 < frames <= MAX_FRAMES:
         raise SynthError(f"--frames must be between 1 and {MAX_FRAMES}")
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
-    from shared.devices import configure_tensorflow
+    from shared.tfsetup import configure_tensorflow
 
     tf, device = configure_tensorflow(None)
     from consumer.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer

@@ -306,7 +306,7 @@ class Producer:
             wake.close()
 
     def _make_maker(self) -> BatchMaker:
-        from shared.devices import configure_tensorflow
+        from shared.tfsetup import configure_tensorflow
 
         welcome = self._welcome or {}
         features = FeaturesConfig(**welcome["features"])

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from consumer.telemetry import Telemetry
-from shared.watch import format_live, watch
+from stoker.watch import format_live, watch
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -79,7 +79,7 @@ def test_no_gpus_in_use_starts_nothing(tmp_path):
 
 
 def test_diagnose_reports_recorded_utilisation(tmp_path):
-    from shared.diagnose import gpu_report
+    from stoker.diagnose import gpu_report
 
     rows = [{"t": i / 10, "role": "model", "gpu": 1, "util": u, "mem_used_mb": 100, "mem_total_mb": 1000}
             for i, u in enumerate([0, 100, 0, 100])]

@@ -240,7 +240,7 @@ def test_frames_useful_frac_is_valid_over_computed_frames() -> None:
 
 
 def test_diagnose_names_padding_waste() -> None:
-    from shared.diagnose import padding_report
+    from stoker.diagnose import padding_report
 
     rows = [{"frames": 80, "frames_computed": 100}, {"frames": 70, "frames_computed": 100}]
     assert padding_report(rows) == {"frames_useful_frac": 0.75, "waste": True}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from shared import config as config_mod
-from shared.launcher import LaunchError
+from stoker.launcher import LaunchError
 from shared.proc import EXIT_INTERRUPTED, EXIT_USER
 
 log = logging.getLogger("stoker")
@@ -228,8 +228,8 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
     from consumer.models import ModelError, check_model
     from shared.dataset import DatasetError, feature_cache_dir, locate
     from shared.layouts import is_mix
-    from shared.devices import DeviceError, list_gpus, plan_devices
-    from shared.launcher import run_training
+    from stoker.devices import DeviceError, list_gpus, plan_devices
+    from stoker.launcher import run_training
     from shared.proc import setup_logging
 
     setup_logging("launcher", cfg.run.log_level)
@@ -361,8 +361,8 @@ def check_keys(directory: Path, server: bool, client: bool) -> None:
 def cmd_produce(args: argparse.Namespace) -> int:
     from shared.dataset import DatasetError, locate, scan_dataset
     from shared.layouts import is_mix
-    from shared.devices import DeviceError, DevicesConfig, list_gpus, plan_devices
-    from shared.launcher import run_producers
+    from stoker.devices import DeviceError, DevicesConfig, list_gpus, plan_devices
+    from stoker.launcher import run_producers
     from shared.proc import setup_logging
 
     setup_logging("launcher", args.log_level)
@@ -413,7 +413,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     import json
 
-    from shared.diagnose import DiagnoseError, analyse, render
+    from stoker.diagnose import DiagnoseError, analyse, render
 
     try:
         report = analyse(Path(args.run_dir))
@@ -424,7 +424,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from shared.watch import watch
+    from stoker.watch import watch
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -457,9 +457,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from benchmarks.suite import main as bench_main
+    """The benchmark suite runs as its own program (``python -m benchmarks.suite``): the
+    benchmarks drive the application, so the application does not import them."""
+    import subprocess
 
-    return bench_main(quick=args.quick, out_path=Path(args.out))
+    command = [sys.executable, "-m", "benchmarks.suite", "--out", str(Path(args.out).resolve())]
+    if args.quick:
+        command.append("--quick")
+    return subprocess.call(command, cwd=PROJECT_ROOT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

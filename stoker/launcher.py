@@ -2,7 +2,7 @@
 
 It never imports TensorFlow. Children are started with ``subprocess`` (a fresh
 interpreter, never a fork), each with its own environment from
-:func:`shared.devices.child_env`, in a session of its own (so a terminal's Ctrl-C
+:func:`stoker.devices.child_env`, in a session of its own (so a terminal's Ctrl-C
 reaches the launcher only), and with a status pipe (shared/proc.py).
 
 Shutdown protocol (as PyTorch's DataLoader documents its own):
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from shared.autoscale import DECISION_INTERVAL_S
+from stoker.autoscale import DECISION_INTERVAL_S
 from shared.config import Config
-from shared.devices import DevicePlan, child_env
+from stoker.devices import DevicePlan, child_env
 from shared.metrics import read_jsonl, summarize, write_json
 from shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
 
@@ -313,7 +313,7 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
 
 
 class AutoControl:
-    """Applies :class:`shared.autoscale.AutoScaler` decisions to local producers."""
+    """Applies :class:`stoker.autoscale.AutoScaler` decisions to local producers."""
 
     def __init__(self, cfg: Config, run_dir: Path, sup: "Supervisor", producers: list[Child],
                  endpoint: str, plan: DevicePlan) -> None:
@@ -321,7 +321,7 @@ class AutoControl:
 
         import psutil
 
-        from shared.autoscale import AutoScaler, LiveWindow, default_max_producers
+        from stoker.autoscale import AutoScaler, LiveWindow, default_max_producers
 
         self.cfg, self.sup, self.producers, self.endpoint, self.plan = cfg, sup, producers, endpoint, plan
         self.host = socket.gethostname()

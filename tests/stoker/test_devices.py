@@ -1,4 +1,4 @@
-"""Tests for shared/devices.py: GPU discovery, the device plan and child environments."""
+"""Tests for stoker/devices.py: GPU discovery, the device plan and child environments."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shared import devices
+from stoker import devices
 from shared.config import DevicesConfig
-from shared.devices import DeviceError, DevicePlan, GpuInfo, child_env, list_gpus, plan_devices
+from stoker.devices import DeviceError, DevicePlan, GpuInfo, child_env, list_gpus, plan_devices
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from shared.diagnose import analyse, autocorrelation, find_period, render, sparkline, starvation_episodes
+from stoker.diagnose import analyse, autocorrelation, find_period, render, sparkline, starvation_episodes
 from tests.factories import make_dataset
 from tests.procs import read_json, run_cli
 

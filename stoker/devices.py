@@ -4,8 +4,8 @@ The launcher never imports TensorFlow. It lists GPUs with ``nvidia-smi`` (or NVM
 ``nvidia-ml-py`` is installed), decides a :class:`DevicePlan`, and gives each child an
 environment in which ``CUDA_VISIBLE_DEVICES`` names exactly one GPU (or none), so the
 child's TensorFlow sees only its own device as ``/GPU:0``. Memory limits are applied
-inside the child by :func:`configure_tensorflow`, the only place TensorFlow is imported
-for device setup.
+inside the child by :func:`shared.tfsetup.configure_tensorflow`, the only place
+TensorFlow is imported for device setup.
 
 Modes:
     cpu          no GPU found, or none requested while some flag was given: all on CPU
@@ -175,21 +175,3 @@ def child_env(base: Mapping[str, str], gpu: int | None) -> dict[str, str]:
     paths = [str(Path(p).resolve()) for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, os.getcwd()]))
     return env
-
-
-def configure_tensorflow(memory_mb: int | None):  # -> the tensorflow module
-    """Import TensorFlow in a pinned child and apply its memory limit; return (tf, device)."""
-    if "CUDA_VISIBLE_DEVICES" not in os.environ:
-        raise RuntimeError("CUDA_VISIBLE_DEVICES must be set before TensorFlow is imported")
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return tf, "/CPU:0"
-    gpu = gpus[0]  # CUDA_VISIBLE_DEVICES leaves exactly one
-    if memory_mb:
-        tf.config.set_logical_device_configuration(
-            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=int(memory_mb))])
-    else:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    return tf, "/GPU:0"

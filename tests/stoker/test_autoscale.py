@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from shared.autoscale import ADD_STREAK, REMOVE_STREAK, AutoScaler, Evidence, LiveWindow
+from stoker.autoscale import ADD_STREAK, REMOVE_STREAK, AutoScaler, Evidence, LiveWindow
 
 
 def ev(wait: float, depth: float = 0.0, blocked: float | None = 0.0, cpu: float = 0.3, delivering: int = 9,

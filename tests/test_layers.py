@@ -1,0 +1,51 @@
+"""The layers go one way: each package imports only those below it (docs/DESIGN.md, Layers).
+
+    benchmarks   measure the application                      (top)
+    stoker       command line, launcher, auto-scaler, devices, diagnose, watch
+    consumer     the trainer's process: coordinator, queue, trainer, checkpoints
+    producer     a producer's process: audio, features, batches
+    shared       what both sides share: config, wire, batch schema, dataset, text (a leaf)
+
+Every import counts, also one inside a function: a lazy import hides a cycle, it does not
+remove it. Processes are started by module name (``python -m consumer.main``), which is
+not an import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("shared", "producer", "consumer", "stoker", "benchmarks")
+
+
+def imported_packages(path: Path) -> set[tuple[str, int]]:
+    """(project package, line) of every absolute import in a file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found.update((name.split(".")[0], node.lineno) for name in names if name.split(".")[0] in LAYERS)
+    return found
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
+    allowed = set(LAYERS[:LAYERS.index(package) + 1])
+    upward = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+              for path in sorted((ROOT / package).rglob("*.py"))
+              for name, line in sorted(imported_packages(path)) if name not in allowed]
+    assert not upward, "imports that run back up a layer:\n" + "\n".join(upward)
+
+
+def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("import os\n\ndef f():\n    from consumer.plan import EpochPlanner\n    import stoker.cli\n")
+    assert imported_packages(source) == {("consumer", 4), ("stoker", 5)}
