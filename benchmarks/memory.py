@@ -92,7 +92,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
         sock.connect(endpoint)
         sock.send_multipart(wire.encode(wire.HELLO, {"producer": "fake", "host": "localhost", "pid": os.getpid(),
                                                      "fingerprint": ""}))
-        batch_size, n_mels, pads = 16, 80, SCHEMA.pad_values(1e-5)
+        n_mels, pads = 80, SCHEMA.pad_values(1e-5)
         rows: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         ready: dict[int, list[Any]] = {}
         last_heard = last_beat = time.monotonic()

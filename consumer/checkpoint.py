@@ -68,6 +68,7 @@ from typing import Any, Iterable
 
 from consumer.plan import EpochPlanner, PlannedBatch
 from shared.config import Config
+from shared.errors import UserError
 from shared.text import VOCAB_FILE, Vocabulary
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
 STATELESS_MODEL = "synthetic:"
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """A checkpoint cannot be used (missing, corrupt, or for another plan or model); one line."""
 
 

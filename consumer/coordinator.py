@@ -63,7 +63,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -73,6 +72,7 @@ from shared import wire
 from shared.batch import FRAMES, batch_dims, schema_for
 from shared.config import Config
 from shared.dataset import DatasetScan, Rejection, check_agreement
+from shared.errors import UserError
 from shared.keys import ServerKeys, short
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ MONITOR_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSH
                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
-class BindError(Exception):
+class BindError(UserError):
     """The ROUTER socket cannot bind (address in use, bad endpoint)."""
 
 

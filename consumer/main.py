@@ -36,8 +36,8 @@ from typing import Any
 
 from consumer import melimage, validation
 from consumer.buffer import BatchQueue
-from consumer.checkpoint import RESUME_CONFIG, CheckpointError, RunCheckpoints
-from consumer.coordinator import BindError, Coordinator
+from consumer.checkpoint import RESUME_CONFIG, RunCheckpoints
+from consumer.coordinator import Coordinator
 from consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
 from consumer.plan import EpochPlanner, TokenTable
 from consumer.progress import LiveLine
@@ -45,11 +45,12 @@ from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
 from shared.batch import FRAMES
-from shared.dataset import DatasetError, Rejection, Sample, build_index, feature_cache_dir
+from shared.dataset import Rejection, Sample, build_index, feature_cache_dir
+from shared.errors import UserError
 from shared.gpumon import GpuSampler
-from shared.keys import KeysError, load_server_keys
+from shared.keys import load_server_keys
 from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
-from shared.text import VOCAB_FILE, TextError, Vocabulary, load_vocabulary, save_vocabulary
+from shared.text import VOCAB_FILE, Vocabulary, load_vocabulary, save_vocabulary
 from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent,
                          flush_sockets, install_stop_handlers, parent_alive, setup_logging)
 
@@ -546,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler.stop()
         flush_sockets(FLUSH_S)
         return code
-    except (DatasetError, ModelError, BindError, KeysError, CheckpointError, TextError) as exc:
+    except UserError as exc:  # the dataset, the model, the endpoint, the keys, a checkpoint: the user's to fix
         # The launcher prints a user error as its one line; log it only when run alone.
         log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)
         status.error(exc, "consumer", user_error=True)

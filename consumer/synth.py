@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from shared.errors import UserError
+
 log = logging.getLogger(__name__)
 
 # A synthesized clip longer than this many frames is refused (a runaway length prediction):
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 MAX_FRAMES = 5000
 
 
-class SynthError(Exception):
+class SynthError(UserError):
     """Synthesis cannot run; the message is one line for the user."""
 
 

@@ -51,6 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
+from shared.errors import UserError
 from shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ CONTRACT = (
     "(and optionally 'log_frames' [B], 'loss' scalar); see docs/MODELS.md")
 
 
-class ModelError(Exception):
+class ModelError(UserError):
     """The --model value cannot be used (one line for the user)."""
 
 

@@ -58,8 +58,9 @@ from zmq.utils.monitor import recv_monitor_message
 from shared import wire
 from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, schema_for
 from shared.config import FaultsConfig, FeaturesConfig
-from shared.dataset import DatasetError, DatasetScan, audio_path, locate, relative_audio, scan_dataset
-from shared.keys import ClientKeys, KeysError, load_client_keys, short
+from shared.dataset import DatasetScan, audio_path, locate, relative_audio, scan_dataset
+from shared.errors import UserError
+from shared.keys import ClientKeys, load_client_keys, short
 from shared.layouts import COLUMNS_AUTO, LayoutError
 from shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
     install_stop_handlers, parent_alive, setup_logging
@@ -97,7 +98,7 @@ MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUT
                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
-class Refused(Exception):
+class Refused(UserError):
     """The trainer will not have this producer; the message is one line for the user."""
 
 
@@ -652,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         code = producer.run()
         flush_sockets(FINAL_LINGER_MS / 1000)  # the BYE must reach the consumer: it re-plans our leases at once
         return code
-    except (DatasetError, KeysError) as exc:
+    except UserError as exc:  # the dataset or the keys: the user's to fix
         status.error(exc, args.name, user_error=True)
         log.log(logging.DEBUG if status.connected else logging.ERROR, "%s", exc)
         return EXIT_USER

@@ -23,11 +23,12 @@ from typing import Any, Mapping
 import yaml
 
 from shared.batch import schema_for
+from shared.errors import UserError
 from shared.layouts import LayoutError, parse_columns
 from shared.text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration the user wrote cannot be used (unknown key, wrong type, bad value)."""
 
 

@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from shared.config import DataConfig, FeaturesConfig, TextConfig
+from shared.errors import UserError
 from shared.layouts import (COLUMNS_AUTO, MIX_ID_SEPARATOR, Entry, LayoutError, Rejection, is_manifest, is_mix,
                             pack_mix, parse_entries, parse_mix_spec, unpack_mix)
 from shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, Vocabulary, make_frontend
@@ -125,7 +126,7 @@ RIFF_UNKNOWN_SIZES = (0, 0xFFFFFFFF)
 MAX_DETAIL_CHARS = 160
 
 
-class DatasetError(Exception):
+class DatasetError(UserError):
     """The dataset as a whole cannot be used (missing, unreadable, no usable clip)."""
 
 

@@ -29,6 +29,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.errors import UserError
+
 log = logging.getLogger(__name__)
 
 SERVER = "server"
@@ -45,7 +47,7 @@ SECRET_MODE = 0o600
 DIR_MODE = 0o700
 
 
-class KeysError(Exception):
+class KeysError(UserError):
     """Keys that cannot be made or used; the message is one line for the user."""
 
 

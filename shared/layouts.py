@@ -77,6 +77,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from shared.errors import UserError
+
 COLUMNS_AUTO = ""  # data.columns default: the mapping chosen by the number of fields
 ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE, IGNORED = "id", "text", "normalized_text", "speaker", "language", "_"
 KNOWN_COLUMNS = (ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE, IGNORED)
@@ -107,7 +109,7 @@ _JSON_SPACE = re.compile(f"[{_JSON_SPACE_CHARS}]*")
 _NO_FIELDS = ("", "", "", "", "")  # a manifest line's (id, text, speaker, language, audio) before its id is known
 
 
-class LayoutError(ValueError):
+class LayoutError(UserError, ValueError):
     """``data.columns`` cannot describe a metadata file; the message is one line for the user."""
 
 

@@ -67,6 +67,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from shared.errors import UserError
+
 log = logging.getLogger(__name__)
 
 PAD_SYMBOL = "<pad>"
@@ -97,7 +99,7 @@ ZWJ = "\u200d"
 TATWEEL = "\u0640"
 
 
-class TextError(ValueError):
+class TextError(UserError, ValueError):
     """A text setting a user chose cannot be used; the message is one line for the user."""
 
 

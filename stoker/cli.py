@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from shared import config as config_mod
-from stoker.launcher import LaunchError
+from shared.errors import UserError
 from shared.proc import EXIT_INTERRUPTED, EXIT_USER
 
 log = logging.getLogger("stoker")
@@ -27,10 +27,6 @@ LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 # `run.py produce` restarts a crashed producer at most this many times (as pipeline.producer_restarts).
 PRODUCE_RESTARTS = 3
 
-
-
-class UserError(Exception):
-    """A mistake the user can fix; printed as one line."""
 
 
 def out(text: str = "") -> None:
@@ -225,19 +221,16 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
     run; (status, run dir, config)."""
     import dataclasses
 
-    from consumer.models import ModelError, check_model
-    from shared.dataset import DatasetError, feature_cache_dir, locate
+    from consumer.models import check_model
+    from shared.dataset import feature_cache_dir, locate
     from shared.layouts import is_mix
-    from stoker.devices import DeviceError, list_gpus, plan_devices
+    from stoker.devices import list_gpus, plan_devices
     from stoker.launcher import run_training
     from shared.proc import setup_logging
 
     setup_logging("launcher", cfg.run.log_level)
-    try:
-        root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
-        check_model(cfg.trainer.model)
-    except (DatasetError, ModelError) as exc:
-        raise UserError(str(exc)) from None
+    root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
+    check_model(cfg.trainer.model)
     if cfg.pipeline.keys:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(
             cfg.pipeline, keys=str(Path(cfg.pipeline.keys).expanduser().resolve())))
@@ -245,10 +238,7 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
     elif not is_loopback(cfg.pipeline.bind) and not cfg.pipeline.insecure:
         raise UserError(f"--bind {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
                         "unauthenticated: use --keys DIR (python run.py keys DIR), or add --insecure to accept that")
-    try:
-        plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
-    except DeviceError as exc:
-        raise UserError(str(exc)) from None
+    plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
     run_dir = resume_dir or make_run_dir(cfg.run.run_dir)
     data = dataclasses.replace(cfg.data, path=str(root / metadata_file if is_mix(metadata_file) else root),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
@@ -359,9 +349,9 @@ def check_keys(directory: Path, server: bool, client: bool) -> None:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from shared.dataset import DatasetError, locate, scan_dataset
+    from shared.dataset import locate, scan_dataset
     from shared.layouts import is_mix
-    from stoker.devices import DeviceError, DevicesConfig, list_gpus, plan_devices
+    from stoker.devices import DevicesConfig, list_gpus, plan_devices
     from stoker.launcher import run_producers
     from shared.proc import setup_logging
 
@@ -377,13 +367,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
     elif not is_loopback(args.connect):
         log.warning("connecting to %s without --keys: batches travel unencrypted and the trainer cannot tell "
                     "who sends them", args.connect)
-    try:
-        root, metadata_file = locate(args.data, "metadata.csv")
-        scan = scan_dataset(root, metadata_file)
-        devices = DevicesConfig(data_gpu=args.data_gpu, model_gpu=None, data_gpu_memory_mb=args.data_gpu_memory)
-        plan = plan_devices(devices, list_gpus() if args.data_gpu is not None else [], args.producers)
-    except (DatasetError, DeviceError) as exc:
-        raise UserError(str(exc)) from None
+    root, metadata_file = locate(args.data, "metadata.csv")
+    scan = scan_dataset(root, metadata_file)
+    devices = DevicesConfig(data_gpu=args.data_gpu, model_gpu=None, data_gpu_memory_mb=args.data_gpu_memory)
+    plan = plan_devices(devices, list_gpus() if args.data_gpu is not None else [], args.producers)
     log.info("dataset %s: %d entries, %d audio files missing here, fingerprint %s", root, len(scan.entries),
              len(scan.missing), scan.fingerprint)
     data = root / metadata_file if is_mix(metadata_file) else root
@@ -391,14 +378,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from shared.keys import DEFAULT_CLIENT, KeysError, make_keys
+    from shared.keys import DEFAULT_CLIENT, make_keys
 
     directory = Path(args.dir).expanduser().resolve()
     clients = args.client or [DEFAULT_CLIENT]
-    try:
-        report = make_keys(directory, clients)
-    except KeysError as exc:
-        raise UserError(str(exc)) from None
+    report = make_keys(directory, clients)
     for line in report:
         out(line)
     out("")
@@ -413,12 +397,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     import json
 
-    from stoker.diagnose import DiagnoseError, analyse, render
+    from stoker.diagnose import analyse, render
 
-    try:
-        report = analyse(Path(args.run_dir))
-    except DiagnoseError as exc:
-        raise UserError(str(exc)) from None
+    report = analyse(Path(args.run_dir))
     out(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
@@ -491,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_synth(args)
         build_parser().print_help()
         return EXIT_USER
-    except (UserError, config_mod.ConfigError, LaunchError) as exc:
+    except UserError as exc:  # every error the user can fix (shared/errors.py): one line
         sys.stderr.write(f"stoker: error: {exc}\n")
         return EXIT_USER
     except KeyboardInterrupt:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Mapping
 
 from shared.config import DevicesConfig
+from shared.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ SINGLE_GPU_RESERVE_SHARE = 0.05
 DEFAULT_PRODUCER_MEMORY_MB = 2048
 
 
-class DeviceError(Exception):
+class DeviceError(UserError):
     """A GPU request that cannot be met (no such index, no GPU at all)."""
 
 

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
+from shared.errors import UserError
 from shared.metrics import (PRODUCER_MARGIN, WAIT_BOUND_FRAC, read_jsonl, recommend_producers, verdict)
 
 SPARK = " ▁▂▃▄▅▆▇█"
@@ -47,7 +48,7 @@ MIN_WAIT_FRAC_FOR_PERIOD = 0.01
 PADDING_USEFUL_MIN = 0.85
 
 
-class DiagnoseError(Exception):
+class DiagnoseError(UserError):
     """The directory is not a run (no metrics.jsonl)."""
 
 

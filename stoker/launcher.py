@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from stoker.autoscale import DECISION_INTERVAL_S
 from shared.config import Config
-from stoker.devices import DevicePlan, child_env
+from shared.errors import UserError
 from shared.metrics import read_jsonl, summarize, write_json
 from shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
+from stoker.autoscale import DECISION_INTERVAL_S
+from stoker.devices import DevicePlan, child_env
 
 log = logging.getLogger("launcher")
 
@@ -66,7 +67,7 @@ PRODUCER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 
 
-class LaunchError(Exception):
+class LaunchError(UserError):
     """A run that cannot start; the message is the one line the user sees."""
 
 
