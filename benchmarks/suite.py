@@ -47,8 +47,6 @@ from benchmarks.common import machine_info, table
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "trainer")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
 QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching")
-# Sections that run only when named (see the module docstring).
-EXTRA_SECTIONS = ("memory", "starvation", "data", "producers")
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
 SCALING_FIRST_BATCH_STEP_MS = 10.0
 

@@ -19,7 +19,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ class QueuedBatch:
     producer: str
     frames: int = 0  # valid mel frames of its rows
     frames_computed: int = 0  # frames the step computes: B x T, padding included
-    received_t: float = field(default_factory=time.monotonic)
     staged: bool = False
 
 
@@ -58,7 +57,7 @@ class BatchQueue:
         self._cond = threading.Condition()
         self._closed = False
         self.high_water = 0
-        self.stage_errors = 0
+        self.stage_errors = 0  # batches trained from host memory because staging failed (summary.json)
         self._stager: threading.Thread | None = None
         if stage is not None:
             self.enable_staging(stage)

@@ -274,7 +274,6 @@ class Producer:
         self._session = ""  # new for each connection; the consumer treats repeated HELLOs of one as one
         self._first_lease_logged = False
         self.rtt_ms: float | None = None
-        self.batches_sent = 0
 
     # ---------------------------------------------------------------- compute thread
     def _compute(self) -> None:
@@ -409,7 +408,6 @@ class Producer:
         except zmq.Again:  # the link is down; the consumer revokes the credit and re-plans the batch
             log.warning("%s: could not send the batch of lease %d: consumer not reachable", self.name, lease_id)
         self._held.discard(lease_id)
-        self.batches_sent += 1
 
     def _forget(self, lease_id: int) -> None:
         self._held.discard(lease_id)
