@@ -67,13 +67,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from consumer.plan import EpochPlanner, PlannedBatch
+from shared import runfiles
+from shared.runfiles import CKPT_DIR, VOCAB
 from shared.config import Config
 from shared.errors import UserError
-from shared.text import VOCAB_FILE, Vocabulary
+from shared.text import Vocabulary
 
 log = logging.getLogger(__name__)
 
-CKPT_DIR = "ckpt"
 # The resolved config of a resumed run, written by the launcher and moved over
 # config.yaml by the consumer only once the checkpoint has been checked, so a failed
 # resume changes nothing.
@@ -88,7 +89,7 @@ _TMP_PREFIX = ".tmp-"
 HASH_CHUNK = 1 << 20
 # The run files a resume cuts back to the checkpoint's step, so they describe what the
 # model trained (rows after the checkpoint were trained by a model state now lost).
-STEP_LOGS = ("metrics.jsonl", "samples.jsonl")
+STEP_LOGS = (runfiles.METRICS, runfiles.SAMPLES)
 # Trainers whose checkpoints hold no model state, so one may resume another.
 STATELESS_MODEL = "synthetic:"
 
@@ -292,12 +293,7 @@ def trim_step_log(path: Path, max_step: int) -> dict[str, Any] | None:
             kept.append(line)
             last = row
     if len(kept) != len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        runfiles.write_atomic(path, "".join(line + "\n" for line in kept), durable=True)
         log.info("%s: dropped %d rows after the checkpoint's step %d", path.name, len(lines) - len(kept), max_step)
     return last
 
@@ -468,7 +464,7 @@ class RunCheckpoints:
                 raise CheckpointError(f"checkpoint {path}: {exc}") from None
             if theirs.fingerprint != self.vocabulary.fingerprint:
                 raise CheckpointError(f"cannot resume from {path}: its vocabulary ({theirs.frontend}, {theirs.size} "
-                                      f"ids, {theirs.fingerprint}) is not the run's {VOCAB_FILE} "
+                                      f"ids, {theirs.fingerprint}) is not the run's {VOCAB} "
                                       f"({self.vocabulary.frontend}, {self.vocabulary.size} ids, "
                                       f"{self.vocabulary.fingerprint})")
         position = InputPosition.from_json(saved.get("position"), self.planner)

@@ -49,8 +49,9 @@ from shared.dataset import Rejection, Sample, build_index, feature_cache_dir
 from shared.errors import UserError
 from shared.gpumon import GpuSampler
 from shared.keys import load_server_keys
-from shared.metrics import JsonlWriter, read_jsonl, summarize, write_json
-from shared.text import VOCAB_FILE, Vocabulary, load_vocabulary, save_vocabulary
+from shared.metrics import JsonlWriter, read_jsonl, summarize
+from shared.runfiles import CONFIG, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
+from shared.text import Vocabulary, load_vocabulary, save_vocabulary
 from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent,
                          flush_sockets, install_stop_handlers, parent_alive, setup_logging)
 
@@ -101,14 +102,14 @@ class Run:
     def execute(self) -> int:
         cfg = self.cfg
         # A resumed run keeps its vocabulary: texts it cannot encode are rejected, not re-numbered.
-        fixed = load_vocabulary(self.run_dir / VOCAB_FILE) if self.resume else None
+        fixed = load_vocabulary(self.run_dir / VOCAB) if self.resume else None
         index = build_index(cfg.data, cfg.features, cfg.text, fixed)
         vocab = index.vocabulary
         assert vocab is not None
-        save_vocabulary(vocab, self.run_dir / VOCAB_FILE)
+        save_vocabulary(vocab, self.run_dir / VOCAB)
         log.info("text front-end %s: %d token ids, languages %s, %d speaker(s); vocabulary %s in %s",
                  vocab.frontend, vocab.size, ", ".join(vocab.languages), len(vocab.speakers), vocab.fingerprint,
-                 self.run_dir / VOCAB_FILE)
+                 self.run_dir / VOCAB)
         feature_cache = feature_cache_dir(cfg.data.feature_cache, index.root)
         if feature_cache != cfg.data.feature_cache:
             cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
@@ -128,7 +129,7 @@ class Run:
         checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, vocab)
         if self.resume:
             self._resume(checkpoints)  # CheckpointError before anything in the run directory changes
-        self.rejected = JsonlWriter(self.run_dir / "rejected.jsonl")
+        self.rejected = JsonlWriter(self.run_dir / REJECTED)
         self._record_rejections(index.rejected + eval_rejected)
         keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
         queue = BatchQueue(cfg.pipeline.buffer_size)
@@ -173,7 +174,7 @@ class Run:
             self.rejected.close()
             snap = coordinator.snapshot()
             summary = summarize(
-                read_jsonl(self.run_dir / "metrics.jsonl"), capacity=cfg.pipeline.buffer_size,
+                read_jsonl(self.run_dir / METRICS), capacity=cfg.pipeline.buffer_size,
                 batches_per_epoch=planner.batches_per_epoch, producers=snap["producers"],
                 rejected=self.rejected_count, exit_reason=loop.exit_reason,
                 wall_s=time.monotonic() - self.started, warmup_s=loop.warmup_s, batch_size=cfg.batching.batch_size,
@@ -191,9 +192,9 @@ class Run:
                        "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
                        "checkpoint": checkpoints.summary(), "resumed_from_step":
                            checkpoints.resumed.step if checkpoints.resumed is not None else None})
-            write_json(self.run_dir / "summary.json", summary)
+            write_json(self.run_dir / SUMMARY, summary)
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
-                     self.run_dir / "summary.json")
+                     self.run_dir / SUMMARY)
         return loop.code
 
     def _resume(self, checkpoints: RunCheckpoints) -> None:
@@ -203,11 +204,11 @@ class Run:
         self.started -= resumed.last_t  # "t" in metrics.jsonl goes on from the last row kept
         pending = self.run_dir / RESUME_CONFIG
         if pending.exists():
-            pending.replace(self.run_dir / "config.yaml")
+            pending.replace(self.run_dir / CONFIG)
         # The summary of the session before is rewritten at the end; until then it would be stale.
-        (self.run_dir / "summary.json").unlink(missing_ok=True)
+        (self.run_dir / SUMMARY).unlink(missing_ok=True)
         self._rejected_before = {(str(r.get("id")), str(r.get("reason"))) for r in
-                                 read_jsonl(self.run_dir / "rejected.jsonl")}
+                                 read_jsonl(self.run_dir / REJECTED)}
         self._producer_rejected = {i for i, _ in self._rejected_before}
         self.rejected_count = len(self._rejected_before)
 
@@ -248,8 +249,8 @@ class TrainLoop:
         self.data_root = data_root
         self.tb: TensorBoard | None = None
         self.trainer: Trainer | None = None
-        self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
-        self.samples_log = JsonlWriter(run_dir / "samples.jsonl") if cfg.trainer.record_samples else None
+        self.metrics = JsonlWriter(run_dir / METRICS)
+        self.samples_log = JsonlWriter(run_dir / SAMPLES) if cfg.trainer.record_samples else None
         self.epochs = cfg.trainer.epochs
         # With --epochs the run ends when those epochs are complete; re-planned misses can add
         # a batch or two, so the step count is only the plan's expectation (for progress lines).
@@ -527,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     status = StatusWriter(args.status_fd)
     stop = threading.Event()
     install_stop_handlers(stop)
-    config_path = args.run_dir / "config.yaml"
+    config_path = args.run_dir / CONFIG
     if args.resume and (args.run_dir / RESUME_CONFIG).exists():
         config_path = args.run_dir / RESUME_CONFIG  # becomes config.yaml once the checkpoint is checked
     try:

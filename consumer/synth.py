@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from shared.errors import UserError
+from shared.runfiles import CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     from shared import config as config_mod
     from shared.batch import schema_for
 
-    cfg_path = run_dir / "config.yaml"
+    cfg_path = run_dir / CONFIG
     if not cfg_path.is_file():
         raise SynthError(f"{run_dir} is not a run directory (no config.yaml)")
     try:
@@ -138,7 +139,8 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
 def run_vocabulary(run_dir: Path) -> Any:
     """The vocabulary a run trained with: its newest checkpoint's, else ``RUN_DIR/vocab.json``."""
     from consumer.checkpoint import CKPT_DIR, CheckpointError, Checkpointer
-    from shared.text import VOCAB_FILE, TextError, Vocabulary, load_vocabulary
+    from shared.runfiles import VOCAB
+    from shared.text import TextError, Vocabulary, load_vocabulary
 
     found = Checkpointer(run_dir / CKPT_DIR, keep=1).latest()
     if found is not None:
@@ -152,7 +154,7 @@ def run_vocabulary(run_dir: Path) -> Any:
             except ValueError as exc:
                 raise SynthError(f"checkpoint {found}: {exc}") from None
     try:
-        return load_vocabulary(run_dir / VOCAB_FILE)
+        return load_vocabulary(run_dir / VOCAB)
     except TextError as exc:
         raise SynthError(str(exc)) from None
 

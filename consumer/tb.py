@@ -16,9 +16,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from shared.runfiles import GPU, TB_DIR
+
 log = logging.getLogger(__name__)
 
-TB_DIR = "tb"
 
 
 def trim_events(directory: Path, max_step: int) -> int:
@@ -69,7 +70,7 @@ class TensorBoard:
         if resumed_step is not None and (run_dir / TB_DIR).is_dir():
             trim_events(run_dir / TB_DIR, resumed_step)
         self.writer = tf.summary.create_file_writer(str(run_dir / TB_DIR))
-        self.gpu_path = run_dir / "gpu.jsonl"
+        self.gpu_path = run_dir / GPU
         self._gpu_offset = 0
 
     def _gpu_since_last(self) -> dict[str, list[int]]:

@@ -12,11 +12,12 @@ Prometheus (prometheus-client) on that port.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from shared.runfiles import LIVE, write_json
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +26,12 @@ log = logging.getLogger(__name__)
 LIVE_INTERVAL_S = 1.0
 # Figures in live.json cover this many seconds of steps.
 LIVE_WINDOW_S = 5.0
-LIVE_FILE = "live.json"
 
 
 class Telemetry:
     def __init__(self, run_dir: Path, capacity: int, total_steps: int | None,
                  producers: Callable[[], list[dict[str, Any]]], metrics_port: int = 0) -> None:
-        self.path = run_dir / LIVE_FILE
+        self.path = run_dir / LIVE
         self.capacity = capacity
         self.total_steps = total_steps
         self.producers = producers
@@ -93,9 +93,7 @@ class Telemetry:
             if window["wait_frac"] is not None:
                 self._prom["wait_frac"].set(window["wait_frac"])
                 self._prom["rate"].set(window["samples_per_s"])
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(live), encoding="utf-8")
-        tmp.replace(self.path)
+        write_json(self.path, live, indent=None)
 
 
 def _start_prometheus(port: int, capacity: int) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ text never had rejects its clip, counted like any other). Otherwise
 emptied) are held out of every epoch plan when the trainer has a loss to validate. The
 choice is a pure function of the sample ids and ``batching.seed`` (a hash order), so a
 resumed run, or another host, holds out the same clips. The held-out ids are written to
-``RUN_DIR/validation.json`` (:data:`VALIDATION_FILE`).
+``RUN_DIR/validation.json`` (:data:`VALIDATION`).
 
 The consumer prepares their batches itself, once, at start, with the producers' own
 code (``producer.worker.BatchMaker``: same reader, features and collation) on the CPU,
@@ -31,7 +31,7 @@ from consumer.plan import round_up
 from shared.batch import FRAMES, schema_for
 from shared.config import Config
 from shared.dataset import DatasetIndex, Rejection, Sample, build_index
-from shared.metrics import write_json
+from shared.runfiles import VALIDATION, write_json
 from shared.text import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 # Hold out at most this share of the clips, so that a tiny dataset keeps its training data.
 MAX_VAL_SHARE = 0.1
 # The held-out clips of a run: {"source": "eval_file" | "hash", "file": ..., "ids": [...]}.
-VALIDATION_FILE = "validation.json"
 
 
 def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path) -> tuple[list[Sample], list[Sample], list[Rejection]]:
@@ -59,7 +58,7 @@ def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path) -> tuple[list[Samp
     else:
         train, held = split(index.samples, cfg.trainer.val_clips, cfg.batching.seed)
         source = {"source": "hash", "val_clips": cfg.trainer.val_clips, "seed": cfg.batching.seed}
-    write_json(run_dir / VALIDATION_FILE, {**source, "ids": [s.id for s in held]})
+    write_json(run_dir / VALIDATION, {**source, "ids": [s.id for s in held]})
     return train, held, rejected
 
 

@@ -39,9 +39,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import struct
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from shared.config import FeaturesConfig
+from shared.runfiles import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +179,8 @@ class FeatureCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         about = self.dir / "config.json"
         if not about.exists():
-            fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=self.dir)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({**self._key, "entries": f"<id>{ENTRY_SUFFIX}, see producer/feature_cache.py"}, f,
-                          indent=1, sort_keys=True)
-            os.replace(tmp, about)
+            write_atomic(about, json.dumps({**self._key, "entries": f"<id>{ENTRY_SUFFIX}, see producer/feature_cache.py"},
+                                           indent=1, sort_keys=True))
         self._ready = True
 
     def put(self, sample_id: str, audio_name: str, audio_size: int, audio_mtime_ns: int, mel: np.ndarray) -> bool:
@@ -197,21 +193,11 @@ class FeatureCache:
         payload = codes.tobytes()
         crc = zlib.crc32(payload, zlib.crc32(header[:-4]))
         header = header[:-4] + struct.pack("<I", crc)
-        tmp = None
         try:
             if not self._ready:
                 self._prepare()
-            fd, tmp = tempfile.mkstemp(prefix=f".{sample_id}.", suffix=".tmp", dir=self.dir)
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(payload)
-            os.replace(tmp, self.path(sample_id))
+            write_atomic(self.path(sample_id), header + payload)
         except OSError as exc:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
             self.counts.write_errors += 1
             self._writable = False
             log.warning("cannot write the feature cache in %s (%s); computing without storing from now on",

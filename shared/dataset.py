@@ -75,6 +75,7 @@ from shared.config import DataConfig, FeaturesConfig, TextConfig
 from shared.errors import UserError
 from shared.layouts import (COLUMNS_AUTO, MIX_ID_SEPARATOR, Entry, LayoutError, Rejection, is_manifest, is_mix,
                             pack_mix, parse_entries, parse_mix_spec, unpack_mix)
+from shared.runfiles import write_atomic
 from shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, Vocabulary, make_frontend
 
 log = logging.getLogger(__name__)
@@ -918,26 +919,11 @@ def _read_cache(candidates: list[Path], key: str) -> tuple[Path | None, dict[str
     return None, None, "corrupt" if corrupt else "miss"
 
 
-def _write_atomic(path: Path, blob: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _write_cache(candidates: list[Path], blob: bytes) -> Path | None:
     """Write to the first candidate that accepts it; log a fall-back; never raise."""
     for n, path in enumerate(candidates):
         try:
-            _write_atomic(path, blob)
+            write_atomic(path, blob)
         except OSError as exc:
             nxt = candidates[n + 1] if n + 1 < len(candidates) else None
             if nxt is not None:

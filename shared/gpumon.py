@@ -17,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from shared.runfiles import GPU
+
 log = logging.getLogger(__name__)
 
 # ~10 Hz: fast enough to see a GPU oscillating between steps of ~100 ms, and NVML
@@ -24,7 +26,6 @@ log = logging.getLogger(__name__)
 SAMPLE_INTERVAL_S = 0.1
 # Rows are flushed to disk this often, not at every sample.
 FLUSH_EVERY = 20
-GPU_FILE = "gpu.jsonl"
 
 
 def load_nvml() -> ModuleType | None:
@@ -40,7 +41,7 @@ class GpuSampler:
     def __init__(self, gpus: dict[str, int], run_dir: Path, nvml: ModuleType | None = None,
                  interval_s: float = SAMPLE_INTERVAL_S) -> None:
         self.gpus = gpus
-        self.path = run_dir / GPU_FILE
+        self.path = run_dir / GPU
         self.nvml = nvml
         self.interval_s = interval_s
         self._stop = threading.Event()

@@ -184,8 +184,3 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
         summary.update(extra)
     return summary
 
-
-def write_json(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)

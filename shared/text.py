@@ -90,7 +90,6 @@ TEXT_FORMAT = 1
 # Units of a user tokenizer are its ids written as decimal numbers joined by this.
 USER_ID_SEPARATOR = " "
 # The run's vocabulary (symbols, language and speaker tables), in the run directory.
-VOCAB_FILE = "vocab.json"
 # Lost characters listed per dataset with this many example clip ids each.
 LOST_EXAMPLES = 3
 
@@ -576,15 +575,9 @@ class Vocabulary:
 
 def save_vocabulary(vocab: Vocabulary, path: Any) -> None:
     """Write ``vocab`` as JSON (UTF-8, symbols as they are), atomically."""
-    import os
-    import tempfile
-    from pathlib import Path
+    from shared.runfiles import write_json
 
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(vocab.state_dict(), f, ensure_ascii=False, indent=1)
-    os.replace(tmp, target)
+    write_json(path, vocab.state_dict(), indent=1)
 
 
 def load_vocabulary(path: Any) -> Vocabulary:

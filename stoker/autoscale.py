@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.metrics import PRODUCER_MARGIN
+from shared.runfiles import LIVE
 
 log = logging.getLogger("launcher.autoscale")
 
@@ -116,7 +117,7 @@ class LiveWindow:
     """Evidence over the time between two readings of live.json."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "live.json"
+        self.path = run_dir / LIVE
         self._last: dict[str, tuple[int, float, float]] = {}
 
     def read(self, cpu_busy_frac: float) -> Evidence | None:

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, Sequence
 from shared import config as config_mod
 from shared.errors import UserError
 from shared.proc import EXIT_INTERRUPTED, EXIT_USER
+from shared.runfiles import CONFIG, SUMMARY
 
 log = logging.getLogger("stoker")
 
@@ -203,7 +204,7 @@ def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
     run_dir = Path(args.resume).expanduser().resolve()
     if not run_dir.is_dir():
         raise UserError(f"--resume {run_dir}: no such run directory")
-    if not (run_dir / "config.yaml").is_file():
+    if not (run_dir / CONFIG).is_file():
         raise UserError(f"--resume {run_dir}: it has no config.yaml, so it is not a stoker run directory")
     if args.config is not None:
         raise UserError("--resume continues with RUN_DIR/config.yaml; change keys with flags or --set, not --config")
@@ -212,7 +213,7 @@ def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
     if Checkpointer(run_dir / CKPT_DIR, keep=1).latest() is None:
         raise UserError(f"--resume {run_dir}: no checkpoint in {run_dir / CKPT_DIR} (the run stopped before its "
                         "first one); nothing to resume")
-    args.config = str(run_dir / "config.yaml")
+    args.config = str(run_dir / CONFIG)
     return resolve_config(args), run_dir
 
 
@@ -244,7 +245,7 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
     cfg = dataclasses.replace(cfg, data=data, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
     if resume_dir is None:
-        config_mod.save(cfg, run_dir / "config.yaml")
+        config_mod.save(cfg, run_dir / CONFIG)
         log.info("%s", plan.describe(cfg.pipeline.producers))
         log.info("run directory %s", run_dir)
         return run_training(cfg, run_dir, plan), run_dir, cfg
@@ -297,7 +298,7 @@ def print_precompute_summary(run_dir: Path, cache_dir: str) -> None:
     import json
 
     try:
-        s = json.loads((run_dir / "summary.json").read_text())
+        s = json.loads((run_dir / SUMMARY).read_text())
     except (OSError, ValueError):
         out(f"no summary in {run_dir}")
         return
@@ -318,7 +319,7 @@ def print_summary(run_dir: Path) -> None:
     import json
 
     try:
-        s = json.loads((run_dir / "summary.json").read_text())
+        s = json.loads((run_dir / SUMMARY).read_text())
     except (OSError, ValueError):
         out(f"no summary in {run_dir}")
         return

@@ -27,6 +27,7 @@ import yaml
 
 from shared.errors import UserError
 from shared.metrics import (PRODUCER_MARGIN, WAIT_BOUND_FRAC, read_jsonl, recommend_producers, verdict)
+from shared.runfiles import CONFIG, GPU, METRICS, REJECTED, SUMMARY
 
 SPARK = " ▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 64
@@ -176,15 +177,15 @@ def reason_category(reason: str) -> str:
 def analyse(run_dir: Path) -> dict[str, Any]:
     """Everything ``diagnose`` reports, as data."""
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    if not (run_dir / "metrics.jsonl").exists():
+    rows = read_jsonl(run_dir / METRICS)
+    if not (run_dir / METRICS).exists():
         raise DiagnoseError(f"{run_dir} has no metrics.jsonl: not a stoker run directory")
     summary: dict[str, Any] = {}
-    if (run_dir / "summary.json").exists():
-        summary = json.loads((run_dir / "summary.json").read_text())
+    if (run_dir / SUMMARY).exists():
+        summary = json.loads((run_dir / SUMMARY).read_text())
     config: dict[str, Any] = {}
-    if (run_dir / "config.yaml").exists():
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    if (run_dir / CONFIG).exists():
+        config = yaml.safe_load((run_dir / CONFIG).read_text()) or {}
     capacity = int(summary.get("capacity") or config.get("pipeline", {}).get("buffer_size", 3))
     steps = len(rows)
     step_ms = [r["step_ms"] for r in rows]
@@ -208,7 +209,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
             "credit_wait_ms_mean": credit,
             "blocked_frac": round(credit / (credit + prep), 4) if prep and credit is not None else None,
         })
-    rejected = read_jsonl(run_dir / "rejected.jsonl")
+    rejected = read_jsonl(run_dir / REJECTED)
     by_reason = Counter(reason_category(r.get("reason", "")) for r in rejected)
     kind = verdict(wait_frac, depth_mean, capacity)
     alive = sum(1 for p in producers if p.get("batches"))
@@ -269,7 +270,7 @@ def padding_report(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def gpu_report(run_dir: Path) -> dict[str, Any] | None:
-    rows = read_jsonl(run_dir / "gpu.jsonl")
+    rows = read_jsonl(run_dir / GPU)
     if not rows:
         return None
     out: dict[str, Any] = {}

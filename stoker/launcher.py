@@ -38,8 +38,9 @@ from typing import Any, Callable
 
 from shared.config import Config
 from shared.errors import UserError
-from shared.metrics import read_jsonl, summarize, write_json
+from shared.metrics import read_jsonl, summarize
 from shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
+from shared.runfiles import METRICS, REJECTED, SUMMARY, write_json
 from stoker.autoscale import DECISION_INTERVAL_S
 from stoker.devices import DevicePlan, child_env
 
@@ -305,7 +306,7 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
         code = EXIT_INTERRUPTED
     ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started)
     if auto is not None:
-        auto.record(run_dir / "summary.json")
+        auto.record(run_dir / SUMMARY)
     if code == EXIT_USER and consumer.last_error:
         # Found after the consumer was ready (a user's model that breaks its contract, a
         # checkpoint whose state does not fit): still the user's one line.
@@ -375,12 +376,12 @@ class AutoControl:
 
 def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float) -> None:
     """Write summary.json from metrics.jsonl if the consumer could not."""
-    path = run_dir / "summary.json"
+    path = run_dir / SUMMARY
     if path.exists():
         return
     reason = {EXIT_INTERRUPTED: "interrupted"}.get(code, f"failed: {error}" if error else f"consumer exit {code}")
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    rejected = len(read_jsonl(run_dir / "rejected.jsonl"))
+    rows = read_jsonl(run_dir / METRICS)
+    rejected = len(read_jsonl(run_dir / REJECTED))
     summary = summarize(rows, capacity=cfg.pipeline.buffer_size, batches_per_epoch=0, producers=[],
                         rejected=rejected, exit_reason=reason, wall_s=wall_s, batch_size=cfg.batching.batch_size,
                         extra={"written_by": "launcher"})

@@ -14,13 +14,15 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from shared.runfiles import LIVE, SUMMARY
+
 # Refresh period: live.json itself changes once a second.
 REFRESH_S = 1.0
 
 
 def read_live(run_dir: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((run_dir / "live.json").read_text())
+        return json.loads((run_dir / LIVE).read_text())
     except (OSError, ValueError):
         return None  # not written yet, or replaced while we read: next refresh
 
@@ -46,7 +48,7 @@ def watch(run_dir: Path, stream: TextIO = sys.stdout, stop: threading.Event | No
     tty = stream.isatty()
     refreshes = 0
     while not stop.is_set():
-        summary_path = run_dir / "summary.json"
+        summary_path = run_dir / SUMMARY
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
             if tty:

@@ -8,7 +8,8 @@ import pytest
 from consumer.checkpoint import CKPT_DIR, Checkpointer
 from consumer.synth import SynthError, synthesize
 from shared import config as config_mod
-from shared.text import VOCAB_FILE, Characters, Vocabulary, save_vocabulary
+from shared.runfiles import VOCAB
+from shared.text import Characters, Vocabulary, save_vocabulary
 from tests.procs import run_cli
 
 tf = pytest.importorskip("tensorflow")
@@ -34,7 +35,7 @@ def _run_dir(tmp_path, model: str = "tiny", weights: bool = True, vocab: Vocabul
     if vocab is None:
         frontend = Characters()
         vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(TRAINED_TEXTS, "en")], ["en"], ["default"])
-    save_vocabulary(vocab, run_dir / VOCAB_FILE)
+    save_vocabulary(vocab, run_dir / VOCAB)
     if weights:
         net = tts.build(model, vocab.size, cfg.features.n_mels)
         net(tts.dummy_inputs(1, 8, 16, cfg.features.n_mels, -11.5, vocab.size, schema_for(fields)))
@@ -97,7 +98,7 @@ def test_synth_refusals(tmp_path) -> None:
     # the run's vocabulary decides: a letter its dataset never had is refused by name, not dropped
     with pytest.raises(SynthError, match=r"cannot represent: 'x' U\+0078"):
         synthesize(run_dir, "Xylophone.", tmp_path / "mel.npy")
-    (run_dir / VOCAB_FILE).unlink()
+    (run_dir / VOCAB).unlink()
     with pytest.raises(SynthError, match="vocabulary is missing"):
         synthesize(run_dir, "Hello.", tmp_path / "mel.npy")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from shared import metrics
-from shared.metrics import JsonlWriter, read_jsonl, recommend_producers, summarize, verdict, write_json
+from shared.metrics import JsonlWriter, read_jsonl, recommend_producers, summarize, verdict
+from shared.runfiles import write_json
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -157,7 +157,7 @@ def test_train_and_eval_files(tmp_path: Path) -> None:
     train_samples, val_samples, rejected = validation.hold_out(index, cfg, tmp_path)
     assert {s.id for s in train_samples} == set(train) and {s.id for s in val_samples} == set(held)
     assert rejected == []
-    recorded = json.loads((tmp_path / validation.VALIDATION_FILE).read_text())
+    recorded = json.loads((tmp_path / validation.VALIDATION).read_text())
     assert recorded == {"source": "eval_file", "file": "metadata_eval.csv", "ids": [s.id for s in val_samples]}
     batches = validation.make_batches(val_samples, index.root, cfg, index.vocabulary)
     assert sum(len(b["mel_lengths"]) for b in batches) == len(held)

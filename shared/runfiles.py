@@ -1,0 +1,70 @@
+"""The files of a run directory, each named once, and the one way a file is written whole.
+
+A run directory (``--run-dir``, default ``runs/<timestamp>/``; the README states these
+names and fields as a contract):
+
+=================  ====================================================================
+config.yaml        the resolved configuration; what every process of the run loads
+summary.json       written at the end (also on Ctrl-C): throughput, wait, verdict, ...
+metrics.jsonl      one object per training step (shared/metrics.py)
+samples.jsonl      with --record-samples: the sample ids of every step
+rejected.jsonl     one object per clip left out, with its reason
+live.json          the live figures, rewritten every second (watch, the auto-scaler)
+gpu.jsonl          GPU utilisation samples (NVML), when there is a GPU
+validation.json    the held-out clips' ids
+vocab.json         the text front-end's vocabulary, language and speaker tables
+tb/                TensorBoard event files
+ckpt/              checkpoints (consumer/checkpoint.py)
+=================  ====================================================================
+
+:func:`write_atomic` writes beside the target and renames over it, so a reader (``watch``,
+``diagnose``, a resume after a crash) sees the old file or the new one, never a part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.yaml"
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+REJECTED = "rejected.jsonl"
+LIVE = "live.json"
+GPU = "gpu.jsonl"
+VALIDATION = "validation.json"
+VOCAB = "vocab.json"
+TB_DIR = "tb"
+CKPT_DIR = "ckpt"
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bool = False) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` whole: a temporary file in the same
+    directory, then a rename over the target. ``durable``: fsync the file before the rename
+    (what a crash must not lose: checkpoints and the logs they cut back)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2, durable: bool = False) -> None:
+    """``obj`` as JSON (UTF-8, non-ASCII kept), written whole (:func:`write_atomic`)."""
+    separators = None if indent is not None else (",", ":")
+    write_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False, separators=separators) + "\n",
+                 durable=durable)
