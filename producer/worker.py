@@ -57,7 +57,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from shared import wire
 from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, schema_for
-from shared.config import FaultsConfig, FeaturesConfig
+from shared.config import FaultsConfig, FeaturesConfig, PipelineConfig
 from shared.dataset import DatasetScan, audio_path, locate, relative_audio, scan_dataset
 from shared.errors import UserError
 from shared.keys import ClientKeys, load_client_keys, short
@@ -524,8 +524,9 @@ class Producer:
         now = time.monotonic()
         last_heard = last_beat = now
         backoff = RECONNECT_MIN_S
-        interval = 1.0
-        timeout = 5.0
+        # Until the WELCOME says the trainer's settings, the config's defaults (written once, there).
+        interval = PipelineConfig.heartbeat_interval_s
+        timeout = PipelineConfig.heartbeat_timeout_s
         exit_code = EXIT_OK
         told_to_stop = False
         last_waiting_note = 0.0
