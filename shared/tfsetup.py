@@ -4,18 +4,47 @@ The launcher (stoker/devices.py) decides which GPU each process gets and names i
 child's ``CUDA_VISIBLE_DEVICES`` before the child starts; here, in the child, TensorFlow
 is imported for the first time and the memory limit applied. It is the only place that
 imports TensorFlow for device setup.
+
+TensorFlow's native start-up lines (absl's "All log messages before absl::InitializeLog()",
+oneDNN's and cudart's notices) are written by C++ straight to file descriptor 2, past
+Python's logging and ``TF_CPP_MIN_LOG_LEVEL``; they are kept out of the user's terminal
+while TensorFlow loads (:func:`native_stderr_quiet`), unless the log level is DEBUG.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def native_stderr_quiet(enabled: bool = True) -> Iterator[None]:
+    """File descriptor 2 goes to /dev/null inside the block (native code's writes included);
+    Python's exceptions still propagate and are reported after it."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def configure_tensorflow(memory_mb: int | None):  # -> the tensorflow module
     """Import TensorFlow in a pinned child and apply its memory limit; return (tf, device)."""
     if "CUDA_VISIBLE_DEVICES" not in os.environ:
         raise RuntimeError("CUDA_VISIBLE_DEVICES must be set before TensorFlow is imported")
-    import tensorflow as tf
+    with native_stderr_quiet(logging.getLogger().getEffectiveLevel() > logging.DEBUG):
+        import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
