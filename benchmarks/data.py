@@ -288,7 +288,7 @@ def _phonemes_index(root: Path, cache: Path, repetitions: int, log: Callable[[st
     work spread over the cores); the whole builds' times are reported beside it.
     """
     from shared.config import DataConfig
-    from shared.dataset import _workers
+    from shared.dataset.index import _workers
 
     cores = _workers(DataConfig())
     one, cold, one_stage, cold_stage, warm = [], [], [], [], []

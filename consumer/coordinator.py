@@ -2,7 +2,7 @@
 
 It runs in its own thread and is the only user of the ROUTER socket.
 
-Joining: a producer's HELLO describes its dataset (shared/dataset.py). A producer
+Joining: a producer's HELLO describes its dataset (shared/dataset/agreement.py). A producer
 whose metadata or audio index does not match the trainer's is sent REFUSE with the
 reason, which both sides log. One that lacks some audio files is accepted; it is
 never leased those samples. A HELLO with the name, host and launcher pid of a live
@@ -71,9 +71,10 @@ from consumer.plan import EpochPlanner, PlannedBatch, TokenTable
 from shared import wire
 from shared.batch import FRAMES, batch_dims, schema_for
 from shared.config import Config
-from shared.dataset import DatasetScan, Rejection, check_agreement
+from shared.dataset import DatasetScan, check_agreement
 from shared.errors import UserError
 from shared.keys import ServerKeys, short
+from shared.layouts import Rejection
 
 if TYPE_CHECKING:
     from consumer.checkpoint import InputPosition

@@ -45,8 +45,9 @@ from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
 from shared.batch import FRAMES
-from shared.dataset import Rejection, Sample, build_index, feature_cache_dir
+from shared.dataset import Sample, build_index, feature_cache_dir
 from shared.errors import UserError
+from shared.layouts import Rejection
 from shared.gpumon import GpuSampler
 from shared.keys import load_server_keys
 from shared.metrics import JsonlWriter, read_jsonl, summarize

@@ -30,7 +30,8 @@ import numpy as np
 from consumer.plan import round_up
 from shared.batch import FRAMES, schema_for
 from shared.config import Config
-from shared.dataset import DatasetIndex, Rejection, Sample, build_index
+from shared.dataset import DatasetIndex, Sample, build_index
+from shared.layouts import Rejection
 from shared.runfiles import VALIDATION, write_json
 from shared.text import Vocabulary
 

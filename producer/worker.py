@@ -9,7 +9,7 @@ Two threads:
                   and hands the lease id to the io thread over an inproc socket. It takes
                   the lowest (epoch, index) first, so re-planned work goes before new work.
 
-Joining: before its HELLO the producer scans its dataset (shared/dataset.py: metadata
+Joining: before its HELLO the producer scans its dataset (shared/dataset/agreement.py: metadata
 and audio file sizes) and describes it; a trainer whose dataset differs answers REFUSE
 with the reason, which the producer logs and exits with status 2. With ``--keys`` the
 socket is a CURVE client; a trainer that rejects the key (or speaks no CURVE) fails the

@@ -67,7 +67,7 @@ has one of the wrong type; an id, language code or speaker as above that is not 
 duplicate id (the first line with it wins). A speaker or language left empty takes the
 dataset's default (the speaker ``default``, or a mix dataset's name; the language
 ``text.language``, or a mix dataset's language). Whether a language code is one the text
-front-ends know is the index's question (shared/dataset.py), not the layout's.
+front-ends know is the index's question (shared/dataset/index.py), not the layout's.
 """
 from __future__ import annotations
 

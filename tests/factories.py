@@ -195,7 +195,8 @@ def make_faulty_dataset(root: Path, good: int = 8) -> FaultyDataset:
 
 def fake_scan(ids: Iterable[str], missing: Iterable[str] = ()) -> "DatasetScan":
     """A trainer's dataset scan without files: entries with some text, made-up audio sizes."""
-    from shared.dataset import DatasetScan, Entry, audio_fingerprint, metadata_fingerprint
+    from shared.dataset import DatasetScan, audio_fingerprint, metadata_fingerprint
+    from shared.layouts import Entry
 
     entries = [Entry(i, f"text of {i}", n + 1) for n, i in enumerate(ids)]
     lacking = set(missing)

@@ -1,4 +1,4 @@
-"""Dataset agreement (shared/dataset.py): scans, fingerprints, and check_agreement."""
+"""Dataset agreement (shared/dataset/agreement.py): scans, fingerprints, and check_agreement."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for shared/dataset.py: metadata parsing, the index, and precise rejections."""
+"""Tests for shared/dataset/ (files, probe, index): metadata parsing, the index, and precise rejections."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from shared.config import DataConfig, FeaturesConfig
 from shared.dataset import (
     DEMO_DATA_DIR,
     DatasetError,
-    Rejection,
     build_index,
     expected_samples,
     read_metadata,
     resolve_root,
     scan_audio,
 )
+from shared.layouts import Rejection
 from shared.text import normalize
 from tests.factories import add_clip, append_metadata, make_dataset, make_faulty_dataset, truncate_wav
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared import dataset
+from shared.dataset import index as index_module
 from shared.config import DataConfig, FeaturesConfig, TextConfig
 from shared.dataset import build_index, index_cache_file
 from tests.factories import add_clip, append_metadata, make_dataset
@@ -173,8 +174,8 @@ def test_cache_off_and_cache_in_a_given_directory(root: Path, tmp_path: Path) ->
 
 
 def test_parallel_build_equals_serial_build(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dataset, "PARALLEL_MIN_SECONDS", 0.0)
-    monkeypatch.setattr(dataset, "CHUNK_ITEMS", 3)
+    monkeypatch.setattr(index_module, "PARALLEL_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(index_module, "CHUNK_ITEMS", 3)
     serial = build_index(_data(root, index_cache="off", index_workers=1), FEATURES)
     parallel = build_index(_data(root, index_cache="off", index_workers=2), FEATURES)
     assert (serial.stats.workers, parallel.stats.workers) == (1, 2)
@@ -197,13 +198,13 @@ def test_feature_cache_dir_setting(root: Path, tmp_path: Path, monkeypatch: pyte
 
 def test_parallel_only_when_the_work_outlasts_starting_a_helper() -> None:
     wavs = [(f"{i}.wav", 1000, "some text") for i in range(20_000)]
-    assert dataset._estimated_seconds(wavs, dataset.TEXT_S) == pytest.approx(20_000 * (dataset.WAV_HEADER_S +
+    assert index_module._estimated_seconds(wavs, dataset.TEXT_S) == pytest.approx(20_000 * (dataset.WAV_HEADER_S +
                                                                                         dataset.TEXT_S))
-    assert dataset._estimated_seconds(wavs, dataset.TEXT_S) < dataset.PARALLEL_MIN_SECONDS  # LJSpeech-sized: one process
+    assert index_module._estimated_seconds(wavs, dataset.TEXT_S) < dataset.PARALLEL_MIN_SECONDS  # LJSpeech-sized: one process
     # the same texts through the phonemizer are worth spreading over the cores
-    assert dataset._estimated_seconds(wavs, dataset.PHONEMES_S) > dataset.PARALLEL_MIN_SECONDS
+    assert index_module._estimated_seconds(wavs, dataset.PHONEMES_S) > dataset.PARALLEL_MIN_SECONDS
     flacs = [(f"{i}.flac", 1000, None) for i in range(20_000)]
-    assert dataset._estimated_seconds(flacs, dataset.TEXT_S) > dataset.PARALLEL_MIN_SECONDS
+    assert index_module._estimated_seconds(flacs, dataset.TEXT_S) > dataset.PARALLEL_MIN_SECONDS
 
 
 def test_a_front_end_change_sends_every_text_through_it_again_but_reads_no_header(root: Path) -> None:

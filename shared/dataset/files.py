@@ -1,0 +1,187 @@
+"""Where a dataset's metadata and audio are: the directory (or mix file) a user names, the
+audio file of each id (any format libsndfile reads; :data:`AUDIO_SUFFIXES` in order of
+preference), and the metadata bytes as read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_module
+from pathlib import Path
+from typing import Iterable
+
+from shared.dataset.types import AudioFile, DatasetError
+from shared.layouts import (COLUMNS_AUTO, MIX_ID_SEPARATOR, Entry, LayoutError, Rejection, is_manifest, is_mix,
+                            pack_mix, parse_entries, parse_mix_spec, unpack_mix)
+
+DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
+
+
+AUDIO_DIR = "wavs"
+
+
+AUDIO_SUFFIX = ".wav"  # the LJSpeech suffix, named in "missing" reasons
+
+
+# Suffixes of formats libsndfile reads, in order of preference when one id has several.
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".w64",
+                  ".rf64", ".caf")
+
+
+def resolve_root(path: str) -> Path:
+    """The dataset directory a user named, or the embedded demo set for ''."""
+    root = Path(path).expanduser() if path else DEMO_DATA_DIR
+    if not root.exists():
+        raise DatasetError(f"dataset directory {root} does not exist")
+    if not root.is_dir():
+        raise DatasetError(f"dataset path {root} is not a directory")
+    return root.resolve()
+
+
+def locate(path: str, metadata_file: str) -> tuple[Path, str]:
+    """(root, metadata file) of what ``--data`` names: a dataset directory, or a mix file
+    (``*.yaml``, shared/layouts.py), whose directory is the root its datasets are found from."""
+    given = Path(path).expanduser() if path else None
+    if given is not None and is_mix(given.name):
+        if not given.is_file():
+            raise DatasetError(f"mix file {given} does not exist")
+        return given.resolve().parent, given.name
+    return resolve_root(path), metadata_file
+
+
+def audio_path(root: Path, sample_id: str, name: str | None = None) -> Path:
+    """Where a clip's audio is: ``name`` (relative to the dataset, or absolute), by default ``wavs/<id>.wav``."""
+    return root / relative_audio(sample_id, name)
+
+
+def relative_audio(sample_id: str, name: str | None = None) -> str:
+    """The audio path named in reasons and stored in the index: ``name``, by default ``wavs/<id>.wav``."""
+    return name or f"{AUDIO_DIR}/{sample_id}{AUDIO_SUFFIX}"
+
+
+def scan_audio(root: Path) -> dict[str, AudioFile]:
+    """Every audio file of ``root/wavs`` by id (its name without the suffix), named ``wavs/<file>``.
+
+    One directory listing (sizes and mtimes come with it); when an id has files with
+    several suffixes, the first in :data:`AUDIO_SUFFIXES` wins. A missing directory
+    gives an empty map (each clip is then rejected as missing).
+    """
+    rank = {suffix: i for i, suffix in enumerate(AUDIO_SUFFIXES)}
+    directory = root / AUDIO_DIR
+    chosen: dict[str, tuple[int, str]] = {}  # stem -> (suffix rank, file name)
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                name = entry.name
+                stem, dot, suffix = name.rpartition(".")
+                order = rank.get("." + suffix.lower()) if dot and stem else None
+                if order is None or not entry.is_file():
+                    continue
+                previous = chosen.get(stem)
+                if previous is None or order < previous[0]:
+                    chosen[stem] = (order, name)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except OSError as exc:
+        raise DatasetError(f"cannot list {directory}: {exc.strerror}") from None
+    # stat relative to the directory's descriptor: no path to resolve per file (the
+    # per-file stat is most of a warm index load, and unavoidable: mtimes are the key)
+    found: dict[str, AudioFile] = {}
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        stat = os.stat
+        for stem, (_, name) in chosen.items():
+            try:
+                st = stat(name, dir_fd=fd)
+            except OSError:
+                continue  # vanished while listing: the clip is reported missing
+            found[stem] = AudioFile(f"{AUDIO_DIR}/{name}", st.st_size, st.st_mtime_ns)
+    finally:
+        os.close(fd)
+    return found
+
+
+def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
+    """The audio files a manifest names, by id: one stat each (a missing file is left out).
+
+    ``AudioFile.name`` is the path as the manifest wrote it: relative to the dataset
+    directory, or absolute.
+    """
+    found: dict[str, AudioFile] = {}
+    for entry in entries:
+        if not entry.audio:
+            continue
+        try:
+            st = os.stat(root / entry.audio)
+        except OSError:
+            continue  # reported as missing, with the path
+        if stat_module.S_ISREG(st.st_mode):
+            found[entry.id] = AudioFile(entry.audio, st.st_size, st.st_mtime_ns)
+    return found
+
+
+def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:
+    """The audio of a dataset by id: the files a manifest names, or the listing of ``wavs/``;
+    for a mix, each dataset's, by prefixed id, with paths from ``root``."""
+    if is_manifest(metadata_file):
+        entries, _ = parse_entries(metadata, metadata_file, columns)
+        return locate_audio(root, entries)
+    if not is_mix(metadata_file):
+        return scan_audio(root)
+    found: dict[str, AudioFile] = {}
+    for part, directory, raw in unpack_mix(metadata):
+        prefix = f"{part.name}{MIX_ID_SEPARATOR}"
+        if is_manifest(part.metadata_file):
+            entries, _ = parse_entries(raw, part.metadata_file, part.columns)
+            listed = {prefix + i: AudioFile(f"{directory}/{a.name}" if not a.name.startswith("/") else a.name,
+                                            a.size, a.mtime_ns)
+                      for i, a in locate_audio(root / directory, entries).items()}
+        else:
+            listed = {prefix + i: AudioFile(f"{directory}/{a.name}", a.size, a.mtime_ns)
+                      for i, a in scan_audio(root / directory).items()}
+        found.update(listed)
+    return found
+
+
+def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> bytes:
+    """The bytes of ``root/metadata_file``; for a mix, the blob of every dataset's metadata."""
+    if is_mix(metadata_file):
+        return _read_mix(root, metadata_file)
+    meta = root / metadata_file
+    try:
+        return meta.read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"{meta} not found (expected LJSpeech layout: metadata.csv and wavs/)") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{meta} is a directory, not a metadata file") from None
+    except OSError as exc:
+        raise DatasetError(f"cannot read {meta}: {exc.strerror}") from None
+
+
+def _read_mix(root: Path, mix_file: str) -> bytes:
+    try:
+        parts = parse_mix_spec(_read(root / mix_file).decode("utf-8", "replace"), "metadata.csv", COLUMNS_AUTO)
+    except LayoutError as exc:
+        raise DatasetError(f"{root / mix_file}: {exc}") from None
+    packed = []
+    for part in parts:
+        directory = Path(part.path).expanduser()
+        where = directory if directory.is_absolute() else root / directory
+        if not where.is_dir():
+            raise DatasetError(f"{root / mix_file}: dataset {part.name}: {where} is not a directory")
+        label = str(directory) if directory.is_absolute() else directory.as_posix().rstrip("/")
+        packed.append((part, label, read_metadata_bytes(where, part.metadata_file)))
+    return pack_mix(packed)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def read_metadata(root: Path, metadata_file: str = "metadata.csv",
+                  columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
+    """Parse ``root/metadata_file``; malformed lines become rejections, never exceptions."""
+    return parse_entries(read_metadata_bytes(root, metadata_file), metadata_file, columns)

@@ -1,0 +1,77 @@
+"""The records of a dataset: a usable clip (:class:`Sample`), an audio file as listed and as
+its header describes it, the index's statistics, and the error of a dataset that cannot
+be used at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from shared.errors import UserError
+
+# Clips whose metadata names no speaker are this speaker's.
+DEFAULT_SPEAKER = "default"
+
+
+class DatasetError(UserError):
+    """The dataset as a whole cannot be used (missing, unreadable, no usable clip)."""
+
+
+class Sample(NamedTuple):
+    """One usable clip: enough to plan batches without decoding audio.
+
+    A NamedTuple, not a frozen dataclass: a warm index load makes one per clip, and a
+    tuple is built several times faster.
+    """
+
+    id: str
+    text: str
+    num_tokens: int  # including EOS
+    num_frames: int  # mel frames at the configured rate and hop
+    duration_s: float
+    audio: str = ""  # file name in the audio directory ("" for synthetic samples)
+    line: int = 0  # metadata line
+    language: str = ""  # language code (the metadata's, else text.language)
+    speaker: str = ""  # speaker name (the metadata's, else DEFAULT_SPEAKER)
+    units: str = ""  # what the text front-end made of the text (Vocabulary.encode gives the ids)
+
+
+class AudioFile(NamedTuple):
+    """One file of the audio directory, as listed (no header read)."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+
+class AudioProbe(NamedTuple):
+    """What an audio header says, or why the file cannot be used.
+
+    ``error`` names the fault ("audio file truncated"), "" when the file is usable;
+    ``detail`` says more where there is more to say (libsndfile's message, byte counts).
+    """
+
+    frames: int = 0
+    rate: int = 0
+    channels: int = 0
+    error: str = ""
+    detail: str = ""
+
+
+@dataclass
+class IndexStats:
+    """How the index was obtained: for logs, summary.json and the cache tests."""
+
+    cache: str = "off"  # hit | miss | stale | corrupt | off
+    cache_file: str = ""
+    headers_read: int = 0  # audio headers read this time
+    headers_reused: int = 0  # header facts taken from the previous cache
+    texts_tokenized: int = 0
+    workers: int = 1
+    read_s: float = 0.0  # reading headers and sending texts through the front-end: the parallel stage
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
