@@ -192,6 +192,34 @@ def test_generation_is_deterministic_and_bounded(clips) -> None:
     assert bounded["mel_lengths"].numpy().tolist() == [7, 7, 7, 7, 0] and bounded["mel"].shape[1] == 7
 
 
+def test_synth_restores_the_example_and_lets_it_decide_the_length(tmp_path) -> None:
+    """synth on a checkpoint of ar_tts: the restored stop layer decides how many frames come out."""
+    from consumer import tts
+    from consumer.checkpoint import CKPT_DIR, Checkpointer
+    from consumer.synth import generation_limit, synthesize
+    from shared.text import VOCAB_FILE, Characters, Vocabulary, save_vocabulary
+
+    frontend = Characters()
+    vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(["Hello there!"], "en")], ["en"],
+                             ["anna", "bob"])
+    tokens = len("Hello there!") + 1  # EOS
+    cases = (("stops", 50.0, None, 1), ("never", -50.0, None, generation_limit(tokens)), ("bounded", -50.0, 9, 9))
+    for name, stop_bias, frames, expected in cases:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        cfg = config_mod.load(None, {"trainer.model": "ar_tts:build", "batching.fields": FIELDS})
+        config_mod.save(cfg, run_dir / "config.yaml")
+        save_vocabulary(vocab, run_dir / VOCAB_FILE)
+        net = tts.build("ar_tts:build", vocab.size, N_MELS)
+        net(tts.dummy_inputs(1, 8, 16, N_MELS, -11.5, vocab.size, schema_for(FIELDS)))
+        net.stop.bias.assign([stop_bias])
+        state = tf.train.Checkpoint(model=net, step=tf.Variable(3, dtype=tf.int64))
+        Checkpointer(run_dir / CKPT_DIR, keep=1).save(3, {"state": ["model"], "model": "ar_tts:build"}, state)
+        result = synthesize(run_dir, "Hello there!", tmp_path / f"{name}.npy", frames=frames, speaker="bob")
+        mel = np.load(result.mel_path)
+        assert result.frames == expected == len(mel) and mel.shape[1] == N_MELS and np.isfinite(mel).all(), name
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_ar_example_trains_end_to_end(tmp_path) -> None:
