@@ -135,6 +135,23 @@ def test_optional_fields_condition_the_model_and_any_subset_trains(clips) -> Non
         assert set(out["losses"]) == LOSS_NAMES and np.isfinite(total_loss(out)), fields
 
 
+def test_mixed_precision_keeps_float32_outputs_and_losses(clips) -> None:
+    """On a GPU stoker sets the mixed_float16 policy before building: the outputs stay float32."""
+    import keras
+
+    tokens, mels, vocab_size = clips
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = ar_tts.build(vocab_size=vocab_size, n_mels=N_MELS)
+        batch = batch_of(tokens[:2], mels[:2])
+        out = model({**batch, "ref_mel": batch["mel"], "ref_mel_lengths": batch["mel_lengths"]}, training=True)
+        made = model.generate(conditioning(batch), max_frames=3)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert out["mel"].dtype == out["stop_logits"].dtype == made["mel"].dtype == tf.float32
+    assert all(v.dtype == tf.float32 and np.isfinite(float(v)) for v in out["losses"].values())
+
+
 @pytest.mark.timeout(90)
 def test_it_learns_a_fixed_batch(clips) -> None:
     tokens, mels, vocab_size = clips

@@ -203,6 +203,9 @@ class AutoregressiveTTS(keras.Model):
         frame included) or at ``max_frames``; an empty row (no tokens) has length 0. The
         frames of a row past its length are what the loop went on making for the others:
         read only the first ``mel_lengths``.
+
+        Each step runs the decoder on all the frames so far (no key/value cache): plain and
+        exactly the computation of teacher forcing, at a cost that grows with T^2.
         """
         memory, memory_mask = self.encode(inputs, training=False)
         batch = int(memory.shape[0])
