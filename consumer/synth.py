@@ -110,7 +110,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     with tf.device(device):
         model = tts.build(spec, vocab.size, n_mels)
         probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids)
-        built = model(probe, training=False)  # creates the weights the checkpoint restores
+        model(probe, training=False)  # creates the weights the checkpoint restores
         try:
             tf.train.Checkpoint(model=model).read(latest).expect_partial().assert_existing_objects_matched()
         except (tf.errors.OpError, AssertionError, ValueError) as exc:
@@ -123,7 +123,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
             frames = len(mel)
         else:
             if frames is None:
-                frames = predicted_frames(tts.outputs_of(built), spec)
+                frames = predicted_frames(tts.outputs_of(model(probe, training=False)), spec)
             inputs = one_batch(tokens, frames, n_mels, pads, schema, **ids)
             mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
     from consumer import melimage

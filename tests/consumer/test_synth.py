@@ -8,7 +8,7 @@ import pytest
 from consumer.checkpoint import CKPT_DIR, Checkpointer
 from consumer.synth import SynthError, synthesize
 from shared import config as config_mod
-from shared.text import VOCAB_FILE, Characters, Vocabulary, save_vocabulary
+from shared.text import VOCAB_FILE, Characters, Vocabulary, load_vocabulary, save_vocabulary
 from tests.procs import run_cli
 
 tf = pytest.importorskip("tensorflow")
@@ -150,3 +150,18 @@ def test_generation_limit_grows_with_the_text_and_is_capped() -> None:
     from consumer.synth import MAX_FRAMES, generation_limit
 
     assert generation_limit(13) == 180 and generation_limit(1) == 60 and generation_limit(10_000) == MAX_FRAMES
+
+
+def test_synth_takes_the_length_from_the_trained_weights(tmp_path) -> None:
+    from consumer import tts
+
+    model = "tests.consumer.user_models:lengthed"
+    run_dir = _run_dir(tmp_path, model=model, weights=False)
+    vocab = load_vocabulary(run_dir / VOCAB_FILE)
+    net = tts.build(model, vocab.size, 80)
+    net(tts.dummy_inputs(1, 8, 16, 80, -11.5, vocab.size))
+    net.log_frames.assign(np.log(37.0))
+    state = tf.train.Checkpoint(model=net, step=tf.Variable(7, dtype=tf.int64))
+    Checkpointer(run_dir / CKPT_DIR, keep=1).save(7, {"state": ["model"], "model": model}, state)
+    result = synthesize(run_dir, "Hello there!", tmp_path / "mel.npy")
+    assert result.frames == 37 == len(np.load(result.mel_path))  # not exp(0) = 1 of the freshly built model

@@ -112,3 +112,19 @@ def generating(vocab_size: int, n_mels: int) -> keras.Model:
 
 def generating_without_lengths(vocab_size: int, n_mels: int) -> keras.Model:
     return Generating(vocab_size, n_mels, broken=True)
+
+
+class Lengthed(FramesModel):
+    """Predicts the same log(frames) for every row: one trained weight (zero when built)."""
+
+    def __init__(self, vocab_size: int, n_mels: int) -> None:
+        super().__init__(vocab_size, n_mels)
+        self.log_frames = self.add_weight(shape=(), initializer="zeros", name="log_frames")
+
+    def call(self, inputs, training=False):
+        rows = tf.shape(inputs["tokens"])[:1]
+        return {"mel": super().call(inputs, training), "log_frames": tf.fill(rows, self.log_frames)}
+
+
+def lengthed(vocab_size: int, n_mels: int) -> keras.Model:
+    return Lengthed(vocab_size, n_mels)
