@@ -4,7 +4,10 @@ Loads the run's resolved config and its latest checkpoint (model weights only), 
 the text into tokens with the run's own vocabulary and text front-end (the vocabulary
 saved in the checkpoint, else ``RUN_DIR/vocab.json``; shared/text.py), chooses the number of frames T
 from the model's length head (``log_frames``) unless ``--frames`` is given, and runs the
-model once. Writes the mel as float32 ``[T, F]`` (.npy) and an image of it (.png, low
+model once. A model with its own generation loop (a ``generate(inputs, max_frames)``
+method, docs/MODELS.md) is run by that instead: it gets the text and conditioning fields
+without a mel, at most ``--frames`` frames (default: a bound from the token count), and
+its mel is trimmed to the length it returns. Writes the mel as float32 ``[T, F]`` (.npy) and an image of it (.png, low
 frequencies at the bottom) beside it.
 
 Runs in the calling process, on the CPU unless a GPU index is given (it is pinned with
@@ -31,6 +34,13 @@ log = logging.getLogger(__name__)
 # A synthesized clip longer than this many frames is refused (a runaway length prediction):
 # about 60 s at 22.05 kHz and a 256-sample hop.
 MAX_FRAMES = 5000
+# A model's own generation loop (a ``generate`` method) stops by itself; without --frames it
+# may make at most this many frames per token plus this many (English speech runs at about
+# 6 frames per character), capped at MAX_FRAMES.
+GENERATE_FRAMES_PER_TOKEN = 10
+GENERATE_EXTRA_FRAMES = 50
+# The batch fields that hold the target, which a generation loop does not get.
+TARGET_FIELDS = ("mel", "mel_lengths", "stop")
 
 
 class SynthError(UserError):
@@ -106,24 +116,23 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     with tf.device(device):
         model = tts.build(spec, vocab.size, n_mels)
         probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids)
-        out_probe = tts.outputs_of(model(probe, training=False))
+        model(probe, training=False)  # creates the weights the checkpoint restores
         try:
             tf.train.Checkpoint(**tts.restorable(model)).read(latest).expect_partial() \
                 .assert_existing_objects_matched()
         except (tf.errors.OpError, AssertionError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SynthError(f"checkpoint {latest} cannot be read for model {spec}: {first}") from None
-        if frames is None:
-            if "log_frames" not in out_probe:
-                raise SynthError(f"model {spec} predicts no length (no 'log_frames' output): pass --frames N")
-            out_probe = tts.outputs_of(model(probe, training=False))
-            predicted = float(out_probe["log_frames"][0])
-            if not math.isfinite(predicted) or math.exp(min(predicted, 50.0)) > MAX_FRAMES:
-                raise SynthError(f"the model predicts an unusable length (log frames {predicted:.2f}); "
-                                 f"pass --frames N")
-            frames = max(1, int(round(math.exp(predicted))))
-        inputs = one_batch(tokens, frames, n_mels, pads, schema, **ids)
-        mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
+        generate = getattr(model, "generate", None)
+        if callable(generate):
+            limit = frames if frames is not None else generation_limit(len(tokens))
+            mel = generated_mel(tf, generate, conditioning(probe), limit, spec)
+            frames = len(mel)
+        else:
+            if frames is None:
+                frames = predicted_frames(tts.outputs_of(model(probe, training=False)), spec)
+            inputs = one_batch(tokens, frames, n_mels, pads, schema, **ids)
+            mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
     from consumer import melimage
 
     out = out.expanduser()
@@ -134,6 +143,50 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     melimage.write_png(png_path, melimage.colorize(mel))
     seconds = frames * cfg.features.hop_length / cfg.features.sample_rate_hz
     return SynthResult(mel_path, png_path, frames, seconds, str(found), len(tokens))
+
+
+def generation_limit(tokens: int) -> int:
+    """The most frames a model's own generation loop may make for ``tokens`` tokens (no --frames)."""
+    return min(MAX_FRAMES, GENERATE_FRAMES_PER_TOKEN * tokens + GENERATE_EXTRA_FRAMES)
+
+
+def conditioning(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What a model's ``generate`` gets: the batch without the mel fields (there is no target)."""
+    return {name: value for name, value in batch.items() if name not in TARGET_FIELDS}
+
+
+def generated_mel(tf: Any, generate: Any, inputs: dict[str, np.ndarray], max_frames: int, spec: str) -> np.ndarray:
+    """The first row of ``generate(inputs, max_frames)``, trimmed to its mel_lengths: float32 [T, F].
+
+    SynthError (one line) when the result breaks the contract of docs/MODELS.md.
+    """
+    try:
+        result = generate(inputs, max_frames)
+    except Exception as exc:  # the user's code: report what it raised, in one line
+        raise SynthError(f"model {spec}: generate() failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(result, dict) or "mel" not in result or "mel_lengths" not in result:
+        raise SynthError(f"model {spec}: generate() must return a dict with 'mel' [B, T, F] and 'mel_lengths' [B]; "
+                         f"see docs/MODELS.md")
+    mel = np.asarray(tf.cast(result["mel"], tf.float32))
+    lengths = np.asarray(result["mel_lengths"])
+    if mel.ndim != 3 or lengths.shape != (mel.shape[0],) or mel.shape[0] < 1:
+        raise SynthError(f"model {spec}: generate() returned mel {list(mel.shape)} and mel_lengths "
+                         f"{list(lengths.shape)}; expected [B, T, F] and [B]")
+    length = int(lengths[0])
+    if not 0 < length <= min(mel.shape[1], max_frames):
+        raise SynthError(f"model {spec}: generate() made {length} frames (of at most {max_frames}, "
+                         f"{mel.shape[1]} returned)")
+    return mel[0, :length]
+
+
+def predicted_frames(out: dict[str, Any], spec: str) -> int:
+    """T from the model's length head (``log_frames``); SynthError when it has none or it is unusable."""
+    if "log_frames" not in out:
+        raise SynthError(f"model {spec} predicts no length (no 'log_frames' output): pass --frames N")
+    predicted = float(out["log_frames"][0])
+    if not math.isfinite(predicted) or math.exp(min(predicted, 50.0)) > MAX_FRAMES:
+        raise SynthError(f"the model predicts an unusable length (log frames {predicted:.2f}); pass --frames N")
+    return max(1, int(round(math.exp(predicted))))
 
 
 def run_vocabulary(run_dir: Path) -> Any:

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("run_dir", metavar="RUN_DIR")
     synth.add_argument("--text", required=True, help="what to say")
     synth.add_argument("--out", default="mel.npy", help="the mel [T, F] as .npy; the .png goes beside it")
-    synth.add_argument("--frames", type=int, help="mel frames to produce (default: the model's length prediction)")
+    synth.add_argument("--frames", type=int, help="mel frames to produce (default: the model's length "
+                       "prediction); for a model with its own generate(): the most it may make")
     synth.add_argument("--gpu", type=int, help="GPU index to run on (default: the CPU)")
     synth.add_argument("--language", metavar="CODE", help="the text's language (default: the run's text.language)")
     synth.add_argument("--speaker", help="a speaker of the run's vocabulary, for a model trained with "

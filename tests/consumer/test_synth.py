@@ -9,7 +9,7 @@ from consumer.checkpoint import CKPT_DIR, Checkpointer
 from consumer.synth import SynthError, synthesize
 from shared import config as config_mod
 from shared.runfiles import VOCAB
-from shared.text import Characters, Vocabulary, save_vocabulary
+from shared.text import Characters, Vocabulary, load_vocabulary, save_vocabulary
 from tests.procs import run_cli
 
 tf = pytest.importorskip("tensorflow")
@@ -157,3 +157,48 @@ def test_synth_passes_the_speaker_and_language_the_model_was_trained_with(tmp_pa
         synthesize(run_dir, "Hello there!", tmp_path / "d.npy", frames=30, speaker="carl")
     with pytest.raises(SynthError, match="--language de is not one of the run's languages \\(en, fa\\)"):
         synthesize(run_dir, "Hello there!", tmp_path / "d.npy", frames=30, language="de")
+
+
+def test_synth_runs_a_model_s_own_generation_loop(tmp_path) -> None:
+    frontend = Characters()
+    vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(TRAINED_TEXTS, "en")], ["en"], ["anna", "bob"])
+    run_dir = _run_dir(tmp_path, model="tests.consumer.user_models:generating", vocab=vocab,
+                       fields="speaker_id,stop")
+    anna = synthesize(run_dir, "Hello there!", tmp_path / "a.npy", speaker="anna")
+    mel = np.load(anna.mel_path)
+    tokens = len("Hello there!") + 1  # EOS
+    # generate() made 3 + 2 x tokens frames (under the default bound of 10 x tokens + 50), trimmed to that
+    assert anna.frames == 3 + 2 * tokens == mel.shape[0] and mel.shape[1] == 80 and anna.tokens == tokens
+    assert np.allclose(np.diff(mel, axis=0), 1.0)  # frame t is the level + t: the loop's frames, from the first
+    bob = np.load(synthesize(run_dir, "Hello there!", tmp_path / "b.npy", speaker="bob").mel_path)
+    assert np.allclose(bob - mel, 1.0)  # the speaker id reached generate()
+    capped = synthesize(run_dir, "Hello there!", tmp_path / "c.npy", frames=10, speaker="anna")
+    assert capped.frames == 10 and np.array_equal(np.load(capped.mel_path), mel[:10])  # --frames bounds it
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    run_dir = _run_dir(broken, model="tests.consumer.user_models:generating_without_lengths", vocab=vocab,
+                       fields="speaker_id")
+    with pytest.raises(SynthError, match=r"generate\(\) must return a dict with 'mel' \[B, T, F\] and 'mel_lengths'"):
+        synthesize(run_dir, "Hello there!", tmp_path / "d.npy")
+
+
+def test_generation_limit_grows_with_the_text_and_is_capped() -> None:
+    from consumer.synth import MAX_FRAMES, generation_limit
+
+    assert generation_limit(13) == 180 and generation_limit(1) == 60 and generation_limit(10_000) == MAX_FRAMES
+
+
+def test_synth_takes_the_length_from_the_trained_weights(tmp_path) -> None:
+    from consumer import tts
+
+    model = "tests.consumer.user_models:lengthed"
+    run_dir = _run_dir(tmp_path, model=model, weights=False)
+    vocab = load_vocabulary(run_dir / VOCAB)
+    net = tts.build(model, vocab.size, 80)
+    net(tts.dummy_inputs(1, 8, 16, 80, -11.5, vocab.size))
+    net.log_frames.assign(np.log(37.0))
+    state = tf.train.Checkpoint(**tts.restorable(net), step=tf.Variable(7, dtype=tf.int64))
+    Checkpointer(run_dir / CKPT_DIR, keep=1).save(7, {"state": ["model", "weights"], "model": model}, state)
+    result = synthesize(run_dir, "Hello there!", tmp_path / "mel.npy")
+    assert result.frames == 37 == len(np.load(result.mel_path))  # not exp(0) = 1 of the freshly built model

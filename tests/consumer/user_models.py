@@ -85,3 +85,46 @@ class Conditioned(FramesModel):
 
 def conditioned(vocab_size: int, n_mels: int) -> keras.Model:
     return Conditioned(vocab_size, n_mels)
+
+
+class Generating(FramesModel):
+    """Has its own generation loop (docs/MODELS.md): row b gets min(3 + 2 x tokens, max_frames)
+    frames, frame t being the one-pass prediction's level + t + the speaker id, so a test
+    reads from the mel how long it is, where it starts and whom it was for."""
+
+    def __init__(self, vocab_size: int, n_mels: int, broken: bool = False) -> None:
+        super().__init__(vocab_size, n_mels)
+        self.broken = broken
+
+    def generate(self, inputs, max_frames):
+        if "mel" in inputs or "mel_lengths" in inputs:
+            raise ValueError("generate() was given the target")
+        lengths = tf.minimum(3 + 2 * inputs["token_lengths"], max_frames)
+        level = self.out(tf.reduce_mean(self.embed(inputs["tokens"]), axis=1))  # [B, F]
+        speaker = tf.cast(inputs["speaker_id"], tf.float32)[:, None, None]
+        mel = level[:, None, :] + tf.range(max_frames, dtype=tf.float32)[None, :, None] + speaker
+        return {"mel": mel} if self.broken else {"mel": mel, "mel_lengths": lengths}
+
+
+def generating(vocab_size: int, n_mels: int) -> keras.Model:
+    return Generating(vocab_size, n_mels)
+
+
+def generating_without_lengths(vocab_size: int, n_mels: int) -> keras.Model:
+    return Generating(vocab_size, n_mels, broken=True)
+
+
+class Lengthed(FramesModel):
+    """Predicts the same log(frames) for every row: one trained weight (zero when built)."""
+
+    def __init__(self, vocab_size: int, n_mels: int) -> None:
+        super().__init__(vocab_size, n_mels)
+        self.log_frames = self.add_weight(shape=(), initializer="zeros", name="log_frames")
+
+    def call(self, inputs, training=False):
+        rows = tf.shape(inputs["tokens"])[:1]
+        return {"mel": super().call(inputs, training), "log_frames": tf.fill(rows, self.log_frames)}
+
+
+def lengthed(vocab_size: int, n_mels: int) -> keras.Model:
+    return Lengthed(vocab_size, n_mels)
