@@ -57,10 +57,11 @@ class SynthResult:
     tokens: int
 
 
-def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None,
-               language: str | None = None, speaker: str | None = None) -> SynthResult:
+def run_config(run_dir: Path, what: str = "synthesize with") -> Any:
+    """The resolved config of a run that trained a model; SynthError (one line) otherwise.
+    A user's model module is then found as in training: on PYTHONPATH, then here."""
+    from consumer import tts
     from shared import config as config_mod
-    from shared.batch import schema_for
 
     cfg_path = run_dir / CONFIG
     if not cfg_path.is_file():
@@ -69,14 +70,56 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         cfg = config_mod.load(cfg_path)
     except config_mod.ConfigError as exc:
         raise SynthError(f"{cfg_path}: {exc}") from None
-    from consumer import tts
-
     spec = cfg.trainer.model
     kind = tts.check_spec(spec)
     if kind == "synthetic":
-        raise SynthError(f"run {run_dir} trained the stand-in trainer {spec}, which has no model to synthesize with")
+        raise SynthError(f"run {run_dir} trained the stand-in trainer {spec}, which has no model to {what}")
     if kind == "user" and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # a user's module is found as in training: PYTHONPATH, then here
+        sys.path.append(os.getcwd())
+    return cfg
+
+
+def restore_model(tf: Any, device: str, run_dir: Path, cfg: Any, vocab_size: int,
+                  probe: dict[str, np.ndarray]) -> tuple[Any, Path]:
+    """The run's model built and called once on ``probe`` (which creates its weights), then
+    every weight restored from the latest checkpoint; and that checkpoint's directory."""
+    from consumer import tts
+    from consumer.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
+
+    spec = cfg.trainer.model
+    ckpt_dir = run_dir / CKPT_DIR
+    found = Checkpointer(ckpt_dir, keep=1).latest()
+    if found is None:
+        raise SynthError(f"no checkpoint in {ckpt_dir} (did the run stop before its first save?)")
+    try:
+        position = Checkpointer.verify(found)
+    except CheckpointError as exc:
+        raise SynthError(str(exc)) from None
+    if "model" not in position.get("state", []):
+        raise SynthError(f"checkpoint {found} holds no model weights")
+    if "weights" not in position.get("state", []):
+        raise SynthError(f"checkpoint {found} was written by an older stoker and misses some model weights; "
+                         f"train on with --resume {run_dir} --steps N for a complete one")
+    latest = str(found / STATE_PREFIX)
+    with tf.device(device):
+        model = tts.build(spec, vocab_size, cfg.features.n_mels)
+        model(probe, training=False)  # creates the weights the checkpoint restores
+        try:
+            tf.train.Checkpoint(**tts.restorable(model)).read(latest).expect_partial() \
+                .assert_existing_objects_matched()
+        except (tf.errors.OpError, AssertionError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SynthError(f"checkpoint {latest} cannot be read for model {spec}: {first}") from None
+    return model, found
+
+
+def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None,
+               language: str | None = None, speaker: str | None = None) -> SynthResult:
+    from consumer import tts
+    from shared.batch import schema_for
+
+    cfg = run_config(run_dir)
+    spec = cfg.trainer.model
     code = language or cfg.text.language
     tokens, vocab = encode_for_run(run_dir, cfg, text, code)
     schema = schema_for(cfg.batching.fields)
@@ -95,34 +138,11 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     from shared.tfsetup import configure_tensorflow
 
     tf, device = configure_tensorflow(None)
-    from consumer.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
-
-    ckpt_dir = run_dir / CKPT_DIR
-    found = Checkpointer(ckpt_dir, keep=1).latest()
-    if found is None:
-        raise SynthError(f"no checkpoint in {ckpt_dir} (did the run stop before its first save?)")
-    try:
-        position = Checkpointer.verify(found)
-    except CheckpointError as exc:
-        raise SynthError(str(exc)) from None
-    if "model" not in position.get("state", []):
-        raise SynthError(f"checkpoint {found} holds no model weights")
-    if "weights" not in position.get("state", []):
-        raise SynthError(f"checkpoint {found} was written by an older stoker and misses some model weights; "
-                         f"train on with --resume {run_dir} --steps N for a complete one")
-    latest = str(found / STATE_PREFIX)
     n_mels = cfg.features.n_mels
     pads = schema.pad_values(cfg.features.log_floor)
+    probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids)
+    model, found = restore_model(tf, device, run_dir, cfg, vocab.size, probe)
     with tf.device(device):
-        model = tts.build(spec, vocab.size, n_mels)
-        probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids)
-        model(probe, training=False)  # creates the weights the checkpoint restores
-        try:
-            tf.train.Checkpoint(**tts.restorable(model)).read(latest).expect_partial() \
-                .assert_existing_objects_matched()
-        except (tf.errors.OpError, AssertionError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise SynthError(f"checkpoint {latest} cannot be read for model {spec}: {first}") from None
         generate = getattr(model, "generate", None)
         if callable(generate):
             limit = frames if frames is not None else generation_limit(len(tokens))

@@ -23,7 +23,7 @@ log = logging.getLogger("stoker")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth")
+COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth", "export")
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 # `run.py produce` restarts a crashed producer at most this many times (as pipeline.producer_restarts).
 PRODUCE_RESTARTS = 3
@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--language", metavar="CODE", help="the text's language (default: the run's text.language)")
     synth.add_argument("--speaker", help="a speaker of the run's vocabulary, for a model trained with "
                        "batching.fields=speaker_id (default: its first)")
+    export = sub.add_parser("export", help="write the trained model in standard formats (a SavedModel plain "
+                            "TensorFlow loads, the .keras file) with its vocabulary and settings")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("out", metavar="OUT", help="a new directory")
     watch = sub.add_parser("watch", help="show a running trainer's queue depth, wait and throughput")
     watch.add_argument("run_dir", metavar="RUN_DIR")
     precompute = sub.add_parser("precompute", help="fill the feature cache ahead of training, with all producers")
@@ -419,6 +423,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from consumer.export import describe, export
+
+    out(describe(export(Path(args.run_dir), Path(args.out))))
+    return 0
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from consumer.synth import SynthError, synthesize
     from consumer.tts import ModelError
@@ -470,6 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_watch(args)
         if args.command == "keys":
             return cmd_keys(args)
+        if args.command == "export":
+            return cmd_export(args)
         if args.command == "synth":
             return cmd_synth(args)
         build_parser().print_help()
