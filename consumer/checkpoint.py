@@ -29,18 +29,9 @@ of the step and input position only, and TensorFlow is never imported.
 checkpoints and cannot make the input position and the model state one atomic unit,
 and the synthetic trainer has no TensorFlow to run it.
 
-Input position (:class:`InputPosition`): for every epoch, which of its planned batches
-(consumer/plan.py: the plan of an epoch is a pure function of the index, the batching
-config and the epoch number) were trained. It records the sample ids of each trained
-batch and maps them to the planned batch they belong to in the epoch's plan, so a
-planned batch is *done* when all its samples were trained, however they travelled: a
-producer lacking some clips delivers a planned batch in parts, and a missed clip
-re-planned by the coordinator rides in another batch of its bucket or in an extra
-batch of its own. ``position.json`` stores per open epoch the indices of the done
-planned batches and the ids trained from batches not yet done; epochs complete (every
-sample trained or rejected) are stored as ``complete_below`` (all epochs before it) and
-``complete`` (later ones, when leasing ahead finished one first). Several epochs can be
-open at once, since the coordinator leases ahead across the epoch boundary.
+The input position (consumer/plan.InputPosition, beside the planner whose plans it
+follows) is saved as its ``state_dict()`` in ``position.json``: which planned batches of
+which epochs were trained, so a resume trains each of them once.
 
 Resume: the coordinator starts at the first open epoch, plans each epoch as before and
 leases only what is left (:meth:`InputPosition.remaining`): done planned batches are
@@ -62,11 +53,11 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from consumer.plan import EpochPlanner, PlannedBatch
+from consumer.plan import EpochPlanner, InputPosition, PositionError
 from shared import runfiles
 from shared.runfiles import CKPT_DIR, VOCAB
 from shared.config import Config
@@ -100,131 +91,6 @@ class CheckpointError(UserError):
 
 def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:06d}"
-
-
-# --------------------------------------------------------------------------- position
-@dataclass
-class _EpochProgress:
-    home: dict[str, int]  # sample id -> index of its planned batch in this epoch's plan
-    sizes: list[int]  # samples of each planned batch
-    done: set[int] = field(default_factory=set)
-    partial: dict[int, set[str]] = field(default_factory=dict)  # planned index -> ids trained so far
-
-    @classmethod
-    def of(cls, plan: list[PlannedBatch]) -> "_EpochProgress":
-        return cls(home={i: b.index for b in plan for i in b.ids}, sizes=[len(b.ids) for b in plan])
-
-    def add(self, sample_id: str) -> bool:
-        index = self.home.get(sample_id)
-        if index is None or index in self.done:
-            return False
-        got = self.partial.setdefault(index, set())
-        if sample_id in got:
-            return False
-        got.add(sample_id)
-        if len(got) == self.sizes[index]:
-            self.done.add(index)
-            del self.partial[index]
-        return True
-
-    def trained(self) -> int:
-        return sum(self.sizes[i] for i in self.done) + sum(len(ids) for ids in self.partial.values())
-
-    def trained_ids(self) -> set[str]:
-        return {i for i, index in self.home.items() if index in self.done}.union(*self.partial.values())
-
-
-class InputPosition:
-    """Which planned batches of which epochs were trained (see the module docstring)."""
-
-    def __init__(self, planner: EpochPlanner) -> None:
-        self.planner = planner
-        self.complete: set[int] = set()  # epochs whose every sample was trained or rejected
-        self._epochs: dict[int, _EpochProgress] = {}
-
-    def _progress(self, epoch: int) -> _EpochProgress:
-        progress = self._epochs.get(epoch)
-        if progress is None:
-            progress = self._epochs[epoch] = _EpochProgress.of(self.planner.plan(epoch))
-        return progress
-
-    def record(self, epoch: int, ids: Iterable[str]) -> None:
-        """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned)."""
-        progress = self._progress(epoch)
-        strays = [i for i in ids if not progress.add(i)]
-        if strays:
-            log.warning("epoch %d: %d trained samples are not in its plan or were trained before: %s", epoch,
-                        len(strays), strays[:5])
-        for done in [e for e in self._epochs if e in self.complete]:  # their ids are needed no more
-            del self._epochs[done]
-
-    def first_open(self) -> int:
-        epoch = 0
-        while epoch in self.complete:
-            epoch += 1
-        return epoch
-
-    def trained_counts(self) -> dict[int, int]:
-        """Samples trained per open epoch (the trainer's completion count starts from these)."""
-        return {e: p.trained() for e, p in self._epochs.items() if e not in self.complete}
-
-    def done_batches(self, epoch: int) -> set[int]:
-        progress = self._epochs.get(epoch)
-        return set(progress.done) if progress is not None else set()
-
-    def remaining(self, batches: list[PlannedBatch]) -> list[PlannedBatch]:
-        """The part of an epoch's plan still to train: done planned batches left out, partly
-        trained ones cut to their untrained samples (same index, bucket and shape)."""
-        if not batches:
-            return []
-        epoch = batches[0].epoch
-        if epoch in self.complete:
-            return []
-        progress = self._epochs.get(epoch)
-        if progress is None:
-            return list(batches)
-        left = []
-        for batch in batches:
-            if batch.index in progress.done:
-                continue
-            trained = progress.partial.get(batch.index, set())
-            ids = tuple(i for i in batch.ids if i not in trained)
-            if ids:
-                left.append(batch if len(ids) == len(batch.ids) else replace(batch, ids=ids))
-        return left
-
-    def to_json(self) -> dict[str, Any]:
-        below = self.first_open()
-        return {
-            "complete_below": below,
-            "complete": sorted(e for e in self.complete if e > below),
-            "open": {str(e): {"done": sorted(p.done),
-                              "ids": sorted(i for ids in p.partial.values() for i in ids)}
-                     for e, p in sorted(self._epochs.items()) if e not in self.complete},
-        }
-
-    @classmethod
-    def from_json(cls, data: Any, planner: EpochPlanner) -> "InputPosition":
-        """Rebuild a position; CheckpointError (ValueError inside) when it does not fit the plan."""
-        position = cls(planner)
-        try:
-            below = data["complete_below"]
-            position.complete = set(range(int(below))) | {int(e) for e in data["complete"]}
-            for key, entry in data["open"].items():
-                epoch = int(key)
-                progress = position._progress(epoch)
-                for index in entry["done"]:
-                    index = int(index)
-                    if not 0 <= index < len(progress.sizes):
-                        raise ValueError(f"epoch {epoch} has no planned batch {index}")
-                    progress.done.add(index)
-                for sample_id in entry["ids"]:
-                    if sample_id not in progress.home:
-                        raise ValueError(f"sample {sample_id!r} is not in the plan of epoch {epoch}")
-                    progress.add(sample_id)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(f"the input position does not fit this run's epoch plan ({exc})") from None
-        return position
 
 
 def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, Any]:
@@ -467,7 +333,10 @@ class RunCheckpoints:
                                       f"ids, {theirs.fingerprint}) is not the run's {VOCAB} "
                                       f"({self.vocabulary.frontend}, {self.vocabulary.size} ids, "
                                       f"{self.vocabulary.fingerprint})")
-        position = InputPosition.from_json(saved.get("position"), self.planner)
+        try:
+            position = InputPosition.from_state_dict(saved.get("position"), self.planner)
+        except PositionError as exc:
+            raise CheckpointError(f"checkpoint {path}: {exc}") from None
         resumed = Resumed(path, saved["step"], position, list(saved.get("state") or []))
         for name in STEP_LOGS:
             last = trim_step_log(self.run_dir / name, resumed.step)
@@ -482,15 +351,7 @@ class RunCheckpoints:
 
     def skip_plan(self) -> InputPosition | None:
         """A frozen copy of the resumed position for the coordinator (its own thread)."""
-        if self.resumed is None:
-            return None
-        return InputPosition.from_json(self.position.to_json(), self.planner)
-
-    def loop_state(self) -> tuple[int, dict[int, int], set[int]]:
-        """(step, samples trained per epoch, complete epochs) for the trainer loop; the
-        complete set is this position's own, so the loop marking an epoch marks it here."""
-        step = self.resumed.step if self.resumed is not None else 0
-        return step, self.position.trained_counts(), self.position.complete
+        return self.position.copy() if self.resumed is not None else None
 
     # ------------------------------------------------------------ training
     def attach(self, trainer: Any) -> None:
@@ -521,9 +382,8 @@ class RunCheckpoints:
                                   f"{int(self._step_var.numpy())}, its position of step {self.resumed.step}")
         log.info("restored %s from %s", ", ".join(sorted(self._trackables)), self.resumed.path)
 
-    def record_step(self, step: int, epoch: int, ids: Iterable[str]) -> bool:
-        """Record a trained batch; True when a periodic checkpoint is due at this step."""
-        self.position.record(epoch, ids)
+    def due(self, step: int) -> bool:
+        """Whether a periodic checkpoint is due after ``step`` (trainer.checkpoint_every_steps)."""
         return self.every > 0 and step % self.every == 0
 
     def save(self, step: int) -> Path | None:
@@ -536,7 +396,7 @@ class RunCheckpoints:
             self._step_var.assign(step)
         path = self.checkpointer.save(step, {
             "saved_unix": round(time.time(), 3), "model": self.cfg.trainer.model, "plan": self.identity,
-            "state": sorted(self._trackables or {}), "position": self.position.to_json(),
+            "state": sorted(self._trackables or {}), "position": self.position.state_dict(),
             **({"vocabulary": self.vocabulary.state_dict()} if self.vocabulary is not None else {})},
             self._tf_checkpoint)
         elapsed_ms = (time.monotonic() - began) * 1e3

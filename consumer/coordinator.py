@@ -19,7 +19,7 @@ leases: their planned batches go back to the front of the pending list, and the 
 free lease slot of a live producer takes them. A
 lease not prepared within ``lease_timeout_s`` is revoked (REVOKE) and re-planned. That
 keeps "every valid sample exactly once per epoch" while any producer is alive.
-A resumed run passes its checkpoint's input position (consumer/checkpoint.py): planning
+A resumed run passes its checkpoint's input position (consumer/plan.InputPosition): planning
 starts at its first open epoch and leases only the planned batches (or the parts of
 them) not trained at the checkpoint.
 
@@ -61,13 +61,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
-from consumer.plan import EpochPlanner, PlannedBatch, TokenTable
+from consumer.plan import EpochPlanner, InputPosition, PlannedBatch, TokenTable
 from shared import wire
 from shared.batch import FRAMES, batch_dims, schema_for
 from shared.config import Config
@@ -75,9 +75,6 @@ from shared.dataset import DatasetScan, check_agreement
 from shared.errors import UserError
 from shared.keys import ServerKeys, short
 from shared.layouts import Rejection
-
-if TYPE_CHECKING:
-    from consumer.checkpoint import InputPosition
 
 log = logging.getLogger("consumer.coordinator")
 
@@ -220,7 +217,7 @@ class Coordinator:
         self._wake_addr = f"inproc://consumer-wake-{uuid.uuid4().hex}"
         self._wake_local = threading.local()
         self._pending: collections.deque[PlannedBatch] = collections.deque()
-        # A resumed run leases only what its checkpoint's input position left (consumer/checkpoint.py).
+        # A resumed run leases only what its checkpoint's input position left (consumer/plan.InputPosition).
         self.resume = resume
         self._next_epoch = resume.first_open() if resume is not None else 0
         self._next_lease = 1

@@ -39,7 +39,7 @@ from consumer.buffer import BatchQueue
 from consumer.checkpoint import RESUME_CONFIG, RunCheckpoints
 from consumer.coordinator import Coordinator
 from consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
-from consumer.plan import EpochPlanner, TokenTable
+from consumer.plan import EpochPlanner, InputPosition, TokenTable
 from consumer.progress import LiveLine
 from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
@@ -266,8 +266,6 @@ class TrainLoop:
         self.telemetry = Telemetry(run_dir, queue.capacity, self.expected_steps,
                                    lambda: coordinator.snapshot()["producers"], cfg.run.metrics_port)
         self.live = LiveLine()
-        self._trained: dict[int, int] = {}  # samples trained, per epoch
-        self._complete: set[int] = set()
         self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is still on the device
         self._last_loss: float | None = None
         self._val_batches: list[Any] = []
@@ -275,18 +273,16 @@ class TrainLoop:
         self.val_losses: list[tuple[int, float]] = []
         self.skipped_steps = 0
         self.checkpoints = checkpoints
-        if checkpoints is not None:  # a resumed run goes on from its checkpoint's step and epochs
-            self.step, self._trained, self._complete = checkpoints.loop_state()
-            self.epochs_completed = len(self._complete)
+        # Which planned batches were trained: the checkpoints' own position (a resumed run goes
+        # on from its checkpoint's step and epochs), or a fresh one when nothing is checkpointed.
+        self.position = checkpoints.position if checkpoints is not None else InputPosition(planner)
+        if checkpoints is not None and checkpoints.resumed is not None:
+            self.step = checkpoints.resumed.step
+        self.epochs_completed = len(self.position.complete)
 
     def _update_epochs(self) -> None:
         """Mark epochs whose every sample was trained or rejected while the run went on."""
-        candidates = set(range(self.epochs)) if self.epochs else set(self._trained)
-        for epoch in candidates - self._complete:
-            if (self._trained.get(epoch, 0) + self.coordinator.rejected_in_epoch(epoch)
-                    >= self.planner.samples_per_epoch):
-                self._complete.add(epoch)
-        self.epochs_completed = len(self._complete)
+        self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
 
     def finished(self) -> bool:
         if self.total_steps is not None:
@@ -423,11 +419,11 @@ class TrainLoop:
             self.telemetry.on_step(row)
             if self.samples_log is not None:
                 self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
-            self._trained[item.epoch] = self._trained.get(item.epoch, 0) + len(item.ids)
+            self.position.record(item.epoch, item.ids)
             self._update_epochs()
             if self.live.due():
                 self.live.update(self._live_text())
-            if self.checkpoints is not None and self.checkpoints.record_step(self.step, item.epoch, item.ids):
+            if self.checkpoints is not None and self.checkpoints.due(self.step):
                 self.save_checkpoint()  # every trainer.checkpoint_every_steps
             if self.step % cfg.trainer.log_every_steps == 0 or self.finished():
                 self._flush(trainer)

@@ -24,14 +24,18 @@ bucket and the order of batches are shuffled with a generator seeded by (seed, e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from shared.config import BatchingConfig
 from shared.dataset import Sample
+from shared.errors import UserError
 from shared.text import Vocabulary
+
+log = logging.getLogger(__name__)
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -169,6 +173,173 @@ class EpochPlanner:
                          shape=(chunks[j][0].max_tokens, chunks[j][0].max_frames), rows=chunks[j][0].rows)
             for i, j in enumerate(order)
         ]
+
+
+class PositionError(UserError):
+    """A saved input position does not fit this run's epoch plan (one line)."""
+
+
+@dataclass
+class _EpochProgress:
+    home: dict[str, int]  # sample id -> index of its planned batch in this epoch's plan
+    sizes: list[int]  # samples of each planned batch
+    done: set[int] = field(default_factory=set)
+    partial: dict[int, set[str]] = field(default_factory=dict)  # planned index -> ids trained so far
+
+    @classmethod
+    def of(cls, plan: list[PlannedBatch]) -> "_EpochProgress":
+        return cls(home={i: b.index for b in plan for i in b.ids}, sizes=[len(b.ids) for b in plan])
+
+    def add(self, sample_id: str) -> bool:
+        index = self.home.get(sample_id)
+        if index is None or index in self.done:
+            return False
+        got = self.partial.setdefault(index, set())
+        if sample_id in got:
+            return False
+        got.add(sample_id)
+        if len(got) == self.sizes[index]:
+            self.done.add(index)
+            del self.partial[index]
+        return True
+
+    def trained(self) -> int:
+        return sum(self.sizes[i] for i in self.done) + sum(len(ids) for ids in self.partial.values())
+
+    def trained_ids(self) -> set[str]:
+        return {i for i, index in self.home.items() if index in self.done}.union(*self.partial.values())
+
+
+class InputPosition:
+    """How far training got through the epoch plans: the sampler state that a checkpoint saves
+    (:meth:`state_dict`) and a resume loads (:meth:`from_state_dict`).
+
+    For every epoch, which of its planned batches were trained. It records the sample ids
+    of each trained batch and maps them to the planned batch they belong to in the epoch's
+    plan (a pure function of the index, the batching config and the epoch), so a planned
+    batch is *done* when all its samples were trained, however they travelled: a producer
+    lacking some clips delivers a planned batch in parts, and a missed clip re-planned by
+    the coordinator rides in another batch of its bucket or in an extra batch of its own.
+    An epoch is *complete* when every sample was trained or rejected
+    (:meth:`update_complete`). Several epochs can be open at once, since the coordinator
+    leases ahead across the epoch boundary.
+
+    Its state: per open epoch the indices of the done planned batches and the ids trained
+    from batches not yet done; complete epochs as ``complete_below`` (all epochs before it)
+    and ``complete`` (later ones, when leasing ahead finished one first).
+    """
+
+    def __init__(self, planner: EpochPlanner) -> None:
+        self.planner = planner
+        self.complete: set[int] = set()  # epochs whose every sample was trained or rejected
+        self._epochs: dict[int, _EpochProgress] = {}
+
+    def _progress(self, epoch: int) -> _EpochProgress:
+        progress = self._epochs.get(epoch)
+        if progress is None:
+            progress = self._epochs[epoch] = _EpochProgress.of(self.planner.plan(epoch))
+        return progress
+
+    def record(self, epoch: int, ids: Iterable[str]) -> None:
+        """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned)."""
+        progress = self._progress(epoch)
+        strays = [i for i in ids if not progress.add(i)]
+        if strays:
+            log.warning("epoch %d: %d trained samples are not in its plan or were trained before: %s", epoch,
+                        len(strays), strays[:5])
+        for done in [e for e in self._epochs if e in self.complete]:  # their ids are needed no more
+            del self._epochs[done]
+
+    def first_open(self) -> int:
+        epoch = 0
+        while epoch in self.complete:
+            epoch += 1
+        return epoch
+
+    def trained_counts(self) -> dict[int, int]:
+        """Samples trained per open epoch (the trainer's completion count starts from these)."""
+        return {e: p.trained() for e, p in self._epochs.items() if e not in self.complete}
+
+    def done_batches(self, epoch: int) -> set[int]:
+        progress = self._epochs.get(epoch)
+        return set(progress.done) if progress is not None else set()
+
+    def remaining(self, batches: list[PlannedBatch]) -> list[PlannedBatch]:
+        """The part of an epoch's plan still to train: done planned batches left out, partly
+        trained ones cut to their untrained samples (same index, bucket and shape)."""
+        if not batches:
+            return []
+        epoch = batches[0].epoch
+        if epoch in self.complete:
+            return []
+        progress = self._epochs.get(epoch)
+        if progress is None:
+            return list(batches)
+        left = []
+        for batch in batches:
+            if batch.index in progress.done:
+                continue
+            trained = progress.partial.get(batch.index, set())
+            ids = tuple(i for i in batch.ids if i not in trained)
+            if ids:
+                left.append(batch if len(ids) == len(batch.ids) else replace(batch, ids=ids))
+        return left
+
+    def state_dict(self) -> dict[str, Any]:
+        below = self.first_open()
+        return {
+            "complete_below": below,
+            "complete": sorted(e for e in self.complete if e > below),
+            "open": {str(e): {"done": sorted(p.done),
+                              "ids": sorted(i for ids in p.partial.values() for i in ids)}
+                     for e, p in sorted(self._epochs.items()) if e not in self.complete},
+        }
+
+    @classmethod
+    def from_state_dict(cls, data: Any, planner: EpochPlanner) -> "InputPosition":
+        """Rebuild a position; PositionError when it does not fit the plan."""
+        position = cls(planner)
+        try:
+            below = data["complete_below"]
+            position.complete = set(range(int(below))) | {int(e) for e in data["complete"]}
+            for key, entry in data["open"].items():
+                epoch = int(key)
+                progress = position._progress(epoch)
+                for index in entry["done"]:
+                    index = int(index)
+                    if not 0 <= index < len(progress.sizes):
+                        raise ValueError(f"epoch {epoch} has no planned batch {index}")
+                    progress.done.add(index)
+                for sample_id in entry["ids"]:
+                    if sample_id not in progress.home:
+                        raise ValueError(f"sample {sample_id!r} is not in the plan of epoch {epoch}")
+                    progress.add(sample_id)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PositionError(f"the input position does not fit this run's epoch plan ({exc})") from None
+        return position
+
+    def copy(self) -> "InputPosition":
+        """An independent copy (for the coordinator, which plans in its own thread)."""
+        return InputPosition.from_state_dict(self.state_dict(), self.planner)
+
+    def trained(self, epoch: int) -> int:
+        """Samples of ``epoch`` trained so far (all of them once it is complete)."""
+        if epoch in self.complete:
+            return self.planner.samples_per_epoch
+        progress = self._epochs.get(epoch)
+        return progress.trained() if progress is not None else 0
+
+    def update_complete(self, epochs: int | None, rejected_in_epoch: Callable[[int], int]) -> int:
+        """Mark the epochs whose every sample was trained or rejected; the number complete.
+
+        ``epochs``: the run's epoch budget (None: look at the epochs trained so far);
+        ``rejected_in_epoch``: the samples of an epoch rejected while the run went on.
+        """
+        candidates = set(range(epochs)) if epochs else set(self._epochs)
+        for epoch in sorted(candidates - self.complete):
+            if self.trained(epoch) + rejected_in_epoch(epoch) >= self.planner.samples_per_epoch:
+                self.complete.add(epoch)
+        return len(self.complete)
 
 
 class TokenTable:

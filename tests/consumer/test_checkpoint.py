@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from consumer.checkpoint import (CKPT_DIR, MANIFEST, POSITION, CheckpointError, Checkpointer, InputPosition,
-                                 RunCheckpoints, checkpoint_name, trim_step_log)
-from consumer.plan import EpochPlanner
+from consumer.checkpoint import (CKPT_DIR, MANIFEST, POSITION, CheckpointError, Checkpointer, RunCheckpoints,
+                                 checkpoint_name, trim_step_log)
+from consumer.plan import EpochPlanner, InputPosition, PositionError
 from shared import wire
 from shared.config import BatchingConfig, Config
 from tests.consumer.harness import make_config, samples
@@ -43,9 +43,9 @@ def test_position_marks_planned_batches_done_and_round_trips():
         position.record(0, batch.ids)
     assert position.done_batches(0) == {0, 1, 2}
     assert position.trained_counts() == {0: sum(len(b.ids) for b in plan0[:3])}
-    saved = json.loads(json.dumps(position.to_json()))
+    saved = json.loads(json.dumps(position.state_dict()))
     assert saved == {"complete_below": 0, "complete": [], "open": {"0": {"done": [0, 1, 2], "ids": []}}}
-    again = InputPosition.from_json(saved, plan_of)
+    again = InputPosition.from_state_dict(saved, plan_of)
     assert again.done_batches(0) == {0, 1, 2}
     assert again.remaining(plan0) == plan0[3:]  # the same plan, the remaining batches only
 
@@ -58,13 +58,13 @@ def test_split_and_replanned_samples_count_for_their_planned_batch():
     # A producer lacking one clip delivered the rest; the missed clip rode in another batch.
     position.record(0, target.ids[1:])
     assert position.done_batches(0) == set()
-    left = InputPosition.from_json(position.to_json(), plan_of).remaining(plan0)
+    left = InputPosition.from_state_dict(position.state_dict(), plan_of).remaining(plan0)
     assert [b.index for b in left] == [b.index for b in plan0]
     part = next(b for b in left if b.index == target.index)
     assert part.ids == target.ids[:1] and part.shape == target.shape and part.bucket == target.bucket
     position.record(0, [*plan0[5].ids, target.ids[0]])  # re-planned into batch 5's delivery
     assert position.done_batches(0) == {2, 5}
-    assert position.to_json()["open"]["0"]["ids"] == []
+    assert position.state_dict()["open"]["0"]["ids"] == []
 
 
 def test_epochs_in_flight_complete_ones_and_first_open():
@@ -74,9 +74,9 @@ def test_epochs_in_flight_complete_ones_and_first_open():
         position.record(epoch, plan_of.plan(epoch)[0].ids)
     position.complete.update({0, 2})  # leasing ahead can finish a later epoch first
     assert position.first_open() == 1
-    saved = position.to_json()
+    saved = position.state_dict()
     assert saved["complete_below"] == 1 and saved["complete"] == [2] and list(saved["open"]) == ["1"]
-    again = InputPosition.from_json(saved, plan_of)
+    again = InputPosition.from_state_dict(saved, plan_of)
     assert again.remaining(plan_of.plan(0)) == [] and again.remaining(plan_of.plan(2)) == []
     assert again.remaining(plan_of.plan(1)) == plan_of.plan(1)[1:]
     assert again.remaining(plan_of.plan(3)) == plan_of.plan(3)
@@ -84,14 +84,14 @@ def test_epochs_in_flight_complete_ones_and_first_open():
 
 
 def test_position_that_does_not_fit_the_plan_is_refused():
-    with pytest.raises(CheckpointError, match="not in the plan of epoch 0"):
-        InputPosition.from_json({"complete_below": 0, "complete": [], "open": {"0": {"done": [], "ids": ["X"]}}},
-                                planner())
-    with pytest.raises(CheckpointError, match="no planned batch 999"):
-        InputPosition.from_json({"complete_below": 0, "complete": [], "open": {"0": {"done": [999], "ids": []}}},
-                                planner())
-    with pytest.raises(CheckpointError, match="does not fit"):
-        InputPosition.from_json({"open": {}}, planner())
+    with pytest.raises(PositionError, match="not in the plan of epoch 0"):
+        InputPosition.from_state_dict({"complete_below": 0, "complete": [], "open": {"0": {"done": [], "ids": ["X"]}}},
+                                      planner())
+    with pytest.raises(PositionError, match="no planned batch 999"):
+        InputPosition.from_state_dict({"complete_below": 0, "complete": [], "open": {"0": {"done": [999], "ids": []}}},
+                                      planner())
+    with pytest.raises(PositionError, match="does not fit"):
+        InputPosition.from_state_dict({"open": {}}, planner())
 
 
 # --------------------------------------------------------------------------- files
@@ -166,7 +166,8 @@ def first_session(run_dir: Path, plan_of: EpochPlanner, steps: int = 5) -> RunCh
     with open(run_dir / "samples.jsonl", "w") as log:
         for step, batch in enumerate(plan_of.plan(0)[:steps], start=1):
             log.write(json.dumps({"step": step, "epoch": 0, "ids": list(batch.ids)}) + "\n")
-            if checkpoints.record_step(step, 0, batch.ids):
+            checkpoints.position.record(0, batch.ids)
+            if checkpoints.due(step):
                 log.flush()
                 checkpoints.save(step)
     return checkpoints
@@ -178,8 +179,8 @@ def test_resume_continues_at_the_checkpoint_position(tmp_path):
     resumed = run_checkpoints(tmp_path, plan_of)
     got = resumed.resume()
     assert got.step == 4
-    step, trained, complete = resumed.loop_state()
-    assert step == 4 and complete == set() and trained == {0: sum(len(b.ids) for b in plan_of.plan(0)[:4])}
+    step, trained, complete = got.step, resumed.position.trained(0), resumed.position.complete
+    assert step == 4 and complete == set() and trained == sum(len(b.ids) for b in plan_of.plan(0)[:4])
     assert resumed.skip_plan().remaining(plan_of.plan(0)) == plan_of.plan(0)[4:]
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 5 is trained again, so its row goes
@@ -227,7 +228,7 @@ def test_coordinator_leases_only_what_the_position_left(harness):
     position.record(0, plan0[0].ids)
     position.record(0, plan0[2].ids)
     position.record(0, plan0[1].ids[:1])
-    h = harness(cfg=cfg, max_epochs=2, resume=InputPosition.from_json(position.to_json(), plan_of))
+    h = harness(cfg=cfg, max_epochs=2, resume=InputPosition.from_state_dict(position.state_dict(), plan_of))
     sock = h.producer()
     h.recv(sock, wire.WELCOME)
     expected = [(0, 1, list(plan0[1].ids[1:])), (0, 3, list(plan0[3].ids)),
@@ -257,4 +258,4 @@ def test_complete_epochs_are_forgotten():
     position.complete.add(0)  # the trainer marks it once its samples are all trained
     position.record(1, plan_of.plan(1)[0].ids)
     assert position.trained_counts() == {1: len(plan_of.plan(1)[0].ids)}
-    assert position.done_batches(0) == set() and position.to_json()["complete_below"] == 1
+    assert position.done_batches(0) == set() and position.state_dict()["complete_below"] == 1

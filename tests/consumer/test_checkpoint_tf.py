@@ -68,7 +68,7 @@ def test_model_optimizer_and_step_are_restored(tmp_path, trainer_cls):
     saving.attach(first)
     for step, batch in enumerate(PLANNER.plan(0)[:3], start=1):
         first.step()
-        saving.record_step(step, 0, batch.ids)
+        saving.position.record(0, batch.ids)
     path = saving.save(3)
     assert sorted(p.name for p in path.iterdir()) == ["MANIFEST.json", "position.json", "state.data-00000-of-00001",
                                                       "state.index"]
@@ -89,7 +89,7 @@ def test_checkpoint_without_model_state_cannot_restore_a_model(tmp_path):
 
     saving = checkpoints(tmp_path)
     saving.attach(Stateless())
-    saving.record_step(1, 0, PLANNER.plan(0)[0].ids)
+    saving.position.record(0, PLANNER.plan(0)[0].ids)
     saving.save(1)
     resuming = checkpoints(tmp_path)
     resuming.resume()

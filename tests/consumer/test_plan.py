@@ -215,3 +215,31 @@ def test_frame_budget_off_keeps_the_fixed_plan() -> None:
     assert {b.rows for b in planner.buckets} == {16}
     sizes = [len(b.sample_ids) for b in planner.buckets]
     assert max(sizes) - min(sizes) <= 1
+
+
+# ------------------------------------------------------------------ input position
+
+
+def test_position_marks_an_epoch_complete_when_every_sample_is_trained_or_rejected() -> None:
+    from consumer.plan import InputPosition
+
+    samples = make_samples(40, seed=21)
+    planner = EpochPlanner(samples, _cfg(batch_size=8))
+    position = InputPosition(planner)
+    plan = planner.plan(0)
+    for batch in plan[:-1]:
+        position.record(0, batch.ids)
+    rejected = {0: 0}
+    assert position.update_complete(1, rejected.get) == 0
+    assert position.trained(0) == 40 - len(plan[-1].ids)
+    rejected[0] = len(plan[-1].ids)  # the last batch's clips were all rejected meanwhile
+    assert position.update_complete(1, rejected.get) == 1 and position.complete == {0}
+    assert position.trained(0) == planner.samples_per_epoch
+    # The state round-trips through JSON; a fresh epoch opens where the last one ended.
+    import json
+
+    again = InputPosition.from_state_dict(json.loads(json.dumps(position.state_dict())), planner)
+    assert again.complete == {0} and again.first_open() == 1 and again.remaining(planner.plan(1)) == planner.plan(1)
+    copy = position.copy()
+    copy.record(1, plan[0].ids)
+    assert position.trained(1) == 0 and copy.trained(1) == len(plan[0].ids)
