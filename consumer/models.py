@@ -202,8 +202,8 @@ class KerasTrainer:
                                  f"{str(exc).splitlines()[0]}; {tts.CONTRACT}") from exc
             except Exception as exc:  # the user's model code: its error, named with the contract
                 raise ModelError(f"--model {t.model}: calling the model on a batch of B={batch}, "
-                                 f"L={tokens}, T={frames}, F={n_mels} failed: {type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}; {tts.CONTRACT}") from exc
+                                 f"L={tokens}, T={frames}, F={n_mels} failed: "
+                                 f"{tts.explain(exc, t.model, self.precision)}; {tts.CONTRACT}") from exc
             tts.check_outputs(t.model, result, batch, frames, n_mels)
             self.param_count = tts.count_params(self.model)
             updates = -(-total_batches // self.accum) if total_batches else None
@@ -359,8 +359,16 @@ class KerasTrainer:
             dummy = tts.dummy_inputs(rows, tokens, frames, cfg.features.n_mels, -1.0,
                                      self.vocab_size, self.schema)
             args = self._args(self.stage(dummy))
-            with self.tf.device(self.device):
-                self._concrete_for(args)(*args)[0].numpy()
+            try:
+                with self.tf.device(self.device):
+                    self._concrete_for(args)(*args)[0].numpy()
+            except Exception as exc:
+                if tts.check_spec(self.name) != "user":
+                    raise  # a preset failing is stoker's own fault: keep the traceback
+                # The user's model, traced into the training step (gradients, XLA, precision).
+                raise ModelError(f"--model {self.name}: the training step failed on a batch of B={rows}, "
+                                 f"L={tokens}, T={frames}: "
+                                 f"{tts.explain(exc, self.name, self.precision, self.jit_compile)}") from exc
         log.info("training step traced for %d bucket shape(s) in %.1f s", len(shapes), time.monotonic() - started)
 
     def stage(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:

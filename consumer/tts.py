@@ -11,8 +11,7 @@ tensors, and returns either the predicted mel ``[B, T, F]`` or a dict with:
 
     "mel"          [B, T, F]  the prediction (required)
     "log_frames"   [B]        predicted log(number of frames), used by ``run.py synth``
-                              to choose T (optional: without it synth uses the dataset's
-                              frames-per-token ratio, or ``--frames``)
+                              to choose T (optional: without it synth needs ``--frames``)
     "loss"         scalar     an extra loss added to the mel loss (optional)
 
 The loss (``objective``), per batch, with V = sum(mel_lengths) valid frames:
@@ -43,9 +42,13 @@ T^2 and the convolutions give the decoder the local context it needs.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import math
+import re
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -218,6 +221,57 @@ def check_spec(spec: str) -> str:
     return "user"
 
 
+# Keras wraps a layer's error in "Exception encountered when calling X.call()." and styles
+# the original message with terminal escapes; both are taken off to find what was said.
+_KERAS_WRAPPER = "Exception encountered when calling"
+_TERMINAL_STYLE = re.compile(r"\x1b\[[0-9;]*m")
+# Causes named in an error line, at most (a chain is rarely longer).
+MAX_CAUSES = 3
+
+
+def _said(exc: BaseException) -> str:
+    """The first informative line of an exception's message."""
+    for line in _TERMINAL_STYLE.sub("", str(exc)).splitlines():
+        line = line.strip()
+        if line and not line.startswith(_KERAS_WRAPPER):
+            return line
+    return ""
+
+
+def _user_frame(exc: BaseException, spec: str) -> str:
+    """Where in the user's own module the error came from ("" when not from there)."""
+    module = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    origin = getattr(found, "origin", None)
+    if not origin:
+        return ""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == origin]
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {Path(last.filename).name}:{last.lineno} in {last.name}: {(last.line or '').strip()})"
+
+
+def explain(exc: BaseException, spec: str, precision: str = "float32", jit_compile: bool = False) -> str:
+    """A user model's failure as one line: what it raised, the line of the user's code it came
+    from, what caused it, and the setting to try when mixed precision or XLA was on."""
+    text = f"{type(exc).__name__}: {_said(exc)}{_user_frame(exc, spec)}"
+    seen, cause = 0, exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    while cause is not None and seen < MAX_CAUSES:
+        text += f"; caused by {type(cause).__name__}: {_said(cause)}"
+        seen += 1
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    hints = []
+    if precision != "float32":
+        hints.append(f"it ran under trainer.precision={precision}: try --set trainer.precision=float32")
+    if jit_compile:
+        hints.append("it ran under XLA: try --set trainer.jit_compile=false")
+    return text + ("; " + "; ".join(hints) if hints else "")
+
+
 def load_user_builder(spec: str) -> Callable[..., Any]:
     module_name, _, function = spec.partition(":")
     try:
@@ -231,18 +285,42 @@ def load_user_builder(spec: str) -> Callable[..., Any]:
     return builder
 
 
+def _keep_settings(spec: str, what: str, policy: str, jit: Any) -> None:
+    """Undo (with a warning) a user module's change of the global Keras dtype policy or of
+    TensorFlow's global XLA setting: stoker sets them from trainer.precision and
+    trainer.jit_compile, and a silent override would train in another precision than asked."""
+    import keras
+    import tensorflow as tf
+
+    now = keras.mixed_precision.global_policy().name
+    if now != policy:
+        log.warning("--model %s: %s the model set the global Keras dtype policy to %s; stoker runs with %s "
+                    "(trainer.precision), so that change is undone%s", spec, what, now, policy,
+                    " (layers it built meanwhile keep theirs)" if what == "building" else "")
+        keras.mixed_precision.set_global_policy(policy)
+    if tf.config.optimizer.get_jit() != jit:
+        log.warning("--model %s: %s the model changed TensorFlow's global XLA setting "
+                    "(tf.config.optimizer.set_jit); stoker compiles its step as trainer.jit_compile says, so that "
+                    "change is undone", spec, what)
+        tf.config.optimizer.set_jit(jit)
+
+
 def build(spec: str, vocab_size: int, n_mels: int) -> Any:
     """The Keras model named by ``spec`` (a preset or a user's ``module:function``)."""
     if check_spec(spec) == "preset":
         return build_model(spec, vocab_size, n_mels)
+    import keras
+    import tensorflow as tf
+
+    policy, jit = keras.mixed_precision.global_policy().name, tf.config.optimizer.get_jit()
     builder = load_user_builder(spec)
+    _keep_settings(spec, "importing", policy, jit)
     try:
         model = builder(vocab_size=vocab_size, n_mels=n_mels)
     except Exception as exc:  # the user's code: report what it raised, with the contract
-        raise ModelError(f"--model {spec}: building the model failed: {type(exc).__name__}: {exc}; "
+        raise ModelError(f"--model {spec}: building the model failed: {explain(exc, spec, policy)}; "
                          f"{CONTRACT}") from exc
-    import keras
-
+    _keep_settings(spec, "building", policy, jit)
     if not isinstance(model, keras.Model):
         raise ModelError(f"--model {spec}: the function returned {type(model).__name__}, not a keras.Model; "
                          f"{CONTRACT}")

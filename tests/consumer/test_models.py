@@ -221,3 +221,36 @@ def test_optional_fields_reach_the_model_and_one_it_lacks_is_named() -> None:
                                          r"--set batching.fields=stop \(optional fields: speaker_id, language_id, "
                                          r"stop\)$"):
         _trainer(model="tests.consumer.user_models:conditioned")
+
+
+def test_a_model_failing_under_mixed_precision_names_its_line_and_the_setting() -> None:
+    with pytest.raises(ModelError) as info:
+        _trainer(model="tests.consumer.failing_models:half_unsafe", precision="mixed_float16")
+    said = str(info.value)
+    assert "\n" not in said and "Exception encountered when calling" not in said
+    assert "at failing_models.py:21 in call: h = h + tf.ones(tf.shape(h), dtype=tf.float32)" in said
+    assert "try --set trainer.precision=float32" in said
+
+
+def test_a_model_failing_under_xla_is_one_line_naming_the_setting() -> None:
+    spec = "tests.consumer.failing_models:numpy_inside"
+    trainer = _trainer(model=spec, jit_compile=True)  # builds: the eager call needs no XLA
+    with pytest.raises(ModelError) as info:
+        trainer.prepare([(4, *SHAPE)])
+    said = str(info.value)
+    assert "\n" not in said and said.startswith(f"--model {spec}: the training step failed on a batch of B=4")
+    assert "try --set trainer.jit_compile=false" in said
+    _trainer(model=spec, jit_compile=False).prepare([(4, *SHAPE)])  # the same model trains without XLA
+
+
+def test_a_user_module_changing_global_settings_is_undone_with_a_warning(caplog) -> None:
+    import tensorflow as tf
+
+    jit = tf.config.optimizer.get_jit()
+    with caplog.at_level(logging.WARNING, logger="consumer.tts"):
+        trainer = _trainer(model="tests.consumer.meddling_models:good")
+    assert keras.mixed_precision.global_policy().name == "float32" == trainer.precision
+    assert tf.config.optimizer.get_jit() == jit
+    assert "importing the model set the global Keras dtype policy to mixed_float16" in caplog.text
+    assert "changed TensorFlow's global XLA setting" in caplog.text
+    assert all(v.dtype == "float32" for v in trainer.model.trainable_variables)
