@@ -446,9 +446,12 @@ class TrainLoop:
                 raise
             log.warning("losses of the last %d steps unavailable: %s", len(pending), exc)
             losses = [None] * len(pending)
+        terms = getattr(trainer, "resolved_terms", None) or [None] * len(pending)
         rows = []
-        for (row, _), loss in zip(pending, losses):
+        for (row, _), loss, named in zip(pending, losses, terms):
             row["loss"] = loss if loss is None or math.isfinite(loss) else None
+            if named:  # each term of the loss (a mean), as the trainer computed it: metrics.jsonl "terms"
+                row["terms"] = {k: round(v, 6) if math.isfinite(v) else None for k, v in named.items()}
             self.metrics.write(row)
             rows.append(row)
         finite = [loss for loss in losses if loss is not None and math.isfinite(loss)]
@@ -490,6 +493,10 @@ class TrainLoop:
                  100 * wait / busy if busy else 0.0, alive)
         if self.tb is not None:
             train = {"skipped_steps": float(self.skipped_steps)}
+            for name in {k for r in recent for k in r.get("terms") or {}}:  # each term's mean over the interval
+                values = [r["terms"][name] for r in recent if (r.get("terms") or {}).get(name) is not None]
+                if values:
+                    train[f"loss/{name}"] = sum(values) / len(values)
             learning_rate = getattr(trainer, "learning_rate", None)
             if learning_rate is not None:
                 train["learning_rate"] = learning_rate()
@@ -510,7 +517,7 @@ class TrainLoop:
         frames = int(first[FRAMES][0])
         predicted = trainer.predict({k: v[:1] for k, v in first.items()})["mel"][0]  # type: ignore[attr-defined]
         image = melimage.comparison(predicted[:frames], first["mel"][0, :frames])
-        self.tb.validation(self.step, loss, image)
+        self.tb.validation(self.step, loss, image, getattr(trainer, "evaluated_terms", None))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,21 +123,37 @@ def choose_jit_compile(setting: bool | None, on_gpu: bool) -> bool:
 class _FloatOps:
     """math-like functions on floats, for ``lr_at`` outside the graph."""
 
-    minimum, maximum, cos = staticmethod(min), staticmethod(max), staticmethod(math.cos)
+    minimum, maximum, cos, sqrt = staticmethod(min), staticmethod(max), staticmethod(math.cos), staticmethod(math.sqrt)
+    mod = staticmethod(math.fmod)
 
 
 def lr_at(step: Any, peak: float, warmup: int, total: int | None, decay: str, min_frac: float,
-          ops: Any = _FloatOps) -> Any:
-    """Learning rate at optimizer update ``step`` (0-based): linear warm-up to ``peak`` over
-    ``warmup`` updates, then constant or a cosine down to ``min_frac x peak`` at ``total``.
+          ops: Any = _FloatOps, restart: int = 1) -> Any:
+    """Learning rate at optimizer update ``step`` (0-based), with s = step + 1:
 
-    ``ops``: minimum, maximum and cos for floats (default), or for tensors (``_TensorOps``).
+    - the warm-up: linear up to ``peak`` over ``warmup`` updates (none when 0), then
+    - ``constant``: ``peak``;
+    - ``cosine``: a half cosine from ``peak`` down to ``min_frac x peak`` at update ``total``
+      (the run's budget; without one it stays at the peak);
+    - ``cosine_restarts``: the same half cosine over cycles of ``restart`` updates, each
+      starting again at the peak (SGDR);
+    - ``noam``: ``peak x min(s / warmup, sqrt(warmup / s))``: the transformer's schedule
+      (Vaswani et al.), scaled so that it peaks at ``peak`` at the end of the warm-up.
+
+    ``ops``: minimum, maximum, cos, sqrt and mod for floats (default), or for tensors
+    (``_TensorOps``).
     """
     s = step + 1.0
+    if decay == "noam":
+        w = float(max(warmup, 1))
+        return peak * ops.minimum(s / w, ops.sqrt(w / s))
     warm = ops.minimum(1.0, s / max(warmup, 1)) if warmup else 1.0
-    if decay != "cosine" or not total or total <= warmup:
+    if decay == "cosine_restarts":
+        progress = ops.mod(ops.maximum(0.0, s - warmup), float(restart)) / restart
+    elif decay == "cosine" and total and total > warmup:
+        progress = ops.minimum(1.0, ops.maximum(0.0, (s - warmup) / (total - warmup)))
+    else:
         return peak * warm
-    progress = ops.minimum(1.0, ops.maximum(0.0, (s - warmup) / (total - warmup)))
     cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
     return peak * warm * (min_frac + (1.0 - min_frac) * cosine)
 
@@ -146,7 +162,8 @@ class _TensorOps:
     """math-like functions on tensors, for ``lr_at`` inside the graph."""
 
     def __init__(self, tf: Any) -> None:
-        self.minimum, self.maximum, self.cos = tf.minimum, tf.maximum, tf.cos
+        self.minimum, self.maximum, self.cos, self.sqrt = tf.minimum, tf.maximum, tf.cos, tf.sqrt
+        self.mod = tf.math.floormod
 
 
 class KerasTrainer:
@@ -205,12 +222,15 @@ class KerasTrainer:
                                  f"L={tokens}, T={frames}, F={n_mels} failed: "
                                  f"{tts.explain(exc, t.model, self.precision)}; {tts.CONTRACT}") from exc
             tts.check_outputs(t.model, result, batch, frames, n_mels)
+            self.loss_mode = t.loss
+            self.user_loss = tts.load_function(t.loss, "trainer.loss") if t.loss not in ("mel", "model") else None
+            self.term_names = self._check_loss(tts.outputs_of(result), dummy)
+            self.validation_training = bool(getattr(self.model, "validation_training", False))
             self.param_count = tts.count_params(self.model)
             updates = -(-total_batches // self.accum) if total_batches else None
             self.total_updates = updates
             if optimizer is None:
-                schedule = self._schedule(keras, updates)
-                optimizer = keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=t.clip_norm or None)
+                optimizer = self._optimizer(keras, self._schedule(keras, updates))
             self.loss_scaling = self.precision == "mixed_float16"
             if self.loss_scaling:
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -229,11 +249,56 @@ class KerasTrainer:
             [tf.TensorSpec(v.shape, v.dtype) for v in self.model.trainable_variables])
         self._eval_function = tf.function(self._eval_fn, jit_compile=self.jit_compile, reduce_retracing=False)
         self._concrete: dict[tuple[Any, ...], Any] = {}
+        self.resolved_terms: list[dict[str, float]] = []  # each resolved step's loss terms (resolve)
+        self.evaluated_terms: dict[str, float] = {}  # the last validation's loss terms (evaluate)
         self.traces = 0  # incremented by the Python body of the step, i.e. once per trace
         self.retraces = 0  # traces of shapes beyond the plan's bucket shapes
         log.info("model %s: %s trainable parameters; precision %s%s; XLA %s; gradient accumulation %d",
                  t.model, f"{self.param_count:,}", self.precision, " with loss scaling" if self.loss_scaling else "",
                  "on" if self.jit_compile else "off", self.accum)
+
+    def _check_loss(self, out: dict[str, Any], batch: dict[str, Any]) -> list[str]:
+        """The names of the loss terms, from the loss of the first batch; ModelError (one line)
+        when trainer.loss cannot be computed from this model's outputs."""
+        t = self.cfg.trainer
+        tf = self.tf
+        inputs = {k: tf.convert_to_tensor(v) for k, v in batch.items()}
+        try:
+            numerator, _, terms = tts.objective(tf, out, inputs, t.l2_weight, t.length_loss_weight, self.loss_mode,
+                                                self.user_loss)
+        except ModelError as exc:
+            raise ModelError(f"--model {t.model}: {exc}") from None
+        except Exception as exc:  # the user's loss function: its error, in one line
+            raise ModelError(f"trainer.loss {t.loss}: computing the loss failed: "
+                             f"{tts.explain(exc, t.loss, self.precision)}; the function is called as fn(batch, "
+                             f"outputs) and returns a scalar or a dict of named scalars") from exc
+        if not terms:
+            raise ModelError(f"--model {t.model} returns no loss terms ('loss' or 'losses'), so trainer.loss=model "
+                             f"has nothing to train on; {tts.CONTRACT}")
+        if not bool(tf.math.is_finite(numerator)):
+            log.warning("the loss of the first (dummy) batch is not finite: %s", float(numerator))
+        return list(terms)
+
+    def _optimizer(self, keras: Any, schedule: Any) -> Any:
+        """trainer.optimizer: Adam, AdamW (decoupled weight decay) or the user's own."""
+        t = self.cfg.trainer
+        clip = t.clip_norm or None
+        if t.optimizer == "adam":
+            return keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=clip)
+        if t.optimizer == "adamw":
+            return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=t.weight_decay, global_clipnorm=clip)
+        builder = tts.load_function(t.optimizer, "trainer.optimizer")
+        try:
+            optimizer = builder(learning_rate=schedule)
+        except Exception as exc:  # the user's code: named with the contract, in one line
+            raise ModelError(f"trainer.optimizer {t.optimizer}: {tts.explain(exc, t.optimizer)}; it is called as "
+                             f"fn(learning_rate=schedule) and returns a keras optimizer") from exc
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ModelError(f"trainer.optimizer {t.optimizer} returned {type(optimizer).__name__}, not a keras "
+                             f"optimizer; it is called as fn(learning_rate=schedule)")
+        if clip and getattr(optimizer, "global_clipnorm", None) is None:
+            optimizer.global_clipnorm = clip  # trainer.clip_norm holds for the user's optimizer too
+        return optimizer
 
     def _schedule(self, keras: Any, updates: int | None) -> Any:
         t = self.cfg.trainer
@@ -243,7 +308,7 @@ class KerasTrainer:
         class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
             def __call__(self, step: Any) -> Any:
                 return lr_at(tf.cast(step, tf.float32), t.learning_rate, t.warmup_steps, updates,
-                             t.lr_decay, t.min_lr_frac, ops)
+                             t.lr_decay, t.min_lr_frac, ops, t.restart_steps)
 
             def get_config(self) -> dict[str, Any]:
                 return {}
@@ -252,18 +317,26 @@ class KerasTrainer:
 
     # -- the step -------------------------------------------------------------------------
 
-    def _loss_and_grads(self, batch: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
-        """(numerator, valid frames, gradients of the (scaled) numerator)."""
+    def _objective(self, batch: dict[str, Any], training: bool) -> tuple[Any, Any, Any]:
+        """(numerator, valid frames, each term's mean [len(term_names)]) of the model on ``batch``."""
         tf = self.tf
         t = self.cfg.trainer
+        out = tts.outputs_of(self.model(batch, training=training))
+        numerator, valid, terms = tts.objective(tf, out, batch, t.l2_weight, t.length_loss_weight, self.loss_mode,
+                                                self.user_loss)
+        means = tf.stack([terms[name] for name in self.term_names]) / tf.maximum(valid, 1.0)
+        return numerator, valid, means
+
+    def _loss_and_grads(self, batch: dict[str, Any]) -> tuple[Any, Any, list[Any], Any]:
+        """(numerator, valid frames, gradients of the (scaled) numerator, the terms' means)."""
+        tf = self.tf
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
-            out = tts.outputs_of(self.model(batch, training=True))
-            numerator, valid, _ = tts.objective(tf, out, batch, t.l2_weight, t.length_loss_weight)
+            numerator, valid, means = self._objective(batch, training=True)
             scaled = self.optimizer.scale_loss(numerator) if self.loss_scaling else numerator
         grads = tape.gradient(scaled, variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
-        return numerator, valid, grads
+        return numerator, valid, grads, means
 
     def _apply(self, grads: list[Any], frames: Any) -> None:
         denom = self.tf.maximum(frames, 1.0)
@@ -271,12 +344,13 @@ class KerasTrainer:
 
     def _grad_fn(self, *arrays: Any) -> Any:
         """Forward and backward of one batch (its arrays in the schema's order): (loss, valid
-        frames, gradient numerators). Traced once per bucket shape."""
+        frames, gradient numerators, [loss, each term's mean]). Traced once per bucket shape."""
         tf = self.tf
         self.traces += 1  # Python side effect: runs once per trace, never per step
         batch = dict(zip(self.schema.names, arrays))
-        numerator, valid, grads = self._loss_and_grads(batch)
-        return numerator / tf.maximum(valid, 1.0), valid, grads
+        numerator, valid, grads, means = self._loss_and_grads(batch)
+        loss = numerator / tf.maximum(valid, 1.0)
+        return loss, valid, grads, tf.concat([loss[None], means], axis=0)
 
     def _update_fn(self, loss: Any, valid: Any, grads: list[Any]) -> Any:
         """Apply (or accumulate) one batch's gradients, skipping a non-finite loss.
@@ -320,11 +394,12 @@ class KerasTrainer:
         return finite
 
     def _eval_fn(self, *arrays: Any) -> Any:
+        """The loss as training computes it, on the teacher-forced batch (the mel given as
+        input): [numerator, valid frames, each term's numerator]. The model runs with
+        training=False unless it sets ``validation_training = True``."""
         batch = dict(zip(self.schema.names, arrays))
-        t = self.cfg.trainer
-        out = tts.outputs_of(self.model(batch, training=False))
-        numerator, valid, _ = tts.objective(self.tf, out, batch, t.l2_weight, t.length_loss_weight)
-        return self.tf.stack([numerator, valid])
+        numerator, valid, means = self._objective(batch, training=self.validation_training)
+        return self.tf.concat([self.tf.stack([numerator, valid]), means * self.tf.maximum(valid, 1.0)], axis=0)
 
     def _args(self, staged: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(staged[name] for name in self.schema.names)
@@ -338,7 +413,7 @@ class KerasTrainer:
             started = time.monotonic()
             fn = self._function.get_concrete_function(*(tf.TensorSpec(a.shape, a.dtype) for a in args))
             self._concrete[key] = fn
-            shape = (key[0][0], key[0][1], key[2][1])
+            shape = (key[0][0], key[0][1], key[self.schema.names.index("mel")][1])
             if len(self._concrete) > max(self.bucket_shapes, 1):
                 self.retraces += 1
                 log.warning("traced the training step for shape B=%d L=%d T=%d, which is not one of the "
@@ -378,17 +453,21 @@ class KerasTrainer:
             return {k: tf.identity(tf.convert_to_tensor(v)) for k, v in arrays.items()}
 
     def step(self, staged: dict[str, Any]) -> Any:
+        """One step; its handle is [loss, each term's mean] on the device, not yet fetched."""
         args = self._args(staged)
         with self.tf.device(self.device):
-            loss, valid, grads = self._concrete_for(args)(*args)
+            loss, valid, grads, figures = self._concrete_for(args)(*args)
             self._update(loss, valid, grads)
-        return loss
+        return figures
 
     def resolve(self, handles: Sequence[Any]) -> list[float | None]:
+        """The steps' losses (one fetch for all); their terms go to ``resolved_terms``."""
         if not handles:
+            self.resolved_terms = []
             return []
         values = self.tf.stack(list(handles)).numpy()
-        return [float(v) for v in values]
+        self.resolved_terms = [dict(zip(self.term_names, (float(v) for v in row[1:]))) for row in values]
+        return [float(row[0]) for row in values]
 
     def health(self) -> Health:
         return Health(int(self._bad_in_row.numpy()), int(self._bad_total.numpy()))
@@ -402,19 +481,24 @@ class KerasTrainer:
         return int(self.optimizer.iterations.numpy())
 
     def evaluate(self, batches: Sequence[dict[str, Any]]) -> float | None:
-        """The loss over ``batches`` (all valid frames together); None without batches."""
+        """The loss over ``batches`` (all valid frames together), computed as training computes
+        it; its terms go to ``evaluated_terms``. None without batches."""
         if not batches:
             return None
         tf = self.tf
         with tf.device(self.device):
             totals = tf.add_n([self._eval_function(*self._args(b)) for b in batches]).numpy()
-        return float(totals[0] / max(totals[1], 1.0))
+        frames = max(float(totals[1]), 1.0)
+        self.evaluated_terms = {name: float(v) / frames for name, v in zip(self.term_names, totals[2:])}
+        return float(totals[0] / frames)
 
     def predict(self, arrays: dict[str, Any]) -> dict[str, np.ndarray]:
-        """The model's outputs on one batch, as float32 numpy (for images and synthesis)."""
+        """The model's array outputs on one batch, as float32 numpy (for images and synthesis;
+        its loss terms are left out)."""
         with self.tf.device(self.device):
-            out = tts.outputs_of(self.model(arrays, training=False))
-        return {k: np.asarray(self.tf.cast(v, self.tf.float32)) for k, v in out.items()}
+            out = tts.outputs_of(self.model(arrays, training=self.validation_training))
+        return {k: np.asarray(self.tf.cast(v, self.tf.float32)) for k, v in out.items()
+                if k not in ("loss", "losses") and hasattr(v, "shape")}
 
     def trackables(self) -> dict[str, Any]:
         """What a checkpoint must hold to continue training exactly."""

@@ -110,12 +110,16 @@ class TensorBoard:
                 tf.summary.scalar(f"gpu/{role}_util", sum(utils) / len(utils))
         self.writer.flush()
 
-    def validation(self, step: int, loss: float | None, image: Any = None) -> None:
-        """The validation loss, and an ``[H, W, 3]`` uint8 image (target above prediction)."""
+    def validation(self, step: int, loss: float | None, image: Any = None,
+                   terms: dict[str, float] | None = None) -> None:
+        """The validation loss and its terms (``val/loss/NAME``), and an ``[H, W, 3]`` uint8
+        image (target above prediction)."""
         tf = self.tf
         with self.writer.as_default(step=step):
             if loss is not None:
                 tf.summary.scalar("val/loss", loss)
+            for name, value in (terms or {}).items():
+                tf.summary.scalar(f"val/loss/{name}", value)
             if image is not None:
                 tf.summary.image("val/mel_target_vs_predicted", image[None], max_outputs=1)
         self.writer.flush()

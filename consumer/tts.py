@@ -12,20 +12,29 @@ tensors, and returns either the predicted mel ``[B, T, F]`` or a dict with:
     "mel"          [B, T, F]  the prediction (required)
     "log_frames"   [B]        predicted log(number of frames), used by ``run.py synth``
                               to choose T (optional: without it synth needs ``--frames``)
-    "loss"         scalar     an extra loss added to the mel loss (optional)
+    "loss"         scalar     an extra loss added to the total (optional)
+    "losses"       {name: scalar}  the model's own loss terms, each a mean (optional)
+    anything else             extra outputs (stop logits, attention maps): accepted, unused
 
-The loss (``objective``), per batch, with V = sum(mel_lengths) valid frames:
+The loss (``objective``), per batch, with V = sum(mel_lengths) valid frames, depends on
+``trainer.loss``:
 
-    mel_l1   = sum(|pred - mel| * mask) / (V * F)
-    mel_l2   = sum((pred - mel)^2 * mask) / (V * F)          weight trainer.l2_weight
-    length   = sum_b mel_lengths_b * (log_frames_b - log(mel_lengths_b))^2 / V
-                                                              weight trainer.length_loss_weight
-    loss     = mel_l1 + l2_weight * mel_l2 + length_weight * length + extra
+    mel       stoker's terms and the model's own:
+              mel_l1   = sum(|pred - mel| * mask) / (V * F)
+              mel_l2   = sum((pred - mel)^2 * mask) / (V * F)        weight trainer.l2_weight
+              length   = sum_b mel_lengths_b * (log_frames_b - log(mel_lengths_b))^2 / V
+                                                                     weight trainer.length_loss_weight
+              loss     = mel_l1 + l2_weight * mel_l2 + length_weight * length + extra + sum(losses)
+    model     the model's own terms only: loss = extra + sum(losses) (a model returning none is
+              refused)
+    mod:fn    a user's function ``fn(batch, outputs)`` returning a scalar or {name: scalar}:
+              loss = its terms + extra + sum(losses)
 
 Every term is a sum over valid frames divided by V, so gradient accumulation over K
 micro-batches (sum the numerators' gradients, divide by the summed V) gives exactly the
-gradient of the K batches as one large batch. A model's extra ``loss`` is taken as a mean
-and weighted by V, i.e. over micro-batches it is averaged in proportion to their frames.
+gradient of the K batches as one large batch. A model's or function's term is taken as a
+mean and weighted by V, i.e. over micro-batches it is averaged in proportion to their
+frames. Each term is logged (metrics.jsonl ``terms``, TensorBoard ``train/loss/NAME``).
 
 The built-in model (``TextToMel``): a transformer text encoder (token embedding,
 sinusoidal positions, pre-norm self-attention blocks with convolutional feed-forward),
@@ -69,7 +78,8 @@ CONTRACT = (
     "a user model is built by `function(vocab_size=..., n_mels=...)` and must return a Keras model; "
     "it is called as model({'tokens': int32 [B, L], 'token_lengths': int32 [B], 'mel': float32 [B, T, F], "
     "'mel_lengths': int32 [B]}, training=bool) and must return the mel [B, T, F] or a dict with 'mel' "
-    "(and optionally 'log_frames' [B], 'loss' scalar); see docs/MODELS.md")
+    "(and optionally 'log_frames' [B], 'loss' scalar, 'losses' {name: scalar}, any other outputs); "
+    "see docs/MODELS.md")
 
 
 class ModelError(UserError):
@@ -328,13 +338,14 @@ def build(spec: str, vocab_size: int, n_mels: int) -> Any:
 
 
 def outputs_of(result: Any) -> dict[str, Any]:
-    """A model's return value as a dict with "mel" (and maybe "log_frames", "loss")."""
+    """A model's return value as a dict with "mel" (and maybe "log_frames", "loss", "losses",
+    and extra outputs, which are kept and not used)."""
     if isinstance(result, dict):
         if "mel" not in result:
             raise ModelError(f"the model returned a dict without 'mel' (keys {sorted(result)}); {CONTRACT}")
-        unknown = set(result) - {"mel", "log_frames", "loss"}
-        if unknown:
-            raise ModelError(f"the model returned unknown outputs {sorted(unknown)}; {CONTRACT}")
+        if "losses" in result and not isinstance(result["losses"], dict):
+            raise ModelError(f"the model's 'losses' output is a {type(result['losses']).__name__}, not a dict of "
+                             f"named scalars; {CONTRACT}")
         return result
     return {"mel": result}
 
@@ -346,39 +357,88 @@ def check_outputs(spec: str, result: Any, batch: int, frames: int, n_mels: int) 
     except ModelError as exc:
         raise ModelError(f"--model {spec}: {exc}") from None
     expected = {"mel": (batch, frames, n_mels), "log_frames": (batch,), "loss": ()}
-    for name, tensor in out.items():
-        shape = tuple(getattr(tensor, "shape", ()))
-        if tuple(shape) != expected[name]:
+    for name, want in expected.items():
+        if name not in out:
+            continue
+        shape = tuple(getattr(out[name], "shape", ()))
+        if shape != want:
             raise ModelError(f"--model {spec}: output {name!r} has shape {list(shape)} for a batch of "
-                             f"B={batch}, T={frames}, F={n_mels}; expected {list(expected[name])}; {CONTRACT}")
+                             f"B={batch}, T={frames}, F={n_mels}; expected {list(want)}; {CONTRACT}")
+    for name, value in (out.get("losses") or {}).items():
+        if tuple(getattr(value, "shape", ())) != ():
+            raise ModelError(f"--model {spec}: its loss term {name!r} has shape {list(value.shape)}, not a scalar; "
+                             f"{CONTRACT}")
+
+
+def load_function(spec: str, setting: str) -> Callable[..., Any]:
+    """The user's function named by ``setting`` (e.g. trainer.loss) = ``package.module:function``;
+    ModelError (one line) when it cannot be imported or is not there."""
+    module_name, _, function = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any error it raises on import is theirs to see
+        raise ModelError(f"{setting} {spec}: cannot import {module_name}: {type(exc).__name__}: {exc} "
+                         f"(is it on PYTHONPATH?)") from exc
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ModelError(f"{setting} {spec}: {module_name} has no function {function}")
+    return fn
+
+
+def loss_terms(tf: Any, out: dict[str, Any], batch: dict[str, Any], mode: str,
+               user_loss: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """The model's own terms (``loss``, ``losses``) and the user function's, each a scalar mean."""
+    terms: dict[str, Any] = {}
+    if user_loss is not None:
+        given = user_loss(batch, out)
+        named = given if isinstance(given, dict) else {"loss_fn": given}
+        for name, value in named.items():
+            value = tf.convert_to_tensor(value)
+            if value.shape.rank != 0:
+                raise ModelError(f"trainer.loss {mode}: term {name!r} has shape {value.shape.as_list()}, not a "
+                                 f"scalar; the function returns a scalar or a dict of named scalars")
+            terms[str(name)] = tf.cast(value, tf.float32)
+    if "loss" in out:
+        terms["extra"] = tf.cast(out["loss"], tf.float32)
+    for name, value in (out.get("losses") or {}).items():
+        terms[str(name)] = tf.cast(value, tf.float32)
+    return terms
 
 
 def objective(tf: Any, out: dict[str, Any], batch: dict[str, Any], l2_weight: float,
-              length_weight: float) -> tuple[Any, Any, dict[str, Any]]:
+              length_weight: float, mode: str = "mel",
+              user_loss: Callable[..., Any] | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """(numerator, V, terms): loss = numerator / V with V the batch's valid frames (float32).
 
-    ``terms`` holds each term's numerator (mel_l1, mel_l2, length, extra), for logging.
+    ``mode``: trainer.loss ("mel", "model" or a function's spec, then ``user_loss`` is it).
+    ``terms`` holds each term's numerator (mel_l1, mel_l2, length, and the model's or the
+    function's named terms, each a mean times V), for logging; the numerator is their sum,
+    the weighted mel_l2 and length included.
     """
     mel = batch["mel"]
     mel_lengths = batch["mel_lengths"]
     frames, n_mels = tf.shape(mel)[1], tf.shape(mel)[2]
-    pred = tf.cast(out["mel"], tf.float32)
-    mask = tf.cast(tf.sequence_mask(mel_lengths, frames), tf.float32)[..., None]  # [B, T, 1]
     valid = tf.cast(tf.reduce_sum(mel_lengths), tf.float32)
-    err = (pred - mel) * mask
-    terms = {"mel_l1": tf.reduce_sum(tf.abs(err)) / tf.cast(n_mels, tf.float32)}
-    numerator = terms["mel_l1"]
-    if l2_weight:
-        terms["mel_l2"] = tf.reduce_sum(tf.square(err)) / tf.cast(n_mels, tf.float32)
-        numerator += l2_weight * terms["mel_l2"]
-    if length_weight and "log_frames" in out:
-        lengths = tf.cast(mel_lengths, tf.float32)
-        target = tf.math.log(tf.maximum(lengths, 1.0))
-        terms["length"] = tf.reduce_sum(lengths * tf.square(tf.cast(out["log_frames"], tf.float32) - target))
-        numerator += length_weight * terms["length"]
-    if "loss" in out:
-        terms["extra"] = tf.cast(out["loss"], tf.float32) * valid
-        numerator += terms["extra"]
+    terms: dict[str, Any] = {}
+    numerator = tf.constant(0.0, tf.float32)
+    if mode == "mel":
+        pred = tf.cast(out["mel"], tf.float32)
+        mask = tf.cast(tf.sequence_mask(mel_lengths, frames), tf.float32)[..., None]  # [B, T, 1]
+        err = (pred - mel) * mask
+        terms["mel_l1"] = tf.reduce_sum(tf.abs(err)) / tf.cast(n_mels, tf.float32)
+        numerator += terms["mel_l1"]
+        if l2_weight:
+            terms["mel_l2"] = tf.reduce_sum(tf.square(err)) / tf.cast(n_mels, tf.float32)
+            numerator += l2_weight * terms["mel_l2"]
+        if length_weight and "log_frames" in out:
+            lengths = tf.cast(mel_lengths, tf.float32)
+            target = tf.math.log(tf.maximum(lengths, 1.0))
+            terms["length"] = tf.reduce_sum(lengths * tf.square(tf.cast(out["log_frames"], tf.float32) - target))
+            numerator += length_weight * terms["length"]
+    for name, value in loss_terms(tf, out, batch, mode, user_loss).items():
+        key = name if name not in terms else f"model_{name}"
+        terms[key] = value * valid
+        numerator += terms[key]
     return numerator, valid, terms
 
 

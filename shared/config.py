@@ -123,10 +123,14 @@ class TrainerConfig:
     model: str = "tiny"  # tiny | small | base | synthetic:MS | package.module:function
     steps: int | None = 300  # stop after this many steps (None: run --epochs)
     epochs: int | None = None  # stop after this many full epochs (overrides steps)
+    loss: str = "mel"  # mel: stoker's masked L1 (+ the model's own terms) | model: the model's terms only | mod:fn
+    optimizer: str = "adam"  # adam | adamw | package.module:function (called with learning_rate=the schedule)
+    weight_decay: float = 0.01  # AdamW's decoupled weight decay (optimizer: adamw)
     learning_rate: float = 2e-3  # peak learning rate, reached after the warm-up
     warmup_steps: int = 30  # optimizer updates of linear learning-rate warm-up
-    lr_decay: str = "cosine"  # cosine: down to min_lr_frac x peak at the end of the budget | constant
+    lr_decay: str = "cosine"  # after the warm-up: cosine | cosine_restarts | noam | constant (consumer/models.lr_at)
     min_lr_frac: float = 0.1
+    restart_steps: int = 1000  # cosine_restarts: optimizer updates per cycle
     grad_accum: int = 1  # batches whose gradients are summed into one update
     clip_norm: float = 1.0  # clip the update's global gradient norm to this (0: no clipping)
     l2_weight: float = 0.0  # weight of the masked L2 mel loss added to the L1
@@ -179,6 +183,15 @@ class Config:
 
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+LR_DECAYS = ("cosine", "cosine_restarts", "noam", "constant")
+LOSSES = ("mel", "model")
+OPTIMIZERS = ("adam", "adamw")
+
+
+def _is_function_spec(value: str) -> bool:
+    """``package.module:function``, by its shape (the module is imported by the trainer only)."""
+    module, sep, function = value.partition(":")
+    return bool(sep) and function.isidentifier() and all(p.isidentifier() for p in module.split("."))
 
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)
 
@@ -253,8 +266,14 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
     if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0 or p.max_producers < 0:
         raise ConfigError("pipeline.producers, producer_restarts and model_start_delay_s must be >= 0")
-    if t.lr_decay not in ("cosine", "constant"):
-        raise ConfigError(f"trainer.lr_decay must be 'cosine' or 'constant', got {t.lr_decay!r}")
+    if t.lr_decay not in LR_DECAYS:
+        raise ConfigError(f"trainer.lr_decay must be one of {', '.join(LR_DECAYS)}, got {t.lr_decay!r}")
+    for key, value, builtin in (("loss", t.loss, LOSSES), ("optimizer", t.optimizer, OPTIMIZERS)):
+        if value not in builtin and not _is_function_spec(value):
+            raise ConfigError(f"trainer.{key} must be one of {', '.join(builtin)} or package.module:function, "
+                              f"got {value!r}")
+    if t.weight_decay < 0 or t.restart_steps < 1:
+        raise ConfigError("need trainer.weight_decay >= 0 and trainer.restart_steps >= 1")
     if t.precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
     if t.grad_accum < 1 or t.max_bad_steps < 1 or t.val_every_steps < 1:

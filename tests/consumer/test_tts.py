@@ -68,8 +68,9 @@ def test_empty_rows_do_not_count() -> None:
 def test_outputs_contract_errors_name_the_contract() -> None:
     with pytest.raises(ModelError, match="without 'mel'.*contract|without 'mel'.*docs/MODELS.md"):
         tts.outputs_of({"pred": 1})
-    with pytest.raises(ModelError, match="unknown outputs"):
-        tts.outputs_of({"mel": 1, "alignment": 2})
+    assert tts.outputs_of({"mel": 1, "alignment": 2}) == {"mel": 1, "alignment": 2}  # extra outputs pass
+    with pytest.raises(ModelError, match="'losses' output is a list, not a dict of named scalars"):
+        tts.outputs_of({"mel": 1, "losses": [1, 2]})
     with pytest.raises(ModelError, match=r"output 'mel' has shape \[2, 17, 80\].*expected \[2, 16, 80\]"):
         tts.check_outputs("x:y", np.zeros((2, 17, 80)), 2, 16, 80)
 
