@@ -365,3 +365,21 @@ def test_an_extra_output_model_trains() -> None:
     staged = trainer.stage(make_batch(4, *SHAPE))
     losses = trainer.resolve([trainer.step(staged) for _ in range(10)])
     assert losses[-1] < losses[0] and trainer.term_names == ["mel_l1"]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", f"{LOSS_MODELS}:sgd"])
+def test_optimizer_state_survives_a_checkpoint(tmp_path, optimizer) -> None:
+    """Saved after 3 steps and restored into a fresh trainer: the next steps are the same."""
+    import tensorflow as tf
+
+    settings = {"model": f"{LOSS_MODELS}:with_terms", "optimizer": optimizer, "learning_rate": 1e-2}
+    first = _trainer(**settings)
+    staged = first.stage(make_batch(4, *SHAPE, seed=10))
+    first.resolve([first.step(staged) for _ in range(3)])
+    tf.train.Checkpoint(**first.trackables()).write(str(tmp_path / "state"))
+    expected = first.resolve([first.step(staged) for _ in range(2)])
+    second = _trainer(**settings)
+    tf.train.Checkpoint(**second.trackables()).read(str(tmp_path / "state")).assert_existing_objects_matched()
+    assert second.updates == 3
+    assert second.resolve([second.step(second.stage(make_batch(4, *SHAPE, seed=10))) for _ in range(2)]) == \
+        pytest.approx(expected, rel=1e-6)
