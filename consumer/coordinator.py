@@ -67,7 +67,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
-from consumer.plan import EpochPlanner, InputPosition, PlannedBatch, TokenTable
+from consumer.plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
 from shared import wire
 from shared.batch import FRAMES, batch_dims, schema_for
 from shared.config import Config
@@ -196,10 +196,12 @@ class Coordinator:
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
                  context: zmq.Context | None = None, metadata_sha256: str = "", dataset: DatasetScan | None = None,
                  keys: ServerKeys | None = None, resume: InputPosition | None = None,
-                 tokens: TokenTable | None = None) -> None:
+                 tokens: TokenTable | None = None, references: ReferenceTable | None = None) -> None:
         self.cfg = cfg
         # Token ids for the leases; None only where no producer makes batches (tests, benchmarks of the queue).
         self.tokens = tokens
+        # Each clip's reference clip, with the ref_mel batch field on (None: off).
+        self.references = references
         self.schema = schema_for(cfg.batching.fields)
         self.metadata_sha256 = metadata_sha256
         self.planner = planner
@@ -389,7 +391,8 @@ class Coordinator:
         self._send(peer.identity, wire.LEASE, {
             "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
             "ids": list(batch.ids), "shape": list(batch.shape), "rows": batch.rows,
-            **(self.tokens.lease_fields(batch.ids) if self.tokens is not None else {"tokens": []})})
+            **(self.tokens.lease_fields(batch.ids) if self.tokens is not None else {"tokens": []}),
+            **({"refs": self.references(batch.epoch, batch.ids)} if self.references is not None else {})})
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)
@@ -556,8 +559,8 @@ class Coordinator:
                 wire.require(msg, missed=list)
         except wire.ProtocolError as exc:
             return exc.reason
-        if self.schema.check(msg.arrays, batch_dims(lease.batch.rows, lease.batch.shape,
-                                                    self.cfg.features.n_mels)):
+        if self.schema.check(msg.arrays, batch_dims(lease.batch.rows, lease.batch.shape, self.cfg.features.n_mels,
+                                                    self.cfg.features.hop_length, self.cfg.batching.ref_frames)):
             return "bad_batch"
         rejected = self._entries(msg["rejected"])
         missed = self._entries(msg.get("missed", []))
@@ -731,7 +734,7 @@ class Coordinator:
             "producer_index": peer.index,
             "producer_name": peer.name,
             "features": dataclasses.asdict(self.cfg.features),
-            "fields": self.cfg.batching.fields,
+            "fields": self.cfg.batching.fields, "ref_frames": self.cfg.batching.ref_frames,
             "metadata_file": self.cfg.data.metadata_file,
             "metadata_sha256": self.metadata_sha256,
             "feature_cache": self.cfg.data.feature_cache,

@@ -94,7 +94,8 @@ def export(run_dir: Path, out: Path) -> ExportResult:
     tf, device = configure_tensorflow(None)
     pads = schema.pad_values(cfg.features.log_floor)
     probe = one_batch(np.array([FIRST_SYMBOL_ID, EOS_ID], np.int32), cfg.batching.frames_multiple,
-                      cfg.features.n_mels, pads, schema)
+                      cfg.features.n_mels, pads, schema, hop_length=cfg.features.hop_length,
+                      ref_frames=cfg.batching.ref_frames)
     try:
         model, found = restore_model(tf, device, run_dir, cfg, vocab.size, probe)
     except SynthError as exc:

@@ -39,12 +39,12 @@ from consumer.buffer import BatchQueue
 from consumer.checkpoint import RESUME_CONFIG, RunCheckpoints
 from consumer.coordinator import Coordinator
 from consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
-from consumer.plan import EpochPlanner, InputPosition, TokenTable
+from consumer.plan import EpochPlanner, InputPosition, ReferenceTable, TokenTable
 from consumer.progress import LiveLine
 from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
-from shared.batch import FRAMES
+from shared.batch import FRAMES, schema_for
 from shared.dataset import Sample, build_index, feature_cache_dir
 from shared.errors import UserError
 from shared.layouts import Rejection
@@ -137,7 +137,9 @@ class Run:
         coordinator = Coordinator(cfg, planner, queue, self.stop, max_epochs=cfg.trainer.epochs,
                                   on_rejected=self._record_rejections, metadata_sha256=metadata_sha256,
                                   dataset=index.scan, keys=keys, resume=checkpoints.skip_plan(),
-                                  tokens=TokenTable(train_samples, vocab))
+                                  tokens=TokenTable(train_samples, vocab),
+                                  references=(ReferenceTable(train_samples, cfg.batching.seed)
+                                              if "ref_mel" in schema_for(cfg.batching.fields).names else None))
         queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()

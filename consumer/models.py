@@ -203,7 +203,8 @@ class KerasTrainer:
         with tf.device(device):
             self.model = tts.build(t.model, vocab_size, n_mels)
             # Build the variables and check the contract on a batch of the first bucket's shape.
-            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size, self.schema)
+            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size, self.schema,
+                                     cfg.features.hop_length, cfg.batching.ref_frames)
             try:
                 result = self.model(dummy, training=False)
             except ModelError:
@@ -212,9 +213,11 @@ class KerasTrainer:
                 said = re.sub(r"\x1b\[[0-9;]*m", "", str(exc.args[0]) if exc.args else "")  # no terminal colours
                 wanted = [n for n in OPTIONAL if n not in self.schema.names and re.search(rf"\b{n}\b", said)]
                 if wanted:
+                    switch = OPTIONAL[wanted[0]].length_of or wanted[0]  # a length field comes with its field
+                    switchable = [n for n, f in OPTIONAL.items() if not f.length_of]
                     raise ModelError(f"--model {t.model} reads the batch field {wanted[0]!r}, which this run does "
-                                     f"not switch on: --set batching.fields={wanted[0]} (optional fields: "
-                                     f"{', '.join(OPTIONAL)})") from None
+                                     f"not switch on: --set batching.fields={switch} (optional fields: "
+                                     f"{', '.join(switchable)})") from None
                 raise ModelError(f"--model {t.model}: calling the model failed: KeyError: "
                                  f"{str(exc).splitlines()[0]}; {tts.CONTRACT}") from exc
             except Exception as exc:  # the user's model code: its error, named with the contract
@@ -431,8 +434,8 @@ class KerasTrainer:
         started = time.monotonic()
         cfg = self.cfg
         for rows, tokens, frames in shapes:
-            dummy = tts.dummy_inputs(rows, tokens, frames, cfg.features.n_mels, -1.0,
-                                     self.vocab_size, self.schema)
+            dummy = tts.dummy_inputs(rows, tokens, frames, cfg.features.n_mels, -1.0, self.vocab_size, self.schema,
+                                     cfg.features.hop_length, cfg.batching.ref_frames)
             args = self._args(self.stage(dummy))
             try:
                 with self.tf.device(self.device):

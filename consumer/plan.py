@@ -24,6 +24,7 @@ bucket and the order of batches are shuffled with a generator seeded by (seed, e
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
@@ -340,6 +341,40 @@ class InputPosition:
             if self.trained(epoch) + rejected_in_epoch(epoch) >= self.planner.samples_per_epoch:
                 self.complete.add(epoch)
         return len(self.complete)
+
+
+class ReferenceTable:
+    """The reference clip of each planned clip, for the ``ref_mel`` batch field: another clip
+    of the same speaker, chosen per epoch by a pure function of (seed, epoch, clip id), so a
+    re-planned or resumed batch gets the same reference and each epoch another one. A
+    speaker with one clip is its own reference (logged once, with the count)."""
+
+    def __init__(self, samples: Sequence[Sample], seed: int) -> None:
+        self.seed = seed
+        by_speaker: dict[str, list[str]] = {}
+        for s in samples:
+            by_speaker.setdefault(s.speaker, []).append(s.id)
+        self._clips = {speaker: tuple(sorted(ids)) for speaker, ids in by_speaker.items()}
+        # Each clip's speaker and position among the speaker's clips.
+        self._where = {i: (speaker, n) for speaker, ids in self._clips.items() for n, i in enumerate(ids)}
+        alone = [speaker for speaker, ids in self._clips.items() if len(ids) == 1]
+        if alone:
+            log.info("ref_mel: %d speaker(s) have one clip, which is its own reference (%s)", len(alone),
+                     ", ".join(alone[:5]))
+
+    def __call__(self, epoch: int, ids: Sequence[str]) -> list[str]:
+        """The reference clip id of each of ``ids`` in ``epoch``."""
+        refs = []
+        for sample_id in ids:
+            speaker, position = self._where[sample_id]
+            clips = self._clips[speaker]
+            if len(clips) == 1:
+                refs.append(sample_id)
+                continue
+            digest = hashlib.sha256(f"{self.seed}:{epoch}:{sample_id}".encode()).digest()
+            k = int.from_bytes(digest[:8], "little") % (len(clips) - 1)  # any clip of the speaker but itself
+            refs.append(clips[k if k < position else k + 1])
+        return refs
 
 
 class TokenTable:

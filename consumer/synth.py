@@ -140,7 +140,8 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     tf, device = configure_tensorflow(None)
     n_mels = cfg.features.n_mels
     pads = schema.pad_values(cfg.features.log_floor)
-    probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids)
+    shapes = {"hop_length": cfg.features.hop_length, "ref_frames": cfg.batching.ref_frames}
+    probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids, **shapes)
     model, found = restore_model(tf, device, run_dir, cfg, vocab.size, probe)
     with tf.device(device):
         generate = getattr(model, "generate", None)
@@ -151,7 +152,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         else:
             if frames is None:
                 frames = predicted_frames(tts.outputs_of(model(probe, training=False)), spec)
-            inputs = one_batch(tokens, frames, n_mels, pads, schema, **ids)
+            inputs = one_batch(tokens, frames, n_mels, pads, schema, **ids, **shapes)
             mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
     from consumer import melimage
 
@@ -260,9 +261,12 @@ def encode_for_run(run_dir: Path, cfg: Any, text: str, language: str) -> tuple[n
 
 
 def one_batch(tokens: np.ndarray, frames: int, n_mels: int, pads: dict[str, float], schema: Any,
-              speaker_id: int = 0, language_id: int = 0) -> dict[str, np.ndarray]:
-    """A batch of one row (shared/batch.py): the text's tokens, ``frames`` frames of padding for the mel."""
+              speaker_id: int = 0, language_id: int = 0, hop_length: int = 0, ref_frames: int = 0
+              ) -> dict[str, np.ndarray]:
+    """A batch of one row (shared/batch.py): the text's tokens, ``frames`` frames of padding for
+    the mel; no waveform and no reference clip (their lengths 0) when the run has those fields
+    (``hop_length`` and ``ref_frames`` give their shapes)."""
     from shared.batch import batch_dims, collate, example
 
     row = example(tokens, np.full((frames, n_mels), pads["mel"], np.float32), schema, speaker_id, language_id)
-    return collate([row], batch_dims(1, (len(tokens), frames), n_mels), pads, schema)
+    return collate([row], batch_dims(1, (len(tokens), frames), n_mels, hop_length, ref_frames), pads, schema)

@@ -63,6 +63,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
+from shared.config import BatchingConfig, FeaturesConfig
 from shared.errors import UserError
 from shared.text import FIRST_SYMBOL_ID
 
@@ -206,14 +207,19 @@ def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
 
 
 def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: float, vocab_size: int,
-                 schema: BatchSchema = SCHEMA) -> dict[str, np.ndarray]:
-    """A batch of the model's input shapes and dtypes (to build and check a model); token
-    ids are drawn below ``vocab_size``, after <pad> and <eos> where the vocabulary has more."""
+                 schema: BatchSchema = SCHEMA, hop_length: int = FeaturesConfig.hop_length,
+                 ref_frames: int = BatchingConfig.ref_frames) -> dict[str, np.ndarray]:
+    """A batch of the model's input shapes and dtypes (to build and check a model, and to
+    trace the step): every row full, the waveform and the reference as long as the bucket
+    allows; token ids are drawn below ``vocab_size``, after <pad> and <eos> where the
+    vocabulary has more."""
     rng = np.random.default_rng(0)
     examples = [example(rng.integers(min(FIRST_SYMBOL_ID, vocab_size - 1), vocab_size, size=tokens),
-                        np.full((frames, n_mels), pad_value, np.float32), schema) for _ in range(batch)]
-    return collate(examples, batch_dims(batch, (tokens, frames), n_mels),
-                   {**schema.pad_values(1.0), "mel": pad_value}, schema)
+                        np.full((frames, n_mels), pad_value, np.float32), schema,
+                        audio=np.zeros(max(frames * hop_length - 1, 1), np.float32),
+                        ref_mel=np.full((max(ref_frames, 1), n_mels), pad_value, np.float32)) for _ in range(batch)]
+    return collate(examples, batch_dims(batch, (tokens, frames), n_mels, hop_length, ref_frames),
+                   {**schema.pad_values(1.0), "mel": pad_value, "ref_mel": pad_value}, schema)
 
 
 def check_spec(spec: str) -> str:

@@ -81,16 +81,19 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
     """The held-out clips as padded batches; clips that cannot be read here are left out (logged)."""
     if not samples:
         return []
-    from consumer.plan import TokenTable
+    from consumer.plan import ReferenceTable, TokenTable
     from producer.worker import BatchMaker
 
     # The numpy backend (same definition as the TF one, within 1e-4): on the CPU, leaving the
     # model GPU to the trainer.
     features = dataclasses.replace(cfg.features, backend="numpy")
     b = cfg.batching
+    schema = schema_for(b.fields)
     maker = BatchMaker(root, {s.id: s.text for s in samples}, features, None, "validation",
-                       files={s.id: s.audio for s in samples if s.audio}, schema=schema_for(b.fields))
+                       files={s.id: s.audio for s in samples if s.audio}, schema=schema, ref_frames=b.ref_frames)
     tokens = TokenTable(samples, vocabulary)
+    # References among the held-out clips themselves (the same ones at every validation).
+    references = ReferenceTable(samples, b.seed) if "ref_mel" in schema.names else None
     batches = []
     for start in range(0, len(samples), b.batch_size):
         chunk = samples[start:start + b.batch_size]
@@ -98,7 +101,7 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
                  round_up(max(s.num_frames for s in chunk), b.frames_multiple))
         ids = [s.id for s in chunk]
         lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": ids, "shape": shape, "rows": len(ids),
-                 **tokens.lease_fields(ids)}
+                 **tokens.lease_fields(ids), **({"refs": references(-1, ids)} if references is not None else {})}
         prepared = maker.make(lease)
         for problem in prepared.fields["rejected"] + prepared.fields["missed"]:
             log.warning("validation clip %s left out: %s", problem["id"], problem["reason"])

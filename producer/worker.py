@@ -57,7 +57,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from shared import wire
 from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, schema_for
-from shared.config import FaultsConfig, FeaturesConfig, PipelineConfig
+from shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, PipelineConfig
 from shared.dataset import DatasetScan, audio_path, locate, relative_audio, scan_dataset
 from shared.errors import UserError
 from shared.keys import ClientKeys, load_client_keys, short
@@ -113,6 +113,18 @@ class Prepared:
         return self.fields[key]
 
 
+@dataclass
+class _Clip:
+    """One clip of a batch as the producer reads it: its mel (from the feature cache, or
+    computed), its audio (when the mel is computed or the batch carries the waveform), and
+    where a computed mel is stored in the cache."""
+
+    id: str
+    audio: np.ndarray | None = None
+    mel: np.ndarray | None = None
+    slot: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache lacks the mel
+
+
 class BatchMaker:
     """Turns one lease into the frames of a BATCH message.
 
@@ -120,15 +132,18 @@ class BatchMaker:
     consumer/plan.TokenTable); the log-mel from the feature cache when
     one is configured and holds a valid entry, else from the audio (read, downmixed,
     resampled, then transformed with the other clips of the batch at once, and stored
-    in the cache). Clips whose file is not on this host are reported as missed (the
-    consumer re-plans them onto another producer); clips that cannot be used are
+    in the cache). With the optional fields on: the waveform (``audio``), and the log-mel of
+    the reference clip the lease names for each clip (``ref_mel``: at most ``ref_frames``
+    frames, from its middle). Clips whose file is not on this host are reported as missed
+    (the consumer re-plans them onto another producer); clips that cannot be used are
     reported as rejected, with the reason.
     """
 
     def __init__(self, root: Path, texts: dict[str, str], features: FeaturesConfig,
                  device: str | None, name: str, host: str | None = None,
                  files: dict[str, str] | None = None, feature_cache: str = "",
-                 faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA) -> None:
+                 faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
+                 ref_frames: int = BatchingConfig.ref_frames) -> None:
         from producer.feature_cache import FeatureCache
         from producer.features import MelComputer
 
@@ -139,6 +154,7 @@ class BatchMaker:
         self.name = name
         self.host = host or pysocket.gethostname()
         self.schema = schema
+        self.ref_frames = ref_frames
         self._pads = schema.pad_values(features.log_floor)
         self._mels = MelComputer(features, device=device)
         self.cache = FeatureCache(feature_cache, features, root) if feature_cache else None
@@ -155,21 +171,49 @@ class BatchMaker:
             time.sleep(f.producer_stall_s)
             self._next_stall += f.producer_stall_every_s
 
+    def _load(self, sample_id: str, need_audio: bool) -> _Clip:
+        """One clip: its log-mel from the feature cache when it holds a valid entry, its audio
+        when the mel must be computed or the batch carries the waveform. Raises AudioMissing
+        (not on this host) or AudioError (unusable), whose text is the reason."""
+        from producer.audio import load_audio
+
+        name = self.files.get(sample_id) or relative_audio(sample_id)
+        path = audio_path(self.root, sample_id, name)
+        clip = _Clip(sample_id)
+        if self.cache is not None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None  # load_audio says why
+            if st is not None:
+                clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
+                clip.slot = None if clip.mel is not None else (name, st)
+        if clip.mel is None or need_audio:
+            clip.audio = load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name))
+        return clip
+
+    def _reference(self, mel: np.ndarray) -> np.ndarray:
+        """A reference clip's log-mel as ref_mel holds it: at most R frames, from its middle."""
+        start = max(0, (len(mel) - self.ref_frames) // 2)
+        return mel[start:start + self.ref_frames]
+
     def make(self, lease: dict[str, Any]) -> Prepared:
         """The batch of one lease: its arrays (shared/batch.py) and the BATCH fields (the clips
-        delivered, rejected and missed, and cache counts). The transport encodes it."""
-        from producer.audio import AudioError, AudioMissing, load_audio
+        delivered, rejected and missed, and cache counts). The transport encodes it.
+
+        A clip whose file (or whose reference clip's file) is not on this host is *missed*;
+        one that cannot be used is *rejected*, with the reason."""
+        from producer.audio import AudioError, AudioMissing
         from producer.feature_cache import CacheCounts
 
         started = time.perf_counter()
         max_tokens, max_frames = lease["shape"]
         before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
-        rows: list[tuple[str, np.ndarray, np.ndarray | None]] = []  # (id, tokens, mel or None: to compute)
-        clips: list[np.ndarray] = []
-        to_store: list[tuple[str, str, os.stat_result]] = []
+        names = self.schema.names
+        rows: list[tuple[np.ndarray, _Clip, _Clip | None]] = []  # (tokens, clip, its reference clip)
         rejected: list[dict[str, str]] = []
         missed: list[dict[str, str]] = []
-        token_rows = lease["tokens"]
+        token_rows, refs = lease["tokens"], lease.get("refs") or []
         for n, sample_id in enumerate(lease["ids"]):
             if sample_id not in self.texts:
                 missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
@@ -177,63 +221,58 @@ class BatchMaker:
             if n >= len(token_rows) or not token_rows[n]:
                 rejected.append({"id": sample_id, "reason": "the lease carries no token ids for this clip"})
                 continue
-            name = self.files.get(sample_id) or relative_audio(sample_id)
-            where = relative_audio(sample_id, name)
-            path = audio_path(self.root, sample_id, name)
+            if "ref_mel" in names and n >= len(refs):
+                rejected.append({"id": sample_id, "reason": "the lease names no reference clip for this clip"})
+                continue
+            what = "clip"
+            try:
+                clip = self._load(sample_id, need_audio="audio" in names)
+                what = f"reference clip {refs[n]}" if "ref_mel" in names else what
+                ref = self._load(refs[n], need_audio=False) if "ref_mel" in names else None
+            except AudioMissing as exc:
+                missed.append({"id": sample_id, "reason": f"{'' if what == 'clip' else what + ': '}{exc} on host "
+                                                          f"{self.host}"})
+                continue
+            except AudioError as exc:
+                rejected.append({"id": sample_id, "reason": f"{'' if what == 'clip' else what + ': '}{exc}"})
+                continue
             tok = np.asarray(token_rows[n], dtype=np.int32)
-            mel = None
-            if self.cache is not None:
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    st = None  # load_audio says why
-                if st is not None:
-                    mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
-                    if mel is None:
-                        to_store.append((sample_id, name, st))
-            if mel is None:
-                try:
-                    audio = load_audio(path, self.features.sample_rate_hz, where)
-                except AudioMissing as exc:
-                    missed.append({"id": sample_id, "reason": f"{exc} on host {self.host}"})
-                    continue
-                except AudioError as exc:
-                    rejected.append({"id": sample_id, "reason": str(exc)})
-                    continue
-                frames = 1 + len(audio) // self.features.hop_length
-            else:
-                frames = mel.shape[0]
+            frames = clip.mel.shape[0] if clip.mel is not None else 1 + len(clip.audio) // self.features.hop_length
             if len(tok) > max_tokens or frames > max_frames:
                 rejected.append({"id": sample_id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
                                                             f"{frames} frames > bucket {max_tokens}x{max_frames})"})
                 continue
-            rows.append((sample_id, tok, mel))
-            if mel is None:
-                clips.append(audio)
-        computed = iter(self._mels(clips) if clips else [])
-        ids, examples = [], []
-        computed_by_id: dict[str, np.ndarray] = {}
+            rows.append((tok, clip, ref))
+        computed = self._compute([c for _, clip, ref in rows for c in (clip, ref) if c is not None])
+        examples = []
         extra = {i: (s, g) for i, s, g in zip(lease["ids"], lease.get("speakers", []), lease.get("languages", []))}
-        for sample_id, tok, mel in rows:
-            if mel is None:
-                mel = computed_by_id[sample_id] = next(computed)
-            ids.append(sample_id)
-            speaker, language = extra.get(sample_id, (0, 0))
-            examples.append(example(tok, mel, self.schema, int(speaker), int(language)))
-        if self.cache is not None:
-            for sample_id, name, st in to_store:
-                if sample_id in computed_by_id:
-                    self.cache.put(sample_id, name, st.st_size, st.st_mtime_ns, computed_by_id[sample_id])
+        for tok, clip, ref in rows:
+            speaker, language = extra.get(clip.id, (0, 0))
+            examples.append(example(tok, clip.mel, self.schema, int(speaker), int(language), audio=clip.audio,
+                                    ref_mel=self._reference(ref.mel) if ref is not None else None))
         self._inject_faults()
-        arrays = collate(examples, batch_dims(int(lease["rows"]), lease["shape"], self.features.n_mels), self._pads,
-                         self.schema)
+        dims = batch_dims(int(lease["rows"]), lease["shape"], self.features.n_mels, self.features.hop_length,
+                          self.ref_frames)
+        arrays = collate(examples, dims, self._pads, self.schema)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
-                  "ids": ids, "rejected": rejected, "missed": missed, "prep_ms": round(prep_ms, 3)}
+                  "ids": [clip.id for _, clip, _ in rows], "rejected": rejected, "missed": missed,
+                  "prep_ms": round(prep_ms, 3)}
         if self.cache is not None and before is not None:
             delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
-            fields["cache"] = {**delta.to_json(), "computed": len(computed_by_id)}
+            fields["cache"] = {**delta.to_json(), "computed": computed}
         return Prepared(fields, arrays)
+
+    def _compute(self, clips: list[_Clip]) -> int:
+        """The log-mels the feature cache did not hold, all at once (each clip once, also one
+        that is a reference too), stored in the cache; returns how many were computed."""
+        todo = list({id(c): c for c in clips if c.mel is None}.values())
+        for clip, mel in zip(todo, self._mels([c.audio for c in todo]) if todo else []):
+            clip.mel = mel
+            if self.cache is not None and clip.slot is not None:
+                name, st = clip.slot
+                self.cache.put(clip.id, name, st.st_size, st.st_mtime_ns, mel)
+        return len(todo)
 
 
 class Producer:
@@ -320,8 +359,10 @@ class Producer:
         texts = {e.id: e.text for e in self._scan.entries} if self._scan else {}
         files = dict(self._scan.files) if self._scan else {}
         schema = schema_for(str(welcome.get("fields") or ""))
+        ref_frames = int(welcome.get("ref_frames") or BatchingConfig.ref_frames)
         return BatchMaker(self.root, texts, features, device, self.name, self.host,
-                          files=files, feature_cache=cache_dir, faults=faults, schema=schema)
+                          files=files, feature_cache=cache_dir, faults=faults, schema=schema,
+                          ref_frames=ref_frames)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:

@@ -13,6 +13,8 @@ B     rows: ``batching.batch_size``, or per bucket under a frame budget (``batch
 L     token length of the bucket (bucketed: padded up to ``batching.tokens_multiple``)
 T     mel frames of the bucket (bucketed: padded up to ``batching.frames_multiple``)
 F     mel channels (``features.n_mels``)
+S     audio samples of the bucket: T x ``features.hop_length`` (every clip of the bucket fits)
+R     reference frames: ``batching.ref_frames`` (fixed per run; a longer reference is cropped)
 ====  ===================================================================================
 
 A *length* field holds, per row, the valid length of another field's first dimension
@@ -37,6 +39,8 @@ LEGEND: dict[str, str] = {
     "L": "token length of the bucket (padded)",
     "T": "mel frames of the bucket (padded)",
     "F": "mel channels (features.n_mels)",
+    "S": "audio samples of the bucket (T x features.hop_length)",
+    "R": "reference frames (batching.ref_frames; a longer reference is cropped around its middle)",
 }
 BUCKETED = ("L", "T")  # the dimensions a bucket fixes; the trainer traces once per (L, T)
 # The log-mel's padding is the floor of the log: log(features.log_floor), known from the config.
@@ -127,24 +131,41 @@ OPTIONAL: dict[str, Field] = {f.name: f for f in (
     Field("language_id", "int32", ("B",), 0, "language id: position in vocab.json's languages (optional)"),
     Field("stop", "float32", ("B", "T"), 1.0, "stop target: 0 before the last valid frame, 1 from it on "
                                               "(optional)"),
+    Field("audio", "float32", ("B", "S"), 0.0, "the waveform the mel was computed from, at features.sample_rate_hz "
+                                               "(optional)"),
+    Field("audio_lengths", "int32", ("B",), 0, "valid samples per row (with audio)", length_of="audio"),
+    Field("ref_mel", "float32", ("B", "R", "F"), MEL_PAD, "log-mel of another clip of the same speaker, chosen "
+                                                         "per epoch (optional)"),
+    Field("ref_mel_lengths", "int32", ("B",), 0, "valid reference frames per row (with ref_mel)",
+          length_of="ref_mel"),
 )}
+# A field switched on brings its length field with it.
+COMPANIONS = {"audio": ("audio_lengths",), "ref_mel": ("ref_mel_lengths",)}
 
 
 def schema_for(fields: str | Sequence[str]) -> BatchSchema:
     """The batch of a run: SCHEMA plus the optional fields it switches on (comma-separated names)."""
     names = [n.strip() for n in fields.split(",")] if isinstance(fields, str) else list(fields)
     names = [n for n in names if n]
-    unknown = [n for n in names if n not in OPTIONAL]
+    switchable = [n for n in OPTIONAL if not OPTIONAL[n].length_of]
+    unknown = [n for n in names if n not in switchable]
     if unknown:
-        raise ValueError(f"unknown batch field {unknown[0]!r} (optional fields: {', '.join(OPTIONAL)})")
+        raise ValueError(f"unknown batch field {unknown[0]!r} (optional fields: {', '.join(switchable)})")
+    names += [c for n in names for c in COMPANIONS.get(n, ())]
     return BatchSchema(SCHEMA.fields + tuple(OPTIONAL[n] for n in OPTIONAL if n in names))
 
 
 def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id: int = 0,
-            language_id: int = 0) -> dict[str, Any]:
-    """One clip's data fields for :func:`collate`, with the optional ones ``schema`` has."""
+            language_id: int = 0, audio: np.ndarray | None = None, ref_mel: np.ndarray | None = None
+            ) -> dict[str, Any]:
+    """One clip's data fields for :func:`collate`, with the optional ones ``schema`` has
+    (``audio`` and ``ref_mel`` default to empty: length 0, all padding)."""
     out: dict[str, Any] = {"tokens": tokens, "mel": mel}
     names = schema.names
+    if "audio" in names:
+        out["audio"] = np.zeros(0, np.float32) if audio is None else audio
+    if "ref_mel" in names:
+        out["ref_mel"] = np.zeros((0, mel.shape[1]), np.float32) if ref_mel is None else ref_mel
     if "speaker_id" in names:
         out["speaker_id"] = np.int32(speaker_id)
     if "language_id" in names:
@@ -160,10 +181,14 @@ def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id
 FRAMES = "mel_lengths"
 
 
-def batch_dims(batch_size: int, shape: Sequence[int], n_mels: int) -> dict[str, int]:
-    """The dimensions of a batch of a bucket ``shape`` = (L, T)."""
+def batch_dims(batch_size: int, shape: Sequence[int], n_mels: int, hop_length: int = 0,
+               ref_frames: int = 0) -> dict[str, int]:
+    """The dimensions of a batch of a bucket ``shape`` = (L, T); S and R need ``hop_length``
+    (features.hop_length) and ``ref_frames`` (batching.ref_frames) when the run has audio or
+    ref_mel."""
     max_tokens, max_frames = shape
-    return {"B": batch_size, "L": int(max_tokens), "T": int(max_frames), "F": n_mels}
+    return {"B": batch_size, "L": int(max_tokens), "T": int(max_frames), "F": n_mels,
+            "S": int(max_frames) * hop_length, "R": ref_frames}
 
 
 def collate(examples: Sequence[Mapping[str, np.ndarray]], dims: Mapping[str, int], pads: Mapping[str, float],
@@ -176,6 +201,8 @@ def collate(examples: Sequence[Mapping[str, np.ndarray]], dims: Mapping[str, int
     for row, example in enumerate(examples):
         for f in schema.data_fields:
             value = np.asarray(example[f.name])
+            if value.size == 0 and value.ndim >= 1:
+                continue  # an empty field (no audio, no reference): all padding
             bound = f.shape(dims)[1:]
             if value.ndim != len(bound) or any(n > b for n, b in zip(value.shape, bound)) \
                     or value.shape[1:] != bound[1:]:

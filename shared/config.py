@@ -83,7 +83,8 @@ class BatchingConfig:
     frames_multiple: int = 16  # bucket frame bounds are rounded up to a multiple of this
     tokens_multiple: int = 8  # bucket token bounds are rounded up to a multiple of this
     seed: int = 1234  # seeds the per-epoch shuffle of batches
-    fields: str = ""  # optional batch fields switched on, comma-separated: speaker_id, language_id, stop
+    fields: str = ""  # optional batch fields, comma-separated: speaker_id, language_id, stop, audio, ref_mel
+    ref_frames: int = 256  # R of ref_mel: frames of the reference clip (cropped around its middle, or padded)
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ def _validate(cfg: Config) -> None:
         "features.hop_length": f.hop_length, "features.win_length": f.win_length,
         "features.n_mels": f.n_mels, "batching.batch_size": b.batch_size,
         "batching.num_buckets": b.num_buckets, "batching.frames_multiple": b.frames_multiple,
+        "batching.ref_frames": b.ref_frames,
         "batching.tokens_multiple": b.tokens_multiple, "pipeline.buffer_size": p.buffer_size,
         "pipeline.lease_ahead": p.lease_ahead, "pipeline.heartbeat_interval_s": p.heartbeat_interval_s,
         "pipeline.max_message_mb": p.max_message_mb, "trainer.log_every_steps": t.log_every_steps,
