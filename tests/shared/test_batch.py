@@ -153,3 +153,32 @@ def test_optional_fields_are_declared_collated_and_checked() -> None:
         assert f"`{name}`" in schema_for(field.length_of or name).table()  # a length field comes with its field
     with pytest.raises(ValueError, match="unknown batch field 'speakers'"):
         schema_for("speakers")
+
+
+def test_audio_and_reference_round_trip_with_their_padding() -> None:
+    from shared.batch import example, schema_for
+
+    schema = schema_for("audio,ref_mel")
+    assert schema.names[-4:] == ("audio", "audio_lengths", "ref_mel", "ref_mel_lengths")
+    rng = np.random.default_rng(3)
+    hop, ref_frames, T = 4, 5, 6
+    waves = [rng.standard_normal(n).astype(np.float32) for n in (23, 9)]
+    refs = [rng.standard_normal((n, F)).astype(np.float32) for n in (5, 2)]
+    rows = [example(np.array([3, 1], np.int32), np.zeros((4, F), np.float32), schema, audio=w, ref_mel=r)
+            for w, r in zip(waves, refs)]
+    rows.append(example(np.array([5, 1], np.int32), np.zeros((2, F), np.float32), schema))  # none: all padding
+    dims = batch_dims(4, (4, T), F, hop, ref_frames)
+    pads = schema.pad_values(1e-5)
+    out = collate(rows, dims, pads, schema)
+    assert schema.check(out, dims) == "" and out["audio"].shape == (4, T * hop) and out["ref_mel"].shape == (4, 5, F)
+    assert out["audio_lengths"].tolist() == [23, 9, 0, 0] and out["ref_mel_lengths"].tolist() == [5, 2, 0, 0]
+    for row, (w, r) in enumerate(zip(waves, refs)):
+        np.testing.assert_array_equal(out["audio"][row, :len(w)], w)
+        assert not out["audio"][row, len(w):].any()
+        np.testing.assert_array_equal(out["ref_mel"][row, :len(r)], r)
+        assert (out["ref_mel"][row, len(r):] == np.float32(pads["ref_mel"])).all()
+    with pytest.raises(ValueError, match="exceeds the bucket"):
+        collate([example(np.array([1], np.int32), np.zeros((2, F), np.float32), schema,
+                         audio=np.zeros(T * hop + 1, np.float32))], dims, pads, schema)
+    with pytest.raises(ValueError, match="unknown batch field 'audio_lengths'"):
+        schema_for("audio_lengths")  # it comes with audio

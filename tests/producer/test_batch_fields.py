@@ -1,0 +1,115 @@
+"""The optional batch fields a producer fills from audio: the waveform (``audio``) and the
+log-mel of each clip's reference clip (``ref_mel``), with their lengths and paddings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from producer.audio import load_audio
+from producer.features import log_mel_spectrogram_numpy, pad_value
+from producer.worker import BatchMaker
+from shared.batch import schema_for
+from shared.config import FeaturesConfig
+from shared.dataset import read_metadata, scan_audio
+from tests.factories import make_dataset
+
+FEATURES = FeaturesConfig(backend="numpy")
+SHAPE = [64, 160]  # (L, T): room for every clip of make_dataset
+REF_FRAMES = 40  # shorter than every clip: references are cropped
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> tuple[Path, list[str]]:
+    root = tmp_path / "data"
+    return root, make_dataset(root, count=5)
+
+
+def _maker(root: Path, fields: str, cache: Path | None = None) -> BatchMaker:
+    entries, _ = read_metadata(root)
+    files = {k: v.name for k, v in scan_audio(root).items()}
+    return BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
+                      schema=schema_for(fields), ref_frames=REF_FRAMES, feature_cache=str(cache or ""))
+
+
+def _lease(ids: list[str], refs: list[str] | None = None) -> dict:
+    lease = {"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE, "rows": 4,
+             "tokens": [[2, 3, 1] for _ in ids]}
+    if refs is not None:
+        lease["refs"] = refs
+    return lease
+
+
+def _mel(root: Path, sample_id: str) -> np.ndarray:
+    audio = load_audio(root / "wavs" / f"{sample_id}.wav", FEATURES.sample_rate_hz)
+    return log_mel_spectrogram_numpy(audio, FEATURES, dtype=np.float32)
+
+
+def test_audio_is_the_waveform_padded_with_zeros(dataset) -> None:
+    root, ids = dataset
+    made = _maker(root, "audio").make(_lease(ids[:3]))
+    arrays = made.arrays
+    assert arrays["audio"].shape == (4, SHAPE[1] * FEATURES.hop_length) and arrays["audio"].dtype == np.float32
+    for row, sample_id in enumerate(made.fields["ids"]):
+        wave = load_audio(root / "wavs" / f"{sample_id}.wav", FEATURES.sample_rate_hz)
+        assert arrays["audio_lengths"][row] == len(wave)
+        np.testing.assert_array_equal(arrays["audio"][row, :len(wave)], wave)
+        assert not arrays["audio"][row, len(wave):].any()
+        # The mel of the row is the mel of that waveform.
+        frames = arrays["mel_lengths"][row]
+        assert frames == 1 + len(wave) // FEATURES.hop_length
+    assert arrays["audio_lengths"][3] == 0 and not arrays["audio"][3].any()
+
+
+def test_audio_is_read_even_when_the_feature_cache_holds_the_mel(dataset, tmp_path) -> None:
+    root, ids = dataset
+    maker = _maker(root, "audio", cache=tmp_path / "cache")
+    first = maker.make(_lease(ids[:2]))
+    again = maker.make(_lease(ids[:2]))
+    assert again.fields["cache"]["hits"] == 2 and again.fields["cache"]["computed"] == 0
+    np.testing.assert_array_equal(first.arrays["audio"], again.arrays["audio"])
+
+
+def test_ref_mel_is_the_reference_clips_mel_cropped_around_its_middle(dataset) -> None:
+    root, ids = dataset
+    refs = [ids[4], ids[3], ids[0]]
+    made = _maker(root, "ref_mel").make(_lease(ids[:3], refs))
+    arrays = made.arrays
+    assert arrays["ref_mel"].shape == (4, REF_FRAMES, FEATURES.n_mels)
+    for row, ref in enumerate(refs):
+        full = _mel(root, ref)
+        start = (len(full) - REF_FRAMES) // 2
+        np.testing.assert_allclose(arrays["ref_mel"][row], full[start:start + REF_FRAMES], rtol=1e-4, atol=1e-4)
+        assert arrays["ref_mel_lengths"][row] == REF_FRAMES
+    assert arrays["ref_mel_lengths"][3] == 0
+    np.testing.assert_array_equal(arrays["ref_mel"][3], np.float32(pad_value(FEATURES)))
+
+
+def test_a_short_reference_is_padded(dataset, tmp_path) -> None:
+    root, ids = dataset
+    entries, _ = read_metadata(root)
+    files = {k: v.name for k, v in scan_audio(root).items()}
+    maker = BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
+                       schema=schema_for("ref_mel"), ref_frames=400)
+    arrays = maker.make(_lease(ids[:1], [ids[1]])).arrays
+    full = _mel(root, ids[1])
+    assert arrays["ref_mel_lengths"][0] == len(full) < 400
+    np.testing.assert_allclose(arrays["ref_mel"][0, :len(full)], full, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(arrays["ref_mel"][0, len(full):], np.float32(pad_value(FEATURES)))
+
+
+def test_a_missing_reference_misses_its_clip_and_a_broken_one_rejects_it(dataset) -> None:
+    root, ids = dataset
+    (root / "wavs" / f"{ids[4]}.wav").unlink()
+    (root / "wavs" / f"{ids[3]}.wav").write_bytes(b"RIFF not really")
+    maker = _maker(root, "ref_mel")
+    made = maker.make(_lease(ids[:3], [ids[4], ids[3], ids[1]]))
+    assert made.fields["ids"] == [ids[2]]
+    assert [m["id"] for m in made.fields["missed"]] == [ids[0]]
+    assert made.fields["missed"][0]["reason"].startswith(f"reference clip {ids[4]}: audio file missing")
+    assert [r["id"] for r in made.fields["rejected"]] == [ids[1]]
+    assert made.fields["rejected"][0]["reason"].startswith(f"reference clip {ids[3]}: ")
+    assert made.fields["ids"] + [m["id"] for m in made.fields["missed"]] + [
+        r["id"] for r in made.fields["rejected"]] == [ids[2], ids[0], ids[1]]  # every clip accounted for

@@ -1,0 +1,42 @@
+"""End-to-end: a run with every opening of issue 13 at once (optional fields, the model's own
+loss terms, AdamW with the Noam schedule, frame-budget batches), killed and resumed."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from tests.procs import read_json, read_jsonl, run_cli
+from tests.test_run import NUMPY_FEATURES
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.slow
+def test_open_batch_run_trains_checkpoints_and_resumes(tmp_path):
+    from tests.consumer.loss_models import CHECKED_REF_FRAMES
+
+    run_dir = tmp_path / "run"
+    common = ["--model", "tests.consumer.loss_models:fields_checker", "--producers", "1",
+              "--set", "batching.fields=speaker_id,stop,audio,ref_mel",
+              "--set", f"batching.ref_frames={CHECKED_REF_FRAMES}", "--set", "trainer.optimizer=adamw",
+              "--set", "trainer.lr_decay=noam", "--set", "trainer.log_every_steps=3",
+              "--set", "trainer.checkpoint_every_steps=6", "--model-start-delay", "0.2", *NUMPY_FEATURES]
+    first = run_cli(*common, "--max-frames", "800", "--steps", "6", "--record-samples", "--run-dir", str(run_dir),
+                    timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli("--resume", str(run_dir), "--steps", "12", timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    for row in rows:
+        assert set(row["terms"]) == {"mel_l1", "fit", "level"}
+        assert row["loss"] == pytest.approx(sum(row["terms"].values()), rel=1e-3, abs=1e-4)
+    summary = read_json(run_dir / "summary.json")
+    assert summary["exit_reason"] == "completed" and summary["resumed_from_step"] == 6
+    assert summary["frames_per_batch"]["max"] <= 800
+    per_epoch = collections.defaultdict(collections.Counter)
+    for r in read_jsonl(run_dir / "samples.jsonl"):
+        per_epoch[r["epoch"]].update(r["ids"])
+    assert all(max(c.values()) == 1 for c in per_epoch.values())  # no clip twice in an epoch, across the resume
