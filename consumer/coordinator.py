@@ -68,9 +68,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
 from consumer.plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
+from producer.transforms import load_user
 from shared import wire
-from shared.batch import FRAMES, batch_dims, schema_for
-from shared.config import Config
+from shared.batch import FRAMES, batch_dims
+from shared.config import Config, batch_schema
 from shared.dataset import DatasetScan, check_agreement
 from shared.errors import UserError
 from shared.keys import ServerKeys, short
@@ -202,7 +203,9 @@ class Coordinator:
         self.tokens = tokens
         # Each clip's reference clip, with the ref_mel batch field on (None: off).
         self.references = references
-        self.schema = schema_for(cfg.batching.fields)
+        # The user transforms' versions (producer/transforms.py), which every producer must run too.
+        self.transform_versions = {spec: version for spec, _, version in load_user(cfg.transforms.user)}
+        self.schema = batch_schema(cfg)
         self.metadata_sha256 = metadata_sha256
         self.planner = planner
         self.queue = queue
@@ -735,6 +738,7 @@ class Coordinator:
             "producer_name": peer.name,
             "features": dataclasses.asdict(self.cfg.features),
             "fields": self.cfg.batching.fields, "ref_frames": self.cfg.batching.ref_frames,
+            "transforms": dataclasses.asdict(self.cfg.transforms), "transform_versions": self.transform_versions,
             "metadata_file": self.cfg.data.metadata_file,
             "metadata_sha256": self.metadata_sha256,
             "feature_cache": self.cfg.data.feature_cache,

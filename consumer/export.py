@@ -75,7 +75,7 @@ class ExportResult:
 
 def export(run_dir: Path, out: Path) -> ExportResult:
     """Write the run's trained model to the new directory ``out`` (module docstring)."""
-    from shared.batch import schema_for
+    from shared.config import batch_schema
 
     out = out.expanduser()
     if out.exists():
@@ -87,7 +87,7 @@ def export(run_dir: Path, out: Path) -> ExportResult:
         vocab = run_vocabulary(run_dir)
     except SynthError as exc:
         raise ExportError(str(exc)) from None
-    schema = schema_for(cfg.batching.fields)
+    schema = batch_schema(cfg)
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the export's graphs are device-neutral
     from shared.tfsetup import configure_tensorflow
 

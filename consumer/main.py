@@ -24,15 +24,17 @@ endpoint in use, unknown model).
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from consumer import melimage, validation
 from consumer.buffer import BatchQueue
@@ -44,7 +46,7 @@ from consumer.progress import LiveLine
 from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
-from shared.batch import FRAMES, schema_for
+from shared.batch import FRAMES
 from shared.dataset import Sample, build_index, feature_cache_dir
 from shared.errors import UserError
 from shared.layouts import Rejection
@@ -62,10 +64,19 @@ log = logging.getLogger("consumer")
 WAIT_SLICE_S = 0.25
 # Say so when no batch has come for this long (no producer connected, all stalled).
 NO_DATA_WARN_S = 10.0
+# A user transform that failed every one of this many clips (or of all clips, when fewer) and
+# let none through is broken, not unlucky: the run ends with one line instead of waiting.
+ALL_FAILED_CLIPS = 32
+# The start of a rejection reason naming the user transform (or declared field) that failed it.
+TRANSFORM_FAILURE = re.compile(r"transform (field \S+|[\w.]+:\w+)")
 # After training, give the coordinator this long to send STOP and close.
 COORDINATOR_JOIN_S = 3.0
 # At exit, give the STOP messages this long to reach the producers.
 FLUSH_S = 1.0
+
+
+class TransformFailed(UserError):
+    """Every clip failed the same user transform; the message is one line for the user."""
 
 
 class NonFiniteLoss(Exception):
@@ -87,6 +98,7 @@ class Run:
         self.started = time.monotonic()
         self._producer_rejected: set[str] = set()
         self._rejected_before: set[tuple[str, str]] = set()  # rows a resumed run's rejected.jsonl holds
+        self._producer_reasons: collections.Counter[str] = collections.Counter()  # "transform X" or ""
 
     def _record_rejections(self, rejections: list[Rejection]) -> None:
         """Write each rejected clip once: a clip a producer cannot read fails again every epoch."""
@@ -97,6 +109,8 @@ class Run:
                 if r.id in self._producer_rejected:
                     continue
                 self._producer_rejected.add(r.id)
+                failed = TRANSFORM_FAILURE.match(r.reason)  # which transform (or declared field) failed
+                self._producer_reasons[failed.group(0) if failed else ""] += 1
             self.rejected.write(r.to_json())
             self.rejected_count += 1
 
@@ -139,7 +153,7 @@ class Run:
                                   dataset=index.scan, keys=keys, resume=checkpoints.skip_plan(),
                                   tokens=TokenTable(train_samples, vocab),
                                   references=(ReferenceTable(train_samples, cfg.batching.seed)
-                                              if "ref_mel" in schema_for(cfg.batching.fields).names else None))
+                                              if "ref_mel" in config_mod.batch_schema(cfg).names else None))
         queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()
@@ -148,6 +162,8 @@ class Run:
         self.status.send("ready", endpoint=endpoint, batches_per_epoch=planner.batches_per_epoch)
         loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started,
                          checkpoints, val_samples=val_samples, data_root=index.root, vocabulary=vocab)
+        at_least = min(ALL_FAILED_CLIPS, planner.samples_per_epoch)
+        loop.check_failure = lambda: self._all_failed_one_transform(loop.step, at_least)
         try:
             loop.run(self.gpu_memory_mb)
             loop.save_checkpoint()  # at the end, and after Ctrl-C or SIGTERM (not after a failure)
@@ -155,7 +171,10 @@ class Run:
                 raise coordinator.failure
             if loop.interrupted:
                 loop.exit_reason, loop.code = "interrupted", EXIT_INTERRUPTED
-        except ModelError as exc:  # the model cannot be built or breaks its contract: the user's to fix
+            failed = self._all_failed_one_transform(loop.step)
+            if failed:
+                raise TransformFailed(failed)
+        except (ModelError, TransformFailed) as exc:  # the model or a transform: the user's to fix
             loop.exit_reason, loop.code = f"failed: {exc}"[:500], EXIT_USER
             log.log(logging.DEBUG if self.status.connected else logging.ERROR, "%s", exc)
             self.status.error(exc, "consumer", user_error=True)
@@ -199,6 +218,17 @@ class Run:
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
                      self.run_dir / SUMMARY)
         return loop.code
+
+    def _all_failed_one_transform(self, steps: int, at_least: int = 1) -> str:
+        """The one line when no clip trained and every clip a producer rejected (at least
+        ``at_least``) failed the same user transform ("" otherwise)."""
+        if steps or len(self._producer_reasons) != 1:
+            return ""
+        (family, count), = self._producer_reasons.items()
+        if not family or count < at_least:
+            return ""
+        return (f"every clip failed {family} ({count} rejected, reasons in rejected.jsonl): fix the transform or "
+                f"take it out of transforms.user")
 
     def _resume(self, checkpoints: RunCheckpoints) -> None:
         """Continue from the latest checkpoint: check it, cut the step logs back to it, adopt
@@ -268,6 +298,8 @@ class TrainLoop:
         self.telemetry = Telemetry(run_dir, queue.capacity, self.expected_steps,
                                    lambda: coordinator.snapshot()["producers"], cfg.run.metrics_port)
         self.live = LiveLine()
+        # Why the data can never come (set by the run; "" while it may): checked while waiting.
+        self.check_failure: Callable[[], str] = lambda: ""
         self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is still on the device
         self._last_loss: float | None = None
         self._val_batches: list[Any] = []
@@ -336,8 +368,12 @@ class TrainLoop:
         return None
 
     def _waiting(self, since: float, last_warn: float, what: str) -> float:
-        """One slice of waiting for a batch: live figures, the launcher's liveness, and a
-        warning every NO_DATA_WARN_S; returns when the last warning was given."""
+        """One slice of waiting for a batch: live figures, the launcher's liveness, a data
+        failure that no waiting cures, and a warning every NO_DATA_WARN_S; returns when the
+        last warning was given."""
+        failure = self.check_failure()
+        if failure:
+            raise TransformFailed(failure)
         now = time.monotonic()
         self.telemetry.tick(now)
         if not parent_alive(self.parent_pid):

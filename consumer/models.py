@@ -51,8 +51,8 @@ import numpy as np
 
 from consumer import tts
 from consumer.tts import ModelError
-from shared.batch import OPTIONAL, schema_for
-from shared.config import Config
+from shared.batch import OPTIONAL
+from shared.config import Config, batch_schema
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class KerasTrainer:
         t = cfg.trainer
         self.tf = tf
         self.vocab_size = vocab_size
-        self.schema = schema_for(cfg.batching.fields)
+        self.schema = batch_schema(cfg)
         self.cfg = cfg
         self.device = device
         self.name = t.model

@@ -116,13 +116,13 @@ def restore_model(tf: Any, device: str, run_dir: Path, cfg: Any, vocab_size: int
 def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None,
                language: str | None = None, speaker: str | None = None) -> SynthResult:
     from consumer import tts
-    from shared.batch import schema_for
+    from shared import config as config_mod
 
     cfg = run_config(run_dir)
     spec = cfg.trainer.model
     code = language or cfg.text.language
     tokens, vocab = encode_for_run(run_dir, cfg, text, code)
-    schema = schema_for(cfg.batching.fields)
+    schema = config_mod.batch_schema(cfg)
     ids = {"speaker_id": 0, "language_id": 0}
     if "speaker_id" in schema.names:
         if speaker is not None and speaker not in vocab.speakers:

@@ -28,8 +28,8 @@ from typing import Sequence
 import numpy as np
 
 from consumer.plan import round_up
-from shared.batch import FRAMES, schema_for
-from shared.config import Config
+from shared.batch import FRAMES
+from shared.config import Config, batch_schema
 from shared.dataset import DatasetIndex, Sample, build_index
 from shared.layouts import Rejection
 from shared.runfiles import VALIDATION, write_json
@@ -88,7 +88,7 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
     # model GPU to the trainer.
     features = dataclasses.replace(cfg.features, backend="numpy")
     b = cfg.batching
-    schema = schema_for(b.fields)
+    schema = batch_schema(cfg)
     maker = BatchMaker(root, {s.id: s.text for s in samples}, features, None, "validation",
                        files={s.id: s.audio for s in samples if s.audio}, schema=schema, ref_frames=b.ref_frames)
     tokens = TokenTable(samples, vocabulary)

@@ -81,14 +81,16 @@ class CacheCounts:
         return dataclasses.asdict(self)
 
 
-def cache_key(features: FeaturesConfig, root: Path) -> dict[str, Any]:
-    """What a cache directory's entries depend on (its name is a hash of this)."""
+def cache_key(features: FeaturesConfig, root: Path, transforms: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a cache directory's entries depend on (its name is a hash of this): the features,
+    the dataset, and the producer transforms when any is on (producer/transforms.chain_key)."""
     params = {k: v for k, v in dataclasses.asdict(features).items() if k != "backend"}
-    return {"format": FORMAT_VERSION, "features": params, "dataset": str(root)}
+    key = {"format": FORMAT_VERSION, "features": params, "dataset": str(root)}
+    return {**key, "transforms": transforms} if transforms else key
 
 
-def cache_dir_name(features: FeaturesConfig, root: Path) -> str:
-    text = json.dumps(cache_key(features, root), sort_keys=True)
+def cache_dir_name(features: FeaturesConfig, root: Path, transforms: dict[str, Any] | None = None) -> str:
+    text = json.dumps(cache_key(features, root, transforms), sort_keys=True)
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
@@ -117,10 +119,11 @@ def _name_crc(name: str) -> int:
 class FeatureCache:
     """Entries of one (features config, dataset) pair under ``directory/<key>/``."""
 
-    def __init__(self, directory: str | Path, features: FeaturesConfig, root: Path) -> None:
+    def __init__(self, directory: str | Path, features: FeaturesConfig, root: Path,
+                 transforms: dict[str, Any] | None = None) -> None:
         self.features = features
-        self.dir = Path(directory) / cache_dir_name(features, root)
-        self._key = cache_key(features, root)
+        self.dir = Path(directory) / cache_dir_name(features, root, transforms)
+        self._key = cache_key(features, root, transforms)
         self._ready = False
         self._writable = True
         self.counts = CacheCounts()

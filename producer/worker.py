@@ -57,7 +57,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from shared import wire
 from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, schema_for
-from shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, PipelineConfig
+from shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, PipelineConfig, TransformsConfig
 from shared.dataset import DatasetScan, audio_path, locate, relative_audio, scan_dataset
 from shared.errors import UserError
 from shared.keys import ClientKeys, load_client_keys, short
@@ -123,6 +123,7 @@ class _Clip:
     audio: np.ndarray | None = None
     mel: np.ndarray | None = None
     slot: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache lacks the mel
+    fields: dict[str, np.ndarray] | None = None  # the declared fields its user transforms made
 
 
 class BatchMaker:
@@ -143,9 +144,10 @@ class BatchMaker:
                  device: str | None, name: str, host: str | None = None,
                  files: dict[str, str] | None = None, feature_cache: str = "",
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
-                 ref_frames: int = BatchingConfig.ref_frames) -> None:
+                 ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None) -> None:
         from producer.feature_cache import FeatureCache
         from producer.features import MelComputer
+        from producer.transforms import Chain
 
         self.root = root
         self.texts = texts
@@ -157,7 +159,10 @@ class BatchMaker:
         self.ref_frames = ref_frames
         self._pads = schema.pad_values(features.log_floor)
         self._mels = MelComputer(features, device=device)
-        self.cache = FeatureCache(feature_cache, features, root) if feature_cache else None
+        chain = Chain(transforms or TransformsConfig(), features)
+        self.chain = chain if chain.active else None  # producer/transforms.py: None when every step is off
+        self.cache = FeatureCache(feature_cache, features, root, chain.key if self.chain else None) \
+            if feature_cache else None
         self.faults = faults or FaultsConfig()
         self._next_stall = time.monotonic() + self.faults.producer_stall_every_s
 
@@ -171,10 +176,11 @@ class BatchMaker:
             time.sleep(f.producer_stall_s)
             self._next_stall += f.producer_stall_every_s
 
-    def _load(self, sample_id: str, need_audio: bool) -> _Clip:
+    def _load(self, sample_id: str, need_audio: bool, speaker: int = 0, language: int = 0) -> _Clip:
         """One clip: its log-mel from the feature cache when it holds a valid entry, its audio
-        when the mel must be computed or the batch carries the waveform. Raises AudioMissing
-        (not on this host) or AudioError (unusable), whose text is the reason."""
+        (transformed: producer/transforms.py) when the mel must be computed or the batch
+        carries the waveform or the user's transforms make fields. Raises AudioMissing (not on
+        this host), AudioError or TransformError (unusable), whose text is the reason."""
         from producer.audio import load_audio
 
         name = self.files.get(sample_id) or relative_audio(sample_id)
@@ -188,8 +194,12 @@ class BatchMaker:
             if st is not None:
                 clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
                 clip.slot = None if clip.mel is not None else (name, st)
-        if clip.mel is None or need_audio:
+        if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
             clip.audio = load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name))
+            if self.chain is not None:
+                done = self.chain(clip.audio, self.texts.get(sample_id, ""), sample_id, speaker, language,
+                                  {"file": name})
+                clip.audio, clip.fields = done.audio, done.fields
         return clip
 
     def _reference(self, mel: np.ndarray) -> np.ndarray:
@@ -205,6 +215,7 @@ class BatchMaker:
         one that cannot be used is *rejected*, with the reason."""
         from producer.audio import AudioError, AudioMissing
         from producer.feature_cache import CacheCounts
+        from producer.transforms import TransformError
 
         started = time.perf_counter()
         max_tokens, max_frames = lease["shape"]
@@ -214,6 +225,7 @@ class BatchMaker:
         rejected: list[dict[str, str]] = []
         missed: list[dict[str, str]] = []
         token_rows, refs = lease["tokens"], lease.get("refs") or []
+        extra = {i: (s, g) for i, s, g in zip(lease["ids"], lease.get("speakers", []), lease.get("languages", []))}
         for n, sample_id in enumerate(lease["ids"]):
             if sample_id not in self.texts:
                 missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
@@ -224,20 +236,22 @@ class BatchMaker:
             if "ref_mel" in names and n >= len(refs):
                 rejected.append({"id": sample_id, "reason": "the lease names no reference clip for this clip"})
                 continue
-            what = "clip"
-            try:
-                clip = self._load(sample_id, need_audio="audio" in names)
-                what = f"reference clip {refs[n]}" if "ref_mel" in names else what
-                ref = self._load(refs[n], need_audio=False) if "ref_mel" in names else None
-            except AudioMissing as exc:
-                missed.append({"id": sample_id, "reason": f"{'' if what == 'clip' else what + ': '}{exc} on host "
-                                                          f"{self.host}"})
-                continue
-            except AudioError as exc:
-                rejected.append({"id": sample_id, "reason": f"{'' if what == 'clip' else what + ': '}{exc}"})
-                continue
+            what = ""
+            speaker, language = (int(v) for v in extra.get(sample_id, (0, 0)))
             tok = np.asarray(token_rows[n], dtype=np.int32)
-            frames = clip.mel.shape[0] if clip.mel is not None else 1 + len(clip.audio) // self.features.hop_length
+            try:
+                clip = self._load(sample_id, "audio" in names, speaker, language)
+                frames = clip.mel.shape[0] if clip.mel is not None else 1 + len(clip.audio) // self.features.hop_length
+                if self.chain is not None and self.chain.declared:
+                    self.chain.check_fields(clip.fields or {}, len(tok), frames)
+                what = f"reference clip {refs[n]}: " if "ref_mel" in names else what
+                ref = self._load(refs[n], False, speaker, language) if "ref_mel" in names else None
+            except AudioMissing as exc:
+                missed.append({"id": sample_id, "reason": f"{what}{exc} on host {self.host}"})
+                continue
+            except (AudioError, TransformError) as exc:
+                rejected.append({"id": sample_id, "reason": f"{what}{exc}"})
+                continue
             if len(tok) > max_tokens or frames > max_frames:
                 rejected.append({"id": sample_id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
                                                             f"{frames} frames > bucket {max_tokens}x{max_frames})"})
@@ -245,11 +259,12 @@ class BatchMaker:
             rows.append((tok, clip, ref))
         computed = self._compute([c for _, clip, ref in rows for c in (clip, ref) if c is not None])
         examples = []
-        extra = {i: (s, g) for i, s, g in zip(lease["ids"], lease.get("speakers", []), lease.get("languages", []))}
         for tok, clip, ref in rows:
             speaker, language = extra.get(clip.id, (0, 0))
-            examples.append(example(tok, clip.mel, self.schema, int(speaker), int(language), audio=clip.audio,
-                                    ref_mel=self._reference(ref.mel) if ref is not None else None))
+            examples.append(example(tok, clip.mel, self.schema, int(speaker), int(language),
+                                    audio=clip.audio if "audio" in names else None,
+                                    ref_mel=self._reference(ref.mel) if ref is not None else None,
+                                    declared=clip.fields))
         self._inject_faults()
         dims = batch_dims(int(lease["rows"]), lease["shape"], self.features.n_mels, self.features.hop_length,
                           self.ref_frames)
@@ -358,11 +373,12 @@ class Producer:
         faults = FaultsConfig(**welcome.get("faults", {}))
         texts = {e.id: e.text for e in self._scan.entries} if self._scan else {}
         files = dict(self._scan.files) if self._scan else {}
-        schema = schema_for(str(welcome.get("fields") or ""))
+        transforms = TransformsConfig(**welcome.get("transforms", {}))
+        schema = schema_for(str(welcome.get("fields") or ""), transforms.fields)
         ref_frames = int(welcome.get("ref_frames") or BatchingConfig.ref_frames)
         return BatchMaker(self.root, texts, features, device, self.name, self.host,
                           files=files, feature_cache=cache_dir, faults=faults, schema=schema,
-                          ref_frames=ref_frames)
+                          ref_frames=ref_frames, transforms=transforms)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:
@@ -456,10 +472,28 @@ class Producer:
         with self._ready_lock:
             self._ready.pop(lease_id, None)
 
+    def _check_transforms(self, welcome: wire.Message) -> None:
+        """The user transforms the trainer runs must run here, in the same version; Refused
+        (one line, exit status 2) when one is missing or differs."""
+        from producer.transforms import TransformSetupError, load_user
+
+        transforms = TransformsConfig(**(welcome.get("transforms") or {}))
+        theirs = welcome.get("transform_versions") or {}
+        try:
+            mine = {spec: version for spec, _, version in load_user(transforms.user)}
+        except TransformSetupError as exc:
+            raise Refused(f"the trainer's transforms cannot run on host {self.host}: {exc}") from None
+        for spec, version in mine.items():
+            if theirs.get(spec) != version:
+                raise Refused(f"transform {spec} is version {version} on host {self.host} and {theirs.get(spec)} on "
+                              f"the trainer: every host must run the same transform code")
+
     def _handle(self, sock: zmq.Socket, msg: wire.Message, now: float) -> bool:
         """Act on one consumer message; return False when the producer must stop."""
         if msg.kind == wire.WELCOME:
             first = self._welcome is None
+            if first:
+                self._check_transforms(msg)
             self._welcome = msg.fields
             consumer_sha256 = msg.get("metadata_sha256")
             if (first and self._scan is not None and isinstance(consumer_sha256, str) and consumer_sha256

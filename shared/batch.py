@@ -143,8 +143,41 @@ OPTIONAL: dict[str, Field] = {f.name: f for f in (
 COMPANIONS = {"audio": ("audio_lengths",), "ref_mel": ("ref_mel_lengths",)}
 
 
-def schema_for(fields: str | Sequence[str]) -> BatchSchema:
-    """The batch of a run: SCHEMA plus the optional fields it switches on (comma-separated names)."""
+# Dimensions a declared field (transforms.fields) may have after B: per-clip sizes the producer knows.
+DECLARABLE_DIMS = ("L", "T", "F")
+DECLARABLE_DTYPES = ("float32", "int32")
+
+
+def parse_declared_fields(spec: str) -> tuple[Field, ...]:
+    """The batch fields a run's user transforms return, declared as ``name:dtype:DIMS:pad``,
+    comma-separated (``durations:int32:L:0, pitch:float32:T:0``; DIMS letters after B, which is
+    implied: ``T``, ``TF``, or ``-`` for one value per clip). ValueError (one line) when not."""
+    fields = []
+    taken = set(SCHEMA.names) | set(OPTIONAL)
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        parts = item.split(":")
+        if len(parts) != 4:
+            raise ValueError(f"declared field {item!r}: expected name:dtype:DIMS:pad, e.g. pitch:float32:T:0")
+        name, dtype, dims, pad = (p.strip() for p in parts)
+        letters = "" if dims == "-" else dims
+        if not name.isidentifier() or name in taken:
+            raise ValueError(f"declared field {item!r}: {name!r} is not a new identifier")
+        if dtype not in DECLARABLE_DTYPES or any(d not in DECLARABLE_DIMS for d in letters):
+            raise ValueError(f"declared field {item!r}: dtype one of {', '.join(DECLARABLE_DTYPES)}, dimensions "
+                             f"letters of {', '.join(DECLARABLE_DIMS)} (or - for one value per clip)")
+        try:
+            value = float(pad)
+        except ValueError:
+            raise ValueError(f"declared field {item!r}: padding {pad!r} is not a number") from None
+        taken.add(name)
+        fields.append(Field(name, dtype, ("B", *letters), int(value) if dtype == "int32" else value,
+                            "declared in transforms.fields, made by a user transform"))
+    return tuple(fields)
+
+
+def schema_for(fields: str | Sequence[str], declared: str = "") -> BatchSchema:
+    """The batch of a run: SCHEMA plus the optional fields it switches on (comma-separated names)
+    and the fields its user transforms declare (:func:`parse_declared_fields`)."""
     names = [n.strip() for n in fields.split(",")] if isinstance(fields, str) else list(fields)
     names = [n for n in names if n]
     switchable = [n for n in OPTIONAL if not OPTIONAL[n].length_of]
@@ -152,15 +185,21 @@ def schema_for(fields: str | Sequence[str]) -> BatchSchema:
     if unknown:
         raise ValueError(f"unknown batch field {unknown[0]!r} (optional fields: {', '.join(switchable)})")
     names += [c for n in names for c in COMPANIONS.get(n, ())]
-    return BatchSchema(SCHEMA.fields + tuple(OPTIONAL[n] for n in OPTIONAL if n in names))
+    return BatchSchema(SCHEMA.fields + tuple(OPTIONAL[n] for n in OPTIONAL if n in names)
+                       + parse_declared_fields(declared))
 
 
 def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id: int = 0,
-            language_id: int = 0, audio: np.ndarray | None = None, ref_mel: np.ndarray | None = None
-            ) -> dict[str, Any]:
+            language_id: int = 0, audio: np.ndarray | None = None, ref_mel: np.ndarray | None = None,
+            declared: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One clip's data fields for :func:`collate`, with the optional ones ``schema`` has
-    (``audio`` and ``ref_mel`` default to empty: length 0, all padding)."""
+    (``audio``, ``ref_mel`` and the ``declared`` fields default to empty: all padding)."""
     out: dict[str, Any] = {"tokens": tokens, "mel": mel}
+    for f in schema.data_fields:
+        if f.name not in out and f.name not in OPTIONAL:  # a declared field: the transform's, else empty
+            given = (declared or {}).get(f.name)
+            out[f.name] = given if given is not None else (
+                np.zeros((0,) * (len(f.dims) - 1), f.dtype) if len(f.dims) > 1 else np.array(f.pad, f.dtype))
     names = schema.names
     if "audio" in names:
         out["audio"] = np.zeros(0, np.float32) if audio is None else audio

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from shared.batch import schema_for
+from shared.batch import BatchSchema, parse_declared_fields, schema_for
 from shared.errors import UserError
 from shared.layouts import LayoutError, parse_columns
 from shared.text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
@@ -71,6 +71,19 @@ class FeaturesConfig:
     fmax_hz: float = 8000.0
     log_floor: float = 1e-5  # magnitudes below this are clamped before the log
     backend: str = "auto"  # "tf": TensorFlow ops on the data device; "numpy": numpy/scipy; "auto": tf on a GPU
+
+
+@dataclass(frozen=True)
+class TransformsConfig:
+    """What a producer does to a clip's waveform before its log-mel (producer/transforms.py); all off."""
+
+    user: str = ""  # the user's transforms, first: package.module:function, comma-separated
+    fields: str = ""  # batch fields they return: name:dtype:DIMS:pad, comma-separated (e.g. pitch:float32:T:0)
+    trim_db: float = 0.0  # cut leading and trailing frames this many dB below the loudest (0: off)
+    normalize: str = "off"  # off | peak (to peak_dbfs) | loudness (to loudness_lufs, ITU-R BS.1770)
+    peak_dbfs: float = -1.0
+    loudness_lufs: float = -23.0
+    preemphasis: float = 0.0  # y[n] = x[n] - a x[n-1] (0: off; 0.97 is common)
 
 
 @dataclass(frozen=True)
@@ -175,6 +188,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     text: TextConfig = field(default_factory=TextConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    transforms: TransformsConfig = field(default_factory=TransformsConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
@@ -307,6 +321,20 @@ def _validate(cfg: Config) -> None:
         schema_for(b.fields)
     except ValueError as exc:
         raise ConfigError(f"batching.fields: {exc}") from None
+    tr = cfg.transforms
+    try:
+        parse_declared_fields(tr.fields)
+    except ValueError as exc:
+        raise ConfigError(f"transforms.fields: {exc}") from None
+    if tr.fields and not tr.user:
+        raise ConfigError("transforms.fields declares fields that only user transforms (transforms.user) make")
+    for spec in (s.strip() for s in tr.user.split(",") if s.strip()):
+        if not _is_function_spec(spec):
+            raise ConfigError(f"transforms.user: {spec!r} is not package.module:function")
+    if tr.normalize not in ("off", "peak", "loudness"):
+        raise ConfigError(f"transforms.normalize must be off, peak or loudness, got {tr.normalize!r}")
+    if tr.trim_db < 0 or not 0 <= tr.preemphasis < 1 or tr.peak_dbfs > 0:
+        raise ConfigError("need transforms.trim_db >= 0, 0 <= transforms.preemphasis < 1 and transforms.peak_dbfs <= 0")
     try:
         if cfg.data.columns:
             parse_columns(cfg.data.columns)
@@ -330,6 +358,12 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"run.metrics_port must be 0..65535, got {cfg.run.metrics_port}")
     if cfg.run.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"run.log_level must be DEBUG, INFO, WARNING or ERROR, got {cfg.run.log_level!r}")
+
+
+def batch_schema(cfg: Config) -> BatchSchema:
+    """The batch of a run (shared/batch.py): SCHEMA, the optional fields it switches on and the
+    fields its user transforms declare."""
+    return schema_for(cfg.batching.fields, cfg.transforms.fields)
 
 
 def from_dict(raw: Mapping[str, Any] | None, base: Config | None = None) -> Config:

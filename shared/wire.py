@@ -17,14 +17,17 @@ Message kinds and their fields (P = producer, C = consumer):
     HELLO      P->C  producer, host, pid, launcher (parent pid), session (one per connection; a repeated
                      HELLO of a session only gets its WELCOME again), dataset (DatasetScan.describe())
     WELCOME    C->P  producer_index, producer_name, features (dict), fields (the optional
-                     batch fields, shared/batch.py), metadata_file, heartbeat_interval_s, heartbeat_timeout_s
+                     batch fields, shared/batch.py), ref_frames, transforms (dict) and transform_versions
+                     (the user transforms' versions: a producer running another refuses itself),
+                     metadata_file, heartbeat_interval_s, heartbeat_timeout_s
     REFUSE     C->P  reason [, metadata_file, columns] [, rejoin]
                      hello refused: the producer exits with status 2, unless metadata_file names
                      the file (and columns the data.columns) to scan instead (it scans and says
                      HELLO again) or rejoin is true
                      (the consumer does not know this producer, e.g. after a restart: HELLO again)
-    LEASE      C->P  lease, epoch, index, ids, shape (L, T), rows (B), tokens, speakers, languages  (a
-                     planned batch to prepare; per clip: its token ids, speaker id and language id)
+    LEASE      C->P  lease, epoch, index, ids, shape (L, T), rows (B), tokens, speakers, languages[, refs]
+                     (a planned batch to prepare; per clip: its token ids, speaker id, language id and,
+                     with ref_mel, its reference clip)
     READY      P->C  lease                            (that batch is prepared, waiting for a credit)
     CREDIT     C->P  lease                            (a free queue slot: send that batch now)
     REVOKE     C->P  lease                            (forget that lease: it was re-planned elsewhere)

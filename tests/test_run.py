@@ -297,3 +297,15 @@ def test_stereo_and_other_rate_clips_are_used(tmp_path):
                      "--producers", "1", "--run-dir", str(run_dir), "--model-start-delay", "0.2", *NUMPY_FEATURES)
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_json(run_dir / "summary.json")["samples"] == 6
+
+
+def test_a_transform_failing_every_clip_is_one_line(tmp_path):
+    result = run_cli("--model", "synthetic:5", "--steps", "5", "--producers", "1", "--run-dir", str(tmp_path / "run"),
+                     "--set", "transforms.user=tests.producer.user_transforms:raises", *NUMPY_FEATURES, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("stoker: error:")]
+    assert lines == [line for line in lines if "every clip failed transform tests.producer.user_transforms:raises"
+                     in line] and len(lines) == 1
+    rejected = read_jsonl(tmp_path / "run" / "rejected.jsonl")
+    assert len(rejected) >= 32 and all(r["reason"].startswith("transform tests.producer.user_transforms:raises: "
+                                                              "ValueError: no pitch for ") for r in rejected)

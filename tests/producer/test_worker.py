@@ -313,3 +313,36 @@ def test_optional_fields_come_from_the_lease(setup):
         assert batch.arrays["stop"][row].tolist() == [float(t >= lengths[row] - 1) for t in range(128)]
     consumer.send(wire.STOP, {"reason": "test over"})
     thread.join(10)
+
+
+@pytest.mark.parametrize("versions, said", [
+    ({"tests.producer.user_transforms:halve": "1.0"}, "is version sha256:"),
+    ({}, "and None on the trainer"),
+])
+def test_a_transform_of_another_version_than_the_trainers_ends_with_status_2(setup, caplog, versions, said):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    consumer.recv(wire.HELLO)
+    consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(features), "fields": "",
+                                 "metadata_file": "metadata.csv", "heartbeat_interval_s": 0.5,
+                                 "heartbeat_timeout_s": 30.0,
+                                 "transforms": {"user": "tests.producer.user_transforms:halve"},
+                                 "transform_versions": versions})
+    thread.join(10)
+    assert result["code"] == 2
+    assert "transform tests.producer.user_transforms:halve" in caplog.text and said in caplog.text
+
+
+def test_the_trainers_transform_version_is_accepted(setup):
+    from producer.transforms import load_user
+
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    spec = "tests.producer.user_transforms:halve"
+    (_, _, version), = load_user(spec)
+    consumer.recv(wire.HELLO)
+    consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(features), "fields": "",
+                                 "metadata_file": "metadata.csv", "heartbeat_interval_s": 0.5,
+                                 "heartbeat_timeout_s": 30.0, "transforms": {"user": spec},
+                                 "transform_versions": {spec: version}})
+    consumer.send(wire.LEASE, lease(1, ids[:2]))
+    consumer.recv(wire.READY)
+    assert "code" not in result
