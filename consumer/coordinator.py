@@ -76,6 +76,7 @@ from shared.dataset import DatasetScan, check_agreement
 from shared.errors import UserError
 from shared.keys import ServerKeys, short
 from shared.layouts import Rejection
+from shared.melstats import MelStats
 
 log = logging.getLogger("consumer.coordinator")
 
@@ -197,7 +198,8 @@ class Coordinator:
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
                  context: zmq.Context | None = None, metadata_sha256: str = "", dataset: DatasetScan | None = None,
                  keys: ServerKeys | None = None, resume: InputPosition | None = None,
-                 tokens: TokenTable | None = None, references: ReferenceTable | None = None) -> None:
+                 tokens: TokenTable | None = None, references: ReferenceTable | None = None,
+                 mel_norm: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         # Token ids for the leases; None only where no producer makes batches (tests, benchmarks of the queue).
         self.tokens = tokens
@@ -205,6 +207,9 @@ class Coordinator:
         self.references = references
         # The user transforms' versions (producer/transforms.py), which every producer must run too.
         self.transform_versions = {spec: version for spec, _, version in load_user(cfg.transforms.user)}
+        # transforms.mel_norm: the statistics producers normalise with (None: off); and the ones measured.
+        self.mel_norm = mel_norm
+        self.mel_stats = MelStats.empty(cfg.features.n_mels)
         self.schema = batch_schema(cfg)
         self.metadata_sha256 = metadata_sha256
         self.planner = planner
@@ -616,6 +621,10 @@ class Coordinator:
                 self._count("queue_full")
                 self._release([lease_id])
                 return
+            stats = MelStats.from_fields(msg.get("mel_stats"), self.cfg.features.n_mels)
+            if stats is not None:
+                with self._lock:
+                    self.mel_stats.add(stats)
         self._credits_out -= 1
         del self._leases[lease_id]
         peer.leases.discard(lease_id)
@@ -739,6 +748,7 @@ class Coordinator:
             "features": dataclasses.asdict(self.cfg.features),
             "fields": self.cfg.batching.fields, "ref_frames": self.cfg.batching.ref_frames,
             "transforms": dataclasses.asdict(self.cfg.transforms), "transform_versions": self.transform_versions,
+            "mel_norm": self.mel_norm,
             "metadata_file": self.cfg.data.metadata_file,
             "metadata_sha256": self.metadata_sha256,
             "feature_cache": self.cfg.data.feature_cache,

@@ -49,7 +49,7 @@ import numpy as np
 
 from consumer.synth import SynthError, one_batch, restore_model, run_config, run_vocabulary
 from shared.errors import UserError
-from shared.runfiles import VOCAB, write_json
+from shared.runfiles import MEL_STATS, VOCAB, write_json
 from shared.text import EOS_ID, FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ def export(run_dir: Path, out: Path) -> ExportResult:
             "model": cfg.trainer.model, "step": step, "checkpoint": str(found), "run_dir": str(run_dir),
             "features": dataclasses.asdict(cfg.features), "text": dataclasses.asdict(cfg.text),
             "batch_fields": list(schema.names), "padding": pads, "endpoint": {"name": "serve", "inputs": inputs},
+            "transforms": dataclasses.asdict(cfg.transforms), "mel_stats": _mel_stats(run_dir, cfg),
             "keras_file": KERAS_FILE if keras_ok else None})
         staging.rename(out)
     except BaseException:
@@ -167,6 +168,18 @@ def _write_saved_model(tf: Any, model: Any, schema: Any, cfg: Any, pads: dict[st
     archive.track(model)
     archive.add_endpoint("serve", tf.function(endpoint, input_signature=signature, autograph=False))
     archive.write_out(str(path), verbose=False)
+
+
+def _mel_stats(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
+    """The mean and std the model's mels are normalised with (transforms.mel_norm), else None:
+    ``mel * std + mean`` gives the log-mel of producer/features.py."""
+    if cfg.transforms.mel_norm != "dataset":
+        return None
+    try:
+        return json.loads((run_dir / MEL_STATS).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"run {run_dir} trained on normalised mels but its {MEL_STATS} cannot be read: "
+                          f"{exc}") from None
 
 
 def _write_keras(model: Any, path: Path) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -47,13 +48,14 @@ from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
 from shared.batch import FRAMES
-from shared.dataset import Sample, build_index, feature_cache_dir
+from shared.dataset import Sample, build_index, feature_cache_dir, mel_stats_file
 from shared.errors import UserError
 from shared.layouts import Rejection
 from shared.gpumon import GpuSampler
 from shared.keys import load_server_keys
+from shared.melstats import MelStats, load, stats_key
 from shared.metrics import JsonlWriter, read_jsonl, summarize
-from shared.runfiles import CONFIG, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
+from shared.runfiles import CONFIG, MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
 from shared.text import Vocabulary, load_vocabulary, save_vocabulary
 from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent,
                          flush_sockets, install_stop_handlers, parent_alive, setup_logging)
@@ -73,6 +75,10 @@ TRANSFORM_FAILURE = re.compile(r"transform (field \S+|[\w.]+:\w+)")
 COORDINATOR_JOIN_S = 3.0
 # At exit, give the STOP messages this long to reach the producers.
 FLUSH_S = 1.0
+
+
+class MelStatsMissing(UserError):
+    """transforms.mel_norm=dataset without the dataset's statistics; one line for the user."""
 
 
 class TransformFailed(UserError):
@@ -144,6 +150,8 @@ class Run:
         checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, vocab)
         if self.resume:
             self._resume(checkpoints)  # CheckpointError before anything in the run directory changes
+        mel_key = stats_key(cfg.features, cfg.transforms, index.scan.fingerprint)
+        mel_norm = self._mel_norm(index, mel_key)
         self.rejected = JsonlWriter(self.run_dir / REJECTED)
         self._record_rejections(index.rejected + eval_rejected)
         keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
@@ -153,7 +161,8 @@ class Run:
                                   dataset=index.scan, keys=keys, resume=checkpoints.skip_plan(),
                                   tokens=TokenTable(train_samples, vocab),
                                   references=(ReferenceTable(train_samples, cfg.batching.seed)
-                                              if "ref_mel" in config_mod.batch_schema(cfg).names else None))
+                                              if "ref_mel" in config_mod.batch_schema(cfg).names else None),
+                                  mel_norm=mel_norm)
         queue.on_free = coordinator.notify_free
         endpoint = coordinator.bind(cfg.pipeline.bind)
         coordinator.start()
@@ -161,7 +170,8 @@ class Run:
         # Producers start now, while this process imports TensorFlow and builds the model.
         self.status.send("ready", endpoint=endpoint, batches_per_epoch=planner.batches_per_epoch)
         loop = TrainLoop(cfg, self.run_dir, queue, coordinator, planner, self.stop, self.parent_pid, self.started,
-                         checkpoints, val_samples=val_samples, data_root=index.root, vocabulary=vocab)
+                         checkpoints, val_samples=val_samples, data_root=index.root, vocabulary=vocab,
+                         mel_norm=load(mel_norm, cfg.features.n_mels) if mel_norm else None)
         at_least = min(ALL_FAILED_CLIPS, planner.samples_per_epoch)
         loop.check_failure = lambda: self._all_failed_one_transform(loop.step, at_least)
         try:
@@ -215,9 +225,46 @@ class Run:
                        "checkpoint": checkpoints.summary(), "resumed_from_step":
                            checkpoints.resumed.step if checkpoints.resumed is not None else None})
             write_json(self.run_dir / SUMMARY, summary)
+            if loop.epochs_completed and not mel_norm and coordinator.mel_stats.frames:
+                self._keep_mel_stats(coordinator.mel_stats, mel_key, index)
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
                      self.run_dir / SUMMARY)
         return loop.code
+
+    def _mel_norm(self, index: Any, key: str) -> dict[str, Any] | None:
+        """transforms.mel_norm: dataset: the dataset's mel statistics for these settings (kept in
+        the run directory for synth and export); UserError (one line) when none were measured."""
+        cfg = self.cfg
+        if cfg.transforms.mel_norm != "dataset":
+            return None
+        path = mel_stats_file(index.root, cfg.data, key)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+            load(data or {}, cfg.features.n_mels)
+        except (OSError, ValueError) as exc:
+            raise MelStatsMissing(f"transforms.mel_norm=dataset needs the dataset's mel statistics for these "
+                                  f"features and transforms, and there are none ({path or 'data.index_cache is off'}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}): run `python run.py precompute` with "
+                                  f"the same data, features and transforms first") from None
+        write_json(self.run_dir / MEL_STATS, data)
+        log.info("mel normalised with the dataset's statistics over %s frames (%s)", data.get("frames"), path)
+        return data
+
+    def _keep_mel_stats(self, stats: MelStats, key: str, index: Any) -> None:
+        """After a whole epoch: the mel statistics measured, in the run and beside the dataset's
+        index cache, where transforms.mel_norm=dataset finds them."""
+        data = stats.to_json(key)
+        write_json(self.run_dir / MEL_STATS, data)
+        path = mel_stats_file(index.root, self.cfg.data, key)
+        if path is None:
+            return
+        try:
+            write_json(path, data)
+        except OSError as exc:
+            log.warning("mel statistics not kept beside the dataset (%s: %s); they are in %s", path,
+                        exc.strerror or exc, self.run_dir / MEL_STATS)
+            return
+        log.info("mel statistics over %d frames kept in %s", stats.frames, path)
 
     def _all_failed_one_transform(self, steps: int, at_least: int = 1) -> str:
         """The one line when no clip trained and every clip a producer rejected (at least
@@ -268,9 +315,11 @@ class TrainLoop:
     def __init__(self, cfg: config_mod.Config, run_dir: Path, queue: BatchQueue, coordinator: Coordinator,
                  planner: EpochPlanner, stop: threading.Event, parent_pid: int | None, started: float,
                  checkpoints: RunCheckpoints | None = None, val_samples: list[Sample] | None = None,
-                 data_root: Path | None = None, vocabulary: Vocabulary | None = None) -> None:
+                 data_root: Path | None = None, vocabulary: Vocabulary | None = None,
+                 mel_norm: tuple[Any, Any] | None = None) -> None:
         self.cfg = cfg
         self.vocabulary = vocabulary  # None only for stand-in trainers in tests
+        self.mel_norm = mel_norm  # (mean, std) of transforms.mel_norm, for the validation batches
         self.queue = queue
         self.coordinator = coordinator
         self.planner = planner
@@ -402,7 +451,8 @@ class TrainLoop:
             self.tb = TensorBoard(self.run_dir, resumed.step if resumed is not None else None)
             if self.val_samples and self.data_root is not None:
                 assert self.vocabulary is not None
-                self._val_arrays = validation.make_batches(self.val_samples, self.data_root, cfg, self.vocabulary)
+                self._val_arrays = validation.make_batches(self.val_samples, self.data_root, cfg, self.vocabulary,
+                                                           self.mel_norm)
                 self._val_batches = [trainer.stage(b) for b in self._val_arrays]
                 log.info("validation: %s, every %d steps", validation.describe(self._val_arrays),
                          cfg.trainer.val_every_steps)

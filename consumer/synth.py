@@ -154,6 +154,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
                 frames = predicted_frames(tts.outputs_of(model(probe, training=False)), spec)
             inputs = one_batch(tokens, frames, n_mels, pads, schema, **ids, **shapes)
             mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
+    mel = denormalized(run_dir, cfg, mel)
     from consumer import melimage
 
     out = out.expanduser()
@@ -164,6 +165,24 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
     melimage.write_png(png_path, melimage.colorize(mel))
     seconds = frames * cfg.features.hop_length / cfg.features.sample_rate_hz
     return SynthResult(mel_path, png_path, frames, seconds, str(found), len(tokens))
+
+
+def denormalized(run_dir: Path, cfg: Any, mel: np.ndarray) -> np.ndarray:
+    """A mel the model made, in the feature definition's log-mel scale: a run that trained on
+    normalised mels (transforms.mel_norm: dataset) has their statistics in its directory."""
+    if cfg.transforms.mel_norm != "dataset":
+        return mel
+    import json
+
+    from shared.melstats import load
+    from shared.runfiles import MEL_STATS
+
+    try:
+        mean, std = load(json.loads((run_dir / MEL_STATS).read_text(encoding="utf-8")), cfg.features.n_mels)
+    except (OSError, ValueError) as exc:
+        raise SynthError(f"run {run_dir} trained on normalised mels but its {MEL_STATS} cannot be read: "
+                         f"{exc}") from None
+    return mel * std + mean
 
 
 def generation_limit(tokens: int) -> int:

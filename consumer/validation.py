@@ -76,9 +76,10 @@ def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[list[Sample
     return [s for s in samples if s.id not in held], [s for s in samples if s.id in held]
 
 
-def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
-                 vocabulary: Vocabulary) -> list[dict[str, np.ndarray]]:
-    """The held-out clips as padded batches; clips that cannot be read here are left out (logged)."""
+def make_batches(samples: Sequence[Sample], root: Path, cfg: Config, vocabulary: Vocabulary,
+                 mel_norm: tuple[np.ndarray, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
+    """The held-out clips as padded batches, made as the producers make them (transforms and
+    mel normalisation included); clips that cannot be read here are left out (logged)."""
     if not samples:
         return []
     from consumer.plan import ReferenceTable, TokenTable
@@ -90,7 +91,8 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config,
     b = cfg.batching
     schema = batch_schema(cfg)
     maker = BatchMaker(root, {s.id: s.text for s in samples}, features, None, "validation",
-                       files={s.id: s.audio for s in samples if s.audio}, schema=schema, ref_frames=b.ref_frames)
+                       files={s.id: s.audio for s in samples if s.audio}, schema=schema, ref_frames=b.ref_frames,
+                       transforms=cfg.transforms, mel_norm=mel_norm)
     tokens = TokenTable(samples, vocabulary)
     # References among the held-out clips themselves (the same ones at every validation).
     references = ReferenceTable(samples, b.seed) if "ref_mel" in schema.names else None

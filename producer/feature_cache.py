@@ -182,8 +182,8 @@ class FeatureCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         about = self.dir / "config.json"
         if not about.exists():
-            write_atomic(about, json.dumps({**self._key, "entries": f"<id>{ENTRY_SUFFIX}, see producer/feature_cache.py"},
-                                           indent=1, sort_keys=True))
+            about_text = {**self._key, "entries": f"<id>{ENTRY_SUFFIX}, see producer/feature_cache.py"}
+            write_atomic(about, json.dumps(about_text, indent=1, sort_keys=True))
         self._ready = True
 
     def put(self, sample_id: str, audio_name: str, audio_size: int, audio_mtime_ns: int, mel: np.ndarray) -> bool:

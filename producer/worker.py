@@ -62,6 +62,7 @@ from shared.dataset import DatasetScan, audio_path, locate, relative_audio, scan
 from shared.errors import UserError
 from shared.keys import ClientKeys, load_client_keys, short
 from shared.layouts import COLUMNS_AUTO, LayoutError
+from shared.melstats import MelStats, load, normalize
 from shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
     install_stop_handlers, parent_alive, setup_logging
 
@@ -144,7 +145,8 @@ class BatchMaker:
                  device: str | None, name: str, host: str | None = None,
                  files: dict[str, str] | None = None, feature_cache: str = "",
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
-                 ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None) -> None:
+                 ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None,
+                 mel_norm: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         from producer.feature_cache import FeatureCache
         from producer.features import MelComputer
         from producer.transforms import Chain
@@ -157,6 +159,7 @@ class BatchMaker:
         self.host = host or pysocket.gethostname()
         self.schema = schema
         self.ref_frames = ref_frames
+        self.mel_norm = mel_norm  # (mean, std) [F] of transforms.mel_norm: dataset (shared/melstats.py)
         self._pads = schema.pad_values(features.log_floor)
         self._mels = MelComputer(features, device=device)
         chain = Chain(transforms or TransformsConfig(), features)
@@ -269,10 +272,15 @@ class BatchMaker:
         dims = batch_dims(int(lease["rows"]), lease["shape"], self.features.n_mels, self.features.hop_length,
                           self.ref_frames)
         arrays = collate(examples, dims, self._pads, self.schema)
+        stats = MelStats.of_batch(arrays["mel"], arrays["mel_lengths"])  # of the mel as defined, for mel_norm
+        if self.mel_norm is not None:
+            normalize(arrays["mel"], arrays["mel_lengths"], *self.mel_norm)
+            if "ref_mel" in names:
+                normalize(arrays["ref_mel"], arrays["ref_mel_lengths"], *self.mel_norm)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
                   "ids": [clip.id for _, clip, _ in rows], "rejected": rejected, "missed": missed,
-                  "prep_ms": round(prep_ms, 3)}
+                  "prep_ms": round(prep_ms, 3), "mel_stats": stats.to_fields()}
         if self.cache is not None and before is not None:
             delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
             fields["cache"] = {**delta.to_json(), "computed": computed}
@@ -376,9 +384,10 @@ class Producer:
         transforms = TransformsConfig(**welcome.get("transforms", {}))
         schema = schema_for(str(welcome.get("fields") or ""), transforms.fields)
         ref_frames = int(welcome.get("ref_frames") or BatchingConfig.ref_frames)
+        mel_norm = load(welcome["mel_norm"], features.n_mels) if welcome.get("mel_norm") else None
         return BatchMaker(self.root, texts, features, device, self.name, self.host,
                           files=files, feature_cache=cache_dir, faults=faults, schema=schema,
-                          ref_frames=ref_frames, transforms=transforms)
+                          ref_frames=ref_frames, transforms=transforms, mel_norm=mel_norm)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:

@@ -84,6 +84,7 @@ class TransformsConfig:
     peak_dbfs: float = -1.0
     loudness_lufs: float = -23.0
     preemphasis: float = 0.0  # y[n] = x[n] - a x[n-1] (0: off; 0.97 is common)
+    mel_norm: str = "off"  # off | dataset: (mel - mean) / std per channel, the dataset's statistics (precompute)
 
 
 @dataclass(frozen=True)
@@ -331,6 +332,8 @@ def _validate(cfg: Config) -> None:
     for spec in (s.strip() for s in tr.user.split(",") if s.strip()):
         if not _is_function_spec(spec):
             raise ConfigError(f"transforms.user: {spec!r} is not package.module:function")
+    if tr.mel_norm not in ("off", "dataset"):
+        raise ConfigError(f"transforms.mel_norm must be off or dataset, got {tr.mel_norm!r}")
     if tr.normalize not in ("off", "peak", "loudness"):
         raise ConfigError(f"transforms.normalize must be off, peak or loudness, got {tr.normalize!r}")
     if tr.trim_db < 0 or not 0 <= tr.preemphasis < 1 or tr.peak_dbfs > 0:

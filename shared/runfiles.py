@@ -13,6 +13,8 @@ live.json          the live figures, rewritten every second (watch, the auto-sca
 gpu.jsonl          GPU utilisation samples (NVML), when there is a GPU
 validation.json    the held-out clips' ids
 vocab.json         the text front-end's vocabulary, language and speaker tables
+mel_stats.json     each mel channel's mean and std over an epoch (after a whole epoch, or used
+                   by transforms.mel_norm: dataset)
 tb/                TensorBoard event files
 ckpt/              checkpoints (consumer/checkpoint.py)
 =================  ====================================================================
@@ -39,6 +41,7 @@ LIVE = "live.json"
 GPU = "gpu.jsonl"
 VALIDATION = "validation.json"
 VOCAB = "vocab.json"
+MEL_STATS = "mel_stats.json"
 TB_DIR = "tb"
 CKPT_DIR = "ckpt"
 

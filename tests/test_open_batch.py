@@ -40,3 +40,44 @@ def test_open_batch_run_trains_checkpoints_and_resumes(tmp_path):
     for r in read_jsonl(run_dir / "samples.jsonl"):
         per_epoch[r["epoch"]].update(r["ids"])
     assert all(max(c.values()) == 1 for c in per_epoch.values())  # no clip twice in an epoch, across the resume
+
+
+def test_precompute_measures_the_mel_statistics_a_mel_norm_run_uses(tmp_path):
+    import json
+
+    import numpy as np
+
+    from producer.audio import load_audio
+    from producer.features import log_mel_spectrogram_numpy
+    from shared.config import FeaturesConfig
+    from shared.runfiles import MEL_STATS
+    from tests.factories import make_dataset
+
+    data = tmp_path / "data"
+    ids = make_dataset(data, count=12)
+    settings = ["--set", "transforms.trim_db=30", "--set", "features.backend=numpy"]
+    refused = run_cli("--data", str(data), "--model", "synthetic:1", "--steps", "2", "--run-dir", str(tmp_path / "r0"),
+                      "--set", "transforms.mel_norm=dataset", *settings, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "stoker: error: transforms.mel_norm=dataset needs the dataset's mel statistics")
+    assert "python run.py precompute" in refused.stderr
+
+    pre = run_cli("precompute", "--data", str(data), "--producers", "1", "--run-dir", str(tmp_path / "pre"),
+                  *settings, timeout=120)
+    assert pre.returncode == 0, pre.stderr[-2000:]
+    measured = json.loads((tmp_path / "pre" / MEL_STATS).read_text())
+    from producer.transforms import trim_silence
+
+    features = FeaturesConfig(backend="numpy")
+    mels = [log_mel_spectrogram_numpy(trim_silence(load_audio(data / "wavs" / f"{i}.wav", 22050), 30.0, features),
+                                      features) for i in ids]
+    frames = np.concatenate(mels)
+    assert measured["frames"] == len(frames)
+    np.testing.assert_allclose(measured["mean"], frames.mean(axis=0), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(measured["std"], frames.std(axis=0), rtol=1e-3, atol=1e-3)
+
+    used = run_cli("--data", str(data), "--model", "synthetic:1", "--steps", "4", "--producers", "1",
+                   "--run-dir", str(tmp_path / "run"), "--set", "transforms.mel_norm=dataset", *settings, timeout=120)
+    assert used.returncode == 0, used.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / MEL_STATS).read_text()) == measured

@@ -74,7 +74,8 @@ from shared.dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, M
 from shared.dataset.cache import (DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
                                   INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
                                   columns_of, feature_cache_dir, from_payload, index_cache_file, index_config,
-                                  index_key, pack_payload, read_cache, unpack_payload, user_cache_dir, write_cache)
+                                  index_key, mel_stats_file, pack_payload, read_cache, unpack_payload, user_cache_dir,
+                                  write_cache)
 from shared.dataset.index import (CHUNK_ITEMS, DatasetIndex, FLAC_HEADER_S, Item, KIND_HINTS, LostReport,
                                   MOSTLY_REJECTED_FRAC, OTHER_HEADER_S, PARALLEL_MIN_SECONDS, PHONEMES_S,
                                   PHONEME_CHUNK_ITEMS, TEXT_S, TextKey, WAV_HEADER_S, build_index)
@@ -88,7 +89,7 @@ __all__ = [
     "REJECTION_FIELDS", "RIFF_PROBE_BYTES", "RIFF_UNKNOWN_SIZES", "RiffFacts", "SAMPLE_FIELDS", "Sample", "TEXT_S",
     "TextKey", "UNITS_FIELDS", "WAV_HEADER_S", "audio_fingerprint", "audio_path", "build_index", "check_agreement",
     "columns_of", "expected_samples", "feature_cache_dir", "from_payload", "index_cache_file", "index_config",
-    "index_key", "libsndfile_message", "list_audio", "locate", "locate_audio", "metadata_fingerprint",
+    "index_key", "mel_stats_file", "libsndfile_message", "list_audio", "locate", "locate_audio", "metadata_fingerprint",
     "pack_payload", "probe_audio", "read_cache", "read_metadata", "read_metadata_bytes", "relative_audio",
     "resolve_root", "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "unpack_payload",
     "user_cache_dir", "write_cache",

@@ -91,6 +91,13 @@ def index_cache_file(root: Path, data: DataConfig) -> list[Path]:
     return [root / DATASET_CACHE_DIR / f"index-{meta_tag}.msgpack", user_cache_dir() / "index" / outside]
 
 
+def mel_stats_file(root: Path, data: DataConfig, key: str) -> Path | None:
+    """Where the mel statistics of a dataset under the settings ``key`` (a hash) are kept,
+    beside the index cache (None: caching is off)."""
+    candidates = index_cache_file(root, data)
+    return candidates[0].with_name(f"mel-stats-{key}.json") if candidates else None
+
+
 def feature_cache_dir(setting: str, root: Path) -> str:
     """The directory ``data.feature_cache`` names, absolute: "" (off), "auto", or a path.
 

@@ -113,3 +113,27 @@ def test_a_missing_reference_misses_its_clip_and_a_broken_one_rejects_it(dataset
     assert made.fields["rejected"][0]["reason"].startswith(f"reference clip {ids[3]}: ")
     assert made.fields["ids"] + [m["id"] for m in made.fields["missed"]] + [
         r["id"] for r in made.fields["rejected"]] == [ids[2], ids[0], ids[1]]  # every clip accounted for
+
+
+def test_mel_norm_normalises_the_valid_frames_and_reports_the_raw_sums(dataset) -> None:
+    from shared.melstats import MelStats
+
+    root, ids = dataset
+    plain = _maker(root, "ref_mel").make(_lease(ids[:2], [ids[2], ids[3]]))
+    entries, _ = read_metadata(root)
+    files = {k: v.name for k, v in scan_audio(root).items()}
+    mean = np.linspace(-8, -4, FEATURES.n_mels).astype(np.float32)
+    std = np.linspace(1, 3, FEATURES.n_mels).astype(np.float32)
+    normed = BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
+                        schema=schema_for("ref_mel"), ref_frames=REF_FRAMES, mel_norm=(mean, std)).make(
+        _lease(ids[:2], [ids[2], ids[3]]))
+    for name, lengths in (("mel", "mel_lengths"), ("ref_mel", "ref_mel_lengths")):
+        for row in range(4):
+            n = plain.arrays[lengths][row]
+            np.testing.assert_allclose(normed.arrays[name][row, :n], (plain.arrays[name][row, :n] - mean) / std,
+                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(normed.arrays[name][row, n:], plain.arrays[name][row, n:])
+    # The sums describe the mel as defined, not as normalised.
+    assert normed.fields["mel_stats"] == plain.fields["mel_stats"]
+    sums = MelStats.from_fields(plain.fields["mel_stats"], FEATURES.n_mels)
+    assert sums.frames == int(plain.arrays["mel_lengths"].sum())

@@ -40,5 +40,6 @@ def test_write_json_keeps_non_ascii_and_round_trips(tmp_path) -> None:
 
 def test_names_are_distinct() -> None:
     names = [runfiles.CONFIG, runfiles.SUMMARY, runfiles.METRICS, runfiles.SAMPLES, runfiles.REJECTED, runfiles.LIVE,
-             runfiles.GPU, runfiles.VALIDATION, runfiles.VOCAB, runfiles.TB_DIR, runfiles.CKPT_DIR]
+             runfiles.GPU, runfiles.VALIDATION, runfiles.VOCAB, runfiles.MEL_STATS, runfiles.TB_DIR,
+             runfiles.CKPT_DIR]
     assert len(set(names)) == len(names)
