@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import alternatives, batching, data, memory, pipeline, producers, starvation, trainer, transport
+from benchmarks import (alternatives, batching, data, memory, pipeline, producers, starvation, trainer, transforms,
+                        transport)
 from benchmarks.common import machine_info, table
 
-SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "trainer")
+SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
-QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching")
+QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms")
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
 SCALING_FIRST_BATCH_STEP_MS = 10.0
 
@@ -95,6 +96,7 @@ class SuitePlan:
     scaling: ScalingPlan = field(default_factory=ScalingPlan)
     trainer: trainer.TrainerPlan = field(default_factory=trainer.TrainerPlan)
     batching: batching.BatchingPlan = field(default_factory=batching.BatchingPlan)
+    transforms: transforms.TransformsPlan = field(default_factory=transforms.TransformsPlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -105,6 +107,7 @@ class SuitePlan:
                    memory=memory.MemoryPlan.quick(), preprocessing_repetitions=1,
                    alternatives=alternatives.AlternativesPlan.quick(), scaling=ScalingPlan.quick(),
                    trainer=trainer.TrainerPlan.quick(), batching=batching.BatchingPlan.quick(),
+                   transforms=transforms.TransformsPlan.quick(),
                    sections=QUICK_SECTIONS)
 
 
@@ -164,10 +167,11 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"section": "trainer", "what": f"traces after warm-up over {r['steps']} steps",
                     "value": float(r["traces_after_warmup"]), "numerator": None, "denominator": None,
                     "limit": 0.0, "met": r["met"]})
-    for t in (sections.get("batching") or {}).get("targets", []):
-        r = t.get("ratio") or {}
-        out.append({"section": "batching", "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
-                    "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
+    for section in ("batching", "transforms"):
+        for t in (sections.get(section) or {}).get("targets", []):
+            r = t.get("ratio") or {}
+            out.append({"section": section, "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
+                        "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -203,6 +207,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "pipeline": lambda: pipeline.run(plan.pipeline, log=log),
         "trainer": lambda: trainer.run(plan.trainer),
         "batching": lambda: batching.run(plan.batching, log),
+        "transforms": lambda: transforms.run(plan.transforms, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
         "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
@@ -263,6 +268,9 @@ def render(report: dict[str, Any]) -> str:
     if sections.get("batching"):
         parts += ["", "batching: frame-budget batches vs fixed rows on 13,100 LJSpeech-like clip lengths (same peak "
                       "memory)", batching.render(sections["batching"])]
+    if sections.get("transforms"):
+        parts += ["", "transforms: one producer (numpy backend) over the demo epoch, plain vs trim + loudness + mel "
+                      "normalisation; ms per clip", transforms.render(sections["transforms"])]
     if sections.get("trainer"):
         parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
                       "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]

@@ -31,3 +31,15 @@ def test_padding_figures_of_both_plans() -> None:
     items = [t for t in suite.targets({"batching": result}) if t["section"] == "batching"]
     assert len(items) == 2 and all(isinstance(t["met"], bool) for t in items)
     assert "frame budget" in batching.render(result)
+
+
+def test_transforms_cost_figures() -> None:
+    from benchmarks import transforms
+
+    result = transforms.run(transforms.TransformsPlan(repetitions=1))
+    target = result["targets"][0]
+    assert result["clips"] == 64 and target["limit"] == transforms.TARGET_RATIO
+    assert math.isclose(target["value"], result["transformed_ms_per_clip"]["median"]
+                        / result["plain_ms_per_clip"]["median"])
+    assert [t["section"] for t in suite.targets({"transforms": result})] == ["transforms"]
+    assert "trim + loudness + mel norm" in transforms.render(result)

@@ -161,3 +161,15 @@ def test_transformed_mels_are_cached_under_their_chain(tmp_path: Path) -> None:
     plain = _maker(root, TransformsConfig(), cache=tmp_path / "cache").make(_lease(ids, texts))
     assert plain.fields["cache"]["hits"] == 0  # another chain: not served the transformed mels
     assert math.isfinite(float(plain.arrays["mel"].max()))
+
+
+@pytest.mark.parametrize("rate, seconds", [(22050, 0.41), (22050, 3.3), (48000, 1.0), (16000, 7.9)])
+def test_the_vectorised_loudness_equals_pyloudnorms_meter(rate: int, seconds: float) -> None:
+    import pyloudnorm
+
+    rng = np.random.default_rng(rate)
+    n = int(seconds * rate)
+    x = (rng.standard_normal(n) * np.linspace(0.01, 0.3, n)).astype(np.float32)
+    assert loudness(x, rate) == pytest.approx(pyloudnorm.Meter(rate).integrated_loudness(x.astype(np.float64)),
+                                              abs=1e-6)
+    assert loudness(np.zeros(n, np.float32), rate) == float("-inf")
