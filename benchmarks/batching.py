@@ -25,7 +25,6 @@ Two figures, both measured in this run:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -35,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from benchmarks.common import ratio, spread, table
+from benchmarks.common import ratio, report, spread, table
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = BatchingPlan.quick() if args.quick else BatchingPlan()
     plan.throughput = not args.no_throughput
     result = run(plan)
-    sys.stdout.write(render(result) + "\n")
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=2)
-    return 0
+    return report(render(result), result, args.out)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ recompute it: ``{"value": num / den, "numerator": num, "denominator": den}``.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import platform
@@ -163,3 +164,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def report(text: str, result: dict[str, Any], out: str | None) -> int:
+    """A benchmark module's ending: its table on stdout, its figures as JSON in ``out`` (if
+    given); exit status 0."""
+    sys.stdout.write(text + "\n")
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import statistics
@@ -42,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import BenchError, ratio, spread, table
+from benchmarks.common import BenchError, ratio, report, spread, table
 from shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
@@ -251,11 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     result = run(TrainerPlan.quick() if args.quick else TrainerPlan())
-    sys.stdout.write(render(result) + "\n")
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    return report(render(result), result, args.out)
 
 
 if __name__ == "__main__":

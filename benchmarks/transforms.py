@@ -16,17 +16,15 @@ producer costs at most 1.2 x the plain one per clip (reported as transformed / p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import ratio, spread, table
+from benchmarks.common import ratio, report, spread, table
 
 TARGET_RATIO = 1.2
 TRANSFORMS = {"trim_db": 40.0, "normalize": "loudness", "loudness_lufs": -23.0}
@@ -106,10 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
     result = run(TransformsPlan.quick() if args.quick else TransformsPlan(), log_fn=print)
-    sys.stdout.write(render(result) + "\n")
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2), encoding="utf-8")
-    return 0
+    return report(render(result), result, args.out)
 
 
 if __name__ == "__main__":

@@ -289,16 +289,8 @@ def explain(exc: BaseException, spec: str, precision: str = "float32", jit_compi
 
 
 def load_user_builder(spec: str) -> Callable[..., Any]:
-    module_name, _, function = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module: any error it raises on import is theirs to see
-        raise ModelError(f"--model {spec}: cannot import {module_name}: {type(exc).__name__}: {exc} "
-                         f"(is it on PYTHONPATH?)") from exc
-    builder = getattr(module, function, None)
-    if not callable(builder):
-        raise ModelError(f"--model {spec}: {module_name} has no function {function}")
-    return builder
+    """The function of ``--model package.module:function``; ModelError (one line) when not there."""
+    return load_function(spec, "--model")
 
 
 def _keep_settings(spec: str, what: str, policy: str, jit: Any) -> None:

@@ -467,26 +467,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["train", *argv]
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "train":
-            return cmd_train(args)
-        if args.command == "produce":
-            return cmd_produce(args)
-        if args.command == "precompute":
-            return cmd_precompute(args)
-        if args.command == "bench":
-            return cmd_bench(args)
-        if args.command == "diagnose":
-            return cmd_diagnose(args)
-        if args.command == "watch":
-            return cmd_watch(args)
-        if args.command == "keys":
-            return cmd_keys(args)
-        if args.command == "export":
-            return cmd_export(args)
-        if args.command == "synth":
-            return cmd_synth(args)
-        build_parser().print_help()
-        return EXIT_USER
+        if args.command not in COMMANDS:
+            build_parser().print_help()
+            return EXIT_USER
+        return globals()[f"cmd_{args.command}"](args)  # each command's function: cmd_train, cmd_produce, ...
     except UserError as exc:  # every error the user can fix (shared/errors.py): one line
         sys.stderr.write(f"stoker: error: {exc}\n")
         return EXIT_USER
