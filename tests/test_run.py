@@ -104,8 +104,12 @@ def test_demo_tiny_model_learns_validates_checkpoints_and_synthesizes(tmp_path):
     summary = read_json(run_dir / "summary.json")
     assert summary["steps"] == 40
     assert summary["loss_last"] < 0.5 * summary["loss_first"]
-    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    losses = [r["loss"] for r in rows]
     assert len(losses) == 40 and all(isinstance(x, float) for x in losses)
+    for row in rows:  # the total is the terms' weighted sum (trainer.length_loss_weight 0.1)
+        assert set(row["terms"]) == {"mel_l1", "length"}
+        assert row["loss"] == pytest.approx(row["terms"]["mel_l1"] + 0.1 * row["terms"]["length"], rel=1e-4)
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
     # Held-out clips (4 of the 64), validated at step 20 and at the end.
     assert summary["val_clips"] == 4 and [v["step"] for v in summary["val_losses"]] == [20, 40]

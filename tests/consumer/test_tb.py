@@ -65,3 +65,26 @@ def test_resumed_writer_goes_on_from_the_checkpoint(tmp_path):
     tb.close()
     # loss, wait share and producers alive at 6; the old file keeps 1..5
     assert sorted(steps_in(tmp_path / TB_DIR)) == [1, 2, 3, 4, 5, 6, 6, 6]
+
+
+def scalars_in(directory: Path) -> dict[str, float]:
+    """{tag: value} of the scalar events of every file, read with TensorFlow's own event records."""
+    found = {}
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+            for value in tf.compat.v1.Event.FromString(record).summary.value:
+                if value.metadata.plugin_data.plugin_name == "scalars":
+                    found[value.tag] = float(tf.make_ndarray(value.tensor))
+    return found
+
+
+def test_loss_terms_are_scalars_of_their_own(tmp_path):
+    tb = TensorBoard(tmp_path)
+    tb.write(1, {}, 1.5, alive=1, train={"loss/mel_l1": 1.25, "loss/stop": 0.25})
+    tb.validation(1, 2.0, None, {"mel_l1": 1.75, "stop": 0.25})
+    tb.close()
+    scalars = scalars_in(tmp_path / TB_DIR)
+    assert {tag: scalars[tag] for tag in ("train/loss", "train/loss/mel_l1", "train/loss/stop", "val/loss",
+                                          "val/loss/mel_l1", "val/loss/stop")} == {
+        "train/loss": 1.5, "train/loss/mel_l1": 1.25, "train/loss/stop": 0.25, "val/loss": 2.0,
+        "val/loss/mel_l1": 1.75, "val/loss/stop": 0.25}
