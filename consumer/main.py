@@ -48,7 +48,7 @@ from consumer.tb import TensorBoard
 from consumer.telemetry import Telemetry
 from shared import config as config_mod
 from shared.batch import FRAMES
-from shared.dataset import Sample, build_index, feature_cache_dir, mel_stats_file
+from shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir, mel_stats_file
 from shared.errors import UserError
 from shared.layouts import Rejection
 from shared.gpumon import GpuSampler
@@ -120,7 +120,8 @@ class Run:
             self.rejected.write(r.to_json())
             self.rejected_count += 1
 
-    def execute(self) -> int:
+    def _index(self) -> tuple[DatasetIndex, Vocabulary, str]:
+        """The dataset's index, its vocabulary (saved in the run) and the feature cache directory."""
         cfg = self.cfg
         # A resumed run keeps its vocabulary: texts it cannot encode are rejected, not re-numbered.
         fixed = load_vocabulary(self.run_dir / VOCAB) if self.resume else None
@@ -133,9 +134,14 @@ class Run:
                  self.run_dir / VOCAB)
         feature_cache = feature_cache_dir(cfg.data.feature_cache, index.root)
         if feature_cache != cfg.data.feature_cache:
-            cfg = self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
+            self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
         if feature_cache:
             log.info("feature cache %s", feature_cache)
+        return index, vocab, feature_cache
+
+    def execute(self) -> int:
+        index, vocab, feature_cache = self._index()
+        cfg = self.cfg
         metadata_sha256 = index.scan.metadata_sha256
         # Held-out clips only when the trainer has a loss to validate (not synthetic:MS).
         train_samples, val_samples, eval_rejected = (validation.hold_out(index, cfg, self.run_dir)
@@ -204,32 +210,38 @@ class Run:
             queue.close()
             loop.close()
             self.rejected.close()
-            snap = coordinator.snapshot()
-            summary = summarize(
-                read_jsonl(self.run_dir / METRICS), capacity=cfg.pipeline.buffer_size,
-                batches_per_epoch=planner.batches_per_epoch, producers=snap["producers"],
-                rejected=self.rejected_count, exit_reason=loop.exit_reason,
-                wall_s=time.monotonic() - self.started, warmup_s=loop.warmup_s, batch_size=cfg.batching.batch_size,
-                extra={"epochs_completed": loop.epochs_completed, "model": cfg.trainer.model,
-                       "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
-                       "queue_high_water": queue.high_water, "stage_errors": queue.stage_errors,
-                       "host_cores": os.cpu_count(),
-                       "clips": len(index.samples), "val_clips": len(val_samples),
-                       "text": {"frontend": vocab.frontend, "vocab_size": vocab.size, "vocabulary": vocab.fingerprint,
-                                "languages": list(vocab.languages), "speakers": len(vocab.speakers),
-                                "lost": index.lost},
-                       "index": index.stats.to_json(), **loop.model_summary(),
-                       "feature_cache": feature_cache_totals(feature_cache, snap["producers"]),
-                       "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
-                       "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
-                       "checkpoint": checkpoints.summary(), "resumed_from_step":
-                           checkpoints.resumed.step if checkpoints.resumed is not None else None})
-            write_json(self.run_dir / SUMMARY, summary)
+            write_json(self.run_dir / SUMMARY, self._summary(loop, coordinator, queue, planner, index, vocab,
+                                                             len(val_samples), feature_cache, checkpoints))
             if loop.epochs_completed and not mel_norm and coordinator.mel_stats.frames:
                 self._keep_mel_stats(coordinator.mel_stats, mel_key, index)
             log.info("run over (%s): %d steps, summary in %s", loop.exit_reason, loop.step,
                      self.run_dir / SUMMARY)
         return loop.code
+
+    def _summary(self, loop: "TrainLoop", coordinator: Coordinator, queue: BatchQueue, planner: EpochPlanner,
+                 index: DatasetIndex, vocab: Vocabulary, val_clips: int, feature_cache: str,
+                 checkpoints: RunCheckpoints) -> dict[str, Any]:
+        """summary.json: the run's figures from metrics.jsonl and the coordinator, with the dataset,
+        text, trainer and checkpoint figures beside them."""
+        cfg = self.cfg
+        snap = coordinator.snapshot()
+        return summarize(
+            read_jsonl(self.run_dir / METRICS), capacity=cfg.pipeline.buffer_size,
+            batches_per_epoch=planner.batches_per_epoch, producers=snap["producers"],
+            rejected=self.rejected_count, exit_reason=loop.exit_reason,
+            wall_s=time.monotonic() - self.started, warmup_s=loop.warmup_s, batch_size=cfg.batching.batch_size,
+            extra={"epochs_completed": loop.epochs_completed, "model": cfg.trainer.model,
+                   "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
+                   "queue_high_water": queue.high_water, "stage_errors": queue.stage_errors,
+                   "host_cores": os.cpu_count(), "clips": len(index.samples), "val_clips": val_clips,
+                   "text": {"frontend": vocab.frontend, "vocab_size": vocab.size, "vocabulary": vocab.fingerprint,
+                            "languages": list(vocab.languages), "speakers": len(vocab.speakers), "lost": index.lost},
+                   "index": index.stats.to_json(), **loop.model_summary(),
+                   "feature_cache": feature_cache_totals(feature_cache, snap["producers"]),
+                   "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
+                   "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
+                   "checkpoint": checkpoints.summary(),
+                   "resumed_from_step": checkpoints.resumed.step if checkpoints.resumed is not None else None})
 
     def _mel_norm(self, index: Any, key: str) -> dict[str, Any] | None:
         """transforms.mel_norm: dataset: the dataset's mel statistics for these settings (kept in
