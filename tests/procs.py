@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -115,6 +116,13 @@ class RunProcess:
         self.kill()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

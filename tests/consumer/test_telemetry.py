@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import threading
 import urllib.request
 
@@ -12,6 +11,7 @@ import pytest
 
 from consumer.telemetry import Telemetry
 from stoker.watch import format_live, watch
+from tests.procs import free_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -19,12 +19,6 @@ pytestmark = pytest.mark.timeout(30)
 def row(step: int, wait_ms: float = 10.0, step_ms: float = 90.0, depth: int = 2) -> dict:
     return {"step": step, "epoch": 0, "t": step * 0.1, "queue_depth": depth, "wait_ms": wait_ms,
             "step_ms": step_ms, "loss": 1.5, "samples": 16, "producer": "p0"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def producers() -> list[dict]:
