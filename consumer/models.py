@@ -32,8 +32,12 @@ docs/MODELS.md):
 - Gradient accumulation over ``trainer.grad_accum`` batches: the gradient numerators
   are summed and divided by the summed valid frames, which equals the gradient of those
   batches as one (see consumer/tts.py, objective).
-- Global-norm gradient clipping (``trainer.clip_norm``), Adam with a linear warm-up and
-  a cosine decay over the run's budget (``trainer.warmup_steps``, ``lr_decay``).
+- The loss of ``trainer.loss`` (consumer/tts.py, objective: stoker's masked mel terms and
+  the model's own, or the model's alone, or a user function's), each term's mean reported
+  with the step's loss in one fetch (``resolved_terms``).
+- Global-norm gradient clipping (``trainer.clip_norm``); ``trainer.optimizer`` Adam, AdamW
+  or the user's; a linear warm-up, then ``lr_decay`` (cosine over the run's budget, cosine
+  with restarts, Noam, constant: ``lr_at``).
 - A step whose loss is NaN or inf is skipped inside the graph (no update, no
   accumulation) and counted; the loop stops after ``trainer.max_bad_steps`` in a row.
 """
@@ -167,7 +171,7 @@ class _TensorOps:
 
 
 class KerasTrainer:
-    """A Keras text-to-mel model trained with the masked mel loss (module docstring)."""
+    """A Keras text-to-mel model, its loss, optimizer and schedule (module docstring)."""
 
     uses_tensorflow = True
 
