@@ -36,10 +36,15 @@ def out(text: str = "") -> None:
     sys.stdout.flush()
 
 
+def _program() -> str:
+    """How the user called stoker: the installed ``stoker`` command, or ``python run.py``."""
+    return "stoker" if Path(sys.argv[0]).name == "stoker" else "python run.py"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message} (see python run.py {self.prog.split()[-1] if ' ' in self.prog else ''}--help)"
-                        .replace("run.py run.py", "run.py"))
+        command = f"{self.prog.split()[-1]} " if " " in self.prog else ""
+        raise UserError(f"{message} (see {_program()} {command}--help)")
 
 
 def _producers_arg(text: str) -> int | str:
@@ -100,7 +105,7 @@ FLAG_KEYS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="run.py", description="stoker: keep a training GPU fed")
+    parser = _Parser(prog=_program().split()[-1], description="stoker: keep a training GPU fed")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     _train_parser(sub.add_parser("train", help="train (the default command)"))
     produce = sub.add_parser("produce", help="start producers on this host for a trainer elsewhere")

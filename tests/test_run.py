@@ -329,3 +329,27 @@ def test_a_transform_failing_every_clip_is_one_line(tmp_path):
     rejected = read_jsonl(tmp_path / "run" / "rejected.jsonl")
     assert len(rejected) >= 32 and all(r["reason"].startswith("transform tests.producer.user_transforms:raises: "
                                                               "ValueError: no pitch for ") for r in rejected)
+
+
+def test_the_installed_command_runs_from_another_directory(tmp_path):
+    """``stoker`` (the console command pip installs) does what ``python run.py`` does, from anywhere."""
+    import shutil
+    import subprocess
+
+    command = shutil.which("stoker")
+    if command is None:
+        pytest.skip("the stoker command is not installed: python -m pip install -e . makes it")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run_dir = tmp_path / "run"
+    done = subprocess.run([command, "--model", "synthetic:5", "--steps", "3", "--producers", "1", "--run-dir",
+                           str(run_dir), *NUMPY_FEATURES], cwd=elsewhere, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert read_json(run_dir / "summary.json")["steps"] == 3
+    diagnosed = subprocess.run([command, "diagnose", str(run_dir)], cwd=elsewhere, capture_output=True, text=True,
+                               timeout=60)
+    assert diagnosed.returncode == 0 and "verdict" in diagnosed.stdout
+    wrong = subprocess.run([command, "--bogus"], cwd=elsewhere, capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().splitlines() == ["stoker: error: unrecognized arguments: --bogus (see stoker --help)"]
