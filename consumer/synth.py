@@ -114,7 +114,10 @@ def restore_model(tf: Any, device: str, run_dir: Path, cfg: Any, vocab_size: int
 
 
 def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, gpu: int | None = None,
-               language: str | None = None, speaker: str | None = None) -> SynthResult:
+               language: str | None = None, speaker: str | None = None,
+               reference: Path | None = None) -> SynthResult:
+    """``reference``: a recording of the voice, for a run with the ref_mel field (without it the
+    model gets no reference: ref_mel all padding, its length 0)."""
     from consumer import tts
     from shared import config as config_mod
 
@@ -134,13 +137,16 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         ids["language_id"] = vocab.language_id(code)
     if frames is not None and not 0 < frames <= MAX_FRAMES:
         raise SynthError(f"--frames must be between 1 and {MAX_FRAMES}")
+    if reference is not None and "ref_mel" not in schema.names:
+        raise SynthError("--reference needs a run trained with the ref_mel field (batching.fields=ref_mel)")
+    ref_mel = reference_mel(run_dir, cfg, reference) if reference is not None else None
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
     from shared.tfsetup import configure_tensorflow
 
     tf, device = configure_tensorflow(None)
     n_mels = cfg.features.n_mels
     pads = schema.pad_values(cfg.features.log_floor)
-    shapes = {"hop_length": cfg.features.hop_length, "ref_frames": cfg.batching.ref_frames}
+    shapes = {"hop_length": cfg.features.hop_length, "ref_frames": cfg.batching.ref_frames, "ref_mel": ref_mel}
     probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids, **shapes)
     model, found = restore_model(tf, device, run_dir, cfg, vocab.size, probe)
     with tf.device(device):
@@ -172,16 +178,7 @@ def denormalized(run_dir: Path, cfg: Any, mel: np.ndarray) -> np.ndarray:
     normalised mels (transforms.mel_norm: dataset) has their statistics in its directory."""
     if cfg.transforms.mel_norm != "dataset":
         return mel
-    import json
-
-    from shared.melstats import load
-    from shared.runfiles import MEL_STATS
-
-    try:
-        mean, std = load(json.loads((run_dir / MEL_STATS).read_text(encoding="utf-8")), cfg.features.n_mels)
-    except (OSError, ValueError) as exc:
-        raise SynthError(f"run {run_dir} trained on normalised mels but its {MEL_STATS} cannot be read: "
-                         f"{exc}") from None
+    mean, std = _mel_stats(run_dir, cfg)
     return mel * std + mean
 
 
@@ -279,13 +276,50 @@ def encode_for_run(run_dir: Path, cfg: Any, text: str, language: str) -> tuple[n
     return tokens, vocab
 
 
+def reference_mel(run_dir: Path, cfg: Any, path: Path) -> np.ndarray:
+    """The ref_mel of a recording, made as producers make a reference clip's: read at the run's
+    rate, through its transforms, the log-mel, at most batching.ref_frames frames from its
+    middle, normalised when the run normalised its mels. SynthError (one line) when unusable."""
+    from producer.audio import AudioError, load_audio
+    from producer.features import log_mel_spectrogram_numpy
+    from producer.transforms import Chain, TransformError
+
+    try:
+        audio = load_audio(Path(path).expanduser(), cfg.features.sample_rate_hz, str(path))
+        audio = Chain(cfg.transforms, cfg.features)(audio, "", Path(path).stem, 0, 0, {}).audio
+        mel = log_mel_spectrogram_numpy(audio, cfg.features, dtype=np.float32)
+    except (AudioError, TransformError, ValueError) as exc:
+        raise SynthError(f"--reference {path}: {exc}") from None
+    start = max(0, (len(mel) - cfg.batching.ref_frames) // 2)
+    mel = mel[start:start + cfg.batching.ref_frames]
+    if cfg.transforms.mel_norm == "dataset":
+        mean, std = _mel_stats(run_dir, cfg)
+        mel = (mel - mean) / std
+    return mel.astype(np.float32)
+
+
+def _mel_stats(run_dir: Path, cfg: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The mean and std a run normalised its mels with (transforms.mel_norm: dataset)."""
+    import json
+
+    from shared.melstats import load
+    from shared.runfiles import MEL_STATS
+
+    try:
+        return load(json.loads((run_dir / MEL_STATS).read_text(encoding="utf-8")), cfg.features.n_mels)
+    except (OSError, ValueError) as exc:
+        raise SynthError(f"run {run_dir} trained on normalised mels but its {MEL_STATS} cannot be read: "
+                         f"{exc}") from None
+
+
 def one_batch(tokens: np.ndarray, frames: int, n_mels: int, pads: dict[str, float], schema: Any,
-              speaker_id: int = 0, language_id: int = 0, hop_length: int = 0, ref_frames: int = 0
-              ) -> dict[str, np.ndarray]:
+              speaker_id: int = 0, language_id: int = 0, hop_length: int = 0, ref_frames: int = 0,
+              ref_mel: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """A batch of one row (shared/batch.py): the text's tokens, ``frames`` frames of padding for
-    the mel; no waveform and no reference clip (their lengths 0) when the run has those fields
-    (``hop_length`` and ``ref_frames`` give their shapes)."""
+    the mel; no waveform, and the reference ``ref_mel`` or none (length 0), when the run has
+    those fields (``hop_length`` and ``ref_frames`` give their shapes)."""
     from shared.batch import batch_dims, collate, example
 
-    row = example(tokens, np.full((frames, n_mels), pads["mel"], np.float32), schema, speaker_id, language_id)
+    row = example(tokens, np.full((frames, n_mels), pads["mel"], np.float32), schema, speaker_id, language_id,
+                  ref_mel=ref_mel)
     return collate([row], batch_dims(1, (len(tokens), frames), n_mels, hop_length, ref_frames), pads, schema)

@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--language", metavar="CODE", help="the text's language (default: the run's text.language)")
     synth.add_argument("--speaker", help="a speaker of the run's vocabulary, for a model trained with "
                        "batching.fields=speaker_id (default: its first)")
+    synth.add_argument("--reference", metavar="WAV", help="a recording of the voice, for a model trained with "
+                       "batching.fields=ref_mel (default: none, the reference all padding)")
     export = sub.add_parser("export", help="write the trained model in standard formats (a SavedModel plain "
                             "TensorFlow loads, the .keras file) with its vocabulary and settings")
     export.add_argument("run_dir", metavar="RUN_DIR")
@@ -446,7 +448,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         raise UserError(f"{run_dir} is not a directory")
     try:
         result = synthesize(run_dir, args.text, Path(args.out), frames=args.frames, gpu=args.gpu,
-                            language=args.language, speaker=args.speaker)
+                            language=args.language, speaker=args.speaker,
+                            reference=Path(args.reference) if args.reference else None)
     except (SynthError, ModelError) as exc:
         raise UserError(str(exc)) from None
     out(f"{result.mel_path}: mel of {result.frames} frames ({result.seconds:.2f} s) for {result.tokens} tokens, "

@@ -173,3 +173,36 @@ def test_synth_takes_the_length_from_the_trained_weights(tmp_path) -> None:
     Checkpointer(run_dir / CKPT_DIR, keep=1).save(7, {"state": ["model", "weights"], "model": model}, state)
     result = synthesize(run_dir, "Hello there!", tmp_path / "mel.npy")
     assert result.frames == 37 == len(np.load(result.mel_path))  # not exp(0) = 1 of the freshly built model
+
+
+def test_a_reference_recording_becomes_the_batchs_ref_mel(tmp_path) -> None:
+    """--reference: the recording's log-mel as producers make a reference (cropped around its
+    middle to batching.ref_frames), in the synthesized batch; refused for a run without ref_mel."""
+    import soundfile
+
+    from consumer.synth import one_batch, reference_mel
+    from producer.features import log_mel_spectrogram_numpy
+    from shared.batch import schema_for
+    from tests.factories import tone
+
+    wav = tmp_path / "voice.wav"
+    soundfile.write(str(wav), tone(4.0, 22050, seed=3), 22050, subtype="FLOAT")
+    run_dir = _run_dir(tmp_path, fields="ref_mel")
+    cfg = config_mod.load(run_dir / "config.yaml")
+    ref = reference_mel(run_dir, cfg, wav)
+    full = log_mel_spectrogram_numpy(soundfile.read(str(wav), dtype="float32")[0], cfg.features, dtype=np.float32)
+    start = (len(full) - cfg.batching.ref_frames) // 2
+    np.testing.assert_allclose(ref, full[start:start + cfg.batching.ref_frames], rtol=1e-5, atol=1e-5)
+    schema = schema_for("ref_mel")
+    batch = one_batch(np.array([5, 1], np.int32), 16, 80, schema.pad_values(1e-5), schema, hop_length=256,
+                      ref_frames=cfg.batching.ref_frames, ref_mel=ref)
+    assert batch["ref_mel_lengths"].tolist() == [cfg.batching.ref_frames]
+    np.testing.assert_array_equal(batch["ref_mel"][0], ref)
+    result = synthesize(run_dir, "Hello there!", tmp_path / "said.npy", frames=20, reference=wav)
+    assert np.load(result.mel_path).shape == (20, 80)
+    (tmp_path / "plain").mkdir()
+    plain = _run_dir(tmp_path / "plain")
+    with pytest.raises(SynthError, match="--reference needs a run trained with the ref_mel field"):
+        synthesize(plain, "Hello there!", tmp_path / "x.npy", frames=20, reference=wav)
+    with pytest.raises(SynthError, match="--reference .*missing"):
+        synthesize(run_dir, "Hello there!", tmp_path / "x.npy", frames=20, reference=tmp_path / "none.wav")
