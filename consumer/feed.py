@@ -152,19 +152,20 @@ class FeedCore:
         self.resolver: Callable[[Sequence[Any]], Resolved] = resolve_floats  # what close() flushes with
 
     # ------------------------------------------------------------ opening
-    def open(self) -> str:
-        """Index, plan, bind and start the coordinator; the endpoint producers connect to.
-        UserError (one line) for what the user must fix: the dataset, the keys, the
-        endpoint, a checkpoint or state that does not fit."""
+    def prepare(self) -> None:
+        """Index the dataset and plan the epochs (before the model is built: its vocabulary
+        size is known from here on); UserError (one line) for a dataset to fix."""
+        if getattr(self, "planner", None) is not None:
+            return
         self.index, self.vocabulary, self.feature_cache = self._index()
         cfg = self.cfg
         index = self.index
         if self.hold_out:
             from consumer import validation
 
-            train, self.val_samples, eval_rejected = validation.hold_out(index, cfg, self.run_dir)
+            train, self.val_samples, self._eval_rejected = validation.hold_out(index, cfg, self.run_dir)
         else:
-            train, eval_rejected = list(index.samples), []
+            train, self._eval_rejected = list(index.samples), []
         self.train_samples = train
         self.planner = planner = EpochPlanner(train, cfg.batching)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",
@@ -174,6 +175,16 @@ class FeedCore:
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
                  index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
         self.checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, self.vocabulary)
+
+    def open(self, state: dict[str, Any] | None = None) -> str:
+        """Index and plan (unless prepared), bind and start the coordinator; the endpoint
+        producers connect to. ``state``: a feed's state_dict() to continue from. UserError
+        (one line) for what the user must fix: the dataset, the keys, the endpoint, a
+        checkpoint or state that does not fit."""
+        self.prepare()
+        cfg, index, planner, train = self.cfg, self.index, self.planner, self.train_samples
+        if state is not None:
+            self.state = state
         if self.resume:
             self._resume_checkpoint()  # CheckpointError before anything in the run directory changes
         elif self.state is not None:
@@ -183,7 +194,7 @@ class FeedCore:
         self.mel_key = stats_key(cfg.features, cfg.transforms, index.scan.fingerprint)
         self.mel_norm = self._mel_norm(index, self.mel_key)
         self.rejected = JsonlWriter(self.run_dir / REJECTED)
-        self._record_rejections(index.rejected + eval_rejected)
+        self._record_rejections(index.rejected + self._eval_rejected)
         self.metrics = JsonlWriter(self.run_dir / METRICS)
         self.samples_log = JsonlWriter(self.run_dir / SAMPLES) if cfg.trainer.record_samples else None
         # With --epochs the run ends when those epochs are complete; re-planned misses can add
@@ -253,7 +264,13 @@ class FeedCore:
 
     def state_dict(self) -> dict[str, Any]:
         """The input position with what it belongs to (JSON): which planned batches of which
-        epochs were trained, the step count, and the plan's and dataset's identity."""
+        epochs were trained, the step count, and the plan's and dataset's identity. The step
+        logs are written up to this step first, so that a resume from it finds every row it
+        counts (the interval's losses are fetched now)."""
+        if self.opened:
+            self._close_step(time.monotonic())
+            self.flush(check=False)
+            self.flush_logs()
         identity = self.checkpoints.identity
         return {"format": FEED_STATE_FORMAT, "step": self.step, "plan": identity["fingerprint"],
                 "dataset_fingerprint": identity["dataset_fingerprint"],

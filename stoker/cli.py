@@ -160,25 +160,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_config(args: argparse.Namespace) -> config_mod.Config:
+    options = {attr: getattr(args, attr, None) for attr in FLAG_KEYS}
+    sets = dict(config_mod.parse_override(item) for item in args.set)
+    return resolve_options(args.config, options, sets)
+
+
+def resolve_options(config: str | None, options: dict[str, Any], sets: dict[str, Any]) -> config_mod.Config:
+    """The run's config: the YAML file (default configs/default.yaml), the options by their
+    long names (FLAG_KEYS; None: not given), then ``sets`` (dotted config keys)."""
     overrides: dict[str, Any] = {}
     for attr, key in FLAG_KEYS.items():
-        value = getattr(args, attr, None)
+        value = options.get(attr)
         if value is not None:
             overrides[key] = value
     if overrides.get("pipeline.producers") == "auto":
         overrides["pipeline.producers"] = 1
         overrides["pipeline.producers_auto"] = True
-    steps, epochs = getattr(args, "steps", None), getattr(args, "epochs", None)
+    steps, epochs = options.get("steps"), options.get("epochs")
     if steps is not None and epochs is None:
         overrides["trainer.epochs"] = None
     if epochs is not None and steps is None:
         overrides["trainer.steps"] = None
-    for item in args.set:
-        key, value = config_mod.parse_override(item)
-        overrides[key] = value
+    overrides.update(sets)
     if "data.path" in overrides and overrides["data.path"]:
         overrides["data.path"] = str(Path(overrides["data.path"]).expanduser().resolve())
-    return config_mod.load(args.config or DEFAULT_CONFIG, overrides)
+    return config_mod.load(config or DEFAULT_CONFIG, overrides)
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -229,21 +235,20 @@ def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
     return resolve_config(args), run_dir
 
 
-def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int, Path, config_mod.Config]:
-    """Check what the user asked for, make the run directory (or take the resumed one's),
-    run; (status, run dir, config)."""
+def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[config_mod.Config, Any]:
+    """Check what the user asked for before anything starts (the dataset, the model, the
+    keys, the endpoint, the GPUs); the config with the dataset's paths resolved, and the
+    device plan. UserError (one line) for each mistake."""
     import dataclasses
 
     from consumer.models import check_model
     from shared.dataset import feature_cache_dir, locate
     from shared.layouts import is_mix
     from stoker.devices import list_gpus, plan_devices
-    from stoker.launcher import run_training
-    from shared.proc import setup_logging
 
-    setup_logging("launcher", cfg.run.log_level)
     root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
-    check_model(cfg.trainer.model)
+    if trains_model:
+        check_model(cfg.trainer.model)
     if cfg.pipeline.keys:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(
             cfg.pipeline, keys=str(Path(cfg.pipeline.keys).expanduser().resolve())))
@@ -252,10 +257,23 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
         raise UserError(f"--bind {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
                         "unauthenticated: use --keys DIR (python run.py keys DIR), or add --insecure to accept that")
     plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
-    run_dir = resume_dir or make_run_dir(cfg.run.run_dir)
     data = dataclasses.replace(cfg.data, path=str(root / metadata_file if is_mix(metadata_file) else root),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
-    cfg = dataclasses.replace(cfg, data=data, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+    return dataclasses.replace(cfg, data=data), plan
+
+
+def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int, Path, config_mod.Config]:
+    """Check what the user asked for, make the run directory (or take the resumed one's),
+    run; (status, run dir, config)."""
+    import dataclasses
+
+    from stoker.launcher import run_training
+    from shared.proc import setup_logging
+
+    setup_logging("launcher", cfg.run.log_level)
+    cfg, plan = prepare_run(cfg)
+    run_dir = resume_dir or make_run_dir(cfg.run.run_dir)
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
     if resume_dir is None:
         config_mod.save(cfg, run_dir / CONFIG)
         log.info("%s", plan.describe(cfg.pipeline.producers))

@@ -1,0 +1,398 @@
+"""``stoker.Feed``: stoker's batches in the user's own training loop.
+
+::
+
+    import stoker
+    with stoker.Feed(data="~/LJSpeech-1.1", producers=4, batch_size=16, epochs=10,
+                     run_dir="runs/mine") as feed:
+        for batch in feed:                      # dict of tensors on the model device
+            loss = train_step(batch)            # the user's own step
+            feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
+
+The feed runs in the user's process: the trainer side of the pipeline (consumer/feed.py:
+index, plan, coordinator, bounded queue, step rows, input position, summary.json), the
+staging of each batch onto the model device while the previous step runs, and the local
+producer processes, started and supervised here as the launcher does for
+``python run.py`` (restarted when they crash, at most ``pipeline.producer_restarts``
+times each). It writes the run files of a stoker run, so ``diagnose`` and ``watch`` read
+it. docs/FEED.md is the user's guide.
+
+Lifecycle: constructing a feed checks its options and starts nothing; ``with`` (or the
+first batch taken) starts it; leaving the ``with`` block, normally, by an exception or
+by Ctrl-C, closes it with the shutdown protocol: the coordinator tells every producer
+STOP, the producers are joined with a timeout and then terminated, summary.json is
+written. A feed that is never closed is closed at interpreter exit, with a warning.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from shared import config as config_mod
+from shared.errors import UserError
+from shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
+from shared.runfiles import CONFIG
+
+log = logging.getLogger("stoker.feed")
+
+# The feed's options: every option of `python run.py` by its long name, except the ones
+# that name stoker's own trainer (the user's loop trains) or another command.
+NOT_FEED_OPTIONS = {"model": "the feed trains no model: your loop does"}
+# Producers have been told STOP by then; they only need to close their sockets.
+PRODUCER_STOP_S = 2.0
+# Between SIGTERM and SIGKILL for a producer that ignores the protocol.
+KILL_AFTER_S = 0.5
+
+
+class FeedError(UserError):
+    """A feed used wrongly (an unknown option, a batch after the plan is over, a state that
+    does not fit); the message is one line for the user."""
+
+
+def _option_names() -> list[str]:
+    from stoker.cli import FLAG_KEYS
+
+    return sorted(set(FLAG_KEYS) - set(NOT_FEED_OPTIONS))
+
+
+class Feed:
+    """stoker's batches for the user's loop. Options: ``config`` (a YAML file), ``set``
+    ({"section.key": value}), ``resume`` (a :meth:`state_dict`), and every option of
+    ``python run.py`` by its long name (``data``, ``producers``, ``batch_size``, ``steps``,
+    ``epochs``, ``buffer_size``, ``model_start_delay``, ``bind``, ``keys``, ``max_frames``,
+    ``record_samples``, ``text_frontend``, ``data_gpu``, ``model_gpu``, ...)."""
+
+    def __init__(self, config: str | os.PathLike[str] | None = None, set: dict[str, Any] | None = None,
+                 resume: dict[str, Any] | None = None, **options: Any) -> None:
+        from stoker.cli import resolve_options
+
+        for name in options:
+            if name in NOT_FEED_OPTIONS:
+                raise FeedError(f"stoker.Feed: option {name!r} is not the feed's ({NOT_FEED_OPTIONS[name]})")
+            if name not in _option_names():
+                raise FeedError(f"stoker.Feed: unknown option {name!r}; the options are the long names of python "
+                                f"run.py's: {', '.join(_option_names())} (and config=, set=, resume=)")
+        if options.get("producers") is not None and not isinstance(options["producers"], (int, str)):
+            raise FeedError(f"stoker.Feed: producers must be a number or 'auto', got {options['producers']!r}")
+        sets = {}
+        for key, value in (set or {}).items():
+            sets[str(key)] = value
+        try:
+            self.cfg = resolve_options(str(config) if config is not None else None, options, sets)
+        except config_mod.ConfigError as exc:
+            raise FeedError(f"stoker.Feed: {exc}") from None
+        self._resume = resume
+        self._core: Any = None
+        self._producers: list[Any] = []
+        self._supervisor: Any = None
+        self._auto: Any = None
+        self._watch: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._stop = threading.Event()
+        self._batches: Iterator[Any] | None = None
+        self._ended = False
+        self._closed = False
+        self._stage: Any = None
+        self._started_once = False
+        self._reused_dir = False
+        self.run_dir: Path | None = None
+        self.endpoint = ""
+
+    # ------------------------------------------------------------ starting
+    def __enter__(self) -> "Feed":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.close(exc)
+
+    def prepare(self) -> "Feed":
+        """Check the options, make the run directory, index the dataset and plan the epochs,
+        starting no process: the vocabulary, shapes and element spec are known from here on,
+        and a checkpoint holding :meth:`trackable` can still be restored."""
+        if self._closed:
+            raise FeedError("this feed is closed; make a new stoker.Feed to train again")
+        if self._core is not None:
+            return self
+        from consumer.feed import FeedCore
+        from stoker.cli import prepare_run
+
+        cfg, plan = prepare_run(self.cfg, trains_model=False)
+        run_dir = self._run_dir(cfg)
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+        self.cfg, self.run_dir, self._plan = cfg, run_dir, plan
+        config_mod.save(cfg, run_dir / CONFIG)
+        log.info("%s", plan.describe(cfg.pipeline.producers))
+        log.info("run directory %s", run_dir)
+        core = FeedCore(cfg, run_dir, self._stop)
+        core.prepare()
+        self._core = core
+        atexit.register(self._at_exit)
+        return self
+
+    def start(self) -> "Feed":
+        """Prepare, then bind, stage and start the producers (the ``with`` statement calls it)."""
+        self.prepare()
+        core = self._core
+        if core.opened or self._started_once:
+            return self
+        self._started_once = True
+        if self._reused_dir and self._resume is None:
+            self._started_once = False
+            self.close()
+            raise FeedError(f"run directory {self.run_dir} holds a run; choose another run_dir, or continue it with "
+                            f"resume=feed.state_dict() (or a restored feed.trackable())")
+        try:
+            self.endpoint = core.open(self._resume)
+            self._stage = self._stager()
+            if self._stage is not None:
+                core.queue.enable_staging(self._stage)
+            self._start_producers()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _run_dir(self, cfg: config_mod.Config) -> Path:
+        """The run directory: a new one, or a stoker run directory to continue (its step logs
+        go on; :meth:`start` refuses it unless the feed resumes)."""
+        from stoker.cli import make_run_dir
+
+        requested = cfg.run.run_dir
+        if requested:
+            path = Path(requested).expanduser().resolve()
+            if (path / CONFIG).is_file():
+                self._reused_dir = True
+                return path
+        return make_run_dir(requested)
+
+    def _stager(self) -> Any:
+        """Host arrays -> tensors on the model device, in the queue's stager thread: the
+        GPU ``devices.model_gpu`` names among this process's GPUs (default its first), else
+        the CPU. None (batches stay NumPy arrays) when TensorFlow is not installed."""
+        try:
+            import tensorflow as tf
+        except ImportError:
+            log.warning("TensorFlow is not installed: the feed hands out NumPy arrays")
+            return None
+        gpus = tf.config.list_logical_devices("GPU")
+        wanted = self.cfg.devices.model_gpu
+        if gpus:
+            device = gpus[wanted].name if wanted is not None and wanted < len(gpus) else gpus[0].name
+        else:
+            device = "/CPU:0"
+        self.device = device
+
+        def stage(arrays: dict[str, Any]) -> dict[str, Any]:
+            with tf.device(device):
+                # identity() forces the copy onto the device now, in the stager thread.
+                return {k: tf.identity(tf.convert_to_tensor(v)) for k, v in arrays.items()}
+
+        log.info("batches staged onto %s", device)
+        return stage
+
+    def _start_producers(self) -> None:
+        from stoker.launcher import AutoControl, Supervisor, producer_child
+
+        cfg, plan = self.cfg, self._plan
+        self._supervisor = sup = Supervisor(plan, cfg.run.log_level)
+        host = socket.gethostname()
+        for i in range(cfg.pipeline.producers):
+            self._producers.append(sup.spawn(producer_child(
+                i, self.endpoint, cfg.data.path, plan.data_gpu, plan.data_memory_mb, cfg.run.log_level, host,
+                keys=cfg.pipeline.keys, metadata_file=cfg.data.metadata_file)))
+        if self._producers:
+            log.info("started %d local producer(s) for %s", len(self._producers), self.endpoint)
+        if cfg.pipeline.producers_auto:
+            assert self.run_dir is not None
+            self._auto = AutoControl(cfg, self.run_dir, sup, self._producers, self.endpoint, plan)
+        self._watch = threading.Thread(target=self._supervise, name="stoker-producers", daemon=True)
+        self._watch.start()
+
+    def _supervise(self) -> None:
+        """The producers' supervision, beside the user's loop: status lines, crashes restarted."""
+        from stoker.launcher import TICK_S
+
+        sup = self._supervisor
+        while not self._closing.is_set():
+            sup.poll_status(TICK_S)
+            sup.supervise_producers(self._producers, self.cfg.pipeline.producer_restarts,
+                                    keep_going=lambda: not self._closing.is_set())
+            if self._auto is not None:
+                self._auto.step()
+
+    # ------------------------------------------------------------ batches
+    def __iter__(self) -> "Feed":
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._ended:
+            raise FeedError(f"the feed's plan is over ({self._core.step} steps, {self._core.epochs_completed} "
+                            f"epochs complete): no batch is left; make a new stoker.Feed (resume=its state) "
+                            f"to train further")
+        if self._closed:
+            raise FeedError("this feed is closed; no batch is left")
+        core = self.start()._core
+        if self._batches is None:
+            self._batches = core.batches()
+        core.step_done()  # the step of the last batch ends here when the loop did not say so
+        if core.flush_due():
+            core.flush()
+        try:
+            item = next(self._batches)
+        except StopIteration:
+            self._ended = True
+            core.flush()
+            raise
+        return item.arrays
+
+    def step_done(self, loss: Any = None, **terms: Any) -> None:
+        """The step on the last batch ended (its step time ends now). ``loss`` (a number or a
+        scalar tensor) and named ``terms`` go to metrics.jsonl, fetched from the device once
+        per logging interval."""
+        if self._batches is None:
+            raise FeedError("step_done() before the first batch")
+        self._core.step_done({"loss": loss, **terms} if terms else loss)
+
+    def as_dataset(self) -> Any:
+        """The same batches as a ``tf.data.Dataset`` (for ``model.fit`` and
+        ``strategy.distribute_datasets_from_function``): element spec per the batch schema,
+        bucketed dimensions None. No prefetch is added: the feed's queue is the prefetch."""
+        import tensorflow as tf
+
+        spec = self.element_spec
+
+        def batches() -> Iterator[dict[str, Any]]:
+            yield from self
+
+        return tf.data.Dataset.from_generator(batches, output_signature=spec)
+
+    # ------------------------------------------------------------ progress and resume
+    @property
+    def step(self) -> int:
+        return self._core.step if self._core is not None else 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.prepare()._core.planner.batches_per_epoch
+
+    @property
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """The bucket shapes (B, L, T) of the plan: every batch has one of them."""
+        return self.prepare()._core.planner.shapes
+
+    @property
+    def vocabulary(self) -> Any:
+        """The text front-end's vocabulary (shared/text.Vocabulary): ``.size`` token ids."""
+        return self.prepare()._core.vocabulary
+
+    @property
+    def n_mels(self) -> int:
+        return self.cfg.features.n_mels
+
+    @property
+    def element_spec(self) -> dict[str, Any]:
+        """Each batch field's ``tf.TensorSpec``, per the batch schema: the dimensions that vary
+        by bucket (B, L, T, S) None, F and R fixed. A ``tf.function`` with this
+        ``input_signature`` traces once for every bucket."""
+        import tensorflow as tf
+
+        from shared.config import batch_schema
+
+        fixed = {"F": self.cfg.features.n_mels, "R": self.cfg.batching.ref_frames}  # the same in every bucket
+        return {f.name: tf.TensorSpec([fixed.get(dim) for dim in f.dims], tf.as_dtype(f.dtype), name=f.name)
+                for f in batch_schema(self.cfg).fields}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the feed is in its plan (JSON-serialisable): which planned batches of which
+        epochs were handed out, the step count, and the identity of the plan and dataset.
+        Save it with the model; ``stoker.Feed(..., resume=state)`` goes on from there."""
+        if self._core is None or not self._started_once:
+            if self._resume is not None:
+                return self._resume
+            raise FeedError("state_dict() before the feed started: nothing to save yet")
+        return self._core.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (before the feed starts)."""
+        if self._started_once:
+            raise FeedError("load_state_dict() after the feed started: give resume=state to stoker.Feed, or "
+                            "restore the checkpoint before the `with` block")
+        self._resume = state
+
+    def trackable(self) -> Any:
+        """The feed's state as a ``tf.train.Checkpoint``-trackable object:
+        ``tf.train.Checkpoint(model=model, feed=feed.trackable())``; restoring the
+        checkpoint before the feed starts makes the feed continue from its position."""
+        import tensorflow as tf
+
+        feed = self
+
+        class FeedState(tf.train.experimental.PythonState):
+            def serialize(self) -> str:
+                return json.dumps(feed.state_dict())
+
+            def deserialize(self, string_value: Any) -> None:
+                text = string_value.decode() if isinstance(string_value, bytes) else str(string_value)
+                feed.load_state_dict(json.loads(text))
+
+        return FeedState()
+
+    # ------------------------------------------------------------ closing
+    def close(self, exc: BaseException | None = None) -> None:
+        """The shutdown protocol: STOP to every producer (through the coordinator), the step
+        logs and summary.json written, producers joined with a timeout, then terminated.
+        ``exc``: the exception that ended the user's loop (recorded in summary.json)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._close_core(exc)
+        finally:
+            self._stop_producers()
+            atexit.unregister(self._at_exit)
+
+    def _close_core(self, exc: BaseException | None) -> None:
+        core = self._core
+        if core is not None and core.opened:
+            if isinstance(exc, KeyboardInterrupt):
+                core.exit_reason, core.code = "interrupted", EXIT_INTERRUPTED
+            elif exc is not None:
+                core.exit_reason, core.code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
+            elif not self._ended and not core.finished():
+                core.exit_reason = f"stopped by the training loop at step {core.step}"
+            core.close()
+
+    def _stop_producers(self) -> None:
+        self._closing.set()
+        if self._watch is not None:
+            self._watch.join(timeout=5.0)
+        sup = self._supervisor
+        if sup is None:
+            return
+        try:
+            sup.wait(self._producers, PRODUCER_STOP_S)  # they were told STOP
+            sup.terminate(self._producers, KILL_AFTER_S)
+        finally:
+            sup.cleanup()
+
+    def _at_exit(self) -> None:
+        if not self._closed:
+            log.warning("a stoker.Feed was never closed; closing it at exit (use `with stoker.Feed(...) as feed:` "
+                        "or call feed.close())")
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._started_once else "not started"
+        return f"<stoker.Feed {state} run_dir={self.run_dir} step={self.step}>"
+
+
+__all__ = ["Feed", "FeedError"]

@@ -1,0 +1,170 @@
+"""stoker.Feed in the user's own process: batches, exactly-once, run files, shutdown, errors.
+
+The loops here take each batch and do no model work (the examples' tests in
+tests/test_examples.py train real models through the feed); what is checked is what a
+user relies on: every clip once per epoch, the step rows and summary that ``diagnose``
+reads, no process left behind, and one clear line for each misuse.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+import stoker
+from consumer.feed import FeedStateError
+from stoker.feed import FeedError
+from tests.factories import make_dataset
+from tests.procs import free_port, read_json, read_jsonl
+
+pytestmark = pytest.mark.timeout(120)
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+def producer_procs(parent_pid: int) -> list[psutil.Process]:
+    """The producer processes a feed in process ``parent_pid`` started, alive or zombie."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "producer.worker" in cmdline and f"--parent-pid {parent_pid}" in cmdline:
+            found.append(proc)
+    return found
+
+
+def assert_no_producers_left(parent_pid: int) -> None:
+    gone, alive = psutil.wait_procs(producer_procs(parent_pid), timeout=10)
+    assert not alive, f"producers left behind: {[p.pid for p in alive]}"
+
+
+def once_per_epoch(samples: list[dict[str, Any]], ids: set[str], epochs: int) -> None:
+    counts = collections.Counter((r["epoch"], i) for r in samples for i in r["ids"])
+    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:5]
+    for epoch in range(epochs):
+        assert {i for e, i in counts if e == epoch} == ids, f"epoch {epoch}"
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    make_dataset(root, count=24)
+    return root
+
+
+def options(tmp_path: Path, dataset: Path, **more: Any) -> dict[str, Any]:
+    return {"data": str(dataset), "producers": 2, "batch_size": 4, "run_dir": str(tmp_path / "run"),
+            "bind": f"tcp://127.0.0.1:{free_port()}", "model_start_delay": 0.0, "log_level": "WARNING", **more}
+
+
+def test_every_clip_once_per_epoch_with_a_producer_killed_and_the_run_files_diagnose_reads(tmp_path, dataset):
+    from stoker.diagnose import analyse
+
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    with stoker.Feed(**options(tmp_path, dataset, epochs=3, record_samples=True)) as feed:
+        shapes = set(feed.shapes)
+        for n, batch in enumerate(feed):
+            if n == 2:  # a producer dies mid-epoch: its leases go to the other, it is restarted
+                producer_procs(os.getpid())[0].kill()
+            rows = int(batch["token_lengths"].shape[0])
+            assert (rows, int(batch["tokens"].shape[1]), int(batch["mel"].shape[1])) in shapes
+            assert np.all(batch["mel_lengths"].numpy() <= batch["mel"].shape[1])
+            feed.step_done(loss=float(n))
+        steps = feed.step
+        with pytest.raises(FeedError, match="plan is over"):
+            next(feed)
+    run = tmp_path / "run"
+    once_per_epoch(read_jsonl(run / "samples.jsonl"), ids, 3)
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == list(range(1, steps + 1))
+    assert [r["loss"] for r in metrics] == [float(n) for n in range(steps)]
+    summary = read_json(run / "summary.json")
+    assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 3
+    assert summary["steps"] == steps and summary["samples"] == 3 * len(ids)
+    assert analyse(run)["steps"] == steps
+    assert_no_producers_left(os.getpid())
+
+
+def test_an_exception_in_the_loop_closes_the_feed_and_leaves_no_process(tmp_path, dataset):
+    with pytest.raises(ValueError, match="the user's step failed"):
+        with stoker.Feed(**options(tmp_path, dataset, steps=50)) as feed:
+            for n, _ in enumerate(feed):
+                if n == 3:
+                    raise ValueError("the user's step failed")
+    summary = read_json(tmp_path / "run" / "summary.json")
+    assert summary["exit_reason"] == "failed: ValueError: the user's step failed"
+    assert summary["steps"] == 4
+    assert_no_producers_left(os.getpid())
+
+
+def test_state_dict_resumes_where_it_was_and_refuses_another_plan(tmp_path, dataset):
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    first = options(tmp_path, dataset, epochs=2, record_samples=True)
+    with stoker.Feed(**first) as feed:
+        for n, _ in enumerate(feed):
+            if n == 4:
+                state = json.loads(json.dumps(feed.state_dict()))  # what a user saves: JSON
+                break
+    assert state["step"] == 5
+    # Batches handed out after the state was taken are not in it: cut back, as after a crash.
+    summary = read_json(tmp_path / "run" / "summary.json")
+    assert summary["exit_reason"] == "stopped by the training loop at step 5"
+    with stoker.Feed(**first, resume=state) as feed:
+        steps = sum(1 for _ in feed)
+    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 2)
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == list(range(1, 6 + steps))
+    other = dict(first, batch_size=3, run_dir=str(tmp_path / "other"))
+    with pytest.raises(FeedStateError, match="another epoch plan"):
+        stoker.Feed(**other, resume=state).start()
+    with pytest.raises(FeedError, match="holds a run"):
+        stoker.Feed(**first).start()
+    assert_no_producers_left(os.getpid())
+
+
+def test_as_dataset_yields_the_batches_with_the_schema_spec(tmp_path, dataset):
+    import tensorflow as tf
+
+    with stoker.Feed(**options(tmp_path, dataset, epochs=1)) as feed:
+        spec = feed.as_dataset().element_spec
+        assert spec["mel"].shape.as_list() == [None, None, 80] and spec["tokens"].dtype == tf.int32
+        seen = 0
+        for batch in feed.as_dataset():
+            seen += int(tf.reduce_sum(tf.cast(batch["mel_lengths"] > 0, tf.int32)))
+    assert seen == 24
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"batch_sise": 4}, "unknown option 'batch_sise'"),
+    ({"model": "tiny"}, "the feed trains no model"),
+    ({"set": {"trainer.nope": 1}}, "unknown config key 'trainer.nope'"),
+])
+def test_a_wrong_option_is_one_line(given, says):
+    with pytest.raises(FeedError, match=says) as caught:
+        stoker.Feed(**given)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_state_that_is_not_one_is_refused(tmp_path, dataset):
+    with pytest.raises(FeedStateError, match="takes what feed.state_dict"):
+        stoker.Feed(**options(tmp_path, dataset, epochs=1), resume={"step": 3}).start()
+
+
+def test_a_feed_never_closed_is_closed_at_exit_with_a_warning(tmp_path, dataset):
+    script = ("import stoker, sys\n"
+              f"feed = stoker.Feed(**{options(tmp_path, dataset, steps=20, log_level='WARNING')!r})\n"
+              "next(feed)\n"
+              "print(__import__('os').getpid(), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "a stoker.Feed was never closed; closing it at exit" in done.stderr
+    summary = read_json(tmp_path / "run" / "summary.json")
+    assert summary["steps"] == 1 and summary["exit_reason"] == "stopped by the training loop at step 1"
+    assert_no_producers_left(int(done.stdout.split()[-1]))
