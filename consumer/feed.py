@@ -129,7 +129,7 @@ class FeedCore:
         self.resume = resume  # continue from the run directory's checkpoint (stoker's trainer)
         self.hold_out = hold_out  # keep validation clips out of the plan (a trainer with a loss to validate)
         self.state = state
-        self.started = time.monotonic()  # "t" in metrics.jsonl counts from here
+        self.started = time.monotonic()  # "t" in metrics.jsonl counts from here (reset by open)
         self.rejected_count = 0
         self._producer_rejected: set[str] = set()
         self._rejected_before: set[tuple[str, str]] = set()  # rows a resumed run's rejected.jsonl holds
@@ -182,6 +182,7 @@ class FeedCore:
         (one line) for what the user must fix: the dataset, the keys, the endpoint, a
         checkpoint or state that does not fit."""
         self.prepare()
+        self.started = time.monotonic()  # the run's clock starts when its socket opens, not at indexing
         cfg, index, planner, train = self.cfg, self.index, self.planner, self.train_samples
         if state is not None:
             self.state = state

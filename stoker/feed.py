@@ -82,9 +82,7 @@ class Feed:
                                 f"run.py's: {', '.join(_option_names())} (and config=, set=, resume=)")
         if options.get("producers") is not None and not isinstance(options["producers"], (int, str)):
             raise FeedError(f"stoker.Feed: producers must be a number or 'auto', got {options['producers']!r}")
-        sets = {}
-        for key, value in (set or {}).items():
-            sets[str(key)] = value
+        sets = {str(key): value for key, value in (set or {}).items()}
         try:
             self.cfg = resolve_options(str(config) if config is not None else None, options, sets)
         except config_mod.ConfigError as exc:

@@ -176,7 +176,9 @@ def test_a_corrupt_entry_is_recomputed_counted_and_rewritten(dataset, tmp_path: 
     entry.write_bytes(bytes(blob))
     again = _make(_maker(root, tmp_path / "cache"), ids)
     assert (again["cache"]["hits"], again["cache"]["corrupt"], again["cache"]["written"]) == (CLIPS - 1, 1, 1)
-    np.testing.assert_array_equal(again.arrays["mel"][4], computed.arrays["mel"][4])  # recomputed, not read
+    # Recomputed (counted above, and rewritten): one clip computed alone can differ from the same clip
+    # computed in a batch of six by a rounding, as BLAS blocks a matrix product by its size.
+    np.testing.assert_allclose(again.arrays["mel"][4], computed.arrays["mel"][4], rtol=0, atol=1e-5)
     assert _make(_maker(root, tmp_path / "cache"), ids)["cache"]["hits"] == CLIPS
 
 
