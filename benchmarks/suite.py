@@ -18,6 +18,9 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
     trainer        (full run only) the trainer's input side (dequeue + staging) vs the same
                    model fed from tensors in memory, and traces after warm-up over 1,000
                    steps (benchmarks/trainer.py, issue 3's targets)
+    feed           (full run only) the tiny model's steps/s through stoker.Feed in a user's
+                   loop and through as_dataset() + fit vs stoker's own trainer; fit on the
+                   feed vs fit on a tf.data pipeline: wait share, first batch (benchmarks/feed.py)
 
 The older sections (memory: the consumer's RSS over thousands of batches; starvation:
 diagnosis on injected faults; data: the full data benchmark; producers: scaling,
@@ -41,11 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import (alternatives, batching, data, memory, pipeline, producers, starvation, trainer, transforms,
-                        transport)
+from benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, starvation, trainer,
+                        transforms, transport)
 from benchmarks.common import machine_info, table
 
-SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer")
+SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
+            "feed")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
 QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms")
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
@@ -97,6 +101,7 @@ class SuitePlan:
     trainer: trainer.TrainerPlan = field(default_factory=trainer.TrainerPlan)
     batching: batching.BatchingPlan = field(default_factory=batching.BatchingPlan)
     transforms: transforms.TransformsPlan = field(default_factory=transforms.TransformsPlan)
+    feed: feed.FeedPlan = field(default_factory=feed.FeedPlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -167,7 +172,7 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"section": "trainer", "what": f"traces after warm-up over {r['steps']} steps",
                     "value": float(r["traces_after_warmup"]), "numerator": None, "denominator": None,
                     "limit": 0.0, "met": r["met"]})
-    for section in ("batching", "transforms"):
+    for section in ("batching", "transforms", "feed"):
         for t in (sections.get(section) or {}).get("targets", []):
             r = t.get("ratio") or {}
             out.append({"section": section, "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
@@ -208,6 +213,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "trainer": lambda: trainer.run(plan.trainer),
         "batching": lambda: batching.run(plan.batching, log),
         "transforms": lambda: transforms.run(plan.transforms, log),
+        "feed": lambda: feed.run(plan.feed, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
         "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
@@ -271,6 +277,9 @@ def render(report: dict[str, Any]) -> str:
     if sections.get("transforms"):
         parts += ["", "transforms: one producer (numpy backend) over the demo epoch, plain vs trim + loudness + mel "
                       "normalisation; ms per clip", transforms.render(sections["transforms"])]
+    if sections.get("feed"):
+        parts += ["", "feed: the tiny model on the CPU, demo data, batch 16, 2 producers: stoker's trainer, the feed in "
+                      "a user's loop, fit on the feed and on tf.data", feed.render(sections["feed"])]
     if sections.get("trainer"):
         parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
                       "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]
