@@ -34,6 +34,9 @@ from typing import Any
 
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
+# summary.json "trained_by" of a run whose steps were the user's own loop on stoker.Feed
+# (absent for stoker's trainer): diagnose then gives the cure as the feed's option.
+TRAINED_BY_FEED = "stoker.Feed"
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
 REJECTED = "rejected.jsonl"

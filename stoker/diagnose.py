@@ -27,7 +27,7 @@ import yaml
 
 from shared.errors import UserError
 from shared.metrics import (PRODUCER_MARGIN, WAIT_BOUND_FRAC, read_jsonl, recommend_producers, verdict)
-from shared.runfiles import CONFIG, GPU, METRICS, REJECTED, SUMMARY
+from shared.runfiles import CONFIG, GPU, METRICS, REJECTED, SUMMARY, TRAINED_BY_FEED
 
 SPARK = " ▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 64
@@ -247,7 +247,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
             "producers_delivering": alive, "margin": PRODUCER_MARGIN,
         },
         "recommended_producers": recommended,
-        "cure": cure_command(config, kind, recommended, alive),
+        "cure": cure_command(config, kind, recommended, alive, feed=summary.get("trained_by") == TRAINED_BY_FEED),
         "host_cores": summary.get("host_cores"),
         "exit_reason": summary.get("exit_reason"),
     }
@@ -286,7 +286,13 @@ def gpu_report(run_dir: Path) -> dict[str, Any] | None:
     return out
 
 
-def cure_command(config: dict[str, Any], kind: str, recommended: int, current: int) -> str:
+def cure_command(config: dict[str, Any], kind: str, recommended: int, current: int, feed: bool = False) -> str:
+    """What to run with the recommended producers: the command line, or for a run of
+    stoker.Feed in the user's own loop, the feed's option."""
+    if feed:
+        if kind == "consumer-bound" and recommended >= current:
+            return "no change needed for the input pipeline: the training loop is the limit"
+        return f"stoker.Feed(..., producers={recommended})"
     data = config.get("data", {}).get("path", "")
     model = config.get("trainer", {}).get("model", "tiny")
     batch = config.get("batching", {}).get("batch_size")

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 from shared import config as config_mod
 from shared.errors import UserError
 from shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
-from shared.runfiles import CONFIG
+from shared.runfiles import CONFIG, TRAINED_BY_FEED
 
 log = logging.getLogger("stoker.feed")
 
@@ -98,7 +98,6 @@ class Feed:
         self._batches: Iterator[Any] | None = None
         self._ended = False
         self._closed = False
-        self._stage: Any = None
         self._started_once = False
         self._reused_dir = False
         self.run_dir: Path | None = None
@@ -116,10 +115,10 @@ class Feed:
         """Check the options, make the run directory, index the dataset and plan the epochs,
         starting no process: the vocabulary, shapes and element spec are known from here on,
         and a checkpoint holding :meth:`trackable` can still be restored."""
-        if self._closed:
-            raise FeedError("this feed is closed; make a new stoker.Feed to train again")
         if self._core is not None:
             return self
+        if self._closed:
+            raise FeedError("this feed is closed; make a new stoker.Feed to train again")
         from consumer.feed import FeedCore
         from stoker.cli import prepare_run
 
@@ -131,6 +130,7 @@ class Feed:
         log.info("%s", plan.describe(cfg.pipeline.producers))
         log.info("run directory %s", run_dir)
         core = FeedCore(cfg, run_dir, self._stop)
+        core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None}  # the user's loop trains
         core.prepare()
         self._core = core
         atexit.register(self._at_exit)
@@ -138,6 +138,8 @@ class Feed:
 
     def start(self) -> "Feed":
         """Prepare, then bind, stage and start the producers (the ``with`` statement calls it)."""
+        if self._closed:
+            raise FeedError("this feed is closed; make a new stoker.Feed to train again")
         self.prepare()
         core = self._core
         if core.opened or self._started_once:
@@ -150,9 +152,7 @@ class Feed:
                             f"resume=feed.state_dict() (or a restored feed.trackable())")
         try:
             self.endpoint = core.open(self._resume)
-            self._stage = self._stager()
-            if self._stage is not None:
-                core.queue.enable_staging(self._stage)
+            core.queue.enable_staging(self._stager())
             self._start_producers()
         except BaseException:
             self.close()
@@ -174,19 +174,28 @@ class Feed:
 
     def _stager(self) -> Any:
         """Host arrays -> tensors on the model device, in the queue's stager thread: the
-        GPU ``devices.model_gpu`` names among this process's GPUs (default its first), else
-        the CPU. None (batches stay NumPy arrays) when TensorFlow is not installed."""
-        try:
-            import tensorflow as tf
-        except ImportError:
-            log.warning("TensorFlow is not installed: the feed hands out NumPy arrays")
-            return None
-        gpus = tf.config.list_logical_devices("GPU")
+        GPU ``devices.model_gpu`` names among this process's GPUs (default its first, with
+        ``devices.model_gpu_memory_mb`` as its limit), else the CPU."""
+        import tensorflow as tf
+
         wanted = self.cfg.devices.model_gpu
-        if gpus:
-            device = gpus[wanted].name if wanted is not None and wanted < len(gpus) else gpus[0].name
-        else:
-            device = "/CPU:0"
+        limit_mb = self.cfg.devices.model_gpu_memory_mb
+        physical = tf.config.list_physical_devices("GPU")
+        if wanted is not None and wanted >= len(physical):
+            raise FeedError(f"model_gpu {wanted}: TensorFlow in this process sees {len(physical)} GPU(s) (numbered "
+                            f"from 0 among CUDA_VISIBLE_DEVICES)")
+        if limit_mb and physical:
+            try:
+                tf.config.set_logical_device_configuration(
+                    physical[wanted or 0], [tf.config.LogicalDeviceConfiguration(memory_limit=int(limit_mb))])
+            except RuntimeError:
+                raise FeedError("model_gpu_memory: TensorFlow in this process has set up its GPUs already (a tensor "
+                                "or model was made before the feed started); start the feed first, or leave the "
+                                "limit to tf.config.set_logical_device_configuration in your code") from None
+        elif limit_mb:
+            log.warning("model_gpu_memory=%d: this process has no GPU; nothing to limit", limit_mb)
+        gpus = tf.config.list_logical_devices("GPU")
+        device = gpus[wanted or 0].name if gpus else "/CPU:0"
         self.device = device
 
         def stage(arrays: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +90,9 @@ def test_every_clip_once_per_epoch_with_a_producer_killed_and_the_run_files_diag
     summary = read_json(run / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 3
     assert summary["steps"] == steps and summary["samples"] == 3 * len(ids)
-    assert analyse(run)["steps"] == steps
+    report = analyse(run)
+    assert report["steps"] == steps and summary["trained_by"] == "stoker.Feed"
+    assert report["cure"].startswith(("stoker.Feed(..., producers=", "no change needed"))  # the feed's option
     assert_no_producers_left(os.getpid())
 
 
@@ -124,6 +127,9 @@ def test_state_dict_resumes_where_it_was_and_refuses_another_plan(tmp_path, data
     other = dict(first, batch_size=3, run_dir=str(tmp_path / "other"))
     with pytest.raises(FeedStateError, match="another epoch plan"):
         stoker.Feed(**other, resume=state).start()
+    elsewhere = dict(first, run_dir=str(tmp_path / "elsewhere"))
+    with pytest.raises(FeedStateError, match="belongs to another dataset"):
+        stoker.Feed(**elsewhere, resume={**state, "dataset_fingerprint": "0" * 16}).start()
     with pytest.raises(FeedError, match="holds a run"):
         stoker.Feed(**first).start()
     assert_no_producers_left(os.getpid())
@@ -168,3 +174,43 @@ def test_a_feed_never_closed_is_closed_at_exit_with_a_warning(tmp_path, dataset)
     summary = read_json(tmp_path / "run" / "summary.json")
     assert summary["steps"] == 1 and summary["exit_reason"] == "stopped by the training loop at step 1"
     assert_no_producers_left(int(done.stdout.split()[-1]))
+
+
+def test_ctrl_c_in_the_loop_writes_the_summary_and_leaves_no_process(tmp_path, dataset):
+    script = ("import stoker\n"
+              f"with stoker.Feed(**{options(tmp_path, dataset, steps=10_000)!r}) as feed:\n"
+              "    print(__import__('os').getpid(), flush=True)\n"
+              "    for batch in feed:\n"
+              "        print('step', feed.step, flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        assert proc.stdout.readline().startswith("step")  # the loop runs
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err  # the user's own exception, unchanged
+    summary = read_json(tmp_path / "run" / "summary.json")
+    assert summary["exit_reason"] == "interrupted" and summary["steps"] >= 1
+    assert_no_producers_left(pid)
+
+
+def test_producers_on_another_host_feed_the_loop(tmp_path, dataset):
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    remote = None
+    try:
+        with stoker.Feed(**options(tmp_path, dataset, producers=0, epochs=1, record_samples=True)) as feed:
+            remote = subprocess.Popen([sys.executable, "run.py", "produce", "--connect", feed.endpoint, "--data",
+                                       str(dataset), "--log-level", "WARNING"], cwd=PROJECT,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            steps = sum(1 for _ in feed)
+        assert remote.wait(timeout=30) == 0  # told STOP when the feed closed
+    finally:
+        if remote is not None and remote.poll() is None:
+            remote.kill()
+    assert steps == feed.batches_per_epoch
+    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
+    assert [p["id"] for p in read_json(tmp_path / "run" / "summary.json")["producers"]] == ["p0@" + __import__(
+        "socket").gethostname()]
