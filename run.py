@@ -4,6 +4,8 @@
     python run.py --data-gpu 0 --model-gpu 1       producers on GPU 0, trainer on GPU 1
     python run.py produce --connect tcp://HOST:PORT --data DIR
     python run.py bench
+
+The same as the installed ``stoker`` command, from a checkout.
 """
 
 import sys

@@ -58,7 +58,7 @@ alternative / stoker for time to first batch, CPU and memory (higher: stoker use
 each stored with the two medians it came from. Targets: stoker's wait share <= that of
 tf.data and of tf.data service; its time to first batch lower than both.
 
-Run alone: ``python -m benchmarks.alternatives [--quick] [--json FILE]``.
+Run alone: ``python -m stoker.benchmarks.alternatives [--quick] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -80,14 +80,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from benchmarks.common import PROJECT_ROOT, BenchError, ratio, spread, table
+from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, spread, table
 
 KINDS = ("stoker", "stoker (tf ops)", "tf.data", "tf.data service", "mp.Queue")
 # The stoker variants and their features.backend.
 STOKER_BACKENDS = {"stoker": "auto", "stoker (tf ops)": "tf"}
 # The variants a target compares stoker with.
 TARGET_KINDS = ("tf.data", "tf.data service")
-DEMO_DATA = PROJECT_ROOT / "data" / "demo"
 BATCH_SIZE = 16
 # Queue capacity of the mp.Queue variant: stoker's default buffer size.
 QUEUE_CAPACITY = 3
@@ -99,7 +98,7 @@ RUN_OVERHEAD_S = 150.0
 TERM_GRACE_S = 10.0
 # The trainer process prints its figures on one line starting with this.
 RESULT_PREFIX = "ALTERNATIVES-RESULT "
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PROJECT_ROOT)}
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
 
 
 @dataclass
@@ -120,9 +119,9 @@ class AlternativesPlan:
 # ---------------------------------------------------------------- the shared work
 def plan_batches(data_dir: Path, steps: int) -> list[dict[str, Any]]:
     """The consumer's planned batches, epoch after epoch, until ``steps`` batches."""
-    from consumer.plan import EpochPlanner, TokenTable
-    from shared.config import BatchingConfig, DataConfig, FeaturesConfig
-    from shared.dataset import build_index
+    from stoker.consumer.plan import EpochPlanner, TokenTable
+    from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig
+    from stoker.shared.dataset import build_index
 
     index = build_index(DataConfig(path=str(data_dir), index_cache="off"), FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
@@ -144,8 +143,8 @@ def numpy_batch(batch: dict[str, Any], mels: Any, cfg: Any) -> dict[str, Any]:
     """One planned batch, as a stoker producer makes it (read, TF-op log-mel, tokens, pad)."""
     import numpy as np
 
-    from producer.audio import load_audio
-    from shared.batch import SCHEMA, batch_dims, collate
+    from stoker.producer.audio import load_audio
+    from stoker.shared.batch import SCHEMA, batch_dims, collate
 
     clips = [load_audio(Path(p), cfg.sample_rate_hz) for p in batch["paths"]]
     tokens = [np.asarray(t, np.int32) for t in batch["tokens"]]
@@ -178,7 +177,7 @@ def tf_batch_fn(cfg: Any) -> Callable[..., dict[str, Any]]:
     """The batch function in TensorFlow ops: read, log-mel (producer/features.py's tf.function), pad."""
     import tensorflow as tf
 
-    from producer.features import MelComputer, pad_value
+    from stoker.producer.features import MelComputer, pad_value
 
     mel_fn = MelComputer(dataclasses.replace(cfg, backend="tf"))._tf_function()
     half, hop, n_mels, pad = cfg.n_fft // 2, cfg.hop_length, cfg.n_mels, pad_value(cfg)
@@ -233,7 +232,7 @@ def train_loop(next_batch: Callable[[], Any], steps: int, step_ms: float) -> dic
 
 def _queue_worker(batches: list[dict[str, Any]], cfg: Any, out: Any) -> None:
     """One mp.Queue worker: every batch given to it, pickled into the queue."""
-    from producer.features import MelComputer
+    from stoker.producer.features import MelComputer
 
     mels = MelComputer(dataclasses.replace(cfg, backend="tf"))
     for b in batches:
@@ -242,7 +241,7 @@ def _queue_worker(batches: list[dict[str, Any]], cfg: Any, out: Any) -> None:
 
 def child_main(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     """The trainer of one non-stoker variant; returns its figures."""
-    from shared.config import FeaturesConfig
+    from stoker.shared.config import FeaturesConfig
 
     cfg = FeaturesConfig(backend="tf")
     batches = plan_batches(Path(spec["data"]), spec["steps"])
@@ -339,7 +338,7 @@ def free_port() -> int:
 
 def _start(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log_file:
-        return subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+        return subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **QUIET_ENV})
 
 
@@ -394,7 +393,7 @@ def run_stoker(plan: AlternativesPlan, work: Path, backend: str = "auto") -> dic
     """One stoker run measured from outside (see the module docstring)."""
     run_dir = work / "stoker-run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    argv = [sys.executable, str(PROJECT_ROOT / "run.py"), "--data", plan.data, "--model", f"synthetic:{plan.step_ms:g}",
+    argv = [*STOKER, "--data", plan.data, "--model", f"synthetic:{plan.step_ms:g}",
             "--batch-size", str(BATCH_SIZE), "--steps", str(plan.steps), "--producers", str(plan.workers),
             "--set", f"features.backend={backend}", "--model-start-delay", "0", "--run-dir", str(run_dir),
             "--log-level", "WARNING"]
@@ -436,10 +435,10 @@ def run_alternative(kind: str, plan: AlternativesPlan, work: Path) -> dict[str, 
             spec["service"] = f"grpc://localhost:{dispatcher_port}"
             for n, port in enumerate(ports):
                 role = "dispatcher" if n == 0 else "worker"
-                servers.append(_start([sys.executable, "-m", "benchmarks.alternatives", "serve", role, str(port),
+                servers.append(_start([sys.executable, "-m", "stoker.benchmarks.alternatives", "serve", role, str(port),
                                        str(dispatcher_port)], log_path))
                 memory.roots.append(servers[-1].pid)
-        trainer = _start([sys.executable, "-m", "benchmarks.alternatives", "child", kind, json.dumps(spec)], log_path)
+        trainer = _start([sys.executable, "-m", "stoker.benchmarks.alternatives", "child", kind, json.dumps(spec)], log_path)
         memory.roots.append(trainer.pid)
         code = _wait_run(trainer, plan, f"{kind} timed out", log_path)
     finally:
@@ -541,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["serve"]:  # a tf.data service dispatcher or worker
         service_main(args[1], int(args[2]), int(args[3]))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.alternatives")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.alternatives")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="also write the section to this file")
     ns = parser.parse_args(args)

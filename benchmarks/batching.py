@@ -1,4 +1,4 @@
-"""Frame-budget batches against fixed-row batches (``python -m benchmarks.batching``).
+"""Frame-budget batches against fixed-row batches (``python -m stoker.benchmarks.batching``).
 
 The data: a generated LJSpeech-like corpus of 13,100 clip lengths, 1 to 10 s (a Beta(2.6,
 1.6) draw on that range, mean 6.6 s, more long clips than short ones, as LJSpeech's
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from benchmarks.common import ratio, report, spread, table
+from stoker.benchmarks.common import ratio, report, spread, table
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ class BatchingPlan:
 
 def ljspeech_like(clips: int = LJSPEECH_CLIPS, seed: int = 0) -> list[Any]:
     """Samples (shared/dataset.Sample) with LJSpeech-like lengths and no audio."""
-    from shared.config import FeaturesConfig
-    from shared.dataset import Sample
+    from stoker.shared.config import FeaturesConfig
+    from stoker.shared.dataset import Sample
 
     f = FeaturesConfig()
     rng = np.random.default_rng(seed)
@@ -84,7 +84,7 @@ def ljspeech_like(clips: int = LJSPEECH_CLIPS, seed: int = 0) -> list[Any]:
 
 def plan_figures(samples: Sequence[Any], cfg: Any) -> dict[str, Any]:
     """Padding and frames per batch of one epoch's plan (epoch 0)."""
-    from consumer.plan import EpochPlanner
+    from stoker.consumer.plan import EpochPlanner
 
     planner = EpochPlanner(samples, cfg)
     frames = {s.id: s.num_frames for s in samples}
@@ -117,9 +117,9 @@ def _step_times(shapes: Sequence[tuple[int, int, int]], plan: BatchingPlan) -> d
     import os
 
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    from benchmarks.trainer import TOKEN_IDS, _batch
-    from consumer.models import KerasTrainer
-    from shared import config as config_mod
+    from stoker.benchmarks.trainer import TOKEN_IDS, _batch
+    from stoker.consumer.models import KerasTrainer
+    from stoker.shared import config as config_mod
 
     cfg = config_mod.load(None, {})
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model="tiny"))
@@ -141,7 +141,7 @@ def _step_times(shapes: Sequence[tuple[int, int, int]], plan: BatchingPlan) -> d
 
 
 def run(plan: BatchingPlan, log_fn: Any = None) -> dict[str, Any]:
-    from shared.config import BatchingConfig
+    from stoker.shared.config import BatchingConfig
 
     say = log_fn or log.info
     samples = ljspeech_like(plan.clips, plan.seed)
@@ -198,7 +198,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.batching")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.batching")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-throughput", action="store_true", help="padding figures only (no TensorFlow)")
     parser.add_argument("--out", help="write the figures as JSON here")

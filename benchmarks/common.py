@@ -19,7 +19,15 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+import stoker
+from stoker.shared.dataset.files import DEMO_DATA_DIR
+
+# The benchmarks run stoker as its users do, as programs: ``python -m stoker ...`` (the
+# same as ``python run.py`` and the ``stoker`` command), with this stoker on PYTHONPATH.
+STOKER = (sys.executable, "-m", "stoker")
+# The directory that holds the stoker package (a checkout's root, or site-packages).
+PACKAGE_PARENT = Path(stoker.__file__).resolve().parent.parent
+DEMO_DATA = DEMO_DATA_DIR
 
 # Children that do not stop on their own within this many seconds after their work is
 # done are terminated (SIGTERM), then killed.

@@ -1,6 +1,6 @@
 """Data benchmarks: the dataset index, the producer against a librosa one, the feature cache.
 
-``python -m benchmarks.data [--quick] [--out FILE] [--workdir DIR]`` prints a table and
+``python -m stoker.benchmarks.data [--quick] [--out FILE] [--workdir DIR]`` prints a table and
 writes JSON; :func:`run` returns the same dict. Every figure is measured in this run, on
 this machine, as the median over repetitions (min and max kept); every ratio is stored
 with the two numbers it comes from.
@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from benchmarks.common import BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
+from stoker.benchmarks.common import DEMO_DATA, BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
 
 LJSPEECH_ITEMS = 13_100
 LARGE_ITEMS = 100_000
@@ -90,7 +90,6 @@ INDEX_SECONDS = 0.25
 # LJSpeech's clip durations: mean 6.6 s, sd ~2.2 s, between 1.1 and 10.1 s.
 CLIP_MEAN_S, CLIP_SD_S, CLIP_MIN_S, CLIP_MAX_S = 6.6, 2.2, 1.1, 10.1
 BATCH_SIZE = 16
-DEMO_DATA = Path(__file__).resolve().parent.parent / "data" / "demo"
 # The preprocessing section (issue 6): stoker's producer as configured by default (numpy
 # log-mels on a CPU), with TensorFlow's ops, the same work with librosa, the numpy reference.
 PREPROCESSING_VARIANTS = ("stoker", "stoker-tf", "librosa", "numpy-reference")
@@ -203,8 +202,8 @@ def make_clips(root: Path, count: int, seed: int = 0) -> None:
 
 def _timed_index(root: Path, cache_dir: Path, workers: int, frontend: str = "characters") -> tuple[float,
                                                                                                    dict[str, Any]]:
-    from shared.config import DataConfig, FeaturesConfig, TextConfig
-    from shared.dataset import build_index
+    from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
+    from stoker.shared.dataset import build_index
 
     data = DataConfig(path=str(root), index_cache=str(cache_dir), index_workers=workers)
     started = time.perf_counter()
@@ -219,7 +218,7 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
     generated dataset (index cache cold) and its result is kept in the row."""
     import logging
 
-    logging.getLogger("shared.dataset").setLevel(logging.WARNING)  # one info line per build is noise here
+    logging.getLogger("stoker.shared.dataset").setLevel(logging.WARNING)  # one info line per build is noise here
     rows = []
     # the phonemes front-end is measured on the LJSpeech-sized dataset (or the first size)
     phoneme_items = LJSPEECH_ITEMS if LJSPEECH_ITEMS in plan.index_sizes else plan.index_sizes[0]
@@ -287,8 +286,8 @@ def _phonemes_index(root: Path, cache: Path, repetitions: int, log: Callable[[st
     The speed-up is the phonemizing stage's (``IndexStats.read_s``: headers and texts, the
     work spread over the cores); the whole builds' times are reported beside it.
     """
-    from shared.config import DataConfig
-    from shared.dataset.index import _workers
+    from stoker.shared.config import DataConfig
+    from stoker.shared.dataset.index import _workers
 
     cores = _workers(DataConfig())
     one, cold, one_stage, cold_stage, warm = [], [], [], [], []
@@ -326,7 +325,7 @@ class _PerClipBatchMaker:
 
     def __init__(self, root: Path, texts: dict[str, str], files: dict[str, str], features: Any,
                  batch_size: int) -> None:
-        from shared.batch import SCHEMA, collate
+        from stoker.shared.batch import SCHEMA, collate
 
         self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
         self.collate = collate
@@ -338,8 +337,8 @@ class _PerClipBatchMaker:
     def make(self, lease: dict[str, Any]) -> Any:
         import numpy as np
 
-        from producer.worker import Prepared
-        from shared.batch import batch_dims
+        from stoker.producer.worker import Prepared
+        from stoker.shared.batch import batch_dims
 
         tokens, mels = [], []
         for sample_id, row in zip(lease["ids"], lease["tokens"]):
@@ -376,8 +375,8 @@ class ReferenceBatchMaker(_PerClipBatchMaker):
     """The producer's work with the plain numpy reference log-mel (float64, one clip at a time)."""
 
     def clip_mel(self, path: Path) -> Any:
-        from producer.audio import load_audio
-        from producer.features import log_mel_spectrogram_numpy
+        from stoker.producer.audio import load_audio
+        from stoker.producer.features import log_mel_spectrogram_numpy
 
         return log_mel_spectrogram_numpy(load_audio(path, self.f.sample_rate_hz), self.f)
 
@@ -386,10 +385,10 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
                     one_thread: bool) -> None:
     """One variant in its own process: answer each "run" with the seconds one pass took."""
     try:
-        from producer.features import resolve_backend
-        from shared import wire
-        from shared.config import FeaturesConfig
-        from shared.dataset import read_metadata, scan_audio
+        from stoker.producer.features import resolve_backend
+        from stoker.shared import wire
+        from stoker.shared.config import FeaturesConfig
+        from stoker.shared.dataset import read_metadata, scan_audio
 
         base = Path(root)
         entries, _ = read_metadata(base)
@@ -410,7 +409,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         elif variant == "numpy-reference":
             maker = ReferenceBatchMaker(base, texts, files, features, BATCH_SIZE)
         else:
-            from producer.worker import BatchMaker
+            from stoker.producer.worker import BatchMaker
 
             maker = BatchMaker(base, texts, features, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")
@@ -444,9 +443,9 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
 
 
 def _plan_leases(root: Path) -> list[dict[str, Any]]:
-    from consumer.plan import EpochPlanner, TokenTable
-    from shared.config import BatchingConfig, DataConfig, FeaturesConfig
-    from shared.dataset import build_index
+    from stoker.consumer.plan import EpochPlanner, TokenTable
+    from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig
+    from stoker.shared.dataset import build_index
 
     index = build_index(DataConfig(path=str(root), index_cache="off"), FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
@@ -660,7 +659,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.data")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.data")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     parser.add_argument("--out", default="bench-data.json", help="JSON report (default bench-data.json)")
     parser.add_argument("--workdir", help="where the generated datasets go (default: a temporary directory)")

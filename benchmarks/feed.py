@@ -1,5 +1,5 @@
 """The feed in a user's loop against stoker's own trainer, and Keras fit on the feed against
-fit on a plain tf.data pipeline (``python -m benchmarks.feed``).
+fit on a plain tf.data pipeline (``python -m stoker.benchmarks.feed``).
 
 Every run is its own process, trains the ``tiny`` model on the CPU on the demo data
 (batch 16, 2 producers or 2 parallel calls, warm-up delay 0) for ``steps`` steps, and
@@ -49,15 +49,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.common import BenchError, ratio, report, spread, table
+from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, report, spread, table
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEMO_DATA = PROJECT_ROOT / "data" / "demo"
 TARGET_RATIO = 0.98
 RESULT_PREFIX = "FEED-RESULT "
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PROJECT_ROOT)}
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
 BATCH_SIZE = 16
 PRODUCERS = 2
 CHILD_TIMEOUT_S = 400.0
@@ -91,7 +89,7 @@ def _fit_model(vocab_size: int, n_mels: int, cfg: Any) -> Any:
     import keras
     import tensorflow as tf
 
-    from consumer import tts
+    from stoker.consumer import tts
 
     net = tts.build_model("tiny", vocab_size, n_mels)
     t = cfg.trainer
@@ -133,7 +131,7 @@ def child_main(kind: str, run_dir: Path, steps: int, data: str) -> dict[str, Any
     options = _options(run_dir, steps, data)
     out: dict[str, Any] = {}
     if kind == "feed loop":
-        from consumer.models import make_trainer
+        from stoker.consumer.models import make_trainer
 
         feed = stoker.Feed(**options)
         trainer = make_trainer(feed.cfg, "/CPU:0", feed.shapes, steps, feed.vocabulary.size)
@@ -151,9 +149,9 @@ def child_main(kind: str, run_dir: Path, steps: int, data: str) -> dict[str, Any
                       callbacks=[_first_step_callback(started, out)])
         return out
     if kind == "tf.data fit":
-        from benchmarks.alternatives import plan_batches, tf_dataset
-        from shared.config import Config, DataConfig, FeaturesConfig
-        from shared.dataset import build_index
+        from stoker.benchmarks.alternatives import plan_batches, tf_dataset
+        from stoker.shared.config import Config, DataConfig, FeaturesConfig
+        from stoker.shared.dataset import build_index
 
         vocab = build_index(DataConfig(path=data, index_cache="off"), FeaturesConfig()).vocabulary
         assert vocab is not None
@@ -192,14 +190,14 @@ def iter_timed(iterator: Any, rows: list[dict[str, float]]) -> Any:
 def _run(kind: str, plan: FeedPlan, work: Path, rep: int) -> dict[str, Any]:
     run_dir = work / f"{kind.replace(' ', '-').replace('.', '')}-{rep}"
     if kind == "trainer":
-        argv = [sys.executable, "run.py", "--model", "tiny", "--steps", str(plan.steps), "--producers",
+        argv = [*STOKER, "--model", "tiny", "--steps", str(plan.steps), "--producers",
                 str(PRODUCERS), "--batch-size", str(BATCH_SIZE), "--model-start-delay", "0", "--run-dir",
                 str(run_dir), "--data", plan.data, "--log-level", "WARNING", "--set", "trainer.val_every_steps=1000000000",
                 "--set", "trainer.checkpoint_every_steps=0"]
     else:
-        argv = [sys.executable, "-m", "benchmarks.feed", "--child", kind, "--run-dir", str(run_dir),
+        argv = [sys.executable, "-m", "stoker.benchmarks.feed", "--child", kind, "--run-dir", str(run_dir),
                 "--steps", str(plan.steps), "--data", plan.data]
-    done = subprocess.run(argv, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
                           env={**os.environ, **QUIET_ENV})
     if done.returncode != 0:
         raise BenchError(f"{kind} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -286,7 +284,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.feed")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.feed")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", choices=KINDS[1:], help=argparse.SUPPRESS)

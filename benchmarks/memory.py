@@ -27,7 +27,7 @@ run), which is the honest sensitivity of this run: smaller per-batch leaks would
 more batches to see. The peak vs the bound is reported beside it, not judged: RSS also
 holds allocator and ZeroMQ buffers that are not batches.
 
-Run alone: ``python -m benchmarks.memory [--quick]``.
+Run alone: ``python -m stoker.benchmarks.memory [--quick]``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
+from stoker.benchmarks.common import (BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
                                stop_children, table)
 
 MB = 1 << 20
@@ -79,8 +79,8 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
     """Speak the producer side of the protocol with random batches until STOP."""
     import zmq
 
-    from shared import wire
-    from shared.batch import SCHEMA, batch_dims, collate
+    from stoker.shared import wire
+    from stoker.shared.batch import SCHEMA, batch_dims, collate
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -146,11 +146,11 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
 
 # ---------------------------------------------------------------- the consumer side (this process)
 def run(plan: MemoryPlan | None = None, log: Any = None) -> dict[str, Any]:
-    from consumer.buffer import BatchQueue
-    from consumer.coordinator import Coordinator
-    from consumer.plan import EpochPlanner
-    from shared.config import Config
-    from shared.dataset import build_index
+    from stoker.consumer.buffer import BatchQueue
+    from stoker.consumer.coordinator import Coordinator
+    from stoker.consumer.plan import EpochPlanner
+    from stoker.shared.config import Config
+    from stoker.shared.dataset import build_index
 
     plan = plan or MemoryPlan()
     log = log or (lambda text: None)
@@ -312,7 +312,7 @@ def render(section: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.memory")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--batches", type=int)
     parser.add_argument("--json", help="also write the section to this file")

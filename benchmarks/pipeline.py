@@ -26,7 +26,7 @@ scale as 1000 / MS). Full: the judged configuration ``tf`` backend, P = 2, MS = 
 S = 200, 2 repetitions; informational runs at MS = 200 (tf) and MS = 50 (tf and numpy).
 Quick: numpy backend (no TensorFlow import), P = 2, S = 60 at MS = 100 (judged) and 50.
 
-Run alone: ``python -m benchmarks.pipeline [--quick]``.
+Run alone: ``python -m stoker.benchmarks.pipeline [--quick]``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.common import PROJECT_ROOT, BenchError, ratio, spread, table
+from stoker.benchmarks.common import STOKER, BenchError, ratio, spread, table
 
 STEP_MS = 100.0
 IDEAL_STEPS_PER_S = 1000.0 / STEP_MS
@@ -167,7 +167,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 # ---------------------------------------------------------------- running
 def command(spec: RunSpec, run_dir: Path) -> list[str]:
-    return [sys.executable, str(PROJECT_ROOT / "run.py"), "--model", f"synthetic:{spec.step_ms:g}",
+    return [*STOKER, "--model", f"synthetic:{spec.step_ms:g}",
             "--batch-size", str(BATCH_SIZE), "--steps", str(spec.steps), "--producers", str(spec.producers),
             "--set", f"features.backend={spec.backend}", "--run-dir", str(run_dir), "--model-start-delay", "2",
             "--log-level", "WARNING"]
@@ -183,7 +183,7 @@ def run_once(spec: RunSpec, keep: Path | None = None) -> dict[str, Any]:
     started = time.monotonic()
     try:
         with open(log_path, "wb") as log_file:
-            proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
             try:
                 code = proc.wait(timeout=timeout_s)
@@ -309,7 +309,7 @@ def render(section: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.pipeline")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="also write the section to this file")
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ failover  trainer ``--model synthetic:250`` (demand 4 batches/s), 3 producers (e
           survivors' capacity above the demand, shown); and whether every sample was
           trained exactly once per epoch.
 
-Run alone: ``python -m benchmarks.producers [--quick] [--json FILE]``: prints the tables
+Run alone: ``python -m stoker.benchmarks.producers [--quick] [--json FILE]``: prints the tables
 and returns the section as a dict (``run()`` returns the same dict).
 """
 
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.common import PROJECT_ROOT, BenchError, machine_info, ratio, table
+from stoker.benchmarks.common import STOKER, BenchError, machine_info, ratio, table
 
 BATCH_SIZE = 16
 SCALING_STEP_MS = 1.0
@@ -107,11 +107,11 @@ class Proc:
     """A ``run.py`` child with its output lines collected by a thread; waits have deadlines."""
 
     def __init__(self, args: Sequence[str], log_path: Path) -> None:
-        self.argv = [sys.executable, str(PROJECT_ROOT / "run.py"), *args]
+        self.argv = [*STOKER, *args]
         self.lines: list[str] = []
         self._queue: queue_mod.Queue[str | None] = queue_mod.Queue()
         self._log = open(log_path, "w", encoding="utf-8")
-        self.proc = subprocess.Popen(self.argv, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, stdin=subprocess.DEVNULL,
                                      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -309,9 +309,9 @@ def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str
     import numpy as np
     import zmq
 
-    from shared import wire
-    from shared.batch import SCHEMA, batch_dims, collate
-    from shared.config import FeaturesConfig
+    from stoker.shared import wire
+    from stoker.shared.batch import SCHEMA, batch_dims, collate
+    from stoker.shared.config import FeaturesConfig
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -373,8 +373,8 @@ def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str
 
 
 def standin_run(count: int, steps: int, work: Path) -> dict[str, Any]:
-    from benchmarks.common import spawn_context, stop_children
-    from shared.dataset import DEMO_DATA_DIR, scan_dataset
+    from stoker.benchmarks.common import spawn_context, stop_children
+    from stoker.shared.dataset import DEMO_DATA_DIR, scan_dataset
 
     run_dir = work / f"standin-{count}"
     trainer = Proc(trainer_args(run_dir, SCALING_STEP_MS, "--steps", str(steps)), work / f"standin-{count}.log")
@@ -422,7 +422,7 @@ def failover_run(plan: ProducersPlan, work: Path, mode: str) -> dict[str, Any]:
     ("freeze": silent, found by the heartbeat timeout) a third of the way through."""
     import psutil
 
-    from shared.dataset import DEMO_DATA_DIR, read_metadata
+    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 
     run_dir = work / f"failover-{mode}"
     steps = plan.failover_epochs * 4  # 64 demo clips in batches of 16
@@ -585,7 +585,7 @@ def render(section: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.producers")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.producers")
     parser.add_argument("--quick", action="store_true", help="fewer steps")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--keep", help="keep the runs' files in this directory")

@@ -13,7 +13,7 @@ summary.json and ``diagnose``.
      the best fixed count, its data_wait_frac (second half of the run, after it has
      settled) within 0.03 of the best fixed run's
 
-    python -m benchmarks.starvation [--quick]
+    python -m stoker.benchmarks.starvation [--quick]
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from stoker.benchmarks.common import STOKER
+
 RUN_TIMEOUT_S = 400
 # A trainer wanting 10 batches/s and producers that need ~330 ms per batch, mostly the
 # injected delay: one producer delivers a third of the demand, and the CPU each uses
@@ -55,8 +55,8 @@ def make_dataset(root: Path, count: int = 24, rate_hz: int = 22050) -> None:
 
 
 def run(data: Path, run_dir: Path, *args: str) -> dict[str, Any]:
-    cmd = [sys.executable, str(ROOT / "run.py"), "--data", str(data), "--run-dir", str(run_dir), *COMMON, *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT,
+    cmd = [*STOKER, "--data", str(data), "--run-dir", str(run_dir), *COMMON, *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                             stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         raise RuntimeError(f"run failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
@@ -165,7 +165,6 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     res = main(args.quick)
     print(table(res))
     if args.out:

@@ -25,7 +25,7 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
 The older sections (memory: the consumer's RSS over thousands of batches; starvation:
 diagnosis on injected faults; data: the full data benchmark; producers: scaling,
 stand-ins, failover) are not in the default plan, to keep the full run under 20
-minutes on two cores; each runs alone (``python -m benchmarks.NAME``) or by naming it in
+minutes on two cores; each runs alone (``python -m stoker.benchmarks.NAME``) or by naming it in
 ``SuitePlan.sections``.
 
 Every figure is the median of repetitions with min and max; every ratio is stored with
@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, starvation, trainer,
+from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, starvation, trainer,
                         transforms, transport)
-from benchmarks.common import machine_info, table
+from stoker.benchmarks.common import machine_info, table
 
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
             "feed")
@@ -312,7 +312,7 @@ def main(quick: bool, out_path: Path) -> int:
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.suite")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args()

@@ -23,7 +23,7 @@
 The resume target (kill -9 mid-epoch, then ``--resume``: every planned batch trained, none
 twice since the checkpoint) is a test, ``tests/test_resume.py``, not a timing.
 
-Run alone: ``python -m benchmarks.trainer [--quick]``.
+Run alone: ``python -m stoker.benchmarks.trainer [--quick]``.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import BenchError, ratio, report, spread, table
-from shared.text import FIRST_SYMBOL_ID
+from stoker.benchmarks.common import BenchError, ratio, report, spread, table
+from stoker.shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,10 @@ class TrainerPlan:
 def _demo_setup(batch_size: int) -> tuple[Any, Any]:
     """The resolved default config (CPU, this batch size) and the demo dataset's planner."""
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU figure the issue asks for
-    from consumer import validation
-    from consumer.plan import EpochPlanner
-    from shared import config as config_mod
-    from shared.dataset import DEMO_DATA_DIR, build_index
+    from stoker.consumer import validation
+    from stoker.consumer.plan import EpochPlanner
+    from stoker.shared import config as config_mod
+    from stoker.shared.dataset import DEMO_DATA_DIR, build_index
 
     cfg = config_mod.load(None, {"data.path": str(DEMO_DATA_DIR), "batching.batch_size": batch_size})
     index = build_index(cfg.data, cfg.features)
@@ -91,7 +91,7 @@ def _demo_setup(batch_size: int) -> tuple[Any, Any]:
 
 def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) -> dict[str, np.ndarray]:
     """A host batch of a bucket's shape, rows filled to about FILL of it (as producers send)."""
-    from shared.batch import SCHEMA, batch_dims, collate
+    from stoker.shared.batch import SCHEMA, batch_dims, collate
 
     rng = np.random.default_rng(seed)
     toks = [rng.integers(FIRST_SYMBOL_ID, TOKEN_IDS, size=max(2, int(tokens * FILL))).astype(np.int32) for _ in range(batch_size)]
@@ -102,7 +102,7 @@ def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) ->
 
 
 def _make_trainer(cfg: Any, shapes: list[tuple[int, int, int]], model: str) -> Any:
-    from consumer.models import KerasTrainer
+    from stoker.consumer.models import KerasTrainer
 
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model=model))
     trainer = KerasTrainer(cfg, "/CPU:0", shapes, total_batches=None, vocab_size=TOKEN_IDS)
@@ -127,7 +127,7 @@ def _time_memory(trainer: Any, staged: list[Any], steps: int, warmup: int, log_e
 
 def _time_queue(trainer: Any, host: list[dict[str, np.ndarray]], steps: int, warmup: int, log_every: int) -> float:
     """Seconds per step through the consumer's queue with device staging."""
-    from consumer.buffer import BatchQueue, QueuedBatch
+    from stoker.consumer.buffer import BatchQueue, QueuedBatch
 
     total = warmup + steps
     free = threading.Event()
@@ -244,7 +244,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.trainer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.trainer", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="", help="also write the result as JSON here")
     args = parser.parse_args(argv)

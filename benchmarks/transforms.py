@@ -1,4 +1,4 @@
-"""The cost of producer transforms (``python -m benchmarks.transforms``).
+"""The cost of producer transforms (``python -m stoker.benchmarks.transforms``).
 
 One producer's batch maker (producer/worker.BatchMaker, numpy backend, no feature cache)
 prepares every batch of the demo data's epoch plan, in this process, two ways:
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import ratio, report, spread, table
+from stoker.benchmarks.common import ratio, report, spread, table
 
 TARGET_RATIO = 1.2
 TRANSFORMS = {"trim_db": 40.0, "normalize": "loudness", "loudness_lufs": -23.0}
@@ -40,10 +40,10 @@ class TransformsPlan:
 
 
 def _maker(transformed: bool) -> tuple[Any, list[dict[str, Any]]]:
-    from benchmarks.data import _plan_leases
-    from producer.worker import BatchMaker
-    from shared.config import FeaturesConfig, TransformsConfig
-    from shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
+    from stoker.benchmarks.data import _plan_leases
+    from stoker.producer.worker import BatchMaker
+    from stoker.shared.config import FeaturesConfig, TransformsConfig
+    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
 
     features = FeaturesConfig(backend="numpy")
     entries, _ = read_metadata(DEMO_DATA_DIR)
@@ -56,7 +56,7 @@ def _maker(transformed: bool) -> tuple[Any, list[dict[str, Any]]]:
 
 
 def _pass(maker: Any, leases: list[dict[str, Any]]) -> tuple[float, int]:
-    from shared import wire
+    from stoker.shared import wire
 
     started = time.perf_counter()
     clips = 0
@@ -99,7 +99,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.transforms")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.transforms")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)

@@ -37,7 +37,7 @@ loopback, ipc) and size: GB/s (1e9 bytes/s of payload) and batches/s as median
 CPU time per batch of each whole process (``time.process_time``: main thread, ZeroMQ io
 thread, pyzmq's gc thread), to tell "more CPU per byte" from "idle bubbles".
 
-Run alone: ``python -m benchmarks.transport [--quick]``.
+Run alone: ``python -m stoker.benchmarks.transport [--quick]``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (BenchError, close_queue, collect, ratio, spawn_context, spread,
+from stoker.benchmarks.common import (BenchError, close_queue, collect, ratio, spawn_context, spread,
                                stop_children, table)
 
 BATCH_SIZE = 16
@@ -205,8 +205,8 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
                       capacity: int = CAPACITY) -> None:
     import zmq
 
-    from consumer.buffer import BatchQueue, QueuedBatch
-    from shared import wire
+    from stoker.consumer.buffer import BatchQueue, QueuedBatch
+    from stoker.shared import wire
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -282,7 +282,7 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
                     capacity: int = CAPACITY) -> None:
     import zmq
 
-    from shared import wire
+    from stoker.shared import wire
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -337,7 +337,7 @@ def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, 
     """
     import zmq
 
-    from shared import wire
+    from stoker.shared import wire
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -394,7 +394,7 @@ def credit_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, time
     """
     import zmq
 
-    from shared import wire
+    from stoker.shared import wire
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -609,7 +609,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.transport")
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.transport")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--capacity", type=int, default=CAPACITY,
                         help=f"credit window = queue capacity (default {CAPACITY}, a run's default; "

@@ -57,12 +57,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumer.plan import EpochPlanner, InputPosition, PositionError
-from shared import runfiles
-from shared.runfiles import CKPT_DIR, VOCAB
-from shared.config import Config
-from shared.errors import UserError
-from shared.text import Vocabulary
+from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError
+from stoker.shared import runfiles
+from stoker.shared.runfiles import CKPT_DIR, VOCAB
+from stoker.shared.config import Config
+from stoker.shared.errors import UserError
+from stoker.shared.text import Vocabulary
 
 log = logging.getLogger(__name__)
 

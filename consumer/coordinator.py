@@ -66,17 +66,17 @@ from typing import Any, Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
-from consumer.plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
-from producer.transforms import load_user
-from shared import wire
-from shared.batch import FRAMES, batch_dims
-from shared.config import Config, batch_schema
-from shared.dataset import DatasetScan, check_agreement
-from shared.errors import UserError
-from shared.keys import ServerKeys, short
-from shared.layouts import Rejection
-from shared.melstats import MelStats
+from stoker.consumer.buffer import BatchQueue, QueuedBatch, QueueFull
+from stoker.consumer.plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
+from stoker.producer.transforms import load_user
+from stoker.shared import wire
+from stoker.shared.batch import FRAMES, batch_dims
+from stoker.shared.config import Config, batch_schema
+from stoker.shared.dataset import DatasetScan, check_agreement
+from stoker.shared.errors import UserError
+from stoker.shared.keys import ServerKeys, short
+from stoker.shared.layouts import Rejection
+from stoker.shared.melstats import MelStats
 
 log = logging.getLogger("consumer.coordinator")
 

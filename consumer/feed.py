@@ -44,22 +44,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from consumer.buffer import BatchQueue, QueuedBatch
-from consumer.checkpoint import RunCheckpoints, trim_step_log
-from consumer.coordinator import Coordinator
-from consumer.plan import EpochPlanner, InputPosition, PositionError, ReferenceTable, TokenTable
-from consumer.progress import LiveLine
-from consumer.telemetry import Telemetry
-from shared import config as config_mod
-from shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir, mel_stats_file
-from shared.errors import UserError
-from shared.keys import load_server_keys
-from shared.layouts import Rejection
-from shared.melstats import MelStats, load, stats_key
-from shared.metrics import JsonlWriter, read_jsonl, summarize
-from shared.proc import EXIT_OK, parent_alive
-from shared.runfiles import MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
-from shared.text import Vocabulary, load_vocabulary, save_vocabulary
+from stoker.consumer.buffer import BatchQueue, QueuedBatch
+from stoker.consumer.checkpoint import RunCheckpoints, trim_step_log
+from stoker.consumer.coordinator import Coordinator
+from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError, ReferenceTable, TokenTable
+from stoker.consumer.progress import LiveLine
+from stoker.consumer.telemetry import Telemetry
+from stoker.shared import config as config_mod
+from stoker.shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir, mel_stats_file
+from stoker.shared.errors import UserError
+from stoker.shared.keys import load_server_keys
+from stoker.shared.layouts import Rejection
+from stoker.shared.melstats import MelStats, load, stats_key
+from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
+from stoker.shared.proc import EXIT_OK, parent_alive
+from stoker.shared.runfiles import MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
+from stoker.shared.text import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")
 
@@ -161,7 +161,7 @@ class FeedCore:
         cfg = self.cfg
         index = self.index
         if self.hold_out:
-            from consumer import validation
+            from stoker.consumer import validation
 
             train, self.val_samples, self._eval_rejected = validation.hold_out(index, cfg, self.run_dir)
         else:
@@ -244,8 +244,8 @@ class FeedCore:
     def _resume_checkpoint(self) -> None:
         """Continue from the run directory's latest checkpoint: check it, cut the step logs back
         to it, adopt the config the launcher resolved for the resumed run, keep rejected.jsonl."""
-        from consumer.checkpoint import RESUME_CONFIG
-        from shared.runfiles import CONFIG
+        from stoker.consumer.checkpoint import RESUME_CONFIG
+        from stoker.shared.runfiles import CONFIG
 
         resumed = self.checkpoints.resume()
         self.step = resumed.step

@@ -1,6 +1,6 @@
 """The consumer process: the feed (consumer/feed.py) and stoker's trainer on it.
 
-Started by the launcher as ``python -m consumer.main --run-dir DIR`` with
+Started by the launcher as ``python -m stoker.consumer.main --run-dir DIR`` with
 ``CUDA_VISIBLE_DEVICES`` already naming the model GPU (or none). It reads the resolved
 ``DIR/config.yaml``; the feed indexes the dataset, binds the ROUTER socket and this
 process tells the launcher the endpoint on its status pipe (``{"event": "ready",
@@ -30,17 +30,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from consumer import melimage, validation
-from consumer.checkpoint import RESUME_CONFIG
-from consumer.feed import FeedCore, Resolved, TransformFailed
-from consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
-from consumer.tb import TensorBoard
-from shared import config as config_mod
-from shared.batch import FRAMES
-from shared.errors import UserError
-from shared.gpumon import GpuSampler
-from shared.runfiles import CONFIG
-from shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
+from stoker.consumer import melimage, validation
+from stoker.consumer.checkpoint import RESUME_CONFIG
+from stoker.consumer.feed import FeedCore, Resolved, TransformFailed
+from stoker.consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
+from stoker.consumer.tb import TensorBoard
+from stoker.shared import config as config_mod
+from stoker.shared.batch import FRAMES
+from stoker.shared.errors import UserError
+from stoker.shared.gpumon import GpuSampler
+from stoker.shared.runfiles import CONFIG
+from stoker.shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
                          flush_sockets, install_stop_handlers, setup_logging)
 
 log = logging.getLogger("consumer")
@@ -147,7 +147,7 @@ class TrainLoop:
         cfg, feed = self.cfg, self.feed
         device = "/CPU:0"
         if uses_tensorflow(cfg.trainer.model):
-            from shared.tfsetup import configure_tensorflow
+            from stoker.shared.tfsetup import configure_tensorflow
 
             _, device = configure_tensorflow(gpu_memory_mb)
         budget = feed.expected_steps if feed.expected_steps else None
@@ -248,7 +248,7 @@ class TrainLoop:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m consumer.main")
+    parser = argparse.ArgumentParser(prog="python -m stoker.consumer.main")
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--gpu-memory-mb", type=int, default=None)

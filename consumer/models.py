@@ -53,10 +53,10 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from consumer import tts
-from consumer.tts import ModelError
-from shared.batch import OPTIONAL
-from shared.config import Config, batch_schema
+from stoker.consumer import tts
+from stoker.consumer.tts import ModelError
+from stoker.shared.batch import OPTIONAL
+from stoker.shared.config import Config, batch_schema
 
 log = logging.getLogger(__name__)
 

@@ -31,10 +31,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from shared.config import BatchingConfig
-from shared.dataset import Sample
-from shared.errors import UserError
-from shared.text import Vocabulary
+from stoker.shared.config import BatchingConfig
+from stoker.shared.dataset import Sample
+from stoker.shared.errors import UserError
+from stoker.shared.text import Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from shared.runfiles import GPU, TB_DIR
+from stoker.shared.runfiles import GPU, TB_DIR
 
 log = logging.getLogger(__name__)
 

@@ -62,10 +62,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
-from shared.config import BatchingConfig, FeaturesConfig
-from shared.errors import UserError
-from shared.text import FIRST_SYMBOL_ID
+from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
+from stoker.shared.config import BatchingConfig, FeaturesConfig
+from stoker.shared.errors import UserError
+from stoker.shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,13 @@ from typing import Sequence
 
 import numpy as np
 
-from consumer.plan import round_up
-from shared.batch import FRAMES
-from shared.config import Config, batch_schema
-from shared.dataset import DatasetIndex, Sample, build_index
-from shared.layouts import Rejection
-from shared.runfiles import VALIDATION, write_json
-from shared.text import Vocabulary
+from stoker.consumer.plan import round_up
+from stoker.shared.batch import FRAMES
+from stoker.shared.config import Config, batch_schema
+from stoker.shared.dataset import DatasetIndex, Sample, build_index
+from stoker.shared.layouts import Rejection
+from stoker.shared.runfiles import VALIDATION, write_json
+from stoker.shared.text import Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config, vocabulary:
     mel normalisation included); clips that cannot be read here are left out (logged)."""
     if not samples:
         return []
-    from consumer.plan import ReferenceTable, TokenTable
-    from producer.worker import BatchMaker
+    from stoker.consumer.plan import ReferenceTable, TokenTable
+    from stoker.producer.worker import BatchMaker
 
     # The numpy backend (same definition as the TF one, within 1e-4): on the CPU, leaving the
     # model GPU to the trainer.

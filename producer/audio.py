@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.dataset.probe import expected_samples, libsndfile_message, riff_problem
+from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_problem
 
 # soxr's "HQ" recipe: passband to 0.91 of Nyquist, ~125 dB stopband; librosa's default
 # resampler ("soxr_hq") is the same one.

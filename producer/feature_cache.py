@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from shared.config import FeaturesConfig
-from shared.runfiles import write_atomic
+from stoker.shared.config import FeaturesConfig
+from stoker.shared.runfiles import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -93,7 +93,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from shared.config import FeaturesConfig
+from stoker.shared.config import FeaturesConfig
 
 logger = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from shared.batch import Field
-from shared.config import FeaturesConfig, TransformsConfig, parse_declared_fields
-from shared.errors import UserError
+from stoker.shared.batch import Field
+from stoker.shared.config import FeaturesConfig, TransformsConfig, parse_declared_fields
+from stoker.shared.errors import UserError
 
 # A clip whose largest sample is below this is silent: no gain can be computed for it.
 SILENCE_PEAK = 1e-8

@@ -55,15 +55,15 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from shared import wire
-from shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, schema_for
-from shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, PipelineConfig, TransformsConfig
-from shared.dataset import DatasetScan, audio_path, locate, relative_audio, scan_dataset
-from shared.errors import UserError
-from shared.keys import ClientKeys, load_client_keys, short
-from shared.layouts import COLUMNS_AUTO, LayoutError
-from shared.melstats import MelStats, load, normalize
-from shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
+from stoker.shared import wire
+from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, schema_for
+from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, PipelineConfig, TransformsConfig
+from stoker.shared.dataset import DatasetScan, audio_path, locate, relative_audio, scan_dataset
+from stoker.shared.errors import UserError
+from stoker.shared.keys import ClientKeys, load_client_keys, short
+from stoker.shared.layouts import COLUMNS_AUTO, LayoutError
+from stoker.shared.melstats import MelStats, load, normalize
+from stoker.shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
     install_stop_handlers, parent_alive, setup_logging
 
 log = logging.getLogger("producer")
@@ -147,9 +147,9 @@ class BatchMaker:
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
                  ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None,
                  mel_norm: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        from producer.feature_cache import FeatureCache
-        from producer.features import MelComputer
-        from producer.transforms import Chain
+        from stoker.producer.feature_cache import FeatureCache
+        from stoker.producer.features import MelComputer
+        from stoker.producer.transforms import Chain
 
         self.root = root
         self.texts = texts
@@ -184,7 +184,7 @@ class BatchMaker:
         (transformed: producer/transforms.py) when the mel must be computed or the batch
         carries the waveform or the user's transforms make fields. Raises AudioMissing (not on
         this host), AudioError or TransformError (unusable), whose text is the reason."""
-        from producer.audio import load_audio
+        from stoker.producer.audio import load_audio
 
         name = self.files.get(sample_id) or relative_audio(sample_id)
         path = audio_path(self.root, sample_id, name)
@@ -216,9 +216,9 @@ class BatchMaker:
 
         A clip whose file (or whose reference clip's file) is not on this host is *missed*;
         one that cannot be used is *rejected*, with the reason."""
-        from producer.audio import AudioError, AudioMissing
-        from producer.feature_cache import CacheCounts
-        from producer.transforms import TransformError
+        from stoker.producer.audio import AudioError, AudioMissing
+        from stoker.producer.feature_cache import CacheCounts
+        from stoker.producer.transforms import TransformError
 
         started = time.perf_counter()
         max_tokens, max_frames = lease["shape"]
@@ -368,7 +368,7 @@ class Producer:
             wake.close()
 
     def _make_maker(self) -> BatchMaker:
-        from shared.tfsetup import configure_tensorflow
+        from stoker.shared.tfsetup import configure_tensorflow
 
         welcome = self._welcome or {}
         features = FeaturesConfig(**welcome["features"])
@@ -484,7 +484,7 @@ class Producer:
     def _check_transforms(self, welcome: wire.Message) -> None:
         """The user transforms the trainer runs must run here, in the same version; Refused
         (one line, exit status 2) when one is missing or differs."""
-        from producer.transforms import TransformSetupError, load_user
+        from stoker.producer.transforms import TransformSetupError, load_user
 
         transforms = TransformsConfig(**(welcome.get("transforms") or {}))
         theirs = welcome.get("transform_versions") or {}
@@ -712,7 +712,7 @@ class Producer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m producer.worker")
+    parser = argparse.ArgumentParser(prog="python -m stoker.producer.worker")
     parser.add_argument("--connect", required=True)
     parser.add_argument("--data", default="")
     parser.add_argument("--name", default=f"p0@{pysocket.gethostname()}")

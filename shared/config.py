@@ -22,10 +22,14 @@ from typing import Any, Mapping
 
 import yaml
 
-from shared.batch import BatchSchema, parse_declared_fields, schema_for
-from shared.errors import UserError
-from shared.layouts import LayoutError, parse_columns
-from shared.text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
+from stoker.shared.batch import BatchSchema, parse_declared_fields, schema_for
+from stoker.shared.errors import UserError
+from stoker.shared.layouts import LayoutError, parse_columns
+from stoker.shared.text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
+
+# Every key with its default and meaning; shipped inside the installed package (pyproject.toml
+# maps configs/ there), beside stoker/'s layers in a checkout: two levels above this file either way.
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
 
 class ConfigError(UserError, ValueError):

@@ -77,7 +77,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from shared.errors import UserError
+from stoker.shared.errors import UserError
 
 COLUMNS_AUTO = ""  # data.columns default: the mapping chosen by the number of fields
 ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE, IGNORED = "id", "text", "normalized_text", "speaker", "language", "_"

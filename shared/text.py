@@ -67,7 +67,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from shared.errors import UserError
+from stoker.shared.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -575,7 +575,7 @@ class Vocabulary:
 
 def save_vocabulary(vocab: Vocabulary, path: Any) -> None:
     """Write ``vocab`` as JSON (UTF-8, symbols as they are), atomically."""
-    from shared.runfiles import write_json
+    from stoker.shared.runfiles import write_json
 
     write_json(path, vocab.state_dict(), indent=1)
 

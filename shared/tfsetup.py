@@ -19,6 +19,12 @@ import os
 import sys
 from typing import Iterator
 
+from stoker.shared.errors import UserError
+
+
+class GpuUnavailable(UserError):
+    """A GPU was planned for this process and TensorFlow cannot use it; one line for the user."""
+
 
 @contextlib.contextmanager
 def native_stderr_quiet(enabled: bool = True) -> Iterator[None]:
@@ -48,6 +54,11 @@ def configure_tensorflow(memory_mb: int | None):  # -> the tensorflow module
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
+        given = os.environ["CUDA_VISIBLE_DEVICES"].strip()
+        if given and given != "-1":  # "" (stoker's) and -1 (CUDA's) hide every GPU: the CPU was planned
+            raise GpuUnavailable(f"this process was given GPU {given} (CUDA_VISIBLE_DEVICES), but TensorFlow sees no "
+                                 f"GPU: its CUDA libraries are missing (install stoker with the gpu extra: pip install "
+                                 f"'stoker[gpu]') or the NVIDIA driver is not loaded")
         return tf, "/CPU:0"
     gpu = gpus[0]  # CUDA_VISIBLE_DEVICES leaves exactly one
     if memory_mb:

@@ -4,7 +4,7 @@ feed for the user's own training loop (``stoker.Feed``, stoker/feed.py).
 
 It sits above the libraries it drives (``consumer/``, ``producer/``, ``shared/``): it
 imports them, they never import it (tests/test_layers.py keeps it so). The processes it
-starts are named by module (``python -m consumer.main``, ``python -m producer.worker``).
+starts are named by module (``python -m stoker.consumer.main``, ``python -m stoker.producer.worker``).
 
 ``import stoker`` is cheap: ``stoker.Feed`` and ``stoker.FeedError`` load stoker/feed.py
 on first use, and TensorFlow is imported only when a feed starts.
@@ -12,9 +12,15 @@ on first use, and TensorFlow is imported only when a feed starts.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 __all__ = ["Feed", "FeedError"]
+
+_HERE = Path(__file__).resolve().parent
+if not (_HERE / "shared").is_dir() and (_HERE.parent / "shared" / "batch.py").is_file():
+    # A checkout (run.py, or an editable install): the layers are the folders beside stoker/.
+    __path__.append(str(_HERE.parent))  # noqa: F821  (a package's __path__)
 
 
 def __getattr__(name: str) -> Any:

@@ -10,19 +10,19 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from shared import config as config_mod
-from shared.errors import UserError
-from shared.proc import EXIT_INTERRUPTED, EXIT_USER
-from shared.runfiles import CONFIG, SUMMARY
+from stoker.shared import config as config_mod
+from stoker.shared.errors import UserError
+from stoker.shared.proc import EXIT_INTERRUPTED, EXIT_USER
+from stoker.shared.runfiles import CONFIG, SUMMARY
 
 log = logging.getLogger("stoker")
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
+DEFAULT_CONFIG = config_mod.DEFAULT_CONFIG
 COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth", "export")
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 # `run.py produce` restarts a crashed producer at most this many times (as pipeline.producer_restarts).
@@ -217,7 +217,7 @@ def make_run_dir(requested: str) -> Path:
 def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
     """``--resume RUN_DIR``: that run's config.yaml with the flags given now; checks that
     there is something to resume (the consumer checks the checkpoint itself)."""
-    from consumer.checkpoint import CKPT_DIR, Checkpointer
+    from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
 
     run_dir = Path(args.resume).expanduser().resolve()
     if not run_dir.is_dir():
@@ -241,9 +241,9 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
     device plan. UserError (one line) for each mistake."""
     import dataclasses
 
-    from consumer.models import check_model
-    from shared.dataset import feature_cache_dir, locate
-    from shared.layouts import is_mix
+    from stoker.consumer.models import check_model
+    from stoker.shared.dataset import feature_cache_dir, locate
+    from stoker.shared.layouts import is_mix
     from stoker.devices import list_gpus, plan_devices
 
     root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
@@ -268,7 +268,7 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
     import dataclasses
 
     from stoker.launcher import run_training
-    from shared.proc import setup_logging
+    from stoker.shared.proc import setup_logging
 
     setup_logging("launcher", cfg.run.log_level)
     cfg, plan = prepare_run(cfg)
@@ -279,7 +279,7 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
         log.info("%s", plan.describe(cfg.pipeline.producers))
         log.info("run directory %s", run_dir)
         return run_training(cfg, run_dir, plan), run_dir, cfg
-    from consumer.checkpoint import RESUME_CONFIG
+    from stoker.consumer.checkpoint import RESUME_CONFIG
 
     # The consumer moves it over config.yaml once the checkpoint has been checked: a
     # resume that fails leaves the run directory as it was.
@@ -368,7 +368,7 @@ def print_summary(run_dir: Path) -> None:
 
 def check_keys(directory: Path, server: bool, client: bool) -> None:
     """Load the keys a role needs now, so a bad key directory is one line before anything starts."""
-    from shared.keys import KeysError, load_client_keys, load_server_keys
+    from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
 
     try:
         if server:
@@ -380,11 +380,11 @@ def check_keys(directory: Path, server: bool, client: bool) -> None:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from shared.dataset import locate, scan_dataset
-    from shared.layouts import is_mix
+    from stoker.shared.dataset import locate, scan_dataset
+    from stoker.shared.layouts import is_mix
     from stoker.devices import DevicesConfig, list_gpus, plan_devices
     from stoker.launcher import run_producers
-    from shared.proc import setup_logging
+    from stoker.shared.proc import setup_logging
 
     setup_logging("launcher", args.log_level)
     if args.producers < 1:
@@ -409,7 +409,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from shared.keys import DEFAULT_CLIENT, make_keys
+    from stoker.shared.keys import DEFAULT_CLIENT, make_keys
 
     directory = Path(args.dir).expanduser().resolve()
     clients = args.client or [DEFAULT_CLIENT]
@@ -449,16 +449,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from consumer.export import describe, export
+    from stoker.consumer.export import describe, export
 
     out(describe(export(Path(args.run_dir), Path(args.out))))
     return 0
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from consumer.synth import SynthError, synthesize
-    from consumer.tts import ModelError
-    from shared.proc import setup_logging
+    from stoker.consumer.synth import SynthError, synthesize
+    from stoker.consumer.tts import ModelError
+    from stoker.shared.proc import setup_logging
 
     setup_logging("synth", "WARNING")
     run_dir = Path(args.run_dir).expanduser()
@@ -477,14 +477,21 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """The benchmark suite runs as its own program (``python -m benchmarks.suite``): the
+    """The benchmark suite runs as its own program (``python -m stoker.benchmarks.suite``): the
     benchmarks drive the application, so the application does not import them."""
     import subprocess
 
-    command = [sys.executable, "-m", "benchmarks.suite", "--out", str(Path(args.out).resolve())]
+    import importlib.util
+
+    if importlib.util.find_spec("librosa") is None:  # benchmarks/data.py measures the producer against it
+        raise UserError("bench compares stoker's producer with librosa, which the test extra installs: "
+                        "pip install 'stoker[test]'")
+    command = [sys.executable, "-m", "stoker.benchmarks.suite", "--out", str(Path(args.out).resolve())]
     if args.quick:
         command.append("--quick")
-    return subprocess.call(command, cwd=PROJECT_ROOT)
+    from stoker.launcher import with_stoker_path
+
+    return subprocess.call(command, env=with_stoker_path(os.environ))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

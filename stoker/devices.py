@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from shared.config import DevicesConfig
-from shared.errors import UserError
+from stoker.shared.config import DevicesConfig
+from stoker.shared.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +171,8 @@ def child_env(base: Mapping[str, str], gpu: int | None) -> dict[str, str]:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if gpu is None else "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
     # A user's model module (--model module:function) is found as from the user's shell: on
-    # PYTHONPATH or in the current directory. Children run from the project root, so both
-    # are passed as absolute paths.
+    # PYTHONPATH or in the current directory, both passed as absolute paths (a child's own
+    # path handling must not depend on where it runs).
     paths = [str(Path(p).resolve()) for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, os.getcwd()]))
     return env

@@ -36,10 +36,10 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from shared import config as config_mod
-from shared.errors import UserError
-from shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
-from shared.runfiles import CONFIG, TRAINED_BY_FEED
+from stoker.shared import config as config_mod
+from stoker.shared.errors import UserError
+from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
+from stoker.shared.runfiles import CONFIG, TRAINED_BY_FEED
 
 log = logging.getLogger("stoker.feed")
 
@@ -119,7 +119,7 @@ class Feed:
             return self
         if self._closed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
-        from consumer.feed import FeedCore
+        from stoker.consumer.feed import FeedCore
         from stoker.cli import prepare_run
 
         cfg, plan = prepare_run(self.cfg, trains_model=False)
@@ -312,7 +312,7 @@ class Feed:
         ``input_signature`` traces once for every bucket."""
         import tensorflow as tf
 
-        from shared.config import batch_schema
+        from stoker.shared.config import batch_schema
 
         fixed = {"F": self.cfg.features.n_mels, "R": self.cfg.batching.ref_frames}  # the same in every bucket
         return {f.name: tf.TensorSpec([fixed.get(dim) for dim in f.dims], tf.as_dtype(f.dtype), name=f.name)

@@ -34,19 +34,21 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from shared.config import Config
-from shared.errors import UserError
-from shared.metrics import read_jsonl, summarize
-from shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
-from shared.runfiles import METRICS, REJECTED, SUMMARY, write_json
+from stoker.shared.config import Config
+from stoker.shared.errors import UserError
+from stoker.shared.metrics import read_jsonl, summarize
+from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
+from stoker.shared.runfiles import METRICS, REJECTED, SUMMARY, write_json
 from stoker.autoscale import DECISION_INTERVAL_S
 from stoker.devices import DevicePlan, child_env
 
 log = logging.getLogger("launcher")
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The directory that holds the stoker package (a checkout's root, or site-packages): on each
+# child's PYTHONPATH, so that `python -m stoker....` finds this stoker whatever the cwd.
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 
 # The consumer stops after its current step; a tiny step is far below this, but a
 # consumer still importing TensorFlow finishes the import before it can react.
@@ -66,6 +68,14 @@ CONSUMER_READY_TIMEOUT_S = 600.0
 # Defaults only: a variable set in the user's environment wins.
 PRODUCER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
+
+
+def with_stoker_path(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with this stoker's package directory first on PYTHONPATH (the user's entries
+    after it, so their models and transforms are found, relative to their own cwd)."""
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
+    return out
 
 
 class LaunchError(UserError):
@@ -112,9 +122,9 @@ class Supervisor:
         env = child_env(os.environ, child.gpu)
         for key, value in child.env.items():
             env.setdefault(key, value)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        env = with_stoker_path(env)
         argv = [sys.executable, "-m", *child.argv, "--parent-pid", str(os.getpid()), "--status-fd", str(write_fd)]
-        child.proc = subprocess.Popen(argv, env=env, cwd=PROJECT_ROOT, pass_fds=(write_fd,),
+        child.proc = subprocess.Popen(argv, env=env, pass_fds=(write_fd,),
                                       start_new_session=True, stdin=subprocess.DEVNULL)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
@@ -225,7 +235,7 @@ class Supervisor:
 def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory_mb: int | None,
                    log_level: str, host: str, keys: str = "", metadata_file: str = "metadata.csv") -> Child:
     name = f"p{index}@{host}"
-    argv = ["producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level,
+    argv = ["stoker.producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level,
             "--metadata-file", metadata_file]
     if memory_mb:
         argv += ["--gpu-memory-mb", str(memory_mb)]
@@ -242,7 +252,7 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
     sup = Supervisor(plan, cfg.run.log_level)
     sup.install_signals()
     started = time.monotonic()
-    argv = ["consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
+    argv = ["stoker.consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
     if plan.model_memory_mb:
         argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]
     nvml = [f"{role}={index}" for role, index in (("data", plan.data_gpu), ("model", plan.model_gpu))

@@ -10,7 +10,7 @@ import numpy as np
 import soundfile
 
 if TYPE_CHECKING:
-    from shared.dataset import DatasetScan
+    from stoker.shared.dataset import DatasetScan
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing "
          "near an old stone bridge under grey autumn skies").split()
@@ -64,7 +64,7 @@ TOKEN_IDS = 38
 def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, n_mels: int = 80,
                valid: int | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """A collated batch with ``valid`` real rows (the rest empty), as producers send them."""
-    from shared.batch import SCHEMA, batch_dims, collate
+    from stoker.shared.batch import SCHEMA, batch_dims, collate
 
     rng = np.random.default_rng(seed)
     valid = batch_size if valid is None else valid
@@ -78,7 +78,7 @@ def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, 
 def make_samples(count: int = 100, seed: int = 0, max_tokens: int = 150, max_frames: int = 800,
                  prefix: str = "S") -> list:
     """``count`` index samples (shared.dataset.Sample) of random text and mel lengths."""
-    from shared.dataset import Sample
+    from stoker.shared.dataset import Sample
 
     rng = np.random.default_rng(seed)
     samples = []
@@ -195,8 +195,8 @@ def make_faulty_dataset(root: Path, good: int = 8) -> FaultyDataset:
 
 def fake_scan(ids: Iterable[str], missing: Iterable[str] = ()) -> "DatasetScan":
     """A trainer's dataset scan without files: entries with some text, made-up audio sizes."""
-    from shared.dataset import DatasetScan, audio_fingerprint, metadata_fingerprint
-    from shared.layouts import Entry
+    from stoker.shared.dataset import DatasetScan, audio_fingerprint, metadata_fingerprint
+    from stoker.shared.layouts import Entry
 
     entries = [Entry(i, f"text of {i}", n + 1) for n, i in enumerate(ids)]
     lacking = set(missing)
@@ -208,7 +208,7 @@ def fake_scan(ids: Iterable[str], missing: Iterable[str] = ()) -> "DatasetScan":
 
 def describe_copy(scan: "DatasetScan", lacking: Iterable[str] = ()) -> dict:
     """The HELLO ``dataset`` of a host whose copy of ``scan`` lacks the files ``lacking``."""
-    from shared.dataset import audio_fingerprint
+    from stoker.shared.dataset import audio_fingerprint
 
     gone = sorted(set(lacking) | set(scan.missing))
     return {**scan.describe(), "audio": audio_fingerprint(scan.sizes, without=gone), "missing": gone,

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared import config as config_mod
-from shared.batch import batch_dims, collate, example, schema_for
+from stoker.shared import config as config_mod
+from stoker.shared.batch import batch_dims, collate, example, schema_for
 from tests.factories import sentence, tone
 from tests.procs import read_jsonl, run_cli
 
@@ -31,8 +31,8 @@ LOSS_NAMES = {"mel_l1", "postnet_l1", "stop"}
 def demo_clips(count: int, seconds: float = 0.3) -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """(tokens, log-mels, vocabulary size) of ``count`` demo-like clips: sentences encoded by
     the character front-end, log-mels of voiced-like tones (two pitches one after the other)."""
-    from producer.features import log_mel_spectrogram_numpy
-    from shared.text import Characters, Vocabulary
+    from stoker.producer.features import log_mel_spectrogram_numpy
+    from stoker.shared.text import Characters, Vocabulary
 
     frontend = Characters()
     units = [u.units for u in frontend.units([sentence(i, words=3) for i in range(count)], "en")]
@@ -211,11 +211,11 @@ def test_generation_is_deterministic_and_bounded(clips) -> None:
 
 def test_synth_restores_the_example_and_lets_it_decide_the_length(tmp_path) -> None:
     """synth on a checkpoint of ar_tts: the restored stop layer decides how many frames come out."""
-    from consumer import tts
-    from consumer.checkpoint import CKPT_DIR, Checkpointer
-    from consumer.synth import generation_limit, synthesize
-    from shared.runfiles import VOCAB
-    from shared.text import Characters, Vocabulary, save_vocabulary
+    from stoker.consumer import tts
+    from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
+    from stoker.consumer.synth import generation_limit, synthesize
+    from stoker.shared.runfiles import VOCAB
+    from stoker.shared.text import Characters, Vocabulary, save_vocabulary
 
     frontend = Characters()
     vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(["Hello there!"], "en")], ["en"],

@@ -38,7 +38,7 @@ def assert_once_per_epoch(run_dir: Path, epochs: int) -> None:
 
 def producers_of(pid: int) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"])
-            if "producer.worker" in " ".join(p.info["cmdline"] or []) and
+            if "stoker.producer.worker" in " ".join(p.info["cmdline"] or []) and
             f"--parent-pid {pid}" in " ".join(p.info["cmdline"] or [])]
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from shared.config import DataConfig, FeaturesConfig, TextConfig
-from shared.dataset import build_index
-from shared.text import normalize
+from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
+from stoker.shared.dataset import build_index
+from stoker.shared.text import normalize
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.speech import make_mixed_dataset, make_persian_dataset
 from tests.test_run import check_exactly_once

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.dataset import DEMO_DATA_DIR, read_metadata
-from shared.keys import make_keys
+from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+from stoker.shared.keys import make_keys
 from tests.procs import RunProcess, read_json, read_jsonl
 
 pytestmark = pytest.mark.timeout(120)

@@ -47,10 +47,10 @@ def test_precompute_measures_the_mel_statistics_a_mel_norm_run_uses(tmp_path):
 
     import numpy as np
 
-    from producer.audio import load_audio
-    from producer.features import log_mel_spectrogram_numpy
-    from shared.config import FeaturesConfig
-    from shared.runfiles import MEL_STATS
+    from stoker.producer.audio import load_audio
+    from stoker.producer.features import log_mel_spectrogram_numpy
+    from stoker.shared.config import FeaturesConfig
+    from stoker.shared.runfiles import MEL_STATS
     from tests.factories import make_dataset
 
     data = tmp_path / "data"
@@ -67,7 +67,7 @@ def test_precompute_measures_the_mel_statistics_a_mel_norm_run_uses(tmp_path):
                   *settings, timeout=120)
     assert pre.returncode == 0, pre.stderr[-2000:]
     measured = json.loads((tmp_path / "pre" / MEL_STATS).read_text())
-    from producer.transforms import trim_silence
+    from stoker.producer.transforms import trim_silence
 
     features = FeaturesConfig(backend="numpy")
     mels = [log_mel_spectrogram_numpy(trim_silence(load_audio(data / "wavs" / f"{i}.wav", 22050), 30.0, features),

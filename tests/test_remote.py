@@ -22,9 +22,9 @@ import psutil
 import pytest
 import zmq
 
-from shared import wire
-from shared.dataset import DEMO_DATA_DIR, read_metadata, scan_dataset
-from shared.keys import make_keys
+from stoker.shared import wire
+from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_dataset
+from stoker.shared.keys import make_keys
 from tests.factories import make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
 
@@ -138,7 +138,7 @@ def test_remote_producer_rejoins_a_restarted_trainer(tmp_path):
             remote.wait_for_line(r"first batch delivered", START_S)
             # the trainer crashes: no STOP reaches the producer
             consumer = next(p for p in psutil.Process(first.proc.pid).children()
-                            if "consumer.main" in " ".join(p.cmdline()))
+                            if "stoker.consumer.main" in " ".join(p.cmdline()))
             consumer.kill()
             first.kill()
             remote.wait_for_line(r"consumer silent for [0-9.]+ s; dropping \d+ leases and reconnecting", 10)

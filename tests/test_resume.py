@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from consumer.checkpoint import CKPT_DIR, POSITION, Checkpointer
-from shared.dataset import DEMO_DATA_DIR, read_metadata
+from stoker.consumer.checkpoint import CKPT_DIR, POSITION, Checkpointer
+from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES, check_exactly_once
 

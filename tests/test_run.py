@@ -10,7 +10,7 @@ import pytest
 import soundfile
 import zmq
 
-from shared import config as config_mod
+from stoker.shared import config as config_mod
 from tests.factories import append_metadata, make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
 
@@ -63,7 +63,7 @@ def test_demo_synthetic_run_writes_contract_files(tmp_path):
     assert [r["step"] for r in metrics] == list(range(1, 9))
     saved = config_mod.load(run_dir / "config.yaml")
     assert saved.trainer.model == "synthetic:5" and saved.trainer.epochs == 2
-    from shared.dataset import DEMO_DATA_DIR, read_metadata
+    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 
     demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, demo_ids)
@@ -78,7 +78,7 @@ def test_frame_budget_run_trains_every_clip_once_in_few_static_shapes(tmp_path):
                      "--max-frames", str(budget), "--model-start-delay", "0.5", "--run-dir", str(run_dir),
                      *NUMPY_FEATURES)
     assert result.returncode == 0, result.stderr[-3000:]
-    from shared.dataset import DEMO_DATA_DIR, read_metadata
+    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, {e.id for e in read_metadata(DEMO_DATA_DIR)[0]})
     metrics = read_jsonl(run_dir / "metrics.jsonl")
@@ -197,8 +197,8 @@ def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
                     *NUMPY_FEATURES, *FAST_HEARTBEAT) as run:
         run.wait_for_line(r"step 2/24", timeout=60)
         children = run.remember_children().values()
-        producers = [p for p in children if "producer.worker" in " ".join(p.cmdline())]
-        consumer = [p for p in children if "consumer.main" in " ".join(p.cmdline())]
+        producers = [p for p in children if "stoker.producer.worker" in " ".join(p.cmdline())]
+        consumer = [p for p in children if "stoker.consumer.main" in " ".join(p.cmdline())]
         assert len(producers) == 2 and len(consumer) == 1
         # The pinning environment each child really got (CPU mode here: no GPU visible).
         for p in [*producers, *consumer]:
@@ -210,7 +210,7 @@ def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed"
     assert summary["epochs_completed"] == 6
-    from shared.dataset import DEMO_DATA_DIR, read_metadata
+    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 
     demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 6, demo_ids)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from shared.dataset import DEFAULT_SPEAKER
+from stoker.shared.dataset import DEFAULT_SPEAKER
 from tests.speech import (ENGLISH, ENGLISH_DIGITS, PERSIAN, RATE_HZ, Description, make_english_digits_dataset,
                           make_manifest_dataset, make_mixed_dataset, make_persian_dataset, make_train_eval_dataset,
                           speak, write_clip)
@@ -107,7 +107,7 @@ def test_an_unknown_voice_is_a_runtime_error_naming_it() -> None:
 
 
 def test_speech_is_unaffected_by_phonemizer_in_the_same_process() -> None:
-    from shared.text import load_espeak
+    from stoker.shared.text import load_espeak
 
     before = speak(PERSIAN[2], "fa")[0]
     backend = load_espeak()("fa", preserve_punctuation=True, with_stress=True)

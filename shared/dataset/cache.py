@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from shared.config import DataConfig, FeaturesConfig, TextConfig
-from shared.dataset.types import AudioFile, Sample
-from shared.layouts import Rejection
-from shared.runfiles import write_atomic
-from shared.text import Frontend, Vocabulary
+from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
+from stoker.shared.dataset.types import AudioFile, Sample
+from stoker.shared.layouts import Rejection
+from stoker.shared.runfiles import write_atomic
+from stoker.shared.text import Frontend, Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import stat as stat_module
 from pathlib import Path
 from typing import Iterable
 
-from shared.dataset.types import AudioFile, DatasetError
-from shared.layouts import (COLUMNS_AUTO, MIX_ID_SEPARATOR, Entry, LayoutError, Rejection, is_manifest, is_mix,
+from stoker.shared.dataset.types import AudioFile, DatasetError
+from stoker.shared.layouts import (COLUMNS_AUTO, MIX_ID_SEPARATOR, Entry, LayoutError, Rejection, is_manifest, is_mix,
                             pack_mix, parse_entries, parse_mix_spec, unpack_mix)
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"

@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from shared.config import DataConfig, FeaturesConfig, TextConfig
-from shared.dataset.agreement import DatasetScan, scan_dataset, scan_from
-from shared.dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
+from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
+from stoker.shared.dataset.agreement import DatasetScan, scan_dataset, scan_from
+from stoker.shared.dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
                                   columns_of, from_payload, index_cache_file, index_config, index_key, pack_payload,
                                   read_cache, write_cache)
-from shared.dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
-from shared.dataset.probe import expected_samples, probe_audio
-from shared.dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from shared.layouts import COLUMNS_AUTO, Entry, Rejection, parse_entries
-from shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, Vocabulary, make_frontend
+from stoker.shared.dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
+from stoker.shared.dataset.probe import expected_samples, probe_audio
+from stoker.shared.dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
+from stoker.shared.layouts import COLUMNS_AUTO, Entry, Rejection, parse_entries
+from stoker.shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, Vocabulary, make_frontend
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import multiprocessing.resource_tracker
 import psutil
 import pytest
 
-from benchmarks import alternatives, data, producers, suite
-from benchmarks.common import ratio
+from stoker.benchmarks import alternatives, data, producers, suite
+from stoker.benchmarks.common import ratio
 
 pytestmark = pytest.mark.timeout(240)
 

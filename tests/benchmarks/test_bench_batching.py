@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from benchmarks import batching, suite
+from stoker.benchmarks import batching, suite
 
 
 def test_ljspeech_like_lengths_are_deterministic_and_in_range() -> None:
@@ -34,7 +34,7 @@ def test_padding_figures_of_both_plans() -> None:
 
 
 def test_transforms_cost_figures() -> None:
-    from benchmarks import transforms
+    from stoker.benchmarks import transforms
 
     result = transforms.run(transforms.TransformsPlan(repetitions=1))
     target = result["targets"][0]

@@ -7,7 +7,7 @@ import math
 import psutil
 import pytest
 
-from benchmarks import data
+from stoker.benchmarks import data
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,8 +14,8 @@ import multiprocessing.resource_tracker
 import psutil
 import pytest
 
-from benchmarks import memory, pipeline, suite, transport
-from benchmarks.common import least_squares_slope, ratio, spread
+from stoker.benchmarks import memory, pipeline, suite, transport
+from stoker.benchmarks.common import least_squares_slope, ratio, spread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -261,7 +261,7 @@ def test_pipeline_short_real_run():
 
 
 def test_starvation_section_table_and_targets(tmp_path):
-    from benchmarks import starvation
+    from stoker.benchmarks import starvation
 
     starvation.make_dataset(tmp_path / "data", count=3)
     assert len((tmp_path / "data" / "metadata.csv").read_text().splitlines()) == 3

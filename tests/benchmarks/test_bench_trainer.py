@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import suite, trainer
+from stoker.benchmarks import suite, trainer
 
 pytest.importorskip("tensorflow")
 

@@ -3,10 +3,10 @@ training run leaves them (for synth and export)."""
 
 from __future__ import annotations
 
-from consumer.checkpoint import CKPT_DIR, Checkpointer
-from shared import config as config_mod
-from shared.runfiles import CONFIG, VOCAB
-from shared.text import Characters, Vocabulary, save_vocabulary
+from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
+from stoker.shared import config as config_mod
+from stoker.shared.runfiles import CONFIG, VOCAB
+from stoker.shared.text import Characters, Vocabulary, save_vocabulary
 
 # The texts of the fake run's dataset: its vocabulary is their characters.
 TRAINED_TEXTS = ("Printing, in the only sense with which we are at present concerned.", "Hello there!",
@@ -22,8 +22,8 @@ def fake_run(tmp_path, model: str = "tiny", weights: bool = True, vocab: Vocabul
     a checkpoint of the model at step 7, which SAVED_MODELS keeps."""
     import tensorflow as tf
 
-    from consumer import tts
-    from shared.batch import schema_for
+    from stoker.consumer import tts
+    from stoker.shared.batch import schema_for
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -7,12 +7,12 @@ import threading
 
 import zmq
 
-from consumer.buffer import BatchQueue
-from consumer.coordinator import Coordinator
-from consumer.plan import EpochPlanner
-from shared import wire
-from shared.config import Config, PipelineConfig
-from shared.dataset import Sample
+from stoker.consumer.buffer import BatchQueue
+from stoker.consumer.coordinator import Coordinator
+from stoker.consumer.plan import EpochPlanner
+from stoker.shared import wire
+from stoker.shared.config import Config, PipelineConfig
+from stoker.shared.dataset import Sample
 from tests.factories import make_batch
 
 RECV_TIMEOUT_MS = 5000

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from consumer.buffer import BatchQueue, QueuedBatch, QueueFull
+from stoker.consumer.buffer import BatchQueue, QueuedBatch, QueueFull
 
 pytestmark = pytest.mark.timeout(60)
 

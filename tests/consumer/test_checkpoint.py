@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from consumer.checkpoint import (CKPT_DIR, MANIFEST, POSITION, CheckpointError, Checkpointer, RunCheckpoints,
+from stoker.consumer.checkpoint import (CKPT_DIR, MANIFEST, POSITION, CheckpointError, Checkpointer, RunCheckpoints,
                                  checkpoint_name, trim_step_log)
-from consumer.plan import EpochPlanner, InputPosition, PositionError
-from shared import wire
-from shared.config import BatchingConfig, Config
+from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError
+from stoker.shared import wire
+from stoker.shared.config import BatchingConfig, Config
 from tests.consumer.harness import make_config, samples
 from tests.factories import make_samples
 

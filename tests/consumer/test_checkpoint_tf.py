@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from consumer.checkpoint import CheckpointError, RunCheckpoints
-from consumer.plan import EpochPlanner
-from shared.config import BatchingConfig, Config
+from stoker.consumer.checkpoint import CheckpointError, RunCheckpoints
+from stoker.consumer.plan import EpochPlanner
+from stoker.shared.config import BatchingConfig, Config
 from tests.factories import make_samples
 
 tf = pytest.importorskip("tensorflow")
@@ -126,7 +126,7 @@ def nested(vocab_size: int, n_mels: int) -> keras.Model:
 def test_every_weight_of_a_model_is_restored(tmp_path, spec):
     """Saved as the trainer saves, restored into a freshly built model (other random weights):
     every variable equal, and the model's output the same."""
-    from consumer import tts
+    from stoker.consumer import tts
 
     def built(seed: int):
         keras.utils.set_random_seed(seed)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from shared import wire
+from stoker.shared import wire
 from tests.consumer.harness import make_config
 from tests.factories import make_batch
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from shared import wire
-from shared.keys import load_client_keys, load_server_keys, make_keys
+from stoker.shared import wire
+from stoker.shared.keys import load_client_keys, load_server_keys, make_keys
 from tests.consumer.harness import Harness, make_config, samples
 from tests.factories import describe_copy, fake_scan
 

@@ -10,8 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from consumer.export import ABOUT_FILE, KERAS_FILE, SAVED_MODEL_DIR, ExportError, export
-from shared.runfiles import VOCAB
+from stoker.consumer.export import ABOUT_FILE, KERAS_FILE, SAVED_MODEL_DIR, ExportError, export
+from stoker.shared.runfiles import VOCAB
 from tests.consumer.fake_runs import SAVED_MODELS, fake_run
 from tests.procs import run_cli
 
@@ -42,10 +42,10 @@ LOAD_WITHOUT_STOKER = textwrap.dedent("""
 
 
 def test_export_round_trip_in_plain_tensorflow(tmp_path) -> None:
-    from consumer import tts
-    from consumer.synth import encode_for_run, one_batch
-    from shared import config as config_mod
-    from shared.batch import SCHEMA
+    from stoker.consumer import tts
+    from stoker.consumer.synth import encode_for_run, one_batch
+    from stoker.shared import config as config_mod
+    from stoker.shared.batch import SCHEMA
 
     run_dir = fake_run(tmp_path)
     result = export(run_dir, tmp_path / "exported")

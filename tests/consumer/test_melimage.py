@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
-from consumer import melimage
+from stoker.consumer import melimage
 
 
 def test_colorize_orientation_and_range() -> None:

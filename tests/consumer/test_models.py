@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from consumer import models
-from consumer.models import Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision, lr_at
-from shared import config as config_mod
+from stoker.consumer import models
+from stoker.consumer.models import Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision, lr_at
+from stoker.shared import config as config_mod
 from tests.factories import TOKEN_IDS, make_batch
 
 tf = pytest.importorskip("tensorflow")
@@ -122,7 +122,7 @@ def test_one_trace_per_bucket_shape_and_retraces_are_logged(caplog) -> None:
         for B, L, T in shapes:
             trainer.step(trainer.stage(make_batch(B, L, T)))
     assert trainer.stats()["traces"] == 2 and trainer.retraces == 0
-    with caplog.at_level(logging.WARNING, logger="consumer.models"):
+    with caplog.at_level(logging.WARNING, logger="stoker.consumer.models"):
         trainer.step(trainer.stage(make_batch(4, 8, 16)))
     assert trainer.retraces == 1
     assert "not one of the plan's 2 bucket shapes" in caplog.text
@@ -202,7 +202,7 @@ def test_optional_fields_reach_the_model_and_one_it_lacks_is_named() -> None:
     """speaker_id, language_id and stop, switched on, are inputs the model conditions on (it
     checks the stop target's form itself); a model reading a field the run does not switch on
     is one line naming the setting."""
-    from shared.batch import batch_dims, collate, example, schema_for
+    from stoker.shared.batch import batch_dims, collate, example, schema_for
 
     fields = "speaker_id,language_id,stop"
     base = _cfg(model="tests.consumer.user_models:conditioned", learning_rate=1e-2)
@@ -246,7 +246,7 @@ def test_a_user_module_changing_global_settings_is_undone_with_a_warning(caplog)
     import tensorflow as tf
 
     jit = tf.config.optimizer.get_jit()
-    with caplog.at_level(logging.WARNING, logger="consumer.tts"):
+    with caplog.at_level(logging.WARNING, logger="stoker.consumer.tts"):
         trainer = _trainer(model="tests.consumer.meddling_models:good")
     assert keras.mixed_precision.global_policy().name == "float32" == trainer.precision
     assert tf.config.optimizer.get_jit() == jit

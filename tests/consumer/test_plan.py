@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from consumer.plan import EpochPlanner, frame_budget_bounds, make_buckets, rows_for
-from shared.config import BatchingConfig
-from shared.dataset import Sample
+from stoker.consumer.plan import EpochPlanner, frame_budget_bounds, make_buckets, rows_for
+from stoker.shared.config import BatchingConfig
+from stoker.shared.dataset import Sample
 from tests.factories import make_samples
 
 EPOCHS = 5
@@ -221,7 +221,7 @@ def test_frame_budget_off_keeps_the_fixed_plan() -> None:
 
 
 def test_position_marks_an_epoch_complete_when_every_sample_is_trained_or_rejected() -> None:
-    from consumer.plan import InputPosition
+    from stoker.consumer.plan import InputPosition
 
     samples = make_samples(40, seed=21)
     planner = EpochPlanner(samples, _cfg(batch_size=8))
@@ -249,7 +249,7 @@ def test_position_marks_an_epoch_complete_when_every_sample_is_trained_or_reject
 
 
 def test_references_are_another_clip_of_the_same_speaker_fixed_per_epoch() -> None:
-    from consumer.plan import ReferenceTable
+    from stoker.consumer.plan import ReferenceTable
 
     samples = [Sample(f"A{i}", "x", 5, 50, 1.0, speaker="anna") for i in range(6)] + \
               [Sample(f"B{i}", "x", 5, 50, 1.0, speaker="bob") for i in range(3)] + \

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
-from consumer.progress import CLEAR, LiveLine
+from stoker.consumer.progress import CLEAR, LiveLine
 
 
 class _Tty(io.StringIO):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumer.checkpoint import CKPT_DIR, Checkpointer
-from consumer.synth import SynthError, synthesize
-from shared import config as config_mod
-from shared.runfiles import VOCAB
-from shared.text import Characters, Vocabulary, load_vocabulary
+from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
+from stoker.consumer.synth import SynthError, synthesize
+from stoker.shared import config as config_mod
+from stoker.shared.runfiles import VOCAB
+from stoker.shared.text import Characters, Vocabulary, load_vocabulary
 from tests.consumer.fake_runs import SAVED_MODELS, TRAINED_TEXTS, fake_run as _run_dir
 from tests.procs import run_cli
 
@@ -29,9 +29,9 @@ def test_synth_writes_mel_and_png(tmp_path) -> None:
 
 def test_synth_restores_every_weight_and_is_deterministic(tmp_path) -> None:
     """The mel synth writes is what the saved model computes (every weight restored), twice the same."""
-    from consumer import tts
-    from consumer.synth import encode_for_run, one_batch
-    from shared.batch import SCHEMA
+    from stoker.consumer import tts
+    from stoker.consumer.synth import encode_for_run, one_batch
+    from stoker.shared.batch import SCHEMA
 
     run_dir = _run_dir(tmp_path)
     text = "Where is the ball?"
@@ -47,7 +47,7 @@ def test_synth_restores_every_weight_and_is_deterministic(tmp_path) -> None:
 
 def test_synth_refuses_a_checkpoint_without_the_weights_list(tmp_path) -> None:
     run_dir = _run_dir(tmp_path, weights=False)
-    from consumer import tts
+    from stoker.consumer import tts
 
     cfg = config_mod.load(run_dir / "config.yaml")
     net = tts.build("tiny", 40, cfg.features.n_mels)
@@ -80,7 +80,7 @@ def test_synth_uses_the_run_vocabulary_not_todays(tmp_path) -> None:
     texts = ["امروز هوا آفتابی است.", "سلام دنیا"]
     vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(texts, "fa")], ["fa"], ["default"])
     run_dir = _run_dir(tmp_path, vocab=vocab)
-    from consumer.synth import encode_for_run
+    from stoker.consumer.synth import encode_for_run
 
     cfg = config_mod.load(run_dir / "config.yaml")
     tokens, used = encode_for_run(run_dir, cfg, "سلام دنیا", "fa")
@@ -155,13 +155,13 @@ def test_synth_runs_a_model_s_own_generation_loop(tmp_path) -> None:
 
 
 def test_generation_limit_grows_with_the_text_and_is_capped() -> None:
-    from consumer.synth import MAX_FRAMES, generation_limit
+    from stoker.consumer.synth import MAX_FRAMES, generation_limit
 
     assert generation_limit(13) == 180 and generation_limit(1) == 60 and generation_limit(10_000) == MAX_FRAMES
 
 
 def test_synth_takes_the_length_from_the_trained_weights(tmp_path) -> None:
-    from consumer import tts
+    from stoker.consumer import tts
 
     model = "tests.consumer.user_models:lengthed"
     run_dir = _run_dir(tmp_path, model=model, weights=False)
@@ -180,9 +180,9 @@ def test_a_reference_recording_becomes_the_batchs_ref_mel(tmp_path) -> None:
     middle to batching.ref_frames), in the synthesized batch; refused for a run without ref_mel."""
     import soundfile
 
-    from consumer.synth import one_batch, reference_mel
-    from producer.features import log_mel_spectrogram_numpy
-    from shared.batch import schema_for
+    from stoker.consumer.synth import one_batch, reference_mel
+    from stoker.producer.features import log_mel_spectrogram_numpy
+    from stoker.shared.batch import schema_for
     from tests.factories import tone
 
     wav = tmp_path / "voice.wav"

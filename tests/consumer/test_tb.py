@@ -8,7 +8,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from consumer.tb import TB_DIR, TensorBoard, trim_events  # noqa: E402
+from stoker.consumer.tb import TB_DIR, TensorBoard, trim_events  # noqa: E402
 
 
 def write_steps(directory: Path, steps: range, tag: str = "train/loss") -> None:

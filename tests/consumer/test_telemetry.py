@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from consumer.telemetry import Telemetry
+from stoker.consumer.telemetry import Telemetry
 from stoker.watch import format_live, watch
 from tests.procs import free_port
 

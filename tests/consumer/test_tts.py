@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumer import tts
-from consumer.tts import ModelError
+from stoker.consumer import tts
+from stoker.consumer.tts import ModelError
 from tests.factories import make_batch
 
 tf = pytest.importorskip("tensorflow")

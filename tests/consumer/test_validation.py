@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from consumer import validation
-from shared import config as config_mod
-from shared.dataset import build_index
+from stoker.consumer import validation
+from stoker.shared import config as config_mod
+from stoker.shared.dataset import build_index
 from tests.factories import make_dataset, make_samples
 
 

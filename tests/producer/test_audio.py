@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from producer.audio import AudioError, load_audio
-from shared.dataset import expected_samples
+from stoker.producer.audio import AudioError, load_audio
+from stoker.shared.dataset import expected_samples
 from tests.factories import tone
 
 RATE = 22050

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producer.audio import load_audio
-from producer.features import log_mel_spectrogram_numpy, pad_value
-from producer.worker import BatchMaker
-from shared.batch import schema_for
-from shared.config import FeaturesConfig
-from shared.dataset import read_metadata, scan_audio
+from stoker.producer.audio import load_audio
+from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
+from stoker.producer.worker import BatchMaker
+from stoker.shared.batch import schema_for
+from stoker.shared.config import FeaturesConfig
+from stoker.shared.dataset import read_metadata, scan_audio
 from tests.factories import make_dataset
 
 FEATURES = FeaturesConfig(backend="numpy")
@@ -116,7 +116,7 @@ def test_a_missing_reference_misses_its_clip_and_a_broken_one_rejects_it(dataset
 
 
 def test_mel_norm_normalises_the_valid_frames_and_reports_the_raw_sums(dataset) -> None:
-    from shared.melstats import MelStats
+    from stoker.shared.melstats import MelStats
 
     root, ids = dataset
     plain = _maker(root, "ref_mel").make(_lease(ids[:2], [ids[2], ids[3]]))

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producer.feature_cache import FeatureCache, cache_dir_name, dequantize, quantize
-from producer.features import log_mel_spectrogram_numpy
-from producer.worker import BatchMaker, Prepared
-from shared.config import FeaturesConfig
-from shared.dataset import read_metadata, scan_audio
+from stoker.producer.feature_cache import FeatureCache, cache_dir_name, dequantize, quantize
+from stoker.producer.features import log_mel_spectrogram_numpy
+from stoker.producer.worker import BatchMaker, Prepared
+from stoker.shared.config import FeaturesConfig
+from stoker.shared.dataset import read_metadata, scan_audio
 from tests.factories import make_dataset, tone
 
 FEATURES = FeaturesConfig(backend="numpy")
@@ -85,7 +85,7 @@ def test_a_damaged_entry_is_detected(tmp_path: Path, damage: str, caplog) -> Non
     else:
         blob = bytearray()
     cache.path("A").write_bytes(bytes(blob))
-    with caplog.at_level(logging.WARNING, logger="producer.feature_cache"):
+    with caplog.at_level(logging.WARNING, logger="stoker.producer.feature_cache"):
         assert cache.get("A", "A.wav", 100, 5) is None
     assert (cache.counts.corrupt, cache.counts.hits) == (1, 0)
     assert any("corrupt" in r.getMessage() for r in caplog.records)
@@ -104,7 +104,7 @@ def test_an_unwritable_cache_is_logged_once_and_computing_goes_on(tmp_path: Path
     blocked = tmp_path / "blocked"
     blocked.write_text("a file, not a directory")
     cache = FeatureCache(blocked, FEATURES, Path("/data/set"))
-    with caplog.at_level(logging.WARNING, logger="producer.feature_cache"):
+    with caplog.at_level(logging.WARNING, logger="stoker.producer.feature_cache"):
         assert not cache.put("A", "A.wav", 1, 1, _mel())
         assert not cache.put("B", "B.wav", 1, 1, _mel())
     assert cache.counts.write_errors == 1

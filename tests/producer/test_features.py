@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from producer import features
-from producer.features import (
+from stoker.producer import features
+from stoker.producer.features import (
     MelComputer,
     log_mel_spectrogram,
     log_mel_spectrogram_numpy,
@@ -28,7 +28,7 @@ from producer.features import (
     num_frames,
     pad_value,
 )
-from shared.config import FeaturesConfig
+from stoker.shared.config import FeaturesConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_WAV = REPO_ROOT / "data" / "demo" / "wavs" / "DEMO-0004.wav"

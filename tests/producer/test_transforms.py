@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producer.transforms import (Chain, TransformError, TransformSetupError, loudness, loudness_normalize,
+from stoker.producer.transforms import (Chain, TransformError, TransformSetupError, loudness, loudness_normalize,
                                  peak_normalize, preemphasize, trim_silence)
-from producer.worker import BatchMaker
-from shared.batch import schema_for
-from shared.config import FeaturesConfig, TransformsConfig
-from shared.dataset import read_metadata, scan_audio
+from stoker.producer.worker import BatchMaker
+from stoker.shared.batch import schema_for
+from stoker.shared.config import FeaturesConfig, TransformsConfig
+from stoker.shared.dataset import read_metadata, scan_audio
 from tests.factories import make_dataset
 
 FEATURES = FeaturesConfig(backend="numpy")
@@ -86,7 +86,7 @@ def test_a_missing_transform_module_is_one_line() -> None:
 
 
 def test_the_cache_key_follows_the_chain() -> None:
-    from producer.feature_cache import cache_dir_name
+    from stoker.producer.feature_cache import cache_dir_name
 
     root = Path("/data/set")
     plain = cache_dir_name(FEATURES, root)
@@ -119,7 +119,7 @@ def test_a_user_transform_adds_declared_fields_to_the_batch(tmp_path: Path) -> N
     made = _maker(root, transforms).make(_lease(ids, texts))
     arrays = made.arrays
     assert made.fields["ids"] == ids and arrays["energy"].shape == (4, 160) and arrays["marks"].shape == (4, 96)
-    from producer.audio import load_audio
+    from stoker.producer.audio import load_audio
     from tests.producer.user_transforms import energy
 
     for row, sample_id in enumerate(ids):

@@ -11,10 +11,10 @@ import pytest
 import zmq
 import zmq.auth
 
-from producer.features import log_mel_spectrogram_numpy, pad_value
-from producer.worker import Producer
-from shared import wire
-from shared.config import FeaturesConfig
+from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
+from stoker.producer.worker import Producer
+from stoker.shared import wire
+from stoker.shared.config import FeaturesConfig
 from tests.factories import make_dataset
 
 pytestmark = pytest.mark.timeout(60)
@@ -229,7 +229,7 @@ def test_stop_is_answered_with_bye(setup):
 
 @pytest.mark.parametrize("case", ["wrong server key", "server without keys"])
 def test_a_security_mismatch_ends_with_status_2(tmp_path, case):
-    from shared.keys import load_client_keys, make_keys
+    from stoker.shared.keys import load_client_keys, make_keys
 
     make_keys(tmp_path / "keys", ["client"])
     make_keys(tmp_path / "other", [])
@@ -262,7 +262,7 @@ NO_FRONT_END = """
 import sys
 for name in ("phonemizer", "num2words", "espeakng_loader"):
     sys.modules[name] = None  # import fails
-from producer.worker import main
+from stoker.producer.worker import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -333,7 +333,7 @@ def test_a_transform_of_another_version_than_the_trainers_ends_with_status_2(set
 
 
 def test_the_trainers_transform_version_is_accepted(setup):
-    from producer.transforms import load_user
+    from stoker.producer.transforms import load_user
 
     consumer, producer, stop, thread, result, ids, root, features = setup
     spec = "tests.producer.user_transforms:halve"

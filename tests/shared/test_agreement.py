@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.dataset import MAX_MISSING_IDS, DatasetError, check_agreement, scan_dataset
+from stoker.shared.dataset import MAX_MISSING_IDS, DatasetError, check_agreement, scan_dataset
 from tests.factories import append_metadata, make_dataset
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.batch import FRAMES, MEL_PAD, SCHEMA, batch_dims, collate
-from shared.text import PAD_ID
+from stoker.shared.batch import FRAMES, MEL_PAD, SCHEMA, batch_dims, collate
+from stoker.shared.text import PAD_ID
 from tests.factories import make_batch
 
 PAD = float(np.log(1e-5))
@@ -131,14 +131,14 @@ def test_the_design_notes_print_the_schema() -> None:
     design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text(encoding="utf-8")
     assert SCHEMA.table() in design
     assert MEL_PAD in SCHEMA.table()
-    from shared.batch import OPTIONAL, BatchSchema
+    from stoker.shared.batch import OPTIONAL, BatchSchema
 
     assert BatchSchema(tuple(OPTIONAL.values())).table() in design
     assert "- L: token length of the bucket (padded) (bucketed)" in SCHEMA.table()
 
 
 def test_optional_fields_are_declared_collated_and_checked() -> None:
-    from shared.batch import OPTIONAL, example, schema_for
+    from stoker.shared.batch import OPTIONAL, example, schema_for
 
     schema = schema_for("stop, speaker_id")
     assert schema.names == ("tokens", "token_lengths", "mel", "mel_lengths", "speaker_id", "stop")  # declared order
@@ -156,7 +156,7 @@ def test_optional_fields_are_declared_collated_and_checked() -> None:
 
 
 def test_audio_and_reference_round_trip_with_their_padding() -> None:
-    from shared.batch import example, schema_for
+    from stoker.shared.batch import example, schema_for
 
     schema = schema_for("audio,ref_mel")
     assert schema.names[-4:] == ("audio", "audio_lengths", "ref_mel", "ref_mel_lengths")

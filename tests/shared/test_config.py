@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared import config as config_mod
-from shared.config import Config, ConfigError, from_dict, load, parse_override, save
+from stoker.shared import config as config_mod
+from stoker.shared.config import Config, ConfigError, from_dict, load, parse_override, save
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_YAML = REPO_ROOT / "configs" / "default.yaml"

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from shared.config import DataConfig, FeaturesConfig
-from shared.dataset import (
+from stoker.shared.config import DataConfig, FeaturesConfig
+from stoker.shared.dataset import (
     DEMO_DATA_DIR,
     DatasetError,
     build_index,
@@ -18,8 +18,8 @@ from shared.dataset import (
     resolve_root,
     scan_audio,
 )
-from shared.layouts import Rejection
-from shared.text import normalize
+from stoker.shared.layouts import Rejection
+from stoker.shared.text import normalize
 from tests.factories import add_clip, append_metadata, make_dataset, make_faulty_dataset, truncate_wav
 
 FEATURES = FeaturesConfig()
@@ -418,7 +418,7 @@ def test_rejections_carry_line_and_file_in_json(good) -> None:
     ("WAV", "ULAW", 1), ("WAV", "IMA_ADPCM", 1), ("FLAC", "PCM_16", 2), ("OGG", "VORBIS", 1),
 ])
 def test_header_facts_agree_with_libsndfile(tmp_path: Path, fmt: str, subtype: str, channels: int) -> None:
-    from shared.dataset import probe_audio
+    from stoker.shared.dataset import probe_audio
 
     path = tmp_path / f"clip.{ {'WAV': 'wav', 'WAVEX': 'wav', 'RF64': 'wav', 'FLAC': 'flac', 'OGG': 'ogg'}[fmt] }"
     audio = np.stack([np.sin(np.arange(12345) * 0.01 * (c + 1)) * 0.3 for c in range(channels)], axis=1)

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from shared.errors import UserError
+from stoker.shared.errors import UserError
 
 
 def _user_errors() -> list[type]:
-    from consumer.checkpoint import CheckpointError
-    from consumer.coordinator import BindError
-    from consumer.synth import SynthError
-    from consumer.tts import ModelError
-    from producer.worker import Refused
-    from shared.config import ConfigError
-    from shared.dataset import DatasetError
-    from shared.keys import KeysError
-    from shared.layouts import LayoutError
-    from shared.text import TextError
+    from stoker.consumer.checkpoint import CheckpointError
+    from stoker.consumer.coordinator import BindError
+    from stoker.consumer.synth import SynthError
+    from stoker.consumer.tts import ModelError
+    from stoker.producer.worker import Refused
+    from stoker.shared.config import ConfigError
+    from stoker.shared.dataset import DatasetError
+    from stoker.shared.keys import KeysError
+    from stoker.shared.layouts import LayoutError
+    from stoker.shared.text import TextError
     from stoker.devices import DeviceError
     from stoker.diagnose import DiagnoseError
     from stoker.launcher import LaunchError
@@ -33,9 +33,9 @@ def test_each_user_error_is_one(error: type) -> None:
 
 def test_value_errors_stay_value_errors() -> None:
     """Code that catches ValueError around a config or text check still does."""
-    from shared.config import ConfigError
-    from shared.layouts import LayoutError
-    from shared.text import TextError
+    from stoker.shared.config import ConfigError
+    from stoker.shared.layouts import LayoutError
+    from stoker.shared.text import TextError
 
     assert all(issubclass(e, ValueError) for e in (ConfigError, LayoutError, TextError))
 

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from shared.gpumon import GpuSampler
+from stoker.shared.gpumon import GpuSampler
 
 pytestmark = pytest.mark.timeout(30)
 

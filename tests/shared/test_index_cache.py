@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from shared import dataset
-from shared.dataset import index as index_module
-from shared.config import DataConfig, FeaturesConfig, TextConfig
-from shared.dataset import build_index, index_cache_file
+from stoker.shared import dataset
+from stoker.shared.dataset import index as index_module
+from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
+from stoker.shared.dataset import build_index, index_cache_file
 from tests.factories import add_clip, append_metadata, make_dataset
 
 FEATURES = FeaturesConfig()
@@ -128,7 +128,7 @@ def test_a_corrupt_cache_file_is_rebuilt_from_scratch(root: Path, damage: str, c
     else:
         blob = bytearray()
     path.write_bytes(bytes(blob))
-    with caplog.at_level(logging.WARNING, logger="shared.dataset"):
+    with caplog.at_level(logging.WARNING, logger="stoker.shared.dataset"):
         rebuilt = build_index(_data(root), FEATURES)
     assert (rebuilt.stats.cache, rebuilt.stats.headers_read, rebuilt.stats.headers_reused) == ("corrupt", CLIPS, 0)
     assert any("is corrupt" in r.getMessage() for r in caplog.records)
@@ -138,7 +138,7 @@ def test_a_corrupt_cache_file_is_rebuilt_from_scratch(root: Path, damage: str, c
 
 def test_read_only_dataset_falls_back_to_the_user_cache(root: Path, tmp_path: Path, caplog) -> None:
     (root / ".stoker").write_text("a file where the cache directory would go")  # mkdir fails, as on a read-only disk
-    with caplog.at_level(logging.INFO, logger="shared.dataset"):
+    with caplog.at_level(logging.INFO, logger="stoker.shared.dataset"):
         cold = build_index(_data(root), FEATURES)
     assert Path(cold.stats.cache_file).is_relative_to(tmp_path / "user-cache" / "stoker" / "index")
     assert any("cannot write the index cache" in r.getMessage() for r in caplog.records)
@@ -184,7 +184,7 @@ def test_parallel_build_equals_serial_build(root: Path, monkeypatch: pytest.Monk
 
 
 def test_feature_cache_dir_setting(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shared.dataset import feature_cache_dir
+    from stoker.shared.dataset import feature_cache_dir
 
     assert feature_cache_dir("", root) == ""
     assert feature_cache_dir("auto", root) == str(root / ".stoker" / "features")

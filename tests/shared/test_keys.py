@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.keys import KeysError, load_client_keys, load_server_keys, make_keys
+from stoker.shared.keys import KeysError, load_client_keys, load_server_keys, make_keys
 
 pytestmark = pytest.mark.timeout(30)
 

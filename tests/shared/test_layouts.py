@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from shared.layouts import (Entry, LayoutError, Rejection, parse_columns, parse_entries, parse_manifest,
+from stoker.shared.layouts import (Entry, LayoutError, Rejection, parse_columns, parse_entries, parse_manifest,
                             parse_metadata, parse_mix_spec)
 
 PERSIAN = "امروز هوا آفتابی و کمی سرد است."

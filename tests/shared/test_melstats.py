@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.config import FeaturesConfig, TransformsConfig
-from shared.melstats import MIN_STD, MelStats, load, normalize, stats_key
+from stoker.shared.config import FeaturesConfig, TransformsConfig
+from stoker.shared.melstats import MIN_STD, MelStats, load, normalize, stats_key
 
 
 def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

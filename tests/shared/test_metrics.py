@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shared import metrics
-from shared.metrics import JsonlWriter, read_jsonl, recommend_producers, summarize, verdict
-from shared.runfiles import write_json
+from stoker.shared import metrics
+from stoker.shared.metrics import JsonlWriter, read_jsonl, recommend_producers, summarize, verdict
+from stoker.shared.runfiles import write_json
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from shared import runfiles
+from stoker.shared import runfiles
 
 
 def test_write_atomic_replaces_whole_and_leaves_no_temporary(tmp_path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.text import (EOS_ID, LANGUAGES, PAD_ID, Characters, TextError, Units, Vocabulary, load_vocabulary,
+from stoker.shared.text import (EOS_ID, LANGUAGES, PAD_ID, Characters, TextError, Units, Vocabulary, load_vocabulary,
                          make_frontend, normalize, save_vocabulary)
 
 IMPORT_TIMEOUT_S = 60  # a cold interpreter importing numpy, with a wide margin
@@ -161,7 +161,7 @@ def test_ascii_shortcut_gives_what_the_general_path_gives() -> None:
     import random
     import string
 
-    from shared import text as text_mod
+    from stoker.shared import text as text_mod
 
     rng = random.Random(0)
     alphabet = string.printable + "\x00\x01\x7f`"

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(60)
 SCRIPT = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
-    from shared.tfsetup import native_stderr_quiet
+    from stoker.shared.tfsetup import native_stderr_quiet
     os.write(2, b"before\\n")
     with native_stderr_quiet({enabled}):
         os.write(2, b"native inside\\n")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import zmq
 
-from shared import wire
-from shared.wire import ALLOWED_DTYPES, KINDS, MAX_ARRAYS, MAX_HEADER_BYTES, PROTOCOL_VERSION, ProtocolError
+from stoker.shared import wire
+from stoker.shared.wire import ALLOWED_DTYPES, KINDS, MAX_ARRAYS, MAX_HEADER_BYTES, PROTOCOL_VERSION, ProtocolError
 from tests.factories import make_batch
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stoker import devices
-from shared.config import DevicesConfig
+from stoker.shared.config import DevicesConfig
 from stoker.devices import DeviceError, DevicePlan, GpuInfo, child_env, list_gpus, plan_devices
 
 pytestmark = pytest.mark.timeout(60)

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 import stoker
-from consumer.feed import FeedStateError
+from stoker.consumer.feed import FeedStateError
 from stoker.feed import FeedError
 from tests.factories import make_dataset
 from tests.procs import free_port, read_json, read_jsonl
@@ -37,7 +37,7 @@ def producer_procs(parent_pid: int) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "producer.worker" in cmdline and f"--parent-pid {parent_pid}" in cmdline:
+        if "stoker.producer.worker" in cmdline and f"--parent-pid {parent_pid}" in cmdline:
             found.append(proc)
     return found
 
