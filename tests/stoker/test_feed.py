@@ -214,3 +214,25 @@ def test_producers_on_another_host_feed_the_loop(tmp_path, dataset):
     once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
     assert [p["id"] for p in read_json(tmp_path / "run" / "summary.json")["producers"]] == ["p0@" + __import__(
         "socket").gethostname()]
+
+
+def test_as_dataset_under_a_mirrored_strategy_gives_every_clip_to_a_replica(tmp_path, dataset):
+    # Two logical CPU devices must be made before TensorFlow starts: a process of its own.
+    script = ("import tensorflow as tf\n"
+              "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+              "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+              "import stoker\n"
+              "strategy = tf.distribute.MirroredStrategy(['/CPU:0', '/CPU:1'])\n"
+              f"with stoker.Feed(**{options(tmp_path, dataset, epochs=1, record_samples=True)!r}) as feed:\n"
+              "    batches = strategy.distribute_datasets_from_function(lambda context: feed.as_dataset())\n"
+              "    @tf.function\n"
+              "    def step(batch):\n"
+              "        rows = strategy.run(lambda b: tf.reduce_sum(tf.cast(b['mel_lengths'] > 0, tf.int32)), (batch,))\n"
+              "        return strategy.reduce(tf.distribute.ReduceOp.SUM, rows, axis=None)\n"
+              "    print('clips', sum(int(step(b)) for b in batches), 'batches', feed.step)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    clips, batches = done.stdout.split()[1], done.stdout.split()[3]
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    assert int(clips) == len(ids) and int(batches) == len(read_jsonl(tmp_path / "run" / "samples.jsonl"))
+    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
