@@ -1,78 +1,41 @@
-"""The coordinator: the consumer's ROUTER socket, the epoch plan, leases and credits.
+"""The coordinator: the trainer's ROUTER socket and the loop that serves it.
 
-It runs in its own thread and is the only user of the ROUTER socket.
+It runs in its own thread and is the only user of the ROUTER socket. Everything it
+decides, it asks the scheduler (consumer/scheduler.py, a state machine with no sockets:
+leases, credits, re-planning, misses, rejections, peers and liveness); what is left here
+is the socket's side:
 
-Joining: a producer's HELLO describes its dataset (shared/dataset/agreement.py). A producer
-whose metadata or audio index does not match the trainer's is sent REFUSE with the
-reason, which both sides log. One that lacks some audio files is accepted; it is
-never leased those samples. A HELLO with the name, host and launcher pid of a live
-producer is that producer restarted: the old one's leases are re-planned at once.
-Otherwise several producers with one name (two hosts with one hostname) get ``#2``...
+- binding (with CURVE authentication when keys are given, and a socket monitor);
+- the loop: each producer message, with the connection it came on, goes to
+  :meth:`Scheduler.on_message`; the trainer's "a slot is free" wake-ups to
+  :meth:`~Scheduler.on_free`; the monitor's connection events to the scheduler's
+  connection methods; and every ``POLL_INTERVAL_MS`` a :meth:`~Scheduler.tick`. After
+  each, the scheduler's outbox is sent.
+- stopping: STOP to every producer, then a bounded wait for their BYEs or closed
+  connections, so that closing does not drop the STOP unread.
 
-Leases (work): the epoch plan (consumer/plan.py) is handed out batch by batch. Each
-producer holds up to ``lease_ahead`` leases. A lease is identified by a fresh integer;
-re-issuing a planned batch creates a new lease id, so a late delivery of the old one is
-recognised and dropped. A producer that says BYE, reports a fatal ERROR, whose
-connection closes without BYE (its process died: the kernel closed the socket) or that
-is silent for ``heartbeat_timeout_s`` (frozen, or cut off by the network) loses its
-leases: their planned batches go back to the front of the pending list, and the next
-free lease slot of a live producer takes them. A
-lease not prepared within ``lease_timeout_s`` is revoked (REVOKE) and re-planned. That
-keeps "every valid sample exactly once per epoch" while any producer is alive.
-A resumed run passes its checkpoint's input position (consumer/plan.InputPosition): planning
-starts at its first open epoch and leases only the planned batches (or the parts of
-them) not trained at the checkpoint.
-
-Misses: a producer that does not have a leased clip (deleted, or an unfinished copy)
-delivers the rest of the batch and reports the clip as *missed*. The coordinator
-notes that this producer lacks it and re-plans it in the same epoch and bucket shape:
-merged into a pending batch of that bucket with room, or as a small batch of its own.
-A sample is rejected (rejected.jsonl) only when every live producer lacks it and no
-other work is left for them; with no producer alive it waits.
-
-Credits (flow): a producer tells READY when a leased batch is prepared. The coordinator
-sends a CREDIT for a ready lease only while
-``queued batches + credits in flight < capacity``, to the producer holding the fewest
-credits first, then lowest (epoch, index), so the queue can never overflow, its depth is
-exact, and a producer that freezes blocks at most its share of it. A credit not used within the heartbeat
-timeout is revoked and its batch re-planned.
-
-Liveness: each side sends HEARTBEAT every ``heartbeat_interval_s``; a producer's
-heartbeat carries a ping that the coordinator answers at once (pong), so the producer
-measures the round trip (``rtt_ms`` per producer in summary.json). A message from an
-identity the coordinator does not know (it restarted, or declared that producer dead)
-is answered, at most once a second, with REFUSE ``rejoin``: the producer says HELLO again.
-
-Anything malformed or unexpected is dropped and counted by reason
-(``rejected_messages`` in summary.json); nothing a peer sends can stop the coordinator.
-The socket itself refuses frames above ``pipeline.max_message_mb`` by closing that
-connection unread; a socket monitor counts such closures (``connection_dropped``: a
-connection closed without BYE, which also covers a producer killed outright) and
-failed CURVE handshakes (``unauthenticated``, ``handshake_failed``).
+The socket itself refuses frames over ``pipeline.max_message_mb`` by closing that
+connection unread; the monitor reports such closures (a connection closed without BYE,
+which also covers a producer killed outright) and failed CURVE handshakes.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import itertools
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from stoker.consumer.buffer import BatchQueue, QueuedBatch, QueueFull
-from stoker.consumer.plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
-from stoker.producer.transforms import load_user
+from stoker.consumer.buffer import BatchQueue
+from stoker.consumer.plan import EpochPlanner, InputPosition, ReferenceTable, TokenTable
+from stoker.consumer.scheduler import Scheduler
 from stoker.shared import wire
-from stoker.shared.batch import FRAMES, batch_dims
-from stoker.shared.config import Config, batch_schema
-from stoker.shared.dataset import DatasetScan, check_agreement
+from stoker.shared.config import Config
+from stoker.shared.dataset import DatasetScan
 from stoker.shared.errors import UserError
 from stoker.shared.keys import ServerKeys, short
 from stoker.shared.layouts import Rejection
@@ -88,24 +51,9 @@ POLL_INTERVAL_MS = 100
 STOP_ACK_S = 1.0
 # Then give anything still queued this long to leave.
 STOP_LINGER_MS = 500
-# A producer that lacks clips looks this far into the pending list for a batch it can
-# take (whole or in part); beyond it, it waits for others to take the front.
-ASSIGN_SCAN_LIMIT = 256
-# Tell an unknown identity to say HELLO again at most this often: a restarted trainer
-# brings its producers back at once, and a flood of garbage gets no amplification.
-REJOIN_NUDGE_INTERVAL_S = 1.0
-# Bounds on per-identity bookkeeping, so hostile peers cannot grow it without limit.
-IDENTITY_MEMORY = 4096
-# Refusals kept for summary.json (each also logged; repeats of one reason at debug level).
-REFUSALS_KEPT = 100
-# A pong older than this is from a previous connection, not a round trip.
-MAX_RTT_S = 60.0
-# A closed connection is held against its producer this long before the producer is
-# presumed dead: the kernel reuses file descriptors, so the close of an older connection
-# (a refused oversized frame, a fuzzer) can be reported after a producer's new connection
-# took the same descriptor, whose ACCEPTED event then follows at once in the event stream.
-DISCONNECT_GRACE_S = 0.5
-# Socket events the coordinator watches (see _on_monitor_event).
+# At most this many messages (or monitor events) per wake-up, then heartbeats get their turn.
+BURST = 64
+# Socket events the coordinator watches.
 MONITOR_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -114,86 +62,9 @@ class BindError(UserError):
     """The ROUTER socket cannot bind (address in use, bad endpoint)."""
 
 
-@dataclass
-class Lease:
-    id: int
-    batch: PlannedBatch
-    identity: bytes
-    state: str = "working"  # working -> ready -> credited -> (delivered: removed)
-    issued_t: float = field(default_factory=time.monotonic)
-    ready_t: float = 0.0
-    credited_t: float = 0.0
-
-
-@dataclass
-class Peer:
-    identity: bytes
-    name: str
-    host: str
-    pid: int
-    index: int
-    last_seen: float
-    leases: set[int] = field(default_factory=set)
-    lacks: set[str] = field(default_factory=set)  # sample ids this producer has no audio for
-    fd: int = -1  # the socket's file descriptor of its current connection
-    joined_t: float = 0.0
-    base_name: str = ""  # the name it asked for (``name`` may carry a #N suffix)
-    launcher: int | None = None  # pid of the process that started it, on its host
-    session: str | None = None  # one per connection of the producer: repeated HELLOs carry the same
-
-
-@dataclass
-class ProducerStats:
-    id: str
-    host: str
-    batches: int = 0
-    samples: int = 0
-    rejected: int = 0
-    status: str = "alive"
-    connections: int = 0
-    misses: int = 0  # leased clips this producer did not have (re-planned elsewhere)
-    lacks: int = 0  # clips it declared missing at HELLO
-    rtt_ms: float | None = None  # last heartbeat round trip it measured
-    first_lease_ms: float | None = None  # from its (last) HELLO to its first lease
-    prep_ms_total: float = 0.0
-    credit_wait_ms_total: float = 0.0
-    last_error: str = ""
-    # Feature cache, summed over this producer's batches (see producer/feature_cache.py).
-    cache_hits: int = 0
-    cache_computed: int = 0  # log-mels computed from audio (no valid entry) and stored
-    cache_stale: int = 0
-    cache_corrupt: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["prep_ms_mean"] = round(self.prep_ms_total / self.batches, 3) if self.batches else None
-        out["credit_wait_ms_mean"] = round(self.credit_wait_ms_total / self.batches, 3) if self.batches else None
-        del out["prep_ms_total"], out["credit_wait_ms_total"]
-        return out
-
-
-@dataclass
-class Failover:
-    """A producer that left or died holding leases, and how fast its work moved on."""
-
-    producer: str
-    status: str
-    leases: int
-    silent_s: float  # from its last message to being declared gone
-    last_heard_unix: float
-    declared_unix: float
-    reissued: int = 0
-    reissued_unix: float | None = None  # when the last of its batches was leased to another
-
-    def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        done = self.reissued_unix
-        out["reissue_after_last_heard_s"] = round(done - self.last_heard_unix, 3) if done else None
-        out["reissue_after_declared_s"] = round(done - self.declared_unix, 3) if done else None
-        return out
-
-
 class Coordinator:
+    """The ROUTER socket and its loop around a :class:`Scheduler` (module docstring)."""
+
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, stop: threading.Event,
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
                  context: zmq.Context | None = None, metadata_sha256: str = "", dataset: DatasetScan | None = None,
@@ -201,24 +72,12 @@ class Coordinator:
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
                  mel_norm: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
-        # Token ids for the leases; None only where no producer makes batches (tests, benchmarks of the queue).
-        self.tokens = tokens
-        # Each clip's reference clip, with the ref_mel batch field on (None: off).
-        self.references = references
-        # The user transforms' versions (producer/transforms.py), which every producer must run too.
-        self.transform_versions = {spec: version for spec, _, version in load_user(cfg.transforms.user)}
-        # transforms.mel_norm: the statistics producers normalise with (None: off); and the ones measured.
-        self.mel_norm = mel_norm
-        self.mel_stats = MelStats.empty(cfg.features.n_mels)
-        self.schema = batch_schema(cfg)
-        self.metadata_sha256 = metadata_sha256
-        self.planner = planner
         self.queue = queue
         self.stop = stop
-        self.max_epochs = max_epochs
-        self.on_rejected = on_rejected or (lambda rejections: None)
+        self.scheduler = Scheduler(cfg, planner, queue, max_epochs=max_epochs, on_rejected=on_rejected,
+                                   metadata_sha256=metadata_sha256, dataset=dataset, resume=resume, tokens=tokens,
+                                   references=references, mel_norm=mel_norm, now=time.monotonic())
         self.ctx = context or zmq.Context.instance()
-        self.dataset = dataset  # None: accept any producer's dataset (tests, benchmarks)
         self.keys = keys
         self.endpoint = ""
         self._router: zmq.Socket | None = None
@@ -226,29 +85,6 @@ class Coordinator:
         self._auth: Any = None
         self._wake_addr = f"inproc://consumer-wake-{uuid.uuid4().hex}"
         self._wake_local = threading.local()
-        self._pending: collections.deque[PlannedBatch] = collections.deque()
-        # A resumed run leases only what its checkpoint's input position left (consumer/plan.InputPosition).
-        self.resume = resume
-        self._next_epoch = resume.first_open() if resume is not None else 0
-        self._next_lease = 1
-        self._leases: dict[int, Lease] = {}
-        self._peers: dict[bytes, Peer] = {}
-        self._credits_out = 0
-        self._orphans: dict[tuple[int, int], Failover] = {}  # re-planned batches of a gone producer
-        self._fd_owner: dict[int, bytes] = {}  # connection -> identity that spoke on it
-        self._gone: set[bytes] = set()  # identities that said BYE or were refused: their close is expected
-        self._nudged: dict[bytes, float] = {}
-        self._unmatched_handshake_failures = 0
-        self._suspects: dict[int, tuple[bytes, float]] = {}  # fd -> (identity, when its close was seen)
-        self._refusal_reasons_seen: set[str] = set()
-        self._lock = threading.Lock()  # guards the stats below, read by other threads
-        self.producers: dict[str, ProducerStats] = {}
-        self.dropped: collections.Counter[str] = collections.Counter()
-        self.reissued = 0
-        self.missed = 0
-        self.refusals: list[dict[str, str]] = []
-        self.failovers: list[Failover] = []
-        self._epoch_rejected: collections.Counter[int] = collections.Counter()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         self._max_bytes = cfg.pipeline.max_message_mb << 20
@@ -328,455 +164,37 @@ class Coordinator:
             sock.close()
             self._wake_local.sock = None
 
-    # ------------------------------------------------------------ stats for the trainer
+    # ------------------------------------------------------------ the scheduler's figures, for the trainer
+    @property
+    def mel_stats(self) -> MelStats:
+        return self.scheduler.mel_stats
+
     def alive(self) -> int:
-        with self._lock:
-            return sum(1 for p in self.producers.values() if p.status == "alive")
+        return self.scheduler.alive()
 
     def rejected_in_epoch(self, epoch: int) -> int:
         """Samples of ``epoch`` rejected while the run went on (they will not be trained)."""
-        with self._lock:
-            return self._epoch_rejected[epoch]
+        return self.scheduler.rejected_in_epoch(epoch)
 
     def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "producers": [p.to_json() for p in self.producers.values()],
-                "rejected_messages": dict(self.dropped),
-                "reissued_leases": self.reissued,
-                "missed_samples": self.missed,
-                "refused_producers": list(self.refusals),
-                "failovers": [f.to_json() for f in self.failovers],
-            }
+        return self.scheduler.snapshot()
 
-    # ------------------------------------------------------------ sending
-    def _send(self, identity: bytes, kind: str, fields: dict[str, Any] | None = None) -> None:
-        assert self._router is not None
-        try:
-            self._router.send_multipart([identity, *wire.encode(kind, fields)], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("could not send %s to %s: its queue is full", kind, identity)
-        except zmq.ZMQError as exc:
-            log.warning("could not send %s to %s: %s", kind, identity, exc)
-
-    # ------------------------------------------------------------ plan and leases
-    def _plan_more(self) -> bool:
-        """Plan the next epoch with work left (a resumed one may have none); False at the last."""
-        while self.max_epochs is None or self._next_epoch < self.max_epochs:
-            batches = self.planner.plan(self._next_epoch)
-            self._next_epoch += 1
-            if self.resume is not None:
-                batches = self.resume.remaining(batches)
-            if batches:
-                self._pending.extend(batches)
-                return True
-        return False
-
-    def _take_for(self, peer: Peer) -> PlannedBatch | None:
-        """The next pending batch this producer can prepare; split off the clips it lacks."""
-        if not self._pending and not self._plan_more():
-            return None
-        if not peer.lacks:
-            return self._pending.popleft()
-        for pos, batch in enumerate(itertools.islice(self._pending, ASSIGN_SCAN_LIMIT)):
-            usable = tuple(i for i in batch.ids if i not in peer.lacks)
-            if not usable:
-                continue
-            if len(usable) == len(batch.ids):
-                del self._pending[pos]
-                return batch
-            # Same epoch, bucket and shape: the part it lacks stays in place for another producer.
-            self._pending[pos] = dataclasses.replace(batch, ids=tuple(i for i in batch.ids if i in peer.lacks))
-            return dataclasses.replace(batch, ids=usable)
-        return None
-
-    def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
-        now = time.monotonic()
-        lease = Lease(self._next_lease, batch, peer.identity, issued_t=now)
-        self._next_lease += 1
-        self._leases[lease.id] = lease
-        peer.leases.add(lease.id)
-        self._send(peer.identity, wire.LEASE, {
-            "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
-            "ids": list(batch.ids), "shape": list(batch.shape), "rows": batch.rows,
-            **(self.tokens.lease_fields(batch.ids) if self.tokens is not None else {"tokens": []}),
-            **({"refs": self.references(batch.epoch, batch.ids)} if self.references is not None else {})})
-        orphan = self._orphans.pop((batch.epoch, batch.index), None)
-        with self._lock:
-            stats = self.producers.get(peer.name)
-            if stats is not None and stats.first_lease_ms is None:
-                stats.first_lease_ms = round((now - peer.joined_t) * 1e3, 3)
-            if orphan is not None:
-                orphan.reissued += 1
-                orphan.reissued_unix = time.time()
-
-    def _assign(self, peer: Peer) -> None:
-        while len(peer.leases) < self.cfg.pipeline.lease_ahead:
-            batch = self._take_for(peer)
-            if batch is None:
-                if self._pending and self._reject_unplaceable():
-                    continue  # work nobody alive can do was rejected; look again
-                return
-            self._lease(peer, batch)
-
-    def _assign_all(self) -> None:
-        for peer in sorted(self._peers.values(), key=lambda p: len(p.leases)):
-            self._assign(peer)
-
-    def _release(self, lease_ids: list[int], orphaned_by: Failover | None = None) -> None:
-        """Put leased batches back at the front of the plan, in plan order."""
-        batches = []
-        for lease_id in lease_ids:
-            lease = self._leases.pop(lease_id, None)
-            if lease is None:
-                continue
-            if lease.state == "credited":
-                self._credits_out -= 1
-            peer = self._peers.get(lease.identity)
-            if peer is not None:
-                peer.leases.discard(lease_id)
-            batches.append(lease.batch)
-            if orphaned_by is not None:
-                self._orphans[(lease.batch.epoch, lease.batch.index)] = orphaned_by
-        for batch in sorted(batches, key=lambda b: (b.epoch, b.index), reverse=True):
-            self._pending.appendleft(batch)
-        if batches:
-            with self._lock:
-                self.reissued += len(batches)
-
-    def _revoke(self, lease_ids: list[int]) -> None:
-        """Re-plan leases a live producer still holds, and tell it to forget them."""
-        for lease_id in lease_ids:
-            lease = self._leases.get(lease_id)
-            if lease is not None and lease.identity in self._peers:
-                self._send(lease.identity, wire.REVOKE, {"lease": lease_id})
-        self._release(lease_ids)
-
-    def _drop_peer(self, peer: Peer, status: str) -> None:
-        self._peers.pop(peer.identity, None)
-        now = time.monotonic()
-        failover = None
-        if peer.leases:
-            failover = Failover(producer=peer.name, status=status, leases=len(peer.leases),
-                                silent_s=round(now - peer.last_seen, 3),
-                                last_heard_unix=time.time() - (now - peer.last_seen), declared_unix=time.time())
-        self._release(sorted(peer.leases), orphaned_by=failover)
-        with self._lock:
-            stats = self.producers.get(peer.name)
-            if stats is not None:
-                stats.status = status
-            if failover is not None:
-                self.failovers.append(failover)
-        self._assign_all()
-        self._grant()
-
-    def _grant(self) -> None:
-        """Credits for free slots: to the producer holding the fewest, then in plan order.
-
-        Spreading them means a producer that freezes while holding credits blocks at most
-        its share of the queue until it is presumed dead, not the whole queue.
-        """
-        free = self.queue.capacity - len(self.queue) - self._credits_out
-        if free <= 0:
-            return
-        ready = [lease for lease in self._leases.values() if lease.state == "ready"]
-        if not ready:
-            return
-        held = collections.Counter(lease.identity for lease in self._leases.values() if lease.state == "credited")
-        now = time.monotonic()
-        for _ in range(min(free, len(ready))):
-            lease = min(ready, key=lambda x: (held[x.identity], x.batch.epoch, x.batch.index))
-            ready.remove(lease)
-            held[lease.identity] += 1
-            lease.state = "credited"
-            lease.credited_t = now
-            self._credits_out += 1
-            self._send(lease.identity, wire.CREDIT, {"lease": lease.id})
-
-    # ------------------------------------------------------------ misses and rejections
-    def _reject(self, epoch: int, rejections: list[Rejection]) -> None:
-        if not rejections:
-            return
-        with self._lock:
-            self._epoch_rejected[epoch] += len(rejections)
-        self.on_rejected(rejections)
-
-    def _replan_missed(self, template: PlannedBatch, ids: list[str]) -> None:
-        """Missed clips go back into the same epoch and bucket shape, for another producer."""
-        for pos, batch in enumerate(self._pending):
-            if batch.epoch == template.epoch and batch.bucket == template.bucket \
-                    and len(batch.ids) + len(ids) <= template.rows:
-                self._pending[pos] = dataclasses.replace(batch, ids=batch.ids + tuple(ids))
-                return
-        self._pending.appendleft(dataclasses.replace(template, ids=tuple(ids)))
-
-    def _reject_unplaceable(self) -> bool:
-        """Reject pending clips that every live producer lacks; True if there were any.
-
-        Called only when a producer has a free lease slot and nothing it can take: the
-        clips are rejected as late as possible, so a producer that joins meanwhile with
-        the file still trains them.
-        """
-        peers = list(self._peers.values())
-        if not peers:
-            return False
-        common = set.intersection(*(p.lacks for p in peers))
-        if not common:
-            return False
-        hosts = ", ".join(sorted({p.host for p in peers}))
-        kept: collections.deque[PlannedBatch] = collections.deque()
-        changed = False
-        for batch in self._pending:
-            lost = [i for i in batch.ids if i in common]
-            if not lost:
-                kept.append(batch)
-                continue
-            changed = True
-            for sample_id in lost:
-                log.warning("sample %s is missing on every producer host alive (%s); rejecting it for epoch %d",
-                            sample_id, hosts, batch.epoch)
-            self._reject(batch.epoch, [Rejection(i, f"audio file missing on every producer host ({hosts})",
-                                                 "coordinator") for i in lost])
-            rest = tuple(i for i in batch.ids if i not in common)
-            if rest:
-                kept.append(dataclasses.replace(batch, ids=rest))
-        self._pending = kept
-        return changed
-
-    # ------------------------------------------------------------ receiving
-    def _count(self, reason: str, detail: str = "") -> None:
-        with self._lock:
-            self.dropped[reason] += 1
-            first = self.dropped[reason] == 1
-        # The first of each reason is worth a warning; repeats (a flood) only at debug level.
-        log.log(logging.WARNING if first else logging.DEBUG, "dropped a message (%s) %s; further ones are "
-                "counted in summary.json", reason, detail)
-
-    @staticmethod
-    def _entries(value: list[Any]) -> list[tuple[Any, Any]] | None:
-        """``[{id, reason}]`` as pairs; None if any entry is not such a map."""
-        if not all(isinstance(r, dict) for r in value):
-            return None
-        return [(r.get("id"), r.get("reason", "")) for r in value]
-
-    def _check_batch(self, msg: wire.Message, lease: Lease) -> str | None:
-        """Why this BATCH does not match its lease, or None if it does."""
-        try:
-            wire.require(msg, ids=list, rejected=list)
-            if "missed" in msg.fields:
-                wire.require(msg, missed=list)
-        except wire.ProtocolError as exc:
-            return exc.reason
-        if self.schema.check(msg.arrays, batch_dims(lease.batch.rows, lease.batch.shape, self.cfg.features.n_mels,
-                                                    self.cfg.features.hop_length, self.cfg.batching.ref_frames)):
-            return "bad_batch"
-        rejected = self._entries(msg["rejected"])
-        missed = self._entries(msg.get("missed", []))
-        if rejected is None or missed is None:
-            return "bad_batch"
-        delivered = msg["ids"]
-        accounted = [*delivered, *(i for i, _ in rejected), *(i for i, _ in missed)]
-        if not all(isinstance(x, str) for x in accounted):
-            return "bad_batch"
-        if len(accounted) != len(lease.batch.ids) or set(accounted) != set(lease.batch.ids):
-            return "bad_batch"
-        if self.schema.check_rows(msg.arrays, len(delivered)):
-            return "bad_batch"
-        return None
-
-    def _on_batch(self, peer: Peer, msg: wire.Message, now: float) -> None:
-        lease_id = msg.get("lease")
-        valid_id = isinstance(lease_id, int) and not isinstance(lease_id, bool)
-        lease = self._leases.get(lease_id) if valid_id else None
-        if lease is None:
-            self._count("unknown_lease", str(lease_id))
-            return
-        if lease.identity != peer.identity:
-            self._count("wrong_producer", str(lease_id))
-            return
-        if lease.state != "credited":
-            self._count("uncredited", str(lease_id))
-            return
-        problem = self._check_batch(msg, lease)
-        if problem is not None:
-            self._count(problem, str(lease_id))
-            log.warning("batch of lease %d from %s does not match its plan (%s); re-planning it",
-                        lease_id, peer.name, problem)
-            self._release([lease_id])
-            self._assign_all()
-            self._grant()
-            return
-        batch = lease.batch
-        delivered = list(msg["ids"])
-        if delivered:
-            frames = msg.arrays[FRAMES]
-            item = QueuedBatch(lease=lease_id, epoch=batch.epoch, index=batch.index, ids=delivered,
-                               arrays=msg.arrays, producer=peer.name, frames=int(frames.sum()),
-                               frames_computed=int(frames.shape[0] * batch.shape[1]))
+    # ------------------------------------------------------------ the loop
+    def _flush(self) -> None:
+        """Send what the scheduler decided, in order."""
+        router = self._router
+        assert router is not None
+        for identity, kind, fields in self.scheduler.take_outbox():
             try:
-                self.queue.put(item)
-            except QueueFull:
-                # Cannot happen while credits are counted right; if it does, re-plan rather than lose it.
-                log.error("queue full on delivery of lease %d; re-planning it", lease_id)
-                self._count("queue_full")
-                self._release([lease_id])
-                return
-            stats = MelStats.from_fields(msg.get("mel_stats"), self.cfg.features.n_mels)
-            if stats is not None:
-                with self._lock:
-                    self.mel_stats.add(stats)
-        self._credits_out -= 1
-        del self._leases[lease_id]
-        peer.leases.discard(lease_id)
-        rejections = [Rejection(str(i), str(reason)[:300] or "rejected by producer", peer.name)
-                      for i, reason in self._entries(msg["rejected"]) or []]
-        missed = self._entries(msg.get("missed", [])) or []
-        prep_ms = msg.get("prep_ms")
-        cache = msg.get("cache")
-        cache = cache if isinstance(cache, dict) else {}
+                router.send_multipart([identity, *wire.encode(kind, fields)], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                log.warning("could not send %s to %s: its queue is full", kind, identity)
+            except zmq.ZMQError as exc:
+                log.warning("could not send %s to %s: %s", kind, identity, exc)
 
-        def count(key: str) -> int:
-            value = cache.get(key, 0)
-            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-        with self._lock:
-            stats = self.producers[peer.name]
-            stats.batches += 1
-            stats.samples += len(delivered)
-            stats.rejected += len(rejections)
-            stats.misses += len(missed)
-            self.missed += len(missed)
-            if isinstance(prep_ms, (int, float)) and not isinstance(prep_ms, bool):
-                stats.prep_ms_total += float(prep_ms)
-            # Time the prepared batch waited for its credit: high when the trainer is the limit.
-            stats.credit_wait_ms_total += max(0.0, lease.credited_t - lease.ready_t) * 1e3
-            stats.cache_hits += count("hits")
-            stats.cache_computed += count("computed")
-            stats.cache_stale += count("stale")
-            stats.cache_corrupt += count("corrupt")
-        for r in rejections:
-            log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
-        self._reject(batch.epoch, rejections)
-        if missed:
-            ids = [str(i) for i, _ in missed]
-            for sample_id, reason in missed:
-                log.warning("producer %s (host %s) does not have %s (%s); re-planning it onto another producer",
-                            peer.name, peer.host, sample_id, str(reason)[:300])
-            peer.lacks.update(ids)
-            self._replan_missed(batch, ids)
-        # Every producer with a free slot, not only this one: one that lacks clips may have
-        # found nothing it could take a moment ago, and there may be new work now.
-        self._assign_all()
-        if not delivered:
-            self._grant()  # the credit came back without filling a slot
-
-    def _refuse(self, identity: bytes, name: str, host: str, reason: str, **extra: Any) -> None:
-        self._send(identity, wire.REFUSE, {"reason": reason, **extra})
-        self._remember(self._gone, identity)
-        first = reason not in self._refusal_reasons_seen
-        if first and len(self._refusal_reasons_seen) < IDENTITY_MEMORY:
-            self._refusal_reasons_seen.add(reason)
-        log.log(logging.WARNING if first else logging.DEBUG, "refused producer %s from %s: %s", name, host, reason)
-        with self._lock:
-            if len(self.refusals) < REFUSALS_KEPT:
-                self.refusals.append({"producer": name, "host": host, "reason": reason})
-
-    @staticmethod
-    def _remember(store: set[Any] | dict[Any, Any], key: Any, value: Any = None) -> None:
-        """Add to a bounded set or map: hostile peers must not grow it without limit."""
-        if len(store) >= IDENTITY_MEMORY and key not in store:
-            store.clear()  # forgetting costs at most a log line, a nudge or a miscounted close
-        if isinstance(store, set):
-            store.add(key)
-        else:
-            store[key] = value
-
-    def _on_hello(self, identity: bytes, msg: wire.Message, now: float, fd: int) -> None:
-        wire.require(msg, producer=str, host=str, pid=int)
-        name = msg["producer"][:200]
-        host = msg["host"][:200]
-        lacks: frozenset[str] = frozenset()
-        if self.dataset is not None:
-            agreement = check_agreement(self.dataset, msg.get("dataset"), host)
-            if not agreement.ok:
-                extra = ({"metadata_file": agreement.metadata_file, "columns": agreement.columns}
-                         if agreement.metadata_file else {})
-                self._refuse(identity, name, host, agreement.reason, **extra)
-                return
-            lacks = agreement.lacks
-        launcher = msg.get("launcher")
-        launcher = launcher if isinstance(launcher, int) and not isinstance(launcher, bool) else None
-        session = msg.get("session")
-        session = session if isinstance(session, str) else None
-        old = self._peers.get(identity)
-        if old is not None and session is not None and old.session == session:
-            self._send(identity, wire.WELCOME, self._welcome_fields(old))  # a HELLO retry crossed our WELCOME
-            return
-        if old is not None:  # reconnected with the same identity: it dropped its work
-            self._drop_peer(old, "reconnected")
-        for other in list(self._peers.values()):
-            if (launcher is not None and other.base_name == name and other.host == host
-                    and other.launcher == launcher):
-                # Its launcher restarted it: the old process is gone, its work need not wait for the timeout.
-                log.info("producer %s restarted on %s (pid %d, was %d); re-planning the %d leases of the old one",
-                         other.name, host, msg["pid"], other.pid, len(other.leases))
-                self._drop_peer(other, "restarted")
-        self._gone.discard(identity)
-        taken = {p.name for p in self._peers.values()}
-        unique, n = name, 2
-        while unique in taken:  # two hosts with one hostname, or two launchers on one host
-            unique, n = f"{name}#{n}", n + 1
-        peer = Peer(identity, unique, host, msg["pid"], len(self._peers), now, lacks=set(lacks), fd=fd,
-                    joined_t=now, base_name=name, launcher=launcher, session=session)
-        self._peers[identity] = peer
-        with self._lock:
-            stats = self.producers.setdefault(unique, ProducerStats(id=unique, host=host))
-            stats.status = "alive"
-            stats.host = host
-            stats.connections += 1
-            stats.lacks = len(lacks)
-            stats.first_lease_ms = None
-        log.info("producer %s joined from %s (pid %d)%s", unique, host, peer.pid,
-                 f"; it lacks {len(lacks)} audio files, which others will prepare" if lacks else "")
-        self._send(identity, wire.WELCOME, self._welcome_fields(peer))
-        self._assign(peer)
-
-    def _welcome_fields(self, peer: Peer) -> dict[str, Any]:
-        return {
-            "producer_index": peer.index,
-            "producer_name": peer.name,
-            "features": dataclasses.asdict(self.cfg.features),
-            "fields": self.cfg.batching.fields, "ref_frames": self.cfg.batching.ref_frames,
-            "transforms": dataclasses.asdict(self.cfg.transforms), "transform_versions": self.transform_versions,
-            "mel_norm": self.mel_norm,
-            "metadata_file": self.cfg.data.metadata_file,
-            "metadata_sha256": self.metadata_sha256,
-            "feature_cache": self.cfg.data.feature_cache,
-            "heartbeat_interval_s": self.cfg.pipeline.heartbeat_interval_s,
-            "heartbeat_timeout_s": self.cfg.pipeline.heartbeat_timeout_s,
-            "faults": dataclasses.asdict(self.cfg.faults),
-        }
-
-    def _nudge(self, identity: bytes, now: float) -> None:
-        """An identity we do not know talks as if it had joined: ask it to say HELLO again."""
-        if identity in self._gone or now - self._nudged.get(identity, -REJOIN_NUDGE_INTERVAL_S) < REJOIN_NUDGE_INTERVAL_S:
-            return
-        self._remember(self._nudged, identity, now)
-        self._send(identity, wire.REFUSE, {"reason": "unknown producer (the trainer restarted, or declared it "
-                                                     "dead): say HELLO again", "rejoin": True})
-
-    def _on_heartbeat(self, peer: Peer, msg: wire.Message, now: float) -> None:
-        ping = msg.get("ping")
-        if isinstance(ping, (int, float)) and not isinstance(ping, bool):
-            self._send(peer.identity, wire.HEARTBEAT, {"pong": ping})
-        rtt = msg.get("rtt_ms")
-        if isinstance(rtt, (int, float)) and not isinstance(rtt, bool) and 0 <= rtt <= MAX_RTT_S * 1e3:
-            with self._lock:
-                self.producers[peer.name].rtt_ms = round(float(rtt), 3)
-
-    def _on_message(self, frames: list[Any], now: float) -> None:
+    def _on_frames(self, frames: list[Any], now: float) -> None:
         if len(frames) < 2:
-            self._count("frame_count")
+            self.scheduler.on_message(b"", [], now)
             return
         first = frames[0]
         identity = bytes(first.bytes if hasattr(first, "bytes") else first)
@@ -784,134 +202,23 @@ class Coordinator:
             fd = first.get(zmq.SRCFD) if isinstance(first, zmq.Frame) else -1
         except zmq.ZMQError:
             fd = -1
-        if fd >= 0 and fd not in self._fd_owner:
-            self._remember(self._fd_owner, fd, identity)
-        try:
-            msg = wire.decode(frames[1:], max_bytes=self._max_bytes)
-        except wire.ProtocolError as exc:
-            self._count(exc.reason, exc.detail)
-            return
-        try:
-            if msg.kind == wire.HELLO:
-                if fd >= 0:
-                    self._fd_owner[fd] = identity
-                self._on_hello(identity, msg, now, fd)
-                return
-            peer = self._peers.get(identity)
-            if peer is None:
-                self._count("unknown_peer", msg.kind)
-                if msg.kind in (wire.HEARTBEAT, wire.READY, wire.BATCH):
-                    self._nudge(identity, now)
-                return
-            peer.last_seen = now
-            if fd >= 0:
-                peer.fd = fd
-                self._fd_owner[fd] = identity
-            if msg.kind == wire.BATCH:
-                self._on_batch(peer, msg, now)
-            elif msg.kind == wire.READY:
-                wire.require(msg, lease=int)
-                lease = self._leases.get(msg["lease"])
-                if lease is None or lease.identity != identity or lease.state != "working":
-                    self._count("unknown_lease", "ready")
-                    return
-                lease.state = "ready"
-                lease.ready_t = now
-                self._grant()
-            elif msg.kind == wire.HEARTBEAT:
-                self._on_heartbeat(peer, msg, now)
-            elif msg.kind == wire.ERROR:
-                text = f"{msg.get('type')}: {msg.get('message')} (in {msg.get('where')})"[:1000]
-                log.error("producer %s reported %s", peer.name, text)
-                with self._lock:
-                    self.producers[peer.name].last_error = text
-                if msg.get("fatal"):
-                    self._remember(self._gone, identity)
-                    self._drop_peer(peer, "crashed")
-            elif msg.kind == wire.BYE:
-                log.info("producer %s left, returning %d leases", peer.name, len(peer.leases))
-                self._remember(self._gone, identity)
-                self._drop_peer(peer, "left")
-            else:
-                self._count("unexpected_kind", msg.kind)
-        except wire.ProtocolError as exc:
-            self._count(exc.reason, exc.detail)
+        self.scheduler.on_message(identity, frames[1:], now, fd)
 
-    def _on_monitor_event(self, event: dict[str, Any]) -> None:
+    def _on_monitor_event(self, event: dict[str, Any], now: float) -> None:
         kind, value = event["event"], event["value"]
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            self._unmatched_handshake_failures += 1
-            self._count("unauthenticated", f"(a producer key not in the allow-list; ZAP status {value})")
+            self.scheduler.on_handshake_failed(True, value)
         elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-            self._unmatched_handshake_failures += 1
-            self._count("handshake_failed", f"(security mismatch or not ZeroMQ; code {value:#x})")
+            self.scheduler.on_handshake_failed(False, value)
         elif kind == zmq.EVENT_DISCONNECTED:
-            identity = self._fd_owner.pop(value, None)
-            if identity is None and self._unmatched_handshake_failures > 0:
-                self._unmatched_handshake_failures -= 1  # the close that follows a failed handshake
-                return
-            if identity is not None and identity in self._gone:
-                return  # closed after BYE or a refusal: expected
-            peer = self._peers.get(identity) if identity is not None else None
-            if peer is not None and peer.fd != value:
-                return  # an old connection handed over to the producer's new one
-            self._count("connection_dropped", "(closed without BYE: a frame above pipeline.max_message_mb, a broken "
-                                              "stream, or a producer that died)")
-            if peer is not None:
-                # Its process died (the kernel closed the connection) or the transport cut it:
-                # nothing more will come on it, so its work moves soon rather than after the
-                # heartbeat timeout; unless an ACCEPTED on the same descriptor follows within
-                # DISCONNECT_GRACE_S, which shows the close was of an older connection.
-                self._suspects[value] = (identity, time.monotonic())
-        elif kind == zmq.EVENT_ACCEPTED and value in self._suspects:
-            identity, _ = self._suspects.pop(value)
-            self._fd_owner[value] = identity
-            log.debug("a connection closed on fd %d was an older one; producer %s is on its new one", value,
-                      self._peers[identity].name if identity in self._peers else "?")
-
-    def _presume_dead_if_closed(self, now: float) -> None:
-        """Producers whose connection closed DISCONNECT_GRACE_S ago with no new one on its fd."""
-        for fd, (identity, seen) in list(self._suspects.items()):
-            if now - seen < DISCONNECT_GRACE_S:
-                continue
-            del self._suspects[fd]
-            peer = self._peers.get(identity)
-            if peer is None or peer.fd != fd or identity in self._gone:
-                continue
-            credited = any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases)
-            log.warning("the connection of producer %s closed without BYE: presumed dead, re-planning its %d "
-                        "leases%s", peer.name, len(peer.leases),
-                        f" (if this repeats, its batches may exceed pipeline.max_message_mb="
-                        f"{self.cfg.pipeline.max_message_mb})" if credited else "")
-            self._drop_peer(peer, "dead")
-
-    def _housekeeping(self, now: float) -> None:
-        self._presume_dead_if_closed(now)
-        timeout = self.cfg.pipeline.heartbeat_timeout_s
-        for peer in list(self._peers.values()):
-            if now - peer.last_seen > timeout:
-                log.warning("producer %s silent for %.1f s: presumed dead, re-planning its %d leases",
-                            peer.name, now - peer.last_seen, len(peer.leases))
-                self._drop_peer(peer, "dead")
-        stale = [lease.id for lease in self._leases.values()
-                 if lease.state == "credited" and now - lease.credited_t > timeout]
-        if stale:
-            log.warning("%d credited batches not delivered within %.1f s; re-planning them", len(stale), timeout)
-        stuck = [lease.id for lease in self._leases.values()
-                 if lease.state == "working" and now - lease.issued_t > self.cfg.pipeline.lease_timeout_s]
-        if stuck:
-            log.warning("%d leases not prepared within pipeline.lease_timeout_s=%.0f s; re-planning them",
-                        len(stuck), self.cfg.pipeline.lease_timeout_s)
-        if stale or stuck:
-            self._revoke(stale + stuck)
-            self._assign_all()
-        self._grant()
+            self.scheduler.on_connection_closed(value, now)
+        elif kind == zmq.EVENT_ACCEPTED:
+            self.scheduler.on_connection_accepted(value)
 
     def _say_stop(self, router: zmq.Socket) -> None:
         """STOP to every producer, then wait (bounded) for their BYEs or their connections to close."""
-        for identity in self._peers:
-            self._send(identity, wire.STOP, {"reason": "run over"})
-        waiting = {identity for identity, peer in self._peers.items() if peer.fd >= 0}
+        waiting = set(self.scheduler.stop())
+        self._flush()
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         if self._monitor is not None:
@@ -925,7 +232,7 @@ class Coordinator:
                 except zmq.Again:
                     event = {}
                 if event.get("event") == zmq.EVENT_DISCONNECTED:
-                    waiting.discard(self._fd_owner.get(event["value"], b""))
+                    waiting.discard(self.scheduler.owner_of(event["value"]) or b"")
             if router not in events:
                 continue
             try:
@@ -954,8 +261,7 @@ class Coordinator:
         poller.register(router, zmq.POLLIN)
         poller.register(self._wake, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
-        interval = self.cfg.pipeline.heartbeat_interval_s
-        last_beat = last_housekeeping = time.monotonic()
+        last_tick = time.monotonic()
         try:
             while not self.stop.is_set():
                 events = dict(poller.poll(POLL_INTERVAL_MS))
@@ -966,32 +272,26 @@ class Coordinator:
                             self._wake.recv(flags=zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                    self._grant()
+                    self.scheduler.on_free(now)
                 if monitor in events:
-                    for _ in range(64):
+                    for _ in range(BURST):
                         try:
-                            self._on_monitor_event(recv_monitor_message(monitor, flags=zmq.NOBLOCK))
+                            self._on_monitor_event(recv_monitor_message(monitor, flags=zmq.NOBLOCK), now)
                         except zmq.Again:
                             break
                 if router in events:
-                    for _ in range(64):  # bounded burst, then heartbeats get their turn
+                    for _ in range(BURST):
                         try:
                             frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        self._on_message(frames, now)
-                if now - last_beat >= interval:
-                    for identity in list(self._peers):
-                        self._send(identity, wire.HEARTBEAT, {})
-                    last_beat = now
-                if now - last_housekeeping >= POLL_INTERVAL_MS / 1000:
-                    self._housekeeping(now)
-                    last_housekeeping = now
+                        self._on_frames(frames, now)
+                        self._flush()
+                if now - last_tick >= POLL_INTERVAL_MS / 1000:
+                    self.scheduler.tick(now)
+                    last_tick = now
+                self._flush()
         finally:
             self._say_stop(router)
             self._close_sockets(router, STOP_LINGER_MS)
             self._wake.close()
-            with self._lock:
-                for stats in self.producers.values():
-                    if stats.status == "alive":
-                        stats.status = "stopped"

