@@ -5,8 +5,9 @@ nothing else is accepted: an unknown key or a value of the wrong type is a
 :class:`ConfigError`, not a silent default (as nanoGPT's configurator refuses them).
 Units are part of the names (``_ms``, ``_s``, ``_hz``, ``_mb``).
 
-Precedence, lowest first: dataclass defaults, the YAML file, command-line flags,
-``--set section.key=value`` overrides. The resolved config is written to the run
+Each default is written once, in ``configs/default.yaml`` beside what it means; the
+dataclasses take their defaults from it (:func:`section`). Precedence, lowest first: those
+defaults, the YAML file given, command-line flags, ``--set section.key=value`` overrides. The resolved config is written to the run
 directory as ``config.yaml`` and is what every child process loads.
 """
 
@@ -18,7 +19,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -36,137 +37,167 @@ class ConfigError(UserError, ValueError):
     """A configuration the user wrote cannot be used (unknown key, wrong type, bad value)."""
 
 
-@dataclass(frozen=True)
+def _yaml_defaults() -> dict[str, Any]:
+    with open(DEFAULT_CONFIG, encoding="utf-8") as f:
+        return yaml.safe_load(f) or {}
+
+
+# Every default is written once, in configs/default.yaml beside its explanation; the
+# sections below take theirs from it (section()).
+YAML_DEFAULTS = _yaml_defaults()
+
+
+def section(name: str, defaults: Mapping[str, Any] | None = None) -> Callable[[type], type]:
+    """A frozen dataclass for config section ``name`` whose field defaults are the section's
+    values in configs/default.yaml (``defaults``: another mapping of sections, for tests).
+    A field the file lacks, or a key of the file no field has, is an error here, at import."""
+    table = YAML_DEFAULTS if defaults is None else defaults
+
+    def make(cls: type) -> type:
+        values = table.get(name) or {}
+        fields = list(cls.__dict__.get("__annotations__", {}))
+        missing, unknown = [f for f in fields if f not in values], [k for k in values if k not in fields]
+        if missing or unknown:
+            raise RuntimeError(f"{DEFAULT_CONFIG.name}, section {name}: no default for {missing}; keys no setting "
+                               f"has: {unknown}")
+        for key in fields:
+            setattr(cls, key, values[key])
+        return dataclass(frozen=True)(cls)
+
+    return make
+
+
+@section("data")
 class DataConfig:
     """Where the dataset is and which clips are usable."""
 
-    path: str = ""  # LJSpeech-layout directory; empty means the embedded demo set
-    metadata_file: str = "metadata.csv"  # LJSpeech lines (see data.columns), or a *.jsonl manifest
-    columns: str = ""  # metadata fields, e.g. "id|speaker|text"; "" = by field count (shared/layouts.py)
-    eval_file: str = ""  # held-out clips in the same layout (metadata_eval.csv); "" = trainer.val_clips by hash
-    min_audio_s: float = 0.2  # shorter clips are rejected at index time
-    max_audio_s: float = 20.0  # longer clips are rejected at index time
-    max_tokens: int = 400  # texts that tokenize to more are rejected at index time
-    index_cache: str = ""  # "" = DATASET/.stoker (or the user cache dir if read-only); "off"; or a directory
-    index_workers: int = 0  # processes reading audio headers on a cold index build; 0 = one per usable core
-    feature_cache: str = ""  # "" = off; "auto" = DATASET/.stoker/features (or the user cache dir); or a directory
+    path: str  # LJSpeech-layout directory; empty means the embedded demo set
+    metadata_file: str  # LJSpeech lines (see data.columns), or a *.jsonl manifest
+    columns: str  # metadata fields, e.g. "id|speaker|text"; "" = by field count (shared/layouts.py)
+    eval_file: str  # held-out clips in the same layout (metadata_eval.csv); "" = trainer.val_clips by hash
+    min_audio_s: float  # shorter clips are rejected at index time
+    max_audio_s: float  # longer clips are rejected at index time
+    max_tokens: int  # texts that tokenize to more are rejected at index time
+    index_cache: str  # "" = DATASET/.stoker (or the user cache dir if read-only); "off"; or a directory
+    index_workers: int  # processes reading audio headers on a cold index build; 0 = one per usable core
+    feature_cache: str  # "" = off; "auto" = DATASET/.stoker/features (or the user cache dir); or a directory
 
 
-@dataclass(frozen=True)
+@section("text")
 class TextConfig:
     """What a clip's text becomes (shared/text.py): the front-end and its language rules."""
 
-    frontend: str = "characters"  # characters | phonemes | package.module:function (--text-frontend)
-    language: str = "en"  # language of clips whose metadata names none (--language)
-    digits: str = "spell"  # spell: numbers spelled out in the clip's language (num2words) | keep: digit symbols
-    max_lost_frac: float = 0.0  # reject a clip whose text loses more than this share of its characters
+    frontend: str  # characters | phonemes | package.module:function (--text-frontend)
+    language: str  # language of clips whose metadata names none (--language)
+    digits: str  # spell: numbers spelled out in the clip's language (num2words) | keep: digit symbols
+    max_lost_frac: float  # reject a clip whose text loses more than this share of its characters
 
 
-@dataclass(frozen=True)
+@section("features")
 class FeaturesConfig:
     """The log-mel spectrogram; see producer/features.py for the exact definition."""
 
-    sample_rate_hz: int = 22050
-    n_fft: int = 1024
-    hop_length: int = 256
-    win_length: int = 1024
-    n_mels: int = 80
-    fmin_hz: float = 0.0
-    fmax_hz: float = 8000.0
-    log_floor: float = 1e-5  # magnitudes below this are clamped before the log
-    backend: str = "auto"  # "tf": TensorFlow ops on the data device; "numpy": numpy/scipy; "auto": tf on a GPU
+    sample_rate_hz: int
+    n_fft: int
+    hop_length: int
+    win_length: int
+    n_mels: int
+    fmin_hz: float
+    fmax_hz: float
+    log_floor: float  # magnitudes below this are clamped before the log
+    backend: str  # "tf": TensorFlow ops on the data device; "numpy": numpy/scipy; "auto": tf on a GPU
 
 
-@dataclass(frozen=True)
+@section("transforms")
 class TransformsConfig:
     """What a producer does to a clip's waveform before its log-mel (producer/transforms.py); all off."""
 
-    user: str = ""  # the user's transforms, first: package.module:function, comma-separated
-    fields: str = ""  # batch fields they return: name:dtype:DIMS:pad, comma-separated (e.g. pitch:float32:T:0)
-    trim_db: float = 0.0  # cut leading and trailing frames this many dB below the loudest (0: off)
-    normalize: str = "off"  # off | peak (to peak_dbfs) | loudness (to loudness_lufs, ITU-R BS.1770)
-    peak_dbfs: float = -1.0
-    loudness_lufs: float = -23.0
-    preemphasis: float = 0.0  # y[n] = x[n] - a x[n-1] (0: off; 0.97 is common)
-    mel_norm: str = "off"  # off | dataset: (mel - mean) / std per channel, the dataset's statistics (precompute)
+    user: str  # the user's transforms, first: package.module:function, comma-separated
+    fields: str  # batch fields they return: name:dtype:DIMS:pad, comma-separated (e.g. pitch:float32:T:0)
+    trim_db: float  # cut leading and trailing frames this many dB below the loudest (0: off)
+    normalize: str  # off | peak (to peak_dbfs) | loudness (to loudness_lufs, ITU-R BS.1770)
+    peak_dbfs: float
+    loudness_lufs: float
+    preemphasis: float  # y[n] = x[n] - a x[n-1] (0: off; 0.97 is common)
+    mel_norm: str  # off | dataset: (mel - mean) / std per channel, the dataset's statistics (precompute)
 
 
-@dataclass(frozen=True)
+@section("batching")
 class BatchingConfig:
     """How the epoch plan groups samples into batches of a few fixed shapes."""
 
-    batch_size: int = 16  # rows of every batch (fixed rows; ignored under a frame budget)
-    max_frames: int = 0  # frame budget (--max-frames): rows per bucket so a batch holds about this many frames; 0 = off
-    num_buckets: int = 4  # distinct padded shapes, so the trainer traces at most this many
-    frames_multiple: int = 16  # bucket frame bounds are rounded up to a multiple of this
-    tokens_multiple: int = 8  # bucket token bounds are rounded up to a multiple of this
-    seed: int = 1234  # seeds the per-epoch shuffle of batches
-    fields: str = ""  # optional batch fields, comma-separated: speaker_id, language_id, stop, audio, ref_mel
-    ref_frames: int = 256  # R of ref_mel: frames of the reference clip (cropped around its middle, or padded)
+    batch_size: int  # rows of every batch (fixed rows; ignored under a frame budget)
+    max_frames: int  # frame budget (--max-frames): rows per bucket so a batch holds about this many frames; 0 = off
+    num_buckets: int  # distinct padded shapes, so the trainer traces at most this many
+    frames_multiple: int  # bucket frame bounds are rounded up to a multiple of this
+    tokens_multiple: int  # bucket token bounds are rounded up to a multiple of this
+    seed: int  # seeds the per-epoch shuffle of batches
+    fields: str  # optional batch fields, comma-separated: speaker_id, language_id, stop, audio, ref_mel
+    ref_frames: int  # R of ref_mel: frames of the reference clip (cropped around its middle, or padded)
 
 
-@dataclass(frozen=True)
+@section("pipeline")
 class PipelineConfig:
     """Processes, sockets and flow control."""
 
-    producers: int = 2  # local producer processes; 0 means remote ones only
-    producers_auto: bool = False  # --producers auto: start with one, add/remove by evidence
-    max_producers: int = 0  # ceiling for producers_auto (0: the host's core count)
-    bind: str = "tcp://127.0.0.1:*"  # consumer's ROUTER endpoint; '*' picks a free port
-    buffer_size: int = 3  # queue capacity in batches (receiving, staged, training)
-    model_start_delay_s: float = 2.0  # warm-up: after the first batch, wait for a full queue or this
-    lease_ahead: int = 3  # planned batches a producer may hold (prepared or in preparation)
-    heartbeat_interval_s: float = 1.0  # how often each side says it is alive
-    heartbeat_timeout_s: float = 5.0  # silence after which a peer is presumed dead
-    lease_timeout_s: float = 120.0  # a lease not prepared in this long is re-planned elsewhere
-    max_message_mb: int = 256  # larger frames are refused by the socket (ZMQ_MAXMSGSIZE)
-    producer_restarts: int = 3  # restarts of one crashed local producer before giving up
-    keys: str = ""  # directory of CURVE keys (empty: no authentication)
-    insecure: bool = False  # allow binding a non-loopback address without keys
+    producers: int  # local producer processes; 0 means remote ones only
+    producers_auto: bool  # --producers auto: start with one, add/remove by evidence
+    max_producers: int  # ceiling for producers_auto (0: the host's core count)
+    bind: str  # consumer's ROUTER endpoint; '*' picks a free port
+    buffer_size: int  # queue capacity in batches (receiving, staged, training)
+    model_start_delay_s: float  # warm-up: after the first batch, wait for a full queue or this
+    lease_ahead: int  # planned batches a producer may hold (prepared or in preparation)
+    heartbeat_interval_s: float  # how often each side says it is alive
+    heartbeat_timeout_s: float  # silence after which a peer is presumed dead
+    lease_timeout_s: float  # a lease not prepared in this long is re-planned elsewhere
+    max_message_mb: int  # larger frames are refused by the socket (ZMQ_MAXMSGSIZE)
+    producer_restarts: int  # restarts of one crashed local producer before giving up
+    keys: str  # directory of CURVE keys (empty: no authentication)
+    insecure: bool  # allow binding a non-loopback address without keys
 
 
-@dataclass(frozen=True)
+@section("devices")
 class DevicesConfig:
     """GPU pinning. None means: no GPU for that role (CPU), unless auto-selected."""
 
-    data_gpu: int | None = None
-    model_gpu: int | None = None
-    data_gpu_memory_mb: int | None = None  # per producer process
-    model_gpu_memory_mb: int | None = None
+    data_gpu: int | None
+    model_gpu: int | None
+    data_gpu_memory_mb: int | None  # per producer process
+    model_gpu_memory_mb: int | None
 
 
-@dataclass(frozen=True)
+@section("trainer")
 class TrainerConfig:
     """The training loop and the model's optimisation (consumer/models.py, consumer/tts.py)."""
 
-    model: str = "tiny"  # tiny | small | base | synthetic:MS | package.module:function
-    steps: int | None = 300  # stop after this many steps (None: run --epochs)
-    epochs: int | None = None  # stop after this many full epochs (overrides steps)
-    loss: str = "mel"  # mel: stoker's masked L1 (+ the model's own terms) | model: the model's terms only | mod:fn
-    optimizer: str = "adam"  # adam | adamw | package.module:function (called with learning_rate=the schedule)
-    weight_decay: float = 0.01  # AdamW's decoupled weight decay (optimizer: adamw)
-    learning_rate: float = 2e-3  # peak learning rate, reached after the warm-up
-    warmup_steps: int = 30  # optimizer updates of linear learning-rate warm-up
-    lr_decay: str = "cosine"  # after the warm-up: cosine | cosine_restarts | noam | constant (consumer/models.lr_at)
-    min_lr_frac: float = 0.1
-    restart_steps: int = 1000  # cosine_restarts: optimizer updates per cycle
-    grad_accum: int = 1  # batches whose gradients are summed into one update
-    clip_norm: float = 1.0  # clip the update's global gradient norm to this (0: no clipping)
-    l2_weight: float = 0.0  # weight of the masked L2 mel loss added to the L1
-    length_loss_weight: float = 0.1  # weight of the length head's loss (what synth uses to choose T)
-    precision: str = "auto"  # auto (mixed_float16 on GPU, float32 on CPU) | float32 | mixed_float16 | mixed_bfloat16
-    jit_compile: bool | None = None  # XLA for the step; None: on for a GPU, off on the CPU
-    max_bad_steps: int = 20  # stop after this many non-finite losses in a row (each is skipped)
-    val_clips: int = 4  # clips held out of training for the validation loss (at most a tenth)
-    val_every_steps: int = 100  # validation loss (and a mel image in tb/) this often, and at the end
-    log_every_steps: int = 25  # progress line interval; the only point the step syncs with the host
-    record_samples: bool = False  # write samples.jsonl (ids of every batch)
-    seed: int = 0
-    checkpoint_every_steps: int = 100  # checkpoint (ckpt/) every this many steps; 0 = only at the end and on stop
-    keep_checkpoints: int = 3  # the newest this many checkpoints are kept
+    model: str  # tiny | small | base | synthetic:MS | package.module:function
+    steps: int | None  # stop after this many steps (None: run --epochs)
+    epochs: int | None  # stop after this many full epochs (overrides steps)
+    loss: str  # mel: stoker's masked L1 (+ the model's own terms) | model: the model's terms only | mod:fn
+    optimizer: str  # adam | adamw | package.module:function (called with learning_rate=the schedule)
+    weight_decay: float  # AdamW's decoupled weight decay (optimizer: adamw)
+    learning_rate: float  # peak learning rate, reached after the warm-up
+    warmup_steps: int  # optimizer updates of linear learning-rate warm-up
+    lr_decay: str  # after the warm-up: cosine | cosine_restarts | noam | constant (consumer/models.lr_at)
+    min_lr_frac: float
+    restart_steps: int  # cosine_restarts: optimizer updates per cycle
+    grad_accum: int  # batches whose gradients are summed into one update
+    clip_norm: float  # clip the update's global gradient norm to this (0: no clipping)
+    l2_weight: float  # weight of the masked L2 mel loss added to the L1
+    length_loss_weight: float  # weight of the length head's loss (what synth uses to choose T)
+    precision: str  # auto (mixed_float16 on GPU, float32 on CPU) | float32 | mixed_float16 | mixed_bfloat16
+    jit_compile: bool | None  # XLA for the step; None: on for a GPU, off on the CPU
+    max_bad_steps: int  # stop after this many non-finite losses in a row (each is skipped)
+    val_clips: int  # clips held out of training for the validation loss (at most a tenth)
+    val_every_steps: int  # validation loss (and a mel image in tb/) this often, and at the end
+    log_every_steps: int  # progress line interval; the only point the step syncs with the host
+    record_samples: bool  # write samples.jsonl (ids of every batch)
+    seed: int
+    checkpoint_every_steps: int  # checkpoint (ckpt/) every this many steps; 0 = only at the end and on stop
+    keep_checkpoints: int  # the newest this many checkpoints are kept
 
 
-@dataclass(frozen=True)
+@section("faults")
 class FaultsConfig:
     """Injected faults, to test the diagnosis on controlled scenarios (all off by default).
 
@@ -174,18 +205,18 @@ class FaultsConfig:
     a stall for a periodic hiccup (garbage collection, a storage pause).
     """
 
-    producer_delay_ms: float = 0.0  # added to the preparation of every batch
-    producer_stall_every_s: float = 0.0  # a producer stalls once per this period (0: never)
-    producer_stall_s: float = 0.0  # for this long
+    producer_delay_ms: float  # added to the preparation of every batch
+    producer_stall_every_s: float  # a producer stalls once per this period (0: never)
+    producer_stall_s: float  # for this long
 
 
-@dataclass(frozen=True)
+@section("run")
 class RunConfig:
     """Where the run's files go."""
 
-    run_dir: str = ""  # empty: runs/<timestamp>/
-    log_level: str = "INFO"
-    metrics_port: int = 0  # serve Prometheus metrics on this port (0: off)
+    run_dir: str  # empty: runs/<timestamp>/
+    log_level: str
+    metrics_port: int  # serve Prometheus metrics on this port (0: off)
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,26 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 # --------------------------------------------------------------------------- default.yaml
 
-def test_default_yaml_equals_dataclass_defaults() -> None:
+def test_default_yaml_is_where_the_defaults_come_from() -> None:
     assert load(DEFAULT_YAML) == Config()
     assert load(None) == Config()
+    raw = yaml.safe_load(DEFAULT_YAML.read_text(encoding="utf-8"))
+    assert Config().trainer.learning_rate == raw["trainer"]["learning_rate"]
+
+
+def test_a_section_without_a_default_or_with_a_stray_key_is_refused_at_once() -> None:
+    class Lacking:
+        a: int
+        b: str
+
+    with pytest.raises(RuntimeError, match=r"section s: no default for \['b'\]; keys no setting has: \['c'\]"):
+        config_mod.section("s", {"s": {"a": 1, "c": 2}})(Lacking)
+
+    class Complete:
+        a: int
+
+    made = config_mod.section("s", {"s": {"a": 7}})(Complete)
+    assert made().a == 7 and made(a=3).a == 3
 
 
 def test_default_yaml_lists_every_field_and_nothing_else() -> None:
