@@ -9,7 +9,7 @@ import pytest
 
 from tests.procs import run_cli
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 def one_error_line(result) -> str:

@@ -10,7 +10,7 @@ from tests.factories import make_faulty_dataset
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.test_run import check_exactly_once
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 FAST = ["--model", "synthetic:1", "--model-start-delay", "0.2", "--set", "features.backend=numpy"]
 

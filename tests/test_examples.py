@@ -23,6 +23,8 @@ if str(EXAMPLES) not in sys.path:
 
 import ar_tts  # noqa: E402  (found on docs/examples, as a user's module is on PYTHONPATH)
 
+pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
+
 N_MELS = 80
 FIELDS = "speaker_id,language_id,stop"
 LOSS_NAMES = {"mel_l1", "postnet_l1", "stop"}

@@ -17,7 +17,7 @@ import pytest
 from tests.procs import read_json, read_jsonl
 
 pytest.importorskip("tensorflow")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PROJECT = Path(__file__).resolve().parents[1]
 EXAMPLES = PROJECT / "docs" / "examples"

@@ -27,7 +27,7 @@ from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 from stoker.shared.keys import make_keys
 from tests.procs import RunProcess, read_json, read_jsonl
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 NUMPY_FEATURES = ["--set", "features.backend=numpy"]
 FAST_HEARTBEAT = ["--set", "pipeline.heartbeat_interval_s=0.3", "--set", "pipeline.heartbeat_timeout_s=1.5"]

@@ -10,7 +10,7 @@ import pytest
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.mark.slow

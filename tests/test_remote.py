@@ -28,7 +28,7 @@ from stoker.shared.keys import make_keys
 from tests.factories import make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 NUMPY_FEATURES = ["--set", "features.backend=numpy"]
 # A dead producer's leases move 1.5 s after its last message.

@@ -18,6 +18,8 @@ from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES, check_exactly_once
 
+pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
+
 DEMO_IDS = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
 # Batches of 4 make 16 steps an epoch on the 64 demo clips: a checkpoint every 3 steps
 # leaves time to crash mid-epoch after one. Steps of 60 ms keep the epoch at about a

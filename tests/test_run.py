@@ -14,7 +14,7 @@ from stoker.shared import config as config_mod
 from tests.factories import append_metadata, make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SUMMARY_FIELDS = {"steps", "epochs_completed", "samples", "wall_s", "steps_per_s", "samples_per_s",
                   "data_wait_frac", "queue_depth_mean", "starved_steps", "rejected", "producers", "verdict",

@@ -17,7 +17,7 @@ import pytest
 from stoker.benchmarks import alternatives, data, producers, suite
 from stoker.benchmarks.common import ratio
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import pytest
 
 from stoker.benchmarks import data
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def test_tiny_data_benchmark_reports_every_figure_and_target(tmp_path):

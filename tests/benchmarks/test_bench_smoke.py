@@ -71,6 +71,7 @@ def test_batch_shape_sizes_are_close_to_target():
 
 
 # ---------------------------------------------------------------- transport
+@pytest.mark.slow  # processes or sockets
 def test_transport_tiny():
     rows = transport.run(tiny_transport_plan(), sizes=TINY_SIZES)
     assert len(rows) == len(transport.TRANSPORTS) * len(TINY_SIZES)
@@ -106,6 +107,7 @@ def test_transport_tiny():
     assert "ratio" in text and "ceiling" in text and "frames send" in text
 
 
+@pytest.mark.slow  # processes or sockets
 def test_transport_other_window_is_not_judged():
     plan = transport.TransportPlan(repetitions=1, messages={"64KiB": 10}, warmup=2, timeout_s=60,
                                    transports=("tcp",), kinds=("raw", "protocol"), capacity=1)
@@ -201,6 +203,7 @@ def test_memory_analyze_flags_growth():
 
 
 # ---------------------------------------------------------------- the suite and bench.json
+@pytest.mark.slow  # processes or sockets
 def test_suite_writes_bench_json(tmp_path, monkeypatch):
     def fake_run_once(spec, keep=None):
         summary, rows = fake_run(steps=spec.steps)
@@ -250,6 +253,7 @@ def test_suite_records_a_failing_section(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- one very short real run
+@pytest.mark.slow  # processes or sockets
 def test_pipeline_short_real_run():
     # numpy backend and the synthetic trainer: no TensorFlow is imported anywhere
     result = pipeline.run_once(pipeline.RunSpec("numpy", 1, 10, 1, targets=False))

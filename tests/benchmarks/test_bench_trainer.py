@@ -7,6 +7,8 @@ import pytest
 
 from stoker.benchmarks import suite, trainer
 
+pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
+
 pytest.importorskip("tensorflow")
 
 

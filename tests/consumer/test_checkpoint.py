@@ -220,6 +220,7 @@ def test_no_checkpoint_is_an_error(tmp_path):
 
 
 # --------------------------------------------------------------------------- coordinator
+@pytest.mark.slow  # processes or sockets
 def test_coordinator_leases_only_what_the_position_left(harness):
     cfg = make_config(lease_ahead=20)
     plan_of = EpochPlanner(samples(12), cfg.batching)
@@ -238,6 +239,7 @@ def test_coordinator_leases_only_what_the_position_left(harness):
     assert sock.poll(300) == 0 or wire.decode(sock.recv_multipart()).kind == wire.HEARTBEAT
 
 
+@pytest.mark.slow  # processes or sockets
 def test_coordinator_skips_complete_epochs(harness):
     cfg = make_config(lease_ahead=20)
     plan_of = EpochPlanner(samples(12), cfg.batching)

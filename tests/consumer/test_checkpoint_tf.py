@@ -16,7 +16,7 @@ from tests.factories import make_samples
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 PLANNER = EpochPlanner(make_samples(20, seed=5), BatchingConfig(batch_size=4, num_buckets=2))
 

@@ -14,7 +14,7 @@ from stoker.shared import wire
 from tests.consumer.harness import make_config
 from tests.factories import make_batch
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 def test_hello_welcome_and_leases(harness):
     h = harness(cfg=make_config())

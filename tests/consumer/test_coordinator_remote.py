@@ -18,7 +18,7 @@ from stoker.shared.keys import load_client_keys, load_server_keys, make_keys
 from tests.consumer.harness import Harness, make_config, samples
 from tests.factories import describe_copy, fake_scan
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 IDS = [s.id for s in samples(12)]
 # Every wait in these tests ends by this deadline; a healthy run needs a fraction of it.

@@ -16,7 +16,7 @@ from tests.consumer.fake_runs import SAVED_MODELS, fake_run
 from tests.procs import run_cli
 
 tf = pytest.importorskip("tensorflow")
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 # Plain TensorFlow in a fresh interpreter where importing any module of stoker fails: an
 # editable install would make them importable from anywhere, so they are blocked outright.

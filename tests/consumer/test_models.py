@@ -19,6 +19,8 @@ from tests.factories import TOKEN_IDS, make_batch
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
+
 SHAPE = (16, 32)  # (L, T) of every test batch
 # A small user model: mechanics that do not need the real one are traced in a fraction of tiny's time.
 GOOD = "tests.consumer.user_models:good"

@@ -15,6 +15,8 @@ from tests.procs import run_cli
 
 tf = pytest.importorskip("tensorflow")
 
+pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
+
 
 def test_synth_writes_mel_and_png(tmp_path) -> None:
     run_dir = _run_dir(tmp_path)

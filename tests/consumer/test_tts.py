@@ -11,6 +11,8 @@ from tests.factories import make_batch
 
 tf = pytest.importorskip("tensorflow")
 
+pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
+
 
 def test_check_spec_names_presets_synthetic_and_user_models() -> None:
     assert tts.check_spec("tiny") == tts.check_spec("small") == tts.check_spec("base") == "preset"

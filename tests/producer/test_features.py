@@ -255,6 +255,7 @@ def _librosa_log_mel(audio: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
 
 @pytest.mark.parametrize("cfg", [CFG, dataclasses.replace(CFG, win_length=800, n_mels=64, fmin_hz=40.0)],
                          ids=["default", "win800-mels64-fmin40"])
+@pytest.mark.slow  # processes or sockets
 def test_matches_librosa(cfg: FeaturesConfig) -> None:
     audio = chirp_with_noise(cfg=cfg)
     expected = _librosa_log_mel(audio, cfg)

@@ -17,7 +17,7 @@ from stoker.shared import wire
 from stoker.shared.config import FeaturesConfig
 from tests.factories import make_dataset
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 RECV_TIMEOUT_MS = 10000
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ("import sys; sys.path.insert(0, sys.argv[1])\n"

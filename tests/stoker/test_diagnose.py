@@ -14,7 +14,7 @@ from stoker.diagnose import analyse, autocorrelation, find_period, render, spark
 from tests.factories import make_dataset
 from tests.procs import read_json, run_cli
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 FAST = ["--set", "features.backend=numpy", "--batch-size", "4", "--model-start-delay", "0.5",
         "--log-level", "WARNING"]

@@ -27,7 +27,7 @@ from stoker.feed import FeedError
 from tests.factories import make_dataset
 from tests.procs import free_port, read_json, read_jsonl
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 PROJECT = Path(__file__).resolve().parents[2]
 
