@@ -8,12 +8,9 @@ events of the socket monitor) and sends what it leaves in its outbox
 into the bounded queue. Every event carries the time, so its tests drive it with events
 and a clock of their own and assert the messages, without sockets or timeouts.
 
-Joining: a producer's HELLO describes its dataset (shared/dataset/agreement.py). A producer
-whose metadata or audio index does not match the trainer's is sent REFUSE with the
-reason, which both sides log. One that lacks some audio files is accepted; it is
-never leased those samples. A HELLO with the name, host and launcher pid of a live
-producer is that producer restarted: the old one's leases are re-planned at once.
-Otherwise several producers with one name (two hosts with one hostname) get ``#2``...
+Peers (consumer/peers.py) is the part that knows who has joined and who is presumed gone
+(HELLO and the dataset agreement, names, connections, heartbeats, silence); dropping a
+peer calls back here, and its leases are re-planned.
 
 Leases (work): the epoch plan (consumer/plan.py) is handed out batch by batch. Each
 producer holds up to ``lease_ahead`` leases. A lease is identified by a fresh integer;
@@ -42,12 +39,6 @@ so the queue can never overflow, its depth is exact, and a producer that freezes
 at most its share of it. A credit not used within the heartbeat timeout is revoked and
 its batch re-planned.
 
-Liveness: each side sends HEARTBEAT every ``heartbeat_interval_s``; a producer's
-heartbeat carries a ping that is answered at once (pong), so the producer measures the
-round trip (``rtt_ms`` per producer in summary.json). A message from an identity the
-scheduler does not know (the trainer restarted, or declared that producer dead) is
-answered, at most once a second, with REFUSE ``rejoin``: the producer says HELLO again.
-
 Anything malformed or unexpected is dropped and counted by reason (``rejected_messages``
 in summary.json); nothing a peer sends can stop the scheduler.
 """
@@ -60,7 +51,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from stoker.consumer.buffer import BatchQueue, QueuedBatch, QueueFull
@@ -69,7 +60,8 @@ from stoker.producer.transforms import load_user
 from stoker.shared import wire
 from stoker.shared.batch import FRAMES, batch_dims
 from stoker.shared.config import Config, batch_schema
-from stoker.shared.dataset import DatasetScan, check_agreement
+from stoker.consumer.peers import Peer, Peers, ProducerStats
+from stoker.shared.dataset import DatasetScan
 from stoker.shared.layouts import Rejection
 from stoker.shared.melstats import MelStats
 
@@ -78,20 +70,6 @@ log = logging.getLogger("consumer.coordinator")
 # A producer that lacks clips looks this far into the pending list for a batch it can
 # take (whole or in part); beyond it, it waits for others to take the front.
 ASSIGN_SCAN_LIMIT = 256
-# Tell an unknown identity to say HELLO again at most this often: a restarted trainer
-# brings its producers back at once, and a flood of garbage gets no amplification.
-REJOIN_NUDGE_INTERVAL_S = 1.0
-# Bounds on per-identity bookkeeping, so hostile peers cannot grow it without limit.
-IDENTITY_MEMORY = 4096
-# Refusals kept for summary.json (each also logged; repeats of one reason at debug level).
-REFUSALS_KEPT = 100
-# A pong older than this is from a previous connection, not a round trip.
-MAX_RTT_S = 60.0
-# A closed connection is held against its producer this long before the producer is
-# presumed dead: the kernel reuses file descriptors, so the close of an older connection
-# (a refused oversized frame, a fuzzer) can be reported after a producer's new connection
-# took the same descriptor, whose ACCEPTED event then follows at once in the event stream.
-DISCONNECT_GRACE_S = 0.5
 # A message kind and its fields, for the producer with that identity.
 Outgoing = tuple[bytes, str, dict[str, Any]]
 
@@ -105,53 +83,6 @@ class Lease:
     issued_t: float = 0.0
     ready_t: float = 0.0
     credited_t: float = 0.0
-
-
-@dataclass
-class Peer:
-    identity: bytes
-    name: str
-    host: str
-    pid: int
-    index: int
-    last_seen: float
-    leases: set[int] = field(default_factory=set)
-    lacks: set[str] = field(default_factory=set)  # sample ids this producer has no audio for
-    fd: int = -1  # the socket's file descriptor of its current connection
-    joined_t: float = 0.0
-    base_name: str = ""  # the name it asked for (``name`` may carry a #N suffix)
-    launcher: int | None = None  # pid of the process that started it, on its host
-    session: str | None = None  # one per connection of the producer: repeated HELLOs carry the same
-
-
-@dataclass
-class ProducerStats:
-    id: str
-    host: str
-    batches: int = 0
-    samples: int = 0
-    rejected: int = 0
-    status: str = "alive"
-    connections: int = 0
-    misses: int = 0  # leased clips this producer did not have (re-planned elsewhere)
-    lacks: int = 0  # clips it declared missing at HELLO
-    rtt_ms: float | None = None  # last heartbeat round trip it measured
-    first_lease_ms: float | None = None  # from its (last) HELLO to its first lease
-    prep_ms_total: float = 0.0
-    credit_wait_ms_total: float = 0.0
-    last_error: str = ""
-    # Feature cache, summed over this producer's batches (see producer/feature_cache.py).
-    cache_hits: int = 0
-    cache_computed: int = 0  # log-mels computed from audio (no valid entry) and stored
-    cache_stale: int = 0
-    cache_corrupt: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["prep_ms_mean"] = round(self.prep_ms_total / self.batches, 3) if self.batches else None
-        out["credit_wait_ms_mean"] = round(self.credit_wait_ms_total / self.batches, 3) if self.batches else None
-        del out["prep_ms_total"], out["credit_wait_ms_total"]
-        return out
 
 
 @dataclass
@@ -201,7 +132,6 @@ class Scheduler:
         self.queue = queue
         self.max_epochs = max_epochs
         self.on_rejected = on_rejected or (lambda rejections: None)
-        self.dataset = dataset  # None: accept any producer's dataset (tests, benchmarks)
         self._now = now  # the time of the event being handled
         self._last_beat = now
         self._outbox: list[Outgoing] = []
@@ -211,29 +141,24 @@ class Scheduler:
         self._next_epoch = resume.first_open() if resume is not None else 0
         self._next_lease = 1
         self._leases: dict[int, Lease] = {}
-        self._peers: dict[bytes, Peer] = {}
         self._credits_out = 0
         self._orphans: dict[tuple[int, int], Failover] = {}  # re-planned batches of a gone producer
-        self._fd_owner: dict[int, bytes] = {}  # connection -> identity that spoke on it
-        self._gone: set[bytes] = set()  # identities that said BYE or were refused: their close is expected
-        self._nudged: dict[bytes, float] = {}
-        self._unmatched_handshake_failures = 0
-        self._suspects: dict[int, tuple[bytes, float]] = {}  # fd -> (identity, when its close was seen)
-        self._refusal_reasons_seen: set[str] = set()
         self._lock = threading.Lock()  # guards the stats below, read by other threads
-        self.producers: dict[str, ProducerStats] = {}
         self.dropped: collections.Counter[str] = collections.Counter()
         self.reissued = 0
         self.missed = 0
-        self.refusals: list[dict[str, str]] = []
         self.failovers: list[Failover] = []
         self._epoch_rejected: collections.Counter[int] = collections.Counter()
         self._max_bytes = cfg.pipeline.max_message_mb << 20
+        self.peers = Peers(cfg, dataset, self._send, self._count, self._welcome_fields, self._on_dropped,
+                           self._holds_credits, self._lock)
+        # The scheduler reads the membership: the live peers, and the per-producer figures it adds to.
+        self._peers = self.peers.live
+        self.producers: dict[str, ProducerStats] = self.peers.producers
 
     # ------------------------------------------------------------ stats for the trainer
     def alive(self) -> int:
-        with self._lock:
-            return sum(1 for p in self.producers.values() if p.status == "alive")
+        return self.peers.alive()
 
     def rejected_in_epoch(self, epoch: int) -> int:
         """Samples of ``epoch`` rejected while the run went on (they will not be trained)."""
@@ -247,7 +172,7 @@ class Scheduler:
                 "rejected_messages": dict(self.dropped),
                 "reissued_leases": self.reissued,
                 "missed_samples": self.missed,
-                "refused_producers": list(self.refusals),
+                "refused_producers": list(self.peers.refusals),
                 "failovers": [f.to_json() for f in self.failovers],
             }
 
@@ -353,8 +278,11 @@ class Scheduler:
                 self._send(lease.identity, wire.REVOKE, {"lease": lease_id})
         self._release(lease_ids)
 
-    def _drop_peer(self, peer: Peer, status: str) -> None:
-        self._peers.pop(peer.identity, None)
+    def _holds_credits(self, peer: Peer) -> bool:
+        return any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases)
+
+    def _on_dropped(self, peer: Peer, status: str) -> None:
+        """A peer is gone (consumer/peers.py): its leases go back to the front of the plan."""
         now = self._now
         failover = None
         if peer.leases:
@@ -362,11 +290,8 @@ class Scheduler:
                                 silent_s=round(now - peer.last_seen, 3),
                                 last_heard_unix=time.time() - (now - peer.last_seen), declared_unix=time.time())
         self._release(sorted(peer.leases), orphaned_by=failover)
-        with self._lock:
-            stats = self.producers.get(peer.name)
-            if stats is not None:
-                stats.status = status
-            if failover is not None:
+        if failover is not None:
+            with self._lock:
                 self.failovers.append(failover)
         self._assign_all()
         self._grant()
@@ -571,77 +496,6 @@ class Scheduler:
         if not delivered:
             self._grant()  # the credit came back without filling a slot
 
-    def _refuse(self, identity: bytes, name: str, host: str, reason: str, **extra: Any) -> None:
-        self._send(identity, wire.REFUSE, {"reason": reason, **extra})
-        self._remember(self._gone, identity)
-        first = reason not in self._refusal_reasons_seen
-        if first and len(self._refusal_reasons_seen) < IDENTITY_MEMORY:
-            self._refusal_reasons_seen.add(reason)
-        log.log(logging.WARNING if first else logging.DEBUG, "refused producer %s from %s: %s", name, host, reason)
-        with self._lock:
-            if len(self.refusals) < REFUSALS_KEPT:
-                self.refusals.append({"producer": name, "host": host, "reason": reason})
-
-    @staticmethod
-    def _remember(store: set[Any] | dict[Any, Any], key: Any, value: Any = None) -> None:
-        """Add to a bounded set or map: hostile peers must not grow it without limit."""
-        if len(store) >= IDENTITY_MEMORY and key not in store:
-            store.clear()  # forgetting costs at most a log line, a nudge or a miscounted close
-        if isinstance(store, set):
-            store.add(key)
-        else:
-            store[key] = value
-
-    def _on_hello(self, identity: bytes, msg: wire.Message, now: float, fd: int) -> None:
-        wire.require(msg, producer=str, host=str, pid=int)
-        name = msg["producer"][:200]
-        host = msg["host"][:200]
-        lacks: frozenset[str] = frozenset()
-        if self.dataset is not None:
-            agreement = check_agreement(self.dataset, msg.get("dataset"), host)
-            if not agreement.ok:
-                extra = ({"metadata_file": agreement.metadata_file, "columns": agreement.columns}
-                         if agreement.metadata_file else {})
-                self._refuse(identity, name, host, agreement.reason, **extra)
-                return
-            lacks = agreement.lacks
-        launcher = msg.get("launcher")
-        launcher = launcher if isinstance(launcher, int) and not isinstance(launcher, bool) else None
-        session = msg.get("session")
-        session = session if isinstance(session, str) else None
-        old = self._peers.get(identity)
-        if old is not None and session is not None and old.session == session:
-            self._send(identity, wire.WELCOME, self._welcome_fields(old))  # a HELLO retry crossed our WELCOME
-            return
-        if old is not None:  # reconnected with the same identity: it dropped its work
-            self._drop_peer(old, "reconnected")
-        for other in list(self._peers.values()):
-            if (launcher is not None and other.base_name == name and other.host == host
-                    and other.launcher == launcher):
-                # Its launcher restarted it: the old process is gone, its work need not wait for the timeout.
-                log.info("producer %s restarted on %s (pid %d, was %d); re-planning the %d leases of the old one",
-                         other.name, host, msg["pid"], other.pid, len(other.leases))
-                self._drop_peer(other, "restarted")
-        self._gone.discard(identity)
-        taken = {p.name for p in self._peers.values()}
-        unique, n = name, 2
-        while unique in taken:  # two hosts with one hostname, or two launchers on one host
-            unique, n = f"{name}#{n}", n + 1
-        peer = Peer(identity, unique, host, msg["pid"], len(self._peers), now, lacks=set(lacks), fd=fd,
-                    joined_t=now, base_name=name, launcher=launcher, session=session)
-        self._peers[identity] = peer
-        with self._lock:
-            stats = self.producers.setdefault(unique, ProducerStats(id=unique, host=host))
-            stats.status = "alive"
-            stats.host = host
-            stats.connections += 1
-            stats.lacks = len(lacks)
-            stats.first_lease_ms = None
-        log.info("producer %s joined from %s (pid %d)%s", unique, host, peer.pid,
-                 f"; it lacks {len(lacks)} audio files, which others will prepare" if lacks else "")
-        self._send(identity, wire.WELCOME, self._welcome_fields(peer))
-        self._assign(peer)
-
     def _welcome_fields(self, peer: Peer) -> dict[str, Any]:
         return {
             "producer_index": peer.index,
@@ -658,23 +512,6 @@ class Scheduler:
             "faults": dataclasses.asdict(self.cfg.faults),
         }
 
-    def _nudge(self, identity: bytes, now: float) -> None:
-        """An identity we do not know talks as if it had joined: ask it to say HELLO again."""
-        if identity in self._gone or now - self._nudged.get(identity, -REJOIN_NUDGE_INTERVAL_S) < REJOIN_NUDGE_INTERVAL_S:
-            return
-        self._remember(self._nudged, identity, now)
-        self._send(identity, wire.REFUSE, {"reason": "unknown producer (the trainer restarted, or declared it "
-                                                     "dead): say HELLO again", "rejoin": True})
-
-    def _on_heartbeat(self, peer: Peer, msg: wire.Message, now: float) -> None:
-        ping = msg.get("ping")
-        if isinstance(ping, (int, float)) and not isinstance(ping, bool):
-            self._send(peer.identity, wire.HEARTBEAT, {"pong": ping})
-        rtt = msg.get("rtt_ms")
-        if isinstance(rtt, (int, float)) and not isinstance(rtt, bool) and 0 <= rtt <= MAX_RTT_S * 1e3:
-            with self._lock:
-                self.producers[peer.name].rtt_ms = round(float(rtt), 3)
-
     def on_message(self, identity: bytes, frames: list[Any], now: float, fd: int = -1) -> None:
         """A message from ``identity`` (the frames after its identity frame), received on the
         connection ``fd`` (-1: a transport without one)."""
@@ -682,8 +519,7 @@ class Scheduler:
         if not frames:
             self._count("frame_count")
             return
-        if fd >= 0 and fd not in self._fd_owner:
-            self._remember(self._fd_owner, fd, identity)
+        peer = self.peers.heard(identity, now, fd)
         try:
             msg = wire.decode(frames, max_bytes=self._max_bytes)
         except wire.ProtocolError as exc:
@@ -691,20 +527,16 @@ class Scheduler:
             return
         try:
             if msg.kind == wire.HELLO:
-                if fd >= 0:
-                    self._fd_owner[fd] = identity
-                self._on_hello(identity, msg, now, fd)
+                self.peers.saying_hello(identity, fd)
+                joined = self.peers.hello(identity, msg, now, fd)
+                if joined is not None:
+                    self._assign(joined)
                 return
-            peer = self._peers.get(identity)
             if peer is None:
                 self._count("unknown_peer", msg.kind)
                 if msg.kind in (wire.HEARTBEAT, wire.READY, wire.BATCH):
-                    self._nudge(identity, now)
+                    self.peers.nudge(identity, now)
                 return
-            peer.last_seen = now
-            if fd >= 0:
-                peer.fd = fd
-                self._fd_owner[fd] = identity
             if msg.kind == wire.BATCH:
                 self._on_batch(peer, msg, now)
             elif msg.kind == wire.READY:
@@ -717,19 +549,17 @@ class Scheduler:
                 lease.ready_t = now
                 self._grant()
             elif msg.kind == wire.HEARTBEAT:
-                self._on_heartbeat(peer, msg, now)
+                self.peers.heartbeat(peer, msg, now)
             elif msg.kind == wire.ERROR:
                 text = f"{msg.get('type')}: {msg.get('message')} (in {msg.get('where')})"[:1000]
                 log.error("producer %s reported %s", peer.name, text)
                 with self._lock:
                     self.producers[peer.name].last_error = text
                 if msg.get("fatal"):
-                    self._remember(self._gone, identity)
-                    self._drop_peer(peer, "crashed")
+                    self.peers.left(peer, "crashed")
             elif msg.kind == wire.BYE:
                 log.info("producer %s left, returning %d leases", peer.name, len(peer.leases))
-                self._remember(self._gone, identity)
-                self._drop_peer(peer, "left")
+                self.peers.left(peer, "left")
             else:
                 self._count("unexpected_kind", msg.kind)
         except wire.ProtocolError as exc:
@@ -737,56 +567,16 @@ class Scheduler:
 
     def on_handshake_failed(self, unauthenticated: bool, value: int) -> None:
         """A connection failed its security handshake (CURVE): its close follows."""
-        self._unmatched_handshake_failures += 1
-        if unauthenticated:
-            self._count("unauthenticated", f"(a producer key not in the allow-list; ZAP status {value})")
-        else:
-            self._count("handshake_failed", f"(security mismatch or not ZeroMQ; code {value:#x})")
+        self.peers.handshake_failed(unauthenticated, value)
 
     def on_connection_closed(self, fd: int, now: float) -> None:
         """The connection on ``fd`` closed."""
         self._now = now
-        identity = self._fd_owner.pop(fd, None)
-        if identity is None and self._unmatched_handshake_failures > 0:
-            self._unmatched_handshake_failures -= 1  # the close that follows a failed handshake
-            return
-        if identity is not None and identity in self._gone:
-            return  # closed after BYE or a refusal: expected
-        peer = self._peers.get(identity) if identity is not None else None
-        if peer is not None and peer.fd != fd:
-            return  # an old connection handed over to the producer's new one
-        self._count("connection_dropped", "(closed without BYE: a frame above pipeline.max_message_mb, a broken "
-                                          "stream, or a producer that died)")
-        if peer is not None:
-            # Its process died (the kernel closed the connection) or the transport cut it:
-            # nothing more will come on it, so its work moves soon rather than after the
-            # heartbeat timeout; unless a connection accepted on the same descriptor follows
-            # within DISCONNECT_GRACE_S, which shows the close was of an older connection.
-            self._suspects[fd] = (identity, now)
+        self.peers.connection_closed(fd, now)
 
     def on_connection_accepted(self, fd: int) -> None:
         """A connection was accepted on ``fd`` (the kernel reuses descriptors)."""
-        if fd in self._suspects:
-            identity, _ = self._suspects.pop(fd)
-            self._fd_owner[fd] = identity
-            log.debug("a connection closed on fd %d was an older one; producer %s is on its new one", fd,
-                      self._peers[identity].name if identity in self._peers else "?")
-
-    def _presume_dead_if_closed(self, now: float) -> None:
-        """Producers whose connection closed DISCONNECT_GRACE_S ago with no new one on its fd."""
-        for fd, (identity, seen) in list(self._suspects.items()):
-            if now - seen < DISCONNECT_GRACE_S:
-                continue
-            del self._suspects[fd]
-            peer = self._peers.get(identity)
-            if peer is None or peer.fd != fd or identity in self._gone:
-                continue
-            credited = any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases)
-            log.warning("the connection of producer %s closed without BYE: presumed dead, re-planning its %d "
-                        "leases%s", peer.name, len(peer.leases),
-                        f" (if this repeats, its batches may exceed pipeline.max_message_mb="
-                        f"{self.cfg.pipeline.max_message_mb})" if credited else "")
-            self._drop_peer(peer, "dead")
+        self.peers.connection_accepted(fd)
 
     def on_free(self, now: float) -> None:
         """The trainer took a batch: a queue slot is free."""
@@ -806,24 +596,16 @@ class Scheduler:
         """The run is over: STOP to every producer; the identities that will answer on a connection."""
         for identity in self._peers:
             self._send(identity, wire.STOP, {"reason": "run over"})
-        with self._lock:
-            for stats in self.producers.values():
-                if stats.status == "alive":
-                    stats.status = "stopped"
-        return [identity for identity, peer in self._peers.items() if peer.fd >= 0]
+        self.peers.stopped()
+        return self.peers.on_connections()
 
     def owner_of(self, fd: int) -> bytes | None:
         """The identity that last spoke on connection ``fd``."""
-        return self._fd_owner.get(fd)
+        return self.peers.owner_of(fd)
 
     def _housekeeping(self, now: float) -> None:
-        self._presume_dead_if_closed(now)
+        self.peers.expire(now)
         timeout = self.cfg.pipeline.heartbeat_timeout_s
-        for peer in list(self._peers.values()):
-            if now - peer.last_seen > timeout:
-                log.warning("producer %s silent for %.1f s: presumed dead, re-planning its %d leases",
-                            peer.name, now - peer.last_seen, len(peer.leases))
-                self._drop_peer(peer, "dead")
         stale = [lease.id for lease in self._leases.values()
                  if lease.state == "credited" and now - lease.credited_t > timeout]
         if stale:

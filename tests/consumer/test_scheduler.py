@@ -12,7 +12,8 @@ import pytest
 
 from stoker.consumer.buffer import BatchQueue
 from stoker.consumer.plan import EpochPlanner
-from stoker.consumer.scheduler import DISCONNECT_GRACE_S, Scheduler
+from stoker.consumer.peers import DISCONNECT_GRACE_S
+from stoker.consumer.scheduler import Scheduler
 from stoker.shared import wire
 from tests.consumer.harness import make_config, samples
 from tests.factories import fake_scan, make_batch
