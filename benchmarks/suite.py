@@ -42,7 +42,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, starvation, trainer,
                         transforms, transport)
@@ -120,68 +120,62 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every judged target, flat: what, the figure, its numbers, met."""
+def _target(section: str, what: str, value: float, limit: float, met: bool,
+            ratio: dict[str, Any] | None = None) -> dict[str, Any]:
+    r = ratio or {}
+    return {"section": section, "what": what, "value": value, "numerator": r.get("numerator"),
+            "denominator": r.get("denominator"), "limit": limit, "met": met}
+
+
+def _listed(sections: dict[str, Any], names: Sequence[str]) -> list[dict[str, Any]]:
+    """The targets of sections that list their own (what, value, limit, met, ratio)."""
     out = []
-    for row in sections.get("transport") or []:
-        if row["target"]["applies"]:
-            r = row["ratio"]
-            out.append({"section": "transport", "what": f"{row['transport']} {row['size']}: {row['target']['what']}",
-                        "value": r["value"], "numerator": r["numerator"], "denominator": r["denominator"],
-                        "limit": row["target"]["min_ratio"], "met": row["target"]["met"]})
-    for cfg in (sections.get("pipeline") or {}).get("configs", []):
+    for name in names:
+        section = sections.get(name) or {}
+        items = (section.get("index") or {}).get("targets", {}).values() if name == "scaling" \
+            else section.get("targets", [])
+        out += [_target(name, t["what"], t["value"], t["limit"], t["met"], t.get("ratio")) for t in items]
+    return out
+
+
+def _pipeline_targets(pipeline_section: dict[str, Any] | None) -> list[dict[str, Any]]:
+    out = []
+    for cfg in (pipeline_section or {}).get("configs", []):
         if not cfg.get("targets"):
             continue
         t = cfg["targets"]
-        r = cfg["steps_ratio"]
-        out.append({"section": "pipeline", "what": t["steps_per_s"]["what"], "value": r["value"],
-                    "numerator": r["numerator"], "denominator": r["denominator"],
-                    "limit": t["steps_per_s"]["min_ratio"], "met": t["steps_per_s"]["met"]})
-        w = cfg["data_wait_frac"]["median"]
-        out.append({"section": "pipeline", "what": t["data_wait_frac"]["what"], "value": w,
-                    "numerator": None, "denominator": None, "limit": t["data_wait_frac"]["max"],
-                    "met": t["data_wait_frac"]["met"]})
+        out.append(_target("pipeline", t["steps_per_s"]["what"], cfg["steps_ratio"]["value"],
+                           t["steps_per_s"]["min_ratio"], t["steps_per_s"]["met"], cfg["steps_ratio"]))
+        out.append(_target("pipeline", t["data_wait_frac"]["what"], cfg["data_wait_frac"]["median"],
+                           t["data_wait_frac"]["max"], t["data_wait_frac"]["met"]))
         if cfg["capacity"]:
             c = cfg["capacity"]["ratio"]
-            out.append({"section": "pipeline", "what": t["capacity_above_demand"]["what"], "value": c["value"],
-                        "numerator": c["numerator"], "denominator": c["denominator"], "limit": 1.0,
-                        "met": t["capacity_above_demand"]["met"]})
-    for name, scenario in (sections.get("starvation") or {}).items():
-        out.append({"section": "starvation", "what": f"{name}: {scenario['target']}", "value": float(scenario["met"]),
-                    "numerator": None, "denominator": None, "limit": 1.0, "met": scenario["met"]})
-    for t in (sections.get("data") or {}).get("targets", []):
-        r = t.get("ratio") or {}
-        out.append({"section": "data", "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
-                    "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
-    for t in (sections.get("alternatives") or {}).get("targets", []):
-        r = t.get("ratio") or {}
-        out.append({"section": "alternatives", "what": t["what"], "value": t["value"],
-                    "numerator": r.get("numerator"), "denominator": r.get("denominator"), "limit": t["limit"],
-                    "met": t["met"]})
-    index = (sections.get("scaling") or {}).get("index") or {}
-    for t in index.get("targets", {}).values():
-        r = t.get("ratio") or {}
-        out.append({"section": "scaling", "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
-                    "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
+            out.append(_target("pipeline", t["capacity_above_demand"]["what"], c["value"], 1.0,
+                               t["capacity_above_demand"]["met"], c))
+    return out
+
+
+def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every judged target, flat: what, the figure, its numbers, met."""
+    out = [_target("transport", f"{row['transport']} {row['size']}: {row['target']['what']}", row["ratio"]["value"],
+                   row["target"]["min_ratio"], row["target"]["met"], row["ratio"])
+           for row in sections.get("transport") or [] if row["target"]["applies"]]
+    out += _pipeline_targets(sections.get("pipeline"))
+    out += [_target("starvation", f"{name}: {scenario['target']}", float(scenario["met"]), 1.0, scenario["met"])
+            for name, scenario in (sections.get("starvation") or {}).items()]
+    out += _listed(sections, ("data", "alternatives", "scaling"))
     tr = sections.get("trainer")
     if tr:
         o, r = tr["overhead"], tr["retraces"]
-        out.append({"section": "trainer", "what": "input side (dequeue + staging) overhead vs in-memory tensors",
-                    "value": o["overhead"]["value"], "numerator": o["overhead"]["numerator"],
-                    "denominator": o["overhead"]["denominator"], "limit": o["target"], "met": o["met"]})
-        out.append({"section": "trainer", "what": f"traces after warm-up over {r['steps']} steps",
-                    "value": float(r["traces_after_warmup"]), "numerator": None, "denominator": None,
-                    "limit": 0.0, "met": r["met"]})
-    for section in ("batching", "transforms", "feed"):
-        for t in (sections.get(section) or {}).get("targets", []):
-            r = t.get("ratio") or {}
-            out.append({"section": section, "what": t["what"], "value": t["value"], "numerator": r.get("numerator"),
-                        "denominator": r.get("denominator"), "limit": t["limit"], "met": t["met"]})
+        out.append(_target("trainer", "input side (dequeue + staging) overhead vs in-memory tensors",
+                           o["overhead"]["value"], o["target"], o["met"], o["overhead"]))
+        out.append(_target("trainer", f"traces after warm-up over {r['steps']} steps",
+                           float(r["traces_after_warmup"]), 0.0, r["met"]))
+    out += _listed(sections, ("batching", "transforms", "feed"))
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
-        out.append({"section": "memory", "what": c["what"], "value": c["growth_mb"], "numerator": None,
-                    "denominator": None, "limit": c["limit_mb"], "met": c["met"]})
+        out.append(_target("memory", c["what"], c["growth_mb"], c["limit_mb"], c["met"]))
     return out
 
 

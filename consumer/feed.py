@@ -24,6 +24,9 @@ came, ``queue_depth`` the batches held when asking, ``step_ms`` the time from ha
 batch out until ``step_done`` (or the next request). The first request waits until the
 queue is full or ``pipeline.model_start_delay_s`` has passed (warm-up, ``warmup_s``).
 
+One file of some 600 lines: opening, handing out, recording and closing are the life of
+one object whose state (plan, position, queue, step logs) they all share.
+
 Stop: the step budget is reached, the planned epochs are complete (every sample of each
 trained, or rejected while the run went on), or ``stop`` is set (checked between steps
 and while waiting). :meth:`close` then stops the coordinator (STOP to every producer),

@@ -209,47 +209,14 @@ class KerasTrainer:
             # Build the variables and check the contract on a batch of the first bucket's shape.
             dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size, self.schema,
                                      cfg.features.hop_length, cfg.batching.ref_frames)
-            try:
-                result = self.model(dummy, training=False)
-            except ModelError:
-                raise
-            except KeyError as exc:  # Keras wraps the key in its own message: find the field's name in it
-                said = re.sub(r"\x1b\[[0-9;]*m", "", str(exc.args[0]) if exc.args else "")  # no terminal colours
-                wanted = [n for n in OPTIONAL if n not in self.schema.names and re.search(rf"\b{n}\b", said)]
-                if wanted:
-                    switch = OPTIONAL[wanted[0]].length_of or wanted[0]  # a length field comes with its field
-                    switchable = [n for n, f in OPTIONAL.items() if not f.length_of]
-                    raise ModelError(f"--model {t.model} reads the batch field {wanted[0]!r}, which this run does "
-                                     f"not switch on: --set batching.fields={switch} (optional fields: "
-                                     f"{', '.join(switchable)})") from None
-                raise ModelError(f"--model {t.model}: calling the model failed: KeyError: "
-                                 f"{str(exc).splitlines()[0]}; {tts.CONTRACT}") from exc
-            except Exception as exc:  # the user's model code: its error, named with the contract
-                raise ModelError(f"--model {t.model}: calling the model on a batch of B={batch}, "
-                                 f"L={tokens}, T={frames}, F={n_mels} failed: "
-                                 f"{tts.explain(exc, t.model, self.precision)}; {tts.CONTRACT}") from exc
+            result = self._first_call(dummy, (batch, tokens, frames, n_mels))
             tts.check_outputs(t.model, result, batch, frames, n_mels)
             self.loss_mode = t.loss
             self.user_loss = tts.load_function(t.loss, "trainer.loss") if t.loss not in ("mel", "model") else None
             self.term_names = self._check_loss(tts.outputs_of(result), dummy)
             self.validation_training = bool(getattr(self.model, "validation_training", False))
             self.param_count = tts.count_params(self.model)
-            updates = -(-total_batches // self.accum) if total_batches else None
-            self.total_updates = updates
-            if optimizer is None:
-                optimizer = self._optimizer(keras, self._schedule(keras, updates))
-            self.loss_scaling = self.precision == "mixed_float16"
-            if self.loss_scaling:
-                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            self.optimizer = optimizer
-            variables = self.model.trainable_variables
-            self.optimizer.build(variables)
-            self._grad_sums = ([tf.Variable(tf.zeros_like(v), trainable=False, name="grad_sum") for v in variables]
-                               if self.accum > 1 else [])
-            self._frames_sum = tf.Variable(0.0, trainable=False, name="frames_sum")
-            self._micro = tf.Variable(0, trainable=False, dtype=tf.int64, name="micro_step")
-            self._bad_in_row = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_in_row")
-            self._bad_total = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_total")
+            self._make_optimizer(keras, optimizer, total_batches)
         self._function = tf.function(self._grad_fn, jit_compile=self.jit_compile, reduce_retracing=False)
         self._update = tf.function(self._update_fn, jit_compile=self.jit_compile).get_concrete_function(
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32),
@@ -263,6 +230,53 @@ class KerasTrainer:
         log.info("model %s: %s trainable parameters; precision %s%s; XLA %s; gradient accumulation %d",
                  t.model, f"{self.param_count:,}", self.precision, " with loss scaling" if self.loss_scaling else "",
                  "on" if self.jit_compile else "off", self.accum)
+
+    def _first_call(self, dummy: dict[str, Any], dims: tuple[int, int, int, int]) -> Any:
+        """The model called on a batch of the first bucket's shape (which builds its variables);
+        ModelError (the user's one line) for a model that fails or reads a field the run lacks."""
+        t = self.cfg.trainer
+        batch, tokens, frames, n_mels = dims
+        try:
+            result = self.model(dummy, training=False)
+        except ModelError:
+            raise
+        except KeyError as exc:  # Keras wraps the key in its own message: find the field's name in it
+            said = re.sub(r"\x1b\[[0-9;]*m", "", str(exc.args[0]) if exc.args else "")  # no terminal colours
+            wanted = [n for n in OPTIONAL if n not in self.schema.names and re.search(rf"\b{n}\b", said)]
+            if wanted:
+                switch = OPTIONAL[wanted[0]].length_of or wanted[0]  # a length field comes with its field
+                switchable = [n for n, f in OPTIONAL.items() if not f.length_of]
+                raise ModelError(f"--model {t.model} reads the batch field {wanted[0]!r}, which this run does "
+                                 f"not switch on: --set batching.fields={switch} (optional fields: "
+                                 f"{', '.join(switchable)})") from None
+            raise ModelError(f"--model {t.model}: calling the model failed: KeyError: "
+                             f"{str(exc).splitlines()[0]}; {tts.CONTRACT}") from exc
+        except Exception as exc:  # the user's model code: its error, named with the contract
+            raise ModelError(f"--model {t.model}: calling the model on a batch of B={batch}, "
+                             f"L={tokens}, T={frames}, F={n_mels} failed: "
+                             f"{tts.explain(exc, t.model, self.precision)}; {tts.CONTRACT}") from exc
+        return result
+
+    def _make_optimizer(self, keras: Any, optimizer: Any, total_batches: int | None) -> None:
+        """The optimizer (trainer.optimizer and its schedule, loss-scaled under mixed_float16),
+        built, and the variables of accumulation and of the non-finite guard."""
+        tf = self.tf
+        updates = -(-total_batches // self.accum) if total_batches else None
+        self.total_updates = updates
+        if optimizer is None:
+            optimizer = self._optimizer(keras, self._schedule(keras, updates))
+        self.loss_scaling = self.precision == "mixed_float16"
+        if self.loss_scaling:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        self.optimizer = optimizer
+        variables = self.model.trainable_variables
+        self.optimizer.build(variables)
+        self._grad_sums = ([tf.Variable(tf.zeros_like(v), trainable=False, name="grad_sum") for v in variables]
+                           if self.accum > 1 else [])
+        self._frames_sum = tf.Variable(0.0, trainable=False, name="frames_sum")
+        self._micro = tf.Variable(0, trainable=False, dtype=tf.int64, name="micro_step")
+        self._bad_in_row = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_in_row")
+        self._bad_total = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_total")
 
     def _check_loss(self, out: dict[str, Any], batch: dict[str, Any]) -> list[str]:
         """The names of the loss terms, from the loss of the first batch; ModelError (one line)

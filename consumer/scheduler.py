@@ -41,6 +41,10 @@ its batch re-planned.
 
 Anything malformed or unexpected is dropped and counted by reason (``rejected_messages``
 in summary.json); nothing a peer sends can stop the scheduler.
+
+It is one file of some 600 lines on purpose: leases, credits and re-planning change
+together on nearly every event (a delivery frees a credit, re-plans misses and leases
+again), so split further, each part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -411,52 +415,83 @@ class Scheduler:
         return None
 
     def _on_batch(self, peer: Peer, msg: wire.Message, now: float) -> None:
+        lease = self._credited_lease(peer, msg)
+        if lease is None:
+            return
+        problem = self._check_batch(msg, lease)
+        if problem is not None:
+            self._count(problem, str(lease.id))
+            log.warning("batch of lease %d from %s does not match its plan (%s); re-planning it",
+                        lease.id, peer.name, problem)
+            self._release([lease.id])
+            self._assign_all()
+            self._grant()
+            return
+        delivered = list(msg["ids"])
+        if delivered and not self._enqueue(peer, msg, lease, delivered):
+            return
+        self._credits_out -= 1
+        del self._leases[lease.id]
+        peer.leases.discard(lease.id)
+        rejections = [Rejection(str(i), str(reason)[:300] or "rejected by producer", peer.name)
+                      for i, reason in self._entries(msg["rejected"]) or []]
+        missed = self._entries(msg.get("missed", [])) or []
+        self._tally(peer, msg, lease, len(delivered), len(rejections), len(missed))
+        for r in rejections:
+            log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
+        self._reject(lease.batch.epoch, rejections)
+        if missed:
+            ids = [str(i) for i, _ in missed]
+            for sample_id, reason in missed:
+                log.warning("producer %s (host %s) does not have %s (%s); re-planning it onto another producer",
+                            peer.name, peer.host, sample_id, str(reason)[:300])
+            peer.lacks.update(ids)
+            self._replan_missed(lease.batch, ids)
+        # Every producer with a free slot, not only this one: one that lacks clips may have
+        # found nothing it could take a moment ago, and there may be new work now.
+        self._assign_all()
+        if not delivered:
+            self._grant()  # the credit came back without filling a slot
+
+    def _credited_lease(self, peer: Peer, msg: wire.Message) -> Lease | None:
+        """The lease a BATCH is for, when it is this peer's and credited; else counted, None."""
         lease_id = msg.get("lease")
         valid_id = isinstance(lease_id, int) and not isinstance(lease_id, bool)
         lease = self._leases.get(lease_id) if valid_id else None
         if lease is None:
             self._count("unknown_lease", str(lease_id))
-            return
-        if lease.identity != peer.identity:
+        elif lease.identity != peer.identity:
             self._count("wrong_producer", str(lease_id))
-            return
-        if lease.state != "credited":
+        elif lease.state != "credited":
             self._count("uncredited", str(lease_id))
-            return
-        problem = self._check_batch(msg, lease)
-        if problem is not None:
-            self._count(problem, str(lease_id))
-            log.warning("batch of lease %d from %s does not match its plan (%s); re-planning it",
-                        lease_id, peer.name, problem)
-            self._release([lease_id])
-            self._assign_all()
-            self._grant()
-            return
+        else:
+            return lease
+        return None
+
+    def _enqueue(self, peer: Peer, msg: wire.Message, lease: Lease, delivered: list[str]) -> bool:
+        """The batch into the bounded queue (and its mel statistics counted); False if it was
+        full, which credits make impossible: then it is re-planned, not lost."""
         batch = lease.batch
-        delivered = list(msg["ids"])
-        if delivered:
-            frames = msg.arrays[FRAMES]
-            item = QueuedBatch(lease=lease_id, epoch=batch.epoch, index=batch.index, ids=delivered,
-                               arrays=msg.arrays, producer=peer.name, frames=int(frames.sum()),
-                               frames_computed=int(frames.shape[0] * batch.shape[1]))
-            try:
-                self.queue.put(item)
-            except QueueFull:
-                # Cannot happen while credits are counted right; if it does, re-plan rather than lose it.
-                log.error("queue full on delivery of lease %d; re-planning it", lease_id)
-                self._count("queue_full")
-                self._release([lease_id])
-                return
-            stats = MelStats.from_fields(msg.get("mel_stats"), self.cfg.features.n_mels)
-            if stats is not None:
-                with self._lock:
-                    self.mel_stats.add(stats)
-        self._credits_out -= 1
-        del self._leases[lease_id]
-        peer.leases.discard(lease_id)
-        rejections = [Rejection(str(i), str(reason)[:300] or "rejected by producer", peer.name)
-                      for i, reason in self._entries(msg["rejected"]) or []]
-        missed = self._entries(msg.get("missed", [])) or []
+        frames = msg.arrays[FRAMES]
+        item = QueuedBatch(lease=lease.id, epoch=batch.epoch, index=batch.index, ids=delivered,
+                           arrays=msg.arrays, producer=peer.name, frames=int(frames.sum()),
+                           frames_computed=int(frames.shape[0] * batch.shape[1]))
+        try:
+            self.queue.put(item)
+        except QueueFull:
+            log.error("queue full on delivery of lease %d; re-planning it", lease.id)
+            self._count("queue_full")
+            self._release([lease.id])
+            return False
+        stats = MelStats.from_fields(msg.get("mel_stats"), self.cfg.features.n_mels)
+        if stats is not None:
+            with self._lock:
+                self.mel_stats.add(stats)
+        return True
+
+    def _tally(self, peer: Peer, msg: wire.Message, lease: Lease, delivered: int, rejected: int,
+               missed: int) -> None:
+        """The delivering producer's figures for summary.json."""
         prep_ms = msg.get("prep_ms")
         cache = msg.get("cache")
         cache = cache if isinstance(cache, dict) else {}
@@ -468,10 +503,10 @@ class Scheduler:
         with self._lock:
             stats = self.producers[peer.name]
             stats.batches += 1
-            stats.samples += len(delivered)
-            stats.rejected += len(rejections)
-            stats.misses += len(missed)
-            self.missed += len(missed)
+            stats.samples += delivered
+            stats.rejected += rejected
+            stats.misses += missed
+            self.missed += missed
             if isinstance(prep_ms, (int, float)) and not isinstance(prep_ms, bool):
                 stats.prep_ms_total += float(prep_ms)
             # Time the prepared batch waited for its credit: high when the trainer is the limit.
@@ -480,21 +515,6 @@ class Scheduler:
             stats.cache_computed += count("computed")
             stats.cache_stale += count("stale")
             stats.cache_corrupt += count("corrupt")
-        for r in rejections:
-            log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
-        self._reject(batch.epoch, rejections)
-        if missed:
-            ids = [str(i) for i, _ in missed]
-            for sample_id, reason in missed:
-                log.warning("producer %s (host %s) does not have %s (%s); re-planning it onto another producer",
-                            peer.name, peer.host, sample_id, str(reason)[:300])
-            peer.lacks.update(ids)
-            self._replan_missed(batch, ids)
-        # Every producer with a free slot, not only this one: one that lacks clips may have
-        # found nothing it could take a moment ago, and there may be new work now.
-        self._assign_all()
-        if not delivered:
-            self._grant()  # the credit came back without filling a slot
 
     def _welcome_fields(self, peer: Peer) -> dict[str, Any]:
         return {

@@ -116,13 +116,9 @@ def positional(tf: Any, positions: Any, dim: int) -> Any:
     return tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)
 
 
-def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
-    """The built-in ``TextToMel`` Keras model of a preset (see the module docstring)."""
-    import keras
-    import tensorflow as tf
+def _blocks(p: Preset) -> tuple[type, type]:
+    """The model's two blocks for preset ``p``: a conv feed-forward and an attention (Keras layers)."""
     from keras import layers
-
-    p = PRESETS[preset]
 
     class ConvFeedForward(layers.Layer):
         """Pre-norm conv feed-forward along the sequence, residual, padding kept at zero."""
@@ -151,6 +147,28 @@ def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
             q = self.norm(x)
             kv = q if memory is None else memory
             return x + self.attention(q, kv, attention_mask=attention_mask, training=training)
+
+    return ConvFeedForward, Attend
+
+
+def _frame_queries(tf: Any, token_lengths: Any, mel_lengths: Any, frames: Any, dim: int) -> Any:
+    """Each output frame's query [B, T, 2 dim] (float32): where in the text it is expected to be
+    (frame / T_valid x L_valid, a monotonic prior) and where in the clip it is."""
+    t = tf.cast(tf.range(frames), tf.float32)[None, :, None]  # [1, T, 1]
+    valid_frames = tf.maximum(tf.cast(mel_lengths, tf.float32), 1.0)[:, None, None]
+    expected = t * tf.cast(token_lengths, tf.float32)[:, None, None] / valid_frames  # [B, T, 1]
+    progress = 100.0 * t / valid_frames
+    return tf.concat([positional(tf, expected, dim), positional(tf, progress, dim)], axis=-1)
+
+
+def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
+    """The built-in ``TextToMel`` Keras model of a preset (see the module docstring)."""
+    import keras
+    import tensorflow as tf
+    from keras import layers
+
+    p = PRESETS[preset]
+    ConvFeedForward, Attend = _blocks(p)
 
     class TextToMel(keras.Model):
         def __init__(self) -> None:
@@ -188,13 +206,7 @@ def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
             log_frames = (tf.math.log(n_tok) + LOG_FRAMES_PER_TOKEN_INIT
                           + self.length_out(self.length_hidden(pooled))[:, 0])
 
-            # Frame queries: expected text position (monotonic prior) and position in the clip.
-            t = tf.cast(tf.range(frames), tf.float32)[None, :, None]  # [1, T, 1]
-            valid_frames = tf.maximum(tf.cast(mel_lengths, tf.float32), 1.0)[:, None, None]
-            expected = t * tf.cast(token_lengths, tf.float32)[:, None, None] / valid_frames  # [B, T, 1]
-            progress = 100.0 * t / valid_frames
-            q = tf.concat([positional(tf, expected, p.dim), positional(tf, progress, p.dim)], axis=-1)
-            h = self.query(tf.cast(q, dtype))
+            h = self.query(tf.cast(_frame_queries(tf, token_lengths, mel_lengths, frames, p.dim), dtype))
             fmask = tf.cast(tf.sequence_mask(mel_lengths, frames), dtype)[..., None]  # [B, T, 1]
             cross_mask = tf.logical_and(token_mask[:, None, :], tf.ones([1, frames, 1], tf.bool))  # [B, T, L]
             for attend, ffn in zip(self.dec_attention, self.dec_ffn):

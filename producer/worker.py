@@ -216,51 +216,76 @@ class BatchMaker:
 
         A clip whose file (or whose reference clip's file) is not on this host is *missed*;
         one that cannot be used is *rejected*, with the reason."""
-        from stoker.producer.audio import AudioError, AudioMissing
         from stoker.producer.feature_cache import CacheCounts
-        from stoker.producer.transforms import TransformError
 
         started = time.perf_counter()
-        max_tokens, max_frames = lease["shape"]
         before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
-        names = self.schema.names
         rows: list[tuple[np.ndarray, _Clip, _Clip | None]] = []  # (tokens, clip, its reference clip)
         rejected: list[dict[str, str]] = []
         missed: list[dict[str, str]] = []
-        token_rows, refs = lease["tokens"], lease.get("refs") or []
         extra = {i: (s, g) for i, s, g in zip(lease["ids"], lease.get("speakers", []), lease.get("languages", []))}
         for n, sample_id in enumerate(lease["ids"]):
-            if sample_id not in self.texts:
-                missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
-                continue
-            if n >= len(token_rows) or not token_rows[n]:
-                rejected.append({"id": sample_id, "reason": "the lease carries no token ids for this clip"})
-                continue
-            if "ref_mel" in names and n >= len(refs):
-                rejected.append({"id": sample_id, "reason": "the lease names no reference clip for this clip"})
-                continue
-            what = ""
-            speaker, language = (int(v) for v in extra.get(sample_id, (0, 0)))
-            tok = np.asarray(token_rows[n], dtype=np.int32)
-            try:
-                clip = self._load(sample_id, "audio" in names, speaker, language)
-                frames = clip.mel.shape[0] if clip.mel is not None else 1 + len(clip.audio) // self.features.hop_length
-                if self.chain is not None and self.chain.declared:
-                    self.chain.check_fields(clip.fields or {}, len(tok), frames)
-                what = f"reference clip {refs[n]}: " if "ref_mel" in names else what
-                ref = self._load(refs[n], False, speaker, language) if "ref_mel" in names else None
-            except AudioMissing as exc:
-                missed.append({"id": sample_id, "reason": f"{what}{exc} on host {self.host}"})
-                continue
-            except (AudioError, TransformError) as exc:
-                rejected.append({"id": sample_id, "reason": f"{what}{exc}"})
-                continue
-            if len(tok) > max_tokens or frames > max_frames:
-                rejected.append({"id": sample_id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
-                                                            f"{frames} frames > bucket {max_tokens}x{max_frames})"})
-                continue
-            rows.append((tok, clip, ref))
+            row = self._row(lease, n, sample_id, extra, rejected, missed)
+            if row is not None:
+                rows.append(row)
         computed = self._compute([c for _, clip, ref in rows for c in (clip, ref) if c is not None])
+        arrays, stats = self._arrays(lease, rows, extra)
+        prep_ms = (time.perf_counter() - started) * 1e3
+        fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
+                  "ids": [clip.id for _, clip, _ in rows], "rejected": rejected, "missed": missed,
+                  "prep_ms": round(prep_ms, 3), "mel_stats": stats.to_fields()}
+        if self.cache is not None and before is not None:
+            delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
+            fields["cache"] = {**delta.to_json(), "computed": computed}
+        return Prepared(fields, arrays)
+
+    def _row(self, lease: dict[str, Any], n: int, sample_id: str, extra: dict[str, tuple[Any, Any]],
+             rejected: list[dict[str, str]], missed: list[dict[str, str]]
+             ) -> tuple[np.ndarray, _Clip, _Clip | None] | None:
+        """Clip ``n`` of the lease, read and transformed (its log-mel comes later, for the whole
+        batch at once); None when it is missed or rejected (noted in those lists, with why)."""
+        from stoker.producer.audio import AudioError, AudioMissing
+        from stoker.producer.transforms import TransformError
+
+        names = self.schema.names
+        max_tokens, max_frames = lease["shape"]
+        token_rows, refs = lease["tokens"], lease.get("refs") or []
+        if sample_id not in self.texts:
+            missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
+            return None
+        if n >= len(token_rows) or not token_rows[n]:
+            rejected.append({"id": sample_id, "reason": "the lease carries no token ids for this clip"})
+            return None
+        if "ref_mel" in names and n >= len(refs):
+            rejected.append({"id": sample_id, "reason": "the lease names no reference clip for this clip"})
+            return None
+        what = ""
+        speaker, language = (int(v) for v in extra.get(sample_id, (0, 0)))
+        tok = np.asarray(token_rows[n], dtype=np.int32)
+        try:
+            clip = self._load(sample_id, "audio" in names, speaker, language)
+            frames = clip.mel.shape[0] if clip.mel is not None else 1 + len(clip.audio) // self.features.hop_length
+            if self.chain is not None and self.chain.declared:
+                self.chain.check_fields(clip.fields or {}, len(tok), frames)
+            what = f"reference clip {refs[n]}: " if "ref_mel" in names else what
+            ref = self._load(refs[n], False, speaker, language) if "ref_mel" in names else None
+        except AudioMissing as exc:
+            missed.append({"id": sample_id, "reason": f"{what}{exc} on host {self.host}"})
+            return None
+        except (AudioError, TransformError) as exc:
+            rejected.append({"id": sample_id, "reason": f"{what}{exc}"})
+            return None
+        if len(tok) > max_tokens or frames > max_frames:
+            rejected.append({"id": sample_id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
+                                                        f"{frames} frames > bucket {max_tokens}x{max_frames})"})
+            return None
+        return tok, clip, ref
+
+    def _arrays(self, lease: dict[str, Any], rows: list[tuple[np.ndarray, _Clip, _Clip | None]],
+                extra: dict[str, tuple[Any, Any]]) -> tuple[dict[str, np.ndarray], MelStats]:
+        """The lease's rows collated into its bucket's arrays (mel normalised when the run does),
+        and the channel statistics of the mel as defined (before normalising)."""
+        names = self.schema.names
         examples = []
         for tok, clip, ref in rows:
             speaker, language = extra.get(clip.id, (0, 0))
@@ -277,14 +302,7 @@ class BatchMaker:
             normalize(arrays["mel"], arrays["mel_lengths"], *self.mel_norm)
             if "ref_mel" in names:
                 normalize(arrays["ref_mel"], arrays["ref_mel_lengths"], *self.mel_norm)
-        prep_ms = (time.perf_counter() - started) * 1e3
-        fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
-                  "ids": [clip.id for _, clip, _ in rows], "rejected": rejected, "missed": missed,
-                  "prep_ms": round(prep_ms, 3), "mel_stats": stats.to_fields()}
-        if self.cache is not None and before is not None:
-            delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
-            fields["cache"] = {**delta.to_json(), "computed": computed}
-        return Prepared(fields, arrays)
+        return arrays, stats
 
     def _compute(self, clips: list[_Clip]) -> int:
         """The log-mels the feature cache did not hold, all at once (each clip once, also one
@@ -589,127 +607,148 @@ class Producer:
         wake.bind(self._wake_addr)
         worker = threading.Thread(target=self._compute, name=f"{self.name}-compute", daemon=True)
         worker.start()
-        sock = self._connect()
-        poller = zmq.Poller()
-
-        def watch(s: zmq.Socket) -> None:
-            poller.register(s, zmq.POLLIN)
-            assert self._monitor is not None
-            poller.register(self._monitor, zmq.POLLIN)
-
-        def unwatch(s: zmq.Socket) -> None:
-            poller.unregister(s)
-            if self._monitor is not None:
-                poller.unregister(self._monitor)
-
-        watch(sock)
-        poller.register(wake, zmq.POLLIN)
-        hello_sent = self._hello(sock)
-        now = time.monotonic()
-        last_heard = last_beat = now
-        backoff = RECONNECT_MIN_S
-        # Until the WELCOME says the trainer's settings, the config's defaults (written once, there).
-        interval = PipelineConfig.heartbeat_interval_s
-        timeout = PipelineConfig.heartbeat_timeout_s
-        exit_code = EXIT_OK
-        told_to_stop = False
-        last_waiting_note = 0.0
+        started = time.monotonic()
+        link = _Link(self._connect(), zmq.Poller(), last_heard=started, last_beat=started)
+        self._watch(link)
+        link.poller.register(wake, zmq.POLLIN)
+        link.hello_sent = self._hello(link.sock)
         try:
             while not self.stop.is_set():
-                events = dict(poller.poll(POLL_INTERVAL_MS))
+                events = dict(link.poller.poll(POLL_INTERVAL_MS))
                 now = time.monotonic()
-                if wake in events:
-                    token = wake.recv()
-                    if token == b"failed":
-                        exc = self._failure or RuntimeError("compute thread failed")
-                        self._send(sock, wire.ERROR, {**wire.error_fields(exc, self.name), "fatal": True})
-                        self.status.error(exc, self.name)
-                        self._close(sock, FINAL_LINGER_MS)
-                        return EXIT_FAILED
-                    lease_id = int(token)
-                    if lease_id in self._credited:
-                        self._credited.discard(lease_id)
-                        self._send_batch(sock, lease_id)
-                    elif lease_id in self._held:
-                        self._send(sock, wire.READY, {"lease": lease_id})
-                    else:  # revoked while it was being prepared
-                        self._forget(lease_id)
+                if wake in events and not self._on_wake(link.sock, wake.recv()):
+                    self.status.error(self._failure or RuntimeError("compute thread failed"), self.name)
+                    self._close(link.sock, FINAL_LINGER_MS)
+                    return EXIT_FAILED
                 if self._monitor is not None and self._monitor in events:
-                    while True:
-                        try:
-                            event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._on_monitor_event(event)
-                        if (event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and not self._welcomed.is_set()
-                                and not hello_sent):
-                            hello_sent = self._hello(sock)  # the link is up: join now, not at the next retry
-                if sock in events:
-                    for _ in range(RECV_BURST):  # bounded: heartbeats and the wake socket get their turn
-                        try:
-                            frames = sock.recv_multipart(flags=zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        try:
-                            msg = wire.decode(frames)
-                        except wire.ProtocolError as exc:
-                            log.warning("dropped a malformed message from the consumer: %s", exc)
-                            continue
-                        last_heard = now
-                        backoff = RECONNECT_MIN_S
-                        if msg.kind == wire.WELCOME:
-                            interval = float(msg.get("heartbeat_interval_s", interval))
-                            timeout = float(msg.get("heartbeat_timeout_s", timeout))
-                        if not self._handle(sock, msg, now):
-                            told_to_stop = True
-                            break
-                    if told_to_stop:
-                        break  # STOP was answered with BYE already
+                    self._on_monitor_events(link)
+                if link.sock in events and not self._receive(link, now):
+                    break  # STOP was answered with BYE already
                 if not parent_alive(self.parent_pid):
                     log.warning("%s: parent process is gone, exiting", self.name)
-                    exit_code = EXIT_FAILED
+                    return EXIT_FAILED
+                if not self._keep_alive(link, now):
                     break
-                if self._welcomed.is_set() and now - last_beat >= interval:
-                    with self._ready_lock:
-                        ready = len(self._ready)
-                    self._send(sock, wire.HEARTBEAT, {"ready": ready, "working": len(self._held) - ready,
-                                                      "ping": now, "rtt_ms": self.rtt_ms})
-                    last_beat = now
-                if not self._welcomed.is_set():
-                    if not hello_sent or now - self._last_hello >= HELLO_RETRY_S:
-                        hello_sent = self._hello(sock)
-                    if now - max(self._connected_t, last_waiting_note) >= WAITING_NOTE_S:
-                        log.info("%s: waiting for the trainer at %s (no answer for %.0f s)", self.name, self.endpoint,
-                                 now - self._connected_t)
-                        last_waiting_note = now
-                elif now - last_heard > timeout:
-                    log.warning("%s: consumer silent for %.1f s; dropping %d leases and reconnecting in %.1f s",
-                                self.name, now - last_heard, len(self._held), backoff)
-                    self._reset_work()
-                    self._welcomed.clear()
-                    unwatch(sock)
-                    self._close(sock)
-                    if self.stop.wait(backoff):
-                        break
-                    backoff = min(backoff * 2, RECONNECT_MAX_S)
-                    sock = self._connect()
-                    watch(sock)
-                    hello_sent = self._hello(sock)
-                    last_heard = time.monotonic()
             else:
                 if self._held:
                     log.info("%s: leaving, returning %d leases", self.name, len(self._held))
-                self._send(sock, wire.BYE, {"leases": sorted(self._held)})
-            return exit_code
+                self._send(link.sock, wire.BYE, {"leases": sorted(self._held)})
+            return EXIT_OK
         except Refused as exc:
             return self._refused(exc)
         finally:
             self.stop.set()
             worker.join(timeout=2.0)
-            if not sock.closed:
-                self._close(sock, FINAL_LINGER_MS)
+            if not link.sock.closed:
+                self._close(link.sock, FINAL_LINGER_MS)
             wake.close()
 
+    def _watch(self, link: "_Link") -> None:
+        link.poller.register(link.sock, zmq.POLLIN)
+        assert self._monitor is not None
+        link.poller.register(self._monitor, zmq.POLLIN)
+
+    def _unwatch(self, link: "_Link") -> None:
+        link.poller.unregister(link.sock)
+        if self._monitor is not None:
+            link.poller.unregister(self._monitor)
+
+    def _on_wake(self, sock: zmq.Socket, token: bytes) -> bool:
+        """The compute thread finished a lease (or failed: False, after a fatal ERROR is sent)."""
+        if token == b"failed":
+            exc = self._failure or RuntimeError("compute thread failed")
+            self._send(sock, wire.ERROR, {**wire.error_fields(exc, self.name), "fatal": True})
+            return False
+        lease_id = int(token)
+        if lease_id in self._credited:
+            self._credited.discard(lease_id)
+            self._send_batch(sock, lease_id)
+        elif lease_id in self._held:
+            self._send(sock, wire.READY, {"lease": lease_id})
+        else:  # revoked while it was being prepared
+            self._forget(lease_id)
+        return True
+
+    def _on_monitor_events(self, link: "_Link") -> None:
+        assert self._monitor is not None
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_monitor_event(event)
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and not self._welcomed.is_set() and not link.hello_sent:
+                link.hello_sent = self._hello(link.sock)  # the link is up: join now, not at the next retry
+
+    def _receive(self, link: "_Link", now: float) -> bool:
+        """A bounded burst of the consumer's messages (heartbeats and the wake socket get their
+        turn after it); False once told STOP."""
+        for _ in range(RECV_BURST):
+            try:
+                frames = link.sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                msg = wire.decode(frames)
+            except wire.ProtocolError as exc:
+                log.warning("dropped a malformed message from the consumer: %s", exc)
+                continue
+            link.last_heard = now
+            link.backoff = RECONNECT_MIN_S
+            if msg.kind == wire.WELCOME:
+                link.interval = float(msg.get("heartbeat_interval_s", link.interval))
+                link.timeout = float(msg.get("heartbeat_timeout_s", link.timeout))
+            if not self._handle(link.sock, msg, now):
+                return False
+        return True
+
+    def _keep_alive(self, link: "_Link", now: float) -> bool:
+        """Heartbeats once welcomed; HELLO again until then; reconnect when the consumer has
+        been silent too long. False when stopped while waiting to reconnect."""
+        if self._welcomed.is_set() and now - link.last_beat >= link.interval:
+            with self._ready_lock:
+                ready = len(self._ready)
+            self._send(link.sock, wire.HEARTBEAT, {"ready": ready, "working": len(self._held) - ready,
+                                                   "ping": now, "rtt_ms": self.rtt_ms})
+            link.last_beat = now
+        if not self._welcomed.is_set():
+            if not link.hello_sent or now - self._last_hello >= HELLO_RETRY_S:
+                link.hello_sent = self._hello(link.sock)
+            if now - max(self._connected_t, link.last_waiting_note) >= WAITING_NOTE_S:
+                log.info("%s: waiting for the trainer at %s (no answer for %.0f s)", self.name, self.endpoint,
+                         now - self._connected_t)
+                link.last_waiting_note = now
+        elif now - link.last_heard > link.timeout:
+            log.warning("%s: consumer silent for %.1f s; dropping %d leases and reconnecting in %.1f s",
+                        self.name, now - link.last_heard, len(self._held), link.backoff)
+            self._reset_work()
+            self._welcomed.clear()
+            self._unwatch(link)
+            self._close(link.sock)
+            if self.stop.wait(link.backoff):
+                return False
+            link.backoff = min(link.backoff * 2, RECONNECT_MAX_S)
+            link.sock = self._connect()
+            self._watch(link)
+            link.hello_sent = self._hello(link.sock)
+            link.last_heard = time.monotonic()
+        return True
+
+
+@dataclass
+class _Link:
+    """A producer's connection to its consumer, and what it knows of the consumer's liveness."""
+
+    sock: zmq.Socket
+    poller: zmq.Poller
+    last_heard: float
+    last_beat: float = 0.0
+    hello_sent: bool = False
+    backoff: float = RECONNECT_MIN_S
+    # Until the WELCOME says the trainer's settings, the config's defaults (written once, there).
+    interval: float = PipelineConfig.heartbeat_interval_s
+    timeout: float = PipelineConfig.heartbeat_timeout_s
+    last_waiting_note: float = 0.0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stoker.producer.worker")

@@ -287,7 +287,7 @@ def _check_value(where: str, value: Any, annotation: Any) -> Any:
 
 
 def _validate(cfg: Config) -> None:
-    """Cross-field rules that types alone cannot express."""
+    """Cross-field rules that types alone cannot express; ConfigError names the first broken one."""
     f, b, p, t = cfg.features, cfg.batching, cfg.pipeline, cfg.trainer
     positive = {
         "features.sample_rate_hz": f.sample_rate_hz, "features.n_fft": f.n_fft,
@@ -304,6 +304,15 @@ def _validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    _validate_features_and_pipeline(cfg)
+    _validate_trainer(t)
+    _validate_text(cfg)
+    _validate_transforms(cfg)
+    _validate_data_devices_run(cfg)
+
+
+def _validate_features_and_pipeline(cfg: Config) -> None:
+    f, b, p = cfg.features, cfg.batching, cfg.pipeline
     if f.win_length > f.n_fft:
         raise ConfigError(f"features.win_length ({f.win_length}) must not exceed features.n_fft ({f.n_fft})")
     if not 0 <= f.fmin_hz < f.fmax_hz <= f.sample_rate_hz / 2:
@@ -318,6 +327,13 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
     if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0 or p.max_producers < 0:
         raise ConfigError("pipeline.producers, producer_restarts and model_start_delay_s must be >= 0")
+    try:
+        schema_for(b.fields)
+    except ValueError as exc:
+        raise ConfigError(f"batching.fields: {exc}") from None
+
+
+def _validate_trainer(t: TrainerConfig) -> None:
     if t.lr_decay not in LR_DECAYS:
         raise ConfigError(f"trainer.lr_decay must be one of {', '.join(LR_DECAYS)}, got {t.lr_decay!r}")
     for key, value, builtin in (("loss", t.loss, LOSSES), ("optimizer", t.optimizer, OPTIMIZERS)):
@@ -342,6 +358,9 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if t.checkpoint_every_steps < 0:
         raise ConfigError(f"trainer.checkpoint_every_steps must be >= 0, got {t.checkpoint_every_steps}")
+
+
+def _validate_text(cfg: Config) -> None:
     tx = cfg.text
     if tx.digits not in (DIGITS_SPELL, DIGITS_KEEP):
         raise ConfigError(f"text.digits must be {DIGITS_SPELL!r} or {DIGITS_KEEP!r}, got {tx.digits!r}")
@@ -353,10 +372,9 @@ def _validate(cfg: Config) -> None:
     if tx.language not in LANGUAGES:
         raise ConfigError(f"unknown language code {tx.language!r} for text.language (known: "
                           f"{', '.join(sorted(LANGUAGES))})")
-    try:
-        schema_for(b.fields)
-    except ValueError as exc:
-        raise ConfigError(f"batching.fields: {exc}") from None
+
+
+def _validate_transforms(cfg: Config) -> None:
     tr = cfg.transforms
     try:
         parse_declared_fields(tr.fields)
@@ -373,6 +391,9 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"transforms.normalize must be off, peak or loudness, got {tr.normalize!r}")
     if tr.trim_db < 0 or not 0 <= tr.preemphasis < 1 or tr.peak_dbfs > 0:
         raise ConfigError("need transforms.trim_db >= 0, 0 <= transforms.preemphasis < 1 and transforms.peak_dbfs <= 0")
+
+
+def _validate_data_devices_run(cfg: Config) -> None:
     try:
         if cfg.data.columns:
             parse_columns(cfg.data.columns)

@@ -290,16 +290,7 @@ def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry]
         if not line.strip(_ASCII_SPACE):
             continue
         if not clean and not _encodes(line):
-            line_bytes = _line_bytes(line)
-            fields = line_bytes.split(b"|", id_at + 1)
-            head = fields[id_at].strip() if id_at < len(fields) else b""
-            try:
-                sample_id = head.decode("utf-8")
-            except UnicodeDecodeError:
-                sample_id = ""
-            rejected.append(Rejection(sample_id or f"line:{number}",
-                                      f"metadata line {number} is not valid UTF-8 ({_utf8_problem(line_bytes)})",
-                                      line=number))
+            rejected.append(_not_utf8(line, number, id_at))
             continue
         parts = line.split("|")
         at = layouts.get(len(parts))
@@ -320,27 +311,48 @@ def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry]
             rejected.append(Rejection(sample_id or f"line:{number}", f"malformed metadata line {number}: {problem}",
                                       line=number))
             continue
-        i_id, i_text, i_normalized, i_speaker, i_language = at  # type: ignore[misc]
-        sample_id = parts[i_id].strip()
-        text = (parts[i_normalized].strip() if i_normalized >= 0 else "") or (
-            parts[i_text].strip() if i_text >= 0 else "")
-        speaker = parts[i_speaker].strip() if i_speaker >= 0 else ""
-        language = parts[i_language].strip() if i_language >= 0 else ""
-        if not sample_id or "/" in sample_id or "\\" in sample_id or sample_id[0] == ".":
-            problem = _id_problem(sample_id)
-        else:
-            problem = (language and _language_problem(language)) or (speaker and _speaker_problem(speaker))
-        if problem:
-            rejected.append(Rejection(sample_id or f"line:{number}", f"malformed metadata line {number}: {problem}",
-                                      line=number))
+        entry = _entry(parts, at, number)  # type: ignore[arg-type]
+        if isinstance(entry, Rejection):
+            rejected.append(entry)
             continue
+        sample_id = entry.id
         if sample_id in first_line:
             rejected.append(Rejection(sample_id, f"duplicate id on metadata line {number} "
                                                  f"(first on line {first_line[sample_id]})", line=number))
             continue
         first_line[sample_id] = number
-        entries.append(Entry(sample_id, text, number, speaker, language))
+        entries.append(entry)
     return entries, rejected
+
+
+def _not_utf8(line: str, number: int, id_at: int) -> Rejection:
+    """The rejection of a metadata line that is not UTF-8, under its id when that part decodes."""
+    line_bytes = _line_bytes(line)
+    fields = line_bytes.split(b"|", id_at + 1)
+    head = fields[id_at].strip() if id_at < len(fields) else b""
+    try:
+        sample_id = head.decode("utf-8")
+    except UnicodeDecodeError:
+        sample_id = ""
+    return Rejection(sample_id or f"line:{number}",
+                     f"metadata line {number} is not valid UTF-8 ({_utf8_problem(line_bytes)})", line=number)
+
+
+def _entry(parts: list[str], at: tuple[int, int, int, int, int], number: int) -> Entry | Rejection:
+    """One well-formed line's entry (its fields at the positions ``at``), or why it is malformed."""
+    i_id, i_text, i_normalized, i_speaker, i_language = at
+    sample_id = parts[i_id].strip()
+    text = (parts[i_normalized].strip() if i_normalized >= 0 else "") or (
+        parts[i_text].strip() if i_text >= 0 else "")
+    speaker = parts[i_speaker].strip() if i_speaker >= 0 else ""
+    language = parts[i_language].strip() if i_language >= 0 else ""
+    if not sample_id or "/" in sample_id or "\\" in sample_id or sample_id[0] == ".":
+        problem = _id_problem(sample_id)
+    else:
+        problem = (language and _language_problem(language)) or (speaker and _speaker_problem(speaker))
+    if problem:
+        return Rejection(sample_id or f"line:{number}", f"malformed metadata line {number}: {problem}", line=number)
+    return Entry(sample_id, text, number, speaker, language)
 
 
 def _stem(path: str) -> str:

@@ -177,15 +177,7 @@ def reason_category(reason: str) -> str:
 def analyse(run_dir: Path) -> dict[str, Any]:
     """Everything ``diagnose`` reports, as data."""
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / METRICS)
-    if not (run_dir / METRICS).exists():
-        raise DiagnoseError(f"{run_dir} has no metrics.jsonl: not a stoker run directory")
-    summary: dict[str, Any] = {}
-    if (run_dir / SUMMARY).exists():
-        summary = json.loads((run_dir / SUMMARY).read_text())
-    config: dict[str, Any] = {}
-    if (run_dir / CONFIG).exists():
-        config = yaml.safe_load((run_dir / CONFIG).read_text()) or {}
+    rows, summary, config = _run_files(run_dir)
     capacity = int(summary.get("capacity") or config.get("pipeline", {}).get("buffer_size", 3))
     steps = len(rows)
     step_ms = [r["step_ms"] for r in rows]
@@ -196,19 +188,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
     wait_frac = sum(steady_waits) / busy if busy > 0 else None
     depth_mean = float(np.mean(depths)) if depths else None
     producers = summary.get("producers", [])
-    per_producer_steps = Counter(r.get("producer") for r in rows)
-    producer_rows = []
-    for p in producers:
-        prep = p.get("prep_ms_mean")
-        credit = p.get("credit_wait_ms_mean")
-        producer_rows.append({
-            "id": p.get("id"), "host": p.get("host"), "status": p.get("status"),
-            "batches": p.get("batches", 0), "samples": p.get("samples", 0), "rejected": p.get("rejected", 0),
-            "trained_batches": per_producer_steps.get(p.get("id"), 0),
-            "prep_ms_mean": prep, "rate_batches_per_s": round(1000 / prep, 3) if prep else None,
-            "credit_wait_ms_mean": credit,
-            "blocked_frac": round(credit / (credit + prep), 4) if prep and credit is not None else None,
-        })
+    producer_rows = producer_report(producers, rows)
     rejected = read_jsonl(run_dir / REJECTED)
     by_reason = Counter(reason_category(r.get("reason", "")) for r in rejected)
     kind = verdict(wait_frac, depth_mean, capacity)
@@ -258,6 +238,34 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "worst": sorted(episodes, key=lambda e: -e["wait_ms"])[:5],
     }
     return report
+
+
+def _run_files(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """metrics.jsonl's rows, summary.json and config.yaml of a run ({} for a file not there yet)."""
+    if not (run_dir / METRICS).exists():
+        raise DiagnoseError(f"{run_dir} has no metrics.jsonl: not a stoker run directory")
+    rows = read_jsonl(run_dir / METRICS)
+    summary = json.loads((run_dir / SUMMARY).read_text()) if (run_dir / SUMMARY).exists() else {}
+    config = (yaml.safe_load((run_dir / CONFIG).read_text()) or {}) if (run_dir / CONFIG).exists() else {}
+    return rows, summary, config
+
+
+def producer_report(producers: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each producer's figures: batches, rate, and how long its prepared batches waited for credit."""
+    per_producer_steps = Counter(r.get("producer") for r in rows)
+    out = []
+    for p in producers:
+        prep = p.get("prep_ms_mean")
+        credit = p.get("credit_wait_ms_mean")
+        out.append({
+            "id": p.get("id"), "host": p.get("host"), "status": p.get("status"),
+            "batches": p.get("batches", 0), "samples": p.get("samples", 0), "rejected": p.get("rejected", 0),
+            "trained_batches": per_producer_steps.get(p.get("id"), 0),
+            "prep_ms_mean": prep, "rate_batches_per_s": round(1000 / prep, 3) if prep else None,
+            "credit_wait_ms_mean": credit,
+            "blocked_frac": round(credit / (credit + prep), 4) if prep and credit is not None else None,
+        })
+    return out
 
 
 def padding_report(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -327,6 +335,15 @@ def render(report: dict[str, Any]) -> str:
     wait = report["data_wait_frac"]
     lines.append(f"data wait     {_fmt(wait * 100 if wait is not None else None)}% of the trainer's time after "
                  f"warm-up (first batch waited {_fmt(report['wait_ms']['first'])} ms)")
+    lines += _queue_lines(report)
+    lines += _input_lines(report)
+    lines += _verdict_lines(report)
+    return "\n".join(lines)
+
+
+def _queue_lines(report: dict[str, Any]) -> list[str]:
+    """Queue depth over the run, starvation episodes, periodicity."""
+    lines = []
     q = report["queue_depth"]
     lines.append(f"queue depth   mean {_fmt(q['mean'], '.2f')} of {report['capacity']}  "
                  f"over time |{q['sparkline']}|")
@@ -345,7 +362,12 @@ def render(report: dict[str, Any]) -> str:
                      f"strength {period['strength']:.2f}")
     else:
         lines.append("periodicity   no periodic pattern in wait time")
-    lines.append("producers")
+    return lines
+
+
+def _input_lines(report: dict[str, Any]) -> list[str]:
+    """Producers, rejections, padding and the GPUs."""
+    lines = ["producers"]
     for p in report["producers"]:
         lines.append(f"  {p['id']:<20} {p['status'] or '':<8} {p['batches']:6d} batches  "
                      f"prepare {_fmt(p['prep_ms_mean'])} ms/batch ({_fmt(p['rate_batches_per_s'], '.2f')}/s)  "
@@ -369,8 +391,13 @@ def render(report: dict[str, Any]) -> str:
                          f"(p5 {_fmt(g['util_p5'])}, p95 {_fmt(g['util_p95'])}) |{g['util_sparkline']}|")
     else:
         lines.append("gpu           not recorded (no GPU, or NVML unavailable)")
+    return lines
+
+
+def _verdict_lines(report: dict[str, Any]) -> list[str]:
     ev = report["evidence"]
-    lines.append("")
+    wait = report["data_wait_frac"]
+    lines = [""]
     lines.append(f"verdict       {report['verdict']}: waited {_fmt(wait * 100 if wait is not None else None)}% "
                  f"(bound {ev['wait_bound_frac'] * 100:.0f}%), queue mean {_fmt(ev['queue_depth_mean'], '.2f')}"
                  f"/{report['capacity']}; trainer wants {_fmt(ev['trainer_demand_batches_per_s'], '.2f')} "
@@ -381,4 +408,4 @@ def render(report: dict[str, Any]) -> str:
     if cores and report["verdict"] == "producer-bound" and report["recommended_producers"] > cores:
         lines.append(f"              the run's host has {cores} cores: CPU-bound producers beyond that do not run "
                      "faster; put them on the data GPU (--data-gpu), or on other hosts (run.py produce)")
-    return "\n".join(lines)
+    return lines

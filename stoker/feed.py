@@ -31,7 +31,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -207,17 +206,11 @@ class Feed:
         return stage
 
     def _start_producers(self) -> None:
-        from stoker.launcher import AutoControl, Supervisor, producer_child
+        from stoker.launcher import AutoControl, Supervisor, start_producers
 
         cfg, plan = self.cfg, self._plan
         self._supervisor = sup = Supervisor(plan, cfg.run.log_level)
-        host = socket.gethostname()
-        for i in range(cfg.pipeline.producers):
-            self._producers.append(sup.spawn(producer_child(
-                i, self.endpoint, cfg.data.path, plan.data_gpu, plan.data_memory_mb, cfg.run.log_level, host,
-                keys=cfg.pipeline.keys, metadata_file=cfg.data.metadata_file)))
-        if self._producers:
-            log.info("started %d local producer(s) for %s", len(self._producers), self.endpoint)
+        self._producers.extend(start_producers(sup, cfg, plan, self.endpoint))
         if cfg.pipeline.producers_auto:
             assert self.run_dir is not None
             self._auto = AutoControl(cfg, self.run_dir, sup, self._producers, self.endpoint, plan)

@@ -247,49 +247,17 @@ def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory
 def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = False) -> int:
     """Run the consumer and the local producers; return the trainer's exit status.
     ``resume``: the consumer continues from the run directory's latest checkpoint."""
-    import socket
-
     sup = Supervisor(plan, cfg.run.log_level)
     sup.install_signals()
     started = time.monotonic()
-    argv = ["stoker.consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
-    if plan.model_memory_mb:
-        argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]
-    nvml = [f"{role}={index}" for role, index in (("data", plan.data_gpu), ("model", plan.model_gpu))
-            if index is not None]
-    if nvml:
-        argv += ["--nvml-gpus", ",".join(nvml)]
-    consumer = sup.spawn(Child("consumer", "consumer", argv, plan.model_gpu))
+    consumer = sup.spawn(Child("consumer", "consumer", consumer_argv(run_dir, plan, resume), plan.model_gpu))
     producers: list[Child] = []
     code: int | None = None
     auto: AutoControl | None = None
     try:
-        endpoint = None
-        deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
-        while endpoint is None:
-            sup.poll_status(TICK_S)
-            for event in consumer.events:
-                if event.get("event") == "ready":
-                    endpoint = event["endpoint"]
-                elif event.get("event") == "error" and event.get("user_error"):
-                    sup.wait([consumer], CONSUMER_STOP_S)
-                    raise LaunchError(str(event.get("message")))
-            consumer.events.clear()
-            if endpoint is None and consumer.proc.poll() is not None:
-                raise LaunchError(f"the consumer exited before it was ready (status {consumer.proc.returncode}"
-                                  f"{': ' + consumer.last_error if consumer.last_error else ''})")
-            if sup.signalled is not None:
-                break
-            if time.monotonic() > deadline:
-                raise LaunchError(f"the consumer was not ready after {CONSUMER_READY_TIMEOUT_S:.0f} s")
+        endpoint = wait_ready(sup, consumer)
         if endpoint is not None and sup.signalled is None:
-            host = socket.gethostname()
-            for i in range(cfg.pipeline.producers):
-                producers.append(sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu,
-                                                          plan.data_memory_mb, cfg.run.log_level, host,
-                                                          keys=cfg.pipeline.keys,
-                                                          metadata_file=cfg.data.metadata_file)))
-            log.info("started %d local producer(s) for %s", len(producers), endpoint)
+            producers = start_producers(sup, cfg, plan, endpoint)
         if cfg.pipeline.producers_auto:
             auto = AutoControl(cfg, run_dir, sup, producers, endpoint, plan)
         while consumer.proc.poll() is None and sup.signalled is None:
@@ -322,6 +290,54 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
         # checkpoint whose state does not fit): still the user's one line.
         raise LaunchError(consumer.last_error)
     return code
+
+
+def consumer_argv(run_dir: Path, plan: DevicePlan, resume: bool) -> list[str]:
+    argv = ["stoker.consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
+    if plan.model_memory_mb:
+        argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]
+    nvml = [f"{role}={index}" for role, index in (("data", plan.data_gpu), ("model", plan.model_gpu))
+            if index is not None]
+    if nvml:
+        argv += ["--nvml-gpus", ",".join(nvml)]
+    return argv
+
+
+def wait_ready(sup: Supervisor, consumer: Child) -> str | None:
+    """The consumer's endpoint once it is ready; None when a stop signal came first. LaunchError
+    (the user's one line) when it stopped with a user error, exited, or never became ready."""
+    deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
+    while True:
+        sup.poll_status(TICK_S)
+        for event in consumer.events:
+            if event.get("event") == "ready":
+                consumer.events.clear()
+                return str(event["endpoint"])
+            if event.get("event") == "error" and event.get("user_error"):
+                sup.wait([consumer], CONSUMER_STOP_S)
+                raise LaunchError(str(event.get("message")))
+        consumer.events.clear()
+        if consumer.proc.poll() is not None:
+            raise LaunchError(f"the consumer exited before it was ready (status {consumer.proc.returncode}"
+                              f"{': ' + consumer.last_error if consumer.last_error else ''})")
+        if sup.signalled is not None:
+            return None
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the consumer was not ready after {CONSUMER_READY_TIMEOUT_S:.0f} s")
+
+
+def start_producers(sup: Supervisor, cfg: Config, plan: DevicePlan, endpoint: str) -> list[Child]:
+    """The run's local producers (pipeline.producers of them), started for ``endpoint``."""
+    import socket
+
+    host = socket.gethostname()
+    producers = [sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu, plan.data_memory_mb,
+                                          cfg.run.log_level, host, keys=cfg.pipeline.keys,
+                                          metadata_file=cfg.data.metadata_file))
+                 for i in range(cfg.pipeline.producers)]
+    if producers:
+        log.info("started %d local producer(s) for %s", len(producers), endpoint)
+    return producers
 
 
 class AutoControl:

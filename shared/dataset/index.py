@@ -260,23 +260,55 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             stats.cache_file = str(cache_path)
             return _finish(root, samples, rejected, key, stats, started, False, scan_inputs, data, vocab, lost)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
-    old_probes: dict[str, tuple] = {}
-    old_units: dict[TextKey, Units] = {}
-    if payload is not None:
-        try:
-            p = payload["probes"]
-            old_probes = {name: row for name, *row in zip(*(p[f] for f in PROBE_FIELDS))}
-            u = payload["units"]
-            # units are reused only from the same front-end with the same settings and versions
-            if u["frontend"] == [frontend.name, frontend.engine()]:
-                s = payload["samples"]
-                old_units = {(lang, txt): Units(units) for lang, txt, units in zip(s["language"], s["text"],
-                                                                                   s["units"])}
-                old_units.update({(lang, txt): Units(units, lost)
-                                  for lang, txt, units, lost in zip(*(u[f] for f in UNITS_FIELDS))})
-        except (KeyError, TypeError, ValueError):
-            old_probes, old_units = {}, {}
+    old_probes, old_units = _reusable(payload, frontend)
     probes: dict[str, AudioProbe] = {}
+    todo = _to_read(entries, audio, old_probes, old_units, text, probes, stats)
+    read_started = time.perf_counter()
+    results, stats.workers = _run_items(root, todo, max(1, _workers(data)), (text.frontend, text.digits))
+    stats.read_s = time.perf_counter() - read_started
+    units = dict(old_units)
+    for (name, _, text_key), (probe, made) in zip(todo, results):
+        if name is not None and probe is not None:
+            probes[name] = AudioProbe(*probe)
+            stats.headers_read += 1
+        if text_key is not None and made is not None:
+            units[text_key] = Units(*made)
+            stats.texts_tokenized += 1
+    samples, rejected, lost = _apply_rules(entries, rejected, audio, probes, units, data, features, text, frontend,
+                                           fixed)
+    vocab = fixed or _vocabulary(frontend, samples)
+    if candidates:
+        payload_out = _payload(key, root, config, samples, rejected, entries, audio, probes, units, frontend, text,
+                               lost, vocab)
+        written = write_cache(candidates, pack_payload(payload_out))
+        stats.cache_file = str(written) if written else ""
+    return _finish(root, samples, rejected, key, stats, started, True, scan_inputs, data, vocab, lost)
+
+
+def _reusable(payload: dict[str, Any] | None, frontend: Frontend) -> tuple[dict[str, tuple], dict[TextKey, Units]]:
+    """What a stale index cache still holds that is good: audio headers by file (checked against
+    size and mtime by the caller), and text units from the same front-end, settings and versions."""
+    if payload is None:
+        return {}, {}
+    try:
+        p = payload["probes"]
+        old_probes = {name: row for name, *row in zip(*(p[f] for f in PROBE_FIELDS))}
+        old_units: dict[TextKey, Units] = {}
+        u = payload["units"]
+        if u["frontend"] == [frontend.name, frontend.engine()]:
+            s = payload["samples"]
+            old_units = {(lang, txt): Units(units) for lang, txt, units in zip(s["language"], s["text"], s["units"])}
+            old_units.update({(lang, txt): Units(units, lost)
+                              for lang, txt, units, lost in zip(*(u[f] for f in UNITS_FIELDS))})
+        return old_probes, old_units
+    except (KeyError, TypeError, ValueError):
+        return {}, {}
+
+
+def _to_read(entries: Sequence[Any], audio: dict[str, Any], old_probes: dict[str, tuple],
+             old_units: dict[TextKey, Units], text: TextConfig, probes: dict[str, AudioProbe],
+             stats: IndexStats) -> list[Item]:
+    """The audio headers and texts the build must read (headers still good go into ``probes``)."""
     todo: list[Item] = []
     wanted: set[TextKey] = set()
     for entry in entries:
@@ -297,43 +329,33 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             wanted.add(text_key)
         if name is not None or text_key is not None:
             todo.append((name, size, text_key))
-    read_started = time.perf_counter()
-    results, stats.workers = _run_items(root, todo, max(1, _workers(data)), (text.frontend, text.digits))
-    stats.read_s = time.perf_counter() - read_started
-    units = dict(old_units)
-    for (name, _, text_key), (probe, made) in zip(todo, results):
-        if name is not None and probe is not None:
-            probes[name] = AudioProbe(*probe)
-            stats.headers_read += 1
-        if text_key is not None and made is not None:
-            units[text_key] = Units(*made)
-            stats.texts_tokenized += 1
-    samples, rejected, lost = _apply_rules(entries, rejected, audio, probes, units, data, features, text, frontend,
-                                           fixed)
-    vocab = fixed or _vocabulary(frontend, samples)
-    if candidates:
-        used = {a.name for a in audio.values()}
-        probe_rows = [(name, audio_file.size, audio_file.mtime_ns, *_probe_tuple(probes[name]))
-                      for audio_file in audio.values() for name in (audio_file.name,) if name in probes and name in used]
-        # Units of every text of the metadata, so that a later re-derivation sends only texts
-        # that changed through the front-end: the samples hold theirs; the rest (rejected
-        # clips, and texts that lost characters) are listed apart.
-        plain = {(s.language, s.text) for s in samples if not units[s.language, s.text].lost}
-        keys = {(e.language or text.language, e.text) for e in entries} - plain
-        unit_rows = [(lang, txt, units[lang, txt].units, units[lang, txt].lost) for lang, txt in keys
-                     if (lang, txt) in units]
-        payload_out = {
-            "format": INDEX_FORMAT, "key": key, "root": str(root), "config": config,
-            "samples": columns_of(samples, SAMPLE_FIELDS),
-            "rejected": columns_of(rejected, REJECTION_FIELDS),
-            "probes": {f: [row[i] for row in probe_rows] for i, f in enumerate(PROBE_FIELDS)},
-            "units": {"frontend": [frontend.name, frontend.engine()],
-                      **{f: [row[i] for row in unit_rows] for i, f in enumerate(UNITS_FIELDS)}},
-            "lost": lost, "vocabulary": vocab.state_dict(),
-        }
-        written = write_cache(candidates, pack_payload(payload_out))
-        stats.cache_file = str(written) if written else ""
-    return _finish(root, samples, rejected, key, stats, started, True, scan_inputs, data, vocab, lost)
+    return todo
+
+
+def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sample], rejected: Sequence[Any],
+             entries: Sequence[Any], audio: dict[str, Any], probes: dict[str, AudioProbe],
+             units: dict[TextKey, Units], frontend: Frontend, text: TextConfig, lost: dict[str, Any],
+             vocab: Vocabulary) -> dict[str, Any]:
+    """The index cache's content: the index, and what a later rebuild can reuse."""
+    used = {a.name for a in audio.values()}
+    probe_rows = [(name, audio_file.size, audio_file.mtime_ns, *_probe_tuple(probes[name]))
+                  for audio_file in audio.values() for name in (audio_file.name,) if name in probes and name in used]
+    # Units of every text of the metadata, so that a later re-derivation sends only texts
+    # that changed through the front-end: the samples hold theirs; the rest (rejected
+    # clips, and texts that lost characters) are listed apart.
+    plain = {(s.language, s.text) for s in samples if not units[s.language, s.text].lost}
+    keys = {(e.language or text.language, e.text) for e in entries} - plain
+    unit_rows = [(lang, txt, units[lang, txt].units, units[lang, txt].lost) for lang, txt in keys
+                 if (lang, txt) in units]
+    return {
+        "format": INDEX_FORMAT, "key": key, "root": str(root), "config": config,
+        "samples": columns_of(samples, SAMPLE_FIELDS),
+        "rejected": columns_of(rejected, REJECTION_FIELDS),
+        "probes": {f: [row[i] for row in probe_rows] for i, f in enumerate(PROBE_FIELDS)},
+        "units": {"frontend": [frontend.name, frontend.engine()],
+                  **{f: [row[i] for row in unit_rows] for i, f in enumerate(UNITS_FIELDS)}},
+        "lost": lost, "vocabulary": vocab.state_dict(),
+    }
 
 
 def _vocabulary(frontend: Frontend, samples: Sequence[Sample]) -> Vocabulary:
@@ -373,72 +395,86 @@ def _apply_rules(entries: list[Entry], rejected: list[Rejection], audio: dict[st
     rejected = list(rejected)
     samples: list[Sample] = []
     report = LostReport()
-    shortest = features.n_fft // 2 + 1  # reflect centre padding needs this many samples
     for entry in entries:
-        place = f"metadata line {entry.line}"
-        code = entry.language or text.language
-        speaker = entry.speaker or DEFAULT_SPEAKER
-        made = units.get((code, entry.text))
-        if made is None:  # only a language outside LANGUAGES is never sent to the front-end
-            rejected.append(Rejection(entry.id, f"unknown language code {code!r} ({place}; known: "
-                                                f"{', '.join(sorted(LANGUAGES))})", line=entry.line, kind="language"))
+        said = _text_rules(entry, units, data, text, frontend, fixed, report)
+        if isinstance(said, Rejection):
+            rejected.append(said)
             continue
-        if fixed is not None:
-            missing = fixed.missing(made.units)
-            if missing:
-                made = Units("".join(ch for ch in made.units if ch not in missing), made.lost + missing)
-            if code not in fixed.languages or speaker not in fixed.speakers:
-                what = f"language {code!r}" if code not in fixed.languages else f"speaker {speaker!r}"
-                rejected.append(Rejection(entry.id, f"{what} is not in the run's tables ({place})", line=entry.line,
-                                          kind="vocabulary"))
-                continue
-        if made.lost:
-            report.add(entry.id, made.lost)
-            if made.lost_frac > text.max_lost_frac:
-                shown = ", ".join(f"{ch!r} U+{ord(ch):04X}" for ch in dict.fromkeys(made.lost))
-                rejected.append(Rejection(entry.id, f"text loses {len(made.lost)} of {len(made.lost) + len(made.units)} "
-                                                    f"characters the {text.frontend} front-end cannot represent "
-                                                    f"({shown}; text.max_lost_frac={text.max_lost_frac:g}) ({place})",
-                                          line=entry.line, kind="lost-text"))
-                continue
-        count = frontend.count(made.units)
-        if count == 0:
-            detail = ": nothing left after normalisation" if entry.text else ""
-            rejected.append(Rejection(entry.id, f"empty text on {place}{detail}", line=entry.line, kind="empty-text"))
+        heard = _audio_rules(entry, audio, probes, data, features)
+        if isinstance(heard, Rejection):
+            rejected.append(heard)
             continue
-        if count > data.max_tokens:
-            rejected.append(Rejection(entry.id, f"text of {count} tokens exceeds data.max_tokens={data.max_tokens} "
-                                                f"({place})", line=entry.line, kind="too-many-tokens"))
-            continue
-        file = audio.get(entry.id)
-        if file is None:
-            where = relative_audio(entry.id, entry.audio or None)
-            rejected.append(Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where,
-                                      kind="missing-audio"))
-            continue
-        where = relative_audio(entry.id, file.name)
-        probe = probes[file.name]
-        if probe.error:
-            detail = f": {probe.detail}" if probe.detail else ""
-            rejected.append(Rejection(entry.id, f"{probe.error}: {where}{detail} ({place})", line=entry.line,
-                                      file=where, kind="unreadable-audio"))
-            continue
-        duration = probe.frames / probe.rate
-        if duration > data.max_audio_s or duration < data.min_audio_s:
-            bound = (f"longer than data.max_audio_s={data.max_audio_s:g}" if duration > data.max_audio_s
-                     else f"shorter than data.min_audio_s={data.min_audio_s:g}")
-            rejected.append(Rejection(entry.id, f"clip of {duration:.2f} s {bound} s: {where} ({place})",
-                                      line=entry.line, file=where, kind="duration"))
-            continue
-        n = expected_samples(probe.frames, probe.rate, features.sample_rate_hz)
-        if n < shortest:
-            rejected.append(Rejection(entry.id, f"clip of {n} samples at {features.sample_rate_hz} Hz is shorter "
-                                                f"than n_fft/2+1 = {shortest}: {where} ({place})",
-                                      line=entry.line, file=where, kind="duration"))
-            continue
-        samples.append(Sample(entry.id, entry.text, count, 1 + n // features.hop_length, duration, file.name,
+        made, count, code, speaker = said
+        name, n, duration = heard
+        samples.append(Sample(entry.id, entry.text, count, 1 + n // features.hop_length, duration, name,
                               entry.line, code, speaker, made.units))
     return samples, rejected, report.to_json()
+
+
+def _text_rules(entry: Entry, units: dict[TextKey, Units], data: DataConfig, text: TextConfig, frontend: Frontend,
+                fixed: Vocabulary | None, report: "LostReport") -> Rejection | tuple[Units, int, str, str]:
+    """A clip's text: (its units, token count, language, speaker), or why it is rejected."""
+    place = f"metadata line {entry.line}"
+    code = entry.language or text.language
+    speaker = entry.speaker or DEFAULT_SPEAKER
+    made = units.get((code, entry.text))
+    if made is None:  # only a language outside LANGUAGES is never sent to the front-end
+        return Rejection(entry.id, f"unknown language code {code!r} ({place}; known: "
+                                   f"{', '.join(sorted(LANGUAGES))})", line=entry.line, kind="language")
+    if fixed is not None:
+        missing = fixed.missing(made.units)
+        if missing:
+            made = Units("".join(ch for ch in made.units if ch not in missing), made.lost + missing)
+        if code not in fixed.languages or speaker not in fixed.speakers:
+            what = f"language {code!r}" if code not in fixed.languages else f"speaker {speaker!r}"
+            return Rejection(entry.id, f"{what} is not in the run's tables ({place})", line=entry.line,
+                             kind="vocabulary")
+    if made.lost:
+        report.add(entry.id, made.lost)
+        if made.lost_frac > text.max_lost_frac:
+            shown = ", ".join(f"{ch!r} U+{ord(ch):04X}" for ch in dict.fromkeys(made.lost))
+            return Rejection(entry.id, f"text loses {len(made.lost)} of {len(made.lost) + len(made.units)} "
+                                       f"characters the {text.frontend} front-end cannot represent "
+                                       f"({shown}; text.max_lost_frac={text.max_lost_frac:g}) ({place})",
+                             line=entry.line, kind="lost-text")
+    count = frontend.count(made.units)
+    if count == 0:
+        detail = ": nothing left after normalisation" if entry.text else ""
+        return Rejection(entry.id, f"empty text on {place}{detail}", line=entry.line, kind="empty-text")
+    if count > data.max_tokens:
+        return Rejection(entry.id, f"text of {count} tokens exceeds data.max_tokens={data.max_tokens} ({place})",
+                         line=entry.line, kind="too-many-tokens")
+    return made, count, code, speaker
+
+
+def _audio_rules(entry: Entry, audio: dict[str, AudioFile], probes: dict[str, AudioProbe], data: DataConfig,
+                 features: FeaturesConfig) -> Rejection | tuple[str, int, float]:
+    """A clip's audio: (its file name, samples at the feature rate, seconds), or why it is rejected."""
+    place = f"metadata line {entry.line}"
+    file = audio.get(entry.id)
+    if file is None:
+        where = relative_audio(entry.id, entry.audio or None)
+        return Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where,
+                         kind="missing-audio")
+    where = relative_audio(entry.id, file.name)
+    probe = probes[file.name]
+    if probe.error:
+        detail = f": {probe.detail}" if probe.detail else ""
+        return Rejection(entry.id, f"{probe.error}: {where}{detail} ({place})", line=entry.line, file=where,
+                         kind="unreadable-audio")
+    duration = probe.frames / probe.rate
+    if duration > data.max_audio_s or duration < data.min_audio_s:
+        bound = (f"longer than data.max_audio_s={data.max_audio_s:g}" if duration > data.max_audio_s
+                 else f"shorter than data.min_audio_s={data.min_audio_s:g}")
+        return Rejection(entry.id, f"clip of {duration:.2f} s {bound} s: {where} ({place})", line=entry.line,
+                         file=where, kind="duration")
+    n = expected_samples(probe.frames, probe.rate, features.sample_rate_hz)
+    shortest = features.n_fft // 2 + 1  # reflect centre padding needs this many samples
+    if n < shortest:
+        return Rejection(entry.id, f"clip of {n} samples at {features.sample_rate_hz} Hz is shorter than "
+                                   f"n_fft/2+1 = {shortest}: {where} ({place})", line=entry.line, file=where,
+                         kind="duration")
+    return file.name, n, duration
 
 
 class LostReport:
