@@ -574,6 +574,7 @@ class FeedCore:
                    "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
                    "checkpoint": self.checkpoints.summary(),
                    "resumed_from_step": resumed.step if resumed is not None else None,
+                   "replicas": 1,  # stoker's trainer runs one model replica
                    **self.summary_extra()})
 
     def _keep_mel_stats(self, stats: MelStats) -> None:

@@ -129,7 +129,8 @@ class Feed:
         log.info("%s", plan.describe(cfg.pipeline.producers))
         log.info("run directory %s", run_dir)
         core = FeedCore(cfg, run_dir, self._stop)
-        core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None}  # the user's loop trains
+        # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the feed's to know.
+        core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None, "replicas": None}
         core.prepare()
         self._core = core
         atexit.register(self._at_exit)

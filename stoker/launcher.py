@@ -410,7 +410,7 @@ def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: fl
     rejected = len(read_jsonl(run_dir / REJECTED))
     summary = summarize(rows, capacity=cfg.pipeline.buffer_size, batches_per_epoch=0, producers=[],
                         rejected=rejected, exit_reason=reason, wall_s=wall_s, batch_size=cfg.batching.batch_size,
-                        extra={"written_by": "launcher"})
+                        extra={"written_by": "launcher", "replicas": 1})
     write_json(path, summary)
     log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl", path)
 

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SUMMARY_FIELDS = {"steps", "epochs_completed", "samples", "wall_s", "steps_per_s", "samples_per_s",
                   "data_wait_frac", "queue_depth_mean", "starved_steps", "rejected", "producers", "verdict",
-                  "recommended_producers", "loss_first", "loss_last", "exit_reason"}
+                  "recommended_producers", "loss_first", "loss_last", "exit_reason", "frames_useful_frac", "replicas"}
 PRODUCER_FIELDS = {"id", "host", "batches", "samples", "rejected", "status"}
 METRIC_FIELDS = {"step", "epoch", "t", "queue_depth", "wait_ms", "step_ms", "loss"}
 DEMO_CLIPS = 64
@@ -44,7 +44,7 @@ def test_demo_synthetic_run_writes_contract_files(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(run_dir / "summary.json")
     assert SUMMARY_FIELDS <= set(summary)
-    assert summary["exit_reason"] == "completed"
+    assert summary["exit_reason"] == "completed" and summary["replicas"] == 1
     assert summary["epochs_completed"] == 2
     assert summary["samples"] == 2 * DEMO_CLIPS
     assert summary["verdict"] in ("producer-bound", "consumer-bound", "balanced")
