@@ -11,7 +11,7 @@ resumed run, or another host, holds out the same clips. The held-out ids are wri
 ``RUN_DIR/validation.json`` (:data:`VALIDATION`).
 
 The consumer prepares their batches itself, once, at start, with the producers' own
-code (``producer.worker.BatchMaker``: same reader, features and collation) on the CPU,
+code (``producer/batches.py``, ``BatchMaker``: same reader, features and collation) on the CPU,
 so the validation loss is measured on exactly what training batches look like. Shapes
 (dimension legend in shared/batch.py): B = up to ``batching.batch_size`` rows, L and
 T the longest held-out clip rounded up to ``tokens_multiple`` / ``frames_multiple``.
@@ -83,7 +83,7 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config, vocabulary:
     if not samples:
         return []
     from stoker.consumer.plan import ReferenceTable, TokenTable
-    from stoker.producer.worker import BatchMaker
+    from stoker.producer.batches import BatchMaker
 
     # The numpy backend (same definition as the TF one, within 1e-4): on the CPU, leaving the
     # model GPU to the trainer.

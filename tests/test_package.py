@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,9 +29,15 @@ def run(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
 
 
 def test_the_wheel_installs_and_runs_from_anywhere(tmp_path: Path) -> None:
+    # Built from a copy of the tracked files: a build in the checkout would leave build/ there.
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=PROJECT, capture_output=True, check=True).stdout
+    source = tmp_path / "source"
+    for name in filter(None, tracked.decode().split("\0")):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(PROJECT / name, source / name)
     wheels = tmp_path / "wheels"
-    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
-                 str(PROJECT)], cwd=tmp_path)
+    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
+                cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-3000:]
     wheel, = wheels.glob("stoker-*.whl")
     venv = tmp_path / "venv"

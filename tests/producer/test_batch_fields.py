@@ -10,7 +10,7 @@ import pytest
 
 from stoker.producer.audio import load_audio
 from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
-from stoker.producer.worker import BatchMaker
+from stoker.producer.batches import BatchMaker
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig
 from stoker.shared.dataset import read_metadata, scan_audio

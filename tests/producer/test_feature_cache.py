@@ -12,7 +12,7 @@ import pytest
 
 from stoker.producer.feature_cache import FeatureCache, cache_dir_name, dequantize, quantize
 from stoker.producer.features import log_mel_spectrogram_numpy
-from stoker.producer.worker import BatchMaker, Prepared
+from stoker.producer.batches import BatchMaker, Prepared
 from stoker.shared.config import FeaturesConfig
 from stoker.shared.dataset import read_metadata, scan_audio
 from tests.factories import make_dataset, tone

@@ -10,7 +10,7 @@ import pytest
 
 from stoker.producer.transforms import (Chain, TransformError, TransformSetupError, loudness, loudness_normalize,
                                  peak_normalize, preemphasize, trim_silence)
-from stoker.producer.worker import BatchMaker
+from stoker.producer.batches import BatchMaker
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import read_metadata, scan_audio

@@ -1,0 +1,240 @@
+"""A producer's batches: a lease (planned sample ids and the bucket's shape) in, the
+bucket's arrays and the BATCH fields out. It reads each clip (producer/audio.py), runs the
+transforms (producer/transforms.py), computes the log-mels for the batch at once
+(producer/features.py, or the feature cache), and collates by the batch schema
+(shared/batch.py). It never sees a socket: producer/worker.py is its transport, and the
+trainer's validation (consumer/validation.py) makes its held-out batches with it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket as pysocket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
+from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
+from stoker.shared.dataset import audio_path, relative_audio
+from stoker.shared.melstats import MelStats, normalize
+
+log = logging.getLogger("producer")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared batch: the BATCH message's fields and its arrays (shared/batch.py)."""
+
+    fields: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    def __getitem__(self, key: str) -> Any:  # as wire.Message: the fields by name
+        return self.fields[key]
+
+
+@dataclass
+class _Clip:
+    """One clip of a batch as the producer reads it: its mel (from the feature cache, or
+    computed), its audio (when the mel is computed or the batch carries the waveform), and
+    where a computed mel is stored in the cache."""
+
+    id: str
+    audio: np.ndarray | None = None
+    mel: np.ndarray | None = None
+    slot: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache lacks the mel
+    fields: dict[str, np.ndarray] | None = None  # the declared fields its user transforms made
+
+
+class BatchMaker:
+    """Turns one lease into the frames of a BATCH message.
+
+    Per clip: the token ids the lease carries (the trainer tokenizes: see
+    consumer/plan.TokenTable); the log-mel from the feature cache when
+    one is configured and holds a valid entry, else from the audio (read, downmixed,
+    resampled, then transformed with the other clips of the batch at once, and stored
+    in the cache). With the optional fields on: the waveform (``audio``), and the log-mel of
+    the reference clip the lease names for each clip (``ref_mel``: at most ``ref_frames``
+    frames, from its middle). Clips whose file is not on this host are reported as missed
+    (the consumer re-plans them onto another producer); clips that cannot be used are
+    reported as rejected, with the reason.
+    """
+
+    def __init__(self, root: Path, texts: dict[str, str], features: FeaturesConfig,
+                 device: str | None, name: str, host: str | None = None,
+                 files: dict[str, str] | None = None, feature_cache: str = "",
+                 faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
+                 ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None,
+                 mel_norm: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        from stoker.producer.feature_cache import FeatureCache
+        from stoker.producer.features import MelComputer
+        from stoker.producer.transforms import Chain
+
+        self.root = root
+        self.texts = texts
+        self.files = files if files is not None else {}
+        self.features = features
+        self.name = name
+        self.host = host or pysocket.gethostname()
+        self.schema = schema
+        self.ref_frames = ref_frames
+        self.mel_norm = mel_norm  # (mean, std) [F] of transforms.mel_norm: dataset (shared/melstats.py)
+        self._pads = schema.pad_values(features.log_floor)
+        self._mels = MelComputer(features, device=device)
+        chain = Chain(transforms or TransformsConfig(), features)
+        self.chain = chain if chain.active else None  # producer/transforms.py: None when every step is off
+        self.cache = FeatureCache(feature_cache, features, root, chain.key if self.chain else None) \
+            if feature_cache else None
+        self.faults = faults or FaultsConfig()
+        self._next_stall = time.monotonic() + self.faults.producer_stall_every_s
+
+    def _inject_faults(self) -> None:
+        """Configured fault injection: sleeping is the simulated slow storage or stall."""
+        f = self.faults
+        if f.producer_delay_ms > 0:
+            time.sleep(f.producer_delay_ms / 1000)
+        if f.producer_stall_s > 0 and time.monotonic() >= self._next_stall:
+            log.info("%s: injected stall of %.2f s", self.name, f.producer_stall_s)
+            time.sleep(f.producer_stall_s)
+            self._next_stall += f.producer_stall_every_s
+
+    def _load(self, sample_id: str, need_audio: bool, speaker: int = 0, language: int = 0) -> _Clip:
+        """One clip: its log-mel from the feature cache when it holds a valid entry, its audio
+        (transformed: producer/transforms.py) when the mel must be computed or the batch
+        carries the waveform or the user's transforms make fields. Raises AudioMissing (not on
+        this host), AudioError or TransformError (unusable), whose text is the reason."""
+        from stoker.producer.audio import load_audio
+
+        name = self.files.get(sample_id) or relative_audio(sample_id)
+        path = audio_path(self.root, sample_id, name)
+        clip = _Clip(sample_id)
+        if self.cache is not None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None  # load_audio says why
+            if st is not None:
+                clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
+                clip.slot = None if clip.mel is not None else (name, st)
+        if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
+            clip.audio = load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name))
+            if self.chain is not None:
+                done = self.chain(clip.audio, self.texts.get(sample_id, ""), sample_id, speaker, language,
+                                  {"file": name})
+                clip.audio, clip.fields = done.audio, done.fields
+        return clip
+
+    def _reference(self, mel: np.ndarray) -> np.ndarray:
+        """A reference clip's log-mel as ref_mel holds it: at most R frames, from its middle."""
+        start = max(0, (len(mel) - self.ref_frames) // 2)
+        return mel[start:start + self.ref_frames]
+
+    def make(self, lease: dict[str, Any]) -> Prepared:
+        """The batch of one lease: its arrays (shared/batch.py) and the BATCH fields (the clips
+        delivered, rejected and missed, and cache counts). The transport encodes it.
+
+        A clip whose file (or whose reference clip's file) is not on this host is *missed*;
+        one that cannot be used is *rejected*, with the reason."""
+        from stoker.producer.feature_cache import CacheCounts
+
+        started = time.perf_counter()
+        before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
+        rows: list[tuple[np.ndarray, _Clip, _Clip | None]] = []  # (tokens, clip, its reference clip)
+        rejected: list[dict[str, str]] = []
+        missed: list[dict[str, str]] = []
+        extra = {i: (s, g) for i, s, g in zip(lease["ids"], lease.get("speakers", []), lease.get("languages", []))}
+        for n, sample_id in enumerate(lease["ids"]):
+            row = self._row(lease, n, sample_id, extra, rejected, missed)
+            if row is not None:
+                rows.append(row)
+        computed = self._compute([c for _, clip, ref in rows for c in (clip, ref) if c is not None])
+        arrays, stats = self._arrays(lease, rows, extra)
+        prep_ms = (time.perf_counter() - started) * 1e3
+        fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
+                  "ids": [clip.id for _, clip, _ in rows], "rejected": rejected, "missed": missed,
+                  "prep_ms": round(prep_ms, 3), "mel_stats": stats.to_fields()}
+        if self.cache is not None and before is not None:
+            delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
+            fields["cache"] = {**delta.to_json(), "computed": computed}
+        return Prepared(fields, arrays)
+
+    def _row(self, lease: dict[str, Any], n: int, sample_id: str, extra: dict[str, tuple[Any, Any]],
+             rejected: list[dict[str, str]], missed: list[dict[str, str]]
+             ) -> tuple[np.ndarray, _Clip, _Clip | None] | None:
+        """Clip ``n`` of the lease, read and transformed (its log-mel comes later, for the whole
+        batch at once); None when it is missed or rejected (noted in those lists, with why)."""
+        from stoker.producer.audio import AudioError, AudioMissing
+        from stoker.producer.transforms import TransformError
+
+        names = self.schema.names
+        max_tokens, max_frames = lease["shape"]
+        token_rows, refs = lease["tokens"], lease.get("refs") or []
+        if sample_id not in self.texts:
+            missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
+            return None
+        if n >= len(token_rows) or not token_rows[n]:
+            rejected.append({"id": sample_id, "reason": "the lease carries no token ids for this clip"})
+            return None
+        if "ref_mel" in names and n >= len(refs):
+            rejected.append({"id": sample_id, "reason": "the lease names no reference clip for this clip"})
+            return None
+        what = ""
+        speaker, language = (int(v) for v in extra.get(sample_id, (0, 0)))
+        tok = np.asarray(token_rows[n], dtype=np.int32)
+        try:
+            clip = self._load(sample_id, "audio" in names, speaker, language)
+            frames = clip.mel.shape[0] if clip.mel is not None else 1 + len(clip.audio) // self.features.hop_length
+            if self.chain is not None and self.chain.declared:
+                self.chain.check_fields(clip.fields or {}, len(tok), frames)
+            what = f"reference clip {refs[n]}: " if "ref_mel" in names else what
+            ref = self._load(refs[n], False, speaker, language) if "ref_mel" in names else None
+        except AudioMissing as exc:
+            missed.append({"id": sample_id, "reason": f"{what}{exc} on host {self.host}"})
+            return None
+        except (AudioError, TransformError) as exc:
+            rejected.append({"id": sample_id, "reason": f"{what}{exc}"})
+            return None
+        if len(tok) > max_tokens or frames > max_frames:
+            rejected.append({"id": sample_id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
+                                                        f"{frames} frames > bucket {max_tokens}x{max_frames})"})
+            return None
+        return tok, clip, ref
+
+    def _arrays(self, lease: dict[str, Any], rows: list[tuple[np.ndarray, _Clip, _Clip | None]],
+                extra: dict[str, tuple[Any, Any]]) -> tuple[dict[str, np.ndarray], MelStats]:
+        """The lease's rows collated into its bucket's arrays (mel normalised when the run does),
+        and the channel statistics of the mel as defined (before normalising)."""
+        names = self.schema.names
+        examples = []
+        for tok, clip, ref in rows:
+            speaker, language = extra.get(clip.id, (0, 0))
+            examples.append(example(tok, clip.mel, self.schema, int(speaker), int(language),
+                                    audio=clip.audio if "audio" in names else None,
+                                    ref_mel=self._reference(ref.mel) if ref is not None else None,
+                                    declared=clip.fields))
+        self._inject_faults()
+        dims = batch_dims(int(lease["rows"]), lease["shape"], self.features.n_mels, self.features.hop_length,
+                          self.ref_frames)
+        arrays = collate(examples, dims, self._pads, self.schema)
+        stats = MelStats.of_batch(arrays["mel"], arrays["mel_lengths"])  # of the mel as defined, for mel_norm
+        if self.mel_norm is not None:
+            normalize(arrays["mel"], arrays["mel_lengths"], *self.mel_norm)
+            if "ref_mel" in names:
+                normalize(arrays["ref_mel"], arrays["ref_mel_lengths"], *self.mel_norm)
+        return arrays, stats
+
+    def _compute(self, clips: list[_Clip]) -> int:
+        """The log-mels the feature cache did not hold, all at once (each clip once, also one
+        that is a reference too), stored in the cache; returns how many were computed."""
+        todo = list({id(c): c for c in clips if c.mel is None}.values())
+        for clip, mel in zip(todo, self._mels([c.audio for c in todo]) if todo else []):
+            clip.mel = mel
+            if self.cache is not None and clip.slot is not None:
+                name, st = clip.slot
+                self.cache.put(clip.id, name, st.st_size, st.st_mtime_ns, mel)
+        return len(todo)
