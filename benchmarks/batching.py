@@ -118,7 +118,7 @@ def _step_times(shapes: Sequence[tuple[int, int, int]], plan: BatchingPlan) -> d
 
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     from stoker.benchmarks.trainer import TOKEN_IDS, _batch
-    from stoker.consumer.models import KerasTrainer
+    from stoker.consumer.trainer import KerasTrainer
     from stoker.shared import config as config_mod
 
     cfg = config_mod.load(None, {})

@@ -131,7 +131,7 @@ def child_main(kind: str, run_dir: Path, steps: int, data: str) -> dict[str, Any
     options = _options(run_dir, steps, data)
     out: dict[str, Any] = {}
     if kind == "feed loop":
-        from stoker.consumer.models import make_trainer
+        from stoker.consumer.trainer import make_trainer
 
         feed = stoker.Feed(**options)
         trainer = make_trainer(feed.cfg, "/CPU:0", feed.shapes, steps, feed.vocabulary.size)

@@ -102,7 +102,7 @@ def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) ->
 
 
 def _make_trainer(cfg: Any, shapes: list[tuple[int, int, int]], model: str) -> Any:
-    from stoker.consumer.models import KerasTrainer
+    from stoker.consumer.trainer import KerasTrainer
 
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model=model))
     trainer = KerasTrainer(cfg, "/CPU:0", shapes, total_batches=None, vocab_size=TOKEN_IDS)

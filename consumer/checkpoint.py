@@ -62,7 +62,7 @@ from stoker.shared import runfiles
 from stoker.shared.runfiles import CKPT_DIR, VOCAB
 from stoker.shared.config import Config
 from stoker.shared.errors import UserError
-from stoker.shared.text import Vocabulary
+from stoker.shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

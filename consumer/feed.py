@@ -62,7 +62,7 @@ from stoker.shared.melstats import MelStats, load, stats_key
 from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
 from stoker.shared.proc import EXIT_OK, parent_alive
 from stoker.shared.runfiles import MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
-from stoker.shared.text import Vocabulary, load_vocabulary, save_vocabulary
+from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")
 

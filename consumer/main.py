@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 from stoker.consumer import melimage, validation
 from stoker.consumer.checkpoint import RESUME_CONFIG
 from stoker.consumer.feed import FeedCore, Resolved, TransformFailed
-from stoker.consumer.models import ModelError, Trainer, make_trainer, uses_tensorflow
+from stoker.consumer.trainer import ModelError, Trainer, make_trainer, uses_tensorflow
 from stoker.consumer.tb import TensorBoard
 from stoker.shared import config as config_mod
 from stoker.shared.batch import FRAMES

@@ -34,7 +34,7 @@ import numpy as np
 from stoker.shared.config import BatchingConfig
 from stoker.shared.dataset import Sample
 from stoker.shared.errors import UserError
-from stoker.shared.text import Vocabulary
+from stoker.shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

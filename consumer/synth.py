@@ -230,7 +230,8 @@ def run_vocabulary(run_dir: Path) -> Any:
     """The vocabulary a run trained with: its newest checkpoint's, else ``RUN_DIR/vocab.json``."""
     from stoker.consumer.checkpoint import CKPT_DIR, CheckpointError, Checkpointer
     from stoker.shared.runfiles import VOCAB
-    from stoker.shared.text import TextError, Vocabulary, load_vocabulary
+    from stoker.shared.text import TextError
+    from stoker.shared.vocab import Vocabulary, load_vocabulary
 
     found = Checkpointer(run_dir / CKPT_DIR, keep=1).latest()
     if found is not None:

@@ -33,7 +33,7 @@ from stoker.shared.config import Config, batch_schema
 from stoker.shared.dataset import DatasetIndex, Sample, build_index
 from stoker.shared.layouts import Rejection
 from stoker.shared.runfiles import VALIDATION, write_json
-from stoker.shared.text import Vocabulary
+from stoker.shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

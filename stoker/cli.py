@@ -241,7 +241,7 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
     device plan. UserError (one line) for each mistake."""
     import dataclasses
 
-    from stoker.consumer.models import check_model
+    from stoker.consumer.trainer import check_model
     from stoker.shared.dataset import feature_cache_dir, locate
     from stoker.shared.layouts import is_mix
     from stoker.devices import list_gpus, plan_devices

@@ -292,7 +292,7 @@ class Feed:
 
     @property
     def vocabulary(self) -> Any:
-        """The text front-end's vocabulary (shared/text.Vocabulary): ``.size`` token ids."""
+        """The text front-end's vocabulary (shared/vocab.Vocabulary): ``.size`` token ids."""
         return self.prepare()._core.vocabulary
 
     @property

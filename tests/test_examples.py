@@ -34,7 +34,8 @@ def demo_clips(count: int, seconds: float = 0.3) -> tuple[list[np.ndarray], list
     """(tokens, log-mels, vocabulary size) of ``count`` demo-like clips: sentences encoded by
     the character front-end, log-mels of voiced-like tones (two pitches one after the other)."""
     from stoker.producer.features import log_mel_spectrogram_numpy
-    from stoker.shared.text import Characters, Vocabulary
+    from stoker.shared.text import Characters
+    from stoker.shared.vocab import Vocabulary
 
     frontend = Characters()
     units = [u.units for u in frontend.units([sentence(i, words=3) for i in range(count)], "en")]
@@ -217,7 +218,8 @@ def test_synth_restores_the_example_and_lets_it_decide_the_length(tmp_path) -> N
     from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
     from stoker.consumer.synth import generation_limit, synthesize
     from stoker.shared.runfiles import VOCAB
-    from stoker.shared.text import Characters, Vocabulary, save_vocabulary
+    from stoker.shared.text import Characters
+    from stoker.shared.vocab import Vocabulary, save_vocabulary
 
     frontend = Characters()
     vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(["Hello there!"], "en")], ["en"],

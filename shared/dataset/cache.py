@@ -16,7 +16,8 @@ from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset.types import AudioFile, Sample
 from stoker.shared.layouts import Rejection
 from stoker.shared.runfiles import write_atomic
-from stoker.shared.text import Frontend, Vocabulary
+from stoker.shared.text import Frontend
+from stoker.shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from stoker.shared.dataset.files import list_audio, locate, read_metadata_bytes,
 from stoker.shared.dataset.probe import expected_samples, probe_audio
 from stoker.shared.dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from stoker.shared.layouts import COLUMNS_AUTO, Entry, Rejection, parse_entries
-from stoker.shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, Vocabulary, make_frontend
+from stoker.shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
+from stoker.shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
 from stoker.shared import config as config_mod
 from stoker.shared.runfiles import CONFIG, VOCAB
-from stoker.shared.text import Characters, Vocabulary, save_vocabulary
+from stoker.shared.text import Characters
+from stoker.shared.vocab import Vocabulary, save_vocabulary
 
 # The texts of the fake run's dataset: its vocabulary is their characters.
 TRAINED_TEXTS = ("Printing, in the only sense with which we are at present concerned.", "Hello there!",

@@ -9,7 +9,8 @@ from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
 from stoker.consumer.synth import SynthError, synthesize
 from stoker.shared import config as config_mod
 from stoker.shared.runfiles import VOCAB
-from stoker.shared.text import Characters, Vocabulary, load_vocabulary
+from stoker.shared.text import Characters
+from stoker.shared.vocab import Vocabulary, load_vocabulary
 from tests.consumer.fake_runs import SAVED_MODELS, TRAINED_TEXTS, fake_run as _run_dir
 from tests.procs import run_cli
 

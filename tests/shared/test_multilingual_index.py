@@ -13,7 +13,8 @@ from stoker.consumer import validation
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import DatasetError, build_index, check_agreement, locate, scan_dataset
-from stoker.shared.text import TextError, Vocabulary, normalize
+from stoker.shared.text import TextError, normalize
+from stoker.shared.vocab import Vocabulary
 from tests.speech import (make_english_digits_dataset, make_manifest_dataset, make_mixed_dataset,
                           make_persian_dataset, make_train_eval_dataset)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.shared.text import (EOS_ID, LANGUAGES, PAD_ID, Characters, TextError, Units, Vocabulary, load_vocabulary,
-                         make_frontend, normalize, save_vocabulary)
+from stoker.shared.text import EOS_ID, LANGUAGES, PAD_ID, Characters, TextError, Units, make_frontend, normalize
+
+from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 IMPORT_TIMEOUT_S = 60  # a cold interpreter importing numpy, with a wide margin
 PERSIAN = "امروز هوا آفتابی و کمی سرد است."

@@ -1,4 +1,4 @@
-"""The Keras trainer (consumer/models.py): it learns, accumulates exactly, skips NaN,
+"""The Keras trainer (consumer/trainer.py): it learns, accumulates exactly, skips NaN,
 traces once per bucket shape, keeps the user-model contract, picks precision and XLA
 by device. Small shapes (B=4, L=16, T=32) keep each case to a few seconds on a CPU."""
 
@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from stoker.consumer import models
-from stoker.consumer.models import Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision, lr_at
+from stoker.consumer import trainer as trainers
+from stoker.consumer.trainer import Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision, lr_at
 from stoker.shared import config as config_mod
 from tests.factories import TOKEN_IDS, make_batch
 
@@ -124,7 +124,7 @@ def test_one_trace_per_bucket_shape_and_retraces_are_logged(caplog) -> None:
         for B, L, T in shapes:
             trainer.step(trainer.stage(make_batch(B, L, T)))
     assert trainer.stats()["traces"] == 2 and trainer.retraces == 0
-    with caplog.at_level(logging.WARNING, logger="stoker.consumer.models"):
+    with caplog.at_level(logging.WARNING, logger="stoker.consumer.trainer"):
         trainer.step(trainer.stage(make_batch(4, 8, 16)))
     assert trainer.retraces == 1
     assert "not one of the plan's 2 bucket shapes" in caplog.text
@@ -191,13 +191,13 @@ def test_learning_rate_schedule() -> None:
 
 
 def test_check_model_without_tensorflow_imports() -> None:
-    assert models.check_model("synthetic:5") == 5.0
-    assert models.check_model("tiny") is None
-    assert models.check_model("tests.consumer.user_models:good") is None
+    assert trainers.check_model("synthetic:5") == 5.0
+    assert trainers.check_model("tiny") is None
+    assert trainers.check_model("tests.consumer.user_models:good") is None
     with pytest.raises(ModelError, match="no module named no_such_pkg"):
-        models.check_model("no_such_pkg.mod:build")
+        trainers.check_model("no_such_pkg.mod:build")
     with pytest.raises(ModelError, match="MS >= 0"):
-        models.check_model("synthetic:-1")
+        trainers.check_model("synthetic:-1")
 
 
 def test_optional_fields_reach_the_model_and_one_it_lacks_is_named() -> None:

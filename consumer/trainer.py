@@ -180,7 +180,7 @@ class KerasTrainer:
         """``shapes``: the plan's batch shapes (B, L, T); ``total_batches``: the run's budget
         in batches (None: unknown; the learning rate then stays at its peak after warm-up);
         ``optimizer``: a Keras optimizer to use instead of Adam (tests); ``vocab_size``: token
-        ids of the run's vocabulary (shared/text.Vocabulary.size)."""
+        ids of the run's vocabulary (shared/vocab.Vocabulary.size)."""
         import keras
         import tensorflow as tf
 
