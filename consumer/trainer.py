@@ -40,6 +40,10 @@ docs/MODELS.md):
   with restarts, Noam, constant: ``lr_at``).
 - A step whose loss is NaN or inf is skipped inside the graph (no update, no
   accumulation) and counted; the loop stops after ``trainer.max_bad_steps`` in a row.
+
+One file of some 580 lines: the Keras trainer is one object whose step, update, schedule,
+checks and figures share its state; the synthetic trainer beside it is the same contract
+in 30 lines.
 """
 
 from __future__ import annotations

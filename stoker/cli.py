@@ -243,7 +243,7 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
 
     from stoker.consumer.trainer import check_model
     from stoker.shared.dataset import feature_cache_dir, locate
-    from stoker.shared.layouts import is_mix
+    from stoker.shared.mixes import is_mix
     from stoker.devices import list_gpus, plan_devices
 
     root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
@@ -381,7 +381,7 @@ def check_keys(directory: Path, server: bool, client: bool) -> None:
 
 def cmd_produce(args: argparse.Namespace) -> int:
     from stoker.shared.dataset import locate, scan_dataset
-    from stoker.shared.layouts import is_mix
+    from stoker.shared.mixes import is_mix
     from stoker.devices import DevicesConfig, list_gpus, plan_devices
     from stoker.launcher import run_producers
     from stoker.shared.proc import setup_logging

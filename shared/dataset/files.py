@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Iterable
 
 from stoker.shared.dataset.types import AudioFile, DatasetError
-from stoker.shared.layouts import (COLUMNS_AUTO, MIX_ID_SEPARATOR, Entry, LayoutError, Rejection, is_manifest, is_mix,
-                            pack_mix, parse_entries, parse_mix_spec, unpack_mix)
+from stoker.shared.layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, parse_entries
+from stoker.shared.mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_mix_spec, unpack_mix
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
 

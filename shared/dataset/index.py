@@ -1,6 +1,9 @@
 """Building the index: the usable samples and the rejections of a dataset, from its
 metadata and audio headers (read in parallel when worth it), through the text front-end,
 with the index cache reused where it still holds.
+
+One file of some 540 lines: the index build, whose reuse of a stale cache, parallel reads
+and rules share one set of facts about the dataset.
 """
 
 from __future__ import annotations

@@ -1,0 +1,121 @@
+"""Mixes of datasets (shared/layouts.py parses each part).
+
+``--data mix.yaml``: several datasets in one run, each with its own layout and language:
+
+    datasets:
+      - path: persian              # a dataset directory: relative to this file, or absolute
+        language: fa               # its clips' language where their metadata names none
+      - path: /data/LJSpeech-1.1
+        name: lj                   # default: the directory's name
+        metadata_file: metadata.csv   # default: data.metadata_file (a manifest works too)
+        columns: ""                # default: data.columns
+
+A clip's id becomes ``NAME:ID`` (two datasets may both have an ``0001``), its audio path
+is relative to the mix file's directory, and a clip whose metadata names no speaker is
+the dataset's own speaker, ``NAME``. The mix and every part's metadata bytes are packed
+into one blob (:func:`pack_mix`), so the index key, the scan and the dataset agreement
+see a mix exactly as they see one metadata file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stoker.shared.layouts import Entry, LayoutError, Rejection, language_problem, parse_columns, parse_entries
+
+MIX_SUFFIXES = (".yaml", ".yml")
+MIX_ID_SEPARATOR = ":"
+_MIX_KEYS = {"path", "name", "language", "metadata_file", "columns"}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class MixPart:
+    """One dataset of a mix."""
+
+    name: str
+    path: str  # as the mix file wrote it
+    language: str
+    metadata_file: str
+    columns: str
+
+
+def is_mix(file_name: str) -> bool:
+    return file_name.lower().endswith(MIX_SUFFIXES)
+
+
+def parse_mix_spec(text: str, metadata_file: str, columns: str) -> list[MixPart]:
+    """The datasets a mix file lists; LayoutError (one line) when it is not a usable mix."""
+    import yaml
+
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise LayoutError(f"mix file is not valid YAML: {str(exc).splitlines()[0]}") from None
+    items = spec.get("datasets") if isinstance(spec, dict) else None
+    if not isinstance(items, list) or not items or set(spec) != {"datasets"}:
+        raise LayoutError("a mix file must hold one key, datasets: a list of {path, language, name, metadata_file, "
+                          "columns}")
+    parts: list[MixPart] = []
+    for n, item in enumerate(items, start=1):
+        where = f"mix dataset {n}"
+        if not isinstance(item, dict) or not isinstance(item.get("path"), str) or not item["path"].strip():
+            raise LayoutError(f"{where} must be a mapping with a path")
+        unknown = sorted(set(item) - _MIX_KEYS)
+        if unknown:
+            raise LayoutError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_MIX_KEYS))})")
+        values = {k: item.get(k) for k in _MIX_KEYS}
+        for key in ("name", "language", "metadata_file", "columns"):
+            if values[key] is not None and not isinstance(values[key], str):
+                raise LayoutError(f"{where}: {key} must be a string, got {values[key]!r}")
+        path = item["path"].strip()
+        name = values["name"] or path.rstrip("/").rsplit("/", 1)[-1]
+        if not _NAME.fullmatch(name):
+            raise LayoutError(f"{where}: name {name!r} must be letters, digits, '.', '_' or '-' (it prefixes ids)")
+        language = (values["language"] or "").strip()
+        problem = language_problem(language)
+        if problem:
+            raise LayoutError(f"{where}: {problem}")
+        part_columns = values["columns"] if values["columns"] is not None else columns
+        if part_columns:
+            parse_columns(part_columns)
+        parts.append(MixPart(name, path, language, values["metadata_file"] or metadata_file, part_columns))
+    names = [p.name for p in parts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise LayoutError(f"mix names dataset {twice[0]!r} twice: give each a distinct name")
+    return parts
+
+
+def pack_mix(parts: list[tuple[MixPart, str, bytes]]) -> bytes:
+    """One blob of a mix: each part, its directory relative to the mix file's (or absolute), its metadata bytes."""
+    import msgpack
+
+    return msgpack.packb([{"name": p.name, "dir": d, "language": p.language, "metadata_file": p.metadata_file,
+                           "columns": p.columns, "metadata": raw} for p, d, raw in parts], use_bin_type=True)
+
+
+def unpack_mix(blob: bytes) -> list[tuple[MixPart, str, bytes]]:
+    import msgpack
+
+    return [(MixPart(d["name"], d["dir"], d["language"], d["metadata_file"], d["columns"]), d["dir"], d["metadata"])
+            for d in msgpack.unpackb(blob, raw=False)]
+
+
+def parse_mix(blob: bytes) -> tuple[list[Entry], list[Rejection]]:
+    """The entries of every dataset of a mix, ids prefixed with the dataset's name."""
+    entries: list[Entry] = []
+    rejected: list[Rejection] = []
+    for part, directory, raw in unpack_mix(blob):
+        prefix = f"{part.name}{MIX_ID_SEPARATOR}"
+        found, bad = parse_entries(raw, part.metadata_file, part.columns)
+        for e in found:
+            # a manifest's path from the mix file's directory; for LJSpeech, where the clip is expected
+            audio = (e.audio if e.audio.startswith("/") else f"{directory}/{e.audio}" if e.audio
+                     else f"{directory}/wavs/{e.id}.wav")
+            entries.append(Entry(prefix + e.id, e.text, e.line, e.speaker or part.name, e.language or part.language,
+                                 audio))
+        rejected += [Rejection(prefix + r.id, f"{part.name}: {r.reason}", r.producer, r.line, r.file, r.kind)
+                     for r in bad]
+    return entries, rejected
