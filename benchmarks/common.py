@@ -174,7 +174,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def report(text: str, result: dict[str, Any], out: str | None) -> int:
+def run_alone(name: str, run: Any, render: Any, out: str | None) -> int:
+    """``python -m stoker.benchmarks.NAME``: ``run(log)`` with its progress on stderr, then
+    :func:`report`; a BenchError is one line and exit status 1."""
+    try:
+        result = run(lambda text: print(text, file=sys.stderr, flush=True))
+    except BenchError as exc:
+        print(f"{name} benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    return report(render(result), result, out)
+
+
+def report(text: str, result: Any, out: str | None) -> int:
     """A benchmark module's ending: its table on stdout, its figures as JSON in ``out`` (if
     given); exit status 0."""
     sys.stdout.write(text + "\n")

@@ -249,6 +249,11 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
                      "generate_s": made, **({"with_dataset": extra} if extra is not None else {})})
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
+    return {"rows": rows, "phonemes": phonemes, "targets": _index_targets(rows, phonemes)}
+
+
+def _index_targets(rows: list[dict[str, Any]], phonemes: dict[str, Any]) -> dict[str, Any]:
+    """The index targets: cold and warm at LJSpeech's size, phonemizing on every core, linear growth."""
     base = next((r for r in rows if r["items"] == LJSPEECH_ITEMS), rows[0])
     large = rows[-1]
     cores = phonemes["cores"]
@@ -277,7 +282,7 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
                                                  f"{TARGET_LINEAR} x at {base['items']}",
                                          "ratio": r, "value": r["value"], "limit": TARGET_LINEAR,
                                          "met": r["value"] <= TARGET_LINEAR}
-    return {"rows": rows, "phonemes": phonemes, "targets": targets}
+    return targets
 
 
 def _phonemes_index(root: Path, cache: Path, repetitions: int, log: Callable[[str], None]) -> dict[str, Any]:

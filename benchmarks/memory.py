@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import threading
@@ -46,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.benchmarks.common import (BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
+from stoker.benchmarks.common import (run_alone, BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
                                stop_children, table)
 
 MB = 1 << 20
@@ -75,12 +74,36 @@ def rss_bytes() -> int:
 
 
 # ---------------------------------------------------------------- the fake producer (child)
+def _fake_batch(lease: Any, rows: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]],
+                rng: np.random.Generator, n_mels: int, pads: dict[str, Any]) -> list[Any]:
+    """The BATCH frames of a lease: a random example per id (fixed per id) that fits the bucket."""
+    from stoker.shared import wire
+    from stoker.shared.batch import batch_dims, collate
+
+    max_tokens, max_frames = lease["shape"]
+    tokens, mels = [], []
+    for sample_id in lease["ids"]:
+        key = (sample_id, max_tokens, max_frames)
+        if key not in rows:
+            h = zlib.crc32(sample_id.encode())
+            n_tok = max(1, max_tokens - h % 8)
+            n_frames = max(1, max_frames - h % 16)
+            rows[key] = (rng.integers(1, 60, n_tok, dtype=np.int32),
+                         rng.standard_normal((n_frames, n_mels), dtype=np.float32))
+        tokens.append(rows[key][0])
+        mels.append(rows[key][1])
+    arrays = collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
+                     batch_dims(int(lease["rows"]), (max_tokens, max_frames), n_mels), pads)
+    return wire.encode(wire.BATCH, {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
+                                    "ids": list(lease["ids"]), "rejected": [], "prep_ms": 0.1}, arrays)
+
+
 def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
     """Speak the producer side of the protocol with random batches until STOP."""
     import zmq
 
     from stoker.shared import wire
-    from stoker.shared.batch import SCHEMA, batch_dims, collate
+    from stoker.shared.batch import SCHEMA
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -111,23 +134,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
                 n_mels = int(msg["features"]["n_mels"])
                 pads = SCHEMA.pad_values(msg["features"]["log_floor"])
             elif msg.kind == wire.LEASE:
-                max_tokens, max_frames = msg["shape"]
-                tokens, mels = [], []
-                for sample_id in msg["ids"]:
-                    key = (sample_id, max_tokens, max_frames)
-                    if key not in rows:  # random example, fixed per id, that fits the bucket
-                        h = zlib.crc32(sample_id.encode())
-                        n_tok = max(1, max_tokens - h % 8)
-                        n_frames = max(1, max_frames - h % 16)
-                        rows[key] = (rng.integers(1, 60, n_tok, dtype=np.int32),
-                                     rng.standard_normal((n_frames, n_mels), dtype=np.float32))
-                    tokens.append(rows[key][0])
-                    mels.append(rows[key][1])
-                arrays = collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
-                                 batch_dims(int(msg["rows"]), (max_tokens, max_frames), n_mels), pads)
-                ready[msg["lease"]] = wire.encode(wire.BATCH, {
-                    "lease": msg["lease"], "epoch": msg["epoch"], "index": msg["index"], "ids": list(msg["ids"]),
-                    "rejected": [], "prep_ms": 0.1}, arrays)
+                ready[msg["lease"]] = _fake_batch(msg, rows, rng, n_mels, pads)
                 sock.send_multipart(wire.encode(wire.READY, {"lease": msg["lease"]}))
             elif msg.kind == wire.CREDIT:
                 frames = ready.pop(msg["lease"], None)
@@ -145,6 +152,60 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
 
 
 # ---------------------------------------------------------------- the consumer side (this process)
+def _trainer(queue: Any, coordinator: Any, plan: "MemoryPlan", stop: threading.Event, state: dict[str, Any],
+             samples: list[tuple[int, int, float]]) -> None:
+    """The trainer thread: takes every batch at once, sampling the process's RSS."""
+    t0 = time.monotonic()
+    try:
+        while state["taken"] < plan.batches and not stop.is_set():
+            got = queue.get(0.25)
+            if got is None:
+                if time.monotonic() - t0 > plan.timeout_s:
+                    raise TimeoutError(f"only {state['taken']} batches in {plan.timeout_s:.0f} s")
+                continue
+            item, _depth = got
+            state["bytes"] += sum(a.nbytes for a in item.arrays.values())
+            del item, got
+            state["taken"] += 1
+            if state["taken"] % plan.sample_every == 0:
+                samples.append((state["taken"], rss_bytes(), time.monotonic() - t0))
+    except BaseException as exc:
+        state["error"] = exc
+    finally:
+        coordinator.close_notifier()  # the notifier socket belongs to this thread
+
+
+def _watch(thread: threading.Thread, child: Any, coordinator: Any, plan: "MemoryPlan", stop: threading.Event,
+           state: dict[str, Any]) -> None:
+    """Until the trainer thread is done: stop early when the coordinator or the producer failed."""
+    deadline = time.monotonic() + plan.timeout_s + 10
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.5)
+        if coordinator.failure is not None:
+            stop.set()
+        if not child.is_alive() and state["taken"] < plan.batches:
+            stop.set()
+    if thread.is_alive():
+        stop.set()
+        thread.join(5.0)
+        raise BenchError(f"memory benchmark timed out after {state['taken']} batches")
+
+
+def _check(coordinator: Any, child: Any, res_q: Any, plan: "MemoryPlan", state: dict[str, Any]) -> None:
+    """BenchError naming what failed: the coordinator, the trainer thread or the producer."""
+    if coordinator.failure is not None:
+        raise BenchError(f"coordinator failed: {coordinator.failure!r}")
+    if state["error"] is not None:
+        raise BenchError(f"trainer thread failed: {state['error']!r}")
+    if state["taken"] < plan.batches:
+        try:
+            detail = res_q.get(timeout=2.0).get("error", "")
+        except Exception:  # nothing posted: it died without a word
+            detail = ""
+        raise BenchError(f"fake producer exited (status {child.exitcode}) after {state['taken']} batches"
+                         f"{': ' + detail if detail else ''}")
+
+
 def run(plan: MemoryPlan | None = None, log: Any = None) -> dict[str, Any]:
     from stoker.consumer.buffer import BatchQueue
     from stoker.consumer.coordinator import Coordinator
@@ -173,61 +234,22 @@ def run(plan: MemoryPlan | None = None, log: Any = None) -> dict[str, Any]:
     samples: list[tuple[int, int, float]] = []  # (batches, rss, seconds)
     state: dict[str, Any] = {"taken": 0, "error": None, "bytes": 0}
 
-    def trainer() -> None:
-        t0 = time.monotonic()
-        try:
-            while state["taken"] < plan.batches and not stop.is_set():
-                got = queue.get(0.25)
-                if got is None:
-                    if time.monotonic() - t0 > plan.timeout_s:
-                        raise TimeoutError(f"only {state['taken']} batches in {plan.timeout_s:.0f} s")
-                    continue
-                item, _depth = got
-                state["bytes"] += sum(a.nbytes for a in item.arrays.values())
-                del item, got
-                state["taken"] += 1
-                if state["taken"] % plan.sample_every == 0:
-                    samples.append((state["taken"], rss_bytes(), time.monotonic() - t0))
-        except BaseException as exc:
-            state["error"] = exc
-        finally:
-            coordinator.close_notifier()  # the notifier socket belongs to this thread
-
     ctx = spawn_context()
     res_q = ctx.Queue()
     child = ctx.Process(target=fake_producer, args=(endpoint, 1, res_q), name="fake-producer", daemon=True)
     baseline = rss_bytes()
-    thread = threading.Thread(target=trainer, name="bench-trainer", daemon=True)
+    thread = threading.Thread(target=_trainer, args=(queue, coordinator, plan, stop, state, samples),
+                              name="bench-trainer", daemon=True)
     started = time.monotonic()
     try:
         coordinator.start()
         child.start()
         thread.start()
-        deadline = time.monotonic() + plan.timeout_s + 10
-        while thread.is_alive() and time.monotonic() < deadline:
-            thread.join(0.5)
-            if coordinator.failure is not None:
-                stop.set()
-            if not child.is_alive() and state["taken"] < plan.batches:
-                stop.set()
-        if thread.is_alive():
-            stop.set()
-            thread.join(5.0)
-            raise BenchError(f"memory benchmark timed out after {state['taken']} batches")
+        _watch(thread, child, coordinator, plan, stop, state)
         elapsed = time.monotonic() - started
         stop.set()
         coordinator.join(5.0)  # its loop ends by sending STOP to the producer
-        if coordinator.failure is not None:
-            raise BenchError(f"coordinator failed: {coordinator.failure!r}")
-        if state["error"] is not None:
-            raise BenchError(f"trainer thread failed: {state['error']!r}")
-        if state["taken"] < plan.batches:
-            try:
-                detail = res_q.get(timeout=2.0).get("error", "")
-            except Exception:  # nothing posted: it died without a word
-                detail = ""
-            raise BenchError(f"fake producer exited (status {child.exitcode}) after {state['taken']} batches"
-                             f"{': ' + detail if detail else ''}")
+        _check(coordinator, child, res_q, plan, state)
         sent = collect(res_q, ["producer"], [child], 15.0)["producer"]["sent"]
     finally:
         stop.set()
@@ -320,16 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = MemoryPlan.quick() if args.quick else MemoryPlan()
     if args.batches:
         plan.batches = args.batches
-    try:
-        section = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True))
-    except BenchError as exc:
-        print(f"memory benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    print(render(section))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(section, f, indent=2)
-    return 0
+    return run_alone("memory", lambda log: run(plan, log=log), render, args.json)
 
 
 if __name__ == "__main__":

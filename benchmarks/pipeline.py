@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks.common import STOKER, BenchError, ratio, spread, table
+from stoker.benchmarks.common import run_alone, STOKER, BenchError, ratio, spread, table
 
 STEP_MS = 100.0
 IDEAL_STEPS_PER_S = 1000.0 / STEP_MS
@@ -314,16 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the section to this file")
     args = parser.parse_args(argv)
     plan = PipelinePlan.quick() if args.quick else PipelinePlan()
-    try:
-        section = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True))
-    except BenchError as exc:
-        print(f"pipeline benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    print(render(section))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(section, f, indent=2)
-    return 0
+    return run_alone("pipeline", lambda log: run(plan, log=log), render, args.json)
 
 
 if __name__ == "__main__":

@@ -302,16 +302,33 @@ def scaling(plan: ProducersPlan, work: Path, log: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- stand-in producers
-def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str, Any]) -> None:
-    """A producer that holds HOLD_MS per batch instead of computing it (child process)."""
-    import uuid
-
+def _standin_batch(lease: dict[str, Any], cache: dict[tuple[int, int, int], dict[str, Any]], n_mels: int,
+                   hold_ms: float) -> list[Any]:
+    """The BATCH frames of a lease: the same small example in every row (one array set per shape)."""
     import numpy as np
-    import zmq
 
     from stoker.shared import wire
     from stoker.shared.batch import SCHEMA, batch_dims, collate
     from stoker.shared.config import FeaturesConfig
+
+    max_tokens, max_frames = lease["shape"]
+    key = (max_tokens, max_frames, len(lease["ids"]))
+    if key not in cache:
+        example = {"tokens": np.ones(min(5, max_tokens), np.int32),
+                   "mel": np.zeros((min(10, max_frames), n_mels), np.float32)}
+        cache[key] = collate([example] * len(lease["ids"]), batch_dims(int(lease["rows"]), lease["shape"], n_mels),
+                             SCHEMA.pad_values(FeaturesConfig().log_floor))
+    return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": lease["ids"], "rejected": [], "missed": [],
+                                    "prep_ms": hold_ms}, cache[key])
+
+
+def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str, Any]) -> None:
+    """A producer that holds HOLD_MS per batch instead of computing it (child process)."""
+    import uuid
+
+    import zmq
+
+    from stoker.shared import wire
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -332,17 +349,8 @@ def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str
             if current is None and todo:
                 current, done_at = todo.popleft(), now + hold_ms / 1000
             if current is not None and now >= done_at:
-                max_tokens, max_frames = current["shape"]
-                key = (max_tokens, max_frames, len(current["ids"]))
-                if key not in cache:
-                    n, f = len(current["ids"]), int(welcome["features"]["n_mels"])
-                    example = {"tokens": np.ones(min(5, max_tokens), np.int32),
-                               "mel": np.zeros((min(10, max_frames), f), np.float32)}
-                    cache[key] = collate([example] * n, batch_dims(int(current["rows"]), current["shape"], f),
-                                         SCHEMA.pad_values(FeaturesConfig().log_floor))
-                ready[current["lease"]] = wire.encode(wire.BATCH, {
-                    "lease": current["lease"], "ids": current["ids"], "rejected": [], "missed": [],
-                    "prep_ms": hold_ms}, cache[key])
+                ready[current["lease"]] = _standin_batch(current, cache, int(welcome["features"]["n_mels"]),
+                                                         hold_ms)
                 sock.send_multipart(wire.encode(wire.READY, {"lease": current["lease"]}))
                 current = None
                 continue
@@ -422,8 +430,6 @@ def failover_run(plan: ProducersPlan, work: Path, mode: str) -> dict[str, Any]:
     ("freeze": silent, found by the heartbeat timeout) a third of the way through."""
     import psutil
 
-    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
-
     run_dir = work / f"failover-{mode}"
     steps = plan.failover_epochs * 4  # 64 demo clips in batches of 16
     kill_step = int(steps * KILL_AT_FRAC) // 5 * 5
@@ -438,20 +444,7 @@ def failover_run(plan: ProducersPlan, work: Path, mode: str) -> dict[str, Any]:
         for launcher in launchers:
             launcher.wait_for(r"first batch delivered", START_S)
         trainer.wait_for(rf" step {kill_step}/", START_S + steps)
-        victim = launchers[0]
-        parent = psutil.Process(victim.proc.pid)
-        children = parent.children()
-        hit_unix = time.time()
-        if mode == "kill":
-            parent.suspend()  # it must not restart the producer we kill
-            for child in children:
-                child.kill()
-            parent.kill()
-            victim.wait(timeout=STOP_S)
-        else:
-            for child in children:
-                child.suspend()
-            frozen = children
+        hit_unix, frozen = _hit(launchers[0], mode)
         code = trainer.wait(timeout=START_S + RUN_SLACK_S + steps * FAILOVER_STEP_MS / 1000)
         if code != 0:
             raise BenchError(f"trainer exited with status {code}; see {work}")
@@ -463,18 +456,50 @@ def failover_run(plan: ProducersPlan, work: Path, mode: str) -> dict[str, Any]:
                 pass
         for proc in [trainer, *launchers]:
             proc.stop()
+    return _failover_figures(plan, run_dir, mode, kill_step, hit_unix)
+
+
+def _hit(victim: "Proc", mode: str) -> tuple[float, list[Any]]:
+    """SIGKILL the victim's producers and launcher ("kill"), or SIGSTOP its producers ("freeze");
+    when, and the processes frozen (to be killed at the end)."""
+    import psutil
+
+    parent = psutil.Process(victim.proc.pid)
+    children = parent.children()
+    hit_unix = time.time()
+    if mode != "kill":
+        for child in children:
+            child.suspend()
+        return hit_unix, children
+    parent.suspend()  # it must not restart the producer we kill
+    for child in children:
+        child.kill()
+    parent.kill()
+    victim.wait(timeout=STOP_S)
+    return hit_unix, []
+
+
+def _exactly_once(run_dir: Path, epochs: int) -> bool:
+    """Every demo clip trained once in each epoch (samples.jsonl)."""
+    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+
+    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for row in read_jsonl(run_dir / "samples.jsonl"):
+        per_epoch[row["epoch"]].update(row["ids"])
+    expected = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
+    return (sorted(per_epoch) == list(range(epochs))
+            and all(set(c) == expected and max(c.values()) == 1 for c in per_epoch.values()))
+
+
+def _failover_figures(plan: "ProducersPlan", run_dir: Path, mode: str, kill_step: int,
+                      hit_unix: float) -> dict[str, Any]:
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     rows = sorted(read_jsonl(run_dir / "metrics.jsonl"), key=lambda r: r["step"])
     dead = [f for f in summary.get("failovers", []) if f["status"] == "dead"]
     if len(dead) != 1 or not dead[0].get("reissued_unix"):
         raise BenchError(f"expected one dead producer whose leases were re-issued, got {summary.get('failovers')}")
     event = dead[0]
-    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for row in read_jsonl(run_dir / "samples.jsonl"):
-        per_epoch[row["epoch"]].update(row["ids"])
-    expected = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
-    exactly_once = (sorted(per_epoch) == list(range(plan.failover_epochs))
-                    and all(set(c) == expected and max(c.values()) == 1 for c in per_epoch.values()))
+    exactly_once = _exactly_once(run_dir, plan.failover_epochs)
     survivors = [p for p in summary["producers"] if p["status"] != "dead" and p.get("prep_ms_mean")]
     capacity = sum(1000.0 / p["prep_ms_mean"] for p in survivors)
     demand = 1000.0 / FAILOVER_STEP_MS

@@ -43,7 +43,6 @@ Run alone: ``python -m stoker.benchmarks.transport [--quick]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -56,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.benchmarks.common import (BenchError, close_queue, collect, ratio, spawn_context, spread,
+from stoker.benchmarks.common import (run_alone, BenchError, close_queue, collect, ratio, spawn_context, spread,
                                stop_children, table)
 
 BATCH_SIZE = 16
@@ -201,6 +200,40 @@ def raw_sender(nbytes: int, total: int, ep_q: Any, res_q: Any, done: Any, timeou
 
 
 # ---------------------------------------------------------------- protocol DEALER/ROUTER children
+def _await_hello(sock: Any) -> bytes:
+    """The sender's HELLO; its identity."""
+    from stoker.shared import wire
+
+    _recv_ready(sock, "hello")
+    frames = sock.recv_multipart(copy=False)
+    hello = wire.decode(frames[1:])
+    if hello.kind != wire.HELLO:
+        raise ValueError(f"expected hello, got {hello.kind}")
+    return frames[0].bytes
+
+
+class _Credits:
+    """The coordinator's credit rule, alone: a CREDIT per free queue slot, up to ``total`` leases."""
+
+    def __init__(self, sock: Any, identity: bytes, queue: Any, total: int) -> None:
+        self.sock, self.identity, self.queue, self.total = sock, identity, queue, total
+        self.out = 0
+        self.next_lease = 1
+        self.outstanding: set[int] = set()
+
+    def grant(self) -> None:
+        from stoker.shared import wire
+
+        free = self.queue.capacity - len(self.queue) - self.out
+        while free > 0 and self.next_lease <= self.total:
+            lease = self.next_lease
+            self.sock.send_multipart([self.identity, *wire.encode(wire.CREDIT, {"lease": lease})])
+            self.outstanding.add(lease)
+            self.next_lease += 1
+            self.out += 1
+            free -= 1
+
+
 def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any,
                       capacity: int = CAPACITY) -> None:
     import zmq
@@ -214,27 +247,12 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
     try:
         sock.bind(spec)
         ep_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
-        _recv_ready(sock, "hello")
-        frames = sock.recv_multipart(copy=False)
-        identity = frames[0].bytes
-        hello = wire.decode(frames[1:])
-        if hello.kind != wire.HELLO:
-            raise ValueError(f"expected hello, got {hello.kind}")
+        identity = _await_hello(sock)
         queue = BatchQueue(capacity)
         total = warmup + count
-        state = {"credits_out": 0, "next_lease": 1}
-        outstanding: set[int] = set()
-
-        def grant() -> None:
-            free = queue.capacity - len(queue) - state["credits_out"]
-            while free > 0 and state["next_lease"] <= total:
-                lease = state["next_lease"]
-                sock.send_multipart([identity, *wire.encode(wire.CREDIT, {"lease": lease})])
-                outstanding.add(lease)
-                state["next_lease"] += 1
-                state["credits_out"] += 1
-                free -= 1
-
+        credits = _Credits(sock, identity, queue, total)
+        outstanding = credits.outstanding
+        grant = credits.grant
         grant()
         received = 0
         t0 = c0 = 0.0
@@ -253,7 +271,7 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
             outstanding.discard(lease)
             queue.put(QueuedBatch(lease=lease, epoch=0, index=received, ids=list(msg["ids"]),
                                   arrays=msg.arrays, producer="bench"))
-            state["credits_out"] -= 1
+            credits.out -= 1
             got = queue.get(timeout=0)
             if got is None:
                 raise RuntimeError("queue returned nothing")
@@ -509,60 +527,69 @@ def run(plan: TransportPlan | None = None, sizes: dict[str, int] | None = None,
                             f"{m['gbps']:.3f} GB/s, {m['batches_per_s']:.0f} batches/s")
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    def block(ms: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"gbps": spread([m["gbps"] for m in ms]), "batches_per_s": spread([m["batches_per_s"] for m in ms]),
-                "receiver_cpu_us_per_batch": spread([m["receiver_cpu_us"] for m in ms]),
-                "sender_cpu_us_per_batch": spread([m["sender_cpu_us"] for m in ms])}
+    return [_row(plan, samples, transport, size_name, size) for transport in plan.transports
+            for size_name, size in sizes.items()]
 
-    rows = []
-    for transport in plan.transports:
-        for size_name, size in sizes.items():
-            raw = samples[(transport, size_name, "raw")]
-            proto = samples[(transport, size_name, "protocol")]
-            raw_gbps = spread([m["gbps"] for m in raw])
-            proto_gbps = spread([m["gbps"] for m in proto])
-            paired = spread([p["gbps"] / r["gbps"] for p, r in zip(proto, raw)])
-            shape = batch_shape(size)
-            value = ratio(proto_gbps["median"], raw_gbps["median"], paired=paired,
-                          note="median protocol GB/s / median raw GB/s; paired = per-repetition ratios")
-            applies = size_name in TARGET_RATIOS and plan.capacity == CAPACITY
-            min_ratio = TARGET_RATIOS.get(size_name, TARGET_RATIO)
-            decomposition = None
-            if all((transport, size_name, step) in samples for step in STEPS):
-                credit = samples[(transport, size_name, "credit")]
-                frames = samples[(transport, size_name, "frames")]
-                credit_gbps = spread([m["gbps"] for m in credit])["median"]
-                frames_gbps = spread([m["gbps"] for m in frames])["median"]
-                decomposition = {
-                    "credit": block(credit),
-                    "frames": block(frames),
-                    "flow_control_ratio": ratio(credit_gbps, raw_gbps["median"],
-                                                note="raw frames with the credit window / raw PUSH-PULL"),
-                    "frame_layout_ratio": ratio(frames_gbps, credit_gbps,
-                                                note="the protocol's frames and credits, no per-batch Python work "
-                                                     "/ raw frames with the credit window"),
-                    "ceiling_ratio": ratio(frames_gbps, raw_gbps["median"],
-                                           note="the protocol's frames and credits, no per-batch Python work "
-                                                "/ raw PUSH-PULL: the most this wire format reaches here"),
-                    "python_work_ratio": ratio(proto_gbps["median"], frames_gbps,
-                                               note="protocol / its frames and credits without the Python work"),
-                }
-            rows.append({
-                "transport": transport,
-                "size": size_name,
-                "payload_bytes": _shape_bytes(shape),
-                "batch_shape": {"B": BATCH_SIZE, "L": shape[0], "T": shape[1], "F": N_MELS},
-                "messages": plan.messages[size_name],
-                "repetitions": plan.repetitions,
-                "capacity": plan.capacity,
-                "raw": block(raw),
-                "protocol": block(proto),
-                "ratio": value,
-                "decomposition": decomposition,
-                "target": {"what": f"protocol >= {min_ratio} x raw at {size_name}", "min_ratio": min_ratio,
-                           "applies": applies, "met": (value["value"] >= min_ratio) if applies else None},
-            })
-    return rows
+
+def _block(ms: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"gbps": spread([m["gbps"] for m in ms]), "batches_per_s": spread([m["batches_per_s"] for m in ms]),
+            "receiver_cpu_us_per_batch": spread([m["receiver_cpu_us"] for m in ms]),
+            "sender_cpu_us_per_batch": spread([m["sender_cpu_us"] for m in ms])}
+
+
+def _row(plan: TransportPlan, samples: dict[tuple[str, str, str], list[dict[str, Any]]], transport: str,
+         size_name: str, size: int) -> dict[str, Any]:
+    """One (transport, size): raw and protocol figures, their ratio and target, and the steps between."""
+    raw = samples[(transport, size_name, "raw")]
+    proto = samples[(transport, size_name, "protocol")]
+    raw_gbps = spread([m["gbps"] for m in raw])
+    proto_gbps = spread([m["gbps"] for m in proto])
+    paired = spread([p["gbps"] / r["gbps"] for p, r in zip(proto, raw)])
+    shape = batch_shape(size)
+    value = ratio(proto_gbps["median"], raw_gbps["median"], paired=paired,
+                  note="median protocol GB/s / median raw GB/s; paired = per-repetition ratios")
+    applies = size_name in TARGET_RATIOS and plan.capacity == CAPACITY
+    min_ratio = TARGET_RATIOS.get(size_name, TARGET_RATIO)
+    decomposition = None
+    if all((transport, size_name, step) in samples for step in STEPS):
+        decomposition = _decomposition(samples[(transport, size_name, "credit")],
+                                       samples[(transport, size_name, "frames")], raw_gbps["median"],
+                                       proto_gbps["median"])
+    return {
+        "transport": transport,
+        "size": size_name,
+        "payload_bytes": _shape_bytes(shape),
+        "batch_shape": {"B": BATCH_SIZE, "L": shape[0], "T": shape[1], "F": N_MELS},
+        "messages": plan.messages[size_name],
+        "repetitions": plan.repetitions,
+        "capacity": plan.capacity,
+        "raw": _block(raw),
+        "protocol": _block(proto),
+        "ratio": value,
+        "decomposition": decomposition,
+        "target": {"what": f"protocol >= {min_ratio} x raw at {size_name}", "min_ratio": min_ratio,
+                   "applies": applies, "met": (value["value"] >= min_ratio) if applies else None},
+    }
+
+
+def _decomposition(credit: list[dict[str, Any]], frames: list[dict[str, Any]], raw_gbps: float,
+                   proto_gbps: float) -> dict[str, Any]:
+    """Where raw and protocol differ: flow control, the frame layout, the per-batch Python work."""
+    credit_gbps = spread([m["gbps"] for m in credit])["median"]
+    frames_gbps = spread([m["gbps"] for m in frames])["median"]
+    return {
+        "credit": _block(credit),
+        "frames": _block(frames),
+        "flow_control_ratio": ratio(credit_gbps, raw_gbps, note="raw frames with the credit window / raw PUSH-PULL"),
+        "frame_layout_ratio": ratio(frames_gbps, credit_gbps,
+                                    note="the protocol's frames and credits, no per-batch Python work "
+                                         "/ raw frames with the credit window"),
+        "ceiling_ratio": ratio(frames_gbps, raw_gbps,
+                               note="the protocol's frames and credits, no per-batch Python work "
+                                    "/ raw PUSH-PULL: the most this wire format reaches here"),
+        "python_work_ratio": ratio(proto_gbps, frames_gbps,
+                                   note="protocol / its frames and credits without the Python work"),
+    }
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -619,16 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.capacity < 1:
         parser.error("--capacity must be at least 1")
     plan = replace(TransportPlan.quick() if args.quick else TransportPlan(), capacity=args.capacity)
-    try:
-        rows = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True))
-    except BenchError as exc:
-        print(f"transport benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    print(render(rows))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=2)
-    return 0
+    return run_alone("transport", lambda log: run(plan, log=log), render, args.json)
 
 
 if __name__ == "__main__":

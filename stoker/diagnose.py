@@ -212,7 +212,6 @@ def analyse(run_dir: Path) -> dict[str, Any]:
             "histogram": {str(d): depths.count(d) for d in range(capacity + 1)},
             "sparkline": sparkline(depths, capacity),
         },
-        "starvation": {},
         # A pattern in waits that are a negligible share of the time is not worth reporting.
         "period": find_period(rows) if (wait_frac or 0) >= MIN_WAIT_FRAC_FOR_PERIOD else None,
         "producers": producer_rows,
@@ -231,13 +230,16 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "host_cores": summary.get("host_cores"),
         "exit_reason": summary.get("exit_reason"),
     }
-    episodes = starvation_episodes(depths, waits)
-    report["starvation"] = {
-        "episodes": len(episodes), "starved_steps": sum(e["steps"] for e in episodes),
-        "longest_steps": max((e["steps"] for e in episodes), default=0),
-        "worst": sorted(episodes, key=lambda e: -e["wait_ms"])[:5],
-    }
+    report["starvation"] = starvation_report(depths, waits)
     return report
+
+
+def starvation_report(depths: Sequence[int], waits: Sequence[float]) -> dict[str, Any]:
+    """Runs of steps that found the queue empty: how many, how long, the worst five."""
+    episodes = starvation_episodes(depths, waits)
+    return {"episodes": len(episodes), "starved_steps": sum(e["steps"] for e in episodes),
+            "longest_steps": max((e["steps"] for e in episodes), default=0),
+            "worst": sorted(episodes, key=lambda e: -e["wait_ms"])[:5]}
 
 
 def _run_files(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
