@@ -349,10 +349,6 @@ class RunCheckpoints:
                  position.first_open(), len(position.trained_counts()))
         return resumed
 
-    def skip_plan(self) -> InputPosition | None:
-        """A frozen copy of the resumed position for the coordinator (its own thread)."""
-        return self.position.copy() if self.resumed is not None else None
-
     # ------------------------------------------------------------ training
     def attach(self, trainer: Any) -> None:
         """Take the trainer's trackables; restore them when resuming."""

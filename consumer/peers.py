@@ -40,8 +40,6 @@ REJOIN_NUDGE_INTERVAL_S = 1.0
 IDENTITY_MEMORY = 4096
 # Refusals kept for summary.json (each also logged; repeats of one reason at debug level).
 REFUSALS_KEPT = 100
-# A pong older than this is from a previous connection, not a round trip.
-MAX_RTT_S = 60.0
 # A closed connection is held against its producer this long before the producer is
 # presumed dead: the kernel reuses file descriptors, so the close of an older connection
 # (a refused oversized frame, a fuzzer) can be reported after a producer's new connection
@@ -257,7 +255,7 @@ class Peers:
         if isinstance(ping, (int, float)) and not isinstance(ping, bool):
             self.send(peer.identity, wire.HEARTBEAT, {"pong": ping})
         rtt = msg.get("rtt_ms")
-        if isinstance(rtt, (int, float)) and not isinstance(rtt, bool) and 0 <= rtt <= MAX_RTT_S * 1e3:
+        if isinstance(rtt, (int, float)) and not isinstance(rtt, bool) and 0 <= rtt <= wire.MAX_RTT_S * 1e3:
             with self.lock:
                 self.producers[peer.name].rtt_ms = round(float(rtt), 3)
 

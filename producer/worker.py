@@ -91,8 +91,6 @@ MAX_INBOUND_BYTES = 16 << 20
 # Handshakes that fail without detail (the peer closed the connection during it): give
 # up after this many in a row, not at the first glitch.
 HANDSHAKE_FAILURES_FATAL = 3
-# A pong later than this is from an earlier connection, not a round trip.
-MAX_RTT_S = 60.0
 # Messages read per wake-up before the loop looks at its other duties.
 RECV_BURST = 64
 # While no trainer answers (not started yet, unreachable), say so this often.
@@ -336,7 +334,7 @@ class Producer:
             self._forget(msg["lease"])
         elif msg.kind == wire.HEARTBEAT:
             pong = msg.get("pong")
-            if isinstance(pong, (int, float)) and not isinstance(pong, bool) and 0 <= now - pong <= MAX_RTT_S:
+            if isinstance(pong, (int, float)) and not isinstance(pong, bool) and 0 <= now - pong <= wire.MAX_RTT_S:
                 self.rtt_ms = round((now - pong) * 1e3, 3)
         elif msg.kind == wire.STOP:
             log.info("%s: consumer says stop (%s)", self.name, msg.get("reason", ""))

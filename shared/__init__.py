@@ -1,0 +1,2 @@
+"""What producers and the trainer share, and nothing of the project above it: the wire protocol, the config,
+the batch schema, the dataset, text and vocabulary, keys, metrics, run files and process plumbing."""

@@ -120,7 +120,7 @@ class BatchSchema:
 
 
 SCHEMA = BatchSchema((
-    Field("tokens", "int32", ("B", "L"), PAD_ID, "token ids of the run's vocabulary (shared/text.py)"),
+    Field("tokens", "int32", ("B", "L"), PAD_ID, "token ids of the run's vocabulary (shared/vocab.py)"),
     Field("token_lengths", "int32", ("B",), 0, "valid tokens per row (EOS included)", length_of="tokens"),
     Field("mel", "float32", ("B", "T", "F"), MEL_PAD, "log-mel (producer/features.py)"),
     Field("mel_lengths", "int32", ("B",), 0, "valid frames per row", length_of="mel"),

@@ -67,6 +67,10 @@ MAX_ARRAYS = 16
 # sending everything with copy=False gives "zero-copy above ~64 KiB" for free.
 ZERO_COPY_BYTES = 65536
 
+# A heartbeat's round trip longer than this is a pong from an earlier connection, not a
+# round trip: both sides drop it (the producer measures, the trainer keeps its report).
+MAX_RTT_S = 60.0
+
 HELLO = "hello"
 WELCOME = "welcome"
 REFUSE = "refuse"

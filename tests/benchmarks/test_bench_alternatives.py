@@ -9,32 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing.resource_tracker
 
-import psutil
 import pytest
 
 from stoker.benchmarks import alternatives, data, producers, suite
 from stoker.benchmarks.common import ratio
+from tests.benchmarks.checks import assert_ratio
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
-    leftover = [p for p in psutil.Process().children(recursive=True)
-                if p.pid not in before and p.pid != tracker and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    for p in leftover:
-        p.kill()
-    assert not leftover, f"benchmark left processes behind: {leftover}"
-
-
-def assert_ratio(r: dict) -> None:
-    assert r["numerator"] > 0 and r["denominator"] > 0
-    assert math.isclose(r["value"], r["numerator"] / r["denominator"], rel_tol=1e-12)
 
 
 def fake_result(steps_per_s: float, wait: float, first: float) -> dict:

@@ -8,40 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
-import multiprocessing.resource_tracker
 
-import psutil
 import pytest
 
 from stoker.benchmarks import memory, pipeline, suite, transport
 from stoker.benchmarks.common import least_squares_slope, ratio, spread
+from tests.benchmarks.checks import assert_ratio
 
 pytestmark = pytest.mark.timeout(120)
 
 TINY_SIZES = {"16KiB": 16 << 10}
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    for child in multiprocessing.active_children():  # reaps finished ones; lists live ones
-        child.terminate()
-        child.join(5)
-    # multiprocessing's resource tracker is one shared helper that lives as long as pytest
-    tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
-    leftover = [p for p in psutil.Process().children(recursive=True)
-                if p.pid not in before and p.pid != tracker and p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]
-    for p in leftover:
-        p.kill()
-    assert not leftover, f"benchmark left processes behind: {leftover}"
-
-
-def assert_ratio(r: dict) -> None:
-    assert r["numerator"] > 0 and r["denominator"] > 0
-    assert math.isclose(r["value"], r["numerator"] / r["denominator"], rel_tol=1e-12)
 
 
 def assert_spread(s: dict) -> None:

@@ -181,7 +181,7 @@ def test_resume_continues_at_the_checkpoint_position(tmp_path):
     assert got.step == 4
     step, trained, complete = got.step, resumed.position.trained(0), resumed.position.complete
     assert step == 4 and complete == set() and trained == sum(len(b.ids) for b in plan_of.plan(0)[:4])
-    assert resumed.skip_plan().remaining(plan_of.plan(0)) == plan_of.plan(0)[4:]
+    assert resumed.position.remaining(plan_of.plan(0)) == plan_of.plan(0)[4:]
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 5 is trained again, so its row goes
 

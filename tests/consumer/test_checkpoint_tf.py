@@ -80,7 +80,7 @@ def test_model_optimizer_and_step_are_restored(tmp_path, trainer_cls):
     resuming.attach(second)
     assert [second.step() for _ in range(2)] == pytest.approx(expected, rel=1e-6)
     assert int(second.optimizer.iterations.numpy()) == 5
-    assert resuming.skip_plan().remaining(PLANNER.plan(0)) == PLANNER.plan(0)[3:]
+    assert resuming.position.remaining(PLANNER.plan(0)) == PLANNER.plan(0)[3:]
 
 
 def test_checkpoint_without_model_state_cannot_restore_a_model(tmp_path):
