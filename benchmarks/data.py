@@ -32,7 +32,7 @@ producer
     planned batches (consumer/plan.py: batch 16, 4 buckets), through each variant in its
     own spawned process, one at a time, variants interleaved repetition by repetition:
 
-    - ``stoker``: producer.worker.BatchMaker with the default config (``features.backend:
+    - ``stoker``: producer.batches.BatchMaker with the default config (``features.backend:
       auto``, resolved as a producer resolves it: TF when the process has a GPU, else the
       numpy backend), no cache: read, downmix, resample if needed, log-mel, tokens,
       collate, encode the BATCH message.
@@ -342,7 +342,7 @@ class _PerClipBatchMaker:
     def make(self, lease: dict[str, Any]) -> Any:
         import numpy as np
 
-        from stoker.producer.worker import Prepared
+        from stoker.producer.batches import Prepared
         from stoker.shared.batch import batch_dims
 
         tokens, mels = [], []
@@ -414,7 +414,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         elif variant == "numpy-reference":
             maker = ReferenceBatchMaker(base, texts, files, features, BATCH_SIZE)
         else:
-            from stoker.producer.worker import BatchMaker
+            from stoker.producer.batches import BatchMaker
 
             maker = BatchMaker(base, texts, features, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")

@@ -1,6 +1,6 @@
 """The cost of producer transforms (``python -m stoker.benchmarks.transforms``).
 
-One producer's batch maker (producer/worker.BatchMaker, numpy backend, no feature cache)
+One producer's batch maker (producer.batches.BatchMaker, numpy backend, no feature cache)
 prepares every batch of the demo data's epoch plan, in this process, two ways:
 
     plain        the log-mel as defined, nothing else
@@ -41,7 +41,7 @@ class TransformsPlan:
 
 def _maker(transformed: bool) -> tuple[Any, list[dict[str, Any]]]:
     from stoker.benchmarks.data import _plan_leases
-    from stoker.producer.worker import BatchMaker
+    from stoker.producer.batches import BatchMaker
     from stoker.shared.config import FeaturesConfig, TransformsConfig
     from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
 
