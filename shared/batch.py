@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from stoker.shared.text import PAD_ID
+from .text import PAD_ID
 
 LEGEND: dict[str, str] = {
     "B": "rows (batching.batch_size, or max_frames // T per bucket under a frame budget; rows past the "

@@ -23,10 +23,10 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from stoker.shared.batch import BatchSchema, parse_declared_fields, schema_for
-from stoker.shared.errors import UserError
-from stoker.shared.layouts import LayoutError, parse_columns
-from stoker.shared.text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
+from .batch import BatchSchema, parse_declared_fields, schema_for
+from .errors import UserError
+from .layouts import LayoutError, parse_columns
+from .text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
 
 # Every key with its default and meaning; shipped inside the installed package (pyproject.toml
 # maps configs/ there), beside stoker/'s layers in a checkout: two levels above this file either way.

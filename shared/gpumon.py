@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from stoker.shared.runfiles import GPU
+from .runfiles import GPU
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.shared.errors import UserError
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 

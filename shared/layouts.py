@@ -77,7 +77,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.shared.errors import UserError
+from .errors import UserError
 
 COLUMNS_AUTO = ""  # data.columns default: the mapping chosen by the number of fields
 ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE, IGNORED = "id", "text", "normalized_text", "speaker", "language", "_"
@@ -481,7 +481,7 @@ def parse_manifest(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
 def parse_entries(raw: bytes, file_name: str, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
     """:func:`parse_manifest` for ``*.jsonl`` / ``*.json`` file names, ``shared.mixes.parse_mix`` for a
     mix (``*.yaml``: the blob of :func:`pack_mix`), else :func:`parse_metadata`."""
-    from stoker.shared.mixes import is_mix, parse_mix  # a mix's parts are parsed by this module's parsers
+    from .mixes import is_mix, parse_mix  # a mix's parts are parsed by this module's parsers
 
     if is_manifest(file_name):
         return parse_manifest(raw)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from stoker.shared.layouts import Entry, LayoutError, Rejection, language_problem, parse_columns, parse_entries
+from .layouts import Entry, LayoutError, Rejection, language_problem, parse_columns, parse_entries
 
 MIX_SUFFIXES = (".yaml", ".yml")
 MIX_ID_SEPARATOR = ":"

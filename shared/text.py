@@ -65,7 +65,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from stoker.shared.errors import UserError
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Iterator
 
-from stoker.shared.errors import UserError
+from .errors import UserError
 
 
 class GpuUnavailable(UserError):

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from stoker.shared.text import (EOS_ID, EOS_SYMBOL, FIRST_SYMBOL_ID, ID_DTYPE, PAD_ID, PAD_SYMBOL, USER_ID_SEPARATOR,
+from .text import (EOS_ID, EOS_SYMBOL, FIRST_SYMBOL_ID, ID_DTYPE, PAD_ID, PAD_SYMBOL, USER_ID_SEPARATOR,
                                 Frontend, TextError, UserTokenizer)
 
 
@@ -140,7 +140,7 @@ class Vocabulary:
 
 def save_vocabulary(vocab: Vocabulary, path: Any) -> None:
     """Write ``vocab`` as JSON (UTF-8, symbols as they are), atomically."""
-    from stoker.shared.runfiles import write_json
+    from .runfiles import write_json
 
     write_json(path, vocab.state_dict(), indent=1)
 

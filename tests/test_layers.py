@@ -22,14 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("shared", "producer", "consumer", "stoker", "benchmarks")
 
 
-def imported_packages(path: Path) -> set[tuple[str, int]]:
-    """(project package, line) of every absolute import in a file."""
+def imported_packages(path: Path, package: tuple[str, ...] | None = None) -> set[tuple[str, int]]:
+    """(layer, line) of every import of the project in a file: absolute ones by name, relative ones by
+    how far they climb from ``package`` (default: the file's own, under ROOT)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:  # relative: within its layer, or above it
+            package = package or path.resolve().relative_to(ROOT).parent.parts  # e.g. ("shared", "dataset")
+            names = ["stoker." + package[0] if node.level <= len(package) else "stoker"]
         else:
             continue
         found.update((layer_of(name), node.lineno) for name in names if name.split(".")[0] == "stoker")
@@ -49,6 +53,12 @@ def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
               for path in sorted((ROOT / package).rglob("*.py"))
               for name, line in sorted(imported_packages(path)) if name not in allowed]
     assert not upward, "imports that run back up a layer:\n" + "\n".join(upward)
+
+
+def test_the_check_sees_relative_imports_that_climb_out_of_their_layer(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"  # as if it were shared/dataset/m.py
+    source.write_text("from ..text import Units\nfrom ... import cli\n")
+    assert imported_packages(source, ("shared", "dataset")) == {("shared", 1), ("stoker", 2)}
 
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:

@@ -63,20 +63,20 @@ Everything public is importable from ``shared.dataset`` itself.
 
 from __future__ import annotations
 
-from stoker.shared.dataset.types import (AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample)
-from stoker.shared.dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_DIR, audio_path, list_audio,
+from ..dataset.types import (AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample)
+from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_DIR, audio_path, list_audio,
                                   locate, locate_audio, read_metadata, read_metadata_bytes, relative_audio,
                                   resolve_root, scan_audio)
-from stoker.shared.dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SIZES, RiffFacts,
+from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SIZES, RiffFacts,
                                   expected_samples, libsndfile_message, probe_audio, riff_facts, riff_problem)
-from stoker.shared.dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, MAX_MISSING_IDS, audio_fingerprint,
+from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, MAX_MISSING_IDS, audio_fingerprint,
                                       check_agreement, metadata_fingerprint, scan_dataset, scan_from)
-from stoker.shared.dataset.cache import (DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
+from ..dataset.cache import (DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
                                   INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
                                   columns_of, feature_cache_dir, from_payload, index_cache_file, index_config,
                                   index_key, mel_stats_file, pack_payload, read_cache, unpack_payload, user_cache_dir,
                                   write_cache)
-from stoker.shared.dataset.index import (CHUNK_ITEMS, DatasetIndex, FLAC_HEADER_S, Item, KIND_HINTS, LostReport,
+from ..dataset.index import (CHUNK_ITEMS, DatasetIndex, FLAC_HEADER_S, Item, KIND_HINTS, LostReport,
                                   MOSTLY_REJECTED_FRAC, OTHER_HEADER_S, PARALLEL_MIN_SECONDS, PHONEMES_S,
                                   PHONEME_CHUNK_ITEMS, TEXT_S, TextKey, WAV_HEADER_S, build_index)
 

@@ -12,12 +12,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset.types import AudioFile, Sample
-from stoker.shared.layouts import Rejection
-from stoker.shared.runfiles import write_atomic
-from stoker.shared.text import Frontend
-from stoker.shared.vocab import Vocabulary
+from ..config import DataConfig, FeaturesConfig, TextConfig
+from ..dataset.types import AudioFile, Sample
+from ..layouts import Rejection
+from ..runfiles import write_atomic
+from ..text import Frontend
+from ..vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ import stat as stat_module
 from pathlib import Path
 from typing import Iterable
 
-from stoker.shared.dataset.types import AudioFile, DatasetError
-from stoker.shared.layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, parse_entries
-from stoker.shared.mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_mix_spec, unpack_mix
+from ..dataset.types import AudioFile, DatasetError
+from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, parse_entries
+from ..mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_mix_spec, unpack_mix
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
 

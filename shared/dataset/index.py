@@ -21,17 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset.agreement import DatasetScan, scan_dataset, scan_from
-from stoker.shared.dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
+from ..config import DataConfig, FeaturesConfig, TextConfig
+from ..dataset.agreement import DatasetScan, scan_dataset, scan_from
+from ..dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
                                   columns_of, from_payload, index_cache_file, index_config, index_key, pack_payload,
                                   read_cache, write_cache)
-from stoker.shared.dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
-from stoker.shared.dataset.probe import expected_samples, probe_audio
-from stoker.shared.dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from stoker.shared.layouts import COLUMNS_AUTO, Entry, Rejection, parse_entries
-from stoker.shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
-from stoker.shared.vocab import Vocabulary
+from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
+from ..dataset.probe import expected_samples, probe_audio
+from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, parse_entries
+from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
+from ..vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from stoker.shared.dataset.types import AudioProbe
+from ..dataset.types import AudioProbe
 
 # A RIFF header (fmt, LIST, fact chunks) nearly always fits in this; larger chunks are
 # skipped by seeking, not read.

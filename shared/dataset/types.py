@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from stoker.shared.errors import UserError
+from ..errors import UserError
 
 # Clips whose metadata names no speaker are this speaker's.
 DEFAULT_SPEAKER = "default"
