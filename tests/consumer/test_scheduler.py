@@ -8,7 +8,6 @@ import collections
 from typing import Any
 
 import numpy as np
-import pytest
 
 from stoker.consumer.buffer import BatchQueue
 from stoker.consumer.plan import EpochPlanner
@@ -32,6 +31,7 @@ class Bench:
                                    max_epochs=max_epochs, on_rejected=self.rejected.extend, dataset=dataset)
         self.now = 0.0
         self.inbox: dict[bytes, list[wire.Message]] = collections.defaultdict(list)
+        self.held: dict[bytes, dict[int, wire.Message]] = collections.defaultdict(dict)  # leases by producer
 
     def send(self, who: bytes, kind: str, fields: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
              fd: int = -1) -> None:
@@ -85,17 +85,18 @@ class Bench:
             delivered += 1
         return delivered
 
-    held: dict[bytes, dict[int, wire.Message]] = collections.defaultdict(dict)
+    def credited(self, who: bytes) -> wire.Message:
+        """``who`` joins, takes its one lease (lease_ahead=1), says it is READY and gets the
+        CREDIT: the lease, ready to be delivered."""
+        self.hello(who)
+        lease, = self.take(who, wire.LEASE)
+        self.send(who, wire.READY, {"lease": lease["lease"]})
+        assert len(self.take(who, wire.CREDIT)) == 1
+        return lease
 
 
-@pytest.fixture
-def bench():
-    Bench.held = collections.defaultdict(dict)
-    return Bench
-
-
-def test_hello_gets_welcome_and_lease_ahead_leases(bench):
-    b = bench()
+def test_hello_gets_welcome_and_lease_ahead_leases() -> None:
+    b = Bench()
     b.hello(b"p1")
     welcome, = b.take(b"p1", wire.WELCOME)
     assert welcome["producer_name"] == "p1" and welcome["features"]["n_mels"] == 8
@@ -103,8 +104,8 @@ def test_hello_gets_welcome_and_lease_ahead_leases(bench):
     assert len(leases) == 2 and leases[0]["lease"] != leases[1]["lease"]
 
 
-def test_credits_never_exceed_the_free_slots_and_a_take_frees_exactly_one(bench):
-    b = bench(lease_ahead=6, buffer_size=2)
+def test_credits_never_exceed_the_free_slots_and_a_take_frees_exactly_one() -> None:
+    b = Bench(lease_ahead=6, buffer_size=2)
     b.hello(b"p1")
     leases = b.take(b"p1", wire.LEASE)
     for lease in leases:
@@ -121,8 +122,8 @@ def test_credits_never_exceed_the_free_slots_and_a_take_frees_exactly_one(bench)
     assert len(b.take(b"p1", wire.CREDIT)) == 1
 
 
-def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch(bench):
-    b = bench(max_epochs=2)
+def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch() -> None:
+    b = Bench(max_epochs=2)
     b.hello(b"p1")
     b.hello(b"p2")
     trained = []
@@ -138,8 +139,8 @@ def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch(
     assert set(counts) == IDS and set(counts.values()) == {2}  # two epochs, each sample once per epoch
 
 
-def test_a_silent_producer_is_presumed_dead_after_the_heartbeat_timeout_and_its_work_moves(bench):
-    b = bench()
+def test_a_silent_producer_is_presumed_dead_after_the_heartbeat_timeout_and_its_work_moves() -> None:
+    b = Bench()
     b.hello(b"silent")
     held = {i for m in b.take(b"silent", wire.LEASE) for i in m["ids"]}
     b.hello(b"alive")
@@ -154,8 +155,8 @@ def test_a_silent_producer_is_presumed_dead_after_the_heartbeat_timeout_and_its_
     assert held <= set(trained) and sorted(trained) == sorted(IDS)  # its work moved, nothing twice
 
 
-def test_heartbeats_go_out_every_interval_and_a_ping_is_answered(bench):
-    b = bench()
+def test_heartbeats_go_out_every_interval_and_a_ping_is_answered() -> None:
+    b = Bench()
     b.hello(b"p1")
     b.tick(0.1)
     assert b.take(b"p1", wire.HEARTBEAT) == []
@@ -166,12 +167,9 @@ def test_heartbeats_go_out_every_interval_and_a_ping_is_answered(bench):
     assert pong["pong"] == 7.5
 
 
-def test_a_missed_clip_is_replanned_onto_a_producer_that_has_it(bench):
-    b = bench(lease_ahead=1)
-    b.hello(b"lacking")
-    lease, = b.take(b"lacking", wire.LEASE)
-    b.send(b"lacking", wire.READY, {"lease": lease["lease"]})
-    b.take(b"lacking", wire.CREDIT)
+def test_a_missed_clip_is_replanned_onto_a_producer_that_has_it() -> None:
+    b = Bench(lease_ahead=1)
+    lease = b.credited(b"lacking")
     missing = lease["ids"][0]
     b.deliver(b"lacking", lease, missed=[missing])
     assert missing not in b.drain_queue()
@@ -181,8 +179,8 @@ def test_a_missed_clip_is_replanned_onto_a_producer_that_has_it(bench):
     assert b.scheduler.snapshot()["missed_samples"] == 1
 
 
-def test_a_clip_every_live_producer_lacks_is_rejected_once_nothing_else_is_left(bench):
-    b = bench(max_epochs=1)
+def test_a_clip_every_live_producer_lacks_is_rejected_once_nothing_else_is_left() -> None:
+    b = Bench(max_epochs=1)
     gone = sorted(IDS)[0]
     b.hello(b"p1")
     trained = []
@@ -194,12 +192,9 @@ def test_a_clip_every_live_producer_lacks_is_rejected_once_nothing_else_is_left(
     assert b.scheduler.rejected_in_epoch(0) == 1
 
 
-def test_a_batch_that_does_not_match_its_lease_is_dropped_and_replanned(bench):
-    b = bench(lease_ahead=1)
-    b.hello(b"p1")
-    lease, = b.take(b"p1", wire.LEASE)
-    b.send(b"p1", wire.READY, {"lease": lease["lease"]})
-    b.take(b"p1", wire.CREDIT)
+def test_a_batch_that_does_not_match_its_lease_is_dropped_and_replanned() -> None:
+    b = Bench(lease_ahead=1)
+    lease = b.credited(b"p1")
     tokens, frames = lease["shape"]
     wrong = make_batch(lease["rows"], tokens, frames + 16, 8, valid=len(lease["ids"]))
     b.send(b"p1", wire.BATCH, {"lease": lease["lease"], "ids": lease["ids"], "rejected": []}, wrong)
@@ -208,8 +203,8 @@ def test_a_batch_that_does_not_match_its_lease_is_dropped_and_replanned(bench):
     assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 1} and len(b.queue) == 0
 
 
-def test_late_uncredited_and_foreign_batches_are_counted_and_dropped(bench):
-    b = bench(lease_ahead=1)
+def test_late_uncredited_and_foreign_batches_are_counted_and_dropped() -> None:
+    b = Bench(lease_ahead=1)
     b.hello(b"p1")
     b.hello(b"p2")
     lease, = b.take(b"p1", wire.LEASE)
@@ -224,8 +219,8 @@ def test_late_uncredited_and_foreign_batches_are_counted_and_dropped(bench):
     assert len(b.queue) == 1
 
 
-def test_garbage_and_strangers_are_counted_and_a_stranger_is_asked_to_rejoin_once_a_second(bench):
-    b = bench()
+def test_garbage_and_strangers_are_counted_and_a_stranger_is_asked_to_rejoin_once_a_second() -> None:
+    b = Bench()
     rng = np.random.default_rng(0)
     for _ in range(200):
         b.scheduler.on_message(b"x", [rng.bytes(int(rng.integers(0, 64))) for _ in range(int(rng.integers(0, 3)))],
@@ -240,8 +235,8 @@ def test_garbage_and_strangers_are_counted_and_a_stranger_is_asked_to_rejoin_onc
     assert sum(b.scheduler.snapshot()["rejected_messages"].values()) == 203
 
 
-def test_a_closed_connection_means_dead_unless_a_new_one_takes_its_descriptor(bench):
-    b = bench()
+def test_a_closed_connection_means_dead_unless_a_new_one_takes_its_descriptor() -> None:
+    b = Bench()
     b.hello(b"p1", fd=7)
     b.hello(b"p2", fd=8)
     b.scheduler.on_connection_closed(7, b.now)
@@ -253,8 +248,8 @@ def test_a_closed_connection_means_dead_unless_a_new_one_takes_its_descriptor(be
     assert b.scheduler.snapshot()["rejected_messages"]["connection_dropped"] == 2
 
 
-def test_stop_says_stop_to_every_producer_and_names_those_on_a_connection(bench):
-    b = bench()
+def test_stop_says_stop_to_every_producer_and_names_those_on_a_connection() -> None:
+    b = Bench()
     b.hello(b"p1", fd=3)
     b.hello(b"p2")
     assert b.scheduler.stop() == [b"p1"]
@@ -263,8 +258,8 @@ def test_stop_says_stop_to_every_producer_and_names_those_on_a_connection(bench)
     assert {p["status"] for p in b.scheduler.snapshot()["producers"]} == {"stopped"}
 
 
-def test_a_producer_with_another_dataset_is_refused_with_the_reason_and_given_nothing(bench):
-    b = bench(dataset=fake_scan(sorted(IDS)))
+def test_a_producer_with_another_dataset_is_refused_with_the_reason_and_given_nothing() -> None:
+    b = Bench(dataset=fake_scan(sorted(IDS)))
     b.hello(b"stranger", dataset=fake_scan([*sorted(IDS), "EXTRA"]).describe())
     refuse, = b.take(b"stranger", wire.REFUSE)
     assert "dataset on test does not match the trainer's: metadata.csv differs" in refuse["reason"]
@@ -274,8 +269,8 @@ def test_a_producer_with_another_dataset_is_refused_with_the_reason_and_given_no
     assert snap["producers"] == []
 
 
-def test_a_repeated_hello_of_one_session_is_welcomed_again_and_changes_nothing(bench):
-    b = bench()
+def test_a_repeated_hello_of_one_session_is_welcomed_again_and_changes_nothing() -> None:
+    b = Bench()
     b.hello(b"p", session="s1")
     b.take(b"p", wire.WELCOME)
     assert len(b.take(b"p", wire.LEASE)) == 2
