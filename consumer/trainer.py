@@ -61,6 +61,7 @@ from stoker.consumer import tts
 from stoker.consumer.tts import ModelError
 from stoker.shared.batch import OPTIONAL
 from stoker.shared.config import Config, batch_schema
+from stoker.shared.tfsetup import device_stager
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,7 @@ class KerasTrainer:
             self.validation_training = bool(getattr(self.model, "validation_training", False))
             self.param_count = tts.count_params(self.model)
             self._make_optimizer(keras, optimizer, total_batches)
+        self._stage = device_stager(tf, device)
         self._function = tf.function(self._grad_fn, jit_compile=self.jit_compile, reduce_retracing=False)
         self._update = tf.function(self._update_fn, jit_compile=self.jit_compile).get_concrete_function(
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32),
@@ -472,10 +474,7 @@ class KerasTrainer:
         log.info("training step traced for %d bucket shape(s) in %.1f s", len(shapes), time.monotonic() - started)
 
     def stage(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-        tf = self.tf
-        with tf.device(self.device):
-            # identity() forces a copy onto the device now, in the stager thread.
-            return {k: tf.identity(tf.convert_to_tensor(v)) for k, v in arrays.items()}
+        return self._stage(arrays)
 
     def step(self, staged: dict[str, Any]) -> Any:
         """One step; its handle is [loss, each term's mean] on the device, not yet fetched."""

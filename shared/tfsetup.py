@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import UserError
 
@@ -67,3 +67,14 @@ def configure_tensorflow(memory_mb: int | None):  # -> the tensorflow module
     else:
         tf.config.experimental.set_memory_growth(gpu, True)
     return tf, "/GPU:0"
+
+
+def device_stager(tf: Any, device: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A batch's host arrays -> tensors on ``device``, for the queue's stager thread: the copy
+    happens there (``identity`` forces it now), while the step on the previous batch runs."""
+
+    def stage(arrays: dict[str, Any]) -> dict[str, Any]:
+        with tf.device(device):
+            return {k: tf.identity(tf.convert_to_tensor(v)) for k, v in arrays.items()}
+
+    return stage

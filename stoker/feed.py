@@ -45,10 +45,6 @@ log = logging.getLogger("stoker.feed")
 # The feed's options: every option of `python run.py` by its long name, except the ones
 # that name stoker's own trainer (the user's loop trains) or another command.
 NOT_FEED_OPTIONS = {"model": "the feed trains no model: your loop does"}
-# Producers have been told STOP by then; they only need to close their sockets.
-PRODUCER_STOP_S = 2.0
-# Between SIGTERM and SIGKILL for a producer that ignores the protocol.
-KILL_AFTER_S = 0.5
 
 
 class FeedError(UserError):
@@ -178,6 +174,8 @@ class Feed:
         ``devices.model_gpu_memory_mb`` as its limit), else the CPU."""
         import tensorflow as tf
 
+        from stoker.shared.tfsetup import device_stager
+
         wanted = self.cfg.devices.model_gpu
         limit_mb = self.cfg.devices.model_gpu_memory_mb
         physical = tf.config.list_physical_devices("GPU")
@@ -195,16 +193,9 @@ class Feed:
         elif limit_mb:
             log.warning("model_gpu_memory=%d: this process has no GPU; nothing to limit", limit_mb)
         gpus = tf.config.list_logical_devices("GPU")
-        device = gpus[wanted or 0].name if gpus else "/CPU:0"
-        self.device = device
-
-        def stage(arrays: dict[str, Any]) -> dict[str, Any]:
-            with tf.device(device):
-                # identity() forces the copy onto the device now, in the stager thread.
-                return {k: tf.identity(tf.convert_to_tensor(v)) for k, v in arrays.items()}
-
-        log.info("batches staged onto %s", device)
-        return stage
+        self.device = gpus[wanted or 0].name if gpus else "/CPU:0"
+        log.info("batches staged onto %s", self.device)
+        return device_stager(tf, self.device)
 
     def _start_producers(self) -> None:
         from stoker.launcher import AutoControl, Supervisor, start_producers
@@ -373,6 +364,8 @@ class Feed:
             core.close()
 
     def _stop_producers(self) -> None:
+        from stoker.launcher import KILL_AFTER_S, PRODUCER_STOP_S
+
         self._closing.set()
         if self._watch is not None:
             self._watch.join(timeout=5.0)
