@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, spread, table
+from stoker.shared.metrics import wait_share
 
 KINDS = ("stoker", "stoker (tf ops)", "tf.data", "tf.data service", "mp.Queue")
 # The stoker variants and their features.backend.
@@ -372,10 +373,8 @@ def analyze(rows: Sequence[dict[str, Any]], first_batch_unix: float, started_uni
     seconds = rows[-1]["t"] - rows[0]["t"]
     if seconds <= 0:
         raise BenchError("no measurable steady phase")
-    wait = sum(r["wait_ms"] for r in rows[1:])
-    busy = wait + sum(r["step_ms"] for r in rows[1:])
     return {"steps": len(rows), "steps_per_s": (len(rows) - 1) / seconds,
-            "wait_frac": wait / busy if busy > 0 else 0.0,
+            "wait_frac": wait_share(rows[1:]) or 0.0,
             "time_to_first_batch_s": first_batch_unix - started_unix}
 
 

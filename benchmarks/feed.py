@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, report, spread, table
+from stoker.shared.metrics import wait_share
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +208,7 @@ def _run(kind: str, plan: FeedPlan, work: Path, rep: int) -> dict[str, Any]:
             child = json.loads(line[len(RESULT_PREFIX):])
     if kind == "tf.data fit":
         rows = child["rows"][1:-1]  # after the first batch; the last one's step is cut off by the end
-        wait = sum(r["wait_ms"] for r in rows)
-        busy = wait + sum(r["step_ms"] for r in rows)
-        return {"wait_frac": wait / busy if busy else None, "first_step_s": child["first_step_s"],
+        return {"wait_frac": wait_share(rows), "first_step_s": child["first_step_s"],
                 "first_wait_s": child["rows"][0]["wait_ms"] / 1e3}
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
@@ -217,10 +216,7 @@ def _run(kind: str, plan: FeedPlan, work: Path, rep: int) -> dict[str, Any]:
     busy_s = sum(r["wait_ms"] + r["step_ms"] for r in steady) / 1e3
     out = {"steps_per_s": len(steady) / busy_s, "wait_frac": summary["data_wait_frac"], "steps": summary["steps"]}
     if kind == "feed fit":
-        rows = metrics[1:-1]
-        wait = sum(r["wait_ms"] for r in rows)
-        busy = wait + sum(r["step_ms"] for r in rows)
-        out["wait_frac"] = wait / busy if busy else None
+        out["wait_frac"] = wait_share(metrics[1:-1])
         out["first_step_s"] = child["first_step_s"]
         out["first_wait_s"] = summary["warmup_s"] + metrics[0]["wait_ms"] / 1e3  # warm-up, then the first batch
     return out

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stoker.benchmarks.common import run_alone, STOKER, BenchError, ratio, spread, table
+from stoker.shared.metrics import wait_share
 
 STEP_MS = 100.0
 IDEAL_STEPS_PER_S = 1000.0 / STEP_MS
@@ -108,8 +109,6 @@ def analyze(summary: dict[str, Any], rows: Sequence[dict[str, Any]], producers: 
     wait_frac = wait_ms / busy_ms if busy_ms > 0 else 0.0
     # a late window too, for the reader: the last 90% of steps
     late = rows[max(1, len(rows) // 10):]
-    late_wait = sum(r["wait_ms"] for r in late)
-    late_busy = late_wait + sum(r["step_ms"] for r in late)
     stats = [p for p in summary.get("producers", []) if p.get("batches") and p.get("prep_ms_mean")]
     batches = sum(p["batches"] for p in stats)
     prep_ms = sum(p["prep_ms_mean"] * p["batches"] for p in stats) / batches if batches else None
@@ -138,7 +137,7 @@ def analyze(summary: dict[str, Any], rows: Sequence[dict[str, Any]], producers: 
                                                       "not measured: the trainer's configured step)"),
         "data_wait_frac": wait_frac,
         "data_wait": {"wait_ms": wait_ms, "busy_ms": busy_ms},
-        "data_wait_frac_late90": late_wait / late_busy if late_busy > 0 else 0.0,
+        "data_wait_frac_late90": wait_share(late) or 0.0,
         "starved_steps_after_warmup": sum(1 for d in depth if d == 0),
         "queue_depth_mean_after_warmup": sum(depth) / len(depth),
         "step_ms_mean": sum(r["step_ms"] for r in steady) / len(steady),

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stoker.benchmarks.common import STOKER, BenchError, machine_info, ratio, table
+from stoker.shared.metrics import wait_share
 
 BATCH_SIZE = 16
 SCALING_STEP_MS = 1.0
@@ -238,9 +239,7 @@ def steady_rate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def wait_frac(rows: list[dict[str, Any]]) -> float:
-    wait = sum(r["wait_ms"] for r in rows)
-    busy = wait + sum(r["step_ms"] for r in rows)
-    return wait / busy if busy > 0 else 0.0
+    return wait_share(rows) or 0.0
 
 
 # ---------------------------------------------------------------- scaling

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from stoker.benchmarks.common import STOKER
+from stoker.benchmarks.common import STOKER, BenchError
+from stoker.shared.metrics import wait_share
 
 RUN_TIMEOUT_S = 400
 # A trainer wanting 10 batches/s and producers that need ~330 ms per batch, mostly the
@@ -65,9 +66,10 @@ def run(data: Path, run_dir: Path, *args: str) -> dict[str, Any]:
 
 def second_half_wait(run_dir: Path) -> float:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    half = rows[len(rows) // 2:]
-    wait = sum(r["wait_ms"] for r in half)
-    return wait / (wait + sum(r["step_ms"] for r in half))
+    share = wait_share(rows[len(rows) // 2:])
+    if share is None:
+        raise BenchError(f"{run_dir}: the second half of the run took no time")
+    return share
 
 
 def scenario_a(data: Path, work: Path, steps: int) -> dict[str, Any]:

@@ -146,7 +146,6 @@ class FeedCore:
         self.opened = False
         self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is not fetched yet
         self._open_row: dict[str, Any] | None = None  # the step handed out, until step_done
-        self._open_handle: Any = None
         self.last_loss: float | None = None
         self.val_samples: list[Sample] = []
         self.mel_norm: dict[str, Any] | None = None
@@ -393,7 +392,6 @@ class FeedCore:
                               "wait_ms": round((begun - asked) * 1e3, 3), "step_ms": None, "loss": None,
                               "samples": len(item.ids), "producer": item.producer, "frames": item.frames,
                               "frames_computed": item.frames_computed, "_begun": begun}
-            self._open_handle = None
             if self.samples_log is not None:
                 self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
             self.position.record(item.epoch, item.ids)
@@ -408,12 +406,9 @@ class FeedCore:
     def step_done(self, handle: Any = None) -> None:
         """The step of the last batch handed out ended; ``handle``: its loss (resolved at the
         next flush)."""
-        if self._open_row is None:
-            return
-        self._open_handle = handle
-        self._close_step(time.monotonic())
+        self._close_step(time.monotonic(), handle)
 
-    def _close_step(self, ended: float) -> None:
+    def _close_step(self, ended: float, handle: Any = None) -> None:
         row = self._open_row
         if row is None:
             return
@@ -421,8 +416,7 @@ class FeedCore:
         begun = row.pop("_begun")
         row["t"] = round(ended - self.started, 4)
         row["step_ms"] = round((ended - begun) * 1e3, 3)
-        self._pending.append((row, self._open_handle))
-        self._open_handle = None
+        self._pending.append((row, handle))
         self.telemetry.on_step(row)
         if self.live.due():
             self.live.update(self._live_text())

@@ -127,6 +127,14 @@ def recommend_producers(kind: str, step_ms_mean: float | None, prep_ms_means: It
     return needed
 
 
+def wait_share(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The share of the trainer's time these step rows spent waiting for a batch:
+    wait / (wait + step); None when they took no time."""
+    wait = sum(r["wait_ms"] for r in rows)
+    busy = wait + sum(r["step_ms"] for r in rows)
+    return wait / busy if busy > 0 else None
+
+
 def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoch: int,
               producers: list[dict[str, Any]], rejected: int, exit_reason: str,
               wall_s: float, warmup_s: float = 0.0, batch_size: int = 0,

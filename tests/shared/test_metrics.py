@@ -247,3 +247,11 @@ def test_diagnose_names_padding_waste() -> None:
     assert padding_report(rows) == {"frames_useful_frac": 0.75, "waste": True}
     assert padding_report([{"frames": 97, "frames_computed": 100}]) == {"frames_useful_frac": 0.97, "waste": False}
     assert padding_report([{"step": 1}]) is None
+
+
+def test_wait_share_is_wait_over_wait_plus_step_and_none_without_time() -> None:
+    from stoker.shared.metrics import wait_share
+
+    rows = [{"wait_ms": 10.0, "step_ms": 90.0}, {"wait_ms": 30.0, "step_ms": 70.0}]
+    assert wait_share(rows) == pytest.approx(40.0 / 200.0)
+    assert wait_share([]) is None and wait_share([{"wait_ms": 0.0, "step_ms": 0.0}]) is None
