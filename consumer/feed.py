@@ -169,7 +169,7 @@ class FeedCore:
         else:
             train, self._eval_rejected = list(index.samples), []
         self.train_samples = train
-        self.planner = planner = EpochPlanner(train, cfg.batching)
+        self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  len(planner.shapes), planner.shapes,
@@ -568,7 +568,7 @@ class FeedCore:
                    "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
                    "checkpoint": self.checkpoints.summary(),
                    "resumed_from_step": resumed.step if resumed is not None else None,
-                   "replicas": 1,  # stoker's trainer runs one model replica
+                   "replicas": self.planner.replicas,
                    **self.summary_extra()})
 
     def _keep_mel_stats(self, stats: MelStats) -> None:

@@ -145,13 +145,13 @@ class TrainLoop:
 
     def _make_trainer(self, gpu_memory_mb: int | None) -> Trainer:
         cfg, feed = self.cfg, self.feed
-        device = "/CPU:0"
+        devices = ["/CPU:0"]
         if uses_tensorflow(cfg.trainer.model):
-            from stoker.shared.tfsetup import configure_tensorflow
+            from stoker.shared.tfsetup import configure_replicas
 
-            _, device = configure_tensorflow(gpu_memory_mb)
+            _, devices = configure_replicas(gpu_memory_mb, cfg.devices.replicas or 1)
         budget = feed.expected_steps if feed.expected_steps else None
-        trainer = make_trainer(cfg, device, feed.planner.shapes, budget, feed.vocabulary.size)
+        trainer = make_trainer(cfg, devices, feed.planner.shapes, budget, feed.vocabulary.size)
         feed.checkpoints.attach(trainer)  # restores the model and optimizer of a resumed run
         feed.resolver = self._resolve(trainer)
         if trainer.uses_tensorflow:
@@ -161,11 +161,11 @@ class TrainLoop:
             if feed.val_samples:
                 self._val_arrays = validation.make_batches(feed.val_samples, feed.index.root, cfg, feed.vocabulary,
                                                            feed.mel_norm_arrays())
-                self._val_batches = [trainer.stage(b) for b in self._val_arrays]
+                self._val_batches = [trainer.stage_one(b) for b in self._val_arrays]  # type: ignore[attr-defined]
                 log.info("validation: %s, every %d steps", validation.describe(self._val_arrays),
                          cfg.trainer.val_every_steps)
             trainer.prepare(feed.planner.shapes)  # type: ignore[attr-defined]
-        log.info("trainer %s on %s", trainer.name, device if trainer.uses_tensorflow else "host (no TensorFlow)")
+        log.info("trainer %s on %s", trainer.name, ", ".join(devices) if trainer.uses_tensorflow else "host (no TensorFlow)")
         return trainer
 
     @staticmethod

@@ -14,6 +14,10 @@ clip), L and T rounded up to ``tokens_multiple`` and ``frames_multiple``. Two wa
   waste the fewest padded frames (:func:`frame_budget_bounds`: an exact dynamic program
   over the clips' rounded lengths), which puts more buckets where clips are dense.
 
+Model replicas (``devices.replicas`` N > 1, tf.distribute in the trainer): a planned batch is
+the global batch of one step, N x B rows, which the trainer splits into N replica batches
+of B rows, one per replica, all of the bucket's shape. Each replica's B is the one above.
+
 A bucket's last, partial batch is filled with empty rows (length 0) instead of dropping
 samples. So the trainer sees at most ``num_buckets`` distinct shapes, and every valid
 sample is in exactly one batch per epoch.
@@ -66,20 +70,20 @@ class PlannedBatch:
     rows: int  # B: the batch's rows (ids fill the first len(ids))
 
 
-def rows_for(max_frames: int, cfg: BatchingConfig) -> int:
-    """B of a bucket of ``max_frames`` (T): ``batch_size``, or under a frame budget N the most
-    rows whose frames fit in N (at least one)."""
+def rows_for(max_frames: int, cfg: BatchingConfig, replicas: int = 1) -> int:
+    """Rows of a planned batch of a bucket of ``max_frames`` (T): ``replicas`` x B, with B
+    ``batch_size``, or under a frame budget N the most rows whose frames fit in N (at least one)."""
     if cfg.max_frames <= 0:
-        return cfg.batch_size
-    return max(1, cfg.max_frames // max_frames)
+        return cfg.batch_size * replicas
+    return max(1, cfg.max_frames // max_frames) * replicas
 
 
-def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig) -> list[int]:
+def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: int = 1) -> list[int]:
     """The frame bounds (T of each bucket, ascending) that waste the fewest frames.
 
     The waste of a bucket of bound T holding clips of f_i frames is its padding,
-    sum(T - f_i), plus the empty rows of its last, partial batch (B = N // T rows, so
-    (-count mod B) x T frames). Bounds are multiples of ``frames_multiple`` at or above
+    sum(T - f_i), plus the empty rows of its last, partial batch (B = N // T rows per
+    replica, ``replicas`` x B in all, so (-count mod rows) x T frames). Bounds are multiples of ``frames_multiple`` at or above
     the clips' rounded lengths; over those m candidate values an exact dynamic program
     (cost of a bucket in O(1) from prefix sums) finds the best partition into at most
     ``num_buckets`` buckets in O(num_buckets x m^2), m <= longest clip / frames_multiple.
@@ -91,7 +95,7 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig) -> list[int]
     cum_f = np.concatenate([[0.0], np.cumsum(sums)])
     m = len(values)
     k_max = min(cfg.num_buckets, m)
-    rows = np.array([rows_for(int(v), cfg) for v in values], np.int64)
+    rows = np.array([rows_for(int(v), cfg, replicas) for v in values], np.int64)
 
     def cost(starts: np.ndarray, end: int) -> np.ndarray:
         """Waste of buckets covering candidates starts..end (inclusive), bound values[end]."""
@@ -118,13 +122,14 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig) -> list[int]
     return bounds[::-1]
 
 
-def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig) -> list[Bucket]:
-    """Group samples into at most ``cfg.num_buckets`` shape buckets by mel length."""
+def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
+    """Group samples into at most ``cfg.num_buckets`` shape buckets by mel length; a batch of
+    a bucket has rows for ``replicas`` replica batches."""
     if not samples:
         return []
     ordered = sorted(samples, key=lambda s: (s.num_frames, s.id))
     if cfg.max_frames > 0:
-        bounds = frame_budget_bounds([s.num_frames for s in ordered], cfg)
+        bounds = frame_budget_bounds([s.num_frames for s in ordered], cfg, replicas)
         lengths = np.array([round_up(s.num_frames, cfg.frames_multiple) for s in ordered])
         edges = np.searchsorted(lengths, bounds, side="right")
         groups = [g for g in np.split(np.arange(len(ordered)), edges[:-1]) if len(g)]
@@ -139,17 +144,19 @@ def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig) -> list[Bucket]
             max_tokens=round_up(max(s.num_tokens for s in members), cfg.tokens_multiple),
             max_frames=frames,
             sample_ids=tuple(s.id for s in members),
-            rows=rows_for(frames, cfg),
+            rows=rows_for(frames, cfg, replicas),
         ))
     return buckets
 
 
 class EpochPlanner:
-    """Deterministic epoch plans over fixed buckets."""
+    """Deterministic epoch plans over fixed buckets; each batch is one step's, for
+    ``replicas`` model replicas."""
 
-    def __init__(self, samples: Sequence[Sample], cfg: BatchingConfig) -> None:
+    def __init__(self, samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> None:
         self.cfg = cfg
-        self.buckets = make_buckets(samples, cfg)
+        self.replicas = replicas
+        self.buckets = make_buckets(samples, cfg, replicas)
         self.batches_per_epoch = sum(-(-len(b.sample_ids) // b.rows) for b in self.buckets)
         # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
         # an extra batch, so an epoch is complete when all its samples are trained or rejected.
@@ -157,7 +164,8 @@ class EpochPlanner:
 
     @property
     def shapes(self) -> list[tuple[int, int, int]]:
-        """The batch shapes (B, L, T) of the buckets: all the trainer will see."""
+        """The planned batch shapes (B, L, T) of the buckets: all the trainer will see (with
+        replicas, B is the global batch's rows, ``replicas`` x a replica batch's)."""
         return [b.shape for b in self.buckets]
 
     def plan(self, epoch: int) -> list[PlannedBatch]:

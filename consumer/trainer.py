@@ -29,6 +29,14 @@ docs/MODELS.md):
 - XLA (``jit_compile``) on a GPU by default (``trainer.jit_compile``).
 - Mixed precision on a GPU by default (``trainer.precision: auto`` -> ``mixed_float16``
   with dynamic loss scaling via Keras' LossScaleOptimizer); float32 on the CPU.
+- Model replicas (``devices.replicas`` > 1): ``tf.distribute.MirroredStrategy`` over the
+  devices the consumer was given (GPUs, or logical CPU devices). A planned batch is the
+  step's global batch; the stager splits its rows into one batch per replica, each copied
+  to its replica's device while the previous step runs. The forward/backward graph runs
+  on every replica (``strategy.run``); numerators, valid frames, term sums and gradients
+  are summed over the replicas, and the update graph applies them once to the mirrored
+  variables. The loss is still (sum of numerators) / (sum of valid frames) over the global
+  batch, so N replicas of B rows give the gradient of one batch of N x B rows.
 - Gradient accumulation over ``trainer.grad_accum`` batches: the gradient numerators
   are summed and divided by the summed valid frames, which equals the gradient of those
   batches as one (see consumer/tts.py, objective).
@@ -61,7 +69,7 @@ from stoker.consumer import tts
 from stoker.consumer.tts import ModelError
 from stoker.shared.batch import OPTIONAL
 from stoker.shared.config import Config, batch_schema
-from stoker.shared.tfsetup import device_stager
+from stoker.shared.tfsetup import device_stager, replica_stager
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +188,13 @@ class KerasTrainer:
 
     uses_tensorflow = True
 
-    def __init__(self, cfg: Config, device: str, shapes: Sequence[tuple[int, int, int]] = (),
+    def __init__(self, cfg: Config, device: str | Sequence[str], shapes: Sequence[tuple[int, int, int]] = (),
                  total_batches: int | None = None, optimizer: Any = None, *, vocab_size: int) -> None:
-        """``shapes``: the plan's batch shapes (B, L, T); ``total_batches``: the run's budget
+        """``device``: the model's device, or one per replica (a MirroredStrategy over them);
+        ``shapes``: the plan's batch shapes (B, L, T); ``total_batches``: the run's budget
         in batches (None: unknown; the learning rate then stays at its peak after warm-up);
-        ``optimizer``: a Keras optimizer to use instead of Adam (tests); ``vocab_size``: token
+        ``optimizer``: a Keras optimizer to use instead of Adam, or a function making one
+        (tests; with replicas it must be made in the strategy's scope); ``vocab_size``: token
         ids of the run's vocabulary (shared/vocab.Vocabulary.size)."""
         import keras
         import tensorflow as tf
@@ -194,9 +204,11 @@ class KerasTrainer:
         self.vocab_size = vocab_size
         self.schema = batch_schema(cfg)
         self.cfg = cfg
-        self.device = device
+        self.devices = [device] if isinstance(device, str) else list(device)
+        self.device = self.devices[0]  # validation and prediction run here
+        self.strategy = tf.distribute.MirroredStrategy(self.devices) if len(self.devices) > 1 else None
         self.name = t.model
-        on_gpu = "GPU" in device.upper()
+        on_gpu = "GPU" in self.device.upper()
         self.precision = choose_precision(t.precision, on_gpu)
         self.jit_compile = choose_jit_compile(t.jit_compile, on_gpu)
         if self.precision != "float32" and not on_gpu:
@@ -209,9 +221,10 @@ class KerasTrainer:
         batch, tokens, frames = shapes[0] if shapes else (cfg.batching.batch_size, cfg.batching.tokens_multiple,
                                                           cfg.batching.frames_multiple)
         n_mels = cfg.features.n_mels
-        with tf.device(device):
+        with self._placed():
             self.model = tts.build(t.model, vocab_size, n_mels)
             # Build the variables and check the contract on a batch of the first bucket's shape.
+            batch //= len(self.devices)  # a replica's batch
             dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size, self.schema,
                                      cfg.features.hop_length, cfg.batching.ref_frames)
             result = self._first_call(dummy, (batch, tokens, frames, n_mels))
@@ -222,20 +235,35 @@ class KerasTrainer:
             self.validation_training = bool(getattr(self.model, "validation_training", False))
             self.param_count = tts.count_params(self.model)
             self._make_optimizer(keras, optimizer, total_batches)
-        self._stage = device_stager(tf, device)
+        self._stage_one = device_stager(tf, self.device)
         self._function = tf.function(self._grad_fn, jit_compile=self.jit_compile, reduce_retracing=False)
-        self._update = tf.function(self._update_fn, jit_compile=self.jit_compile).get_concrete_function(
-            tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32),
-            [tf.TensorSpec(v.shape, v.dtype) for v in self.model.trainable_variables])
+        if self.strategy is not None:
+            self._stage = replica_stager(tf, self.strategy, self.devices)
+            self._replica_grads = self._function  # per replica, inside strategy.run
+            self._function = tf.function(self._replicated_fn, reduce_retracing=False)
+        else:
+            self._stage = self._stage_one
+        with tf.device(self.device):
+            self._update = tf.function(self._update_fn, jit_compile=self.jit_compile).get_concrete_function(
+                tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32),
+                tf.TensorSpec([len(self.term_names)], tf.float32),
+                [tf.TensorSpec(v.shape, v.dtype) for v in self.model.trainable_variables])
         self._eval_function = tf.function(self._eval_fn, jit_compile=self.jit_compile, reduce_retracing=False)
         self._concrete: dict[tuple[Any, ...], Any] = {}
         self.resolved_terms: list[dict[str, float]] = []  # each resolved step's loss terms (resolve)
         self.evaluated_terms: dict[str, float] = {}  # the last validation's loss terms (evaluate)
         self.traces = 0  # incremented by the Python body of the step, i.e. once per trace
         self.retraces = 0  # traces of shapes beyond the plan's bucket shapes
-        log.info("model %s: %s trainable parameters; precision %s%s; XLA %s; gradient accumulation %d",
-                 t.model, f"{self.param_count:,}", self.precision, " with loss scaling" if self.loss_scaling else "",
-                 "on" if self.jit_compile else "off", self.accum)
+        log.info("model %s: %s trainable parameters; precision %s%s; XLA %s; gradient accumulation %d; "
+                 "%d replica(s) on %s", t.model, f"{self.param_count:,}", self.precision,
+                 " with loss scaling" if self.loss_scaling else "", "on" if self.jit_compile else "off", self.accum,
+                 len(self.devices), ", ".join(self.devices))
+
+    def _placed(self) -> Any:
+        """Where variables are made: the strategy's scope (mirrored on every replica's device)
+        or the one device. (The step runs outside the scope, under the first device: Keras'
+        optimizer applies mirrored updates from there, by merge_call.)"""
+        return self.strategy.scope() if self.strategy is not None else self.tf.device(self.device)
 
     def _first_call(self, dummy: dict[str, Any], dims: tuple[int, int, int, int]) -> Any:
         """The model called on a batch of the first bucket's shape (which builds its variables);
@@ -271,6 +299,8 @@ class KerasTrainer:
         self.total_updates = updates
         if optimizer is None:
             optimizer = self._optimizer(keras, self._schedule(keras, updates))
+        elif not isinstance(optimizer, keras.optimizers.Optimizer):
+            optimizer = optimizer()  # made here, in the strategy's scope where there are replicas
         self.loss_scaling = self.precision == "mixed_float16"
         if self.loss_scaling:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -370,22 +400,35 @@ class KerasTrainer:
         self.optimizer.apply([g / denom for g in grads], self.model.trainable_variables)
 
     def _grad_fn(self, *arrays: Any) -> Any:
-        """Forward and backward of one batch (its arrays in the schema's order): (loss, valid
-        frames, gradient numerators, [loss, each term's mean]). Traced once per bucket shape."""
+        """Forward and backward of one batch (its arrays in the schema's order): (loss
+        numerator, valid frames, gradient numerators, each term's numerator). Traced once per
+        bucket shape."""
         tf = self.tf
         self.traces += 1  # Python side effect: runs once per trace, never per step
         batch = dict(zip(self.schema.names, arrays))
         numerator, valid, grads, means = self._loss_and_grads(batch)
-        loss = numerator / tf.maximum(valid, 1.0)
-        return loss, valid, grads, tf.concat([loss[None], means], axis=0)
+        return numerator, valid, grads, means * tf.maximum(valid, 1.0)
 
-    def _update_fn(self, loss: Any, valid: Any, grads: list[Any]) -> Any:
-        """Apply (or accumulate) one batch's gradients, skipping a non-finite loss.
+    def _replicated_fn(self, *arrays: Any) -> Any:
+        """``_grad_fn`` on every replica's batch (per-replica values), summed over the replicas:
+        the same four results for the global batch."""
+        tf = self.tf
+        numerator, valid, grads, sums = self.strategy.run(self._replica_grads, args=arrays)
+
+        def total(value: Any) -> Any:
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+
+        return total(numerator), total(valid), [total(g) for g in grads], total(sums)
+
+    def _update_fn(self, numerator: Any, valid: Any, term_sums: Any, grads: list[Any]) -> Any:
+        """Apply (or accumulate) one batch's gradients, skipping a non-finite loss; return
+        [loss, each term's mean] of the batch.
 
         Its inputs have the variables' shapes whatever the bucket, so it is traced once:
         the optimizer's many small ops are traced and optimised one time, not per bucket.
         """
         tf = self.tf
+        loss = numerator / tf.maximum(valid, 1.0)
         finite = tf.math.is_finite(loss)
 
         def skip() -> Any:
@@ -418,7 +461,7 @@ class KerasTrainer:
         bad = tf.cast(tf.logical_not(finite), tf.int64)
         self._bad_in_row.assign((self._bad_in_row + bad) * bad)
         self._bad_total.assign_add(bad)
-        return finite
+        return tf.concat([loss[None], term_sums / tf.maximum(valid, 1.0)], axis=0)
 
     def _eval_fn(self, *arrays: Any) -> Any:
         """The loss as training computes it, on the teacher-forced batch (the mel given as
@@ -432,13 +475,17 @@ class KerasTrainer:
         return tuple(staged[name] for name in self.schema.names)
 
     def _concrete_for(self, args: tuple[Any, ...]) -> Any:
-        """The step's concrete function for this bucket shape, traced on first use."""
-        key = tuple(tuple(a.shape) for a in args)
+        """The step's concrete function for this bucket shape, traced on first use (with
+        replicas: the function, traced on its first call with per-replica values of a shape)."""
+        key = tuple(tuple(a.values[0].shape if self.strategy is not None else a.shape) for a in args)
         fn = self._concrete.get(key)
         if fn is None:
             tf = self.tf
             started = time.monotonic()
-            fn = self._function.get_concrete_function(*(tf.TensorSpec(a.shape, a.dtype) for a in args))
+            if self.strategy is not None:
+                fn = self._function
+            else:
+                fn = self._function.get_concrete_function(*(tf.TensorSpec(a.shape, a.dtype) for a in args))
             self._concrete[key] = fn
             shape = (key[0][0], key[0][1], key[self.schema.names.index("mel")][1])
             if len(self._concrete) > max(self.bucket_shapes, 1):
@@ -474,15 +521,21 @@ class KerasTrainer:
         log.info("training step traced for %d bucket shape(s) in %.1f s", len(shapes), time.monotonic() - started)
 
     def stage(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """A planned batch onto the device (with replicas: split, one part per replica)."""
         return self._stage(arrays)
+
+    def stage_one(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """A batch, whole, onto the first device: for validation and prediction."""
+        return self._stage_one(arrays)
 
     def step(self, staged: dict[str, Any]) -> Any:
         """One step; its handle is [loss, each term's mean] on the device, not yet fetched."""
+        if self.strategy is not None and isinstance(staged[self.schema.names[0]], np.ndarray):
+            staged = self.stage(staged)  # queued before staging began, or its staging failed: split it now
         args = self._args(staged)
         with self.tf.device(self.device):
-            loss, valid, grads, figures = self._concrete_for(args)(*args)
-            self._update(loss, valid, grads)
-        return figures
+            numerator, valid, grads, term_sums = self._concrete_for(args)(*args)
+            return self._update(numerator, valid, term_sums, grads)
 
     def resolve(self, handles: Sequence[Any]) -> list[float | None]:
         """The steps' losses (one fetch for all); their terms go to ``resolved_terms``."""
@@ -530,6 +583,7 @@ class KerasTrainer:
 
     def stats(self) -> dict[str, Any]:
         return {"params": self.param_count, "precision": self.precision, "jit_compile": self.jit_compile,
+                "replicas": len(self.devices), "devices": self.devices,
                 "grad_accum": self.accum, "traces": len(self._concrete), "bucket_shapes": self.bucket_shapes,
                 "retraces": self.retraces, "optimizer_updates": self.updates}
 
@@ -571,7 +625,7 @@ def uses_tensorflow(spec: str) -> bool:
     return check_model(spec) is None
 
 
-def make_trainer(cfg: Config, device: str, shapes: Sequence[tuple[int, int, int]], total_batches: int | None,
+def make_trainer(cfg: Config, device: str | Sequence[str], shapes: Sequence[tuple[int, int, int]], total_batches: int | None,
                  vocab_size: int) -> Trainer:
     ms = check_model(cfg.trainer.model)
     if ms is not None:

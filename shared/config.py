@@ -161,9 +161,10 @@ class DevicesConfig:
     """GPU pinning. None means: no GPU for that role (CPU), unless auto-selected."""
 
     data_gpu: int | None
-    model_gpu: int | None
+    model_gpu: int | str | None  # one index, a list "1,2,3" (a model replica on each) or "all"
     data_gpu_memory_mb: int | None  # per producer process
-    model_gpu_memory_mb: int | None
+    model_gpu_memory_mb: int | None  # per model GPU
+    replicas: int | None  # model replicas: None follows model_gpu (one per GPU; 1 on the CPU)
 
 
 @section("trainer")
@@ -403,7 +404,11 @@ def _validate_data_devices_run(cfg: Config) -> None:
         raise ConfigError(f"data.index_workers must be >= 0, got {cfg.data.index_workers}")
     if not 0 < cfg.data.min_audio_s < cfg.data.max_audio_s:
         raise ConfigError("need 0 < data.min_audio_s < data.max_audio_s")
-    for key, value in (("devices.data_gpu", cfg.devices.data_gpu), ("devices.model_gpu", cfg.devices.model_gpu),
+    if cfg.devices.replicas is not None and cfg.devices.replicas < 1:
+        raise ConfigError(f"devices.replicas must be >= 1, got {cfg.devices.replicas}")
+    model_gpu = cfg.devices.model_gpu
+    for key, value in (("devices.data_gpu", cfg.devices.data_gpu),
+                       ("devices.model_gpu", model_gpu if isinstance(model_gpu, int) else None),
                        ("devices.data_gpu_memory_mb", cfg.devices.data_gpu_memory_mb),
                        ("devices.model_gpu_memory_mb", cfg.devices.model_gpu_memory_mb)):
         if value is not None and value < 0:

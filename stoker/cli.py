@@ -56,13 +56,21 @@ def _producers_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
 
 
+def _gpus_arg(text: str) -> int | str:
+    """--model-gpu: one index (an int), or a list "1,2,3" or "all" (checked by stoker/devices.py)."""
+    return int(text) if text.strip().isdigit() else text
+
+
 def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint, with its "
                         "config.yaml (flags and --set given now override it, e.g. --steps N to go further)")
     parser.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
     parser.add_argument("--data-gpu", type=int, help="GPU index for the producers")
-    parser.add_argument("--model-gpu", type=int, help="GPU index for the trainer")
+    parser.add_argument("--model-gpu", type=_gpus_arg, metavar="N|N,M,...|all",
+                        help="GPU index for the trainer; a list or all: a model replica on each (MirroredStrategy)")
+    parser.add_argument("--replicas", type=int, metavar="N", help="model replicas: one per --model-gpu GPU, or "
+                        "N logical devices of the CPU on a host without GPUs")
     parser.add_argument("--data-gpu-memory", type=int, metavar="MB", help="memory limit per producer process")
     parser.add_argument("--model-gpu-memory", type=int, metavar="MB", help="memory limit of the trainer")
     parser.add_argument("--producers", type=_producers_arg, help="local producer processes (0: remote ones only), "
@@ -94,6 +102,7 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
 FLAG_KEYS = {
     "data": "data.path", "data_gpu": "devices.data_gpu", "model_gpu": "devices.model_gpu",
     "data_gpu_memory": "devices.data_gpu_memory_mb", "model_gpu_memory": "devices.model_gpu_memory_mb",
+    "replicas": "devices.replicas",
     "producers": "pipeline.producers", "bind": "pipeline.bind", "batch_size": "batching.batch_size",
     "max_frames": "batching.max_frames",
     "steps": "trainer.steps", "epochs": "trainer.epochs", "buffer_size": "pipeline.buffer_size",
@@ -184,7 +193,16 @@ def resolve_options(config: str | None, options: dict[str, Any], sets: dict[str,
     overrides.update(sets)
     if "data.path" in overrides and overrides["data.path"]:
         overrides["data.path"] = str(Path(overrides["data.path"]).expanduser().resolve())
-    return config_mod.load(config or DEFAULT_CONFIG, overrides)
+    cfg = config_mod.load(config or DEFAULT_CONFIG, overrides)
+    if "pipeline.producers" not in overrides:
+        # A step takes one batch per model replica: the default producers are per replica.
+        import dataclasses
+
+        from stoker.devices import requested_replicas
+
+        producers = cfg.pipeline.producers * requested_replicas(cfg.devices)
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, producers=producers))
+    return cfg
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -259,7 +277,8 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
     plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
     data = dataclasses.replace(cfg.data, path=str(root / metadata_file if is_mix(metadata_file) else root),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
-    return dataclasses.replace(cfg, data=data), plan
+    devices = dataclasses.replace(cfg.devices, replicas=plan.replicas)  # resolved: the plan's batches depend on it
+    return dataclasses.replace(cfg, data=data, devices=devices), plan
 
 
 def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int, Path, config_mod.Config]:

@@ -16,6 +16,12 @@ Modes:
 With neither flag, stoker picks: GPU 0 for the trainer and GPU 1 (or 0, shared) for
 the producers when GPUs exist; CPU otherwise. With only one flag, the other role runs
 on CPU.
+
+Model replicas (``tf.distribute.MirroredStrategy`` in the trainer): ``--model-gpu 1,2,3``
+or ``--model-gpu all`` puts one replica on each GPU named, and the trainer's
+``CUDA_VISIBLE_DEVICES`` names them all; ``--replicas N`` alone picks the first N GPUs,
+and on a host without GPUs splits the CPU into N logical devices (shared/tfsetup.py).
+A memory limit applies to each model GPU alike, since every replica holds the same model.
 """
 
 from __future__ import annotations
@@ -58,21 +64,25 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class DevicePlan:
-    mode: str  # cpu | single-gpu | dual-gpu
+    mode: str  # cpu | single-gpu | dual-gpu | mixed
     data_gpu: int | None
-    model_gpu: int | None
+    model_gpu: int | None  # the first model GPU
     data_memory_mb: int | None  # per producer process; None: no limit (CPU or unset)
-    model_memory_mb: int | None
+    model_memory_mb: int | None  # per model GPU
+    model_gpus: tuple[int, ...] = ()  # every model GPU, one replica on each (() on the CPU)
+    replicas: int = 1  # model replicas: len(model_gpus), or logical CPU devices
 
     def describe(self, producers: int) -> str:
+        replicas = f", {self.replicas} model replicas" if self.replicas > 1 else ""
         if self.mode == "cpu":
-            return "CPU mode: no GPU in use; producers and trainer run on the CPU"
+            where = f" ({self.replicas} logical devices)" if self.replicas > 1 else ""
+            return f"CPU mode: no GPU in use; producers and trainer{where} run on the CPU"
         if self.mode == "single-gpu":
-            return (f"single-GPU mode: GPU {self.model_gpu} shared; trainer limited to "
-                    f"{self.model_memory_mb} MB, each of {producers} producer(s) to {self.data_memory_mb} MB")
+            return (f"single-GPU mode: GPU {self.data_gpu} shared; trainer limited to "
+                    f"{self.model_memory_mb} MB, each of {producers} producer(s) to {self.data_memory_mb} MB{replicas}")
         data = "CPU" if self.data_gpu is None else f"GPU {self.data_gpu}"
-        model = "CPU" if self.model_gpu is None else f"GPU {self.model_gpu}"
-        return f"{self.mode} mode: producers on {data}, trainer on {model}"
+        model = "CPU" if not self.model_gpus else "GPU " + ",".join(map(str, self.model_gpus))
+        return f"{self.mode} mode: producers on {data}, trainer on {model}{replicas}"
 
 
 def list_gpus() -> list[GpuInfo]:
@@ -124,51 +134,108 @@ def _check(index: int, flag: str, gpus: list[GpuInfo]) -> GpuInfo:
     raise DeviceError(f"{flag} {index}: no such GPU; this host has {len(gpus)}: {found}")
 
 
-def plan_devices(cfg: DevicesConfig, gpus: list[GpuInfo], producers: int) -> DevicePlan:
-    """Decide each role's GPU and memory limit; raise :class:`DeviceError` on a bad request."""
-    data_idx, model_idx = cfg.data_gpu, cfg.model_gpu
-    if data_idx is None and model_idx is None:
+def model_gpu_indexes(value: int | str | None, gpus: list[GpuInfo]) -> tuple[int, ...]:
+    """The GPUs ``--model-gpu`` names: one index, a list ``1,2,3`` or ``all``; () for none.
+    DeviceError (one line) for a malformed list, an index named twice or one that does not exist."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (_check(value, "--model-gpu", gpus).index,)
+    text = value.strip()
+    if text == "all":
         if not gpus:
-            return DevicePlan("cpu", None, None, None, None)
-        model_idx = gpus[0].index
-        data_idx = gpus[1].index if len(gpus) > 1 else gpus[0].index
-    data_gpu = _check(data_idx, "--data-gpu", gpus) if data_idx is not None else None
-    model_gpu = _check(model_idx, "--model-gpu", gpus) if model_idx is not None else None
-    if data_gpu is None and model_gpu is None:
-        return DevicePlan("cpu", None, None, None, None)
-    if data_gpu is not None and model_gpu is not None and data_gpu.index == model_gpu.index:
-        total = model_gpu.memory_mb
+            raise DeviceError("--model-gpu all: no GPU is visible on this host (omit --model-gpu to run on the CPU)")
+        return tuple(g.index for g in gpus)
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise DeviceError(f"--model-gpu {value}: expected a GPU index, a list such as 1,2,3, or all")
+    indexes = [int(p) for p in parts]
+    twice = sorted({i for i in indexes if indexes.count(i) > 1})
+    if twice:
+        raise DeviceError(f"--model-gpu {value}: GPU {twice[0]} is named twice (one model replica per GPU)")
+    return tuple(_check(i, "--model-gpu", gpus).index for i in indexes)
+
+
+def requested_replicas(cfg: DevicesConfig) -> int:
+    """The model replicas a config asks for, before the GPUs are checked: ``replicas``, else
+    one per GPU of a ``model_gpu`` list (``all``: every GPU here), else 1."""
+    if cfg.replicas:
+        return cfg.replicas
+    if isinstance(cfg.model_gpu, str):
+        text = cfg.model_gpu.strip()
+        return max(1, len(list_gpus()) if text == "all" else len([p for p in text.split(",") if p.strip()]))
+    return 1
+
+
+def _choose(cfg: DevicesConfig, gpus: list[GpuInfo]) -> tuple[int | None, tuple[int, ...]]:
+    """(data GPU, model GPUs) as requested, or chosen when neither flag is given: the first
+    GPUs for the model (``--replicas`` of them, else one) and the next one for the
+    producers (the first, shared, when there is none left)."""
+    data_idx, model = cfg.data_gpu, model_gpu_indexes(cfg.model_gpu, gpus)
+    if data_idx is not None or model or not gpus:
+        if data_idx is not None:
+            _check(data_idx, "--data-gpu", gpus)
+        return data_idx, model
+    wanted = cfg.replicas or 1
+    if wanted > len(gpus):
+        found = ", ".join(f"{g.index} ({g.name})" for g in gpus)
+        raise DeviceError(f"--replicas {wanted}: this host has {len(gpus)} GPU(s): {found} (one replica per GPU)")
+    model = tuple(g.index for g in gpus[:wanted])
+    return (gpus[wanted].index if len(gpus) > wanted else gpus[0].index), model
+
+
+def plan_devices(cfg: DevicesConfig, gpus: list[GpuInfo], producers: int) -> DevicePlan:
+    """Decide each role's GPU(s), memory limit and the model replicas; DeviceError (one line)
+    on a bad request."""
+    data_idx, model_gpus = _choose(cfg, gpus)
+    if model_gpus:
+        if cfg.replicas is not None and cfg.replicas != len(model_gpus):
+            raise DeviceError(f"--replicas {cfg.replicas} with --model-gpu {','.join(map(str, model_gpus))}: on GPUs "
+                              f"there is one replica per model GPU ({len(model_gpus)}); name {cfg.replicas} GPUs or "
+                              f"leave --replicas out")
+        replicas = len(model_gpus)
+    else:
+        replicas = cfg.replicas or 1
+    if data_idx is None and not model_gpus:
+        return DevicePlan("cpu", None, None, None, None, (), replicas)
+    model_idx = model_gpus[0] if model_gpus else None
+    if data_idx is not None and data_idx in model_gpus:
+        shared = _check(data_idx, "--data-gpu", gpus)
+        total = shared.memory_mb
         n = max(producers, 1)
         data_mb = cfg.data_gpu_memory_mb or max(256, min(DEFAULT_PRODUCER_MEMORY_MB,
                                                           int(total * SINGLE_GPU_DATA_SHARE / n)))
         model_mb = cfg.model_gpu_memory_mb or int(total * (1 - SINGLE_GPU_RESERVE_SHARE)) - n * data_mb
         if total and model_mb + n * data_mb > total:
-            raise DeviceError(f"GPU {model_gpu.index} has {total} MB: trainer {model_mb} MB + "
+            raise DeviceError(f"GPU {shared.index} has {total} MB: trainer {model_mb} MB + "
                               f"{n} x {data_mb} MB for producers does not fit")
         if model_mb <= 0:
-            raise DeviceError(f"GPU {model_gpu.index} ({total} MB) leaves no memory for the trainer "
+            raise DeviceError(f"GPU {shared.index} ({total} MB) leaves no memory for the trainer "
                               f"after {n} x {data_mb} MB for producers")
-        return DevicePlan("single-gpu", data_gpu.index, model_gpu.index, data_mb, model_mb)
+        return DevicePlan("single-gpu", data_idx, model_idx, data_mb, model_mb, model_gpus, replicas)
     data_mb = None
-    if data_gpu is not None:
+    if data_idx is not None:
+        data_gpu = _check(data_idx, "--data-gpu", gpus)
         data_mb = cfg.data_gpu_memory_mb or min(DEFAULT_PRODUCER_MEMORY_MB,
                                                 int(data_gpu.memory_mb * 0.9 / max(producers, 1)))
-    mode = "dual-gpu" if data_gpu is not None and model_gpu is not None else "mixed"
-    return DevicePlan(mode, data_gpu.index if data_gpu else None, model_gpu.index if model_gpu else None,
-                      data_mb, cfg.model_gpu_memory_mb if model_gpu is not None else None)
+    mode = "dual-gpu" if data_idx is not None and model_gpus else "mixed"
+    return DevicePlan(mode, data_idx, model_idx, data_mb, cfg.model_gpu_memory_mb if model_gpus else None,
+                      model_gpus, replicas)
 
 
-def child_env(base: Mapping[str, str], gpu: int | None) -> dict[str, str]:
-    """The environment of a child pinned to ``gpu`` (None: no GPU visible at all)."""
+def child_env(base: Mapping[str, str], gpu: int | tuple[int, ...] | None) -> dict[str, str]:
+    """The environment of a child pinned to ``gpu`` (several: a trainer with a replica on
+    each; None or (): no GPU visible at all)."""
     env = dict(base)
+    gpus = gpu if isinstance(gpu, tuple) else () if gpu is None else (gpu,)
     # An empty value hides every GPU from CUDA, so TensorFlow places everything on the CPU.
-    env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     # Device indexes follow nvidia-smi's order, not CUDA's "fastest first" default.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     # TensorFlow's C++ INFO/WARNING chatter (cuInit failures on CPU hosts, oneDNN notices)
     # would drown the run's own log; the user can still set it lower.
     # On a CPU-only child, CUDA's "no device" error is expected, so errors are hidden too.
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if gpu is None else "2")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if gpus else "3")
     env.setdefault("PYTHONUNBUFFERED", "1")
     # A user's model module (--model module:function) is found as from the user's shell: on
     # PYTHONPATH or in the current directory, both passed as absolute paths (a child's own

@@ -87,7 +87,7 @@ class Child:
     role: str  # "consumer" or "producer"
     name: str
     argv: list[str]
-    gpu: int | None
+    gpu: int | tuple[int, ...] | None  # the trainer's model GPUs may be several
     proc: subprocess.Popen | None = None
     status_fd: int = -1
     buffer: bytes = b""
@@ -250,7 +250,7 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
     sup = Supervisor(plan, cfg.run.log_level)
     sup.install_signals()
     started = time.monotonic()
-    consumer = sup.spawn(Child("consumer", "consumer", consumer_argv(run_dir, plan, resume), plan.model_gpu))
+    consumer = sup.spawn(Child("consumer", "consumer", consumer_argv(run_dir, plan, resume), plan.model_gpus))
     producers: list[Child] = []
     code: int | None = None
     auto: AutoControl | None = None
@@ -410,7 +410,7 @@ def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: fl
     rejected = len(read_jsonl(run_dir / REJECTED))
     summary = summarize(rows, capacity=cfg.pipeline.buffer_size, batches_per_epoch=0, producers=[],
                         rejected=rejected, exit_reason=reason, wall_s=wall_s, batch_size=cfg.batching.batch_size,
-                        extra={"written_by": "launcher", "replicas": 1})
+                        extra={"written_by": "launcher", "replicas": cfg.devices.replicas or 1})
     write_json(path, summary)
     log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl", path)
 
