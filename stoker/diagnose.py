@@ -196,12 +196,15 @@ def analyse(run_dir: Path) -> dict[str, Any]:
     step_mean = float(np.mean(step_ms)) if step_ms else None
     recommended = recommend_producers(kind, step_mean, [p.get("prep_ms_mean") for p in producers], alive)
     prep_means = [p["prep_ms_mean"] for p in producer_rows if p["prep_ms_mean"]]
-    demand = 1000 / step_mean if step_mean else None
-    rate = 1000 / float(np.mean(prep_means)) if prep_means else None
+    # A step of N model replicas takes N replica batches, made by a producer as one planned batch.
+    replicas = int(summary.get("replicas") or config.get("devices", {}).get("replicas") or 1)
+    demand = replicas * 1000 / step_mean if step_mean else None
+    rate = replicas * 1000 / float(np.mean(prep_means)) if prep_means else None
     report = {
         "run_dir": str(run_dir),
         "steps": steps,
         "capacity": capacity,
+        "replicas": replicas,
         "step_ms": {"mean": step_mean, "p50": percentile(step_ms, 50), "p95": percentile(step_ms, 95),
                     "p99": percentile(step_ms, 99)},
         "wait_ms": {"mean": float(np.mean(waits)) if waits else None, "p95": percentile(waits, 95),
@@ -221,7 +224,8 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "verdict": kind,
         "evidence": {
             "data_wait_frac": wait_frac, "wait_bound_frac": WAIT_BOUND_FRAC, "queue_depth_mean": depth_mean,
-            "trainer_demand_batches_per_s": round(demand, 3) if demand else None,
+            "replicas": replicas,
+            "trainer_demand_batches_per_s": round(demand, 3) if demand else None,  # replica batches
             "producer_rate_batches_per_s": round(rate, 3) if rate else None,
             "producers_delivering": alive, "margin": PRODUCER_MARGIN,
         },
@@ -316,6 +320,8 @@ def cure_command(config: dict[str, Any], kind: str, recommended: int, current: i
     for key, flag in (("data_gpu", "--data-gpu"), ("model_gpu", "--model-gpu")):
         if devices.get(key) is not None:
             parts.append(f"{flag} {devices[key]}")
+    if (devices.get("replicas") or 1) > 1 and not isinstance(devices.get("model_gpu"), str):
+        parts.append(f"--replicas {devices['replicas']}")  # a --model-gpu list names them already
     parts.append(f"--producers {recommended}")
     if kind == "consumer-bound":
         if recommended >= current:
@@ -331,6 +337,9 @@ def _fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
 def render(report: dict[str, Any]) -> str:
     """The report as text a person reads in a minute."""
     lines = [f"stoker diagnosis of {report['run_dir']} ({report['steps']} steps, {report['exit_reason']})", ""]
+    if report["replicas"] > 1:
+        lines.append(f"replicas      {report['replicas']}: each step trains one batch per replica, made together as "
+                     f"one planned batch; rates below count replica batches")
     s = report["step_ms"]
     lines.append(f"step time     mean {_fmt(s['mean'])} ms  p50 {_fmt(s['p50'])}  p95 {_fmt(s['p95'])}  "
                  f"p99 {_fmt(s['p99'])}")
@@ -403,7 +412,8 @@ def _verdict_lines(report: dict[str, Any]) -> list[str]:
     lines.append(f"verdict       {report['verdict']}: waited {_fmt(wait * 100 if wait is not None else None)}% "
                  f"(bound {ev['wait_bound_frac'] * 100:.0f}%), queue mean {_fmt(ev['queue_depth_mean'], '.2f')}"
                  f"/{report['capacity']}; trainer wants {_fmt(ev['trainer_demand_batches_per_s'], '.2f')} "
-                 f"batches/s, one producer makes {_fmt(ev['producer_rate_batches_per_s'], '.2f')}/s")
+                 f"batches/s{' (' + str(ev['replicas']) + ' replicas x steps/s)' if ev['replicas'] > 1 else ''}, "
+                 f"one producer makes {_fmt(ev['producer_rate_batches_per_s'], '.2f')}/s")
     lines.append(f"advice        {report['recommended_producers']} producers "
                  f"(= ceil({ev['margin']} x demand / rate)); {report['cure']}")
     cores = report.get("host_cores")

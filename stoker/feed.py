@@ -66,7 +66,10 @@ class Feed:
     ``record_samples``, ``text_frontend``, ``data_gpu``, ``model_gpu``, ...)."""
 
     def __init__(self, config: str | os.PathLike[str] | None = None, set: dict[str, Any] | None = None,
-                 resume: dict[str, Any] | None = None, **options: Any) -> None:
+                 resume: dict[str, Any] | None = None, strategy: Any = None, **options: Any) -> None:
+        """``strategy``: a ``tf.distribute`` strategy whose replicas take the batches: each batch
+        is then per-replica values (one part of the global batch on each replica's device),
+        ready for ``strategy.run``; ``replicas`` follows from it."""
         from stoker.cli import resolve_options
 
         for name in options:
@@ -77,6 +80,13 @@ class Feed:
                                 f"run.py's: {', '.join(_option_names())} (and config=, set=, resume=)")
         if options.get("producers") is not None and not isinstance(options["producers"], (int, str)):
             raise FeedError(f"stoker.Feed: producers must be a number or 'auto', got {options['producers']!r}")
+        if strategy is not None:
+            replicas = int(strategy.num_replicas_in_sync)
+            if options.get("replicas") not in (None, replicas):
+                raise FeedError(f"stoker.Feed: replicas={options['replicas']}, but the strategy has {replicas}")
+            options["replicas"] = replicas
+        self._strategy = strategy
+        self._replicas = options.get("replicas")  # None: the loop's business (summary.json says null)
         sets = {str(key): value for key, value in (set or {}).items()}
         try:
             self.cfg = resolve_options(str(config) if config is not None else None, options, sets)
@@ -126,7 +136,7 @@ class Feed:
         log.info("run directory %s", run_dir)
         core = FeedCore(cfg, run_dir, self._stop)
         # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the feed's to know.
-        core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None, "replicas": None}
+        core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None, "replicas": self._replicas}
         core.prepare()
         self._core = core
         atexit.register(self._at_exit)
@@ -171,12 +181,21 @@ class Feed:
     def _stager(self) -> Any:
         """Host arrays -> tensors on the model device, in the queue's stager thread: the
         GPU ``devices.model_gpu`` names among this process's GPUs (default its first, with
-        ``devices.model_gpu_memory_mb`` as its limit), else the CPU."""
+        ``devices.model_gpu_memory_mb`` as its limit), else the CPU; with a strategy, each
+        replica's part onto that replica's device."""
         import tensorflow as tf
 
-        from stoker.shared.tfsetup import device_stager
+        from stoker.shared.tfsetup import device_stager, replica_stager
+
+        if self._strategy is not None:
+            devices = list(self._strategy.extended.worker_devices)
+            log.info("batches split over %d replicas and staged onto %s", len(devices), ", ".join(devices))
+            return replica_stager(tf, self._strategy, devices)
 
         wanted = self.cfg.devices.model_gpu
+        if isinstance(wanted, str):
+            raise FeedError(f"model_gpu={wanted!r}: without strategy= the feed stages each batch onto one GPU; "
+                            f"for a replica on each of several, give strategy=tf.distribute.MirroredStrategy(...)")
         limit_mb = self.cfg.devices.model_gpu_memory_mb
         physical = tf.config.list_physical_devices("GPU")
         if wanted is not None and wanted >= len(physical):
@@ -257,8 +276,14 @@ class Feed:
     def as_dataset(self) -> Any:
         """The same batches as a ``tf.data.Dataset`` (for ``model.fit`` and
         ``strategy.distribute_datasets_from_function``): element spec per the batch schema,
-        bucketed dimensions None. No prefetch is added: the feed's queue is the prefetch."""
+        bucketed dimensions None. No prefetch is added: the feed's queue is the prefetch.
+        With replicas, ``strategy.experimental_distribute_dataset`` splits each global batch."""
         import tensorflow as tf
+
+        if self._strategy is not None:
+            raise FeedError("as_dataset() of a feed made with strategy=: its batches are per-replica already; iterate "
+                            "the feed, or make it without strategy= and give strategy.experimental_distribute_dataset"
+                            "(feed.as_dataset())")
 
         spec = self.element_spec
 

@@ -266,3 +266,21 @@ def test_references_are_another_clip_of_the_same_speaker_fixed_per_epoch() -> No
     epochs = [tuple(table(e, ids)) for e in range(6)]
     assert len(set(epochs)) > 1  # another epoch, other references
     assert ReferenceTable(samples, seed=8)(0, ids) != first
+
+
+@pytest.mark.parametrize(("samples", "cfg"), [CASES[0], CASES[5], CASES[7]], ids=["rows", "budget", "budget-short"])
+def test_with_replicas_a_batch_holds_a_replica_batch_for_each_in_one_shape(samples, cfg) -> None:
+    """A planned batch is one step's: N replica batches of the bucket's B rows, every sample
+    still once per epoch; the bounds are chosen for the global batch's empty rows."""
+    one, three = EpochPlanner(samples, cfg), EpochPlanner(samples, cfg, replicas=3)
+    if cfg.max_frames == 0:
+        assert [(b.max_tokens, b.max_frames) for b in three.buckets] == [(b.max_tokens, b.max_frames)
+                                                                         for b in one.buckets]
+    for bucket in three.buckets:
+        assert bucket.rows == 3 * rows_for(bucket.max_frames, cfg)
+    for epoch in range(2):
+        plan = three.plan(epoch)
+        ids = [i for batch in plan for i in batch.ids]
+        assert sorted(ids) == sorted(s.id for s in samples)
+        assert all(len(batch.ids) <= batch.rows and batch.rows % 3 == 0 for batch in plan)
+    assert three.batches_per_epoch < one.batches_per_epoch and three.replicas == 3

@@ -218,3 +218,53 @@ def test_list_gpus_when_nvidia_smi_hangs(monkeypatch, tmp_path: Path) -> None:
     _fake_smi(tmp_path, monkeypatch, "exec sleep 30\n")
     monkeypatch.setattr(devices, "NVIDIA_SMI_TIMEOUT_S", 0.2)
     assert list_gpus() == []
+
+
+# --------------------------------------------------------------------------- model replicas
+
+FOUR = [GpuInfo(i, "NVIDIA H100", H100) for i in range(4)]
+
+
+def test_a_model_gpu_list_or_all_is_a_replica_on_each() -> None:
+    plan = plan_devices(_cfg(data_gpu=0, model_gpu="1,2,3"), FOUR, producers=4)
+    assert (plan.mode, plan.model_gpus, plan.replicas, plan.model_gpu) == ("dual-gpu", (1, 2, 3), 3, 1)
+    assert "trainer on GPU 1,2,3, 3 model replicas" in plan.describe(4)
+    everything = plan_devices(_cfg(model_gpu="all"), FOUR, producers=2)
+    assert everything.model_gpus == (0, 1, 2, 3) and everything.replicas == 4
+    assert child_env({}, plan.model_gpus)["CUDA_VISIBLE_DEVICES"] == "1,2,3"
+
+
+def test_replicas_alone_take_the_first_gpus_and_on_the_cpu_split_it() -> None:
+    plan = plan_devices(_cfg(replicas=2), FOUR, producers=2)
+    assert (plan.model_gpus, plan.data_gpu, plan.replicas) == ((0, 1), 2, 2)
+    cpu = plan_devices(_cfg(replicas=3), [], producers=2)
+    assert (cpu.mode, cpu.model_gpus, cpu.replicas) == ("cpu", (), 3)
+    assert "3 logical devices" in cpu.describe(2)
+    assert child_env({}, cpu.model_gpus)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize(("given", "gpus", "says"), [
+    (dict(model_gpu="1,1"), FOUR, "--model-gpu 1,1: GPU 1 is named twice"),
+    (dict(model_gpu="1,7"), FOUR, "--model-gpu 7: no such GPU; this host has 4"),
+    (dict(model_gpu="1;2"), FOUR, "--model-gpu 1;2: expected a GPU index, a list such as 1,2,3, or all"),
+    (dict(model_gpu="all"), [], "--model-gpu all: no GPU is visible on this host"),
+    (dict(model_gpu="0,1", replicas=3), FOUR, "--replicas 3 with --model-gpu 0,1: on GPUs there is one replica "
+                                              "per model GPU (2)"),
+    (dict(replicas=5), FOUR, "--replicas 5: this host has 4 GPU(s)"),
+])
+def test_a_bad_replica_request_is_one_line(given, gpus, says) -> None:
+    with pytest.raises(DeviceError) as info:
+        plan_devices(_cfg(**given), gpus, producers=2)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_default_producers_are_per_replica_and_a_given_count_is_kept() -> None:
+    from stoker.cli import resolve_options
+
+    def producers(**options) -> int:
+        return resolve_options(None, options, {}).pipeline.producers
+
+    one = producers()
+    assert producers(replicas=3) == 3 * one and producers(model_gpu="1,2") == 2 * one
+    assert producers(replicas=3, producers=1) == 1
+    assert devices.requested_replicas(_cfg(model_gpu=1)) == 1

@@ -103,3 +103,25 @@ def test_autocorrelation_is_one_at_zero_and_sparkline_and_episodes():
     assert sparkline([0, 0, 3, 3], top=3, width=4) == "  ██"
     episodes = starvation_episodes([0, 0, 1, 0, 2], [5, 6, 0, 7, 0])
     assert [(e["start_step"], e["steps"], e["wait_ms"]) for e in episodes] == [(1, 2, 11.0), (4, 1, 7.0)]
+
+
+def test_with_replicas_the_demand_is_replica_batches_and_the_cure_keeps_them(tmp_path):
+    """A step of 2 replicas takes 2 replica batches, which a producer makes as one planned batch."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [{"step": i + 1, "epoch": 0, "t": 0.15 * (i + 1), "queue_depth": 0, "wait_ms": 50.0, "step_ms": 100.0,
+             "loss": None} for i in range(40)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    producers = [{"id": f"p{i}@h", "host": "h", "batches": 20, "samples": 300, "rejected": 0, "status": "stopped",
+                  "prep_ms_mean": 400.0, "credit_wait_ms_mean": 0.0} for i in range(2)]
+    (run_dir / "summary.json").write_text(json.dumps({"replicas": 2, "producers": producers, "capacity": 3,
+                                                      "exit_reason": "completed"}))
+    (run_dir / "config.yaml").write_text("devices:\n  replicas: 2\n  model_gpu: null\ntrainer:\n  model: tiny\n")
+    report = analyse(run_dir)
+    assert report["verdict"] == "producer-bound" and report["replicas"] == 2
+    assert report["evidence"]["trainer_demand_batches_per_s"] == pytest.approx(20.0)  # 2 x 10 steps/s
+    assert report["evidence"]["producer_rate_batches_per_s"] == pytest.approx(5.0)  # 2 per 400 ms
+    assert report["recommended_producers"] == 5  # ceil(1.2 x 20 / 5)
+    assert report["cure"].endswith("--replicas 2 --producers 5")
+    text = render(report)
+    assert "replicas      2" in text and "(2 replicas x steps/s)" in text

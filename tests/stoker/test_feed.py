@@ -216,23 +216,46 @@ def test_producers_on_another_host_feed_the_loop(tmp_path, dataset):
         "socket").gethostname()]
 
 
-def test_as_dataset_under_a_mirrored_strategy_gives_every_clip_to_a_replica(tmp_path, dataset):
-    # Two logical CPU devices must be made before TensorFlow starts: a process of its own.
-    script = ("import tensorflow as tf\n"
-              "cpu = tf.config.list_physical_devices('CPU')[0]\n"
-              "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
-              "import stoker\n"
-              "strategy = tf.distribute.MirroredStrategy(['/CPU:0', '/CPU:1'])\n"
-              f"with stoker.Feed(**{options(tmp_path, dataset, epochs=1, record_samples=True)!r}) as feed:\n"
-              "    batches = strategy.distribute_datasets_from_function(lambda context: feed.as_dataset())\n"
-              "    @tf.function\n"
-              "    def step(batch):\n"
-              "        rows = strategy.run(lambda b: tf.reduce_sum(tf.cast(b['mel_lengths'] > 0, tf.int32)), (batch,))\n"
-              "        return strategy.reduce(tf.distribute.ReduceOp.SUM, rows, axis=None)\n"
-              "    print('clips', sum(int(step(b)) for b in batches), 'batches', feed.step)\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    clips, batches = done.stdout.split()[1], done.stdout.split()[3]
+def _count_clips(strategy: Any) -> Any:
+    import tensorflow as tf
+
+    @tf.function
+    def clips(batch: dict[str, Any]) -> Any:
+        rows = strategy.run(lambda b: tf.reduce_sum(tf.cast(b["mel_lengths"] > 0, tf.int32)), (batch,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, rows, axis=None)
+
+    return clips
+
+
+def test_a_feed_with_a_strategy_gives_each_replica_its_part_of_every_batch(tmp_path, dataset, replica_devices):
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(replica_devices)
+    clips = _count_clips(strategy)
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
-    assert int(clips) == len(ids) and int(batches) == len(read_jsonl(tmp_path / "run" / "samples.jsonl"))
+    with stoker.Feed(strategy=strategy, **options(tmp_path, dataset, epochs=1, record_samples=True)) as feed:
+        assert all(rows == 2 * 4 for rows, _, _ in feed.shapes)  # a global batch: batch_size rows per replica
+        total = 0
+        for batch in feed:
+            parts = batch["mel"].values
+            assert [p.device.split("/")[-1] for p in parts] == ["device:CPU:0", "device:CPU:1"]
+            assert parts[0].shape == parts[1].shape and parts[0].shape[0] == 4
+            total += int(clips(batch))
+        with pytest.raises(FeedError, match="per-replica already"):
+            feed.as_dataset()
+    assert total == len(ids)
+    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
+    assert read_json(tmp_path / "run" / "summary.json")["replicas"] == 2
+
+
+def test_as_dataset_under_a_mirrored_strategy_gives_every_clip_to_a_replica(tmp_path, dataset, replica_devices):
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(replica_devices)
+    clips = _count_clips(strategy)
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    with stoker.Feed(**options(tmp_path, dataset, epochs=1, record_samples=True, replicas=2)) as feed:
+        total = sum(int(clips(b)) for b in strategy.experimental_distribute_dataset(feed.as_dataset()))
+        batches = feed.step
+    assert total == len(ids) and batches == len(read_jsonl(tmp_path / "run" / "samples.jsonl"))
     once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)

@@ -1,0 +1,46 @@
+"""End to end: stoker's trainer with 2 model replicas (MirroredStrategy over 2 logical CPU
+devices, as ``--replicas 2`` makes them on a host without GPUs): every clip once per
+epoch, the loss falls, nothing retraces, and ``--resume`` of a replicated run goes on
+from its checkpoint's input position."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.factories import make_dataset
+from tests.procs import read_json, read_jsonl, run_cli
+from tests.test_run import NUMPY_FEATURES, check_exactly_once
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+# Two buckets of 4 rows per replica: few shapes to trace, and an epoch of a few steps.
+REPLICATED = ["--model", "tiny", "--replicas", "2", "--batch-size", "4", "--producers", "2", "--record-samples",
+              "--model-start-delay", "0", "--log-level", "WARNING", "--set", "batching.num_buckets=2",
+              "--set", "trainer.learning_rate=3e-3", *NUMPY_FEATURES]
+
+
+def test_two_replicas_train_each_clip_once_per_epoch_and_resume_from_the_checkpoint(tmp_path):
+    data, run_dir = tmp_path / "data", tmp_path / "run"
+    make_dataset(data, count=24)
+    first = run_cli("--data", str(data), "--run-dir", str(run_dir), *REPLICATED, "--epochs", "2", timeout=200)
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = read_json(run_dir / "summary.json")
+    rows = read_jsonl(run_dir / "samples.jsonl")
+    trained = {i for r in rows for i in r["ids"]}
+    assert len(trained) == summary["clips"] - summary["val_clips"]
+    check_exactly_once(rows, 2, trained)
+    assert summary["replicas"] == 2 and summary["trainer"]["replicas"] == 2
+    assert summary["trainer"]["traces"] == summary["trainer"]["bucket_shapes"] == 2
+    assert summary["trainer"]["retraces"] == 0
+    assert summary["loss_last"] < summary["loss_first"]
+    assert all(len(r["ids"]) <= 8 for r in rows)  # a step: 2 replica batches of 4 rows
+    steps = summary["steps"]
+
+    again = run_cli("--resume", str(run_dir), "--epochs", "3", timeout=200)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = read_json(run_dir / "summary.json")
+    rows = read_jsonl(run_dir / "samples.jsonl")
+    assert resumed["resumed_from_step"] == steps and resumed["replicas"] == 2
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert {r["epoch"] for r in rows[steps:]} == {2}  # the third epoch only, from the checkpoint on
+    check_exactly_once(rows, 3, trained)
