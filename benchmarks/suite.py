@@ -21,6 +21,9 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
     feed           (full run only) the tiny model's steps/s through stoker.Feed in a user's
                    loop and through as_dataset() + fit vs stoker's own trainer; fit on the
                    feed vs fit on a tf.data pipeline: wait share, first batch (benchmarks/feed.py)
+    replicas       (full run only) 2 model replicas vs 1, same batch per replica: samples/s
+                   and wait share of the tiny model and of a synthetic trainer
+                   (benchmarks/replicas.py)
 
 The older sections (memory: the consumer's RSS over thousands of batches; starvation:
 diagnosis on injected faults; data: the full data benchmark; producers: scaling,
@@ -44,12 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, starvation, trainer,
-                        transforms, transport)
+from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, replicas, starvation,
+                               trainer, transforms, transport)
 from stoker.benchmarks.common import machine_info, table
 
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
-            "feed")
+            "feed", "replicas")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
 QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms")
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
@@ -102,6 +105,7 @@ class SuitePlan:
     batching: batching.BatchingPlan = field(default_factory=batching.BatchingPlan)
     transforms: transforms.TransformsPlan = field(default_factory=transforms.TransformsPlan)
     feed: feed.FeedPlan = field(default_factory=feed.FeedPlan)
+    replicas: replicas.ReplicasPlan = field(default_factory=replicas.ReplicasPlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -171,7 +175,7 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
                            o["overhead"]["value"], o["target"], o["met"], o["overhead"]))
         out.append(_target("trainer", f"traces after warm-up over {r['steps']} steps",
                            float(r["traces_after_warmup"]), 0.0, r["met"]))
-    out += _listed(sections, ("batching", "transforms", "feed"))
+    out += _listed(sections, ("batching", "transforms", "feed", "replicas"))
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -208,6 +212,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "batching": lambda: batching.run(plan.batching, log),
         "transforms": lambda: transforms.run(plan.transforms, log),
         "feed": lambda: feed.run(plan.feed, log),
+        "replicas": lambda: replicas.run(plan.replicas, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
         "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
@@ -274,6 +279,9 @@ def render(report: dict[str, Any]) -> str:
     if sections.get("feed"):
         parts += ["", "feed: the tiny model on the CPU, demo data, batch 16, 2 producers: stoker's trainer, the feed in "
                       "a user's loop, fit on the feed and on tf.data", feed.render(sections["feed"])]
+    if sections.get("replicas"):
+        parts += ["", "replicas: 2 model replicas (2 logical CPU devices) vs 1, demo data, the same batch per replica",
+                  replicas.render(sections["replicas"])]
     if sections.get("trainer"):
         parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
                       "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]
