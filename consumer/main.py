@@ -165,7 +165,8 @@ class TrainLoop:
                 log.info("validation: %s, every %d steps", validation.describe(self._val_arrays),
                          cfg.trainer.val_every_steps)
             trainer.prepare(feed.planner.shapes)  # type: ignore[attr-defined]
-        log.info("trainer %s on %s", trainer.name, ", ".join(devices) if trainer.uses_tensorflow else "host (no TensorFlow)")
+        where = ", ".join(devices) if trainer.uses_tensorflow else "host (no TensorFlow)"
+        log.info("trainer %s on %s", trainer.name, where)
         return trainer
 
     @staticmethod

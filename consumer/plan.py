@@ -83,8 +83,8 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
 
     The waste of a bucket of bound T holding clips of f_i frames is its padding,
     sum(T - f_i), plus the empty rows of its last, partial batch (B = N // T rows per
-    replica, ``replicas`` x B in all, so (-count mod rows) x T frames). Bounds are multiples of ``frames_multiple`` at or above
-    the clips' rounded lengths; over those m candidate values an exact dynamic program
+    replica, ``replicas`` x B in all, so (-count mod rows) x T frames). Bounds are
+    multiples of ``frames_multiple`` at or above the clips' rounded lengths; over those m candidate values an exact dynamic program
     (cost of a bucket in O(1) from prefix sums) finds the best partition into at most
     ``num_buckets`` buckets in O(num_buckets x m^2), m <= longest clip / frames_multiple.
     """

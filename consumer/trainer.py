@@ -625,8 +625,8 @@ def uses_tensorflow(spec: str) -> bool:
     return check_model(spec) is None
 
 
-def make_trainer(cfg: Config, device: str | Sequence[str], shapes: Sequence[tuple[int, int, int]], total_batches: int | None,
-                 vocab_size: int) -> Trainer:
+def make_trainer(cfg: Config, device: str | Sequence[str], shapes: Sequence[tuple[int, int, int]],
+                 total_batches: int | None, vocab_size: int) -> Trainer:
     ms = check_model(cfg.trainer.model)
     if ms is not None:
         return SyntheticTrainer(ms)
