@@ -97,8 +97,19 @@ class BatchQueue:
                 self._cond.wait(min(remaining, STAGER_POLL_S))
             return len(self._items)
 
-    def get(self, timeout: float) -> tuple[QueuedBatch, int] | None:
-        """Take the oldest batch once staged; return it with the depth seen on asking.
+    def positions(self) -> list[tuple[int, int]]:
+        """(epoch, index) of the planned batches held."""
+        with self._cond:
+            return [(item.epoch, item.index) for item in self._items]
+
+    def _find(self, want: tuple[int, int] | None) -> QueuedBatch | None:
+        if want is None:
+            return self._items[0] if self._items else None
+        return next((item for item in self._items if (item.epoch, item.index) == want), None)
+
+    def get(self, timeout: float, want: tuple[int, int] | None = None) -> tuple[QueuedBatch, int] | None:
+        """Take the oldest batch (``want``: the one of that (epoch, index)) once staged; return
+        it with the depth seen on asking.
 
         Returns None if nothing arrived within ``timeout`` (the caller re-checks its stop
         flag and asks again; the wait still counts as data wait).
@@ -106,12 +117,14 @@ class BatchQueue:
         deadline = time.monotonic() + timeout
         with self._cond:
             depth = len(self._items)
-            while not self._items or not self._items[0].staged:
+            item = self._find(want)
+            while item is None or not item.staged:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
                     return None
                 self._cond.wait(remaining)
-            item = self._items.popleft()
+                item = self._find(want)
+            self._items.remove(item)
             self._cond.notify_all()
         if self.on_free is not None:
             self.on_free()

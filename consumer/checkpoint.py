@@ -55,7 +55,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError
 from stoker.shared import runfiles
@@ -97,7 +97,8 @@ def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, 
     """What makes two runs' epoch plans equal: batching config and the buckets' shapes and ids."""
     digest = hashlib.sha256()
     cfg = planner.cfg
-    digest.update(json.dumps([cfg.batch_size, cfg.seed], separators=(",", ":")).encode())
+    workers = [planner.workers, planner.worker] if planner.workers > 1 else []  # a worker's share is its own plan
+    digest.update(json.dumps([cfg.batch_size, cfg.seed, *workers], separators=(",", ":")).encode())
     for bucket in planner.buckets:
         digest.update(f"\n{bucket.index}\t{bucket.rows}\t{bucket.max_tokens}\t{bucket.max_frames}\t".encode())
         digest.update("\t".join(bucket.sample_ids).encode("utf-8"))
@@ -284,8 +285,11 @@ class RunCheckpoints:
     :meth:`save` (through TrainLoop.save_checkpoint); :meth:`resume` runs before training."""
 
     def __init__(self, run_dir: Path, cfg: Config, planner: EpochPlanner, dataset_fingerprint: str,
-                 vocabulary: Vocabulary | None = None) -> None:
+                 vocabulary: Vocabulary | None = None, peers: Sequence[Path] = ()) -> None:
+        """``peers``: the run directories of the other trainer workers of a multi-host job; a
+        resume takes the newest checkpoint step that every worker has."""
         self.run_dir = run_dir
+        self.peers = list(peers)
         self.vocabulary = vocabulary  # saved in every checkpoint; a resume must bring the same one
         self.cfg = cfg
         self.checkpointer = Checkpointer(run_dir / CKPT_DIR, cfg.trainer.keep_checkpoints)
@@ -309,7 +313,7 @@ class RunCheckpoints:
         Raises CheckpointError (before changing anything) when there is none, it is
         corrupt, or it belongs to another epoch plan or model.
         """
-        path = self.checkpointer.latest()
+        path = self._common_latest() if self.peers else self.checkpointer.latest()
         if path is None:
             raise CheckpointError(f"no checkpoint in {self.checkpointer.directory}: nothing to resume")
         saved = Checkpointer.verify(path)
@@ -348,6 +352,25 @@ class RunCheckpoints:
         log.info("resuming from %s: step %d, epochs complete below %d, %d open epochs", path, resumed.step,
                  position.first_open(), len(position.trained_counts()))
         return resumed
+
+    def _common_latest(self) -> Path | None:
+        """The newest checkpoint whose step every worker has: workers step together, so a
+        worker killed while saving leaves the others one checkpoint ahead of it, and all
+        must go on from the same step. A peer whose directory this host cannot see (no
+        shared filesystem) is left out, with a warning."""
+        mine = dict(self.checkpointer.checkpoints())
+        steps = set(mine)
+        for peer in self.peers:
+            directory = peer / CKPT_DIR
+            if not directory.is_dir():
+                log.warning("cannot see %s from this host; resuming from this worker's checkpoints alone (put the "
+                            "run directory on a filesystem every worker shares)", directory)
+                continue
+            steps &= {step for step, _ in Checkpointer(directory, self.checkpointer.keep).checkpoints()}
+        if mine and not steps:
+            raise CheckpointError(f"no checkpoint step is common to every worker's ckpt/ (this worker has "
+                                  f"{sorted(mine)}): the workers cannot go on from the same step")
+        return mine[max(steps)] if steps else None
 
     # ------------------------------------------------------------ training
     def attach(self, trainer: Any) -> None:

@@ -54,6 +54,7 @@ from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError, Ref
 from stoker.consumer.progress import LiveLine
 from stoker.consumer.telemetry import Telemetry
 from stoker.shared import config as config_mod
+from stoker.shared.cluster import Cluster, from_env, worker_dir_name
 from stoker.shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir, mel_stats_file
 from stoker.shared.errors import UserError
 from stoker.shared.keys import load_server_keys
@@ -132,6 +133,9 @@ class FeedCore:
         self.resume = resume  # continue from the run directory's checkpoint (stoker's trainer)
         self.hold_out = hold_out  # keep validation clips out of the plan (a trainer with a loss to validate)
         self.state = state
+        # Trainer workers of a multi-host job (TF_CONFIG): this one trains its share of every step's batch.
+        self.cluster: Cluster | None = from_env(os.environ)
+        self._positions: Iterator[tuple[int, int]] | None = None  # with workers: the plan's order, step by step
         self.started = time.monotonic()  # "t" in metrics.jsonl counts from here (reset by open)
         self.rejected_count = 0
         self._producer_rejected: set[str] = set()
@@ -169,14 +173,16 @@ class FeedCore:
         else:
             train, self._eval_rejected = list(index.samples), []
         self.train_samples = train
-        self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1)
+        workers, worker = (self.cluster.size, self.cluster.index) if self.cluster is not None else (1, 0)
+        self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  len(planner.shapes), planner.shapes,
                  f" (frame budget {cfg.batching.max_frames})" if cfg.batching.max_frames else "")
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
                  index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
-        self.checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, self.vocabulary)
+        peers = [self.run_dir.parent / worker_dir_name(i) for i in range(workers) if i != worker] if workers > 1 else []
+        self.checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, self.vocabulary, peers)
 
     def open(self, state: dict[str, Any] | None = None) -> str:
         """Index and plan (unless prepared), bind and start the coordinator; the endpoint
@@ -394,7 +400,7 @@ class FeedCore:
                               "frames_computed": item.frames_computed, "_begun": begun}
             if self.samples_log is not None:
                 self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
-            self.position.record(item.epoch, item.ids)
+            self.position.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
             self._update_epochs()
             yield item
             if self.stop.is_set() and not self.finished():
@@ -464,8 +470,9 @@ class FeedCore:
         """The next batch and the depth seen on asking; None when stopped while waiting, or
         when the last epoch completed meanwhile (its last samples were rejected)."""
         last_warn = asked
+        want = self._next_position() if self.planner.workers > 1 else None
         while not self.stop.is_set():
-            got = self.queue.get(WAIT_SLICE_S)
+            got = self.queue.get(WAIT_SLICE_S, want)
             if got is not None:
                 return got
             if self.epochs:
@@ -474,6 +481,20 @@ class FeedCore:
                     return None
             last_warn = self._waiting(asked, last_warn, "no batch for")
         return None
+
+    def _next_position(self) -> tuple[int, int] | None:
+        """The (epoch, index) every worker trains at this step: the plan's batches in order,
+        from the input position on (None past the last planned epoch)."""
+        if self._positions is None:
+            def positions() -> Iterator[tuple[int, int]]:
+                epoch = self.position.first_open()
+                while self.epochs is None or epoch < self.epochs:
+                    for batch in self.position.remaining(self.planner.plan(epoch)):
+                        yield batch.epoch, batch.index
+                    epoch += 1
+
+            self._positions = positions()
+        return next(self._positions, None)
 
     def _waiting(self, since: float, last_warn: float, what: str) -> float:
         """One slice of waiting for a batch: live figures, the parent's liveness, a data
@@ -568,7 +589,8 @@ class FeedCore:
                    "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
                    "checkpoint": self.checkpoints.summary(),
                    "resumed_from_step": resumed.step if resumed is not None else None,
-                   "replicas": self.planner.replicas,
+                   "replicas": self.planner.replicas * self.planner.workers,
+                   "workers": self.planner.workers, "worker": self.planner.worker,
                    **self.summary_extra()})
 
     def _keep_mel_stats(self, stats: MelStats) -> None:

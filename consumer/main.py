@@ -151,7 +151,8 @@ class TrainLoop:
 
             _, devices = configure_replicas(gpu_memory_mb, cfg.devices.replicas or 1)
         budget = feed.expected_steps if feed.expected_steps else None
-        trainer = make_trainer(cfg, devices, feed.planner.shapes, budget, feed.vocabulary.size)
+        trainer = make_trainer(cfg, devices, feed.planner.shapes, budget, feed.vocabulary.size,
+                               multi_worker=feed.planner.workers > 1)
         feed.checkpoints.attach(trainer)  # restores the model and optimizer of a resumed run
         feed.resolver = self._resolve(trainer)
         if trainer.uses_tensorflow:

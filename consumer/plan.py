@@ -18,6 +18,13 @@ Model replicas (``devices.replicas`` N > 1, tf.distribute in the trainer): a pla
 the global batch of one step, N x B rows, which the trainer splits into N replica batches
 of B rows, one per replica, all of the bucket's shape. Each replica's B is the one above.
 
+Trainer workers (a multi-host job, ``workers`` W > 1): every worker plans the same epochs,
+of global batches for all of them (W x replicas x B rows), and trains its share of each:
+worker w takes every W-th sample of a global batch from the w-th on, in rows for its own
+replicas. So each step trains one global batch across the workers, all in its bucket's
+shape, and every sample is trained by exactly one worker. A worker's share may be empty
+(a global batch of fewer samples than workers): it still takes its step, on empty rows.
+
 A bucket's last, partial batch is filled with empty rows (length 0) instead of dropping
 samples. So the trainer sees at most ``num_buckets`` distinct shapes, and every valid
 sample is in exactly one batch per epoch.
@@ -151,12 +158,15 @@ def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int =
 
 class EpochPlanner:
     """Deterministic epoch plans over fixed buckets; each batch is one step's, for
-    ``replicas`` model replicas."""
+    ``replicas`` model replicas, and (``workers`` > 1) worker ``worker``'s share of it."""
 
-    def __init__(self, samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> None:
+    def __init__(self, samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1, workers: int = 1,
+                 worker: int = 0) -> None:
         self.cfg = cfg
         self.replicas = replicas
-        self.buckets = make_buckets(samples, cfg, replicas)
+        self.workers, self.worker = workers, worker
+        self.buckets = make_buckets(samples, cfg, replicas * workers)
+        self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
         self.batches_per_epoch = sum(-(-len(b.sample_ids) // b.rows) for b in self.buckets)
         # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
         # an extra batch, so an epoch is complete when all its samples are trained or rejected.
@@ -165,10 +175,26 @@ class EpochPlanner:
     @property
     def shapes(self) -> list[tuple[int, int, int]]:
         """The planned batch shapes (B, L, T) of the buckets: all the trainer will see (with
-        replicas, B is the global batch's rows, ``replicas`` x a replica batch's)."""
-        return [b.shape for b in self.buckets]
+        replicas, B is this worker's rows, ``replicas`` x a replica batch's)."""
+        return [(b.rows // self.workers, b.max_tokens, b.max_frames) for b in self.buckets]
+
+    def samples_in(self, epoch: int) -> int:
+        """The samples this worker trains in ``epoch`` (all of them for a single worker)."""
+        if self.workers == 1:
+            return self.samples_per_epoch
+        if epoch not in self._shares:
+            self._shares[epoch] = sum(len(b.ids) for b in self.plan(epoch))
+        return self._shares[epoch]
 
     def plan(self, epoch: int) -> list[PlannedBatch]:
+        """The epoch's batches in the order they are trained (``index``); with workers, this
+        worker's share of each."""
+        batches = self._global_plan(epoch)
+        if self.workers == 1:
+            return batches
+        return [replace(b, ids=b.ids[self.worker::self.workers], rows=b.rows // self.workers) for b in batches]
+
+    def _global_plan(self, epoch: int) -> list[PlannedBatch]:
         rng = np.random.default_rng([self.cfg.seed, epoch])
         chunks: list[tuple[Bucket, tuple[str, ...]]] = []
         for bucket in self.buckets:
@@ -249,13 +275,19 @@ class InputPosition:
             progress = self._epochs[epoch] = _EpochProgress.of(self.planner.plan(epoch))
         return progress
 
-    def record(self, epoch: int, ids: Iterable[str]) -> None:
-        """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned)."""
+    def record(self, epoch: int, ids: Iterable[str], index: int | None = None) -> None:
+        """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned).
+        ``index``: the planned batch they are, taken whole (trainer workers step through the
+        plan in order, a step per planned batch): it is done, however many samples it had."""
         progress = self._progress(epoch)
-        strays = [i for i in ids if not progress.add(i)]
-        if strays:
-            log.warning("epoch %d: %d trained samples are not in its plan or were trained before: %s", epoch,
-                        len(strays), strays[:5])
+        if index is not None and 0 <= index < len(progress.sizes):
+            progress.done.add(index)
+            progress.partial.pop(index, None)
+        else:
+            strays = [i for i in ids if not progress.add(i)]
+            if strays:
+                log.warning("epoch %d: %d trained samples are not in its plan or were trained before: %s", epoch,
+                            len(strays), strays[:5])
         for done in [e for e in self._epochs if e in self.complete]:  # their ids are needed no more
             del self._epochs[done]
 
@@ -287,6 +319,9 @@ class InputPosition:
         left = []
         for batch in batches:
             if batch.index in progress.done:
+                continue
+            if not batch.ids:  # a worker's empty share of a global batch: its step is still to take
+                left.append(batch)
                 continue
             trained = progress.partial.get(batch.index, set())
             ids = tuple(i for i in batch.ids if i not in trained)
@@ -334,7 +369,7 @@ class InputPosition:
     def trained(self, epoch: int) -> int:
         """Samples of ``epoch`` trained so far (all of them once it is complete)."""
         if epoch in self.complete:
-            return self.planner.samples_per_epoch
+            return self.planner.samples_in(epoch)
         progress = self._epochs.get(epoch)
         return progress.trained() if progress is not None else 0
 
@@ -346,7 +381,11 @@ class InputPosition:
         """
         candidates = set(range(epochs)) if epochs else set(self._epochs)
         for epoch in sorted(candidates - self.complete):
-            if self.trained(epoch) + rejected_in_epoch(epoch) >= self.planner.samples_per_epoch:
+            if self.planner.workers > 1:  # a worker steps through every planned batch, its share empty or not
+                progress = self._epochs.get(epoch)
+                if progress is not None and len(progress.done) == len(progress.sizes):
+                    self.complete.add(epoch)
+            elif self.trained(epoch) + rejected_in_epoch(epoch) >= self.planner.samples_in(epoch):
                 self.complete.add(epoch)
         return len(self.complete)
 

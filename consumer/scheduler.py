@@ -39,6 +39,14 @@ so the queue can never overflow, its depth is exact, and a producer that freezes
 at most its share of it. A credit not used within the heartbeat timeout is revoked and
 its batch re-planned.
 
+Trainer workers (the plan is one worker's share, consumer/plan.py): every worker must
+take the same planned batch at each step, so batches reach the trainer in plan order, one
+per planned batch. Credits go only to the ``capacity`` earliest planned batches not yet
+trained (the window), so the queue always has room for the one the trainer waits for; a
+producer lacking a clip gets the whole batch and reports the clip missed, which is
+rejected rather than re-planned into a batch of its own; and a batch whose every clip was
+rejected (or a worker's empty share) still goes into the queue, as empty rows.
+
 Anything malformed or unexpected is dropped and counted by reason (``rejected_messages``
 in summary.json); nothing a peer sends can stop the scheduler.
 
@@ -133,6 +141,7 @@ class Scheduler:
         self.schema = batch_schema(cfg)
         self.metadata_sha256 = metadata_sha256
         self.planner = planner
+        self.ordered = planner.workers > 1  # a worker's share: batches reach the trainer in plan order
         self.queue = queue
         self.max_epochs = max_epochs
         self.on_rejected = on_rejected or (lambda rejections: None)
@@ -206,7 +215,7 @@ class Scheduler:
         """The next pending batch this producer can prepare; split off the clips it lacks."""
         if not self._pending and not self._plan_more():
             return None
-        if not peer.lacks:
+        if not peer.lacks or self.ordered:
             return self._pending.popleft()
         for pos, batch in enumerate(itertools.islice(self._pending, ASSIGN_SCAN_LIMIT)):
             usable = tuple(i for i in batch.ids if i not in peer.lacks)
@@ -310,6 +319,9 @@ class Scheduler:
         if free <= 0:
             return
         ready = [lease for lease in self._leases.values() if lease.state == "ready"]
+        if self.ordered:
+            window = self._window()
+            ready = [lease for lease in ready if (lease.batch.epoch, lease.batch.index) in window]
         if not ready:
             return
         held = collections.Counter(lease.identity for lease in self._leases.values() if lease.state == "credited")
@@ -322,6 +334,14 @@ class Scheduler:
             lease.credited_t = now
             self._credits_out += 1
             self._send(lease.identity, wire.CREDIT, {"lease": lease.id})
+
+    def _window(self) -> set[tuple[int, int]]:
+        """The ``capacity`` earliest planned batches not trained yet: queued, leased or pending."""
+        capacity = self.queue.capacity
+        positions = set(self.queue.positions())
+        positions.update((lease.batch.epoch, lease.batch.index) for lease in self._leases.values())
+        positions.update((b.epoch, b.index) for b in itertools.islice(self._pending, capacity))
+        return set(sorted(positions)[:capacity])
 
     # ------------------------------------------------------------ misses and rejections
     def _reject(self, epoch: int, rejections: list[Rejection]) -> None:
@@ -368,7 +388,7 @@ class Scheduler:
             self._reject(batch.epoch, [Rejection(i, f"audio file missing on every producer host ({hosts})",
                                                  "coordinator") for i in lost])
             rest = tuple(i for i in batch.ids if i not in common)
-            if rest:
+            if rest or self.ordered:  # in plan order every planned batch is a step, empty or not
                 kept.append(dataclasses.replace(batch, ids=rest))
         self._pending = kept
         return changed
@@ -428,7 +448,7 @@ class Scheduler:
             self._grant()
             return
         delivered = list(msg["ids"])
-        if delivered and not self._enqueue(peer, msg, lease, delivered):
+        if (delivered or self.ordered) and not self._enqueue(peer, msg, lease, delivered):
             return
         self._credits_out -= 1
         del self._leases[lease.id]
@@ -440,7 +460,11 @@ class Scheduler:
         for r in rejections:
             log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
         self._reject(lease.batch.epoch, rejections)
-        if missed:
+        if missed and self.ordered:  # no extra batch: every worker takes the same steps
+            peer.lacks.update(str(i) for i, _ in missed)
+            self._reject(lease.batch.epoch, [Rejection(str(i), f"audio file missing on host {peer.host} "
+                                                      f"({str(reason)[:200]})", peer.name) for i, reason in missed])
+        elif missed:
             ids = [str(i) for i, _ in missed]
             for sample_id, reason in missed:
                 log.warning("producer %s (host %s) does not have %s (%s); re-planning it onto another producer",
@@ -450,7 +474,7 @@ class Scheduler:
         # Every producer with a free slot, not only this one: one that lacks clips may have
         # found nothing it could take a moment ago, and there may be new work now.
         self._assign_all()
-        if not delivered:
+        if not delivered and not self.ordered:
             self._grant()  # the credit came back without filling a slot
 
     def _credited_lease(self, peer: Peer, msg: wire.Message) -> Lease | None:

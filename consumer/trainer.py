@@ -189,8 +189,11 @@ class KerasTrainer:
     uses_tensorflow = True
 
     def __init__(self, cfg: Config, device: str | Sequence[str], shapes: Sequence[tuple[int, int, int]] = (),
-                 total_batches: int | None = None, optimizer: Any = None, *, vocab_size: int) -> None:
+                 total_batches: int | None = None, optimizer: Any = None, *, vocab_size: int,
+                 multi_worker: bool = False) -> None:
         """``device``: the model's device, or one per replica (a MirroredStrategy over them);
+        ``multi_worker``: one of several trainer workers (TF_CONFIG): a
+        MultiWorkerMirroredStrategy over every worker's replicas, this worker's on ``device``;
         ``shapes``: the plan's batch shapes (B, L, T); ``total_batches``: the run's budget
         in batches (None: unknown; the learning rate then stays at its peak after warm-up);
         ``optimizer``: a Keras optimizer to use instead of Adam, or a function making one
@@ -201,12 +204,22 @@ class KerasTrainer:
 
         t = cfg.trainer
         self.tf = tf
+        # Made first: TensorFlow requires the multi-worker strategy before any other op.
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy() if multi_worker else None
         self.vocab_size = vocab_size
         self.schema = batch_schema(cfg)
         self.cfg = cfg
         self.devices = [device] if isinstance(device, str) else list(device)
+        if self.strategy is not None:
+            local = list(self.strategy.extended.worker_devices)
+            if len(local) != len(self.devices):
+                raise ModelError(f"this trainer worker has {len(local)} device(s) for the job's strategy "
+                                 f"({', '.join(local)}), but {len(self.devices)} replicas were planned: on a host "
+                                 f"without GPUs a worker of several trains one replica (leave --replicas out)")
+            self.devices = local
+        elif len(self.devices) > 1:
+            self.strategy = tf.distribute.MirroredStrategy(self.devices)
         self.device = self.devices[0]  # validation and prediction run here
-        self.strategy = tf.distribute.MirroredStrategy(self.devices) if len(self.devices) > 1 else None
         self.name = t.model
         on_gpu = "GPU" in self.device.upper()
         self.precision = choose_precision(t.precision, on_gpu)
@@ -626,8 +639,8 @@ def uses_tensorflow(spec: str) -> bool:
 
 
 def make_trainer(cfg: Config, device: str | Sequence[str], shapes: Sequence[tuple[int, int, int]],
-                 total_batches: int | None, vocab_size: int) -> Trainer:
+                 total_batches: int | None, vocab_size: int, multi_worker: bool = False) -> Trainer:
     ms = check_model(cfg.trainer.model)
     if ms is not None:
         return SyntheticTrainer(ms)
-    return KerasTrainer(cfg, device, shapes, total_batches, vocab_size=vocab_size)
+    return KerasTrainer(cfg, device, shapes, total_batches, vocab_size=vocab_size, multi_worker=multi_worker)

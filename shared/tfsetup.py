@@ -121,8 +121,9 @@ def replica_stager(tf: Any, strategy: Any, devices: list[str]) -> Callable[[dict
             for i, device in enumerate(devices):
                 with tf.device(device):
                     parts[i][name] = tf.identity(tf.convert_to_tensor(array[i * step:(i + 1) * step]))
+        # A worker of several holds replicas w x n .. w x n + n - 1 of the whole job: its own are ids mod n.
         return {name: strategy.experimental_distribute_values_from_function(
-                    lambda ctx, name=name: parts[ctx.replica_id_in_sync_group][name]) for name in arrays}
+                    lambda ctx, name=name: parts[ctx.replica_id_in_sync_group % n][name]) for name in arrays}
 
     return stage
 

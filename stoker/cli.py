@@ -312,7 +312,30 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
         pending.unlink(missing_ok=True)
 
 
+def _worker_paths(args: argparse.Namespace) -> None:
+    """With TF_CONFIG naming several trainer workers, --run-dir and --resume name the job's
+    directory, the same for every worker, and each worker's run is its worker-N inside."""
+    import os
+
+    from stoker.shared.cluster import from_env, worker_dir_name
+
+    cluster = from_env(os.environ)
+    if cluster is None or cluster.size == 1:
+        return
+    job = args.resume or args.run_dir
+    if not job:
+        raise UserError(f"TF_CONFIG names {cluster.size} trainer workers: give every worker the same --run-dir "
+                        f"DIR (on a filesystem they share); worker N writes DIR/{worker_dir_name(0)[:-1]}N")
+    mine = str(Path(job).expanduser().resolve() / worker_dir_name(cluster.index))
+    if args.resume:
+        args.resume = mine
+        args.run_dir = None
+    else:
+        args.run_dir = mine
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    _worker_paths(args)
     if args.resume:
         cfg, resume_dir = resume_config(args)
         code, run_dir, _ = _launch(cfg, resume_dir)
