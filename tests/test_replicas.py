@@ -13,10 +13,11 @@ from tests.test_run import NUMPY_FEATURES, check_exactly_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-# Two buckets of 4 rows per replica: few shapes to trace, and an epoch of a few steps.
-REPLICATED = ["--model", "tiny", "--replicas", "2", "--batch-size", "4", "--producers", "2", "--record-samples",
+# A small user model (the mechanics, not the preset); two buckets of 4 rows per replica: few
+# shapes to trace, and an epoch of a few steps.
+REPLICATED = ["--model", "tests.consumer.user_models:good", "--replicas", "2", "--batch-size", "4", "--producers", "2", "--record-samples",
               "--model-start-delay", "0", "--log-level", "WARNING", "--set", "batching.num_buckets=2",
-              "--set", "trainer.learning_rate=3e-3", *NUMPY_FEATURES]
+              "--set", "trainer.learning_rate=1e-2", "--set", "trainer.warmup_steps=0", *NUMPY_FEATURES]
 
 
 def test_two_replicas_train_each_clip_once_per_epoch_and_resume_from_the_checkpoint(tmp_path):
