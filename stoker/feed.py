@@ -81,7 +81,7 @@ class Feed:
         if options.get("producers") is not None and not isinstance(options["producers"], (int, str)):
             raise FeedError(f"stoker.Feed: producers must be a number or 'auto', got {options['producers']!r}")
         if strategy is not None:
-            replicas = int(strategy.num_replicas_in_sync)
+            replicas = len(strategy.extended.worker_devices)  # this worker's (all of them but on several workers)
             if options.get("replicas") not in (None, replicas):
                 raise FeedError(f"stoker.Feed: replicas={options['replicas']}, but the strategy has {replicas}")
             options["replicas"] = replicas
@@ -169,8 +169,15 @@ class Feed:
         """The run directory: a new one, or a stoker run directory to continue (its step logs
         go on; :meth:`start` refuses it unless the feed resumes)."""
         from stoker.cli import make_run_dir
+        from stoker.shared.cluster import from_env, worker_dir_name
 
         requested = cfg.run.run_dir
+        cluster = from_env(os.environ)
+        if cluster is not None and cluster.size > 1:  # each trainer worker's feed writes DIR/worker-N
+            if not requested:
+                raise FeedError(f"TF_CONFIG names {cluster.size} trainer workers: give every worker's feed the same "
+                                f"run_dir (on a filesystem they share); worker N writes run_dir/worker-N")
+            requested = str(Path(requested).expanduser().resolve() / worker_dir_name(cluster.index))
         if requested:
             path = Path(requested).expanduser().resolve()
             if (path / CONFIG).is_file():

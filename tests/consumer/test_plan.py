@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from stoker.consumer.plan import EpochPlanner, frame_budget_bounds, make_buckets, rows_for
+from stoker.consumer.plan import EpochPlanner, InputPosition, frame_budget_bounds, make_buckets, rows_for
 from stoker.shared.config import BatchingConfig
 from stoker.shared.dataset import Sample
 from tests.factories import make_samples
@@ -284,3 +284,36 @@ def test_with_replicas_a_batch_holds_a_replica_batch_for_each_in_one_shape(sampl
         assert sorted(ids) == sorted(s.id for s in samples)
         assert all(len(batch.ids) <= batch.rows and batch.rows % 3 == 0 for batch in plan)
     assert three.batches_per_epoch < one.batches_per_epoch and three.replicas == 3
+
+
+@pytest.mark.parametrize(("samples", "cfg"), [CASES[0], CASES[3], CASES[5]], ids=["rows", "batch-of-one", "budget"])
+def test_workers_share_every_global_batch_and_train_each_sample_once(samples, cfg) -> None:
+    """Three workers plan the same global batches, in the same order and shapes, and each
+    takes its share: together every sample once per epoch."""
+    workers = [EpochPlanner(samples, cfg, workers=3, worker=w) for w in range(3)]
+    whole = EpochPlanner(samples, cfg, replicas=3)
+    assert workers[0].shapes == workers[2].shapes == [(b.rows // 3, b.max_tokens, b.max_frames) for b in whole.buckets]
+    for epoch in range(2):
+        plans = [w.plan(epoch) for w in workers]
+        assert len({len(p) for p in plans}) == 1
+        for step in zip(*plans):  # one step: the same planned batch's shares, one shape
+            assert len({(b.index, b.bucket, b.shape, b.rows) for b in step}) == 1
+            assert len(step[0].ids) >= len(step[2].ids) >= len(step[0].ids) - 1
+        ids = [i for p in plans for b in p for i in b.ids]
+        assert sorted(ids) == sorted(s.id for s in samples)
+        assert sum(w.samples_in(epoch) for w in workers) == len(samples)
+
+
+def test_a_workers_position_counts_planned_batches_taken_even_empty_ones() -> None:
+    samples = make_samples(9, seed=21)
+    planner = EpochPlanner(samples, _cfg(batch_size=4, num_buckets=1), workers=2, worker=1)
+    plan = planner.plan(0)  # 9 clips in global batches of 8: the second's share for worker 1 is empty
+    assert [len(b.ids) for b in plan] == [4, 0]
+    position = InputPosition(planner)
+    assert [b.index for b in position.remaining(plan)] == [0, 1]
+    position.record(0, plan[0].ids[:3], index=plan[0].index)  # one of its clips was rejected: still done
+    assert [b.index for b in position.remaining(plan)] == [1] and position.update_complete(1, lambda e: 0) == 0
+    position.record(0, [], index=plan[1].index)
+    assert position.remaining(plan) == [] and position.update_complete(1, lambda e: 0) == 1
+    again = InputPosition.from_state_dict(position.state_dict(), planner)
+    assert again.complete == {0}

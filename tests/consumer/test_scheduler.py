@@ -23,11 +23,14 @@ IDS = {s.id for s in samples(12)}
 class Bench:
     """A scheduler with a queue, and scripted producers that speak to it through events."""
 
-    def __init__(self, max_epochs: int | None = 1, dataset: Any = None, **pipeline: Any) -> None:
+    def __init__(self, max_epochs: int | None = 1, dataset: Any = None, count: int = 12, workers: int = 1,
+                 worker: int = 0, **pipeline: Any) -> None:
+        """``count`` clips; ``workers``/``worker``: the plan is that trainer worker's share."""
         self.cfg = make_config(**pipeline)
         self.queue = BatchQueue(self.cfg.pipeline.buffer_size)
         self.rejected: list = []
-        self.scheduler = Scheduler(self.cfg, EpochPlanner(samples(12), self.cfg.batching), self.queue,
+        planner = EpochPlanner(samples(count), self.cfg.batching, workers=workers, worker=worker)
+        self.scheduler = Scheduler(self.cfg, planner, self.queue,
                                    max_epochs=max_epochs, on_rejected=self.rejected.extend, dataset=dataset)
         self.now = 0.0
         self.inbox: dict[bytes, list[wire.Message]] = collections.defaultdict(list)
@@ -278,3 +281,40 @@ def test_a_repeated_hello_of_one_session_is_welcomed_again_and_changes_nothing()
     assert len(b.take(b"p", wire.WELCOME)) == 1 and b.inbox[b"p"] == []  # no new lease, nothing re-planned
     snap = b.scheduler.snapshot()
     assert snap["reissued_leases"] == 0 and snap["producers"][0]["connections"] == 1
+
+
+def test_a_workers_share_reaches_the_trainer_in_plan_order_through_a_credit_window() -> None:
+    """Trainer workers take the same planned batch at each step: credits go to the earliest
+    planned batches only, so the one the trainer waits for always finds room; an empty
+    share is a batch too."""
+    b = Bench(max_epochs=1, count=18, workers=2, worker=1, lease_ahead=4, buffer_size=2)
+    plan = b.scheduler.planner.plan(0)
+    assert any(not batch.ids for batch in plan)  # 9 clips a bucket, 8 a global batch: one lone clip's share
+    b.hello(b"p1")
+    b.hello(b"p2")
+    taken = []
+    for _ in range(60):
+        b.work(b"p2")  # the later producer first: deliveries arrive out of plan order
+        b.work(b"p1")
+        ahead = [(0, batch.index) for batch in plan[len(taken):len(taken) + 2]]
+        assert set(b.queue.positions()) <= set(ahead)  # never beyond the window of the next 2
+        got = b.queue.get(0, ahead[0]) if ahead else None
+        if got is not None:
+            taken.append(got[0])
+            b.scheduler.on_free(b.now)
+            b._collect()
+    assert [(t.index, t.ids) for t in taken] == [(batch.index, list(batch.ids)) for batch in plan]
+
+
+def test_a_clip_a_workers_producer_lacks_is_rejected_not_replanned_into_an_extra_step() -> None:
+    b = Bench(max_epochs=1, lease_ahead=1, workers=2, worker=0)
+    lease = b.credited(b"lacking")
+    missing = lease["ids"][0]
+    b.deliver(b"lacking", lease, missed=[missing])
+    assert b.drain_queue() == [i for i in lease["ids"] if i != missing]
+    assert [r.id for r in b.rejected] == [missing] and "missing on host test" in b.rejected[0].reason
+    # what is left to do is the rest of the plan, each planned batch once: no extra batch for the clip
+    left = [(m["epoch"], m["index"]) for m in b.take(b"lacking", wire.LEASE)]
+    left += [(batch.epoch, batch.index) for batch in b.scheduler._pending]
+    rest = [(0, batch.index) for batch in b.scheduler.planner.plan(0) if batch.index != lease["index"]]
+    assert sorted(left) == sorted(rest)
