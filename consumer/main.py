@@ -47,6 +47,13 @@ log = logging.getLogger("consumer")
 
 # At exit, give the STOP messages this long to reach the producers.
 FLUSH_S = 1.0
+# What TensorFlow raises from a collective op when a peer worker is gone (tf.errors' names,
+# matched by name so this module does not import TensorFlow).
+PEER_GONE_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "AbortedError")
+
+
+class WorkerGone(Exception):
+    """Another trainer worker of a multi-host job is gone; the message is one line."""
 
 
 class NonFiniteLoss(Exception):
@@ -90,13 +97,28 @@ class Run:
             log.error("%s", exc)
             self.status.error(exc, "consumer")
         except BaseException as exc:
-            feed.exit_reason, feed.code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
-            log.exception("training failed")
-            self.status.error(exc, "consumer")
+            gone = self._peer_gone(exc)
+            if gone is not None:
+                feed.exit_reason, feed.code = f"failed: {gone}", EXIT_FAILED
+                log.error("%s", gone)
+                self.status.error(gone, "consumer")
+            else:
+                feed.exit_reason, feed.code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
+                log.exception("training failed")
+                self.status.error(exc, "consumer")
         finally:
             loop.close()
             feed.close()
         return feed.code
+
+    def _peer_gone(self, exc: BaseException) -> "WorkerGone | None":
+        """Another trainer worker died or hung up, so the step's all-reduce failed: one line
+        saying how the job goes on (None for any other failure)."""
+        if self.feed.planner.workers == 1 or type(exc).__name__ not in PEER_GONE_ERRORS:
+            return None
+        return WorkerGone(f"a trainer worker of the job stopped answering ({type(exc).__name__} in the step's "
+                          f"all-reduce); the job cannot go on: start every worker with --resume "
+                          f"{self.feed.run_dir.parent}")
 
 
 class TrainLoop:
