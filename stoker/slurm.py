@@ -161,7 +161,7 @@ def _expand_item(item: str, whole: str) -> list[str]:
         low, high = numbers.group(1), numbers.group(2) or numbers.group(1)
         heads += [f"{n:0{len(low)}d}" for n in range(int(low), int(high) + 1)]
     prefix = item[:match.start()]
-    return [prefix + head + rest for head in heads for rest in _expand_item(item[match.end():], whole) or [""]]
+    return [prefix + head + rest for head in heads for rest in _expand_item(item[match.end():], whole)]
 
 
 _COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
@@ -364,13 +364,22 @@ def producer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
     count = args.task_producers or step.cpus_per_task or 1
     log.info("producer task %d on %s: %d producer(s) for %s", step.proc_id, step.node, count, record["endpoint"])
     over = threading.Event()
+    # Until the producers' launcher takes SIGTERM over (its first act), the stop arrives here.
+    signal.signal(signal.SIGTERM, _interrupt)
     threading.Thread(target=_watch_trainer, args=(run_dir, step.job_id, over), daemon=True).start()
-    code = cli.produce(record["endpoint"], record["data"], count, data_gpu=args.data_gpu,
-                       data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / KEYS_DIR),
-                       log_level=args.log_level or "INFO", host=step.node)
+    try:
+        code = cli.produce(record["endpoint"], record["data"], count, data_gpu=args.data_gpu,
+                           data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / KEYS_DIR),
+                           log_level=args.log_level or "INFO", host=step.node)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
     if over.is_set() and code == EXIT_INTERRUPTED:
         return EXIT_OK  # stopped because the trainer's run is over, not by a signal
     return code
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _watch_trainer(run_dir: Path, job_id: str, over: threading.Event) -> None:

@@ -26,7 +26,8 @@ from typing import Iterator
 import pytest
 
 from stoker.shared.errors import UserError
-from stoker.slurm import (HANDOVER_DIR, HANDOVER_FILE, KEYS_DIR, OVER, READY, Step, advertised, expand_counts,
+from stoker.shared.proc import EXIT_OK, EXIT_USER
+from stoker.slurm import (FAILED, HANDOVER_DIR, HANDOVER_FILE, KEYS_DIR, OVER, READY, Step, advertised, expand_counts,
                           expand_hostlist, place, read_handover, wait_handover, write_handover)
 from tests.procs import ROOT, free_port, read_json, read_jsonl
 
@@ -118,6 +119,35 @@ def test_endpoint_handover(tmp_path):
         wait_handover(tmp_path, "42", timeout_s=0.0)
     write_handover(tmp_path, "42", READY, endpoint="tcp://gpu1:5555")
     assert wait_handover(tmp_path, "42", timeout_s=0.0)["endpoint"] == "tcp://gpu1:5555"
+
+
+def run_slurm_task(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], *argv: str) -> int:
+    """``python run.py slurm ARGV`` as the task ``env`` describes, in this process."""
+    import logging
+
+    from stoker.cli import build_parser
+    from stoker.slurm import run_task
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # setup_logging's handler goes with the test
+    monkeypatch.setattr(root, "level", root.level)
+    return run_task(build_parser().parse_args(["slurm", *argv]), env)
+
+
+def test_producer_tasks_end_quietly_with_the_trainers_error(tmp_path, monkeypatch, capsys):
+    producer = step_env(SLURM_PROCID="1", SLURMD_NODENAME="cpu1")
+    write_handover(tmp_path, "42", FAILED, error="the dataset is empty")
+    assert run_slurm_task(monkeypatch, producer, "--run-dir", str(tmp_path)) == EXIT_USER
+    write_handover(tmp_path, "42", OVER, code=0)  # the trainer was done before this task looked
+    assert run_slurm_task(monkeypatch, producer, "--run-dir", str(tmp_path)) == EXIT_OK
+    # a placement every task finds: the producer task stops without a word, the trainer's says why
+    one_node = {"SLURM_STEP_NODELIST": "gpu1", "SLURM_STEP_TASKS_PER_NODE": "2"}
+    assert run_slurm_task(monkeypatch, {**producer, **one_node, "SLURMD_NODENAME": "gpu1"},
+                          "--run-dir", str(tmp_path / "new")) == EXIT_USER
+    with pytest.raises(UserError, match="no node for producers"):
+        run_slurm_task(monkeypatch, {**step_env(), **one_node}, "--run-dir", str(tmp_path / "new"))
+    assert "error" not in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 # ---------------------------------------------------------------- the cluster
