@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from stoker.shared import config as config_mod
 from stoker.shared.errors import UserError
@@ -23,7 +23,7 @@ from stoker.shared.runfiles import CONFIG, SUMMARY
 log = logging.getLogger("stoker")
 
 DEFAULT_CONFIG = config_mod.DEFAULT_CONFIG
-COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth", "export")
+COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth", "export", "slurm")
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 # `run.py produce` restarts a crashed producer at most this many times (as pipeline.producer_restarts).
 PRODUCE_RESTARTS = 3
@@ -125,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--data-gpu-memory", type=int, metavar="MB")
     produce.add_argument("--keys", metavar="DIR", help="CURVE keys: server.key and one client key pair")
     produce.add_argument("--log-level", default="INFO")
+    slurm = sub.add_parser("slurm", help="a task of a Slurm job step (srun python run.py slurm ...): task 0 "
+                           "trains, every other task starts producers on its node (docs/SLURM.md)")
+    _train_parser(slurm)
+    slurm.add_argument("--producer-nodes", default="other", metavar="WHERE",
+                       help="other (default): producer tasks must run on nodes other than the trainer's; "
+                            "any: they may share it")
+    slurm.add_argument("--task-producers", type=int, metavar="N",
+                       help="producer processes per producer task (default: the task's CPUs, "
+                            "SLURM_CPUS_PER_TASK, or 1)")
     diagnose = sub.add_parser("diagnose", help="explain where a run's time went")
     diagnose.add_argument("run_dir", metavar="RUN_DIR")
     diagnose.add_argument("--json", action="store_true", help="the report as JSON")
@@ -281,9 +290,11 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
     return dataclasses.replace(cfg, data=data, devices=devices), plan
 
 
-def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int, Path, config_mod.Config]:
-    """Check what the user asked for, make the run directory (or take the resumed one's),
-    run; (status, run dir, config)."""
+def _launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
+            on_ready: Callable[[str], None] | None = None) -> tuple[int, Path, config_mod.Config]:
+    """Check what the user asked for, make the run directory (or take the resumed one's, or
+    ``run_dir`` made by the caller), run; (status, run dir, config). ``on_ready``: called
+    with the trainer's endpoint once it is bound."""
     import dataclasses
 
     from stoker.launcher import run_training
@@ -291,13 +302,13 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
 
     setup_logging("launcher", cfg.run.log_level)
     cfg, plan = prepare_run(cfg)
-    run_dir = resume_dir or make_run_dir(cfg.run.run_dir)
+    run_dir = resume_dir or run_dir or make_run_dir(cfg.run.run_dir)
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
     if resume_dir is None:
         config_mod.save(cfg, run_dir / CONFIG)
         log.info("%s", plan.describe(cfg.pipeline.producers))
         log.info("run directory %s", run_dir)
-        return run_training(cfg, run_dir, plan), run_dir, cfg
+        return run_training(cfg, run_dir, plan, on_ready=on_ready), run_dir, cfg
     from stoker.consumer.checkpoint import RESUME_CONFIG
 
     # The consumer moves it over config.yaml once the checkpoint has been checked: a
@@ -307,7 +318,7 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None) -> tuple[int
     log.info("%s", plan.describe(cfg.pipeline.producers))
     log.info("resuming run directory %s", run_dir)
     try:
-        return run_training(cfg, run_dir, plan, resume=True), run_dir, cfg
+        return run_training(cfg, run_dir, plan, resume=True, on_ready=on_ready), run_dir, cfg
     finally:
         pending.unlink(missing_ok=True)
 
@@ -422,32 +433,39 @@ def check_keys(directory: Path, server: bool, client: bool) -> None:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
+    return produce(args.connect, args.data, args.producers, data_gpu=args.data_gpu,
+                   data_gpu_memory=args.data_gpu_memory, keys=args.keys or "", log_level=args.log_level)
+
+
+def produce(connect: str, data: str, producers: int, *, data_gpu: int | None = None,
+            data_gpu_memory: int | None = None, keys: str = "", log_level: str = "INFO", host: str = "") -> int:
+    """``run.py produce``: ``producers`` producer processes on this host for the trainer at
+    ``connect``; ``host`` names them (default: this host's name)."""
     from stoker.shared.dataset import locate, scan_dataset
     from stoker.shared.mixes import is_mix
     from stoker.devices import DevicesConfig, list_gpus, plan_devices
     from stoker.launcher import run_producers
     from stoker.shared.proc import setup_logging
 
-    setup_logging("launcher", args.log_level)
-    if args.producers < 1:
+    setup_logging("launcher", log_level)
+    if producers < 1:
         raise UserError("--producers must be at least 1")
-    if "://" not in args.connect:
-        raise UserError(f"--connect {args.connect}: expected an endpoint such as tcp://HOST:PORT")
-    keys = ""
-    if args.keys:
-        keys = str(Path(args.keys).expanduser().resolve())
+    if "://" not in connect:
+        raise UserError(f"--connect {connect}: expected an endpoint such as tcp://HOST:PORT")
+    if keys:
+        keys = str(Path(keys).expanduser().resolve())
         check_keys(Path(keys), server=False, client=True)
-    elif not is_loopback(args.connect):
+    elif not is_loopback(connect):
         log.warning("connecting to %s without --keys: batches travel unencrypted and the trainer cannot tell "
-                    "who sends them", args.connect)
-    root, metadata_file = locate(args.data, "metadata.csv")
+                    "who sends them", connect)
+    root, metadata_file = locate(data, "metadata.csv")
     scan = scan_dataset(root, metadata_file)
-    devices = DevicesConfig(data_gpu=args.data_gpu, model_gpu=None, data_gpu_memory_mb=args.data_gpu_memory)
-    plan = plan_devices(devices, list_gpus() if args.data_gpu is not None else [], args.producers)
+    devices = DevicesConfig(data_gpu=data_gpu, model_gpu=None, data_gpu_memory_mb=data_gpu_memory)
+    plan = plan_devices(devices, list_gpus() if data_gpu is not None else [], producers)
     log.info("dataset %s: %d entries, %d audio files missing here, fingerprint %s", root, len(scan.entries),
              len(scan.missing), scan.fingerprint)
-    data = root / metadata_file if is_mix(metadata_file) else root
-    return run_producers(args.connect, str(data), args.producers, plan, PRODUCE_RESTARTS, args.log_level, keys=keys)
+    data_path = root / metadata_file if is_mix(metadata_file) else root
+    return run_producers(connect, str(data_path), producers, plan, PRODUCE_RESTARTS, log_level, keys=keys, host=host)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -465,6 +483,12 @@ def cmd_keys(args: argparse.Namespace) -> int:
     out(f"secret keys (*.key_secret) stay private; revoke a producer by removing its file from "
         f"{directory / 'authorized'}")
     return 0
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from stoker.slurm import run_task
+
+    return run_task(args, os.environ)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

@@ -244,9 +244,12 @@ def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory
     return Child("producer", name, argv, gpu, env=dict(PRODUCER_ENV))
 
 
-def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = False) -> int:
+def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = False,
+                 on_ready: Callable[[str], None] | None = None) -> int:
     """Run the consumer and the local producers; return the trainer's exit status.
-    ``resume``: the consumer continues from the run directory's latest checkpoint."""
+    ``resume``: the consumer continues from the run directory's latest checkpoint.
+    ``on_ready``: called with the bound endpoint once the consumer is ready (``stoker
+    slurm`` hands it to the producer tasks)."""
     sup = Supervisor(plan, cfg.run.log_level)
     sup.install_signals()
     started = time.monotonic()
@@ -256,6 +259,8 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
     auto: AutoControl | None = None
     try:
         endpoint = wait_ready(sup, consumer)
+        if endpoint is not None and on_ready is not None:
+            on_ready(endpoint)
         if endpoint is not None and sup.signalled is None:
             producers = start_producers(sup, cfg, plan, endpoint)
         if cfg.pipeline.producers_auto:
@@ -416,14 +421,16 @@ def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: fl
 
 
 def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str,
-                  keys: str = "") -> int:
+                  keys: str = "", host: str = "") -> int:
     """``run.py produce``: N producers on this host for a consumer elsewhere, until Ctrl-C or the
-    trainer's STOP. Raises LaunchError with the reason when the producers were refused."""
+    trainer's STOP. Raises LaunchError with the reason when the producers were refused.
+    ``host``: the name in the producers' ids (default: this host's name; ``stoker slurm``
+    gives the Slurm node's)."""
     import socket
 
     sup = Supervisor(plan, log_level)
     sup.install_signals()
-    host = socket.gethostname()
+    host = host or socket.gethostname()
     producers = [sup.spawn(producer_child(i, endpoint, data, plan.data_gpu, plan.data_memory_mb, log_level, host,
                                           keys=keys))
                  for i in range(count)]

@@ -1,0 +1,396 @@
+"""A stoker job under Slurm: one ``srun`` line starts the trainer and the producers.
+
+``srun python run.py slurm [train flags]`` runs the same command on every task of a job
+step; each task finds its role in the Slurm environment: task 0 (``SLURM_PROCID``, the
+first task of a heterogeneous job's first component) is the trainer, every other task
+starts producers on its node. Placement is the job script's: a heterogeneous job
+(component 0: the trainer's node, component 1: the producer nodes; ``srun
+--het-group=0,1``), or one step over N nodes with one task each. docs/SLURM.md shows both.
+
+Hand-over, through the run directory (on a filesystem every node shares):
+
+1. The trainer makes fresh CURVE keys for this job in ``RUN_DIR/slurm/keys/`` (directory
+   0700, every file 0600): the job script holds no key and no port.
+2. It binds a free port (``tcp://0.0.0.0:*`` unless ``--bind`` says otherwise) and, once
+   bound, writes ``RUN_DIR/slurm/endpoint.json``: the job id, the endpoint with its node's
+   host name, the dataset path. A failure before that writes the file with its error.
+3. Producer tasks wait for that file (with this job's id; a resumed run directory holds
+   the previous job's) for at most HANDOVER_WAIT_S, then connect with the server's public
+   key and the job's client key pair from ``RUN_DIR/slurm/keys/``.
+4. When the trainer ends it marks the file ``over``; producer tasks still running stop.
+
+Every task works out the placement from the same environment (``SLURM_STEP_NODELIST``,
+``SLURM_STEP_TASKS_PER_NODE``, ``SLURM_HET_SIZE``), so a step with no node for producers
+ends every task at once, and only the trainer's task says why, in one line.
+
+``scancel`` sends SIGTERM to every task (and SIGKILL after the cluster's KillWait): the
+trainer stops after its current step, saves a checkpoint and writes summary.json within
+the launcher's stop bound (stoker/launcher.py), far below Slurm's default KillWait of 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from stoker.launcher import CONSUMER_READY_TIMEOUT_S
+from stoker.shared.errors import UserError
+from stoker.shared.keys import DEFAULT_CLIENT, SECRET_MODE, make_keys
+from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
+from stoker.shared.runfiles import write_json
+
+log = logging.getLogger("stoker.slurm")
+
+HANDOVER_DIR = "slurm"  # in the run directory
+HANDOVER_FILE = "endpoint.json"
+KEYS_DIR = "keys"
+HANDOVER_DIR_MODE = 0o700
+# The run directory of a new run without --run-dir: one per job, the same on every task.
+DEFAULT_RUN_DIR = "runs/slurm-{job_id}"
+# Producer tasks wait this long for the trainer's endpoint: the trainer itself gives its
+# consumer CONSUMER_READY_TIMEOUT_S (indexing a large dataset, importing TensorFlow) and
+# checks the dataset and the model before that.
+HANDOVER_WAIT_S = CONSUMER_READY_TIMEOUT_S + 300.0
+# How often a producer task looks at the hand-over file (waiting for it, or for "over").
+POLL_S = 0.5
+# Bind addresses that name no host: the endpoint handed over carries the node's name instead.
+WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
+DEFAULT_BIND = "tcp://0.0.0.0:*"
+PRODUCER_NODES = ("other", "any")
+# handover states
+READY, FAILED, OVER = "ready", "failed", "over"
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the Slurm environment says about this task and its job step."""
+
+    job_id: str
+    proc_id: int
+    ntasks: int
+    node: str  # the node this task runs on (SLURMD_NODENAME)
+    nodes: tuple[str, ...]  # the step's nodes, in Slurm's order
+    tasks_per_node: tuple[int, ...]  # tasks on each of ``nodes``
+    het_size: int  # components of a heterogeneous job; 1 for a plain job
+    cpus_per_task: int | None  # SLURM_CPUS_PER_TASK, else this node's CPUs over its tasks
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.proc_id == 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Step":
+        if not env.get("SLURM_JOB_ID"):
+            raise UserError("stoker slurm runs inside a Slurm job, as the command of an srun line in the job "
+                            "script (docs/SLURM.md); SLURM_JOB_ID is not set")
+        missing = [name for name in ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+                                     "SLURMD_NODENAME") if not env.get(name)]
+        if missing:
+            raise UserError(f"stoker slurm must be started by srun in the job script (srun python run.py slurm "
+                            f"...), not by the batch script itself: {missing[0]} is not set")
+        nodes = tuple(expand_hostlist(env["SLURM_STEP_NODELIST"]))
+        counts = tuple(expand_counts(env["SLURM_STEP_TASKS_PER_NODE"]))
+        if len(nodes) != len(counts):
+            raise UserError(f"SLURM_STEP_NODELIST ({len(nodes)} nodes) and SLURM_STEP_TASKS_PER_NODE "
+                            f"({len(counts)} entries) disagree")
+        node = env["SLURMD_NODENAME"]
+        cpus: int | None = None
+        if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+            cpus = int(env["SLURM_CPUS_PER_TASK"])
+        elif env.get("SLURM_CPUS_ON_NODE", "").isdigit() and node in nodes:
+            cpus = max(1, int(env["SLURM_CPUS_ON_NODE"]) // counts[nodes.index(node)])
+        return cls(job_id=env["SLURM_JOB_ID"], proc_id=_int(env, "SLURM_PROCID"), ntasks=sum(counts), node=node,
+                   nodes=nodes, tasks_per_node=counts, het_size=int(env.get("SLURM_HET_SIZE") or 1),
+                   cpus_per_task=cpus)
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise UserError(f"{name}={env[name]!r} is not a number") from None
+
+
+def _split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]
+
+
+_BRACKET = re.compile(r"\[([^\]]*)\]")
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """A Slurm host list (``node[01-03,7],gpu[1-2]-ib``) as node names, in order; what
+    ``scontrol show hostnames`` prints, without needing scontrol."""
+    hosts: list[str] = []
+    for item in _split_top(text.strip()):
+        hosts.extend(_expand_item(item, text))
+    return hosts
+
+
+def _expand_item(item: str, whole: str) -> list[str]:
+    match = _BRACKET.search(item)
+    if match is None:
+        if "[" in item or "]" in item:
+            raise UserError(f"cannot read the Slurm host list {whole!r}")
+        return [item]
+    heads = []
+    for part in match.group(1).split(","):
+        numbers = _RANGE.fullmatch(part)
+        if numbers is None:
+            raise UserError(f"cannot read the Slurm host list {whole!r}")
+        low, high = numbers.group(1), numbers.group(2) or numbers.group(1)
+        heads += [f"{n:0{len(low)}d}" for n in range(int(low), int(high) + 1)]
+    prefix = item[:match.start()]
+    return [prefix + head + rest for head in heads for rest in _expand_item(item[match.end():], whole)]
+
+
+_COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+
+
+def expand_counts(text: str) -> list[int]:
+    """``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``) as one count per node (``[2, 2, 2, 1]``)."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _COUNT.fullmatch(part.strip())
+        if match is None:
+            raise UserError(f"cannot read SLURM_STEP_TASKS_PER_NODE={text!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+@dataclass(frozen=True)
+class Placement:
+    trainer_node: str
+    producer_tasks: int  # tasks of the step that start producers
+    beside_trainer: int  # of those, on the trainer's node
+
+
+def place(step: Step, producer_nodes: str, local_producers: int | str) -> Placement:
+    """Where the trainer and the producer tasks run; UserError (one line) when the step
+    leaves no room for producers as asked. The same answer on every task of a step."""
+    # Task 0 runs on the step's first node under Slurm's block, cyclic and plane
+    # distributions; task 0 itself knows its node for certain.
+    trainer_node = step.node if step.is_trainer else step.nodes[0]
+    per_node = dict(zip(step.nodes, step.tasks_per_node))
+    beside = per_node.get(trainer_node, 1) - 1
+    placement = Placement(trainer_node, step.ntasks - 1, beside)
+    if placement.producer_tasks == 0:
+        if local_producers != 0:
+            return placement  # a trainer with local producers only
+        if step.het_size > 1:
+            raise UserError(f"the job step has no task for producers: the job is heterogeneous ({step.het_size} "
+                            f"components) but srun started only the trainer's component; start them all: "
+                            f"srun --het-group=0-{step.het_size - 1} python run.py slurm ...")
+        raise UserError(f"the Slurm allocation has no node for producers: the job step runs 1 task (the trainer, "
+                        f"on {trainer_node}) and --producers 0 starts none beside it; give producers nodes (a "
+                        f"heterogeneous job with a producer component, or sbatch --nodes=N --ntasks-per-node=1) "
+                        f"or --producers N for producers on the trainer's node")
+    if producer_nodes == "other" and beside:
+        where = f"step nodes: {','.join(step.nodes)}"
+        if beside == placement.producer_tasks:
+            raise UserError(f"the Slurm allocation has no node for producers apart from the trainer's node "
+                            f"{trainer_node} ({where}): ask for more nodes with one task each (sbatch --nodes=N "
+                            f"--ntasks-per-node=1, or a heterogeneous job), or add --producer-nodes any to run "
+                            f"producers beside the trainer")
+        raise UserError(f"{beside} of {placement.producer_tasks} producer tasks would share the trainer's node "
+                        f"{trainer_node} ({where}): use --ntasks-per-node=1, or add --producer-nodes any")
+    return placement
+
+
+# ---------------------------------------------------------------- the hand-over file
+
+def handover_dir(run_dir: Path) -> Path:
+    return run_dir / HANDOVER_DIR
+
+
+def write_handover(run_dir: Path, job_id: str, state: str, **fields: Any) -> None:
+    write_json(handover_dir(run_dir) / HANDOVER_FILE, {"job_id": job_id, "state": state, **fields})
+
+
+def read_handover(run_dir: Path, job_id: str) -> dict[str, Any] | None:
+    """This job's hand-over record, or None while there is none (or only an older job's)."""
+    try:
+        record = json.loads((handover_dir(run_dir) / HANDOVER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("job_id") != job_id:
+        return None
+    return record
+
+
+def wait_handover(run_dir: Path, job_id: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = read_handover(run_dir, job_id)
+        if record is not None:
+            return record
+        if time.monotonic() > deadline:
+            raise UserError(f"no trainer endpoint for job {job_id} in {handover_dir(run_dir) / HANDOVER_FILE} "
+                            f"after {timeout_s:.0f} s: the trainer task did not start (see its error), or "
+                            f"{run_dir} is not on a filesystem shared with the trainer's node")
+        time.sleep(POLL_S)
+
+
+def make_job_keys(run_dir: Path) -> Path:
+    """Fresh CURVE keys for this job (a resumed run's older ones are replaced): the
+    server pair and one client pair, every file 0600 in a 0700 directory."""
+    directory = handover_dir(run_dir)
+    directory.mkdir(mode=HANDOVER_DIR_MODE, exist_ok=True)
+    os.chmod(directory, HANDOVER_DIR_MODE)
+    keys = directory / KEYS_DIR
+    if keys.exists():
+        shutil.rmtree(keys)
+    make_keys(keys, [DEFAULT_CLIENT])
+    for path in keys.rglob("*"):
+        os.chmod(path, HANDOVER_DIR_MODE if path.is_dir() else SECRET_MODE)
+    return keys
+
+
+def advertised(endpoint: str, host: str) -> str:
+    """The bound ``endpoint`` as producers on other nodes reach it: a wildcard address
+    becomes ``host``."""
+    scheme, _, rest = endpoint.partition("://")
+    address, _, port = rest.rpartition(":")
+    if address in WILDCARD_HOSTS:
+        address = host
+    return f"{scheme}://{address}:{port}"
+
+
+# ---------------------------------------------------------------- the tasks
+
+def run_task(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """``python run.py slurm``: this task's role in the job step."""
+    from stoker import cli
+    from stoker.shared.proc import setup_logging
+
+    setup_logging("launcher", args.log_level or "INFO")
+    if args.producer_nodes not in PRODUCER_NODES:
+        raise UserError(f"--producer-nodes {args.producer_nodes}: expected one of {', '.join(PRODUCER_NODES)}")
+    if args.keys:
+        raise UserError("--keys: stoker slurm makes the job's own keys in RUN_DIR/slurm/keys; leave it out")
+    step = Step.from_env(env)
+    if args.producers is None:
+        args.producers = 0  # remote producers only: the producer tasks
+    run_dir = Path(args.resume or args.run_dir or DEFAULT_RUN_DIR.format(job_id=step.job_id)).expanduser().resolve()
+    try:
+        # What every task finds alike from the same flags and environment: each task stops at
+        # once, and only the trainer's says why (one line, not one per task).
+        place(step, args.producer_nodes, args.producers)
+        if args.resume:
+            cli.resume_config(argparse.Namespace(**vars(args)))
+        else:
+            cli.resolve_config(args)
+    except UserError as exc:
+        if step.is_trainer:
+            raise
+        log.debug("task %d stops: %s", step.proc_id, exc)
+        return EXIT_USER
+    if step.is_trainer:
+        return trainer_task(args, step, run_dir)
+    return producer_task(args, step, run_dir)
+
+
+def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
+    """Train, and tell the producer tasks through the hand-over file: the endpoint once
+    bound, the error when the run cannot start, "over" when it ends. A run directory of
+    another run that is not this job's (no slurm/ in it) is left as it is."""
+    code = EXIT_FAILED
+    try:
+        code = _train(args, step, run_dir)
+        return code
+    except UserError as exc:
+        if handover_dir(run_dir).is_dir():
+            write_handover(run_dir, step.job_id, FAILED, error=str(exc))
+        raise
+    finally:
+        record = read_handover(run_dir, step.job_id) or {}
+        if handover_dir(run_dir).is_dir() and record.get("state", READY) == READY:
+            kept = {k: v for k, v in record.items() if k not in ("job_id", "state")}
+            write_handover(run_dir, step.job_id, OVER, **kept, code=code)
+
+
+def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
+    from stoker import cli
+
+    args.keys = str(handover_dir(run_dir) / KEYS_DIR)
+    if args.resume:
+        cfg, resume_dir = cli.resume_config(args)
+    else:
+        args.bind = args.bind or DEFAULT_BIND
+        args.run_dir = str(run_dir)
+        cfg, resume_dir = cli.resolve_config(args), None
+        cli.make_run_dir(str(run_dir))
+    make_job_keys(run_dir)
+    host = socket.gethostname()
+
+    def ready(endpoint: str) -> None:
+        public = advertised(endpoint, host)
+        write_handover(run_dir, step.job_id, READY, endpoint=public, node=step.node, data=cfg.data.path)
+        log.info("trainer on %s: endpoint %s handed over in %s", step.node, public,
+                 handover_dir(run_dir) / HANDOVER_FILE)
+
+    code, _, _ = cli._launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready)
+    cli.print_summary(run_dir)
+    return code
+
+
+def producer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
+    from stoker import cli
+
+    record = wait_handover(run_dir, step.job_id, HANDOVER_WAIT_S)
+    if record["state"] != READY:
+        log.debug("the trainer task ended before it was ready (%s): no producers here", record)
+        return EXIT_USER if record["state"] == FAILED else EXIT_OK
+    count = args.task_producers or step.cpus_per_task or 1
+    log.info("producer task %d on %s: %d producer(s) for %s", step.proc_id, step.node, count, record["endpoint"])
+    over = threading.Event()
+    # Until the producers' launcher takes SIGTERM over (its first act), the stop arrives here.
+    signal.signal(signal.SIGTERM, _interrupt)
+    threading.Thread(target=_watch_trainer, args=(run_dir, step.job_id, over), daemon=True).start()
+    try:
+        code = cli.produce(record["endpoint"], record["data"], count, data_gpu=args.data_gpu,
+                           data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / KEYS_DIR),
+                           log_level=args.log_level or "INFO", host=step.node)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    if over.is_set() and code == EXIT_INTERRUPTED:
+        return EXIT_OK  # stopped because the trainer's run is over, not by a signal
+    return code
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _watch_trainer(run_dir: Path, job_id: str, over: threading.Event) -> None:
+    """Stop this task's producers once the trainer has ended: producers whose trainer died
+    without sending STOP would otherwise reconnect until the job's time limit."""
+    while True:
+        record = read_handover(run_dir, job_id)
+        if record is not None and record.get("state") != READY:
+            log.info("the trainer's run is over (%s): stopping this task's producers",
+                     record.get("error") or f"status {record.get('code')}")
+            over.set()
+            os.kill(os.getpid(), signal.SIGTERM)  # the launcher's own stop: drain, BYE, join
+            return
+        time.sleep(POLL_S)
