@@ -261,6 +261,27 @@ class Scheduler:
     def _assign_all(self) -> None:
         for peer in sorted(self._peers.values(), key=lambda p: len(p.leases)):
             self._assign(peer)
+        if self.ordered and self._make_room():
+            self._assign_all()
+
+    def _make_room(self) -> bool:
+        """In plan order: a batch of the credit window still pending while every producer's
+        lease slots hold later work (a producer died holding the earliest ones) would wait
+        for ever; revoke the latest lease outside the window, so that a slot takes it. True
+        if one was revoked."""
+        window = self._window()
+        waiting = any((b.epoch, b.index) in window for b in itertools.islice(self._pending, self.queue.capacity))
+        if not waiting or not self._peers:
+            return False
+        later = [lease for lease in self._leases.values()
+                 if lease.state != "credited" and (lease.batch.epoch, lease.batch.index) not in window]
+        if not later:
+            return False
+        victim = max(later, key=lambda lease: (lease.batch.epoch, lease.batch.index))
+        log.info("planned batch %d of epoch %d waits for a lease slot; revoking lease %d (batch %d) to make one",
+                 min(window)[1], min(window)[0], victim.id, victim.batch.index)
+        self._revoke([victim.id])
+        return True
 
     def _release(self, lease_ids: list[int], orphaned_by: Failover | None = None) -> None:
         """Put leased batches back at the front of the plan, in plan order."""
@@ -279,6 +300,8 @@ class Scheduler:
                 self._orphans[(lease.batch.epoch, lease.batch.index)] = orphaned_by
         for batch in sorted(batches, key=lambda b: (b.epoch, b.index), reverse=True):
             self._pending.appendleft(batch)
+        if batches and self.ordered:  # leased later ones may come back after earlier ones: keep plan order
+            self._pending = collections.deque(sorted(self._pending, key=lambda b: (b.epoch, b.index)))
         if batches:
             with self._lock:
                 self.reissued += len(batches)

@@ -318,3 +318,36 @@ def test_a_clip_a_workers_producer_lacks_is_rejected_not_replanned_into_an_extra
     left += [(batch.epoch, batch.index) for batch in b.scheduler._pending]
     rest = [(0, batch.index) for batch in b.scheduler.planner.plan(0) if batch.index != lease["index"]]
     assert sorted(left) == sorted(rest)
+
+
+def test_a_workers_earliest_batches_lost_with_a_producer_take_a_later_lease_slot() -> None:
+    """In plan order, the producer that is left holds only later batches, which cannot be
+    credited before the earliest: one of its leases is revoked so that it takes them."""
+    b = Bench(max_epochs=1, count=48, workers=2, worker=0, lease_ahead=3, buffer_size=2)
+    plan = b.scheduler.planner.plan(0)
+    b.hello(b"early")
+    early = b.take(b"early", wire.LEASE)
+    b.hello(b"late")
+    for lease in b.take(b"late", wire.LEASE):
+        b.held[b"late"][lease["lease"]] = lease
+        b.send(b"late", wire.READY, {"lease": lease["lease"]})
+    assert [m["index"] for m in early] == [batch.index for batch in plan[:3]]
+    assert b.take(b"late", wire.CREDIT) == []  # nothing of the window is its
+    b.send(b"early", wire.BYE, {"leases": [m["lease"] for m in early]})
+    revoked = b.take(b"late", wire.REVOKE)
+    late = {lease_id: m["index"] for lease_id, m in b.held[b"late"].items()}
+    assert sorted(late[r["lease"]] for r in revoked) == [batch.index for batch in plan[4:]]  # its latest two
+    for r in revoked:
+        b.held[b"late"].pop(r["lease"])
+    taken = []
+    for _ in range(40):
+        b.work(b"late")
+        want = (0, plan[len(taken)].index) if len(taken) < len(plan) else None
+        got = b.queue.get(0, want) if want else None
+        if got is not None:
+            taken.append(got[0].index)
+            b.scheduler.on_free(b.now)
+            b._collect()
+        for r in b.take(b"late", wire.REVOKE):
+            b.held[b"late"].pop(r["lease"], None)
+    assert taken == [batch.index for batch in plan]
