@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stoker.cli import main  # noqa: E402
+from stoker.shared.proc import exit_without_teardown  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # sys.exit less the teardown of TensorFlow's modules (synth, export)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import threading
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from stoker.shared.errors import UserError
 from stoker.shared.gpumon import GpuSampler
 from stoker.shared.runfiles import CONFIG
 from stoker.shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
-                         flush_sockets, install_stop_handlers, setup_logging)
+                         exit_without_teardown, flush_sockets, install_stop_handlers, setup_logging)
 
 log = logging.getLogger("consumer")
 
@@ -312,4 +311,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

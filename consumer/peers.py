@@ -158,8 +158,10 @@ class Peers:
         return self._fd_owner.get(fd)
 
     def on_connections(self) -> list[bytes]:
-        """The peers with a connection (they can answer STOP with BYE)."""
-        return [identity for identity, peer in self.live.items() if peer.fd >= 0]
+        """The peers with a connection (they can answer STOP with BYE): not those whose
+        connection closed and is held against them (DISCONNECT_GRACE_S): no BYE comes on it."""
+        closed = {(identity, fd) for fd, (identity, _) in self._suspects.items()}
+        return [identity for identity, peer in self.live.items() if peer.fd >= 0 and (identity, peer.fd) not in closed]
 
     def stopped(self) -> None:
         with self.lock:

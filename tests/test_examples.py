@@ -160,7 +160,7 @@ def test_it_learns_a_fixed_batch(clips) -> None:
     tokens, mels, vocab_size = clips
     tf.keras.utils.set_random_seed(1)
     model = ar_tts.build(vocab_size=vocab_size, n_mels=N_MELS)
-    losses = fit(model, batch_of(tokens, mels), steps=60)
+    losses = fit(model, batch_of(tokens, mels), steps=30)  # the last 5: ~0.31 of the first
     assert all(np.isfinite(losses))
     assert min(losses[-5:]) < 0.5 * losses[0], losses[::10]
 
@@ -172,7 +172,7 @@ def overfit(clips):
     tf.keras.utils.set_random_seed(2)
     model = ar_tts.build(vocab_size=vocab_size, n_mels=N_MELS)
     batch = batch_of(tokens[:1], mels[:1])
-    losses = fit(model, batch, steps=250)
+    losses = fit(model, batch, steps=150)  # the last ~0.12 of the first; the first frames ~half the baseline error
     return model, batch, losses
 
 
@@ -251,13 +251,13 @@ def test_ar_example_trains_end_to_end(tmp_path) -> None:
         pytest.skip("trainer.loss is not a config key yet: the trainer cannot train on a model's own losses")
     run_dir = tmp_path / "run"
     env = {"PYTHONPATH": "docs/examples"}
-    result = run_cli("--model", "ar_tts:build", "--steps", "120", "--producers", "1", "--batch-size", "8",
+    result = run_cli("--model", "ar_tts:build", "--steps", "80", "--producers", "1", "--batch-size", "8",
                      "--run-dir", str(run_dir), "--set", "trainer.loss=model", "--set", f"batching.fields={FIELDS}",
                      "--set", "trainer.log_every_steps=10", "--set", "trainer.val_every_steps=30",
                      "--model-start-delay", "0", env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [row["loss"] for row in read_jsonl(run_dir / "metrics.jsonl")]
-    assert len(losses) == 120 and all(np.isfinite(losses))
+    assert len(losses) == 80 and all(np.isfinite(losses))
     assert np.mean(losses[-10:]) < 0.5 * losses[0], losses[::10]  # the last steps' mean: one step is noisy
     out = tmp_path / "said" / "mel.npy"
     synth = run_cli("synth", str(run_dir), "--text", "The dog barked.", "--out", str(out), env=env, timeout=90)

@@ -12,12 +12,15 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+# It ends with os._exit: TensorFlow's interpreter teardown (~1 s) has nothing to show here.
+SCRIPT = ("import os, sys; sys.path.insert(0, sys.argv[1])\n"
           "from stoker.shared.tfsetup import GpuUnavailable, configure_tensorflow\n"
           "try:\n"
           "    print(configure_tensorflow(None)[1])\n"
           "except GpuUnavailable as exc:\n"
-          "    print('refused:', exc)\n")
+          "    print('refused:', exc)\n"
+          "sys.stdout.flush()\n"
+          "os._exit(0)\n")
 
 
 def configured(visible: str) -> str:

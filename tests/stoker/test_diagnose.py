@@ -34,8 +34,8 @@ def run(data, run_dir, *args: str) -> dict:
 
 
 def test_too_few_producers_is_producer_bound_and_the_cure_works(data, tmp_path):
-    # The trainer wants 10 batches/s; a producer makes ~3/s, mostly the injected delay.
-    slow = ["--model", "synthetic:100", "--set", "faults.producer_delay_ms=300"]
+    # The trainer wants 20 batches/s; a producer makes ~6/s, mostly the injected delay.
+    slow = ["--model", "synthetic:50", "--set", "faults.producer_delay_ms=150"]
     first = run(data, tmp_path / "one", *slow, "--steps", "30", "--producers", "1")
     assert first["verdict"] == "producer-bound"
     assert first["data_wait_frac"] > 0.3
@@ -49,7 +49,7 @@ def test_too_few_producers_is_producer_bound_and_the_cure_works(data, tmp_path):
 
 
 def test_slow_trainer_is_consumer_bound_and_asks_for_no_more(data, tmp_path):
-    summary = run(data, tmp_path / "slow", "--model", "synthetic:150", "--steps", "40", "--producers", "2")
+    summary = run(data, tmp_path / "slow", "--model", "synthetic:75", "--steps", "40", "--producers", "2")
     assert summary["verdict"] == "consumer-bound"
     assert summary["recommended_producers"] <= 2
     report = analyse(tmp_path / "slow")
@@ -58,9 +58,9 @@ def test_slow_trainer_is_consumer_bound_and_asks_for_no_more(data, tmp_path):
 
 
 def test_periodic_stall_period_is_found_within_ten_percent(data, tmp_path):
-    period_s = 2.0
-    run(data, tmp_path / "stall", "--model", "synthetic:40", "--steps", "400", "--producers", "1",
-        "--set", f"faults.producer_stall_every_s={period_s}", "--set", "faults.producer_stall_s=0.5")
+    period_s = 1.0  # ten periods in the run's 250 steps of 40 ms and its waits
+    run(data, tmp_path / "stall", "--model", "synthetic:40", "--steps", "250", "--producers", "1",
+        "--set", f"faults.producer_stall_every_s={period_s}", "--set", "faults.producer_stall_s=0.25")
     report = analyse(tmp_path / "stall")
     assert report["period"] is not None, render(report)
     assert abs(report["period"]["period_s"] - period_s) / period_s <= 0.10, report["period"]
