@@ -171,10 +171,11 @@ def _choose(cfg: DevicesConfig, gpus: list[GpuInfo]) -> tuple[int | None, tuple[
     """(data GPU, model GPUs) as requested, or chosen when neither flag is given: the first
     GPUs for the model (``--replicas`` of them, else one) and the next one for the
     producers (the first, shared, when there is none left)."""
-    data_idx, model = cfg.data_gpu, model_gpu_indexes(cfg.model_gpu, gpus)
+    data_idx = cfg.data_gpu
+    if data_idx is not None:
+        _check(data_idx, "--data-gpu", gpus)  # the first flag is the first named in an error
+    model = model_gpu_indexes(cfg.model_gpu, gpus)
     if data_idx is not None or model or not gpus:
-        if data_idx is not None:
-            _check(data_idx, "--data-gpu", gpus)
         return data_idx, model
     wanted = cfg.replicas or 1
     if wanted > len(gpus):
