@@ -8,14 +8,13 @@ from __future__ import annotations
 import collections
 import json
 import re
-import signal
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.factories import make_dataset
 from tests.procs import RunProcess, free_port, read_json, read_jsonl
+from tests.test_resume import crash
 from tests.test_run import NUMPY_FEATURES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -42,19 +41,6 @@ def start_job(*args: str) -> list[RunProcess]:
 def finish(workers: list[RunProcess]) -> None:
     for worker in workers:
         assert worker.wait(timeout=200) == 0, worker.output()
-
-
-def kill_9(run: RunProcess) -> None:
-    """SIGKILL a worker's launcher and every process it started: none can save or clean up."""
-    run.remember_children()
-    for proc in [*run.descendants.values(), psutil.Process(run.proc.pid)]:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    run.wait(timeout=10)
-    gone, alive = psutil.wait_procs(list(run.descendants.values()), timeout=5)
-    assert not alive, f"survivors: {alive}"
 
 
 def per_epoch(job: Path) -> dict[int, collections.Counter]:
@@ -105,8 +91,8 @@ def test_kill_9_of_a_worker_then_resume_of_the_job_goes_on_at_the_checkpoint(tmp
     workers = start_job(*args)
     try:
         workers[0].wait_for_line(CHECKPOINT_LINE, timeout=150, count=2)
-        kill_9(workers[1])  # one worker dies; the job is gone (a scheduler ends the other, as here)
-        kill_9(workers[0])
+        crash(workers[1])  # one worker dies; the job is gone (a scheduler ends the other, as here)
+        crash(workers[0])
     finally:
         for worker in workers:
             worker.kill()
