@@ -181,7 +181,7 @@ class FeedCore:
                  f" (frame budget {cfg.batching.max_frames})" if cfg.batching.max_frames else "")
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
                  index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
-        peers = [self.run_dir.parent / worker_dir_name(i) for i in range(workers) if i != worker] if workers > 1 else []
+        peers = [self.run_dir.parent / worker_dir_name(i) for i in range(workers) if i != worker]  # none alone
         self.checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, self.vocabulary, peers)
 
     def open(self, state: dict[str, Any] | None = None) -> str:

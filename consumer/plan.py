@@ -91,9 +91,10 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
     The waste of a bucket of bound T holding clips of f_i frames is its padding,
     sum(T - f_i), plus the empty rows of its last, partial batch (B = N // T rows per
     replica, ``replicas`` x B in all, so (-count mod rows) x T frames). Bounds are
-    multiples of ``frames_multiple`` at or above the clips' rounded lengths; over those m candidate values an exact dynamic program
-    (cost of a bucket in O(1) from prefix sums) finds the best partition into at most
-    ``num_buckets`` buckets in O(num_buckets x m^2), m <= longest clip / frames_multiple.
+    multiples of ``frames_multiple`` at or above the clips' rounded lengths; over those m
+    candidate values an exact dynamic program (cost of a bucket in O(1) from prefix sums)
+    finds the best partition into at most ``num_buckets`` buckets in
+    O(num_buckets x m^2), m <= longest clip / frames_multiple.
     """
     values, inverse = np.unique([round_up(int(f), cfg.frames_multiple) for f in frames], return_inverse=True)
     counts = np.bincount(inverse).astype(np.int64)
