@@ -281,14 +281,18 @@ def reference_mel(run_dir: Path, cfg: Any, path: Path) -> np.ndarray:
     """The ref_mel of a recording, made as producers make a reference clip's: read at the run's
     rate, through its transforms, the log-mel, at most batching.ref_frames frames from its
     middle, normalised when the run normalised its mels. SynthError (one line) when unusable."""
+    import dataclasses
+
     from stoker.producer.audio import AudioError, load_audio
-    from stoker.producer.features import log_mel_spectrogram_numpy
+    from stoker.producer.features import MelComputer
     from stoker.producer.transforms import Chain, TransformError
 
     try:
         audio = load_audio(Path(path).expanduser(), cfg.features.sample_rate_hz, str(path))
-        audio = Chain(cfg.transforms, cfg.features)(audio, "", Path(path).stem, 0, 0, {}).audio
-        mel = log_mel_spectrogram_numpy(audio, cfg.features, dtype=np.float32)
+        chain = Chain(cfg.transforms, cfg.features)
+        audio = chain(audio, "", Path(path).stem, 0, 0, {}).audio
+        mels = MelComputer(dataclasses.replace(cfg.features, backend="numpy"), weights=chain.weights)
+        mel = chain.finish([audio], mels, keep_audio=False)[0].mel if chain.measures else mels([audio])[0]
     except (AudioError, TransformError, ValueError) as exc:
         raise SynthError(f"--reference {path}: {exc}") from None
     start = max(0, (len(mel) - cfg.batching.ref_frames) // 2)

@@ -49,6 +49,7 @@ class _Clip:
     mel: np.ndarray | None = None
     slot: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache lacks the mel
     fields: dict[str, np.ndarray] | None = None  # the declared fields its user transforms made
+    uncut: bool = False  # its audio and fields still await the transforms' trim and gain (Chain.finish)
 
 
 class BatchMaker:
@@ -85,9 +86,9 @@ class BatchMaker:
         self.ref_frames = ref_frames
         self.mel_norm = mel_norm  # (mean, std) [F] of transforms.mel_norm: dataset (shared/melstats.py)
         self._pads = schema.pad_values(features.log_floor)
-        self._mels = MelComputer(features, device=device)
         chain = Chain(transforms or TransformsConfig(), features)
         self.chain = chain if chain.active else None  # producer/transforms.py: None when every step is off
+        self._mels = MelComputer(features, device=device, weights=chain.weights)
         self.cache = FeatureCache(feature_cache, features, root, chain.key if self.chain else None) \
             if feature_cache else None
         self.faults = faults or FaultsConfig()
@@ -126,7 +127,7 @@ class BatchMaker:
             if self.chain is not None:
                 done = self.chain(clip.audio, self.texts.get(sample_id, ""), sample_id, speaker, language,
                                   {"file": name})
-                clip.audio, clip.fields = done.audio, done.fields
+                clip.audio, clip.fields, clip.uncut = done.audio, done.fields, self.chain.measures
         return clip
 
     def _reference(self, mel: np.ndarray) -> np.ndarray:
@@ -153,6 +154,7 @@ class BatchMaker:
             if row is not None:
                 rows.append(row)
         computed = self._compute([c for _, clip, ref in rows for c in (clip, ref) if c is not None])
+        rows = [row for row in rows if self._fits(lease, row, rejected)]
         arrays, stats = self._arrays(lease, rows, extra)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
@@ -172,7 +174,6 @@ class BatchMaker:
         from stoker.producer.transforms import TransformError
 
         names = self.schema.names
-        max_tokens, max_frames = lease["shape"]
         token_rows, refs = lease["tokens"], lease.get("refs") or []
         if sample_id not in self.texts:
             missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
@@ -188,9 +189,8 @@ class BatchMaker:
         tok = np.asarray(token_rows[n], dtype=np.int32)
         try:
             clip = self._load(sample_id, "audio" in names, speaker, language)
-            frames = clip.mel.shape[0] if clip.mel is not None else 1 + len(clip.audio) // self.features.hop_length
-            if self.chain is not None and self.chain.declared:
-                self.chain.check_fields(clip.fields or {}, len(tok), frames)
+            if self.chain is not None and self.chain.declared:  # made for the waveform they returned
+                self.chain.check_fields(clip.fields or {}, len(tok), 1 + len(clip.audio) // self.features.hop_length)
             what = f"reference clip {refs[n]}: " if "ref_mel" in names else what
             ref = self._load(refs[n], False, speaker, language) if "ref_mel" in names else None
         except AudioMissing as exc:
@@ -199,11 +199,21 @@ class BatchMaker:
         except (AudioError, TransformError) as exc:
             rejected.append({"id": sample_id, "reason": f"{what}{exc}"})
             return None
-        if len(tok) > max_tokens or frames > max_frames:
-            rejected.append({"id": sample_id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
-                                                        f"{frames} frames > bucket {max_tokens}x{max_frames})"})
-            return None
         return tok, clip, ref
+
+    @staticmethod
+    def _fits(lease: dict[str, Any], row: tuple[np.ndarray, _Clip, _Clip | None],
+              rejected: list[dict[str, str]]) -> bool:
+        """Whether a row's tokens and (transformed) mel fit the lease's bucket; else it is
+        rejected: the clip changed since the index measured it."""
+        max_tokens, max_frames = lease["shape"]
+        tok, clip, _ = row
+        frames = clip.mel.shape[0]
+        if len(tok) <= max_tokens and frames <= max_frames:
+            return True
+        rejected.append({"id": clip.id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
+                                                  f"{frames} frames > bucket {max_tokens}x{max_frames})"})
+        return False
 
     def _arrays(self, lease: dict[str, Any], rows: list[tuple[np.ndarray, _Clip, _Clip | None]],
                 extra: dict[str, tuple[Any, Any]]) -> tuple[dict[str, np.ndarray], MelStats]:
@@ -230,11 +240,26 @@ class BatchMaker:
 
     def _compute(self, clips: list[_Clip]) -> int:
         """The log-mels the feature cache did not hold, all at once (each clip once, also one
-        that is a reference too), stored in the cache; returns how many were computed."""
-        todo = list({id(c): c for c in clips if c.mel is None}.values())
-        for clip, mel in zip(todo, self._mels([c.audio for c in todo]) if todo else []):
-            clip.mel = mel
+        that is a reference too), stored in the cache, and the transforms' trim and gain of
+        every clip read (producer/transforms.py's Chain.finish); returns how many mels were
+        computed."""
+        todo = list({id(c): c for c in clips if c.mel is None or c.uncut}.values())
+        if not todo:
+            return 0
+        if self.chain is not None and self.chain.measures:
+            finished = self.chain.finish([c.audio for c in todo], self._mels, keep_audio="audio" in self.schema.names)
+            mels = [done.mel for done in finished]
+            for clip, done in zip(todo, finished):
+                clip.audio, clip.uncut = done.audio, False
+                clip.fields = self.chain.cut_fields(clip.fields, done.cut) if clip.fields else clip.fields
+        else:
+            mels = self._mels([c.audio for c in todo])
+        computed = 0
+        for clip, mel in zip(todo, mels):
+            if clip.mel is not None:  # the cache's: only its audio and fields needed the cut
+                continue
+            clip.mel, computed = mel, computed + 1
             if self.cache is not None and clip.slot is not None:
                 name, st = clip.slot
                 self.cache.put(clip.id, name, st.st_size, st.st_mtime_ns, mel)
-        return len(todo)
+        return computed

@@ -281,20 +281,28 @@ class MelComputer:
     ``device`` is ignored. Backend ``"auto"`` becomes one of the two in the constructor
     (:func:`resolve_backend`).
 
+    With spectral ``weights`` [F, W], :meth:`analyse` also returns each frame's power
+    spectrum weighted by them, computed from the same FFT (the producer transforms measure
+    a clip's levels with it), and the mel before its log.
+
     Raises ValueError, naming the clip, for a clip shorter than ``n_fft // 2 + 1``
     samples (callers should reject those when indexing).
     """
 
-    def __init__(self, cfg: FeaturesConfig, device: str | None = None) -> None:
+    def __init__(self, cfg: FeaturesConfig, device: str | None = None, weights: np.ndarray | None = None) -> None:
         _check_cfg(cfg)
         cfg = resolve_backend(cfg)
         if cfg.backend not in ("tf", "numpy"):
             raise ValueError(f"features backend must be 'auto', 'tf' or 'numpy', got {cfg.backend!r}")
+        bins = cfg.n_fft // 2 + 1
+        if weights is not None and (weights.ndim != 2 or weights.shape[0] != bins):
+            raise ValueError(f"spectral weights must be [n_fft // 2 + 1, W] = [{bins}, W], got {list(weights.shape)}")
         self.cfg = cfg
         self.device = device
+        self.weights = None if weights is None else np.ascontiguousarray(weights, dtype=np.float32)  # [F, W]
         self._filterbank = mel_filterbank(cfg)  # float64 [F, M]
         self._window = centered_window(cfg)  # float64 [n_fft]
-        self._tf_fn: Callable[[Any], Any] | None = None
+        self._tf_fns: dict[bool, Callable[[Any], Any]] = {}  # per analyse: the log-mel, or (mel, powers)
         self._np_parts: tuple[np.ndarray, int, int, np.ndarray] | None = None
         self._build_lock = threading.Lock()
 
@@ -304,12 +312,29 @@ class MelComputer:
     def __call__(self, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Log-mels of ``clips`` ([N_i] each) -> list of float32 [T_i, M]."""
         if self.cfg.backend == "numpy":
-            return self._call_numpy(clips)
-        return self._call_tf(clips)
+            return [mel for mel, _ in self._call_numpy(clips, analyse=False)]
+        return [mel for mel, _ in self._call_tf(clips, analyse=False)]
+
+    def analyse(self, clips: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Per clip, the mel magnitudes *before the log* (step 6 of the definition), float32
+        [T_i, M], and, when the computer has spectral ``weights`` [F, W], each frame's weighted
+        power: ``P[t, w] = sum_f |X[t, f]|^2 weights[f, w]`` over every rfft bin (X the
+        windowed frame's rfft, step 4 before the magnitude), float32 [T_i, W]; else None.
+        Producer transforms measure a clip's levels this way from the frames its mel is
+        made of (producer/transforms.py), so measuring costs no second pass over the audio."""
+        if self.cfg.backend == "numpy":
+            return self._call_numpy(clips, analyse=True)
+        return self._call_tf(clips, analyse=True)
+
+    def log_in_place(self, mel: np.ndarray) -> np.ndarray:
+        """Step 7 of the definition on float32 mel magnitudes (from :meth:`analyse`), in place:
+        ``ln(max(mel, log_floor))``; returns ``mel``."""
+        np.maximum(mel, np.float32(self.cfg.log_floor), out=mel)
+        return np.log(mel, out=mel)
 
     # -- numpy backend
 
-    def _call_numpy(self, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _call_numpy(self, clips: Sequence[np.ndarray], analyse: bool) -> list[tuple[np.ndarray, np.ndarray | None]]:
         if len(clips) == 0:
             return []
         cfg = self.cfg
@@ -323,27 +348,46 @@ class MelComputer:
         window, low, high, filterbank = self._np_parts
         rfft = _rfft()
         out = np.empty((frames.shape[0], cfg.n_mels), dtype=np.float32)  # [R, M]
-        buffer = np.empty((min(_NUMPY_BLOCK_ROWS, frames.shape[0]), cfg.n_fft), dtype=np.float32)
+        weights = self.weights if analyse else None
+        powers = np.empty((frames.shape[0], weights.shape[1]), dtype=np.float32) if weights is not None else None
+        block_rows = min(_NUMPY_BLOCK_ROWS, frames.shape[0])
+        buffer = np.empty((block_rows, cfg.n_fft), dtype=np.float32)
+        # Magnitudes (and powers) are written into buffers reused by every block: a fresh array per
+        # block costs more than the arithmetic. Analysing needs every bin's, the mel only its filters'.
+        magnitudes = np.empty((block_rows, cfg.n_fft // 2 + 1 if weights is not None else high - low), np.float32)
+        power = np.empty_like(magnitudes) if weights is not None else None
         for start in range(0, frames.shape[0], _NUMPY_BLOCK_ROWS):  # blocks that stay in cache
             rows = frames[start:start + _NUMPY_BLOCK_ROWS]
-            block = np.multiply(rows, window, out=buffer[:rows.shape[0]])  # [b, n_fft] windowed frames
-            magnitude = np.abs(rfft(block)[:, low:high])  # [b, high - low]
-            np.matmul(magnitude, filterbank, out=out[start:start + rows.shape[0]])
-        np.maximum(out, np.float32(cfg.log_floor), out=out)
-        np.log(out, out=out)
-        return [out[row:row + count] for row, count in zip(first_rows, frame_counts)]
+            b, end = rows.shape[0], start + rows.shape[0]
+            block = np.multiply(rows, window, out=buffer[:b])  # [b, n_fft] windowed frames
+            spectrum = rfft(block)  # [b, F]
+            if power is None:
+                magnitude = np.abs(spectrum[:, low:high], out=magnitudes[:b])  # [b, high - low]
+            else:
+                np.abs(spectrum, out=magnitudes[:b])  # [b, F]
+                magnitude = magnitudes[:b, low:high]
+                np.matmul(np.square(magnitudes[:b], out=power[:b]), weights, out=powers[start:end])
+            np.matmul(magnitude, filterbank, out=out[start:end])
+        if not analyse:
+            np.maximum(out, np.float32(cfg.log_floor), out=out)
+            np.log(out, out=out)
+        return [(out[row:row + count], None if powers is None else powers[row:row + count])
+                for row, count in zip(first_rows, frame_counts)]
 
     # -- TensorFlow backend
 
-    def _call_tf(self, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _call_tf(self, clips: Sequence[np.ndarray], analyse: bool) -> list[tuple[np.ndarray, np.ndarray | None]]:
         if len(clips) == 0:
             return []
         checked = [_as_clip(c, self.cfg, _TF_DTYPE, f"clip {i}") for i, c in enumerate(clips)]
         signal, first_rows, frame_counts = _concatenate_for_framing(checked, self.cfg)
-        fn = self._tf_function()
+        fn = self._tf_function(analyse)
         with self._device_scope():
-            result = fn(signal).numpy()  # [R, M]
-        return [result[row:row + count] for row, count in zip(first_rows, frame_counts)]
+            result = fn(signal)  # [R, M], or ([R, M], [R, W] or None) when analysing
+        mel, powers = (result[0].numpy(), result[1].numpy() if len(result) > 1 else None) if analyse \
+            else (result.numpy(), None)
+        return [(mel[row:row + count], None if powers is None else powers[row:row + count])
+                for row, count in zip(first_rows, frame_counts)]
 
     def _device_scope(self) -> contextlib.AbstractContextManager[Any]:
         if self.device is None:
@@ -352,33 +396,43 @@ class MelComputer:
 
         return tf.device(self.device)
 
-    def _tf_function(self) -> Callable[[Any], Any]:
+    def _tf_function(self, analyse: bool = False) -> Callable[[Any], Any]:
         with self._build_lock:
-            if self._tf_fn is None:
-                self._tf_fn = self._build_tf_function()
-            return self._tf_fn
+            if analyse not in self._tf_fns:
+                self._tf_fns[analyse] = self._build_tf_function(analyse)
+            return self._tf_fns[analyse]
 
-    def _build_tf_function(self) -> Callable[[Any], Any]:
+    def _build_tf_function(self, analyse: bool) -> Callable[[Any], Any]:
         import tensorflow as tf
 
         cfg = self.cfg
         window = self._window.astype(_TF_DTYPE)  # [n_fft]
         low, high = _filterbank_support(self._filterbank)
         filterbank = self._filterbank[low:high].astype(_TF_DTYPE)  # [high - low, M]
+        weights = self.weights if analyse else None
         log_floor = float(cfg.log_floor)
         device_scope = self._device_scope
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
         def concatenated_log_mel(signal: Any) -> Any:
-            """[S] concatenated centre-padded clips -> [R, M] log-mel of every frame of S."""
+            """[S] concatenated centre-padded clips -> [R, M] log-mel of every frame of S; when
+            analysing, ([R, M] mel magnitudes, [R, W] weighted powers) or ([R, M],)."""
             with device_scope():
                 frames = tf.signal.frame(signal, cfg.n_fft, cfg.hop_length, pad_end=False)  # [R, n_fft]
                 spectrum = tf.signal.rfft(frames * tf.constant(window), fft_length=[cfg.n_fft])  # [R, F]
-                magnitude = tf.abs(spectrum[:, low:high])  # [R, high - low]: bins every filter ignores dropped
+                if weights is None:
+                    magnitude = tf.abs(spectrum[:, low:high])  # [R, high - low]: bins every filter ignores dropped
+                else:
+                    power = tf.square(tf.math.real(spectrum)) + tf.square(tf.math.imag(spectrum))  # [R, F]
+                    magnitude = tf.sqrt(power[:, low:high])
                 mel = tf.linalg.matmul(magnitude, tf.constant(filterbank))  # [R, M]
-                return tf.math.log(tf.maximum(mel, log_floor))
+                if not analyse:
+                    return tf.math.log(tf.maximum(mel, log_floor))
+                if weights is None:
+                    return (mel,)
+                return mel, tf.linalg.matmul(power, tf.constant(weights))
 
-        logger.debug("built the log-mel tf.function (device=%s)", self.device)
+        logger.debug("built the %s tf.function (device=%s)", "analysis" if analyse else "log-mel", self.device)
         return concatenated_log_mel
 
 
@@ -428,7 +482,8 @@ def _filterbank_support(filterbank: np.ndarray) -> tuple[int, int]:
     return int(used[0]), int(used[-1]) + 1
 
 
-def _concatenate_for_framing(clips: Sequence[np.ndarray], cfg: FeaturesConfig) -> tuple[np.ndarray, list[int], list[int]]:
+def _concatenate_for_framing(clips: Sequence[np.ndarray],
+                             cfg: FeaturesConfig) -> tuple[np.ndarray, list[int], list[int]]:
     """Lay B clips end to end so that one framing of the whole yields every clip's frames.
 
     Each clip is reflect centre padded on its own (its edges are reflected, not its

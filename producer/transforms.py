@@ -1,4 +1,4 @@
-"""Producer transforms: what happens to a clip's waveform before its log-mel.
+"""Producer transforms: what happens to a clip before its log-mel.
 
 In this order, each off by default (``transforms.*`` in the config):
 
@@ -7,15 +7,31 @@ In this order, each off by default (``transforms.*`` in the config):
    speaker=int, language=int, metadata=dict)``. It returns None (nothing changed), a float32
    1-D array (a changed waveform), or a dict that may hold ``"audio"`` (a changed waveform)
    and the arrays of the batch fields the run declares in ``transforms.fields`` (for example
-   durations [L], pitch and energy [T]; each checked against its declaration).
-2. **trim** (``trim_db``): leading and trailing frames whose RMS is more than ``trim_db``
-   below the clip's loudest frame are cut (librosa.effects.trim's rule, on the mel's frames:
-   frame t of ``n_fft`` samples centred on sample t x hop, zero-padded at the edges; the clip
-   keeps samples [first loud frame x hop, (last loud frame + 1) x hop)).
+   durations [L], pitch and energy [T]; each checked against its declaration, with T the
+   frame count of the waveform the transforms end with).
+2. **trim** (``trim_db``): leading and trailing frames whose energy is more than ``trim_db``
+   below the clip's loudest frame are cut (librosa.effects.trim's rule, on the mel's own
+   frames: the energy of frame t is that of its Hann-windowed samples, centred on sample
+   t x hop). The clip keeps samples [first loud frame x hop, (last loud frame + 1) x hop),
+   and its log-mel is frames [first loud frame, first + T) of the untrimmed clip's, T =
+   ``num_frames`` of the samples kept: the edge frames see the audio around the cut, as a
+   mel computed once and sliced does. Declared fields with a T dimension are cut the same way.
 3. **normalize**: ``peak`` scales the clip so that its largest sample is ``peak_dbfs``;
-   ``loudness`` so that its integrated loudness (ITU-R BS.1770-4, K-weighted and gated, with
-   pyloudnorm) is ``loudness_lufs``, then limits the peak to 0 dBFS. Silence stays silence.
-4. **pre-emphasis** (``preemphasis`` a): y[n] = x[n] - a x[n-1], y[0] = x[0].
+   ``loudness`` so that its integrated loudness (ITU-R BS.1770-4: K-weighting, 400 ms blocks
+   overlapping by 75%, the absolute and relative gates) is ``loudness_lufs``, then limits the
+   peak to 0 dBFS. Silence stays silence. The loudness is measured on the mel's frames: the
+   K-weighting is applied as its filters' power response to each frame's spectrum, and a
+   block's energy is the sum of the frames it covers (:func:`frame_loudness`); on speech this
+   is within 0.01 LU of the time-domain measurement (pyloudnorm's), on bursty noise within
+   0.05 LU (tests/producer/test_transforms.py), inside the 0.1 LU a BS.1770 meter may differ
+   by (EBU Tech 3341).
+4. **pre-emphasis** (``preemphasis`` a): y[n] = x[n] - a x[n-1], y[0] = x[0], on the whole
+   scaled clip before the cut.
+
+Steps 2 and 3 measure the frames the log-mel is computed from (producer/features.py's
+``MelComputer.analyse``): the clip's spectrum is computed once, the levels are read from it,
+and the mel of the cut, scaled clip is its mel cut and scaled (:meth:`Chain.finish`). Only
+pre-emphasis needs a second spectrum, of the emphasised clip.
 
 A clip a transform cannot handle (a user transform that raises or returns the wrong dtype or
 shape) is rejected with the transform's error; the producer goes on. The whole chain (these
@@ -33,10 +49,11 @@ import importlib
 import importlib.util
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from stoker.producer.features import centered_window, min_num_samples
 from stoker.shared.batch import Field
 from stoker.shared.config import FeaturesConfig, TransformsConfig, parse_declared_fields
 from stoker.shared.errors import UserError
@@ -52,6 +69,9 @@ BLOCK_S = 0.4
 BLOCK_OVERLAP = 0.75
 ABSOLUTE_GATE_LUFS = -70.0
 RELATIVE_GATE_LU = 10.0
+# The same gates in block energy (-0.691 + 10 log10(z) is a block's loudness): no log per block.
+ABSOLUTE_GATE_Z = 10 ** ((ABSOLUTE_GATE_LUFS + 0.691) / 10)
+RELATIVE_GATE_FACTOR = 10 ** (-RELATIVE_GATE_LU / 10)
 # Hex digits of a module source's SHA-256 that name its version when it has no __version__.
 VERSION_HEX = 12
 
@@ -64,42 +84,16 @@ class TransformSetupError(UserError):
     """The transform chain cannot be set up (a user module missing); one line for the user."""
 
 
-def trim_silence(audio: np.ndarray, top_db: float, features: FeaturesConfig) -> np.ndarray:
-    """The clip without its leading and trailing silence (module docstring, step 2)."""
-    if top_db <= 0 or len(audio) == 0:
-        return audio
-    n_fft, hop = features.n_fft, features.hop_length
-    rms = np.sqrt(_window_sums(np.square(np.pad(audio, n_fft // 2)), n_fft, hop) / n_fft)
-    peak = rms.max()
-    if peak <= 0:
-        return audio
-    loud = np.flatnonzero(20 * np.log10(np.maximum(rms, 1e-20) / peak) > -top_db)
-    start, end = int(loud[0]) * hop, min(len(audio), (int(loud[-1]) + 1) * hop)
-    return audio[start:end]
+@dataclass(frozen=True)
+class Cut:
+    """What steps 2 and 3 do to one clip: keep samples [start, end), which are frames
+    [first, first + frames) of its mel, and scale them by ``gain``."""
 
-
-def _window_sums(squares: np.ndarray, width: int, step: int) -> np.ndarray:
-    """Sums of ``squares`` over the windows of ``width`` samples starting every ``step`` (the
-    last one that fits entirely), in float64. When the width is a multiple of the step, from
-    sums per step (one pass, no long cumulative sum); else from a cumulative sum."""
-    count = (len(squares) - width) // step + 1
-    if count <= 0:
-        return np.zeros(0)
-    if width % step == 0:
-        k = width // step
-        chunks = squares[:(count + k - 1) * step].reshape(-1, step).sum(axis=1, dtype=np.float64)
-        running = np.concatenate([[0.0], np.cumsum(chunks)])
-        return running[k:k + count] - running[:count]
-    running = np.concatenate([[0.0], np.cumsum(squares, dtype=np.float64)])
-    starts = np.arange(count) * step
-    return running[starts + width] - running[starts]
-
-
-def peak_normalize(audio: np.ndarray, peak_dbfs: float) -> np.ndarray:
-    peak = float(np.max(np.abs(audio))) if len(audio) else 0.0
-    if peak < SILENCE_PEAK:
-        return audio
-    return (audio * (10 ** (peak_dbfs / 20) / peak)).astype(np.float32)
+    start: int
+    end: int
+    first: int
+    frames: int
+    gain: float
 
 
 @functools.lru_cache(maxsize=8)
@@ -113,51 +107,97 @@ def _k_weighting(rate_hz: int) -> np.ndarray:
     return np.array([np.concatenate([s.passband_gain * s.b / s.a[0], s.a / s.a[0]]) for s in stages])
 
 
-def loudness(audio: np.ndarray, rate_hz: int) -> float:
-    """Integrated loudness in LUFS (ITU-R BS.1770-4: K-weighting, 400 ms blocks overlapping by
-    75%, the absolute gate at -70 LUFS and the relative gate 10 LU below); -inf for silence.
-    pyloudnorm's Meter computes the same, block by block in Python; this is it vectorised."""
-    from scipy.signal import sosfilt
+def spectral_weights(features: FeaturesConfig) -> np.ndarray:
+    """float64 [F, 2]: the weights ``MelComputer.analyse`` turns a frame's power spectrum
+    |X[f]|^2 into (column 0) the energy of its windowed samples (Parseval for an rfft: bins
+    other than DC and Nyquist stand for two) and (column 1) that energy K-weighted (the
+    filters' power response at each bin's frequency)."""
+    from scipy.signal import sosfreqz
 
-    # Filtered in float32 (the clip's own precision): the loudness differs from float64's by
-    # under 1e-5 LU, and the filter pass is the measurement's main cost.
-    weighted = sosfilt(_k_weighting(rate_hz).astype(np.float32), audio.astype(np.float32, copy=False))
-    block = BLOCK_S * rate_hz
-    blocks = int(round((len(audio) / rate_hz - BLOCK_S) / (BLOCK_S * (1 - BLOCK_OVERLAP)))) + 1
-    step = BLOCK_S * (1 - BLOCK_OVERLAP) * rate_hz
-    if float(step).is_integer() and float(block).is_integer():
-        # A last block that runs past the end sums what there is (pyloudnorm's slice): zeros beyond.
-        squares = np.square(weighted, dtype=np.float64)
-        short = (blocks - 1) * int(step) + int(block) - len(squares)
-        if short > 0:
-            squares = np.concatenate([squares, np.zeros(short)])
-        z = _window_sums(squares, int(block), int(step))[:blocks] / block
-    else:  # block bounds as BS.1770 rounds them at this rate
-        steps = np.arange(blocks) * (1 - BLOCK_OVERLAP)
-        lower, upper = (BLOCK_S * steps * rate_hz).astype(int), (BLOCK_S * (steps + 1) * rate_hz).astype(int)
-        squares = np.concatenate([[0.0], np.cumsum(np.square(weighted, dtype=np.float64))])
-        z = (squares[np.minimum(upper, len(weighted))] - squares[np.minimum(lower, len(weighted))]) / block
-    with np.errstate(divide="ignore"):
-        level = -0.691 + 10 * np.log10(z)
-        gated = z[level >= ABSOLUTE_GATE_LUFS]
-        if not len(gated):
-            return float("-inf")
-        relative = -0.691 + 10 * np.log10(gated.mean()) - RELATIVE_GATE_LU
-        kept = z[(level > relative) & (level > ABSOLUTE_GATE_LUFS)]
-        return float(-0.691 + 10 * np.log10(kept.mean())) if len(kept) else float("-inf")
+    n_fft, rate = features.n_fft, features.sample_rate_hz
+    hz = np.fft.rfftfreq(n_fft, 1.0 / rate)
+    twice = np.full(len(hz), 2.0)
+    twice[0] = 1.0
+    if n_fft % 2 == 0:
+        twice[-1] = 1.0
+    _, response = sosfreqz(_k_weighting(rate), worN=hz, fs=rate)
+    return np.stack([twice / n_fft, twice * np.abs(response) ** 2 / n_fft], axis=1)
 
 
-def loudness_normalize(audio: np.ndarray, rate_hz: int, target_lufs: float) -> np.ndarray:
-    if len(audio) < LOUDNESS_MIN_S * rate_hz:
-        return peak_normalize(audio, target_lufs - SINE_LUFS_OFFSET)
-    measured = loudness(audio, rate_hz)
-    if not math.isfinite(measured):
-        return audio
-    out = audio * (10 ** ((target_lufs - measured) / 20))
-    peak = float(np.max(np.abs(out)))
-    if peak > 1.0:  # no clipping: a loud target for a peaky clip is met as far as 0 dBFS allows
-        out = out / peak
-    return out.astype(np.float32)
+@functools.lru_cache(maxsize=8)
+def _frame_overlap(features: FeaturesConfig) -> float:
+    """How many times the frames count a sample on average: sum of the squared window over
+    the hop (1.5 for a Hann window of n_fft at hop n_fft / 4, the same at every sample)."""
+    return float(np.sum(centered_window(features) ** 2) / features.hop_length)
+
+
+def trim_bounds(energy: np.ndarray, num_samples: int, top_db: float, hop: int) -> tuple[int, int]:
+    """Samples [start, end) that step 2 keeps of a clip whose frames have ``energy`` [T]."""
+    peak = float(energy.max()) if len(energy) else 0.0
+    if top_db <= 0 or peak <= 0:
+        return 0, num_samples
+    loud = np.flatnonzero(energy > peak * 10 ** (-top_db / 10))
+    return int(loud[0]) * hop, min(num_samples, (int(loud[-1]) + 1) * hop)
+
+
+def frame_loudness(weighted: np.ndarray, num_samples: int, features: FeaturesConfig) -> float:
+    """Integrated loudness in LUFS (step 3) of a clip of ``num_samples`` samples whose frames
+    (frame t centred on sample t x hop) have the K-weighted energies ``weighted`` [T]; -inf for
+    silence. Blocks as BS.1770 lays them (pyloudnorm's count; a last block past the end holds
+    what there is); a block's energy is the sum over the frames, frame t standing for the hop
+    of samples around its centre, a frame the block's edge cuts counted in proportion, divided
+    by how often the frames count a sample (:func:`_frame_overlap`). The gates are compared
+    in energy, not in LUFS: the same tests without a logarithm per block."""
+    rate = features.sample_rate_hz
+    blocks = int(round((num_samples / rate - BLOCK_S) / (BLOCK_S * (1 - BLOCK_OVERLAP)))) + 1
+    if blocks <= 0:
+        return float("-inf")
+    whole, part = _block_edges(blocks, features)  # [2, blocks]: frames before each edge, and the cut one's share
+    count = len(weighted)
+    running = np.zeros(count + 2)
+    np.cumsum(weighted, out=running[1:count + 1])
+    running[count + 1] = running[count]
+    energy = np.append(weighted, np.float32(0))  # a frame index past the end stands for nothing
+    at = np.minimum(whole, count)
+    before = running[at] + part * energy[at]
+    z = (before[1] - before[0]) / (_frame_overlap(features) * BLOCK_S * rate)
+    gated = z[z >= ABSOLUTE_GATE_Z]
+    if not len(gated):
+        return float("-inf")
+    kept = z[(z > gated.mean() * RELATIVE_GATE_FACTOR) & (z > ABSOLUTE_GATE_Z)]
+    return -0.691 + 10 * math.log10(kept.mean()) if len(kept) else float("-inf")
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_edges(blocks: int, features: FeaturesConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Where the first ``blocks`` BS.1770 blocks start and end on the frame grid: per edge
+    (row 0 the starts, row 1 the ends) the number of whole frames before it and the share of
+    the frame it cuts. Frame t stands for samples [(t - 1/2) x hop, (t + 1/2) x hop)."""
+    rate, hop = features.sample_rate_hz, features.hop_length
+    starts = np.arange(blocks) * (BLOCK_S * (1 - BLOCK_OVERLAP) * rate)
+    position = np.stack([starts, starts + BLOCK_S * rate]) / hop + 0.5
+    whole = np.floor(position).astype(np.int64)
+    return whole, position - whole
+
+
+def _peak(audio: np.ndarray) -> float:
+    return max(float(audio.max()), -float(audio.min())) if len(audio) else 0.0
+
+
+def peak_gain(peak: float, peak_dbfs: float) -> float:
+    """The gain that brings a clip's largest sample ``peak`` to ``peak_dbfs``; 1 for silence."""
+    return 1.0 if peak < SILENCE_PEAK else 10 ** (peak_dbfs / 20) / peak
+
+
+def loudness_gain(peak: float, weighted: np.ndarray, num_samples: int, features: FeaturesConfig,
+                  target_lufs: float) -> float:
+    """The gain that brings a clip to ``target_lufs`` (step 3), at most the one to 0 dBFS."""
+    if num_samples < LOUDNESS_MIN_S * features.sample_rate_hz:
+        return peak_gain(peak, target_lufs - SINE_LUFS_OFFSET)
+    measured = frame_loudness(weighted, num_samples, features)
+    if not math.isfinite(measured) or peak < SILENCE_PEAK:
+        return 1.0
+    return min(10 ** ((target_lufs - measured) / 20), 1.0 / peak)
 
 
 def preemphasize(audio: np.ndarray, coefficient: float) -> np.ndarray:
@@ -210,8 +250,20 @@ class Transformed:
     fields: dict[str, np.ndarray]  # the declared fields the user transforms returned
 
 
+@dataclass
+class Finished:
+    """A clip after steps 2 to 4: its waveform, its log-mel [T, M] and the cut that made them."""
+
+    audio: np.ndarray | None
+    mel: np.ndarray
+    cut: Cut
+
+
 class Chain:
-    """The transforms of a run, applied to one clip at a time (module docstring)."""
+    """The transforms of a run (module docstring): ``chain(audio, ...)`` runs the user's
+    transforms on one clip (and pre-emphasis, when nothing is measured); when the chain
+    measures (:attr:`measures`: trim or normalize on), :meth:`finish` runs steps 2 to 4 on the
+    clips of a batch and makes their log-mels."""
 
     def __init__(self, cfg: TransformsConfig, features: FeaturesConfig) -> None:
         self.cfg = cfg
@@ -226,13 +278,23 @@ class Chain:
 
     @property
     def active(self) -> bool:
-        c = self.cfg
-        return bool(self.user or c.trim_db > 0 or c.normalize != "off" or c.preemphasis)
+        return bool(self.user or self.measures or self.cfg.preemphasis)
+
+    @property
+    def measures(self) -> bool:
+        """Whether steps 2 or 3 are on: the clip's levels are read from its mel's frames."""
+        return self.cfg.trim_db > 0 or self.cfg.normalize != "off"
+
+    @property
+    def weights(self) -> np.ndarray | None:
+        """The spectral weights a MelComputer needs for :meth:`finish` (None: not measuring)."""
+        return spectral_weights(self.features) if self.measures else None
 
     def __call__(self, audio: np.ndarray, text: str, sample_id: str, speaker: int, language: int,
                  metadata: Mapping[str, Any]) -> Transformed:
-        """The clip transformed; TransformError (the rejection reason) when a step fails."""
-        c, rate = self.cfg, self.features.sample_rate_hz
+        """The clip after the user's transforms (and pre-emphasis when the chain does not
+        measure: else :meth:`finish` does it); TransformError (the rejection reason) when one fails."""
+        rate = self.features.sample_rate_hz
         fields: dict[str, np.ndarray] = {}
         for spec, fn, _ in self.user:
             try:
@@ -248,25 +310,62 @@ class Chain:
                 fields.update({k: v for k, v in result.items() if k != "audio"})
                 result = result.get("audio")
             if result is not None:
-                audio = self._waveform(spec, result)
-        if c.trim_db > 0:
-            audio = trim_silence(audio, c.trim_db, self.features)
-        if c.normalize == "peak":
-            audio = peak_normalize(audio, c.peak_dbfs)
-        elif c.normalize == "loudness":
-            audio = loudness_normalize(audio, rate, c.loudness_lufs)
-        audio = preemphasize(audio, c.preemphasis)
+                audio = self._waveform(spec, result, min_num_samples(self.features))
         missing = sorted(set(self.declared) - set(fields))
         if missing:
             raise TransformError(f"no transform returned the declared field(s) {missing}")
+        if not self.measures:
+            audio = preemphasize(audio, self.cfg.preemphasis)
         return Transformed(audio, fields)
 
+    def cut(self, audio: np.ndarray, powers: np.ndarray) -> Cut:
+        """Steps 2 and 3 for one clip [N] whose frames have the weighted powers [T, 2] of
+        :func:`spectral_weights` (``MelComputer.analyse``)."""
+        c, hop = self.cfg, self.features.hop_length
+        start, end = trim_bounds(powers[:, 0], len(audio), c.trim_db, hop)
+        first, frames = start // hop, 1 + (end - start) // hop
+        gain = 1.0
+        if c.normalize == "peak":
+            gain = peak_gain(_peak(audio[start:end]), c.peak_dbfs)
+        elif c.normalize == "loudness":
+            gain = loudness_gain(_peak(audio[start:end]), powers[first:first + frames, 1], end - start,
+                                 self.features, c.loudness_lufs)
+        return Cut(start, end, first, frames, gain)
+
+    def finish(self, clips: Sequence[np.ndarray], mels: Any, keep_audio: bool = True) -> list[Finished]:
+        """Steps 2 to 4 and the log-mel of each clip (after :meth:`__call__`), with ``mels`` a
+        producer.features.MelComputer made with :attr:`weights`: one analysis of the clips,
+        a second of the emphasised clips only when pre-emphasis is on. Without ``keep_audio``
+        the waveforms are not cut and scaled (Finished.audio is None): only the mels are needed."""
+        analysed = mels.analyse(clips)
+        cuts = [self.cut(clip, powers) for clip, (_, powers) in zip(clips, analysed)]
+        a = self.cfg.preemphasis
+        emphasised = [preemphasize(clip, a) for clip in clips] if a else list(clips)
+        linear = [mel for mel, _ in mels.analyse(emphasised)] if a else [mel for mel, _ in analysed]
+        done = []
+        for clip, mel, cut in zip(emphasised, linear, cuts):
+            gain = np.float32(cut.gain)
+            kept = mel[cut.first:cut.first + cut.frames]  # a view of the analysis, ours to overwrite
+            np.multiply(kept, gain, out=kept)
+            audio = np.multiply(clip[cut.start:cut.end], gain, dtype=np.float32) if keep_audio else None
+            done.append(Finished(audio, mels.log_in_place(kept), cut))
+        return done
+
+    def cut_fields(self, fields: Mapping[str, np.ndarray], cut: Cut) -> dict[str, np.ndarray]:
+        """The declared fields of a clip with their T dimension cut as its mel is."""
+        out = dict(fields)
+        for name, field in self.declared.items():
+            if name in out and "T" in field.dims[1:]:
+                axis = field.dims[1:].index("T")
+                out[name] = np.take(np.asarray(out[name]), np.arange(cut.first, cut.first + cut.frames), axis=axis)
+        return out
+
     @staticmethod
-    def _waveform(spec: str, value: Any) -> np.ndarray:
+    def _waveform(spec: str, value: Any, shortest: int) -> np.ndarray:
         array = np.asarray(value)
-        if array.ndim != 1 or array.dtype != np.float32 or not len(array):
+        if array.ndim != 1 or array.dtype != np.float32 or len(array) < shortest:
             raise TransformError(f"transform {spec} returned a waveform of {array.dtype} {list(array.shape)}; "
-                                 f"expected float32 [N], N > 0")
+                                 f"expected float32 [N], N >= {shortest} (n_fft // 2 + 1)")
         if not np.all(np.isfinite(array)):
             raise TransformError(f"transform {spec} returned a waveform with NaN or inf")
         return array

@@ -67,11 +67,19 @@ def test_precompute_measures_the_mel_statistics_a_mel_norm_run_uses(tmp_path):
                   *settings, timeout=120)
     assert pre.returncode == 0, pre.stderr[-2000:]
     measured = json.loads((tmp_path / "pre" / MEL_STATS).read_text())
-    from stoker.producer.transforms import trim_silence
+    from stoker.producer.features import centered_window
 
     features = FeaturesConfig(backend="numpy")
-    mels = [log_mel_spectrogram_numpy(trim_silence(load_audio(data / "wavs" / f"{i}.wav", 22050), 30.0, features),
-                                      features) for i in ids]
+    mels = []
+    for i in ids:  # trim_db=30 on the mel's frames (producer/transforms.py), computed here in float64
+        audio = load_audio(data / "wavs" / f"{i}.wav", 22050)
+        padded = np.pad(audio.astype(np.float64), features.n_fft // 2, mode="reflect")
+        frames = np.lib.stride_tricks.sliding_window_view(padded, features.n_fft)[::features.hop_length]
+        energy = np.sum((frames * centered_window(features)) ** 2, axis=1)
+        loud = np.flatnonzero(energy > energy.max() * 10 ** (-30 / 10))
+        end = min(len(audio), (int(loud[-1]) + 1) * features.hop_length)
+        first = int(loud[0])
+        mels.append(log_mel_spectrogram_numpy(audio, features)[first:first + 1 + end // features.hop_length - first])
     frames = np.concatenate(mels)
     assert measured["frames"] == len(frames)
     np.testing.assert_allclose(measured["mean"], frames.mean(axis=0), rtol=1e-3, atol=1e-3)

@@ -22,6 +22,7 @@ import soundfile as sf
 from stoker.producer import features
 from stoker.producer.features import (
     MelComputer,
+    centered_window,
     log_mel_spectrogram,
     log_mel_spectrogram_numpy,
     mel_filterbank,
@@ -180,8 +181,7 @@ def test_tf_function_is_traced_once(tf_computer: MelComputer) -> None:
     audio = chirp_with_noise(1.0)
     for sizes in ([600], [600, 9000], [20000, 513, 4000]):
         tf_computer([audio[:n] for n in sizes])
-    assert tf_computer._tf_fn is not None
-    assert tf_computer._tf_fn.experimental_get_tracing_count() == 1
+    assert tf_computer._tf_function().experimental_get_tracing_count() == 1
 
 
 def test_numpy_backend_matches_the_reference_and_batches_like_tf() -> None:
@@ -196,6 +196,25 @@ def test_numpy_backend_matches_the_reference_and_batches_like_tf() -> None:
         np.testing.assert_allclose(result, computer([clip])[0], rtol=0, atol=BATCH_TOLERANCE)
         np.testing.assert_allclose(result, log_mel_spectrogram(clip, CFG), rtol=0, atol=1e-4)
     assert computer([]) == []
+
+
+@pytest.mark.parametrize("backend", ["tf", "numpy"])
+def test_analyse_gives_the_mel_before_its_log_and_weighted_frame_powers(backend: str) -> None:
+    cfg = dataclasses.replace(CFG, backend=backend)
+    audio = chirp_with_noise(1.0)
+    clips = [audio[:3000], audio]
+    weights = np.stack([np.ones(CFG.n_fft // 2 + 1), np.linspace(0.0, 1.0, CFG.n_fft // 2 + 1)], axis=1)
+    computer = MelComputer(cfg, weights=weights)
+    for clip, (mel, powers) in zip(clips, computer.analyse(clips)):
+        assert relative_error(np.log(np.maximum(mel, CFG.log_floor)), log_mel_spectrogram_numpy(clip, CFG)) \
+            <= MAX_RELATIVE_ERROR
+        padded = np.pad(clip.astype(np.float64), CFG.n_fft // 2, mode="reflect")
+        frames = np.lib.stride_tricks.sliding_window_view(padded, CFG.n_fft)[::CFG.hop_length]
+        power = np.abs(np.fft.rfft(frames * centered_window(CFG), axis=-1)) ** 2  # [T, F], float64
+        np.testing.assert_allclose(powers, power @ weights, rtol=1e-4, atol=1e-6 * float(np.max(power @ weights)))
+    assert MelComputer(cfg).analyse(clips)[0][1] is None  # no weights, no powers
+    with pytest.raises(ValueError, match="spectral weights must be"):
+        MelComputer(cfg, weights=np.ones((10, 2)))
 
 
 def test_explicit_device_placement() -> None:

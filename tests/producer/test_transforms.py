@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from stoker.producer.transforms import (Chain, TransformError, TransformSetupError, loudness, loudness_normalize,
-                                 peak_normalize, preemphasize, trim_silence)
+from stoker.producer.features import MelComputer, log_mel_spectrogram_numpy
+from stoker.producer.transforms import (Chain, TransformError, TransformSetupError, frame_loudness, preemphasize,
+                                        spectral_weights)
 from stoker.producer.batches import BatchMaker
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import read_metadata, scan_audio
 from tests.factories import make_dataset
+from tests.producer.test_features import MAX_RELATIVE_ERROR, relative_error
 
 FEATURES = FeaturesConfig(backend="numpy")
 RATE = FEATURES.sample_rate_hz
 HOP = FEATURES.hop_length
 USER = "tests.producer.user_transforms"
 DECLARED = "energy:float32:T:0,marks:int32:L:-1"
+# How far the loudness read from the mel's frames may be from BS.1770 measured on the samples
+# (pyloudnorm): EBU Tech 3341 allows a meter 0.1 LU; speech and bursty noise stay within this.
+FRAME_LOUDNESS_LU = 0.05
 
 
 def _sine(seconds: float, rate: int = RATE, hz: float = 1000.0, level: float = 1.0) -> np.ndarray:
@@ -28,33 +34,103 @@ def _sine(seconds: float, rate: int = RATE, hz: float = 1000.0, level: float = 1
     return (level * np.sin(2 * np.pi * hz * t)).astype(np.float32)
 
 
-def test_trim_cuts_silence_on_the_frame_grid() -> None:
+def _finish(transforms: TransformsConfig, clip: np.ndarray, features: FeaturesConfig = FEATURES):
+    chain = Chain(transforms, features)
+    return chain.finish([chain(clip, "", "A", 0, 0, {}).audio], MelComputer(features, weights=chain.weights))[0]
+
+
+def _frame_powers(clip: np.ndarray, features: FeaturesConfig) -> np.ndarray:
+    computer = MelComputer(features, weights=spectral_weights(features))
+    return computer.analyse([clip])[0][1]
+
+
+def _bursty_noise(seconds: float, rate: int, seed: int) -> np.ndarray:
+    """Noise whose level jumps every 2,000 samples, over a tone: block edges cut loud and quiet parts."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate)
+    levels = np.repeat(rng.uniform(0, 1, n // 2000 + 1) ** 3, 2000)[:n]
+    tone = 0.05 * np.sin(2 * np.pi * rng.uniform(50, 8000) * np.arange(n) / rate)
+    return (0.1 * rng.standard_normal(n) * levels + tone).astype(np.float32)
+
+
+def test_trim_cuts_silence_on_the_frame_grid_and_slices_the_mel() -> None:
     silence = np.zeros(40 * HOP, np.float32)
     tone = _sine(2.0)[:100 * HOP]
     clip = np.concatenate([silence, tone, silence])
-    trimmed = trim_silence(clip, 40.0, FEATURES)
+    done = _finish(TransformsConfig(trim_db=40.0), clip)
     # Frames are centred on t x hop and n_fft long: the first loud frame starts n_fft/2 before the tone.
     half = FEATURES.n_fft // 2 // HOP
-    assert len(trimmed) == (100 + 2 * half - 1) * HOP
     start = (40 - half + 1) * HOP
-    np.testing.assert_array_equal(trimmed, clip[start:start + len(trimmed)])
-    assert trim_silence(clip, 0.0, FEATURES) is clip  # off
-    assert len(trim_silence(np.zeros(1000, np.float32), 40.0, FEATURES)) == 1000  # silence stays
+    assert (done.cut.start, done.cut.end) == (start, start + (100 + 2 * half - 1) * HOP)
+    np.testing.assert_array_equal(done.audio, clip[done.cut.start:done.cut.end])
+    frames = 1 + len(done.audio) // HOP
+    assert done.mel.shape == (frames, FEATURES.n_mels)
+    reference = log_mel_spectrogram_numpy(clip, FEATURES)[start // HOP:start // HOP + frames]
+    assert relative_error(done.mel, reference) <= MAX_RELATIVE_ERROR
+    silent = _finish(TransformsConfig(trim_db=40.0), np.zeros(1000, np.float32))
+    assert len(silent.audio) == 1000  # silence stays
 
 
-def test_peak_normalisation_reaches_the_target_peak() -> None:
-    out = peak_normalize(_sine(0.5, level=0.1), -1.0)
-    assert float(np.abs(out).max()) == pytest.approx(10 ** (-1 / 20), rel=1e-6)
-    assert not peak_normalize(np.zeros(100, np.float32), -1.0).any()
+def test_peak_normalisation_reaches_the_target_peak_and_scales_the_mel() -> None:
+    clip = _sine(0.5, level=0.1) + _sine(0.5, hz=300, level=0.05)
+    done = _finish(TransformsConfig(normalize="peak", peak_dbfs=-1.0), clip)
+    assert float(np.abs(done.audio).max()) == pytest.approx(10 ** (-1 / 20), rel=1e-5)
+    assert relative_error(done.mel, log_mel_spectrogram_numpy(done.audio, FEATURES)) <= MAX_RELATIVE_ERROR
+    assert not _finish(TransformsConfig(normalize="peak"), np.zeros(1000, np.float32)).audio.any()
 
 
-def test_loudness_of_a_full_scale_sine_and_normalisation() -> None:
-    # ITU-R BS.1770's calibration: a 0 dBFS 1 kHz sine measures -3.01 LUFS.
-    assert loudness(_sine(3.0, 48000), 48000) == pytest.approx(-3.01, abs=0.1)
+def test_loudness_normalisation_reaches_the_target() -> None:
+    import pyloudnorm
+
     quiet = _sine(3.0, level=0.01) + np.float32(0.001) * _sine(3.0, hz=300)
-    out = loudness_normalize(quiet, RATE, -23.0)
-    assert loudness(out, RATE) == pytest.approx(-23.0, abs=0.1)
-    assert float(np.abs(out).max()) <= 1.0
+    done = _finish(TransformsConfig(normalize="loudness", loudness_lufs=-23.0), quiet)
+    assert pyloudnorm.Meter(RATE).integrated_loudness(done.audio.astype(np.float64)) == pytest.approx(-23.0, abs=0.1)
+    assert float(np.abs(done.audio).max()) <= 1.0
+    assert relative_error(done.mel, log_mel_spectrogram_numpy(done.audio, FEATURES)) <= MAX_RELATIVE_ERROR
+    loud = _finish(TransformsConfig(normalize="loudness", loudness_lufs=0.0), _sine(3.0, level=0.5))
+    assert float(np.abs(loud.audio).max()) == pytest.approx(1.0, rel=1e-6)  # limited to 0 dBFS
+
+
+@pytest.mark.parametrize("rate, seconds", [(22050, 0.41), (22050, 3.3), (48000, 1.0), (16000, 7.9)])
+def test_the_loudness_read_from_the_frames_is_bs1770s(rate: int, seconds: float) -> None:
+    import pyloudnorm
+
+    features = dataclasses.replace(FEATURES, sample_rate_hz=rate, fmax_hz=min(FEATURES.fmax_hz, rate / 2))
+    for seed in range(5):
+        x = _bursty_noise(seconds, rate, seed)
+        measured = frame_loudness(_frame_powers(x, features)[:, 1], len(x), features)
+        assert measured == pytest.approx(pyloudnorm.Meter(rate).integrated_loudness(x.astype(np.float64)),
+                                         abs=FRAME_LOUDNESS_LU)
+    silence = np.zeros(int(seconds * rate), np.float32)
+    assert frame_loudness(_frame_powers(silence, features)[:, 1], len(silence), features) == float("-inf")
+    sine = _sine(seconds + 1.0, rate)
+    assert frame_loudness(_frame_powers(sine, features)[:, 1], len(sine), features) == pytest.approx(
+        pyloudnorm.Meter(rate).integrated_loudness(sine.astype(np.float64)), abs=FRAME_LOUDNESS_LU)
+    if rate == 48000:  # ITU-R BS.1770's calibration: a 0 dBFS 1 kHz sine at 48 kHz measures -3.01 LUFS
+        assert frame_loudness(_frame_powers(sine, features)[:, 1], len(sine), features) == pytest.approx(-3.01,
+                                                                                                        abs=0.05)
+
+
+def test_the_loudness_of_speech_read_from_the_frames() -> None:
+    import pyloudnorm
+
+    from stoker.producer.audio import load_audio
+    from stoker.shared.dataset import DEMO_DATA_DIR
+
+    for path in sorted((DEMO_DATA_DIR / "wavs").glob("*.wav"))[:16]:
+        x = load_audio(path, RATE)
+        assert frame_loudness(_frame_powers(x, FEATURES)[:, 1], len(x), FEATURES) == pytest.approx(
+            pyloudnorm.Meter(RATE).integrated_loudness(x.astype(np.float64)), abs=0.02)
+
+
+def test_preemphasis_applies_to_the_scaled_clip_before_the_cut() -> None:
+    clip = np.concatenate([np.zeros(20 * HOP, np.float32), _sine(1.0, level=0.2, hz=2000.0)])
+    done = _finish(TransformsConfig(trim_db=40.0, normalize="peak", peak_dbfs=-3.0, preemphasis=0.97), clip)
+    scaled = preemphasize(clip * np.float32(done.cut.gain), 0.97)
+    np.testing.assert_allclose(done.audio, scaled[done.cut.start:done.cut.end], atol=1e-6)
+    first = done.cut.start // HOP
+    reference = log_mel_spectrogram_numpy(scaled, FEATURES)[first:first + done.cut.frames]
+    assert relative_error(done.mel, reference) <= MAX_RELATIVE_ERROR
 
 
 def test_preemphasis_values() -> None:
@@ -64,9 +140,10 @@ def test_preemphasis_values() -> None:
 
 
 def test_the_chain_runs_user_transforms_first_then_the_built_in_steps() -> None:
-    chain = Chain(TransformsConfig(user=f"{USER}:halve", normalize="peak", peak_dbfs=-6.0), FEATURES)
-    out = chain(_sine(0.5, level=0.2), "", "A", 0, 0, {})
-    assert float(np.abs(out.audio).max()) == pytest.approx(10 ** (-6 / 20), rel=1e-6)
+    done = _finish(TransformsConfig(user=f"{USER}:halve", normalize="peak", peak_dbfs=-6.0), _sine(0.5, level=0.2))
+    assert float(np.abs(done.audio).max()) == pytest.approx(10 ** (-6 / 20), rel=1e-5)
+    assert done.cut.gain == pytest.approx(10 ** (-6 / 20) / 0.1, rel=1e-5)  # of the halved clip
+    chain = Chain(TransformsConfig(user=f"{USER}:halve"), FEATURES)
     assert chain.key["versions"][f"{USER}:halve"].startswith("sha256:")
 
 
@@ -134,6 +211,32 @@ def test_a_user_transform_adds_declared_fields_to_the_batch(tmp_path: Path) -> N
     assert (arrays["marks"][3] == -1).all()  # the empty row
 
 
+def test_declared_frame_fields_are_cut_with_the_mel(tmp_path: Path) -> None:
+    import soundfile
+
+    from stoker.producer.audio import load_audio
+    from tests.producer.user_transforms import energy
+
+    root = tmp_path / "data"
+    ids = make_dataset(root, count=3)
+    texts = {e.id: e.text for e in read_metadata(root)[0]}
+    path = root / "wavs" / f"{ids[0]}.wav"
+    quiet = np.zeros(int(0.3 * RATE), np.float32)
+    soundfile.write(str(path), np.concatenate([quiet, load_audio(path, RATE), quiet]), RATE, subtype="PCM_16")
+    transforms = TransformsConfig(user=f"{USER}:energy", fields=DECLARED, trim_db=30.0, normalize="peak")
+    arrays = _maker(root, transforms).make(_lease(ids, texts)).arrays
+    chain = Chain(transforms, FEATURES)
+    computer = MelComputer(FEATURES, weights=chain.weights)
+    for row, sample_id in enumerate(ids):
+        wave = load_audio(root / "wavs" / f"{sample_id}.wav", RATE)
+        done = chain.finish([wave], computer)[0]
+        frames = int(arrays["mel_lengths"][row])
+        assert frames == done.cut.frames and (done.cut.first > 0) == (row == 0)  # the padded clip is trimmed
+        cut = energy(wave, RATE, texts[sample_id], sample_id, 0, 0, {})["energy"][done.cut.first:][:frames]
+        np.testing.assert_array_equal(arrays["energy"][row, :frames], cut)
+        np.testing.assert_allclose(arrays["mel"][row, :frames], done.mel, atol=1e-5)  # batched: float32 rounding
+
+
 def test_a_raising_transform_rejects_its_clips_and_a_wrong_shape_too(tmp_path: Path) -> None:
     root = tmp_path / "data"
     ids = make_dataset(root, count=2)
@@ -161,16 +264,3 @@ def test_transformed_mels_are_cached_under_their_chain(tmp_path: Path) -> None:
     plain = _maker(root, TransformsConfig(), cache=tmp_path / "cache").make(_lease(ids, texts))
     assert plain.fields["cache"]["hits"] == 0  # another chain: not served the transformed mels
     assert math.isfinite(float(plain.arrays["mel"].max()))
-
-
-@pytest.mark.parametrize("rate, seconds", [(22050, 0.41), (22050, 3.3), (48000, 1.0), (16000, 7.9)])
-def test_the_vectorised_loudness_equals_pyloudnorms_meter(rate: int, seconds: float) -> None:
-    import pyloudnorm
-
-    rng = np.random.default_rng(rate)
-    n = int(seconds * rate)
-    x = (rng.standard_normal(n) * np.linspace(0.01, 0.3, n)).astype(np.float32)
-    # abs: stoker filters in float32, pyloudnorm in float64 (1e-5 LU is 0.0001% in level)
-    assert loudness(x, rate) == pytest.approx(pyloudnorm.Meter(rate).integrated_loudness(x.astype(np.float64)),
-                                              abs=1e-5)
-    assert loudness(np.zeros(n, np.float32), rate) == float("-inf")
