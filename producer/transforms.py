@@ -55,7 +55,7 @@ import numpy as np
 
 from stoker.producer.features import centered_window, min_num_samples
 from stoker.shared.batch import Field
-from stoker.shared.config import FeaturesConfig, TransformsConfig, parse_declared_fields
+from stoker.shared.config import TRANSFORMS_REVISION, FeaturesConfig, TransformsConfig, parse_declared_fields
 from stoker.shared.errors import UserError
 
 # A clip whose largest sample is below this is silent: no gain can be computed for it.
@@ -241,7 +241,7 @@ def load_user(specs: str) -> list[tuple[str, Callable[..., Any], str]]:
 def chain_key(cfg: TransformsConfig, versions: Mapping[str, str]) -> dict[str, Any]:
     """What the mel of a clip depends on besides the features: the settings and each user
     module's version (the feature cache's key and the producers' agreement)."""
-    return {**dataclasses.asdict(cfg), "versions": dict(versions)}
+    return {**dataclasses.asdict(cfg), "versions": dict(versions), "revision": TRANSFORMS_REVISION}
 
 
 @dataclass

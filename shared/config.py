@@ -108,6 +108,12 @@ class FeaturesConfig:
     backend: str  # "tf": TensorFlow ops on the data device; "numpy": numpy/scipy; "auto": tf on a GPU
 
 
+# The built-in transforms' definition, part of the feature cache's and the mel statistics' keys
+# when trim or normalize is on: raised when those steps compute differently, so that no mel
+# made the old way is served (2: the levels are read from the mel's own frames).
+TRANSFORMS_REVISION = 2
+
+
 @section("transforms")
 class TransformsConfig:
     """What a producer does to a clip's waveform before its log-mel (producer/transforms.py); all off."""

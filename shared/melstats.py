@@ -21,6 +21,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from stoker.shared.config import TRANSFORMS_REVISION
+
 # A channel that never varies (an empty filter, a silent band) is divided by this, not by 0.
 MIN_STD = 1e-3
 # Hex digits of the statistics key: the settings' SHA-256, shortened.
@@ -32,6 +34,8 @@ def stats_key(features: Any, transforms: Any, dataset_fingerprint: str) -> str:
     before the mel (not mel_norm itself) and the dataset."""
     feats = {k: v for k, v in dataclasses.asdict(features).items() if k != "backend"}
     chain = {k: v for k, v in dataclasses.asdict(transforms).items() if k not in ("mel_norm", "fields")}
+    if transforms.trim_db > 0 or transforms.normalize != "off":
+        chain["revision"] = TRANSFORMS_REVISION
     text = json.dumps({"features": feats, "transforms": chain, "dataset": dataset_fingerprint}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_HEX]
 

@@ -264,3 +264,11 @@ def test_transformed_mels_are_cached_under_their_chain(tmp_path: Path) -> None:
     plain = _maker(root, TransformsConfig(), cache=tmp_path / "cache").make(_lease(ids, texts))
     assert plain.fields["cache"]["hits"] == 0  # another chain: not served the transformed mels
     assert math.isfinite(float(plain.arrays["mel"].max()))
+
+
+def test_a_new_definition_of_the_built_in_steps_changes_the_cache_key(monkeypatch) -> None:
+    from stoker.producer import transforms
+
+    key = Chain(TransformsConfig(trim_db=40.0), FEATURES).key
+    monkeypatch.setattr(transforms, "TRANSFORMS_REVISION", transforms.TRANSFORMS_REVISION + 1)
+    assert Chain(TransformsConfig(trim_db=40.0), FEATURES).key != key

@@ -59,3 +59,13 @@ def test_the_key_follows_what_the_mel_depends_on() -> None:
     others = {stats_key(FeaturesConfig(n_mels=64), t, "data1"), stats_key(f, TransformsConfig(trim_db=30), "data1"),
               stats_key(f, t, "data2")}
     assert len({key, *others}) == 4
+
+
+def test_a_new_definition_of_the_measuring_transforms_changes_only_their_keys(monkeypatch) -> None:
+    from stoker.shared import melstats
+
+    f, plain, trimmed = FeaturesConfig(), TransformsConfig(), TransformsConfig(trim_db=30)
+    before = stats_key(f, plain, "data1"), stats_key(f, trimmed, "data1")
+    monkeypatch.setattr(melstats, "TRANSFORMS_REVISION", melstats.TRANSFORMS_REVISION + 1)
+    assert stats_key(f, plain, "data1") == before[0]
+    assert stats_key(f, trimmed, "data1") != before[1]
