@@ -32,6 +32,13 @@ DEMO_DATA = DEMO_DATA_DIR
 # Children that do not stop on their own within this many seconds after their work is
 # done are terminated (SIGTERM), then killed.
 JOIN_TIMEOUT_S = 10.0
+# A benchmark's training child (a whole run of stoker) that takes longer than this has hung.
+CHILD_TIMEOUT_S = 400.0
+# Steps/s of a training child is taken over the steps after these: the first executions of
+# each bucket shape (0.9 s for the first step on 2 cores) would otherwise decide a short run's figure.
+SETTLING_STEPS = 8
+# A training child's environment: TensorFlow's start-up chatter off, this stoker importable.
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
 
 
 class BenchError(RuntimeError):

@@ -49,21 +49,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, report, spread, table
+from stoker.benchmarks.common import (CHILD_TIMEOUT_S, DEMO_DATA, QUIET_ENV, SETTLING_STEPS, STOKER, BenchError, ratio,
+                                      report, spread, table)
 from stoker.shared.metrics import wait_share
 
 log = logging.getLogger(__name__)
 
 TARGET_RATIO = 0.98
 RESULT_PREFIX = "FEED-RESULT "
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
 BATCH_SIZE = 16
 PRODUCERS = 2
-CHILD_TIMEOUT_S = 400.0
 KINDS = ("trainer", "feed loop", "feed fit", "tf.data fit")
-# Steps/s is taken over the steps after these: the first executions of each bucket shape
-# (0.9 s for the first step on 2 cores) would otherwise decide a short run's figure.
-SETTLING_STEPS = 8
 
 
 @dataclass

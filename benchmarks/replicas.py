@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, report, spread, table
+from stoker.benchmarks.common import (CHILD_TIMEOUT_S, DEMO_DATA, QUIET_ENV, SETTLING_STEPS, STOKER, BenchError, ratio,
+                                      report, spread, table)
 from stoker.shared.metrics import wait_share
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,6 @@ WAIT_TARGET = 0.02
 BATCH_SIZE = 8
 PRODUCERS = 2  # per replica: the default pipeline.producers
 SYNTHETIC_MS = 65.0  # the tiny model's step at batch 8 on 2 cores, so both ask the pipeline alike
-CHILD_TIMEOUT_S = 400.0
-# The first executions of each bucket shape would otherwise decide a short run's figure.
-SETTLING_STEPS = 8
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
 MODELS = ("tiny", f"synthetic:{SYNTHETIC_MS:g}")
 
 

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stoker.shared.config import TRANSFORMS_REVISION
+from .config import TRANSFORMS_REVISION
 
 # A channel that never varies (an empty filter, a silent band) is divided by this, not by 0.
 MIN_STD = 1e-3
