@@ -154,9 +154,8 @@ def frame_loudness(weighted: np.ndarray, num_samples: int, features: FeaturesCon
         return float("-inf")
     whole, part = _block_edges(blocks, features)  # [2, blocks]: frames before each edge, and the cut one's share
     count = len(weighted)
-    running = np.zeros(count + 2)
-    np.cumsum(weighted, out=running[1:count + 1])
-    running[count + 1] = running[count]
+    running = np.zeros(count + 1)
+    np.cumsum(weighted, out=running[1:])
     energy = np.append(weighted, np.float32(0))  # a frame index past the end stands for nothing
     at = np.minimum(whole, count)
     before = running[at] + part * energy[at]
