@@ -15,13 +15,22 @@ Per step the user of the core calls::
 
     for item in core.batches():          # warm-up first; ends when the budget is reached or on stop
         handle = train_step(item.arrays)  # the user's step; a loss handle (float, tensor, None)
-        core.step_done(handle)           # its step time ends here (else at the next request)
+        core.step_done(handle)           # its step ends here (else at the next request)
         if core.flush_due():
             core.flush(resolve)           # the interval's losses fetched at once, rows written
 
-Step row (metrics.jsonl): ``wait_ms`` is the time from asking for the batch until it
-came, ``queue_depth`` the batches held when asking, ``step_ms`` the time from handing the
-batch out until ``step_done`` (or the next request). The first request waits until the
+Handed out is not trained. A batch counts (in the input position that a checkpoint or
+``state_dict`` saves, in the step count and in the step logs) only once its step is
+*confirmed*: by :meth:`FeedCore.step_done`, or by the next request when batches are
+taken one at a time (``batches(confirm_on_request=True)``). Where batches are taken
+ahead of training (tf.data's prefetch under Keras ``fit``), only ``step_done`` confirms,
+oldest first; what was handed out and never confirmed is trained again after a resume,
+never skipped.
+
+Step row (metrics.jsonl), written when the step is confirmed: ``wait_ms`` is the time
+from the end of the step before until the batch was handed out (0 when it was taken
+ahead), ``queue_depth`` the batches held when it was asked for, ``step_ms`` the time from
+the later of the two until the step was confirmed. The first request waits until the
 queue is full or ``pipeline.model_start_delay_s`` has passed (warm-up, ``warmup_s``).
 
 One file of some 600 lines: opening, handing out, recording and closing are the life of
@@ -95,6 +104,15 @@ class FeedStateError(UserError):
 
 
 @dataclasses.dataclass
+class _HandedOut:
+    """A batch handed out whose step is not confirmed yet."""
+
+    item: QueuedBatch
+    depth: int  # batches held when it was asked for
+    handed: float  # when it was handed out (time.monotonic())
+
+
+@dataclasses.dataclass
 class Resolved:
     """What a resolver makes of an interval's loss handles: a loss per step, and optionally
     each step's named terms."""
@@ -149,7 +167,14 @@ class FeedCore:
         self.exit_reason, self.code = "completed", EXIT_OK
         self.opened = False
         self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is not fetched yet
-        self._open_row: dict[str, Any] | None = None  # the step handed out, until step_done
+        self._unconfirmed: collections.deque[_HandedOut] = collections.deque()  # handed out, not yet trained
+        self._held: collections.deque[tuple[QueuedBatch, int]] = collections.deque()  # a later epoch's, held back
+        self._step_end: float | None = None  # when the last confirmed step ended
+        self._last_epoch: int | None = None  # the epoch of the last confirmed batch
+        self.handed_steps = 0
+        self.warmed = False
+        # Batches are handed out in one thread (tf.data's, under fit) and confirmed in another.
+        self._lock = threading.Lock()
         self.last_loss: float | None = None
         self.val_samples: list[Sample] = []
         self.mel_norm: dict[str, Any] | None = None
@@ -198,7 +223,9 @@ class FeedCore:
             self._resume_checkpoint()  # CheckpointError before anything in the run directory changes
         elif self.state is not None:
             self._resume_state(self.state)
-        self.position: InputPosition = self.checkpoints.position
+        self.position: InputPosition = self.checkpoints.position  # what was trained (confirmed)
+        self.handed = self.position.copy()  # what was handed out: the trained part and what is taken ahead
+        self.handed_steps = self.step
         self.epochs_completed = len(self.position.complete)
         self.mel_key = stats_key(cfg.features, cfg.transforms, index.scan.fingerprint)
         self.mel_norm = self._mel_norm(index, self.mel_key)
@@ -277,13 +304,13 @@ class FeedCore:
         logs are written up to this step first, so that a resume from it finds every row it
         counts (the interval's losses are fetched now)."""
         if self.opened:
-            self._close_step(time.monotonic())
             self.flush(check=False)
             self.flush_logs()
         identity = self.checkpoints.identity
-        return {"format": FEED_STATE_FORMAT, "step": self.step, "plan": identity["fingerprint"],
-                "dataset_fingerprint": identity["dataset_fingerprint"],
-                "batches_per_epoch": identity["batches_per_epoch"], "position": self.position.state_dict()}
+        with self._lock:
+            return {"format": FEED_STATE_FORMAT, "step": self.step, "plan": identity["fingerprint"],
+                    "dataset_fingerprint": identity["dataset_fingerprint"],
+                    "batches_per_epoch": identity["batches_per_epoch"], "position": self.position.state_dict()}
 
     def _resume_state(self, state: Any) -> None:
         """Continue from a feed's state_dict(): FeedStateError when it is not one, or belongs to
@@ -368,60 +395,106 @@ class FeedCore:
 
     # ------------------------------------------------------------ steps
     def finished(self) -> bool:
+        """Whether the budget is trained: ``total_steps`` steps confirmed, or the planned epochs complete."""
         if self.total_steps is not None:
             return self.step >= self.total_steps
         return self.epochs_completed >= (self.epochs or 0)
 
-    def _update_epochs(self) -> None:
-        """Mark epochs whose every sample was trained or rejected while the run went on."""
-        self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+    def handed_all(self, epoch: int | None = None) -> bool:
+        """Whether nothing is left to hand out: of the budget, or (``epoch``) of that epoch."""
+        if self.total_steps is not None and self.handed_steps >= self.total_steps:
+            return True
+        if epoch is not None:
+            return epoch in self.handed.complete or (self.epochs is not None and epoch >= self.epochs)
+        return self.total_steps is None and len(self.handed.complete) >= (self.epochs or 0)
 
-    def batches(self) -> Iterator[QueuedBatch]:
+    def _update_epochs(self) -> None:
+        """Mark epochs whose every sample was trained (handed out) or rejected while the run went on."""
+        self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+        self.handed.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+
+    def batches(self, confirm_on_request: bool = True, epoch: int | None = None) -> Iterator[QueuedBatch]:
         """Warm-up, then one batch per step until the budget, the plan's end or a stop
-        (``interrupted`` tells which)."""
-        if self.finished():
-            log.info("nothing left to train at step %d (pass --steps or --epochs to go on)", self.step)
+        (``interrupted`` tells which).
+
+        ``confirm_on_request``: asking for the next batch confirms the last one handed out
+        (its step ended there): true for a loop that takes each batch when it needs it; false
+        where batches may be taken ahead of training (tf.data's prefetch), whose steps are
+        confirmed by :meth:`step_done` alone. ``epoch``: hand out that epoch's batches only
+        and end when all of them are handed out (batches of a later epoch that arrive first
+        are held back, at most a queue's capacity of them)."""
+        if self.handed_all(epoch):
+            if epoch is None:
+                log.info("nothing left to train at step %d (pass --steps or --epochs to go on)", self.step)
             return
         self._warm_up()
-        while not self.finished():
+        while not self.handed_all(epoch):
             asked = time.monotonic()
-            self._close_step(asked)
-            got = self._next_batch(asked)
+            if confirm_on_request:
+                self.confirm(asked)
+            got = self._next_batch(asked, epoch)
             if got is None:
-                if not self.finished():
+                if not self.handed_all(epoch):
                     self.interrupted = True
                 return
             item, depth = got
-            begun = time.monotonic()
-            self.step += 1
-            self._open_row = {"step": self.step, "epoch": item.epoch, "t": None, "queue_depth": depth,
-                              "wait_ms": round((begun - asked) * 1e3, 3), "step_ms": None, "loss": None,
-                              "samples": len(item.ids), "producer": item.producer, "frames": item.frames,
-                              "frames_computed": item.frames_computed, "_begun": begun}
-            if self.samples_log is not None:
-                self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
-            self.position.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
-            self._update_epochs()
+            with self._lock:
+                self.handed_steps += 1
+                self._unconfirmed.append(_HandedOut(item, depth, time.monotonic()))
+                self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
+                self._update_epochs()
             yield item
-            if self.stop.is_set() and not self.finished():
-                self._close_step(time.monotonic())
+            if self.stop.is_set() and not self.handed_all(epoch):
+                if confirm_on_request:
+                    self.confirm(time.monotonic())
                 self.interrupted = True
                 return
-        self._close_step(time.monotonic())
+        if confirm_on_request:
+            self.confirm(time.monotonic())
 
-    def step_done(self, handle: Any = None) -> None:
-        """The step of the last batch handed out ended; ``handle``: its loss (resolved at the
-        next flush)."""
-        self._close_step(time.monotonic(), handle)
+    def step_done(self, handle: Any = None) -> bool:
+        """The step of the oldest batch handed out and not yet confirmed ended now; ``handle``:
+        its loss (resolved at the next flush). False when no batch waited for it."""
+        return self.confirm(time.monotonic(), handle)
 
-    def _close_step(self, ended: float, handle: Any = None) -> None:
-        row = self._open_row
-        if row is None:
-            return
-        self._open_row = None
-        begun = row.pop("_begun")
-        row["t"] = round(ended - self.started, 4)
-        row["step_ms"] = round((ended - begun) * 1e3, 3)
+    def training_epoch(self) -> int | None:
+        """The epoch of the oldest batch handed out and not confirmed, else of the last confirmed one."""
+        with self._lock:
+            if self._unconfirmed:
+                return self._unconfirmed[0].item.epoch
+            return self._last_epoch
+
+    @property
+    def unconfirmed(self) -> int:
+        """Batches handed out whose step has not been confirmed (taken ahead, or being trained)."""
+        return len(self._unconfirmed)
+
+    def confirm(self, ended: float, handle: Any = None) -> bool:
+        """The oldest unconfirmed batch was trained, its step ending at ``ended``: it counts in the
+        input position, the step logs and the step count. Its wait is the time from the end of
+        the step before until the batch was handed out (0 when it was taken ahead), its step time
+        from the later of the two until ``ended``. False when none was unconfirmed."""
+        with self._lock:
+            if not self._unconfirmed:
+                return False
+            self._confirm(self._unconfirmed.popleft(), ended, handle)
+        return True
+
+    def _confirm(self, out: _HandedOut, ended: float, handle: Any) -> None:
+        item = out.item
+        before = self._step_end if self._step_end is not None else out.handed
+        begun = max(before, out.handed)
+        self._step_end = ended
+        self._last_epoch = item.epoch
+        self.step += 1
+        row = {"step": self.step, "epoch": item.epoch, "t": round(ended - self.started, 4),
+               "queue_depth": out.depth, "wait_ms": round(max(0.0, out.handed - before) * 1e3, 3),
+               "step_ms": round(max(0.0, ended - begun) * 1e3, 3), "loss": None, "samples": len(item.ids),
+               "producer": item.producer, "frames": item.frames, "frames_computed": item.frames_computed}
+        if self.samples_log is not None:
+            self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
+        self.position.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
+        self._update_epochs()
         self._pending.append((row, handle))
         self.telemetry.on_step(row)
         if self.live.due():
@@ -466,18 +539,35 @@ class FeedCore:
         if self.samples_log is not None:
             self.samples_log.flush()
 
-    def _next_batch(self, asked: float) -> tuple[QueuedBatch, int] | None:
-        """The next batch and the depth seen on asking; None when stopped while waiting, or
-        when the last epoch completed meanwhile (its last samples were rejected)."""
+    def _next_batch(self, asked: float, epoch: int | None = None) -> tuple[QueuedBatch, int] | None:
+        """The next batch and the depth seen on asking (``epoch``: of that epoch or an earlier
+        one, while at most a queue's capacity of later batches can be held back); None when
+        stopped while waiting, or when nothing is left to hand out meanwhile (the last
+        samples were rejected)."""
         last_warn = asked
         want = self._next_position() if self.planner.workers > 1 else None
         while not self.stop.is_set():
+            for held in self._held:
+                if epoch is None or held[0].epoch <= epoch:
+                    self._held.remove(held)
+                    return held
             got = self.queue.get(WAIT_SLICE_S, want)
             if got is not None:
-                return got
+                item, depth = got
+                got = (item, depth + len(self._held))
+                if epoch is None or item.epoch <= epoch:
+                    return got
+                self._held.append(got)
+                if len(self._held) <= self.queue.capacity:
+                    continue
+                # Held back all a queue holds: the epoch's last batch may need one of its slots.
+                log.info("epoch %d: a batch of epoch %d is handed out before the epoch's last ones", epoch,
+                         self._held[0][0].epoch)
+                return self._held.popleft()
             if self.epochs:
-                self._update_epochs()
-                if self.finished():
+                with self._lock:
+                    self._update_epochs()
+                if self.handed_all(epoch):
                     return None
             last_warn = self._waiting(asked, last_warn, "no batch for")
         return None
@@ -487,9 +577,9 @@ class FeedCore:
         from the input position on (None past the last planned epoch)."""
         if self._positions is None:
             def positions() -> Iterator[tuple[int, int]]:
-                epoch = self.position.first_open()
+                epoch = self.handed.first_open()
                 while self.epochs is None or epoch < self.epochs:
-                    for batch in self.position.remaining(self.planner.plan(epoch)):
+                    for batch in self.handed.remaining(self.planner.plan(epoch)):
                         yield batch.epoch, batch.index
                     epoch += 1
 
@@ -516,11 +606,15 @@ class FeedCore:
     def _warm_up(self) -> None:
         """The first batch, then a full queue or model_start_delay_s more, so that producers
         still starting (importing TensorFlow, tracing) can fill the queue."""
+        if self.warmed:
+            return
+        self.warmed = True
         warm_start = last_warn = time.monotonic()
         while not self.stop.is_set() and self.queue.wait_for_depth(1, WAIT_SLICE_S, self.stop) < 1:
             last_warn = self._waiting(warm_start, last_warn, "no batch yet after")
         self.queue.wait_for_depth(self.queue.capacity, self.cfg.pipeline.model_start_delay_s, self.stop)
         self.warmup_s = time.monotonic() - warm_start
+        self._step_end = time.monotonic()  # the first step's wait counts from here
 
     # ------------------------------------------------------------ progress
     def _live_text(self) -> str:
@@ -550,7 +644,9 @@ class FeedCore:
         if not self.opened:
             return
         self.opened = False
-        self._close_step(time.monotonic())
+        if self._unconfirmed:
+            log.info("%d batch(es) handed out were not confirmed as trained: the input position does not count "
+                     "them, a resume trains them", len(self._unconfirmed))
         self.flush(self.resolver, check=False)
         self.stop.set()
         self.coordinator.join(COORDINATOR_JOIN_S)

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -48,7 +49,7 @@ NOT_FEED_OPTIONS = {"model": "the feed trains no model: your loop does"}
 
 
 class FeedError(UserError):
-    """A feed used wrongly (an unknown option, a batch after the plan is over, a state that
+    """A feed used wrongly (an unknown option, a feed used after it closed, a state that
     does not fit); the message is one line for the user."""
 
 
@@ -101,6 +102,7 @@ class Feed:
         self._closing = threading.Event()
         self._stop = threading.Event()
         self._batches: Iterator[Any] | None = None
+        self._taken_by: str | None = None  # "iteration" or "as_dataset()"
         self._ended = False
         self._closed = False
         self._started_once = False
@@ -252,38 +254,132 @@ class Feed:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        if self._ended:
-            raise FeedError(f"the feed's plan is over ({self._core.step} steps, {self._core.epochs_completed} "
-                            f"epochs complete): no batch is left; make a new stoker.Feed (resume=its state) "
-                            f"to train further")
+        """The next batch; asking for it confirms the last one's step (it was trained).
+        StopIteration at the end of the plan, and again at every later call."""
         if self._closed:
             raise FeedError("this feed is closed; no batch is left")
-        core = self.start()._core
+        if self._ended:
+            raise StopIteration
+        self._take_by("iteration")
         if self._batches is None:
-            self._batches = core.batches()
-        core.step_done()  # the step of the last batch ends here when the loop did not say so
+            self._batches = self.start()._core.batches(confirm_on_request=False)
+        try:
+            return self._next_of(self._batches)
+        except StopIteration:
+            self._ended = True
+            raise
+
+    def epochs(self) -> Iterator[tuple[int, Iterator[dict[str, Any]]]]:
+        """The plan epoch by epoch: ``for epoch, batches in feed.epochs(): for batch in batches:``.
+        ``batches`` ends when every clip of that epoch was handed out (or rejected); batches
+        of the next epoch that arrive first are held back for it. Asking for a batch confirms
+        the last one's step, as in plain iteration."""
+        self._take_by("iteration")
+        core = self.start()._core
+        while not self._closed and not core.handed_all():
+            epoch = core.handed.first_open()
+            yield epoch, self._epoch_batches(epoch)
+
+    def _epoch_batches(self, epoch: int) -> Iterator[dict[str, Any]]:
+        batches = self._core.batches(confirm_on_request=False, epoch=epoch)
+        while True:
+            try:
+                yield self._next_of(batches)
+            except StopIteration:
+                return
+
+    def _next_of(self, batches: Iterator[Any]) -> dict[str, Any]:
+        """The next batch of ``batches`` for a loop that asks when it needs one: the step of the
+        batch before ended when the loop asked (unless step_done said so earlier)."""
+        core = self._core
+        core.confirm(time.monotonic())
         if core.flush_due():
             core.flush()
         try:
-            item = next(self._batches)
+            item = next(batches)
         except StopIteration:
-            self._ended = True
             core.flush()
             raise
         return item.arrays
 
+    def _take_by(self, way: str) -> None:
+        """Batches go either to a loop that iterates the feed or to tf.data (``as_dataset``), which
+        takes them ahead of training: which batch a step trained is known only in one of them."""
+        if self._taken_by not in (None, way):
+            raise FeedError(f"this feed's batches are taken by {self._taken_by} already; a feed is either iterated "
+                            f"(for batch in feed, feed.epochs()) or read through as_dataset(), not both")
+        self._taken_by = way
+
     def step_done(self, loss: Any = None, **terms: Any) -> None:
-        """The step on the last batch ended (its step time ends now). ``loss`` (a number or a
-        scalar tensor) and named ``terms`` go to metrics.jsonl, fetched from the device once
-        per logging interval."""
-        if self._batches is None:
+        """A training step ended: the oldest batch handed out and not yet confirmed was trained
+        (when iterating, the last batch; through ``as_dataset()``, batches are handed out ahead
+        of training, and each call confirms the oldest). ``loss`` (a number or a scalar tensor)
+        and named ``terms`` go to metrics.jsonl, fetched from the device once per logging
+        interval."""
+        if self._taken_by is None:
             raise FeedError("step_done() before the first batch")
-        self._core.step_done({"loss": loss, **terms} if terms else loss)
+        core = self._core
+        confirmed = core.step_done({"loss": loss, **terms} if terms else loss)
+        if self._taken_by == "iteration":
+            return  # a second call for one batch changes nothing
+        if not confirmed:
+            raise FeedError("step_done() without a batch to confirm: every batch handed out through as_dataset() "
+                            "is confirmed already (call it once per training step, and not beside feed.callback())")
+        if core.flush_due():
+            core.flush()
+
+    def callback(self) -> Any:
+        """A Keras callback that confirms each training step of ``fit`` on :meth:`as_dataset`,
+        so the feed's state (and metrics.jsonl) counts only what the model trained, whatever
+        ``map``/``prefetch`` the dataset has: ``model.fit(feed.as_dataset(), epochs=E,
+        callbacks=[feed.callback(), ...])``. Put it before callbacks that save
+        ``feed.state_dict()``, so that their state counts the step that just ended."""
+        import keras
+
+        feed = self
+
+        class FeedCallback(keras.callbacks.Callback):
+            def __init__(self) -> None:
+                super().__init__()
+                self._seen = 0  # steps of this Keras epoch confirmed
+
+            def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+                self._seen = 0
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                # ``batch`` is the index of the last step run (several under steps_per_execution).
+                steps, self._seen = max(1, batch + 1 - self._seen), batch + 1
+                feed._confirm_steps(steps)
+
+        return FeedCallback()
+
+    def _confirm_steps(self, steps: int) -> None:
+        core = self._core
+        if core is None:
+            return
+        for _ in range(steps):
+            if not core.step_done():
+                break  # the last execution of an epoch ran short of its steps_per_execution
+        if core.flush_due():
+            core.flush()
+
+    @property
+    def epoch(self) -> int | None:
+        """The plan epoch of the batch being trained: the last one handed out when iterating;
+        through ``as_dataset()`` the oldest not yet confirmed (None before the first batch)."""
+        core = self._core
+        if core is None:
+            return None
+        return core.training_epoch()
 
     def as_dataset(self) -> Any:
-        """The same batches as a ``tf.data.Dataset`` (for ``model.fit`` and
+        """The batches as a ``tf.data.Dataset`` (for ``model.fit`` and
         ``strategy.distribute_datasets_from_function``): element spec per the batch schema,
-        bucketed dimensions None. No prefetch is added: the feed's queue is the prefetch.
+        bucketed dimensions None. Each iteration of it is one epoch of the plan (the next one
+        not yet handed out in full), so ``fit(ds, epochs=E)`` trains E epochs and sees where
+        each ends; ``.repeat()`` makes it one stream of every epoch left (for ``steps_per_epoch``).
+        Batches may be taken ahead of training (``map``, ``prefetch``): the steps trained are
+        confirmed by :meth:`callback` under ``fit``, or by :meth:`step_done` in a custom loop.
         With replicas, ``strategy.experimental_distribute_dataset`` splits each global batch."""
         import tensorflow as tf
 
@@ -294,10 +390,15 @@ class Feed:
 
         spec = self.element_spec
 
-        def batches() -> Iterator[dict[str, Any]]:
-            yield from self
+        def one_epoch() -> Iterator[dict[str, Any]]:
+            self._take_by("as_dataset()")
+            core = self.start()._core
+            if core.handed_all():
+                return
+            for item in core.batches(confirm_on_request=False, epoch=core.handed.first_open()):
+                yield item.arrays
 
-        return tf.data.Dataset.from_generator(batches, output_signature=spec)
+        return tf.data.Dataset.from_generator(one_epoch, output_signature=spec)
 
     # ------------------------------------------------------------ progress and resume
     @property
@@ -393,6 +494,10 @@ class Feed:
                 core.exit_reason, core.code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
             elif not self._ended and not core.finished():
                 core.exit_reason = f"stopped by the training loop at step {core.step}"
+            if self._taken_by == "as_dataset()" and not core.step and core.handed_steps:
+                log.warning("%d batches went out through as_dataset() and no step was confirmed: pass "
+                            "callbacks=[feed.callback()] to fit, or call feed.step_done() after each step of your "
+                            "loop; the feed's state counts confirmed steps only", core.handed_steps)
             core.close()
 
     def _stop_producers(self) -> None:
