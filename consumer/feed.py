@@ -169,6 +169,7 @@ class FeedCore:
         self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is not fetched yet
         self._unconfirmed: collections.deque[_HandedOut] = collections.deque()  # handed out, not yet trained
         self._held: collections.deque[tuple[QueuedBatch, int]] = collections.deque()  # a later epoch's, held back
+        self._again: set[int] = set()  # id() of held batches handed out before and never trained
         self._step_end: float | None = None  # when the last confirmed step ended
         self._last_epoch: int | None = None  # the epoch of the last confirmed batch
         self.handed_steps = 0
@@ -402,6 +403,8 @@ class FeedCore:
 
     def handed_all(self, epoch: int | None = None) -> bool:
         """Whether nothing is left to hand out: of the budget, or (``epoch``) of that epoch."""
+        if any(id(item) in self._again and (epoch is None or item.epoch <= epoch) for item, _ in self._held):
+            return False
         if self.total_steps is not None and self.handed_steps >= self.total_steps:
             return True
         if epoch is not None:
@@ -439,10 +442,13 @@ class FeedCore:
                 return
             item, depth = got
             with self._lock:
-                self.handed_steps += 1
+                if id(item) in self._again:  # handed out before, to an iterator that never trained it
+                    self._again.discard(id(item))
+                else:
+                    self.handed_steps += 1
+                    self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
+                    self._update_epochs()
                 self._unconfirmed.append(_HandedOut(item, depth, time.monotonic()))
-                self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
-                self._update_epochs()
             yield item
             if self.stop.is_set() and not self.handed_all(epoch):
                 if confirm_on_request:
@@ -456,6 +462,21 @@ class FeedCore:
         """The step of the oldest batch handed out and not yet confirmed ended now; ``handle``:
         its loss (resolved at the next flush). False when no batch waited for it."""
         return self.confirm(time.monotonic(), handle)
+
+    def hand_out_again(self) -> int:
+        """The batches handed out and not confirmed go out again first, as they are (already
+        staged), without counting twice: for an iterator that took them ahead and ended
+        without training them (a ``fit`` whose steps ran out before its prefetch did). The
+        number of batches."""
+        with self._lock:
+            again = list(self._unconfirmed)
+            self._unconfirmed.clear()
+            for out in reversed(again):
+                self._held.appendleft((out.item, out.depth))
+                self._again.add(id(out.item))
+        if again:
+            log.info("%d batch(es) taken ahead and never trained are handed out again", len(again))
+        return len(again)
 
     def training_epoch(self) -> int | None:
         """The epoch of the oldest batch handed out and not confirmed, else of the last confirmed one."""

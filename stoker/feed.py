@@ -343,6 +343,10 @@ class Feed:
                 super().__init__()
                 self._seen = 0  # steps of this Keras epoch confirmed
 
+            def on_train_begin(self, logs: Any = None) -> None:
+                # Every fit makes its own iterator: what an earlier one took ahead was never trained.
+                feed.return_prefetched()
+
             def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
                 self._seen = 0
 
@@ -352,6 +356,16 @@ class Feed:
                 feed._confirm_steps(steps)
 
         return FeedCallback()
+
+    def return_prefetched(self) -> int:
+        """Batches handed out through ``as_dataset()`` and never confirmed go back to the feed,
+        to be handed out again first: call it when the iterator that took them ahead is
+        dropped before they were trained (a loop that stops iterating a dataset early and
+        makes a new iterator). :meth:`callback` does it at the start of every ``fit``. The
+        number of batches returned."""
+        if self._core is None or self._taken_by != "as_dataset()":
+            return 0
+        return self._core.hand_out_again()
 
     def _confirm_steps(self, steps: int) -> None:
         core = self._core
