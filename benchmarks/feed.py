@@ -12,8 +12,9 @@ the runs alternate within each repetition:
    trainer     ``python run.py --model tiny``: stoker's own training loop
    feed loop   ``stoker.Feed`` in the user's loop: ``for batch in feed:
                feed.step_done(loss=trainer.step(batch)[0])``
-   feed fit    ``model.fit(feed.as_dataset())`` with the same model and loss, written as
-               a user writes it for fit (``compute_loss``); Keras' own step, one trace
+   feed fit    ``model.fit(feed.as_dataset().repeat(), callbacks=[feed.callback()])`` with the
+               same model and loss, written as a user writes it for fit (``compute_loss``);
+               Keras' own step, one trace
 
    Figure: steps/s after warm-up and the first SETTLING_STEPS steps: steps over their
    summed wait and step time in metrics.jsonl (written by the same code in all three).
@@ -142,8 +143,8 @@ def child_main(kind: str, run_dir: Path, steps: int, data: str) -> dict[str, Any
         model = _fit_model(feed.vocabulary.size, feed.n_mels, feed.cfg)
         started = time.monotonic()
         with feed:
-            model.fit(feed.as_dataset(), epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0,
-                      callbacks=[_first_step_callback(started, out)])
+            model.fit(feed.as_dataset().repeat(), epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0,
+                      callbacks=[feed.callback(), _first_step_callback(started, out)])
         return out
     if kind == "tf.data fit":
         from stoker.benchmarks.alternatives import plan_batches, tf_dataset

@@ -59,6 +59,7 @@ from typing import Any, Callable, Iterator, Sequence
 from stoker.consumer.buffer import BatchQueue, QueuedBatch
 from stoker.consumer.checkpoint import RunCheckpoints, trim_step_log
 from stoker.consumer.coordinator import Coordinator
+from stoker.consumer.handout import Confirmed, HandOutLedger
 from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError, ReferenceTable, TokenTable
 from stoker.consumer.progress import LiveLine
 from stoker.consumer.telemetry import Telemetry
@@ -101,15 +102,6 @@ class TransformFailed(UserError):
 
 class FeedStateError(UserError):
     """A feed state (``resume=``) that does not belong to this dataset and plan; one line."""
-
-
-@dataclasses.dataclass
-class _HandedOut:
-    """A batch handed out whose step is not confirmed yet."""
-
-    item: QueuedBatch
-    depth: int  # batches held when it was asked for
-    handed: float  # when it was handed out (time.monotonic())
 
 
 @dataclasses.dataclass
@@ -167,11 +159,7 @@ class FeedCore:
         self.exit_reason, self.code = "completed", EXIT_OK
         self.opened = False
         self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is not fetched yet
-        self._unconfirmed: collections.deque[_HandedOut] = collections.deque()  # handed out, not yet trained
-        self._held: collections.deque[tuple[QueuedBatch, int]] = collections.deque()  # a later epoch's, held back
-        self._again: set[int] = set()  # id() of held batches handed out before and never trained
-        self._step_end: float | None = None  # when the last confirmed step ended
-        self._last_epoch: int | None = None  # the epoch of the last confirmed batch
+        self.ledger = HandOutLedger()  # handed out, held back, confirmed
         self.handed_steps = 0
         self.warmed = False
         # Batches are handed out in one thread (tf.data's, under fit) and confirmed in another.
@@ -403,7 +391,7 @@ class FeedCore:
 
     def handed_all(self, epoch: int | None = None) -> bool:
         """Whether nothing is left to hand out: of the budget, or (``epoch``) of that epoch."""
-        if any(id(item) in self._again and (epoch is None or item.epoch <= epoch) for item, _ in self._held):
+        if self.ledger.returned(epoch):
             return False
         if self.total_steps is not None and self.handed_steps >= self.total_steps:
             return True
@@ -442,13 +430,10 @@ class FeedCore:
                 return
             item, depth = got
             with self._lock:
-                if id(item) in self._again:  # handed out before, to an iterator that never trained it
-                    self._again.discard(id(item))
-                else:
+                if self.ledger.hand(item, depth, time.monotonic()):  # not a batch handed out again
                     self.handed_steps += 1
                     self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
                     self._update_epochs()
-                self._unconfirmed.append(_HandedOut(item, depth, time.monotonic()))
             yield item
             if self.stop.is_set() and not self.handed_all(epoch):
                 if confirm_on_request:
@@ -464,53 +449,41 @@ class FeedCore:
         return self.confirm(time.monotonic(), handle)
 
     def hand_out_again(self) -> int:
-        """The batches handed out and not confirmed go out again first, as they are (already
-        staged), without counting twice: for an iterator that took them ahead and ended
-        without training them (a ``fit`` whose steps ran out before its prefetch did). The
-        number of batches."""
+        """The batches handed out and not confirmed go out again first (HandOutLedger.hand_out_again);
+        the number of batches."""
         with self._lock:
-            again = list(self._unconfirmed)
-            self._unconfirmed.clear()
-            for out in reversed(again):
-                self._held.appendleft((out.item, out.depth))
-                self._again.add(id(out.item))
+            again = self.ledger.hand_out_again()
         if again:
-            log.info("%d batch(es) taken ahead and never trained are handed out again", len(again))
-        return len(again)
+            log.info("%d batch(es) taken ahead and never trained are handed out again", again)
+        return again
 
     def training_epoch(self) -> int | None:
         """The epoch of the oldest batch handed out and not confirmed, else of the last confirmed one."""
         with self._lock:
-            if self._unconfirmed:
-                return self._unconfirmed[0].item.epoch
-            return self._last_epoch
+            return self.ledger.training_epoch()
 
     @property
     def unconfirmed(self) -> int:
         """Batches handed out whose step has not been confirmed (taken ahead, or being trained)."""
-        return len(self._unconfirmed)
+        return len(self.ledger.unconfirmed)
 
     def confirm(self, ended: float, handle: Any = None) -> bool:
         """The oldest unconfirmed batch was trained, its step ending at ``ended``: it counts in the
-        input position, the step logs and the step count. Its wait is the time from the end of
-        the step before until the batch was handed out (0 when it was taken ahead), its step time
-        from the later of the two until ``ended``. False when none was unconfirmed."""
+        input position, the step logs and the step count (its figures: HandOutLedger.confirm).
+        False when none was unconfirmed."""
         with self._lock:
-            if not self._unconfirmed:
+            done = self.ledger.confirm(ended)
+            if done is None:
                 return False
-            self._confirm(self._unconfirmed.popleft(), ended, handle)
+            self._record_step(done, ended, handle)
         return True
 
-    def _confirm(self, out: _HandedOut, ended: float, handle: Any) -> None:
-        item = out.item
-        before = self._step_end if self._step_end is not None else out.handed
-        begun = max(before, out.handed)
-        self._step_end = ended
-        self._last_epoch = item.epoch
+    def _record_step(self, done: Confirmed, ended: float, handle: Any) -> None:
+        item = done.item
         self.step += 1
         row = {"step": self.step, "epoch": item.epoch, "t": round(ended - self.started, 4),
-               "queue_depth": out.depth, "wait_ms": round(max(0.0, out.handed - before) * 1e3, 3),
-               "step_ms": round(max(0.0, ended - begun) * 1e3, 3), "loss": None, "samples": len(item.ids),
+               "queue_depth": done.depth, "wait_ms": round(done.wait_s * 1e3, 3),
+               "step_ms": round(done.step_s * 1e3, 3), "loss": None, "samples": len(item.ids),
                "producer": item.producer, "frames": item.frames, "frames_computed": item.frames_computed}
         if self.samples_log is not None:
             self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
@@ -568,23 +541,19 @@ class FeedCore:
         last_warn = asked
         want = self._next_position() if self.planner.workers > 1 else None
         while not self.stop.is_set():
-            for held in self._held:
-                if epoch is None or held[0].epoch <= epoch:
-                    self._held.remove(held)
-                    return held
+            with self._lock:
+                held = self.ledger.take_held(epoch)
+            if held is not None:
+                return held
             got = self.queue.get(WAIT_SLICE_S, want)
             if got is not None:
-                item, depth = got
-                got = (item, depth + len(self._held))
-                if epoch is None or item.epoch <= epoch:
-                    return got
-                self._held.append(got)
-                if len(self._held) <= self.queue.capacity:
-                    continue
-                # Held back all a queue holds: the epoch's last batch may need one of its slots.
-                log.info("epoch %d: a batch of epoch %d is handed out before the epoch's last ones", epoch,
-                         self._held[0][0].epoch)
-                return self._held.popleft()
+                # Held back at most: the queue, and every lease the live producers can hold.
+                limit = self.queue.capacity + self.cfg.pipeline.lease_ahead * max(1, self.coordinator.alive())
+                with self._lock:
+                    out = self.ledger.arrived(*got, epoch, limit)
+                if out is not None:
+                    return out
+                continue
             if self.epochs:
                 with self._lock:
                     self._update_epochs()
@@ -635,7 +604,7 @@ class FeedCore:
             last_warn = self._waiting(warm_start, last_warn, "no batch yet after")
         self.queue.wait_for_depth(self.queue.capacity, self.cfg.pipeline.model_start_delay_s, self.stop)
         self.warmup_s = time.monotonic() - warm_start
-        self._step_end = time.monotonic()  # the first step's wait counts from here
+        self.ledger.start(time.monotonic())
 
     # ------------------------------------------------------------ progress
     def _live_text(self) -> str:
@@ -665,9 +634,9 @@ class FeedCore:
         if not self.opened:
             return
         self.opened = False
-        if self._unconfirmed:
+        if self.ledger.unconfirmed:
             log.info("%d batch(es) handed out were not confirmed as trained: the input position does not count "
-                     "them, a resume trains them", len(self._unconfirmed))
+                     "them, a resume trains them", len(self.ledger.unconfirmed))
         self.flush(self.resolver, check=False)
         self.stop.set()
         self.coordinator.join(COORDINATOR_JOIN_S)

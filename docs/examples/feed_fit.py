@@ -4,8 +4,10 @@
 
 ``feed.as_dataset()`` is a ``tf.data.Dataset`` of the feed's batches (each a dict of the
 batch fields), so a Keras model trains on it with ``fit``; the model says what its loss
-is by overriding ``compute_loss`` (the batch is ``x``; there is no separate ``y``). One
-Keras epoch per epoch of the feed's plan: ``steps_per_epoch=feed.batches_per_epoch``.
+is by overriding ``compute_loss`` (the batch is ``x``; there is no separate ``y``). Each
+iteration of the dataset is one epoch of the feed's plan, so a Keras epoch is a feed
+epoch without ``steps_per_epoch``. ``feed.callback()`` confirms each step fit trained:
+the feed's state and metrics.jsonl count those, not the batches tf.data took ahead.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def train(options: dict[str, Any], learning_rate: float = 2e-3) -> list[float]:
     with stoker.Feed(**options) as feed:
         model = FitTTS(feed.vocabulary.size, feed.n_mels)
         model.compile(optimizer=keras.optimizers.Adam(learning_rate))
-        history = model.fit(feed.as_dataset(), epochs=options["epochs"], steps_per_epoch=feed.batches_per_epoch,
+        history = model.fit(feed.as_dataset(), epochs=options["epochs"], callbacks=[feed.callback()],
                             shuffle=False, verbose=0)  # the feed's plan is shuffled already
     return [float(v) for v in history.history["loss"]]
 

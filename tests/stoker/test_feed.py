@@ -136,16 +136,49 @@ def test_state_dict_resumes_where_it_was_and_refuses_another_plan(tmp_path, data
     assert_no_producers_left(os.getpid())
 
 
-def test_as_dataset_yields_the_batches_with_the_schema_spec(tmp_path, dataset):
+def test_as_dataset_is_one_epoch_per_iteration_and_ends_with_out_of_range(tmp_path, dataset):
     import tensorflow as tf
 
-    with stoker.Feed(**options(tmp_path, dataset, epochs=1)) as feed:
-        spec = feed.as_dataset().element_spec
-        assert spec["mel"].shape.as_list() == [None, None, 80] and spec["tokens"].dtype == tf.int32
-        seen = 0
-        for batch in feed.as_dataset():
-            seen += int(tf.reduce_sum(tf.cast(batch["mel_lengths"] > 0, tf.int32)))
-    assert seen == 24
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    with stoker.Feed(**options(tmp_path, dataset, epochs=2, record_samples=True)) as feed:
+        data = feed.as_dataset()
+        assert data.element_spec["mel"].shape.as_list() == [None, None, 80]
+        assert data.element_spec["tokens"].dtype == tf.int32
+        seen = []
+        for batch in data.map(lambda b: b["mel_lengths"]).prefetch(2):  # a user's map, batches taken ahead
+            seen.append(int(tf.reduce_sum(tf.cast(batch > 0, tf.int32))))
+            feed.step_done()  # each step trained, confirmed
+            assert feed.epoch == 0
+        iterator = iter(data)  # tf.data's own way to the end: OutOfRangeError
+        while True:
+            try:
+                iterator.get_next()
+            except tf.errors.OutOfRangeError:
+                break
+            feed.step_done()
+            seen.append(-1)
+        assert feed.epoch == 1
+        with pytest.raises(tf.errors.OutOfRangeError):  # the plan is over: an empty epoch
+            iter(data).get_next()
+    assert sum(n for n in seen if n > 0) == len(ids) and len(seen) == 2 * feed.batches_per_epoch
+    samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    assert [r["epoch"] for r in samples] == sorted(r["epoch"] for r in samples)  # epoch after epoch
+    once_per_epoch(samples, ids, 2)
+
+
+def test_epochs_end_where_every_clip_of_the_epoch_was_handed_out(tmp_path, dataset):
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    with stoker.Feed(**options(tmp_path, dataset, epochs=3, record_samples=True)) as feed:
+        epochs = []
+        for epoch, batches in feed.epochs():
+            epochs.append(epoch)
+            for _ in batches:
+                assert feed.epoch == epoch
+        assert next(iter(feed.epochs()), None) is None and feed.step == 3 * feed.batches_per_epoch
+    assert epochs == [0, 1, 2]
+    samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    assert [r["epoch"] for r in samples] == sorted(r["epoch"] for r in samples)
+    once_per_epoch(samples, ids, 3)
 
 
 @pytest.mark.parametrize("given, says", [
