@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,24 @@ def test_a_front_end_change_sends_every_text_through_it_again_but_reads_no_heade
     texts = len((root / "metadata.csv").read_text(encoding="utf-8").splitlines())  # rejected clips' texts too
     assert (index.stats.cache, index.stats.headers_read, index.stats.texts_tokenized) == ("stale", 0, texts)
     assert build_index(_data(root), FEATURES, TextConfig(digits="keep")).stats.cache == "hit"
+
+
+def test_an_edited_user_tokenizer_tokenizes_again_without_a_version_bump(root: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache key holds the hash of the tokenizer's source: editing it re-tokenizes every text
+    (with the edited code, in this same process) though ``__version__`` stayed."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"tokenizer_{tmp_path.name}"
+    source = '__version__ = "1"\nVOCAB_SIZE = 300\n\n\ndef ids(text, language):\n    return [{} + ord(c) % 200 for c in text]\n'
+    (tmp_path / f"{name}.py").write_text(source.format(2), encoding="utf-8")
+    text = TextConfig(frontend=f"{name}:ids")
+    before = build_index(_data(root), FEATURES, text)
+    assert build_index(_data(root), FEATURES, text).stats.cache == "hit"
+    (tmp_path / f"{name}.py").write_text(source.format(30), encoding="utf-8")
+    after = build_index(_data(root), FEATURES, text)
+    assert (after.stats.cache, after.stats.headers_read, after.stats.texts_tokenized) == ("stale", 0, CLIPS + 1)
+    for old, new in zip(before.samples, after.samples):
+        assert [int(i) + 28 for i in old.units.split()] == [int(i) for i in new.units.split()]
+    assert after.vocabulary == before.vocabulary  # the version names the ids a run saved: they keep loading
+    assert build_index(_data(root), FEATURES, text).stats.cache == "hit"
