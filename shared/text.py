@@ -2,28 +2,36 @@
 
 A front-end turns ``(text, language)`` into *units*, a string whose characters are the
 tokens (letters of any script, or IPA phoneme symbols), and reports every character it
-could not represent. The vocabulary (shared/vocab.py) maps units to ids; it is built from the
-dataset when the index is built, and then travels with the run (``RUN_DIR/vocab.json``
-and every checkpoint), so that ``--resume``, ``synth`` and ``export`` use the run's ids,
-not whatever today's code and data would give.
+could not represent. The vocabulary (shared/vocab.py) maps units to ids; it is built when the
+index is built, from the front-end's whole inventory of the run's languages (:meth:`Frontend.inventory`),
+so that any sentence of a trained language can be said, and then travels with the run
+(``RUN_DIR/vocab.json`` and every checkpoint), so that ``--resume``, ``synth`` and ``export``
+use the run's ids, not whatever today's code and data would give.
 
 Front-ends (``text.frontend``, ``--text-frontend``)
 ---------------------------------------------------
 
 ``characters`` (default)
     The normalised text, one token per Unicode character (Persian, Arabic, Cyrillic,
-    CJK, accented Latin, ...). The vocabulary is the set of characters of the dataset.
+    CJK, accented Latin, ...). Its inventory is :data:`COMMON_CHARACTERS` (Latin letters,
+    digits, ASCII punctuation, space) and each language's alphabet (:attr:`Language.alphabet`),
+    as normalisation leaves them; a language without a listed alphabet (zh, ja, ko) adds only
+    the characters of its texts (logged).
 ``phonemes``
     The normalised text phonemized by espeak-ng (through ``phonemizer`` with the
     library and data of the ``espeakng-loader`` wheel: no system package), one token
     per IPA symbol, punctuation kept, stress marks kept, language-switch flags removed.
-    The vocabulary is the dataset's phoneme inventory. Phonemizing is done once, in
-    parallel, when the index is built, and cached with it.
+    Its inventory is every symbol espeak-ng can write (:data:`ESPEAK_IPA`), the punctuation
+    kept and the space, for any language. Phonemizing is done once, in parallel, when the
+    index is built, and cached with it.
 ``package.module:function``
     The user's own tokenizer: ``function(text, language) -> sequence of int`` whose
     vocabulary size is ``function.vocab_size`` (or the module's ``VOCAB_SIZE``). Ids are
     used as returned (no EOS is added); id 0 is the padding value, so a tokenizer should
-    not use it for a real token.
+    not use it for a real token. The index cache keys its ids by the module's ``__version__``
+    (or ``function.version``) and the hash of the module's source file: an edited tokenizer
+    tokenizes again (reloaded in a process that imported it before); the run's vocabulary
+    names the version only, so a run stays usable after an edit that keeps it.
 
 Normalisation (:func:`normalize`), in order
 -------------------------------------------
@@ -51,7 +59,9 @@ The index counts lost characters per dataset and rejects a clip that loses more 
 ``text.max_lost_frac`` of its characters (default 0: any loss).
 
 Token ids: 0 is ``<pad>`` (padding), 1 is ``<eos>`` (appended to every text), then the
-vocabulary's symbols in code-point order. This module does not import TensorFlow.
+inventory in code-point order, then any other symbol of the texts in code-point order: the
+same ids for the same languages and settings, whatever the texts. This module does not
+import TensorFlow.
 """
 
 from __future__ import annotations

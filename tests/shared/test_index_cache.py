@@ -15,6 +15,7 @@ from stoker.shared.dataset import index as index_module
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index, index_cache_file
 from tests.factories import add_clip, append_metadata, make_dataset
+from tests.shared.user_tokenizers import write_editable
 
 FEATURES = FeaturesConfig()
 CLIPS = 10
@@ -223,12 +224,10 @@ def test_an_edited_user_tokenizer_tokenizes_again_without_a_version_bump(root: P
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.syspath_prepend(str(tmp_path))
     name = f"tokenizer_{tmp_path.name}"
-    source = '__version__ = "1"\nVOCAB_SIZE = 300\n\n\ndef ids(text, language):\n    return [{} + ord(c) % 200 for c in text]\n'
-    (tmp_path / f"{name}.py").write_text(source.format(2), encoding="utf-8")
-    text = TextConfig(frontend=f"{name}:ids")
+    text = TextConfig(frontend=write_editable(tmp_path, name, 2))
     before = build_index(_data(root), FEATURES, text)
     assert build_index(_data(root), FEATURES, text).stats.cache == "hit"
-    (tmp_path / f"{name}.py").write_text(source.format(30), encoding="utf-8")
+    write_editable(tmp_path, name, 30)
     after = build_index(_data(root), FEATURES, text)
     assert (after.stats.cache, after.stats.headers_read, after.stats.texts_tokenized) == ("stale", 0, CLIPS + 1)
     for old, new in zip(before.samples, after.samples):

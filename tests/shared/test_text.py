@@ -12,6 +12,7 @@ import pytest
 from stoker.shared.text import EOS_ID, LANGUAGES, PAD_ID, Characters, TextError, Units, make_frontend, normalize
 
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
+from tests.shared.user_tokenizers import write_editable
 
 IMPORT_TIMEOUT_S = 60  # a cold interpreter importing numpy, with a wide margin
 PERSIAN = "امروز هوا آفتابی و کمی سرد است."
@@ -308,10 +309,8 @@ def test_a_user_tokenizer_s_cache_key_follows_its_source(tmp_path: Path, monkeyp
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.syspath_prepend(str(tmp_path))
     name = f"tokenizer_{tmp_path.name}"
-    source = '__version__ = "1"\nVOCAB_SIZE = 300\n\n\ndef ids(text, language):\n    return [{} + ord(c) % 200 for c in text]\n'
-    (tmp_path / f"{name}.py").write_text(source.format(2), encoding="utf-8")
-    before = make_frontend(f"{name}:ids")
-    (tmp_path / f"{name}.py").write_text(source.format(30), encoding="utf-8")
+    before = make_frontend(write_editable(tmp_path, name, 2))
+    write_editable(tmp_path, name, 30)
     assert before.changed()
     after = make_frontend(f"{name}:ids")
     assert after.engine() == before.engine() and after.cache_key() != before.cache_key()
