@@ -72,6 +72,7 @@ import inspect
 import logging
 import re
 import string
+import sys
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -471,8 +472,7 @@ class UserTokenizer(Frontend):
     def __init__(self, spec: str, digits: str = DIGITS_SPELL) -> None:
         super().__init__(digits)
         self.name = spec
-        self.function, self.vocab_size, self.version = load_user_tokenizer(spec)
-        self.source = _LOADED_SOURCES.get(spec.partition(":")[0], "")
+        self.function, self.vocab_size, self.version, self.source = load_user_tokenizer(spec)
 
     def is_user(self) -> bool:
         return True
@@ -517,15 +517,18 @@ class UserTokenizer(Frontend):
         return _source_hash(importlib.import_module(self.name.partition(":")[0])) != self.source
 
 
-def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str]:
-    """(function, vocab size, version) of a ``module:function`` tokenizer; TextError if unusable."""
+def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str, str]:
+    """(function, vocab size, version, source hash) of a ``module:function`` tokenizer; TextError
+    if unusable. A module this process imported before is reloaded, unless from the same source."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise TextError(f"text front-end {spec!r} must be characters, phonemes or package.module:function")
     try:
+        imported = module_name in sys.modules
         module = importlib.import_module(module_name)
         source = _source_hash(module)
-        if _LOADED_SOURCES.get(module_name, source) != source:  # edited since this process imported it
+        # imported before (by the user, or by this module from another source): run what the file says
+        if imported and _LOADED_SOURCES.get(module_name) != source:
             module = importlib.reload(module)
     except Exception as exc:  # the user's module: any error while importing it is theirs
         raise TextError(f"tokenizer module {module_name!r} cannot be imported: {type(exc).__name__}: {exc}") \
@@ -539,10 +542,10 @@ def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str]
         raise TextError(f"tokenizer {spec} has no vocabulary size: set {attr}.vocab_size or {module_name}.VOCAB_SIZE "
                         "to an integer >= 2")
     version = str(getattr(module, "__version__", "") or getattr(function, "version", ""))
-    return function, size, version
+    return function, size, version, source
 
 
-# The source hash of each user tokenizer module as this process imported it.
+# The source hash of each user tokenizer module as load_user_tokenizer last (re)imported it.
 _LOADED_SOURCES: dict[str, str] = {}
 
 

@@ -306,6 +306,8 @@ def test_an_old_vocabulary_keeps_its_ids(tmp_path: Path) -> None:
 def test_a_user_tokenizer_s_cache_key_follows_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Editing a tokenizer without raising its version changes its cache key and its ids, not its
     engine (a run's vocabulary, which names the version, keeps loading)."""
+    import importlib
+
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.syspath_prepend(str(tmp_path))
     name = f"tokenizer_{tmp_path.name}"
@@ -316,3 +318,8 @@ def test_a_user_tokenizer_s_cache_key_follows_its_source(tmp_path: Path, monkeyp
     assert after.engine() == before.engine() and after.cache_key() != before.cache_key()
     assert before.units(["a"], "en")[0].units == "99" and after.units(["a"], "en")[0].units == "127"
     assert not after.changed()
+    # a module the user imported before stoker did, then edited: stoker runs the edited code
+    other = f"{name}_user"
+    importlib.import_module(write_editable(tmp_path, other, 2).partition(":")[0])
+    write_editable(tmp_path, other, 40)
+    assert make_frontend(f"{other}:ids").units(["a"], "en")[0].units == "137"
