@@ -2,28 +2,36 @@
 
 A front-end turns ``(text, language)`` into *units*, a string whose characters are the
 tokens (letters of any script, or IPA phoneme symbols), and reports every character it
-could not represent. The vocabulary (shared/vocab.py) maps units to ids; it is built from the
-dataset when the index is built, and then travels with the run (``RUN_DIR/vocab.json``
-and every checkpoint), so that ``--resume``, ``synth`` and ``export`` use the run's ids,
-not whatever today's code and data would give.
+could not represent. The vocabulary (shared/vocab.py) maps units to ids; it is built when the
+index is built, from the front-end's whole inventory of the run's languages (:meth:`Frontend.inventory`),
+so that any sentence of a trained language can be said, and then travels with the run
+(``RUN_DIR/vocab.json`` and every checkpoint), so that ``--resume``, ``synth`` and ``export``
+use the run's ids, not whatever today's code and data would give.
 
 Front-ends (``text.frontend``, ``--text-frontend``)
 ---------------------------------------------------
 
 ``characters`` (default)
     The normalised text, one token per Unicode character (Persian, Arabic, Cyrillic,
-    CJK, accented Latin, ...). The vocabulary is the set of characters of the dataset.
+    CJK, accented Latin, ...). Its inventory is :data:`COMMON_CHARACTERS` (Latin letters,
+    digits, ASCII punctuation, space) and each language's alphabet (:attr:`Language.alphabet`),
+    as normalisation leaves them; a language without a listed alphabet (zh, ja, ko) adds only
+    the characters of its texts (logged).
 ``phonemes``
     The normalised text phonemized by espeak-ng (through ``phonemizer`` with the
     library and data of the ``espeakng-loader`` wheel: no system package), one token
     per IPA symbol, punctuation kept, stress marks kept, language-switch flags removed.
-    The vocabulary is the dataset's phoneme inventory. Phonemizing is done once, in
-    parallel, when the index is built, and cached with it.
+    Its inventory is every symbol espeak-ng can write (:data:`ESPEAK_IPA`), the punctuation
+    kept and the space, for any language. Phonemizing is done once, in parallel, when the
+    index is built, and cached with it.
 ``package.module:function``
     The user's own tokenizer: ``function(text, language) -> sequence of int`` whose
     vocabulary size is ``function.vocab_size`` (or the module's ``VOCAB_SIZE``). Ids are
     used as returned (no EOS is added); id 0 is the padding value, so a tokenizer should
-    not use it for a real token.
+    not use it for a real token. The index cache keys its ids by the module's ``__version__``
+    (or ``function.version``) and the hash of the module's source file: an edited tokenizer
+    tokenizes again (reloaded in a process that imported it before); the run's vocabulary
+    names the version only, so a run stays usable after an edit that keeps it.
 
 Normalisation (:func:`normalize`), in order
 -------------------------------------------
@@ -51,17 +59,24 @@ The index counts lost characters per dataset and rejects a clip that loses more 
 ``text.max_lost_frac`` of its characters (default 0: any loss).
 
 Token ids: 0 is ``<pad>`` (padding), 1 is ``<eos>`` (appended to every text), then the
-vocabulary's symbols in code-point order. This module does not import TensorFlow.
+inventory in code-point order, then any other symbol of the texts in code-point order: the
+same ids for the same languages and settings, whatever the texts. This module does not
+import TensorFlow.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
 import logging
 import re
+import string
+import sys
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -110,34 +125,71 @@ class Language:
     num2words: str | None  # num2words language, None where it has none (digits are kept)
     letters: dict[str, str] = field(default_factory=dict)  # per-language letter unification
     keeps_zwnj: bool = False  # the zero-width non-joiner is part of the spelling
+    # The letters, marks and punctuation the language writes besides COMMON_CHARACTERS, as
+    # written (normalisation decides what they become); None where none are listed.
+    alphabet: str | None = None
+
+
+def _block(first: int, last: int) -> str:
+    """Every assigned character of a Unicode block: a script's letters, marks and punctuation."""
+    return "".join(chr(c) for c in range(first, last + 1) if unicodedata.category(chr(c)) != "Cn")
+
+
+def _cased(letters: str) -> str:
+    return letters + letters.upper()
 
 
 _ARABIC_TO_PERSIAN = {"\u064a": "\u06cc", "\u0649": "\u06cc", "\u0643": "\u06a9"}  # yeh, alef maksura, kaf
 _PERSIAN_TO_ARABIC = {"\u06cc": "\u064a", "\u06a9": "\u0643"}
 
+# Arabic-script marks written in Persian, Arabic and Urdu: tanwin, fatha, damma, kasra, shadda,
+# sukun, hamza above and below, superscript alef; and the Arabic comma, semicolon, question mark,
+# percent sign, thousands separator and the guillemets these languages quote with.
+_ARABIC_MARKS = "\u064b\u064c\u064d\u064e\u064f\u0650\u0651\u0652\u0654\u0655\u0670"
+_ARABIC_PUNCTUATION = "\u060c\u061b\u061f\u066a\u066c\u00ab\u00bb"
+_PERSIAN_ALPHABET = ("\u0621\u0622\u0623\u0624\u0625\u0626\u0627\u0628\u067e\u062a\u062b\u062c\u0686\u062d"
+                     "\u062e\u062f\u0630\u0631\u0632\u0698\u0633\u0634\u0635\u0636\u0637\u0638\u0639\u063a"
+                     "\u0641\u0642\u06a9\u06af\u0644\u0645\u0646\u0648\u0647\u06cc\u0629\u06c0"
+                     + _ARABIC_MARKS + _ARABIC_PUNCTUATION)  # ... yeh, teh marbuta, heh with yeh above
+_ARABIC_ALPHABET = ("\u0621\u0622\u0623\u0624\u0625\u0626\u0627\u0628\u0629\u062a\u062b\u062c\u062d\u062e"
+                    "\u062f\u0630\u0631\u0632\u0633\u0634\u0635\u0636\u0637\u0638\u0639\u063a\u0641\u0642"
+                    "\u0643\u0644\u0645\u0646\u0647\u0648\u0649\u064a\u0671"
+                    "\u067e\u0686\u0698\u06a4\u06af"  # peh, tcheh, jeh, veh, gaf: foreign sounds
+                    + _ARABIC_MARKS + _ARABIC_PUNCTUATION)
+_URDU_ALPHABET = ("\u0621\u0622\u0623\u0624\u0626\u0627\u0628\u067e\u062a\u0679\u062b\u062c\u0686\u062d"
+                  "\u062e\u062f\u0688\u0630\u0631\u0691\u0632\u0698\u0633\u0634\u0635\u0636\u0637\u0638"
+                  "\u0639\u063a\u0641\u0642\u06a9\u06af\u0644\u0645\u0646\u06ba\u0648\u06c1\u06c2\u06be"
+                  "\u06cc\u06d2\u06d3\u06d4\u0629\u06c3\u0647" + _ARABIC_MARKS + _ARABIC_PUNCTUATION)
+
 LANGUAGES: dict[str, Language] = {lang.code: lang for lang in (
-    Language("en", "English", "en-us", "en"),
-    Language("fa", "Persian", "fa", "fa", _ARABIC_TO_PERSIAN, keeps_zwnj=True),
-    Language("ar", "Arabic", "ar", "ar", _PERSIAN_TO_ARABIC),
-    Language("ur", "Urdu", "ur", None, _ARABIC_TO_PERSIAN, keeps_zwnj=True),
-    Language("de", "German", "de", "de"),
-    Language("fr", "French", "fr-fr", "fr"),
-    Language("es", "Spanish", "es", "es"),
-    Language("it", "Italian", "it", "it"),
-    Language("pt", "Portuguese", "pt", "pt"),
-    Language("nl", "Dutch", "nl", "nl"),
-    Language("pl", "Polish", "pl", "pl"),
-    Language("cs", "Czech", "cs", "cs"),
-    Language("sv", "Swedish", "sv", "sv"),
-    Language("tr", "Turkish", "tr", "tr"),
-    Language("ru", "Russian", "ru", "ru"),
-    Language("uk", "Ukrainian", "uk", "uk"),
-    Language("he", "Hebrew", "he", "he"),
-    Language("hi", "Hindi", "hi", None),
+    Language("en", "English", "en-us", "en", alphabet=""),
+    Language("fa", "Persian", "fa", "fa", _ARABIC_TO_PERSIAN, keeps_zwnj=True, alphabet=_PERSIAN_ALPHABET),
+    Language("ar", "Arabic", "ar", "ar", _PERSIAN_TO_ARABIC, alphabet=_ARABIC_ALPHABET),
+    Language("ur", "Urdu", "ur", None, _ARABIC_TO_PERSIAN, keeps_zwnj=True, alphabet=_URDU_ALPHABET),
+    Language("de", "German", "de", "de", alphabet=_cased("äöüß") + "«»"),
+    Language("fr", "French", "fr-fr", "fr", alphabet=_cased("àâæçéèêëîïôœùûüÿ") + "«»"),
+    Language("es", "Spanish", "es", "es", alphabet=_cased("áéíñóúü") + "¡¿«»"),
+    Language("it", "Italian", "it", "it", alphabet=_cased("àèéìíîòóùú") + "«»"),
+    Language("pt", "Portuguese", "pt", "pt", alphabet=_cased("áâãàçéêíóôõúü") + "«»"),
+    Language("nl", "Dutch", "nl", "nl", alphabet=_cased("áéíóúàèëïöü")),
+    Language("pl", "Polish", "pl", "pl", alphabet=_cased("ąćęłńóśźż") + "«»"),
+    Language("cs", "Czech", "cs", "cs", alphabet=_cased("áčďéěíňóřšťúůýž")),
+    Language("sv", "Swedish", "sv", "sv", alphabet=_cased("åäöé")),
+    Language("tr", "Turkish", "tr", "tr", alphabet="çğıöşüâîûÇĞİÖŞÜÂÎÛ"),
+    Language("ru", "Russian", "ru", "ru", alphabet=_cased("абвгдеёжзийклмнопрстуфхцчшщъыьэюя") + "«»"),
+    Language("uk", "Ukrainian", "uk", "uk", alphabet=_cased("абвгґдеєжзиіїйклмнопрстуфхцчшщьюя") + "«»"),
+    Language("he", "Hebrew", "he", "he", alphabet=_block(0x0590, 0x05FF)),  # the Hebrew block
+    Language("hi", "Hindi", "hi", None, alphabet=_block(0x0900, 0x097F)),  # the Devanagari block
     Language("zh", "Chinese (Mandarin)", "cmn", None),
     Language("ja", "Japanese", "ja", "ja"),
     Language("ko", "Korean", "ko", "ko"),
 )}
+# What a text of any language may hold besides its alphabet: Latin letters, the accented ones of
+# Latin-1 too (names, loanwords, abbreviations; "café" keeps its "é"), ASCII digits (numbers kept
+# as digits; Persian and Arabic-Indic digits are ASCII after normalisation), ASCII punctuation
+# (typographic quotes and dashes become it) and the space; casefolded, as normalisation leaves them.
+COMMON_CHARACTERS = (string.ascii_lowercase + "".join(chr(c) for c in range(0xE0, 0x100) if c != 0xF7)
+                     + string.digits + string.punctuation.replace("`", "") + " ")
 
 _QUOTES_AND_DASHES = {
     "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'", "\u02bc": "'", "`": "'",
@@ -275,6 +327,20 @@ class Frontend:
         """The versions that decide the units: part of the vocabulary and the index cache key."""
         return {"text_format": TEXT_FORMAT, "digits": self.digits, "num2words": _version("num2words")}
 
+    def cache_key(self) -> dict[str, Any]:
+        """What the index cache keys this front-end's units by: :meth:`engine`, and for a user
+        tokenizer the hash of its source too."""
+        return self.engine()
+
+    def changed(self) -> bool:
+        """Whether the code behind this front-end changed since it was made (a user tokenizer's source)."""
+        return False
+
+    def inventory(self, codes: Iterable[str]) -> str:
+        """Every symbol this front-end can make of a text in the languages ``codes``, in code-point
+        order: the vocabulary's first symbols, whatever the texts ("" for a user tokenizer)."""
+        return ""
+
     def is_user(self) -> bool:
         return False
 
@@ -298,10 +364,35 @@ class Characters(Frontend):
     def units(self, texts: Sequence[str], code: str) -> list[Units]:
         return [Units(*normalize(t, code, self.digits)) for t in texts]
 
+    def inventory(self, codes: Iterable[str]) -> str:
+        """COMMON_CHARACTERS and each language's alphabet, as normalisation leaves them."""
+        symbols = set(COMMON_CHARACTERS)
+        for code in sorted(set(codes)):
+            lang = language(code)
+            if lang.alphabet is None:
+                log.info("no alphabet is listed for %s (%s): the characters vocabulary holds the characters of "
+                         "its texts, and synth refuses a %s sentence with others", lang.name, code, lang.name)
+            # one character at a time: casefolding may make two of one ("ß" is "ss"), and none is lost
+            symbols.update(*(normalize(ch, code, DIGITS_KEEP)[0] for ch in lang.alphabet or ""))
+            if lang.keeps_zwnj:  # inside a word (normalize drops a joiner alone)
+                symbols.update((ZWNJ, ZWJ))
+        return "".join(sorted(symbols))
+
 
 # Punctuation the phonemizer keeps as it is (phonemizer's own set plus the Arabic-script
 # comma, semicolon and question mark, which espeak would otherwise read out as words).
 PHONEME_PUNCTUATION = ';:,.!?¡¿—…"«»“”()\u060c\u061b\u061f'
+# Every symbol espeak-ng (1.52) can write for a phoneme, in any of its languages: for each phoneme
+# of every phoneme table (phsource/), the characters of its ``ipa`` strings (U+XXXX decoded, the
+# "|" no-tie flag dropped), and for a phoneme without one, its mnemonic through espeak-ng's ASCII
+# to IPA table (dictionary.c WritePhMnemonic: digits after the first character skipped, "/" ends
+# it); plus the stress marks. Not "_": phonemizer removes it (its phone separator). Phonemizing
+# espeak-ng's word lists of every language in LANGUAGES (73,628 words) gives no other symbol;
+# tests/shared/test_text.py checks a varied sample of each language.
+ESPEAK_IPA = ('!"#%+-.12456789:=?AFKNOSUXZ[\\^`abcdefghijklmnopqrstuvwxyz|'
+              "äæçðõøħĩŋœũɐɑɒɔɕɖɗɘəɚɛɜɟɡɢɣɤɥɧɨɪɫɬɭɯɱɲɳɴɵɸɹɻɽɾʀʁʂʃʈʉʊʋʌʍʎʏʐʑʒʔʕʝʤʦʰʲʷˈˌːˑˤ˥˦˧˨˩"
+              "\u0303\u0306\u030a\u031d\u031e\u0325\u0329\u032a\u032f\u033a\u033b\u0361"  # combining diacritics
+              "Φβεθχᵐᵑᵝᵻᶮᶯⁿ")
 
 
 class Phonemes(Frontend):
@@ -312,6 +403,11 @@ class Phonemes(Frontend):
     def __init__(self, digits: str = DIGITS_SPELL) -> None:
         super().__init__(digits)
         self._backends: dict[str, Any] = {}
+
+    def inventory(self, codes: Iterable[str]) -> str:
+        """ESPEAK_IPA, the punctuation kept and the space: the same for every language (a
+        foreign word is read with another language's phonemes)."""
+        return "".join(sorted(set(ESPEAK_IPA + PHONEME_PUNCTUATION + " ")))
 
     def _backend(self, code: str) -> Any:
         backend = self._backends.get(code)
@@ -376,7 +472,7 @@ class UserTokenizer(Frontend):
     def __init__(self, spec: str, digits: str = DIGITS_SPELL) -> None:
         super().__init__(digits)
         self.name = spec
-        self.function, self.vocab_size, self.version = load_user_tokenizer(spec)
+        self.function, self.vocab_size, self.version, self.source = load_user_tokenizer(spec)
 
     def is_user(self) -> bool:
         return True
@@ -413,17 +509,35 @@ class UserTokenizer(Frontend):
         return {"text_format": TEXT_FORMAT, "tokenizer": self.name, "version": self.version,
                 "vocab_size": self.vocab_size}
 
+    def cache_key(self) -> dict[str, Any]:
+        # the source too: an edited tokenizer whose version was not raised tokenizes again
+        return {**self.engine(), "source": self.source}
 
-def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str]:
-    """(function, vocab size, version) of a ``module:function`` tokenizer; TextError if unusable."""
+    def changed(self) -> bool:
+        return _source_hash(importlib.import_module(self.name.partition(":")[0])) != self.source
+
+
+# The source hash of each user tokenizer module as load_user_tokenizer last (re)imported it.
+_LOADED_SOURCES: dict[str, str] = {}
+
+
+def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str, str]:
+    """(function, vocab size, version, source hash) of a ``module:function`` tokenizer; TextError
+    if unusable. A module this process imported before is reloaded, unless from the same source."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise TextError(f"text front-end {spec!r} must be characters, phonemes or package.module:function")
     try:
+        imported = module_name in sys.modules
         module = importlib.import_module(module_name)
+        source = _source_hash(module)
+        # imported before (by the user, or by this module from another source): run what the file says
+        if imported and _LOADED_SOURCES.get(module_name) != source:
+            module = importlib.reload(module)
     except Exception as exc:  # the user's module: any error while importing it is theirs
         raise TextError(f"tokenizer module {module_name!r} cannot be imported: {type(exc).__name__}: {exc}") \
             from None
+    _LOADED_SOURCES[module_name] = source
     function = getattr(module, attr, None)
     if not callable(function):
         raise TextError(f"tokenizer {spec}: {module_name} has no function {attr!r}")
@@ -432,7 +546,21 @@ def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str]
         raise TextError(f"tokenizer {spec} has no vocabulary size: set {attr}.vocab_size or {module_name}.VOCAB_SIZE "
                         "to an integer >= 2")
     version = str(getattr(module, "__version__", "") or getattr(function, "version", ""))
-    return function, size, version
+    return function, size, version, source
+
+
+def _source_hash(module: Any) -> str:
+    """16 hex digits over the module's source file ("" for a module without one)."""
+    try:
+        path = inspect.getsourcefile(module) or getattr(module, "__file__", None)
+    except TypeError:  # a built-in module
+        path = None
+    if not path:
+        return ""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
 
 
 def make_frontend(spec: str, digits: str = DIGITS_SPELL) -> Frontend:

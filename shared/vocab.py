@@ -35,19 +35,22 @@ class Vocabulary:
     @classmethod
     def build(cls, frontend: Frontend, units: Iterable[str], languages: Iterable[str] = (),
               speakers: Iterable[str] = ()) -> "Vocabulary":
-        """The vocabulary of a dataset: every symbol its units use, in code-point order."""
+        """The vocabulary of a dataset in ``languages``: the front-end's inventory of those
+        languages in code-point order, whatever the texts, then any other symbol the units
+        use, in code-point order (a language without a listed alphabet)."""
+        codes = tuple(sorted(set(languages)))
         if frontend.is_user():
             assert isinstance(frontend, UserTokenizer)
             symbols: tuple[str, ...] = ()
             size = frontend.vocab_size
         else:
+            inventory = frontend.inventory(codes)
             seen: set[str] = set()
             for u in units:
                 seen.update(u)
-            symbols = (PAD_SYMBOL, EOS_SYMBOL, *sorted(seen))
+            symbols = (PAD_SYMBOL, EOS_SYMBOL, *inventory, *sorted(seen.difference(inventory)))
             size = len(symbols)
-        return cls(frontend.name, symbols, size, frontend.engine(), tuple(sorted(set(languages))),
-                   tuple(sorted(set(speakers))))
+        return cls(frontend.name, symbols, size, frontend.engine(), codes, tuple(sorted(set(speakers))))
 
     @property
     def is_user(self) -> bool:

@@ -9,7 +9,7 @@ import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index
-from stoker.shared.text import normalize
+from stoker.shared.text import Characters, make_frontend, normalize
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.speech import make_mixed_dataset, make_persian_dataset
 from tests.test_run import check_exactly_once
@@ -32,7 +32,8 @@ def test_persian_run_characters_then_resume_and_synth(tmp_path):
     vocab = json.loads((run_dir / "vocab.json").read_text(encoding="utf-8"))
     units = {normalize(text, "fa")[0] for text, _, _ in made.values()}
     assert vocab["frontend"] == "characters" and vocab["languages"] == ["fa"]
-    assert set(vocab["symbols"][2:]) == set("".join(units))  # the vocabulary is the Persian text's
+    assert vocab["symbols"][2:] == list(Characters().inventory(["fa"]))  # Persian's, whatever the texts
+    assert set("".join(units)) < set(vocab["symbols"])
     summary = read_json(run_dir / "summary.json")
     assert summary["rejected"] == 0 and summary["text"]["vocab_size"] == len(vocab["symbols"])
     assert summary["loss_last"] < summary["loss_first"]
@@ -44,9 +45,12 @@ def test_persian_run_characters_then_resume_and_synth(tmp_path):
     assert summary["frames_useful_frac"] == round(sum(r["frames"] for r in rows)
                                                   / sum(r["frames_computed"] for r in rows), 4) < 1
 
-    # synth speaks Persian with the run's vocabulary, and names a character it lacks
-    said = run_cli("synth", str(run_dir), "--text", next(iter(made.values()))[0], "--frames", "20",
-                   "--out", str(tmp_path / "mel.npy"), timeout=120)
+    # synth speaks any Persian sentence with the run's vocabulary (this one has letters and
+    # punctuation no training text has), and names a character it lacks
+    new = "ژاله، مؤسسه‌ی ما کجاست؟"
+    assert set(normalize(new, "fa")[0]) - set("".join(units)) >= {"ژ", "ؤ", "،", "؟"}
+    said = run_cli("synth", str(run_dir), "--text", new, "--frames", "20", "--out", str(tmp_path / "mel.npy"),
+                   timeout=120)
     assert said.returncode == 0, said.stderr[-2000:]
     # veh (U+06A4) is Arabic-script but not Persian: no Persian sentence has it
     refused = run_cli("synth", str(run_dir), "--text", "\u06a4\u06a4", "--out", str(tmp_path / "x.npy"))
@@ -86,7 +90,8 @@ def test_mixed_datasets_run_phonemes(tmp_path):
     assert vocab["frontend"] == "phonemes" and vocab["languages"] == ["en", "fa"]
     assert vocab["speakers"] == sorted({speaker for _, speaker, _ in mixed.values()} | {"fa"})
     assert {"phonemizer", "espeakng_loader"} <= set(vocab["engine"])
-    assert not any("\u0600" <= ch <= "\u06ff" for ch in "".join(vocab["symbols"][2:]))  # IPA, not Persian script
+    assert vocab["symbols"][2:] == list(make_frontend("phonemes").inventory(["en", "fa"]))  # IPA, not Persian script
+    assert not any(ch.isalpha() and "\u0600" <= ch <= "\u06ff" for ch in vocab["symbols"])
     summary = read_json(run_dir / "summary.json")
     assert summary["text"]["frontend"] == "phonemes" and summary["exit_reason"] == "completed"
 

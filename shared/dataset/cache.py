@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 # Bump when the cache layout or any rule that derives the index from its inputs changes.
-INDEX_FORMAT = 4
+INDEX_FORMAT = 5
 
 
 # Cache files start with this magic, then the SHA-256 of the msgpack payload that follows.
@@ -44,7 +44,8 @@ def index_config(data: DataConfig, features: FeaturesConfig, text: TextConfig, f
                  vocabulary: Vocabulary | None = None) -> dict[str, Any]:
     """Everything the index depends on besides the files: part of the cache key."""
     return {
-        "format": INDEX_FORMAT, "frontend": frontend.name, "engine": frontend.engine(), "language": text.language,
+        "format": INDEX_FORMAT, "frontend": frontend.name, "engine": frontend.cache_key(),
+        "language": text.language,
         "max_lost_frac": text.max_lost_frac, "vocabulary": vocabulary.fingerprint if vocabulary else "",
         "columns": data.columns, "metadata_file": data.metadata_file, "min_audio_s": data.min_audio_s,
         "max_audio_s": data.max_audio_s,

@@ -128,7 +128,7 @@ _FRONTENDS: dict[tuple[str, str], Frontend] = {}  # per process: a phonemizer ba
 
 def _frontend(spec: tuple[str, str]) -> Frontend:
     frontend = _FRONTENDS.get(spec)
-    if frontend is None:
+    if frontend is None or frontend.changed():
         frontend = _FRONTENDS[spec] = make_frontend(*spec)
     return frontend
 
@@ -299,7 +299,7 @@ def _reusable(payload: dict[str, Any] | None, frontend: Frontend) -> tuple[dict[
         old_probes = {name: row for name, *row in zip(*(p[f] for f in PROBE_FIELDS))}
         old_units: dict[TextKey, Units] = {}
         u = payload["units"]
-        if u["frontend"] == [frontend.name, frontend.engine()]:
+        if u["frontend"] == [frontend.name, frontend.cache_key()]:
             s = payload["samples"]
             old_units = {(lang, txt): Units(units) for lang, txt, units in zip(s["language"], s["text"], s["units"])}
             old_units.update({(lang, txt): Units(units, lost)
@@ -356,7 +356,7 @@ def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sam
         "samples": columns_of(samples, SAMPLE_FIELDS),
         "rejected": columns_of(rejected, REJECTION_FIELDS),
         "probes": {f: [row[i] for row in probe_rows] for i, f in enumerate(PROBE_FIELDS)},
-        "units": {"frontend": [frontend.name, frontend.engine()],
+        "units": {"frontend": [frontend.name, frontend.cache_key()],
                   **{f: [row[i] for row in unit_rows] for i, f in enumerate(UNITS_FIELDS)}},
         "lost": lost, "vocabulary": vocab.state_dict(),
     }

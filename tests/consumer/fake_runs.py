@@ -9,7 +9,7 @@ from stoker.shared.runfiles import CONFIG, VOCAB
 from stoker.shared.text import Characters
 from stoker.shared.vocab import Vocabulary, save_vocabulary
 
-# The texts of the fake run's dataset: its vocabulary is their characters.
+# The texts of the fake run's dataset: its vocabulary is the English characters (and any other of theirs).
 TRAINED_TEXTS = ("Printing, in the only sense with which we are at present concerned.", "Hello there!",
                  "Where is the big red ball?")
 

@@ -9,7 +9,7 @@ from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
 from stoker.consumer.synth import SynthError, synthesize
 from stoker.shared import config as config_mod
 from stoker.shared.runfiles import VOCAB
-from stoker.shared.text import Characters
+from stoker.shared.text import Characters, make_frontend
 from stoker.shared.vocab import Vocabulary, load_vocabulary
 from tests.consumer.fake_runs import SAVED_MODELS, TRAINED_TEXTS, fake_run as _run_dir
 from tests.procs import run_cli
@@ -69,32 +69,42 @@ def test_synth_refusals(tmp_path) -> None:
         synthesize(run_dir, "  ", tmp_path / "mel.npy")
     with pytest.raises(SynthError, match="--frames must be between"):
         synthesize(run_dir, "Hello.", tmp_path / "mel.npy", frames=0)
-    # the run's vocabulary decides: a letter its dataset never had is refused by name, not dropped
-    with pytest.raises(SynthError, match=r"cannot represent: 'x' U\+0078"):
-        synthesize(run_dir, "Xylophone.", tmp_path / "mel.npy")
+    # the run's vocabulary decides: a letter outside it (not English, in no English text) is refused
+    # by name, not dropped
+    with pytest.raises(SynthError, match=r"cannot represent: '\u0159' U\+0159"):
+        synthesize(run_dir, "Dvo\u0159\u00e1k.", tmp_path / "mel.npy")
     (run_dir / VOCAB).unlink()
     with pytest.raises(SynthError, match="vocabulary is missing"):
         synthesize(run_dir, "Hello.", tmp_path / "mel.npy")
 
 
 def test_synth_uses_the_run_vocabulary_not_todays(tmp_path) -> None:
-    """A Persian run synthesizes Persian: the ids come from the run's vocab.json."""
-    frontend = Characters()
-    texts = ["امروز هوا آفتابی است.", "سلام دنیا"]
-    vocab = Vocabulary.build(frontend, [u.units for u in frontend.units(texts, "fa")], ["fa"], ["default"])
-    run_dir = _run_dir(tmp_path, vocab=vocab)
+    """A Persian run synthesizes Persian, any sentence of it: the ids come from the run's vocab.json,
+    which holds the front-end's whole inventory of the run's languages, not only the texts' symbols."""
     from stoker.consumer.synth import encode_for_run
 
-    cfg = config_mod.load(run_dir / "config.yaml")
-    tokens, used = encode_for_run(run_dir, cfg, "سلام دنیا", "fa")
-    assert used == vocab and used.decode(tokens) == "سلام دنیا" and tokens[-1] == 1
-    # the Arabic yeh (U+064A) is the Persian one after normalisation: the same ids
-    again, _ = encode_for_run(run_dir, cfg, "سلام دن\u064aا", "fa")
-    assert again.tolist() == tokens.tolist()
-    with pytest.raises(SynthError, match="U\\+060C"):  # the Persian comma was never in this run's data
-        encode_for_run(run_dir, cfg, "سلام، دنیا", "fa")
-    result = synthesize(run_dir, "سلام دنیا", tmp_path / "fa.npy", frames=20, language="fa")
-    assert result.tokens == len("سلام دنیا") + 1 and np.load(result.mel_path).shape == (20, 80)
+    texts = ["امروز هوا آفتابی است.", "سلام دنیا"]
+    new = "ژاله، این کتاب about مؤسسه است؟"  # letters and (phonemized) symbols neither text has
+    for name, frontend in (("characters", Characters()), ("phonemes", make_frontend("phonemes"))):
+        trained = [u.units for u in frontend.units(texts, "fa")]
+        vocab = Vocabulary.build(frontend, trained, ["fa"], ["default"])
+        (tmp_path / name).mkdir()
+        run_dir = _run_dir(tmp_path / name, vocab=vocab)
+        cfg = config_mod.load(run_dir / "config.yaml")
+        tokens, used = encode_for_run(run_dir, cfg, "سلام دنیا", "fa")
+        assert used == vocab and used.decode(tokens) == trained[1] and tokens[-1] == 1
+        # the Arabic yeh (U+064A) is the Persian one after normalisation: the same ids
+        again, _ = encode_for_run(run_dir, cfg, "سلام دن\u064aا", "fa")
+        assert again.tolist() == tokens.tolist()
+        units = frontend.units([new], "fa")[0].units
+        unseen = set(units) - set("".join(trained))
+        assert ({"ɐ", "،"} if name == "phonemes" else {"ژ", "ؤ", "،"}) <= unseen
+        result = synthesize(run_dir, new, tmp_path / f"{name}.npy", frames=20, language="fa")
+        assert result.tokens == len(units) + 1 and np.load(result.mel_path).shape == (20, 80)
+        assert encode_for_run(run_dir, cfg, new, "fa")[0].tolist() == vocab.encode(units).tolist()
+        if name == "characters":
+            with pytest.raises(SynthError, match="U\\+06A4"):  # veh: Arabic script, but no Persian letter
+                encode_for_run(run_dir, cfg, "\u06a4\u06a4", "fa")
 
 
 def test_synth_corrupt_checkpoint(tmp_path) -> None:

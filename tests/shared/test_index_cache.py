@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from stoker.shared.dataset import index as index_module
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index, index_cache_file
 from tests.factories import add_clip, append_metadata, make_dataset
+from tests.shared.user_tokenizers import write_editable
 
 FEATURES = FeaturesConfig()
 CLIPS = 10
@@ -213,3 +215,22 @@ def test_a_front_end_change_sends_every_text_through_it_again_but_reads_no_heade
     texts = len((root / "metadata.csv").read_text(encoding="utf-8").splitlines())  # rejected clips' texts too
     assert (index.stats.cache, index.stats.headers_read, index.stats.texts_tokenized) == ("stale", 0, texts)
     assert build_index(_data(root), FEATURES, TextConfig(digits="keep")).stats.cache == "hit"
+
+
+def test_an_edited_user_tokenizer_tokenizes_again_without_a_version_bump(root: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache key holds the hash of the tokenizer's source: editing it re-tokenizes every text
+    (with the edited code, in this same process) though ``__version__`` stayed."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"tokenizer_{tmp_path.name}"
+    text = TextConfig(frontend=write_editable(tmp_path, name, 2))
+    before = build_index(_data(root), FEATURES, text)
+    assert build_index(_data(root), FEATURES, text).stats.cache == "hit"
+    write_editable(tmp_path, name, 30)
+    after = build_index(_data(root), FEATURES, text)
+    assert (after.stats.cache, after.stats.headers_read, after.stats.texts_tokenized) == ("stale", 0, CLIPS + 1)
+    for old, new in zip(before.samples, after.samples):
+        assert [int(i) + 28 for i in old.units.split()] == [int(i) for i in new.units.split()]
+    assert after.vocabulary == before.vocabulary  # the version names the ids a run saved: they keep loading
+    assert build_index(_data(root), FEATURES, text).stats.cache == "hit"

@@ -13,7 +13,7 @@ from stoker.consumer import validation
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import DatasetError, build_index, check_agreement, locate, scan_dataset
-from stoker.shared.text import TextError, normalize
+from stoker.shared.text import Characters, TextError, normalize
 from stoker.shared.vocab import Vocabulary
 from tests.speech import (make_english_digits_dataset, make_manifest_dataset, make_mixed_dataset,
                           make_persian_dataset, make_train_eval_dataset)
@@ -36,9 +36,23 @@ def test_persian_dataset_every_clip_with_its_own_tokens(tmp_path: Path) -> None:
         assert vocab.decode(vocab.encode(sample.units)) == sample.units  # nothing lost on the way
     tokens = {tuple(vocab.encode(s.units).tolist()) for s in index.samples}
     assert len(tokens) == len({s.units for s in index.samples}) > 1  # different sentences, different tokens
-    # the vocabulary is exactly the characters of the normalised text: Persian letters, not "."
-    assert set(vocab.symbols[2:]) == set("".join(s.units for s in index.samples))
+    # the vocabulary is the Persian inventory (whatever the texts), which holds every character of theirs
+    assert vocab.symbols[2:] == tuple(Characters().inventory(["fa"]))
+    assert set("".join(s.units for s in index.samples)) < set(vocab.symbols)
     assert "\u0627" in vocab.symbols and index.lost == {"clips": 0, "chars": []}
+
+
+def test_a_run_s_old_vocabulary_indexes_with_its_own_ids(tmp_path: Path) -> None:
+    """A vocabulary saved when it was the texts' symbols alone (``--resume`` of such a run) keeps its ids."""
+    make_persian_dataset(tmp_path)
+    fresh = build_index(_data(tmp_path), FEATURES, TextConfig(language="fa"))
+    seen = sorted(set("".join(s.units for s in fresh.samples)), reverse=True)  # another order than today's
+    old = Vocabulary.from_state_dict({**fresh.vocabulary.state_dict(), "symbols": ["<pad>", "<eos>", *seen],
+                                      "size": len(seen) + 2})
+    index = build_index(_data(tmp_path), FEATURES, TextConfig(language="fa"), old)
+    assert index.rejected == [] and index.vocabulary == old
+    for sample in index.samples:
+        assert old.encode(sample.units).tolist() == [2 + seen.index(ch) for ch in sample.units] + [1]
 
 
 def test_english_digits_are_spelled_not_dropped(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from stoker.shared.text import EOS_ID, LANGUAGES, PAD_ID, Characters, TextError, Units, make_frontend, normalize
 
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
+from tests.shared.user_tokenizers import write_editable
 
 IMPORT_TIMEOUT_S = 60  # a cold interpreter importing numpy, with a wide margin
 PERSIAN = "امروز هوا آفتابی و کمی سرد است."
@@ -72,8 +73,9 @@ def test_two_persian_sentences_get_different_tokens() -> None:
     assert first.tolist() != second.tolist()
     assert vocab.decode(first) == PERSIAN and vocab.decode(second) == units[1]
     assert first[-1] == EOS_ID and PAD_ID not in first.tolist()
-    # the vocabulary is exactly the characters of the text, after <pad> and <eos>
-    assert set(vocab.symbols[2:]) == set("".join(units)) and vocab.size == len(vocab.symbols)
+    # the vocabulary is the Persian inventory, after <pad> and <eos>; the texts hold some of it
+    assert vocab.symbols[2:] == tuple(frontend.inventory(["fa"])) and vocab.size == len(vocab.symbols)
+    assert set("".join(units)) < set(vocab.symbols)
 
 
 def test_vocabulary_round_trip_and_fingerprint(tmp_path: Path) -> None:
@@ -87,7 +89,7 @@ def test_vocabulary_round_trip_and_fingerprint(tmp_path: Path) -> None:
     assert again.encode("سلام").tolist() == vocab.encode("سلام").tolist()
     other = Vocabulary.build(frontend, ["hello"], ["en"], ["a"])
     assert other.fingerprint != vocab.fingerprint
-    assert vocab.missing("hellox") == "x"
+    assert vocab.missing("hello\u06a4") == "\u06a4"  # veh: Arabic script, not a Persian letter
     with pytest.raises(ValueError, match="outside the vocabulary"):
         vocab.decode([vocab.size])
     (tmp_path / "bad.json").write_text('{"frontend": "characters"}', encoding="utf-8")
@@ -149,9 +151,10 @@ def test_text_module_does_not_import_tensorflow() -> None:
 
 
 def test_encode_is_the_vocabulary_order() -> None:
-    vocab = Vocabulary.build(Characters(), ["ba"])
-    assert vocab.symbols == ("<pad>", "<eos>", "a", "b")
-    assert vocab.encode("ab").tolist() == [2, 3, EOS_ID]
+    vocab = Vocabulary.build(Characters(), ["ba"], ["en"])
+    assert vocab.symbols[:2] == ("<pad>", "<eos>") and list(vocab.symbols[2:]) == sorted(vocab.symbols[2:])
+    a = vocab.symbols.index("a")
+    assert vocab.symbols[a + 1] == "b" and vocab.encode("ab").tolist() == [a, a + 1, EOS_ID]
     assert vocab.encode("ab").dtype == np.int32
     row = np.concatenate([vocab.encode("ab"), np.zeros(3, np.int32)])
     assert vocab.decode(row) == "ab"
@@ -212,3 +215,113 @@ def test_a_text_the_phonemizer_fails_on_is_lost_whole_and_the_others_kept(monkey
     made = frontend.units(["hello", "boom now", "world"], "en")
     assert made[0] == frontend.units(["hello"], "en")[0] and made[2].units
     assert made[1] == Units("", "boomnow") and made[1].lost_frac == 1.0
+
+
+# Sentences in a few languages with their own letters, for the inventories' completeness.
+SENTENCES = {
+    "en": ["The quick brown fox jumps over the lazy dog; isn't it?", "Judge, my vow: 1984 boxes (of jam)!"],
+    "fa": [PERSIAN, "ژاله، آیا نامه‌ی مؤسسه را خواندی؟", "بچه‌ها در حیاط فوتبال بازی می‌کنند.",
+           "قیمت این کالا ۲۵٪ گران‌تر شده است.", "او «شاهنامه» را به‌خوبی می‌شناسد."],
+    "ar": ["ذهبَ الطالبُ إلى المدرسةِ صباحاً.", "هل قرأتَ هذه الرسالة؟ إنّها مهمّة جدًّا."],
+    "de": ["Größere Übungen für Mädchen und Jungen.", "Der Fuß ist weiß, nicht süß."],
+    "fr": ["Où est la bibliothèque ? Ça dépend, garçon.", "Noël était à l'hôtel près du lac."],
+    "es": ["¿Dónde está el niño? ¡Aquí, señor!", "La pingüina comió pequeñas frutas."],
+    "ru": ["Съешь же ещё этих мягких французских булок, да выпей чаю.", "Ёлка стоит в углу."],
+    "tr": ["İstanbul'da güzel bir gün, değil mi?", "Çocuklar şarkı söylüyor ve ağaçlara tırmanıyor."],
+    "hi": ["मैं आज बाज़ार जा रहा हूँ।", "क्या आप हिंदी बोलते हैं?"],
+}
+
+
+def _pseudo_words(code: str, count: int, seed: int) -> list[str]:
+    """Texts of random words of the language's letters: they exercise its letter-to-sound rules."""
+    import random
+
+    rng = random.Random(seed)
+    letters = [ch for ch in (LANGUAGES[code].alphabet or "") + "abcdefghijklmnopqrstuvwxyz" if ch.isalpha()]
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 9))) for _ in range(count)]
+    return [" ".join(words[n:n + 10]) for n in range(0, count, 10)]
+
+
+@pytest.mark.parametrize("code", sorted(LANGUAGES))
+def test_the_inventories_hold_every_symbol_of_a_varied_text(code: str) -> None:
+    """Sentences, spelled numbers and random words of the language's letters: every symbol the
+    characters (where the language lists its alphabet) or phonemes front-end makes of them is
+    in that front-end's inventory."""
+    from num2words import num2words
+
+    numbers = [str(n) for n in range(0, 2000, 37)]
+    texts = SENTENCES.get(code, []) + _pseudo_words(code, 600, seed=len(code)) + [" ".join(numbers)]
+    if LANGUAGES[code].num2words:
+        texts.append(" ".join(num2words(int(n), lang=LANGUAGES[code].num2words) for n in numbers))
+    listed = [Characters()] if LANGUAGES[code].alphabet is not None else []
+    for frontend in (*listed, make_frontend("phonemes"), make_frontend("phonemes", "keep")):
+        made = frontend.units(texts, code)
+        assert not any(u.lost for u in made)
+        outside = set("".join(u.units for u in made)) - set(frontend.inventory([code]))
+        assert not outside, f"{frontend.name} {code}: {sorted(outside)}"
+
+
+def test_a_sentence_with_symbols_no_training_text_had_encodes() -> None:
+    """A vocabulary built from a few texts encodes a new Persian sentence whose phonemes
+    (an English word read in English: "ɐ") and letters the texts never held."""
+    new = "این کتاب about ژاله، مؤسسه و گل‌ها است؟"
+    for frontend in (make_frontend("phonemes"), Characters()):
+        training = [u.units for u in frontend.units([PERSIAN, "فردا باران می‌بارد."], "fa")]
+        vocab = Vocabulary.build(frontend, training, ["fa"], ["default"])
+        made = frontend.units([new], "fa")[0]
+        unseen = set(made.units) - set("".join(training))
+        assert made.lost == "" and vocab.missing(made.units) == ""
+        assert vocab.decode(vocab.encode(made.units)) == made.units
+        if frontend.name == "phonemes":
+            assert {"ɐ", "؟", "،"} <= unseen, made.units
+        else:
+            assert {"ژ", "ؤ", "،", "؟"} <= unseen
+
+
+def test_vocabulary_ids_are_the_same_whatever_the_texts() -> None:
+    """Two runs of the same languages with different texts number every symbol alike."""
+    first = ["امروز هوا آفتابی است.", "Hello there!"]
+    second = ["کتاب را روی میز گذاشتم.", "Where is the big red ball?", "Zebra, quiz."]
+    for frontend in (Characters(), make_frontend("phonemes")):
+        vocabs = [Vocabulary.build(frontend, [u.units for u in frontend.units(texts, "fa")], ["fa", "en"], ["a"])
+                  for texts in (first, second)]
+        assert vocabs[0].symbols == vocabs[1].symbols and vocabs[0].fingerprint == vocabs[1].fingerprint
+    # a character outside the inventory (a language with no listed alphabet) comes after it
+    japanese = Vocabulary.build(Characters(), ["日本", "ok"], ["ja"])
+    assert japanese.symbols[-2:] == ("日", "本")
+    assert japanese.symbols[:-2] == Vocabulary.build(Characters(), ["ok"], ["ja"]).symbols
+
+
+def test_an_old_vocabulary_keeps_its_ids(tmp_path: Path) -> None:
+    """A vocab.json of a run made when the vocabulary was the texts' symbols loads with its ids."""
+    import json
+
+    frontend = Characters()
+    old = {"frontend": "characters", "symbols": ["<pad>", "<eos>", " ", "b", "a"], "size": 5,
+           "engine": frontend.engine(), "languages": ["en"], "speakers": ["default"]}
+    (tmp_path / "vocab.json").write_text(json.dumps(old), encoding="utf-8")
+    vocab = load_vocabulary(tmp_path / "vocab.json")
+    assert vocab.symbols == tuple(old["symbols"]) and vocab.check_engine(frontend) == ""
+    assert vocab.encode("ab a").tolist() == [4, 3, 2, 4, EOS_ID] and vocab.missing("abc") == "c"
+
+
+def test_a_user_tokenizer_s_cache_key_follows_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Editing a tokenizer without raising its version changes its cache key and its ids, not its
+    engine (a run's vocabulary, which names the version, keeps loading)."""
+    import importlib
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"tokenizer_{tmp_path.name}"
+    before = make_frontend(write_editable(tmp_path, name, 2))
+    write_editable(tmp_path, name, 30)
+    assert before.changed()
+    after = make_frontend(f"{name}:ids")
+    assert after.engine() == before.engine() and after.cache_key() != before.cache_key()
+    assert before.units(["a"], "en")[0].units == "99" and after.units(["a"], "en")[0].units == "127"
+    assert not after.changed()
+    # a module the user imported before stoker did, then edited: stoker runs the edited code
+    other = f"{name}_user"
+    importlib.import_module(write_editable(tmp_path, other, 2).partition(":")[0])
+    write_editable(tmp_path, other, 40)
+    assert make_frontend(f"{other}:ids").units(["a"], "en")[0].units == "137"
