@@ -1,10 +1,13 @@
 """The feed examples of docs/FEED.md train for real: the custom loop (docs/examples/feed_loop.py)
 survives a kill -9 of the user's process and resumes from its own checkpoint with every clip
-once per epoch; Keras fit on ``as_dataset()`` (docs/examples/feed_fit.py) learns."""
+once per epoch; Keras fit on ``as_dataset()`` (docs/examples/feed_fit.py) learns; the tuple
+trainer (docs/examples/tuple_trainer.py: fit on the user's own map and prefetch) survives a
+kill -9 and trains every clip once per epoch, as counted inside its training step."""
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import subprocess
@@ -74,3 +77,40 @@ def test_fit_on_as_dataset_learns_with_every_clip_once_per_epoch(tmp_path):
     assert_once_per_epoch(run_dir, 4)
     summary = read_json(run_dir / "summary.json")
     assert summary["steps"] == 16 and summary["exit_reason"] == "completed"
+
+
+def trained_clips(run_dir: Path, rows: list[list[int]]) -> list[str]:
+    """The clip of each row a model trained, from its token ids (the run's own vocabulary and
+    text front-end applied to the dataset's texts)."""
+    from stoker.shared import config
+    from stoker.shared.dataset import build_index
+    from stoker.shared.vocab import load_vocabulary
+
+    cfg = config.load(run_dir / "config.yaml")
+    vocab = load_vocabulary(run_dir / "vocab.json")
+    index = build_index(cfg.data, cfg.features, cfg.text, vocab)
+    clips = {tuple(vocab.encode(s.units).tolist()): s.id for s in index.samples}
+    assert len(clips) == len(index.samples), "two demo clips share their tokens"
+    return [clips[tuple(row)] for row in rows]
+
+
+def test_tuple_trainer_under_fit_killed_after_a_checkpoint_trains_every_clip_once_per_epoch(tmp_path):
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    argv = ["--epochs", "3", "--batch-size", "8", "--run-dir", str(run_dir), "--checkpoint", str(ckpt),
+            "--checkpoint-every", "5", "--record-trained"]
+    killed = run(["-m", "tests.tuple_user", *argv], env={"KILL_AT_STEP": "10"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = run([str(EXAMPLES / "tuple_trainer.py"), *argv])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "restored step-00000010: the feed goes on from step 10" in resumed.stdout
+    final = sorted(ckpt.glob("step-*"))[-1]
+    trained = trained_clips(run_dir, json.loads((final / "trained.json").read_text()))
+    held_out = set()
+    clips = DEMO_IDS - held_out
+    assert len(trained) == 3 * len(clips)  # what the model's steps saw, restored with its checkpoint
+    for epoch in range(3):  # epoch after epoch, each clip once
+        assert sorted(trained[epoch * len(clips):(epoch + 1) * len(clips)]) == sorted(clips), epoch
+    losses = [float(v) for v in resumed.stdout.rsplit("loss ", 1)[1].split(";")[0].split(" -> ")]
+    assert losses[1] < losses[0], resumed.stdout
+    summary = read_json(run_dir / "summary.json")
+    assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 3
