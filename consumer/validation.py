@@ -1,5 +1,9 @@
 """Held-out validation clips: which ones, and their batches.
 
+Who holds clips out: stoker's trainer when it has a loss to validate, and ``stoker.Feed``
+always, so that with the defaults (``trainer.val_clips: 4``) a feed holds 4 clips out;
+``trainer.val_clips: 0`` and no ``data.eval_file`` hold none out.
+
 Where ``data.eval_file`` names a second metadata file (``metadata_eval.csv`` beside
 ``metadata_train.csv``, the layout of the first users' own trainer), its clips are the
 validation clips, indexed with the training set's vocabulary (a character the training
@@ -10,11 +14,26 @@ choice is a pure function of the sample ids and ``batching.seed`` (a hash order)
 resumed run, or another host, holds out the same clips. The held-out ids are written to
 ``RUN_DIR/validation.json`` (:data:`VALIDATION`).
 
-The consumer prepares their batches itself, once, at start, with the producers' own
-code (``producer/batches.py``, ``BatchMaker``: same reader, features and collation) on the CPU,
-so the validation loss is measured on exactly what training batches look like. Shapes
-(dimension legend in shared/batch.py): B = up to ``batching.batch_size`` rows, L and
-T the longest held-out clip rounded up to ``tokens_multiple`` / ``frames_multiple``.
+Their batches, two ways:
+
+- ``stoker.Feed`` (``feed.validation()``, consumer/feed.py ``FeedCore.validation_pass``):
+  through the producers, as training batches are made. They are planned once
+  (consumer/plan.validation_batches: each clip in the smallest training bucket shape that
+  holds it, so a model traced for the training shapes traces nothing new) and, at each
+  pass, leased by the coordinator (consumer/scheduler.py, "Validation passes") with lease
+  slots and credits of their own, into a queue of their own of
+  :data:`VALIDATION_QUEUE_CAPACITY` batches, staged onto the model device like training
+  batches. Every held-out clip is in exactly one batch per pass, also when a producer
+  dies mid-pass; a pass is no training step: the step count, the input position,
+  metrics.jsonl and samples.jsonl stay as they are (with ``--record-samples`` each
+  validation batch's ids go to ``validation.jsonl``).
+- stoker's own trainer (:func:`make_batches`): the consumer prepares them itself, once,
+  at start, with the producers' own code (``producer/batches.py``, ``BatchMaker``: same
+  reader, features and collation) on the CPU. Shapes (dimension legend in
+  shared/batch.py): B = up to ``batching.batch_size`` rows, L and T the longest held-out
+  clip rounded up to ``tokens_multiple`` / ``frames_multiple``.
+
+Either way the validation loss is measured on exactly what training batches look like.
 """
 
 from __future__ import annotations
@@ -39,6 +58,9 @@ log = logging.getLogger(__name__)
 
 # Hold out at most this share of the clips, so that a tiny dataset keeps its training data.
 MAX_VAL_SHARE = 0.1
+# The feed's validation queue: one batch staged on the model device while the one before is
+# evaluated; apart from the training queue, which stays full while the trainer validates.
+VALIDATION_QUEUE_CAPACITY = 2
 # The held-out clips of a run: {"source": "eval_file" | "hash", "file": ..., "ids": [...]}.
 
 
