@@ -62,8 +62,10 @@ def dataset(tmp_path: Path) -> Path:
 
 
 def options(tmp_path: Path, dataset: Path, **more: Any) -> dict[str, Any]:
+    """A feed's options; no clip held out (trainer.val_clips 0) unless ``set`` says otherwise."""
     return {"data": str(dataset), "producers": 2, "batch_size": 4, "run_dir": str(tmp_path / "run"),
-            "bind": f"tcp://127.0.0.1:{free_port()}", "model_start_delay": 0.0, "log_level": "WARNING", **more}
+            "bind": f"tcp://127.0.0.1:{free_port()}", "model_start_delay": 0.0, "log_level": "WARNING",
+            "set": {"trainer.val_clips": 0}, **more}
 
 
 def test_every_clip_once_per_epoch_with_a_producer_killed_and_the_run_files_diagnose_reads(tmp_path, dataset):
@@ -141,10 +143,69 @@ def test_as_dataset_yields_the_batches_with_the_schema_spec(tmp_path, dataset):
     with stoker.Feed(**options(tmp_path, dataset, epochs=1)) as feed:
         spec = feed.as_dataset().element_spec
         assert spec["mel"].shape.as_list() == [None, None, 80] and spec["tokens"].dtype == tf.int32
+        assert list(feed.validation()) == []  # no clip held out: an empty pass
         seen = 0
         for batch in feed.as_dataset():
             seen += int(tf.reduce_sum(tf.cast(batch["mel_lengths"] > 0, tf.int32)))
     assert seen == 24
+
+
+def test_validation_passes_give_each_held_out_clip_once_as_the_producers_make_it_and_train_none(tmp_path, dataset):
+    import tensorflow as tf
+
+    from stoker.consumer.validation import make_batches
+
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    run = tmp_path / "run"
+    passes: list[list[dict[str, np.ndarray]]] = []
+
+    def validate(feed: stoker.Feed) -> None:
+        before = feed.state_dict()
+        batches = []
+        for batch in feed.validation():
+            assert isinstance(batch["mel"], tf.Tensor) and (int(batch["token_lengths"].shape[0]), *(
+                int(batch[k].shape[1]) for k in ("tokens", "mel"))) in shapes  # the training buckets' shapes
+            batches.append({k: v.numpy() for k, v in batch.items()})
+        passes.append(batches)
+        assert feed.state_dict() == before  # no step, the input position unmoved
+
+    # The default trainer.val_clips (4, at most a tenth of 24 clips): 2 clips held out.
+    with stoker.Feed(**options(tmp_path, dataset, epochs=1, record_samples=True, set={})) as feed:
+        held = set(feed.validation_clips)
+        shapes = set(feed.shapes)
+        for n, _ in enumerate(feed):
+            feed.step_done(loss=float(n))
+            if n == 1:  # in the middle, with the training queue full: the pass must not wait for room in it
+                assert feed._core.queue.wait_for_depth(3, 30.0) == 3
+                validate(feed)
+        validate(feed)  # after the loop
+        clips = sum(int(tf.reduce_sum(tf.cast(b["mel_lengths"] > 0, tf.int32))) for b in feed.validation_dataset())
+        steps, core = feed.step, feed._core
+    assert len(held) == 2 and held == set(read_json(run / "validation.json")["ids"]) and clips == 2
+    # Training: every other clip once, no held-out one; every step once in metrics.jsonl, no validation row.
+    once_per_epoch(read_jsonl(run / "samples.jsonl"), ids - held, 1)
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, steps + 1))
+    assert [r["loss"] for r in read_jsonl(run / "metrics.jsonl")] == [float(n) for n in range(steps)]
+    summary = read_json(run / "summary.json")
+    assert summary["validation_passes"] == 3 and summary["val_clips"] == 2 and summary["steps"] == steps
+    # Each pass: every held-out clip once (validation.jsonl names each batch's clips, in order) ...
+    rows = read_jsonl(run / "validation.jsonl")
+    assert [r["pass"] for r in rows] == sorted(r["pass"] for r in rows) and {r["step"] for r in rows} == {2, steps}
+    # ... with the mel the producers' own batch maker gives that clip (the trainer's validation batches).
+    samples = core.val_samples  # make_batches' rows: these clips in order, batch_size at a time (none rejected)
+    made = make_batches(samples, core.index.root, feed.cfg, core.vocabulary, core.mel_norm_arrays())
+    reference = {s.id: (b["mel"][row, :b["mel_lengths"][row]], b["tokens"][row, :b["token_lengths"][row]])
+                 for n, b in enumerate(made) for row, s in enumerate(samples[n * 4:n * 4 + 4])}
+    for number, batches in enumerate(passes, 1):
+        named = [r["ids"] for r in rows if r["pass"] == number]
+        assert sorted(i for batch_ids in named for i in batch_ids) == sorted(held), number
+        for batch, batch_ids in zip(batches, named, strict=True):
+            assert int((batch["mel_lengths"] > 0).sum()) == len(batch_ids)
+            for row, clip in enumerate(batch_ids):
+                mel, tokens = reference[clip]
+                np.testing.assert_array_equal(batch["tokens"][row, :batch["token_lengths"][row]], tokens)
+                np.testing.assert_allclose(batch["mel"][row, :batch["mel_lengths"][row]], mel, atol=1e-4)
+    assert_no_producers_left(os.getpid())
 
 
 @pytest.mark.parametrize("given, says", [
