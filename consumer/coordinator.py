@@ -10,8 +10,9 @@ is the socket's side:
   :meth:`Scheduler.on_message`; the trainer's "a slot is free" wake-ups to
   :meth:`~Scheduler.on_free`, and its validation passes asked and left to
   :meth:`~Scheduler.start_validation` / :meth:`~Scheduler.cancel_validation`; the
-  monitor's connection events to the scheduler's connection methods; and every ``POLL_INTERVAL_MS`` a :meth:`~Scheduler.tick`. After
-  each, the scheduler's outbox is sent.
+  monitor's connection events to the scheduler's connection methods; and every
+  ``POLL_INTERVAL_MS`` a :meth:`~Scheduler.tick`. After each, the scheduler's outbox is
+  sent.
 - stopping: STOP to every producer, then a bounded wait for their BYEs or closed
   connections, so that closing does not drop the STOP unread.
 

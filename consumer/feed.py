@@ -245,7 +245,8 @@ class FeedCore:
         held = self.val_samples
         refs = "ref_mel" in config_mod.batch_schema(self.cfg).names
         return ValidationSet(self.val_batches, self.val_queue, TokenTable(held, self.vocabulary),
-                             ReferenceTable(held, self.cfg.batching.seed) if refs and held else None)
+                             ReferenceTable(held, self.cfg.batching.seed) if refs and held else None,
+                             texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held if s.audio})
 
     def _index(self) -> tuple[DatasetIndex, Vocabulary, str]:
         """The dataset's index, its vocabulary (saved in the run) and the feature cache directory."""
@@ -349,10 +350,6 @@ class FeedCore:
         write_json(self.run_dir / MEL_STATS, data)
         log.info("mel normalised with the dataset's statistics over %s frames (%s)", data.get("frames"), path)
         return data
-
-    def mel_norm_arrays(self) -> tuple[Any, Any] | None:
-        """(mean, std) of transforms.mel_norm, for batches made outside the producers."""
-        return load(self.mel_norm, self.cfg.features.n_mels) if self.mel_norm else None
 
     # ------------------------------------------------------------ rejections
     def _record_rejections(self, rejections: list[Rejection]) -> None:

@@ -110,6 +110,10 @@ class ValidationSet:
     queue: BatchQueue  # where their batches go, with credits of its own
     tokens: TokenTable | None = None  # their token ids (None only where no producer makes batches)
     references: ReferenceTable | None = None  # their reference clips, among themselves (ref_mel on)
+    # Each clip's text and audio file, which the leases carry: data.eval_file's clips are in no
+    # producer's metadata.
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def is_validation(batch: PlannedBatch) -> bool:
@@ -276,9 +280,13 @@ class Scheduler:
 
     def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
         now = self._now
-        tokens, references, ref_epoch = self.tokens, self.references, batch.epoch
+        tokens, references, ref_epoch, clips = self.tokens, self.references, batch.epoch, {}
         if is_validation(batch) and self.validation is not None:
-            tokens, references, ref_epoch = self.validation.tokens, self.validation.references, VALIDATION_REFERENCES
+            held = self.validation
+            tokens, references, ref_epoch = held.tokens, held.references, VALIDATION_REFERENCES
+            named = {*batch.ids, *(references(ref_epoch, batch.ids) if references is not None else ())}
+            clips = {"texts": {i: held.texts[i] for i in named if i in held.texts},
+                     "files": {i: held.files[i] for i in named if i in held.files}}
         lease = Lease(self._next_lease, batch, peer.identity, issued_t=now)
         self._next_lease += 1
         self._leases[lease.id] = lease
@@ -287,7 +295,7 @@ class Scheduler:
             "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
             "ids": list(batch.ids), "shape": list(batch.shape), "rows": batch.rows,
             **(tokens.lease_fields(batch.ids) if tokens is not None else {"tokens": []}),
-            **({"refs": references(ref_epoch, batch.ids)} if references is not None else {})})
+            **({"refs": references(ref_epoch, batch.ids)} if references is not None else {}), **clips})
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)

@@ -153,7 +153,8 @@ def test_as_dataset_yields_the_batches_with_the_schema_spec(tmp_path, dataset):
 def test_validation_passes_give_each_held_out_clip_once_as_the_producers_make_it_and_train_none(tmp_path, dataset):
     import tensorflow as tf
 
-    from stoker.consumer.validation import make_batches
+    from stoker.producer.audio import load_audio
+    from stoker.producer.features import log_mel_spectrogram_numpy
 
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
     run = tmp_path / "run"
@@ -164,7 +165,7 @@ def test_validation_passes_give_each_held_out_clip_once_as_the_producers_make_it
         batches = []
         for batch in feed.validation():
             assert isinstance(batch["mel"], tf.Tensor) and (int(batch["token_lengths"].shape[0]), *(
-                int(batch[k].shape[1]) for k in ("tokens", "mel"))) in shapes  # the training buckets' shapes
+                int(batch[k].shape[1]) for k in ("tokens", "mel"))) in shapes  # training shapes: these clips fit
             batches.append({k: v.numpy() for k, v in batch.items()})
         passes.append(batches)
         assert feed.state_dict() == before  # no step, the input position unmoved
@@ -191,20 +192,20 @@ def test_validation_passes_give_each_held_out_clip_once_as_the_producers_make_it
     # Each pass: every held-out clip once (validation.jsonl names each batch's clips, in order) ...
     rows = read_jsonl(run / "validation.jsonl")
     assert [r["pass"] for r in rows] == sorted(r["pass"] for r in rows) and {r["step"] for r in rows} == {2, steps}
-    # ... with the mel the producers' own batch maker gives that clip (the trainer's validation batches).
-    samples = core.val_samples  # make_batches' rows: these clips in order, batch_size at a time (none rejected)
-    made = make_batches(samples, core.index.root, feed.cfg, core.vocabulary, core.mel_norm_arrays())
-    reference = {s.id: (b["mel"][row, :b["mel_lengths"][row]], b["tokens"][row, :b["token_lengths"][row]])
-                 for n, b in enumerate(made) for row, s in enumerate(samples[n * 4:n * 4 + 4])}
+    # ... each clip's tokens and log-mel as the trainer's vocabulary and the features' definition make them.
+    features = feed.cfg.features
+    reference = {s.id: (core.vocabulary.encode(s.units), log_mel_spectrogram_numpy(load_audio(
+        dataset / "wavs" / f"{s.id}.wav", features.sample_rate_hz), features, dtype=np.float32))
+                 for s in core.val_samples}
     for number, batches in enumerate(passes, 1):
         named = [r["ids"] for r in rows if r["pass"] == number]
         assert sorted(i for batch_ids in named for i in batch_ids) == sorted(held), number
         for batch, batch_ids in zip(batches, named, strict=True):
             assert int((batch["mel_lengths"] > 0).sum()) == len(batch_ids)
             for row, clip in enumerate(batch_ids):
-                mel, tokens = reference[clip]
+                tokens, mel = reference[clip]
                 np.testing.assert_array_equal(batch["tokens"][row, :batch["token_lengths"][row]], tokens)
-                np.testing.assert_allclose(batch["mel"][row, :batch["mel_lengths"][row]], mel, atol=1e-4)
+                np.testing.assert_allclose(batch["mel"][row, :batch["mel_lengths"][row]], mel, rtol=1e-4, atol=1e-4)
     assert_no_producers_left(os.getpid())
 
 
