@@ -446,3 +446,16 @@ def test_a_validation_pass_left_early_stops_leasing_and_the_next_one_is_whole() 
         got += b.take_items(b.val_queue)
     assert {item.epoch for item in got} == {-1, -2}
     assert sorted(i for item in got if item.epoch == -2 for i in item.ids) == sorted(s.id for s in HELD)
+
+
+def test_a_held_out_clip_every_producer_lacks_leaves_the_pass_which_still_ends() -> None:
+    b = Bench(held=HELD, max_epochs=0)
+    b.hello(b"p1")
+    b.scheduler.start_validation(1, b.now)
+    b._collect()
+    got = []
+    while b.scheduler.validation_finished < 1:
+        assert b.work(b"p1", missing={"V002"}), "the pass stalled"
+        got += b.take_items(b.val_queue)
+    assert sorted(i for item in got for i in item.ids) == sorted(s.id for s in HELD if s.id != "V002")
+    assert [r.id for r in b.rejected] == ["V002"] and b.scheduler.rejected_in_epoch(0) == 0
