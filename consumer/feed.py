@@ -50,12 +50,12 @@ from typing import Any, Callable, Iterator, Sequence
 from stoker.consumer.buffer import BatchQueue, QueuedBatch
 from stoker.consumer.checkpoint import RunCheckpoints, trim_step_log
 from stoker.consumer.coordinator import Coordinator
-from stoker.consumer.scheduler import ValidationSet
-from stoker.consumer.validation import VALIDATION_QUEUE_CAPACITY
-from stoker.consumer.plan import (EpochPlanner, InputPosition, PositionError, ReferenceTable, TokenTable,
-                                  validation_batches)
+from stoker.consumer.plan import (EpochPlanner, InputPosition, PlannedBatch, PositionError, ReferenceTable,
+                                  TokenTable, validation_batches)
 from stoker.consumer.progress import LiveLine
+from stoker.consumer.scheduler import ValidationSet
 from stoker.consumer.telemetry import Telemetry
+from stoker.consumer.validation import VALIDATION_QUEUE_CAPACITY
 from stoker.shared import config as config_mod
 from stoker.shared.cluster import Cluster, from_env, worker_dir_name
 from stoker.shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir, mel_stats_file
@@ -156,7 +156,7 @@ class FeedCore:
         self._open_row: dict[str, Any] | None = None  # the step handed out, until step_done
         self.last_loss: float | None = None
         self.val_samples: list[Sample] = []
-        self.val_batches: list[Any] = []  # the held-out clips' planned batches (consumer/plan.validation_batches)
+        self.val_batches: list[PlannedBatch] = []  # the held-out clips' batches (consumer/plan.validation_batches)
         self.validation_passes = 0
         self.mel_norm: dict[str, Any] | None = None
         self.check_failure: Callable[[], str] = self._check_transforms

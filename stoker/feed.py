@@ -8,6 +8,7 @@
         for batch in feed:                      # dict of tensors on the model device
             loss = train_step(batch)            # the user's own step
             feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
+        val = [eval_step(b) for b in feed.validation()]   # the held-out clips, once each
 
 The feed runs in the user's process: the trainer side of the pipeline (consumer/feed.py:
 index, plan, coordinator, bounded queue, step rows, input position, summary.json), the
