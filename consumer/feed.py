@@ -553,11 +553,12 @@ class FeedCore:
         asked = last_warn = time.monotonic()
         try:
             while not self.stop.is_set():
+                # The coordinator queues a pass's last batch before it marks the pass finished.
+                if self.coordinator.validation_finished() >= number and not len(self.val_queue):
+                    finished = True
+                    break
                 got = self.val_queue.get(WAIT_SLICE_S)
                 if got is None:
-                    if self.coordinator.validation_finished() >= number and not len(self.val_queue):
-                        finished = True
-                        break
                     last_warn = self._waiting(asked, last_warn, "no validation batch for")
                     continue
                 item = got[0]
