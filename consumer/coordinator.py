@@ -8,9 +8,11 @@ is the socket's side:
 - binding (with CURVE authentication when keys are given, and a socket monitor);
 - the loop: each producer message, with the connection it came on, goes to
   :meth:`Scheduler.on_message`; the trainer's "a slot is free" wake-ups to
-  :meth:`~Scheduler.on_free`; the monitor's connection events to the scheduler's
-  connection methods; and every ``POLL_INTERVAL_MS`` a :meth:`~Scheduler.tick`. After
-  each, the scheduler's outbox is sent.
+  :meth:`~Scheduler.on_free`, and its validation passes asked and left to
+  :meth:`~Scheduler.start_validation` / :meth:`~Scheduler.cancel_validation`; the
+  monitor's connection events to the scheduler's connection methods; and every
+  ``POLL_INTERVAL_MS`` a :meth:`~Scheduler.tick`. After each, the scheduler's outbox is
+  sent.
 - stopping: STOP to every producer, then a bounded wait for their BYEs or closed
   connections, so that closing does not drop the STOP unread.
 
@@ -32,7 +34,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from stoker.consumer.buffer import BatchQueue
 from stoker.consumer.plan import EpochPlanner, InputPosition, ReferenceTable, TokenTable
-from stoker.consumer.scheduler import Scheduler
+from stoker.consumer.scheduler import Scheduler, ValidationSet
 from stoker.shared import wire
 from stoker.shared.config import Config
 from stoker.shared.dataset import DatasetScan
@@ -51,6 +53,9 @@ POLL_INTERVAL_MS = 100
 STOP_ACK_S = 1.0
 # Then give anything still queued this long to leave.
 STOP_LINGER_MS = 500
+# The trainer's wake-ups that ask for a validation pass, or leave one, followed by its number.
+WAKE_VALIDATE = b"validate:"
+WAKE_CANCEL = b"cancel:"
 # At most this many messages (or monitor events) per wake-up, then heartbeats get their turn.
 BURST = 64
 # Socket events the coordinator watches.
@@ -70,13 +75,14 @@ class Coordinator:
                  context: zmq.Context | None = None, metadata_sha256: str = "", dataset: DatasetScan | None = None,
                  keys: ServerKeys | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
-                 mel_norm: dict[str, Any] | None = None) -> None:
+                 mel_norm: dict[str, Any] | None = None, validation: ValidationSet | None = None) -> None:
         self.cfg = cfg
         self.queue = queue
         self.stop = stop
         self.scheduler = Scheduler(cfg, planner, queue, max_epochs=max_epochs, on_rejected=on_rejected,
                                    metadata_sha256=metadata_sha256, dataset=dataset, resume=resume, tokens=tokens,
-                                   references=references, mel_norm=mel_norm, now=time.monotonic())
+                                   references=references, mel_norm=mel_norm, now=time.monotonic(),
+                                   validation=validation)
         self.ctx = context or zmq.Context.instance()
         self.keys = keys
         self.endpoint = ""
@@ -147,16 +153,35 @@ class Coordinator:
 
     def notify_free(self) -> None:
         """Called from the trainer thread when it takes a batch: a slot is free."""
+        try:
+            self._waker().send(b"", flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a wake-up is already pending; one is enough
+
+    def _waker(self) -> zmq.Socket:
+        """This thread's end of the wake-up socket."""
         sock = getattr(self._wake_local, "sock", None)
         if sock is None:
             sock = self.ctx.socket(zmq.PUSH)
             sock.linger = 0
             sock.connect(self._wake_addr)
             self._wake_local.sock = sock
+        return sock
+
+    def start_validation(self, number: int) -> None:
+        """From the trainer thread: lease validation pass ``number`` (the loop asks the scheduler)."""
+        self._waker().send(WAKE_VALIDATE + str(number).encode(), flags=zmq.NOBLOCK)
+
+    def cancel_validation(self, number: int) -> None:
+        """From the trainer thread: it left validation pass ``number`` before its end."""
         try:
-            sock.send(b"", flags=zmq.NOBLOCK)
+            self._waker().send(WAKE_CANCEL + str(number).encode(), flags=zmq.NOBLOCK)
         except zmq.Again:
-            pass  # a wake-up is already pending; one is enough
+            pass  # the loop has stopped: no pass is leased any more
+
+    def validation_finished(self) -> int:
+        """The last validation pass whose every batch was delivered (or which was left)."""
+        return self.scheduler.validation_finished
 
     def close_notifier(self) -> None:
         sock = getattr(self._wake_local, "sock", None)
@@ -215,6 +240,13 @@ class Coordinator:
         elif kind == zmq.EVENT_ACCEPTED:
             self.scheduler.on_connection_accepted(value)
 
+    def _on_wake(self, token: bytes, now: float) -> None:
+        """A wake-up from the trainer: a free slot (empty), or a validation pass asked or left."""
+        if token.startswith(WAKE_VALIDATE):
+            self.scheduler.start_validation(int(token[len(WAKE_VALIDATE):]), now)
+        elif token.startswith(WAKE_CANCEL):
+            self.scheduler.cancel_validation(int(token[len(WAKE_CANCEL):]), now)
+
     def _say_stop(self, router: zmq.Socket) -> None:
         """STOP to every producer, then wait (bounded) for their BYEs or their connections to close."""
         waiting = set(self.scheduler.stop())
@@ -269,7 +301,7 @@ class Coordinator:
                 if self._wake in events:
                     while True:
                         try:
-                            self._wake.recv(flags=zmq.NOBLOCK)
+                            self._on_wake(self._wake.recv(flags=zmq.NOBLOCK), now)
                         except zmq.Again:
                             break
                     self.scheduler.on_free(now)

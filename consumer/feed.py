@@ -60,9 +60,12 @@ from stoker.consumer.buffer import BatchQueue, QueuedBatch
 from stoker.consumer.checkpoint import RunCheckpoints, trim_step_log
 from stoker.consumer.coordinator import Coordinator
 from stoker.consumer.handout import Confirmed, HandOutLedger
-from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError, ReferenceTable, TokenTable
+from stoker.consumer.plan import (EpochPlanner, InputPosition, PlannedBatch, PositionError, ReferenceTable,
+                                  TokenTable, validation_batches)
 from stoker.consumer.progress import LiveLine
+from stoker.consumer.scheduler import ValidationSet
 from stoker.consumer.telemetry import Telemetry
+from stoker.consumer.validation import VALIDATION_QUEUE_CAPACITY
 from stoker.shared import config as config_mod
 from stoker.shared.cluster import Cluster, from_env, worker_dir_name
 from stoker.shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir, mel_stats_file
@@ -72,7 +75,8 @@ from stoker.shared.layouts import Rejection
 from stoker.shared.melstats import MelStats, load, stats_key
 from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
 from stoker.shared.proc import EXIT_OK, parent_alive
-from stoker.shared.runfiles import MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
+from stoker.shared.runfiles import (MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VALIDATION_SAMPLES, VOCAB,
+                                    write_json)
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")
@@ -166,6 +170,8 @@ class FeedCore:
         self._lock = threading.Lock()
         self.last_loss: float | None = None
         self.val_samples: list[Sample] = []
+        self.val_batches: list[PlannedBatch] = []  # the held-out clips' batches (consumer/plan.validation_batches)
+        self.validation_passes = 0
         self.mel_norm: dict[str, Any] | None = None
         self.check_failure: Callable[[], str] = self._check_transforms
         self.summary_extra: Callable[[], dict[str, Any]] = dict  # the trainer's figures for summary.json
@@ -189,6 +195,7 @@ class FeedCore:
         self.train_samples = train
         workers, worker = (self.cluster.size, self.cluster.index) if self.cluster is not None else (1, 0)
         self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
+        self.val_batches = validation_batches(self.val_samples, planner)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  len(planner.shapes), planner.shapes,
@@ -222,12 +229,14 @@ class FeedCore:
         self._record_rejections(index.rejected + self._eval_rejected)
         self.metrics = JsonlWriter(self.run_dir / METRICS)
         self.samples_log = JsonlWriter(self.run_dir / SAMPLES) if cfg.trainer.record_samples else None
+        self.val_log = JsonlWriter(self.run_dir / VALIDATION_SAMPLES) if cfg.trainer.record_samples else None
         # With --epochs the run ends when those epochs are complete; re-planned misses can add
         # a batch or two, so the step count is only the plan's expectation (for progress lines).
         self.total_steps = None if self.epochs else cfg.trainer.steps
         self.expected_steps = self.epochs * planner.batches_per_epoch if self.epochs else cfg.trainer.steps
         keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
         self.queue = BatchQueue(cfg.pipeline.buffer_size)
+        self.val_queue = BatchQueue(VALIDATION_QUEUE_CAPACITY)
         resumed = self.checkpoints.resumed is not None or self.state is not None
         self.coordinator = Coordinator(
             cfg, planner, self.queue, self.stop, max_epochs=cfg.trainer.epochs,
@@ -235,8 +244,8 @@ class FeedCore:
             keys=keys, resume=self.position.copy() if resumed else None, tokens=TokenTable(train, self.vocabulary),
             references=(ReferenceTable(train, cfg.batching.seed)
                         if "ref_mel" in config_mod.batch_schema(cfg).names else None),
-            mel_norm=self.mel_norm)
-        self.queue.on_free = self.coordinator.notify_free
+            mel_norm=self.mel_norm, validation=self._validation_set())
+        self.queue.on_free = self.val_queue.on_free = self.coordinator.notify_free
         self.telemetry = Telemetry(self.run_dir, self.queue.capacity, self.expected_steps,
                                    lambda: self.coordinator.snapshot()["producers"], cfg.run.metrics_port)
         self.live = LiveLine()
@@ -245,6 +254,15 @@ class FeedCore:
         self.opened = True
         log.info("consumer listening on %s", self.endpoint)
         return self.endpoint
+
+    def _validation_set(self) -> ValidationSet:
+        """The held-out clips as the coordinator leases them: their batches, queue, tokens and
+        references (among themselves, the same at every pass)."""
+        held = self.val_samples
+        refs = "ref_mel" in config_mod.batch_schema(self.cfg).names
+        return ValidationSet(self.val_batches, self.val_queue, TokenTable(held, self.vocabulary),
+                             ReferenceTable(held, self.cfg.batching.seed) if refs and held else None,
+                             texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held if s.audio})
 
     def _index(self) -> tuple[DatasetIndex, Vocabulary, str]:
         """The dataset's index, its vocabulary (saved in the run) and the feature cache directory."""
@@ -348,10 +366,6 @@ class FeedCore:
         write_json(self.run_dir / MEL_STATS, data)
         log.info("mel normalised with the dataset's statistics over %s frames (%s)", data.get("frames"), path)
         return data
-
-    def mel_norm_arrays(self) -> tuple[Any, Any] | None:
-        """(mean, std) of transforms.mel_norm, for batches made outside the producers."""
-        return load(self.mel_norm, self.cfg.features.n_mels) if self.mel_norm else None
 
     # ------------------------------------------------------------ rejections
     def _record_rejections(self, rejections: list[Rejection]) -> None:
@@ -606,6 +620,47 @@ class FeedCore:
         self.warmup_s = time.monotonic() - warm_start
         self.ledger.start(time.monotonic())
 
+    # ------------------------------------------------------------ validation
+    def validation_pass(self) -> Iterator[QueuedBatch]:
+        """One validation pass (consumer/validation.py): every held-out clip once, in batches the
+        producers made as they make training batches, from a queue of their own. The step, the
+        input position and metrics.jsonl stay as they are. Leaving it before its end leaves
+        the rest of the pass unmade."""
+        if not self.val_batches:
+            log.info("validation pass: no clip is held out (trainer.val_clips 0 and no data.eval_file): it is empty")
+            return
+        self.validation_passes += 1
+        number = self.validation_passes
+        self.coordinator.start_validation(number)
+        finished = False
+        clips = 0
+        asked = last_warn = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                # The coordinator queues a pass's last batch before it marks the pass finished.
+                if self.coordinator.validation_finished() >= number and not len(self.val_queue):
+                    finished = True
+                    break
+                got = self.val_queue.get(WAIT_SLICE_S)
+                if got is None:
+                    last_warn = self._waiting(asked, last_warn, "no validation batch for")
+                    continue
+                item = got[0]
+                if item.epoch != -number:
+                    continue  # of a pass left before its end
+                if self.val_log is not None:
+                    self.val_log.write({"pass": number, "step": self.step, "ids": item.ids})
+                clips += len(item.ids)
+                yield item
+                asked = time.monotonic()
+        finally:
+            if not finished:
+                self.coordinator.cancel_validation(number)
+        if finished:
+            log.info("validation pass %d at step %d: %d held-out clips", number, self.step, clips)
+        else:
+            log.warning("validation pass %d at step %d cut short: the run is stopping", number, self.step)
+
     # ------------------------------------------------------------ progress
     def _live_text(self) -> str:
         window = self.telemetry.window(time.monotonic())
@@ -642,10 +697,13 @@ class FeedCore:
         self.coordinator.join(COORDINATOR_JOIN_S)
         self.coordinator.close_notifier()
         self.queue.close()
+        self.val_queue.close()
         self.live.close()
         self.metrics.close()
         if self.samples_log is not None:
             self.samples_log.close()
+        if self.val_log is not None:
+            self.val_log.close()
         self.rejected.close()
         write_json(self.run_dir / SUMMARY, self._summary())
         if self.epochs_completed and not self.mel_norm and self.coordinator.mel_stats.frames:
@@ -667,6 +725,7 @@ class FeedCore:
                    "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
                    "queue_high_water": queue.high_water, "stage_errors": queue.stage_errors,
                    "host_cores": os.cpu_count(), "clips": len(index.samples), "val_clips": len(self.val_samples),
+                   "validation_passes": self.validation_passes,
                    "text": {"frontend": vocab.frontend, "vocab_size": vocab.size, "vocabulary": vocab.fingerprint,
                             "languages": list(vocab.languages), "speakers": len(vocab.speakers), "lost": index.lost},
                    "index": index.stats.to_json(),

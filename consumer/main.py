@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from stoker.consumer import melimage, validation
+from stoker.consumer import melimage
 from stoker.consumer.checkpoint import RESUME_CONFIG
 from stoker.consumer.feed import FeedCore, Resolved, TransformFailed
 from stoker.consumer.trainer import ModelError, Trainer, make_trainer, uses_tensorflow
@@ -135,8 +135,6 @@ class TrainLoop:
         self.cfg = feed.cfg
         self.tb: TensorBoard | None = None
         self.trainer: Trainer | None = None
-        self._val_batches: list[Any] = []
-        self._val_arrays: list[dict[str, Any]] = []
         self.val_losses: list[tuple[int, float]] = []
         self.skipped_steps = 0
         feed.summary_extra = self.model_summary
@@ -180,12 +178,9 @@ class TrainLoop:
             feed.queue.enable_staging(trainer.stage)
             resumed = feed.checkpoints.resumed
             self.tb = TensorBoard(feed.run_dir, resumed.step if resumed is not None else None)
-            if feed.val_samples:
-                self._val_arrays = validation.make_batches(feed.val_samples, feed.index.root, cfg, feed.vocabulary,
-                                                           feed.mel_norm_arrays())
-                self._val_batches = [trainer.stage_one(b) for b in self._val_arrays]  # type: ignore[attr-defined]
-                log.info("validation: %s, every %d steps", validation.describe(self._val_arrays),
-                         cfg.trainer.val_every_steps)
+            if feed.val_batches:
+                log.info("validation: %d held-out clips in %d batches, made by the producers every %d steps",
+                         len(feed.val_samples), len(feed.val_batches), cfg.trainer.val_every_steps)
             trainer.prepare(feed.planner.shapes)  # type: ignore[attr-defined]
         where = ", ".join(devices) if trainer.uses_tensorflow else "host (no TensorFlow)"
         log.info("trainer %s on %s", trainer.name, where)
@@ -252,22 +247,36 @@ class TrainLoop:
                       self.feed.coordinator.alive(), train)
 
     def _validate(self, trainer: Trainer) -> None:
-        """The loss on the held-out clips, and the first clip's mel image, into the log and tb/."""
-        if not self._val_batches or self.tb is None:
+        """The loss on the held-out clips, made by the producers in a validation pass of the
+        feed (consumer/validation.py), and the first clip's mel image, into the log and tb/."""
+        feed = self.feed
+        if not feed.val_batches or self.tb is None:
             return
-        step = self.feed.step
+        step = feed.step
         if self.val_losses and self.val_losses[-1][0] == step:
             return
-        loss = trainer.evaluate(self._val_batches)  # type: ignore[attr-defined]
+        items = sorted(feed.validation_pass(), key=lambda item: item.index)  # the plan's order: a fixed first clip
+        if feed.stop.is_set():
+            return  # the pass was cut short: no loss over part of the clips
+        # Evaluated on the first device in the rows one replica trains (a planned batch has them all).
+        parts = [part for item in items for part in _split_rows(item.arrays, feed.planner.replicas)
+                 if part[FRAMES].any()]
+        loss = trainer.evaluate([trainer.stage_one(p) for p in parts])  # type: ignore[attr-defined]
         if loss is None:
             return
         self.val_losses.append((step, loss))
         log.info("step %d  validation loss %.4f", step, loss)
-        first = self._val_arrays[0]
+        first = parts[0]
         frames = int(first[FRAMES][0])
         predicted = trainer.predict({k: v[:1] for k, v in first.items()})["mel"][0]  # type: ignore[attr-defined]
         image = melimage.comparison(predicted[:frames], first["mel"][0, :frames])
         self.tb.validation(step, loss, image, getattr(trainer, "evaluated_terms", None))
+
+
+def _split_rows(arrays: dict[str, Any], parts: int) -> list[dict[str, Any]]:
+    """A batch of ``parts`` x B rows as ``parts`` batches of B rows."""
+    rows = len(arrays[FRAMES]) // parts
+    return [{k: v[i * rows:(i + 1) * rows] for k, v in arrays.items()} for i in range(parts)]
 
 
 def main(argv: list[str] | None = None) -> int:

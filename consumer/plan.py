@@ -211,6 +211,40 @@ class EpochPlanner:
         ]
 
 
+def validation_batches(samples: Sequence[Sample], planner: EpochPlanner) -> list[PlannedBatch]:
+    """The held-out clips' batches, the same at every validation pass: each clip in the
+    smallest training bucket shape (L, T, then its rows) that holds its text and its mel, so
+    a model traced for the training shapes traces nothing new; clips no training bucket
+    holds go into buckets of their own, made as training buckets are. Within a bucket the
+    clips are in id order, cut into batches of the bucket's rows (the last one partial).
+    A pure function of the clips and the training plan; ``epoch`` is 0 (the scheduler
+    marks each pass's)."""
+    cfg = planner.cfg
+    fitting = sorted(planner.buckets, key=lambda b: (b.max_frames, b.max_tokens, b.index))
+    groups: dict[int, list[Sample]] = {}
+    leftover = []
+    for s in sorted(samples, key=lambda s: s.id):
+        bucket = next((b for b in fitting if b.max_frames >= s.num_frames and b.max_tokens >= s.num_tokens), None)
+        if bucket is None:
+            leftover.append(s)
+        else:
+            groups.setdefault(bucket.index, []).append(s)
+    shapes = {b.index: (b.max_tokens, b.max_frames, b.rows // planner.workers) for b in planner.buckets}
+    for extra in make_buckets(leftover, cfg, planner.replicas):
+        index = len(planner.buckets) + extra.index
+        members = set(extra.sample_ids)
+        groups[index] = [s for s in leftover if s.id in members]
+        shapes[index] = (extra.max_tokens, extra.max_frames, extra.rows)
+    batches: list[PlannedBatch] = []
+    for bucket_index in sorted(groups):
+        tokens, frames, rows = shapes[bucket_index]
+        ids = [s.id for s in groups[bucket_index]]
+        for start in range(0, len(ids), rows):
+            batches.append(PlannedBatch(epoch=0, index=len(batches), bucket=bucket_index,
+                                        ids=tuple(ids[start:start + rows]), shape=(tokens, frames), rows=rows))
+    return batches
+
+
 class PositionError(UserError):
     """A saved input position does not fit this run's epoch plan (one line)."""
 

@@ -47,6 +47,20 @@ producer lacking a clip gets the whole batch and reports the clip missed, which 
 rejected rather than re-planned into a batch of its own; and a batch whose every clip was
 rejected (or a worker's empty share) still goes into the queue, as empty rows.
 
+Validation passes (consumer/validation.py): the held-out clips, planned once into
+batches of the training buckets' shapes (consumer/plan.validation_batches), are leased
+when the trainer asks for a pass (:meth:`Scheduler.start_validation`) through the same
+producers, with the epoch ``-pass`` that marks them: producers prepare the lowest epoch
+first, so a pass goes before training work. They have lease slots of their own (up to
+``lease_ahead`` per producer beside the training ones) and credits of their own, for a
+queue of their own (``ValidationSet.queue``): while the trainer validates, the training
+queue stays full and the producers' training leases wait for credits, and neither
+blocks the pass. A producer gone mid-pass has its validation leases re-planned into the
+same pass, misses are re-planned within it, so every held-out clip (but those rejected)
+is in exactly one delivered batch per pass; the pass is finished
+(``validation_finished``) when its last batch is delivered. Validation batches never
+move the input position, the epochs or the mel statistics.
+
 Anything malformed or unexpected is dropped and counted by reason (``rejected_messages``
 in summary.json); nothing a peer sends can stop the scheduler.
 
@@ -84,6 +98,27 @@ log = logging.getLogger("consumer.coordinator")
 ASSIGN_SCAN_LIMIT = 256
 # A message kind and its fields, for the producer with that identity.
 Outgoing = tuple[bytes, str, dict[str, Any]]
+# The epoch a validation clip's reference clip is chosen for: the same one at every pass.
+VALIDATION_REFERENCES = -1
+
+
+@dataclass
+class ValidationSet:
+    """The held-out clips as the scheduler leases them (module docstring)."""
+
+    batches: list[PlannedBatch]  # consumer/plan.validation_batches: the same at every pass
+    queue: BatchQueue  # where their batches go, with credits of its own
+    tokens: TokenTable | None = None  # their token ids (None only where no producer makes batches)
+    references: ReferenceTable | None = None  # their reference clips, among themselves (ref_mel on)
+    # Each clip's text and audio file, which the leases carry: data.eval_file's clips are in no
+    # producer's metadata.
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def is_validation(batch: PlannedBatch) -> bool:
+    """A batch of a validation pass (epoch ``-pass``), not of the training plan."""
+    return batch.epoch < 0
 
 
 @dataclass
@@ -127,7 +162,8 @@ class Scheduler:
                  on_rejected: Callable[[list[Rejection]], None] | None = None, metadata_sha256: str = "",
                  dataset: DatasetScan | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
-                 mel_norm: dict[str, Any] | None = None, now: float = 0.0) -> None:
+                 mel_norm: dict[str, Any] | None = None, now: float = 0.0,
+                 validation: ValidationSet | None = None) -> None:
         self.cfg = cfg
         # Token ids for the leases; None only where no producer makes batches (tests, benchmarks of the queue).
         self.tokens = tokens
@@ -155,6 +191,13 @@ class Scheduler:
         self._next_lease = 1
         self._leases: dict[int, Lease] = {}
         self._credits_out = 0
+        # Validation passes: the held-out clips, the pass being leased (0: none), its pending
+        # batches and credits, and the last pass finished (read by the trainer thread).
+        self.validation = validation
+        self._val_pass = 0
+        self._val_pending: collections.deque[PlannedBatch] = collections.deque()
+        self._val_credits_out = 0
+        self.validation_finished = 0
         self._orphans: dict[tuple[int, int], Failover] = {}  # re-planned batches of a gone producer
         self._lock = threading.Lock()  # guards the stats below, read by other threads
         self.dropped: collections.Counter[str] = collections.Counter()
@@ -217,20 +260,33 @@ class Scheduler:
             return None
         if not peer.lacks or self.ordered:
             return self._pending.popleft()
-        for pos, batch in enumerate(itertools.islice(self._pending, ASSIGN_SCAN_LIMIT)):
+        return self._usable(self._pending, peer)
+
+    @staticmethod
+    def _usable(pending: collections.deque[PlannedBatch], peer: Peer) -> PlannedBatch | None:
+        """The first of ``pending`` with clips this producer has, taken out; the clips it lacks
+        stay in place."""
+        for pos, batch in enumerate(itertools.islice(pending, ASSIGN_SCAN_LIMIT)):
             usable = tuple(i for i in batch.ids if i not in peer.lacks)
             if not usable:
                 continue
             if len(usable) == len(batch.ids):
-                del self._pending[pos]
+                del pending[pos]
                 return batch
             # Same epoch, bucket and shape: the part it lacks stays in place for another producer.
-            self._pending[pos] = dataclasses.replace(batch, ids=tuple(i for i in batch.ids if i in peer.lacks))
+            pending[pos] = dataclasses.replace(batch, ids=tuple(i for i in batch.ids if i in peer.lacks))
             return dataclasses.replace(batch, ids=usable)
         return None
 
     def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
         now = self._now
+        tokens, references, ref_epoch, clips = self.tokens, self.references, batch.epoch, {}
+        if is_validation(batch) and self.validation is not None:
+            held = self.validation
+            tokens, references, ref_epoch = held.tokens, held.references, VALIDATION_REFERENCES
+            named = {*batch.ids, *(references(ref_epoch, batch.ids) if references is not None else ())}
+            clips = {"texts": {i: held.texts[i] for i in named if i in held.texts},
+                     "files": {i: held.files[i] for i in named if i in held.files}}
         lease = Lease(self._next_lease, batch, peer.identity, issued_t=now)
         self._next_lease += 1
         self._leases[lease.id] = lease
@@ -238,8 +294,8 @@ class Scheduler:
         self._send(peer.identity, wire.LEASE, {
             "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
             "ids": list(batch.ids), "shape": list(batch.shape), "rows": batch.rows,
-            **(self.tokens.lease_fields(batch.ids) if self.tokens is not None else {"tokens": []}),
-            **({"refs": self.references(batch.epoch, batch.ids)} if self.references is not None else {})})
+            **(tokens.lease_fields(batch.ids) if tokens is not None else {"tokens": []}),
+            **({"refs": references(ref_epoch, batch.ids)} if references is not None else {}), **clips})
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)
@@ -249,8 +305,13 @@ class Scheduler:
                 orphan.reissued += 1
                 orphan.reissued_unix = time.time()
 
+    def _held(self, peer: Peer, validation: bool) -> int:
+        """The producer's leases of validation passes (``validation``) or of the training plan."""
+        return sum(1 for i in peer.leases if i in self._leases and is_validation(self._leases[i].batch) == validation)
+
     def _assign(self, peer: Peer) -> None:
-        while len(peer.leases) < self.cfg.pipeline.lease_ahead:
+        self._assign_validation(peer)
+        while self._held(peer, False) < self.cfg.pipeline.lease_ahead:
             batch = self._take_for(peer)
             if batch is None:
                 if self._pending and self._reject_unplaceable():
@@ -264,6 +325,16 @@ class Scheduler:
         if self.ordered and self._make_room():
             self._assign_all()
 
+    def _assign_validation(self, peer: Peer) -> None:
+        """The pass's batches, in lease slots of their own beside the training ones."""
+        while self._val_pending and self._held(peer, True) < self.cfg.pipeline.lease_ahead:
+            batch = self._usable(self._val_pending, peer)
+            if batch is None:
+                if self._reject_unplaceable_validation():
+                    continue
+                return
+            self._lease(peer, batch)
+
     def _make_room(self) -> bool:
         """In plan order: a batch of the credit window still pending while every producer's
         lease slots hold later work (a producer died holding the earliest ones) would wait
@@ -273,8 +344,8 @@ class Scheduler:
         waiting = any((b.epoch, b.index) in window for b in itertools.islice(self._pending, self.queue.capacity))
         if not waiting or not self._peers:
             return False
-        later = [lease for lease in self._leases.values()
-                 if lease.state != "credited" and (lease.batch.epoch, lease.batch.index) not in window]
+        later = [lease for lease in self._leases.values() if lease.state != "credited"
+                 and not is_validation(lease.batch) and (lease.batch.epoch, lease.batch.index) not in window]
         if not later:
             return False
         victim = max(later, key=lambda lease: (lease.batch.epoch, lease.batch.index))
@@ -285,26 +356,35 @@ class Scheduler:
 
     def _release(self, lease_ids: list[int], orphaned_by: Failover | None = None) -> None:
         """Put leased batches back at the front of the plan, in plan order."""
-        batches = []
+        batches, checks = [], []
         for lease_id in lease_ids:
             lease = self._leases.pop(lease_id, None)
             if lease is None:
                 continue
-            if lease.state == "credited":
+            validation = is_validation(lease.batch)
+            if lease.state == "credited" and validation:
+                self._val_credits_out -= 1
+            elif lease.state == "credited":
                 self._credits_out -= 1
             peer = self._peers.get(lease.identity)
             if peer is not None:
                 peer.leases.discard(lease_id)
+            if validation:  # back into its pass; one cancelled meanwhile needs it no more
+                if lease.batch.epoch == -self._val_pass:
+                    checks.append(lease.batch)
+                continue
             batches.append(lease.batch)
             if orphaned_by is not None:
                 self._orphans[(lease.batch.epoch, lease.batch.index)] = orphaned_by
+        for batch in sorted(checks, key=lambda b: b.index, reverse=True):
+            self._val_pending.appendleft(batch)
         for batch in sorted(batches, key=lambda b: (b.epoch, b.index), reverse=True):
             self._pending.appendleft(batch)
         if batches and self.ordered:  # leased later ones may come back after earlier ones: keep plan order
             self._pending = collections.deque(sorted(self._pending, key=lambda b: (b.epoch, b.index)))
-        if batches:
+        if batches or checks:
             with self._lock:
-                self.reissued += len(batches)
+                self.reissued += len(batches) + len(checks)
 
     def _revoke(self, lease_ids: list[int]) -> None:
         """Re-plan leases a live producer still holds, and tell it to forget them."""
@@ -338,31 +418,47 @@ class Scheduler:
         Spreading them means a producer that freezes while holding credits blocks at most
         its share of the queue until it is presumed dead, not the whole queue.
         """
+        self._grant_validation()
         free = self.queue.capacity - len(self.queue) - self._credits_out
         if free <= 0:
             return
-        ready = [lease for lease in self._leases.values() if lease.state == "ready"]
+        ready = [lease for lease in self._leases.values() if lease.state == "ready" and not is_validation(lease.batch)]
         if self.ordered:
             window = self._window()
             ready = [lease for lease in ready if (lease.batch.epoch, lease.batch.index) in window]
-        if not ready:
+        self._credits_out += self._credit(ready, free)
+
+    def _grant_validation(self) -> None:
+        """Credits for the validation queue's free slots, apart from the training queue's."""
+        if self.validation is None:
             return
+        free = self.validation.queue.capacity - len(self.validation.queue) - self._val_credits_out
+        ready = [lease for lease in self._leases.values() if lease.state == "ready" and is_validation(lease.batch)]
+        self._val_credits_out += self._credit(ready, free)
+
+    def _credit(self, ready: list[Lease], free: int) -> int:
+        """CREDIT for up to ``free`` of the ``ready`` leases, to the producer holding the fewest
+        credits first, then in plan order; how many were sent."""
+        if not ready or free <= 0:
+            return 0
         held = collections.Counter(lease.identity for lease in self._leases.values() if lease.state == "credited")
         now = self._now
-        for _ in range(min(free, len(ready))):
+        count = min(free, len(ready))
+        for _ in range(count):
             lease = min(ready, key=lambda x: (held[x.identity], x.batch.epoch, x.batch.index))
             ready.remove(lease)
             held[lease.identity] += 1
             lease.state = "credited"
             lease.credited_t = now
-            self._credits_out += 1
             self._send(lease.identity, wire.CREDIT, {"lease": lease.id})
+        return count
 
     def _window(self) -> set[tuple[int, int]]:
         """The ``capacity`` earliest planned batches not trained yet: queued, leased or pending."""
         capacity = self.queue.capacity
         positions = set(self.queue.positions())
-        positions.update((lease.batch.epoch, lease.batch.index) for lease in self._leases.values())
+        positions.update((lease.batch.epoch, lease.batch.index) for lease in self._leases.values()
+                         if not is_validation(lease.batch))
         positions.update((b.epoch, b.index) for b in itertools.islice(self._pending, capacity))
         return set(sorted(positions)[:capacity])
 
@@ -370,18 +466,40 @@ class Scheduler:
     def _reject(self, epoch: int, rejections: list[Rejection]) -> None:
         if not rejections:
             return
-        with self._lock:
-            self._epoch_rejected[epoch] += len(rejections)
+        if epoch >= 0:  # a validation pass's rejections count in no training epoch
+            with self._lock:
+                self._epoch_rejected[epoch] += len(rejections)
         self.on_rejected(rejections)
 
     def _replan_missed(self, template: PlannedBatch, ids: list[str]) -> None:
-        """Missed clips go back into the same epoch and bucket shape, for another producer."""
-        for pos, batch in enumerate(self._pending):
+        """Missed clips go back into the same epoch (or validation pass) and bucket shape, for
+        another producer."""
+        if is_validation(template) and template.epoch != -self._val_pass:
+            return  # a cancelled pass
+        pending = self._val_pending if is_validation(template) else self._pending
+        for pos, batch in enumerate(pending):
             if batch.epoch == template.epoch and batch.bucket == template.bucket \
                     and len(batch.ids) + len(ids) <= template.rows:
-                self._pending[pos] = dataclasses.replace(batch, ids=batch.ids + tuple(ids))
+                pending[pos] = dataclasses.replace(batch, ids=batch.ids + tuple(ids))
                 return
-        self._pending.appendleft(dataclasses.replace(template, ids=tuple(ids)))
+        pending.appendleft(dataclasses.replace(template, ids=tuple(ids)))
+
+    def _reject_unplaceable_validation(self) -> bool:
+        """Leave out of the pass the clips every live producer lacks; True if there were any."""
+        peers = list(self._peers.values())
+        common = set.intersection(*(p.lacks for p in peers)) if peers else set()
+        lost = [i for batch in self._val_pending for i in batch.ids if i in common]
+        if not lost:
+            return False
+        hosts = ", ".join(sorted({p.host for p in peers}))
+        log.warning("%d validation clips are missing on every producer host alive (%s); leaving them out of "
+                    "validation pass %d", len(lost), hosts, self._val_pass)
+        self.on_rejected([Rejection(i, f"audio file missing on every producer host ({hosts})", "coordinator")
+                          for i in lost])
+        kept = (dataclasses.replace(b, ids=tuple(i for i in b.ids if i not in common)) for b in self._val_pending)
+        self._val_pending = collections.deque(b for b in kept if b.ids)
+        self._check_validation_done()
+        return True
 
     def _reject_unplaceable(self) -> bool:
         """Reject pending clips that every live producer lacks; True if there were any.
@@ -471,9 +589,13 @@ class Scheduler:
             self._grant()
             return
         delivered = list(msg["ids"])
-        if (delivered or self.ordered) and not self._enqueue(peer, msg, lease, delivered):
+        validation = is_validation(lease.batch)
+        if (delivered or (self.ordered and not validation)) and not self._enqueue(peer, msg, lease, delivered):
             return
-        self._credits_out -= 1
+        if validation:
+            self._val_credits_out -= 1
+        else:
+            self._credits_out -= 1
         del self._leases[lease.id]
         peer.leases.discard(lease.id)
         rejections = [Rejection(str(i), str(reason)[:300] or "rejected by producer", peer.name)
@@ -483,7 +605,7 @@ class Scheduler:
         for r in rejections:
             log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
         self._reject(lease.batch.epoch, rejections)
-        if missed and self.ordered:  # no extra batch: every worker takes the same steps
+        if missed and self.ordered and not validation:  # no extra batch: every worker takes the same steps
             peer.lacks.update(str(i) for i, _ in missed)
             self._reject(lease.batch.epoch, [Rejection(str(i), f"audio file missing on host {peer.host} "
                                                       f"({str(reason)[:200]})", peer.name) for i, reason in missed])
@@ -497,7 +619,9 @@ class Scheduler:
         # Every producer with a free slot, not only this one: one that lacks clips may have
         # found nothing it could take a moment ago, and there may be new work now.
         self._assign_all()
-        if not delivered and not self.ordered:
+        if validation:
+            self._check_validation_done()
+        if not delivered and (validation or not self.ordered):
             self._grant()  # the credit came back without filling a slot
 
     def _credited_lease(self, peer: Peer, msg: wire.Message) -> Lease | None:
@@ -519,18 +643,20 @@ class Scheduler:
         """The batch into the bounded queue (and its mel statistics counted); False if it was
         full, which credits make impossible: then it is re-planned, not lost."""
         batch = lease.batch
+        validation = is_validation(batch)
+        queue = self.validation.queue if validation and self.validation is not None else self.queue
         frames = msg.arrays[FRAMES]
         item = QueuedBatch(lease=lease.id, epoch=batch.epoch, index=batch.index, ids=delivered,
                            arrays=msg.arrays, producer=peer.name, frames=int(frames.sum()),
                            frames_computed=int(frames.shape[0] * batch.shape[1]))
         try:
-            self.queue.put(item)
+            queue.put(item)
         except QueueFull:
             log.error("queue full on delivery of lease %d; re-planning it", lease.id)
             self._count("queue_full")
             self._release([lease.id])
             return False
-        stats = MelStats.from_fields(msg.get("mel_stats"), self.cfg.features.n_mels)
+        stats = None if validation else MelStats.from_fields(msg.get("mel_stats"), self.cfg.features.n_mels)
         if stats is not None:
             with self._lock:
                 self.mel_stats.add(stats)
@@ -578,6 +704,46 @@ class Scheduler:
             "heartbeat_timeout_s": self.cfg.pipeline.heartbeat_timeout_s,
             "faults": dataclasses.asdict(self.cfg.faults),
         }
+
+    # ------------------------------------------------------------ validation passes
+    def start_validation(self, number: int, now: float) -> None:
+        """Lease validation pass ``number`` (numbers increase; a pass still leasing is
+        cancelled first). With no clip held out it is finished at once."""
+        self._now = now
+        self.cancel_validation(self._val_pass, now)
+        if self.validation is None or not self.validation.batches:
+            self._finish_validation(number)
+            return
+        self._val_pass = number
+        self._val_pending = collections.deque(dataclasses.replace(b, epoch=-number)
+                                              for b in self.validation.batches)
+        self._assign_all()
+        self._grant()
+
+    def cancel_validation(self, number: int, now: float) -> None:
+        """The trainer left pass ``number`` before its end: its pending batches are dropped and
+        its leases not credited yet revoked (credited ones still arrive; the trainer skips
+        batches of a pass it is not in)."""
+        self._now = now
+        if not number or number != self._val_pass:
+            return
+        self._val_pass = 0
+        self._val_pending.clear()
+        self._revoke([lease.id for lease in self._leases.values()
+                      if lease.batch.epoch == -number and lease.state != "credited"])
+        self._finish_validation(number)
+
+    def _check_validation_done(self) -> None:
+        """The pass is finished when nothing of it is pending or leased."""
+        number = self._val_pass
+        if not number or self._val_pending or any(lease.batch.epoch == -number for lease in self._leases.values()):
+            return
+        self._val_pass = 0
+        self._finish_validation(number)
+
+    def _finish_validation(self, number: int) -> None:
+        with self._lock:
+            self.validation_finished = max(self.validation_finished, number)
 
     def on_message(self, identity: bytes, frames: list[Any], now: float, fd: int = -1) -> None:
         """A message from ``identity`` (the frames after its identity frame), received on the

@@ -1,5 +1,9 @@
 """Held-out validation clips: which ones, and their batches.
 
+Who holds clips out: stoker's trainer when it has a loss to validate, and ``stoker.Feed``
+always, so that with the defaults (``trainer.val_clips: 4``) a feed holds 4 clips out;
+``trainer.val_clips: 0`` and no ``data.eval_file`` hold none out.
+
 Where ``data.eval_file`` names a second metadata file (``metadata_eval.csv`` beside
 ``metadata_train.csv``, the layout of the first users' own trainer), its clips are the
 validation clips, indexed with the training set's vocabulary (a character the training
@@ -10,11 +14,22 @@ choice is a pure function of the sample ids and ``batching.seed`` (a hash order)
 resumed run, or another host, holds out the same clips. The held-out ids are written to
 ``RUN_DIR/validation.json`` (:data:`VALIDATION`).
 
-The consumer prepares their batches itself, once, at start, with the producers' own
-code (``producer/batches.py``, ``BatchMaker``: same reader, features and collation) on the CPU,
-so the validation loss is measured on exactly what training batches look like. Shapes
-(dimension legend in shared/batch.py): B = up to ``batching.batch_size`` rows, L and
-T the longest held-out clip rounded up to ``tokens_multiple`` / ``frames_multiple``.
+Their batches are made through the producers, as training batches are, at each
+validation pass (consumer/feed.py ``FeedCore.validation_pass``: ``feed.validation()`` of
+``stoker.Feed``, and stoker's own trainer every ``trainer.val_every_steps``). They are
+planned once (consumer/plan.validation_batches: each clip in the smallest training bucket
+shape that holds it, so a model traced for the training shapes traces nothing new) and,
+at each pass, leased by the coordinator (consumer/scheduler.py, "Validation passes") with
+lease slots and credits of their own, into a queue of their own of
+:data:`VALIDATION_QUEUE_CAPACITY` batches (a feed stages them onto the model device like
+training batches). Every held-out clip is in exactly one batch per pass, also when a
+producer dies mid-pass; a pass is no training step: the step count, the input position,
+metrics.jsonl and samples.jsonl stay as they are (with ``--record-samples`` each
+validation batch's ids go to ``validation.jsonl``).
+
+So the validation loss is measured on exactly what training batches look like: the same
+reader, transforms, features, mel normalisation and collation, on the data device, with
+the clips of ``data.eval_file`` named in their leases (no producer indexes that file).
 """
 
 from __future__ import annotations
@@ -25,20 +40,18 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
-from stoker.consumer.plan import round_up
-from stoker.shared.batch import FRAMES
-from stoker.shared.config import Config, batch_schema
+from stoker.shared.config import Config
 from stoker.shared.dataset import DatasetIndex, Sample, build_index
 from stoker.shared.layouts import Rejection
 from stoker.shared.runfiles import VALIDATION, write_json
-from stoker.shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
 # Hold out at most this share of the clips, so that a tiny dataset keeps its training data.
 MAX_VAL_SHARE = 0.1
+# The feed's validation queue: one batch staged on the model device while the one before is
+# evaluated; apart from the training queue, which stays full while the trainer validates.
+VALIDATION_QUEUE_CAPACITY = 2
 # The held-out clips of a run: {"source": "eval_file" | "hash", "file": ..., "ids": [...]}.
 
 
@@ -74,48 +87,3 @@ def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[list[Sample
 
     held = {s.id for s in sorted(samples, key=rank)[:n]}
     return [s for s in samples if s.id not in held], [s for s in samples if s.id in held]
-
-
-def make_batches(samples: Sequence[Sample], root: Path, cfg: Config, vocabulary: Vocabulary,
-                 mel_norm: tuple[np.ndarray, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
-    """The held-out clips as padded batches, made as the producers make them (transforms and
-    mel normalisation included); clips that cannot be read here are left out (logged)."""
-    if not samples:
-        return []
-    from stoker.consumer.plan import ReferenceTable, TokenTable
-    from stoker.producer.batches import BatchMaker
-
-    # The numpy backend (same definition as the TF one, within 1e-4): on the CPU, leaving the
-    # model GPU to the trainer.
-    features = dataclasses.replace(cfg.features, backend="numpy")
-    b = cfg.batching
-    schema = batch_schema(cfg)
-    maker = BatchMaker(root, {s.id: s.text for s in samples}, features, None, "validation",
-                       files={s.id: s.audio for s in samples if s.audio}, schema=schema, ref_frames=b.ref_frames,
-                       transforms=cfg.transforms, mel_norm=mel_norm)
-    tokens = TokenTable(samples, vocabulary)
-    # References among the held-out clips themselves (the same ones at every validation).
-    references = ReferenceTable(samples, b.seed) if "ref_mel" in schema.names else None
-    batches = []
-    for start in range(0, len(samples), b.batch_size):
-        chunk = samples[start:start + b.batch_size]
-        shape = (round_up(max(s.num_tokens for s in chunk), b.tokens_multiple),
-                 round_up(max(s.num_frames for s in chunk), b.frames_multiple))
-        ids = [s.id for s in chunk]
-        lease = {"lease": 0, "epoch": -1, "index": start // b.batch_size, "ids": ids, "shape": shape, "rows": len(ids),
-                 **tokens.lease_fields(ids), **({"refs": references(-1, ids)} if references is not None else {})}
-        prepared = maker.make(lease)
-        for problem in prepared.fields["rejected"] + prepared.fields["missed"]:
-            log.warning("validation clip %s left out: %s", problem["id"], problem["reason"])
-        if prepared.fields["ids"]:
-            rows = len(prepared.fields["ids"])
-            # Keep only the filled rows: B is the number of clips, the shape stays fixed per batch.
-            batches.append({k: v[:rows].copy() for k, v in prepared.arrays.items()})
-    return batches
-
-
-def describe(batches: Sequence[dict[str, np.ndarray]]) -> str:
-    clips = sum(len(b[FRAMES]) for b in batches)
-    frames = sum(int(b[FRAMES].sum()) for b in batches)
-    return f"{clips} held-out clips ({frames} frames) in {len(batches)} batch(es)"
-

@@ -144,6 +144,9 @@ class BatchMaker:
         from stoker.producer.feature_cache import CacheCounts
 
         started = time.perf_counter()
+        # A validation pass's clips may be of another metadata file (data.eval_file): the lease names them.
+        self.texts.update(lease.get("texts") or {})
+        self.files.update(lease.get("files") or {})
         before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
         rows: list[tuple[np.ndarray, _Clip, _Clip | None]] = []  # (tokens, clip, its reference clip)
         rejected: list[dict[str, str]] = []

@@ -12,6 +12,7 @@ rejected.jsonl     one object per clip left out, with its reason
 live.json          the live figures, rewritten every second (watch, the auto-scaler)
 gpu.jsonl          GPU utilisation samples (NVML), when there is a GPU
 validation.json    the held-out clips' ids
+validation.jsonl   with --record-samples: the ids of every validation batch, by pass
 vocab.json         the text front-end's vocabulary, language and speaker tables
 mel_stats.json     each mel channel's mean and std over an epoch (after a whole epoch, or used
                    by transforms.mel_norm: dataset)
@@ -43,6 +44,8 @@ REJECTED = "rejected.jsonl"
 LIVE = "live.json"
 GPU = "gpu.jsonl"
 VALIDATION = "validation.json"
+# With --record-samples: {"pass", "step", "ids"} of every validation batch (stoker.Feed's passes).
+VALIDATION_SAMPLES = "validation.jsonl"
 VOCAB = "vocab.json"
 MEL_STATS = "mel_stats.json"
 TB_DIR = "tb"

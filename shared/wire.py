@@ -26,8 +26,10 @@ Message kinds and their fields (P = producer, C = consumer):
                      HELLO again) or rejoin is true
                      (the consumer does not know this producer, e.g. after a restart: HELLO again)
     LEASE      C->P  lease, epoch, index, ids, shape (L, T), rows (B), tokens, speakers, languages[, refs]
+                     [, texts, files]
                      (a planned batch to prepare; per clip: its token ids, speaker id, language id and,
-                     with ref_mel, its reference clip)
+                     with ref_mel, its reference clip; a validation pass's (epoch -N): each clip's text
+                     and audio file, {id: ...}, for clips of data.eval_file, which no producer indexes)
     READY      P->C  lease                            (that batch is prepared, waiting for a credit)
     CREDIT     C->P  lease                            (a free queue slot: send that batch now)
     REVOKE     C->P  lease                            (forget that lease: it was re-planned elsewhere)

@@ -8,6 +8,7 @@
         for batch in feed:                      # dict of tensors on the model device
             loss = train_step(batch)            # the user's own step
             feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
+        val = [eval_step(b) for b in feed.validation()]   # the held-out clips, once each
 
 The feed runs in the user's process: the trainer side of the pipeline (consumer/feed.py:
 index, plan, coordinator, bounded queue, step rows, input position, summary.json), the
@@ -136,7 +137,7 @@ class Feed:
         config_mod.save(cfg, run_dir / CONFIG)
         log.info("%s", plan.describe(cfg.pipeline.producers))
         log.info("run directory %s", run_dir)
-        core = FeedCore(cfg, run_dir, self._stop)
+        core = FeedCore(cfg, run_dir, self._stop, hold_out=True)  # trainer.val_clips / data.eval_file (FEED.md)
         # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the feed's to know.
         core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None, "replicas": self._replicas}
         core.prepare()
@@ -160,7 +161,9 @@ class Feed:
                             f"resume=feed.state_dict() (or a restored feed.trackable())")
         try:
             self.endpoint = core.open(self._resume)
-            core.queue.enable_staging(self._stager())
+            stage = self._stager()
+            core.queue.enable_staging(stage)
+            core.val_queue.enable_staging(stage)
             self._start_producers()
         except BaseException:
             self.close()
@@ -413,6 +416,40 @@ class Feed:
                 yield item.arrays
 
         return tf.data.Dataset.from_generator(one_epoch, output_signature=spec)
+
+    # ------------------------------------------------------------ validation
+    def validation(self) -> Iterator[dict[str, Any]]:
+        """One validation pass: the held-out clips (``trainer.val_clips`` of them, or the clips
+        of ``data.eval_file``), each exactly once, in batches made by the producers as
+        training batches are (same fields, bucket shapes, staging onto the model device).
+        Call it as often as you like, between steps or after the loop; it is no training
+        step (the step count, the input position and metrics.jsonl stay as they are). With
+        no clip held out the pass is empty (logged). Leaving a pass before its end is fine."""
+        if self._closed:
+            raise FeedError("this feed is closed; validate before leaving the `with` block")
+        core = self.start()._core
+
+        def batches() -> Iterator[dict[str, Any]]:
+            for item in core.validation_pass():
+                yield item.arrays
+
+        return batches()
+
+    def validation_dataset(self) -> Any:
+        """The validation passes as a ``tf.data.Dataset`` (element spec as :meth:`as_dataset`'s):
+        each iteration over it is a new pass, so ``model.fit(..., validation_data=
+        feed.validation_dataset())`` validates on every held-out clip at each epoch end."""
+        import tensorflow as tf
+
+        if self._strategy is not None:
+            raise FeedError("validation_dataset() of a feed made with strategy=: its batches are per-replica "
+                            "already; iterate feed.validation()")
+        return tf.data.Dataset.from_generator(lambda: self.validation(), output_signature=self.element_spec)
+
+    @property
+    def validation_clips(self) -> list[str]:
+        """The ids of the held-out clips (also in RUN_DIR/validation.json)."""
+        return [s.id for s in self.prepare()._core.val_samples]
 
     # ------------------------------------------------------------ progress and resume
     @property

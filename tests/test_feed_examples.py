@@ -1,8 +1,9 @@
 """The feed examples of docs/FEED.md train for real: the custom loop (docs/examples/feed_loop.py)
 survives a kill -9 of the user's process and resumes from its own checkpoint with every clip
-once per epoch; Keras fit on ``as_dataset()`` (docs/examples/feed_fit.py) learns; the tuple
-trainer (docs/examples/tuple_trainer.py: fit on the user's own map and prefetch) survives a
-kill -9 and trains every clip once per epoch, as counted inside its training step."""
+but the held-out ones once per epoch, validating on those; Keras fit on ``as_dataset()``
+(docs/examples/feed_fit.py) learns; the tuple trainer (docs/examples/tuple_trainer.py: fit on
+the user's own map and prefetch) survives a kill -9 and trains every clip once per epoch, as
+counted inside its training step."""
 
 from __future__ import annotations
 
@@ -33,10 +34,13 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def assert_once_per_epoch(run_dir: Path, epochs: int) -> None:
+    """Every clip once per epoch, but the held-out ones (trainer.val_clips), never trained."""
+    held = set(read_json(run_dir / "validation.json")["ids"])
+    assert len(held) == 4
     counts = collections.Counter((r["epoch"], i) for r in read_jsonl(run_dir / "samples.jsonl") for i in r["ids"])
     assert max(counts.values()) == 1
     for epoch in range(epochs):
-        assert {i for e, i in counts if e == epoch} == DEMO_IDS, f"epoch {epoch}"
+        assert {i for e, i in counts if e == epoch} == DEMO_IDS - held, f"epoch {epoch}"
 
 
 def producers_of(pid: int) -> list[psutil.Process]:
@@ -60,6 +64,11 @@ def test_custom_loop_killed_with_sigkill_resumes_from_its_checkpoint_with_every_
     resumed = run([str(EXAMPLES / "feed_loop.py"), *argv])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restored" in resumed.stdout and "the feed goes on from step 9" in resumed.stdout
+    assert re.findall(r"step (\d+): validation loss", resumed.stdout) == ["12", "16"]  # each epoch's end
+    held = sorted(read_json(run_dir / "validation.json")["ids"])
+    validated = read_jsonl(run_dir / "validation.jsonl")
+    for step in (12, 16):  # the resumed run's passes: every held-out clip once in each
+        assert sorted(i for r in validated if r["step"] == step for i in r["ids"]) == held, step
     assert_once_per_epoch(run_dir, 4)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 17))  # 4 epochs of 4 batches, each step once

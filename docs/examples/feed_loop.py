@@ -7,6 +7,10 @@ checkpoints are this script's own, as in a user's trainer. stoker.Feed replaces 
 data loader: it starts the producers, hands out each batch as a dict of tensors on the
 model device, and writes the run files (``python run.py diagnose RUN_DIR`` reads them).
 
+At the end of every epoch the loss on the held-out clips (``trainer.val_clips`` of them,
+never trained) is printed: ``feed.validation()`` is one pass over them, in batches the
+producers make as they make training batches.
+
 The feed's input position is saved in the same ``tf.train.Checkpoint`` as the model and
 the optimizer (``feed.trackable()``). Run the same command again after a crash, even a
 ``kill -9``: the checkpoint is restored before the feed starts, so the feed goes on where
@@ -74,12 +78,20 @@ def train(options: dict[str, Any], checkpoint_dir: str | None, checkpoint_every:
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
+    @tf.function(input_signature=[feed.element_spec])
+    def eval_step(batch: dict[str, Any]) -> Any:
+        return loss_of(batch, model(batch, training=False))
+
     losses = []
     with feed:
         for batch in feed:
             loss = train_step(batch)
             feed.step_done(loss=loss)
             losses.append(float(loss))
+            if feed.step % feed.batches_per_epoch == 0:  # an epoch's end: one pass over the held-out clips
+                validation = [float(eval_step(b)) for b in feed.validation()]
+                if validation:
+                    print(f"step {feed.step}: validation loss {sum(validation) / len(validation):.4f}", flush=True)
             if manager is not None and feed.step % checkpoint_every == 0:
                 manager.save(checkpoint_number=feed.step)
     return losses

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 
 from stoker.consumer.buffer import BatchQueue
-from stoker.consumer.plan import EpochPlanner
+from stoker.consumer.plan import EpochPlanner, validation_batches
 from stoker.consumer.peers import DISCONNECT_GRACE_S
-from stoker.consumer.scheduler import Scheduler
+from stoker.consumer.scheduler import Scheduler, ValidationSet
 from stoker.shared import wire
+from stoker.shared.dataset import Sample
 from tests.consumer.harness import make_config, samples
 from tests.factories import fake_scan, make_batch
 
@@ -24,14 +25,17 @@ class Bench:
     """A scheduler with a queue, and scripted producers that speak to it through events."""
 
     def __init__(self, max_epochs: int | None = 1, dataset: Any = None, count: int = 12, workers: int = 1,
-                 worker: int = 0, **pipeline: Any) -> None:
-        """``count`` clips; ``workers``/``worker``: the plan is that trainer worker's share."""
+                 worker: int = 0, held: list[Sample] = (), **pipeline: Any) -> None:
+        """``count`` clips; ``workers``/``worker``: the plan is that trainer worker's share;
+        ``held``: held-out clips, leased in validation passes into ``val_queue``."""
         self.cfg = make_config(**pipeline)
         self.queue = BatchQueue(self.cfg.pipeline.buffer_size)
+        self.val_queue = BatchQueue(2)
         self.rejected: list = []
         planner = EpochPlanner(samples(count), self.cfg.batching, workers=workers, worker=worker)
-        self.scheduler = Scheduler(self.cfg, planner, self.queue,
-                                   max_epochs=max_epochs, on_rejected=self.rejected.extend, dataset=dataset)
+        validation = ValidationSet(validation_batches(held, planner), self.val_queue) if held else None
+        self.scheduler = Scheduler(self.cfg, planner, self.queue, max_epochs=max_epochs,
+                                   on_rejected=self.rejected.extend, dataset=dataset, validation=validation)
         self.now = 0.0
         self.inbox: dict[bytes, list[wire.Message]] = collections.defaultdict(list)
         self.held: dict[bytes, dict[int, wire.Message]] = collections.defaultdict(dict)  # leases by producer
@@ -65,6 +69,15 @@ class Bench:
         self.now += seconds
         self.scheduler.tick(self.now)
         self._collect()
+
+    def take_items(self, queue: BatchQueue) -> list[Any]:
+        """The trainer takes every batch of ``queue`` (each take frees a slot)."""
+        items = []
+        while (got := queue.get(0)) is not None:
+            items.append(got[0])
+            self.scheduler.on_free(self.now)
+            self._collect()
+        return items
 
     def drain_queue(self) -> list[str]:
         """The trainer takes every queued batch (each take frees a slot); the ids trained."""
@@ -353,3 +366,96 @@ def test_a_workers_earliest_batches_lost_with_a_producer_take_a_later_lease_slot
         for r in b.take(b"late", wire.REVOKE):
             b.held[b"late"].pop(r["lease"], None)
     assert taken == [batch.index for batch in plan]
+
+
+# Held-out clips: five fit the training buckets (L 8, T 32), V005 is longer, V006 has more tokens.
+HELD = [Sample(f"V{i:03d}", "text", 4 + i, 18 + 3 * i, 0.5) for i in range(5)] + [
+    Sample("V005", "text", 6, 40, 0.5), Sample("V006", "text", 12, 20, 0.5)]
+
+
+def test_validation_batches_take_the_smallest_training_shape_that_holds_each_clip() -> None:
+    planner = EpochPlanner(samples(12), make_config().batching)
+    batches = validation_batches(HELD, planner)
+    assert sorted(i for b in batches for i in b.ids) == [s.id for s in HELD]
+    by_id = {s.id: s for s in HELD}
+    for b in batches:
+        fits = [s for s in planner.shapes if all(by_id[i].num_frames <= s[2] and by_id[i].num_tokens <= s[1]
+                                                 for i in b.ids)]
+        if fits:  # the smallest training shape that holds every clip of the batch
+            assert (b.rows, *b.shape) == min(fits, key=lambda s: (s[2], s[1])) and len(b.ids) <= b.rows
+        else:  # clips no training bucket holds: buckets of their own, each clip within its shape
+            assert set(b.ids) <= {"V005", "V006"} and (b.rows, *b.shape) not in planner.shapes
+            assert all(by_id[i].num_frames <= b.shape[1] and by_id[i].num_tokens <= b.shape[0] for i in b.ids)
+    assert [b.index for b in batches] == list(range(len(batches))) and {b.epoch for b in batches} == {0}
+    assert validation_batches(list(reversed(HELD)), planner) == batches  # the same plan at every pass
+
+
+def test_a_validation_pass_gives_every_held_out_clip_once_beside_a_full_training_queue_and_a_dying_producer():
+    b = Bench(held=HELD, max_epochs=2, buffer_size=2, lease_ahead=2)
+    b.hello(b"p1")
+    b.hello(b"p2")
+    while b.work(b"p1") + b.work(b"p2"):  # the training queue fills; the trainer, validating, takes none
+        pass
+    training = {lease.id: lease.batch for lease in b.scheduler._leases.values()}
+    queued = b.queue.positions()
+    assert len(queued) == 2 and len(training) == 4  # both producers' slots hold ready batches, no credit
+    for number in (1, 2):
+        b.scheduler.start_validation(number, b.now)
+        b._collect()
+        got: list = []
+        if number == 1:  # p2 delivers one of its validation batches and dies holding the other, credited
+            leases = b.take(b"p2", wire.LEASE)
+            assert len(leases) == 2 and all(m["epoch"] == -1 for m in leases)  # slots beside its training ones
+            for lease in leases:
+                b.send(b"p2", wire.READY, {"lease": lease["lease"]})
+            assert len(b.take(b"p2", wire.CREDIT)) == 2  # credits of the validation queue, not the full one
+            b.deliver(b"p2", leases[0])
+            got += b.take_items(b.val_queue)
+            b.send(b"p2", wire.BYE, {})
+        while b.scheduler.validation_finished < number:
+            assert b.work(b"p1"), "the pass stalled"
+            got += b.take_items(b.val_queue)
+        assert {item.epoch for item in got} == {-number}
+        assert sorted(i for item in got for i in item.ids) == sorted(s.id for s in HELD)  # each once per pass
+        assert b.queue.positions() == queued  # no validation batch in the training queue, none taken from it
+        p1 = [b.scheduler._leases[i] for i in b.scheduler.peers.live[b"p1"].leases]
+        assert all(training[lease.id] == lease.batch for lease in p1 if lease.batch.epoch >= 0)  # untouched
+        assert not [m for m in b.take(b"p1", wire.REVOKE) if m["lease"] in training]
+    trained = b.drain_queue()
+    while b.work(b"p1"):
+        trained += b.drain_queue()
+    assert sorted(trained) == sorted([*IDS, *IDS])  # training: every clip once per epoch, no held-out one
+    assert not b.rejected and b.scheduler.reissued > 0
+
+
+def test_a_validation_pass_left_early_stops_leasing_and_the_next_one_is_whole() -> None:
+    b = Bench(held=HELD, max_epochs=0)
+    b.hello(b"p1")
+    b.scheduler.start_validation(1, b.now)
+    b._collect()
+    b.work(b"p1")  # two validation batches made and queued, more leased
+    b.scheduler.cancel_validation(1, b.now)
+    b._collect()
+    assert b.take(b"p1", wire.REVOKE) and b.scheduler.validation_finished == 1
+    assert all(lease.state == "credited" for lease in b.scheduler._leases.values())
+    got = b.take_items(b.val_queue)  # the trainer skips what is left of pass 1
+    b.scheduler.start_validation(2, b.now)
+    b._collect()
+    while b.scheduler.validation_finished < 2:
+        assert b.work(b"p1"), "the pass stalled"
+        got += b.take_items(b.val_queue)
+    assert {item.epoch for item in got} == {-1, -2}
+    assert sorted(i for item in got if item.epoch == -2 for i in item.ids) == sorted(s.id for s in HELD)
+
+
+def test_a_held_out_clip_every_producer_lacks_leaves_the_pass_which_still_ends() -> None:
+    b = Bench(held=HELD, max_epochs=0)
+    b.hello(b"p1")
+    b.scheduler.start_validation(1, b.now)
+    b._collect()
+    got = []
+    while b.scheduler.validation_finished < 1:
+        assert b.work(b"p1", missing={"V002"}), "the pass stalled"
+        got += b.take_items(b.val_queue)
+    assert sorted(i for item in got for i in item.ids) == sorted(s.id for s in HELD if s.id != "V002")
+    assert [r.id for r in b.rejected] == ["V002"] and b.scheduler.rejected_in_epoch(0) == 0

@@ -5,9 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from stoker.consumer import validation
-from stoker.shared import config as config_mod
+from stoker.consumer.buffer import BatchQueue
+from stoker.consumer.plan import EpochPlanner, TokenTable, validation_batches
+from stoker.consumer.scheduler import Scheduler, ValidationSet
+from stoker.producer.audio import load_audio
+from stoker.producer.batches import BatchMaker
+from stoker.producer.features import log_mel_spectrogram_numpy
+from stoker.shared import config as config_mod, wire
+from stoker.shared.config import batch_schema
 from stoker.shared.dataset import build_index
-from tests.factories import make_dataset, make_samples
+from tests.factories import make_samples
+from tests.speech import make_train_eval_dataset
 
 
 def test_split_is_deterministic_and_bounded() -> None:
@@ -22,31 +30,33 @@ def test_split_is_deterministic_and_bounded() -> None:
     assert validation.split(samples, 0, seed=1) == (samples, [])
 
 
-def test_batches_are_collated_like_training_batches(tmp_path) -> None:
-    make_dataset(tmp_path / "data", count=30)
-    cfg = config_mod.load(None, {"data.path": str(tmp_path / "data"), "batching.batch_size": 4})
-    index = build_index(cfg.data, cfg.features)
-    _, held = validation.split(index.samples, 6, seed=0)
-    assert len(held) == 3
-    batches = validation.make_batches(held, index.root, cfg, index.vocabulary)
-    assert len(batches) == 1
-    b = batches[0]
-    assert b["tokens"].shape[0] == 3 and b["tokens"].dtype == np.int32
-    # each row holds its clip's ids as the run's vocabulary encodes its text
-    for row, length in enumerate(b["token_lengths"]):
-        decoded = index.vocabulary.decode(b["tokens"][row, :length])
-        assert decoded in {s.units for s in held}
-    assert b["mel"].shape[1] % cfg.batching.frames_multiple == 0 and b["mel"].shape[2] == cfg.features.n_mels
-    assert sorted(b["mel_lengths"]) == sorted(s.num_frames for s in held)
-    assert "3 held-out clips" in validation.describe(batches)
-
-
-def test_an_unreadable_clip_is_left_out(tmp_path, caplog) -> None:
-    make_dataset(tmp_path / "data", count=20)
-    cfg = config_mod.load(None, {"data.path": str(tmp_path / "data")})
-    index = build_index(cfg.data, cfg.features)
-    _, held = validation.split(index.samples, 2, seed=0)
-    (index.root / "wavs" / f"{held[0].id}.wav").unlink()
-    batches = validation.make_batches(held, index.root, cfg, index.vocabulary)
-    assert sum(len(b["mel_lengths"]) for b in batches) == 1
-    assert f"validation clip {held[0].id} left out" in caplog.text
+def test_a_validation_lease_names_the_eval_files_clips_so_a_producer_that_indexed_only_training_makes_them(
+        tmp_path) -> None:
+    _, held_ids = make_train_eval_dataset(tmp_path)
+    cfg = config_mod.load(None, {"data.path": str(tmp_path), "data.metadata_file": "metadata_train.csv",
+                                 "data.eval_file": "metadata_eval.csv", "data.index_cache": "off",
+                                 "features.backend": "numpy", "batching.batch_size": 4})
+    index = build_index(cfg.data, cfg.features, cfg.text)
+    train, held, _ = validation.hold_out(index, cfg, tmp_path)
+    planner = EpochPlanner(train, cfg.batching)
+    held_set = ValidationSet(validation_batches(held, planner), BatchQueue(2), TokenTable(held, index.vocabulary),
+                             texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held})
+    scheduler = Scheduler(cfg, planner, BatchQueue(3), max_epochs=0, validation=held_set)
+    scheduler.on_message(b"p", wire.encode(wire.HELLO, {"producer": "p", "host": "test", "pid": 1}), 0.0)
+    scheduler.start_validation(1, 0.0)
+    leases = [wire.decode(wire.encode(kind, fields)) for _, kind, fields in scheduler.take_outbox()
+              if kind == wire.LEASE]
+    # A producer of the training file: it knows none of the eval file's clips but from their leases.
+    maker = BatchMaker(index.root, {s.id: s.text for s in train}, cfg.features, None, "p",
+                       files={s.id: s.audio for s in train}, schema=batch_schema(cfg))
+    made = {}
+    for lease in leases:
+        prepared = maker.make(lease.fields)
+        assert prepared.fields["missed"] == [] and prepared.fields["rejected"] == []
+        for row, clip in enumerate(prepared.fields["ids"]):
+            made[clip] = prepared.arrays["mel"][row, :prepared.arrays["mel_lengths"][row]]
+    assert sorted(made) == sorted(held_ids) == sorted(s.id for s in held)
+    for clip, mel in made.items():
+        audio = load_audio(index.root / "wavs" / f"{clip}.wav", cfg.features.sample_rate_hz)
+        np.testing.assert_allclose(mel, log_mel_spectrogram_numpy(audio, cfg.features, dtype=np.float32),
+                                   rtol=1e-4, atol=1e-4)

@@ -62,8 +62,10 @@ def dataset(tmp_path: Path) -> Path:
 
 
 def options(tmp_path: Path, dataset: Path, **more: Any) -> dict[str, Any]:
+    """A feed's options; no clip held out (trainer.val_clips 0) unless ``set`` says otherwise."""
     return {"data": str(dataset), "producers": 2, "batch_size": 4, "run_dir": str(tmp_path / "run"),
-            "bind": f"tcp://127.0.0.1:{free_port()}", "model_start_delay": 0.0, "log_level": "WARNING", **more}
+            "bind": f"tcp://127.0.0.1:{free_port()}", "model_start_delay": 0.0, "log_level": "WARNING",
+            "set": {"trainer.val_clips": 0}, **more}
 
 
 def test_every_clip_once_per_epoch_with_a_producer_killed_and_the_run_files_diagnose_reads(tmp_path, dataset):
@@ -160,6 +162,7 @@ def test_as_dataset_is_one_epoch_per_iteration_and_ends_with_out_of_range(tmp_pa
         assert feed.epoch == 1
         with pytest.raises(tf.errors.OutOfRangeError):  # the plan is over: an empty epoch
             iter(data).get_next()
+        assert list(feed.validation()) == []  # no clip held out: an empty pass
     assert sum(n for n in seen if n > 0) == len(ids) and len(seen) == 2 * feed.batches_per_epoch
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert [r["epoch"] for r in samples] == sorted(r["epoch"] for r in samples)  # epoch after epoch
@@ -179,6 +182,65 @@ def test_epochs_end_where_every_clip_of_the_epoch_was_handed_out(tmp_path, datas
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert [r["epoch"] for r in samples] == sorted(r["epoch"] for r in samples)
     once_per_epoch(samples, ids, 3)
+
+
+def test_validation_passes_give_each_held_out_clip_once_as_the_producers_make_it_and_train_none(tmp_path, dataset):
+    import tensorflow as tf
+
+    from stoker.producer.audio import load_audio
+    from stoker.producer.features import log_mel_spectrogram_numpy
+
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    run = tmp_path / "run"
+    passes: list[list[dict[str, np.ndarray]]] = []
+
+    def validate(feed: stoker.Feed) -> None:
+        before = feed.state_dict()
+        batches = []
+        for batch in feed.validation():
+            assert isinstance(batch["mel"], tf.Tensor) and (int(batch["token_lengths"].shape[0]), *(
+                int(batch[k].shape[1]) for k in ("tokens", "mel"))) in shapes  # training shapes: these clips fit
+            batches.append({k: v.numpy() for k, v in batch.items()})
+        passes.append(batches)
+        assert feed.state_dict() == before  # no step, the input position unmoved
+
+    # The default trainer.val_clips (4, at most a tenth of 24 clips): 2 clips held out.
+    with stoker.Feed(**options(tmp_path, dataset, epochs=1, record_samples=True, set={})) as feed:
+        held = set(feed.validation_clips)
+        shapes = set(feed.shapes)
+        for n, _ in enumerate(feed):
+            feed.step_done(loss=float(n))
+            if n == 1:  # in the middle, with the training queue full: the pass must not wait for room in it
+                assert feed._core.queue.wait_for_depth(3, 30.0) == 3
+                validate(feed)
+        validate(feed)  # after the loop
+        clips = sum(int(tf.reduce_sum(tf.cast(b["mel_lengths"] > 0, tf.int32))) for b in feed.validation_dataset())
+        steps, core = feed.step, feed._core
+    assert len(held) == 2 and held == set(read_json(run / "validation.json")["ids"]) and clips == 2
+    # Training: every other clip once, no held-out one; every step once in metrics.jsonl, no validation row.
+    once_per_epoch(read_jsonl(run / "samples.jsonl"), ids - held, 1)
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, steps + 1))
+    assert [r["loss"] for r in read_jsonl(run / "metrics.jsonl")] == [float(n) for n in range(steps)]
+    summary = read_json(run / "summary.json")
+    assert summary["validation_passes"] == 3 and summary["val_clips"] == 2 and summary["steps"] == steps
+    # Each pass: every held-out clip once (validation.jsonl names each batch's clips, in order) ...
+    rows = read_jsonl(run / "validation.jsonl")
+    assert [r["pass"] for r in rows] == sorted(r["pass"] for r in rows) and {r["step"] for r in rows} == {2, steps}
+    # ... each clip's tokens and log-mel as the trainer's vocabulary and the features' definition make them.
+    features = feed.cfg.features
+    reference = {s.id: (core.vocabulary.encode(s.units), log_mel_spectrogram_numpy(load_audio(
+        dataset / "wavs" / f"{s.id}.wav", features.sample_rate_hz), features, dtype=np.float32))
+                 for s in core.val_samples}
+    for number, batches in enumerate(passes, 1):
+        named = [r["ids"] for r in rows if r["pass"] == number]
+        assert sorted(i for batch_ids in named for i in batch_ids) == sorted(held), number
+        for batch, batch_ids in zip(batches, named, strict=True):
+            assert int((batch["mel_lengths"] > 0).sum()) == len(batch_ids)
+            for row, clip in enumerate(batch_ids):
+                tokens, mel = reference[clip]
+                np.testing.assert_array_equal(batch["tokens"][row, :batch["token_lengths"][row]], tokens)
+                np.testing.assert_allclose(batch["mel"][row, :batch["mel_lengths"][row]], mel, rtol=1e-4, atol=1e-4)
+    assert_no_producers_left(os.getpid())
 
 
 @pytest.mark.parametrize("given, says", [
