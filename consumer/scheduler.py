@@ -71,7 +71,7 @@ from stoker.consumer.plan import EpochPlanner, InputPosition, PlannedBatch, Refe
 from stoker.producer.transforms import load_user
 from stoker.shared import wire
 from stoker.shared.batch import FRAMES, batch_dims
-from stoker.shared.config import Config, batch_schema
+from stoker.shared.config import Config, batch_fields, batch_schema
 from stoker.consumer.peers import Peer, Peers, ProducerStats
 from stoker.shared.dataset import DatasetScan
 from stoker.shared.layouts import Rejection
@@ -225,8 +225,8 @@ class Scheduler:
                 del self._pending[pos]
                 return batch
             # Same epoch, bucket and shape: the part it lacks stays in place for another producer.
-            self._pending[pos] = dataclasses.replace(batch, ids=tuple(i for i in batch.ids if i in peer.lacks))
-            return dataclasses.replace(batch, ids=usable)
+            self._pending[pos] = self.planner.with_ids(batch, tuple(i for i in batch.ids if i in peer.lacks))
+            return self.planner.with_ids(batch, usable)
         return None
 
     def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
@@ -375,13 +375,15 @@ class Scheduler:
         self.on_rejected(rejections)
 
     def _replan_missed(self, template: PlannedBatch, ids: list[str]) -> None:
-        """Missed clips go back into the same epoch and bucket shape, for another producer."""
+        """Missed clips go back into the same epoch and bucket shape, for another producer
+        (without fixed rows, a batch of only real rows: B is its clips')."""
+        room = self.planner.bucket_rows(template)
         for pos, batch in enumerate(self._pending):
             if batch.epoch == template.epoch and batch.bucket == template.bucket \
-                    and len(batch.ids) + len(ids) <= template.rows:
-                self._pending[pos] = dataclasses.replace(batch, ids=batch.ids + tuple(ids))
+                    and len(batch.ids) + len(ids) <= room:
+                self._pending[pos] = self.planner.with_ids(batch, batch.ids + tuple(ids))
                 return
-        self._pending.appendleft(dataclasses.replace(template, ids=tuple(ids)))
+        self._pending.appendleft(self.planner.with_ids(template, tuple(ids)))
 
     def _reject_unplaceable(self) -> bool:
         """Reject pending clips that every live producer lacks; True if there were any.
@@ -412,7 +414,7 @@ class Scheduler:
                                                  "coordinator") for i in lost])
             rest = tuple(i for i in batch.ids if i not in common)
             if rest or self.ordered:  # in plan order every planned batch is a step, empty or not
-                kept.append(dataclasses.replace(batch, ids=rest))
+                kept.append(self.planner.with_ids(batch, rest))
         self._pending = kept
         return changed
 
@@ -440,14 +442,16 @@ class Scheduler:
                 wire.require(msg, missed=list)
         except wire.ProtocolError as exc:
             return exc.reason
-        if self.schema.check(msg.arrays, batch_dims(lease.batch.rows, lease.batch.shape, self.cfg.features.n_mels,
+        delivered = msg["ids"]
+        # Fixed rows: the lease's rows, the empty ones marked; else only the clips delivered.
+        rows = lease.batch.rows if self.planner.fixed_rows else len(delivered)
+        if self.schema.check(msg.arrays, batch_dims(rows, lease.batch.shape, self.cfg.features.n_mels,
                                                     self.cfg.features.hop_length, self.cfg.batching.ref_frames)):
             return "bad_batch"
         rejected = self._entries(msg["rejected"])
         missed = self._entries(msg.get("missed", []))
         if rejected is None or missed is None:
             return "bad_batch"
-        delivered = msg["ids"]
         accounted = [*delivered, *(i for i, _ in rejected), *(i for i, _ in missed)]
         if not all(isinstance(x, str) for x in accounted):
             return "bad_batch"
@@ -568,7 +572,8 @@ class Scheduler:
             "producer_index": peer.index,
             "producer_name": peer.name,
             "features": dataclasses.asdict(self.cfg.features),
-            "fields": self.cfg.batching.fields, "ref_frames": self.cfg.batching.ref_frames,
+            "fields": batch_fields(self.cfg), "fixed_rows": self.planner.fixed_rows,
+            "ref_frames": self.cfg.batching.ref_frames,
             "transforms": dataclasses.asdict(self.cfg.transforms), "transform_versions": self.transform_versions,
             "mel_norm": self.mel_norm,
             "metadata_file": self.cfg.data.metadata_file,

@@ -108,9 +108,7 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config, vocabulary:
         for problem in prepared.fields["rejected"] + prepared.fields["missed"]:
             log.warning("validation clip %s left out: %s", problem["id"], problem["reason"])
         if prepared.fields["ids"]:
-            rows = len(prepared.fields["ids"])
-            # Keep only the filled rows: B is the number of clips, the shape stays fixed per batch.
-            batches.append({k: v[:rows].copy() for k, v in prepared.arrays.items()})
+            batches.append(prepared.arrays)  # only real rows: B is the number of clips delivered
     return batches
 
 

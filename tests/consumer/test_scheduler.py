@@ -5,6 +5,7 @@ number each event carries."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,11 @@ class Bench:
     """A scheduler with a queue, and scripted producers that speak to it through events."""
 
     def __init__(self, max_epochs: int | None = 1, dataset: Any = None, count: int = 12, workers: int = 1,
-                 worker: int = 0, **pipeline: Any) -> None:
-        """``count`` clips; ``workers``/``worker``: the plan is that trainer worker's share."""
+                 worker: int = 0, fixed_rows: bool = False, **pipeline: Any) -> None:
+        """``count`` clips; ``workers``/``worker``: the plan is that trainer worker's share;
+        ``fixed_rows``: batches keep their bucket's rows (row_mask on)."""
         self.cfg = make_config(**pipeline)
+        self.cfg = dataclasses.replace(self.cfg, batching=dataclasses.replace(self.cfg.batching, fixed_rows=fixed_rows))
         self.queue = BatchQueue(self.cfg.pipeline.buffer_size)
         self.rejected: list = []
         planner = EpochPlanner(samples(count), self.cfg.batching, workers=workers, worker=worker)
@@ -57,7 +60,10 @@ class Bench:
     def deliver(self, who: bytes, lease: wire.Message, missed: list[str] = ()) -> None:
         ids = [i for i in lease["ids"] if i not in missed]
         shape = lease["shape"]
-        arrays = make_batch(lease["rows"], shape[0], shape[1], self.cfg.features.n_mels, valid=len(ids))
+        rows = lease["rows"] if self.scheduler.planner.fixed_rows else len(ids)  # as a producer collates
+        arrays = make_batch(rows, shape[0], shape[1], self.cfg.features.n_mels, valid=len(ids))
+        if "row_mask" in self.scheduler.schema.names:
+            arrays["row_mask"] = (np.arange(rows) < len(ids)).astype(np.float32)
         self.send(who, wire.BATCH, {"lease": lease["lease"], "ids": ids, "rejected": [],
                                     "missed": [{"id": i, "reason": "no file"} for i in missed]}, arrays)
 
@@ -179,7 +185,56 @@ def test_a_missed_clip_is_replanned_onto_a_producer_that_has_it() -> None:
     b.hello(b"full")
     replanned = [m for m in b.take(b"full", wire.LEASE) if missing in m["ids"]]
     assert replanned and all(missing not in m["ids"] for m in b.take(b"lacking", wire.LEASE))
+    assert replanned[0]["ids"] == [missing] and replanned[0]["rows"] == 1  # a batch of its own: only real rows
     assert b.scheduler.snapshot()["missed_samples"] == 1
+
+
+def _rejecting(b: Bench, lease: wire.Message, rows: int, mask: bool = False) -> None:
+    """``p1`` delivers ``lease`` without its first clip (rejected) in a batch of ``rows`` rows."""
+    ids = lease["ids"][1:]
+    tokens, frames = lease["shape"]
+    arrays = make_batch(rows, tokens, frames, 8, valid=len(ids))
+    if mask:
+        arrays["row_mask"] = (np.arange(rows) < len(ids)).astype(np.float32)
+    b.send(b"p1", wire.BATCH, {"lease": lease["lease"], "ids": ids,
+                               "rejected": [{"id": lease["ids"][0], "reason": "unreadable"}]}, arrays)
+
+
+def test_a_batch_with_a_rejected_clip_carries_only_its_real_rows() -> None:
+    """B is the clips delivered: a batch padded to the lease's rows is refused (re-planned);
+    the one of only real rows is queued, as it came."""
+    b = Bench(lease_ahead=1)
+    lease = b.credited(b"p1")
+    assert lease["rows"] == len(lease["ids"]) == 4
+    _rejecting(b, lease, rows=4)  # an empty row
+    again, = b.take(b"p1", wire.LEASE)
+    assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 1} and len(b.queue) == 0
+    b.send(b"p1", wire.READY, {"lease": again["lease"]})
+    b.take(b"p1", wire.CREDIT)
+    _rejecting(b, again, rows=3)
+    queued = b.queue.get(0)[0]
+    assert queued.ids == again["ids"][1:] and queued.arrays["mel_lengths"].shape == (3,)
+    assert (queued.arrays["mel_lengths"] > 0).all() and queued.frames_computed == 3 * again["shape"][1]
+
+
+def test_with_fixed_rows_a_batch_keeps_the_leases_rows_and_marks_the_empty_ones() -> None:
+    b = Bench(lease_ahead=1, fixed_rows=True)
+    assert "row_mask" in b.scheduler.schema.names
+    lease = b.credited(b"p1")
+    welcome, = b.take(b"p1", wire.WELCOME)  # what the producer collates by
+    assert welcome["fixed_rows"] is True and welcome["fields"] == "row_mask"
+    _rejecting(b, lease, rows=3, mask=True)  # too few rows
+    again, = b.take(b"p1", wire.LEASE)
+    b.send(b"p1", wire.READY, {"lease": again["lease"]})
+    b.take(b"p1", wire.CREDIT)
+    _rejecting(b, again, rows=4)  # no row_mask
+    assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 2} and len(b.queue) == 0
+    third, = b.take(b"p1", wire.LEASE)
+    b.send(b"p1", wire.READY, {"lease": third["lease"]})
+    b.take(b"p1", wire.CREDIT)
+    _rejecting(b, third, rows=4, mask=True)
+    queued = b.queue.get(0)[0]
+    assert queued.arrays["row_mask"].tolist() == [1.0, 1.0, 1.0, 0.0] and queued.arrays["mel_lengths"][3] == 0
 
 
 def test_a_clip_every_live_producer_lacks_is_rejected_once_nothing_else_is_left() -> None:
@@ -289,9 +344,9 @@ def test_a_workers_share_reaches_the_trainer_in_plan_order_through_a_credit_wind
     """Trainer workers take the same planned batch at each step: credits go to the earliest
     planned batches only, so the one the trainer waits for always finds room; an empty
     share is a batch too."""
-    b = Bench(max_epochs=1, count=18, workers=2, worker=1, lease_ahead=4, buffer_size=2)
+    b = Bench(max_epochs=1, count=17, workers=2, worker=1, lease_ahead=4, buffer_size=2)
     plan = b.scheduler.planner.plan(0)
-    assert any(not batch.ids for batch in plan)  # 9 clips a bucket, 8 a global batch: one lone clip's share
+    assert any(not batch.ids for batch in plan)  # 17 clips, 8 a global batch: one lone clip's share
     b.hello(b"p1")
     b.hello(b"p2")
     taken = []
