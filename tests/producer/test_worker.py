@@ -98,7 +98,7 @@ def test_lease_ready_credit_batch_with_a_rejected_clip(setup):
     assert batch["rejected"][0]["reason"] == (f"audio file truncated: wavs/{ids[1]}.wav: the header ends at byte 19 "
                                               "without a data chunk")
     mel, lengths = batch.arrays["mel"], batch.arrays["mel_lengths"]
-    assert mel.shape == (4, 128, 16) and list(lengths[2:]) == [0, 0]
+    assert mel.shape == (2, 128, 16) and all(lengths > 0)  # only the real rows (batching.fixed_rows off)
     import soundfile
 
     audio, _ = soundfile.read(str(root / "wavs" / f"{ids[0]}.wav"), dtype="float32")
