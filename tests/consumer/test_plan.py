@@ -403,3 +403,22 @@ def test_a_workers_position_counts_planned_batches_taken_even_empty_ones() -> No
     assert position.remaining(plan) == [] and position.update_complete(1, lambda e: 0) == 1
     again = InputPosition.from_state_dict(position.state_dict(), planner)
     assert again.complete == {0}
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["real-rows", "fixed-rows"])
+def test_a_partly_trained_batch_resumes_with_only_its_untrained_rows(fixed: bool) -> None:
+    """On resume a planned batch cut to its untrained clips keeps index, bucket and shape; its
+    B is those clips (only real rows) unless rows are fixed."""
+    samples = make_samples(40, seed=21)
+    planner = EpochPlanner(samples, _cfg(batch_size=8, fixed_rows=fixed))
+    position = InputPosition(planner)
+    plan = planner.plan(0)
+    position.record(0, plan[0].ids[:3])
+    position.record(0, plan[1].ids)
+    again = InputPosition.from_state_dict(position.state_dict(), planner)
+    left = again.remaining(plan)
+    assert [b.index for b in left] == [0] + [b.index for b in plan[2:]]
+    cut = left[0]
+    assert cut.ids == plan[0].ids[3:] and (cut.bucket, cut.shape) == (plan[0].bucket, plan[0].shape)
+    assert cut.rows == (8 if fixed else 5)
+    assert sorted([*plan[0].ids[:3], *plan[1].ids, *(i for b in left for i in b.ids)]) == sorted(s.id for s in samples)
