@@ -101,9 +101,10 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
     sum(T - f_i), plus a charge for its leftover clips (count mod rows, with B = N // T rows
     per replica, ``replicas`` x B in all): :func:`fill_buckets` moves them up into the next
     bucket, where they are padded further, or (the last bucket, under fixed rows) they
-    leave (-count mod rows) empty rows; the charge is those (-count mod rows) x T frames, an
-    upper bound of what the empty rows would cost that steers the bounds towards buckets
-    of whole batches. Bounds are
+    leave (-count mod rows) empty rows; the charge is what those empty rows would cost,
+    (-count mod rows) x T frames, which steers the bounds towards buckets of whole batches,
+    so that few clips move (docs/BENCHMARKS.md: without it more move and more padding is
+    computed in more shapes). Bounds are
     multiples of ``frames_multiple`` at or above the clips' rounded lengths; over those m
     candidate values an exact dynamic program (cost of a bucket in O(1) from prefix sums)
     finds the best partition into at most ``num_buckets`` buckets in

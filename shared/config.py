@@ -135,7 +135,7 @@ class BatchingConfig:
     batch_size: int  # rows of every batch (fixed rows; ignored under a frame budget)
     fixed_rows: bool  # every batch keeps its bucket's rows, empty ones marked by row_mask (else only real rows)
     max_frames: int  # frame budget (--max-frames): rows per bucket so a batch holds about this many frames; 0 = off
-    num_buckets: int  # distinct padded shapes, so the trainer traces at most this many
+    num_buckets: int  # distinct padded shapes, so the trainer traces at most this many (+1: the short batch)
     frames_multiple: int  # bucket frame bounds are rounded up to a multiple of this
     tokens_multiple: int  # bucket token bounds are rounded up to a multiple of this
     seed: int  # seeds the per-epoch shuffle of batches
