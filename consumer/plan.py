@@ -26,17 +26,17 @@ shape, and every sample is trained by exactly one worker. A worker's share may b
 (a global batch of fewer samples than workers): it still takes its step, on empty rows.
 
 Full batches: a bucket's leftover clips (its count mod its rows) move up into the next
-bucket, the longest of them first (:func:`fill_buckets`): they are shorter than its clips,
-so its T stays (its L is recomputed), and every bucket but the last holds a multiple of its
-rows. So an epoch has at most one batch with fewer clips than its bucket's rows: the last
+bucket, the longest of them first (:func:`fill_buckets`): they are no longer than its
+clips, so its T stays (its L is recomputed), and every bucket but the last holds a multiple
+of its rows. So an epoch has at most one batch with fewer clips than its bucket's rows: the last
 bucket's remainder. Its B is the number of its clips (only real rows), a shape that recurs
 every epoch, so :attr:`EpochPlanner.shapes` lists it and the trainer traces it once.
 
-Fixed rows (``batching.fixed_rows``, and always with model replicas or trainer workers,
-which split every batch into equal parts): every batch keeps its bucket's B rows, the
-remainder's filled with empty rows (length 0), and the ``row_mask`` batch field [B] says
-which rows are real (shared/batch.py). Either way every valid sample is in exactly one
-batch per epoch, none is dropped.
+``batching.fixed_rows`` (with either way of bucketing above; always on with model replicas
+or trainer workers, which split every batch into equal parts): every batch keeps its
+bucket's B rows, the remainder's filled with empty rows (length 0), and the ``row_mask``
+batch field [B] says which rows are real (shared/batch.py). Either way every valid sample
+is in exactly one batch per epoch, none is dropped.
 
 The plan of an epoch is a pure function of (index, config, epoch): batches within each
 bucket and the order of batches are shuffled with a generator seeded by (seed, epoch).
