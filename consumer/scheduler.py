@@ -28,13 +28,15 @@ leases only the planned batches (or the parts of them) not trained at the checkp
 Misses: a producer that does not have a leased clip (deleted, or an unfinished copy)
 delivers the rest of the batch and reports the clip as *missed*. The scheduler notes
 that this producer lacks it and re-plans it in the same epoch and bucket shape: merged
-into a pending batch of that bucket with room, or as a small batch of its own. A batch
-carries only its real rows (B = the clips delivered: a rejected clip, a re-planned or
-split batch, the rest of a partly trained one), unless the run's rows are fixed
-(``batching.fixed_rows``, replicas, workers: EpochPlanner.fixed_rows), when it keeps the
-lease's rows, the empty ones marked by ``row_mask``; the producer is told which in WELCOME. A sample
+into a pending batch of that bucket with room, or as a small batch of its own. A sample
 is rejected (rejected.jsonl) only when every live producer lacks it and no other work is
 left for them; with no producer alive it waits.
+
+Rows: a batch carries only its real rows (B = the clips delivered, whether a clip was
+rejected, or the batch was re-planned, split, or is the rest of a partly trained one),
+unless the run's rows are fixed (``batching.fixed_rows``, replicas, workers:
+EpochPlanner.fixed_rows); then it keeps the lease's rows, the empty ones marked by
+``row_mask``. WELCOME tells the producer which.
 
 Credits (flow): a producer tells READY when a leased batch is prepared. The scheduler
 sends a CREDIT for a ready lease only while ``queued batches + credits in flight <
