@@ -149,6 +149,8 @@ def _write_saved_model(tf: Any, model: Any, schema: Any, cfg: Any, pads: dict[st
                 batch[field.name] = given[field.name]
             elif field.name == "mel_lengths":
                 batch[field.name] = tf.fill([rows], frames)  # every row as long as asked
+            elif field.name == "row_mask":
+                batch[field.name] = tf.ones([rows], tf.float32)  # every row asked for is real
             else:
                 shape = tf.stack([dims[d] for d in field.dims])
                 batch[field.name] = tf.cast(tf.fill(shape, pads[field.name]), field.dtype)

@@ -149,6 +149,8 @@ class FeedCore:
         self.state = state
         # Trainer workers of a multi-host job (TF_CONFIG): this one trains its share of every step's batch.
         self.cluster: Cluster | None = from_env(os.environ)
+        # Replicas and workers split every batch into equal parts: its rows are fixed (row_mask on).
+        self.cfg = cfg = config_mod.with_fixed_rows(cfg, self.cluster.size if self.cluster is not None else 1)
         self._positions: Iterator[tuple[int, int]] | None = None  # with workers: the plan's order, step by step
         self.started = time.monotonic()  # "t" in metrics.jsonl counts from here (reset by open)
         self.rejected_count = 0

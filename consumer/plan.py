@@ -25,9 +25,18 @@ replicas. So each step trains one global batch across the workers, all in its bu
 shape, and every sample is trained by exactly one worker. A worker's share may be empty
 (a global batch of fewer samples than workers): it still takes its step, on empty rows.
 
-A bucket's last, partial batch is filled with empty rows (length 0) instead of dropping
-samples. So the trainer sees at most ``num_buckets`` distinct shapes, and every valid
-sample is in exactly one batch per epoch.
+Full batches: a bucket's leftover clips (its count mod its rows) move up into the next
+bucket, the longest of them first (:func:`fill_buckets`): they are no longer than its
+clips, so its T stays (its L is recomputed), and every bucket but the last holds a multiple
+of its rows. So an epoch has at most one batch with fewer clips than its bucket's rows: the last
+bucket's remainder. Its B is the number of its clips (only real rows), a shape that recurs
+every epoch, so :attr:`EpochPlanner.shapes` lists it and the trainer traces it once.
+
+``batching.fixed_rows`` (with either way of bucketing above; always on with model replicas
+or trainer workers, which split every batch into equal parts): every batch keeps its
+bucket's B rows, the remainder's filled with empty rows (length 0), and the ``row_mask``
+batch field [B] says which rows are real (shared/batch.py). Either way every valid sample
+is in exactly one batch per epoch, none is dropped.
 
 The plan of an epoch is a pure function of (index, config, epoch): batches within each
 bucket and the order of batches are shuffled with a generator seeded by (seed, epoch).
@@ -74,7 +83,7 @@ class PlannedBatch:
     bucket: int
     ids: tuple[str, ...]
     shape: tuple[int, int]  # (L, T)
-    rows: int  # B: the batch's rows (ids fill the first len(ids))
+    rows: int  # B: the batch's rows (ids fill the first len(ids); more only with fixed rows)
 
 
 def rows_for(max_frames: int, cfg: BatchingConfig, replicas: int = 1) -> int:
@@ -89,8 +98,13 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
     """The frame bounds (T of each bucket, ascending) that waste the fewest frames.
 
     The waste of a bucket of bound T holding clips of f_i frames is its padding,
-    sum(T - f_i), plus the empty rows of its last, partial batch (B = N // T rows per
-    replica, ``replicas`` x B in all, so (-count mod rows) x T frames). Bounds are
+    sum(T - f_i), plus a charge for its leftover clips (count mod rows, with B = N // T rows
+    per replica, ``replicas`` x B in all): :func:`fill_buckets` moves them up into the next
+    bucket, where they are padded further, or (the last bucket, under fixed rows) they
+    leave (-count mod rows) empty rows; the charge is what those empty rows would cost,
+    (-count mod rows) x T frames, which steers the bounds towards buckets of whole batches,
+    so that few clips move (docs/BENCHMARKS.md: without it more move and more padding is
+    computed in more shapes). Bounds are
     multiples of ``frames_multiple`` at or above the clips' rounded lengths; over those m
     candidate values an exact dynamic program (cost of a bucket in O(1) from prefix sums)
     finds the best partition into at most ``num_buckets`` buckets in
@@ -132,7 +146,14 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
 
 def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
     """Group samples into at most ``cfg.num_buckets`` shape buckets by mel length; a batch of
-    a bucket has rows for ``replicas`` replica batches."""
+    a bucket has rows for ``replicas`` replica batches. Every bucket but the last holds a
+    multiple of its rows (:func:`fill_buckets`)."""
+    return fill_buckets(group_buckets(samples, cfg, replicas), samples, cfg, replicas)
+
+
+def group_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
+    """The buckets by mel length alone: equal counts (fixed rows) or the frame budget's
+    bounds (:func:`frame_budget_bounds`); their leftover clips not yet moved."""
     if not samples:
         return []
     ordered = sorted(samples, key=lambda s: (s.num_frames, s.id))
@@ -157,6 +178,30 @@ def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int =
     return buckets
 
 
+def fill_buckets(buckets: Sequence[Bucket], samples: Sequence[Sample], cfg: BatchingConfig,
+                 replicas: int = 1) -> list[Bucket]:
+    """Buckets of whole batches: from the shortest bucket up, the leftover clips of each
+    (its count mod its rows, the longest of its clips) move into the next bucket. They are
+    no longer than that bucket's clips, so its T and rows stay; its L is recomputed, and
+    its T too when a bucket's longest clips left it (unless its rows would change). The
+    last bucket keeps its leftover (the epoch's one batch with fewer clips than rows); a
+    bucket left with no clip is dropped (the others renumbered)."""
+    by_id = {s.id: s for s in samples}
+    out: list[Bucket] = []
+    carried: list[str] = []  # leftover clips of the buckets below, shortest first
+    for n, bucket in enumerate(buckets):
+        ids = carried + list(bucket.sample_ids)  # still ordered by mel length
+        keep = len(ids) if n == len(buckets) - 1 else len(ids) - len(ids) % bucket.rows
+        ids, carried = ids[:keep], ids[keep:]
+        if not ids:
+            continue
+        tokens = round_up(max(by_id[i].num_tokens for i in ids), cfg.tokens_multiple)
+        frames = round_up(max(by_id[i].num_frames for i in ids), cfg.frames_multiple)
+        frames = frames if rows_for(frames, cfg, replicas) == bucket.rows else bucket.max_frames
+        out.append(replace(bucket, index=len(out), max_tokens=tokens, max_frames=frames, sample_ids=tuple(ids)))
+    return out
+
+
 class EpochPlanner:
     """Deterministic epoch plans over fixed buckets; each batch is one step's, for
     ``replicas`` model replicas, and (``workers`` > 1) worker ``worker``'s share of it."""
@@ -166,6 +211,8 @@ class EpochPlanner:
         self.cfg = cfg
         self.replicas = replicas
         self.workers, self.worker = workers, worker
+        # Batches split into equal parts (one per replica, per worker) keep their bucket's rows.
+        self.fixed_rows = cfg.fixed_rows or replicas * workers > 1
         self.buckets = make_buckets(samples, cfg, replicas * workers)
         self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
         self.batches_per_epoch = sum(-(-len(b.sample_ids) // b.rows) for b in self.buckets)
@@ -175,9 +222,26 @@ class EpochPlanner:
 
     @property
     def shapes(self) -> list[tuple[int, int, int]]:
-        """The planned batch shapes (B, L, T) of the buckets: all the trainer will see (with
-        replicas, B is this worker's rows, ``replicas`` x a replica batch's)."""
-        return [(b.rows // self.workers, b.max_tokens, b.max_frames) for b in self.buckets]
+        """The planned batch shapes (B, L, T): all the trainer will see of the plan (with
+        replicas, B is this worker's rows, ``replicas`` x a replica batch's): the buckets',
+        and without fixed rows the last bucket's remainder's, of only its clips (its full
+        shape too only when it has a full batch)."""
+        if self.fixed_rows:
+            return [(b.rows // self.workers, b.max_tokens, b.max_frames) for b in self.buckets]
+        shapes = [(b.rows, b.max_tokens, b.max_frames) for b in self.buckets if len(b.sample_ids) >= b.rows]
+        last = self.buckets[-1] if self.buckets else None
+        if last is not None and len(last.sample_ids) % last.rows:
+            shapes.append((len(last.sample_ids) % last.rows, last.max_tokens, last.max_frames))
+        return shapes
+
+    def with_ids(self, batch: PlannedBatch, ids: tuple[str, ...]) -> PlannedBatch:
+        """``batch`` holding ``ids`` (a part of it, or more clips of its bucket): B stays the
+        bucket's with fixed rows, else it is their count."""
+        return replace(batch, ids=ids, rows=batch.rows if self.fixed_rows else len(ids))
+
+    def bucket_rows(self, batch: PlannedBatch) -> int:
+        """The most clips a batch of ``batch``'s bucket holds (this worker's share of them)."""
+        return self.buckets[batch.bucket].rows // self.workers
 
     def samples_in(self, epoch: int) -> int:
         """The samples this worker trains in ``epoch`` (all of them for a single worker)."""
@@ -206,7 +270,8 @@ class EpochPlanner:
         order = rng.permutation(len(chunks))
         return [
             PlannedBatch(epoch=epoch, index=i, bucket=chunks[j][0].index, ids=chunks[j][1],
-                         shape=(chunks[j][0].max_tokens, chunks[j][0].max_frames), rows=chunks[j][0].rows)
+                         shape=(chunks[j][0].max_tokens, chunks[j][0].max_frames),
+                         rows=chunks[j][0].rows if self.fixed_rows else len(chunks[j][1]))
             for i, j in enumerate(order)
         ]
 
@@ -216,7 +281,8 @@ def validation_batches(samples: Sequence[Sample], planner: EpochPlanner) -> list
     smallest training bucket shape (L, T, then its rows) that holds its text and its mel, so
     a model traced for the training shapes traces nothing new; clips no training bucket
     holds go into buckets of their own, made as training buckets are. Within a bucket the
-    clips are in id order, cut into batches of the bucket's rows (the last one partial).
+    clips are in id order, cut into batches of the bucket's rows (the last one partial: of
+    its clips only, unless rows are fixed).
     A pure function of the clips and the training plan; ``epoch`` is 0 (the scheduler
     marks each pass's)."""
     cfg = planner.cfg
@@ -240,8 +306,9 @@ def validation_batches(samples: Sequence[Sample], planner: EpochPlanner) -> list
         tokens, frames, rows = shapes[bucket_index]
         ids = [s.id for s in groups[bucket_index]]
         for start in range(0, len(ids), rows):
-            batches.append(PlannedBatch(epoch=0, index=len(batches), bucket=bucket_index,
-                                        ids=tuple(ids[start:start + rows]), shape=(tokens, frames), rows=rows))
+            chunk = tuple(ids[start:start + rows])
+            batches.append(PlannedBatch(epoch=0, index=len(batches), bucket=bucket_index, ids=chunk,
+                                        shape=(tokens, frames), rows=rows if planner.fixed_rows else len(chunk)))
     return batches
 
 
@@ -361,7 +428,7 @@ class InputPosition:
             trained = progress.partial.get(batch.index, set())
             ids = tuple(i for i in batch.ids if i not in trained)
             if ids:
-                left.append(batch if len(ids) == len(batch.ids) else replace(batch, ids=ids))
+                left.append(batch if len(ids) == len(batch.ids) else self.planner.with_ids(batch, ids))
         return left
 
     def state_dict(self) -> dict[str, Any]:

@@ -32,6 +32,12 @@ into a pending batch of that bucket with room, or as a small batch of its own. A
 is rejected (rejected.jsonl) only when every live producer lacks it and no other work is
 left for them; with no producer alive it waits.
 
+Rows: a batch carries only its real rows (B = the clips delivered, whether a clip was
+rejected, or the batch was re-planned, split, or is the rest of a partly trained one),
+unless the run's rows are fixed (``batching.fixed_rows``, replicas, workers:
+EpochPlanner.fixed_rows); then it keeps the lease's rows, the empty ones marked by
+``row_mask``. WELCOME tells the producer which.
+
 Credits (flow): a producer tells READY when a leased batch is prepared. The scheduler
 sends a CREDIT for a ready lease only while ``queued batches + credits in flight <
 capacity``, to the producer holding the fewest credits first, then lowest (epoch, index),
@@ -85,7 +91,7 @@ from stoker.consumer.plan import EpochPlanner, InputPosition, PlannedBatch, Refe
 from stoker.producer.transforms import load_user
 from stoker.shared import wire
 from stoker.shared.batch import FRAMES, batch_dims
-from stoker.shared.config import Config, batch_schema
+from stoker.shared.config import Config, batch_fields, batch_schema
 from stoker.consumer.peers import Peer, Peers, ProducerStats
 from stoker.shared.dataset import DatasetScan
 from stoker.shared.layouts import Rejection
@@ -262,8 +268,7 @@ class Scheduler:
             return self._pending.popleft()
         return self._usable(self._pending, peer)
 
-    @staticmethod
-    def _usable(pending: collections.deque[PlannedBatch], peer: Peer) -> PlannedBatch | None:
+    def _usable(self, pending: collections.deque[PlannedBatch], peer: Peer) -> PlannedBatch | None:
         """The first of ``pending`` with clips this producer has, taken out; the clips it lacks
         stay in place."""
         for pos, batch in enumerate(itertools.islice(pending, ASSIGN_SCAN_LIMIT)):
@@ -274,8 +279,8 @@ class Scheduler:
                 del pending[pos]
                 return batch
             # Same epoch, bucket and shape: the part it lacks stays in place for another producer.
-            pending[pos] = dataclasses.replace(batch, ids=tuple(i for i in batch.ids if i in peer.lacks))
-            return dataclasses.replace(batch, ids=usable)
+            pending[pos] = self.planner.with_ids(batch, tuple(i for i in batch.ids if i in peer.lacks))
+            return self.planner.with_ids(batch, usable)
         return None
 
     def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
@@ -473,16 +478,18 @@ class Scheduler:
 
     def _replan_missed(self, template: PlannedBatch, ids: list[str]) -> None:
         """Missed clips go back into the same epoch (or validation pass) and bucket shape, for
-        another producer."""
+        another producer (without fixed rows, a batch of only real rows: B is its clips')."""
         if is_validation(template) and template.epoch != -self._val_pass:
             return  # a cancelled pass
-        pending = self._val_pending if is_validation(template) else self._pending
+        validation = is_validation(template)
+        pending = self._val_pending if validation else self._pending
+        room = template.rows if validation else self.planner.bucket_rows(template)  # a pass's own buckets too
         for pos, batch in enumerate(pending):
             if batch.epoch == template.epoch and batch.bucket == template.bucket \
-                    and len(batch.ids) + len(ids) <= template.rows:
-                pending[pos] = dataclasses.replace(batch, ids=batch.ids + tuple(ids))
+                    and len(batch.ids) + len(ids) <= room:
+                pending[pos] = self.planner.with_ids(batch, batch.ids + tuple(ids))
                 return
-        pending.appendleft(dataclasses.replace(template, ids=tuple(ids)))
+        pending.appendleft(self.planner.with_ids(template, tuple(ids)))
 
     def _reject_unplaceable_validation(self) -> bool:
         """Leave out of the pass the clips every live producer lacks; True if there were any."""
@@ -496,7 +503,7 @@ class Scheduler:
                     "validation pass %d", len(lost), hosts, self._val_pass)
         self.on_rejected([Rejection(i, f"audio file missing on every producer host ({hosts})", "coordinator")
                           for i in lost])
-        kept = (dataclasses.replace(b, ids=tuple(i for i in b.ids if i not in common)) for b in self._val_pending)
+        kept = (self.planner.with_ids(b, tuple(i for i in b.ids if i not in common)) for b in self._val_pending)
         self._val_pending = collections.deque(b for b in kept if b.ids)
         self._check_validation_done()
         return True
@@ -530,7 +537,7 @@ class Scheduler:
                                                  "coordinator") for i in lost])
             rest = tuple(i for i in batch.ids if i not in common)
             if rest or self.ordered:  # in plan order every planned batch is a step, empty or not
-                kept.append(dataclasses.replace(batch, ids=rest))
+                kept.append(self.planner.with_ids(batch, rest))
         self._pending = kept
         return changed
 
@@ -558,14 +565,16 @@ class Scheduler:
                 wire.require(msg, missed=list)
         except wire.ProtocolError as exc:
             return exc.reason
-        if self.schema.check(msg.arrays, batch_dims(lease.batch.rows, lease.batch.shape, self.cfg.features.n_mels,
+        delivered = msg["ids"]
+        # Fixed rows: the lease's rows, the empty ones marked; else only the clips delivered.
+        rows = lease.batch.rows if self.planner.fixed_rows else len(delivered)
+        if self.schema.check(msg.arrays, batch_dims(rows, lease.batch.shape, self.cfg.features.n_mels,
                                                     self.cfg.features.hop_length, self.cfg.batching.ref_frames)):
             return "bad_batch"
         rejected = self._entries(msg["rejected"])
         missed = self._entries(msg.get("missed", []))
         if rejected is None or missed is None:
             return "bad_batch"
-        delivered = msg["ids"]
         accounted = [*delivered, *(i for i, _ in rejected), *(i for i, _ in missed)]
         if not all(isinstance(x, str) for x in accounted):
             return "bad_batch"
@@ -694,7 +703,8 @@ class Scheduler:
             "producer_index": peer.index,
             "producer_name": peer.name,
             "features": dataclasses.asdict(self.cfg.features),
-            "fields": self.cfg.batching.fields, "ref_frames": self.cfg.batching.ref_frames,
+            "fields": batch_fields(self.cfg), "fixed_rows": self.planner.fixed_rows,
+            "ref_frames": self.cfg.batching.ref_frames,
             "transforms": dataclasses.asdict(self.cfg.transforms), "transform_versions": self.transform_versions,
             "mel_norm": self.mel_norm,
             "metadata_file": self.cfg.data.metadata_file,

@@ -63,7 +63,8 @@ class BatchMaker:
     the reference clip the lease names for each clip (``ref_mel``: at most ``ref_frames``
     frames, from its middle). Clips whose file is not on this host are reported as missed
     (the consumer re-plans them onto another producer); clips that cannot be used are
-    reported as rejected, with the reason.
+    reported as rejected, with the reason. The batch has a row per clip delivered, or with
+    ``fixed_rows`` the lease's rows, those past the clips delivered empty.
     """
 
     def __init__(self, root: Path, texts: dict[str, str], features: FeaturesConfig,
@@ -71,7 +72,7 @@ class BatchMaker:
                  files: dict[str, str] | None = None, feature_cache: str = "",
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
                  ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None,
-                 mel_norm: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                 mel_norm: tuple[np.ndarray, np.ndarray] | None = None, fixed_rows: bool = False) -> None:
         from stoker.producer.feature_cache import FeatureCache
         from stoker.producer.features import MelComputer
         from stoker.producer.transforms import Chain
@@ -85,6 +86,7 @@ class BatchMaker:
         self.schema = schema
         self.ref_frames = ref_frames
         self.mel_norm = mel_norm  # (mean, std) [F] of transforms.mel_norm: dataset (shared/melstats.py)
+        self.fixed_rows = fixed_rows  # batches keep the lease's rows (empty ones padded); else only real rows
         self._pads = schema.pad_values(features.log_floor)
         chain = Chain(transforms or TransformsConfig(), features)
         self.chain = chain if chain.active else None  # producer/transforms.py: None when every step is off
@@ -231,8 +233,8 @@ class BatchMaker:
                                     ref_mel=self._reference(ref.mel) if ref is not None else None,
                                     declared=clip.fields))
         self._inject_faults()
-        dims = batch_dims(int(lease["rows"]), lease["shape"], self.features.n_mels, self.features.hop_length,
-                          self.ref_frames)
+        dims = batch_dims(int(lease["rows"]) if self.fixed_rows else len(examples), lease["shape"],
+                          self.features.n_mels, self.features.hop_length, self.ref_frames)
         arrays = collate(examples, dims, self._pads, self.schema)
         stats = MelStats.of_batch(arrays["mel"], arrays["mel_lengths"])  # of the mel as defined, for mel_norm
         if self.mel_norm is not None:

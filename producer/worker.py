@@ -192,7 +192,8 @@ class Producer:
         mel_norm = load(welcome["mel_norm"], features.n_mels) if welcome.get("mel_norm") else None
         return BatchMaker(self.root, texts, features, device, self.name, self.host,
                           files=files, feature_cache=cache_dir, faults=faults, schema=schema,
-                          ref_frames=ref_frames, transforms=transforms, mel_norm=mel_norm)
+                          ref_frames=ref_frames, transforms=transforms, mel_norm=mel_norm,
+                          fixed_rows=bool(welcome.get("fixed_rows")))
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:

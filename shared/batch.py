@@ -9,7 +9,9 @@ Dimension legend:
 
 ====  ===================================================================================
 B     rows: ``batching.batch_size``, or per bucket under a frame budget (``batching.max_frames``
-      // T); rows past the real examples are empty
+      // T); a batch carries only its real examples (fewer rows: the epoch's one short batch, a
+      clip rejected), unless rows are fixed (``batching.fixed_rows``, replicas, trainer workers):
+      then rows past the real examples are empty, and ``row_mask`` marks the real ones
 L     token length of the bucket (bucketed: padded up to ``batching.tokens_multiple``)
 T     mel frames of the bucket (bucketed: padded up to ``batching.frames_multiple``)
 F     mel channels (``features.n_mels``)
@@ -34,8 +36,9 @@ import numpy as np
 from .text import PAD_ID
 
 LEGEND: dict[str, str] = {
-    "B": "rows (batching.batch_size, or max_frames // T per bucket under a frame budget; rows past the "
-         "real examples are empty, length 0)",
+    "B": "rows (batching.batch_size, or max_frames // T per bucket under a frame budget; fewer in the epoch's "
+         "one short batch or when a clip is rejected: only real rows, unless rows are fixed (batching.fixed_rows, "
+         "replicas, workers): then rows past the real examples are empty, length 0, row_mask 0)",
     "L": "token length of the bucket (padded)",
     "T": "mel frames of the bucket (padded)",
     "F": "mel channels (features.n_mels)",
@@ -104,6 +107,8 @@ class BatchSchema:
             lengths = arrays[f.name]
             if np.any(lengths[:filled] <= 0) or np.any(lengths[filled:] != 0):
                 return f"{f.name} does not match the {filled} clips delivered"
+        if "row_mask" in arrays and (np.any(arrays["row_mask"][:filled] != 1) or np.any(arrays["row_mask"][filled:])):
+            return f"row_mask does not match the {filled} clips delivered"
         return ""
 
     def table(self) -> str:
@@ -138,6 +143,8 @@ OPTIONAL: dict[str, Field] = {f.name: f for f in (
                                                          "per epoch (optional)"),
     Field("ref_mel_lengths", "int32", ("B",), 0, "valid reference frames per row (with ref_mel)",
           length_of="ref_mel"),
+    Field("row_mask", "float32", ("B",), 0.0, "1 for a real row, 0 for an empty one (optional; on whenever rows "
+                                             "are fixed)"),
 )}
 # A field switched on brings its length field with it.
 COMPANIONS = {"audio": ("audio_lengths",), "ref_mel": ("ref_mel_lengths",)}
@@ -209,6 +216,8 @@ def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id
         out["speaker_id"] = np.int32(speaker_id)
     if "language_id" in names:
         out["language_id"] = np.int32(language_id)
+    if "row_mask" in names:
+        out["row_mask"] = np.float32(1.0)
     if "stop" in names:
         stop = np.zeros(len(mel), np.float32)
         stop[-1:] = 1.0

@@ -133,12 +133,13 @@ class BatchingConfig:
     """How the epoch plan groups samples into batches of a few fixed shapes."""
 
     batch_size: int  # rows of every batch (fixed rows; ignored under a frame budget)
+    fixed_rows: bool  # every batch keeps its bucket's rows, empty ones marked by row_mask (else only real rows)
     max_frames: int  # frame budget (--max-frames): rows per bucket so a batch holds about this many frames; 0 = off
-    num_buckets: int  # distinct padded shapes, so the trainer traces at most this many
+    num_buckets: int  # distinct padded shapes, so the trainer traces at most this many (+1: the short batch)
     frames_multiple: int  # bucket frame bounds are rounded up to a multiple of this
     tokens_multiple: int  # bucket token bounds are rounded up to a multiple of this
     seed: int  # seeds the per-epoch shuffle of batches
-    fields: str  # optional batch fields, comma-separated: speaker_id, language_id, stop, audio, ref_mel
+    fields: str  # optional batch fields, comma-separated: speaker_id, language_id, stop, audio, ref_mel, row_mask
     ref_frames: int  # R of ref_mel: frames of the reference clip (cropped around its middle, or padded)
 
 
@@ -430,10 +431,25 @@ def _validate_data_devices_run(cfg: Config) -> None:
         raise ConfigError(f"run.log_level must be DEBUG, INFO, WARNING or ERROR, got {cfg.run.log_level!r}")
 
 
+def batch_fields(cfg: Config) -> str:
+    """The optional batch fields a run switches on: ``batching.fields``, and ``row_mask`` when
+    rows are fixed (``batching.fixed_rows``)."""
+    names = [n.strip() for n in cfg.batching.fields.split(",") if n.strip()]
+    return ",".join(names + (["row_mask"] if cfg.batching.fixed_rows and "row_mask" not in names else []))
+
+
 def batch_schema(cfg: Config) -> BatchSchema:
-    """The batch of a run (shared/batch.py): SCHEMA, the optional fields it switches on and the
-    fields its user transforms declare."""
-    return schema_for(cfg.batching.fields, cfg.transforms.fields)
+    """The batch of a run (shared/batch.py): SCHEMA, the optional fields it switches on
+    (:func:`batch_fields`) and the fields its user transforms declare."""
+    return schema_for(batch_fields(cfg), cfg.transforms.fields)
+
+
+def with_fixed_rows(cfg: Config, workers: int = 1) -> Config:
+    """``cfg`` with ``batching.fixed_rows`` on where the run needs it: model replicas
+    (``devices.replicas`` > 1) or trainer ``workers`` > 1 split every batch into equal parts."""
+    if cfg.batching.fixed_rows or ((cfg.devices.replicas or 1) <= 1 and workers <= 1):
+        return cfg
+    return dataclasses.replace(cfg, batching=dataclasses.replace(cfg.batching, fixed_rows=True))
 
 
 def from_dict(raw: Mapping[str, Any] | None, base: Config | None = None) -> Config:

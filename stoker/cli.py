@@ -264,11 +264,12 @@ def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
 
 def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[config_mod.Config, Any]:
     """Check what the user asked for before anything starts (the dataset, the model, the
-    keys, the endpoint, the GPUs); the config with the dataset's paths resolved, and the
-    device plan. UserError (one line) for each mistake."""
+    keys, the endpoint, the GPUs); the config with the dataset's paths, the replicas and
+    fixed rows (config.with_fixed_rows) resolved, and the device plan. UserError (one line) for each mistake."""
     import dataclasses
 
     from stoker.consumer.trainer import check_model
+    from stoker.shared.cluster import from_env
     from stoker.shared.dataset import feature_cache_dir, locate
     from stoker.shared.mixes import is_mix
     from stoker.devices import list_gpus, plan_devices
@@ -287,7 +288,9 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
     data = dataclasses.replace(cfg.data, path=str(root / metadata_file if is_mix(metadata_file) else root),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
     devices = dataclasses.replace(cfg.devices, replicas=plan.replicas)  # resolved: the plan's batches depend on it
-    return dataclasses.replace(cfg, data=data, devices=devices), plan
+    cluster = from_env(os.environ)
+    resolved = dataclasses.replace(cfg, data=data, devices=devices)
+    return config_mod.with_fixed_rows(resolved, cluster.size if cluster is not None else 1), plan
 
 
 def _launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,

@@ -462,7 +462,8 @@ class Feed:
 
     @property
     def shapes(self) -> list[tuple[int, int, int]]:
-        """The bucket shapes (B, L, T) of the plan: every batch has one of them."""
+        """The batch shapes (B, L, T) of the plan, the buckets' and the epoch's one short batch's
+        (only its real rows, unless rows are fixed): every planned batch has one of them."""
         return self.prepare()._core.planner.shapes
 
     @property
@@ -483,9 +484,10 @@ class Feed:
 
         from stoker.shared.config import batch_schema
 
-        fixed = {"F": self.cfg.features.n_mels, "R": self.cfg.batching.ref_frames}  # the same in every bucket
+        cfg = self.prepare()._core.cfg  # fixed rows resolved (replicas, workers): row_mask among the fields
+        fixed = {"F": cfg.features.n_mels, "R": cfg.batching.ref_frames}  # the same in every bucket
         return {f.name: tf.TensorSpec([fixed.get(dim) for dim in f.dims], tf.as_dtype(f.dtype), name=f.name)
-                for f in batch_schema(self.cfg).fields}
+                for f in batch_schema(cfg).fields}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the feed is in its plan (JSON-serialisable): which planned batches of which

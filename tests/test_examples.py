@@ -89,7 +89,7 @@ def test_teacher_forced_call_keeps_the_contract(clips) -> None:
     tokens, mels, vocab_size = clips
     tf.keras.utils.set_random_seed(0)
     model = ar_tts.build(vocab_size=vocab_size, n_mels=N_MELS)
-    batch = batch_of(tokens, mels, size=6)  # two empty rows, as the last batch of a bucket has
+    batch = batch_of(tokens, mels, size=6)  # two empty rows, as a short batch with fixed rows has
     B, T = batch["mel"].shape[:2]
     out = model(batch, training=False)
     assert set(out) == {"mel", "stop_logits", "losses"} and set(out["losses"]) == LOSS_NAMES

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from stoker.shared import config as config_mod
 from tests.factories import make_dataset
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES, check_exactly_once
@@ -36,6 +37,9 @@ def test_two_replicas_train_each_clip_once_per_epoch_and_resume_from_the_checkpo
     assert summary["trainer"]["retraces"] == 0
     assert summary["loss_last"] < summary["loss_first"]
     assert all(len(r["ids"]) <= 8 for r in rows)  # a step: 2 replica batches of 4 rows
+    # Replicas split each batch in equal parts: its rows are fixed, the empty ones marked by row_mask.
+    saved = config_mod.load(run_dir / "config.yaml")
+    assert saved.batching.fixed_rows and "row_mask" in config_mod.batch_schema(saved).names
     steps = summary["steps"]
 
     again = run_cli("--resume", str(run_dir), "--epochs", "3", timeout=200)

@@ -83,8 +83,10 @@ def test_frame_budget_run_trains_every_clip_once_in_few_static_shapes(tmp_path):
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, {e.id for e in read_metadata(DEMO_DATA_DIR)[0]})
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     computed = {r["frames_computed"] for r in metrics}
-    assert len(computed) <= config_mod.BatchingConfig().num_buckets  # one rows x T per bucket shape
-    assert all(budget * 0.5 < c <= budget for c in computed)
+    # One rows x T per bucket shape, and the epoch's one short batch (only its real rows).
+    assert len(computed) <= config_mod.BatchingConfig().num_buckets + 1
+    assert all(c <= budget for c in computed)
+    assert sum(1 for r in metrics if r["frames_computed"] <= budget * 0.5) <= 2  # at most one an epoch
     rows = {len(r["ids"]) for r in read_jsonl(run_dir / "samples.jsonl")}
     assert max(rows) > min(rows)  # short clips in more rows than long ones
     summary = read_json(run_dir / "summary.json")

@@ -79,8 +79,8 @@ class Harness:
     def batch_frames(self, lease: wire.Message) -> list:
         max_tokens, max_frames = lease["shape"]
         ids = lease["ids"]
-        arrays = make_batch(lease["rows"], max_tokens, max_frames, self.cfg.features.n_mels,
-                            valid=len(ids))
+        rows = lease["rows"] if self.planner.fixed_rows else len(ids)  # as a producer collates
+        arrays = make_batch(rows, max_tokens, max_frames, self.cfg.features.n_mels, valid=len(ids))
         return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": ids, "rejected": [], "prep_ms": 1.0},
                            arrays)
 

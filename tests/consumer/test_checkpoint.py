@@ -223,19 +223,20 @@ def test_no_checkpoint_is_an_error(tmp_path):
 @pytest.mark.slow  # processes or sockets
 def test_coordinator_leases_only_what_the_position_left(harness):
     cfg = make_config(lease_ahead=20)
-    plan_of = EpochPlanner(samples(12), cfg.batching)
+    plan_of = EpochPlanner(samples(14), cfg.batching)  # 4 batches an epoch: 3 of 4 clips, 1 of 2
     position = InputPosition(plan_of)
     plan0 = plan_of.plan(0)
     position.record(0, plan0[0].ids)
     position.record(0, plan0[2].ids)
     position.record(0, plan0[1].ids[:1])
-    h = harness(cfg=cfg, max_epochs=2, resume=InputPosition.from_state_dict(position.state_dict(), plan_of))
+    h = harness(cfg=cfg, n=14, max_epochs=2, resume=InputPosition.from_state_dict(position.state_dict(), plan_of))
     sock = h.producer()
     h.recv(sock, wire.WELCOME)
     expected = [(0, 1, list(plan0[1].ids[1:])), (0, 3, list(plan0[3].ids)),
                 *((1, b.index, list(b.ids)) for b in plan_of.plan(1))]
     leases = [h.recv(sock, wire.LEASE) for _ in expected]
     assert [(m["epoch"], m["index"], m["ids"]) for m in leases] == expected
+    assert leases[0]["rows"] == len(plan0[1].ids) - 1  # the partly trained batch: only its untrained rows
     assert sock.poll(300) == 0 or wire.decode(sock.recv_multipart()).kind == wire.HEARTBEAT
 
 

@@ -163,7 +163,8 @@ def test_a_clip_no_live_producer_has_is_rejected_with_the_hosts(harness):
 
 def test_a_clip_nobody_alive_has_waits_for_a_producer_that_has_it(harness):
     scan = fake_scan(IDS)
-    h = harness(cfg=make_config(lease_ahead=4), max_epochs=1, dataset=scan)
+    # Its lease slots as many as the epoch's batches (3): full, so it never looks for work it lacks.
+    h = harness(cfg=make_config(lease_ahead=3), max_epochs=1, dataset=scan)
     sim = Sim(h)
     sim.paused.add("partial")
     sim.join("partial", dataset=describe_copy(scan, {IDS[3]}))

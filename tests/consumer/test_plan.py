@@ -6,9 +6,11 @@ import collections
 import itertools
 import random
 
+from dataclasses import replace
+
 import pytest
 
-from stoker.consumer.plan import EpochPlanner, InputPosition, frame_budget_bounds, make_buckets, rows_for
+from stoker.consumer.plan import EpochPlanner, InputPosition, frame_budget_bounds, group_buckets, make_buckets, rows_for
 from stoker.shared.config import BatchingConfig
 from stoker.shared.dataset import Sample
 from tests.factories import make_samples
@@ -57,17 +59,17 @@ def test_batches_fit_their_shape(samples: list[Sample], cfg: BatchingConfig) -> 
         assert [b.index for b in plan] == list(range(len(plan)))
         for batch in plan:
             assert batch.epoch == epoch
-            assert 1 <= len(batch.ids) <= batch.rows
+            assert 1 <= len(batch.ids) == batch.rows  # only real rows
             max_tokens, max_frames = batch.shape
             assert max_tokens % cfg.tokens_multiple == 0
             assert max_frames % cfg.frames_multiple == 0
-            assert (batch.rows, *batch.shape) == planner.shapes[batch.bucket]
+            assert batch.shape == (planner.buckets[batch.bucket].max_tokens, planner.buckets[batch.bucket].max_frames)
             for sample_id in batch.ids:
                 assert by_id[sample_id].num_tokens <= max_tokens
                 assert by_id[sample_id].num_frames <= max_frames
             shapes.add((batch.rows, *batch.shape))
-    assert len(shapes) <= cfg.num_buckets
-    assert len(set(planner.shapes)) <= cfg.num_buckets
+    # The buckets' shapes and the one short batch's: every shape the trainer sees, the same each epoch.
+    assert len(planner.shapes) <= cfg.num_buckets + 1
     assert shapes == set(planner.shapes)
 
 
@@ -76,10 +78,91 @@ def test_batches_per_epoch_matches_plan(samples: list[Sample], cfg: BatchingConf
     planner = EpochPlanner(samples, cfg)
     for epoch in range(EPOCHS):
         assert planner.batches_per_epoch == len(planner.plan(epoch))
-    # Only a bucket's last batch may be partial.
-    plan = planner.plan(0)
-    partial = collections.Counter(b.bucket for b in plan if len(b.ids) < b.rows)
-    assert all(n == 1 for n in partial.values())
+
+
+# How a run splits its batches: (fixed_rows, replicas, workers); all but the first fix the rows.
+LAYOUTS = [(False, 1, 1), (True, 1, 1), (False, 2, 1), (False, 1, 3)]
+LAYOUT_IDS = ["real-rows", "fixed-rows", "replicas", "workers"]
+
+
+@pytest.mark.parametrize(("fixed", "replicas", "workers"), LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize(("samples", "cfg"), CASES, ids=CASE_IDS)
+def test_one_short_batch_per_epoch_every_clip_once_the_same_plan_twice(samples, cfg, fixed, replicas,
+                                                                         workers) -> None:
+    """Leftover clips move up into longer buckets, so an epoch has at most one batch with fewer
+    clips than its bucket's rows (in the last bucket); its B is its clips unless the rows are
+    fixed (fixed_rows, replicas, workers), when every batch has its bucket's rows. Every clip
+    is in exactly one batch per epoch, in a bucket its lengths fit, and the plan is a pure
+    function of (clips, config, epoch)."""
+    cfg = replace(cfg, fixed_rows=fixed)
+    planners = [EpochPlanner(samples, cfg, replicas, workers, w) for w in range(workers)]
+    again = EpochPlanner(list(reversed(samples)), cfg, replicas, workers, workers - 1)
+    assert planners[0].fixed_rows == (fixed or replicas * workers > 1)
+    by_id = {s.id: s for s in samples}
+    for epoch in range(3):
+        plans = [p.plan(epoch) for p in planners]
+        assert again.plan(epoch) == plans[-1]
+        assert sorted(i for plan in plans for b in plan for i in b.ids) == sorted(by_id)
+        whole = [sum((p[n].ids for p in plans), ()) for n in range(len(plans[0]))]  # the global batches
+        buckets = planners[0].buckets
+        short = [n for n, ids in enumerate(whole) if len(ids) < buckets[plans[0][n].bucket].rows]
+        assert len(short) <= 1 and all(plans[0][n].bucket == len(buckets) - 1 for n in short)
+        for plan in plans:
+            for batch in plan:
+                bucket_rows = buckets[batch.bucket].rows // workers
+                assert batch.rows == (bucket_rows if planners[0].fixed_rows else len(batch.ids))
+                assert (batch.rows, *batch.shape) in planners[0].shapes
+                assert all(by_id[i].num_frames <= batch.shape[1] and by_id[i].num_tokens <= batch.shape[0]
+                           for i in batch.ids)
+
+
+@pytest.mark.parametrize(("samples", "cfg"), CASES, ids=CASE_IDS)
+def test_moving_leftovers_up_keeps_every_bucket_within_its_bounds(samples, cfg) -> None:
+    """A bucket's longest leftover clips join the next bucket, whose T (and rows) they never
+    grow; every bucket but the last holds whole batches."""
+    grouped, filled = group_buckets(samples, cfg), make_buckets(samples, cfg)
+    assert sorted(i for b in filled for i in b.sample_ids) == sorted(s.id for s in samples)
+    frames = {s.id: s.num_frames for s in samples}
+    top = {i: b.max_frames for b in grouped for i in b.sample_ids}
+    for bucket in filled:
+        assert bucket.max_frames <= max(top[i] for i in bucket.sample_ids)
+        assert bucket.max_frames >= max(frames[i] for i in bucket.sample_ids)
+        assert bucket.rows == rows_for(bucket.max_frames, cfg)
+    assert all(len(b.sample_ids) % b.rows == 0 for b in filled[:-1])
+    assert [b.index for b in filled] == list(range(len(filled)))
+
+
+@pytest.mark.parametrize(("fixed", "replicas", "workers"), LAYOUTS, ids=LAYOUT_IDS)
+def test_a_per_row_mean_loss_of_each_batch_is_the_loss_of_its_clips(fixed, replicas, workers) -> None:
+    """A user's loss averaged per row over a collated batch of the plan (or, with fixed rows,
+    weighted by row_mask) equals the mean over its clips alone: no empty row dilutes it."""
+    import numpy as np
+
+    from stoker.shared.batch import batch_dims, collate, example, schema_for
+
+    samples = make_samples(61, seed=31, max_frames=300)
+    cfg = _cfg(batch_size=4, num_buckets=3, fixed_rows=fixed)
+    planners = [EpochPlanner(samples, cfg, replicas, workers, w) for w in range(workers)]
+    schema = schema_for("row_mask" if planners[0].fixed_rows else "")
+    by_id = {s.id: s for s in samples}
+    rng = np.random.default_rng(0)
+    mels = {s.id: rng.normal(size=(s.num_frames, 2)).astype(np.float32) for s in samples}
+    pads = schema.pad_values(1e-5)
+    for planner in planners:
+        for batch in planner.plan(0):
+            if not batch.ids:
+                continue
+            examples = [example(np.ones(by_id[i].num_tokens, np.int32), mels[i], schema) for i in batch.ids]
+            arrays = collate(examples, batch_dims(batch.rows, batch.shape, 2), pads, schema)
+            valid = np.arange(batch.shape[1])[None, :] < arrays["mel_lengths"][:, None]
+            per_row = np.abs(arrays["mel"] * valid[..., None]).sum(axis=(1, 2)) / np.maximum(arrays["mel_lengths"], 1)
+            clips = np.mean([np.abs(mels[i]).sum() / len(mels[i]) for i in batch.ids])
+            if planner.fixed_rows:
+                mask = arrays["row_mask"]
+                assert mask.tolist() == [1.0] * len(batch.ids) + [0.0] * (batch.rows - len(batch.ids))
+                assert np.sum(per_row * mask) / np.sum(mask) == pytest.approx(clips, rel=1e-6)
+            else:
+                assert len(per_row) == len(batch.ids) and per_row.mean() == pytest.approx(clips, rel=1e-6)
 
 
 def test_bucket_shapes_are_tight_rounded_maxima() -> None:
@@ -88,8 +171,8 @@ def test_bucket_shapes_are_tight_rounded_maxima() -> None:
     buckets = make_buckets(samples, cfg)
     assert len(buckets) == cfg.num_buckets
     by_id = {s.id: s for s in samples}
-    sizes = [len(b.sample_ids) for b in buckets]
-    assert max(sizes) - min(sizes) <= 1  # nearly equal counts
+    # 4 groups of 30: each one's leftover (30 mod 16, then 44 mod 16, 42 mod 16) moves up.
+    assert [len(b.sample_ids) for b in buckets] == [16, 32, 32, 40]
     previous_longest = -1
     for bucket in buckets:
         members = [by_id[i] for i in bucket.sample_ids]
@@ -124,9 +207,11 @@ def test_fewer_samples_than_buckets() -> None:
     samples = make_samples(3, seed=10)
     cfg = _cfg(num_buckets=8)
     planner = EpochPlanner(samples, cfg)
-    assert len(planner.buckets) == 3
+    assert len(group_buckets(samples, cfg)) == 3
+    assert len(planner.buckets) == 1  # the shorter clips moved up: one batch of only its 3 rows
     plan = planner.plan(0)
-    assert planner.batches_per_epoch == len(plan) == 3
+    assert planner.batches_per_epoch == len(plan) == 1
+    assert planner.shapes == [(3, *plan[0].shape)]
     assert sorted(i for b in plan for i in b.ids) == sorted(s.id for s in samples)
     one = EpochPlanner(samples[:1], cfg)
     assert [b.ids for b in one.plan(0)] == [(samples[0].id,)]
@@ -136,9 +221,10 @@ def test_equal_lengths() -> None:
     samples = [Sample(f"E{i:03d}", "x", 10, 100, 1.0) for i in range(40)]
     planner = EpochPlanner(samples, _cfg(batch_size=8))
     assert set(planner.shapes) == {(8, 16, 112)}
-    # 40 samples in 4 buckets of 10: each bucket needs ceil(10 / 8) = 2 batches.
-    assert planner.batches_per_epoch == len(planner.plan(0)) == 8
-    assert sorted(len(b.ids) for b in planner.plan(0)) == [2, 2, 2, 2, 8, 8, 8, 8]
+    # 40 samples in 4 buckets of 10, leftovers moved up: 8, 8, 8 and 16 clips, 5 full batches.
+    assert [len(b.sample_ids) for b in planner.buckets] == [8, 8, 8, 16]
+    assert planner.batches_per_epoch == len(planner.plan(0)) == 5
+    assert [len(b.ids) for b in planner.plan(0)] == [8] * 5
 
 
 def test_no_samples() -> None:
@@ -209,11 +295,11 @@ def test_frame_budget_wastes_less_than_equal_count_buckets() -> None:
 
 
 def test_frame_budget_off_keeps_the_fixed_plan() -> None:
-    """max_frames 0 is the equal-count plan of batch_size rows, unchanged."""
+    """max_frames 0 is the equal-count plan of batch_size rows (before leftovers move up)."""
     samples = make_samples(203, seed=1)
     planner = EpochPlanner(samples, _cfg())
     assert {b.rows for b in planner.buckets} == {16}
-    sizes = [len(b.sample_ids) for b in planner.buckets]
+    sizes = [len(b.sample_ids) for b in group_buckets(samples, _cfg())]
     assert max(sizes) - min(sizes) <= 1
 
 
@@ -317,3 +403,22 @@ def test_a_workers_position_counts_planned_batches_taken_even_empty_ones() -> No
     assert position.remaining(plan) == [] and position.update_complete(1, lambda e: 0) == 1
     again = InputPosition.from_state_dict(position.state_dict(), planner)
     assert again.complete == {0}
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["real-rows", "fixed-rows"])
+def test_a_partly_trained_batch_resumes_with_only_its_untrained_rows(fixed: bool) -> None:
+    """On resume a planned batch cut to its untrained clips keeps index, bucket and shape; its
+    B is those clips (only real rows) unless rows are fixed."""
+    samples = make_samples(40, seed=21)
+    planner = EpochPlanner(samples, _cfg(batch_size=8, fixed_rows=fixed))
+    position = InputPosition(planner)
+    plan = planner.plan(0)
+    position.record(0, plan[0].ids[:3])
+    position.record(0, plan[1].ids)
+    again = InputPosition.from_state_dict(position.state_dict(), planner)
+    left = again.remaining(plan)
+    assert [b.index for b in left] == [0] + [b.index for b in plan[2:]]
+    cut = left[0]
+    assert cut.ids == plan[0].ids[3:] and (cut.bucket, cut.shape) == (plan[0].bucket, plan[0].shape)
+    assert cut.rows == (8 if fixed else 5)
+    assert sorted([*plan[0].ids[:3], *plan[1].ids, *(i for b in left for i in b.ids)]) == sorted(s.id for s in samples)

@@ -5,6 +5,7 @@ number each event carries."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -25,10 +26,12 @@ class Bench:
     """A scheduler with a queue, and scripted producers that speak to it through events."""
 
     def __init__(self, max_epochs: int | None = 1, dataset: Any = None, count: int = 12, workers: int = 1,
-                 worker: int = 0, held: list[Sample] = (), **pipeline: Any) -> None:
+                 worker: int = 0, held: list[Sample] = (), fixed_rows: bool = False, **pipeline: Any) -> None:
         """``count`` clips; ``workers``/``worker``: the plan is that trainer worker's share;
-        ``held``: held-out clips, leased in validation passes into ``val_queue``."""
+        ``held``: held-out clips, leased in validation passes into ``val_queue``; ``fixed_rows``:
+        batches keep their bucket's rows (row_mask on)."""
         self.cfg = make_config(**pipeline)
+        self.cfg = dataclasses.replace(self.cfg, batching=dataclasses.replace(self.cfg.batching, fixed_rows=fixed_rows))
         self.queue = BatchQueue(self.cfg.pipeline.buffer_size)
         self.val_queue = BatchQueue(2)
         self.rejected: list = []
@@ -61,7 +64,10 @@ class Bench:
     def deliver(self, who: bytes, lease: wire.Message, missed: list[str] = ()) -> None:
         ids = [i for i in lease["ids"] if i not in missed]
         shape = lease["shape"]
-        arrays = make_batch(lease["rows"], shape[0], shape[1], self.cfg.features.n_mels, valid=len(ids))
+        rows = lease["rows"] if self.scheduler.planner.fixed_rows else len(ids)  # as a producer collates
+        arrays = make_batch(rows, shape[0], shape[1], self.cfg.features.n_mels, valid=len(ids))
+        if "row_mask" in self.scheduler.schema.names:
+            arrays["row_mask"] = (np.arange(rows) < len(ids)).astype(np.float32)
         self.send(who, wire.BATCH, {"lease": lease["lease"], "ids": ids, "rejected": [],
                                     "missed": [{"id": i, "reason": "no file"} for i in missed]}, arrays)
 
@@ -192,7 +198,56 @@ def test_a_missed_clip_is_replanned_onto_a_producer_that_has_it() -> None:
     b.hello(b"full")
     replanned = [m for m in b.take(b"full", wire.LEASE) if missing in m["ids"]]
     assert replanned and all(missing not in m["ids"] for m in b.take(b"lacking", wire.LEASE))
+    assert replanned[0]["ids"] == [missing] and replanned[0]["rows"] == 1  # a batch of its own: only real rows
     assert b.scheduler.snapshot()["missed_samples"] == 1
+
+
+def _rejecting(b: Bench, lease: wire.Message, rows: int, mask: bool = False) -> None:
+    """``p1`` delivers ``lease`` without its first clip (rejected) in a batch of ``rows`` rows."""
+    ids = lease["ids"][1:]
+    tokens, frames = lease["shape"]
+    arrays = make_batch(rows, tokens, frames, 8, valid=len(ids))
+    if mask:
+        arrays["row_mask"] = (np.arange(rows) < len(ids)).astype(np.float32)
+    b.send(b"p1", wire.BATCH, {"lease": lease["lease"], "ids": ids,
+                               "rejected": [{"id": lease["ids"][0], "reason": "unreadable"}]}, arrays)
+
+
+def test_a_batch_with_a_rejected_clip_carries_only_its_real_rows() -> None:
+    """B is the clips delivered: a batch padded to the lease's rows is refused (re-planned);
+    the one of only real rows is queued, as it came."""
+    b = Bench(lease_ahead=1)
+    lease = b.credited(b"p1")
+    assert lease["rows"] == len(lease["ids"]) == 4
+    _rejecting(b, lease, rows=4)  # an empty row
+    again, = b.take(b"p1", wire.LEASE)
+    assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 1} and len(b.queue) == 0
+    b.send(b"p1", wire.READY, {"lease": again["lease"]})
+    b.take(b"p1", wire.CREDIT)
+    _rejecting(b, again, rows=3)
+    queued = b.queue.get(0)[0]
+    assert queued.ids == again["ids"][1:] and queued.arrays["mel_lengths"].shape == (3,)
+    assert (queued.arrays["mel_lengths"] > 0).all() and queued.frames_computed == 3 * again["shape"][1]
+
+
+def test_with_fixed_rows_a_batch_keeps_the_leases_rows_and_marks_the_empty_ones() -> None:
+    b = Bench(lease_ahead=1, fixed_rows=True)
+    assert "row_mask" in b.scheduler.schema.names
+    lease = b.credited(b"p1")
+    welcome, = b.take(b"p1", wire.WELCOME)  # what the producer collates by
+    assert welcome["fixed_rows"] is True and welcome["fields"] == "row_mask"
+    _rejecting(b, lease, rows=3, mask=True)  # too few rows
+    again, = b.take(b"p1", wire.LEASE)
+    b.send(b"p1", wire.READY, {"lease": again["lease"]})
+    b.take(b"p1", wire.CREDIT)
+    _rejecting(b, again, rows=4)  # no row_mask
+    assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 2} and len(b.queue) == 0
+    third, = b.take(b"p1", wire.LEASE)
+    b.send(b"p1", wire.READY, {"lease": third["lease"]})
+    b.take(b"p1", wire.CREDIT)
+    _rejecting(b, third, rows=4, mask=True)
+    queued = b.queue.get(0)[0]
+    assert queued.arrays["row_mask"].tolist() == [1.0, 1.0, 1.0, 0.0] and queued.arrays["mel_lengths"][3] == 0
 
 
 def test_a_clip_every_live_producer_lacks_is_rejected_once_nothing_else_is_left() -> None:
@@ -302,9 +357,9 @@ def test_a_workers_share_reaches_the_trainer_in_plan_order_through_a_credit_wind
     """Trainer workers take the same planned batch at each step: credits go to the earliest
     planned batches only, so the one the trainer waits for always finds room; an empty
     share is a batch too."""
-    b = Bench(max_epochs=1, count=18, workers=2, worker=1, lease_ahead=4, buffer_size=2)
+    b = Bench(max_epochs=1, count=17, workers=2, worker=1, lease_ahead=4, buffer_size=2)
     plan = b.scheduler.planner.plan(0)
-    assert any(not batch.ids for batch in plan)  # 9 clips a bucket, 8 a global batch: one lone clip's share
+    assert any(not batch.ids for batch in plan)  # 17 clips, 8 a global batch: one lone clip's share
     b.hello(b"p1")
     b.hello(b"p2")
     taken = []
@@ -381,10 +436,11 @@ def test_validation_batches_take_the_smallest_training_shape_that_holds_each_cli
     for b in batches:
         fits = [s for s in planner.shapes if all(by_id[i].num_frames <= s[2] and by_id[i].num_tokens <= s[1]
                                                  for i in b.ids)]
-        if fits:  # the smallest training shape that holds every clip of the batch
-            assert (b.rows, *b.shape) == min(fits, key=lambda s: (s[2], s[1])) and len(b.ids) <= b.rows
+        if fits:  # the smallest training shape that holds every clip of the batch, its rows the clips'
+            smallest = min(fits, key=lambda s: (s[2], s[1]))
+            assert b.shape == smallest[1:] and b.rows == len(b.ids) <= smallest[0]
         else:  # clips no training bucket holds: buckets of their own, each clip within its shape
-            assert set(b.ids) <= {"V005", "V006"} and (b.rows, *b.shape) not in planner.shapes
+            assert set(b.ids) <= {"V005", "V006"} and b.shape not in [s[1:] for s in planner.shapes]
             assert all(by_id[i].num_frames <= b.shape[1] and by_id[i].num_tokens <= b.shape[0] for i in b.ids)
     assert [b.index for b in batches] == list(range(len(batches))) and {b.epoch for b in batches} == {0}
     assert validation_batches(list(reversed(HELD)), planner) == batches  # the same plan at every pass
@@ -403,13 +459,14 @@ def test_a_validation_pass_gives_every_held_out_clip_once_beside_a_full_training
         b.scheduler.start_validation(number, b.now)
         b._collect()
         got: list = []
-        if number == 1:  # p2 delivers one of its validation batches and dies holding the other, credited
+        if number == 1:  # p2 delivers all but one of its validation batches and dies holding that one, credited
             leases = b.take(b"p2", wire.LEASE)
-            assert len(leases) == 2 and all(m["epoch"] == -1 for m in leases)  # slots beside its training ones
+            assert leases and all(m["epoch"] == -1 for m in leases)  # slots beside its training ones
             for lease in leases:
                 b.send(b"p2", wire.READY, {"lease": lease["lease"]})
-            assert len(b.take(b"p2", wire.CREDIT)) == 2  # credits of the validation queue, not the full one
-            b.deliver(b"p2", leases[0])
+            assert len(b.take(b"p2", wire.CREDIT)) == len(leases)  # credits of the validation queue, not the full one
+            for lease in leases[:-1]:
+                b.deliver(b"p2", lease)
             got += b.take_items(b.val_queue)
             b.send(b"p2", wire.BYE, {})
         while b.scheduler.validation_finished < number:

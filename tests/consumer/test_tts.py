@@ -58,12 +58,18 @@ def test_objective_matches_numpy_masked_losses() -> None:
 
 
 def test_empty_rows_do_not_count() -> None:
+    """The loss of a batch of only its real rows (the default) equals that of the same rows
+    with empty ones after them (fixed rows, row_mask 0 there): every term is masked by lengths."""
     full = make_batch(batch_size=2, valid=2, seed=3)
     padded = {k: np.concatenate([v, np.zeros_like(v)], axis=0) for k, v in full.items()}
     padded["mel"][2:] = 123.0  # whatever an empty row holds, it is masked out
+    padded["row_mask"] = np.array([1, 1, 0, 0], np.float32)
     pred = np.zeros_like(padded["mel"])
-    a = tts.objective(tf, {"mel": tf.constant(pred[:2])}, {k: tf.constant(v) for k, v in full.items()}, 0.0, 0.0)
-    b = tts.objective(tf, {"mel": tf.constant(pred)}, {k: tf.constant(v) for k, v in padded.items()}, 0.0, 0.0)
+    log_frames = np.array([2.0, 3.0, 9.0, 9.0], np.float32)
+    a = tts.objective(tf, {"mel": tf.constant(pred[:2]), "log_frames": tf.constant(log_frames[:2])},
+                      {k: tf.constant(v) for k, v in full.items()}, 0.5, 0.1)
+    b = tts.objective(tf, {"mel": tf.constant(pred), "log_frames": tf.constant(log_frames)},
+                      {k: tf.constant(v) for k, v in padded.items()}, 0.5, 0.1)
     assert float(a[0]) == pytest.approx(float(b[0])) and float(a[1]) == float(b[1])
 
 

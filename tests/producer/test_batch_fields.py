@@ -27,11 +27,14 @@ def dataset(tmp_path: Path) -> tuple[Path, list[str]]:
     return root, make_dataset(root, count=5)
 
 
-def _maker(root: Path, fields: str, cache: Path | None = None) -> BatchMaker:
+def _maker(root: Path, fields: str, cache: Path | None = None, fixed_rows: bool = False) -> BatchMaker:
+    """A producer's batch maker; ``fixed_rows``: batches keep the lease's rows, row_mask on (as
+    the coordinator's WELCOME says when the run's rows are fixed)."""
     entries, _ = read_metadata(root)
     files = {k: v.name for k, v in scan_audio(root).items()}
     return BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
-                      schema=schema_for(fields), ref_frames=REF_FRAMES, feature_cache=str(cache or ""))
+                      schema=schema_for(f"{fields},row_mask" if fixed_rows else fields), ref_frames=REF_FRAMES,
+                      feature_cache=str(cache or ""), fixed_rows=fixed_rows)
 
 
 def _lease(ids: list[str], refs: list[str] | None = None) -> dict:
@@ -49,7 +52,7 @@ def _mel(root: Path, sample_id: str) -> np.ndarray:
 
 def test_audio_is_the_waveform_padded_with_zeros(dataset) -> None:
     root, ids = dataset
-    made = _maker(root, "audio").make(_lease(ids[:3]))
+    made = _maker(root, "audio", fixed_rows=True).make(_lease(ids[:3]))
     arrays = made.arrays
     assert arrays["audio"].shape == (4, SHAPE[1] * FEATURES.hop_length) and arrays["audio"].dtype == np.float32
     for row, sample_id in enumerate(made.fields["ids"]):
@@ -61,6 +64,7 @@ def test_audio_is_the_waveform_padded_with_zeros(dataset) -> None:
         frames = arrays["mel_lengths"][row]
         assert frames == 1 + len(wave) // FEATURES.hop_length
     assert arrays["audio_lengths"][3] == 0 and not arrays["audio"][3].any()
+    assert arrays["row_mask"].tolist() == [1.0, 1.0, 1.0, 0.0]
 
 
 def test_audio_is_read_even_when_the_feature_cache_holds_the_mel(dataset, tmp_path) -> None:
@@ -75,7 +79,7 @@ def test_audio_is_read_even_when_the_feature_cache_holds_the_mel(dataset, tmp_pa
 def test_ref_mel_is_the_reference_clips_mel_cropped_around_its_middle(dataset) -> None:
     root, ids = dataset
     refs = [ids[4], ids[3], ids[0]]
-    made = _maker(root, "ref_mel").make(_lease(ids[:3], refs))
+    made = _maker(root, "ref_mel", fixed_rows=True).make(_lease(ids[:3], refs))
     arrays = made.arrays
     assert arrays["ref_mel"].shape == (4, REF_FRAMES, FEATURES.n_mels)
     for row, ref in enumerate(refs):
@@ -113,19 +117,38 @@ def test_a_missing_reference_misses_its_clip_and_a_broken_one_rejects_it(dataset
     assert made.fields["rejected"][0]["reason"].startswith(f"reference clip {ids[3]}: ")
     assert made.fields["ids"] + [m["id"] for m in made.fields["missed"]] + [
         r["id"] for r in made.fields["rejected"]] == [ids[2], ids[0], ids[1]]  # every clip accounted for
+    # Only the real row: B is the one clip delivered, its values those of a batch of it alone.
+    alone = _maker(root, "ref_mel").make({**_lease([ids[2]], [ids[1]]), "rows": 1})
+    assert made.arrays["mel_lengths"].shape == (1,) and made.arrays["mel_lengths"][0] > 0
+    for name, array in alone.arrays.items():
+        np.testing.assert_array_equal(made.arrays[name], array)
+
+
+def test_a_rejected_clip_leaves_only_real_rows_or_with_fixed_rows_a_marked_empty_one(dataset) -> None:
+    root, ids = dataset
+    (root / "wavs" / f"{ids[1]}.wav").write_bytes(b"RIFF not really")
+    real = _maker(root, "speaker_id").make(_lease(ids[:3]))
+    fixed = _maker(root, "speaker_id", fixed_rows=True).make(_lease(ids[:3]))
+    assert real.fields["ids"] == fixed.fields["ids"] == [ids[0], ids[2]]
+    assert real.arrays["mel"].shape[0] == 2 and (real.arrays["mel_lengths"] > 0).all() and "row_mask" not in real.arrays
+    assert fixed.arrays["mel"].shape[0] == 4 and fixed.arrays["row_mask"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    for name, array in real.arrays.items():  # the real rows are the same either way; the rest is padding
+        np.testing.assert_array_equal(fixed.arrays[name][:2], array)
+    assert not fixed.arrays["mel_lengths"][2:].any() and not fixed.arrays["token_lengths"][2:].any()
 
 
 def test_mel_norm_normalises_the_valid_frames_and_reports_the_raw_sums(dataset) -> None:
     from stoker.shared.melstats import MelStats
 
     root, ids = dataset
-    plain = _maker(root, "ref_mel").make(_lease(ids[:2], [ids[2], ids[3]]))
+    plain = _maker(root, "ref_mel", fixed_rows=True).make(_lease(ids[:2], [ids[2], ids[3]]))  # empty rows too
     entries, _ = read_metadata(root)
     files = {k: v.name for k, v in scan_audio(root).items()}
     mean = np.linspace(-8, -4, FEATURES.n_mels).astype(np.float32)
     std = np.linspace(1, 3, FEATURES.n_mels).astype(np.float32)
     normed = BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
-                        schema=schema_for("ref_mel"), ref_frames=REF_FRAMES, mel_norm=(mean, std)).make(
+                        schema=schema_for("ref_mel,row_mask"), ref_frames=REF_FRAMES, mel_norm=(mean, std),
+                        fixed_rows=True).make(
         _lease(ids[:2], [ids[2], ids[3]]))
     for name, lengths in (("mel", "mel_lengths"), ("ref_mel", "ref_mel_lengths")):
         for row in range(4):

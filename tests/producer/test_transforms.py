@@ -175,12 +175,14 @@ def test_the_cache_key_follows_the_chain() -> None:
 # ----------------------------------------------------------------------- through the producer
 
 
-def _maker(root: Path, transforms: TransformsConfig, cache: Path | None = None) -> BatchMaker:
+def _maker(root: Path, transforms: TransformsConfig, cache: Path | None = None,
+           fixed_rows: bool = False) -> BatchMaker:
+    """``fixed_rows``: batches keep the lease's rows, the empty ones padded (row_mask on)."""
     entries, _ = read_metadata(root)
     files = {k: v.name for k, v in scan_audio(root).items()}
     return BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
-                      schema=schema_for("", transforms.fields), transforms=transforms,
-                      feature_cache=str(cache or ""))
+                      schema=schema_for("row_mask" if fixed_rows else "", transforms.fields), transforms=transforms,
+                      feature_cache=str(cache or ""), fixed_rows=fixed_rows)
 
 
 def _lease(ids: list[str], texts: dict[str, str]) -> dict:
@@ -193,7 +195,7 @@ def test_a_user_transform_adds_declared_fields_to_the_batch(tmp_path: Path) -> N
     ids = make_dataset(root, count=3)
     texts = {e.id: e.text for e in read_metadata(root)[0]}
     transforms = TransformsConfig(user=f"{USER}:energy", fields=DECLARED)
-    made = _maker(root, transforms).make(_lease(ids, texts))
+    made = _maker(root, transforms, fixed_rows=True).make(_lease(ids, texts))
     arrays = made.arrays
     assert made.fields["ids"] == ids and arrays["energy"].shape == (4, 160) and arrays["marks"].shape == (4, 96)
     from stoker.producer.audio import load_audio
@@ -208,7 +210,7 @@ def test_a_user_transform_adds_declared_fields_to_the_batch(tmp_path: Path) -> N
         marks = len(texts[sample_id]) + 1
         assert arrays["marks"][row, :marks].tolist() == list(range(marks))
         assert (arrays["marks"][row, marks:] == -1).all()  # padded with the declared -1
-    assert (arrays["marks"][3] == -1).all()  # the empty row
+    assert (arrays["marks"][3] == -1).all() and arrays["row_mask"][3] == 0  # the empty row (fixed rows)
 
 
 def test_declared_frame_fields_are_cut_with_the_mel(tmp_path: Path) -> None:

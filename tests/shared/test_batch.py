@@ -182,3 +182,15 @@ def test_audio_and_reference_round_trip_with_their_padding() -> None:
                          audio=np.zeros(T * hop + 1, np.float32))], dims, pads, schema)
     with pytest.raises(ValueError, match="unknown batch field 'audio_lengths'"):
         schema_for("audio_lengths")  # it comes with audio
+
+
+def test_row_mask_is_one_on_the_real_rows_and_checked() -> None:
+    from stoker.shared.batch import example, schema_for
+
+    schema = schema_for("row_mask")
+    rows = [example(np.array([3, 4, 1], np.int32), np.zeros((5, F), np.float32), schema) for _ in range(2)]
+    out = collate(rows, batch_dims(3, (4, 6), F), schema.pad_values(1e-5), schema)
+    assert out["row_mask"].tolist() == [1.0, 1.0, 0.0] and out["row_mask"].dtype == np.float32
+    assert schema.check(out, batch_dims(3, (4, 6), F)) == "" and schema.check_rows(out, 2) == ""
+    out["row_mask"][2] = 1.0  # an empty row marked real
+    assert schema.check_rows(out, 2) == "row_mask does not match the 2 clips delivered"

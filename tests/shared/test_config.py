@@ -294,3 +294,19 @@ def test_save_default_round_trip(tmp_path: Path) -> None:
 def test_text_layout_and_field_settings_are_checked(key: str, value: object, message: str) -> None:
     with pytest.raises(config_mod.ConfigError, match=message):
         config_mod.load(None, {key: value})
+
+
+def test_rows_are_fixed_where_batches_split_and_fixed_rows_switch_row_mask_on() -> None:
+    """Replicas or trainer workers fix the rows (each batch splits into equal parts); fixed rows
+    bring the row_mask field, once, after the fields the run switches on."""
+    cfg = config_mod.load(None, {"batching.fields": "speaker_id"})
+    assert not cfg.batching.fixed_rows and config_mod.with_fixed_rows(cfg) is cfg
+    assert "row_mask" not in config_mod.batch_schema(cfg).names
+    for fixed in (config_mod.with_fixed_rows(cfg, workers=2),
+                  config_mod.with_fixed_rows(dataclasses.replace(cfg, devices=dataclasses.replace(cfg.devices,
+                                                                                                 replicas=2))),
+                  config_mod.load(None, {"batching.fields": "speaker_id", "batching.fixed_rows": True})):
+        assert fixed.batching.fixed_rows and config_mod.batch_fields(fixed) == "speaker_id,row_mask"
+        assert config_mod.batch_schema(fixed).names[-2:] == ("speaker_id", "row_mask")
+    asked = config_mod.load(None, {"batching.fields": "row_mask", "batching.fixed_rows": True})
+    assert config_mod.batch_fields(asked) == "row_mask"  # switched on by hand too: still once

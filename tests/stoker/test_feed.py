@@ -332,15 +332,17 @@ def test_a_feed_with_a_strategy_gives_each_replica_its_part_of_every_batch(tmp_p
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
     with stoker.Feed(strategy=strategy, **options(tmp_path, dataset, epochs=1, record_samples=True)) as feed:
         assert all(rows == 2 * 4 for rows, _, _ in feed.shapes)  # a global batch: batch_size rows per replica
-        total = 0
+        assert "row_mask" in feed.element_spec  # replicas fix the rows: the empty ones are marked
+        total = marked = 0
         for batch in feed:
             parts = batch["mel"].values
             assert [p.device.split("/")[-1] for p in parts] == ["device:CPU:0", "device:CPU:1"]
             assert parts[0].shape == parts[1].shape and parts[0].shape[0] == 4
             total += int(clips(batch))
+            marked += int(sum(float(tf.reduce_sum(p)) for p in batch["row_mask"].values))
         with pytest.raises(FeedError, match="per-replica already"):
             feed.as_dataset()
-    assert total == len(ids)
+    assert total == marked == len(ids)
     once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
     assert read_json(tmp_path / "run" / "summary.json")["replicas"] == 2
 
