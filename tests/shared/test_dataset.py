@@ -203,7 +203,7 @@ def test_clip_shorter_than_min(good) -> None:
 def test_clip_shorter_than_a_frame(good) -> None:
     root, ids = good
     add_clip(root, "BLIP", 0.02)  # 441 samples < n_fft/2+1
-    _expect_rejected(root, ids, "BLIP", "shorter than n_fft/2+1", min_audio_s=0.01)
+    _expect_rejected(root, ids, "BLIP", "its framing needs (features.padding reflect)", min_audio_s=0.01)
 
 
 def test_all_faults_at_once_keep_the_good_clips(good) -> None:
