@@ -104,7 +104,7 @@ class FeaturesConfig:
     n_mels: int
     fmin_hz: float
     fmax_hz: float
-    mel_scale: str  # slaney | htk
+    mel_scale: str  # slaney | htk (triangles linear in Hz) | tf (HTK, triangles linear in mel)
     filter_norm: str  # slaney (unit-area filters) | none (peak 1)
     padding: str  # reflect | constant (centred frames) | end | none (frames from sample 0)
     power: float  # 1: magnitude | 2: power
@@ -349,7 +349,7 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
         raise ConfigError(f"batching.fields: {exc}") from None
 
 
-MEL_SCALES = ("slaney", "htk")
+MEL_SCALES = ("slaney", "htk", "tf")
 FILTER_NORMS = ("slaney", "none")
 PADDINGS = ("reflect", "constant", "end", "none")
 POWERS = (1.0, 2.0)
