@@ -89,8 +89,12 @@ def silence_value(features: FeaturesConfig) -> float:
     the lowest value it gives one :data:`SILENCE_PROBE_S` of zeros."""
     if features.user:
         fn, _ = user_mel_function(features.user)
-        mel = np.asarray(fn(np.zeros(int(SILENCE_PROBE_S * features.sample_rate_hz), np.float32),
-                            features.sample_rate_hz), np.float64)
+        try:
+            mel = np.asarray(fn(np.zeros(int(SILENCE_PROBE_S * features.sample_rate_hz), np.float32),
+                                features.sample_rate_hz), np.float64)
+        except Exception as exc:  # the user's function: what it raised, in one line
+            raise MelFunctionError(f"features.user {features.user} fails on digital silence (whose mel pads): "
+                                   f"{type(exc).__name__}: {exc}") from None
         finite = mel[np.isfinite(mel)]
         if not finite.size:
             raise MelFunctionError(f"features.user {features.user} gives no finite value for digital silence, "

@@ -271,6 +271,20 @@ def test_frame_count_with_another_hop(good) -> None:
         assert sample.num_frames == 1 + frames // 200
 
 
+@pytest.mark.parametrize("padding", ["end", "none"])
+def test_frame_count_follows_the_padding(good, padding: str) -> None:
+    from stoker.producer.features import log_mel_spectrogram_numpy
+    from stoker.producer.audio import load_audio
+
+    root, ids = good
+    features = FeaturesConfig(padding=padding, backend="numpy")
+    index = build_index(_data(root), features)
+    for sample in index.samples[:2]:
+        audio = load_audio(root / "wavs" / f"{sample.id}.wav", features.sample_rate_hz)
+        frames = {"end": -(-len(audio) // HOP), "none": 1 + (len(audio) - features.n_fft) // HOP}[padding]
+        assert sample.num_frames == frames == len(log_mel_spectrogram_numpy(audio, features))
+
+
 def test_expected_samples() -> None:
     assert expected_samples(1000, 22050, 22050) == 1000
     assert expected_samples(16000, 16000, 22050) == 22050
