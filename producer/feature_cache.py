@@ -23,8 +23,8 @@ Compact dtype: each clip's log-mel is quantised affinely to 16 bits,
 ``step = (max - lo) / 65535``, and read back as ``lo + code * step`` in float32. The error
 is at most ``step / 2`` (plus float32 rounding): for a typical clip spanning the log floor
 (-11.5) to +4 that is 1.2e-4 in natural-log units, i.e. 0.012% in linear magnitude, and
-the clip's minimum (digital silence: exactly ln(log_floor)) comes back exactly. Half the
-size of float32, and far more precise than float16 (whose step at |x| = 8 is 7.8e-3).
+the clip's minimum (digital silence: exactly its log, ln(log_floor) by default) comes back
+exactly. Half the size of float32, and far more precise than float16 (whose step at |x| = 8 is 7.8e-3).
 
 Checks on every read: the magic, the shape against the file size and the config, the
 audio file's size, mtime and name against the entry (an edited clip is *stale*, not

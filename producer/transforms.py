@@ -12,9 +12,11 @@ In this order, each off by default (``transforms.*`` in the config):
 2. **trim** (``trim_db``): leading and trailing frames whose energy is more than ``trim_db``
    below the clip's loudest frame are cut (librosa.effects.trim's rule, on the mel's own
    frames: the energy of frame t is that of its Hann-windowed samples, centred on sample
-   t x hop). The clip keeps samples [first loud frame x hop, (last loud frame + 1) x hop),
-   and its log-mel is frames [first loud frame, first + T) of the untrimmed clip's, T =
-   ``num_frames`` of the samples kept: the edge frames see the audio around the cut, as a
+   t x hop, or starting there when ``features.padding`` is end or none). The clip keeps
+   samples [first loud frame x hop, (last loud frame + 1) x hop) (without padding, to the
+   last loud frame's end: the samples of exactly the loud frames), and its log-mel is
+   frames [first loud frame, first + T) of the untrimmed clip's, T = ``num_frames`` of the
+   samples kept: the edge frames see the audio around the cut, as a
    mel computed once and sliced does. Declared fields with a T dimension are cut the same way.
 3. **normalize**: ``peak`` scales the clip so that its largest sample is ``peak_dbfs``;
    ``loudness`` so that its integrated loudness (ITU-R BS.1770-4: K-weighting, 400 ms blocks
