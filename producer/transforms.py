@@ -46,9 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import importlib
-import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -59,7 +57,7 @@ from stoker.producer.features import centered_window, min_num_samples, num_frame
 from stoker.shared.batch import Field
 from stoker.shared.config import TRANSFORMS_REVISION, FeaturesConfig, TransformsConfig, parse_declared_fields
 from stoker.shared.errors import UserError
-from stoker.shared.mel import centred, frame_centre
+from stoker.shared.mel import centred, frame_centre, source_version
 
 # A clip whose largest sample is below this is silent: no gain can be computed for it.
 SILENCE_PEAK = 1e-8
@@ -75,8 +73,6 @@ RELATIVE_GATE_LU = 10.0
 # The same gates in block energy (-0.691 + 10 log10(z) is a block's loudness): no log per block.
 ABSOLUTE_GATE_Z = 10 ** ((ABSOLUTE_GATE_LUFS + 0.691) / 10)
 RELATIVE_GATE_FACTOR = 10 ** (-RELATIVE_GATE_LU / 10)
-# Hex digits of a module source's SHA-256 that name its version when it has no __version__.
-VERSION_HEX = 12
 
 
 class TransformError(Exception):
@@ -220,13 +216,7 @@ def preemphasize(audio: np.ndarray, coefficient: float) -> np.ndarray:
 def module_version(module: Any) -> str:
     """A module's ``__version__``, else the first hex digits of its source's SHA-256."""
     version = getattr(module, "__version__", None)
-    if version:
-        return str(version)
-    origin = getattr(importlib.util.find_spec(module.__name__), "origin", None)
-    if not origin:
-        return "unknown"
-    with open(origin, "rb") as f:
-        return "sha256:" + hashlib.sha256(f.read()).hexdigest()[:VERSION_HEX]
+    return str(version) if version else source_version(module.__name__)
 
 
 def load_user(specs: str) -> list[tuple[str, Callable[..., Any], str]]:

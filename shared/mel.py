@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import importlib.util
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -85,8 +86,8 @@ def log_scale(features: FeaturesConfig) -> float:
 
 def silence_value(features: FeaturesConfig) -> float:
     """The log-mel of digital silence: ``log(max(log_offset, log_floor))`` in the configured log
-    (a clip's top_db clamp leaves it: it is the clip's lowest value), or for a user's function
-    the lowest value it gives one :data:`SILENCE_PROBE_S` of zeros."""
+    (every value of a silent clip, which top_db leaves as it is), or for a user's function the
+    lowest value it gives :data:`SILENCE_PROBE_S` of zeros."""
     if features.user:
         fn, _ = user_mel_function(features.user)
         try:
@@ -124,12 +125,16 @@ def user_mel_function(spec: str) -> tuple[Callable[..., Any], str]:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise MelFunctionError(f"features.user {spec}: {module_name} has no function {name}")
+    return fn, source_version(module_name)
+
+
+def source_version(module_name: str) -> str:
+    """``sha256:`` and the first :data:`VERSION_HEX` hex digits of the SHA-256 of an imported
+    module's source file ("unknown" for a module without one)."""
     origin = getattr(importlib.util.find_spec(module_name), "origin", None)
-    source = b""
-    if origin:
-        with open(origin, "rb") as f:
-            source = f.read()
-    return fn, "sha256:" + hashlib.sha256(source).hexdigest()[:VERSION_HEX]
+    if not origin or not Path(origin).is_file():
+        return "unknown"
+    return "sha256:" + hashlib.sha256(Path(origin).read_bytes()).hexdigest()[:VERSION_HEX]
 
 
 def features_key(features: FeaturesConfig) -> dict[str, Any]:
