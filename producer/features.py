@@ -321,7 +321,7 @@ class MelComputer:
     point, samples in [-1, 1]) to a list of B float32 arrays [T_i, M], with
     ``T_i = num_frames(N_i, cfg)``; each result equals that clip's unbatched log-mel.
 
-    Backend ``"tf"``: each clip is reflect centre padded on its own (in numpy, so the end
+    Backend ``"tf"``: each clip is padded on its own as step 1 pads it (in numpy, so the end
     of a short clip is reflected, not zero padded) into a segment rounded up to a
     multiple of ``hop_length``; the segments are laid end to end in one signal [S], and
     one ``tf.function`` (input signature ``TensorSpec([None], float32)``, so it is traced
@@ -613,7 +613,7 @@ def log_mel_spectrogram(audio: np.ndarray, cfg: FeaturesConfig = FeaturesConfig(
     This always runs the TensorFlow path (a :class:`MelComputer`, cached per config),
     whatever ``cfg.backend`` says: the code producers run on the data device, placed on
     TensorFlow's default device (a visible GPU, else the CPU). Raises ValueError for a clip
-    that is not 1-D floating point or is shorter than ``n_fft // 2 + 1`` samples.
+    that is not 1-D floating point or is shorter than :func:`min_num_samples`.
     """
     tf_cfg = cfg if cfg.backend == "tf" else dataclasses.replace(cfg, backend="tf")
     return _cached_computer(tf_cfg)([_as_clip(audio, tf_cfg, _TF_DTYPE)])[0]

@@ -363,7 +363,7 @@ class Chain:
         array = np.asarray(value)
         if array.ndim != 1 or array.dtype != np.float32 or len(array) < shortest:
             raise TransformError(f"transform {spec} returned a waveform of {array.dtype} {list(array.shape)}; "
-                                 f"expected float32 [N], N >= {shortest} (n_fft // 2 + 1)")
+                                 f"expected float32 [N], N >= {shortest} (the framing's shortest clip)")
         if not np.all(np.isfinite(array)):
             raise TransformError(f"transform {spec} returned a waveform with NaN or inf")
         return array
