@@ -510,10 +510,9 @@ def test_the_users_mel_is_reproduced() -> None:
     for ours, tolerance in ((log_mel_spectrogram_numpy(audio, cfg.features), 1e-9),
                             (MelComputer(dataclasses.replace(cfg.features, backend="numpy"))([audio])[0], 1e-4),
                             (log_mel_spectrogram(audio, cfg.features), 1e-4)):
-        batch = np.full((2, len(ours) + 5, cfg.features.n_mels), 7.0, np.float32 if ours.dtype == np.float32
-                        else np.float64)
+        batch = np.full((2, len(ours) + 5, cfg.features.n_mels), 7.0, ours.dtype)
         batch[0, :len(ours)] = ours
         minmax(batch, np.array([len(ours), 0]))  # as producers scale each clip of a batch
         np.testing.assert_allclose(batch[0, :len(ours)], expected, rtol=0, atol=tolerance)
         assert np.all(batch[0, len(ours):] == 7.0) and np.all(batch[1] == 7.0)  # padding and empty rows stay
-    assert cfg.batching and shared_mel.mel_pad_value(cfg.features, cfg.transforms.mel_norm) == 0.0
+    assert shared_mel.mel_pad_value(cfg.features, cfg.transforms.mel_norm) == 0.0
