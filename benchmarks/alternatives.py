@@ -151,7 +151,7 @@ def numpy_batch(batch: dict[str, Any], mels: Any, cfg: Any) -> dict[str, Any]:
     tokens = [np.asarray(t, np.int32) for t in batch["tokens"]]
     max_tokens, max_frames = batch["shape"]
     return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels(clips))],
-                   batch_dims(BATCH_SIZE, (max_tokens, max_frames), cfg.n_mels), SCHEMA.pad_values(cfg.log_floor))
+                   batch_dims(BATCH_SIZE, (max_tokens, max_frames), cfg.n_mels), SCHEMA.pad_values(cfg, "off"))
 
 
 def plan_tensors(batches: Sequence[dict[str, Any]]) -> dict[str, Any]:

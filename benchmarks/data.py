@@ -334,7 +334,7 @@ class _PerClipBatchMaker:
 
         self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
         self.collate = collate
-        self.pads = SCHEMA.pad_values(features.log_floor)
+        self.pads = SCHEMA.pad_values(features, "off")
 
     def clip_mel(self, path: Path) -> Any:
         raise NotImplementedError

@@ -104,6 +104,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
 
     from stoker.shared import wire
     from stoker.shared.batch import SCHEMA
+    from stoker.shared.config import FeaturesConfig
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -115,7 +116,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
         sock.connect(endpoint)
         sock.send_multipart(wire.encode(wire.HELLO, {"producer": "fake", "host": "localhost", "pid": os.getpid(),
                                                      "fingerprint": ""}))
-        n_mels, pads = 80, SCHEMA.pad_values(1e-5)
+        n_mels, pads = 80, SCHEMA.pad_values(FeaturesConfig(), "off")
         rows: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         ready: dict[int, list[Any]] = {}
         last_heard = last_beat = time.monotonic()
@@ -132,7 +133,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
             msg = wire.decode(sock.recv_multipart())
             if msg.kind == wire.WELCOME:
                 n_mels = int(msg["features"]["n_mels"])
-                pads = SCHEMA.pad_values(msg["features"]["log_floor"])
+                pads = SCHEMA.pad_values(FeaturesConfig(**msg["features"]), "off")
             elif msg.kind == wire.LEASE:
                 ready[msg["lease"]] = _fake_batch(msg, rows, rng, n_mels, pads)
                 sock.send_multipart(wire.encode(wire.READY, {"lease": msg["lease"]}))

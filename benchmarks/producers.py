@@ -316,7 +316,7 @@ def _standin_batch(lease: dict[str, Any], cache: dict[tuple[int, int, int], dict
         example = {"tokens": np.ones(min(5, max_tokens), np.int32),
                    "mel": np.zeros((min(10, max_frames), n_mels), np.float32)}
         cache[key] = collate([example] * len(lease["ids"]), batch_dims(int(lease["rows"]), lease["shape"], n_mels),
-                             SCHEMA.pad_values(FeaturesConfig().log_floor))
+                             SCHEMA.pad_values(FeaturesConfig(), "off"))
     return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": lease["ids"], "rejected": [], "missed": [],
                                     "prep_ms": hold_ms}, cache[key])
 

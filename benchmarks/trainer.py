@@ -92,13 +92,14 @@ def _demo_setup(batch_size: int) -> tuple[Any, Any]:
 def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) -> dict[str, np.ndarray]:
     """A host batch of a bucket's shape, rows filled to about FILL of it (as producers send)."""
     from stoker.shared.batch import SCHEMA, batch_dims, collate
+    from stoker.shared.config import FeaturesConfig
 
     rng = np.random.default_rng(seed)
     toks = [rng.integers(FIRST_SYMBOL_ID, TOKEN_IDS, size=max(2, int(tokens * FILL))).astype(np.int32) for _ in range(batch_size)]
     mels = [(rng.standard_normal((max(1, int(frames * FILL)), n_mels)) - 5.0).astype(np.float32)
             for _ in range(batch_size)]
     return collate([{"tokens": t, "mel": m} for t, m in zip(toks, mels)],
-                   batch_dims(batch_size, (tokens, frames), n_mels), SCHEMA.pad_values(1e-5))
+                   batch_dims(batch_size, (tokens, frames), n_mels), SCHEMA.pad_values(FeaturesConfig(), "off"))
 
 
 def _make_trainer(cfg: Any, shapes: list[tuple[int, int, int]], model: str) -> Any:

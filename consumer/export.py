@@ -92,7 +92,7 @@ def export(run_dir: Path, out: Path) -> ExportResult:
     from stoker.shared.tfsetup import configure_tensorflow
 
     tf, device = configure_tensorflow(None)
-    pads = schema.pad_values(cfg.features.log_floor)
+    pads = schema.pad_values(cfg.features, cfg.transforms.mel_norm)
     probe = one_batch(np.array([FIRST_SYMBOL_ID, EOS_ID], np.int32), cfg.batching.frames_multiple,
                       cfg.features.n_mels, pads, schema, hop_length=cfg.features.hop_length,
                       ref_frames=cfg.batching.ref_frames)

@@ -95,6 +95,7 @@ from stoker.shared.config import Config, batch_fields, batch_schema
 from stoker.consumer.peers import Peer, Peers, ProducerStats
 from stoker.shared.dataset import DatasetScan
 from stoker.shared.layouts import Rejection
+from stoker.shared.mel import user_mel_function
 from stoker.shared.melstats import MelStats
 
 log = logging.getLogger("consumer.coordinator")
@@ -175,8 +176,11 @@ class Scheduler:
         self.tokens = tokens
         # Each clip's reference clip, with the ref_mel batch field on (None: off).
         self.references = references
-        # The user transforms' versions (producer/transforms.py), which every producer must run too.
+        # The user transforms' versions (producer/transforms.py) and the user's mel function's
+        # (features.user, shared/mel.py), which every producer must run too.
         self.transform_versions = {spec: version for spec, _, version in load_user(cfg.transforms.user)}
+        if cfg.features.user:
+            self.transform_versions[cfg.features.user] = user_mel_function(cfg.features.user)[1]
         # transforms.mel_norm: the statistics producers normalise with (None: off); and the ones measured.
         self.mel_norm = mel_norm
         self.mel_stats = MelStats.empty(cfg.features.n_mels)

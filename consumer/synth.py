@@ -145,7 +145,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
 
     tf, device = configure_tensorflow(None)
     n_mels = cfg.features.n_mels
-    pads = schema.pad_values(cfg.features.log_floor)
+    pads = schema.pad_values(cfg.features, cfg.transforms.mel_norm)
     shapes = {"hop_length": cfg.features.hop_length, "ref_frames": cfg.batching.ref_frames, "ref_mel": ref_mel}
     probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids, **shapes)
     model, found = restore_model(tf, device, run_dir, cfg, vocab.size, probe)
@@ -175,7 +175,8 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
 
 def denormalized(run_dir: Path, cfg: Any, mel: np.ndarray) -> np.ndarray:
     """A mel the model made, in the feature definition's log-mel scale: a run that trained on
-    normalised mels (transforms.mel_norm: dataset) has their statistics in its directory."""
+    normalised mels (transforms.mel_norm: dataset) has their statistics in its directory. Mels
+    scaled per clip (clip_minmax) stay in [0, 1]: no clip's minimum and maximum are known."""
     if cfg.transforms.mel_norm != "dataset":
         return mel
     mean, std = _mel_stats(run_dir, cfg)
@@ -300,6 +301,11 @@ def reference_mel(run_dir: Path, cfg: Any, path: Path) -> np.ndarray:
     if cfg.transforms.mel_norm == "dataset":
         mean, std = _mel_stats(run_dir, cfg)
         mel = (mel - mean) / std
+    elif cfg.transforms.mel_norm == "clip_minmax":
+        from stoker.shared.melstats import minmax
+
+        mel = np.array(mel, np.float32)
+        minmax(mel[None], np.array([len(mel)]))
     return mel.astype(np.float32)
 
 

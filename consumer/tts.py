@@ -231,7 +231,7 @@ def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: f
                         audio=np.zeros(max(frames * hop_length - 1, 1), np.float32),
                         ref_mel=np.full((max(ref_frames, 1), n_mels), pad_value, np.float32)) for _ in range(batch)]
     return collate(examples, batch_dims(batch, (tokens, frames), n_mels, hop_length, ref_frames),
-                   {**schema.pad_values(1.0), "mel": pad_value, "ref_mel": pad_value}, schema)
+                   {**schema.pad_values(FeaturesConfig(), "off"), "mel": pad_value, "ref_mel": pad_value}, schema)
 
 
 def check_spec(spec: str) -> str:

@@ -22,7 +22,8 @@ import numpy as np
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
-from stoker.shared.melstats import MelStats, normalize
+from stoker.shared.mel import num_frames
+from stoker.shared.melstats import MelStats, minmax, normalize
 
 log = logging.getLogger("producer")
 
@@ -50,6 +51,7 @@ class _Clip:
     slot: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache lacks the mel
     fields: dict[str, np.ndarray] | None = None  # the declared fields its user transforms made
     uncut: bool = False  # its audio and fields still await the transforms' trim and gain (Chain.finish)
+    rejection: str = ""  # why its mel could not be made (features.user's function failed on it)
 
 
 class BatchMaker:
@@ -87,8 +89,10 @@ class BatchMaker:
         self.ref_frames = ref_frames
         self.mel_norm = mel_norm  # (mean, std) [F] of transforms.mel_norm: dataset (shared/melstats.py)
         self.fixed_rows = fixed_rows  # batches keep the lease's rows (empty ones padded); else only real rows
-        self._pads = schema.pad_values(features.log_floor)
-        chain = Chain(transforms or TransformsConfig(), features)
+        transforms = transforms or TransformsConfig()
+        self.clip_minmax = transforms.mel_norm == "clip_minmax"  # each clip's mel scaled to [0, 1]
+        self._pads = schema.pad_values(features, transforms.mel_norm)
+        chain = Chain(transforms, features)
         self.chain = chain if chain.active else None  # producer/transforms.py: None when every step is off
         self._mels = MelComputer(features, device=device, weights=chain.weights)
         self.cache = FeatureCache(feature_cache, features, root, chain.key if self.chain else None) \
@@ -159,7 +163,7 @@ class BatchMaker:
             if row is not None:
                 rows.append(row)
         computed = self._compute([c for _, clip, ref in rows for c in (clip, ref) if c is not None])
-        rows = [row for row in rows if self._fits(lease, row, rejected)]
+        rows = [row for row in rows if self._made(row, rejected) and self._fits(lease, row, rejected)]
         arrays, stats = self._arrays(lease, rows, extra)
         prep_ms = (time.perf_counter() - started) * 1e3
         fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
@@ -195,7 +199,7 @@ class BatchMaker:
         try:
             clip = self._load(sample_id, "audio" in names, speaker, language)
             if self.chain is not None and self.chain.declared:  # made for the waveform they returned
-                self.chain.check_fields(clip.fields or {}, len(tok), 1 + len(clip.audio) // self.features.hop_length)
+                self.chain.check_fields(clip.fields or {}, len(tok), num_frames(len(clip.audio), self.features))
             what = f"reference clip {refs[n]}: " if "ref_mel" in names else what
             ref = self._load(refs[n], False, speaker, language) if "ref_mel" in names else None
         except AudioMissing as exc:
@@ -205,6 +209,16 @@ class BatchMaker:
             rejected.append({"id": sample_id, "reason": f"{what}{exc}"})
             return None
         return tok, clip, ref
+
+    @staticmethod
+    def _made(row: tuple[np.ndarray, _Clip, _Clip | None], rejected: list[dict[str, str]]) -> bool:
+        """Whether the mels of a row's clip and reference were made; else it is rejected, with why."""
+        _, clip, ref = row
+        reason = clip.rejection or (f"reference clip {ref.id}: {ref.rejection}" if ref and ref.rejection else "")
+        if reason:
+            log.debug("clip %s rejected: %s", clip.id, reason)
+            rejected.append({"id": clip.id, "reason": reason})
+        return not reason
 
     @staticmethod
     def _fits(lease: dict[str, Any], row: tuple[np.ndarray, _Clip, _Clip | None],
@@ -241,7 +255,21 @@ class BatchMaker:
             normalize(arrays["mel"], arrays["mel_lengths"], *self.mel_norm)
             if "ref_mel" in names:
                 normalize(arrays["ref_mel"], arrays["ref_mel_lengths"], *self.mel_norm)
+        if self.clip_minmax:
+            minmax(arrays["mel"], arrays["mel_lengths"])
+            if "ref_mel" in names:
+                minmax(arrays["ref_mel"], arrays["ref_mel_lengths"])
         return arrays, stats
+
+    def _user_mel(self, clip: _Clip) -> np.ndarray | None:
+        """features.user's mel of one clip, or None with the clip's rejection reason noted."""
+        from stoker.producer.features import UserMelError
+
+        try:
+            return self._mels([clip.audio])[0]
+        except UserMelError as exc:
+            clip.rejection = str(exc)
+            return None
 
     def _compute(self, clips: list[_Clip]) -> int:
         """The log-mels the feature cache did not hold, all at once (each clip once, also one
@@ -257,12 +285,14 @@ class BatchMaker:
             for clip, done in zip(todo, finished):
                 clip.audio, clip.uncut = done.audio, False
                 clip.fields = self.chain.cut_fields(clip.fields, done.cut) if clip.fields else clip.fields
+        elif self.features.user:  # one clip at a time: the user's function may reject one
+            mels = [self._user_mel(c) for c in todo]
         else:
             mels = self._mels([c.audio for c in todo])
         computed = 0
         for clip, mel in zip(todo, mels):
-            if clip.mel is not None:  # the cache's: only its audio and fields needed the cut
-                continue
+            if clip.mel is not None or mel is None:  # the cache's (only its audio and fields needed the cut),
+                continue  # or rejected
             clip.mel, computed = mel, computed + 1
             if self.cache is not None and clip.slot is not None:
                 name, st = clip.slot

@@ -6,8 +6,9 @@ every later run with the same preprocessing, then reads instead of computes;
 ``python run.py precompute`` fills the cache ahead of training with all producers.
 
 Layout: ``DIR/<key>/<id>.mel``, where ``key`` (16 hex digits) is a SHA-256 over the
-features config (every key except ``backend``: both backends compute the same
-definition), the resolved dataset directory and :data:`FORMAT_VERSION`.
+features config (shared/mel.py ``features_key``: every key except ``backend``, both backends
+computing the same definition, and with ``features.user`` a hash of the function's module
+source), the resolved dataset directory and :data:`FORMAT_VERSION`.
 ``DIR/<key>/config.json`` says in words what the key stands for. A different config or
 dataset gets a directory of its own, so nothing stale is ever read across configs.
 
@@ -22,8 +23,8 @@ Compact dtype: each clip's log-mel is quantised affinely to 16 bits,
 ``step = (max - lo) / 65535``, and read back as ``lo + code * step`` in float32. The error
 is at most ``step / 2`` (plus float32 rounding): for a typical clip spanning the log floor
 (-11.5) to +4 that is 1.2e-4 in natural-log units, i.e. 0.012% in linear magnitude, and
-the clip's minimum (digital silence: exactly ln(log_floor)) comes back exactly. Half the
-size of float32, and far more precise than float16 (whose step at |x| = 8 is 7.8e-3).
+the clip's minimum (digital silence: exactly its log, ln(log_floor) by default) comes back
+exactly. Half the size of float32, and far more precise than float16 (whose step at |x| = 8 is 7.8e-3).
 
 Checks on every read: the magic, the shape against the file size and the config, the
 audio file's size, mtime and name against the entry (an edited clip is *stale*, not
@@ -48,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from stoker.shared.config import FeaturesConfig
+from stoker.shared.mel import features_key
 from stoker.shared.runfiles import write_atomic
 
 log = logging.getLogger(__name__)
@@ -84,8 +86,7 @@ class CacheCounts:
 def cache_key(features: FeaturesConfig, root: Path, transforms: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a cache directory's entries depend on (its name is a hash of this): the features,
     the dataset, and the producer transforms when any is on (producer/transforms.chain_key)."""
-    params = {k: v for k, v in dataclasses.asdict(features).items() if k != "backend"}
-    key = {"format": FORMAT_VERSION, "features": params, "dataset": str(root)}
+    key = {"format": FORMAT_VERSION, "features": features_key(features), "dataset": str(root)}
     return {**key, "transforms": transforms} if transforms else key
 
 

@@ -2,49 +2,69 @@
 
 Every producer computes its training features here, and a user synthesising with a
 trained model must compute the same features the same way, so the definition is fixed
-and written down exactly. It matches librosa's
+and written down exactly. By default it matches librosa's
 ``librosa.feature.melspectrogram(y, sr, n_fft, hop_length, win_length, window="hann",
 center=True, pad_mode="reflect", power=1.0, n_mels, fmin, fmax, htk=False,
 norm="slaney")`` followed by ``log(max(mel, log_floor))`` (librosa itself is not
-needed). With ``cfg = FeaturesConfig`` (``shared/config.py``):
+needed); the convention settings (``mel_scale``, ``filter_norm``, ``padding``, ``power``,
+``log``, ``log_offset``, ``top_db``) select the other common conventions, each step below
+saying what they change. With ``cfg = FeaturesConfig`` (``shared/config.py``):
 
 Definition
 ----------
-1. **Centre padding.** The mono float signal x[n] (n samples, n >= n_fft//2 + 1) is
-   padded by ``n_fft // 2`` samples on both sides in *reflect* mode (the edge sample is
-   not repeated: ``[x2, x1, x0, x1, x2, ...]``, numpy's/TF's ``"reflect"``). A clip of
-   at most ``n_fft // 2`` samples cannot be reflected and is refused with ValueError.
+1. **Padding.** ``padding: reflect`` (default): the mono float signal x[n] (n samples,
+   n >= n_fft//2 + 1) is padded by ``n_fft // 2`` samples on both sides in *reflect* mode
+   (the edge sample is not repeated: ``[x2, x1, x0, x1, x2, ...]``, numpy's/TF's
+   ``"reflect"``); a clip of at most ``n_fft // 2`` samples cannot be reflected and is
+   refused with ValueError. ``constant``: the same with zeros (librosa's
+   ``pad_mode="constant"``). ``end``: no padding before the clip; after it the zeros its
+   last frame needs (tf.signal.stft's ``pad_end=True``). ``none``: no padding (librosa's
+   ``center=False``); a clip shorter than n_fft is refused. See
+   :func:`min_num_samples`.
 2. **Framing.** Frames of ``n_fft`` samples start every ``hop_length`` samples of the
-   padded signal, the last one being the last that fits entirely (no end padding).
-   Frame t is therefore centred on sample ``t * hop_length`` of the original signal and
+   padded signal, the last one being the last that fits entirely. Centred (reflect,
+   constant), frame t is centred on sample ``t * hop_length`` of the original signal and
    the frame count is ``1 + n // hop_length`` (for an even n_fft, as in every shipped
-   config; in general ``1 + (n + 2 * (n_fft // 2) - n_fft) // hop_length``), see
-   :func:`num_frames`.
+   config; in general ``1 + (n + 2 * (n_fft // 2) - n_fft) // hop_length``); otherwise
+   frame t starts on sample ``t * hop_length``, and there are ``ceil(n / hop_length)``
+   frames (end) or ``1 + (n - n_fft) // hop_length`` (none). See :func:`num_frames`.
 3. **Window.** A *periodic* Hann window of ``win_length`` samples,
    ``w[k] = 0.5 - 0.5 * cos(2 * pi * k / win_length)``, k = 0 .. win_length-1
    (scipy's ``get_window("hann", win_length, fftbins=True)``), zero-padded to n_fft and
    *centred* in it: it starts at offset ``(n_fft - win_length) // 2``, as librosa's
    ``pad_center`` does.
-4. **Magnitude STFT.** ``S[t, f] = |rfft(frame_t * window)[f]|``, f = 0 .. n_fft//2:
-   the magnitude, *not* the power (librosa's ``power=1.0``).
-5. **Mel filterbank.** ``n_mels`` triangular filters on the *Slaney* mel scale
-   (librosa's default ``htk=False``, from Slaney's Auditory Toolbox: linear below
+4. **STFT.** ``S[t, f] = |rfft(frame_t * window)[f]| ** power``, f = 0 .. n_fft//2:
+   the magnitude (``power: 1``, default, librosa's ``power=1.0``) or the power (``2``).
+5. **Mel filterbank.** ``n_mels`` triangular filters. On the *Slaney* mel scale
+   (default, librosa's ``htk=False``, from Slaney's Auditory Toolbox: linear below
    1 kHz, ``mel = 3 * f / 200``; logarithmic above, ``mel = 15 + 27 * ln(f / 1000) /
-   ln(6.4)``). The n_mels + 2 edge frequencies are equally spaced in mel between
+   ln(6.4)``) or the *HTK* scale (``mel_scale: htk`` or ``tf``: ``mel = 2595 *
+   log10(1 + f / 700)``). The n_mels + 2 edge frequencies are equally spaced in mel between
    ``fmin_hz`` and ``fmax_hz``; filter m rises linearly from edge m to edge m+1 and
    falls to edge m+2, evaluated at the rfft bin frequencies ``k * sample_rate_hz /
-   n_fft``. Each filter is then *Slaney area normalised* (librosa's ``norm="slaney"``):
-   multiplied by ``2 / (edge[m+2] - edge[m])`` in Hz, so filters have roughly constant
-   energy per channel. See :func:`mel_filterbank`.
-6. **Mel magnitudes.** ``M[t, m] = sum_f S[t, f] * fb[f, m]``.
-7. **Log.** ``L[t, m] = ln(max(M[t, m], log_floor))``, the *natural* log, with the
-   floor clamping silence (``log_floor = 1e-5`` gives a minimum of about -11.51).
+   n_fft``: linearly in Hz (slaney, htk: librosa's), or in mel (``tf``:
+   tf.signal.linear_to_mel_weight_matrix's). With ``filter_norm: slaney`` (default) each
+   filter is then *Slaney area normalised* (librosa's ``norm="slaney"``): multiplied by
+   ``2 / (edge[m+2] - edge[m])`` in Hz, so filters have roughly constant energy per
+   channel; ``none`` keeps triangles of peak 1. See :func:`mel_filterbank`.
+6. **Mel values.** ``M[t, m] = sum_f S[t, f] * fb[f, m]``.
+7. **Log.** ``L[t, m] = s * ln(max(M[t, m] + log_offset, log_floor))``: ``s = 1`` (``log:
+   ln``, default, the *natural* log), ``1 / ln 10`` (``log10``) or ``(20 / power) / ln 10``
+   (``db``: 10 log10 of a power, librosa's power_to_db / amplitude_to_db with ``amin =
+   log_floor``); the floor clamps silence (``log_floor = 1e-5`` gives a minimum of about
+   -11.51), the offset is an additive one (``log(x + 1e-6)``: ``log_offset: 1e-6,
+   log_floor: 0``). With ``top_db`` > 0 (dB only), each clip's values are then raised to
+   at least its maximum minus top_db.
+
+``features.user`` replaces the definition with the user's function (:class:`MelComputer`).
 
 Padding
 -------
 When a batch pads spectrograms of different lengths to a common frame count, padded
-frames take the value ``ln(log_floor)`` (:func:`pad_value`), i.e. what digital silence
-gives, not 0 (which would be a loud frame in log space).
+frames take the value of digital silence, ``s * ln(max(log_offset, log_floor))``
+(:func:`pad_value`; ``ln(log_floor)`` by default), not 0 (which would be a loud frame in
+log space); after ``transforms.mel_norm: clip_minmax``, 0 (shared/mel.py
+``mel_pad_value``).
 
 Shapes
 ------
@@ -94,6 +114,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from stoker.shared.config import FeaturesConfig
+from stoker.shared.mel import (PAD_END, centred, log_scale, min_num_samples, num_frames, silence_value,
+                               user_mel_function)
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +124,9 @@ _SLANEY_F_SP_HZ = 200.0 / 3.0  # Hz per mel in the linear part
 _SLANEY_MIN_LOG_HZ = 1000.0  # where the scale switches from linear to logarithmic
 _SLANEY_MIN_LOG_MEL = _SLANEY_MIN_LOG_HZ / _SLANEY_F_SP_HZ  # = 15 mel at 1 kHz
 _SLANEY_LOGSTEP = math.log(6.4) / 27.0  # 27 mel per factor 6.4 above 1 kHz
+# The HTK mel scale (librosa with htk=True, tf.signal): mel = 2595 log10(1 + f / 700 Hz).
+_HTK_MEL_FACTOR = 2595.0
+_HTK_BREAK_HZ = 700.0
 
 # The TF path works in float32: the precision of the audio and of the features the model
 # consumes; float64 is only worth it for the reference.
@@ -119,9 +144,11 @@ _CACHED_COMPUTERS = 8
 # ---------------------------------------------------------------------------- helpers
 
 
-def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
-    """Slaney mel of frequencies ``hz`` (any shape, float64)."""
+def _hz_to_mel(hz: np.ndarray, scale: str = "slaney") -> np.ndarray:
+    """Slaney (or, for any other ``scale``, HTK) mel of frequencies ``hz`` (any shape, float64)."""
     hz = np.asarray(hz, dtype=np.float64)
+    if scale != "slaney":
+        return _HTK_MEL_FACTOR * np.log10(1.0 + hz / _HTK_BREAK_HZ)
     mel = hz / _SLANEY_F_SP_HZ
     log_part = hz >= _SLANEY_MIN_LOG_HZ
     mel = np.where(
@@ -132,9 +159,11 @@ def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
     return mel
 
 
-def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
+def _mel_to_hz(mel: np.ndarray, scale: str = "slaney") -> np.ndarray:
     """Inverse of :func:`_hz_to_mel` (any shape, float64)."""
     mel = np.asarray(mel, dtype=np.float64)
+    if scale != "slaney":
+        return _HTK_BREAK_HZ * (10.0 ** (mel / _HTK_MEL_FACTOR) - 1.0)
     hz = _SLANEY_F_SP_HZ * mel
     log_part = mel >= _SLANEY_MIN_LOG_MEL
     return np.where(
@@ -149,8 +178,9 @@ def _check_cfg(cfg: FeaturesConfig) -> None:
         raise ValueError(f"win_length ({cfg.win_length}) must not exceed n_fft ({cfg.n_fft})")
     if cfg.n_fft <= 0 or cfg.hop_length <= 0 or cfg.win_length <= 0 or cfg.n_mels <= 0:
         raise ValueError("n_fft, hop_length, win_length and n_mels must be positive")
-    if cfg.log_floor <= 0:
-        raise ValueError(f"log_floor must be positive, got {cfg.log_floor}")
+    if cfg.log_floor < 0 or cfg.log_offset < 0 or max(cfg.log_floor, cfg.log_offset) <= 0:
+        raise ValueError(f"need log_floor >= 0 and log_offset >= 0, one positive; got {cfg.log_floor}, "
+                         f"{cfg.log_offset}")
 
 
 def centered_window(cfg: FeaturesConfig) -> np.ndarray:
@@ -164,11 +194,6 @@ def centered_window(cfg: FeaturesConfig) -> np.ndarray:
     return window
 
 
-def min_num_samples(cfg: FeaturesConfig) -> int:
-    """Shortest clip (in samples) that reflect centre padding accepts: ``n_fft//2 + 1``."""
-    return cfg.n_fft // 2 + 1
-
-
 def _as_clip(audio: Any, cfg: FeaturesConfig, dtype: Any, what: str = "audio") -> np.ndarray:
     """Validate one mono clip [N] and return it as ``dtype``."""
     array = np.asarray(audio)
@@ -179,37 +204,76 @@ def _as_clip(audio: Any, cfg: FeaturesConfig, dtype: Any, what: str = "audio") -
     needed = min_num_samples(cfg)
     if array.shape[0] < needed:
         raise ValueError(
-            f"{what} has {array.shape[0]} samples; the log-mel needs at least n_fft//2 + 1 = {needed} "
-            f"({1000.0 * needed / cfg.sample_rate_hz:.1f} ms at {cfg.sample_rate_hz} Hz) for reflect "
-            f"centre padding; reject such clips")
+            f"{what} has {array.shape[0]} samples; the log-mel needs at least {needed} "
+            f"({1000.0 * needed / cfg.sample_rate_hz:.1f} ms at {cfg.sample_rate_hz} Hz) with padding "
+            f"{cfg.padding}; reject such clips")
     return array.astype(dtype, copy=False)
 
 
-def _reflect_pad(clip: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
-    """Centre padding [N] -> [N + 2 * (n_fft // 2)], reflect mode."""
-    return np.pad(clip, cfg.n_fft // 2, mode="reflect")
+def _framing_pads(num_samples: int, cfg: FeaturesConfig) -> tuple[int, int]:
+    """Samples (before, after) the clip that framing adds (step 1): n_fft // 2 each side when
+    centred; when padding at the end, the zeros its last frame needs; else none."""
+    if centred(cfg):
+        return cfg.n_fft // 2, cfg.n_fft // 2
+    if cfg.padding == PAD_END:
+        return 0, max(0, (num_frames(num_samples, cfg) - 1) * cfg.hop_length + cfg.n_fft - num_samples)
+    return 0, 0
+
+
+def _pad_for_framing(clip: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """Step 1: [N] -> the padded signal its frames are cut from."""
+    before, after = _framing_pads(clip.shape[0], cfg)
+    return np.pad(clip, (before, after), mode="reflect" if cfg.padding == "reflect" else "constant")
+
+
+def _log_in_place(mel: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """Step 7's elementwise part on mel values [..., M] of float ``mel``'s dtype, in place:
+    ``scale * ln(max(mel + log_offset, log_floor))``; returns ``mel``."""
+    if cfg.log_offset:
+        np.add(mel, mel.dtype.type(cfg.log_offset), out=mel)
+    if cfg.log_floor:
+        np.maximum(mel, mel.dtype.type(cfg.log_floor), out=mel)
+    np.log(mel, out=mel)
+    if cfg.log != "ln":
+        np.multiply(mel, mel.dtype.type(log_scale(cfg)), out=mel)
+    return mel
+
+
+def _clamp_top_db(mel: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """Step 7's per-clip part on one clip's log-mel [T, M], in place: values below the clip's
+    maximum minus ``top_db`` raised to it (librosa's power_to_db top_db); returns ``mel``."""
+    if cfg.top_db > 0 and mel.size:
+        np.maximum(mel, mel.dtype.type(mel.max() - cfg.top_db), out=mel)
+    return mel
 
 
 # ------------------------------------------------------------------------- public API
 
 
 def mel_filterbank(cfg: FeaturesConfig) -> np.ndarray:
-    """Slaney-scale, Slaney-normalised triangular filters, float64 [F, M].
+    """The triangular mel filters of step 5, float64 [F, M].
 
     ``F = n_fft // 2 + 1`` rfft bins, ``M = n_mels`` channels; identical to
-    ``librosa.filters.mel(sr, n_fft, n_mels, fmin, fmax, htk=False, norm="slaney").T``.
-    Logs a warning if a filter covers no rfft bin (too many mels for this n_fft).
+    ``librosa.filters.mel(sr, n_fft, n_mels, fmin, fmax, htk=mel_scale == "htk",
+    norm="slaney" if filter_norm == "slaney" else None).T`` for ``mel_scale`` slaney and htk,
+    and for ``tf`` (unnormalised) to ``tf.signal.linear_to_mel_weight_matrix(n_mels, F,
+    sample_rate_hz, fmin_hz, fmax_hz)``. Logs a warning if a filter covers no rfft bin (too
+    many mels for this n_fft).
     """
     _check_cfg(cfg)
     fft_hz = np.fft.rfftfreq(cfg.n_fft, d=1.0 / cfg.sample_rate_hz)  # [F]
-    mel_edges = np.linspace(_hz_to_mel(cfg.fmin_hz), _hz_to_mel(cfg.fmax_hz), cfg.n_mels + 2)
-    edges_hz = _mel_to_hz(mel_edges)  # [M + 2]
-    widths_hz = np.diff(edges_hz)  # [M + 1]
-    ramps = edges_hz[:, None] - fft_hz[None, :]  # [M + 2, F]
-    lower = -ramps[:-2] / widths_hz[:-1, None]  # rising edge, [M, F]
-    upper = ramps[2:] / widths_hz[1:, None]  # falling edge, [M, F]
+    scale = cfg.mel_scale
+    mel_edges = np.linspace(_hz_to_mel(cfg.fmin_hz, scale), _hz_to_mel(cfg.fmax_hz, scale), cfg.n_mels + 2)
+    edges_hz = _mel_to_hz(mel_edges, scale)  # [M + 2]
+    # The triangles are linear in Hz (librosa), or in mel for tf.signal's filters.
+    edges, points = (mel_edges, _hz_to_mel(fft_hz, scale)) if scale == "tf" else (edges_hz, fft_hz)
+    widths = np.diff(edges)  # [M + 1]
+    ramps = edges[:, None] - points[None, :]  # [M + 2, F]
+    lower = -ramps[:-2] / widths[:-1, None]  # rising edge, [M, F]
+    upper = ramps[2:] / widths[1:, None]  # falling edge, [M, F]
     weights = np.maximum(0.0, np.minimum(lower, upper))  # [M, F]
-    weights *= (2.0 / (edges_hz[2:] - edges_hz[:-2]))[:, None]  # Slaney area normalisation
+    if cfg.filter_norm == "slaney":
+        weights *= (2.0 / (edges_hz[2:] - edges_hz[:-2]))[:, None]  # Slaney area normalisation
     empty = np.flatnonzero(weights.max(axis=1) <= 0.0)
     if empty.size:
         logger.warning("mel filterbank: %d of %d filters cover no FFT bin (channels %s); "
@@ -217,20 +281,10 @@ def mel_filterbank(cfg: FeaturesConfig) -> np.ndarray:
     return np.ascontiguousarray(weights.T)
 
 
-def num_frames(num_samples: int, cfg: FeaturesConfig) -> int:
-    """Frame count T of a clip of ``num_samples`` samples: ``1 + num_samples // hop``.
-
-    (General form, also right for an odd n_fft: ``1 + (N + 2*(n_fft//2) - n_fft) // hop``.)
-    """
-    padded = int(num_samples) + 2 * (cfg.n_fft // 2)
-    if padded < cfg.n_fft:
-        return 0
-    return 1 + (padded - cfg.n_fft) // cfg.hop_length
-
-
 def pad_value(cfg: FeaturesConfig) -> float:
-    """Log-mel value of padded frames: ``ln(log_floor)`` (digital silence)."""
-    return float(math.log(cfg.log_floor))
+    """Log-mel value of padded frames: digital silence's (shared/mel.py ``silence_value``),
+    ``ln(log_floor)`` by default."""
+    return silence_value(cfg)
 
 
 def log_mel_spectrogram_numpy(
@@ -238,22 +292,26 @@ def log_mel_spectrogram_numpy(
 ) -> np.ndarray:
     """Reference log-mel in plain numpy: [N] -> [T, M] of ``dtype``.
 
-    Frames are built explicitly (a strided view of the reflect-padded clip) and
-    transformed with ``np.fft.rfft``; every step runs in ``dtype`` (numpy >= 2 keeps
-    float32 FFTs in single precision). Raises ValueError for a clip shorter than
-    ``n_fft // 2 + 1`` samples or one that is not 1-D floating point.
+    Frames are built explicitly (a strided view of the padded clip) and transformed with
+    ``np.fft.rfft``; every step runs in ``dtype`` (numpy >= 2 keeps float32 FFTs in single
+    precision). Raises ValueError for a clip shorter than :func:`min_num_samples` or one
+    that is not 1-D floating point. ``features.user`` is not this definition: see
+    :class:`MelComputer`.
     """
     clip = _as_clip(audio, cfg, dtype)
-    padded = _reflect_pad(clip, cfg)  # [N + 2 * (n_fft // 2)]
+    padded = _pad_for_framing(clip, cfg)
     frames = np.lib.stride_tricks.sliding_window_view(padded, cfg.n_fft)[:: cfg.hop_length]  # [T, n_fft]
     expected = num_frames(clip.shape[0], cfg)
     if frames.shape[0] != expected:  # the definition and num_frames must agree
         raise AssertionError(f"framing produced {frames.shape[0]} frames, num_frames says {expected}")
     window = centered_window(cfg).astype(dtype)
-    spectrum = np.abs(np.fft.rfft(frames * window, n=cfg.n_fft, axis=-1))  # [T, F]
+    spectrum = np.abs(np.fft.rfft(frames * window, n=cfg.n_fft, axis=-1)) ** cfg.power  # [T, F]
     mel = spectrum.astype(dtype, copy=False) @ mel_filterbank(cfg).astype(dtype)  # [T, M]
-    floor = np.asarray(cfg.log_floor, dtype=dtype)
-    return np.log(np.maximum(mel, floor)).astype(dtype, copy=False)
+    return _clamp_top_db(_log_in_place(np.array(mel, dtype=dtype), cfg), cfg)
+
+
+class UserMelError(ValueError):
+    """features.user failed on one clip, or returned the wrong shape: the clip's rejection reason."""
 
 
 class MelComputer:
@@ -263,7 +321,7 @@ class MelComputer:
     point, samples in [-1, 1]) to a list of B float32 arrays [T_i, M], with
     ``T_i = num_frames(N_i, cfg)``; each result equals that clip's unbatched log-mel.
 
-    Backend ``"tf"``: each clip is reflect centre padded on its own (in numpy, so the end
+    Backend ``"tf"``: each clip is padded on its own as step 1 pads it (in numpy, so the end
     of a short clip is reflected, not zero padded) into a segment rounded up to a
     multiple of ``hop_length``; the segments are laid end to end in one signal [S], and
     one ``tf.function`` (input signature ``TensorSpec([None], float32)``, so it is traced
@@ -285,8 +343,13 @@ class MelComputer:
     spectrum weighted by them, computed from the same FFT (the producer transforms measure
     a clip's levels with it), and the mel before its log.
 
-    Raises ValueError, naming the clip, for a clip shorter than ``n_fft // 2 + 1``
-    samples (callers should reject those when indexing).
+    With ``features.user`` (``package.module:function``) the computer calls that function on
+    each clip instead, ``fn(audio float32 [N], sample_rate_hz) -> [T, M]``, and raises
+    :class:`UserMelError` (the clip's rejection reason) when its result is not float32-castable
+    [num_frames(N), n_mels] of finite values; the function cannot :meth:`analyse`.
+
+    Raises ValueError, naming the clip, for a clip shorter than :func:`min_num_samples`
+    (callers should reject those when indexing).
     """
 
     def __init__(self, cfg: FeaturesConfig, device: str | None = None, weights: np.ndarray | None = None) -> None:
@@ -300,6 +363,7 @@ class MelComputer:
         self.cfg = cfg
         self.device = device
         self.weights = None if weights is None else np.ascontiguousarray(weights, dtype=np.float32)  # [F, W]
+        self._user = user_mel_function(cfg.user)[0] if cfg.user else None
         self._filterbank = mel_filterbank(cfg)  # float64 [F, M]
         self._window = centered_window(cfg)  # float64 [n_fft]
         self._tf_fns: dict[bool, Callable[[Any], Any]] = {}  # per analyse: the log-mel, or (mel, powers)
@@ -311,9 +375,24 @@ class MelComputer:
 
     def __call__(self, clips: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Log-mels of ``clips`` ([N_i] each) -> list of float32 [T_i, M]."""
-        if self.cfg.backend == "numpy":
-            return [mel for mel, _ in self._call_numpy(clips, analyse=False)]
-        return [mel for mel, _ in self._call_tf(clips, analyse=False)]
+        if self._user is not None:
+            return [self._user_mel(_as_clip(c, self.cfg, np.float32, f"clip {i}")) for i, c in enumerate(clips)]
+        done = self._call_numpy(clips, analyse=False) if self.cfg.backend == "numpy" \
+            else self._call_tf(clips, analyse=False)
+        return [_clamp_top_db(mel, self.cfg) for mel, _ in done]
+
+    def _user_mel(self, clip: np.ndarray) -> np.ndarray:
+        """features.user's mel of one clip, checked: float32 [num_frames(N), n_mels], finite."""
+        cfg = self.cfg
+        try:
+            mel = np.asarray(self._user(clip, cfg.sample_rate_hz))
+        except Exception as exc:  # the user's function: its error is the clip's rejection reason
+            raise UserMelError(f"features.user {cfg.user}: {type(exc).__name__}: {exc}") from None
+        want = (num_frames(clip.shape[0], cfg), cfg.n_mels)
+        if mel.shape != want or not np.issubdtype(mel.dtype, np.floating) or not np.all(np.isfinite(mel)):
+            raise UserMelError(f"features.user {cfg.user} returned {mel.dtype} {list(mel.shape)}; expected finite "
+                               f"float32 {list(want)} for {clip.shape[0]} samples (padding {cfg.padding})")
+        return mel.astype(np.float32, copy=False)
 
     def analyse(self, clips: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Per clip, the mel magnitudes *before the log* (step 6 of the definition), float32
@@ -322,15 +401,16 @@ class MelComputer:
         windowed frame's rfft, step 4 before the magnitude), float32 [T_i, W]; else None.
         Producer transforms measure a clip's levels this way from the frames its mel is
         made of (producer/transforms.py), so measuring costs no second pass over the audio."""
+        if self._user is not None:
+            raise ValueError("a features.user mel function has no spectrum to analyse")
         if self.cfg.backend == "numpy":
             return self._call_numpy(clips, analyse=True)
         return self._call_tf(clips, analyse=True)
 
     def log_in_place(self, mel: np.ndarray) -> np.ndarray:
-        """Step 7 of the definition on float32 mel magnitudes (from :meth:`analyse`), in place:
-        ``ln(max(mel, log_floor))``; returns ``mel``."""
-        np.maximum(mel, np.float32(self.cfg.log_floor), out=mel)
-        return np.log(mel, out=mel)
+        """Step 7 of the definition on one clip's float32 mel (from :meth:`analyse`), in place:
+        the log of ``max(mel + log_offset, log_floor)`` and the clip's top_db clamp; returns ``mel``."""
+        return _clamp_top_db(_log_in_place(mel, self.cfg), self.cfg)
 
     # -- numpy backend
 
@@ -349,6 +429,7 @@ class MelComputer:
         rfft = _rfft()
         out = np.empty((frames.shape[0], cfg.n_mels), dtype=np.float32)  # [R, M]
         weights = self.weights if analyse else None
+        squared = cfg.power == 2  # the mel of |X|^2, else of |X|
         powers = np.empty((frames.shape[0], weights.shape[1]), dtype=np.float32) if weights is not None else None
         block_rows = min(_NUMPY_BLOCK_ROWS, frames.shape[0])
         buffer = np.empty((block_rows, cfg.n_fft), dtype=np.float32)
@@ -363,14 +444,15 @@ class MelComputer:
             spectrum = rfft(block)  # [b, F]
             if power is None:
                 magnitude = np.abs(spectrum[:, low:high], out=magnitudes[:b])  # [b, high - low]
+                if squared:
+                    np.square(magnitude, out=magnitude)
             else:
                 np.abs(spectrum, out=magnitudes[:b])  # [b, F]
-                magnitude = magnitudes[:b, low:high]
                 np.matmul(np.square(magnitudes[:b], out=power[:b]), weights, out=powers[start:end])
+                magnitude = (power if squared else magnitudes)[:b, low:high]
             np.matmul(magnitude, filterbank, out=out[start:end])
         if not analyse:
-            np.maximum(out, np.float32(cfg.log_floor), out=out)
-            np.log(out, out=out)
+            _log_in_place(out, cfg)
         return [(out[row:row + count], None if powers is None else powers[row:row + count])
                 for row, count in zip(first_rows, frame_counts)]
 
@@ -410,7 +492,8 @@ class MelComputer:
         low, high = _filterbank_support(self._filterbank)
         filterbank = self._filterbank[low:high].astype(_TF_DTYPE)  # [high - low, M]
         weights = self.weights if analyse else None
-        log_floor = float(cfg.log_floor)
+        squared = cfg.power == 2  # the mel of |X|^2, else of |X|
+        log_offset, log_floor, scale = float(cfg.log_offset), float(cfg.log_floor), log_scale(cfg)
         device_scope = self._device_scope
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
@@ -420,14 +503,18 @@ class MelComputer:
             with device_scope():
                 frames = tf.signal.frame(signal, cfg.n_fft, cfg.hop_length, pad_end=False)  # [R, n_fft]
                 spectrum = tf.signal.rfft(frames * tf.constant(window), fft_length=[cfg.n_fft])  # [R, F]
-                if weights is None:
+                if weights is None and not squared:
                     magnitude = tf.abs(spectrum[:, low:high])  # [R, high - low]: bins every filter ignores dropped
                 else:
                     power = tf.square(tf.math.real(spectrum)) + tf.square(tf.math.imag(spectrum))  # [R, F]
-                    magnitude = tf.sqrt(power[:, low:high])
+                    magnitude = power[:, low:high] if squared else tf.sqrt(power[:, low:high])
                 mel = tf.linalg.matmul(magnitude, tf.constant(filterbank))  # [R, M]
                 if not analyse:
-                    return tf.math.log(tf.maximum(mel, log_floor))
+                    if log_offset:
+                        mel = mel + log_offset
+                    if log_floor:
+                        mel = tf.maximum(mel, log_floor)
+                    return tf.math.log(mel) if scale == 1.0 else tf.math.log(mel) * scale
                 if weights is None:
                     return (mel,)
                 return mel, tf.linalg.matmul(power, tf.constant(weights))
@@ -486,28 +573,32 @@ def _concatenate_for_framing(clips: Sequence[np.ndarray],
                              cfg: FeaturesConfig) -> tuple[np.ndarray, list[int], list[int]]:
     """Lay B clips end to end so that one framing of the whole yields every clip's frames.
 
-    Each clip is reflect centre padded on its own (its edges are reflected, not its
-    neighbour's samples) into a segment whose length is rounded up to a multiple of
-    ``hop_length``; segments are concatenated into one signal [S]. Framing S with
-    ``hop_length`` then puts clip i's frame t at row ``first_rows[i] + t``: every frame
-    is computed once, with no padding to the longest clip. Rows that straddle two
-    segments (at most ``n_fft / hop_length`` per clip) are computed and ignored.
+    Each clip is padded on its own as step 1 pads it (its edges are reflected, not its
+    neighbour's samples; zeros are the signal's own) into a segment whose length is rounded
+    up to a multiple of ``hop_length``; segments are concatenated into one signal [S].
+    Framing S with ``hop_length`` then puts clip i's frame t at row ``first_rows[i] + t``:
+    every frame is computed once, with no padding to the longest clip. Rows that straddle
+    two segments (at most ``n_fft / hop_length`` per clip) are computed and ignored.
     Returns (signal [S], first_rows [B], frame_counts [B]).
     """
-    half = cfg.n_fft // 2
     hop = cfg.hop_length
     lengths = [c.shape[0] for c in clips]
-    segment_lengths = [-(-(n + 2 * half) // hop) * hop for n in lengths]
+    counts = [num_frames(n, cfg) for n in lengths]
+    pads = [_framing_pads(n, cfg) for n in lengths]
+    segment_lengths = [-(-max(before + n + after, (t - 1) * hop + cfg.n_fft) // hop) * hop
+                       for n, t, (before, after) in zip(lengths, counts, pads)]
     starts = np.concatenate([[0], np.cumsum(segment_lengths)]).astype(np.int64)
     total = max(int(starts[-1]), cfg.n_fft)
     signal = np.zeros(total, dtype=_TF_DTYPE)
-    for clip, n, start in zip(clips, lengths, starts[:-1]):
+    reflect = cfg.padding == "reflect"
+    for clip, n, start, (half, _) in zip(clips, lengths, starts[:-1], pads):
         start = int(start)
-        signal[start:start + half] = clip[half:0:-1]  # reflect: x[half] .. x[1]
         signal[start + half:start + half + n] = clip
-        signal[start + half + n:start + 2 * half + n] = clip[n - 2:n - 2 - half:-1] if n - 2 - half >= 0 \
-            else clip[n - 2::-1][:half]  # reflect: x[n-2] .. x[n-1-half]
-    return signal, [int(s) // hop for s in starts[:-1]], [num_frames(n, cfg) for n in lengths]
+        if reflect:
+            signal[start:start + half] = clip[half:0:-1]  # reflect: x[half] .. x[1]
+            signal[start + half + n:start + 2 * half + n] = clip[n - 2:n - 2 - half:-1] if n - 2 - half >= 0 \
+                else clip[n - 2::-1][:half]  # reflect: x[n-2] .. x[n-1-half]
+    return signal, [int(s) // hop for s in starts[:-1]], counts
 
 
 @functools.lru_cache(maxsize=_CACHED_COMPUTERS)
@@ -522,7 +613,7 @@ def log_mel_spectrogram(audio: np.ndarray, cfg: FeaturesConfig = FeaturesConfig(
     This always runs the TensorFlow path (a :class:`MelComputer`, cached per config),
     whatever ``cfg.backend`` says: the code producers run on the data device, placed on
     TensorFlow's default device (a visible GPU, else the CPU). Raises ValueError for a clip
-    that is not 1-D floating point or is shorter than ``n_fft // 2 + 1`` samples.
+    that is not 1-D floating point or is shorter than :func:`min_num_samples`.
     """
     tf_cfg = cfg if cfg.backend == "tf" else dataclasses.replace(cfg, backend="tf")
     return _cached_computer(tf_cfg)([_as_clip(audio, tf_cfg, _TF_DTYPE)])[0]

@@ -12,9 +12,11 @@ In this order, each off by default (``transforms.*`` in the config):
 2. **trim** (``trim_db``): leading and trailing frames whose energy is more than ``trim_db``
    below the clip's loudest frame are cut (librosa.effects.trim's rule, on the mel's own
    frames: the energy of frame t is that of its Hann-windowed samples, centred on sample
-   t x hop). The clip keeps samples [first loud frame x hop, (last loud frame + 1) x hop),
-   and its log-mel is frames [first loud frame, first + T) of the untrimmed clip's, T =
-   ``num_frames`` of the samples kept: the edge frames see the audio around the cut, as a
+   t x hop, or starting there when ``features.padding`` is end or none). The clip keeps
+   samples [first loud frame x hop, (last loud frame + 1) x hop) (without padding, to the
+   last loud frame's end: the samples of exactly the loud frames), and its log-mel is
+   frames [first loud frame, first + T) of the untrimmed clip's, T = ``num_frames`` of the
+   samples kept: the edge frames see the audio around the cut, as a
    mel computed once and sliced does. Declared fields with a T dimension are cut the same way.
 3. **normalize**: ``peak`` scales the clip so that its largest sample is ``peak_dbfs``;
    ``loudness`` so that its integrated loudness (ITU-R BS.1770-4: K-weighting, 400 ms blocks
@@ -44,19 +46,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import importlib
-import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from stoker.producer.features import centered_window, min_num_samples
+from stoker.producer.features import centered_window, min_num_samples, num_frames
 from stoker.shared.batch import Field
 from stoker.shared.config import TRANSFORMS_REVISION, FeaturesConfig, TransformsConfig, parse_declared_fields
 from stoker.shared.errors import UserError
+from stoker.shared.mel import centred, frame_centre, source_version
 
 # A clip whose largest sample is below this is silent: no gain can be computed for it.
 SILENCE_PEAK = 1e-8
@@ -72,8 +73,6 @@ RELATIVE_GATE_LU = 10.0
 # The same gates in block energy (-0.691 + 10 log10(z) is a block's loudness): no log per block.
 ABSOLUTE_GATE_Z = 10 ** ((ABSOLUTE_GATE_LUFS + 0.691) / 10)
 RELATIVE_GATE_FACTOR = 10 ** (-RELATIVE_GATE_LU / 10)
-# Hex digits of a module source's SHA-256 that name its version when it has no __version__.
-VERSION_HEX = 12
 
 
 class TransformError(Exception):
@@ -131,13 +130,18 @@ def _frame_overlap(features: FeaturesConfig) -> float:
     return float(np.sum(centered_window(features) ** 2) / features.hop_length)
 
 
-def trim_bounds(energy: np.ndarray, num_samples: int, top_db: float, hop: int) -> tuple[int, int]:
-    """Samples [start, end) that step 2 keeps of a clip whose frames have ``energy`` [T]."""
+def trim_bounds(energy: np.ndarray, num_samples: int, top_db: float, features: FeaturesConfig) -> tuple[int, int]:
+    """Samples [start, end) that step 2 keeps of a clip whose frames have ``energy`` [T]: from
+    the first loud frame's hop to the last one's (centred frames, or frames padded at the end),
+    or to the last one's end (frames without padding), so that the samples kept have exactly
+    the loud frames (``num_frames``)."""
     peak = float(energy.max()) if len(energy) else 0.0
     if top_db <= 0 or peak <= 0:
         return 0, num_samples
     loud = np.flatnonzero(energy > peak * 10 ** (-top_db / 10))
-    return int(loud[0]) * hop, min(num_samples, (int(loud[-1]) + 1) * hop)
+    hop, first, last = features.hop_length, int(loud[0]), int(loud[-1])
+    end = (last + 1) * hop if centred(features) or features.padding == "end" else last * hop + features.n_fft
+    return first * hop, min(num_samples, end)
 
 
 def frame_loudness(weighted: np.ndarray, num_samples: int, features: FeaturesConfig) -> float:
@@ -171,10 +175,11 @@ def frame_loudness(weighted: np.ndarray, num_samples: int, features: FeaturesCon
 def _block_edges(blocks: int, features: FeaturesConfig) -> tuple[np.ndarray, np.ndarray]:
     """Where the first ``blocks`` BS.1770 blocks start and end on the frame grid: per edge
     (row 0 the starts, row 1 the ends) the number of whole frames before it and the share of
-    the frame it cuts. Frame t stands for samples [(t - 1/2) x hop, (t + 1/2) x hop)."""
+    the frame it cuts. Frame t stands for the hop of samples around its centre c + t x hop
+    (c = ``frame_centre``: 0 for centred frames)."""
     rate, hop = features.sample_rate_hz, features.hop_length
     starts = np.arange(blocks) * (BLOCK_S * (1 - BLOCK_OVERLAP) * rate)
-    position = np.stack([starts, starts + BLOCK_S * rate]) / hop + 0.5
+    position = np.maximum((np.stack([starts, starts + BLOCK_S * rate]) - frame_centre(features)) / hop + 0.5, 0.0)
     whole = np.floor(position).astype(np.int64)
     return whole, position - whole
 
@@ -211,13 +216,7 @@ def preemphasize(audio: np.ndarray, coefficient: float) -> np.ndarray:
 def module_version(module: Any) -> str:
     """A module's ``__version__``, else the first hex digits of its source's SHA-256."""
     version = getattr(module, "__version__", None)
-    if version:
-        return str(version)
-    origin = getattr(importlib.util.find_spec(module.__name__), "origin", None)
-    if not origin:
-        return "unknown"
-    with open(origin, "rb") as f:
-        return "sha256:" + hashlib.sha256(f.read()).hexdigest()[:VERSION_HEX]
+    return str(version) if version else source_version(module.__name__)
 
 
 def load_user(specs: str) -> list[tuple[str, Callable[..., Any], str]]:
@@ -321,8 +320,8 @@ class Chain:
         """Steps 2 and 3 for one clip [N] whose frames have the weighted powers [T, 2] of
         :func:`spectral_weights` (``MelComputer.analyse``)."""
         c, hop = self.cfg, self.features.hop_length
-        start, end = trim_bounds(powers[:, 0], len(audio), c.trim_db, hop)
-        first, frames = start // hop, 1 + (end - start) // hop
+        start, end = trim_bounds(powers[:, 0], len(audio), c.trim_db, self.features)
+        first, frames = start // hop, num_frames(end - start, self.features)
         gain = 1.0
         if c.normalize == "peak":
             gain = peak_gain(_peak(audio[start:end]), c.peak_dbfs)
@@ -345,7 +344,7 @@ class Chain:
         for clip, mel, cut in zip(emphasised, linear, cuts):
             gain = np.float32(cut.gain)
             kept = mel[cut.first:cut.first + cut.frames]  # a view of the analysis, ours to overwrite
-            np.multiply(kept, gain, out=kept)
+            np.multiply(kept, gain ** np.float32(self.features.power), out=kept)  # the mel of |X|^power
             audio = np.multiply(clip[cut.start:cut.end], gain, dtype=np.float32) if keep_audio else None
             done.append(Finished(audio, mels.log_in_place(kept), cut))
         return done
@@ -364,7 +363,7 @@ class Chain:
         array = np.asarray(value)
         if array.ndim != 1 or array.dtype != np.float32 or len(array) < shortest:
             raise TransformError(f"transform {spec} returned a waveform of {array.dtype} {list(array.shape)}; "
-                                 f"expected float32 [N], N >= {shortest} (n_fft // 2 + 1)")
+                                 f"expected float32 [N], N >= {shortest} (the framing's shortest clip)")
         if not np.all(np.isfinite(array)):
             raise TransformError(f"transform {spec} returned a waveform with NaN or inf")
         return array

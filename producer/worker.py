@@ -288,15 +288,19 @@ class Producer:
             self._ready.pop(lease_id, None)
 
     def _check_transforms(self, welcome: wire.Message) -> None:
-        """The user transforms the trainer runs must run here, in the same version; Refused
-        (one line, exit status 2) when one is missing or differs."""
+        """The user transforms (and mel function, features.user) the trainer runs must run here,
+        in the same version; Refused (one line, exit status 2) when one is missing or differs."""
         from stoker.producer.transforms import TransformSetupError, load_user
+        from stoker.shared.mel import MelFunctionError, user_mel_function
 
         transforms = TransformsConfig(**(welcome.get("transforms") or {}))
+        user_mel = FeaturesConfig(**(welcome.get("features") or {})).user
         theirs = welcome.get("transform_versions") or {}
         try:
             mine = {spec: version for spec, _, version in load_user(transforms.user)}
-        except TransformSetupError as exc:
+            if user_mel:
+                mine[user_mel] = user_mel_function(user_mel)[1]
+        except (TransformSetupError, MelFunctionError) as exc:
             raise Refused(f"the trainer's transforms cannot run on host {self.host}: {exc}") from None
         for spec, version in mine.items():
             if theirs.get(spec) != version:

@@ -46,8 +46,9 @@ LEGEND: dict[str, str] = {
     "R": "reference frames (batching.ref_frames; a longer reference is cropped around its middle)",
 }
 BUCKETED = ("L", "T")  # the dimensions a bucket fixes; the trainer traces once per (L, T)
-# The log-mel's padding is the floor of the log: log(features.log_floor), known from the config.
-MEL_PAD = "log(features.log_floor)"
+# The log-mel's padding is the value of digital silence under the configured convention (0 when
+# each clip is scaled to [0, 1]), known from the config: shared/mel.py mel_pad_value.
+MEL_PAD = "silence (mel_pad_value)"
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,13 @@ class BatchSchema:
         return tuple(f for f in self.fields if f.length_of)
 
 
-    def pad_values(self, log_floor: float) -> dict[str, float]:
-        """Each field's padding value as a number (the mel's from ``features.log_floor``)."""
-        return {f.name: float(np.log(log_floor)) if f.pad == MEL_PAD else float(f.pad) for f in self.fields}
+    def pad_values(self, features: Any, mel_norm: str) -> dict[str, float]:
+        """Each field's padding value as a number, the mel's (MEL_PAD) that of silence under the
+        run's ``features`` (a FeaturesConfig) and ``transforms.mel_norm``."""
+        from .mel import mel_pad_value
+
+        mel = mel_pad_value(features, mel_norm)
+        return {f.name: mel if f.pad == MEL_PAD else float(f.pad) for f in self.fields}
 
     def shapes(self, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
         return {f.name: f.shape(dims) for f in self.fields}

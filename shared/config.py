@@ -104,7 +104,15 @@ class FeaturesConfig:
     n_mels: int
     fmin_hz: float
     fmax_hz: float
-    log_floor: float  # magnitudes below this are clamped before the log
+    mel_scale: str  # slaney | htk (triangles linear in Hz) | tf (HTK, triangles linear in mel)
+    filter_norm: str  # slaney (unit-area filters) | none (peak 1)
+    padding: str  # reflect | constant (centred frames) | end | none (frames from sample 0)
+    power: float  # 1: magnitude | 2: power
+    log: str  # ln | log10 | db
+    log_floor: float  # log(max(mel + log_offset, log_floor))
+    log_offset: float
+    top_db: float  # log: db only: each clip clamped to its maximum - top_db (0: off)
+    user: str  # "" | package.module:function, the user's mel: (audio, sample_rate_hz) -> float32 [T, n_mels]
     backend: str  # "tf": TensorFlow ops on the data device; "numpy": numpy/scipy; "auto": tf on a GPU
 
 
@@ -125,7 +133,7 @@ class TransformsConfig:
     peak_dbfs: float
     loudness_lufs: float
     preemphasis: float  # y[n] = x[n] - a x[n-1] (0: off; 0.97 is common)
-    mel_norm: str  # off | dataset: (mel - mean) / std per channel, the dataset's statistics (precompute)
+    mel_norm: str  # off | dataset: (mel - mean) / std per channel (precompute) | clip_minmax: each clip to [0, 1]
 
 
 @section("batching")
@@ -307,7 +315,7 @@ def _validate(cfg: Config) -> None:
         "pipeline.lease_ahead": p.lease_ahead, "pipeline.heartbeat_interval_s": p.heartbeat_interval_s,
         "pipeline.max_message_mb": p.max_message_mb, "trainer.log_every_steps": t.log_every_steps,
         "pipeline.lease_timeout_s": p.lease_timeout_s, "trainer.keep_checkpoints": t.keep_checkpoints,
-        "data.max_tokens": cfg.data.max_tokens, "features.log_floor": f.log_floor,
+        "data.max_tokens": cfg.data.max_tokens,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -329,6 +337,7 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
             f"{f.fmin_hz}, {f.fmax_hz}, {f.sample_rate_hz / 2}")
     if f.backend not in ("auto", "tf", "numpy"):
         raise ConfigError(f"features.backend must be 'auto', 'tf' or 'numpy', got {f.backend!r}")
+    _validate_mel_convention(cfg)
     if b.max_frames < 0:
         raise ConfigError(f"batching.max_frames must be >= 0 (0: fixed batch_size rows), got {b.max_frames}")
     if p.heartbeat_timeout_s <= p.heartbeat_interval_s:
@@ -339,6 +348,38 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
         schema_for(b.fields)
     except ValueError as exc:
         raise ConfigError(f"batching.fields: {exc}") from None
+
+
+MEL_SCALES = ("slaney", "htk", "tf")
+FILTER_NORMS = ("slaney", "none")
+PADDINGS = ("reflect", "constant", "end", "none")
+POWERS = (1.0, 2.0)
+LOGS = ("ln", "log10", "db")
+MEL_NORMS = ("off", "dataset", "clip_minmax")
+
+
+def _validate_mel_convention(cfg: Config) -> None:
+    """The mel convention's settings (producer/features.py), one line for the first wrong one."""
+    f = cfg.features
+    for key, value, allowed in (("mel_scale", f.mel_scale, MEL_SCALES), ("filter_norm", f.filter_norm, FILTER_NORMS),
+                                ("padding", f.padding, PADDINGS), ("log", f.log, LOGS)):
+        if value not in allowed:
+            raise ConfigError(f"features.{key} must be one of {', '.join(allowed)}, got {value!r}")
+    if f.power not in POWERS:
+        raise ConfigError(f"features.power must be 1 (magnitude) or 2 (power), got {f.power}")
+    if min(f.log_floor, f.log_offset, f.top_db) < 0 or max(f.log_floor, f.log_offset) <= 0:
+        raise ConfigError(f"need features.log_floor >= 0, log_offset >= 0 (one of them positive: the log of "
+                          f"silence) and top_db >= 0; got {f.log_floor}, {f.log_offset}, {f.top_db}")
+    if f.top_db > 0 and f.log != "db":
+        raise ConfigError(f"features.top_db clamps decibels: it needs features.log: db (got {f.log!r})")
+    if f.user and not _is_function_spec(f.user):
+        raise ConfigError(f"features.user must be package.module:function, got {f.user!r}")
+    if f.user and (cfg.transforms.trim_db > 0 or cfg.transforms.normalize != "off"):
+        raise ConfigError("features.user cannot be combined with transforms.trim_db or transforms.normalize, which "
+                          "measure the built-in mel's frames")
+    if f.padding == "none" and "audio" in schema_for(cfg.batching.fields).names:
+        raise ConfigError("batching.fields audio needs features.padding reflect, constant or end: without padding "
+                          "a clip's samples do not fit in T x hop_length")
 
 
 def _validate_trainer(t: TrainerConfig) -> None:
@@ -393,8 +434,8 @@ def _validate_transforms(cfg: Config) -> None:
     for spec in (s.strip() for s in tr.user.split(",") if s.strip()):
         if not _is_function_spec(spec):
             raise ConfigError(f"transforms.user: {spec!r} is not package.module:function")
-    if tr.mel_norm not in ("off", "dataset"):
-        raise ConfigError(f"transforms.mel_norm must be off or dataset, got {tr.mel_norm!r}")
+    if tr.mel_norm not in MEL_NORMS:
+        raise ConfigError(f"transforms.mel_norm must be one of {', '.join(MEL_NORMS)}, got {tr.mel_norm!r}")
     if tr.normalize not in ("off", "peak", "loudness"):
         raise ConfigError(f"transforms.normalize must be off, peak or loudness, got {tr.normalize!r}")
     if tr.trim_db < 0 or not 0 <= tr.preemphasis < 1 or tr.peak_dbfs > 0:

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .config import TRANSFORMS_REVISION
+from .mel import features_key
 
 # A channel that never varies (an empty filter, a silent band) is divided by this, not by 0.
 MIN_STD = 1e-3
@@ -32,7 +33,7 @@ KEY_HEX = 16
 def stats_key(features: Any, transforms: Any, dataset_fingerprint: str) -> str:
     """What a dataset's mel statistics depend on: the feature definition, the transforms
     before the mel (not mel_norm itself) and the dataset."""
-    feats = {k: v for k, v in dataclasses.asdict(features).items() if k != "backend"}
+    feats = features_key(features)
     chain = {k: v for k, v in dataclasses.asdict(transforms).items() if k not in ("mel_norm", "fields")}
     if transforms.trim_db > 0 or transforms.normalize != "off":
         chain["revision"] = TRANSFORMS_REVISION
@@ -99,6 +100,20 @@ def load(data: Mapping[str, Any], n_mels: int) -> tuple[np.ndarray, np.ndarray]:
     if mean.shape != (n_mels,) or std.shape != (n_mels,) or not np.all(std > 0):
         raise ValueError(f"mel statistics of {list(mean.shape)} and {list(std.shape)} channels, expected {n_mels}")
     return mean, std
+
+
+def minmax(mel: np.ndarray, lengths: np.ndarray) -> None:
+    """``transforms.mel_norm: clip_minmax``: each row's valid frames of a batch [B, T, F] as
+    ``(mel - min) / (max - min)`` over the clip (every frame and channel), in place, so in
+    [0, 1]; a constant clip becomes 0; padding stays."""
+    for row, length in enumerate(np.asarray(lengths)):
+        valid = mel[row, :int(length)]
+        if not valid.size:
+            continue
+        low, high = valid.min(), valid.max()
+        np.subtract(valid, low, out=valid)
+        if high > low:
+            np.divide(valid, high - low, out=valid)
 
 
 def normalize(mel: np.ndarray, lengths: np.ndarray, mean: np.ndarray, std: np.ndarray) -> None:

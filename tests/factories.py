@@ -65,6 +65,7 @@ def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, 
                valid: int | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """A collated batch with ``valid`` real rows (the rest empty), as producers send them."""
     from stoker.shared.batch import SCHEMA, batch_dims, collate
+    from stoker.shared.config import FeaturesConfig
 
     rng = np.random.default_rng(seed)
     valid = batch_size if valid is None else valid
@@ -72,7 +73,7 @@ def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, 
     mels = [rng.standard_normal((int(rng.integers(1, max_frames + 1)), n_mels)).astype(np.float32)
             for _ in range(valid)]
     return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
-                   batch_dims(batch_size, (max_tokens, max_frames), n_mels), SCHEMA.pad_values(1e-5))
+                   batch_dims(batch_size, (max_tokens, max_frames), n_mels), SCHEMA.pad_values(FeaturesConfig(), "off"))
 
 
 def make_samples(count: int = 100, seed: int = 0, max_tokens: int = 150, max_frames: int = 800,

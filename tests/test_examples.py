@@ -54,7 +54,7 @@ def batch_of(tokens: list[np.ndarray], mels: list[np.ndarray], fields: str = FIE
     speakers = speakers or [i % 2 for i in range(len(tokens))]
     rows = [example(t, m, schema, speaker_id=s) for t, m, s in zip(tokens, mels, speakers)]
     dims = batch_dims(size or len(rows), (max(map(len, tokens)) + 2, max(map(len, mels)) + 3), N_MELS)
-    return collate(rows, dims, schema.pad_values(1e-5), schema)
+    return collate(rows, dims, schema.pad_values(config_mod.FeaturesConfig(), "off"), schema)
 
 
 def total_loss(out: dict) -> float:

@@ -50,7 +50,7 @@ def index_config(data: DataConfig, features: FeaturesConfig, text: TextConfig, f
         "columns": data.columns, "metadata_file": data.metadata_file, "min_audio_s": data.min_audio_s,
         "max_audio_s": data.max_audio_s,
         "max_tokens": data.max_tokens, "sample_rate_hz": features.sample_rate_hz, "n_fft": features.n_fft,
-        "hop_length": features.hop_length,
+        "hop_length": features.hop_length, "padding": features.padding,
     }
 
 

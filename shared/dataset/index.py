@@ -30,6 +30,7 @@ from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_au
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, parse_entries
+from ..mel import min_num_samples, num_frames
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
 from ..vocab import Vocabulary
 
@@ -410,7 +411,7 @@ def _apply_rules(entries: list[Entry], rejected: list[Rejection], audio: dict[st
             continue
         made, count, code, speaker = said
         name, n, duration = heard
-        samples.append(Sample(entry.id, entry.text, count, 1 + n // features.hop_length, duration, name,
+        samples.append(Sample(entry.id, entry.text, count, num_frames(n, features), duration, name,
                               entry.line, code, speaker, made.units))
     return samples, rejected, report.to_json()
 
@@ -473,10 +474,11 @@ def _audio_rules(entry: Entry, audio: dict[str, AudioFile], probes: dict[str, Au
         return Rejection(entry.id, f"clip of {duration:.2f} s {bound} s: {where} ({place})", line=entry.line,
                          file=where, kind="duration")
     n = expected_samples(probe.frames, probe.rate, features.sample_rate_hz)
-    shortest = features.n_fft // 2 + 1  # reflect centre padding needs this many samples
+    shortest = min_num_samples(features)  # the framing's shortest clip (shared/mel.py)
     if n < shortest:
-        return Rejection(entry.id, f"clip of {n} samples at {features.sample_rate_hz} Hz is shorter than "
-                                   f"n_fft/2+1 = {shortest}: {where} ({place})", line=entry.line, file=where,
+        return Rejection(entry.id, f"clip of {n} samples at {features.sample_rate_hz} Hz is shorter than the "
+                                   f"{shortest} its framing needs (features.padding {features.padding}): {where} "
+                                   f"({place})", line=entry.line, file=where,
                          kind="duration")
     return file.name, n, duration
 

@@ -69,7 +69,7 @@ def test_export_round_trip_in_plain_tensorflow(tmp_path) -> None:
                           capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-2000:]
 
-    inputs = one_batch(tokens, 40, 80, SCHEMA.pad_values(cfg.features.log_floor), SCHEMA)
+    inputs = one_batch(tokens, 40, 80, SCHEMA.pad_values(cfg.features, "off"), SCHEMA)
     expected = tts.outputs_of(SAVED_MODELS[run_dir](inputs, training=False))
     np.testing.assert_allclose(np.load(tmp_path / "mel.npy"), np.asarray(expected["mel"]), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.load(tmp_path / "lf.npy"), np.asarray(expected["log_frames"]), rtol=1e-5)

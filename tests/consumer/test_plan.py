@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from stoker.consumer.plan import EpochPlanner, InputPosition, frame_budget_bounds, group_buckets, make_buckets, rows_for
-from stoker.shared.config import BatchingConfig
+from stoker.shared.config import BatchingConfig, FeaturesConfig
 from stoker.shared.dataset import Sample
 from tests.factories import make_samples
 
@@ -147,7 +147,7 @@ def test_a_per_row_mean_loss_of_each_batch_is_the_loss_of_its_clips(fixed, repli
     by_id = {s.id: s for s in samples}
     rng = np.random.default_rng(0)
     mels = {s.id: rng.normal(size=(s.num_frames, 2)).astype(np.float32) for s in samples}
-    pads = schema.pad_values(1e-5)
+    pads = schema.pad_values(FeaturesConfig(), "off")
     for planner in planners:
         for batch in planner.plan(0):
             if not batch.ids:

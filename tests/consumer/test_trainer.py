@@ -214,7 +214,7 @@ def test_optional_fields_reach_the_model_and_one_it_lacks_is_named() -> None:
     rng = np.random.default_rng(0)
     rows = [example(rng.integers(2, TOKEN_IDS, size=5 + i), rng.standard_normal((20 + i, 80)).astype(np.float32),
                     schema, speaker_id=i % 3, language_id=i % 2) for i in range(3)]
-    arrays = collate(rows, batch_dims(4, SHAPE, 80), schema.pad_values(1e-5), schema)
+    arrays = collate(rows, batch_dims(4, SHAPE, 80), schema.pad_values(config_mod.FeaturesConfig(), "off"), schema)
     assert arrays["speaker_id"].tolist() == [0, 1, 2, 0] and arrays["language_id"].tolist() == [0, 1, 0, 0]
     losses = trainer.resolve([trainer.step(trainer.stage(arrays)) for _ in range(20)])
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]

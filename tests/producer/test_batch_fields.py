@@ -3,6 +3,7 @@ log-mel of each clip's reference clip (``ref_mel``), with their lengths and padd
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,66 @@ def test_mel_norm_normalises_the_valid_frames_and_reports_the_raw_sums(dataset) 
     assert normed.fields["mel_stats"] == plain.fields["mel_stats"]
     sums = MelStats.from_fields(plain.fields["mel_stats"], FEATURES.n_mels)
     assert sums.frames == int(plain.arrays["mel_lengths"].sum())
+
+
+def test_clip_minmax_scales_each_clip_to_0_1_and_pads_with_0(dataset) -> None:
+    from stoker.shared.config import TransformsConfig
+
+    root, ids = dataset
+    plain = _maker(root, "ref_mel").make(_lease(ids[:2], [ids[2], ids[3]]))
+    entries, _ = read_metadata(root)
+    files = {k: v.name for k, v in scan_audio(root).items()}
+    scaled = BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
+                        schema=schema_for("ref_mel"), ref_frames=REF_FRAMES,
+                        transforms=TransformsConfig(mel_norm="clip_minmax")).make(_lease(ids[:2], [ids[2], ids[3]]))
+    for name, lengths in (("mel", "mel_lengths"), ("ref_mel", "ref_mel_lengths")):
+        for row in range(2):
+            n = plain.arrays[lengths][row]
+            raw = plain.arrays[name][row, :n]
+            np.testing.assert_allclose(scaled.arrays[name][row, :n], (raw - raw.min()) / (raw.max() - raw.min()),
+                                       rtol=0, atol=1e-6)
+        assert not np.isnan(scaled.arrays[name]).any()
+        for row in range(len(scaled.arrays[lengths])):  # real rows only
+            assert np.all(scaled.arrays[name][row, scaled.arrays[lengths][row]:] == 0.0)  # padding: 0
+    assert scaled.fields["mel_stats"] == plain.fields["mel_stats"]  # the sums are of the mel as defined
+
+
+def test_a_users_mel_function_makes_the_mels_and_its_silence_pads(dataset, tmp_path) -> None:
+    import dataclasses
+
+    from tests.producer.user_mels import frame_levels
+
+    root, ids = dataset
+    features = dataclasses.replace(FEATURES, user="tests.producer.user_mels:frame_levels")
+    entries, _ = read_metadata(root)
+    files = {k: v.name for k, v in scan_audio(root).items()}
+    maker = BatchMaker(root, {e.id: e.text for e in entries}, features, None, "p0", files=files,
+                       schema=schema_for(""), feature_cache=str(tmp_path / "cache"))
+    for _ in range(2):  # computed, then read back from the feature cache
+        batch = maker.make(_lease(ids[:2]))
+        assert batch.fields["ids"] == ids[:2] and batch.fields["rejected"] == []
+        for row, sample_id in enumerate(ids[:2]):
+            audio = load_audio(root / "wavs" / f"{sample_id}.wav", FEATURES.sample_rate_hz)
+            n = batch.arrays["mel_lengths"][row]
+            np.testing.assert_allclose(batch.arrays["mel"][row, :n], frame_levels(audio, 22050), rtol=0, atol=1e-3)
+            assert np.all(batch.arrays["mel"][row, n:] == np.float32(np.log(1e-3)))  # silence's value
+    assert maker.cache.counts.hits == 2 and maker.cache.counts.written == 2
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("one_frame_short", r"returned float32 \[(\d+), 80\]; expected finite float32 \[(\d+), 80\] for \d+ samples"),
+    ("raises", r"RuntimeError: no mel for \d+ samples")])
+def test_a_users_mel_function_that_fails_rejects_the_clip(dataset, name: str, reason: str) -> None:
+    import dataclasses
+
+    root, ids = dataset
+    features = dataclasses.replace(FEATURES, user=f"tests.producer.user_mels:{name}")
+    entries, _ = read_metadata(root)
+    files = {k: v.name for k, v in scan_audio(root).items()}
+    batch = BatchMaker(root, {e.id: e.text for e in entries}, features, None, "p0", files=files,
+                       schema=schema_for("")).make(_lease(ids[:2]))
+    assert batch.fields["ids"] == [] and [r["id"] for r in batch.fields["rejected"]] == ids[:2]
+    for rejected in batch.fields["rejected"]:
+        assert rejected["reason"].startswith(f"features.user tests.producer.user_mels:{name}")
+        found = re.search(reason, rejected["reason"])
+        assert found and (not found.groups() or int(found[1]) + 1 == int(found[2]))

@@ -29,6 +29,7 @@ from stoker.producer.features import (
     num_frames,
     pad_value,
 )
+from stoker.shared import mel as shared_mel
 from stoker.shared.config import FeaturesConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -317,3 +318,201 @@ def test_public_function_defaults_and_accepts_float64() -> None:
     result = log_mel_spectrogram(audio.astype(np.float64))
     assert result.dtype == np.float32 and result.shape == (num_frames(audio.shape[0], CFG), CFG.n_mels)
     assert relative_error(result, log_mel_spectrogram_numpy(audio, CFG)) <= MAX_RELATIVE_ERROR
+
+
+# ------------------------------------------------------------------------ conventions
+
+# One config per family of code bases (shared/config.py features.*): each checked against
+# librosa's definition (and tf.signal's where it is tf's) on the numpy reference, on the
+# numpy backend and on the TF backend, one clip at a time and batched.
+CONVENTIONS = {
+    "default": {},
+    "htk-unnormalised-constant-power-log10": dict(mel_scale="htk", filter_norm="none", padding="constant", power=2.0,
+                                                  log="log10", log_floor=1e-10),
+    "slaney-unnormalised-uncentred-db-top80": dict(filter_norm="none", padding="none", log="db", top_db=80.0),
+    "htk-slaney-end-power-db-offset": dict(mel_scale="htk", padding="end", power=2.0, log="db", log_floor=1e-10,
+                                           log_offset=1e-4, top_db=60.0),
+    "tf-end-ln-offset": dict(mel_scale="tf", filter_norm="none", padding="end", log_floor=0.0, log_offset=1e-6),
+    "reflect-ln-offset-and-floor": dict(log_floor=1e-3, log_offset=1e-4, fmin_hz=40.0, n_mels=64),
+}
+
+
+def convention(name: str, **extra: object) -> FeaturesConfig:
+    return dataclasses.replace(CFG, **{**CONVENTIONS[name], **extra})
+
+
+def linear(log_mel: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """The mel values a log-mel of ``cfg`` is the log of (its log undone), float64."""
+    return np.exp(np.asarray(log_mel, np.float64) / shared_mel.log_scale(cfg))
+
+
+def convention_error(ours: np.ndarray, expected: np.ndarray, cfg: FeaturesConfig) -> float:
+    """relative_error on the linear values of ``cfg``'s log."""
+    a, b = linear(ours, cfg), linear(expected, cfg)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def librosa_convention(audio: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """``cfg``'s log-mel from librosa's pieces: melspectrogram (stft with center and pad_mode,
+    filters.mel with htk and norm), tf.signal's filters for mel_scale tf, and power_to_db /
+    amplitude_to_db for dB; padding at the end is librosa's uncentred stft of the clip
+    zero-padded as tf.signal.frame(pad_end=True) pads it. [T, M] float64."""
+    librosa = pytest.importorskip("librosa")
+    y = audio.astype(np.float64)
+    if cfg.padding == "end":
+        frames = -(-len(y) // cfg.hop_length)
+        y = np.pad(y, (0, (frames - 1) * cfg.hop_length + cfg.n_fft - len(y)))
+    stft = np.abs(librosa.stft(y, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
+                               window="hann", center=cfg.padding in ("reflect", "constant"),
+                               pad_mode="reflect" if cfg.padding == "reflect" else "constant")) ** cfg.power
+    if cfg.mel_scale == "tf":
+        fb = tf_mel_matrix(cfg)
+    else:
+        fb = librosa.filters.mel(sr=cfg.sample_rate_hz, n_fft=cfg.n_fft, n_mels=cfg.n_mels, fmin=cfg.fmin_hz,
+                                 fmax=cfg.fmax_hz, htk=cfg.mel_scale == "htk",
+                                 norm="slaney" if cfg.filter_norm == "slaney" else None).T
+    mel = (stft.T @ fb) + cfg.log_offset  # [T, M]
+    if cfg.padding in ("reflect", "constant", "none") and cfg.mel_scale != "tf":  # the one-call form agrees
+        whole = librosa.feature.melspectrogram(
+            y=y, sr=cfg.sample_rate_hz, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
+            center=cfg.padding != "none", pad_mode="reflect" if cfg.padding == "reflect" else "constant",
+            power=cfg.power, n_mels=cfg.n_mels, fmin=cfg.fmin_hz, fmax=cfg.fmax_hz, htk=cfg.mel_scale == "htk",
+            norm="slaney" if cfg.filter_norm == "slaney" else None).T
+        np.testing.assert_allclose(whole + cfg.log_offset, mel, rtol=1e-9, atol=1e-12)
+    top_db = cfg.top_db or None
+    if cfg.log == "db":
+        to_db = librosa.power_to_db if cfg.power == 2 else librosa.amplitude_to_db
+        return to_db(mel, ref=1.0, amin=cfg.log_floor, top_db=top_db)
+    floored = np.maximum(mel, cfg.log_floor)
+    return np.log(floored) if cfg.log == "ln" else np.log10(floored)
+
+
+def tf_mel_matrix(cfg: FeaturesConfig) -> np.ndarray:
+    import tensorflow as tf
+
+    return tf.signal.linear_to_mel_weight_matrix(cfg.n_mels, cfg.n_fft // 2 + 1, cfg.sample_rate_hz, cfg.fmin_hz,
+                                                 cfg.fmax_hz, dtype=tf.float64).numpy()
+
+
+BATCH_LENGTHS = (1024, 5000, 22050 + 129)  # a clip of one whole frame, and others off the hop grid
+
+
+@pytest.mark.parametrize("name", list(CONVENTIONS))
+def test_convention_matches_librosa_numpy(name: str) -> None:
+    cfg = convention(name, backend="numpy")
+    audio = chirp_with_noise(1.0, cfg)
+    expected = librosa_convention(audio, cfg)
+    reference = log_mel_spectrogram_numpy(audio, cfg)
+    assert reference.shape == expected.shape == (num_frames(len(audio), cfg), cfg.n_mels)
+    assert convention_error(reference, expected, cfg) <= LIBROSA_TOLERANCE
+    clips = [audio[:n] for n in BATCH_LENGTHS] + [audio]
+    for clip, ours in zip(clips, MelComputer(cfg)(clips)):
+        assert ours.dtype == np.float32 and ours.shape == (num_frames(len(clip), cfg), cfg.n_mels)
+        assert convention_error(ours, log_mel_spectrogram_numpy(clip, cfg), cfg) <= MAX_RELATIVE_ERROR
+    assert convention_error(MelComputer(cfg)([audio])[0], expected, cfg) <= LIBROSA_TOLERANCE
+
+
+@pytest.mark.parametrize("name", list(CONVENTIONS))
+def test_convention_tf_backend_matches_the_reference(name: str) -> None:
+    cfg = convention(name, backend="tf")
+    audio = chirp_with_noise(1.0, cfg)
+    clips = [audio[:n] for n in BATCH_LENGTHS] + [audio]
+    for clip, ours in zip(clips, MelComputer(cfg)(clips)):
+        reference = log_mel_spectrogram_numpy(clip, cfg)
+        assert ours.shape == reference.shape
+        assert convention_error(ours, reference, cfg) <= MAX_RELATIVE_ERROR
+    assert convention_error(log_mel_spectrogram(audio, cfg), librosa_convention(audio, cfg), cfg) \
+        <= LIBROSA_TOLERANCE
+
+
+@pytest.mark.parametrize("cfg", [convention("tf-end-ln-offset"), convention("htk-slaney-end-power-db-offset")],
+                         ids=["magnitude", "power"])
+def test_padding_at_the_end_is_tf_signal_stft_pad_end(cfg: FeaturesConfig) -> None:
+    import tensorflow as tf
+
+    audio = chirp_with_noise(1.0, cfg)[:22050 - 77]
+    stft = tf.signal.stft(tf.constant(audio, tf.float64), cfg.n_fft, cfg.hop_length, cfg.n_fft, pad_end=True)
+    spectrum = np.abs(stft.numpy()) ** cfg.power  # tf.signal's periodic Hann of n_fft
+    assert spectrum.shape[0] == num_frames(len(audio), cfg) == -(-len(audio) // cfg.hop_length)
+    ours = MelComputer(dataclasses.replace(cfg, mel_scale="tf", filter_norm="none", backend="numpy")).analyse([audio])
+    np.testing.assert_allclose(ours[0][0], spectrum @ tf_mel_matrix(cfg), rtol=1e-3,
+                               atol=1e-5 * float(np.max(spectrum @ tf_mel_matrix(cfg))))
+
+
+@pytest.mark.parametrize("cfg", [convention("tf-end-ln-offset"), dataclasses.replace(CFG, fmin_hz=125.0,
+                                                                                       fmax_hz=7600.0, n_mels=128)])
+def test_tf_mel_scale_is_tf_signal_linear_to_mel_weight_matrix(cfg: FeaturesConfig) -> None:
+    cfg = dataclasses.replace(cfg, mel_scale="tf", filter_norm="none")
+    np.testing.assert_allclose(mel_filterbank(cfg), tf_mel_matrix(cfg), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("padding, shortest", [("reflect", 513), ("constant", 1), ("end", 1), ("none", 1024)])
+def test_num_frames_and_shortest_clip_follow_the_padding(padding: str, shortest: int) -> None:
+    cfg = dataclasses.replace(CFG, padding=padding, backend="numpy")
+    assert features.min_num_samples(cfg) == shortest
+    for n in (shortest, shortest + 1, 1023, 1024, 1025, 5000, 22050, 256 * 40):
+        if n < shortest:
+            continue
+        frames = log_mel_spectrogram_numpy(np.zeros(n, np.float32), cfg).shape[0]
+        assert frames == num_frames(n, cfg) == len(MelComputer(cfg)([np.zeros(n, np.float32)])[0])
+        assert frames == {"end": -(-n // 256), "none": 1 + (n - 1024) // 256}.get(padding, 1 + n // 256)
+    if shortest > 1:
+        with pytest.raises(ValueError, match="at least"):
+            log_mel_spectrogram_numpy(np.zeros(shortest - 1, np.float32), cfg)
+
+
+@pytest.mark.parametrize("name", list(CONVENTIONS))
+def test_pad_value_is_what_silence_gives(name: str) -> None:
+    cfg = convention(name, backend="numpy")
+    silence = log_mel_spectrogram_numpy(np.zeros(4000, np.float32), cfg)
+    np.testing.assert_allclose(silence, pad_value(cfg), rtol=1e-12)
+    np.testing.assert_allclose(MelComputer(cfg)([np.zeros(4000, np.float32)])[0], pad_value(cfg), rtol=1e-6)
+    assert shared_mel.mel_pad_value(cfg, "clip_minmax") == 0.0
+    assert shared_mel.mel_pad_value(cfg, "dataset") == shared_mel.mel_pad_value(cfg, "off") == pad_value(cfg)
+
+
+def users_training_mel(audio: np.ndarray, rate_hz: int) -> np.ndarray:
+    """The user's mel (issue "The feed in the users' own trainers"), written out in float64: a
+    non-centred STFT padded at the end (tf.signal.stft(pad_end=True): periodic Hann of n_fft),
+    the magnitude, HTK mel filters without area normalisation as tf.signal makes them (triangles
+    linear in HTK mel), log(x + 1e-6), then each clip min-max scaled to [0, 1]."""
+    n_fft, hop, n_mels, fmin, fmax = 1024, 256, 80, 0.0, 8000.0
+    count = -(-len(audio) // hop)
+    padded = np.pad(audio.astype(np.float64), (0, (count - 1) * hop + n_fft - len(audio)))
+    frames = np.stack([padded[t * hop:t * hop + n_fft] for t in range(count)])
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+    magnitude = np.abs(np.fft.rfft(frames * window, axis=-1))  # [T, 513]
+
+    def mel(hz: np.ndarray) -> np.ndarray:
+        return 1127.0 * np.log1p(np.asarray(hz) / 700.0)
+
+    bins = mel(np.linspace(0.0, rate_hz / 2, n_fft // 2 + 1))[:, None]
+    edges = np.linspace(mel(fmin), mel(fmax), n_mels + 2)
+    lower, centre, upper = edges[:-2], edges[1:-1], edges[2:]
+    weights = np.maximum(0.0, np.minimum((bins - lower) / (centre - lower), (upper - bins) / (upper - centre)))
+    weights[0] = 0.0  # tf.signal zeroes the DC bin
+    log_mel = np.log(magnitude @ weights + 1e-6)
+    return (log_mel - log_mel.min()) / (log_mel.max() - log_mel.min())
+
+
+USERS_FEATURES = dict(mel_scale="tf", filter_norm="none", padding="end", power=1.0, log="ln", log_floor=0.0,
+                      log_offset=1e-6, top_db=0.0)  # with transforms.mel_norm: clip_minmax (docs/DESIGN.md)
+
+
+def test_the_users_mel_is_reproduced() -> None:
+    from stoker.shared.config import load
+    from stoker.shared.melstats import minmax
+
+    cfg = load(None, {**{f"features.{k}": v for k, v in USERS_FEATURES.items()},
+                      "transforms.mel_norm": "clip_minmax"})
+    audio = chirp_with_noise(1.0, cfg.features)[:20000]
+    expected = users_training_mel(audio, cfg.features.sample_rate_hz)
+    for ours, tolerance in ((log_mel_spectrogram_numpy(audio, cfg.features), 1e-9),
+                            (MelComputer(dataclasses.replace(cfg.features, backend="numpy"))([audio])[0], 1e-4),
+                            (log_mel_spectrogram(audio, cfg.features), 1e-4)):
+        batch = np.full((2, len(ours) + 5, cfg.features.n_mels), 7.0, ours.dtype)
+        batch[0, :len(ours)] = ours
+        minmax(batch, np.array([len(ours), 0]))  # as producers scale each clip of a batch
+        np.testing.assert_allclose(batch[0, :len(ours)], expected, rtol=0, atol=tolerance)
+        assert np.all(batch[0, len(ours):] == 7.0) and np.all(batch[1] == 7.0)  # padding and empty rows stay
+    assert shared_mel.mel_pad_value(cfg.features, cfg.transforms.mel_norm) == 0.0

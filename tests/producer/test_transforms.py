@@ -274,3 +274,36 @@ def test_a_new_definition_of_the_built_in_steps_changes_the_cache_key(monkeypatc
     key = Chain(TransformsConfig(trim_db=40.0), FEATURES).key
     monkeypatch.setattr(transforms, "TRANSFORMS_REVISION", transforms.TRANSFORMS_REVISION + 1)
     assert Chain(TransformsConfig(trim_db=40.0), FEATURES).key != key
+
+
+@pytest.mark.parametrize("padding", ["constant", "end", "none"])
+@pytest.mark.parametrize("power, log", [(1.0, "ln"), (2.0, "db")])
+def test_trim_and_gain_follow_the_framing_and_the_power(padding: str, power: float, log: str) -> None:
+    from stoker.shared.mel import num_frames
+
+    features = dataclasses.replace(FEATURES, padding=padding, power=power, log=log, log_floor=1e-10)
+    silence = np.zeros(40 * HOP, np.float32)
+    clip = np.concatenate([silence, 0.1 * _sine(2.0)[:100 * HOP], silence])
+    done = _finish(TransformsConfig(trim_db=40.0, normalize="peak", peak_dbfs=-1.0), clip, features)
+    assert float(np.abs(done.audio).max()) == pytest.approx(10 ** (-1 / 20), rel=1e-5)
+    assert done.mel.shape == (num_frames(len(done.audio), features), features.n_mels) == (done.cut.frames,
+                                                                                          features.n_mels)
+    scaled = clip * np.float32(done.cut.gain)  # the cut clip's mel is the scaled clip's, sliced
+    reference = log_mel_spectrogram_numpy(scaled, features)[done.cut.first:done.cut.first + done.cut.frames]
+    scale = 20.0 / power / math.log(10.0) if log == "db" else 1.0
+    assert relative_error(done.mel / scale, reference / scale) <= MAX_RELATIVE_ERROR
+    energy = _frame_powers(clip, features)[:, 0]  # every loud frame is kept, the silent ones are cut
+    loud = np.flatnonzero(energy > energy.max() * 1e-4)
+    centred = padding == "constant"  # and the frame centred on the cut's end
+    assert (done.cut.first, done.cut.first + done.cut.frames - 1) == (loud[0], loud[-1] + centred)
+
+
+@pytest.mark.parametrize("padding", ["end", "none"])
+def test_the_loudness_read_from_uncentred_frames_is_bs1770s(padding: str) -> None:
+    import pyloudnorm
+
+    features = dataclasses.replace(FEATURES, padding=padding)
+    for seed in range(3):
+        x = _bursty_noise(3.3, RATE, seed)
+        assert frame_loudness(_frame_powers(x, features)[:, 1], len(x), features) == pytest.approx(
+            pyloudnorm.Meter(RATE).integrated_loudness(x.astype(np.float64)), abs=FRAME_LOUDNESS_LU)

@@ -366,6 +366,19 @@ def test_a_transform_of_another_version_than_the_trainers_ends_with_status_2(set
     assert "transform tests.producer.user_transforms:halve" in caplog.text and said in caplog.text
 
 
+def test_a_mel_function_of_another_version_than_the_trainers_ends_with_status_2(setup, caplog):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    spec = "tests.producer.user_mels:frame_levels"
+    consumer.recv(wire.HELLO)
+    consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(dataclasses.replace(features,
+                                                                                                       user=spec)),
+                                 "fields": "", "metadata_file": "metadata.csv", "heartbeat_interval_s": 0.5,
+                                 "heartbeat_timeout_s": 30.0, "transform_versions": {spec: "sha256:0"}})
+    thread.join(10)
+    assert result["code"] == 2
+    assert f"transform {spec} is version sha256:" in caplog.text and "sha256:0 on the trainer" in caplog.text
+
+
 def test_the_trainers_transform_version_is_accepted(setup):
     from stoker.producer.transforms import load_user
 

@@ -203,7 +203,7 @@ def test_clip_shorter_than_min(good) -> None:
 def test_clip_shorter_than_a_frame(good) -> None:
     root, ids = good
     add_clip(root, "BLIP", 0.02)  # 441 samples < n_fft/2+1
-    _expect_rejected(root, ids, "BLIP", "shorter than n_fft/2+1", min_audio_s=0.01)
+    _expect_rejected(root, ids, "BLIP", "its framing needs (features.padding reflect)", min_audio_s=0.01)
 
 
 def test_all_faults_at_once_keep_the_good_clips(good) -> None:
@@ -269,6 +269,20 @@ def test_frame_count_with_another_hop(good) -> None:
     for sample in index.samples:
         frames = soundfile.info(str(root / "wavs" / f"{sample.id}.wav")).frames
         assert sample.num_frames == 1 + frames // 200
+
+
+@pytest.mark.parametrize("padding", ["end", "none"])
+def test_frame_count_follows_the_padding(good, padding: str) -> None:
+    from stoker.producer.features import log_mel_spectrogram_numpy
+    from stoker.producer.audio import load_audio
+
+    root, ids = good
+    features = FeaturesConfig(padding=padding, backend="numpy")
+    index = build_index(_data(root), features)
+    for sample in index.samples[:2]:
+        audio = load_audio(root / "wavs" / f"{sample.id}.wav", features.sample_rate_hz)
+        frames = {"end": -(-len(audio) // HOP), "none": 1 + (len(audio) - features.n_fft) // HOP}[padding]
+        assert sample.num_frames == frames == len(log_mel_spectrogram_numpy(audio, features))
 
 
 def test_expected_samples() -> None:

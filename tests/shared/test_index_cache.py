@@ -95,6 +95,7 @@ def test_an_edited_text_is_tokenized_again_alone(root: Path) -> None:
     {"data": {"max_audio_s": 1.0}},
     {"data": {"max_tokens": 40}},
     {"features": {"hop_length": 200}},
+    {"features": {"padding": "end"}},
     {"features": {"sample_rate_hz": 16000, "fmax_hz": 8000.0}},
     {"text": {"max_lost_frac": 0.5}},
 ])
@@ -110,7 +111,7 @@ def test_a_config_key_the_index_depends_on_rederives_it_without_reading_headers(
     assert fresh.stats.cache == "off" and fresh.stats.headers_read == CLIPS
 
 
-@pytest.mark.parametrize("change", [{"n_mels": 64}, {"backend": "numpy"}, {"log_floor": 1e-4}])
+@pytest.mark.parametrize("change", [{"n_mels": 64}, {"backend": "numpy"}, {"log_floor": 1e-4}, {"mel_scale": "htk"}])
 def test_a_config_key_the_index_ignores_keeps_the_cache(root: Path, change: dict) -> None:
     build_index(_data(root), FEATURES)
     assert build_index(_data(root), dataclasses.replace(FEATURES, **change)).stats.cache == "hit"
