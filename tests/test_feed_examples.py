@@ -114,7 +114,7 @@ def test_tuple_trainer_under_fit_killed_after_a_checkpoint_trains_every_clip_onc
     assert "restored step-00000010: the feed goes on from step 10" in resumed.stdout
     final = sorted(ckpt.glob("step-*"))[-1]
     trained = trained_clips(run_dir, json.loads((final / "trained.json").read_text()))
-    held_out = set()
+    held_out = set(read_json(run_dir / "validation.json")["ids"])
     clips = DEMO_IDS - held_out
     assert len(trained) == 3 * len(clips)  # what the model's steps saw, restored with its checkpoint
     for epoch in range(3):  # epoch after epoch, each clip once
