@@ -56,8 +56,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from stoker.consumer import validation
 from stoker.consumer.buffer import BatchQueue, QueuedBatch
-from stoker.consumer.checkpoint import RunCheckpoints, trim_step_log
+from stoker.consumer.checkpoint import RESUME_CONFIG, RunCheckpoints, trim_step_log
 from stoker.consumer.coordinator import Coordinator
 from stoker.consumer.handout import Confirmed, HandOutLedger
 from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError, ReferenceTable, TokenTable
@@ -72,7 +73,7 @@ from stoker.shared.layouts import Rejection
 from stoker.shared.melstats import MelStats, load, stats_key
 from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
 from stoker.shared.proc import EXIT_OK, parent_alive
-from stoker.shared.runfiles import MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
+from stoker.shared.runfiles import CONFIG, MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")
@@ -181,8 +182,6 @@ class FeedCore:
         cfg = self.cfg
         index = self.index
         if self.hold_out:
-            from stoker.consumer import validation
-
             train, self.val_samples, self._eval_rejected = validation.hold_out(index, cfg, self.run_dir)
         else:
             train, self._eval_rejected = list(index.samples), []
@@ -268,9 +267,6 @@ class FeedCore:
     def _resume_checkpoint(self) -> None:
         """Continue from the run directory's latest checkpoint: check it, cut the step logs back
         to it, adopt the config the launcher resolved for the resumed run, keep rejected.jsonl."""
-        from stoker.consumer.checkpoint import RESUME_CONFIG
-        from stoker.shared.runfiles import CONFIG
-
         resumed = self.checkpoints.resume()
         self.step = resumed.step
         self.started -= resumed.last_t  # "t" in metrics.jsonl goes on from the last row kept

@@ -39,6 +39,7 @@ from stoker.shared.batch import FRAMES
 from stoker.shared.errors import UserError
 from stoker.shared.gpumon import GpuSampler
 from stoker.shared.runfiles import CONFIG
+from stoker.shared.tfsetup import configure_replicas
 from stoker.shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
                          exit_without_teardown, flush_sockets, install_stop_handlers, setup_logging)
 
@@ -168,8 +169,6 @@ class TrainLoop:
         cfg, feed = self.cfg, self.feed
         devices = ["/CPU:0"]
         if uses_tensorflow(cfg.trainer.model):
-            from stoker.shared.tfsetup import configure_replicas
-
             _, devices = configure_replicas(gpu_memory_mb, cfg.devices.replicas or 1)
         budget = feed.expected_steps if feed.expected_steps else None
         trainer = make_trainer(cfg, devices, feed.planner.shapes, budget, feed.vocabulary.size,

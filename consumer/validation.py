@@ -27,7 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from stoker.consumer.plan import round_up
+from stoker.consumer.plan import ReferenceTable, TokenTable, round_up
+from stoker.producer.batches import BatchMaker
 from stoker.shared.batch import FRAMES
 from stoker.shared.config import Config, batch_schema
 from stoker.shared.dataset import DatasetIndex, Sample, build_index
@@ -82,8 +83,6 @@ def make_batches(samples: Sequence[Sample], root: Path, cfg: Config, vocabulary:
     mel normalisation included); clips that cannot be read here are left out (logged)."""
     if not samples:
         return []
-    from stoker.consumer.plan import ReferenceTable, TokenTable
-    from stoker.producer.batches import BatchMaker
 
     # The numpy backend (same definition as the TF one, within 1e-4): on the CPU, leaving the
     # model GPU to the trainer.
