@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from stoker.consumer import validation
 from stoker.consumer.buffer import BatchQueue, QueuedBatch
-from stoker.consumer.checkpoint import RESUME_CONFIG, RunCheckpoints, trim_step_log
+from stoker.consumer.checkpoint import RunCheckpoints, trim_step_log
 from stoker.consumer.coordinator import Coordinator
 from stoker.consumer.handout import Confirmed, HandOutLedger
 from stoker.consumer.plan import EpochPlanner, InputPosition, PositionError, ReferenceTable, TokenTable
@@ -73,7 +73,8 @@ from stoker.shared.layouts import Rejection
 from stoker.shared.melstats import MelStats, load, stats_key
 from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
 from stoker.shared.proc import EXIT_OK, parent_alive
-from stoker.shared.runfiles import CONFIG, MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VOCAB, write_json
+from stoker.shared.runfiles import (CONFIG, MEL_STATS, METRICS, REJECTED, RESUME_CONFIG, SAMPLES, SUMMARY, VOCAB,
+                                   write_json)
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")

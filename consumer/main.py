@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stoker.consumer import melimage, validation
-from stoker.consumer.checkpoint import RESUME_CONFIG
 from stoker.consumer.feed import FeedCore, Resolved, TransformFailed
 from stoker.consumer.trainer import ModelError, Trainer, make_trainer, uses_tensorflow
 from stoker.consumer.tb import TensorBoard
@@ -38,7 +37,7 @@ from stoker.shared import config as config_mod
 from stoker.shared.batch import FRAMES
 from stoker.shared.errors import UserError
 from stoker.shared.gpumon import GpuSampler
-from stoker.shared.runfiles import CONFIG
+from stoker.shared.runfiles import CONFIG, RESUME_CONFIG
 from stoker.shared.tfsetup import configure_replicas
 from stoker.shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
                          exit_without_teardown, flush_sockets, install_stop_handlers, setup_logging)

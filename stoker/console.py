@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from stoker.shared.runfiles import SUMMARY
+from stoker.shared.runfiles import REJECTED, SUMMARY
 
 
 def out(text: str = "") -> None:
@@ -31,7 +31,7 @@ def print_precompute_summary(run_dir: Path, cache_dir: str) -> None:
         f"{wall:.1f} s ({rate:.1f} clips/s, {len(s.get('producers') or [])} producers): "
         f"{cache.get('computed', 0)} computed, {cache.get('hits', 0)} already cached, "
         f"{cache.get('corrupt', 0)} corrupt entries recomputed, {s.get('rejected', 0)} clips rejected "
-        f"(see {run_dir / 'rejected.jsonl'})")
+        f"(see {run_dir / REJECTED})")
     out(f"  feature cache {cache_dir}; train with --set data.feature_cache={cache_dir}")
 
 

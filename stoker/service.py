@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from stoker.consumer.checkpoint import CKPT_DIR, RESUME_CONFIG, Checkpointer
+from stoker.consumer.checkpoint import Checkpointer
 from stoker.consumer.trainer import check_model
 from stoker.devices import list_gpus, plan_devices, requested_replicas
 from stoker.launcher import run_producers, run_training
@@ -30,7 +30,7 @@ from stoker.shared.errors import UserError
 from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
 from stoker.shared.mixes import is_mix
 from stoker.shared.proc import setup_logging
-from stoker.shared.runfiles import CONFIG
+from stoker.shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG
 
 log = logging.getLogger("stoker")
 

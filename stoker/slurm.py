@@ -50,13 +50,10 @@ from stoker.launcher import CONSUMER_READY_TIMEOUT_S
 from stoker.shared.errors import UserError
 from stoker.shared.keys import DEFAULT_CLIENT, SECRET_MODE, make_keys
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, setup_logging
-from stoker.shared.runfiles import write_json
+from stoker.shared.runfiles import HANDOVER_DIR, HANDOVER_FILE, HANDOVER_KEYS, write_json
 
 log = logging.getLogger("stoker.slurm")
 
-HANDOVER_DIR = "slurm"  # in the run directory
-HANDOVER_FILE = "endpoint.json"
-KEYS_DIR = "keys"
 HANDOVER_DIR_MODE = 0o700
 # The run directory of a new run without --run-dir: one per job, the same on every task.
 DEFAULT_RUN_DIR = "runs/slurm-{job_id}"
@@ -259,7 +256,7 @@ def make_job_keys(run_dir: Path) -> Path:
     directory = handover_dir(run_dir)
     directory.mkdir(mode=HANDOVER_DIR_MODE, exist_ok=True)
     os.chmod(directory, HANDOVER_DIR_MODE)
-    keys = directory / KEYS_DIR
+    keys = directory / HANDOVER_KEYS
     if keys.exists():
         shutil.rmtree(keys)
     make_keys(keys, [DEFAULT_CLIENT])
@@ -329,7 +326,7 @@ def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
 
 
 def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
-    args.keys = str(handover_dir(run_dir) / KEYS_DIR)
+    args.keys = str(handover_dir(run_dir) / HANDOVER_KEYS)
     if args.resume:
         cfg, resume_dir = service.resume_config(args)
     else:
@@ -364,7 +361,7 @@ def producer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
     threading.Thread(target=_watch_trainer, args=(run_dir, step.job_id, over), daemon=True).start()
     try:
         code = service.produce(record["endpoint"], record["data"], count, data_gpu=args.data_gpu,
-                               data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / KEYS_DIR),
+                               data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / HANDOVER_KEYS),
                                log_level=args.log_level or "INFO", host=step.node)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
