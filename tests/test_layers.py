@@ -9,6 +9,10 @@
 Every import counts, also one inside a function: a lazy import hides a cycle, it does not
 remove it. Processes are started by module name (``python -m stoker.consumer.main``), which is
 not an import.
+
+Below the layers, module by module: no module imports itself back through others; an import
+inside a function is for a heavy dependency or says why on its line; and every module has one
+name, stoker's (``import shared`` is refused, ``stoker.run`` does not exist).
 """
 
 from __future__ import annotations
