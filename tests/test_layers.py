@@ -177,6 +177,14 @@ def test_no_module_imports_itself_through_others() -> None:
     assert not cycles(graph), "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles(graph))
 
 
+def test_only_the_entry_point_imports_the_command_line() -> None:
+    """The command line parses and dispatches; what it runs is the run service's (stoker/service.py),
+    which stoker.Feed and Slurm's tasks call too."""
+    graph = import_graph()
+    assert sorted(name for name, edges in graph.items() if "stoker.cli" in edges) == ["stoker.__main__"]
+    assert {"stoker.service"} <= graph["stoker.cli"] & graph["stoker.feed"] & graph["stoker.slurm"]
+
+
 def test_the_cycle_check_finds_a_cycle_through_a_lazy_import() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
