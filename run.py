@@ -5,16 +5,13 @@
     python run.py produce --connect tcp://HOST:PORT --data DIR
     python run.py bench
 
-The same as the installed ``stoker`` command, from a checkout.
+The same as the installed ``stoker`` command, from a checkout: Python puts this file's
+directory first on the import path, and stoker's layers are its subpackages there
+(docs/DESIGN.md, Layout).
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from stoker.cli import main  # noqa: E402
-from stoker.shared.proc import exit_without_teardown  # noqa: E402
+from stoker.cli import main
+from stoker.shared.proc import exit_without_teardown
 
 if __name__ == "__main__":
     exit_without_teardown(main())  # sys.exit less the teardown of TensorFlow's modules (synth, export)

@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import resource
 import shutil
@@ -80,7 +81,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+import psutil
+
 from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, spread, table
+from stoker.consumer.plan import EpochPlanner, TokenTable
+from stoker.producer.audio import load_audio
+from stoker.producer.features import MelComputer, pad_value
+from stoker.shared.batch import SCHEMA, batch_dims, collate
+from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig
+from stoker.shared.dataset import build_index
 from stoker.shared.metrics import wait_share
 
 KINDS = ("stoker", "stoker (tf ops)", "tf.data", "tf.data service", "mp.Queue")
@@ -120,10 +130,6 @@ class AlternativesPlan:
 # ---------------------------------------------------------------- the shared work
 def plan_batches(data_dir: Path, steps: int) -> list[dict[str, Any]]:
     """The consumer's planned batches, epoch after epoch, until ``steps`` batches."""
-    from stoker.consumer.plan import EpochPlanner, TokenTable
-    from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig
-    from stoker.shared.dataset import build_index
-
     index = build_index(DataConfig(path=str(data_dir), index_cache="off"), FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
     files = {s.id: s.audio for s in index.samples}
@@ -142,11 +148,6 @@ def plan_batches(data_dir: Path, steps: int) -> list[dict[str, Any]]:
 
 def numpy_batch(batch: dict[str, Any], mels: Any, cfg: Any) -> dict[str, Any]:
     """One planned batch, as a stoker producer makes it (read, TF-op log-mel, tokens, pad)."""
-    import numpy as np
-
-    from stoker.producer.audio import load_audio
-    from stoker.shared.batch import SCHEMA, batch_dims, collate
-
     clips = [load_audio(Path(p), cfg.sample_rate_hz) for p in batch["paths"]]
     tokens = [np.asarray(t, np.int32) for t in batch["tokens"]]
     max_tokens, max_frames = batch["shape"]
@@ -156,8 +157,6 @@ def numpy_batch(batch: dict[str, Any], mels: Any, cfg: Any) -> dict[str, Any]:
 
 def plan_tensors(batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The plan as fixed-shape arrays for ``from_tensor_slices``: one row per batch."""
-    import numpy as np
-
     tokens = [[np.asarray(t, np.int32) for t in b["tokens"]] for b in batches]
     max_len = max([len(t) for row in tokens for t in row] + [b["shape"][0] for b in batches])  # bucket L
     n = len(batches)
@@ -177,8 +176,6 @@ def plan_tensors(batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def tf_batch_fn(cfg: Any) -> Callable[..., dict[str, Any]]:
     """The batch function in TensorFlow ops: read, log-mel (producer/features.py's tf.function), pad."""
     import tensorflow as tf
-
-    from stoker.producer.features import MelComputer, pad_value
 
     mel_fn = MelComputer(dataclasses.replace(cfg, backend="tf"))._tf_function()
     half, hop, n_mels, pad = cfg.n_fft // 2, cfg.hop_length, cfg.n_mels, pad_value(cfg)
@@ -233,8 +230,6 @@ def train_loop(next_batch: Callable[[], Any], steps: int, step_ms: float) -> dic
 
 def _queue_worker(batches: list[dict[str, Any]], cfg: Any, out: Any) -> None:
     """One mp.Queue worker: every batch given to it, pickled into the queue."""
-    from stoker.producer.features import MelComputer
-
     mels = MelComputer(dataclasses.replace(cfg, backend="tf"))
     for b in batches:
         out.put(numpy_batch(b, mels, cfg))
@@ -242,14 +237,10 @@ def _queue_worker(batches: list[dict[str, Any]], cfg: Any, out: Any) -> None:
 
 def child_main(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     """The trainer of one non-stoker variant; returns its figures."""
-    from stoker.shared.config import FeaturesConfig
-
     cfg = FeaturesConfig(backend="tf")
     batches = plan_batches(Path(spec["data"]), spec["steps"])
     workers = int(spec["workers"])
     if kind == "mp.Queue":
-        import multiprocessing
-
         ctx = multiprocessing.get_context("spawn")
         q = ctx.Queue(maxsize=QUEUE_CAPACITY)
         procs = [ctx.Process(target=_queue_worker, args=(batches[k::workers], cfg, q), daemon=True)
@@ -307,8 +298,6 @@ class MemorySampler:
         self._thread.start()
 
     def _loop(self) -> None:
-        import psutil
-
         while True:
             for pid in list(self.roots):
                 try:

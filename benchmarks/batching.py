@@ -30,7 +30,9 @@ Two figures, both measured in this run:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import statistics
 import sys
 import time
@@ -40,6 +42,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from stoker.benchmarks.common import ratio, report, spread, table
+from stoker.benchmarks.trainer import TOKEN_IDS, _batch
+from stoker.consumer.plan import EpochPlanner, group_buckets
+from stoker.consumer.trainer import KerasTrainer
+from stoker.shared import config as config_mod
+from stoker.shared.config import BatchingConfig, FeaturesConfig
+from stoker.shared.dataset import Sample
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +82,6 @@ class BatchingPlan:
 
 def ljspeech_like(clips: int = LJSPEECH_CLIPS, seed: int = 0) -> list[Any]:
     """Samples (shared/dataset.Sample) with LJSpeech-like lengths and no audio."""
-    from stoker.shared.config import FeaturesConfig
-    from stoker.shared.dataset import Sample
-
     f = FeaturesConfig()
     rng = np.random.default_rng(seed)
     seconds = MIN_S + (MAX_S - MIN_S) * rng.beta(BETA_A, BETA_B, size=clips)
@@ -90,8 +95,6 @@ def ljspeech_like(clips: int = LJSPEECH_CLIPS, seed: int = 0) -> list[Any]:
 
 def plan_figures(samples: Sequence[Any], cfg: Any) -> dict[str, Any]:
     """Padding and frames per batch of one epoch's plan (epoch 0)."""
-    from stoker.consumer.plan import EpochPlanner
-
     planner = EpochPlanner(samples, cfg)
     frames = {s.id: s.num_frames for s in samples}
     plan = planner.plan(0)
@@ -123,8 +126,6 @@ def plan_figures(samples: Sequence[Any], cfg: Any) -> dict[str, Any]:
 def empty_rows_useful_frac(samples: Sequence[Any], cfg: Any) -> float:
     """frames_useful_frac of the plan before leftover clips moved up: the buckets by length
     alone, each one's last batch filled with empty rows (all ``rows`` x T computed)."""
-    from stoker.consumer.plan import group_buckets
-
     frames = {s.id: s.num_frames for s in samples}
     buckets = group_buckets(samples, cfg)
     computed = sum(-(-len(b.sample_ids) // b.rows) * b.rows * b.max_frames for b in buckets)
@@ -133,13 +134,7 @@ def empty_rows_useful_frac(samples: Sequence[Any], cfg: Any) -> float:
 
 def _step_times(shapes: Sequence[tuple[int, int, int]], plan: BatchingPlan) -> dict[tuple[int, int, int], float]:
     """Median seconds of one tiny-model training step of each shape (B, L, T), on the CPU."""
-    import dataclasses
-    import os
-
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    from stoker.benchmarks.trainer import TOKEN_IDS, _batch
-    from stoker.consumer.trainer import KerasTrainer
-    from stoker.shared import config as config_mod
 
     cfg = config_mod.load(None, {})
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model="tiny"))
@@ -161,8 +156,6 @@ def _step_times(shapes: Sequence[tuple[int, int, int]], plan: BatchingPlan) -> d
 
 
 def run(plan: BatchingPlan, log_fn: Any = None) -> dict[str, Any]:
-    from stoker.shared.config import BatchingConfig
-
     say = log_fn or log.info
     samples = ljspeech_like(plan.clips, plan.seed)
     fixed_cfg = BatchingConfig(batch_size=FIXED_ROWS, num_buckets=FIXED_BUCKETS)

@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy
+import zmq
+
 import stoker
 from stoker.shared.dataset.files import DEMO_DATA_DIR
 
@@ -83,19 +86,9 @@ def machine_info() -> dict[str, Any]:
         info["usable_cores"] = len(os.sched_getaffinity(0))
     except AttributeError:
         pass
-    try:
-        import zmq
-
-        info["zmq"] = zmq.zmq_version()
-        info["pyzmq"] = zmq.__version__
-    except ImportError:
-        pass
-    try:
-        import numpy
-
-        info["numpy"] = numpy.__version__
-    except ImportError:
-        pass
+    info["zmq"] = zmq.zmq_version()
+    info["pyzmq"] = zmq.__version__
+    info["numpy"] = numpy.__version__
     return info
 
 

@@ -59,8 +59,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
+import logging
 import os
+import random
 import resource
 import shutil
 import struct
@@ -71,7 +74,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
+import soundfile
+
 from stoker.benchmarks.common import DEMO_DATA, BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
+from stoker.consumer.plan import EpochPlanner, TokenTable
+from stoker.producer.audio import load_audio
+from stoker.producer.batches import BatchMaker, Prepared
+from stoker.producer.features import log_mel_spectrogram_numpy, resolve_backend
+from stoker.shared import wire
+from stoker.shared.batch import SCHEMA, batch_dims, collate
+from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
+from stoker.shared.dataset import build_index, read_metadata, scan_audio
+from stoker.shared.dataset.index import _workers
 
 LJSPEECH_ITEMS = 13_100
 LARGE_ITEMS = 100_000
@@ -156,8 +171,6 @@ def _wav_bytes(rate_hz: int, seconds: float) -> bytes:
 
 def make_index_dataset(root: Path, items: int, seed: int = 0) -> float:
     """Metadata plus ``items`` tiny WAV files; returns the seconds it took."""
-    import random
-
     started = time.perf_counter()
     rng = random.Random(seed)
     wavs = root / "wavs"
@@ -176,9 +189,6 @@ def make_index_dataset(root: Path, items: int, seed: int = 0) -> float:
 
 def make_clips(root: Path, count: int, seed: int = 0) -> None:
     """``count`` LJSpeech-like clips (voiced-like tones) with texts of matching length."""
-    import numpy as np
-    import soundfile
-
     rng = np.random.default_rng(seed)
     wavs = root / "wavs"
     wavs.mkdir(parents=True, exist_ok=True)
@@ -202,9 +212,6 @@ def make_clips(root: Path, count: int, seed: int = 0) -> None:
 
 def _timed_index(root: Path, cache_dir: Path, workers: int, frontend: str = "characters") -> tuple[float,
                                                                                                    dict[str, Any]]:
-    from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-    from stoker.shared.dataset import build_index
-
     data = DataConfig(path=str(root), index_cache=str(cache_dir), index_workers=workers)
     started = time.perf_counter()
     index = build_index(data, FeaturesConfig(), TextConfig(frontend=frontend))
@@ -216,8 +223,6 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
               with_dataset: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Index build times at each size; ``with_dataset(root)``, if given, runs on each
     generated dataset (index cache cold) and its result is kept in the row."""
-    import logging
-
     logging.getLogger("stoker.shared.dataset").setLevel(logging.WARNING)  # one info line per build is noise here
     rows = []
     # the phonemes front-end is measured on the LJSpeech-sized dataset (or the first size)
@@ -291,9 +296,6 @@ def _phonemes_index(root: Path, cache: Path, repetitions: int, log: Callable[[st
     The speed-up is the phonemizing stage's (``IndexStats.read_s``: headers and texts, the
     work spread over the cores); the whole builds' times are reported beside it.
     """
-    from stoker.shared.config import DataConfig
-    from stoker.shared.dataset.index import _workers
-
     cores = _workers(DataConfig())
     one, cold, one_stage, cold_stage, warm = [], [], [], [], []
     stats: dict[str, Any] = {}
@@ -330,8 +332,6 @@ class _PerClipBatchMaker:
 
     def __init__(self, root: Path, texts: dict[str, str], files: dict[str, str], features: Any,
                  batch_size: int) -> None:
-        from stoker.shared.batch import SCHEMA, collate
-
         self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
         self.collate = collate
         self.pads = SCHEMA.pad_values(features, "off")
@@ -340,11 +340,6 @@ class _PerClipBatchMaker:
         raise NotImplementedError
 
     def make(self, lease: dict[str, Any]) -> Any:
-        import numpy as np
-
-        from stoker.producer.batches import Prepared
-        from stoker.shared.batch import batch_dims
-
         tokens, mels = [], []
         for sample_id, row in zip(lease["ids"], lease["tokens"]):
             mels.append(np.asarray(self.clip_mel(self.root / self.files[sample_id]), np.float32))
@@ -365,8 +360,6 @@ class LibrosaBatchMaker(_PerClipBatchMaker):
         self.librosa = librosa
 
     def clip_mel(self, path: Path) -> Any:
-        import numpy as np
-
         f = self.f
         y, _ = self.librosa.load(str(path), sr=f.sample_rate_hz, mono=True)
         mel = self.librosa.feature.melspectrogram(
@@ -380,9 +373,6 @@ class ReferenceBatchMaker(_PerClipBatchMaker):
     """The producer's work with the plain numpy reference log-mel (float64, one clip at a time)."""
 
     def clip_mel(self, path: Path) -> Any:
-        from stoker.producer.audio import load_audio
-        from stoker.producer.features import log_mel_spectrogram_numpy
-
         return log_mel_spectrogram_numpy(load_audio(path, self.f.sample_rate_hz), self.f)
 
 
@@ -390,11 +380,6 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
                     one_thread: bool) -> None:
     """One variant in its own process: answer each "run" with the seconds one pass took."""
     try:
-        from stoker.producer.features import resolve_backend
-        from stoker.shared import wire
-        from stoker.shared.config import FeaturesConfig
-        from stoker.shared.dataset import read_metadata, scan_audio
-
         base = Path(root)
         entries, _ = read_metadata(base)
         texts = {e.id: e.text for e in entries}
@@ -414,8 +399,6 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         elif variant == "numpy-reference":
             maker = ReferenceBatchMaker(base, texts, files, features, BATCH_SIZE)
         else:
-            from stoker.producer.batches import BatchMaker
-
             maker = BatchMaker(base, texts, features, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")
         clips = sum(len(lease["ids"]) for lease in leases)
@@ -448,10 +431,6 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
 
 
 def _plan_leases(root: Path) -> list[dict[str, Any]]:
-    from stoker.consumer.plan import EpochPlanner, TokenTable
-    from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig
-    from stoker.shared.dataset import build_index
-
     index = build_index(DataConfig(path=str(root), index_cache="off"), FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
     assert index.vocabulary is not None
@@ -533,8 +512,6 @@ def run_preprocessing(repetitions: int, variants: Sequence[str] = PREPROCESSING_
                       root: Path = DEMO_DATA, log: Callable[[str], None] = _log) -> dict[str, Any]:
     """Clips/s of one producer process on the demo data (one thread each), against librosa
     (when installed) and the plain numpy reference; its CPU per clip and peak RSS."""
-    import importlib.util
-
     chosen = [v for v in variants if v != "librosa" or importlib.util.find_spec("librosa") is not None]
     leases = _plan_leases(root)
     with tempfile.TemporaryDirectory(prefix="stoker-bench-pre-") as cache_dir:

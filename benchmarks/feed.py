@@ -50,8 +50,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import stoker
 from stoker.benchmarks.common import (CHILD_TIMEOUT_S, DEMO_DATA, QUIET_ENV, SETTLING_STEPS, STOKER, BenchError, ratio,
                                       report, spread, table)
+from stoker.benchmarks.alternatives import plan_batches, tf_dataset
+from stoker.consumer import tts
+from stoker.consumer.trainer import make_trainer
+from stoker.shared.config import Config, DataConfig, FeaturesConfig
+from stoker.shared.dataset import build_index
 from stoker.shared.metrics import wait_share
 
 log = logging.getLogger(__name__)
@@ -86,8 +92,6 @@ def _fit_model(vocab_size: int, n_mels: int, cfg: Any) -> Any:
     ``compute_loss``, Adam, float32 and no XLA as stoker's trainer on the CPU."""
     import keras
     import tensorflow as tf
-
-    from stoker.consumer import tts
 
     net = tts.build_model("tiny", vocab_size, n_mels)
     t = cfg.trainer
@@ -124,13 +128,9 @@ def _first_step_callback(started: float, out: dict[str, Any]) -> Any:
 def child_main(kind: str, run_dir: Path, steps: int, data: str) -> dict[str, Any]:
     import tensorflow as tf
 
-    import stoker
-
     options = _options(run_dir, steps, data)
     out: dict[str, Any] = {}
     if kind == "feed loop":
-        from stoker.consumer.trainer import make_trainer
-
         feed = stoker.Feed(**options)
         trainer = make_trainer(feed.cfg, "/CPU:0", feed.shapes, steps, feed.vocabulary.size)
         trainer.prepare(feed.shapes)  # type: ignore[attr-defined]  # as stoker's trainer does
@@ -147,10 +147,6 @@ def child_main(kind: str, run_dir: Path, steps: int, data: str) -> dict[str, Any
                       callbacks=[feed.callback(), _first_step_callback(started, out)])
         return out
     if kind == "tf.data fit":
-        from stoker.benchmarks.alternatives import plan_batches, tf_dataset
-        from stoker.shared.config import Config, DataConfig, FeaturesConfig
-        from stoker.shared.dataset import build_index
-
         vocab = build_index(DataConfig(path=data, index_cache="off"), FeaturesConfig()).vocabulary
         assert vocab is not None
         model = _fit_model(vocab.size, FeaturesConfig().n_mels, Config())

@@ -44,9 +44,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
+import zmq
 
 from stoker.benchmarks.common import (run_alone, BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
                                stop_children, table)
+from stoker.consumer.buffer import BatchQueue
+from stoker.consumer.coordinator import Coordinator
+from stoker.consumer.plan import EpochPlanner
+from stoker.shared import wire
+from stoker.shared.batch import SCHEMA, batch_dims, collate
+from stoker.shared.config import Config, FeaturesConfig
+from stoker.shared.dataset import build_index
 
 MB = 1 << 20
 GROWTH_LIMIT_FRAC = 0.05
@@ -68,8 +77,6 @@ class MemoryPlan:
 
 
 def rss_bytes() -> int:
-    import psutil
-
     return psutil.Process().memory_info().rss
 
 
@@ -77,9 +84,6 @@ def rss_bytes() -> int:
 def _fake_batch(lease: Any, rows: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]],
                 rng: np.random.Generator, n_mels: int, pads: dict[str, Any]) -> list[Any]:
     """The BATCH frames of a lease: a random example per id (fixed per id) that fits the bucket."""
-    from stoker.shared import wire
-    from stoker.shared.batch import batch_dims, collate
-
     max_tokens, max_frames = lease["shape"]
     tokens, mels = [], []
     for sample_id in lease["ids"]:
@@ -100,12 +104,6 @@ def _fake_batch(lease: Any, rows: dict[tuple[str, int, int], tuple[np.ndarray, n
 
 def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
     """Speak the producer side of the protocol with random batches until STOP."""
-    import zmq
-
-    from stoker.shared import wire
-    from stoker.shared.batch import SCHEMA
-    from stoker.shared.config import FeaturesConfig
-
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
@@ -208,12 +206,6 @@ def _check(coordinator: Any, child: Any, res_q: Any, plan: "MemoryPlan", state: 
 
 
 def run(plan: MemoryPlan | None = None, log: Any = None) -> dict[str, Any]:
-    from stoker.consumer.buffer import BatchQueue
-    from stoker.consumer.coordinator import Coordinator
-    from stoker.consumer.plan import EpochPlanner
-    from stoker.shared.config import Config
-    from stoker.shared.dataset import build_index
-
     plan = plan or MemoryPlan()
     log = log or (lambda text: None)
     if plan.batches < 4 * plan.sample_every:

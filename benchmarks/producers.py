@@ -57,11 +57,20 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks.common import STOKER, BenchError, machine_info, ratio, table
+import numpy as np
+import psutil
+import zmq
+
+from stoker.benchmarks.common import STOKER, BenchError, machine_info, ratio, spawn_context, stop_children, table
+from stoker.shared import wire
+from stoker.shared.batch import SCHEMA, batch_dims, collate
+from stoker.shared.config import FeaturesConfig
+from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_dataset
 from stoker.shared.metrics import wait_share
 
 BATCH_SIZE = 16
@@ -164,8 +173,6 @@ class Proc:
 
 
 def descendants(pid: int) -> list[Any]:
-    import psutil
-
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -183,8 +190,6 @@ class CpuSampler:
         self._thread.start()
 
     def _loop(self) -> None:
-        import psutil
-
         while not self._stop.wait(CPU_SAMPLE_S):
             for launcher in self.launchers:
                 for child in descendants(launcher.proc.pid):
@@ -304,12 +309,6 @@ def scaling(plan: ProducersPlan, work: Path, log: Any) -> dict[str, Any]:
 def _standin_batch(lease: dict[str, Any], cache: dict[tuple[int, int, int], dict[str, Any]], n_mels: int,
                    hold_ms: float) -> list[Any]:
     """The BATCH frames of a lease: the same small example in every row (one array set per shape)."""
-    import numpy as np
-
-    from stoker.shared import wire
-    from stoker.shared.batch import SCHEMA, batch_dims, collate
-    from stoker.shared.config import FeaturesConfig
-
     max_tokens, max_frames = lease["shape"]
     key = (max_tokens, max_frames, len(lease["ids"]))
     if key not in cache:
@@ -323,12 +322,6 @@ def _standin_batch(lease: dict[str, Any], cache: dict[tuple[int, int, int], dict
 
 def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str, Any]) -> None:
     """A producer that holds HOLD_MS per batch instead of computing it (child process)."""
-    import uuid
-
-    import zmq
-
-    from stoker.shared import wire
-
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 1000
@@ -380,9 +373,6 @@ def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str
 
 
 def standin_run(count: int, steps: int, work: Path) -> dict[str, Any]:
-    from stoker.benchmarks.common import spawn_context, stop_children
-    from stoker.shared.dataset import DEMO_DATA_DIR, scan_dataset
-
     run_dir = work / f"standin-{count}"
     trainer = Proc(trainer_args(run_dir, SCALING_STEP_MS, "--steps", str(steps)), work / f"standin-{count}.log")
     procs: list[Any] = []
@@ -427,8 +417,6 @@ FAILOVER_MODES = ("kill", "freeze")
 def failover_run(plan: ProducersPlan, work: Path, mode: str) -> dict[str, Any]:
     """One run with 3 producers; one is SIGKILLed ("kill": its connection closes) or SIGSTOPped
     ("freeze": silent, found by the heartbeat timeout) a third of the way through."""
-    import psutil
-
     run_dir = work / f"failover-{mode}"
     steps = plan.failover_epochs * 4  # 64 demo clips in batches of 16
     kill_step = int(steps * KILL_AT_FRAC) // 5 * 5
@@ -461,8 +449,6 @@ def failover_run(plan: ProducersPlan, work: Path, mode: str) -> dict[str, Any]:
 def _hit(victim: "Proc", mode: str) -> tuple[float, list[Any]]:
     """SIGKILL the victim's producers and launcher ("kill"), or SIGSTOP its producers ("freeze");
     when, and the processes frozen (to be killed at the end)."""
-    import psutil
-
     parent = psutil.Process(victim.proc.pid)
     children = parent.children()
     hit_unix = time.time()
@@ -480,8 +466,6 @@ def _hit(victim: "Proc", mode: str) -> tuple[float, list[Any]]:
 
 def _exactly_once(run_dir: Path, epochs: int) -> bool:
     """Every demo clip trained once in each epoch (samples.jsonl)."""
-    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
-
     per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     for row in read_jsonl(run_dir / "samples.jsonl"):
         per_epoch[row["epoch"]].update(row["ids"])

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import soundfile
 
 from stoker.benchmarks.common import STOKER, BenchError
+from stoker.diagnose import analyse
 from stoker.shared.metrics import wait_share
 
 RUN_TIMEOUT_S = 400
@@ -42,8 +44,6 @@ COMMON = ["--set", "features.backend=numpy", "--batch-size", "4", "--model-start
 
 def make_dataset(root: Path, count: int = 24, rate_hz: int = 22050) -> None:
     """Short synthetic clips: the CPU cost of a batch is small next to the injected delay."""
-    import soundfile
-
     (root / "wavs").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     lines = []
@@ -73,8 +73,6 @@ def second_half_wait(run_dir: Path) -> float:
 
 
 def scenario_a(data: Path, work: Path, steps: int) -> dict[str, Any]:
-    from stoker.diagnose import analyse
-
     first = run(data, work / "a1", "--model", FAST_MODEL, *SLOW_PRODUCER, "--steps", str(steps // 4),
                 "--producers", "1")
     report = analyse(work / "a1")
@@ -96,8 +94,6 @@ def scenario_b(data: Path, work: Path, steps: int) -> dict[str, Any]:
 
 
 def scenario_c(data: Path, work: Path, steps: int, period_s: float = 2.0) -> dict[str, Any]:
-    from stoker.diagnose import analyse
-
     run(data, work / "c", "--model", "synthetic:40", "--steps", str(steps), "--producers", "1",
         "--set", f"faults.producer_stall_every_s={period_s}", "--set", "faults.producer_stall_s=0.5")
     found = analyse(work / "c")["period"]

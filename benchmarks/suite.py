@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -72,8 +74,6 @@ class ScalingPlan:
 
 def run_scaling(plan: ScalingPlan, log: Any) -> dict[str, Any]:
     """Producers N = 1, 2, 4 and the index (with time to first batch) at two dataset sizes."""
-    import tempfile
-
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-scaling-"))
     try:
         def first_batch(root: Path) -> dict[str, Any]:
@@ -87,8 +87,6 @@ def run_scaling(plan: ScalingPlan, log: Any) -> dict[str, Any]:
         return {"producers": producers.scaling(plan.producers, work, log),
                 "index": data.run_index(plan.index, work, log, with_dataset=first_batch)}
     finally:
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -42,6 +42,14 @@ from typing import Any
 import numpy as np
 
 from stoker.benchmarks.common import BenchError, ratio, report, spread, table
+from stoker.consumer import validation
+from stoker.consumer.buffer import BatchQueue, QueuedBatch
+from stoker.consumer.plan import EpochPlanner
+from stoker.consumer.trainer import KerasTrainer
+from stoker.shared import config as config_mod
+from stoker.shared.batch import SCHEMA, batch_dims, collate
+from stoker.shared.config import FeaturesConfig
+from stoker.shared.dataset import DEMO_DATA_DIR, build_index
 from stoker.shared.text import FIRST_SYMBOL_ID
 
 log = logging.getLogger(__name__)
@@ -78,10 +86,6 @@ class TrainerPlan:
 def _demo_setup(batch_size: int) -> tuple[Any, Any]:
     """The resolved default config (CPU, this batch size) and the demo dataset's planner."""
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU figure the issue asks for
-    from stoker.consumer import validation
-    from stoker.consumer.plan import EpochPlanner
-    from stoker.shared import config as config_mod
-    from stoker.shared.dataset import DEMO_DATA_DIR, build_index
 
     cfg = config_mod.load(None, {"data.path": str(DEMO_DATA_DIR), "batching.batch_size": batch_size})
     index = build_index(cfg.data, cfg.features)
@@ -91,9 +95,6 @@ def _demo_setup(batch_size: int) -> tuple[Any, Any]:
 
 def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) -> dict[str, np.ndarray]:
     """A host batch of a bucket's shape, rows filled to about FILL of it (as producers send)."""
-    from stoker.shared.batch import SCHEMA, batch_dims, collate
-    from stoker.shared.config import FeaturesConfig
-
     rng = np.random.default_rng(seed)
     toks = [rng.integers(FIRST_SYMBOL_ID, TOKEN_IDS, size=max(2, int(tokens * FILL))).astype(np.int32) for _ in range(batch_size)]
     mels = [(rng.standard_normal((max(1, int(frames * FILL)), n_mels)) - 5.0).astype(np.float32)
@@ -103,8 +104,6 @@ def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) ->
 
 
 def _make_trainer(cfg: Any, shapes: list[tuple[int, int, int]], model: str) -> Any:
-    from stoker.consumer.trainer import KerasTrainer
-
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model=model))
     trainer = KerasTrainer(cfg, "/CPU:0", shapes, total_batches=None, vocab_size=TOKEN_IDS)
     trainer.prepare(shapes)
@@ -128,8 +127,6 @@ def _time_memory(trainer: Any, staged: list[Any], steps: int, warmup: int, log_e
 
 def _time_queue(trainer: Any, host: list[dict[str, np.ndarray]], steps: int, warmup: int, log_every: int) -> float:
     """Seconds per step through the consumer's queue with device staging."""
-    from stoker.consumer.buffer import BatchQueue, QueuedBatch
-
     total = warmup + steps
     free = threading.Event()
     queue = BatchQueue(3, stage=trainer.stage, on_free=free.set)

@@ -25,6 +25,11 @@ from typing import Any
 import numpy as np
 
 from stoker.benchmarks.common import ratio, report, spread, table
+from stoker.benchmarks.data import _plan_leases
+from stoker.producer.batches import BatchMaker
+from stoker.shared import wire
+from stoker.shared.config import FeaturesConfig, TransformsConfig
+from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
 
 TARGET_RATIO = 1.2
 TRANSFORMS = {"trim_db": 40.0, "normalize": "loudness", "loudness_lufs": -23.0}
@@ -40,11 +45,6 @@ class TransformsPlan:
 
 
 def _maker(transformed: bool) -> tuple[Any, list[dict[str, Any]]]:
-    from stoker.benchmarks.data import _plan_leases
-    from stoker.producer.batches import BatchMaker
-    from stoker.shared.config import FeaturesConfig, TransformsConfig
-    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
-
     features = FeaturesConfig(backend="numpy")
     entries, _ = read_metadata(DEMO_DATA_DIR)
     files = {k: v.name for k, v in scan_audio(DEMO_DATA_DIR).items()}
@@ -56,8 +56,6 @@ def _maker(transformed: bool) -> tuple[Any, list[dict[str, Any]]]:
 
 
 def _pass(maker: Any, leases: list[dict[str, Any]]) -> tuple[float, int]:
-    from stoker.shared import wire
-
     started = time.perf_counter()
     clips = 0
     for lease in leases:

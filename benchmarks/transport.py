@@ -54,9 +54,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import zmq
 
 from stoker.benchmarks.common import (run_alone, BenchError, close_queue, collect, ratio, spawn_context, spread,
                                stop_children, table)
+from stoker.consumer.buffer import BatchQueue, QueuedBatch
+from stoker.shared import wire
 
 BATCH_SIZE = 16
 N_MELS = 80
@@ -143,8 +146,6 @@ def _recv_ready(sock: Any, what: str) -> None:
 
 # ---------------------------------------------------------------- raw PUSH/PULL children
 def raw_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any) -> None:
-    import zmq
-
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
     sock.linger = 0
@@ -174,8 +175,6 @@ def raw_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res
 
 
 def raw_sender(nbytes: int, total: int, ep_q: Any, res_q: Any, done: Any, timeout_s: float) -> None:
-    import zmq
-
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.linger = 0
@@ -202,8 +201,6 @@ def raw_sender(nbytes: int, total: int, ep_q: Any, res_q: Any, done: Any, timeou
 # ---------------------------------------------------------------- protocol DEALER/ROUTER children
 def _await_hello(sock: Any) -> bytes:
     """The sender's HELLO; its identity."""
-    from stoker.shared import wire
-
     _recv_ready(sock, "hello")
     frames = sock.recv_multipart(copy=False)
     hello = wire.decode(frames[1:])
@@ -222,8 +219,6 @@ class _Credits:
         self.outstanding: set[int] = set()
 
     def grant(self) -> None:
-        from stoker.shared import wire
-
         free = self.queue.capacity - len(self.queue) - self.out
         while free > 0 and self.next_lease <= self.total:
             lease = self.next_lease
@@ -236,11 +231,6 @@ class _Credits:
 
 def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, res_q: Any, done: Any,
                       capacity: int = CAPACITY) -> None:
-    import zmq
-
-    from stoker.consumer.buffer import BatchQueue, QueuedBatch
-    from stoker.shared import wire
-
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.linger = 0
@@ -298,10 +288,6 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
 
 def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, timeout_s: float,
                     capacity: int = CAPACITY) -> None:
-    import zmq
-
-    from stoker.shared import wire
-
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
@@ -353,10 +339,6 @@ def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, 
     (``protocol_frames``): the protocol's CREDIT and STOP messages, and batches of the
     protocol's frames, checked by their total size only.
     """
-    import zmq
-
-    from stoker.shared import wire
-
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.linger = 0
@@ -410,10 +392,6 @@ def credit_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, time
     (``protocol_frames``): the protocol's BATCH frames, and each CREDIT decoded as the
     producer decodes it.
     """
-    import zmq
-
-    from stoker.shared import wire
-
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0

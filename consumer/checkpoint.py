@@ -66,10 +66,6 @@ from stoker.shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
-# The resolved config of a resumed run, written by the launcher and moved over
-# config.yaml by the consumer only once the checkpoint has been checked, so a failed
-# resume changes nothing.
-RESUME_CONFIG = "config.resume.yaml"
 FORMAT = 1  # of position.json and MANIFEST.json; a newer one is refused, not guessed at
 MANIFEST = "MANIFEST.json"
 POSITION = "position.json"
@@ -135,14 +131,6 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, separators=(",", ":"))
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def trim_step_log(path: Path, max_step: int) -> dict[str, Any] | None:
     """Keep the rows of a per-step jsonl file up to ``max_step`` (atomically: temporary file,
     rename); a torn last line goes too. Return the last row kept (None: none, or no file)."""
@@ -201,14 +189,15 @@ class Checkpointer:
         tmp = self.directory / f"{_TMP_PREFIX}{name}-{os.getpid()}"
         tmp.mkdir()
         try:
-            _write_json(tmp / POSITION, {"format": FORMAT, "step": step, **position})
+            runfiles.write_json(tmp / POSITION, {"format": FORMAT, "step": step, **position}, indent=None, durable=True)
             if tf_checkpoint is not None:
                 tf_checkpoint.write(str(tmp / STATE_PREFIX))
             files = {}
             for path in sorted(tmp.iterdir()):
                 _fsync_file(path)
                 files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-            _write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": files})
+            runfiles.write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": files}, indent=None,
+                                durable=True)
             final = self.directory / name
             if final.exists():  # a resumed run passing a step saved by a run it superseded
                 shutil.rmtree(final)

@@ -48,9 +48,11 @@ from typing import Any
 import numpy as np
 
 from stoker.consumer.synth import SynthError, one_batch, restore_model, run_config, run_vocabulary
+from stoker.shared.config import batch_schema
 from stoker.shared.errors import UserError
 from stoker.shared.runfiles import MEL_STATS, VOCAB, write_json
 from stoker.shared.text import EOS_ID, FIRST_SYMBOL_ID
+from stoker.shared.tfsetup import configure_tensorflow
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +77,6 @@ class ExportResult:
 
 def export(run_dir: Path, out: Path) -> ExportResult:
     """Write the run's trained model to the new directory ``out`` (module docstring)."""
-    from stoker.shared.config import batch_schema
-
     out = out.expanduser()
     if out.exists():
         raise ExportError(f"{out} exists; export writes a new directory")
@@ -89,7 +89,6 @@ def export(run_dir: Path, out: Path) -> ExportResult:
         raise ExportError(str(exc)) from None
     schema = batch_schema(cfg)
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the export's graphs are device-neutral
-    from stoker.shared.tfsetup import configure_tensorflow
 
     tf, device = configure_tensorflow(None)
     pads = schema.pad_values(cfg.features, cfg.transforms.mel_norm)

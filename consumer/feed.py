@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from stoker.consumer import validation
 from stoker.consumer.buffer import BatchQueue, QueuedBatch
 from stoker.consumer.checkpoint import RunCheckpoints, trim_step_log
 from stoker.consumer.coordinator import Coordinator
@@ -75,8 +76,8 @@ from stoker.shared.layouts import Rejection
 from stoker.shared.melstats import MelStats, load, stats_key
 from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
 from stoker.shared.proc import EXIT_OK, parent_alive
-from stoker.shared.runfiles import (MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VALIDATION_SAMPLES, VOCAB,
-                                    write_json)
+from stoker.shared.runfiles import (CONFIG, MEL_STATS, METRICS, REJECTED, RESUME_CONFIG, SAMPLES, SUMMARY,
+                                    VALIDATION_SAMPLES, VOCAB, write_json)
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")
@@ -189,8 +190,6 @@ class FeedCore:
         cfg = self.cfg
         index = self.index
         if self.hold_out:
-            from stoker.consumer import validation
-
             train, self.val_samples, self._eval_rejected = validation.hold_out(index, cfg, self.run_dir)
         else:
             train, self._eval_rejected = list(index.samples), []
@@ -288,9 +287,6 @@ class FeedCore:
     def _resume_checkpoint(self) -> None:
         """Continue from the run directory's latest checkpoint: check it, cut the step logs back
         to it, adopt the config the launcher resolved for the resumed run, keep rejected.jsonl."""
-        from stoker.consumer.checkpoint import RESUME_CONFIG
-        from stoker.shared.runfiles import CONFIG
-
         resumed = self.checkpoints.resume()
         self.step = resumed.step
         self.started -= resumed.last_t  # "t" in metrics.jsonl goes on from the last row kept

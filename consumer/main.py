@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stoker.consumer import melimage
-from stoker.consumer.checkpoint import RESUME_CONFIG
 from stoker.consumer.feed import FeedCore, Resolved, TransformFailed
 from stoker.consumer.trainer import ModelError, Trainer, make_trainer, uses_tensorflow
 from stoker.consumer.tb import TensorBoard
@@ -38,7 +37,8 @@ from stoker.shared import config as config_mod
 from stoker.shared.batch import FRAMES
 from stoker.shared.errors import UserError
 from stoker.shared.gpumon import GpuSampler
-from stoker.shared.runfiles import CONFIG
+from stoker.shared.runfiles import CONFIG, RESUME_CONFIG
+from stoker.shared.tfsetup import configure_replicas
 from stoker.shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
                          exit_without_teardown, flush_sockets, install_stop_handlers, setup_logging)
 
@@ -166,8 +166,6 @@ class TrainLoop:
         cfg, feed = self.cfg, self.feed
         devices = ["/CPU:0"]
         if uses_tensorflow(cfg.trainer.model):
-            from stoker.shared.tfsetup import configure_replicas
-
             _, devices = configure_replicas(gpu_memory_mb, cfg.devices.replicas or 1)
         budget = feed.expected_steps if feed.expected_steps else None
         trainer = make_trainer(cfg, devices, feed.planner.shapes, budget, feed.vocabulary.size,

@@ -16,6 +16,8 @@ Runs in the calling process, on the CPU unless a GPU index is given (it is pinne
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import os
@@ -26,8 +28,19 @@ from typing import Any
 
 import numpy as np
 
+from stoker.consumer import melimage, tts
+from stoker.consumer.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
+from stoker.producer.audio import AudioError, load_audio
+from stoker.producer.features import MelComputer
+from stoker.producer.transforms import Chain, TransformError
+from stoker.shared import config as config_mod
+from stoker.shared.batch import batch_dims, collate, example
 from stoker.shared.errors import UserError
-from stoker.shared.runfiles import CONFIG
+from stoker.shared.melstats import load, minmax
+from stoker.shared.runfiles import CONFIG, MEL_STATS, VOCAB
+from stoker.shared.text import TextError, make_frontend
+from stoker.shared.tfsetup import configure_tensorflow
+from stoker.shared.vocab import Vocabulary, load_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +73,6 @@ class SynthResult:
 def run_config(run_dir: Path, what: str = "synthesize with") -> Any:
     """The resolved config of a run that trained a model; SynthError (one line) otherwise.
     A user's model module is then found as in training: on PYTHONPATH, then here."""
-    from stoker.consumer import tts
-    from stoker.shared import config as config_mod
-
     cfg_path = run_dir / CONFIG
     if not cfg_path.is_file():
         raise SynthError(f"{run_dir} is not a run directory (no config.yaml)")
@@ -83,9 +93,6 @@ def restore_model(tf: Any, device: str, run_dir: Path, cfg: Any, vocab_size: int
                   probe: dict[str, np.ndarray]) -> tuple[Any, Path]:
     """The run's model built and called once on ``probe`` (which creates its weights), then
     every weight restored from the latest checkpoint; and that checkpoint's directory."""
-    from stoker.consumer import tts
-    from stoker.consumer.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
-
     spec = cfg.trainer.model
     ckpt_dir = run_dir / CKPT_DIR
     found = Checkpointer(ckpt_dir, keep=1).latest()
@@ -118,9 +125,6 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
                reference: Path | None = None) -> SynthResult:
     """``reference``: a recording of the voice, for a run with the ref_mel field (without it the
     model gets no reference: ref_mel all padding, its length 0)."""
-    from stoker.consumer import tts
-    from stoker.shared import config as config_mod
-
     cfg = run_config(run_dir)
     spec = cfg.trainer.model
     code = language or cfg.text.language
@@ -141,7 +145,6 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
         raise SynthError("--reference needs a run trained with the ref_mel field (batching.fields=ref_mel)")
     ref_mel = reference_mel(run_dir, cfg, reference) if reference is not None else None
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
-    from stoker.shared.tfsetup import configure_tensorflow
 
     tf, device = configure_tensorflow(None)
     n_mels = cfg.features.n_mels
@@ -161,7 +164,6 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
             inputs = one_batch(tokens, frames, n_mels, pads, schema, **ids, **shapes)
             mel = np.asarray(tf.cast(tts.outputs_of(model(inputs, training=False))["mel"], tf.float32))[0]
     mel = denormalized(run_dir, cfg, mel)
-    from stoker.consumer import melimage
 
     out = out.expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -229,11 +231,6 @@ def predicted_frames(out: dict[str, Any], spec: str) -> int:
 
 def run_vocabulary(run_dir: Path) -> Any:
     """The vocabulary a run trained with: its newest checkpoint's, else ``RUN_DIR/vocab.json``."""
-    from stoker.consumer.checkpoint import CKPT_DIR, CheckpointError, Checkpointer
-    from stoker.shared.runfiles import VOCAB
-    from stoker.shared.text import TextError
-    from stoker.shared.vocab import Vocabulary, load_vocabulary
-
     found = Checkpointer(run_dir / CKPT_DIR, keep=1).latest()
     if found is not None:
         try:
@@ -257,8 +254,6 @@ def encode_for_run(run_dir: Path, cfg: Any, text: str, language: str) -> tuple[n
     SynthError (one line) when the front-end changed since the run, the text has
     characters the vocabulary lacks or loses characters, or nothing is left to say.
     """
-    from stoker.shared.text import TextError, make_frontend
-
     vocab = run_vocabulary(run_dir)
     try:
         frontend = make_frontend(vocab.frontend, cfg.text.digits)
@@ -282,12 +277,6 @@ def reference_mel(run_dir: Path, cfg: Any, path: Path) -> np.ndarray:
     """The ref_mel of a recording, made as producers make a reference clip's: read at the run's
     rate, through its transforms, the log-mel, at most batching.ref_frames frames from its
     middle, normalised when the run normalised its mels. SynthError (one line) when unusable."""
-    import dataclasses
-
-    from stoker.producer.audio import AudioError, load_audio
-    from stoker.producer.features import MelComputer
-    from stoker.producer.transforms import Chain, TransformError
-
     try:
         audio = load_audio(Path(path).expanduser(), cfg.features.sample_rate_hz, str(path))
         chain = Chain(cfg.transforms, cfg.features)
@@ -302,7 +291,6 @@ def reference_mel(run_dir: Path, cfg: Any, path: Path) -> np.ndarray:
         mean, std = _mel_stats(run_dir, cfg)
         mel = (mel - mean) / std
     elif cfg.transforms.mel_norm == "clip_minmax":
-        from stoker.shared.melstats import minmax
 
         mel = np.array(mel, np.float32)
         minmax(mel[None], np.array([len(mel)]))
@@ -311,11 +299,6 @@ def reference_mel(run_dir: Path, cfg: Any, path: Path) -> np.ndarray:
 
 def _mel_stats(run_dir: Path, cfg: Any) -> tuple[np.ndarray, np.ndarray]:
     """The mean and std a run normalised its mels with (transforms.mel_norm: dataset)."""
-    import json
-
-    from stoker.shared.melstats import load
-    from stoker.shared.runfiles import MEL_STATS
-
     try:
         return load(json.loads((run_dir / MEL_STATS).read_text(encoding="utf-8")), cfg.features.n_mels)
     except (OSError, ValueError) as exc:
@@ -329,8 +312,6 @@ def one_batch(tokens: np.ndarray, frames: int, n_mels: int, pads: dict[str, floa
     """A batch of one row (shared/batch.py): the text's tokens, ``frames`` frames of padding for
     the mel; no waveform, and the reference ``ref_mel`` or none (length 0), when the run has
     those fields (``hop_length`` and ``ref_frames`` give their shapes)."""
-    from stoker.shared.batch import batch_dims, collate, example
-
     row = example(tokens, np.full((frames, n_mels), pads["mel"], np.float32), schema, speaker_id, language_id,
                   ref_mel=ref_mel)
     return collate([row], batch_dims(1, (len(tokens), frames), n_mels, hop_length, ref_frames), pads, schema)

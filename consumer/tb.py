@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stoker.shared.runfiles import GPU, TB_DIR
+from stoker.shared.runfiles import GPU, TB_DIR, replacing
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,9 @@ def trim_events(directory: Path, max_step: int) -> int:
         dropped += later
         if not later and not torn:
             continue
-        tmp = path.with_name(path.name + ".tmp")
-        with tf.io.TFRecordWriter(str(tmp)) as writer:
+        with replacing(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:
             for record in kept:
                 writer.write(record)
-        tmp.replace(path)
         log.info("%s: kept %d events up to step %d, dropped %d%s", path.name, len(kept), max_step, later,
                  " (a torn last record dropped)" if torn else "")
     return dropped

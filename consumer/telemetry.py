@@ -98,7 +98,7 @@ class Telemetry:
 
 def _start_prometheus(port: int, capacity: int) -> dict[str, Any] | None:
     try:
-        import prometheus_client as prom
+        import prometheus_client as prom  # only with --metrics-port; its absence is one warning
     except ImportError:
         log.warning("--metrics-port %d: prometheus-client is not installed; no metrics served", port)
         return None

@@ -56,9 +56,12 @@ in 30 lines.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
+import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
@@ -613,10 +616,6 @@ def check_model(spec: str) -> float | None:
             raise ModelError(f"--model {spec}: expected synthetic:MS with MS >= 0 milliseconds")
         return ms
     if kind == "user":
-        import importlib.util
-        import os
-        import sys
-
         module = spec.partition(":")[0]
         # As the children will (stoker/devices.py, child_env): PYTHONPATH, then the current directory.
         added = os.getcwd() not in sys.path

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import soundfile
 
 from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_problem
 
@@ -34,8 +35,6 @@ def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.
     ``where`` names the file in reasons (the dataset-relative path); default: its name.
     A file absent on this host raises :class:`AudioMissing`.
     """
-    import soundfile
-
     where = where or Path(path).name
     try:
         size = Path(path).stat().st_size
@@ -61,7 +60,7 @@ def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.
         raise AudioError(f"audio contains NaN or inf: {where}")
     want = expected_samples(mono.shape[0], rate, target_rate_hz)
     if rate != target_rate_hz:
-        import soxr
+        import soxr  # only a clip at another rate needs it (80 ms to import)
 
         mono = soxr.resample(mono, rate, target_rate_hz, quality=RESAMPLE_QUALITY).astype(np.float32, copy=False)
         if mono.shape[0] < want:

@@ -19,6 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from stoker.producer.audio import AudioError, AudioMissing, load_audio
+from stoker.producer.feature_cache import CacheCounts, FeatureCache
+from stoker.producer.features import MelComputer, UserMelError
+from stoker.producer.transforms import Chain, TransformError
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
@@ -75,10 +79,6 @@ class BatchMaker:
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
                  ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None,
                  mel_norm: tuple[np.ndarray, np.ndarray] | None = None, fixed_rows: bool = False) -> None:
-        from stoker.producer.feature_cache import FeatureCache
-        from stoker.producer.features import MelComputer
-        from stoker.producer.transforms import Chain
-
         self.root = root
         self.texts = texts
         self.files = files if files is not None else {}
@@ -115,8 +115,6 @@ class BatchMaker:
         (transformed: producer/transforms.py) when the mel must be computed or the batch
         carries the waveform or the user's transforms make fields. Raises AudioMissing (not on
         this host), AudioError or TransformError (unusable), whose text is the reason."""
-        from stoker.producer.audio import load_audio
-
         name = self.files.get(sample_id) or relative_audio(sample_id)
         path = audio_path(self.root, sample_id, name)
         clip = _Clip(sample_id)
@@ -147,8 +145,6 @@ class BatchMaker:
 
         A clip whose file (or whose reference clip's file) is not on this host is *missed*;
         one that cannot be used is *rejected*, with the reason."""
-        from stoker.producer.feature_cache import CacheCounts
-
         started = time.perf_counter()
         # A validation pass's clips may be of another metadata file (data.eval_file): the lease names them.
         self.texts.update(lease.get("texts") or {})
@@ -179,9 +175,6 @@ class BatchMaker:
              ) -> tuple[np.ndarray, _Clip, _Clip | None] | None:
         """Clip ``n`` of the lease, read and transformed (its log-mel comes later, for the whole
         batch at once); None when it is missed or rejected (noted in those lists, with why)."""
-        from stoker.producer.audio import AudioError, AudioMissing
-        from stoker.producer.transforms import TransformError
-
         names = self.schema.names
         token_rows, refs = lease["tokens"], lease.get("refs") or []
         if sample_id not in self.texts:
@@ -263,8 +256,6 @@ class BatchMaker:
 
     def _user_mel(self, clip: _Clip) -> np.ndarray | None:
         """features.user's mel of one clip, or None with the clip's rejection reason noted."""
-        from stoker.producer.features import UserMelError
-
         try:
             return self._mels([clip.audio])[0]
         except UserMelError as exc:

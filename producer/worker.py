@@ -56,6 +56,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from stoker.producer.transforms import TransformSetupError, load_user
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, PipelineConfig, TransformsConfig
@@ -64,9 +65,11 @@ from stoker.producer.batches import BatchMaker
 from stoker.shared.errors import UserError
 from stoker.shared.keys import ClientKeys, load_client_keys, short
 from stoker.shared.layouts import COLUMNS_AUTO, LayoutError
+from stoker.shared.mel import MelFunctionError, user_mel_function
 from stoker.shared.melstats import load
 from stoker.shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
     install_stop_handlers, parent_alive, setup_logging
+from stoker.shared.tfsetup import configure_tensorflow
 
 log = logging.getLogger("producer")
 
@@ -173,8 +176,6 @@ class Producer:
             wake.close()
 
     def _make_maker(self) -> BatchMaker:
-        from stoker.shared.tfsetup import configure_tensorflow
-
         welcome = self._welcome or {}
         features = FeaturesConfig(**welcome["features"])
         device = None
@@ -290,9 +291,6 @@ class Producer:
     def _check_transforms(self, welcome: wire.Message) -> None:
         """The user transforms (and mel function, features.user) the trainer runs must run here,
         in the same version; Refused (one line, exit status 2) when one is missing or differs."""
-        from stoker.producer.transforms import TransformSetupError, load_user
-        from stoker.shared.mel import MelFunctionError, user_mel_function
-
         transforms = TransformsConfig(**(welcome.get("transforms") or {}))
         user_mel = FeaturesConfig(**(welcome.get("features") or {})).user
         theirs = welcome.get("transform_versions") or {}

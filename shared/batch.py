@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .mel import mel_pad_value
 from .text import PAD_ID
 
 LEGEND: dict[str, str] = {
@@ -87,8 +88,6 @@ class BatchSchema:
     def pad_values(self, features: Any, mel_norm: str) -> dict[str, float]:
         """Each field's padding value as a number, the mel's (MEL_PAD) that of silence under the
         run's ``features`` (a FeaturesConfig) and ``transforms.mel_norm``."""
-        from .mel import mel_pad_value
-
         mel = mel_pad_value(features, mel_norm)
         return {f.name: mel if f.pad == MEL_PAD else float(f.pad) for f in self.fields}
 

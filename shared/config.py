@@ -26,6 +26,7 @@ import yaml
 from .batch import BatchSchema, parse_declared_fields, schema_for
 from .errors import UserError
 from .layouts import LayoutError, parse_columns
+from .runfiles import write_atomic
 from .text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
 
 # Every key with its default and meaning; shipped inside the installed package (pyproject.toml
@@ -576,4 +577,4 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def save(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -30,7 +30,7 @@ FLUSH_EVERY = 20
 
 def load_nvml() -> ModuleType | None:
     try:
-        import pynvml
+        import pynvml  # optional: the gpu extra installs it
     except ImportError:
         log.info("GPU utilisation not recorded: nvidia-ml-py is not installed")
         return None

@@ -29,6 +29,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import zmq
+import zmq.auth
+
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -78,15 +81,11 @@ def short(public_key: bytes) -> str:
 
 
 def _require_curve() -> None:
-    import zmq
-
     if not zmq.has("curve"):
         raise KeysError("this ZeroMQ library was built without CURVE security; --keys needs it")
 
 
 def _load(path: Path, want_secret: bool) -> tuple[bytes, bytes | None]:
-    import zmq.auth
-
     try:
         public, secret = zmq.auth.load_certificate(str(path))
     except (OSError, ValueError) as exc:
@@ -100,8 +99,6 @@ def _load(path: Path, want_secret: bool) -> tuple[bytes, bytes | None]:
 
 def make_keys(directory: Path, clients: list[str]) -> list[str]:
     """Create the server pair and one pair per client (keeping existing ones); return report lines."""
-    import zmq.auth
-
     _require_curve()
     for name in clients:
         if not CLIENT_NAME.fullmatch(name) or name == SERVER:

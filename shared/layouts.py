@@ -1,7 +1,7 @@
 """Dataset layouts: metadata bytes in, entries and rejections out (pure functions, no I/O).
 
-This module is the one reader of a dataset's metadata. :func:`parse_entries` picks the
-layout by the metadata file's name. Every line that cannot be used becomes a
+This module reads a dataset's metadata: shared/mixes.py's :func:`parse_entries` (the one
+reader, a mix's parts included) picks the layout by the metadata file's name. Every line that cannot be used becomes a
 :class:`Rejection` naming its line number and why, so no line is dropped silently and
 no fault in the data raises. Only a ``data.columns`` that cannot be right raises, a
 :class:`LayoutError` (a user mistake: one line to read).
@@ -476,15 +476,3 @@ def parse_manifest(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
             first_line[sample_id] = number
             entries.append(Entry(sample_id, fields[1], number, fields[2], fields[3], fields[4]))
     return entries, rejected
-
-
-def parse_entries(raw: bytes, file_name: str, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
-    """:func:`parse_manifest` for ``*.jsonl`` / ``*.json`` file names, ``shared.mixes.parse_mix`` for a
-    mix (``*.yaml``: the blob of :func:`pack_mix`), else :func:`parse_metadata`."""
-    from .mixes import is_mix, parse_mix  # a mix's parts are parsed by this module's parsers
-
-    if is_manifest(file_name):
-        return parse_manifest(raw)
-    if is_mix(file_name):
-        return parse_mix(raw)
-    return parse_metadata(raw, columns)

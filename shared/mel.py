@@ -17,12 +17,14 @@ import importlib
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .config import FeaturesConfig
 from .errors import UserError
+
+if TYPE_CHECKING:  # the settings' type only: the config imports the batch schema, which pads with this module
+    from .config import FeaturesConfig
 
 # features.padding: centred frames (the clip padded by n_fft // 2 on both sides, reflected or
 # with zeros), or frames from sample 0 with zeros after the end, or only the frames that fit.
@@ -141,7 +143,7 @@ def features_key(features: FeaturesConfig) -> dict[str, Any]:
     """Everything a clip's mel depends on: every features setting but ``backend`` (both compute
     the same definition; the :data:`CONVENTION_FIELDS` only where they differ from their
     defaults) and, with ``features.user``, the version of the function's module."""
-    default = FeaturesConfig()
+    default = type(features)()  # the defaults of every setting
     key = {k: v for k, v in dataclasses.asdict(features).items()
            if k != "backend" and not (k in CONVENTION_FIELDS and v == getattr(default, k))}
     if features.user:

@@ -22,7 +22,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .layouts import Entry, LayoutError, Rejection, language_problem, parse_columns, parse_entries
+import msgpack
+import yaml
+
+from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, language_problem, parse_columns,
+                      parse_manifest, parse_metadata)
 
 MIX_SUFFIXES = (".yaml", ".yml")
 MIX_ID_SEPARATOR = ":"
@@ -47,8 +51,6 @@ def is_mix(file_name: str) -> bool:
 
 def parse_mix_spec(text: str, metadata_file: str, columns: str) -> list[MixPart]:
     """The datasets a mix file lists; LayoutError (one line) when it is not a usable mix."""
-    import yaml
-
     try:
         spec = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -90,15 +92,11 @@ def parse_mix_spec(text: str, metadata_file: str, columns: str) -> list[MixPart]
 
 def pack_mix(parts: list[tuple[MixPart, str, bytes]]) -> bytes:
     """One blob of a mix: each part, its directory relative to the mix file's (or absolute), its metadata bytes."""
-    import msgpack
-
     return msgpack.packb([{"name": p.name, "dir": d, "language": p.language, "metadata_file": p.metadata_file,
                            "columns": p.columns, "metadata": raw} for p, d, raw in parts], use_bin_type=True)
 
 
 def unpack_mix(blob: bytes) -> list[tuple[MixPart, str, bytes]]:
-    import msgpack
-
     return [(MixPart(d["name"], d["dir"], d["language"], d["metadata_file"], d["columns"]), d["dir"], d["metadata"])
             for d in msgpack.unpackb(blob, raw=False)]
 
@@ -119,3 +117,13 @@ def parse_mix(blob: bytes) -> tuple[list[Entry], list[Rejection]]:
         rejected += [Rejection(prefix + r.id, f"{part.name}: {r.reason}", r.producer, r.line, r.file, r.kind)
                      for r in bad]
     return entries, rejected
+
+
+def parse_entries(raw: bytes, file_name: str, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
+    """The one reader of a dataset's metadata: :func:`parse_manifest` for ``*.jsonl`` / ``*.json`` file names,
+    :func:`parse_mix` for a mix (``*.yaml``: the blob of :func:`pack_mix`), else :func:`parse_metadata`."""
+    if is_manifest(file_name):
+        return parse_manifest(raw)
+    if is_mix(file_name):
+        return parse_mix(raw)
+    return parse_metadata(raw, columns)

@@ -13,6 +13,7 @@ they were given, for platforms without prctl.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import logging
@@ -21,6 +22,8 @@ import signal
 import sys
 import threading
 from typing import Any
+
+import zmq
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +106,6 @@ def flush_sockets(timeout_s: float) -> None:
     terminating the context waits for them. It blocks while any socket is still open,
     so it runs in a helper thread and is given up after ``timeout_s``.
     """
-    import zmq
-
     ctx = zmq.Context.instance()
     done = threading.Thread(target=ctx.term, name="zmq-term", daemon=True)
     done.start()
@@ -119,8 +120,6 @@ def exit_without_teardown(code: int) -> None:
     run's files are closed and its sockets flushed by then). The exit handlers still run and
     the standard streams are flushed; while a thread the interpreter would wait for is alive,
     this is the ordinary exit."""
-    import atexit
-
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
     atexit._run_exitfuncs()

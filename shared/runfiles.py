@@ -5,6 +5,9 @@ names and fields as a contract):
 
 =================  ====================================================================
 config.yaml        the resolved configuration; what every process of the run loads
+config.resume.yaml a resume's config, written by the launcher and moved over config.yaml by
+                   the consumer only once the checkpoint has been checked (a failed resume
+                   changes nothing)
 summary.json       written at the end (also on Ctrl-C): throughput, wait, verdict, ...
 metrics.jsonl      one object per training step (shared/metrics.py)
 samples.jsonl      with --record-samples: the sample ids of every step
@@ -18,10 +21,14 @@ mel_stats.json     each mel channel's mean and std over an epoch (after a whole 
                    by transforms.mel_norm: dataset)
 tb/                TensorBoard event files
 ckpt/              checkpoints (consumer/checkpoint.py)
+slurm/             a Slurm job's hand-over (stoker/slurm.py), directory 0700: endpoint.json
+                   (the job id, the trainer's endpoint or its error) and keys/ (the job's
+                   CURVE keys)
 =================  ====================================================================
 
 :func:`write_atomic` writes beside the target and renames over it, so a reader (``watch``,
-``diagnose``, a resume after a crash) sees the old file or the new one, never a part.
+``diagnose``, a resume after a crash) sees the old file or the new one, never a part;
+:func:`replacing` is the same for a writer that needs a path of its own (TensorFlow's).
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 CONFIG = "config.yaml"
+RESUME_CONFIG = "config.resume.yaml"
 SUMMARY = "summary.json"
 # summary.json "trained_by" of a run whose steps were the user's own loop on stoker.Feed
 # (absent for stoker's trainer): diagnose then gives the cure as the feed's option.
@@ -50,26 +58,36 @@ VOCAB = "vocab.json"
 MEL_STATS = "mel_stats.json"
 TB_DIR = "tb"
 CKPT_DIR = "ckpt"
+HANDOVER_DIR = "slurm"
+HANDOVER_FILE = "endpoint.json"  # in HANDOVER_DIR
+HANDOVER_KEYS = "keys"  # in HANDOVER_DIR
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bool = False) -> None:
-    """Write ``data`` (text as UTF-8) to ``path`` whole: a temporary file in the same
-    directory, then a rename over the target. ``durable``: fsync the file before the rename
-    (what a crash must not lose: checkpoints and the logs they cut back)."""
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike[str], *, durable: bool = False) -> Iterator[Path]:
+    """A temporary path in ``path``'s directory for the caller to write, renamed over ``path``
+    when the block ends (removed instead when it raises). ``durable``: fsync the file before
+    the rename (what a crash must not lose: checkpoints and the logs they cut back)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            if durable:
-                f.flush()
+        yield Path(tmp)
+        if durable:
+            with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bool = False) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` whole (:func:`replacing`)."""
+    with replacing(path, durable=durable) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2, durable: bool = False) -> None:

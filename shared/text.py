@@ -75,10 +75,12 @@ import string
 import sys
 import unicodedata
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+from num2words import num2words
 
 from .errors import UserError
 
@@ -230,8 +232,6 @@ def language(code: str) -> Language:
 
 
 def _spell_numbers(text: str, lang: Language) -> str:
-    from num2words import num2words
-
     def spell(match: re.Match[str]) -> str:
         raw, source = match.group(0), match.string
         if sum(c.isdigit() for c in raw) > MAX_SPELLED_DIGITS:
@@ -350,8 +350,6 @@ class Frontend:
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(package)
     except PackageNotFoundError:
@@ -454,7 +452,7 @@ _QUIET.setLevel(logging.ERROR)  # phonemizer warns per line about word-count mis
 def load_espeak() -> Any:
     """phonemizer's EspeakBackend, pointed at the espeakng-loader wheel's library and data."""
     try:
-        import espeakng_loader
+        import espeakng_loader  # the phonemes front-end's only, with phonemizer (heavy)
         from phonemizer.backend import EspeakBackend
         from phonemizer.backend.espeak.wrapper import EspeakWrapper
     except ImportError as exc:

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .runfiles import write_json
 from .text import (EOS_ID, EOS_SYMBOL, FIRST_SYMBOL_ID, ID_DTYPE, PAD_ID, PAD_SYMBOL, USER_ID_SEPARATOR,
                                 Frontend, TextError, UserTokenizer)
 
@@ -143,8 +144,6 @@ class Vocabulary:
 
 def save_vocabulary(vocab: Vocabulary, path: Any) -> None:
     """Write ``vocab`` as JSON (UTF-8, symbols as they are), atomically."""
-    from .runfiles import write_json
-
     write_json(path, vocab.state_dict(), indent=1)
 
 

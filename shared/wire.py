@@ -46,6 +46,7 @@ Message kinds and their fields (P = producer, C = consumer):
 from __future__ import annotations
 
 import math
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -244,7 +245,5 @@ def require(msg: Message, **types_: type | tuple[type, ...]) -> None:
 
 def error_fields(exc: BaseException, where: str) -> dict[str, str]:
     """An exception as plain data, to cross a process boundary (as PyTorch's ExceptionWrapper)."""
-    import traceback
-
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return {"type": type(exc).__name__, "message": str(exc), "where": where, "traceback": tb[-4000:]}

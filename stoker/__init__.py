@@ -12,20 +12,14 @@ on first use, and TensorFlow is imported only when a feed starts.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 __all__ = ["Feed", "FeedError"]
 
-_HERE = Path(__file__).resolve().parent
-if not (_HERE / "shared").is_dir() and (_HERE.parent / "shared" / "batch.py").is_file():
-    # A checkout (run.py, or an editable install): the layers are the folders beside stoker/.
-    __path__.append(str(_HERE.parent))  # noqa: F821  (a package's __path__)
-
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from stoker import feed
+        from stoker import feed  # on first use: `import stoker` stays cheap
 
         return getattr(feed, name)
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")

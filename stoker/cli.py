@@ -1,5 +1,8 @@
 """The command line of ``python run.py``; README.md states it as a contract.
 
+It parses the arguments and dispatches each command; running stoker is the run service's
+(stoker/service.py), which ``stoker.Feed`` and Slurm's tasks call alike.
+
 Every mistake a user can make (bad flag, unknown config key, missing dataset, GPU
 that is not there, endpoint in use, unknown model) ends with one line on stderr,
 ``stoker: error: ...``, and a non-zero exit; never a traceback.
@@ -8,32 +11,30 @@ that is not there, endpoint in use, unknown model) ends with one line on stderr,
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import logging
+import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import NoReturn, Sequence
 
-from stoker.shared import config as config_mod
+from stoker import service
+from stoker.console import out, print_precompute_summary, print_summary
+from stoker.consumer.export import describe, export
+from stoker.consumer.synth import SynthError, synthesize
+from stoker.consumer.tts import ModelError
+from stoker.diagnose import analyse, render
+from stoker.launcher import with_stoker_path
+from stoker.shared.cluster import from_env, worker_dir_name
+from stoker.shared.config import DEFAULT_CONFIG
 from stoker.shared.errors import UserError
-from stoker.shared.proc import EXIT_INTERRUPTED, EXIT_USER
-from stoker.shared.runfiles import CONFIG, SUMMARY
+from stoker.shared.keys import DEFAULT_CLIENT, make_keys
+from stoker.shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging
+from stoker.slurm import run_task
+from stoker.watch import watch
 
-log = logging.getLogger("stoker")
-
-DEFAULT_CONFIG = config_mod.DEFAULT_CONFIG
 COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth", "export", "slurm")
-LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
-# `run.py produce` restarts a crashed producer at most this many times (as pipeline.producer_restarts).
-PRODUCE_RESTARTS = 3
-
-
-
-def out(text: str = "") -> None:
-    """The CLI's output layer: results for the user on stdout (logs go to stderr)."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 def _program() -> str:
@@ -97,20 +98,6 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on port N")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. --set trainer.learning_rate=1e-3")
-
-
-FLAG_KEYS = {
-    "data": "data.path", "data_gpu": "devices.data_gpu", "model_gpu": "devices.model_gpu",
-    "data_gpu_memory": "devices.data_gpu_memory_mb", "model_gpu_memory": "devices.model_gpu_memory_mb",
-    "replicas": "devices.replicas",
-    "producers": "pipeline.producers", "bind": "pipeline.bind", "batch_size": "batching.batch_size",
-    "max_frames": "batching.max_frames",
-    "steps": "trainer.steps", "epochs": "trainer.epochs", "buffer_size": "pipeline.buffer_size",
-    "model_start_delay": "pipeline.model_start_delay_s", "model": "trainer.model", "run_dir": "run.run_dir",
-    "record_samples": "trainer.record_samples", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
-    "log_level": "run.log_level", "metrics_port": "run.metrics_port", "max_producers": "pipeline.max_producers",
-    "text_frontend": "text.frontend", "language": "text.language",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,162 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_config(args: argparse.Namespace) -> config_mod.Config:
-    options = {attr: getattr(args, attr, None) for attr in FLAG_KEYS}
-    sets = dict(config_mod.parse_override(item) for item in args.set)
-    return resolve_options(args.config, options, sets)
-
-
-def resolve_options(config: str | None, options: dict[str, Any], sets: dict[str, Any]) -> config_mod.Config:
-    """The run's config: the YAML file (default configs/default.yaml), the options by their
-    long names (FLAG_KEYS; None: not given), then ``sets`` (dotted config keys)."""
-    overrides: dict[str, Any] = {}
-    for attr, key in FLAG_KEYS.items():
-        value = options.get(attr)
-        if value is not None:
-            overrides[key] = value
-    if overrides.get("pipeline.producers") == "auto":
-        overrides["pipeline.producers"] = 1
-        overrides["pipeline.producers_auto"] = True
-    steps, epochs = options.get("steps"), options.get("epochs")
-    if steps is not None and epochs is None:
-        overrides["trainer.epochs"] = None
-    if epochs is not None and steps is None:
-        overrides["trainer.steps"] = None
-    overrides.update(sets)
-    if "data.path" in overrides and overrides["data.path"]:
-        overrides["data.path"] = str(Path(overrides["data.path"]).expanduser().resolve())
-    cfg = config_mod.load(config or DEFAULT_CONFIG, overrides)
-    if "pipeline.producers" not in overrides:
-        # A step takes one batch per model replica: the default producers are per replica.
-        import dataclasses
-
-        from stoker.devices import requested_replicas
-
-        producers = cfg.pipeline.producers * requested_replicas(cfg.devices)
-        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, producers=producers))
-    return cfg
-
-
-def is_loopback(endpoint: str) -> bool:
-    scheme, _, rest = endpoint.partition("://")
-    if scheme in ("ipc", "inproc"):
-        return True
-    host = rest.rsplit(":", 1)[0]
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
-
-
-def make_run_dir(requested: str) -> Path:
-    if requested:
-        path = Path(requested).expanduser().resolve()
-    else:
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = Path("runs").resolve() / stamp
-        n = 1
-        while path.exists():
-            path = Path("runs").resolve() / f"{stamp}-{n}"
-            n += 1
-    if path.exists() and any(path.iterdir()):
-        raise UserError(f"run directory {path} is not empty; choose another --run-dir")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create run directory {path}: {exc.strerror}") from None
-    return path
-
-
-def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
-    """``--resume RUN_DIR``: that run's config.yaml with the flags given now; checks that
-    there is something to resume (the consumer checks the checkpoint itself)."""
-    from stoker.consumer.checkpoint import CKPT_DIR, Checkpointer
-
-    run_dir = Path(args.resume).expanduser().resolve()
-    if not run_dir.is_dir():
-        raise UserError(f"--resume {run_dir}: no such run directory")
-    if not (run_dir / CONFIG).is_file():
-        raise UserError(f"--resume {run_dir}: it has no config.yaml, so it is not a stoker run directory")
-    if args.config is not None:
-        raise UserError("--resume continues with RUN_DIR/config.yaml; change keys with flags or --set, not --config")
-    if args.run_dir is not None and Path(args.run_dir).expanduser().resolve() != run_dir:
-        raise UserError("--resume continues in RUN_DIR itself; --run-dir cannot name another directory")
-    if Checkpointer(run_dir / CKPT_DIR, keep=1).latest() is None:
-        raise UserError(f"--resume {run_dir}: no checkpoint in {run_dir / CKPT_DIR} (the run stopped before its "
-                        "first one); nothing to resume")
-    args.config = str(run_dir / CONFIG)
-    return resolve_config(args), run_dir
-
-
-def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[config_mod.Config, Any]:
-    """Check what the user asked for before anything starts (the dataset, the model, the
-    keys, the endpoint, the GPUs); the config with the dataset's paths, the replicas and
-    fixed rows (config.with_fixed_rows) resolved, and the device plan. UserError (one line) for each mistake."""
-    import dataclasses
-
-    from stoker.consumer.trainer import check_model
-    from stoker.shared.cluster import from_env
-    from stoker.shared.dataset import feature_cache_dir, locate
-    from stoker.shared.mixes import is_mix
-    from stoker.devices import list_gpus, plan_devices
-
-    root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
-    if trains_model:
-        check_model(cfg.trainer.model)
-    if cfg.pipeline.keys:
-        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(
-            cfg.pipeline, keys=str(Path(cfg.pipeline.keys).expanduser().resolve())))
-        check_keys(Path(cfg.pipeline.keys), server=True, client=cfg.pipeline.producers > 0)
-    elif not is_loopback(cfg.pipeline.bind) and not cfg.pipeline.insecure:
-        raise UserError(f"--bind {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
-                        "unauthenticated: use --keys DIR (python run.py keys DIR), or add --insecure to accept that")
-    plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
-    data = dataclasses.replace(cfg.data, path=str(root / metadata_file if is_mix(metadata_file) else root),
-                               feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
-    devices = dataclasses.replace(cfg.devices, replicas=plan.replicas)  # resolved: the plan's batches depend on it
-    cluster = from_env(os.environ)
-    resolved = dataclasses.replace(cfg, data=data, devices=devices)
-    return config_mod.with_fixed_rows(resolved, cluster.size if cluster is not None else 1), plan
-
-
-def _launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
-            on_ready: Callable[[str], None] | None = None) -> tuple[int, Path, config_mod.Config]:
-    """Check what the user asked for, make the run directory (or take the resumed one's, or
-    ``run_dir`` made by the caller), run; (status, run dir, config). ``on_ready``: called
-    with the trainer's endpoint once it is bound."""
-    import dataclasses
-
-    from stoker.launcher import run_training
-    from stoker.shared.proc import setup_logging
-
-    setup_logging("launcher", cfg.run.log_level)
-    cfg, plan = prepare_run(cfg)
-    run_dir = resume_dir or run_dir or make_run_dir(cfg.run.run_dir)
-    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
-    if resume_dir is None:
-        config_mod.save(cfg, run_dir / CONFIG)
-        log.info("%s", plan.describe(cfg.pipeline.producers))
-        log.info("run directory %s", run_dir)
-        return run_training(cfg, run_dir, plan, on_ready=on_ready), run_dir, cfg
-    from stoker.consumer.checkpoint import RESUME_CONFIG
-
-    # The consumer moves it over config.yaml once the checkpoint has been checked: a
-    # resume that fails leaves the run directory as it was.
-    pending = run_dir / RESUME_CONFIG
-    config_mod.save(cfg, pending)
-    log.info("%s", plan.describe(cfg.pipeline.producers))
-    log.info("resuming run directory %s", run_dir)
-    try:
-        return run_training(cfg, run_dir, plan, resume=True, on_ready=on_ready), run_dir, cfg
-    finally:
-        pending.unlink(missing_ok=True)
-
-
 def _worker_paths(args: argparse.Namespace) -> None:
     """With TF_CONFIG naming several trainer workers, --run-dir and --resume name the job's
     directory, the same for every worker, and each worker's run is its worker-N inside."""
-    import os
-
-    from stoker.shared.cluster import from_env, worker_dir_name
-
     cluster = from_env(os.environ)
     if cluster is None or cluster.size == 1:
         return
@@ -351,129 +185,27 @@ def _worker_paths(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     _worker_paths(args)
     if args.resume:
-        cfg, resume_dir = resume_config(args)
-        code, run_dir, _ = _launch(cfg, resume_dir)
+        cfg, resume_dir = service.resume_config(args)
+        code, run_dir, _ = service.launch(cfg, resume_dir)
     else:
-        code, run_dir, _ = _launch(resolve_config(args))
+        code, run_dir, _ = service.launch(service.resolve_config(args))
     print_summary(run_dir)
     return code
 
 
-# precompute is one epoch of a run whose trainer takes each batch and drops it at once:
-# the real producers (all of them) fill the feature cache, and nothing waits on a model.
-PRECOMPUTE_MODEL = "synthetic:0"
-
-
 def cmd_precompute(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    cfg = resolve_config(args)
-    if cfg.pipeline.producers < 1:
-        raise UserError("precompute needs at least one local producer (--producers N)")
-    cfg = dataclasses.replace(
-        cfg,
-        data=dataclasses.replace(cfg.data, feature_cache=cfg.data.feature_cache or "auto"),
-        trainer=dataclasses.replace(cfg.trainer, model=PRECOMPUTE_MODEL, steps=None, epochs=1, record_samples=False),
-        pipeline=dataclasses.replace(cfg.pipeline, model_start_delay_s=0.0))
-    code, run_dir, cfg = _launch(cfg)
+    code, run_dir, cfg = service.launch(service.precompute_config(service.resolve_config(args)))
     print_precompute_summary(run_dir, cfg.data.feature_cache)
     return code
 
 
-def print_precompute_summary(run_dir: Path, cache_dir: str) -> None:
-    import json
-
-    try:
-        s = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, ValueError):
-        out(f"no summary in {run_dir}")
-        return
-    cache = s.get("feature_cache") or {}
-    clips = s.get("samples", 0)
-    wall = s.get("wall_s") or 0.0
-    rate = clips / wall if wall > 0 else 0.0
-    complete = s.get("epochs_completed", 0) >= 1
-    out(f"precompute {'done' if complete else 'INCOMPLETE (' + str(s.get('exit_reason')) + ')'}: {clips} clips in "
-        f"{wall:.1f} s ({rate:.1f} clips/s, {len(s.get('producers') or [])} producers): "
-        f"{cache.get('computed', 0)} computed, {cache.get('hits', 0)} already cached, "
-        f"{cache.get('corrupt', 0)} corrupt entries recomputed, {s.get('rejected', 0)} clips rejected "
-        f"(see {run_dir / 'rejected.jsonl'})")
-    out(f"  feature cache {cache_dir}; train with --set data.feature_cache={cache_dir}")
-
-
-def print_summary(run_dir: Path) -> None:
-    import json
-
-    try:
-        s = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, ValueError):
-        out(f"no summary in {run_dir}")
-        return
-    loss = ""
-    if s.get("loss_first") is not None:
-        loss = f"  loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}"
-    wait = s.get("data_wait_frac")
-    out(f"stoker run {run_dir}: {s['exit_reason']}")
-    out(f"  {s['steps']} steps, {s['samples']} samples, {s.get('epochs_completed', 0)} epochs in "
-        f"{s['wall_s']:.1f} s; {s['steps_per_s']:.2f} steps/s, {s['samples_per_s']:.1f} samples/s{loss}")
-    out(f"  trainer waited for data {100 * (wait or 0):.1f}% of its time; queue depth mean "
-        f"{s.get('queue_depth_mean') or 0:.2f} of {s.get('capacity')}; {s['starved_steps']} starved steps; "
-        f"{s['rejected']} samples rejected")
-    out(f"  verdict: {s['verdict']}; recommended producers: {s['recommended_producers']}")
-
-
-def check_keys(directory: Path, server: bool, client: bool) -> None:
-    """Load the keys a role needs now, so a bad key directory is one line before anything starts."""
-    from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
-
-    try:
-        if server:
-            load_server_keys(directory)
-        if client:
-            load_client_keys(directory)
-    except KeysError as exc:
-        raise UserError(f"--keys: {exc}") from None
-
-
 def cmd_produce(args: argparse.Namespace) -> int:
-    return produce(args.connect, args.data, args.producers, data_gpu=args.data_gpu,
-                   data_gpu_memory=args.data_gpu_memory, keys=args.keys or "", log_level=args.log_level)
-
-
-def produce(connect: str, data: str, producers: int, *, data_gpu: int | None = None,
-            data_gpu_memory: int | None = None, keys: str = "", log_level: str = "INFO", host: str = "") -> int:
-    """``run.py produce``: ``producers`` producer processes on this host for the trainer at
-    ``connect``; ``host`` names them (default: this host's name)."""
-    from stoker.shared.dataset import locate, scan_dataset
-    from stoker.shared.mixes import is_mix
-    from stoker.devices import DevicesConfig, list_gpus, plan_devices
-    from stoker.launcher import run_producers
-    from stoker.shared.proc import setup_logging
-
-    setup_logging("launcher", log_level)
-    if producers < 1:
-        raise UserError("--producers must be at least 1")
-    if "://" not in connect:
-        raise UserError(f"--connect {connect}: expected an endpoint such as tcp://HOST:PORT")
-    if keys:
-        keys = str(Path(keys).expanduser().resolve())
-        check_keys(Path(keys), server=False, client=True)
-    elif not is_loopback(connect):
-        log.warning("connecting to %s without --keys: batches travel unencrypted and the trainer cannot tell "
-                    "who sends them", connect)
-    root, metadata_file = locate(data, "metadata.csv")
-    scan = scan_dataset(root, metadata_file)
-    devices = DevicesConfig(data_gpu=data_gpu, model_gpu=None, data_gpu_memory_mb=data_gpu_memory)
-    plan = plan_devices(devices, list_gpus() if data_gpu is not None else [], producers)
-    log.info("dataset %s: %d entries, %d audio files missing here, fingerprint %s", root, len(scan.entries),
-             len(scan.missing), scan.fingerprint)
-    data_path = root / metadata_file if is_mix(metadata_file) else root
-    return run_producers(connect, str(data_path), producers, plan, PRODUCE_RESTARTS, log_level, keys=keys, host=host)
+    return service.produce(args.connect, args.data, args.producers, data_gpu=args.data_gpu,
+                           data_gpu_memory=args.data_gpu_memory, keys=args.keys or "",
+                           log_level=args.log_level)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from stoker.shared.keys import DEFAULT_CLIENT, make_keys
-
     directory = Path(args.dir).expanduser().resolve()
     clients = args.client or [DEFAULT_CLIENT]
     report = make_keys(directory, clients)
@@ -489,24 +221,16 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from stoker.slurm import run_task
-
     return run_task(args, os.environ)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    import json
-
-    from stoker.diagnose import analyse, render
-
     report = analyse(Path(args.run_dir))
     out(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from stoker.watch import watch
-
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir} is not a directory")
@@ -518,17 +242,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from stoker.consumer.export import describe, export
-
     out(describe(export(Path(args.run_dir), Path(args.out))))
     return 0
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from stoker.consumer.synth import SynthError, synthesize
-    from stoker.consumer.tts import ModelError
-    from stoker.shared.proc import setup_logging
-
     setup_logging("synth", "WARNING")
     run_dir = Path(args.run_dir).expanduser()
     if not run_dir.is_dir():
@@ -548,18 +266,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """The benchmark suite runs as its own program (``python -m stoker.benchmarks.suite``): the
     benchmarks drive the application, so the application does not import them."""
-    import subprocess
-
-    import importlib.util
-
     if importlib.util.find_spec("librosa") is None:  # benchmarks/data.py measures the producer against it
         raise UserError("bench compares stoker's producer with librosa, which the test extra installs: "
                         "pip install 'stoker[test]'")
     command = [sys.executable, "-m", "stoker.benchmarks.suite", "--out", str(Path(args.out).resolve())]
     if args.quick:
         command.append("--quick")
-    from stoker.launcher import with_stoker_path
-
     return subprocess.call(command, env=with_stoker_path(os.environ))
 
 

@@ -37,10 +37,16 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from stoker.consumer.feed import FeedCore
+from stoker.launcher import KILL_AFTER_S, PRODUCER_STOP_S, TICK_S, AutoControl, Supervisor, start_producers
+from stoker.service import FLAG_KEYS, make_run_dir, prepare_run, resolve_options
 from stoker.shared import config as config_mod
+from stoker.shared.cluster import from_env, worker_dir_name
+from stoker.shared.config import batch_schema
 from stoker.shared.errors import UserError
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
 from stoker.shared.runfiles import CONFIG, TRAINED_BY_FEED
+from stoker.shared.tfsetup import device_stager, replica_stager
 
 log = logging.getLogger("stoker.feed")
 
@@ -55,8 +61,6 @@ class FeedError(UserError):
 
 
 def _option_names() -> list[str]:
-    from stoker.cli import FLAG_KEYS
-
     return sorted(set(FLAG_KEYS) - set(NOT_FEED_OPTIONS))
 
 
@@ -72,8 +76,6 @@ class Feed:
         """``strategy``: a ``tf.distribute`` strategy whose replicas take the batches: each batch
         is then per-replica values (one part of the global batch on each replica's device),
         ready for ``strategy.run``; ``replicas`` follows from it."""
-        from stoker.cli import resolve_options
-
         for name in options:
             if name in NOT_FEED_OPTIONS:
                 raise FeedError(f"stoker.Feed: option {name!r} is not the feed's ({NOT_FEED_OPTIONS[name]})")
@@ -127,9 +129,6 @@ class Feed:
             return self
         if self._closed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
-        from stoker.consumer.feed import FeedCore
-        from stoker.cli import prepare_run
-
         cfg, plan = prepare_run(self.cfg, trains_model=False)
         run_dir = self._run_dir(cfg)
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
@@ -173,9 +172,6 @@ class Feed:
     def _run_dir(self, cfg: config_mod.Config) -> Path:
         """The run directory: a new one, or a stoker run directory to continue (its step logs
         go on; :meth:`start` refuses it unless the feed resumes)."""
-        from stoker.cli import make_run_dir
-        from stoker.shared.cluster import from_env, worker_dir_name
-
         requested = cfg.run.run_dir
         cluster = from_env(os.environ)
         if cluster is not None and cluster.size > 1:  # each trainer worker's feed writes DIR/worker-N
@@ -196,8 +192,6 @@ class Feed:
         ``devices.model_gpu_memory_mb`` as its limit), else the CPU; with a strategy, each
         replica's part onto that replica's device."""
         import tensorflow as tf
-
-        from stoker.shared.tfsetup import device_stager, replica_stager
 
         if self._strategy is not None:
             devices = list(self._strategy.extended.worker_devices)
@@ -229,8 +223,6 @@ class Feed:
         return device_stager(tf, self.device)
 
     def _start_producers(self) -> None:
-        from stoker.launcher import AutoControl, Supervisor, start_producers
-
         cfg, plan = self.cfg, self._plan
         self._supervisor = sup = Supervisor(plan, cfg.run.log_level)
         self._producers.extend(start_producers(sup, cfg, plan, self.endpoint))
@@ -242,8 +234,6 @@ class Feed:
 
     def _supervise(self) -> None:
         """The producers' supervision, beside the user's loop: status lines, crashes restarted."""
-        from stoker.launcher import TICK_S
-
         sup = self._supervisor
         while not self._closing.is_set():
             sup.poll_status(TICK_S)
@@ -482,8 +472,6 @@ class Feed:
         ``input_signature`` traces once for every bucket."""
         import tensorflow as tf
 
-        from stoker.shared.config import batch_schema
-
         cfg = self.prepare()._core.cfg  # fixed rows resolved (replicas, workers): row_mask among the fields
         fixed = {"F": cfg.features.n_mels, "R": cfg.batching.ref_frames}  # the same in every bucket
         return {f.name: tf.TensorSpec([fixed.get(dim) for dim in f.dims], tf.as_dtype(f.dtype), name=f.name)
@@ -554,8 +542,6 @@ class Feed:
             core.close()
 
     def _stop_producers(self) -> None:
-        from stoker.launcher import KILL_AFTER_S, PRODUCER_STOP_S
-
         self._closing.set()
         if self._watch is not None:
             self._watch.join(timeout=5.0)

@@ -29,6 +29,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,18 +37,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import psutil
+
 from stoker.shared.config import Config
 from stoker.shared.errors import UserError
 from stoker.shared.metrics import read_jsonl, summarize
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
 from stoker.shared.runfiles import METRICS, REJECTED, SUMMARY, write_json
-from stoker.autoscale import DECISION_INTERVAL_S
+from stoker.autoscale import DECISION_INTERVAL_S, AutoScaler, LiveWindow, default_max_producers
 from stoker.devices import DevicePlan, child_env
 
 log = logging.getLogger("launcher")
 
 # The directory that holds the stoker package (a checkout's root, or site-packages): on each
-# child's PYTHONPATH, so that `python -m stoker....` finds this stoker whatever the cwd.
+# child's PYTHONPATH, so that `python -m stoker....` runs this stoker whatever the cwd (and not
+# another one the interpreter has installed). It names stoker only: a checkout's shared/,
+# producer/, consumer/ refuse to be imported under their bare names (docs/DESIGN.md, Layout).
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 
 # The consumer stops after its current step; a tiny step is far below this, but a
@@ -333,8 +338,6 @@ def wait_ready(sup: Supervisor, consumer: Child) -> str | None:
 
 def start_producers(sup: Supervisor, cfg: Config, plan: DevicePlan, endpoint: str) -> list[Child]:
     """The run's local producers (pipeline.producers of them), started for ``endpoint``."""
-    import socket
-
     host = socket.gethostname()
     producers = [sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu, plan.data_memory_mb,
                                           cfg.run.log_level, host, keys=cfg.pipeline.keys,
@@ -350,12 +353,6 @@ class AutoControl:
 
     def __init__(self, cfg: Config, run_dir: Path, sup: "Supervisor", producers: list[Child],
                  endpoint: str, plan: DevicePlan) -> None:
-        import socket
-
-        import psutil
-
-        from stoker.autoscale import AutoScaler, LiveWindow, default_max_producers
-
         self.cfg, self.sup, self.producers, self.endpoint, self.plan = cfg, sup, producers, endpoint, plan
         self.host = socket.gethostname()
         self.scaler = AutoScaler(cfg.pipeline.max_producers or default_max_producers(), cfg.pipeline.buffer_size)
@@ -394,8 +391,6 @@ class AutoControl:
             victim.proc.send_signal(signal.SIGTERM)  # it says BYE and returns its leases
 
     def record(self, summary_path: Path) -> None:
-        import json
-
         try:
             summary = json.loads(summary_path.read_text())
         except (OSError, ValueError):
@@ -426,8 +421,6 @@ def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restar
     trainer's STOP. Raises LaunchError with the reason when the producers were refused.
     ``host``: the name in the producers' ids (default: this host's name; ``stoker slurm``
     gives the Slurm node's)."""
-    import socket
-
     sup = Supervisor(plan, log_level)
     sup.install_signals()
     host = host or socket.gethostname()

@@ -44,17 +44,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from stoker import service
+from stoker.console import print_summary
 from stoker.launcher import CONSUMER_READY_TIMEOUT_S
 from stoker.shared.errors import UserError
 from stoker.shared.keys import DEFAULT_CLIENT, SECRET_MODE, make_keys
-from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
-from stoker.shared.runfiles import write_json
+from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, setup_logging
+from stoker.shared.runfiles import HANDOVER_DIR, HANDOVER_FILE, HANDOVER_KEYS, write_json
 
 log = logging.getLogger("stoker.slurm")
 
-HANDOVER_DIR = "slurm"  # in the run directory
-HANDOVER_FILE = "endpoint.json"
-KEYS_DIR = "keys"
 HANDOVER_DIR_MODE = 0o700
 # The run directory of a new run without --run-dir: one per job, the same on every task.
 DEFAULT_RUN_DIR = "runs/slurm-{job_id}"
@@ -257,7 +256,7 @@ def make_job_keys(run_dir: Path) -> Path:
     directory = handover_dir(run_dir)
     directory.mkdir(mode=HANDOVER_DIR_MODE, exist_ok=True)
     os.chmod(directory, HANDOVER_DIR_MODE)
-    keys = directory / KEYS_DIR
+    keys = directory / HANDOVER_KEYS
     if keys.exists():
         shutil.rmtree(keys)
     make_keys(keys, [DEFAULT_CLIENT])
@@ -280,9 +279,6 @@ def advertised(endpoint: str, host: str) -> str:
 
 def run_task(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """``python run.py slurm``: this task's role in the job step."""
-    from stoker import cli
-    from stoker.shared.proc import setup_logging
-
     setup_logging("launcher", args.log_level or "INFO")
     if args.producer_nodes not in PRODUCER_NODES:
         raise UserError(f"--producer-nodes {args.producer_nodes}: expected one of {', '.join(PRODUCER_NODES)}")
@@ -297,9 +293,9 @@ def run_task(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         # once, and only the trainer's says why (one line, not one per task).
         place(step, args.producer_nodes, args.producers)
         if args.resume:
-            cli.resume_config(argparse.Namespace(**vars(args)))
+            service.resume_config(argparse.Namespace(**vars(args)))
         else:
-            cli.resolve_config(args)
+            service.resolve_config(args)
     except UserError as exc:
         if step.is_trainer:
             raise
@@ -330,16 +326,14 @@ def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
 
 
 def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
-    from stoker import cli
-
-    args.keys = str(handover_dir(run_dir) / KEYS_DIR)
+    args.keys = str(handover_dir(run_dir) / HANDOVER_KEYS)
     if args.resume:
-        cfg, resume_dir = cli.resume_config(args)
+        cfg, resume_dir = service.resume_config(args)
     else:
         args.bind = args.bind or DEFAULT_BIND
         args.run_dir = str(run_dir)
-        cfg, resume_dir = cli.resolve_config(args), None
-        cli.make_run_dir(str(run_dir))
+        cfg, resume_dir = service.resolve_config(args), None
+        service.make_run_dir(str(run_dir))
     make_job_keys(run_dir)
     host = socket.gethostname()
 
@@ -349,14 +343,12 @@ def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
         log.info("trainer on %s: endpoint %s handed over in %s", step.node, public,
                  handover_dir(run_dir) / HANDOVER_FILE)
 
-    code, _, _ = cli._launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready)
-    cli.print_summary(run_dir)
+    code, _, _ = service.launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready)
+    print_summary(run_dir)
     return code
 
 
 def producer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
-    from stoker import cli
-
     record = wait_handover(run_dir, step.job_id, HANDOVER_WAIT_S)
     if record["state"] != READY:
         log.debug("the trainer task ended before it was ready (%s): no producers here", record)
@@ -368,9 +360,9 @@ def producer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     threading.Thread(target=_watch_trainer, args=(run_dir, step.job_id, over), daemon=True).start()
     try:
-        code = cli.produce(record["endpoint"], record["data"], count, data_gpu=args.data_gpu,
-                           data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / KEYS_DIR),
-                           log_level=args.log_level or "INFO", host=step.node)
+        code = service.produce(record["endpoint"], record["data"], count, data_gpu=args.data_gpu,
+                               data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / HANDOVER_KEYS),
+                               log_level=args.log_level or "INFO", host=step.node)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     if over.is_set() and code == EXIT_INTERRUPTED:

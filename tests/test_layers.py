@@ -9,14 +9,25 @@
 Every import counts, also one inside a function: a lazy import hides a cycle, it does not
 remove it. Processes are started by module name (``python -m stoker.consumer.main``), which is
 not an import.
+
+Below the layers, module by module: no module imports itself back through others; an import
+inside a function is for a heavy dependency or says why on its line; and every module has one
+name, stoker's (``import shared`` is refused, ``stoker.run`` does not exist).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from stoker.launcher import with_stoker_path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("shared", "producer", "consumer", "stoker", "benchmarks")
@@ -66,3 +77,153 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     source.write_text("import os\n\ndef f():\n    from stoker.consumer.plan import EpochPlanner\n    import stoker.cli\n"
                       "    import stoker\n")
     assert imported_packages(source) == {("consumer", 4), ("stoker", 5), ("stoker", 6)}
+
+
+# ---------------------------------------------------------------- the modules' import graph
+
+# Imported inside a function without a word of reason: each costs a process that never uses it
+# a tenth of a second or more (TensorFlow seconds).
+HEAVY = ("tensorflow", "keras", "librosa", "scipy", "phonemizer", "pyloudnorm")
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the package by its one name: stoker/X.py is stoker.X, LAYER/X.py is
+    stoker.LAYER.X (pyproject.toml's package-dir; stoker/LAYER is a link to LAYER/)."""
+    found = {}
+    for path in sorted((ROOT / "stoker").glob("*.py")):
+        found["stoker" if path.stem == "__init__" else f"stoker.{path.stem}"] = path
+    for layer in LAYERS[:3] + LAYERS[4:]:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            parts = ("stoker", *path.relative_to(ROOT).with_suffix("").parts)
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def module_imports(name: str, path: Path, known: set[str]) -> list[tuple[str, ast.stmt, bool]]:
+    """(module imported, statement, inside a function) for each import in ``path`` (module ``name``),
+    with ``from P import m`` as module P.m where that is a module, and relative imports resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, ast.stmt, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                continue  # for type checkers only: never imported when the program runs
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child, in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    base = ".".join([*package.split(".")[:len(package.split(".")) - child.level + 1],
+                                     *([base] if base else [])])
+                for alias in child.names:
+                    target = f"{base}.{alias.name}"
+                    found.append((target if target in known else base, child, in_function))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), False)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports, and the packages those are in (their __init__ runs first),
+    except the packages the module is itself in and stoker's own, whose import runs nothing."""
+    modules = project_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = graph.setdefault(name, set())
+        for target, _, _ in module_imports(name, path, set(modules)):
+            parts = target.split(".")
+            for package in (".".join(parts[:n]) for n in range(2, len(parts) + 1)):
+                if package in modules and package != name and not name.startswith(package + "."):
+                    edges.add(package)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                connect(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """Counting the imports inside functions too: a lazy import hides a cycle, it does not remove it."""
+    graph = import_graph()
+    assert "stoker.cli" in graph and "stoker.shared.config" in graph["stoker.service"]
+    assert not cycles(graph), "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles(graph))
+
+
+def test_only_the_entry_point_imports_the_command_line() -> None:
+    """The command line parses and dispatches; what it runs is the run service's (stoker/service.py),
+    which stoker.Feed and Slurm's tasks call too."""
+    graph = import_graph()
+    assert sorted(name for name, edges in graph.items() if "stoker.cli" in edges) == ["stoker.__main__"]
+    assert {"stoker.service"} <= graph["stoker.cli"] & graph["stoker.feed"] & graph["stoker.slurm"]
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_lazy_import() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_an_import_inside_a_function_says_why() -> None:
+    """At the top of the file unless it is a heavy dependency or its line says why (# ...)."""
+    modules = project_modules()
+    unexplained: dict[str, None] = {}  # one line a statement, in order
+    for name, path in modules.items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for target, node, in_function in module_imports(name, path, set(modules)):
+            said = any("#" in line for line in lines[node.lineno - 1:node.end_lineno])
+            if in_function and not said and target.split(".")[0] not in HEAVY:
+                unexplained[f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}"] = None
+    assert not unexplained, "imports inside functions with no reason beside them:\n" + "\n".join(unexplained)
+
+
+def test_each_module_has_one_name() -> None:
+    """The layers' folders are stoker's subpackages only; nothing else of the checkout is."""
+    for bare in ("shared", "producer", "consumer", "benchmarks"):
+        with pytest.raises(ImportError, match=f"import stoker.{bare}, not {bare}"):
+            importlib.import_module(bare)
+    for stray in ("stoker.run", "stoker.tests", "stoker.docs", "stoker.data"):
+        assert importlib.util.find_spec(stray) is None, stray
+    assert importlib.import_module("stoker.shared.config").__name__ == "stoker.shared.config"
+
+
+@pytest.mark.timeout(60)
+def test_a_child_process_sees_the_same_names(tmp_path: Path) -> None:
+    """What the launcher's children import, from the user's directory: this stoker, by one name."""
+    probe = ("import importlib, importlib.util as u, stoker.shared.config as c\n"
+             "print(c.__name__, [m for m in ('stoker.run', 'stoker.tests') if u.find_spec(m)])\n"
+             "try:\n    importlib.import_module('shared')\nexcept ImportError as exc:\n    print(exc)\n")
+    env = with_stoker_path({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=50)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["stoker.shared.config []", "import stoker.shared, not shared "
+                                        "(docs/DESIGN.md, Layout)"]

@@ -31,7 +31,7 @@ parsed is ignored (logged) and rebuilt from scratch. Headers are read by
 Dataset agreement
 -----------------
 A producer on another host must read the same dataset as the trainer. Both sides
-compute a :class:`DatasetScan` from the metadata (parsed by shared/layouts.py's
+compute a :class:`DatasetScan` from the metadata (parsed by shared/mixes.py's
 :func:`parse_entries`, the one metadata reader) and the audio listing of
 :func:`list_audio` (no audio is decoded; 13,100 LJSpeech clips take well under a second)
 and compare two fingerprints:

@@ -11,7 +11,8 @@ from typing import Any, Collection, Iterable, Mapping
 
 from ..dataset.files import AUDIO_DIR, list_audio, read_metadata_bytes
 from ..dataset.types import AudioFile
-from ..layouts import COLUMNS_AUTO, Entry, Rejection, parse_entries
+from ..layouts import COLUMNS_AUTO, Entry, Rejection
+from ..mixes import parse_entries
 
 # A host may lack at most this many audio files and still produce: the ids travel in
 # its HELLO (about 20 bytes each, far below wire.MAX_HEADER_BYTES), and a copy missing

@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import msgpack
+
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.types import AudioFile, Sample
 from ..layouts import Rejection
@@ -125,16 +127,12 @@ def feature_cache_dir(setting: str, root: Path) -> str:
 
 
 def pack_payload(payload: dict[str, Any]) -> bytes:
-    import msgpack
-
     body = msgpack.packb(payload, use_bin_type=True)
     return INDEX_CACHE_MAGIC + hashlib.sha256(body).digest() + body
 
 
 def unpack_payload(blob: bytes) -> dict[str, Any]:
     """The payload of a cache file; ValueError if it is not one or fails its checksum."""
-    import msgpack
-
     head = len(INDEX_CACHE_MAGIC)
     if len(blob) < head + 32 or blob[:head] != INDEX_CACHE_MAGIC:
         raise ValueError("not an index cache file of this version")

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Iterable
 
 from ..dataset.types import AudioFile, DatasetError
-from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, parse_entries
-from ..mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_mix_spec, unpack_mix
+from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest
+from ..mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_entries, parse_mix_spec, unpack_mix
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
 

@@ -29,8 +29,9 @@ from ..dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPL
 from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from ..layouts import COLUMNS_AUTO, Entry, Rejection, parse_entries
+from ..layouts import COLUMNS_AUTO, Entry, Rejection
 from ..mel import min_num_samples, num_frames
+from ..mixes import parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
 from ..vocab import Vocabulary
 

@@ -254,7 +254,7 @@ def test_bad_audio_raises() -> None:
 
 
 def test_import_does_not_import_tensorflow() -> None:
-    code = "import producer.features, sys; assert 'tensorflow' not in sys.modules"
+    code = "import stoker.producer.features, sys; assert 'tensorflow' not in sys.modules"
     completed = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
                                timeout=IMPORT_TIMEOUT_S)
     assert completed.returncode == 0, completed.stderr

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from stoker.shared.layouts import Entry, LayoutError, Rejection, parse_columns, parse_entries, parse_manifest, parse_metadata
+from stoker.shared.layouts import Entry, LayoutError, Rejection, parse_columns, parse_manifest, parse_metadata
 
-from stoker.shared.mixes import parse_mix_spec
+from stoker.shared.mixes import parse_entries, parse_mix_spec
 
 PERSIAN = "امروز هوا آفتابی و کمی سرد است."
 PERSIAN_ZWNJ = "می‌خواهم"  # with a zero-width non-joiner (U+200C), which must survive as is

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,8 +40,35 @@ def test_write_json_keeps_non_ascii_and_round_trips(tmp_path) -> None:
     assert "سلام" not in text and "س" in text and json.loads(text) == obj
 
 
+def test_a_writer_that_fails_in_replacing_keeps_the_old_file(tmp_path) -> None:
+    target = tmp_path / "events.out.tfevents.1"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="torn"):
+        with runfiles.replacing(target) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("torn")
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == [target.name]
+    with runfiles.replacing(target, durable=True) as tmp:
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
 def test_names_are_distinct() -> None:
-    names = [runfiles.CONFIG, runfiles.SUMMARY, runfiles.METRICS, runfiles.SAMPLES, runfiles.REJECTED, runfiles.LIVE,
-             runfiles.GPU, runfiles.VALIDATION, runfiles.VOCAB, runfiles.MEL_STATS, runfiles.TB_DIR,
-             runfiles.CKPT_DIR]
+    names = [runfiles.CONFIG, runfiles.RESUME_CONFIG, runfiles.SUMMARY, runfiles.METRICS, runfiles.SAMPLES,
+             runfiles.REJECTED, runfiles.LIVE, runfiles.GPU, runfiles.VALIDATION, runfiles.VOCAB, runfiles.MEL_STATS,
+             runfiles.TB_DIR, runfiles.CKPT_DIR, runfiles.HANDOVER_DIR]
     assert len(set(names)) == len(names)
+
+
+def test_a_run_file_is_named_only_here() -> None:
+    """No other module of the package spells a run file's name (config.yaml, endpoint.json, ...)."""
+    files = {value for name, value in vars(runfiles).items()
+             if name.isupper() and isinstance(value, str) and "." in value}
+    assert {"config.yaml", "config.resume.yaml", "endpoint.json"} <= files
+    root = Path(runfiles.__file__).resolve().parents[1]
+    spelled = [f"{path.relative_to(root)}:{node.lineno}: {node.value}"
+               for layer in ("stoker", "shared", "producer", "consumer")
+               for path in sorted((root / layer).rglob("*.py")) if path.name != "runfiles.py"
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Constant) and node.value in files]
+    assert not spelled, "run files named outside shared/runfiles.py:\n" + "\n".join(spelled)

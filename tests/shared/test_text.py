@@ -145,7 +145,7 @@ def test_user_tokenizer() -> None:
 
 
 def test_text_module_does_not_import_tensorflow() -> None:
-    code = "import shared.text, sys; assert 'tensorflow' not in sys.modules"
+    code = "import stoker.shared.text, sys; assert 'tensorflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=IMPORT_TIMEOUT_S,
                    cwd=Path(__file__).resolve().parents[2])
 

@@ -259,7 +259,7 @@ def test_a_bad_replica_request_is_one_line(given, gpus, says) -> None:
 
 
 def test_the_default_producers_are_per_replica_and_a_given_count_is_kept() -> None:
-    from stoker.cli import resolve_options
+    from stoker.service import resolve_options
 
     def producers(**options) -> int:
         return resolve_options(None, options, {}).pipeline.producers

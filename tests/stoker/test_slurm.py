@@ -27,7 +27,7 @@ import pytest
 
 from stoker.shared.errors import UserError
 from stoker.shared.proc import EXIT_OK, EXIT_USER
-from stoker.slurm import (FAILED, HANDOVER_DIR, HANDOVER_FILE, KEYS_DIR, OVER, READY, Step, advertised, expand_counts,
+from stoker.slurm import (FAILED, HANDOVER_DIR, HANDOVER_FILE, HANDOVER_KEYS, OVER, READY, Step, advertised, expand_counts,
                           expand_hostlist, place, read_handover, wait_handover, write_handover)
 from tests.procs import ROOT, free_port, read_json, read_jsonl
 
@@ -353,7 +353,7 @@ def test_heterogeneous_job_trains_with_producers_on_the_other_node(cluster, tmp_
     assert sum(p["samples"] for p in producers) == summary["samples"]
     handover = read_json(run_dir / HANDOVER_DIR / HANDOVER_FILE)
     assert handover["job_id"] == job and handover["state"] == OVER and handover["node"] == NODES[0]
-    keys = run_dir / HANDOVER_DIR / KEYS_DIR
+    keys = run_dir / HANDOVER_DIR / HANDOVER_KEYS
     assert stat.S_IMODE(keys.stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in keys.rglob("*") if p.is_file())
     assert "key" not in EXAMPLE.read_text().split("exec srun")[1]  # the job script hands over no key
