@@ -450,8 +450,12 @@ def produce(connect: str, data: str, producers: int, *, data_gpu: int | None = N
     setup_logging("launcher", log_level)
     if producers < 1:
         raise UserError("--producers must be at least 1")
-    if "://" not in connect:
-        raise UserError(f"--connect {connect}: expected an endpoint such as tcp://HOST:PORT")
+    from stoker.shared.endpoints import EndpointError, check_endpoint
+
+    try:
+        check_endpoint(connect, bind=False)
+    except EndpointError as exc:
+        raise UserError(f"--connect: {exc}") from None
     if keys:
         keys = str(Path(keys).expanduser().resolve())
         check_keys(Path(keys), server=False, client=True)
