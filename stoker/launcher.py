@@ -331,7 +331,9 @@ def wait_ready(sup: Supervisor, consumer: Child) -> str | None:
                 raise LaunchError(str(event.get("message")))
         consumer.events.clear()
         if consumer.proc.poll() is not None:
-            raise LaunchError(f"the consumer exited before it was ready (status {consumer.proc.returncode}"
+            code = consumer.proc.returncode
+            how = killed_reason(consumer, -code) if code < 0 else f"status {code}"
+            raise LaunchError(f"the consumer exited before it was ready ({how}"
                               f"{': ' + consumer.last_error if consumer.last_error else ''})")
         if sup.signalled is not None:
             return None
