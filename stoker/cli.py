@@ -65,6 +65,8 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint, with its "
                         "config.yaml (flags and --set given now override it, e.g. --steps N to go further)")
+    parser.add_argument("--fresh-plan", action="store_true", help="with --resume, when the dataset changed: keep "
+                        "the checkpoint's weights, optimizer and step count, and start a new epoch plan over the data")
     parser.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
     parser.add_argument("--data-gpu", type=int, help="GPU index for the producers")
     parser.add_argument("--model-gpu", type=_gpus_arg, metavar="N|N,M,...|all",
@@ -291,7 +293,7 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
 
 
 def _launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
-            on_ready: Callable[[str], None] | None = None) -> tuple[int, Path, config_mod.Config]:
+            on_ready: Callable[[str], None] | None = None, fresh_plan: bool = False) -> tuple[int, Path, config_mod.Config]:
     """Check what the user asked for, make the run directory (or take the resumed one's, or
     ``run_dir`` made by the caller), run; (status, run dir, config). ``on_ready``: called
     with the trainer's endpoint once it is bound."""
@@ -318,7 +320,7 @@ def _launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: 
     log.info("%s", plan.describe(cfg.pipeline.producers))
     log.info("resuming run directory %s", run_dir)
     try:
-        return run_training(cfg, run_dir, plan, resume=True, on_ready=on_ready), run_dir, cfg
+        return run_training(cfg, run_dir, plan, resume=True, on_ready=on_ready, fresh_plan=fresh_plan), run_dir, cfg
     finally:
         pending.unlink(missing_ok=True)
 
@@ -349,8 +351,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     _worker_paths(args)
     if args.resume:
         cfg, resume_dir = resume_config(args)
-        code, run_dir, _ = _launch(cfg, resume_dir)
+        code, run_dir, _ = _launch(cfg, resume_dir, fresh_plan=args.fresh_plan)
     else:
+        if args.fresh_plan:
+            raise UserError("--fresh-plan starts a new epoch plan for a resumed run: give it with --resume RUN_DIR")
         code, run_dir, _ = _launch(resolve_config(args))
     print_summary(run_dir)
     return code

@@ -249,15 +249,17 @@ def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory
 
 
 def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = False,
-                 on_ready: Callable[[str], None] | None = None) -> int:
+                 on_ready: Callable[[str], None] | None = None, fresh_plan: bool = False) -> int:
     """Run the consumer and the local producers; return the trainer's exit status.
-    ``resume``: the consumer continues from the run directory's latest checkpoint.
+    ``resume``: the consumer continues from the run directory's latest checkpoint (with
+    ``fresh_plan``, its model and step count, on a new epoch plan).
     ``on_ready``: called with the bound endpoint once the consumer is ready (``stoker
     slurm`` hands it to the producer tasks)."""
     sup = Supervisor(plan, cfg.run.log_level)
     sup.install_signals()
     started = time.monotonic()
-    consumer = sup.spawn(Child("consumer", "consumer", consumer_argv(run_dir, plan, resume), plan.model_gpus))
+    consumer = sup.spawn(Child("consumer", "consumer", consumer_argv(run_dir, plan, resume, fresh_plan),
+                                 plan.model_gpus))
     producers: list[Child] = []
     code: int | None = None
     auto: AutoControl | None = None
@@ -305,8 +307,9 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
     return code
 
 
-def consumer_argv(run_dir: Path, plan: DevicePlan, resume: bool) -> list[str]:
-    argv = ["stoker.consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
+def consumer_argv(run_dir: Path, plan: DevicePlan, resume: bool, fresh_plan: bool = False) -> list[str]:
+    argv = ["stoker.consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else []),
+            *(["--fresh-plan"] if resume and fresh_plan else [])]
     if plan.model_memory_mb:
         argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]
     nvml = [f"{role}={index}" for role, index in (("data", plan.data_gpu), ("model", plan.model_gpu))
