@@ -539,8 +539,13 @@ class Producer:
             if not link.hello_sent or now - self._last_hello >= HELLO_RETRY_S:
                 link.hello_sent = self._hello(link.sock)
             if now - max(self._connected_t, link.last_waiting_note) >= WAITING_NOTE_S:
-                log.info("%s: waiting for the trainer at %s (no answer for %.0f s)", self.name, self.endpoint,
-                         now - self._connected_t)
+                if self._handshake_failures:  # something answers there, but not (yet) as a trainer
+                    log.info("%s: waiting for the trainer at %s (a connection is accepted there, but %d ZeroMQ "
+                             "handshake(s) failed in %.0f s)", self.name, self.endpoint, self._handshake_failures,
+                             now - self._connected_t)
+                else:
+                    log.info("%s: waiting for the trainer at %s (no answer for %.0f s)", self.name, self.endpoint,
+                             now - self._connected_t)
                 link.last_waiting_note = now
         elif now - link.last_heard > link.timeout:
             log.warning("%s: consumer silent for %.1f s; dropping %d leases and reconnecting in %.1f s",
