@@ -136,8 +136,9 @@ def _changed_clips(saved: Any, now: list[list[Any]]) -> str:
         return ""
     current = {i: b for b, (*_, ids) in enumerate(now) for i in ids}
     parts = []
+    moved = sorted(i for i in then.keys() & current.keys() if then[i] != current[i])
     for what, ids in (("added", sorted(current.keys() - then.keys())), ("removed", sorted(then.keys() - current.keys())),
-                      ("in another bucket", sorted(i for i in then.keys() & current.keys() if then[i] != current[i]))):
+                      ("in another bucket", moved)):
         if ids:
             shown = ", ".join(ids[:CHANGED_CLIPS_SHOWN]) + (", ..." if len(ids) > CHANGED_CLIPS_SHOWN else "")
             parts.append(f"{len(ids)} {what} ({shown})")
@@ -355,9 +356,10 @@ class RunCheckpoints:
                                   f"format {FORMAT}")
         plan = saved.get("plan") or {}
         if plan.get("fingerprint") != self.identity["fingerprint"] and not fresh_plan:
+            run_dir = self.run_dir.parent if self.peers else self.run_dir  # a job's workers: its directory
             raise CheckpointError(f"cannot resume from {path}: this run's epoch plan differs from the "
                                   f"checkpoint's ({_plan_difference(plan, self.identity)}). To go on training its "
-                                  f"model on the data as it is now: --resume {self.run_dir.parent if self.peers else self.run_dir} "
+                                  f"model on the data as it is now: --resume {run_dir} "
                                   f"--fresh-plan (keeps the weights, the optimizer and the step count; the epochs "
                                   f"start anew); or start a new run")
         model, now = saved.get("model"), self.cfg.trainer.model

@@ -293,7 +293,8 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
 
 
 def _launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
-            on_ready: Callable[[str], None] | None = None, fresh_plan: bool = False) -> tuple[int, Path, config_mod.Config]:
+            on_ready: Callable[[str], None] | None = None,
+            fresh_plan: bool = False) -> tuple[int, Path, config_mod.Config]:
     """Check what the user asked for, make the run directory (or take the resumed one's, or
     ``run_dir`` made by the caller), run; (status, run dir, config). ``on_ready``: called
     with the trainer's endpoint once it is bound."""

@@ -221,7 +221,7 @@ class Supervisor:
             if code == 0 or p.retiring or not keep_going():
                 p.done = True
                 continue
-            reason = p.last_error or f"exit status {code}"
+            reason = p.last_error or (killed_reason(p, -code) if code < 0 else f"exit status {code}")
             if code == EXIT_USER:
                 if report_user_errors:
                     log.error("%s stopped: %s", p.name, reason)
