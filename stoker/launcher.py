@@ -99,6 +99,7 @@ class Child:
     done: bool = False
     retiring: bool = False  # told to stop by the auto-scaler: its exit is not a crash
     killed: bool = False  # the launcher sent it SIGKILL (it ignored SIGTERM)
+    oom_kills: int | None = None  # the cgroup's out-of-memory kills when it started (None: unknown)
     env: dict[str, str] = field(default_factory=dict)  # defaults for this child's environment
 
 
@@ -127,6 +128,7 @@ class Supervisor:
             env.setdefault(key, value)
         env = with_stoker_path(env)
         argv = [sys.executable, "-m", *child.argv, "--parent-pid", str(os.getpid()), "--status-fd", str(write_fd)]
+        child.oom_kills = cgroup_oom_kills()
         child.proc = subprocess.Popen(argv, env=env, pass_fds=(write_fd,),
                                       start_new_session=True, stdin=subprocess.DEVNULL)
         os.close(write_fd)
@@ -468,11 +470,14 @@ def recovered_epochs(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any
     return {"epochs_completed": len(complete), "batches_per_epoch": batches, "checkpoint_step": step}
 
 
-def killed_reason(child: Child, signum: int, kernel_log: str | None = None) -> str:
+def killed_reason(child: Child, signum: int, kernel_log: str | None = None,
+                  oom_kills: Callable[[], int | None] | None = None) -> str:
     """The one line for a child killed by signal ``signum``, by the signal's name. A SIGKILL
     the launcher did not send is looked up in the kernel log: the out-of-memory killer's
-    record of the child's pid names it; with no such record it came from someone else;
-    with the log unreadable (no privilege), the OOM killer is the likely sender, said as such."""
+    record of the child's pid names it. Without one, an out-of-memory kill counted in this
+    process's cgroup since the child started (``oom_kills``: that count now) names it too;
+    else, with the log readable, it came from someone else, and with the log unreadable
+    (no privilege), the OOM killer is the likely sender, said as such."""
     try:
         name = signal.Signals(signum).name
     except ValueError:
@@ -484,6 +489,10 @@ def killed_reason(child: Child, signum: int, kernel_log: str | None = None) -> s
         return f"{text} (by the launcher: it did not stop after SIGTERM)"
     pid = child.proc.pid if child.proc is not None else -1
     record = oom_record(pid, kernel_log or KERNEL_LOG)
+    now = (oom_kills or cgroup_oom_kills)()
+    if not record and child.oom_kills is not None and now is not None and now > child.oom_kills:
+        return (f"{text}: the out-of-memory killer (this cgroup's oom_kill count went from {child.oom_kills} to "
+                f"{now} while it ran); give it more memory or a smaller batch")
     if record is None:
         return (f"{text} from outside stoker: possibly the out-of-memory killer (the kernel log is not readable "
                 f"here; dmesg on this host tells), or another process's kill -9")
@@ -496,6 +505,36 @@ def killed_reason(child: Child, signum: int, kernel_log: str | None = None) -> s
 # kernel.dmesg_restrict is set); the out-of-memory killer logs the pid it kills there.
 KERNEL_LOG = "/dev/kmsg"
 _OOM_KILL = re.compile(r"(?:Killed process|oom-kill:.*\bpid=)\s*(\d+)")
+
+
+# Where a cgroup counts its out-of-memory kills ("oom_kill N"): cgroup v2's memory.events,
+# v1's memory.oom_control; each under this process's cgroup path, or at the root as a
+# container sees its own cgroup.
+CGROUP_FS = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+
+
+def cgroup_oom_kills(cgroup_fs: str = CGROUP_FS, proc_cgroup: str = PROC_CGROUP) -> int | None:
+    """This process's cgroup's count of out-of-memory kills; None when no cgroup file says."""
+    paths = {"": "", "memory": ""}  # controller ("" for v2) -> this process's path under it
+    try:
+        for line in Path(proc_cgroup).read_text(encoding="utf-8").splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers in paths:
+                paths[controllers] = path.strip("/")
+    except (OSError, ValueError):
+        pass  # no cgroup paths: the root files below may still say
+    root = Path(cgroup_fs)
+    for candidate in (root / paths[""] / "memory.events", root / "memory.events",
+                      root / "memory" / paths["memory"] / "memory.oom_control", root / "memory" / "memory.oom_control"):
+        try:
+            for line in candidate.read_text(encoding="utf-8").splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def oom_record(pid: int, kernel_log: str = KERNEL_LOG) -> str | None:

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from types import SimpleNamespace
 
-from stoker.launcher import Child, ensure_summary, killed_reason, oom_record, recovered_epochs
+from stoker.launcher import Child, cgroup_oom_kills, ensure_summary, killed_reason, oom_record, recovered_epochs
 from stoker.shared import config as config_mod
 from stoker.shared.proc import EXIT_FAILED
 
@@ -50,6 +50,29 @@ def test_an_unreadable_kernel_log_says_possibly_the_oom_killer(tmp_path: Path) -
     assert killed_reason(consumer(), signal.SIGKILL, unreadable) == (
         "consumer killed by SIGKILL from outside stoker: possibly the out-of-memory killer (the kernel log is not "
         "readable here; dmesg on this host tells), or another process's kill -9")
+
+
+def test_an_oom_kill_counted_by_the_cgroup_names_the_oom_killer_without_the_kernel_log(tmp_path: Path) -> None:
+    child = consumer()
+    child.oom_kills = 2  # when it started
+    unreadable = str(tmp_path / "no-kmsg")
+    assert killed_reason(child, signal.SIGKILL, unreadable, oom_kills=lambda: 3) == (
+        "consumer killed by SIGKILL: the out-of-memory killer (this cgroup's oom_kill count went from 2 to 3 while "
+        "it ran); give it more memory or a smaller batch")
+    assert "possibly the out-of-memory killer" in killed_reason(child, signal.SIGKILL, unreadable, oom_kills=lambda: 2)
+
+
+def test_the_cgroup_oom_kill_count_is_read_from_cgroup_v2_or_v1(tmp_path: Path) -> None:
+    (tmp_path / "self").write_text("0::/user.slice/run-1\n")
+    (tmp_path / "v2" / "user.slice" / "run-1").mkdir(parents=True)
+    (tmp_path / "v2" / "user.slice" / "run-1" / "memory.events").write_text(
+        "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\noom_group_kill 0\n")
+    assert cgroup_oom_kills(str(tmp_path / "v2"), str(tmp_path / "self")) == 2
+    (tmp_path / "self").write_text("4:memory:/docker/abc\n0::/\n")
+    (tmp_path / "v1" / "memory").mkdir(parents=True)  # a container sees its own cgroup at the root
+    (tmp_path / "v1" / "memory" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert cgroup_oom_kills(str(tmp_path / "v1"), str(tmp_path / "self")) == 5
+    assert cgroup_oom_kills(str(tmp_path / "none"), str(tmp_path / "no-self")) is None
 
 
 def test_other_signals_and_the_launchers_own_kill_are_said_as_they_are(tmp_path: Path) -> None:
