@@ -1,6 +1,7 @@
 """Where a dataset's metadata and audio are: the directory (or mix file) a user names, the
 audio file of each id (any format libsndfile reads; :data:`AUDIO_SUFFIXES` in order of
-preference), and the metadata bytes as read.
+preference), and the metadata bytes as read. Names are matched to ids in Unicode normal
+form C (shared/layouts.nfc): a file whose name is decomposed on disk is its composed id's.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
     """The audio files a manifest names, by id: one stat each (a missing file is left out).
 
     ``AudioFile.name`` is the path as the manifest wrote it: relative to the dataset
-    directory, or absolute.
+    directory, or absolute; as the file system spells it where only its Unicode normal
+    form differs (one listing per directory, and only for paths not found as written).
     """
     found: dict[str, AudioFile] = {}
     listings: dict[Path, dict[str, str]] = {}
@@ -116,17 +118,13 @@ def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
         name = entry.audio
         try:
             st = os.stat(root / name)
-        except FileNotFoundError:
-            name = _other_form(root, entry.audio, listings)  # the path in another Unicode normal form?
-            if name is None:
-                continue  # reported as missing, with the path
-            try:
-                st = os.stat(root / name)
-            except OSError:
-                continue
         except OSError:
-            continue
-        if stat_module.S_ISREG(st.st_mode):
+            name = _other_form(root, entry.audio, listings) or ""  # the path in another Unicode normal form?
+            try:
+                st = os.stat(root / name) if name else None
+            except OSError:
+                st = None
+        if st is not None and stat_module.S_ISREG(st.st_mode):  # else reported as missing, with the path
             found[entry.id] = AudioFile(name, st.st_size, st.st_mtime_ns)
     return found
 
