@@ -79,6 +79,8 @@ HASH_CHUNK = 1 << 20
 STEP_LOGS = (runfiles.METRICS, runfiles.SAMPLES)
 # Trainers whose checkpoints hold no model state, so one may resume another.
 STATELESS_MODEL = "synthetic:"
+# A refused resume names this many of the clips that changed in each way (and counts them all).
+CHANGED_CLIPS_SHOWN = 5
 
 
 class CheckpointError(UserError):
@@ -100,7 +102,9 @@ def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, 
         digest.update("\t".join(bucket.sample_ids).encode("utf-8"))
     return {"fingerprint": digest.hexdigest(), "dataset_fingerprint": dataset_fingerprint,
             "batching": dataclasses.asdict(cfg), "batches_per_epoch": planner.batches_per_epoch,
-            "samples_per_epoch": planner.samples_per_epoch}
+            "samples_per_epoch": planner.samples_per_epoch,
+            # each bucket's shape and clips: what a refused resume names the changed clips from
+            "buckets": [[*bucket.shape, list(bucket.sample_ids)] for bucket in planner.buckets]}
 
 
 def _plan_difference(saved: dict[str, Any], now: dict[str, Any]) -> str:
@@ -109,9 +113,37 @@ def _plan_difference(saved: dict[str, Any], now: dict[str, Any]) -> str:
     if saved.get("dataset_fingerprint") != now["dataset_fingerprint"]:
         changed.append(f"dataset fingerprint {saved.get('dataset_fingerprint')} then, "
                        f"{now['dataset_fingerprint']} now")
+    clips = _changed_clips(saved.get("buckets"), now["buckets"])
+    if clips:
+        changed.append(clips)
     if not changed:
         changed.append("the usable clips or their lengths changed (data.* or features.* settings, or the files)")
     return "; ".join(changed)
+
+
+def _changed_clips(saved: Any, now: list[list[Any]]) -> str:
+    """Which clips of the plan changed: added, removed, or in another bucket (their length
+    changed), a few of each by name with the counts; or the buckets' shapes. "" when the
+    checkpoint does not list its clips (one written before it did) or none changed."""
+    try:
+        then = {str(i): b for b, (*_, ids) in enumerate(saved) for i in ids}
+        then_shapes = [tuple(bucket[:3]) for bucket in saved]
+    except (TypeError, ValueError):
+        return ""
+    current = {i: b for b, (*_, ids) in enumerate(now) for i in ids}
+    parts = []
+    moved = sorted(i for i in then.keys() & current.keys() if then[i] != current[i])
+    for what, ids in (("added", sorted(current.keys() - then.keys())), ("removed", sorted(then.keys() - current.keys())),
+                      ("in another bucket", moved)):
+        if ids:
+            shown = ", ".join(ids[:CHANGED_CLIPS_SHOWN]) + (", ..." if len(ids) > CHANGED_CLIPS_SHOWN else "")
+            parts.append(f"{len(ids)} {what} ({shown})")
+    if parts:
+        return f"the dataset's clips changed: {'; '.join(parts)}"
+    shapes = [tuple(bucket[:3]) for bucket in now]
+    if shapes != then_shapes:
+        return f"the buckets' shapes (B, L, T) changed: {then_shapes} then, {shapes} now"
+    return ""
 
 
 # --------------------------------------------------------------------------- files
@@ -296,11 +328,13 @@ class RunCheckpoints:
         self._step_var: Any = None
 
     # ------------------------------------------------------------ resume (before training)
-    def resume(self) -> Resumed:
+    def resume(self, fresh_plan: bool = False) -> Resumed:
         """Load and check the latest checkpoint; cut the step logs back to it.
 
         Raises CheckpointError (before changing anything) when there is none, it is
-        corrupt, or it belongs to another epoch plan or model.
+        corrupt, or it belongs to another epoch plan or model. ``fresh_plan``
+        (``--resume RUN_DIR --fresh-plan``): an epoch plan of another dataset is taken, not
+        refused; the model, optimizer and step count go on and the epochs start anew.
         """
         path = self._common_latest() if self.peers else self.checkpointer.latest()
         if path is None:
@@ -310,9 +344,13 @@ class RunCheckpoints:
             raise CheckpointError(f"checkpoint {path} has format {saved.get('format')!r}; this stoker reads "
                                   f"format {FORMAT}")
         plan = saved.get("plan") or {}
-        if plan.get("fingerprint") != self.identity["fingerprint"]:
+        if plan.get("fingerprint") != self.identity["fingerprint"] and not fresh_plan:
+            run_dir = self.run_dir.parent if self.peers else self.run_dir  # a job's workers: its directory
             raise CheckpointError(f"cannot resume from {path}: this run's epoch plan differs from the "
-                                  f"checkpoint's ({_plan_difference(plan, self.identity)})")
+                                  f"checkpoint's ({_plan_difference(plan, self.identity)}). To go on training its "
+                                  f"model on the data as it is now: --resume {run_dir} "
+                                  f"--fresh-plan (keeps the weights, the optimizer and the step count; the epochs "
+                                  f"start anew); or start a new run")
         model, now = saved.get("model"), self.cfg.trainer.model
         if model != now and not (str(model).startswith(STATELESS_MODEL) and now.startswith(STATELESS_MODEL)):
             raise CheckpointError(f"cannot resume from {path}: it holds the state of --model {model}, not {now}")
@@ -326,10 +364,19 @@ class RunCheckpoints:
                                       f"ids, {theirs.fingerprint}) is not the run's {VOCAB} "
                                       f"({self.vocabulary.frontend}, {self.vocabulary.size} ids, "
                                       f"{self.vocabulary.fingerprint})")
-        try:
-            position = InputPosition.from_state_dict(saved.get("position"), self.planner)
-        except PositionError as exc:
-            raise CheckpointError(f"checkpoint {path}: {exc}") from None
+        if fresh_plan:
+            position = InputPosition(self.planner)  # nothing of the new plan is trained yet
+            log.info("--fresh-plan: keeping %s and the step count (%d) of %s; a new epoch plan over the dataset as "
+                     "it is now (%d clips, %d batches per epoch) starts at epoch 0%s", ", ".join(
+                         saved.get("state") or ["no model state (the trainer has none)"]), saved["step"], path,
+                     self.planner.samples_per_epoch, self.planner.batches_per_epoch,
+                     "" if plan.get("fingerprint") != self.identity["fingerprint"]
+                     else " (the plan had not changed: its epochs are trained again from the start)")
+        else:
+            try:
+                position = InputPosition.from_state_dict(saved.get("position"), self.planner)
+            except PositionError as exc:
+                raise CheckpointError(f"checkpoint {path}: {exc}") from None
         resumed = Resumed(path, saved["step"], position, list(saved.get("state") or []))
         for name in STEP_LOGS:
             last = trim_step_log(self.run_dir / name, resumed.step)

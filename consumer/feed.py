@@ -140,12 +140,13 @@ class FeedCore:
 
     def __init__(self, cfg: config_mod.Config, run_dir: Path, stop: threading.Event, *,
                  parent_pid: int | None = None, resume: bool = False, hold_out: bool = False,
-                 state: dict[str, Any] | None = None) -> None:
+                 state: dict[str, Any] | None = None, fresh_plan: bool = False) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.stop = stop
         self.parent_pid = parent_pid
         self.resume = resume  # continue from the run directory's checkpoint (stoker's trainer)
+        self.fresh_plan = fresh_plan  # resume: its model and step count, on a new epoch plan
         self.hold_out = hold_out  # keep validation clips out of the plan (a trainer with a loss to validate)
         self.state = state
         # Trainer workers of a multi-host job (TF_CONFIG): this one trains its share of every step's batch.
@@ -287,7 +288,7 @@ class FeedCore:
     def _resume_checkpoint(self) -> None:
         """Continue from the run directory's latest checkpoint: check it, cut the step logs back
         to it, adopt the config the launcher resolved for the resumed run, keep rejected.jsonl."""
-        resumed = self.checkpoints.resume()
+        resumed = self.checkpoints.resume(self.fresh_plan)
         self.step = resumed.step
         self.started -= resumed.last_t  # "t" in metrics.jsonl goes on from the last row kept
         pending = self.run_dir / RESUME_CONFIG

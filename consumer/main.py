@@ -64,11 +64,11 @@ class Run:
 
     def __init__(self, cfg: config_mod.Config, run_dir: Path, stop: threading.Event,
                  status: StatusWriter, parent_pid: int | None, gpu_memory_mb: int | None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, fresh_plan: bool = False) -> None:
         self.status = status
         self.gpu_memory_mb = gpu_memory_mb
         self.feed = FeedCore(cfg, run_dir, stop, parent_pid=parent_pid, resume=resume,
-                             hold_out=uses_tensorflow(cfg.trainer.model))
+                             hold_out=uses_tensorflow(cfg.trainer.model), fresh_plan=fresh_plan)
 
     def execute(self) -> int:
         feed = self.feed
@@ -285,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-fd", type=int, default=None)
     parser.add_argument("--nvml-gpus", default="", help="ROLE=INDEX,... GPUs whose utilisation to record")
     parser.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    parser.add_argument("--fresh-plan", action="store_true", help="with --resume: its model and step count, on a new "
+                        "epoch plan of the dataset as it is now")
     args = parser.parse_args(argv)
     status = StatusWriter(args.status_fd)
     stop = threading.Event()
@@ -305,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         sampler = GpuSampler(gpus, args.run_dir)
         sampler.start()
         try:
-            code = Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb, args.resume).execute()
+            code = Run(cfg, args.run_dir, stop, status, args.parent_pid, args.gpu_memory_mb, args.resume,
+                       args.fresh_plan).execute()
         finally:
             sampler.stop()
         flush_sockets(FLUSH_S)

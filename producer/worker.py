@@ -40,6 +40,7 @@ protocol and its two threads, one idea of some 580 lines that reads best whole.
 from __future__ import annotations
 
 import argparse
+import errno
 import itertools
 import logging
 import os
@@ -98,8 +99,13 @@ HANDSHAKE_FAILURES_FATAL = 3
 RECV_BURST = 64
 # While no trainer answers (not started yet, unreachable), say so this often.
 WAITING_NOTE_S = 15.0
+# A ZeroMQ peer answers the greeting at once (its I/O threads do, however busy the trainer
+# is), a CURVE one within a few round trips; a peer that accepted the connection and has not
+# finished the handshake in this long does not speak ZeroMQ (a web server waits for a line).
+HANDSHAKE_TIMEOUT_S = 5.0
 MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                  | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
 
 class Refused(UserError):
@@ -138,6 +144,8 @@ class Producer:
         self._scanned: set[tuple[str, str]] = set()  # (metadata file, data.columns) read so far
         self._monitor: zmq.Socket | None = None
         self._handshake_failures = 0
+        self._handshake_timed_out = False  # one of those failures: the peer never finished a greeting
+        self._in_handshake = False  # a connection is up and its handshake has no outcome yet
         self._connected_t = 0.0
         self._last_hello = 0.0
         self._first_batch_logged = False
@@ -207,6 +215,7 @@ class Producer:
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_BYTES)
         sock.copy_threshold = wire.COPY_THRESHOLD_BYTES  # small batches: a memcpy beats zero-copy
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(CONNECT_RETRY_MAX_S * 1000))
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_TIMEOUT_S * 1000))
         if self.keys is not None:
             sock.curve_secretkey = self.keys.secret
             sock.curve_publickey = self.keys.public
@@ -367,21 +376,49 @@ class Producer:
         return True
 
     def _on_monitor_event(self, event: dict[str, Any]) -> None:
-        kind = event["event"]
+        kind, value = event["event"], int(event["value"])
+        if kind == zmq.EVENT_CONNECTED:
+            self._in_handshake = True
+            return
+        if kind == zmq.EVENT_DISCONNECTED and not self._in_handshake:
+            return  # a link that had its handshake (or its failure, already counted) went down
+        in_handshake, self._in_handshake = self._in_handshake, False
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._handshake_failures = 0
+            self._handshake_timed_out = False
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             key = f" (public key {short(self.keys.public)})" if self.keys else ""
             raise Refused(f"the trainer at {self.endpoint} rejected this producer's CURVE key{key}: add its .key "
                           "file to the trainer's keys/authorized directory")
-        else:
-            # ZeroMQ gives up on a connection after a protocol failure (it does not retry), so
-            # one is final; a failure without detail (the peer closed mid-handshake) is retried.
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            raise Refused(f"security handshake with {self.endpoint} failed: {self._security_hint()}")
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            # ZeroMQ gives up on a connection after a protocol failure (it does not retry): final.
+            raise Refused(self._not_a_trainer("it speaks ZeroMQ but broke its handshake protocol"))
+        elif kind == zmq.EVENT_DISCONNECTED and in_handshake:
+            # Dropped with no handshake event: ZeroMQ found a socket type that does not pair
+            # with ours (a PUB, a REQ, ...) and, as after any protocol failure, does not retry.
+            raise Refused(self._not_a_trainer("it speaks ZeroMQ, but with a socket of another kind"))
+        elif in_handshake:
+            # Closed during the handshake (a trainer restarting, a wrong server key, another
+            # service) or no handshake in HANDSHAKE_TIMEOUT_S: retried, not final at the first.
             self._handshake_failures += 1
-            if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL or self._handshake_failures >= HANDSHAKE_FAILURES_FATAL:
-                hint = ("the trainer does not use --keys, or server.key is not the trainer's" if self.keys
-                        else "the trainer uses --keys: pass --keys DIR with server.key and a client key pair")
-                raise Refused(f"security handshake with {self.endpoint} failed: {hint}")
+            self._handshake_timed_out |= kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value == errno.EAGAIN
+            if self._handshake_failures >= HANDSHAKE_FAILURES_FATAL:
+                if self._handshake_timed_out:
+                    raise Refused(self._not_a_trainer(
+                        f"it accepted the connection but did not answer ZeroMQ's greeting in {HANDSHAKE_TIMEOUT_S:g} "
+                        "s: another service, such as a web server, listens there"))
+                if self.keys is not None:  # a trainer holding another server key closes the link so
+                    raise Refused(f"security handshake with {self.endpoint} failed: {self._security_hint()}")
+                raise Refused(self._not_a_trainer("it closed the connection during ZeroMQ's handshake"))
+
+    def _security_hint(self) -> str:
+        return ("the trainer does not use --keys, or server.key is not the trainer's" if self.keys
+                else "the trainer uses --keys: pass --keys DIR with server.key and a client key pair")
+
+    def _not_a_trainer(self, why: str) -> str:
+        return f"{self.endpoint} answered, but not as a stoker trainer ({why}): is this the trainer's endpoint?"
 
     def _refused(self, exc: Refused) -> int:
         self.status.send("error", type="Refused", message=str(exc), where=self.name, user_error=True)
@@ -505,8 +542,13 @@ class Producer:
             if not link.hello_sent or now - self._last_hello >= HELLO_RETRY_S:
                 link.hello_sent = self._hello(link.sock)
             if now - max(self._connected_t, link.last_waiting_note) >= WAITING_NOTE_S:
-                log.info("%s: waiting for the trainer at %s (no answer for %.0f s)", self.name, self.endpoint,
-                         now - self._connected_t)
+                if self._handshake_failures:  # something answers there, but not (yet) as a trainer
+                    log.info("%s: waiting for the trainer at %s (a connection is accepted there, but %d ZeroMQ "
+                             "handshake(s) failed in %.0f s)", self.name, self.endpoint, self._handshake_failures,
+                             now - self._connected_t)
+                else:
+                    log.info("%s: waiting for the trainer at %s (no answer for %.0f s)", self.name, self.endpoint,
+                             now - self._connected_t)
                 link.last_waiting_note = now
         elif now - link.last_heard > link.timeout:
             log.warning("%s: consumer silent for %.1f s; dropping %d leases and reconnecting in %.1f s",

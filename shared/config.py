@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from .batch import BatchSchema, parse_declared_fields, schema_for
+from .endpoints import EndpointError, check_endpoint
 from .errors import UserError
 from .layouts import LayoutError, parse_columns
 from .runfiles import write_atomic
@@ -345,6 +346,10 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
     if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0 or p.max_producers < 0:
         raise ConfigError("pipeline.producers, producer_restarts and model_start_delay_s must be >= 0")
+    try:
+        check_endpoint(p.bind, bind=True)
+    except EndpointError as exc:
+        raise ConfigError(f"pipeline.bind (--bind): {exc}") from None
     try:
         schema_for(b.fields)
     except ValueError as exc:

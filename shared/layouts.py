@@ -31,7 +31,9 @@ LJSpeech-style metadata (any other file name: ``metadata.csv``, ``metadata_train
     chooses by the number of fields:
 
     - 2 fields: ``id|text``
-    - 3 fields: ``id|text|normalized_text`` (LJSpeech; 2- and 3-field lines may mix)
+    - 3 fields: ``id|text|normalized_text`` (LJSpeech; 2- and 3-field lines may mix, but a
+      2-field line among 3-field ones whose id has no audio file is a line that lost a
+      field, and the index rejects it as malformed, not as a missing audio file)
     - 5 fields: ``id|text|normalized_text|speaker|language``
 
     The first line with 2, 3 or 5 fields decides whether the file has speaker and language
@@ -71,10 +73,12 @@ front-ends know is the index's question (shared/dataset/index.py), not the layou
 """
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import re
-from dataclasses import dataclass
+import unicodedata
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UserError
@@ -145,9 +149,13 @@ class Entry:
     speaker: str = ""  # "" = not given (the dataset default applies)
     language: str = ""  # "" = not given (text.language applies)
     audio: str = ""  # audio path as a manifest wrote it; "" = wavs/<id>.<suffix>
+    # A metadata line with fewer fields than the file's others ("2 fields where the file's lines
+    # have 3 (...)"): read as id|text, it is a clip if its id has audio, else a line that lost
+    # a field, and the index rejects it as that rather than as a missing audio file.
+    short: str = field(default="", compare=False)
 
     def __init__(self, id: str, text: str, line: int, speaker: str = "", language: str = "",
-                 audio: str = "") -> None:
+                 audio: str = "", short: str = "") -> None:
         # The generated __init__ of a frozen dataclass sets each field through object.__setattr__:
         # 9 ms for LJSpeech's 13,100 entries, against 4 ms for filling __dict__ (the instance is
         # as frozen either way). tests/shared/test_layouts.py checks this signature is the fields'.
@@ -158,6 +166,14 @@ class Entry:
         fields["speaker"] = speaker
         fields["language"] = language
         fields["audio"] = audio
+        fields["short"] = short
+
+
+def nfc(name: str) -> str:
+    """``name`` in Unicode normal form C: how ids and audio file names are compared, so that a
+    name decomposed on disk (NFD, as macOS writes it and a copy keeps it) is the same id as
+    the composed one a metadata file holds."""
+    return name if name.isascii() else unicodedata.normalize("NFC", name)
 
 
 def is_manifest(file_name: str) -> bool:
@@ -281,6 +297,7 @@ def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry]
                else {len(names): _positions(names)})
     id_at = 0 if names is None else names.index(ID)  # where a malformed line's id is looked for
     lines, clean = _text_lines(raw)
+    usual = _usual_count(lines) if names is None else 0
     entries: list[Entry] = []
     rejected: list[Rejection] = []
     first_line: dict[str, int] = {}
@@ -315,6 +332,9 @@ def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry]
         if isinstance(entry, Rejection):
             rejected.append(entry)
             continue
+        if len(parts) < usual:  # id|text among longer lines: a clip, or a line that lost a field
+            entry.__dict__["short"] = (f"{len(parts)} fields where the file's lines have {usual} "
+                                       f"({'|'.join(AUTO_COLUMNS[usual])})")
         sample_id = entry.id
         if sample_id in first_line:
             rejected.append(Rejection(sample_id, f"duplicate id on metadata line {number} "
@@ -323,6 +343,13 @@ def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry]
         first_line[sample_id] = number
         entries.append(entry)
     return entries, rejected
+
+
+def _usual_count(lines: list[str]) -> int:
+    """Auto mode: the number of fields most lines have (of those with a mapping; the first
+    such line's on a tie), so that a line with fewer is known to lack one."""
+    counts = collections.Counter(line.count("|") + 1 for line in lines if line.strip(_ASCII_SPACE))
+    return max((count for count in counts if count in AUTO_COLUMNS), key=counts.__getitem__, default=0)
 
 
 def _not_utf8(line: str, number: int, id_at: int) -> Rejection:
@@ -341,7 +368,7 @@ def _not_utf8(line: str, number: int, id_at: int) -> Rejection:
 def _entry(parts: list[str], at: tuple[int, int, int, int, int], number: int) -> Entry | Rejection:
     """One well-formed line's entry (its fields at the positions ``at``), or why it is malformed."""
     i_id, i_text, i_normalized, i_speaker, i_language = at
-    sample_id = parts[i_id].strip()
+    sample_id = nfc(parts[i_id].strip())
     text = (parts[i_normalized].strip() if i_normalized >= 0 else "") or (
         parts[i_text].strip() if i_text >= 0 else "")
     speaker = parts[i_speaker].strip() if i_speaker >= 0 else ""
@@ -400,13 +427,13 @@ def _manifest_fields(obj: dict[str, Any]) -> tuple[str, tuple[str, str, str, str
         return f"has an 'audio_filepath' with a control character ({_shown(audio)})", _NO_FIELDS
     given_id = get("id")
     if given_id is None:
-        sample_id = _stem(audio).strip()
+        sample_id = nfc(_stem(audio).strip())
         if not sample_id or sample_id[0] == ".":
             return f"has an 'audio_filepath' whose file name makes no id ({_shown(audio)}): give it an 'id'", _NO_FIELDS
     elif type(given_id) is not str:
         return f"has an 'id' that is not a string ({_shown(given_id)})", _NO_FIELDS
     else:
-        sample_id = given_id.strip()
+        sample_id = nfc(given_id.strip())
         if not sample_id:
             return "has an empty 'id'", _NO_FIELDS
         if _id_problem(sample_id) or _CONTROL.search(sample_id):

@@ -66,6 +66,8 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint, with its "
                         "config.yaml (flags and --set given now override it, e.g. --steps N to go further)")
+    parser.add_argument("--fresh-plan", action="store_true", help="with --resume, when the dataset changed: keep "
+                        "the checkpoint's weights, optimizer and step count, and start a new epoch plan over the data")
     parser.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
     parser.add_argument("--data-gpu", type=int, help="GPU index for the producers")
     parser.add_argument("--model-gpu", type=_gpus_arg, metavar="N|N,M,...|all",
@@ -186,8 +188,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     _worker_paths(args)
     if args.resume:
         cfg, resume_dir = service.resume_config(args)
-        code, run_dir, _ = service.launch(cfg, resume_dir)
+        code, run_dir, _ = service.launch(cfg, resume_dir, fresh_plan=args.fresh_plan)
     else:
+        if args.fresh_plan:
+            raise UserError("--fresh-plan starts a new epoch plan for a resumed run: give it with --resume RUN_DIR")
         code, run_dir, _ = service.launch(service.resolve_config(args))
     print_summary(run_dir)
     return code

@@ -26,7 +26,7 @@ def print_precompute_summary(run_dir: Path, cache_dir: str) -> None:
     clips = s.get("samples", 0)
     wall = s.get("wall_s") or 0.0
     rate = clips / wall if wall > 0 else 0.0
-    complete = s.get("epochs_completed", 0) >= 1
+    complete = (s.get("epochs_completed") or 0) >= 1
     out(f"precompute {'done' if complete else 'INCOMPLETE (' + str(s.get('exit_reason')) + ')'}: {clips} clips in "
         f"{wall:.1f} s ({rate:.1f} clips/s, {len(s.get('producers') or [])} producers): "
         f"{cache.get('computed', 0)} computed, {cache.get('hits', 0)} already cached, "
@@ -46,7 +46,8 @@ def print_summary(run_dir: Path) -> None:
         loss = f"  loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}"
     wait = s.get("data_wait_frac")
     out(f"stoker run {run_dir}: {s['exit_reason']}")
-    out(f"  {s['steps']} steps, {s['samples']} samples, {s.get('epochs_completed', 0)} epochs in "
+    epochs = s.get("epochs_completed", 0)
+    out(f"  {s['steps']} steps, {s['samples']} samples, {'?' if epochs is None else epochs} epochs in "
         f"{s['wall_s']:.1f} s; {s['steps_per_s']:.2f} steps/s, {s['samples_per_s']:.1f} samples/s{loss}")
     out(f"  trainer waited for data {100 * (wait or 0):.1f}% of its time; queue depth mean "
         f"{s.get('queue_depth_mean') or 0:.2f} of {s.get('capacity')}; {s['starved_steps']} starved steps; "

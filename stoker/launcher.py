@@ -24,9 +24,11 @@ key) is not restarted; ``run.py produce`` ends with that reason as its one error
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import re
 import select
 import signal
 import socket
@@ -39,11 +41,12 @@ from typing import Any, Callable, Mapping
 
 import psutil
 
+from stoker.consumer.checkpoint import POSITION, Checkpointer
 from stoker.shared.config import Config
 from stoker.shared.errors import UserError
 from stoker.shared.metrics import read_jsonl, summarize
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
-from stoker.shared.runfiles import METRICS, REJECTED, SUMMARY, write_json
+from stoker.shared.runfiles import CKPT_DIR, METRICS, REJECTED, SUMMARY, write_json
 from stoker.autoscale import DECISION_INTERVAL_S, AutoScaler, LiveWindow, default_max_producers
 from stoker.devices import DevicePlan, child_env
 
@@ -101,6 +104,8 @@ class Child:
     last_error: str = ""
     done: bool = False
     retiring: bool = False  # told to stop by the auto-scaler: its exit is not a crash
+    killed: bool = False  # the launcher sent it SIGKILL (it ignored SIGTERM)
+    oom_kills: int | None = None  # the cgroup's out-of-memory kills when it started (None: unknown)
     env: dict[str, str] = field(default_factory=dict)  # defaults for this child's environment
 
 
@@ -129,6 +134,7 @@ class Supervisor:
             env.setdefault(key, value)
         env = with_stoker_path(env)
         argv = [sys.executable, "-m", *child.argv, "--parent-pid", str(os.getpid()), "--status-fd", str(write_fd)]
+        child.oom_kills = cgroup_oom_kills()
         child.proc = subprocess.Popen(argv, env=env, pass_fds=(write_fd,),
                                       start_new_session=True, stdin=subprocess.DEVNULL)
         os.close(write_fd)
@@ -189,6 +195,7 @@ class Supervisor:
         for c in children:
             if c.proc and c.proc.poll() is None:
                 log.warning("%s did not stop in time; killing it", c.name)
+                c.killed = True
                 c.proc.kill()
         self.wait(children, KILL_AFTER_S)
 
@@ -222,7 +229,7 @@ class Supervisor:
             if code == 0 or p.retiring or not keep_going():
                 p.done = True
                 continue
-            reason = p.last_error or f"exit status {code}"
+            reason = p.last_error or (killed_reason(p, -code) if code < 0 else f"exit status {code}")
             if code == EXIT_USER:
                 if report_user_errors:
                     log.error("%s stopped: %s", p.name, reason)
@@ -250,15 +257,17 @@ def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory
 
 
 def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = False,
-                 on_ready: Callable[[str], None] | None = None) -> int:
+                 on_ready: Callable[[str], None] | None = None, fresh_plan: bool = False) -> int:
     """Run the consumer and the local producers; return the trainer's exit status.
-    ``resume``: the consumer continues from the run directory's latest checkpoint.
+    ``resume``: the consumer continues from the run directory's latest checkpoint (with
+    ``fresh_plan``, its model and step count, on a new epoch plan).
     ``on_ready``: called with the bound endpoint once the consumer is ready (``stoker
     slurm`` hands it to the producer tasks)."""
     sup = Supervisor(plan, cfg.run.log_level)
     sup.install_signals()
     started = time.monotonic()
-    consumer = sup.spawn(Child("consumer", "consumer", consumer_argv(run_dir, plan, resume), plan.model_gpus))
+    consumer = sup.spawn(Child("consumer", "consumer", consumer_argv(run_dir, plan, resume, fresh_plan),
+                                 plan.model_gpus))
     producers: list[Child] = []
     code: int | None = None
     auto: AutoControl | None = None
@@ -288,11 +297,15 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
         sup.terminate(producers, KILL_AFTER_S)
     finally:
         sup.cleanup()
+    reason = ""
     if code is None or code < 0:  # killed by a signal
+        if sup.signalled is None and code is not None:
+            reason = killed_reason(consumer, -code)
+            log.error("%s", reason)
         code = EXIT_INTERRUPTED if sup.signalled is not None else EXIT_FAILED
     if sup.signalled is not None and code == EXIT_OK:
         code = EXIT_INTERRUPTED
-    ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started)
+    ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started, reason=reason)
     if auto is not None:
         auto.record(run_dir / SUMMARY)
     if code == EXIT_USER and consumer.last_error:
@@ -302,8 +315,9 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
     return code
 
 
-def consumer_argv(run_dir: Path, plan: DevicePlan, resume: bool) -> list[str]:
-    argv = ["stoker.consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else [])]
+def consumer_argv(run_dir: Path, plan: DevicePlan, resume: bool, fresh_plan: bool = False) -> list[str]:
+    argv = ["stoker.consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else []),
+            *(["--fresh-plan"] if resume and fresh_plan else [])]
     if plan.model_memory_mb:
         argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]
     nvml = [f"{role}={index}" for role, index in (("data", plan.data_gpu), ("model", plan.model_gpu))
@@ -328,7 +342,9 @@ def wait_ready(sup: Supervisor, consumer: Child) -> str | None:
                 raise LaunchError(str(event.get("message")))
         consumer.events.clear()
         if consumer.proc.poll() is not None:
-            raise LaunchError(f"the consumer exited before it was ready (status {consumer.proc.returncode}"
+            code = consumer.proc.returncode
+            how = killed_reason(consumer, -code) if code < 0 else f"status {code}"
+            raise LaunchError(f"the consumer exited before it was ready ({how}"
                               f"{': ' + consumer.last_error if consumer.last_error else ''})")
         if sup.signalled is not None:
             return None
@@ -400,19 +416,150 @@ class AutoControl:
         write_json(summary_path, summary)
 
 
-def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float) -> None:
-    """Write summary.json from metrics.jsonl if the consumer could not."""
+def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float, reason: str = "") -> None:
+    """Write summary.json from the run's own files if the consumer could not: the figures of
+    metrics.jsonl, and the epochs of the latest checkpoint and the steps after it
+    (:func:`recovered_epochs`). ``reason``: the exit reason when the caller knows it better
+    than ``code`` tells (a child killed by a signal)."""
     path = run_dir / SUMMARY
     if path.exists():
         return
-    reason = {EXIT_INTERRUPTED: "interrupted"}.get(code, f"failed: {error}" if error else f"consumer exit {code}")
+    reason = reason or {EXIT_INTERRUPTED: "interrupted"}.get(
+        code, f"failed: {error}" if error else f"consumer exit {code}")
     rows = read_jsonl(run_dir / METRICS)
     rejected = len(read_jsonl(run_dir / REJECTED))
-    summary = summarize(rows, capacity=cfg.pipeline.buffer_size, batches_per_epoch=0, producers=[],
-                        rejected=rejected, exit_reason=reason, wall_s=wall_s, batch_size=cfg.batching.batch_size,
-                        extra={"written_by": "launcher", "replicas": cfg.devices.replicas or 1})
+    epochs = recovered_epochs(run_dir, rows)
+    summary = summarize(rows, capacity=cfg.pipeline.buffer_size, batches_per_epoch=epochs["batches_per_epoch"],
+                        producers=[], rejected=rejected, exit_reason=reason, wall_s=wall_s,
+                        batch_size=cfg.batching.batch_size,
+                        extra={"written_by": "launcher", "replicas": cfg.devices.replicas or 1,
+                               "epochs_completed": epochs["epochs_completed"],
+                               "checkpoint": {"latest_step": epochs["checkpoint_step"]}})
     write_json(path, summary)
-    log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl", path)
+    log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl and the checkpoints (%d steps, "
+                "%d samples, %s epochs complete)", path, summary["steps"], summary["samples"],
+                "?" if epochs["epochs_completed"] is None else epochs["epochs_completed"])
+
+
+def recovered_epochs(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The epoch figures of a run whose consumer died: the epochs complete at its latest
+    checkpoint (position.json), and any later one whose every planned sample a step of
+    metrics.jsonl trained (a lower bound: samples rejected after the checkpoint are not
+    counted). ``epochs_completed`` is None when there is no checkpoint (the plan's size is
+    then unknown here)."""
+    latest = Checkpointer(run_dir / CKPT_DIR, keep=1).latest()
+    try:
+        saved = json.loads((latest / POSITION).read_text(encoding="utf-8")) if latest is not None else None
+        plan, position = saved["plan"], saved["position"]
+        complete = set(range(int(position["complete_below"]))) | {int(e) for e in position["complete"]}
+        per_epoch, step = int(plan["samples_per_epoch"]), int(saved["step"])
+        batches = int(plan["batches_per_epoch"])
+    except (OSError, ValueError, KeyError, TypeError):  # none, or unreadable: no plan figures
+        return {"epochs_completed": None, "batches_per_epoch": 0, "checkpoint_step": None}
+    trained: dict[int, int] = {}
+    for row in rows:
+        if isinstance(row.get("epoch"), int):
+            trained[row["epoch"]] = trained.get(row["epoch"], 0) + int(row.get("samples", 0))
+    complete |= {epoch for epoch, samples in trained.items() if per_epoch and samples >= per_epoch}
+    return {"epochs_completed": len(complete), "batches_per_epoch": batches, "checkpoint_step": step}
+
+
+def killed_reason(child: Child, signum: int, kernel_log: str | None = None,
+                  oom_kills: Callable[[], int | None] | None = None) -> str:
+    """The one line for a child killed by signal ``signum``, by the signal's name. A SIGKILL
+    the launcher did not send is looked up in the kernel log: the out-of-memory killer's
+    record of the child's pid names it. Without one, an out-of-memory kill counted in this
+    process's cgroup since the child started (``oom_kills``: that count now) names it too;
+    else, with the log readable, it came from someone else, and with the log unreadable
+    (no privilege), the OOM killer is the likely sender, said as such."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    text = f"{child.name} killed by {name}"
+    if signum != signal.SIGKILL:
+        return text
+    if child.killed:
+        return f"{text} (by the launcher: it did not stop after SIGTERM)"
+    pid = child.proc.pid if child.proc is not None else -1
+    record = oom_record(pid, kernel_log or KERNEL_LOG)
+    now = (oom_kills or cgroup_oom_kills)()
+    if not record and child.oom_kills is not None and now is not None and now > child.oom_kills:
+        return (f"{text}: the out-of-memory killer (this cgroup's oom_kill count went from {child.oom_kills} to "
+                f"{now} while it ran); give it more memory or a smaller batch")
+    if record is None:
+        return (f"{text} from outside stoker: possibly the out-of-memory killer (the kernel log is not readable "
+                f"here; dmesg on this host tells), or another process's kill -9")
+    if record:
+        return f"{text}: the kernel's out-of-memory killer ({record}); give it more memory or a smaller batch"
+    return f"{text} from outside stoker (not the out-of-memory killer: the kernel log has no record of pid {pid})"
+
+
+# The kernel's message buffer, one record per read (readable without CAP_SYSLOG unless
+# kernel.dmesg_restrict is set); the out-of-memory killer logs the pid it kills there.
+KERNEL_LOG = "/dev/kmsg"
+_OOM_KILL = re.compile(r"(?:Killed process|oom-kill:.*\bpid=)\s*(\d+)")
+
+
+# Where a cgroup counts its out-of-memory kills ("oom_kill N"): cgroup v2's memory.events,
+# v1's memory.oom_control; each under this process's cgroup path, or at the root as a
+# container sees its own cgroup.
+CGROUP_FS = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+
+
+def cgroup_oom_kills(cgroup_fs: str = CGROUP_FS, proc_cgroup: str = PROC_CGROUP) -> int | None:
+    """This process's cgroup's count of out-of-memory kills; None when no cgroup file says."""
+    paths = {"": "", "memory": ""}  # controller ("" for v2) -> this process's path under it
+    try:
+        for line in Path(proc_cgroup).read_text(encoding="utf-8").splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers in paths:
+                paths[controllers] = path.strip("/")
+    except (OSError, ValueError):
+        pass  # no cgroup paths: the root files below may still say
+    root = Path(cgroup_fs)
+    for candidate in (root / paths[""] / "memory.events", root / "memory.events",
+                      root / "memory" / paths["memory"] / "memory.oom_control", root / "memory" / "memory.oom_control"):
+        try:
+            for line in candidate.read_text(encoding="utf-8").splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def oom_record(pid: int, kernel_log: str = KERNEL_LOG) -> str | None:
+    """The kernel log's record of the out-of-memory killer killing ``pid`` ("" when the log
+    has none; None when it cannot be read)."""
+    try:
+        fd = os.open(kernel_log, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    data = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 8192)  # /dev/kmsg: one record a read; a file: a chunk
+            except BlockingIOError:  # /dev/kmsg: no more records
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten while reading: go on with the rest
+                    continue
+                return None
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    found = ""
+    for line in data.decode("utf-8", "replace").splitlines():
+        match = _OOM_KILL.search(line)
+        if match and int(match.group(1)) == pid:
+            found = line.split(";", 1)[-1].strip()
+    return found
 
 
 def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str,

@@ -28,6 +28,7 @@ from stoker.shared import config as config_mod
 from stoker.shared.cluster import from_env
 from stoker.shared.config import DevicesConfig
 from stoker.shared.dataset import feature_cache_dir, locate, scan_dataset
+from stoker.shared.endpoints import EndpointError, check_endpoint
 from stoker.shared.errors import UserError
 from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
 from stoker.shared.mixes import is_mix
@@ -164,10 +165,12 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
 
 
 def launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
-           on_ready: Callable[[str], None] | None = None) -> tuple[int, Path, config_mod.Config]:
+           on_ready: Callable[[str], None] | None = None,
+           fresh_plan: bool = False) -> tuple[int, Path, config_mod.Config]:
     """Check what the user asked for, make the run directory (or take the resumed one's, or
     ``run_dir`` made by the caller), run; (status, run dir, config). ``on_ready``: called
-    with the trainer's endpoint once it is bound."""
+    with the trainer's endpoint once it is bound; ``fresh_plan``: a resumed run keeps the
+    checkpoint's weights and starts a new epoch plan (the dataset changed)."""
 
     setup_logging("launcher", cfg.run.log_level)
     cfg, plan = prepare_run(cfg)
@@ -186,7 +189,7 @@ def launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: P
     log.info("%s", plan.describe(cfg.pipeline.producers))
     log.info("resuming run directory %s", run_dir)
     try:
-        return run_training(cfg, run_dir, plan, resume=True, on_ready=on_ready), run_dir, cfg
+        return run_training(cfg, run_dir, plan, resume=True, on_ready=on_ready, fresh_plan=fresh_plan), run_dir, cfg
     finally:
         pending.unlink(missing_ok=True)
 
@@ -220,8 +223,10 @@ def produce(connect: str, data: str, producers: int, *, data_gpu: int | None = N
     setup_logging("launcher", log_level)
     if producers < 1:
         raise UserError("--producers must be at least 1")
-    if "://" not in connect:
-        raise UserError(f"--connect {connect}: expected an endpoint such as tcp://HOST:PORT")
+    try:
+        check_endpoint(connect, bind=False)
+    except EndpointError as exc:
+        raise UserError(f"--connect: {exc}") from None
     if keys:
         keys = str(Path(keys).expanduser().resolve())
         check_keys(Path(keys), server=False, client=True)

@@ -343,7 +343,7 @@ def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
         log.info("trainer on %s: endpoint %s handed over in %s", step.node, public,
                  handover_dir(run_dir) / HANDOVER_FILE)
 
-    code, _, _ = service.launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready)
+    code, _, _ = service.launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready, fresh_plan=args.fresh_plan)
     print_summary(run_dir)
     return code
 

@@ -47,7 +47,8 @@ def test_non_loopback_bind_without_keys_points_at_keys(tmp_path: Path) -> None:
 
 
 def test_produce_mistakes_are_one_line(tmp_path: Path) -> None:
-    assert "expected an endpoint" in one_error_line(run_cli("produce", "--connect", "localhost:5555"))
+    assert "is not an endpoint to connect to: expected tcp://HOST:PORT" in one_error_line(
+        run_cli("produce", "--connect", "localhost:5555"))
     assert "does not exist" in one_error_line(run_cli("produce", "--connect", "tcp://127.0.0.1:9",
                                                       "--data", str(tmp_path / "nope")))
     assert "key directory" in one_error_line(run_cli("produce", "--connect", "tcp://127.0.0.1:9",

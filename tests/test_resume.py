@@ -150,6 +150,27 @@ def test_resume_with_another_plan_is_one_line(finished_run, tmp_path):
     assert snapshot(run_dir) == before
 
 
+@pytest.mark.timeout(90)
+def test_resume_on_a_changed_dataset_names_the_clips_then_goes_on_with_a_fresh_plan(finished_run, tmp_path):
+    run_dir = copy_of(finished_run, tmp_path)
+    data = tmp_path / "data"
+    shutil.copytree(DEMO_DATA_DIR, data)
+    lines = (data / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    gone = lines[5].split("|")[0]
+    (data / "metadata.csv").write_text("\n".join(lines[:5] + lines[6:]) + "\n", encoding="utf-8")
+    before = snapshot(run_dir)
+    line = one_error_line(run_cli("--resume", str(run_dir), "--data", str(data), "--steps", "7", timeout=60))
+    assert f"1 removed ({gone})" in line and f"--resume {run_dir} --fresh-plan" in line, line
+    assert snapshot(run_dir) == before
+    result = run_cli("--resume", str(run_dir), "--data", str(data), "--steps", "7", "--fresh-plan", timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--fresh-plan: keeping no model state (the trainer has none) and the step count (4)" in result.stderr
+    summary = read_json(run_dir / "summary.json")
+    assert summary["steps"] == 7 and summary["resumed_from_step"] == 4
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, 8))
+    assert [r["epoch"] for r in read_jsonl(run_dir / "metrics.jsonl")][4:] == [0, 0, 0]  # the new plan's first epoch
+
+
 @pytest.mark.timeout(30)
 def test_resume_of_nothing_is_one_line(finished_run, tmp_path):
     assert "no such run directory" in one_error_line(run_cli("--resume", str(tmp_path / "nope")))

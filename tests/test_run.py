@@ -238,6 +238,32 @@ def test_ctrl_c_drains_writes_summary_and_leaves_no_orphans(tmp_path):
     assert len(read_jsonl(run_dir / "metrics.jsonl")) == summary["steps"]
 
 
+def test_a_consumer_killed_by_sigkill_is_named_and_its_summary_keeps_the_figures(tmp_path):
+    """kill -9 of the consumer (as the out-of-memory killer does): the launcher's line and
+    exit_reason name SIGKILL, and the summary it writes counts the steps and epochs trained."""
+    run_dir = tmp_path / "run"
+    with RunProcess("--model", "synthetic:5", "--steps", "100000", "--producers", "1", "--run-dir", str(run_dir),
+                    "--model-start-delay", "0.2", "--set", "trainer.log_every_steps=4",
+                    "--set", "trainer.checkpoint_every_steps=8", *NUMPY_FEATURES) as run:
+        run.wait_for_line(r"step 40/", timeout=60)
+        consumer, = [p for p in run.remember_children().values() if "stoker.consumer.main" in " ".join(p.cmdline())]
+        consumer.kill()
+        assert run.wait(timeout=20) == 1, run.output()
+        gone, alive = psutil.wait_procs(list(run.descendants.values()), timeout=2)
+        assert not alive, f"orphans: {alive}"
+    summary = read_json(run_dir / "summary.json")
+    assert summary["written_by"] == "launcher"
+    assert summary["exit_reason"].startswith("consumer killed by SIGKILL from outside stoker")
+    assert f"ERROR   launcher launcher: {summary['exit_reason']}" in run.output()
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert summary["steps"] == len(metrics) >= 40 and summary["samples"] == sum(r["samples"] for r in metrics)
+    trained: collections.Counter[int] = collections.Counter()
+    for row in metrics:
+        trained[row["epoch"]] += row["samples"]
+    complete = sum(1 for samples in trained.values() if samples == DEMO_CLIPS)
+    assert summary["epochs_completed"] == complete >= len(metrics) // 4 - 1  # 4 steps an epoch
+
+
 def test_unreadable_clip_is_rejected_and_run_goes_on(tmp_path):
     data = tmp_path / "data"
     ids = make_dataset(data, count=12)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 # Bump when the cache layout or any rule that derives the index from its inputs changes.
-INDEX_FORMAT = 5
+INDEX_FORMAT = 6
 
 
 # Cache files start with this magic, then the SHA-256 of the msgpack payload that follows.

@@ -1,6 +1,7 @@
 """Where a dataset's metadata and audio are: the directory (or mix file) a user names, the
 audio file of each id (any format libsndfile reads; :data:`AUDIO_SUFFIXES` in order of
-preference), and the metadata bytes as read.
+preference), and the metadata bytes as read. Names are matched to ids in Unicode normal
+form C (shared/layouts.nfc): a file whose name is decomposed on disk is its composed id's.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..dataset.types import AudioFile, DatasetError
-from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest
+from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, nfc
 from ..mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_entries, parse_mix_spec, unpack_mix
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
@@ -77,6 +78,7 @@ def scan_audio(root: Path) -> dict[str, AudioFile]:
                 order = rank.get("." + suffix.lower()) if dot and stem else None
                 if order is None or not entry.is_file():
                     continue
+                stem = nfc(stem)  # the id, whatever normal form the file system keeps the name in
                 previous = chosen.get(stem)
                 if previous is None or order < previous[0]:
                     chosen[stem] = (order, name)
@@ -105,19 +107,54 @@ def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
     """The audio files a manifest names, by id: one stat each (a missing file is left out).
 
     ``AudioFile.name`` is the path as the manifest wrote it: relative to the dataset
-    directory, or absolute.
+    directory, or absolute; as the file system spells it where only its Unicode normal
+    form differs (one listing per directory, and only for paths not found as written).
     """
     found: dict[str, AudioFile] = {}
+    listings: dict[Path, dict[str, str]] = {}
     for entry in entries:
         if not entry.audio:
             continue
+        name = entry.audio
         try:
-            st = os.stat(root / entry.audio)
+            st = os.stat(root / name)
         except OSError:
-            continue  # reported as missing, with the path
-        if stat_module.S_ISREG(st.st_mode):
-            found[entry.id] = AudioFile(entry.audio, st.st_size, st.st_mtime_ns)
+            name = _other_form(root, entry.audio, listings) or ""  # the path in another Unicode normal form?
+            try:
+                st = os.stat(root / name) if name else None
+            except OSError:
+                st = None
+        if st is not None and stat_module.S_ISREG(st.st_mode):  # else reported as missing, with the path
+            found[entry.id] = AudioFile(name, st.st_size, st.st_mtime_ns)
     return found
+
+
+def _other_form(root: Path, path: str, listings: dict[Path, dict[str, str]]) -> str | None:
+    """``path`` (relative to ``root``, or absolute) as the file system spells it when only the
+    Unicode normal form of some of its names differs (compared in NFC, :func:`nfc`); None when
+    there is no such file. ``listings``: directories listed so far, by NFC name."""
+    if path.isascii():
+        return None
+    start = Path(path)
+    where = start.anchor and Path(start.anchor) or root
+    found: list[str] = [start.anchor] if start.anchor else []
+    for part in start.parts[1:] if start.anchor else start.parts:
+        if (where / part).exists():
+            spelled = part
+        else:
+            listing = listings.get(where)
+            if listing is None:
+                try:
+                    listing = {nfc(name): name for name in os.listdir(where)}
+                except OSError:
+                    listing = {}
+                listings[where] = listing
+            spelled = listing.get(nfc(part))
+            if spelled is None:
+                return None
+        where = where / spelled
+        found.append(spelled)
+    return str(Path(*found)) if found else None
 
 
 def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:

@@ -460,6 +460,9 @@ def _audio_rules(entry: Entry, audio: dict[str, AudioFile], probes: dict[str, Au
     file = audio.get(entry.id)
     if file is None:
         where = relative_audio(entry.id, entry.audio or None)
+        if entry.short:  # no clip by that id: the line lost a field, and its first is not an id
+            return Rejection(entry.id, f"malformed metadata line {entry.line}: {entry.short}: a field is missing "
+                                       f"(read as id|text, its id has no audio file {where})", line=entry.line)
         return Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where,
                          kind="missing-audio")
     where = relative_audio(entry.id, file.name)

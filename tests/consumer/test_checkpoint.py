@@ -201,6 +201,45 @@ def test_resume_refuses_another_plan_or_model_and_changes_nothing(tmp_path, chan
     assert snapshot(tmp_path) == before
 
 
+def test_a_resume_refused_for_a_changed_dataset_names_the_clips_and_the_way_on(tmp_path):
+    clips = make_samples(30, seed=3)
+    first_session(tmp_path, EpochPlanner(clips, BATCHING))
+    before = snapshot(tmp_path)
+    longer = clips[7]._replace(num_frames=clips[7].num_frames + 600)
+    changed = [*clips[:3], *clips[4:7], longer, *clips[8:], *make_samples(40, seed=9, prefix="N")[:7]]
+    with pytest.raises(CheckpointError) as caught:
+        run_checkpoints(tmp_path, EpochPlanner(changed, BATCHING), fingerprint="data-2").resume()
+    assert str(caught.value) == (
+        f"cannot resume from {tmp_path / CKPT_DIR / checkpoint_name(4)}: this run's epoch plan differs from the "
+        "checkpoint's (dataset fingerprint data-1 then, data-2 now; the dataset's clips changed: 7 added (N00000, "
+        "N00001, N00002, N00003, N00004, ...); 1 removed (S00003); 5 in another bucket (S00007, S00013, S00026, S00027, S00029)). "
+        f"To go on training its model on the data as it is now: --resume {tmp_path} --fresh-plan (keeps the "
+        "weights, the optimizer and the step count; the epochs start anew); or start a new run")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_fresh_plan_keeps_the_step_and_model_state_and_starts_the_epochs_anew(tmp_path, caplog):
+    clips = make_samples(30, seed=3)
+    first_session(tmp_path, EpochPlanner(clips, BATCHING))
+    changed = EpochPlanner(clips[:20], BATCHING)
+    resumed = run_checkpoints(tmp_path, changed, fingerprint="data-2")
+    caplog.set_level("INFO", logger="stoker.consumer.checkpoint")
+    got = resumed.resume(fresh_plan=True)
+    assert got.step == 4 and resumed.last_step == 4 and got.state == []
+    assert resumed.position.complete == set() and resumed.position.trained(0) == 0
+    assert resumed.position.remaining(changed.plan(0)) == changed.plan(0)  # every batch of the new plan is to train
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert (f"--fresh-plan: keeping no model state (the trainer has none) and the step count (4) of "
+            f"{tmp_path / CKPT_DIR / checkpoint_name(4)}; a new epoch plan over the dataset as it is now (20 clips, "
+            f"{changed.batches_per_epoch} batches per epoch) starts at epoch 0") in caplog.text
+    resumed.position.record(0, changed.plan(0)[0].ids)
+    resumed.attach(Fake())
+    resumed.save(6)  # the next checkpoint is of the new plan: a plain resume goes on from it
+    again = run_checkpoints(tmp_path, changed, fingerprint="data-2")
+    assert again.resume().step == 6 and again.position.trained(0) == len(changed.plan(0)[0].ids)
+
+
 def test_corrupt_latest_checkpoint_changes_nothing(tmp_path):
     plan_of = planner()
     first_session(tmp_path, plan_of)

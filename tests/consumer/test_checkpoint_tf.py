@@ -55,10 +55,10 @@ class MethodTrainer(KerasTrainer):
         super().__init__(as_method=True)
 
 
-def checkpoints(run_dir) -> RunCheckpoints:
+def checkpoints(run_dir, planner: EpochPlanner = PLANNER, fingerprint: str = "data-1") -> RunCheckpoints:
     cfg = Config()
     return RunCheckpoints(run_dir, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model="tiny")),
-                          PLANNER, "data-1")
+                          planner, fingerprint)
 
 
 @pytest.mark.parametrize("trainer_cls", [KerasTrainer, MethodTrainer])
@@ -81,6 +81,27 @@ def test_model_optimizer_and_step_are_restored(tmp_path, trainer_cls):
     assert [second.step() for _ in range(2)] == pytest.approx(expected, rel=1e-6)
     assert int(second.optimizer.iterations.numpy()) == 5
     assert resuming.position.remaining(PLANNER.plan(0)) == PLANNER.plan(0)[3:]
+
+
+def test_a_fresh_plan_restores_the_model_and_optimizer_over_a_changed_dataset(tmp_path):
+    first = KerasTrainer()
+    saving = checkpoints(tmp_path)
+    saving.attach(first)
+    for step, batch in enumerate(PLANNER.plan(0)[:3], start=1):
+        first.step()
+        saving.position.record(0, batch.ids)
+    saving.save(3)
+    expected = [first.step() for _ in range(2)]
+    changed = EpochPlanner(make_samples(26, seed=5), BatchingConfig(batch_size=4, num_buckets=2))
+    with pytest.raises(CheckpointError, match="6 added"):
+        checkpoints(tmp_path, changed, "data-2").resume()
+    second = KerasTrainer()
+    resuming = checkpoints(tmp_path, changed, "data-2")
+    assert resuming.resume(fresh_plan=True).step == 3
+    resuming.attach(second)
+    assert [second.step() for _ in range(2)] == pytest.approx(expected, rel=1e-6)  # the weights and the optimizer
+    assert int(second.optimizer.iterations.numpy()) == 5
+    assert resuming.position.remaining(changed.plan(0)) == changed.plan(0)  # the new plan from its start
 
 
 def test_checkpoint_without_model_state_cannot_restore_a_model(tmp_path):

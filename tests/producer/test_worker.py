@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -286,6 +288,95 @@ def test_a_security_mismatch_ends_with_status_2(tmp_path, case):
         stop.set()
         thread.join(5)
         server.close()
+        ctx.term()
+
+
+def run_producer_against(endpoint: str, tmp_path: Path, ctx: zmq.Context) -> tuple[threading.Event, threading.Thread,
+                                                                                 dict]:
+    make_dataset(tmp_path / "data", count=2)
+    stop = threading.Event()
+    producer = Producer(endpoint, tmp_path / "data", "p-wrong", stop, context=ctx)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", producer.run()), daemon=True)
+    thread.start()
+    return stop, thread, result
+
+
+def test_an_http_server_at_the_endpoint_is_named_not_a_trainer(tmp_path, monkeypatch, caplog):
+    """The peer answered (the web server logs a bad request), so the producer says so and ends
+    with status 2, instead of waiting for a trainer that is not there."""
+    import http.server
+
+    from stoker.producer import worker
+
+    monkeypatch.setattr(worker, "HANDSHAKE_TIMEOUT_S", 0.5)
+    requests: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            requests.append(format % args)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"tcp://127.0.0.1:{server.server_address[1]}"
+    ctx = zmq.Context()
+    stop, thread, result = run_producer_against(endpoint, tmp_path, ctx)
+    try:
+        thread.join(20)
+        assert result.get("code") == 2
+        said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert said == [f"{endpoint} answered, but not as a stoker trainer (it accepted the connection but did not "
+                        "answer ZeroMQ's greeting in 0.5 s: another service, such as a web server, listens there): "
+                        "is this the trainer's endpoint?"]
+        assert any("400" in r for r in requests)  # the server did answer
+    finally:
+        stop.set()
+        thread.join(5)
+        server.shutdown()
+        server.server_close()
+        ctx.term()
+
+
+def test_a_zeromq_peer_of_another_kind_is_named_not_a_trainer(tmp_path, caplog):
+    """A PUB socket takes the connection and drops it (DEALER does not pair with PUB)."""
+    ctx = zmq.Context()
+    other = ctx.socket(zmq.PUB)
+    other.linger = 0
+    endpoint = f"tcp://127.0.0.1:{other.bind_to_random_port('tcp://127.0.0.1')}"
+    stop, thread, result = run_producer_against(endpoint, tmp_path, ctx)
+    try:
+        thread.join(20)
+        assert result.get("code") == 2
+        said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert said == [f"{endpoint} answered, but not as a stoker trainer (it speaks ZeroMQ, but with a socket of "
+                        "another kind): is this the trainer's endpoint?"]
+    finally:
+        stop.set()
+        thread.join(5)
+        other.close()
+        ctx.term()
+
+
+def test_nothing_listening_is_no_answer_yet(tmp_path, monkeypatch, caplog):
+    from stoker.producer import worker
+
+    monkeypatch.setattr(worker, "WAITING_NOTE_S", 0.3)
+    caplog.set_level("INFO", logger="producer")
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))  # a port that is ours and listens to nothing
+    endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    ctx = zmq.Context()
+    stop, thread, result = run_producer_against(endpoint, tmp_path, ctx)
+    try:
+        deadline = time.monotonic() + 20
+        while "no answer for" not in caplog.text and time.monotonic() < deadline:
+            thread.join(0.1)
+        assert "waiting for the trainer at" in caplog.text and "answered" not in caplog.text
+        assert thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(5)
+        probe.close()
         ctx.term()
 
 

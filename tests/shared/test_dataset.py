@@ -410,6 +410,52 @@ def test_wav_is_preferred_when_an_id_has_several_files(good) -> None:
     assert scan_audio(root)["TWICE"].name == "wavs/TWICE.wav"
 
 
+def test_a_file_named_in_nfd_is_the_clip_of_its_nfc_id(good) -> None:
+    """A copy from macOS keeps names decomposed (NFD); the metadata holds them composed (NFC)."""
+    import json
+    import unicodedata
+
+    from stoker.shared.dataset import scan_dataset
+
+    root, ids = good
+    composed = "Caf\u00e9-\u00c5ngstr\u00f6m"
+    decomposed = unicodedata.normalize("NFD", composed)
+    assert decomposed != composed
+    path = add_clip(root, decomposed, 1.0, metadata=False)
+    assert path.name == f"{decomposed}.wav" and not (root / "wavs" / f"{composed}.wav").exists()
+    append_metadata(root, [f"{composed}|Some text.|Some text."])
+    index = build_index(_data(root), FEATURES)
+    assert index.rejected == []
+    clip = index.by_id()[composed]
+    assert clip.audio == f"wavs/{decomposed}.wav" and clip.duration_s == pytest.approx(1.0)
+    assert (root / clip.audio).is_file()  # the name the producers open is the one on disk
+    scan = scan_dataset(root)
+    assert scan.missing == [] and scan.files[composed] == f"wavs/{decomposed}.wav"
+    # the same through a manifest that names the file composed
+    lines = [{"audio_filepath": f"wavs/{i}.wav", "text": "Some text."} for i in [*ids, composed]]
+    (root / "train.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    index = build_index(_data(root, metadata_file="train.jsonl"), FEATURES)
+    assert index.rejected == [] and index.by_id()[composed].audio == f"wavs/{decomposed}.wav"
+
+
+def test_a_line_that_lost_a_field_is_rejected_for_it_not_as_missing_audio(good) -> None:
+    """A 2-field line among 3-field ones is id|text when its id has audio; without, it lost a field."""
+    root, ids = good
+    add_clip(root, "SHORT", 1.0, metadata=False)
+    append_metadata(root, ["SHORT|Just text.", "Printing, in the only sense|Printing, in the only sense"])
+    line = _metadata_lines(root)
+    index = build_index(_data(root), FEATURES)
+    assert [s.id for s in index.samples] == [*ids, "SHORT"] and index.by_id()["SHORT"].text == "Just text."
+    assert [(r.id, r.line, r.reason, r.kind) for r in index.rejected] == [
+        ("Printing, in the only sense", line,
+         f"malformed metadata line {line}: 2 fields where the file's lines have 3 (id|text|normalized_text): a field "
+         "is missing (read as id|text, its id has no audio file wavs/Printing, in the only sense.wav)", "")]
+    # with data.columns the layout is known: the short line is rejected for its fields at once
+    index = build_index(_data(root, columns="id|text|normalized_text"), FEATURES)
+    assert {r.id: r.reason for r in index.rejected}["SHORT"] == (
+        f"malformed metadata line {line - 1}: 2 fields, data.columns expects 3 (id|text|normalized_text)")
+
+
 def test_truncated_flac_is_found_by_its_tail(good) -> None:
     root, ids = good
     path = add_clip(root, "HALF", 1.5, suffix=".flac")

@@ -42,3 +42,12 @@ def test_workers_without_a_shared_run_dir_and_a_broken_tf_config_are_one_line(mo
     monkeypatch.setenv("TF_CONFIG", "{not json")
     with pytest.raises(ClusterError, match="TF_CONFIG is not valid JSON"):
         _worker_paths(args(run_dir="x"))
+
+
+def test_a_fresh_plan_without_resume_is_one_line(monkeypatch, capsys) -> None:
+    from stoker.cli import main
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert main(["--fresh-plan", "--steps", "1"]) == 2
+    assert capsys.readouterr().err == ("stoker: error: --fresh-plan starts a new epoch plan for a resumed run: give it "
+                                       "with --resume RUN_DIR\n")
