@@ -24,8 +24,16 @@ def samples(n: int = 12) -> list[Sample]:
 
 
 def hello_of(name: str, host: str = "test", **fields: Any) -> wire.Hello:
-    """A scripted producer's HELLO: this install's config schema, no dataset unless given."""
-    return wire.Hello(producer=name, host=host, pid=1, config=wire.ConfigSchema.local(), **fields)
+    """A scripted producer's HELLO: this install's config schema unless given, no dataset unless given."""
+    fields.setdefault("config", wire.ConfigSchema.local())
+    return wire.Hello(producer=name, host=host, pid=1, **fields)
+
+
+def lacking(section: str, key: str) -> wire.ConfigSchema:
+    """This install's config schema without ``section.key``: a producer of a stoker version before it."""
+    local = wire.ConfigSchema.local()
+    return wire.ConfigSchema(local.version, {**local.sections,
+                                             section: tuple(k for k in local.sections[section] if k != key)})
 
 
 def make_config(**pipeline) -> Config:

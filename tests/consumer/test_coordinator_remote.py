@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
+import threading
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 import zmq
 
+from stoker.producer.worker import Producer
 from stoker.shared import wire
 from stoker.shared.keys import load_client_keys, load_server_keys, make_keys
-from tests.consumer.harness import Harness, make_config, samples
-from tests.factories import describe_copy, fake_scan
+from tests.consumer.harness import Harness, lacking, make_config, samples
+from tests.factories import describe_copy, fake_scan, make_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -113,6 +117,50 @@ def test_a_producer_without_a_dataset_description_is_refused(harness):
     h = harness(cfg=make_config(), dataset=fake_scan(IDS))
     sock = h.producer("old")  # no dataset description
     assert "did not describe its dataset" in h.recv(sock, wire.REFUSE).reason
+
+
+def _warnings(caplog, logger: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == logger and r.levelno >= logging.WARNING]
+
+
+def test_a_producer_of_the_previous_protocol_version_is_refused_at_joining_with_one_line(harness, caplog):
+    """A scripted DEALER saying HELLO as a version-3 producer does: it gets a REFUSE it can read."""
+    h = harness(cfg=make_config())
+    sock = h.socket()
+    old = wire.PROTOCOL_VERSION - 1
+    with caplog.at_level(logging.WARNING):
+        sock.send_multipart([msgpack.packb({"v": old, "k": "hello", "a": [], "producer": "p0@old", "host": "old",
+                                            "pid": 1, "launcher": 1, "session": "s", "dataset": {}})])
+        frames = sock.recv_multipart()
+    header = msgpack.unpackb(frames[0], raw=False)
+    assert (header["v"], header["k"], header["a"], len(frames)) == (old, "refuse", [], 1)
+    assert f"protocol version {old} and the trainer {wire.PROTOCOL_VERSION}" in header["reason"]
+    assert h.coord.snapshot()["refused_producers"] == [{"producer": "p0@old", "host": "old",
+                                                        "reason": header["reason"]}]
+    lines = [line for line in _warnings(caplog, "consumer.coordinator") if "refused" in line]
+    assert lines == [f"refused producer p0@old from old: {header['reason']}"]
+
+
+def test_a_producer_lacking_a_config_key_is_refused_at_joining_with_one_line_on_both_sides(harness, tmp_path, caplog):
+    """A real producer whose config schema lacks a key the trainer sends (a stoker version before it)."""
+    h = harness(cfg=make_config())
+    make_dataset(tmp_path / "data", count=2)
+    stop = threading.Event()
+    producer = Producer(h.endpoint, tmp_path / "data", "p-old", stop, context=h.ctx,
+                        config_schema=lacking("features", "top_db"))
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", producer.run()), daemon=True)
+    with caplog.at_level(logging.WARNING):
+        thread.start()
+        thread.join(20)
+    stop.set()
+    thread.join(5)
+    assert result.get("code") == 2
+    reason = h.coord.snapshot()["refused_producers"][0]["reason"]
+    assert "it lacks the config keys features.top_db" in reason
+    assert _warnings(caplog, "producer") == [f"the trainer at {h.endpoint} refused this producer: {reason}"]
+    assert [line for line in _warnings(caplog, "consumer.coordinator") if "refused" in line] == [
+        f"refused producer p-old from {producer.host}: {reason}"]
 
 
 def test_clips_a_producer_lacks_are_never_leased_to_it_and_go_to_another(harness):

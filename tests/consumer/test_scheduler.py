@@ -8,6 +8,7 @@ import collections
 import dataclasses
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from stoker.consumer.buffer import BatchQueue
@@ -16,7 +17,7 @@ from stoker.consumer.peers import DISCONNECT_GRACE_S
 from stoker.consumer.scheduler import Scheduler, ValidationSet
 from stoker.shared import wire
 from stoker.shared.dataset import Sample
-from tests.consumer.harness import hello_of, make_config, samples
+from tests.consumer.harness import hello_of, lacking, make_config, samples
 from tests.factories import fake_scan, make_batch
 
 IDS = {s.id for s in samples(12)}
@@ -347,6 +348,50 @@ def test_a_producer_with_another_dataset_is_refused_with_the_reason_and_given_no
     snap = b.scheduler.snapshot()
     assert snap["refused_producers"] == [{"producer": "stranger", "host": "test", "reason": refuse.reason}]
     assert snap["producers"] == []
+
+
+def test_a_hello_of_the_previous_protocol_version_is_refused_in_that_version() -> None:
+    """What a producer of version 3 sends; it reads the REFUSE, whose layout is every version's."""
+    b = Bench()
+    old = wire.PROTOCOL_VERSION - 1
+    b.send_frames(b"old", [msgpack.packb({"v": old, "k": "hello", "a": [], "producer": "p0", "host": "h3", "pid": 9,
+                                          "dataset": {}}, use_bin_type=True)])
+    (frames,) = b.frames[b"old"]
+    header = msgpack.unpackb(frames[0], raw=False)
+    reason = (f"the producer speaks protocol version {old} and the trainer {wire.PROTOCOL_VERSION}: run the "
+              "trainer's stoker version on host h3")
+    assert header == {"v": old, "k": "refuse", "a": [], "reason": reason} and len(frames) == 1
+    assert b.inbox[b"old"] == []  # no WELCOME, no lease
+    snap = b.scheduler.snapshot()
+    assert snap["refused_producers"] == [{"producer": "p0", "host": "h3", "reason": reason}]
+    assert snap["producers"] == [] and snap["rejected_messages"] == {"bad_version": 1}
+    b.hello(b"p1")  # a producer of this version joins as ever
+    assert len(b.take(b"p1", wire.WELCOME)) == 1
+
+
+def test_a_producer_lacking_a_config_key_the_trainer_sends_is_refused_naming_it() -> None:
+    b = Bench()
+    b.hello(b"old", config=lacking("transforms", "mel_norm"))
+    refuse, = b.take(b"old", wire.REFUSE)
+    assert refuse.reason == ("the producer's config schema differs from the trainer's (it lacks the config keys "
+                             "transforms.mel_norm): run the trainer's stoker version on host test")
+    assert b.inbox[b"old"] == []
+    snap = b.scheduler.snapshot()
+    assert snap["refused_producers"] == [{"producer": "old", "host": "test", "reason": refuse.reason}]
+    assert snap["producers"] == [] and snap["rejected_messages"] == {}
+    b.hello(b"other", config=wire.ConfigSchema(wire.CONFIG_VERSION + 1, wire.ConfigSchema.local().sections))
+    refuse, = b.take(b"other", wire.REFUSE)
+    assert f"config version {wire.CONFIG_VERSION + 1} here and {wire.CONFIG_VERSION} on the trainer" in refuse.reason
+
+
+def test_the_welcome_carries_the_trainers_config_sections_as_they_are() -> None:
+    b = Bench()
+    b.hello(b"p1")
+    welcome, = b.take(b"p1", wire.WELCOME)
+    cfg = b.cfg
+    assert welcome.config == wire.ProducerConfig(cfg.features, cfg.transforms, cfg.faults)
+    assert (welcome.heartbeat_interval_s, welcome.ref_frames) == (cfg.pipeline.heartbeat_interval_s,
+                                                                  cfg.batching.ref_frames)
 
 
 def test_a_repeated_hello_of_one_session_is_welcomed_again_and_changes_nothing() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,31 @@ def test_refused_hello_ends_with_status_2(setup):
     consumer.send(wire.Refuse("dataset on h does not match the trainer's"))
     thread.join(10)
     assert result["code"] == 2
+
+
+def test_a_refusal_of_another_protocol_version_ends_with_status_2_and_one_line(setup, caplog):
+    """A newer trainer refuses this producer in its own version: the REFUSE layout is every version's."""
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    consumer.recv(wire.HELLO)
+    newer = wire.PROTOCOL_VERSION + 1
+    consumer.sock.send_multipart([consumer.identity, *wire.Refuse("too old").encode(version=newer)])
+    thread.join(10)
+    assert result["code"] == 2
+    errors = [r.getMessage() for r in caplog.records if r.name == "producer" and r.levelno >= logging.WARNING]
+    assert errors == [f"the trainer at {consumer.endpoint} (protocol version {newer}, this producer "
+                      f"{wire.PROTOCOL_VERSION}) refused this producer: too old"]
+
+
+def test_a_welcome_whose_config_this_producer_cannot_take_ends_with_status_2_and_one_line(setup, caplog):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    consumer.recv(wire.HELLO)
+    header = wire.encode(wire.WELCOME, {**welcome_of(features).to_header(),
+                                        "config": {"version": wire.CONFIG_VERSION, "features": {"n_mels_v2": 3}}})
+    consumer.sock.send_multipart([consumer.identity, *header])
+    thread.join(10)
+    assert result["code"] == 2
+    errors = [r.getMessage() for r in caplog.records if r.name == "producer" and r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and "unknown config key 'features.n_mels_v2'" in errors[0]
 
 
 def test_refusal_naming_another_metadata_file_makes_it_scan_that(setup):
