@@ -381,13 +381,13 @@ def _typed_reason(frames) -> ProtocolError:
     (wire.LEASE, {"rows": -1}, "lease"),
     (wire.LEASE, {"tokens": [[1], [2], [3]]}, "lease"),  # more token rows than clips
     (wire.LEASE, {"tokens": [[1, "x"]]}, "lease.tokens"),
-    (wire.LEASE, {"texts": {"a": 1}}, "lease.texts.a"),
+    (wire.LEASE, {"texts": {"a": 1}}, "lease.texts"),
     (wire.BATCH, {"rejected": [["c", "bad"]]}, "batch.rejected"),  # pairs: entries are maps
     (wire.BATCH, {"missed": [{"reason": "gone"}]}, "batch.missed.id"),
     (wire.BATCH, {"ids": [[1]]}, "batch.ids"),
     (wire.BATCH, {"prep_ms": "fast"}, "batch.prep_ms"),
     (wire.BATCH, {"cache": {"hits": -1}}, "batch"),
-    (wire.BATCH, {"cache": {"hits": 1.5}}, "batch.cache.hits"),
+    (wire.BATCH, {"cache": {"hits": 1.5}}, "batch.cache"),
     (wire.HELLO, {"pid": "1"}, "hello.pid"),
     (wire.HELLO, {"config": None}, "hello.config"),
     (wire.HELLO, {"config": {"version": 1, "sections": {"features": "n_mels"}}}, "hello.config.sections"),
