@@ -6,9 +6,10 @@ Joining: a producer's HELLO names its config schema and describes its dataset
 own: shared/wire.py), whose config schema lacks a key the trainer sends in WELCOME, or
 whose metadata or audio index does not match the trainer's is sent REFUSE with the
 reason, which both sides log (``refused_producers`` in summary.json). One that lacks some
-audio files is accepted; the scheduler never leases it those samples. A HELLO with the name, host and launcher pid of a live
-producer is that producer restarted: the old one is dropped at once. Otherwise several
-producers with one name (two hosts with one hostname) get ``#2``...
+audio files is accepted; the scheduler never leases it those samples. A HELLO with the
+name, host and launcher pid of a live producer is that producer restarted: the old one is
+dropped at once. Otherwise several producers with one name (two hosts with one hostname)
+get ``#2``...
 
 Liveness: a peer is gone when it says BYE, reports a fatal ERROR, is silent for
 ``heartbeat_timeout_s``, or its connection closes without BYE (its process died: the

@@ -4,8 +4,8 @@ A pure state machine with no sockets: the router loop (consumer/coordinator.py) 
 events (:meth:`Scheduler.on_message` with a producer's frames, :meth:`~Scheduler.on_free`
 when the trainer takes a batch, :meth:`~Scheduler.tick` as time passes, the connection
 events of the socket monitor) and sends what it leaves in its outbox
-(:meth:`~Scheduler.take_outbox`: identity and message, shared/wire.py's classes). Delivered batches go
-into the bounded queue. Every event carries the time, so its tests drive it with events
+(:meth:`~Scheduler.take_outbox`: identity, message of shared/wire.py, protocol version).
+Delivered batches go into the bounded queue. Every event carries the time, so its tests drive it with events
 and a clock of their own and assert the messages, without sockets or timeouts.
 
 Peers (consumer/peers.py) is the part that knows who has joined and who is presumed gone

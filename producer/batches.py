@@ -1,9 +1,10 @@
 """A producer's batches: a lease (shared/wire.py's Lease: planned sample ids and the bucket's
-shape) in, the bucket's arrays and the BATCH message out. It reads each clip (producer/audio.py), runs the
-transforms (producer/transforms.py), computes the log-mels for the batch at once
-(producer/features.py, or the feature cache), and collates by the batch schema
-(shared/batch.py). It never sees a socket: producer/worker.py is its transport, and the
-trainer's validation (consumer/validation.py) makes its held-out batches with it too.
+shape) in, the bucket's arrays and the BATCH message out. It reads each clip
+(producer/audio.py), runs the transforms (producer/transforms.py), computes the log-mels
+for the batch at once (producer/features.py, or the feature cache), and collates by the
+batch schema (shared/batch.py). It never sees a socket: producer/worker.py is its
+transport, and the trainer's validation (consumer/validation.py) makes its held-out
+batches with it too.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ Joining: before its HELLO the producer scans its dataset (shared/dataset/agreeme
 and audio file sizes) and describes it, beside its config schema (shared/wire.py); a trainer
 whose dataset differs, or that speaks another protocol version or sends config keys this
 producer lacks, answers REFUSE with the reason, which the producer logs and exits with
-status 2. With ``--keys`` the
-socket is a CURVE client; a trainer that rejects the key (or speaks no CURVE) fails the
-handshake, which the producer sees on its socket monitor and reports the same way.
+status 2. With ``--keys`` the socket is a CURVE client; a trainer that rejects the key (or
+speaks no CURVE) fails the handshake, which the producer sees on its socket monitor and
+reports the same way.
 
 A producer keeps up to ``lease_ahead`` batches leased; prepared ones wait for their
 credit, so a credit is answered at once. A clip whose file is not on this host is
