@@ -494,11 +494,11 @@ class Producer:
 
     def _read(self, frames: list[Any]) -> wire.Body | None:
         """One consumer message, typed; None (logged) when malformed. Refused (one line) for a
-        REFUSE of another protocol version (every version reads its reason) and for a WELCOME
-        this producer cannot read (its config keys or version differ: another stoker version)."""
+        REFUSE of another protocol version (every version reads its reason) and for a first
+        WELCOME this producer cannot read (its config keys or version differ: another stoker
+        version), which saying HELLO again would not change."""
         try:
             msg = wire.decode(frames)
-            return wire.parse(msg)
         except wire.OtherVersion as exc:
             reason = exc.reason_refused()
             if reason is None:
@@ -508,9 +508,14 @@ class Producer:
             raise Refused(f"the trainer at {self.endpoint} (protocol version {exc.version}, this producer "
                           f"{wire.PROTOCOL_VERSION}) refused this producer: {reason}") from None
         except wire.ProtocolError as exc:
-            if self._welcome is None and exc.reason == "bad_config":
-                raise Refused(f"the trainer at {self.endpoint} sends a config this producer cannot take "
-                              f"({exc.detail}): run the trainer's stoker version on host {self.host}") from None
+            log.warning("dropped a malformed message from the consumer: %s", exc)
+            return None
+        try:
+            return wire.parse(msg)
+        except wire.ProtocolError as exc:
+            if msg.kind == wire.WELCOME and self._welcome is None:
+                raise Refused(f"the trainer at {self.endpoint} sent a WELCOME this producer cannot take ({exc}): "
+                              f"run the trainer's stoker version on host {self.host}") from None
             log.warning("dropped a malformed message from the consumer: %s", exc)
             return None
 

@@ -196,16 +196,21 @@ def test_a_refusal_of_another_protocol_version_ends_with_status_2_and_one_line(s
                       f"{wire.PROTOCOL_VERSION}) refused this producer: too old"]
 
 
-def test_a_welcome_whose_config_this_producer_cannot_take_ends_with_status_2_and_one_line(setup, caplog):
+@pytest.mark.parametrize("changes, said", [
+    ({"config": {"version": wire.CONFIG_VERSION, "features": {"n_mels_v2": 3}}},
+     "bad_config: unknown config key 'features.n_mels_v2'"),  # a key added after this producer's version
+    ({"config": {"version": wire.CONFIG_VERSION + 1}}, f"config version {wire.CONFIG_VERSION + 1}"),
+    ({"transform_versions": None}, "bad_field: welcome.transform_versions = None"),
+])
+def test_a_welcome_this_producer_cannot_take_ends_with_status_2_and_one_line(setup, caplog, changes, said):
     consumer, producer, stop, thread, result, ids, root, features = setup
     consumer.recv(wire.HELLO)
-    header = wire.encode(wire.WELCOME, {**welcome_of(features).to_header(),
-                                        "config": {"version": wire.CONFIG_VERSION, "features": {"n_mels_v2": 3}}})
-    consumer.sock.send_multipart([consumer.identity, *header])
+    header = {**welcome_of(features).to_header(), **changes}
+    consumer.sock.send_multipart([consumer.identity, *wire.encode(wire.WELCOME, header)])
     thread.join(10)
     assert result["code"] == 2
     errors = [r.getMessage() for r in caplog.records if r.name == "producer" and r.levelno >= logging.WARNING]
-    assert len(errors) == 1 and "unknown config key 'features.n_mels_v2'" in errors[0]
+    assert len(errors) == 1 and said in errors[0] and "run the trainer's stoker version" in errors[0], errors
 
 
 def test_refusal_naming_another_metadata_file_makes_it_scan_that(setup):
