@@ -15,9 +15,10 @@ kind's message class, each of its type (:func:`parse`). Anything else raises
 unpickled.
 
 Each kind is a frozen dataclass below (:data:`MESSAGES`): senders build one and send
-``msg.encode(arrays)``; receivers ``parse(decode(frames))``. A field with a default may be
-absent (and a None one is left out of the header); a sequence arrives as a tuple. The
-table (``[field]``: optional; tests/shared/test_wire.py checks it against the classes):
+``msg.encode(arrays)``; receivers ``read(frames)`` (:func:`decode`, then :func:`parse`).
+A field with a default may be absent (and a None one is left out of the header); a
+sequence arrives as a tuple. The table (``[field]``: optional; tests/shared/test_wire.py
+checks it against the classes):
 
     HELLO      P->C  producer: str, host: str, pid: int, config: ConfigSchema, [launcher: int],
                      [session: str], [dataset: any]
@@ -39,7 +40,10 @@ table (``[field]``: optional; tests/shared/test_wire.py checks it against the cl
     BYE        P->C  [leases: [int]]
     STOP       C->P  reason: str
 
-What each field means is its class's docstring. Joining: a producer's HELLO names its
+What each field means is its class's docstring. An Entry is ``{id: str, [reason: str]}``;
+a ConfigSchema ``{version: int, sections: {str: [str]}}``; a ProducerConfig ``{version:
+int, features: {...}, transforms: {...}, faults: {...}}`` (those sections of
+shared/config.py, key by key). Joining: a producer's HELLO names its
 config schema (:class:`ConfigSchema`: :data:`CONFIG_VERSION` and the keys of each section
 it takes); the trainer refuses (REFUSE, one line on both sides, ``refused_producers`` in
 summary.json) a producer of another protocol version, or of another config version, or
@@ -359,7 +363,7 @@ def _type_name(annotation: Any) -> str:
     return annotation.__name__
 
 
-T = TypeVar("T", bound="Part")
+_PartT = TypeVar("_PartT", bound="Part")
 
 
 class Part:
@@ -391,7 +395,7 @@ class Part:
         return out
 
     @classmethod
-    def from_header(cls: type[T], fields: Any, where: str = "") -> T:
+    def from_header(cls: type[_PartT], fields: Any, where: str = "") -> _PartT:
         """The part from a received map: ProtocolError ``bad_field`` for a field missing or of
         the wrong type (a field this class lacks is ignored), then the class's own checks."""
         where = where or getattr(cls, "KIND", cls.__name__)
@@ -574,7 +578,7 @@ class Refuse(Body):
     """A HELLO refused: the producer exits with status 2, unless ``metadata_file`` names the
     file (and ``columns`` the data.columns) to scan instead (it scans and says HELLO again) or
     ``rejoin`` is true (the trainer does not know this producer, e.g. after a restart: HELLO
-    again). ``version`` is not sent: the protocol version it is encoded in (:class:`OtherVersion`)."""
+    again). A producer of another protocol version is refused in its own (:meth:`encode`)."""
 
     KIND: ClassVar[str] = REFUSE
     SENDER: ClassVar[str] = "C->P"
@@ -584,7 +588,8 @@ class Refuse(Body):
     rejoin: bool = False
 
     def encode(self, arrays: Mapping[str, np.ndarray] | None = None, version: int = PROTOCOL_VERSION) -> list[Any]:
-        """``version``: another protocol version's producer is refused in its own (only ``reason``)."""
+        """``version``: another protocol version's producer is refused in its own, with only the
+        ``reason``: the one layout every version reads."""
         if version != PROTOCOL_VERSION:
             return encode(self.KIND, {"reason": self.reason}, version=version)
         return super().encode(arrays)
