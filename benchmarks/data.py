@@ -339,14 +339,15 @@ class _PerClipBatchMaker:
     def clip_mel(self, path: Path) -> Any:
         raise NotImplementedError
 
-    def make(self, lease: dict[str, Any]) -> Any:
+    def make(self, lease: Any) -> Any:
+        """As BatchMaker.make: a shared/wire.py Lease in, a Prepared out."""
         tokens, mels = [], []
-        for sample_id, row in zip(lease["ids"], lease["tokens"]):
+        for sample_id, row in zip(lease.ids, lease.tokens):
             mels.append(np.asarray(self.clip_mel(self.root / self.files[sample_id]), np.float32))
             tokens.append(np.asarray(row, np.int32))
         arrays = self.collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
-                              batch_dims(self.batch_size, lease["shape"], self.f.n_mels), self.pads)
-        return Prepared({"lease": lease["lease"], "ids": list(lease["ids"]), "rejected": []}, arrays)
+                              batch_dims(self.batch_size, lease.shape, self.f.n_mels), self.pads)
+        return Prepared(wire.Batch(lease.lease, lease.epoch, lease.index, lease.ids), arrays)
 
 
 class LibrosaBatchMaker(_PerClipBatchMaker):
@@ -401,7 +402,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         else:
             maker = BatchMaker(base, texts, features, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")
-        clips = sum(len(lease["ids"]) for lease in leases)
+        clips = sum(len(lease.ids) for lease in leases)
         backend = variant if variant in ("librosa", "numpy-reference") else features.backend
         conn.send({"ok": True, "ready": True, "backend": backend})
         while True:
@@ -414,7 +415,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
             started, cpu0 = time.perf_counter(), time.process_time()
             for lease in leases:
                 prepared = maker.make(lease)
-                wire.encode(wire.BATCH, prepared.fields, prepared.arrays)  # the frames, as a producer sends them
+                prepared.batch.encode(prepared.arrays)  # the frames, as a producer sends them
             seconds = time.perf_counter() - started
             cpu_s = time.process_time() - cpu0  # every thread of this process
             cache = maker.cache.counts.to_json() if getattr(maker, "cache", None) is not None else None
@@ -430,13 +431,14 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         conn.close()
 
 
-def _plan_leases(root: Path) -> list[dict[str, Any]]:
+def _plan_leases(root: Path) -> list[Any]:
+    """The leases (shared/wire.py's Lease) of the first epoch's plan of ``root``."""
     index = build_index(DataConfig(path=str(root), index_cache="off"), FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
     assert index.vocabulary is not None
     tokens = TokenTable(index.samples, index.vocabulary)
-    return [{"lease": n, "epoch": 0, "index": b.index, "ids": list(b.ids), "shape": list(b.shape),
-             "rows": b.rows, "tokens": tokens(b.ids)} for n, b in enumerate(planner.plan(0), start=1)]
+    return [wire.Lease(n, 0, b.index, tuple(b.ids), (b.shape[0], b.shape[1]), b.rows,
+                       tuple(tuple(row) for row in tokens(b.ids))) for n, b in enumerate(planner.plan(0), start=1)]
 
 
 def _answer(conn: Any, proc: Any, what: str, timeout_s: float) -> dict[str, Any]:

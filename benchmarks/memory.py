@@ -84,9 +84,9 @@ def rss_bytes() -> int:
 def _fake_batch(lease: Any, rows: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]],
                 rng: np.random.Generator, n_mels: int, pads: dict[str, Any]) -> list[Any]:
     """The BATCH frames of a lease: a random example per id (fixed per id) that fits the bucket."""
-    max_tokens, max_frames = lease["shape"]
+    max_tokens, max_frames = lease.shape
     tokens, mels = [], []
-    for sample_id in lease["ids"]:
+    for sample_id in lease.ids:
         key = (sample_id, max_tokens, max_frames)
         if key not in rows:
             h = zlib.crc32(sample_id.encode())
@@ -97,9 +97,8 @@ def _fake_batch(lease: Any, rows: dict[tuple[str, int, int], tuple[np.ndarray, n
         tokens.append(rows[key][0])
         mels.append(rows[key][1])
     arrays = collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
-                     batch_dims(int(lease["rows"]), (max_tokens, max_frames), n_mels), pads)
-    return wire.encode(wire.BATCH, {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
-                                    "ids": list(lease["ids"]), "rejected": [], "prep_ms": 0.1}, arrays)
+                     batch_dims(lease.rows, (max_tokens, max_frames), n_mels), pads)
+    return wire.Batch(lease.lease, lease.epoch, lease.index, lease.ids, prep_ms=0.1).encode(arrays)
 
 
 def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
@@ -112,8 +111,8 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
         rng = np.random.default_rng(seed)
         sock.identity = f"fake-{os.getpid()}".encode()
         sock.connect(endpoint)
-        sock.send_multipart(wire.encode(wire.HELLO, {"producer": "fake", "host": "localhost", "pid": os.getpid(),
-                                                     "fingerprint": ""}))
+        sock.send_multipart(wire.Hello(producer="fake", host="localhost", pid=os.getpid(),
+                                       config=wire.ConfigSchema.local()).encode())
         n_mels, pads = 80, SCHEMA.pad_values(FeaturesConfig(), "off")
         rows: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         ready: dict[int, list[Any]] = {}
@@ -121,26 +120,26 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
         while True:
             now = time.monotonic()
             if now - last_beat >= HEARTBEAT_S:
-                sock.send_multipart(wire.encode(wire.HEARTBEAT, {"ready": len(ready), "working": 0}))
+                sock.send_multipart(wire.Heartbeat(ready=len(ready), working=0).encode())
                 last_beat = now
             if not sock.poll(100):
                 if time.monotonic() - last_heard > SILENCE_S:
                     raise TimeoutError(f"consumer silent for {SILENCE_S} s")
                 continue
             last_heard = time.monotonic()
-            msg = wire.decode(sock.recv_multipart())
-            if msg.kind == wire.WELCOME:
-                n_mels = int(msg["features"]["n_mels"])
-                pads = SCHEMA.pad_values(FeaturesConfig(**msg["features"]), "off")
-            elif msg.kind == wire.LEASE:
-                ready[msg["lease"]] = _fake_batch(msg, rows, rng, n_mels, pads)
-                sock.send_multipart(wire.encode(wire.READY, {"lease": msg["lease"]}))
-            elif msg.kind == wire.CREDIT:
-                frames = ready.pop(msg["lease"], None)
+            msg, _ = wire.read(sock.recv_multipart())
+            if isinstance(msg, wire.Welcome):
+                n_mels = msg.config.features.n_mels
+                pads = SCHEMA.pad_values(msg.config.features, "off")
+            elif isinstance(msg, wire.Lease):
+                ready[msg.lease] = _fake_batch(msg, rows, rng, n_mels, pads)
+                sock.send_multipart(wire.Ready(msg.lease).encode())
+            elif isinstance(msg, wire.Credit):
+                frames = ready.pop(msg.lease, None)
                 if frames is not None:
                     sock.send_multipart(frames, copy=False)
                     sent += 1
-            elif msg.kind == wire.STOP:
+            elif isinstance(msg, wire.Stop):
                 break
         res_q.put({"role": "producer", "ok": True, "sent": sent})
     except BaseException:

@@ -306,18 +306,17 @@ def scaling(plan: ProducersPlan, work: Path, log: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- stand-in producers
-def _standin_batch(lease: dict[str, Any], cache: dict[tuple[int, int, int], dict[str, Any]], n_mels: int,
+def _standin_batch(lease: Any, cache: dict[tuple[int, int, int], dict[str, Any]], n_mels: int,
                    hold_ms: float) -> list[Any]:
     """The BATCH frames of a lease: the same small example in every row (one array set per shape)."""
-    max_tokens, max_frames = lease["shape"]
-    key = (max_tokens, max_frames, len(lease["ids"]))
+    max_tokens, max_frames = lease.shape
+    key = (max_tokens, max_frames, len(lease.ids))
     if key not in cache:
         example = {"tokens": np.ones(min(5, max_tokens), np.int32),
                    "mel": np.zeros((min(10, max_frames), n_mels), np.float32)}
-        cache[key] = collate([example] * len(lease["ids"]), batch_dims(int(lease["rows"]), lease["shape"], n_mels),
+        cache[key] = collate([example] * len(lease.ids), batch_dims(lease.rows, lease.shape, n_mels),
                              SCHEMA.pad_values(FeaturesConfig(), "off"))
-    return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": lease["ids"], "rejected": [], "missed": [],
-                                    "prep_ms": hold_ms}, cache[key])
+    return wire.Batch(lease.lease, lease.epoch, lease.index, lease.ids, prep_ms=hold_ms).encode(cache[key])
 
 
 def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str, Any]) -> None:
@@ -326,47 +325,44 @@ def standin_producer(endpoint: str, name: str, hold_ms: float, dataset: dict[str
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 1000
     sock.connect(endpoint)
-    sock.send_multipart(wire.encode(wire.HELLO, {"producer": name, "host": "bench", "pid": os.getpid(),
-                                                 "launcher": os.getppid(), "session": uuid.uuid4().hex,
-                                                 "dataset": dataset}))
-    todo: collections.deque[dict[str, Any]] = collections.deque()
+    sock.send_multipart(wire.Hello(producer=name, host="bench", pid=os.getpid(), config=wire.ConfigSchema.local(),
+                                   launcher=os.getppid(), session=uuid.uuid4().hex, dataset=dataset).encode())
+    todo: collections.deque[wire.Lease] = collections.deque()
     ready: dict[int, list[Any]] = {}
     cache: dict[tuple[int, int, int], dict[str, Any]] = {}
-    welcome: dict[str, Any] = {}
-    current: dict[str, Any] | None = None
+    welcome: wire.Welcome | None = None
+    current: wire.Lease | None = None
     done_at = last_beat = 0.0
     try:
         while True:
             now = time.monotonic()
             if current is None and todo:
                 current, done_at = todo.popleft(), now + hold_ms / 1000
-            if current is not None and now >= done_at:
-                ready[current["lease"]] = _standin_batch(current, cache, int(welcome["features"]["n_mels"]),
-                                                         hold_ms)
-                sock.send_multipart(wire.encode(wire.READY, {"lease": current["lease"]}))
+            if current is not None and welcome is not None and now >= done_at:
+                ready[current.lease] = _standin_batch(current, cache, welcome.config.features.n_mels, hold_ms)
+                sock.send_multipart(wire.Ready(current.lease).encode())
                 current = None
                 continue
-            if now - last_beat >= STANDIN_BEAT_S and welcome:
-                sock.send_multipart(wire.encode(wire.HEARTBEAT, {"ready": len(ready), "working": len(todo),
-                                                                 "ping": now}))
+            if now - last_beat >= STANDIN_BEAT_S and welcome is not None:
+                sock.send_multipart(wire.Heartbeat(ready=len(ready), working=len(todo), ping=now).encode())
                 last_beat = now
             wait_ms = 100 if current is None else max(0, int((done_at - now) * 1000))
             if not sock.poll(min(100, wait_ms)):
                 continue
-            msg = wire.decode(sock.recv_multipart())
-            if msg.kind == wire.WELCOME:
-                welcome = msg.fields
-            elif msg.kind == wire.LEASE:
-                todo.append(msg.fields)
-            elif msg.kind == wire.CREDIT and msg["lease"] in ready:
-                sock.send_multipart(ready.pop(msg["lease"]), copy=False)
-            elif msg.kind == wire.REVOKE:
-                ready.pop(msg["lease"], None)
-            elif msg.kind == wire.STOP:
-                sock.send_multipart(wire.encode(wire.BYE, {"leases": []}))
+            msg, _ = wire.read(sock.recv_multipart())
+            if isinstance(msg, wire.Welcome):
+                welcome = msg
+            elif isinstance(msg, wire.Lease):
+                todo.append(msg)
+            elif isinstance(msg, wire.Credit) and msg.lease in ready:
+                sock.send_multipart(ready.pop(msg.lease), copy=False)
+            elif isinstance(msg, wire.Revoke):
+                ready.pop(msg.lease, None)
+            elif isinstance(msg, wire.Stop):
+                sock.send_multipart(wire.Bye().encode())
                 return
-            elif msg.kind == wire.REFUSE:
-                raise RuntimeError(f"refused: {msg.get('reason')}")
+            elif isinstance(msg, wire.Refuse):
+                raise RuntimeError(f"refused: {msg.reason}")
     finally:
         sock.close()
         ctx.term()

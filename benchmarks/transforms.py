@@ -27,7 +27,6 @@ import numpy as np
 from stoker.benchmarks.common import ratio, report, spread, table
 from stoker.benchmarks.data import _plan_leases
 from stoker.producer.batches import BatchMaker
-from stoker.shared import wire
 from stoker.shared.config import FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
 
@@ -55,13 +54,13 @@ def _maker(transformed: bool) -> tuple[Any, list[dict[str, Any]]]:
     return maker, _plan_leases(DEMO_DATA_DIR)
 
 
-def _pass(maker: Any, leases: list[dict[str, Any]]) -> tuple[float, int]:
+def _pass(maker: Any, leases: list[Any]) -> tuple[float, int]:
     started = time.perf_counter()
     clips = 0
     for lease in leases:
         prepared = maker.make(lease)
-        wire.encode(wire.BATCH, prepared.fields, prepared.arrays)
-        clips += len(prepared.fields["ids"])
+        prepared.batch.encode(prepared.arrays)
+        clips += len(prepared.batch.ids)
     return time.perf_counter() - started, clips
 
 

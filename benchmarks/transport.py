@@ -4,13 +4,13 @@ Baseline (``raw``): PUSH -> PULL, one numpy frame per message holding exactly th
 payload bytes of a batch, ``send(copy=False)`` / ``recv(copy=False)``.
 
 Candidate (``protocol``): DEALER (producer side) -> ROUTER (consumer side) with
-``shared.wire.encode/decode`` and the credit round trip. The payload is shaped like a
+``shared.wire``'s typed messages (encode, decode and parse) and the credit round trip. The payload is shaped like a
 real batch (tokens int32 [B, L], token_lengths int32 [B], mel float32 [B, T, F],
 mel_lengths int32 [B]) with B = 16, F = 80 and L, T picked so the four arrays total
 about 8 MiB, 1 MiB or 64 KiB. The receiver grants a CREDIT only for a free slot of a
 capacity-3 ``consumer.buffer.BatchQueue`` (``capacity - len(queue) - credits in
 flight``), and drains each arriving BATCH at once: decode (all header checks and
-size checks), ``put``, ``get``. The sender sends a BATCH only against a CREDIT. So at
+size checks, then the BATCH's typed fields), ``put``, ``get``. The sender sends a BATCH only against a CREDIT. So at
 most 3 batches are in flight, as in a run. (The LEASE/READY messages of a real run
 happen ahead of time and are left out: the sender always has its batch prepared.)
 
@@ -203,9 +203,9 @@ def _await_hello(sock: Any) -> bytes:
     """The sender's HELLO; its identity."""
     _recv_ready(sock, "hello")
     frames = sock.recv_multipart(copy=False)
-    hello = wire.decode(frames[1:])
-    if hello.kind != wire.HELLO:
-        raise ValueError(f"expected hello, got {hello.kind}")
+    hello, _ = wire.read(frames[1:])
+    if not isinstance(hello, wire.Hello):
+        raise ValueError(f"expected hello, got {hello.KIND}")
     return frames[0].bytes
 
 
@@ -222,7 +222,7 @@ class _Credits:
         free = self.queue.capacity - len(self.queue) - self.out
         while free > 0 and self.next_lease <= self.total:
             lease = self.next_lease
-            self.sock.send_multipart([self.identity, *wire.encode(wire.CREDIT, {"lease": lease})])
+            self.sock.send_multipart([self.identity, *wire.Credit(lease).encode()])
             self.outstanding.add(lease)
             self.next_lease += 1
             self.out += 1
@@ -250,22 +250,22 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
         while received < total:
             _recv_ready(sock, f"batch {received}")
             frames = sock.recv_multipart(copy=False)
-            msg = wire.decode(frames[1:], max_bytes=max_bytes)
-            if msg.kind != wire.BATCH:
+            msg, arrays = wire.read(frames[1:], max_bytes=max_bytes)
+            if not isinstance(msg, wire.Batch):
                 continue
-            lease = msg["lease"]
+            lease = msg.lease
             if lease not in outstanding:
                 raise ValueError(f"batch for lease {lease} without a credit")
-            if sum(a.nbytes for a in msg.arrays.values()) != nbytes:
+            if sum(a.nbytes for a in arrays.values()) != nbytes:
                 raise ValueError("wrong payload size")
             outstanding.discard(lease)
-            queue.put(QueuedBatch(lease=lease, epoch=0, index=received, ids=list(msg["ids"]),
-                                  arrays=msg.arrays, producer="bench"))
+            queue.put(QueuedBatch(lease=lease, epoch=0, index=received, ids=list(msg.ids),
+                                  arrays=arrays, producer="bench"))
             credits.out -= 1
             got = queue.get(timeout=0)
             if got is None:
                 raise RuntimeError("queue returned nothing")
-            del got, msg, frames
+            del got, msg, arrays, frames
             received += 1
             if received == warmup:
                 t0 = time.perf_counter()
@@ -273,7 +273,7 @@ def protocol_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any
             grant()
         seconds = time.perf_counter() - t0
         cpu_s = time.process_time() - c0
-        sock.send_multipart([identity, *wire.encode(wire.STOP, {"reason": "bench over"})])
+        sock.send_multipart([identity, *wire.Stop("bench over").encode()])
         res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes,
                    "cpu_s": cpu_s,
                    "queue_high_water": queue.high_water})
@@ -295,11 +295,10 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
     try:
         endpoint = ep_q.get(timeout=timeout_s)
         arrays = make_batch(*shape)
-        ids = [f"BENCH-{i:04d}" for i in range(BATCH_SIZE)]
+        ids = tuple(f"BENCH-{i:04d}" for i in range(BATCH_SIZE))
 
         def prepare(lease: int) -> list[Any]:
-            return wire.encode(wire.BATCH, {"lease": lease, "epoch": 0, "index": lease - 1, "ids": ids,
-                                            "rejected": [], "prep_ms": 0.0}, arrays)
+            return wire.Batch(lease, 0, lease - 1, ids, prep_ms=0.0).encode(arrays)
 
         # As a producer, keep the next `capacity` batches encoded ahead of their credits
         # (producer/worker.py encodes in its compute thread, before READY); the encoding
@@ -307,19 +306,19 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
         ready = {lease: prepare(lease) for lease in range(1, capacity + 1)}
         sock.connect(endpoint)
         c0 = time.process_time()
-        sock.send_multipart(wire.encode(wire.HELLO, {"producer": "bench", "host": "localhost", "pid": os.getpid(),
-                                                     "fingerprint": ""}))
+        sock.send_multipart(wire.Hello(producer="bench", host="localhost", pid=os.getpid(),
+                                       config=wire.ConfigSchema.local()).encode())
         sent = 0
         while True:
             _recv_ready(sock, "credit")
-            msg = wire.decode(sock.recv_multipart())
-            if msg.kind == wire.CREDIT:
-                lease = msg["lease"]
+            msg, _ = wire.read(sock.recv_multipart())
+            if isinstance(msg, wire.Credit):
+                lease = msg.lease
                 frames = ready.pop(lease, None) or prepare(lease)
                 sock.send_multipart(frames, copy=False)
                 sent += 1
                 ready[lease + capacity] = prepare(lease + capacity)
-            elif msg.kind == wire.STOP:
+            elif isinstance(msg, wire.Stop):
                 break
         res_q.put({"role": "sender", "ok": True, "sent": sent, "cpu_s": time.process_time() - c0})
     except BaseException:
@@ -355,7 +354,7 @@ def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, 
         while received < total:
             while credits_out < capacity and granted < total:
                 granted += 1
-                credit = wire.encode(wire.CREDIT, {"lease": granted}) if protocol_frames else [b"C"]
+                credit = wire.Credit(granted).encode() if protocol_frames else [b"C"]
                 sock.send_multipart([identity, *credit])
                 credits_out += 1
             _recv_ready(sock, f"{'frames' if protocol_frames else 'credit'} message {received}")
@@ -371,8 +370,7 @@ def credit_receiver(spec: str, nbytes: int, warmup: int, count: int, ep_q: Any, 
                 c0 = time.process_time()
         seconds = time.perf_counter() - t0
         cpu_s = time.process_time() - c0
-        sock.send_multipart([identity, *(wire.encode(wire.STOP, {"reason": "bench over"}) if protocol_frames
-                                         else [b"S"])])
+        sock.send_multipart([identity, *(wire.Stop("bench over").encode() if protocol_frames else [b"S"])])
         res_q.put({"role": "receiver", "ok": True, "seconds": seconds, "messages": count, "bytes": count * nbytes,
                    "cpu_s": cpu_s})
         done.wait(5.0)
@@ -400,9 +398,8 @@ def credit_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, time
     try:
         endpoint = ep_q.get(timeout=timeout_s)
         if protocol_frames:
-            batch = wire.encode(wire.BATCH, {"lease": 1, "epoch": 0, "index": 0,
-                                             "ids": [f"BENCH-{i:04d}" for i in range(BATCH_SIZE)],
-                                             "rejected": [], "prep_ms": 0.0}, make_batch(*shape))
+            batch = wire.Batch(1, 0, 0, tuple(f"BENCH-{i:04d}" for i in range(BATCH_SIZE)),
+                               prep_ms=0.0).encode(make_batch(*shape))
         else:
             batch = [np.random.default_rng(1).integers(0, 255, size=_shape_bytes(shape), dtype=np.uint8)]
         sock.connect(endpoint)
@@ -412,7 +409,7 @@ def credit_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, time
         while True:
             _recv_ready(sock, "credit")
             if protocol_frames:
-                if wire.decode(sock.recv_multipart()).kind == wire.STOP:
+                if isinstance(wire.read(sock.recv_multipart())[0], wire.Stop):
                     break
             elif sock.recv() == b"S":
                 break

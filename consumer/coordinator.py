@@ -209,13 +209,13 @@ class Coordinator:
         """Send what the scheduler decided, in order."""
         router = self._router
         assert router is not None
-        for identity, kind, fields in self.scheduler.take_outbox():
+        for identity, msg, version in self.scheduler.take_outbox():
             try:
-                router.send_multipart([identity, *wire.encode(kind, fields)], flags=zmq.NOBLOCK)
+                router.send_multipart([identity, *msg.encode(version=version)], flags=zmq.NOBLOCK)
             except zmq.Again:
-                log.warning("could not send %s to %s: its queue is full", kind, identity)
+                log.warning("could not send %s to %s: its queue is full", msg.KIND, identity)
             except zmq.ZMQError as exc:
-                log.warning("could not send %s to %s: %s", kind, identity, exc)
+                log.warning("could not send %s to %s: %s", msg.KIND, identity, exc)
 
     def _on_frames(self, frames: list[Any], now: float) -> None:
         if len(frames) < 2:

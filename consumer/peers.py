@@ -1,12 +1,15 @@
 """The producers as peers: who has joined, under which name and on which connection, and
 who is presumed gone. A part of the scheduler (consumer/scheduler.py), with no sockets.
 
-Joining: a producer's HELLO describes its dataset (shared/dataset/agreement.py). A producer
+Joining: a producer's HELLO names its config schema and describes its dataset
+(shared/dataset/agreement.py). A producer of another protocol version (answered in its
+own: shared/wire.py), whose config schema lacks a key the trainer sends in WELCOME, or
 whose metadata or audio index does not match the trainer's is sent REFUSE with the
-reason, which both sides log. One that lacks some audio files is accepted; the scheduler
-never leases it those samples. A HELLO with the name, host and launcher pid of a live
-producer is that producer restarted: the old one is dropped at once. Otherwise several
-producers with one name (two hosts with one hostname) get ``#2``...
+reason, which both sides log (``refused_producers`` in summary.json). One that lacks some
+audio files is accepted; the scheduler never leases it those samples. A HELLO with the
+name, host and launcher pid of a live producer is that producer restarted: the old one is
+dropped at once. Otherwise several producers with one name (two hosts with one hostname)
+get ``#2``...
 
 Liveness: a peer is gone when it says BYE, reports a fatal ERROR, is silent for
 ``heartbeat_timeout_s``, or its connection closes without BYE (its process died: the
@@ -96,12 +99,12 @@ class ProducerStats:
 
 class Peers:
     """Membership and liveness (module docstring). ``send`` queues a message, ``count`` counts
-    a dropped one, ``welcome`` gives a peer's WELCOME fields, ``on_drop(peer, status)`` is the
+    a dropped one, ``welcome`` gives a peer's WELCOME, ``on_drop(peer, status)`` is the
     scheduler's, ``holds_credits(peer)`` whether it holds credited leases; ``lock`` guards the
     figures other threads read (``producers``, ``refusals``)."""
 
     def __init__(self, cfg: Config, dataset: DatasetScan | None, send: Callable[..., None],
-                 count: Callable[..., None], welcome: Callable[[Peer], dict[str, Any]],
+                 count: Callable[..., None], welcome: Callable[[Peer], wire.Welcome],
                  on_drop: Callable[[Peer, str], None], holds_credits: Callable[[Peer], bool],
                  lock: threading.Lock) -> None:
         self.cfg = cfg
@@ -117,6 +120,8 @@ class Peers:
         self._unmatched_handshake_failures = 0
         self._suspects: dict[int, tuple[bytes, float]] = {}  # fd -> (identity, when its close was seen)
         self._refusal_reasons_seen: set[str] = set()
+        # What the trainer sends in WELCOME: a producer's schema must hold every key of it.
+        self.config_schema = wire.ConfigSchema.local()
 
     def alive(self) -> int:
         with self.lock:
@@ -169,8 +174,9 @@ class Peers:
                 if stats.status == "alive":
                     stats.status = "stopped"
 
-    def _refuse(self, identity: bytes, name: str, host: str, reason: str, **extra: Any) -> None:
-        self.send(identity, wire.REFUSE, {"reason": reason, **extra})
+    def _refuse(self, identity: bytes, name: str, host: str, reason: str, version: int = wire.PROTOCOL_VERSION,
+                **extra: Any) -> None:
+        self.send(identity, wire.Refuse(reason, **extra), version)
         self._remember(self._gone, identity)
         first = reason not in self._refusal_reasons_seen
         if first and len(self._refusal_reasons_seen) < IDENTITY_MEMORY:
@@ -190,30 +196,41 @@ class Peers:
         else:
             store[key] = value
 
-    def hello(self, identity: bytes, msg: wire.Message, now: float, fd: int) -> Peer | None:
-        """A producer's HELLO: refused (its dataset differs: REFUSE), welcomed again (a retry of
-        its session), or admitted (WELCOME): the new peer, to be given work; None otherwise.
-        A reconnection, or the restart of a producer that is still a peer, drops the old one.
-        ProtocolError for a HELLO without its fields."""
-        wire.require(msg, producer=str, host=str, pid=int)
-        name = msg["producer"][:200]
-        host = msg["host"][:200]
+    def other_version(self, identity: bytes, hello: wire.OtherVersion) -> None:
+        """A HELLO of another protocol version: REFUSE, in that version (its layout is every
+        version's), so that the producer exits with the reason rather than waiting."""
+        name, host = hello.fields.get("producer"), hello.fields.get("host")
+        name = name[:200] if isinstance(name, str) else "?"
+        host = host[:200] if isinstance(host, str) else "?"
+        self._refuse(identity, name, host, f"the producer speaks protocol version {hello.version} and the trainer "
+                     f"{wire.PROTOCOL_VERSION}: run the trainer's stoker version on host {host}",
+                     version=hello.version)
+
+    def hello(self, identity: bytes, msg: wire.Hello, now: float, fd: int) -> Peer | None:
+        """A producer's HELLO: refused (its config schema or dataset differs: REFUSE), welcomed
+        again (a retry of its session), or admitted (WELCOME): the new peer, to be given work;
+        None otherwise. A reconnection, or the restart of a producer that is still a peer,
+        drops the old one."""
+        name = msg.producer[:200]
+        host = msg.host[:200]
+        differs = msg.config.differs(self.config_schema)
+        if differs:
+            self._refuse(identity, name, host, f"the producer's config schema differs from the trainer's "
+                         f"({differs}): run the trainer's stoker version on host {host}")
+            return None
         lacks: frozenset[str] = frozenset()
         if self.dataset is not None:
-            agreement = check_agreement(self.dataset, msg.get("dataset"), host)
+            agreement = check_agreement(self.dataset, msg.dataset, host)
             if not agreement.ok:
                 extra = ({"metadata_file": agreement.metadata_file, "columns": agreement.columns}
                          if agreement.metadata_file else {})
                 self._refuse(identity, name, host, agreement.reason, **extra)
                 return None
             lacks = agreement.lacks
-        launcher = msg.get("launcher")
-        launcher = launcher if isinstance(launcher, int) and not isinstance(launcher, bool) else None
-        session = msg.get("session")
-        session = session if isinstance(session, str) else None
+        launcher, session = msg.launcher, msg.session
         old = self.live.get(identity)
         if old is not None and session is not None and old.session == session:
-            self.send(identity, wire.WELCOME, self.welcome(old))  # a HELLO retry crossed our WELCOME
+            self.send(identity, self.welcome(old))  # a HELLO retry crossed our WELCOME
             return None
         if old is not None:  # reconnected with the same identity: it dropped its work
             self.drop(old, "reconnected")
@@ -222,14 +239,14 @@ class Peers:
                     and other.launcher == launcher):
                 # Its launcher restarted it: the old process is gone, its work need not wait for the timeout.
                 log.info("producer %s restarted on %s (pid %d, was %d); re-planning the %d leases of the old one",
-                         other.name, host, msg["pid"], other.pid, len(other.leases))
+                         other.name, host, msg.pid, other.pid, len(other.leases))
                 self.drop(other, "restarted")
         self._gone.discard(identity)
         taken = {p.name for p in self.live.values()}
         unique, n = name, 2
         while unique in taken:  # two hosts with one hostname, or two launchers on one host
             unique, n = f"{name}#{n}", n + 1
-        peer = Peer(identity, unique, host, msg["pid"], len(self.live), now, lacks=set(lacks), fd=fd,
+        peer = Peer(identity, unique, host, msg.pid, len(self.live), now, lacks=set(lacks), fd=fd,
                     joined_t=now, base_name=name, launcher=launcher, session=session)
         self.live[identity] = peer
         with self.lock:
@@ -241,7 +258,7 @@ class Peers:
             stats.first_lease_ms = None
         log.info("producer %s joined from %s (pid %d)%s", unique, host, peer.pid,
                  f"; it lacks {len(lacks)} audio files, which others will prepare" if lacks else "")
-        self.send(identity, wire.WELCOME, self.welcome(peer))
+        self.send(identity, self.welcome(peer))
         return peer
 
     def nudge(self, identity: bytes, now: float) -> None:
@@ -249,15 +266,14 @@ class Peers:
         if identity in self._gone or now - self._nudged.get(identity, -REJOIN_NUDGE_INTERVAL_S) < REJOIN_NUDGE_INTERVAL_S:
             return
         self._remember(self._nudged, identity, now)
-        self.send(identity, wire.REFUSE, {"reason": "unknown producer (the trainer restarted, or declared it "
-                                                     "dead): say HELLO again", "rejoin": True})
+        self.send(identity, wire.Refuse("unknown producer (the trainer restarted, or declared it dead): say HELLO "
+                                        "again", rejoin=True))
 
-    def heartbeat(self, peer: Peer, msg: wire.Message, now: float) -> None:
-        ping = msg.get("ping")
-        if isinstance(ping, (int, float)) and not isinstance(ping, bool):
-            self.send(peer.identity, wire.HEARTBEAT, {"pong": ping})
-        rtt = msg.get("rtt_ms")
-        if isinstance(rtt, (int, float)) and not isinstance(rtt, bool) and 0 <= rtt <= wire.MAX_RTT_S * 1e3:
+    def heartbeat(self, peer: Peer, msg: wire.Heartbeat, now: float) -> None:
+        if msg.ping is not None:
+            self.send(peer.identity, wire.Heartbeat(pong=msg.ping))
+        rtt = msg.rtt_ms
+        if rtt is not None and 0 <= rtt <= wire.MAX_RTT_S * 1e3:
             with self.lock:
                 self.producers[peer.name].rtt_ms = round(float(rtt), 3)
 

@@ -4,8 +4,8 @@ A pure state machine with no sockets: the router loop (consumer/coordinator.py) 
 events (:meth:`Scheduler.on_message` with a producer's frames, :meth:`~Scheduler.on_free`
 when the trainer takes a batch, :meth:`~Scheduler.tick` as time passes, the connection
 events of the socket monitor) and sends what it leaves in its outbox
-(:meth:`~Scheduler.take_outbox`: identity, message kind, fields). Delivered batches go
-into the bounded queue. Every event carries the time, so its tests drive it with events
+(:meth:`~Scheduler.take_outbox`: identity, message of shared/wire.py, protocol version).
+Delivered batches go into the bounded queue. Every event carries the time, so its tests drive it with events
 and a clock of their own and assert the messages, without sockets or timeouts.
 
 Peers (consumer/peers.py) is the part that knows who has joined and who is presumed gone
@@ -103,8 +103,9 @@ log = logging.getLogger("consumer.coordinator")
 # A producer that lacks clips looks this far into the pending list for a batch it can
 # take (whole or in part); beyond it, it waits for others to take the front.
 ASSIGN_SCAN_LIMIT = 256
-# A message kind and its fields, for the producer with that identity.
-Outgoing = tuple[bytes, str, dict[str, Any]]
+# A message for the producer with that identity, and the protocol version to encode it in
+# (another only for a REFUSE to a producer of that version).
+Outgoing = tuple[bytes, wire.Body, int]
 # The epoch a validation clip's reference clip is chosen for: the same one at every pass.
 VALIDATION_REFERENCES = -1
 
@@ -216,7 +217,7 @@ class Scheduler:
         self.failovers: list[Failover] = []
         self._epoch_rejected: collections.Counter[int] = collections.Counter()
         self._max_bytes = cfg.pipeline.max_message_mb << 20
-        self.peers = Peers(cfg, dataset, self._send, self._count, self._welcome_fields, self._on_dropped,
+        self.peers = Peers(cfg, dataset, self._send, self._count, self._welcome, self._on_dropped,
                            self._holds_credits, self._lock)
         # The scheduler reads the membership: the live peers, and the per-producer figures it adds to.
         self._peers = self.peers.live
@@ -243,8 +244,8 @@ class Scheduler:
             }
 
     # ------------------------------------------------------------ sending
-    def _send(self, identity: bytes, kind: str, fields: dict[str, Any] | None = None) -> None:
-        self._outbox.append((identity, kind, fields or {}))
+    def _send(self, identity: bytes, msg: wire.Body, version: int = wire.PROTOCOL_VERSION) -> None:
+        self._outbox.append((identity, msg, version))
 
     def take_outbox(self) -> list[Outgoing]:
         """The messages to send, in order; the outbox is empty afterwards."""
@@ -289,22 +290,26 @@ class Scheduler:
 
     def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
         now = self._now
-        tokens, references, ref_epoch, clips = self.tokens, self.references, batch.epoch, {}
+        tokens, references, ref_epoch = self.tokens, self.references, batch.epoch
+        texts = files = None
         if is_validation(batch) and self.validation is not None:
             held = self.validation
             tokens, references, ref_epoch = held.tokens, held.references, VALIDATION_REFERENCES
             named = {*batch.ids, *(references(ref_epoch, batch.ids) if references is not None else ())}
-            clips = {"texts": {i: held.texts[i] for i in named if i in held.texts},
-                     "files": {i: held.files[i] for i in named if i in held.files}}
+            texts = {i: held.texts[i] for i in named if i in held.texts}
+            files = {i: held.files[i] for i in named if i in held.files}
         lease = Lease(self._next_lease, batch, peer.identity, issued_t=now)
         self._next_lease += 1
         self._leases[lease.id] = lease
         peer.leases.add(lease.id)
-        self._send(peer.identity, wire.LEASE, {
-            "lease": lease.id, "epoch": batch.epoch, "index": batch.index,
-            "ids": list(batch.ids), "shape": list(batch.shape), "rows": batch.rows,
-            **(tokens.lease_fields(batch.ids) if tokens is not None else {"tokens": []}),
-            **({"refs": references(ref_epoch, batch.ids)} if references is not None else {}), **clips})
+        carried = tokens.lease_fields(batch.ids) if tokens is not None else {}
+        self._send(peer.identity, wire.Lease(
+            lease=lease.id, epoch=batch.epoch, index=batch.index, ids=tuple(batch.ids),
+            shape=(batch.shape[0], batch.shape[1]), rows=batch.rows,
+            tokens=tuple(tuple(row) for row in carried.get("tokens", ())),
+            speakers=tuple(carried.get("speakers", ())), languages=tuple(carried.get("languages", ())),
+            refs=tuple(references(ref_epoch, batch.ids)) if references is not None else None,
+            texts=texts, files=files))
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)
@@ -400,7 +405,7 @@ class Scheduler:
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
             if lease is not None and lease.identity in self._peers:
-                self._send(lease.identity, wire.REVOKE, {"lease": lease_id})
+                self._send(lease.identity, wire.Revoke(lease_id))
         self._release(lease_ids)
 
     def _holds_credits(self, peer: Peer) -> bool:
@@ -459,7 +464,7 @@ class Scheduler:
             held[lease.identity] += 1
             lease.state = "credited"
             lease.credited_t = now
-            self._send(lease.identity, wire.CREDIT, {"lease": lease.id})
+            self._send(lease.identity, wire.Credit(lease.id))
         return count
 
     def _window(self) -> set[tuple[int, int]]:
@@ -554,56 +559,40 @@ class Scheduler:
         log.log(logging.WARNING if first else logging.DEBUG, "dropped a message (%s) %s; further ones are "
                 "counted in summary.json", reason, detail)
 
-    @staticmethod
-    def _entries(value: list[Any]) -> list[tuple[Any, Any]] | None:
-        """``[{id, reason}]`` as pairs; None if any entry is not such a map."""
-        if not all(isinstance(r, dict) for r in value):
-            return None
-        return [(r.get("id"), r.get("reason", "")) for r in value]
-
-    def _check_batch(self, msg: wire.Message, lease: Lease) -> str | None:
+    def _check_batch(self, batch: wire.Batch, arrays: dict[str, Any], lease: Lease) -> str | None:
         """Why this BATCH does not match its lease, or None if it does."""
-        try:
-            wire.require(msg, ids=list, rejected=list)
-            if "missed" in msg.fields:
-                wire.require(msg, missed=list)
-        except wire.ProtocolError as exc:
-            return exc.reason
-        delivered = msg["ids"]
+        delivered = batch.ids
         # Fixed rows: the lease's rows, the empty ones marked; else only the clips delivered.
         rows = lease.batch.rows if self.planner.fixed_rows else len(delivered)
-        if self.schema.check(msg.arrays, batch_dims(rows, lease.batch.shape, self.cfg.features.n_mels,
-                                                    self.cfg.features.hop_length, self.cfg.batching.ref_frames)):
-            return "bad_batch"
-        rejected = self._entries(msg["rejected"])
-        missed = self._entries(msg.get("missed", []))
-        if rejected is None or missed is None:
-            return "bad_batch"
-        accounted = [*delivered, *(i for i, _ in rejected), *(i for i, _ in missed)]
-        if not all(isinstance(x, str) for x in accounted):
-            return "bad_batch"
+        problem = self.schema.check(arrays, batch_dims(rows, lease.batch.shape, self.cfg.features.n_mels,
+                                                       self.cfg.features.hop_length, self.cfg.batching.ref_frames))
+        if problem:
+            return problem
+        accounted = [*delivered, *(e.id for e in batch.rejected), *(e.id for e in batch.missed)]
         if len(accounted) != len(lease.batch.ids) or set(accounted) != set(lease.batch.ids):
-            return "bad_batch"
-        if self.schema.check_rows(msg.arrays, len(delivered)):
-            return "bad_batch"
-        return None
+            return "its clips are not the lease's"
+        return self.schema.check_rows(arrays, len(delivered)) or None
 
     def _on_batch(self, peer: Peer, msg: wire.Message, now: float) -> None:
         lease = self._credited_lease(peer, msg)
         if lease is None:
             return
-        problem = self._check_batch(msg, lease)
+        try:  # typed only now: a malformed batch of a credited lease is re-planned, not left to time out
+            batch = wire.Batch.from_header(msg.fields)
+            problem = self._check_batch(batch, msg.arrays, lease)
+        except wire.ProtocolError as exc:
+            problem = str(exc)
         if problem is not None:
-            self._count(problem, str(lease.id))
+            self._count("bad_batch", f"lease {lease.id}: {problem}")
             log.warning("batch of lease %d from %s does not match its plan (%s); re-planning it",
                         lease.id, peer.name, problem)
             self._release([lease.id])
             self._assign_all()
             self._grant()
             return
-        delivered = list(msg["ids"])
+        delivered = list(batch.ids)
         validation = is_validation(lease.batch)
-        if (delivered or (self.ordered and not validation)) and not self._enqueue(peer, msg, lease, delivered):
+        if (delivered or (self.ordered and not validation)) and not self._enqueue(peer, batch, msg.arrays, lease):
             return
         if validation:
             self._val_credits_out -= 1
@@ -611,22 +600,21 @@ class Scheduler:
             self._credits_out -= 1
         del self._leases[lease.id]
         peer.leases.discard(lease.id)
-        rejections = [Rejection(str(i), str(reason)[:300] or "rejected by producer", peer.name)
-                      for i, reason in self._entries(msg["rejected"]) or []]
-        missed = self._entries(msg.get("missed", [])) or []
-        self._tally(peer, msg, lease, len(delivered), len(rejections), len(missed))
+        rejections = [Rejection(e.id, e.reason[:300] or "rejected by producer", peer.name) for e in batch.rejected]
+        missed = [(e.id, e.reason) for e in batch.missed]
+        self._tally(peer, batch, lease, len(delivered), len(rejections), len(missed))
         for r in rejections:
             log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
         self._reject(lease.batch.epoch, rejections)
         if missed and self.ordered and not validation:  # no extra batch: every worker takes the same steps
-            peer.lacks.update(str(i) for i, _ in missed)
-            self._reject(lease.batch.epoch, [Rejection(str(i), f"audio file missing on host {peer.host} "
-                                                      f"({str(reason)[:200]})", peer.name) for i, reason in missed])
+            peer.lacks.update(i for i, _ in missed)
+            self._reject(lease.batch.epoch, [Rejection(i, f"audio file missing on host {peer.host} "
+                                                      f"({reason[:200]})", peer.name) for i, reason in missed])
         elif missed:
-            ids = [str(i) for i, _ in missed]
+            ids = [i for i, _ in missed]
             for sample_id, reason in missed:
                 log.warning("producer %s (host %s) does not have %s (%s); re-planning it onto another producer",
-                            peer.name, peer.host, sample_id, str(reason)[:300])
+                            peer.name, peer.host, sample_id, reason[:300])
             peer.lacks.update(ids)
             self._replan_missed(lease.batch, ids)
         # Every producer with a free slot, not only this one: one that lacks clips may have
@@ -639,7 +627,7 @@ class Scheduler:
 
     def _credited_lease(self, peer: Peer, msg: wire.Message) -> Lease | None:
         """The lease a BATCH is for, when it is this peer's and credited; else counted, None."""
-        lease_id = msg.get("lease")
+        lease_id = msg.fields.get("lease")
         valid_id = isinstance(lease_id, int) and not isinstance(lease_id, bool)
         lease = self._leases.get(lease_id) if valid_id else None
         if lease is None:
@@ -652,15 +640,15 @@ class Scheduler:
             return lease
         return None
 
-    def _enqueue(self, peer: Peer, msg: wire.Message, lease: Lease, delivered: list[str]) -> bool:
+    def _enqueue(self, peer: Peer, msg: wire.Batch, arrays: dict[str, Any], lease: Lease) -> bool:
         """The batch into the bounded queue (and its mel statistics counted); False if it was
         full, which credits make impossible: then it is re-planned, not lost."""
         batch = lease.batch
         validation = is_validation(batch)
         queue = self.validation.queue if validation and self.validation is not None else self.queue
-        frames = msg.arrays[FRAMES]
-        item = QueuedBatch(lease=lease.id, epoch=batch.epoch, index=batch.index, ids=delivered,
-                           arrays=msg.arrays, producer=peer.name, frames=int(frames.sum()),
+        frames = arrays[FRAMES]
+        item = QueuedBatch(lease=lease.id, epoch=batch.epoch, index=batch.index, ids=list(msg.ids),
+                           arrays=arrays, producer=peer.name, frames=int(frames.sum()),
                            frames_computed=int(frames.shape[0] * batch.shape[1]))
         try:
             queue.put(item)
@@ -669,22 +657,16 @@ class Scheduler:
             self._count("queue_full")
             self._release([lease.id])
             return False
-        stats = None if validation else MelStats.from_fields(msg.get("mel_stats"), self.cfg.features.n_mels)
+        stats = None if validation else MelStats.from_fields(msg.mel_stats, self.cfg.features.n_mels)
         if stats is not None:
             with self._lock:
                 self.mel_stats.add(stats)
         return True
 
-    def _tally(self, peer: Peer, msg: wire.Message, lease: Lease, delivered: int, rejected: int,
+    def _tally(self, peer: Peer, msg: wire.Batch, lease: Lease, delivered: int, rejected: int,
                missed: int) -> None:
         """The delivering producer's figures for summary.json."""
-        prep_ms = msg.get("prep_ms")
-        cache = msg.get("cache")
-        cache = cache if isinstance(cache, dict) else {}
-
-        def count(key: str) -> int:
-            value = cache.get(key, 0)
-            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+        cache = msg.cache or {}
 
         with self._lock:
             stats = self.producers[peer.name]
@@ -693,31 +675,25 @@ class Scheduler:
             stats.rejected += rejected
             stats.misses += missed
             self.missed += missed
-            if isinstance(prep_ms, (int, float)) and not isinstance(prep_ms, bool):
-                stats.prep_ms_total += float(prep_ms)
+            if msg.prep_ms is not None:
+                stats.prep_ms_total += msg.prep_ms
             # Time the prepared batch waited for its credit: high when the trainer is the limit.
             stats.credit_wait_ms_total += max(0.0, lease.credited_t - lease.ready_t) * 1e3
-            stats.cache_hits += count("hits")
-            stats.cache_computed += count("computed")
-            stats.cache_stale += count("stale")
-            stats.cache_corrupt += count("corrupt")
+            stats.cache_hits += cache.get("hits", 0)
+            stats.cache_computed += cache.get("computed", 0)
+            stats.cache_stale += cache.get("stale", 0)
+            stats.cache_corrupt += cache.get("corrupt", 0)
 
-    def _welcome_fields(self, peer: Peer) -> dict[str, Any]:
-        return {
-            "producer_index": peer.index,
-            "producer_name": peer.name,
-            "features": dataclasses.asdict(self.cfg.features),
-            "fields": batch_fields(self.cfg), "fixed_rows": self.planner.fixed_rows,
-            "ref_frames": self.cfg.batching.ref_frames,
-            "transforms": dataclasses.asdict(self.cfg.transforms), "transform_versions": self.transform_versions,
-            "mel_norm": self.mel_norm,
-            "metadata_file": self.cfg.data.metadata_file,
-            "metadata_sha256": self.metadata_sha256,
-            "feature_cache": self.cfg.data.feature_cache,
-            "heartbeat_interval_s": self.cfg.pipeline.heartbeat_interval_s,
-            "heartbeat_timeout_s": self.cfg.pipeline.heartbeat_timeout_s,
-            "faults": dataclasses.asdict(self.cfg.faults),
-        }
+    def _welcome(self, peer: Peer) -> wire.Welcome:
+        return wire.Welcome(
+            producer_index=peer.index, producer_name=peer.name,
+            config=wire.ProducerConfig(self.cfg.features, self.cfg.transforms, self.cfg.faults),
+            fields=batch_fields(self.cfg), fixed_rows=self.planner.fixed_rows,
+            ref_frames=self.cfg.batching.ref_frames, transform_versions=self.transform_versions,
+            metadata_file=self.cfg.data.metadata_file, metadata_sha256=self.metadata_sha256,
+            feature_cache=self.cfg.data.feature_cache,
+            heartbeat_interval_s=self.cfg.pipeline.heartbeat_interval_s,
+            heartbeat_timeout_s=self.cfg.pipeline.heartbeat_timeout_s, mel_norm=self.mel_norm)
 
     # ------------------------------------------------------------ validation passes
     def start_validation(self, number: int, now: float) -> None:
@@ -769,13 +745,18 @@ class Scheduler:
         peer = self.peers.heard(identity, now, fd)
         try:
             msg = wire.decode(frames, max_bytes=self._max_bytes)
+        except wire.OtherVersion as exc:
+            self._count(exc.reason, exc.detail)
+            if exc.kind == wire.HELLO:  # a producer of another version: refused, in its own
+                self.peers.other_version(identity, exc)
+            return
         except wire.ProtocolError as exc:
             self._count(exc.reason, exc.detail)
             return
         try:
             if msg.kind == wire.HELLO:
                 self.peers.saying_hello(identity, fd)
-                joined = self.peers.hello(identity, msg, now, fd)
+                joined = self.peers.hello(identity, wire.Hello.from_header(msg.fields), now, fd)
                 if joined is not None:
                     self._assign(joined)
                 return
@@ -784,27 +765,28 @@ class Scheduler:
                 if msg.kind in (wire.HEARTBEAT, wire.READY, wire.BATCH):
                     self.peers.nudge(identity, now)
                 return
-            if msg.kind == wire.BATCH:
+            if msg.kind == wire.BATCH:  # typed in _on_batch, once its lease is known
                 self._on_batch(peer, msg, now)
-            elif msg.kind == wire.READY:
-                wire.require(msg, lease=int)
-                lease = self._leases.get(msg["lease"])
+                return
+            body = wire.parse(msg)
+            if isinstance(body, wire.Ready):
+                lease = self._leases.get(body.lease)
                 if lease is None or lease.identity != identity or lease.state != "working":
                     self._count("unknown_lease", "ready")
                     return
                 lease.state = "ready"
                 lease.ready_t = now
                 self._grant()
-            elif msg.kind == wire.HEARTBEAT:
-                self.peers.heartbeat(peer, msg, now)
-            elif msg.kind == wire.ERROR:
-                text = f"{msg.get('type')}: {msg.get('message')} (in {msg.get('where')})"[:1000]
+            elif isinstance(body, wire.Heartbeat):
+                self.peers.heartbeat(peer, body, now)
+            elif isinstance(body, wire.Error):
+                text = f"{body.type}: {body.message} (in {body.where})"[:1000]
                 log.error("producer %s reported %s", peer.name, text)
                 with self._lock:
                     self.producers[peer.name].last_error = text
-                if msg.get("fatal"):
+                if body.fatal:
                     self.peers.left(peer, "crashed")
-            elif msg.kind == wire.BYE:
+            elif isinstance(body, wire.Bye):
                 log.info("producer %s left, returning %d leases", peer.name, len(peer.leases))
                 self.peers.left(peer, "left")
             else:
@@ -835,14 +817,14 @@ class Scheduler:
         self._now = now
         if now - self._last_beat >= self.cfg.pipeline.heartbeat_interval_s:
             for identity in list(self._peers):
-                self._send(identity, wire.HEARTBEAT, {})
+                self._send(identity, wire.Heartbeat())
             self._last_beat = now
         self._housekeeping(now)
 
     def stop(self) -> list[bytes]:
         """The run is over: STOP to every producer; the identities that will answer on a connection."""
         for identity in self._peers:
-            self._send(identity, wire.STOP, {"reason": "run over"})
+            self._send(identity, wire.Stop("run over"))
         self.peers.stopped()
         return self.peers.on_connections()
 

@@ -1,9 +1,10 @@
-"""A producer's batches: a lease (planned sample ids and the bucket's shape) in, the
-bucket's arrays and the BATCH fields out. It reads each clip (producer/audio.py), runs the
-transforms (producer/transforms.py), computes the log-mels for the batch at once
-(producer/features.py, or the feature cache), and collates by the batch schema
-(shared/batch.py). It never sees a socket: producer/worker.py is its transport, and the
-trainer's validation (consumer/validation.py) makes its held-out batches with it too.
+"""A producer's batches: a lease (shared/wire.py's Lease: planned sample ids and the bucket's
+shape) in, the bucket's arrays and the BATCH message out. It reads each clip
+(producer/audio.py), runs the transforms (producer/transforms.py), computes the log-mels
+for the batch at once (producer/features.py, or the feature cache), and collates by the
+batch schema (shared/batch.py). It never sees a socket: producer/worker.py is its
+transport, and the trainer's validation (consumer/validation.py) makes its held-out
+batches with it too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import socket as pysocket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from stoker.producer.audio import AudioError, AudioMissing, load_audio
 from stoker.producer.feature_cache import CacheCounts, FeatureCache
 from stoker.producer.features import MelComputer, UserMelError
 from stoker.producer.transforms import Chain, TransformError
+from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
@@ -34,13 +35,10 @@ log = logging.getLogger("producer")
 
 @dataclass(frozen=True)
 class Prepared:
-    """A prepared batch: the BATCH message's fields and its arrays (shared/batch.py)."""
+    """A prepared batch: the BATCH message and its arrays (shared/batch.py)."""
 
-    fields: dict[str, Any]
+    batch: wire.Batch
     arrays: dict[str, np.ndarray]
-
-    def __getitem__(self, key: str) -> Any:  # as wire.Message: the fields by name
-        return self.fields[key]
 
 
 @dataclass
@@ -139,22 +137,22 @@ class BatchMaker:
         start = max(0, (len(mel) - self.ref_frames) // 2)
         return mel[start:start + self.ref_frames]
 
-    def make(self, lease: dict[str, Any]) -> Prepared:
-        """The batch of one lease: its arrays (shared/batch.py) and the BATCH fields (the clips
+    def make(self, lease: wire.Lease) -> Prepared:
+        """The batch of one lease: its arrays (shared/batch.py) and the BATCH message (the clips
         delivered, rejected and missed, and cache counts). The transport encodes it.
 
         A clip whose file (or whose reference clip's file) is not on this host is *missed*;
         one that cannot be used is *rejected*, with the reason."""
         started = time.perf_counter()
         # A validation pass's clips may be of another metadata file (data.eval_file): the lease names them.
-        self.texts.update(lease.get("texts") or {})
-        self.files.update(lease.get("files") or {})
+        self.texts.update(lease.texts or {})
+        self.files.update(lease.files or {})
         before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
         rows: list[tuple[np.ndarray, _Clip, _Clip | None]] = []  # (tokens, clip, its reference clip)
-        rejected: list[dict[str, str]] = []
-        missed: list[dict[str, str]] = []
-        extra = {i: (s, g) for i, s, g in zip(lease["ids"], lease.get("speakers", []), lease.get("languages", []))}
-        for n, sample_id in enumerate(lease["ids"]):
+        rejected: list[wire.Entry] = []
+        missed: list[wire.Entry] = []
+        extra = {i: (s, g) for i, s, g in zip(lease.ids, lease.speakers, lease.languages)}
+        for n, sample_id in enumerate(lease.ids):
             row = self._row(lease, n, sample_id, extra, rejected, missed)
             if row is not None:
                 rows.append(row)
@@ -162,32 +160,32 @@ class BatchMaker:
         rows = [row for row in rows if self._made(row, rejected) and self._fits(lease, row, rejected)]
         arrays, stats = self._arrays(lease, rows, extra)
         prep_ms = (time.perf_counter() - started) * 1e3
-        fields = {"lease": lease["lease"], "epoch": lease["epoch"], "index": lease["index"],
-                  "ids": [clip.id for _, clip, _ in rows], "rejected": rejected, "missed": missed,
-                  "prep_ms": round(prep_ms, 3), "mel_stats": stats.to_fields()}
+        cache = None
         if self.cache is not None and before is not None:
             delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
-            fields["cache"] = {**delta.to_json(), "computed": computed}
-        return Prepared(fields, arrays)
+            cache = {**delta.to_json(), "computed": computed}
+        batch = wire.Batch(lease=lease.lease, epoch=lease.epoch, index=lease.index,
+                           ids=tuple(clip.id for _, clip, _ in rows), rejected=tuple(rejected), missed=tuple(missed),
+                           prep_ms=round(prep_ms, 3), mel_stats=stats.to_fields(), cache=cache)
+        return Prepared(batch, arrays)
 
-    def _row(self, lease: dict[str, Any], n: int, sample_id: str, extra: dict[str, tuple[Any, Any]],
-             rejected: list[dict[str, str]], missed: list[dict[str, str]]
-             ) -> tuple[np.ndarray, _Clip, _Clip | None] | None:
+    def _row(self, lease: wire.Lease, n: int, sample_id: str, extra: dict[str, tuple[int, int]],
+             rejected: list[wire.Entry], missed: list[wire.Entry]) -> tuple[np.ndarray, _Clip, _Clip | None] | None:
         """Clip ``n`` of the lease, read and transformed (its log-mel comes later, for the whole
         batch at once); None when it is missed or rejected (noted in those lists, with why)."""
         names = self.schema.names
-        token_rows, refs = lease["tokens"], lease.get("refs") or []
+        token_rows, refs = lease.tokens, lease.refs or ()
         if sample_id not in self.texts:
-            missed.append({"id": sample_id, "reason": f"id not in the metadata on host {self.host}"})
+            missed.append(wire.Entry(sample_id, f"id not in the metadata on host {self.host}"))
             return None
         if n >= len(token_rows) or not token_rows[n]:
-            rejected.append({"id": sample_id, "reason": "the lease carries no token ids for this clip"})
+            rejected.append(wire.Entry(sample_id, "the lease carries no token ids for this clip"))
             return None
         if "ref_mel" in names and n >= len(refs):
-            rejected.append({"id": sample_id, "reason": "the lease names no reference clip for this clip"})
+            rejected.append(wire.Entry(sample_id, "the lease names no reference clip for this clip"))
             return None
         what = ""
-        speaker, language = (int(v) for v in extra.get(sample_id, (0, 0)))
+        speaker, language = extra.get(sample_id, (0, 0))
         tok = np.asarray(token_rows[n], dtype=np.int32)
         try:
             clip = self._load(sample_id, "audio" in names, speaker, language)
@@ -196,51 +194,50 @@ class BatchMaker:
             what = f"reference clip {refs[n]}: " if "ref_mel" in names else what
             ref = self._load(refs[n], False, speaker, language) if "ref_mel" in names else None
         except AudioMissing as exc:
-            missed.append({"id": sample_id, "reason": f"{what}{exc} on host {self.host}"})
+            missed.append(wire.Entry(sample_id, f"{what}{exc} on host {self.host}"))
             return None
         except (AudioError, TransformError) as exc:
-            rejected.append({"id": sample_id, "reason": f"{what}{exc}"})
+            rejected.append(wire.Entry(sample_id, f"{what}{exc}"))
             return None
         return tok, clip, ref
 
     @staticmethod
-    def _made(row: tuple[np.ndarray, _Clip, _Clip | None], rejected: list[dict[str, str]]) -> bool:
+    def _made(row: tuple[np.ndarray, _Clip, _Clip | None], rejected: list[wire.Entry]) -> bool:
         """Whether the mels of a row's clip and reference were made; else it is rejected, with why."""
         _, clip, ref = row
         reason = clip.rejection or (f"reference clip {ref.id}: {ref.rejection}" if ref and ref.rejection else "")
         if reason:
             log.debug("clip %s rejected: %s", clip.id, reason)
-            rejected.append({"id": clip.id, "reason": reason})
+            rejected.append(wire.Entry(clip.id, reason))
         return not reason
 
     @staticmethod
-    def _fits(lease: dict[str, Any], row: tuple[np.ndarray, _Clip, _Clip | None],
-              rejected: list[dict[str, str]]) -> bool:
+    def _fits(lease: wire.Lease, row: tuple[np.ndarray, _Clip, _Clip | None], rejected: list[wire.Entry]) -> bool:
         """Whether a row's tokens and (transformed) mel fit the lease's bucket; else it is
         rejected: the clip changed since the index measured it."""
-        max_tokens, max_frames = lease["shape"]
+        max_tokens, max_frames = lease.shape
         tok, clip, _ = row
         frames = clip.mel.shape[0]
         if len(tok) <= max_tokens and frames <= max_frames:
             return True
-        rejected.append({"id": clip.id, "reason": f"clip changed since indexing ({len(tok)} tokens, "
-                                                  f"{frames} frames > bucket {max_tokens}x{max_frames})"})
+        rejected.append(wire.Entry(clip.id, f"clip changed since indexing ({len(tok)} tokens, "
+                                            f"{frames} frames > bucket {max_tokens}x{max_frames})"))
         return False
 
-    def _arrays(self, lease: dict[str, Any], rows: list[tuple[np.ndarray, _Clip, _Clip | None]],
-                extra: dict[str, tuple[Any, Any]]) -> tuple[dict[str, np.ndarray], MelStats]:
+    def _arrays(self, lease: wire.Lease, rows: list[tuple[np.ndarray, _Clip, _Clip | None]],
+                extra: dict[str, tuple[int, int]]) -> tuple[dict[str, np.ndarray], MelStats]:
         """The lease's rows collated into its bucket's arrays (mel normalised when the run does),
         and the channel statistics of the mel as defined (before normalising)."""
         names = self.schema.names
         examples = []
         for tok, clip, ref in rows:
             speaker, language = extra.get(clip.id, (0, 0))
-            examples.append(example(tok, clip.mel, self.schema, int(speaker), int(language),
+            examples.append(example(tok, clip.mel, self.schema, speaker, language,
                                     audio=clip.audio if "audio" in names else None,
                                     ref_mel=self._reference(ref.mel) if ref is not None else None,
                                     declared=clip.fields))
         self._inject_faults()
-        dims = batch_dims(int(lease["rows"]) if self.fixed_rows else len(examples), lease["shape"],
+        dims = batch_dims(lease.rows if self.fixed_rows else len(examples), lease.shape,
                           self.features.n_mels, self.features.hop_length, self.ref_frames)
         arrays = collate(examples, dims, self._pads, self.schema)
         stats = MelStats.of_batch(arrays["mel"], arrays["mel_lengths"])  # of the mel as defined, for mel_norm

@@ -10,10 +10,12 @@ Two threads:
                   the lowest (epoch, index) first, so re-planned work goes before new work.
 
 Joining: before its HELLO the producer scans its dataset (shared/dataset/agreement.py: metadata
-and audio file sizes) and describes it; a trainer whose dataset differs answers REFUSE
-with the reason, which the producer logs and exits with status 2. With ``--keys`` the
-socket is a CURVE client; a trainer that rejects the key (or speaks no CURVE) fails the
-handshake, which the producer sees on its socket monitor and reports the same way.
+and audio file sizes) and describes it, beside its config schema (shared/wire.py); a trainer
+whose dataset differs, or that speaks another protocol version or sends config keys this
+producer lacks, answers REFUSE with the reason, which the producer logs and exits with
+status 2. With ``--keys`` the socket is a CURVE client; a trainer that rejects the key (or
+speaks no CURVE) fails the handshake, which the producer sees on its socket monitor and
+reports the same way.
 
 A producer keeps up to ``lease_ahead`` batches leased; prepared ones wait for their
 credit, so a credit is answered at once. A clip whose file is not on this host is
@@ -60,7 +62,7 @@ from zmq.utils.monitor import recv_monitor_message
 from stoker.producer.transforms import TransformSetupError, load_user
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
-from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, PipelineConfig, TransformsConfig
+from stoker.shared.config import PipelineConfig
 from stoker.shared.dataset import DatasetScan, locate, scan_dataset
 from stoker.producer.batches import BatchMaker
 from stoker.shared.errors import UserError
@@ -116,7 +118,8 @@ class Producer:
     def __init__(self, endpoint: str, data_root: Path, name: str, stop: threading.Event,
                  parent_pid: int | None = None, memory_mb: int | None = None,
                  status: StatusWriter | None = None, context: zmq.Context | None = None,
-                 keys: ClientKeys | None = None, metadata_file: str = "metadata.csv") -> None:
+                 keys: ClientKeys | None = None, metadata_file: str = "metadata.csv",
+                 config_schema: wire.ConfigSchema | None = None) -> None:
         self.endpoint = endpoint
         self.root = data_root
         self.name = name
@@ -127,6 +130,7 @@ class Producer:
         self.ctx = context or zmq.Context.instance()
         self.keys = keys
         self.metadata_file = metadata_file
+        self.config_schema = config_schema or wire.ConfigSchema.local()  # the config keys it takes (HELLO)
         self.identity = f"{name}-{uuid.uuid4().hex[:8]}".encode()
         self.host = pysocket.gethostname()
         self._wake_addr = f"inproc://producer-wake-{uuid.uuid4().hex}"
@@ -138,7 +142,7 @@ class Producer:
         self._credited: set[int] = set()  # credits that arrived before their batch was ready
         self._generation = 0  # bumps on reconnect; work of an older generation is dropped
         self._failure: BaseException | None = None
-        self._welcome: dict[str, Any] | None = None
+        self._welcome: wire.Welcome | None = None
         self._welcomed = threading.Event()
         self._scan: DatasetScan | None = None
         self._scanned: set[tuple[str, str]] = set()  # (metadata file, data.columns) read so far
@@ -165,17 +169,17 @@ class Producer:
                     *_, generation, lease = self._work.get(timeout=WORK_POLL_S)
                 except queue.Empty:
                     continue
-                if generation != self._generation or lease["lease"] not in self._held:
+                if generation != self._generation or lease.lease not in self._held:
                     continue  # dropped on reconnect, or revoked while waiting
                 if maker is None:
                     maker = self._make_maker()
                 prepared = maker.make(lease)
-                frames = wire.encode(wire.BATCH, prepared.fields, prepared.arrays)
+                frames = prepared.batch.encode(prepared.arrays)
                 if generation != self._generation:
                     continue
                 with self._ready_lock:
-                    self._ready[lease["lease"]] = frames
-                wake.send(str(lease["lease"]).encode())
+                    self._ready[lease.lease] = frames
+                wake.send(str(lease.lease).encode())
         except BaseException as exc:  # reported by the io thread as an ERROR message
             self._failure = exc
             log.exception("producer %s failed while preparing a batch", self.name)
@@ -184,25 +188,24 @@ class Producer:
             wake.close()
 
     def _make_maker(self) -> BatchMaker:
-        welcome = self._welcome or {}
-        features = FeaturesConfig(**welcome["features"])
+        welcome = self._welcome
+        assert welcome is not None  # leases come after the WELCOME
+        features = welcome.config.features
         device = None
         if features.backend == "tf":
             _, device = configure_tensorflow(self.memory_mb)
-        cache_dir = str(welcome.get("feature_cache") or "")
+        cache_dir = welcome.feature_cache
         log.info("%s computing log-mels with %s on %s%s", self.name, features.backend, device or "CPU",
                  f"; feature cache {cache_dir}" if cache_dir else "")
-        faults = FaultsConfig(**welcome.get("faults", {}))
         texts = {e.id: e.text for e in self._scan.entries} if self._scan else {}
         files = dict(self._scan.files) if self._scan else {}
-        transforms = TransformsConfig(**welcome.get("transforms", {}))
-        schema = schema_for(str(welcome.get("fields") or ""), transforms.fields)
-        ref_frames = int(welcome.get("ref_frames") or BatchingConfig.ref_frames)
-        mel_norm = load(welcome["mel_norm"], features.n_mels) if welcome.get("mel_norm") else None
+        transforms = welcome.config.transforms
+        schema = schema_for(welcome.fields, transforms.fields)
+        mel_norm = load(welcome.mel_norm, features.n_mels) if welcome.mel_norm else None
         return BatchMaker(self.root, texts, features, device, self.name, self.host,
-                          files=files, feature_cache=cache_dir, faults=faults, schema=schema,
-                          ref_frames=ref_frames, transforms=transforms, mel_norm=mel_norm,
-                          fixed_rows=bool(welcome.get("fixed_rows")))
+                          files=files, feature_cache=cache_dir, faults=welcome.config.faults, schema=schema,
+                          ref_frames=welcome.ref_frames, transforms=transforms, mel_norm=mel_norm,
+                          fixed_rows=welcome.fixed_rows)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:
@@ -245,19 +248,19 @@ class Producer:
             self._monitor = None
         sock.close(linger=linger_ms)
 
-    def _send(self, sock: zmq.Socket, kind: str, fields: dict[str, Any] | None = None) -> bool:
+    def _send(self, sock: zmq.Socket, msg: wire.Body) -> bool:
         try:
-            sock.send_multipart(wire.encode(kind, fields), flags=zmq.NOBLOCK)
+            sock.send_multipart(msg.encode(), flags=zmq.NOBLOCK)
             return True
         except zmq.Again:  # not connected (IMMEDIATE) or the link is full: the caller retries
-            log.debug("could not send %s: consumer not reachable", kind)
+            log.debug("could not send %s: consumer not reachable", msg.KIND)
             return False
 
     def _hello(self, sock: zmq.Socket) -> bool:
         assert self._scan is not None
-        sent = self._send(sock, wire.HELLO, {"producer": self.name, "host": self.host, "pid": os.getpid(),
-                                             "launcher": os.getppid(), "session": self._session,
-                                             "dataset": self._scan.describe()})
+        sent = self._send(sock, wire.Hello(producer=self.name, host=self.host, pid=os.getpid(),
+                                           config=self.config_schema, launcher=os.getppid(),
+                                           session=self._session, dataset=self._scan.describe()))
         if sent:
             self._last_hello = time.monotonic()
         return sent
@@ -297,12 +300,12 @@ class Producer:
         with self._ready_lock:
             self._ready.pop(lease_id, None)
 
-    def _check_transforms(self, welcome: wire.Message) -> None:
+    def _check_transforms(self, welcome: wire.Welcome) -> None:
         """The user transforms (and mel function, features.user) the trainer runs must run here,
         in the same version; Refused (one line, exit status 2) when one is missing or differs."""
-        transforms = TransformsConfig(**(welcome.get("transforms") or {}))
-        user_mel = FeaturesConfig(**(welcome.get("features") or {})).user
-        theirs = welcome.get("transform_versions") or {}
+        transforms = welcome.config.transforms
+        user_mel = welcome.config.features.user
+        theirs = welcome.transform_versions
         try:
             mine = {spec: version for spec, _, version in load_user(transforms.user)}
             if user_mel:
@@ -314,49 +317,46 @@ class Producer:
                 raise Refused(f"transform {spec} is version {version} on host {self.host} and {theirs.get(spec)} on "
                               f"the trainer: every host must run the same transform code")
 
-    def _handle(self, sock: zmq.Socket, msg: wire.Message, now: float) -> bool:
+    def _handle(self, sock: zmq.Socket, msg: wire.Body, now: float) -> bool:
         """Act on one consumer message; return False when the producer must stop."""
-        if msg.kind == wire.WELCOME:
+        if isinstance(msg, wire.Welcome):
             first = self._welcome is None
             if first:
                 self._check_transforms(msg)
-            self._welcome = msg.fields
-            consumer_sha256 = msg.get("metadata_sha256")
-            if (first and self._scan is not None and isinstance(consumer_sha256, str) and consumer_sha256
+            self._welcome = msg
+            consumer_sha256 = msg.metadata_sha256
+            if (first and self._scan is not None and consumer_sha256
                     and self._scan.metadata_sha256 and consumer_sha256 != self._scan.metadata_sha256):
                 # agreement compares what counts (ids and texts); other bytes may differ
                 log.info("%s: %s on this host is not byte for byte the trainer's (same ids and texts)",
                          self.name, self.root / self._scan.metadata_file)
             self._welcomed.set()
-            log.info("%s joined %s as producer %s (%s)", self.name, self.endpoint, msg.get("producer_name", self.name),
-                     msg.get("producer_index"))
-        elif msg.kind == wire.LEASE:
-            wire.require(msg, lease=int, epoch=int, index=int, ids=list, shape=list, tokens=list)
+            log.info("%s joined %s as producer %s (%s)", self.name, self.endpoint, msg.producer_name,
+                     msg.producer_index)
+        elif isinstance(msg, wire.Lease):
             if not self._first_lease_logged:
                 self._first_lease_logged = True
                 log.info("%s: first lease %.2f s after connecting", self.name, now - self._connected_t)
-            self._held.add(msg["lease"])
-            self._work.put((msg["epoch"], msg["index"], next(self._order), self._generation, msg.fields))
-        elif msg.kind == wire.CREDIT:
-            wire.require(msg, lease=int)
-            if msg["lease"] in self._held:
-                self._send_batch(sock, msg["lease"])
-        elif msg.kind == wire.REVOKE:
-            wire.require(msg, lease=int)
-            self._forget(msg["lease"])
-        elif msg.kind == wire.HEARTBEAT:
-            pong = msg.get("pong")
-            if isinstance(pong, (int, float)) and not isinstance(pong, bool) and 0 <= now - pong <= wire.MAX_RTT_S:
+            self._held.add(msg.lease)
+            self._work.put((msg.epoch, msg.index, next(self._order), self._generation, msg))
+        elif isinstance(msg, wire.Credit):
+            if msg.lease in self._held:
+                self._send_batch(sock, msg.lease)
+        elif isinstance(msg, wire.Revoke):
+            self._forget(msg.lease)
+        elif isinstance(msg, wire.Heartbeat):
+            pong = msg.pong
+            if pong is not None and 0 <= now - pong <= wire.MAX_RTT_S:
                 self.rtt_ms = round((now - pong) * 1e3, 3)
-        elif msg.kind == wire.STOP:
-            log.info("%s: consumer says stop (%s)", self.name, msg.get("reason", ""))
-            self._send(sock, wire.BYE, {"leases": sorted(self._held)})  # the consumer waits for this
+        elif isinstance(msg, wire.Stop):
+            log.info("%s: consumer says stop (%s)", self.name, msg.reason)
+            self._send(sock, wire.Bye(tuple(sorted(self._held))))  # the consumer waits for this
             return False
-        elif msg.kind == wire.REFUSE:
-            reason = str(msg.get("reason", "refused"))[:1000]
-            wanted = msg.get("metadata_file")
-            columns = msg.get("columns") if isinstance(msg.get("columns"), str) else COLUMNS_AUTO
-            if msg.get("rejoin") is True:
+        elif isinstance(msg, wire.Refuse):
+            reason = msg.reason[:1000]
+            wanted = msg.metadata_file
+            columns = msg.columns if msg.columns is not None else COLUMNS_AUTO
+            if msg.rejoin:
                 if now - self._last_hello < HELLO_RETRY_S:
                     return True  # answers a message sent before our latest HELLO
                 if self._welcomed.is_set():
@@ -364,7 +364,7 @@ class Producer:
                     self._reset_work()
                     self._welcomed.clear()
                 self._hello(sock)
-            elif isinstance(wanted, str) and (wanted, columns) not in self._scanned and "/" not in wanted:
+            elif wanted is not None and (wanted, columns) not in self._scanned and "/" not in wanted:
                 log.info("%s: the trainer reads %s (columns %r); scanning that instead", self.name, wanted, columns)
                 try:
                     self._rescan(wanted, columns)
@@ -459,7 +459,7 @@ class Producer:
             else:
                 if self._held:
                     log.info("%s: leaving, returning %d leases", self.name, len(self._held))
-                self._send(link.sock, wire.BYE, {"leases": sorted(self._held)})
+                self._send(link.sock, wire.Bye(tuple(sorted(self._held))))
             return EXIT_OK
         except Refused as exc:
             return self._refused(exc)
@@ -484,14 +484,14 @@ class Producer:
         """The compute thread finished a lease (or failed: False, after a fatal ERROR is sent)."""
         if token == b"failed":
             exc = self._failure or RuntimeError("compute thread failed")
-            self._send(sock, wire.ERROR, {**wire.error_fields(exc, self.name), "fatal": True})
+            self._send(sock, wire.Error.of(exc, self.name, fatal=True))
             return False
         lease_id = int(token)
         if lease_id in self._credited:
             self._credited.discard(lease_id)
             self._send_batch(sock, lease_id)
         elif lease_id in self._held:
-            self._send(sock, wire.READY, {"lease": lease_id})
+            self._send(sock, wire.Ready(lease_id))
         else:  # revoked while it was being prepared
             self._forget(lease_id)
         return True
@@ -515,19 +515,44 @@ class Producer:
                 frames = link.sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 break
-            try:
-                msg = wire.decode(frames)
-            except wire.ProtocolError as exc:
-                log.warning("dropped a malformed message from the consumer: %s", exc)
+            msg = self._read(frames)
+            if msg is None:
                 continue
             link.last_heard = now
             link.backoff = RECONNECT_MIN_S
-            if msg.kind == wire.WELCOME:
-                link.interval = float(msg.get("heartbeat_interval_s", link.interval))
-                link.timeout = float(msg.get("heartbeat_timeout_s", link.timeout))
+            if isinstance(msg, wire.Welcome):
+                link.interval = msg.heartbeat_interval_s
+                link.timeout = msg.heartbeat_timeout_s
             if not self._handle(link.sock, msg, now):
                 return False
         return True
+
+    def _read(self, frames: list[Any]) -> wire.Body | None:
+        """One consumer message, typed; None (logged) when malformed. Refused (one line) for a
+        REFUSE of another protocol version (every version reads its reason) and for a first
+        WELCOME this producer cannot read (its config keys or version differ: another stoker
+        version), which saying HELLO again would not change."""
+        try:
+            msg = wire.decode(frames)
+        except wire.OtherVersion as exc:
+            reason = exc.reason_refused()
+            if reason is None:
+                log.warning("dropped a message of protocol version %d from the consumer (this producer speaks %d)",
+                            exc.version, wire.PROTOCOL_VERSION)
+                return None
+            raise Refused(f"the trainer at {self.endpoint} (protocol version {exc.version}, this producer "
+                          f"{wire.PROTOCOL_VERSION}) refused this producer: {reason}") from None
+        except wire.ProtocolError as exc:
+            log.warning("dropped a malformed message from the consumer: %s", exc)
+            return None
+        try:
+            return wire.parse(msg)
+        except wire.ProtocolError as exc:
+            if msg.kind == wire.WELCOME and self._welcome is None:
+                raise Refused(f"the trainer at {self.endpoint} sent a WELCOME this producer cannot take ({exc}): "
+                              f"run the trainer's stoker version on host {self.host}") from None
+            log.warning("dropped a malformed message from the consumer: %s", exc)
+            return None
 
     def _keep_alive(self, link: "_Link", now: float) -> bool:
         """Heartbeats once welcomed; HELLO again until then; reconnect when the consumer has
@@ -535,8 +560,8 @@ class Producer:
         if self._welcomed.is_set() and now - link.last_beat >= link.interval:
             with self._ready_lock:
                 ready = len(self._ready)
-            self._send(link.sock, wire.HEARTBEAT, {"ready": ready, "working": len(self._held) - ready,
-                                                   "ping": now, "rtt_ms": self.rtt_ms})
+            self._send(link.sock, wire.Heartbeat(ready=ready, working=len(self._held) - ready, ping=now,
+                                                 rtt_ms=self.rtt_ms))
             link.last_beat = now
         if not self._welcomed.is_set():
             if not link.hello_sent or now - self._last_hello >= HELLO_RETRY_S:

@@ -304,6 +304,17 @@ def _check_value(where: str, value: Any, annotation: Any) -> Any:
     raise ConfigError(f"{where}: unsupported type {annotation!r}")  # schema bug
 
 
+def section_from(name: str, given: Mapping[str, Any]) -> Any:
+    """Config section ``name`` from some of its keys (the others: defaults), each checked for its
+    type; ConfigError for a key the section lacks or a value of the wrong type. No cross-field
+    rules: for a section another process checked (a producer's, from the trainer's WELCOME)."""
+    hints = _section_types(SECTIONS[name])
+    unknown = sorted(set(given) - set(hints))
+    if unknown:
+        raise ConfigError(f"unknown config key '{name}.{unknown[0]}'")
+    return SECTIONS[name](**{k: _check_value(f"{name}.{k}", v, hints[k]) for k, v in given.items()})
+
+
 def _validate(cfg: Config) -> None:
     """Cross-field rules that types alone cannot express; ConfigError names the first broken one."""
     f, b, p, t = cfg.features, cfg.batching, cfg.pipeline, cfg.trainer

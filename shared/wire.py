@@ -8,55 +8,79 @@ One message is a list of ZeroMQ frames, as in pyzmq's ``examples/serialization``
 ``"a"`` is a list of ``[name, dtype, shape]`` triples. A receiver trusts nothing: the
 header must be a msgpack map within :data:`MAX_HEADER_BYTES`, name this protocol
 version and a known kind, list only allowed dtypes, and every array's declared size
-must equal its frame's length. Anything else raises :class:`ProtocolError` with a
-short reason that the consumer counts (``rejected_messages`` in summary.json) before
-dropping the message. Nothing is ever unpickled.
+must equal its frame's length (:func:`decode`); then its fields must be those of its
+kind's message class, each of its type (:func:`parse`). Anything else raises
+:class:`ProtocolError` with a short reason that the consumer counts
+(``rejected_messages`` in summary.json) before dropping the message. Nothing is ever
+unpickled.
 
-Message kinds and their fields (P = producer, C = consumer):
+Each kind is a frozen dataclass below (:data:`MESSAGES`): senders build one and send
+``msg.encode(arrays)``; receivers ``read(frames)`` (:func:`decode`, then :func:`parse`).
+A field with a default may be absent (and a None one is left out of the header); a
+sequence arrives as a tuple. The table (``[field]``: optional; tests/shared/test_wire.py
+checks it against the classes):
 
-    HELLO      P->C  producer, host, pid, launcher (parent pid), session (one per connection; a repeated
-                     HELLO of a session only gets its WELCOME again), dataset (DatasetScan.describe())
-    WELCOME    C->P  producer_index, producer_name, features (dict), fields (the optional
-                     batch fields, shared/batch.py), ref_frames, transforms (dict) and transform_versions
-                     (the user transforms' versions: a producer running another refuses itself),
-                     metadata_file, heartbeat_interval_s, heartbeat_timeout_s
-    REFUSE     C->P  reason [, metadata_file, columns] [, rejoin]
-                     hello refused: the producer exits with status 2, unless metadata_file names
-                     the file (and columns the data.columns) to scan instead (it scans and says
-                     HELLO again) or rejoin is true
-                     (the consumer does not know this producer, e.g. after a restart: HELLO again)
-    LEASE      C->P  lease, epoch, index, ids, shape (L, T), rows (B), tokens, speakers, languages[, refs]
-                     [, texts, files]
-                     (a planned batch to prepare; per clip: its token ids, speaker id, language id and,
-                     with ref_mel, its reference clip; a validation pass's (epoch -N): each clip's text
-                     and audio file, {id: ...}, for clips of data.eval_file, which no producer indexes)
-    READY      P->C  lease                            (that batch is prepared, waiting for a credit)
-    CREDIT     C->P  lease                            (a free queue slot: send that batch now)
-    REVOKE     C->P  lease                            (forget that lease: it was re-planned elsewhere)
-    BATCH      P->C  lease, ids, rejected, missed, prep_ms + arrays (see shared/batch.py)
-                     rejected: [{id, reason}] clips that cannot be used anywhere (unreadable);
-                     missed:   [{id, reason}] clips this host does not have (re-planned elsewhere)
-    HEARTBEAT  both  P->C: ready, working, ping (sender's clock), rtt_ms (last round trip)
-                     C->P: pong (the ping it answers) or nothing (the consumer's own beat)
-    ERROR      P->C  type, message, where [, fatal]   (an exception, as data)
-    BYE        P->C  leases                           (leaving; these leases go back to the plan)
-    STOP       C->P  reason                           (the run is over; producers answer BYE)
+    HELLO      P->C  producer: str, host: str, pid: int, config: ConfigSchema, [launcher: int],
+                     [session: str], [dataset: any]
+    WELCOME    C->P  producer_index: int, producer_name: str, config: ProducerConfig, fields: str,
+                     fixed_rows: bool, ref_frames: int, transform_versions: {str: str}, metadata_file: str,
+                     metadata_sha256: str, feature_cache: str, heartbeat_interval_s: float,
+                     heartbeat_timeout_s: float, [mel_norm: any]
+    REFUSE     C->P  reason: str, [metadata_file: str], [columns: str], [rejoin: bool]
+    LEASE      C->P  lease: int, epoch: int, index: int, ids: [str], shape: [int, int], rows: int,
+                     tokens: [[int]], [speakers: [int]], [languages: [int]], [refs: [str]],
+                     [texts: {str: str}], [files: {str: str}]
+    READY      P->C  lease: int
+    CREDIT     C->P  lease: int
+    REVOKE     C->P  lease: int
+    BATCH      P->C  lease: int, epoch: int, index: int, ids: [str], [rejected: [Entry]], [missed: [Entry]],
+                     [prep_ms: float], [mel_stats: any], [cache: {str: int}]
+    HEARTBEAT  both  [ready: int], [working: int], [ping: float], [rtt_ms: float], [pong: float]
+    ERROR      P->C  type: str, message: str, where: str, [traceback: str], [fatal: bool]
+    BYE        P->C  [leases: [int]]
+    STOP       C->P  reason: str
+
+What each field means is its class's docstring. An Entry is ``{id: str, [reason: str]}``;
+a ConfigSchema ``{version: int, sections: {str: [str]}}``; a ProducerConfig ``{version:
+int, features: {...}, transforms: {...}, faults: {...}}`` (those sections of
+shared/config.py, key by key). Joining: a producer's HELLO names its
+config schema (:class:`ConfigSchema`: :data:`CONFIG_VERSION` and the keys of each section
+it takes); the trainer refuses (REFUSE, one line on both sides, ``refused_producers`` in
+summary.json) a producer of another protocol version, or of another config version, or
+lacking a key of a section the trainer sends in WELCOME's :class:`ProducerConfig`. A
+REFUSE's header, ``{"v", "k": "refuse", "a": [], "reason"}``, is the same in every
+protocol version: the trainer answers a HELLO of another version with a REFUSE in that
+version (:class:`OtherVersion`), which any producer reads and exits on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import traceback
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
 import msgpack
 import numpy as np
 
+from stoker.shared.config import ConfigError, FaultsConfig, FeaturesConfig, TransformsConfig, section_from
+
 # 2: a LEASE carries the token ids of its clips (the trainer tokenizes; producers of version 1
 # tokenized themselves, with a fixed a-z vocabulary, and must not join).
 # 3: a LEASE carries its batch's rows (B): under a frame budget each bucket has its own.
-PROTOCOL_VERSION = 3
+# 4: typed messages: WELCOME carries the producer's config as one versioned map (``config``,
+# ProducerConfig) and HELLO the producer's config schema (``config``, ConfigSchema), so that a
+# producer of another version is refused at joining with a line, rather than failing on a key
+# it does not know; BATCH's rejected and missed are [{id, reason}] (never pairs).
+PROTOCOL_VERSION = 4
+
+# The config a producer takes from WELCOME (ProducerConfig: sections of shared/config.py, each
+# a map of its keys). 1: features, transforms and faults. Raised when a key keeps its name but
+# changes its meaning (a key added or removed shows in the schema's keys without it).
+CONFIG_VERSION = 1
 
 # A header carries ids of one batch and some counters: 1 MiB is far above any real
 # header (a batch of 64 ids is ~2 KiB) and small enough that a hostile one costs nothing.
@@ -120,25 +144,37 @@ class ProtocolError(ValueError):
         self.detail = detail
 
 
+class OtherVersion(ProtocolError):
+    """A message of another protocol version (reason ``bad_version``): its version, its kind
+    when it names a known one (else None) and its other header fields, unchecked, so that a
+    HELLO can be refused in its own version and a REFUSE of any version read."""
+
+    def __init__(self, version: int, kind: str | None, fields: dict[str, Any]) -> None:
+        super().__init__("bad_version", f"version {version}")
+        self.version, self.kind, self.fields = version, kind, fields
+
+    def reason_refused(self) -> str | None:
+        """A REFUSE's reason (its layout is every version's), else None."""
+        reason = self.fields.get("reason")
+        return reason[:1000] if self.kind == REFUSE and type(reason) is str else None
+
+
 @dataclass
 class Message:
+    """One decoded message before its fields are typed (:func:`parse`): kind, header fields, arrays."""
+
     kind: str
     fields: dict[str, Any] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def __getitem__(self, key: str) -> Any:
-        return self.fields[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.fields.get(key, default)
-
 
 def encode(kind: str, fields: Mapping[str, Any] | None = None,
-           arrays: Mapping[str, np.ndarray] | None = None) -> list[Any]:
-    """Return the frames of one message (send them with ``send_multipart(copy=False)``)."""
+           arrays: Mapping[str, np.ndarray] | None = None, version: int = PROTOCOL_VERSION) -> list[Any]:
+    """Return the frames of one message (send them with ``send_multipart(copy=False)``); the
+    typed messages' ``encode`` calls this. ``version``: only for a REFUSE to another version."""
     if kind not in KINDS:
         raise ValueError(f"unknown message kind {kind!r}")
-    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": kind}
+    header: dict[str, Any] = {"v": version, "k": kind}
     for key, value in (fields or {}).items():
         if key in _RESERVED:
             raise ValueError(f"field name {key!r} is reserved")
@@ -176,7 +212,9 @@ def _shape_ok(shape: Any) -> bool:
 
 
 def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
-    """Parse and check one message; raise :class:`ProtocolError` if anything is off.
+    """Parse and check one message's framing; raise :class:`ProtocolError` if anything is off
+    (:class:`OtherVersion` for a well-formed header of another protocol version). Its fields
+    are typed by :func:`parse`.
 
     Arrays are zero-copy, read-only views on the frames; copy them to keep them past
     the frames' lifetime if the frames are reused.
@@ -200,11 +238,15 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
     if type(header) is not dict:
         raise ProtocolError("bad_header", "header is not a map")
     version = header.pop("v", None)
-    if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1, but is a bool
-        raise ProtocolError("bad_version", f"version {version!r}")
     kind = header.pop("k", None)
     if type(kind) is not str or kind not in KINDS:  # a list or map is unhashable
-        raise ProtocolError("bad_kind", f"kind {kind!r}")
+        kind = None
+    if type(version) is int and version != PROTOCOL_VERSION:  # True == 1, but is a bool
+        raise OtherVersion(version, kind, header)
+    if type(version) is not int:
+        raise ProtocolError("bad_version", f"version {version!r}"[:200])
+    if kind is None:
+        raise ProtocolError("bad_kind", "not a known kind")
     specs = header.pop("a", [])
     if type(specs) is not list or len(specs) > MAX_ARRAYS:
         raise ProtocolError("bad_header", "array list")
@@ -234,16 +276,490 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
     return Message(kind=kind, fields=header, arrays=arrays)
 
 
-def require(msg: Message, **types_: type | tuple[type, ...]) -> None:
-    """Check that ``msg`` has each named field with the given type(s)."""
-    for key, expected in types_.items():
-        value = msg.fields.get(key)
-        allowed = expected if isinstance(expected, tuple) else (expected,)
-        if not isinstance(value, expected) or isinstance(value, bool) and bool not in allowed:
-            raise ProtocolError("bad_field", f"{msg.kind}.{key} = {value!r}"[:200])
+# --------------------------------------------------------------------------- typed fields
+
+_Check = Callable[[str, Any], Any]
 
 
-def error_fields(exc: BaseException, where: str) -> dict[str, str]:
-    """An exception as plain data, to cross a process boundary (as PyTorch's ExceptionWrapper)."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"type": type(exc).__name__, "message": str(exc), "where": where, "traceback": tb[-4000:]}
+def _bad(where: str, value: Any) -> ProtocolError:
+    return ProtocolError("bad_field", f"{where} = {value!r}"[:200])
+
+
+def _scalar(expected: type) -> _Check:
+    """``type() is``: msgpack builds plain types, and a bool is no int; an int is a float."""
+    def check(where: str, value: Any) -> Any:
+        if type(value) is expected:
+            return value
+        if expected is float and type(value) is int:
+            return float(value)
+        raise _bad(where, value)
+    return check
+
+
+def _any(where: str, value: Any) -> Any:
+    return value
+
+
+def _checker(annotation: Any) -> _Check:
+    """The check (and conversion: list -> tuple) of a field of this type hint."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return _any
+    if annotation in (int, float, str, bool):
+        return _scalar(annotation)
+    if origin in (typing.Union, types.UnionType):  # X | None: the None is the field's absence
+        (inner,) = [a for a in args if a is not type(None)]
+        return _checker(inner)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _checker(args[0])
+
+        def sequence(where: str, value: Any) -> tuple[Any, ...]:
+            if type(value) is not list:
+                raise _bad(where, value)
+            return tuple([item(where, x) for x in value])
+        return sequence
+    if origin is tuple:
+        items = [_checker(a) for a in args]
+
+        def fixed(where: str, value: Any) -> tuple[Any, ...]:
+            if type(value) is not list or len(value) != len(items):
+                raise _bad(where, value)
+            return tuple([check(where, x) for check, x in zip(items, value)])
+        return fixed
+    if origin is dict:
+        key, item = _checker(args[0]), _checker(args[1])
+
+        def mapping(where: str, value: Any) -> dict[Any, Any]:
+            if type(value) is not dict:
+                raise _bad(where, value)
+            return {key(where, k): item(where, v) for k, v in value.items()}
+        return mapping
+    if isinstance(annotation, type) and hasattr(annotation, "from_header"):
+        return lambda where, value: annotation.from_header(value, where)
+    raise TypeError(f"no wire check for {annotation!r}")  # a message class's bug
+
+
+def _header_value(value: Any) -> Any:
+    """A field's value as msgpack packs it (a nested part as its map)."""
+    if hasattr(value, "to_header"):
+        return value.to_header()
+    if type(value) is tuple and value and hasattr(value[0], "to_header"):
+        return [v.to_header() for v in value]
+    return value
+
+
+def _type_name(annotation: Any) -> str:
+    """A field's type as the module docstring's table writes it."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return "any"
+    if origin in (typing.Union, types.UnionType):
+        return _type_name(next(a for a in args if a is not type(None)))
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return f"[{_type_name(args[0])}]"
+    if origin is tuple:
+        return "[" + ", ".join(_type_name(a) for a in args) + "]"
+    if origin is dict:
+        return f"{{{_type_name(args[0])}: {_type_name(args[1])}}}"
+    return annotation.__name__
+
+
+_PartT = TypeVar("_PartT", bound="Part")
+
+
+class Part:
+    """A dataclass carried as a msgpack map: its fields by name, each checked for its type on
+    the way in (``_fields``: name, check, whether it may be absent, its default)."""
+
+    _fields: ClassVar[list[tuple[str, _Check, bool, Any]]]
+
+    @classmethod
+    def _spec(cls) -> list[tuple[str, _Check, bool, Any]]:
+        if "_fields" not in cls.__dict__:
+            hints = typing.get_type_hints(cls)
+            spec = []
+            for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+                has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+                default = f.default if f.default is not dataclasses.MISSING else (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+                spec.append((f.name, _checker(hints[f.name]), has_default, default))
+            cls._fields = spec
+        return cls._fields
+
+    def to_header(self) -> dict[str, Any]:
+        """The fields as a msgpack map; those None are left out."""
+        out = {}
+        for name, *_ in self._spec():
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = _header_value(value)
+        return out
+
+    @classmethod
+    def from_header(cls: type[_PartT], fields: Any, where: str = "") -> _PartT:
+        """The part from a received map: ProtocolError ``bad_field`` for a field missing or of
+        the wrong type (a field this class lacks is ignored), then the class's own checks."""
+        where = where or getattr(cls, "KIND", cls.__name__)
+        if type(fields) is not dict:
+            raise _bad(where, fields)
+        values = {}
+        try:  # the checks name only the field: formatting "kind.field" for every field costs microseconds
+            for name, check, optional, default in cls._spec():
+                value = fields.get(name)
+                if value is None:
+                    if not optional:
+                        raise _bad(name, value)
+                    values[name] = default
+                else:
+                    values[name] = check(name, value)
+        except ProtocolError as exc:
+            if exc.reason != "bad_field":
+                raise
+            raise ProtocolError(exc.reason, f"{where}.{exc.detail}"[:200]) from None
+        part = cls(**values)
+        problem = part.problem()
+        if problem:
+            raise ProtocolError("bad_field", f"{where}: {problem}"[:200])
+        return part
+
+    def problem(self) -> str:
+        """What is wrong with these values beyond their types (ranges, sizes); "" if nothing."""
+        return ""
+
+    @classmethod
+    def field_table(cls) -> str:
+        """The fields as the module docstring's table lists them: ``name: type``, optional ones
+        in brackets, after the required ones."""
+        hints = typing.get_type_hints(cls)
+        required, optional = [], []
+        for name, _, absent_ok, _ in cls._spec():
+            text = f"{name}: {_type_name(hints[name])}"
+            (optional if absent_ok else required).append(f"[{text}]" if absent_ok else text)
+        return ", ".join(required + optional)
+
+
+class Body(Part):
+    """A message of one kind (``KIND``), sent by ``SENDER``."""
+
+    KIND: ClassVar[str]
+    SENDER: ClassVar[str]
+
+    def encode(self, arrays: Mapping[str, np.ndarray] | None = None, version: int = PROTOCOL_VERSION) -> list[Any]:
+        """The message's frames (``version``: only a REFUSE is sent in another, see Refuse)."""
+        if version != PROTOCOL_VERSION:
+            raise ValueError(f"a {self.KIND} is sent in protocol version {PROTOCOL_VERSION} only")
+        return encode(self.KIND, self.to_header(), arrays)
+
+
+# --------------------------------------------------------------------------- the config a producer takes
+
+def _section_keys(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass(frozen=True)
+class ConfigSchema(Part):
+    """A producer's config schema, in its HELLO: :data:`CONFIG_VERSION` and the keys of each
+    section of :data:`CONFIG_SECTIONS` it takes (:meth:`local`: this install's)."""
+
+    version: int
+    sections: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def local(cls) -> ConfigSchema:
+        sections = typing.get_type_hints(ProducerConfig)
+        return cls(CONFIG_VERSION, {name: _section_keys(sections[name]) for name in CONFIG_SECTIONS})
+
+    def differs(self, theirs: ConfigSchema) -> str:
+        """Why a producer of this schema cannot take the config of ``theirs`` (the trainer's):
+        another version, or keys it lacks; "" when it can."""
+        if self.version != theirs.version:
+            return f"config version {self.version} here and {theirs.version} on the trainer"
+        lacks = [f"{name}.{key}" for name, keys in theirs.sections.items() for key in keys
+                 if key not in self.sections.get(name, ())]
+        return f"it lacks the config keys {', '.join(lacks)}" if lacks else ""
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """The config sections a producer runs with, as the trainer has them (WELCOME's
+    ``config``): ``{"version": CONFIG_VERSION, section: {key: value}}``. A key this install
+    lacks, or a value of the wrong type, is a ProtocolError (``bad_config``); a key the trainer
+    does not send keeps this install's default."""
+
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    transforms: TransformsConfig = field(default_factory=TransformsConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+
+    def to_header(self) -> dict[str, Any]:
+        sections = {name: dataclasses.asdict(getattr(self, name)) for name in CONFIG_SECTIONS}
+        return {"version": CONFIG_VERSION, **sections}
+
+    @classmethod
+    def from_header(cls, value: Any, where: str = "config") -> ProducerConfig:
+        if type(value) is not dict or type(value.get("version")) is not int:
+            raise _bad(where, value)
+        if value["version"] != CONFIG_VERSION:
+            raise ProtocolError("bad_config", f"config version {value['version']}, this producer's {CONFIG_VERSION}")
+        sections = {}
+        for name in CONFIG_SECTIONS:
+            given = value.get(name, {})
+            if type(given) is not dict:
+                raise _bad(f"{where}.{name}", given)
+            try:
+                sections[name] = section_from(name, given)
+            except ConfigError as exc:
+                raise ProtocolError("bad_config", str(exc)[:200]) from None
+        return cls(**sections)
+
+
+# Its sections, by name (those of shared/config.py's Config).
+CONFIG_SECTIONS = tuple(f.name for f in dataclasses.fields(ProducerConfig))
+
+
+# --------------------------------------------------------------------------- the messages
+
+@dataclass(frozen=True)
+class Entry(Part):
+    """A clip of a BATCH that is not in it, and why."""
+
+    id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Hello(Body):
+    """A producer joins. ``launcher``: its parent's pid; ``session``: one per connection (a
+    repeated HELLO of a session only gets its WELCOME again); ``dataset``:
+    DatasetScan.describe(), checked by shared/dataset/agreement.py."""
+
+    KIND: ClassVar[str] = HELLO
+    SENDER: ClassVar[str] = "P->C"
+    producer: str
+    host: str
+    pid: int
+    config: ConfigSchema
+    launcher: int | None = None
+    session: str | None = None
+    dataset: Any = None
+
+
+@dataclass(frozen=True)
+class Welcome(Body):
+    """A producer is admitted: its index and (unique) name, the config it runs with, the
+    optional batch fields (shared/batch.py) and whether batches keep the lease's rows, the
+    user transforms' versions (a producer running another refuses itself), the mel
+    statistics it normalises with (transforms.mel_norm: dataset), the trainer's metadata file
+    and its digest, the feature cache and the heartbeat settings."""
+
+    KIND: ClassVar[str] = WELCOME
+    SENDER: ClassVar[str] = "C->P"
+    producer_index: int
+    producer_name: str
+    config: ProducerConfig
+    fields: str
+    fixed_rows: bool
+    ref_frames: int
+    transform_versions: dict[str, str]
+    metadata_file: str
+    metadata_sha256: str
+    feature_cache: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    mel_norm: Any = None
+
+    def problem(self) -> str:
+        if not (0 < self.heartbeat_interval_s and 0 < self.heartbeat_timeout_s):
+            return "heartbeat settings must be positive"
+        return "" if self.ref_frames > 0 else "ref_frames must be positive"
+
+
+@dataclass(frozen=True)
+class Refuse(Body):
+    """A HELLO refused: the producer exits with status 2, unless ``metadata_file`` names the
+    file (and ``columns`` the data.columns) to scan instead (it scans and says HELLO again) or
+    ``rejoin`` is true (the trainer does not know this producer, e.g. after a restart: HELLO
+    again). A producer of another protocol version is refused in its own (:meth:`encode`)."""
+
+    KIND: ClassVar[str] = REFUSE
+    SENDER: ClassVar[str] = "C->P"
+    reason: str
+    metadata_file: str | None = None
+    columns: str | None = None
+    rejoin: bool = False
+
+    def encode(self, arrays: Mapping[str, np.ndarray] | None = None, version: int = PROTOCOL_VERSION) -> list[Any]:
+        """``version``: another protocol version's producer is refused in its own, with only the
+        ``reason``: the one layout every version reads."""
+        if version != PROTOCOL_VERSION:
+            return encode(self.KIND, {"reason": self.reason}, version=version)
+        return super().encode(arrays)
+
+
+@dataclass(frozen=True)
+class Lease(Body):
+    """A planned batch to prepare (BatchMaker.make's request): its clips, the bucket's shape
+    (L tokens, T frames) and rows (B); per clip its token ids, speaker id and language id,
+    with ref_mel its reference clip; a validation pass's (epoch -N) clips' texts and audio
+    files, {id: ...}, for clips of data.eval_file, which no producer indexes."""
+
+    KIND: ClassVar[str] = LEASE
+    SENDER: ClassVar[str] = "C->P"
+    lease: int
+    epoch: int
+    index: int
+    ids: tuple[str, ...]
+    shape: tuple[int, int]
+    rows: int
+    tokens: tuple[tuple[int, ...], ...]
+    speakers: tuple[int, ...] = ()
+    languages: tuple[int, ...] = ()
+    refs: tuple[str, ...] | None = None
+    texts: dict[str, str] | None = None
+    files: dict[str, str] | None = None
+
+    def problem(self) -> str:
+        if min(self.shape) < 0 or self.rows < 0:
+            return f"shape {self.shape}, rows {self.rows}"
+        if len(self.tokens) > len(self.ids) or (self.refs is not None and len(self.refs) > len(self.ids)):
+            return "more token rows or references than clips"
+        return ""
+
+
+@dataclass(frozen=True)
+class Ready(Body):
+    """That lease's batch is prepared, waiting for a credit."""
+
+    KIND: ClassVar[str] = READY
+    SENDER: ClassVar[str] = "P->C"
+    lease: int
+
+
+@dataclass(frozen=True)
+class Credit(Body):
+    """A free queue slot: send that lease's batch now."""
+
+    KIND: ClassVar[str] = CREDIT
+    SENDER: ClassVar[str] = "C->P"
+    lease: int
+
+
+@dataclass(frozen=True)
+class Revoke(Body):
+    """Forget that lease: it was re-planned elsewhere."""
+
+    KIND: ClassVar[str] = REVOKE
+    SENDER: ClassVar[str] = "C->P"
+    lease: int
+
+
+@dataclass(frozen=True)
+class Batch(Body):
+    """A prepared batch, with its arrays (shared/batch.py): the clips delivered, those that
+    cannot be used anywhere (``rejected``: unreadable) and those this host does not have
+    (``missed``: re-planned elsewhere); the time it took, the mel statistics of its clips
+    (shared/melstats.py) and the feature cache's counts."""
+
+    KIND: ClassVar[str] = BATCH
+    SENDER: ClassVar[str] = "P->C"
+    lease: int
+    epoch: int
+    index: int
+    ids: tuple[str, ...]
+    rejected: tuple[Entry, ...] = ()
+    missed: tuple[Entry, ...] = ()
+    prep_ms: float | None = None
+    mel_stats: Any = None
+    cache: dict[str, int] | None = None
+
+    def problem(self) -> str:
+        if self.cache is not None and min(self.cache.values(), default=0) < 0:
+            return "negative cache count"
+        return ""
+
+
+@dataclass(frozen=True)
+class Heartbeat(Body):
+    """P->C: its leases ready and in work, a ping (the sender's clock) and the last round trip
+    it measured. C->P: the pong (the ping it answers), or nothing (the consumer's own beat)."""
+
+    KIND: ClassVar[str] = HEARTBEAT
+    SENDER: ClassVar[str] = "both"
+    ready: int | None = None
+    working: int | None = None
+    ping: float | None = None
+    rtt_ms: float | None = None
+    pong: float | None = None
+
+
+@dataclass(frozen=True)
+class Error(Body):
+    """An exception, as data (as PyTorch's ExceptionWrapper): ``fatal``, the producer ends."""
+
+    KIND: ClassVar[str] = ERROR
+    SENDER: ClassVar[str] = "P->C"
+    type: str
+    message: str
+    where: str
+    traceback: str | None = None
+    fatal: bool = False
+
+    @classmethod
+    def of(cls, exc: BaseException, where: str, fatal: bool = False) -> Error:
+        """An exception as plain data, to cross a process boundary."""
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type(exc).__name__, str(exc), where, tb[-4000:], fatal)
+
+
+@dataclass(frozen=True)
+class Bye(Body):
+    """Leaving; these leases go back to the plan."""
+
+    KIND: ClassVar[str] = BYE
+    SENDER: ClassVar[str] = "P->C"
+    leases: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Stop(Body):
+    """The run is over; producers answer BYE."""
+
+    KIND: ClassVar[str] = STOP
+    SENDER: ClassVar[str] = "C->P"
+    reason: str
+
+
+# The docstring's table wraps its lines at this width (the project's line length).
+TABLE_WIDTH = 110
+
+# Every kind's message class, in the order of the module docstring's table.
+MESSAGES: dict[str, type[Body]] = {cls.KIND: cls for cls in (
+    Hello, Welcome, Refuse, Lease, Ready, Credit, Revoke, Batch, Heartbeat, Error, Bye, Stop)}
+
+
+def parse(msg: Message) -> Body:
+    """The typed message of a decoded one; ProtocolError ``bad_field`` (or ``bad_config``) for
+    a field missing, of the wrong type or out of range."""
+    return MESSAGES[msg.kind].from_header(msg.fields)
+
+
+def read(frames: Sequence[Any], max_bytes: int | None = None) -> tuple[Body, dict[str, np.ndarray]]:
+    """:func:`decode` then :func:`parse`: the typed message and its arrays."""
+    msg = decode(frames, max_bytes)
+    return parse(msg), msg.arrays
+
+
+def message_table() -> str:
+    """The module docstring's table of kinds and fields, from the classes (wrapped as it is)."""
+    lines = []
+    for kind, cls in MESSAGES.items():
+        pieces = cls.field_table().split(", ")
+        line = f"    {kind.upper():<10} {cls.SENDER:<5} "
+        for n, piece in enumerate(pieces):
+            piece += "," if n < len(pieces) - 1 else ""
+            if len(line) + len(piece) > TABLE_WIDTH and not line.endswith("  "):
+                lines.append(line.rstrip())
+                line = " " * 21
+            line += piece + " "
+        lines.append(line.rstrip())
+    return "\n".join(lines)

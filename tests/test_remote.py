@@ -250,20 +250,20 @@ def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
         peer = dealer()
         held: list[int] = []
 
-        def read_until(done: Callable[[wire.Message], bool]) -> None:
+        def read_until(done: Callable[[wire.Body], bool]) -> None:
             while True:
-                msg = wire.decode(peer.recv_multipart())
-                if msg.kind == wire.LEASE:
-                    held.append(msg["lease"])
+                msg, _ = wire.read(peer.recv_multipart())
+                if isinstance(msg, wire.Lease):
+                    held.append(msg.lease)
                 if done(msg):
                     return
 
         def beat() -> None:  # a peer silent for the heartbeat timeout would lose its leases
-            peer.send_multipart(wire.encode(wire.HEARTBEAT, {"ready": 0, "working": 0}))
+            peer.send_multipart(wire.Heartbeat(ready=0, working=0).encode())
 
-        peer.send_multipart(wire.encode(wire.HELLO, {"producer": "fuzzer", "host": "fuzz", "pid": 1,
-                                                     "dataset": dataset}))
-        read_until(lambda msg: msg.kind == wire.LEASE)  # its WELCOME, then its first lease
+        peer.send_multipart(wire.Hello(producer="fuzzer", host="fuzz", pid=1, config=wire.ConfigSchema.local(),
+                                       dataset=dataset).encode())
+        read_until(lambda msg: isinstance(msg, wire.Lease))  # its WELCOME, then its first lease
         rng = np.random.default_rng(0)
         garbage = dealer()
         for i in range(FUZZ_EACH):
@@ -279,13 +279,13 @@ def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
             beat()
         for i in range(FUZZ_EACH):
             lease = 10 ** 9 + i
-            peer.send_multipart(wire.encode(wire.BATCH, {"lease": lease, "ids": [], "rejected": []}))
-            peer.send_multipart(wire.encode(wire.READY, {"lease": lease}))
+            peer.send_multipart(wire.Batch(lease, 0, 0, ()).encode())
+            peer.send_multipart(wire.Ready(lease).encode())
         # The pong to this ping proves the coordinator has read everything before it. (Closing
         # a socket with unread input resets the connection, losing what is still in flight.)
-        peer.send_multipart(wire.encode(wire.HEARTBEAT, {"ready": 0, "working": 0, "ping": -1.0}))
-        read_until(lambda msg: msg.get("pong") == -1.0)
-        peer.send_multipart(wire.encode(wire.BYE, {"leases": held}))
+        peer.send_multipart(wire.Heartbeat(ready=0, working=0, ping=-1.0).encode())
+        read_until(lambda msg: isinstance(msg, wire.Heartbeat) and msg.pong == -1.0)
+        peer.send_multipart(wire.Bye(tuple(held)).encode())
         report["ok"] = True
     except BaseException:  # reported to the test thread
         report["error"] = traceback.format_exc()

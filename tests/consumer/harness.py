@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import Any
 
 import zmq
 
@@ -20,6 +21,19 @@ RECV_TIMEOUT_MS = 5000
 
 def samples(n: int = 12) -> list[Sample]:
     return [Sample(f"S{i:03d}", "text", 5 + i % 4, 20 + i, 0.5) for i in range(n)]
+
+
+def hello_of(name: str, host: str = "test", **fields: Any) -> wire.Hello:
+    """A scripted producer's HELLO: this install's config schema unless given, no dataset unless given."""
+    fields.setdefault("config", wire.ConfigSchema.local())
+    return wire.Hello(producer=name, host=host, pid=1, **fields)
+
+
+def lacking(section: str, key: str) -> wire.ConfigSchema:
+    """This install's config schema without ``section.key``: a producer of a stoker version before it."""
+    local = wire.ConfigSchema.local()
+    return wire.ConfigSchema(local.version, {**local.sections,
+                                             section: tuple(k for k in local.sections[section] if k != key)})
 
 
 def make_config(**pipeline) -> Config:
@@ -59,30 +73,30 @@ class Harness:
 
     def producer(self, name: str = "fake", sock: zmq.Socket | None = None, **hello) -> zmq.Socket:
         sock = sock or self.socket()
-        sock.send_multipart(wire.encode(wire.HELLO, {"producer": name, "host": "test", "pid": 1, **hello}))
+        sock.send_multipart(hello_of(name, **hello).encode())
         return sock
 
-    def recv(self, sock: zmq.Socket, kind: str, skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> wire.Message:
-        """Next message of ``kind``, skipping heartbeats (and the kinds in ``skip``)."""
+    def recv(self, sock: zmq.Socket, kind: str, skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> Any:
+        """Next message of ``kind`` (shared/wire.py's class of it), skipping heartbeats (and the
+        kinds in ``skip``)."""
         while True:
-            msg = wire.decode(sock.recv_multipart())
-            if msg.kind == kind:
+            msg, _ = wire.read(sock.recv_multipart())
+            if msg.KIND == kind:
                 return msg
-            assert msg.kind in skip, f"expected {kind}, got {msg.kind}"
+            assert msg.KIND in skip, f"expected {kind}, got {msg.KIND}"
 
-    def credit(self, sock: zmq.Socket, lease: wire.Message,
-               skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> wire.Message:
+    def credit(self, sock: zmq.Socket, lease: wire.Lease,
+               skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> wire.Credit:
         """Say the lease's batch is READY and wait for its CREDIT."""
-        sock.send_multipart(wire.encode(wire.READY, {"lease": lease["lease"]}))
+        sock.send_multipart(wire.Ready(lease.lease).encode())
         return self.recv(sock, wire.CREDIT, skip=skip)
 
-    def batch_frames(self, lease: wire.Message) -> list:
-        max_tokens, max_frames = lease["shape"]
-        ids = lease["ids"]
-        rows = lease["rows"] if self.planner.fixed_rows else len(ids)  # as a producer collates
+    def batch_frames(self, lease: wire.Lease) -> list:
+        max_tokens, max_frames = lease.shape
+        ids = lease.ids
+        rows = lease.rows if self.planner.fixed_rows else len(ids)  # as a producer collates
         arrays = make_batch(rows, max_tokens, max_frames, self.cfg.features.n_mels, valid=len(ids))
-        return wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": ids, "rejected": [], "prep_ms": 1.0},
-                           arrays)
+        return wire.Batch(lease.lease, lease.epoch, lease.index, ids, prep_ms=1.0).encode(arrays)
 
     def close(self) -> None:
         for sock in self.peers:  # first, so the coordinator need not wait for their BYEs

@@ -20,11 +20,11 @@ def test_hello_welcome_and_leases(harness):
     h = harness(cfg=make_config())
     sock = h.producer()
     welcome = h.recv(sock, wire.WELCOME)
-    assert welcome["features"]["n_mels"] == 8
+    assert welcome.config.features.n_mels == 8
     leases = [h.recv(sock, wire.LEASE) for _ in range(2)]  # lease_ahead
-    assert len({m["lease"] for m in leases}) == 2
+    assert len({m.lease for m in leases}) == 2
     for m in leases:
-        assert 1 <= len(m["ids"]) <= 4 and len(m["shape"]) == 2
+        assert 1 <= len(m.ids) <= 4 and len(m.shape) == 2
 
 
 def test_garbage_messages_are_counted_never_fatal(harness):
@@ -36,7 +36,7 @@ def test_garbage_messages_are_counted_never_fatal(harness):
     rng = np.random.default_rng(0)
     for i in range(300):
         attacker.send_multipart([rng.bytes(int(rng.integers(0, 64))) for _ in range(int(rng.integers(1, 4)))])
-    attacker.send_multipart(wire.encode(wire.BATCH, {"lease": 1, "ids": [], "rejected": []}))  # not a peer
+    attacker.send_multipart(wire.Batch(1, 0, 0, ()).encode())  # not a peer
     sock = h.producer("honest")
     h.recv(sock, wire.WELCOME)
     h.recv(sock, wire.LEASE)
@@ -54,11 +54,11 @@ def test_bye_returns_leases_at_once(harness):
     h = harness(cfg=make_config(lease_ahead=2))
     leaving = h.producer("leaving")
     h.recv(leaving, wire.WELCOME)
-    ids = [tuple(h.recv(leaving, wire.LEASE)["ids"]) for _ in range(2)]
-    leaving.send_multipart(wire.encode(wire.BYE, {"leases": []}))
+    ids = [tuple(h.recv(leaving, wire.LEASE).ids) for _ in range(2)]
+    leaving.send_multipart(wire.Bye().encode())
     other = h.producer("other")
     h.recv(other, wire.WELCOME)
-    got = [tuple(h.recv(other, wire.LEASE)["ids"]) for _ in range(2)]
+    got = [tuple(h.recv(other, wire.LEASE).ids) for _ in range(2)]
     assert got == ids  # the returned batches come first, in plan order
     stats = {p["id"]: p for p in h.coord.snapshot()["producers"]}
     assert stats["leaving"]["status"] == "left"
@@ -70,11 +70,11 @@ def test_batch_with_non_string_ids_is_dropped_not_fatal(harness):
     h.recv(sock, wire.WELCOME)
     lease = h.recv(sock, wire.LEASE)
     h.credit(sock, lease)
-    max_tokens, max_frames = lease["shape"]
-    arrays = make_batch(4, max_tokens, max_frames, 8, valid=len(lease["ids"]))
-    sock.send_multipart(wire.encode(wire.BATCH, {"lease": lease["lease"], "ids": [[1]] * len(lease["ids"]),
+    max_tokens, max_frames = lease.shape
+    arrays = make_batch(4, max_tokens, max_frames, 8, valid=len(lease.ids))
+    sock.send_multipart(wire.encode(wire.BATCH, {"lease": lease.lease, "ids": [[1]] * len(lease.ids),
                                                  "rejected": [{"id": [2]}]}, arrays))
     again = h.recv(sock, wire.LEASE)
-    assert again["ids"] == lease["ids"]
+    assert again.ids == lease.ids
     assert h.coord.failure is None
     assert h.coord.snapshot()["rejected_messages"]["bad_batch"] == 1

@@ -8,6 +8,7 @@ import collections
 import dataclasses
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from stoker.consumer.buffer import BatchQueue
@@ -16,7 +17,7 @@ from stoker.consumer.peers import DISCONNECT_GRACE_S
 from stoker.consumer.scheduler import Scheduler, ValidationSet
 from stoker.shared import wire
 from stoker.shared.dataset import Sample
-from tests.consumer.harness import make_config, samples
+from tests.consumer.harness import hello_of, lacking, make_config, samples
 from tests.factories import fake_scan, make_batch
 
 IDS = {s.id for s in samples(12)}
@@ -40,36 +41,43 @@ class Bench:
         self.scheduler = Scheduler(self.cfg, planner, self.queue, max_epochs=max_epochs,
                                    on_rejected=self.rejected.extend, dataset=dataset, validation=validation)
         self.now = 0.0
-        self.inbox: dict[bytes, list[wire.Message]] = collections.defaultdict(list)
-        self.held: dict[bytes, dict[int, wire.Message]] = collections.defaultdict(dict)  # leases by producer
+        self.inbox: dict[bytes, list[Any]] = collections.defaultdict(list)  # shared/wire.py's messages
+        self.frames: dict[bytes, list[list[Any]]] = collections.defaultdict(list)  # each message's frames
+        self.held: dict[bytes, dict[int, wire.Lease]] = collections.defaultdict(dict)  # leases by producer
 
-    def send(self, who: bytes, kind: str, fields: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
-             fd: int = -1) -> None:
-        self.scheduler.on_message(who, wire.encode(kind, fields, arrays), self.now, fd)
+    def send(self, who: bytes, msg: wire.Body, arrays: dict[str, np.ndarray] | None = None, fd: int = -1) -> None:
+        self.send_frames(who, msg.encode(arrays), fd)
+
+    def send_frames(self, who: bytes, frames: list[Any], fd: int = -1) -> None:
+        self.scheduler.on_message(who, frames, self.now, fd)
         self._collect()
 
     def _collect(self) -> None:
-        for identity, kind, fields in self.scheduler.take_outbox():
-            self.inbox[identity].append(wire.decode(wire.encode(kind, fields)))
+        """The scheduler's messages, as a producer reads them (a REFUSE of another version: only its frames)."""
+        for identity, msg, version in self.scheduler.take_outbox():
+            frames = msg.encode(version=version)
+            self.frames[identity].append(frames)
+            if version == wire.PROTOCOL_VERSION:
+                self.inbox[identity].append(wire.read(frames)[0])
 
-    def take(self, who: bytes, kind: str) -> list[wire.Message]:
+    def take(self, who: bytes, kind: str) -> list[Any]:
         """The messages of ``kind`` sent to ``who`` since the last take, removed."""
-        got = [m for m in self.inbox[who] if m.kind == kind]
-        self.inbox[who] = [m for m in self.inbox[who] if m.kind != kind]
+        got = [m for m in self.inbox[who] if m.KIND == kind]
+        self.inbox[who] = [m for m in self.inbox[who] if m.KIND != kind]
         return got
 
     def hello(self, who: bytes, fd: int = -1, **fields: Any) -> None:
-        self.send(who, wire.HELLO, {"producer": who.decode(), "host": "test", "pid": 1, **fields}, fd=fd)
+        self.send(who, hello_of(who.decode(), **fields), fd=fd)
 
-    def deliver(self, who: bytes, lease: wire.Message, missed: list[str] = ()) -> None:
-        ids = [i for i in lease["ids"] if i not in missed]
-        shape = lease["shape"]
-        rows = lease["rows"] if self.scheduler.planner.fixed_rows else len(ids)  # as a producer collates
+    def deliver(self, who: bytes, lease: wire.Lease, missed: list[str] = ()) -> None:
+        ids = [i for i in lease.ids if i not in missed]
+        shape = lease.shape
+        rows = lease.rows if self.scheduler.planner.fixed_rows else len(ids)  # as a producer collates
         arrays = make_batch(rows, shape[0], shape[1], self.cfg.features.n_mels, valid=len(ids))
         if "row_mask" in self.scheduler.schema.names:
             arrays["row_mask"] = (np.arange(rows) < len(ids)).astype(np.float32)
-        self.send(who, wire.BATCH, {"lease": lease["lease"], "ids": ids, "rejected": [],
-                                    "missed": [{"id": i, "reason": "no file"} for i in missed]}, arrays)
+        self.send(who, wire.Batch(lease.lease, lease.epoch, lease.index, tuple(ids),
+                                  missed=tuple(wire.Entry(i, "no file") for i in missed)), arrays)
 
     def tick(self, seconds: float) -> None:
         self.now += seconds
@@ -99,20 +107,20 @@ class Bench:
         batches it delivered."""
         delivered = 0
         for lease in self.take(who, wire.LEASE):
-            self.held[who][lease["lease"]] = lease
-            self.send(who, wire.READY, {"lease": lease["lease"]})
+            self.held[who][lease.lease] = lease
+            self.send(who, wire.Ready(lease.lease))
         for credit in self.take(who, wire.CREDIT):
-            lease = self.held[who].pop(credit["lease"])
-            self.deliver(who, lease, missed=[i for i in lease["ids"] if i in missing])
+            lease = self.held[who].pop(credit.lease)
+            self.deliver(who, lease, missed=[i for i in lease.ids if i in missing])
             delivered += 1
         return delivered
 
-    def credited(self, who: bytes) -> wire.Message:
+    def credited(self, who: bytes) -> wire.Lease:
         """``who`` joins, takes its one lease (lease_ahead=1), says it is READY and gets the
         CREDIT: the lease, ready to be delivered."""
         self.hello(who)
         lease, = self.take(who, wire.LEASE)
-        self.send(who, wire.READY, {"lease": lease["lease"]})
+        self.send(who, wire.Ready(lease.lease))
         assert len(self.take(who, wire.CREDIT)) == 1
         return lease
 
@@ -121,9 +129,9 @@ def test_hello_gets_welcome_and_lease_ahead_leases() -> None:
     b = Bench()
     b.hello(b"p1")
     welcome, = b.take(b"p1", wire.WELCOME)
-    assert welcome["producer_name"] == "p1" and welcome["features"]["n_mels"] == 8
+    assert welcome.producer_name == "p1" and welcome.config.features.n_mels == 8
     leases = b.take(b"p1", wire.LEASE)
-    assert len(leases) == 2 and leases[0]["lease"] != leases[1]["lease"]
+    assert len(leases) == 2 and leases[0].lease != leases[1].lease
 
 
 def test_credits_never_exceed_the_free_slots_and_a_take_frees_exactly_one() -> None:
@@ -131,12 +139,12 @@ def test_credits_never_exceed_the_free_slots_and_a_take_frees_exactly_one() -> N
     b.hello(b"p1")
     leases = b.take(b"p1", wire.LEASE)
     for lease in leases:
-        b.send(b"p1", wire.READY, {"lease": lease["lease"]})
+        b.send(b"p1", wire.Ready(lease.lease))
     credits = b.take(b"p1", wire.CREDIT)
     assert len(credits) == 2  # the queue holds 2
-    by_id = {m["lease"]: m for m in leases}
+    by_id = {m.lease: m for m in leases}
     for c in credits:
-        b.deliver(b"p1", by_id[c["lease"]])
+        b.deliver(b"p1", by_id[c.lease])
     assert len(b.queue) == 2 and b.take(b"p1", wire.CREDIT) == []
     b.queue.get(0)
     b.scheduler.on_free(b.now)
@@ -153,7 +161,7 @@ def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch(
     b.work(b"p2")
     b.work(b"p1")
     trained += b.drain_queue()
-    b.send(b"p2", wire.BYE, {})  # leaves holding leases: they go back to the plan
+    b.send(b"p2", wire.Bye())  # leaves holding leases: they go back to the plan
     for _ in range(40):
         b.work(b"p1")
         trained += b.drain_queue()
@@ -164,10 +172,10 @@ def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch(
 def test_a_silent_producer_is_presumed_dead_after_the_heartbeat_timeout_and_its_work_moves() -> None:
     b = Bench()
     b.hello(b"silent")
-    held = {i for m in b.take(b"silent", wire.LEASE) for i in m["ids"]}
+    held = {i for m in b.take(b"silent", wire.LEASE) for i in m.ids}
     b.hello(b"alive")
     b.tick(0.5)
-    b.send(b"alive", wire.HEARTBEAT, {})
+    b.send(b"alive", wire.Heartbeat())
     b.tick(0.6)  # 1.1 s since "silent" spoke: past heartbeat_timeout_s=1.0
     assert [p["status"] for p in b.scheduler.snapshot()["producers"]] == ["dead", "alive"]
     trained = []
@@ -184,33 +192,33 @@ def test_heartbeats_go_out_every_interval_and_a_ping_is_answered() -> None:
     assert b.take(b"p1", wire.HEARTBEAT) == []
     b.tick(0.15)  # 0.25 s: past heartbeat_interval_s=0.2
     assert len(b.take(b"p1", wire.HEARTBEAT)) == 1
-    b.send(b"p1", wire.HEARTBEAT, {"ping": 7.5})
+    b.send(b"p1", wire.Heartbeat(ping=7.5))
     pong, = b.take(b"p1", wire.HEARTBEAT)
-    assert pong["pong"] == 7.5
+    assert pong.pong == 7.5
 
 
 def test_a_missed_clip_is_replanned_onto_a_producer_that_has_it() -> None:
     b = Bench(lease_ahead=1)
     lease = b.credited(b"lacking")
-    missing = lease["ids"][0]
+    missing = lease.ids[0]
     b.deliver(b"lacking", lease, missed=[missing])
     assert missing not in b.drain_queue()
     b.hello(b"full")
-    replanned = [m for m in b.take(b"full", wire.LEASE) if missing in m["ids"]]
-    assert replanned and all(missing not in m["ids"] for m in b.take(b"lacking", wire.LEASE))
-    assert replanned[0]["ids"] == [missing] and replanned[0]["rows"] == 1  # a batch of its own: only real rows
+    replanned = [m for m in b.take(b"full", wire.LEASE) if missing in m.ids]
+    assert replanned and all(missing not in m.ids for m in b.take(b"lacking", wire.LEASE))
+    assert replanned[0].ids == (missing,) and replanned[0].rows == 1  # a batch of its own: only real rows
     assert b.scheduler.snapshot()["missed_samples"] == 1
 
 
-def _rejecting(b: Bench, lease: wire.Message, rows: int, mask: bool = False) -> None:
+def _rejecting(b: Bench, lease: wire.Lease, rows: int, mask: bool = False) -> None:
     """``p1`` delivers ``lease`` without its first clip (rejected) in a batch of ``rows`` rows."""
-    ids = lease["ids"][1:]
-    tokens, frames = lease["shape"]
+    ids = lease.ids[1:]
+    tokens, frames = lease.shape
     arrays = make_batch(rows, tokens, frames, 8, valid=len(ids))
     if mask:
         arrays["row_mask"] = (np.arange(rows) < len(ids)).astype(np.float32)
-    b.send(b"p1", wire.BATCH, {"lease": lease["lease"], "ids": ids,
-                               "rejected": [{"id": lease["ids"][0], "reason": "unreadable"}]}, arrays)
+    b.send(b"p1", wire.Batch(lease.lease, lease.epoch, lease.index, ids,
+                             rejected=(wire.Entry(lease.ids[0], "unreadable"),)), arrays)
 
 
 def test_a_batch_with_a_rejected_clip_carries_only_its_real_rows() -> None:
@@ -218,16 +226,16 @@ def test_a_batch_with_a_rejected_clip_carries_only_its_real_rows() -> None:
     the one of only real rows is queued, as it came."""
     b = Bench(lease_ahead=1)
     lease = b.credited(b"p1")
-    assert lease["rows"] == len(lease["ids"]) == 4
+    assert lease.rows == len(lease.ids) == 4
     _rejecting(b, lease, rows=4)  # an empty row
     again, = b.take(b"p1", wire.LEASE)
     assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 1} and len(b.queue) == 0
-    b.send(b"p1", wire.READY, {"lease": again["lease"]})
+    b.send(b"p1", wire.Ready(again.lease))
     b.take(b"p1", wire.CREDIT)
     _rejecting(b, again, rows=3)
     queued = b.queue.get(0)[0]
-    assert queued.ids == again["ids"][1:] and queued.arrays["mel_lengths"].shape == (3,)
-    assert (queued.arrays["mel_lengths"] > 0).all() and queued.frames_computed == 3 * again["shape"][1]
+    assert queued.ids == list(again.ids[1:]) and queued.arrays["mel_lengths"].shape == (3,)
+    assert (queued.arrays["mel_lengths"] > 0).all() and queued.frames_computed == 3 * again.shape[1]
 
 
 def test_with_fixed_rows_a_batch_keeps_the_leases_rows_and_marks_the_empty_ones() -> None:
@@ -235,15 +243,15 @@ def test_with_fixed_rows_a_batch_keeps_the_leases_rows_and_marks_the_empty_ones(
     assert "row_mask" in b.scheduler.schema.names
     lease = b.credited(b"p1")
     welcome, = b.take(b"p1", wire.WELCOME)  # what the producer collates by
-    assert welcome["fixed_rows"] is True and welcome["fields"] == "row_mask"
+    assert welcome.fixed_rows is True and welcome.fields == "row_mask"
     _rejecting(b, lease, rows=3, mask=True)  # too few rows
     again, = b.take(b"p1", wire.LEASE)
-    b.send(b"p1", wire.READY, {"lease": again["lease"]})
+    b.send(b"p1", wire.Ready(again.lease))
     b.take(b"p1", wire.CREDIT)
     _rejecting(b, again, rows=4)  # no row_mask
     assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 2} and len(b.queue) == 0
     third, = b.take(b"p1", wire.LEASE)
-    b.send(b"p1", wire.READY, {"lease": third["lease"]})
+    b.send(b"p1", wire.Ready(third.lease))
     b.take(b"p1", wire.CREDIT)
     _rejecting(b, third, rows=4, mask=True)
     queued = b.queue.get(0)[0]
@@ -266,11 +274,11 @@ def test_a_clip_every_live_producer_lacks_is_rejected_once_nothing_else_is_left(
 def test_a_batch_that_does_not_match_its_lease_is_dropped_and_replanned() -> None:
     b = Bench(lease_ahead=1)
     lease = b.credited(b"p1")
-    tokens, frames = lease["shape"]
-    wrong = make_batch(lease["rows"], tokens, frames + 16, 8, valid=len(lease["ids"]))
-    b.send(b"p1", wire.BATCH, {"lease": lease["lease"], "ids": lease["ids"], "rejected": []}, wrong)
+    tokens, frames = lease.shape
+    wrong = make_batch(lease.rows, tokens, frames + 16, 8, valid=len(lease.ids))
+    b.send(b"p1", wire.Batch(lease.lease, lease.epoch, lease.index, lease.ids), wrong)
     again, = b.take(b"p1", wire.LEASE)
-    assert again["ids"] == lease["ids"] and again["lease"] != lease["lease"]
+    assert again.ids == lease.ids and again.lease != lease.lease
     assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 1} and len(b.queue) == 0
 
 
@@ -280,7 +288,7 @@ def test_late_uncredited_and_foreign_batches_are_counted_and_dropped() -> None:
     b.hello(b"p2")
     lease, = b.take(b"p1", wire.LEASE)
     b.deliver(b"p1", lease)  # no credit yet
-    b.send(b"p1", wire.READY, {"lease": lease["lease"]})
+    b.send(b"p1", wire.Ready(lease.lease))
     b.take(b"p1", wire.CREDIT)
     b.deliver(b"p2", lease)  # someone else's lease
     b.deliver(b"p1", lease)
@@ -296,13 +304,13 @@ def test_garbage_and_strangers_are_counted_and_a_stranger_is_asked_to_rejoin_onc
     for _ in range(200):
         b.scheduler.on_message(b"x", [rng.bytes(int(rng.integers(0, 64))) for _ in range(int(rng.integers(0, 3)))],
                                b.now)
-    b.send(b"stranger", wire.HEARTBEAT, {})
-    b.send(b"stranger", wire.HEARTBEAT, {})
+    b.send(b"stranger", wire.Heartbeat())
+    b.send(b"stranger", wire.Heartbeat())
     assert len(b.take(b"stranger", wire.REFUSE)) == 1
     b.tick(1.0)
-    b.send(b"stranger", wire.HEARTBEAT, {})
+    b.send(b"stranger", wire.Heartbeat())
     refuse, = b.take(b"stranger", wire.REFUSE)
-    assert refuse["rejoin"] is True
+    assert refuse.rejoin is True
     assert sum(b.scheduler.snapshot()["rejected_messages"].values()) == 203
 
 
@@ -335,11 +343,55 @@ def test_a_producer_with_another_dataset_is_refused_with_the_reason_and_given_no
     b = Bench(dataset=fake_scan(sorted(IDS)))
     b.hello(b"stranger", dataset=fake_scan([*sorted(IDS), "EXTRA"]).describe())
     refuse, = b.take(b"stranger", wire.REFUSE)
-    assert "dataset on test does not match the trainer's: metadata.csv differs" in refuse["reason"]
+    assert "dataset on test does not match the trainer's: metadata.csv differs" in refuse.reason
     assert b.inbox[b"stranger"] == []  # no WELCOME, no lease
     snap = b.scheduler.snapshot()
-    assert snap["refused_producers"] == [{"producer": "stranger", "host": "test", "reason": refuse["reason"]}]
+    assert snap["refused_producers"] == [{"producer": "stranger", "host": "test", "reason": refuse.reason}]
     assert snap["producers"] == []
+
+
+def test_a_hello_of_the_previous_protocol_version_is_refused_in_that_version() -> None:
+    """What a producer of version 3 sends; it reads the REFUSE, whose layout is every version's."""
+    b = Bench()
+    old = wire.PROTOCOL_VERSION - 1
+    b.send_frames(b"old", [msgpack.packb({"v": old, "k": "hello", "a": [], "producer": "p0", "host": "h3", "pid": 9,
+                                          "dataset": {}}, use_bin_type=True)])
+    (frames,) = b.frames[b"old"]
+    header = msgpack.unpackb(frames[0], raw=False)
+    reason = (f"the producer speaks protocol version {old} and the trainer {wire.PROTOCOL_VERSION}: run the "
+              "trainer's stoker version on host h3")
+    assert header == {"v": old, "k": "refuse", "a": [], "reason": reason} and len(frames) == 1
+    assert b.inbox[b"old"] == []  # no WELCOME, no lease
+    snap = b.scheduler.snapshot()
+    assert snap["refused_producers"] == [{"producer": "p0", "host": "h3", "reason": reason}]
+    assert snap["producers"] == [] and snap["rejected_messages"] == {"bad_version": 1}
+    b.hello(b"p1")  # a producer of this version joins as ever
+    assert len(b.take(b"p1", wire.WELCOME)) == 1
+
+
+def test_a_producer_lacking_a_config_key_the_trainer_sends_is_refused_naming_it() -> None:
+    b = Bench()
+    b.hello(b"old", config=lacking("transforms", "mel_norm"))
+    refuse, = b.take(b"old", wire.REFUSE)
+    assert refuse.reason == ("the producer's config schema differs from the trainer's (it lacks the config keys "
+                             "transforms.mel_norm): run the trainer's stoker version on host test")
+    assert b.inbox[b"old"] == []
+    snap = b.scheduler.snapshot()
+    assert snap["refused_producers"] == [{"producer": "old", "host": "test", "reason": refuse.reason}]
+    assert snap["producers"] == [] and snap["rejected_messages"] == {}
+    b.hello(b"other", config=wire.ConfigSchema(wire.CONFIG_VERSION + 1, wire.ConfigSchema.local().sections))
+    refuse, = b.take(b"other", wire.REFUSE)
+    assert f"config version {wire.CONFIG_VERSION + 1} here and {wire.CONFIG_VERSION} on the trainer" in refuse.reason
+
+
+def test_the_welcome_carries_the_trainers_config_sections_as_they_are() -> None:
+    b = Bench()
+    b.hello(b"p1")
+    welcome, = b.take(b"p1", wire.WELCOME)
+    cfg = b.cfg
+    assert welcome.config == wire.ProducerConfig(cfg.features, cfg.transforms, cfg.faults)
+    assert (welcome.heartbeat_interval_s, welcome.ref_frames) == (cfg.pipeline.heartbeat_interval_s,
+                                                                  cfg.batching.ref_frames)
 
 
 def test_a_repeated_hello_of_one_session_is_welcomed_again_and_changes_nothing() -> None:
@@ -379,14 +431,14 @@ def test_a_workers_share_reaches_the_trainer_in_plan_order_through_a_credit_wind
 def test_a_clip_a_workers_producer_lacks_is_rejected_not_replanned_into_an_extra_step() -> None:
     b = Bench(max_epochs=1, lease_ahead=1, workers=2, worker=0)
     lease = b.credited(b"lacking")
-    missing = lease["ids"][0]
+    missing = lease.ids[0]
     b.deliver(b"lacking", lease, missed=[missing])
-    assert b.drain_queue() == [i for i in lease["ids"] if i != missing]
+    assert b.drain_queue() == [i for i in lease.ids if i != missing]
     assert [r.id for r in b.rejected] == [missing] and "missing on host test" in b.rejected[0].reason
     # what is left to do is the rest of the plan, each planned batch once: no extra batch for the clip
-    left = [(m["epoch"], m["index"]) for m in b.take(b"lacking", wire.LEASE)]
+    left = [(m.epoch, m.index) for m in b.take(b"lacking", wire.LEASE)]
     left += [(batch.epoch, batch.index) for batch in b.scheduler._pending]
-    rest = [(0, batch.index) for batch in b.scheduler.planner.plan(0) if batch.index != lease["index"]]
+    rest = [(0, batch.index) for batch in b.scheduler.planner.plan(0) if batch.index != lease.index]
     assert sorted(left) == sorted(rest)
 
 
@@ -399,16 +451,16 @@ def test_a_workers_earliest_batches_lost_with_a_producer_take_a_later_lease_slot
     early = b.take(b"early", wire.LEASE)
     b.hello(b"late")
     for lease in b.take(b"late", wire.LEASE):
-        b.held[b"late"][lease["lease"]] = lease
-        b.send(b"late", wire.READY, {"lease": lease["lease"]})
-    assert [m["index"] for m in early] == [batch.index for batch in plan[:3]]
+        b.held[b"late"][lease.lease] = lease
+        b.send(b"late", wire.Ready(lease.lease))
+    assert [m.index for m in early] == [batch.index for batch in plan[:3]]
     assert b.take(b"late", wire.CREDIT) == []  # nothing of the window is its
-    b.send(b"early", wire.BYE, {"leases": [m["lease"] for m in early]})
+    b.send(b"early", wire.Bye(tuple(m.lease for m in early)))
     revoked = b.take(b"late", wire.REVOKE)
-    late = {lease_id: m["index"] for lease_id, m in b.held[b"late"].items()}
-    assert sorted(late[r["lease"]] for r in revoked) == [batch.index for batch in plan[4:]]  # its latest two
+    late = {lease_id: m.index for lease_id, m in b.held[b"late"].items()}
+    assert sorted(late[r.lease] for r in revoked) == [batch.index for batch in plan[4:]]  # its latest two
     for r in revoked:
-        b.held[b"late"].pop(r["lease"])
+        b.held[b"late"].pop(r.lease)
     taken = []
     for _ in range(40):
         b.work(b"late")
@@ -419,7 +471,7 @@ def test_a_workers_earliest_batches_lost_with_a_producer_take_a_later_lease_slot
             b.scheduler.on_free(b.now)
             b._collect()
         for r in b.take(b"late", wire.REVOKE):
-            b.held[b"late"].pop(r["lease"], None)
+            b.held[b"late"].pop(r.lease, None)
     assert taken == [batch.index for batch in plan]
 
 
@@ -461,14 +513,14 @@ def test_a_validation_pass_gives_every_held_out_clip_once_beside_a_full_training
         got: list = []
         if number == 1:  # p2 delivers all but one of its validation batches and dies holding that one, credited
             leases = b.take(b"p2", wire.LEASE)
-            assert leases and all(m["epoch"] == -1 for m in leases)  # slots beside its training ones
+            assert leases and all(m.epoch == -1 for m in leases)  # slots beside its training ones
             for lease in leases:
-                b.send(b"p2", wire.READY, {"lease": lease["lease"]})
+                b.send(b"p2", wire.Ready(lease.lease))
             assert len(b.take(b"p2", wire.CREDIT)) == len(leases)  # credits of the validation queue, not the full one
             for lease in leases[:-1]:
                 b.deliver(b"p2", lease)
             got += b.take_items(b.val_queue)
-            b.send(b"p2", wire.BYE, {})
+            b.send(b"p2", wire.Bye())
         while b.scheduler.validation_finished < number:
             assert b.work(b"p1"), "the pass stalled"
             got += b.take_items(b.val_queue)
@@ -477,7 +529,7 @@ def test_a_validation_pass_gives_every_held_out_clip_once_beside_a_full_training
         assert b.queue.positions() == queued  # no validation batch in the training queue, none taken from it
         p1 = [b.scheduler._leases[i] for i in b.scheduler.peers.live[b"p1"].leases]
         assert all(training[lease.id] == lease.batch for lease in p1 if lease.batch.epoch >= 0)  # untouched
-        assert not [m for m in b.take(b"p1", wire.REVOKE) if m["lease"] in training]
+        assert not [m for m in b.take(b"p1", wire.REVOKE) if m.lease in training]
     trained = b.drain_queue()
     while b.work(b"p1"):
         trained += b.drain_queue()

@@ -14,6 +14,7 @@ from stoker.producer.features import log_mel_spectrogram_numpy
 from stoker.shared import config as config_mod, wire
 from stoker.shared.config import batch_schema
 from stoker.shared.dataset import build_index
+from tests.consumer.harness import hello_of
 from tests.factories import make_samples
 from tests.speech import make_train_eval_dataset
 
@@ -42,18 +43,17 @@ def test_a_validation_lease_names_the_eval_files_clips_so_a_producer_that_indexe
     held_set = ValidationSet(validation_batches(held, planner), BatchQueue(2), TokenTable(held, index.vocabulary),
                              texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held})
     scheduler = Scheduler(cfg, planner, BatchQueue(3), max_epochs=0, validation=held_set)
-    scheduler.on_message(b"p", wire.encode(wire.HELLO, {"producer": "p", "host": "test", "pid": 1}), 0.0)
+    scheduler.on_message(b"p", hello_of("p").encode(), 0.0)
     scheduler.start_validation(1, 0.0)
-    leases = [wire.decode(wire.encode(kind, fields)) for _, kind, fields in scheduler.take_outbox()
-              if kind == wire.LEASE]
+    leases = [wire.read(msg.encode())[0] for _, msg, _ in scheduler.take_outbox() if isinstance(msg, wire.Lease)]
     # A producer of the training file: it knows none of the eval file's clips but from their leases.
     maker = BatchMaker(index.root, {s.id: s.text for s in train}, cfg.features, None, "p",
                        files={s.id: s.audio for s in train}, schema=batch_schema(cfg))
     made = {}
     for lease in leases:
-        prepared = maker.make(lease.fields)
-        assert prepared.fields["missed"] == [] and prepared.fields["rejected"] == []
-        for row, clip in enumerate(prepared.fields["ids"]):
+        prepared = maker.make(lease)
+        assert prepared.batch.missed == () and prepared.batch.rejected == ()
+        for row, clip in enumerate(prepared.batch.ids):
             made[clip] = prepared.arrays["mel"][row, :prepared.arrays["mel_lengths"][row]]
     assert sorted(made) == sorted(held_ids) == sorted(s.id for s in held)
     for clip, mel in made.items():

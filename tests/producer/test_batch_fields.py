@@ -12,13 +12,14 @@ import pytest
 from stoker.producer.audio import load_audio
 from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
 from stoker.producer.batches import BatchMaker
+from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig
 from stoker.shared.dataset import read_metadata, scan_audio
 from tests.factories import make_dataset
 
 FEATURES = FeaturesConfig(backend="numpy")
-SHAPE = [64, 160]  # (L, T): room for every clip of make_dataset
+SHAPE = (64, 160)  # (L, T): room for every clip of make_dataset
 REF_FRAMES = 40  # shorter than every clip: references are cropped
 
 
@@ -38,12 +39,9 @@ def _maker(root: Path, fields: str, cache: Path | None = None, fixed_rows: bool 
                       feature_cache=str(cache or ""), fixed_rows=fixed_rows)
 
 
-def _lease(ids: list[str], refs: list[str] | None = None) -> dict:
-    lease = {"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE, "rows": 4,
-             "tokens": [[2, 3, 1] for _ in ids]}
-    if refs is not None:
-        lease["refs"] = refs
-    return lease
+def _lease(ids: list[str], refs: list[str] | None = None, rows: int = 4) -> wire.Lease:
+    return wire.Lease(1, 0, 0, tuple(ids), SHAPE, rows, tuple((2, 3, 1) for _ in ids),
+                      refs=tuple(refs) if refs is not None else None)
 
 
 def _mel(root: Path, sample_id: str) -> np.ndarray:
@@ -56,7 +54,7 @@ def test_audio_is_the_waveform_padded_with_zeros(dataset) -> None:
     made = _maker(root, "audio", fixed_rows=True).make(_lease(ids[:3]))
     arrays = made.arrays
     assert arrays["audio"].shape == (4, SHAPE[1] * FEATURES.hop_length) and arrays["audio"].dtype == np.float32
-    for row, sample_id in enumerate(made.fields["ids"]):
+    for row, sample_id in enumerate(made.batch.ids):
         wave = load_audio(root / "wavs" / f"{sample_id}.wav", FEATURES.sample_rate_hz)
         assert arrays["audio_lengths"][row] == len(wave)
         np.testing.assert_array_equal(arrays["audio"][row, :len(wave)], wave)
@@ -73,7 +71,7 @@ def test_audio_is_read_even_when_the_feature_cache_holds_the_mel(dataset, tmp_pa
     maker = _maker(root, "audio", cache=tmp_path / "cache")
     first = maker.make(_lease(ids[:2]))
     again = maker.make(_lease(ids[:2]))
-    assert again.fields["cache"]["hits"] == 2 and again.fields["cache"]["computed"] == 0
+    assert again.batch.cache["hits"] == 2 and again.batch.cache["computed"] == 0
     np.testing.assert_array_equal(first.arrays["audio"], again.arrays["audio"])
 
 
@@ -111,15 +109,15 @@ def test_a_missing_reference_misses_its_clip_and_a_broken_one_rejects_it(dataset
     (root / "wavs" / f"{ids[3]}.wav").write_bytes(b"RIFF not really")
     maker = _maker(root, "ref_mel")
     made = maker.make(_lease(ids[:3], [ids[4], ids[3], ids[1]]))
-    assert made.fields["ids"] == [ids[2]]
-    assert [m["id"] for m in made.fields["missed"]] == [ids[0]]
-    assert made.fields["missed"][0]["reason"].startswith(f"reference clip {ids[4]}: audio file missing")
-    assert [r["id"] for r in made.fields["rejected"]] == [ids[1]]
-    assert made.fields["rejected"][0]["reason"].startswith(f"reference clip {ids[3]}: ")
-    assert made.fields["ids"] + [m["id"] for m in made.fields["missed"]] + [
-        r["id"] for r in made.fields["rejected"]] == [ids[2], ids[0], ids[1]]  # every clip accounted for
+    assert list(made.batch.ids) == [ids[2]]
+    assert [m.id for m in made.batch.missed] == [ids[0]]
+    assert made.batch.missed[0].reason.startswith(f"reference clip {ids[4]}: audio file missing")
+    assert [r.id for r in made.batch.rejected] == [ids[1]]
+    assert made.batch.rejected[0].reason.startswith(f"reference clip {ids[3]}: ")
+    assert list(made.batch.ids) + [m.id for m in made.batch.missed] + [
+        r.id for r in made.batch.rejected] == [ids[2], ids[0], ids[1]]  # every clip accounted for
     # Only the real row: B is the one clip delivered, its values those of a batch of it alone.
-    alone = _maker(root, "ref_mel").make({**_lease([ids[2]], [ids[1]]), "rows": 1})
+    alone = _maker(root, "ref_mel").make(_lease([ids[2]], [ids[1]], rows=1))
     assert made.arrays["mel_lengths"].shape == (1,) and made.arrays["mel_lengths"][0] > 0
     for name, array in alone.arrays.items():
         np.testing.assert_array_equal(made.arrays[name], array)
@@ -130,7 +128,7 @@ def test_a_rejected_clip_leaves_only_real_rows_or_with_fixed_rows_a_marked_empty
     (root / "wavs" / f"{ids[1]}.wav").write_bytes(b"RIFF not really")
     real = _maker(root, "speaker_id").make(_lease(ids[:3]))
     fixed = _maker(root, "speaker_id", fixed_rows=True).make(_lease(ids[:3]))
-    assert real.fields["ids"] == fixed.fields["ids"] == [ids[0], ids[2]]
+    assert real.batch.ids == fixed.batch.ids == (ids[0], ids[2])
     assert real.arrays["mel"].shape[0] == 2 and (real.arrays["mel_lengths"] > 0).all() and "row_mask" not in real.arrays
     assert fixed.arrays["mel"].shape[0] == 4 and fixed.arrays["row_mask"].tolist() == [1.0, 1.0, 0.0, 0.0]
     for name, array in real.arrays.items():  # the real rows are the same either way; the rest is padding
@@ -158,8 +156,8 @@ def test_mel_norm_normalises_the_valid_frames_and_reports_the_raw_sums(dataset) 
                                        rtol=1e-5, atol=1e-5)
             np.testing.assert_array_equal(normed.arrays[name][row, n:], plain.arrays[name][row, n:])
     # The sums describe the mel as defined, not as normalised.
-    assert normed.fields["mel_stats"] == plain.fields["mel_stats"]
-    sums = MelStats.from_fields(plain.fields["mel_stats"], FEATURES.n_mels)
+    assert normed.batch.mel_stats == plain.batch.mel_stats
+    sums = MelStats.from_fields(plain.batch.mel_stats, FEATURES.n_mels)
     assert sums.frames == int(plain.arrays["mel_lengths"].sum())
 
 
@@ -182,7 +180,7 @@ def test_clip_minmax_scales_each_clip_to_0_1_and_pads_with_0(dataset) -> None:
         assert not np.isnan(scaled.arrays[name]).any()
         for row in range(len(scaled.arrays[lengths])):  # real rows only
             assert np.all(scaled.arrays[name][row, scaled.arrays[lengths][row]:] == 0.0)  # padding: 0
-    assert scaled.fields["mel_stats"] == plain.fields["mel_stats"]  # the sums are of the mel as defined
+    assert scaled.batch.mel_stats == plain.batch.mel_stats  # the sums are of the mel as defined
 
 
 def test_a_users_mel_function_makes_the_mels_and_its_silence_pads(dataset, tmp_path) -> None:
@@ -198,7 +196,7 @@ def test_a_users_mel_function_makes_the_mels_and_its_silence_pads(dataset, tmp_p
                        schema=schema_for(""), feature_cache=str(tmp_path / "cache"))
     for _ in range(2):  # computed, then read back from the feature cache
         batch = maker.make(_lease(ids[:2]))
-        assert batch.fields["ids"] == ids[:2] and batch.fields["rejected"] == []
+        assert list(batch.batch.ids) == ids[:2] and batch.batch.rejected == ()
         for row, sample_id in enumerate(ids[:2]):
             audio = load_audio(root / "wavs" / f"{sample_id}.wav", FEATURES.sample_rate_hz)
             n = batch.arrays["mel_lengths"][row]
@@ -219,8 +217,8 @@ def test_a_users_mel_function_that_fails_rejects_the_clip(dataset, name: str, re
     files = {k: v.name for k, v in scan_audio(root).items()}
     batch = BatchMaker(root, {e.id: e.text for e in entries}, features, None, "p0", files=files,
                        schema=schema_for("")).make(_lease(ids[:2]))
-    assert batch.fields["ids"] == [] and [r["id"] for r in batch.fields["rejected"]] == ids[:2]
-    for rejected in batch.fields["rejected"]:
-        assert rejected["reason"].startswith(f"features.user tests.producer.user_mels:{name}")
-        found = re.search(reason, rejected["reason"])
+    assert list(batch.batch.ids) == [] and [r.id for r in batch.batch.rejected] == ids[:2]
+    for rejected in batch.batch.rejected:
+        assert rejected.reason.startswith(f"features.user tests.producer.user_mels:{name}")
+        found = re.search(reason, rejected.reason)
         assert found and (not found.groups() or int(found[1]) + 1 == int(found[2]))

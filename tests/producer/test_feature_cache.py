@@ -13,6 +13,7 @@ import pytest
 from stoker.producer.feature_cache import FeatureCache, cache_dir_name, dequantize, quantize
 from stoker.producer.features import log_mel_spectrogram_numpy
 from stoker.producer.batches import BatchMaker, Prepared
+from stoker.shared import wire
 from stoker.shared.config import FeaturesConfig
 from stoker.shared.dataset import read_metadata, scan_audio
 from tests.factories import make_dataset, tone
@@ -20,7 +21,7 @@ from tests.factories import make_dataset, tone
 FEATURES = FeaturesConfig(backend="numpy")
 CLIPS = 6
 BATCH = 8
-SHAPE = [64, 160]  # (L, T): room for every clip of make_dataset
+SHAPE = (64, 160)  # (L, T): room for every clip of make_dataset
 
 
 def _mel(seconds: float = 1.0, seed: int = 0) -> np.ndarray:
@@ -128,8 +129,7 @@ def _maker(root: Path, cache_dir: Path | None, features: FeaturesConfig = FEATUR
 
 
 def _make(maker: BatchMaker, ids: list[str]) -> Prepared:
-    return maker.make({"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": SHAPE, "rows": BATCH,
-                       "tokens": [[2, 3, 1] for _ in ids]})
+    return maker.make(wire.Lease(1, 0, 0, tuple(ids), SHAPE, BATCH, tuple((2, 3, 1) for _ in ids)))
 
 
 def _assert_close(cached: Prepared, computed: Prepared) -> None:
@@ -142,15 +142,15 @@ def _assert_close(cached: Prepared, computed: Prepared) -> None:
 def test_second_epoch_reads_every_clip_from_the_cache(dataset, tmp_path: Path) -> None:
     root, ids = dataset
     plain = _make(_maker(root, None), ids)
-    assert "cache" not in plain.fields
+    assert plain.batch.cache is None
     maker = _maker(root, tmp_path / "cache")
     first = _make(maker, ids)
-    assert first["cache"] == {"hits": 0, "misses": CLIPS, "stale": 0, "corrupt": 0, "written": CLIPS,
+    assert first.batch.cache == {"hits": 0, "misses": CLIPS, "stale": 0, "corrupt": 0, "written": CLIPS,
                               "write_errors": 0, "computed": CLIPS}
     np.testing.assert_array_equal(first.arrays["mel"], plain.arrays["mel"])  # computing is unchanged
     second = _make(_maker(root, tmp_path / "cache"), ids)  # a new producer, as in a later run
-    assert second["cache"]["hits"] == CLIPS and second["cache"]["misses"] == 0
-    assert second["ids"] == first["ids"] == ids
+    assert second.batch.cache["hits"] == CLIPS and second.batch.cache["misses"] == 0
+    assert list(second.batch.ids) == list(first.batch.ids) == ids
     _assert_close(second, plain)
 
 
@@ -162,8 +162,8 @@ def test_touching_a_wav_recomputes_that_clip_only(dataset, tmp_path: Path) -> No
     os.utime(wav, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     maker = _maker(root, tmp_path / "cache")
     batch = _make(maker, ids)
-    assert (batch["cache"]["hits"], batch["cache"]["stale"], batch["cache"]["written"]) == (CLIPS - 1, 1, 1)
-    assert _make(maker, ids)["cache"]["hits"] == CLIPS  # rewritten
+    assert (batch.batch.cache["hits"], batch.batch.cache["stale"], batch.batch.cache["written"]) == (CLIPS - 1, 1, 1)
+    assert _make(maker, ids).batch.cache["hits"] == CLIPS  # rewritten
 
 
 def test_a_corrupt_entry_is_recomputed_counted_and_rewritten(dataset, tmp_path: Path) -> None:
@@ -175,25 +175,25 @@ def test_a_corrupt_entry_is_recomputed_counted_and_rewritten(dataset, tmp_path: 
     blob[-3] ^= 0xFF
     entry.write_bytes(bytes(blob))
     again = _make(_maker(root, tmp_path / "cache"), ids)
-    assert (again["cache"]["hits"], again["cache"]["corrupt"], again["cache"]["written"]) == (CLIPS - 1, 1, 1)
+    assert (again.batch.cache["hits"], again.batch.cache["corrupt"], again.batch.cache["written"]) == (CLIPS - 1, 1, 1)
     # Recomputed (counted above, and rewritten): one clip computed alone can differ from the same clip
     # computed in a batch of six by a rounding, as BLAS blocks a matrix product by its size.
     np.testing.assert_allclose(again.arrays["mel"][4], computed.arrays["mel"][4], rtol=0, atol=1e-5)
-    assert _make(_maker(root, tmp_path / "cache"), ids)["cache"]["hits"] == CLIPS
+    assert _make(_maker(root, tmp_path / "cache"), ids).batch.cache["hits"] == CLIPS
 
 
 def test_a_features_config_change_recomputes_everything(dataset, tmp_path: Path) -> None:
     root, ids = dataset
     _make(_maker(root, tmp_path / "cache"), ids)
     other = dataclasses.replace(FEATURES, fmax_hz=7000.0)
-    assert _make(_maker(root, tmp_path / "cache", other), ids)["cache"]["misses"] == CLIPS
-    assert _make(_maker(root, tmp_path / "cache"), ids)["cache"]["hits"] == CLIPS  # the first still there
+    assert _make(_maker(root, tmp_path / "cache", other), ids).batch.cache["misses"] == CLIPS
+    assert _make(_maker(root, tmp_path / "cache"), ids).batch.cache["hits"] == CLIPS  # the first still there
 
 
 def test_unreadable_clip_is_rejected_with_a_cache_too(dataset, tmp_path: Path) -> None:
     root, ids = dataset
     (root / "wavs" / f"{ids[1]}.wav").write_bytes(b"garbage that is not audio")
     batch = _make(_maker(root, tmp_path / "cache"), ids)
-    assert batch["ids"] == [i for i in ids if i != ids[1]]
-    assert batch["rejected"][0]["reason"].startswith(f"audio file unreadable: wavs/{ids[1]}.wav: ")
-    assert batch["cache"]["written"] == batch["cache"]["computed"] == CLIPS - 1
+    assert list(batch.batch.ids) == [i for i in ids if i != ids[1]]
+    assert batch.batch.rejected[0].reason.startswith(f"audio file unreadable: wavs/{ids[1]}.wav: ")
+    assert batch.batch.cache["written"] == batch.batch.cache["computed"] == CLIPS - 1

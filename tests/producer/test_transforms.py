@@ -13,6 +13,7 @@ from stoker.producer.features import MelComputer, log_mel_spectrogram_numpy
 from stoker.producer.transforms import (Chain, TransformError, TransformSetupError, frame_loudness, preemphasize,
                                         spectral_weights)
 from stoker.producer.batches import BatchMaker
+from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import read_metadata, scan_audio
@@ -185,9 +186,8 @@ def _maker(root: Path, transforms: TransformsConfig, cache: Path | None = None,
                       feature_cache=str(cache or ""), fixed_rows=fixed_rows)
 
 
-def _lease(ids: list[str], texts: dict[str, str]) -> dict:
-    return {"lease": 1, "epoch": 0, "index": 0, "ids": ids, "shape": [96, 160], "rows": 4,
-            "tokens": [list(range(2, len(texts[i]) + 2)) + [1] for i in ids]}
+def _lease(ids: list[str], texts: dict[str, str]) -> wire.Lease:
+    return wire.Lease(1, 0, 0, tuple(ids), (96, 160), 4, tuple((*range(2, len(texts[i]) + 2), 1) for i in ids))
 
 
 def test_a_user_transform_adds_declared_fields_to_the_batch(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ def test_a_user_transform_adds_declared_fields_to_the_batch(tmp_path: Path) -> N
     transforms = TransformsConfig(user=f"{USER}:energy", fields=DECLARED)
     made = _maker(root, transforms, fixed_rows=True).make(_lease(ids, texts))
     arrays = made.arrays
-    assert made.fields["ids"] == ids and arrays["energy"].shape == (4, 160) and arrays["marks"].shape == (4, 96)
+    assert list(made.batch.ids) == ids and arrays["energy"].shape == (4, 160) and arrays["marks"].shape == (4, 96)
     from stoker.producer.audio import load_audio
     from tests.producer.user_transforms import energy
 
@@ -244,13 +244,13 @@ def test_a_raising_transform_rejects_its_clips_and_a_wrong_shape_too(tmp_path: P
     ids = make_dataset(root, count=2)
     texts = {e.id: e.text for e in read_metadata(root)[0]}
     made = _maker(root, TransformsConfig(user=f"{USER}:raises")).make(_lease(ids, texts))
-    assert made.fields["ids"] == []
-    assert [r["reason"] for r in made.fields["rejected"]] == [
+    assert list(made.batch.ids) == []
+    assert [r.reason for r in made.batch.rejected] == [
         f"transform {USER}:raises: ValueError: no pitch for {i}" for i in ids]
     shaped = _maker(root, TransformsConfig(user=f"{USER}:wrong_shape", fields=DECLARED)).make(_lease(ids, texts))
-    assert shaped.fields["ids"] == [] and all(
-        r["reason"].startswith("transform field energy is float32 [3]; declared float32 [T]")
-        for r in shaped.fields["rejected"])
+    assert list(shaped.batch.ids) == [] and all(
+        r.reason.startswith("transform field energy is float32 [3]; declared float32 [T]")
+        for r in shaped.batch.rejected)
 
 
 def test_transformed_mels_are_cached_under_their_chain(tmp_path: Path) -> None:
@@ -261,10 +261,10 @@ def test_transformed_mels_are_cached_under_their_chain(tmp_path: Path) -> None:
     maker = _maker(root, transforms, cache=tmp_path / "cache")
     first = maker.make(_lease(ids, texts))
     again = maker.make(_lease(ids, texts))
-    assert again.fields["cache"]["hits"] == 2
+    assert again.batch.cache["hits"] == 2
     np.testing.assert_allclose(first.arrays["mel"], again.arrays["mel"], atol=0.01)
     plain = _maker(root, TransformsConfig(), cache=tmp_path / "cache").make(_lease(ids, texts))
-    assert plain.fields["cache"]["hits"] == 0  # another chain: not served the transformed mels
+    assert plain.batch.cache["hits"] == 0  # another chain: not served the transformed mels
     assert math.isfinite(float(plain.arrays["mel"].max()))
 
 

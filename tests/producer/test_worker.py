@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import zmq.auth
 from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
 from stoker.producer.worker import Producer
 from stoker.shared import wire
-from stoker.shared.config import FeaturesConfig
+from stoker.shared.config import BatchingConfig, FeaturesConfig, TransformsConfig
 from tests.factories import make_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -32,17 +34,18 @@ class FakeConsumer:
         self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
         self.identity = b""
 
-    def recv(self, kind: str, skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> wire.Message:
+    def recv(self, kind: str, skip: tuple[str, ...] = (wire.HEARTBEAT,)) -> Any:
+        """The next message of ``kind`` (shared/wire.py's class; its arrays in ``self.arrays``)."""
         while True:
             frames = self.sock.recv_multipart()
             self.identity = frames[0]
-            msg = wire.decode(frames[1:])
-            if msg.kind == kind:
+            msg, self.arrays = wire.read(frames[1:])
+            if msg.KIND == kind:
                 return msg
-            assert msg.kind in skip, f"expected {kind}, got {msg.kind}"
+            assert msg.KIND in skip, f"expected {kind}, got {msg.KIND}"
 
-    def send(self, kind: str, fields: dict) -> None:
-        self.sock.send_multipart([self.identity, *wire.encode(kind, fields)])
+    def send(self, msg: wire.Body) -> None:
+        self.sock.send_multipart([self.identity, *msg.encode()])
 
 
 @pytest.fixture
@@ -68,16 +71,22 @@ def tokens_of(sample_id: str) -> list[int]:
     return [2 + (ord(c) % 30) for c in sample_id] + [1]
 
 
-def lease(lease_id: int, ids: list[str], index: int = 0) -> dict:
-    return {"lease": lease_id, "epoch": 0, "index": index, "ids": ids, "shape": [64, 128], "rows": 4,
-            "tokens": [tokens_of(i) for i in ids]}
+def lease(lease_id: int, ids: list[str], index: int = 0, **fields: Any) -> wire.Lease:
+    return wire.Lease(lease_id, 0, index, tuple(ids), (64, 128), 4, tuple(tuple(tokens_of(i)) for i in ids), **fields)
+
+
+def welcome_of(features: FeaturesConfig, fields: str = "", fixed_rows: bool = False, user: str = "",
+               versions: dict[str, str] | None = None) -> wire.Welcome:
+    return wire.Welcome(producer_index=0, producer_name="p-test",
+                        config=wire.ProducerConfig(features, TransformsConfig(user=user)), fields=fields,
+                        fixed_rows=fixed_rows, ref_frames=BatchingConfig.ref_frames, transform_versions=versions or {},
+                        metadata_file="metadata.csv", metadata_sha256="", feature_cache="",
+                        heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0)
 
 
 def welcome(consumer: FakeConsumer, features: FeaturesConfig, fields: str = "", fixed_rows: bool = False) -> None:
     consumer.recv(wire.HELLO)
-    consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(features),
-                                 "fields": fields, "fixed_rows": fixed_rows, "metadata_file": "metadata.csv",
-                                 "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 30.0})
+    consumer.send(welcome_of(features, fields, fixed_rows))
 
 
 def test_lease_ready_credit_batch_with_a_rejected_clip(setup):
@@ -85,21 +94,21 @@ def test_lease_ready_credit_batch_with_a_rejected_clip(setup):
     (root / "wavs" / f"{ids[1]}.wav").write_bytes(b"RIFF....WAVEgarbage")
     welcome(consumer, features)
     lease_ids = [ids[0], ids[1], ids[2]]
-    consumer.send(wire.LEASE, lease(7, lease_ids, index=0))
-    assert consumer.recv(wire.READY)["lease"] == 7
-    consumer.send(wire.CREDIT, {"lease": 7})
+    consumer.send(lease(7, lease_ids, index=0))
+    assert consumer.recv(wire.READY).lease == 7
+    consumer.send(wire.Credit(7))
     batch = consumer.recv(wire.BATCH)
-    assert batch["lease"] == 7
-    assert batch["ids"] == [ids[0], ids[2]]
-    assert [r["id"] for r in batch["rejected"]] == [ids[1]]
+    assert batch.lease == 7
+    assert batch.ids == (ids[0], ids[2])
+    assert [r.id for r in batch.rejected] == [ids[1]]
     # the tokens are the lease's, row for row, padded with 0
-    for row, sample_id in enumerate(batch["ids"]):
+    for row, sample_id in enumerate(batch.ids):
         expected_tokens = tokens_of(sample_id)
-        assert batch.arrays["token_lengths"][row] == len(expected_tokens)
-        assert batch.arrays["tokens"][row].tolist() == expected_tokens + [0] * (64 - len(expected_tokens))
-    assert batch["rejected"][0]["reason"] == (f"audio file truncated: wavs/{ids[1]}.wav: the header ends at byte 19 "
+        assert consumer.arrays["token_lengths"][row] == len(expected_tokens)
+        assert consumer.arrays["tokens"][row].tolist() == expected_tokens + [0] * (64 - len(expected_tokens))
+    assert batch.rejected[0].reason == (f"audio file truncated: wavs/{ids[1]}.wav: the header ends at byte 19 "
                                               "without a data chunk")
-    mel, lengths = batch.arrays["mel"], batch.arrays["mel_lengths"]
+    mel, lengths = consumer.arrays["mel"], consumer.arrays["mel_lengths"]
     assert mel.shape == (2, 128, 16) and all(lengths > 0)  # only the real rows (batching.fixed_rows off)
     import soundfile
 
@@ -108,7 +117,7 @@ def test_lease_ready_credit_batch_with_a_rejected_clip(setup):
     assert lengths[0] == expected.shape[0]
     np.testing.assert_allclose(mel[0, :lengths[0]], expected, rtol=1e-5, atol=1e-5)
     assert np.all(mel[0, lengths[0]:] == np.float32(pad_value(features)))
-    consumer.send(wire.STOP, {"reason": "test over"})
+    consumer.send(wire.Stop("test over"))
     thread.join(10)
     assert result["code"] == 0
 
@@ -116,12 +125,12 @@ def test_lease_ready_credit_batch_with_a_rejected_clip(setup):
 def test_stop_signal_sends_bye_with_held_leases(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
-    consumer.send(wire.LEASE, lease(3, [ids[0]], index=0))
-    consumer.send(wire.LEASE, lease(4, [ids[3]], index=1))
+    consumer.send(lease(3, [ids[0]], index=0))
+    consumer.send(lease(4, [ids[3]], index=1))
     consumer.recv(wire.READY)
     stop.set()  # what SIGTERM/SIGINT do
     bye = consumer.recv(wire.BYE, skip=(wire.HEARTBEAT, wire.READY))
-    assert sorted(bye["leases"]) == [3, 4]
+    assert sorted(bye.leases) == [3, 4]
     thread.join(10)
     assert result["code"] == 0
 
@@ -130,8 +139,8 @@ def test_garbage_from_the_consumer_is_ignored(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
     consumer.sock.send_multipart([consumer.identity, b"\xc1 not msgpack"])
-    consumer.send(wire.LEASE, lease(1, [ids[0]], index=0))
-    assert consumer.recv(wire.READY)["lease"] == 1
+    consumer.send(lease(1, [ids[0]], index=0))
+    assert consumer.recv(wire.READY).lease == 1
     assert thread.is_alive()
 
 
@@ -146,8 +155,8 @@ def test_hello_describes_the_dataset_with_its_missing_files(tmp_path):
     thread.start()
     try:
         hello = consumer.recv(wire.HELLO)
-        assert hello["dataset"]["missing"] == [ids[2]] and hello["dataset"]["entries"] == 4
-        assert isinstance(hello["session"], str) and hello["launcher"] > 0
+        assert hello.dataset["missing"] == [ids[2]] and hello.dataset["entries"] == 4
+        assert isinstance(hello.session, str) and hello.launcher > 0
     finally:
         stop.set()
         thread.join(10)
@@ -159,39 +168,69 @@ def test_a_file_missing_on_this_host_is_missed_not_rejected(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     (root / "wavs" / f"{ids[1]}.wav").unlink()
     welcome(consumer, features)
-    consumer.send(wire.LEASE, lease(5, [ids[0], ids[1]]))
+    consumer.send(lease(5, [ids[0], ids[1]]))
     consumer.recv(wire.READY)
-    consumer.send(wire.CREDIT, {"lease": 5})
+    consumer.send(wire.Credit(5))
     batch = consumer.recv(wire.BATCH)
-    assert batch["ids"] == [ids[0]] and batch["rejected"] == []
-    assert [m["id"] for m in batch["missed"]] == [ids[1]]
-    assert f"on host {producer.host}" in batch["missed"][0]["reason"]
+    assert batch.ids == (ids[0],) and batch.rejected == ()
+    assert [m.id for m in batch.missed] == [ids[1]]
+    assert f"on host {producer.host}" in batch.missed[0].reason
 
 
 def test_refused_hello_ends_with_status_2(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     consumer.recv(wire.HELLO)
-    consumer.send(wire.REFUSE, {"reason": "dataset on h does not match the trainer's"})
+    consumer.send(wire.Refuse("dataset on h does not match the trainer's"))
     thread.join(10)
     assert result["code"] == 2
+
+
+def test_a_refusal_of_another_protocol_version_ends_with_status_2_and_one_line(setup, caplog):
+    """A newer trainer refuses this producer in its own version: the REFUSE layout is every version's."""
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    consumer.recv(wire.HELLO)
+    newer = wire.PROTOCOL_VERSION + 1
+    consumer.sock.send_multipart([consumer.identity, *wire.Refuse("too old").encode(version=newer)])
+    thread.join(10)
+    assert result["code"] == 2
+    errors = [r.getMessage() for r in caplog.records if r.name == "producer" and r.levelno >= logging.WARNING]
+    assert errors == [f"the trainer at {consumer.endpoint} (protocol version {newer}, this producer "
+                      f"{wire.PROTOCOL_VERSION}) refused this producer: too old"]
+
+
+@pytest.mark.parametrize("changes, said", [
+    ({"config": {"version": wire.CONFIG_VERSION, "features": {"n_mels_v2": 3}}},
+     "bad_config: unknown config key 'features.n_mels_v2'"),  # a key added after this producer's version
+    ({"config": {"version": wire.CONFIG_VERSION + 1}}, f"config version {wire.CONFIG_VERSION + 1}"),
+    ({"transform_versions": None}, "bad_field: welcome.transform_versions = None"),
+])
+def test_a_welcome_this_producer_cannot_take_ends_with_status_2_and_one_line(setup, caplog, changes, said):
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    consumer.recv(wire.HELLO)
+    header = {**welcome_of(features).to_header(), **changes}
+    consumer.sock.send_multipart([consumer.identity, *wire.encode(wire.WELCOME, header)])
+    thread.join(10)
+    assert result["code"] == 2
+    errors = [r.getMessage() for r in caplog.records if r.name == "producer" and r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and said in errors[0] and "run the trainer's stoker version" in errors[0], errors
 
 
 def test_refusal_naming_another_metadata_file_makes_it_scan_that(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     (root / "train.csv").write_text((root / "metadata.csv").read_text().splitlines()[0] + "\n")
-    assert consumer.recv(wire.HELLO)["dataset"]["metadata_file"] == "metadata.csv"
-    consumer.send(wire.REFUSE, {"reason": "reads train.csv", "metadata_file": "train.csv"})
+    assert consumer.recv(wire.HELLO).dataset["metadata_file"] == "metadata.csv"
+    consumer.send(wire.Refuse("reads train.csv", metadata_file="train.csv"))
     again = consumer.recv(wire.HELLO)
-    assert again["dataset"]["metadata_file"] == "train.csv" and again["dataset"]["entries"] == 1
+    assert again.dataset["metadata_file"] == "train.csv" and again.dataset["entries"] == 1
 
 
 def test_a_rejoin_request_drops_work_and_says_hello_again(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
-    consumer.send(wire.LEASE, lease(8, [ids[0]], index=0))
+    consumer.send(lease(8, [ids[0]], index=0))
     consumer.recv(wire.READY)
     producer._last_hello -= 10  # the REFUSE answers a message sent after our HELLO
-    consumer.send(wire.REFUSE, {"reason": "unknown producer", "rejoin": True})
+    consumer.send(wire.Refuse("unknown producer", rejoin=True))
     consumer.recv(wire.HELLO, skip=(wire.HEARTBEAT, wire.READY))
     assert producer._held == set() and thread.is_alive()
 
@@ -199,63 +238,63 @@ def test_a_rejoin_request_drops_work_and_says_hello_again(setup):
 def test_a_revoked_lease_is_never_delivered(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
-    consumer.send(wire.LEASE, lease(1, [ids[0]], index=0))
-    consumer.send(wire.REVOKE, {"lease": 1})
-    consumer.send(wire.LEASE, lease(2, [ids[2]], index=1))
+    consumer.send(lease(1, [ids[0]], index=0))
+    consumer.send(wire.Revoke(1))
+    consumer.send(lease(2, [ids[2]], index=1))
     # lease 1 may have been prepared and offered before the REVOKE was read (the consumer
     # drops that READY); what must hold is that it is never delivered
-    offered = consumer.recv(wire.READY)["lease"]
+    offered = consumer.recv(wire.READY).lease
     while offered != 2:
         assert offered == 1
-        offered = consumer.recv(wire.READY)["lease"]
-    consumer.send(wire.CREDIT, {"lease": 1})  # a credit for the revoked lease is ignored
-    consumer.send(wire.CREDIT, {"lease": 2})
-    assert consumer.recv(wire.BATCH)["lease"] == 2
+        offered = consumer.recv(wire.READY).lease
+    consumer.send(wire.Credit(1))  # a credit for the revoked lease is ignored
+    consumer.send(wire.Credit(2))
+    assert consumer.recv(wire.BATCH).lease == 2
 
 
 class SentFrames:
     """A socket stand-in for the io thread's handlers: it keeps what they send."""
 
     def __init__(self) -> None:
-        self.sent: list[wire.Message] = []
+        self.sent: list[wire.Body] = []
 
     def send_multipart(self, frames: list, **_: object) -> None:
-        self.sent.append(wire.decode(frames))
+        self.sent.append(wire.read(frames)[0])
 
 
 def test_a_lease_revoked_while_it_is_prepared_is_neither_offered_nor_sent(tmp_path):
     producer = Producer("tcp://127.0.0.1:1", tmp_path, "p-book", threading.Event())
     sock = SentFrames()
-    producer._handle(sock, wire.Message(wire.LEASE, lease(1, ["T0000"])), now=0.0)
-    producer._handle(sock, wire.Message(wire.REVOKE, {"lease": 1}), now=0.0)
-    producer._ready[1] = wire.encode(wire.BATCH, {"lease": 1})  # the compute thread finishes it
+    producer._handle(sock, lease(1, ["T0000"]), now=0.0)
+    producer._handle(sock, wire.Revoke(1), now=0.0)
+    producer._ready[1] = wire.Batch(1, 0, 0, ()).encode()  # the compute thread finishes it
     assert producer._on_wake(sock, b"1")
-    producer._handle(sock, wire.Message(wire.CREDIT, {"lease": 1}), now=0.0)
+    producer._handle(sock, wire.Credit(1), now=0.0)
     assert sock.sent == [] and producer._ready == {} and producer._held == set()
     # the same lease not revoked is offered, then sent on its credit
-    producer._handle(sock, wire.Message(wire.LEASE, lease(2, ["T0001"])), now=0.0)
-    producer._ready[2] = wire.encode(wire.BATCH, {"lease": 2})
+    producer._handle(sock, lease(2, ["T0001"]), now=0.0)
+    producer._ready[2] = wire.Batch(2, 0, 0, ()).encode()
     producer._on_wake(sock, b"2")
-    producer._handle(sock, wire.Message(wire.CREDIT, {"lease": 2}), now=0.0)
-    assert [(m.kind, m["lease"]) for m in sock.sent] == [(wire.READY, 2), (wire.BATCH, 2)]
+    producer._handle(sock, wire.Credit(2), now=0.0)
+    assert sock.sent == [wire.Ready(2), wire.Batch(2, 0, 0, ())]
 
 
 def test_heartbeats_carry_a_ping_and_the_pong_gives_the_round_trip(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
     beat = consumer.recv(wire.HEARTBEAT, skip=(wire.HELLO,))
-    assert isinstance(beat["ping"], float)
-    consumer.send(wire.HEARTBEAT, {"pong": beat["ping"]})
+    assert isinstance(beat.ping, float)
+    consumer.send(wire.Heartbeat(pong=beat.ping))
     beat = consumer.recv(wire.HEARTBEAT, skip=(wire.HELLO,))
-    while beat.get("rtt_ms") is None:
+    while beat.rtt_ms is None:
         beat = consumer.recv(wire.HEARTBEAT, skip=(wire.HELLO,))
-    assert 0 <= beat["rtt_ms"] < 10000
+    assert 0 <= beat.rtt_ms < 10000
 
 
 def test_stop_is_answered_with_bye(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     welcome(consumer, features)
-    consumer.send(wire.STOP, {"reason": "run over"})
+    consumer.send(wire.Stop("run over"))
     consumer.recv(wire.BYE, skip=(wire.HEARTBEAT, wire.HELLO))
     thread.join(10)
     assert result["code"] == 0
@@ -404,15 +443,15 @@ def test_a_producer_needs_no_text_front_end(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         welcome(consumer, FeaturesConfig(backend="numpy", n_mels=16))
-        consumer.send(wire.LEASE, lease(1, ids))
-        assert consumer.recv(wire.READY)["lease"] == 1
-        consumer.send(wire.CREDIT, {"lease": 1})
+        consumer.send(lease(1, ids))
+        assert consumer.recv(wire.READY).lease == 1
+        consumer.send(wire.Credit(1))
         batch = consumer.recv(wire.BATCH)
-        for row, sample_id in enumerate(batch["ids"]):
+        for row, sample_id in enumerate(batch.ids):
             expected = tokens_of(sample_id)
-            assert batch.arrays["tokens"][row, :len(expected)].tolist() == expected
-        assert batch["ids"] == ids
-        consumer.send(wire.STOP, {"reason": "test over"})
+            assert consumer.arrays["tokens"][row, :len(expected)].tolist() == expected
+        assert list(batch.ids) == ids
+        consumer.send(wire.Stop("test over"))
         assert proc.wait(timeout=20) == 0, proc.stderr.read()[-2000:]
     finally:
         if proc.poll() is None:
@@ -426,17 +465,17 @@ def test_optional_fields_come_from_the_lease(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     # The WELCOME of a run of fixed rows: the lease's 4 rows, the 2 empty ones marked by row_mask.
     welcome(consumer, features, fields="speaker_id,language_id,stop,row_mask", fixed_rows=True)
-    consumer.send(wire.LEASE, {**lease(2, [ids[0], ids[1]]), "speakers": [3, 1], "languages": [1, 0]})
-    assert consumer.recv(wire.READY)["lease"] == 2
-    consumer.send(wire.CREDIT, {"lease": 2})
-    batch = consumer.recv(wire.BATCH)
-    assert batch.arrays["speaker_id"].tolist() == [3, 1, 0, 0]
-    assert batch.arrays["language_id"].tolist() == [1, 0, 0, 0]
-    assert batch.arrays["row_mask"].tolist() == [1.0, 1.0, 0.0, 0.0]
-    lengths = batch.arrays["mel_lengths"]
+    consumer.send(lease(2, [ids[0], ids[1]], speakers=(3, 1), languages=(1, 0)))
+    assert consumer.recv(wire.READY).lease == 2
+    consumer.send(wire.Credit(2))
+    assert consumer.recv(wire.BATCH).ids == (ids[0], ids[1])
+    assert consumer.arrays["speaker_id"].tolist() == [3, 1, 0, 0]
+    assert consumer.arrays["language_id"].tolist() == [1, 0, 0, 0]
+    assert consumer.arrays["row_mask"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    lengths = consumer.arrays["mel_lengths"]
     for row in range(4):
-        assert batch.arrays["stop"][row].tolist() == [float(t >= lengths[row] - 1) for t in range(128)]
-    consumer.send(wire.STOP, {"reason": "test over"})
+        assert consumer.arrays["stop"][row].tolist() == [float(t >= lengths[row] - 1) for t in range(128)]
+    consumer.send(wire.Stop("test over"))
     thread.join(10)
 
 
@@ -447,11 +486,7 @@ def test_optional_fields_come_from_the_lease(setup):
 def test_a_transform_of_another_version_than_the_trainers_ends_with_status_2(setup, caplog, versions, said):
     consumer, producer, stop, thread, result, ids, root, features = setup
     consumer.recv(wire.HELLO)
-    consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(features), "fields": "",
-                                 "metadata_file": "metadata.csv", "heartbeat_interval_s": 0.5,
-                                 "heartbeat_timeout_s": 30.0,
-                                 "transforms": {"user": "tests.producer.user_transforms:halve"},
-                                 "transform_versions": versions})
+    consumer.send(welcome_of(features, user="tests.producer.user_transforms:halve", versions=versions))
     thread.join(10)
     assert result["code"] == 2
     assert "transform tests.producer.user_transforms:halve" in caplog.text and said in caplog.text
@@ -461,10 +496,7 @@ def test_a_mel_function_of_another_version_than_the_trainers_ends_with_status_2(
     consumer, producer, stop, thread, result, ids, root, features = setup
     spec = "tests.producer.user_mels:frame_levels"
     consumer.recv(wire.HELLO)
-    consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(dataclasses.replace(features,
-                                                                                                       user=spec)),
-                                 "fields": "", "metadata_file": "metadata.csv", "heartbeat_interval_s": 0.5,
-                                 "heartbeat_timeout_s": 30.0, "transform_versions": {spec: "sha256:0"}})
+    consumer.send(welcome_of(dataclasses.replace(features, user=spec), versions={spec: "sha256:0"}))
     thread.join(10)
     assert result["code"] == 2
     assert f"transform {spec} is version sha256:" in caplog.text and "sha256:0 on the trainer" in caplog.text
@@ -477,10 +509,7 @@ def test_the_trainers_transform_version_is_accepted(setup):
     spec = "tests.producer.user_transforms:halve"
     (_, _, version), = load_user(spec)
     consumer.recv(wire.HELLO)
-    consumer.send(wire.WELCOME, {"producer_index": 0, "features": dataclasses.asdict(features), "fields": "",
-                                 "metadata_file": "metadata.csv", "heartbeat_interval_s": 0.5,
-                                 "heartbeat_timeout_s": 30.0, "transforms": {"user": spec},
-                                 "transform_versions": {spec: version}})
-    consumer.send(wire.LEASE, lease(1, ids[:2]))
+    consumer.send(welcome_of(features, user=spec, versions={spec: version}))
+    consumer.send(lease(1, ids[:2]))
     consumer.recv(wire.READY)
     assert "code" not in result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import msgpack
@@ -10,6 +11,7 @@ import pytest
 import zmq
 
 from stoker.shared import wire
+from stoker.shared.config import FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.wire import ALLOWED_DTYPES, KINDS, MAX_ARRAYS, MAX_HEADER_BYTES, PROTOCOL_VERSION, ProtocolError
 from tests.factories import make_batch
 
@@ -35,52 +37,95 @@ def _reason(frames) -> str:
 
 # --------------------------------------------------------------------------- round trips
 
-FIELDS_BY_KIND = {
-    wire.HELLO: {"producer": "p0", "host": "h", "pid": 123,
-                 "dataset": {"metadata_file": "metadata.csv", "metadata": "ab", "audio": "cd", "entries": 2,
-                             "missing": ["x"], "missing_count": 1}},
-    wire.WELCOME: {"producer_index": 1, "features": {"n_mels": 80, "backend": "numpy"},
-                   "heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 5.0},
-    wire.REFUSE: {"reason": "fingerprint differs"},
-    wire.LEASE: {"lease": 7, "epoch": 0, "index": 3, "ids": ["a", "b"], "shape": [16, 64]},
-    wire.READY: {"lease": 7},
-    wire.CREDIT: {"lease": 7},
-    wire.REVOKE: {"lease": 7},
-    wire.BATCH: {"lease": 7, "ids": ["a", "b"], "rejected": [["c", "bad"]], "missed": [{"id": "d", "reason": "gone"}],
-                 "prep_ms": 12.5},
-    wire.HEARTBEAT: {"ready": 2, "working": 1, "ping": 12.25, "rtt_ms": 0.5},
-    wire.ERROR: {"type": "ValueError", "message": "boom", "where": "worker"},
-    wire.BYE: {"leases": [1, 2, 3]},
-    wire.STOP: {"reason": "done"},
-}
+# Every kind with every field set (no default), nested parts and sequences included.
+EXAMPLES: dict[str, wire.Body] = {m.KIND: m for m in (
+    wire.Hello("p0", "h", 123, wire.ConfigSchema.local(), launcher=7, session="s1",
+               dataset={"metadata_file": "metadata.csv", "metadata": "ab", "audio": "cd", "entries": 2,
+                        "missing": ["x"], "missing_count": 1}),
+    wire.Welcome(1, "p0#2", wire.ProducerConfig(FeaturesConfig(n_mels=8, backend="numpy"),
+                                                TransformsConfig(trim_db=30.0), FaultsConfig(producer_delay_ms=5.0)),
+                 "speaker_id,row_mask", True, 64, {"pkg.mod:fn": "sha256:ab"}, "metadata.csv", "f00d",
+                 "/cache", 1.0, 5.0, mel_norm={"mean": [0.5], "std": [2.0]}),
+    wire.Refuse("reads train.csv", metadata_file="train.csv", columns="id|text", rejoin=True),
+    wire.Lease(7, -1, 3, ("a", "b"), (16, 64), 4, ((5, 6, 1), (7, 1)), (3, 1), (0, 2), refs=("b", "a"),
+               texts={"a": "one", "b": "two"}, files={"a": "wavs/a.wav", "b": "wavs/b.wav"}),
+    wire.Ready(7),
+    wire.Credit(7),
+    wire.Revoke(7),
+    wire.Batch(7, 0, 3, ("a", "b"), (wire.Entry("c", "unreadable"),), (wire.Entry("d", "not on host h"),), 12.5,
+               {"count": 2, "sum": [1.0], "sq": [2.0]}, {"hits": 1, "computed": 1}),
+    wire.Heartbeat(ready=2, working=1, ping=12.25, rtt_ms=0.5, pong=3.0),
+    wire.Error("ValueError", "boom", "worker", "Traceback ...", fatal=True),
+    wire.Bye((1, 2, 3)),
+    wire.Stop("done"),
+)}
 
 
 def test_every_kind_is_covered() -> None:
-    assert set(FIELDS_BY_KIND) == KINDS
+    assert set(EXAMPLES) == set(wire.MESSAGES) == KINDS
+    for kind, cls in wire.MESSAGES.items():
+        assert cls.KIND == kind and type(EXAMPLES[kind]) is cls
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_round_trip_every_kind(kind: str) -> None:
-    fields = FIELDS_BY_KIND[kind]
+    msg = EXAMPLES[kind]
     arrays = make_batch(batch_size=3, valid=2, seed=5) if kind == wire.BATCH else {}
-    frames = wire.encode(kind, fields, arrays)
+    frames = msg.encode(arrays)
     assert len(frames) == 1 + len(arrays)
-    msg = wire.decode(frames)
-    assert msg.kind == kind
-    assert msg.fields == fields
-    assert set(msg.arrays) == set(arrays)
+    got, got_arrays = wire.read(frames)
+    assert got == msg and type(got) is type(msg)
+    assert set(got_arrays) == set(arrays)
     for name, array in arrays.items():
-        assert msg.arrays[name].dtype == array.dtype
-        np.testing.assert_array_equal(msg.arrays[name], array)
-    for key, value in fields.items():
-        assert msg[key] == value
-        assert msg.get(key) == value
-    assert msg.get("absent", 42) == 42
+        assert got_arrays[name].dtype == array.dtype
+        np.testing.assert_array_equal(got_arrays[name], array)
 
 
-def test_round_trip_without_fields_or_arrays() -> None:
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_message_of_only_its_required_fields_round_trips_and_leaves_the_rest_out(kind: str) -> None:
+    cls = wire.MESSAGES[kind]
+    full = EXAMPLES[kind]
+    required = {f.name: getattr(full, f.name) for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    msg = cls(**required)
+    header = msgpack.unpackb(msg.encode()[0], raw=False)
+    assert set(header) - {"v", "k", "a"} <= {f.name for f in dataclasses.fields(cls)}
+    assert all(value is not None for value in header.values())
+    assert wire.read(msg.encode())[0] == msg
+
+
+def test_the_header_is_the_fields_by_name() -> None:
+    """The layout a producer of this version reads: plain msgpack values, [{id, reason}] entries."""
+    header = msgpack.unpackb(EXAMPLES[wire.BATCH].encode()[0], raw=False)
+    assert header == {"v": PROTOCOL_VERSION, "k": "batch", "a": [], "lease": 7, "epoch": 0, "index": 3,
+                      "ids": ["a", "b"], "rejected": [{"id": "c", "reason": "unreadable"}],
+                      "missed": [{"id": "d", "reason": "not on host h"}], "prep_ms": 12.5,
+                      "mel_stats": {"count": 2, "sum": [1.0], "sq": [2.0]}, "cache": {"hits": 1, "computed": 1}}
+    config = msgpack.unpackb(EXAMPLES[wire.WELCOME].encode()[0], raw=False)["config"]
+    assert config["version"] == wire.CONFIG_VERSION and set(config) == {"version", *wire.CONFIG_SECTIONS}
+    assert config["features"] == dataclasses.asdict(FeaturesConfig(n_mels=8, backend="numpy"))
+
+
+def test_the_module_docstring_lists_every_kind_as_its_class_has_it() -> None:
+    assert wire.message_table() in wire.__doc__
+    for kind in KINDS:
+        assert f"    {kind.upper():<10} {wire.MESSAGES[kind].SENDER:<5} " in wire.message_table()
+
+
+def test_round_trip_of_the_framing_alone() -> None:
     msg = wire.decode(wire.encode(wire.HEARTBEAT))
     assert msg.kind == wire.HEARTBEAT and msg.fields == {} and msg.arrays == {}
+    assert wire.parse(msg) == wire.Heartbeat()
+
+
+def test_an_exception_crosses_as_data() -> None:
+    try:
+        raise KeyError("missing")
+    except KeyError as exc:
+        error = wire.Error.of(exc, "worker.prepare", fatal=True)
+    assert (error.type, error.where, error.fatal) == ("KeyError", "worker.prepare", True)
+    assert "missing" in error.message and "Traceback" in error.traceback
+    assert wire.read(error.encode())[0] == error
 
 
 SHAPES = [(), (0,), (5,), (3, 0), (2, 3, 4), (0, 3, 4), (1, 1, 1, 1)]
@@ -136,11 +181,11 @@ def test_zero_copy_decode_with_real_zmq_frames() -> None:
         b.connect("inproc://test-wire")
         batch = make_batch(batch_size=8, max_tokens=32, max_frames=128, n_mels=80, seed=3)
         assert batch["mel"].nbytes > wire.ZERO_COPY_BYTES
-        a.send_multipart(wire.encode(wire.BATCH, {"lease": 9, "ids": ["x"]}, batch), copy=False)
+        a.send_multipart(wire.Batch(9, 0, 0, ("x",)).encode(batch), copy=False)
         frames = b.recv_multipart(copy=False)
         assert all(isinstance(f, zmq.Frame) for f in frames)
         msg = wire.decode(frames)
-        assert msg["lease"] == 9
+        assert wire.parse(msg).lease == 9
         for name, array in batch.items():
             np.testing.assert_array_equal(msg.arrays[name], array)
         # The mel array is a view on the received frame's memory, not a copy.
@@ -304,53 +349,119 @@ def test_encode_refuses_unknown_kind() -> None:
         wire.encode("gossip")
 
 
-# --------------------------------------------------------------------------- require
+# --------------------------------------------------------------------------- typed fields
 
-def _msg(**fields) -> wire.Message:
-    return wire.Message(kind=wire.LEASE, fields=fields)
+def _with(kind: str, **changes) -> list:
+    """The frames of EXAMPLES[kind] with header fields changed (None: removed)."""
+    header = msgpack.unpackb(EXAMPLES[kind].encode()[0], raw=False)
+    for key, value in changes.items():
+        if value is None:
+            del header[key]
+        else:
+            header[key] = value
+    return [msgpack.packb(header, use_bin_type=True)]
 
 
-def test_require_accepts_right_types() -> None:
-    wire.require(_msg(lease=1, ids=["a"], name="p", ms=2.5, flag=True),
-                 lease=int, ids=list, name=str, ms=(int, float), flag=bool)
-    wire.require(_msg(ms=3), ms=(int, float))
+def _typed_reason(frames) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        wire.read(frames)
+    return info.value
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (True, int), (False, int), (True, (int,)), (True, (int, float)), ("1", int), (1.0, int),
-    (None, int), ([1], str), ({"a": 1}, list), (1, bool),
+@pytest.mark.parametrize(("kind", "changes", "names"), [
+    (wire.LEASE, {"lease": "7"}, "lease.lease"),
+    (wire.LEASE, {"lease": True}, "lease.lease"),  # a bool is no int
+    (wire.LEASE, {"lease": 7.0}, "lease.lease"),
+    (wire.LEASE, {"ids": None}, "lease.ids"),  # a required field missing
+    (wire.LEASE, {"ids": ["a", 2]}, "lease.ids"),
+    (wire.LEASE, {"ids": "ab"}, "lease.ids"),
+    (wire.LEASE, {"shape": [16]}, "lease.shape"),
+    (wire.LEASE, {"shape": [16, 64, 1]}, "lease.shape"),
+    (wire.LEASE, {"shape": [16, -64]}, "lease"),
+    (wire.LEASE, {"rows": -1}, "lease"),
+    (wire.LEASE, {"tokens": [[1], [2], [3]]}, "lease"),  # more token rows than clips
+    (wire.LEASE, {"tokens": [[1, "x"]]}, "lease.tokens"),
+    (wire.LEASE, {"texts": {"a": 1}}, "lease.texts"),
+    (wire.BATCH, {"rejected": [["c", "bad"]]}, "batch.rejected"),  # pairs: entries are maps
+    (wire.BATCH, {"missed": [{"reason": "gone"}]}, "batch.missed.id"),
+    (wire.BATCH, {"ids": [[1]]}, "batch.ids"),
+    (wire.BATCH, {"prep_ms": "fast"}, "batch.prep_ms"),
+    (wire.BATCH, {"cache": {"hits": -1}}, "batch"),
+    (wire.BATCH, {"cache": {"hits": 1.5}}, "batch.cache"),
+    (wire.HELLO, {"pid": "1"}, "hello.pid"),
+    (wire.HELLO, {"config": None}, "hello.config"),
+    (wire.HELLO, {"config": {"version": 1, "sections": {"features": "n_mels"}}}, "hello.config.sections"),
+    (wire.WELCOME, {"heartbeat_timeout_s": 0}, "welcome"),
+    (wire.WELCOME, {"config": [1]}, "welcome.config"),
+    (wire.HEARTBEAT, {"ping": "now"}, "heartbeat.ping"),
+    (wire.REFUSE, {"rejoin": 1}, "refuse.rejoin"),
+    (wire.BYE, {"leases": [1, None]}, "bye.leases"),
+    (wire.ERROR, {"fatal": "yes"}, "error.fatal"),
+    (wire.STOP, {"reason": None}, "stop.reason"),
 ])
-def test_require_refuses_wrong_types(value, expected) -> None:
-    with pytest.raises(ProtocolError) as info:
-        wire.require(_msg(x=value), x=expected)
-    assert info.value.reason == "bad_field"
-    assert "lease.x" in info.value.detail
+def test_a_field_missing_or_of_the_wrong_type_or_range_is_refused(kind: str, changes: dict, names: str) -> None:
+    err = _typed_reason(_with(kind, **changes))
+    assert err.reason == "bad_field" and err.detail.startswith(names), err.detail
 
 
-def test_require_refuses_missing_field() -> None:
-    with pytest.raises(ProtocolError) as info:
-        wire.require(_msg(lease=1), lease=int, ids=list)
-    assert info.value.reason == "bad_field" and "ids" in info.value.detail
+@pytest.mark.parametrize(("config", "said"), [
+    ({"version": wire.CONFIG_VERSION + 1}, "config version"),
+    ({"version": wire.CONFIG_VERSION, "features": {"n_mels_new": 3}}, "features.n_mels_new"),  # a key we lack
+    ({"version": wire.CONFIG_VERSION, "features": {"n_mels": "80"}}, "features.n_mels"),
+    ({"version": wire.CONFIG_VERSION, "faults": ["x"]}, "config.faults"),
+])
+def test_a_config_this_producer_cannot_take_is_refused(config: dict, said: str) -> None:
+    err = _typed_reason(_with(wire.WELCOME, config=config))
+    assert err.reason in ("bad_config", "bad_field") and said in err.detail, err.detail
 
 
-def test_error_fields_is_plain_data() -> None:
-    try:
-        raise KeyError("missing")
-    except KeyError as exc:
-        fields = wire.error_fields(exc, "worker.prepare")
-    assert fields["type"] == "KeyError"
-    assert fields["where"] == "worker.prepare"
-    assert "missing" in fields["message"]
-    assert "Traceback" in fields["traceback"]
-    msg = wire.decode(wire.encode(wire.ERROR, fields))
-    assert msg.fields == fields
+def test_a_config_section_the_trainer_leaves_out_keeps_this_installs_defaults() -> None:
+    welcome, _ = wire.read(_with(wire.WELCOME, config={"version": wire.CONFIG_VERSION, "features": {"n_mels": 8}}))
+    assert welcome.config == wire.ProducerConfig(FeaturesConfig(n_mels=8))
+
+
+def test_a_field_the_class_lacks_is_ignored() -> None:
+    assert wire.read(_with(wire.READY, note="from a later minor change"))[0] == wire.Ready(7)
+
+
+def test_the_config_schema_names_what_a_producer_lacks() -> None:
+    local = wire.ConfigSchema.local()
+    assert set(local.sections) == set(wire.CONFIG_SECTIONS) and "n_mels" in local.sections["features"]
+    assert local.differs(local) == ""
+    features = tuple(k for k in local.sections["features"] if k != "top_db")
+    older = wire.ConfigSchema(local.version, {**local.sections, "features": features})
+    assert older.differs(local) == "it lacks the config keys features.top_db"
+    assert local.differs(older) == ""  # a key the trainer does not send keeps the producer's default
+    assert "config version 0 here and" in wire.ConfigSchema(0, local.sections).differs(local)
+
+
+# --------------------------------------------------------------------------- other versions
+
+def test_a_message_of_another_version_says_its_version_and_kind() -> None:
+    frames = [msgpack.packb({"v": 3, "k": "hello", "a": [], "producer": "p0", "host": "h", "pid": 1})]
+    with pytest.raises(wire.OtherVersion) as info:
+        wire.decode(frames)
+    err = info.value
+    assert (err.reason, err.version, err.kind, err.fields["producer"]) == ("bad_version", 3, wire.HELLO, "p0")
+    assert err.reason_refused() is None
+
+
+def test_a_refuse_is_encoded_in_any_version_as_every_version_reads_it() -> None:
+    frames = wire.Refuse("speaks protocol version 3", metadata_file="x.csv").encode(version=3)
+    assert msgpack.unpackb(frames[0], raw=False) == {"v": 3, "k": "refuse", "a": [],
+                                                      "reason": "speaks protocol version 3"}
+    with pytest.raises(wire.OtherVersion) as info:
+        wire.decode(frames)
+    assert info.value.reason_refused() == "speaks protocol version 3"
+    with pytest.raises(ValueError, match="protocol version"):
+        wire.Stop("x").encode(version=3)  # only a REFUSE has the same layout in every version
 
 
 # --------------------------------------------------------------------------- fuzz
 
 def _decode_only_protocol_errors(frames) -> None:
     try:
-        wire.decode(frames, max_bytes=1 << 20)
+        wire.read(frames, max_bytes=1 << 20)
     except ProtocolError:
         pass  # any other exception type fails the test
 
@@ -375,8 +486,8 @@ def _random_msgpack_value(rng: random.Random, depth: int = 0):
 
 def test_fuzz_mutations_of_a_valid_message() -> None:
     rng = random.Random(FUZZ_SEED + 1)
-    valid = wire.encode(wire.BATCH, {"lease": 3, "ids": ["a", "b"], "rejected": [], "prep_ms": 1.0},
-                        make_batch(batch_size=2, max_tokens=4, max_frames=4, n_mels=3, seed=1))
+    valid = wire.Batch(3, 0, 0, ("a", "b"), prep_ms=1.0).encode(
+        make_batch(batch_size=2, max_tokens=4, max_frames=4, n_mels=3, seed=1))
     valid = [bytes(f) if isinstance(f, bytes) else f.tobytes() for f in valid]
     header = msgpack.unpackb(valid[0], raw=False)
     for i in range(FUZZ_MUTATIONS):
@@ -401,7 +512,7 @@ def test_fuzz_mutations_of_a_valid_message() -> None:
                 rng.shuffle(frames)
         elif op == 3:  # replace a header value with something of a random type
             mutated = dict(header)
-            key = rng.choice(["v", "k", "a", "lease", "ids"])
+            key = rng.choice(["v", "k", "a", "lease", "ids", "rejected", "prep_ms", "cache"])
             mutated[key] = _random_msgpack_value(rng)
             frames[0] = msgpack.packb(mutated, use_bin_type=True)
         else:  # corrupt one array spec
@@ -413,4 +524,4 @@ def test_fuzz_mutations_of_a_valid_message() -> None:
             frames[0] = msgpack.packb(mutated, use_bin_type=True)
         _decode_only_protocol_errors(frames)
     # The untouched message still decodes.
-    assert wire.decode(valid)["lease"] == 3
+    assert wire.parse(wire.decode(valid)).lease == 3
