@@ -102,14 +102,18 @@ class BatchQueue:
         with self._cond:
             return [(item.epoch, item.index) for item in self._items]
 
-    def _find(self, want: tuple[int, int] | None) -> QueuedBatch | None:
-        if want is None:
-            return self._items[0] if self._items else None
-        return next((item for item in self._items if (item.epoch, item.index) == want), None)
+    def _find(self, want: tuple[int, int] | None, up_to_epoch: int | None) -> QueuedBatch | None:
+        if want is not None:
+            return next((item for item in self._items if (item.epoch, item.index) == want), None)
+        if up_to_epoch is not None:
+            return next((item for item in self._items if item.epoch <= up_to_epoch), None)
+        return self._items[0] if self._items else None
 
-    def get(self, timeout: float, want: tuple[int, int] | None = None) -> tuple[QueuedBatch, int] | None:
-        """Take the oldest batch (``want``: the one of that (epoch, index)) once staged; return
-        it with the depth seen on asking.
+    def get(self, timeout: float, want: tuple[int, int] | None = None,
+            up_to_epoch: int | None = None) -> tuple[QueuedBatch, int] | None:
+        """Take the oldest batch (``want``: the one of that (epoch, index); ``up_to_epoch``: the
+        oldest of that epoch or an earlier one) once staged; return it with the depth seen on
+        asking.
 
         Returns None if nothing arrived within ``timeout`` (the caller re-checks its stop
         flag and asks again; the wait still counts as data wait).
@@ -117,13 +121,13 @@ class BatchQueue:
         deadline = time.monotonic() + timeout
         with self._cond:
             depth = len(self._items)
-            item = self._find(want)
+            item = self._find(want, up_to_epoch)
             while item is None or not item.staged:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
                     return None
                 self._cond.wait(remaining)
-                item = self._find(want)
+                item = self._find(want, up_to_epoch)
             self._items.remove(item)
             self._cond.notify_all()
         if self.on_free is not None:

@@ -548,9 +548,8 @@ class FeedCore:
 
     def _next_batch(self, asked: float, epoch: int | None = None) -> tuple[QueuedBatch, int] | None:
         """The next batch and the depth seen on asking (``epoch``: of that epoch or an earlier
-        one, while at most a queue's capacity of later batches can be held back); None when
-        stopped while waiting, or when nothing is left to hand out meanwhile (the last
-        samples were rejected)."""
+        one; the queue holds later ones meanwhile); None when stopped while waiting, or when
+        nothing is left to hand out meanwhile (the last samples were rejected)."""
         last_warn = asked
         want = self._next_position() if self.planner.workers > 1 else None
         while not self.stop.is_set():
@@ -558,16 +557,11 @@ class FeedCore:
                 held = self.ledger.take_held(epoch)
             if held is not None:
                 return held
-            got = self.queue.get(WAIT_SLICE_S, want)
+            # A later epoch's batches wait in the queue; the coordinator keeps a slot free for this one's.
+            got = self.queue.get(WAIT_SLICE_S, want, up_to_epoch=epoch)
             if got is not None:
-                # Held back at most: the queue, and every lease the live producers can hold.
-                limit = self.queue.capacity + self.cfg.pipeline.lease_ahead * max(1, self.coordinator.alive())
-                with self._lock:
-                    out = self.ledger.arrived(*got, epoch, limit)
-                if out is not None:
-                    return out
-                continue
-            if self.epochs:
+                return got
+            if self.epochs or epoch is not None:
                 with self._lock:
                     self._update_epochs()
                 if self.handed_all(epoch):

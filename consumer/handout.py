@@ -6,12 +6,8 @@ batches handed out in order and counts one as trained only when its step is *con
 oldest first (a loop trains its batches in the order it took them). What was handed out
 and never confirmed is trained again after a resume, never skipped.
 
-It also holds back batches of a later epoch that arrive while an epoch is being handed
-out (producers prepare in parallel, so the next epoch's first batches can come before this
-one's last), but not without bound: a producer that froze with the epoch's last batch
-holds it until its heartbeat times out, while the others go on. Past the limit the feed
-core gives (the queue and every lease the live producers can hold: what was under way
-when the epoch's last batch was), the oldest held batch goes out in this epoch.
+Batches that an iterator took ahead and dropped untrained (:meth:`HandOutLedger.hand_out_again`)
+are held here to go out again first, without being counted twice.
 
 Pure bookkeeping: no socket, no thread, no clock of its own (times are passed in); the
 feed core (consumer/feed.py) calls it under its lock.
@@ -20,12 +16,9 @@ feed core (consumer/feed.py) calls it under its lock.
 from __future__ import annotations
 
 import collections
-import logging
 from dataclasses import dataclass
 
 from stoker.consumer.buffer import QueuedBatch
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,7 +43,7 @@ class Confirmed:
 class HandOutLedger:
     def __init__(self) -> None:
         self.unconfirmed: collections.deque[HandedOut] = collections.deque()
-        self.held: collections.deque[tuple[QueuedBatch, int]] = collections.deque()  # waiting to go out
+        self.held: collections.deque[tuple[QueuedBatch, int]] = collections.deque()  # to go out again first
         self._again: set[int] = set()  # id() of held batches that went out before and were never trained
         self.step_end: float | None = None  # when the last confirmed step ended
         self.last_epoch: int | None = None  # the epoch of the last confirmed batch
@@ -61,27 +54,13 @@ class HandOutLedger:
 
     # ------------------------------------------------------------ handing out
     def take_held(self, epoch: int | None) -> tuple[QueuedBatch, int] | None:
-        """The oldest held batch that may go out now (``epoch``: of that epoch or an earlier one)."""
+        """The oldest batch to go out again that may go out now (``epoch``: of that epoch or an
+        earlier one)."""
         for held in self.held:
             if epoch is None or held[0].epoch <= epoch:
                 self.held.remove(held)
                 return held
         return None
-
-    def arrived(self, item: QueuedBatch, depth: int, epoch: int | None,
-                hold_limit: int) -> tuple[QueuedBatch, int] | None:
-        """A batch taken from the queue (``depth``: the queue's depth then) while handing out
-        ``epoch`` (None: any). What goes out now, or None when it is held back. When more than
-        ``hold_limit`` are held, the oldest held one goes out in this epoch after all."""
-        got = (item, depth + len(self.held))
-        if epoch is None or item.epoch <= epoch:
-            return got
-        self.held.append(got)
-        if len(self.held) <= hold_limit:
-            return None
-        log.info("epoch %d: a batch of epoch %d is handed out before the epoch's last ones", epoch,
-                 self.held[0][0].epoch)
-        return self.held.popleft()
 
     def hand(self, item: QueuedBatch, depth: int, now: float) -> bool:
         """``item`` goes out to the loop; False when it went out before (returned by

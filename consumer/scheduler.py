@@ -440,7 +440,26 @@ class Scheduler:
         if self.ordered:
             window = self._window()
             ready = [lease for lease in ready if (lease.batch.epoch, lease.batch.index) in window]
-        self._credits_out += self._credit(ready, free)
+            self._credits_out += self._credit(ready, free)
+            return
+        first = self._first_uncredited_epoch()
+        earliest = [lease for lease in ready if first is None or lease.batch.epoch <= first]
+        given = self._credit(earliest, free)
+        # Later epochs' batches leave one slot free while the earliest epoch still has batches to
+        # send: a loop that takes an epoch at a time (the feed's epochs) waits for those, and
+        # they must find room in the queue.
+        later = [lease for lease in ready if first is not None and lease.batch.epoch > first]
+        given += self._credit(later, free - given - 1)
+        self._credits_out += given
+
+    def _first_uncredited_epoch(self) -> int | None:
+        """The earliest epoch with a planned batch not yet credited (pending, or leased and not
+        credited); None when every planned batch so far has its credit."""
+        epochs = [lease.batch.epoch for lease in self._leases.values()
+                  if lease.state != "credited" and not is_validation(lease.batch)]
+        if self._pending:
+            epochs.append(min(b.epoch for b in itertools.islice(self._pending, ASSIGN_SCAN_LIMIT)))
+        return min(epochs, default=None)
 
     def _grant_validation(self) -> None:
         """Credits for the validation queue's free slots, apart from the training queue's."""

@@ -273,3 +273,13 @@ def test_producer_consumer_stress(queues, staging: bool) -> None:
     assert max(depths) <= capacity
     assert q.high_water <= capacity
     assert len(q) == 0
+
+
+def test_a_take_up_to_an_epoch_leaves_later_epochs_batches_in_order(queues) -> None:
+    q = queues(3)
+    for lease, epoch in ((1, 1), (2, 0), (3, 1)):
+        q.put(QueuedBatch(lease=lease, epoch=epoch, index=lease, ids=[f"id{lease}"], arrays={}, producer="p0"))
+    got = q.get(0, up_to_epoch=0)
+    assert got is not None and got[0].lease == 2 and got[1] == 3  # the depth seen: all three
+    assert q.get(0, up_to_epoch=0) is None  # none of epoch 0 left: nothing, at once
+    assert [q.get(0)[0].lease for _ in range(2)] == [1, 3]  # the rest in arrival order

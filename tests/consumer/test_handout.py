@@ -29,25 +29,6 @@ def test_batches_taken_ahead_are_confirmed_oldest_first_with_the_step_boundary_f
     assert ledger.confirm(12.0) is None  # nothing handed out is left to confirm
 
 
-def test_a_later_epochs_batch_is_held_back_until_the_epoch_is_handed_out():
-    ledger = HandOutLedger()
-    early = batch(1, 0)
-    assert ledger.arrived(early, depth=1, epoch=0, hold_limit=2) is None  # epoch 1 came first: held
-    late = batch(0, 7)
-    assert ledger.arrived(late, depth=0, epoch=0, hold_limit=2) == (late, 1)  # the depth counts what is held
-    assert ledger.take_held(0) is None
-    assert ledger.take_held(1) == (early, 1)
-    assert ledger.arrived(batch(0, 3), depth=2, epoch=None, hold_limit=2)[0].index == 3  # the whole run: arrival order
-
-
-def test_more_held_back_than_the_queue_holds_lets_the_oldest_out_so_the_epoch_can_finish():
-    ledger = HandOutLedger()
-    assert ledger.arrived(batch(1, 0), 0, epoch=0, hold_limit=2) is None
-    assert ledger.arrived(batch(1, 1), 0, epoch=0, hold_limit=2) is None
-    out = ledger.arrived(batch(1, 2), 0, epoch=0, hold_limit=2)  # a third would leave the queue no slot for epoch 0's last
-    assert out[0].index == 0 and [b.index for b, _ in ledger.held] == [1, 2]
-
-
 def test_batches_an_iterator_took_ahead_and_dropped_go_out_again_first_and_count_once():
     ledger = HandOutLedger()
     ledger.start(0.0)

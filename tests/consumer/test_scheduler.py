@@ -152,6 +152,30 @@ def test_credits_never_exceed_the_free_slots_and_a_take_frees_exactly_one() -> N
     assert len(b.take(b"p1", wire.CREDIT)) == 1
 
 
+def test_a_later_epochs_batches_leave_a_slot_for_the_earliest_epochs_last_ones() -> None:
+    b = Bench(max_epochs=2, lease_ahead=3, buffer_size=3)  # 12 clips: 3 batches an epoch
+    b.hello(b"slow")  # takes epoch 0's batches
+    b.hello(b"fast")  # takes epoch 1's, and is ready first
+    for lease in b.take(b"fast", wire.LEASE):
+        b.held[b"fast"][lease.lease] = lease
+        b.send(b"fast", wire.Ready(lease.lease))
+    assert b.work(b"fast") == 2 and len(b.queue) == 2  # the third slot stays free for epoch 0
+    assert b.take(b"fast", wire.CREDIT) == []
+    epoch0 = []
+    while len(epoch0) < 3:  # a loop taking epoch 0 alone: its batches still find room
+        b.work(b"slow")
+        got = b.queue.get(0, up_to_epoch=0)
+        assert got is not None, "epoch 0's batch found no slot"
+        epoch0.append(got[0])
+        b.scheduler.on_free(b.now)
+        b._collect()
+    assert {item.epoch for item in epoch0} == {0} and sorted(i for item in epoch0 for i in item.ids) == sorted(IDS)
+    epoch1 = b.drain_queue()
+    while b.work(b"fast") + b.work(b"slow"):
+        epoch1 += b.drain_queue()
+    assert sorted(epoch1) == sorted(IDS)  # then epoch 1, every clip once
+
+
 def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch() -> None:
     b = Bench(max_epochs=2)
     b.hello(b"p1")
