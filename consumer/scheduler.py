@@ -43,7 +43,9 @@ sends a CREDIT for a ready lease only while ``queued batches + credits in flight
 capacity``, to the producer holding the fewest credits first, then lowest (epoch, index),
 so the queue can never overflow, its depth is exact, and a producer that freezes blocks
 at most its share of it. A credit not used within the heartbeat timeout is revoked and
-its batch re-planned.
+its batch re-planned. Batches of a later epoch than the earliest one with a batch still
+to credit leave one slot free, so that a trainer taking an epoch at a time (the feed's
+``epochs()`` and ``as_dataset()``) finds that epoch's last batches room in the queue.
 
 Trainer workers (the plan is one worker's share, consumer/plan.py): every worker must
 take the same planned batch at each step, so batches reach the trainer in plan order, one
