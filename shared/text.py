@@ -80,7 +80,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-from num2words import num2words
 
 from .errors import UserError
 
@@ -232,6 +231,8 @@ def language(code: str) -> Language:
 
 
 def _spell_numbers(text: str, lang: Language) -> str:
+    from num2words import num2words  # only the trainer normalises text: a producer host needs no num2words
+
     def spell(match: re.Match[str]) -> str:
         raw, source = match.group(0), match.string
         if sum(c.isdigit() for c in raw) > MAX_SPELLED_DIGITS:
