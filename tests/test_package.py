@@ -70,7 +70,9 @@ def test_the_wheel_installs_and_runs_from_anywhere(tmp_path: Path) -> None:
     assert shared == "None"  # no generic top-level name in site-packages
     helped = run([str(stoker), "produce", "--help"], cwd=elsewhere)
     assert helped.returncode == 0 and "--connect" in helped.stdout, helped.stderr
-    trained = run([str(stoker), "--steps", "20", "--run-dir", "run", "--model-start-delay", "0"], cwd=elsewhere)
+    # The pipeline from the package, on its demo data; the model does not matter here.
+    trained = run([str(stoker), "--steps", "20", "--run-dir", "run", "--model-start-delay", "0",
+                   "--model", "synthetic:1"], cwd=elsewhere)
     assert trained.returncode == 0, trained.stderr[-3000:]
     summary = json.loads((elsewhere / "run" / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["exit_reason"] == "completed"
