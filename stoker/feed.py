@@ -332,9 +332,14 @@ class Feed:
         feed = self
 
         class FeedCallback(keras.callbacks.Callback):
+            # Keras may run the batch hooks in a thread of its own, after the step's logs are on the
+            # host: the step is then confirmed when it is done, and the training thread never waits.
+            async_safe = True
+
             def __init__(self) -> None:
                 super().__init__()
                 self._seen = 0  # steps of this Keras epoch confirmed
+                self._lock = threading.Lock()
 
             def on_train_begin(self, logs: Any = None) -> None:
                 # Every fit makes its own iterator: what an earlier one took ahead was never trained.
@@ -344,9 +349,12 @@ class Feed:
                 self._seen = 0
 
             def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-                # ``batch`` is the index of the last step run (several under steps_per_execution).
-                steps, self._seen = max(1, batch + 1 - self._seen), batch + 1
-                feed._confirm_steps(steps)
+                # ``batch`` is the index of the last step run (several under steps_per_execution); run
+                # in Keras' threads, a later batch's hook can come first and count the steps before it.
+                with self._lock:
+                    steps, self._seen = max(0, batch + 1 - self._seen), max(self._seen, batch + 1)
+                if steps:
+                    feed._confirm_steps(steps)
 
         return FeedCallback()
 
