@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -58,6 +57,7 @@ from stoker.shared.batch import Field
 from stoker.shared.config import TRANSFORMS_REVISION, FeaturesConfig, TransformsConfig, parse_declared_fields
 from stoker.shared.errors import UserError
 from stoker.shared.mel import centred, frame_centre, source_version
+from stoker.shared.userfn import import_function
 
 # A clip whose largest sample is below this is silent: no gain can be computed for it.
 SILENCE_PEAK = 1e-8
@@ -223,15 +223,7 @@ def load_user(specs: str) -> list[tuple[str, Callable[..., Any], str]]:
     """(spec, function, module version) of each user transform; TransformSetupError (one line)."""
     out = []
     for spec in (s.strip() for s in specs.split(",") if s.strip()):
-        module_name, _, function = spec.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # the user's module: what it raised on import, in one line
-            raise TransformSetupError(f"transforms.user {spec}: cannot import {module_name}: {type(exc).__name__}: "
-                                      f"{exc} (is it on PYTHONPATH?)") from exc
-        fn = getattr(module, function, None)
-        if not callable(fn):
-            raise TransformSetupError(f"transforms.user {spec}: {module_name} has no function {function}")
+        fn, module = import_function(spec, "transforms.user", TransformSetupError)
         out.append((spec, fn, module_version(module)))
     return out
 

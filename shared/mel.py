@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .errors import UserError
+from .userfn import import_function
 
 if TYPE_CHECKING:  # the settings' type only: the config imports the batch schema, which pads with this module
     from .config import FeaturesConfig
@@ -118,16 +119,8 @@ def user_mel_function(spec: str) -> tuple[Callable[..., Any], str]:
     """(function, version) of ``package.module:function``: the version is the first hex digits of
     the SHA-256 of the module's source, so an edited function keys new cache entries.
     MelFunctionError (one line) when the module does not import or lacks the function."""
-    module_name, _, name = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module: what it raised on import, in one line
-        raise MelFunctionError(f"features.user {spec}: cannot import {module_name}: {type(exc).__name__}: {exc} "
-                               f"(is it on PYTHONPATH?)") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise MelFunctionError(f"features.user {spec}: {module_name} has no function {name}")
-    return fn, source_version(module_name)
+    fn, module = import_function(spec, "features.user", MelFunctionError)
+    return fn, source_version(module.__name__)
 
 
 def source_version(module_name: str) -> str:
