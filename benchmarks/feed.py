@@ -54,8 +54,8 @@ import stoker
 from stoker.benchmarks.common import (CHILD_TIMEOUT_S, DEMO_DATA, QUIET_ENV, SETTLING_STEPS, STOKER, BenchError, ratio,
                                       report, spread, table)
 from stoker.benchmarks.alternatives import plan_batches, tf_dataset
-from stoker.consumer import tts
-from stoker.consumer.trainer import make_trainer
+from stoker.consumer.training import tts
+from stoker.consumer.training.trainer import make_trainer
 from stoker.shared.config import Config, DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index
 from stoker.shared.metrics import wait_share
@@ -88,7 +88,7 @@ def _options(run_dir: Path, steps: int, data: str) -> dict[str, Any]:
 
 
 def _fit_model(vocab_size: int, n_mels: int, cfg: Any) -> Any:
-    """The tiny model for fit: its output and stoker's loss (consumer/tts.objective) through
+    """The tiny model for fit: its output and stoker's loss (consumer/training/tts.objective) through
     ``compute_loss``, Adam, float32 and no XLA as stoker's trainer on the CPU."""
     import keras
     import tensorflow as tf

@@ -10,7 +10,7 @@
             feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
         val = [eval_step(b) for b in feed.validation()]   # the held-out clips, once each
 
-The feed runs in the user's process: the trainer side of the pipeline (consumer/feed.py:
+The feed runs in the user's process: the trainer side of the pipeline (consumer/pipeline/feed.py:
 index, plan, coordinator, bounded queue, step rows, input position, summary.json), the
 staging of each batch onto the model device while the previous step runs, and the local
 producer processes, started and supervised here as the launcher does for
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from stoker.consumer.feed import FeedCore
+from stoker.consumer.pipeline.feed import FeedCore
 from stoker.launcher import KILL_AFTER_S, PRODUCER_STOP_S, TICK_S, AutoControl, Supervisor, start_producers
 from stoker.service import FLAG_KEYS, make_run_dir, prepare_run, resolve_options
 from stoker.shared import config as config_mod
