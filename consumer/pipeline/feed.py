@@ -11,13 +11,19 @@ summary.json. Two users drive it, so there is one path from producers to a train
 - ``stoker.Feed`` (stoker/feed.py), in the user's own process and training loop, which
   starts and supervises its producers itself.
 
-Per step the user of the core calls::
+A run goes through two objects, each made whole by its constructor: :class:`PreparedRun`
+indexes the dataset, saves its vocabulary, plans the epochs and finds the checkpoints (the
+model is built from it: nothing is bound yet), and :class:`FeedCore` opens it: resumes the
+input position, binds and starts the coordinator, makes the queues and step logs. Per step
+the user of the core calls::
 
+    core = FeedCore(PreparedRun(cfg, run_dir), stop)   # index and plan, then open
     for item in core.batches():          # warm-up first; ends when the budget is reached or on stop
         handle = train_step(item.arrays)  # the user's step; a loss handle (float, tensor, None)
         core.step_done(handle)           # its step ends here (else at the next request)
         if core.flush_due():
             core.flush(resolve)           # the interval's losses fetched at once, rows written
+    core.close(figures, resolve)         # the loop's own figures go into summary.json
 
 Handed out is not trained. A batch counts (in the input position that a checkpoint or
 ``state_dict`` saves, in the step count and in the step logs) only once its step is
@@ -33,8 +39,8 @@ ahead), ``queue_depth`` the batches held when it was asked for, ``step_ms`` the 
 the later of the two until the step was confirmed. The first request waits until the
 queue is full or ``pipeline.model_start_delay_s`` has passed (warm-up, ``warmup_s``).
 
-One file of some 600 lines: opening, handing out, recording and closing are the life of
-one object whose state (plan, position, queue, step logs) they all share.
+One file of some 700 lines: handing out, recording and closing are the life of one open
+run whose state (plan, position, queue, step logs) they all share.
 
 Stop: the step budget is reached, the planned epochs are complete (every sample of each
 trained, or rejected while the run went on), or ``stop`` is set (checked between steps
@@ -54,7 +60,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from stoker.consumer.pipeline import validation
 from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch
@@ -115,7 +121,7 @@ class Resolved:
     each step's named terms."""
 
     losses: list[float | None]
-    terms: list[dict[str, float] | None] | None = None
+    terms: Sequence[dict[str, float] | None] | None = None
 
 
 def resolve_floats(handles: Sequence[Any]) -> Resolved:
@@ -133,143 +139,50 @@ def resolve_floats(handles: Sequence[Any]) -> Resolved:
     return Resolved(losses, terms)
 
 
-class FeedCore:
-    """Index, plan, coordinator, queue and step logs of one run directory (see the module
-    docstring). ``checkpoints``: stoker's trainer passes its RunCheckpoints (their input
-    position is the one recorded); ``state``: a feed's state_dict() to continue from."""
+class PreparedRun:
+    """A run directory's dataset indexed and its epochs planned: what exists before any socket
+    opens, from which the model can be built (its vocabulary size is known). Its constructor
+    makes it whole; UserError (one line) for a dataset to fix. :class:`FeedCore` opens it.
 
-    def __init__(self, cfg: config_mod.Config, run_dir: Path, stop: threading.Event, *,
-                 parent_pid: int | None = None, resume: bool = False, hold_out: bool = False,
-                 state: dict[str, Any] | None = None, fresh_plan: bool = False) -> None:
-        self.cfg = cfg
+    ``resume``: continue from the run directory's checkpoint (stoker's trainer), keeping its
+    vocabulary; ``fresh_plan``: with ``resume``, its model and step count on a new epoch plan;
+    ``hold_out``: keep validation clips out of the plan (a trainer with a loss to validate)."""
+
+    def __init__(self, cfg: config_mod.Config, run_dir: Path, *, resume: bool = False, hold_out: bool = False,
+                 fresh_plan: bool = False) -> None:
         self.run_dir = run_dir
-        self.stop = stop
-        self.parent_pid = parent_pid
-        self.resume = resume  # continue from the run directory's checkpoint (stoker's trainer)
-        self.fresh_plan = fresh_plan  # resume: its model and step count, on a new epoch plan
-        self.hold_out = hold_out  # keep validation clips out of the plan (a trainer with a loss to validate)
-        self.state = state
+        self.resume = resume
+        self.fresh_plan = fresh_plan
         # Trainer workers of a multi-host job (TF_CONFIG): this one trains its share of every step's batch.
-        self.cluster: Cluster | None = from_env(os.environ)
+        cluster: Cluster | None = from_env(os.environ)
         # Replicas and workers split every batch into equal parts: its rows are fixed (row_mask on).
-        self.cfg = cfg = config_mod.with_fixed_rows(cfg, self.cluster.size if self.cluster is not None else 1)
-        self._positions: Iterator[tuple[int, int]] | None = None  # with workers: the plan's order, step by step
-        self.started = time.monotonic()  # "t" in metrics.jsonl counts from here (reset by open)
-        self.rejected_count = 0
-        self._producer_rejected: set[str] = set()
-        self._rejected_before: set[tuple[str, str]] = set()  # rows a resumed run's rejected.jsonl holds
-        self._producer_reasons: collections.Counter[str] = collections.Counter()  # "transform X" or ""
-        self.step = 0
-        self.epochs = cfg.trainer.epochs
-        self.epochs_completed = 0
-        self.warmup_s = 0.0
-        self.interrupted = False
-        self.exit_reason, self.code = "completed", EXIT_OK
-        self.opened = False
-        self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is not fetched yet
-        self.ledger = HandOutLedger()  # handed out, held back, confirmed
-        self.handed_steps = 0
-        self.warmed = False
-        # Batches are handed out in one thread (tf.data's, under fit) and confirmed in another.
-        self._lock = threading.Lock()
-        self.last_loss: float | None = None
+        cfg = config_mod.with_fixed_rows(cfg, cluster.size if cluster is not None else 1)
+        index, self.vocabulary, feature_cache = self._index(cfg)
+        self.index, self.feature_cache = index, feature_cache
+        if feature_cache != cfg.data.feature_cache:
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
+        self.cfg = cfg
         self.val_samples: list[Sample] = []
-        # the held-out clips' batches (consumer/pipeline/plan.validation_batches)
-        self.val_batches: list[PlannedBatch] = []
-        self.validation_passes = 0
-        self.mel_norm: dict[str, Any] | None = None
-        self.check_failure: Callable[[], str] = self._check_transforms
-        self.summary_extra: Callable[[], dict[str, Any]] = dict  # the trainer's figures for summary.json
-        self.resolver: Callable[[Sequence[Any]], Resolved] = resolve_floats  # what close() flushes with
-
-    # ------------------------------------------------------------ opening
-    def prepare(self) -> None:
-        """Index the dataset and plan the epochs (before the model is built: its vocabulary
-        size is known from here on); UserError (one line) for a dataset to fix."""
-        if getattr(self, "planner", None) is not None:
-            return
-        self.index, self.vocabulary, self.feature_cache = self._index()
-        cfg = self.cfg
-        index = self.index
-        if self.hold_out:
-            train, self.val_samples, self._eval_rejected = validation.hold_out(index, cfg, self.run_dir)
+        if hold_out:
+            train, self.val_samples, self.eval_rejected = validation.hold_out(index, cfg, run_dir)
         else:
-            train, self._eval_rejected = list(index.samples), []
+            train, self.eval_rejected = list(index.samples), []
         self.train_samples = train
-        workers, worker = (self.cluster.size, self.cluster.index) if self.cluster is not None else (1, 0)
+        workers, worker = (cluster.size, cluster.index) if cluster is not None else (1, 0)
         self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
-        self.val_batches = validation_batches(self.val_samples, planner)
+        # the held-out clips' batches (consumer/pipeline/plan.validation_batches)
+        self.val_batches: list[PlannedBatch] = validation_batches(self.val_samples, planner)
         log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  len(planner.shapes), planner.shapes,
                  f" (frame budget {cfg.batching.max_frames})" if cfg.batching.max_frames else "")
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
                  index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
-        peers = [self.run_dir.parent / worker_dir_name(i) for i in range(workers) if i != worker]  # none alone
-        self.checkpoints = RunCheckpoints(self.run_dir, cfg, planner, index.scan.fingerprint, self.vocabulary, peers)
+        peers = [run_dir.parent / worker_dir_name(i) for i in range(workers) if i != worker]  # none alone
+        self.checkpoints = RunCheckpoints(run_dir, cfg, planner, index.scan.fingerprint, self.vocabulary, peers)
 
-    def open(self, state: dict[str, Any] | None = None) -> str:
-        """Index and plan (unless prepared), bind and start the coordinator; the endpoint
-        producers connect to. ``state``: a feed's state_dict() to continue from. UserError
-        (one line) for what the user must fix: the dataset, the keys, the endpoint, a
-        checkpoint or state that does not fit."""
-        self.prepare()
-        self.started = time.monotonic()  # the run's clock starts when its socket opens, not at indexing
-        cfg, index, planner, train = self.cfg, self.index, self.planner, self.train_samples
-        if state is not None:
-            self.state = state
-        if self.resume:
-            self._resume_checkpoint()  # CheckpointError before anything in the run directory changes
-        elif self.state is not None:
-            self._resume_state(self.state)
-        self.position: InputPosition = self.checkpoints.position  # what was trained (confirmed)
-        self.handed = self.position.copy()  # what was handed out: the trained part and what is taken ahead
-        self.handed_steps = self.step
-        self.epochs_completed = len(self.position.complete)
-        self.mel_key = stats_key(cfg.features, cfg.transforms, index.scan.fingerprint)
-        self.mel_norm = self._mel_norm(index, self.mel_key)
-        self.rejected = JsonlWriter(self.run_dir / REJECTED)
-        self._record_rejections(index.rejected + self._eval_rejected)
-        self.metrics = JsonlWriter(self.run_dir / METRICS)
-        self.samples_log = JsonlWriter(self.run_dir / SAMPLES) if cfg.trainer.record_samples else None
-        self.val_log = JsonlWriter(self.run_dir / VALIDATION_SAMPLES) if cfg.trainer.record_samples else None
-        # With --epochs the run ends when those epochs are complete; re-planned misses can add
-        # a batch or two, so the step count is only the plan's expectation (for progress lines).
-        self.total_steps = None if self.epochs else cfg.trainer.steps
-        self.expected_steps = self.epochs * planner.batches_per_epoch if self.epochs else cfg.trainer.steps
-        keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
-        self.queue = BatchQueue(cfg.pipeline.buffer_size)
-        self.val_queue = BatchQueue(VALIDATION_QUEUE_CAPACITY)
-        resumed = self.checkpoints.resumed is not None or self.state is not None
-        self.coordinator = Coordinator(
-            cfg, planner, self.queue, self.stop, max_epochs=cfg.trainer.epochs,
-            on_rejected=self._record_rejections, metadata_sha256=index.scan.metadata_sha256, dataset=index.scan,
-            keys=keys, resume=self.position.copy() if resumed else None, tokens=TokenTable(train, self.vocabulary),
-            references=(ReferenceTable(train, cfg.batching.seed)
-                        if "ref_mel" in config_mod.batch_schema(cfg).names else None),
-            mel_norm=self.mel_norm, validation=self._validation_set())
-        self.queue.on_free = self.val_queue.on_free = self.coordinator.notify_free
-        self.telemetry = Telemetry(self.run_dir, self.queue.capacity, self.expected_steps,
-                                   lambda: self.coordinator.snapshot()["producers"], cfg.run.metrics_port)
-        self.live = LiveLine()
-        self.endpoint = self.coordinator.bind(cfg.pipeline.bind)
-        self.coordinator.start()
-        self.opened = True
-        log.info("consumer listening on %s", self.endpoint)
-        return self.endpoint
-
-    def _validation_set(self) -> ValidationSet:
-        """The held-out clips as the coordinator leases them: their batches, queue, tokens and
-        references (among themselves, the same at every pass)."""
-        held = self.val_samples
-        refs = "ref_mel" in config_mod.batch_schema(self.cfg).names
-        return ValidationSet(self.val_batches, self.val_queue, TokenTable(held, self.vocabulary),
-                             ReferenceTable(held, self.cfg.batching.seed) if refs and held else None,
-                             texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held if s.audio})
-
-    def _index(self) -> tuple[DatasetIndex, Vocabulary, str]:
+    def _index(self, cfg: config_mod.Config) -> tuple[DatasetIndex, Vocabulary, str]:
         """The dataset's index, its vocabulary (saved in the run) and the feature cache directory."""
-        cfg = self.cfg
         # A resumed run keeps its vocabulary: texts it cannot encode are rejected, not re-numbered.
         fixed = load_vocabulary(self.run_dir / VOCAB) if self.resume else None
         index = build_index(cfg.data, cfg.features, cfg.text, fixed)
@@ -280,16 +193,99 @@ class FeedCore:
                  vocab.frontend, vocab.size, ", ".join(vocab.languages), len(vocab.speakers), vocab.fingerprint,
                  self.run_dir / VOCAB)
         feature_cache = feature_cache_dir(cfg.data.feature_cache, index.root)
-        if feature_cache != cfg.data.feature_cache:
-            self.cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=feature_cache))
         if feature_cache:
             log.info("feature cache %s", feature_cache)
         return index, vocab, feature_cache
 
+
+class FeedCore:
+    """An open run: a prepared run (:class:`PreparedRun`) with its coordinator bound and
+    started, its queues, step logs and input position (see the module docstring). Its
+    constructor opens it; :meth:`close` ends it. ``state``: a feed's state_dict() to continue
+    from. UserError (one line) for what the user must fix: the keys, the endpoint, a
+    checkpoint or state that does not fit."""
+
+    def __init__(self, prepared: PreparedRun, stop: threading.Event, *, parent_pid: int | None = None,
+                 state: dict[str, Any] | None = None) -> None:
+        self.prepared = prepared
+        cfg, planner, index = prepared.cfg, prepared.planner, prepared.index
+        # What the open run uses of the prepared one, by the names its users know.
+        self.cfg, self.run_dir, self.planner, self.index = cfg, prepared.run_dir, planner, index
+        self.vocabulary, self.checkpoints = prepared.vocabulary, prepared.checkpoints
+        self.val_samples, self.val_batches = prepared.val_samples, prepared.val_batches
+        self.stop = stop
+        self.parent_pid = parent_pid
+        self._positions: Iterator[tuple[int, int]] | None = None  # with workers: the plan's order, step by step
+        self.started = time.monotonic()  # "t" in metrics.jsonl counts from here: the run's socket opens now
+        self.rejected_count = 0
+        self._producer_rejected: set[str] = set()
+        self._rejected_before: set[tuple[str, str]] = set()  # rows a resumed run's rejected.jsonl holds
+        self._producer_reasons: collections.Counter[str] = collections.Counter()  # "transform X" or ""
+        self.step = 0
+        self.epochs = cfg.trainer.epochs
+        self.warmup_s = 0.0
+        self.interrupted = False
+        self.exit_reason, self.code = "completed", EXIT_OK
+        self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is not fetched yet
+        self.ledger = HandOutLedger()  # handed out, held back, confirmed
+        self.warmed = False
+        # Batches are handed out in one thread (tf.data's, under fit) and confirmed in another.
+        self._lock = threading.Lock()
+        self.last_loss: float | None = None
+        self.validation_passes = 0
+        if prepared.resume:
+            self._resume_checkpoint()  # CheckpointError before anything in the run directory changes
+        elif state is not None:
+            self._resume_state(state)
+        self.position: InputPosition = self.checkpoints.position  # what was trained (confirmed)
+        self.handed = self.position.copy()  # what was handed out: the trained part and what is taken ahead
+        self.handed_steps = self.step
+        self.epochs_completed = len(self.position.complete)
+        self.mel_key = stats_key(cfg.features, cfg.transforms, index.scan.fingerprint)
+        self.mel_norm = self._mel_norm(index, self.mel_key)
+        self.rejected = JsonlWriter(self.run_dir / REJECTED)
+        self._record_rejections(index.rejected + prepared.eval_rejected)
+        self.metrics = JsonlWriter(self.run_dir / METRICS)
+        self.samples_log = JsonlWriter(self.run_dir / SAMPLES) if cfg.trainer.record_samples else None
+        self.val_log = JsonlWriter(self.run_dir / VALIDATION_SAMPLES) if cfg.trainer.record_samples else None
+        # With --epochs the run ends when those epochs are complete; re-planned misses can add
+        # a batch or two, so the step count is only the plan's expectation (for progress lines).
+        self.total_steps = None if self.epochs else cfg.trainer.steps
+        self.expected_steps = self.epochs * planner.batches_per_epoch if self.epochs else cfg.trainer.steps
+        keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
+        self.queue = BatchQueue(cfg.pipeline.buffer_size)
+        self.val_queue = BatchQueue(VALIDATION_QUEUE_CAPACITY)
+        resumed = self.checkpoints.resumed is not None or state is not None
+        self.coordinator = Coordinator(
+            cfg, planner, self.queue, self.stop, max_epochs=cfg.trainer.epochs,
+            on_rejected=self._record_rejections, metadata_sha256=index.scan.metadata_sha256, dataset=index.scan,
+            keys=keys, resume=self.position.copy() if resumed else None,
+            tokens=TokenTable(prepared.train_samples, self.vocabulary),
+            references=(ReferenceTable(prepared.train_samples, cfg.batching.seed)
+                        if "ref_mel" in config_mod.batch_schema(cfg).names else None),
+            mel_norm=self.mel_norm, validation=self._validation_set())
+        self.queue.on_free = self.val_queue.on_free = self.coordinator.notify_free
+        self.telemetry = Telemetry(self.run_dir, self.queue.capacity, self.expected_steps,
+                                   lambda: self.coordinator.snapshot()["producers"], cfg.run.metrics_port)
+        self.live = LiveLine()
+        self.endpoint = self.coordinator.bind(cfg.pipeline.bind)
+        self.coordinator.start()
+        self.opened = True  # until close()
+        log.info("consumer listening on %s", self.endpoint)
+
+    def _validation_set(self) -> ValidationSet:
+        """The held-out clips as the coordinator leases them: their batches, queue, tokens and
+        references (among themselves, the same at every pass)."""
+        held = self.val_samples
+        refs = "ref_mel" in config_mod.batch_schema(self.cfg).names
+        return ValidationSet(self.val_batches, self.val_queue, TokenTable(held, self.vocabulary),
+                             ReferenceTable(held, self.cfg.batching.seed) if refs and held else None,
+                             texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held if s.audio})
+
     def _resume_checkpoint(self) -> None:
         """Continue from the run directory's latest checkpoint: check it, cut the step logs back
         to it, adopt the config the launcher resolved for the resumed run, keep rejected.jsonl."""
-        resumed = self.checkpoints.resume(self.fresh_plan)
+        resumed = self.checkpoints.resume(self.prepared.fresh_plan)
         self.step = resumed.step
         self.started -= resumed.last_t  # "t" in metrics.jsonl goes on from the last row kept
         pending = self.run_dir / RESUME_CONFIG
@@ -512,16 +508,17 @@ class FeedCore:
         """Whether the logging interval (trainer.log_every_steps) ends at this step."""
         return self.step % self.cfg.trainer.log_every_steps == 0 or self.finished()
 
-    def flush(self, resolve: Callable[[Sequence[Any]], Resolved] | None = None,
+    def flush(self, resolve: Callable[[Sequence[Any]], Resolved] = resolve_floats,
               check: bool = True) -> list[dict[str, Any]]:
         """End of a logging interval: fetch its losses at once (the one device sync), write its
-        rows, log progress; the rows written. ``check=False``: a failing run keeps its rows
-        without losses when they cannot be fetched."""
+        rows, log progress; the rows written. ``resolve``: what makes losses of the interval's
+        loss handles (the trainer's; by default each a number). ``check=False``: a failing run
+        keeps its rows without losses when they cannot be fetched."""
         pending, self._pending = self._pending, []
         if not pending:
             return []
         try:
-            resolved = (resolve or self.resolver)([handle for _, handle in pending])
+            resolved = resolve([handle for _, handle in pending])
         except Exception as exc:  # already failing (check=False): keep the rows, without losses
             if check:
                 raise
@@ -588,7 +585,7 @@ class FeedCore:
         """One slice of waiting for a batch: live figures, the parent's liveness, a data
         failure that no waiting cures, and a warning every NO_DATA_WARN_S; returns when the
         last warning was given."""
-        failure = self.check_failure()
+        failure = self._check_transforms()
         if failure:
             raise TransformFailed(failure)
         now = time.monotonic()
@@ -677,16 +674,19 @@ class FeedCore:
                  100 * wait / busy if busy else 0.0, self.coordinator.alive())
 
     # ------------------------------------------------------------ closing
-    def close(self) -> None:
+    def close(self, figures: Mapping[str, Any] | None = None,
+              resolve: Callable[[Sequence[Any]], Resolved] = resolve_floats) -> None:
         """Stop the coordinator (STOP to every producer), close the queue and the step logs,
-        write summary.json and, after a whole epoch, the mel statistics. Idempotent."""
+        write summary.json and, after a whole epoch, the mel statistics. Idempotent.
+        ``figures``: the training loop's own for summary.json (its trainer, or who trained);
+        ``resolve``: what makes losses of the last interval's loss handles (as :meth:`flush`)."""
         if not self.opened:
             return
         self.opened = False
         if self.ledger.unconfirmed:
             log.info("%d batch(es) handed out were not confirmed as trained: the input position does not count "
                      "them, a resume trains them", len(self.ledger.unconfirmed))
-        self.flush(self.resolver, check=False)
+        self.flush(resolve, check=False)
         self.stop.set()
         self.coordinator.join(COORDINATOR_JOIN_S)
         self.coordinator.close_notifier()
@@ -699,14 +699,14 @@ class FeedCore:
         if self.val_log is not None:
             self.val_log.close()
         self.rejected.close()
-        write_json(self.run_dir / SUMMARY, self._summary())
+        write_json(self.run_dir / SUMMARY, self._summary(figures or {}))
         if self.epochs_completed and not self.mel_norm and self.coordinator.mel_stats.frames:
             self._keep_mel_stats(self.coordinator.mel_stats)
         log.info("run over (%s): %d steps, summary in %s", self.exit_reason, self.step, self.run_dir / SUMMARY)
 
-    def _summary(self) -> dict[str, Any]:
+    def _summary(self, figures: Mapping[str, Any]) -> dict[str, Any]:
         """summary.json: the run's figures from metrics.jsonl and the coordinator, with the dataset,
-        text, trainer and checkpoint figures beside them."""
+        text, checkpoint and the training loop's ``figures`` beside them."""
         cfg, index, vocab, queue = self.cfg, self.index, self.vocabulary, self.queue
         snap = self.coordinator.snapshot()
         resumed = self.checkpoints.resumed
@@ -723,14 +723,14 @@ class FeedCore:
                    "text": {"frontend": vocab.frontend, "vocab_size": vocab.size, "vocabulary": vocab.fingerprint,
                             "languages": list(vocab.languages), "speakers": len(vocab.speakers), "lost": index.lost},
                    "index": index.stats.to_json(),
-                   "feature_cache": feature_cache_totals(self.feature_cache, snap["producers"]),
+                   "feature_cache": feature_cache_totals(self.prepared.feature_cache, snap["producers"]),
                    "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
                    "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
                    "checkpoint": self.checkpoints.summary(),
                    "resumed_from_step": resumed.step if resumed is not None else None,
                    "replicas": self.planner.replicas * self.planner.workers,
                    "workers": self.planner.workers, "worker": self.planner.worker,
-                   **self.summary_extra()})
+                   **figures})
 
     def _keep_mel_stats(self, stats: MelStats) -> None:
         """After a whole epoch: the mel statistics measured, in the run and beside the dataset's
@@ -759,5 +759,5 @@ def feature_cache_totals(directory: str, producers: list[dict[str, Any]]) -> dic
     return totals
 
 
-__all__ = ["FeedCore", "FeedStateError", "MelStatsMissing", "Resolved", "TransformFailed", "feature_cache_totals",
-           "resolve_floats"]
+__all__ = ["FeedCore", "FeedStateError", "MelStatsMissing", "PreparedRun", "Resolved", "TransformFailed",
+           "feature_cache_totals", "resolve_floats"]

@@ -27,11 +27,11 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from stoker.consumer.training import melimage
-from stoker.consumer.pipeline.feed import FeedCore, Resolved, TransformFailed
-from stoker.consumer.training.trainer import ModelError, Trainer, make_trainer, uses_tensorflow
+from stoker.consumer.pipeline.feed import FeedCore, PreparedRun, Resolved, TransformFailed
+from stoker.consumer.training.trainer import ModelError, ModelTrainer, Trainer, make_trainer, uses_tensorflow
 from stoker.consumer.training.tb import TensorBoard
 from stoker.shared import config as config_mod
 from stoker.shared.batch import FRAMES
@@ -65,16 +65,18 @@ class Run:
     def __init__(self, cfg: config_mod.Config, run_dir: Path, stop: threading.Event,
                  status: StatusWriter, parent_pid: int | None, gpu_memory_mb: int | None,
                  resume: bool = False, fresh_plan: bool = False) -> None:
+        self.cfg, self.run_dir, self.stop = cfg, run_dir, stop
         self.status = status
+        self.parent_pid = parent_pid
         self.gpu_memory_mb = gpu_memory_mb
-        self.feed = FeedCore(cfg, run_dir, stop, parent_pid=parent_pid, resume=resume,
-                             hold_out=uses_tensorflow(cfg.trainer.model), fresh_plan=fresh_plan)
+        self.resume, self.fresh_plan = resume, fresh_plan
 
     def execute(self) -> int:
-        feed = self.feed
-        endpoint = feed.open()
+        prepared = PreparedRun(self.cfg, self.run_dir, resume=self.resume, fresh_plan=self.fresh_plan,
+                               hold_out=uses_tensorflow(self.cfg.trainer.model))
+        feed = FeedCore(prepared, self.stop, parent_pid=self.parent_pid)
         # Producers start now, while this process imports TensorFlow and builds the model.
-        self.status.send("ready", endpoint=endpoint, batches_per_epoch=feed.planner.batches_per_epoch)
+        self.status.send("ready", endpoint=feed.endpoint, batches_per_epoch=feed.planner.batches_per_epoch)
         loop = TrainLoop(feed)
         try:
             loop.run(self.gpu_memory_mb)
@@ -96,7 +98,7 @@ class Run:
             log.error("%s", exc)
             self.status.error(exc, "consumer")
         except BaseException as exc:
-            gone = self._peer_gone(exc)
+            gone = self._peer_gone(feed, exc)
             if gone is not None:
                 feed.exit_reason, feed.code = f"failed: {gone}", EXIT_FAILED
                 log.error("%s", gone)
@@ -107,17 +109,18 @@ class Run:
                 self.status.error(exc, "consumer")
         finally:
             loop.close()
-            feed.close()
+            feed.close(loop.model_summary(), loop.resolve)
         return feed.code
 
-    def _peer_gone(self, exc: BaseException) -> "WorkerGone | None":
+    @staticmethod
+    def _peer_gone(feed: FeedCore, exc: BaseException) -> "WorkerGone | None":
         """Another trainer worker died or hung up, so the step's all-reduce failed: one line
         saying how the job goes on (None for any other failure)."""
-        if self.feed.planner.workers == 1 or type(exc).__name__ not in PEER_GONE_ERRORS:
+        if feed.planner.workers == 1 or type(exc).__name__ not in PEER_GONE_ERRORS:
             return None
         return WorkerGone(f"a trainer worker of the job stopped answering ({type(exc).__name__} in the step's "
                           f"all-reduce); the job cannot go on: start every worker with --resume "
-                          f"{self.feed.run_dir.parent}")
+                          f"{feed.run_dir.parent}")
 
 
 class TrainLoop:
@@ -137,7 +140,6 @@ class TrainLoop:
         self.trainer: Trainer | None = None
         self.val_losses: list[tuple[int, float]] = []
         self.skipped_steps = 0
-        feed.summary_extra = self.model_summary
 
     def save_checkpoint(self) -> None:
         """Checkpoint model, optimizer, step and input position now; the step logs are
@@ -155,7 +157,7 @@ class TrainLoop:
 
     def model_summary(self) -> dict[str, Any]:
         """summary.json fields of the trainer: parameters, precision, traces, validation."""
-        if self.trainer is None or not self.trainer.uses_tensorflow:
+        if not isinstance(self.trainer, ModelTrainer):
             return {}
         return {"trainer": self.trainer.stats(), "skipped_steps": self.skipped_steps,
                 "val_loss_first": self.val_losses[0][1] if self.val_losses else None,
@@ -171,25 +173,25 @@ class TrainLoop:
         trainer = make_trainer(cfg, devices, feed.planner.shapes, budget, feed.vocabulary.size,
                                multi_worker=feed.planner.workers > 1)
         feed.checkpoints.attach(trainer)  # restores the model and optimizer of a resumed run
-        feed.resolver = self._resolve(trainer)
-        if trainer.uses_tensorflow:
+        if isinstance(trainer, ModelTrainer):
             feed.queue.enable_staging(trainer.stage)
             resumed = feed.checkpoints.resumed
             self.tb = TensorBoard(feed.run_dir, resumed.step if resumed is not None else None)
             if feed.val_batches:
                 log.info("validation: %d held-out clips in %d batches, made by the producers every %d steps",
                          len(feed.val_samples), len(feed.val_batches), cfg.trainer.val_every_steps)
-            trainer.prepare(feed.planner.shapes)  # type: ignore[attr-defined]
+            trainer.prepare(feed.planner.shapes)
         where = ", ".join(devices) if trainer.uses_tensorflow else "host (no TensorFlow)"
         log.info("trainer %s on %s", trainer.name, where)
         return trainer
 
-    @staticmethod
-    def _resolve(trainer: Trainer) -> Callable[[Sequence[Any]], Resolved]:
-        def resolve(handles: Sequence[Any]) -> Resolved:
-            losses = trainer.resolve(handles)
-            return Resolved(losses, getattr(trainer, "resolved_terms", None))
-        return resolve
+    def resolve(self, handles: Sequence[Any]) -> Resolved:
+        """The losses of an interval's steps, fetched by the trainer at once, with each step's
+        loss terms where the trainer has a model (the feed's flush calls it)."""
+        trainer = self.trainer
+        assert trainer is not None  # the handles are its steps'
+        losses = trainer.resolve(handles)
+        return Resolved(losses, trainer.resolved_terms if isinstance(trainer, ModelTrainer) else None)
 
     def run(self, gpu_memory_mb: int | None) -> None:
         feed, cfg = self.feed, self.cfg
@@ -200,10 +202,11 @@ class TrainLoop:
                 self.save_checkpoint()  # every trainer.checkpoint_every_steps
             if feed.flush_due():
                 self._flush()
-            if trainer.uses_tensorflow and feed.step % cfg.trainer.val_every_steps == 0 and not feed.finished():
+            if (isinstance(trainer, ModelTrainer) and feed.step % cfg.trainer.val_every_steps == 0
+                    and not feed.finished()):
                 self._validate(trainer)
         self._flush()
-        if trainer.uses_tensorflow and feed.step and not feed.interrupted:
+        if isinstance(trainer, ModelTrainer) and feed.step and not feed.interrupted:
             self._validate(trainer)
 
     def _flush(self, check: bool = True) -> None:
@@ -212,7 +215,7 @@ class TrainLoop:
         non-finite too long."""
         trainer = self.trainer
         assert trainer is not None
-        rows = self.feed.flush(check=check)
+        rows = self.feed.flush(self.resolve, check=check)
         if not rows:
             return
         health = trainer.health()
@@ -238,13 +241,12 @@ class TrainLoop:
             values = [r["terms"][name] for r in recent if (r.get("terms") or {}).get(name) is not None]
             if values:
                 train[f"loss/{name}"] = sum(values) / len(values)
-        learning_rate = getattr(trainer, "learning_rate", None)
-        if learning_rate is not None:
-            train["learning_rate"] = learning_rate()
+        if isinstance(trainer, ModelTrainer):
+            train["learning_rate"] = trainer.learning_rate()
         self.tb.write(self.feed.step, self.feed.telemetry.window(time.monotonic()), loss,
                       self.feed.coordinator.alive(), train)
 
-    def _validate(self, trainer: Trainer) -> None:
+    def _validate(self, trainer: ModelTrainer) -> None:
         """The loss on the held-out clips, made by the producers in a validation pass of the
         feed (consumer/pipeline/validation.py), and the first clip's mel image, into the log and tb/."""
         feed = self.feed
@@ -259,16 +261,16 @@ class TrainLoop:
         # Evaluated on the first device in the rows one replica trains (a planned batch has them all).
         parts = [part for item in items for part in _split_rows(item.arrays, feed.planner.replicas)
                  if part[FRAMES].any()]
-        loss = trainer.evaluate([trainer.stage_one(p) for p in parts])  # type: ignore[attr-defined]
+        loss = trainer.evaluate([trainer.stage_one(p) for p in parts])
         if loss is None:
             return
         self.val_losses.append((step, loss))
         log.info("step %d  validation loss %.4f", step, loss)
         first = parts[0]
         frames = int(first[FRAMES][0])
-        predicted = trainer.predict({k: v[:1] for k, v in first.items()})["mel"][0]  # type: ignore[attr-defined]
+        predicted = trainer.predict({k: v[:1] for k, v in first.items()})["mel"][0]
         image = melimage.comparison(predicted[:frames], first["mel"][0, :frames])
-        self.tb.validation(step, loss, image, getattr(trainer, "evaluated_terms", None))
+        self.tb.validation(step, loss, image, trainer.evaluated_terms)
 
 
 def _split_rows(arrays: dict[str, Any], parts: int) -> list[dict[str, Any]]:

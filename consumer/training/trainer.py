@@ -1,6 +1,7 @@
 """Trainers the consumer can run: ``synthetic:MS`` and the Keras text-to-mel models.
 
-A trainer has these methods, which the consumer's training loop calls:
+A trainer (the ``Trainer`` protocol) has these methods, which the consumer's training loop
+(consumer/training/main.py) calls:
 
     stage(arrays) -> staged     host numpy arrays -> what step() takes (device tensors);
                                 runs in the stager thread while the previous step trains
@@ -10,6 +11,18 @@ A trainer has these methods, which the consumer's training loop calls:
                                 loop syncs with the device, once per logging interval
     health() -> Health          non-finite steps (skipped), read at the same point
     stats() -> dict             figures for summary.json
+
+A trainer with a model (the ``ModelTrainer`` protocol, checked with ``isinstance``: the
+Keras trainer; the synthetic one has none) has these too, for tracing ahead, validation,
+TensorBoard and checkpoints:
+
+    prepare(shapes)             trace the step for every bucket shape, before the first batch
+    stage_one(arrays) -> staged a batch, whole, onto the first device (validation, prediction)
+    evaluate(staged) -> loss    the loss over validation batches (its terms: evaluated_terms)
+    predict(arrays) -> outputs  the model's outputs on one batch (the validation image)
+    learning_rate() -> float    the optimizer's rate now
+    trackables() -> dict        what a checkpoint holds (consumer/pipeline/checkpoint.py)
+    resolved_terms              each resolved step's loss terms (set by resolve)
 
 ``synthetic:MS`` holds each step for MS milliseconds without using the CPU (it sleeps
 until a deadline, standing in for a GPU kernel), so a run measures the input pipeline
@@ -64,7 +77,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -76,7 +89,7 @@ from stoker.shared.tfsetup import device_stager, replica_stager
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelError", "Health", "Trainer", "SyntheticTrainer", "KerasTrainer", "check_model",
+__all__ = ["ModelError", "Health", "Trainer", "ModelTrainer", "SyntheticTrainer", "KerasTrainer", "check_model",
            "uses_tensorflow", "make_trainer", "choose_precision", "choose_jit_compile"]
 
 
@@ -87,6 +100,8 @@ class Health:
 
 
 class Trainer(Protocol):
+    """What the training loop asks of every trainer (module docstring)."""
+
     name: str
     uses_tensorflow: bool
 
@@ -99,6 +114,27 @@ class Trainer(Protocol):
     def health(self) -> Health: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class ModelTrainer(Trainer, Protocol):
+    """A trainer with a model, which the loop traces ahead, validates and draws in TensorBoard
+    (module docstring); ``isinstance(trainer, ModelTrainer)`` tells it from one without."""
+
+    resolved_terms: list[dict[str, float]]
+    evaluated_terms: dict[str, float]
+
+    def prepare(self, shapes: Sequence[tuple[int, int, int]]) -> None: ...
+
+    def stage_one(self, arrays: dict[str, np.ndarray]) -> Any: ...
+
+    def evaluate(self, batches: Sequence[Any]) -> float | None: ...
+
+    def predict(self, arrays: dict[str, Any]) -> dict[str, np.ndarray]: ...
+
+    def learning_rate(self) -> float: ...
+
+    def trackables(self) -> dict[str, Any]: ...
 
 
 class SyntheticTrainer:

@@ -66,6 +66,9 @@ def test_loss_falls_on_a_fixed_batch() -> None:
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < 0.5 * losses[0]
     assert trainer.updates == 40 and trainer.health() == Health(0, 0)
+    # The loop traces ahead, validates and draws what a trainer with a model has; the synthetic one has none.
+    assert isinstance(trainer, trainers.ModelTrainer)
+    assert not isinstance(trainers.SyntheticTrainer(1.0), trainers.ModelTrainer)
 
 
 def test_gradient_accumulation_equals_the_large_batch_gradient() -> None:
