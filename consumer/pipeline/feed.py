@@ -215,7 +215,8 @@ class FeedCore:
         self.val_samples, self.val_batches = prepared.val_samples, prepared.val_batches
         self.stop = stop
         self.parent_pid = parent_pid
-        self._positions: Iterator[tuple[int, int]] | None = None  # with workers: the plan's order, step by step
+        # With workers: the plan's order, step by step (a generator: it reads the position at the first step).
+        self._positions = self._plan_order()
         self.started = time.monotonic()  # "t" in metrics.jsonl counts from here: the run's socket opens now
         self.rejected_count = 0
         self._producer_rejected: set[str] = set()
@@ -570,16 +571,14 @@ class FeedCore:
     def _next_position(self) -> tuple[int, int] | None:
         """The (epoch, index) every worker trains at this step: the plan's batches in order,
         from the input position on (None past the last planned epoch)."""
-        if self._positions is None:
-            def positions() -> Iterator[tuple[int, int]]:
-                epoch = self.handed.first_open()
-                while self.epochs is None or epoch < self.epochs:
-                    for batch in self.handed.remaining(self.planner.plan(epoch)):
-                        yield batch.epoch, batch.index
-                    epoch += 1
-
-            self._positions = positions()
         return next(self._positions, None)
+
+    def _plan_order(self) -> Iterator[tuple[int, int]]:
+        epoch = self.handed.first_open()
+        while self.epochs is None or epoch < self.epochs:
+            for batch in self.handed.remaining(self.planner.plan(epoch)):
+                yield batch.epoch, batch.index
+            epoch += 1
 
     def _waiting(self, since: float, last_warn: float, what: str) -> float:
         """One slice of waiting for a batch: live figures, the parent's liveness, a data
