@@ -274,8 +274,8 @@ def test_coordinator_leases_only_what_the_position_left(harness):
     expected = [(0, 1, list(plan0[1].ids[1:])), (0, 3, list(plan0[3].ids)),
                 *((1, b.index, list(b.ids)) for b in plan_of.plan(1))]
     leases = [h.recv(sock, wire.LEASE) for _ in expected]
-    assert [(m["epoch"], m["index"], m["ids"]) for m in leases] == expected
-    assert leases[0]["rows"] == len(plan0[1].ids) - 1  # the partly trained batch: only its untrained rows
+    assert [(m.epoch, m.index, list(m.ids)) for m in leases] == expected
+    assert leases[0].rows == len(plan0[1].ids) - 1  # the partly trained batch: only its untrained rows
     assert sock.poll(300) == 0 or wire.decode(sock.recv_multipart()).kind == wire.HEARTBEAT
 
 
@@ -289,7 +289,7 @@ def test_coordinator_skips_complete_epochs(harness):
     sock = h.producer()
     h.recv(sock, wire.WELCOME)
     leases = [h.recv(sock, wire.LEASE) for _ in plan_of.plan(2)]
-    assert {m["epoch"] for m in leases} == {2}
+    assert {m.epoch for m in leases} == {2}
 
 
 def test_complete_epochs_are_forgotten():
