@@ -21,12 +21,12 @@ measured from outside:
                   pickled batch dicts into a ``multiprocessing.Queue(maxsize=3)``.
 
 Same data: the embedded demo set (64 clips, 22,050 Hz 16-bit WAV). Same batches: the
-consumer's epoch plan (``consumer/plan.py``, batch 16, bucketed shapes), epoch after
+consumer's epoch plan (``consumer/pipeline/plan.py``, batch 16, bucketed shapes), epoch after
 epoch, each batch padded to its bucket shape [B, L] / [B, T, F]. Same preprocessing:
 read the WAV, the log-mel of ``producer/features.py`` computed by its TensorFlow ops
 (the ``tf.function`` of :class:`producer.features.MelComputer`, which is what
 ``log_mel_spectrogram`` runs; stoker's producers run it with ``features.backend=tf``),
-token ids from the index's vocabulary (``consumer.plan.TokenTable``, as the leases carry
+token ids from the index's vocabulary (``consumer.pipeline.plan.TokenTable``, as the leases carry
 them; for the tf.data variants put into the plan's tensors, since a Python tokenizer
 cannot run in a tf.data service worker), padding with the same values. stoker's own default computes the same
 definition without TensorFlow (the issue's "tf.data service ... needs the TF-op version
@@ -85,7 +85,7 @@ import numpy as np
 import psutil
 
 from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, spread, table
-from stoker.consumer.plan import EpochPlanner, TokenTable
+from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable
 from stoker.producer.audio import load_audio
 from stoker.producer.features import MelComputer, pad_value
 from stoker.shared.batch import SCHEMA, batch_dims, collate

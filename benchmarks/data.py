@@ -29,7 +29,7 @@ index
 producer
     The same clips (LJSpeech-like: 22,050 Hz 16-bit mono, durations drawn from a normal
     of mean 6.6 s, sd 2.2 s, clipped to 1.1..10.1 s, as LJSpeech's are), in the same
-    planned batches (consumer/plan.py: batch 16, 4 buckets), through each variant in its
+    planned batches (consumer/pipeline/plan.py: batch 16, 4 buckets), through each variant in its
     own spawned process, one at a time, variants interleaved repetition by repetition:
 
     - ``stoker``: producer.batches.BatchMaker with the default config (``features.backend:
@@ -78,7 +78,7 @@ import numpy as np
 import soundfile
 
 from stoker.benchmarks.common import DEMO_DATA, BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
-from stoker.consumer.plan import EpochPlanner, TokenTable
+from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable
 from stoker.producer.audio import load_audio
 from stoker.producer.batches import BatchMaker, Prepared
 from stoker.producer.features import log_mel_spectrogram_numpy, resolve_backend

@@ -54,8 +54,8 @@ import stoker
 from stoker.benchmarks.common import (CHILD_TIMEOUT_S, DEMO_DATA, QUIET_ENV, SETTLING_STEPS, STOKER, BenchError, ratio,
                                       report, spread, table)
 from stoker.benchmarks.alternatives import plan_batches, tf_dataset
-from stoker.consumer import tts
-from stoker.consumer.trainer import make_trainer
+from stoker.consumer.training import tts
+from stoker.consumer.training.trainer import ModelTrainer, make_trainer
 from stoker.shared.config import Config, DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index
 from stoker.shared.metrics import wait_share
@@ -88,7 +88,7 @@ def _options(run_dir: Path, steps: int, data: str) -> dict[str, Any]:
 
 
 def _fit_model(vocab_size: int, n_mels: int, cfg: Any) -> Any:
-    """The tiny model for fit: its output and stoker's loss (consumer/tts.objective) through
+    """The tiny model for fit: its output and stoker's loss (consumer/training/tts.objective) through
     ``compute_loss``, Adam, float32 and no XLA as stoker's trainer on the CPU."""
     import keras
     import tensorflow as tf
@@ -133,7 +133,8 @@ def child_main(kind: str, run_dir: Path, steps: int, data: str) -> dict[str, Any
     if kind == "feed loop":
         feed = stoker.Feed(**options)
         trainer = make_trainer(feed.cfg, "/CPU:0", feed.shapes, steps, feed.vocabulary.size)
-        trainer.prepare(feed.shapes)  # type: ignore[attr-defined]  # as stoker's trainer does
+        assert isinstance(trainer, ModelTrainer)  # a Keras model
+        trainer.prepare(feed.shapes)  # as stoker's trainer does
         with feed:
             for batch in feed:
                 feed.step_done(loss=trainer.step(batch)[0])

@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 
 from stoker.benchmarks.common import BenchError, ratio, report, spread, table
-from stoker.consumer import validation
-from stoker.consumer.buffer import BatchQueue, QueuedBatch
-from stoker.consumer.plan import EpochPlanner
-from stoker.consumer.trainer import KerasTrainer
+from stoker.consumer.pipeline import validation
+from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch
+from stoker.consumer.pipeline.plan import EpochPlanner
+from stoker.consumer.training.trainer import KerasTrainer
 from stoker.shared import config as config_mod
 from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import FeaturesConfig

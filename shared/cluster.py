@@ -6,7 +6,7 @@ reads) names every trainer worker and which one this process is::
     {"cluster": {"worker": ["host0:12345", "host1:12345"]}, "task": {"type": "worker", "index": 1}}
 
 A ``chief`` entry, when there is one, is the first worker. stoker reads it to shard the
-epoch plan (consumer/plan.py: worker w of W trains its share of every global batch) and
+epoch plan (consumer/pipeline/plan.py: worker w of W trains its share of every global batch) and
 to name each worker's run directory; TensorFlow reads it to connect the workers. Each
 mistake is one line (ClusterError): not JSON, no worker list, an address named twice, a
 task that is not in the list.

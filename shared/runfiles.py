@@ -20,7 +20,7 @@ vocab.json         the text front-end's vocabulary, language and speaker tables
 mel_stats.json     each mel channel's mean and std over an epoch (after a whole epoch, or used
                    by transforms.mel_norm: dataset)
 tb/                TensorBoard event files
-ckpt/              checkpoints (consumer/checkpoint.py)
+ckpt/              checkpoints (consumer/pipeline/checkpoint.py)
 slurm/             a Slurm job's hand-over (stoker/slurm.py), directory 0700: endpoint.json
                    (the job id, the trainer's endpoint or its error) and keys/ (the job's
                    CURVE keys)

@@ -4,7 +4,7 @@ feed for the user's own training loop (``stoker.Feed``, stoker/feed.py).
 
 It sits above the libraries it drives (``consumer/``, ``producer/``, ``shared/``): it
 imports them, they never import it (tests/test_layers.py keeps it so). The processes it
-starts are named by module (``python -m stoker.consumer.main``, ``python -m stoker.producer.worker``).
+starts are named by module (``python -m stoker.consumer.training.main``, ``python -m stoker.producer.worker``).
 
 ``import stoker`` is cheap: ``stoker.Feed`` and ``stoker.FeedError`` load stoker/feed.py
 on first use, and TensorFlow is imported only when a feed starts.

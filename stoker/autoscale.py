@@ -1,6 +1,6 @@
 """``--producers auto``: add local producers while the trainer starves, remove idle ones.
 
-The launcher reads the consumer's ``live.json`` (consumer/telemetry.py) once per
+The launcher reads the consumer's ``live.json`` (consumer/pipeline/telemetry.py) once per
 DECISION_INTERVAL_S and asks :class:`AutoScaler` for a decision. The evidence for each
 decision is logged.
 

@@ -21,9 +21,9 @@ from typing import NoReturn, Sequence
 
 from stoker import service
 from stoker.console import out, print_precompute_summary, print_summary
-from stoker.consumer.export import describe, export
-from stoker.consumer.synth import SynthError, synthesize
-from stoker.consumer.tts import ModelError
+from stoker.consumer.training.export import describe, export
+from stoker.consumer.training.synth import SynthError, synthesize
+from stoker.consumer.training.tts import ModelError
 from stoker.diagnose import analyse, render
 from stoker.launcher import with_stoker_path
 from stoker.shared.cluster import from_env, worker_dir_name

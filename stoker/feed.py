@@ -10,7 +10,7 @@
             feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
         val = [eval_step(b) for b in feed.validation()]   # the held-out clips, once each
 
-The feed runs in the user's process: the trainer side of the pipeline (consumer/feed.py:
+The feed runs in the user's process: the trainer side of the pipeline (consumer/pipeline/feed.py:
 index, plan, coordinator, bounded queue, step rows, input position, summary.json), the
 staging of each batch onto the model device while the previous step runs, and the local
 producer processes, started and supervised here as the launcher does for
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from stoker.consumer.feed import FeedCore
+from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
 from stoker.launcher import KILL_AFTER_S, PRODUCER_STOP_S, TICK_S, AutoControl, Supervisor, start_producers
 from stoker.service import FLAG_KEYS, make_run_dir, prepare_run, resolve_options
 from stoker.shared import config as config_mod
@@ -97,7 +97,8 @@ class Feed:
         except config_mod.ConfigError as exc:
             raise FeedError(f"stoker.Feed: {exc}") from None
         self._resume = resume
-        self._core: Any = None
+        self._prepared: PreparedRun | None = None  # from prepare() on: the dataset indexed, the epochs planned
+        self._core: FeedCore | None = None  # from start() on: the run opened (coordinator, queues, step logs)
         self._producers: list[Any] = []
         self._supervisor: Any = None
         self._auto: Any = None
@@ -125,7 +126,7 @@ class Feed:
         """Check the options, make the run directory, index the dataset and plan the epochs,
         starting no process: the vocabulary, shapes and element spec are known from here on,
         and a checkpoint holding :meth:`trackable` can still be restored."""
-        if self._core is not None:
+        if self._prepared is not None:
             return self
         if self._closed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
@@ -136,21 +137,33 @@ class Feed:
         config_mod.save(cfg, run_dir / CONFIG)
         log.info("%s", plan.describe(cfg.pipeline.producers))
         log.info("run directory %s", run_dir)
-        core = FeedCore(cfg, run_dir, self._stop, hold_out=True)  # trainer.val_clips / data.eval_file (FEED.md)
-        # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the feed's to know.
-        core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None, "replicas": self._replicas}
-        core.prepare()
-        self._core = core
+        self._prepared = PreparedRun(cfg, run_dir, hold_out=True)  # trainer.val_clips / data.eval_file (FEED.md)
         atexit.register(self._at_exit)
         return self
+
+    def _prepared_run(self) -> PreparedRun:
+        """The prepared run (prepare() first)."""
+        prepared = self.prepare()._prepared
+        assert prepared is not None
+        return prepared
+
+    def _open_core(self) -> FeedCore:
+        """The open run (start() first)."""
+        core = self.start()._core
+        assert core is not None  # start() raised otherwise, or the feed is closed
+        return core
+
+    def _running(self) -> FeedCore:
+        """The open run, where a batch was taken already (so start() made it)."""
+        assert self._core is not None
+        return self._core
 
     def start(self) -> "Feed":
         """Prepare, then bind, stage and start the producers (the ``with`` statement calls it)."""
         if self._closed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
-        self.prepare()
-        core = self._core
-        if core.opened or self._started_once:
+        prepared = self._prepared_run()
+        if self._started_once:
             return self
         self._started_once = True
         if self._reused_dir and self._resume is None:
@@ -159,7 +172,8 @@ class Feed:
             raise FeedError(f"run directory {self.run_dir} holds a run; choose another run_dir, or continue it with "
                             f"resume=feed.state_dict() (or a restored feed.trackable())")
         try:
-            self.endpoint = core.open(self._resume)
+            self._core = core = FeedCore(prepared, self._stop, state=self._resume)
+            self.endpoint = core.endpoint
             stage = self._stager()
             core.queue.enable_staging(stage)
             core.val_queue.enable_staging(stage)
@@ -255,7 +269,7 @@ class Feed:
             raise StopIteration
         self._take_by("iteration")
         if self._batches is None:
-            self._batches = self.start()._core.batches(confirm_on_request=False)
+            self._batches = self._open_core().batches(confirm_on_request=False)
         try:
             return self._next_of(self._batches)
         except StopIteration:
@@ -268,13 +282,13 @@ class Feed:
         of the next epoch that arrive first are held back for it. Asking for a batch confirms
         the last one's step, as in plain iteration."""
         self._take_by("iteration")
-        core = self.start()._core
+        core = self._open_core()
         while not self._closed and not core.handed_all():
             epoch = core.handed.first_open()
             yield epoch, self._epoch_batches(epoch)
 
     def _epoch_batches(self, epoch: int) -> Iterator[dict[str, Any]]:
-        batches = self._core.batches(confirm_on_request=False, epoch=epoch)
+        batches = self._running().batches(confirm_on_request=False, epoch=epoch)
         while True:
             try:
                 yield self._next_of(batches)
@@ -284,7 +298,7 @@ class Feed:
     def _next_of(self, batches: Iterator[Any]) -> dict[str, Any]:
         """The next batch of ``batches`` for a loop that asks when it needs one: the step of the
         batch before ended when the loop asked (unless step_done said so earlier)."""
-        core = self._core
+        core = self._running()
         core.confirm(time.monotonic())
         if core.flush_due():
             core.flush()
@@ -309,9 +323,9 @@ class Feed:
         of training, and each call confirms the oldest). ``loss`` (a number or a scalar tensor)
         and named ``terms`` go to metrics.jsonl, fetched from the device once per logging
         interval."""
-        if self._taken_by is None:
-            raise FeedError("step_done() before the first batch")
         core = self._core
+        if self._taken_by is None or core is None:
+            raise FeedError("step_done() before the first batch")
         confirmed = core.step_done({"loss": loss, **terms} if terms else loss)
         if self._taken_by == "iteration":
             return  # a second call for one batch changes nothing
@@ -407,7 +421,7 @@ class Feed:
 
         def one_epoch() -> Iterator[dict[str, Any]]:
             self._take_by("as_dataset()")
-            core = self.start()._core
+            core = self._open_core()
             if core.handed_all():
                 return
             for item in core.batches(confirm_on_request=False, epoch=core.handed.first_open()):
@@ -425,7 +439,7 @@ class Feed:
         no clip held out the pass is empty (logged). Leaving a pass before its end is fine."""
         if self._closed:
             raise FeedError("this feed is closed; validate before leaving the `with` block")
-        core = self.start()._core
+        core = self._open_core()
 
         def batches() -> Iterator[dict[str, Any]]:
             for item in core.validation_pass():
@@ -447,7 +461,7 @@ class Feed:
     @property
     def validation_clips(self) -> list[str]:
         """The ids of the held-out clips (also in RUN_DIR/validation.json)."""
-        return [s.id for s in self.prepare()._core.val_samples]
+        return [s.id for s in self._prepared_run().val_samples]
 
     # ------------------------------------------------------------ progress and resume
     @property
@@ -456,18 +470,18 @@ class Feed:
 
     @property
     def batches_per_epoch(self) -> int:
-        return self.prepare()._core.planner.batches_per_epoch
+        return self._prepared_run().planner.batches_per_epoch
 
     @property
     def shapes(self) -> list[tuple[int, int, int]]:
         """The batch shapes (B, L, T) of the plan, the buckets' and the epoch's one short batch's
         (only its real rows, unless rows are fixed): every planned batch has one of them."""
-        return self.prepare()._core.planner.shapes
+        return self._prepared_run().planner.shapes
 
     @property
     def vocabulary(self) -> Any:
         """The text front-end's vocabulary (shared/vocab.Vocabulary): ``.size`` token ids."""
-        return self.prepare()._core.vocabulary
+        return self._prepared_run().vocabulary
 
     @property
     def n_mels(self) -> int:
@@ -480,7 +494,7 @@ class Feed:
         ``input_signature`` traces once for every bucket."""
         import tensorflow as tf
 
-        cfg = self.prepare()._core.cfg  # fixed rows resolved (replicas, workers): row_mask among the fields
+        cfg = self._prepared_run().cfg  # fixed rows resolved (replicas, workers): row_mask among the fields
         fixed = {"F": cfg.features.n_mels, "R": cfg.batching.ref_frames}  # the same in every bucket
         return {f.name: tf.TensorSpec([fixed.get(dim) for dim in f.dims], tf.as_dtype(f.dtype), name=f.name)
                 for f in batch_schema(cfg).fields}
@@ -547,7 +561,9 @@ class Feed:
                 log.warning("%d batches went out through as_dataset() and no step was confirmed: pass "
                             "callbacks=[feed.callback()] to fit, or call feed.step_done() after each step of your "
                             "loop; the feed's state counts confirmed steps only", core.handed_steps)
-            core.close()
+            # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the
+            # feed's to know.
+            core.close({"trained_by": TRAINED_BY_FEED, "model": None, "replicas": self._replicas})
 
     def _stop_producers(self) -> None:
         self._closing.set()

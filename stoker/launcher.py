@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import psutil
 
-from stoker.consumer.checkpoint import POSITION, Checkpointer
+from stoker.consumer.pipeline.checkpoint import POSITION, Checkpointer
 from stoker.shared.config import Config
 from stoker.shared.errors import UserError
 from stoker.shared.metrics import read_jsonl, summarize
@@ -316,7 +316,7 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
 
 
 def consumer_argv(run_dir: Path, plan: DevicePlan, resume: bool, fresh_plan: bool = False) -> list[str]:
-    argv = ["stoker.consumer.main", "--run-dir", str(run_dir), *(["--resume"] if resume else []),
+    argv = ["stoker.consumer.training.main", "--run-dir", str(run_dir), *(["--resume"] if resume else []),
             *(["--fresh-plan"] if resume and fresh_plan else [])]
     if plan.model_memory_mb:
         argv += ["--gpu-memory-mb", str(plan.model_memory_mb)]

@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from stoker.consumer.checkpoint import Checkpointer
-from stoker.consumer.trainer import check_model
+from stoker.consumer.pipeline.checkpoint import Checkpointer
+from stoker.consumer.training.trainer import check_model
 from stoker.devices import list_gpus, plan_devices, requested_replicas
 from stoker.launcher import run_producers, run_training
 from stoker.shared import config as config_mod

@@ -79,7 +79,7 @@ def test_mixed_datasets_run_phonemes(tmp_path):
                                         encoding="utf-8")
     run_dir = tmp_path / "run"
     # a model conditioned on speaker and language (and checking the stop target), fed the optional fields
-    conditioned = ["--model", "tests.consumer.user_models:conditioned", "--set",
+    conditioned = ["--model", "tests.consumer.training.user_models:conditioned", "--set",
                    "batching.fields=speaker_id,language_id,stop"]
     result = run_cli("--data", str(tmp_path / "data.yaml"), "--text-frontend", "phonemes", "--epochs", "1",
                      "--run-dir", str(run_dir), *FAST, *conditioned, timeout=240)

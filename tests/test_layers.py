@@ -2,12 +2,14 @@
 
     benchmarks   measure the application                      (top)
     stoker       command line, launcher, auto-scaler, devices, diagnose, watch
-    consumer     the trainer's process: coordinator, queue, trainer, checkpoints
+    consumer     the trainer's side, in two parts, training above the pipeline:
+                   training   stoker's trainers, the model, the consumer process's training loop
+                   pipeline   the feed core, coordinator, queue, plan, checkpoints
     producer     a producer's process: audio, features, batches
     shared       what both sides share: config, wire, batch schema, dataset, text (a leaf)
 
 Every import counts, also one inside a function: a lazy import hides a cycle, it does not
-remove it. Processes are started by module name (``python -m stoker.consumer.main``), which is
+remove it. Processes are started by module name (``python -m stoker.consumer.training.main``), which is
 not an import.
 
 Below the layers, module by module: no module imports itself back through others; an import
@@ -66,6 +68,22 @@ def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
     assert not upward, "imports that run back up a layer:\n" + "\n".join(upward)
 
 
+CONSUMER_PARTS = ("pipeline", "training")  # consumer/'s subpackages, lowest first
+
+
+@pytest.mark.parametrize("part", CONSUMER_PARTS)
+def test_a_part_of_the_consumer_imports_only_the_parts_below_it(part: str) -> None:
+    """Training may use the pipeline; the pipeline feeds any training loop and imports nothing of stoker's."""
+    modules = project_modules()
+    above = tuple(f"stoker.consumer.{name}" for name in CONSUMER_PARTS[CONSUMER_PARTS.index(part) + 1:])
+    upward = [f"{path.relative_to(ROOT)}:{node.lineno} imports {target}"
+              for name, path in modules.items() if name.startswith(f"stoker.consumer.{part}.")
+              for target, node, _ in module_imports(name, path, set(modules))
+              if target.startswith(above)]
+    assert not upward, "imports that run back up a part of the consumer:\n" + "\n".join(upward)
+    assert {name.split(".")[2] for name in modules if name.startswith("stoker.consumer.")} == set(CONSUMER_PARTS)
+
+
 def test_the_check_sees_relative_imports_that_climb_out_of_their_layer(tmp_path: Path) -> None:
     source = tmp_path / "m.py"  # as if it were shared/dataset/m.py
     source.write_text("from ..text import Units\nfrom ... import cli\n")
@@ -74,8 +92,8 @@ def test_the_check_sees_relative_imports_that_climb_out_of_their_layer(tmp_path:
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("import os\n\ndef f():\n    from stoker.consumer.plan import EpochPlanner\n    import stoker.cli\n"
-                      "    import stoker\n")
+    source.write_text("import os\n\ndef f():\n    from stoker.consumer.pipeline.plan import EpochPlanner\n"
+                      "    import stoker.cli\n    import stoker\n")
     assert imported_packages(source) == {("consumer", 4), ("stoker", 5), ("stoker", 6)}
 
 

@@ -15,10 +15,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.mark.slow
 def test_open_batch_run_trains_checkpoints_and_resumes(tmp_path):
-    from tests.consumer.loss_models import CHECKED_REF_FRAMES
+    from tests.consumer.training.loss_models import CHECKED_REF_FRAMES
 
     run_dir = tmp_path / "run"
-    common = ["--model", "tests.consumer.loss_models:fields_checker", "--producers", "1",
+    common = ["--model", "tests.consumer.training.loss_models:fields_checker", "--producers", "1",
               "--set", "batching.fields=speaker_id,stop,audio,ref_mel",
               "--set", f"batching.ref_frames={CHECKED_REF_FRAMES}", "--set", "trainer.optimizer=adamw",
               "--set", "trainer.lr_decay=noam", "--set", "trainer.log_every_steps=3",

@@ -139,7 +139,7 @@ def test_remote_producer_rejoins_a_restarted_trainer(tmp_path):
             remote.wait_for_line(r"first batch delivered", START_S)
             # the trainer crashes: no STOP reaches the producer
             consumer = next(p for p in psutil.Process(first.proc.pid).children()
-                            if "stoker.consumer.main" in " ".join(p.cmdline()))
+                            if "stoker.consumer.training.main" in " ".join(p.cmdline()))
             consumer.kill()
             first.kill()
             remote.wait_for_line(r"consumer silent for [0-9.]+ s; dropping \d+ leases and reconnecting", 10)

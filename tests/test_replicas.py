@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 # A small user model (the mechanics, not the preset); two buckets of 4 rows per replica: few
 # shapes to trace, and an epoch of a few steps.
-REPLICATED = ["--model", "tests.consumer.user_models:good", "--replicas", "2", "--batch-size", "4", "--producers", "2",
-              "--record-samples", "--model-start-delay", "0", "--log-level", "WARNING",
+REPLICATED = ["--model", "tests.consumer.training.user_models:good", "--replicas", "2", "--batch-size", "4",
+              "--producers", "2", "--record-samples", "--model-start-delay", "0", "--log-level", "WARNING",
               "--set", "batching.num_buckets=2",
               "--set", "trainer.learning_rate=1e-2", "--set", "trainer.warmup_steps=0", *NUMPY_FEATURES]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stoker.consumer.checkpoint import CKPT_DIR, POSITION, Checkpointer
+from stoker.consumer.pipeline.checkpoint import CKPT_DIR, POSITION, Checkpointer
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES, check_exactly_once

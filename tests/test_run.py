@@ -141,7 +141,7 @@ def test_demo_tiny_model_learns_validates_checkpoints_and_synthesizes(tmp_path):
     # A second restore, here (the synth command's own function, without another TensorFlow start).
     import numpy as np
 
-    from stoker.consumer.synth import synthesize
+    from stoker.consumer.training.synth import synthesize
 
     again = synthesize(run_dir, "The dog barked.", tmp_path / "again.npy")
     np.testing.assert_array_equal(np.load(out), np.load(again.mel_path))  # every weight restored, twice
@@ -150,7 +150,7 @@ def test_demo_tiny_model_learns_validates_checkpoints_and_synthesizes(tmp_path):
 @pytest.mark.slow
 def test_nan_loss_stops_the_run_with_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli("--model", "tests.consumer.user_models:nan_loss", "--steps", "50", "--producers", "1",
+    result = run_cli("--model", "tests.consumer.training.user_models:nan_loss", "--steps", "50", "--producers", "1",
                      "--batch-size", "8", "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=2",
                      "--set", "trainer.max_bad_steps=4", "--model-start-delay", "0", timeout=150)
     assert result.returncode == 1, result.stderr[-3000:]
@@ -176,11 +176,12 @@ def test_docs_example_user_model_trains(tmp_path):
 
 
 def test_user_model_breaking_the_contract_is_one_line(tmp_path):
-    result = run_cli("--model", "tests.consumer.user_models:wrong_shape", "--steps", "5", "--producers", "1",
+    result = run_cli("--model", "tests.consumer.training.user_models:wrong_shape", "--steps", "5", "--producers", "1",
                      "--run-dir", str(tmp_path / "run"), timeout=150)
     assert result.returncode == 2, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("stoker: error: --model tests.consumer.user_models:wrong_shape: output 'mel' has shape")
+    assert last.startswith("stoker: error: --model tests.consumer.training.user_models:wrong_shape: "
+                           "output 'mel' has shape")
     assert "docs/MODELS.md" in last and "Traceback" not in result.stderr
 
 
@@ -201,7 +202,7 @@ def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
         run.wait_for_line(r"step 2/24", timeout=60)
         children = run.remember_children().values()
         producers = [p for p in children if "stoker.producer.worker" in " ".join(p.cmdline())]
-        consumer = [p for p in children if "stoker.consumer.main" in " ".join(p.cmdline())]
+        consumer = [p for p in children if "stoker.consumer.training.main" in " ".join(p.cmdline())]
         assert len(producers) == 2 and len(consumer) == 1
         # The pinning environment each child really got (CPU mode here: no GPU visible).
         for p in [*producers, *consumer]:
@@ -246,7 +247,8 @@ def test_a_consumer_killed_by_sigkill_is_named_and_its_summary_keeps_the_figures
                     "--model-start-delay", "0.2", "--set", "trainer.log_every_steps=4",
                     "--set", "trainer.checkpoint_every_steps=8", *NUMPY_FEATURES) as run:
         run.wait_for_line(r"step 40/", timeout=60)
-        consumer, = [p for p in run.remember_children().values() if "stoker.consumer.main" in " ".join(p.cmdline())]
+        consumer, = [p for p in run.remember_children().values()
+                     if "stoker.consumer.training.main" in " ".join(p.cmdline())]
         consumer.kill()
         assert run.wait(timeout=20) == 1, run.output()
         gone, alive = psutil.wait_procs(list(run.descendants.values()), timeout=2)

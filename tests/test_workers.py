@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 WORKERS = 2
 # A small user model: the mechanics, not the preset; two buckets of 4 rows per worker.
-JOB = ["--model", "tests.consumer.user_models:good", "--batch-size", "4", "--producers", "1", "--record-samples",
-       "--model-start-delay", "0", "--set", "batching.num_buckets=2", "--set", "trainer.learning_rate=1e-2",
+JOB = ["--model", "tests.consumer.training.user_models:good", "--batch-size", "4", "--producers", "1",
+       "--record-samples", "--model-start-delay", "0", "--set", "batching.num_buckets=2", "--set", "trainer.learning_rate=1e-2",
        "--set", "trainer.warmup_steps=0", *NUMPY_FEATURES]
 CHECKPOINT_LINE = r"checkpoint at step (\d+) saved"
 

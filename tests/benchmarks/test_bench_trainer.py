@@ -14,7 +14,7 @@ pytest.importorskip("tensorflow")
 
 @pytest.mark.timeout(120)
 def test_trainer_benchmark_structure() -> None:
-    plan = trainer.TrainerPlan(model="tests.consumer.user_models:good", batch_size=4, steps=4, warmup_steps=1,
+    plan = trainer.TrainerPlan(model="tests.consumer.training.user_models:good", batch_size=4, steps=4, warmup_steps=1,
                                repetitions=2, log_every=2, retrace_steps=10, retrace_batch_size=2)
     result = trainer.run(plan)
     o, r = result["overhead"], result["retraces"]

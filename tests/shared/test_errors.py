@@ -8,10 +8,10 @@ from stoker.shared.errors import UserError
 
 
 def _user_errors() -> list[type]:
-    from stoker.consumer.checkpoint import CheckpointError
-    from stoker.consumer.coordinator import BindError
-    from stoker.consumer.synth import SynthError
-    from stoker.consumer.tts import ModelError
+    from stoker.consumer.pipeline.checkpoint import CheckpointError
+    from stoker.consumer.pipeline.coordinator import BindError
+    from stoker.consumer.training.synth import SynthError
+    from stoker.consumer.training.tts import ModelError
     from stoker.producer.worker import Refused
     from stoker.shared.config import ConfigError
     from stoker.shared.dataset import DatasetError

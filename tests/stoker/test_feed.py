@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 import stoker
-from stoker.consumer.feed import FeedStateError
+from stoker.consumer.pipeline.feed import FeedStateError
 from stoker.feed import FeedError
 from tests.factories import make_dataset
 from tests.procs import free_port, read_json, read_jsonl

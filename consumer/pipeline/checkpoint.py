@@ -1,0 +1,466 @@
+"""Checkpoints and resume: model, optimizer, step and the input position, in ``RUN_DIR/ckpt/``.
+
+Layout: one directory per checkpoint, named by its step, the newest K kept
+(``trainer.keep_checkpoints``)::
+
+    ckpt/ckpt-000120/position.json                 step, input position, plan identity, model, vocabulary
+    ckpt/ckpt-000120/state.index                   tf.train.Checkpoint(**trainer.trackables, step=...): the
+                                                   model, its variables as a list (consumer/training/tts.restorable),
+                                                   the optimizer
+    ckpt/ckpt-000120/state.data-00000-of-00001     (only when the trainer has trackables)
+    ckpt/ckpt-000120/MANIFEST.json                 size and SHA-256 of every file above; written last
+
+A checkpoint is written into ``ckpt/.tmp-ckpt-000120-PID/`` (every file fsynced), then
+renamed to ``ckpt-000120`` in one step, so a directory named ``ckpt-N`` is always
+complete and the newest such directory is the latest checkpoint; a crash mid-save
+leaves only a ``.tmp-*`` directory, which resume ignores and the next save removes.
+On resume every file is checked against the manifest before anything else is read or
+written: a missing manifest, a missing file, a size or checksum mismatch is a
+:class:`CheckpointError` naming the file (one line for the user), and nothing in the
+run directory is changed.
+
+The TensorFlow part holds whatever the trainer exposes as ``trackables`` (a dict of
+name -> trackable, e.g. ``{"model": ..., "optimizer": ...}``; an attribute or a method)
+plus ``step``. Restoring uses ``tf.train.Checkpoint.read``, whose deferred restoration
+fills variables as they are created (Keras builds a model and its optimizer slots at
+the first step). A trainer without trackables (``synthetic:MS``) gets a checkpoint
+of the step and input position only, and TensorFlow is never imported.
+``tf.train.CheckpointManager`` is not used: it keeps its own state file beside the
+checkpoints and cannot make the input position and the model state one atomic unit,
+and the synthetic trainer has no TensorFlow to run it.
+
+The input position (consumer/pipeline/plan.InputPosition, beside the planner whose plans it
+follows) is saved as its ``state_dict()`` in ``position.json``: which planned batches of
+which epochs were trained, so a resume trains each of them once.
+
+Resume: the coordinator starts at the first open epoch, plans each epoch as before and
+leases only what is left (:meth:`InputPosition.remaining`): done planned batches are
+skipped, a partly trained one keeps its untrained samples, in its planned shape and
+place; complete epochs are skipped. So the plan is the same, only the remaining batches
+are trained, and nothing trained at the last checkpoint is trained again. Samples
+rejected before the checkpoint are not part of the position: they are tried again and
+rejected again. The plan identity (a SHA-256 over the batching config and every
+bucket's shape and sample ids) must match, or the plan would differ: resume refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, PositionError
+from stoker.shared import runfiles
+from stoker.shared.runfiles import CKPT_DIR, VOCAB
+from stoker.shared.config import Config
+from stoker.shared.errors import UserError
+from stoker.shared.vocab import Vocabulary
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # of position.json and MANIFEST.json; a newer one is refused, not guessed at
+MANIFEST = "MANIFEST.json"
+POSITION = "position.json"
+STATE_PREFIX = "state"  # tf.train.Checkpoint files: state.index, state.data-*
+_NAME = re.compile(r"^ckpt-(\d+)$")
+_TMP_PREFIX = ".tmp-"
+# Files are hashed in chunks of this size (model files can be large).
+HASH_CHUNK = 1 << 20
+# The run files a resume cuts back to the checkpoint's step, so they describe what the
+# model trained (rows after the checkpoint were trained by a model state now lost).
+STEP_LOGS = (runfiles.METRICS, runfiles.SAMPLES)
+# Trainers whose checkpoints hold no model state, so one may resume another.
+STATELESS_MODEL = "synthetic:"
+# A refused resume names this many of the clips that changed in each way (and counts them all).
+CHANGED_CLIPS_SHOWN = 5
+
+
+class CheckpointError(UserError):
+    """A checkpoint cannot be used (missing, corrupt, or for another plan or model); one line."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:06d}"
+
+
+def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, Any]:
+    """What makes two runs' epoch plans equal: batching config and the buckets' shapes and ids."""
+    digest = hashlib.sha256()
+    cfg = planner.cfg
+    workers = [planner.workers, planner.worker] if planner.workers > 1 else []  # a worker's share is its own plan
+    digest.update(json.dumps([cfg.batch_size, cfg.seed, *workers], separators=(",", ":")).encode())
+    for bucket in planner.buckets:
+        digest.update(f"\n{bucket.index}\t{bucket.rows}\t{bucket.max_tokens}\t{bucket.max_frames}\t".encode())
+        digest.update("\t".join(bucket.sample_ids).encode("utf-8"))
+    return {"fingerprint": digest.hexdigest(), "dataset_fingerprint": dataset_fingerprint,
+            "batching": dataclasses.asdict(cfg), "batches_per_epoch": planner.batches_per_epoch,
+            "samples_per_epoch": planner.samples_per_epoch,
+            # each bucket's shape and clips: what a refused resume names the changed clips from
+            "buckets": [[*bucket.shape, list(bucket.sample_ids)] for bucket in planner.buckets]}
+
+
+def _plan_difference(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    changed = [f"batching.{k} {saved['batching'].get(k)!r} then, {v!r} now"
+               for k, v in now["batching"].items() if saved.get("batching", {}).get(k) != v]
+    if saved.get("dataset_fingerprint") != now["dataset_fingerprint"]:
+        changed.append(f"dataset fingerprint {saved.get('dataset_fingerprint')} then, "
+                       f"{now['dataset_fingerprint']} now")
+    clips = _changed_clips(saved.get("buckets"), now["buckets"])
+    if clips:
+        changed.append(clips)
+    if not changed:
+        changed.append("the usable clips or their lengths changed (data.* or features.* settings, or the files)")
+    return "; ".join(changed)
+
+
+def _changed_clips(saved: Any, now: list[list[Any]]) -> str:
+    """Which clips of the plan changed: added, removed, or in another bucket (their length
+    changed), a few of each by name with the counts; or the buckets' shapes. "" when the
+    checkpoint does not list its clips (one written before it did) or none changed."""
+    try:
+        then = {str(i): b for b, (*_, ids) in enumerate(saved) for i in ids}
+        then_shapes = [tuple(bucket[:3]) for bucket in saved]
+    except (TypeError, ValueError):
+        return ""
+    current = {i: b for b, (*_, ids) in enumerate(now) for i in ids}
+    parts = []
+    moved = sorted(i for i in then.keys() & current.keys() if then[i] != current[i])
+    for what, ids in (("added", sorted(current.keys() - then.keys())), ("removed", sorted(then.keys() - current.keys())),
+                      ("in another bucket", moved)):
+        if ids:
+            shown = ", ".join(ids[:CHANGED_CLIPS_SHOWN]) + (", ..." if len(ids) > CHANGED_CLIPS_SHOWN else "")
+            parts.append(f"{len(ids)} {what} ({shown})")
+    if parts:
+        return f"the dataset's clips changed: {'; '.join(parts)}"
+    shapes = [tuple(bucket[:3]) for bucket in now]
+    if shapes != then_shapes:
+        return f"the buckets' shapes (B, L, T) changed: {then_shapes} then, {shapes} now"
+    return ""
+
+
+# --------------------------------------------------------------------------- files
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def trim_step_log(path: Path, max_step: int) -> dict[str, Any] | None:
+    """Keep the rows of a per-step jsonl file up to ``max_step`` (atomically: temporary file,
+    rename); a torn last line goes too. Return the last row kept (None: none, or no file)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    kept, last = [], None
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= max_step:
+            kept.append(line)
+            last = row
+    if len(kept) != len(lines):
+        runfiles.write_atomic(path, "".join(line + "\n" for line in kept), durable=True)
+        log.info("%s: dropped %d rows after the checkpoint's step %d", path.name, len(lines) - len(kept), max_step)
+    return last
+
+
+class Checkpointer:
+    """Checkpoint directories under one ``ckpt/``: atomic save, keep the last K, verified load."""
+
+    def __init__(self, directory: Path, keep: int) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.directory = directory
+        self.keep = keep
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, oldest first."""
+        found = []
+        try:
+            entries = list(self.directory.iterdir())
+        except FileNotFoundError:
+            return []
+        for path in entries:
+            match = _NAME.match(path.name)
+            if match and path.is_dir():
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1][1] if found else None
+
+    def save(self, step: int, position: dict[str, Any], tf_checkpoint: Any = None) -> Path:
+        """Write checkpoint ``step`` (``position`` -> position.json; ``tf_checkpoint``, a
+        tf.train.Checkpoint, -> state.*), atomically; then keep only the newest ``keep``."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(_TMP_PREFIX + "*"):  # from a save a crash cut short
+            shutil.rmtree(leftover, ignore_errors=True)
+        name = checkpoint_name(step)
+        tmp = self.directory / f"{_TMP_PREFIX}{name}-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            runfiles.write_json(tmp / POSITION, {"format": FORMAT, "step": step, **position}, indent=None, durable=True)
+            if tf_checkpoint is not None:
+                tf_checkpoint.write(str(tmp / STATE_PREFIX))
+            files = {}
+            for path in sorted(tmp.iterdir()):
+                _fsync_file(path)
+                files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+            runfiles.write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": files}, indent=None,
+                                durable=True)
+            final = self.directory / name
+            if final.exists():  # a resumed run passing a step saved by a run it superseded
+                shutil.rmtree(final)
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_file(self.directory)
+        for _, old in self.checkpoints()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    @staticmethod
+    def verify(path: Path) -> dict[str, Any]:
+        """Check every file against the manifest; return position.json's content."""
+        def corrupt(reason: str) -> CheckpointError:
+            return CheckpointError(f"checkpoint {path} is corrupt ({reason}); nothing was changed. Move it away to "
+                                   "resume from the one before, if any")
+
+        try:
+            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+            files = manifest["files"]
+            version = manifest["format"]
+        except FileNotFoundError:
+            raise corrupt(f"{MANIFEST} is missing") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise corrupt(f"{MANIFEST} unreadable: {exc}") from None
+        if version != FORMAT:
+            raise CheckpointError(f"checkpoint {path} has format {version!r}; this stoker reads format {FORMAT}")
+        if not isinstance(files, dict) or POSITION not in files:
+            raise corrupt(f"{MANIFEST} lists no {POSITION}")
+        for name, expected in sorted(files.items()):
+            file = path / name
+            try:
+                size = file.stat().st_size
+            except FileNotFoundError:
+                raise corrupt(f"{name} is missing") from None
+            if not isinstance(expected, dict) or size != expected.get("bytes"):
+                raise corrupt(f"{name} has {size} bytes, the manifest says {expected.get('bytes')}")
+            if _sha256(file) != expected.get("sha256"):
+                raise corrupt(f"{name}: checksum mismatch")
+        try:
+            position = json.loads((path / POSITION).read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise corrupt(f"{POSITION}: {exc}") from None
+        if not isinstance(position, dict) or not isinstance(position.get("step"), int):
+            raise corrupt(f"{POSITION} has no step")
+        return position
+
+
+# --------------------------------------------------------------------------- the run's hooks
+def _trackables_of(trainer: Any) -> dict[str, Any] | None:
+    trackables = getattr(trainer, "trackables", None)
+    if callable(trackables):
+        trackables = trackables()
+    if trackables is not None and "step" in trackables:
+        raise ValueError("a trainer's trackables must not be named 'step' (the checkpoint's own step)")
+    return dict(trackables) if trackables else None
+
+
+@dataclass
+class Resumed:
+    """What a resumed run continues from."""
+
+    path: Path
+    step: int
+    position: InputPosition
+    state: list[str]  # names of the trackables saved with it
+    last_t: float = 0.0  # "t" of the last metrics row kept
+
+
+class RunCheckpoints:
+    """The consumer's checkpointing: the loop calls :meth:`record_step` after each step and
+    :meth:`save` (through TrainLoop.save_checkpoint); :meth:`resume` runs before training."""
+
+    def __init__(self, run_dir: Path, cfg: Config, planner: EpochPlanner, dataset_fingerprint: str,
+                 vocabulary: Vocabulary | None = None, peers: Sequence[Path] = ()) -> None:
+        """``peers``: the run directories of the other trainer workers of a multi-host job; a
+        resume takes the newest checkpoint step that every worker has."""
+        self.run_dir = run_dir
+        self.peers = list(peers)
+        self.vocabulary = vocabulary  # saved in every checkpoint; a resume must bring the same one
+        self.cfg = cfg
+        self.checkpointer = Checkpointer(run_dir / CKPT_DIR, cfg.trainer.keep_checkpoints)
+        self.every = cfg.trainer.checkpoint_every_steps
+        self.identity = plan_identity(planner, dataset_fingerprint)
+        self.planner = planner
+        self.position = InputPosition(planner)
+        self.resumed: Resumed | None = None
+        self.saved = 0
+        self.last_step: int | None = None
+        self.save_ms_max = 0.0
+        self._attached = False
+        self._trackables: dict[str, Any] | None = None
+        self._tf_checkpoint: Any = None
+        self._step_var: Any = None
+
+    # ------------------------------------------------------------ resume (before training)
+    def resume(self, fresh_plan: bool = False) -> Resumed:
+        """Load and check the latest checkpoint; cut the step logs back to it.
+
+        Raises CheckpointError (before changing anything) when there is none, it is
+        corrupt, or it belongs to another epoch plan or model. ``fresh_plan``
+        (``--resume RUN_DIR --fresh-plan``): an epoch plan of another dataset is taken, not
+        refused; the model, optimizer and step count go on and the epochs start anew.
+        """
+        path = self._common_latest() if self.peers else self.checkpointer.latest()
+        if path is None:
+            raise CheckpointError(f"no checkpoint in {self.checkpointer.directory}: nothing to resume")
+        saved = Checkpointer.verify(path)
+        if saved.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path} has format {saved.get('format')!r}; this stoker reads "
+                                  f"format {FORMAT}")
+        plan = saved.get("plan") or {}
+        if plan.get("fingerprint") != self.identity["fingerprint"] and not fresh_plan:
+            run_dir = self.run_dir.parent if self.peers else self.run_dir  # a job's workers: its directory
+            raise CheckpointError(f"cannot resume from {path}: this run's epoch plan differs from the "
+                                  f"checkpoint's ({_plan_difference(plan, self.identity)}). To go on training its "
+                                  f"model on the data as it is now: --resume {run_dir} "
+                                  f"--fresh-plan (keeps the weights, the optimizer and the step count; the epochs "
+                                  f"start anew); or start a new run")
+        model, now = saved.get("model"), self.cfg.trainer.model
+        if model != now and not (str(model).startswith(STATELESS_MODEL) and now.startswith(STATELESS_MODEL)):
+            raise CheckpointError(f"cannot resume from {path}: it holds the state of --model {model}, not {now}")
+        if self.vocabulary is not None and "vocabulary" in saved:
+            try:
+                theirs = Vocabulary.from_state_dict(saved["vocabulary"])
+            except ValueError as exc:
+                raise CheckpointError(f"checkpoint {path}: {exc}") from None
+            if theirs.fingerprint != self.vocabulary.fingerprint:
+                raise CheckpointError(f"cannot resume from {path}: its vocabulary ({theirs.frontend}, {theirs.size} "
+                                      f"ids, {theirs.fingerprint}) is not the run's {VOCAB} "
+                                      f"({self.vocabulary.frontend}, {self.vocabulary.size} ids, "
+                                      f"{self.vocabulary.fingerprint})")
+        if fresh_plan:
+            position = InputPosition(self.planner)  # nothing of the new plan is trained yet
+            log.info("--fresh-plan: keeping %s and the step count (%d) of %s; a new epoch plan over the dataset as "
+                     "it is now (%d clips, %d batches per epoch) starts at epoch 0%s", ", ".join(
+                         saved.get("state") or ["no model state (the trainer has none)"]), saved["step"], path,
+                     self.planner.samples_per_epoch, self.planner.batches_per_epoch,
+                     "" if plan.get("fingerprint") != self.identity["fingerprint"]
+                     else " (the plan had not changed: its epochs are trained again from the start)")
+        else:
+            try:
+                position = InputPosition.from_state_dict(saved.get("position"), self.planner)
+            except PositionError as exc:
+                raise CheckpointError(f"checkpoint {path}: {exc}") from None
+        resumed = Resumed(path, saved["step"], position, list(saved.get("state") or []))
+        for name in STEP_LOGS:
+            last = trim_step_log(self.run_dir / name, resumed.step)
+            if name == STEP_LOGS[0] and last is not None:
+                resumed.last_t = float(last.get("t", 0.0))
+        self.position = position
+        self.resumed = resumed
+        self.last_step = resumed.step
+        log.info("resuming from %s: step %d, epochs complete below %d, %d open epochs", path, resumed.step,
+                 position.first_open(), len(position.trained_counts()))
+        return resumed
+
+    def _common_latest(self) -> Path | None:
+        """The newest checkpoint whose step every worker has: workers step together, so a
+        worker killed while saving leaves the others one checkpoint ahead of it, and all
+        must go on from the same step. A peer whose directory this host cannot see (no
+        shared filesystem) is left out, with a warning."""
+        mine = dict(self.checkpointer.checkpoints())
+        steps = set(mine)
+        for peer in self.peers:
+            directory = peer / CKPT_DIR
+            if not directory.is_dir():
+                log.warning("cannot see %s from this host; resuming from this worker's checkpoints alone (put the "
+                            "run directory on a filesystem every worker shares)", directory)
+                continue
+            steps &= {step for step, _ in Checkpointer(directory, self.checkpointer.keep).checkpoints()}
+        if mine and not steps:
+            raise CheckpointError(f"no checkpoint step is common to every worker's ckpt/ (this worker has "
+                                  f"{sorted(mine)}): the workers cannot go on from the same step")
+        return mine[max(steps)] if steps else None
+
+    # ------------------------------------------------------------ training
+    def attach(self, trainer: Any) -> None:
+        """Take the trainer's trackables; restore them when resuming."""
+        self._trackables = _trackables_of(trainer)
+        self._attached = True
+        saved_state = self.resumed.state if self.resumed is not None else None
+        if self._trackables is None:
+            if getattr(trainer, "uses_tensorflow", False):
+                log.warning("trainer %s exposes no trackables: checkpoints hold the step and input position, "
+                            "not the model", getattr(trainer, "name", "?"))
+            if saved_state:
+                raise CheckpointError(f"checkpoint {self.resumed.path} holds {saved_state} but trainer "
+                                      f"{getattr(trainer, 'name', '?')} exposes no trackables to restore")
+            return
+        import tensorflow as tf
+
+        self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self._tf_checkpoint = tf.train.Checkpoint(**self._trackables, step=self._step_var)
+        if self.resumed is None:
+            return
+        if sorted(saved_state or []) != sorted(self._trackables):
+            raise CheckpointError(f"checkpoint {self.resumed.path} holds {saved_state}, the trainer exposes "
+                                  f"{sorted(self._trackables)}")
+        self._tf_checkpoint.read(str(self.resumed.path / STATE_PREFIX))
+        if int(self._step_var.numpy()) != self.resumed.step:
+            raise CheckpointError(f"checkpoint {self.resumed.path}: its model state is of step "
+                                  f"{int(self._step_var.numpy())}, its position of step {self.resumed.step}")
+        log.info("restored %s from %s", ", ".join(sorted(self._trackables)), self.resumed.path)
+
+    def due(self, step: int) -> bool:
+        """Whether a periodic checkpoint is due after ``step`` (trainer.checkpoint_every_steps)."""
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int) -> Path | None:
+        """Checkpoint ``step`` now (skipped at step 0, when already saved, or before the
+        trainer is attached: a model state that is not there cannot be saved)."""
+        if step == 0 or step == self.last_step or not self._attached:
+            return None
+        began = time.monotonic()
+        if self._step_var is not None:
+            self._step_var.assign(step)
+        path = self.checkpointer.save(step, {
+            "saved_unix": round(time.time(), 3), "model": self.cfg.trainer.model, "plan": self.identity,
+            "state": sorted(self._trackables or {}), "position": self.position.state_dict(),
+            **({"vocabulary": self.vocabulary.state_dict()} if self.vocabulary is not None else {})},
+            self._tf_checkpoint)
+        elapsed_ms = (time.monotonic() - began) * 1e3
+        self.saved += 1
+        self.last_step = step
+        self.save_ms_max = max(self.save_ms_max, elapsed_ms)
+        log.info("checkpoint at step %d saved in %.0f ms: %s", step, elapsed_ms, path)
+        return path
+
+    def summary(self) -> dict[str, Any]:
+        return {"last_step": self.last_step, "saved": self.saved, "save_ms_max": round(self.save_ms_max, 3),
+                "dir": str(self.checkpointer.directory), "every_steps": self.every}

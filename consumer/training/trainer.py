@@ -1,0 +1,681 @@
+"""Trainers the consumer can run: ``synthetic:MS`` and the Keras text-to-mel models.
+
+A trainer (the ``Trainer`` protocol) has these methods, which the consumer's training loop
+(consumer/training/main.py) calls:
+
+    stage(arrays) -> staged     host numpy arrays -> what step() takes (device tensors);
+                                runs in the stager thread while the previous step trains
+    step(staged) -> handle      one training step; returns a handle on its loss without
+                                waiting for the device (a tensor, or None)
+    resolve(handles) -> losses  the losses of those steps as floats: the one point where the
+                                loop syncs with the device, once per logging interval
+    health() -> Health          non-finite steps (skipped), read at the same point
+    stats() -> dict             figures for summary.json
+
+A trainer with a model (the ``ModelTrainer`` protocol, checked with ``isinstance``: the
+Keras trainer; the synthetic one has none) has these too, for tracing ahead, validation,
+TensorBoard and checkpoints:
+
+    prepare(shapes)             trace the step for every bucket shape, before the first batch
+    stage_one(arrays) -> staged a batch, whole, onto the first device (validation, prediction)
+    evaluate(staged) -> loss    the loss over validation batches (its terms: evaluated_terms)
+    predict(arrays) -> outputs  the model's outputs on one batch (the validation image)
+    learning_rate() -> float    the optimizer's rate now
+    trackables() -> dict        what a checkpoint holds (consumer/pipeline/checkpoint.py)
+    resolved_terms              each resolved step's loss terms (set by resolve)
+
+``synthetic:MS`` holds each step for MS milliseconds without using the CPU (it sleeps
+until a deadline, standing in for a GPU kernel), so a run measures the input pipeline
+alone. It does not import TensorFlow.
+
+``KerasTrainer`` trains a built-in preset (``tiny``, ``small``, ``base``: consumer/training/tts.py)
+or a user's model (``package.module:function``, contract in consumer/training/tts.py and
+docs/MODELS.md):
+
+- The step is two graphs. Forward and backward: one concrete ``tf.function`` per bucket
+  shape (B, L, T), traced when that shape first arrives; the plan has at most
+  ``batching.num_buckets`` shapes, so tracing is bounded, and a shape beyond them is
+  traced too, counted as a retrace and logged as a warning. The update (accumulate,
+  skip if non-finite, clip, Adam): one graph traced once, since gradients have the
+  variables' shapes whatever the bucket (the optimizer's many small ops made a
+  per-bucket trace twice as slow).
+- XLA (``jit_compile``) on a GPU by default (``trainer.jit_compile``).
+- Mixed precision on a GPU by default (``trainer.precision: auto`` -> ``mixed_float16``
+  with dynamic loss scaling via Keras' LossScaleOptimizer); float32 on the CPU.
+- Model replicas (``devices.replicas`` > 1): ``tf.distribute.MirroredStrategy`` over the
+  devices the consumer was given (GPUs, or logical CPU devices). A planned batch is the
+  step's global batch; the stager splits its rows into one batch per replica, each copied
+  to its replica's device while the previous step runs. The forward/backward graph runs
+  on every replica (``strategy.run``); numerators, valid frames, term sums and gradients
+  are summed over the replicas, and the update graph applies them once to the mirrored
+  variables. The loss is still (sum of numerators) / (sum of valid frames) over the global
+  batch, so N replicas of B rows give the gradient of one batch of N x B rows.
+- Gradient accumulation over ``trainer.grad_accum`` batches: the gradient numerators
+  are summed and divided by the summed valid frames, which equals the gradient of those
+  batches as one (see consumer/training/tts.py, objective).
+- The loss of ``trainer.loss`` (consumer/training/tts.py, objective: stoker's masked mel terms and
+  the model's own, or the model's alone, or a user function's), each term's mean reported
+  with the step's loss in one fetch (``resolved_terms``).
+- Global-norm gradient clipping (``trainer.clip_norm``); ``trainer.optimizer`` Adam, AdamW
+  or the user's; a linear warm-up, then ``lr_decay`` (cosine over the run's budget, cosine
+  with restarts, Noam, constant: ``lr_at``).
+- A step whose loss is NaN or inf is skipped inside the graph (no update, no
+  accumulation) and counted; the loop stops after ``trainer.max_bad_steps`` in a row.
+
+One file of some 580 lines: the Keras trainer is one object whose step, update, schedule,
+checks and figures share its state; the synthetic trainer beside it is the same contract
+in 30 lines.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from stoker.consumer.training import tts
+from stoker.consumer.training.tts import ModelError
+from stoker.shared.batch import OPTIONAL
+from stoker.shared.config import Config, batch_schema
+from stoker.shared.tfsetup import device_stager, replica_stager
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ModelError", "Health", "Trainer", "ModelTrainer", "SyntheticTrainer", "KerasTrainer", "check_model",
+           "uses_tensorflow", "make_trainer", "choose_precision", "choose_jit_compile"]
+
+
+@dataclass(frozen=True)
+class Health:
+    bad_in_row: int  # consecutive steps with a non-finite loss, up to the last step
+    bad_total: int  # steps skipped for a non-finite loss in the whole run
+
+
+class Trainer(Protocol):
+    """What the training loop asks of every trainer (module docstring)."""
+
+    name: str
+    uses_tensorflow: bool
+
+    def stage(self, arrays: dict[str, np.ndarray]) -> Any: ...
+
+    def step(self, staged: Any) -> Any: ...
+
+    def resolve(self, handles: Sequence[Any]) -> list[float | None]: ...
+
+    def health(self) -> Health: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class ModelTrainer(Trainer, Protocol):
+    """A trainer with a model, which the loop traces ahead, validates and draws in TensorBoard
+    (module docstring); ``isinstance(trainer, ModelTrainer)`` tells it from one without."""
+
+    resolved_terms: list[dict[str, float]]
+    evaluated_terms: dict[str, float]
+
+    def prepare(self, shapes: Sequence[tuple[int, int, int]]) -> None: ...
+
+    def stage_one(self, arrays: dict[str, np.ndarray]) -> Any: ...
+
+    def evaluate(self, batches: Sequence[Any]) -> float | None: ...
+
+    def predict(self, arrays: dict[str, Any]) -> dict[str, np.ndarray]: ...
+
+    def learning_rate(self) -> float: ...
+
+    def trackables(self) -> dict[str, Any]: ...
+
+
+class SyntheticTrainer:
+    """Holds every step for a fixed time without CPU use."""
+
+    uses_tensorflow = False
+
+    def __init__(self, step_ms: float) -> None:
+        self.step_ms = step_ms
+        self.name = f"synthetic:{step_ms:g}"
+
+    def stage(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return arrays
+
+    def step(self, staged: dict[str, np.ndarray]) -> None:
+        # Sleeping is the point here: it is the stand-in for device time, not a synchronisation.
+        time.sleep(self.step_ms / 1000.0)
+        return None
+
+    def resolve(self, handles: Sequence[Any]) -> list[float | None]:
+        return [None] * len(handles)
+
+    def health(self) -> Health:
+        return Health(0, 0)
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+def choose_precision(setting: str, on_gpu: bool) -> str:
+    """The Keras dtype policy: ``auto`` is mixed_float16 on a GPU, float32 on the CPU."""
+    if setting == "auto":
+        return "mixed_float16" if on_gpu else "float32"
+    return setting
+
+
+def choose_jit_compile(setting: bool | None, on_gpu: bool) -> bool:
+    """XLA for the step: None (auto) compiles on a GPU only (on the CPU it rarely pays)."""
+    return on_gpu if setting is None else setting
+
+
+class _FloatOps:
+    """math-like functions on floats, for ``lr_at`` outside the graph."""
+
+    minimum, maximum, cos, sqrt = staticmethod(min), staticmethod(max), staticmethod(math.cos), staticmethod(math.sqrt)
+    mod = staticmethod(math.fmod)
+
+
+def lr_at(step: Any, peak: float, warmup: int, total: int | None, decay: str, min_frac: float,
+          ops: Any = _FloatOps, restart: int = 1) -> Any:
+    """Learning rate at optimizer update ``step`` (0-based), with s = step + 1:
+
+    - the warm-up: linear up to ``peak`` over ``warmup`` updates (none when 0), then
+    - ``constant``: ``peak``;
+    - ``cosine``: a half cosine from ``peak`` down to ``min_frac x peak`` at update ``total``
+      (the run's budget; without one it stays at the peak);
+    - ``cosine_restarts``: the same half cosine over cycles of ``restart`` updates, each
+      starting again at the peak (SGDR);
+    - ``noam``: ``peak x min(s / warmup, sqrt(warmup / s))``: the transformer's schedule
+      (Vaswani et al.), scaled so that it peaks at ``peak`` at the end of the warm-up.
+
+    ``ops``: minimum, maximum, cos, sqrt and mod for floats (default), or for tensors
+    (``_TensorOps``).
+    """
+    s = step + 1.0
+    if decay == "noam":
+        w = float(max(warmup, 1))
+        return peak * ops.minimum(s / w, ops.sqrt(w / s))
+    warm = ops.minimum(1.0, s / max(warmup, 1)) if warmup else 1.0
+    if decay == "cosine_restarts":
+        progress = ops.mod(ops.maximum(0.0, s - warmup), float(restart)) / restart
+    elif decay == "cosine" and total and total > warmup:
+        progress = ops.minimum(1.0, ops.maximum(0.0, (s - warmup) / (total - warmup)))
+    else:
+        return peak * warm
+    cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
+    return peak * warm * (min_frac + (1.0 - min_frac) * cosine)
+
+
+class _TensorOps:
+    """math-like functions on tensors, for ``lr_at`` inside the graph."""
+
+    def __init__(self, tf: Any) -> None:
+        self.minimum, self.maximum, self.cos, self.sqrt = tf.minimum, tf.maximum, tf.cos, tf.sqrt
+        self.mod = tf.math.floormod
+
+
+class KerasTrainer:
+    """A Keras text-to-mel model, its loss, optimizer and schedule (module docstring)."""
+
+    uses_tensorflow = True
+
+    def __init__(self, cfg: Config, device: str | Sequence[str], shapes: Sequence[tuple[int, int, int]] = (),
+                 total_batches: int | None = None, optimizer: Any = None, *, vocab_size: int,
+                 multi_worker: bool = False) -> None:
+        """``device``: the model's device, or one per replica (a MirroredStrategy over them);
+        ``multi_worker``: one of several trainer workers (TF_CONFIG): a
+        MultiWorkerMirroredStrategy over every worker's replicas, this worker's on ``device``;
+        ``shapes``: the plan's batch shapes (B, L, T); ``total_batches``: the run's budget
+        in batches (None: unknown; the learning rate then stays at its peak after warm-up);
+        ``optimizer``: a Keras optimizer to use instead of Adam, or a function making one
+        (tests; with replicas it must be made in the strategy's scope); ``vocab_size``: token
+        ids of the run's vocabulary (shared/vocab.Vocabulary.size)."""
+        import keras
+        import tensorflow as tf
+
+        t = cfg.trainer
+        self.tf = tf
+        # Made first: TensorFlow requires the multi-worker strategy before any other op.
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy() if multi_worker else None
+        self.vocab_size = vocab_size
+        self.schema = batch_schema(cfg)
+        self.cfg = cfg
+        self.devices = [device] if isinstance(device, str) else list(device)
+        if self.strategy is not None:
+            local = list(self.strategy.extended.worker_devices)
+            if len(local) != len(self.devices):
+                raise ModelError(f"this trainer worker has {len(local)} device(s) for the job's strategy "
+                                 f"({', '.join(local)}), but {len(self.devices)} replicas were planned: on a host "
+                                 f"without GPUs a worker of several trains one replica (leave --replicas out)")
+            self.devices = local
+        elif len(self.devices) > 1:
+            self.strategy = tf.distribute.MirroredStrategy(self.devices)
+        self.device = self.devices[0]  # validation and prediction run here
+        self.name = t.model
+        on_gpu = "GPU" in self.device.upper()
+        self.precision = choose_precision(t.precision, on_gpu)
+        self.jit_compile = choose_jit_compile(t.jit_compile, on_gpu)
+        if self.precision != "float32" and not on_gpu:
+            log.warning("trainer.precision=%s on the CPU: mixed precision is slow there", self.precision)
+        keras.mixed_precision.set_global_policy(self.precision)
+        tf.random.set_seed(t.seed)
+        keras.utils.set_random_seed(t.seed)
+        self.accum = t.grad_accum
+        self.bucket_shapes = len(shapes)
+        batch, tokens, frames = shapes[0] if shapes else (cfg.batching.batch_size, cfg.batching.tokens_multiple,
+                                                          cfg.batching.frames_multiple)
+        n_mels = cfg.features.n_mels
+        with self._placed():
+            self.model = tts.build(t.model, vocab_size, n_mels)
+            # Build the variables and check the contract on a batch of the first bucket's shape.
+            batch //= len(self.devices)  # a replica's batch
+            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size, self.schema,
+                                     cfg.features.hop_length, cfg.batching.ref_frames)
+            result = self._first_call(dummy, (batch, tokens, frames, n_mels))
+            tts.check_outputs(t.model, result, batch, frames, n_mels)
+            self.loss_mode = t.loss
+            self.user_loss = tts.load_function(t.loss, "trainer.loss") if t.loss not in ("mel", "model") else None
+            self.term_names = self._check_loss(tts.outputs_of(result), dummy)
+            self.validation_training = bool(getattr(self.model, "validation_training", False))
+            self.param_count = tts.count_params(self.model)
+            self._make_optimizer(keras, optimizer, total_batches)
+        self._stage_one = device_stager(tf, self.device)
+        self._function = tf.function(self._grad_fn, jit_compile=self.jit_compile, reduce_retracing=False)
+        if self.strategy is not None:
+            self._stage = replica_stager(tf, self.strategy, self.devices)
+            self._replica_grads = self._function  # per replica, inside strategy.run
+            self._function = tf.function(self._replicated_fn, reduce_retracing=False)
+        else:
+            self._stage = self._stage_one
+        with tf.device(self.device):
+            self._update = tf.function(self._update_fn, jit_compile=self.jit_compile).get_concrete_function(
+                tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32),
+                tf.TensorSpec([len(self.term_names)], tf.float32),
+                [tf.TensorSpec(v.shape, v.dtype) for v in self.model.trainable_variables])
+        self._eval_function = tf.function(self._eval_fn, jit_compile=self.jit_compile, reduce_retracing=False)
+        self._concrete: dict[tuple[Any, ...], Any] = {}
+        self.resolved_terms: list[dict[str, float]] = []  # each resolved step's loss terms (resolve)
+        self.evaluated_terms: dict[str, float] = {}  # the last validation's loss terms (evaluate)
+        self.traces = 0  # incremented by the Python body of the step, i.e. once per trace
+        self.retraces = 0  # traces of shapes beyond the plan's bucket shapes
+        log.info("model %s: %s trainable parameters; precision %s%s; XLA %s; gradient accumulation %d; "
+                 "%d replica(s) on %s", t.model, f"{self.param_count:,}", self.precision,
+                 " with loss scaling" if self.loss_scaling else "", "on" if self.jit_compile else "off", self.accum,
+                 len(self.devices), ", ".join(self.devices))
+
+    def _placed(self) -> Any:
+        """Where variables are made: the strategy's scope (mirrored on every replica's device)
+        or the one device. (The step runs outside the scope, under the first device: Keras'
+        optimizer applies mirrored updates from there, by merge_call.)"""
+        return self.strategy.scope() if self.strategy is not None else self.tf.device(self.device)
+
+    def _first_call(self, dummy: dict[str, Any], dims: tuple[int, int, int, int]) -> Any:
+        """The model called on a batch of the first bucket's shape (which builds its variables);
+        ModelError (the user's one line) for a model that fails or reads a field the run lacks."""
+        t = self.cfg.trainer
+        batch, tokens, frames, n_mels = dims
+        try:
+            result = self.model(dummy, training=False)
+        except ModelError:
+            raise
+        except KeyError as exc:  # Keras wraps the key in its own message: find the field's name in it
+            said = re.sub(r"\x1b\[[0-9;]*m", "", str(exc.args[0]) if exc.args else "")  # no terminal colours
+            wanted = [n for n in OPTIONAL if n not in self.schema.names and re.search(rf"\b{n}\b", said)]
+            if wanted:
+                switch = OPTIONAL[wanted[0]].length_of or wanted[0]  # a length field comes with its field
+                switchable = [n for n, f in OPTIONAL.items() if not f.length_of]
+                raise ModelError(f"--model {t.model} reads the batch field {wanted[0]!r}, which this run does "
+                                 f"not switch on: --set batching.fields={switch} (optional fields: "
+                                 f"{', '.join(switchable)})") from None
+            raise ModelError(f"--model {t.model}: calling the model failed: KeyError: "
+                             f"{str(exc).splitlines()[0]}; {tts.CONTRACT}") from exc
+        except Exception as exc:  # the user's model code: its error, named with the contract
+            raise ModelError(f"--model {t.model}: calling the model on a batch of B={batch}, "
+                             f"L={tokens}, T={frames}, F={n_mels} failed: "
+                             f"{tts.explain(exc, t.model, self.precision)}; {tts.CONTRACT}") from exc
+        return result
+
+    def _make_optimizer(self, keras: Any, optimizer: Any, total_batches: int | None) -> None:
+        """The optimizer (trainer.optimizer and its schedule, loss-scaled under mixed_float16),
+        built, and the variables of accumulation and of the non-finite guard."""
+        tf = self.tf
+        updates = -(-total_batches // self.accum) if total_batches else None
+        self.total_updates = updates
+        if optimizer is None:
+            optimizer = self._optimizer(keras, self._schedule(keras, updates))
+        elif not isinstance(optimizer, keras.optimizers.Optimizer):
+            optimizer = optimizer()  # made here, in the strategy's scope where there are replicas
+        self.loss_scaling = self.precision == "mixed_float16"
+        if self.loss_scaling:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        self.optimizer = optimizer
+        variables = self.model.trainable_variables
+        self.optimizer.build(variables)
+        self._grad_sums = ([tf.Variable(tf.zeros_like(v), trainable=False, name="grad_sum") for v in variables]
+                           if self.accum > 1 else [])
+        self._frames_sum = tf.Variable(0.0, trainable=False, name="frames_sum")
+        self._micro = tf.Variable(0, trainable=False, dtype=tf.int64, name="micro_step")
+        self._bad_in_row = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_in_row")
+        self._bad_total = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_total")
+
+    def _check_loss(self, out: dict[str, Any], batch: dict[str, Any]) -> list[str]:
+        """The names of the loss terms, from the loss of the first batch; ModelError (one line)
+        when trainer.loss cannot be computed from this model's outputs."""
+        t = self.cfg.trainer
+        tf = self.tf
+        inputs = {k: tf.convert_to_tensor(v) for k, v in batch.items()}
+        try:
+            numerator, _, terms = tts.objective(tf, out, inputs, t.l2_weight, t.length_loss_weight, self.loss_mode,
+                                                self.user_loss)
+        except ModelError as exc:
+            raise ModelError(f"--model {t.model}: {exc}") from None
+        except Exception as exc:  # the user's loss function: its error, in one line
+            raise ModelError(f"trainer.loss {t.loss}: computing the loss failed: "
+                             f"{tts.explain(exc, t.loss, self.precision)}; the function is called as fn(batch, "
+                             f"outputs) and returns a scalar or a dict of named scalars") from exc
+        if not terms:
+            raise ModelError(f"--model {t.model} returns no loss terms ('loss' or 'losses'), so trainer.loss=model "
+                             f"has nothing to train on; {tts.CONTRACT}")
+        if not bool(tf.math.is_finite(numerator)):
+            log.warning("the loss of the first (dummy) batch is not finite: %s", float(numerator))
+        return list(terms)
+
+    def _optimizer(self, keras: Any, schedule: Any) -> Any:
+        """trainer.optimizer: Adam, AdamW (decoupled weight decay) or the user's own."""
+        t = self.cfg.trainer
+        clip = t.clip_norm or None
+        if t.optimizer == "adam":
+            return keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=clip)
+        if t.optimizer == "adamw":
+            return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=t.weight_decay, global_clipnorm=clip)
+        builder = tts.load_function(t.optimizer, "trainer.optimizer")
+        try:
+            optimizer = builder(learning_rate=schedule)
+        except Exception as exc:  # the user's code: named with the contract, in one line
+            raise ModelError(f"trainer.optimizer {t.optimizer}: {tts.explain(exc, t.optimizer)}; it is called as "
+                             f"fn(learning_rate=schedule) and returns a keras optimizer") from exc
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ModelError(f"trainer.optimizer {t.optimizer} returned {type(optimizer).__name__}, not a keras "
+                             f"optimizer; it is called as fn(learning_rate=schedule)")
+        if clip and getattr(optimizer, "global_clipnorm", None) is None:
+            optimizer.global_clipnorm = clip  # trainer.clip_norm holds for the user's optimizer too
+        return optimizer
+
+    def _schedule(self, keras: Any, updates: int | None) -> Any:
+        t = self.cfg.trainer
+        ops = _TensorOps(self.tf)
+        tf = self.tf
+
+        class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
+            def __call__(self, step: Any) -> Any:
+                return lr_at(tf.cast(step, tf.float32), t.learning_rate, t.warmup_steps, updates,
+                             t.lr_decay, t.min_lr_frac, ops, t.restart_steps)
+
+            def get_config(self) -> dict[str, Any]:
+                return {}
+
+        return WarmupCosine()
+
+    # -- the step -------------------------------------------------------------------------
+
+    def _objective(self, batch: dict[str, Any], training: bool) -> tuple[Any, Any, Any]:
+        """(numerator, valid frames, each term's mean [len(term_names)]) of the model on ``batch``."""
+        tf = self.tf
+        t = self.cfg.trainer
+        out = tts.outputs_of(self.model(batch, training=training))
+        numerator, valid, terms = tts.objective(tf, out, batch, t.l2_weight, t.length_loss_weight, self.loss_mode,
+                                                self.user_loss)
+        means = tf.stack([terms[name] for name in self.term_names]) / tf.maximum(valid, 1.0)
+        return numerator, valid, means
+
+    def _loss_and_grads(self, batch: dict[str, Any]) -> tuple[Any, Any, list[Any], Any]:
+        """(numerator, valid frames, gradients of the (scaled) numerator, the terms' means)."""
+        tf = self.tf
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            numerator, valid, means = self._objective(batch, training=True)
+            scaled = self.optimizer.scale_loss(numerator) if self.loss_scaling else numerator
+        grads = tape.gradient(scaled, variables)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
+        return numerator, valid, grads, means
+
+    def _apply(self, grads: list[Any], frames: Any) -> None:
+        denom = self.tf.maximum(frames, 1.0)
+        self.optimizer.apply([g / denom for g in grads], self.model.trainable_variables)
+
+    def _grad_fn(self, *arrays: Any) -> Any:
+        """Forward and backward of one batch (its arrays in the schema's order): (loss
+        numerator, valid frames, gradient numerators, each term's numerator). Traced once per
+        bucket shape."""
+        tf = self.tf
+        self.traces += 1  # Python side effect: runs once per trace, never per step
+        batch = dict(zip(self.schema.names, arrays))
+        numerator, valid, grads, means = self._loss_and_grads(batch)
+        return numerator, valid, grads, means * tf.maximum(valid, 1.0)
+
+    def _replicated_fn(self, *arrays: Any) -> Any:
+        """``_grad_fn`` on every replica's batch (per-replica values), summed over the replicas:
+        the same four results for the global batch."""
+        tf = self.tf
+        numerator, valid, grads, sums = self.strategy.run(self._replica_grads, args=arrays)
+
+        def total(value: Any) -> Any:
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+
+        return total(numerator), total(valid), [total(g) for g in grads], total(sums)
+
+    def _update_fn(self, numerator: Any, valid: Any, term_sums: Any, grads: list[Any]) -> Any:
+        """Apply (or accumulate) one batch's gradients, skipping a non-finite loss; return
+        [loss, each term's mean] of the batch.
+
+        Its inputs have the variables' shapes whatever the bucket, so it is traced once:
+        the optimizer's many small ops are traced and optimised one time, not per bucket.
+        """
+        tf = self.tf
+        loss = numerator / tf.maximum(valid, 1.0)
+        finite = tf.math.is_finite(loss)
+
+        def skip() -> Any:
+            return tf.constant(False)
+
+        if self.accum == 1:
+            def update() -> Any:
+                self._apply(grads, valid)
+                return tf.constant(True)
+
+            tf.cond(finite, update, skip)
+        else:
+            def accumulate() -> Any:
+                for total, g in zip(self._grad_sums, grads):
+                    total.assign_add(g)
+                self._frames_sum.assign_add(valid)
+                return tf.constant(True)
+
+            def update_accumulated() -> Any:
+                self._apply([s.read_value() for s in self._grad_sums], self._frames_sum.read_value())
+                for total in self._grad_sums:
+                    total.assign(tf.zeros_like(total))
+                self._frames_sum.assign(0.0)
+                self._micro.assign(0)
+                return tf.constant(True)
+
+            tf.cond(finite, accumulate, skip)
+            self._micro.assign_add(1)
+            tf.cond(self._micro >= self.accum, update_accumulated, skip)
+        bad = tf.cast(tf.logical_not(finite), tf.int64)
+        self._bad_in_row.assign((self._bad_in_row + bad) * bad)
+        self._bad_total.assign_add(bad)
+        return tf.concat([loss[None], term_sums / tf.maximum(valid, 1.0)], axis=0)
+
+    def _eval_fn(self, *arrays: Any) -> Any:
+        """The loss as training computes it, on the teacher-forced batch (the mel given as
+        input): [numerator, valid frames, each term's numerator]. The model runs with
+        training=False unless it sets ``validation_training = True``."""
+        batch = dict(zip(self.schema.names, arrays))
+        numerator, valid, means = self._objective(batch, training=self.validation_training)
+        return self.tf.concat([self.tf.stack([numerator, valid]), means * self.tf.maximum(valid, 1.0)], axis=0)
+
+    def _args(self, staged: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(staged[name] for name in self.schema.names)
+
+    def _concrete_for(self, args: tuple[Any, ...]) -> Any:
+        """The step's concrete function for this bucket shape, traced on first use (with
+        replicas: the function, traced on its first call with per-replica values of a shape)."""
+        key = tuple(tuple(a.values[0].shape if self.strategy is not None else a.shape) for a in args)
+        fn = self._concrete.get(key)
+        if fn is None:
+            tf = self.tf
+            started = time.monotonic()
+            if self.strategy is not None:
+                fn = self._function
+            else:
+                fn = self._function.get_concrete_function(*(tf.TensorSpec(a.shape, a.dtype) for a in args))
+            self._concrete[key] = fn
+            shape = (key[0][0], key[0][1], key[self.schema.names.index("mel")][1])
+            if len(self._concrete) > max(self.bucket_shapes, 1):
+                self.retraces += 1
+                log.warning("traced the training step for shape B=%d L=%d T=%d, which is not one of the "
+                            "plan's %d bucket shapes (%d traces so far)", *shape, self.bucket_shapes,
+                            len(self._concrete))
+            else:
+                log.debug("traced the training step for bucket shape B=%d L=%d T=%d in %.1f s",
+                          *shape, time.monotonic() - started)
+        return fn
+
+    def prepare(self, shapes: Sequence[tuple[int, int, int]]) -> None:
+        """Trace and run the step's forward/backward once for each bucket shape (B, L, T), on a
+        dummy batch and without updating anything, so no step after warm-up traces or
+        waits for graph optimisation. Run while the producers fill the queue."""
+        started = time.monotonic()
+        cfg = self.cfg
+        for rows, tokens, frames in shapes:
+            dummy = tts.dummy_inputs(rows, tokens, frames, cfg.features.n_mels, -1.0, self.vocab_size, self.schema,
+                                     cfg.features.hop_length, cfg.batching.ref_frames)
+            args = self._args(self.stage(dummy))
+            try:
+                with self.tf.device(self.device):
+                    self._concrete_for(args)(*args)[0].numpy()
+            except Exception as exc:
+                if tts.check_spec(self.name) != "user":
+                    raise  # a preset failing is stoker's own fault: keep the traceback
+                # The user's model, traced into the training step (gradients, XLA, precision).
+                raise ModelError(f"--model {self.name}: the training step failed on a batch of B={rows}, "
+                                 f"L={tokens}, T={frames}: "
+                                 f"{tts.explain(exc, self.name, self.precision, self.jit_compile)}") from exc
+        log.info("training step traced for %d bucket shape(s) in %.1f s", len(shapes), time.monotonic() - started)
+
+    def stage(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """A planned batch onto the device (with replicas: split, one part per replica)."""
+        return self._stage(arrays)
+
+    def stage_one(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """A batch, whole, onto the first device: for validation and prediction."""
+        return self._stage_one(arrays)
+
+    def step(self, staged: dict[str, Any]) -> Any:
+        """One step; its handle is [loss, each term's mean] on the device, not yet fetched."""
+        if self.strategy is not None and isinstance(staged[self.schema.names[0]], np.ndarray):
+            staged = self.stage(staged)  # queued before staging began, or its staging failed: split it now
+        args = self._args(staged)
+        with self.tf.device(self.device):
+            numerator, valid, grads, term_sums = self._concrete_for(args)(*args)
+            return self._update(numerator, valid, term_sums, grads)
+
+    def resolve(self, handles: Sequence[Any]) -> list[float | None]:
+        """The steps' losses (one fetch for all); their terms go to ``resolved_terms``."""
+        if not handles:
+            self.resolved_terms = []
+            return []
+        values = self.tf.stack(list(handles)).numpy()
+        self.resolved_terms = [dict(zip(self.term_names, (float(v) for v in row[1:]))) for row in values]
+        return [float(row[0]) for row in values]
+
+    def health(self) -> Health:
+        return Health(int(self._bad_in_row.numpy()), int(self._bad_total.numpy()))
+
+    def learning_rate(self) -> float:
+        lr = self.optimizer.learning_rate
+        return float(lr.numpy() if hasattr(lr, "numpy") else lr)
+
+    @property
+    def updates(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def evaluate(self, batches: Sequence[dict[str, Any]]) -> float | None:
+        """The loss over ``batches`` (all valid frames together), computed as training computes
+        it; its terms go to ``evaluated_terms``. None without batches."""
+        if not batches:
+            return None
+        tf = self.tf
+        with tf.device(self.device):
+            totals = tf.add_n([self._eval_function(*self._args(b)) for b in batches]).numpy()
+        frames = max(float(totals[1]), 1.0)
+        self.evaluated_terms = {name: float(v) / frames for name, v in zip(self.term_names, totals[2:])}
+        return float(totals[0] / frames)
+
+    def predict(self, arrays: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The model's array outputs on one batch, as float32 numpy (for images and synthesis;
+        its loss terms are left out)."""
+        with self.tf.device(self.device):
+            out = tts.outputs_of(self.model(arrays, training=self.validation_training))
+        return {k: np.asarray(self.tf.cast(v, self.tf.float32)) for k, v in out.items()
+                if k not in ("loss", "losses") and hasattr(v, "shape")}
+
+    def trackables(self) -> dict[str, Any]:
+        """What a checkpoint must hold to continue training exactly."""
+        return {**tts.restorable(self.model), "optimizer": self.optimizer}
+
+    def stats(self) -> dict[str, Any]:
+        return {"params": self.param_count, "precision": self.precision, "jit_compile": self.jit_compile,
+                "replicas": len(self.devices), "devices": self.devices,
+                "grad_accum": self.accum, "traces": len(self._concrete), "bucket_shapes": self.bucket_shapes,
+                "retraces": self.retraces, "optimizer_updates": self.updates}
+
+
+def check_model(spec: str) -> float | None:
+    """Validate --model without importing TensorFlow; return MS for synthetic:MS, else None."""
+    kind = tts.check_spec(spec)
+    if kind == "synthetic":
+        try:
+            ms = float(spec.split(":", 1)[1])
+        except ValueError:
+            ms = -1.0
+        if not ms >= 0:
+            raise ModelError(f"--model {spec}: expected synthetic:MS with MS >= 0 milliseconds")
+        return ms
+    if kind == "user":
+        module = spec.partition(":")[0]
+        # As the children will (stoker/devices.py, child_env): PYTHONPATH, then the current directory.
+        added = os.getcwd() not in sys.path
+        if added:
+            sys.path.append(os.getcwd())
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            found = None
+        finally:
+            if added:
+                sys.path.remove(os.getcwd())
+        if found is None:
+            raise ModelError(f"--model {spec}: no module named {module} (is its directory on PYTHONPATH?)")
+    return None
+
+
+def uses_tensorflow(spec: str) -> bool:
+    return check_model(spec) is None
+
+
+def make_trainer(cfg: Config, device: str | Sequence[str], shapes: Sequence[tuple[int, int, int]],
+                 total_batches: int | None, vocab_size: int, multi_worker: bool = False) -> Trainer:
+    ms = check_model(cfg.trainer.model)
+    if ms is not None:
+        return SyntheticTrainer(ms)
+    return KerasTrainer(cfg, device, shapes, total_batches, vocab_size=vocab_size, multi_worker=multi_worker)

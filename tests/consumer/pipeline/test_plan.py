@@ -1,0 +1,425 @@
+"""Tests for consumer/pipeline/plan.py: bucketing and deterministic per-epoch batch plans."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import random
+
+from dataclasses import replace
+
+import pytest
+
+from stoker.consumer.pipeline.plan import (EpochPlanner, InputPosition, frame_budget_bounds, group_buckets, make_buckets,
+                                          rows_for)
+from stoker.shared.config import BatchingConfig, FeaturesConfig
+from stoker.shared.dataset import Sample
+from tests.factories import make_samples
+
+EPOCHS = 5
+
+
+def _cfg(**kw) -> BatchingConfig:
+    base = dict(batch_size=16, num_buckets=4, frames_multiple=16, tokens_multiple=8, seed=1234)
+    base.update(kw)
+    return BatchingConfig(**base)
+
+
+CASES = [
+    (make_samples(203, seed=1), _cfg()),
+    (make_samples(64, seed=2), _cfg(batch_size=7, num_buckets=3, frames_multiple=10, tokens_multiple=5)),
+    (make_samples(50, seed=3), _cfg(batch_size=64, num_buckets=1)),
+    (make_samples(33, seed=4), _cfg(batch_size=1, num_buckets=8, frames_multiple=1, tokens_multiple=1)),
+    (make_samples(500, seed=5, max_frames=3000), _cfg(batch_size=32, num_buckets=6)),
+    (make_samples(203, seed=11), _cfg(max_frames=4000)),
+    (make_samples(500, seed=12, max_frames=3000), _cfg(max_frames=12000, num_buckets=8, frames_multiple=10)),
+    (make_samples(40, seed=13), _cfg(max_frames=700, num_buckets=3)),  # some clips longer than the budget
+]
+CASE_IDS = ["default", "odd-sizes", "one-bucket", "batch-of-one", "large", "budget", "budget-large",
+            "budget-below-longest"]
+
+
+@pytest.mark.parametrize(("samples", "cfg"), CASES, ids=CASE_IDS)
+def test_every_sample_exactly_once_per_epoch(samples: list[Sample], cfg: BatchingConfig) -> None:
+    planner = EpochPlanner(samples, cfg)
+    all_ids = sorted(s.id for s in samples)
+    for epoch in range(EPOCHS):
+        plan = planner.plan(epoch)
+        counts = collections.Counter(i for batch in plan for i in batch.ids)
+        assert sorted(counts) == all_ids  # no loss
+        assert max(counts.values()) == 1  # no duplicate
+
+
+@pytest.mark.parametrize(("samples", "cfg"), CASES, ids=CASE_IDS)
+def test_batches_fit_their_shape(samples: list[Sample], cfg: BatchingConfig) -> None:
+    planner = EpochPlanner(samples, cfg)
+    by_id = {s.id: s for s in samples}
+    shapes = set()
+    for epoch in range(EPOCHS):
+        plan = planner.plan(epoch)
+        assert [b.index for b in plan] == list(range(len(plan)))
+        for batch in plan:
+            assert batch.epoch == epoch
+            assert 1 <= len(batch.ids) == batch.rows  # only real rows
+            max_tokens, max_frames = batch.shape
+            assert max_tokens % cfg.tokens_multiple == 0
+            assert max_frames % cfg.frames_multiple == 0
+            assert batch.shape == (planner.buckets[batch.bucket].max_tokens, planner.buckets[batch.bucket].max_frames)
+            for sample_id in batch.ids:
+                assert by_id[sample_id].num_tokens <= max_tokens
+                assert by_id[sample_id].num_frames <= max_frames
+            shapes.add((batch.rows, *batch.shape))
+    # The buckets' shapes and the one short batch's: every shape the trainer sees, the same each epoch.
+    assert len(planner.shapes) <= cfg.num_buckets + 1
+    assert shapes == set(planner.shapes)
+
+
+@pytest.mark.parametrize(("samples", "cfg"), CASES, ids=CASE_IDS)
+def test_batches_per_epoch_matches_plan(samples: list[Sample], cfg: BatchingConfig) -> None:
+    planner = EpochPlanner(samples, cfg)
+    for epoch in range(EPOCHS):
+        assert planner.batches_per_epoch == len(planner.plan(epoch))
+
+
+# How a run splits its batches: (fixed_rows, replicas, workers); all but the first fix the rows.
+LAYOUTS = [(False, 1, 1), (True, 1, 1), (False, 2, 1), (False, 1, 3)]
+LAYOUT_IDS = ["real-rows", "fixed-rows", "replicas", "workers"]
+
+
+@pytest.mark.parametrize(("fixed", "replicas", "workers"), LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize(("samples", "cfg"), CASES, ids=CASE_IDS)
+def test_one_short_batch_per_epoch_every_clip_once_the_same_plan_twice(samples, cfg, fixed, replicas,
+                                                                         workers) -> None:
+    """Leftover clips move up into longer buckets, so an epoch has at most one batch with fewer
+    clips than its bucket's rows (in the last bucket); its B is its clips unless the rows are
+    fixed (fixed_rows, replicas, workers), when every batch has its bucket's rows. Every clip
+    is in exactly one batch per epoch, in a bucket its lengths fit, and the plan is a pure
+    function of (clips, config, epoch)."""
+    cfg = replace(cfg, fixed_rows=fixed)
+    planners = [EpochPlanner(samples, cfg, replicas, workers, w) for w in range(workers)]
+    again = EpochPlanner(list(reversed(samples)), cfg, replicas, workers, workers - 1)
+    assert planners[0].fixed_rows == (fixed or replicas * workers > 1)
+    by_id = {s.id: s for s in samples}
+    for epoch in range(3):
+        plans = [p.plan(epoch) for p in planners]
+        assert again.plan(epoch) == plans[-1]
+        assert sorted(i for plan in plans for b in plan for i in b.ids) == sorted(by_id)
+        whole = [sum((p[n].ids for p in plans), ()) for n in range(len(plans[0]))]  # the global batches
+        buckets = planners[0].buckets
+        short = [n for n, ids in enumerate(whole) if len(ids) < buckets[plans[0][n].bucket].rows]
+        assert len(short) <= 1 and all(plans[0][n].bucket == len(buckets) - 1 for n in short)
+        for plan in plans:
+            for batch in plan:
+                bucket_rows = buckets[batch.bucket].rows // workers
+                assert batch.rows == (bucket_rows if planners[0].fixed_rows else len(batch.ids))
+                assert (batch.rows, *batch.shape) in planners[0].shapes
+                assert all(by_id[i].num_frames <= batch.shape[1] and by_id[i].num_tokens <= batch.shape[0]
+                           for i in batch.ids)
+
+
+@pytest.mark.parametrize(("samples", "cfg"), CASES, ids=CASE_IDS)
+def test_moving_leftovers_up_keeps_every_bucket_within_its_bounds(samples, cfg) -> None:
+    """A bucket's longest leftover clips join the next bucket, whose T (and rows) they never
+    grow; every bucket but the last holds whole batches."""
+    grouped, filled = group_buckets(samples, cfg), make_buckets(samples, cfg)
+    assert sorted(i for b in filled for i in b.sample_ids) == sorted(s.id for s in samples)
+    frames = {s.id: s.num_frames for s in samples}
+    top = {i: b.max_frames for b in grouped for i in b.sample_ids}
+    for bucket in filled:
+        assert bucket.max_frames <= max(top[i] for i in bucket.sample_ids)
+        assert bucket.max_frames >= max(frames[i] for i in bucket.sample_ids)
+        assert bucket.rows == rows_for(bucket.max_frames, cfg)
+    assert all(len(b.sample_ids) % b.rows == 0 for b in filled[:-1])
+    assert [b.index for b in filled] == list(range(len(filled)))
+
+
+@pytest.mark.parametrize(("fixed", "replicas", "workers"), LAYOUTS, ids=LAYOUT_IDS)
+def test_a_per_row_mean_loss_of_each_batch_is_the_loss_of_its_clips(fixed, replicas, workers) -> None:
+    """A user's loss averaged per row over a collated batch of the plan (or, with fixed rows,
+    weighted by row_mask) equals the mean over its clips alone: no empty row dilutes it."""
+    import numpy as np
+
+    from stoker.shared.batch import batch_dims, collate, example, schema_for
+
+    samples = make_samples(61, seed=31, max_frames=300)
+    cfg = _cfg(batch_size=4, num_buckets=3, fixed_rows=fixed)
+    planners = [EpochPlanner(samples, cfg, replicas, workers, w) for w in range(workers)]
+    schema = schema_for("row_mask" if planners[0].fixed_rows else "")
+    by_id = {s.id: s for s in samples}
+    rng = np.random.default_rng(0)
+    mels = {s.id: rng.normal(size=(s.num_frames, 2)).astype(np.float32) for s in samples}
+    pads = schema.pad_values(FeaturesConfig(), "off")
+    for planner in planners:
+        for batch in planner.plan(0):
+            if not batch.ids:
+                continue
+            examples = [example(np.ones(by_id[i].num_tokens, np.int32), mels[i], schema) for i in batch.ids]
+            arrays = collate(examples, batch_dims(batch.rows, batch.shape, 2), pads, schema)
+            valid = np.arange(batch.shape[1])[None, :] < arrays["mel_lengths"][:, None]
+            per_row = np.abs(arrays["mel"] * valid[..., None]).sum(axis=(1, 2)) / np.maximum(arrays["mel_lengths"], 1)
+            clips = np.mean([np.abs(mels[i]).sum() / len(mels[i]) for i in batch.ids])
+            if planner.fixed_rows:
+                mask = arrays["row_mask"]
+                assert mask.tolist() == [1.0] * len(batch.ids) + [0.0] * (batch.rows - len(batch.ids))
+                assert np.sum(per_row * mask) / np.sum(mask) == pytest.approx(clips, rel=1e-6)
+            else:
+                assert len(per_row) == len(batch.ids) and per_row.mean() == pytest.approx(clips, rel=1e-6)
+
+
+def test_bucket_shapes_are_tight_rounded_maxima() -> None:
+    samples = make_samples(120, seed=7)
+    cfg = _cfg()
+    buckets = make_buckets(samples, cfg)
+    assert len(buckets) == cfg.num_buckets
+    by_id = {s.id: s for s in samples}
+    # 4 groups of 30: each one's leftover (30 mod 16, then 44 mod 16, 42 mod 16) moves up.
+    assert [len(b.sample_ids) for b in buckets] == [16, 32, 32, 40]
+    previous_longest = -1
+    for bucket in buckets:
+        members = [by_id[i] for i in bucket.sample_ids]
+        longest = max(s.num_frames for s in members)
+        assert bucket.max_frames == -(-longest // cfg.frames_multiple) * cfg.frames_multiple
+        assert bucket.max_tokens == -(-max(s.num_tokens for s in members) // cfg.tokens_multiple) * cfg.tokens_multiple
+        # Buckets are cut from samples sorted by mel length.
+        assert min(s.num_frames for s in members) >= previous_longest
+        previous_longest = longest
+
+
+def test_same_seed_and_epoch_give_the_same_plan() -> None:
+    samples = make_samples(150, seed=8)
+    cfg = _cfg()
+    first = EpochPlanner(samples, cfg).plan(3)
+    shuffled = list(samples)
+    random.Random(0).shuffle(shuffled)  # the input order must not matter
+    again = EpochPlanner(shuffled, cfg).plan(3)
+    assert first == again
+
+
+def test_different_epochs_and_seeds_differ() -> None:
+    samples = make_samples(150, seed=9)
+    planner = EpochPlanner(samples, _cfg())
+    plans = [tuple(b.ids for b in planner.plan(e)) for e in range(EPOCHS)]
+    assert len(set(plans)) == EPOCHS
+    other = EpochPlanner(samples, _cfg(seed=99)).plan(0)
+    assert tuple(b.ids for b in other) != plans[0]
+
+
+def test_fewer_samples_than_buckets() -> None:
+    samples = make_samples(3, seed=10)
+    cfg = _cfg(num_buckets=8)
+    planner = EpochPlanner(samples, cfg)
+    assert len(group_buckets(samples, cfg)) == 3
+    assert len(planner.buckets) == 1  # the shorter clips moved up: one batch of only its 3 rows
+    plan = planner.plan(0)
+    assert planner.batches_per_epoch == len(plan) == 1
+    assert planner.shapes == [(3, *plan[0].shape)]
+    assert sorted(i for b in plan for i in b.ids) == sorted(s.id for s in samples)
+    one = EpochPlanner(samples[:1], cfg)
+    assert [b.ids for b in one.plan(0)] == [(samples[0].id,)]
+
+
+def test_equal_lengths() -> None:
+    samples = [Sample(f"E{i:03d}", "x", 10, 100, 1.0) for i in range(40)]
+    planner = EpochPlanner(samples, _cfg(batch_size=8))
+    assert set(planner.shapes) == {(8, 16, 112)}
+    # 40 samples in 4 buckets of 10, leftovers moved up: 8, 8, 8 and 16 clips, 5 full batches.
+    assert [len(b.sample_ids) for b in planner.buckets] == [8, 8, 8, 16]
+    assert planner.batches_per_epoch == len(planner.plan(0)) == 5
+    assert [len(b.ids) for b in planner.plan(0)] == [8] * 5
+
+
+def test_no_samples() -> None:
+    planner = EpochPlanner([], _cfg())
+    assert planner.buckets == [] and planner.batches_per_epoch == 0 and planner.plan(0) == []
+
+
+# ------------------------------------------------------------------ frame budget
+
+
+def _waste(frames: list[int], bounds: list[int], cfg: BatchingConfig) -> int:
+    """Padded frames plus the empty rows of each bucket's last batch, for these bounds."""
+    total, low = 0, -1
+    for bound in bounds:
+        members = [f for f in frames if low < -(-f // cfg.frames_multiple) * cfg.frames_multiple <= bound]
+        rows = rows_for(bound, cfg)
+        total += sum(bound - f for f in members) + (-len(members) % rows) * bound
+        low = bound
+    return total
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_frame_budget_bounds_are_the_best_partition(seed: int) -> None:
+    """The dynamic program's bounds waste no more than every other choice of bounds (brute force)."""
+    rng = random.Random(seed)
+    frames = [rng.randint(5, 160) for _ in range(rng.randint(10, 60))]
+    cfg = _cfg(max_frames=rng.choice([200, 400, 1000]), num_buckets=rng.randint(1, 4), frames_multiple=8)
+    values = sorted({-(-f // 8) * 8 for f in frames})
+    best = min(_waste(frames, [*cut, values[-1]], cfg)
+               for k in range(cfg.num_buckets) for cut in itertools.combinations(values[:-1], k))
+    bounds = frame_budget_bounds(frames, cfg)
+    assert len(bounds) <= cfg.num_buckets and bounds[-1] == values[-1] and bounds == sorted(set(bounds))
+    assert _waste(frames, bounds, cfg) == best
+
+
+@pytest.mark.parametrize(("samples", "cfg"), [c for c, i in zip(CASES, CASE_IDS) if i.startswith("budget")],
+                         ids=[i for i in CASE_IDS if i.startswith("budget")])
+def test_frame_budget_rows_hold_about_the_budget(samples: list[Sample], cfg: BatchingConfig) -> None:
+    planner = EpochPlanner(samples, cfg)
+    for bucket in planner.buckets:
+        rows, _, frames = bucket.shape
+        assert rows == max(1, cfg.max_frames // frames)
+        # The most rows that fit: one more would exceed the budget (a clip longer than it gets one row).
+        assert rows * frames <= cfg.max_frames or rows == 1
+        assert (rows + 1) * frames > cfg.max_frames
+    # Short clips get more rows than long ones.
+    rows = [b.rows for b in planner.buckets]
+    assert rows == sorted(rows, reverse=True) and rows[0] > 1
+
+
+def test_frame_budget_wastes_less_than_equal_count_buckets() -> None:
+    """Half the clips near 100 frames, half spread over 200-800: equal-count buckets spend half
+    their shapes on the narrow cluster, the frame budget's bounds go where padding is."""
+    rng = random.Random(0)
+    frames = [rng.randint(90, 110) for _ in range(400)] + [rng.randint(200, 800) for _ in range(400)]
+    samples = [Sample(f"S{i:04d}", "x", 10, f, 1.0) for i, f in enumerate(frames)]
+    cfg = _cfg(max_frames=8000, num_buckets=6, frames_multiple=4)
+    planner = EpochPlanner(samples, cfg)
+    assert sum(1 for b in planner.buckets if b.max_frames <= 112) == 1
+    fixed = EpochPlanner(samples, _cfg(num_buckets=6, frames_multiple=4))
+
+    def useful(p: EpochPlanner) -> float:
+        by_id = {s.id: s.num_frames for s in samples}
+        plan = p.plan(0)
+        return sum(by_id[i] for b in plan for i in b.ids) / sum(b.rows * b.shape[1] for b in plan)
+
+    assert useful(planner) > useful(fixed)
+
+
+def test_frame_budget_off_keeps_the_fixed_plan() -> None:
+    """max_frames 0 is the equal-count plan of batch_size rows (before leftovers move up)."""
+    samples = make_samples(203, seed=1)
+    planner = EpochPlanner(samples, _cfg())
+    assert {b.rows for b in planner.buckets} == {16}
+    sizes = [len(b.sample_ids) for b in group_buckets(samples, _cfg())]
+    assert max(sizes) - min(sizes) <= 1
+
+
+# ------------------------------------------------------------------ input position
+
+
+def test_position_marks_an_epoch_complete_when_every_sample_is_trained_or_rejected() -> None:
+    from stoker.consumer.pipeline.plan import InputPosition
+
+    samples = make_samples(40, seed=21)
+    planner = EpochPlanner(samples, _cfg(batch_size=8))
+    position = InputPosition(planner)
+    plan = planner.plan(0)
+    for batch in plan[:-1]:
+        position.record(0, batch.ids)
+    rejected = {0: 0}
+    assert position.update_complete(1, rejected.get) == 0
+    assert position.trained(0) == 40 - len(plan[-1].ids)
+    rejected[0] = len(plan[-1].ids)  # the last batch's clips were all rejected meanwhile
+    assert position.update_complete(1, rejected.get) == 1 and position.complete == {0}
+    assert position.trained(0) == planner.samples_per_epoch
+    # The state round-trips through JSON; a fresh epoch opens where the last one ended.
+    import json
+
+    again = InputPosition.from_state_dict(json.loads(json.dumps(position.state_dict())), planner)
+    assert again.complete == {0} and again.first_open() == 1 and again.remaining(planner.plan(1)) == planner.plan(1)
+    copy = position.copy()
+    copy.record(1, plan[0].ids)
+    assert position.trained(1) == 0 and copy.trained(1) == len(plan[0].ids)
+
+
+# ------------------------------------------------------------------ references (ref_mel)
+
+
+def test_references_are_another_clip_of_the_same_speaker_fixed_per_epoch() -> None:
+    from stoker.consumer.pipeline.plan import ReferenceTable
+
+    samples = [Sample(f"A{i}", "x", 5, 50, 1.0, speaker="anna") for i in range(6)] + \
+              [Sample(f"B{i}", "x", 5, 50, 1.0, speaker="bob") for i in range(3)] + \
+              [Sample("C0", "x", 5, 50, 1.0, speaker="carl")]
+    table = ReferenceTable(samples, seed=7)
+    ids = [s.id for s in samples]
+    speaker = {s.id: s.speaker for s in samples}
+    first = table(0, ids)
+    assert first == table(0, ids) == ReferenceTable(list(reversed(samples)), seed=7)(0, ids)  # a pure function
+    assert table(0, ids[3:5]) == first[3:5]  # of each clip alone, not of its batch
+    for sample_id, ref in zip(ids, first):
+        assert speaker[ref] == speaker[sample_id]
+        assert ref != sample_id or sample_id == "C0"  # only a speaker's single clip is its own reference
+    epochs = [tuple(table(e, ids)) for e in range(6)]
+    assert len(set(epochs)) > 1  # another epoch, other references
+    assert ReferenceTable(samples, seed=8)(0, ids) != first
+
+
+@pytest.mark.parametrize(("samples", "cfg"), [CASES[0], CASES[5], CASES[7]], ids=["rows", "budget", "budget-short"])
+def test_with_replicas_a_batch_holds_a_replica_batch_for_each_in_one_shape(samples, cfg) -> None:
+    """A planned batch is one step's: N replica batches of the bucket's B rows, every sample
+    still once per epoch; the bounds are chosen for the global batch's empty rows."""
+    one, three = EpochPlanner(samples, cfg), EpochPlanner(samples, cfg, replicas=3)
+    if cfg.max_frames == 0:
+        assert [(b.max_tokens, b.max_frames) for b in three.buckets] == [(b.max_tokens, b.max_frames)
+                                                                         for b in one.buckets]
+    for bucket in three.buckets:
+        assert bucket.rows == 3 * rows_for(bucket.max_frames, cfg)
+    for epoch in range(2):
+        plan = three.plan(epoch)
+        ids = [i for batch in plan for i in batch.ids]
+        assert sorted(ids) == sorted(s.id for s in samples)
+        assert all(len(batch.ids) <= batch.rows and batch.rows % 3 == 0 for batch in plan)
+    assert three.batches_per_epoch < one.batches_per_epoch and three.replicas == 3
+
+
+@pytest.mark.parametrize(("samples", "cfg"), [CASES[0], CASES[3], CASES[5]], ids=["rows", "batch-of-one", "budget"])
+def test_workers_share_every_global_batch_and_train_each_sample_once(samples, cfg) -> None:
+    """Three workers plan the same global batches, in the same order and shapes, and each
+    takes its share: together every sample once per epoch."""
+    workers = [EpochPlanner(samples, cfg, workers=3, worker=w) for w in range(3)]
+    whole = EpochPlanner(samples, cfg, replicas=3)
+    assert workers[0].shapes == workers[2].shapes == [(b.rows // 3, b.max_tokens, b.max_frames) for b in whole.buckets]
+    for epoch in range(2):
+        plans = [w.plan(epoch) for w in workers]
+        assert len({len(p) for p in plans}) == 1
+        for step in zip(*plans):  # one step: the same planned batch's shares, one shape
+            assert len({(b.index, b.bucket, b.shape, b.rows) for b in step}) == 1
+            assert len(step[0].ids) >= len(step[2].ids) >= len(step[0].ids) - 1
+        ids = [i for p in plans for b in p for i in b.ids]
+        assert sorted(ids) == sorted(s.id for s in samples)
+        assert sum(w.samples_in(epoch) for w in workers) == len(samples)
+
+
+def test_a_workers_position_counts_planned_batches_taken_even_empty_ones() -> None:
+    samples = make_samples(9, seed=21)
+    planner = EpochPlanner(samples, _cfg(batch_size=4, num_buckets=1), workers=2, worker=1)
+    plan = planner.plan(0)  # 9 clips in global batches of 8: the second's share for worker 1 is empty
+    assert [len(b.ids) for b in plan] == [4, 0]
+    position = InputPosition(planner)
+    assert [b.index for b in position.remaining(plan)] == [0, 1]
+    position.record(0, plan[0].ids[:3], index=plan[0].index)  # one of its clips was rejected: still done
+    assert [b.index for b in position.remaining(plan)] == [1] and position.update_complete(1, lambda e: 0) == 0
+    position.record(0, [], index=plan[1].index)
+    assert position.remaining(plan) == [] and position.update_complete(1, lambda e: 0) == 1
+    again = InputPosition.from_state_dict(position.state_dict(), planner)
+    assert again.complete == {0}
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["real-rows", "fixed-rows"])
+def test_a_partly_trained_batch_resumes_with_only_its_untrained_rows(fixed: bool) -> None:
+    """On resume a planned batch cut to its untrained clips keeps index, bucket and shape; its
+    B is those clips (only real rows) unless rows are fixed."""
+    samples = make_samples(40, seed=21)
+    planner = EpochPlanner(samples, _cfg(batch_size=8, fixed_rows=fixed))
+    position = InputPosition(planner)
+    plan = planner.plan(0)
+    position.record(0, plan[0].ids[:3])
+    position.record(0, plan[1].ids)
+    again = InputPosition.from_state_dict(position.state_dict(), planner)
+    left = again.remaining(plan)
+    assert [b.index for b in left] == [0] + [b.index for b in plan[2:]]
+    cut = left[0]
+    assert cut.ids == plan[0].ids[3:] and (cut.bucket, cut.shape) == (plan[0].bucket, plan[0].shape)
+    assert cut.rows == (8 if fixed else 5)
+    assert sorted([*plan[0].ids[:3], *plan[1].ids, *(i for b in left for i in b.ids)]) == sorted(s.id for s in samples)

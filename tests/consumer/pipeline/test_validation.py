@@ -1,0 +1,62 @@
+"""Held-out validation clips (consumer/pipeline/validation.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stoker.consumer.pipeline import validation
+from stoker.consumer.pipeline.buffer import BatchQueue
+from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable, validation_batches
+from stoker.consumer.pipeline.scheduler import Scheduler, ValidationSet
+from stoker.producer.audio import load_audio
+from stoker.producer.batches import BatchMaker
+from stoker.producer.features import log_mel_spectrogram_numpy
+from stoker.shared import config as config_mod, wire
+from stoker.shared.config import batch_schema
+from stoker.shared.dataset import build_index
+from tests.consumer.pipeline.harness import hello_of
+from tests.factories import make_samples
+from tests.speech import make_train_eval_dataset
+
+
+def test_split_is_deterministic_and_bounded() -> None:
+    samples = make_samples(100)
+    train, held = validation.split(samples, 4, seed=1)
+    assert len(held) == 4 and len(train) == 96
+    assert {s.id for s in train}.isdisjoint(s.id for s in held)
+    assert sorted(validation.split(list(reversed(samples)), 4, seed=1)[1]) == sorted(held)  # order does not matter...
+    assert validation.split(samples, 4, seed=2)[1] != held  # ...the seed does
+    assert len(validation.split(samples, 50, seed=1)[1]) == 10  # at most a tenth
+    assert validation.split(samples[:9], 4, seed=1) == (samples[:9], [])  # too few clips to spare any
+    assert validation.split(samples, 0, seed=1) == (samples, [])
+
+
+def test_a_validation_lease_names_the_eval_files_clips_so_a_producer_that_indexed_only_training_makes_them(
+        tmp_path) -> None:
+    _, held_ids = make_train_eval_dataset(tmp_path)
+    cfg = config_mod.load(None, {"data.path": str(tmp_path), "data.metadata_file": "metadata_train.csv",
+                                 "data.eval_file": "metadata_eval.csv", "data.index_cache": "off",
+                                 "features.backend": "numpy", "batching.batch_size": 4})
+    index = build_index(cfg.data, cfg.features, cfg.text)
+    train, held, _ = validation.hold_out(index, cfg, tmp_path)
+    planner = EpochPlanner(train, cfg.batching)
+    held_set = ValidationSet(validation_batches(held, planner), BatchQueue(2), TokenTable(held, index.vocabulary),
+                             texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held})
+    scheduler = Scheduler(cfg, planner, BatchQueue(3), max_epochs=0, validation=held_set)
+    scheduler.on_message(b"p", hello_of("p").encode(), 0.0)
+    scheduler.start_validation(1, 0.0)
+    leases = [wire.read(msg.encode())[0] for _, msg, _ in scheduler.take_outbox() if isinstance(msg, wire.Lease)]
+    # A producer of the training file: it knows none of the eval file's clips but from their leases.
+    maker = BatchMaker(index.root, {s.id: s.text for s in train}, cfg.features, None, "p",
+                       files={s.id: s.audio for s in train}, schema=batch_schema(cfg))
+    made = {}
+    for lease in leases:
+        prepared = maker.make(lease)
+        assert prepared.batch.missed == () and prepared.batch.rejected == ()
+        for row, clip in enumerate(prepared.batch.ids):
+            made[clip] = prepared.arrays["mel"][row, :prepared.arrays["mel_lengths"][row]]
+    assert sorted(made) == sorted(held_ids) == sorted(s.id for s in held)
+    for clip, mel in made.items():
+        audio = load_audio(index.root / "wavs" / f"{clip}.wav", cfg.features.sample_rate_hz)
+        np.testing.assert_allclose(mel, log_mel_spectrogram_numpy(audio, cfg.features, dtype=np.float32),
+                                   rtol=1e-4, atol=1e-4)
