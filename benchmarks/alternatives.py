@@ -92,6 +92,7 @@ from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index
 from stoker.shared.metrics import wait_share
+from stoker.shared.mel import pad_values
 
 KINDS = ("stoker", "stoker (tf ops)", "tf.data", "tf.data service", "mp.Queue")
 # The stoker variants and their features.backend.
@@ -152,7 +153,7 @@ def numpy_batch(batch: dict[str, Any], mels: Any, cfg: Any) -> dict[str, Any]:
     tokens = [np.asarray(t, np.int32) for t in batch["tokens"]]
     max_tokens, max_frames = batch["shape"]
     return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels(clips))],
-                   batch_dims(BATCH_SIZE, (max_tokens, max_frames), cfg.n_mels), SCHEMA.pad_values(cfg, "off"))
+                   batch_dims(BATCH_SIZE, (max_tokens, max_frames), cfg.n_mels), pad_values(SCHEMA, cfg, "off"))
 
 
 def plan_tensors(batches: Sequence[dict[str, Any]]) -> dict[str, Any]:

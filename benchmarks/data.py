@@ -87,6 +87,7 @@ from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index, read_metadata, scan_audio
 from stoker.shared.dataset.index import _workers
+from stoker.shared.mel import pad_values
 
 LJSPEECH_ITEMS = 13_100
 LARGE_ITEMS = 100_000
@@ -334,7 +335,7 @@ class _PerClipBatchMaker:
                  batch_size: int) -> None:
         self.root, self.texts, self.files, self.f, self.batch_size = root, texts, files, features, batch_size
         self.collate = collate
-        self.pads = SCHEMA.pad_values(features, "off")
+        self.pads = pad_values(SCHEMA, features, "off")
 
     def clip_mel(self, path: Path) -> Any:
         raise NotImplementedError

@@ -56,6 +56,7 @@ from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import Config, FeaturesConfig
 from stoker.shared.dataset import build_index
+from stoker.shared.mel import pad_values
 
 MB = 1 << 20
 GROWTH_LIMIT_FRAC = 0.05
@@ -113,7 +114,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
         sock.connect(endpoint)
         sock.send_multipart(wire.Hello(producer="fake", host="localhost", pid=os.getpid(),
                                        config=wire.ConfigSchema.local()).encode())
-        n_mels, pads = 80, SCHEMA.pad_values(FeaturesConfig(), "off")
+        n_mels, pads = 80, pad_values(SCHEMA, FeaturesConfig(), "off")
         rows: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         ready: dict[int, list[Any]] = {}
         last_heard = last_beat = time.monotonic()
@@ -130,7 +131,7 @@ def fake_producer(endpoint: str, seed: int, res_q: Any) -> None:
             msg, _ = wire.read(sock.recv_multipart())
             if isinstance(msg, wire.Welcome):
                 n_mels = msg.config.features.n_mels
-                pads = SCHEMA.pad_values(msg.config.features, "off")
+                pads = pad_values(SCHEMA, msg.config.features, "off")
             elif isinstance(msg, wire.Lease):
                 ready[msg.lease] = _fake_batch(msg, rows, rng, n_mels, pads)
                 sock.send_multipart(wire.Ready(msg.lease).encode())

@@ -72,6 +72,7 @@ from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import FeaturesConfig
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_dataset
 from stoker.shared.metrics import wait_share
+from stoker.shared.mel import pad_values
 
 BATCH_SIZE = 16
 SCALING_STEP_MS = 1.0
@@ -315,7 +316,7 @@ def _standin_batch(lease: Any, cache: dict[tuple[int, int, int], dict[str, Any]]
         example = {"tokens": np.ones(min(5, max_tokens), np.int32),
                    "mel": np.zeros((min(10, max_frames), n_mels), np.float32)}
         cache[key] = collate([example] * len(lease.ids), batch_dims(lease.rows, lease.shape, n_mels),
-                             SCHEMA.pad_values(FeaturesConfig(), "off"))
+                             pad_values(SCHEMA, FeaturesConfig(), "off"))
     return wire.Batch(lease.lease, lease.epoch, lease.index, lease.ids, prep_ms=hold_ms).encode(cache[key])
 
 

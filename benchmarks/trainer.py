@@ -51,6 +51,7 @@ from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import FeaturesConfig
 from stoker.shared.dataset import DEMO_DATA_DIR, build_index
 from stoker.shared.text import FIRST_SYMBOL_ID
+from stoker.shared.mel import pad_values
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def _batch(batch_size: int, tokens: int, frames: int, n_mels: int, seed: int) ->
     mels = [(rng.standard_normal((max(1, int(frames * FILL)), n_mels)) - 5.0).astype(np.float32)
             for _ in range(batch_size)]
     return collate([{"tokens": t, "mel": m} for t, m in zip(toks, mels)],
-                   batch_dims(batch_size, (tokens, frames), n_mels), SCHEMA.pad_values(FeaturesConfig(), "off"))
+                   batch_dims(batch_size, (tokens, frames), n_mels), pad_values(SCHEMA, FeaturesConfig(), "off"))
 
 
 def _make_trainer(cfg: Any, shapes: list[tuple[int, int, int]], model: str) -> Any:

@@ -27,7 +27,7 @@ from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
-from stoker.shared.mel import num_frames
+from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
 
 log = logging.getLogger("producer")
@@ -89,7 +89,7 @@ class BatchMaker:
         self.fixed_rows = fixed_rows  # batches keep the lease's rows (empty ones padded); else only real rows
         transforms = transforms or TransformsConfig()
         self.clip_minmax = transforms.mel_norm == "clip_minmax"  # each clip's mel scaled to [0, 1]
-        self._pads = schema.pad_values(features, transforms.mel_norm)
+        self._pads = pad_values(schema, features, transforms.mel_norm)
         chain = Chain(transforms, features)
         self.chain = chain if chain.active else None  # producer/transforms.py: None when every step is off
         self._mels = MelComputer(features, device=device, weights=chain.weights)

@@ -33,7 +33,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .mel import mel_pad_value
 from .text import PAD_ID
 
 LEGEND: dict[str, str] = {
@@ -84,12 +83,6 @@ class BatchSchema:
     def length_fields(self) -> tuple[Field, ...]:
         return tuple(f for f in self.fields if f.length_of)
 
-
-    def pad_values(self, features: Any, mel_norm: str) -> dict[str, float]:
-        """Each field's padding value as a number, the mel's (MEL_PAD) that of silence under the
-        run's ``features`` (a FeaturesConfig) and ``transforms.mel_norm``."""
-        mel = mel_pad_value(features, mel_norm)
-        return {f.name: mel if f.pad == MEL_PAD else float(f.pad) for f in self.fields}
 
     def shapes(self, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
         return {f.name: f.shape(dims) for f in self.fields}

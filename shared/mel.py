@@ -17,15 +17,14 @@ import importlib
 import importlib.util
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
+from .batch import MEL_PAD, BatchSchema
+from .config import FeaturesConfig
 from .errors import UserError
 from .userfn import import_function
-
-if TYPE_CHECKING:  # the settings' type only: the config imports the batch schema, which pads with this module
-    from .config import FeaturesConfig
 
 # features.padding: centred frames (the clip padded by n_fft // 2 on both sides, reflected or
 # with zeros), or frames from sample 0 with zeros after the end, or only the frames that fit.
@@ -136,9 +135,16 @@ def features_key(features: FeaturesConfig) -> dict[str, Any]:
     """Everything a clip's mel depends on: every features setting but ``backend`` (both compute
     the same definition; the :data:`CONVENTION_FIELDS` only where they differ from their
     defaults) and, with ``features.user``, the version of the function's module."""
-    default = type(features)()  # the defaults of every setting
+    default = FeaturesConfig()
     key = {k: v for k, v in dataclasses.asdict(features).items()
            if k != "backend" and not (k in CONVENTION_FIELDS and v == getattr(default, k))}
     if features.user:
         key["user_version"] = user_mel_function(features.user)[1]
     return key
+
+
+def pad_values(schema: BatchSchema, features: FeaturesConfig, mel_norm: str) -> dict[str, float]:
+    """Each field's padding value as a number, the mel's (MEL_PAD) that of silence under the
+    run's ``features`` and ``transforms.mel_norm``."""
+    mel = mel_pad_value(features, mel_norm)
+    return {f.name: mel if f.pad == MEL_PAD else float(f.pad) for f in schema.fields}

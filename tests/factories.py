@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import soundfile
 
+from stoker.shared.mel import pad_values
+
 if TYPE_CHECKING:
     from stoker.shared.dataset import DatasetScan
 
@@ -73,7 +75,7 @@ def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, 
     mels = [rng.standard_normal((int(rng.integers(1, max_frames + 1)), n_mels)).astype(np.float32)
             for _ in range(valid)]
     return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
-                   batch_dims(batch_size, (max_tokens, max_frames), n_mels), SCHEMA.pad_values(FeaturesConfig(), "off"))
+                   batch_dims(batch_size, (max_tokens, max_frames), n_mels), pad_values(SCHEMA, FeaturesConfig(), "off"))
 
 
 def make_samples(count: int = 100, seed: int = 0, max_tokens: int = 150, max_frames: int = 800,

@@ -12,6 +12,7 @@ import pytest
 
 from stoker.shared import config as config_mod
 from stoker.shared.batch import batch_dims, collate, example, schema_for
+from stoker.shared.mel import pad_values
 from tests.factories import sentence, tone
 from tests.procs import read_jsonl, run_cli
 
@@ -54,7 +55,7 @@ def batch_of(tokens: list[np.ndarray], mels: list[np.ndarray], fields: str = FIE
     speakers = speakers or [i % 2 for i in range(len(tokens))]
     rows = [example(t, m, schema, speaker_id=s) for t, m, s in zip(tokens, mels, speakers)]
     dims = batch_dims(size or len(rows), (max(map(len, tokens)) + 2, max(map(len, mels)) + 3), N_MELS)
-    return collate(rows, dims, schema.pad_values(config_mod.FeaturesConfig(), "off"), schema)
+    return collate(rows, dims, pad_values(schema, config_mod.FeaturesConfig(), "off"), schema)
 
 
 def total_loss(out: dict) -> float:

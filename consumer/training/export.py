@@ -53,6 +53,7 @@ from stoker.shared.errors import UserError
 from stoker.shared.runfiles import MEL_STATS, VOCAB, write_json
 from stoker.shared.text import EOS_ID, FIRST_SYMBOL_ID
 from stoker.shared.tfsetup import configure_tensorflow
+from stoker.shared.mel import pad_values
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def export(run_dir: Path, out: Path) -> ExportResult:
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the export's graphs are device-neutral
 
     tf, device = configure_tensorflow(None)
-    pads = schema.pad_values(cfg.features, cfg.transforms.mel_norm)
+    pads = pad_values(schema, cfg.features, cfg.transforms.mel_norm)
     probe = one_batch(np.array([FIRST_SYMBOL_ID, EOS_ID], np.int32), cfg.batching.frames_multiple,
                       cfg.features.n_mels, pads, schema, hop_length=cfg.features.hop_length,
                       ref_frames=cfg.batching.ref_frames)

@@ -41,6 +41,7 @@ from stoker.shared.runfiles import CONFIG, MEL_STATS, VOCAB
 from stoker.shared.text import TextError, make_frontend
 from stoker.shared.tfsetup import configure_tensorflow
 from stoker.shared.vocab import Vocabulary, load_vocabulary
+from stoker.shared.mel import pad_values
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
 
     tf, device = configure_tensorflow(None)
     n_mels = cfg.features.n_mels
-    pads = schema.pad_values(cfg.features, cfg.transforms.mel_norm)
+    pads = pad_values(schema, cfg.features, cfg.transforms.mel_norm)
     shapes = {"hop_length": cfg.features.hop_length, "ref_frames": cfg.batching.ref_frames, "ref_mel": ref_mel}
     probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids, **shapes)
     model, found = restore_model(tf, device, run_dir, cfg, vocab.size, probe)

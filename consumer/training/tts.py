@@ -66,6 +66,7 @@ from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, exampl
 from stoker.shared.config import BatchingConfig, FeaturesConfig
 from stoker.shared.errors import UserError
 from stoker.shared.text import FIRST_SYMBOL_ID
+from stoker.shared.mel import pad_values
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ def dummy_inputs(batch: int, tokens: int, frames: int, n_mels: int, pad_value: f
                         audio=np.zeros(max(frames * hop_length - 1, 1), np.float32),
                         ref_mel=np.full((max(ref_frames, 1), n_mels), pad_value, np.float32)) for _ in range(batch)]
     return collate(examples, batch_dims(batch, (tokens, frames), n_mels, hop_length, ref_frames),
-                   {**schema.pad_values(FeaturesConfig(), "off"), "mel": pad_value, "ref_mel": pad_value}, schema)
+                   {**pad_values(schema, FeaturesConfig(), "off"), "mel": pad_value, "ref_mel": pad_value}, schema)
 
 
 def check_spec(spec: str) -> str:

@@ -8,6 +8,7 @@ import pytest
 from stoker.shared.batch import FRAMES, MEL_PAD, SCHEMA, batch_dims, collate
 from stoker.shared.config import FeaturesConfig
 from stoker.shared.text import PAD_ID
+from stoker.shared.mel import pad_values
 from tests.factories import make_batch
 
 PAD = float(np.log(1e-5))
@@ -15,7 +16,7 @@ B, L, T, F = 4, 12, 20, 6
 
 
 def _collate(tokens, mels, size, max_tokens, max_frames, n_mels, mel_pad):
-    pads = {**SCHEMA.pad_values(FeaturesConfig(), "off"), "mel": mel_pad}
+    pads = {**pad_values(SCHEMA, FeaturesConfig(), "off"), "mel": mel_pad}
     return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels)],
                    batch_dims(size, (max_tokens, max_frames), n_mels), pads)
 
@@ -122,7 +123,7 @@ def test_schema_checks_names_dtypes_and_bucket_shapes() -> None:
     assert SCHEMA.check(good, batch_dims(B, (L, T + 16), F)) == (
         f"mel is float32 [{B}, {T}, {F}], expected float32 [{B}, {T + 16}, {F}]")
     assert SCHEMA.check_rows(good, 3) == "token_lengths does not match the 3 clips delivered"
-    pads = SCHEMA.pad_values(FeaturesConfig(), "off")
+    pads = pad_values(SCHEMA, FeaturesConfig(), "off")
     assert pads == {"tokens": 0.0, "token_lengths": 0.0, "mel": PAD, "mel_lengths": 0.0}
     assert FRAMES in SCHEMA.names and [f.length_of for f in SCHEMA.fields if f.name == FRAMES] == ["mel"]
 
@@ -146,7 +147,7 @@ def test_optional_fields_are_declared_collated_and_checked() -> None:
     assert schema.names == ("tokens", "token_lengths", "mel", "mel_lengths", "speaker_id", "stop")  # declared order
     rows = [example(np.array([3, 4, 1], np.int32), np.zeros((5, F), np.float32), schema, speaker_id=2),
             example(np.array([3, 1], np.int32), np.zeros((3, F), np.float32), schema, speaker_id=1)]
-    out = collate(rows, batch_dims(3, (4, 6), F), schema.pad_values(FeaturesConfig(), "off"), schema)
+    out = collate(rows, batch_dims(3, (4, 6), F), pad_values(schema, FeaturesConfig(), "off"), schema)
     assert out["speaker_id"].tolist() == [2, 1, 0] and out["speaker_id"].dtype == np.int32
     assert out["stop"].tolist() == [[0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
     assert schema.check(out, batch_dims(3, (4, 6), F)) == ""
@@ -170,7 +171,7 @@ def test_audio_and_reference_round_trip_with_their_padding() -> None:
             for w, r in zip(waves, refs)]
     rows.append(example(np.array([5, 1], np.int32), np.zeros((2, F), np.float32), schema))  # none: all padding
     dims = batch_dims(4, (4, T), F, hop, ref_frames)
-    pads = schema.pad_values(FeaturesConfig(), "off")
+    pads = pad_values(schema, FeaturesConfig(), "off")
     out = collate(rows, dims, pads, schema)
     assert schema.check(out, dims) == "" and out["audio"].shape == (4, T * hop) and out["ref_mel"].shape == (4, 5, F)
     assert out["audio_lengths"].tolist() == [23, 9, 0, 0] and out["ref_mel_lengths"].tolist() == [5, 2, 0, 0]
@@ -191,7 +192,7 @@ def test_row_mask_is_one_on_the_real_rows_and_checked() -> None:
 
     schema = schema_for("row_mask")
     rows = [example(np.array([3, 4, 1], np.int32), np.zeros((5, F), np.float32), schema) for _ in range(2)]
-    out = collate(rows, batch_dims(3, (4, 6), F), schema.pad_values(FeaturesConfig(), "off"), schema)
+    out = collate(rows, batch_dims(3, (4, 6), F), pad_values(schema, FeaturesConfig(), "off"), schema)
     assert out["row_mask"].tolist() == [1.0, 1.0, 0.0] and out["row_mask"].dtype == np.float32
     assert schema.check(out, batch_dims(3, (4, 6), F)) == "" and schema.check_rows(out, 2) == ""
     out["row_mask"][2] = 1.0  # an empty row marked real

@@ -14,6 +14,7 @@ from stoker.consumer.pipeline.plan import (EpochPlanner, InputPosition, frame_bu
                                           rows_for)
 from stoker.shared.config import BatchingConfig, FeaturesConfig
 from stoker.shared.dataset import Sample
+from stoker.shared.mel import pad_values
 from tests.factories import make_samples
 
 EPOCHS = 5
@@ -148,7 +149,7 @@ def test_a_per_row_mean_loss_of_each_batch_is_the_loss_of_its_clips(fixed, repli
     by_id = {s.id: s for s in samples}
     rng = np.random.default_rng(0)
     mels = {s.id: rng.normal(size=(s.num_frames, 2)).astype(np.float32) for s in samples}
-    pads = schema.pad_values(FeaturesConfig(), "off")
+    pads = pad_values(schema, FeaturesConfig(), "off")
     for planner in planners:
         for batch in planner.plan(0):
             if not batch.ids:

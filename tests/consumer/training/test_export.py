@@ -12,6 +12,7 @@ import pytest
 
 from stoker.consumer.training.export import ABOUT_FILE, KERAS_FILE, SAVED_MODEL_DIR, ExportError, export
 from stoker.shared.runfiles import VOCAB
+from stoker.shared.mel import pad_values
 from tests.consumer.training.fake_runs import SAVED_MODELS, fake_run
 from tests.procs import run_cli
 
@@ -69,7 +70,7 @@ def test_export_round_trip_in_plain_tensorflow(tmp_path) -> None:
                           capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-2000:]
 
-    inputs = one_batch(tokens, 40, 80, SCHEMA.pad_values(cfg.features, "off"), SCHEMA)
+    inputs = one_batch(tokens, 40, 80, pad_values(SCHEMA, cfg.features, "off"), SCHEMA)
     expected = tts.outputs_of(SAVED_MODELS[run_dir](inputs, training=False))
     np.testing.assert_allclose(np.load(tmp_path / "mel.npy"), np.asarray(expected["mel"]), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.load(tmp_path / "lf.npy"), np.asarray(expected["log_frames"]), rtol=1e-5)

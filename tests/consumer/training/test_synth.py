@@ -11,6 +11,7 @@ from stoker.shared import config as config_mod
 from stoker.shared.runfiles import VOCAB
 from stoker.shared.text import Characters, make_frontend
 from stoker.shared.vocab import Vocabulary, load_vocabulary
+from stoker.shared.mel import pad_values
 from tests.consumer.training.fake_runs import SAVED_MODELS, TRAINED_TEXTS, fake_run as _run_dir
 from tests.procs import run_cli
 
@@ -43,7 +44,7 @@ def test_synth_restores_every_weight_and_is_deterministic(tmp_path) -> None:
     np.testing.assert_array_equal(first, again)
     cfg = config_mod.load(run_dir / "config.yaml")
     tokens, _ = encode_for_run(run_dir, cfg, text, "en")
-    inputs = one_batch(tokens, 48, cfg.features.n_mels, SCHEMA.pad_values(cfg.features, "off"), SCHEMA)
+    inputs = one_batch(tokens, 48, cfg.features.n_mels, pad_values(SCHEMA, cfg.features, "off"), SCHEMA)
     expected = np.asarray(tts.outputs_of(SAVED_MODELS[run_dir](inputs, training=False))["mel"])[0]
     np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-5)
 
@@ -207,7 +208,7 @@ def test_a_reference_recording_becomes_the_batchs_ref_mel(tmp_path) -> None:
     start = (len(full) - cfg.batching.ref_frames) // 2
     np.testing.assert_allclose(ref, full[start:start + cfg.batching.ref_frames], rtol=1e-5, atol=1e-5)
     schema = schema_for("ref_mel")
-    pads = schema.pad_values(config_mod.FeaturesConfig(), "off")
+    pads = pad_values(schema, config_mod.FeaturesConfig(), "off")
     batch = one_batch(np.array([5, 1], np.int32), 16, 80, pads, schema, hop_length=256,
                       ref_frames=cfg.batching.ref_frames, ref_mel=ref)
     assert batch["ref_mel_lengths"].tolist() == [cfg.batching.ref_frames]

@@ -15,6 +15,7 @@ from stoker.consumer.training import trainer as trainers
 from stoker.consumer.training.trainer import (Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision,
                                               lr_at)
 from stoker.shared import config as config_mod
+from stoker.shared.mel import pad_values
 from tests.factories import TOKEN_IDS, make_batch
 
 tf = pytest.importorskip("tensorflow")
@@ -218,7 +219,7 @@ def test_optional_fields_reach_the_model_and_one_it_lacks_is_named() -> None:
     rng = np.random.default_rng(0)
     rows = [example(rng.integers(2, TOKEN_IDS, size=5 + i), rng.standard_normal((20 + i, 80)).astype(np.float32),
                     schema, speaker_id=i % 3, language_id=i % 2) for i in range(3)]
-    arrays = collate(rows, batch_dims(4, SHAPE, 80), schema.pad_values(config_mod.FeaturesConfig(), "off"), schema)
+    arrays = collate(rows, batch_dims(4, SHAPE, 80), pad_values(schema, config_mod.FeaturesConfig(), "off"), schema)
     assert arrays["speaker_id"].tolist() == [0, 1, 2, 0] and arrays["language_id"].tolist() == [0, 1, 0, 0]
     losses = trainer.resolve([trainer.step(trainer.stage(arrays)) for _ in range(20)])
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
