@@ -65,6 +65,7 @@ class Harness:
         sock = self.ctx.socket(zmq.DEALER)
         sock.linger = 0
         sock.rcvtimeo = RECV_TIMEOUT_MS
+        sock.sndtimeo = RECV_TIMEOUT_MS  # a socket with no peer to queue on (its handshake failed) must not hang
         for key, value in options.items():
             setattr(sock, key, value)
         sock.connect(self.endpoint)

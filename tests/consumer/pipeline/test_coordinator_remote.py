@@ -20,7 +20,7 @@ import zmq
 from stoker.producer.worker import Producer
 from stoker.shared import wire
 from stoker.shared.keys import load_client_keys, load_server_keys, make_keys
-from tests.consumer.pipeline.harness import Harness, lacking, make_config, samples
+from tests.consumer.pipeline.harness import Harness, hello_of, lacking, make_config, samples
 from tests.factories import describe_copy, fake_scan, make_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -313,9 +313,12 @@ def test_curve_admits_allowed_keys_only(harness, keys: Path):
     stranger = load_client_keys(keys / "stranger")
     intruder = h.socket(curve_secretkey=stranger.secret, curve_publickey=stranger.public,
                         curve_serverkey=allowed.server_public)
-    h.producer("intruder", sock=intruder)
     plain = h.socket()
-    h.producer("plain", sock=plain)
+    for name, sock in (("intruder", intruder), ("plain", plain)):
+        try:
+            sock.send_multipart(hello_of(name).encode(), flags=zmq.NOBLOCK)
+        except zmq.Again:  # its handshake failed before the HELLO was queued: no pipe to send on
+            pass
     good = h.socket(curve_secretkey=allowed.secret, curve_publickey=allowed.public,
                     curve_serverkey=allowed.server_public)
     h.producer("good", sock=good)
