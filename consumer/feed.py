@@ -61,7 +61,7 @@ from stoker.consumer.checkpoint import RunCheckpoints, trim_step_log
 from stoker.consumer.coordinator import Coordinator
 from stoker.consumer.handout import Confirmed, HandOutLedger
 from stoker.consumer.plan import (EpochPlanner, InputPosition, PlannedBatch, PositionError, ReferenceTable,
-                                  TokenTable, validation_batches)
+                                  TokenTable, check_message_size, validation_batches)
 from stoker.consumer.progress import LiveLine
 from stoker.consumer.scheduler import ValidationSet
 from stoker.consumer.telemetry import Telemetry
@@ -198,6 +198,7 @@ class FeedCore:
         workers, worker = (self.cluster.size, self.cluster.index) if self.cluster is not None else (1, 0)
         self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
         self.val_batches = validation_batches(self.val_samples, planner)
+        check_message_size(cfg, [*planner.shapes, *((b.rows, *b.shape) for b in self.val_batches)])
         log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  len(planner.shapes), planner.shapes,
