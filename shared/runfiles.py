@@ -18,6 +18,8 @@ mel_stats.json     each mel channel's mean and std over an epoch (after a whole 
                    by transforms.mel_norm: dataset)
 tb/                TensorBoard event files
 ckpt/              checkpoints (consumer/checkpoint.py)
+run.lock           while a run writes the directory: its owner (host, pid, start time), so
+                   that no second run or resume writes it at once (shared/runlock.py)
 =================  ====================================================================
 
 :func:`write_atomic` writes beside the target and renames over it, so a reader (``watch``,
@@ -50,6 +52,7 @@ VOCAB = "vocab.json"
 MEL_STATS = "mel_stats.json"
 TB_DIR = "tb"
 CKPT_DIR = "ckpt"
+RUN_LOCK = "run.lock"
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bool = False) -> None:

@@ -108,6 +108,7 @@ class Feed:
         self._closed = False
         self._started_once = False
         self._reused_dir = False
+        self._lock: Any = None  # the run directory's (shared/runlock.py), from prepare() to close()
         self.run_dir: Path | None = None
         self.endpoint = ""
 
@@ -129,18 +130,25 @@ class Feed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
         from stoker.consumer.feed import FeedCore
         from stoker.cli import prepare_run
+        from stoker.shared.runlock import RunLock
 
         cfg, plan = prepare_run(self.cfg, trains_model=False)
         run_dir = self._run_dir(cfg)
-        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
-        self.cfg, self.run_dir, self._plan = cfg, run_dir, plan
-        config_mod.save(cfg, run_dir / CONFIG)
-        log.info("%s", plan.describe(cfg.pipeline.producers))
-        log.info("run directory %s", run_dir)
-        core = FeedCore(cfg, run_dir, self._stop, hold_out=True)  # trainer.val_clips / data.eval_file (FEED.md)
-        # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the feed's to know.
-        core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None, "replicas": self._replicas}
-        core.prepare()
+        self._lock = RunLock.acquire(run_dir)  # before anything in the run directory is written; close() frees it
+        try:
+            cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+            self.cfg, self.run_dir, self._plan = cfg, run_dir, plan
+            config_mod.save(cfg, run_dir / CONFIG)
+            log.info("%s", plan.describe(cfg.pipeline.producers))
+            log.info("run directory %s", run_dir)
+            core = FeedCore(cfg, run_dir, self._stop, hold_out=True)  # trainer.val_clips / data.eval_file (FEED.md)
+            # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the feed's.
+            core.summary_extra = lambda: {"trained_by": TRAINED_BY_FEED, "model": None, "replicas": self._replicas}
+            core.prepare()
+        except BaseException:
+            self._lock.release()
+            self._lock = None
+            raise
         self._core = core
         atexit.register(self._at_exit)
         return self
@@ -537,6 +545,9 @@ class Feed:
         finally:
             self._stop_producers()
             atexit.unregister(self._at_exit)
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def _close_core(self, exc: BaseException | None) -> None:
         core = self._core

@@ -8,6 +8,7 @@ import hashlib
 import re
 import shutil
 import signal
+import socket
 from pathlib import Path
 
 import psutil
@@ -15,7 +16,7 @@ import pytest
 
 from stoker.consumer.checkpoint import CKPT_DIR, POSITION, Checkpointer
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
-from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+from tests.procs import RunProcess, holding_run_lock, read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES, check_exactly_once
 
 pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
@@ -65,6 +66,7 @@ def test_kill_9_mid_epoch_then_resume_trains_every_batch_once(tmp_path, batching
 
     result = run_cli("--resume", str(run_dir), timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"took over the lock of host .*: pid \d+ is not running", result.stderr)  # the killed launcher's
     rows = read_jsonl(run_dir / "samples.jsonl")
     check_exactly_once(rows, 1, DEMO_IDS)  # every planned sample of the epoch, none twice
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
@@ -148,6 +150,24 @@ def test_resume_with_another_plan_is_one_line(finished_run, tmp_path):
     line = one_error_line(run_cli("--resume", str(run_dir), "--batch-size", "8", timeout=60))
     assert "epoch plan differs" in line and "batching.batch_size 4 then, 8 now" in line
     assert snapshot(run_dir) == before
+
+
+@pytest.mark.timeout(60)
+def test_a_run_directory_in_use_is_refused_in_one_line_naming_its_owner(finished_run, tmp_path):
+    run_dir = copy_of(finished_run, tmp_path)
+    with holding_run_lock(run_dir) as owner:  # a Slurm requeue while the old job runs, a second terminal
+        before = snapshot(run_dir)
+        line = one_error_line(run_cli("--resume", str(run_dir), timeout=60))
+        assert f"is in use by host {socket.gethostname()}, pid {owner.pid}" in line, line
+        assert snapshot(run_dir) == before  # nothing written: no config, no log, no checkpoint
+    fresh = tmp_path / "fresh"
+    with holding_run_lock(fresh) as owner:  # two new runs into one directory: the first has just taken it
+        line = one_error_line(run_cli(*SMALL_RUN, "--steps", "4", "--run-dir", str(fresh), timeout=60))
+        assert f"is in use by host {socket.gethostname()}, pid {owner.pid}" in line, line
+        assert [p.name for p in fresh.iterdir()] == ["run.lock"]
+    result = run_cli("--resume", str(run_dir), "--steps", "6", timeout=60)  # the owner is gone: it is free
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, 7))
 
 
 @pytest.mark.timeout(30)
