@@ -199,8 +199,8 @@ class Checkpointer:
             shutil.rmtree(leftover, ignore_errors=True)
         name = checkpoint_name(step)
         tmp = self.directory / f"{_TMP_PREFIX}{name}-{os.getpid()}"
-        tmp.mkdir()
         try:
+            tmp.mkdir()
             _write_json(tmp / POSITION, {"format": FORMAT, "step": step, **position})
             if tf_checkpoint is not None:
                 tf_checkpoint.write(str(tmp / STATE_PREFIX))
@@ -213,8 +213,11 @@ class Checkpointer:
             if final.exists():  # a resumed run passing a step saved by a run it superseded
                 shutil.rmtree(final)
             tmp.rename(final)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            error = runfiles.file_error(exc, self.directory / name)
+            if error is not None and error is not exc:  # a full disk: one line, the last checkpoint kept
+                raise error from None
             raise
         _fsync_file(self.directory)
         for _, old in self.checkpoints()[:-self.keep]:

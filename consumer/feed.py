@@ -74,9 +74,9 @@ from stoker.shared.keys import load_server_keys
 from stoker.shared.layouts import Rejection
 from stoker.shared.melstats import MelStats, load, stats_key
 from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
-from stoker.shared.proc import EXIT_OK, parent_alive
+from stoker.shared.proc import EXIT_OK, EXIT_USER, parent_alive
 from stoker.shared.runfiles import (MEL_STATS, METRICS, REJECTED, SAMPLES, SUMMARY, VALIDATION_SAMPLES, VOCAB,
-                                    write_json)
+                                    RunFileError, write_json)
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")
@@ -163,6 +163,10 @@ class FeedCore:
         self.warmup_s = 0.0
         self.interrupted = False
         self.exit_reason, self.code = "completed", EXIT_OK
+        # The first of the run's files that could not be written (a full disk, ...): it ends the
+        # run; and whether summary.json could not be written either (close).
+        self.file_error: RunFileError | None = None
+        self.summary_error: RunFileError | None = None
         self.opened = False
         self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is not fetched yet
         self.ledger = HandOutLedger()  # handed out, held back, confirmed
@@ -686,32 +690,62 @@ class FeedCore:
                  100 * wait / busy if busy else 0.0, self.coordinator.alive())
 
     # ------------------------------------------------------------ closing
+    def note_file_error(self, exc: RunFileError) -> None:
+        """One of the run's files could not be written: the first such error ends the run
+        (exit_reason, EXIT_USER); later ones (the same full disk) only go to the log."""
+        if self.file_error is None:
+            self.file_error = exc
+            self.exit_reason, self.code = f"failed: {exc}"[:500], EXIT_USER
+        else:
+            log.warning("%s", exc)
+
+    def file_step(self, step: Callable[[], Any]) -> None:
+        """Run ``step``, a write of the run's files; its RunFileError is noted, not raised, so
+        that closing goes on (every file closed, summary.json tried)."""
+        try:
+            step()
+        except RunFileError as exc:
+            self.note_file_error(exc)
+
+    def file_failure(self) -> UserError | None:
+        """The one line of a run ended by a file it could not write (None if none): the file
+        and the error, and whether summary.json could not be written either."""
+        if self.file_error is None:
+            return None
+        summary = self.summary_error
+        return UserError(f"{self.file_error}" + (f"; summary.json not written either ({summary.strerror})"
+                                                 if summary is not None else ""))
+
     def close(self) -> None:
         """Stop the coordinator (STOP to every producer), close the queue and the step logs,
-        write summary.json and, after a whole epoch, the mel statistics. Idempotent."""
+        write summary.json and, after a whole epoch, the mel statistics. Idempotent. A file of
+        the run it cannot write ends the run (:meth:`note_file_error`; the caller reports
+        :meth:`file_failure`), and closing goes on."""
         if not self.opened:
             return
         self.opened = False
         if self.ledger.unconfirmed:
             log.info("%d batch(es) handed out were not confirmed as trained: the input position does not count "
                      "them, a resume trains them", len(self.ledger.unconfirmed))
-        self.flush(self.resolver, check=False)
+        self.file_step(lambda: self.flush(self.resolver, check=False))
         self.stop.set()
         self.coordinator.join(COORDINATOR_JOIN_S)
         self.coordinator.close_notifier()
         self.queue.close()
         self.val_queue.close()
         self.live.close()
-        self.metrics.close()
-        if self.samples_log is not None:
-            self.samples_log.close()
-        if self.val_log is not None:
-            self.val_log.close()
-        self.rejected.close()
-        write_json(self.run_dir / SUMMARY, self._summary())
+        for writer in (self.metrics, self.samples_log, self.val_log, self.rejected):
+            if writer is not None:
+                self.file_step(writer.close)
+        try:
+            write_json(self.run_dir / SUMMARY, self._summary())
+        except RunFileError as exc:
+            self.summary_error = exc
+            self.note_file_error(exc)
         if self.epochs_completed and not self.mel_norm and self.coordinator.mel_stats.frames:
-            self._keep_mel_stats(self.coordinator.mel_stats)
-        log.info("run over (%s): %d steps, summary in %s", self.exit_reason, self.step, self.run_dir / SUMMARY)
+            self.file_step(lambda: self._keep_mel_stats(self.coordinator.mel_stats))
+        log.info("run over (%s): %d steps, summary %s", self.exit_reason, self.step,
+                 f"in {self.run_dir / SUMMARY}" if self.summary_error is None else "not written")
 
     def _summary(self) -> dict[str, Any]:
         """summary.json: the run's figures from metrics.jsonl and the coordinator, with the dataset,

@@ -576,4 +576,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def save(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    """Write ``cfg`` as YAML, whole (RunFileError naming the file when it cannot be written)."""
+    from .runfiles import write_atomic
+
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

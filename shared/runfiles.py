@@ -29,11 +29,14 @@ run.lock           while a run writes the directory: its owner (host, pid, start
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from .errors import UserError
 
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
@@ -55,13 +58,50 @@ CKPT_DIR = "ckpt"
 RUN_LOCK = "run.lock"
 
 
+# The errors of a run's own file that its owner must fix (free space, a quota, permissions, a
+# failing disk): the run ends with one line naming the file (RunFileError), not a traceback.
+FILE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.EFBIG)
+
+
+class RunFileError(UserError, OSError):
+    """A run's own file could not be written: disk full, a quota, permissions, an I/O error.
+    ``str()`` is the one line naming the file and the error; also an OSError (``errno``,
+    ``filename``), so handlers of OSError keep working."""
+
+    def __init__(self, path: str | os.PathLike[str], code: int, detail: str = "") -> None:
+        super().__init__(code, os.strerror(code) if code else detail, str(path))
+        self.detail = detail
+
+    def __str__(self) -> str:
+        name = errno.errorcode.get(self.errno or 0, "")
+        return f"cannot write {self.filename}: {self.strerror}" + (f" ({name})" if name else "")
+
+
+def file_error(exc: BaseException, path: str | os.PathLike[str]) -> RunFileError | None:
+    """``exc`` as the RunFileError of ``path`` when it is one of FILE_ERRNOS: an OSError, or an
+    error of a library that reports one in words (TensorFlow's checkpoint writer); else None."""
+    if isinstance(exc, RunFileError):
+        return exc
+    if isinstance(exc, OSError):
+        return RunFileError(exc.filename or path, exc.errno) if exc.errno in FILE_ERRNOS else None
+    text = str(exc)
+    for code in FILE_ERRNOS:
+        if os.strerror(code) in text:
+            return RunFileError(path, code, text)
+    return None
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bool = False) -> None:
     """Write ``data`` (text as UTF-8) to ``path`` whole: a temporary file in the same
     directory, then a rename over the target. ``durable``: fsync the file before the rename
-    (what a crash must not lose: checkpoints and the logs they cut back)."""
+    (what a crash must not lose: checkpoints and the logs they cut back). A full disk, a
+    quota or permissions: RunFileError naming ``path`` (the old file, if any, is left)."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise file_error(exc, target) or exc from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
@@ -69,9 +109,12 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bo
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        error = file_error(exc, target)
+        if error is not None and error is not exc:
+            raise error from None
         raise
 
 

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import psutil
 
 from .errors import UserError
-from .runfiles import RUN_LOCK
+from .runfiles import RUN_LOCK, file_error
 
 log = logging.getLogger("stoker.runlock")
 
@@ -142,14 +142,17 @@ class RunLock:
     @classmethod
     def acquire(cls, run_dir: str | os.PathLike[str]) -> "RunLock":
         """Take ``run_dir``'s lock (making the directory if needed): RunLocked (one line) while
-        another live process holds it; OSError when the file cannot be written."""
+        another live process holds it; RunFileError (one line) when the file cannot be written."""
         path = Path(run_dir).expanduser().resolve() / RUN_LOCK
         with cls._held_lock:
             held = cls._held.get(path)
             if held is not None:
                 held._takers += 1
                 return held
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise file_error(exc, path.parent) or exc from None
             me = LockOwner(socket.gethostname(), os.getpid(), process_start(os.getpid()) or time.time(),
                            secrets.token_hex(8))
             for _ in range(TAKE_OVER_ATTEMPTS):
@@ -212,14 +215,19 @@ def _create(path: Path, me: LockOwner) -> bool:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
+    except OSError as exc:
+        raise file_error(exc, path) or exc from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(me.to_json())
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             path.unlink()
+        error = file_error(exc, path)
+        if error is not None and error is not exc:
+            raise error from None
         raise
     return True
 

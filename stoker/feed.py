@@ -563,6 +563,9 @@ class Feed:
                             "callbacks=[feed.callback()] to fit, or call feed.step_done() after each step of your "
                             "loop; the feed's state counts confirmed steps only", core.handed_steps)
             core.close()
+            failure = core.file_failure()  # a file of the run it could not write while closing (a full disk)
+            if failure is not None and exc is None:
+                raise failure
 
     def _stop_producers(self) -> None:
         from stoker.launcher import KILL_AFTER_S, PRODUCER_STOP_S

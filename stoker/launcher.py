@@ -40,7 +40,7 @@ from stoker.shared.config import Config
 from stoker.shared.errors import UserError
 from stoker.shared.metrics import read_jsonl, summarize
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
-from stoker.shared.runfiles import METRICS, REJECTED, SUMMARY, write_json
+from stoker.shared.runfiles import METRICS, REJECTED, SUMMARY, RunFileError, write_json
 from stoker.autoscale import DECISION_INTERVAL_S
 from stoker.devices import DevicePlan, child_env
 
@@ -287,13 +287,15 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
         code = EXIT_INTERRUPTED if sup.signalled is not None else EXIT_FAILED
     if sup.signalled is not None and code == EXIT_OK:
         code = EXIT_INTERRUPTED
-    ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started)
-    if auto is not None:
+    unwritten = ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started)
+    if auto is not None and not unwritten:
         auto.record(run_dir / SUMMARY)
     if code == EXIT_USER and consumer.last_error:
         # Found after the consumer was ready (a user's model that breaks its contract, a
-        # checkpoint whose state does not fit): still the user's one line.
+        # checkpoint whose state does not fit, a full disk): still the user's one line.
         raise LaunchError(consumer.last_error)
+    if unwritten:
+        raise LaunchError(unwritten)
     return code
 
 
@@ -405,19 +407,25 @@ class AutoControl:
         write_json(summary_path, summary)
 
 
-def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float) -> None:
-    """Write summary.json from metrics.jsonl if the consumer could not."""
+def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float) -> str:
+    """Write summary.json from metrics.jsonl if the consumer could not; the one line saying
+    that it cannot be written either ("" when it is there)."""
     path = run_dir / SUMMARY
     if path.exists():
-        return
+        return ""
     reason = {EXIT_INTERRUPTED: "interrupted"}.get(code, f"failed: {error}" if error else f"consumer exit {code}")
     rows = read_jsonl(run_dir / METRICS)
     rejected = len(read_jsonl(run_dir / REJECTED))
     summary = summarize(rows, capacity=cfg.pipeline.buffer_size, batches_per_epoch=0, producers=[],
                         rejected=rejected, exit_reason=reason, wall_s=wall_s, batch_size=cfg.batching.batch_size,
                         extra={"written_by": "launcher", "replicas": cfg.devices.replicas or 1})
-    write_json(path, summary)
+    try:
+        write_json(path, summary)
+    except RunFileError as exc:  # the consumer's error, if any, says what failed first
+        log.warning("%s", exc)
+        return f"{exc}; no summary.json" + (f" (the trainer: {error})" if error else "")
     log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl", path)
+    return ""
 
 
 def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str,

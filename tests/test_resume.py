@@ -106,6 +106,37 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_extends_the_steps(tmp_path):
     assert f"steps: {steps + 3}" in (run_dir / "config.yaml").read_text()
 
 
+@pytest.mark.timeout(120)
+def test_a_full_disk_ends_the_run_in_one_line_and_resume_after_freeing_space_trains_every_batch_once(small_disk):
+    run_dir = small_disk.path / "run"
+    with RunProcess(*SMALL_RUN, "--model", "synthetic:100", "--epochs", "1", "--record-samples",
+                    "--run-dir", str(run_dir), "--set", "trainer.checkpoint_every_steps=3") as run:
+        run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
+        small_disk.fill()  # every byte taken mid-epoch: the next write of the run meets ENOSPC
+        assert run.wait(timeout=60) == 2, run.output()
+        output = "\n".join(run.lines)
+    errors = [line for line in output.splitlines() if line.startswith("stoker: error:")]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    assert re.match(rf"stoker: error: cannot write {re.escape(str(run_dir))}/\S+: No space left on device \(ENOSPC\)",
+                    errors[0]), errors[0]
+    if (run_dir / "summary.json").exists():  # the run's end freed a page or two (a checkpoint's temporary)
+        assert read_json(run_dir / "summary.json")["exit_reason"] == f"failed: {errors[0][len('stoker: error: '):]}"
+    else:
+        assert errors[0].endswith("; summary.json not written either (No space left on device)"), errors[0]
+    ckpt = Checkpointer(run_dir / CKPT_DIR, keep=1)
+    assert all(p.name.startswith("ckpt-") for p in ckpt.directory.iterdir())  # no partial checkpoint left
+    ckpt_step = latest_step(run_dir)
+    assert Checkpointer.verify(ckpt.latest())["step"] == ckpt_step >= 6
+
+    small_disk.free()
+    result = run_cli("--resume", str(run_dir), timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(run_dir / "samples.jsonl")
+    check_exactly_once(rows, 1, DEMO_IDS)  # nothing lost, nothing twice
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert read_json(run_dir / "summary.json")["resumed_from_step"] == ckpt_step
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("resume") / "run"
