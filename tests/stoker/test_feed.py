@@ -255,6 +255,26 @@ def test_a_wrong_option_is_one_line(given, says):
     assert "\n" not in str(caught.value)
 
 
+def test_a_feed_owns_its_run_directory_and_refuses_a_batch_that_cannot_cross_the_wire(tmp_path, dataset):
+    from stoker.consumer.plan import MessageTooLarge
+    from stoker.shared.runlock import RunLocked
+    from tests.procs import holding_run_lock
+
+    with holding_run_lock(tmp_path / "run") as owner:
+        with pytest.raises(RunLocked, match=f"in use by host .*, pid {owner.pid}"):
+            stoker.Feed(**options(tmp_path, dataset, epochs=1)).prepare()
+    feed = stoker.Feed(**options(tmp_path, dataset, epochs=1))
+    feed.prepare()
+    assert json.loads((tmp_path / "run" / "run.lock").read_text())["pid"] == os.getpid()
+    feed.close()
+    assert not (tmp_path / "run" / "run.lock").exists()
+    big = options(tmp_path, dataset, epochs=1, run_dir=str(tmp_path / "big"), batch_size=24)
+    big["set"] = {**big["set"], "pipeline.max_message_mb": 1, "features.n_mels": 400}
+    with pytest.raises(MessageTooLarge, match="over pipeline.max_message_mb=1"):
+        stoker.Feed(**big).prepare()
+    assert not (tmp_path / "big" / "run.lock").exists()  # a refused plan leaves the directory free
+
+
 def test_a_state_that_is_not_one_is_refused(tmp_path, dataset):
     with pytest.raises(FeedStateError, match="takes what feed.state_dict"):
         stoker.Feed(**options(tmp_path, dataset, epochs=1), resume={"step": 3}).start()
