@@ -88,6 +88,8 @@ NO_DATA_WARN_S = 10.0
 # A user transform that failed every one of this many clips (or of all clips, when fewer) and
 # let none through is broken, not unlucky: the run ends with one line instead of waiting.
 ALL_FAILED_CLIPS = 32
+# A rejection's reason as counted for the one line of a run that trained nothing.
+REASON_CHARS = 300
 # The start of a rejection reason naming the user transform (or declared field) that failed it.
 TRANSFORM_FAILURE = re.compile(r"transform (field \S+|[\w.]+:\w+)")
 # After training, give the coordinator this long to send STOP and close.
@@ -101,7 +103,8 @@ class MelStatsMissing(UserError):
 
 
 class TransformFailed(UserError):
-    """Every clip failed the same user transform; the message is one line for the user."""
+    """Nothing could train: every clip failed the same user transform, or every clip was rejected
+    (a lease failing again and again); the message is one line for the user."""
 
 
 class FeedStateError(UserError):
@@ -157,6 +160,7 @@ class FeedCore:
         self._producer_rejected: set[str] = set()
         self._rejected_before: set[tuple[str, str]] = set()  # rows a resumed run's rejected.jsonl holds
         self._producer_reasons: collections.Counter[str] = collections.Counter()  # "transform X" or ""
+        self._reasons: collections.Counter[str] = collections.Counter()  # why producers (or leases) rejected clips
         self.step = 0
         self.epochs = cfg.trainer.epochs
         self.epochs_completed = 0
@@ -384,6 +388,7 @@ class FeedCore:
                 if r.id in self._producer_rejected:
                     continue
                 self._producer_rejected.add(r.id)
+                self._reasons[r.reason[:REASON_CHARS]] += 1
                 failed = TRANSFORM_FAILURE.match(r.reason)  # which transform (or declared field) failed
                 self._producer_reasons[failed.group(0) if failed else ""] += 1
             self.rejected.write(r.to_json())
@@ -399,6 +404,15 @@ class FeedCore:
             return ""
         return (f"every clip failed {family} ({count} rejected, reasons in rejected.jsonl): fix the transform or "
                 f"take it out of transforms.user")
+
+    def nothing_trained(self) -> str:
+        """The one line when the planned epochs ended with no step trained because every clip
+        was rejected while the run went on ("" otherwise): the most common reason."""
+        if self.step or not self.epochs_completed or not self._reasons:
+            return ""
+        reason, count = self._reasons.most_common(1)[0]
+        return (f"nothing could train: every clip was rejected ({sum(self._reasons.values())}, reasons in "
+                f"rejected.jsonl); {count} for: {reason}")
 
     def _check_transforms(self) -> str:
         return self.all_failed_one_transform(min(ALL_FAILED_CLIPS, self.planner.samples_per_epoch))

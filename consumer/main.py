@@ -83,7 +83,7 @@ class Run:
                 raise feed.coordinator.failure
             if feed.interrupted:
                 feed.exit_reason, feed.code = "interrupted", EXIT_INTERRUPTED
-            failed = feed.all_failed_one_transform()
+            failed = feed.all_failed_one_transform() or feed.nothing_trained()
             if failed:
                 raise TransformFailed(failed)
         except RunFileError as exc:  # a full disk, a quota, permissions: reported once the run is closed
