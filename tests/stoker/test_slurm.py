@@ -150,6 +150,19 @@ def test_producer_tasks_end_quietly_with_the_trainers_error(tmp_path, monkeypatc
     assert not (tmp_path / "new").exists()
 
 
+def test_a_requeued_trainer_task_leaves_a_running_jobs_run_directory_alone(tmp_path, monkeypatch):
+    from stoker.shared.runlock import RunLocked
+    from tests.procs import holding_run_lock
+
+    run_dir = tmp_path / "run"
+    write_handover(run_dir, "42", READY, endpoint="tcp://gpu1:5555")  # job 42's trainer still runs
+    handover = (run_dir / "slurm" / "endpoint.json").read_text()
+    with holding_run_lock(run_dir) as owner, pytest.raises(RunLocked, match=f"in use by host .*, pid {owner.pid}"):
+        run_slurm_task(monkeypatch, step_env(SLURM_JOB_ID="43"), "--run-dir", str(run_dir))
+    assert (run_dir / "slurm" / "endpoint.json").read_text() == handover  # its producers still find it
+    assert sorted(p.name for p in (run_dir / "slurm").iterdir()) == ["endpoint.json"]  # no keys of job 43
+
+
 # ---------------------------------------------------------------- the cluster
 
 def _missing() -> list[str]:
