@@ -3,8 +3,8 @@
 ``python run.py`` (a run and ``--resume``), ``stoker slurm``'s trainer task and
 ``stoker.Feed`` take it before they write anything in the run directory and hold it until
 the run ends; a second run or resume of the same directory is refused with one line naming
-the owner (:class:`RunLocked`). The file holds the owner's host, pid, process start time
-and a random token (JSON).
+the owner (:class:`RunLocked`). The file holds the owner's host, pid, process start time,
+PID namespace and a random token (JSON).
 
 How a lock is taken: an atomic create of the file (``os.open`` with ``O_CREAT | O_EXCL``)
 that fails when it exists. Not ``fcntl``/``flock`` locks: on the network filesystems run
@@ -14,7 +14,8 @@ any descriptor of the file in the process closes; an exclusive create is atomic 
 filesystems and on NFS v3 and later, and leaves a file anyone can read to see who holds it.
 What it cannot do by itself is vanish with a dead owner, hence:
 
-- same host: the lock is honoured while its pid runs and is the same process (its start
+- same host (its name and PID namespace: a container with the host's name but pids of its
+  own is another host): the lock is honoured while its pid runs and is the same process (its start
   time, from psutil, equal to the one written); a pid gone, or reused by another process,
   means the owner died (SIGKILL, a crash, a node reboot), and the lock is taken over with a
   log line;
@@ -78,6 +79,7 @@ class LockOwner:
     pid: int
     started_unix: float  # the process's start time (psutil create_time)
     token: str  # random: this holder, and no other, wrote the file
+    pids: str = ""  # the PID namespace its pid belongs to ("" where the system has none)
 
     def describe(self) -> str:
         started = _dt.datetime.fromtimestamp(self.started_unix).isoformat(timespec="seconds")
@@ -91,9 +93,18 @@ class LockOwner:
         """The owner a lock file names; None when it is not one (empty: still being written)."""
         try:
             data = json.loads(raw.decode("utf-8"))
-            return cls(str(data["host"]), int(data["pid"]), float(data["started_unix"]), str(data["token"]))
+            return cls(str(data["host"]), int(data["pid"]), float(data["started_unix"]), str(data["token"]),
+                       str(data.get("pids", "")))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+
+def pid_namespace() -> str:
+    """This process's PID namespace (``pid:[inode]``; "" where there is none to read)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def process_start(pid: int) -> float | None:
@@ -107,12 +118,13 @@ def process_start(pid: int) -> float | None:
         return None
 
 
-def owner_gone(owner: LockOwner | None, age_s: float, host: str,
+def owner_gone(owner: LockOwner | None, age_s: float, host: str, pids: str = "",
                started: Callable[[int], float | None] = process_start) -> str | None:
     """Why the holder of a lock is gone, so that its lock may be taken over; None while it is
     honoured. ``owner``: what the file names (None: unreadable); ``age_s``: since its mtime;
-    ``host``: this host's name; ``started``: a pid's start time on this host (None: not running)."""
-    if owner is not None and owner.host == host:
+    ``host``, ``pids``: this host's name and PID namespace; ``started``: a pid's start time
+    here (None: not running)."""
+    if owner is not None and owner.host == host and owner.pids == pids:
         now_started = started(owner.pid)
         if now_started is None:
             return f"pid {owner.pid} is not running"
@@ -154,7 +166,7 @@ class RunLock:
             except OSError as exc:
                 raise file_error(exc, path.parent) or exc from None
             me = LockOwner(socket.gethostname(), os.getpid(), process_start(os.getpid()) or time.time(),
-                           secrets.token_hex(8))
+                           secrets.token_hex(8), pid_namespace())
             for _ in range(TAKE_OVER_ATTEMPTS):
                 if _create(path, me):
                     lock = cls(path, me)
@@ -249,7 +261,7 @@ def _take_over_if_gone(path: Path, me: LockOwner) -> None:
     except FileNotFoundError:
         return  # released meanwhile: try again
     owner = LockOwner.parse(raw)
-    why = owner_gone(owner, age_s, me.host)
+    why = owner_gone(owner, age_s, me.host, me.pids)
     if why is None:
         who = owner.describe() if owner is not None else "a run starting now (its lock is being written)"
         raise RunLocked(f"run directory {path.parent} is in use by {who}: wait for that run to end or stop it "

@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from stoker.shared.runfiles import RUN_LOCK
-from stoker.shared.runlock import LOCK_STALE_S, LockOwner, RunLock, RunLocked, owner_gone, process_start
+from stoker.shared.runlock import (LOCK_STALE_S, LockOwner, RunLock, RunLocked, owner_gone, pid_namespace,
+                                   process_start)
 from tests.procs import holding_run_lock
 
 HOST = "here"
@@ -23,17 +24,19 @@ OWNER = LockOwner(HOST, 4242, 1000.0, "t0")
 
 
 def test_owner_on_this_host_is_honoured_while_its_pid_runs_as_the_same_process() -> None:
-    assert owner_gone(OWNER, 1e6, HOST, lambda pid: 1000.3) is None  # alive: however old its heartbeat
-    assert owner_gone(OWNER, 0.0, HOST, lambda pid: None) == "pid 4242 is not running"
-    assert owner_gone(OWNER, 0.0, HOST, lambda pid: 5000.0) == "pid 4242 is another process now"
+    assert owner_gone(OWNER, 1e6, HOST, started=lambda pid: 1000.3) is None  # alive: however old its heartbeat
+    assert owner_gone(OWNER, 0.0, HOST, started=lambda pid: None) == "pid 4242 is not running"
+    assert owner_gone(OWNER, 0.0, HOST, started=lambda pid: 5000.0) == "pid 4242 is another process now"
 
 
 def test_owner_on_another_host_is_honoured_until_its_heartbeat_is_stale() -> None:
     never = lambda pid: pytest.fail("a pid of another host is never looked up")  # noqa: E731
-    assert owner_gone(OWNER, LOCK_STALE_S - 1, "elsewhere", never) is None
-    assert "not refreshed for" in owner_gone(OWNER, LOCK_STALE_S + 1, "elsewhere", never)
-    assert owner_gone(None, 1.0, HOST, never) is None  # being written: honoured for a while
-    assert owner_gone(None, LOCK_STALE_S + 1, HOST, never) is not None
+    assert owner_gone(OWNER, LOCK_STALE_S - 1, "elsewhere", started=never) is None
+    assert "not refreshed for" in owner_gone(OWNER, LOCK_STALE_S + 1, "elsewhere", started=never)
+    # A container with the host's name but pids of its own: its pids mean nothing here either.
+    assert owner_gone(OWNER, LOCK_STALE_S - 1, HOST, "pid:[4026532999]", started=never) is None
+    assert owner_gone(None, 1.0, HOST, started=never) is None  # being written: honoured for a while
+    assert owner_gone(None, LOCK_STALE_S + 1, HOST, started=never) is not None
 
 
 @pytest.mark.timeout(60)
@@ -65,8 +68,8 @@ def test_a_lock_of_a_dead_or_reused_pid_is_taken_over_with_a_log_line(tmp_path, 
     started = psutil.Process(dead.pid).create_time()
     dead.wait(timeout=30)
     host = socket.gethostname()
-    cases = {"dead": LockOwner(host, dead.pid, started, "a"),
-             "reused": LockOwner(host, os.getpid(), process_start(os.getpid()) - 3600, "b")}
+    cases = {"dead": LockOwner(host, dead.pid, started, "a", pid_namespace()),
+             "reused": LockOwner(host, os.getpid(), process_start(os.getpid()) - 3600, "b", pid_namespace())}
     for name, owner in cases.items():
         run_dir = tmp_path / name
         _write_lock(run_dir, owner)
