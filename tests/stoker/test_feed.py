@@ -302,7 +302,8 @@ def test_ctrl_c_in_the_loop_writes_the_summary_and_leaves_no_process(tmp_path, d
                             stderr=subprocess.PIPE, text=True)
     try:
         pid = int(proc.stdout.readline())
-        assert proc.stdout.readline().startswith("step")  # the loop runs
+        # The loop runs, and a step is confirmed (the second batch asked for): SIGINT after it.
+        assert [proc.stdout.readline().split()[:2] for _ in range(2)] == [["step", "0"], ["step", "1"]]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
