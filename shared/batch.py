@@ -28,6 +28,7 @@ fields (``tokens`` [L_i], ``mel`` [T_i, F]), into the fixed arrays of its bucket
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -86,6 +87,10 @@ class BatchSchema:
 
     def shapes(self, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
         return {f.name: f.shape(dims) for f in self.fields}
+
+    def nbytes(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """Each field's bytes in a batch of shape ``dims``: what its arrays weigh on the wire."""
+        return {f.name: math.prod(f.shape(dims)) * np.dtype(f.dtype).itemsize for f in self.fields}
 
     def check(self, arrays: Mapping[str, Any], dims: Mapping[str, int]) -> str:
         """Why ``arrays`` are not a batch of shape ``dims`` ("" when they are)."""

@@ -593,4 +593,5 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def save(cfg: Config, path: str | Path) -> None:
+    """Write ``cfg`` as YAML, whole (RunFileError naming the file when it cannot be written)."""
     write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

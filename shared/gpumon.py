@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .runfiles import GPU
+from .runfiles import GPU, file_error
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,12 @@ class GpuSampler:
         return rows
 
     def _run(self, handles: dict[str, tuple[int, Any]]) -> None:
+        try:
+            self._write(handles)
+        except OSError as exc:  # a full disk: the samples stop; the run's own files say the rest
+            log.warning("GPU sampling stopped: %s", file_error(exc, self.path) or exc)
+
+    def _write(self, handles: dict[str, tuple[int, Any]]) -> None:
         started = time.monotonic()
         with open(self.path, "a", encoding="utf-8") as f:
             try:

@@ -26,6 +26,7 @@ tf.data service auto-scaler's demand / rate formula), with a margin for jitter.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -33,7 +34,9 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
+
+from .runfiles import file_error
 
 # Waiting more than 5% of the time for data means the GPU visibly starves.
 WAIT_BOUND_FRAC = 0.05
@@ -46,16 +49,29 @@ FLUSH_INTERVAL_S = 1.0
 
 
 class JsonlWriter:
-    """Append JSON lines, thread-safe, flushed every FLUSH_INTERVAL_S and on close."""
+    """Append JSON lines, thread-safe, flushed every FLUSH_INTERVAL_S and on close. A full
+    disk, a quota or permissions: RunFileError naming the file (shared/runfiles.py); the
+    rows not flushed then are lost, and a checkpoint counts only rows flushed before it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = open(path, "a", encoding="utf-8")
+        with self._errors():
+            self._file = open(path, "a", encoding="utf-8")
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
 
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            error = file_error(exc, self.path)
+            if error is None:
+                raise
+            raise error from None
+
     def write(self, obj: dict[str, Any]) -> None:
-        with self._lock:
+        with self._lock, self._errors():
             self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
             now = time.monotonic()
             if now - self._last_flush >= FLUSH_INTERVAL_S:
@@ -64,14 +80,15 @@ class JsonlWriter:
 
     def flush(self) -> None:
         """Everything written so far onto the disk (before a checkpoint that counts these rows)."""
-        with self._lock:
+        with self._lock, self._errors():
             if not self._file.closed:
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._last_flush = time.monotonic()
 
     def close(self) -> None:
-        with self._lock:
+        """Flush and close (closed even when the flush fails)."""
+        with self._lock, self._errors():
             if not self._file.closed:
                 self._file.close()
 

@@ -24,6 +24,8 @@ ckpt/              checkpoints (consumer/pipeline/checkpoint.py)
 slurm/             a Slurm job's hand-over (stoker/slurm.py), directory 0700: endpoint.json
                    (the job id, the trainer's endpoint or its error) and keys/ (the job's
                    CURVE keys)
+run.lock           while a run writes the directory: its owner (host, pid, start time), so
+                   that no second run or resume writes it at once (shared/runlock.py)
 =================  ====================================================================
 
 :func:`write_atomic` writes beside the target and renames over it, so a reader (``watch``,
@@ -34,11 +36,14 @@ slurm/             a Slurm job's hand-over (stoker/slurm.py), directory 0700: en
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+from .errors import UserError
 
 CONFIG = "config.yaml"
 RESUME_CONFIG = "config.resume.yaml"
@@ -61,16 +66,54 @@ CKPT_DIR = "ckpt"
 HANDOVER_DIR = "slurm"
 HANDOVER_FILE = "endpoint.json"  # in HANDOVER_DIR
 HANDOVER_KEYS = "keys"  # in HANDOVER_DIR
+RUN_LOCK = "run.lock"
+
+
+# The errors of a run's own file that its owner must fix (free space, a quota, permissions, a
+# failing disk): the run ends with one line naming the file (RunFileError), not a traceback.
+FILE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.EFBIG)
+
+
+class RunFileError(UserError, OSError):
+    """A run's own file could not be written: disk full, a quota, permissions, an I/O error.
+    ``str()`` is the one line naming the file and the error; also an OSError (``errno``,
+    ``filename``), so handlers of OSError keep working."""
+
+    def __init__(self, path: str | os.PathLike[str], code: int, detail: str = "") -> None:
+        super().__init__(code, os.strerror(code) if code else detail, str(path))
+        self.detail = detail
+
+    def __str__(self) -> str:
+        name = errno.errorcode.get(self.errno or 0, "")
+        return f"cannot write {self.filename}: {self.strerror}" + (f" ({name})" if name else "")
+
+
+def file_error(exc: BaseException, path: str | os.PathLike[str]) -> RunFileError | None:
+    """``exc`` as the RunFileError of ``path`` when it is one of FILE_ERRNOS: an OSError, or an
+    error of a library that reports one in words (TensorFlow's checkpoint writer); else None."""
+    if isinstance(exc, RunFileError):
+        return exc
+    if isinstance(exc, OSError):
+        return RunFileError(exc.filename or path, exc.errno) if exc.errno in FILE_ERRNOS else None
+    text = str(exc)
+    for code in FILE_ERRNOS:
+        if os.strerror(code) in text:
+            return RunFileError(path, code, text)
+    return None
 
 
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike[str], *, durable: bool = False) -> Iterator[Path]:
     """A temporary path in ``path``'s directory for the caller to write, renamed over ``path``
     when the block ends (removed instead when it raises). ``durable``: fsync the file before
-    the rename (what a crash must not lose: checkpoints and the logs they cut back)."""
+    the rename (what a crash must not lose: checkpoints and the logs they cut back). A full
+    disk, a quota or permissions: RunFileError naming ``path`` (the old file, if any, is left)."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise file_error(exc, target) or exc from None
     os.close(fd)
     try:
         yield Path(tmp)
@@ -78,9 +121,12 @@ def replacing(path: str | os.PathLike[str], *, durable: bool = False) -> Iterato
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        error = file_error(exc, target)
+        if error is not None and error is not exc:
+            raise error from None
         raise
 
 

@@ -46,6 +46,7 @@ from stoker.shared.config import batch_schema
 from stoker.shared.errors import UserError
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
 from stoker.shared.runfiles import CONFIG, TRAINED_BY_FEED
+from stoker.shared.runlock import RunLock
 from stoker.shared.tfsetup import device_stager, replica_stager
 
 log = logging.getLogger("stoker.feed")
@@ -111,6 +112,7 @@ class Feed:
         self._closed = False
         self._started_once = False
         self._reused_dir = False
+        self._run_lock: RunLock | None = None  # the run directory's, from prepare() to close()
         self.run_dir: Path | None = None
         self.endpoint = ""
 
@@ -132,12 +134,18 @@ class Feed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
         cfg, plan = prepare_run(self.cfg, trains_model=False)
         run_dir = self._run_dir(cfg)
-        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
-        self.cfg, self.run_dir, self._plan = cfg, run_dir, plan
-        config_mod.save(cfg, run_dir / CONFIG)
-        log.info("%s", plan.describe(cfg.pipeline.producers))
-        log.info("run directory %s", run_dir)
-        self._prepared = PreparedRun(cfg, run_dir, hold_out=True)  # trainer.val_clips / data.eval_file (FEED.md)
+        self._run_lock = RunLock.acquire(run_dir)  # before anything in the run directory is written; close() frees it
+        try:
+            cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+            self.cfg, self.run_dir, self._plan = cfg, run_dir, plan
+            config_mod.save(cfg, run_dir / CONFIG)
+            log.info("%s", plan.describe(cfg.pipeline.producers))
+            log.info("run directory %s", run_dir)
+            self._prepared = PreparedRun(cfg, run_dir, hold_out=True)  # trainer.val_clips / data.eval_file (FEED.md)
+        except BaseException:
+            self._run_lock.release()
+            self._run_lock = None
+            raise
         atexit.register(self._at_exit)
         return self
 
@@ -547,6 +555,9 @@ class Feed:
         finally:
             self._stop_producers()
             atexit.unregister(self._at_exit)
+            if self._run_lock is not None:
+                self._run_lock.release()
+                self._run_lock = None
 
     def _close_core(self, exc: BaseException | None) -> None:
         core = self._core
@@ -564,6 +575,9 @@ class Feed:
             # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the
             # feed's to know.
             core.close({"trained_by": TRAINED_BY_FEED, "model": None, "replicas": self._replicas})
+            failure = core.file_failure()  # a file of the run it could not write while closing (a full disk)
+            if failure is not None and exc is None:
+                raise failure
 
     def _stop_producers(self) -> None:
         self._closing.set()

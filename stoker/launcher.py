@@ -46,7 +46,7 @@ from stoker.shared.config import Config
 from stoker.shared.errors import UserError
 from stoker.shared.metrics import read_jsonl, summarize
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
-from stoker.shared.runfiles import CKPT_DIR, METRICS, REJECTED, SUMMARY, write_json
+from stoker.shared.runfiles import CKPT_DIR, METRICS, REJECTED, SUMMARY, RunFileError, write_json
 from stoker.autoscale import DECISION_INTERVAL_S, AutoScaler, LiveWindow, default_max_producers
 from stoker.devices import DevicePlan, child_env
 
@@ -305,13 +305,15 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
         code = EXIT_INTERRUPTED if sup.signalled is not None else EXIT_FAILED
     if sup.signalled is not None and code == EXIT_OK:
         code = EXIT_INTERRUPTED
-    ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started, reason=reason)
-    if auto is not None:
+    unwritten = ensure_summary(cfg, run_dir, code, consumer.last_error, time.monotonic() - started, reason=reason)
+    if auto is not None and not unwritten:
         auto.record(run_dir / SUMMARY)
     if code == EXIT_USER and consumer.last_error:
         # Found after the consumer was ready (a user's model that breaks its contract, a
-        # checkpoint whose state does not fit): still the user's one line.
+        # checkpoint whose state does not fit, a full disk): still the user's one line.
         raise LaunchError(consumer.last_error)
+    if unwritten:
+        raise LaunchError(unwritten)
     return code
 
 
@@ -416,14 +418,15 @@ class AutoControl:
         write_json(summary_path, summary)
 
 
-def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float, reason: str = "") -> None:
+def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: float, reason: str = "") -> str:
     """Write summary.json from the run's own files if the consumer could not: the figures of
     metrics.jsonl, and the epochs of the latest checkpoint and the steps after it
     (:func:`recovered_epochs`). ``reason``: the exit reason when the caller knows it better
-    than ``code`` tells (a child killed by a signal)."""
+    than ``code`` tells (a child killed by a signal). The one line saying that it cannot be
+    written either ("" when it is there)."""
     path = run_dir / SUMMARY
     if path.exists():
-        return
+        return ""
     reason = reason or {EXIT_INTERRUPTED: "interrupted"}.get(
         code, f"failed: {error}" if error else f"consumer exit {code}")
     rows = read_jsonl(run_dir / METRICS)
@@ -435,10 +438,15 @@ def ensure_summary(cfg: Config, run_dir: Path, code: int, error: str, wall_s: fl
                         extra={"written_by": "launcher", "replicas": cfg.devices.replicas or 1,
                                "epochs_completed": epochs["epochs_completed"],
                                "checkpoint": {"latest_step": epochs["checkpoint_step"]}})
-    write_json(path, summary)
+    try:
+        write_json(path, summary)
+    except RunFileError as exc:  # the consumer's error, if any, says what failed first
+        log.warning("%s", exc)
+        return f"{exc}; no summary.json" + (f" (the trainer: {error})" if error else "")
     log.warning("consumer wrote no summary; launcher wrote %s from metrics.jsonl and the checkpoints (%d steps, "
                 "%d samples, %s epochs complete)", path, summary["steps"], summary["samples"],
                 "?" if epochs["epochs_completed"] is None else epochs["epochs_completed"])
+    return ""
 
 
 def recovered_epochs(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:

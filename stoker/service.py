@@ -33,7 +33,8 @@ from stoker.shared.errors import UserError
 from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
 from stoker.shared.mixes import is_mix
 from stoker.shared.proc import setup_logging
-from stoker.shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG
+from stoker.shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG, RUN_LOCK
+from stoker.shared.runlock import RunLock
 
 log = logging.getLogger("stoker")
 
@@ -111,7 +112,7 @@ def make_run_dir(requested: str) -> Path:
         while path.exists():
             path = Path("runs").resolve() / f"{stamp}-{n}"
             n += 1
-    if path.exists() and any(path.iterdir()):
+    if path.exists() and any(p.name != RUN_LOCK for p in path.iterdir()):  # its lock: taken by this run first
         raise UserError(f"run directory {path} is not empty; choose another --run-dir")
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -176,22 +177,24 @@ def launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: P
     cfg, plan = prepare_run(cfg)
     run_dir = resume_dir or run_dir or make_run_dir(cfg.run.run_dir)
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
-    if resume_dir is None:
-        config_mod.save(cfg, run_dir / CONFIG)
-        log.info("%s", plan.describe(cfg.pipeline.producers))
-        log.info("run directory %s", run_dir)
-        return run_training(cfg, run_dir, plan, on_ready=on_ready), run_dir, cfg
+    with RunLock.acquire(run_dir):  # before anything in the run directory is written
+        if resume_dir is None:
+            config_mod.save(cfg, run_dir / CONFIG)
+            log.info("%s", plan.describe(cfg.pipeline.producers))
+            log.info("run directory %s", run_dir)
+            return run_training(cfg, run_dir, plan, on_ready=on_ready), run_dir, cfg
 
-    # The consumer moves it over config.yaml once the checkpoint has been checked: a
-    # resume that fails leaves the run directory as it was.
-    pending = run_dir / RESUME_CONFIG
-    config_mod.save(cfg, pending)
-    log.info("%s", plan.describe(cfg.pipeline.producers))
-    log.info("resuming run directory %s", run_dir)
-    try:
-        return run_training(cfg, run_dir, plan, resume=True, on_ready=on_ready, fresh_plan=fresh_plan), run_dir, cfg
-    finally:
-        pending.unlink(missing_ok=True)
+        # The consumer moves it over config.yaml once the checkpoint has been checked: a
+        # resume that fails leaves the run directory as it was.
+        pending = run_dir / RESUME_CONFIG
+        config_mod.save(cfg, pending)
+        log.info("%s", plan.describe(cfg.pipeline.producers))
+        log.info("resuming run directory %s", run_dir)
+        try:
+            return (run_training(cfg, run_dir, plan, resume=True, on_ready=on_ready, fresh_plan=fresh_plan),
+                    run_dir, cfg)
+        finally:
+            pending.unlink(missing_ok=True)
 
 
 def precompute_config(cfg: config_mod.Config) -> config_mod.Config:

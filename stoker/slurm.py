@@ -51,6 +51,7 @@ from stoker.shared.errors import UserError
 from stoker.shared.keys import DEFAULT_CLIENT, SECRET_MODE, make_keys
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, setup_logging
 from stoker.shared.runfiles import HANDOVER_DIR, HANDOVER_FILE, HANDOVER_KEYS, write_json
+from stoker.shared.runlock import RunLock
 
 log = logging.getLogger("stoker.slurm")
 
@@ -311,6 +312,9 @@ def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
     bound, the error when the run cannot start, "over" when it ends. A run directory of
     another run that is not this job's (no slurm/ in it) is left as it is."""
     code = EXIT_FAILED
+    # Before the keys and the hand-over file are written: a job requeued while the old one still
+    # runs leaves the old one's files alone (RunLocked, one line); the launch takes it again.
+    lock = RunLock.acquire(run_dir)
     try:
         code = _train(args, step, run_dir)
         return code
@@ -323,6 +327,7 @@ def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
         if handover_dir(run_dir).is_dir() and record.get("state", READY) == READY:
             kept = {k: v for k, v in record.items() if k not in ("job_id", "state")}
             write_handover(run_dir, step.job_id, OVER, **kept, code=code)
+        lock.release()
 
 
 def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:

@@ -10,6 +10,11 @@ unaffected: they use the first.
 
 from __future__ import annotations
 
+import errno
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
 import pytest
 
 REPLICA_DEVICES = 2  # the fewest that show replicas doing different work
@@ -28,3 +33,52 @@ def replica_devices() -> list[str]:
     from stoker.shared.tfsetup import split_cpu
 
     return split_cpu(REPLICA_DEVICES)
+
+
+# The disk-full tests' filesystem: room for a short run's files and a few checkpoints.
+SMALL_DISK = "2m"
+
+
+class SmallDisk:
+    """A tmpfs of SMALL_DISK mounted at ``path``; :meth:`fill` takes every free byte."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        """Write the filler until the filesystem is full (ENOSPC); :meth:`free` gives it back."""
+        chunk = b"\0" * 4096
+        with open(self.filler, "ab", buffering=0) as f:
+            while True:
+                try:
+                    f.write(chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    break
+        with open(self.filler, "ab", buffering=0) as f:  # the last partial page, too
+            for _ in range(4096):
+                try:
+                    f.write(b"\0")
+                except OSError:
+                    break
+
+    def free(self) -> None:
+        self.filler.unlink()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A small filesystem of its own (tmpfs, mounted as root), for disk-full tests; the test is
+    skipped, with the reason, where mounting is not permitted."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "tmpfs", str(path)],
+                             capture_output=True, text=True, timeout=30)
+    if mounted.returncode != 0:
+        pytest.skip(f"a small tmpfs cannot be mounted here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield SmallDisk(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
@@ -138,3 +139,23 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# A process that holds a run directory's lock (shared/runlock.py) until its stdin closes.
+_LOCK_HOLDER = ("import sys; from stoker.shared.runlock import RunLock\n"
+                "lock = RunLock.acquire(sys.argv[1]); print('held', flush=True); sys.stdin.read(); lock.release()")
+
+
+@contextlib.contextmanager
+def holding_run_lock(run_dir: Path, timeout: float = 30) -> Iterator[subprocess.Popen]:
+    """Another process owns ``run_dir`` (its lock taken) for the duration; it releases it on exit."""
+    child = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(run_dir)], cwd=ROOT, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        yield child
+        child.communicate("", timeout=timeout)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=timeout)

@@ -8,6 +8,7 @@ import hashlib
 import re
 import shutil
 import signal
+import socket
 from pathlib import Path
 
 import psutil
@@ -15,7 +16,7 @@ import pytest
 
 from stoker.consumer.pipeline.checkpoint import CKPT_DIR, POSITION, Checkpointer
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
-from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+from tests.procs import RunProcess, holding_run_lock, read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES, check_exactly_once
 
 pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
@@ -65,6 +66,7 @@ def test_kill_9_mid_epoch_then_resume_trains_every_batch_once(tmp_path, batching
 
     result = run_cli("--resume", str(run_dir), timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"took over the lock of host .*: pid \d+ is not running", result.stderr)  # the killed launcher's
     rows = read_jsonl(run_dir / "samples.jsonl")
     check_exactly_once(rows, 1, DEMO_IDS)  # every planned sample of the epoch, none twice
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
@@ -102,6 +104,37 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_extends_the_steps(tmp_path):
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, steps + 4))
     assert "trainer:\n" in (run_dir / "config.yaml").read_text()
     assert f"steps: {steps + 3}" in (run_dir / "config.yaml").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_ends_the_run_in_one_line_and_resume_after_freeing_space_trains_every_batch_once(small_disk):
+    run_dir = small_disk.path / "run"
+    with RunProcess(*SMALL_RUN, "--model", "synthetic:100", "--epochs", "1", "--record-samples",
+                    "--run-dir", str(run_dir), "--set", "trainer.checkpoint_every_steps=3") as run:
+        run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
+        small_disk.fill()  # every byte taken mid-epoch: the next write of the run meets ENOSPC
+        assert run.wait(timeout=60) == 2, run.output()
+        output = "\n".join(run.lines)
+    errors = [line for line in output.splitlines() if line.startswith("stoker: error:")]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    assert re.match(rf"stoker: error: cannot write {re.escape(str(run_dir))}/\S+: No space left on device \(ENOSPC\)",
+                    errors[0]), errors[0]
+    if (run_dir / "summary.json").exists():  # the run's end freed a page or two (a checkpoint's temporary)
+        assert read_json(run_dir / "summary.json")["exit_reason"] == f"failed: {errors[0][len('stoker: error: '):]}"
+    else:
+        assert errors[0].endswith("; summary.json not written either (No space left on device)"), errors[0]
+    ckpt = Checkpointer(run_dir / CKPT_DIR, keep=1)
+    assert all(p.name.startswith("ckpt-") for p in ckpt.directory.iterdir())  # no partial checkpoint left
+    ckpt_step = latest_step(run_dir)
+    assert Checkpointer.verify(ckpt.latest())["step"] == ckpt_step >= 6
+
+    small_disk.free()
+    result = run_cli("--resume", str(run_dir), timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(run_dir / "samples.jsonl")
+    check_exactly_once(rows, 1, DEMO_IDS)  # nothing lost, nothing twice
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert read_json(run_dir / "summary.json")["resumed_from_step"] == ckpt_step
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +202,24 @@ def test_resume_on_a_changed_dataset_names_the_clips_then_goes_on_with_a_fresh_p
     assert summary["steps"] == 7 and summary["resumed_from_step"] == 4
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, 8))
     assert [r["epoch"] for r in read_jsonl(run_dir / "metrics.jsonl")][4:] == [0, 0, 0]  # the new plan's first epoch
+
+
+@pytest.mark.timeout(60)
+def test_a_run_directory_in_use_is_refused_in_one_line_naming_its_owner(finished_run, tmp_path):
+    run_dir = copy_of(finished_run, tmp_path)
+    with holding_run_lock(run_dir) as owner:  # a Slurm requeue while the old job runs, a second terminal
+        before = snapshot(run_dir)
+        line = one_error_line(run_cli("--resume", str(run_dir), timeout=60))
+        assert f"is in use by host {socket.gethostname()}, pid {owner.pid}" in line, line
+        assert snapshot(run_dir) == before  # nothing written: no config, no log, no checkpoint
+    fresh = tmp_path / "fresh"
+    with holding_run_lock(fresh) as owner:  # two new runs into one directory: the first has just taken it
+        line = one_error_line(run_cli(*SMALL_RUN, "--steps", "4", "--run-dir", str(fresh), timeout=60))
+        assert f"is in use by host {socket.gethostname()}, pid {owner.pid}" in line, line
+        assert [p.name for p in fresh.iterdir()] == ["run.lock"]
+    result = run_cli("--resume", str(run_dir), "--steps", "6", timeout=60)  # the owner is gone: it is free
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, 7))
 
 
 @pytest.mark.timeout(30)

@@ -11,7 +11,7 @@ import soundfile
 import zmq
 
 from stoker.shared import config as config_mod
-from tests.factories import append_metadata, make_dataset
+from tests.factories import add_clip, append_metadata, make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -337,6 +337,19 @@ def test_dataset_without_usable_clip_is_one_line(tmp_path):
         (data / "wavs" / f"{sample_id}.wav").write_bytes(b"garbage")
     line = _one_error_line(run_cli("--data", str(data), "--model", "synthetic:1", "--run-dir", str(tmp_path / "r")))
     assert "no usable clip" in line
+
+
+def test_a_plan_whose_batch_cannot_cross_the_wire_is_one_line_before_training(tmp_path):
+    data = tmp_path / "data"
+    make_dataset(data, count=3)
+    add_clip(data, "LONG", 40.0)  # ~3450 frames of 80 channels: 1.1 MB of mel per row, over max_message_mb=1
+    run_dir = tmp_path / "run"
+    result = run_cli("--data", str(data), "--model", "synthetic:1", "--epochs", "1", "--batch-size", "2",
+                     "--producers", "1", "--run-dir", str(run_dir), "--set", "data.max_audio_s=60",
+                     "--set", "pipeline.max_message_mb=1", *NUMPY_FEATURES, timeout=120)
+    line = _one_error_line(result)
+    assert "over pipeline.max_message_mb=1" in line and "data.max_audio_s (now 60)" in line, line
+    assert not (run_dir / "metrics.jsonl").exists()  # refused before training: no step, no producer work
 
 
 def test_stereo_and_other_rate_clips_are_used(tmp_path):

@@ -219,8 +219,8 @@ class Checkpointer:
             shutil.rmtree(leftover, ignore_errors=True)
         name = checkpoint_name(step)
         tmp = self.directory / f"{_TMP_PREFIX}{name}-{os.getpid()}"
-        tmp.mkdir()
         try:
+            tmp.mkdir()
             runfiles.write_json(tmp / POSITION, {"format": FORMAT, "step": step, **position}, indent=None, durable=True)
             if tf_checkpoint is not None:
                 tf_checkpoint.write(str(tmp / STATE_PREFIX))
@@ -234,8 +234,11 @@ class Checkpointer:
             if final.exists():  # a resumed run passing a step saved by a run it superseded
                 shutil.rmtree(final)
             tmp.rename(final)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            error = runfiles.file_error(exc, self.directory / name)
+            if error is not None:  # a full disk: one line naming the checkpoint (not its parts), the last one kept
+                raise runfiles.RunFileError(self.directory / name, error.errno or 0, error.detail) from None
             raise
         _fsync_file(self.directory)
         for _, old in self.checkpoints()[:-self.keep]:

@@ -282,7 +282,10 @@ class Coordinator:
             self._run()
         except BaseException as exc:  # the trainer sees it via .failure and stops with the error
             self.failure = exc
-            log.exception("coordinator failed")
+            if isinstance(exc, UserError):  # rejected.jsonl on a full disk: the trainer's one line says it
+                log.error("coordinator stopped: %s", exc)
+            else:
+                log.exception("coordinator failed")
             self.stop.set()
 
     def _run(self) -> None:

@@ -68,7 +68,7 @@ from stoker.consumer.pipeline.checkpoint import RunCheckpoints, trim_step_log
 from stoker.consumer.pipeline.coordinator import Coordinator
 from stoker.consumer.pipeline.handout import Confirmed, HandOutLedger
 from stoker.consumer.pipeline.plan import (EpochPlanner, InputPosition, PlannedBatch, PositionError, ReferenceTable,
-                                  TokenTable, validation_batches)
+                                  TokenTable, check_message_size, validation_batches)
 from stoker.consumer.pipeline.progress import LiveLine
 from stoker.consumer.pipeline.scheduler import ValidationSet
 from stoker.consumer.pipeline.telemetry import Telemetry
@@ -81,9 +81,9 @@ from stoker.shared.keys import load_server_keys
 from stoker.shared.layouts import Rejection
 from stoker.shared.melstats import MelStats, load, stats_key
 from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
-from stoker.shared.proc import EXIT_OK, parent_alive
+from stoker.shared.proc import EXIT_OK, EXIT_USER, parent_alive
 from stoker.shared.runfiles import (CONFIG, MEL_STATS, METRICS, REJECTED, RESUME_CONFIG, SAMPLES, SUMMARY,
-                                    VALIDATION_SAMPLES, VOCAB, write_json)
+                                    VALIDATION_SAMPLES, VOCAB, RunFileError, write_json)
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")
@@ -95,6 +95,8 @@ NO_DATA_WARN_S = 10.0
 # A user transform that failed every one of this many clips (or of all clips, when fewer) and
 # let none through is broken, not unlucky: the run ends with one line instead of waiting.
 ALL_FAILED_CLIPS = 32
+# A rejection's reason as counted for the one line of a run that trained nothing.
+REASON_CHARS = 300
 # The start of a rejection reason naming the user transform (or declared field) that failed it.
 TRANSFORM_FAILURE = re.compile(r"transform (field \S+|[\w.]+:\w+)")
 # After training, give the coordinator this long to send STOP and close.
@@ -108,7 +110,8 @@ class MelStatsMissing(UserError):
 
 
 class TransformFailed(UserError):
-    """Every clip failed the same user transform; the message is one line for the user."""
+    """Nothing could train: every clip failed the same user transform, or every clip was rejected
+    (a lease failing again and again); the message is one line for the user."""
 
 
 class FeedStateError(UserError):
@@ -172,6 +175,7 @@ class PreparedRun:
         self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
         # the held-out clips' batches (consumer/pipeline/plan.validation_batches)
         self.val_batches: list[PlannedBatch] = validation_batches(self.val_samples, planner)
+        check_message_size(cfg, [*planner.shapes, *((b.rows, *b.shape) for b in self.val_batches)])
         log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  len(planner.shapes), planner.shapes,
@@ -222,11 +226,16 @@ class FeedCore:
         self._producer_rejected: set[str] = set()
         self._rejected_before: set[tuple[str, str]] = set()  # rows a resumed run's rejected.jsonl holds
         self._producer_reasons: collections.Counter[str] = collections.Counter()  # "transform X" or ""
+        self._reasons: collections.Counter[str] = collections.Counter()  # why producers (or leases) rejected clips
         self.step = 0
         self.epochs = cfg.trainer.epochs
         self.warmup_s = 0.0
         self.interrupted = False
         self.exit_reason, self.code = "completed", EXIT_OK
+        # The first of the run's files that could not be written (a full disk, ...): it ends the
+        # run; and whether summary.json could not be written either (close).
+        self.file_error: RunFileError | None = None
+        self.summary_error: RunFileError | None = None
         self._pending: list[tuple[dict[str, Any], Any]] = []  # rows whose loss is not fetched yet
         self.ledger = HandOutLedger()  # handed out, held back, confirmed
         self.warmed = False
@@ -374,6 +383,7 @@ class FeedCore:
                 if r.id in self._producer_rejected:
                     continue
                 self._producer_rejected.add(r.id)
+                self._reasons[r.reason[:REASON_CHARS]] += 1
                 failed = TRANSFORM_FAILURE.match(r.reason)  # which transform (or declared field) failed
                 self._producer_reasons[failed.group(0) if failed else ""] += 1
             self.rejected.write(r.to_json())
@@ -389,6 +399,15 @@ class FeedCore:
             return ""
         return (f"every clip failed {family} ({count} rejected, reasons in rejected.jsonl): fix the transform or "
                 f"take it out of transforms.user")
+
+    def nothing_trained(self) -> str:
+        """The one line when the planned epochs ended with no step trained because every clip
+        was rejected while the run went on ("" otherwise): the most common reason."""
+        if self.step or not self.epochs_completed or not self._reasons:
+            return ""
+        reason, count = self._reasons.most_common(1)[0]
+        return (f"nothing could train: every clip was rejected ({sum(self._reasons.values())}, reasons in "
+                f"rejected.jsonl); {count} for: {reason}")
 
     def _check_transforms(self) -> str:
         return self.all_failed_one_transform(min(ALL_FAILED_CLIPS, self.planner.samples_per_epoch))
@@ -673,35 +692,65 @@ class FeedCore:
                  100 * wait / busy if busy else 0.0, self.coordinator.alive())
 
     # ------------------------------------------------------------ closing
+    def note_file_error(self, exc: RunFileError) -> None:
+        """One of the run's files could not be written: the first such error ends the run
+        (exit_reason, EXIT_USER); later ones (the same full disk) only go to the log."""
+        if self.file_error is None:
+            self.file_error = exc
+            self.exit_reason, self.code = f"failed: {exc}"[:500], EXIT_USER
+        else:
+            log.warning("%s", exc)
+
+    def file_step(self, step: Callable[[], Any]) -> None:
+        """Run ``step``, a write of the run's files; its RunFileError is noted, not raised, so
+        that closing goes on (every file closed, summary.json tried)."""
+        try:
+            step()
+        except RunFileError as exc:
+            self.note_file_error(exc)
+
+    def file_failure(self) -> UserError | None:
+        """The one line of a run ended by a file it could not write (None if none): the file
+        and the error, and whether summary.json could not be written either."""
+        if self.file_error is None:
+            return None
+        summary = self.summary_error
+        return UserError(f"{self.file_error}" + (f"; summary.json not written either ({summary.strerror})"
+                                                 if summary is not None else ""))
+
     def close(self, figures: Mapping[str, Any] | None = None,
               resolve: Callable[[Sequence[Any]], Resolved] = resolve_floats) -> None:
         """Stop the coordinator (STOP to every producer), close the queue and the step logs,
         write summary.json and, after a whole epoch, the mel statistics. Idempotent.
         ``figures``: the training loop's own for summary.json (its trainer, or who trained);
-        ``resolve``: what makes losses of the last interval's loss handles (as :meth:`flush`)."""
+        ``resolve``: what makes losses of the last interval's loss handles (as :meth:`flush`).
+        A file of the run it cannot write ends the run (:meth:`note_file_error`; the caller
+        reports :meth:`file_failure`), and closing goes on."""
         if not self.opened:
             return
         self.opened = False
         if self.ledger.unconfirmed:
             log.info("%d batch(es) handed out were not confirmed as trained: the input position does not count "
                      "them, a resume trains them", len(self.ledger.unconfirmed))
-        self.flush(resolve, check=False)
+        self.file_step(lambda: self.flush(resolve, check=False))
         self.stop.set()
         self.coordinator.join(COORDINATOR_JOIN_S)
         self.coordinator.close_notifier()
         self.queue.close()
         self.val_queue.close()
         self.live.close()
-        self.metrics.close()
-        if self.samples_log is not None:
-            self.samples_log.close()
-        if self.val_log is not None:
-            self.val_log.close()
-        self.rejected.close()
-        write_json(self.run_dir / SUMMARY, self._summary(figures or {}))
+        for writer in (self.metrics, self.samples_log, self.val_log, self.rejected):
+            if writer is not None:
+                self.file_step(writer.close)
+        try:
+            write_json(self.run_dir / SUMMARY, self._summary(figures or {}))
+        except RunFileError as exc:
+            self.summary_error = exc
+            self.note_file_error(exc)
         if self.epochs_completed and not self.mel_norm and self.coordinator.mel_stats.frames:
-            self._keep_mel_stats(self.coordinator.mel_stats)
-        log.info("run over (%s): %d steps, summary in %s", self.exit_reason, self.step, self.run_dir / SUMMARY)
+            self.file_step(lambda: self._keep_mel_stats(self.coordinator.mel_stats))
+        log.info("run over (%s): %d steps, summary %s", self.exit_reason, self.step,
+                 f"in {self.run_dir / SUMMARY}" if self.summary_error is None else "not written")
 
     def _summary(self, figures: Mapping[str, Any]) -> dict[str, Any]:
         """summary.json: the run's figures from metrics.jsonl and the coordinator, with the dataset,

@@ -110,6 +110,11 @@ ASSIGN_SCAN_LIMIT = 256
 Outgoing = tuple[bytes, wire.Body, int]
 # The epoch a validation clip's reference clip is chosen for: the same one at every pass.
 VALIDATION_REFERENCES = -1
+# A planned batch whose lease failed this often the same way (its producer's connection dropped
+# or it died holding it, its credit unused, a batch not of its plan, not prepared in time) fails
+# for a reason of its own, not its producers': its clips are rejected for the epoch (or the
+# pass) and the run goes on. A producer killed now and then holds a given batch once or twice.
+MAX_LEASE_FAILURES = 4
 
 
 @dataclass
@@ -212,6 +217,8 @@ class Scheduler:
         self._val_credits_out = 0
         self.validation_finished = 0
         self._orphans: dict[tuple[int, int], Failover] = {}  # re-planned batches of a gone producer
+        # (epoch, index) of a planned batch -> how its leases failed, and how often (MAX_LEASE_FAILURES).
+        self._failures: dict[tuple[int, int], collections.Counter[str]] = {}
         self._lock = threading.Lock()  # guards the stats below, read by other threads
         self.dropped: collections.Counter[str] = collections.Counter()
         self.reissued = 0
@@ -370,13 +377,15 @@ class Scheduler:
         self._revoke([victim.id])
         return True
 
-    def _release(self, lease_ids: list[int], orphaned_by: Failover | None = None) -> None:
-        """Put leased batches back at the front of the plan, in plan order."""
+    def _release(self, lease_ids: list[int], orphaned_by: Failover | None = None, failure: str = "") -> None:
+        """Put leased batches back at the front of the plan, in plan order; ``failure``: how
+        their leases failed (a batch that failed so MAX_LEASE_FAILURES times is rejected)."""
         batches, checks = [], []
         for lease_id in lease_ids:
             lease = self._leases.pop(lease_id, None)
             if lease is None:
                 continue
+            failed = self._failed(lease, failure) if failure else False
             validation = is_validation(lease.batch)
             if lease.state == "credited" and validation:
                 self._val_credits_out -= 1
@@ -385,6 +394,11 @@ class Scheduler:
             peer = self._peers.get(lease.identity)
             if peer is not None:
                 peer.leases.discard(lease_id)
+            if failed:
+                if validation or not self.ordered:
+                    continue
+                batches.append(self.planner.with_ids(lease.batch, ()))  # in plan order: still a step, empty
+                continue
             if validation:  # back into its pass; one cancelled meanwhile needs it no more
                 if lease.batch.epoch == -self._val_pass:
                     checks.append(lease.batch)
@@ -394,6 +408,8 @@ class Scheduler:
                 self._orphans[(lease.batch.epoch, lease.batch.index)] = orphaned_by
         for batch in sorted(checks, key=lambda b: b.index, reverse=True):
             self._val_pending.appendleft(batch)
+        if failure and self._val_pass:
+            self._check_validation_done()  # its last batch may have been rejected
         for batch in sorted(batches, key=lambda b: (b.epoch, b.index), reverse=True):
             self._pending.appendleft(batch)
         if batches and self.ordered:  # leased later ones may come back after earlier ones: keep plan order
@@ -402,13 +418,32 @@ class Scheduler:
             with self._lock:
                 self.reissued += len(batches) + len(checks)
 
-    def _revoke(self, lease_ids: list[int]) -> None:
+    def _failed(self, lease: Lease, failure: str) -> bool:
+        """Count a failed lease of its planned batch; at MAX_LEASE_FAILURES the same way, its
+        clips are rejected (True): the batch is not leased again."""
+        batch = lease.batch
+        counts = self._failures.setdefault((batch.epoch, batch.index), collections.Counter())
+        counts[failure] += 1
+        if counts[failure] < MAX_LEASE_FAILURES:
+            return False
+        del self._failures[(batch.epoch, batch.index)]
+        where = f"validation pass {-batch.epoch}" if is_validation(batch) else f"epoch {batch.epoch}"
+        reason = f"its batch's lease failed {MAX_LEASE_FAILURES} times: {failure}"
+        log.error("planned batch %d of %s (%d clips, bucket (L, T) %s): lease failed %d times the same way (%s); "
+                  "rejecting its clips for this %s", batch.index, where, len(batch.ids), tuple(batch.shape),
+                  MAX_LEASE_FAILURES, failure, "pass" if is_validation(batch) else "epoch")
+        if is_validation(batch) and batch.epoch != -self._val_pass:
+            return True  # a cancelled pass: nothing to reject from
+        self._reject(batch.epoch, [Rejection(i, reason, "coordinator") for i in batch.ids])
+        return True
+
+    def _revoke(self, lease_ids: list[int], failure: str = "") -> None:
         """Re-plan leases a live producer still holds, and tell it to forget them."""
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
             if lease is not None and lease.identity in self._peers:
                 self._send(lease.identity, wire.Revoke(lease_id))
-        self._release(lease_ids)
+        self._release(lease_ids, failure=failure)
 
     def _holds_credits(self, peer: Peer) -> bool:
         return any(self._leases[i].state == "credited" for i in peer.leases if i in self._leases)
@@ -421,7 +456,13 @@ class Scheduler:
             failover = Failover(producer=peer.name, status=status, leases=len(peer.leases),
                                 silent_s=round(now - peer.last_seen, 3),
                                 last_heard_unix=time.time() - (now - peer.last_seen), declared_unix=time.time())
-        self._release(sorted(peer.leases), orphaned_by=failover)
+        # The batches in flight when it went (credited) count as failed: one above the socket's
+        # limit drops every producer that sends it; the ones it was preparing had no chance yet.
+        sending = [i for i in sorted(peer.leases) if i in self._leases and self._leases[i].state == "credited"]
+        self._release([i for i in sorted(peer.leases) if i not in sending], orphaned_by=failover)
+        self._release(sending, orphaned_by=failover, failure="" if status == "left" else
+                      "its producer's connection closed while sending it (a batch above pipeline.max_message_mb "
+                      "is dropped by the socket, or the producer died)")
         if failover is not None:
             with self._lock:
                 self.failovers.append(failover)
@@ -607,10 +648,11 @@ class Scheduler:
             self._count("bad_batch", f"lease {lease.id}: {problem}")
             log.warning("batch of lease %d from %s does not match its plan (%s); re-planning it",
                         lease.id, peer.name, problem)
-            self._release([lease.id])
+            self._release([lease.id], failure=f"its batch did not match the plan ({problem})")
             self._assign_all()
             self._grant()
             return
+        self._failures.pop((lease.batch.epoch, lease.batch.index), None)
         delivered = list(batch.ids)
         validation = is_validation(lease.batch)
         if (delivered or (self.ordered and not validation)) and not self._enqueue(peer, batch, msg.arrays, lease):
@@ -866,6 +908,8 @@ class Scheduler:
             log.warning("%d leases not prepared within pipeline.lease_timeout_s=%.0f s; re-planning them",
                         len(stuck), self.cfg.pipeline.lease_timeout_s)
         if stale or stuck:
-            self._revoke(stale + stuck)
+            self._revoke(stale, failure="its credit was not used within pipeline.heartbeat_timeout_s (a batch "
+                                        "above pipeline.max_message_mb is dropped by the socket)")
+            self._revoke(stuck, failure="not prepared within pipeline.lease_timeout_s")
             self._assign_all()
         self._grant()

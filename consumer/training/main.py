@@ -37,7 +37,7 @@ from stoker.shared import config as config_mod
 from stoker.shared.batch import FRAMES
 from stoker.shared.errors import UserError
 from stoker.shared.gpumon import GpuSampler
-from stoker.shared.runfiles import CONFIG, RESUME_CONFIG
+from stoker.shared.runfiles import CONFIG, RESUME_CONFIG, RunFileError
 from stoker.shared.tfsetup import configure_replicas
 from stoker.shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
                          exit_without_teardown, flush_sockets, install_stop_handlers, setup_logging)
@@ -85,9 +85,11 @@ class Run:
                 raise feed.coordinator.failure
             if feed.interrupted:
                 feed.exit_reason, feed.code = "interrupted", EXIT_INTERRUPTED
-            failed = feed.all_failed_one_transform()
+            failed = feed.all_failed_one_transform() or feed.nothing_trained()
             if failed:
                 raise TransformFailed(failed)
+        except RunFileError as exc:  # a full disk, a quota, permissions: reported once the run is closed
+            feed.note_file_error(exc)
         except (ModelError, TransformFailed) as exc:  # the model or a transform: the user's to fix
             feed.exit_reason, feed.code = f"failed: {exc}"[:500], EXIT_USER
             log.log(logging.DEBUG if self.status.connected else logging.ERROR, "%s", exc)
@@ -108,8 +110,12 @@ class Run:
                 log.exception("training failed")
                 self.status.error(exc, "consumer")
         finally:
-            loop.close()
+            feed.file_step(loop.close)
             feed.close(loop.model_summary(), loop.resolve)
+        failure = feed.file_failure()  # one line: the file, its error, and summary.json if it is not written
+        if failure is not None:
+            log.log(logging.DEBUG if self.status.connected else logging.ERROR, "%s", failure)
+            self.status.error(failure, "consumer", user_error=True)
         return feed.code
 
     @staticmethod

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from stoker.shared import runfiles
+from stoker.shared.metrics import JsonlWriter
 
 
 def test_write_atomic_replaces_whole_and_leaves_no_temporary(tmp_path) -> None:
@@ -72,3 +73,29 @@ def test_a_run_file_is_named_only_here() -> None:
                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                if isinstance(node, ast.Constant) and node.value in files]
     assert not spelled, "run files named outside shared/runfiles.py:\n" + "\n".join(spelled)
+
+
+def test_a_full_disk_is_one_line_naming_the_file(small_disk) -> None:
+    target = small_disk.path / "run" / "summary.json"
+    runfiles.write_json(target, {"steps": 1})
+    log = JsonlWriter(small_disk.path / "run" / "metrics.jsonl")
+    small_disk.fill()
+    with pytest.raises(runfiles.RunFileError) as full:
+        runfiles.write_json(target, {"steps": 2, "pad": "x" * 10000})
+    assert str(full.value) == f"cannot write {target}: No space left on device (ENOSPC)"
+    assert json.loads(target.read_text()) == {"steps": 1}  # the old file kept, no temporary left
+    assert sorted(p.name for p in target.parent.iterdir()) == ["metrics.jsonl", "summary.json"]
+    with pytest.raises(runfiles.RunFileError, match=r"cannot write .*metrics.jsonl: No space left on device"):
+        log.write({"step": 1, "pad": "x" * 10000})
+        log.flush()
+    small_disk.free()
+    log.close()
+
+
+def test_file_error_reads_a_library_error_that_names_the_errno_in_words(tmp_path) -> None:
+    worded = RuntimeError("{{function_node SaveV2}} state_temp/part-00000; No space left on device [Op:SaveV2]")
+    error = runfiles.file_error(worded, tmp_path / "ckpt-000003")
+    assert str(error) == f"cannot write {tmp_path / 'ckpt-000003'}: No space left on device (ENOSPC)"
+    assert isinstance(error, OSError) and error.errno == 28
+    assert runfiles.file_error(FileNotFoundError(2, "No such file or directory"), tmp_path) is None
+    assert runfiles.file_error(ValueError("bad"), tmp_path) is None

@@ -23,9 +23,11 @@ import pytest
 
 import stoker
 from stoker.consumer.pipeline.feed import FeedStateError
+from stoker.consumer.pipeline.plan import MessageTooLarge
 from stoker.feed import FeedError
+from stoker.shared.runlock import RunLocked
 from tests.factories import make_dataset
-from tests.procs import free_port, read_json, read_jsonl
+from tests.procs import free_port, holding_run_lock, read_json, read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -255,6 +257,22 @@ def test_a_wrong_option_is_one_line(given, says):
     assert "\n" not in str(caught.value)
 
 
+def test_a_feed_owns_its_run_directory_and_refuses_a_batch_that_cannot_cross_the_wire(tmp_path, dataset):
+    with holding_run_lock(tmp_path / "run") as owner:
+        with pytest.raises(RunLocked, match=f"in use by host .*, pid {owner.pid}"):
+            stoker.Feed(**options(tmp_path, dataset, epochs=1)).prepare()
+    feed = stoker.Feed(**options(tmp_path, dataset, epochs=1))
+    feed.prepare()
+    assert json.loads((tmp_path / "run" / "run.lock").read_text())["pid"] == os.getpid()
+    feed.close()
+    assert not (tmp_path / "run" / "run.lock").exists()
+    big = options(tmp_path, dataset, epochs=1, run_dir=str(tmp_path / "big"), batch_size=24)
+    big["set"] = {**big["set"], "pipeline.max_message_mb": 1, "features.n_mels": 400}
+    with pytest.raises(MessageTooLarge, match="over pipeline.max_message_mb=1"):
+        stoker.Feed(**big).prepare()
+    assert not (tmp_path / "big" / "run.lock").exists()  # a refused plan leaves the directory free
+
+
 def test_a_state_that_is_not_one_is_refused(tmp_path, dataset):
     with pytest.raises(FeedStateError, match="takes what feed.state_dict"):
         stoker.Feed(**options(tmp_path, dataset, epochs=1), resume={"step": 3}).start()
@@ -284,7 +302,8 @@ def test_ctrl_c_in_the_loop_writes_the_summary_and_leaves_no_process(tmp_path, d
                             stderr=subprocess.PIPE, text=True)
     try:
         pid = int(proc.stdout.readline())
-        assert proc.stdout.readline().startswith("step")  # the loop runs
+        # The loop runs, and a step is confirmed (the second batch asked for): SIGINT after it.
+        assert [proc.stdout.readline().split()[:2] for _ in range(2)] == [["step", "0"], ["step", "1"]]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -27,9 +27,10 @@ import pytest
 
 from stoker.shared.errors import UserError
 from stoker.shared.proc import EXIT_OK, EXIT_USER
+from stoker.shared.runlock import RunLocked
 from stoker.slurm import (FAILED, HANDOVER_DIR, HANDOVER_FILE, HANDOVER_KEYS, OVER, READY, Step, advertised, expand_counts,
                           expand_hostlist, place, read_handover, wait_handover, write_handover)
-from tests.procs import ROOT, free_port, read_json, read_jsonl
+from tests.procs import ROOT, free_port, holding_run_lock, read_json, read_jsonl
 
 EXAMPLE = ROOT / "docs" / "examples" / "slurm" / "stoker.sbatch"
 SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "sinfo")
@@ -148,6 +149,16 @@ def test_producer_tasks_end_quietly_with_the_trainers_error(tmp_path, monkeypatc
         run_slurm_task(monkeypatch, {**step_env(), **one_node}, "--run-dir", str(tmp_path / "new"))
     assert "error" not in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_requeued_trainer_task_leaves_a_running_jobs_run_directory_alone(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    write_handover(run_dir, "42", READY, endpoint="tcp://gpu1:5555")  # job 42's trainer still runs
+    handover = (run_dir / "slurm" / "endpoint.json").read_text()
+    with holding_run_lock(run_dir) as owner, pytest.raises(RunLocked, match=f"in use by host .*, pid {owner.pid}"):
+        run_slurm_task(monkeypatch, step_env(SLURM_JOB_ID="43"), "--run-dir", str(run_dir))
+    assert (run_dir / "slurm" / "endpoint.json").read_text() == handover  # its producers still find it
+    assert sorted(p.name for p in (run_dir / "slurm").iterdir()) == ["endpoint.json"]  # no keys of job 43
 
 
 # ---------------------------------------------------------------- the cluster

@@ -16,6 +16,7 @@ from stoker.consumer.pipeline.checkpoint import (CKPT_DIR, MANIFEST, POSITION, C
 from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, PositionError
 from stoker.shared import wire
 from stoker.shared.config import BatchingConfig, Config
+from stoker.shared.runfiles import RunFileError
 from tests.consumer.pipeline.harness import make_config, samples
 from tests.factories import make_samples
 
@@ -301,3 +302,24 @@ def test_complete_epochs_are_forgotten():
     position.record(1, plan_of.plan(1)[0].ids)
     assert position.trained_counts() == {1: len(plan_of.plan(1)[0].ids)}
     assert position.done_batches(0) == set() and position.state_dict()["complete_below"] == 1
+
+
+class _FullDiskCheckpoint:
+    """A tf.train.Checkpoint whose write meets a full disk, in TensorFlow's words."""
+
+    def write(self, prefix: str) -> None:
+        Path(prefix + ".index").write_text("part")
+        raise RuntimeError(f"{prefix}_temp/part-00000-of-00001; No space left on device [Op:SaveV2]")
+
+
+def test_a_checkpoint_that_meets_a_full_disk_is_one_line_and_leaves_no_part(tmp_path, small_disk):
+    ckpt = Checkpointer(small_disk.path / CKPT_DIR, keep=3)
+    ckpt.save(3, {"position": {}})
+    with pytest.raises(RunFileError, match=r"cannot write .*ckpt-000006: No space left on device \(ENOSPC\)"):
+        ckpt.save(6, {"position": {}}, _FullDiskCheckpoint())
+    small_disk.fill()
+    with pytest.raises(RunFileError, match=r"cannot write .*ckpt-000009: No space left on device"):
+        ckpt.save(9, {"position": {}, "pad": "x" * 100000})
+    assert [step for step, _ in ckpt.checkpoints()] == [3]  # no partial checkpoint counts, the last one kept
+    assert sorted(p.name for p in ckpt.directory.iterdir()) == ["ckpt-000003"]
+    assert Checkpointer.verify(ckpt.latest())["step"] == 3

@@ -14,7 +14,7 @@ import numpy as np
 from stoker.consumer.pipeline.buffer import BatchQueue
 from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
 from stoker.consumer.pipeline.peers import DISCONNECT_GRACE_S
-from stoker.consumer.pipeline.scheduler import Scheduler, ValidationSet
+from stoker.consumer.pipeline.scheduler import MAX_LEASE_FAILURES, Scheduler, ValidationSet
 from stoker.shared import wire
 from stoker.shared.dataset import Sample
 from tests.consumer.pipeline.harness import hello_of, lacking, make_config, samples
@@ -592,3 +592,70 @@ def test_a_held_out_clip_every_producer_lacks_leaves_the_pass_which_still_ends()
         got += b.take_items(b.val_queue)
     assert sorted(i for item in got for i in item.ids) == sorted(s.id for s in HELD if s.id != "V002")
     assert [r.id for r in b.rejected] == ["V002"] and b.scheduler.rejected_in_epoch(0) == 0
+
+
+def _poison_run(workers: int = 1) -> tuple[Bench, tuple[str, ...], int]:
+    """Producers that each die sending one planned batch (a frame the socket drops: its
+    connection closes), MAX_LEASE_FAILURES times in a row; the poisoned batch's clips and the
+    connections it cost."""
+    b = Bench(count=12, lease_ahead=1, workers=workers)
+    poison, fd = None, 10
+    for attempt in range(MAX_LEASE_FAILURES):
+        who = f"p{attempt}".encode()
+        b.hello(who, fd=fd)
+        lease, = b.take(who, wire.LEASE)
+        poison = poison or tuple(lease.ids)
+        assert tuple(lease.ids) == poison  # re-planned to the front: the next producer takes it
+        b.send(who, wire.Ready(lease.lease))
+        assert len(b.take(who, wire.CREDIT)) == 1
+        b.scheduler.on_connection_closed(fd, b.now)  # the socket refused its BATCH
+        b.tick(DISCONNECT_GRACE_S + 0.01)
+        fd += 1
+    return b, poison, fd
+
+
+def test_a_batch_that_kills_its_lease_again_and_again_is_rejected_and_the_run_goes_on() -> None:
+    b, poison, fd = _poison_run()
+    assert sorted(r.id for r in b.rejected) == sorted(poison)
+    assert all(f"failed {MAX_LEASE_FAILURES} times" in r.reason and "max_message_mb" in r.reason
+               for r in b.rejected)
+    assert b.scheduler.rejected_in_epoch(0) == len(poison)
+    # A healthy producer trains every other clip once; the poisoned batch is never leased again.
+    b.hello(b"healthy", fd=fd)
+    trained: list[str] = []
+    for _ in range(20):
+        b.work(b"healthy")
+        trained += b.drain_queue()
+        b.tick(0.1)
+    assert sorted(trained) == sorted(IDS - set(poison))
+    assert not set(trained) & set(poison)
+
+
+def test_a_failing_batch_of_a_workers_plan_is_still_a_step_of_empty_rows() -> None:
+    b, poison, fd = _poison_run(workers=2)
+    assert sorted(r.id for r in b.rejected) == sorted(poison)
+    b.hello(b"healthy", fd=fd)
+    items = []
+    for _ in range(20):
+        b.work(b"healthy")
+        items += b.take_items(b.queue)
+        b.tick(0.1)
+    plan = b.scheduler.planner.plan(0)
+    assert [(i.epoch, i.index) for i in items] == [(0, p.index) for p in plan]  # every step, in plan order
+    assert [i.ids for i in items if not i.ids] == [[]]  # the rejected batch: a step of empty rows
+
+
+def test_failures_of_different_kinds_reject_nothing() -> None:
+    b = Bench(count=4, lease_ahead=1, lease_timeout_s=5.0, heartbeat_timeout_s=100.0)
+    b.hello(b"p1", fd=3)
+    for _ in range(MAX_LEASE_FAILURES - 1):  # not prepared in time, again and again, one short of the limit
+        b.take(b"p1", wire.LEASE)
+        b.tick(5.01)
+    lease, = b.take(b"p1", wire.LEASE)
+    b.send(b"p1", wire.Ready(lease.lease))
+    b.take(b"p1", wire.CREDIT)
+    b.scheduler.on_connection_closed(3, b.now)  # then another way: its connection closed while sending it
+    b.tick(DISCONNECT_GRACE_S + 0.01)
+    b.hello(b"p2", fd=4)
+    b.work(b"p2")
+    assert b.rejected == [] and sorted(b.drain_queue()) == sorted(s.id for s in samples(4))
