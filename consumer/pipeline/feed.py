@@ -34,9 +34,10 @@ oldest first; what was handed out and never confirmed is trained again after a r
 never skipped.
 
 Step row (metrics.jsonl), written when the step is confirmed: ``wait_ms`` is the time
-from the end of the step before until the batch was handed out (0 when it was taken
-ahead), ``queue_depth`` the batches held when it was asked for, ``step_ms`` the time from
-the later of the two until the step was confirmed. The first request waits until the
+from the later of the batch's request and the end of the step before until the batch
+was handed out (0 when it was taken ahead; work between steps is no wait),
+``queue_depth`` the batches held when it was asked for, ``step_ms`` the time from the
+later of its hand-out and the step before's end until the step was confirmed. The first request waits until the
 queue is full or ``pipeline.model_start_delay_s`` has passed (warm-up, ``warmup_s``).
 
 One file of some 700 lines: handing out, recording and closing are the life of one open
@@ -460,7 +461,7 @@ class FeedCore:
                 return
             item, depth = got
             with self._lock:
-                if self.ledger.hand(item, depth, time.monotonic()):  # not a batch handed out again
+                if self.ledger.hand(item, depth, asked, time.monotonic()):  # not a batch handed out again
                     self.handed_steps += 1
                     self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
                     self._update_epochs()

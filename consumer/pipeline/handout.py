@@ -27,7 +27,8 @@ class HandedOut:
 
     item: QueuedBatch
     depth: int  # batches held when it was asked for
-    handed: float  # when it was handed out (time.monotonic())
+    asked: float  # when it was asked for (time.monotonic())
+    handed: float  # when it was handed out
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class Confirmed:
 
     item: QueuedBatch
     depth: int
-    wait_s: float  # from the end of the step before until the batch was handed out (0: taken ahead)
-    step_s: float  # from the later of those two until the step was confirmed
+    wait_s: float  # from the later of its request and the step before's end until it was handed out
+    step_s: float  # from the later of the step before's end and its hand-out until the step was confirmed
 
 
 class HandOutLedger:
@@ -62,12 +63,12 @@ class HandOutLedger:
                 return held
         return None
 
-    def hand(self, item: QueuedBatch, depth: int, now: float) -> bool:
-        """``item`` goes out to the loop; False when it went out before (returned by
-        :meth:`hand_out_again`), so that it is not counted twice."""
+    def hand(self, item: QueuedBatch, depth: int, asked: float, now: float) -> bool:
+        """``item``, asked for at ``asked``, goes out to the loop ``now``; False when it went out
+        before (returned by :meth:`hand_out_again`), so that it is not counted twice."""
         first = id(item) not in self._again
         self._again.discard(id(item))
-        self.unconfirmed.append(HandedOut(item, depth, now))
+        self.unconfirmed.append(HandedOut(item, depth, asked, now))
         return first
 
     def returned(self, epoch: int | None) -> bool:
@@ -88,15 +89,18 @@ class HandOutLedger:
     # ------------------------------------------------------------ confirming
     def confirm(self, ended: float) -> Confirmed | None:
         """The oldest unconfirmed batch was trained, its step ending at ``ended``; None when no
-        batch was unconfirmed."""
+        batch was unconfirmed. Its wait is what the loop spent waiting for it: from the later
+        of its request and the step before's end (work between steps, a validation, a
+        checkpoint, is not waiting for data; a batch taken ahead waited 0)."""
         if not self.unconfirmed:
             return None
         out = self.unconfirmed.popleft()
-        before = self.step_end if self.step_end is not None else out.handed
+        before = self.step_end if self.step_end is not None else out.asked
         begun = max(before, out.handed)
         self.step_end = ended
         self.last_epoch = out.item.epoch
-        return Confirmed(out.item, out.depth, wait_s=max(0.0, out.handed - before), step_s=max(0.0, ended - begun))
+        return Confirmed(out.item, out.depth, wait_s=max(0.0, out.handed - max(out.asked, before)),
+                         step_s=max(0.0, ended - begun))
 
     def training_epoch(self) -> int | None:
         """The epoch of the oldest batch not confirmed, else of the last confirmed one."""
