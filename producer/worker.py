@@ -411,7 +411,10 @@ class Producer:
                         "s: another service, such as a web server, listens there"))
                 if self.keys is not None:  # a trainer holding another server key closes the link so
                     raise Refused(f"security handshake with {self.endpoint} failed: {self._security_hint()}")
-                raise Refused(self._not_a_trainer("it closed the connection during ZeroMQ's handshake"))
+                # A trainer using --keys closes a keyless producer's link so too, when libzmq reports
+                # no mechanism mismatch first: both causes are named.
+                raise Refused(f"{self.endpoint} closed the connection during ZeroMQ's handshake: "
+                              f"{self._security_hint()}, or it is not a stoker trainer's endpoint")
 
     def _security_hint(self) -> str:
         return ("the trainer does not use --keys, or server.key is not the trainer's" if self.keys

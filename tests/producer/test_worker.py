@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import socket
 import threading
@@ -16,7 +17,7 @@ import zmq
 import zmq.auth
 
 from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
-from stoker.producer.worker import Producer
+from stoker.producer.worker import HANDSHAKE_FAILURES_FATAL, Producer, Refused
 from stoker.shared import wire
 from stoker.shared.config import BatchingConfig, FeaturesConfig, TransformsConfig
 from tests.factories import make_dataset
@@ -513,3 +514,19 @@ def test_the_trainers_transform_version_is_accepted(setup):
     consumer.send(lease(1, ids[:2]))
     consumer.recv(wire.READY)
     assert "code" not in result
+
+
+def test_a_keyless_producer_whose_handshakes_are_closed_names_the_trainers_keys_and_the_wrong_endpoint(tmp_path):
+    """A trainer using --keys may close a keyless producer's link without libzmq reporting the
+    mechanism mismatch: the one line names that cause beside a wrong endpoint."""
+    producer = Producer("tcp://127.0.0.1:9", tmp_path, "p-test", threading.Event())
+    closed = {"event": zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, "value": errno.ECONNRESET}
+    for _ in range(HANDSHAKE_FAILURES_FATAL - 1):
+        producer._on_monitor_event({"event": zmq.EVENT_CONNECTED, "value": 0})
+        producer._on_monitor_event(closed)  # retried: a trainer may be restarting
+    producer._on_monitor_event({"event": zmq.EVENT_CONNECTED, "value": 0})
+    with pytest.raises(Refused) as caught:
+        producer._on_monitor_event(closed)
+    assert str(caught.value) == ("tcp://127.0.0.1:9 closed the connection during ZeroMQ's handshake: the trainer uses "
+                                 "--keys: pass --keys DIR with server.key and a client key pair, or it is not a stoker "
+                                 "trainer's endpoint")
