@@ -308,8 +308,7 @@ class Feed:
         batch before ended when the loop asked (unless step_done said so earlier)."""
         core = self._running()
         core.confirm(time.monotonic())
-        if core.flush_due():
-            core.flush()
+        core.flush_if_due()
         try:
             item = next(batches)
         except StopIteration:
@@ -340,8 +339,7 @@ class Feed:
         if not confirmed:
             raise FeedError("step_done() without a batch to confirm: every batch handed out through as_dataset() "
                             "is confirmed already (call it once per training step, and not beside feed.callback())")
-        if core.flush_due():
-            core.flush()
+        core.flush_if_due()
 
     def callback(self) -> Any:
         """A Keras callback that confirms each training step of ``fit`` on :meth:`as_dataset`,
@@ -397,8 +395,7 @@ class Feed:
         for _ in range(steps):
             if not core.step_done():
                 break  # the last execution of an epoch ran short of its steps_per_execution
-        if core.flush_due():
-            core.flush()
+        core.flush_if_due()
 
     @property
     def epoch(self) -> int | None:

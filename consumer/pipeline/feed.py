@@ -242,6 +242,8 @@ class FeedCore:
         self.warmed = False
         # Batches are handed out in one thread (tf.data's, under fit) and confirmed in another.
         self._lock = threading.Lock()
+        # One interval's rows written at a time: Keras may confirm steps (and flush) from threads of its own.
+        self._flushing = threading.Lock()
         self.last_loss: float | None = None
         self.validation_passes = 0
         if prepared.resume:
@@ -535,7 +537,17 @@ class FeedCore:
         rows, log progress; the rows written. ``resolve``: what makes losses of the interval's
         loss handles (the trainer's; by default each a number). ``check=False``: a failing run
         keeps its rows without losses when they cannot be fetched."""
-        pending, self._pending = self._pending, []
+        with self._flushing:
+            return self._flush(resolve, check)
+
+    def flush_if_due(self) -> None:
+        """:meth:`flush` when the logging interval ends at this step."""
+        if self.flush_due():
+            self.flush()
+
+    def _flush(self, resolve: Callable[[Sequence[Any]], Resolved], check: bool) -> list[dict[str, Any]]:
+        with self._lock:
+            pending, self._pending = self._pending, []
         if not pending:
             return []
         try:
