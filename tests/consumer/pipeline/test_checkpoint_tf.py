@@ -4,6 +4,8 @@ model and its optimizer) saved with the step and restored into fresh objects."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,15 +63,20 @@ def checkpoints(run_dir, planner: EpochPlanner = PLANNER, fingerprint: str = "da
                           planner, fingerprint)
 
 
+def three_steps_saved(trainer: Any, tmp_path: Path) -> Path:
+    """``trainer`` trains the plan's first three batches; the checkpoint of step 3, saved."""
+    saving = checkpoints(tmp_path)
+    saving.attach(trainer)
+    for batch in PLANNER.plan(0)[:3]:
+        trainer.step()
+        saving.position.record(0, batch.ids)
+    return saving.save(3)
+
+
 @pytest.mark.parametrize("trainer_cls", [KerasTrainer, MethodTrainer])
 def test_model_optimizer_and_step_are_restored(tmp_path, trainer_cls):
     first = trainer_cls()
-    saving = checkpoints(tmp_path)
-    saving.attach(first)
-    for step, batch in enumerate(PLANNER.plan(0)[:3], start=1):
-        first.step()
-        saving.position.record(0, batch.ids)
-    path = saving.save(3)
+    path = three_steps_saved(first, tmp_path)
     assert sorted(p.name for p in path.iterdir()) == ["MANIFEST.json", "position.json", "state.data-00000-of-00001",
                                                       "state.index"]
     expected = [first.step() for _ in range(2)]  # what training goes on to do from step 3
@@ -85,12 +92,7 @@ def test_model_optimizer_and_step_are_restored(tmp_path, trainer_cls):
 
 def test_a_fresh_plan_restores_the_model_and_optimizer_over_a_changed_dataset(tmp_path):
     first = KerasTrainer()
-    saving = checkpoints(tmp_path)
-    saving.attach(first)
-    for step, batch in enumerate(PLANNER.plan(0)[:3], start=1):
-        first.step()
-        saving.position.record(0, batch.ids)
-    saving.save(3)
+    three_steps_saved(first, tmp_path)
     expected = [first.step() for _ in range(2)]
     changed = EpochPlanner(make_samples(26, seed=5), BatchingConfig(batch_size=4, num_buckets=2))
     with pytest.raises(CheckpointError, match="6 added"):
