@@ -6,8 +6,12 @@ the run ends; a second run or resume of the same directory is refused with one l
 the owner (:class:`RunLocked`). The file holds the owner's host, pid, process start time,
 PID namespace and a random token (JSON).
 
-How a lock is taken: an atomic create of the file (``os.open`` with ``O_CREAT | O_EXCL``)
-that fails when it exists. Not ``fcntl``/``flock`` locks: on the network filesystems run
+How a lock is taken: the owner's record is written whole to a file of its own, then
+hard-linked to the lock's name: ``link`` is atomic and fails when the name exists, on local
+filesystems and NFS alike, so a lock file is never seen empty or half written. Where the
+filesystem has no hard links, the file is created exclusively (``O_CREAT | O_EXCL``) and
+then written; an unreadable lock is honoured for LOCK_WRITE_S, the time such a write may
+take. Not ``fcntl``/``flock`` locks: on the network filesystems run
 directories live on (NFS, Lustre, GPFS) they depend on a lock daemon or a mount option,
 fail with ENOLCK/ENOSYS where those are missing, and an ``fcntl`` lock is released when
 any descriptor of the file in the process closes; an exclusive create is atomic on local
@@ -39,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import errno
 import json
 import logging
 import os
@@ -65,6 +70,10 @@ LOCK_STALE_S = 120.0
 START_TOLERANCE_S = 1.0
 # Attempts at taking a lock over before giving up (another process taking it over at once).
 TAKE_OVER_ATTEMPTS = 3
+# A lock file that is not an owner's record (empty, cut short, not JSON) is left alone this
+# long after its mtime: a writer without hard links may be between its create and its write
+# of ~150 bytes (milliseconds; seconds on a loaded NFS server). Older, it is no writer's.
+LOCK_WRITE_S = 5.0
 
 
 class RunLocked(UserError):
@@ -90,7 +99,8 @@ class LockOwner:
 
     @classmethod
     def parse(cls, raw: bytes) -> "LockOwner | None":
-        """The owner a lock file names; None when it is not one (empty: still being written)."""
+        """The owner a lock file names; None when it is not one (empty or cut short: damaged, or being
+        written where the filesystem has no hard links)."""
         try:
             data = json.loads(raw.decode("utf-8"))
             return cls(str(data["host"]), int(data["pid"]), float(data["started_unix"]), str(data["token"]),
@@ -131,6 +141,8 @@ def owner_gone(owner: LockOwner | None, age_s: float, host: str, pids: str = "",
         if abs(now_started - owner.started_unix) > START_TOLERANCE_S:
             return f"pid {owner.pid} is another process now"
         return None
+    if owner is None and age_s > LOCK_WRITE_S:
+        return f"the file names no owner {age_s:.0f} s after it was written"
     if age_s > LOCK_STALE_S:
         return f"not refreshed for {age_s:.0f} s (stale after {LOCK_STALE_S:.0f} s)"
     return None
@@ -222,25 +234,52 @@ class RunLock:
 
 
 def _create(path: Path, me: LockOwner) -> bool:
-    """Make the lock file holding ``me``, atomically: False when it exists."""
+    """Make the lock file holding ``me``, atomically and whole (module docstring): False when
+    it exists."""
+    record = path.with_name(f"{path.name}.{me.token}.new")
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
+        _write_new(record, me)
+        try:
+            os.link(record, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in NO_HARD_LINKS:
+                raise
+            return _create_then_write(path, me)
+        return True
     except OSError as exc:
         raise file_error(exc, path) or exc from None
+    finally:
+        with contextlib.suppress(OSError):
+            record.unlink()
+
+
+# What link() raises on a filesystem without hard links (FAT, some FUSE and SMB mounts).
+NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+def _write_new(path: Path, me: LockOwner) -> None:
+    """``me`` into a file that must not exist yet, on disk before this returns."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(me.to_json())
             f.flush()
             os.fsync(f.fileno())
-    except BaseException as exc:
+    except BaseException:
         with contextlib.suppress(OSError):
             path.unlink()
-        error = file_error(exc, path)
-        if error is not None and error is not exc:
-            raise error from None
         raise
+
+
+def _create_then_write(path: Path, me: LockOwner) -> bool:
+    """The lock without hard links: created exclusively, then written (LOCK_WRITE_S covers
+    the moment between): False when it exists."""
+    try:
+        _write_new(path, me)
+    except FileExistsError:
+        return False
     return True
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import psutil
 import pytest
 
 from stoker.shared.runfiles import RUN_LOCK
-from stoker.shared.runlock import (LOCK_STALE_S, LockOwner, RunLock, RunLocked, owner_gone, pid_namespace,
+from stoker.shared.runlock import (LOCK_STALE_S, LOCK_WRITE_S, LockOwner, RunLock, RunLocked, owner_gone, pid_namespace,
                                    process_start)
 from tests.procs import holding_run_lock
 
@@ -35,8 +36,9 @@ def test_owner_on_another_host_is_honoured_until_its_heartbeat_is_stale() -> Non
     assert "not refreshed for" in owner_gone(OWNER, LOCK_STALE_S + 1, "elsewhere", started=never)
     # A container with the host's name but pids of its own: its pids mean nothing here either.
     assert owner_gone(OWNER, LOCK_STALE_S - 1, HOST, "pid:[4026532999]", started=never) is None
-    assert owner_gone(None, 1.0, HOST, started=never) is None  # being written: honoured for a while
-    assert owner_gone(None, LOCK_STALE_S + 1, HOST, started=never) is not None
+    # A file naming no owner may be between its create and its write (no hard links): honoured as long as that takes.
+    assert owner_gone(None, 1.0, HOST, started=never) is None
+    assert "names no owner" in owner_gone(None, LOCK_WRITE_S + 1, HOST, started=never)
 
 
 @pytest.mark.timeout(60)
@@ -79,6 +81,31 @@ def test_a_lock_of_a_dead_or_reused_pid_is_taken_over_with_a_log_line(tmp_path, 
         assert f"took over the lock of host {host}, pid {owner.pid}" in caplog.text
         lock.release()
         assert sorted(p.name for p in run_dir.iterdir()) == []  # nothing left aside
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-links", "no-hard-links"])
+def test_a_lock_file_is_whole_from_its_first_moment_and_an_empty_one_is_taken_over(tmp_path, monkeypatch,
+                                                                                    links) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / RUN_LOCK).write_bytes(b"")  # a writer that died between create and write
+    then = time.time() - LOCK_WRITE_S - 1
+    os.utime(run_dir / RUN_LOCK, (then, then))
+    seen: list[bytes] = []
+    real_link = os.link
+
+    def link(src, dst):  # what another process reading the lock would see the moment it appears
+        if not links:
+            raise OSError(errno.EPERM, "Operation not permitted")
+        real_link(src, dst)
+        seen.append((run_dir / RUN_LOCK).read_bytes())
+
+    monkeypatch.setattr(os, "link", link)
+    with RunLock.acquire(run_dir) as lock:
+        assert LockOwner.parse((run_dir / RUN_LOCK).read_bytes()) == lock.owner
+        assert [LockOwner.parse(raw) for raw in seen] == ([lock.owner] if links else [])
+        assert sorted(p.name for p in run_dir.iterdir()) == [RUN_LOCK]  # no record or stale file left beside it
+    assert sorted(run_dir.iterdir()) == []
 
 
 def test_another_hosts_lock_is_honoured_until_stale(tmp_path) -> None:
