@@ -11,6 +11,11 @@ from typing import Any, NamedTuple
 
 from ..errors import UserError
 
+# Suffixes of formats libsndfile reads, in order of preference when one id has several.
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".w64",
+                  ".rf64", ".caf")
+
+
 # Clips whose metadata names no speaker are this speaker's.
 DEFAULT_SPEAKER = "default"
 
