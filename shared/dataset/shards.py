@@ -83,6 +83,14 @@ def is_locator(name: str) -> bool:
     return "#" in name and _LOCATOR.match(name) is not None
 
 
+def shard_of(name: str) -> str:
+    """The shard of a member's locator."""
+    match = _LOCATOR.match(name)
+    if match is None:
+        raise ValueError(f"not a shard member's locator: {name!r}")
+    return match["shard"]
+
+
 @dataclass(frozen=True)
 class Locator:
     """Where a clip's bytes are: in ``shard`` (relative to the dataset root, or a URL), member ``member``."""
