@@ -48,7 +48,8 @@ from typing import Any, Iterator
 
 from ..dataset.cache import user_cache_dir
 from ..dataset.probe import probe_bytes
-from ..dataset.storage import Reader, StorageError, is_url, open_file, shown, url_fs
+from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown, transit_errors,
+                               url_fs)
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError
 from ..layouts import SHARD_SUFFIX, Rejection, is_shards, nfc
 
@@ -203,8 +204,8 @@ def _remote_shards(url: str) -> list[Shard]:
             infos = [fs.info(path)]
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"cannot list {shown(url)}: {type(exc).__name__}: {_first_line(exc)}") from None
+    except (ValueError, *transit_errors()) as exc:  # no such bucket, no credentials, no connection
+        raise DatasetError(f"cannot list {shown(url)}: {type(exc).__name__}: {first_line(exc)}") from None
     found = []
     for info in infos:
         if info.get("type", "file") != "file":
@@ -224,11 +225,6 @@ def _stamp(info: dict[str, Any]) -> int:
         return int(when.timestamp() * 1e9)
     tag = str(info.get("ETag") or info.get("etag") or when or "")
     return int.from_bytes(hashlib.sha256(tag.encode()).digest()[:7], "little")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
 
 
 @dataclass
@@ -324,7 +320,7 @@ def _list_shard(root: Path, shard: Shard, listing: ShardListing, seen: dict[str,
                     clip.texts[suffix] = handle.read() if handle is not None else b""
     except (OSError, StorageError, tarfile.TarError, EOFError) as exc:
         listing.rejected.append(Rejection(f"shard:{shard.name}", f"shard {shown(shard.name)} cannot be read: "
-                                                                 f"{type(exc).__name__}: {_first_line(exc)}"))
+                                                                 f"{type(exc).__name__}: {first_line(exc)}"))
     for clip in clips.values():
         _add_clip(shard, clip, listing, seen)
 
@@ -339,7 +335,7 @@ def _members(tar: tarfile.TarFile, shard: Shard, listing: ShardListing) -> Itera
         except tarfile.TarError as exc:
             listing.rejected.append(Rejection(
                 f"shard:{shard.name}", f"shard {shown(shard.name)} has an unreadable tar header at byte {at} "
-                                       f"({_first_line(exc)}): the members after it are not indexed"))
+                                       f"({first_line(exc)}): the members after it are not indexed"))
             return
         if member is None:  # the end, or (past the first header) one tarfile could not read
             tar.fileobj.seek(at)
@@ -390,7 +386,7 @@ def _text_fields(clip: _Clip) -> tuple[dict[str, Any], str]:
         try:
             obj = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
-            return {}, f"{clip.key}.json is not JSON ({_first_line(exc)})"
+            return {}, f"{clip.key}.json is not JSON ({first_line(exc)})"
         if not isinstance(obj, dict):
             return {}, f"{clip.key}.json is not a JSON object"
         fields = {k: obj[k] for k in ("text", "normalized_text", "speaker", "language", "duration") if k in obj}

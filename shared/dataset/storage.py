@@ -18,13 +18,14 @@ shown in a log line or an error has its ``user:password@`` part removed (:func:`
 from __future__ import annotations
 
 import collections
+import io
 import logging
 import re
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def url_fs(url: str) -> tuple[Any, str]:
     return fs, path
 
 
-def _transit_errors() -> tuple[type[BaseException], ...]:
+def transit_errors() -> tuple[type[BaseException], ...]:
     """The exceptions of a read that failed in transit (worth a retry on a fresh handle)."""
     errors: list[type[BaseException]] = [OSError, TimeoutError, EOFError]
     try:
@@ -110,6 +111,88 @@ def _transit_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+class RetryingFile(io.RawIOBase):
+    """A file at a URL, read through fsspec with the bounded read-ahead; a read failing in
+    transit is retried from the same position on a fresh handle (module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self._fs, self._path = url_fs(url)
+        self._file: Any = None
+        self._pos = 0
+        self._errors = transit_errors()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._pos = offset
+        elif whence == io.SEEK_CUR:
+            self._pos += offset
+        else:
+            self._pos = self._attempts(lambda f: f.size) + offset
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        def read(f: Any) -> bytes:
+            f.seek(self._pos)
+            return f.read(size)
+
+        data = self._attempts(read)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def _attempts(self, action: Callable[[Any], Any]) -> Any:
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                if self._file is None:
+                    self._file = self._fs.open(self._path, "rb", block_size=READ_AHEAD_BYTES, cache_type="readahead")
+                return action(self._file)
+            except FileNotFoundError:
+                raise
+            except self._errors as exc:  # in transit: a fresh handle, after a pause
+                self._drop()
+                if attempt == READ_RETRIES:
+                    raise StorageError(f"cannot read {shown(self.url)} at byte {self._pos}: {type(exc).__name__}: "
+                                       f"{first_line(exc)} (after {READ_RETRIES} retries)") from None
+                COUNTS.retries += 1
+                log.warning("read of %s at byte %d failed (%s); retry %d of %d", shown(self.url), self._pos,
+                            type(exc).__name__, attempt + 1, READ_RETRIES)
+                time.sleep(RETRY_BACKOFF_S * 2 ** attempt)  # backing off from a struggling store
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _drop(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except self._errors:
+                log.debug("closing %s failed after a failed read", shown(self.url))
+            self._file = None
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message, its first line (a message may carry a server's whole reply)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 class Reader:
     """Reads byte ranges of files below ``root`` (or at URLs), keeping the last
     :data:`MAX_OPEN_FILES` open: a producer reads a shard's members one after the other
@@ -120,7 +203,6 @@ class Reader:
         self.max_open = max_open
         self._open: collections.OrderedDict[str, IO[bytes]] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._errors: tuple[type[BaseException], ...] | None = None
 
     def read(self, name: str, offset: int, size: int) -> bytes:
         """``size`` bytes of file ``name`` (relative to ``root``, absolute, or a URL) from ``offset``.
@@ -128,34 +210,23 @@ class Reader:
         Raises FileNotFoundError (not on this host) or StorageError (unreadable, or fewer bytes
         than asked: the file changed since it was indexed)."""
         with self._lock:
-            remote = is_url(name)
-            if self._errors is None:
-                self._errors = _transit_errors() if remote else (OSError,)
-            attempts = READ_RETRIES + 1 if remote else 1
-            for attempt in range(attempts):
-                try:
-                    handle = self._handle(name)
-                    handle.seek(offset)
-                    data = handle.read(size)
-                except FileNotFoundError:
-                    self._close(name)
-                    raise
-                except self._errors as exc:  # in transit: a fresh handle, after a pause
-                    self._close(name)
-                    if attempt + 1 >= attempts:
-                        raise StorageError(f"cannot read {shown(name)} at byte {offset}: "
-                                           f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                                           f"{f' (after {READ_RETRIES} retries)' if remote else ''}") from None
-                    COUNTS.retries += 1
-                    log.warning("read of %s at byte %d failed (%s); retry %d of %d", shown(name), offset,
-                                type(exc).__name__, attempt + 1, READ_RETRIES)
-                    time.sleep(RETRY_BACKOFF_S * 2 ** attempt)  # backing off from a struggling store
-                    continue
-                if len(data) != size:
-                    raise StorageError(f"{shown(name)} holds {max(0, len(data))} of the {size} bytes from byte "
-                                       f"{offset} (changed since it was indexed?)")
-                return data
-        raise AssertionError("unreachable: the loop returns or raises")
+            try:
+                handle = self._handle(name)
+                handle.seek(offset)
+                data = handle.read(size)
+            except FileNotFoundError:
+                self._close(name)
+                raise
+            except StorageError:
+                self._close(name)
+                raise
+            except OSError as exc:
+                self._close(name)
+                raise StorageError(f"cannot read {shown(name)} at byte {offset}: {exc.strerror or exc}") from None
+            if len(data) != size:
+                raise StorageError(f"{shown(name)} holds {len(data)} of the {size} bytes from byte {offset} "
+                                   f"(changed since it was indexed?)")
+            return data
 
     def _handle(self, name: str) -> IO[bytes]:
         handle = self._open.get(name)
@@ -172,10 +243,7 @@ class Reader:
     def _close(self, name: str) -> None:
         handle = self._open.pop(name, None)
         if handle is not None:
-            try:
-                handle.close()
-            except self._errors or (OSError,):
-                log.debug("closing %s failed after a failed read", shown(name))
+            handle.close()
 
     def close(self) -> None:
         with self._lock:
@@ -184,8 +252,7 @@ class Reader:
 
 
 def open_file(path: str) -> IO[bytes]:
-    """A binary file object of a local path or a URL (with the bounded read-ahead)."""
+    """A binary file object of a local path, or of a URL (:class:`RetryingFile`)."""
     if not is_url(path):
         return open(path, "rb")
-    fs, inner = url_fs(path)
-    return fs.open(inner, "rb", block_size=READ_AHEAD_BYTES, cache_type="readahead")
+    return RetryingFile(path)  # type: ignore[return-value]
