@@ -4,7 +4,7 @@ of a response, as a flaky network does. Both stop when their ``with`` block ends
 
 from __future__ import annotations
 
-import os
+import re
 import select
 import socket
 import struct
@@ -14,6 +14,9 @@ from typing import Any
 
 # The fake credentials moto accepts; the endpoint variable is how every S3 client finds the server.
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+_RANGE = re.compile(rb"(?i)\r\nrange: *bytes=(\d+)-")
 
 
 # A proxied connection idle this long is closed (a test never waits on one).
@@ -66,7 +69,8 @@ def use_env(env: dict[str, str], monkeypatch: Any) -> None:
 
 class DroppingProxy:
     """A TCP proxy on 127.0.0.1 (a free port) to ``target``; once armed with ``drops``, each
-    connection whose response passes ``after_bytes`` is cut there (a reset), until that many
+    response to a ranged GET from past a file's start (a member's read, not a shard's listing,
+    which starts at byte 0) that passes ``after_bytes`` is cut there (a reset), until that many
     were cut. ``done`` is set when the last armed drop happened."""
 
     def __init__(self, target: str, after_bytes: int = 16 << 10) -> None:
@@ -125,7 +129,7 @@ class DroppingProxy:
         except OSError:
             client.close()
             return
-        passed = 0
+        passed, droppable = 0, False
         try:
             while not self._stop.is_set():
                 readable, _, _ = select.select([client, upstream], [], [], IDLE_S)
@@ -135,10 +139,13 @@ class DroppingProxy:
                     data = sock.recv(1 << 16)
                     if not data:
                         return
-                    if sock is client:
+                    if sock is client:  # a request: its response is counted from its first byte
+                        ranged = _RANGE.search(data)
+                        if ranged is not None or data.startswith((b"GET", b"HEAD", b"PUT")):
+                            passed, droppable = 0, ranged is not None and int(ranged[1]) > 0
                         upstream.sendall(data)
                         continue
-                    if passed + len(data) > self.after_bytes and self._take_drop():
+                    if droppable and passed + len(data) > self.after_bytes and self._take_drop():
                         client.sendall(data[:max(0, self.after_bytes - passed)])
                         # a reset, not a clean close: the reader sees its response cut mid-body
                         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -151,7 +158,3 @@ class DroppingProxy:
             client.close()
             upstream.close()
 
-
-def aws_env_clean() -> dict[str, str]:
-    """This process's environment without AWS settings (a child run gets only the test's)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
