@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..dataset.cache import user_cache_dir
+from ..config import DataConfig
+from ..dataset.cache import INDEX_FORMAT, index_cache_file, pack_payload, read_cache, user_cache_dir, write_cache
 from ..dataset.probe import probe_bytes
 from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown, transit_errors,
                                url_fs)
@@ -66,6 +67,10 @@ TEXT_SUFFIXES = ("json", "txt")
 
 # A text or JSON member larger than this is not a clip's text (a mislabelled file): rejected, not read.
 MAX_TEXT_BYTES = 1 << 20
+
+
+# Bump when the listing's rules or its cached form change.
+LISTING_FORMAT = 1
 
 
 # The sample rate of the probe a JSON duration makes (microseconds): the index computes a
@@ -254,6 +259,17 @@ class ShardListing:
     def manifest(self) -> bytes:
         return "".join(line + "\n" for line in self.lines).encode("utf-8")
 
+    def to_payload(self) -> dict[str, Any]:
+        return {"shards": self.shards, "lines": self.lines, "durations": self.durations,
+                "audio": [[i, *a] for i, a in self.audio.items()],
+                "rejected": [[r.id, r.reason, r.file, r.kind] for r in self.rejected]}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> "ShardListing":
+        return cls(lines=list(payload["lines"]), durations=dict(payload["durations"]), shards=int(payload["shards"]),
+                   audio={i: AudioFile(name, size, mtime) for i, name, size, mtime in payload["audio"]},
+                   rejected=[Rejection(i, reason, file=file, kind=kind) for i, reason, file, kind in payload["rejected"]])
+
     def probes(self) -> dict[str, AudioProbe]:
         """The header facts the JSON durations give (no audio read), by locator."""
         return {name: AudioProbe(round(seconds * DURATION_RATE_HZ), DURATION_RATE_HZ, 1)
@@ -264,22 +280,41 @@ _LISTINGS: dict[tuple[str, str], tuple[tuple[Shard, ...], ShardListing]] = {}  #
 
 
 def read_shards(root: Path, pattern: str) -> ShardListing:
-    """The listing of the shards ``pattern`` names below ``root`` (module docstring). A process
-    reads each dataset's shards once while their names, sizes and stamps are unchanged (the
-    index asks for the manifest and the audio in turn)."""
+    """The listing of the shards ``pattern`` names below ``root`` (module docstring). It is kept
+    beside the index cache (``DATASET/.stoker/shards-*.msgpack``, else the user cache dir),
+    keyed on every shard's name, size and stamp, so that only a changed set of shards is
+    walked again; and in this process, which asks for the manifest and the audio in turn."""
     shards = tuple(list_shards(root, pattern))
     cached = _LISTINGS.get((str(root), pattern))
     if cached is not None and cached[0] == shards:
         return cached[1]
-    listing = ShardListing(shards=len(shards))
-    seen: dict[str, str] = {}  # id -> where it was first
-    for shard in shards:
-        _list_shard(root, shard, listing, seen)
+    key = hashlib.sha256(repr((LISTING_FORMAT, pattern, shards)).encode("utf-8", "surrogateescape")).hexdigest()
+    candidates = [path.with_name(path.name.replace("index-", "shards-", 1))
+                  for path in index_cache_file(root, DataConfig(path=str(root), metadata_file=pattern))]
+    listing = _cached_listing(candidates, key)
+    if listing is None:
+        listing = ShardListing(shards=len(shards))
+        seen: dict[str, str] = {}  # id -> where it was first
+        for shard in shards:
+            _list_shard(root, shard, listing, seen)
+        write_cache(candidates, pack_payload({"format": INDEX_FORMAT, "key": key, **listing.to_payload()}))
     _LISTINGS.clear()
     _LISTINGS[(str(root), pattern)] = (shards, listing)
     log.info("%d tar shards of %s: %d clips, %d members rejected", len(shards), shown(pattern) if is_url(pattern)
              else root / pattern, len(listing.lines), len(listing.rejected))
     return listing
+
+
+def _cached_listing(candidates: list[Path], key: str) -> ShardListing | None:
+    """The listing a cache file holds under ``key``, or None (no such file, or another key)."""
+    _, payload, state = read_cache(candidates, key)
+    if state != "hit" or payload is None:
+        return None
+    try:
+        return ShardListing.from_payload(payload)
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("the cached listing of the shards is unusable (%s); walking them again", exc)
+        return None
 
 
 def _list_shard(root: Path, shard: Shard, listing: ShardListing, seen: dict[str, str]) -> None:

@@ -146,3 +146,20 @@ def test_a_member_decodes_to_the_same_samples_as_its_loose_file(tmp_path: Path) 
         expected = load_audio(loose / "wavs" / member, 16000)
         np.testing.assert_array_equal(load_member(reader, sample.audio, 16000), expected)
     reader.close()
+
+
+def test_the_shards_listing_is_cached_until_a_shard_changes(tmp_path: Path, monkeypatch) -> None:
+    from stoker.shared.dataset import shards as shards_module
+
+    made = make_shards(tmp_path / "shards", shards=2, per_shard=3)
+    first = shards_module.read_shards(made.root, "*.tar")
+    walked: list[str] = []
+    real_open = shards_module.open_file
+    monkeypatch.setattr(shards_module, "open_file", lambda path: walked.append(path) or real_open(path))
+    shards_module._LISTINGS.clear()  # a new process: only the cache file is left
+    again = shards_module.read_shards(made.root, "*.tar")
+    assert walked == [] and (again.lines, again.audio, again.rejected) == (first.lines, first.audio, first.rejected)
+    add_shard(made.root, "train-002.tar", {"NEW.flac": clip_member(3), "NEW.txt": b"One more clip."})
+    shards_module._LISTINGS.clear()
+    changed = shards_module.read_shards(made.root, "*.tar")
+    assert len(walked) == 3 and len(changed.lines) == len(first.lines) + 1
