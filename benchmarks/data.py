@@ -698,10 +698,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", help="where the generated datasets go (default: a temporary directory)")
     parser.add_argument("--only", choices=("index", "producer"), help="one section")
     parser.add_argument("--variants", help="the producer section's variants, comma-separated (default: all)")
+    parser.add_argument("--clips", type=int, help="the producer section's clips (default 64; quick 32)")
     args = parser.parse_args(argv)
     plan = DataPlan.quick() if args.quick else DataPlan()
     if args.variants:
         plan.variants = args.variants.split(",")
+    if args.clips:
+        plan.clips = args.clips
     report = run(plan, Path(args.workdir) if args.workdir else None,
                  sections=(args.only,) if args.only else ("index", "producer"))
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -24,6 +24,10 @@ from stoker.shared.dataset.storage import Reader, StorageError
 RESAMPLE_QUALITY = "HQ"
 
 
+# libsndfile's float from 16-bit PCM: the integer over this (its normalisation, on by default).
+INT16_SCALE = 0x8000
+
+
 class AudioError(Exception):
     """A clip that cannot be used; ``str(exc)`` is the rejection reason."""
 
@@ -73,6 +77,12 @@ def load_member(reader: Reader, name: str, target_rate_hz: int) -> np.ndarray:
     riff = riff_facts_of(data)
     if riff is not None and riff.problem:
         raise AudioError(f"audio file truncated: {where}: {riff.problem}")
+    if riff is not None and riff.frames and riff.pcm16_offset:
+        # 16-bit PCM WAV, the commonest member: the samples as libsndfile scales them (x / 32768,
+        # exact in float32), without its reads through Python callbacks of an in-memory file
+        pcm = np.frombuffer(data, "<i2", riff.frames * riff.channels, riff.pcm16_offset)
+        audio = (pcm.astype(np.float32) * np.float32(1 / INT16_SCALE)).reshape(-1, riff.channels)
+        return _resampled(audio, riff.rate, target_rate_hz, where)
     try:
         audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as exc:  # libsndfile raises LibsndfileError/RuntimeError for corrupt data

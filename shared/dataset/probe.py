@@ -45,6 +45,7 @@ class RiffFacts(NamedTuple):
     frames: int | None = None
     rate: int = 0
     channels: int = 0
+    pcm16_offset: int = 0  # where the samples start when they are 16-bit integer PCM (else 0)
 
 
 # WAVE format tags whose frame count is simply data bytes / block align (PCM, IEEE float);
@@ -113,7 +114,8 @@ def _riff_walk(pread: Callable[[int, int], bytes], size: int) -> RiffFacts | Non
             tag, channels, rate, align, bits = fmt
             if bits not in _PLAIN_BITS.get(tag, ()) or channels < 1 or rate < 1 or align != channels * bits // 8:
                 return RiffFacts()
-            return RiffFacts(frames=length // align, rate=rate, channels=channels)
+            pcm16 = offset + 8 if tag == _PCM_TAG and bits == 16 else 0
+            return RiffFacts(frames=length // align, rate=rate, channels=channels, pcm16_offset=pcm16)
         offset += 8 + length + (length & 1)  # chunks are padded to an even size
 
 

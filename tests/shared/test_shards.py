@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 
 from stoker.producer.audio import load_audio, load_member
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index, locate, scan_dataset
 from stoker.shared.dataset.shards import Locator, expand_braces, is_locator
 from stoker.shared.dataset.storage import Reader
-from tests.factories import add_shard, clip_member, loose_copy, make_shards
+from tests.factories import add_shard, clip_member, loose_copy, make_shards, tone
 
 FEATURES = FeaturesConfig()
 
@@ -145,6 +146,12 @@ def test_a_member_decodes_to_the_same_samples_as_its_loose_file(tmp_path: Path) 
         member = shards.members[sample.id][1].rpartition("/")[2]
         expected = load_audio(loose / "wavs" / member, 16000)
         np.testing.assert_array_equal(load_member(reader, sample.audio, 16000), expected)
+    stereo = tmp_path / "stereo.wav"  # 16-bit PCM read without libsndfile: the same samples, any channels
+    soundfile.write(str(stereo), tone(0.7, 16000, seed=5, channels=2), 16000, subtype="PCM_16")
+    add_shard(tmp_path / "shards", "train-009.tar", {"ST.wav": stereo.read_bytes(), "ST.txt": b"Two channels."})
+    sample = {s.id: s for s in build_index(_data(tmp_path / "shards"), FEATURES).samples}["ST"]
+    for rate in (16000, 22050):
+        np.testing.assert_array_equal(load_member(reader, sample.audio, rate), load_audio(stereo, rate))
     reader.close()
 
 
