@@ -52,7 +52,7 @@ from ..dataset.probe import probe_bytes
 from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown, transit_errors,
                                url_fs)
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError
-from ..layouts import SHARD_SUFFIX, Rejection, is_shards, nfc
+from ..layouts import SHARD_SUFFIX, Rejection, nfc
 
 log = logging.getLogger(__name__)
 
@@ -215,11 +215,8 @@ def _remote_shards(url: str) -> list[Shard]:
     for info in infos:
         if info.get("type", "file") != "file":
             continue
-        name = info["name"]
-        full = name if is_url(name) else f"{protocol}://{name.lstrip('/')}" if protocol != "file" else name
-        if protocol in ("http", "https"):
-            full = name
-        found.append(Shard(full, int(info.get("size") or 0), _stamp(info)))
+        name = info["name"]  # without the protocol (s3, gs, file), or the whole URL (http)
+        found.append(Shard(name if is_url(name) else f"{protocol}://{name}", int(info.get("size") or 0), _stamp(info)))
     return found
 
 

@@ -12,7 +12,8 @@ are turned off so that every retry is one this module makes and counts. Credenti
 from where the protocol's library looks (for S3: ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and ``~/.aws``, an instance role;
 ``AWS_ENDPOINT_URL`` names an S3-compatible server); they are never logged, and a URL
-shown in a log line or an error has its ``user:password@`` part removed (:func:`shown`).
+shown in a log line or an error has its ``user:password@`` part and its query (a presigned
+URL's signature) removed (:func:`shown`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ MAX_OPEN_FILES = 8
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+
+
+# A URL's query, which may carry credentials (a presigned URL's signature).
+_QUERY = re.compile(r"(://[^\s?'\"]*)\?[^\s'\"]*")
 
 
 class StorageError(OSError):
@@ -75,9 +80,10 @@ def is_url(path: str) -> bool:
     return bool(_URL.match(path))
 
 
-def shown(path: str) -> str:
-    """``path`` as logs and errors may show it: a URL without its ``user:password@``."""
-    return _USERINFO.sub(r"\1", path)
+def shown(text: str) -> str:
+    """``text`` (a URL, or a message naming URLs) as logs and errors may show it: each URL
+    without its ``user:password@`` and its query (a presigned URL's signature)."""
+    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1", text))
 
 
 def url_fs(url: str) -> tuple[Any, str]:
@@ -188,9 +194,10 @@ class RetryingFile(io.RawIOBase):
 
 
 def first_line(exc: BaseException) -> str:
-    """An exception's message, its first line (a message may carry a server's whole reply)."""
+    """An exception's message, its first line (a message may carry a server's whole reply),
+    with the URLs in it as :func:`shown` shows them."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+    return shown(text.splitlines()[0]) if text else ""
 
 
 class Reader:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from stoker.producer.audio import load_audio, load_member
+from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index, locate, scan_dataset
 from stoker.shared.dataset.shards import Locator, expand_braces, is_locator
@@ -170,3 +170,27 @@ def test_the_shards_listing_is_cached_until_a_shard_changes(tmp_path: Path, monk
     shards_module._LISTINGS.clear()
     changed = shards_module.read_shards(made.root, "*.tar")
     assert len(walked) == 3 and len(changed.lines) == len(first.lines) + 1
+
+
+def test_a_url_is_shown_without_its_credentials() -> None:
+    from stoker.shared.dataset.storage import shown
+
+    assert shown("https://user:secret@host/c/train-{000..009}.tar") == "https://host/c/train-{000..009}.tar"
+    assert shown("cannot GET https://host/a.tar?X-Amz-Credential=AKIA&X-Amz-Signature=f00 (403)") == \
+        "cannot GET https://host/a.tar?... (403)"
+    assert shown("s3://bucket/train-000.tar#clips/a.flac@512+100") == "s3://bucket/train-000.tar#clips/a.flac@512+100"
+
+
+def test_a_shard_changed_since_indexing_is_a_rejection_when_read(tmp_path: Path) -> None:
+    shards = make_shards(tmp_path / "shards", shards=1, per_shard=3)
+    index = build_index(_data(tmp_path / "shards"), FEATURES)
+    last = max(index.samples, key=lambda s: Locator.parse(s.audio).offset)
+    locator = Locator.parse(last.audio)
+    shards.paths[0].write_bytes(shards.paths[0].read_bytes()[:locator.offset + 100])  # cut after the index
+    with pytest.raises(AudioError, match=rf"^audio file unreadable: member {locator.member} of shard train-000.tar: "
+                                         rf"train-000.tar holds 100 of the {locator.size} bytes from byte "
+                                         rf"{locator.offset} \(changed since it was indexed\?\)$"):
+        load_member(Reader(tmp_path / "shards"), last.audio, 22050)
+    (tmp_path / "shards" / "train-000.tar").unlink()
+    with pytest.raises(AudioMissing, match="no such shard"):
+        load_member(Reader(tmp_path / "shards"), last.audio, 22050)
