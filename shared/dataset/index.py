@@ -29,6 +29,7 @@ from ..dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPL
 from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.shards import is_locator, probe_member, read_shards
+from ..dataset.storage import COUNTS
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_shards
 from ..mel import min_num_samples, num_frames
@@ -230,8 +231,11 @@ def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | N
     # 40% longer per item than a 13,100-item one). Nothing here makes reference cycles.
     enabled = gc.isenabled()
     gc.disable()
+    retries = COUNTS.retries
     try:
-        return _build_index(data, features, text or TextConfig(), vocabulary)
+        index = _build_index(data, features, text or TextConfig(), vocabulary)
+        index.stats.read_retries = COUNTS.retries - retries  # tar shards at a URL (storage.py)
+        return index
     finally:
         if enabled:
             gc.enable()
