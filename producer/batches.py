@@ -27,7 +27,7 @@ from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
-from stoker.shared.dataset.shards import is_locator
+from stoker.shared.dataset.shards import Locator, is_locator
 from stoker.shared.dataset.storage import COUNTS, Reader
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
@@ -158,6 +158,9 @@ class BatchMaker:
         rejected: list[wire.Entry] = []
         missed: list[wire.Entry] = []
         extra = {i: (s, g) for i, s, g in zip(lease.ids, lease.speakers, lease.languages)}
+        # tar shards: the lease's members read in shard and offset order, then its rows made in its order
+        members = [self.files.get(i, "") for i in (*lease.ids, *(lease.refs or ()))]
+        self.reader.prefetch((m.shard, m.offset, m.size) for m in map(Locator.parse, filter(is_locator, members)))
         for n, sample_id in enumerate(lease.ids):
             row = self._row(lease, n, sample_id, extra, rejected, missed)
             if row is not None:

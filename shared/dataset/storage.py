@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -203,19 +203,35 @@ def first_line(exc: BaseException) -> str:
 class Reader:
     """Reads byte ranges of files below ``root`` (or at URLs), keeping the last
     :data:`MAX_OPEN_FILES` open: a producer reads a shard's members one after the other
-    through one handle. Thread-safe (one lock: a producer's compute thread is its one reader)."""
+    through one handle. One thread reads (a producer's compute thread; the index's)."""
 
     def __init__(self, root: Path | None = None, max_open: int = MAX_OPEN_FILES) -> None:
         self.root = root
         self.max_open = max_open
         self._open: collections.OrderedDict[str, IO[bytes]] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._ahead: dict[tuple[str, int, int], bytes] = {}  # read by prefetch, not yet asked for
+
+    def prefetch(self, ranges: Iterable[tuple[str, int, int]]) -> None:
+        """Read ``(name, offset, size)`` ranges in file and offset order (each file once, forward:
+        what a read-ahead serves best), to be taken by :meth:`read` in any order. What was
+        prefetched before and not taken is dropped. A range that cannot be read is left for its
+        :meth:`read`, which says why."""
+        self._ahead = {}
+        for name, offset, size in sorted(set(ranges)):
+            try:
+                self._ahead[name, offset, size] = self.read(name, offset, size)
+            except (FileNotFoundError, StorageError):
+                continue  # its own read raises, with the reason
 
     def read(self, name: str, offset: int, size: int) -> bytes:
         """``size`` bytes of file ``name`` (relative to ``root``, absolute, or a URL) from ``offset``.
 
         Raises FileNotFoundError (not on this host) or StorageError (unreadable, or fewer bytes
         than asked: the file changed since it was indexed)."""
+        ahead = self._ahead.pop((name, offset, size), None)
+        if ahead is not None:
+            return ahead
         with self._lock:
             try:
                 handle = self._handle(name)

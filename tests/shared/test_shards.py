@@ -194,3 +194,27 @@ def test_a_shard_changed_since_indexing_is_a_rejection_when_read(tmp_path: Path)
     (tmp_path / "shards" / "train-000.tar").unlink()
     with pytest.raises(AudioMissing, match="no such shard"):
         load_member(Reader(tmp_path / "shards"), last.audio, 22050)
+
+
+def test_a_batch_s_members_are_read_in_shard_and_offset_order_then_taken_in_any_order(tmp_path: Path) -> None:
+    shards = make_shards(tmp_path / "shards", shards=3, per_shard=4)
+    index = build_index(_data(tmp_path / "shards"), FEATURES)
+    order: list[tuple[str, int]] = []
+
+    class Spy(Reader):
+        def read(self, name: str, offset: int, size: int) -> bytes:
+            order.append((name, offset))
+            return super().read(name, offset, size)
+
+    reader = Spy(tmp_path / "shards")
+    wanted = [Locator.parse(s.audio) for s in reversed(index.samples)]  # a lease's order: any
+    expected = {m: _member_bytes(tmp_path / "shards" / m.shard, m.member) for m in wanted}
+    reader.prefetch((m.shard, m.offset, m.size) for m in wanted)
+    assert order == sorted(order) and len(order) == len(shards.clips)
+    for path in shards.paths:
+        path.unlink()  # what was read ahead is served without the shards
+    reader.close()
+    for m in wanted:
+        assert reader.read(m.shard, m.offset, m.size) == expected[m]
+    with pytest.raises(FileNotFoundError):  # taken once: a second read goes to the (gone) shard
+        reader.read(wanted[0].shard, wanted[0].offset, wanted[0].size)
