@@ -43,13 +43,18 @@ producer
       floor, the same tokenizer, collate and message encoding.
     - ``stoker-warm``: as ``stoker``, with ``data.feature_cache`` filled beforehand (the
       rate of a pass that fills an empty cache, compute and store, is reported beside it).
+    - ``stoker-shards``: as ``stoker``, the same clips' bytes read from WebDataset-style tar
+      shards of :data:`CLIPS_PER_SHARD` clips (shared/dataset/shards.py; ``KEY.wav`` and
+      ``KEY.txt`` members) on the same disk, through the producer's shard reader, in the
+      same batches (planned from the loose files: clips of every shard in every batch, the
+      reader's worst case; a run from shards leases batches grouped by shard).
 
     Judged with one thread per process (``OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS=1``, TF
     intra- and inter-op threads 1): producers run one per core, so one core is what each
     has. The same variants with the libraries' default threading are reported too
     (informational; on 2 cores a library that starts a thread per core in each of two
     producers oversubscribes the machine). Targets: stoker >= 1.5 x librosa clips/s;
-    warm cache >= 5 x stoker (cold) clips/s.
+    warm cache >= 5 x stoker (cold) clips/s; from shards >= 0.9 x from loose files.
 
 Quick mode: smaller index sizes (13,100 and 30,000), fewer clips and repetitions, no
 default-threads rows.
@@ -60,6 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -68,6 +74,7 @@ import resource
 import shutil
 import struct
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -85,7 +92,7 @@ from stoker.producer.features import log_mel_spectrogram_numpy, resolve_backend
 from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import build_index, read_metadata, scan_audio
+from stoker.shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
 from stoker.shared.dataset.index import _workers
 from stoker.shared.mel import pad_values
 
@@ -100,6 +107,11 @@ TARGET_LINEAR = 1.3
 # Producer targets.
 TARGET_VS_LIBROSA = 1.5
 TARGET_WARM_VS_COLD = 5.0
+TARGET_SHARDS_VS_FILES = 0.9
+# The producer section's clips packed into tar shards of this many (8 shards of ~2.3 MB for 64 clips),
+# in this directory beside the clips' own.
+CLIPS_PER_SHARD = 8
+SHARDS_DIR = "shards"
 # Generated index items: tiny real WAV files (header + 0.25 s of 8 kHz 16-bit silence).
 INDEX_RATE_HZ = 8000
 INDEX_SECONDS = 0.25
@@ -129,7 +141,8 @@ class DataPlan:
     phoneme_repetitions: int = 2
     clips: int = 64
     repetitions: int = 5
-    variants: list[str] = field(default_factory=lambda: ["stoker", "librosa", "stoker-warm", "stoker-tf"])
+    variants: list[str] = field(default_factory=lambda: ["stoker", "librosa", "stoker-warm", "stoker-tf",
+                                                         "stoker-shards"])
     default_threads: bool = True  # also measure with the libraries' default threading
 
     @classmethod
@@ -206,6 +219,24 @@ def make_clips(root: Path, count: int, seed: int = 0) -> None:
         text = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(words)).capitalize() + "."
         lines.append(f"{sample_id}|{text}|{text}")
     (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def make_clip_shards(root: Path, per_shard: int = CLIPS_PER_SHARD) -> Path:
+    """The clips of :func:`make_clips` in ``root`` packed into tar shards beside it
+    (``KEY.wav`` + ``KEY.txt`` members, in metadata order); returns their directory."""
+    shards = root.parent / SHARDS_DIR
+    shards.mkdir(parents=True, exist_ok=True)
+    entries, _ = read_metadata(root)
+    files = scan_audio(root)
+    for n in range(0, len(entries), per_shard):
+        with tarfile.open(shards / f"clips-{n // per_shard:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for entry in entries[n:n + per_shard]:
+                tar.add(str(root / files[entry.id].name), arcname=f"{entry.id}.wav")
+                text = entry.text.encode("utf-8")
+                info = tarfile.TarInfo(f"{entry.id}.txt")
+                info.size = len(text)
+                tar.addfile(info, io.BytesIO(text))
+    return shards
 
 
 # ------------------------------------------------------------------------ index
@@ -383,9 +414,14 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
     """One variant in its own process: answer each "run" with the seconds one pass took."""
     try:
         base = Path(root)
-        entries, _ = read_metadata(base)
-        texts = {e.id: e.text for e in entries}
-        files = {k: v.name for k, v in scan_audio(base).items()}
+        if variant == "stoker-shards":  # the same clips in the shards beside them (make_clip_shards)
+            base, pattern = locate(str(base.parent / SHARDS_DIR), "metadata.csv")
+            scan = scan_dataset(base, pattern)
+            texts, files = {e.id: e.text for e in scan.entries}, dict(scan.files)
+        else:
+            entries, _ = read_metadata(base)
+            texts = {e.id: e.text for e in entries}
+            files = {k: v.name for k, v in scan_audio(base).items()}
         if variant in ("librosa", "numpy-reference"):
             features = FeaturesConfig(backend="numpy")  # only its parameters are used
         else:
@@ -544,6 +580,8 @@ def render_preprocessing(section: dict[str, Any]) -> str:
 def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log) -> dict[str, Any]:
     root = workdir / "clips"
     make_clips(root, plan.clips)
+    if "stoker-shards" in plan.variants:
+        make_clip_shards(root)
     leases = _plan_leases(root)
     result: dict[str, Any] = {"clips": plan.clips, "batches": len(leases), "threads": {}}
     modes = [True, False] if plan.default_threads else [True]
@@ -567,8 +605,16 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
         targets["warm_vs_cold"] = {"what": f"warm feature cache clips/s >= {TARGET_WARM_VS_COLD} x cold",
                                    "ratio": r, "value": r["value"], "limit": TARGET_WARM_VS_COLD,
                                    "met": r["value"] >= TARGET_WARM_VS_COLD}
+    if "stoker" in judged and "stoker-shards" in judged:
+        r = ratio(judged["stoker-shards"]["clips_per_s"]["median"], judged["stoker"]["clips_per_s"]["median"],
+                  note=f"median clips/s, one thread per process, same clips and batches, same run: from tar shards "
+                       f"of {CLIPS_PER_SHARD} clips / from loose files")
+        targets["shards_vs_files"] = {"what": f"producer clips/s from tar shards >= {TARGET_SHARDS_VS_FILES} x from "
+                                              f"loose files", "ratio": r, "value": r["value"],
+                                      "limit": TARGET_SHARDS_VS_FILES, "met": r["value"] >= TARGET_SHARDS_VS_FILES}
     result["targets"] = targets
     shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root.parent / SHARDS_DIR, ignore_errors=True)
     return result
 
 
@@ -576,8 +622,8 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
 
 
 def run(plan: DataPlan | None = None, workdir: Path | None = None,
-        log: Callable[[str], None] = _log) -> dict[str, Any]:
-    """Both sections; returns the report (machine facts, rows, targets)."""
+        log: Callable[[str], None] = _log, sections: Sequence[str] = ("index", "producer")) -> dict[str, Any]:
+    """The sections (both by default); returns the report (machine facts, rows, targets)."""
     plan = plan or DataPlan()
     own = workdir is None
     base = Path(tempfile.mkdtemp(prefix="stoker-bench-data-")) if own else Path(workdir)
@@ -585,13 +631,15 @@ def run(plan: DataPlan | None = None, workdir: Path | None = None,
     started = time.monotonic()
     try:
         report: dict[str, Any] = {"machine": machine_info(), "plan": plan.__dict__}
-        report["index"] = run_index(plan, base, log)
-        report["producer"] = run_producer(plan, base, log)
+        if "index" in sections:
+            report["index"] = run_index(plan, base, log)
+        if "producer" in sections:
+            report["producer"] = run_producer(plan, base, log)
     finally:
         if own:
             shutil.rmtree(base, ignore_errors=True)
     report["duration_s"] = round(time.monotonic() - started, 1)
-    report["targets"] = [{"section": section, **t} for section in ("index", "producer")
+    report["targets"] = [{"section": section, **t} for section in ("index", "producer") if section in report
                          for t in report[section]["targets"].values()]
     return report
 
@@ -619,8 +667,8 @@ def _render_phonemes(p: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [render_index(report["index"])]
-    prod = report["producer"]
+    lines = [render_index(report["index"])] if "index" in report else []
+    prod = report.get("producer", {"threads": {}})
     for threads, variants in prod["threads"].items():
         rows = []
         for name, v in variants.items():
@@ -648,9 +696,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     parser.add_argument("--out", default="bench-data.json", help="JSON report (default bench-data.json)")
     parser.add_argument("--workdir", help="where the generated datasets go (default: a temporary directory)")
+    parser.add_argument("--only", choices=("index", "producer"), help="one section")
+    parser.add_argument("--variants", help="the producer section's variants, comma-separated (default: all)")
+    parser.add_argument("--clips", type=int, help="the producer section's clips (default 64; quick 32)")
     args = parser.parse_args(argv)
     plan = DataPlan.quick() if args.quick else DataPlan()
-    report = run(plan, Path(args.workdir) if args.workdir else None)
+    if args.variants:
+        plan.variants = args.variants.split(",")
+    if args.clips:
+        plan.clips = args.clips
+    report = run(plan, Path(args.workdir) if args.workdir else None,
+                 sections=(args.only,) if args.only else ("index", "producer"))
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(render(report))
     print(f"\nwrote {args.out}")

@@ -9,16 +9,23 @@ the rounding sample so the length is exactly ``ceil(n * target / source)``.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import soundfile
 
-from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_problem
+from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
+from stoker.shared.dataset.shards import Locator
+from stoker.shared.dataset.storage import Reader, StorageError
 
 # soxr's "HQ" recipe: passband to 0.91 of Nyquist, ~125 dB stopband; librosa's default
 # resampler ("soxr_hq") is the same one.
 RESAMPLE_QUALITY = "HQ"
+
+
+# libsndfile's float from 16-bit PCM: the integer over this (its normalisation, on by default).
+INT16_SCALE = 0x8000
 
 
 class AudioError(Exception):
@@ -53,6 +60,38 @@ def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.
         if not Path(path).exists():  # soundfile reports a missing file as LibsndfileError, not FileNotFoundError
             raise AudioMissing(f"audio file missing: {where}") from None
         raise AudioError(f"audio file unreadable: {where}: {libsndfile_message(exc)}") from None
+    return _resampled(audio, rate, target_rate_hz, where)
+
+
+def load_member(reader: Reader, name: str, target_rate_hz: int) -> np.ndarray:
+    """:func:`load_audio` of a tar shard's member, named by its locator (shared/dataset/shards.py),
+    its bytes read through ``reader`` (local or at a URL, retried: shared/dataset/storage.py)."""
+    locator = Locator.parse(name)
+    where = locator.where
+    try:
+        data = reader.read(locator.shard, locator.offset, locator.size)
+    except FileNotFoundError:
+        raise AudioMissing(f"audio file missing: {where}: no such shard") from None
+    except StorageError as exc:
+        raise AudioError(f"audio file unreadable: {where}: {exc}") from None
+    riff = riff_facts_of(data)
+    if riff is not None and riff.problem:
+        raise AudioError(f"audio file truncated: {where}: {riff.problem}")
+    if riff is not None and riff.frames and riff.pcm16_offset:
+        # 16-bit PCM WAV, the commonest member: the samples as libsndfile scales them (x / 32768,
+        # exact in float32), without its reads through Python callbacks of an in-memory file
+        pcm = np.frombuffer(data, "<i2", riff.frames * riff.channels, riff.pcm16_offset)
+        audio = (pcm.astype(np.float32) * np.float32(1 / INT16_SCALE)).reshape(-1, riff.channels)
+        return _resampled(audio, riff.rate, target_rate_hz, where)
+    try:
+        audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as exc:  # libsndfile raises LibsndfileError/RuntimeError for corrupt data
+        raise AudioError(f"audio file unreadable: {where}: {libsndfile_message(exc)}") from None
+    return _resampled(audio, rate, target_rate_hz, where)
+
+
+def _resampled(audio: np.ndarray, rate: int, target_rate_hz: int, where: str) -> np.ndarray:
+    """Decoded frames [N, channels] at ``rate`` as mono float32 at ``target_rate_hz``."""
     if audio.shape[0] == 0:
         raise AudioError(f"audio file has no samples: {where}")
     mono = audio.mean(axis=1, dtype=np.float32) if audio.shape[1] > 1 else audio[:, 0]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.producer.audio import AudioError, AudioMissing, load_audio
+from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member
 from stoker.producer.feature_cache import CacheCounts, FeatureCache
 from stoker.producer.features import MelComputer, UserMelError
 from stoker.producer.transforms import Chain, TransformError
@@ -27,6 +27,8 @@ from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
+from stoker.shared.dataset.shards import Locator, is_locator
+from stoker.shared.dataset.storage import COUNTS, Reader
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
 
@@ -95,6 +97,7 @@ class BatchMaker:
         self._mels = MelComputer(features, device=device, weights=chain.weights)
         self.cache = FeatureCache(feature_cache, features, root, chain.key if self.chain else None) \
             if feature_cache else None
+        self.reader = Reader(root)  # tar shards' members, a few shards kept open
         self.faults = faults or FaultsConfig()
         self._next_stall = time.monotonic() + self.faults.producer_stall_every_s
 
@@ -116,7 +119,8 @@ class BatchMaker:
         name = self.files.get(sample_id) or relative_audio(sample_id)
         path = audio_path(self.root, sample_id, name)
         clip = _Clip(sample_id)
-        if self.cache is not None:
+        member = is_locator(name)  # a tar shard's member (shared/dataset/shards.py): not cached
+        if self.cache is not None and not member:
             try:
                 st = os.stat(path)
             except OSError:
@@ -125,7 +129,8 @@ class BatchMaker:
                 clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
                 clip.slot = None if clip.mel is not None else (name, st)
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
-            clip.audio = load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name))
+            clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
+                          load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name)))
             if self.chain is not None:
                 done = self.chain(clip.audio, self.texts.get(sample_id, ""), sample_id, speaker, language,
                                   {"file": name})
@@ -148,10 +153,14 @@ class BatchMaker:
         self.texts.update(lease.texts or {})
         self.files.update(lease.files or {})
         before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
+        retries = COUNTS.retries
         rows: list[tuple[np.ndarray, _Clip, _Clip | None]] = []  # (tokens, clip, its reference clip)
         rejected: list[wire.Entry] = []
         missed: list[wire.Entry] = []
         extra = {i: (s, g) for i, s, g in zip(lease.ids, lease.speakers, lease.languages)}
+        # tar shards: the lease's members read in shard and offset order, then its rows made in its order
+        members = [self.files.get(i, "") for i in (*lease.ids, *(lease.refs or ()))]
+        self.reader.prefetch((m.shard, m.offset, m.size) for m in map(Locator.parse, filter(is_locator, members)))
         for n, sample_id in enumerate(lease.ids):
             row = self._row(lease, n, sample_id, extra, rejected, missed)
             if row is not None:
@@ -166,7 +175,8 @@ class BatchMaker:
             cache = {**delta.to_json(), "computed": computed}
         batch = wire.Batch(lease=lease.lease, epoch=lease.epoch, index=lease.index,
                            ids=tuple(clip.id for _, clip, _ in rows), rejected=tuple(rejected), missed=tuple(missed),
-                           prep_ms=round(prep_ms, 3), mel_stats=stats.to_fields(), cache=cache)
+                           prep_ms=round(prep_ms, 3), mel_stats=stats.to_fields(), cache=cache,
+                           read_retries=COUNTS.retries - retries or None)
         return Prepared(batch, arrays)
 
     def _row(self, lease: wire.Lease, n: int, sample_id: str, extra: dict[str, tuple[int, int]],

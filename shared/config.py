@@ -149,6 +149,7 @@ class BatchingConfig:
     frames_multiple: int  # bucket frame bounds are rounded up to a multiple of this
     tokens_multiple: int  # bucket token bounds are rounded up to a multiple of this
     seed: int  # seeds the per-epoch shuffle of batches
+    shard_window: int  # tar shards: batches made from this many shards at a time (0: shuffled across all)
     fields: str  # optional batch fields, comma-separated: speaker_id, language_id, stop, audio, ref_mel, row_mask
     ref_frames: int  # R of ref_mel: frames of the reference clip (cropped around its middle, or padded)
 
@@ -342,6 +343,8 @@ def _validate(cfg: Config) -> None:
 
 def _validate_features_and_pipeline(cfg: Config) -> None:
     f, b, p = cfg.features, cfg.batching, cfg.pipeline
+    if b.shard_window < 0:
+        raise ConfigError(f"batching.shard_window must be 0 (off) or positive, got {b.shard_window}")
     if f.win_length > f.n_fft:
         raise ConfigError(f"features.win_length ({f.win_length}) must not exceed features.n_fft ({f.n_fft})")
     if not 0 <= f.fmin_hz < f.fmax_hz <= f.sample_rate_hz / 2:

@@ -93,6 +93,9 @@ AUTO_COLUMNS = {
     5: (ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE),
 }
 MANIFEST_SUFFIXES = (".jsonl", ".json")
+# A metadata file name ending so is a pattern of tar shards (shared/dataset/shards.py), read
+# as the JSON-lines manifest made from them.
+SHARD_SUFFIX = ".tar"
 # A language code, BCP 47 style (fa, en-us, pt_BR, cmn-Hans-CN): 2 to 16 characters.
 _LANGUAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{1,15}")
 # A speaker name or a manifest's id or audio path is one line of printable text: a tab or a
@@ -178,6 +181,11 @@ def nfc(name: str) -> str:
 
 def is_manifest(file_name: str) -> bool:
     return file_name.lower().endswith(MANIFEST_SUFFIXES)
+
+
+def is_shards(file_name: str) -> bool:
+    """Whether a dataset's metadata file is a pattern of tar shards (shared/dataset/shards.py)."""
+    return file_name.lower().endswith(SHARD_SUFFIX)
 
 
 def parse_columns(spec: str) -> tuple[str, ...]:

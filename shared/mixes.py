@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import msgpack
 import yaml
 
-from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, language_problem, parse_columns,
-                      parse_manifest, parse_metadata)
+from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_shards, language_problem,
+                      parse_columns, parse_manifest, parse_metadata)
 
 MIX_SUFFIXES = (".yaml", ".yml")
 MIX_ID_SEPARATOR = ":"
@@ -122,7 +122,7 @@ def parse_mix(blob: bytes) -> tuple[list[Entry], list[Rejection]]:
 def parse_entries(raw: bytes, file_name: str, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
     """The one reader of a dataset's metadata: :func:`parse_manifest` for ``*.jsonl`` / ``*.json`` file names,
     :func:`parse_mix` for a mix (``*.yaml``: the blob of :func:`pack_mix`), else :func:`parse_metadata`."""
-    if is_manifest(file_name):
+    if is_manifest(file_name) or is_shards(file_name):  # shards: the manifest made from them
         return parse_manifest(raw)
     if is_mix(file_name):
         return parse_mix(raw)

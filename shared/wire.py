@@ -34,7 +34,7 @@ checks it against the classes):
     CREDIT     C->P  lease: int
     REVOKE     C->P  lease: int
     BATCH      P->C  lease: int, epoch: int, index: int, ids: [str], [rejected: [Entry]], [missed: [Entry]],
-                     [prep_ms: float], [mel_stats: any], [cache: {str: int}]
+                     [prep_ms: float], [mel_stats: any], [cache: {str: int}], [read_retries: int]
     HEARTBEAT  both  [ready: int], [working: int], [ping: float], [rtt_ms: float], [pong: float]
     ERROR      P->C  type: str, message: str, where: str, [traceback: str], [fatal: bool]
     BYE        P->C  [leases: [int]]
@@ -658,7 +658,7 @@ class Batch(Body):
     """A prepared batch, with its arrays (shared/batch.py): the clips delivered, those that
     cannot be used anywhere (``rejected``: unreadable) and those this host does not have
     (``missed``: re-planned elsewhere); the time it took, the mel statistics of its clips
-    (shared/melstats.py) and the feature cache's counts."""
+    (shared/melstats.py), the feature cache's counts and the reads retried."""
 
     KIND: ClassVar[str] = BATCH
     SENDER: ClassVar[str] = "P->C"
@@ -671,10 +671,13 @@ class Batch(Body):
     prep_ms: float | None = None
     mel_stats: Any = None
     cache: dict[str, int] | None = None
+    read_retries: int | None = None  # reads of tar shards retried while preparing it (shared/dataset/storage.py)
 
     def problem(self) -> str:
         if self.cache is not None and min(self.cache.values(), default=0) < 0:
             return "negative cache count"
+        if self.read_retries is not None and self.read_retries < 0:
+            return "negative read_retries"
         return ""
 
 

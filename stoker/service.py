@@ -28,9 +28,11 @@ from stoker.shared import config as config_mod
 from stoker.shared.cluster import from_env
 from stoker.shared.config import DevicesConfig
 from stoker.shared.dataset import feature_cache_dir, locate, scan_dataset
+from stoker.shared.dataset.storage import is_url
 from stoker.shared.endpoints import EndpointError, check_endpoint
 from stoker.shared.errors import UserError
 from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
+from stoker.shared.layouts import is_shards
 from stoker.shared.mixes import is_mix
 from stoker.shared.proc import setup_logging
 from stoker.shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG, RUN_LOCK
@@ -84,7 +86,7 @@ def resolve_options(config: str | None, options: dict[str, Any], sets: dict[str,
     if epochs is not None and steps is None:
         overrides["trainer.steps"] = None
     overrides.update(sets)
-    if "data.path" in overrides and overrides["data.path"]:
+    if "data.path" in overrides and overrides["data.path"] and not is_url(overrides["data.path"]):
         overrides["data.path"] = str(Path(overrides["data.path"]).expanduser().resolve())
     cfg = config_mod.load(config or DEFAULT_CONFIG, overrides)
     if "pipeline.producers" not in overrides:
@@ -157,12 +159,20 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
         raise UserError(f"--bind {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
                         "unauthenticated: use --keys DIR (python run.py keys DIR), or add --insecure to accept that")
     plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
-    data = dataclasses.replace(cfg.data, path=str(root / metadata_file if is_mix(metadata_file) else root),
+    data = dataclasses.replace(cfg.data, path=data_path(root, metadata_file),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
     devices = dataclasses.replace(cfg.devices, replicas=plan.replicas)  # resolved: the plan's batches depend on it
     cluster = from_env(os.environ)
     resolved = dataclasses.replace(cfg, data=data, devices=devices)
     return config_mod.with_fixed_rows(resolved, cluster.size if cluster is not None else 1), plan
+
+
+def data_path(root: Path, metadata_file: str) -> str:
+    """What ``--data`` names, resolved, as producers are given it: the dataset directory, a mix
+    file, or tar shards (their pattern: at a URL as given, else below their directory)."""
+    if is_shards(metadata_file):
+        return metadata_file if is_url(metadata_file) else str(root / metadata_file)
+    return str(root / metadata_file if is_mix(metadata_file) else root)
 
 
 def launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
@@ -242,5 +252,4 @@ def produce(connect: str, data: str, producers: int, *, data_gpu: int | None = N
     plan = plan_devices(devices, list_gpus() if data_gpu is not None else [], producers)
     log.info("dataset %s: %d entries, %d audio files missing here, fingerprint %s", root, len(scan.entries),
              len(scan.missing), scan.fingerprint)
-    data_path = root / metadata_file if is_mix(metadata_file) else root
-    return run_producers(connect, str(data_path), producers, plan, PRODUCE_RESTARTS, log_level, keys=keys, host=host)
+    return run_producers(connect, data_path(root, metadata_file), producers, plan, PRODUCE_RESTARTS, log_level, keys=keys, host=host)

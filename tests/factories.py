@@ -216,3 +216,106 @@ def describe_copy(scan: "DatasetScan", lacking: Iterable[str] = ()) -> dict:
     gone = sorted(set(lacking) | set(scan.missing))
     return {**scan.describe(), "audio": audio_fingerprint(scan.sizes, without=gone), "missing": gone,
             "missing_count": len(gone)}
+
+
+@dataclass
+class ShardSet:
+    """Tar shards made by :func:`make_shards`: ``clips`` id -> (text, speaker, language) of every
+    usable clip, ``members`` id -> (shard file name, audio member name), ``paths`` the shards."""
+
+    root: Path
+    clips: dict[str, tuple[str, str, str]]
+    members: dict[str, tuple[str, str]]
+    paths: list[Path]
+
+
+def _add_member(tar, name: str, data: bytes) -> None:
+    import io
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _clip_bytes(duration_s: float, seed: int, fmt: str, rate_hz: int = 22050) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, tone(duration_s, rate_hz, seed=seed), rate_hz, format=fmt.upper(), subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def make_shards(root: Path, shards: int = 3, per_shard: int = 6, prefix: str = "SH", name: str = "train",
+                durations: bool = False) -> ShardSet:
+    """WebDataset-style shards ``root/NAME-000.tar``...: per clip ``clips/ID.flac`` (every third
+    ``.wav``) and its text, as ``ID.txt`` or (every other clip) ``ID.json`` with a speaker and a
+    language (and, with ``durations``, the duration). Clips are 0.6 to 1.7 s of :func:`tone`."""
+    import json
+    import tarfile
+
+    root.mkdir(parents=True, exist_ok=True)
+    clips: dict[str, tuple[str, str, str]] = {}
+    members: dict[str, tuple[str, str]] = {}
+    paths = []
+    n = 0
+    for s in range(shards):
+        path = root / f"{name}-{s:03d}.tar"
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for _ in range(per_shard):
+                sample_id, text = f"{prefix}{n:04d}", sentence(n, words=3 + n % 7)
+                fmt = "wav" if n % 3 == 0 else "flac"
+                duration = 0.6 + 0.1 * (n % 12)
+                audio = _clip_bytes(duration, n, fmt)
+                _add_member(tar, f"clips/{sample_id}.{fmt}", audio)
+                if n % 2:
+                    speaker, language = f"spk{n % 3}", "en"
+                    obj = {"text": text, "speaker": speaker, "language": language}
+                    if durations:
+                        obj["duration"] = round(duration, 6)
+                    _add_member(tar, f"clips/{sample_id}.json", json.dumps(obj).encode())
+                else:
+                    speaker, language = "default", "en"
+                    _add_member(tar, f"clips/{sample_id}.txt", text.encode())
+                clips[sample_id] = (text, speaker, language)
+                members[sample_id] = (path.name, f"clips/{sample_id}.{fmt}")
+                n += 1
+        paths.append(path)
+    return ShardSet(root, clips, members, paths)
+
+
+def add_shard(root: Path, file_name: str, members: dict[str, bytes]) -> Path:
+    """One more shard of the given members (name -> bytes), e.g. faulty ones."""
+    import tarfile
+
+    path = root / file_name
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members.items():
+            _add_member(tar, name, data)
+    return path
+
+
+def clip_member(seed: int, duration_s: float = 1.0, fmt: str = "flac") -> bytes:
+    """The bytes of one clip file (``fmt``: flac or wav), for :func:`add_shard`."""
+    return _clip_bytes(duration_s, seed, fmt)
+
+
+def loose_copy(shards: ShardSet, root: Path) -> Path:
+    """The clips of ``shards`` as an LJSpeech-layout dataset (the same audio bytes, as
+    ``wavs/ID.flac``/``.wav``; id|text|text lines): the same dataset as loose files."""
+    import tarfile
+
+    wavs = root / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for path in shards.paths:
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                base = member.name.rpartition("/")[2]
+                stem, _, suffix = base.partition(".")
+                if stem in shards.clips and suffix in ("flac", "wav"):
+                    (wavs / base).write_bytes(tar.extractfile(member).read())
+                    text = shards.clips[stem][0]
+                    lines.append(f"{stem}|{text}|{text}")
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root

@@ -88,6 +88,7 @@ class ProducerStats:
     cache_computed: int = 0  # log-mels computed from audio (no valid entry) and stored
     cache_stale: int = 0
     cache_corrupt: int = 0
+    read_retries: int = 0  # reads of tar shards retried (shared/dataset/storage.py)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

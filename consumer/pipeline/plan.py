@@ -40,6 +40,8 @@ is in exactly one batch per epoch, none is dropped.
 
 The plan of an epoch is a pure function of (index, config, epoch): batches within each
 bucket and the order of batches are shuffled with a generator seeded by (seed, epoch).
+For clips of tar shards the batches are grouped by shard (``batching.shard_window``:
+consumer/pipeline/shard_order.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from stoker.consumer.pipeline.shard_order import grouped_chunks, shard_indices
 from stoker.shared.batch import batch_dims
 from stoker.shared.config import BatchingConfig, Config, batch_schema
 from stoker.shared.dataset import Sample
@@ -215,6 +218,8 @@ class EpochPlanner:
         # Batches split into equal parts (one per replica, per worker) keep their bucket's rows.
         self.fixed_rows = cfg.fixed_rows or replicas * workers > 1
         self.buckets = make_buckets(samples, cfg, replicas * workers)
+        # Clips of tar shards: batches grouped by shard (consumer/pipeline/shard_order.py).
+        self.shards = shard_indices(samples) if cfg.shard_window > 0 else None
         self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
         self.batches_per_epoch = sum(-(-len(b.sample_ids) // b.rows) for b in self.buckets)
         # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
@@ -263,12 +268,17 @@ class EpochPlanner:
     def _global_plan(self, epoch: int) -> list[PlannedBatch]:
         rng = np.random.default_rng([self.cfg.seed, epoch])
         chunks: list[tuple[Bucket, tuple[str, ...]]] = []
-        for bucket in self.buckets:
-            ids = list(bucket.sample_ids)
-            rng.shuffle(ids)
-            for start in range(0, len(ids), bucket.rows):
-                chunks.append((bucket, tuple(ids[start:start + bucket.rows])))
-        order = rng.permutation(len(chunks))
+        if self.shards is not None:
+            chunks = [(self.buckets[n], ids) for n, ids in grouped_chunks(
+                [(b.rows, b.sample_ids) for b in self.buckets], self.shards, self.cfg.shard_window, rng)]
+            order = np.arange(len(chunks))  # already in training order
+        else:
+            for bucket in self.buckets:
+                ids = list(bucket.sample_ids)
+                rng.shuffle(ids)
+                for start in range(0, len(ids), bucket.rows):
+                    chunks.append((bucket, tuple(ids[start:start + bucket.rows])))
+            order = rng.permutation(len(chunks))
         return [
             PlannedBatch(epoch=epoch, index=i, bucket=chunks[j][0].index, ids=chunks[j][1],
                          shape=(chunks[j][0].max_tokens, chunks[j][0].max_frames),

@@ -746,6 +746,7 @@ class Scheduler:
             stats.cache_computed += cache.get("computed", 0)
             stats.cache_stale += cache.get("stale", 0)
             stats.cache_corrupt += cache.get("corrupt", 0)
+            stats.read_retries += msg.read_retries or 0
 
     def _welcome(self, peer: Peer) -> wire.Welcome:
         return wire.Welcome(

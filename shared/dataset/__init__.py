@@ -52,10 +52,12 @@ the rest of the index against its own and never gives that producer those sample
 The package, one module per idea (each imports only those above it in this list):
 
     types.py       the records: Sample, AudioFile, AudioProbe, IndexStats, DatasetError
-    files.py       where metadata and audio are (the directory, a mix file, each id's file)
     probe.py       audio headers without decoding (shared with producer/audio.py)
-    agreement.py   what a host sees of a dataset, and the trainer's verdict on a producer's
+    storage.py     bytes of files here or at fsspec URLs (bounded read-ahead, counted retries)
     cache.py       the index cache: its place, key and file format
+    shards.py      WebDataset-style tar shards: their listing as a manifest, each clip's locator
+    files.py       where metadata and audio are (the directory, a mix file, each id's file, shards)
+    agreement.py   what a host sees of a dataset, and the trainer's verdict on a producer's
     index.py       building the index (build_index)
 
 Everything public is importable from ``shared.dataset`` itself.

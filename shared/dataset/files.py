@@ -11,8 +11,9 @@ import stat as stat_module
 from pathlib import Path
 from typing import Iterable
 
-from ..dataset.types import AudioFile, DatasetError
-from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, nfc
+from ..dataset.shards import read_shards, shard_source
+from ..dataset.types import AUDIO_SUFFIXES, AudioFile, DatasetError
+from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_shards, nfc
 from ..mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_entries, parse_mix_spec, unpack_mix
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
@@ -22,11 +23,6 @@ AUDIO_DIR = "wavs"
 
 
 AUDIO_SUFFIX = ".wav"  # the LJSpeech suffix, named in "missing" reasons
-
-
-# Suffixes of formats libsndfile reads, in order of preference when one id has several.
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".w64",
-                  ".rf64", ".caf")
 
 
 def resolve_root(path: str) -> Path:
@@ -40,8 +36,12 @@ def resolve_root(path: str) -> Path:
 
 
 def locate(path: str, metadata_file: str) -> tuple[Path, str]:
-    """(root, metadata file) of what ``--data`` names: a dataset directory, or a mix file
-    (``*.yaml``, shared/layouts.py), whose directory is the root its datasets are found from."""
+    """(root, metadata file) of what ``--data`` names: a dataset directory, a mix file
+    (``*.yaml``, shared/layouts.py), whose directory is the root its datasets are found from,
+    or tar shards (shared/dataset/shards.py: their root, and their pattern as the metadata file)."""
+    shards = shard_source(path, metadata_file) if path else None
+    if shards is not None:
+        return shards
     given = Path(path).expanduser() if path else None
     if given is not None and is_mix(given.name):
         if not given.is_file():
@@ -159,7 +159,10 @@ def _other_form(root: Path, path: str, listings: dict[Path, dict[str, str]]) -> 
 
 def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:
     """The audio of a dataset by id: the files a manifest names, or the listing of ``wavs/``;
-    for a mix, each dataset's, by prefixed id, with paths from ``root``."""
+    for a mix, each dataset's, by prefixed id, with paths from ``root``; for tar shards, each
+    clip's audio member, named by its locator (shared/dataset/shards.py)."""
+    if is_shards(metadata_file):
+        return read_shards(root, metadata_file).audio
     if is_manifest(metadata_file):
         entries, _ = parse_entries(metadata, metadata_file, columns)
         return locate_audio(root, entries)
@@ -181,7 +184,10 @@ def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = C
 
 
 def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> bytes:
-    """The bytes of ``root/metadata_file``; for a mix, the blob of every dataset's metadata."""
+    """The bytes of ``root/metadata_file``; for a mix, the blob of every dataset's metadata; for
+    tar shards, the manifest made from them."""
+    if is_shards(metadata_file):
+        return read_shards(root, metadata_file).manifest
     if is_mix(metadata_file):
         return _read_mix(root, metadata_file)
     meta = root / metadata_file

@@ -28,8 +28,10 @@ from ..dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPL
                                   read_cache, write_cache)
 from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
 from ..dataset.probe import expected_samples, probe_audio
+from ..dataset.shards import is_locator, probe_member, read_shards
+from ..dataset.storage import COUNTS
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from ..layouts import COLUMNS_AUTO, Entry, Rejection
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_shards
 from ..mel import min_num_samples, num_frames
 from ..mixes import parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
@@ -144,8 +146,8 @@ def _work_items(root: str, items: Sequence[Item], text_spec: tuple[str, str]) ->
     go to the front-end one list per language (a phonemizer call has a set-up cost).
     """
     join = os.path.join
-    probes = [_probe_tuple(probe_audio(join(root, name), size)) if name is not None else None
-              for name, size, _ in items]
+    probes = [_probe_tuple(probe_member(Path(root), name) if is_locator(name) else probe_audio(join(root, name), size))
+              if name is not None else None for name, size, _ in items]
     by_language: dict[str, list[int]] = collections.defaultdict(list)
     for n, (_, _, key) in enumerate(items):
         if key is not None:
@@ -229,8 +231,11 @@ def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | N
     # 40% longer per item than a 13,100-item one). Nothing here makes reference cycles.
     enabled = gc.isenabled()
     gc.disable()
+    retries = COUNTS.retries
     try:
-        return _build_index(data, features, text or TextConfig(), vocabulary)
+        index = _build_index(data, features, text or TextConfig(), vocabulary)
+        index.stats.read_retries = COUNTS.retries - retries  # tar shards at a URL (storage.py)
+        return index
     finally:
         if enabled:
             gc.enable()
@@ -268,6 +273,9 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
     old_probes, old_units = _reusable(payload, frontend)
     probes: dict[str, AudioProbe] = {}
+    if is_shards(data.metadata_file):  # the members the shards' walk rejected; the headers their JSON gave
+        listing = read_shards(root, data.metadata_file)
+        rejected, probes = rejected + listing.rejected, listing.probes()
     todo = _to_read(entries, audio, old_probes, old_units, text, probes, stats)
     read_started = time.perf_counter()
     results, stats.workers = _run_items(root, todo, max(1, _workers(data)), (text.frontend, text.digits))

@@ -5,11 +5,12 @@ reader (producer/audio.py) share these checks.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import struct
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from ..dataset.types import AudioProbe
 
@@ -44,6 +45,7 @@ class RiffFacts(NamedTuple):
     frames: int | None = None
     rate: int = 0
     channels: int = 0
+    pcm16_offset: int = 0  # where the samples start when they are 16-bit integer PCM (else 0)
 
 
 # WAVE format tags whose frame count is simply data bytes / block align (PCM, IEEE float);
@@ -65,44 +67,56 @@ def riff_facts(path: str | Path, size: int) -> RiffFacts | None:
     """
     fd = os.open(path, os.O_RDONLY)  # os-level reads: no buffered file object per header
     try:
-        buffer = os.pread(fd, RIFF_PROBE_BYTES, 0)
-        base = 0  # file offset of buffer[0]
-        if len(buffer) < 12 or buffer[:4] not in (b"RIFF", b"RF64", b"BW64") or buffer[8:12] != b"WAVE":
-            return None
-        ds64_data: int | None = None
-        fmt: tuple[int, int, int, int, int] | None = None  # tag, channels, rate, block align, bits
-        offset = 12
-        while True:
-            if offset + 8 > size:
-                return RiffFacts(problem=f"the header ends at byte {size} without a data chunk")
-            if offset + 8 > base + len(buffer):
-                buffer, base = os.pread(fd, RIFF_PROBE_BYTES, offset), offset
-            at = offset - base
-            chunk, length = buffer[at:at + 4], struct.unpack_from("<I", buffer, at + 4)[0]
-            if chunk == b"ds64" and at + 8 + 16 <= len(buffer):  # RF64: 64-bit riff and data sizes
-                ds64_data = struct.unpack_from("<Q", buffer, at + 8 + 8)[0]
-            elif chunk == b"fmt " and length >= 16 and at + 8 + 16 <= len(buffer):
-                tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", buffer, at + 8)
-                if tag == _EXTENSIBLE_TAG and length >= 40 and at + 8 + 26 <= len(buffer):
-                    tag = struct.unpack_from("<H", buffer, at + 8 + 24)[0]  # first bytes of the sub-format GUID
-                fmt = (tag, channels, rate, align, bits)
-            elif chunk == b"data":
-                if ds64_data is not None and length == 0xFFFFFFFF:
-                    length = ds64_data
-                elif length in RIFF_UNKNOWN_SIZES:
-                    return RiffFacts()  # written by a streaming tool: the data runs to the end of the file
-                held = size - (offset + 8)
-                if held < length:
-                    return RiffFacts(problem=f"holds {held} of the {length} sample bytes its header declares")
-                if fmt is None:
-                    return RiffFacts()
-                tag, channels, rate, align, bits = fmt
-                if bits not in _PLAIN_BITS.get(tag, ()) or channels < 1 or rate < 1 or align != channels * bits // 8:
-                    return RiffFacts()
-                return RiffFacts(frames=length // align, rate=rate, channels=channels)
-            offset += 8 + length + (length & 1)  # chunks are padded to an even size
+        return _riff_walk(lambda n, offset: os.pread(fd, n, offset), size)
     finally:
         os.close(fd)
+
+
+def riff_facts_of(data: bytes) -> RiffFacts | None:
+    """:func:`riff_facts` of a file held in memory (a tar shard's member)."""
+    view = memoryview(data)
+    return _riff_walk(lambda n, offset: bytes(view[offset:offset + n]), len(data))
+
+
+def _riff_walk(pread: Callable[[int, int], bytes], size: int) -> RiffFacts | None:
+    """The chunk walk of :func:`riff_facts` over ``pread(count, offset)``."""
+    buffer = pread(RIFF_PROBE_BYTES, 0)
+    base = 0  # file offset of buffer[0]
+    if len(buffer) < 12 or buffer[:4] not in (b"RIFF", b"RF64", b"BW64") or buffer[8:12] != b"WAVE":
+        return None
+    ds64_data: int | None = None
+    fmt: tuple[int, int, int, int, int] | None = None  # tag, channels, rate, block align, bits
+    offset = 12
+    while True:
+        if offset + 8 > size:
+            return RiffFacts(problem=f"the header ends at byte {size} without a data chunk")
+        if offset + 8 > base + len(buffer):
+            buffer, base = pread(RIFF_PROBE_BYTES, offset), offset
+        at = offset - base
+        chunk, length = buffer[at:at + 4], struct.unpack_from("<I", buffer, at + 4)[0]
+        if chunk == b"ds64" and at + 8 + 16 <= len(buffer):  # RF64: 64-bit riff and data sizes
+            ds64_data = struct.unpack_from("<Q", buffer, at + 8 + 8)[0]
+        elif chunk == b"fmt " and length >= 16 and at + 8 + 16 <= len(buffer):
+            tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", buffer, at + 8)
+            if tag == _EXTENSIBLE_TAG and length >= 40 and at + 8 + 26 <= len(buffer):
+                tag = struct.unpack_from("<H", buffer, at + 8 + 24)[0]  # first bytes of the sub-format GUID
+            fmt = (tag, channels, rate, align, bits)
+        elif chunk == b"data":
+            if ds64_data is not None and length == 0xFFFFFFFF:
+                length = ds64_data
+            elif length in RIFF_UNKNOWN_SIZES:
+                return RiffFacts()  # written by a streaming tool: the data runs to the end of the file
+            held = size - (offset + 8)
+            if held < length:
+                return RiffFacts(problem=f"holds {held} of the {length} sample bytes its header declares")
+            if fmt is None:
+                return RiffFacts()
+            tag, channels, rate, align, bits = fmt
+            if bits not in _PLAIN_BITS.get(tag, ()) or channels < 1 or rate < 1 or align != channels * bits // 8:
+                return RiffFacts()
+            pcm16 = offset + 8 if tag == _PCM_TAG and bits == 16 else 0
+            return RiffFacts(frames=length // align, rate=rate, channels=channels, pcm16_offset=pcm16)
+        offset += 8 + length + (length & 1)  # chunks are padded to an even size
 
 
 def riff_problem(path: Path, size: int) -> str:
@@ -126,6 +140,18 @@ def probe_audio(path: str | Path, size: int | None = None) -> AudioProbe:
         return AudioProbe(error="audio file missing")
     except OSError as exc:
         return AudioProbe(error="audio file unreadable", detail=str(exc.strerror))
+    return _probe_header(riff, lambda: str(path))
+
+
+def probe_bytes(data: bytes) -> AudioProbe:
+    """:func:`probe_audio` of a file held in memory (a tar shard's member)."""
+    if not data:
+        return AudioProbe(error="audio file empty")
+    return _probe_header(riff_facts_of(data), lambda: io.BytesIO(data))
+
+
+def _probe_header(riff: RiffFacts | None, source: Callable[[], Any]) -> AudioProbe:
+    """The probe from a RIFF walk's facts, else libsndfile's header of ``source()`` (a path or a file object)."""
     if riff is not None and riff.problem:
         return AudioProbe(error="audio file truncated", detail=riff.problem)
     if riff is not None and riff.frames is not None:
@@ -136,21 +162,21 @@ def probe_audio(path: str | Path, size: int | None = None) -> AudioProbe:
     import soundfile  # here, so that processes which index only plain WAV files never load libsndfile
 
     try:
-        info = soundfile.info(str(path))
+        info = soundfile.info(source())
     except Exception as exc:  # libsndfile reports every unreadable header as RuntimeError/LibsndfileError
         return AudioProbe(error="audio file unreadable", detail=libsndfile_message(exc))
     if info.frames <= 0 or info.samplerate <= 0:
         return AudioProbe(info.frames, info.samplerate, info.channels, error="audio file has no samples",
                           detail="empty or truncated stream")
     if info.format == "FLAC":
-        problem = _flac_tail_problem(soundfile, path, info.frames)
+        problem = _flac_tail_problem(soundfile, source, info.frames)
         if problem:
             return AudioProbe(info.frames, info.samplerate, info.channels, error="audio file truncated",
                               detail=problem)
     return AudioProbe(info.frames, info.samplerate, info.channels)
 
 
-def _flac_tail_problem(soundfile: Any, path: str | Path, frames: int) -> str:
+def _flac_tail_problem(soundfile: Any, source: Callable[[], Any], frames: int) -> str:
     """Whether a FLAC stream really reaches the last sample its STREAMINFO announces.
 
     A FLAC file cut short keeps its header, so soundfile.info reports the full length;
@@ -159,7 +185,7 @@ def _flac_tail_problem(soundfile: Any, path: str | Path, frames: int) -> str:
     cut Ogg file reads as a shorter clip (or as one with no samples).
     """
     try:
-        with soundfile.SoundFile(str(path)) as f:
+        with soundfile.SoundFile(source()) as f:
             f.seek(frames - 1)
             got = f.read(1, dtype="float32", always_2d=True).shape[0]
     except Exception:  # libsndfile raises LibsndfileError/RuntimeError when the stream is cut

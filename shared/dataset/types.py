@@ -11,6 +11,11 @@ from typing import Any, NamedTuple
 
 from ..errors import UserError
 
+# Suffixes of formats libsndfile reads, in order of preference when one id has several.
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".w64",
+                  ".rf64", ".caf")
+
+
 # Clips whose metadata names no speaker are this speaker's.
 DEFAULT_SPEAKER = "default"
 
@@ -71,6 +76,7 @@ class IndexStats:
     texts_tokenized: int = 0
     workers: int = 1
     read_s: float = 0.0  # reading headers and sending texts through the front-end: the parallel stage
+    read_retries: int = 0  # reads of tar shards at a URL retried in this process (shared/dataset/storage.py)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import itertools
 import random
+import statistics
 
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ import pytest
 from stoker.consumer.pipeline.plan import (EpochPlanner, InputPosition, MessageTooLarge, check_message_size,
                                           frame_budget_bounds, group_buckets, header_bytes, make_buckets,
                                           message_bytes, rows_for)
+from stoker.consumer.pipeline.shard_order import top_shard_share
 from stoker.shared.config import BatchingConfig, FeaturesConfig, from_dict
 from stoker.shared.dataset import Sample
 from stoker.shared.mel import pad_values
@@ -459,3 +461,56 @@ def test_a_plan_above_max_message_mb_is_refused_in_one_line() -> None:
     check_message_size(small, [(rows, 8, 1000)])
     with pytest.raises(MessageTooLarge):
         check_message_size(small, [(rows + 1, 8, 1000)])
+
+
+def _sharded(count: int, per_shard: int, seed: int = 3) -> tuple[list[Sample], dict[str, int]]:
+    """Samples whose audio are members of shards of ``per_shard`` clips, and each one's shard."""
+    samples = [s._replace(audio=f"train-{n // per_shard:03d}.tar#clips/{s.id}.flac@{512 + n}+1000")
+               for n, s in enumerate(make_samples(count, seed=seed))]
+    return samples, {s.id: n // per_shard for n, s in enumerate(samples)}
+
+
+def test_shard_grouped_plans_keep_the_buckets_and_every_clip_once_per_epoch() -> None:
+    samples, _ = _sharded(1000, 50)
+    grouped, shuffled = EpochPlanner(samples, _cfg(shard_window=4)), EpochPlanner(samples, _cfg(shard_window=0))
+    assert grouped.shards is not None and shuffled.shards is None
+    assert grouped.buckets == shuffled.buckets and grouped.shapes == shuffled.shapes
+    for epoch in range(3):
+        plan = grouped.plan(epoch)
+        assert [b.index for b in plan] == list(range(len(plan)))
+        counts = collections.Counter(i for b in plan for i in b.ids)
+        assert sorted(counts) == sorted(s.id for s in samples) and max(counts.values()) == 1
+        assert collections.Counter(b.shape for b in plan) == collections.Counter(b.shape for b in shuffled.plan(epoch))
+
+
+def test_shard_grouped_batches_draw_from_a_few_shards_yet_mix_them_each_epoch() -> None:
+    """The mixing figures docs/DESIGN.md gives: 64 shards of 200 clips, batches of 16."""
+    samples, shard = _sharded(64 * 200, 200)
+    share, per_batch, per_stretch = {}, {}, {}
+    for window in (0, 1, 4):
+        planner = EpochPlanner(samples, _cfg(shard_window=window))
+        plans = [planner.plan(epoch) for epoch in range(2)]
+        share[window] = sum(top_shard_share([b.ids for b in plan], shard) for plan in plans) / 2
+        per_batch[window] = statistics.mean(len({shard[i] for i in b.ids}) for plan in plans for b in plan)
+        per_stretch[window] = statistics.mean(len({shard[i] for b in plan[k:k + 8] for i in b.ids})
+                                              for plan in plans for k in range(0, len(plan) - 8, 8))
+        if window:  # the first stretch of each epoch: other shards each epoch
+            assert {shard[i] for i in plans[0][0].ids} != {shard[i] for i in plans[1][0].ids}
+    assert share[0] == pytest.approx(0.124, abs=0.02) and share[1] == pytest.approx(0.92, abs=0.03)
+    assert share[4] == pytest.approx(0.376, abs=0.03)  # near 1 / window: well mixed within the window
+    assert per_batch[4] == pytest.approx(4.1, abs=0.3) and per_stretch[4] == pytest.approx(6.0, abs=0.5)
+    assert per_stretch[0] > 50  # shuffled across all shards: 8 batches touch most of the 64
+
+
+def test_a_resumed_shard_grouped_epoch_trains_exactly_the_clips_left() -> None:
+    samples, _ = _sharded(400, 40)
+    planner = EpochPlanner(samples, _cfg(shard_window=2))
+    plan = planner.plan(0)
+    position = InputPosition(planner)
+    for batch in plan[:len(plan) // 2]:
+        position.record(0, batch.ids)
+    position.record(0, plan[len(plan) // 2].ids[:3])  # a batch trained in part
+    resumed = InputPosition.from_state_dict(position.state_dict(), EpochPlanner(samples, _cfg(shard_window=2)))
+    trained = [i for b in plan[:len(plan) // 2] for i in b.ids] + list(plan[len(plan) // 2].ids[:3])
+    left = [i for b in resumed.remaining(plan) for i in b.ids]
+    assert sorted(trained + left) == sorted(s.id for s in samples)

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import pytest
 
 from stoker.consumer.pipeline.buffer import BatchQueue
 from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
@@ -27,16 +28,21 @@ class Bench:
     """A scheduler with a queue, and scripted producers that speak to it through events."""
 
     def __init__(self, max_epochs: int | None = 1, dataset: Any = None, count: int = 12, workers: int = 1,
-                 worker: int = 0, held: list[Sample] = (), fixed_rows: bool = False, **pipeline: Any) -> None:
+                 worker: int = 0, held: list[Sample] = (), fixed_rows: bool = False, shards: int = 0,
+                 **pipeline: Any) -> None:
         """``count`` clips; ``workers``/``worker``: the plan is that trainer worker's share;
         ``held``: held-out clips, leased in validation passes into ``val_queue``; ``fixed_rows``:
-        batches keep their bucket's rows (row_mask on)."""
+        batches keep their bucket's rows (row_mask on); ``shards``: the clips are members of this
+        many tar shards (batches grouped by shard: consumer/pipeline/shard_order.py)."""
         self.cfg = make_config(**pipeline)
         self.cfg = dataclasses.replace(self.cfg, batching=dataclasses.replace(self.cfg.batching, fixed_rows=fixed_rows))
         self.queue = BatchQueue(self.cfg.pipeline.buffer_size)
         self.val_queue = BatchQueue(2)
         self.rejected: list = []
-        planner = EpochPlanner(samples(count), self.cfg.batching, workers=workers, worker=worker)
+        clips = samples(count)
+        if shards:
+            clips = [c._replace(audio=f"s-{n % shards}.tar#{c.id}.flac@{512 * n}+512") for n, c in enumerate(clips)]
+        planner = EpochPlanner(clips, self.cfg.batching, workers=workers, worker=worker)
         validation = ValidationSet(validation_batches(held, planner), self.val_queue) if held else None
         self.scheduler = Scheduler(self.cfg, planner, self.queue, max_epochs=max_epochs,
                                    on_rejected=self.rejected.extend, dataset=dataset, validation=validation)
@@ -176,8 +182,10 @@ def test_a_later_epochs_batches_leave_a_slot_for_the_earliest_epochs_last_ones()
     assert sorted(epoch1) == sorted(IDS)  # then epoch 1, every clip once
 
 
-def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch() -> None:
-    b = Bench(max_epochs=2)
+@pytest.mark.parametrize("shards", [0, 3], ids=["files", "shards"])
+def test_every_sample_exactly_once_with_two_producers_and_one_leaving_mid_epoch(shards: int) -> None:
+    b = Bench(max_epochs=2, shards=shards)
+    assert (b.scheduler.planner.shards is not None) == bool(shards)
     b.hello(b"p1")
     b.hello(b"p2")
     trained = []

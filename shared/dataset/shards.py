@@ -1,0 +1,452 @@
+"""WebDataset-style tar shards as a dataset: which shards ``--data`` names, their members
+grouped into clips, and each clip's locator.
+
+A shard is a ``.tar`` file whose members are grouped by key (the member's path up to the
+first ``.`` of its file name): ``KEY.flac`` (or any suffix of :data:`AUDIO_SUFFIXES`: any
+format libsndfile reads; the first in that order when a key has several) is the audio,
+``KEY.txt`` (UTF-8) or ``KEY.json`` the text. A JSON member is an object with ``text``
+(or ``normalized_text``), and optionally ``speaker``, ``language`` and ``duration``
+(seconds), as a JSON-lines manifest line (shared/layouts.py); a ``KEY.txt`` beside it
+gives the text when the JSON has none. The clip's id is the key's file name part.
+
+``--data`` names shards as: a directory holding ``*.tar`` files (and no metadata file);
+one ``.tar`` file; a brace pattern (``shards/train-{000..127}.tar``, WebDataset's
+notation, also ``{a,b}``) or a glob (``shards/*.tar``); or any of these as a URL
+(``s3://bucket/corpus/``, ``https://host/train-{000..009}.tar``), read through fsspec
+(shared/dataset/storage.py). The dataset's root is then the directory (for a URL, a
+directory of this host's cache that holds the index cache and feature cache), and its
+"metadata file" the pattern of shard names (``*.tar``), which is how the rest of the
+package knows it is a shard dataset (:func:`is_shards`).
+
+The shards are read as a JSON-lines manifest that this module makes from them
+(:meth:`ShardListing.manifest`: a line per clip with its id, text, speaker, language,
+duration when the JSON gives one, and ``audio_filepath`` its **locator**): the index,
+dataset agreement and producers take it as any manifest. A locator names the clip's bytes
+so that a reader can seek to them: ``SHARD#MEMBER@OFFSET+SIZE`` (the shard relative to the
+root, or a URL; the member's name; its data's offset and size in the shard), e.g.
+``train-003.tar#clips/a17.flac@1536+48211``. Reading a shard's listing reads its tar
+headers and its text members, not its audio; the index reads the audio headers from the
+member bytes (or takes the JSON's duration, reading nothing: a clip whose real length
+disagrees is rejected when a producer reads it).
+
+Every member that cannot be used is a :class:`Rejection` naming the shard and the member:
+audio without text or text without audio, a duplicate id, a member the shard ends before
+(a truncated shard), a JSON that is not an object; an unreadable tar header ends that
+shard's listing with one rejection naming the shard and the byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..config import DataConfig
+from ..dataset.cache import INDEX_FORMAT, index_cache_file, pack_payload, read_cache, user_cache_dir, write_cache
+from ..dataset.probe import probe_bytes
+from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown, transit_errors,
+                               url_fs)
+from ..dataset.types import AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError
+from ..layouts import SHARD_SUFFIX, Rejection, nfc
+
+log = logging.getLogger(__name__)
+
+
+# The pattern a directory of shards stands for.
+SHARD_GLOB = "*.tar"
+
+
+# The text members, in order of preference for the text itself.
+TEXT_SUFFIXES = ("json", "txt")
+
+
+# A text or JSON member larger than this is not a clip's text (a mislabelled file): rejected, not read.
+MAX_TEXT_BYTES = 1 << 20
+
+
+# Bump when the listing's rules or its cached form change.
+LISTING_FORMAT = 1
+
+
+# The sample rate of the probe a JSON duration makes (microseconds): the index computes a
+# clip's length at the feature rate from frames / rate, exact to a microsecond.
+DURATION_RATE_HZ = 1_000_000
+
+
+_BRACE_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_BRACE_LIST = re.compile(r"\{([^{}]*,[^{}]*)\}")
+_LOCATOR = re.compile(r"^(?P<shard>.+\.tar)#(?P<member>.+)@(?P<offset>\d+)\+(?P<size>\d+)$")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def is_locator(name: str) -> bool:
+    """Whether an audio name (Sample.audio) is a shard member's locator."""
+    return "#" in name and _LOCATOR.match(name) is not None
+
+
+def shard_of(name: str) -> str:
+    """The shard of a member's locator."""
+    match = _LOCATOR.match(name)
+    if match is None:
+        raise ValueError(f"not a shard member's locator: {name!r}")
+    return match["shard"]
+
+
+@dataclass(frozen=True)
+class Locator:
+    """Where a clip's bytes are: in ``shard`` (relative to the dataset root, or a URL), member ``member``."""
+
+    shard: str
+    member: str
+    offset: int
+    size: int
+
+    def __str__(self) -> str:
+        return f"{self.shard}#{self.member}@{self.offset}+{self.size}"
+
+    @classmethod
+    def parse(cls, name: str) -> "Locator":
+        match = _LOCATOR.match(name)
+        if match is None:
+            raise ValueError(f"not a shard member's locator: {name!r}")
+        return cls(match["shard"], match["member"], int(match["offset"]), int(match["size"]))
+
+    @property
+    def where(self) -> str:
+        """The shard and member, for reasons: ``member M of shard S``."""
+        return f"member {self.member} of shard {shown(self.shard)}"
+
+
+def shard_source(path: str, metadata_file: str) -> tuple[Path, str] | None:
+    """(root, shard pattern) when ``--data`` names shards (module docstring), else None.
+
+    ``metadata_file``: the configured metadata file; a directory that holds it is not a shard
+    directory."""
+    if is_url(path):
+        pattern = path if _names_shards(path) else path.rstrip("/") + "/" + SHARD_GLOB
+        return remote_root(pattern), pattern
+    given = Path(path).expanduser()
+    if _names_shards(given.name):
+        return given.parent.resolve(), given.name
+    if given.is_dir() and not (given / metadata_file).exists() and any(given.glob(SHARD_GLOB)):
+        return given.resolve(), SHARD_GLOB
+    return None
+
+
+def _names_shards(name: str) -> bool:
+    return name.lower().endswith(SHARD_SUFFIX)
+
+
+def remote_root(pattern: str) -> Path:
+    """The local directory standing for shards at a URL: where their index and feature caches live."""
+    return user_cache_dir() / "remote" / hashlib.sha256(pattern.encode("utf-8")).hexdigest()[:16]
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``a-{000..002}.tar`` -> a-000.tar, a-001.tar, a-002.tar (widths kept); ``{a,b}`` -> each."""
+    found = [m for m in (_BRACE_RANGE.search(pattern), _BRACE_LIST.search(pattern)) if m is not None]
+    if not found:
+        return [pattern]
+    match = min(found, key=lambda m: m.start())  # the leftmost brace varies slowest
+    if match.re is _BRACE_RANGE:
+        first, last = match[1], match[2]
+        width = len(first) if first.startswith("0") or len(first) == len(last) else 0
+        values = [str(n).zfill(width) for n in range(int(first), int(last) + 1)]
+    else:
+        values = match[1].split(",")
+    return [p for v in values for p in expand_braces(pattern[:match.start()] + v + pattern[match.end():])]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard as listed: its name (relative to the root, or a URL), size and modification stamp."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+
+def list_shards(root: Path, pattern: str) -> list[Shard]:
+    """The shards ``pattern`` names, in name order; DatasetError when there are none or one is missing."""
+    shards: list[Shard] = []
+    for name in expand_braces(pattern):
+        found = _remote_shards(name) if is_url(name) else _local_shards(root, name)
+        if not found:
+            where = shown(name) if is_url(name) else str(root / name)
+            raise DatasetError(f"no tar shard at {where}" if not _GLOB_CHARS.search(name)
+                               else f"no tar shard matches {where}")
+        shards.extend(found)
+    unique = {s.name: s for s in shards}
+    return [unique[n] for n in sorted(unique)]
+
+
+def _local_shards(root: Path, name: str) -> list[Shard]:
+    paths = sorted(root.glob(name)) if _GLOB_CHARS.search(name) else [root / name]
+    found = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if path.is_file():
+            found.append(Shard(path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path),
+                               st.st_size, st.st_mtime_ns))
+    return found
+
+
+def _remote_shards(url: str) -> list[Shard]:
+    try:
+        fs, path = url_fs(url)
+        protocol = url.split("://", 1)[0]
+        if _GLOB_CHARS.search(path):
+            infos = list(fs.glob(path, detail=True).values())
+        else:
+            infos = [fs.info(path)]
+    except FileNotFoundError:
+        return []
+    except (ValueError, *transit_errors()) as exc:  # no such bucket, no credentials, no connection
+        raise DatasetError(f"cannot list {shown(url)}: {type(exc).__name__}: {first_line(exc)}") from None
+    found = []
+    for info in infos:
+        if info.get("type", "file") != "file":
+            continue
+        name = info["name"]  # without the protocol (s3, gs, file), or the whole URL (http)
+        found.append(Shard(name if is_url(name) else f"{protocol}://{name}", int(info.get("size") or 0), _stamp(info)))
+    return found
+
+
+def _stamp(info: dict[str, Any]) -> int:
+    """A remote file's modification stamp, as an integer (its ETag's hash when it has no time)."""
+    when = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    if hasattr(when, "timestamp"):
+        return int(when.timestamp() * 1e9)
+    tag = str(info.get("ETag") or info.get("etag") or when or "")
+    return int.from_bytes(hashlib.sha256(tag.encode()).digest()[:7], "little")
+
+
+@dataclass
+class _Clip:
+    """A key's members as the walk finds them."""
+
+    key: str
+    audio: tuple[int, str, int, int] | None = None  # (suffix rank, member, offset, size)
+    texts: dict[str, bytes] = field(default_factory=dict)  # suffix -> bytes
+    members: list[str] = field(default_factory=list)
+    rejected: bool = False  # a member of it was rejected (and the rejection noted)
+
+
+@dataclass
+class ShardListing:
+    """The clips of a set of shards: a manifest line per clip, the audio members as files
+    (name = locator, size = the member's, mtime = the shard's), the durations the JSON gave
+    (by locator), and the rejected members."""
+
+    lines: list[str] = field(default_factory=list)
+    audio: dict[str, AudioFile] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+    rejected: list[Rejection] = field(default_factory=list)
+    shards: int = 0
+
+    @property
+    def manifest(self) -> bytes:
+        return "".join(line + "\n" for line in self.lines).encode("utf-8")
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"shards": self.shards, "lines": self.lines, "durations": self.durations,
+                "audio": [[i, *a] for i, a in self.audio.items()],
+                "rejected": [[r.id, r.reason, r.file, r.kind] for r in self.rejected]}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> "ShardListing":
+        return cls(lines=list(payload["lines"]), durations=dict(payload["durations"]), shards=int(payload["shards"]),
+                   audio={i: AudioFile(name, size, mtime) for i, name, size, mtime in payload["audio"]},
+                   rejected=[Rejection(i, reason, file=file, kind=kind) for i, reason, file, kind in payload["rejected"]])
+
+    def probes(self) -> dict[str, AudioProbe]:
+        """The header facts the JSON durations give (no audio read), by locator."""
+        return {name: AudioProbe(round(seconds * DURATION_RATE_HZ), DURATION_RATE_HZ, 1)
+                for name, seconds in self.durations.items()}
+
+
+_LISTINGS: dict[tuple[str, str], tuple[tuple[Shard, ...], ShardListing]] = {}  # one per dataset, while unchanged
+
+
+def read_shards(root: Path, pattern: str) -> ShardListing:
+    """The listing of the shards ``pattern`` names below ``root`` (module docstring). It is kept
+    beside the index cache (``DATASET/.stoker/shards-*.msgpack``, else the user cache dir),
+    keyed on every shard's name, size and stamp, so that only a changed set of shards is
+    walked again; and in this process, which asks for the manifest and the audio in turn."""
+    shards = tuple(list_shards(root, pattern))
+    cached = _LISTINGS.get((str(root), pattern))
+    if cached is not None and cached[0] == shards:
+        return cached[1]
+    key = hashlib.sha256(repr((LISTING_FORMAT, pattern, shards)).encode("utf-8", "surrogateescape")).hexdigest()
+    candidates = [path.with_name(path.name.replace("index-", "shards-", 1))
+                  for path in index_cache_file(root, DataConfig(path=str(root), metadata_file=pattern))]
+    listing = _cached_listing(candidates, key)
+    if listing is None:
+        listing = ShardListing(shards=len(shards))
+        seen: dict[str, str] = {}  # id -> where it was first
+        for shard in shards:
+            _list_shard(root, shard, listing, seen)
+        write_cache(candidates, pack_payload({"format": INDEX_FORMAT, "key": key, **listing.to_payload()}))
+    _LISTINGS.clear()
+    _LISTINGS[(str(root), pattern)] = (shards, listing)
+    log.info("%d tar shards of %s: %d clips, %d members rejected", len(shards), shown(pattern) if is_url(pattern)
+             else root / pattern, len(listing.lines), len(listing.rejected))
+    return listing
+
+
+def _cached_listing(candidates: list[Path], key: str) -> ShardListing | None:
+    """The listing a cache file holds under ``key``, or None (no such file, or another key)."""
+    _, payload, state = read_cache(candidates, key)
+    if state != "hit" or payload is None:
+        return None
+    try:
+        return ShardListing.from_payload(payload)
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("the cached listing of the shards is unusable (%s); walking them again", exc)
+        return None
+
+
+def _list_shard(root: Path, shard: Shard, listing: ShardListing, seen: dict[str, str]) -> None:
+    """Walk one shard's tar headers, reading its text members; add its clips and rejections."""
+    path = shard.name if is_url(shard.name) or Path(shard.name).is_absolute() else str(root / shard.name)
+    clips: dict[str, _Clip] = {}
+    rank = {suffix.lstrip("."): n for n, suffix in enumerate(AUDIO_SUFFIXES)}
+    try:
+        with open_file(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+            for member in _members(tar, shard, listing):
+                directory, _, base = member.name.rpartition("/")
+                stem, dot, suffix = base.partition(".")
+                if not dot or not stem:
+                    continue  # no key (a README, a directory's metadata): not a clip's
+                key = f"{directory}/{stem}" if directory else stem
+                clip = clips.setdefault(key, _Clip(key))
+                clip.members.append(member.name)
+                suffix = suffix.lower()
+                if member.offset_data + member.size > shard.size:
+                    held = max(0, shard.size - member.offset_data)
+                    listing.rejected.append(Rejection(
+                        nfc(stem), f"member {member.name} of shard {shown(shard.name)} is truncated: the shard "
+                                   f"holds {held} of its {member.size} bytes", file=f"{shard.name}#{member.name}",
+                        kind="unreadable-audio" if suffix in rank else ""))
+                    clip.rejected = True
+                    continue
+                if suffix in rank:
+                    if clip.audio is None or rank[suffix] < clip.audio[0]:
+                        clip.audio = (rank[suffix], member.name, member.offset_data, member.size)
+                elif suffix in TEXT_SUFFIXES:
+                    if member.size > MAX_TEXT_BYTES:
+                        listing.rejected.append(Rejection(
+                            nfc(stem), f"member {member.name} of shard {shown(shard.name)} is {member.size} bytes, "
+                                       f"too large for a text", file=f"{shard.name}#{member.name}"))
+                        clip.rejected = True
+                        continue
+                    handle = tar.extractfile(member)
+                    clip.texts[suffix] = handle.read() if handle is not None else b""
+    except (OSError, StorageError, tarfile.TarError, EOFError) as exc:
+        listing.rejected.append(Rejection(f"shard:{shard.name}", f"shard {shown(shard.name)} cannot be read: "
+                                                                 f"{type(exc).__name__}: {first_line(exc)}"))
+    for clip in clips.values():
+        _add_clip(shard, clip, listing, seen)
+
+
+def _members(tar: tarfile.TarFile, shard: Shard, listing: ShardListing) -> Iterator[tarfile.TarInfo]:
+    """The regular file members of a tar, one header at a time; a header that cannot be read
+    ends the walk with a rejection naming the shard and the byte."""
+    while True:
+        at = tar.offset
+        try:
+            member = tar.next()
+        except tarfile.TarError as exc:
+            listing.rejected.append(Rejection(
+                f"shard:{shard.name}", f"shard {shown(shard.name)} has an unreadable tar header at byte {at} "
+                                       f"({first_line(exc)}): the members after it are not indexed"))
+            return
+        if member is None:  # the end, or (past the first header) one tarfile could not read
+            tar.fileobj.seek(at)
+            block = tar.fileobj.read(tarfile.BLOCKSIZE)
+            if block.strip(b"\0"):
+                listing.rejected.append(Rejection(
+                    f"shard:{shard.name}", f"shard {shown(shard.name)} has an unreadable tar header at byte {at} "
+                                           f"(invalid header): the members after it are not indexed"))
+            return
+        tar.members = []  # the walk keeps nothing: a shard of 100,000 members is no list of 100,000
+        if member.isfile():
+            yield member
+
+
+def _add_clip(shard: Shard, clip: _Clip, listing: ShardListing, seen: dict[str, str]) -> None:
+    sample_id = nfc(clip.key.rpartition("/")[2])
+    named = f"{clip.key}.* of shard {shown(shard.name)}"
+    if clip.rejected:
+        return
+    if clip.audio is None:
+        listing.rejected.append(Rejection(sample_id, f"no audio member for {named} (members: "
+                                                     f"{', '.join(clip.members)})", kind="missing-audio"))
+        return
+    _, member, offset, size = clip.audio
+    locator = str(Locator(shard.name, member, offset, size))
+    fields, problem = _text_fields(clip)
+    if problem:
+        listing.rejected.append(Rejection(sample_id, f"{problem} for {named}", file=locator))
+        return
+    if sample_id in seen:
+        listing.rejected.append(Rejection(sample_id, f"duplicate id {sample_id}: {named} (first in {seen[sample_id]})",
+                                          file=locator))
+        return
+    seen[sample_id] = f"shard {shown(shard.name)}"
+    line = {"id": sample_id, "audio_filepath": locator, **fields}
+    duration = fields.get("duration")
+    if type(duration) in (int, float) and duration > 0:
+        listing.durations[locator] = float(duration)
+    listing.lines.append(json.dumps(line, ensure_ascii=False))
+    listing.audio[sample_id] = AudioFile(locator, size, shard.mtime_ns)
+
+
+def _text_fields(clip: _Clip) -> tuple[dict[str, Any], str]:
+    """A clip's manifest fields from its JSON and text members, or why there are none."""
+    fields: dict[str, Any] = {}
+    raw = clip.texts.get("json")
+    if raw is not None:
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            return {}, f"{clip.key}.json is not JSON ({first_line(exc)})"
+        if not isinstance(obj, dict):
+            return {}, f"{clip.key}.json is not a JSON object"
+        fields = {k: obj[k] for k in ("text", "normalized_text", "speaker", "language", "duration") if k in obj}
+    txt = clip.texts.get("txt")
+    if txt is not None and not fields.get("text") and not fields.get("normalized_text"):
+        try:
+            fields["text"] = txt.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            return {}, f"{clip.key}.txt is not UTF-8"
+    if "text" not in fields and "normalized_text" not in fields:
+        return {}, "no text (a .txt member, or a .json member with 'text')"
+    return fields, ""
+
+
+_READER: Reader | None = None  # this process's, for the index's header reads
+
+
+def probe_member(root: Path, name: str) -> AudioProbe:
+    """The audio header facts of the member a locator names (its bytes read, not decoded), or why
+    it cannot be used."""
+    global _READER
+    if _READER is None or _READER.root != root:
+        _READER = Reader(root)
+    locator = Locator.parse(name)
+    try:
+        data = _READER.read(locator.shard, locator.offset, locator.size)
+    except FileNotFoundError:
+        return AudioProbe(error="audio file missing", detail=f"no shard {shown(locator.shard)}")
+    except StorageError as exc:
+        return AudioProbe(error="audio file unreadable", detail=str(exc))
+    return probe_bytes(data)

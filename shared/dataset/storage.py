@@ -1,0 +1,281 @@
+"""Bytes of a dataset's files, on this host's file system or at an fsspec URL (``s3://``,
+``gs://``, ``http(s)://``, any protocol fsspec knows and whose package is installed:
+``s3fs`` for S3, the ``s3`` extra).
+
+Object stores: a file is opened with fsspec's ``readahead`` cache of
+:data:`READ_AHEAD_BYTES` (a bounded read-ahead: consecutive reads of a tar shard's
+members are served from one ranged request), and a read that fails in transit (a
+connection dropped mid-body, a timeout) is retried on a fresh handle up to
+:data:`READ_RETRIES` times, each retry counted in :data:`COUNTS` (the producer reports
+them with its batches; summary.json's ``read_retries`` per producer). s3fs's own retries
+are turned off so that every retry is one this module makes and counts. Credentials come
+from where the protocol's library looks (for S3: ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and ``~/.aws``, an instance role;
+``AWS_ENDPOINT_URL`` names an S3-compatible server); they are never logged, and a URL
+shown in a log line or an error has its ``user:password@`` part and its query (a presigned
+URL's signature) removed (:func:`shown`).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable
+
+log = logging.getLogger(__name__)
+
+
+# Bytes fetched ahead of a read from an object store: a tar shard of short clips holds ~20
+# members of ~200 kB in this, so consecutive members cost one request; a bound, so that a
+# producer holding a few shards open holds a few such buffers.
+READ_AHEAD_BYTES = 4 << 20
+
+
+# A read failing in transit is tried again this many times (on a fresh handle), then the clip
+# is rejected with the error: a flaky connection costs a retry, a dead store a rejection.
+READ_RETRIES = 4
+
+
+# Seconds before the first retry, doubled for each next one (0.1, 0.2, 0.4, 0.8: 1.5 s in all).
+RETRY_BACKOFF_S = 0.1
+
+
+# Files a reader keeps open: the shards a producer is reading from at once (batching.shard_window
+# of them, for the plan's default window, plus one being left).
+MAX_OPEN_FILES = 8
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+
+
+# A URL's query, which may carry credentials (a presigned URL's signature).
+_QUERY = re.compile(r"(://[^\s?'\"]*)\?[^\s'\"]*")
+
+
+class StorageError(OSError):
+    """A read that failed for good (after its retries); ``str(exc)`` is one line, no credentials."""
+
+
+@dataclass
+class ReadCounts:
+    """What this process's reads did: retries of reads that failed in transit."""
+
+    retries: int = 0
+
+
+COUNTS = ReadCounts()
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL (``s3://bucket/key``), not a path on this host."""
+    return bool(_URL.match(path))
+
+
+def shown(text: str) -> str:
+    """``text`` (a URL, or a message naming URLs) as logs and errors may show it: each URL
+    without its ``user:password@`` and its query (a presigned URL's signature)."""
+    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1", text))
+
+
+def url_fs(url: str) -> tuple[Any, str]:
+    """(fsspec file system, path within it) of a URL; DatasetError-worthy failures raise StorageError."""
+    import fsspec  # only datasets at a URL need it (an optional extra for some protocols)
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise StorageError(f"cannot read {shown(url)}: {exc}") from None
+    if hasattr(fs, "retries"):  # s3fs: this module retries, and counts (module docstring)
+        fs.retries = 1
+    return fs, path
+
+
+def transit_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions of a read that failed in transit (worth a retry on a fresh handle)."""
+    errors: list[type[BaseException]] = [OSError, TimeoutError, EOFError]
+    try:
+        import aiohttp  # s3fs's and fsspec http's transport
+
+        errors.append(aiohttp.ClientError)
+    except ImportError:
+        pass  # no aiohttp: no protocol that raises its errors is in use
+    try:
+        import botocore.exceptions  # s3fs's client, only for S3 URLs
+
+        errors.append(botocore.exceptions.BotoCoreError)
+    except ImportError:
+        pass  # no botocore: no S3
+    return tuple(errors)
+
+
+class RetryingFile(io.RawIOBase):
+    """A file at a URL, read through fsspec with the bounded read-ahead; a read failing in
+    transit is retried from the same position on a fresh handle (module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self._fs, self._path = url_fs(url)
+        self._file: Any = None
+        self._pos = 0
+        self._errors = transit_errors()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._pos = offset
+        elif whence == io.SEEK_CUR:
+            self._pos += offset
+        else:
+            self._pos = self._attempts(lambda f: f.size) + offset
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        def read(f: Any) -> bytes:
+            f.seek(self._pos)
+            return f.read(size)
+
+        data = self._attempts(read)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def _attempts(self, action: Callable[[Any], Any]) -> Any:
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                if self._file is None:
+                    self._file = self._fs.open(self._path, "rb", block_size=READ_AHEAD_BYTES, cache_type="readahead")
+                return action(self._file)
+            except FileNotFoundError:
+                raise
+            except self._errors as exc:  # in transit: a fresh handle, after a pause
+                self._drop()
+                if attempt == READ_RETRIES:
+                    raise StorageError(f"cannot read {shown(self.url)} at byte {self._pos}: {type(exc).__name__}: "
+                                       f"{first_line(exc)} (after {READ_RETRIES} retries)") from None
+                COUNTS.retries += 1
+                log.warning("read of %s at byte %d failed (%s); retry %d of %d", shown(self.url), self._pos,
+                            type(exc).__name__, attempt + 1, READ_RETRIES)
+                time.sleep(RETRY_BACKOFF_S * 2 ** attempt)  # backing off from a struggling store
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _drop(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except self._errors:
+                log.debug("closing %s failed after a failed read", shown(self.url))
+            self._file = None
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message, its first line (a message may carry a server's whole reply),
+    with the URLs in it as :func:`shown` shows them."""
+    text = str(exc).strip()
+    return shown(text.splitlines()[0]) if text else ""
+
+
+class Reader:
+    """Reads byte ranges of files below ``root`` (or at URLs), keeping the last
+    :data:`MAX_OPEN_FILES` open: a producer reads a shard's members one after the other
+    through one handle. One thread reads (a producer's compute thread; the index's)."""
+
+    def __init__(self, root: Path | None = None, max_open: int = MAX_OPEN_FILES) -> None:
+        self.root = root
+        self.max_open = max_open
+        self._open: collections.OrderedDict[str, IO[bytes]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._ahead: dict[tuple[str, int, int], bytes] = {}  # read by prefetch, not yet asked for
+
+    def prefetch(self, ranges: Iterable[tuple[str, int, int]]) -> None:
+        """Read ``(name, offset, size)`` ranges in file and offset order (each file once, forward:
+        what a read-ahead serves best), to be taken by :meth:`read` in any order. What was
+        prefetched before and not taken is dropped. A range that cannot be read is left for its
+        :meth:`read`, which says why."""
+        self._ahead = {}
+        for name, offset, size in sorted(set(ranges)):
+            try:
+                self._ahead[name, offset, size] = self.read(name, offset, size)
+            except (FileNotFoundError, StorageError):
+                continue  # its own read raises, with the reason
+
+    def read(self, name: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of file ``name`` (relative to ``root``, absolute, or a URL) from ``offset``.
+
+        Raises FileNotFoundError (not on this host) or StorageError (unreadable, or fewer bytes
+        than asked: the file changed since it was indexed)."""
+        ahead = self._ahead.pop((name, offset, size), None)
+        if ahead is not None:
+            return ahead
+        with self._lock:
+            try:
+                handle = self._handle(name)
+                handle.seek(offset)
+                data = handle.read(size)
+            except FileNotFoundError:
+                self._close(name)
+                raise
+            except StorageError:
+                self._close(name)
+                raise
+            except OSError as exc:
+                self._close(name)
+                raise StorageError(f"cannot read {shown(name)} at byte {offset}: {exc.strerror or exc}") from None
+            if len(data) != size:
+                raise StorageError(f"{shown(name)} holds {len(data)} of the {size} bytes from byte {offset} "
+                                   f"(changed since it was indexed?)")
+            return data
+
+    def _handle(self, name: str) -> IO[bytes]:
+        handle = self._open.get(name)
+        if handle is not None:
+            self._open.move_to_end(name)
+            return handle
+        handle = open_file(name if is_url(name) or self.root is None else str(self.root / name))
+        self._open[name] = handle
+        while len(self._open) > self.max_open:
+            _, oldest = self._open.popitem(last=False)
+            oldest.close()
+        return handle
+
+    def _close(self, name: str) -> None:
+        handle = self._open.pop(name, None)
+        if handle is not None:
+            handle.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for name in list(self._open):
+                self._close(name)
+
+
+def open_file(path: str) -> IO[bytes]:
+    """A binary file object of a local path, or of a URL (:class:`RetryingFile`)."""
+    if not is_url(path):
+        return open(path, "rb")
+    return RetryingFile(path)  # type: ignore[return-value]
