@@ -90,6 +90,9 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="tiny | small | base | synthetic:MS | package.module:function")
     parser.add_argument("--text-frontend", metavar="NAME",
                         help="characters (any script) | phonemes (espeak-ng) | package.module:function")
+    parser.add_argument("--producer-models", metavar="SPECS",
+                        help="package.module:function, comma-separated: neural features the producers compute "
+                             "(transforms.models; declare their fields in transforms.model_fields)")
     parser.add_argument("--language", metavar="CODE", help="language of clips whose metadata names none (en, fa, ...)")
     parser.add_argument("--run-dir", help="where the run's files go (default runs/<timestamp>)")
     parser.add_argument("--record-samples", action="store_true", default=None, help="write samples.jsonl")

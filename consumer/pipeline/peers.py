@@ -88,6 +88,9 @@ class ProducerStats:
     cache_computed: int = 0  # log-mels computed from audio (no valid entry) and stored
     cache_stale: int = 0
     cache_corrupt: int = 0
+    # Producer models (producer/models.py): batches a model ran on, clips whose outputs the cache held.
+    model_runs: int = 0
+    model_hits: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
