@@ -19,8 +19,9 @@ a model need not mask its own padded outputs; it must however give a clip's vali
 whatever the padding after it (mask its inputs by the lengths), as cached outputs are reused in
 batches of other shapes.
 
-Each model is traced once per bucket shape (one ``tf.function`` per input shapes), with XLA on a
-GPU (``jit_compile``; a model XLA cannot compile falls back to the plain function, once, logged).
+Each model is one ``tf.function`` traced once with its inputs' dimensions left open, with XLA on a
+GPU (``jit_compile``: compiled once per bucket shape, when first seen; a model XLA cannot compile
+falls back to the plain function, once, logged).
 
 A model's *version* is the SHA-256 of its module's source with the SHA-256 of its weights (a
 Keras model's or ``tf.Module``'s variables, a SavedModel's files): part of the cache's key and of
@@ -28,9 +29,10 @@ the producers' agreement with the trainer (a producer whose model differs refuse
 
 Faults: a model that does not import, build or load is one line naming it
 (:class:`ModelSetupError`); a batch on which it raises or gives a non-finite or wrongly shaped
-output is :class:`ModelBatchError`, whose text the producer rejects the batch's clips with; a
-model that failed on each of the first :data:`FAILURES_FATAL` batches it saw and never succeeded
-is :class:`ModelFailing` (one line that ends the run).
+output is :class:`ModelBatchError`, whose text (``producer model SPEC: ...``) the producer rejects
+the batch's clips with. A model that fails on every batch is the trainer's to see: when the
+first clips rejected all failed the same model, the run ends with one line
+(consumer/pipeline/feed.py's all_failed_one_transform).
 
 TensorFlow is imported here only: a producer imports this module only when a model is configured.
 """
@@ -57,9 +59,6 @@ log = logging.getLogger("producer")
 # The inputs a model may name: a clip's own fields, or its reference clip's.
 CLIP_INPUTS = ("mel", "mel_lengths", "audio", "audio_lengths")
 REFERENCE_INPUTS = ("ref_mel", "ref_mel_lengths")
-# A model that has failed on this many batches in a row and never succeeded fails on every
-# batch (a bug, not a bad clip): the run ends rather than rejecting the whole dataset.
-FAILURES_FATAL = 3
 # The length field that gives a row's valid extent along each bucketed dimension.
 LENGTH_OF = {"T": "mel_lengths", "R": "ref_mel_lengths", "S": "audio_lengths", "L": "token_lengths"}
 # Hex digits of a weights digest kept in a model's version.
@@ -72,10 +71,6 @@ class ModelSetupError(UserError):
 
 class ModelBatchError(Exception):
     """A model failed on one batch; ``str(exc)`` is the reason its clips are rejected with."""
-
-
-class ModelFailing(UserError):
-    """A model failed on every batch it saw; one line that ends the run."""
 
 
 def specs_of(models: str) -> list[str]:
@@ -123,10 +118,8 @@ class ProducerModel:
     inputs: tuple[str, ...]
     version: str
     keras: bool  # a Keras model: called with a dict of its inputs
-    traced: dict[tuple[tuple[int, ...], ...], Any] = field(default_factory=dict)
+    traced: Any = None  # its tf.function (shapes left open: XLA compiles it once per bucket shape)
     jit: bool = False
-    failures: int = 0  # batches in a row it failed on
-    succeeded: bool = False
 
     @property
     def reference(self) -> bool:
@@ -226,14 +219,17 @@ class ModelRunner:
         log.info("producer models %s on %s", ", ".join(f"{m.spec} ({m.version})" for m in self.models), self.device)
 
     def _traced(self, m: ProducerModel, inputs: Mapping[str, np.ndarray]) -> Any:
-        key = tuple(tuple(inputs[n].shape) for n in m.inputs)
-        if key not in m.traced:
-            fn = m.fn
+        """The model's tf.function, traced once with its inputs' dimensions left open: the graph
+        serves every bucket, and with XLA each bucket shape is compiled once, when first seen."""
+        if m.traced is None:
+            tf, fn = self.tf, m.fn
+            spec = [{n: tf.TensorSpec([None] * inputs[n].ndim, tf.as_dtype(inputs[n].dtype), name=n)
+                     for n in m.inputs}]
             if m.keras:
-                m.traced[key] = self.tf.function(lambda kw: fn(kw, training=False), jit_compile=m.jit)
+                m.traced = tf.function(lambda kw: fn(kw, training=False), input_signature=spec, jit_compile=m.jit)
             else:
-                m.traced[key] = self.tf.function(lambda kw: fn(**kw), jit_compile=m.jit)
-        return m.traced[key]
+                m.traced = tf.function(lambda kw: fn(**kw), input_signature=spec, jit_compile=m.jit)
+        return m.traced
 
     def _call(self, m: ProducerModel, inputs: Mapping[str, np.ndarray]) -> Any:
         tf = self.tf
@@ -246,29 +242,14 @@ class ModelRunner:
                     raise
                 log.warning("producer model %s: XLA cannot compile it (%s); running it without XLA", m.spec,
                             one_line(exc))
-                m.jit = False
-                m.traced.clear()
+                m.jit, m.traced = False, None
                 return self._traced(m, inputs)(tensors)
 
     def run(self, m: ProducerModel, arrays: Mapping[str, np.ndarray], dims: Mapping[str, int],
             filled: int) -> dict[str, np.ndarray]:
         """The outputs of model ``m`` on a batch (``arrays`` at ``dims``, its first ``filled`` rows
-        real, the others empty: all padding), checked, cast and padded
-        (module docstring); ModelBatchError (the clips' rejection reason) when it fails, and
-        ModelFailing when it has failed on each of the first FAILURES_FATAL batches."""
-        try:
-            out = self._outputs(m, arrays, dims, filled)
-        except ModelBatchError as exc:
-            m.failures += 1
-            if not m.succeeded and m.failures >= FAILURES_FATAL:
-                raise ModelFailing(f"producer model {m.spec} failed on each of the first {m.failures} batches, "
-                                   f"the last: {exc}") from None
-            raise
-        m.failures, m.succeeded = 0, True
-        return out
-
-    def _outputs(self, m: ProducerModel, arrays: Mapping[str, np.ndarray], dims: Mapping[str, int],
-                 filled: int) -> dict[str, np.ndarray]:
+        real, the others empty: all padding), checked, cast and padded (module docstring);
+        ModelBatchError (the clips' rejection reason) when it fails."""
         missing = [n for n in m.inputs if n not in arrays]
         if missing:
             raise ModelBatchError(f"producer model {m.spec}: its inputs {missing} are not batch fields of this run "
@@ -302,5 +283,5 @@ class ModelRunner:
         return out
 
 
-__all__ = ["FAILURES_FATAL", "ModelBatchError", "ModelFailing", "ModelRunner", "ModelSetupError", "ProducerModel",
+__all__ = ["ModelBatchError", "ModelRunner", "ModelSetupError", "ProducerModel",
            "clip_slice", "load_model", "model_versions", "specs_of", "weights_digest"]

@@ -364,16 +364,21 @@ def test_stereo_and_other_rate_clips_are_used(tmp_path):
     assert read_json(run_dir / "summary.json")["samples"] == 6
 
 
-def test_a_transform_failing_every_clip_is_one_line(tmp_path):
+@pytest.mark.parametrize("settings, failed, reason", [
+    (["transforms.user=tests.producer.user_transforms:raises"], "transform tests.producer.user_transforms:raises",
+     "ValueError: no pitch for "),
+    (["transforms.models=tests.producer.user_models:raising", "transforms.model_fields=score:float32:-:0"],
+     "producer model tests.producer.user_models:raising", "ValueError: the model cannot take this batch"),
+])
+def test_a_transform_or_producer_model_failing_every_clip_is_one_line(tmp_path, settings, failed, reason):
+    sets = [arg for setting in settings for arg in ("--set", setting)]
     result = run_cli("--model", "synthetic:5", "--steps", "5", "--producers", "1", "--run-dir", str(tmp_path / "run"),
-                     "--set", "transforms.user=tests.producer.user_transforms:raises", *NUMPY_FEATURES, timeout=120)
+                     *sets, *NUMPY_FEATURES, timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("stoker: error:")]
-    assert lines == [line for line in lines if "every clip failed transform tests.producer.user_transforms:raises"
-                     in line] and len(lines) == 1
+    assert lines == [line for line in lines if f"every clip failed {failed}" in line] and len(lines) == 1
     rejected = read_jsonl(tmp_path / "run" / "rejected.jsonl")
-    assert len(rejected) >= 32 and all(r["reason"].startswith("transform tests.producer.user_transforms:raises: "
-                                                              "ValueError: no pitch for ") for r in rejected)
+    assert len(rejected) >= 32 and all(r["reason"].startswith(f"{failed}: {reason}") for r in rejected)
 
 
 def test_the_installed_command_runs_from_another_directory(tmp_path):
