@@ -163,16 +163,26 @@ def test_nan_loss_stops_the_run_with_a_checkpoint(tmp_path):
     assert (run_dir / "ckpt" / "ckpt-000004").is_dir()
 
 
+# docs/examples/neural_features.py: the model trained on the codes and speaker embeddings its
+# producer models compute (the same through stoker.Feed: tests/stoker/test_feed.py).
+NEURAL_FEATURES = ["--producer-models", "neural_features:codec,neural_features:speaker",
+                   "--set", "transforms.model_fields=codes:int32:T/4:-1,speaker_embedding:float32:64:0",
+                   "--set", "batching.fields=ref_mel"]
+
+
 @pytest.mark.slow
-def test_docs_example_user_model_trains(tmp_path):
+@pytest.mark.parametrize("model, more", [("conv_tts:build", []), ("neural_features:build", NEURAL_FEATURES)])
+def test_docs_example_user_model_trains(tmp_path, model, more):
     run_dir = tmp_path / "run"
-    result = run_cli("--model", "conv_tts:build", "--steps", "12", "--producers", "1", "--batch-size", "8",
-                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", "--model-start-delay", "0",
-                     env={"PYTHONPATH": "docs/examples"}, timeout=150)
+    result = run_cli("--model", model, "--steps", "12", "--producers", "1", "--batch-size", "8",
+                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", "--model-start-delay", "0", *more,
+                     env={"PYTHONPATH": "docs/examples", "NEURAL_FEATURES_WEIGHTS": str(tmp_path / "weights")},
+                     timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(run_dir / "summary.json")
     assert summary["steps"] == 12 and summary["trainer"]["params"] > 10_000
     assert summary["loss_last"] < summary["loss_first"]
+    assert (sum(p["model_runs"] for p in summary["producers"]) > 0) == bool(more)
 
 
 def test_user_model_breaking_the_contract_is_one_line(tmp_path):
