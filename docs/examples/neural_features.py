@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
 
     feed = stoker.Feed(data=args.data, steps=args.steps, run_dir=args.run_dir or None, producers=2,
                        producer_models="neural_features:codec,neural_features:speaker",
-                       set={"transforms.model_fields": MODEL_FIELDS, "batching.fields": "ref_mel"})
+                       set={"transforms.model_fields": MODEL_FIELDS, "batching.fields": "ref_mel",
+                            "data.feature_cache": "auto"})
     with feed:
         model = build(feed.vocabulary.size, feed.n_mels)
         optimizer = keras.optimizers.Adam(2e-3)
