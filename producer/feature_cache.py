@@ -9,7 +9,9 @@ Layout: ``DIR/<key>/<id>.mel``, where ``key`` (16 hex digits) is a SHA-256 over 
 features config (shared/mel.py ``features_key``: every key except ``backend``, both backends
 computing the same definition, and with ``features.user`` a hash of the function's module
 source), the resolved dataset directory and :data:`FORMAT_VERSION`.
-``DIR/<key>/config.json`` says in words what the key stands for. A different config or
+``DIR/<key>/config.json`` says in words what the key stands for. Producer models' outputs
+(producer/models.py) go beside the mels, per clip, in ``DIR/<key>/models/<model key>/``
+(:class:`ModelCache`). A different config or
 dataset gets a directory of its own, so nothing stale is ever read across configs.
 
 One entry (little-endian):

@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import logging
 import os
-from dataclasses import dataclass, field
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -52,6 +55,7 @@ import numpy as np
 from stoker.shared.batch import Field
 from stoker.shared.errors import UserError
 from stoker.shared.mel import source_version
+from stoker.shared.proc import EXIT_USER
 from stoker.shared.userfn import import_function
 
 log = logging.getLogger("producer")
@@ -63,6 +67,9 @@ REFERENCE_INPUTS = ("ref_mel", "ref_mel_lengths")
 LENGTH_OF = {"T": "mel_lengths", "R": "ref_mel_lengths", "S": "audio_lengths", "L": "token_lengths"}
 # Hex digits of a weights digest kept in a model's version.
 DIGEST_HEX = 16
+# Loading the models to take their versions (model_versions) imports TensorFlow and builds or
+# loads each model: a child that takes longer than this has hung.
+VERSIONS_TIMEOUT_S = 600.0
 
 
 class ModelSetupError(UserError):
@@ -161,11 +168,32 @@ def load_models(models: str) -> list[ProducerModel]:
 
 def model_versions(models: str) -> dict[str, str]:
     """Each model's version, keyed ``model:SPEC`` (the trainer's WELCOME carries them beside the
-    transforms' versions; a producer whose versions differ refuses to join). Loaded on the CPU."""
-    import tensorflow as tf  # only where a model is configured
+    transforms' versions; a producer whose versions differ refuses to join). The models are
+    loaded in a child process, on its CPU: the trainer's own TensorFlow is configured later (its
+    devices, their memory) and must not be started here. ModelSetupError (one line) when one
+    cannot be loaded."""
+    package_parent = Path(sys.modules["stoker"].__file__ or ".").resolve().parent.parent
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(package_parent), os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-m", "stoker.producer.models", models], capture_output=True, text=True,
+                          env=env, timeout=VERSIONS_TIMEOUT_S)
+    if done.returncode == EXIT_USER:
+        raise ModelSetupError(done.stderr.strip().splitlines()[-1])
+    if done.returncode != 0:
+        raise ModelSetupError(f"transforms.models {models}: loading the models to take their versions failed "
+                              f"(status {done.returncode}): {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
-    with tf.device("/CPU:0"):
-        return {f"model:{m.spec}": m.version for m in load_models(models)}
+
+def _print_versions(models: str) -> int:
+    """The child of :func:`model_versions`: the versions as one JSON line, or the one line of
+    what failed (exit status EXIT_USER)."""
+    try:
+        print(json.dumps({f"model:{m.spec}": m.version for m in load_models(models)}))
+    except ModelSetupError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USER
+    return 0
 
 
 def one_line(exc: BaseException) -> str:
@@ -210,6 +238,12 @@ class ModelRunner:
 
         self.tf = tf
         self.device = device or "/CPU:0"
+        if "GPU" not in self.device.upper():  # producers are one per core: each runs its models on one thread
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(1)
+                tf.config.threading.set_inter_op_parallelism_threads(1)
+            except RuntimeError:  # TensorFlow already ran ops in this process: its threads are set
+                log.debug("producer models: TensorFlow's threads were set before the models were loaded")
         self.fields = {f.name: f for f in fields}
         with tf.device(self.device):
             self.models = load_models(models)
@@ -285,3 +319,7 @@ class ModelRunner:
 
 __all__ = ["ModelBatchError", "ModelRunner", "ModelSetupError", "ProducerModel",
            "clip_slice", "load_model", "model_versions", "specs_of", "weights_digest"]
+
+
+if __name__ == "__main__":
+    sys.exit(_print_versions(sys.argv[1]))

@@ -204,6 +204,17 @@ def test_unknown_user_module_is_refused_before_starting(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_producer_model_that_cannot_load_is_one_line_naming_it(tmp_path):
+    result = run_cli("--model", "synthetic:5", "--steps", "3", "--run-dir", str(tmp_path / "run"),
+                     "--producer-models", "tests.producer.user_models:broken",
+                     "--set", "transforms.model_fields=score:float32:-:0", *NUMPY_FEATURES, timeout=90)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "stoker: error: transforms.models tests.producer.user_models:broken: cannot build or load the model: "
+        "OSError: weights file missing")
+    assert "Traceback" not in result.stderr
+
+
 def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
     run_dir = tmp_path / "run"
     with RunProcess("--model", "synthetic:40", "--epochs", "6", "--producers", "2", "--record-samples",
