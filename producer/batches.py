@@ -279,6 +279,8 @@ class BatchMaker:
         from stoker.producer.models import ModelBatchError, clip_slice  # loaded with the runner, above
 
         assert self.models is not None
+        if not rows:  # every clip missed or rejected: the model fields are all padding
+            return arrays, stats, rows, {"model_runs": 0, "model_hits": 0}
         dims = batch_dims(arrays["mel"].shape[0], lease.shape, self.features.n_mels, self.features.hop_length,
                           self.ref_frames)
         runs = hits = 0
@@ -289,7 +291,7 @@ class BatchMaker:
                 sources = [ref if m.reference else clip for _, clip, ref in rows]
                 cached = [cache.get(c.id, c.source[0], c.source[1].st_size, c.source[1].st_mtime_ns)
                           if cache is not None and c is not None and c.source is not None else None for c in sources]
-                if rows and all(c is not None for c in cached):
+                if all(c is not None for c in cached):
                     for row, outputs in enumerate(cached):
                         for name, value in outputs.items():
                             arrays[name][(row, *(slice(0, n) for n in value.shape))] = value
@@ -306,7 +308,7 @@ class BatchMaker:
                         cache.put(c.id, name, st.st_size, st.st_mtime_ns,
                                   {k: clip_slice(v, self.models.fields[k], row, arrays) for k, v in outputs.items()})
             missing = sorted(set(self.models.fields) - filled)
-            if rows and missing:
+            if missing:
                 raise ModelBatchError(f"no producer model returned the declared field(s) {missing}")
         except ModelBatchError as exc:
             log.warning("%s: batch %d of epoch %d: %s; its %d clips are rejected", self.name, lease.index,
