@@ -182,11 +182,14 @@ def main(argv: list[str] | None = None) -> None:
         for step, batch in enumerate(feed, start=1):
             with tf.GradientTape() as tape:
                 out = model(batch, training=True)
-                loss = out["losses"]["codes_ce"]
+                mask = tf.sequence_mask(batch["mel_lengths"], tf.shape(batch["mel"])[1], dtype=tf.float32)[..., None]
+                mel_l1 = tf.reduce_sum(tf.abs(out["mel"] - batch["mel"]) * mask) / (tf.reduce_sum(mask) * N_MELS)
+                loss = out["losses"]["codes_ce"] + mel_l1
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
             feed.step_done(loss=float(loss))
             if step % 20 == 0:
-                print(f"step {step}: codes cross-entropy {float(loss):.3f}", flush=True)
+                print(f"step {step}: codes cross-entropy {float(out['losses']['codes_ce']):.3f}, mel L1 "
+                      f"{float(mel_l1):.3f}", flush=True)
 
 
 if __name__ == "__main__":
