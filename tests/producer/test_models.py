@@ -105,6 +105,18 @@ def test_a_callable_module_runs_on_the_batch(dataset) -> None:
     np.testing.assert_allclose(made.arrays["score"], 2 * made.arrays["mel"].mean(axis=(1, 2)), rtol=1e-5)
 
 
+def test_a_model_xla_cannot_compile_runs_without_it_once_warned(dataset, caplog) -> None:
+    root, ids = dataset
+    maker = _maker(root, "tests.producer.user_models:host_op", SCORE, batch_fields="")
+    model = maker.models.models[0]
+    model.jit = True  # as on a GPU
+    for _ in range(2):
+        made = maker.make(_lease(ids[:2], ids[:2]))
+        np.testing.assert_array_equal(made.arrays["score"], 2 * made.arrays["mel_lengths"])
+    assert not model.jit
+    assert caplog.text.count("XLA cannot compile it") == 1
+
+
 def test_models_that_cannot_load_or_read_other_fields_are_one_line_naming_them() -> None:
     with pytest.raises(ModelSetupError, match=r"^transforms.models tests.producer.user_models:broken: cannot build "
                                               r"or load the model: OSError: weights file missing$"):

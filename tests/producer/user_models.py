@@ -44,3 +44,15 @@ def broken() -> Any:
 
 def reads_tokens() -> Any:
     return lambda tokens, mel: {"score": tokens}
+
+
+def host_op() -> Any:
+    """A model with an op XLA cannot compile (a call back into Python)."""
+    import numpy as np
+    import tensorflow as tf
+
+    def score(mel: Any, mel_lengths: Any) -> Any:
+        lengths = tf.numpy_function(lambda n: (n * 2).astype(np.float32), [mel_lengths], tf.float32)
+        return {"score": tf.reshape(lengths, tf.shape(mel_lengths))}
+
+    return score
