@@ -149,8 +149,7 @@ def load_model(spec: str) -> ProducerModel:
             call, names = made, _input_names(made)
         version = f"{source_version(module.__name__)}+{weights_digest(made)}"
     except Exception as exc:  # the user's model: what its building or loading raised, in one line
-        raise ModelSetupError(f"transforms.models {spec}: cannot build or load the model: "
-                              f"{type(exc).__name__}: {exc}") from None
+        raise ModelSetupError(f"transforms.models {spec}: cannot build or load the model: {one_line(exc)}") from None
     if not callable(call):
         raise ModelSetupError(f"transforms.models {spec} returned {type(made).__name__}, not a Keras model, a "
                               f"TensorFlow callable or a SavedModel path")
@@ -189,10 +188,11 @@ def _print_versions(models: str) -> int:
     """The child of :func:`model_versions`: the versions as one JSON line, or the one line of
     what failed (exit status EXIT_USER)."""
     try:
-        print(json.dumps({f"model:{m.spec}": m.version for m in load_models(models)}))
+        versions = {f"model:{m.spec}": m.version for m in load_models(models)}
     except ModelSetupError as exc:
-        print(exc, file=sys.stderr)
+        sys.stderr.write(f"{exc}\n")
         return EXIT_USER
+    sys.stdout.write(json.dumps(versions) + "\n")
     return 0
 
 

@@ -199,7 +199,7 @@ def parse_declared_fields(spec: str) -> tuple[Field, ...]:
 # Dimensions a producer model's field (transforms.model_fields) may have after B: the batch's, a
 # bucketed one divided (``T/4``: a code sequence at a quarter of the mel frame rate), a number.
 MODEL_DIMS = ("L", "T", "F", "S", "R")
-_MODEL_DIM = re.compile(r"([LTFSR])/([1-9][0-9]*)|([1-9][0-9]*)|([LTFSR])")
+_MODEL_DIM = re.compile(r"[LTFSR]/[1-9][0-9]*|[1-9][0-9]*|[LTFSR]")
 
 
 def parse_model_dims(text: str) -> tuple[str, ...]:
@@ -237,10 +237,12 @@ def parse_model_fields(spec: str, taken: Sequence[str] = ()) -> tuple[Field, ...
             raise ValueError(f"model field {item!r}: dtype one of {', '.join(DECLARABLE_DTYPES)}")
         try:
             letters = parse_model_dims(dims)
-            value = float(pad)
         except ValueError as exc:
-            raise ValueError(f"model field {item!r}: {exc}" if "dimensions" in str(exc)
-                             else f"model field {item!r}: padding {pad!r} is not a number") from None
+            raise ValueError(f"model field {item!r}: {exc}") from None
+        try:
+            value = float(pad)
+        except ValueError:
+            raise ValueError(f"model field {item!r}: padding {pad!r} is not a number") from None
         used.add(name)
         fields.append(Field(name, dtype, ("B", *letters), int(value) if dtype == "int32" else value,
                             "declared in transforms.model_fields, made by a producer model"))
