@@ -165,6 +165,9 @@ class Producer:
         maker: BatchMaker | None = None
         try:
             while not self.stop.is_set():
+                if maker is None and self._welcome is not None and self._welcome.config.transforms.models:
+                    maker = self._make_maker()  # at joining: a producer model that differs refuses before any lease
+                    self._check_models(maker)
                 try:
                     *_, generation, lease = self._work.get(timeout=WORK_POLL_S)
                 except queue.Empty:
