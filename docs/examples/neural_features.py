@@ -3,9 +3,9 @@
     PYTHONPATH=docs/examples python run.py --model neural_features:build --steps 100 \\
         --producer-models neural_features:codec,neural_features:speaker \\
         --set transforms.model_fields="codes:int32:T/4:-1,speaker_embedding:float32:64:0" \\
-        --set batching.fields=ref_mel --set data.feature_cache=auto
+        --set batching.fields=ref_mel --set data.feature_cache=runs/features
 
-    python docs/examples/neural_features.py --steps 100 --feature-cache auto   # the same through stoker.Feed
+    python docs/examples/neural_features.py --steps 100 --feature-cache runs/features   # the same through stoker.Feed
 
 Two producer models (``transforms.models``), each a function returning a Keras model whose
 weights are made by this file, deterministically (seeded initialisers), and saved to a file
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--run-dir", default="")
     parser.add_argument("--data", default=None)
-    parser.add_argument("--feature-cache", default="", help="cache the mels and the models' outputs here (or auto)")
+    parser.add_argument("--feature-cache", default="",
+                        help="cache the mels and the models' outputs in this directory (or auto: beside the dataset)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the producers import this file by its name
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
