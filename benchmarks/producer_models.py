@@ -14,7 +14,8 @@ demo data, in real runs (``python -m stoker``, 2 producers, numpy log-mels), fou
                 no encoder runs at all (the log-mels come from the cache too, as for ``none``)
 
 From each run's summary.json: samples/s after warm-up and the trainer's wait share
-(``data_wait_frac``), medians over ``repetitions`` rounds of the four (alternated). Ratios: (b) / (a) (target >= 1.3 where the encoder costs about a step)
+(``data_wait_frac``), medians over ``repetitions`` rounds of the four (alternated). Ratios:
+(b) / (a) (target >= 1.3 where the encoder costs about a step)
 and (c) / none (target >= 0.95). ``none`` also reads its log-mels from the cache, so that (c)
 is compared with a run doing the same work but the codes. On a CPU-only host the producers
 and the trainer share the cores: the encoder moved to the producers still takes the trainer's
@@ -206,7 +207,8 @@ def run(plan: ProducerModelsPlan, log_fn: Any = None) -> dict[str, Any]:
     cache_vs_none = ratio(sps["cache"], sps["none"], target=TARGET_CACHE_VS_NONE)
     return {"runs": runs, "steps": plan.steps, "batch_size": BATCH_SIZE, "producers": PRODUCERS, "width": WIDTH,
             "producers_vs_in_step": producers_vs_step, "cache_vs_none": cache_vs_none,
-            "targets": [{"what": "encoder in the producers / in the step, samples/s", "value": producers_vs_step["value"],
+            "targets": [{"what": "encoder in the producers / in the step, samples/s",
+                         "value": producers_vs_step["value"],
                          "limit": TARGET_PRODUCERS_VS_STEP, "ratio": producers_vs_step,
                          "met": producers_vs_step["value"] >= TARGET_PRODUCERS_VS_STEP},
                         {"what": "codes from the cache / no encoder, samples/s", "value": cache_vs_none["value"],

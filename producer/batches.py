@@ -103,8 +103,8 @@ class BatchMaker:
         if transforms.models:
             from stoker.producer.models import ModelRunner  # imports TensorFlow: only where a model is configured
 
-            self.models = ModelRunner(transforms.models, parse_model_fields(transforms.model_fields, list(chain.declared)),
-                                      model_device)
+            fields = parse_model_fields(transforms.model_fields, list(chain.declared))
+            self.models = ModelRunner(transforms.models, fields, model_device)
             if self.cache is not None:
                 self._model_caches = {m.spec: ModelCache(self.cache, m.spec, m.version, transforms.model_fields)
                                       for m in self.models.models}

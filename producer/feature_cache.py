@@ -240,7 +240,8 @@ class ModelCache:
     def path(self, sample_id: str) -> Path:
         return self.dir / f"{sample_id}{MODEL_SUFFIX}"
 
-    def get(self, sample_id: str, audio_name: str, audio_size: int, audio_mtime_ns: int) -> dict[str, np.ndarray] | None:
+    def get(self, sample_id: str, audio_name: str, audio_size: int,
+            audio_mtime_ns: int) -> dict[str, np.ndarray] | None:
         """The clip's cached outputs, or None (miss, stale or corrupt: counted)."""
         try:
             blob = self.path(sample_id).read_bytes()

@@ -47,7 +47,8 @@ def weights(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monkey
     monkeypatch.setenv("NEURAL_FEATURES_WEIGHTS", str(tmp_path_factory.getbasetemp() / "weights"))
 
 
-def _maker(root: Path, models: str, fields: str, cache: Path | None = None, batch_fields: str = "ref_mel") -> BatchMaker:
+def _maker(root: Path, models: str, fields: str, cache: Path | None = None,
+           batch_fields: str = "ref_mel") -> BatchMaker:
     entries, _ = read_metadata(root)
     files = {k: v.name for k, v in scan_audio(root).items()}
     return BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
