@@ -15,9 +15,9 @@ demo data, in real runs (``python -m stoker``, 2 producers, numpy log-mels), fou
 
 From each run's summary.json: samples/s after warm-up and the trainer's wait share
 (``data_wait_frac``), medians over ``repetitions`` rounds of the four (alternated). Ratios:
-(b) / (a) (target >= 1.3 where the encoder costs about a step)
-and (c) / none (target >= 0.95). ``none`` also reads its log-mels from the cache, so that (c)
-is compared with a run doing the same work but the codes. On a CPU-only host the producers
+(b) / (a) (target >= 1.3 where the encoder costs about a step) and (c) / none (target >=
+0.95). ``none`` also reads its log-mels from the cache, so that (c) is compared with a run
+doing the same work but the codes. On a CPU-only host the producers
 and the trainer share the cores: the encoder moved to the producers still takes the trainer's
 CPU, which the figures show.
 """
