@@ -24,6 +24,9 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
     replicas       (full run only) 2 model replicas vs 1, same batch per replica: samples/s
                    and wait share of the tiny model and of a synthetic trainer
                    (benchmarks/replicas.py)
+    producer_models  (full run only) one neural encoder (mel -> codes) inside the training step,
+                   in the producers (transforms.models), and from the feature cache, vs no
+                   encoder: samples/s and wait share (benchmarks/producer_models.py)
 
 The older sections (memory: the consumer's RSS over thousands of batches; starvation:
 diagnosis on injected faults; data: the full data benchmark; producers: scaling,
@@ -49,12 +52,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, replicas, starvation,
-                               trainer, transforms, transport)
+from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producer_models, producers,
+                               replicas, starvation, trainer, transforms, transport)
 from stoker.benchmarks.common import machine_info, table
 
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
-            "feed", "replicas")
+            "feed", "replicas", "producer_models")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
 QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms")
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
@@ -104,6 +107,7 @@ class SuitePlan:
     transforms: transforms.TransformsPlan = field(default_factory=transforms.TransformsPlan)
     feed: feed.FeedPlan = field(default_factory=feed.FeedPlan)
     replicas: replicas.ReplicasPlan = field(default_factory=replicas.ReplicasPlan)
+    producer_models: producer_models.ProducerModelsPlan = field(default_factory=producer_models.ProducerModelsPlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -173,7 +177,7 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
                            o["overhead"]["value"], o["target"], o["met"], o["overhead"]))
         out.append(_target("trainer", f"traces after warm-up over {r['steps']} steps",
                            float(r["traces_after_warmup"]), 0.0, r["met"]))
-    out += _listed(sections, ("batching", "transforms", "feed", "replicas"))
+    out += _listed(sections, ("batching", "transforms", "feed", "replicas", "producer_models"))
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -211,6 +215,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "transforms": lambda: transforms.run(plan.transforms, log),
         "feed": lambda: feed.run(plan.feed, log),
         "replicas": lambda: replicas.run(plan.replicas, log),
+        "producer_models": lambda: producer_models.run(plan.producer_models, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
         "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
@@ -280,6 +285,10 @@ def render(report: dict[str, Any]) -> str:
     if sections.get("replicas"):
         parts += ["", "replicas: 2 model replicas (2 logical CPU devices) vs 1, demo data, the same batch per replica",
                   replicas.render(sections["replicas"])]
+    if sections.get("producer_models"):
+        parts += ["", "producer_models: one encoder (mel -> codes, about a training step's cost) in the training step, "
+                      "in the producers, from the cache, vs none; demo data, batch 16, 2 producers",
+                  producer_models.render(sections["producer_models"])]
     if sections.get("trainer"):
         parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
                       "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]

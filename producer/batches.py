@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member
-from stoker.producer.feature_cache import CacheCounts, FeatureCache
+from stoker.producer.feature_cache import CacheCounts, FeatureCache, ModelCache
 from stoker.producer.features import MelComputer, UserMelError
 from stoker.producer.transforms import Chain, TransformError
 from stoker.shared import wire
-from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
+from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, parse_model_fields
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
 from stoker.shared.dataset.shards import Locator, is_locator
@@ -56,6 +56,7 @@ class _Clip:
     fields: dict[str, np.ndarray] | None = None  # the declared fields its user transforms made
     uncut: bool = False  # its audio and fields still await the transforms' trim and gain (Chain.finish)
     rejection: str = ""  # why its mel could not be made (features.user's function failed on it)
+    source: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache is on: model outputs' key
 
 
 class BatchMaker:
@@ -78,7 +79,8 @@ class BatchMaker:
                  files: dict[str, str] | None = None, feature_cache: str = "",
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
                  ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None,
-                 mel_norm: tuple[np.ndarray, np.ndarray] | None = None, fixed_rows: bool = False) -> None:
+                 mel_norm: tuple[np.ndarray, np.ndarray] | None = None, fixed_rows: bool = False,
+                 model_device: str | None = None) -> None:
         self.root = root
         self.texts = texts
         self.files = files if files is not None else {}
@@ -99,6 +101,16 @@ class BatchMaker:
             if feature_cache else None
         self.reader = Reader(root)  # tar shards' members, a few shards kept open
         self.faults = faults or FaultsConfig()
+        self.models = None
+        self._model_caches: dict[str, ModelCache] = {}
+        if transforms.models:
+            from stoker.producer.models import ModelRunner  # imports TensorFlow: only where a model is configured
+
+            fields = parse_model_fields(transforms.model_fields, list(chain.declared))
+            self.models = ModelRunner(transforms.models, fields, model_device)
+            if self.cache is not None:
+                self._model_caches = {m.spec: ModelCache(self.cache, m.spec, m.version, transforms.model_fields)
+                                      for m in self.models.models}
         self._next_stall = time.monotonic() + self.faults.producer_stall_every_s
 
     def _inject_faults(self) -> None:
@@ -128,6 +140,7 @@ class BatchMaker:
             if st is not None:
                 clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
                 clip.slot = None if clip.mel is not None else (name, st)
+                clip.source = (name, st)
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
             clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
                           load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name)))
@@ -168,11 +181,16 @@ class BatchMaker:
         computed = self._compute([c for _, clip, ref in rows for c in (clip, ref) if c is not None])
         rows = [row for row in rows if self._made(row, rejected) and self._fits(lease, row, rejected)]
         arrays, stats = self._arrays(lease, rows, extra)
+        model_counts: dict[str, int] = {}
+        if self.models is not None:
+            arrays, stats, rows, model_counts = self._run_models(lease, rows, extra, arrays, stats, rejected)
         prep_ms = (time.perf_counter() - started) * 1e3
         cache = None
         if self.cache is not None and before is not None:
             delta = CacheCounts(**{k: v - getattr(before, k) for k, v in self.cache.counts.to_json().items()})
             cache = {**delta.to_json(), "computed": computed}
+        if model_counts:
+            cache = {**(cache or {}), **model_counts}
         batch = wire.Batch(lease=lease.lease, epoch=lease.epoch, index=lease.index,
                            ids=tuple(clip.id for _, clip, _ in rows), rejected=tuple(rejected), missed=tuple(missed),
                            prep_ms=round(prep_ms, 3), mel_stats=stats.to_fields(), cache=cache,
@@ -260,6 +278,55 @@ class BatchMaker:
             if "ref_mel" in names:
                 minmax(arrays["ref_mel"], arrays["ref_mel_lengths"])
         return arrays, stats
+
+    def _run_models(self, lease: wire.Lease, rows: list[tuple[np.ndarray, _Clip, _Clip | None]],
+                    extra: dict[str, tuple[int, int]], arrays: dict[str, np.ndarray], stats: MelStats,
+                    rejected: list[wire.Entry]) -> tuple[dict[str, np.ndarray], MelStats, list, dict[str, int]]:
+        """The producer models' fields of a batch (producer/models.py): each model's outputs read
+        from the model cache when it holds every row's clip, else the model run on the batch and
+        its outputs stored per clip. A model failing on the batch rejects its clips (the batch
+        goes on empty); returns (arrays, stats, rows, counts: model_runs, model_hits)."""
+        from stoker.producer.models import ModelBatchError, clip_slice  # loaded with the runner, above
+
+        assert self.models is not None
+        if not rows:  # every clip missed or rejected: the model fields are all padding
+            return arrays, stats, rows, {"model_runs": 0, "model_hits": 0}
+        dims = batch_dims(arrays["mel"].shape[0], lease.shape, self.features.n_mels, self.features.hop_length,
+                          self.ref_frames)
+        runs = hits = 0
+        filled: set[str] = set()
+        try:
+            for m in self.models.models:
+                cache = self._model_caches.get(m.spec)
+                sources = [ref if m.reference else clip for _, clip, ref in rows]
+                cached = [cache.get(c.id, c.source[0], c.source[1].st_size, c.source[1].st_mtime_ns)
+                          if cache is not None and c is not None and c.source is not None else None for c in sources]
+                if all(c is not None for c in cached):
+                    for row, outputs in enumerate(cached):
+                        for name, value in outputs.items():
+                            arrays[name][(row, *(slice(0, n) for n in value.shape))] = value
+                            filled.add(name)
+                    hits += len(rows)
+                    continue
+                outputs = self.models.run(m, arrays, dims, len(rows))
+                runs += 1
+                arrays.update(outputs)
+                filled.update(outputs)
+                for row, c in enumerate(sources):
+                    if cache is not None and c is not None and c.source is not None:
+                        name, st = c.source
+                        cache.put(c.id, name, st.st_size, st.st_mtime_ns,
+                                  {k: clip_slice(v, self.models.fields[k], row, arrays) for k, v in outputs.items()})
+            missing = sorted(set(self.models.fields) - filled)
+            if missing:
+                raise ModelBatchError(f"no producer model returned the declared field(s) {missing}")
+        except ModelBatchError as exc:
+            log.warning("%s: batch %d of epoch %d: %s; its %d clips are rejected", self.name, lease.index,
+                        lease.epoch, exc, len(rows))
+            rejected.extend(wire.Entry(clip.id, str(exc)) for _, clip, _ in rows)
+            arrays, stats = self._arrays(lease, [], extra)
+            rows = []
+        return arrays, stats, rows, {"model_runs": runs, "model_hits": hits}
 
     def _user_mel(self, clip: _Clip) -> np.ndarray | None:
         """features.user's mel of one clip, or None with the clip's rejection reason noted."""

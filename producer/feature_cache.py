@@ -9,7 +9,9 @@ Layout: ``DIR/<key>/<id>.mel``, where ``key`` (16 hex digits) is a SHA-256 over 
 features config (shared/mel.py ``features_key``: every key except ``backend``, both backends
 computing the same definition, and with ``features.user`` a hash of the function's module
 source), the resolved dataset directory and :data:`FORMAT_VERSION`.
-``DIR/<key>/config.json`` says in words what the key stands for. A different config or
+``DIR/<key>/config.json`` says in words what the key stands for. Producer models' outputs
+(producer/models.py) go beside the mels, per clip, in ``DIR/<key>/models/<model key>/``
+(:class:`ModelCache`). A different config or
 dataset gets a directory of its own, so nothing stale is ever read across configs.
 
 One entry (little-endian):
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import struct
@@ -205,6 +208,89 @@ class FeatureCache:
             self.counts.write_errors += 1
             self._writable = False
             log.warning("cannot write the feature cache in %s (%s); computing without storing from now on",
+                        self.dir, exc.strerror or exc)
+            return False
+        self.counts.written += 1
+        return True
+
+
+# A producer model's outputs for one clip (producer/models.py): a header, then the clip's valid
+# part of each field the model returned, as an uncompressed .npz.
+MODEL_MAGIC = b"STKOUT01"
+MODEL_SUFFIX = ".out"
+_MODEL_HEADER = struct.Struct("<8sIQqI")
+
+
+class ModelCache:
+    """A producer model's outputs per clip, beside the log-mels: ``directory/<mel key>/models/<key>/<id>.out``,
+    ``key`` a hash of the model's spec and version (its source and weights: producer/models.py)
+    and the fields it may return. One entry: magic "STKOUT01" | name_crc u32 | audio_size u64 |
+    audio_mtime_ns i64 | crc32 u32 (over the header fields and payload), then the payload. Checked
+    as the log-mels are: another audio file is stale, a failed check corrupt, both recomputed."""
+
+    def __init__(self, cache: FeatureCache, spec: str, version: str, fields: str) -> None:
+        key = {"model": spec, "version": version, "fields": fields}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        self.dir = cache.dir / "models" / digest
+        self._key = key
+        self._ready = False
+        self._writable = True
+        self.counts = CacheCounts()
+
+    def path(self, sample_id: str) -> Path:
+        return self.dir / f"{sample_id}{MODEL_SUFFIX}"
+
+    def get(self, sample_id: str, audio_name: str, audio_size: int,
+            audio_mtime_ns: int) -> dict[str, np.ndarray] | None:
+        """The clip's cached outputs, or None (miss, stale or corrupt: counted)."""
+        try:
+            blob = self.path(sample_id).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            self.counts.misses += 1
+            return None
+        except OSError:
+            self.counts.corrupt += 1
+            return None
+        problem = ""
+        if len(blob) < _MODEL_HEADER.size:
+            problem = "shorter than the header"
+        else:
+            magic, name_crc, size, mtime_ns, crc = _MODEL_HEADER.unpack_from(blob)
+            if magic != MODEL_MAGIC or zlib.crc32(blob[_MODEL_HEADER.size:],
+                                                  zlib.crc32(blob[:_MODEL_HEADER.size - 4])) != crc:
+                problem = "checksum mismatch"
+            elif (size, mtime_ns, name_crc) != (audio_size, audio_mtime_ns, _name_crc(audio_name)):
+                self.counts.stale += 1
+                return None
+        if problem:
+            self.counts.corrupt += 1
+            log.warning("model cache entry %s is corrupt (%s); recomputing it", self.path(sample_id), problem)
+            return None
+        with np.load(io.BytesIO(blob[_MODEL_HEADER.size:]), allow_pickle=False) as npz:
+            out = {name: npz[name] for name in npz.files}
+        self.counts.hits += 1
+        return out
+
+    def put(self, sample_id: str, audio_name: str, audio_size: int, audio_mtime_ns: int,
+            outputs: dict[str, np.ndarray]) -> bool:
+        """Store one clip's outputs; False (logged once) if the disk refuses."""
+        if not self._writable:
+            return False
+        buffer = io.BytesIO()
+        np.savez(buffer, **outputs)
+        payload = buffer.getvalue()
+        header = _MODEL_HEADER.pack(MODEL_MAGIC, _name_crc(audio_name), audio_size, audio_mtime_ns, 0)
+        crc = zlib.crc32(payload, zlib.crc32(header[:-4]))
+        try:
+            if not self._ready:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                write_atomic(self.dir / "config.json", json.dumps(self._key, indent=1, sort_keys=True))
+                self._ready = True
+            write_atomic(self.path(sample_id), header[:-4] + struct.pack("<I", crc) + payload)
+        except OSError as exc:
+            self.counts.write_errors += 1
+            self._writable = False
+            log.warning("cannot write the model cache in %s (%s); computing without storing from now on",
                         self.dir, exc.strerror or exc)
             return False
         self.counts.written += 1

@@ -230,8 +230,10 @@ def load_user(specs: str) -> list[tuple[str, Callable[..., Any], str]]:
 
 def chain_key(cfg: TransformsConfig, versions: Mapping[str, str]) -> dict[str, Any]:
     """What the mel of a clip depends on besides the features: the settings and each user
-    module's version (the feature cache's key and the producers' agreement)."""
-    return {**dataclasses.asdict(cfg), "versions": dict(versions), "revision": TRANSFORMS_REVISION}
+    module's version (the feature cache's key and the producers' agreement); not the producer
+    models, which run after the mel (their outputs have keys of their own: producer/models.py)."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("models", "model_fields")}
+    return {**settings, "versions": dict(versions), "revision": TRANSFORMS_REVISION}
 
 
 @dataclass

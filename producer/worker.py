@@ -165,6 +165,9 @@ class Producer:
         maker: BatchMaker | None = None
         try:
             while not self.stop.is_set():
+                if maker is None and self._welcome is not None and self._welcome.config.transforms.models:
+                    maker = self._make_maker()  # at joining: a producer model that differs refuses before any lease
+                    self._check_models(maker)
                 try:
                     *_, generation, lease = self._work.get(timeout=WORK_POLL_S)
                 except queue.Empty:
@@ -173,6 +176,7 @@ class Producer:
                     continue  # dropped on reconnect, or revoked while waiting
                 if maker is None:
                     maker = self._make_maker()
+                    self._check_models(maker)
                 prepared = maker.make(lease)
                 frames = prepared.batch.encode(prepared.arrays)
                 if generation != self._generation:
@@ -182,7 +186,8 @@ class Producer:
                 wake.send(str(lease.lease).encode())
         except BaseException as exc:  # reported by the io thread as an ERROR message
             self._failure = exc
-            log.exception("producer %s failed while preparing a batch", self.name)
+            if not isinstance(exc, UserError):  # a user's error is its one line (run())
+                log.exception("producer %s failed while preparing a batch", self.name)
             wake.send(b"failed")
         finally:
             wake.close()
@@ -191,21 +196,22 @@ class Producer:
         welcome = self._welcome
         assert welcome is not None  # leases come after the WELCOME
         features = welcome.config.features
-        device = None
-        if features.backend == "tf":
-            _, device = configure_tensorflow(self.memory_mb)
+        device = model_device = None
+        if features.backend == "tf" or welcome.config.transforms.models:
+            _, model_device = configure_tensorflow(self.memory_mb)
+            device = model_device if features.backend == "tf" else None
         cache_dir = welcome.feature_cache
         log.info("%s computing log-mels with %s on %s%s", self.name, features.backend, device or "CPU",
                  f"; feature cache {cache_dir}" if cache_dir else "")
         texts = {e.id: e.text for e in self._scan.entries} if self._scan else {}
         files = dict(self._scan.files) if self._scan else {}
         transforms = welcome.config.transforms
-        schema = schema_for(welcome.fields, transforms.fields)
+        schema = schema_for(welcome.fields, transforms.fields, transforms.model_fields)
         mel_norm = load(welcome.mel_norm, features.n_mels) if welcome.mel_norm else None
         return BatchMaker(self.root, texts, features, device, self.name, self.host,
                           files=files, feature_cache=cache_dir, faults=welcome.config.faults, schema=schema,
                           ref_frames=welcome.ref_frames, transforms=transforms, mel_norm=mel_norm,
-                          fixed_rows=welcome.fixed_rows)
+                          fixed_rows=welcome.fixed_rows, model_device=model_device)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:
@@ -317,6 +323,17 @@ class Producer:
                 raise Refused(f"transform {spec} is version {version} on host {self.host} and {theirs.get(spec)} on "
                               f"the trainer: every host must run the same transform code")
 
+    def _check_models(self, maker: BatchMaker) -> None:
+        """The producer models (producer/models.py) must be the trainer's: the same source and
+        weights; Refused (one line, exit status 2) when one differs."""
+        assert self._welcome is not None
+        theirs = self._welcome.transform_versions
+        for m in maker.models.models if maker.models is not None else ():
+            if theirs.get(f"model:{m.spec}") != m.version:
+                raise Refused(f"producer model {m.spec} is version {m.version} on host {self.host} and "
+                              f"{theirs.get(f'model:{m.spec}')} on the trainer: every host must run the same model "
+                              f"code and weights")
+
     def _handle(self, sock: zmq.Socket, msg: wire.Body, now: float) -> bool:
         """Act on one consumer message; return False when the producer must stop."""
         if isinstance(msg, wire.Welcome):
@@ -423,8 +440,8 @@ class Producer:
     def _not_a_trainer(self, why: str) -> str:
         return f"{self.endpoint} answered, but not as a stoker trainer ({why}): is this the trainer's endpoint?"
 
-    def _refused(self, exc: Refused) -> int:
-        self.status.send("error", type="Refused", message=str(exc), where=self.name, user_error=True)
+    def _refused(self, exc: UserError) -> int:
+        self.status.send("error", type=type(exc).__name__, message=str(exc), where=self.name, user_error=True)
         # Under a launcher, it prints the one line; run alone, this log line is it.
         log.log(logging.DEBUG if self.status.connected else logging.ERROR, "%s", exc)
         return EXIT_USER
@@ -447,6 +464,9 @@ class Producer:
                 events = dict(link.poller.poll(POLL_INTERVAL_MS))
                 now = time.monotonic()
                 if wake in events and not self._on_wake(link.sock, wake.recv()):
+                    if isinstance(self._failure, UserError):  # a model that differs or fails: one line
+                        self._close(link.sock, FINAL_LINGER_MS)
+                        return self._refused(self._failure)
                     self.status.error(self._failure or RuntimeError("compute thread failed"), self.name)
                     self._close(link.sock, FINAL_LINGER_MS)
                     return EXIT_FAILED

@@ -29,6 +29,7 @@ fields (``tokens`` [L_i], ``mel`` [T_i, F]), into the fixed arrays of its bucket
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -64,7 +65,18 @@ class Field:
     length_of: str = ""  # a length field: the field whose valid length (its dims[1]) it holds
 
     def shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
-        return tuple(dims[d] for d in self.dims)
+        return tuple(dim_size(d, dims) for d in self.dims)
+
+
+def dim_size(dim: str, dims: Mapping[str, int]) -> int:
+    """The size of one dimension of a field: a letter of LEGEND, a number (a model field's
+    fixed size) or ``X/k`` (a model field's: X divided by k, rounded up)."""
+    if dim in dims:
+        return dims[dim]
+    if dim.isdigit():
+        return int(dim)
+    base, _, k = dim.partition("/")
+    return -(-dims[base] // int(k))
 
 
 @dataclass(frozen=True)
@@ -184,9 +196,63 @@ def parse_declared_fields(spec: str) -> tuple[Field, ...]:
     return tuple(fields)
 
 
-def schema_for(fields: str | Sequence[str], declared: str = "") -> BatchSchema:
-    """The batch of a run: SCHEMA plus the optional fields it switches on (comma-separated names)
-    and the fields its user transforms declare (:func:`parse_declared_fields`)."""
+# Dimensions a producer model's field (transforms.model_fields) may have after B: the batch's, a
+# bucketed one divided (``T/4``: a code sequence at a quarter of the mel frame rate), a number.
+MODEL_DIMS = ("L", "T", "F", "S", "R")
+_MODEL_DIM = re.compile(r"[LTFSR]/[1-9][0-9]*|[1-9][0-9]*|[LTFSR]")
+
+
+def parse_model_dims(text: str) -> tuple[str, ...]:
+    """A model field's dimensions after B: space-separated (or run together) ``T``, ``T/4``,
+    ``64``; ``-`` for one value per clip. ValueError (one line) when not."""
+    text = text.strip()
+    if text == "-":
+        return ()
+    dims, at = [], 0
+    for match in _MODEL_DIM.finditer(text):
+        if text[at:match.start()].strip():
+            break
+        dims.append(match.group(0))
+        at = match.end()
+    if not dims or text[at:].strip():
+        raise ValueError(f"dimensions {text!r}: letters of {', '.join(MODEL_DIMS)}, X/k (e.g. T/4), numbers, "
+                         f"space-separated, or - for one value per clip")
+    return tuple(dims)
+
+
+def parse_model_fields(spec: str, taken: Sequence[str] = ()) -> tuple[Field, ...]:
+    """The batch fields a run's producer models return (transforms.model_fields), declared as
+    ``name:dtype:DIMS:pad``, comma-separated (``codes:int32:T/4:-1, speaker_embedding:float32:64:0``);
+    ``taken``: names already in the batch. ValueError (one line) when not."""
+    fields = []
+    used = set(SCHEMA.names) | set(OPTIONAL) | set(taken)
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        parts = item.split(":")
+        if len(parts) != 4:
+            raise ValueError(f"model field {item!r}: expected name:dtype:DIMS:pad, e.g. codes:int32:T/4:-1")
+        name, dtype, dims, pad = (p.strip() for p in parts)
+        if not name.isidentifier() or name in used:
+            raise ValueError(f"model field {item!r}: {name!r} is not a new identifier")
+        if dtype not in DECLARABLE_DTYPES:
+            raise ValueError(f"model field {item!r}: dtype one of {', '.join(DECLARABLE_DTYPES)}")
+        try:
+            letters = parse_model_dims(dims)
+        except ValueError as exc:
+            raise ValueError(f"model field {item!r}: {exc}") from None
+        try:
+            value = float(pad)
+        except ValueError:
+            raise ValueError(f"model field {item!r}: padding {pad!r} is not a number") from None
+        used.add(name)
+        fields.append(Field(name, dtype, ("B", *letters), int(value) if dtype == "int32" else value,
+                            "declared in transforms.model_fields, made by a producer model"))
+    return tuple(fields)
+
+
+def schema_for(fields: str | Sequence[str], declared: str = "", models: str = "") -> BatchSchema:
+    """The batch of a run: SCHEMA plus the optional fields it switches on (comma-separated names),
+    the fields its user transforms declare (:func:`parse_declared_fields`) and those its producer
+    models return (:func:`parse_model_fields`)."""
     names = [n.strip() for n in fields.split(",")] if isinstance(fields, str) else list(fields)
     names = [n for n in names if n]
     switchable = [n for n in OPTIONAL if not OPTIONAL[n].length_of]
@@ -194,8 +260,9 @@ def schema_for(fields: str | Sequence[str], declared: str = "") -> BatchSchema:
     if unknown:
         raise ValueError(f"unknown batch field {unknown[0]!r} (optional fields: {', '.join(switchable)})")
     names += [c for n in names for c in COMPANIONS.get(n, ())]
-    return BatchSchema(SCHEMA.fields + tuple(OPTIONAL[n] for n in OPTIONAL if n in names)
-                       + parse_declared_fields(declared))
+    transformed = parse_declared_fields(declared)
+    return BatchSchema(SCHEMA.fields + tuple(OPTIONAL[n] for n in OPTIONAL if n in names) + transformed
+                       + parse_model_fields(models, [f.name for f in transformed]))
 
 
 def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id: int = 0,

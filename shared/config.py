@@ -130,6 +130,8 @@ class TransformsConfig:
 
     user: str  # the user's transforms, first: package.module:function, comma-separated
     fields: str  # batch fields they return: name:dtype:DIMS:pad, comma-separated (e.g. pitch:float32:T:0)
+    models: str  # producer models (producer/models.py): package.module:function, comma-separated
+    model_fields: str  # batch fields they return: name:dtype:DIMS:pad (DIMS may hold T/4 and numbers)
     trim_db: float  # cut leading and trailing frames this many dB below the loudest (0: off)
     normalize: str  # off | peak (to peak_dbfs) | loudness (to loudness_lufs, ITU-R BS.1770)
     peak_dbfs: float
@@ -454,6 +456,16 @@ def _validate_transforms(cfg: Config) -> None:
     for spec in (s.strip() for s in tr.user.split(",") if s.strip()):
         if not _is_function_spec(spec):
             raise ConfigError(f"transforms.user: {spec!r} is not package.module:function")
+    try:
+        schema_for(batch_fields(cfg), tr.fields, tr.model_fields)
+    except ValueError as exc:
+        raise ConfigError(f"transforms.model_fields: {exc}") from None
+    if bool(tr.models.strip()) != bool(tr.model_fields.strip()):
+        raise ConfigError("transforms.models and transforms.model_fields go together: the models return the "
+                          "fields model_fields declares")
+    for spec in (s.strip() for s in tr.models.split(",") if s.strip()):
+        if not _is_function_spec(spec):
+            raise ConfigError(f"transforms.models: {spec!r} is not package.module:function")
     if tr.mel_norm not in MEL_NORMS:
         raise ConfigError(f"transforms.mel_norm must be one of {', '.join(MEL_NORMS)}, got {tr.mel_norm!r}")
     if tr.normalize not in ("off", "peak", "loudness"):
@@ -502,7 +514,7 @@ def batch_fields(cfg: Config) -> str:
 def batch_schema(cfg: Config) -> BatchSchema:
     """The batch of a run (shared/batch.py): SCHEMA, the optional fields it switches on
     (:func:`batch_fields`) and the fields its user transforms declare."""
-    return schema_for(batch_fields(cfg), cfg.transforms.fields)
+    return schema_for(batch_fields(cfg), cfg.transforms.fields, cfg.transforms.model_fields)
 
 
 def with_fixed_rows(cfg: Config, workers: int = 1) -> Config:

@@ -548,7 +548,8 @@ class Hello(Body):
 class Welcome(Body):
     """A producer is admitted: its index and (unique) name, the config it runs with, the
     optional batch fields (shared/batch.py) and whether batches keep the lease's rows, the
-    user transforms' versions (a producer running another refuses itself), the mel
+    user transforms' versions and the producer models' (keyed ``model:SPEC``: their source and
+    weights; a producer running another refuses itself), the mel
     statistics it normalises with (transforms.mel_norm: dataset), the trainer's metadata file
     and its digest, the feature cache and the heartbeat settings."""
 

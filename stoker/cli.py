@@ -90,6 +90,9 @@ def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="tiny | small | base | synthetic:MS | package.module:function")
     parser.add_argument("--text-frontend", metavar="NAME",
                         help="characters (any script) | phonemes (espeak-ng) | package.module:function")
+    parser.add_argument("--producer-models", metavar="SPECS",
+                        help="package.module:function, comma-separated: neural features the producers compute "
+                             "(transforms.models; declare their fields in transforms.model_fields)")
     parser.add_argument("--language", metavar="CODE", help="language of clips whose metadata names none (en, fa, ...)")
     parser.add_argument("--run-dir", help="where the run's files go (default runs/<timestamp>)")
     parser.add_argument("--record-samples", action="store_true", default=None, help="write samples.jsonl")
@@ -151,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     precompute.add_argument("--data-gpu", type=int, help="GPU index for the producers")
     precompute.add_argument("--data-gpu-memory", type=int, metavar="MB", help="memory limit per producer process")
     precompute.add_argument("--batch-size", type=int)
+    precompute.add_argument("--producer-models", metavar="SPECS",
+                            help="package.module:function, comma-separated: the producer models whose outputs to cache "
+                                 "too (transforms.models)")
     precompute.add_argument("--run-dir", help="where the run's files go (default runs/<timestamp>)")
     precompute.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     precompute.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

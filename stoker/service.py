@@ -58,7 +58,7 @@ FLAG_KEYS = {
     "model_start_delay": "pipeline.model_start_delay_s", "model": "trainer.model", "run_dir": "run.run_dir",
     "record_samples": "trainer.record_samples", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
     "log_level": "run.log_level", "metrics_port": "run.metrics_port", "max_producers": "pipeline.max_producers",
-    "text_frontend": "text.frontend", "language": "text.language",
+    "text_frontend": "text.frontend", "language": "text.language", "producer_models": "transforms.models",
 }
 
 

@@ -163,16 +163,26 @@ def test_nan_loss_stops_the_run_with_a_checkpoint(tmp_path):
     assert (run_dir / "ckpt" / "ckpt-000004").is_dir()
 
 
+# docs/examples/neural_features.py: the model trained on the codes and speaker embeddings its
+# producer models compute (the same through stoker.Feed: tests/stoker/test_feed.py).
+NEURAL_FEATURES = ["--producer-models", "neural_features:codec,neural_features:speaker",
+                   "--set", "transforms.model_fields=codes:int32:T/4:-1,speaker_embedding:float32:64:0",
+                   "--set", "batching.fields=ref_mel"]
+
+
 @pytest.mark.slow
-def test_docs_example_user_model_trains(tmp_path):
+@pytest.mark.parametrize("model, more", [("conv_tts:build", []), ("neural_features:build", NEURAL_FEATURES)])
+def test_docs_example_user_model_trains(tmp_path, model, more):
     run_dir = tmp_path / "run"
-    result = run_cli("--model", "conv_tts:build", "--steps", "12", "--producers", "1", "--batch-size", "8",
-                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", "--model-start-delay", "0",
-                     env={"PYTHONPATH": "docs/examples"}, timeout=150)
+    result = run_cli("--model", model, "--steps", "12", "--producers", "1", "--batch-size", "8",
+                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", "--model-start-delay", "0", *more,
+                     env={"PYTHONPATH": "docs/examples", "NEURAL_FEATURES_WEIGHTS": str(tmp_path / "weights")},
+                     timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(run_dir / "summary.json")
     assert summary["steps"] == 12 and summary["trainer"]["params"] > 10_000
     assert summary["loss_last"] < summary["loss_first"]
+    assert (sum(p["model_runs"] for p in summary["producers"]) > 0) == bool(more)
 
 
 def test_user_model_breaking_the_contract_is_one_line(tmp_path):
@@ -192,6 +202,17 @@ def test_unknown_user_module_is_refused_before_starting(tmp_path):
         "stoker: error: --model no_such_module_xyz:build: no module named no_such_module_xyz "
         "(is its directory on PYTHONPATH?)")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_producer_model_that_cannot_load_is_one_line_naming_it(tmp_path):
+    result = run_cli("--model", "synthetic:5", "--steps", "3", "--run-dir", str(tmp_path / "run"),
+                     "--producer-models", "tests.producer.user_models:broken",
+                     "--set", "transforms.model_fields=score:float32:-:0", *NUMPY_FEATURES, timeout=90)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "stoker: error: transforms.models tests.producer.user_models:broken: cannot build or load the model: "
+        "OSError: weights file missing")
+    assert "Traceback" not in result.stderr
 
 
 def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
@@ -364,16 +385,21 @@ def test_stereo_and_other_rate_clips_are_used(tmp_path):
     assert read_json(run_dir / "summary.json")["samples"] == 6
 
 
-def test_a_transform_failing_every_clip_is_one_line(tmp_path):
+@pytest.mark.parametrize("settings, failed, reason", [
+    (["transforms.user=tests.producer.user_transforms:raises"], "transform tests.producer.user_transforms:raises",
+     "ValueError: no pitch for "),
+    (["transforms.models=tests.producer.user_models:raising", "transforms.model_fields=score:float32:-:0"],
+     "producer model tests.producer.user_models:raising", "ValueError: the model cannot take this batch"),
+])
+def test_a_transform_or_producer_model_failing_every_clip_is_one_line(tmp_path, settings, failed, reason):
+    sets = [arg for setting in settings for arg in ("--set", setting)]
     result = run_cli("--model", "synthetic:5", "--steps", "5", "--producers", "1", "--run-dir", str(tmp_path / "run"),
-                     "--set", "transforms.user=tests.producer.user_transforms:raises", *NUMPY_FEATURES, timeout=120)
+                     *sets, *NUMPY_FEATURES, timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("stoker: error:")]
-    assert lines == [line for line in lines if "every clip failed transform tests.producer.user_transforms:raises"
-                     in line] and len(lines) == 1
+    assert lines == [line for line in lines if f"every clip failed {failed}" in line] and len(lines) == 1
     rejected = read_jsonl(tmp_path / "run" / "rejected.jsonl")
-    assert len(rejected) >= 32 and all(r["reason"].startswith("transform tests.producer.user_transforms:raises: "
-                                                              "ValueError: no pitch for ") for r in rejected)
+    assert len(rejected) >= 32 and all(r["reason"].startswith(f"{failed}: {reason}") for r in rejected)
 
 
 def test_the_installed_command_runs_from_another_directory(tmp_path):

@@ -93,13 +93,13 @@ log = logging.getLogger("consumer")
 WAIT_SLICE_S = 0.25
 # Say so when no batch has come for this long (no producer connected, all stalled).
 NO_DATA_WARN_S = 10.0
-# A user transform that failed every one of this many clips (or of all clips, when fewer) and
-# let none through is broken, not unlucky: the run ends with one line instead of waiting.
+# A user transform (or producer model) that failed every one of this many clips (or of all clips,
+# when fewer) and let none through is broken, not unlucky: the run ends with one line instead of waiting.
 ALL_FAILED_CLIPS = 32
 # A rejection's reason as counted for the one line of a run that trained nothing.
 REASON_CHARS = 300
 # The start of a rejection reason naming the user transform (or declared field) that failed it.
-TRANSFORM_FAILURE = re.compile(r"transform (field \S+|[\w.]+:\w+)")
+TRANSFORM_FAILURE = re.compile(r"(?:transform|producer model) (field \S+|[\w.]+:\w+)")
 # After training, give the coordinator this long to send STOP and close.
 COORDINATOR_JOIN_S = 3.0
 # The format of a feed's state_dict(); a newer one is refused, not guessed at.
@@ -111,7 +111,7 @@ class MelStatsMissing(UserError):
 
 
 class TransformFailed(UserError):
-    """Nothing could train: every clip failed the same user transform, or every clip was rejected
+    """Nothing could train: every clip failed the same user transform or producer model, or every clip was rejected
     (a lease failing again and again); the message is one line for the user."""
 
 
@@ -400,8 +400,9 @@ class FeedCore:
         (family, count), = self._producer_reasons.items()
         if not family or count < at_least:
             return ""
-        return (f"every clip failed {family} ({count} rejected, reasons in rejected.jsonl): fix the transform or "
-                f"take it out of transforms.user")
+        fix = ("the model or take it out of transforms.models" if family.startswith("producer model")
+               else "the transform or take it out of transforms.user")
+        return f"every clip failed {family} ({count} rejected, reasons in rejected.jsonl): fix {fix}"
 
     def nothing_trained(self) -> str:
         """The one line when the planned epochs ended with no step trained because every clip

@@ -89,6 +89,9 @@ class ProducerStats:
     cache_stale: int = 0
     cache_corrupt: int = 0
     read_retries: int = 0  # reads of tar shards retried (shared/dataset/storage.py)
+    # Producer models (producer/models.py): batches a model ran on, clips whose outputs the cache held.
+    model_runs: int = 0
+    model_hits: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

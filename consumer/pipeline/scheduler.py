@@ -189,6 +189,10 @@ class Scheduler:
         self.transform_versions = {spec: version for spec, _, version in load_user(cfg.transforms.user)}
         if cfg.features.user:
             self.transform_versions[cfg.features.user] = user_mel_function(cfg.features.user)[1]
+        if cfg.transforms.models:  # the producer models' source and weights (producer/models.py)
+            from stoker.producer.models import model_versions  # imports TensorFlow: only with a model configured
+
+            self.transform_versions.update(model_versions(cfg.transforms.models))
         # transforms.mel_norm: the statistics producers normalise with (None: off); and the ones measured.
         self.mel_norm = mel_norm
         self.mel_stats = MelStats.empty(cfg.features.n_mels)
@@ -747,6 +751,8 @@ class Scheduler:
             stats.cache_stale += cache.get("stale", 0)
             stats.cache_corrupt += cache.get("corrupt", 0)
             stats.read_retries += msg.read_retries or 0
+            stats.model_runs += cache.get("model_runs", 0)
+            stats.model_hits += cache.get("model_hits", 0)
 
     def _welcome(self, peer: Peer) -> wire.Welcome:
         return wire.Welcome(

@@ -77,9 +77,10 @@ def lease(lease_id: int, ids: list[str], index: int = 0, **fields: Any) -> wire.
 
 
 def welcome_of(features: FeaturesConfig, fields: str = "", fixed_rows: bool = False, user: str = "",
-               versions: dict[str, str] | None = None) -> wire.Welcome:
+               versions: dict[str, str] | None = None, models: str = "", model_fields: str = "") -> wire.Welcome:
+    transforms = TransformsConfig(user=user, models=models, model_fields=model_fields)
     return wire.Welcome(producer_index=0, producer_name="p-test",
-                        config=wire.ProducerConfig(features, TransformsConfig(user=user)), fields=fields,
+                        config=wire.ProducerConfig(features, transforms), fields=fields,
                         fixed_rows=fixed_rows, ref_frames=BatchingConfig.ref_frames, transform_versions=versions or {},
                         metadata_file="metadata.csv", metadata_sha256="", feature_cache="",
                         heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0)
@@ -514,6 +515,28 @@ def test_the_trainers_transform_version_is_accepted(setup):
     consumer.send(lease(1, ids[:2]))
     consumer.recv(wire.READY)
     assert "code" not in result
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_producer_model_of_other_weights_or_source_than_the_trainers_ends_with_status_2(setup, caplog, monkeypatch,
+                                                                                         same):
+    from stoker.producer.models import model_versions
+
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # as the launcher pins a producer: here, no GPU
+    spec = "tests.producer.user_models:mean_level"
+    versions = model_versions(spec) if same else {f"model:{spec}": "sha256:0+sha256:0"}
+    consumer.recv(wire.HELLO)
+    consumer.send(welcome_of(features, models=spec, model_fields="score:float32:-:0", versions=versions))
+    if same:
+        consumer.send(lease(1, ids[:2]))
+        consumer.recv(wire.READY, skip=(wire.HEARTBEAT, wire.HELLO))  # a HELLO again while TensorFlow was imported
+        assert "code" not in result
+        return
+    thread.join(20)
+    assert result["code"] == 2
+    assert f"producer model {spec} is version sha256:" in caplog.text
+    assert "sha256:0+sha256:0 on the trainer: every host must run the same model code and weights" in caplog.text
 
 
 def test_a_keyless_producer_whose_handshakes_are_closed_names_the_trainers_keys_and_the_wrong_endpoint(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stoker.shared.batch import FRAMES, MEL_PAD, SCHEMA, batch_dims, collate
+from stoker.shared.batch import FRAMES, MEL_PAD, SCHEMA, batch_dims, collate, example, parse_model_fields, schema_for
 from stoker.shared.config import FeaturesConfig
 from stoker.shared.text import PAD_ID
 from stoker.shared.mel import pad_values
@@ -197,3 +197,17 @@ def test_row_mask_is_one_on_the_real_rows_and_checked() -> None:
     assert schema.check(out, batch_dims(3, (4, 6), F)) == "" and schema.check_rows(out, 2) == ""
     out["row_mask"][2] = 1.0  # an empty row marked real
     assert schema.check_rows(out, 2) == "row_mask does not match the 2 clips delivered"
+
+
+def test_model_fields_take_derived_and_fixed_dimensions_and_collate_to_their_padding() -> None:
+    """transforms.model_fields: T/4 is the bucket's frames divided by 4, rounded up; a number is
+    fixed; "-" one value per clip; a row a producer model has not filled is all padding."""
+    fields = parse_model_fields("codes:int32:T/4:-1, emb:float32:64:0, latents:float32:T/4 8:0.5, n:int32:-:7")
+    assert [f.dims for f in fields] == [("B", "T/4"), ("B", "64"), ("B", "T/4", "8"), ("B",)]
+    schema = schema_for("", "", "codes:int32:T/4:-1, emb:float32:64:0, latents:float32:T/4 8:0.5, n:int32:-:7")
+    dims = batch_dims(2, (16, 30), 80)  # T = 30: 8 codes
+    assert schema.shapes(dims)["codes"] == (2, 8) and schema.shapes(dims)["latents"] == (2, 8, 8)
+    pads = {**pad_values(SCHEMA, FeaturesConfig(), "off"), **{f.name: f.pad for f in fields}}
+    batch = collate([example(np.ones(3, np.int32), np.zeros((5, 80), np.float32), schema)], dims, pads, schema)
+    assert (batch["codes"] == -1).all() and (batch["latents"] == 0.5).all() and batch["n"].tolist() == [7, 7]
+    assert schema.check(batch, dims) == ""

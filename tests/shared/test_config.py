@@ -244,6 +244,11 @@ def test_parsed_string_for_int_is_refused() -> None:
     ({"devices.data_gpu": -1}, "devices.data_gpu"),
     ({"devices.model_gpu_memory_mb": -5}, "devices.model_gpu_memory_mb"),
     ({"run.log_level": "LOUD"}, "log_level"),
+    ({"transforms.models": "enc:codes"}, "transforms.models and transforms.model_fields go together"),
+    ({"transforms.models": "enc", "transforms.model_fields": "c:int32:T/4:-1"}, "'enc' is not package.module:function"),
+    ({"transforms.models": "m:f", "transforms.model_fields": "mel:float32:T:0"}, "'mel' is not a new identifier"),
+    ({"transforms.models": "m:f", "transforms.model_fields": "c:int32:T/0:0"}, "dimensions 'T/0'"),
+    ({"transforms.models": "m:f", "transforms.model_fields": "c:int64:T:0"}, "dtype one of float32, int32"),
 ])
 def test_cross_field_validation(overrides, match: str) -> None:
     with pytest.raises(ConfigError, match=match):

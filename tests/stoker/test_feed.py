@@ -100,6 +100,56 @@ def test_every_clip_once_per_epoch_with_a_producer_killed_and_the_run_files_diag
     assert_no_producers_left(os.getpid())
 
 
+def test_producer_models_give_the_encoders_outputs_from_the_cache_in_epoch_2_every_clip_once_through_a_kill_and_resume(
+        tmp_path, dataset, monkeypatch):
+    """docs/examples/neural_features.py's encoders in the producers: each batch's codes and speaker
+    embeddings equal the same encoders run here on the batch's mels; epoch 2 reads the codes
+    from the cache; a producer killed mid-epoch, and a loop stopped and resumed from its
+    state_dict, lose and repeat no clip."""
+    examples = PROJECT / "docs" / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(examples), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("NEURAL_FEATURES_WEIGHTS", str(tmp_path / "weights"))
+    import neural_features as nf
+
+    ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    sets = {"trainer.val_clips": 0, "transforms.model_fields": nf.MODEL_FIELDS, "batching.fields": "ref_mel",
+            "data.feature_cache": str(tmp_path / "cache")}
+    given = options(tmp_path, dataset, epochs=2, record_samples=True, set=sets,
+                    producer_models="neural_features:codec,neural_features:speaker")
+    codec, speaker = nf.codec(), nf.speaker()
+
+    def check(batch: dict[str, Any]) -> None:
+        b = {k: v.numpy() for k, v in batch.items()}
+        for row, (frames, ref_frames) in enumerate(zip(b["mel_lengths"], b["ref_mel_lengths"])):
+            codes = codec({"mel": b["mel"][row:row + 1, :frames], "mel_lengths": np.array([frames])})["codes"]
+            np.testing.assert_array_equal(b["codes"][row, :-(-frames // nf.GROUP)], np.asarray(codes)[0])
+            embedding = speaker({"ref_mel": b["ref_mel"][row:row + 1, :ref_frames],
+                                 "ref_mel_lengths": np.array([ref_frames])})["speaker_embedding"]
+            np.testing.assert_allclose(b["speaker_embedding"][row], np.asarray(embedding)[0], atol=1e-5)
+
+    hits = 0
+    with stoker.Feed(**given) as feed:
+        for n, batch in enumerate(feed):
+            if n == 2:  # a producer dies mid-epoch: its leases go to the other, it is restarted
+                producer_procs(os.getpid())[0].kill()
+            check(batch)
+            feed.step_done()
+            if n == 7:  # the loop stops in epoch 2, saving the feed's state as a checkpoint would
+                state = json.loads(json.dumps(feed.state_dict()))
+                break
+    hits += sum(p["model_hits"] for p in read_json(tmp_path / "run" / "summary.json")["producers"])
+    with stoker.Feed(**given, resume=state) as feed:
+        for batch in feed:
+            check(batch)
+            feed.step_done()
+    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 2)
+    hits += sum(p["model_hits"] for p in read_json(tmp_path / "run" / "summary.json")["producers"])
+    # Epoch 2's codes, at least, came from the cache (its references' embeddings too, where cached).
+    assert hits >= len(ids), hits
+    assert_no_producers_left(os.getpid())
+
+
 def test_an_exception_in_the_loop_closes_the_feed_and_leaves_no_process(tmp_path, dataset):
     with pytest.raises(ValueError, match="the user's step failed"):
         with stoker.Feed(**options(tmp_path, dataset, steps=50)) as feed:
