@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import msgpack
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import DatasetScan, scan_dataset, scan_from
-from ..dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
-                                  columns_of, from_payload, index_cache_file, index_config, index_key, pack_payload,
-                                  read_cache, write_cache)
+from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
+                                  index_cache_file, index_config, index_key, pack_index, read_cache, rejections_of,
+                                  write_cache)
 from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
 from ..dataset.probe import expected_samples, probe_audio
+from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection
 from ..mel import min_num_samples, num_frames
@@ -88,7 +90,7 @@ class DatasetIndex:
     """
 
     root: Path
-    samples: list[Sample]
+    samples: SampleTable  # a sequence of Sample, columnar (shared/dataset/table.py)
     rejected: list[Rejection]
     fingerprint: str
     stats: IndexStats = field(default_factory=IndexStats)
@@ -112,6 +114,10 @@ class DatasetIndex:
 
     def by_id(self) -> dict[str, Sample]:
         return {s.id: s for s in self.samples}
+
+    def sample(self, sample_id: str) -> Sample:
+        """One clip by id (KeyError when the index has none)."""
+        return self.samples[self.samples.row_of(sample_id)]
 
 
 def _probe_tuple(p: AudioProbe) -> tuple[int, int, int, str, str]:
@@ -251,22 +257,23 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     config = index_config(data, features, text, frontend, fixed)
     key = index_key(metadata, audio, config)
     candidates = index_cache_file(root, data)
-    cache_path, payload, state = read_cache(candidates, key) if candidates else (None, None, "off")
+    cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
     stats = IndexStats(cache=state)
     scan_inputs = (data.metadata_file, metadata, audio)
-    if state == "hit" and payload is not None:
+    if state == "hit" and cached is not None:
         try:
-            samples, rejected = from_payload(payload)
-            lost = dict(payload["lost"])
-            vocab = fixed or Vocabulary.from_state_dict(payload["vocabulary"])
+            table = _table(cached)
+            rejected = rejections_of(cached.header["rejected"])
+            lost = dict(cached.header["lost"])
+            vocab = fixed or Vocabulary.from_state_dict(cached.header["vocabulary"])
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
-            payload, stats.cache = None, "corrupt"
+            cached, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            return _finish(root, samples, rejected, key, stats, started, False, scan_inputs, data, vocab, lost)
+            return _finish(root, table, rejected, key, stats, started, False, scan_inputs, data, vocab, lost)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
-    old_probes, old_units = _reusable(payload, frontend)
+    old_probes, old_units = _reusable(cached, frontend)
     probes: dict[str, AudioProbe] = {}
     todo = _to_read(entries, audio, old_probes, old_units, text, probes, stats)
     read_started = time.perf_counter()
@@ -283,27 +290,36 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     samples, rejected, lost = _apply_rules(entries, rejected, audio, probes, units, data, features, text, frontend,
                                            fixed)
     vocab = fixed or _vocabulary(frontend, samples)
+    table = SampleTable.from_samples(samples)
     if candidates:
-        payload_out = _payload(key, root, config, samples, rejected, entries, audio, probes, units, frontend, text,
-                               lost, vocab)
-        written = write_cache(candidates, pack_payload(payload_out))
+        header, reuse = _payload(key, root, config, samples, table, rejected, entries, audio, probes, units, frontend, text,
+                                 lost, vocab)
+        written = write_cache(candidates, pack_index(header, {**table.sections(), "reuse": reuse}))
         stats.cache_file = str(written) if written else ""
-    return _finish(root, samples, rejected, key, stats, started, True, scan_inputs, data, vocab, lost)
+    return _finish(root, table, rejected, key, stats, started, True, scan_inputs, data, vocab, lost)
 
 
-def _reusable(payload: dict[str, Any] | None, frontend: Frontend) -> tuple[dict[str, tuple], dict[TextKey, Units]]:
+def _table(cached: CachedIndex) -> SampleTable:
+    names = cached.header["names"]
+    return SampleTable.from_sections(cached.sections, names["speakers"], names["languages"])
+
+
+def _reusable(cached: CachedIndex | None, frontend: Frontend) -> tuple[dict[str, tuple], dict[TextKey, Units]]:
     """What a stale index cache still holds that is good: audio headers by file (checked against
     size and mtime by the caller), and text units from the same front-end, settings and versions."""
-    if payload is None:
+    if cached is None:
         return {}, {}
     try:
-        p = payload["probes"]
+        reuse = cached.unpack("reuse")
+        p = reuse["probes"]
         old_probes = {name: row for name, *row in zip(*(p[f] for f in PROBE_FIELDS))}
         old_units: dict[TextKey, Units] = {}
-        u = payload["units"]
+        u = reuse["units"]
         if u["frontend"] == [frontend.name, frontend.cache_key()]:
-            s = payload["samples"]
-            old_units = {(lang, txt): Units(units) for lang, txt, units in zip(s["language"], s["text"], s["units"])}
+            table = _table(cached)
+            old_units = {(lang, txt): Units(units) for lang, txt, units in
+                         zip([table.languages[c] for c in table.column("language").tolist()], table.strings("text"),
+                             table.strings("units"))}
             old_units.update({(lang, txt): Units(units, lost)
                               for lang, txt, units, lost in zip(*(u[f] for f in UNITS_FIELDS))})
         return old_probes, old_units
@@ -338,11 +354,13 @@ def _to_read(entries: Sequence[Any], audio: dict[str, Any], old_probes: dict[str
     return todo
 
 
-def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sample], rejected: Sequence[Any],
+def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sample], table: SampleTable,
+             rejected: Sequence[Any],
              entries: Sequence[Any], audio: dict[str, Any], probes: dict[str, AudioProbe],
              units: dict[TextKey, Units], frontend: Frontend, text: TextConfig, lost: dict[str, Any],
-             vocab: Vocabulary) -> dict[str, Any]:
-    """The index cache's content: the index, and what a later rebuild can reuse."""
+             vocab: Vocabulary) -> tuple[dict[str, Any], bytes]:
+    """The index cache's header (without the samples: their columns are sections of their own),
+    and what a later rebuild can reuse (a msgpack section)."""
     used = {a.name for a in audio.values()}
     probe_rows = [(name, audio_file.size, audio_file.mtime_ns, *_probe_tuple(probes[name]))
                   for audio_file in audio.values() for name in (audio_file.name,) if name in probes and name in used]
@@ -353,15 +371,18 @@ def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sam
     keys = {(e.language or text.language, e.text) for e in entries} - plain
     unit_rows = [(lang, txt, units[lang, txt].units, units[lang, txt].lost) for lang, txt in keys
                  if (lang, txt) in units]
-    return {
-        "format": INDEX_FORMAT, "key": key, "root": str(root), "config": config,
-        "samples": columns_of(samples, SAMPLE_FIELDS),
+    header = {
+        "key": key, "root": str(root), "config": config,
+        "names": {"speakers": table.speakers, "languages": table.languages},
         "rejected": columns_of(rejected, REJECTION_FIELDS),
+        "lost": lost, "vocabulary": vocab.state_dict(),
+    }
+    reuse = {
         "probes": {f: [row[i] for row in probe_rows] for i, f in enumerate(PROBE_FIELDS)},
         "units": {"frontend": [frontend.name, frontend.cache_key()],
                   **{f: [row[i] for row in unit_rows] for i, f in enumerate(UNITS_FIELDS)}},
-        "lost": lost, "vocabulary": vocab.state_dict(),
     }
+    return header, msgpack.packb(reuse, use_bin_type=True)
 
 
 def _vocabulary(frontend: Frontend, samples: Sequence[Sample]) -> Vocabulary:
@@ -524,7 +545,7 @@ def _mostly_rejected(entries: int, rejected: Sequence[Rejection]) -> str:
             f"{example.reason})")
 
 
-def _finish(root: Path, samples: list[Sample], rejected: list[Rejection], key: str, stats: IndexStats,
+def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], key: str, stats: IndexStats,
             started: float, log_rejections: bool, scan_inputs: tuple[str, bytes, dict[str, AudioFile]],
             data: DataConfig, vocab: Vocabulary, lost: dict[str, Any]) -> DatasetIndex:
     stats.seconds = time.perf_counter() - started

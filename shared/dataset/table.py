@@ -1,0 +1,185 @@
+"""The samples of an index as columns: numpy arrays of the numbers, and the strings (id, text,
+audio locator, units) as UTF-8 blobs with offsets, read one clip at a time.
+
+A :class:`SampleTable` is a read-only sequence of :class:`~shared.dataset.types.Sample`: it
+makes a Sample only for the clip asked for, so a table of ten million clips held by the
+coordinator costs its columns (about 40 bytes a clip) and the pages of the blobs it reads,
+which a warm load maps from the index cache (shared/dataset/cache.py) instead of reading.
+Planning reads the columns (:meth:`SampleTable.column`), never a Sample per clip.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
+
+import numpy as np
+
+from ..dataset.types import Sample
+
+# The numeric columns and their types. ``speaker`` and ``language`` are codes into the
+# table's name lists (a dataset has few of them).
+NUMBER_COLUMNS: dict[str, Any] = {"num_tokens": np.int32, "num_frames": np.int32, "duration_s": np.float64,
+                                  "line": np.int64, "speaker": np.int32, "language": np.int32}
+
+
+# The string columns, each a blob of UTF-8 (file names may hold undecodable bytes: surrogateescape)
+# and int64 offsets, one more than the clips.
+STRING_COLUMNS = ("id", "text", "audio", "units")
+
+
+ENCODING_ERRORS = "surrogateescape"
+
+
+class SampleTable(Sequence[Sample]):
+    """The samples of an index, columnar (module docstring). ``numbers``: the arrays of
+    :data:`NUMBER_COLUMNS`; ``strings``: per name of :data:`STRING_COLUMNS`, (offsets, blob);
+    ``speakers``, ``languages``: the names the codes stand for."""
+
+    def __init__(self, numbers: Mapping[str, np.ndarray], strings: Mapping[str, tuple[np.ndarray, Any]],
+                 speakers: Sequence[str], languages: Sequence[str], rows: np.ndarray | None = None) -> None:
+        self._numbers = dict(numbers)
+        self._strings = {name: (offsets, memoryview(blob)) for name, (offsets, blob) in strings.items()}
+        self.speakers = list(speakers)
+        self.languages = list(languages)
+        self._rows = rows  # a view's rows of the stored columns (None: all of them, in order)
+        self._len = len(rows) if rows is not None else len(self._numbers["num_frames"])
+        self._id_rows: dict[str, int] | None = None
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[Sample]) -> "SampleTable":
+        rows = list(samples)
+        speakers = sorted({s.speaker for s in rows})
+        languages = sorted({s.language for s in rows})
+        speaker_code = {name: n for n, name in enumerate(speakers)}
+        language_code = {name: n for n, name in enumerate(languages)}
+        numbers = {
+            "num_tokens": np.fromiter((s.num_tokens for s in rows), np.int32, len(rows)),
+            "num_frames": np.fromiter((s.num_frames for s in rows), np.int32, len(rows)),
+            "duration_s": np.fromiter((s.duration_s for s in rows), np.float64, len(rows)),
+            "line": np.fromiter((s.line for s in rows), np.int64, len(rows)),
+            "speaker": np.fromiter((speaker_code[s.speaker] for s in rows), np.int32, len(rows)),
+            "language": np.fromiter((language_code[s.language] for s in rows), np.int32, len(rows)),
+        }
+        strings = {name: pack_strings([getattr(s, name) for s in rows]) for name in STRING_COLUMNS}
+        return cls(numbers, strings, speakers, languages)
+
+    # ------------------------------------------------------------ the sequence of Samples
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, n: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, n: slice) -> list[Sample]: ...
+
+    def __getitem__(self, n: int | slice) -> Sample | list[Sample]:
+        if isinstance(n, slice):
+            return [self[i] for i in range(*n.indices(self._len))]
+        if n < 0:
+            n += self._len
+        if not 0 <= n < self._len:
+            raise IndexError(n)
+        num = self._numbers
+        n = int(self._rows[n]) if self._rows is not None else n
+        text = self._stored
+        return Sample(text("id", n), text("text", n), int(num["num_tokens"][n]), int(num["num_frames"][n]),
+                      float(num["duration_s"][n]), text("audio", n), int(num["line"][n]),
+                      self.languages[num["language"][n]], self.speakers[num["speaker"][n]], text("units", n))
+
+    def __iter__(self) -> Iterator[Sample]:
+        return (self[n] for n in range(self._len))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SampleTable | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking sequence semantics, as a list
+
+    def __repr__(self) -> str:
+        return f"SampleTable({self._len} clips)"
+
+    # ------------------------------------------------------------ columns
+    def column(self, name: str) -> np.ndarray:
+        """One numeric column (:data:`NUMBER_COLUMNS`), read-only."""
+        col = self._numbers[name]
+        return col if self._rows is None else col[self._rows]
+
+    def string(self, name: str, n: int) -> str:
+        """Clip ``n``'s string ``name`` (:data:`STRING_COLUMNS`)."""
+        if self._rows is not None:
+            n = int(self._rows[n])
+        return self._stored(name, n)
+
+    def _stored(self, name: str, n: int) -> str:
+        offsets, blob = self._strings[name]
+        return bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS)
+
+    def strings(self, name: str, rows: Iterable[int] | None = None) -> list[str]:
+        """String ``name`` of clips ``rows`` (default: every clip), in order."""
+        offsets, blob = self._strings[name]
+        if rows is None:
+            rows = range(self._len)
+        if self._rows is not None:
+            rows = self._rows[np.fromiter(rows, np.int64)].tolist()
+        elif isinstance(rows, range):
+            bounds = offsets.tolist()  # one conversion: indexing a numpy array per clip costs more
+            return [bytes(blob[bounds[n]:bounds[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
+        return [bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
+
+    def row_of(self, sample_id: str) -> int:
+        """The row of a clip id (KeyError when none): a map of the ids, made on first use."""
+        if self._id_rows is None:
+            self._id_rows = {sample_id: n for n, sample_id in enumerate(self.strings("id"))}
+        return self._id_rows[sample_id]
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> "SampleTable":
+        """A view of clips ``rows`` of this table, in that order (nothing is copied but the rows)."""
+        picked = np.asarray(rows, np.int64)
+        if self._rows is not None:
+            picked = self._rows[picked]
+        strings = {name: (offsets, blob) for name, (offsets, blob) in self._strings.items()}
+        return SampleTable(self._numbers, strings, self.speakers, self.languages, picked)
+
+    # ------------------------------------------------------------ storage
+    def sections(self) -> dict[str, bytes | np.ndarray]:
+        """The arrays and blobs to store (:meth:`from_sections` reads them back); of a whole table."""
+        if self._rows is not None:
+            raise ValueError("a view of a table is not stored")
+        out: dict[str, bytes | np.ndarray] = {f"n.{name}": np.ascontiguousarray(col, NUMBER_COLUMNS[name])
+                                             for name, col in self._numbers.items()}
+        for name, (offsets, blob) in self._strings.items():
+            out[f"o.{name}"] = np.ascontiguousarray(offsets, np.int64)
+            out[f"s.{name}"] = blob
+        return out
+
+    @classmethod
+    def from_sections(cls, sections: Mapping[str, memoryview], speakers: Sequence[str],
+                      languages: Sequence[str]) -> "SampleTable":
+        """The table over stored sections (views of a mapped file: nothing is copied); ValueError
+        when they do not fit together."""
+        numbers = {name: np.frombuffer(sections[f"n.{name}"], kind) for name, kind in NUMBER_COLUMNS.items()}
+        count = len(numbers["num_frames"])
+        strings = {}
+        for name in STRING_COLUMNS:
+            offsets = np.frombuffer(sections[f"o.{name}"], np.int64)
+            blob = sections[f"s.{name}"]
+            if len(offsets) != count + 1 or offsets[0] != 0 or offsets[-1] != len(blob) \
+                    or (count and np.any(np.diff(offsets) < 0)):
+                raise ValueError(f"column {name} does not fit its blob")
+            strings[name] = (offsets, blob)
+        if any(len(col) != count for col in numbers.values()):
+            raise ValueError("columns of different lengths")
+        if count and (numbers["speaker"].max() >= len(speakers) or numbers["language"].max() >= len(languages)
+                      or numbers["speaker"].min() < 0 or numbers["language"].min() < 0):
+            raise ValueError("a speaker or language code outside its table")
+        return cls(numbers, strings, speakers, languages)
+
+
+def pack_strings(values: Sequence[str]) -> tuple[np.ndarray, bytes]:
+    """(offsets, blob) of ``values``: UTF-8 one after the other, offsets[n]..offsets[n+1] the n-th."""
+    encoded = [v.encode("utf-8", ENCODING_ERRORS) for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=offsets[1:])
+    return offsets, b"".join(encoded)
