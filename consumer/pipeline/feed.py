@@ -170,7 +170,7 @@ class PreparedRun:
         if hold_out:
             train, self.val_samples, self.eval_rejected = validation.hold_out(index, cfg, run_dir)
         else:
-            train, self.eval_rejected = list(index.samples), []
+            train, self.eval_rejected = index.samples, []
         self.train_samples = train
         workers, worker = (cluster.size, cluster.index) if cluster is not None else (1, 0)
         self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
