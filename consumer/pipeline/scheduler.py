@@ -175,7 +175,7 @@ class Scheduler:
 
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, max_epochs: int | None = None,
                  on_rejected: Callable[[list[Rejection]], None] | None = None, metadata_sha256: str = "",
-                 dataset: DatasetScan | None = None, resume: InputPosition | None = None,
+                 dataset: DatasetScan | Callable[[], DatasetScan] | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
                  mel_norm: dict[str, Any] | None = None, now: float = 0.0,
                  validation: ValidationSet | None = None) -> None:

@@ -64,13 +64,15 @@ Everything public is importable from ``shared.dataset`` itself.
 from __future__ import annotations
 
 from ..dataset.types import (AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample)
-from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_DIR, audio_path, list_audio,
+from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_DIR, UNMEASURED, audio_path,
+                                  list_audio,
                                   locate, locate_audio, read_metadata, read_metadata_bytes, relative_audio,
                                   resolve_root, scan_audio)
 from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SIZES, RiffFacts,
                                   expected_samples, libsndfile_message, probe_audio, riff_facts, riff_problem)
 from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, MAX_MISSING_IDS, audio_fingerprint,
-                                      check_agreement, metadata_fingerprint, scan_dataset, scan_from)
+                                      check_agreement, deferred, fingerprints, is_deferred, metadata_fingerprint,
+                                      scan_dataset, scan_from)
 from ..dataset.table import NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, pack_strings
 from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
                                   INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SECTION_ALIGN, UNITS_FIELDS,
@@ -82,17 +84,17 @@ from ..dataset.index import (CHUNK_ITEMS, DatasetIndex, FLAC_HEADER_S, Item, KIN
                                   PHONEME_CHUNK_ITEMS, TEXT_S, TextKey, WAV_HEADER_S, build_index)
 
 __all__ = [
-    "AUDIO_DIR", "AUDIO_SUFFIX", "AUDIO_SUFFIXES", "Agreement", "AudioFile", "AudioProbe", "CHUNK_ITEMS", "CachedIndex",
-    "DATASET_CACHE_DIR", "DEFAULT_SPEAKER", "DEMO_DATA_DIR", "DatasetError", "DatasetIndex", "DatasetScan",
-    "FEATURE_CACHE_AUTO", "FINGERPRINT_HEX", "FLAC_HEADER_S", "INDEX_CACHE_MAGIC", "INDEX_CACHE_OFF", "INDEX_FORMAT",
-    "IndexStats", "Item", "KIND_HINTS", "LostReport", "MAX_DETAIL_CHARS", "MAX_MISSING_IDS", "MOSTLY_REJECTED_FRAC", "NUMBER_COLUMNS",
-    "OTHER_HEADER_S", "PARALLEL_MIN_SECONDS", "PHONEMES_S", "PHONEME_CHUNK_ITEMS", "PROBE_FIELDS",
-    "REJECTION_FIELDS", "RIFF_PROBE_BYTES", "RIFF_UNKNOWN_SIZES", "RiffFacts", "SECTION_ALIGN", "STRING_COLUMNS", "Sample",
-    "SampleTable", "TEXT_S",
-    "TextKey", "UNITS_FIELDS", "WAV_HEADER_S", "audio_fingerprint", "audio_path", "build_index", "check_agreement",
-    "columns_of", "expected_samples", "feature_cache_dir", "index_cache_file", "index_config",
-    "index_key", "mel_stats_file", "libsndfile_message", "list_audio", "locate", "locate_audio", "metadata_fingerprint",
-    "open_index", "pack_index", "pack_strings", "probe_audio", "read_cache", "rejections_of", "read_metadata", "read_metadata_bytes", "relative_audio",
-    "resolve_root", "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from",
-    "user_cache_dir", "write_cache",
+    "AUDIO_DIR", "AUDIO_SUFFIX", "AUDIO_SUFFIXES", "Agreement", "AudioFile", "AudioProbe", "CHUNK_ITEMS",
+    "CachedIndex", "DATASET_CACHE_DIR", "DEFAULT_SPEAKER", "DEMO_DATA_DIR", "DatasetError", "DatasetIndex",
+    "DatasetScan", "FEATURE_CACHE_AUTO", "FINGERPRINT_HEX", "FLAC_HEADER_S", "INDEX_CACHE_MAGIC", "INDEX_CACHE_OFF",
+    "INDEX_FORMAT", "IndexStats", "Item", "KIND_HINTS", "LostReport", "MAX_DETAIL_CHARS", "MAX_MISSING_IDS",
+    "MOSTLY_REJECTED_FRAC", "NUMBER_COLUMNS", "OTHER_HEADER_S", "PARALLEL_MIN_SECONDS", "PHONEMES_S",
+    "PHONEME_CHUNK_ITEMS", "PROBE_FIELDS", "REJECTION_FIELDS", "RIFF_PROBE_BYTES", "RIFF_UNKNOWN_SIZES", "RiffFacts",
+    "SECTION_ALIGN", "STRING_COLUMNS", "Sample", "SampleTable", "TEXT_S", "TextKey", "UNITS_FIELDS", "UNMEASURED",
+    "WAV_HEADER_S", "audio_fingerprint", "audio_path", "build_index", "check_agreement", "columns_of", "deferred",
+    "expected_samples", "feature_cache_dir", "fingerprints", "index_cache_file", "index_config", "index_key",
+    "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
+    "metadata_fingerprint", "open_index", "pack_index", "pack_strings", "probe_audio", "read_cache", "read_metadata",
+    "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root", "riff_facts", "riff_problem",
+    "scan_audio", "scan_dataset", "scan_from", "user_cache_dir", "write_cache",
 ]

@@ -24,6 +24,11 @@ AUDIO_DIR = "wavs"
 AUDIO_SUFFIX = ".wav"  # the LJSpeech suffix, named in "missing" reasons
 
 
+# The size and mtime of an audio file not looked at (a manifest gives its clip's duration): a
+# value no file has, so that the index key and the agreement fingerprints tell it apart.
+UNMEASURED = -1
+
+
 # Suffixes of formats libsndfile reads, in order of preference when one id has several.
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".w64",
                   ".rf64", ".caf")
@@ -104,7 +109,9 @@ def scan_audio(root: Path) -> dict[str, AudioFile]:
 
 
 def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
-    """The audio files a manifest names, by id: one stat each (a missing file is left out).
+    """The audio files a manifest names, by id: one stat each (a missing file is left out), but
+    for a clip whose duration the manifest gives: its file is taken as named, unopened, its size
+    and mtime :data:`UNMEASURED` (a file missing on this host is found when a producer reads it).
 
     ``AudioFile.name`` is the path as the manifest wrote it: relative to the dataset
     directory, or absolute; as the file system spells it where only its Unicode normal
@@ -114,6 +121,9 @@ def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
     listings: dict[Path, dict[str, str]] = {}
     for entry in entries:
         if not entry.audio:
+            continue
+        if entry.duration is not None:
+            found[entry.id] = AudioFile(entry.audio, UNMEASURED, UNMEASURED)
             continue
         name = entry.audio
         try:

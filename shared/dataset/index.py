@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import msgpack
 from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.agreement import DatasetScan, scan_dataset, scan_from
+from ..dataset.agreement import DatasetScan, fingerprints, scan_dataset, scan_from
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
                                   index_cache_file, index_config, index_key, pack_index, read_cache, rejections_of,
                                   write_cache)
@@ -98,6 +98,9 @@ class DatasetIndex:
     columns: str = COLUMNS_AUTO
     vocabulary: Vocabulary | None = None  # None only for indexes made without a front-end (tests)
     lost: dict[str, Any] = field(default_factory=dict)  # lost characters: see LostReport.to_json
+    # The scan's fingerprints, stored with the index (agreement.fingerprints): a warm load has
+    # them without parsing the metadata, which only a scanning producer's HELLO needs (``scan``).
+    agreement: dict[str, Any] = field(default_factory=dict)
     _scan: DatasetScan | None = field(default=None, repr=False)
     _scan_inputs: tuple[bytes, dict[str, AudioFile]] | None = field(default=None, repr=False)
 
@@ -111,6 +114,14 @@ class DatasetIndex:
             else:
                 self._scan = scan_dataset(self.root, self.metadata_file, self.columns)
         return self._scan
+
+    @property
+    def dataset_fingerprint(self) -> str:
+        """The metadata and audio fingerprints as one short string (DatasetScan.fingerprint), for
+        logs, summary.json, checkpoints and the mel statistics' key."""
+        if not self.agreement:
+            return self.scan.fingerprint
+        return f"{self.agreement['metadata'][:8]}{self.agreement['audio'][:8]}"
 
     def by_id(self) -> dict[str, Sample]:
         return {s.id: s for s in self.samples}
@@ -265,14 +276,16 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             table = _table(cached)
             rejected = rejections_of(cached.header["rejected"])
             lost = dict(cached.header["lost"])
+            agreed = dict(cached.header["agreement"])
             vocab = fixed or Vocabulary.from_state_dict(cached.header["vocabulary"])
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
             cached, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            return _finish(root, table, rejected, key, stats, started, False, scan_inputs, data, vocab, lost)
+            return _finish(root, table, rejected, key, stats, started, False, scan_inputs, data, vocab, lost, agreed)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
+    agreed = fingerprints(entries, audio, metadata)
     old_probes, old_units = _reusable(cached, frontend)
     probes: dict[str, AudioProbe] = {}
     todo = _to_read(entries, audio, old_probes, old_units, text, probes, stats)
@@ -292,11 +305,12 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     vocab = fixed or _vocabulary(frontend, samples)
     table = SampleTable.from_samples(samples)
     if candidates:
-        header, reuse = _payload(key, root, config, samples, table, rejected, entries, audio, probes, units, frontend, text,
-                                 lost, vocab)
+        header, reuse = _payload(key, root, config, samples, table, rejected, entries, audio, probes, units, frontend,
+                                 text, lost, vocab)
+        header["agreement"] = agreed
         written = write_cache(candidates, pack_index(header, {**table.sections(), "reuse": reuse}))
         stats.cache_file = str(written) if written else ""
-    return _finish(root, table, rejected, key, stats, started, True, scan_inputs, data, vocab, lost)
+    return _finish(root, table, rejected, key, stats, started, True, scan_inputs, data, vocab, lost, agreed)
 
 
 def _table(cached: CachedIndex) -> SampleTable:
@@ -337,7 +351,7 @@ def _to_read(entries: Sequence[Any], audio: dict[str, Any], old_probes: dict[str
         file = audio.get(entry.id)
         name = None
         size = 0
-        if file is not None and file.name not in probes:
+        if file is not None and file.name not in probes and entry.duration is None:
             old = old_probes.get(file.name)
             if old is not None and old[0] == file.size and old[1] == file.mtime_ns:
                 probes[file.name] = AudioProbe(*old[2:])
@@ -487,18 +501,22 @@ def _audio_rules(entry: Entry, audio: dict[str, AudioFile], probes: dict[str, Au
         return Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where,
                          kind="missing-audio")
     where = relative_audio(entry.id, file.name)
-    probe = probes[file.name]
-    if probe.error:
-        detail = f": {probe.detail}" if probe.detail else ""
-        return Rejection(entry.id, f"{probe.error}: {where}{detail} ({place})", line=entry.line, file=where,
-                         kind="unreadable-audio")
-    duration = probe.frames / probe.rate
+    if entry.duration is not None:  # a manifest's: the audio is not opened (checked when a producer reads it)
+        duration = entry.duration
+        frames, rate = round(duration * features.sample_rate_hz), features.sample_rate_hz
+    else:
+        probe = probes[file.name]
+        if probe.error:
+            detail = f": {probe.detail}" if probe.detail else ""
+            return Rejection(entry.id, f"{probe.error}: {where}{detail} ({place})", line=entry.line, file=where,
+                             kind="unreadable-audio")
+        duration, frames, rate = probe.frames / probe.rate, probe.frames, probe.rate
     if duration > data.max_audio_s or duration < data.min_audio_s:
         bound = (f"longer than data.max_audio_s={data.max_audio_s:g}" if duration > data.max_audio_s
                  else f"shorter than data.min_audio_s={data.min_audio_s:g}")
         return Rejection(entry.id, f"clip of {duration:.2f} s {bound} s: {where} ({place})", line=entry.line,
                          file=where, kind="duration")
-    n = expected_samples(probe.frames, probe.rate, features.sample_rate_hz)
+    n = expected_samples(frames, rate, features.sample_rate_hz)
     shortest = min_num_samples(features)  # the framing's shortest clip (shared/mel.py)
     if n < shortest:
         return Rejection(entry.id, f"clip of {n} samples at {features.sample_rate_hz} Hz is shorter than the "
@@ -547,7 +565,7 @@ def _mostly_rejected(entries: int, rejected: Sequence[Rejection]) -> str:
 
 def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], key: str, stats: IndexStats,
             started: float, log_rejections: bool, scan_inputs: tuple[str, bytes, dict[str, AudioFile]],
-            data: DataConfig, vocab: Vocabulary, lost: dict[str, Any]) -> DatasetIndex:
+            data: DataConfig, vocab: Vocabulary, lost: dict[str, Any], agreed: dict[str, Any]) -> DatasetIndex:
     stats.seconds = time.perf_counter() - started
     if log_rejections:
         for r in rejected:
@@ -569,4 +587,5 @@ def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], key: st
     metadata_file, metadata, audio = scan_inputs
     return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=key[:16], stats=stats,
                         metadata_file=metadata_file, columns=data.columns, vocabulary=vocab, lost=lost,
+                        agreement=agreed,
                         _scan_inputs=(metadata, audio))
