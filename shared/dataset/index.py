@@ -12,6 +12,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import gc
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -25,13 +26,13 @@ import msgpack
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import DatasetScan, fingerprints, scan_dataset, scan_from
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
-                                  index_cache_file, index_config, index_key, pack_index, read_cache, rejections_of,
-                                  write_cache)
+                                  index_cache_file, index_config, index_key, open_index, pack_index, read_cache,
+                                  rejections_of, write_cache)
 from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from ..layouts import COLUMNS_AUTO, Entry, Rejection
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest
 from ..mel import min_num_samples, num_frames
 from ..mixes import parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
@@ -73,6 +74,10 @@ PHONEMES_S = 400e-6  # one sentence through espeak-ng
 # Headers per task handed to a worker: large enough to amortise the task overhead,
 # small enough that the last tasks balance the load.
 CHUNK_ITEMS = 1000
+
+
+# A manifest is hashed this much at a time, so that a warm load never holds it whole.
+MANIFEST_CHUNK_BYTES = 8 << 20
 
 
 # Texts through the phonemizer cost ~8x a header: smaller chunks, so the last ones still balance.
@@ -258,32 +263,38 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     started = time.perf_counter()
     root, metadata_file = locate(data.path, data.metadata_file)
     data = dataclasses.replace(data, metadata_file=metadata_file)
-    metadata = read_metadata_bytes(root, data.metadata_file)
-    audio = list_audio(root, data.metadata_file, metadata, data.columns)
     frontend = _frontend((text.frontend, text.digits))
     if fixed is not None:
         problem = fixed.check_engine(frontend)
         if problem:
             raise TextError(f"cannot keep the run's vocabulary: {problem}")
     config = index_config(data, features, text, frontend, fixed)
-    key = index_key(metadata, audio, config)
     candidates = index_cache_file(root, data)
+    quick = _manifest_digest(root / metadata_file, config) if candidates and is_manifest(metadata_file) else ""
+    found = _manifest_hit(root, candidates, quick) if quick else None
+    if found is not None:  # a manifest as cached: neither parsed nor held in memory
+        try:
+            loaded = _loaded(found[1], fixed)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("index cache %s is unusable (%s); rebuilding the index", found[0], exc)
+        else:
+            stats = IndexStats(cache="hit", cache_file=str(found[0]))
+            return _finish(root, *loaded, found[1].header["key"], stats, started, False, None, data)
+    metadata = read_metadata_bytes(root, data.metadata_file)
+    audio = list_audio(root, data.metadata_file, metadata, data.columns)
+    key = index_key(metadata, audio, config)
     cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
     stats = IndexStats(cache=state)
     scan_inputs = (data.metadata_file, metadata, audio)
     if state == "hit" and cached is not None:
         try:
-            table = _table(cached)
-            rejected = rejections_of(cached.header["rejected"])
-            lost = dict(cached.header["lost"])
-            agreed = dict(cached.header["agreement"])
-            vocab = fixed or Vocabulary.from_state_dict(cached.header["vocabulary"])
+            loaded = _loaded(cached, fixed)
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
             cached, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            return _finish(root, table, rejected, key, stats, started, False, scan_inputs, data, vocab, lost, agreed)
+            return _finish(root, *loaded, key, stats, started, False, scan_inputs, data)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
     agreed = fingerprints(entries, audio, metadata)
     old_probes, old_units = _reusable(cached, frontend)
@@ -308,9 +319,77 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         header, reuse = _payload(key, root, config, samples, table, rejected, entries, audio, probes, units, frontend,
                                  text, lost, vocab)
         header["agreement"] = agreed
+        if is_manifest(metadata_file):
+            header["manifest"] = {"digest": _digest(config, hashlib.sha256(metadata).hexdigest()),
+                                  "measured": _measured(entries, audio)}
         written = write_cache(candidates, pack_index(header, {**table.sections(), "reuse": reuse}))
         stats.cache_file = str(written) if written else ""
-    return _finish(root, table, rejected, key, stats, started, True, scan_inputs, data, vocab, lost, agreed)
+    return _finish(root, table, rejected, lost, agreed, vocab, key, stats, started, True, scan_inputs, data)
+
+
+def _loaded(cached: CachedIndex, fixed: Vocabulary | None) -> tuple[SampleTable, list[Rejection], dict[str, Any],
+                                                                      dict[str, Any], Vocabulary]:
+    """(samples, rejections, lost characters, agreement fingerprints, vocabulary) of a cache file."""
+    header = cached.header
+    return (_table(cached), rejections_of(header["rejected"]), dict(header["lost"]), dict(header["agreement"]),
+            fixed or Vocabulary.from_state_dict(header["vocabulary"]))
+
+
+def _digest(config: dict[str, Any], metadata_sha256: str) -> str:
+    return hashlib.sha256(f"{sorted(config.items())!r}\0{metadata_sha256}".encode()).hexdigest()
+
+
+def _manifest_digest(path: Path, config: dict[str, Any]) -> str:
+    """The digest a manifest's cache is found by (:func:`_manifest_hit`): of the config and the
+    manifest's bytes, read a piece at a time; "" when it cannot be read (the build says why)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(MANIFEST_CHUNK_BYTES):
+                digest.update(chunk)
+    except OSError:
+        return ""
+    return _digest(config, digest.hexdigest())
+
+
+def _measured(entries: Sequence[Entry], audio: dict[str, AudioFile]) -> list[list[Any]]:
+    """The audio files a manifest's index looked at (those of clips without a duration), as
+    [name, size, mtime] ([name, None, None] for one missing), for :func:`_manifest_hit`."""
+    out: dict[str, list[Any]] = {}
+    for entry in entries:
+        if entry.duration is None and entry.audio:
+            file = audio.get(entry.id)
+            out.setdefault(file.name if file else entry.audio,
+                           [file.name, file.size, file.mtime_ns] if file else [entry.audio, None, None])
+    return sorted(out.values())
+
+
+def _manifest_hit(root: Path, candidates: list[Path], digest: str) -> tuple[Path, CachedIndex] | None:
+    """A cache file of this manifest under this config whose measured audio files are as they
+    were (:func:`_measured`): one stat each, no parse of the manifest. None: take the long way
+    (which also reports a corrupt cache)."""
+    for path in candidates:
+        try:
+            cached = open_index(path)
+        except (OSError, ValueError):
+            continue
+        manifest = cached.header.get("manifest")
+        if not isinstance(manifest, dict) or manifest.get("digest") != digest:
+            continue
+        try:
+            if all(_stat(root / name) == (size, mtime) for name, size, mtime in manifest["measured"]):
+                return path, cached
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def _stat(path: Path) -> tuple[int | None, int | None]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, None
+    return st.st_size, st.st_mtime_ns
 
 
 def _table(cached: CachedIndex) -> SampleTable:
@@ -563,9 +642,9 @@ def _mostly_rejected(entries: int, rejected: Sequence[Rejection]) -> str:
             f"{example.reason})")
 
 
-def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], key: str, stats: IndexStats,
-            started: float, log_rejections: bool, scan_inputs: tuple[str, bytes, dict[str, AudioFile]],
-            data: DataConfig, vocab: Vocabulary, lost: dict[str, Any], agreed: dict[str, Any]) -> DatasetIndex:
+def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], lost: dict[str, Any], agreed: dict[str, Any],
+            vocab: Vocabulary, key: str, stats: IndexStats, started: float, log_rejections: bool,
+            scan_inputs: tuple[str, bytes, dict[str, AudioFile]] | None, data: DataConfig) -> DatasetIndex:
     stats.seconds = time.perf_counter() - started
     if log_rejections:
         for r in rejected:
@@ -584,8 +663,6 @@ def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], key: st
                            + (f": {cause}" if cause else ""))
     if cause:
         raise DatasetError(f"dataset {root}: {cause}")
-    metadata_file, metadata, audio = scan_inputs
     return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=key[:16], stats=stats,
-                        metadata_file=metadata_file, columns=data.columns, vocabulary=vocab, lost=lost,
-                        agreement=agreed,
-                        _scan_inputs=(metadata, audio))
+                        metadata_file=data.metadata_file, columns=data.columns, vocabulary=vocab, lost=lost,
+                        agreement=agreed, _scan_inputs=scan_inputs[1:] if scan_inputs is not None else None)
