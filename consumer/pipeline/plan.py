@@ -160,7 +160,7 @@ def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int =
 def _lengths(samples: Sequence[Sample]) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(ids, mel frames, tokens) of the samples: a table's columns, or the Samples' fields."""
     if isinstance(samples, SampleTable):
-        return (samples.strings("id"), samples.column("num_frames").astype(np.int64),
+        return (samples.ids(), samples.column("num_frames").astype(np.int64),
                 samples.column("num_tokens").astype(np.int64))
     return ([s.id for s in samples], np.fromiter((s.num_frames for s in samples), np.int64, len(samples)),
             np.fromiter((s.num_tokens for s in samples), np.int64, len(samples)))
@@ -235,6 +235,11 @@ def _fill(pairs: Sequence[tuple[Bucket, np.ndarray]], ids: list[str], frames: np
     return out
 
 
+# Epoch plans kept once made: the scheduler and the input position each plan the epochs being
+# trained (and the one leased ahead), and at millions of clips a plan takes seconds to make.
+PLANS_KEPT = 2
+
+
 class EpochPlanner:
     """Deterministic epoch plans over fixed buckets; each batch is one step's, for
     ``replicas`` model replicas, and (``workers`` > 1) worker ``worker``'s share of it."""
@@ -248,6 +253,7 @@ class EpochPlanner:
         self.fixed_rows = cfg.fixed_rows or replicas * workers > 1
         self.buckets = make_buckets(samples, cfg, replicas * workers)
         self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
+        self._plans: dict[int, list[PlannedBatch]] = {}  # the latest epochs planned (PLANS_KEPT)
         self.batches_per_epoch = sum(-(-len(b.sample_ids) // b.rows) for b in self.buckets)
         # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
         # an extra batch, so an epoch is complete when all its samples are trained or rejected.
@@ -287,10 +293,16 @@ class EpochPlanner:
     def plan(self, epoch: int) -> list[PlannedBatch]:
         """The epoch's batches in the order they are trained (``index``); with workers, this
         worker's share of each."""
-        batches = self._global_plan(epoch)
-        if self.workers == 1:
-            return batches
-        return [replace(b, ids=b.ids[self.worker::self.workers], rows=b.rows // self.workers) for b in batches]
+        cached = self._plans.get(epoch)
+        if cached is None:
+            batches = self._global_plan(epoch)
+            if self.workers > 1:
+                batches = [replace(b, ids=b.ids[self.worker::self.workers], rows=b.rows // self.workers)
+                           for b in batches]
+            cached = self._plans[epoch] = batches
+            while len(self._plans) > PLANS_KEPT:
+                del self._plans[min(self._plans)]
+        return list(cached)
 
     def _global_plan(self, epoch: int) -> list[PlannedBatch]:
         rng = np.random.default_rng([self.cfg.seed, epoch])
@@ -587,7 +599,7 @@ class ReferenceTable:
         self.seed = seed
         table = samples if isinstance(samples, SampleTable) else SampleTable.from_samples(samples)
         self._table = table
-        ids = table.strings("id")
+        ids = table.ids()
         speaker = table.column("speaker")
         # Each speaker's clips ordered by id, as positions in the table; each clip's rank among them.
         order = np.array(sorted(range(len(ids)), key=ids.__getitem__), np.int64)

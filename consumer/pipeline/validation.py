@@ -67,7 +67,7 @@ def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path) -> tuple[Sequence[
         rejected = evaluation.rejected
         ids = {s.id for s in held}
         table = index.samples
-        train = table.take([n for n, i in enumerate(table.strings("id")) if i not in ids])
+        train = table.take([n for n, i in enumerate(table.ids()) if i not in ids])
         if len(train) != len(index.samples):
             log.warning("%d clips of %s are in %s too: they are validation clips only",
                         len(index.samples) - len(train), cfg.data.metadata_file, cfg.data.eval_file)
@@ -85,7 +85,7 @@ def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[Sequence[Sa
     n = min(count, int(len(samples) * MAX_VAL_SHARE))
     if n <= 0:
         return samples if isinstance(samples, SampleTable) else list(samples), []
-    ids = samples.strings("id") if isinstance(samples, SampleTable) else [s.id for s in samples]
+    ids = samples.ids() if isinstance(samples, SampleTable) else [s.id for s in samples]
 
     def rank(position: int) -> bytes:
         return hashlib.blake2b(f"{seed}|{ids[position]}".encode(), digest_size=8).digest()

@@ -44,6 +44,7 @@ class SampleTable(Sequence[Sample]):
         self._rows = rows  # a view's rows of the stored columns (None: all of them, in order)
         self._len = len(rows) if rows is not None else len(self._numbers["num_frames"])
         self._id_rows: dict[str, int] | None = None
+        self._ids: list[str] | None = None
 
     @classmethod
     def from_samples(cls, samples: Iterable[Sample]) -> "SampleTable":
@@ -128,19 +129,27 @@ class SampleTable(Sequence[Sample]):
             return [bytes(blob[bounds[n]:bounds[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
         return [bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
 
+    def ids(self) -> list[str]:
+        """Every clip's id, in order: decoded once and kept (the plan's buckets and batches hold
+        these very strings, and :meth:`row_of` maps them)."""
+        if self._ids is None:
+            self._ids = self.strings("id")
+        return self._ids
+
     def row_of(self, sample_id: str) -> int:
         """The row of a clip id (KeyError when none): a map of the ids, made on first use."""
         if self._id_rows is None:
-            self._id_rows = {sample_id: n for n, sample_id in enumerate(self.strings("id"))}
+            self._id_rows = {sample_id: n for n, sample_id in enumerate(self.ids())}
         return self._id_rows[sample_id]
 
     def take(self, rows: Sequence[int] | np.ndarray) -> "SampleTable":
         """A view of clips ``rows`` of this table, in that order (nothing is copied but the rows)."""
         picked = np.asarray(rows, np.int64)
-        if self._rows is not None:
-            picked = self._rows[picked]
-        strings = {name: (offsets, blob) for name, (offsets, blob) in self._strings.items()}
-        return SampleTable(self._numbers, strings, self.speakers, self.languages, picked)
+        ids = self.ids()
+        view = SampleTable(self._numbers, self._strings, self.speakers, self.languages,
+                           self._rows[picked] if self._rows is not None else picked)
+        view._ids = [ids[n] for n in picked.tolist()]  # the same strings, not decoded again
+        return view
 
     # ------------------------------------------------------------ storage
     def sections(self) -> dict[str, bytes | np.ndarray]:
