@@ -1,6 +1,6 @@
 """The benchmark suite behind ``python run.py bench [--quick] [--out FILE]``.
 
-Runs the five sections of issue 6, prints plain tables and writes ``bench.json``:
+Runs the sections below, prints plain tables and writes ``bench.json``:
 
     transport      stoker's wire protocol with credits vs raw PUSH/PULL, tcp and ipc,
                    64 KiB / 1 MiB / 8 MiB batches (benchmarks/transport.py)
@@ -24,6 +24,9 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
     replicas       (full run only) 2 model replicas vs 1, same batch per replica: samples/s
                    and wait share of the tiny model and of a synthetic trainer
                    (benchmarks/replicas.py)
+    scale          manifests of 1 M and 10 M clips with durations (--quick: 20,000 and
+                   100,000): index build cold and warm, launch to first batch, samples/s
+                   and peak RSS of a synthetic:5 run, per-clip growth (benchmarks/scale.py)
 
 The older sections (memory: the consumer's RSS over thousands of batches; starvation:
 diagnosis on injected faults; data: the full data benchmark; producers: scaling,
@@ -49,14 +52,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, replicas, starvation,
-                               trainer, transforms, transport)
+from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producers, replicas, scale,
+                               starvation, trainer, transforms, transport)
 from stoker.benchmarks.common import machine_info, table
 
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
-            "feed", "replicas")
+            "feed", "replicas", "scale")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
-QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms")
+QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms",
+                  "scale")
+# --quick's scale section: two small manifests, to see the figures and the growth, not the targets.
+QUICK_SCALE_SIZES = (20_000, 100_000)
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
 SCALING_FIRST_BATCH_STEP_MS = 10.0
 
@@ -104,6 +110,7 @@ class SuitePlan:
     transforms: transforms.TransformsPlan = field(default_factory=transforms.TransformsPlan)
     feed: feed.FeedPlan = field(default_factory=feed.FeedPlan)
     replicas: replicas.ReplicasPlan = field(default_factory=replicas.ReplicasPlan)
+    scale: scale.ScalePlan = field(default_factory=scale.ScalePlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -115,7 +122,7 @@ class SuitePlan:
                    alternatives=alternatives.AlternativesPlan.quick(), scaling=ScalingPlan.quick(),
                    trainer=trainer.TrainerPlan.quick(), batching=batching.BatchingPlan.quick(),
                    transforms=transforms.TransformsPlan.quick(),
-                   sections=QUICK_SECTIONS)
+                   scale=scale.ScalePlan(sizes=QUICK_SCALE_SIZES, steps=100), sections=QUICK_SECTIONS)
 
 
 def _log(text: str) -> None:
@@ -173,7 +180,7 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
                            o["overhead"]["value"], o["target"], o["met"], o["overhead"]))
         out.append(_target("trainer", f"traces after warm-up over {r['steps']} steps",
                            float(r["traces_after_warmup"]), 0.0, r["met"]))
-    out += _listed(sections, ("batching", "transforms", "feed", "replicas"))
+    out += _listed(sections, ("batching", "transforms", "feed", "replicas", "scale"))
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -211,6 +218,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "transforms": lambda: transforms.run(plan.transforms, log),
         "feed": lambda: feed.run(plan.feed, log),
         "replicas": lambda: replicas.run(plan.replicas, log),
+        "scale": lambda: scale.run(plan.scale, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
         "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
@@ -280,6 +288,9 @@ def render(report: dict[str, Any]) -> str:
     if sections.get("replicas"):
         parts += ["", "replicas: 2 model replicas (2 logical CPU devices) vs 1, demo data, the same batch per replica",
                   replicas.render(sections["replicas"])]
+    if sections.get("scale"):
+        parts += ["", "scale: manifests with durations (audio: a few files reused), index cold and warm, a synthetic:5 "
+                      "run warm; peak RSS by process", scale.render(sections["scale"])]
     if sections.get("trainer"):
         parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
                       "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]
