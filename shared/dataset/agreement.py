@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping
 
-from ..dataset.files import AUDIO_DIR, list_audio, read_metadata_bytes
+from ..dataset.files import AUDIO_DIR, UNMEASURED, list_audio, read_metadata_bytes
 from ..dataset.types import AudioFile
 from ..layouts import COLUMNS_AUTO, Entry, Rejection
 from ..mixes import parse_entries
@@ -83,7 +83,8 @@ def fingerprints(entries: list[Entry], audio: Mapping[str, AudioFile], metadata:
     """What the index stores of the trainer's scan (:class:`DatasetScan`'s fingerprints, the count of
     ids without audio, the metadata's SHA-256), so that a warm run has them without parsing the
     metadata: {"metadata", "audio", "missing", "metadata_sha256"}."""
-    sizes = {e.id: audio[e.id].size for e in entries if e.id in audio}
+    sizes = {e.id: audio[e.id].size if e.duration is None else UNMEASURED for e in entries
+             if e.id in audio or e.duration is not None}
     return {"metadata": metadata_fingerprint(entries), "audio": audio_fingerprint(sizes),
             "missing": len(entries) - len(sizes), "metadata_sha256": hashlib.sha256(metadata).hexdigest()}
 
@@ -108,7 +109,7 @@ def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[st
     files: dict[str, str] = {}
     missing: list[str] = []
     for entry in entries:
-        file = audio.get(entry.id)
+        file = audio.get(entry.id) if entry.duration is None else AudioFile(entry.audio, UNMEASURED, UNMEASURED)
         if file is None:  # absent, or not reachable here (a dangling link): missing on this host
             missing.append(entry.id)
         else:

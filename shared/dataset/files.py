@@ -109,9 +109,10 @@ def scan_audio(root: Path) -> dict[str, AudioFile]:
 
 
 def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
-    """The audio files a manifest names, by id: one stat each (a missing file is left out), but
-    for a clip whose duration the manifest gives: its file is taken as named, unopened, its size
-    and mtime :data:`UNMEASURED` (a file missing on this host is found when a producer reads it).
+    """The audio files a manifest names, by id: one stat each (a missing file is left out). A
+    clip whose duration the manifest gives is not looked up, nor listed here: its file is
+    taken as named (``Entry.audio``), its size :data:`UNMEASURED`, and a file missing on this
+    host is found when a producer reads it.
 
     ``AudioFile.name`` is the path as the manifest wrote it: relative to the dataset
     directory, or absolute; as the file system spells it where only its Unicode normal
@@ -123,7 +124,6 @@ def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
         if not entry.audio:
             continue
         if entry.duration is not None:
-            found[entry.id] = AudioFile(entry.audio, UNMEASURED, UNMEASURED)
             continue
         name = entry.audio
         try:

@@ -28,7 +28,7 @@ from ..dataset.agreement import DatasetScan, fingerprints, scan_dataset, scan_fr
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
                                   index_cache_file, index_config, index_key, open_index, pack_index, read_cache,
                                   rejections_of, write_cache)
-from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
+from ..dataset.files import UNMEASURED, list_audio, locate, read_metadata_bytes, relative_audio
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
@@ -311,6 +311,7 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         if text_key is not None and made is not None:
             units[text_key] = Units(*made)
             stats.texts_tokenized += 1
+    del todo, results, old_units  # an item or two per clip: not to be held through the rest of the build
     samples, rejected, lost = _apply_rules(entries, rejected, audio, probes, units, data, features, text, frontend,
                                            fixed)
     vocab = fixed or _vocabulary(frontend, samples)
@@ -460,10 +461,14 @@ def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sam
     # Units of every text of the metadata, so that a later re-derivation sends only texts
     # that changed through the front-end: the samples hold theirs; the rest (rejected
     # clips, and texts that lost characters) are listed apart.
-    plain = {(s.language, s.text) for s in samples if not units[s.language, s.text].lost}
-    keys = {(e.language or text.language, e.text) for e in entries} - plain
-    unit_rows = [(lang, txt, units[lang, txt].units, units[lang, txt].lost) for lang, txt in keys
-                 if (lang, txt) in units]
+    rejected_ids = {r.id for r in rejected}
+    listed: dict[TextKey, Units] = {}
+    for e in entries:
+        text_key = (e.language or text.language, e.text)
+        made = units.get(text_key)
+        if made is not None and (made.lost or e.id in rejected_ids):
+            listed[text_key] = made
+    unit_rows = [(lang, txt, made.units, made.lost) for (lang, txt), made in listed.items()]
     header = {
         "key": key, "root": str(root), "config": config,
         "names": {"speakers": table.speakers, "languages": table.languages},
@@ -571,7 +576,7 @@ def _audio_rules(entry: Entry, audio: dict[str, AudioFile], probes: dict[str, Au
                  features: FeaturesConfig) -> Rejection | tuple[str, int, float]:
     """A clip's audio: (its file name, samples at the feature rate, seconds), or why it is rejected."""
     place = f"metadata line {entry.line}"
-    file = audio.get(entry.id)
+    file = audio.get(entry.id) if entry.duration is None else AudioFile(entry.audio, UNMEASURED, UNMEASURED)
     if file is None:
         where = relative_audio(entry.id, entry.audio or None)
         if entry.short:  # no clip by that id: the line lost a field, and its first is not an id
@@ -580,7 +585,7 @@ def _audio_rules(entry: Entry, audio: dict[str, AudioFile], probes: dict[str, Au
         return Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where,
                          kind="missing-audio")
     where = relative_audio(entry.id, file.name)
-    if entry.duration is not None:  # a manifest's: the audio is not opened (checked when a producer reads it)
+    if entry.duration is not None:  # a manifest's: the audio is not looked at (checked when a producer reads it)
         duration = entry.duration
         frames, rate = round(duration * features.sample_rate_hz), features.sample_rate_hz
     else:
