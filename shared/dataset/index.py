@@ -315,14 +315,18 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     samples, rejected, lost = _apply_rules(entries, rejected, audio, probes, units, data, features, text, frontend,
                                            fixed)
     vocab = fixed or _vocabulary(frontend, samples)
-    table = SampleTable.from_samples(samples)
     if candidates:
-        header, reuse = _payload(key, root, config, samples, table, rejected, entries, audio, probes, units, frontend,
-                                 text, lost, vocab)
+        header, reuse = _payload(key, root, config, rejected, entries, audio, probes, units, frontend, text, lost,
+                                 vocab)
         header["agreement"] = agreed
         if is_manifest(metadata_file):
             header["manifest"] = {"digest": _digest(config, hashlib.sha256(metadata).hexdigest()),
                                   "measured": _measured(entries, audio)}
+    del entries, units, probes  # the clips are in the samples now: not held while they become columns
+    table = SampleTable.from_samples(samples)
+    del samples
+    if candidates:
+        header["names"] = {"speakers": table.speakers, "languages": table.languages}
         written = write_cache(candidates, pack_index(header, {**table.sections(), "reuse": reuse}))
         stats.cache_file = str(written) if written else ""
     return _finish(root, table, rejected, lost, agreed, vocab, key, stats, started, True, scan_inputs, data)
@@ -448,13 +452,12 @@ def _to_read(entries: Sequence[Any], audio: dict[str, Any], old_probes: dict[str
     return todo
 
 
-def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sample], table: SampleTable,
-             rejected: Sequence[Any],
+def _payload(key: str, root: Path, config: dict[str, Any], rejected: Sequence[Any],
              entries: Sequence[Any], audio: dict[str, Any], probes: dict[str, AudioProbe],
              units: dict[TextKey, Units], frontend: Frontend, text: TextConfig, lost: dict[str, Any],
              vocab: Vocabulary) -> tuple[dict[str, Any], bytes]:
-    """The index cache's header (without the samples: their columns are sections of their own),
-    and what a later rebuild can reuse (a msgpack section)."""
+    """The index cache's header (without the samples: their columns are sections of their own,
+    and their names the caller's to add), and what a later rebuild can reuse (a msgpack section)."""
     used = {a.name for a in audio.values()}
     probe_rows = [(name, audio_file.size, audio_file.mtime_ns, *_probe_tuple(probes[name]))
                   for audio_file in audio.values() for name in (audio_file.name,) if name in probes and name in used]
@@ -471,7 +474,6 @@ def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sam
     unit_rows = [(lang, txt, made.units, made.lost) for (lang, txt), made in listed.items()]
     header = {
         "key": key, "root": str(root), "config": config,
-        "names": {"speakers": table.speakers, "languages": table.languages},
         "rejected": columns_of(rejected, REJECTION_FIELDS),
         "lost": lost, "vocabulary": vocab.state_dict(),
     }

@@ -188,7 +188,11 @@ class SampleTable(Sequence[Sample]):
 
 def pack_strings(values: Sequence[str]) -> tuple[np.ndarray, bytes]:
     """(offsets, blob) of ``values``: UTF-8 one after the other, offsets[n]..offsets[n+1] the n-th."""
+    joined = "".join(values)
+    offsets = np.zeros(len(values) + 1, np.int64)
+    if joined.isascii():  # a byte per character: no bytes object per value
+        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+        return offsets, joined.encode("ascii")
     encoded = [v.encode("utf-8", ENCODING_ERRORS) for v in values]
-    offsets = np.zeros(len(encoded) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=offsets[1:])
     return offsets, b"".join(encoded)
