@@ -106,7 +106,8 @@ def make_dataset(root: Path, size: int) -> Path:
             lines = []
             for i in range(start, min(size, start + WRITE_CHUNK)):
                 k = i % AUDIO_FILES
-                text = f"{WORDS[i % len(WORDS)]} {_word(i)} {WORDS[(i // 7) % len(WORDS)]} {WORDS[(i // 3) % len(WORDS)]}."
+                words = (WORDS[i % len(WORDS)], _word(i), WORDS[(i // 7) % len(WORDS)], WORDS[(i // 3) % len(WORDS)])
+                text = " ".join(words) + "."
                 lines.append(json.dumps({"audio_filepath": f"audio/a{k}.wav", "id": f"c{i:09d}", "text": text,
                                          "duration": AUDIO_SECONDS[k], "speaker": f"s{i % SPEAKERS}"}))
             f.write("\n".join(lines) + "\n")

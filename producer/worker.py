@@ -16,9 +16,9 @@ producer lacks, answers REFUSE with the reason, which the producer logs and exit
 status 2. A producer the trainer's launcher starts on the trainer's host (``--local``) reads
 the trainer's own files: it scans nothing and joins at once, whatever the dataset's size
 (agreement.deferred); its leases carry its clips' texts, audio locators and durations, and
-each clip is checked when read. With ``--keys`` the socket is a CURVE client; a trainer that rejects the key (or
-speaks no CURVE) fails the handshake, which the producer sees on its socket monitor and
-reports the same way.
+each clip is checked when read. With ``--keys`` the socket is a CURVE client; a trainer
+that rejects the key (or speaks no CURVE) fails the handshake, which the producer sees on
+its socket monitor and reports the same way.
 
 A producer keeps up to ``lease_ahead`` batches leased; prepared ones wait for their
 credit, so a credit is answered at once. A clip whose file is not on this host is

@@ -103,8 +103,8 @@ class Peers:
     scheduler's, ``holds_credits(peer)`` whether it holds credited leases; ``lock`` guards the
     figures other threads read (``producers``, ``refusals``)."""
 
-    def __init__(self, cfg: Config, dataset: DatasetScan | Callable[[], DatasetScan] | None, send: Callable[..., None],
-                 count: Callable[..., None], welcome: Callable[[Peer], wire.Welcome],
+    def __init__(self, cfg: Config, dataset: DatasetScan | Callable[[], DatasetScan] | None,
+                 send: Callable[..., None], count: Callable[..., None], welcome: Callable[[Peer], wire.Welcome],
                  on_drop: Callable[[Peer, str], None], holds_credits: Callable[[Peer], bool],
                  lock: threading.Lock) -> None:
         self.cfg = cfg
