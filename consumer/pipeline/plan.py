@@ -254,6 +254,7 @@ class EpochPlanner:
         self.buckets = make_buckets(samples, cfg, replicas * workers)
         self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
         self._plans: dict[int, list[PlannedBatch]] = {}  # the latest epochs planned (PLANS_KEPT)
+        self._homes: dict[int, tuple[dict[str, int], list[int]]] = {}  # of the latest epochs (PLANS_KEPT)
         self.batches_per_epoch = sum(-(-len(b.sample_ids) // b.rows) for b in self.buckets)
         # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
         # an extra batch, so an epoch is complete when all its samples are trained or rejected.
@@ -289,6 +290,18 @@ class EpochPlanner:
         if epoch not in self._shares:
             self._shares[epoch] = sum(len(b.ids) for b in self.plan(epoch))
         return self._shares[epoch]
+
+    def homes(self, epoch: int) -> tuple[dict[str, int], list[int]]:
+        """Each sample's planned batch in ``epoch`` (sample id -> index) and each batch's sample
+        count: made once per epoch and shared by every InputPosition (they are read only), so
+        a copy of a position costs its progress, not a map of every clip."""
+        homes = self._homes.get(epoch)
+        if homes is None:
+            plan = self.plan(epoch)
+            homes = self._homes[epoch] = ({i: b.index for b in plan for i in b.ids}, [len(b.ids) for b in plan])
+            while len(self._homes) > PLANS_KEPT:
+                del self._homes[min(self._homes)]
+        return homes
 
     def plan(self, epoch: int) -> list[PlannedBatch]:
         """The epoch's batches in the order they are trained (``index``); with workers, this
@@ -415,14 +428,10 @@ class PositionError(UserError):
 
 @dataclass
 class _EpochProgress:
-    home: dict[str, int]  # sample id -> index of its planned batch in this epoch's plan
-    sizes: list[int]  # samples of each planned batch
+    home: dict[str, int]  # sample id -> index of its planned batch in this epoch's plan (the planner's, shared)
+    sizes: list[int]  # samples of each planned batch (shared too)
     done: set[int] = field(default_factory=set)
     partial: dict[int, set[str]] = field(default_factory=dict)  # planned index -> ids trained so far
-
-    @classmethod
-    def of(cls, plan: list[PlannedBatch]) -> "_EpochProgress":
-        return cls(home={i: b.index for b in plan for i in b.ids}, sizes=[len(b.ids) for b in plan])
 
     def add(self, sample_id: str) -> bool:
         index = self.home.get(sample_id)
@@ -471,7 +480,8 @@ class InputPosition:
     def _progress(self, epoch: int) -> _EpochProgress:
         progress = self._epochs.get(epoch)
         if progress is None:
-            progress = self._epochs[epoch] = _EpochProgress.of(self.planner.plan(epoch))
+            home, sizes = self.planner.homes(epoch)
+            progress = self._epochs[epoch] = _EpochProgress(home, sizes)
         return progress
 
     def record(self, epoch: int, ids: Iterable[str], index: int | None = None) -> None:
