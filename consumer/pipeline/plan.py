@@ -660,25 +660,25 @@ class TokenTable:
         self._languages = [languages.get(code, 0) for code in self._table.languages]
 
     def __call__(self, ids: Sequence[str]) -> list[list[int]]:
-        table = self._table
-        return [self.vocabulary.encode(table.string("units", table.row_of(i))).tolist() for i in ids]
+        return [self.vocabulary.encode(self._table.string("units", r)).tolist() for r in self._rows(ids)]
+
+    def _rows(self, ids: Sequence[str]) -> list[int]:
+        rows = self._table.find_rows(ids)
+        if min(rows, default=0) < 0:
+            raise KeyError(ids[rows.index(-1)])
+        return rows
 
     def files(self, ids: Sequence[str]) -> dict[str, str]:
         """The audio locators of clips ``ids`` the table holds (a validation clip's reference may be
         one it lacks: the validation set names those)."""
-        table, out = self._table, {}
-        for i in ids:
-            try:
-                out[i] = table.string("audio", table.row_of(i))
-            except KeyError:
-                continue
-        return out
+        table = self._table
+        return {i: table.string("audio", r) for i, r in zip(ids, table.find_rows(ids)) if r >= 0}
 
     def lease_fields(self, ids: Sequence[str]) -> dict[str, Any]:
         """What a lease carries for its clips: token ids, speaker ids, language ids, and their
         texts, audio locators and durations ({id: ...}), so that a producer reads no metadata."""
         table = self._table
-        rows = [table.row_of(i) for i in ids]
+        rows = self._rows(ids)
         speaker, language, duration = (table.column(n) for n in ("speaker", "language", "duration_s"))
         return {"tokens": [self.vocabulary.encode(table.string("units", r)).tolist() for r in rows],
                 "speakers": [self._speakers[speaker[r]] for r in rows],

@@ -30,6 +30,15 @@ STRING_COLUMNS = ("id", "text", "audio", "units")
 ENCODING_ERRORS = "surrogateescape"
 
 
+# FNV-1a, 64 bits: the hash of a clip id in the map of ids (SampleTable.find_rows).
+FNV_OFFSET = 14695981039346656037
+FNV_PRIME = np.uint64(1099511628211)
+
+
+# Ids are hashed this many at a time (a few arrays of this length at once).
+ID_HASH_CHUNK = 1 << 20
+
+
 class SampleTable(Sequence[Sample]):
     """The samples of an index, columnar (module docstring). ``numbers``: the arrays of
     :data:`NUMBER_COLUMNS`; ``strings``: per name of :data:`STRING_COLUMNS`, (offsets, blob);
@@ -43,7 +52,7 @@ class SampleTable(Sequence[Sample]):
         self.languages = list(languages)
         self._rows = rows  # a view's rows of the stored columns (None: all of them, in order)
         self._len = len(rows) if rows is not None else len(self._numbers["num_frames"])
-        self._id_rows: dict[str, int] | None = None
+        self._id_rows: tuple[np.ndarray, np.ndarray] | None = None  # (sorted id hashes, their rows)
         self._ids: list[str] | None = None
 
     @classmethod
@@ -137,10 +146,35 @@ class SampleTable(Sequence[Sample]):
         return self._ids
 
     def row_of(self, sample_id: str) -> int:
-        """The row of a clip id (KeyError when none): a map of the ids, made on first use."""
+        """The row of a clip id; KeyError when the table has none."""
+        (row,) = self.find_rows([sample_id])
+        if row < 0:
+            raise KeyError(sample_id)
+        return row
+
+    def find_rows(self, ids: Sequence[str]) -> list[int]:
+        """The rows of clip ids, -1 for an id the table lacks. The map is a sorted array of the
+        ids' 64-bit hashes (made on first use: 16 bytes a clip, where a dict of the ids would
+        take some 100), each hit checked against the id itself."""
         if self._id_rows is None:
-            self._id_rows = {sample_id: n for n, sample_id in enumerate(self.ids())}
-        return self._id_rows[sample_id]
+            offsets, blob = self._strings["id"]
+            rows = self._rows if self._rows is not None else np.arange(self._len)
+            hashes = _hash_strings(offsets, np.frombuffer(blob, np.uint8), rows)
+            order = np.argsort(hashes, kind="stable")
+            self._id_rows = (hashes[order], order)
+        hashes, order = self._id_rows
+        q_offsets, q_blob = pack_strings(ids)
+        wanted = _hash_strings(q_offsets, np.frombuffer(q_blob, np.uint8), np.arange(len(ids)))
+        found = []
+        for sample_id, h, at in zip(ids, wanted.tolist(), np.searchsorted(hashes, wanted).tolist()):
+            row = -1
+            while at < len(hashes) and hashes[at] == h:
+                if self.string("id", int(order[at])) == sample_id:
+                    row = int(order[at])
+                    break
+                at += 1
+            found.append(row)
+        return found
 
     def take(self, rows: Sequence[int] | np.ndarray) -> "SampleTable":
         """A view of clips ``rows`` of this table, in that order (nothing is copied but the rows)."""
@@ -184,6 +218,24 @@ class SampleTable(Sequence[Sample]):
                       or numbers["speaker"].min() < 0 or numbers["language"].min() < 0):
             raise ValueError("a speaker or language code outside its table")
         return cls(numbers, strings, speakers, languages)
+
+
+def _hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """64-bit FNV-1a of the strings ``rows`` of (offsets, blob), ID_HASH_CHUNK at a time, a
+    byte position of all of them per step."""
+    out = np.empty(len(rows), np.uint64)
+    for first in range(0, len(rows), ID_HASH_CHUNK):
+        chunk = rows[first:first + ID_HASH_CHUNK]
+        starts = offsets[chunk]
+        lengths = offsets[chunk + 1] - starts
+        h = np.full(len(chunk), FNV_OFFSET, np.uint64)
+        for k in range(int(lengths.max()) if len(chunk) else 0):
+            has = lengths > k
+            byte = np.zeros(len(chunk), np.uint64)
+            byte[has] = blob[starts[has] + k]
+            h = np.where(has, (h ^ byte) * FNV_PRIME, h)
+        out[first:first + len(chunk)] = h
+    return out
 
 
 def pack_strings(values: Sequence[str]) -> tuple[np.ndarray, bytes]:

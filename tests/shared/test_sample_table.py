@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from stoker.shared.dataset import (Sample, SampleTable, build_index, open_index, pack_index, write_cache)
+from stoker.shared.dataset import table as table_module
 from stoker.shared.config import DataConfig, FeaturesConfig
 from tests.factories import make_dataset
 
@@ -66,3 +67,15 @@ def test_a_warm_index_equals_the_built_one_value_for_value(tmp_path: Path, monke
     for name in ("num_tokens", "num_frames", "duration_s", "line", "speaker", "language"):
         assert warm.samples.column(name).tolist() == cold.samples.column(name).tolist()
     assert warm.sample(cold.samples[3].id) == cold.samples[3]
+
+
+def test_ids_are_found_by_hash_and_checked_against_the_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = SampleTable.from_samples(SAMPLES)
+    assert table.find_rows(["c3", "nope", "b\u00e9", "odd\udcff", "a1"]) == [2, -1, 1, 3, 0]
+    with pytest.raises(KeyError):
+        table.row_of("a")
+    # every id hashed alike: each hit is still told apart by the id itself
+    monkeypatch.setattr(table_module, "_hash_strings", lambda offsets, blob, rows: np.zeros(len(rows), np.uint64))
+    collided = SampleTable.from_samples(SAMPLES)
+    assert collided.find_rows(["odd\udcff", "c3", "zz"]) == [3, 2, -1]
+    assert collided.take([2, 3]).find_rows(["odd\udcff", "a1"]) == [1, -1]
