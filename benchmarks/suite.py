@@ -1,6 +1,6 @@
 """The benchmark suite behind ``python run.py bench [--quick] [--out FILE]``.
 
-Runs the five sections of issue 6, prints plain tables and writes ``bench.json``:
+Runs the sections below, prints plain tables and writes ``bench.json``:
 
     transport      stoker's wire protocol with credits vs raw PUSH/PULL, tcp and ipc,
                    64 KiB / 1 MiB / 8 MiB batches (benchmarks/transport.py)
@@ -27,6 +27,9 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
     producer_models  (full run only) one neural encoder (mel -> codes) inside the training step,
                    in the producers (transforms.models), and from the feature cache, vs no
                    encoder: samples/s and wait share (benchmarks/producer_models.py)
+    scale          manifests of 1 M and 10 M clips with durations (--quick: 20,000 and
+                   100,000): index build cold and warm, launch to first batch, samples/s
+                   and peak RSS of a synthetic:5 run, per-clip growth (benchmarks/scale.py)
 
 The older sections (memory: the consumer's RSS over thousands of batches; starvation:
 diagnosis on injected faults; data: the full data benchmark; producers: scaling,
@@ -53,13 +56,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producer_models, producers,
-                               replicas, starvation, trainer, transforms, transport)
+                               replicas, scale, starvation, trainer, transforms, transport)
 from stoker.benchmarks.common import machine_info, table
 
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
-            "feed", "replicas", "producer_models")
+            "feed", "replicas", "producer_models", "scale")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
-QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms")
+QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms",
+                  "scale")
+# --quick's scale section: two small manifests, to see the figures and the growth, not the targets.
+QUICK_SCALE_SIZES = (20_000, 100_000)
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
 SCALING_FIRST_BATCH_STEP_MS = 10.0
 
@@ -108,6 +114,7 @@ class SuitePlan:
     feed: feed.FeedPlan = field(default_factory=feed.FeedPlan)
     replicas: replicas.ReplicasPlan = field(default_factory=replicas.ReplicasPlan)
     producer_models: producer_models.ProducerModelsPlan = field(default_factory=producer_models.ProducerModelsPlan)
+    scale: scale.ScalePlan = field(default_factory=scale.ScalePlan)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -119,7 +126,7 @@ class SuitePlan:
                    alternatives=alternatives.AlternativesPlan.quick(), scaling=ScalingPlan.quick(),
                    trainer=trainer.TrainerPlan.quick(), batching=batching.BatchingPlan.quick(),
                    transforms=transforms.TransformsPlan.quick(),
-                   sections=QUICK_SECTIONS)
+                   scale=scale.ScalePlan(sizes=QUICK_SCALE_SIZES, steps=100), sections=QUICK_SECTIONS)
 
 
 def _log(text: str) -> None:
@@ -177,7 +184,7 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
                            o["overhead"]["value"], o["target"], o["met"], o["overhead"]))
         out.append(_target("trainer", f"traces after warm-up over {r['steps']} steps",
                            float(r["traces_after_warmup"]), 0.0, r["met"]))
-    out += _listed(sections, ("batching", "transforms", "feed", "replicas", "producer_models"))
+    out += _listed(sections, ("batching", "transforms", "feed", "replicas", "producer_models", "scale"))
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -216,6 +223,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "feed": lambda: feed.run(plan.feed, log),
         "replicas": lambda: replicas.run(plan.replicas, log),
         "producer_models": lambda: producer_models.run(plan.producer_models, log),
+        "scale": lambda: scale.run(plan.scale, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
         "data": lambda: data.run(data.DataPlan.quick() if quick else data.DataPlan(), log=log),
@@ -289,6 +297,9 @@ def render(report: dict[str, Any]) -> str:
         parts += ["", "producer_models: one encoder (mel -> codes, about a training step's cost) in the training step, "
                       "in the producers, from the cache, vs none; demo data, batch 16, 2 producers",
                   producer_models.render(sections["producer_models"])]
+    if sections.get("scale"):
+        parts += ["", "scale: manifests with durations (audio: a few files reused), index cold and warm, a synthetic:5 "
+                      "run warm; peak RSS by process", scale.render(sections["scale"])]
     if sections.get("trainer"):
         parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
                       "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]

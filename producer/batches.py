@@ -34,6 +34,11 @@ from stoker.shared.melstats import MelStats, minmax, normalize
 
 log = logging.getLogger("producer")
 
+# How far a clip's audio may be from the duration the index holds: a manifest rounds its
+# durations (NeMo writes two decimals) and a resampler may add or drop a few samples; another
+# file or a truncated copy is off by far more. A clip further off is rejected when read.
+DURATION_TOLERANCE_S = 0.1
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -82,8 +87,10 @@ class BatchMaker:
                  mel_norm: tuple[np.ndarray, np.ndarray] | None = None, fixed_rows: bool = False,
                  model_device: str | None = None) -> None:
         self.root = root
-        self.texts = texts
+        self.texts = texts  # of this host's metadata ({} for a producer that reads none: leases carry them)
         self.files = files if files is not None else {}
+        self._lease_texts: dict[str, str] = {}  # the current lease's
+        self._lease_files: dict[str, str] = {}
         self.features = features
         self.name = name
         self.host = host or pysocket.gethostname()
@@ -123,12 +130,15 @@ class BatchMaker:
             time.sleep(f.producer_stall_s)
             self._next_stall += f.producer_stall_every_s
 
-    def _load(self, sample_id: str, need_audio: bool, speaker: int = 0, language: int = 0) -> _Clip:
+    def _load(self, sample_id: str, need_audio: bool, speaker: int = 0, language: int = 0,
+              duration_s: float | None = None) -> _Clip:
         """One clip: its log-mel from the feature cache when it holds a valid entry, its audio
         (transformed: producer/transforms.py) when the mel must be computed or the batch
         carries the waveform or the user's transforms make fields. Raises AudioMissing (not on
-        this host), AudioError or TransformError (unusable), whose text is the reason."""
-        name = self.files.get(sample_id) or relative_audio(sample_id)
+        this host), AudioError or TransformError (unusable), whose text is the reason; AudioError
+        too when the audio read is not ``duration_s`` long (the index's, within DURATION_TOLERANCE_S)."""
+        # this host's own listing first (a remote copy may keep a file elsewhere), else the lease's
+        name = self.files.get(sample_id) or self._lease_files.get(sample_id) or relative_audio(sample_id)
         path = audio_path(self.root, sample_id, name)
         clip = _Clip(sample_id)
         member = is_locator(name)  # a tar shard's member (shared/dataset/shards.py): not cached
@@ -144,11 +154,19 @@ class BatchMaker:
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
             clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
                           load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name)))
+            seconds = len(clip.audio) / self.features.sample_rate_hz
+            if duration_s is not None and abs(seconds - duration_s) > DURATION_TOLERANCE_S:
+                raise AudioError(f"audio of {seconds:.3f} s where the index says {duration_s:.3f} s: "
+                                 f"{relative_audio(sample_id, name)} (a wrong duration in the manifest, or the file "
+                                 "changed since indexing)")
             if self.chain is not None:
-                done = self.chain(clip.audio, self.texts.get(sample_id, ""), sample_id, speaker, language,
+                done = self.chain(clip.audio, self._text(sample_id), sample_id, speaker, language,
                                   {"file": name})
                 clip.audio, clip.fields, clip.uncut = done.audio, done.fields, self.chain.measures
         return clip
+
+    def _text(self, sample_id: str) -> str:
+        return self._lease_texts.get(sample_id, self.texts.get(sample_id, ""))
 
     def _reference(self, mel: np.ndarray) -> np.ndarray:
         """A reference clip's log-mel as ref_mel holds it: at most R frames, from its middle."""
@@ -162,9 +180,9 @@ class BatchMaker:
         A clip whose file (or whose reference clip's file) is not on this host is *missed*;
         one that cannot be used is *rejected*, with the reason."""
         started = time.perf_counter()
-        # A validation pass's clips may be of another metadata file (data.eval_file): the lease names them.
-        self.texts.update(lease.texts or {})
-        self.files.update(lease.files or {})
+        # The lease names its clips' texts and files (kept for this lease only: a producer holds no
+        # more of the dataset than its leases').
+        self._lease_texts, self._lease_files = lease.texts or {}, lease.files or {}
         before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
         retries = COUNTS.retries
         rows: list[tuple[np.ndarray, _Clip, _Clip | None]] = []  # (tokens, clip, its reference clip)
@@ -203,7 +221,7 @@ class BatchMaker:
         batch at once); None when it is missed or rejected (noted in those lists, with why)."""
         names = self.schema.names
         token_rows, refs = lease.tokens, lease.refs or ()
-        if sample_id not in self.texts:
+        if sample_id not in self._lease_texts and sample_id not in self.texts:
             missed.append(wire.Entry(sample_id, f"id not in the metadata on host {self.host}"))
             return None
         if n >= len(token_rows) or not token_rows[n]:
@@ -216,7 +234,8 @@ class BatchMaker:
         speaker, language = extra.get(sample_id, (0, 0))
         tok = np.asarray(token_rows[n], dtype=np.int32)
         try:
-            clip = self._load(sample_id, "audio" in names, speaker, language)
+            duration = lease.durations[n] if lease.durations is not None else None
+            clip = self._load(sample_id, "audio" in names, speaker, language, duration)
             if self.chain is not None and self.chain.declared:  # made for the waveform they returned
                 self.chain.check_fields(clip.fields or {}, len(tok), num_frames(len(clip.audio), self.features))
             what = f"reference clip {refs[n]}: " if "ref_mel" in names else what

@@ -13,9 +13,12 @@ Joining: before its HELLO the producer scans its dataset (shared/dataset/agreeme
 and audio file sizes) and describes it, beside its config schema (shared/wire.py); a trainer
 whose dataset differs, or that speaks another protocol version or sends config keys this
 producer lacks, answers REFUSE with the reason, which the producer logs and exits with
-status 2. With ``--keys`` the socket is a CURVE client; a trainer that rejects the key (or
-speaks no CURVE) fails the handshake, which the producer sees on its socket monitor and
-reports the same way.
+status 2. A producer the trainer's launcher starts on the trainer's host (``--local``) reads
+the trainer's own files: it scans nothing and joins at once, whatever the dataset's size
+(agreement.deferred); its leases carry its clips' texts, audio locators and durations, and
+each clip is checked when read. With ``--keys`` the socket is a CURVE client; a trainer
+that rejects the key (or speaks no CURVE) fails the handshake, which the producer sees on
+its socket monitor and reports the same way.
 
 A producer keeps up to ``lease_ahead`` batches leased; prepared ones wait for their
 credit, so a credit is answered at once. A clip whose file is not on this host is
@@ -63,7 +66,7 @@ from stoker.producer.transforms import TransformSetupError, load_user
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import PipelineConfig
-from stoker.shared.dataset import DatasetScan, locate, scan_dataset
+from stoker.shared.dataset import DatasetScan, deferred, locate, scan_dataset
 from stoker.producer.batches import BatchMaker
 from stoker.shared.errors import UserError
 from stoker.shared.keys import ClientKeys, load_client_keys, short
@@ -119,7 +122,7 @@ class Producer:
                  parent_pid: int | None = None, memory_mb: int | None = None,
                  status: StatusWriter | None = None, context: zmq.Context | None = None,
                  keys: ClientKeys | None = None, metadata_file: str = "metadata.csv",
-                 config_schema: wire.ConfigSchema | None = None) -> None:
+                 config_schema: wire.ConfigSchema | None = None, scan: bool = True) -> None:
         self.endpoint = endpoint
         self.root = data_root
         self.name = name
@@ -130,6 +133,7 @@ class Producer:
         self.ctx = context or zmq.Context.instance()
         self.keys = keys
         self.metadata_file = metadata_file
+        self.scan = scan  # False: reads no metadata (module docstring, Joining)
         self.config_schema = config_schema or wire.ConfigSchema.local()  # the config keys it takes (HELLO)
         self.identity = f"{name}-{uuid.uuid4().hex[:8]}".encode()
         self.host = pysocket.gethostname()
@@ -263,10 +267,10 @@ class Producer:
             return False
 
     def _hello(self, sock: zmq.Socket) -> bool:
-        assert self._scan is not None
+        described = self._scan.describe() if self._scan is not None else deferred(self.metadata_file)
         sent = self._send(sock, wire.Hello(producer=self.name, host=self.host, pid=os.getpid(),
                                            config=self.config_schema, launcher=os.getppid(),
-                                           session=self._session, dataset=self._scan.describe()))
+                                           session=self._session, dataset=described))
         if sent:
             self._last_hello = time.monotonic()
         return sent
@@ -448,7 +452,8 @@ class Producer:
 
     def run(self) -> int:
         """Serve until STOP, a signal or a dead parent; return the exit status."""
-        self._rescan(self.metadata_file)
+        if self.scan:
+            self._rescan(self.metadata_file)
         wake = self.ctx.socket(zmq.PAIR)
         wake.linger = 0
         wake.bind(self._wake_addr)
@@ -637,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=f"p0@{pysocket.gethostname()}")
     parser.add_argument("--keys", default="", help="CURVE keys directory (server.key and a client key pair)")
     parser.add_argument("--metadata-file", default="metadata.csv")
+    parser.add_argument("--local", action="store_true",
+                        help="started on the trainer's host: read no metadata, join at once (leases carry the clips)")
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--gpu-memory-mb", type=int, default=None)
     parser.add_argument("--status-fd", type=int, default=None)
@@ -651,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         root, metadata_file = locate(args.data, args.metadata_file)
         keys = load_client_keys(Path(args.keys)) if args.keys else None
         producer = Producer(args.connect, root, args.name, stop, args.parent_pid, args.gpu_memory_mb, status,
-                            keys=keys, metadata_file=metadata_file)
+                            keys=keys, metadata_file=metadata_file, scan=not args.local)
         code = producer.run()
         flush_sockets(FINAL_LINGER_MS / 1000)  # the BYE must reach the consumer: it re-plans our leases at once
         return code

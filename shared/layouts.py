@@ -52,7 +52,10 @@ JSON-lines manifests (``*.jsonl``, ``*.json``; NeMo and Coqui style)
     ``normalized_text``  preferred to ``text`` when not empty
     ``speaker``          a string or an integer (made a string), as above
     ``language``         a code, as above
-    ``duration``         a number, checked for its type only (the audio header is the truth)
+    ``duration``         seconds, a finite number: the clip's length as the index takes it,
+                         without opening its audio file (a clip whose audio is not that long
+                         is rejected when a producer reads it); without it the audio header
+                         tells
     ``id``               a plain file name, as above. Without it, a clip's id is its audio
                          file's name without the suffix, so two lines whose files share that
                          name are duplicates
@@ -76,6 +79,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import math
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -156,9 +160,10 @@ class Entry:
     # have 3 (...)"): read as id|text, it is a clip if its id has audio, else a line that lost
     # a field, and the index rejects it as that rather than as a missing audio file.
     short: str = field(default="", compare=False)
+    duration: float | None = None  # seconds, as a manifest gives them (None: the audio header tells)
 
     def __init__(self, id: str, text: str, line: int, speaker: str = "", language: str = "",
-                 audio: str = "", short: str = "") -> None:
+                 audio: str = "", short: str = "", duration: float | None = None) -> None:
         # The generated __init__ of a frozen dataclass sets each field through object.__setattr__:
         # 9 ms for LJSpeech's 13,100 entries, against 4 ms for filling __dict__ (the instance is
         # as frozen either way). tests/shared/test_layouts.py checks this signature is the fields'.
@@ -170,6 +175,7 @@ class Entry:
         fields["language"] = language
         fields["audio"] = audio
         fields["short"] = short
+        fields["duration"] = duration
 
 
 def nfc(name: str) -> str:
@@ -420,8 +426,8 @@ def _json_object(line: str) -> tuple[Any, str]:
         return None, "is not JSON: nested too deeply"
 
 
-def _manifest_fields(obj: dict[str, Any]) -> tuple[str, tuple[str, str, str, str, str]]:
-    """A manifest object's (id, text, speaker, language, audio), or why the line is unusable (then
+def _manifest_fields(obj: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """A manifest object's (id, text, speaker, language, audio, duration or None), or why the line is unusable (then
     the fields are empty but for the id, once it is known, so that the rejection names it).
     ``type(v) is str`` rather than isinstance: json makes exact types, and bool is no int here."""
     get = obj.get
@@ -468,6 +474,8 @@ def _manifest_fields(obj: dict[str, Any]) -> tuple[str, tuple[str, str, str, str
     duration = get("duration")
     if duration is not None and type(duration) is not float and type(duration) is not int:
         return f"has a 'duration' that is not a number ({_shown(duration)})", named
+    if duration is not None and not math.isfinite(duration):  # json reads NaN and Infinity
+        return f"has a 'duration' that is not a finite number ({_shown(duration)})", named
     spoken = (normalized.strip() if normalized else "") or (text.strip() if text else "")
     speaker = speaker.strip()
     language = language.strip()
@@ -475,7 +483,7 @@ def _manifest_fields(obj: dict[str, Any]) -> tuple[str, tuple[str, str, str, str
         return f"has a 'language' that is not a language code ({_shown(language)})", named
     if speaker and _speaker_problem(speaker):
         return f"has a 'speaker' with a control character or '|' ({_shown(speaker)})", named
-    return "", (sample_id, spoken, speaker, language, audio)
+    return "", (sample_id, spoken, speaker, language, audio, None if duration is None else float(duration))
 
 
 def parse_manifest(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
@@ -498,7 +506,7 @@ def parse_manifest(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
         elif not problem:
             problem, fields = _manifest_fields(obj)
             # json turns an unpaired "\ud800" into a lone surrogate: text that cannot be encoded again
-            if not problem and "\\u" in line and not all(_encodes(value) for value in fields):
+            if not problem and "\\u" in line and not all(_encodes(value) for value in fields[:5]):
                 problem = "has a lone surrogate escape (\\ud800 to \\udfff) where text should be"
         sample_id = fields[0]
         if problem:
@@ -509,5 +517,6 @@ def parse_manifest(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
                                                  f"(first on line {first_line[sample_id]})", line=number))
         else:
             first_line[sample_id] = number
-            entries.append(Entry(sample_id, fields[1], number, fields[2], fields[3], fields[4]))
+            entries.append(Entry(sample_id, fields[1], number, fields[2], fields[3], fields[4],
+                                 duration=fields[5]))
     return entries, rejected

@@ -113,7 +113,7 @@ def parse_mix(blob: bytes) -> tuple[list[Entry], list[Rejection]]:
             audio = (e.audio if e.audio.startswith("/") else f"{directory}/{e.audio}" if e.audio
                      else f"{directory}/wavs/{e.id}.wav")
             entries.append(Entry(prefix + e.id, e.text, e.line, e.speaker or part.name, e.language or part.language,
-                                 audio, e.short))
+                                 audio, e.short, e.duration))
         rejected += [Rejection(prefix + r.id, f"{part.name}: {r.reason}", r.producer, r.line, r.file, r.kind)
                      for r in bad]
     return entries, rejected

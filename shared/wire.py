@@ -29,7 +29,7 @@ checks it against the classes):
     REFUSE     C->P  reason: str, [metadata_file: str], [columns: str], [rejoin: bool]
     LEASE      C->P  lease: int, epoch: int, index: int, ids: [str], shape: [int, int], rows: int,
                      tokens: [[int]], [speakers: [int]], [languages: [int]], [refs: [str]],
-                     [texts: {str: str}], [files: {str: str}]
+                     [texts: {str: str}], [files: {str: str}], [durations: [float]]
     READY      P->C  lease: int
     CREDIT     C->P  lease: int
     REVOKE     C->P  lease: int
@@ -601,8 +601,9 @@ class Refuse(Body):
 class Lease(Body):
     """A planned batch to prepare (BatchMaker.make's request): its clips, the bucket's shape
     (L tokens, T frames) and rows (B); per clip its token ids, speaker id and language id,
-    with ref_mel its reference clip; a validation pass's (epoch -N) clips' texts and audio
-    files, {id: ...}, for clips of data.eval_file, which no producer indexes."""
+    with ref_mel its reference clip; the texts and audio locators of its clips and their
+    references, {id: ...} (a producer reads no metadata of its own for them); and per clip
+    the duration the index holds, which the producer checks the audio against."""
 
     KIND: ClassVar[str] = LEASE
     SENDER: ClassVar[str] = "C->P"
@@ -618,8 +619,11 @@ class Lease(Body):
     refs: tuple[str, ...] | None = None
     texts: dict[str, str] | None = None
     files: dict[str, str] | None = None
+    durations: tuple[float, ...] | None = None
 
     def problem(self) -> str:
+        if self.durations is not None and len(self.durations) != len(self.ids):
+            return "durations not one per clip"
         if min(self.shape) < 0 or self.rows < 0:
             return f"shape {self.shape}, rows {self.rows}"
         if len(self.tokens) > len(self.ids) or (self.refs is not None and len(self.refs) > len(self.ids)):

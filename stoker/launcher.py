@@ -245,10 +245,15 @@ class Supervisor:
 
 
 def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory_mb: int | None,
-                   log_level: str, host: str, keys: str = "", metadata_file: str = "metadata.csv") -> Child:
+                   log_level: str, host: str, keys: str = "", metadata_file: str = "metadata.csv",
+                   local: bool = False) -> Child:
+    """A producer process; ``local``: started beside the trainer, on its host, reading its files
+    (it joins without scanning the dataset: producer/worker.py, Joining)."""
     name = f"p{index}@{host}"
     argv = ["stoker.producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level,
             "--metadata-file", metadata_file]
+    if local:
+        argv.append("--local")
     if memory_mb:
         argv += ["--gpu-memory-mb", str(memory_mb)]
     if keys:
@@ -359,7 +364,7 @@ def start_producers(sup: Supervisor, cfg: Config, plan: DevicePlan, endpoint: st
     host = socket.gethostname()
     producers = [sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu, plan.data_memory_mb,
                                           cfg.run.log_level, host, keys=cfg.pipeline.keys,
-                                          metadata_file=cfg.data.metadata_file))
+                                          metadata_file=cfg.data.metadata_file, local=True))
                  for i in range(cfg.pipeline.producers)]
     if producers:
         log.info("started %d local producer(s) for %s", len(producers), endpoint)
@@ -401,7 +406,7 @@ class AutoControl:
             self.producers.append(self.sup.spawn(producer_child(
                 index, self.endpoint, self.cfg.data.path, self.plan.data_gpu, self.plan.data_memory_mb,
                 self.cfg.run.log_level, self.host, keys=self.cfg.pipeline.keys,
-                metadata_file=self.cfg.data.metadata_file)))
+                metadata_file=self.cfg.data.metadata_file, local=True)))
         self.last_count += change
         if change < 0 and active:
             victim = active[-1]

@@ -9,6 +9,7 @@ import select
 import socket
 import struct
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,10 @@ class S3Server:
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
+        # moto keeps its buckets in process-wide state that outlives a server: start empty, not
+        # with what an earlier test of this process uploaded
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"),
+                               timeout=10).close()
         return self
 
     def __exit__(self, *exc: Any) -> None:

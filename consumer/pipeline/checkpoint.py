@@ -91,10 +91,17 @@ def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:06d}"
 
 
+# A plan of more clips than this is identified by its digest alone, its clip lists left out of
+# the checkpoints (a resume it refuses then names no changed clip): at millions of clips the
+# lists would make every checkpoint a write of hundreds of MB.
+PLAN_CLIPS_LISTED = 200_000
+
+
 def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, Any]:
     """What makes two runs' epoch plans equal: batching config and the buckets' shapes and ids."""
     digest = hashlib.sha256()
     cfg = planner.cfg
+    listed = planner.samples_per_epoch <= PLAN_CLIPS_LISTED
     workers = [planner.workers, planner.worker] if planner.workers > 1 else []  # a worker's share is its own plan
     digest.update(json.dumps([cfg.batch_size, cfg.seed, *workers], separators=(",", ":")).encode())
     for bucket in planner.buckets:
@@ -104,7 +111,8 @@ def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, 
             "batching": dataclasses.asdict(cfg), "batches_per_epoch": planner.batches_per_epoch,
             "samples_per_epoch": planner.samples_per_epoch,
             # each bucket's shape and clips: what a refused resume names the changed clips from
-            "buckets": [[*bucket.shape, list(bucket.sample_ids)] for bucket in planner.buckets]}
+            # (the clips only up to PLAN_CLIPS_LISTED: each checkpoint stores them)
+            "buckets": [[*bucket.shape, list(bucket.sample_ids) if listed else None] for bucket in planner.buckets]}
 
 
 def _plan_difference(saved: dict[str, Any], now: dict[str, Any]) -> str:
@@ -124,13 +132,14 @@ def _plan_difference(saved: dict[str, Any], now: dict[str, Any]) -> str:
 def _changed_clips(saved: Any, now: list[list[Any]]) -> str:
     """Which clips of the plan changed: added, removed, or in another bucket (their length
     changed), a few of each by name with the counts; or the buckets' shapes. "" when the
-    checkpoint does not list its clips (one written before it did) or none changed."""
+    checkpoint or this plan does not list its clips (one written before it did, or a plan of more
+    than PLAN_CLIPS_LISTED) or none changed."""
     try:
         then = {str(i): b for b, (*_, ids) in enumerate(saved) for i in ids}
         then_shapes = [tuple(bucket[:3]) for bucket in saved]
+        current = {i: b for b, (*_, ids) in enumerate(now) for i in ids}
     except (TypeError, ValueError):
         return ""
-    current = {i: b for b, (*_, ids) in enumerate(now) for i in ids}
     parts = []
     moved = sorted(i for i in then.keys() & current.keys() if then[i] != current[i])
     for what, ids in (("added", sorted(current.keys() - then.keys())), ("removed", sorted(then.keys() - current.keys())),

@@ -72,7 +72,8 @@ class Coordinator:
 
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, stop: threading.Event,
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
-                 context: zmq.Context | None = None, metadata_sha256: str = "", dataset: DatasetScan | None = None,
+                 context: zmq.Context | None = None, metadata_sha256: str = "",
+                 dataset: DatasetScan | Callable[[], DatasetScan] | None = None,
                  keys: ServerKeys | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
                  mel_norm: dict[str, Any] | None = None, validation: ValidationSet | None = None) -> None:

@@ -170,7 +170,7 @@ class PreparedRun:
         if hold_out:
             train, self.val_samples, self.eval_rejected = validation.hold_out(index, cfg, run_dir)
         else:
-            train, self.eval_rejected = list(index.samples), []
+            train, self.eval_rejected = index.samples, []
         self.train_samples = train
         workers, worker = (cluster.size, cluster.index) if cluster is not None else (1, 0)
         self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
@@ -181,10 +181,11 @@ class PreparedRun:
                  index.root, len(index.samples), len(index.rejected), planner.batches_per_epoch,
                  len(planner.shapes), planner.shapes,
                  f" (frame budget {cfg.batching.max_frames})" if cfg.batching.max_frames else "")
+        agreed = index.agreement
         log.info("dataset fingerprint %s (metadata %s, audio index %s; %d audio files missing here)",
-                 index.scan.fingerprint, index.scan.metadata_fp, index.scan.audio_fp, len(index.scan.missing))
+                 index.dataset_fingerprint, agreed["metadata"], agreed["audio"], agreed["missing"])
         peers = [run_dir.parent / worker_dir_name(i) for i in range(workers) if i != worker]  # none alone
-        self.checkpoints = RunCheckpoints(run_dir, cfg, planner, index.scan.fingerprint, self.vocabulary, peers)
+        self.checkpoints = RunCheckpoints(run_dir, cfg, planner, index.dataset_fingerprint, self.vocabulary, peers)
 
     def _index(self, cfg: config_mod.Config) -> tuple[DatasetIndex, Vocabulary, str]:
         """The dataset's index, its vocabulary (saved in the run) and the feature cache directory."""
@@ -254,7 +255,7 @@ class FeedCore:
         self.handed = self.position.copy()  # what was handed out: the trained part and what is taken ahead
         self.handed_steps = self.step
         self.epochs_completed = len(self.position.complete)
-        self.mel_key = stats_key(cfg.features, cfg.transforms, index.scan.fingerprint)
+        self.mel_key = stats_key(cfg.features, cfg.transforms, index.dataset_fingerprint)
         self.mel_norm = self._mel_norm(index, self.mel_key)
         self.rejected = JsonlWriter(self.run_dir / REJECTED)
         self._record_rejections(index.rejected + prepared.eval_rejected)
@@ -271,7 +272,8 @@ class FeedCore:
         resumed = self.checkpoints.resumed is not None or state is not None
         self.coordinator = Coordinator(
             cfg, planner, self.queue, self.stop, max_epochs=cfg.trainer.epochs,
-            on_rejected=self._record_rejections, metadata_sha256=index.scan.metadata_sha256, dataset=index.scan,
+            on_rejected=self._record_rejections, metadata_sha256=index.agreement["metadata_sha256"],
+            dataset=lambda: index.scan,  # parsed only when a producer that scanned its copy joins
             keys=keys, resume=self.position.copy() if resumed else None,
             tokens=TokenTable(prepared.train_samples, self.vocabulary),
             references=(ReferenceTable(prepared.train_samples, cfg.batching.seed)
@@ -787,7 +789,7 @@ class FeedCore:
                    "index": index.stats.to_json(),
                    "feature_cache": feature_cache_totals(self.prepared.feature_cache, snap["producers"]),
                    "missed_samples": snap["missed_samples"], "refused_producers": snap["refused_producers"],
-                   "failovers": snap["failovers"], "dataset_fingerprint": index.scan.fingerprint,
+                   "failovers": snap["failovers"], "dataset_fingerprint": index.dataset_fingerprint,
                    "checkpoint": self.checkpoints.summary(),
                    "resumed_from_step": resumed.step if resumed is not None else None,
                    "replicas": self.planner.replicas * self.planner.workers,

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from stoker.shared import wire
 from stoker.shared.config import Config
-from stoker.shared.dataset import DatasetScan, check_agreement
+from stoker.shared.dataset import DatasetScan, check_agreement, is_deferred
 
 log = logging.getLogger("consumer.coordinator")
 
@@ -107,12 +107,14 @@ class Peers:
     scheduler's, ``holds_credits(peer)`` whether it holds credited leases; ``lock`` guards the
     figures other threads read (``producers``, ``refusals``)."""
 
-    def __init__(self, cfg: Config, dataset: DatasetScan | None, send: Callable[..., None],
-                 count: Callable[..., None], welcome: Callable[[Peer], wire.Welcome],
+    def __init__(self, cfg: Config, dataset: DatasetScan | Callable[[], DatasetScan] | None,
+                 send: Callable[..., None], count: Callable[..., None], welcome: Callable[[Peer], wire.Welcome],
                  on_drop: Callable[[Peer, str], None], holds_credits: Callable[[Peer], bool],
                  lock: threading.Lock) -> None:
         self.cfg = cfg
-        self.dataset = dataset  # None: accept any producer's dataset (tests, benchmarks)
+        # None: accept any producer's dataset (tests, benchmarks); a callable makes the scan when
+        # first needed (a producer reading no metadata, agreement.deferred, needs none)
+        self.dataset = dataset
         self.send, self.count, self.welcome = send, count, welcome
         self.on_drop, self.holds_credits, self.lock = on_drop, holds_credits, lock
         self.live: dict[bytes, Peer] = {}
@@ -224,6 +226,8 @@ class Peers:
             return None
         lacks: frozenset[str] = frozenset()
         if self.dataset is not None:
+            if callable(self.dataset) and not is_deferred(msg.dataset):  # the trainer's scan, made once wanted
+                self.dataset = self.dataset()
             agreement = check_agreement(self.dataset, msg.dataset, host)
             if not agreement.ok:
                 extra = ({"metadata_file": agreement.metadata_file, "columns": agreement.columns}

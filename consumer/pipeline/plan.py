@@ -56,14 +56,15 @@ import numpy as np
 from stoker.consumer.pipeline.shard_order import grouped_chunks, shard_indices
 from stoker.shared.batch import batch_dims
 from stoker.shared.config import BatchingConfig, Config, batch_schema
-from stoker.shared.dataset import Sample
+from stoker.shared.dataset import Sample, SampleTable
 from stoker.shared.errors import UserError
 from stoker.shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
 
-def round_up(value: int, multiple: int) -> int:
+def round_up(value: Any, multiple: int) -> Any:
+    """``value`` (an int, or an array of them) rounded up to a multiple of ``multiple``."""
     return -(-value // multiple) * multiple
 
 
@@ -114,7 +115,7 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
     finds the best partition into at most ``num_buckets`` buckets in
     O(num_buckets x m^2), m <= longest clip / frames_multiple.
     """
-    values, inverse = np.unique([round_up(int(f), cfg.frames_multiple) for f in frames], return_inverse=True)
+    values, inverse = np.unique(round_up(np.asarray(frames, np.int64), cfg.frames_multiple), return_inverse=True)
     counts = np.bincount(inverse).astype(np.int64)
     sums = np.bincount(inverse, weights=np.asarray(frames, np.float64))
     cum_n = np.concatenate([[0], np.cumsum(counts)])
@@ -151,35 +152,58 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
 def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
     """Group samples into at most ``cfg.num_buckets`` shape buckets by mel length; a batch of
     a bucket has rows for ``replicas`` replica batches. Every bucket but the last holds a
-    multiple of its rows (:func:`fill_buckets`)."""
-    return fill_buckets(group_buckets(samples, cfg, replicas), samples, cfg, replicas)
+    multiple of its rows (:func:`fill_buckets`). From the columns of a SampleTable: no
+    Sample is made."""
+    ids, frames, tokens = _lengths(samples)
+    groups = _groups(ids, frames, cfg, replicas)
+    return _fill([(_bucket(n, g, frames, tokens, cfg, replicas), g) for n, g in enumerate(groups)], ids, frames,
+                 tokens, cfg, replicas)
+
+
+def _lengths(samples: Sequence[Sample]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(ids, mel frames, tokens) of the samples: a table's columns, or the Samples' fields."""
+    if isinstance(samples, SampleTable):
+        return (samples.ids(), samples.column("num_frames").astype(np.int64),
+                samples.column("num_tokens").astype(np.int64))
+    return ([s.id for s in samples], np.fromiter((s.num_frames for s in samples), np.int64, len(samples)),
+            np.fromiter((s.num_tokens for s in samples), np.int64, len(samples)))
+
+
+def _by_length(ids: list[str], frames: np.ndarray) -> np.ndarray:
+    """The positions of the samples ordered by (mel frames, id)."""
+    if all(i.isascii() for i in ids):  # bytes order is str order: a sort in C
+        return np.lexsort((np.array([i.encode() for i in ids], dtype=bytes), frames))
+    return np.array(sorted(range(len(ids)), key=lambda n: (int(frames[n]), ids[n])), np.int64)
+
+
+def _groups(ids: list[str], frames: np.ndarray, cfg: BatchingConfig, replicas: int) -> list[np.ndarray]:
+    """The positions of each bucket's samples by mel length alone, ordered by (frames, id)."""
+    if not ids:
+        return []
+    ordered = _by_length(ids, frames)
+    if cfg.max_frames > 0:
+        sorted_frames = frames[ordered]
+        bounds = frame_budget_bounds(sorted_frames, cfg, replicas)
+        edges = np.searchsorted(round_up(sorted_frames, cfg.frames_multiple), bounds, side="right")
+        return [g for g in np.split(ordered, edges[:-1]) if len(g)]
+    return [g for g in np.array_split(ordered, min(cfg.num_buckets, len(ordered))) if len(g)]
+
+
+def _bucket(index: int, members: np.ndarray, frames: np.ndarray, tokens: np.ndarray, cfg: BatchingConfig,
+            replicas: int, ids: list[str] | None = None) -> Bucket:
+    """The bucket of the samples at ``members`` (their ids only when ``ids`` is given)."""
+    longest = round_up(int(frames[members].max()), cfg.frames_multiple)
+    return Bucket(index=index, max_tokens=round_up(int(tokens[members].max()), cfg.tokens_multiple),
+                  max_frames=longest, sample_ids=tuple(ids[j] for j in members.tolist()) if ids is not None else (),
+                  rows=rows_for(longest, cfg, replicas))
 
 
 def group_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
     """The buckets by mel length alone: equal counts (fixed rows) or the frame budget's
     bounds (:func:`frame_budget_bounds`); their leftover clips not yet moved."""
-    if not samples:
-        return []
-    ordered = sorted(samples, key=lambda s: (s.num_frames, s.id))
-    if cfg.max_frames > 0:
-        bounds = frame_budget_bounds([s.num_frames for s in ordered], cfg, replicas)
-        lengths = np.array([round_up(s.num_frames, cfg.frames_multiple) for s in ordered])
-        edges = np.searchsorted(lengths, bounds, side="right")
-        groups = [g for g in np.split(np.arange(len(ordered)), edges[:-1]) if len(g)]
-    else:
-        groups = [g for g in np.array_split(np.arange(len(ordered)), min(cfg.num_buckets, len(ordered))) if len(g)]
-    buckets = []
-    for i, group in enumerate(groups):
-        members = [ordered[j] for j in group]
-        frames = round_up(max(s.num_frames for s in members), cfg.frames_multiple)
-        buckets.append(Bucket(
-            index=i,
-            max_tokens=round_up(max(s.num_tokens for s in members), cfg.tokens_multiple),
-            max_frames=frames,
-            sample_ids=tuple(s.id for s in members),
-            rows=rows_for(frames, cfg, replicas),
-        ))
-    return buckets
+    ids, frames, tokens = _lengths(samples)
+    return [_bucket(n, g, frames, tokens, cfg, replicas, ids) for n, g in enumerate(_groups(ids, frames, cfg,
+                                                                                             replicas))]
 
 
 def fill_buckets(buckets: Sequence[Bucket], samples: Sequence[Sample], cfg: BatchingConfig,
@@ -190,20 +214,33 @@ def fill_buckets(buckets: Sequence[Bucket], samples: Sequence[Sample], cfg: Batc
     its T too when a bucket's longest clips left it (unless its rows would change). The
     last bucket keeps its leftover (the epoch's one batch with fewer clips than rows); a
     bucket left with no clip is dropped (the others renumbered)."""
-    by_id = {s.id: s for s in samples}
+    ids, frames, tokens = _lengths(samples)
+    position = {sample_id: n for n, sample_id in enumerate(ids)}
+    pairs = [(b, np.array([position[i] for i in b.sample_ids], np.int64)) for b in buckets]
+    return _fill(pairs, ids, frames, tokens, cfg, replicas)
+
+
+def _fill(pairs: Sequence[tuple[Bucket, np.ndarray]], ids: list[str], frames: np.ndarray, tokens: np.ndarray,
+          cfg: BatchingConfig, replicas: int) -> list[Bucket]:
+    """:func:`fill_buckets` over each bucket's sample positions (ordered by mel length)."""
     out: list[Bucket] = []
-    carried: list[str] = []  # leftover clips of the buckets below, shortest first
-    for n, bucket in enumerate(buckets):
-        ids = carried + list(bucket.sample_ids)  # still ordered by mel length
-        keep = len(ids) if n == len(buckets) - 1 else len(ids) - len(ids) % bucket.rows
-        ids, carried = ids[:keep], ids[keep:]
-        if not ids:
+    carried = np.zeros(0, np.int64)  # leftover clips of the buckets below, shortest first
+    for n, (bucket, members) in enumerate(pairs):
+        members = np.concatenate([carried, members])  # still ordered by mel length
+        keep = len(members) if n == len(pairs) - 1 else len(members) - len(members) % bucket.rows
+        members, carried = members[:keep], members[keep:]
+        if not len(members):
             continue
-        tokens = round_up(max(by_id[i].num_tokens for i in ids), cfg.tokens_multiple)
-        frames = round_up(max(by_id[i].num_frames for i in ids), cfg.frames_multiple)
-        frames = frames if rows_for(frames, cfg, replicas) == bucket.rows else bucket.max_frames
-        out.append(replace(bucket, index=len(out), max_tokens=tokens, max_frames=frames, sample_ids=tuple(ids)))
+        made = _bucket(len(out), members, frames, tokens, cfg, replicas, ids)
+        frames_bound = made.max_frames if rows_for(made.max_frames, cfg, replicas) == bucket.rows \
+            else bucket.max_frames
+        out.append(replace(made, max_frames=frames_bound, rows=bucket.rows))
     return out
+
+
+# Epoch plans kept once made: the scheduler and the input position each plan the epochs being
+# trained (and the one leased ahead), and at millions of clips a plan takes seconds to make.
+PLANS_KEPT = 2
 
 
 class EpochPlanner:
@@ -221,6 +258,8 @@ class EpochPlanner:
         # Clips of tar shards: batches grouped by shard (consumer/pipeline/shard_order.py).
         self.shards = shard_indices(samples) if cfg.shard_window > 0 else None
         self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
+        self._plans: dict[int, list[PlannedBatch]] = {}  # the latest epochs planned (PLANS_KEPT)
+        self._homes: dict[int, tuple[dict[str, int], list[int]]] = {}  # of the latest epochs (PLANS_KEPT)
         self.batches_per_epoch = sum(-(-len(b.sample_ids) // b.rows) for b in self.buckets)
         # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
         # an extra batch, so an epoch is complete when all its samples are trained or rejected.
@@ -257,13 +296,31 @@ class EpochPlanner:
             self._shares[epoch] = sum(len(b.ids) for b in self.plan(epoch))
         return self._shares[epoch]
 
+    def homes(self, epoch: int) -> tuple[dict[str, int], list[int]]:
+        """Each sample's planned batch in ``epoch`` (sample id -> index) and each batch's sample
+        count: made once per epoch and shared by every InputPosition (they are read only), so
+        a copy of a position costs its progress, not a map of every clip."""
+        homes = self._homes.get(epoch)
+        if homes is None:
+            plan = self.plan(epoch)
+            homes = self._homes[epoch] = ({i: b.index for b in plan for i in b.ids}, [len(b.ids) for b in plan])
+            while len(self._homes) > PLANS_KEPT:
+                del self._homes[min(self._homes)]
+        return homes
+
     def plan(self, epoch: int) -> list[PlannedBatch]:
         """The epoch's batches in the order they are trained (``index``); with workers, this
         worker's share of each."""
-        batches = self._global_plan(epoch)
-        if self.workers == 1:
-            return batches
-        return [replace(b, ids=b.ids[self.worker::self.workers], rows=b.rows // self.workers) for b in batches]
+        cached = self._plans.get(epoch)
+        if cached is None:
+            batches = self._global_plan(epoch)
+            if self.workers > 1:
+                batches = [replace(b, ids=b.ids[self.worker::self.workers], rows=b.rows // self.workers)
+                           for b in batches]
+            cached = self._plans[epoch] = batches
+            while len(self._plans) > PLANS_KEPT:
+                del self._plans[min(self._plans)]
+        return list(cached)
 
     def _global_plan(self, epoch: int) -> list[PlannedBatch]:
         rng = np.random.default_rng([self.cfg.seed, epoch])
@@ -381,14 +438,10 @@ class PositionError(UserError):
 
 @dataclass
 class _EpochProgress:
-    home: dict[str, int]  # sample id -> index of its planned batch in this epoch's plan
-    sizes: list[int]  # samples of each planned batch
+    home: dict[str, int]  # sample id -> index of its planned batch in this epoch's plan (the planner's, shared)
+    sizes: list[int]  # samples of each planned batch (shared too)
     done: set[int] = field(default_factory=set)
     partial: dict[int, set[str]] = field(default_factory=dict)  # planned index -> ids trained so far
-
-    @classmethod
-    def of(cls, plan: list[PlannedBatch]) -> "_EpochProgress":
-        return cls(home={i: b.index for b in plan for i in b.ids}, sizes=[len(b.ids) for b in plan])
 
     def add(self, sample_id: str) -> bool:
         index = self.home.get(sample_id)
@@ -437,7 +490,8 @@ class InputPosition:
     def _progress(self, epoch: int) -> _EpochProgress:
         progress = self._epochs.get(epoch)
         if progress is None:
-            progress = self._epochs[epoch] = _EpochProgress.of(self.planner.plan(epoch))
+            home, sizes = self.planner.homes(epoch)
+            progress = self._epochs[epoch] = _EpochProgress(home, sizes)
         return progress
 
     def record(self, epoch: int, ids: Iterable[str], index: int | None = None) -> None:
@@ -563,13 +617,19 @@ class ReferenceTable:
 
     def __init__(self, samples: Sequence[Sample], seed: int) -> None:
         self.seed = seed
-        by_speaker: dict[str, list[str]] = {}
-        for s in samples:
-            by_speaker.setdefault(s.speaker, []).append(s.id)
-        self._clips = {speaker: tuple(sorted(ids)) for speaker, ids in by_speaker.items()}
-        # Each clip's speaker and position among the speaker's clips.
-        self._where = {i: (speaker, n) for speaker, ids in self._clips.items() for n, i in enumerate(ids)}
-        alone = [speaker for speaker, ids in self._clips.items() if len(ids) == 1]
+        table = samples if isinstance(samples, SampleTable) else SampleTable.from_samples(samples)
+        self._table = table
+        ids = table.ids()
+        speaker = table.column("speaker")
+        # Each speaker's clips ordered by id, as positions in the table; each clip's rank among them.
+        order = np.array(sorted(range(len(ids)), key=ids.__getitem__), np.int64)
+        order = order[np.argsort(speaker[order], kind="stable")]
+        starts = np.searchsorted(speaker[order], np.arange(len(table.speakers) + 1))
+        self._clips = order
+        self._start = starts  # the clips of speaker code c: order[starts[c]:starts[c + 1]]
+        self._rank = np.empty(len(ids), np.int64)
+        self._rank[order] = np.arange(len(ids)) - starts[speaker[order]]
+        alone = [table.speakers[c] for c in range(len(table.speakers)) if starts[c + 1] - starts[c] == 1]
         if alone:
             log.info("ref_mel: %d speaker(s) have one clip, which is its own reference (%s)", len(alone),
                      ", ".join(alone[:5]))
@@ -577,15 +637,18 @@ class ReferenceTable:
     def __call__(self, epoch: int, ids: Sequence[str]) -> list[str]:
         """The reference clip id of each of ``ids`` in ``epoch``."""
         refs = []
+        speakers = self._table.column("speaker")
         for sample_id in ids:
-            speaker, position = self._where[sample_id]
-            clips = self._clips[speaker]
-            if len(clips) == 1:
+            row = self._table.row_of(sample_id)
+            code = speakers[row]
+            first, count = int(self._start[code]), int(self._start[code + 1] - self._start[code])
+            if count == 1:
                 refs.append(sample_id)
                 continue
+            position = int(self._rank[row])
             digest = hashlib.sha256(f"{self.seed}:{epoch}:{sample_id}".encode()).digest()
-            k = int.from_bytes(digest[:8], "little") % (len(clips) - 1)  # any clip of the speaker but itself
-            refs.append(clips[k if k < position else k + 1])
+            k = int.from_bytes(digest[:8], "little") % (count - 1)  # any clip of the speaker but itself
+            refs.append(self._table.string("id", int(self._clips[first + (k if k < position else k + 1)])))
         return refs
 
 
@@ -599,15 +662,37 @@ class TokenTable:
 
     def __init__(self, samples: Sequence[Sample], vocabulary: Vocabulary) -> None:
         self.vocabulary = vocabulary
-        self._units = {s.id: s.units for s in samples}
+        self._table = samples if isinstance(samples, SampleTable) else SampleTable.from_samples(samples)
         speakers = {name: n for n, name in enumerate(vocabulary.speakers)}
         languages = {code: n for n, code in enumerate(vocabulary.languages)}
-        self._ids = {s.id: (speakers.get(s.speaker, 0), languages.get(s.language, 0)) for s in samples}
+        # The table's speaker and language codes as the vocabulary's ids.
+        self._speakers = [speakers.get(name, 0) for name in self._table.speakers]
+        self._languages = [languages.get(code, 0) for code in self._table.languages]
 
     def __call__(self, ids: Sequence[str]) -> list[list[int]]:
-        return [self.vocabulary.encode(self._units[i]).tolist() for i in ids]
+        return [self.vocabulary.encode(self._table.string("units", r)).tolist() for r in self._rows(ids)]
 
-    def lease_fields(self, ids: Sequence[str]) -> dict[str, list[Any]]:
-        """What a lease carries for its clips: token ids, speaker ids and language ids."""
-        return {"tokens": self(ids), "speakers": [self._ids[i][0] for i in ids],
-                "languages": [self._ids[i][1] for i in ids]}
+    def _rows(self, ids: Sequence[str]) -> list[int]:
+        rows = self._table.find_rows(ids)
+        if min(rows, default=0) < 0:
+            raise KeyError(ids[rows.index(-1)])
+        return rows
+
+    def files(self, ids: Sequence[str]) -> dict[str, str]:
+        """The audio locators of clips ``ids`` the table holds (a validation clip's reference may be
+        one it lacks: the validation set names those)."""
+        table = self._table
+        return {i: table.string("audio", r) for i, r in zip(ids, table.find_rows(ids)) if r >= 0}
+
+    def lease_fields(self, ids: Sequence[str]) -> dict[str, Any]:
+        """What a lease carries for its clips: token ids, speaker ids, language ids, and their
+        texts, audio locators and durations ({id: ...}), so that a producer reads no metadata."""
+        table = self._table
+        rows = self._rows(ids)
+        speaker, language, duration = (table.column(n) for n in ("speaker", "language", "duration_s"))
+        return {"tokens": [self.vocabulary.encode(table.string("units", r)).tolist() for r in rows],
+                "speakers": [self._speakers[speaker[r]] for r in rows],
+                "languages": [self._languages[language[r]] for r in rows],
+                "texts": {i: table.string("text", r) for i, r in zip(ids, rows)},
+                "files": {i: table.string("audio", r) for i, r in zip(ids, rows)},
+                "durations": tuple(float(duration[r]) for r in rows)}

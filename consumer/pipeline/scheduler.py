@@ -175,7 +175,7 @@ class Scheduler:
 
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, max_epochs: int | None = None,
                  on_rejected: Callable[[list[Rejection]], None] | None = None, metadata_sha256: str = "",
-                 dataset: DatasetScan | None = None, resume: InputPosition | None = None,
+                 dataset: DatasetScan | Callable[[], DatasetScan] | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
                  mel_norm: dict[str, Any] | None = None, now: float = 0.0,
                  validation: ValidationSet | None = None) -> None:
@@ -316,13 +316,17 @@ class Scheduler:
         self._leases[lease.id] = lease
         peer.leases.add(lease.id)
         carried = tokens.lease_fields(batch.ids) if tokens is not None else {}
+        refs = tuple(references(ref_epoch, batch.ids)) if references is not None else None
+        if tokens is not None:  # the texts and audio of the clips and their references: no producer reads metadata
+            texts = {**carried["texts"], **(texts or {})}
+            files = {**carried["files"], **tokens.files([r for r in refs or () if r not in carried["files"]]),
+                     **(files or {})}
         self._send(peer.identity, wire.Lease(
             lease=lease.id, epoch=batch.epoch, index=batch.index, ids=tuple(batch.ids),
             shape=(batch.shape[0], batch.shape[1]), rows=batch.rows,
             tokens=tuple(tuple(row) for row in carried.get("tokens", ())),
             speakers=tuple(carried.get("speakers", ())), languages=tuple(carried.get("languages", ())),
-            refs=tuple(references(ref_epoch, batch.ids)) if references is not None else None,
-            texts=texts, files=files))
+            refs=refs, texts=texts, files=files, durations=carried.get("durations")))
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)

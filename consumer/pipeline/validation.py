@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import logging
 from pathlib import Path
 from typing import Sequence
 
 from stoker.shared.config import Config
-from stoker.shared.dataset import DatasetIndex, Sample, build_index
+from stoker.shared.dataset import DatasetIndex, Sample, SampleTable, build_index
 from stoker.shared.layouts import Rejection
 from stoker.shared.runfiles import VALIDATION, write_json
 
@@ -55,16 +56,18 @@ VALIDATION_QUEUE_CAPACITY = 2
 # The held-out clips of a run: {"source": "eval_file" | "hash", "file": ..., "ids": [...]}.
 
 
-def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path) -> tuple[list[Sample], list[Sample], list[Rejection]]:
+def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path) -> tuple[Sequence[Sample], list[Sample],
+                                                                     list[Rejection]]:
     """(training samples, validation samples, rejections of the eval file), recorded in the run directory."""
     rejected: list[Rejection] = []
     if cfg.data.eval_file:
         evaluation = build_index(dataclasses.replace(cfg.data, metadata_file=cfg.data.eval_file), cfg.features,
                                  cfg.text, index.vocabulary)
-        held = evaluation.samples
+        held = list(evaluation.samples)  # a held-out file is small
         rejected = evaluation.rejected
         ids = {s.id for s in held}
-        train = [s for s in index.samples if s.id not in ids]
+        table = index.samples
+        train = table.take([n for n, i in enumerate(table.ids()) if i not in ids])
         if len(train) != len(index.samples):
             log.warning("%d clips of %s are in %s too: they are validation clips only",
                         len(index.samples) - len(train), cfg.data.metadata_file, cfg.data.eval_file)
@@ -76,14 +79,19 @@ def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path) -> tuple[list[Samp
     return train, held, rejected
 
 
-def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[list[Sample], list[Sample]]:
-    """(training samples, held-out samples): ``count`` clips, at most a tenth, by hash order."""
+def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[Sequence[Sample], list[Sample]]:
+    """(training samples, held-out samples): ``count`` clips, at most a tenth, by hash order.
+    Of a SampleTable, the training samples are a view of it (no Sample made per clip)."""
     n = min(count, int(len(samples) * MAX_VAL_SHARE))
     if n <= 0:
-        return list(samples), []
+        return samples if isinstance(samples, SampleTable) else list(samples), []
+    ids = samples.ids() if isinstance(samples, SampleTable) else [s.id for s in samples]
 
-    def rank(s: Sample) -> bytes:
-        return hashlib.blake2b(f"{seed}|{s.id}".encode(), digest_size=8).digest()
+    def rank(position: int) -> bytes:
+        return hashlib.blake2b(f"{seed}|{ids[position]}".encode(), digest_size=8).digest()
 
-    held = {s.id for s in sorted(samples, key=rank)[:n]}
-    return [s for s in samples if s.id not in held], [s for s in samples if s.id in held]
+    held = set(heapq.nsmallest(n, range(len(ids)), key=rank))
+    if isinstance(samples, SampleTable):
+        return (samples.take([p for p in range(len(ids)) if p not in held]),
+                [samples[p] for p in sorted(held)])
+    return [s for p, s in enumerate(samples) if p not in held], [s for p, s in enumerate(samples) if p in held]

@@ -7,8 +7,15 @@ the audio in ``DIR/wavs/<id>.<suffix>``: any format libsndfile reads (wav, flac,
 
 The index reads only metadata and audio *headers* (``soundfile.info``, plus a RIFF chunk
 walk that catches truncated WAV files), never decodes audio, so the consumer can plan
-an epoch before any producer has started. Producers read the same metadata with
+an epoch before any producer has started; a manifest clip whose ``duration`` is given is
+indexed from it, its file not even looked up (:data:`UNMEASURED`), and checked when a
+producer reads it. Producers on other hosts read the same metadata with
 :func:`read_metadata` and find the same files with :func:`scan_audio`.
+
+The samples are columnar (:class:`SampleTable`, table.py): numpy arrays of the lengths,
+durations, lines, speaker and language codes, and UTF-8 blobs with offsets of the ids,
+texts, audio locators and units; a Sample is made only for the clip asked for, and the
+consumer plans from the columns.
 
 Every clip that cannot be used becomes a :class:`Rejection` with a precise reason
 naming the file and the metadata line; the run records them in ``rejected.jsonl`` and
@@ -20,21 +27,26 @@ Index cache
 A built index is stored (``data.index_cache``; see :func:`index_cache_file`) under a
 key: a SHA-256 over the metadata bytes, the name, size and mtime of every audio file,
 the config keys the index depends on (:func:`index_config`) and :data:`INDEX_FORMAT`.
-A matching cache file is loaded instead of building (no header is read). On any
-change the index is derived again, reusing what is still valid: header facts of audio
-files whose name, size and mtime are unchanged, and token counts of unchanged texts;
-only changed or new files are read. A cache file that fails its checksum or cannot be
-parsed is ignored (logged) and rebuilt from scratch. Headers are read by
-``data.index_workers`` processes when the work would outlast starting them
+The file (cache.py) is a checksummed msgpack header and sections, each with a CRC-32:
+the table's columns and blobs, mapped read-only when loaded, and what a rebuild reuses.
+A matching cache file is loaded instead of building (no header is read); a manifest's is
+found by a digest of the manifest and the config and a stat of the files it measured,
+without parsing it. On any change the index is derived again, reusing what is still
+valid: header facts of audio files whose name, size and mtime are unchanged, and token
+counts of unchanged texts; only changed or new files are read. A cache file that fails
+a checksum or cannot be parsed is ignored (logged) and rebuilt from scratch. Headers are
+read by ``data.index_workers`` processes when the work would outlast starting them
 (:data:`PARALLEL_MIN_SECONDS`).
 
 Dataset agreement
 -----------------
-A producer on another host must read the same dataset as the trainer. Both sides
-compute a :class:`DatasetScan` from the metadata (parsed by shared/mixes.py's
-:func:`parse_entries`, the one metadata reader) and the audio listing of
-:func:`list_audio` (no audio is decoded; 13,100 LJSpeech clips take well under a second)
-and compare two fingerprints:
+A producer the trainer's launcher starts on its host reads no metadata: its HELLO is
+:func:`deferred`, accepted as it is, and its leases carry its clips' texts, audio
+locators and durations. A producer on another host must read the same dataset as the
+trainer. Both sides compute a :class:`DatasetScan` from the metadata (parsed by
+shared/mixes.py's :func:`parse_entries`, the one metadata reader) and the audio listing
+of :func:`list_audio` (no audio is decoded; 13,100 LJSpeech clips take well under a
+second) and compare two fingerprints:
 
     metadata  sha256 of ``id TAB text TAB speaker TAB language LF`` per metadata entry,
               sorted by id (line order, the unused middle column and malformed lines do
@@ -46,12 +58,14 @@ under another directory and ``cp``/``scp`` reset mtimes, yet it is the same data
 Byte sizes catch a resampled, re-encoded or truncated copy cheaply. A producer may lack
 some audio files (an unfinished copy): it lists them in its HELLO, the trainer checks
 the rest of the index against its own and never gives that producer those samples
-(:func:`check_agreement`). The trainer's scan comes with its index
-(:attr:`DatasetIndex.scan`), derived from the bytes and listing the index was keyed on.
+(:func:`check_agreement`). The trainer's fingerprints are stored with its index
+(:func:`fingerprints`, :attr:`DatasetIndex.agreement`); its full scan
+(:attr:`DatasetIndex.scan`) is derived only when a scanning producer joins.
 
 The package, one module per idea (each imports only those above it in this list):
 
     types.py       the records: Sample, AudioFile, AudioProbe, IndexStats, DatasetError
+    table.py       the samples as columns (SampleTable)
     probe.py       audio headers without decoding (shared with producer/audio.py)
     storage.py     bytes of files here or at fsspec URLs (bounded read-ahead, counted retries)
     cache.py       the index cache: its place, key and file format
@@ -66,17 +80,20 @@ Everything public is importable from ``shared.dataset`` itself.
 from __future__ import annotations
 
 from ..dataset.types import (AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample)
-from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_DIR, audio_path, list_audio,
+from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_DIR, UNMEASURED, audio_path,
+                                  list_audio,
                                   locate, locate_audio, read_metadata, read_metadata_bytes, relative_audio,
                                   resolve_root, scan_audio)
 from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SIZES, RiffFacts,
                                   expected_samples, libsndfile_message, probe_audio, riff_facts, riff_problem)
 from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, MAX_MISSING_IDS, audio_fingerprint,
-                                      check_agreement, metadata_fingerprint, scan_dataset, scan_from)
-from ..dataset.cache import (DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
-                                  INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
-                                  columns_of, feature_cache_dir, from_payload, index_cache_file, index_config,
-                                  index_key, mel_stats_file, pack_payload, read_cache, unpack_payload, user_cache_dir,
+                                      check_agreement, deferred, fingerprints, is_deferred, metadata_fingerprint,
+                                      scan_dataset, scan_from)
+from ..dataset.table import NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, pack_strings
+from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
+                                  INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SECTION_ALIGN, UNITS_FIELDS,
+                                  columns_of, feature_cache_dir, index_cache_file, index_config, index_key,
+                                  mel_stats_file, open_index, pack_index, read_cache, rejections_of, user_cache_dir,
                                   write_cache)
 from ..dataset.index import (CHUNK_ITEMS, DatasetIndex, FLAC_HEADER_S, Item, KIND_HINTS, LostReport,
                                   MOSTLY_REJECTED_FRAC, OTHER_HEADER_S, PARALLEL_MIN_SECONDS, PHONEMES_S,
@@ -84,15 +101,16 @@ from ..dataset.index import (CHUNK_ITEMS, DatasetIndex, FLAC_HEADER_S, Item, KIN
 
 __all__ = [
     "AUDIO_DIR", "AUDIO_SUFFIX", "AUDIO_SUFFIXES", "Agreement", "AudioFile", "AudioProbe", "CHUNK_ITEMS",
-    "DATASET_CACHE_DIR", "DEFAULT_SPEAKER", "DEMO_DATA_DIR", "DatasetError", "DatasetIndex", "DatasetScan",
-    "FEATURE_CACHE_AUTO", "FINGERPRINT_HEX", "FLAC_HEADER_S", "INDEX_CACHE_MAGIC", "INDEX_CACHE_OFF", "INDEX_FORMAT",
-    "IndexStats", "Item", "KIND_HINTS", "LostReport", "MAX_DETAIL_CHARS", "MAX_MISSING_IDS", "MOSTLY_REJECTED_FRAC",
-    "OTHER_HEADER_S", "PARALLEL_MIN_SECONDS", "PHONEMES_S", "PHONEME_CHUNK_ITEMS", "PROBE_FIELDS",
-    "REJECTION_FIELDS", "RIFF_PROBE_BYTES", "RIFF_UNKNOWN_SIZES", "RiffFacts", "SAMPLE_FIELDS", "Sample", "TEXT_S",
-    "TextKey", "UNITS_FIELDS", "WAV_HEADER_S", "audio_fingerprint", "audio_path", "build_index", "check_agreement",
-    "columns_of", "expected_samples", "feature_cache_dir", "from_payload", "index_cache_file", "index_config",
-    "index_key", "mel_stats_file", "libsndfile_message", "list_audio", "locate", "locate_audio", "metadata_fingerprint",
-    "pack_payload", "probe_audio", "read_cache", "read_metadata", "read_metadata_bytes", "relative_audio",
-    "resolve_root", "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "unpack_payload",
-    "user_cache_dir", "write_cache",
+    "CachedIndex", "DATASET_CACHE_DIR", "DEFAULT_SPEAKER", "DEMO_DATA_DIR", "DatasetError", "DatasetIndex",
+    "DatasetScan", "FEATURE_CACHE_AUTO", "FINGERPRINT_HEX", "FLAC_HEADER_S", "INDEX_CACHE_MAGIC", "INDEX_CACHE_OFF",
+    "INDEX_FORMAT", "IndexStats", "Item", "KIND_HINTS", "LostReport", "MAX_DETAIL_CHARS", "MAX_MISSING_IDS",
+    "MOSTLY_REJECTED_FRAC", "NUMBER_COLUMNS", "OTHER_HEADER_S", "PARALLEL_MIN_SECONDS", "PHONEMES_S",
+    "PHONEME_CHUNK_ITEMS", "PROBE_FIELDS", "REJECTION_FIELDS", "RIFF_PROBE_BYTES", "RIFF_UNKNOWN_SIZES", "RiffFacts",
+    "SECTION_ALIGN", "STRING_COLUMNS", "Sample", "SampleTable", "TEXT_S", "TextKey", "UNITS_FIELDS", "UNMEASURED",
+    "WAV_HEADER_S", "audio_fingerprint", "audio_path", "build_index", "check_agreement", "columns_of", "deferred",
+    "expected_samples", "feature_cache_dir", "fingerprints", "index_cache_file", "index_config", "index_key",
+    "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
+    "metadata_fingerprint", "open_index", "pack_index", "pack_strings", "probe_audio", "read_cache", "read_metadata",
+    "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root", "riff_facts", "riff_problem",
+    "scan_audio", "scan_dataset", "scan_from", "user_cache_dir", "write_cache",
 ]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping
 
-from ..dataset.files import AUDIO_DIR, list_audio, read_metadata_bytes
+from ..dataset.files import AUDIO_DIR, UNMEASURED, list_audio, read_metadata_bytes
 from ..dataset.types import AudioFile
 from ..layouts import COLUMNS_AUTO, Entry, Rejection
 from ..mixes import parse_entries
@@ -79,6 +79,28 @@ def audio_fingerprint(sizes: Mapping[str, int], without: Collection[str] = ()) -
     return _digest(f"{i}\t{sizes[i]}\n" for i in sorted(sizes) if i not in without)
 
 
+def fingerprints(entries: list[Entry], audio: Mapping[str, AudioFile], metadata: bytes) -> dict[str, Any]:
+    """What the index stores of the trainer's scan (:class:`DatasetScan`'s fingerprints, the count of
+    ids without audio, the metadata's SHA-256), so that a warm run has them without parsing the
+    metadata: {"metadata", "audio", "missing", "metadata_sha256"}."""
+    sizes = {e.id: audio[e.id].size if e.duration is None else UNMEASURED for e in entries
+             if e.id in audio or e.duration is not None}
+    return {"metadata": metadata_fingerprint(entries), "audio": audio_fingerprint(sizes),
+            "missing": len(entries) - len(sizes), "metadata_sha256": hashlib.sha256(metadata).hexdigest()}
+
+
+def deferred(metadata_file: str, columns: str = COLUMNS_AUTO) -> dict[str, Any]:
+    """The ``dataset`` of the HELLO of a producer that reads no metadata (one the trainer's
+    launcher starts on its own host: the same files): the leases carry its clips' texts and
+    audio locators, and each clip is checked when read (its duration against the index's)."""
+    return {"deferred": True, "metadata_file": metadata_file, "columns": columns}
+
+
+def is_deferred(described: Any) -> bool:
+    """Whether a HELLO's ``dataset`` is :func:`deferred`'s."""
+    return isinstance(described, dict) and described.get("deferred") is True
+
+
 def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[str, AudioFile],
               columns: str = COLUMNS_AUTO) -> DatasetScan:
     """The scan of metadata bytes and an audio listing (:func:`scan_audio`) already read."""
@@ -87,7 +109,7 @@ def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[st
     files: dict[str, str] = {}
     missing: list[str] = []
     for entry in entries:
-        file = audio.get(entry.id)
+        file = audio.get(entry.id) if entry.duration is None else AudioFile(entry.audio, UNMEASURED, UNMEASURED)
         if file is None:  # absent, or not reachable here (a dangling link): missing on this host
             missing.append(entry.id)
         else:
@@ -117,6 +139,8 @@ def check_agreement(reference: DatasetScan, described: Any, host: str) -> Agreem
     that names the host and says what differs. A producer having a file the trainer lacks
     is refused too: the trainer cannot check that file against anything.
     """
+    if is_deferred(described):
+        return Agreement(True)  # reads no metadata: each clip is checked when read (:func:`deferred`)
     fields = {"metadata_file": str, "metadata": str, "audio": str, "entries": int, "missing_count": int}
     if (not isinstance(described, dict) or not _is_str_list(described.get("missing"))
             or not all(isinstance(described.get(k), t) and not isinstance(described.get(k), bool)

@@ -1,5 +1,9 @@
-"""The index cache: where it lives, its key, and its file format (a checksummed msgpack
-payload); the feature cache's directory.
+"""The index cache: where it lives, its key, and its file format; the feature cache's directory.
+
+A cache file is a small checksummed msgpack header (the key, the config, the rejections, the
+vocabulary, a table of sections) and sections, each with its CRC-32: the numeric columns and
+string blobs of the samples (shared/dataset/table.py), mapped read-only when loaded, and a
+msgpack section of what a later rebuild can reuse (read only then).
 """
 
 from __future__ import annotations
@@ -7,17 +11,22 @@ from __future__ import annotations
 import array
 import hashlib
 import logging
+import mmap
 import os
+import struct
 import tempfile
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import msgpack
+import numpy as np
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.types import AudioFile, Sample
+from ..dataset.types import AudioFile
 from ..layouts import Rejection
-from ..runfiles import write_atomic
+from ..runfiles import replacing
 from ..text import Frontend
 from ..vocab import Vocabulary
 
@@ -25,11 +34,25 @@ log = logging.getLogger(__name__)
 
 
 # Bump when the cache layout or any rule that derives the index from its inputs changes.
-INDEX_FORMAT = 6
+INDEX_FORMAT = 7
 
 
-# Cache files start with this magic, then the SHA-256 of the msgpack payload that follows.
-INDEX_CACHE_MAGIC = b"STKIDX02"
+# Cache files start with this magic, then the SHA-256 of the msgpack header that follows.
+INDEX_CACHE_MAGIC = b"STKIDX03"
+
+
+# Sections start at multiples of this many bytes: every numpy type is aligned in the mapped file.
+SECTION_ALIGN = 64
+
+
+# A header longer than this is not one this code wrote (it holds the rejections and the
+# vocabulary, not the samples); reading stops there rather than allocating what a damaged
+# length field says.
+MAX_HEADER_BYTES = 1 << 30
+
+
+# Sections are checked by reading this much of the file at a time.
+CRC_CHUNK_BYTES = 8 << 20
 
 
 # "" in data.index_cache: the dataset's own hidden directory, else the user cache dir.
@@ -89,10 +112,10 @@ def index_cache_file(root: Path, data: DataConfig) -> list[Path]:
     if setting.lower() == INDEX_CACHE_OFF:
         return []
     meta_tag = _name_hash(data.metadata_file)
-    outside = f"index-{_name_hash(str(root), data.metadata_file)}.msgpack"
+    outside = f"index-{_name_hash(str(root), data.metadata_file)}.idx"
     if setting:
         return [Path(setting).expanduser() / outside]
-    return [root / DATASET_CACHE_DIR / f"index-{meta_tag}.msgpack", user_cache_dir() / "index" / outside]
+    return [root / DATASET_CACHE_DIR / f"index-{meta_tag}.idx", user_cache_dir() / "index" / outside]
 
 
 def mel_stats_file(root: Path, data: DataConfig, key: str) -> Path | None:
@@ -126,65 +149,132 @@ def feature_cache_dir(setting: str, root: Path) -> str:
         return str(fallback)
 
 
-def pack_payload(payload: dict[str, Any]) -> bytes:
-    body = msgpack.packb(payload, use_bin_type=True)
-    return INDEX_CACHE_MAGIC + hashlib.sha256(body).digest() + body
+@dataclass
+class CachedIndex:
+    """An index cache file as read: its header (the key, the config, the rejections, the
+    vocabulary, the section table) and its sections, views of the file mapped read-only."""
+
+    header: dict[str, Any]
+    sections: dict[str, memoryview]
+
+    def unpack(self, name: str) -> Any:
+        """A msgpack section; ValueError when it cannot be parsed."""
+        try:
+            return msgpack.unpackb(self.sections[name], raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several types for bad data
+            raise ValueError(f"bad section {name} ({type(exc).__name__})") from None
 
 
-def unpack_payload(blob: bytes) -> dict[str, Any]:
-    """The payload of a cache file; ValueError if it is not one or fails its checksum."""
-    head = len(INDEX_CACHE_MAGIC)
-    if len(blob) < head + 32 or blob[:head] != INDEX_CACHE_MAGIC:
-        raise ValueError("not an index cache file of this version")
-    body = blob[head + 32:]
-    if hashlib.sha256(body).digest() != blob[head:head + 32]:
-        raise ValueError("checksum mismatch")
-    try:
-        payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several types for bad data
-        raise ValueError(f"bad payload ({type(exc).__name__})") from None
-    if not isinstance(payload, dict) or payload.get("format") != INDEX_FORMAT:
-        raise ValueError("unknown payload format")
-    return payload
+def _buffer(data: bytes | np.ndarray | memoryview) -> memoryview:
+    return memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
 
 
-def read_cache(candidates: list[Path], key: str) -> tuple[Path | None, dict[str, Any] | None, str]:
-    """The cache file for ``key`` if one exists: (path, payload, state).
+def pack_index(header: dict[str, Any], sections: Mapping[str, bytes | np.ndarray | memoryview]) -> list[memoryview]:
+    """The parts of a cache file, in order: magic, SHA-256 of the header, its length, the header
+    (msgpack, with the section table: name -> [offset from the data start, bytes, CRC-32]), then
+    each section at a multiple of :data:`SECTION_ALIGN` bytes."""
+    table: dict[str, list[int]] = {}
+    body: list[memoryview] = []
+    offset = 0
+    for name, data in sections.items():
+        view = _buffer(data)
+        pad = -view.nbytes % SECTION_ALIGN
+        table[name] = [offset, view.nbytes, zlib.crc32(bytes(pad), zlib.crc32(view))]  # the padding checked too
+        body.append(view)
+        if pad:
+            body.append(memoryview(bytes(pad)))
+        offset += view.nbytes + pad
+    head = msgpack.packb({**header, "format": INDEX_FORMAT, "sections": table}, use_bin_type=True)
+    prefix = INDEX_CACHE_MAGIC + hashlib.sha256(head).digest() + struct.pack("<Q", len(head)) + head
+    prefix += bytes(-len(prefix) % SECTION_ALIGN)
+    return [memoryview(prefix), *body]
 
-    state: "hit" (a candidate holds this key), "stale" (the payload returned is an older
+
+def open_index(path: Path) -> CachedIndex:
+    """A cache file's header and sections; ValueError if it is not one, fails a checksum or does
+    not hold what its header says. The sections are checked by reading the file, then mapped:
+    only the pages a run reads of them become its memory."""
+    with open(path, "rb") as f:
+        fixed = len(INDEX_CACHE_MAGIC) + 32 + 8
+        lead = f.read(fixed)
+        if len(lead) < fixed or lead[:len(INDEX_CACHE_MAGIC)] != INDEX_CACHE_MAGIC:
+            raise ValueError("not an index cache file of this version")
+        (length,) = struct.unpack("<Q", lead[-8:])
+        head = f.read(length) if length < MAX_HEADER_BYTES else b""
+        if len(head) != length or hashlib.sha256(head).digest() != lead[len(INDEX_CACHE_MAGIC):-8]:
+            raise ValueError("checksum mismatch")
+        try:
+            header = msgpack.unpackb(head, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several types for bad data
+            raise ValueError(f"bad header ({type(exc).__name__})") from None
+        if not isinstance(header, dict) or header.get("format") != INDEX_FORMAT:
+            raise ValueError("unknown payload format")
+        start = fixed + length + (-(fixed + length) % SECTION_ALIGN)
+        size = os.fstat(f.fileno()).st_size
+        table = header.get("sections")
+        if not isinstance(table, dict):
+            raise ValueError("no section table")
+        for name, (offset, nbytes, crc) in table.items():
+            if start + offset + nbytes > size:
+                raise ValueError(f"section {name} is cut short")
+            if _crc32(f, start + offset, nbytes + -nbytes % SECTION_ALIGN) != crc:
+                raise ValueError("checksum mismatch")
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+    view = memoryview(mapped) if mapped is not None else memoryview(b"")
+    sections = {name: view[start + offset:start + offset + nbytes] for name, (offset, nbytes, _) in table.items()}
+    return CachedIndex(header, sections)
+
+
+def _crc32(f: Any, offset: int, nbytes: int) -> int:
+    crc = 0
+    f.seek(offset)
+    while nbytes > 0:
+        chunk = f.read(min(nbytes, CRC_CHUNK_BYTES))
+        if not chunk:
+            break
+        crc = zlib.crc32(chunk, crc)
+        nbytes -= len(chunk)
+    return crc
+
+
+def read_cache(candidates: list[Path], key: str) -> tuple[Path | None, CachedIndex | None, str]:
+    """The cache file for ``key`` if one exists: (path, its content, state).
+
+    state: "hit" (a candidate holds this key), "stale" (the content returned is an older
     index, reusable in part), "corrupt" (a candidate failed its checksum and nothing
     else was usable) or "miss" (no cache file at all).
     """
-    reusable: tuple[Path, dict[str, Any]] | None = None
+    reusable: tuple[Path, CachedIndex] | None = None
     corrupt = False
     for path in candidates:
         try:
-            blob = path.read_bytes()
+            cached = open_index(path)
         except (FileNotFoundError, NotADirectoryError):
             continue
-        except OSError as exc:
-            log.warning("cannot read index cache %s (%s); ignoring it", path, exc.strerror)
-            continue
-        try:
-            payload = unpack_payload(blob)
         except ValueError as exc:
             log.warning("index cache %s is corrupt (%s); rebuilding the index", path, exc)
             corrupt = True
             continue
-        if payload.get("key") == key:
-            return path, payload, "hit"
+        except OSError as exc:
+            log.warning("cannot read index cache %s (%s); ignoring it", path, exc.strerror)
+            continue
+        if cached.header.get("key") == key:
+            return path, cached, "hit"
         if reusable is None:
-            reusable = (path, payload)
+            reusable = (path, cached)
     if reusable is not None:
         return reusable[0], reusable[1], "stale"
     return None, None, "corrupt" if corrupt else "miss"
 
 
-def write_cache(candidates: list[Path], blob: bytes) -> Path | None:
+def write_cache(candidates: list[Path], parts: Sequence[memoryview]) -> Path | None:
     """Write to the first candidate that accepts it; log a fall-back; never raise."""
     for n, path in enumerate(candidates):
         try:
-            write_atomic(path, blob)
+            with replacing(path) as tmp:
+                with open(tmp, "wb") as f:
+                    for part in parts:
+                        f.write(part)
         except OSError as exc:
             nxt = candidates[n + 1] if n + 1 < len(candidates) else None
             if nxt is not None:
@@ -206,10 +296,6 @@ def columns_of(rows: Iterable[Any], names: Sequence[str]) -> dict[str, list[Any]
     return out
 
 
-SAMPLE_FIELDS = ("id", "text", "num_tokens", "num_frames", "duration_s", "audio", "line", "language", "speaker",
-                  "units")
-
-
 REJECTION_FIELDS = ("id", "reason", "line", "file", "kind")
 
 
@@ -219,10 +305,6 @@ PROBE_FIELDS = ("name", "size", "mtime_ns", "frames", "rate", "channels", "error
 UNITS_FIELDS = ("language", "text", "units", "lost")
 
 
-def from_payload(payload: dict[str, Any]) -> tuple[list[Sample], list[Rejection]]:
-    s = payload["samples"]
-    samples = list(map(Sample, *(s[f] for f in SAMPLE_FIELDS)))
-    r = payload["rejected"]
-    rejected = [Rejection(i, reason, "index", line, file, kind)
-                for i, reason, line, file, kind in zip(*(r[f] for f in REJECTION_FIELDS))]
-    return samples, rejected
+def rejections_of(columns: dict[str, list[Any]]) -> list[Rejection]:
+    return [Rejection(i, reason, "index", line, file, kind)
+            for i, reason, line, file, kind in zip(*(columns[f] for f in REJECTION_FIELDS))]

@@ -25,6 +25,11 @@ AUDIO_DIR = "wavs"
 AUDIO_SUFFIX = ".wav"  # the LJSpeech suffix, named in "missing" reasons
 
 
+# The size and mtime of an audio file not looked at (a manifest gives its clip's duration): a
+# value no file has, so that the index key and the agreement fingerprints tell it apart.
+UNMEASURED = -1
+
+
 def resolve_root(path: str) -> Path:
     """The dataset directory a user named, or the embedded demo set for ''."""
     root = Path(path).expanduser() if path else DEMO_DATA_DIR
@@ -104,7 +109,10 @@ def scan_audio(root: Path) -> dict[str, AudioFile]:
 
 
 def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
-    """The audio files a manifest names, by id: one stat each (a missing file is left out).
+    """The audio files a manifest names, by id: one stat each (a missing file is left out). A
+    clip whose duration the manifest gives is not looked up, nor listed here: its file is
+    taken as named (``Entry.audio``), its size :data:`UNMEASURED`, and a file missing on this
+    host is found when a producer reads it.
 
     ``AudioFile.name`` is the path as the manifest wrote it: relative to the dataset
     directory, or absolute; as the file system spells it where only its Unicode normal
@@ -114,6 +122,8 @@ def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
     listings: dict[Path, dict[str, str]] = {}
     for entry in entries:
         if not entry.audio:
+            continue
+        if entry.duration is not None:
             continue
         name = entry.audio
         try:

@@ -12,6 +12,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import gc
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -21,17 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import msgpack
 from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.agreement import DatasetScan, scan_dataset, scan_from
-from ..dataset.cache import (INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SAMPLE_FIELDS, UNITS_FIELDS,
-                                  columns_of, from_payload, index_cache_file, index_config, index_key, pack_payload,
-                                  read_cache, write_cache)
-from ..dataset.files import list_audio, locate, read_metadata_bytes, relative_audio
+from ..dataset.agreement import DatasetScan, fingerprints, scan_dataset, scan_from
+from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
+                                  index_cache_file, index_config, index_key, open_index, pack_index, read_cache,
+                                  rejections_of, write_cache)
+from ..dataset.files import UNMEASURED, list_audio, locate, read_metadata_bytes, relative_audio
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.shards import is_locator, probe_member, read_shards
 from ..dataset.storage import COUNTS
+from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_shards
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards
 from ..mel import min_num_samples, num_frames
 from ..mixes import parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
@@ -75,6 +78,10 @@ PHONEMES_S = 400e-6  # one sentence through espeak-ng
 CHUNK_ITEMS = 1000
 
 
+# A manifest is hashed this much at a time, so that a warm load never holds it whole.
+MANIFEST_CHUNK_BYTES = 8 << 20
+
+
 # Texts through the phonemizer cost ~8x a header: smaller chunks, so the last ones still balance.
 PHONEME_CHUNK_ITEMS = 250
 
@@ -90,7 +97,7 @@ class DatasetIndex:
     """
 
     root: Path
-    samples: list[Sample]
+    samples: SampleTable  # a sequence of Sample, columnar (shared/dataset/table.py)
     rejected: list[Rejection]
     fingerprint: str
     stats: IndexStats = field(default_factory=IndexStats)
@@ -98,6 +105,9 @@ class DatasetIndex:
     columns: str = COLUMNS_AUTO
     vocabulary: Vocabulary | None = None  # None only for indexes made without a front-end (tests)
     lost: dict[str, Any] = field(default_factory=dict)  # lost characters: see LostReport.to_json
+    # The scan's fingerprints, stored with the index (agreement.fingerprints): a warm load has
+    # them without parsing the metadata, which only a scanning producer's HELLO needs (``scan``).
+    agreement: dict[str, Any] = field(default_factory=dict)
     _scan: DatasetScan | None = field(default=None, repr=False)
     _scan_inputs: tuple[bytes, dict[str, AudioFile]] | None = field(default=None, repr=False)
 
@@ -112,8 +122,20 @@ class DatasetIndex:
                 self._scan = scan_dataset(self.root, self.metadata_file, self.columns)
         return self._scan
 
+    @property
+    def dataset_fingerprint(self) -> str:
+        """The metadata and audio fingerprints as one short string (DatasetScan.fingerprint), for
+        logs, summary.json, checkpoints and the mel statistics' key."""
+        if not self.agreement:
+            return self.scan.fingerprint
+        return f"{self.agreement['metadata'][:8]}{self.agreement['audio'][:8]}"
+
     def by_id(self) -> dict[str, Sample]:
         return {s.id: s for s in self.samples}
+
+    def sample(self, sample_id: str) -> Sample:
+        """One clip by id (KeyError when the index has none)."""
+        return self.samples[self.samples.row_of(sample_id)]
 
 
 def _probe_tuple(p: AudioProbe) -> tuple[int, int, int, str, str]:
@@ -246,32 +268,41 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     started = time.perf_counter()
     root, metadata_file = locate(data.path, data.metadata_file)
     data = dataclasses.replace(data, metadata_file=metadata_file)
-    metadata = read_metadata_bytes(root, data.metadata_file)
-    audio = list_audio(root, data.metadata_file, metadata, data.columns)
     frontend = _frontend((text.frontend, text.digits))
     if fixed is not None:
         problem = fixed.check_engine(frontend)
         if problem:
             raise TextError(f"cannot keep the run's vocabulary: {problem}")
     config = index_config(data, features, text, frontend, fixed)
-    key = index_key(metadata, audio, config)
     candidates = index_cache_file(root, data)
-    cache_path, payload, state = read_cache(candidates, key) if candidates else (None, None, "off")
+    quick = _manifest_digest(root / metadata_file, config) if candidates and is_manifest(metadata_file) else ""
+    found = _manifest_hit(root, candidates, quick) if quick else None
+    if found is not None:  # a manifest as cached: neither parsed nor held in memory
+        try:
+            loaded = _loaded(found[1], fixed)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("index cache %s is unusable (%s); rebuilding the index", found[0], exc)
+        else:
+            stats = IndexStats(cache="hit", cache_file=str(found[0]))
+            return _finish(root, *loaded, found[1].header["key"], stats, started, False, None, data)
+    metadata = read_metadata_bytes(root, data.metadata_file)
+    audio = list_audio(root, data.metadata_file, metadata, data.columns)
+    key = index_key(metadata, audio, config)
+    cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
     stats = IndexStats(cache=state)
     scan_inputs = (data.metadata_file, metadata, audio)
-    if state == "hit" and payload is not None:
+    if state == "hit" and cached is not None:
         try:
-            samples, rejected = from_payload(payload)
-            lost = dict(payload["lost"])
-            vocab = fixed or Vocabulary.from_state_dict(payload["vocabulary"])
+            loaded = _loaded(cached, fixed)
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
-            payload, stats.cache = None, "corrupt"
+            cached, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            return _finish(root, samples, rejected, key, stats, started, False, scan_inputs, data, vocab, lost)
+            return _finish(root, *loaded, key, stats, started, False, scan_inputs, data)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
-    old_probes, old_units = _reusable(payload, frontend)
+    agreed = fingerprints(entries, audio, metadata)
+    old_probes, old_units = _reusable(cached, frontend)
     probes: dict[str, AudioProbe] = {}
     if is_shards(data.metadata_file):  # the members the shards' walk rejected; the headers their JSON gave
         listing = read_shards(root, data.metadata_file)
@@ -288,30 +319,113 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         if text_key is not None and made is not None:
             units[text_key] = Units(*made)
             stats.texts_tokenized += 1
+    del todo, results, old_units  # an item or two per clip: not to be held through the rest of the build
     samples, rejected, lost = _apply_rules(entries, rejected, audio, probes, units, data, features, text, frontend,
                                            fixed)
     vocab = fixed or _vocabulary(frontend, samples)
     if candidates:
-        payload_out = _payload(key, root, config, samples, rejected, entries, audio, probes, units, frontend, text,
-                               lost, vocab)
-        written = write_cache(candidates, pack_payload(payload_out))
+        header, reuse = _payload(key, root, config, rejected, entries, audio, probes, units, frontend, text, lost,
+                                 vocab)
+        header["agreement"] = agreed
+        if is_manifest(metadata_file):
+            header["manifest"] = {"digest": _digest(config, hashlib.sha256(metadata).hexdigest()),
+                                  "measured": _measured(entries, audio)}
+    del entries, units, probes  # the clips are in the samples now: not held while they become columns
+    table = SampleTable.from_samples(samples)
+    del samples
+    if candidates:
+        header["names"] = {"speakers": table.speakers, "languages": table.languages}
+        written = write_cache(candidates, pack_index(header, {**table.sections(), "reuse": reuse}))
         stats.cache_file = str(written) if written else ""
-    return _finish(root, samples, rejected, key, stats, started, True, scan_inputs, data, vocab, lost)
+    return _finish(root, table, rejected, lost, agreed, vocab, key, stats, started, True, scan_inputs, data)
 
 
-def _reusable(payload: dict[str, Any] | None, frontend: Frontend) -> tuple[dict[str, tuple], dict[TextKey, Units]]:
+def _loaded(cached: CachedIndex, fixed: Vocabulary | None) -> tuple[SampleTable, list[Rejection], dict[str, Any],
+                                                                      dict[str, Any], Vocabulary]:
+    """(samples, rejections, lost characters, agreement fingerprints, vocabulary) of a cache file."""
+    header = cached.header
+    return (_table(cached), rejections_of(header["rejected"]), dict(header["lost"]), dict(header["agreement"]),
+            fixed or Vocabulary.from_state_dict(header["vocabulary"]))
+
+
+def _digest(config: dict[str, Any], metadata_sha256: str) -> str:
+    return hashlib.sha256(f"{sorted(config.items())!r}\0{metadata_sha256}".encode()).hexdigest()
+
+
+def _manifest_digest(path: Path, config: dict[str, Any]) -> str:
+    """The digest a manifest's cache is found by (:func:`_manifest_hit`): of the config and the
+    manifest's bytes, read a piece at a time; "" when it cannot be read (the build says why)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(MANIFEST_CHUNK_BYTES):
+                digest.update(chunk)
+    except OSError:
+        return ""
+    return _digest(config, digest.hexdigest())
+
+
+def _measured(entries: Sequence[Entry], audio: dict[str, AudioFile]) -> list[list[Any]]:
+    """The audio files a manifest's index looked at (those of clips without a duration), as
+    [name, size, mtime] ([name, None, None] for one missing), for :func:`_manifest_hit`."""
+    out: dict[str, list[Any]] = {}
+    for entry in entries:
+        if entry.duration is None and entry.audio:
+            file = audio.get(entry.id)
+            out.setdefault(file.name if file else entry.audio,
+                           [file.name, file.size, file.mtime_ns] if file else [entry.audio, None, None])
+    return sorted(out.values())
+
+
+def _manifest_hit(root: Path, candidates: list[Path], digest: str) -> tuple[Path, CachedIndex] | None:
+    """A cache file of this manifest under this config whose measured audio files are as they
+    were (:func:`_measured`): one stat each, no parse of the manifest. None: take the long way
+    (which also reports a corrupt cache)."""
+    for path in candidates:
+        try:
+            cached = open_index(path)
+        except (OSError, ValueError):
+            continue
+        manifest = cached.header.get("manifest")
+        if not isinstance(manifest, dict) or manifest.get("digest") != digest:
+            continue
+        try:
+            if all(_stat(root / name) == (size, mtime) for name, size, mtime in manifest["measured"]):
+                return path, cached
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def _stat(path: Path) -> tuple[int | None, int | None]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, None
+    return st.st_size, st.st_mtime_ns
+
+
+def _table(cached: CachedIndex) -> SampleTable:
+    names = cached.header["names"]
+    return SampleTable.from_sections(cached.sections, names["speakers"], names["languages"])
+
+
+def _reusable(cached: CachedIndex | None, frontend: Frontend) -> tuple[dict[str, tuple], dict[TextKey, Units]]:
     """What a stale index cache still holds that is good: audio headers by file (checked against
     size and mtime by the caller), and text units from the same front-end, settings and versions."""
-    if payload is None:
+    if cached is None:
         return {}, {}
     try:
-        p = payload["probes"]
+        reuse = cached.unpack("reuse")
+        p = reuse["probes"]
         old_probes = {name: row for name, *row in zip(*(p[f] for f in PROBE_FIELDS))}
         old_units: dict[TextKey, Units] = {}
-        u = payload["units"]
+        u = reuse["units"]
         if u["frontend"] == [frontend.name, frontend.cache_key()]:
-            s = payload["samples"]
-            old_units = {(lang, txt): Units(units) for lang, txt, units in zip(s["language"], s["text"], s["units"])}
+            table = _table(cached)
+            old_units = {(lang, txt): Units(units) for lang, txt, units in
+                         zip([table.languages[c] for c in table.column("language").tolist()], table.strings("text"),
+                             table.strings("units"))}
             old_units.update({(lang, txt): Units(units, lost)
                               for lang, txt, units, lost in zip(*(u[f] for f in UNITS_FIELDS))})
         return old_probes, old_units
@@ -329,7 +443,7 @@ def _to_read(entries: Sequence[Any], audio: dict[str, Any], old_probes: dict[str
         file = audio.get(entry.id)
         name = None
         size = 0
-        if file is not None and file.name not in probes:
+        if file is not None and file.name not in probes and entry.duration is None:
             old = old_probes.get(file.name)
             if old is not None and old[0] == file.size and old[1] == file.mtime_ns:
                 probes[file.name] = AudioProbe(*old[2:])
@@ -346,30 +460,37 @@ def _to_read(entries: Sequence[Any], audio: dict[str, Any], old_probes: dict[str
     return todo
 
 
-def _payload(key: str, root: Path, config: dict[str, Any], samples: Sequence[Sample], rejected: Sequence[Any],
+def _payload(key: str, root: Path, config: dict[str, Any], rejected: Sequence[Any],
              entries: Sequence[Any], audio: dict[str, Any], probes: dict[str, AudioProbe],
              units: dict[TextKey, Units], frontend: Frontend, text: TextConfig, lost: dict[str, Any],
-             vocab: Vocabulary) -> dict[str, Any]:
-    """The index cache's content: the index, and what a later rebuild can reuse."""
+             vocab: Vocabulary) -> tuple[dict[str, Any], bytes]:
+    """The index cache's header (without the samples: their columns are sections of their own,
+    and their names the caller's to add), and what a later rebuild can reuse (a msgpack section)."""
     used = {a.name for a in audio.values()}
     probe_rows = [(name, audio_file.size, audio_file.mtime_ns, *_probe_tuple(probes[name]))
                   for audio_file in audio.values() for name in (audio_file.name,) if name in probes and name in used]
     # Units of every text of the metadata, so that a later re-derivation sends only texts
     # that changed through the front-end: the samples hold theirs; the rest (rejected
     # clips, and texts that lost characters) are listed apart.
-    plain = {(s.language, s.text) for s in samples if not units[s.language, s.text].lost}
-    keys = {(e.language or text.language, e.text) for e in entries} - plain
-    unit_rows = [(lang, txt, units[lang, txt].units, units[lang, txt].lost) for lang, txt in keys
-                 if (lang, txt) in units]
-    return {
-        "format": INDEX_FORMAT, "key": key, "root": str(root), "config": config,
-        "samples": columns_of(samples, SAMPLE_FIELDS),
+    rejected_ids = {r.id for r in rejected}
+    listed: dict[TextKey, Units] = {}
+    for e in entries:
+        text_key = (e.language or text.language, e.text)
+        made = units.get(text_key)
+        if made is not None and (made.lost or e.id in rejected_ids):
+            listed[text_key] = made
+    unit_rows = [(lang, txt, made.units, made.lost) for (lang, txt), made in listed.items()]
+    header = {
+        "key": key, "root": str(root), "config": config,
         "rejected": columns_of(rejected, REJECTION_FIELDS),
+        "lost": lost, "vocabulary": vocab.state_dict(),
+    }
+    reuse = {
         "probes": {f: [row[i] for row in probe_rows] for i, f in enumerate(PROBE_FIELDS)},
         "units": {"frontend": [frontend.name, frontend.cache_key()],
                   **{f: [row[i] for row in unit_rows] for i, f in enumerate(UNITS_FIELDS)}},
-        "lost": lost, "vocabulary": vocab.state_dict(),
     }
+    return header, msgpack.packb(reuse, use_bin_type=True)
 
 
 def _vocabulary(frontend: Frontend, samples: Sequence[Sample]) -> Vocabulary:
@@ -465,7 +586,7 @@ def _audio_rules(entry: Entry, audio: dict[str, AudioFile], probes: dict[str, Au
                  features: FeaturesConfig) -> Rejection | tuple[str, int, float]:
     """A clip's audio: (its file name, samples at the feature rate, seconds), or why it is rejected."""
     place = f"metadata line {entry.line}"
-    file = audio.get(entry.id)
+    file = audio.get(entry.id) if entry.duration is None else AudioFile(entry.audio, UNMEASURED, UNMEASURED)
     if file is None:
         where = relative_audio(entry.id, entry.audio or None)
         if entry.short:  # no clip by that id: the line lost a field, and its first is not an id
@@ -474,18 +595,22 @@ def _audio_rules(entry: Entry, audio: dict[str, AudioFile], probes: dict[str, Au
         return Rejection(entry.id, f"audio file missing: {where} ({place})", line=entry.line, file=where,
                          kind="missing-audio")
     where = relative_audio(entry.id, file.name)
-    probe = probes[file.name]
-    if probe.error:
-        detail = f": {probe.detail}" if probe.detail else ""
-        return Rejection(entry.id, f"{probe.error}: {where}{detail} ({place})", line=entry.line, file=where,
-                         kind="unreadable-audio")
-    duration = probe.frames / probe.rate
+    if entry.duration is not None:  # a manifest's: the audio is not looked at (checked when a producer reads it)
+        duration = entry.duration
+        frames, rate = round(duration * features.sample_rate_hz), features.sample_rate_hz
+    else:
+        probe = probes[file.name]
+        if probe.error:
+            detail = f": {probe.detail}" if probe.detail else ""
+            return Rejection(entry.id, f"{probe.error}: {where}{detail} ({place})", line=entry.line, file=where,
+                             kind="unreadable-audio")
+        duration, frames, rate = probe.frames / probe.rate, probe.frames, probe.rate
     if duration > data.max_audio_s or duration < data.min_audio_s:
         bound = (f"longer than data.max_audio_s={data.max_audio_s:g}" if duration > data.max_audio_s
                  else f"shorter than data.min_audio_s={data.min_audio_s:g}")
         return Rejection(entry.id, f"clip of {duration:.2f} s {bound} s: {where} ({place})", line=entry.line,
                          file=where, kind="duration")
-    n = expected_samples(probe.frames, probe.rate, features.sample_rate_hz)
+    n = expected_samples(frames, rate, features.sample_rate_hz)
     shortest = min_num_samples(features)  # the framing's shortest clip (shared/mel.py)
     if n < shortest:
         return Rejection(entry.id, f"clip of {n} samples at {features.sample_rate_hz} Hz is shorter than the "
@@ -532,9 +657,9 @@ def _mostly_rejected(entries: int, rejected: Sequence[Rejection]) -> str:
             f"{example.reason})")
 
 
-def _finish(root: Path, samples: list[Sample], rejected: list[Rejection], key: str, stats: IndexStats,
-            started: float, log_rejections: bool, scan_inputs: tuple[str, bytes, dict[str, AudioFile]],
-            data: DataConfig, vocab: Vocabulary, lost: dict[str, Any]) -> DatasetIndex:
+def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], lost: dict[str, Any], agreed: dict[str, Any],
+            vocab: Vocabulary, key: str, stats: IndexStats, started: float, log_rejections: bool,
+            scan_inputs: tuple[str, bytes, dict[str, AudioFile]] | None, data: DataConfig) -> DatasetIndex:
     stats.seconds = time.perf_counter() - started
     if log_rejections:
         for r in rejected:
@@ -553,7 +678,6 @@ def _finish(root: Path, samples: list[Sample], rejected: list[Rejection], key: s
                            + (f": {cause}" if cause else ""))
     if cause:
         raise DatasetError(f"dataset {root}: {cause}")
-    metadata_file, metadata, audio = scan_inputs
     return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=key[:16], stats=stats,
-                        metadata_file=metadata_file, columns=data.columns, vocabulary=vocab, lost=lost,
-                        _scan_inputs=(metadata, audio))
+                        metadata_file=data.metadata_file, columns=data.columns, vocabulary=vocab, lost=lost,
+                        agreement=agreed, _scan_inputs=scan_inputs[1:] if scan_inputs is not None else None)

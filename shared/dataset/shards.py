@@ -46,8 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import msgpack
+
 from ..config import DataConfig
-from ..dataset.cache import INDEX_FORMAT, index_cache_file, pack_payload, read_cache, user_cache_dir, write_cache
+from ..dataset.cache import index_cache_file, pack_index, read_cache, user_cache_dir, write_cache
 from ..dataset.probe import probe_bytes
 from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown, transit_errors,
                                url_fs)
@@ -294,7 +296,8 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
         seen: dict[str, str] = {}  # id -> where it was first
         for shard in shards:
             _list_shard(root, shard, listing, seen)
-        write_cache(candidates, pack_payload({"format": INDEX_FORMAT, "key": key, **listing.to_payload()}))
+        listed = msgpack.packb(listing.to_payload(), use_bin_type=True)
+        write_cache(candidates, pack_index({"key": key}, {"listing": listed}))
     _LISTINGS.clear()
     _LISTINGS[(str(root), pattern)] = (shards, listing)
     log.info("%d tar shards of %s: %d clips, %d members rejected", len(shards), shown(pattern) if is_url(pattern)
@@ -304,11 +307,11 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
 
 def _cached_listing(candidates: list[Path], key: str) -> ShardListing | None:
     """The listing a cache file holds under ``key``, or None (no such file, or another key)."""
-    _, payload, state = read_cache(candidates, key)
-    if state != "hit" or payload is None:
+    _, cached, state = read_cache(candidates, key)
+    if state != "hit" or cached is None:
         return None
     try:
-        return ShardListing.from_payload(payload)
+        return ShardListing.from_payload(cached.unpack("listing"))
     except (KeyError, TypeError, ValueError) as exc:
         log.warning("the cached listing of the shards is unusable (%s); walking them again", exc)
         return None

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from stoker.shared.dataset import MAX_MISSING_IDS, DatasetError, check_agreement, scan_dataset
+from stoker.shared.config import DataConfig, FeaturesConfig
+from stoker.shared.dataset import (MAX_MISSING_IDS, Agreement, DatasetError, build_index, check_agreement, deferred,
+                                   is_deferred, scan_dataset)
 from tests.factories import append_metadata, make_dataset
 
 
@@ -145,3 +147,23 @@ def test_the_unused_middle_column_does_not_count(data, tmp_path: Path) -> None:
     text = (other / "metadata.csv").read_text().replace(ids[0] + "|", ids[0] + "|Raw spelling ", 1)
     (other / "metadata.csv").write_text(text)
     assert check_agreement(scan_dataset(root), scan_dataset(other).describe(), "b").ok
+
+
+def test_the_index_stores_the_scan_it_was_built_from(data, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, ids = data
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root.parent / "cache"))
+    (root / "wavs" / f"{ids[5]}.wav").unlink()
+    data_cfg = DataConfig(path=str(root))
+    for index in (build_index(data_cfg, FeaturesConfig()), build_index(data_cfg, FeaturesConfig())):
+        scan = scan_dataset(root)
+        assert index.agreement == {"metadata": scan.metadata_fp, "audio": scan.audio_fp, "missing": 1,
+                                   "metadata_sha256": scan.metadata_sha256}
+        assert index.dataset_fingerprint == scan.fingerprint
+    assert index.stats.cache == "hit"
+
+
+def test_a_producer_reading_no_metadata_is_accepted_without_a_scan(data) -> None:
+    root, _ = data
+    described = deferred("metadata.csv")
+    assert is_deferred(described) and not is_deferred(scan_dataset(root).describe())
+    assert check_agreement(scan_dataset(root), described, "here") == Agreement(True)

@@ -344,9 +344,9 @@ def test_manifest_happy_path() -> None:
                     {"audio_filepath": "../other/F", "normalized_text": "No text key."})
     entries, rejected = parse_manifest(raw)
     assert rejected == []
-    assert entries == [Entry("A", "Hello.", 1, "3", "en", "audio/A.wav"),
+    assert entries == [Entry("A", "Hello.", 1, "3", "en", "audio/A.wav", duration=1.5),
                        Entry("B", PERSIAN, 2, "آرش", "fa", "/abs/data/B.flac"),
-                       Entry("custom", "Given id.", 3, "", "", "x/C.wav"),
+                       Entry("custom", "Given id.", 3, "", "", "x/C.wav", duration=2.0),
                        Entry("D", "Only text.", 4, "", "", "D.wav"),
                        Entry("E.v2", "Windows path.", 5, "", "", "C:\\data\\E.v2.wav"),
                        Entry("F", "No text key.", 6, "", "", "../other/F")]

@@ -8,7 +8,8 @@ import signal
 from pathlib import Path
 from types import SimpleNamespace
 
-from stoker.launcher import Child, cgroup_oom_kills, ensure_summary, killed_reason, oom_record, recovered_epochs
+from stoker.launcher import (Child, cgroup_oom_kills, ensure_summary, killed_reason, oom_record, producer_child,
+                             recovered_epochs)
 from stoker.shared import config as config_mod
 from stoker.shared.proc import EXIT_FAILED
 
@@ -120,3 +121,9 @@ def test_without_a_checkpoint_the_epochs_are_unknown_not_zero(tmp_path: Path) ->
     rows = metrics_rows(1, 3, 8)
     assert recovered_epochs(tmp_path, rows) == {"epochs_completed": None, "batches_per_epoch": 0,
                                                 "checkpoint_step": None}
+
+
+def test_the_runs_own_producers_read_no_metadata_and_remote_ones_scan() -> None:
+    local = producer_child(0, "tcp://127.0.0.1:5555", "data", None, None, "INFO", "here", local=True)
+    remote = producer_child(0, "tcp://10.0.0.1:5555", "data", None, None, "INFO", "there")
+    assert "--local" in local.argv and "--local" not in remote.argv

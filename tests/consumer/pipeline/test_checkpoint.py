@@ -13,6 +13,7 @@ import pytest
 
 from stoker.consumer.pipeline.checkpoint import (CKPT_DIR, MANIFEST, POSITION, CheckpointError, Checkpointer,
                                                  RunCheckpoints, checkpoint_name, trim_step_log)
+from stoker.consumer.pipeline import checkpoint as checkpoint_module
 from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, PositionError
 from stoker.shared import wire
 from stoker.shared.config import BatchingConfig, Config
@@ -217,6 +218,18 @@ def test_a_resume_refused_for_a_changed_dataset_names_the_clips_and_the_way_on(t
         f"To go on training its model on the data as it is now: --resume {tmp_path} --fresh-plan (keeps the "
         "weights, the optimizer and the step count; the epochs start anew); or start a new run")
     assert snapshot(tmp_path) == before
+
+
+def test_a_plan_of_more_clips_than_listed_is_identified_by_its_digest_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_module, "PLAN_CLIPS_LISTED", 20)
+    clips = make_samples(30, seed=3)
+    first_session(tmp_path, EpochPlanner(clips, BATCHING))
+    position = json.loads((tmp_path / CKPT_DIR / checkpoint_name(4) / "position.json").read_text())
+    assert all(bucket[3] is None for bucket in position["plan"]["buckets"])
+    with pytest.raises(CheckpointError) as caught:
+        run_checkpoints(tmp_path, EpochPlanner(clips[:29], BATCHING), fingerprint="data-2").resume()
+    assert "(dataset fingerprint data-1 then, data-2 now). To go on" in str(caught.value)
+    assert run_checkpoints(tmp_path, EpochPlanner(clips, BATCHING)).resume().step == 4
 
 
 def test_a_fresh_plan_keeps_the_step_and_model_state_and_starts_the_epochs_anew(tmp_path, caplog):

@@ -17,7 +17,7 @@ from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
 from stoker.consumer.pipeline.peers import DISCONNECT_GRACE_S
 from stoker.consumer.pipeline.scheduler import MAX_LEASE_FAILURES, Scheduler, ValidationSet
 from stoker.shared import wire
-from stoker.shared.dataset import Sample
+from stoker.shared.dataset import Sample, deferred
 from tests.consumer.pipeline.harness import hello_of, lacking, make_config, samples
 from tests.factories import fake_scan, make_batch
 
@@ -380,6 +380,22 @@ def test_a_producer_with_another_dataset_is_refused_with_the_reason_and_given_no
     snap = b.scheduler.snapshot()
     assert snap["refused_producers"] == [{"producer": "stranger", "host": "test", "reason": refuse.reason}]
     assert snap["producers"] == []
+
+
+def test_the_trainer_scans_its_dataset_only_when_a_scanning_producer_joins() -> None:
+    made = []
+
+    def scan():  # the trainer's scan, as the feed passes it: made on first need
+        made.append(fake_scan(sorted(IDS)))
+        return made[-1]
+
+    b = Bench(dataset=scan)
+    b.hello(b"local", dataset=deferred("metadata.csv"))
+    assert b.take(b"local", wire.WELCOME) and b.take(b"local", wire.LEASE) and made == []
+    b.hello(b"stranger", dataset=fake_scan([*sorted(IDS), "EXTRA"]).describe())
+    assert b.take(b"stranger", wire.REFUSE) and len(made) == 1
+    b.hello(b"remote", dataset=made[0].describe())
+    assert b.take(b"remote", wire.WELCOME) and len(made) == 1
 
 
 def test_a_hello_of_the_previous_protocol_version_is_refused_in_that_version() -> None:

@@ -1,0 +1,291 @@
+"""Scale: a run over a manifest of millions of clips (issue 23's targets).
+
+For each size N (default 1,000,000 and 10,000,000 clips), in a fresh directory:
+
+- a JSON-lines manifest of N clips, each with its duration, id, speaker (one of
+  SPEAKERS) and a text of its own, whose audio is one of AUDIO_FILES short WAV files
+  reused (the disk holds the manifest and a few hundred KiB of audio);
+- index build, cold: ``build_index`` in a child process of its own with no index cache
+  (wall time, peak RSS); then the same warm (the cache it wrote is loaded);
+- a run, warm: ``python -m stoker --data DIR --set data.metadata_file=manifest.jsonl --model
+  synthetic:MS --producers P --steps S``: launch to first batch (from just before the
+  command to the start of step 1, as benchmarks/alternatives.py measures it), steady
+  samples/s (the steps after the first SETTLING_FRAC of them), and the peak RSS of the
+  consumer (trainer and coordinator), of each producer and of the launcher, sampled every
+  MEMORY_SAMPLE_S with psutil.
+
+Per-clip growth: each figure at the largest size over the smallest, divided by the ratio of
+the sizes (1.0: linear). Targets (issue 23, 10 M clips): consumer <= 1.5 GB, a producer
+<= 400 MB, warm launch to first batch <= 10 s, cold build <= 60 s; at 1 M warm launch to
+first batch <= 3 s; per-clip cost from the smallest to the largest within 1.2 x.
+
+``python -m stoker.benchmarks.scale [--sizes 1000000,10000000] [--json FILE]``, and the
+``scale`` section of ``python run.py bench`` (full run only, at the sizes of ScalePlan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import soundfile
+
+from stoker.benchmarks.common import QUIET_ENV, STOKER, BenchError, fmt, run_alone, table
+from stoker.shared.config import DataConfig, FeaturesConfig
+
+# Distinct audio files the clips share, and their durations (s): short, at the feature rate.
+AUDIO_FILES = 8
+AUDIO_SECONDS = tuple(1.0 + 0.25 * n for n in range(AUDIO_FILES))
+SAMPLE_RATE_HZ = FeaturesConfig.sample_rate_hz
+SPEAKERS = 50
+# Manifest lines are written this many at a time.
+WRITE_CHUNK = 100_000
+# Letters that make each clip's text its own without digits (which the text front-end would
+# spell out, a cost of its own).
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "voices", "read",
+         "aloud", "from", "an", "old", "book")
+# Peak RSS is sampled this often.
+MEMORY_SAMPLE_S = 0.2
+# Steady samples/s is taken over the steps after this share of them.
+SETTLING_FRAC = 0.2
+# A child (index build or run) that takes longer has hung.
+CHILD_TIMEOUT_S = 1800.0
+# Roles of the processes of a run, by a part of their command line.
+ROLES = (("producer", "stoker.producer.worker"), ("consumer", "stoker.consumer.training.main"))
+# Issue 23's targets: (figure, size it applies to, limit).
+TARGETS = (("consumer_peak_rss_mb", 10_000_000, 1500.0), ("producer_peak_rss_mb", 10_000_000, 400.0),
+           ("launch_to_first_batch_s", 10_000_000, 10.0), ("cold_build_s", 10_000_000, 60.0),
+           ("launch_to_first_batch_s", 1_000_000, 3.0))
+GROWTH_LIMIT = 1.2
+MB = 1e6
+
+
+@dataclass
+class ScalePlan:
+    sizes: tuple[int, ...] = (1_000_000, 10_000_000)
+    steps: int = 400
+    step_ms: float = 5.0
+    producers: int = 2
+    batch_size: int = 16
+
+
+def _word(n: int) -> str:
+    """``n`` spelled in letters (base 26): a word of its own for every clip."""
+    out = ""
+    while True:
+        out += LETTERS[n % 26]
+        n //= 26
+        if not n:
+            return out
+
+
+def make_dataset(root: Path, size: int) -> Path:
+    """The manifest of ``size`` clips and the audio files they share (module docstring)."""
+    audio = root / "audio"
+    audio.mkdir(parents=True, exist_ok=True)
+    for n, seconds in enumerate(AUDIO_SECONDS):
+        frames = int(seconds * SAMPLE_RATE_HZ)
+        tone = [0.1 * ((i * (n + 3)) % 200 - 100) / 100 for i in range(frames)]
+        soundfile.write(str(audio / f"a{n}.wav"), tone, SAMPLE_RATE_HZ, subtype="PCM_16")
+    manifest = root / "manifest.jsonl"
+    with open(manifest, "w", encoding="utf-8") as f:
+        for start in range(0, size, WRITE_CHUNK):
+            lines = []
+            for i in range(start, min(size, start + WRITE_CHUNK)):
+                k = i % AUDIO_FILES
+                words = (WORDS[i % len(WORDS)], _word(i), WORDS[(i // 7) % len(WORDS)], WORDS[(i // 3) % len(WORDS)])
+                text = " ".join(words) + "."
+                lines.append(json.dumps({"audio_filepath": f"audio/a{k}.wav", "id": f"c{i:09d}", "text": text,
+                                         "duration": AUDIO_SECONDS[k], "speaker": f"s{i % SPEAKERS}"}))
+            f.write("\n".join(lines) + "\n")
+    return manifest
+
+
+def index_child(root: str) -> None:
+    """In a child process: build (or load) the index of ``root``'s manifest; its figures as JSON."""
+    from stoker.shared.dataset import build_index  # the child's own import: its cost is the child's
+    started = time.perf_counter()
+    index = build_index(DataConfig(path=root, metadata_file="manifest.jsonl"), FeaturesConfig())
+    seconds = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB  # Linux: KiB
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_mb, "clips": len(index.samples),
+                      "rejected": len(index.rejected), "cache": index.stats.cache}))
+
+
+def _index(root: Path) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "stoker.benchmarks.scale", "index-child", str(root)]
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+                          env={**os.environ, **QUIET_ENV}, check=False)
+    if done.returncode != 0:
+        raise BenchError(f"index build failed: {done.stderr.strip()[-2000:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "wall_s": time.perf_counter() - started}
+
+
+class RoleSampler:
+    """Peak RSS of each process under ``root``, by role (ROLES; the rest is the launcher)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.peak: dict[int, tuple[str, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _role(self, proc: psutil.Process) -> str:
+        line = " ".join(proc.cmdline())
+        return next((role for role, mark in ROLES if mark in line), "launcher")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.root)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for p in procs:
+                try:
+                    role = self.peak[p.pid][0] if p.pid in self.peak else self._role(p)
+                    rss = p.memory_info().rss
+                except psutil.Error:
+                    continue
+                self.peak[p.pid] = (role, max(self.peak.get(p.pid, (role, 0))[1], rss))
+            self._stop.wait(MEMORY_SAMPLE_S)
+
+    def peaks_mb(self) -> dict[str, float]:
+        """The largest peak of a process of each role."""
+        self._stop.set()
+        self._thread.join(5)
+        out: dict[str, float] = {}
+        for role, rss in self.peak.values():
+            out[role] = max(out.get(role, 0.0), rss / MB)
+        return out
+
+
+def _run(root: Path, plan: ScalePlan, work: Path) -> dict[str, Any]:
+    run_dir = work / "run"
+    argv = [*STOKER, "--data", str(root), "--set", "data.metadata_file=manifest.jsonl",
+            "--model", f"synthetic:{plan.step_ms:g}", "--producers", str(plan.producers), "--steps", str(plan.steps),
+            "--batch-size", str(plan.batch_size), "--model-start-delay", "0", "--run-dir", str(run_dir),
+            "--log-level", "WARNING"]
+    log_path = work / "run.log"
+    started = time.time()
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **QUIET_ENV})
+    sampler = RoleSampler(proc.pid)
+    try:
+        code = proc.wait(timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise BenchError(f"the run timed out: {' '.join(argv)}") from None
+    finally:
+        peaks = sampler.peaks_mb()
+    if code != 0:
+        raise BenchError(f"the run exited with status {code}: {log_path.read_text()[-2000:]}")
+    rows = sorted((json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()),
+                  key=lambda r: r["step"])
+    live = json.loads((run_dir / "live.json").read_text())
+    consumer_start_unix = live["wall_time"] - live["t"]
+    first_unix = consumer_start_unix + rows[0]["t"] - rows[0]["step_ms"] / 1000
+    steady = rows[int(len(rows) * SETTLING_FRAC):]
+    seconds = steady[-1]["t"] - steady[0]["t"]
+    samples = sum(r["samples"] for r in steady[1:])
+    return {"launch_to_first_batch_s": first_unix - started, "samples_per_s": samples / seconds if seconds else 0.0,
+            "consumer_peak_rss_mb": peaks.get("consumer", 0.0), "producer_peak_rss_mb": peaks.get("producer", 0.0),
+            "launcher_peak_rss_mb": peaks.get("launcher", 0.0), "steps": len(rows),
+            "command": "python -m stoker " + " ".join(argv[3:])}
+
+
+def run_size(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    root = work / f"n{size}"
+    started = time.perf_counter()
+    manifest = make_dataset(root, size)
+    log(f"scale {size}: manifest of {manifest.stat().st_size / MB:.0f} MB written in "
+        f"{time.perf_counter() - started:.0f} s")
+    cold = _index(root)
+    log(f"scale {size}: cold index build {cold['seconds']:.1f} s, peak RSS {cold['peak_rss_mb']:.0f} MB")
+    warm = _index(root)
+    log(f"scale {size}: warm index load {warm['seconds']:.2f} s ({warm['cache']}), peak RSS "
+        f"{warm['peak_rss_mb']:.0f} MB")
+    run = _run(root, plan, root)
+    log(f"scale {size}: launch to first batch {run['launch_to_first_batch_s']:.2f} s, "
+        f"{run['samples_per_s']:.0f} samples/s, consumer {run['consumer_peak_rss_mb']:.0f} MB, producer "
+        f"{run['producer_peak_rss_mb']:.0f} MB")
+    index_mb = sum(p.stat().st_size for p in (root / ".stoker").glob("index-*")) / MB
+    shutil.rmtree(root, ignore_errors=True)
+    return {"clips": size, "cold_build_s": cold["seconds"], "cold_build_peak_rss_mb": cold["peak_rss_mb"],
+            "warm_load_s": warm["seconds"], "warm_load_peak_rss_mb": warm["peak_rss_mb"],
+            "index_cache_mb": index_mb, "usable": cold["clips"], "rejected": cold["rejected"], **run}
+
+
+GROWN = ("cold_build_s", "warm_load_s", "consumer_peak_rss_mb", "producer_peak_rss_mb", "launch_to_first_batch_s",
+         "index_cache_mb")
+
+
+def run(plan: ScalePlan | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    plan = plan or ScalePlan()
+    log = log or (lambda text: None)
+    work = Path(tempfile.mkdtemp(prefix="stoker-bench-scale-"))
+    try:
+        rows = [run_size(size, plan, work, log) for size in plan.sizes]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    small, large = rows[0], rows[-1]
+    factor = large["clips"] / small["clips"]
+    growth = {k: (large[k] / small[k]) / factor if small[k] and factor > 1 else None for k in GROWN}
+    targets = []
+    for what, size, limit in TARGETS:
+        row = next((r for r in rows if r["clips"] == size), None)
+        if row is not None:
+            targets.append({"what": f"{what} at {size:,} clips", "value": row[what], "limit": limit,
+                            "met": row[what] <= limit})
+    targets += [{"what": f"per-clip growth of {k}", "value": g, "limit": GROWTH_LIMIT, "met": g <= GROWTH_LIMIT}
+                for k, g in growth.items() if g is not None and k != "launch_to_first_batch_s"]
+    return {"plan": plan.__dict__, "sizes": rows, "growth_per_clip": growth, "targets": targets}
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = result["sizes"]
+    figures = ("cold_build_s", "cold_build_peak_rss_mb", "warm_load_s", "index_cache_mb", "launch_to_first_batch_s",
+               "samples_per_s", "consumer_peak_rss_mb", "producer_peak_rss_mb", "launcher_peak_rss_mb")
+    body = [[name, *(fmt(r[name]) for r in rows), fmt(result["growth_per_clip"].get(name))] for name in figures]
+    out = table(["figure", *(f"{r['clips']:,} clips" for r in rows), "per-clip growth"], body)
+    marks = [f"{'met' if t['met'] else 'NOT met'}: {t['what']} = {fmt(t['value'])} (limit {t['limit']:g})"
+             for t in result["targets"]]
+    return "\n".join([out, *marks, f"command: {rows[-1]['command']}"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.scale")
+    parser.add_argument("--sizes", help="clips per run, comma-separated (default 1000000,10000000)")
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args, rest = parser.parse_known_args(argv)
+    if rest[:1] == ["index-child"]:
+        index_child(rest[1])
+        return 0
+    plan = ScalePlan()
+    if args.sizes:
+        plan.sizes = tuple(int(n) for n in args.sizes.split(","))
+    if args.steps:
+        plan.steps = args.steps
+    return run_alone("scale", lambda log: run(plan, log=log), render, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

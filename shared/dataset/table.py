@@ -1,0 +1,250 @@
+"""The samples of an index as columns: numpy arrays of the numbers, and the strings (id, text,
+audio locator, units) as UTF-8 blobs with offsets, read one clip at a time.
+
+A :class:`SampleTable` is a read-only sequence of :class:`~shared.dataset.types.Sample`: it
+makes a Sample only for the clip asked for, so a table of ten million clips held by the
+coordinator costs its columns (about 40 bytes a clip) and the pages of the blobs it reads,
+which a warm load maps from the index cache (shared/dataset/cache.py) instead of reading.
+Planning reads the columns (:meth:`SampleTable.column`), never a Sample per clip.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
+
+import numpy as np
+
+from ..dataset.types import Sample
+
+# The numeric columns and their types. ``speaker`` and ``language`` are codes into the
+# table's name lists (a dataset has few of them).
+NUMBER_COLUMNS: dict[str, Any] = {"num_tokens": np.int32, "num_frames": np.int32, "duration_s": np.float64,
+                                  "line": np.int64, "speaker": np.int32, "language": np.int32}
+
+
+# The string columns, each a blob of UTF-8 (file names may hold undecodable bytes: surrogateescape)
+# and int64 offsets, one more than the clips.
+STRING_COLUMNS = ("id", "text", "audio", "units")
+
+
+ENCODING_ERRORS = "surrogateescape"
+
+
+# FNV-1a, 64 bits: the hash of a clip id in the map of ids (SampleTable.find_rows).
+FNV_OFFSET = 14695981039346656037
+FNV_PRIME = np.uint64(1099511628211)
+
+
+# Ids are hashed this many at a time (a few arrays of this length at once).
+ID_HASH_CHUNK = 1 << 20
+
+
+class SampleTable(Sequence[Sample]):
+    """The samples of an index, columnar (module docstring). ``numbers``: the arrays of
+    :data:`NUMBER_COLUMNS`; ``strings``: per name of :data:`STRING_COLUMNS`, (offsets, blob);
+    ``speakers``, ``languages``: the names the codes stand for."""
+
+    def __init__(self, numbers: Mapping[str, np.ndarray], strings: Mapping[str, tuple[np.ndarray, Any]],
+                 speakers: Sequence[str], languages: Sequence[str], rows: np.ndarray | None = None) -> None:
+        self._numbers = dict(numbers)
+        self._strings = {name: (offsets, memoryview(blob)) for name, (offsets, blob) in strings.items()}
+        self.speakers = list(speakers)
+        self.languages = list(languages)
+        self._rows = rows  # a view's rows of the stored columns (None: all of them, in order)
+        self._len = len(rows) if rows is not None else len(self._numbers["num_frames"])
+        self._id_rows: tuple[np.ndarray, np.ndarray] | None = None  # (sorted id hashes, their rows)
+        self._ids: list[str] | None = None
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[Sample]) -> "SampleTable":
+        rows = list(samples)
+        speakers = sorted({s.speaker for s in rows})
+        languages = sorted({s.language for s in rows})
+        speaker_code = {name: n for n, name in enumerate(speakers)}
+        language_code = {name: n for n, name in enumerate(languages)}
+        numbers = {
+            "num_tokens": np.fromiter((s.num_tokens for s in rows), np.int32, len(rows)),
+            "num_frames": np.fromiter((s.num_frames for s in rows), np.int32, len(rows)),
+            "duration_s": np.fromiter((s.duration_s for s in rows), np.float64, len(rows)),
+            "line": np.fromiter((s.line for s in rows), np.int64, len(rows)),
+            "speaker": np.fromiter((speaker_code[s.speaker] for s in rows), np.int32, len(rows)),
+            "language": np.fromiter((language_code[s.language] for s in rows), np.int32, len(rows)),
+        }
+        strings = {name: pack_strings([getattr(s, name) for s in rows]) for name in STRING_COLUMNS}
+        return cls(numbers, strings, speakers, languages)
+
+    # ------------------------------------------------------------ the sequence of Samples
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, n: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, n: slice) -> list[Sample]: ...
+
+    def __getitem__(self, n: int | slice) -> Sample | list[Sample]:
+        if isinstance(n, slice):
+            return [self[i] for i in range(*n.indices(self._len))]
+        if n < 0:
+            n += self._len
+        if not 0 <= n < self._len:
+            raise IndexError(n)
+        num = self._numbers
+        n = int(self._rows[n]) if self._rows is not None else n
+        text = self._stored
+        return Sample(text("id", n), text("text", n), int(num["num_tokens"][n]), int(num["num_frames"][n]),
+                      float(num["duration_s"][n]), text("audio", n), int(num["line"][n]),
+                      self.languages[num["language"][n]], self.speakers[num["speaker"][n]], text("units", n))
+
+    def __iter__(self) -> Iterator[Sample]:
+        return (self[n] for n in range(self._len))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SampleTable | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking sequence semantics, as a list
+
+    def __repr__(self) -> str:
+        return f"SampleTable({self._len} clips)"
+
+    # ------------------------------------------------------------ columns
+    def column(self, name: str) -> np.ndarray:
+        """One numeric column (:data:`NUMBER_COLUMNS`), read-only."""
+        col = self._numbers[name]
+        return col if self._rows is None else col[self._rows]
+
+    def string(self, name: str, n: int) -> str:
+        """Clip ``n``'s string ``name`` (:data:`STRING_COLUMNS`)."""
+        if self._rows is not None:
+            n = int(self._rows[n])
+        return self._stored(name, n)
+
+    def _stored(self, name: str, n: int) -> str:
+        offsets, blob = self._strings[name]
+        return bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS)
+
+    def strings(self, name: str, rows: Iterable[int] | None = None) -> list[str]:
+        """String ``name`` of clips ``rows`` (default: every clip), in order."""
+        offsets, blob = self._strings[name]
+        if rows is None:
+            rows = range(self._len)
+        if self._rows is not None:
+            rows = self._rows[np.fromiter(rows, np.int64)].tolist()
+        elif isinstance(rows, range):
+            bounds = offsets.tolist()  # one conversion: indexing a numpy array per clip costs more
+            return [bytes(blob[bounds[n]:bounds[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
+        return [bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
+
+    def ids(self) -> list[str]:
+        """Every clip's id, in order: decoded once and kept (the plan's buckets and batches hold
+        these very strings, and :meth:`row_of` maps them)."""
+        if self._ids is None:
+            self._ids = self.strings("id")
+        return self._ids
+
+    def row_of(self, sample_id: str) -> int:
+        """The row of a clip id; KeyError when the table has none."""
+        (row,) = self.find_rows([sample_id])
+        if row < 0:
+            raise KeyError(sample_id)
+        return row
+
+    def find_rows(self, ids: Sequence[str]) -> list[int]:
+        """The rows of clip ids, -1 for an id the table lacks. The map is a sorted array of the
+        ids' 64-bit hashes (made on first use: 16 bytes a clip, where a dict of the ids would
+        take some 100), each hit checked against the id itself."""
+        if self._id_rows is None:
+            offsets, blob = self._strings["id"]
+            rows = self._rows if self._rows is not None else np.arange(self._len)
+            hashes = _hash_strings(offsets, np.frombuffer(blob, np.uint8), rows)
+            order = np.argsort(hashes, kind="stable")
+            self._id_rows = (hashes[order], order)
+        hashes, order = self._id_rows
+        q_offsets, q_blob = pack_strings(ids)
+        wanted = _hash_strings(q_offsets, np.frombuffer(q_blob, np.uint8), np.arange(len(ids)))
+        found = []
+        for sample_id, h, at in zip(ids, wanted.tolist(), np.searchsorted(hashes, wanted).tolist()):
+            row = -1
+            while at < len(hashes) and hashes[at] == h:
+                if self.string("id", int(order[at])) == sample_id:
+                    row = int(order[at])
+                    break
+                at += 1
+            found.append(row)
+        return found
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> "SampleTable":
+        """A view of clips ``rows`` of this table, in that order (nothing is copied but the rows)."""
+        picked = np.asarray(rows, np.int64)
+        ids = self.ids()
+        view = SampleTable(self._numbers, self._strings, self.speakers, self.languages,
+                           self._rows[picked] if self._rows is not None else picked)
+        view._ids = [ids[n] for n in picked.tolist()]  # the same strings, not decoded again
+        return view
+
+    # ------------------------------------------------------------ storage
+    def sections(self) -> dict[str, bytes | np.ndarray]:
+        """The arrays and blobs to store (:meth:`from_sections` reads them back); of a whole table."""
+        if self._rows is not None:
+            raise ValueError("a view of a table is not stored")
+        out: dict[str, bytes | np.ndarray] = {f"n.{name}": np.ascontiguousarray(col, NUMBER_COLUMNS[name])
+                                             for name, col in self._numbers.items()}
+        for name, (offsets, blob) in self._strings.items():
+            out[f"o.{name}"] = np.ascontiguousarray(offsets, np.int64)
+            out[f"s.{name}"] = blob
+        return out
+
+    @classmethod
+    def from_sections(cls, sections: Mapping[str, memoryview], speakers: Sequence[str],
+                      languages: Sequence[str]) -> "SampleTable":
+        """The table over stored sections (views of a mapped file: nothing is copied); ValueError
+        when they do not fit together."""
+        numbers = {name: np.frombuffer(sections[f"n.{name}"], kind) for name, kind in NUMBER_COLUMNS.items()}
+        count = len(numbers["num_frames"])
+        strings = {}
+        for name in STRING_COLUMNS:
+            offsets = np.frombuffer(sections[f"o.{name}"], np.int64)
+            blob = sections[f"s.{name}"]
+            if len(offsets) != count + 1 or offsets[0] != 0 or offsets[-1] != len(blob) \
+                    or (count and np.any(np.diff(offsets) < 0)):
+                raise ValueError(f"column {name} does not fit its blob")
+            strings[name] = (offsets, blob)
+        if any(len(col) != count for col in numbers.values()):
+            raise ValueError("columns of different lengths")
+        if count and (numbers["speaker"].max() >= len(speakers) or numbers["language"].max() >= len(languages)
+                      or numbers["speaker"].min() < 0 or numbers["language"].min() < 0):
+            raise ValueError("a speaker or language code outside its table")
+        return cls(numbers, strings, speakers, languages)
+
+
+def _hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """64-bit FNV-1a of the strings ``rows`` of (offsets, blob), ID_HASH_CHUNK at a time, a
+    byte position of all of them per step."""
+    out = np.empty(len(rows), np.uint64)
+    for first in range(0, len(rows), ID_HASH_CHUNK):
+        chunk = rows[first:first + ID_HASH_CHUNK]
+        starts = offsets[chunk]
+        lengths = offsets[chunk + 1] - starts
+        h = np.full(len(chunk), FNV_OFFSET, np.uint64)
+        for k in range(int(lengths.max()) if len(chunk) else 0):
+            has = lengths > k
+            byte = np.zeros(len(chunk), np.uint64)
+            byte[has] = blob[starts[has] + k]
+            h = np.where(has, (h ^ byte) * FNV_PRIME, h)
+        out[first:first + len(chunk)] = h
+    return out
+
+
+def pack_strings(values: Sequence[str]) -> tuple[np.ndarray, bytes]:
+    """(offsets, blob) of ``values``: UTF-8 one after the other, offsets[n]..offsets[n+1] the n-th."""
+    joined = "".join(values)
+    offsets = np.zeros(len(values) + 1, np.int64)
+    if joined.isascii():  # a byte per character: no bytes object per value
+        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+        return offsets, joined.encode("ascii")
+    encoded = [v.encode("utf-8", ENCODING_ERRORS) for v in values]
+    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=offsets[1:])
+    return offsets, b"".join(encoded)

@@ -1,0 +1,36 @@
+"""The scale benchmark's pieces without a run: its generated manifest and its report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stoker.benchmarks import scale
+from stoker.shared.config import DataConfig, FeaturesConfig
+from stoker.shared.dataset import build_index
+
+
+def test_the_generated_manifest_is_indexed_from_its_durations(tmp_path: Path) -> None:
+    manifest = scale.make_dataset(tmp_path, 60)
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert len(rows) == 60 and len({r["text"] for r in rows}) == 60 and len({r["id"] for r in rows}) == 60
+    assert len(list((tmp_path / "audio").iterdir())) == scale.AUDIO_FILES
+    index = build_index(DataConfig(path=str(tmp_path), metadata_file="manifest.jsonl", index_cache="off"),
+                        FeaturesConfig())
+    assert len(index.samples) == 60 and index.rejected == [] and index.stats.headers_read == 0
+    assert [s.duration_s for s in index.samples] == [r["duration"] for r in rows]
+
+
+def test_the_report_names_growth_and_targets() -> None:
+    figures = dict.fromkeys(scale.GROWN + ("cold_build_peak_rss_mb", "warm_load_peak_rss_mb", "samples_per_s",
+                                           "launcher_peak_rss_mb"), 1.0)
+    rows = [{**figures, "clips": 1_000_000, "command": "c"},
+            {**figures, "clips": 10_000_000, "consumer_peak_rss_mb": 20.0, "command": "c"}]
+    growth = {k: (rows[1][k] / rows[0][k]) / 10 for k in scale.GROWN}
+    result = {"sizes": rows, "growth_per_clip": growth,
+              "targets": [{"what": "consumer_peak_rss_mb at 10,000,000 clips", "value": 20.0, "limit": 1500.0,
+                           "met": True}]}
+    text = scale.render(result)
+    assert "1,000,000 clips" in text and "10,000,000 clips" in text
+    assert "met: consumer_peak_rss_mb at 10,000,000 clips = 20.000 (limit 1500)" in text
+    assert growth["consumer_peak_rss_mb"] == 2.0

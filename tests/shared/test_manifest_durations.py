@@ -1,0 +1,72 @@
+"""Manifests with durations: indexed without opening an audio file; a clip whose audio is not
+that long is a counted rejection when a producer reads it, never a crash."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stoker.consumer.pipeline.plan import TokenTable
+from stoker.producer.batches import DURATION_TOLERANCE_S, BatchMaker
+from stoker.shared import wire
+from stoker.shared.config import DataConfig, FeaturesConfig
+from stoker.shared.dataset import build_index
+from stoker.shared.dataset import probe as probe_module
+from stoker.shared.mel import num_frames
+from tests.factories import make_dataset
+
+FEATURES = FeaturesConfig()
+
+
+def _manifest(root: Path, rows: list[dict]) -> DataConfig:
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return DataConfig(path=str(root), metadata_file="train.jsonl", index_cache="off")
+
+
+def test_a_manifest_with_durations_is_indexed_without_opening_audio(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("an audio file was opened")
+
+    monkeypatch.setattr(probe_module, "probe_audio", never)
+    monkeypatch.setattr("stoker.shared.dataset.index.probe_audio", never)
+    # the files need not exist to be indexed: each clip reuses one of two, or names none at all
+    rows = [{"audio_filepath": f"audio/c{i % 2}.wav", "id": f"clip{i}", "text": f"clip number {i}.",
+             "duration": 0.5 + i / 10, "speaker": i % 3} for i in range(6)]
+    rows.append({"audio_filepath": "audio/far.wav", "id": "long", "text": "too long", "duration": 99.0})
+    rows.append({"audio_filepath": "audio/x.wav", "id": "nan", "text": "x", "duration": float("nan")})
+    index = build_index(_manifest(tmp_path, rows), FEATURES)
+    assert index.stats.headers_read == 0
+    assert [s.id for s in index.samples] == [f"clip{i}" for i in range(6)]
+    for i, sample in enumerate(index.samples):
+        assert sample.duration_s == 0.5 + i / 10
+        assert sample.audio == f"audio/c{i % 2}.wav" and sample.speaker == str(i % 3)
+        assert sample.num_frames == num_frames(round(sample.duration_s * FEATURES.sample_rate_hz), FEATURES)
+    reasons = {r.id: r.reason for r in index.rejected}
+    assert "longer than data.max_audio_s" in reasons["long"]
+    assert "not a finite number" in reasons["nan"]
+
+
+def test_a_clip_whose_audio_disagrees_with_its_duration_is_rejected_when_read(tmp_path: Path) -> None:
+    ids = make_dataset(tmp_path, count=3, durations=[0.8, 0.8, 0.8])
+    rows = [{"audio_filepath": f"wavs/{i}.wav", "text": f"clip {n}", "duration": d}
+            for n, (i, d) in enumerate(zip(ids, [0.8, 1.6, 0.8 + DURATION_TOLERANCE_S / 2]))]
+    rows.append({"audio_filepath": "wavs/absent.wav", "text": "not on this host", "duration": 0.8})
+    index = build_index(_manifest(tmp_path, rows), FEATURES)
+    assert len(index.samples) == 4 and index.stats.headers_read == 0
+    tokens = TokenTable(index.samples, index.vocabulary)
+    all_ids = [s.id for s in index.samples]
+    carried = tokens.lease_fields(all_ids)
+    longest = max(s.num_frames for s in index.samples)
+    lease = wire.Lease(lease=1, epoch=0, index=0, ids=tuple(all_ids), shape=(64, longest), rows=4,
+                       tokens=tuple(tuple(t) for t in carried["tokens"]), texts=carried["texts"],
+                       files=carried["files"], durations=tuple(carried["durations"]))
+    maker = BatchMaker(tmp_path, {}, FEATURES, None, "p0")  # reads no metadata: the lease names the clips
+    prepared = maker.make(lease)
+    batch = prepared.batch
+    assert batch.ids == (ids[0], ids[2])
+    assert [(e.id, e.reason.split(":")[0]) for e in batch.rejected] == [
+        (ids[1], "audio of 0.800 s where the index says 1.600 s")]
+    assert [e.id for e in batch.missed] == ["absent"]

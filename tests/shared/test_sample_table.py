@@ -1,0 +1,81 @@
+"""The columnar index: samples through the table and a cache file come back equal, value for value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stoker.shared.dataset import (Sample, SampleTable, build_index, open_index, pack_index, write_cache)
+from stoker.shared.dataset import table as table_module
+from stoker.shared.config import DataConfig, FeaturesConfig
+from tests.factories import make_dataset
+
+SAMPLES = [
+    Sample("a1", "Hello there.", 13, 120, 1.5, "wavs/a1.wav", 1, "en", "default", "hello there."),
+    Sample("b\u00e9", "Gr\u00fc\u00dfe, \u0633\u0644\u0627\u0645", 9, 87, 1.0875, "wavs/b\u00e9.flac", 2, "de", "anna",
+           "gr\u00fc\u00dfe"),
+    Sample("c3", "", 1, 3, 0.0346, "/abs/path/c3.wav", 7, "fa", "default", ""),
+    Sample("odd\udcff", "x", 2, 2**31 - 1, 1e6, "wavs/odd\udcff.wav", 2**40, "en", "z", "x"),
+]
+
+
+def test_samples_round_trip_through_the_table() -> None:
+    table = SampleTable.from_samples(SAMPLES)
+    assert len(table) == len(SAMPLES)
+    assert list(table) == SAMPLES
+    assert table[-1] == SAMPLES[-1] and table[1:3] == SAMPLES[1:3]
+    assert table.column("num_frames").tolist() == [s.num_frames for s in SAMPLES]
+    assert table.strings("id") == [s.id for s in SAMPLES]
+    assert table.row_of("c3") == 2
+    view = table.take([3, 0])
+    assert list(view) == [SAMPLES[3], SAMPLES[0]]
+    assert view.column("duration_s").tolist() == [1e6, 1.5]
+    assert view.strings("text") == ["x", "Hello there."] and view.row_of("a1") == 1
+    with pytest.raises(IndexError):
+        table[len(SAMPLES)]
+
+
+def test_samples_round_trip_through_a_mapped_cache_file(tmp_path: Path) -> None:
+    table = SampleTable.from_samples(SAMPLES)
+    path = tmp_path / "index.idx"
+    assert write_cache([path], pack_index({"key": "k", "extra": [1, "two"]}, {**table.sections(), "reuse": b"r"}))
+    cached = open_index(path)
+    assert cached.header["key"] == "k" and cached.header["extra"] == [1, "two"]
+    assert bytes(cached.sections["reuse"]) == b"r"
+    back = SampleTable.from_sections(cached.sections, table.speakers, table.languages)
+    assert list(back) == SAMPLES
+    assert isinstance(back.column("num_tokens"), np.ndarray) and not back.column("num_tokens").flags.writeable
+
+
+def test_an_empty_table_round_trips(tmp_path: Path) -> None:
+    table = SampleTable.from_samples([])
+    path = tmp_path / "empty.idx"
+    write_cache([path], pack_index({}, table.sections()))
+    assert list(SampleTable.from_sections(open_index(path).sections, [], [])) == []
+
+
+def test_a_warm_index_equals_the_built_one_value_for_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    make_dataset(tmp_path / "data", count=6)
+    data = DataConfig(path=str(tmp_path / "data"))
+    cold = build_index(data, FeaturesConfig())
+    warm = build_index(data, FeaturesConfig())
+    assert warm.stats.cache == "hit"
+    assert list(warm.samples) == list(cold.samples) and len(warm.samples) == 6
+    for name in ("num_tokens", "num_frames", "duration_s", "line", "speaker", "language"):
+        assert warm.samples.column(name).tolist() == cold.samples.column(name).tolist()
+    assert warm.sample(cold.samples[3].id) == cold.samples[3]
+
+
+def test_ids_are_found_by_hash_and_checked_against_the_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = SampleTable.from_samples(SAMPLES)
+    assert table.find_rows(["c3", "nope", "b\u00e9", "odd\udcff", "a1"]) == [2, -1, 1, 3, 0]
+    with pytest.raises(KeyError):
+        table.row_of("a")
+    # every id hashed alike: each hit is still told apart by the id itself
+    monkeypatch.setattr(table_module, "_hash_strings", lambda offsets, blob, rows: np.zeros(len(rows), np.uint64))
+    collided = SampleTable.from_samples(SAMPLES)
+    assert collided.find_rows(["odd\udcff", "c3", "zz"]) == [3, 2, -1]
+    assert collided.take([2, 3]).find_rows(["odd\udcff", "a1"]) == [1, -1]
