@@ -26,7 +26,8 @@ Runs the five sections of issue 6, prints plain tables and writes ``bench.json``
                    (benchmarks/replicas.py)
     producer_models  (full run only) one neural encoder (mel -> codes) inside the training step,
                    in the producers (transforms.models), and from the feature cache, vs no
-                   encoder: samples/s and wait share (benchmarks/producer_models.py)
+                   encoder: samples/s and wait share, with the processes sharing the cores
+                   and one core per device (benchmarks/producer_models.py)
 
 The older sections (memory: the consumer's RSS over thousands of batches; starvation:
 diagnosis on injected faults; data: the full data benchmark; producers: scaling,
@@ -287,7 +288,8 @@ def render(report: dict[str, Any]) -> str:
                   replicas.render(sections["replicas"])]
     if sections.get("producer_models"):
         parts += ["", "producer_models: one encoder (mel -> codes, about a training step's cost) in the training step, "
-                      "in the producers, from the cache, vs none; demo data, batch 16, 2 producers",
+                      "in the producers, from the cache, vs none; demo data, batch 16, 2 producers; shared cores and "
+                      "one core per device",
                   producer_models.render(sections["producer_models"])]
     if sections.get("trainer"):
         parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
