@@ -17,14 +17,27 @@ From each run's summary.json: samples/s after warm-up and the trainer's wait sha
 (``data_wait_frac``), medians over ``repetitions`` rounds of the four (alternated). Ratios:
 (b) / (a) (target >= 1.3 where the encoder costs about a step) and (c) / none (target >=
 0.95). ``none`` also reads its log-mels from the cache, so that (c) is compared with a run
-doing the same work but the codes. On a CPU-only host the producers
-and the trainer share the cores: the encoder moved to the producers still takes the trainer's
-CPU, which the figures show.
+doing the same work but the codes.
+
+Each way runs in two layouts of the processes on the host's cores, in the same run:
+
+    shared      every process may use every core (as a run is started): on a CPU-only host the
+                encoder moved into the producers still takes the trainer's cores
+    pinned      one core per device, the CPU analogue of a data GPU and a model GPU: the trainer
+                on one core (the model device), the producers on another (the data device), so
+                the producers' encoder runs beside the step instead of taking its core. The run's
+                launcher starts with the data core's affinity, which its producers inherit before
+                anything is imported; the trainer's threads are moved to the model core as soon
+                as its process appears (TensorFlow sizes its thread pools from one core either
+                way). Skipped, with the reason, on a host with fewer than 2 cores.
+
+No GPU is measured here: the pinned layout shows what separate devices change, not a GPU's speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -32,10 +45,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from stoker.benchmarks.common import QUIET_ENV, STOKER, BenchError, ratio, run_alone, spread, table
 
@@ -55,6 +71,80 @@ TRAINERS = {"none": "plain", "in step": "in_step", "producers": "on_codes", "cac
 TARGET_PRODUCERS_VS_STEP = 1.3
 TARGET_CACHE_VS_NONE = 0.95
 RUN_TIMEOUT_S = 600.0
+# The trainer's process, told from the producers' by its command line (stoker/launcher.py's consumer_argv).
+TRAINER_MODULE = "stoker.consumer.training.main"
+# How often the pinned layout looks for the trainer's process and threads before it has pinned
+# it (its module's imports take far longer), and after (threads started later inherit the core).
+PIN_POLL_S = 0.02
+PIN_RECHECK_S = 0.5
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The pinned layout: the trainer's core (the model device) and the producers' (the data device)."""
+    trainer: frozenset[int]
+    producers: frozenset[int]
+
+
+def split_cores(usable: set[int]) -> Cores | str:
+    """One core for the trainer and another for the producers (and the launcher), or why not."""
+    if len(usable) < 2:
+        return f"the pinned layout needs 2 cores, this host lets this process use {len(usable)}"
+    first, second = sorted(usable)[:2]
+    return Cores(trainer=frozenset({first}), producers=frozenset({second}))
+
+
+class _Pinner:
+    """Moves every thread of a run's trainer to the trainer's core while the run lives, and
+    checks that its producers kept the data core they inherited from the launcher."""
+
+    def __init__(self, launcher: subprocess.Popen, cores: Cores) -> None:
+        self.launcher, self.cores = launcher, cores
+        self.trainer_threads_moved = 0
+        self.seen: dict[int, str] = {}  # pid -> "trainer" or "producer"
+        self.stray: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="pinner", daemon=True)
+
+    def _watch(self) -> None:
+        root = psutil.Process(self.launcher.pid)
+        while not self.stop.is_set():
+            try:
+                children = root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            for child in children:
+                self._pin(child)
+            self.stop.wait(PIN_RECHECK_S if "trainer" in self.seen.values() else PIN_POLL_S)
+
+    def _pin(self, child: psutil.Process) -> None:
+        """The trainer and the processes it starts (its models' versions are taken in a child)
+        go to the trainer's core; every other process of the run must have kept the data core."""
+        try:
+            run = [child, *itertools.takewhile(lambda p: p.pid != self.launcher.pid, child.parents())]
+            trainer = any(TRAINER_MODULE in p.cmdline() for p in run)
+            tids = [t.id for t in child.threads()]
+        except psutil.NoSuchProcess:
+            return
+        self.seen[child.pid] = "trainer" if trainer else "producer"
+        for tid in tids:
+            try:
+                if trainer and os.sched_getaffinity(tid) != self.cores.trainer:
+                    os.sched_setaffinity(tid, self.cores.trainer)
+                    self.trainer_threads_moved += 1
+                elif not trainer and os.sched_getaffinity(tid) != self.cores.producers:
+                    self.stray.append(f"{' '.join(child.cmdline()[1:3])} (pid {child.pid}) thread {tid}")
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                continue  # the thread or its process ended between listing and pinning
+
+    def check(self) -> dict[str, Any]:
+        trainers = sum(role == "trainer" for role in self.seen.values())
+        if not trainers or self.stray:
+            raise BenchError(f"the pinned layout did not hold: {trainers} trainer processes seen, threads off the "
+                             f"data core: {sorted(set(self.stray))[:5]}")
+        return {"trainer_core": sorted(self.cores.trainer), "producer_core": sorted(self.cores.producers),
+                "trainer_processes": trainers, "producer_processes": len(self.seen) - trainers,
+                "trainer_threads_moved": self.trainer_threads_moved}
 
 
 @dataclass
@@ -153,12 +243,34 @@ def on_codes(vocab_size: int, n_mels: int) -> Any:
     return _trainer(vocab_size, "batch")
 
 
-def _stoker(args: list[str], run_dir: Path) -> dict[str, Any]:
+def _stoker(args: list[str], run_dir: Path, cores: Cores | None = None) -> dict[str, Any]:
+    """One run of stoker; with ``cores``, laid out one core per device (its summary gets ``pinned``)."""
     argv = [*STOKER, *args, "--run-dir", str(run_dir), "--log-level", "WARNING"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env={**os.environ, **QUIET_ENV})
-    if done.returncode != 0:
-        raise BenchError(f"{' '.join(argv[2:])} exited with {done.returncode}: {done.stderr[-800:]}")
-    return json.loads((run_dir / "summary.json").read_text())
+    mine = os.sched_getaffinity(0)
+    if cores is not None:
+        os.sched_setaffinity(0, cores.producers)  # this thread's only: the launcher starts on the data core
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **QUIET_ENV})
+    finally:
+        os.sched_setaffinity(0, mine)
+    with proc:
+        pinner = None if cores is None else _Pinner(proc, cores)
+        if pinner:
+            pinner.thread.start()
+        try:
+            _, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise BenchError(f"{' '.join(argv[2:])} ran past {RUN_TIMEOUT_S:.0f} s") from None
+        finally:
+            if pinner:
+                pinner.stop.set()
+                pinner.thread.join()
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(argv[2:])} exited with {proc.returncode}: {stderr[-800:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary if pinner is None else {**summary, "pinned": pinner.check()}
 
 
 def _figures(summaries: list[dict[str, Any]], command: str) -> dict[str, Any]:
@@ -173,57 +285,87 @@ def _figures(summaries: list[dict[str, Any]], command: str) -> dict[str, Any]:
             "model_hits": sum(p.get("model_hits", 0) for p in summaries[0]["producers"]), "command": command}
 
 
-def run(plan: ProducerModelsPlan, log_fn: Any = None) -> dict[str, Any]:
+def _layout(measured: dict[str, list[dict[str, Any]]], commands: dict[str, str]) -> dict[str, Any]:
+    """One layout's figures for each way and its two ratios."""
+    runs = {way: _figures(summaries, commands[way]) for way, summaries in measured.items()}
+    sps = {way: r["samples_per_s"] for way, r in runs.items()}
+    return {"runs": runs, "pinned": measured["none"][0].get("pinned"),
+            "producers_vs_in_step": ratio(sps["producers"], sps["in step"], target=TARGET_PRODUCERS_VS_STEP),
+            "cache_vs_none": ratio(sps["cache"], sps["none"], target=TARGET_CACHE_VS_NONE)}
+
+
+def _targets(layouts: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, layout in layouts.items():
+        if "skipped" in layout:
+            continue
+        for key, what, limit in (("producers_vs_in_step", "encoder in the producers / in the step",
+                                  TARGET_PRODUCERS_VS_STEP),
+                                 ("cache_vs_none", "codes from the cache / no encoder", TARGET_CACHE_VS_NONE)):
+            r = layout[key]
+            out.append({"what": f"{name} cores: {what}, samples/s", "value": r["value"], "limit": limit, "ratio": r,
+                        "met": r["value"] >= limit})
+    return out
+
+
+def run(plan: ProducerModelsPlan, log_fn: Any = None, usable_cores: set[int] | None = None) -> dict[str, Any]:
     say = log_fn or (lambda text: None)
+    cores = split_cores(os.sched_getaffinity(0) if usable_cores is None else usable_cores)
+    layouts_run = {"shared": None, **({"pinned": cores} if isinstance(cores, Cores) else {})}
+    if not isinstance(cores, Cores):
+        say(f"producer models: pinned layout skipped: {cores}")
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-models-"))
     common = ["--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE), "--model-start-delay", "1",
               "--set", "features.backend=numpy", "--set", "trainer.val_clips=0",
               "--set", "trainer.checkpoint_every_steps=0", "--set", "trainer.log_every_steps=20"]
     models = ["--producer-models", ENCODER, "--set", f"transforms.model_fields={MODEL_FIELDS}"]
     cache = ["--set", f"data.feature_cache={work / 'cache'}"]
+    ways = {"none": cache, "in step": [], "producers": models, "cache": models + cache}
+    commands = {way: " ".join(["python run.py", "--model", f"stoker.benchmarks.producer_models:{TRAINERS[way]}",
+                               "--steps", str(plan.steps), *common, *ways[way]]) for way in ways}
+    order = [(layout, way) for layout in layouts_run for way in ways]
+    measured: dict[str, dict[str, list[dict[str, Any]]]] = {layout: {way: [] for way in ways} for layout in layouts_run}
     try:
         started = time.monotonic()
         _stoker(["precompute", "--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE),
                  "--set", "trainer.val_clips=0", *models, *cache], work / "precompute")
         say(f"producer models: cache filled by precompute in {time.monotonic() - started:.1f} s")
-        ways = {"none": cache, "in step": [], "producers": models, "cache": models + cache}
-        measured: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
         for round_ in range(plan.repetitions):
-            for way in (list(ways) if round_ % 2 == 0 else list(ways)[::-1]):
+            for layout, way in (order if round_ % 2 == 0 else order[::-1]):
                 model = f"stoker.benchmarks.producer_models:{TRAINERS[way]}"
                 summary = _stoker(["--model", model, "--steps", str(plan.steps), *common, *ways[way]],
-                                  work / f"run-{way.replace(' ', '-')}-{round_}")
-                measured[way].append(summary)
-                say(f"producer models: {way}: {summary['samples_per_s']:.1f} samples/s, wait "
+                                  work / f"run-{layout}-{way.replace(' ', '-')}-{round_}", layouts_run[layout])
+                measured[layout][way].append(summary)
+                say(f"producer models: {layout} cores, {way}: {summary['samples_per_s']:.1f} samples/s, wait "
                     f"{summary['data_wait_frac']:.3f}, step {summary['step_ms_mean']:.1f} ms")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    runs = {way: _figures(summaries, " ".join(["python run.py", "--model",
-                                                f"stoker.benchmarks.producer_models:{TRAINERS[way]}", "--steps",
-                                                str(plan.steps), *common, *ways[way]]))
-            for way, summaries in measured.items()}
-    sps = {way: r["samples_per_s"] for way, r in runs.items()}
-    producers_vs_step = ratio(sps["producers"], sps["in step"], target=TARGET_PRODUCERS_VS_STEP)
-    cache_vs_none = ratio(sps["cache"], sps["none"], target=TARGET_CACHE_VS_NONE)
-    return {"runs": runs, "steps": plan.steps, "batch_size": BATCH_SIZE, "producers": PRODUCERS, "width": WIDTH,
-            "producers_vs_in_step": producers_vs_step, "cache_vs_none": cache_vs_none,
-            "targets": [{"what": "encoder in the producers / in the step, samples/s",
-                         "value": producers_vs_step["value"],
-                         "limit": TARGET_PRODUCERS_VS_STEP, "ratio": producers_vs_step,
-                         "met": producers_vs_step["value"] >= TARGET_PRODUCERS_VS_STEP},
-                        {"what": "codes from the cache / no encoder, samples/s", "value": cache_vs_none["value"],
-                         "limit": TARGET_CACHE_VS_NONE, "ratio": cache_vs_none,
-                         "met": cache_vs_none["value"] >= TARGET_CACHE_VS_NONE}]}
+    layouts = {layout: _layout(measured[layout], commands) for layout in layouts_run}
+    if not isinstance(cores, Cores):
+        layouts["pinned"] = {"skipped": cores}
+    return {"layouts": layouts, "steps": plan.steps, "batch_size": BATCH_SIZE, "producers": PRODUCERS,
+            "width": WIDTH, "targets": _targets(layouts)}
+
+
+LAYOUT_TITLES = {"shared": "shared cores (every process on every core)",
+                 "pinned": "one core per device (trainer on one core, producers on another)"}
 
 
 def render(result: dict[str, Any]) -> str:
-    rows = [[way, f"{r['samples_per_s']:.1f}", f"{r['data_wait_frac']:.3f}", f"{r['step_ms_mean']:.1f}",
-             r["model_runs"], r["model_hits"]] for way, r in result["runs"].items()]
-    return "\n".join([
-        table(["encoder", "samples/s", "wait share", "step ms", "model runs", "cached clips"], rows),
-        f"(b) producers / (a) in step: {result['producers_vs_in_step']['value']:.2f} (target >= "
-        f"{TARGET_PRODUCERS_VS_STEP}); (c) cache / none: {result['cache_vs_none']['value']:.2f} "
-        f"(target >= {TARGET_CACHE_VS_NONE})"])
+    out = []
+    for name, layout in result["layouts"].items():
+        if "skipped" in layout:
+            out.append(f"{LAYOUT_TITLES[name]}: skipped ({layout['skipped']})")
+            continue
+        rows = [[way, f"{r['samples_per_s']:.1f}", f"{r['data_wait_frac']:.3f}", f"{r['step_ms_mean']:.1f}",
+                 r["model_runs"], r["model_hits"]] for way, r in layout["runs"].items()]
+        out += [f"{LAYOUT_TITLES[name]}:",
+                table(["encoder", "samples/s", "wait share", "step ms", "model runs", "cached clips"], rows),
+                f"(b) producers / (a) in step: {layout['producers_vs_in_step']['value']:.2f} (target >= "
+                f"{TARGET_PRODUCERS_VS_STEP}); (c) cache / none: {layout['cache_vs_none']['value']:.2f} "
+                f"(target >= {TARGET_CACHE_VS_NONE})"]
+    out.append("No GPU was measured: the pinned layout is the CPU analogue of a data GPU beside a model GPU.")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

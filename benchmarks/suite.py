@@ -26,7 +26,8 @@ Runs the sections below, prints plain tables and writes ``bench.json``:
                    (benchmarks/replicas.py)
     producer_models  (full run only) one neural encoder (mel -> codes) inside the training step,
                    in the producers (transforms.models), and from the feature cache, vs no
-                   encoder: samples/s and wait share (benchmarks/producer_models.py)
+                   encoder: samples/s and wait share, with the processes sharing the cores
+                   and one core per device (benchmarks/producer_models.py)
     scale          manifests of 1 M and 10 M clips with durations (--quick: 20,000 and
                    100,000): index build cold and warm, launch to first batch, samples/s
                    and peak RSS of a synthetic:5 run, per-clip growth (benchmarks/scale.py)
@@ -295,7 +296,8 @@ def render(report: dict[str, Any]) -> str:
                   replicas.render(sections["replicas"])]
     if sections.get("producer_models"):
         parts += ["", "producer_models: one encoder (mel -> codes, about a training step's cost) in the training step, "
-                      "in the producers, from the cache, vs none; demo data, batch 16, 2 producers",
+                      "in the producers, from the cache, vs none; demo data, batch 16, 2 producers; shared cores and "
+                      "one core per device",
                   producer_models.render(sections["producer_models"])]
     if sections.get("scale"):
         parts += ["", "scale: manifests with durations (audio: a few files reused), index cold and warm, a synthetic:5 "

@@ -1,5 +1,6 @@
 """The producer_models section (benchmarks/producer_models.py) without its runs: the four ways
-are run with the commands they name, and the ratios and targets come from their summaries."""
+are run with the commands they name, in both layouts of the cores, and the ratios and targets
+come from their summaries."""
 
 from __future__ import annotations
 
@@ -8,34 +9,84 @@ from pathlib import Path
 from typing import Any
 
 from stoker.benchmarks import producer_models, suite
+from tests.benchmarks.checks import assert_ratio
+
+RATES = {("shared", "none"): 400.0, ("shared", "in-step"): 200.0, ("shared", "producers"): 300.0,
+         ("shared", "cache"): 390.0, ("pinned", "none"): 250.0, ("pinned", "in-step"): 100.0,
+         ("pinned", "producers"): 200.0, ("pinned", "cache"): 240.0}
 
 
-def test_the_four_ways_give_the_ratios_and_targets_of_their_summaries(monkeypatch) -> None:
-    calls: list[list[str]] = []
-    rates = {"none": 400.0, "in-step": 200.0, "producers": 300.0, "cache": 390.0}
-
-    def fake(args: list[str], run_dir: Path) -> dict[str, Any]:
-        calls.append(args)
+def fake_runs(monkeypatch, calls: list[tuple[list[str], str, Any]]) -> None:
+    """Stands in for stoker's runs: each run's rate from RATES, the second round 10 faster
+    (so that a median of two is their mean)."""
+    def fake(args: list[str], run_dir: Path, cores: Any = None) -> dict[str, Any]:
+        calls.append((args, run_dir.name, cores))
         if run_dir.name == "precompute":
             return {}
-        way, rounds = run_dir.name[len("run-"):].rsplit("-", 1)[0], int(run_dir.name.rsplit("-", 1)[1])
-        rate = rates.get(way, 0.0) + (10.0 if rounds == 1 else 0.0)  # the second round 10 faster: medians of two
-        return {"samples_per_s": rate, "data_wait_frac": 0.01, "step_ms_mean": 30.0,
-                "producers": [{"model_runs": 0 if way == "cache" else 4, "model_hits": 64}]}
+        name, rounds = run_dir.name[len("run-"):].rsplit("-", 1)
+        layout, way = name.split("-", 1)
+        assert (cores is not None) == (layout == "pinned")
+        summary = {"samples_per_s": RATES[layout, way] + (10.0 if rounds == "1" else 0.0), "data_wait_frac": 0.01,
+                   "step_ms_mean": 30.0, "producers": [{"model_runs": 0 if way == "cache" else 4, "model_hits": 64}]}
+        return summary if cores is None else {**summary, "pinned": {"trainer_core": sorted(cores.trainer)}}
 
     monkeypatch.setattr(producer_models, "_stoker", fake)
-    result = producer_models.run(producer_models.ProducerModelsPlan(steps=20, repetitions=2))
-    assert [c[c.index("--model") + 1].rsplit(":", 1)[1] for c in calls[1:]] == [
-        "plain", "in_step", "on_codes", "on_codes", "on_codes", "on_codes", "in_step", "plain"]  # alternated
-    assert calls[0][0] == "precompute" and f"transforms.models={producer_models.ENCODER}" not in calls[0]
-    assert producer_models.ENCODER in calls[0] and "data.feature_cache=" in " ".join(calls[0])
-    by_way = {way: run["command"] for way, run in result["runs"].items()}
-    assert producer_models.ENCODER not in by_way["none"] and "feature_cache" in by_way["none"]
-    assert by_way["in step"].endswith("log_every_steps=20") and ":in_step" in by_way["in step"]
-    assert producer_models.ENCODER in by_way["producers"] and "feature_cache" not in by_way["producers"]
-    assert math.isclose(result["producers_vs_in_step"]["value"], 305 / 205)
-    assert math.isclose(result["cache_vs_none"]["value"], 395 / 405)
-    assert [t["met"] for t in result["targets"]] == [True, True]
+
+
+def test_both_layouts_give_the_ratios_and_targets_of_their_summaries(monkeypatch) -> None:
+    calls: list[tuple[list[str], str, Any]] = []
+    fake_runs(monkeypatch, calls)
+    result = producer_models.run(producer_models.ProducerModelsPlan(steps=20, repetitions=2), usable_cores={0, 1})
+    trainers = [args[args.index("--model") + 1].rsplit(":", 1)[1] for args, _, _ in calls[1:]]
+    first_round = ["plain", "in_step", "on_codes", "on_codes"] * 2
+    assert trainers == first_round + first_round[::-1]  # alternated
+    assert [name.split("-")[1] for _, name, _ in calls[1:9]] == ["shared"] * 4 + ["pinned"] * 4
+    pinned = {cores for _, name, cores in calls if "pinned" in name}
+    assert pinned == {producer_models.Cores(trainer=frozenset({0}), producers=frozenset({1}))}
+    precompute = calls[0][0]
+    assert precompute[0] == "precompute" and calls[0][2] is None
+    assert producer_models.ENCODER in precompute and "data.feature_cache=" in " ".join(precompute)
+    for layout in ("shared", "pinned"):
+        by_way = {way: run["command"] for way, run in result["layouts"][layout]["runs"].items()}
+        assert producer_models.ENCODER not in by_way["none"] and "feature_cache" in by_way["none"]
+        assert by_way["in step"].endswith("log_every_steps=20") and ":in_step" in by_way["in step"]
+        assert producer_models.ENCODER in by_way["producers"] and "feature_cache" not in by_way["producers"]
+    shared, pinned_layout = result["layouts"]["shared"], result["layouts"]["pinned"]
+    assert math.isclose(shared["producers_vs_in_step"]["value"], 305 / 205)
+    assert math.isclose(shared["cache_vs_none"]["value"], 395 / 405)
+    assert math.isclose(pinned_layout["producers_vs_in_step"]["value"], 205 / 105)
+    assert math.isclose(pinned_layout["cache_vs_none"]["value"], 245 / 255)
+    assert shared["pinned"] is None and pinned_layout["pinned"] == {"trainer_core": [0]}
+    for layout in (shared, pinned_layout):
+        assert_ratio(layout["producers_vs_in_step"])
+        assert_ratio(layout["cache_vs_none"])
     listed = suite.targets({"producer_models": result})
-    assert [t["section"] for t in listed] == ["producer_models"] * 2 and listed[0]["numerator"] == 305.0
-    assert "(b) producers / (a) in step: 1.49" in producer_models.render(result)
+    assert [(t["what"].split(":")[0], t["met"]) for t in listed] == [
+        ("shared cores", True), ("shared cores", True), ("pinned cores", True), ("pinned cores", True)]
+    assert [t["numerator"] for t in listed] == [305.0, 395.0, 205.0, 245.0]
+    assert [t["section"] for t in listed] == ["producer_models"] * 4
+    text = producer_models.render(result)
+    assert "(b) producers / (a) in step: 1.49" in text and "(b) producers / (a) in step: 1.95" in text
+    assert "(c) cache / none: 0.98" in text and "(c) cache / none: 0.96" in text
+    assert "one core per device" in text and "No GPU was measured" in text
+
+
+def test_a_host_with_one_core_skips_the_pinned_layout_and_says_why(monkeypatch) -> None:
+    calls: list[tuple[list[str], str, Any]] = []
+    fake_runs(monkeypatch, calls)
+    said: list[str] = []
+    result = producer_models.run(producer_models.ProducerModelsPlan(steps=20, repetitions=1), said.append,
+                                 usable_cores={3})
+    assert all(cores is None for _, _, cores in calls) and len(calls) == 1 + 4
+    assert result["layouts"]["pinned"] == {"skipped": "the pinned layout needs 2 cores, this host lets this "
+                                                      "process use 1"}
+    assert any("pinned layout skipped: the pinned layout needs 2 cores" in line for line in said)
+    assert [t["what"].split(":")[0] for t in result["targets"]] == ["shared cores", "shared cores"]
+    assert "one core per device (trainer on one core, producers on another): skipped (the pinned layout needs 2 " \
+           "cores" in producer_models.render(result)
+
+
+def test_the_cores_are_split_one_for_the_trainer_and_one_for_the_producers() -> None:
+    assert producer_models.split_cores({5, 2, 9}) == producer_models.Cores(trainer=frozenset({2}),
+                                                                            producers=frozenset({5}))
+    assert producer_models.split_cores(set()) == "the pinned layout needs 2 cores, this host lets this process use 0"

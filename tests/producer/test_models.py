@@ -1,8 +1,8 @@
 """Producer models (producer/models.py) in a producer's batch maker: the fields the trainer gets
 equal the same encoder run alone in this process (docs/examples/neural_features.py), a later
-epoch and a later run read them from the cache without calling the model, and a model that
-fails rejects its batch's clips with the reason (a model failing every batch ends the run:
-tests/test_run.py)."""
+epoch and a later run read them from the cache without calling the model (also after
+``python run.py precompute``), and a model that fails rejects its batch's clips with the reason
+(a model failing every batch ends the run: tests/test_run.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stoker.consumer.pipeline.plan import ReferenceTable
 from stoker.producer.batches import BatchMaker
 from stoker.producer.models import ModelSetupError, load_model, weights_digest
+from stoker.shared import config as config_mod
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig, TransformsConfig
-from stoker.shared.dataset import read_metadata, scan_audio
+from stoker.shared.dataset import Sample, read_metadata, scan_audio
 from tests.factories import make_dataset
+from tests.procs import read_json, run_cli
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow  # TensorFlow: not a unit test
@@ -48,12 +51,14 @@ def weights(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monkey
 
 
 def _maker(root: Path, models: str, fields: str, cache: Path | None = None,
-           batch_fields: str = "ref_mel") -> BatchMaker:
+           batch_fields: str = "ref_mel", features: FeaturesConfig = FEATURES, ref_frames: int = REF_FRAMES,
+           transforms: TransformsConfig | None = None) -> BatchMaker:
     entries, _ = read_metadata(root)
     files = {k: v.name for k, v in scan_audio(root).items()}
-    return BatchMaker(root, {e.id: e.text for e in entries}, FEATURES, None, "p0", files=files,
-                      schema=schema_for(batch_fields, "", fields), ref_frames=REF_FRAMES,
-                      feature_cache=str(cache or ""), transforms=TransformsConfig(models=models, model_fields=fields))
+    return BatchMaker(root, {e.id: e.text for e in entries}, features, None, "p0", files=files,
+                      schema=schema_for(batch_fields, "", fields), ref_frames=ref_frames,
+                      feature_cache=str(cache or ""),
+                      transforms=transforms or TransformsConfig(models=models, model_fields=fields))
 
 
 def _lease(ids: list[str], refs: list[str]) -> wire.Lease:
@@ -84,6 +89,38 @@ def test_fields_equal_the_encoder_alone_and_later_epochs_and_runs_read_the_cache
         assert again.batch.cache["model_runs"] == 0 and again.batch.cache["model_hits"] == 8
         for name in ("codes", "speaker_embedding"):
             np.testing.assert_array_equal(again.arrays[name], arrays[name])
+
+
+@pytest.mark.timeout(180)
+def test_after_precompute_a_later_run_calls_no_model_and_gets_the_encoders_outputs(dataset, tmp_path) -> None:
+    """``python run.py precompute --producer-models``, then a producer of a later run (its batch
+    maker, with the run's config) on every clip of its first epoch, each with the reference that
+    epoch gives it: no model is called, and the codes and embeddings equal the encoders run here."""
+    root, ids = dataset
+    cache = tmp_path / "cache"
+    settings = {"features.backend": "numpy", "transforms.models": MODELS, "transforms.model_fields": nf.MODEL_FIELDS,
+                "batching.fields": "ref_mel", "trainer.val_clips": 0, "data.feature_cache": str(cache)}
+    done = run_cli("precompute", "--data", str(root), "--producers", "1", "--batch-size", "2",
+                   "--run-dir", str(tmp_path / "pre"), *(a for k, v in settings.items() for a in ("--set", f"{k}={v}")),
+                   env={"PYTHONPATH": str(EXAMPLES)}, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sum(p["model_runs"] for p in read_json(tmp_path / "pre" / "summary.json")["producers"]) > 0
+    cfg = config_mod.load(None, settings)
+    refs = ReferenceTable([Sample(i, "", 0, 0, 0.0) for i in ids], cfg.batching.seed)(0, ids)
+    maker = _maker(root, MODELS, nf.MODEL_FIELDS, cache, features=cfg.features, ref_frames=cfg.batching.ref_frames,
+                   transforms=cfg.transforms)
+    made = maker.make(_lease(ids, refs))
+    assert list(made.batch.ids) == ids and not made.batch.rejected
+    assert made.batch.cache["model_runs"] == 0 and made.batch.cache["model_hits"] == 2 * len(ids)
+    arrays = made.arrays
+    codec, speaker = nf.codec(), nf.speaker()
+    for row in range(len(ids)):
+        frames, ref_frames = arrays["mel_lengths"][row], arrays["ref_mel_lengths"][row]
+        alone = codec({"mel": arrays["mel"][row:row + 1, :frames], "mel_lengths": np.array([frames])})["codes"]
+        np.testing.assert_array_equal(arrays["codes"][row, :-(-frames // nf.GROUP)], np.asarray(alone)[0])
+        embedding = speaker({"ref_mel": arrays["ref_mel"][row:row + 1, :ref_frames],
+                             "ref_mel_lengths": np.array([ref_frames])})["speaker_embedding"]
+        np.testing.assert_allclose(arrays["speaker_embedding"][row], np.asarray(embedding)[0], atol=1e-5)
 
 
 @pytest.mark.parametrize("model, reason", [
