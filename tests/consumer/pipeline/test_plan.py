@@ -14,7 +14,7 @@ from stoker.consumer.pipeline.plan import (EpochPlanner, InputPosition, MessageT
                                           frame_budget_bounds, group_buckets, header_bytes, make_buckets,
                                           message_bytes, rows_for)
 from stoker.shared.config import BatchingConfig, FeaturesConfig, from_dict
-from stoker.shared.dataset import Sample
+from stoker.shared.dataset import Sample, SampleTable
 from stoker.shared.mel import pad_values
 from tests.factories import make_samples
 
@@ -459,3 +459,14 @@ def test_a_plan_above_max_message_mb_is_refused_in_one_line() -> None:
     check_message_size(small, [(rows, 8, 1000)])
     with pytest.raises(MessageTooLarge):
         check_message_size(small, [(rows + 1, 8, 1000)])
+
+
+@pytest.mark.parametrize("budget", [0, 3000])
+def test_a_plan_from_the_columns_equals_the_plan_from_the_samples(budget: int) -> None:
+    clips = make_samples(300, seed=11)
+    clips = [*clips, clips[5]._replace(id="tie-\u00e9"), clips[5]._replace(id="tie-a")]  # a tie, a non-ASCII id
+    cfg = _cfg(max_frames=budget)
+    for samples in (clips, [s for s in clips if s.id.isascii()]):
+        table = SampleTable.from_samples(samples)
+        assert make_buckets(table, cfg) == make_buckets(samples, cfg)
+        assert EpochPlanner(table, cfg).plan(3) == EpochPlanner(samples, cfg).plan(3)
