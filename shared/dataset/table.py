@@ -139,6 +139,9 @@ class SampleTable(Sequence[Sample]):
             rows = self._rows[np.fromiter(rows, np.int64)].tolist()
         elif isinstance(rows, range):
             bounds = offsets.tolist()  # one conversion: indexing a numpy array per clip costs more
+            if rows == range(self._len) and self._len and np.frombuffer(blob, np.uint8).max() < ASCII_END:
+                whole = bytes(blob).decode("ascii")  # a character a byte: slices of one string
+                return [whole[bounds[n]:bounds[n + 1]] for n in rows]
             return [bytes(blob[bounds[n]:bounds[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
         return [bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
 
