@@ -157,8 +157,8 @@ class RoleSampler:
             except psutil.Error:
                 procs = []
             for p in procs:
-                try:
-                    role = self.peak[p.pid][0] if p.pid in self.peak else self._role(p)
+                try:  # the role of every sample: a child forked and not yet exec'ed shows its parent's command
+                    role = self._role(p)
                     rss = p.memory_info().rss
                 except psutil.Error:
                     continue

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import collections
+import json
 
 import pytest
 
-from tests.factories import make_faulty_dataset
+from tests.factories import make_dataset, make_faulty_dataset
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.test_run import check_exactly_once
 
@@ -87,3 +88,21 @@ def test_precompute_user_errors_are_one_line(tmp_path):
         "stoker: error: precompute needs at least one local producer (--producers N)")
     result = run_cli("precompute", "--data", str(tmp_path / "nope"))
     assert result.returncode == 2 and "does not exist" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_manifest_with_durations_trains_from_them_and_a_wrong_one_is_rejected_once(tmp_path):
+    root = tmp_path / "data"
+    ids = make_dataset(root, count=8, durations=[0.8] * 8)
+    rows = [{"audio_filepath": f"wavs/{i}.wav", "text": f"clip {i}", "duration": 0.8} for i in ids]
+    rows[3]["duration"] = 1.6  # the manifest is wrong about this one
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    result = run_cli("--data", str(root), "--set", "data.metadata_file=train.jsonl", "--epochs", "2",
+                     "--batch-size", "4", "--producers", "2", "--record-samples", "--run-dir", str(run_dir), *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = read_jsonl(run_dir / "rejected.jsonl")  # once, although both epochs read it
+    assert row["id"] == ids[3] and row["producer"].startswith("p")
+    assert row["reason"].startswith("audio of 0.800 s where the index says 1.600 s")
+    summary = read_json(run_dir / "summary.json")
+    assert summary["rejected"] == 1 and summary["index"]["headers_read"] == 0
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(ids) - {ids[3]})

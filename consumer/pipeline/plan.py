@@ -155,7 +155,7 @@ def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int =
     multiple of its rows (:func:`fill_buckets`). From the columns of a SampleTable: no
     Sample is made."""
     ids, frames, tokens = _lengths(samples)
-    groups = _groups(ids, frames, cfg, replicas)
+    groups = _groups(ids, frames, cfg, replicas, samples.id_keys() if isinstance(samples, SampleTable) else None)
     return _fill([(_bucket(n, g, frames, tokens, cfg, replicas), g) for n, g in enumerate(groups)], ids, frames,
                  tokens, cfg, replicas)
 
@@ -169,18 +169,22 @@ def _lengths(samples: Sequence[Sample]) -> tuple[list[str], np.ndarray, np.ndarr
             np.fromiter((s.num_tokens for s in samples), np.int64, len(samples)))
 
 
-def _by_length(ids: list[str], frames: np.ndarray) -> np.ndarray:
-    """The positions of the samples ordered by (mel frames, id)."""
+def _by_length(ids: list[str], frames: np.ndarray, keys: np.ndarray | None = None) -> np.ndarray:
+    """The positions of the samples ordered by (mel frames, id); ``keys``: the ids as ASCII
+    bytes (SampleTable.id_keys), when the caller has them."""
+    if keys is not None:
+        return np.lexsort((keys, frames))
     if all(i.isascii() for i in ids):  # bytes order is str order: a sort in C
         return np.lexsort((np.array([i.encode() for i in ids], dtype=bytes), frames))
     return np.array(sorted(range(len(ids)), key=lambda n: (int(frames[n]), ids[n])), np.int64)
 
 
-def _groups(ids: list[str], frames: np.ndarray, cfg: BatchingConfig, replicas: int) -> list[np.ndarray]:
+def _groups(ids: list[str], frames: np.ndarray, cfg: BatchingConfig, replicas: int,
+            keys: np.ndarray | None = None) -> list[np.ndarray]:
     """The positions of each bucket's samples by mel length alone, ordered by (frames, id)."""
     if not ids:
         return []
-    ordered = _by_length(ids, frames)
+    ordered = _by_length(ids, frames, keys)
     if cfg.max_frames > 0:
         sorted_frames = frames[ordered]
         bounds = frame_budget_bounds(sorted_frames, cfg, replicas)

@@ -87,8 +87,10 @@ def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[Sequence[Sa
         return samples if isinstance(samples, SampleTable) else list(samples), []
     ids = samples.ids() if isinstance(samples, SampleTable) else [s.id for s in samples]
 
-    def rank(position: int) -> bytes:
-        return hashlib.blake2b(f"{seed}|{ids[position]}".encode(), digest_size=8).digest()
+    prefix, blake2b = f"{seed}|".encode(), hashlib.blake2b
+
+    def rank(position: int) -> bytes:  # of "SEED|ID" in UTF-8
+        return blake2b(prefix + ids[position].encode(), digest_size=8).digest()
 
     held = set(heapq.nsmallest(n, range(len(ids)), key=rank))
     if isinstance(samples, SampleTable):

@@ -93,7 +93,8 @@ class DatasetIndex:
     ``fingerprint`` is the index cache key (it tracks the config too); ``scan`` is the
     dataset as seen on this host for dataset agreement, derived on first use from the
     metadata bytes and audio listing the index was built from (a warm cache load does
-    not pay for parsing the metadata unless a scan is wanted).
+    not pay for parsing the metadata unless a scan is wanted; a manifest is read again
+    then, rather than held through the run).
     """
 
     root: Path
@@ -290,7 +291,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     key = index_key(metadata, audio, config)
     cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
     stats = IndexStats(cache=state)
-    scan_inputs = (data.metadata_file, metadata, audio)
+    # Kept for the scan, but a manifest's: it may be of millions of clips, read again if a scan is wanted.
+    scan_inputs = None if is_manifest(metadata_file) else (data.metadata_file, metadata, audio)
     if state == "hit" and cached is not None:
         try:
             loaded = _loaded(cached, fixed)

@@ -35,6 +35,10 @@ FNV_OFFSET = 14695981039346656037
 FNV_PRIME = np.uint64(1099511628211)
 
 
+# Bytes below this are ASCII: a blob of them sorts in bytes order as its strings do.
+ASCII_END = 128
+
+
 # Ids are hashed this many at a time (a few arrays of this length at once).
 ID_HASH_CHUNK = 1 << 20
 
@@ -135,6 +139,9 @@ class SampleTable(Sequence[Sample]):
             rows = self._rows[np.fromiter(rows, np.int64)].tolist()
         elif isinstance(rows, range):
             bounds = offsets.tolist()  # one conversion: indexing a numpy array per clip costs more
+            if rows == range(self._len) and self._len and np.frombuffer(blob, np.uint8).max() < ASCII_END:
+                whole = bytes(blob).decode("ascii")  # a character a byte: slices of one string
+                return [whole[bounds[n]:bounds[n + 1]] for n in rows]
             return [bytes(blob[bounds[n]:bounds[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
         return [bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
 
@@ -144,6 +151,24 @@ class SampleTable(Sequence[Sample]):
         if self._ids is None:
             self._ids = self.strings("id")
         return self._ids
+
+    def id_keys(self) -> np.ndarray | None:
+        """Every clip's id as fixed-width bytes (numpy ``S``), in order, for sorting by id in C;
+        None when an id is not ASCII (only then is byte order not str order). Made from the
+        blob, without a bytes object per id."""
+        offsets, blob = self._strings["id"]
+        raw = np.frombuffer(blob, np.uint8)
+        if len(raw) and raw.max() >= ASCII_END:
+            return None
+        rows = self._rows if self._rows is not None else np.arange(self._len)
+        starts = offsets[rows]
+        lengths = offsets[rows + 1] - starts
+        width = max(1, int(lengths.max()) if len(rows) else 1)
+        keys = np.zeros((len(rows), width), np.uint8)
+        for k in range(width):
+            has = np.flatnonzero(lengths > k)
+            keys[has, k] = raw[starts[has] + k]
+        return keys.view(f"S{width}").ravel()
 
     def row_of(self, sample_id: str) -> int:
         """The row of a clip id; KeyError when the table has none."""

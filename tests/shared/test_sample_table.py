@@ -79,3 +79,13 @@ def test_ids_are_found_by_hash_and_checked_against_the_id(monkeypatch: pytest.Mo
     collided = SampleTable.from_samples(SAMPLES)
     assert collided.find_rows(["odd\udcff", "c3", "zz"]) == [3, 2, -1]
     assert collided.take([2, 3]).find_rows(["odd\udcff", "a1"]) == [1, -1]
+
+
+def test_ascii_ids_become_keys_that_sort_as_the_ids() -> None:
+    ids = ["b2", "a10", "a9", "", "zz", "a", "B"]
+    table = SampleTable.from_samples([SAMPLES[0]._replace(id=i) for i in ids])
+    keys = table.id_keys()
+    assert [k.decode() for k in keys] == ids
+    assert [ids[n] for n in np.argsort(keys, kind="stable")] == sorted(ids)
+    assert [k.decode() for k in table.take([4, 0]).id_keys()] == ["zz", "b2"]
+    assert SampleTable.from_samples(SAMPLES).id_keys() is None  # not ASCII: sorted as str by the caller

@@ -16,7 +16,7 @@ from stoker.consumer.pipeline.plan import (EpochPlanner, InputPosition, MessageT
                                           message_bytes, rows_for)
 from stoker.consumer.pipeline.shard_order import top_shard_share
 from stoker.shared.config import BatchingConfig, FeaturesConfig, from_dict
-from stoker.shared.dataset import Sample
+from stoker.shared.dataset import Sample, SampleTable
 from stoker.shared.mel import pad_values
 from tests.factories import make_samples
 
@@ -514,3 +514,14 @@ def test_a_resumed_shard_grouped_epoch_trains_exactly_the_clips_left() -> None:
     trained = [i for b in plan[:len(plan) // 2] for i in b.ids] + list(plan[len(plan) // 2].ids[:3])
     left = [i for b in resumed.remaining(plan) for i in b.ids]
     assert sorted(trained + left) == sorted(s.id for s in samples)
+
+
+@pytest.mark.parametrize("budget", [0, 3000])
+def test_a_plan_from_the_columns_equals_the_plan_from_the_samples(budget: int) -> None:
+    clips = make_samples(300, seed=11)
+    clips = [*clips, clips[5]._replace(id="tie-\u00e9"), clips[5]._replace(id="tie-a")]  # a tie, a non-ASCII id
+    cfg = _cfg(max_frames=budget)
+    for samples in (clips, [s for s in clips if s.id.isascii()]):
+        table = SampleTable.from_samples(samples)
+        assert make_buckets(table, cfg) == make_buckets(samples, cfg)
+        assert EpochPlanner(table, cfg).plan(3) == EpochPlanner(samples, cfg).plan(3)
