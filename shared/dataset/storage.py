@@ -274,6 +274,14 @@ class Reader:
                 self._close(name)
 
 
+def read_url(url: str) -> bytes:
+    """The whole file at ``url`` (a loose audio file, a manifest), read through
+    :class:`RetryingFile`: a read failing in transit is retried and counted. Raises
+    FileNotFoundError (no such file) or StorageError (unreadable after its retries)."""
+    with RetryingFile(url) as f:
+        return f.read()
+
+
 def open_file(path: str) -> IO[bytes]:
     """A binary file object of a local path, or of a URL (:class:`RetryingFile`)."""
     if not is_url(path):
