@@ -26,6 +26,9 @@ AUDIO_DIR = "wavs"
 AUDIO_SUFFIX = ".wav"  # the LJSpeech suffix, named in "missing" reasons
 
 
+LJSPEECH_SUFFIX = ".csv"  # LJSpeech metadata's, refused at a URL (locate)
+
+
 # The size and mtime of an audio file not looked at (a manifest gives its clip's duration): a
 # value no file has, so that the index key and the agreement fingerprints tell it apart.
 UNMEASURED = -1
@@ -46,17 +49,21 @@ def locate(path: str, metadata_file: str) -> tuple[Path, str]:
     (``*.yaml``, shared/layouts.py), whose directory is the root its datasets are found from,
     or tar shards (shared/dataset/shards.py: their root, and their pattern as the metadata file).
 
-    A JSON-lines manifest at a URL (``s3://bucket/corpus/train.jsonl``) is its own metadata
-    file, the URL; its root a directory of this host's cache (as for shards at a URL) that holds
-    the index and feature caches, and its clips' relative audio paths are beside it
-    (:func:`resolve_audio`). Other metadata at a URL is refused (an LJSpeech ``wavs/`` would
-    need a listing of the store)."""
-    name = path.rstrip("/").rpartition("/")[2] if path and is_url(path) else ""
-    if is_manifest(name):
-        return remote_root(path), path
-    if "." in name and not is_shards(name) and not path.endswith("/"):
-        raise DatasetError(f"{shown(path)}: metadata at a URL must be a JSON-lines manifest (*.jsonl, *.json); a "
-                           f"directory URL names tar shards")
+    A JSON-lines manifest at a URL (``s3://bucket/corpus/train.jsonl``, or a directory URL with
+    ``data.metadata_file`` a manifest's name) is its own metadata file, the URL; its root a
+    directory of this host's cache (as for shards at a URL) that holds the index and feature
+    caches, and its clips' relative audio paths are beside it (:func:`resolve_audio`). An
+    LJSpeech metadata file or a mix file at a URL is refused (its ``wavs/`` or its datasets'
+    directories would need listings of the store)."""
+    if path and is_url(path):
+        name = path.rstrip("/").rpartition("/")[2]
+        if not is_manifest(name) and not is_shards(name) and is_manifest(metadata_file):
+            path, name = f"{path.rstrip('/')}/{metadata_file}", metadata_file
+        if is_manifest(name):
+            return remote_root(path), path
+        if name.lower().endswith(LJSPEECH_SUFFIX) or is_mix(name):
+            raise DatasetError(f"{shown(path)}: metadata at a URL must be a JSON-lines manifest (*.jsonl, *.json); "
+                               f"an LJSpeech metadata file or a mix file is read from this host's disk")
     shards = shard_source(path, metadata_file) if path else None
     if shards is not None:
         return shards

@@ -278,7 +278,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             raise TextError(f"cannot keep the run's vocabulary: {problem}")
     config = index_config(data, features, text, frontend, fixed)
     candidates = index_cache_file(root, data)
-    quick = _manifest_digest(metadata_location(root, metadata_file), config) if candidates and is_manifest(metadata_file) else ""
+    quick = (_manifest_digest(metadata_location(root, metadata_file), config)
+             if candidates and is_manifest(metadata_file) else "")
     found = _manifest_hit(root, candidates, quick) if quick else None
     if found is not None:  # a manifest as cached: neither parsed nor held in memory
         try:
@@ -396,7 +397,8 @@ def _manifest_hit(root: Path, candidates: list[Path], digest: str) -> tuple[Path
         if not isinstance(manifest, dict) or manifest.get("digest") != digest:
             continue
         try:
-            if all(_stat(name if is_url(name) else root / name) == (size, mtime) for name, size, mtime in manifest["measured"]):
+            if all(_stat(name if is_url(name) else root / name) == (size, mtime)
+                   for name, size, mtime in manifest["measured"]):
                 return path, cached
         except (TypeError, ValueError):
             continue
