@@ -132,8 +132,9 @@ def resolve_audio(entries: list[Entry], metadata_file: str) -> list[Entry]:
     """``entries`` of a manifest at a URL (:func:`locate`) with each relative audio path made the
     URL beside the manifest (``wavs/a.wav`` of ``s3://b/c/train.jsonl``: ``s3://b/c/wavs/a.wav``);
     a URL or an absolute path stays as written. Changed in place (the entries are the caller's
-    fresh parse); other metadata's entries are returned as they are."""
-    if not is_url(metadata_file):
+    fresh parse); other metadata's entries (shards at a URL: their locators are URLs) are returned
+    as they are."""
+    if not is_url(metadata_file) or not is_manifest(metadata_file):
         return entries
     base = metadata_file.rpartition("/")[0] + "/"
     for entry in entries:
