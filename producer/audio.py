@@ -17,7 +17,7 @@ import soundfile
 
 from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
 from stoker.shared.dataset.shards import Locator
-from stoker.shared.dataset.storage import Reader, StorageError
+from stoker.shared.dataset.storage import Reader, StorageError, read_url, shown
 
 # soxr's "HQ" recipe: passband to 0.91 of Nyquist, ~125 dB stopband; librosa's default
 # resampler ("soxr_hq") is the same one.
@@ -74,6 +74,26 @@ def load_member(reader: Reader, name: str, target_rate_hz: int) -> np.ndarray:
         raise AudioMissing(f"audio file missing: {where}: no such shard") from None
     except StorageError as exc:
         raise AudioError(f"audio file unreadable: {where}: {exc}") from None
+    return _decoded(data, target_rate_hz, where)
+
+
+def load_url(url: str, target_rate_hz: int) -> np.ndarray:
+    """:func:`load_audio` of a loose file at a URL (a manifest's at a URL), its bytes read whole
+    through shared/dataset/storage.py (a read failing in transit retried and counted)."""
+    where = shown(url)
+    try:
+        data = read_url(url)
+    except FileNotFoundError:
+        raise AudioMissing(f"audio file missing: {where}") from None
+    except StorageError as exc:
+        raise AudioError(f"audio file unreadable: {where}: {exc}") from None
+    if not data:
+        raise AudioError(f"audio file empty: {where}")
+    return _decoded(data, target_rate_hz, where)
+
+
+def _decoded(data: bytes, target_rate_hz: int, where: str) -> np.ndarray:
+    """:func:`load_audio` of a file's bytes (a shard member's, a file's at a URL)."""
     riff = riff_facts_of(data)
     if riff is not None and riff.problem:
         raise AudioError(f"audio file truncated: {where}: {riff.problem}")

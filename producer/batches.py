@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member
+from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member, load_url
 from stoker.producer.feature_cache import CacheCounts, FeatureCache, ModelCache
 from stoker.producer.features import MelComputer, UserMelError
 from stoker.producer.transforms import Chain, TransformError
@@ -28,7 +28,7 @@ from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, exampl
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
 from stoker.shared.dataset.shards import Locator, is_locator
-from stoker.shared.dataset.storage import COUNTS, Reader
+from stoker.shared.dataset.storage import COUNTS, Reader, is_url
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
 
@@ -142,7 +142,8 @@ class BatchMaker:
         path = audio_path(self.root, sample_id, name)
         clip = _Clip(sample_id)
         member = is_locator(name)  # a tar shard's member (shared/dataset/shards.py): not cached
-        if self.cache is not None and not member:
+        remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there): not cached
+        if self.cache is not None and not member and not remote:
             try:
                 st = os.stat(path)
             except OSError:
@@ -153,6 +154,7 @@ class BatchMaker:
                 clip.source = (name, st)
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
             clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
+                          load_url(name, self.features.sample_rate_hz) if remote else
                           load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name)))
             seconds = len(clip.audio) / self.features.sample_rate_hz
             if duration_s is not None and abs(seconds - duration_s) > DURATION_TOLERANCE_S:

@@ -67,6 +67,8 @@ from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import PipelineConfig
 from stoker.shared.dataset import DatasetScan, deferred, locate, scan_dataset
+from stoker.shared.dataset.files import metadata_location
+from stoker.shared.dataset.storage import shown
 from stoker.producer.batches import BatchMaker
 from stoker.shared.errors import UserError
 from stoker.shared.keys import ClientKeys, load_client_keys, short
@@ -279,7 +281,8 @@ class Producer:
         self._scan = scan_dataset(self.root, metadata_file, columns)
         self._scanned.add((metadata_file, columns))
         log.info("%s: dataset %s (%s): %d entries, %d audio files missing here, fingerprint %s", self.name,
-                 self.root, metadata_file, len(self._scan.entries), len(self._scan.missing), self._scan.fingerprint)
+                 self.root, shown(metadata_file), len(self._scan.entries), len(self._scan.missing),
+                 self._scan.fingerprint)
 
     def _reset_work(self) -> None:
         self._generation += 1
@@ -350,7 +353,7 @@ class Producer:
                     and self._scan.metadata_sha256 and consumer_sha256 != self._scan.metadata_sha256):
                 # agreement compares what counts (ids and texts); other bytes may differ
                 log.info("%s: %s on this host is not byte for byte the trainer's (same ids and texts)",
-                         self.name, self.root / self._scan.metadata_file)
+                         self.name, shown(metadata_location(self.root, self._scan.metadata_file)))
             self._welcomed.set()
             log.info("%s joined %s as producer %s (%s)", self.name, self.endpoint, msg.producer_name,
                      msg.producer_index)

@@ -46,7 +46,9 @@ JSON-lines manifests (``*.jsonl``, ``*.json``; NeMo and Coqui style)
         {"audio_filepath": "wavs/a1.wav", "text": "Hello.", "duration": 1.7, "speaker": 3}
 
     ===================  ==================================================================
-    ``audio_filepath``   required: relative to the dataset directory, or absolute
+    ``audio_filepath``   required: relative to the dataset directory, absolute, or a URL
+                         (a manifest at a URL: relative to its directory there,
+                         shared/dataset/files.py ``resolve_audio``)
     ``text``             required, a string (a line with only ``normalized_text`` is
                          accepted too)
     ``normalized_text``  preferred to ``text`` when not empty

@@ -169,9 +169,12 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
 
 def data_path(root: Path, metadata_file: str) -> str:
     """What ``--data`` names, resolved, as producers are given it: the dataset directory, a mix
-    file, or tar shards (their pattern: at a URL as given, else below their directory)."""
+    file, tar shards (their pattern: at a URL as given, else below their directory), or a
+    manifest at a URL (as given)."""
+    if is_url(metadata_file):
+        return metadata_file
     if is_shards(metadata_file):
-        return metadata_file if is_url(metadata_file) else str(root / metadata_file)
+        return str(root / metadata_file)
     return str(root / metadata_file if is_mix(metadata_file) else root)
 
 

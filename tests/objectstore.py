@@ -75,13 +75,15 @@ def use_env(env: dict[str, str], monkeypatch: Any) -> None:
 class DroppingProxy:
     """A TCP proxy on 127.0.0.1 (a free port) to ``target``; once armed with ``drops``, each
     response to a ranged GET from past a file's start (a member's read, not a shard's listing,
-    which starts at byte 0) that passes ``after_bytes`` is cut there (a reset), until that many
-    were cut. ``done`` is set when the last armed drop happened."""
+    which starts at byte 0; with ``from_start``, a ranged GET from byte 0 too: a loose file's
+    whole read) that passes ``after_bytes`` is cut there (a reset), until that many were cut.
+    ``done`` is set when the last armed drop happened."""
 
-    def __init__(self, target: str, after_bytes: int = 16 << 10) -> None:
+    def __init__(self, target: str, after_bytes: int = 16 << 10, from_start: bool = False) -> None:
         host, port = target.rsplit("://", 1)[-1].split(":")
         self.target = (host, int(port))
         self.after_bytes = after_bytes
+        self.from_start = from_start
         self.dropped = 0
         self.done = threading.Event()
         self._left = 0
@@ -147,7 +149,7 @@ class DroppingProxy:
                     if sock is client:  # a request: its response is counted from its first byte
                         ranged = _RANGE.search(data)
                         if ranged is not None or data.startswith((b"GET", b"HEAD", b"PUT")):
-                            passed, droppable = 0, ranged is not None and int(ranged[1]) > 0
+                            passed, droppable = 0, ranged is not None and (self.from_start or int(ranged[1]) > 0)
                         upstream.sendall(data)
                         continue
                     if droppable and passed + len(data) > self.after_bytes and self._take_drop():

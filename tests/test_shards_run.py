@@ -1,16 +1,20 @@
 """End to end from tar shards, on this host and in an S3-compatible store (moto's server on
 loopback, behind a proxy that cuts responses): a producer killed by SIGKILL mid-run and
 restarted, the whole run killed after a checkpoint and resumed, and every clip trained exactly
-once per epoch; in the store, the resumed run's reads cut mid-shard are retried and counted."""
+once per epoch; in the store, the resumed run's reads cut mid-shard are retried and counted. A
+JSON-lines manifest in the store, its loose audio files beside it: every clip once per epoch,
+a read cut mid-file one counted retry."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 
 import psutil
 import pytest
+import soundfile
 
-from tests.factories import make_shards
+from tests.factories import make_dataset, make_shards
 from tests.objectstore import DroppingProxy, S3Server
 from tests.procs import RunProcess, read_json, read_jsonl
 from tests.test_resume import CHECKPOINT_LINE, crash
@@ -64,3 +68,24 @@ def test_shards_train_every_clip_once_per_epoch_through_a_producer_kill_and_a_re
     if proxy is not None:
         assert proxy.dropped == DROPS
         assert sum(p["read_retries"] for p in summary["producers"]) == DROPS  # nothing lost, each retry counted
+
+
+def test_a_manifest_in_s3_trains_every_clip_once_per_epoch_and_a_cut_read_costs_a_counted_retry(tmp_path):
+    root = tmp_path / "corpus"
+    ids = make_dataset(root, count=8)
+    rows = [{"audio_filepath": f"wavs/{i}.wav", "text": f"clip number {n}.",
+             "duration": soundfile.info(str(root / "wavs" / f"{i}.wav")).duration} for n, i in enumerate(ids)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    with S3Server() as server, DroppingProxy(server.endpoint, after_bytes=8 << 10, from_start=True) as proxy:
+        server.upload(root, "corpus", "ljs")
+        server.upload(root / "wavs", "corpus", "ljs/wavs")
+        env = {**server.env(proxy.endpoint), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+        proxy.arm(1)  # the first audio read (the manifest is shorter than the cut)
+        with RunProcess("--data", "s3://corpus/ljs/train.jsonl", "--run-dir", str(run_dir), "--model", "synthetic:5",
+                        "--batch-size", "4", "--producers", "2", "--epochs", "2", "--record-samples",
+                        *NUMPY_FEATURES, *FAST_HEARTBEAT, env=env) as run:
+            assert run.wait(timeout=90) == 0, run.output()
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(ids))
+    summary = read_json(run_dir / "summary.json")
+    assert proxy.dropped == 1 and sum(p["read_retries"] for p in summary["producers"]) == 1

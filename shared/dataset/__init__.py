@@ -70,7 +70,8 @@ The package, one module per idea (each imports only those above it in this list)
     storage.py     bytes of files here or at fsspec URLs (bounded read-ahead, counted retries)
     cache.py       the index cache: its place, key and file format
     shards.py      WebDataset-style tar shards: their listing as a manifest, each clip's locator
-    files.py       where metadata and audio are (the directory, a mix file, each id's file, shards)
+    files.py       where metadata and audio are (the directory, a mix file, each id's file, shards,
+                   a manifest at a URL)
     agreement.py   what a host sees of a dataset, and the trainer's verdict on a producer's
     index.py       building the index (build_index)
 

@@ -11,7 +11,8 @@ import stat as stat_module
 from pathlib import Path
 from typing import Iterable
 
-from ..dataset.shards import read_shards, shard_source
+from ..dataset.shards import read_shards, remote_root, remote_stat, shard_source
+from ..dataset.storage import StorageError, is_url, read_url, shown
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, DatasetError
 from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_shards, nfc
 from ..mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_entries, parse_mix_spec, unpack_mix
@@ -23,6 +24,9 @@ AUDIO_DIR = "wavs"
 
 
 AUDIO_SUFFIX = ".wav"  # the LJSpeech suffix, named in "missing" reasons
+
+
+LJSPEECH_SUFFIX = ".csv"  # LJSpeech metadata's, refused at a URL (locate)
 
 
 # The size and mtime of an audio file not looked at (a manifest gives its clip's duration): a
@@ -43,7 +47,23 @@ def resolve_root(path: str) -> Path:
 def locate(path: str, metadata_file: str) -> tuple[Path, str]:
     """(root, metadata file) of what ``--data`` names: a dataset directory, a mix file
     (``*.yaml``, shared/layouts.py), whose directory is the root its datasets are found from,
-    or tar shards (shared/dataset/shards.py: their root, and their pattern as the metadata file)."""
+    or tar shards (shared/dataset/shards.py: their root, and their pattern as the metadata file).
+
+    A JSON-lines manifest at a URL (``s3://bucket/corpus/train.jsonl``, or a directory URL with
+    ``data.metadata_file`` a manifest's name) is its own metadata file, the URL; its root a
+    directory of this host's cache (as for shards at a URL) that holds the index and feature
+    caches, and its clips' relative audio paths are beside it (:func:`resolve_audio`). An
+    LJSpeech metadata file or a mix file at a URL is refused (its ``wavs/`` or its datasets'
+    directories would need listings of the store)."""
+    if path and is_url(path):
+        name = path.rstrip("/").rpartition("/")[2]
+        if not is_manifest(name) and not is_shards(name) and is_manifest(metadata_file):
+            path, name = f"{path.rstrip('/')}/{metadata_file}", metadata_file
+        if is_manifest(name):
+            return remote_root(path), path
+        if name.lower().endswith(LJSPEECH_SUFFIX) or is_mix(name):
+            raise DatasetError(f"{shown(path)}: metadata at a URL must be a JSON-lines manifest (*.jsonl, *.json); "
+                               f"an LJSpeech metadata file or a mix file is read from this host's disk")
     shards = shard_source(path, metadata_file) if path else None
     if shards is not None:
         return shards
@@ -108,6 +128,27 @@ def scan_audio(root: Path) -> dict[str, AudioFile]:
     return found
 
 
+def resolve_audio(entries: list[Entry], metadata_file: str) -> list[Entry]:
+    """``entries`` of a manifest at a URL (:func:`locate`) with each relative audio path made the
+    URL beside the manifest (``wavs/a.wav`` of ``s3://b/c/train.jsonl``: ``s3://b/c/wavs/a.wav``);
+    a URL or an absolute path stays as written. Changed in place (the entries are the caller's
+    fresh parse); other metadata's entries (shards at a URL: their locators are URLs) are returned
+    as they are."""
+    if not is_url(metadata_file) or not is_manifest(metadata_file):
+        return entries
+    base = metadata_file.rpartition("/")[0] + "/"
+    for entry in entries:
+        audio = entry.audio
+        if audio and not is_url(audio) and not audio.startswith("/"):
+            entry.__dict__["audio"] = base + (audio[2:] if audio.startswith("./") else audio)
+    return entries
+
+
+def metadata_location(root: Path, metadata_file: str) -> str:
+    """Where a dataset's metadata file is: its URL, or its path below ``root``."""
+    return metadata_file if is_url(metadata_file) else str(root / metadata_file)
+
+
 def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
     """The audio files a manifest names, by id: one stat each (a missing file is left out). A
     clip whose duration the manifest gives is not looked up, nor listed here: its file is
@@ -126,6 +167,11 @@ def locate_audio(root: Path, entries: Iterable[Entry]) -> dict[str, AudioFile]:
         if entry.duration is not None:
             continue
         name = entry.audio
+        if is_url(name):  # a manifest at a URL's (resolve_audio): one request each
+            found_at = remote_stat(name)
+            if found_at is not None:
+                found[entry.id] = AudioFile(name, *found_at)
+            continue
         try:
             st = os.stat(root / name)
         except OSError:
@@ -175,7 +221,7 @@ def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = C
         return read_shards(root, metadata_file).audio
     if is_manifest(metadata_file):
         entries, _ = parse_entries(metadata, metadata_file, columns)
-        return locate_audio(root, entries)
+        return locate_audio(root, resolve_audio(entries, metadata_file))
     if not is_mix(metadata_file):
         return scan_audio(root)
     found: dict[str, AudioFile] = {}
@@ -200,6 +246,13 @@ def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> byte
         return read_shards(root, metadata_file).manifest
     if is_mix(metadata_file):
         return _read_mix(root, metadata_file)
+    if is_url(metadata_file):
+        try:
+            return read_url(metadata_file)
+        except FileNotFoundError:
+            raise DatasetError(f"{shown(metadata_file)} not found") from None
+        except StorageError as exc:
+            raise DatasetError(str(exc)) from None
     meta = root / metadata_file
     try:
         return meta.read_bytes()

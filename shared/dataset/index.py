@@ -28,10 +28,11 @@ from ..dataset.agreement import DatasetScan, fingerprints, scan_dataset, scan_fr
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
                                   index_cache_file, index_config, index_key, open_index, pack_index, read_cache,
                                   rejections_of, write_cache)
-from ..dataset.files import UNMEASURED, list_audio, locate, read_metadata_bytes, relative_audio
+from ..dataset.files import (UNMEASURED, list_audio, locate, metadata_location, read_metadata_bytes, relative_audio,
+                             resolve_audio)
 from ..dataset.probe import expected_samples, probe_audio
-from ..dataset.shards import is_locator, probe_member, read_shards
-from ..dataset.storage import COUNTS
+from ..dataset.shards import is_locator, probe_member, read_shards, remote_stat
+from ..dataset.storage import COUNTS, is_url, open_file
 from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards
@@ -169,7 +170,8 @@ def _work_items(root: str, items: Sequence[Item], text_spec: tuple[str, str]) ->
     go to the front-end one list per language (a phonemizer call has a set-up cost).
     """
     join = os.path.join
-    probes = [_probe_tuple(probe_member(Path(root), name) if is_locator(name) else probe_audio(join(root, name), size))
+    probes = [_probe_tuple(probe_member(Path(root), name) if is_url(name) or is_locator(name)
+                           else probe_audio(join(root, name), size))
               if name is not None else None for name, size, _ in items]
     by_language: dict[str, list[int]] = collections.defaultdict(list)
     for n, (_, _, key) in enumerate(items):
@@ -276,7 +278,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             raise TextError(f"cannot keep the run's vocabulary: {problem}")
     config = index_config(data, features, text, frontend, fixed)
     candidates = index_cache_file(root, data)
-    quick = _manifest_digest(root / metadata_file, config) if candidates and is_manifest(metadata_file) else ""
+    quick = (_manifest_digest(metadata_location(root, metadata_file), config)
+             if candidates and is_manifest(metadata_file) else "")
     found = _manifest_hit(root, candidates, quick) if quick else None
     if found is not None:  # a manifest as cached: neither parsed nor held in memory
         try:
@@ -303,6 +306,7 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             stats.cache_file = str(cache_path)
             return _finish(root, *loaded, key, stats, started, False, scan_inputs, data)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
+    entries = resolve_audio(entries, metadata_file)  # a manifest at a URL: its audio paths beside it
     agreed = fingerprints(entries, audio, metadata)
     old_probes, old_units = _reusable(cached, frontend)
     probes: dict[str, AudioProbe] = {}
@@ -354,12 +358,13 @@ def _digest(config: dict[str, Any], metadata_sha256: str) -> str:
     return hashlib.sha256(f"{sorted(config.items())!r}\0{metadata_sha256}".encode()).hexdigest()
 
 
-def _manifest_digest(path: Path, config: dict[str, Any]) -> str:
+def _manifest_digest(path: str, config: dict[str, Any]) -> str:
     """The digest a manifest's cache is found by (:func:`_manifest_hit`): of the config and the
-    manifest's bytes, read a piece at a time; "" when it cannot be read (the build says why)."""
+    manifest's bytes (here or at a URL), read a piece at a time; "" when it cannot be read (the
+    build says why)."""
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with open_file(path) as f:
             while chunk := f.read(MANIFEST_CHUNK_BYTES):
                 digest.update(chunk)
     except OSError:
@@ -392,14 +397,20 @@ def _manifest_hit(root: Path, candidates: list[Path], digest: str) -> tuple[Path
         if not isinstance(manifest, dict) or manifest.get("digest") != digest:
             continue
         try:
-            if all(_stat(root / name) == (size, mtime) for name, size, mtime in manifest["measured"]):
+            if all(_stat(name if is_url(name) else root / name) == (size, mtime)
+                   for name, size, mtime in manifest["measured"]):
                 return path, cached
         except (TypeError, ValueError):
             continue
     return None
 
 
-def _stat(path: Path) -> tuple[int | None, int | None]:
+def _stat(path: Path | str) -> tuple[int | None, int | None]:
+    if isinstance(path, str):  # a URL (a manifest's at a URL); a store that cannot answer: the long way
+        try:
+            return remote_stat(path) or (None, None)
+        except DatasetError:
+            return None, None
     try:
         st = os.stat(path)
     except OSError:

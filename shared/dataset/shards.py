@@ -51,8 +51,8 @@ import msgpack
 from ..config import DataConfig
 from ..dataset.cache import index_cache_file, pack_index, read_cache, user_cache_dir, write_cache
 from ..dataset.probe import probe_bytes
-from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown, transit_errors,
-                               url_fs)
+from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, read_url, shown,
+                               transit_errors, url_fs)
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError
 from ..layouts import SHARD_SUFFIX, Rejection, nfc
 
@@ -220,6 +220,21 @@ def _remote_shards(url: str) -> list[Shard]:
         name = info["name"]  # without the protocol (s3, gs, file), or the whole URL (http)
         found.append(Shard(name if is_url(name) else f"{protocol}://{name}", int(info.get("size") or 0), _stamp(info)))
     return found
+
+
+def remote_stat(url: str) -> tuple[int, int] | None:
+    """(size, modification stamp) of the file at ``url``, or None when there is none; DatasetError
+    when the store cannot be asked (no such bucket, no credentials, no connection)."""
+    try:
+        fs, path = url_fs(url)
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    except (ValueError, StorageError, *transit_errors()) as exc:
+        raise DatasetError(f"cannot look up {shown(url)}: {type(exc).__name__}: {first_line(exc)}") from None
+    if info.get("type", "file") != "file":
+        return None
+    return int(info.get("size") or 0), _stamp(info)
 
 
 def _stamp(info: dict[str, Any]) -> int:
@@ -440,9 +455,17 @@ _READER: Reader | None = None  # this process's, for the index's header reads
 
 
 def probe_member(root: Path, name: str) -> AudioProbe:
-    """The audio header facts of the member a locator names (its bytes read, not decoded), or why
-    it cannot be used."""
+    """The audio header facts of the member a locator names, or of a loose file at a URL (a
+    manifest's clip without a duration: the whole file read), its bytes read, not decoded; or
+    why it cannot be used."""
     global _READER
+    if not is_locator(name):
+        try:
+            return probe_bytes(read_url(name))
+        except FileNotFoundError:
+            return AudioProbe(error="audio file missing", detail=f"no file {shown(name)}")
+        except StorageError as exc:
+            return AudioProbe(error="audio file unreadable", detail=str(exc))
     if _READER is None or _READER.root != root:
         _READER = Reader(root)
     locator = Locator.parse(name)

@@ -4,8 +4,9 @@
 
 Object stores: a file is opened with fsspec's ``readahead`` cache of
 :data:`READ_AHEAD_BYTES` (a bounded read-ahead: consecutive reads of a tar shard's
-members are served from one ranged request), and a read that fails in transit (a
-connection dropped mid-body, a timeout) is retried on a fresh handle up to
+members are served from one ranged request; a manifest or a loose audio file is read
+whole, :func:`read_url`), and a read that fails in transit (a connection dropped
+mid-body, a timeout) is retried on a fresh handle up to
 :data:`READ_RETRIES` times, each retry counted in :data:`COUNTS` (the producer reports
 them with its batches; summary.json's ``read_retries`` per producer). s3fs's own retries
 are turned off so that every retry is one this module makes and counts. Credentials come
@@ -272,6 +273,14 @@ class Reader:
         with self._lock:
             for name in list(self._open):
                 self._close(name)
+
+
+def read_url(url: str) -> bytes:
+    """The whole file at ``url`` (a loose audio file, a manifest), read through
+    :class:`RetryingFile`: a read failing in transit is retried and counted. Raises
+    FileNotFoundError (no such file) or StorageError (unreadable after its retries)."""
+    with RetryingFile(url) as f:
+        return f.read()
 
 
 def open_file(path: str) -> IO[bytes]:

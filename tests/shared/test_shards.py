@@ -12,10 +12,13 @@ import pytest
 import soundfile
 
 from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member
+from stoker.service import data_path
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index, locate, scan_dataset
-from stoker.shared.dataset.shards import Locator, expand_braces, is_locator
+from stoker.shared.dataset import DatasetError, build_index, locate, scan_dataset
+from stoker.shared.dataset.files import resolve_audio
+from stoker.shared.dataset.shards import Locator, expand_braces, is_locator, remote_root
 from stoker.shared.dataset.storage import Reader
+from stoker.shared.layouts import parse_manifest
 from tests.factories import add_shard, clip_member, loose_copy, make_shards, tone
 
 FEATURES = FeaturesConfig()
@@ -218,3 +221,21 @@ def test_a_batch_s_members_are_read_in_shard_and_offset_order_then_taken_in_any_
         assert reader.read(m.shard, m.offset, m.size) == expected[m]
     with pytest.raises(FileNotFoundError):  # taken once: a second read goes to the (gone) shard
         reader.read(wanted[0].shard, wanted[0].offset, wanted[0].size)
+
+
+def test_data_names_a_manifest_at_a_url_whose_relative_audio_is_beside_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = "s3://corpus/ljs/train.jsonl"
+    root = remote_root(url)
+    assert locate(url, "metadata.csv") == locate("s3://corpus/ljs/", "train.jsonl") == (root, url)
+    assert root.parent == tmp_path / "cache" / "stoker" / "remote"
+    assert locate("s3://corpus/ljs/", "metadata.csv")[1] == "s3://corpus/ljs/*.tar"  # a directory URL: shards
+    assert data_path(root, url) == url  # what producers are given
+    for refused in ("s3://corpus/ljs/metadata.csv", "s3://corpus/mix.yaml"):
+        with pytest.raises(DatasetError, match="metadata at a URL must be a JSON-lines manifest"):
+            locate(refused, "metadata.csv")
+    entries, _ = parse_manifest(b"".join(json.dumps({"audio_filepath": a, "text": "t", "id": f"c{n}"}).encode() + b"\n"
+                                         for n, a in enumerate(["wavs/a.wav", "./b.wav", "s3://other/c.wav",
+                                                                "/data/d.wav"])))
+    assert [e.audio for e in resolve_audio(entries, url)] == [
+        "s3://corpus/ljs/wavs/a.wav", "s3://corpus/ljs/b.wav", "s3://other/c.wav", "/data/d.wav"]

@@ -1,20 +1,26 @@
-"""Tar shards in an S3-compatible object store (moto's server on loopback): indexed as from a
-directory, read back by a producer's reader through a connection that drops mid-shard; a
-missing bucket is one line."""
+"""Tar shards and a JSON-lines manifest in an S3-compatible object store (moto's server on
+loopback): indexed as from a directory, read back by a producer through a connection that
+drops mid-response; a missing bucket or manifest is one line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 
+from stoker.consumer.pipeline.plan import TokenTable
+from stoker.producer.batches import BatchMaker
+from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import DatasetError, build_index
 from stoker.shared.dataset.shards import Locator
 from stoker.shared.dataset.storage import COUNTS, READ_RETRIES, Reader, StorageError
-from tests.factories import make_shards
+from tests.factories import make_dataset, make_shards
 from tests.objectstore import DroppingProxy, S3Server, use_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a server and a proxy on loopback sockets
@@ -70,3 +76,54 @@ def test_shards_in_s3_index_as_local_ones_and_a_dropped_connection_costs_a_count
         with pytest.raises(DatasetError, match=r"^no tar shard matches s3://nothing/here/\*\.tar$"):
             build_index(DataConfig(path="s3://nothing/here/", index_workers=1), FEATURES)
 
+
+
+def test_a_manifest_in_s3_indexes_as_the_local_one_and_a_producer_reads_its_clips_as_the_local_files(
+        tmp_path, monkeypatch, caplog):
+    root = tmp_path / "corpus"
+    ids = make_dataset(root, count=4)
+    rows = []
+    for n, sample_id in enumerate(ids):
+        row = {"audio_filepath": f"wavs/{sample_id}.wav", "text": f"clip number {n}.", "speaker": n % 2}
+        if n != 3:  # the last clip's length comes from its header, read through the store
+            info = soundfile.info(str(root / "wavs" / f"{sample_id}.wav"))
+            row["duration"] = info.frames / info.samplerate
+        rows.append(row)
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with S3Server() as server, DroppingProxy(server.endpoint, after_bytes=8 << 10, from_start=True) as proxy:
+        server.upload(root, "corpus", "ljs")
+        server.upload(root / "wavs", "corpus", "ljs/wavs")
+        use_env(server.env(proxy.endpoint), monkeypatch)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        data = DataConfig(path="s3://corpus/ljs/train.jsonl", index_workers=1)
+        index = build_index(data, FEATURES)
+        local = build_index(DataConfig(path=str(root), metadata_file="train.jsonl", index_workers=1), FEATURES)
+        assert index.rejected == [] and index.stats.headers_read == 1 and index.stats.cache == "miss"
+        assert [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in index.samples] == \
+               [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in local.samples]
+        assert [s.audio for s in index.samples] == [f"s3://corpus/ljs/wavs/{i}.wav" for i in ids]
+        assert index.root == tmp_path / "cache" / "stoker" / "remote" / index.root.name
+        assert build_index(data, FEATURES).stats.cache == "hit"  # kept on this host, found without a parse
+
+        def batch(of, maker):
+            tokens = TokenTable(of.samples, of.vocabulary)
+            carried = tokens.lease_fields(ids)
+            longest = max(s.num_frames for s in of.samples)
+            lease = wire.Lease(lease=1, epoch=0, index=0, ids=tuple(ids), shape=(64, longest), rows=4,
+                               tokens=tuple(tuple(t) for t in carried["tokens"]), texts=carried["texts"],
+                               files=carried["files"], durations=tuple(carried["durations"]))
+            return maker.make(lease)
+
+        proxy.arm(1)  # a clip's read, cut mid-body: retried, counted with the batch
+        with caplog.at_level(logging.WARNING, "stoker.shared.dataset.storage"):
+            remote = batch(index, BatchMaker(index.root, {}, FEATURES, None, "p0"))
+        expected = batch(local, BatchMaker(root, {}, FEATURES, None, "p1"))
+        assert proxy.dropped == 1 and remote.batch.read_retries == 1
+        assert remote.batch.ids == expected.batch.ids == tuple(ids) and remote.batch.rejected == ()
+        assert remote.arrays.keys() == expected.arrays.keys()
+        for name, array in expected.arrays.items():  # the same samples, so the same mels, bit for bit
+            np.testing.assert_array_equal(remote.arrays[name], array, err_msg=name)
+        assert all("testing" not in r.getMessage() for r in caplog.records)  # no credential in a log line
+
+        with pytest.raises(DatasetError, match=r"^s3://corpus/ljs/absent\.jsonl not found$"):
+            build_index(DataConfig(path="s3://corpus/ljs/absent.jsonl", index_workers=1), FEATURES)
