@@ -28,7 +28,7 @@ from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, exampl
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio
 from stoker.shared.dataset.shards import Locator, is_locator
-from stoker.shared.dataset.storage import COUNTS, Reader, is_url
+from stoker.shared.dataset.storage import COUNTS, Reader, is_url, shown
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
 
@@ -159,7 +159,7 @@ class BatchMaker:
             seconds = len(clip.audio) / self.features.sample_rate_hz
             if duration_s is not None and abs(seconds - duration_s) > DURATION_TOLERANCE_S:
                 raise AudioError(f"audio of {seconds:.3f} s where the index says {duration_s:.3f} s: "
-                                 f"{relative_audio(sample_id, name)} (a wrong duration in the manifest, or the file "
+                                 f"{shown(relative_audio(sample_id, name))} (a wrong duration in the manifest, or the file "
                                  "changed since indexing)")
             if self.chain is not None:
                 done = self.chain(clip.audio, self._text(sample_id), sample_id, speaker, language,
