@@ -184,7 +184,8 @@ def test_another_dataset_is_refused_and_a_clip_missing_everywhere_is_rejected(tm
     assert all("missing on every producer host" in r["reason"] for r in rejected)
     assert summary["rejected"] == 2 and summary["epochs_completed"] == 2
     remote_stats, = summary["producers"]
-    assert remote_stats["lacks"] == remote_stats["misses"] == 2
+    # each missed once per lease out when the first miss came back (one per epoch at most), then not leased again
+    assert remote_stats["lacks"] == 2 and 2 <= remote_stats["misses"] <= 4
 
 
 # ---------------------------------------------------------------- CURVE
