@@ -182,6 +182,8 @@ def test_another_dataset_is_refused_and_a_clip_missing_everywhere_is_rejected(tm
     # once, although both epochs planned them (a producer-side rejection is recorded once per run)
     assert sorted(r["id"] for r in rejected) == ["DEMO-0003", "DEMO-0005"]
     assert all("missing on every producer host" in r["reason"] for r in rejected)
+    resized, = (r["reason"] for r in rejected if r["id"] == "DEMO-0003")
+    assert re.search(r"wavs/DEMO-0003.wav is \d+ bytes on this host and \d+ on the trainer", resized), resized
     assert summary["rejected"] == 2 and summary["epochs_completed"] == 2
     remote_stats, = summary["producers"]
     # each missed once per lease out when the first miss came back (one per epoch at most), then not leased again

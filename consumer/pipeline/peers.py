@@ -61,6 +61,7 @@ class Peer:
     last_seen: float
     leases: set[int] = field(default_factory=set)
     lacks: set[str] = field(default_factory=set)  # sample ids this producer has no audio for
+    why: dict[str, str] = field(default_factory=dict)  # the reason it gave for each of them (its miss)
     fd: int = -1  # the socket's file descriptor of its current connection
     joined_t: float = 0.0
     base_name: str = ""  # the name it asked for (``name`` may carry a #N suffix)

@@ -131,6 +131,12 @@ class ValidationSet:
     files: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
+def _missing_everywhere(sample_id: str, hosts: str, peers: list[Peer]) -> str:
+    """The rejection of a clip every live producer lacks, with the reason the first of them gave."""
+    why = next((p.why[sample_id] for p in peers if sample_id in p.why), "")
+    return f"audio file missing on every producer host ({hosts})" + (f": {why}" if why else "")
+
+
 def is_validation(batch: PlannedBatch) -> bool:
     """A batch of a validation pass (epoch ``-pass``), not of the training plan."""
     return batch.epoch < 0
@@ -582,8 +588,7 @@ class Scheduler:
         hosts = ", ".join(sorted({p.host for p in peers}))
         log.warning("%d validation clips are missing on every producer host alive (%s); leaving them out of "
                     "validation pass %d", len(lost), hosts, self._val_pass)
-        self.on_rejected([Rejection(i, f"audio file missing on every producer host ({hosts})", "coordinator")
-                          for i in lost])
+        self.on_rejected([Rejection(i, _missing_everywhere(i, hosts, peers), "coordinator") for i in lost])
         kept = (self.planner.with_ids(b, tuple(i for i in b.ids if i not in common)) for b in self._val_pending)
         self._val_pending = collections.deque(b for b in kept if b.ids)
         self._check_validation_done()
@@ -614,8 +619,8 @@ class Scheduler:
             for sample_id in lost:
                 log.warning("sample %s is missing on every producer host alive (%s); rejecting it for epoch %d",
                             sample_id, hosts, batch.epoch)
-            self._reject(batch.epoch, [Rejection(i, f"audio file missing on every producer host ({hosts})",
-                                                 "coordinator") for i in lost])
+            self._reject(batch.epoch, [Rejection(i, _missing_everywhere(i, hosts, peers), "coordinator")
+                                       for i in lost])
             rest = tuple(i for i in batch.ids if i not in common)
             if rest or self.ordered:  # in plan order every planned batch is a step, empty or not
                 kept.append(self.planner.with_ids(batch, rest))
@@ -681,6 +686,7 @@ class Scheduler:
         self._reject(lease.batch.epoch, rejections)
         if missed:
             peer.lacks.update(i for i, _ in missed)
+            peer.why.update((i, reason[:200]) for i, reason in missed)
             with self._lock:
                 stats = self.producers.get(peer.name)
                 if stats is not None:
