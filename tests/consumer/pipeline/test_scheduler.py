@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from stoker.consumer.pipeline.buffer import BatchQueue
-from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
+from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable, validation_batches
 from stoker.consumer.pipeline.peers import DISCONNECT_GRACE_S
 from stoker.consumer.pipeline.scheduler import MAX_LEASE_FAILURES, Scheduler, ValidationSet
 from stoker.shared import wire
-from stoker.shared.dataset import Sample, deferred
+from stoker.shared.config import DataConfig, FeaturesConfig
+from stoker.shared.dataset import Reference, Sample, build_index, deferred, describe_copy
 from tests.consumer.pipeline.harness import hello_of, lacking, make_config, samples
-from tests.factories import copy_described, fake_reference, fake_sha256, make_batch
+from tests.factories import copy_described, fake_reference, fake_sha256, make_batch, make_dataset
 
 IDS = {s.id for s in samples(12)}
 
@@ -687,3 +688,18 @@ def test_failures_of_different_kinds_reject_nothing() -> None:
     b.hello(b"p2", fd=4)
     b.work(b"p2")
     assert b.rejected == [] and sorted(b.drain_queue()) == sorted(s.id for s in samples(4))
+
+
+def test_leases_to_a_remote_copy_carry_each_files_size_on_the_trainer_and_a_local_producers_none(tmp_path) -> None:
+    make_dataset(tmp_path, count=6)
+    index = build_index(DataConfig(path=str(tmp_path), index_cache="off"), FeaturesConfig())
+    cfg = make_config(lease_ahead=1)
+    planner = EpochPlanner(index.samples, cfg.batching)
+    scheduler = Scheduler(cfg, planner, BatchQueue(3), max_epochs=1, dataset=Reference.of(index),
+                          tokens=TokenTable(index.samples, index.vocabulary))
+    for who, dataset in ((b"remote", describe_copy(tmp_path)), (b"local", deferred("metadata.csv"))):
+        scheduler.on_message(who, hello_of(who.decode(), dataset=dataset).encode(), 0.0, -1)
+    leases = {who: wire.read(msg.encode())[0] for who, msg, _ in scheduler.take_outbox() if msg.KIND == wire.LEASE}
+    remote, local = leases[b"remote"], leases[b"local"]
+    assert remote.sizes == {i: (tmp_path / name).stat().st_size for i, name in remote.files.items()}
+    assert set(remote.sizes) == set(remote.ids) and local.sizes is None and local.files
