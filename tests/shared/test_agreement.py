@@ -148,6 +148,13 @@ def test_a_producer_reading_no_metadata_is_accepted_without_reading_anything(tmp
     assert check_agreement(nowhere, described, "here") == Agreement(True)
 
 
+def test_the_trainer_checks_a_copy_against_its_stored_sha256_reading_nothing(tmp_path: Path) -> None:
+    """No parse of the trainer's metadata in the coordinator's thread, whatever the size: its
+    metadata file need not even be readable once the index holds the SHA-256."""
+    gone = Reference(tmp_path / "absent", "metadata.csv", stored_sha256="ab" * 32)
+    assert check_agreement(gone, {"metadata_file": "metadata.csv", "columns": "", "sha256": "ab" * 32}, "b").ok
+
+
 def test_file_sizes_are_the_trainers_files_and_leave_out_members_urls_and_absent_files(data) -> None:
     root, ids = data
     files = {ids[0]: f"wavs/{ids[0]}.wav", ids[1]: str(root / "wavs" / f"{ids[1]}.wav"),
