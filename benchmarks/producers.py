@@ -70,7 +70,7 @@ from stoker.benchmarks.common import STOKER, BenchError, machine_info, ratio, sp
 from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import FeaturesConfig
-from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_dataset
+from stoker.shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
 from stoker.shared.metrics import wait_share
 from stoker.shared.mel import pad_values
 
@@ -376,7 +376,7 @@ def standin_run(count: int, steps: int, work: Path) -> dict[str, Any]:
     try:
         endpoint = endpoint_of(trainer)
         ctx = spawn_context()
-        dataset = scan_dataset(DEMO_DATA_DIR).describe()
+        dataset = describe_copy(DEMO_DATA_DIR)
         procs = [ctx.Process(target=standin_producer, args=(endpoint, f"standin{i}", STANDIN_HOLD_MS, dataset),
                              name=f"standin{i}", daemon=True) for i in range(count)]
         for proc in procs:

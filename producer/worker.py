@@ -9,14 +9,17 @@ Two threads:
                   and hands the lease id to the io thread over an inproc socket. It takes
                   the lowest (epoch, index) first, so re-planned work goes before new work.
 
-Joining: before its HELLO the producer scans its dataset (shared/dataset/agreement.py: metadata
-and audio file sizes) and describes it, beside its config schema (shared/wire.py); a trainer
-whose dataset differs, or that speaks another protocol version or sends config keys this
-producer lacks, answers REFUSE with the reason, which the producer logs and exits with
-status 2. A producer the trainer's launcher starts on the trainer's host (``--local``) reads
-the trainer's own files: it scans nothing and joins at once, whatever the dataset's size
-(agreement.deferred); its leases carry its clips' texts, audio locators and durations, and
-each clip is checked when read. With ``--keys`` the socket is a CURVE client; a trainer
+Joining: a producer reads no metadata of its own: its leases carry its clips' texts, audio
+locators and durations, and each clip is checked when read. Before its HELLO a producer on
+another host hashes the metadata file it was pointed at (shared/dataset/agreement.py
+describe_copy: its SHA-256, no parse, no audio listing: about a second per GB) and describes
+it, beside its config schema (shared/wire.py); a trainer whose metadata differs, or that
+speaks another protocol version or sends config keys this producer lacks, answers REFUSE
+with the reason, which the producer logs and exits with status 2. Its leases carry each
+file's byte size on the trainer: a file of another size here is not the trainer's and is
+reported missed with the reason, as an absent one is. A producer the trainer's launcher
+starts on the trainer's host (``--local``) reads the trainer's own files: it hashes nothing
+(agreement.deferred). With ``--keys`` the socket is a CURVE client; a trainer
 that rejects the key (or speaks no CURVE) fails the handshake, which the producer sees on
 its socket monitor and reports the same way.
 
@@ -66,13 +69,12 @@ from stoker.producer.transforms import TransformSetupError, load_user
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import PipelineConfig
-from stoker.shared.dataset import DatasetScan, deferred, locate, scan_dataset
-from stoker.shared.dataset.files import metadata_location
+from stoker.shared.dataset import deferred, describe_copy, locate
 from stoker.shared.dataset.storage import shown
 from stoker.producer.batches import BatchMaker
 from stoker.shared.errors import UserError
 from stoker.shared.keys import ClientKeys, load_client_keys, short
-from stoker.shared.layouts import COLUMNS_AUTO, LayoutError
+from stoker.shared.layouts import COLUMNS_AUTO
 from stoker.shared.mel import MelFunctionError, user_mel_function
 from stoker.shared.melstats import load
 from stoker.shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
@@ -135,7 +137,7 @@ class Producer:
         self.ctx = context or zmq.Context.instance()
         self.keys = keys
         self.metadata_file = metadata_file
-        self.scan = scan  # False: reads no metadata (module docstring, Joining)
+        self.scan = scan  # False: hashes no metadata (module docstring, Joining)
         self.config_schema = config_schema or wire.ConfigSchema.local()  # the config keys it takes (HELLO)
         self.identity = f"{name}-{uuid.uuid4().hex[:8]}".encode()
         self.host = pysocket.gethostname()
@@ -150,8 +152,8 @@ class Producer:
         self._failure: BaseException | None = None
         self._welcome: wire.Welcome | None = None
         self._welcomed = threading.Event()
-        self._scan: DatasetScan | None = None
-        self._scanned: set[tuple[str, str]] = set()  # (metadata file, data.columns) read so far
+        self._described: dict[str, Any] | None = None  # the HELLO's dataset (None: agreement.deferred)
+        self._scanned: set[tuple[str, str]] = set()  # (metadata file, data.columns) described so far
         self._monitor: zmq.Socket | None = None
         self._handshake_failures = 0
         self._handshake_timed_out = False  # one of those failures: the peer never finished a greeting
@@ -209,15 +211,13 @@ class Producer:
         cache_dir = welcome.feature_cache
         log.info("%s computing log-mels with %s on %s%s", self.name, features.backend, device or "CPU",
                  f"; feature cache {cache_dir}" if cache_dir else "")
-        texts = {e.id: e.text for e in self._scan.entries} if self._scan else {}
-        files = dict(self._scan.files) if self._scan else {}
         transforms = welcome.config.transforms
         schema = schema_for(welcome.fields, transforms.fields, transforms.model_fields)
         mel_norm = load(welcome.mel_norm, features.n_mels) if welcome.mel_norm else None
-        return BatchMaker(self.root, texts, features, device, self.name, self.host,
-                          files=files, feature_cache=cache_dir, faults=welcome.config.faults, schema=schema,
-                          ref_frames=welcome.ref_frames, transforms=transforms, mel_norm=mel_norm,
-                          fixed_rows=welcome.fixed_rows, model_device=model_device)
+        return BatchMaker(self.root, {}, features, device, self.name, self.host, feature_cache=cache_dir,
+                          faults=welcome.config.faults, schema=schema, ref_frames=welcome.ref_frames,
+                          transforms=transforms, mel_norm=mel_norm, fixed_rows=welcome.fixed_rows,
+                          model_device=model_device)
 
     # ---------------------------------------------------------------- io thread
     def _connect(self) -> zmq.Socket:
@@ -269,7 +269,7 @@ class Producer:
             return False
 
     def _hello(self, sock: zmq.Socket) -> bool:
-        described = self._scan.describe() if self._scan is not None else deferred(self.metadata_file)
+        described = self._described if self._described is not None else deferred(self.metadata_file)
         sent = self._send(sock, wire.Hello(producer=self.name, host=self.host, pid=os.getpid(),
                                            config=self.config_schema, launcher=os.getppid(),
                                            session=self._session, dataset=described))
@@ -277,12 +277,12 @@ class Producer:
             self._last_hello = time.monotonic()
         return sent
 
-    def _rescan(self, metadata_file: str, columns: str = COLUMNS_AUTO) -> None:
-        self._scan = scan_dataset(self.root, metadata_file, columns)
+    def _describe(self, metadata_file: str, columns: str = COLUMNS_AUTO) -> None:
+        started = time.monotonic()
+        self._described = describe_copy(self.root, metadata_file, columns)
         self._scanned.add((metadata_file, columns))
-        log.info("%s: dataset %s (%s): %d entries, %d audio files missing here, fingerprint %s", self.name,
-                 self.root, shown(metadata_file), len(self._scan.entries), len(self._scan.missing),
-                 self._scan.fingerprint)
+        log.info("%s: dataset %s (%s), SHA-256 %s (%.2f s)", self.name, self.root, shown(metadata_file),
+                 self._described["sha256"][:16], time.monotonic() - started)
 
     def _reset_work(self) -> None:
         self._generation += 1
@@ -348,12 +348,6 @@ class Producer:
             if first:
                 self._check_transforms(msg)
             self._welcome = msg
-            consumer_sha256 = msg.metadata_sha256
-            if (first and self._scan is not None and consumer_sha256
-                    and self._scan.metadata_sha256 and consumer_sha256 != self._scan.metadata_sha256):
-                # agreement compares what counts (ids and texts); other bytes may differ
-                log.info("%s: %s on this host is not byte for byte the trainer's (same ids and texts)",
-                         self.name, shown(metadata_location(self.root, self._scan.metadata_file)))
             self._welcomed.set()
             log.info("%s joined %s as producer %s (%s)", self.name, self.endpoint, msg.producer_name,
                      msg.producer_index)
@@ -389,11 +383,9 @@ class Producer:
                     self._welcomed.clear()
                 self._hello(sock)
             elif wanted is not None and (wanted, columns) not in self._scanned and "/" not in wanted:
-                log.info("%s: the trainer reads %s (columns %r); scanning that instead", self.name, wanted, columns)
-                try:
-                    self._rescan(wanted, columns)
-                except LayoutError as exc:
-                    raise Refused(f"the trainer's data.columns cannot be used here: {exc}") from None
+                log.info("%s: the trainer reads %s (columns %r); describing that instead", self.name, wanted,
+                         columns)
+                self._describe(wanted, columns)
                 self._hello(sock)
             else:
                 raise Refused(f"the trainer at {self.endpoint} refused this producer: {reason}")
@@ -456,7 +448,7 @@ class Producer:
     def run(self) -> int:
         """Serve until STOP, a signal or a dead parent; return the exit status."""
         if self.scan:
-            self._rescan(self.metadata_file)
+            self._describe(self.metadata_file)
         wake = self.ctx.socket(zmq.PAIR)
         wake.linger = 0
         wake.bind(self._wake_addr)

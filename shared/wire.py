@@ -29,7 +29,7 @@ checks it against the classes):
     REFUSE     C->P  reason: str, [metadata_file: str], [columns: str], [rejoin: bool]
     LEASE      C->P  lease: int, epoch: int, index: int, ids: [str], shape: [int, int], rows: int,
                      tokens: [[int]], [speakers: [int]], [languages: [int]], [refs: [str]],
-                     [texts: {str: str}], [files: {str: str}], [durations: [float]]
+                     [texts: {str: str}], [files: {str: str}], [durations: [float]], [sizes: {str: int}]
     READY      P->C  lease: int
     CREDIT     C->P  lease: int
     REVOKE     C->P  lease: int
@@ -75,7 +75,10 @@ from stoker.shared.config import ConfigError, FaultsConfig, FeaturesConfig, Tran
 # ProducerConfig) and HELLO the producer's config schema (``config``, ConfigSchema), so that a
 # producer of another version is refused at joining with a line, rather than failing on a key
 # it does not know; BATCH's rejected and missed are [{id, reason}] (never pairs).
-PROTOCOL_VERSION = 4
+# 5: a producer on another host describes its dataset in HELLO by its metadata's SHA-256
+# (shared/dataset/agreement.describe_copy: no scan, no list of missing files), and a LEASE to it
+# carries each clip's expected audio byte size (``sizes``), checked when the file is read.
+PROTOCOL_VERSION = 5
 
 # The config a producer takes from WELCOME (ProducerConfig: sections of shared/config.py, each
 # a map of its keys). 1: features, transforms and faults. Raised when a key keeps its name but
@@ -530,8 +533,8 @@ class Entry(Part):
 @dataclass(frozen=True)
 class Hello(Body):
     """A producer joins. ``launcher``: its parent's pid; ``session``: one per connection (a
-    repeated HELLO of a session only gets its WELCOME again); ``dataset``:
-    DatasetScan.describe(), checked by shared/dataset/agreement.py."""
+    repeated HELLO of a session only gets its WELCOME again); ``dataset``: agreement.describe_copy()
+    or agreement.deferred(), checked by shared/dataset/agreement.check_agreement."""
 
     KIND: ClassVar[str] = HELLO
     SENDER: ClassVar[str] = "P->C"
@@ -602,8 +605,10 @@ class Lease(Body):
     """A planned batch to prepare (BatchMaker.make's request): its clips, the bucket's shape
     (L tokens, T frames) and rows (B); per clip its token ids, speaker id and language id,
     with ref_mel its reference clip; the texts and audio locators of its clips and their
-    references, {id: ...} (a producer reads no metadata of its own for them); and per clip
-    the duration the index holds, which the producer checks the audio against."""
+    references, {id: ...} (a producer reads no metadata of its own for them); per clip the
+    duration the index holds, which the producer checks the audio against; and to a producer on
+    another host the byte size of each clip's (and reference's) audio file on the trainer, {id:
+    bytes} (agreement.file_sizes): a file of another size there is not the trainer's."""
 
     KIND: ClassVar[str] = LEASE
     SENDER: ClassVar[str] = "C->P"
@@ -620,6 +625,7 @@ class Lease(Body):
     texts: dict[str, str] | None = None
     files: dict[str, str] | None = None
     durations: tuple[float, ...] | None = None
+    sizes: dict[str, int] | None = None
 
     def problem(self) -> str:
         if self.durations is not None and len(self.durations) != len(self.ids):

@@ -27,7 +27,7 @@ from stoker.launcher import run_producers, run_training
 from stoker.shared import config as config_mod
 from stoker.shared.cluster import from_env
 from stoker.shared.config import DevicesConfig
-from stoker.shared.dataset import feature_cache_dir, locate, scan_dataset
+from stoker.shared.dataset import describe_copy, feature_cache_dir, locate
 from stoker.shared.dataset.storage import is_url
 from stoker.shared.endpoints import EndpointError, check_endpoint
 from stoker.shared.errors import UserError
@@ -250,9 +250,8 @@ def produce(connect: str, data: str, producers: int, *, data_gpu: int | None = N
         log.warning("connecting to %s without --keys: batches travel unencrypted and the trainer cannot tell "
                     "who sends them", connect)
     root, metadata_file = locate(data, "metadata.csv")
-    scan = scan_dataset(root, metadata_file)
+    described = describe_copy(root, metadata_file)  # its metadata readable here: else one line, before any producer
     devices = DevicesConfig(data_gpu=data_gpu, model_gpu=None, data_gpu_memory_mb=data_gpu_memory)
     plan = plan_devices(devices, list_gpus() if data_gpu is not None else [], producers)
-    log.info("dataset %s: %d entries, %d audio files missing here, fingerprint %s", root, len(scan.entries),
-             len(scan.missing), scan.fingerprint)
+    log.info("dataset %s (%s), SHA-256 %s", root, metadata_file, described["sha256"][:16])
     return run_producers(connect, data_path(root, metadata_file), producers, plan, PRODUCE_RESTARTS, log_level, keys=keys, host=host)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
@@ -9,10 +10,11 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import soundfile
 
+from stoker.shared.layouts import COLUMNS_AUTO
 from stoker.shared.mel import pad_values
 
 if TYPE_CHECKING:
-    from stoker.shared.dataset import DatasetScan
+    from stoker.shared.dataset import Reference
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing "
          "near an old stone bridge under grey autumn skies").split()
@@ -196,26 +198,22 @@ def make_faulty_dataset(root: Path, good: int = 8) -> FaultyDataset:
     return FaultyDataset(root, valid, exact, loose, {"BADFLAC": "audio file unreadable: wavs/BADFLAC.flac: "})
 
 
-def fake_scan(ids: Iterable[str], missing: Iterable[str] = ()) -> "DatasetScan":
-    """A trainer's dataset scan without files: entries with some text, made-up audio sizes."""
-    from stoker.shared.dataset import DatasetScan, audio_fingerprint, metadata_fingerprint
-    from stoker.shared.layouts import Entry
+def fake_reference(sha256: str = "", root: Path = Path("/nowhere")) -> "Reference":
+    """The trainer's side of the dataset agreement without a metadata file: its SHA-256 made up
+    (default: :func:`fake_sha256` of "trainer")."""
+    from stoker.shared.dataset import Reference
 
-    entries = [Entry(i, f"text of {i}", n + 1) for n, i in enumerate(ids)]
-    lacking = set(missing)
-    sizes = {e.id: 1000 + n for n, e in enumerate(entries) if e.id not in lacking}
-    return DatasetScan(root=Path("/nowhere"), metadata_file="metadata.csv", entries=entries, malformed=[],
-                       sizes=sizes, missing=sorted(lacking), metadata_fp=metadata_fingerprint(entries),
-                       audio_fp=audio_fingerprint(sizes))
+    return Reference(root, "metadata.csv", stored_sha256=sha256 or fake_sha256("trainer"))
 
 
-def describe_copy(scan: "DatasetScan", lacking: Iterable[str] = ()) -> dict:
-    """The HELLO ``dataset`` of a host whose copy of ``scan`` lacks the files ``lacking``."""
-    from stoker.shared.dataset import audio_fingerprint
+def fake_sha256(what: str) -> str:
+    return hashlib.sha256(what.encode()).hexdigest()
 
-    gone = sorted(set(lacking) | set(scan.missing))
-    return {**scan.describe(), "audio": audio_fingerprint(scan.sizes, without=gone), "missing": gone,
-            "missing_count": len(gone)}
+
+def copy_described(sha256: str = "") -> dict:
+    """The HELLO ``dataset`` of a producer pointed at a copy of metadata.csv with that SHA-256
+    (default: :func:`fake_reference`'s)."""
+    return {"metadata_file": "metadata.csv", "columns": COLUMNS_AUTO, "sha256": sha256 or fake_sha256("trainer")}
 
 
 @dataclass

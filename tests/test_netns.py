@@ -129,7 +129,8 @@ def test_remote_host_with_a_link_cut(hosts: Hosts, tmp_path: Path):
         with RunProcess("produce", "--connect", endpoint, "--keys", str(remote_keys), "--data", str(remote_data),
                         prefix=hosts.in_b()) as remote:
             remote.wait_for_line(r"first batch delivered", START_S)
-            run.wait_for_line(rf"producer p0@{REMOTE_HOST} joined from {REMOTE_HOST} .*lacks 1 audio files", 10)
+            run.wait_for_line(rf"producer p0@{REMOTE_HOST} joined from {REMOTE_HOST} .*checked against the trainer's",
+                              10)
             hosts.cut()
             run.wait_for_line(rf"producer p0@{REMOTE_HOST} silent for [0-9.]+ s: presumed dead", 10)
             remote.wait_for_line(r"consumer silent for [0-9.]+ s; dropping", 10)
@@ -148,7 +149,8 @@ def test_remote_host_with_a_link_cut(hosts: Hosts, tmp_path: Path):
     stats = {p["id"]: p for p in summary["producers"]}
     remote_stats = stats[f"p0@{REMOTE_HOST}"]
     assert remote_stats["host"] == REMOTE_HOST and remote_stats["connections"] >= 2
-    assert remote_stats["lacks"] == 1 and remote_stats["batches"] >= 2 and remote_stats["rtt_ms"] is not None
+    assert remote_stats["lacks"] <= 1  # DEMO-0007 once leased to it: missed, found lacking; nothing else
+    assert remote_stats["batches"] >= 2 and remote_stats["rtt_ms"] is not None
     assert any(f["producer"] == f"p0@{REMOTE_HOST}" and f["status"] == "dead" for f in summary["failovers"])
     assert not summary["rejected_messages"].get("unauthenticated")
     per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)

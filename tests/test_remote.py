@@ -24,7 +24,7 @@ import pytest
 import zmq
 
 from stoker.shared import wire
-from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_dataset
+from stoker.shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
 from stoker.shared.keys import make_keys
 from tests.factories import make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
@@ -157,6 +157,8 @@ def test_another_dataset_is_refused_and_a_clip_missing_everywhere_is_rejected(tm
     other = tmp_path / "other"
     make_dataset(other, count=6)
     partial = partial_copy(tmp_path / "partial", "DEMO-0005")
+    with open(partial / "wavs" / "DEMO-0003.wav", "ab") as f:  # another size: not the trainer's file
+        f.write(b"\0\0")
     run_dir = tmp_path / "run"
     with trainer(run_dir, "--epochs", "2", "--producers", "0") as run:
         endpoint = endpoint_of(run)
@@ -164,20 +166,28 @@ def test_another_dataset_is_refused_and_a_clip_missing_everywhere_is_rejected(tm
             assert stranger.wait(timeout=30) == 2, stranger.output()
         line = one_error_line(stranger)
         assert f"the trainer at {endpoint} refused this producer: dataset on" in line
-        assert "metadata.csv differs" in line
+        assert "metadata.csv differs (SHA-256" in line
         run.wait_for_line(r"refused producer p0@\S+ from \S+: dataset on .* metadata.csv differs", 10)
         with produce(endpoint, "--data", str(partial)) as remote:
-            run.wait_for_line(r"joined from .* it lacks 1 audio files", START_S)
+            # it joins at once (its copy's metadata is the trainer's); its files are checked as it reads them
+            run.wait_for_line(r"joined from .*checked against the trainer's as it reads them", START_S)
+            run.wait_for_line(r"does not have DEMO-0003 \(wavs/DEMO-0003.wav is \d+ bytes on this host and \d+ on "
+                              r"the trainer", START_S)
             assert run.wait(timeout=60) == 0, run.output()
             remote.wait(timeout=15)
     summary = read_json(run_dir / "summary.json")
     assert summary["refused_producers"][0]["reason"] in line
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, DEMO_IDS - {"DEMO-0005"})
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, DEMO_IDS - {"DEMO-0003", "DEMO-0005"})
     rejected = read_jsonl(run_dir / "rejected.jsonl")
-    # once, although both epochs planned it (a producer-side rejection is recorded once per run)
-    assert [r["id"] for r in rejected] == ["DEMO-0005"]
+    # once, although both epochs planned them (a producer-side rejection is recorded once per run)
+    assert sorted(r["id"] for r in rejected) == ["DEMO-0003", "DEMO-0005"]
     assert all("missing on every producer host" in r["reason"] for r in rejected)
-    assert summary["rejected"] == 1 and summary["epochs_completed"] == 2
+    resized, = (r["reason"] for r in rejected if r["id"] == "DEMO-0003")
+    assert re.search(r"wavs/DEMO-0003.wav is \d+ bytes on this host and \d+ on the trainer", resized), resized
+    assert summary["rejected"] == 2 and summary["epochs_completed"] == 2
+    remote_stats, = summary["producers"]
+    # each missed once per lease out when the first miss came back (one per epoch at most), then not leased again
+    assert remote_stats["lacks"] == 2 and 2 <= remote_stats["misses"] <= 4
 
 
 # ---------------------------------------------------------------- CURVE
@@ -303,7 +313,7 @@ def test_fuzz_thousands_of_malformed_messages_while_training(tmp_path):
         endpoint = endpoint_of(run)
         run.wait_for_line(r"step 4/", START_S)
         report: dict = {}
-        thread = threading.Thread(target=fuzz, args=(endpoint, scan_dataset(DEMO_DATA_DIR).describe(), report),
+        thread = threading.Thread(target=fuzz, args=(endpoint, describe_copy(DEMO_DATA_DIR), report),
                                   daemon=True)
         thread.start()
         thread.join(FUZZ_JOIN_S)

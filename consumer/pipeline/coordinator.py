@@ -37,7 +37,7 @@ from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, Reference
 from stoker.consumer.pipeline.scheduler import Scheduler, ValidationSet
 from stoker.shared import wire
 from stoker.shared.config import Config
-from stoker.shared.dataset import DatasetScan
+from stoker.shared.dataset import Reference
 from stoker.shared.errors import UserError
 from stoker.shared.keys import ServerKeys, short
 from stoker.shared.layouts import Rejection
@@ -73,7 +73,7 @@ class Coordinator:
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, stop: threading.Event,
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
                  context: zmq.Context | None = None, metadata_sha256: str = "",
-                 dataset: DatasetScan | Callable[[], DatasetScan] | None = None,
+                 dataset: Reference | None = None,
                  keys: ServerKeys | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
                  mel_norm: dict[str, Any] | None = None, validation: ValidationSet | None = None) -> None:

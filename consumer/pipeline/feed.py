@@ -76,7 +76,7 @@ from stoker.consumer.pipeline.telemetry import Telemetry
 from stoker.consumer.pipeline.validation import VALIDATION_QUEUE_CAPACITY
 from stoker.shared import config as config_mod
 from stoker.shared.cluster import Cluster, from_env, worker_dir_name
-from stoker.shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir, mel_stats_file
+from stoker.shared.dataset import DatasetIndex, Reference, Sample, build_index, feature_cache_dir, mel_stats_file
 from stoker.shared.errors import UserError
 from stoker.shared.keys import load_server_keys
 from stoker.shared.layouts import Rejection
@@ -273,7 +273,7 @@ class FeedCore:
         self.coordinator = Coordinator(
             cfg, planner, self.queue, self.stop, max_epochs=cfg.trainer.epochs,
             on_rejected=self._record_rejections, metadata_sha256=index.agreement["metadata_sha256"],
-            dataset=lambda: index.scan,  # parsed only when a producer that scanned its copy joins
+            dataset=Reference.of(index),
             keys=keys, resume=self.position.copy() if resumed else None,
             tokens=TokenTable(prepared.train_samples, self.vocabulary),
             references=(ReferenceTable(prepared.train_samples, cfg.batching.seed)

@@ -4,9 +4,10 @@ who is presumed gone. A part of the scheduler (consumer/pipeline/scheduler.py), 
 Joining: a producer's HELLO names its config schema and describes its dataset
 (shared/dataset/agreement.py). A producer of another protocol version (answered in its
 own: shared/wire.py), whose config schema lacks a key the trainer sends in WELCOME, or
-whose metadata or audio index does not match the trainer's is sent REFUSE with the
-reason, which both sides log (``refused_producers`` in summary.json). One that lacks some
-audio files is accepted; the scheduler never leases it those samples. A HELLO with the
+whose metadata file is not the trainer's (its SHA-256) is sent REFUSE with the reason, which
+both sides log (``refused_producers`` in summary.json). Its audio files are checked when it
+reads them: its leases carry their byte sizes on the trainer (``remote``), and a clip it
+misses (absent there, or of another size) is never leased to it again. A HELLO with the
 name, host and launcher pid of a live producer is that producer restarted: the old one is
 dropped at once. Otherwise several producers with one name (two hosts with one hostname)
 get ``#2``...
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from stoker.shared import wire
 from stoker.shared.config import Config
-from stoker.shared.dataset import DatasetScan, check_agreement, is_deferred
+from stoker.shared.dataset import Reference, check_agreement, is_deferred
 
 log = logging.getLogger("consumer.coordinator")
 
@@ -60,11 +61,13 @@ class Peer:
     last_seen: float
     leases: set[int] = field(default_factory=set)
     lacks: set[str] = field(default_factory=set)  # sample ids this producer has no audio for
+    why: dict[str, str] = field(default_factory=dict)  # the reason it gave for each of them (its miss)
     fd: int = -1  # the socket's file descriptor of its current connection
     joined_t: float = 0.0
     base_name: str = ""  # the name it asked for (``name`` may carry a #N suffix)
     launcher: int | None = None  # pid of the process that started it, on its host
     session: str | None = None  # one per connection of the producer: repeated HELLOs carry the same
+    remote: bool = False  # it read its own copy (not agreement.deferred): its leases carry the files' sizes
 
 
 @dataclass
@@ -77,7 +80,7 @@ class ProducerStats:
     status: str = "alive"
     connections: int = 0
     misses: int = 0  # leased clips this producer did not have (re-planned elsewhere)
-    lacks: int = 0  # clips it declared missing at HELLO
+    lacks: int = 0  # clips it missed (absent on its host, or not the trainer's file): not leased to it again
     rtt_ms: float | None = None  # last heartbeat round trip it measured
     first_lease_ms: float | None = None  # from its (last) HELLO to its first lease
     prep_ms_total: float = 0.0
@@ -107,13 +110,12 @@ class Peers:
     scheduler's, ``holds_credits(peer)`` whether it holds credited leases; ``lock`` guards the
     figures other threads read (``producers``, ``refusals``)."""
 
-    def __init__(self, cfg: Config, dataset: DatasetScan | Callable[[], DatasetScan] | None,
+    def __init__(self, cfg: Config, dataset: Reference | None,
                  send: Callable[..., None], count: Callable[..., None], welcome: Callable[[Peer], wire.Welcome],
                  on_drop: Callable[[Peer, str], None], holds_credits: Callable[[Peer], bool],
                  lock: threading.Lock) -> None:
         self.cfg = cfg
-        # None: accept any producer's dataset (tests, benchmarks); a callable makes the scan when
-        # first needed (a producer reading no metadata, agreement.deferred, needs none)
+        # None: accept any producer's dataset (tests, benchmarks)
         self.dataset = dataset
         self.send, self.count, self.welcome = send, count, welcome
         self.on_drop, self.holds_credits, self.lock = on_drop, holds_credits, lock
@@ -224,17 +226,13 @@ class Peers:
             self._refuse(identity, name, host, f"the producer's config schema differs from the trainer's "
                          f"({differs}): run the trainer's stoker version on host {host}")
             return None
-        lacks: frozenset[str] = frozenset()
         if self.dataset is not None:
-            if callable(self.dataset) and not is_deferred(msg.dataset):  # the trainer's scan, made once wanted
-                self.dataset = self.dataset()
             agreement = check_agreement(self.dataset, msg.dataset, host)
             if not agreement.ok:
                 extra = ({"metadata_file": agreement.metadata_file, "columns": agreement.columns}
                          if agreement.metadata_file else {})
                 self._refuse(identity, name, host, agreement.reason, **extra)
                 return None
-            lacks = agreement.lacks
         launcher, session = msg.launcher, msg.session
         old = self.live.get(identity)
         if old is not None and session is not None and old.session == session:
@@ -254,18 +252,18 @@ class Peers:
         unique, n = name, 2
         while unique in taken:  # two hosts with one hostname, or two launchers on one host
             unique, n = f"{name}#{n}", n + 1
-        peer = Peer(identity, unique, host, msg.pid, len(self.live), now, lacks=set(lacks), fd=fd,
-                    joined_t=now, base_name=name, launcher=launcher, session=session)
+        peer = Peer(identity, unique, host, msg.pid, len(self.live), now, fd=fd, joined_t=now, base_name=name,
+                    launcher=launcher, session=session, remote=not is_deferred(msg.dataset))
         self.live[identity] = peer
         with self.lock:
             stats = self.producers.setdefault(unique, ProducerStats(id=unique, host=host))
             stats.status = "alive"
             stats.host = host
             stats.connections += 1
-            stats.lacks = len(lacks)
+            stats.lacks = 0
             stats.first_lease_ms = None
         log.info("producer %s joined from %s (pid %d)%s", unique, host, peer.pid,
-                 f"; it lacks {len(lacks)} audio files, which others will prepare" if lacks else "")
+                 "; its audio files are checked against the trainer's as it reads them" if peer.remote else "")
         self.send(identity, self.welcome(peer))
         return peer
 

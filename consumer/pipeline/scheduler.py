@@ -95,7 +95,7 @@ from stoker.shared import wire
 from stoker.shared.batch import FRAMES, batch_dims
 from stoker.shared.config import Config, batch_fields, batch_schema
 from stoker.consumer.pipeline.peers import Peer, Peers, ProducerStats
-from stoker.shared.dataset import DatasetScan
+from stoker.shared.dataset import Reference
 from stoker.shared.layouts import Rejection
 from stoker.shared.mel import user_mel_function
 from stoker.shared.melstats import MelStats
@@ -129,6 +129,12 @@ class ValidationSet:
     # producer's metadata.
     texts: dict[str, str] = dataclasses.field(default_factory=dict)
     files: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _missing_everywhere(sample_id: str, hosts: str, peers: list[Peer]) -> str:
+    """The rejection of a clip every live producer lacks, with the reason the first of them gave."""
+    why = next((p.why[sample_id] for p in peers if sample_id in p.why), "")
+    return f"audio file missing on every producer host ({hosts})" + (f": {why}" if why else "")
 
 
 def is_validation(batch: PlannedBatch) -> bool:
@@ -175,7 +181,7 @@ class Scheduler:
 
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, max_epochs: int | None = None,
                  on_rejected: Callable[[list[Rejection]], None] | None = None, metadata_sha256: str = "",
-                 dataset: DatasetScan | Callable[[], DatasetScan] | None = None, resume: InputPosition | None = None,
+                 dataset: Reference | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
                  mel_norm: dict[str, Any] | None = None, now: float = 0.0,
                  validation: ValidationSet | None = None) -> None:
@@ -321,12 +327,14 @@ class Scheduler:
             texts = {**carried["texts"], **(texts or {})}
             files = {**carried["files"], **tokens.files([r for r in refs or () if r not in carried["files"]]),
                      **(files or {})}
+        # A producer on another host reads its own copy: each file's size on the trainer (a stat each).
+        sizes = self.peers.dataset.sizes(files) if files and peer.remote and self.peers.dataset is not None else None
         self._send(peer.identity, wire.Lease(
             lease=lease.id, epoch=batch.epoch, index=batch.index, ids=tuple(batch.ids),
             shape=(batch.shape[0], batch.shape[1]), rows=batch.rows,
             tokens=tuple(tuple(row) for row in carried.get("tokens", ())),
             speakers=tuple(carried.get("speakers", ())), languages=tuple(carried.get("languages", ())),
-            refs=refs, texts=texts, files=files, durations=carried.get("durations")))
+            refs=refs, texts=texts, files=files, durations=carried.get("durations"), sizes=sizes))
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)
@@ -580,8 +588,7 @@ class Scheduler:
         hosts = ", ".join(sorted({p.host for p in peers}))
         log.warning("%d validation clips are missing on every producer host alive (%s); leaving them out of "
                     "validation pass %d", len(lost), hosts, self._val_pass)
-        self.on_rejected([Rejection(i, f"audio file missing on every producer host ({hosts})", "coordinator")
-                          for i in lost])
+        self.on_rejected([Rejection(i, _missing_everywhere(i, hosts, peers), "coordinator") for i in lost])
         kept = (self.planner.with_ids(b, tuple(i for i in b.ids if i not in common)) for b in self._val_pending)
         self._val_pending = collections.deque(b for b in kept if b.ids)
         self._check_validation_done()
@@ -612,8 +619,8 @@ class Scheduler:
             for sample_id in lost:
                 log.warning("sample %s is missing on every producer host alive (%s); rejecting it for epoch %d",
                             sample_id, hosts, batch.epoch)
-            self._reject(batch.epoch, [Rejection(i, f"audio file missing on every producer host ({hosts})",
-                                                 "coordinator") for i in lost])
+            self._reject(batch.epoch, [Rejection(i, _missing_everywhere(i, hosts, peers), "coordinator")
+                                       for i in lost])
             rest = tuple(i for i in batch.ids if i not in common)
             if rest or self.ordered:  # in plan order every planned batch is a step, empty or not
                 kept.append(self.planner.with_ids(batch, rest))
@@ -677,8 +684,14 @@ class Scheduler:
         for r in rejections:
             log.warning("producer %s rejected %s: %s", peer.name, r.id, r.reason)
         self._reject(lease.batch.epoch, rejections)
-        if missed and self.ordered and not validation:  # no extra batch: every worker takes the same steps
+        if missed:
             peer.lacks.update(i for i, _ in missed)
+            peer.why.update((i, reason[:200]) for i, reason in missed)
+            with self._lock:
+                stats = self.producers.get(peer.name)
+                if stats is not None:
+                    stats.lacks = len(peer.lacks)
+        if missed and self.ordered and not validation:  # no extra batch: every worker takes the same steps
             self._reject(lease.batch.epoch, [Rejection(i, f"audio file missing on host {peer.host} "
                                                       f"({reason[:200]})", peer.name) for i, reason in missed])
         elif missed:
@@ -686,7 +699,6 @@ class Scheduler:
             for sample_id, reason in missed:
                 log.warning("producer %s (host %s) does not have %s (%s); re-planning it onto another producer",
                             peer.name, peer.host, sample_id, reason[:300])
-            peer.lacks.update(ids)
             self._replan_missed(lease.batch, ids)
         # Every producer with a free slot, not only this one: one that lacks clips may have
         # found nothing it could take a moment ago, and there may be new work now.

@@ -9,8 +9,8 @@ The index reads only metadata and audio *headers* (``soundfile.info``, plus a RI
 walk that catches truncated WAV files), never decodes audio, so the consumer can plan
 an epoch before any producer has started; a manifest clip whose ``duration`` is given is
 indexed from it, its file not even looked up (:data:`UNMEASURED`), and checked when a
-producer reads it. Producers on other hosts read the same metadata with
-:func:`read_metadata` and find the same files with :func:`scan_audio`.
+producer reads it. Producers read no metadata: the leases carry what they need of each clip
+(Dataset agreement, below).
 
 The samples are columnar (:class:`SampleTable`, table.py): numpy arrays of the lengths,
 durations, lines, speaker and language codes, and UTF-8 blobs with offsets of the ids,
@@ -40,13 +40,21 @@ read by ``data.index_workers`` processes when the work would outlast starting th
 
 Dataset agreement
 -----------------
-A producer the trainer's launcher starts on its host reads no metadata: its HELLO is
-:func:`deferred`, accepted as it is, and its leases carry its clips' texts, audio
-locators and durations. A producer on another host must read the same dataset as the
-trainer. Both sides compute a :class:`DatasetScan` from the metadata (parsed by
-shared/mixes.py's :func:`parse_entries`, the one metadata reader) and the audio listing
-of :func:`list_audio` (no audio is decoded; 13,100 LJSpeech clips take well under a
-second) and compare two fingerprints:
+No producer reads metadata of its own: its leases carry its clips' texts, audio locators and
+durations. A producer the trainer's launcher starts on its host reads the trainer's own
+files: its HELLO is :func:`deferred`, accepted as it is. A producer on another host reads its
+own copy and joins as fast, whatever the size: its HELLO is :func:`describe_copy`, the
+metadata file it was pointed at, its data.columns and :func:`metadata_sha256` (the file
+hashed a piece at a time, never parsed; a mix's blob; for tar shards their names and byte
+sizes, :func:`shards_sha256`). The trainer compares it with the SHA-256 its index stores
+(:func:`fingerprints`, :attr:`DatasetIndex.agreement`; :class:`Reference`) and refuses
+another metadata file with one line (:func:`check_agreement`). The audio is checked per file
+when read: a lease to such a producer carries each file's byte size on the trainer
+(:func:`file_sizes`), and a file there of another size (:func:`size_problem`) or absent is
+*missed*, re-planned onto another producer.
+
+The index also stores the trainer's :class:`DatasetScan` fingerprints, which name the dataset
+(logs, checkpoints, the mel statistics' key) without parsing the metadata on a warm load:
 
     metadata  sha256 of ``id TAB text TAB speaker TAB language LF`` per metadata entry,
               sorted by id (line order, the unused middle column and malformed lines do
@@ -55,12 +63,6 @@ second) and compare two fingerprints:
 
 Paths and modification times are left out on purpose: a copy on another host lives
 under another directory and ``cp``/``scp`` reset mtimes, yet it is the same data.
-Byte sizes catch a resampled, re-encoded or truncated copy cheaply. A producer may lack
-some audio files (an unfinished copy): it lists them in its HELLO, the trainer checks
-the rest of the index against its own and never gives that producer those samples
-(:func:`check_agreement`). The trainer's fingerprints are stored with its index
-(:func:`fingerprints`, :attr:`DatasetIndex.agreement`); its full scan
-(:attr:`DatasetIndex.scan`) is derived only when a scanning producer joins.
 
 The package, one module per idea (each imports only those above it in this list):
 
@@ -72,7 +74,7 @@ The package, one module per idea (each imports only those above it in this list)
     shards.py      WebDataset-style tar shards: their listing as a manifest, each clip's locator
     files.py       where metadata and audio are (the directory, a mix file, each id's file, shards,
                    a manifest at a URL)
-    agreement.py   what a host sees of a dataset, and the trainer's verdict on a producer's
+    agreement.py   what a host sees of a dataset, a producer's copy at joining and per file, the verdict
     index.py       building the index (build_index)
 
 Everything public is importable from ``shared.dataset`` itself.
@@ -87,9 +89,10 @@ from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_
                                   resolve_root, scan_audio)
 from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SIZES, RiffFacts,
                                   expected_samples, libsndfile_message, probe_audio, riff_facts, riff_problem)
-from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, MAX_MISSING_IDS, audio_fingerprint,
-                                      check_agreement, deferred, fingerprints, is_deferred, metadata_fingerprint,
-                                      scan_dataset, scan_from)
+from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, HASH_CHUNK_BYTES, Reference,
+                                      audio_fingerprint, check_agreement, deferred, describe_copy, file_sizes,
+                                      fingerprints, is_deferred, metadata_fingerprint, metadata_sha256,
+                                      scan_dataset, scan_from, shards_sha256, size_problem)
 from ..dataset.table import NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, pack_strings
 from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
                                   INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SECTION_ALIGN, UNITS_FIELDS,
@@ -103,15 +106,17 @@ from ..dataset.index import (CHUNK_ITEMS, DatasetIndex, FLAC_HEADER_S, Item, KIN
 __all__ = [
     "AUDIO_DIR", "AUDIO_SUFFIX", "AUDIO_SUFFIXES", "Agreement", "AudioFile", "AudioProbe", "CHUNK_ITEMS",
     "CachedIndex", "DATASET_CACHE_DIR", "DEFAULT_SPEAKER", "DEMO_DATA_DIR", "DatasetError", "DatasetIndex",
-    "DatasetScan", "FEATURE_CACHE_AUTO", "FINGERPRINT_HEX", "FLAC_HEADER_S", "INDEX_CACHE_MAGIC", "INDEX_CACHE_OFF",
-    "INDEX_FORMAT", "IndexStats", "Item", "KIND_HINTS", "LostReport", "MAX_DETAIL_CHARS", "MAX_MISSING_IDS",
-    "MOSTLY_REJECTED_FRAC", "NUMBER_COLUMNS", "OTHER_HEADER_S", "PARALLEL_MIN_SECONDS", "PHONEMES_S",
-    "PHONEME_CHUNK_ITEMS", "PROBE_FIELDS", "REJECTION_FIELDS", "RIFF_PROBE_BYTES", "RIFF_UNKNOWN_SIZES", "RiffFacts",
-    "SECTION_ALIGN", "STRING_COLUMNS", "Sample", "SampleTable", "TEXT_S", "TextKey", "UNITS_FIELDS", "UNMEASURED",
-    "WAV_HEADER_S", "audio_fingerprint", "audio_path", "build_index", "check_agreement", "columns_of", "deferred",
-    "expected_samples", "feature_cache_dir", "fingerprints", "index_cache_file", "index_config", "index_key",
+    "DatasetScan", "FEATURE_CACHE_AUTO", "FINGERPRINT_HEX", "FLAC_HEADER_S", "HASH_CHUNK_BYTES",
+    "INDEX_CACHE_MAGIC", "INDEX_CACHE_OFF", "INDEX_FORMAT", "IndexStats", "Item", "KIND_HINTS", "LostReport",
+    "MAX_DETAIL_CHARS", "MOSTLY_REJECTED_FRAC", "NUMBER_COLUMNS", "OTHER_HEADER_S", "PARALLEL_MIN_SECONDS",
+    "PHONEMES_S", "PHONEME_CHUNK_ITEMS", "PROBE_FIELDS", "REJECTION_FIELDS", "RIFF_PROBE_BYTES",
+    "RIFF_UNKNOWN_SIZES", "Reference", "RiffFacts", "SECTION_ALIGN", "STRING_COLUMNS", "Sample", "SampleTable",
+    "TEXT_S", "TextKey", "UNITS_FIELDS", "UNMEASURED", "WAV_HEADER_S", "audio_fingerprint", "audio_path",
+    "build_index", "check_agreement", "columns_of", "deferred", "describe_copy", "expected_samples",
+    "feature_cache_dir", "file_sizes", "fingerprints", "index_cache_file", "index_config", "index_key",
     "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
-    "metadata_fingerprint", "open_index", "pack_index", "pack_strings", "probe_audio", "read_cache", "read_metadata",
-    "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root", "riff_facts", "riff_problem",
-    "scan_audio", "scan_dataset", "scan_from", "user_cache_dir", "write_cache",
+    "metadata_fingerprint", "metadata_sha256", "open_index", "pack_index", "pack_strings", "probe_audio",
+    "read_cache", "read_metadata", "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root",
+    "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "shards_sha256", "size_problem",
+    "user_cache_dir", "write_cache",
 ]

@@ -1,23 +1,27 @@
 """Dataset agreement: what one host sees of a dataset (:class:`DatasetScan`: metadata and
-audio fingerprints) and the trainer's verdict on a producer's copy (:func:`check_agreement`).
+audio fingerprints, stored with the index), what a producer on another host says of its copy
+when joining (:func:`describe_copy`: the metadata's SHA-256, no parse and no audio listing),
+the trainer's verdict on it (:func:`check_agreement`), and the per-file check at reading time
+(:func:`file_sizes` on the trainer, :func:`size_problem` on the producer).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
-from ..dataset.files import AUDIO_DIR, UNMEASURED, list_audio, read_metadata_bytes
-from ..dataset.types import AudioFile
-from ..layouts import COLUMNS_AUTO, Entry, Rejection
-from ..mixes import parse_entries
+from ..dataset.files import UNMEASURED, list_audio, metadata_error, metadata_location, read_metadata_bytes
+from ..dataset.shards import is_locator, list_shards
+from ..dataset.storage import is_url, open_file, shown
+from ..dataset.types import AudioFile, DatasetError
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_shards
+from ..mixes import is_mix, parse_entries
 
-# A host may lack at most this many audio files and still produce: the ids travel in
-# its HELLO (about 20 bytes each, far below wire.MAX_HEADER_BYTES), and a copy missing
-# more is an unfinished copy or the wrong directory, better refused with a clear reason.
-MAX_MISSING_IDS = 1024
+# A metadata file is hashed this much at a time, so that a producer never holds it whole.
+HASH_CHUNK_BYTES = 8 << 20
 
 
 # Fingerprints are this many hex digits of sha256: 64 bits, ample to tell datasets apart.
@@ -45,13 +49,6 @@ class DatasetScan:
         """Both fingerprints as one short string, for logs and summary.json."""
         return f"{self.metadata_fp[:8]}{self.audio_fp[:8]}"
 
-    def describe(self) -> dict[str, Any]:
-        """The ``dataset`` field of a producer's HELLO."""
-        return {"metadata_file": self.metadata_file, "columns": self.columns, "metadata": self.metadata_fp,
-                "audio": self.audio_fp,
-                "entries": len(self.entries), "missing": self.missing[:MAX_MISSING_IDS],
-                "missing_count": len(self.missing)}
-
 
 @dataclass(frozen=True)
 class Agreement:
@@ -59,7 +56,6 @@ class Agreement:
 
     ok: bool
     reason: str = ""
-    lacks: frozenset[str] = frozenset()  # ids this producer has no audio for
     metadata_file: str = ""  # set when the producer read another metadata file than the trainer
     columns: str | None = None  # set with metadata_file: the data.columns to read it with
 
@@ -75,8 +71,8 @@ def metadata_fingerprint(entries: Iterable[Entry]) -> str:
     return _digest(f"{e.id}\t{e.text}\t{e.speaker}\t{e.language}\n" for e in sorted(entries, key=lambda e: e.id))
 
 
-def audio_fingerprint(sizes: Mapping[str, int], without: Collection[str] = ()) -> str:
-    return _digest(f"{i}\t{sizes[i]}\n" for i in sorted(sizes) if i not in without)
+def audio_fingerprint(sizes: Mapping[str, int]) -> str:
+    return _digest(f"{i}\t{sizes[i]}\n" for i in sorted(sizes))
 
 
 def fingerprints(entries: list[Entry], audio: Mapping[str, AudioFile], metadata: bytes) -> dict[str, Any]:
@@ -87,18 +83,6 @@ def fingerprints(entries: list[Entry], audio: Mapping[str, AudioFile], metadata:
              if e.id in audio or e.duration is not None}
     return {"metadata": metadata_fingerprint(entries), "audio": audio_fingerprint(sizes),
             "missing": len(entries) - len(sizes), "metadata_sha256": hashlib.sha256(metadata).hexdigest()}
-
-
-def deferred(metadata_file: str, columns: str = COLUMNS_AUTO) -> dict[str, Any]:
-    """The ``dataset`` of the HELLO of a producer that reads no metadata (one the trainer's
-    launcher starts on its own host: the same files): the leases carry its clips' texts and
-    audio locators, and each clip is checked when read (its duration against the index's)."""
-    return {"deferred": True, "metadata_file": metadata_file, "columns": columns}
-
-
-def is_deferred(described: Any) -> bool:
-    """Whether a HELLO's ``dataset`` is :func:`deferred`'s."""
-    return isinstance(described, dict) and described.get("deferred") is True
 
 
 def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[str, AudioFile],
@@ -127,24 +111,124 @@ def scan_dataset(root: Path, metadata_file: str = "metadata.csv", columns: str =
     return scan_from(root, metadata_file, metadata, list_audio(root, metadata_file, metadata, columns), columns)
 
 
-def _is_str_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+def metadata_sha256(root: Path, metadata_file: str = "metadata.csv") -> str:
+    """The SHA-256 the trainer's index stores of its metadata (:func:`fingerprints`), of this
+    host's copy: a metadata file hashed a piece at a time (never parsed nor held whole), a mix's
+    blob of every dataset's metadata; for tar shards, of their names and byte sizes (one stat
+    per shard, or one listing at a URL: their members are not read). DatasetError if unreadable."""
+    if is_shards(metadata_file):
+        return shards_sha256(root, metadata_file)
+    if is_mix(metadata_file):
+        return hashlib.sha256(read_metadata_bytes(root, metadata_file)).hexdigest()
+    digest = hashlib.sha256()
+    where = metadata_location(root, metadata_file)  # a manifest at a URL is read through storage.py
+    try:
+        with open_file(where) as f:
+            while chunk := f.read(HASH_CHUNK_BYTES):
+                digest.update(chunk)
+    except OSError as exc:  # StorageError too: a read at a URL that failed after its retries
+        if is_url(where):
+            raise DatasetError(f"{shown(where)} not found" if isinstance(exc, FileNotFoundError)
+                               else f"cannot read {shown(where)}: {shown(str(exc))}") from None
+        raise metadata_error(Path(where), exc) from None
+    return digest.hexdigest()
 
 
-def check_agreement(reference: DatasetScan, described: Any, host: str) -> Agreement:
-    """Does a producer's HELLO ``dataset`` (:meth:`DatasetScan.describe`) match ``reference``?
+def shards_sha256(root: Path, pattern: str) -> str:
+    """SHA-256 of ``name TAB byte-size LF`` per tar shard ``pattern`` names, in name order."""
+    return hashlib.sha256("".join(f"{s.name}\t{s.size}\n" for s in list_shards(root, pattern))
+                          .encode("utf-8", "surrogateescape")).hexdigest()
 
-    Accepted: same metadata, and every audio file the producer has is the trainer's (same
-    byte size); files it lacks are returned in ``lacks``. Refused otherwise, with a reason
-    that names the host and says what differs. A producer having a file the trainer lacks
-    is refused too: the trainer cannot check that file against anything.
+
+def describe_copy(root: Path, metadata_file: str = "metadata.csv", columns: str = COLUMNS_AUTO) -> dict[str, Any]:
+    """The ``dataset`` of the HELLO of a producer on another host: the metadata file it was
+    pointed at, the data.columns it reads it with, and its :func:`metadata_sha256`. Its audio
+    files are checked one by one when read (:func:`size_problem`)."""
+    return {"metadata_file": metadata_file, "columns": columns, "sha256": metadata_sha256(root, metadata_file)}
+
+
+def deferred(metadata_file: str, columns: str = COLUMNS_AUTO) -> dict[str, Any]:
+    """The ``dataset`` of the HELLO of a producer that reads no metadata (one the trainer's
+    launcher starts on its own host: the same files): the leases carry its clips' texts and
+    audio locators, and each clip is checked when read (its duration against the index's)."""
+    return {"deferred": True, "metadata_file": metadata_file, "columns": columns}
+
+
+def is_deferred(described: Any) -> bool:
+    """Whether a HELLO's ``dataset`` is :func:`deferred`'s."""
+    return isinstance(described, dict) and described.get("deferred") is True
+
+
+@dataclass
+class Reference:
+    """The trainer's side of the agreement: its dataset's root, metadata file and data.columns,
+    and the metadata SHA-256 its index stores (:func:`fingerprints`). A shard dataset's
+    :func:`shards_sha256` is made when a producer on another host first joins."""
+
+    root: Path
+    metadata_file: str
+    columns: str = COLUMNS_AUTO
+    stored_sha256: str = ""
+    _sha256: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, index: Any) -> "Reference":
+        """The reference of a DatasetIndex (index.py; its fingerprints: :attr:`DatasetIndex.agreement`)."""
+        return cls(index.root, index.metadata_file, index.columns, index.agreement["metadata_sha256"])
+
+    def sha256(self) -> str:
+        """What a producer's :func:`describe_copy` must say."""
+        if self._sha256 is None:
+            self._sha256 = (shards_sha256(self.root, self.metadata_file) if is_shards(self.metadata_file)
+                            else self.stored_sha256)
+        return self._sha256
+
+    def sizes(self, files: Mapping[str, str]) -> dict[str, int]:
+        """:func:`file_sizes` of the trainer's copy."""
+        return file_sizes(self.root, files)
+
+
+def file_sizes(root: Path, files: Mapping[str, str]) -> dict[str, int]:
+    """The byte size of each clip's audio file here, by id (``files``: its name relative to
+    ``root``, or absolute), which a lease to a producer on another host carries: one stat each.
+    Left out: tar shard members (their shards' sizes are agreed at joining: :func:`shards_sha256`),
+    files at URLs (the same object for every host) and files absent here."""
+    sizes: dict[str, int] = {}
+    for sample_id, name in files.items():
+        if is_locator(name) or is_url(name):
+            continue
+        try:
+            sizes[sample_id] = os.stat(root / name).st_size
+        except OSError:
+            continue
+    return sizes
+
+
+def size_problem(name: str, size: int, expected: int | None) -> str:
+    """Why a producer's audio file is not the trainer's ("" when its byte size is the one its lease
+    names, or the lease names none): a resampled, re-encoded or truncated copy."""
+    if expected is None or size == expected:
+        return ""
+    return (f"{name} is {size} bytes on this host and {expected} on the trainer (a resampled, re-encoded or "
+            "truncated copy?)")
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def check_agreement(reference: Reference, described: Any, host: str) -> Agreement:
+    """Does a producer's HELLO ``dataset`` (:func:`describe_copy`) match ``reference``?
+
+    Accepted: a producer reading no metadata (:func:`deferred`), or one pointed at a copy of the
+    trainer's metadata file, byte for byte (tar shards: the same shard names and sizes). Refused
+    otherwise, with a reason that names the host and says what differs; one that read another
+    metadata file (or with other data.columns) is told the trainer's, to describe that instead.
+    Its audio files are not compared here but when read: a lease names each clip's byte size.
     """
     if is_deferred(described):
         return Agreement(True)  # reads no metadata: each clip is checked when read (:func:`deferred`)
-    fields = {"metadata_file": str, "metadata": str, "audio": str, "entries": int, "missing_count": int}
-    if (not isinstance(described, dict) or not _is_str_list(described.get("missing"))
-            or not all(isinstance(described.get(k), t) and not isinstance(described.get(k), bool)
-                       for k, t in fields.items())):
+    if not isinstance(described, dict) or not all(_is_str(described.get(k)) for k in ("metadata_file", "sha256")):
         return Agreement(False, f"producer on {host} did not describe its dataset (a stoker without dataset "
                                 "agreement?)")
     columns = described.get("columns", COLUMNS_AUTO)
@@ -152,28 +236,10 @@ def check_agreement(reference: DatasetScan, described: Any, host: str) -> Agreem
         return Agreement(False, f"producer on {host} read {described['metadata_file']!r} (columns {columns!r}); the "
                                 f"trainer reads {reference.metadata_file!r} (columns {reference.columns!r})",
                          metadata_file=reference.metadata_file, columns=reference.columns)
-    where = f"dataset on {host} does not match the trainer's"
-    if described["metadata"] != reference.metadata_fp:
-        return Agreement(False, f"{where}: {reference.metadata_file} differs ({described['entries']} entries, "
-                                f"fingerprint {described['metadata'][:8]} there; {len(reference.entries)} entries, "
-                                f"fingerprint {reference.metadata_fp[:8]} on the trainer); point --data at a copy "
-                                "of the trainer's dataset")
-    lacks = set(described["missing"])
-    count = described["missing_count"]
-    if count > MAX_MISSING_IDS or count != len(lacks):
-        return Agreement(False, f"{where}: {count} of {len(reference.entries)} audio files are missing on {host} "
-                                f"(at most {MAX_MISSING_IDS} may be); finish copying the dataset")
-    known = {e.id for e in reference.entries}
-    if not lacks <= known:
-        return Agreement(False, f"{where}: it lists missing ids that are not in the metadata")
-    extra = sorted(set(reference.missing) - lacks)
-    if extra:
-        return Agreement(False, f"{where}: {host} has {len(extra)} audio files the trainer lacks "
-                                f"(e.g. {extra[0]}), so they cannot be checked; complete the trainer's copy")
-    expected = (reference.audio_fp if lacks == set(reference.missing)
-                else audio_fingerprint(reference.sizes, without=lacks))
-    if described["audio"] != expected:
-        return Agreement(False, f"{where}: audio files in {AUDIO_DIR}/ differ in size (fingerprint "
-                                f"{described['audio'][:8]} there, {expected[:8]} expected); a resampled or "
-                                "re-encoded copy?")
-    return Agreement(True, lacks=frozenset(lacks - set(reference.missing)))
+    expected = reference.sha256()
+    if described["sha256"] != expected:
+        return Agreement(False, f"dataset on {host} does not match the trainer's: {reference.metadata_file} differs "
+                                f"(SHA-256 {described['sha256'][:FINGERPRINT_HEX]} there, "
+                                f"{expected[:FINGERPRINT_HEX]} on the trainer); point --data at a copy of the "
+                                "trainer's dataset")
+    return Agreement(True)

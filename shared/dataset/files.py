@@ -256,12 +256,17 @@ def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> byte
     meta = root / metadata_file
     try:
         return meta.read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(f"{meta} not found (expected LJSpeech layout: metadata.csv and wavs/)") from None
-    except IsADirectoryError:
-        raise DatasetError(f"{meta} is a directory, not a metadata file") from None
     except OSError as exc:
-        raise DatasetError(f"cannot read {meta}: {exc.strerror}") from None
+        raise metadata_error(meta, exc) from None
+
+
+def metadata_error(meta: Path, exc: OSError) -> DatasetError:
+    """The one line for a metadata file that cannot be read."""
+    if isinstance(exc, FileNotFoundError):
+        return DatasetError(f"{meta} not found (expected LJSpeech layout: metadata.csv and wavs/)")
+    if isinstance(exc, IsADirectoryError):
+        return DatasetError(f"{meta} is a directory, not a metadata file")
+    return DatasetError(f"cannot read {meta}: {exc.strerror}")
 
 
 def _read_mix(root: Path, mix_file: str) -> bytes:

@@ -92,10 +92,10 @@ class DatasetIndex:
     """The usable samples and the rejections of a dataset.
 
     ``fingerprint`` is the index cache key (it tracks the config too); ``scan`` is the
-    dataset as seen on this host for dataset agreement, derived on first use from the
-    metadata bytes and audio listing the index was built from (a warm cache load does
-    not pay for parsing the metadata unless a scan is wanted; a manifest is read again
-    then, rather than held through the run).
+    dataset as seen on this host (its fingerprints: :attr:`dataset_fingerprint`), derived on
+    first use from the metadata bytes and audio listing the index was built from (a warm
+    cache load does not pay for parsing the metadata unless a scan is wanted; a manifest is
+    read again then, rather than held through the run).
     """
 
     root: Path
@@ -107,8 +107,9 @@ class DatasetIndex:
     columns: str = COLUMNS_AUTO
     vocabulary: Vocabulary | None = None  # None only for indexes made without a front-end (tests)
     lost: dict[str, Any] = field(default_factory=dict)  # lost characters: see LostReport.to_json
-    # The scan's fingerprints, stored with the index (agreement.fingerprints): a warm load has
-    # them without parsing the metadata, which only a scanning producer's HELLO needs (``scan``).
+    # The scan's fingerprints and the metadata's SHA-256, stored with the index
+    # (agreement.fingerprints): a warm load has them without parsing the metadata; a producer on
+    # another host is checked against the SHA-256 (agreement.Reference).
     agreement: dict[str, Any] = field(default_factory=dict)
     _scan: DatasetScan | None = field(default=None, repr=False)
     _scan_inputs: tuple[bytes, dict[str, AudioFile]] | None = field(default=None, repr=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import shutil
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
 from stoker.producer.worker import HANDSHAKE_FAILURES_FATAL, Producer, Refused
 from stoker.shared import wire
 from stoker.shared.config import BatchingConfig, FeaturesConfig, TransformsConfig
+from stoker.shared.dataset import metadata_sha256
 from tests.factories import make_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -73,6 +75,8 @@ def tokens_of(sample_id: str) -> list[int]:
 
 
 def lease(lease_id: int, ids: list[str], index: int = 0, **fields: Any) -> wire.Lease:
+    """A lease as the trainer sends it: each clip's text too (a producer reads no metadata of its own)."""
+    fields.setdefault("texts", {i: f"text of {i}" for i in ids})
     return wire.Lease(lease_id, 0, index, tuple(ids), (64, 128), 4, tuple(tuple(tokens_of(i)) for i in ids), **fields)
 
 
@@ -146,9 +150,9 @@ def test_garbage_from_the_consumer_is_ignored(setup):
     assert thread.is_alive()
 
 
-def test_hello_describes_the_dataset_with_its_missing_files(tmp_path):
-    ids = make_dataset(tmp_path / "data", count=4)
-    (tmp_path / "data" / "wavs" / f"{ids[2]}.wav").unlink()
+def test_hello_describes_the_copy_by_its_metadata_sha256_without_listing_audio(tmp_path):
+    make_dataset(tmp_path / "data", count=4)
+    shutil.rmtree(tmp_path / "data" / "wavs")  # joining looks at no audio file: missing ones are found when read
     ctx = zmq.Context()
     consumer = FakeConsumer(ctx)
     stop = threading.Event()
@@ -157,7 +161,8 @@ def test_hello_describes_the_dataset_with_its_missing_files(tmp_path):
     thread.start()
     try:
         hello = consumer.recv(wire.HELLO)
-        assert hello.dataset["missing"] == [ids[2]] and hello.dataset["entries"] == 4
+        assert hello.dataset == {"metadata_file": "metadata.csv", "columns": "",
+                                 "sha256": metadata_sha256(tmp_path / "data")}
         assert isinstance(hello.session, str) and hello.launcher > 0
     finally:
         stop.set()
@@ -177,6 +182,22 @@ def test_a_file_missing_on_this_host_is_missed_not_rejected(setup):
     assert batch.ids == (ids[0],) and batch.rejected == ()
     assert [m.id for m in batch.missed] == [ids[1]]
     assert f"on host {producer.host}" in batch.missed[0].reason
+
+
+def test_a_file_of_another_size_than_the_trainers_is_missed_with_both_sizes(setup):
+    """A lease to a remote producer names each file's size on the trainer: a copy of another size
+    here (resampled, re-encoded, truncated) is not the trainer's file; another host may have it."""
+    consumer, producer, stop, thread, result, ids, root, features = setup
+    sizes = {i: (root / "wavs" / f"{i}.wav").stat().st_size for i in ids[:3]}
+    welcome(consumer, features)
+    consumer.send(lease(5, ids[:3], sizes={**sizes, ids[1]: sizes[ids[1]] + 2}))
+    consumer.recv(wire.READY)
+    consumer.send(wire.Credit(5))
+    batch = consumer.recv(wire.BATCH)
+    assert batch.ids == (ids[0], ids[2]) and batch.rejected == ()
+    assert batch.missed == (wire.Entry(ids[1], f"wavs/{ids[1]}.wav is {sizes[ids[1]]} bytes on this host and "
+                                               f"{sizes[ids[1]] + 2} on the trainer (a resampled, re-encoded or "
+                                               f"truncated copy?) on host {producer.host}"),)
 
 
 def test_refused_hello_ends_with_status_2(setup):
@@ -217,13 +238,13 @@ def test_a_welcome_this_producer_cannot_take_ends_with_status_2_and_one_line(set
     assert len(errors) == 1 and said in errors[0] and "run the trainer's stoker version" in errors[0], errors
 
 
-def test_refusal_naming_another_metadata_file_makes_it_scan_that(setup):
+def test_refusal_naming_another_metadata_file_makes_it_describe_that(setup):
     consumer, producer, stop, thread, result, ids, root, features = setup
     (root / "train.csv").write_text((root / "metadata.csv").read_text().splitlines()[0] + "\n")
     assert consumer.recv(wire.HELLO).dataset["metadata_file"] == "metadata.csv"
     consumer.send(wire.Refuse("reads train.csv", metadata_file="train.csv"))
     again = consumer.recv(wire.HELLO)
-    assert again.dataset["metadata_file"] == "train.csv" and again.dataset["entries"] == 1
+    assert again.dataset == {"metadata_file": "train.csv", "columns": "", "sha256": metadata_sha256(root, "train.csv")}
 
 
 def test_a_rejoin_request_drops_work_and_says_hello_again(setup):

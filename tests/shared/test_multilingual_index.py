@@ -12,7 +12,8 @@ import pytest
 from stoker.consumer.pipeline import validation
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import DatasetError, build_index, check_agreement, locate, scan_dataset
+from stoker.shared.dataset import (DatasetError, Reference, build_index, check_agreement, describe_copy, locate,
+                                   scan_dataset)
 from stoker.shared.text import Characters, TextError, normalize
 from stoker.shared.vocab import Vocabulary
 from tests.speech import (make_english_digits_dataset, make_manifest_dataset, make_mixed_dataset,
@@ -158,10 +159,9 @@ def test_manifest_layout(tmp_path: Path) -> None:
     assert [(r.line, r.reason.split(":")[0]) for r in index.rejected] == [
         (lines + 1, f"manifest line {lines + 1} is not JSON"), (lines + 2, "audio file missing")]
     assert index.rejected[1].file == "audio/none.wav"
-    # the producers' scan agrees with the trainer's on a copy of a manifest dataset
-    scan = scan_dataset(tmp_path, "manifest.jsonl")
-    assert check_agreement(index.scan, scan.describe(), "other").ok
-    assert scan.files[next(iter(made))].startswith("audio/")
+    # a producer's copy of a manifest dataset agrees with the trainer's index
+    assert check_agreement(Reference.of(index), describe_copy(tmp_path, "manifest.jsonl"), "other").ok
+    assert scan_dataset(tmp_path, "manifest.jsonl").files[next(iter(made))].startswith("audio/")
 
 
 def test_train_and_eval_files(tmp_path: Path) -> None:
@@ -185,11 +185,10 @@ def test_columns_mapping_and_agreement(tmp_path: Path) -> None:
     index = build_index(data, FEATURES)
     assert index.rejected == [] and {s.id: (s.speaker, s.language) for s in index.samples} == {
         i: (speaker, language) for i, (_, speaker, language) in made.items()}
-    # a producer that scanned with the default mapping is told the trainer's
-    producer_view = scan_dataset(tmp_path, "metadata.csv")
-    verdict = check_agreement(index.scan, producer_view.describe(), "hostb")
+    # a producer that read with the default mapping is told the trainer's
+    verdict = check_agreement(Reference.of(index), describe_copy(tmp_path, "metadata.csv"), "hostb")
     assert not verdict.ok and verdict.columns == "id|speaker|language|text"
-    assert check_agreement(index.scan, scan_dataset(tmp_path, "metadata.csv", verdict.columns).describe(), "hostb").ok
+    assert check_agreement(Reference.of(index), describe_copy(tmp_path, "metadata.csv", verdict.columns), "hostb").ok
 
 
 def test_bad_text_settings_are_one_line(tmp_path: Path) -> None:
@@ -237,7 +236,7 @@ def test_several_datasets_mixed_in_one_run(tmp_path: Path) -> None:
         (copy / name).symlink_to(tmp_path / name)
     (copy / "mix.yaml").write_text(MIX, encoding="utf-8")
     root, mix_file = locate(str(copy / "mix.yaml"), "metadata.csv")
-    assert check_agreement(index.scan, scan_dataset(root, mix_file).describe(), "hostb").ok
+    assert check_agreement(Reference.of(index), describe_copy(root, mix_file), "hostb").ok
     # a missing clip is named with its dataset's path
     (tmp_path / "en" / "wavs" / f"{next(iter(english))}.wav").unlink()
     gone = build_index(data, FEATURES).rejected

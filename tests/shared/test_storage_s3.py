@@ -17,7 +17,7 @@ from stoker.consumer.pipeline.plan import TokenTable
 from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import DatasetError, build_index
+from stoker.shared.dataset import DatasetError, Reference, build_index, check_agreement, describe_copy
 from stoker.shared.dataset.shards import Locator
 from stoker.shared.dataset.storage import COUNTS, READ_RETRIES, Reader, StorageError
 from tests.factories import make_dataset, make_shards
@@ -124,6 +124,9 @@ def test_a_manifest_in_s3_indexes_as_the_local_one_and_a_producer_reads_its_clip
         for name, array in expected.arrays.items():  # the same samples, so the same mels, bit for bit
             np.testing.assert_array_equal(remote.arrays[name], array, err_msg=name)
         assert all("testing" not in r.getMessage() for r in caplog.records)  # no credential in a log line
+        # A producer on another host describes its copy (the manifest's URL) as the index stores it.
+        described = describe_copy(index.root, "s3://corpus/ljs/train.jsonl")
+        assert check_agreement(Reference.of(index), described, "elsewhere").ok
 
         with pytest.raises(DatasetError, match=r"^s3://corpus/ljs/absent\.jsonl not found$"):
             build_index(DataConfig(path="s3://corpus/ljs/absent.jsonl", index_workers=1), FEATURES)

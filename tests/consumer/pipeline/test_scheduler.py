@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from stoker.consumer.pipeline.buffer import BatchQueue
-from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
+from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable, validation_batches
 from stoker.consumer.pipeline.peers import DISCONNECT_GRACE_S
 from stoker.consumer.pipeline.scheduler import MAX_LEASE_FAILURES, Scheduler, ValidationSet
 from stoker.shared import wire
-from stoker.shared.dataset import Sample, deferred
+from stoker.shared.config import DataConfig, FeaturesConfig
+from stoker.shared.dataset import Reference, Sample, build_index, deferred, describe_copy
 from tests.consumer.pipeline.harness import hello_of, lacking, make_config, samples
-from tests.factories import fake_scan, make_batch
+from tests.factories import copy_described, fake_reference, fake_sha256, make_batch, make_dataset
 
 IDS = {s.id for s in samples(12)}
 
@@ -299,7 +300,8 @@ def test_a_clip_every_live_producer_lacks_is_rejected_once_nothing_else_is_left(
         b.work(b"p1", missing={gone})
         trained += b.drain_queue()
     assert set(trained) == IDS - {gone} and len(trained) == len(IDS) - 1
-    assert [r.id for r in b.rejected] == [gone] and "missing on every producer host" in b.rejected[0].reason
+    assert [r.id for r in b.rejected] == [gone]
+    assert b.rejected[0].reason == "audio file missing on every producer host (test): no file"  # and the miss's why
     assert b.scheduler.rejected_in_epoch(0) == 1
 
 
@@ -372,30 +374,33 @@ def test_stop_says_stop_to_every_producer_and_names_those_on_a_connection() -> N
 
 
 def test_a_producer_with_another_dataset_is_refused_with_the_reason_and_given_nothing() -> None:
-    b = Bench(dataset=fake_scan(sorted(IDS)))
-    b.hello(b"stranger", dataset=fake_scan([*sorted(IDS), "EXTRA"]).describe())
+    b = Bench(dataset=fake_reference())
+    b.hello(b"stranger", dataset=copy_described(fake_sha256("another dataset")))
     refuse, = b.take(b"stranger", wire.REFUSE)
-    assert "dataset on test does not match the trainer's: metadata.csv differs" in refuse.reason
+    assert refuse.reason == (f"dataset on test does not match the trainer's: metadata.csv differs (SHA-256 "
+                             f"{fake_sha256('another dataset')[:16]} there, {fake_sha256('trainer')[:16]} on the "
+                             "trainer); point --data at a copy of the trainer's dataset")
     assert b.inbox[b"stranger"] == []  # no WELCOME, no lease
     snap = b.scheduler.snapshot()
     assert snap["refused_producers"] == [{"producer": "stranger", "host": "test", "reason": refuse.reason}]
     assert snap["producers"] == []
 
 
-def test_the_trainer_scans_its_dataset_only_when_a_scanning_producer_joins() -> None:
-    made = []
-
-    def scan():  # the trainer's scan, as the feed passes it: made on first need
-        made.append(fake_scan(sorted(IDS)))
-        return made[-1]
-
-    b = Bench(dataset=scan)
+def test_a_copy_of_the_trainers_metadata_joins_and_a_clip_it_misses_is_trained_by_another_once() -> None:
+    b = Bench(dataset=fake_reference(), max_epochs=2)
+    b.hello(b"remote", dataset=copy_described())
     b.hello(b"local", dataset=deferred("metadata.csv"))
-    assert b.take(b"local", wire.WELCOME) and b.take(b"local", wire.LEASE) and made == []
-    b.hello(b"stranger", dataset=fake_scan([*sorted(IDS), "EXTRA"]).describe())
-    assert b.take(b"stranger", wire.REFUSE) and len(made) == 1
-    b.hello(b"remote", dataset=made[0].describe())
-    assert b.take(b"remote", wire.WELCOME) and len(made) == 1
+    assert b.take(b"remote", wire.WELCOME) and b.take(b"local", wire.WELCOME)
+    gone = sorted(IDS)[0]  # absent on the remote host, or of another size there: missed when read
+    trained: list[str] = []
+    for _ in range(50):
+        b.work(b"remote", missing={gone})
+        b.work(b"local")
+        trained += b.drain_queue()
+    assert collections.Counter(trained) == collections.Counter(sorted(IDS) * 2)  # each clip once an epoch
+    producers = {p["id"]: p for p in b.scheduler.snapshot()["producers"]}
+    assert producers["remote"]["lacks"] == 1 and producers["remote"]["misses"] == 1  # not leased it again
+    assert producers["local"]["lacks"] == 0 and b.rejected == []
 
 
 def test_a_hello_of_the_previous_protocol_version_is_refused_in_that_version() -> None:
@@ -683,3 +688,18 @@ def test_failures_of_different_kinds_reject_nothing() -> None:
     b.hello(b"p2", fd=4)
     b.work(b"p2")
     assert b.rejected == [] and sorted(b.drain_queue()) == sorted(s.id for s in samples(4))
+
+
+def test_leases_to_a_remote_copy_carry_each_files_size_on_the_trainer_and_a_local_producers_none(tmp_path) -> None:
+    make_dataset(tmp_path, count=6)
+    index = build_index(DataConfig(path=str(tmp_path), index_cache="off"), FeaturesConfig())
+    cfg = make_config(lease_ahead=1)
+    planner = EpochPlanner(index.samples, cfg.batching)
+    scheduler = Scheduler(cfg, planner, BatchQueue(3), max_epochs=1, dataset=Reference.of(index),
+                          tokens=TokenTable(index.samples, index.vocabulary))
+    for who, dataset in ((b"remote", describe_copy(tmp_path)), (b"local", deferred("metadata.csv"))):
+        scheduler.on_message(who, hello_of(who.decode(), dataset=dataset).encode(), 0.0, -1)
+    leases = {who: wire.read(msg.encode())[0] for who, msg, _ in scheduler.take_outbox() if msg.KIND == wire.LEASE}
+    remote, local = leases[b"remote"], leases[b"local"]
+    assert remote.sizes == {i: (tmp_path / name).stat().st_size for i, name in remote.files.items()}
+    assert set(remote.sizes) == set(remote.ids) and local.sizes is None and local.files
