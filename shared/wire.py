@@ -24,8 +24,8 @@ checks it against the classes):
                      [session: str], [dataset: any]
     WELCOME    C->P  producer_index: int, producer_name: str, config: ProducerConfig, fields: str,
                      fixed_rows: bool, ref_frames: int, transform_versions: {str: str}, metadata_file: str,
-                     metadata_sha256: str, feature_cache: str, heartbeat_interval_s: float,
-                     heartbeat_timeout_s: float, [mel_norm: any]
+                     feature_cache: str, heartbeat_interval_s: float, heartbeat_timeout_s: float,
+                     [mel_norm: any]
     REFUSE     C->P  reason: str, [metadata_file: str], [columns: str], [rejoin: bool]
     LEASE      C->P  lease: int, epoch: int, index: int, ids: [str], shape: [int, int], rows: int,
                      tokens: [[int]], [speakers: [int]], [languages: [int]], [refs: [str]],
@@ -77,7 +77,8 @@ from stoker.shared.config import ConfigError, FaultsConfig, FeaturesConfig, Tran
 # it does not know; BATCH's rejected and missed are [{id, reason}] (never pairs).
 # 5: a producer on another host describes its dataset in HELLO by its metadata's SHA-256
 # (shared/dataset/agreement.describe_copy: no scan, no list of missing files), and a LEASE to it
-# carries each clip's expected audio byte size (``sizes``), checked when the file is read.
+# carries each clip's expected audio byte size (``sizes``), checked when the file is read;
+# WELCOME no longer carries the metadata's SHA-256 (the producer compares nothing).
 PROTOCOL_VERSION = 5
 
 # The config a producer takes from WELCOME (ProducerConfig: sections of shared/config.py, each
@@ -553,8 +554,8 @@ class Welcome(Body):
     optional batch fields (shared/batch.py) and whether batches keep the lease's rows, the
     user transforms' versions and the producer models' (keyed ``model:SPEC``: their source and
     weights; a producer running another refuses itself), the mel
-    statistics it normalises with (transforms.mel_norm: dataset), the trainer's metadata file
-    and its digest, the feature cache and the heartbeat settings."""
+    statistics it normalises with (transforms.mel_norm: dataset), the trainer's metadata file,
+    the feature cache and the heartbeat settings."""
 
     KIND: ClassVar[str] = WELCOME
     SENDER: ClassVar[str] = "C->P"
@@ -566,7 +567,6 @@ class Welcome(Body):
     ref_frames: int
     transform_versions: dict[str, str]
     metadata_file: str
-    metadata_sha256: str
     feature_cache: str
     heartbeat_interval_s: float
     heartbeat_timeout_s: float

@@ -72,7 +72,7 @@ class Coordinator:
 
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, stop: threading.Event,
                  max_epochs: int | None = None, on_rejected: Callable[[list[Rejection]], None] | None = None,
-                 context: zmq.Context | None = None, metadata_sha256: str = "",
+                 context: zmq.Context | None = None,
                  dataset: Reference | None = None,
                  keys: ServerKeys | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
@@ -81,7 +81,7 @@ class Coordinator:
         self.queue = queue
         self.stop = stop
         self.scheduler = Scheduler(cfg, planner, queue, max_epochs=max_epochs, on_rejected=on_rejected,
-                                   metadata_sha256=metadata_sha256, dataset=dataset, resume=resume, tokens=tokens,
+                                   dataset=dataset, resume=resume, tokens=tokens,
                                    references=references, mel_norm=mel_norm, now=time.monotonic(),
                                    validation=validation)
         self.ctx = context or zmq.Context.instance()

@@ -272,7 +272,7 @@ class FeedCore:
         resumed = self.checkpoints.resumed is not None or state is not None
         self.coordinator = Coordinator(
             cfg, planner, self.queue, self.stop, max_epochs=cfg.trainer.epochs,
-            on_rejected=self._record_rejections, metadata_sha256=index.agreement["metadata_sha256"],
+            on_rejected=self._record_rejections,
             dataset=Reference.of(index),
             keys=keys, resume=self.position.copy() if resumed else None,
             tokens=TokenTable(prepared.train_samples, self.vocabulary),

@@ -180,7 +180,7 @@ class Scheduler:
     depth decide the credits)."""
 
     def __init__(self, cfg: Config, planner: EpochPlanner, queue: BatchQueue, max_epochs: int | None = None,
-                 on_rejected: Callable[[list[Rejection]], None] | None = None, metadata_sha256: str = "",
+                 on_rejected: Callable[[list[Rejection]], None] | None = None,
                  dataset: Reference | None = None, resume: InputPosition | None = None,
                  tokens: TokenTable | None = None, references: ReferenceTable | None = None,
                  mel_norm: dict[str, Any] | None = None, now: float = 0.0,
@@ -203,7 +203,6 @@ class Scheduler:
         self.mel_norm = mel_norm
         self.mel_stats = MelStats.empty(cfg.features.n_mels)
         self.schema = batch_schema(cfg)
-        self.metadata_sha256 = metadata_sha256
         self.planner = planner
         self.ordered = planner.workers > 1  # a worker's share: batches reach the trainer in plan order
         self.queue = queue
@@ -776,7 +775,7 @@ class Scheduler:
             config=wire.ProducerConfig(self.cfg.features, self.cfg.transforms, self.cfg.faults),
             fields=batch_fields(self.cfg), fixed_rows=self.planner.fixed_rows,
             ref_frames=self.cfg.batching.ref_frames, transform_versions=self.transform_versions,
-            metadata_file=self.cfg.data.metadata_file, metadata_sha256=self.metadata_sha256,
+            metadata_file=self.cfg.data.metadata_file,
             feature_cache=self.cfg.data.feature_cache,
             heartbeat_interval_s=self.cfg.pipeline.heartbeat_interval_s,
             heartbeat_timeout_s=self.cfg.pipeline.heartbeat_timeout_s, mel_norm=self.mel_norm)

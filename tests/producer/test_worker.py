@@ -86,7 +86,7 @@ def welcome_of(features: FeaturesConfig, fields: str = "", fixed_rows: bool = Fa
     return wire.Welcome(producer_index=0, producer_name="p-test",
                         config=wire.ProducerConfig(features, transforms), fields=fields,
                         fixed_rows=fixed_rows, ref_frames=BatchingConfig.ref_frames, transform_versions=versions or {},
-                        metadata_file="metadata.csv", metadata_sha256="", feature_cache="",
+                        metadata_file="metadata.csv", feature_cache="",
                         heartbeat_interval_s=0.5, heartbeat_timeout_s=30.0)
 
 

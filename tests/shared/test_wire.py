@@ -44,7 +44,7 @@ EXAMPLES: dict[str, wire.Body] = {m.KIND: m for m in (
                         "missing": ["x"], "missing_count": 1}),
     wire.Welcome(1, "p0#2", wire.ProducerConfig(FeaturesConfig(n_mels=8, backend="numpy"),
                                                 TransformsConfig(trim_db=30.0), FaultsConfig(producer_delay_ms=5.0)),
-                 "speaker_id,row_mask", True, 64, {"pkg.mod:fn": "sha256:ab"}, "metadata.csv", "f00d",
+                 "speaker_id,row_mask", True, 64, {"pkg.mod:fn": "sha256:ab"}, "metadata.csv",
                  "/cache", 1.0, 5.0, mel_norm={"mean": [0.5], "std": [2.0]}),
     wire.Refuse("reads train.csv", metadata_file="train.csv", columns="id|text", rejoin=True),
     wire.Lease(7, -1, 3, ("a", "b"), (16, 64), 4, ((5, 6, 1), (7, 1)), (3, 1), (0, 2), refs=("b", "a"),
