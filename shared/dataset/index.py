@@ -37,7 +37,7 @@ from ..dataset.storage import COUNTS
 from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, parse_manifest
-from ..mel import min_num_samples, num_frames
+from ..mel import min_num_samples, num_frames, num_frames_of
 from ..mixes import parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
 from ..vocab import Vocabulary
@@ -714,9 +714,9 @@ def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], lost: d
 CHUNKED_MIN_BYTES = 32 << 20
 
 
-# A piece of a manifest given to one worker: some 100,000 clips of a typical manifest (the
+# A piece of a manifest given to one worker: some 60,000 clips of a typical manifest (the
 # columns it sends back are about its size), many pieces so that the last ones balance the load.
-BUILD_CHUNK_BYTES = 16 << 20
+BUILD_CHUNK_BYTES = 8 << 20
 
 
 # Rows at a time when hashing the fingerprints' lines in id order (a gather index of
@@ -761,51 +761,63 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
     del raw
     if any(e.duration is None for e in entries):
         return None
-    wanted = dict.fromkeys(key for e in entries for key in ((e.language or text.language, e.text),)
-                           if key[0] in LANGUAGES)
+    keys = [(e.language or text.language, e.text) for e in entries]
+    wanted = dict.fromkeys(key for key in keys if key[0] in LANGUAGES)
     made = _work_items("", [(None, 0, key) for key in wanted], (text.frontend, text.digits))
     units = {key: Units(*pair) for key, (_, pair) in zip(wanted, made)}  # type: ignore[misc]
+    tokenized = len(wanted)
+    del made, wanted
     frontend = _frontend((text.frontend, text.digits))
+    found = [units.get(key) for key in keys]
+    count = frontend.count
+    counts = np.fromiter((count(m.units) if m is not None else 0 for m in found), np.int64, len(found))
+    durations = np.fromiter((e.duration for e in entries), np.float64, len(entries))
+    # The clips every rule passes without a word, told apart at once (the others go through the
+    # rules one by one below, which say why): units that lost nothing, a token count within
+    # bounds, a duration within bounds and long enough for the framing (_audio_rules).
+    heard = (durations <= data.max_audio_s) & (durations >= data.min_audio_s)
+    samples = np.rint(np.where(heard, durations, 0.0) * features.sample_rate_hz).astype(np.int64)
+    passed = (np.fromiter((m is not None and not m.lost for m in found), bool, len(found)) & (counts > 0)
+              & (counts <= data.max_tokens) & heard & (samples >= min_num_samples(features)))
     report = LostReport()  # what is lost is listed per clip below, in order, for the whole index's report
-    rows = np.full(len(entries), -1, np.int64)
     rejected: list[tuple[int, Rejection]] = []
     lost: list[tuple[int, str, str]] = []
     listed: list[tuple[int, str, str, str, str]] = []
-    columns: dict[str, list[Any]] = {name: [] for name in (*STRING_COLUMNS, *NUMBER_COLUMNS)}
-    speakers: dict[str, int] = {}
-    languages: dict[str, int] = {}
-    for n, entry in enumerate(entries):
-        key = (entry.language or text.language, entry.text)
-        said = _text_rules(entry, units, data, text, frontend, None, report)
-        heard = _audio_rules(entry, {}, {}, data, features) if not isinstance(said, Rejection) else None
-        made = units.get(key)
-        if made is not None and made.lost:
-            lost.append((n, entry.id, made.lost))
-        outcome = said if isinstance(said, Rejection) else heard
+    for n in np.flatnonzero(~passed).tolist():
+        entry, unit = entries[n], found[n]
+        outcome = _text_rules(entry, units, data, text, frontend, None, report)
+        if not isinstance(outcome, Rejection):
+            outcome = _audio_rules(entry, {}, {}, data, features)
         if isinstance(outcome, Rejection):
             rejected.append((n, outcome))
-        if made is not None and (made.lost or isinstance(outcome, Rejection)):
-            listed.append((n, key[0], key[1], made.units, made.lost))
-        if isinstance(outcome, Rejection):
-            continue
-        made, count, code, speaker = said  # type: ignore[misc]
-        name, samples, duration = heard  # type: ignore[misc]
-        rows[n] = len(columns["id"])
-        for column, value in (("id", entry.id), ("text", entry.text), ("audio", name), ("units", made.units),
-                              ("num_tokens", count), ("num_frames", num_frames(samples, features)),
-                              ("duration_s", duration), ("line", entry.line),
-                              ("speaker", speakers.setdefault(speaker, len(speakers))),
-                              ("language", languages.setdefault(code, len(languages)))):
-            columns[column].append(value)
+        else:
+            passed[n] = True
+        if unit is not None and unit.lost:
+            lost.append((n, entry.id, unit.lost))
+        if unit is not None and (unit.lost or isinstance(outcome, Rejection)):
+            listed.append((n, keys[n][0], keys[n][1], unit.units, unit.lost))
+    picked = np.flatnonzero(passed)
+    rows = np.full(len(entries), -1, np.int64)
+    rows[picked] = np.arange(len(picked))
+    chosen = [entries[n] for n in picked.tolist()]
+    speakers: dict[str, int] = {}
+    languages: dict[str, int] = {}
+    speaker_codes = [speakers.setdefault(e.speaker or DEFAULT_SPEAKER, len(speakers)) for e in chosen]
+    language_codes = [languages.setdefault(e.language or text.language, len(languages)) for e in chosen]
+    columns = {"id": [e.id for e in chosen], "text": [e.text for e in chosen], "audio": [e.audio for e in chosen],
+               "units": [found[n].units for n in picked.tolist()]}  # type: ignore[union-attr]
+    numbers = {"num_tokens": counts[picked], "num_frames": num_frames_of(samples[picked], features),
+               "duration_s": durations[picked], "line": np.fromiter((e.line for e in chosen), np.int64, len(chosen)),
+               "speaker": np.asarray(speaker_codes, np.int32), "language": np.asarray(language_codes, np.int32)}
     ids = pack_strings([e.id for e in entries])
     return {
         "parsed": parsed, "rejected": rejected, "lost": lost, "listed": listed, "rows": rows,
-        "tokenized": len(wanted), "ids": ids, "lines": np.fromiter((e.line for e in entries), np.int64, len(entries)),
+        "tokenized": tokenized, "ids": ids, "lines": np.fromiter((e.line for e in entries), np.int64, len(entries)),
         "hashes": hash_strings(ids[0], np.frombuffer(ids[1], np.uint8), np.arange(len(entries))),
         "metadata_lines": pack_strings([f"{e.id}\t{e.text}\t{e.speaker}\t{e.language}\n" for e in entries]),
         "audio_lines": pack_strings([f"{e.id}\t{UNMEASURED}\n" for e in entries]),
         "seen": set("".join(columns["units"])),
-        "numbers": {name: np.asarray(columns[name], kind) for name, kind in NUMBER_COLUMNS.items()},
+        "numbers": {name: np.asarray(numbers[name], kind) for name, kind in NUMBER_COLUMNS.items()},
         "strings": {name: pack_strings(columns[name]) for name in STRING_COLUMNS},
         "speakers": list(speakers), "languages": list(languages),
     }
@@ -1014,7 +1026,7 @@ def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) ->
     """:func:`agreement.fingerprints` of the pieces' entries (every clip measured by its
     duration): their lines hashed in id order."""
     kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) for p in parts]
-    ids = [_taken(*p["ids"], k) for p, k in zip(parts, kept)]
+    ids = [_taken(*p["ids"], k) if p["drop"] else p["ids"] for p, k in zip(parts, kept)]
     lines = [_taken(*p["metadata_lines"], k) if p["drop"] else p["metadata_lines"] for p, k in zip(parts, kept)]
     width = max([1] + [int(np.diff(o).max()) for o, _ in ids if len(o) > 1])
     keys = np.concatenate([_fixed_width(o, b, width) for o, b in ids]) if ids else np.zeros(0, f"S{width}")
