@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.shared.config import DataConfig, FeaturesConfig
+from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index
 from stoker.shared.dataset import index as index_module
 
@@ -50,28 +50,31 @@ def _lines() -> list[bytes]:
     return [b"\xef\xbb\xbf" + rows[0], *rows[1:]]
 
 
-def _build(root: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, chunked: bool, workers: int = 1):
+def _build(root: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, chunked: bool, workers: int = 1,
+           max_lost_frac: float = 0.0):
     monkeypatch.setattr(index_module, "CHUNKED_MIN_BYTES", 1 if chunked else 1 << 40)
     monkeypatch.setattr(index_module, "BUILD_CHUNK_BYTES", 700)  # a few lines a piece
     data = DataConfig(path=str(root), metadata_file="train.jsonl", index_cache=str(cache), index_workers=workers,
                       max_tokens=200)
-    return build_index(data, FEATURES)
+    return build_index(data, FEATURES, TextConfig(max_lost_frac=max_lost_frac))
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("workers", "max_lost_frac"), [(1, 0.0), (2, 0.0), (1, 0.7)])
 def test_the_chunked_build_is_the_one_process_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     workers: int) -> None:
+                                                     workers: int, max_lost_frac: float) -> None:
     root = tmp_path / "data"
     root.mkdir()
     (root / "train.jsonl").write_bytes(b"".join(_lines()))
-    one = _build(root, tmp_path / "one", monkeypatch, chunked=False)
-    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers)
+    one = _build(root, tmp_path / "one", monkeypatch, chunked=False, max_lost_frac=max_lost_frac)
+    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers,
+                    max_lost_frac=max_lost_frac)
     assert len(index_module._manifest_ranges(root / "train.jsonl", 700)) > 5  # many pieces, repeats across them
     assert pieces.stats.workers == workers
     assert list(pieces.samples) == list(one.samples) and len(one.samples) > 40
     assert pieces.rejected == one.rejected
     reasons = " ".join(r.reason for r in one.rejected)
+    assert any(s.id == "snow" for s in one.samples) == (max_lost_frac > 0)  # lost characters, yet a clip
     for fault in ("is not JSON", "duplicate id on manifest line", "not valid UTF-8", "longer than", "empty text",
                   "unknown language", "exceeds data.max_tokens", "lone surrogate", "lacks 'audio_filepath'"):
         assert fault in reasons
@@ -82,7 +85,7 @@ def test_the_chunked_build_is_the_one_process_build(tmp_path: Path, monkeypatch:
     (one_file,) = (tmp_path / "one").iterdir()
     (pieces_file,) = (tmp_path / "pieces").iterdir()
     assert pieces_file.read_bytes() == one_file.read_bytes()
-    warm = _build(root, tmp_path / "pieces", monkeypatch, chunked=True)
+    warm = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, max_lost_frac=max_lost_frac)
     assert warm.stats.cache == "hit" and list(warm.samples) == list(one.samples)
 
 
