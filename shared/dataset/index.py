@@ -2,8 +2,9 @@
 metadata and audio headers (read in parallel when worth it), through the text front-end,
 with the index cache reused where it still holds.
 
-One file of some 540 lines: the index build, whose reuse of a stale cache, parallel reads
-and rules share one set of facts about the dataset.
+One file of some 1,060 lines: the index build, whose reuse of a stale cache, parallel reads,
+rules and a large manifest's build in pieces (the last section) share one set of facts about
+the dataset.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import FINGERPRINT_HEX, DatasetScan, fingerprints, scan_dataset, scan_from
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
                                   index_cache_file, index_config, index_key, index_key_of, open_index, pack_index,
-                                  read_cache,
-                                  rejections_of, write_cache)
+                                  read_cache, rejections_of, write_cache)
 from ..dataset.files import UNMEASURED, list_audio, locate, read_metadata_bytes, relative_audio
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.shards import is_locator, probe_member, read_shards
@@ -278,7 +278,9 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             raise TextError(f"cannot keep the run's vocabulary: {problem}")
     config = index_config(data, features, text, frontend, fixed)
     candidates = index_cache_file(root, data)
-    manifest_sha256 = _sha256_of(root / metadata_file) if is_manifest(metadata_file) else ""
+    size = _size(root / metadata_file) if is_manifest(metadata_file) else 0
+    chunked = fixed is None and size >= CHUNKED_MIN_BYTES
+    manifest_sha256 = _sha256_of(root / metadata_file) if is_manifest(metadata_file) and (candidates or chunked) else ""
     quick = _digest(config, manifest_sha256) if candidates and manifest_sha256 else ""
     found = _manifest_hit(root, candidates, quick) if quick else None
     if found is not None:  # a manifest as cached: neither parsed nor held in memory
@@ -289,7 +291,7 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         else:
             stats = IndexStats(cache="hit", cache_file=str(found[0]))
             return _finish(root, *loaded, found[1].header["key"], stats, started, False, None, data)
-    if manifest_sha256 and fixed is None and _size(root / metadata_file) >= CHUNKED_MIN_BYTES:
+    if manifest_sha256 and chunked:
         built = _build_manifest(root, data, features, text, frontend, config, candidates, manifest_sha256, started)
         if built is not None:
             return built
@@ -725,9 +727,9 @@ FINGERPRINT_ROWS = 1 << 16
 
 
 def _manifest_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
-    """The pieces of a manifest: (start byte, end byte, its first line's number), each of about
-    ``chunk_bytes`` but a last one ending at a line end, counted as :func:`layouts._text_lines`
-    cuts lines (``\\r\\n``, ``\\r``, ``\\n``)."""
+    """The pieces of a manifest: (start byte, end byte, the number of its first line), each of
+    about ``chunk_bytes`` and ending at a line end (``\\n``) but the last; lines counted as
+    :func:`layouts._text_lines` cuts them (``\\r\\n``, ``\\r``, ``\\n``)."""
     ranges = []
     start, line = 0, 1
     carry = b""
