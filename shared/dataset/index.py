@@ -764,12 +764,16 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
     if any(e.duration is None for e in entries):
         return None
     keys = [(e.language or text.language, e.text) for e in entries]
-    wanted = dict.fromkeys(key for key in keys if key[0] in LANGUAGES)
-    made = _work_items("", [(None, 0, key) for key in wanted], (text.frontend, text.digits))
-    units = {key: Units(*pair) for key, (_, pair) in zip(wanted, made)}  # type: ignore[misc]
-    tokenized = len(wanted)
-    del made, wanted
+    by_language: dict[str, dict[str, None]] = collections.defaultdict(dict)
+    for code, spoken in keys:
+        if code in LANGUAGES:
+            by_language[code][spoken] = None
     frontend = _frontend((text.frontend, text.digits))
+    units: dict[TextKey, Units] = {}
+    for code, texts in by_language.items():  # as _work_items sends them: one list per language
+        units.update(((code, spoken), made) for spoken, made in zip(texts, frontend.units(list(texts), code)))
+    tokenized = len(units)
+    del by_language
     found = [units.get(key) for key in keys]
     count = frontend.count
     counts = np.fromiter((count(m.units) if m is not None else 0 for m in found), np.int64, len(found))
