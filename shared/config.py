@@ -81,7 +81,7 @@ class DataConfig:
     max_audio_s: float  # longer clips are rejected at index time
     max_tokens: int  # texts that tokenize to more are rejected at index time
     index_cache: str  # "" = DATASET/.stoker (or the user cache dir if read-only); "off"; or a directory
-    index_workers: int  # processes reading audio headers on a cold index build; 0 = one per usable core
+    index_workers: int  # processes reading headers or manifest pieces on a cold index build; 0 = one per core
     feature_cache: str  # "" = off; "auto" = DATASET/.stoker/features (or the user cache dir); or a directory
 
 

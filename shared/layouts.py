@@ -251,12 +251,13 @@ def _speaker_problem(speaker: str) -> str:
     return ""
 
 
-def _text_lines(raw: bytes) -> tuple[list[str], bool]:
+def _text_lines(raw: bytes, bom: bool = True) -> tuple[list[str], bool]:
     """The lines of ``raw`` decoded, cut where ``bytes.splitlines`` cuts (``\\r\\n``, ``\\r``, ``\\n``), and
     whether all of ``raw`` is UTF-8. One decode of the whole file is several times cheaper than one
     per line; when it fails, ``surrogateescape`` keeps each bad byte as a lone surrogate, so a
-    line can still be checked alone (:func:`_encodes`) and its bytes recovered exactly."""
-    if raw.startswith(_BOM):  # a UTF-8 byte order mark (Windows editors) is not part of the id
+    line can still be checked alone (:func:`_encodes`) and its bytes recovered exactly. ``bom``:
+    whether ``raw`` starts the file (only there is a byte order mark dropped)."""
+    if bom and raw.startswith(_BOM):  # a UTF-8 byte order mark (Windows editors) is not part of the id
         raw = raw[len(_BOM):]
     try:
         text = raw.decode("utf-8")
@@ -488,13 +489,15 @@ def _manifest_fields(obj: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
     return "", (sample_id, spoken, speaker, language, audio, None if duration is None else float(duration))
 
 
-def parse_manifest(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
-    """Parse a JSON-lines manifest (module docstring); faulty lines become rejections, never exceptions."""
-    lines, clean = _text_lines(raw)
+def parse_manifest(raw: bytes, start_line: int = 1) -> tuple[list[Entry], list[Rejection]]:
+    """Parse a JSON-lines manifest (module docstring); faulty lines become rejections, never exceptions.
+    ``start_line`` > 1: ``raw`` is a piece of a manifest cut at a line end, whose first line is that
+    line of the file (a chunked index build: duplicate ids are then found within the piece only)."""
+    lines, clean = _text_lines(raw, bom=start_line == 1)
     entries: list[Entry] = []
     rejected: list[Rejection] = []
     first_line: dict[str, int] = {}
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines, start=start_line):
         if not line.strip(_ASCII_SPACE):
             continue
         if not clean and not _encodes(line):

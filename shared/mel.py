@@ -63,6 +63,15 @@ def num_frames(num_samples: int, features: FeaturesConfig) -> int:
     return 1 + (padded - features.n_fft) // hop
 
 
+def num_frames_of(num_samples: np.ndarray, features: FeaturesConfig) -> np.ndarray:
+    """:func:`num_frames` of many clips at once (an integer array in, int64 frame counts out)."""
+    n, hop = np.asarray(num_samples, np.int64), features.hop_length
+    if features.padding == PAD_END:
+        return -(-n // hop)
+    padded = n + 2 * (features.n_fft // 2) if centred(features) else n
+    return np.where(padded < features.n_fft, 0, 1 + (padded - features.n_fft) // hop)
+
+
 def min_num_samples(features: FeaturesConfig) -> int:
     """The shortest clip the framing accepts: ``n_fft // 2 + 1`` for reflect padding (a
     reflection needs that many), ``n_fft`` without padding (one whole frame), else 1."""

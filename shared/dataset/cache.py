@@ -81,9 +81,14 @@ def index_config(data: DataConfig, features: FeaturesConfig, text: TextConfig, f
 
 def index_key(metadata: bytes, audio: dict[str, AudioFile], config: dict[str, Any]) -> str:
     """SHA-256 over the metadata bytes, every audio file's name, size and mtime, and the config."""
+    return index_key_of(hashlib.sha256(metadata).digest(), audio, config)
+
+
+def index_key_of(metadata_sha256: bytes, audio: dict[str, AudioFile], config: dict[str, Any]) -> str:
+    """:func:`index_key` of metadata known by its SHA-256 (a manifest never held whole)."""
     digest = hashlib.sha256()
     digest.update(repr(sorted(config.items())).encode())
-    digest.update(hashlib.sha256(metadata).digest())
+    digest.update(metadata_sha256)
     files = [audio[stem] for stem in sorted(audio)]
     digest.update("\0".join([f.name for f in files]).encode("utf-8", "surrogateescape"))
     digest.update(array.array("q", [f.size for f in files]).tobytes())

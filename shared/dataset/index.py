@@ -2,8 +2,9 @@
 metadata and audio headers (read in parallel when worth it), through the text front-end,
 with the index cache reused where it still holds.
 
-One file of some 540 lines: the index build, whose reuse of a stale cache, parallel reads
-and rules share one set of facts about the dataset.
+One file of some 1,060 lines: the index build, whose reuse of a stale cache, parallel reads,
+rules and a large manifest's build in pieces (the last section) share one set of facts about
+the dataset.
 """
 
 from __future__ import annotations
@@ -23,20 +24,21 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import msgpack
+import numpy as np
 from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.agreement import DatasetScan, fingerprints, scan_dataset, scan_from
+from ..dataset.agreement import FINGERPRINT_HEX, DatasetScan, fingerprints, scan_dataset, scan_from
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
-                                  index_cache_file, index_config, index_key, open_index, pack_index, read_cache,
-                                  rejections_of, write_cache)
+                                  index_cache_file, index_config, index_key, index_key_of, open_index, pack_index,
+                                  read_cache, rejections_of, write_cache)
 from ..dataset.files import (UNMEASURED, list_audio, locate, metadata_location, read_metadata_bytes, relative_audio,
                              resolve_audio)
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.shards import is_locator, probe_member, read_shards, remote_stat
 from ..dataset.storage import COUNTS, is_url, open_file
-from ..dataset.table import SampleTable
+from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards
-from ..mel import min_num_samples, num_frames
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, parse_manifest
+from ..mel import min_num_samples, num_frames, num_frames_of
 from ..mixes import parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
 from ..vocab import Vocabulary
@@ -279,8 +281,12 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             raise TextError(f"cannot keep the run's vocabulary: {problem}")
     config = index_config(data, features, text, frontend, fixed)
     candidates = index_cache_file(root, data)
-    quick = (_manifest_digest(metadata_location(root, metadata_file), config)
-             if candidates and is_manifest(metadata_file) else "")
+    # a manifest at a URL is read whole by the one-process build (its pieces are local byte ranges)
+    size = _size(root / metadata_file) if is_manifest(metadata_file) and not is_url(metadata_file) else 0
+    chunked = fixed is None and size >= CHUNKED_MIN_BYTES
+    manifest_sha256 = (_sha256_of(metadata_location(root, metadata_file))
+                       if is_manifest(metadata_file) and (candidates or chunked) else "")
+    quick = _digest(config, manifest_sha256) if candidates and manifest_sha256 else ""
     found = _manifest_hit(root, candidates, quick) if quick else None
     if found is not None:  # a manifest as cached: neither parsed nor held in memory
         try:
@@ -290,6 +296,10 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         else:
             stats = IndexStats(cache="hit", cache_file=str(found[0]))
             return _finish(root, *loaded, found[1].header["key"], stats, started, False, None, data)
+    if manifest_sha256 and chunked:
+        built = _build_manifest(root, data, features, text, frontend, config, candidates, manifest_sha256, started)
+        if built is not None:
+            return built
     metadata = read_metadata_bytes(root, data.metadata_file)
     audio = list_audio(root, data.metadata_file, metadata, data.columns)
     key = index_key(metadata, audio, config)
@@ -359,10 +369,10 @@ def _digest(config: dict[str, Any], metadata_sha256: str) -> str:
     return hashlib.sha256(f"{sorted(config.items())!r}\0{metadata_sha256}".encode()).hexdigest()
 
 
-def _manifest_digest(path: str, config: dict[str, Any]) -> str:
-    """The digest a manifest's cache is found by (:func:`_manifest_hit`): of the config and the
-    manifest's bytes (here or at a URL), read a piece at a time; "" when it cannot be read (the
-    build says why)."""
+def _sha256_of(path: str) -> str:
+    """A manifest's SHA-256 (hex), here or at a URL, read a piece at a time; "" when it cannot be
+    read (the build says why). With the config, it is the digest the manifest's cache is found by
+    (:func:`_manifest_hit`)."""
     digest = hashlib.sha256()
     try:
         with open_file(path) as f:
@@ -370,7 +380,14 @@ def _manifest_digest(path: str, config: dict[str, Any]) -> str:
                 digest.update(chunk)
     except OSError:
         return ""
-    return _digest(config, digest.hexdigest())
+    return digest.hexdigest()
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _measured(entries: Sequence[Entry], audio: dict[str, AudioFile]) -> list[list[Any]]:
@@ -695,3 +712,370 @@ def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], lost: d
     return DatasetIndex(root=root, samples=samples, rejected=rejected, fingerprint=key[:16], stats=stats,
                         metadata_file=data.metadata_file, columns=data.columns, vocabulary=vocab, lost=lost,
                         agreement=agreed, _scan_inputs=scan_inputs[1:] if scan_inputs is not None else None)
+
+
+# ---------------------------------------------------------------- a manifest's chunked build
+#
+# A manifest whose clips all give their durations needs no audio header: its index is its lines
+# through the JSON parser, the text front-end and the rules, which worker processes do a piece
+# of the file each (:func:`_manifest_chunk`), each piece becoming columns rather than an object
+# per clip. What spans pieces is done here after: ids repeated in two pieces, the order of the
+# rejections, the vocabulary, the lost-character report and the dataset fingerprints, so that
+# the index (and its cache file) is the one the one-process build makes.
+
+
+# A manifest at least this large is built in pieces; a smaller one in one pass (its build takes
+# a second or two, less than the helper processes take to start).
+CHUNKED_MIN_BYTES = 32 << 20
+
+
+# A piece of a manifest given to one worker: some 60,000 clips of a typical manifest (the
+# columns it sends back are about its size), many pieces so that the last ones balance the load.
+BUILD_CHUNK_BYTES = 8 << 20
+
+
+# Rows at a time when hashing the fingerprints' lines in id order (a gather index of
+# about 8 bytes per byte of those rows).
+FINGERPRINT_ROWS = 1 << 16
+
+
+def _manifest_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
+    """The pieces of a manifest: (start byte, end byte, the number of its first line), each of
+    about ``chunk_bytes`` and ending at a line end (``\\n``) but the last; lines counted as
+    :func:`layouts._text_lines` cuts them (``\\r\\n``, ``\\r``, ``\\n``)."""
+    ranges = []
+    start, line = 0, 1
+    carry = b""
+    with open(path, "rb") as f:
+        while True:
+            piece = f.read(chunk_bytes)
+            cut = piece.rfind(b"\n") + 1 if piece else len(piece)
+            if piece and not cut:  # a line longer than a piece: it goes on in the next one
+                carry += piece
+                continue
+            chunk = carry + piece[:cut]
+            carry = piece[cut:]
+            if chunk:
+                ranges.append((start, start + len(chunk), line))
+                start += len(chunk)
+                line += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            if not piece:
+                break
+    return ranges
+
+
+def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: DataConfig, features: FeaturesConfig,
+                    text: TextConfig) -> dict[str, Any] | None:
+    """One piece of a manifest, parsed, through the front-end and the rules, as columns (runs in
+    worker processes, and in this one). None when a clip gives no duration (its audio header
+    would be read: the one-process build's work)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        raw = f.read(end - start)
+    entries, parsed = parse_manifest(raw, first_line)
+    del raw
+    if any(e.duration is None for e in entries):
+        return None
+    keys = [(e.language or text.language, e.text) for e in entries]
+    by_language: dict[str, dict[str, None]] = collections.defaultdict(dict)
+    for code, spoken in keys:
+        if code in LANGUAGES:
+            by_language[code][spoken] = None
+    frontend = _frontend((text.frontend, text.digits))
+    units: dict[TextKey, Units] = {}
+    for code, texts in by_language.items():  # as _work_items sends them: one list per language
+        units.update(((code, spoken), made) for spoken, made in zip(texts, frontend.units(list(texts), code)))
+    tokenized = len(units)
+    del by_language
+    found = [units.get(key) for key in keys]
+    count = frontend.count
+    counts = np.fromiter((count(m.units) if m is not None else 0 for m in found), np.int64, len(found))
+    durations = np.fromiter((e.duration for e in entries), np.float64, len(entries))
+    # The clips every rule passes without a word, told apart at once (the others go through the
+    # rules one by one below, which say why): units that lost nothing, a token count within
+    # bounds, a duration within bounds and long enough for the framing (_audio_rules).
+    heard = (durations <= data.max_audio_s) & (durations >= data.min_audio_s)
+    samples = np.rint(np.where(heard, durations, 0.0) * features.sample_rate_hz).astype(np.int64)
+    passed = (np.fromiter((m is not None and not m.lost for m in found), bool, len(found)) & (counts > 0)
+              & (counts <= data.max_tokens) & heard & (samples >= min_num_samples(features)))
+    report = LostReport()  # what is lost is listed per clip below, in order, for the whole index's report
+    rejected: list[tuple[int, Rejection]] = []
+    lost: list[tuple[int, str, str]] = []
+    listed: list[tuple[int, str, str, str, str]] = []
+    for n in np.flatnonzero(~passed).tolist():
+        entry, unit = entries[n], found[n]
+        outcome = _text_rules(entry, units, data, text, frontend, None, report)
+        if not isinstance(outcome, Rejection):
+            outcome = _audio_rules(entry, {}, {}, data, features)
+        if isinstance(outcome, Rejection):
+            rejected.append((n, outcome))
+        else:
+            passed[n] = True
+        if unit is not None and unit.lost:
+            lost.append((n, entry.id, unit.lost))
+        if unit is not None and (unit.lost or isinstance(outcome, Rejection)):
+            listed.append((n, keys[n][0], keys[n][1], unit.units, unit.lost))
+    picked = np.flatnonzero(passed)
+    rows = np.full(len(entries), -1, np.int64)
+    rows[picked] = np.arange(len(picked))
+    chosen = [entries[n] for n in picked.tolist()]
+    speakers: dict[str, int] = {}
+    languages: dict[str, int] = {}
+    speaker_codes = [speakers.setdefault(e.speaker or DEFAULT_SPEAKER, len(speakers)) for e in chosen]
+    language_codes = [languages.setdefault(e.language or text.language, len(languages)) for e in chosen]
+    columns = {"id": [e.id for e in chosen], "text": [e.text for e in chosen], "audio": [e.audio for e in chosen],
+               "units": [found[n].units for n in picked.tolist()]}  # type: ignore[union-attr]
+    numbers = {"num_tokens": counts[picked], "num_frames": num_frames_of(samples[picked], features),
+               "duration_s": durations[picked], "line": np.fromiter((e.line for e in chosen), np.int64, len(chosen)),
+               "speaker": np.asarray(speaker_codes, np.int32), "language": np.asarray(language_codes, np.int32)}
+    ids = pack_strings([e.id for e in entries])
+    return {
+        "parsed": parsed, "rejected": rejected, "lost": lost, "listed": listed, "rows": rows,
+        "tokenized": tokenized, "ids": ids, "lines": np.fromiter((e.line for e in entries), np.int64, len(entries)),
+        "hashes": hash_strings(ids[0], np.frombuffer(ids[1], np.uint8), np.arange(len(entries))),
+        "metadata_lines": pack_strings([f"{e.id}\t{e.text}\t{e.speaker}\t{e.language}\n" for e in entries]),
+        "audio_lines": pack_strings([f"{e.id}\t{UNMEASURED}\n" for e in entries]),
+        "seen": set("".join(columns["units"])),
+        "numbers": {name: np.asarray(numbers[name], kind) for name, kind in NUMBER_COLUMNS.items()},
+        "strings": {name: pack_strings(columns[name]) for name in STRING_COLUMNS},
+        "speakers": list(speakers), "languages": list(languages),
+    }
+
+
+def _run_chunks(path: Path, ranges: list[tuple[int, int, int]], workers: int, data: DataConfig,
+                features: FeaturesConfig, text: TextConfig) -> tuple[list[dict[str, Any] | None], int]:
+    """:func:`_manifest_chunk` of every piece, in ``workers`` processes (this one included), in order."""
+    args = (data, features, text)
+    results: list[dict[str, Any] | None] = [None] * len(ranges)
+    done = [False] * len(ranges)
+    helpers = min(workers - 1, len(ranges) - 1)
+    if helpers > 0:
+        todo = collections.deque(range(len(ranges)))
+        context = multiprocessing.get_context("spawn")  # never forked: the caller may have imported TensorFlow
+        try:
+            with concurrent.futures.ProcessPoolExecutor(helpers, mp_context=context) as pool:
+                running: dict[concurrent.futures.Future, int] = {}
+
+                def top_up() -> None:
+                    while todo and len(running) < 2 * helpers:
+                        n = todo.popleft()
+                        running[pool.submit(_manifest_chunk, str(path), *ranges[n], *args)] = n
+
+                top_up()
+                while todo:  # this process works from the back while the helpers work from the front
+                    n = todo.pop()
+                    results[n], done[n] = _manifest_chunk(str(path), *ranges[n], *args), True
+                    for future in [f for f in running if f.done()]:
+                        m = running.pop(future)
+                        results[m], done[m] = future.result(), True
+                    top_up()
+                for future in concurrent.futures.as_completed(list(running)):
+                    m = running.pop(future)
+                    results[m], done[m] = future.result(), True
+        except TextError:
+            raise  # the front-end itself failed (a user tokenizer's error): the same in this process
+        except Exception as exc:  # a broken pool (e.g. a script without a __main__ guard) must not stop indexing
+            log.warning("parallel manifest indexing failed (%s: %s); indexing the rest in this process",
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            helpers = 0
+    for n, finished in enumerate(done):
+        if not finished:
+            results[n] = _manifest_chunk(str(path), *ranges[n], *args)
+    return results, max(helpers, 0) + 1
+
+
+def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
+                    config: dict[str, Any], candidates: list[Path], manifest_sha256: str,
+                    started: float) -> DatasetIndex | None:
+    """The index of a manifest whose clips all give their durations, built in pieces (section
+    comment); None when a clip gives none (then the one-process build reads its header)."""
+    path = root / data.metadata_file
+    read_started = time.perf_counter()
+    try:
+        ranges = _manifest_ranges(path, BUILD_CHUNK_BYTES)
+    except OSError:
+        return None  # the one-process build says why
+    chunks, workers = _run_chunks(path, ranges, max(1, _workers(data)), data, features, text)
+    if any(chunk is None for chunk in chunks):
+        log.info("%s has clips without a duration: their audio headers are read", path)
+        return None
+    parts: list[dict[str, Any]] = chunks  # type: ignore[assignment]
+    key = index_key_of(bytes.fromhex(manifest_sha256), {}, config)
+    cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
+    stats = IndexStats(cache=state, workers=workers, texts_tokenized=sum(p["tokenized"] for p in parts))
+    if state == "hit" and cached is not None:
+        try:
+            loaded = _loaded(cached, None)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
+            stats.cache = "corrupt"
+        else:
+            stats.cache_file = str(cache_path)
+            return _finish(root, *loaded, key, stats, started, False, None, data)
+    parsed = [r for p in parts for r in p["parsed"]] + _repeated_ids(parts)
+    parsed.sort(key=lambda r: r.line)  # as one pass over the lines finds them
+    for p in parts:
+        _drop_repeated(p)
+    rejected = parsed + [r for p in parts for _, r in p["rejected"]]
+    report = LostReport()
+    for p in parts:
+        for _, sample_id, lost_chars in p["lost"]:
+            report.add(sample_id, lost_chars)
+    lost = report.to_json()
+    table = _concatenated(parts)
+    stats.read_s = time.perf_counter() - read_started
+    seen: set[str] = set()
+    for p in parts:
+        seen.update(p["seen"])
+    vocab = Vocabulary.build(frontend, ["".join(sorted(seen))], table.languages, table.speakers)
+    agreed = _manifest_fingerprints(parts, manifest_sha256)
+    if candidates:
+        header = {"key": key, "root": str(root), "config": config, "rejected": columns_of(rejected, REJECTION_FIELDS),
+                  "lost": lost, "vocabulary": vocab.state_dict()}
+        reuse = {"probes": {f: [] for f in PROBE_FIELDS},
+                 "units": {"frontend": [frontend.name, frontend.cache_key()],
+                           **{f: [row[i] for row in _listed(parts, parsed, table)] for i, f in
+                              enumerate(UNITS_FIELDS)}}}
+        header["agreement"] = agreed
+        header["manifest"] = {"digest": _digest(config, manifest_sha256), "measured": []}
+        header["names"] = {"speakers": table.speakers, "languages": table.languages}
+        written = write_cache(candidates, pack_index(header, {**table.sections(),
+                                                              "reuse": msgpack.packb(reuse, use_bin_type=True)}))
+        stats.cache_file = str(written) if written else ""
+    return _finish(root, table, rejected, lost, agreed, vocab, key, stats, started, True, None, data)
+
+
+def _repeated_ids(parts: list[dict[str, Any]]) -> list[Rejection]:
+    """The rejections of ids repeated in a later piece than their first (each piece found its
+    own); the entries they reject are marked in ``part["drop"]`` (positions in that piece)."""
+    for p in parts:
+        p["drop"] = []
+    if not parts:
+        return []
+    hashes = np.concatenate([p["hashes"] for p in parts])
+    piece = np.repeat(np.arange(len(parts)), [len(p["hashes"]) for p in parts])
+    position = np.concatenate([np.arange(len(p["hashes"])) for p in parts])
+    order = np.argsort(hashes, kind="stable")  # stable: the entries of one hash in file order
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    out = []
+    firsts: dict[str, int] = {}
+    for at in np.unique(np.concatenate([same, same + 1])).tolist():
+        k, n = int(piece[order[at]]), int(position[order[at]])
+        offsets, blob = parts[k]["ids"]
+        sample_id = blob[offsets[n]:offsets[n + 1]].decode("utf-8", ENCODING_ERRORS)
+        line = int(parts[k]["lines"][n])
+        if sample_id not in firsts:
+            firsts[sample_id] = line
+        else:
+            out.append(Rejection(sample_id, f"duplicate id on manifest line {line} (first on line "
+                                            f"{firsts[sample_id]})", line=line))
+            parts[k]["drop"].append(n)
+    return out
+
+
+def _drop_repeated(part: dict[str, Any]) -> None:
+    """Take the entries :func:`_repeated_ids` rejected out of a piece's results; note the symbols
+    of its samples' units (``part["seen"]``) for the vocabulary."""
+    drop = set(part["drop"])
+    if not drop:
+        return
+    for name in ("rejected", "lost", "listed"):
+        part[name] = [row for row in part[name] if row[0] not in drop]
+    gone = part["rows"][sorted(drop)]
+    keep = np.setdiff1d(np.arange(len(part["numbers"]["num_frames"])), gone[gone >= 0])
+    part["numbers"] = {name: col[keep] for name, col in part["numbers"].items()}
+    for name, (offsets, blob) in part["strings"].items():
+        part["strings"][name] = _taken(offsets, blob, keep)
+    offsets, blob = part["strings"]["units"]
+    part["seen"] = set(blob.decode("utf-8", ENCODING_ERRORS)) if blob else set()
+
+
+def _taken(offsets: np.ndarray, blob: bytes, rows: np.ndarray) -> tuple[np.ndarray, bytes]:
+    """(offsets, blob) of the strings ``rows`` of (offsets, blob)."""
+    pieces = [blob[offsets[n]:offsets[n + 1]] for n in rows.tolist()]
+    out = np.zeros(len(pieces) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, pieces), np.int64, len(pieces)), out=out[1:])
+    return out, b"".join(pieces)
+
+
+def _concatenated(parts: list[dict[str, Any]]) -> SampleTable:
+    """The samples of every piece as one table, speaker and language codes into sorted names."""
+    speakers = sorted({p["speakers"][n] for p in parts for n in np.unique(p["numbers"]["speaker"]).tolist()})
+    languages = sorted({p["languages"][n] for p in parts for n in np.unique(p["numbers"]["language"]).tolist()})
+    codes = {"speaker": {name: n for n, name in enumerate(speakers)},
+             "language": {name: n for n, name in enumerate(languages)}}
+    numbers = {}
+    for name, kind in NUMBER_COLUMNS.items():
+        cols = []
+        for p in parts:
+            col = p["numbers"][name]
+            if name in codes:
+                local = p[f"{name}s"]
+                lookup = np.array([codes[name].get(n, -1) for n in local], np.int32)
+                col = lookup[col] if len(col) else col
+            cols.append(np.asarray(col, kind))
+        numbers[name] = np.concatenate(cols) if cols else np.zeros(0, kind)
+    strings = {}
+    for name in STRING_COLUMNS:
+        bases = np.cumsum([0] + [len(p["strings"][name][1]) for p in parts])
+        offsets = np.concatenate([p["strings"][name][0][:-1] + base for p, base in zip(parts, bases)]
+                                 + [np.array([bases[-1]], np.int64)])
+        strings[name] = (offsets, b"".join(p["strings"][name][1] for p in parts))
+    return SampleTable(numbers, strings, speakers, languages)
+
+
+def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleTable) -> list[tuple[str, str, str,
+                                                                                                       str]]:
+    """What :func:`_payload` lists of the units (texts that lost characters, and the clips rejected or
+    named by a rejection), in file order, one row per text."""
+    rows: list[tuple[int, str, str, str, str]] = [(int(p["lines"][n]), *rest) for p in parts
+                                                  for n, *rest in p["listed"]]
+    named = sorted({r.id for r in parsed})
+    for row in (r for r in table.find_rows(named) if r >= 0) if named else ():
+        language = table.languages[int(table.column("language")[row])]
+        rows.append((int(table.column("line")[row]), language, table.string("text", row), table.string("units", row),
+                     ""))
+    out: dict[tuple[str, str], tuple[str, str, str, str]] = {}
+    for _, language, spoken, made, lost_chars in sorted(rows, key=lambda row: row[0]):
+        out.setdefault((language, spoken), (language, spoken, made, lost_chars))
+    return list(out.values())
+
+
+def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) -> dict[str, Any]:
+    """:func:`agreement.fingerprints` of the pieces' entries (every clip measured by its
+    duration): their lines hashed in id order."""
+    kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) for p in parts]
+    ids = [_taken(*p["ids"], k) if p["drop"] else p["ids"] for p, k in zip(parts, kept)]
+    lines = [_taken(*p["metadata_lines"], k) if p["drop"] else p["metadata_lines"] for p, k in zip(parts, kept)]
+    width = max([1] + [int(np.diff(o).max()) for o, _ in ids if len(o) > 1])
+    keys = np.concatenate([_fixed_width(o, b, width) for o, b in ids]) if ids else np.zeros(0, f"S{width}")
+    order = np.argsort(keys, kind="stable")
+    meta = _gathered_digest(lines, order)
+    audio = _gathered_digest([_taken(*p["audio_lines"], k) if p["drop"] else p["audio_lines"]
+                              for p, k in zip(parts, kept)], order)
+    return {"metadata": meta, "audio": audio, "missing": 0, "metadata_sha256": manifest_sha256}
+
+
+def _fixed_width(offsets: np.ndarray, blob: bytes, width: int) -> np.ndarray:
+    """Strings of (offsets, blob) as numpy ``S{width}``, zero-padded (bytes order is str order for UTF-8)."""
+    raw = np.frombuffer(blob, np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    keys = np.zeros((len(starts), width), np.uint8)
+    for k in range(width):
+        has = np.flatnonzero(lengths > k)
+        keys[has, k] = raw[starts[has] + k]
+    return keys.view(f"S{width}").ravel()
+
+
+def _gathered_digest(columns: list[tuple[np.ndarray, bytes]], order: np.ndarray) -> str:
+    """:func:`agreement._digest` of the strings of the concatenated (offsets, blob) pieces, taken in ``order``."""
+    bases = np.cumsum([0] + [len(b) for _, b in columns])
+    offsets = np.concatenate([o[:-1] + base for (o, _), base in zip(columns, bases)] + [bases[-1:]])
+    blob = np.frombuffer(b"".join(b for _, b in columns), np.uint8)
+    digest = hashlib.sha256()
+    for first in range(0, len(order), FINGERPRINT_ROWS):
+        rows = order[first:first + FINGERPRINT_ROWS]
+        starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
+        at = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
+        digest.update(blob[at].tobytes())
+    return digest.hexdigest()[:FINGERPRINT_HEX]

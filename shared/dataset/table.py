@@ -184,12 +184,12 @@ class SampleTable(Sequence[Sample]):
         if self._id_rows is None:
             offsets, blob = self._strings["id"]
             rows = self._rows if self._rows is not None else np.arange(self._len)
-            hashes = _hash_strings(offsets, np.frombuffer(blob, np.uint8), rows)
+            hashes = hash_strings(offsets, np.frombuffer(blob, np.uint8), rows)
             order = np.argsort(hashes, kind="stable")
             self._id_rows = (hashes[order], order)
         hashes, order = self._id_rows
         q_offsets, q_blob = pack_strings(ids)
-        wanted = _hash_strings(q_offsets, np.frombuffer(q_blob, np.uint8), np.arange(len(ids)))
+        wanted = hash_strings(q_offsets, np.frombuffer(q_blob, np.uint8), np.arange(len(ids)))
         found = []
         for sample_id, h, at in zip(ids, wanted.tolist(), np.searchsorted(hashes, wanted).tolist()):
             row = -1
@@ -245,7 +245,7 @@ class SampleTable(Sequence[Sample]):
         return cls(numbers, strings, speakers, languages)
 
 
-def _hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """64-bit FNV-1a of the strings ``rows`` of (offsets, blob), ID_HASH_CHUNK at a time, a
     byte position of all of them per step."""
     out = np.empty(len(rows), np.uint64)

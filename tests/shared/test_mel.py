@@ -90,6 +90,8 @@ def test_num_frames(padding: str, frames: list[int]) -> None:
     features = FeaturesConfig(padding=padding)
     assert [mel.num_frames(n, features) for n in (513, 1024, 5000)] == frames
     assert mel.frame_centre(features) == (0 if padding in ("reflect", "constant") else 512)
+    many = np.arange(0, 5000, 7)  # the array form (a manifest's chunked index build) agrees clip for clip
+    assert mel.num_frames_of(many, features).tolist() == [mel.num_frames(n, features) for n in many.tolist()]
 
 
 @pytest.mark.parametrize("overrides, message", [

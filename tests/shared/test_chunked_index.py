@@ -1,0 +1,102 @@
+"""A manifest with durations built in pieces (shared/dataset/index.py, the chunked build) is the
+index the one-process build makes: the same samples in the same order, the same rejections with
+the same reasons and lines, the same vocabulary, fingerprints and cache file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
+from stoker.shared.dataset import build_index
+from stoker.shared.dataset import index as index_module
+
+FEATURES = FeaturesConfig()
+
+
+def _lines() -> list[bytes]:
+    """A manifest's lines (each ending in a line end), good ones and some of every fault."""
+    rows: list[bytes] = []
+    for i in range(60):
+        row = {"audio_filepath": f"audio/a{i % 3}.wav", "id": f"c{i:03d}", "text": f"clip number {i}, said.",
+               "duration": 0.5 + (i % 7) / 10, "speaker": f"s{i % 4}"}
+        if i % 11 == 3:
+            row["language"] = "de"
+            row["text"] = f"Grüße Nummer {i}."
+        rows.append(json.dumps(row, ensure_ascii=i % 2 == 0).encode() + (b"\r\n" if i % 9 == 4 else b"\n"))
+    bad = {
+        5: b'{"audio_filepath": "audio/a0.wav", "text": "no end"\n',  # not JSON
+        9: b'[1, 2]\n',  # not an object
+        12: b'{"audio_filepath": "audio/a0.wav", "id": "c001", "text": "a repeat", "duration": 1.0}\n',
+        17: b'\n',  # blank
+        20: b'{"audio_filepath": "audio/a1.wav", "id": "snow", "text": "\xe2\x98\x83\xe2\x98\x83 x", '
+            b'"duration": 1.0}\n',  # loses characters
+        24: b'{"audio_filepath": "audio/a1.wav", "id": "bad\xff", "text": "x", "duration": 1.0}\n',  # not UTF-8
+        27: b'{"audio_filepath": "audio/a1.wav", "id": "long", "text": "too long", "duration": 99.0}\n',
+        31: b'{"audio_filepath": "audio/a1.wav", "id": "empty", "text": "", "duration": 1.0}\n',
+        33: b'{"audio_filepath": "audio/a1.wav", "id": "xx", "text": "unknown language", "language": "zz", '
+            b'"duration": 1.0}\n',
+        38: b'{"audio_filepath": "audio/a1.wav", "id": "many", "text": "' + b"word " * 80 + b'", "duration": 1.0}\n',
+        44: b'{"audio_filepath": "audio/a1.wav", "id": "c040", "text": "a later repeat", "duration": 1.0}\n',
+        50: b'{"audio_filepath": "audio/a2.wav", "id": "snow", "text": "again", "duration": 1.0}\n',
+        55: b'{"audio_filepath": "audio/a2.wav", "id": "lone", "text": "\\ud800", "duration": 1.0}\n',
+        58: b'{"id": "noaudio", "text": "x", "duration": 1.0}\r',
+    }
+    for at in sorted(bad, reverse=True):
+        rows.insert(at, bad[at])
+    rows.append(b'{"audio_filepath": "audio/a0.wav", "id": "c059", "text": "the last, a repeat", "duration": 2.0}')
+    return [b"\xef\xbb\xbf" + rows[0], *rows[1:]]
+
+
+def _build(root: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, chunked: bool, workers: int = 1,
+           max_lost_frac: float = 0.0):
+    monkeypatch.setattr(index_module, "CHUNKED_MIN_BYTES", 1 if chunked else 1 << 40)
+    monkeypatch.setattr(index_module, "BUILD_CHUNK_BYTES", 700)  # a few lines a piece
+    data = DataConfig(path=str(root), metadata_file="train.jsonl", index_cache=str(cache), index_workers=workers,
+                      max_tokens=200)
+    return build_index(data, FEATURES, TextConfig(max_lost_frac=max_lost_frac))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("workers", "max_lost_frac"), [(1, 0.0), (2, 0.0), (1, 0.7)])
+def test_the_chunked_build_is_the_one_process_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     workers: int, max_lost_frac: float) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "train.jsonl").write_bytes(b"".join(_lines()))
+    one = _build(root, tmp_path / "one", monkeypatch, chunked=False, max_lost_frac=max_lost_frac)
+    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers,
+                    max_lost_frac=max_lost_frac)
+    assert len(index_module._manifest_ranges(root / "train.jsonl", 700)) > 5  # many pieces, repeats across them
+    assert pieces.stats.workers == workers
+    assert list(pieces.samples) == list(one.samples) and len(one.samples) > 40
+    assert pieces.rejected == one.rejected
+    reasons = " ".join(r.reason for r in one.rejected)
+    assert any(s.id == "snow" for s in one.samples) == (max_lost_frac > 0)  # lost characters, yet a clip
+    for fault in ("is not JSON", "duplicate id on manifest line", "not valid UTF-8", "longer than", "empty text",
+                  "unknown language", "exceeds data.max_tokens", "lone surrogate", "lacks 'audio_filepath'"):
+        assert fault in reasons
+    assert pieces.lost == one.lost and one.lost["clips"] == 1
+    assert pieces.vocabulary.state_dict() == one.vocabulary.state_dict()
+    assert pieces.samples.speakers == one.samples.speakers and pieces.samples.languages == one.samples.languages
+    assert pieces.fingerprint == one.fingerprint and pieces.agreement == one.agreement
+    (one_file,) = (tmp_path / "one").iterdir()
+    (pieces_file,) = (tmp_path / "pieces").iterdir()
+    assert pieces_file.read_bytes() == one_file.read_bytes()
+    warm = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, max_lost_frac=max_lost_frac)
+    assert warm.stats.cache == "hit" and list(warm.samples) == list(one.samples)
+
+
+def test_a_manifest_with_a_clip_without_duration_takes_the_one_process_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    lines = _lines()
+    lines.insert(30, b'{"audio_filepath": "audio/none.wav", "id": "nodur", "text": "no duration"}\n')
+    (root / "train.jsonl").write_bytes(b"".join(lines))
+    one = _build(root, tmp_path / "one", monkeypatch, chunked=False)
+    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True)
+    assert list(pieces.samples) == list(one.samples) and pieces.rejected == one.rejected
+    assert any(r.id == "nodur" and r.kind == "missing-audio" for r in pieces.rejected)
