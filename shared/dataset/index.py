@@ -21,7 +21,7 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -209,40 +209,54 @@ def _run_items(root: Path, items: list[Item], workers: int,
     if workers <= 1 or len(items) < 2 or _estimated_seconds(items, text_s) < PARALLEL_MIN_SECONDS:
         return _work_items(str(root), items, text_spec), 1
     size = PHONEME_CHUNK_ITEMS if text_spec[0] == "phonemes" else CHUNK_ITEMS
-    chunks = [items[i:i + size] for i in range(0, len(items), size)]
-    results: list[list[Any] | None] = [None] * len(chunks)
-    todo = collections.deque(range(len(chunks)))
-    helpers = min(workers - 1, len(chunks) - 1)
-    # Spawned, never forked: the caller may have imported TensorFlow.
-    context = multiprocessing.get_context("spawn")
-    try:
-        with concurrent.futures.ProcessPoolExecutor(helpers, mp_context=context) as pool:
-            running: dict[concurrent.futures.Future, int] = {}
+    tasks = [(str(root), items[i:i + size], text_spec) for i in range(0, len(items), size)]
+    results, processes = _shared_work(_work_items, tasks, workers - 1, "header reading")
+    return [item for chunk in results for item in chunk], processes
 
-            def top_up() -> None:
-                while todo and len(running) < 2 * helpers:
-                    n = todo.popleft()
-                    running[pool.submit(_work_items, str(root), chunks[n], text_spec)] = n
 
-            top_up()
-            while todo:  # this process works from the back while the helpers start and work from the front
-                n = todo.pop()
-                results[n] = _work_items(str(root), chunks[n], text_spec)
-                for future in [f for f in running if f.done()]:
-                    results[running.pop(future)] = future.result()
+def _shared_work(fn: Callable[..., Any], tasks: Sequence[tuple], helpers: int, what: str) -> tuple[list[Any], int]:
+    """``[fn(*task) for task in tasks]``, in order, worked by this process and up to ``helpers``
+    spawned ones (never forked: the caller may have imported TensorFlow): the helpers take tasks
+    from the front while this process works from the back. A broken pool (e.g. a script
+    without a __main__ guard) must not stop indexing: the rest is done here, logged; a
+    TextError (the front-end itself failed, as it would here) is raised. Returns the results
+    and how many processes worked."""
+    results: list[Any] = [None] * len(tasks)
+    done = [False] * len(tasks)
+    helpers = min(helpers, len(tasks) - 1)
+    if helpers > 0:
+        todo = collections.deque(range(len(tasks)))
+        context = multiprocessing.get_context("spawn")
+        try:
+            with concurrent.futures.ProcessPoolExecutor(helpers, mp_context=context) as pool:
+                running: dict[concurrent.futures.Future, int] = {}
+
+                def top_up() -> None:
+                    while todo and len(running) < 2 * helpers:
+                        n = todo.popleft()
+                        running[pool.submit(fn, *tasks[n])] = n
+
                 top_up()
-            for future in concurrent.futures.as_completed(list(running)):
-                results[running.pop(future)] = future.result()
-    except TextError:
-        raise  # the front-end itself failed (a user tokenizer's error): the same in this process
-    except Exception as exc:  # a broken pool (e.g. a script without a __main__ guard) must not stop indexing
-        log.warning("parallel header reading failed (%s: %s); reading the rest in this process",
-                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-        helpers = 0
-        for n, chunk in enumerate(results):
-            if chunk is None:
-                results[n] = _work_items(str(root), chunks[n], text_spec)
-    return [item for chunk in results for item in (chunk or [])], helpers + 1
+                while todo:
+                    n = todo.pop()
+                    results[n], done[n] = fn(*tasks[n]), True
+                    for future in [f for f in running if f.done()]:
+                        m = running.pop(future)
+                        results[m], done[m] = future.result(), True
+                    top_up()
+                for future in concurrent.futures.as_completed(list(running)):
+                    m = running.pop(future)
+                    results[m], done[m] = future.result(), True
+        except TextError:
+            raise
+        except Exception as exc:  # any failure of the pool itself; the work is redone here
+            log.warning("parallel %s failed (%s: %s); doing the rest in this process", what,
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            helpers = 0
+    for n, finished in enumerate(done):
+        if not finished:
+            results[n] = fn(*tasks[n])
+    return results, max(helpers, 0) + 1
 
 
 def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | None = None,
@@ -845,43 +859,8 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
 def _run_chunks(path: Path, ranges: list[tuple[int, int, int]], workers: int, data: DataConfig,
                 features: FeaturesConfig, text: TextConfig) -> tuple[list[dict[str, Any] | None], int]:
     """:func:`_manifest_chunk` of every piece, in ``workers`` processes (this one included), in order."""
-    args = (data, features, text)
-    results: list[dict[str, Any] | None] = [None] * len(ranges)
-    done = [False] * len(ranges)
-    helpers = min(workers - 1, len(ranges) - 1)
-    if helpers > 0:
-        todo = collections.deque(range(len(ranges)))
-        context = multiprocessing.get_context("spawn")  # never forked: the caller may have imported TensorFlow
-        try:
-            with concurrent.futures.ProcessPoolExecutor(helpers, mp_context=context) as pool:
-                running: dict[concurrent.futures.Future, int] = {}
-
-                def top_up() -> None:
-                    while todo and len(running) < 2 * helpers:
-                        n = todo.popleft()
-                        running[pool.submit(_manifest_chunk, str(path), *ranges[n], *args)] = n
-
-                top_up()
-                while todo:  # this process works from the back while the helpers work from the front
-                    n = todo.pop()
-                    results[n], done[n] = _manifest_chunk(str(path), *ranges[n], *args), True
-                    for future in [f for f in running if f.done()]:
-                        m = running.pop(future)
-                        results[m], done[m] = future.result(), True
-                    top_up()
-                for future in concurrent.futures.as_completed(list(running)):
-                    m = running.pop(future)
-                    results[m], done[m] = future.result(), True
-        except TextError:
-            raise  # the front-end itself failed (a user tokenizer's error): the same in this process
-        except Exception as exc:  # a broken pool (e.g. a script without a __main__ guard) must not stop indexing
-            log.warning("parallel manifest indexing failed (%s: %s); indexing the rest in this process",
-                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-            helpers = 0
-    for n, finished in enumerate(done):
-        if not finished:
-            results[n] = _manifest_chunk(str(path), *ranges[n], *args)
-    return results, max(helpers, 0) + 1
+    tasks = [(str(path), *piece, data, features, text) for piece in ranges]
+    return _shared_work(_manifest_chunk, tasks, workers - 1, "manifest indexing")
 
 
 def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
