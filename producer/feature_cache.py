@@ -120,17 +120,53 @@ def _name_crc(name: str) -> int:
     return zlib.crc32(name.encode("utf-8", "surrogateescape"))
 
 
-class FeatureCache:
-    """Entries of one (features config, dataset) pair under ``directory/<key>/``."""
+class _Entries:
+    """What the log-mel and the model caches share: a directory of entries, made with its
+    config.json (``about``: what the entries were made with) at the first write, and writes that
+    stop, logged once, when the disk refuses them (the run goes on computing)."""
 
-    def __init__(self, directory: str | Path, features: FeaturesConfig, root: Path,
-                 transforms: dict[str, Any] | None = None) -> None:
-        self.features = features
-        self.dir = Path(directory) / cache_dir_name(features, root, transforms)
-        self._key = cache_key(features, root, transforms)
+    what = "cache"  # named in the log line
+
+    def __init__(self, directory: Path, about: dict[str, Any]) -> None:
+        self.dir = directory
+        self._about = about
         self._ready = False
         self._writable = True
         self.counts = CacheCounts()
+
+    def _store(self, path: Path, data: bytes) -> bool:
+        """Write one entry; False when the disk refuses (or refused before)."""
+        if not self._writable:
+            return False
+        try:
+            if not self._ready:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                about = self.dir / "config.json"
+                if not about.exists():
+                    write_atomic(about, json.dumps(self._about, indent=1, sort_keys=True))
+                self._ready = True
+            write_atomic(path, data)
+        except OSError as exc:
+            self.counts.write_errors += 1
+            self._writable = False
+            log.warning("cannot write the %s in %s (%s); computing without storing from now on", self.what,
+                        self.dir, exc.strerror or exc)
+            return False
+        self.counts.written += 1
+        return True
+
+
+class FeatureCache(_Entries):
+    """Entries of one (features config, dataset) pair under ``directory/<key>/``."""
+
+    what = "feature cache"
+
+    def __init__(self, directory: str | Path, features: FeaturesConfig, root: Path,
+                 transforms: dict[str, Any] | None = None) -> None:
+        super().__init__(Path(directory) / cache_dir_name(features, root, transforms),
+                         {**cache_key(features, root, transforms),
+                          "entries": f"<id>{ENTRY_SUFFIX}, see producer/feature_cache.py"})
+        self.features = features
 
     def __repr__(self) -> str:
         return f"FeatureCache({str(self.dir)!r})"
@@ -182,14 +218,6 @@ class FeatureCache:
         return "", False, dequantize(lo, step, codes)
 
     # ------------------------------------------------------------------ writing
-    def _prepare(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        about = self.dir / "config.json"
-        if not about.exists():
-            about_text = {**self._key, "entries": f"<id>{ENTRY_SUFFIX}, see producer/feature_cache.py"}
-            write_atomic(about, json.dumps(about_text, indent=1, sort_keys=True))
-        self._ready = True
-
     def put(self, sample_id: str, audio_name: str, audio_size: int, audio_mtime_ns: int, mel: np.ndarray) -> bool:
         """Store one clip's log-mel [T, n_mels]; False (logged once) if the disk refuses."""
         if not self._writable:
@@ -199,19 +227,7 @@ class FeatureCache:
         header = _HEADER.pack(MAGIC, frames, n_mels, _name_crc(audio_name), lo, step, audio_size, audio_mtime_ns, 0)
         payload = codes.tobytes()
         crc = zlib.crc32(payload, zlib.crc32(header[:-4]))
-        header = header[:-4] + struct.pack("<I", crc)
-        try:
-            if not self._ready:
-                self._prepare()
-            write_atomic(self.path(sample_id), header + payload)
-        except OSError as exc:
-            self.counts.write_errors += 1
-            self._writable = False
-            log.warning("cannot write the feature cache in %s (%s); computing without storing from now on",
-                        self.dir, exc.strerror or exc)
-            return False
-        self.counts.written += 1
-        return True
+        return self._store(self.path(sample_id), header[:-4] + struct.pack("<I", crc) + payload)
 
 
 # A producer model's outputs for one clip (producer/models.py): a header, then the clip's valid
@@ -221,21 +237,19 @@ MODEL_SUFFIX = ".out"
 _MODEL_HEADER = struct.Struct("<8sIQqI")
 
 
-class ModelCache:
+class ModelCache(_Entries):
     """A producer model's outputs per clip, beside the log-mels: ``directory/<mel key>/models/<key>/<id>.out``,
     ``key`` a hash of the model's spec and version (its source and weights: producer/models.py)
     and the fields it may return. One entry: magic "STKOUT01" | name_crc u32 | audio_size u64 |
     audio_mtime_ns i64 | crc32 u32 (over the header fields and payload), then the payload. Checked
     as the log-mels are: another audio file is stale, a failed check corrupt, both recomputed."""
 
+    what = "model cache"
+
     def __init__(self, cache: FeatureCache, spec: str, version: str, fields: str) -> None:
         key = {"model": spec, "version": version, "fields": fields}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        self.dir = cache.dir / "models" / digest
-        self._key = key
-        self._ready = False
-        self._writable = True
-        self.counts = CacheCounts()
+        super().__init__(cache.dir / "models" / digest, key)
 
     def path(self, sample_id: str) -> Path:
         return self.dir / f"{sample_id}{MODEL_SUFFIX}"
@@ -281,17 +295,4 @@ class ModelCache:
         payload = buffer.getvalue()
         header = _MODEL_HEADER.pack(MODEL_MAGIC, _name_crc(audio_name), audio_size, audio_mtime_ns, 0)
         crc = zlib.crc32(payload, zlib.crc32(header[:-4]))
-        try:
-            if not self._ready:
-                self.dir.mkdir(parents=True, exist_ok=True)
-                write_atomic(self.dir / "config.json", json.dumps(self._key, indent=1, sort_keys=True))
-                self._ready = True
-            write_atomic(self.path(sample_id), header[:-4] + struct.pack("<I", crc) + payload)
-        except OSError as exc:
-            self.counts.write_errors += 1
-            self._writable = False
-            log.warning("cannot write the model cache in %s (%s); computing without storing from now on",
-                        self.dir, exc.strerror or exc)
-            return False
-        self.counts.written += 1
-        return True
+        return self._store(self.path(sample_id), header[:-4] + struct.pack("<I", crc) + payload)
