@@ -165,8 +165,8 @@ class BatchMaker:
             seconds = len(clip.audio) / self.features.sample_rate_hz
             if duration_s is not None and abs(seconds - duration_s) > DURATION_TOLERANCE_S:
                 raise AudioError(f"audio of {seconds:.3f} s where the index says {duration_s:.3f} s: "
-                                 f"{shown(relative_audio(sample_id, name))} (a wrong duration in the manifest, or the file "
-                                 "changed since indexing)")
+                                 f"{shown(relative_audio(sample_id, name))} (a wrong duration in the manifest, or the "
+                                 "file changed since indexing)")
             if self.chain is not None:
                 done = self.chain(clip.audio, self._text(sample_id), sample_id, speaker, language,
                                   {"file": name})

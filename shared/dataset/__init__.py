@@ -90,8 +90,8 @@ from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_
 from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SIZES, RiffFacts,
                                   expected_samples, libsndfile_message, probe_audio, riff_facts, riff_problem)
 from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, HASH_CHUNK_BYTES, Reference,
-                                      audio_fingerprint, check_agreement, deferred, describe_copy, file_sizes,
-                                      fingerprints, is_deferred, metadata_fingerprint, metadata_sha256,
+                                      audio_fingerprint, check_agreement, deferred, describe_copy, file_sha256,
+                                      file_sizes, fingerprints, is_deferred, metadata_fingerprint, metadata_sha256,
                                       scan_dataset, scan_from, shards_sha256, size_problem)
 from ..dataset.table import NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, pack_strings
 from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
@@ -113,7 +113,7 @@ __all__ = [
     "RIFF_UNKNOWN_SIZES", "Reference", "RiffFacts", "SECTION_ALIGN", "STRING_COLUMNS", "Sample", "SampleTable",
     "TEXT_S", "TextKey", "UNITS_FIELDS", "UNMEASURED", "WAV_HEADER_S", "audio_fingerprint", "audio_path",
     "build_index", "check_agreement", "columns_of", "deferred", "describe_copy", "expected_samples",
-    "feature_cache_dir", "file_sizes", "fingerprints", "index_cache_file", "index_config", "index_key",
+    "feature_cache_dir", "file_sha256", "file_sizes", "fingerprints", "index_cache_file", "index_config", "index_key",
     "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
     "metadata_fingerprint", "metadata_sha256", "open_index", "pack_index", "pack_strings", "probe_audio",
     "read_cache", "read_metadata", "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root",

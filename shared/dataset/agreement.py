@@ -20,7 +20,7 @@ from ..dataset.types import AudioFile, DatasetError
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_shards
 from ..mixes import is_mix, parse_entries
 
-# A metadata file is hashed this much at a time, so that a producer never holds it whole.
+# A metadata file is hashed this much at a time, so that neither a producer nor a warm load holds it whole.
 HASH_CHUNK_BYTES = 8 << 20
 
 
@@ -120,17 +120,23 @@ def metadata_sha256(root: Path, metadata_file: str = "metadata.csv") -> str:
         return shards_sha256(root, metadata_file)
     if is_mix(metadata_file):
         return hashlib.sha256(read_metadata_bytes(root, metadata_file)).hexdigest()
-    digest = hashlib.sha256()
     where = metadata_location(root, metadata_file)  # a manifest at a URL is read through storage.py
     try:
-        with open_file(where) as f:
-            while chunk := f.read(HASH_CHUNK_BYTES):
-                digest.update(chunk)
+        return file_sha256(where)
     except OSError as exc:  # StorageError too: a read at a URL that failed after its retries
         if is_url(where):
             raise DatasetError(f"{shown(where)} not found" if isinstance(exc, FileNotFoundError)
                                else f"cannot read {shown(where)}: {shown(str(exc))}") from None
         raise metadata_error(Path(where), exc) from None
+
+
+def file_sha256(where: str) -> str:
+    """SHA-256 (hex) of a file here or at a URL, read a piece at a time (never held whole);
+    OSError (StorageError at a URL) when it cannot be read."""
+    digest = hashlib.sha256()
+    with open_file(where) as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import msgpack
 import numpy as np
 from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.agreement import FINGERPRINT_HEX, DatasetScan, fingerprints, scan_dataset, scan_from
+from ..dataset.agreement import FINGERPRINT_HEX, DatasetScan, file_sha256, fingerprints, scan_dataset, scan_from
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of,
                                   index_cache_file, index_config, index_key, index_key_of, open_index, pack_index,
                                   read_cache, rejections_of, write_cache)
@@ -34,7 +34,7 @@ from ..dataset.files import (UNMEASURED, list_audio, locate, metadata_location, 
                              resolve_audio)
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.shards import is_locator, probe_member, read_shards, remote_stat
-from ..dataset.storage import COUNTS, is_url, open_file
+from ..dataset.storage import COUNTS, is_url
 from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, parse_manifest
@@ -79,10 +79,6 @@ PHONEMES_S = 400e-6  # one sentence through espeak-ng
 # Headers per task handed to a worker: large enough to amortise the task overhead,
 # small enough that the last tasks balance the load.
 CHUNK_ITEMS = 1000
-
-
-# A manifest is hashed this much at a time, so that a warm load never holds it whole.
-MANIFEST_CHUNK_BYTES = 8 << 20
 
 
 # Texts through the phonemizer cost ~8x a header: smaller chunks, so the last ones still balance.
@@ -387,14 +383,10 @@ def _sha256_of(path: str) -> str:
     """A manifest's SHA-256 (hex), here or at a URL, read a piece at a time; "" when it cannot be
     read (the build says why). With the config, it is the digest the manifest's cache is found by
     (:func:`_manifest_hit`)."""
-    digest = hashlib.sha256()
     try:
-        with open_file(path) as f:
-            while chunk := f.read(MANIFEST_CHUNK_BYTES):
-                digest.update(chunk)
+        return file_sha256(path)
     except OSError:
         return ""
-    return digest.hexdigest()
 
 
 def _size(path: Path) -> int:
