@@ -32,14 +32,16 @@ CHECKPOINT_LINE = r"checkpoint at step (\d+) saved"
 
 
 def crash(run: RunProcess) -> None:
-    """SIGKILL every process of the run, the consumer first: none can save or clean up."""
+    """SIGKILL every process of the run, all stopped first (SIGSTOP): none can save, clean up or,
+    as the launcher does when its consumer dies, write the summary from the run's files."""
     run.remember_children()
-    procs = sorted(run.descendants.values(), key=lambda p: "consumer" not in " ".join(p.cmdline()))
-    for p in [*procs, psutil.Process(run.proc.pid)]:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+    procs = [*run.descendants.values(), psutil.Process(run.proc.pid)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
     run.wait(timeout=10)
     gone, alive = psutil.wait_procs(list(run.descendants.values()), timeout=5)
     assert not alive, f"survivors: {alive}"
