@@ -58,6 +58,7 @@ class SampleTable(Sequence[Sample]):
         self._len = len(rows) if rows is not None else len(self._numbers["num_frames"])
         self._id_rows: tuple[np.ndarray, np.ndarray] | None = None  # (sorted id hashes, their rows)
         self._ids: list[str] | None = None
+        self._id_order: np.ndarray | None = None  # rows by clip id (id_order)
 
     @classmethod
     def from_samples(cls, samples: Iterable[Sample]) -> "SampleTable":
@@ -169,6 +170,19 @@ class SampleTable(Sequence[Sample]):
             has = np.flatnonzero(lengths > k)
             keys[has, k] = raw[starts[has] + k]
         return keys.view(f"S{width}").ravel()
+
+    def id_order(self) -> np.ndarray:
+        """The rows ordered by clip id (Python's str order), as int64: made once and kept. The
+        planner's canonical order, so that a plan does not depend on the metadata's line order."""
+        if self._id_order is None:
+            keys = self.id_keys()
+            if keys is not None:  # ASCII: bytes order is str order, a sort in C
+                order = np.argsort(keys, kind="stable")
+            else:
+                ids = self.ids()
+                order = np.array(sorted(range(len(ids)), key=ids.__getitem__), np.int64)
+            self._id_order = order.astype(np.int64, copy=False)
+        return self._id_order
 
     def row_of(self, sample_id: str) -> int:
         """The row of a clip id; KeyError when the table has none."""
