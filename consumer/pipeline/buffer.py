@@ -43,6 +43,7 @@ class QueuedBatch:
     frames: int = 0  # valid mel frames of its rows
     frames_computed: int = 0  # frames the step computes: B x T, padding included
     staged: bool = False
+    clips: list[int] | None = None  # the ids' rows in the planner's table (None: a validation batch, or unknown)
 
 
 class BatchQueue:

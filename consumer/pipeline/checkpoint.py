@@ -97,6 +97,10 @@ def checkpoint_name(step: int) -> str:
 PLAN_CLIPS_LISTED = 200_000
 
 
+# The plan's digest reads the ids of this many clips at a time (a few tens of MB of bytes).
+DIGEST_CLIPS = 1 << 20
+
+
 def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, Any]:
     """What makes two runs' epoch plans equal: batching config and the buckets' shapes and ids."""
     digest = hashlib.sha256()
@@ -106,7 +110,10 @@ def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, 
     digest.update(json.dumps([cfg.batch_size, cfg.seed, *workers], separators=(",", ":")).encode())
     for bucket in planner.buckets:
         digest.update(f"\n{bucket.index}\t{bucket.rows}\t{bucket.max_tokens}\t{bucket.max_frames}\t".encode())
-        digest.update("\t".join(bucket.sample_ids).encode("utf-8"))
+        for first in range(0, len(bucket.members), DIGEST_CLIPS):  # "\t".join of its ids, in pieces
+            if first:
+                digest.update(b"\t")
+            digest.update(planner.table.joined("id", bucket.members[first:first + DIGEST_CLIPS], b"\t"))
     return {"fingerprint": digest.hexdigest(), "dataset_fingerprint": dataset_fingerprint,
             "batching": dataclasses.asdict(cfg), "batches_per_epoch": planner.batches_per_epoch,
             "samples_per_epoch": planner.samples_per_epoch,

@@ -168,7 +168,7 @@ class PreparedRun:
         self.cfg = cfg
         self.val_samples: list[Sample] = []
         if hold_out:
-            train, self.val_samples, self.eval_rejected = validation.hold_out(index, cfg, run_dir)
+            train, self.val_samples, self.eval_rejected = validation.hold_out(index, cfg, run_dir, resume)
         else:
             train, self.eval_rejected = index.samples, []
         self.train_samples = train
@@ -468,7 +468,8 @@ class FeedCore:
             with self._lock:
                 if self.ledger.hand(item, depth, asked, time.monotonic()):  # not a batch handed out again
                     self.handed_steps += 1
-                    self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
+                    self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None,
+                                       item.clips)
                     self._update_epochs()
             yield item
             if self.stop.is_set() and not self.handed_all(epoch):
@@ -523,7 +524,7 @@ class FeedCore:
                "producer": item.producer, "frames": item.frames, "frames_computed": item.frames_computed}
         if self.samples_log is not None:
             self.samples_log.write({"step": self.step, "epoch": item.epoch, "ids": item.ids})
-        self.position.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None)
+        self.position.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None, item.clips)
         self._update_epochs()
         self._pending.append((row, handle))
         self.telemetry.on_step(row)
@@ -611,8 +612,10 @@ class FeedCore:
     def _plan_order(self) -> Iterator[tuple[int, int]]:
         epoch = self.handed.first_open()
         while self.epochs is None or epoch < self.epochs:
-            for batch in self.handed.remaining(self.planner.plan(epoch)):
-                yield batch.epoch, batch.index
+            plan = self.planner.plan(epoch)
+            for index in range(len(plan)):  # the plan's batches made one at a time
+                if not self.handed.is_done(epoch, index):
+                    yield epoch, index
             epoch += 1
 
     def _waiting(self, since: float, last_warn: float, what: str) -> float:

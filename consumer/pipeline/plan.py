@@ -49,11 +49,11 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, overload
 
 import numpy as np
 
-from stoker.consumer.pipeline.shard_order import grouped_chunks, shard_indices
+from stoker.consumer.pipeline.shard_order import gather_batches, grouped_batches, shard_numbers
 from stoker.shared.batch import batch_dims
 from stoker.shared.config import BatchingConfig, Config, batch_schema
 from stoker.shared.dataset import Sample, SampleTable
@@ -68,17 +68,30 @@ def round_up(value: Any, multiple: int) -> Any:
     return -(-value // multiple) * multiple
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Bucket:
     index: int
     max_tokens: int  # L: padded token length of this bucket's batches
     max_frames: int  # T: padded mel length of this bucket's batches
-    sample_ids: tuple[str, ...]
+    members: np.ndarray  # its clips: rows of ``table``, ordered by (mel frames, id)
     rows: int  # B: rows of this bucket's batches
+    table: SampleTable = field(repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
         return (self.rows, self.max_tokens, self.max_frames)
+
+    @property
+    def sample_ids(self) -> tuple[str, ...]:
+        """Its clips' ids, in member order (decoded on each call: for small plans and messages)."""
+        return tuple(self.table.strings("id", self.members))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Bucket):
+            return NotImplemented
+        return (self.index, self.shape) == (other.index, other.shape) and self.sample_ids == other.sample_ids
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, like the tuple of ids it replaced
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,10 @@ class PlannedBatch:
     ids: tuple[str, ...]
     shape: tuple[int, int]  # (L, T)
     rows: int  # B: the batch's rows (ids fill the first len(ids); more only with fixed rows)
+    # Each id's row in the table its tokens come from (the planner's; a validation pass's own
+    # table for its batches); () where unknown: looked up by id (SampleTable.find_rows). A
+    # handle, not part of what the batch is: two batches of the same ids are equal.
+    clips: tuple[int, ...] = field(default=(), compare=False)
 
 
 def rows_for(max_frames: int, cfg: BatchingConfig, replicas: int = 1) -> int:
@@ -149,42 +166,43 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
     return bounds[::-1]
 
 
+def as_table(samples: Sequence[Sample]) -> SampleTable:
+    """``samples`` as a SampleTable (a list of Samples is put in columns; a table is itself)."""
+    return samples if isinstance(samples, SampleTable) else SampleTable.from_samples(samples)
+
+
 def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
     """Group samples into at most ``cfg.num_buckets`` shape buckets by mel length; a batch of
     a bucket has rows for ``replicas`` replica batches. Every bucket but the last holds a
     multiple of its rows (:func:`fill_buckets`). From the columns of a SampleTable: no
     Sample is made."""
-    ids, frames, tokens = _lengths(samples)
-    groups = _groups(ids, frames, cfg, replicas, samples.id_keys() if isinstance(samples, SampleTable) else None)
-    return _fill([(_bucket(n, g, frames, tokens, cfg, replicas), g) for n, g in enumerate(groups)], ids, frames,
-                 tokens, cfg, replicas)
+    table = as_table(samples)
+    frames, tokens = _lengths(table)
+    pairs = [(_bucket(table, n, g, frames, tokens, cfg, replicas), g)
+             for n, g in enumerate(_groups(table, frames, cfg, replicas))]
+    return _fill(table, pairs, frames, tokens, cfg, replicas)
 
 
-def _lengths(samples: Sequence[Sample]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(ids, mel frames, tokens) of the samples: a table's columns, or the Samples' fields."""
-    if isinstance(samples, SampleTable):
-        return (samples.ids(), samples.column("num_frames").astype(np.int64),
-                samples.column("num_tokens").astype(np.int64))
-    return ([s.id for s in samples], np.fromiter((s.num_frames for s in samples), np.int64, len(samples)),
-            np.fromiter((s.num_tokens for s in samples), np.int64, len(samples)))
+def _lengths(table: SampleTable) -> tuple[np.ndarray, np.ndarray]:
+    """(mel frames, tokens) of every clip of the table."""
+    return table.column("num_frames").astype(np.int64), table.column("num_tokens").astype(np.int64)
 
 
-def _by_length(ids: list[str], frames: np.ndarray, keys: np.ndarray | None = None) -> np.ndarray:
-    """The positions of the samples ordered by (mel frames, id); ``keys``: the ids as ASCII
-    bytes (SampleTable.id_keys), when the caller has them."""
-    if keys is not None:
-        return np.lexsort((keys, frames))
-    if all(i.isascii() for i in ids):  # bytes order is str order: a sort in C
-        return np.lexsort((np.array([i.encode() for i in ids], dtype=bytes), frames))
-    return np.array(sorted(range(len(ids)), key=lambda n: (int(frames[n]), ids[n])), np.int64)
+def _by_length(table: SampleTable, frames: np.ndarray) -> np.ndarray:
+    """The rows ordered by (mel frames, id): the table's id order, then a stable sort by
+    frames (a radix sort in C when they fit 16 bits)."""
+    order = table.id_order()
+    keys = frames[order]
+    if len(keys) and keys.max() < 1 << 16:
+        keys = keys.astype(np.uint16)
+    return order[np.argsort(keys, kind="stable")]
 
 
-def _groups(ids: list[str], frames: np.ndarray, cfg: BatchingConfig, replicas: int,
-            keys: np.ndarray | None = None) -> list[np.ndarray]:
-    """The positions of each bucket's samples by mel length alone, ordered by (frames, id)."""
-    if not ids:
+def _groups(table: SampleTable, frames: np.ndarray, cfg: BatchingConfig, replicas: int) -> list[np.ndarray]:
+    """The rows of each bucket's clips by mel length alone, ordered by (frames, id)."""
+    if not len(table):
         return []
-    ordered = _by_length(ids, frames, keys)
+    ordered = _by_length(table, frames)
     if cfg.max_frames > 0:
         sorted_frames = frames[ordered]
         bounds = frame_budget_bounds(sorted_frames, cfg, replicas)
@@ -193,40 +211,40 @@ def _groups(ids: list[str], frames: np.ndarray, cfg: BatchingConfig, replicas: i
     return [g for g in np.array_split(ordered, min(cfg.num_buckets, len(ordered))) if len(g)]
 
 
-def _bucket(index: int, members: np.ndarray, frames: np.ndarray, tokens: np.ndarray, cfg: BatchingConfig,
-            replicas: int, ids: list[str] | None = None) -> Bucket:
-    """The bucket of the samples at ``members`` (their ids only when ``ids`` is given)."""
+def _bucket(table: SampleTable, index: int, members: np.ndarray, frames: np.ndarray, tokens: np.ndarray,
+            cfg: BatchingConfig, replicas: int) -> Bucket:
+    """The bucket of the clips at rows ``members``."""
     longest = round_up(int(frames[members].max()), cfg.frames_multiple)
     return Bucket(index=index, max_tokens=round_up(int(tokens[members].max()), cfg.tokens_multiple),
-                  max_frames=longest, sample_ids=tuple(ids[j] for j in members.tolist()) if ids is not None else (),
-                  rows=rows_for(longest, cfg, replicas))
+                  max_frames=longest, members=members, rows=rows_for(longest, cfg, replicas), table=table)
 
 
 def group_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
     """The buckets by mel length alone: equal counts (fixed rows) or the frame budget's
     bounds (:func:`frame_budget_bounds`); their leftover clips not yet moved."""
-    ids, frames, tokens = _lengths(samples)
-    return [_bucket(n, g, frames, tokens, cfg, replicas, ids) for n, g in enumerate(_groups(ids, frames, cfg,
-                                                                                             replicas))]
+    table = as_table(samples)
+    frames, tokens = _lengths(table)
+    return [_bucket(table, n, g, frames, tokens, cfg, replicas)
+            for n, g in enumerate(_groups(table, frames, cfg, replicas))]
 
 
-def fill_buckets(buckets: Sequence[Bucket], samples: Sequence[Sample], cfg: BatchingConfig,
-                 replicas: int = 1) -> list[Bucket]:
+def fill_buckets(buckets: Sequence[Bucket], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
     """Buckets of whole batches: from the shortest bucket up, the leftover clips of each
     (its count mod its rows, the longest of its clips) move into the next bucket. They are
     no longer than that bucket's clips, so its T and rows stay; its L is recomputed, and
     its T too when a bucket's longest clips left it (unless its rows would change). The
     last bucket keeps its leftover (the epoch's one batch with fewer clips than rows); a
     bucket left with no clip is dropped (the others renumbered)."""
-    ids, frames, tokens = _lengths(samples)
-    position = {sample_id: n for n, sample_id in enumerate(ids)}
-    pairs = [(b, np.array([position[i] for i in b.sample_ids], np.int64)) for b in buckets]
-    return _fill(pairs, ids, frames, tokens, cfg, replicas)
+    if not buckets:
+        return []
+    table = buckets[0].table
+    frames, tokens = _lengths(table)
+    return _fill(table, [(b, b.members) for b in buckets], frames, tokens, cfg, replicas)
 
 
-def _fill(pairs: Sequence[tuple[Bucket, np.ndarray]], ids: list[str], frames: np.ndarray, tokens: np.ndarray,
+def _fill(table: SampleTable, pairs: Sequence[tuple[Bucket, np.ndarray]], frames: np.ndarray, tokens: np.ndarray,
           cfg: BatchingConfig, replicas: int) -> list[Bucket]:
-    """:func:`fill_buckets` over each bucket's sample positions (ordered by mel length)."""
+    """:func:`fill_buckets` over each bucket's rows (ordered by mel length)."""
     out: list[Bucket] = []
     carried = np.zeros(0, np.int64)  # leftover clips of the buckets below, shortest first
     for n, (bucket, members) in enumerate(pairs):
@@ -235,7 +253,7 @@ def _fill(pairs: Sequence[tuple[Bucket, np.ndarray]], ids: list[str], frames: np
         members, carried = members[:keep], members[keep:]
         if not len(members):
             continue
-        made = _bucket(len(out), members, frames, tokens, cfg, replicas, ids)
+        made = _bucket(table, len(out), members, frames, tokens, cfg, replicas)
         frames_bound = made.max_frames if rows_for(made.max_frames, cfg, replicas) == bucket.rows \
             else bucket.max_frames
         out.append(replace(made, max_frames=frames_bound, rows=bucket.rows))
@@ -247,27 +265,109 @@ def _fill(pairs: Sequence[tuple[Bucket, np.ndarray]], ids: list[str], frames: np
 PLANS_KEPT = 2
 
 
+class EpochPlan(Sequence[PlannedBatch]):
+    """An epoch's planned batches in training order, held as arrays: the table rows of the
+    clips of one batch after another (``clips``), where each batch starts, and its bucket. A
+    :class:`PlannedBatch` is made only for the batch asked for, so a plan of ten million
+    clips costs a few bytes a clip, not a Python object each. With trainer workers, a batch
+    is this worker's share of the global batch (every W-th clip from the w-th on)."""
+
+    def __init__(self, planner: "EpochPlanner", epoch: int, clips: np.ndarray, sizes: np.ndarray,
+                 buckets: np.ndarray) -> None:
+        self.planner = planner
+        self.epoch = epoch
+        self.clips = clips
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.buckets = buckets
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    @overload
+    def __getitem__(self, i: int) -> PlannedBatch: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PlannedBatch]: ...
+
+    def __getitem__(self, i: int | slice) -> PlannedBatch | list[PlannedBatch]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        planner = self.planner
+        bucket = planner.buckets[int(self.buckets[i])]
+        clips = self.clips[self.starts[i]:self.starts[i + 1]]
+        rows = bucket.rows
+        if planner.workers > 1:
+            clips, rows = clips[planner.worker::planner.workers], rows // planner.workers
+        elif not planner.fixed_rows:
+            rows = len(clips)
+        return PlannedBatch(epoch=self.epoch, index=i, bucket=bucket.index,
+                            ids=tuple(planner.table.strings("id", clips)),
+                            shape=(bucket.max_tokens, bucket.max_frames), rows=rows, clips=tuple(clips.tolist()))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EpochPlan | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, like the list of batches it replaced
+
+    def __repr__(self) -> str:
+        return f"EpochPlan(epoch {self.epoch}, {len(self)} batches)"
+
+    def sizes(self) -> np.ndarray:
+        """The clips of each batch (this worker's share of them)."""
+        whole = np.diff(self.starts)
+        if self.planner.workers == 1:
+            return whole
+        workers, worker = self.planner.workers, self.planner.worker
+        return np.maximum(0, (whole - worker + workers - 1) // workers)
+
+    def homes(self) -> np.ndarray:
+        """Each table row's batch in this plan (-1: none, or another worker's share)."""
+        home = np.full(len(self.planner.table), -1, row_type(len(self)))
+        whole = np.diff(self.starts)
+        batch = np.repeat(np.arange(len(self), dtype=home.dtype), whole)
+        if self.planner.workers == 1:
+            home[self.clips] = batch
+        else:
+            place = np.arange(len(self.clips)) - np.repeat(self.starts[:-1], whole)
+            mine = place % self.planner.workers == self.planner.worker
+            home[self.clips[mine]] = batch[mine]
+        return home
+
+
+def row_type(count: int) -> type:
+    """The integer type for row numbers below ``count``: 4 bytes while they fit."""
+    return np.int32 if count < 1 << 31 else np.int64
+
+
 class EpochPlanner:
     """Deterministic epoch plans over fixed buckets; each batch is one step's, for
-    ``replicas`` model replicas, and (``workers`` > 1) worker ``worker``'s share of it."""
+    ``replicas`` model replicas, and (``workers`` > 1) worker ``worker``'s share of it.
+    Clips are rows of :attr:`table` throughout; their ids only in the batches made."""
 
     def __init__(self, samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1, workers: int = 1,
                  worker: int = 0) -> None:
         self.cfg = cfg
         self.replicas = replicas
         self.workers, self.worker = workers, worker
+        self.table = as_table(samples)
         # Batches split into equal parts (one per replica, per worker) keep their bucket's rows.
         self.fixed_rows = cfg.fixed_rows or replicas * workers > 1
-        self.buckets = make_buckets(samples, cfg, replicas * workers)
+        self.buckets = make_buckets(self.table, cfg, replicas * workers)
         # Clips of tar shards: batches grouped by shard (consumer/pipeline/shard_order.py).
-        self.shards = shard_indices(samples) if cfg.shard_window > 0 else None
+        self.shards = shard_numbers(self.table) if cfg.shard_window > 0 else None
         self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
-        self._plans: dict[int, list[PlannedBatch]] = {}  # the latest epochs planned (PLANS_KEPT)
-        self._homes: dict[int, tuple[dict[str, int], list[int]]] = {}  # of the latest epochs (PLANS_KEPT)
-        self.batches_per_epoch = sum(-(-len(b.sample_ids) // b.rows) for b in self.buckets)
+        self._plans: dict[int, EpochPlan] = {}  # the latest epochs planned (PLANS_KEPT)
+        self._homes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # of the latest epochs (PLANS_KEPT)
+        self.batches_per_epoch = sum(-(-len(b.members) // b.rows) for b in self.buckets)
         # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
         # an extra batch, so an epoch is complete when all its samples are trained or rejected.
-        self.samples_per_epoch = sum(len(b.sample_ids) for b in self.buckets)
+        self.samples_per_epoch = sum(len(b.members) for b in self.buckets)
 
     @property
     def shapes(self) -> list[tuple[int, int, int]]:
@@ -277,16 +377,32 @@ class EpochPlanner:
         shape too only when it has a full batch)."""
         if self.fixed_rows:
             return [(b.rows // self.workers, b.max_tokens, b.max_frames) for b in self.buckets]
-        shapes = [(b.rows, b.max_tokens, b.max_frames) for b in self.buckets if len(b.sample_ids) >= b.rows]
+        shapes = [(b.rows, b.max_tokens, b.max_frames) for b in self.buckets if len(b.members) >= b.rows]
         last = self.buckets[-1] if self.buckets else None
-        if last is not None and len(last.sample_ids) % last.rows:
-            shapes.append((len(last.sample_ids) % last.rows, last.max_tokens, last.max_frames))
+        if last is not None and len(last.members) % last.rows:
+            shapes.append((len(last.members) % last.rows, last.max_tokens, last.max_frames))
         return shapes
 
-    def with_ids(self, batch: PlannedBatch, ids: tuple[str, ...]) -> PlannedBatch:
-        """``batch`` holding ``ids`` (a part of it, or more clips of its bucket): B stays the
-        bucket's with fixed rows, else it is their count."""
-        return replace(batch, ids=ids, rows=batch.rows if self.fixed_rows else len(ids))
+    def with_ids(self, batch: PlannedBatch, ids: tuple[str, ...], *others: PlannedBatch) -> PlannedBatch:
+        """``batch`` holding ``ids`` (a part of it, or more clips of its bucket, from ``others``):
+        B stays the bucket's with fixed rows, else it is their count. Their rows are taken
+        from the batches they come from."""
+        known: dict[str, int] = {}
+        for source in (batch, *others):
+            if len(source.clips) == len(source.ids):
+                known.update(zip(source.ids, source.clips))
+        clips = tuple(known[i] for i in ids) if all(i in known for i in ids) else ()
+        return replace(batch, ids=ids, clips=clips, rows=batch.rows if self.fixed_rows else len(ids))
+
+    def clips_of(self, batch: PlannedBatch, ids: Sequence[str] | None = None) -> list[int]:
+        """The table rows of ``ids`` (default: the batch's), from the batch where it has them,
+        else looked up (-1 for an id the table lacks)."""
+        ids = batch.ids if ids is None else ids
+        if len(batch.clips) == len(batch.ids):
+            known = dict(zip(batch.ids, batch.clips))
+            if all(i in known for i in ids):
+                return [known[i] for i in ids]
+        return self.table.find_rows(list(ids))
 
     def bucket_rows(self, batch: PlannedBatch) -> int:
         """The most clips a batch of ``batch``'s bucket holds (this worker's share of them)."""
@@ -297,55 +413,53 @@ class EpochPlanner:
         if self.workers == 1:
             return self.samples_per_epoch
         if epoch not in self._shares:
-            self._shares[epoch] = sum(len(b.ids) for b in self.plan(epoch))
+            self._shares[epoch] = int(self.plan(epoch).sizes().sum())
         return self._shares[epoch]
 
-    def homes(self, epoch: int) -> tuple[dict[str, int], list[int]]:
-        """Each sample's planned batch in ``epoch`` (sample id -> index) and each batch's sample
-        count: made once per epoch and shared by every InputPosition (they are read only), so
-        a copy of a position costs its progress, not a map of every clip."""
+    def homes(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each table row's planned batch in ``epoch`` (its index, -1: none) and each batch's
+        sample count: made once per epoch and shared by every InputPosition (they are read
+        only), so a copy of a position costs its progress, not a map of every clip."""
         homes = self._homes.get(epoch)
         if homes is None:
             plan = self.plan(epoch)
-            homes = self._homes[epoch] = ({i: b.index for b in plan for i in b.ids}, [len(b.ids) for b in plan])
+            homes = self._homes[epoch] = (plan.homes(), plan.sizes())
             while len(self._homes) > PLANS_KEPT:
                 del self._homes[min(self._homes)]
         return homes
 
-    def plan(self, epoch: int) -> list[PlannedBatch]:
+    def plan(self, epoch: int) -> EpochPlan:
         """The epoch's batches in the order they are trained (``index``); with workers, this
         worker's share of each."""
         cached = self._plans.get(epoch)
         if cached is None:
-            batches = self._global_plan(epoch)
-            if self.workers > 1:
-                batches = [replace(b, ids=b.ids[self.worker::self.workers], rows=b.rows // self.workers)
-                           for b in batches]
-            cached = self._plans[epoch] = batches
+            cached = self._plans[epoch] = self._global_plan(epoch)
             while len(self._plans) > PLANS_KEPT:
                 del self._plans[min(self._plans)]
-        return list(cached)
+        return cached
 
-    def _global_plan(self, epoch: int) -> list[PlannedBatch]:
+    def _global_plan(self, epoch: int) -> EpochPlan:
         rng = np.random.default_rng([self.cfg.seed, epoch])
-        chunks: list[tuple[Bucket, tuple[str, ...]]] = []
+        kind = row_type(len(self.table))
+        if not self.buckets:
+            return EpochPlan(self, epoch, np.zeros(0, kind), np.zeros(0, np.int64), np.zeros(0, np.int64))
         if self.shards is not None:
-            chunks = [(self.buckets[n], ids) for n, ids in grouped_chunks(
-                [(b.rows, b.sample_ids) for b in self.buckets], self.shards, self.cfg.shard_window, rng)]
-            order = np.arange(len(chunks))  # already in training order
+            clips, sizes, positions = grouped_batches([(b.rows, b.members) for b in self.buckets], self.shards,
+                                                      self.cfg.shard_window, rng)
         else:
-            for bucket in self.buckets:
-                ids = list(bucket.sample_ids)
-                rng.shuffle(ids)
-                for start in range(0, len(ids), bucket.rows):
-                    chunks.append((bucket, tuple(ids[start:start + bucket.rows])))
-            order = rng.permutation(len(chunks))
-        return [
-            PlannedBatch(epoch=epoch, index=i, bucket=chunks[j][0].index, ids=chunks[j][1],
-                         shape=(chunks[j][0].max_tokens, chunks[j][0].max_frames),
-                         rows=chunks[j][0].rows if self.fixed_rows else len(chunks[j][1]))
-            for i, j in enumerate(order)
-        ]
+            parts, batch_sizes, bucket_of = [], [], []
+            for position, bucket in enumerate(self.buckets):
+                members = bucket.members.astype(kind)
+                rng.shuffle(members)
+                parts.append(members)
+                starts = np.arange(0, len(members), bucket.rows)
+                batch_sizes.append(np.minimum(bucket.rows, len(members) - starts))
+                bucket_of.append(np.full(len(starts), position, np.int64))
+            whole = np.concatenate(batch_sizes)
+            order = rng.permutation(len(whole))
+            clips = gather_batches(np.concatenate(parts), whole, order)
+            sizes, positions = whole[order], np.concatenate(bucket_of)[order]
+        return EpochPlan(self, epoch, clips.astype(kind, copy=False), sizes, positions)
 
 
 def validation_batches(samples: Sequence[Sample], planner: EpochPlanner) -> list[PlannedBatch]:
@@ -374,13 +488,15 @@ def validation_batches(samples: Sequence[Sample], planner: EpochPlanner) -> list
         groups[index] = [s for s in leftover if s.id in members]
         shapes[index] = (extra.max_tokens, extra.max_frames, extra.rows)
     batches: list[PlannedBatch] = []
+    row = {s.id: n for n, s in enumerate(samples)}  # their rows in a table of them (TokenTable(samples))
     for bucket_index in sorted(groups):
         tokens, frames, rows = shapes[bucket_index]
         ids = [s.id for s in groups[bucket_index]]
         for start in range(0, len(ids), rows):
             chunk = tuple(ids[start:start + rows])
             batches.append(PlannedBatch(epoch=0, index=len(batches), bucket=bucket_index, ids=chunk,
-                                        shape=(tokens, frames), rows=rows if planner.fixed_rows else len(chunk)))
+                                        shape=(tokens, frames), rows=rows if planner.fixed_rows else len(chunk),
+                                        clips=tuple(row[i] for i in chunk)))
     return batches
 
 
@@ -442,29 +558,26 @@ class PositionError(UserError):
 
 @dataclass
 class _EpochProgress:
-    home: dict[str, int]  # sample id -> index of its planned batch in this epoch's plan (the planner's, shared)
-    sizes: list[int]  # samples of each planned batch (shared too)
+    home: np.ndarray  # table row -> index of its planned batch in this epoch's plan, -1: none (the planner's, shared)
+    sizes: np.ndarray  # samples of each planned batch (shared too)
     done: set[int] = field(default_factory=set)
-    partial: dict[int, set[str]] = field(default_factory=dict)  # planned index -> ids trained so far
+    partial: dict[int, set[int]] = field(default_factory=dict)  # planned index -> rows trained so far
 
-    def add(self, sample_id: str) -> bool:
-        index = self.home.get(sample_id)
-        if index is None or index in self.done:
+    def add(self, row: int) -> bool:
+        index = int(self.home[row]) if 0 <= row < len(self.home) else -1
+        if index < 0 or index in self.done:
             return False
         got = self.partial.setdefault(index, set())
-        if sample_id in got:
+        if row in got:
             return False
-        got.add(sample_id)
+        got.add(row)
         if len(got) == self.sizes[index]:
             self.done.add(index)
             del self.partial[index]
         return True
 
     def trained(self) -> int:
-        return sum(self.sizes[i] for i in self.done) + sum(len(ids) for ids in self.partial.values())
-
-    def trained_ids(self) -> set[str]:
-        return {i for i, index in self.home.items() if index in self.done}.union(*self.partial.values())
+        return int(sum(int(self.sizes[i]) for i in self.done) + sum(len(rows) for rows in self.partial.values()))
 
 
 class InputPosition:
@@ -498,8 +611,10 @@ class InputPosition:
             progress = self._epochs[epoch] = _EpochProgress(home, sizes)
         return progress
 
-    def record(self, epoch: int, ids: Iterable[str], index: int | None = None) -> None:
-        """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned).
+    def record(self, epoch: int, ids: Sequence[str], index: int | None = None,
+               clips: Sequence[int] | None = None) -> None:
+        """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned);
+        ``clips``: their table rows, where the caller has them (else looked up by id).
         ``index``: the planned batch they are, taken whole (trainer workers step through the
         plan in order, a step per planned batch): it is done, however many samples it had."""
         progress = self._progress(epoch)
@@ -507,7 +622,8 @@ class InputPosition:
             progress.done.add(index)
             progress.partial.pop(index, None)
         else:
-            strays = [i for i in ids if not progress.add(i)]
+            rows = clips if clips is not None and len(clips) == len(ids) else self.planner.table.find_rows(list(ids))
+            strays = [i for i, row in zip(ids, rows) if not progress.add(row)]
             if strays:
                 log.warning("epoch %d: %d trained samples are not in its plan or were trained before: %s", epoch,
                             len(strays), strays[:5])
@@ -528,29 +644,30 @@ class InputPosition:
         progress = self._epochs.get(epoch)
         return set(progress.done) if progress is not None else set()
 
-    def remaining(self, batches: list[PlannedBatch]) -> list[PlannedBatch]:
+    def remaining(self, batches: Iterable[PlannedBatch]) -> list[PlannedBatch]:
         """The part of an epoch's plan still to train: done planned batches left out, partly
         trained ones cut to their untrained samples (same index, bucket and shape)."""
-        if not batches:
-            return []
-        epoch = batches[0].epoch
-        if epoch in self.complete:
-            return []
+        return [left for left in map(self.left_of, batches) if left is not None]
+
+    def is_done(self, epoch: int, index: int) -> bool:
+        """Whether planned batch ``index`` of ``epoch`` was trained whole."""
         progress = self._epochs.get(epoch)
-        if progress is None:
-            return list(batches)
-        left = []
-        for batch in batches:
-            if batch.index in progress.done:
-                continue
-            if not batch.ids:  # a worker's empty share of a global batch: its step is still to take
-                left.append(batch)
-                continue
-            trained = progress.partial.get(batch.index, set())
-            ids = tuple(i for i in batch.ids if i not in trained)
-            if ids:
-                left.append(batch if len(ids) == len(batch.ids) else self.planner.with_ids(batch, ids))
-        return left
+        return epoch in self.complete or (progress is not None and index in progress.done)
+
+    def left_of(self, batch: PlannedBatch) -> PlannedBatch | None:
+        """What is still to train of a planned batch: itself, its untrained samples (same
+        index, bucket and shape), or None when it was trained."""
+        if self.is_done(batch.epoch, batch.index):
+            return None
+        progress = self._epochs.get(batch.epoch)
+        trained = progress.partial.get(batch.index) if progress is not None else None
+        if not trained or not batch.ids:  # an empty share of a global batch: its step is still to take
+            return batch
+        rows = self.planner.clips_of(batch)
+        ids = tuple(i for i, row in zip(batch.ids, rows) if row not in trained)
+        if not ids:
+            return None
+        return batch if len(ids) == len(batch.ids) else self.planner.with_ids(batch, ids)
 
     def state_dict(self) -> dict[str, Any]:
         below = self.first_open()
@@ -558,7 +675,8 @@ class InputPosition:
             "complete_below": below,
             "complete": sorted(e for e in self.complete if e > below),
             "open": {str(e): {"done": sorted(p.done),
-                              "ids": sorted(i for ids in p.partial.values() for i in ids)}
+                              "ids": sorted(self.planner.table.strings(
+                                  "id", sorted(row for rows in p.partial.values() for row in rows)))}
                      for e, p in sorted(self._epochs.items()) if e not in self.complete},
         }
 
@@ -577,10 +695,11 @@ class InputPosition:
                     if not 0 <= index < len(progress.sizes):
                         raise ValueError(f"epoch {epoch} has no planned batch {index}")
                     progress.done.add(index)
-                for sample_id in entry["ids"]:
-                    if sample_id not in progress.home:
+                ids = [str(i) for i in entry["ids"]]
+                for sample_id, row in zip(ids, planner.table.find_rows(ids) if ids else []):
+                    if row < 0 or progress.home[row] < 0:
                         raise ValueError(f"sample {sample_id!r} is not in the plan of epoch {epoch}")
-                    progress.add(sample_id)
+                    progress.add(row)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PositionError(f"the input position does not fit this run's epoch plan ({exc})") from None
         return position
@@ -621,29 +740,31 @@ class ReferenceTable:
 
     def __init__(self, samples: Sequence[Sample], seed: int) -> None:
         self.seed = seed
-        table = samples if isinstance(samples, SampleTable) else SampleTable.from_samples(samples)
-        self._table = table
-        ids = table.ids()
-        speaker = table.column("speaker")
+        table = self._table = as_table(samples)
+        count = len(table)
+        speaker = self._speaker = table.column("speaker")  # read once: a view's column is a copy
         # Each speaker's clips ordered by id, as positions in the table; each clip's rank among them.
-        order = np.array(sorted(range(len(ids)), key=ids.__getitem__), np.int64)
+        order = table.id_order()
         order = order[np.argsort(speaker[order], kind="stable")]
         starts = np.searchsorted(speaker[order], np.arange(len(table.speakers) + 1))
         self._clips = order
         self._start = starts  # the clips of speaker code c: order[starts[c]:starts[c + 1]]
-        self._rank = np.empty(len(ids), np.int64)
-        self._rank[order] = np.arange(len(ids)) - starts[speaker[order]]
+        self._rank = np.empty(count, np.int64)
+        self._rank[order] = np.arange(count) - starts[speaker[order]]
         alone = [table.speakers[c] for c in range(len(table.speakers)) if starts[c + 1] - starts[c] == 1]
         if alone:
             log.info("ref_mel: %d speaker(s) have one clip, which is its own reference (%s)", len(alone),
                      ", ".join(alone[:5]))
 
-    def __call__(self, epoch: int, ids: Sequence[str]) -> list[str]:
-        """The reference clip id of each of ``ids`` in ``epoch``."""
+    def __call__(self, epoch: int, ids: Sequence[str], clips: Sequence[int] | None = None) -> list[str]:
+        """The reference clip id of each of ``ids`` in ``epoch``; ``clips``: their table rows,
+        where the caller has them (else looked up)."""
         refs = []
-        speakers = self._table.column("speaker")
-        for sample_id in ids:
-            row = self._table.row_of(sample_id)
+        speakers = self._speaker
+        rows = clips if clips is not None and len(clips) == len(ids) else self._table.find_rows(list(ids))
+        for sample_id, row in zip(ids, rows):
+            if row < 0:
+                raise KeyError(sample_id)
             code = speakers[row]
             first, count = int(self._start[code]), int(self._start[code + 1] - self._start[code])
             if count == 1:
@@ -666,17 +787,22 @@ class TokenTable:
 
     def __init__(self, samples: Sequence[Sample], vocabulary: Vocabulary) -> None:
         self.vocabulary = vocabulary
-        self._table = samples if isinstance(samples, SampleTable) else SampleTable.from_samples(samples)
+        self._table = as_table(samples)
         speakers = {name: n for n, name in enumerate(vocabulary.speakers)}
         languages = {code: n for n, code in enumerate(vocabulary.languages)}
         # The table's speaker and language codes as the vocabulary's ids.
         self._speakers = [speakers.get(name, 0) for name in self._table.speakers]
         self._languages = [languages.get(code, 0) for code in self._table.languages]
+        # Read once: a view's column is a copy, and every lease reads them.
+        self._columns = tuple(self._table.column(n) for n in ("speaker", "language", "duration_s"))
 
     def __call__(self, ids: Sequence[str]) -> list[list[int]]:
         return [self.vocabulary.encode(self._table.string("units", r)).tolist() for r in self._rows(ids)]
 
-    def _rows(self, ids: Sequence[str]) -> list[int]:
+    def _rows(self, ids: Sequence[str], clips: Sequence[int] | None = None) -> Sequence[int]:
+        """The table rows of ``ids``: ``clips`` where the caller has them, else looked up."""
+        if clips is not None and len(clips) == len(ids):
+            return clips
         rows = self._table.find_rows(ids)
         if min(rows, default=0) < 0:
             raise KeyError(ids[rows.index(-1)])
@@ -686,14 +812,17 @@ class TokenTable:
         """The audio locators of clips ``ids`` the table holds (a validation clip's reference may be
         one it lacks: the validation set names those)."""
         table = self._table
+        if not ids:  # no lookup: the first would map every id of the table
+            return {}
         return {i: table.string("audio", r) for i, r in zip(ids, table.find_rows(ids)) if r >= 0}
 
-    def lease_fields(self, ids: Sequence[str]) -> dict[str, Any]:
+    def lease_fields(self, ids: Sequence[str], clips: Sequence[int] | None = None) -> dict[str, Any]:
         """What a lease carries for its clips: token ids, speaker ids, language ids, and their
-        texts, audio locators and durations ({id: ...}), so that a producer reads no metadata."""
+        texts, audio locators and durations ({id: ...}), so that a producer reads no metadata.
+        ``clips``: their table rows, where the caller has them."""
         table = self._table
-        rows = self._rows(ids)
-        speaker, language, duration = (table.column(n) for n in ("speaker", "language", "duration_s"))
+        rows = self._rows(ids, clips)
+        speaker, language, duration = self._columns
         return {"tokens": [self.vocabulary.encode(table.string("units", r)).tolist() for r in rows],
                 "speakers": [self._speakers[speaker[r]] for r in rows],
                 "languages": [self._languages[language[r]] for r in rows],

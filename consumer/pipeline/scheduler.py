@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import logging
 import threading
 import time
@@ -89,6 +88,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch, QueueFull
+from stoker.consumer.pipeline.pending import Pending
 from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
 from stoker.producer.transforms import load_user
 from stoker.shared import wire
@@ -211,7 +211,7 @@ class Scheduler:
         self._now = now  # the time of the event being handled
         self._last_beat = now
         self._outbox: list[Outgoing] = []
-        self._pending: collections.deque[PlannedBatch] = collections.deque()
+        self._pending = Pending()
         # A resumed run leases only what its checkpoint's input position left (consumer/pipeline/plan.InputPosition).
         self.resume = resume
         self._next_epoch = resume.first_open() if resume is not None else 0
@@ -222,7 +222,7 @@ class Scheduler:
         # batches and credits, and the last pass finished (read by the trainer thread).
         self.validation = validation
         self._val_pass = 0
-        self._val_pending: collections.deque[PlannedBatch] = collections.deque()
+        self._val_pending = Pending()
         self._val_credits_out = 0
         self.validation_finished = 0
         self._orphans: dict[tuple[int, int], Failover] = {}  # re-planned batches of a gone producer
@@ -274,12 +274,9 @@ class Scheduler:
     def _plan_more(self) -> bool:
         """Plan the next epoch with work left (a resumed one may have none); False at the last."""
         while self.max_epochs is None or self._next_epoch < self.max_epochs:
-            batches = self.planner.plan(self._next_epoch)
+            self._pending.add_plan(self.planner.plan(self._next_epoch), self.resume)
             self._next_epoch += 1
-            if self.resume is not None:
-                batches = self.resume.remaining(batches)
-            if batches:
-                self._pending.extend(batches)
+            if self._pending:
                 return True
         return False
 
@@ -291,10 +288,10 @@ class Scheduler:
             return self._pending.popleft()
         return self._usable(self._pending, peer)
 
-    def _usable(self, pending: collections.deque[PlannedBatch], peer: Peer) -> PlannedBatch | None:
+    def _usable(self, pending: Pending, peer: Peer) -> PlannedBatch | None:
         """The first of ``pending`` with clips this producer has, taken out; the clips it lacks
         stay in place."""
-        for pos, batch in enumerate(itertools.islice(pending, ASSIGN_SCAN_LIMIT)):
+        for pos, batch in enumerate(pending.head(ASSIGN_SCAN_LIMIT)):
             usable = tuple(i for i in batch.ids if i not in peer.lacks)
             if not usable:
                 continue
@@ -320,8 +317,8 @@ class Scheduler:
         self._next_lease += 1
         self._leases[lease.id] = lease
         peer.leases.add(lease.id)
-        carried = tokens.lease_fields(batch.ids) if tokens is not None else {}
-        refs = tuple(references(ref_epoch, batch.ids)) if references is not None else None
+        carried = tokens.lease_fields(batch.ids, batch.clips) if tokens is not None else {}
+        refs = tuple(references(ref_epoch, batch.ids, batch.clips)) if references is not None else None
         if tokens is not None:  # the texts and audio of the clips and their references: no producer reads metadata
             texts = {**carried["texts"], **(texts or {})}
             files = {**carried["files"], **tokens.files([r for r in refs or () if r not in carried["files"]]),
@@ -379,7 +376,7 @@ class Scheduler:
         for ever; revoke the latest lease outside the window, so that a slot takes it. True
         if one was revoked."""
         window = self._window()
-        waiting = any((b.epoch, b.index) in window for b in itertools.islice(self._pending, self.queue.capacity))
+        waiting = any((b.epoch, b.index) in window for b in self._pending.head(self.queue.capacity))
         if not waiting or not self._peers:
             return False
         later = [lease for lease in self._leases.values() if lease.state != "credited"
@@ -428,7 +425,7 @@ class Scheduler:
         for batch in sorted(batches, key=lambda b: (b.epoch, b.index), reverse=True):
             self._pending.appendleft(batch)
         if batches and self.ordered:  # leased later ones may come back after earlier ones: keep plan order
-            self._pending = collections.deque(sorted(self._pending, key=lambda b: (b.epoch, b.index)))
+            self._pending.sort_made(key=lambda b: (b.epoch, b.index))
         if batches or checks:
             with self._lock:
                 self.reissued += len(batches) + len(checks)
@@ -516,7 +513,7 @@ class Scheduler:
         epochs = [lease.batch.epoch for lease in self._leases.values()
                   if lease.state != "credited" and not is_validation(lease.batch)]
         if self._pending:
-            epochs.append(min(b.epoch for b in itertools.islice(self._pending, ASSIGN_SCAN_LIMIT)))
+            epochs.append(min(b.epoch for b in self._pending.head(ASSIGN_SCAN_LIMIT)))
         return min(epochs, default=None)
 
     def _grant_validation(self) -> None:
@@ -550,7 +547,7 @@ class Scheduler:
         positions = set(self.queue.positions())
         positions.update((lease.batch.epoch, lease.batch.index) for lease in self._leases.values()
                          if not is_validation(lease.batch))
-        positions.update((b.epoch, b.index) for b in itertools.islice(self._pending, capacity))
+        positions.update((b.epoch, b.index) for b in self._pending.head(capacity))
         return set(sorted(positions)[:capacity])
 
     # ------------------------------------------------------------ misses and rejections
@@ -570,10 +567,11 @@ class Scheduler:
         validation = is_validation(template)
         pending = self._val_pending if validation else self._pending
         room = template.rows if validation else self.planner.bucket_rows(template)  # a pass's own buckets too
-        for pos, batch in enumerate(pending):
+        made = pending.made()  # into a batch made already; the plan's batches not made yet are full
+        for pos, batch in enumerate(made):
             if batch.epoch == template.epoch and batch.bucket == template.bucket \
                     and len(batch.ids) + len(ids) <= room:
-                pending[pos] = self.planner.with_ids(batch, batch.ids + tuple(ids))
+                made[pos] = self.planner.with_ids(batch, batch.ids + tuple(ids), template)
                 return
         pending.appendleft(self.planner.with_ids(template, tuple(ids)))
 
@@ -581,15 +579,15 @@ class Scheduler:
         """Leave out of the pass the clips every live producer lacks; True if there were any."""
         peers = list(self._peers.values())
         common = set.intersection(*(p.lacks for p in peers)) if peers else set()
-        lost = [i for batch in self._val_pending for i in batch.ids if i in common]
+        lost = [i for batch in self._val_pending.made() for i in batch.ids if i in common]
         if not lost:
             return False
         hosts = ", ".join(sorted({p.host for p in peers}))
         log.warning("%d validation clips are missing on every producer host alive (%s); leaving them out of "
                     "validation pass %d", len(lost), hosts, self._val_pass)
         self.on_rejected([Rejection(i, _missing_everywhere(i, hosts, peers), "coordinator") for i in lost])
-        kept = (self.planner.with_ids(b, tuple(i for i in b.ids if i not in common)) for b in self._val_pending)
-        self._val_pending = collections.deque(b for b in kept if b.ids)
+        kept = (self.planner.with_ids(b, tuple(i for i in b.ids if i not in common)) for b in self._val_pending.made())
+        self._val_pending = Pending(b for b in kept if b.ids)
         self._check_validation_done()
         return True
 
@@ -607,9 +605,10 @@ class Scheduler:
         if not common:
             return False
         hosts = ", ".join(sorted({p.host for p in peers}))
-        kept: collections.deque[PlannedBatch] = collections.deque()
+        kept: list[PlannedBatch] = []
         changed = False
-        for batch in self._pending:
+        head = self._pending.head(ASSIGN_SCAN_LIMIT)  # as far as a producer looks for work (_usable)
+        for batch in head:
             lost = [i for i in batch.ids if i in common]
             if not lost:
                 kept.append(batch)
@@ -623,7 +622,7 @@ class Scheduler:
             rest = tuple(i for i in batch.ids if i not in common)
             if rest or self.ordered:  # in plan order every planned batch is a step, empty or not
                 kept.append(self.planner.with_ids(batch, rest))
-        self._pending = kept
+        self._pending.replace_head(len(head), kept)
         return changed
 
     # ------------------------------------------------------------ receiving
@@ -730,6 +729,7 @@ class Scheduler:
         queue = self.validation.queue if validation and self.validation is not None else self.queue
         frames = arrays[FRAMES]
         item = QueuedBatch(lease=lease.id, epoch=batch.epoch, index=batch.index, ids=list(msg.ids),
+                           clips=None if validation else self.planner.clips_of(batch, msg.ids),
                            arrays=arrays, producer=peer.name, frames=int(frames.sum()),
                            frames_computed=int(frames.shape[0] * batch.shape[1]))
         try:
@@ -790,8 +790,7 @@ class Scheduler:
             self._finish_validation(number)
             return
         self._val_pass = number
-        self._val_pending = collections.deque(dataclasses.replace(b, epoch=-number)
-                                              for b in self.validation.batches)
+        self._val_pending = Pending(dataclasses.replace(b, epoch=-number) for b in self.validation.batches)
         self._assign_all()
         self._grant()
 

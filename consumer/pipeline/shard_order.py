@@ -30,36 +30,52 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from stoker.shared.dataset import SampleTable
 from stoker.shared.dataset.shards import is_locator, shard_of
 
 
-def shard_indices(samples: Sequence[object]) -> dict[str, int] | None:
-    """Each clip's shard, numbered in name order; None unless every clip is a shard's member."""
-    audio = [getattr(s, "audio", "") for s in samples]
-    if not audio or not all(is_locator(a) for a in audio):
+def shard_numbers(table: SampleTable) -> np.ndarray | None:
+    """Each clip's shard (by table row), numbered in name order; None unless every clip is a
+    shard's member (the first clip's audio tells loose files at once)."""
+    if not len(table) or not is_locator(table.string("audio", 0)):
         return None
-    names = {name: n for n, name in enumerate(sorted({shard_of(a) for a in audio}))}
-    return {getattr(s, "id"): names[shard_of(a)] for s, a in zip(samples, audio)}
+    audio = table.strings("audio")
+    if not all(is_locator(a) for a in audio):
+        return None
+    _, numbers = np.unique(np.array([shard_of(a) for a in audio]), return_inverse=True)
+    return numbers.astype(np.int64)
 
 
-def grouped_chunks(buckets: Sequence[tuple[int, tuple[str, ...]]], shards: Mapping[str, int], window: int,
-                   rng: np.random.Generator) -> list[tuple[int, tuple[str, ...]]]:
-    """The epoch's batches in training order, as (bucket position, clip ids), from ``buckets``
-    as (rows, clip ids) (module docstring)."""
-    count = max(shards.values()) + 1
+def grouped_batches(buckets: Sequence[tuple[int, np.ndarray]], shards: np.ndarray, window: int,
+                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The epoch's batches in training order from ``buckets`` as (rows, clips): (the clips
+    batch after batch, each batch's size, each batch's bucket position) (module docstring)."""
+    count = int(shards.max()) + 1
     rank = np.empty(count, np.int64)
     rank[rng.permutation(count)] = np.arange(count)
     windows = rank // max(1, window)  # shard number -> its window this epoch
-    keyed: list[tuple[int, float, int, tuple[str, ...]]] = []
-    for position, (rows, sample_ids) in enumerate(buckets):
-        ids = list(sample_ids)
-        rng.shuffle(ids)
-        ids.sort(key=lambda i: windows[shards[i]])
-        for start in range(0, len(ids), rows):
-            chunk = tuple(ids[start:start + rows])
-            keyed.append((int(windows[shards[chunk[0]]]), float(rng.random()), position, chunk))
-    keyed.sort(key=lambda k: (k[0], k[1]))
-    return [(position, chunk) for _, _, position, chunk in keyed]
+    parts, sizes, positions, first_windows = [], [], [], []
+    for position, (rows, members) in enumerate(buckets):
+        clips = members.copy()
+        rng.shuffle(clips)
+        clips = clips[np.argsort(windows[shards[clips]], kind="stable")]
+        starts = np.arange(0, len(clips), rows)
+        parts.append(clips)
+        sizes.append(np.minimum(rows, len(clips) - starts))
+        positions.append(np.full(len(starts), position, np.int64))
+        first_windows.append(windows[shards[clips[starts]]])
+    size, window_of = np.concatenate(sizes), np.concatenate(first_windows)
+    order = np.lexsort((rng.random(len(size)), window_of))  # by window, in a random order within it
+    return gather_batches(np.concatenate(parts), size, order), size[order], np.concatenate(positions)[order]
+
+
+def gather_batches(clips: np.ndarray, sizes: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``clips`` (batches of ``sizes`` one after the other) with the batches put in ``order``."""
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    taken = sizes[order]
+    ends = np.cumsum(taken)
+    within = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - taken, taken)
+    return clips[np.repeat(starts[order], taken) + within]
 
 
 def top_shard_share(batches: Sequence[Sequence[str]], shards: Mapping[str, int]) -> float:

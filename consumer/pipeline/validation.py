@@ -10,9 +10,10 @@ validation clips, indexed with the training set's vocabulary (a character the tr
 text never had rejects its clip, counted like any other). Otherwise
 ``trainer.val_clips`` clips (at most a tenth of the dataset, so a small dataset is not
 emptied) are held out of every epoch plan when the trainer has a loss to validate. The
-choice is a pure function of the sample ids and ``batching.seed`` (a hash order), so a
-resumed run, or another host, holds out the same clips. The held-out ids are written to
-``RUN_DIR/validation.json`` (:data:`VALIDATION`).
+choice is a pure function of the sample ids and ``batching.seed`` (a hash order, computed
+over the index's columns in C), so another host holds out the same clips. The held-out ids
+are written to ``RUN_DIR/validation.json`` (:data:`VALIDATION`), and a resumed run holds out
+the ones recorded there (with the same settings), whichever stoker version chose them.
 
 Their batches are made through the producers, as training batches are, at each
 validation pass (consumer/pipeline/feed.py ``FeedCore.validation_pass``: ``feed.validation()`` of
@@ -35,11 +36,12 @@ the clips of ``data.eval_file`` named in their leases (no producer indexes that 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import heapq
+import json
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+import numpy as np
 
 from stoker.shared.config import Config
 from stoker.shared.dataset import DatasetIndex, Sample, SampleTable, build_index
@@ -56,44 +58,85 @@ VALIDATION_QUEUE_CAPACITY = 2
 # The held-out clips of a run: {"source": "eval_file" | "hash", "file": ..., "ids": [...]}.
 
 
-def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path) -> tuple[Sequence[Sample], list[Sample],
-                                                                     list[Rejection]]:
-    """(training samples, validation samples, rejections of the eval file), recorded in the run directory."""
+def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path, resume: bool = False) -> tuple[
+        Sequence[Sample], list[Sample], list[Rejection]]:
+    """(training samples, validation samples, rejections of the eval file), recorded in the run
+    directory; ``resume``: the clips it recorded are held out again (:func:`recorded`)."""
     rejected: list[Rejection] = []
+    table = index.samples
     if cfg.data.eval_file:
         evaluation = build_index(dataclasses.replace(cfg.data, metadata_file=cfg.data.eval_file), cfg.features,
                                  cfg.text, index.vocabulary)
         held = list(evaluation.samples)  # a held-out file is small
         rejected = evaluation.rejected
-        ids = {s.id for s in held}
-        table = index.samples
-        train = table.take([n for n, i in enumerate(table.ids()) if i not in ids])
-        if len(train) != len(index.samples):
+        rows = [row for row in table.find_rows([s.id for s in held]) if row >= 0] if held else []
+        train = _without(table, rows)
+        if rows:
             log.warning("%d clips of %s are in %s too: they are validation clips only",
-                        len(index.samples) - len(train), cfg.data.metadata_file, cfg.data.eval_file)
+                        len(rows), cfg.data.metadata_file, cfg.data.eval_file)
         source = {"source": "eval_file", "file": cfg.data.eval_file}
     else:
-        train, held = split(index.samples, cfg.trainer.val_clips, cfg.batching.seed)
         source = {"source": "hash", "val_clips": cfg.trainer.val_clips, "seed": cfg.batching.seed}
+        rows = recorded(table, run_dir, source) if resume else None
+        if rows is None:
+            train, held = split(table, cfg.trainer.val_clips, cfg.batching.seed)
+        else:
+            train, held = _without(table, rows), [table[r] for r in rows]
     write_json(run_dir / VALIDATION, {**source, "ids": [s.id for s in held]})
     return train, held, rejected
 
 
+def recorded(table: SampleTable, run_dir: Path, source: dict[str, Any]) -> list[int] | None:
+    """The rows of the clips a run recorded as held out by hash with the same settings (so that a
+    run resumed by another version of stoker holds out the same ones); None when it recorded
+    none, or other settings, or a clip the dataset lacks now."""
+    try:
+        saved = json.loads((run_dir / VALIDATION).read_text(encoding="utf-8"))
+        ids = [str(i) for i in saved["ids"]] if all(saved.get(k) == v for k, v in source.items()) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    rows = table.find_rows(ids) if ids else []
+    return None if ids is None or min(rows, default=0) < 0 else sorted(rows)
+
+
+def _without(table: SampleTable, rows: Sequence[int]) -> SampleTable:
+    """A view of the table without clips ``rows`` (the table itself when there are none)."""
+    if not len(rows):
+        return table
+    keep = np.ones(len(table), bool)
+    keep[np.asarray(rows, np.int64)] = False
+    return table.take(np.flatnonzero(keep))
+
+
+# MurmurHash3's 64-bit finalizer: FNV-1a's last multiply leaves ids that differ in their last
+# character with nearly the same high bits, so the smallest hashes would be neighbours
+# (c0001, c0002, ...); mixed, they are spread over the dataset.
+MIX_SHIFT = 33
+MIX_MULTIPLIERS = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)
+
+
+def _mixed(hashes: np.ndarray) -> np.ndarray:
+    out = hashes ^ (hashes >> np.uint64(MIX_SHIFT))
+    for multiplier in MIX_MULTIPLIERS:
+        out = out * np.uint64(multiplier)
+        out ^= out >> np.uint64(MIX_SHIFT)
+    return out
+
+
 def split(samples: Sequence[Sample], count: int, seed: int) -> tuple[Sequence[Sample], list[Sample]]:
-    """(training samples, held-out samples): ``count`` clips, at most a tenth, by hash order.
-    Of a SampleTable, the training samples are a view of it (no Sample made per clip)."""
+    """(training samples, held-out samples): ``count`` clips, at most a tenth, the ones of the
+    smallest 64-bit FNV-1a of ``"SEED|ID"``, mixed (ties by id). Of a SampleTable, the training samples
+    are a view of it (no Sample made per clip)."""
     n = min(count, int(len(samples) * MAX_VAL_SHARE))
     if n <= 0:
         return samples if isinstance(samples, SampleTable) else list(samples), []
-    ids = samples.ids() if isinstance(samples, SampleTable) else [s.id for s in samples]
-
-    prefix, blake2b = f"{seed}|".encode(), hashlib.blake2b
-
-    def rank(position: int) -> bytes:  # of "SEED|ID" in UTF-8
-        return blake2b(prefix + ids[position].encode(), digest_size=8).digest()
-
-    held = set(heapq.nsmallest(n, range(len(ids)), key=rank))
+    table = samples if isinstance(samples, SampleTable) else SampleTable.from_samples(samples)
+    rank = _mixed(table.hashes("id", f"{seed}|".encode()))
+    bound = np.partition(rank, n - 1)[n - 1]
+    near = np.flatnonzero(rank <= bound)  # the n smallest, and any tied with the n-th
+    held = sorted(row for *_, row in sorted(zip(rank[near].tolist(), table.strings("id", near.tolist()),
+                                                near.tolist()))[:n])
     if isinstance(samples, SampleTable):
-        return (samples.take([p for p in range(len(ids)) if p not in held]),
-                [samples[p] for p in sorted(held)])
-    return [s for p, s in enumerate(samples) if p not in held], [s for p, s in enumerate(samples) if p in held]
+        return _without(samples, held), [samples[p] for p in held]
+    chosen = set(held)
+    return [s for p, s in enumerate(samples) if p not in chosen], [samples[p] for p in held]

@@ -39,6 +39,11 @@ FNV_PRIME = np.uint64(1099511628211)
 ASCII_END = 128
 
 
+# Strings up to this many bytes are joined on a grid of one row a string (SampleTable.joined):
+# a few passes in C; longer ones byte by byte, so that one long string does not widen every row.
+JOIN_GRID_BYTES = 64
+
+
 # Ids are hashed this many at a time (a few arrays of this length at once).
 ID_HASH_CHUNK = 1 << 20
 
@@ -146,6 +151,40 @@ class SampleTable(Sequence[Sample]):
             return [bytes(blob[bounds[n]:bounds[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
         return [bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
 
+    def joined(self, name: str, rows: np.ndarray, sep: bytes) -> bytes:
+        """The UTF-8 of string ``name`` of clips ``rows``, ``sep`` between them: the bytes of
+        ``sep.join(...)`` gathered in C, without a string per clip."""
+        offsets, blob = self._strings[name]
+        stored = self._rows[rows] if self._rows is not None else np.asarray(rows, np.int64)
+        if not len(stored):
+            return b""
+        raw = np.frombuffer(blob, np.uint8)
+        starts = offsets[stored]
+        lengths = offsets[stored + 1] - starts
+        widest = int(lengths.max())
+        if widest <= JOIN_GRID_BYTES:  # a grid of every string's bytes, the separator after it, then the real ones
+            grid = np.empty((len(stored), widest + len(sep)), np.uint8)
+            columns = np.arange(widest)
+            grid[:, widest:] = np.frombuffer(sep, np.uint8)
+            if int(lengths.min()) == widest:  # strings of one length (ids often are): every byte is one
+                grid[:, :widest] = raw[starts[:, None] + columns]
+                return grid.tobytes()[:-len(sep) or None]
+            real = columns < lengths[:, None]
+            grid[:, :widest][real] = raw[(starts[:, None] + columns)[real]]
+            keep = np.concatenate([real, np.ones((len(stored), len(sep)), bool)], axis=1)
+            return grid[keep].tobytes()[:-len(sep) or None]
+        lengths = lengths + len(sep)  # each string with the separator after it
+        ends = np.cumsum(lengths)
+        # Byte k of the output comes from the blob (or the separator) at the string's start + its offset in it.
+        within = np.arange(int(ends[-1])) - np.repeat(ends - lengths, lengths)
+        source = np.repeat(starts, lengths) + within
+        out = np.empty(len(source), np.uint8)
+        is_sep = within >= np.repeat(lengths - len(sep), lengths)
+        out[~is_sep] = raw[source[~is_sep]]
+        if sep:
+            out[is_sep] = np.tile(np.frombuffer(sep, np.uint8), len(stored))
+        return out[:len(out) - len(sep)].tobytes()
+
     def ids(self) -> list[str]:
         """Every clip's id, in order: decoded once and kept (the plan's buckets and batches hold
         these very strings, and :meth:`row_of` maps them)."""
@@ -184,6 +223,12 @@ class SampleTable(Sequence[Sample]):
             self._id_order = order.astype(np.int64, copy=False)
         return self._id_order
 
+    def hashes(self, name: str, prefix: bytes = b"") -> np.ndarray:
+        """Every clip's 64-bit FNV-1a of ``prefix`` + the UTF-8 of its string ``name``, in C."""
+        offsets, blob = self._strings[name]
+        rows = self._rows if self._rows is not None else np.arange(self._len)
+        return hash_strings(offsets, np.frombuffer(blob, np.uint8), rows, prefix)
+
     def row_of(self, sample_id: str) -> int:
         """The row of a clip id; KeyError when the table has none."""
         (row,) = self.find_rows([sample_id])
@@ -218,10 +263,15 @@ class SampleTable(Sequence[Sample]):
     def take(self, rows: Sequence[int] | np.ndarray) -> "SampleTable":
         """A view of clips ``rows`` of this table, in that order (nothing is copied but the rows)."""
         picked = np.asarray(rows, np.int64)
-        ids = self.ids()
         view = SampleTable(self._numbers, self._strings, self.speakers, self.languages,
                            self._rows[picked] if self._rows is not None else picked)
-        view._ids = [ids[n] for n in picked.tolist()]  # the same strings, not decoded again
+        if self._ids is not None:
+            view._ids = [self._ids[n] for n in picked.tolist()]  # the same strings, not decoded again
+        if self._id_order is not None or self._rows is None:  # the view's id order from this one's, in C
+            position = np.full(self._len, -1, np.int64)
+            position[picked] = np.arange(len(picked))
+            order = position[self.id_order()]
+            view._id_order = order[order >= 0]
         return view
 
     # ------------------------------------------------------------ storage
@@ -259,15 +309,18 @@ class SampleTable(Sequence[Sample]):
         return cls(numbers, strings, speakers, languages)
 
 
-def hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """64-bit FNV-1a of the strings ``rows`` of (offsets, blob), ID_HASH_CHUNK at a time, a
-    byte position of all of them per step."""
+def hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray, prefix: bytes = b"") -> np.ndarray:
+    """64-bit FNV-1a of ``prefix`` + each of the strings ``rows`` of (offsets, blob),
+    ID_HASH_CHUNK at a time, a byte position of all of them per step."""
+    start = FNV_OFFSET
+    for byte in prefix:  # the state after the prefix, once
+        start = ((start ^ byte) * int(FNV_PRIME)) & 0xFFFFFFFFFFFFFFFF
     out = np.empty(len(rows), np.uint64)
     for first in range(0, len(rows), ID_HASH_CHUNK):
         chunk = rows[first:first + ID_HASH_CHUNK]
         starts = offsets[chunk]
         lengths = offsets[chunk + 1] - starts
-        h = np.full(len(chunk), FNV_OFFSET, np.uint64)
+        h = np.full(len(chunk), start, np.uint64)
         for k in range(int(lengths.max()) if len(chunk) else 0):
             has = lengths > k
             byte = np.zeros(len(chunk), np.uint64)

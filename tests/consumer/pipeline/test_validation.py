@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import numpy as np
 
 from stoker.consumer.pipeline import validation
@@ -13,7 +16,8 @@ from stoker.producer.batches import BatchMaker
 from stoker.producer.features import log_mel_spectrogram_numpy
 from stoker.shared import config as config_mod, wire
 from stoker.shared.config import batch_schema
-from stoker.shared.dataset import build_index
+from stoker.shared.dataset import SampleTable, build_index
+from stoker.shared.runfiles import VALIDATION
 from tests.consumer.pipeline.harness import hello_of
 from tests.factories import make_samples
 from tests.speech import make_train_eval_dataset
@@ -29,6 +33,35 @@ def test_split_is_deterministic_and_bounded() -> None:
     assert len(validation.split(samples, 50, seed=1)[1]) == 10  # at most a tenth
     assert validation.split(samples[:9], 4, seed=1) == (samples[:9], [])  # too few clips to spare any
     assert validation.split(samples, 0, seed=1) == (samples, [])
+
+
+def test_a_table_and_its_samples_hold_out_the_same_clips_and_train_on_the_rest() -> None:
+    samples = make_samples(200)
+    table = SampleTable.from_samples(samples)
+    train, held = validation.split(table, 5, seed=3)
+    assert held == validation.split(samples, 5, seed=3)[1]
+    assert list(train) == [s for s in samples if s not in held]  # a view of the rest, in order
+    assert sorted(train.id_order().tolist()) == list(range(195))
+    assert [train[n].id for n in train.id_order()] == sorted(s.id for s in train)
+
+
+def test_a_resumed_run_holds_out_the_clips_it_recorded(tmp_path) -> None:
+    """A resume holds out what validation.json names (as an earlier stoker version chose them),
+    with the same settings; other settings, or a clip gone from the dataset, choose anew."""
+    samples = make_samples(100)
+    index = SimpleNamespace(samples=SampleTable.from_samples(samples))
+    cfg = config_mod.load(None, {"trainer.val_clips": 3, "batching.seed": 5})
+    fresh = validation.hold_out(index, cfg, tmp_path)[1]
+    chosen = [samples[0].id, samples[7].id, samples[42].id]  # not the hash's choice
+    assert sorted(s.id for s in fresh) != chosen
+    record = {"source": "hash", "val_clips": 3, "seed": 5, "ids": chosen}
+    (tmp_path / VALIDATION).write_text(json.dumps(record))
+    train, held, _ = validation.hold_out(index, cfg, tmp_path, resume=True)
+    assert [s.id for s in held] == chosen and len(train) == 97 and not {s.id for s in train} & set(chosen)
+    assert json.loads((tmp_path / VALIDATION).read_text())["ids"] == chosen
+    for changed in ({**record, "seed": 6}, {**record, "ids": [*chosen[:2], "gone"]}):
+        (tmp_path / VALIDATION).write_text(json.dumps(changed))
+        assert validation.hold_out(index, cfg, tmp_path, resume=True)[1] == fresh
 
 
 def test_a_validation_lease_names_the_eval_files_clips_so_a_producer_that_indexed_only_training_makes_them(
