@@ -562,6 +562,7 @@ class _EpochProgress:
     sizes: np.ndarray  # samples of each planned batch (shared too)
     done: set[int] = field(default_factory=set)
     partial: dict[int, set[int]] = field(default_factory=dict)  # planned index -> rows trained so far
+    count: int = 0  # samples trained: kept as they are recorded (asked at every step)
 
     def add(self, row: int) -> bool:
         index = int(self.home[row]) if 0 <= row < len(self.home) else -1
@@ -571,13 +572,20 @@ class _EpochProgress:
         if row in got:
             return False
         got.add(row)
+        self.count += 1
         if len(got) == self.sizes[index]:
             self.done.add(index)
             del self.partial[index]
         return True
 
+    def mark_done(self, index: int) -> None:
+        """Planned batch ``index`` trained whole."""
+        if index not in self.done:
+            self.done.add(index)
+            self.count += int(self.sizes[index]) - len(self.partial.pop(index, ()))
+
     def trained(self) -> int:
-        return int(sum(int(self.sizes[i]) for i in self.done) + sum(len(rows) for rows in self.partial.values()))
+        return self.count
 
 
 class InputPosition:
@@ -619,8 +627,7 @@ class InputPosition:
         plan in order, a step per planned batch): it is done, however many samples it had."""
         progress = self._progress(epoch)
         if index is not None and 0 <= index < len(progress.sizes):
-            progress.done.add(index)
-            progress.partial.pop(index, None)
+            progress.mark_done(index)
         else:
             rows = clips if clips is not None and len(clips) == len(ids) else self.planner.table.find_rows(list(ids))
             strays = [i for i, row in zip(ids, rows) if not progress.add(row)]
@@ -694,7 +701,7 @@ class InputPosition:
                     index = int(index)
                     if not 0 <= index < len(progress.sizes):
                         raise ValueError(f"epoch {epoch} has no planned batch {index}")
-                    progress.done.add(index)
+                    progress.mark_done(index)
                 ids = [str(i) for i in entry["ids"]]
                 for sample_id, row in zip(ids, planner.table.find_rows(ids) if ids else []):
                     if row < 0 or progress.home[row] < 0:

@@ -10,7 +10,8 @@ Planning reads the columns (:meth:`SampleTable.column`), never a Sample per clip
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
+import os
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence, Sized, overload
 
 import numpy as np
 
@@ -44,6 +45,10 @@ ASCII_END = 128
 JOIN_GRID_BYTES = 64
 
 
+# Of a blob left in a file (FileBlob), more strings than this at once are read with the whole blob.
+FILE_READ_STRINGS = 4096
+
+
 # Ids are hashed this many at a time (a few arrays of this length at once).
 ID_HASH_CHUNK = 1 << 20
 
@@ -56,7 +61,8 @@ class SampleTable(Sequence[Sample]):
     def __init__(self, numbers: Mapping[str, np.ndarray], strings: Mapping[str, tuple[np.ndarray, Any]],
                  speakers: Sequence[str], languages: Sequence[str], rows: np.ndarray | None = None) -> None:
         self._numbers = dict(numbers)
-        self._strings = {name: (offsets, memoryview(blob)) for name, (offsets, blob) in strings.items()}
+        self._strings = {name: (offsets, blob if isinstance(blob, FileBlob) else memoryview(blob))
+                         for name, (offsets, blob) in strings.items()}
         self.speakers = list(speakers)
         self.languages = list(languages)
         self._rows = rows  # a view's rows of the stored columns (None: all of them, in order)
@@ -141,11 +147,13 @@ class SampleTable(Sequence[Sample]):
         offsets, blob = self._strings[name]
         if rows is None:
             rows = range(self._len)
+        if isinstance(blob, FileBlob) and (not isinstance(rows, Sized) or len(rows) > FILE_READ_STRINGS):
+            blob = memoryview(bytes(blob))  # read once rather than a read per string
         if self._rows is not None:
             rows = self._rows[np.fromiter(rows, np.int64)].tolist()
         elif isinstance(rows, range):
             bounds = offsets.tolist()  # one conversion: indexing a numpy array per clip costs more
-            if rows == range(self._len) and self._len and np.frombuffer(blob, np.uint8).max() < ASCII_END:
+            if rows == range(self._len) and self._len and np.frombuffer(buffer_of(blob), np.uint8).max() < ASCII_END:
                 whole = bytes(blob).decode("ascii")  # a character a byte: slices of one string
                 return [whole[bounds[n]:bounds[n + 1]] for n in rows]
             return [bytes(blob[bounds[n]:bounds[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
@@ -158,7 +166,7 @@ class SampleTable(Sequence[Sample]):
         stored = self._rows[rows] if self._rows is not None else np.asarray(rows, np.int64)
         if not len(stored):
             return b""
-        raw = np.frombuffer(blob, np.uint8)
+        raw = np.frombuffer(buffer_of(blob), np.uint8)
         starts = offsets[stored]
         lengths = offsets[stored + 1] - starts
         widest = int(lengths.max())
@@ -197,7 +205,7 @@ class SampleTable(Sequence[Sample]):
         None when an id is not ASCII (only then is byte order not str order). Made from the
         blob, without a bytes object per id."""
         offsets, blob = self._strings["id"]
-        raw = np.frombuffer(blob, np.uint8)
+        raw = np.frombuffer(buffer_of(blob), np.uint8)
         if len(raw) and raw.max() >= ASCII_END:
             return None
         rows = self._rows if self._rows is not None else np.arange(self._len)
@@ -227,7 +235,7 @@ class SampleTable(Sequence[Sample]):
         """Every clip's 64-bit FNV-1a of ``prefix`` + the UTF-8 of its string ``name``, in C."""
         offsets, blob = self._strings[name]
         rows = self._rows if self._rows is not None else np.arange(self._len)
-        return hash_strings(offsets, np.frombuffer(blob, np.uint8), rows, prefix)
+        return hash_strings(offsets, np.frombuffer(buffer_of(blob), np.uint8), rows, prefix)
 
     def row_of(self, sample_id: str) -> int:
         """The row of a clip id; KeyError when the table has none."""
@@ -243,7 +251,7 @@ class SampleTable(Sequence[Sample]):
         if self._id_rows is None:
             offsets, blob = self._strings["id"]
             rows = self._rows if self._rows is not None else np.arange(self._len)
-            hashes = hash_strings(offsets, np.frombuffer(blob, np.uint8), rows)
+            hashes = hash_strings(offsets, np.frombuffer(buffer_of(blob), np.uint8), rows)
             order = np.argsort(hashes, kind="stable")
             self._id_rows = (hashes[order], order)
         hashes, order = self._id_rows
@@ -283,7 +291,7 @@ class SampleTable(Sequence[Sample]):
                                              for name, col in self._numbers.items()}
         for name, (offsets, blob) in self._strings.items():
             out[f"o.{name}"] = np.ascontiguousarray(offsets, np.int64)
-            out[f"s.{name}"] = blob
+            out[f"s.{name}"] = buffer_of(blob)
         return out
 
     @classmethod
@@ -307,6 +315,33 @@ class SampleTable(Sequence[Sample]):
                       or numbers["speaker"].min() < 0 or numbers["language"].min() < 0):
             raise ValueError("a speaker or language code outside its table")
         return cls(numbers, strings, speakers, languages)
+
+
+class FileBlob:
+    """A string column's bytes left in a file (the index cache), read with ``pread`` a slice at a
+    time. A mapped file's pages that a process reads count in its resident memory, 64 KiB around
+    each (the kernel maps what is cached near a fault), so reading the texts of a few clips
+    here and there would make a long run's coordinator hold most of a blob; read, they stay
+    the kernel's page cache."""
+
+    def __init__(self, file: BinaryIO, offset: int, size: int) -> None:
+        self._file = file  # kept open while the table lives
+        self.offset, self.size = offset, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, part: slice) -> bytes:
+        start, stop, _ = part.indices(self.size)
+        return os.pread(self._file.fileno(), max(0, stop - start), self.offset + start)
+
+    def __bytes__(self) -> bytes:
+        return self[0:self.size]
+
+
+def buffer_of(blob: Any) -> Any:
+    """A blob as a buffer (a FileBlob read whole)."""
+    return bytes(blob) if isinstance(blob, FileBlob) else blob
 
 
 def hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray, prefix: bytes = b"") -> np.ndarray:
