@@ -713,7 +713,11 @@ class InputPosition:
 
     def copy(self) -> "InputPosition":
         """An independent copy (for the coordinator, which plans in its own thread)."""
-        return InputPosition.from_state_dict(self.state_dict(), self.planner)
+        other = InputPosition(self.planner)
+        other.complete = set(self.complete)
+        other._epochs = {e: _EpochProgress(p.home, p.sizes, set(p.done), {i: set(r) for i, r in p.partial.items()},
+                                           p.count) for e, p in self._epochs.items()}
+        return other
 
     def trained(self, epoch: int) -> int:
         """Samples of ``epoch`` trained so far (all of them once it is complete)."""

@@ -419,9 +419,12 @@ def test_a_partly_trained_batch_resumes_with_only_its_untrained_rows(fixed: bool
     position = InputPosition(planner)
     plan = planner.plan(0)
     position.record(0, plan[0].ids[:3])
-    position.record(0, plan[1].ids)
-    again = InputPosition.from_state_dict(position.state_dict(), planner)
+    position.record(0, plan[1].ids, clips=plan[1].clips)  # rows given by the batch, or looked up: the same
+    state = position.state_dict()
+    assert state["open"]["0"] == {"done": [plan[1].index], "ids": sorted(plan[0].ids[:3])}  # named by id
+    again = InputPosition.from_state_dict(state, planner)
     left = again.remaining(plan)
+    assert position.copy().remaining(plan) == left and position.copy().state_dict() == state
     assert [b.index for b in left] == [0] + [b.index for b in plan[2:]]
     cut = left[0]
     assert cut.ids == plan[0].ids[3:] and (cut.bucket, cut.shape) == (plan[0].bucket, plan[0].shape)
