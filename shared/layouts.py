@@ -80,12 +80,15 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import json
 import math
 import re
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from .errors import UserError
 
@@ -120,6 +123,17 @@ _JSON = json.JSONDecoder()
 _JSON_SPACE_CHARS = " \t\n\r"  # the whitespace JSON allows around a value
 _JSON_SPACE = re.compile(f"[{_JSON_SPACE_CHARS}]*")
 _NO_FIELDS = ("", "", "", "", "")  # a manifest line's (id, text, speaker, language, audio) before its id is known
+# orjson reads a manifest's lines several times faster than json and makes the same values, but
+# for what json alone decides, which goes to json: an integer of 19 digits or more (orjson makes
+# a float of one beyond 64 bits; such a run of digits, in a number or not, sends the whole piece
+# to json: found as a run of zeros once every digit is a zero, faster than a regular expression),
+# NaN, Infinity, lone surrogate escapes and overflowing numbers (orjson refuses them: that line
+# goes to json), and nesting deeper than json's recursion limit allows (orjson takes 1,024
+# levels: a piece with this many more brackets than objects goes to json).
+_DIGITS_AS_ZERO = bytes(b"0"[0] if b"0"[0] <= b <= b"9"[0] else b" "[0] for b in range(256))
+_LONG_DIGITS = b"0" * 19
+_DEEPEST_FAST = 500
+_UNPARSED = object()  # orjson refused the line: json reads it (and words the rejection)
 
 
 class LayoutError(UserError, ValueError):
@@ -489,22 +503,76 @@ def _manifest_fields(obj: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
     return "", (sample_id, spoken, speaker, language, audio, None if duration is None else float(duration))
 
 
+def _fast_values(raw: bytes, lines: list[str], clean: bool) -> list[Any] | None:
+    """orjson's value of each line (_UNPARSED where it refused one), or None when json must read
+    them all (:data:`_LONG_DIGITS`)."""
+    if not clean or _LONG_DIGITS in raw.translate(_DIGITS_AS_ZERO):
+        return None
+    try:
+        values = list(map(orjson.loads, lines[:-1] if lines and not lines[-1] else lines))
+    except orjson.JSONDecodeError:
+        values = list(map(_loads, lines))
+    objects = list(map(type, values)).count(dict)
+    if raw.count(b"{") + raw.count(b"[") - objects >= _DEEPEST_FAST:  # a line may nest that deep
+        return None
+    return values
+
+
+def _loads(line: str) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return _UNPARSED
+
+
+@dataclass
+class ManifestColumns:
+    """A manifest's entries as columns (one list per field of :class:`Entry`, a row per entry)."""
+
+    id: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    line: list[int] = field(default_factory=list)
+    speaker: list[str] = field(default_factory=list)
+    language: list[str] = field(default_factory=list)
+    audio: list[str] = field(default_factory=list)
+    duration: list[float | None] = field(default_factory=list)
+
+    def entry(self, n: int) -> Entry:
+        return Entry(self.id[n], self.text[n], self.line[n], self.speaker[n], self.language[n], self.audio[n],
+                     duration=self.duration[n])
+
+
 def parse_manifest(raw: bytes, start_line: int = 1) -> tuple[list[Entry], list[Rejection]]:
     """Parse a JSON-lines manifest (module docstring); faulty lines become rejections, never exceptions.
     ``start_line`` > 1: ``raw`` is a piece of a manifest cut at a line end, whose first line is that
     line of the file (a chunked index build: duplicate ids are then found within the piece only)."""
+    c, rejected = manifest_columns(raw, start_line)
+    return list(map(Entry, c.id, c.text, c.line, c.speaker, c.language, c.audio, [""] * len(c.id), c.duration)), \
+        rejected
+
+
+def manifest_columns(raw: bytes, start_line: int = 1) -> tuple[ManifestColumns, list[Rejection]]:
+    """:func:`parse_manifest`'s entries as columns. A piece whose every line is an object that every
+    check passes, without a repeated id (a manifest as a tool writes it), is checked a column at a
+    time (:func:`_checked_columns`); any other a line at a time, each fault worded."""
     lines, clean = _text_lines(raw, bom=start_line == 1)
-    entries: list[Entry] = []
+    values = _fast_values(raw, lines, clean)
+    columns = _checked_columns(values, start_line) if values is not None else None
+    if columns is not None:
+        return columns, []
+    columns = ManifestColumns()
     rejected: list[Rejection] = []
     first_line: dict[str, int] = {}
-    for number, line in enumerate(lines, start=start_line):
+    for at, line in enumerate(lines):
         if not line.strip(_ASCII_SPACE):
             continue
+        number = at + start_line
         if not clean and not _encodes(line):
             rejected.append(Rejection(f"line:{number}", f"manifest line {number} is not valid UTF-8 "
                                                         f"({_utf8_problem(_line_bytes(line))})", line=number))
             continue
-        obj, problem = _json_object(line)
+        obj = values[at] if values is not None else _UNPARSED
+        obj, problem = _json_object(line) if obj is _UNPARSED else (obj, "")
         fields = _NO_FIELDS
         if not problem and type(obj) is not dict:
             problem = f"is a JSON {_JSON_TYPES.get(type(obj), type(obj).__name__)}, not an object"
@@ -522,6 +590,82 @@ def parse_manifest(raw: bytes, start_line: int = 1) -> tuple[list[Entry], list[R
                                                  f"(first on line {first_line[sample_id]})", line=number))
         else:
             first_line[sample_id] = number
-            entries.append(Entry(sample_id, fields[1], number, fields[2], fields[3], fields[4],
-                                 duration=fields[5]))
-    return entries, rejected
+            columns.id.append(sample_id)
+            columns.text.append(fields[1])
+            columns.line.append(number)
+            columns.speaker.append(fields[2])
+            columns.language.append(fields[3])
+            columns.audio.append(fields[4])
+            columns.duration.append(fields[5])
+    return columns, rejected
+
+
+def _checked_columns(values: list[Any], start_line: int) -> ManifestColumns | None:
+    """The columns of lines that are all objects (orjson's, no blank line among them) when each
+    passes every check of :func:`_manifest_fields` and no id repeats, those checks made over whole
+    columns (a few C-level passes each) to the same values; None when any fails (then the line at
+    a time path finds which, and words why)."""
+    if not values or _kinds(values) != {dict}:
+        return None
+    audio = _column(values, "audio_filepath")
+    if _kinds(audio) != {str}:
+        return None
+    audio = list(map(str.strip, audio))
+    if not all(audio) or _CONTROL.search("".join(audio)):
+        return None
+    given = _column(values, "id")
+    kinds = _kinds(given)
+    if kinds == {str}:
+        ids = list(map(str.strip, given))
+    elif kinds == {type(None)}:  # the file name's stem; it has no / or \ (_stem)
+        ids = [_stem(path).strip() for path in audio]
+    else:
+        return None
+    if not "".join(ids).isascii():
+        ids = list(map(nfc, ids))
+    joined = "\n" + "\n".join(ids)
+    if (not all(ids) or _CONTROL.search("".join(ids)) or "\n." in joined or "/" in joined or "\\" in joined
+            or len(set(ids)) != len(ids)):
+        return None
+    text, normalized = _column(values, "text"), _column(values, "normalized_text")
+    kinds = _kinds(normalized)
+    if _kinds(text) != {str} or not kinds <= {str, type(None)}:
+        return None
+    spoken = (list(map(str.strip, text)) if kinds == {type(None)} else
+              [(n.strip() if n else "") or t.strip() for t, n in zip(text, normalized)])
+    speakers = _column(values, "speaker")
+    kinds = _kinds(speakers)
+    if not kinds <= {str, int, type(None)}:
+        return None
+    if kinds != {str}:
+        speakers = ["" if s is None else str(s) for s in speakers]
+    speakers = list(map(str.strip, speakers))
+    languages = _column(values, "language")
+    kinds = _kinds(languages)
+    if not kinds <= {str, type(None)}:
+        return None
+    if kinds == {type(None)}:
+        languages = [""] * len(values)
+    else:
+        languages = list(map(str.strip, ["" if s is None else s for s in languages] if kinds != {str} else languages))
+    if any(s and _speaker_problem(s) for s in set(speakers)) or any(s and language_problem(s) for s in set(languages)):
+        return None
+    durations = _column(values, "duration")
+    kinds = _kinds(durations)
+    if not kinds <= {float, int, type(None)}:
+        return None
+    if kinds != {float}:
+        durations = [None if d is None else float(d) for d in durations]
+    if not all(map(math.isfinite, [d for d in durations if d is not None] if type(None) in kinds else durations)):
+        return None
+    return ManifestColumns(ids, spoken, list(range(start_line, start_line + len(values))), speakers, languages,
+                           audio, durations)
+
+
+def _kinds(values: list[Any]) -> set[type]:
+    return set(map(type, values))
+
+
+def _column(objects: list[dict[str, Any]], key: str) -> list[Any]:
+    """``[o.get(key) for o in objects]`` in C."""
+    return list(map(dict.get, objects, itertools.repeat(key, len(objects))))

@@ -214,6 +214,11 @@ _ASCII_LOST = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 _ASCII_TABLE = {**{c: None for c in [*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F]},
                 **{c: " " for c in range(0x09, 0x0E)}, ord("`"): "'"}
 _ANY_DIGIT = re.compile(r"\d")
+# Characters outside printable ASCII and its whitespace (which normalize() keeps lost and joiners
+# out of), and the same with the digits that it spells: a text without them normalises with
+# the ASCII table alone (Characters.unit_columns).
+_NOT_PLAIN = re.compile(r"[^\x09-\x0d\x20-\x7e]")
+_NOT_PLAIN_OR_DIGIT = re.compile(r"[^\x09-\x0d\x20-\x2f\x3a-\x7e]")
 # Longer digit strings are kept as digits: codes and ids rather than quantities, and past a
 # float's precision num2words would say another number.
 MAX_SPELLED_DIGITS = 15
@@ -324,6 +329,11 @@ class Frontend:
     def units(self, texts: Sequence[str], code: str) -> list[Units]:
         raise NotImplementedError
 
+    def unit_columns(self, texts: Sequence[str], code: str) -> tuple[list[str], list[str]]:
+        """:meth:`units` as two columns, (units, lost characters): many texts without an object each."""
+        made = self.units(texts, code)
+        return [m.units for m in made], [m.lost for m in made]
+
     def engine(self) -> dict[str, Any]:
         """The versions that decide the units: part of the vocabulary and the index cache key."""
         return {"text_format": TEXT_FORMAT, "digits": self.digits, "num2words": _version("num2words")}
@@ -361,7 +371,19 @@ class Characters(Frontend):
     name = FRONTEND_CHARACTERS
 
     def units(self, texts: Sequence[str], code: str) -> list[Units]:
-        return [Units(*normalize(t, code, self.digits)) for t in texts]
+        return list(map(Units, *self.unit_columns(texts, code)))
+
+    def unit_columns(self, texts: Sequence[str], code: str) -> tuple[list[str], list[str]]:
+        """normalize() of each text; a plain ASCII one (most of an English corpus) through the ASCII
+        table in three C-level calls (what normalize() does to it), the others through normalize()."""
+        spelled = self.digits == DIGITS_SPELL and language(code).num2words is not None
+        special = list(map((_NOT_PLAIN_OR_DIGIT if spelled else _NOT_PLAIN).search, texts))
+        units = [" ".join(t.translate(_ASCII_TABLE).lower().split()) if s is None else "" for t, s in
+                 zip(texts, special)]
+        lost = [""] * len(texts)
+        for n in [n for n, s in enumerate(special) if s is not None]:
+            units[n], lost[n] = normalize(texts[n], code, self.digits)
+        return units, lost
 
     def inventory(self, codes: Iterable[str]) -> str:
         """COMMON_CHARACTERS and each language's alphabet, as normalisation leaves them."""

@@ -37,7 +37,7 @@ from ..dataset.shards import is_locator, probe_member, read_shards, remote_stat
 from ..dataset.storage import COUNTS, is_url
 from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, parse_manifest
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, manifest_columns
 from ..mel import min_num_samples, num_frames, num_frames_of
 from ..mixes import parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
@@ -778,39 +778,50 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
     with open(path, "rb") as f:
         f.seek(start)
         raw = f.read(end - start)
-    entries, parsed = parse_manifest(raw, first_line)
+    entries, parsed = manifest_columns(raw, first_line)
     del raw
-    if any(e.duration is None for e in entries):
+    if None in entries.duration:
         return None
-    keys = [(e.language or text.language, e.text) for e in entries]
-    by_language: dict[str, dict[str, None]] = collections.defaultdict(dict)
-    for code, spoken in keys:
+    size = len(entries.id)
+    codes = [code or text.language for code in entries.language]
+    keys = list(zip(codes, entries.text))
+    distinct = list(dict.fromkeys(keys))  # each text once, in file order
+    position = {key: n for n, key in enumerate(distinct)}
+    at = np.fromiter(map(position.__getitem__, keys), np.int64, size)  # the row of distinct of each clip
+    del position
+    by_language: dict[str, list[int]] = collections.defaultdict(list)
+    for n, (code, _) in enumerate(distinct):
         if code in LANGUAGES:
-            by_language[code][spoken] = None
+            by_language[code].append(n)
     frontend = _frontend((text.frontend, text.digits))
-    units: dict[TextKey, Units] = {}
-    for code, texts in by_language.items():  # as _work_items sends them: one list per language
-        units.update(((code, spoken), made) for spoken, made in zip(texts, frontend.units(list(texts), code)))
-    tokenized = len(units)
+    made: list[str | None] = [None] * len(distinct)  # units of each distinct text (None: an unknown language)
+    lost_of = [""] * len(distinct)
+    for code, rows in by_language.items():  # as _work_items sends them: one list per language
+        units_column, lost_column = frontend.unit_columns([distinct[n][1] for n in rows], code)
+        for n, u, lost_chars in zip(rows, units_column, lost_column):
+            made[n], lost_of[n] = u, lost_chars
+    tokenized = sum(map(len, by_language.values()))
     del by_language
-    found = [units.get(key) for key in keys]
     count = frontend.count
-    counts = np.fromiter((count(m.units) if m is not None else 0 for m in found), np.int64, len(found))
-    durations = np.fromiter((e.duration for e in entries), np.float64, len(entries))
+    counts = np.fromiter((count(u) if u is not None else 0 for u in made), np.int64, len(made))[at]
+    clean = np.fromiter((u is not None and not lost_chars for u, lost_chars in zip(made, lost_of)), bool,
+                        len(made))[at]
+    durations = np.asarray(entries.duration, np.float64).reshape(size)
     # The clips every rule passes without a word, told apart at once (the others go through the
     # rules one by one below, which say why): units that lost nothing, a token count within
     # bounds, a duration within bounds and long enough for the framing (_audio_rules).
     heard = (durations <= data.max_audio_s) & (durations >= data.min_audio_s)
     samples = np.rint(np.where(heard, durations, 0.0) * features.sample_rate_hz).astype(np.int64)
-    passed = (np.fromiter((m is not None and not m.lost for m in found), bool, len(found)) & (counts > 0)
-              & (counts <= data.max_tokens) & heard & (samples >= min_num_samples(features)))
+    passed = (clean & (counts > 0) & (counts <= data.max_tokens) & heard & (samples >= min_num_samples(features)))
     report = LostReport()  # what is lost is listed per clip below, in order, for the whole index's report
     rejected: list[tuple[int, Rejection]] = []
     lost: list[tuple[int, str, str]] = []
     listed: list[tuple[int, str, str, str, str]] = []
     for n in np.flatnonzero(~passed).tolist():
-        entry, unit = entries[n], found[n]
-        outcome = _text_rules(entry, units, data, text, frontend, None, report)
+        entry, k = entries.entry(n), int(at[n])
+        unit = Units(made[k], lost_of[k]) if made[k] is not None else None
+        outcome = _text_rules(entry, {keys[n]: unit} if unit is not None else {}, data, text, frontend, None,
+                              report)
         if not isinstance(outcome, Rejection):
             outcome = _audio_rules(entry, {}, {}, data, features)
         if isinstance(outcome, Rejection):
@@ -822,25 +833,29 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
         if unit is not None and (unit.lost or isinstance(outcome, Rejection)):
             listed.append((n, keys[n][0], keys[n][1], unit.units, unit.lost))
     picked = np.flatnonzero(passed)
-    rows = np.full(len(entries), -1, np.int64)
+    rows = np.full(size, -1, np.int64)
     rows[picked] = np.arange(len(picked))
-    chosen = [entries[n] for n in picked.tolist()]
+    chosen = picked.tolist()
+    every = len(chosen) == size
     speakers: dict[str, int] = {}
     languages: dict[str, int] = {}
-    speaker_codes = [speakers.setdefault(e.speaker or DEFAULT_SPEAKER, len(speakers)) for e in chosen]
-    language_codes = [languages.setdefault(e.language or text.language, len(languages)) for e in chosen]
-    columns = {"id": [e.id for e in chosen], "text": [e.text for e in chosen], "audio": [e.audio for e in chosen],
-               "units": [found[n].units for n in picked.tolist()]}  # type: ignore[union-attr]
+    speaker_codes = [speakers.setdefault(entries.speaker[n] or DEFAULT_SPEAKER, len(speakers)) for n in chosen]
+    language_codes = [languages.setdefault(codes[n], len(languages)) for n in chosen]
+    columns = {"id": entries.id if every else [entries.id[n] for n in chosen],
+               "text": entries.text if every else [entries.text[n] for n in chosen],
+               "audio": entries.audio if every else [entries.audio[n] for n in chosen],
+               "units": [made[k] for k in at[picked].tolist()]}
     numbers = {"num_tokens": counts[picked], "num_frames": num_frames_of(samples[picked], features),
-               "duration_s": durations[picked], "line": np.fromiter((e.line for e in chosen), np.int64, len(chosen)),
+               "duration_s": durations[picked], "line": np.asarray(entries.line, np.int64)[picked],
                "speaker": np.asarray(speaker_codes, np.int32), "language": np.asarray(language_codes, np.int32)}
-    ids = pack_strings([e.id for e in entries])
+    ids = pack_strings(entries.id)
     return {
         "parsed": parsed, "rejected": rejected, "lost": lost, "listed": listed, "rows": rows,
-        "tokenized": tokenized, "ids": ids, "lines": np.fromiter((e.line for e in entries), np.int64, len(entries)),
-        "hashes": hash_strings(ids[0], np.frombuffer(ids[1], np.uint8), np.arange(len(entries))),
-        "metadata_lines": pack_strings([f"{e.id}\t{e.text}\t{e.speaker}\t{e.language}\n" for e in entries]),
-        "audio_lines": pack_strings([f"{e.id}\t{UNMEASURED}\n" for e in entries]),
+        "tokenized": tokenized, "ids": ids, "lines": np.asarray(entries.line, np.int64).reshape(size),
+        "hashes": hash_strings(ids[0], np.frombuffer(ids[1], np.uint8), np.arange(size)),
+        "metadata_lines": pack_strings(list(map("{}\t{}\t{}\t{}\n".format, entries.id, entries.text, entries.speaker,
+                                                entries.language))),
+        "audio_lines": pack_strings([f"{sample_id}\t{UNMEASURED}\n" for sample_id in entries.id]),
         "seen": set("".join(columns["units"])),
         "numbers": {name: np.asarray(numbers[name], kind) for name, kind in NUMBER_COLUMNS.items()},
         "strings": {name: pack_strings(columns[name]) for name in STRING_COLUMNS},

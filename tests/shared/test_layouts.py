@@ -9,7 +9,9 @@ import random
 
 import pytest
 
-from stoker.shared.layouts import Entry, LayoutError, Rejection, parse_columns, parse_manifest, parse_metadata
+from stoker.shared import layouts
+from stoker.shared.layouts import (Entry, LayoutError, Rejection, manifest_columns, parse_columns, parse_manifest,
+                                    parse_metadata)
 
 from stoker.shared.mixes import parse_entries, parse_mix_spec
 
@@ -359,6 +361,56 @@ def test_manifest_persian_is_kept_byte_for_byte(ascii_only: bool) -> None:
     entries, rejected = parse_manifest(raw)
     assert rejected == [] and entries == [Entry("fa_001", PERSIAN_ZWNJ, 1, "گوینده", "fa", "wavs/fa_001.wav")]
     assert entries[0].text.encode("utf-8") == PERSIAN_ZWNJ.encode("utf-8")
+
+
+def test_manifest_values_json_alone_decides_are_json_s() -> None:
+    """orjson reads the usual lines; where it would read a line otherwise than json (a long integer,
+    NaN, a lone surrogate escape, deep nesting) the line is json's, as if orjson were not there."""
+    deep = '{"audio_filepath": "a/D.wav", "text": "deep", "x": ' + "[" * 990 + "]" * 990 + "}"
+    raw = _manifest({"audio_filepath": "a/A.wav", "text": "plain", "duration": 0.1 + 0.2},
+                    '{"audio_filepath": "a/B.wav", "text": "t", "speaker": 123456789012345678901234567890}',
+                    '{"audio_filepath": "a/C.wav", "text": "t", "duration": NaN}',
+                    '{"audio_filepath": "a/S.wav", "text": "\\ud800"}', deep)
+    entries, rejected = parse_manifest(raw)
+    assert entries == [Entry("A", "plain", 1, audio="a/A.wav", duration=0.1 + 0.2),
+                       Entry("B", "t", 2, "123456789012345678901234567890", audio="a/B.wav")]
+    assert [(r.line, r.reason) for r in rejected] == [
+        (3, "manifest line 3 has a 'duration' that is not a finite number (nan)"),
+        (4, "manifest line 4 has a lone surrogate escape (\\ud800 to \\udfff) where text should be"),
+        (5, "manifest line 5 is not JSON: nested too deeply")]
+    fast, rejected_fast = parse_manifest(raw.replace(b"123456789012345678901234567890", b"12"))
+    assert fast[0] == entries[0] and fast[1].speaker == "12" and [r.line for r in rejected_fast] == [3, 4, 5]
+
+
+@pytest.mark.parametrize("variant", ["plain", "no ids", "given ids", "speakers as integers", "normalized text",
+                                     "languages", "decomposed ids", "spaces", "integer durations", "no durations"])
+def test_manifest_columns_checked_at_once_are_the_line_at_a_time_ones(variant: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece whose lines all pass is checked a column at a time: the entries are those the
+    line at a time path makes, values and types alike; one faulty line sends the piece that way."""
+    rows = []
+    for i in range(12):
+        row: dict = {"audio_filepath": f"audio/c{i}.wav", "text": f"Clip {i}.", "duration": 1.5 + i / 8}
+        row.update({"no ids": {}, "given ids": {"id": f"clip-{i}"}, "speakers as integers": {"speaker": i % 3},
+                    "normalized text": {"normalized_text": None if i % 2 else f"clip {i}"},
+                    "languages": {"language": ["en", " de ", None][i % 3], "speaker": [None, "s1", " s2 "][i % 3]},
+                    "decomposed ids": {"id": f"Cafe\u0301-{i}"}, "spaces": {"text": f"  t {i} ", "id": f" c{i} "},
+                    "integer durations": {"duration": 1 + i % 2}, "no durations": {"duration": None},
+                    "plain": {"speaker": "s"}}[variant])
+        rows.append(row)
+    raw = _manifest(*rows, ascii_only=variant == "spaces")
+    checked, taken = layouts._checked_columns, []
+    monkeypatch.setattr(layouts, "_checked_columns", lambda *args: taken.append(checked(*args)) or taken[-1])
+    fast = manifest_columns(raw, 5)
+    assert taken[0] is not None  # the column at a time path
+    monkeypatch.setattr(layouts, "_checked_columns", lambda values, start_line: None)
+    slow = manifest_columns(raw, 5)
+    assert fast == slow and fast[1] == [] and len(fast[0].id) == 12
+    assert [type(d) for d in fast[0].duration] == [type(d) for d in slow[0].duration]
+    monkeypatch.undo()
+    faulty = _manifest(*rows[:6], dict(rows[0], text="again"), *rows[6:])
+    columns, rejected = manifest_columns(faulty, 5)
+    assert columns.id == fast[0].id and [r.line for r in rejected] == [11] and "duplicate id" in rejected[0].reason
 
 
 def test_manifest_bom_crlf_and_blank_lines() -> None:

@@ -58,6 +58,17 @@ def test_lost_characters_are_reported_in_order() -> None:
     assert made == Units("ok", "\u263a") and made.lost_frac == pytest.approx(1 / 3)
 
 
+@pytest.mark.parametrize("digits", ["spell", "keep"])
+@pytest.mark.parametrize("code", ["en", "de", "fa", "hi"])
+def test_unit_columns_are_normalize_of_each_text(digits: str, code: str) -> None:
+    """The characters front-end's batch path (plain ASCII texts in C-level calls) is normalize()."""
+    texts = ["Hello,  World!", " tab\tand\nnewline ", "back`tick", "Room 101, 3rd floor", "ctrl\x00char\x7f",
+             "", "   ", "Grüße", "ﬁne \u00a0space", "ok \u263a", "سلام\u200cها", "MiXeD CaSe.", "1,000 ways"] * 2
+    units, lost = make_frontend("characters", digits).unit_columns(texts, code)
+    assert list(zip(units, lost)) == [normalize(t, code, digits) for t in texts]
+    assert make_frontend("characters", digits).units(texts, code) == [Units(u, x) for u, x in zip(units, lost)]
+
+
 def test_unknown_language_is_one_clear_error() -> None:
     with pytest.raises(TextError, match="unknown language code 'xx'.*known: .*fa"):
         normalize("hi", "xx")
