@@ -35,7 +35,8 @@ from ..dataset.files import (UNMEASURED, list_audio, locate, metadata_location, 
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.shards import is_locator, probe_member, read_shards, remote_stat
 from ..dataset.storage import COUNTS, file_stamp, is_url
-from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings
+from ..dataset.table import (ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings,
+                             sorts_as_str)
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, parse_manifest
 from ..mel import min_num_samples, num_frames, num_frames_of
@@ -915,13 +916,13 @@ def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text
         for _, sample_id, lost_chars in p["lost"]:
             report.add(sample_id, lost_chars)
     lost = report.to_json()
-    table = _concatenated(parts)
+    agreed, by_id = _manifest_fingerprints(parts, manifest_sha256)
+    table = _concatenated(parts, _table_id_order(parts, by_id))
     stats.read_s = time.perf_counter() - read_started
     seen: set[str] = set()
     for p in parts:
         seen.update(p["seen"])
     vocab = Vocabulary.build(frontend, ["".join(sorted(seen))], table.languages, table.speakers)
-    agreed = _manifest_fingerprints(parts, manifest_sha256)
     if candidates:
         header = {"key": key, "root": str(root), "config": config, "rejected": columns_of(rejected, REJECTION_FIELDS),
                   "lost": lost, "vocabulary": vocab.state_dict()}
@@ -991,8 +992,9 @@ def _taken(offsets: np.ndarray, blob: bytes, rows: np.ndarray) -> tuple[np.ndarr
     return out, b"".join(pieces)
 
 
-def _concatenated(parts: list[dict[str, Any]]) -> SampleTable:
-    """The samples of every piece as one table, speaker and language codes into sorted names."""
+def _concatenated(parts: list[dict[str, Any]], id_order: np.ndarray | None) -> SampleTable:
+    """The samples of every piece as one table, speaker and language codes into sorted names;
+    ``id_order``: its rows in id order (None: the table sorts its ids when asked)."""
     speakers = sorted({p["speakers"][n] for p in parts for n in np.unique(p["numbers"]["speaker"]).tolist()})
     languages = sorted({p["languages"][n] for p in parts for n in np.unique(p["numbers"]["language"]).tolist()})
     codes = {"speaker": {name: n for n, name in enumerate(speakers)},
@@ -1014,7 +1016,20 @@ def _concatenated(parts: list[dict[str, Any]]) -> SampleTable:
         offsets = np.concatenate([p["strings"][name][0][:-1] + base for p, base in zip(parts, bases)]
                                  + [np.array([bases[-1]], np.int64)])
         strings[name] = (offsets, b"".join(p["strings"][name][1] for p in parts))
-    return SampleTable(numbers, strings, speakers, languages)
+    return SampleTable(numbers, strings, speakers, languages, id_order=id_order)
+
+
+def _table_id_order(parts: list[dict[str, Any]], by_id: np.ndarray) -> np.ndarray | None:
+    """The table's rows in id order (SampleTable.id_order) from the fingerprints' sort of every
+    entry the pieces kept (``by_id``: positions in those entries, one piece after the other): the
+    entries that became samples, as rows, with no second sort. None where the ids' bytes do not
+    sort as the ids do (table.sorts_as_str): the table sorts them itself when asked."""
+    if not all(sorts_as_str(p["strings"]["id"][1]) for p in parts):
+        return None
+    kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) for p in parts]
+    sampled = np.concatenate([p["rows"][k] >= 0 for p, k in zip(parts, kept)]) if parts else np.zeros(0, bool)
+    rows = np.cumsum(sampled) - 1  # an entry's row in the table, where it became a sample
+    return rows[by_id[sampled[by_id]]]
 
 
 def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleTable) -> list[tuple[str, str, str,
@@ -1034,9 +1049,10 @@ def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleT
     return list(out.values())
 
 
-def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) -> dict[str, Any]:
+def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) -> tuple[dict[str, Any], np.ndarray]:
     """:func:`agreement.fingerprints` of the pieces' entries (every clip measured by its
-    duration): their lines hashed in id order."""
+    duration): their lines hashed in id order; and that order (positions in the entries the
+    pieces kept, one piece after the other)."""
     kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) for p in parts]
     ids = [_taken(*p["ids"], k) if p["drop"] else p["ids"] for p, k in zip(parts, kept)]
     lines = [_taken(*p["metadata_lines"], k) if p["drop"] else p["metadata_lines"] for p, k in zip(parts, kept)]
@@ -1046,7 +1062,7 @@ def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) ->
     meta = _gathered_digest(lines, order)
     audio = _gathered_digest([_taken(*p["audio_lines"], k) if p["drop"] else p["audio_lines"]
                               for p, k in zip(parts, kept)], order)
-    return {"metadata": meta, "audio": audio, "missing": 0, "metadata_sha256": manifest_sha256}
+    return {"metadata": meta, "audio": audio, "missing": 0, "metadata_sha256": manifest_sha256}, order
 
 
 def _fixed_width(offsets: np.ndarray, blob: bytes, width: int) -> np.ndarray:

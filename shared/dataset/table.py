@@ -58,7 +58,8 @@ class SampleTable(Sequence[Sample]):
     ``speakers``, ``languages``: the names the codes stand for."""
 
     def __init__(self, numbers: Mapping[str, np.ndarray], strings: Mapping[str, tuple[np.ndarray, Any]],
-                 speakers: Sequence[str], languages: Sequence[str], rows: np.ndarray | None = None) -> None:
+                 speakers: Sequence[str], languages: Sequence[str], rows: np.ndarray | None = None,
+                 id_order: np.ndarray | None = None) -> None:
         self._numbers = dict(numbers)
         self._strings = {name: (offsets, memoryview(blob)) for name, (offsets, blob) in strings.items()}
         self.speakers = list(speakers)
@@ -67,7 +68,7 @@ class SampleTable(Sequence[Sample]):
         self._len = len(rows) if rows is not None else len(self._numbers["num_frames"])
         self._id_rows: tuple[np.ndarray, np.ndarray] | None = None  # (sorted id hashes, their rows)
         self._ids: list[str] | None = None
-        self._id_order: np.ndarray | None = None  # rows by clip id (id_order)
+        self._id_order = id_order  # rows by clip id (id_order): the builder's, when it sorted the ids
 
     @classmethod
     def from_samples(cls, samples: Iterable[Sample]) -> "SampleTable":
@@ -168,10 +169,9 @@ class SampleTable(Sequence[Sample]):
         surrogate escape) or a NUL (lost in the padding). Otherwise UTF-8 orders as the code
         points do. Made from the blob, without a bytes object per id."""
         offsets, blob = self._strings["id"]
-        raw = np.frombuffer(blob, np.uint8)
-        if len(raw) and (raw.min() == 0 or (raw.max() >= ASCII_END and not _strict_utf8(blob))):
+        if not sorts_as_str(blob):
             return None
-        return fixed_width(offsets, raw, self._rows)
+        return fixed_width(offsets, np.frombuffer(blob, np.uint8), self._rows)
 
     def id_order(self) -> np.ndarray:
         """The rows ordered by clip id (Python's str order; equal ids in row order), as int64: the
@@ -269,13 +269,10 @@ class SampleTable(Sequence[Sample]):
         if count and (numbers["speaker"].max() >= len(speakers) or numbers["language"].max() >= len(languages)
                       or numbers["speaker"].min() < 0 or numbers["language"].min() < 0):
             raise ValueError("a speaker or language code outside its table")
-        table = cls(numbers, strings, speakers, languages)
-        if ID_ORDER_SECTION in sections:
-            order = np.frombuffer(sections[ID_ORDER_SECTION], np.int64)
-            if len(order) != count:
-                raise ValueError("the rows in id order are not the table's")
-            table._id_order = order
-        return table
+        order = np.frombuffer(sections[ID_ORDER_SECTION], np.int64) if ID_ORDER_SECTION in sections else None
+        if order is not None and len(order) != count:
+            raise ValueError("the rows in id order are not the table's")
+        return cls(numbers, strings, speakers, languages, id_order=order)
 
 
 def hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -318,13 +315,18 @@ def fixed_width(offsets: np.ndarray, raw: np.ndarray, rows: np.ndarray | None = 
     return keys.view(f"S{width}").ravel()
 
 
-def _strict_utf8(blob: Any) -> bool:
-    """Whether ``blob`` is UTF-8 as written, without a surrogate escape (an undecodable byte)."""
+def sorts_as_str(blob: Any) -> bool:
+    """Whether strings of a blob, zero-padded to one width, sort in bytes order as Python sorts
+    the strings: no NUL (lost in the padding) and UTF-8 as written, without a surrogate escape
+    (an undecodable byte); UTF-8 orders as the code points do."""
+    raw = np.frombuffer(blob, np.uint8)
+    if not len(raw) or raw.max() < ASCII_END:
+        return not len(raw) or raw.min() > 0
     try:
         codecs.utf_8_decode(blob, "strict", True)
     except UnicodeDecodeError:
         return False
-    return True
+    return raw.min() > 0
 
 
 def _same_strings(a: tuple[np.ndarray, Any], b: tuple[np.ndarray, Any]) -> bool:

@@ -13,6 +13,7 @@ import pytest
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index
 from stoker.shared.dataset import index as index_module
+from stoker.shared.dataset import table as table_module
 
 FEATURES = FeaturesConfig()
 
@@ -68,8 +69,10 @@ def test_the_chunked_build_is_the_one_process_build(tmp_path: Path, monkeypatch:
     root.mkdir()
     (root / "train.jsonl").write_bytes(b"".join(_lines()))
     one = _build(root, tmp_path / "one", monkeypatch, chunked=False, max_lost_frac=max_lost_frac)
-    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers,
-                    max_lost_frac=max_lost_frac)
+    with monkeypatch.context() as m:  # the rows in id order from the fingerprints' sort, not a second one
+        m.setattr(table_module, "fixed_width", lambda *args: pytest.fail("the ids are sorted again"))
+        pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers,
+                        max_lost_frac=max_lost_frac)
     assert len(index_module._manifest_ranges(root / "train.jsonl", 700)) > 5  # many pieces, repeats across them
     assert pieces.stats.workers == workers
     assert list(pieces.samples) == list(one.samples) and len(one.samples) > 40
@@ -86,6 +89,9 @@ def test_the_chunked_build_is_the_one_process_build(tmp_path: Path, monkeypatch:
     (one_file,) = (tmp_path / "one").iterdir()
     (pieces_file,) = (tmp_path / "pieces").iterdir()
     assert pieces_file.read_bytes() == one_file.read_bytes()
+    ids = one.samples.ids()  # the rows in id order, taken from the fingerprints' sort of the pieces' ids
+    by_id = sorted(range(len(ids)), key=ids.__getitem__)
+    assert pieces.samples.id_order().tolist() == by_id and (by_id != list(range(len(ids)))) == (max_lost_frac > 0)
     warm = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, max_lost_frac=max_lost_frac)
     assert warm.stats.cache == "hit" and list(warm.samples) == list(one.samples)
 
