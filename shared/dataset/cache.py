@@ -1,9 +1,10 @@
 """The index cache: where it lives, its key, and its file format; the feature cache's directory.
 
 A cache file is a small checksummed msgpack header (the key, the config, the rejections, the
-vocabulary, a table of sections) and sections, each with its CRC-32: the numeric columns and
-string blobs of the samples (shared/dataset/table.py), mapped read-only when loaded, and a
-msgpack section of what a later rebuild can reuse (read only then).
+vocabulary, a table of sections) and sections, each with its xxh3-64 checksum: the numeric
+columns and string blobs of the samples and their rows in id order (shared/dataset/table.py),
+mapped read-only when loaded, and a msgpack section of what a later rebuild can reuse (read
+only then).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import mmap
 import os
 import struct
 import tempfile
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import msgpack
 import numpy as np
+import xxhash
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.types import AudioFile
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 # Bump when the cache layout or any rule that derives the index from its inputs changes.
-INDEX_FORMAT = 7
+INDEX_FORMAT = 8
 
 
 # Cache files start with this magic, then the SHA-256 of the msgpack header that follows.
@@ -51,8 +52,9 @@ SECTION_ALIGN = 64
 MAX_HEADER_BYTES = 1 << 30
 
 
-# Sections are checked by reading this much of the file at a time.
-CRC_CHUNK_BYTES = 8 << 20
+# Sections are checked this much of the mapped file at a time, each piece's pages let go of once
+# hashed (a warm load of 10 M clips hashes ~1 GB: it would otherwise all count as the process's memory).
+CHECK_CHUNK_BYTES = 8 << 20
 
 
 # "" in data.index_cache: the dataset's own hidden directory, else the user cache dir.
@@ -157,10 +159,14 @@ def feature_cache_dir(setting: str, root: Path) -> str:
 @dataclass
 class CachedIndex:
     """An index cache file as read: its header (the key, the config, the rejections, the
-    vocabulary, the section table) and its sections, views of the file mapped read-only."""
+    vocabulary, the section table) and its sections, views of the file mapped read-only.
+    ``file``: the whole mapped file; ``start``: where its sections begin."""
 
     header: dict[str, Any]
     sections: dict[str, memoryview]
+    file: memoryview = field(default_factory=lambda: memoryview(b""))
+    start: int = 0
+    checked: bool = False
 
     def unpack(self, name: str) -> Any:
         """A msgpack section; ValueError when it cannot be parsed."""
@@ -169,6 +175,34 @@ class CachedIndex:
         except Exception as exc:  # msgpack raises several types for bad data
             raise ValueError(f"bad section {name} ({type(exc).__name__})") from None
 
+    def check(self) -> "CachedIndex":
+        """Every section with its padding against its checksum; ValueError on a mismatch. Hashed
+        from the mapping :data:`CHECK_CHUNK_BYTES` at a time, each piece's pages let go of after:
+        only the pages a run reads later become its memory."""
+        if self.checked:
+            return self
+        for offset, nbytes, checksum in self.header["sections"].values():
+            first, end = self.start + offset, self.start + offset + nbytes + -nbytes % SECTION_ALIGN
+            digest = xxhash.xxh3_64()
+            for at in range(first, end, CHECK_CHUNK_BYTES):
+                digest.update(self.file[at:min(end, at + CHECK_CHUNK_BYTES)])
+                _let_go(self.file, at, min(end, at + CHECK_CHUNK_BYTES))
+            if digest.intdigest() != checksum:
+                raise ValueError("checksum mismatch")
+        self.checked = True
+        return self
+
+
+def _let_go(file: memoryview, start: int, end: int) -> None:
+    """Drop the whole pages of bytes [start, end) of a mapped file from this process: clean pages
+    of a file, read again from the page cache if touched."""
+    mapped = file.obj
+    if isinstance(mapped, mmap.mmap) and hasattr(mapped, "madvise"):  # madvise: not on every platform
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = end // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
+
 
 def _buffer(data: bytes | np.ndarray | memoryview) -> memoryview:
     return memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
@@ -176,15 +210,17 @@ def _buffer(data: bytes | np.ndarray | memoryview) -> memoryview:
 
 def pack_index(header: dict[str, Any], sections: Mapping[str, bytes | np.ndarray | memoryview]) -> list[memoryview]:
     """The parts of a cache file, in order: magic, SHA-256 of the header, its length, the header
-    (msgpack, with the section table: name -> [offset from the data start, bytes, CRC-32]), then
-    each section at a multiple of :data:`SECTION_ALIGN` bytes."""
+    (msgpack, with the section table: name -> [offset from the data start, bytes, xxh3-64 of the
+    section and its padding]), then each section at a multiple of :data:`SECTION_ALIGN` bytes."""
     table: dict[str, list[int]] = {}
     body: list[memoryview] = []
     offset = 0
     for name, data in sections.items():
         view = _buffer(data)
         pad = -view.nbytes % SECTION_ALIGN
-        table[name] = [offset, view.nbytes, zlib.crc32(bytes(pad), zlib.crc32(view))]  # the padding checked too
+        digest = xxhash.xxh3_64(view)
+        digest.update(bytes(pad))  # the padding checked too
+        table[name] = [offset, view.nbytes, digest.intdigest()]
         body.append(view)
         if pad:
             body.append(memoryview(bytes(pad)))
@@ -195,10 +231,11 @@ def pack_index(header: dict[str, Any], sections: Mapping[str, bytes | np.ndarray
     return [memoryview(prefix), *body]
 
 
-def open_index(path: Path) -> CachedIndex:
-    """A cache file's header and sections; ValueError if it is not one, fails a checksum or does
-    not hold what its header says. The sections are checked by reading the file, then mapped:
-    only the pages a run reads of them become its memory."""
+def open_index(path: Path, check: bool = True) -> CachedIndex:
+    """A cache file's header and sections, mapped read-only; ValueError if it is not one, fails a
+    checksum or does not hold what its header says. ``check`` False: the sections are not hashed
+    yet (:meth:`CachedIndex.check`, before they are used), so a file whose header tells it is not
+    the one wanted costs only its header."""
     with open(path, "rb") as f:
         fixed = len(INDEX_CACHE_MAGIC) + 32 + 8
         lead = f.read(fixed)
@@ -219,27 +256,14 @@ def open_index(path: Path) -> CachedIndex:
         table = header.get("sections")
         if not isinstance(table, dict):
             raise ValueError("no section table")
-        for name, (offset, nbytes, crc) in table.items():
-            if start + offset + nbytes > size:
+        for name, (offset, nbytes, _) in table.items():
+            if start + offset + nbytes + -nbytes % SECTION_ALIGN > size:
                 raise ValueError(f"section {name} is cut short")
-            if _crc32(f, start + offset, nbytes + -nbytes % SECTION_ALIGN) != crc:
-                raise ValueError("checksum mismatch")
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
     view = memoryview(mapped) if mapped is not None else memoryview(b"")
     sections = {name: view[start + offset:start + offset + nbytes] for name, (offset, nbytes, _) in table.items()}
-    return CachedIndex(header, sections)
-
-
-def _crc32(f: Any, offset: int, nbytes: int) -> int:
-    crc = 0
-    f.seek(offset)
-    while nbytes > 0:
-        chunk = f.read(min(nbytes, CRC_CHUNK_BYTES))
-        if not chunk:
-            break
-        crc = zlib.crc32(chunk, crc)
-        nbytes -= len(chunk)
-    return crc
+    cached = CachedIndex(header, sections, view, start)
+    return cached.check() if check else cached
 
 
 def read_cache(candidates: list[Path], key: str) -> tuple[Path | None, CachedIndex | None, str]:
@@ -253,7 +277,10 @@ def read_cache(candidates: list[Path], key: str) -> tuple[Path | None, CachedInd
     corrupt = False
     for path in candidates:
         try:
-            cached = open_index(path)
+            cached = open_index(path, check=False)
+            if cached.header.get("key") != key and reusable is not None:
+                continue  # neither the one wanted nor the first reusable: its sections are not read
+            cached.check()
         except (FileNotFoundError, NotADirectoryError):
             continue
         except ValueError as exc:
@@ -265,8 +292,7 @@ def read_cache(candidates: list[Path], key: str) -> tuple[Path | None, CachedInd
             continue
         if cached.header.get("key") == key:
             return path, cached, "hit"
-        if reusable is None:
-            reusable = (path, cached)
+        reusable = (path, cached)
     if reusable is not None:
         return reusable[0], reusable[1], "stale"
     return None, None, "corrupt" if corrupt else "miss"

@@ -34,8 +34,9 @@ from ..dataset.files import (UNMEASURED, list_audio, locate, metadata_location, 
                              resolve_audio)
 from ..dataset.probe import expected_samples, probe_audio
 from ..dataset.shards import is_locator, probe_member, read_shards, remote_stat
-from ..dataset.storage import COUNTS, is_url
-from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings
+from ..dataset.storage import COUNTS, file_stamp, is_url
+from ..dataset.table import (ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings,
+                             sorts_as_str)
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, manifest_columns
 from ..mel import min_num_samples, num_frames, num_frames_of
@@ -230,19 +231,23 @@ def _shared_work(fn: Callable[..., Any], tasks: Sequence[tuple], helpers: int, w
                 def top_up() -> None:
                     while todo and len(running) < 2 * helpers:
                         n = todo.popleft()
-                        running[pool.submit(fn, *tasks[n])] = n
+                        running[pool.submit(_counted, fn, *tasks[n])] = n
+
+                def take(future: concurrent.futures.Future) -> None:
+                    m = running.pop(future)
+                    results[m], retries = future.result()
+                    done[m] = True
+                    COUNTS.retries += retries  # a helper's reads retried, counted as this process's
 
                 top_up()
                 while todo:
                     n = todo.pop()
                     results[n], done[n] = fn(*tasks[n]), True
                     for future in [f for f in running if f.done()]:
-                        m = running.pop(future)
-                        results[m], done[m] = future.result(), True
+                        take(future)
                     top_up()
                 for future in concurrent.futures.as_completed(list(running)):
-                    m = running.pop(future)
-                    results[m], done[m] = future.result(), True
+                    take(future)
         except TextError:
             raise
         except Exception as exc:  # any failure of the pool itself; the work is redone here
@@ -253,6 +258,14 @@ def _shared_work(fn: Callable[..., Any], tasks: Sequence[tuple], helpers: int, w
         if not finished:
             results[n] = fn(*tasks[n])
     return results, max(helpers, 0) + 1
+
+
+def _counted(fn: Callable[..., Any], *args: Any) -> tuple[Any, int]:
+    """``fn(*args)`` in a helper process, with the read retries it made there (storage.COUNTS),
+    for :func:`_shared_work` to add to this process's count."""
+    before = COUNTS.retries
+    result = fn(*args)
+    return result, COUNTS.retries - before
 
 
 def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | None = None,
@@ -294,9 +307,12 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     # a manifest at a URL is read whole by the one-process build (its pieces are local byte ranges)
     size = _size(root / metadata_file) if is_manifest(metadata_file) and not is_url(metadata_file) else 0
     chunked = fixed is None and size >= CHUNKED_MIN_BYTES
+    # A manifest's cache is found by its stamp (size and mtime, or a store's version or ETag: no
+    # read), taken before the manifest is read; by its content's hash where there is no stamp.
+    stamp = file_stamp(metadata_location(root, metadata_file)) if is_manifest(metadata_file) and candidates else ""
     manifest_sha256 = (_sha256_of(metadata_location(root, metadata_file))
-                       if is_manifest(metadata_file) and (candidates or chunked) else "")
-    quick = _digest(config, manifest_sha256) if candidates and manifest_sha256 else ""
+                       if is_manifest(metadata_file) and candidates and not stamp else "")
+    quick = _digest(config, stamp or manifest_sha256) if stamp or manifest_sha256 else ""
     found = _manifest_hit(root, candidates, quick) if quick else None
     if found is not None:  # a manifest as cached: neither parsed nor held in memory
         try:
@@ -306,8 +322,11 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         else:
             stats = IndexStats(cache="hit", cache_file=str(found[0]))
             return _finish(root, *loaded, found[1].header["key"], stats, started, False, None, data)
+    if chunked:
+        manifest_sha256 = manifest_sha256 or _sha256_of(metadata_location(root, metadata_file))
     if manifest_sha256 and chunked:
-        built = _build_manifest(root, data, features, text, frontend, config, candidates, manifest_sha256, started)
+        built = _build_manifest(root, data, features, text, frontend, config, candidates, manifest_sha256,
+                                _digest(config, stamp or manifest_sha256), started)
         if built is not None:
             return built
     metadata = read_metadata_bytes(root, data.metadata_file)
@@ -355,7 +374,7 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
                                  vocab)
         header["agreement"] = agreed
         if is_manifest(metadata_file):
-            header["manifest"] = {"digest": _digest(config, hashlib.sha256(metadata).hexdigest()),
+            header["manifest"] = {"digest": _digest(config, stamp or hashlib.sha256(metadata).hexdigest()),
                                   "measured": _measured(entries, audio)}
     del entries, units, probes  # the clips are in the samples now: not held while they become columns
     table = SampleTable.from_samples(samples)
@@ -375,8 +394,10 @@ def _loaded(cached: CachedIndex, fixed: Vocabulary | None) -> tuple[SampleTable,
             fixed or Vocabulary.from_state_dict(header["vocabulary"]))
 
 
-def _digest(config: dict[str, Any], metadata_sha256: str) -> str:
-    return hashlib.sha256(f"{sorted(config.items())!r}\0{metadata_sha256}".encode()).hexdigest()
+def _digest(config: dict[str, Any], manifest: str) -> str:
+    """What a manifest's cache file is found by: the config and the manifest's stamp
+    (storage.file_stamp), or its content's SHA-256 (hex) where it has none."""
+    return hashlib.sha256(f"{sorted(config.items())!r}\0{manifest}".encode()).hexdigest()
 
 
 def _sha256_of(path: str) -> str:
@@ -410,11 +431,11 @@ def _measured(entries: Sequence[Entry], audio: dict[str, AudioFile]) -> list[lis
 
 def _manifest_hit(root: Path, candidates: list[Path], digest: str) -> tuple[Path, CachedIndex] | None:
     """A cache file of this manifest under this config whose measured audio files are as they
-    were (:func:`_measured`): one stat each, no parse of the manifest. None: take the long way
-    (which also reports a corrupt cache)."""
+    were (:func:`_measured`): one stat each, no parse of the manifest; its sections checked. None:
+    take the long way (which also reports a corrupt cache)."""
     for path in candidates:
         try:
-            cached = open_index(path)
+            cached = open_index(path, check=False)
         except (OSError, ValueError):
             continue
         manifest = cached.header.get("manifest")
@@ -423,7 +444,7 @@ def _manifest_hit(root: Path, candidates: list[Path], digest: str) -> tuple[Path
         try:
             if all(_stat(name if is_url(name) else root / name) == (size, mtime)
                    for name, size, mtime in manifest["measured"]):
-                return path, cached
+                return path, cached.check()
         except (TypeError, ValueError):
             continue
     return None
@@ -871,11 +892,24 @@ def _run_chunks(path: Path, ranges: list[tuple[int, int, int]], workers: int, da
 
 
 def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
-                    config: dict[str, Any], candidates: list[Path], manifest_sha256: str,
+                    config: dict[str, Any], candidates: list[Path], manifest_sha256: str, digest: str,
                     started: float) -> DatasetIndex | None:
     """The index of a manifest whose clips all give their durations, built in pieces (section
-    comment); None when a clip gives none (then the one-process build reads its header)."""
+    comment); None when a clip gives none (then the one-process build reads its header). A cache
+    file of the same content is loaded before anything is parsed (the manifest's stamp changed,
+    not its bytes); ``digest``: what the cache file written is found by (:func:`_manifest_hit`)."""
     path = root / data.metadata_file
+    key = index_key_of(bytes.fromhex(manifest_sha256), {}, config)
+    cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
+    if state == "hit" and cached is not None:
+        try:
+            loaded = _loaded(cached, None)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
+            state = "corrupt"
+        else:
+            return _finish(root, *loaded, key, IndexStats(cache="hit", cache_file=str(cache_path)), started, False,
+                           None, data)
     read_started = time.perf_counter()
     try:
         ranges = _manifest_ranges(path, BUILD_CHUNK_BYTES)
@@ -886,18 +920,7 @@ def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text
         log.info("%s has clips without a duration: their audio headers are read", path)
         return None
     parts: list[dict[str, Any]] = chunks  # type: ignore[assignment]
-    key = index_key_of(bytes.fromhex(manifest_sha256), {}, config)
-    cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
     stats = IndexStats(cache=state, workers=workers, texts_tokenized=sum(p["tokenized"] for p in parts))
-    if state == "hit" and cached is not None:
-        try:
-            loaded = _loaded(cached, None)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("index cache %s is unusable (%s); rebuilding the index", cache_path, exc)
-            stats.cache = "corrupt"
-        else:
-            stats.cache_file = str(cache_path)
-            return _finish(root, *loaded, key, stats, started, False, None, data)
     parsed = [r for p in parts for r in p["parsed"]] + _repeated_ids(parts)
     parsed.sort(key=lambda r: r.line)  # as one pass over the lines finds them
     for p in parts:
@@ -908,13 +931,13 @@ def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text
         for _, sample_id, lost_chars in p["lost"]:
             report.add(sample_id, lost_chars)
     lost = report.to_json()
-    table = _concatenated(parts)
+    agreed, by_id = _manifest_fingerprints(parts, manifest_sha256)
+    table = _concatenated(parts, _table_id_order(parts, by_id))
     stats.read_s = time.perf_counter() - read_started
     seen: set[str] = set()
     for p in parts:
         seen.update(p["seen"])
     vocab = Vocabulary.build(frontend, ["".join(sorted(seen))], table.languages, table.speakers)
-    agreed = _manifest_fingerprints(parts, manifest_sha256)
     if candidates:
         header = {"key": key, "root": str(root), "config": config, "rejected": columns_of(rejected, REJECTION_FIELDS),
                   "lost": lost, "vocabulary": vocab.state_dict()}
@@ -923,7 +946,7 @@ def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text
                            **{f: [row[i] for row in _listed(parts, parsed, table)] for i, f in
                               enumerate(UNITS_FIELDS)}}}
         header["agreement"] = agreed
-        header["manifest"] = {"digest": _digest(config, manifest_sha256), "measured": []}
+        header["manifest"] = {"digest": digest, "measured": []}
         header["names"] = {"speakers": table.speakers, "languages": table.languages}
         written = write_cache(candidates, pack_index(header, {**table.sections(),
                                                               "reuse": msgpack.packb(reuse, use_bin_type=True)}))
@@ -984,8 +1007,9 @@ def _taken(offsets: np.ndarray, blob: bytes, rows: np.ndarray) -> tuple[np.ndarr
     return out, b"".join(pieces)
 
 
-def _concatenated(parts: list[dict[str, Any]]) -> SampleTable:
-    """The samples of every piece as one table, speaker and language codes into sorted names."""
+def _concatenated(parts: list[dict[str, Any]], id_order: np.ndarray | None) -> SampleTable:
+    """The samples of every piece as one table, speaker and language codes into sorted names;
+    ``id_order``: its rows in id order (None: the table sorts its ids when asked)."""
     speakers = sorted({p["speakers"][n] for p in parts for n in np.unique(p["numbers"]["speaker"]).tolist()})
     languages = sorted({p["languages"][n] for p in parts for n in np.unique(p["numbers"]["language"]).tolist()})
     codes = {"speaker": {name: n for n, name in enumerate(speakers)},
@@ -1007,7 +1031,20 @@ def _concatenated(parts: list[dict[str, Any]]) -> SampleTable:
         offsets = np.concatenate([p["strings"][name][0][:-1] + base for p, base in zip(parts, bases)]
                                  + [np.array([bases[-1]], np.int64)])
         strings[name] = (offsets, b"".join(p["strings"][name][1] for p in parts))
-    return SampleTable(numbers, strings, speakers, languages)
+    return SampleTable(numbers, strings, speakers, languages, id_order=id_order)
+
+
+def _table_id_order(parts: list[dict[str, Any]], by_id: np.ndarray) -> np.ndarray | None:
+    """The table's rows in id order (SampleTable.id_order) from the fingerprints' sort of every
+    entry the pieces kept (``by_id``: positions in those entries, one piece after the other): the
+    entries that became samples, as rows, with no second sort. None where the ids' bytes do not
+    sort as the ids do (table.sorts_as_str): the table sorts them itself when asked."""
+    if not all(sorts_as_str(p["strings"]["id"][1]) for p in parts):
+        return None
+    kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) for p in parts]
+    sampled = np.concatenate([p["rows"][k] >= 0 for p, k in zip(parts, kept)]) if parts else np.zeros(0, bool)
+    rows = np.cumsum(sampled) - 1  # an entry's row in the table, where it became a sample
+    return rows[by_id[sampled[by_id]]]
 
 
 def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleTable) -> list[tuple[str, str, str,
@@ -1027,9 +1064,10 @@ def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleT
     return list(out.values())
 
 
-def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) -> dict[str, Any]:
+def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) -> tuple[dict[str, Any], np.ndarray]:
     """:func:`agreement.fingerprints` of the pieces' entries (every clip measured by its
-    duration): their lines hashed in id order."""
+    duration): their lines hashed in id order; and that order (positions in the entries the
+    pieces kept, one piece after the other)."""
     kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) for p in parts]
     ids = [_taken(*p["ids"], k) if p["drop"] else p["ids"] for p, k in zip(parts, kept)]
     lines = [_taken(*p["metadata_lines"], k) if p["drop"] else p["metadata_lines"] for p, k in zip(parts, kept)]
@@ -1039,7 +1077,7 @@ def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) ->
     meta = _gathered_digest(lines, order)
     audio = _gathered_digest([_taken(*p["audio_lines"], k) if p["drop"] else p["audio_lines"]
                               for p, k in zip(parts, kept)], order)
-    return {"metadata": meta, "audio": audio, "missing": 0, "metadata_sha256": manifest_sha256}
+    return {"metadata": meta, "audio": audio, "missing": 0, "metadata_sha256": manifest_sha256}, order
 
 
 def _fixed_width(offsets: np.ndarray, blob: bytes, width: int) -> np.ndarray:

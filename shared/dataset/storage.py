@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import io
 import logging
+import os
 import re
 import threading
 import time
@@ -50,6 +51,15 @@ RETRY_BACKOFF_S = 0.1
 # Files a reader keeps open: the shards a producer is reading from at once (batching.shard_window
 # of them, for the plan's default window, plus one being left).
 MAX_OPEN_FILES = 8
+
+
+# Fields of fsspec's info() that name an object's version (S3's VersionId and ETag, GCS's
+# generation and etag, an HTTP server's ETag), in order; a store that gives none of them is asked
+# for a modification time (MTIME_FIELDS).
+VERSION_FIELDS = ("VersionId", "generation", "ETag", "etag")
+
+
+MTIME_FIELDS = ("LastModified", "updated", "mtime", "Last-Modified")
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -281,6 +291,31 @@ def read_url(url: str) -> bytes:
     FileNotFoundError (no such file) or StorageError (unreadable after its retries)."""
     with RetryingFile(url) as f:
         return f.read()
+
+
+def file_stamp(where: str) -> str:
+    """What tells the file at ``where`` (a path here, or a URL) from another version of it without
+    reading it: its byte size and modification time here; at a URL its size and the version or
+    ETag the store's info() gives (else its modification time), one request. "" when there is
+    no such file or the store gives no size or none of those (then only the content tells)."""
+    if not is_url(where):
+        try:
+            st = os.stat(where)
+        except OSError:
+            return ""
+        return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
+    try:
+        fs, path = url_fs(where)
+        fs.invalidate_cache(path)  # a listing cached by this process may be of an older version
+        info = fs.info(path)
+    except (FileNotFoundError, StorageError, ValueError, *transit_errors()) as exc:
+        log.info("cannot look up %s (%s): its content is hashed instead", shown(where), type(exc).__name__)
+        return ""
+    tags = [f"{name}={info[name]}" for name in VERSION_FIELDS if info.get(name)] \
+        or [f"{name}={info[name]}" for name in MTIME_FIELDS if info.get(name)]
+    if info.get("size") is None or not tags:
+        return ""
+    return ";".join([f"size={info['size']}", *tags])
 
 
 def open_file(path: str) -> IO[bytes]:

@@ -10,6 +10,7 @@ Planning reads the columns (:meth:`SampleTable.column`), never a Sample per clip
 
 from __future__ import annotations
 
+import codecs
 import os
 from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence, Sized, overload
 
@@ -49,8 +50,16 @@ JOIN_GRID_BYTES = 64
 FILE_READ_STRINGS = 4096
 
 
-# Ids are hashed this many at a time (a few arrays of this length at once).
+# Ids are hashed (and made keys) this many at a time (a few arrays of this length at once).
 ID_HASH_CHUNK = 1 << 20
+
+
+# The section of the rows in id order (SampleTable.id_order).
+ID_ORDER_SECTION = "r.id_order"
+
+
+# The units not stored when they equal the texts (a front-end that keeps the text as it is).
+UNITS_AS_TEXT = ("units", "text")
 
 
 class SampleTable(Sequence[Sample]):
@@ -59,7 +68,8 @@ class SampleTable(Sequence[Sample]):
     ``speakers``, ``languages``: the names the codes stand for."""
 
     def __init__(self, numbers: Mapping[str, np.ndarray], strings: Mapping[str, tuple[np.ndarray, Any]],
-                 speakers: Sequence[str], languages: Sequence[str], rows: np.ndarray | None = None) -> None:
+                 speakers: Sequence[str], languages: Sequence[str], rows: np.ndarray | None = None,
+                 id_order: np.ndarray | None = None) -> None:
         self._numbers = dict(numbers)
         self._strings = {name: (offsets, blob if isinstance(blob, FileBlob) else memoryview(blob))
                          for name, (offsets, blob) in strings.items()}
@@ -69,7 +79,7 @@ class SampleTable(Sequence[Sample]):
         self._len = len(rows) if rows is not None else len(self._numbers["num_frames"])
         self._id_rows: tuple[np.ndarray, np.ndarray] | None = None  # (sorted id hashes, their rows)
         self._ids: list[str] | None = None
-        self._id_order: np.ndarray | None = None  # rows by clip id (id_order)
+        self._id_order = id_order  # rows by clip id (id_order): the builder's, when it sorted the ids
 
     @classmethod
     def from_samples(cls, samples: Iterable[Sample]) -> "SampleTable":
@@ -201,29 +211,23 @@ class SampleTable(Sequence[Sample]):
         return self._ids
 
     def id_keys(self) -> np.ndarray | None:
-        """Every clip's id as fixed-width bytes (numpy ``S``), in order, for sorting by id in C;
-        None when an id is not ASCII (only then is byte order not str order). Made from the
-        blob, without a bytes object per id."""
+        """Every clip's id as fixed-width bytes (numpy ``S``, zero-padded), in order, for sorting by
+        id in C; None when bytes order is not str order: an id with an undecodable byte (a
+        surrogate escape) or a NUL (lost in the padding). Otherwise UTF-8 orders as the code
+        points do. Made from the blob, without a bytes object per id."""
         offsets, blob = self._strings["id"]
-        raw = np.frombuffer(buffer_of(blob), np.uint8)
-        if len(raw) and raw.max() >= ASCII_END:
+        if not sorts_as_str(buffer_of(blob)):
             return None
-        rows = self._rows if self._rows is not None else np.arange(self._len)
-        starts = offsets[rows]
-        lengths = offsets[rows + 1] - starts
-        width = max(1, int(lengths.max()) if len(rows) else 1)
-        keys = np.zeros((len(rows), width), np.uint8)
-        for k in range(width):
-            has = np.flatnonzero(lengths > k)
-            keys[has, k] = raw[starts[has] + k]
-        return keys.view(f"S{width}").ravel()
+        return fixed_width(offsets, np.frombuffer(buffer_of(blob), np.uint8), self._rows)
 
     def id_order(self) -> np.ndarray:
-        """The rows ordered by clip id (Python's str order), as int64: made once and kept. The
-        planner's canonical order, so that a plan does not depend on the metadata's line order."""
+        """The rows ordered by clip id (Python's str order; equal ids in row order), as int64: the
+        planner's canonical order, so that a plan does not depend on the metadata's line order.
+        Stored in the index cache (a section, :meth:`sections`) and mapped on a warm load; made
+        once on demand for a table made otherwise (a view, :meth:`from_samples`)."""
         if self._id_order is None:
             keys = self.id_keys()
-            if keys is not None:  # ASCII: bytes order is str order, a sort in C
+            if keys is not None:  # bytes order is str order: a sort in C (adaptive: ids in order cost a pass)
                 order = np.argsort(keys, kind="stable")
             else:
                 ids = self.ids()
@@ -284,14 +288,20 @@ class SampleTable(Sequence[Sample]):
 
     # ------------------------------------------------------------ storage
     def sections(self) -> dict[str, bytes | np.ndarray]:
-        """The arrays and blobs to store (:meth:`from_sections` reads them back); of a whole table."""
+        """The arrays and blobs to store (:meth:`from_sections` reads them back); of a whole table.
+        The rows in id order are stored (``r.id_order``: made here if not yet); units equal to
+        the texts clip for clip (a front-end that keeps the text as it is) are not: the texts'
+        sections serve both."""
         if self._rows is not None:
             raise ValueError("a view of a table is not stored")
         out: dict[str, bytes | np.ndarray] = {f"n.{name}": np.ascontiguousarray(col, NUMBER_COLUMNS[name])
                                              for name, col in self._numbers.items()}
         for name, (offsets, blob) in self._strings.items():
+            if name == UNITS_AS_TEXT[0] and _same_strings((offsets, blob), self._strings[UNITS_AS_TEXT[1]]):
+                continue
             out[f"o.{name}"] = np.ascontiguousarray(offsets, np.int64)
             out[f"s.{name}"] = buffer_of(blob)
+        out[ID_ORDER_SECTION] = self.id_order()
         return out
 
     @classmethod
@@ -303,10 +313,13 @@ class SampleTable(Sequence[Sample]):
         count = len(numbers["num_frames"])
         strings = {}
         for name in STRING_COLUMNS:
+            if name == UNITS_AS_TEXT[0] and f"s.{name}" not in sections and f"o.{name}" not in sections:
+                strings[name] = strings[UNITS_AS_TEXT[1]]
+                continue
             offsets = np.frombuffer(sections[f"o.{name}"], np.int64)
             blob = sections[f"s.{name}"]
             if len(offsets) != count + 1 or offsets[0] != 0 or offsets[-1] != len(blob) \
-                    or (count and np.any(np.diff(offsets) < 0)):
+                    or (count and bool((offsets[1:] < offsets[:-1]).any())):
                 raise ValueError(f"column {name} does not fit its blob")
             strings[name] = (offsets, blob)
         if any(len(col) != count for col in numbers.values()):
@@ -314,7 +327,10 @@ class SampleTable(Sequence[Sample]):
         if count and (numbers["speaker"].max() >= len(speakers) or numbers["language"].max() >= len(languages)
                       or numbers["speaker"].min() < 0 or numbers["language"].min() < 0):
             raise ValueError("a speaker or language code outside its table")
-        return cls(numbers, strings, speakers, languages)
+        order = np.frombuffer(sections[ID_ORDER_SECTION], np.int64) if ID_ORDER_SECTION in sections else None
+        if order is not None and len(order) != count:
+            raise ValueError("the rows in id order are not the table's")
+        return cls(numbers, strings, speakers, languages, id_order=order)
 
 
 class FileBlob:
@@ -363,6 +379,48 @@ def hash_strings(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray, prefix
             h = np.where(has, (h ^ byte) * FNV_PRIME, h)
         out[first:first + len(chunk)] = h
     return out
+
+
+def fixed_width(offsets: np.ndarray, raw: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """The strings ``rows`` (default: all, in order) of (offsets, blob bytes) as numpy ``S``, each
+    zero-padded to the longest: the blob itself when every string is that long, else each
+    string's bytes gathered as a row of a sliding window over the blob, those past its end zeroed
+    (ID_HASH_CHUNK rows at a time)."""
+    starts = offsets[:-1] if rows is None else offsets[rows]
+    lengths = (offsets[1:] if rows is None else offsets[rows + 1]) - starts
+    width = max(1, int(lengths.max()) if len(starts) else 1)
+    if rows is None and len(starts) and int(lengths.min()) == width and offsets[0] == 0:
+        return raw[:int(offsets[-1])].view(f"S{width}")  # ids of one length: the blob is the keys
+    padded = np.zeros(len(raw) + width, np.uint8)
+    padded[:len(raw)] = raw
+    windows = np.lib.stride_tricks.sliding_window_view(padded, width)
+    keys = np.empty((len(starts), width), np.uint8)
+    beyond = np.arange(width)
+    for first in range(0, len(starts), ID_HASH_CHUNK):
+        block = windows[starts[first:first + ID_HASH_CHUNK]]
+        block[beyond >= lengths[first:first + ID_HASH_CHUNK, None]] = 0
+        keys[first:first + ID_HASH_CHUNK] = block
+    return keys.view(f"S{width}").ravel()
+
+
+def sorts_as_str(blob: Any) -> bool:
+    """Whether strings of a blob, zero-padded to one width, sort in bytes order as Python sorts
+    the strings: no NUL (lost in the padding) and UTF-8 as written, without a surrogate escape
+    (an undecodable byte); UTF-8 orders as the code points do."""
+    raw = np.frombuffer(blob, np.uint8)
+    if not len(raw) or raw.max() < ASCII_END:
+        return not len(raw) or raw.min() > 0
+    try:
+        codecs.utf_8_decode(blob, "strict", True)
+    except UnicodeDecodeError:
+        return False
+    return raw.min() > 0
+
+
+def _same_strings(a: tuple[np.ndarray, Any], b: tuple[np.ndarray, Any]) -> bool:
+    """Whether two (offsets, blob) hold the same strings."""
+    return len(a[0]) == len(b[0]) and len(a[1]) == len(b[1]) and np.array_equal(a[0], b[0]) \
+        and np.array_equal(np.frombuffer(buffer_of(a[1]), np.uint8), np.frombuffer(buffer_of(b[1]), np.uint8))
 
 
 def pack_strings(values: Sequence[str]) -> tuple[np.ndarray, bytes]:

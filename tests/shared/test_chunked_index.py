@@ -5,6 +5,7 @@ the same reasons and lines, the same vocabulary, fingerprints and cache file."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index
 from stoker.shared.dataset import index as index_module
+from stoker.shared.dataset import table as table_module
 
 FEATURES = FeaturesConfig()
 
@@ -67,8 +69,10 @@ def test_the_chunked_build_is_the_one_process_build(tmp_path: Path, monkeypatch:
     root.mkdir()
     (root / "train.jsonl").write_bytes(b"".join(_lines()))
     one = _build(root, tmp_path / "one", monkeypatch, chunked=False, max_lost_frac=max_lost_frac)
-    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers,
-                    max_lost_frac=max_lost_frac)
+    with monkeypatch.context() as m:  # the rows in id order from the fingerprints' sort, not a second one
+        m.setattr(table_module, "fixed_width", lambda *args: pytest.fail("the ids are sorted again"))
+        pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers,
+                        max_lost_frac=max_lost_frac)
     assert len(index_module._manifest_ranges(root / "train.jsonl", 700)) > 5  # many pieces, repeats across them
     assert pieces.stats.workers == workers
     assert list(pieces.samples) == list(one.samples) and len(one.samples) > 40
@@ -85,6 +89,9 @@ def test_the_chunked_build_is_the_one_process_build(tmp_path: Path, monkeypatch:
     (one_file,) = (tmp_path / "one").iterdir()
     (pieces_file,) = (tmp_path / "pieces").iterdir()
     assert pieces_file.read_bytes() == one_file.read_bytes()
+    ids = one.samples.ids()  # the rows in id order, taken from the fingerprints' sort of the pieces' ids
+    by_id = sorted(range(len(ids)), key=ids.__getitem__)
+    assert pieces.samples.id_order().tolist() == by_id and (by_id != list(range(len(ids)))) == (max_lost_frac > 0)
     warm = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, max_lost_frac=max_lost_frac)
     assert warm.stats.cache == "hit" and list(warm.samples) == list(one.samples)
 
@@ -100,3 +107,40 @@ def test_a_manifest_with_a_clip_without_duration_takes_the_one_process_build(
     pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True)
     assert list(pieces.samples) == list(one.samples) and pieces.rejected == one.rejected
     assert any(r.id == "nodur" and r.kind == "missing-audio" for r in pieces.rejected)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_manifest_cache_is_found_by_the_manifest_stamp_then_by_its_content(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunked: bool) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    manifest = root / "train.jsonl"
+    manifest.write_bytes(b"".join(_lines()))
+    cold = _build(root, tmp_path / "cache", monkeypatch, chunked)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the manifest is read")
+
+    with monkeypatch.context() as m:  # its size and mtime as cached: not a byte of it read
+        for name in ("_sha256_of", "read_metadata_bytes", "_manifest_ranges"):
+            m.setattr(index_module, name, never)
+        warm = _build(root, tmp_path / "cache", monkeypatch, chunked)
+    assert warm.stats.cache == "hit" and list(warm.samples) == list(cold.samples)
+    stat = manifest.stat()
+    os.utime(manifest, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # touched: the same bytes
+    with monkeypatch.context() as m:  # found by its content's hash, nothing parsed
+        m.setattr(index_module, "parse_entries", never)
+        m.setattr(index_module, "_run_chunks", never)
+        touched = _build(root, tmp_path / "cache", monkeypatch, chunked)
+    assert touched.stats.cache == "hit" and list(touched.samples) == list(cold.samples)
+    manifest.write_bytes(b"".join(_lines()).replace(b"clip number 7,", b"clip numero 7,"))  # edited
+    edited = _build(root, tmp_path / "cache", monkeypatch, chunked)
+    assert edited.stats.cache == "stale" and edited.sample("c007").text == "clip numero 7, said."
+    monkeypatch.setattr(index_module, "file_stamp", lambda where: "")  # a store that gives no version nor time
+    _build(root, tmp_path / "unstamped", monkeypatch, chunked)
+    with monkeypatch.context() as m:  # found by the manifest's hash: read once, not parsed
+        m.setattr(index_module, "read_metadata_bytes", never)
+        m.setattr(index_module, "_manifest_ranges", never)
+        again = _build(root, tmp_path / "unstamped", monkeypatch, chunked)
+    assert again.stats.cache == "hit" and list(again.samples) == list(edited.samples)

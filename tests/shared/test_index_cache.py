@@ -14,6 +14,8 @@ from stoker.shared import dataset
 from stoker.shared.dataset import index as index_module
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index, index_cache_file
+from stoker.shared.dataset import table as table_module
+from stoker.shared.dataset.storage import COUNTS
 from tests.factories import add_clip, append_metadata, make_dataset
 from tests.shared.user_tokenizers import write_editable
 
@@ -184,6 +186,68 @@ def test_parallel_build_equals_serial_build(root: Path, monkeypatch: pytest.Monk
     assert (serial.stats.workers, parallel.stats.workers) == (1, 2)
     assert parallel.stats.headers_read == CLIPS
     _same(serial, parallel)
+
+
+def _retried(n: int) -> tuple[int, int]:
+    """A task whose reads were retried ``n`` times (counted as storage.RetryingFile counts them), in
+    whichever process works it."""
+    COUNTS.retries += n
+    return os.getpid(), n
+
+
+@pytest.mark.timeout(60)
+def test_reads_retried_in_a_helper_process_count_in_this_one() -> None:
+    before = COUNTS.retries
+    tasks = [(n,) for n in range(1, 21)]
+    results, processes = index_module._shared_work(_retried, tasks, 1, "a test's work")
+    assert processes == 2 and [n for _, n in results] == list(range(1, 21))
+    assert any(pid != os.getpid() for pid, _ in results)  # a helper worked some of them
+    assert COUNTS.retries - before == sum(range(1, 21))  # each retry once, wherever it was made
+
+
+def test_a_warm_load_maps_the_rows_in_id_order(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cold = build_index(_data(root), FEATURES)
+    ids = cold.samples.ids()
+    assert cold.samples.id_order().tolist() == sorted(range(len(ids)), key=ids.__getitem__)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the warm load sorts the ids")
+
+    monkeypatch.setattr(table_module, "fixed_width", never)
+    warm = build_index(_data(root), FEATURES)
+    assert warm.stats.cache == "hit" and warm.samples.id_order().tolist() == cold.samples.id_order().tolist()
+
+
+class _Store:
+    """A file system whose info() says ``info``."""
+
+    def __init__(self, info: dict) -> None:
+        self._info = info
+
+    def invalidate_cache(self, path: str) -> None:
+        return None
+
+    def info(self, path: str) -> dict:
+        return self._info
+
+
+def test_a_file_stamp_is_its_size_and_version_or_time_and_empty_without_them(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from stoker.shared.dataset import storage
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("x")
+    st = path.stat()
+    assert storage.file_stamp(str(path)) == f"size=1;mtime_ns={st.st_mtime_ns}"
+    assert storage.file_stamp(str(tmp_path / "absent.jsonl")) == ""
+    infos = [({"size": 5, "ETag": '"abc"', "LastModified": "then", "VersionId": "v2"}, 'size=5;VersionId=v2;ETag="abc"'),
+             ({"size": 5, "LastModified": "then"}, "size=5;LastModified=then"),
+             ({"size": 5, "generation": 17, "updated": "then"}, "size=5;generation=17"),
+             ({"size": 5}, ""),  # neither a version nor a time: the content is hashed instead
+             ({"ETag": "abc"}, "")]
+    for info, stamp in infos:
+        monkeypatch.setattr(storage, "url_fs", lambda url, info=info: (_Store(info), url))
+        assert storage.file_stamp("s3://bucket/train.jsonl") == stamp
 
 
 def test_feature_cache_dir_setting(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,4 +88,53 @@ def test_ascii_ids_become_keys_that_sort_as_the_ids() -> None:
     assert [k.decode() for k in keys] == ids
     assert [ids[n] for n in np.argsort(keys, kind="stable")] == sorted(ids)
     assert [k.decode() for k in table.take([4, 0]).id_keys()] == ["zz", "b2"]
-    assert SampleTable.from_samples(SAMPLES).id_keys() is None  # not ASCII: sorted as str by the caller
+    assert SampleTable.from_samples(SAMPLES).id_keys() is None  # an undecodable byte: sorted as str by the caller
+    utf8 = ["\u00e9t\u00e9", "ete", "\U0001f600", "\uffff", "z", "\u00e9"]  # UTF-8 orders as the code points
+    keys = SampleTable.from_samples([SAMPLES[0]._replace(id=i) for i in utf8]).id_keys()
+    assert [utf8[n] for n in np.argsort(keys, kind="stable")] == sorted(utf8)
+    assert SampleTable.from_samples([SAMPLES[0]._replace(id=i) for i in ["a", "a\x00"]]).id_keys() is None
+
+
+ID_SETS = {
+    "ascii, one length": ["c07", "c02", "c11", "c00", "c05"],
+    "ascii, lengths differ": ["b2", "a10", "a9", "", "zz", "a", "B", "a10"],
+    "non-ascii": ["\u00e9t\u00e9", "ete", "\U0001f600", "\uffff", "z", "\u00e9", "\u0633\u0644\u0627\u0645"],
+    "surrogate escapes": ["odd\udcff", "odd\ue000", "odd", "odd\udc80", "od"],
+    "a nul": ["a\x00", "a", "a\x00b", "", "a\x00"],
+}
+
+
+@pytest.mark.parametrize("ids", ID_SETS.values(), ids=ID_SETS.keys())
+def test_id_order_is_the_rows_sorted_by_id_as_python_sorts_them(ids: list[str], tmp_path: Path) -> None:
+    expected = sorted(range(len(ids)), key=ids.__getitem__)
+    table = SampleTable.from_samples([SAMPLES[0]._replace(id=i) for i in ids])
+    assert table.id_order().tolist() == expected and table.id_order().dtype == np.int64
+    view = table.take([4, 2, 0, 1])  # a view: made on demand, of the view's rows
+    picked = [ids[n] for n in (4, 2, 0, 1)]
+    assert view.id_order().tolist() == sorted(range(4), key=picked.__getitem__)
+    path = tmp_path / "index.idx"
+    write_cache([path], pack_index({}, table.sections()))
+    back = SampleTable.from_sections(open_index(path).sections, table.speakers, table.languages)
+    assert back.id_order().tolist() == expected
+
+
+def test_a_stored_table_maps_its_id_order_and_keeps_units_equal_to_texts_once(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    same = [s._replace(units=s.text) for s in SAMPLES]
+    table = SampleTable.from_samples(same)
+    sections = table.sections()
+    assert "s.units" not in sections and "o.units" not in sections  # the texts' sections serve both
+    assert "s.units" in SampleTable.from_samples(SAMPLES).sections()
+    path = tmp_path / "index.idx"
+    write_cache([path], pack_index({}, sections))
+
+    def no_sort(*args, **kwargs):
+        raise AssertionError("a stored table's id order is read, not made")
+
+    monkeypatch.setattr(table_module, "fixed_width", no_sort)
+    monkeypatch.setattr(SampleTable, "ids", no_sort)
+    back = SampleTable.from_sections(open_index(path).sections, table.speakers, table.languages)
+    assert list(back) == same
+    order = back.id_order()
+    assert order.tolist() == sorted(range(len(same)), key=[s.id for s in same].__getitem__)
+    assert not order.flags.writeable  # a view of the mapped file

@@ -19,7 +19,7 @@ from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import DatasetError, Reference, build_index, check_agreement, describe_copy
 from stoker.shared.dataset.shards import Locator
-from stoker.shared.dataset.storage import COUNTS, READ_RETRIES, Reader, StorageError
+from stoker.shared.dataset.storage import COUNTS, READ_RETRIES, Reader, RetryingFile, StorageError
 from tests.factories import make_dataset, make_shards
 from tests.objectstore import DroppingProxy, S3Server, use_env
 
@@ -103,7 +103,12 @@ def test_a_manifest_in_s3_indexes_as_the_local_one_and_a_producer_reads_its_clip
                [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in local.samples]
         assert [s.audio for s in index.samples] == [f"s3://corpus/ljs/wavs/{i}.wav" for i in ids]
         assert index.root == tmp_path / "cache" / "stoker" / "remote" / index.root.name
-        assert build_index(data, FEATURES).stats.cache == "hit"  # kept on this host, found without a parse
+        def never(*args, **kwargs):
+            raise AssertionError("a warm start reads the manifest")
+
+        with monkeypatch.context() as m:  # kept on this host, found by the object's size and ETag: no download
+            m.setattr(RetryingFile, "read", never)
+            assert build_index(data, FEATURES).stats.cache == "hit"
 
         def batch(of, maker):
             tokens = TokenTable(of.samples, of.vocabulary)
@@ -130,3 +135,9 @@ def test_a_manifest_in_s3_indexes_as_the_local_one_and_a_producer_reads_its_clip
 
         with pytest.raises(DatasetError, match=r"^s3://corpus/ljs/absent\.jsonl not found$"):
             build_index(DataConfig(path="s3://corpus/ljs/absent.jsonl", index_workers=1), FEATURES)
+        # the manifest rewritten in the store: a new ETag, so its new content is indexed
+        rows[0]["text"] = "clip number zero."
+        (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        server.upload(root, "corpus", "ljs")
+        edited = build_index(data, FEATURES)
+        assert edited.stats.cache == "stale" and edited.samples[0].text == "clip number zero."
