@@ -279,7 +279,8 @@ class SampleTable(Sequence[Sample]):
                            self._rows[picked] if self._rows is not None else picked)
         if self._ids is not None:
             view._ids = [self._ids[n] for n in picked.tolist()]  # the same strings, not decoded again
-        if self._id_order is not None or self._rows is None:  # the view's id order from this one's, in C
+        increasing = not len(picked) or bool((picked[1:] > picked[:-1]).all())  # equal ids stay in row order
+        if increasing and (self._id_order is not None or self._rows is None):  # the view's id order from this one's
             position = np.full(self._len, -1, np.int64)
             position[picked] = np.arange(len(picked))
             order = position[self.id_order()]
