@@ -372,14 +372,19 @@ def test_manifest_values_json_alone_decides_are_json_s() -> None:
                     '{"audio_filepath": "a/C.wav", "text": "t", "duration": NaN}',
                     '{"audio_filepath": "a/S.wav", "text": "\\ud800"}', deep)
     entries, rejected = parse_manifest(raw)
+    try:  # how deep json goes depends on the process's recursion limit (a library may raise it)
+        json.loads(deep)
+        too_deep = []
+    except RecursionError:
+        too_deep = [(5, "manifest line 5 is not JSON: nested too deeply")]
     assert entries == [Entry("A", "plain", 1, audio="a/A.wav", duration=0.1 + 0.2),
-                       Entry("B", "t", 2, "123456789012345678901234567890", audio="a/B.wav")]
+                       Entry("B", "t", 2, "123456789012345678901234567890", audio="a/B.wav"),
+                       *([] if too_deep else [Entry("D", "deep", 5, audio="a/D.wav")])]
     assert [(r.line, r.reason) for r in rejected] == [
         (3, "manifest line 3 has a 'duration' that is not a finite number (nan)"),
-        (4, "manifest line 4 has a lone surrogate escape (\\ud800 to \\udfff) where text should be"),
-        (5, "manifest line 5 is not JSON: nested too deeply")]
+        (4, "manifest line 4 has a lone surrogate escape (\\ud800 to \\udfff) where text should be"), *too_deep]
     fast, rejected_fast = parse_manifest(raw.replace(b"123456789012345678901234567890", b"12"))
-    assert fast[0] == entries[0] and fast[1].speaker == "12" and [r.line for r in rejected_fast] == [3, 4, 5]
+    assert fast[0] == entries[0] and fast[1].speaker == "12" and rejected_fast == rejected
 
 
 @pytest.mark.parametrize("variant", ["plain", "no ids", "given ids", "speakers as integers", "normalized text",
