@@ -18,13 +18,14 @@ import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Iterable, Mapping, Sequence
 
 import msgpack
 import numpy as np
 import xxhash
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
+from ..dataset.table import FileBlob
 from ..dataset.types import AudioFile
 from ..layouts import Rejection
 from ..runfiles import replacing
@@ -167,6 +168,15 @@ class CachedIndex:
     file: memoryview = field(default_factory=lambda: memoryview(b""))
     start: int = 0
     checked: bool = False
+    reader: BinaryIO | None = None  # the file open for reading (a descriptor of its own): FileBlob's
+
+    def blob(self, name: str) -> FileBlob | memoryview:
+        """Section ``name`` left in the file, read a slice at a time (:class:`FileBlob`), or its
+        mapped view where the file is not open for that."""
+        if self.reader is None:
+            return self.sections[name]
+        offset, nbytes, _ = self.header["sections"][name]
+        return FileBlob(self.reader, self.start + offset, nbytes)
 
     def unpack(self, name: str) -> Any:
         """A msgpack section; ValueError when it cannot be parsed."""
@@ -260,9 +270,10 @@ def open_index(path: Path, check: bool = True) -> CachedIndex:
             if start + offset + nbytes + -nbytes % SECTION_ALIGN > size:
                 raise ValueError(f"section {name} is cut short")
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        reader = os.fdopen(os.dup(f.fileno()), "rb")  # this very file, even if a new one takes its name
     view = memoryview(mapped) if mapped is not None else memoryview(b"")
     sections = {name: view[start + offset:start + offset + nbytes] for name, (offset, nbytes, _) in table.items()}
-    cached = CachedIndex(header, sections, view, start)
+    cached = CachedIndex(header, sections, view, start, reader=reader)
     return cached.check() if check else cached
 
 

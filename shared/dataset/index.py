@@ -463,9 +463,16 @@ def _stat(path: Path | str) -> tuple[int | None, int | None]:
     return st.st_size, st.st_mtime_ns
 
 
+# The string columns read a clip at a time (what a lease carries): left in the cache file and
+# read by pread (table.FileBlob), so that a long run's reads of them stay page cache, not the
+# coordinator's memory. The ids stay mapped: planning and lookups read all of them at once.
+READ_BY_CLIP = ("s.text", "s.audio", "s.units")
+
+
 def _table(cached: CachedIndex) -> SampleTable:
     names = cached.header["names"]
-    return SampleTable.from_sections(cached.sections, names["speakers"], names["languages"])
+    sections = {name: cached.blob(name) if name in READ_BY_CLIP else view for name, view in cached.sections.items()}
+    return SampleTable.from_sections(sections, names["speakers"], names["languages"])
 
 
 def _reusable(cached: CachedIndex | None, frontend: Frontend) -> tuple[dict[str, tuple], dict[TextKey, Units]]:

@@ -49,6 +49,26 @@ def test_samples_round_trip_through_a_mapped_cache_file(tmp_path: Path) -> None:
     assert isinstance(back.column("num_tokens"), np.ndarray) and not back.column("num_tokens").flags.writeable
 
 
+def test_strings_left_in_the_file_read_as_the_mapped_ones(tmp_path: Path) -> None:
+    """A warm load leaves the texts, audio locators and units in the cache file, read a slice at a
+    time (FileBlob): every way of reading them gives the mapped sections' strings, and a table
+    stored again from them is the same."""
+    table = SampleTable.from_samples(SAMPLES * 2000)  # more strings than FILE_READ_STRINGS at once
+    path = tmp_path / "index.idx"
+    write_cache([path], pack_index({}, table.sections()))
+    cached = open_index(path)
+    blobs = {name: cached.blob(name) for name in ("s.text", "s.audio")}
+    assert all(isinstance(b, table_module.FileBlob) for b in blobs.values())
+    mapped = SampleTable.from_sections(cached.sections, table.speakers, table.languages)
+    read = SampleTable.from_sections({**cached.sections, **blobs}, table.speakers, table.languages)
+    assert read[5] == mapped[5] == SAMPLES[1] and read.strings("text", [3, 0]) == [SAMPLES[3].text, SAMPLES[0].text]
+    assert read.strings("audio") == mapped.strings("audio") and read.take([7, 2])[0] == SAMPLES[3]
+    assert bytes(blobs["s.text"][2:9]) == bytes(cached.sections["s.text"][2:9])
+    again = {k: bytes(v) if isinstance(v, (bytes, memoryview)) else v.tobytes() for k, v in read.sections().items()}
+    assert again == {k: bytes(v) if isinstance(v, (bytes, memoryview)) else v.tobytes()
+                     for k, v in table.sections().items()}
+
+
 def test_an_empty_table_round_trips(tmp_path: Path) -> None:
     table = SampleTable.from_samples([])
     path = tmp_path / "empty.idx"
