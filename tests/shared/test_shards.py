@@ -233,11 +233,14 @@ def test_data_names_a_manifest_at_a_url_whose_relative_audio_is_beside_it(tmp_pa
     root = remote_root(url)
     assert locate(url, "metadata.csv") == locate("s3://corpus/ljs/", "train.jsonl") == (root, url)
     assert root.parent == tmp_path / "cache" / "stoker" / "remote"
-    lj = "s3://corpus/lj/metadata.csv"  # the one metadata file the store holds (one request per directory URL)
-    monkeypatch.setattr(files, "remote_stat", lambda where: (1, 1) if where == lj else None)
+    lj, held_out = "s3://corpus/lj/metadata.csv", "s3://corpus/lj/eval.csv"  # what the store holds
+    monkeypatch.setattr(files, "remote_stat", lambda where: (1, 1) if where in (lj, held_out) else None)
     assert locate("s3://corpus/ljs/", "metadata.csv")[1] == "s3://corpus/ljs/*.tar"  # no metadata.csv: shards
     assert locate("s3://corpus/lj", "metadata.csv") == locate(lj, "metadata.csv") == (remote_root(lj), lj)
     assert data_path(root, url) == url and data_path(remote_root(lj), lj) == lj  # what producers are given
+    # data.metadata_file's: the directory, where data.eval_file is found beside it
+    assert data_path(remote_root(lj), lj, "metadata.csv") == "s3://corpus/lj/"
+    assert locate("s3://corpus/lj/", "eval.csv") == (remote_root(held_out), held_out)
     with pytest.raises(DatasetError, match=r"^s3://corpus/mix\.yaml: a mix file is read from this host's disk"):
         locate("s3://corpus/mix.yaml", "metadata.csv")
     entries, _ = parse_entries(b"a|A.|A.\nb|B.|B.\n", lj, COLUMNS_AUTO)  # an LJSpeech layout's: wavs/ beside it
