@@ -7,6 +7,7 @@ form C (shared/layouts.nfc): a file whose name is decomposed on disk is its comp
 from __future__ import annotations
 
 import os
+import posixpath
 import stat as stat_module
 from pathlib import Path
 from typing import Iterable
@@ -54,16 +55,15 @@ def locate(path: str, metadata_file: str) -> tuple[Path, str]:
     directory of this host's cache (as for shards at a URL) that holds the index and feature
     caches, and its clips' relative audio paths are beside it (:func:`resolve_audio`). So is an
     LJSpeech layout at a URL (:func:`_remote_metadata`): its metadata file's URL, its clips'
-    audio the files of ``wavs/`` beside it (:func:`scan_remote_audio`). A mix file at a URL is
-    refused."""
+    audio the files of ``wavs/`` beside it (:func:`scan_remote_audio`). So is a mix file at a
+    URL, each of its datasets a URL or a path relative to the mix file's URL
+    (:func:`_read_remote_mix`)."""
     if path and is_url(path):
         name = path.rstrip("/").rpartition("/")[2]
         if not is_manifest(name) and not is_shards(name) and is_manifest(metadata_file):
             path, name = f"{path.rstrip('/')}/{metadata_file}", metadata_file
-        if is_manifest(name):
+        if is_manifest(name) or is_mix(name):
             return remote_root(path), path
-        if is_mix(name):
-            raise DatasetError(f"{shown(path)}: a mix file is read from this host's disk, not from a URL")
         metadata = _remote_metadata(path, name, metadata_file)
         if metadata is not None:
             return remote_root(metadata), metadata
@@ -171,7 +171,8 @@ def resolve_audio(entries: list[Entry], metadata_file: str) -> list[Entry]:
     file is found by :func:`scan_remote_audio`). Changed in place (the entries are the caller's
     fresh parse); other metadata's entries (shards at a URL: their locators are URLs) are returned
     as they are."""
-    if is_url(metadata_file) and not is_manifest(metadata_file) and not is_shards(metadata_file):
+    if is_url(metadata_file) and not is_manifest(metadata_file) and not is_shards(metadata_file) \
+            and not is_mix(metadata_file):
         audio_dir = f"{metadata_file.rpartition('/')[0]}/{AUDIO_DIR}/"
         for entry in entries:
             entry.__dict__["audio"] = f"{audio_dir}{entry.id}{AUDIO_SUFFIX}"
@@ -269,6 +270,10 @@ def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = C
     found: dict[str, AudioFile] = {}
     for part, directory, raw in unpack_mix(metadata):
         prefix = f"{part.name}{MIX_ID_SEPARATOR}"
+        if is_url(directory):  # a mix at a URL's dataset: its files named by their URLs
+            found.update({prefix + i: a for i, a in
+                          list_audio(root, f"{directory}/{part.metadata_file}", raw, part.columns).items()})
+            continue
         if is_manifest(part.metadata_file):
             entries, _ = parse_entries(raw, part.metadata_file, part.columns)
             listed = {prefix + i: AudioFile(f"{directory}/{a.name}" if not a.name.startswith("/") else a.name,
@@ -287,7 +292,7 @@ def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> byte
     if is_shards(metadata_file):
         return read_shards(root, metadata_file).manifest
     if is_mix(metadata_file):
-        return _read_mix(root, metadata_file)
+        return _read_remote_mix(metadata_file) if is_url(metadata_file) else _read_mix(root, metadata_file)
     if is_url(metadata_file):
         try:
             return read_url(metadata_file)
@@ -324,6 +329,35 @@ def _read_mix(root: Path, mix_file: str) -> bytes:
             raise DatasetError(f"{root / mix_file}: dataset {part.name}: {where} is not a directory")
         label = str(directory) if directory.is_absolute() else directory.as_posix().rstrip("/")
         packed.append((part, label, read_metadata_bytes(where, part.metadata_file)))
+    return pack_mix(packed)
+
+
+def _read_remote_mix(mix_url: str) -> bytes:
+    """:func:`_read_mix` of a mix file at a URL: each dataset a URL, or a path relative to the
+    mix file's URL (``../lj`` of ``s3://b/mixes/all.yaml``: ``s3://b/lj``), read as a dataset
+    at a URL (:func:`locate`); a path of this host is refused."""
+    try:
+        text = read_url(mix_url)
+    except FileNotFoundError:
+        raise DatasetError(f"{shown(mix_url)} not found") from None
+    except StorageError as exc:
+        raise DatasetError(str(exc)) from None
+    try:
+        parts = parse_mix_spec(text.decode("utf-8", "replace"), "metadata.csv", COLUMNS_AUTO)
+    except LayoutError as exc:
+        raise DatasetError(f"{shown(mix_url)}: {exc}") from None
+    scheme, _, where = mix_url.partition("://")
+    packed = []
+    for part in parts:
+        if part.path.startswith(("/", "~")):
+            raise DatasetError(f"{shown(mix_url)}: dataset {part.name}: {part.path} is a path of this host; the "
+                               f"datasets of a mix at a URL are URLs or paths relative to it")
+        directory = (part.path.rstrip("/") if is_url(part.path) else
+                     f"{scheme}://{posixpath.normpath(posixpath.join(posixpath.dirname(where), part.path))}")
+        try:
+            packed.append((part, directory, read_metadata_bytes(Path(), f"{directory}/{part.metadata_file}")))
+        except DatasetError as exc:
+            raise DatasetError(f"{shown(mix_url)}: dataset {part.name}: {exc}") from None
     return pack_mix(packed)
 
 

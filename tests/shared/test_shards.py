@@ -241,8 +241,8 @@ def test_data_names_a_manifest_at_a_url_whose_relative_audio_is_beside_it(tmp_pa
     # data.metadata_file's: the directory, where data.eval_file is found beside it
     assert data_path(remote_root(lj), lj, "metadata.csv") == "s3://corpus/lj/"
     assert locate("s3://corpus/lj/", "eval.csv") == (remote_root(held_out), held_out)
-    with pytest.raises(DatasetError, match=r"^s3://corpus/mix\.yaml: a mix file is read from this host's disk"):
-        locate("s3://corpus/mix.yaml", "metadata.csv")
+    mix = "s3://corpus/mixes/all.yaml"  # a mix at a URL is its own metadata file
+    assert locate(mix, "metadata.csv") == (remote_root(mix), mix) and data_path(remote_root(mix), mix) == mix
     entries, _ = parse_entries(b"a|A.|A.\nb|B.|B.\n", lj, COLUMNS_AUTO)  # an LJSpeech layout's: wavs/ beside it
     assert [e.audio for e in resolve_audio(entries, lj)] == ["s3://corpus/lj/wavs/a.wav", "s3://corpus/lj/wavs/b.wav"]
     entries, _ = parse_manifest(b"".join(json.dumps({"audio_filepath": a, "text": "t", "id": f"c{n}"}).encode() + b"\n"

@@ -133,7 +133,7 @@ def test_a_manifest_in_s3_indexes_as_the_local_one_and_a_producer_reads_its_clip
             build_index(DataConfig(path="s3://corpus/ljs/absent.jsonl", index_workers=1), FEATURES)
 
 
-def test_an_ljspeech_layout_in_s3_indexes_as_the_local_one_reading_headers_only_and_batches_bit_for_bit(
+def test_an_ljspeech_layout_and_a_mix_in_s3_index_as_the_local_ones_reading_headers_only_and_batch_bit_for_bit(
         tmp_path, monkeypatch, caplog):
     root = tmp_path / "LJSpeech"
     ids = make_dataset(root, count=6, durations=[2.0, 2.1, 2.2, 2.3, 2.4, 2.5])
@@ -187,6 +187,25 @@ def test_an_ljspeech_layout_in_s3_indexes_as_the_local_one_reading_headers_only_
         described = describe_copy(*locate("s3://corpus/LJSpeech/metadata.csv", "metadata.csv"))
         assert check_agreement(Reference.of(index), described, "elsewhere").ok
 
-        with pytest.raises(DatasetError, match=r"^s3://corpus/LJSpeech/mix\.yaml: a mix file is read from this "
-                                               r"host's disk, not from a URL$"):
-            build_index(DataConfig(path="s3://corpus/LJSpeech/mix.yaml", index_workers=1), FEATURES)
+
+        # A mix file at a URL: its datasets a path relative to it and a URL, indexed as the local mix
+        mixes = tmp_path / "mixes"
+        mixes.mkdir()
+        (mixes / "all.yaml").write_text("datasets:\n  - {path: ../LJSpeech, name: lj}\n"
+                                        "  - {path: 's3://corpus/LJSpeech/', name: again}\n", encoding="utf-8")
+        (mixes / "host.yaml").write_text("datasets:\n  - {path: /data/LJSpeech, name: lj}\n", encoding="utf-8")
+        server.upload(mixes, "corpus", "mixes")
+        (tmp_path / "all.yaml").write_text("datasets:\n  - {path: LJSpeech, name: lj}\n"
+                                           "  - {path: LJSpeech, name: again}\n", encoding="utf-8")
+        mixed = build_index(DataConfig(path="s3://corpus/mixes/all.yaml", index_workers=1), FEATURES)
+        local_mix = build_index(DataConfig(path=str(tmp_path / "all.yaml"), index_workers=1), FEATURES)
+        assert [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in mixed.samples] == \
+               [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in local_mix.samples]
+        assert sorted(s.audio for s in mixed.samples) == sorted(f"{url}wavs/{i}.wav" for i in accepted for _ in "ab")
+        assert [(r.id, r.kind, r.file.replace("s3://corpus/", ""), r.reason.replace("s3://corpus/", ""))
+                for r in mixed.rejected] == [(r.id, r.kind, r.file, r.reason) for r in local_mix.rejected]
+        assert len(mixed.rejected) == 4
+        with pytest.raises(DatasetError, match=r"^s3://corpus/mixes/host\.yaml: dataset lj: /data/LJSpeech is a path "
+                                               r"of this host; the datasets of a mix at a URL are URLs or paths "
+                                               r"relative to it$"):
+            build_index(DataConfig(path="s3://corpus/mixes/host.yaml", index_workers=1), FEATURES)
