@@ -174,7 +174,7 @@ def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
     (data.metadata_file): its directory's URL, where data.eval_file is found beside it."""
     if is_url(metadata_file):
         directory, _, name = metadata_file.rpartition("/")
-        if name == configured and not is_manifest(name) and not is_shards(name):
+        if name == configured and not is_manifest(name) and not is_shards(name) and not is_mix(name):
             return f"{directory}/"
         return metadata_file
     if is_shards(metadata_file):

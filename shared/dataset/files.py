@@ -1,6 +1,7 @@
-"""Where a dataset's metadata and audio are: the directory (or mix file) a user names, the
-audio file of each id (any format libsndfile reads; :data:`AUDIO_SUFFIXES` in order of
-preference), and the metadata bytes as read. Names are matched to ids in Unicode normal
+"""Where a dataset's metadata and audio are: the directory (or mix file) a user names, here
+or at a URL (:func:`locate`: a manifest, an LJSpeech layout or a mix file in an object
+store), the audio file of each id (any format libsndfile reads; :data:`AUDIO_SUFFIXES` in
+order of preference), and the metadata bytes as read. Names are matched to ids in Unicode normal
 form C (shared/layouts.nfc): a file whose name is decomposed on disk is its composed id's.
 """
 
