@@ -3,7 +3,7 @@
 ``--data mix.yaml``: several datasets in one run, each with its own layout and language:
 
     datasets:
-      - path: persian              # a dataset directory: relative to this file, or absolute
+      - path: persian              # a dataset directory: relative to this file, or absolute (or a URL)
         language: fa               # its clips' language where their metadata names none
       - path: /data/LJSpeech-1.1
         name: lj                   # default: the directory's name
@@ -14,7 +14,8 @@ A clip's id becomes ``NAME:ID`` (two datasets may both have an ``0001``), its au
 is relative to the mix file's directory, and a clip whose metadata names no speaker is
 the dataset's own speaker, ``NAME``. The mix and every part's metadata bytes are packed
 into one blob (:func:`pack_mix`), so the index key, the scan and the dataset agreement
-see a mix exactly as they see one metadata file.
+see a mix exactly as they see one metadata file. A mix file at a URL names its datasets by
+URLs or paths relative to its own URL (shared/dataset/files.py).
 """
 
 from __future__ import annotations

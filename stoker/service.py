@@ -32,7 +32,7 @@ from stoker.shared.dataset.storage import is_url
 from stoker.shared.endpoints import EndpointError, check_endpoint
 from stoker.shared.errors import UserError
 from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
-from stoker.shared.layouts import is_shards
+from stoker.shared.layouts import is_manifest, is_shards
 from stoker.shared.mixes import is_mix
 from stoker.shared.proc import setup_logging
 from stoker.shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG, RUN_LOCK
@@ -159,7 +159,7 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
         raise UserError(f"--bind {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
                         "unauthenticated: use --keys DIR (python run.py keys DIR), or add --insecure to accept that")
     plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
-    data = dataclasses.replace(cfg.data, path=data_path(root, metadata_file),
+    data = dataclasses.replace(cfg.data, path=data_path(root, metadata_file, cfg.data.metadata_file),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
     devices = dataclasses.replace(cfg.devices, replicas=plan.replicas)  # resolved: the plan's batches depend on it
     cluster = from_env(os.environ)
@@ -167,11 +167,15 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
     return config_mod.with_fixed_rows(resolved, cluster.size if cluster is not None else 1), plan
 
 
-def data_path(root: Path, metadata_file: str) -> str:
+def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
     """What ``--data`` names, resolved, as producers are given it: the dataset directory, a mix
     file, tar shards (their pattern: at a URL as given, else below their directory), or a
-    manifest at a URL (as given)."""
+    manifest at a URL (as given). An LJSpeech metadata file at a URL named ``configured``
+    (data.metadata_file): its directory's URL, where data.eval_file is found beside it."""
     if is_url(metadata_file):
+        directory, _, name = metadata_file.rpartition("/")
+        if name == configured and not is_manifest(name) and not is_shards(name) and not is_mix(name):
+            return f"{directory}/"
         return metadata_file
     if is_shards(metadata_file):
         return str(root / metadata_file)

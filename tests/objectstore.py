@@ -77,7 +77,8 @@ class DroppingProxy:
     response to a ranged GET from past a file's start (a member's read, not a shard's listing,
     which starts at byte 0; with ``from_start``, a ranged GET from byte 0 too: a loose file's
     whole read) that passes ``after_bytes`` is cut there (a reset), until that many were cut.
-    ``done`` is set when the last armed drop happened."""
+    ``done`` is set when the last armed drop happened; ``received`` counts the bytes of responses
+    passed on (what readers fetched)."""
 
     def __init__(self, target: str, after_bytes: int = 16 << 10, from_start: bool = False) -> None:
         host, port = target.rsplit("://", 1)[-1].split(":")
@@ -85,6 +86,7 @@ class DroppingProxy:
         self.after_bytes = after_bytes
         self.from_start = from_start
         self.dropped = 0
+        self.received = 0
         self.done = threading.Event()
         self._left = 0
         self._lock = threading.Lock()
@@ -158,6 +160,8 @@ class DroppingProxy:
                         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         return
                     passed += len(data)
+                    with self._lock:
+                        self.received += len(data)
                     client.sendall(data)
         except OSError:
             return  # either side went away: this connection ends

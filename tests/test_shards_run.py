@@ -3,7 +3,8 @@ loopback, behind a proxy that cuts responses): a producer killed by SIGKILL mid-
 restarted, the whole run killed after a checkpoint and resumed, and every clip trained exactly
 once per epoch; in the store, the resumed run's reads cut mid-shard are retried and counted. A
 JSON-lines manifest in the store, its loose audio files beside it: every clip once per epoch,
-a read cut mid-file one counted retry."""
+a read cut mid-file one counted retry; the same files as an LJSpeech layout in the store, every
+clip once."""
 
 from __future__ import annotations
 
@@ -86,6 +87,12 @@ def test_a_manifest_in_s3_trains_every_clip_once_per_epoch_and_a_cut_read_costs_
                         "--batch-size", "4", "--producers", "2", "--epochs", "2", "--record-samples",
                         *NUMPY_FEATURES, *FAST_HEARTBEAT, env=env) as run:
             assert run.wait(timeout=90) == 0, run.output()
+        # The same upload as an LJSpeech layout (its metadata.csv, its wavs/ listed in the store)
+        with RunProcess("--data", "s3://corpus/ljs", "--run-dir", str(tmp_path / "ljs"), "--model", "synthetic:5",
+                        "--batch-size", "4", "--producers", "2", "--epochs", "1", "--record-samples",
+                        *NUMPY_FEATURES, *FAST_HEARTBEAT, env=env) as run:
+            assert run.wait(timeout=90) == 0, run.output()
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(ids))
+    check_exactly_once(read_jsonl(tmp_path / "ljs" / "samples.jsonl"), 1, set(ids))
     summary = read_json(run_dir / "summary.json")
     assert proxy.dropped == 1 and sum(p["read_retries"] for p in summary["producers"]) == 1

@@ -1,17 +1,19 @@
-"""Where a dataset's metadata and audio are: the directory (or mix file) a user names, the
-audio file of each id (any format libsndfile reads; :data:`AUDIO_SUFFIXES` in order of
-preference), and the metadata bytes as read. Names are matched to ids in Unicode normal
+"""Where a dataset's metadata and audio are: the directory (or mix file) a user names, here
+or at a URL (:func:`locate`: a manifest, an LJSpeech layout or a mix file in an object
+store), the audio file of each id (any format libsndfile reads; :data:`AUDIO_SUFFIXES` in
+order of preference), and the metadata bytes as read. Names are matched to ids in Unicode normal
 form C (shared/layouts.nfc): a file whose name is decomposed on disk is its composed id's.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import stat as stat_module
 from pathlib import Path
 from typing import Iterable
 
-from ..dataset.shards import read_shards, remote_root, remote_stat, shard_source
+from ..dataset.shards import list_remote, read_shards, remote_root, remote_stat, shard_source
 from ..dataset.storage import StorageError, is_url, read_url, shown
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, DatasetError
 from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_shards, nfc
@@ -26,7 +28,7 @@ AUDIO_DIR = "wavs"
 AUDIO_SUFFIX = ".wav"  # the LJSpeech suffix, named in "missing" reasons
 
 
-LJSPEECH_SUFFIX = ".csv"  # LJSpeech metadata's, refused at a URL (locate)
+LJSPEECH_SUFFIX = ".csv"  # LJSpeech metadata's: a URL ending so names the metadata file, not a directory (locate)
 
 
 # The size and mtime of an audio file not looked at (a manifest gives its clip's duration): a
@@ -52,18 +54,20 @@ def locate(path: str, metadata_file: str) -> tuple[Path, str]:
     A JSON-lines manifest at a URL (``s3://bucket/corpus/train.jsonl``, or a directory URL with
     ``data.metadata_file`` a manifest's name) is its own metadata file, the URL; its root a
     directory of this host's cache (as for shards at a URL) that holds the index and feature
-    caches, and its clips' relative audio paths are beside it (:func:`resolve_audio`). An
-    LJSpeech metadata file or a mix file at a URL is refused (its ``wavs/`` or its datasets'
-    directories would need listings of the store)."""
+    caches, and its clips' relative audio paths are beside it (:func:`resolve_audio`). So is an
+    LJSpeech layout at a URL (:func:`_remote_metadata`): its metadata file's URL, its clips'
+    audio the files of ``wavs/`` beside it (:func:`scan_remote_audio`). So is a mix file at a
+    URL, each of its datasets a URL or a path relative to the mix file's URL
+    (:func:`_read_remote_mix`)."""
     if path and is_url(path):
         name = path.rstrip("/").rpartition("/")[2]
         if not is_manifest(name) and not is_shards(name) and is_manifest(metadata_file):
             path, name = f"{path.rstrip('/')}/{metadata_file}", metadata_file
-        if is_manifest(name):
+        if is_manifest(name) or is_mix(name):
             return remote_root(path), path
-        if name.lower().endswith(LJSPEECH_SUFFIX) or is_mix(name):
-            raise DatasetError(f"{shown(path)}: metadata at a URL must be a JSON-lines manifest (*.jsonl, *.json); "
-                               f"an LJSpeech metadata file or a mix file is read from this host's disk")
+        metadata = _remote_metadata(path, name, metadata_file)
+        if metadata is not None:
+            return remote_root(metadata), metadata
     shards = shard_source(path, metadata_file) if path else None
     if shards is not None:
         return shards
@@ -73,6 +77,19 @@ def locate(path: str, metadata_file: str) -> tuple[Path, str]:
             raise DatasetError(f"mix file {given} does not exist")
         return given.resolve().parent, given.name
     return resolve_root(path), metadata_file
+
+
+def _remote_metadata(path: str, name: str, metadata_file: str) -> str | None:
+    """The URL of the LJSpeech metadata file that ``path`` (a URL whose last name is ``name``)
+    names: itself when it ends in ``.csv`` or is named as ``data.metadata_file``, else
+    ``path/metadata_file`` when the store holds it (one request); None: not an LJSpeech layout
+    (a directory of tar shards, shared/dataset/shards.py)."""
+    if is_shards(name):
+        return None
+    if name.lower().endswith(LJSPEECH_SUFFIX) or name == metadata_file.rpartition("/")[2]:
+        return path
+    candidate = f"{path.rstrip('/')}/{metadata_file}"
+    return candidate if remote_stat(candidate) is not None else None
 
 
 def audio_path(root: Path, sample_id: str, name: str | None = None) -> Path:
@@ -128,12 +145,39 @@ def scan_audio(root: Path) -> dict[str, AudioFile]:
     return found
 
 
+def scan_remote_audio(metadata_file: str) -> dict[str, AudioFile]:
+    """:func:`scan_audio` of an LJSpeech layout at a URL: the files of ``wavs/`` beside the
+    metadata file at ``metadata_file``, by id, each named by its URL, from one listing of the
+    store (sizes and modification stamps come with it), the first of :data:`AUDIO_SUFFIXES`
+    winning; no such directory: an empty map (each clip rejected as missing)."""
+    rank = {suffix: i for i, suffix in enumerate(AUDIO_SUFFIXES)}
+    chosen: dict[str, tuple[int, AudioFile]] = {}  # id -> (suffix rank, file)
+    for file in list_remote(f"{metadata_file.rpartition('/')[0]}/{AUDIO_DIR}/"):
+        stem, dot, suffix = file.name.rpartition("/")[2].rpartition(".")
+        order = rank.get("." + suffix.lower()) if dot and stem else None
+        if order is None:
+            continue
+        stem = nfc(stem)
+        previous = chosen.get(stem)
+        if previous is None or order < previous[0]:
+            chosen[stem] = (order, AudioFile(file.name, file.size, file.mtime_ns))
+    return {stem: file for stem, (_, file) in chosen.items()}
+
+
 def resolve_audio(entries: list[Entry], metadata_file: str) -> list[Entry]:
     """``entries`` of a manifest at a URL (:func:`locate`) with each relative audio path made the
     URL beside the manifest (``wavs/a.wav`` of ``s3://b/c/train.jsonl``: ``s3://b/c/wavs/a.wav``);
-    a URL or an absolute path stays as written. Changed in place (the entries are the caller's
+    a URL or an absolute path stays as written. An LJSpeech layout's at a URL each get the URL
+    ``wavs/<id>.wav`` beside its metadata, which a clip without audio is reported missing as (its
+    file is found by :func:`scan_remote_audio`). Changed in place (the entries are the caller's
     fresh parse); other metadata's entries (shards at a URL: their locators are URLs) are returned
     as they are."""
+    if is_url(metadata_file) and not is_manifest(metadata_file) and not is_shards(metadata_file) \
+            and not is_mix(metadata_file):
+        audio_dir = f"{metadata_file.rpartition('/')[0]}/{AUDIO_DIR}/"
+        for entry in entries:
+            entry.__dict__["audio"] = f"{audio_dir}{entry.id}{AUDIO_SUFFIX}"
+        return entries
     if not is_url(metadata_file) or not is_manifest(metadata_file):
         return entries
     base = metadata_file.rpartition("/")[0] + "/"
@@ -214,8 +258,8 @@ def _other_form(root: Path, path: str, listings: dict[Path, dict[str, str]]) -> 
 
 
 def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:
-    """The audio of a dataset by id: the files a manifest names, or the listing of ``wavs/``;
-    for a mix, each dataset's, by prefixed id, with paths from ``root``; for tar shards, each
+    """The audio of a dataset by id: the files a manifest names, or the listing of ``wavs/`` (at a
+    URL: :func:`scan_remote_audio`); for a mix, each dataset's, by prefixed id, with paths from ``root``; for tar shards, each
     clip's audio member, named by its locator (shared/dataset/shards.py)."""
     if is_shards(metadata_file):
         return read_shards(root, metadata_file).audio
@@ -223,10 +267,14 @@ def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = C
         entries, _ = parse_entries(metadata, metadata_file, columns)
         return locate_audio(root, resolve_audio(entries, metadata_file))
     if not is_mix(metadata_file):
-        return scan_audio(root)
+        return scan_remote_audio(metadata_file) if is_url(metadata_file) else scan_audio(root)
     found: dict[str, AudioFile] = {}
     for part, directory, raw in unpack_mix(metadata):
         prefix = f"{part.name}{MIX_ID_SEPARATOR}"
+        if is_url(directory):  # a mix at a URL's dataset: its files named by their URLs
+            found.update({prefix + i: a for i, a in
+                          list_audio(root, f"{directory}/{part.metadata_file}", raw, part.columns).items()})
+            continue
         if is_manifest(part.metadata_file):
             entries, _ = parse_entries(raw, part.metadata_file, part.columns)
             listed = {prefix + i: AudioFile(f"{directory}/{a.name}" if not a.name.startswith("/") else a.name,
@@ -245,7 +293,7 @@ def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> byte
     if is_shards(metadata_file):
         return read_shards(root, metadata_file).manifest
     if is_mix(metadata_file):
-        return _read_mix(root, metadata_file)
+        return _read_remote_mix(metadata_file) if is_url(metadata_file) else _read_mix(root, metadata_file)
     if is_url(metadata_file):
         try:
             return read_url(metadata_file)
@@ -282,6 +330,35 @@ def _read_mix(root: Path, mix_file: str) -> bytes:
             raise DatasetError(f"{root / mix_file}: dataset {part.name}: {where} is not a directory")
         label = str(directory) if directory.is_absolute() else directory.as_posix().rstrip("/")
         packed.append((part, label, read_metadata_bytes(where, part.metadata_file)))
+    return pack_mix(packed)
+
+
+def _read_remote_mix(mix_url: str) -> bytes:
+    """:func:`_read_mix` of a mix file at a URL: each dataset a URL, or a path relative to the
+    mix file's URL (``../lj`` of ``s3://b/mixes/all.yaml``: ``s3://b/lj``), read as a dataset
+    at a URL (:func:`locate`); a path of this host is refused."""
+    try:
+        text = read_url(mix_url)
+    except FileNotFoundError:
+        raise DatasetError(f"{shown(mix_url)} not found") from None
+    except StorageError as exc:
+        raise DatasetError(str(exc)) from None
+    try:
+        parts = parse_mix_spec(text.decode("utf-8", "replace"), "metadata.csv", COLUMNS_AUTO)
+    except LayoutError as exc:
+        raise DatasetError(f"{shown(mix_url)}: {exc}") from None
+    scheme, _, where = mix_url.partition("://")
+    packed = []
+    for part in parts:
+        if part.path.startswith(("/", "~")):
+            raise DatasetError(f"{shown(mix_url)}: dataset {part.name}: {part.path} is a path of this host; the "
+                               f"datasets of a mix at a URL are URLs or paths relative to it")
+        directory = (part.path.rstrip("/") if is_url(part.path) else
+                     f"{scheme}://{posixpath.normpath(posixpath.join(posixpath.dirname(where), part.path))}")
+        try:
+            packed.append((part, directory, read_metadata_bytes(Path(), f"{directory}/{part.metadata_file}")))
+        except DatasetError as exc:
+            raise DatasetError(f"{shown(mix_url)}: dataset {part.name}: {exc}") from None
     return pack_mix(packed)
 
 

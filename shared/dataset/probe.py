@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from ..dataset.storage import RetryingFile, StorageError, shown
 from ..dataset.types import AudioProbe
 
 # A RIFF header (fmt, LIST, fact chunks) nearly always fits in this; larger chunks are
@@ -148,6 +149,23 @@ def probe_bytes(data: bytes) -> AudioProbe:
     if not data:
         return AudioProbe(error="audio file empty")
     return _probe_header(riff_facts_of(data), lambda: io.BytesIO(data))
+
+
+def probe_url(url: str) -> AudioProbe:
+    """:func:`probe_audio` of a loose file at a URL, through shared/dataset/storage.py (a read
+    failing in transit retried and counted), reading its header only: the RIFF walk's few
+    ranges of :data:`RIFF_PROBE_BYTES` (libsndfile's own reads for other formats), not the file."""
+    try:
+        with RetryingFile(url, block_size=RIFF_PROBE_BYTES) as f:
+            size = f.seek(0, io.SEEK_END)
+            if size == 0:
+                return AudioProbe(error="audio file empty")
+            riff = _riff_walk(lambda n, offset: (f.seek(offset), f.read(n))[1], size)
+            return _probe_header(riff, lambda: (f.seek(0), f)[1])
+    except FileNotFoundError:
+        return AudioProbe(error="audio file missing", detail=f"no file {shown(url)}")
+    except StorageError as exc:
+        return AudioProbe(error="audio file unreadable", detail=str(exc))
 
 
 def _probe_header(riff: RiffFacts | None, source: Callable[[], Any]) -> AudioProbe:

@@ -50,8 +50,8 @@ import msgpack
 
 from ..config import DataConfig
 from ..dataset.cache import index_cache_file, pack_index, read_cache, user_cache_dir, write_cache
-from ..dataset.probe import probe_bytes
-from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, read_url, shown,
+from ..dataset.probe import probe_bytes, probe_url
+from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown,
                                transit_errors, url_fs)
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError
 from ..layouts import SHARD_SUFFIX, Rejection, nfc
@@ -235,6 +235,22 @@ def remote_stat(url: str) -> tuple[int, int] | None:
     if info.get("type", "file") != "file":
         return None
     return int(info.get("size") or 0), _stamp(info)
+
+
+def list_remote(url: str) -> list[Shard]:
+    """The files directly in the directory at ``url`` (one listing, paged by the store), each
+    named by its URL, with its size and modification stamp; none when there is no such
+    directory. DatasetError when the store cannot be asked (as :func:`remote_stat`)."""
+    try:
+        fs, path = url_fs(url)
+        infos = fs.ls(path.rstrip("/"), detail=True)
+    except FileNotFoundError:
+        return []
+    except (ValueError, StorageError, *transit_errors()) as exc:
+        raise DatasetError(f"cannot list {shown(url)}: {type(exc).__name__}: {first_line(exc)}") from None
+    directory = url.rstrip("/")  # each file's URL: the directory's and its name (a store's own names vary)
+    return [Shard(f"{directory}/{info['name'].rstrip('/').rpartition('/')[2]}", int(info.get("size") or 0),
+                  _stamp(info)) for info in infos if info.get("type", "file") == "file"]
 
 
 def _stamp(info: dict[str, Any]) -> int:
@@ -455,17 +471,12 @@ _READER: Reader | None = None  # this process's, for the index's header reads
 
 
 def probe_member(root: Path, name: str) -> AudioProbe:
-    """The audio header facts of the member a locator names, or of a loose file at a URL (a
-    manifest's clip without a duration: the whole file read), its bytes read, not decoded; or
-    why it cannot be used."""
+    """The audio header facts of the member a locator names (its bytes read, not decoded), or of
+    a loose file at a URL (a manifest's clip without a duration, an LJSpeech layout's wav: its
+    header read, :func:`probe_url`); or why it cannot be used."""
     global _READER
     if not is_locator(name):
-        try:
-            return probe_bytes(read_url(name))
-        except FileNotFoundError:
-            return AudioProbe(error="audio file missing", detail=f"no file {shown(name)}")
-        except StorageError as exc:
-            return AudioProbe(error="audio file unreadable", detail=str(exc))
+        return probe_url(name)
     if _READER is None or _READER.root != root:
         _READER = Reader(root)
     locator = Locator.parse(name)

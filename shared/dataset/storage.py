@@ -130,11 +130,13 @@ def transit_errors() -> tuple[type[BaseException], ...]:
 
 class RetryingFile(io.RawIOBase):
     """A file at a URL, read through fsspec with the bounded read-ahead; a read failing in
-    transit is retried from the same position on a fresh handle (module docstring)."""
+    transit is retried from the same position on a fresh handle (module docstring).
+    ``block_size``: the read-ahead; a reader of a few header bytes asks for little more."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, block_size: int = READ_AHEAD_BYTES) -> None:
         super().__init__()
         self.url = url
+        self.block_size = block_size
         self._fs, self._path = url_fs(url)
         self._file: Any = None
         self._pos = 0
@@ -176,7 +178,7 @@ class RetryingFile(io.RawIOBase):
         for attempt in range(READ_RETRIES + 1):
             try:
                 if self._file is None:
-                    self._file = self._fs.open(self._path, "rb", block_size=READ_AHEAD_BYTES, cache_type="readahead")
+                    self._file = self._fs.open(self._path, "rb", block_size=self.block_size, cache_type="readahead")
                 return action(self._file)
             except FileNotFoundError:
                 raise

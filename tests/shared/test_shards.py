@@ -7,6 +7,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 import soundfile
@@ -15,10 +16,13 @@ from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_mem
 from stoker.service import data_path
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import DatasetError, build_index, locate, scan_dataset
-from stoker.shared.dataset.files import resolve_audio
+from stoker.shared.dataset import files, storage
+from stoker.shared.dataset.files import resolve_audio, scan_remote_audio
 from stoker.shared.dataset.shards import Locator, expand_braces, is_locator, remote_root
 from stoker.shared.dataset.storage import Reader
-from stoker.shared.layouts import parse_manifest
+from stoker.shared.dataset.probe import probe_url
+from stoker.shared.layouts import COLUMNS_AUTO, parse_manifest
+from stoker.shared.mixes import parse_entries
 from tests.factories import add_shard, clip_member, loose_copy, make_shards, tone
 
 FEATURES = FeaturesConfig()
@@ -229,13 +233,49 @@ def test_data_names_a_manifest_at_a_url_whose_relative_audio_is_beside_it(tmp_pa
     root = remote_root(url)
     assert locate(url, "metadata.csv") == locate("s3://corpus/ljs/", "train.jsonl") == (root, url)
     assert root.parent == tmp_path / "cache" / "stoker" / "remote"
-    assert locate("s3://corpus/ljs/", "metadata.csv")[1] == "s3://corpus/ljs/*.tar"  # a directory URL: shards
-    assert data_path(root, url) == url  # what producers are given
-    for refused in ("s3://corpus/ljs/metadata.csv", "s3://corpus/mix.yaml"):
-        with pytest.raises(DatasetError, match="metadata at a URL must be a JSON-lines manifest"):
-            locate(refused, "metadata.csv")
+    lj, held_out = "s3://corpus/lj/metadata.csv", "s3://corpus/lj/eval.csv"  # what the store holds
+    monkeypatch.setattr(files, "remote_stat", lambda where: (1, 1) if where in (lj, held_out) else None)
+    assert locate("s3://corpus/ljs/", "metadata.csv")[1] == "s3://corpus/ljs/*.tar"  # no metadata.csv: shards
+    assert locate("s3://corpus/lj", "metadata.csv") == locate(lj, "metadata.csv") == (remote_root(lj), lj)
+    assert data_path(root, url) == url and data_path(remote_root(lj), lj) == lj  # what producers are given
+    # data.metadata_file's: the directory, where data.eval_file is found beside it
+    assert data_path(remote_root(lj), lj, "metadata.csv") == "s3://corpus/lj/"
+    assert locate("s3://corpus/lj/", "eval.csv") == (remote_root(held_out), held_out)
+    mix = "s3://corpus/mixes/all.yaml"  # a mix at a URL is its own metadata file
+    assert locate(mix, "metadata.csv") == (remote_root(mix), mix) and data_path(remote_root(mix), mix) == mix
+    entries, _ = parse_entries(b"a|A.|A.\nb|B.|B.\n", lj, COLUMNS_AUTO)  # an LJSpeech layout's: wavs/ beside it
+    assert [e.audio for e in resolve_audio(entries, lj)] == ["s3://corpus/lj/wavs/a.wav", "s3://corpus/lj/wavs/b.wav"]
     entries, _ = parse_manifest(b"".join(json.dumps({"audio_filepath": a, "text": "t", "id": f"c{n}"}).encode() + b"\n"
                                          for n, a in enumerate(["wavs/a.wav", "./b.wav", "s3://other/c.wav",
                                                                 "/data/d.wav"])))
     assert [e.audio for e in resolve_audio(entries, url)] == [
         "s3://corpus/ljs/wavs/a.wav", "s3://corpus/ljs/b.wav", "s3://other/c.wav", "/data/d.wav"]
+
+
+def test_an_ljspeech_layout_at_a_url_lists_wavs_once_preferring_suffixes_and_reads_headers_only(tmp_path: Path,
+                                                                                              monkeypatch) -> None:
+    fs = fsspec.filesystem("memory")
+    base = f"memory://{tmp_path.name}/lj"
+    whole = tmp_path / "a.wav"
+    soundfile.write(str(whole), tone(1.0, 22050), 22050, subtype="PCM_16")
+    data = whole.read_bytes()
+    for name, body in [("a.wav", data), ("a.flac", b"x"), ("b.flac", data), ("c.txt", b"x"), ("d.wav", data[:9000])]:
+        fs.pipe(f"{base}/wavs/{name}", body)
+    found = scan_remote_audio(f"{base}/metadata.csv")
+    assert sorted((i, f.name, f.size) for i, f in found.items()) == [
+        ("a", f"{base}/wavs/a.wav", len(data)), ("b", f"{base}/wavs/b.flac", len(data)),
+        ("d", f"{base}/wavs/d.wav", 9000)]
+    assert scan_remote_audio(f"memory://{tmp_path.name}/none/metadata.csv") == {}
+    reads: list[int] = []
+    original = storage.RetryingFile.read
+
+    def counted(self, size=-1):
+        got = original(self, size)
+        reads.append(len(got))
+        return got
+
+    monkeypatch.setattr(storage.RetryingFile, "read", counted)
+    probe = probe_url(f"{base}/wavs/a.wav")
+    assert (probe.error, probe.frames, probe.rate) == ("", 22050, 22050) and sum(reads) <= 4096  # the header only
+    assert probe_url(f"{base}/wavs/d.wav").error == "audio file truncated"
+    assert probe_url(f"{base}/wavs/gone.wav").error == "audio file missing"

@@ -18,6 +18,7 @@ from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import DatasetError, Reference, build_index, check_agreement, describe_copy
+from stoker.shared.dataset.files import locate
 from stoker.shared.dataset.shards import Locator
 from stoker.shared.dataset.storage import COUNTS, READ_RETRIES, Reader, RetryingFile, StorageError
 from tests.factories import make_dataset, make_shards
@@ -141,3 +142,81 @@ def test_a_manifest_in_s3_indexes_as_the_local_one_and_a_producer_reads_its_clip
         server.upload(root, "corpus", "ljs")
         edited = build_index(data, FEATURES)
         assert edited.stats.cache == "stale" and edited.samples[0].text == "clip number zero."
+
+
+def test_an_ljspeech_layout_and_a_mix_in_s3_index_as_the_local_ones_reading_headers_only_and_batch_bit_for_bit(
+        tmp_path, monkeypatch, caplog):
+    root = tmp_path / "LJSpeech"
+    ids = make_dataset(root, count=6, durations=[2.0, 2.1, 2.2, 2.3, 2.4, 2.5])
+    soundfile.write(str(root / "wavs" / f"{ids[1]}.flac"), np.zeros(2205, np.float32), 22050)  # the .wav is preferred
+    (root / "wavs" / f"{ids[4]}.wav").unlink()  # missing
+    corrupt = root / "wavs" / f"{ids[5]}.wav"
+    corrupt.write_bytes(corrupt.read_bytes()[:20_000])  # cut short: its header declares more
+    wav_bytes = sum(p.stat().st_size for p in (root / "wavs").iterdir())
+    with S3Server() as server, DroppingProxy(server.endpoint, after_bytes=8 << 10, from_start=True) as proxy:
+        server.upload(root, "corpus", "LJSpeech")
+        server.upload(root / "wavs", "corpus", "LJSpeech/wavs")
+        use_env(server.env(proxy.endpoint), monkeypatch)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        data = DataConfig(path="s3://corpus/LJSpeech", index_workers=1)
+        index = build_index(data, FEATURES)
+        assert proxy.received < wav_bytes / 4  # the index read the wavs' headers, not the files
+        local = build_index(DataConfig(path=str(root), index_workers=1), FEATURES)
+        assert [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in index.samples] == \
+               [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in local.samples]
+        assert [s.audio for s in index.samples] == [f"s3://corpus/LJSpeech/wavs/{i}.wav" for i in ids[:4]]
+        assert index.stats.headers_read == 5 and index.stats.cache == "miss"
+        url = "s3://corpus/LJSpeech/"  # each rejection names the file, at its URL
+        assert [(r.id, r.kind, r.file, r.reason) for r in index.rejected] == \
+               [(r.id, r.kind, url + r.file, r.reason.replace(": wavs/", f": {url}wavs/")) for r in local.rejected]
+        assert [(r.id, r.kind) for r in index.rejected] == [(ids[4], "missing-audio"), (ids[5], "unreadable-audio")]
+        assert index.root == tmp_path / "cache" / "stoker" / "remote" / index.root.name
+        again = build_index(DataConfig(path="s3://corpus/LJSpeech/metadata.csv", index_workers=1), FEATURES)
+        assert again.stats.cache == "hit" and again.root == index.root  # the metadata's URL names the same dataset
+
+        accepted = ids[:4]
+
+        def batch(of, maker):
+            tokens = TokenTable(of.samples, of.vocabulary)
+            carried = tokens.lease_fields(accepted)
+            longest = max(s.num_frames for s in of.samples)
+            lease = wire.Lease(lease=1, epoch=0, index=0, ids=tuple(accepted), shape=(64, longest), rows=4,
+                               tokens=tuple(tuple(t) for t in carried["tokens"]), texts=carried["texts"],
+                               files=carried["files"], durations=tuple(carried["durations"]))
+            return maker.make(lease)
+
+        proxy.arm(1)  # a clip's read, cut mid-body: retried, counted with the batch
+        with caplog.at_level(logging.WARNING, "stoker.shared.dataset.storage"):
+            remote = batch(index, BatchMaker(index.root, {}, FEATURES, None, "p0"))
+        expected = batch(local, BatchMaker(root, {}, FEATURES, None, "p1"))
+        assert proxy.dropped == 1 and remote.batch.read_retries == 1
+        assert remote.batch.ids == expected.batch.ids == tuple(accepted) and remote.batch.rejected == ()
+        assert remote.arrays.keys() == expected.arrays.keys()
+        for name, array in expected.arrays.items():  # the same clips, so the same mels, bit for bit
+            np.testing.assert_array_equal(remote.arrays[name], array, err_msg=name)
+        assert all("testing" not in r.getMessage() for r in caplog.records)  # no credential in a log line
+        described = describe_copy(*locate("s3://corpus/LJSpeech/metadata.csv", "metadata.csv"))
+        assert check_agreement(Reference.of(index), described, "elsewhere").ok
+
+
+        # A mix file at a URL: its datasets a path relative to it and a URL, indexed as the local mix
+        mixes = tmp_path / "mixes"
+        mixes.mkdir()
+        (mixes / "all.yaml").write_text("datasets:\n  - {path: ../LJSpeech, name: lj}\n"
+                                        "  - {path: 's3://corpus/LJSpeech/', name: again}\n", encoding="utf-8")
+        (mixes / "host.yaml").write_text("datasets:\n  - {path: /data/LJSpeech, name: lj}\n", encoding="utf-8")
+        server.upload(mixes, "corpus", "mixes")
+        (tmp_path / "all.yaml").write_text("datasets:\n  - {path: LJSpeech, name: lj}\n"
+                                           "  - {path: LJSpeech, name: again}\n", encoding="utf-8")
+        mixed = build_index(DataConfig(path="s3://corpus/mixes/all.yaml", index_workers=1), FEATURES)
+        local_mix = build_index(DataConfig(path=str(tmp_path / "all.yaml"), index_workers=1), FEATURES)
+        assert [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in mixed.samples] == \
+               [(s.id, s.text, s.num_frames, s.duration_s, s.speaker) for s in local_mix.samples]
+        assert sorted(s.audio for s in mixed.samples) == sorted(f"{url}wavs/{i}.wav" for i in accepted for _ in "ab")
+        assert [(r.id, r.kind, r.file.replace("s3://corpus/", ""), r.reason.replace("s3://corpus/", ""))
+                for r in mixed.rejected] == [(r.id, r.kind, r.file, r.reason) for r in local_mix.rejected]
+        assert len(mixed.rejected) == 4
+        with pytest.raises(DatasetError, match=r"^s3://corpus/mixes/host\.yaml: dataset lj: /data/LJSpeech is a path "
+                                               r"of this host; the datasets of a mix at a URL are URLs or paths "
+                                               r"relative to it$"):
+            build_index(DataConfig(path="s3://corpus/mixes/host.yaml", index_workers=1), FEATURES)
