@@ -306,10 +306,12 @@ class SampleTable(Sequence[Sample]):
         return out
 
     @classmethod
-    def from_sections(cls, sections: Mapping[str, memoryview], speakers: Sequence[str],
-                      languages: Sequence[str]) -> "SampleTable":
-        """The table over stored sections (views of a mapped file: nothing is copied); ValueError
-        when they do not fit together."""
+    def from_sections(cls, sections: Mapping[str, Any], speakers: Sequence[str], languages: Sequence[str],
+                      checksummed: bool = False) -> "SampleTable":
+        """The table over stored sections (views of a mapped file, or blobs left in it: nothing is
+        copied); ValueError when they do not fit together. ``checksummed``: the sections passed
+        their checksums (they are what a table's :meth:`sections` wrote), so only their sizes
+        are checked, not every offset and code (which would read them all in)."""
         numbers = {name: np.frombuffer(sections[f"n.{name}"], kind) for name, kind in NUMBER_COLUMNS.items()}
         count = len(numbers["num_frames"])
         strings = {}
@@ -320,12 +322,12 @@ class SampleTable(Sequence[Sample]):
             offsets = np.frombuffer(sections[f"o.{name}"], np.int64)
             blob = sections[f"s.{name}"]
             if len(offsets) != count + 1 or offsets[0] != 0 or offsets[-1] != len(blob) \
-                    or (count and bool((offsets[1:] < offsets[:-1]).any())):
+                    or (count and not checksummed and bool((offsets[1:] < offsets[:-1]).any())):
                 raise ValueError(f"column {name} does not fit its blob")
             strings[name] = (offsets, blob)
         if any(len(col) != count for col in numbers.values()):
             raise ValueError("columns of different lengths")
-        if count and (numbers["speaker"].max() >= len(speakers) or numbers["language"].max() >= len(languages)
+        if count and not checksummed and (numbers["speaker"].max() >= len(speakers) or numbers["language"].max() >= len(languages)
                       or numbers["speaker"].min() < 0 or numbers["language"].min() < 0):
             raise ValueError("a speaker or language code outside its table")
         order = np.frombuffer(sections[ID_ORDER_SECTION], np.int64) if ID_ORDER_SECTION in sections else None
