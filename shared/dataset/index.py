@@ -294,11 +294,15 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     # a manifest at a URL is read whole by the one-process build (its pieces are local byte ranges)
     size = _size(root / metadata_file) if is_manifest(metadata_file) and not is_url(metadata_file) else 0
     chunked = fixed is None and size >= CHUNKED_MIN_BYTES
-    manifest_sha256 = (_sha256_of(metadata_location(root, metadata_file))
+    # A manifest built in one pass is read whole once, its hash the cache lookup's and the cache's
+    # (a large one, built in pieces, is hashed a piece at a time and never held).
+    metadata = _read_small_manifest(root, data.metadata_file) if candidates and not chunked else None
+    manifest_sha256 = (hashlib.sha256(metadata).hexdigest() if metadata is not None
+                       else _sha256_of(metadata_location(root, metadata_file))
                        if is_manifest(metadata_file) and (candidates or chunked) else "")
     quick = _digest(config, manifest_sha256) if candidates and manifest_sha256 else ""
     found = _manifest_hit(root, candidates, quick) if quick else None
-    if found is not None:  # a manifest as cached: neither parsed nor held in memory
+    if found is not None:  # a manifest as cached: not parsed (nor, a large one, held in memory)
         try:
             loaded = _loaded(found[1], fixed)
         except (KeyError, TypeError, ValueError) as exc:
@@ -310,7 +314,9 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         built = _build_manifest(root, data, features, text, frontend, config, candidates, manifest_sha256, started)
         if built is not None:
             return built
-    metadata = read_metadata_bytes(root, data.metadata_file)
+    hashed = metadata is not None  # what manifest_sha256 is the hash of
+    if metadata is None:
+        metadata = read_metadata_bytes(root, data.metadata_file)
     audio = list_audio(root, data.metadata_file, metadata, data.columns)
     key = index_key(metadata, audio, config)
     cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
@@ -355,7 +361,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
                                  vocab)
         header["agreement"] = agreed
         if is_manifest(metadata_file):
-            header["manifest"] = {"digest": _digest(config, hashlib.sha256(metadata).hexdigest()),
+            header["manifest"] = {"digest": _digest(config, manifest_sha256 if hashed
+                                                          else hashlib.sha256(metadata).hexdigest()),
                                   "measured": _measured(entries, audio)}
     del entries, units, probes  # the clips are in the samples now: not held while they become columns
     table = SampleTable.from_samples(samples)
@@ -387,6 +394,17 @@ def _sha256_of(path: str) -> str:
         return file_sha256(path)
     except OSError:
         return ""
+
+
+def _read_small_manifest(root: Path, metadata_file: str) -> bytes | None:
+    """The bytes of a manifest (the one-pass build's: a small one, or one at a URL); None for
+    other metadata, or when it cannot be read (the build reads it again, and says why)."""
+    if not is_manifest(metadata_file):
+        return None
+    try:
+        return read_metadata_bytes(root, metadata_file)
+    except DatasetError:
+        return None
 
 
 def _size(path: Path) -> int:
@@ -764,7 +782,7 @@ def _manifest_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]
             if chunk:
                 ranges.append((start, start + len(chunk), line))
                 start += len(chunk)
-                line += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+                line += chunk.count(b"\n") + (chunk.count(b"\r") - chunk.count(b"\r\n") if b"\r" in chunk else 0)
             if not piece:
                 break
     return ranges
