@@ -308,13 +308,17 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     size = _size(root / metadata_file) if is_manifest(metadata_file) and not is_url(metadata_file) else 0
     chunked = fixed is None and size >= CHUNKED_MIN_BYTES
     # A manifest's cache is found by its stamp (size and mtime, or a store's version or ETag: no
-    # read), taken before the manifest is read; by its content's hash where there is no stamp.
+    # read), taken before the manifest is read; by its content's hash where there is no stamp: then a
+    # manifest built in one pass is read whole once, its hash the cache lookup's and the cache's (a
+    # large one, built in pieces, is hashed a piece at a time and never held).
     stamp = file_stamp(metadata_location(root, metadata_file)) if is_manifest(metadata_file) and candidates else ""
-    manifest_sha256 = (_sha256_of(metadata_location(root, metadata_file))
+    metadata = _read_small_manifest(root, data.metadata_file) if candidates and not chunked and not stamp else None
+    manifest_sha256 = (hashlib.sha256(metadata).hexdigest() if metadata is not None
+                       else _sha256_of(metadata_location(root, metadata_file))
                        if is_manifest(metadata_file) and candidates and not stamp else "")
     quick = _digest(config, stamp or manifest_sha256) if stamp or manifest_sha256 else ""
     found = _manifest_hit(root, candidates, quick) if quick else None
-    if found is not None:  # a manifest as cached: neither parsed nor held in memory
+    if found is not None:  # a manifest as cached: not parsed (nor, a large one, held in memory)
         try:
             loaded = _loaded(found[1], fixed)
         except (KeyError, TypeError, ValueError) as exc:
@@ -329,7 +333,9 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
                                 _digest(config, stamp or manifest_sha256), started)
         if built is not None:
             return built
-    metadata = read_metadata_bytes(root, data.metadata_file)
+    hashed = metadata is not None  # what manifest_sha256 is the hash of
+    if metadata is None:
+        metadata = read_metadata_bytes(root, data.metadata_file)
     audio = list_audio(root, data.metadata_file, metadata, data.columns)
     key = index_key(metadata, audio, config)
     cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
@@ -374,7 +380,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
                                  vocab)
         header["agreement"] = agreed
         if is_manifest(metadata_file):
-            header["manifest"] = {"digest": _digest(config, stamp or hashlib.sha256(metadata).hexdigest()),
+            header["manifest"] = {"digest": _digest(config, stamp or (manifest_sha256 if hashed
+                                                                    else hashlib.sha256(metadata).hexdigest())),
                                   "measured": _measured(entries, audio)}
     del entries, units, probes  # the clips are in the samples now: not held while they become columns
     table = SampleTable.from_samples(samples)
@@ -408,6 +415,17 @@ def _sha256_of(path: str) -> str:
         return file_sha256(path)
     except OSError:
         return ""
+
+
+def _read_small_manifest(root: Path, metadata_file: str) -> bytes | None:
+    """The bytes of a manifest (the one-pass build's: a small one, or one at a URL); None for
+    other metadata, or when it cannot be read (the build reads it again, and says why)."""
+    if not is_manifest(metadata_file):
+        return None
+    try:
+        return read_metadata_bytes(root, metadata_file)
+    except DatasetError:
+        return None
 
 
 def _size(path: Path) -> int:
@@ -792,7 +810,7 @@ def _manifest_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]
             if chunk:
                 ranges.append((start, start + len(chunk), line))
                 start += len(chunk)
-                line += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+                line += chunk.count(b"\n") + (chunk.count(b"\r") - chunk.count(b"\r\n") if b"\r" in chunk else 0)
             if not piece:
                 break
     return ranges
@@ -883,12 +901,19 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
         "hashes": hash_strings(ids[0], np.frombuffer(ids[1], np.uint8), np.arange(size)),
         "metadata_lines": pack_strings(list(map("{}\t{}\t{}\t{}\n".format, entries.id, entries.text, entries.speaker,
                                                 entries.language))),
-        "audio_lines": pack_strings([f"{sample_id}\t{UNMEASURED}\n" for sample_id in entries.id]),
+        "audio_lines": _suffixed(ids, entries.id, f"\t{UNMEASURED}\n"),
         "seen": set("".join(columns["units"])),
         "numbers": {name: np.asarray(numbers[name], kind) for name, kind in NUMBER_COLUMNS.items()},
         "strings": {name: pack_strings(columns[name]) for name in STRING_COLUMNS},
         "speakers": list(speakers), "languages": list(languages),
     }
+
+
+def _suffixed(packed: tuple[np.ndarray, bytes], values: list[str], suffix: str) -> tuple[np.ndarray, bytes]:
+    """``pack_strings([v + suffix for v in values])`` from ``packed``, ``pack_strings(values)``: one join."""
+    size = len(suffix.encode("utf-8"))
+    return (packed[0] + size * np.arange(len(values) + 1),
+            "".join((suffix.join(values), suffix if values else "")).encode("utf-8", ENCODING_ERRORS))
 
 
 def _run_chunks(path: Path, ranges: list[tuple[int, int, int]], workers: int, data: DataConfig,

@@ -3,6 +3,7 @@ that long is a counted rejection when a producer reads it, never a crash."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from stoker.producer.batches import DURATION_TOLERANCE_S, BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index
+from stoker.shared.dataset import index as index_module
 from stoker.shared.dataset import probe as probe_module
 from stoker.shared.mel import num_frames
 from tests.factories import make_dataset
@@ -47,6 +49,21 @@ def test_a_manifest_with_durations_is_indexed_without_opening_audio(tmp_path: Pa
     reasons = {r.id: r.reason for r in index.rejected}
     assert "longer than data.max_audio_s" in reasons["long"]
     assert "not a finite number" in reasons["nan"]
+
+
+def test_a_small_manifest_is_read_once_and_found_again_by_that_hash(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[str] = []
+    read = index_module.read_metadata_bytes
+    monkeypatch.setattr(index_module, "read_metadata_bytes", lambda *args: reads.append(args[1]) or read(*args))
+    monkeypatch.setattr(index_module, "file_sha256", lambda where: pytest.fail("the manifest was hashed apart"))
+    rows = [{"audio_filepath": f"audio/c{i}.wav", "text": f"clip {i}.", "duration": 1.0} for i in range(4)]
+    data = dataclasses.replace(_manifest(tmp_path, rows), index_cache=str(tmp_path / "cache"))
+    built = build_index(data, FEATURES)
+    assert built.stats.cache == "miss" and reads == ["train.jsonl"]
+    again = build_index(data, FEATURES)
+    assert again.stats.cache == "hit" and reads == ["train.jsonl"] * 2
+    assert list(again.samples) == list(built.samples) and len(built.samples) == 4
 
 
 def test_a_clip_whose_audio_disagrees_with_its_duration_is_rejected_when_read(tmp_path: Path) -> None:
