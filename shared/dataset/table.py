@@ -329,10 +329,16 @@ def sorts_as_str(blob: Any) -> bool:
     return raw.min() > 0
 
 
-def _same_strings(a: tuple[np.ndarray, Any], b: tuple[np.ndarray, Any]) -> bool:
-    """Whether two (offsets, blob) hold the same strings."""
-    return len(a[0]) == len(b[0]) and len(a[1]) == len(b[1]) and np.array_equal(a[0], b[0]) \
-        and np.array_equal(np.frombuffer(a[1], np.uint8), np.frombuffer(b[1], np.uint8))
+def _same_strings(a: tuple[np.ndarray, memoryview], b: tuple[np.ndarray, memoryview]) -> bool:
+    """Whether two (offsets, blob) of a table hold the same strings."""
+    if len(a[0]) != len(b[0]) or a[1].nbytes != b[1].nbytes or not np.array_equal(a[0], b[0]):
+        return False
+    whole = [blob.obj if isinstance(blob.obj, bytes) and len(blob.obj) == blob.nbytes else None for blob in (a[1], b[1])]
+    if whole[0] is not None and whole[1] is not None:
+        return whole[0] == whole[1]  # one memcmp (a built table's blobs)
+    return all(np.array_equal(np.frombuffer(a[1][at:at + ID_HASH_CHUNK], np.uint8),
+                              np.frombuffer(b[1][at:at + ID_HASH_CHUNK], np.uint8))
+               for at in range(0, a[1].nbytes, ID_HASH_CHUNK))
 
 
 def pack_strings(values: Sequence[str]) -> tuple[np.ndarray, bytes]:
