@@ -27,16 +27,23 @@ Index cache
 A built index is stored (``data.index_cache``; see :func:`index_cache_file`) under a
 key: a SHA-256 over the metadata bytes, the name, size and mtime of every audio file,
 the config keys the index depends on (:func:`index_config`) and :data:`INDEX_FORMAT`.
-The file (cache.py) is a checksummed msgpack header and sections, each with a CRC-32:
-the table's columns and blobs, mapped read-only when loaded, and what a rebuild reuses.
-A matching cache file is loaded instead of building (no header is read); a manifest's is
-found by a digest of the manifest and the config and a stat of the files it measured,
-without parsing it. On any change the index is derived again, reusing what is still
-valid: header facts of audio files whose name, size and mtime are unchanged, and token
-counts of unchanged texts; only changed or new files are read. A cache file that fails
-a checksum or cannot be parsed is ignored (logged) and rebuilt from scratch. Headers are
-read by ``data.index_workers`` processes when the work would outlast starting them
-(:data:`PARALLEL_MIN_SECONDS`).
+The file (cache.py) is a SHA-256-checked msgpack header and sections, each with its xxh3-64
+checksum: the table's columns and blobs (units equal to the texts, clip for clip, are not
+stored twice) and its rows in id order (:meth:`SampleTable.id_order`, sorted once at build),
+mapped read-only when loaded, and what a rebuild reuses. A warm load hashes every section
+of the file it uses from the mapping (~0.1 s a GB), letting the pages go as it goes. A
+matching cache file is loaded instead of building (no header is read); a manifest's is
+found without reading the manifest: by a digest of the config and the manifest's stamp
+(:func:`storage.file_stamp`: its size and mtime here; at a URL its size and the version or
+ETag the store gives, else its modification time; its content's SHA-256 only where a store
+gives none of them) and a stat of the files it measured. A manifest whose stamp changed but
+not its bytes is found by its content, before it is parsed. On any change the index is
+derived again, reusing what is still valid: header facts of audio files whose name, size
+and mtime are unchanged, and token counts of unchanged texts; only changed or new files
+are read. A cache file that fails a checksum or cannot be parsed is ignored (logged) and
+rebuilt from scratch. Headers are read by ``data.index_workers`` processes when the work
+would outlast starting them (:data:`PARALLEL_MIN_SECONDS`); a helper's read retries are
+counted with the index's (``IndexStats.read_retries``).
 
 Dataset agreement
 -----------------

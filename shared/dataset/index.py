@@ -285,7 +285,7 @@ def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | N
     retries = COUNTS.retries
     try:
         index = _build_index(data, features, text or TextConfig(), vocabulary)
-        index.stats.read_retries = COUNTS.retries - retries  # tar shards at a URL (storage.py)
+        index.stats.read_retries = COUNTS.retries - retries  # reads at a URL, helpers' included (storage.py)
         return index
     finally:
         if enabled:
@@ -1073,10 +1073,14 @@ def _table_id_order(parts: list[dict[str, Any]], by_id: np.ndarray) -> np.ndarra
     sort as the ids do (table.sorts_as_str): the table sorts them itself when asked."""
     if not all(sorts_as_str(p["strings"]["id"][1]) for p in parts):
         return None
-    kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) for p in parts]
-    sampled = np.concatenate([p["rows"][k] >= 0 for p, k in zip(parts, kept)]) if parts else np.zeros(0, bool)
-    rows = np.cumsum(sampled) - 1  # an entry's row in the table, where it became a sample
-    return rows[by_id[sampled[by_id]]]
+    sampled = []
+    for p in parts:
+        kept = np.ones(len(p["lines"]), bool)
+        kept[np.asarray(p["drop"], np.int64)] = False
+        sampled.append(p["rows"][kept] >= 0)
+    became = np.concatenate(sampled) if sampled else np.zeros(0, bool)
+    rows = np.cumsum(became) - 1  # an entry's row in the table, where it became a sample
+    return rows[by_id[became[by_id]]]
 
 
 def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleTable) -> list[tuple[str, str, str,

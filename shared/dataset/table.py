@@ -421,9 +421,17 @@ def sorts_as_str(blob: Any) -> bool:
 
 
 def _same_strings(a: tuple[np.ndarray, Any], b: tuple[np.ndarray, Any]) -> bool:
-    """Whether two (offsets, blob) hold the same strings."""
-    return len(a[0]) == len(b[0]) and len(a[1]) == len(b[1]) and np.array_equal(a[0], b[0]) \
-        and np.array_equal(np.frombuffer(buffer_of(a[1]), np.uint8), np.frombuffer(buffer_of(b[1]), np.uint8))
+    """Whether two (offsets, blob) of a table hold the same strings."""
+    if len(a[0]) != len(b[0]) or len(a[1]) != len(b[1]) or not np.array_equal(a[0], b[0]):
+        return False
+    first, second = (memoryview(buffer_of(blob)) for blob in (a[1], b[1]))
+    whole = [blob.obj if isinstance(blob.obj, bytes) and len(blob.obj) == blob.nbytes else None
+             for blob in (first, second)]
+    if whole[0] is not None and whole[1] is not None:
+        return whole[0] == whole[1]  # one memcmp (a built table's blobs)
+    return all(np.array_equal(np.frombuffer(first[at:at + ID_HASH_CHUNK], np.uint8),
+                              np.frombuffer(second[at:at + ID_HASH_CHUNK], np.uint8))
+               for at in range(0, first.nbytes, ID_HASH_CHUNK))
 
 
 def pack_strings(values: Sequence[str]) -> tuple[np.ndarray, bytes]:

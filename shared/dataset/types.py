@@ -76,7 +76,7 @@ class IndexStats:
     texts_tokenized: int = 0
     workers: int = 1
     read_s: float = 0.0  # reading headers and sending texts through the front-end: the parallel stage
-    read_retries: int = 0  # reads of tar shards at a URL retried in this process (shared/dataset/storage.py)
+    read_retries: int = 0  # reads at a URL retried by this process and its helpers (shared/dataset/storage.py)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:

@@ -240,7 +240,8 @@ def test_a_file_stamp_is_its_size_and_version_or_time_and_empty_without_them(tmp
     st = path.stat()
     assert storage.file_stamp(str(path)) == f"size=1;mtime_ns={st.st_mtime_ns}"
     assert storage.file_stamp(str(tmp_path / "absent.jsonl")) == ""
-    infos = [({"size": 5, "ETag": '"abc"', "LastModified": "then", "VersionId": "v2"}, 'size=5;VersionId=v2;ETag="abc"'),
+    infos = [({"size": 5, "ETag": '"abc"', "LastModified": "then", "VersionId": "v2"},
+              'size=5;VersionId=v2;ETag="abc"'),
              ({"size": 5, "LastModified": "then"}, "size=5;LastModified=then"),
              ({"size": 5, "generation": 17, "updated": "then"}, "size=5;generation=17"),
              ({"size": 5}, ""),  # neither a version nor a time: the content is hashed instead
