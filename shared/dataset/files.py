@@ -291,8 +291,8 @@ def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = C
             continue
         if is_manifest(part.metadata_file):
             entries, _ = parse_entries(raw, part.metadata_file, part.columns)
-            listed = {prefix + i: AudioFile(f"{directory}/{a.name}" if not a.name.startswith("/") else a.name,
-                                            a.size, a.mtime_ns)
+            listed = {prefix + i: AudioFile(a.name if a.name.startswith("/") or is_url(a.name) else
+                                            f"{directory}/{a.name}", a.size, a.mtime_ns)
                       for i, a in locate_audio(root / directory, entries).items()}
         else:
             listed = {prefix + i: AudioFile(f"{directory}/{a.name}", a.size, a.mtime_ns)
