@@ -205,6 +205,15 @@ def is_manifest(file_name: str) -> bool:
     return file_name.lower().endswith(MANIFEST_SUFFIXES)
 
 
+# A URL's start (``s3://``): an object store's or a web server's location, not a path of this host.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL (``s3://bucket/key``), not a path on this host."""
+    return bool(_URL.match(path))
+
+
 def is_shards(file_name: str) -> bool:
     """Whether a dataset's metadata file is a pattern of tar shards (shared/dataset/shards.py)."""
     return file_name.lower().endswith(SHARD_SUFFIX)

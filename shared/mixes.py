@@ -11,7 +11,8 @@
         columns: ""                # default: data.columns
 
 A clip's id becomes ``NAME:ID`` (two datasets may both have an ``0001``), its audio path
-is relative to the mix file's directory, and a clip whose metadata names no speaker is
+is relative to the mix file's directory (a URL or an absolute path a manifest names stays as
+written), and a clip whose metadata names no speaker is
 the dataset's own speaker, ``NAME``. The mix and every part's metadata bytes are packed
 into one blob (:func:`pack_mix`), so the index key, the scan and the dataset agreement
 see a mix exactly as they see one metadata file. A mix file at a URL names its datasets by
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 import msgpack
 import yaml
 
-from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_shards, language_problem,
-                      parse_columns, parse_manifest, parse_metadata)
+from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_shards, is_url,
+                      language_problem, parse_columns, parse_manifest, parse_metadata)
 
 MIX_SUFFIXES = (".yaml", ".yml")
 MIX_ID_SEPARATOR = ":"
@@ -110,8 +111,9 @@ def parse_mix(blob: bytes) -> tuple[list[Entry], list[Rejection]]:
         prefix = f"{part.name}{MIX_ID_SEPARATOR}"
         found, bad = parse_entries(raw, part.metadata_file, part.columns)
         for e in found:
-            # a manifest's path from the mix file's directory; for LJSpeech, where the clip is expected
-            audio = (e.audio if e.audio.startswith("/") else f"{directory}/{e.audio}" if e.audio
+            # a manifest's relative path from the mix file's directory (a URL or an absolute path as
+            # written); for LJSpeech, where the clip is expected
+            audio = (e.audio if e.audio.startswith("/") or is_url(e.audio) else f"{directory}/{e.audio}" if e.audio
                      else f"{directory}/wavs/{e.id}.wav")
             entries.append(Entry(prefix + e.id, e.text, e.line, e.speaker or part.name, e.language or part.language,
                                  audio, e.short, e.duration))

@@ -171,7 +171,8 @@ def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
     """What ``--data`` names, resolved, as producers are given it: the dataset directory, a mix
     file, tar shards (their pattern: at a URL as given, else below their directory), or a
     manifest at a URL (as given). An LJSpeech metadata file at a URL named ``configured``
-    (data.metadata_file): its directory's URL, where data.eval_file is found beside it."""
+    (data.metadata_file): its directory's URL. data.eval_file is found beside either
+    (consumer/pipeline/validation.py, shared/dataset/files.py ``beside``)."""
     if is_url(metadata_file):
         directory, _, name = metadata_file.rpartition("/")
         if name == configured and not is_manifest(name) and not is_shards(name) and not is_mix(name):

@@ -45,6 +45,7 @@ import numpy as np
 
 from stoker.shared.config import Config
 from stoker.shared.dataset import DatasetIndex, Sample, SampleTable, build_index
+from stoker.shared.dataset.files import beside
 from stoker.shared.layouts import Rejection
 from stoker.shared.runfiles import VALIDATION, write_json
 
@@ -65,8 +66,10 @@ def hold_out(index: DatasetIndex, cfg: Config, run_dir: Path, resume: bool = Fal
     rejected: list[Rejection] = []
     table = index.samples
     if cfg.data.eval_file:
-        evaluation = build_index(dataclasses.replace(cfg.data, metadata_file=cfg.data.eval_file), cfg.features,
-                                 cfg.text, index.vocabulary)
+        # beside the training metadata, also where data.path is a manifest's or a metadata file's URL
+        evaluation = build_index(dataclasses.replace(cfg.data, path=beside(cfg.data.path, cfg.data.eval_file),
+                                                     metadata_file=cfg.data.eval_file),
+                                 cfg.features, cfg.text, index.vocabulary)
         held = list(evaluation.samples)  # a held-out file is small
         rejected = evaluation.rejected
         rows = [row for row in table.find_rows([s.id for s in held]) if row >= 0] if held else []

@@ -92,6 +92,20 @@ def _remote_metadata(path: str, name: str, metadata_file: str) -> str | None:
     return candidate if remote_stat(candidate) is not None else None
 
 
+def beside(path: str, metadata_file: str) -> str:
+    """What ``--data`` names for a second metadata file ``metadata_file`` beside the one ``path``
+    names (data.eval_file beside the training set's): a URL naming a manifest or an LJSpeech
+    metadata file (``s3://b/c/train.jsonl``): its directory's URL, so that :func:`locate` finds
+    ``metadata_file`` there; ``metadata_file`` itself when it is a URL; else ``path`` as given
+    (a dataset directory, or a directory URL)."""
+    if is_url(metadata_file):
+        return metadata_file
+    name = path.rstrip("/").rpartition("/")[2]
+    if is_url(path) and (is_manifest(name) or name.lower().endswith(LJSPEECH_SUFFIX)):
+        return path.rpartition("/")[0] + "/"
+    return path
+
+
 def audio_path(root: Path, sample_id: str, name: str | None = None) -> Path:
     """Where a clip's audio is: ``name`` (relative to the dataset, or absolute), by default ``wavs/<id>.wav``."""
     return root / relative_audio(sample_id, name)
@@ -277,8 +291,8 @@ def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = C
             continue
         if is_manifest(part.metadata_file):
             entries, _ = parse_entries(raw, part.metadata_file, part.columns)
-            listed = {prefix + i: AudioFile(f"{directory}/{a.name}" if not a.name.startswith("/") else a.name,
-                                            a.size, a.mtime_ns)
+            listed = {prefix + i: AudioFile(a.name if a.name.startswith("/") or is_url(a.name) else
+                                            f"{directory}/{a.name}", a.size, a.mtime_ns)
                       for i, a in locate_audio(root / directory, entries).items()}
         else:
             listed = {prefix + i: AudioFile(f"{directory}/{a.name}", a.size, a.mtime_ns)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable
 
+from ..layouts import is_url  # a URL or a path of this host: the manifest format's (shared/layouts.py)
+
 log = logging.getLogger(__name__)
 
 
@@ -62,9 +64,6 @@ VERSION_FIELDS = ("VersionId", "generation", "ETag", "etag")
 MTIME_FIELDS = ("LastModified", "updated", "mtime", "Last-Modified")
 
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 
 
@@ -84,11 +83,6 @@ class ReadCounts:
 
 
 COUNTS = ReadCounts()
-
-
-def is_url(path: str) -> bool:
-    """Whether ``path`` is a URL (``s3://bucket/key``), not a path on this host."""
-    return bool(_URL.match(path))
 
 
 def shown(text: str) -> str:

@@ -244,6 +244,27 @@ def test_several_datasets_mixed_in_one_run(tmp_path: Path) -> None:
                                                f"en/wavs/{next(iter(english))}.wav")]
 
 
+def test_a_mix_keeps_the_urls_and_absolute_paths_its_manifest_names_as_written(tmp_path: Path) -> None:
+    made = make_manifest_dataset(tmp_path / "man", n=3)
+    first, second, third = made
+    absolute = str(tmp_path / "man" / "audio" / f"{first}.wav")
+    url = f"s3://corpus/audio/{second}.wav"  # a duration given: the index asks the store nothing
+    lines = (tmp_path / "man" / "manifest.jsonl").read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line) for line in lines]
+    del rows[0]["duration"]  # an absolute path of this host, its header read there
+    rows[0]["audio_filepath"], rows[1]["audio_filepath"] = absolute, url
+    (tmp_path / "man" / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (tmp_path / "mix.yaml").write_text("datasets:\n  - {path: man, metadata_file: manifest.jsonl}\n",
+                                       encoding="utf-8")
+    index = build_index(_data(tmp_path / "mix.yaml"), FEATURES)
+    alone = build_index(_data(tmp_path / "man", metadata_file="manifest.jsonl"), FEATURES)
+    assert index.rejected == [] and alone.rejected == []
+    assert {s.id: s.audio for s in index.samples} == \
+           {f"man:{first}": absolute, f"man:{second}": url, f"man:{third}": f"man/audio/{third}.wav"}
+    assert [(s.text, s.num_frames, s.duration_s) for s in index.samples] == \
+           [(s.text, s.num_frames, s.duration_s) for s in alone.samples]
+
+
 @pytest.mark.parametrize(("mix", "message"), [
     ("datasets: []\n", "must hold one key, datasets"),
     ("datasets:\n  - path: nowhere\n", "nowhere is not a directory"),

@@ -220,3 +220,19 @@ def test_an_ljspeech_layout_and_a_mix_in_s3_index_as_the_local_ones_reading_head
                                                r"of this host; the datasets of a mix at a URL are URLs or paths "
                                                r"relative to it$"):
             build_index(DataConfig(path="s3://corpus/mixes/host.yaml", index_workers=1), FEATURES)
+        # A manifest naming its audio by URL (no duration: each header read through the store), in a
+        # local mix and in a mix at a URL: each URL stays as written, not made relative to the mix
+        named = tmp_path / "named"
+        named.mkdir()
+        (named / "train.jsonl").write_text("".join(json.dumps({"audio_filepath": f"{url}wavs/{i}.wav", "text": s.text})
+                                                   + "\n" for i, s in zip(accepted, index.samples)), encoding="utf-8")
+        server.upload(named, "corpus", "named")
+        mix = "datasets:\n  - {path: %s, metadata_file: train.jsonl}\n"
+        (tmp_path / "named.yaml").write_text(mix % "named", encoding="utf-8")
+        (mixes / "named.yaml").write_text(mix % "../named", encoding="utf-8")
+        server.upload(mixes, "corpus", "mixes")
+        for where in (str(tmp_path / "named.yaml"), "s3://corpus/mixes/named.yaml"):
+            by_url = build_index(DataConfig(path=where, index_workers=1), FEATURES)
+            assert by_url.rejected == [] and by_url.stats.headers_read == len(accepted)
+            assert [(s.id, s.audio, s.num_frames) for s in by_url.samples] == \
+                   [(f"named:{s.id}", s.audio, s.num_frames) for s in index.samples]

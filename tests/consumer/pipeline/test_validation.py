@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from stoker.consumer.pipeline import validation
 from stoker.consumer.pipeline.buffer import BatchQueue
@@ -17,9 +18,11 @@ from stoker.producer.features import log_mel_spectrogram_numpy
 from stoker.shared import config as config_mod, wire
 from stoker.shared.config import batch_schema
 from stoker.shared.dataset import SampleTable, build_index
+from stoker.shared.dataset.files import beside
 from stoker.shared.runfiles import VALIDATION
 from tests.consumer.pipeline.harness import hello_of
-from tests.factories import make_samples
+from tests.factories import make_dataset, make_samples
+from tests.objectstore import S3Server, use_env
 from tests.speech import make_train_eval_dataset
 
 
@@ -93,3 +96,50 @@ def test_a_validation_lease_names_the_eval_files_clips_so_a_producer_that_indexe
         audio = load_audio(index.root / "wavs" / f"{clip}.wav", cfg.features.sample_rate_hz)
         np.testing.assert_allclose(mel, log_mel_spectrogram_numpy(audio, cfg.features, dtype=np.float32),
                                    rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)  # moto's S3 server on a loopback socket
+def test_an_eval_file_beside_a_manifest_in_s3_is_held_out_and_its_lease_names_the_clips_texts_and_urls(
+        tmp_path, monkeypatch) -> None:
+    root = tmp_path / "corpus"
+    ids = make_dataset(root, count=6)
+    texts = {i: f"clip number {n}." for n, i in enumerate(ids)}
+    for name, chosen in (("train.jsonl", ids[:4]), ("eval.jsonl", ids[4:])):
+        (root / name).write_text("".join(json.dumps({"audio_filepath": f"wavs/{i}.wav", "text": texts[i]}) + "\n"
+                                         for i in chosen), encoding="utf-8")
+    with S3Server() as server:
+        server.upload(root, "corpus", "ljs")
+        server.upload(root / "wavs", "corpus", "ljs/wavs")
+        use_env(server.env(), monkeypatch)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        for named in ({"data.path": "s3://corpus/ljs/train.jsonl"},  # the manifest's URL, or its directory's
+                      {"data.path": "s3://corpus/ljs/", "data.metadata_file": "train.jsonl"}):
+            cfg = config_mod.load(None, {**named, "data.eval_file": "eval.jsonl", "data.index_workers": 1,
+                                         "features.backend": "numpy", "batching.batch_size": 4})
+            index = build_index(cfg.data, cfg.features, cfg.text)
+            train, held, rejected = validation.hold_out(index, cfg, tmp_path)
+            assert rejected == [] and [s.id for s in train] == ids[:4]
+            assert [(s.id, s.text, s.audio) for s in held] == \
+                   [(i, texts[i], f"s3://corpus/ljs/wavs/{i}.wav") for i in ids[4:]]
+            assert json.loads((tmp_path / VALIDATION).read_text()) == \
+                   {"source": "eval_file", "file": "eval.jsonl", "ids": ids[4:]}
+            planner = EpochPlanner(train, cfg.batching)
+            held_set = ValidationSet(validation_batches(held, planner), BatchQueue(2),
+                                     TokenTable(held, index.vocabulary), texts={s.id: s.text for s in held},
+                                     files={s.id: s.audio for s in held})
+            scheduler = Scheduler(cfg, planner, BatchQueue(3), max_epochs=0, validation=held_set)
+            scheduler.on_message(b"p", hello_of("p").encode(), 0.0)
+            scheduler.start_validation(1, 0.0)
+            leases = [wire.read(msg.encode())[0] for _, msg, _ in scheduler.take_outbox()
+                      if isinstance(msg, wire.Lease)]
+            named_in = {clip: (lease.texts[clip], lease.files[clip]) for lease in leases for clip in lease.ids}
+            assert named_in == {i: (texts[i], f"s3://corpus/ljs/wavs/{i}.wav") for i in ids[4:]}
+
+
+def test_the_eval_file_is_looked_for_beside_the_metadata_a_url_names() -> None:
+    assert beside("s3://b/c/train.jsonl", "eval.jsonl") == "s3://b/c/"
+    assert beside("s3://b/LJSpeech/metadata_train.csv", "metadata_eval.csv") == "s3://b/LJSpeech/"
+    assert beside("s3://b/LJSpeech/", "metadata_eval.csv") == "s3://b/LJSpeech/"  # a directory URL already
+    assert beside("s3://b/c/train.jsonl", "gs://d/eval.jsonl") == "gs://d/eval.jsonl"  # a URL of its own
+    assert beside("/data/LJSpeech", "metadata_eval.csv") == "/data/LJSpeech"
