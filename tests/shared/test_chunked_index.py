@@ -139,8 +139,8 @@ def test_a_manifest_cache_is_found_by_the_manifest_stamp_then_by_its_content(
     assert edited.stats.cache == "stale" and edited.sample("c007").text == "clip numero 7, said."
     monkeypatch.setattr(index_module, "file_stamp", lambda where: "")  # a store that gives no version nor time
     _build(root, tmp_path / "unstamped", monkeypatch, chunked)
-    with monkeypatch.context() as m:  # found by the manifest's hash: read once, not parsed
-        m.setattr(index_module, "read_metadata_bytes", never)
+    with monkeypatch.context() as m:  # found by the manifest's hash: read once (whole, a small one), not parsed
+        m.setattr(index_module, "read_metadata_bytes" if chunked else "parse_entries", never)
         m.setattr(index_module, "_manifest_ranges", never)
         again = _build(root, tmp_path / "unstamped", monkeypatch, chunked)
     assert again.stats.cache == "hit" and list(again.samples) == list(edited.samples)

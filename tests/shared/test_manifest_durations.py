@@ -51,18 +51,24 @@ def test_a_manifest_with_durations_is_indexed_without_opening_audio(tmp_path: Pa
     assert "not a finite number" in reasons["nan"]
 
 
-def test_a_small_manifest_is_read_once_and_found_again_by_that_hash(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("stamped", [True, False])
+def test_a_small_manifest_is_read_once_and_found_again_by_its_stamp_or_that_hash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stamped: bool) -> None:
+    """Built, a small manifest is read once and never hashed apart; found again by its stamp
+    (size and mtime) without a read, or, where there is no stamp (a store that gives none), by
+    the hash of one more read."""
     reads: list[str] = []
     read = index_module.read_metadata_bytes
     monkeypatch.setattr(index_module, "read_metadata_bytes", lambda *args: reads.append(args[1]) or read(*args))
     monkeypatch.setattr(index_module, "file_sha256", lambda where: pytest.fail("the manifest was hashed apart"))
+    if not stamped:
+        monkeypatch.setattr(index_module, "file_stamp", lambda where: "")
     rows = [{"audio_filepath": f"audio/c{i}.wav", "text": f"clip {i}.", "duration": 1.0} for i in range(4)]
     data = dataclasses.replace(_manifest(tmp_path, rows), index_cache=str(tmp_path / "cache"))
     built = build_index(data, FEATURES)
     assert built.stats.cache == "miss" and reads == ["train.jsonl"]
     again = build_index(data, FEATURES)
-    assert again.stats.cache == "hit" and reads == ["train.jsonl"] * 2
+    assert again.stats.cache == "hit" and reads == ["train.jsonl"] * (1 if stamped else 2)
     assert list(again.samples) == list(built.samples) and len(built.samples) == 4
 
 
