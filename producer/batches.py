@@ -16,6 +16,7 @@ import socket as pysocket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, exampl
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio, size_problem
 from stoker.shared.dataset.shards import Locator, is_locator
-from stoker.shared.dataset.storage import COUNTS, Reader, is_url, shown
+from stoker.shared.dataset.storage import COUNTS, Reader, is_url, object_version, shown
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
 
@@ -48,6 +49,14 @@ class Prepared:
     arrays: dict[str, np.ndarray]
 
 
+class _Version(NamedTuple):
+    """An object's byte size and version stamp at a URL (storage.object_version), in the fields
+    of a stat that the feature cache keys its entries by."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
 @dataclass
 class _Clip:
     """One clip of a batch as the producer reads it: its mel (from the feature cache, or
@@ -57,11 +66,12 @@ class _Clip:
     id: str
     audio: np.ndarray | None = None
     mel: np.ndarray | None = None
-    slot: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache lacks the mel
+    slot: tuple[str, os.stat_result | _Version] | None = None  # (file name, its stat) when the cache lacks the mel
     fields: dict[str, np.ndarray] | None = None  # the declared fields its user transforms made
     uncut: bool = False  # its audio and fields still await the transforms' trim and gain (Chain.finish)
     rejection: str = ""  # why its mel could not be made (features.user's function failed on it)
-    source: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache is on: model outputs' key
+    # (file name, its stat) when the cache is on: model outputs' key
+    source: tuple[str, os.stat_result | _Version] | None = None
 
 
 class BatchMaker:
@@ -144,7 +154,7 @@ class BatchMaker:
         path = audio_path(self.root, sample_id, name)
         clip = _Clip(sample_id)
         member = is_locator(name)  # a tar shard's member (shared/dataset/shards.py): not cached
-        remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there): not cached
+        remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there)
         expected = self._lease_sizes.get(sample_id)
         if (self.cache is not None or expected is not None) and not member and not remote:
             try:
@@ -158,6 +168,12 @@ class BatchMaker:
                 clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
                 clip.slot = None if clip.mel is not None else (name, st)
                 clip.source = (name, st)
+        elif self.cache is not None and remote and not member:  # a loose file at a URL: keyed by its version
+            version = object_version(name)  # one request, none of the audio (None: read, not cached)
+            if version is not None:
+                clip.mel = self.cache.get(sample_id, name, *version)
+                clip.slot = None if clip.mel is not None else (name, _Version(*version))
+                clip.source = (name, _Version(*version))
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
             clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
                           load_url(name, self.features.sample_rate_hz) if remote else
