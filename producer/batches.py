@@ -29,7 +29,7 @@ from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, exampl
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio, size_problem
 from stoker.shared.dataset.shards import Locator, is_locator
-from stoker.shared.dataset.storage import COUNTS, Reader, is_url, object_version, shown
+from stoker.shared.dataset.storage import COUNTS, Reader, is_url, object_version, object_versions, shown
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
 
@@ -102,6 +102,7 @@ class BatchMaker:
         self._lease_texts: dict[str, str] = {}  # the current lease's
         self._lease_files: dict[str, str] = {}
         self._lease_sizes: dict[str, int] = {}  # the byte size of each file on the trainer (a remote producer's)
+        self._versions: dict[str, tuple[int, int] | None] = {}  # the lease's files at URLs: (size, version stamp)
         self.features = features
         self.name = name
         self.host = host or pysocket.gethostname()
@@ -169,7 +170,8 @@ class BatchMaker:
                 clip.slot = None if clip.mel is not None else (name, st)
                 clip.source = (name, st)
         elif self.cache is not None and remote and not member:  # a loose file at a URL: keyed by its version
-            version = object_version(name)  # one request, none of the audio (None: read, not cached)
+            # one request, none of the audio (None: read, not cached); looked up with the lease's others
+            version = self._versions[name] if name in self._versions else object_version(name)
             if version is not None:
                 clip.mel = self.cache.get(sample_id, name, *version)
                 clip.slot = None if clip.mel is not None else (name, _Version(*version))
@@ -217,6 +219,9 @@ class BatchMaker:
         # tar shards: the lease's members read in shard and offset order, then its rows made in its order
         members = [self.files.get(i, "") for i in (*lease.ids, *(lease.refs or ()))]
         self.reader.prefetch((m.shard, m.offset, m.size) for m in map(Locator.parse, filter(is_locator, members)))
+        if self.cache is not None:  # loose files at URLs: their versions, the cache's key, looked up together
+            named = (self.files.get(i) or self._lease_files.get(i, "") for i in (*lease.ids, *(lease.refs or ())))
+            self._versions = object_versions(n for n in named if is_url(n) and not is_locator(n))
         for n, sample_id in enumerate(lease.ids):
             row = self._row(lease, n, sample_id, extra, rejected, missed)
             if row is not None:

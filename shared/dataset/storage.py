@@ -20,6 +20,7 @@ URL's signature) removed (:func:`shown`).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import io
 import logging
@@ -68,6 +69,11 @@ MTIME_FIELDS = ("LastModified", "updated", "mtime", "Last-Modified")
 # An object's version stamp (object_version): this many bytes of a hash of its version fields,
 # so that it is a non-negative int64, as a file's mtime_ns is where the feature cache keeps it.
 STAMP_BYTES = 7
+
+
+# Version lookups in flight at once (object_versions): a batch's clips each cost a round trip
+# to the store, which overlap instead of adding up; a bound, as the store's connections are.
+VERSION_LOOKUPS = 16
 
 
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
@@ -328,6 +334,15 @@ def object_version(url: str) -> tuple[int, int] | None:
         return None
     digest = hashlib.sha256(";".join(found[1]).encode()).digest()
     return found[0], int.from_bytes(digest[:STAMP_BYTES], "little")
+
+
+def object_versions(urls: Iterable[str]) -> dict[str, tuple[int, int] | None]:
+    """:func:`object_version` of each of ``urls`` (each once), :data:`VERSION_LOOKUPS` at a time."""
+    unique = sorted(set(urls))
+    if len(unique) <= 1:
+        return {url: object_version(url) for url in unique}
+    with concurrent.futures.ThreadPoolExecutor(min(VERSION_LOOKUPS, len(unique))) as pool:
+        return dict(zip(unique, pool.map(object_version, unique)))
 
 
 def _url_version(url: str) -> tuple[int, list[str]] | None:
