@@ -1,6 +1,7 @@
 """Tar shards and a JSON-lines manifest in an S3-compatible object store (moto's server on
 loopback): indexed as from a directory, read back by a producer through a connection that
-drops mid-response; a missing bucket or manifest is one line."""
+drops mid-response, its log-mels cached by the objects' ETags; a mix naming audio by URL; a
+missing bucket or manifest is one line."""
 
 from __future__ import annotations
 
