@@ -16,6 +16,7 @@ import socket as pysocket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, exampl
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio, size_problem
 from stoker.shared.dataset.shards import Locator, is_locator
-from stoker.shared.dataset.storage import COUNTS, Reader, is_url, shown
+from stoker.shared.dataset.storage import COUNTS, Reader, is_url, object_version, object_versions, shown
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
 
@@ -48,6 +49,14 @@ class Prepared:
     arrays: dict[str, np.ndarray]
 
 
+class _Version(NamedTuple):
+    """An object's byte size and version stamp at a URL (storage.object_version), in the fields
+    of a stat that the feature cache keys its entries by."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
 @dataclass
 class _Clip:
     """One clip of a batch as the producer reads it: its mel (from the feature cache, or
@@ -57,11 +66,12 @@ class _Clip:
     id: str
     audio: np.ndarray | None = None
     mel: np.ndarray | None = None
-    slot: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache lacks the mel
+    slot: tuple[str, os.stat_result | _Version] | None = None  # (file name, its stat) when the cache lacks the mel
     fields: dict[str, np.ndarray] | None = None  # the declared fields its user transforms made
     uncut: bool = False  # its audio and fields still await the transforms' trim and gain (Chain.finish)
     rejection: str = ""  # why its mel could not be made (features.user's function failed on it)
-    source: tuple[str, os.stat_result] | None = None  # (file name, its stat) when the cache is on: model outputs' key
+    # (file name, its stat) when the cache is on: model outputs' key
+    source: tuple[str, os.stat_result | _Version] | None = None
 
 
 class BatchMaker:
@@ -92,6 +102,7 @@ class BatchMaker:
         self._lease_texts: dict[str, str] = {}  # the current lease's
         self._lease_files: dict[str, str] = {}
         self._lease_sizes: dict[str, int] = {}  # the byte size of each file on the trainer (a remote producer's)
+        self._versions: dict[str, tuple[int, int] | None] = {}  # the lease's files at URLs: (size, version stamp)
         self.features = features
         self.name = name
         self.host = host or pysocket.gethostname()
@@ -144,7 +155,7 @@ class BatchMaker:
         path = audio_path(self.root, sample_id, name)
         clip = _Clip(sample_id)
         member = is_locator(name)  # a tar shard's member (shared/dataset/shards.py): not cached
-        remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there): not cached
+        remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there)
         expected = self._lease_sizes.get(sample_id)
         if (self.cache is not None or expected is not None) and not member and not remote:
             try:
@@ -158,6 +169,13 @@ class BatchMaker:
                 clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
                 clip.slot = None if clip.mel is not None else (name, st)
                 clip.source = (name, st)
+        elif self.cache is not None and remote and not member:  # a loose file at a URL: keyed by its version
+            # one request, none of the audio (None: read, not cached); looked up with the lease's others
+            version = self._versions[name] if name in self._versions else object_version(name)
+            if version is not None:
+                clip.mel = self.cache.get(sample_id, name, *version)
+                clip.slot = None if clip.mel is not None else (name, _Version(*version))
+                clip.source = (name, _Version(*version))
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
             clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
                           load_url(name, self.features.sample_rate_hz) if remote else
@@ -201,6 +219,9 @@ class BatchMaker:
         # tar shards: the lease's members read in shard and offset order, then its rows made in its order
         members = [self.files.get(i, "") for i in (*lease.ids, *(lease.refs or ()))]
         self.reader.prefetch((m.shard, m.offset, m.size) for m in map(Locator.parse, filter(is_locator, members)))
+        if self.cache is not None:  # loose files at URLs: their versions, the cache's key, looked up together
+            named = (self.files.get(i) or self._lease_files.get(i, "") for i in (*lease.ids, *(lease.refs or ())))
+            self._versions = object_versions(n for n in named if is_url(n) and not is_locator(n))
         for n, sample_id in enumerate(lease.ids):
             row = self._row(lease, n, sample_id, extra, rejected, missed)
             if row is not None:

@@ -30,7 +30,9 @@ exactly. Half the size of float32, and far more precise than float16 (whose step
 
 Checks on every read: the magic, the shape against the file size and the config, the
 audio file's size, mtime and name against the entry (an edited clip is *stale*, not
-read), and a CRC-32 over the header fields and payload (a flipped bit is *corrupt*).
+read; for a loose file at a URL, its URL, the object's size and, in the mtime field, a
+stamp of its version or ETag: shared/dataset/storage.py ``object_version``, one lookup
+and no audio read; a tar shard's members are not cached), and a CRC-32 over the header fields and payload (a flipped bit is *corrupt*).
 A stale or corrupt entry is recomputed and rewritten, and counted. Writes go to a
 temporary file in the same directory and are renamed into place, so concurrent
 producers and interrupted runs never leave a half-written entry under a real name.

@@ -20,6 +20,8 @@ URL's signature) removed (:func:`shown`).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import hashlib
 import io
 import logging
 import os
@@ -62,6 +64,16 @@ VERSION_FIELDS = ("VersionId", "generation", "ETag", "etag")
 
 
 MTIME_FIELDS = ("LastModified", "updated", "mtime", "Last-Modified")
+
+
+# An object's version stamp (object_version): this many bytes of a hash of its version fields,
+# so that it is a non-negative int64, as a file's mtime_ns is where the feature cache keeps it.
+STAMP_BYTES = 7
+
+
+# Version lookups in flight at once (object_versions): a batch's clips each cost a round trip
+# to the store, which overlap instead of adding up; a bound, as the store's connections are.
+VERSION_LOOKUPS = 16
 
 
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
@@ -301,17 +313,49 @@ def file_stamp(where: str) -> str:
             return ""
         return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
     try:
-        fs, path = url_fs(where)
-        fs.invalidate_cache(path)  # a listing cached by this process may be of an older version
-        info = fs.info(path)
+        found = _url_version(where)
     except (FileNotFoundError, StorageError, ValueError, *transit_errors()) as exc:
         log.info("cannot look up %s (%s): its content is hashed instead", shown(where), type(exc).__name__)
         return ""
+    return ";".join([f"size={found[0]}", *found[1]]) if found else ""
+
+
+def object_version(url: str) -> tuple[int, int] | None:
+    """(byte size, version stamp) of the object at ``url``, one request and no byte of its
+    content: the stamp a hash of the version or ETag its store gives (else its modification
+    time), as :func:`file_stamp` takes them, as a non-negative int64. None when there is no such
+    object, the store cannot be asked now, or it tells no size or version."""
+    try:
+        found = _url_version(url)
+    except (FileNotFoundError, StorageError, ValueError, *transit_errors()) as exc:
+        log.debug("cannot look up %s (%s)", shown(url), type(exc).__name__)
+        return None
+    if found is None:
+        return None
+    digest = hashlib.sha256(";".join(found[1]).encode()).digest()
+    return found[0], int.from_bytes(digest[:STAMP_BYTES], "little")
+
+
+def object_versions(urls: Iterable[str]) -> dict[str, tuple[int, int] | None]:
+    """:func:`object_version` of each of ``urls`` (each once), :data:`VERSION_LOOKUPS` at a time."""
+    unique = sorted(set(urls))
+    if len(unique) <= 1:
+        return {url: object_version(url) for url in unique}
+    with concurrent.futures.ThreadPoolExecutor(min(VERSION_LOOKUPS, len(unique))) as pool:
+        return dict(zip(unique, pool.map(object_version, unique)))
+
+
+def _url_version(url: str) -> tuple[int, list[str]] | None:
+    """(size, ``NAME=VALUE`` of the version fields) that fsspec's info() gives of ``url``; None
+    when it gives no size or none of them. Raises what the lookup raises."""
+    fs, path = url_fs(url)
+    fs.invalidate_cache(path)  # a listing cached by this process may be of an older version
+    info = fs.info(path)
     tags = [f"{name}={info[name]}" for name in VERSION_FIELDS if info.get(name)] \
         or [f"{name}={info[name]}" for name in MTIME_FIELDS if info.get(name)]
     if info.get("size") is None or not tags:
-        return ""
-    return ";".join([f"size={info['size']}", *tags])
+        return None
+    return int(info["size"]), tags
 
 
 def open_file(path: str) -> IO[bytes]:

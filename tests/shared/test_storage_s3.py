@@ -1,6 +1,7 @@
 """Tar shards and a JSON-lines manifest in an S3-compatible object store (moto's server on
 loopback): indexed as from a directory, read back by a producer through a connection that
-drops mid-response; a missing bucket or manifest is one line."""
+drops mid-response, its log-mels cached by the objects' ETags; a mix naming audio by URL; a
+missing bucket or manifest is one line."""
 
 from __future__ import annotations
 
@@ -130,6 +131,27 @@ def test_a_manifest_in_s3_indexes_as_the_local_one_and_a_producer_reads_its_clip
         for name, array in expected.arrays.items():  # the same samples, so the same mels, bit for bit
             np.testing.assert_array_equal(remote.arrays[name], array, err_msg=name)
         assert all("testing" not in r.getMessage() for r in caplog.records)  # no credential in a log line
+        # The feature cache keys a clip at a URL by the URL, its size and ETag: a second read of the
+        # same clips reads no audio (one lookup each), and returns the first read's mels
+        cached = BatchMaker(index.root, {}, FEATURES, None, "p2", feature_cache=str(tmp_path / "features"))
+        first = batch(index, cached)
+        assert (cached.cache.counts.misses, cached.cache.counts.written) == (4, 4)
+        smallest = min((root / "wavs" / f"{i}.wav").stat().st_size for i in ids)
+        fetched = proxy.received
+        with monkeypatch.context() as m:
+            m.setattr(RetryingFile, "read", never)
+            again = batch(index, cached)
+        assert cached.cache.counts.hits == 4 and proxy.received - fetched < smallest
+        assert again.batch.ids == first.batch.ids and again.batch.rejected == ()
+        np.testing.assert_allclose(again.arrays["mel"], first.arrays["mel"], atol=1e-3)  # 16-bit codes of it
+        # a clip rewritten in the store: a new ETag, so its entry is stale and its new audio read
+        audio, rate = soundfile.read(str(root / "wavs" / f"{ids[0]}.wav"), dtype="float32")
+        soundfile.write(str(root / "wavs" / f"{ids[0]}.wav"), audio * 0.5, rate, subtype="PCM_16")
+        server.upload(root / "wavs", "corpus", "ljs/wavs")
+        edited = batch(index, cached)
+        assert (cached.cache.counts.stale, cached.cache.counts.hits) == (1, 7)
+        assert not np.allclose(edited.arrays["mel"][0], first.arrays["mel"][0], atol=1e-3)
+        np.testing.assert_allclose(edited.arrays["mel"][1:], first.arrays["mel"][1:], atol=1e-3)
         # A producer on another host describes its copy (the manifest's URL) as the index stores it.
         described = describe_copy(index.root, "s3://corpus/ljs/train.jsonl")
         assert check_agreement(Reference.of(index), described, "elsewhere").ok
