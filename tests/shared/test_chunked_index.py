@@ -144,3 +144,23 @@ def test_a_manifest_cache_is_found_by_the_manifest_stamp_then_by_its_content(
         m.setattr(index_module, "_manifest_ranges", never)
         again = _build(root, tmp_path / "unstamped", monkeypatch, chunked)
     assert again.stats.cache == "hit" and list(again.samples) == list(edited.samples)
+
+
+@pytest.mark.timeout(60)
+def test_a_clean_manifest_of_sorted_ids_is_the_one_process_build(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every line clean (each piece checked a column at a time), the ids of one width and in order
+    (their fingerprint lines hashed as they are): the same index and cache file."""
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "train.jsonl").write_bytes(b"".join(
+        json.dumps({"audio_filepath": f"audio/a{i % 3}.wav", "id": f"c{i:03d}", "text": f"Clip `{i}`,  said.",
+                    "duration": 0.5 + (i % 7) / 10, "speaker": i % 4}).encode() + b"\n" for i in range(80)))
+    one = _build(root, tmp_path / "one", monkeypatch, chunked=False)
+    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=2)
+    assert len(index_module._manifest_ranges(root / "train.jsonl", 700)) > 5
+    assert list(pieces.samples) == list(one.samples) and len(one.samples) == 80 and one.rejected == []
+    assert pieces.agreement == one.agreement and pieces.vocabulary.state_dict() == one.vocabulary.state_dict()
+    (one_file,) = (tmp_path / "one").iterdir()
+    (pieces_file,) = (tmp_path / "pieces").iterdir()
+    assert pieces_file.read_bytes() == one_file.read_bytes()
