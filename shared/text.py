@@ -374,12 +374,13 @@ class Characters(Frontend):
         return list(map(Units, *self.unit_columns(texts, code)))
 
     def unit_columns(self, texts: Sequence[str], code: str) -> tuple[list[str], list[str]]:
-        """normalize() of each text; a plain ASCII one (most of an English corpus) through the ASCII
-        table in three C-level calls (what normalize() does to it), the others through normalize()."""
+        """normalize() of each text; a plain ASCII one (most of an English corpus) in four C-level
+        calls, the others through normalize(). What normalize() does to a plain text: its ASCII
+        table makes whitespace a space (split() takes it as whitespace already) and ` a ', it
+        casefolds (lower(), in ASCII) and joins the words with one space."""
         spelled = self.digits == DIGITS_SPELL and language(code).num2words is not None
         special = list(map((_NOT_PLAIN_OR_DIGIT if spelled else _NOT_PLAIN).search, texts))
-        units = [" ".join(t.translate(_ASCII_TABLE).lower().split()) if s is None else "" for t, s in
-                 zip(texts, special)]
+        units = [" ".join(t.lower().split()).replace("`", "'") if s is None else "" for t, s in zip(texts, special)]
         lost = [""] * len(texts)
         for n in [n for n, s in enumerate(special) if s is not None]:
             units[n], lost[n] = normalize(texts[n], code, self.digits)
