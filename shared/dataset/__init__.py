@@ -30,7 +30,9 @@ the config keys the index depends on (:func:`index_config`) and :data:`INDEX_FOR
 The file (cache.py) is a SHA-256-checked msgpack header and sections, each with its xxh3-64
 checksum: the table's columns and blobs (units equal to the texts, clip for clip, are not
 stored twice) and its rows in id order (:meth:`SampleTable.id_order`, sorted once at build),
-mapped read-only when loaded, and what a rebuild reuses. A warm load hashes every section
+mapped read-only when loaded (the texts, audio locators and units, which are read a clip at a
+time, are read from the file by ``pread`` instead: ``table.FileBlob``), and what a rebuild
+reuses. A warm load hashes every section
 of the file it uses from the mapping (~0.1 s a GB), letting the pages go as it goes. A
 matching cache file is loaded instead of building (no header is read); a manifest's is
 found without reading the manifest: by a digest of the config and the manifest's stamp
