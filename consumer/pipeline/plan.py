@@ -180,7 +180,7 @@ def make_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int =
     frames, tokens = _lengths(table)
     pairs = [(_bucket(table, n, g, frames, tokens, cfg, replicas), g)
              for n, g in enumerate(_groups(table, frames, cfg, replicas))]
-    return _fill(table, pairs, frames, tokens, cfg, replicas)
+    return fill_buckets(table, pairs, frames, tokens, cfg, replicas)
 
 
 def _lengths(table: SampleTable) -> tuple[np.ndarray, np.ndarray]:
@@ -228,23 +228,15 @@ def group_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int 
             for n, g in enumerate(_groups(table, frames, cfg, replicas))]
 
 
-def fill_buckets(buckets: Sequence[Bucket], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
-    """Buckets of whole batches: from the shortest bucket up, the leftover clips of each
+def fill_buckets(table: SampleTable, pairs: Sequence[tuple[Bucket, np.ndarray]], frames: np.ndarray,
+                 tokens: np.ndarray, cfg: BatchingConfig, replicas: int) -> list[Bucket]:
+    """Buckets of whole batches, from (bucket, its rows ordered by mel length) pairs and the
+    table's lengths: from the shortest bucket up, the leftover clips of each
     (its count mod its rows, the longest of its clips) move into the next bucket. They are
     no longer than that bucket's clips, so its T and rows stay; its L is recomputed, and
     its T too when a bucket's longest clips left it (unless its rows would change). The
     last bucket keeps its leftover (the epoch's one batch with fewer clips than rows); a
     bucket left with no clip is dropped (the others renumbered)."""
-    if not buckets:
-        return []
-    table = buckets[0].table
-    frames, tokens = _lengths(table)
-    return _fill(table, [(b, b.members) for b in buckets], frames, tokens, cfg, replicas)
-
-
-def _fill(table: SampleTable, pairs: Sequence[tuple[Bucket, np.ndarray]], frames: np.ndarray, tokens: np.ndarray,
-          cfg: BatchingConfig, replicas: int) -> list[Bucket]:
-    """:func:`fill_buckets` over each bucket's rows (ordered by mel length)."""
     out: list[Bucket] = []
     carried = np.zeros(0, np.int64)  # leftover clips of the buckets below, shortest first
     for n, (bucket, members) in enumerate(pairs):
