@@ -9,6 +9,7 @@ import json
 import logging
 import tarfile
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -37,6 +38,37 @@ def _members(paths: list[Path]) -> dict[tuple[str, str], bytes]:
             for member in tar.getmembers():
                 out[path.name, member.name] = tar.extractfile(member).read()
     return out
+
+
+def _lease_batch(of: Any, maker: BatchMaker, ids: list[str]) -> Any:
+    """``maker``'s batch of clips ``ids`` of index ``of``, leased as the coordinator leases it."""
+    carried = TokenTable(of.samples, of.vocabulary).lease_fields(ids)
+    longest = max(s.num_frames for s in of.samples)
+    lease = wire.Lease(lease=1, epoch=0, index=0, ids=tuple(ids), shape=(64, longest), rows=4,
+                       tokens=tuple(tuple(t) for t in carried["tokens"]), texts=carried["texts"],
+                       files=carried["files"], durations=tuple(carried["durations"]))
+    return maker.make(lease)
+
+
+def _batches_agree_through_a_cut(proxy: DroppingProxy, caplog: Any, index: Any, local: Any, root: Path,
+                                 ids: list[str]) -> Callable[[Any, BatchMaker], Any]:
+    """A batch of ``ids`` read from the store with a connection cut mid-read (retried, counted)
+    equals the one read from the local copy bit for bit, and no credential is logged. Returns
+    the batch function of these ids (index, maker -> batch)."""
+    def batch(of: Any, maker: BatchMaker) -> Any:
+        return _lease_batch(of, maker, ids)
+
+    proxy.arm(1)  # a clip's read, cut mid-body: retried, counted with the batch
+    with caplog.at_level(logging.WARNING, "stoker.shared.dataset.storage"):
+        remote = batch(index, BatchMaker(index.root, {}, FEATURES, None, "p0"))
+    expected = batch(local, BatchMaker(root, {}, FEATURES, None, "p1"))
+    assert proxy.dropped == 1 and remote.batch.read_retries == 1
+    assert remote.batch.ids == expected.batch.ids == tuple(ids) and remote.batch.rejected == ()
+    assert remote.arrays.keys() == expected.arrays.keys()
+    for name, array in expected.arrays.items():  # the same clips, so the same mels, bit for bit
+        np.testing.assert_array_equal(remote.arrays[name], array, err_msg=name)
+    assert all("testing" not in r.getMessage() for r in caplog.records)  # no credential in a log line
+    return batch
 
 
 def test_shards_in_s3_index_as_local_ones_and_a_dropped_connection_costs_a_counted_retry(tmp_path, monkeypatch,
@@ -112,25 +144,7 @@ def test_a_manifest_in_s3_indexes_as_the_local_one_and_a_producer_reads_its_clip
             m.setattr(RetryingFile, "read", never)
             assert build_index(data, FEATURES).stats.cache == "hit"
 
-        def batch(of, maker):
-            tokens = TokenTable(of.samples, of.vocabulary)
-            carried = tokens.lease_fields(ids)
-            longest = max(s.num_frames for s in of.samples)
-            lease = wire.Lease(lease=1, epoch=0, index=0, ids=tuple(ids), shape=(64, longest), rows=4,
-                               tokens=tuple(tuple(t) for t in carried["tokens"]), texts=carried["texts"],
-                               files=carried["files"], durations=tuple(carried["durations"]))
-            return maker.make(lease)
-
-        proxy.arm(1)  # a clip's read, cut mid-body: retried, counted with the batch
-        with caplog.at_level(logging.WARNING, "stoker.shared.dataset.storage"):
-            remote = batch(index, BatchMaker(index.root, {}, FEATURES, None, "p0"))
-        expected = batch(local, BatchMaker(root, {}, FEATURES, None, "p1"))
-        assert proxy.dropped == 1 and remote.batch.read_retries == 1
-        assert remote.batch.ids == expected.batch.ids == tuple(ids) and remote.batch.rejected == ()
-        assert remote.arrays.keys() == expected.arrays.keys()
-        for name, array in expected.arrays.items():  # the same samples, so the same mels, bit for bit
-            np.testing.assert_array_equal(remote.arrays[name], array, err_msg=name)
-        assert all("testing" not in r.getMessage() for r in caplog.records)  # no credential in a log line
+        batch = _batches_agree_through_a_cut(proxy, caplog, index, local, root, ids)
         # The feature cache keys a clip at a URL by the URL, its size and ETag: a second read of the
         # same clips reads no audio (one lookup each), and returns the first read's mels
         cached = BatchMaker(index.root, {}, FEATURES, None, "p2", feature_cache=str(tmp_path / "features"))
@@ -197,26 +211,7 @@ def test_an_ljspeech_layout_and_a_mix_in_s3_index_as_the_local_ones_reading_head
         assert again.stats.cache == "hit" and again.root == index.root  # the metadata's URL names the same dataset
 
         accepted = ids[:4]
-
-        def batch(of, maker):
-            tokens = TokenTable(of.samples, of.vocabulary)
-            carried = tokens.lease_fields(accepted)
-            longest = max(s.num_frames for s in of.samples)
-            lease = wire.Lease(lease=1, epoch=0, index=0, ids=tuple(accepted), shape=(64, longest), rows=4,
-                               tokens=tuple(tuple(t) for t in carried["tokens"]), texts=carried["texts"],
-                               files=carried["files"], durations=tuple(carried["durations"]))
-            return maker.make(lease)
-
-        proxy.arm(1)  # a clip's read, cut mid-body: retried, counted with the batch
-        with caplog.at_level(logging.WARNING, "stoker.shared.dataset.storage"):
-            remote = batch(index, BatchMaker(index.root, {}, FEATURES, None, "p0"))
-        expected = batch(local, BatchMaker(root, {}, FEATURES, None, "p1"))
-        assert proxy.dropped == 1 and remote.batch.read_retries == 1
-        assert remote.batch.ids == expected.batch.ids == tuple(accepted) and remote.batch.rejected == ()
-        assert remote.arrays.keys() == expected.arrays.keys()
-        for name, array in expected.arrays.items():  # the same clips, so the same mels, bit for bit
-            np.testing.assert_array_equal(remote.arrays[name], array, err_msg=name)
-        assert all("testing" not in r.getMessage() for r in caplog.records)  # no credential in a log line
+        _batches_agree_through_a_cut(proxy, caplog, index, local, root, accepted)
         described = describe_copy(*locate("s3://corpus/LJSpeech/metadata.csv", "metadata.csv"))
         assert check_agreement(Reference.of(index), described, "elsewhere").ok
 
