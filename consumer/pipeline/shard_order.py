@@ -31,19 +31,44 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from stoker.shared.dataset import SampleTable
-from stoker.shared.dataset.shards import is_locator, shard_of
+from stoker.shared.dataset.shards import is_locator
+
+
+# What ends a shard's name in a member's locator (shared/dataset/shards.py: SHARD.tar#MEMBER@OFFSET+SIZE).
+SHARD_MARK = ".tar#"
+# Locators are read this many at a time when the shards are numbered (a few tens of MB of strings).
+SHARD_SCAN_ROWS = 1 << 20
 
 
 def shard_numbers(table: SampleTable) -> np.ndarray | None:
     """Each clip's shard (by table row), numbered in name order; None unless every clip is a
-    shard's member (the first clip's audio tells loose files at once)."""
+    shard's member. The first clip's audio tells loose files at once; otherwise each locator's
+    shard is the part before its last ``.tar#`` (SHARD_MARK), read SHARD_SCAN_ROWS clips at a
+    time, and the first locator of each shard is checked whole (:func:`is_locator`; a member
+    whose locator is malformed is rejected when a producer reads it)."""
     if not len(table) or not is_locator(table.string("audio", 0)):
         return None
-    audio = table.strings("audio")
-    if not all(is_locator(a) for a in audio):
-        return None
-    _, numbers = np.unique(np.array([shard_of(a) for a in audio]), return_inverse=True)
-    return numbers.astype(np.int64)
+    codes: dict[str, int] = {}  # shard name -> its number in the order first seen
+    numbers = np.empty(len(table), np.int64)
+    for first in range(0, len(table), SHARD_SCAN_ROWS):
+        stop = min(len(table), first + SHARD_SCAN_ROWS)
+        last, code = "", -1
+        for row, audio in enumerate(table.strings_between("audio", first, stop), start=first):
+            if not (audio.startswith(last) and audio[len(last):len(last) + 1] == "#"
+                    and audio.find(SHARD_MARK, len(last)) < 0):  # another shard than the row before's
+                cut = audio.rfind(SHARD_MARK)
+                if cut < 0:
+                    return None
+                last = audio[:cut + len(SHARD_MARK) - 1]
+                code = codes.get(last, -1)
+                if code < 0:
+                    if not is_locator(audio):
+                        return None
+                    code = codes[last] = len(codes)
+            numbers[row] = code
+    in_name_order = np.empty(len(codes), np.int64)
+    in_name_order[[codes[name] for name in sorted(codes)]] = np.arange(len(codes))
+    return in_name_order[numbers]
 
 
 def grouped_batches(buckets: Sequence[tuple[int, np.ndarray]], shards: np.ndarray, window: int,

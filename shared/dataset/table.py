@@ -169,6 +169,21 @@ class SampleTable(Sequence[Sample]):
             return [bytes(blob[bounds[n]:bounds[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
         return [bytes(blob[offsets[n]:offsets[n + 1]]).decode("utf-8", ENCODING_ERRORS) for n in rows]
 
+    def strings_between(self, name: str, first: int, stop: int) -> list[str]:
+        """String ``name`` of clips ``first`` to ``stop`` (exclusive), in order: one read of their
+        bytes (a blob left in the file: only theirs), for a pass over every clip a piece at a time."""
+        if self._rows is not None:
+            return self.strings(name, range(first, stop))
+        offsets, blob = self._strings[name]
+        bounds = offsets[first:stop + 1]
+        base = int(bounds[0]) if len(bounds) else 0
+        piece = bytes(blob[base:int(bounds[-1])]) if len(bounds) else b""
+        cuts = (bounds - base).tolist()
+        if piece.isascii():  # a character a byte: slices of one string
+            text = piece.decode("ascii")
+            return [text[cuts[n]:cuts[n + 1]] for n in range(len(cuts) - 1)]
+        return [piece[cuts[n]:cuts[n + 1]].decode("utf-8", ENCODING_ERRORS) for n in range(len(cuts) - 1)]
+
     def joined(self, name: str, rows: np.ndarray, sep: bytes) -> bytes:
         """The UTF-8 of string ``name`` of clips ``rows``, ``sep`` between them: the bytes of
         ``sep.join(...)`` gathered in C, without a string per clip."""
