@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import queue
+import random
 import re
 import signal
 import socket
@@ -119,9 +120,31 @@ class RunProcess:
             self.proc.stdout.close()
 
 
+# free_port picks below the kernel's ephemeral range (where a connection's own end gets its
+# port), from this port up: a port a test binds again later (a resumed job's endpoint) is then
+# not taken meanwhile by some connection of another test running beside it.
+PORT_FLOOR = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+EPHEMERAL_LOW_DEFAULT = 32_768  # Linux's default, where the range cannot be read
+FREE_PORT_TRIES = 100
+
+
 def free_port() -> int:
-    """A TCP port free on the loopback interface now (the OS picks it)."""
-    with socket.socket() as s:
+    """A TCP port free on the loopback interface now, below the ephemeral range (PORT_FLOOR)."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = EPHEMERAL_LOW_DEFAULT
+    pick = random.SystemRandom()
+    for _ in range(FREE_PORT_TRIES if low > PORT_FLOOR else 0):
+        port = pick.randrange(PORT_FLOOR, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no such range here, or every try taken: the OS picks
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

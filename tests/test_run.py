@@ -144,7 +144,10 @@ def test_demo_tiny_model_learns_validates_checkpoints_and_synthesizes(tmp_path):
     from stoker.consumer.training.synth import synthesize
 
     again = synthesize(run_dir, "The dog barked.", tmp_path / "again.npy")
-    np.testing.assert_array_equal(np.load(out), np.load(again.mel_path))  # every weight restored, twice
+    # Every weight restored, twice. Two processes whose TensorFlow threads split the sums
+    # differently agree to float32 rounding (seen: 3e-6 on values near -5), a weight restored
+    # wrong by far more.
+    np.testing.assert_allclose(np.load(out), np.load(again.mel_path), rtol=0, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -217,10 +220,12 @@ def test_a_producer_model_that_cannot_load_is_one_line_naming_it(tmp_path):
 
 def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
     run_dir = tmp_path / "run"
-    with RunProcess("--model", "synthetic:40", "--epochs", "6", "--producers", "2", "--record-samples",
+    # 30 steps of 100 ms after the kill: time for the restarted producer to start and join on a
+    # slow, loaded host (the run would finish without it otherwise, and it would not be shown joining).
+    with RunProcess("--model", "synthetic:100", "--epochs", "8", "--producers", "2", "--record-samples",
                     "--model-start-delay", "0.5", "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=2",
                     *NUMPY_FEATURES, *FAST_HEARTBEAT) as run:
-        run.wait_for_line(r"step 2/24", timeout=60)
+        run.wait_for_line(r"step 2/32", timeout=60)
         children = run.remember_children().values()
         producers = [p for p in children if "stoker.producer.worker" in " ".join(p.cmdline())]
         consumer = [p for p in children if "stoker.consumer.training.main" in " ".join(p.cmdline())]
@@ -230,15 +235,16 @@ def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
             assert p.environ().get("CUDA_VISIBLE_DEVICES") == ""
         producers[0].kill()
         run.wait_for_line(r"crashed .*restarting it", timeout=30)
+        run.wait_for_line(r"producer \S+ joined", timeout=30, count=3)  # the two at the start, then the restarted one
         assert run.wait(timeout=120) == 0, run.output()
         run.remember_children()
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed"
-    assert summary["epochs_completed"] == 6
+    assert summary["epochs_completed"] == 8
     from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 
     demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 6, demo_ids)
+    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 8, demo_ids)
     assert max(p["connections"] for p in summary["producers"]) >= 2  # the restarted one joined again
 
 
