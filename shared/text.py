@@ -359,6 +359,11 @@ class Frontend:
         """Token ids ``units`` become: one per symbol plus EOS (0 for empty units)."""
         return len(units) + 1 if units else 0
 
+    def counts(self, units: Sequence[str]) -> np.ndarray:
+        """:meth:`count` of each of ``units`` (int64), the symbols counted in C."""
+        lengths = np.fromiter(map(len, units), np.int64, len(units))
+        return lengths + (lengths > 0)
+
 
 def _version(package: str) -> str:
     try:
@@ -501,6 +506,9 @@ class UserTokenizer(Frontend):
 
     def count(self, units: str) -> int:
         return len(units.split(USER_ID_SEPARATOR)) if units else 0
+
+    def counts(self, units: Sequence[str]) -> np.ndarray:
+        return np.fromiter(map(self.count, units), np.int64, len(units))
 
     def units(self, texts: Sequence[str], code: str) -> list[Units]:
         out = []

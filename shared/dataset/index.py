@@ -16,6 +16,7 @@ import gc
 import hashlib
 import logging
 import multiprocessing
+import operator
 import os
 import time
 import unicodedata
@@ -830,28 +831,19 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
         return None
     size = len(entries.id)
     codes = [code or text.language for code in entries.language]
-    keys = list(zip(codes, entries.text))
-    distinct = list(dict.fromkeys(keys))  # each text once, in file order
-    position = {key: n for n, key in enumerate(distinct)}
-    at = np.fromiter(map(position.__getitem__, keys), np.int64, size)  # the row of distinct of each clip
-    del position
-    by_language: dict[str, list[int]] = collections.defaultdict(list)
-    for n, (code, _) in enumerate(distinct):
-        if code in LANGUAGES:
-            by_language[code].append(n)
     frontend = _frontend((text.frontend, text.digits))
-    made: list[str | None] = [None] * len(distinct)  # units of each distinct text (None: an unknown language)
-    lost_of = [""] * len(distinct)
-    for code, rows in by_language.items():  # as _work_items sends them: one list per language
-        units_column, lost_column = frontend.unit_columns([distinct[n][1] for n in rows], code)
-        for n, u, lost_chars in zip(rows, units_column, lost_column):
-            made[n], lost_of[n] = u, lost_chars
-    tokenized = sum(map(len, by_language.values()))
-    del by_language
-    count = frontend.count
-    counts = np.fromiter((count(u) if u is not None else 0 for u in made), np.int64, len(made))[at]
-    clean = np.fromiter((u is not None and not lost_chars for u, lost_chars in zip(made, lost_of)), bool,
-                        len(made))[at]
+    # Each distinct (language, text) once, in file order (at: its place there of each clip), and
+    # its units (None: an unknown language) and lost characters.
+    at, made, lost_of, tokenized = _distinct_units(codes, entries.text, frontend)
+    known = None if None not in made else np.fromiter((u is not None for u in made), bool, len(made))
+    counts = np.zeros(len(made), np.int64)
+    if known is None:
+        counts = frontend.counts(made)
+    elif known.any():
+        counts[known] = frontend.counts([u for u in made if u is not None])
+    counts = counts[at]
+    clean = np.fromiter(map(operator.not_, lost_of), bool, len(lost_of))  # no character lost
+    clean = (clean if known is None else clean & known)[at]
     durations = np.asarray(entries.duration, np.float64).reshape(size)
     # The clips every rule passes without a word, told apart at once (the others go through the
     # rules one by one below, which say why): units that lost nothing, a token count within
@@ -864,10 +856,9 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
     lost: list[tuple[int, str, str]] = []
     listed: list[tuple[int, str, str, str, str]] = []
     for n in np.flatnonzero(~passed).tolist():
-        entry, k = entries.entry(n), int(at[n])
+        entry, k, key = entries.entry(n), int(at[n]), (codes[n], entries.text[n])
         unit = Units(made[k], lost_of[k]) if made[k] is not None else None
-        outcome = _text_rules(entry, {keys[n]: unit} if unit is not None else {}, data, text, frontend, None,
-                              report)
+        outcome = _text_rules(entry, {key: unit} if unit is not None else {}, data, text, frontend, None, report)
         if not isinstance(outcome, Rejection):
             outcome = _audio_rules(entry, {}, {}, data, features)
         if isinstance(outcome, Rejection):
@@ -877,23 +868,24 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
         if unit is not None and unit.lost:
             lost.append((n, entry.id, unit.lost))
         if unit is not None and (unit.lost or isinstance(outcome, Rejection)):
-            listed.append((n, keys[n][0], keys[n][1], unit.units, unit.lost))
+            listed.append((n, *key, unit.units, unit.lost))
     picked = np.flatnonzero(passed)
     rows = np.full(size, -1, np.int64)
     rows[picked] = np.arange(len(picked))
     chosen = picked.tolist()
     every = len(chosen) == size
-    speakers: dict[str, int] = {}
-    languages: dict[str, int] = {}
-    speaker_codes = [speakers.setdefault(entries.speaker[n] or DEFAULT_SPEAKER, len(speakers)) for n in chosen]
-    language_codes = [languages.setdefault(codes[n], len(languages)) for n in chosen]
+    speaker_names = entries.speaker if every else [entries.speaker[n] for n in chosen]
+    if "" in speaker_names:
+        speaker_names = [s or DEFAULT_SPEAKER for s in speaker_names]
+    speakers, speaker_codes = _coded(speaker_names)
+    languages, language_codes = _coded(codes if every else [codes[n] for n in chosen])
     columns = {"id": entries.id if every else [entries.id[n] for n in chosen],
                "text": entries.text if every else [entries.text[n] for n in chosen],
                "audio": entries.audio if every else [entries.audio[n] for n in chosen],
                "units": [made[k] for k in at[picked].tolist()]}
     numbers = {"num_tokens": counts[picked], "num_frames": num_frames_of(samples[picked], features),
                "duration_s": durations[picked], "line": np.asarray(entries.line, np.int64)[picked],
-               "speaker": np.asarray(speaker_codes, np.int32), "language": np.asarray(language_codes, np.int32)}
+               "speaker": speaker_codes, "language": language_codes}
     ids = pack_strings(entries.id)
     return {
         "parsed": parsed, "rejected": rejected, "lost": lost, "listed": listed, "rows": rows,
@@ -905,8 +897,45 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
         "seen": set("".join(columns["units"])),
         "numbers": {name: np.asarray(numbers[name], kind) for name, kind in NUMBER_COLUMNS.items()},
         "strings": {name: pack_strings(columns[name]) for name in STRING_COLUMNS},
-        "speakers": list(speakers), "languages": list(languages),
+        "speakers": speakers, "languages": languages,
     }
+
+
+def _distinct_units(codes: list[str], texts: list[str], frontend: Frontend) -> tuple[np.ndarray, list[str | None],
+                                                                                       list[str], int]:
+    """Each distinct (language, text) of a manifest piece once, in file order, through the
+    front-end one list per language (as _work_items sends them): the place there of each clip,
+    the units of each (None: a language the front-end does not know), its lost characters, and
+    how many texts were tokenized. A piece of one language (the common case) keys by text alone."""
+    one = not codes or codes.count(codes[0]) == len(codes)
+    keys: list[Any] = texts if one else list(zip(codes, texts))
+    distinct = list(dict.fromkeys(keys))
+    position = {key: n for n, key in enumerate(distinct)}
+    at = np.fromiter(map(position.__getitem__, keys), np.int64, len(keys))
+    del position
+    if one:
+        if codes and codes[0] in LANGUAGES:
+            made, lost_of = frontend.unit_columns(distinct, codes[0])
+            return at, made, lost_of, len(distinct)
+        return at, [None] * len(distinct), [""] * len(distinct), 0
+    by_language: dict[str, list[int]] = collections.defaultdict(list)
+    for n, (code, _) in enumerate(distinct):
+        if code in LANGUAGES:
+            by_language[code].append(n)
+    units: list[str | None] = [None] * len(distinct)
+    lost = [""] * len(distinct)
+    for code, rows in by_language.items():
+        units_column, lost_column = frontend.unit_columns([distinct[n][1] for n in rows], code)
+        for n, u, lost_chars in zip(rows, units_column, lost_column):
+            units[n], lost[n] = u, lost_chars
+    return at, units, lost, sum(map(len, by_language.values()))
+
+
+def _coded(values: list[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct ``values`` in first-seen order, and each value's place there (int32)."""
+    names = list(dict.fromkeys(values))
+    place = {name: n for n, name in enumerate(names)}
+    return names, np.fromiter(map(place.__getitem__, values), np.int32, len(values))
 
 
 def _suffixed(packed: tuple[np.ndarray, bytes], values: list[str], suffix: str) -> tuple[np.ndarray, bytes]:

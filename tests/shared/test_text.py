@@ -69,6 +69,15 @@ def test_unit_columns_are_normalize_of_each_text(digits: str, code: str) -> None
     assert make_frontend("characters", digits).units(texts, code) == [Units(u, x) for u, x in zip(units, lost)]
 
 
+@pytest.mark.parametrize("name", ["characters", "tests.shared.user_tokenizers:bytes_tokenizer"])
+def test_counts_are_count_of_each(name: str) -> None:
+    """The index's token counts of a column of units (in C for the built-in front-ends) are count() of each."""
+    frontend = make_frontend(name)
+    units = [u.units for u in frontend.units(["Hello, World!", "", "a", "Grüße", "سلام"], "en")]
+    assert frontend.counts(units).tolist() == [frontend.count(u) for u in units]
+    assert frontend.counts(units).tolist()[:3] == ([14, 0, 2] if name == "characters" else [13, 0, 1])  # EOS, or ids alone
+
+
 def test_unknown_language_is_one_clear_error() -> None:
     with pytest.raises(TextError, match="unknown language code 'xx'.*known: .*fa"):
         normalize("hi", "xx")
