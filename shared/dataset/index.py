@@ -908,11 +908,7 @@ def _distinct_units(codes: list[str], texts: list[str], frontend: Frontend) -> t
     the units of each (None: a language the front-end does not know), its lost characters, and
     how many texts were tokenized. A piece of one language (the common case) keys by text alone."""
     one = not codes or codes.count(codes[0]) == len(codes)
-    keys: list[Any] = texts if one else list(zip(codes, texts))
-    distinct = list(dict.fromkeys(keys))
-    position = {key: n for n, key in enumerate(distinct)}
-    at = np.fromiter(map(position.__getitem__, keys), np.int64, len(keys))
-    del position
+    distinct, at = _coded(texts if one else list(zip(codes, texts)), np.int64)
     if one:
         if codes and codes[0] in LANGUAGES:
             made, lost_of = frontend.unit_columns(distinct, codes[0])
@@ -931,11 +927,11 @@ def _distinct_units(codes: list[str], texts: list[str], frontend: Frontend) -> t
     return at, units, lost, sum(map(len, by_language.values()))
 
 
-def _coded(values: list[str]) -> tuple[list[str], np.ndarray]:
-    """The distinct ``values`` in first-seen order, and each value's place there (int32)."""
+def _coded(values: list[Any], kind: type = np.int32) -> tuple[list[Any], np.ndarray]:
+    """The distinct ``values`` in first-seen order, and each value's place there (``kind``)."""
     names = list(dict.fromkeys(values))
     place = {name: n for n, name in enumerate(names)}
-    return names, np.fromiter(map(place.__getitem__, values), np.int32, len(values))
+    return names, np.fromiter(map(place.__getitem__, values), kind, len(values))
 
 
 def _suffixed(packed: tuple[np.ndarray, bytes], values: list[str], suffix: str) -> tuple[np.ndarray, bytes]:
