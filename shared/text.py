@@ -360,7 +360,10 @@ class Frontend:
         return len(units) + 1 if units else 0
 
     def counts(self, units: Sequence[str]) -> np.ndarray:
-        """:meth:`count` of each of ``units`` (int64), the symbols counted in C."""
+        """:meth:`count` of each of ``units`` (int64): the symbols counted in C where :meth:`count`
+        is this class's, else :meth:`count` of each."""
+        if type(self).count is not Frontend.count:
+            return np.fromiter(map(self.count, units), np.int64, len(units))
         lengths = np.fromiter(map(len, units), np.int64, len(units))
         return lengths + (lengths > 0)
 
@@ -506,9 +509,6 @@ class UserTokenizer(Frontend):
 
     def count(self, units: str) -> int:
         return len(units.split(USER_ID_SEPARATOR)) if units else 0
-
-    def counts(self, units: Sequence[str]) -> np.ndarray:
-        return np.fromiter(map(self.count, units), np.int64, len(units))
 
     def units(self, texts: Sequence[str], code: str) -> list[Units]:
         out = []

@@ -836,10 +836,10 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
     # its units (None: an unknown language) and lost characters.
     at, made, lost_of, tokenized = _distinct_units(codes, entries.text, frontend)
     known = None if None not in made else np.fromiter((u is not None for u in made), bool, len(made))
-    counts = np.zeros(len(made), np.int64)
     if known is None:
         counts = frontend.counts(made)
-    elif known.any():
+    else:  # an unknown language's texts: no units, no tokens
+        counts = np.zeros(len(made), np.int64)
         counts[known] = frontend.counts([u for u in made if u is not None])
     counts = counts[at]
     clean = np.fromiter(map(operator.not_, lost_of), bool, len(lost_of))  # no character lost
