@@ -219,6 +219,12 @@ _ANY_DIGIT = re.compile(r"\d")
 # the ASCII table alone (Characters.unit_columns).
 _NOT_PLAIN = re.compile(r"[^\x09-\x0d\x20-\x7e]")
 _NOT_PLAIN_OR_DIGIT = re.compile(r"[^\x09-\x0d\x20-\x2f\x3a-\x7e]")
+# The same without the whitespace other than a space: a column of such texts normalises as one
+# string, a text a line (Characters.unit_columns).
+_NOT_SPACED = re.compile(r"[^\x20-\x7e]")
+_NOT_SPACED_OR_DIGIT = re.compile(r"[^\x20-\x2f\x3a-\x7e]")
+_SPACES = re.compile(" +")
+_SPACES_AT_LINE_ENDS = re.compile("^ | $", re.MULTILINE)
 # Longer digit strings are kept as digits: codes and ids rather than quantities, and past a
 # float's precision num2words would say another number.
 MAX_SPELLED_DIGITS = 15
@@ -387,6 +393,8 @@ class Characters(Frontend):
         table makes whitespace a space (split() takes it as whitespace already) and ` a ', it
         casefolds (lower(), in ASCII) and joins the words with one space."""
         spelled = self.digits == DIGITS_SPELL and language(code).num2words is not None
+        if texts and (_NOT_SPACED_OR_DIGIT if spelled else _NOT_SPACED).search("".join(texts)) is None:
+            return _plain_column(texts), [""] * len(texts)
         special = list(map((_NOT_PLAIN_OR_DIGIT if spelled else _NOT_PLAIN).search, texts))
         units = [" ".join(t.lower().split()).replace("`", "'") if s is None else "" for t, s in zip(texts, special)]
         lost = [""] * len(texts)
@@ -407,6 +415,18 @@ class Characters(Frontend):
             if lang.keeps_zwnj:  # inside a word (normalize drops a joiner alone)
                 symbols.update((ZWNJ, ZWJ))
         return "".join(sorted(symbols))
+
+
+def _plain_column(texts: Sequence[str]) -> list[str]:
+    """What Characters.unit_columns makes of each of ``texts``, printable ASCII and spaces (no
+    other whitespace, so no line end): the column joined a text a line, lowered and its runs of
+    spaces made one, and each line stripped, in a few C-level passes over the whole."""
+    joined = "\n".join(texts).lower().replace("`", "'")
+    if "  " in joined:
+        joined = _SPACES.sub(" ", joined)
+    if joined.startswith(" ") or joined.endswith(" ") or " \n" in joined or "\n " in joined:
+        joined = _SPACES_AT_LINE_ENDS.sub("", joined)
+    return joined.split("\n")
 
 
 # Punctuation the phonemizer keeps as it is (phonemizer's own set plus the Arabic-script

@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import hashlib
 import logging
+import mmap
 import multiprocessing
 import operator
 import os
@@ -212,16 +213,19 @@ def _run_items(root: Path, items: list[Item], workers: int,
     return [item for chunk in results for item in chunk], processes
 
 
-def _shared_work(fn: Callable[..., Any], tasks: Sequence[tuple], helpers: int, what: str) -> tuple[list[Any], int]:
-    """``[fn(*task) for task in tasks]``, in order, worked by this process and up to ``helpers``
-    spawned ones (never forked: the caller may have imported TensorFlow): the helpers take tasks
-    from the front while this process works from the back. A broken pool (e.g. a script
-    without a __main__ guard) must not stop indexing: the rest is done here, logged; a
-    TextError (the front-end itself failed, as it would here) is raised. Returns the results
-    and how many processes worked."""
+def _shared_work(fn: Callable[..., Any], tasks: Sequence[tuple], helpers: int, what: str,
+                 here: bool = True) -> tuple[list[Any], int]:
+    """``[fn(*task) for task in tasks]``, in order, worked by up to ``helpers`` spawned processes
+    (never forked: the caller may have imported TensorFlow), and by this one where ``here``: the
+    helpers take tasks from the front while this process works from the back. Not ``here``
+    (results of megabytes each): this process only takes the results in, at once, so that a
+    helper never waits in a full pipe for this process to finish a task of its own. A broken
+    pool (e.g. a script without a __main__ guard) must not stop the work: the rest is done here,
+    logged; a TextError (the front-end itself failed, as it would here) is raised. Returns the
+    results and how many processes worked."""
     results: list[Any] = [None] * len(tasks)
     done = [False] * len(tasks)
-    helpers = min(helpers, len(tasks) - 1)
+    helpers = min(helpers, len(tasks) - here) if len(tasks) > 1 else 0
     if helpers > 0:
         todo = collections.deque(range(len(tasks)))
         context = multiprocessing.get_context("spawn")
@@ -241,14 +245,16 @@ def _shared_work(fn: Callable[..., Any], tasks: Sequence[tuple], helpers: int, w
                     COUNTS.retries += retries  # a helper's reads retried, counted as this process's
 
                 top_up()
-                while todo:
-                    n = todo.pop()
-                    results[n], done[n] = fn(*tasks[n]), True
-                    for future in [f for f in running if f.done()]:
+                while todo or running:
+                    if here and todo:
+                        n = todo.pop()
+                        results[n], done[n] = fn(*tasks[n]), True
+                        finished = [f for f in running if f.done()]
+                    else:
+                        finished = concurrent.futures.wait(list(running), return_when="FIRST_COMPLETED").done
+                    for future in finished:
                         take(future)
                     top_up()
-                for future in concurrent.futures.as_completed(list(running)):
-                    take(future)
         except TextError:
             raise
         except Exception as exc:  # any failure of the pool itself; the work is redone here
@@ -258,7 +264,7 @@ def _shared_work(fn: Callable[..., Any], tasks: Sequence[tuple], helpers: int, w
     for n, finished in enumerate(done):
         if not finished:
             results[n] = fn(*tasks[n])
-    return results, max(helpers, 0) + 1
+    return results, helpers + here if helpers else 1
 
 
 def _counted(fn: Callable[..., Any], *args: Any) -> tuple[Any, int]:
@@ -772,9 +778,11 @@ def _finish(root: Path, samples: SampleTable, rejected: list[Rejection], lost: d
 # A manifest whose clips all give their durations needs no audio header: its index is its lines
 # through the JSON parser, the text front-end and the rules, which worker processes do a piece
 # of the file each (:func:`_manifest_chunk`), each piece becoming columns rather than an object
-# per clip. What spans pieces is done here after: ids repeated in two pieces, the order of the
-# rejections, the vocabulary, the lost-character report and the dataset fingerprints, so that
-# the index (and its cache file) is the one the one-process build makes.
+# per clip, and its ids sorted. What spans pieces is done here after: ids repeated in two
+# pieces, the order of the rejections, the vocabulary, the lost-character report and the
+# dataset fingerprints (the pieces' sorted ids merged), so that the index (and its cache file)
+# is the one the one-process build makes. This process only takes the pieces' columns in while
+# the workers run (a piece's are megabytes: a worker would wait for this one to read them).
 
 
 # A manifest at least this large is built in pieces; a smaller one in one pass (its build takes
@@ -787,6 +795,8 @@ CHUNKED_MIN_BYTES = 32 << 20
 BUILD_CHUNK_BYTES = 8 << 20
 
 
+# Line feed and carriage return, as bytes of a manifest.
+LF, CR = ord("\n"), ord("\r")
 # Rows at a time when hashing the fingerprints' lines in id order (a gather index of
 # about 8 bytes per byte of those rows).
 FINGERPRINT_ROWS = 1 << 16
@@ -795,26 +805,33 @@ FINGERPRINT_ROWS = 1 << 16
 def _manifest_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
     """The pieces of a manifest: (start byte, end byte, the number of its first line), each of
     about ``chunk_bytes`` and ending at a line end (``\\n``) but the last; lines counted as
-    :func:`layouts._text_lines` cuts them (``\\r\\n``, ``\\r``, ``\\n``)."""
-    ranges = []
-    start, line = 0, 1
-    carry = b""
+    :func:`layouts._text_lines` cuts them (``\\r\\n``, ``\\r``, ``\\n``). The file is mapped, not
+    read: its line ends are counted in place."""
+    ranges: list[tuple[int, int, int]] = []
     with open(path, "rb") as f:
-        while True:
-            piece = f.read(chunk_bytes)
-            cut = piece.rfind(b"\n") + 1 if piece else len(piece)
-            if piece and not cut:  # a line longer than a piece: it goes on in the next one
-                carry += piece
-                continue
-            chunk = carry + piece[:cut]
-            carry = piece[cut:]
-            if chunk:
-                ranges.append((start, start + len(chunk), line))
-                start += len(chunk)
-                line += chunk.count(b"\n") + (chunk.count(b"\r") - chunk.count(b"\r\n") if b"\r" in chunk else 0)
-            if not piece:
-                break
+        size = os.fstat(f.fileno()).st_size
+        if not size:
+            return ranges
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            start, line = 0, 1
+            while start < size:
+                end = mapped.rfind(b"\n", start, start + chunk_bytes) + 1 if start + chunk_bytes < size else size
+                if not end:  # a line longer than a piece: the piece ends with it
+                    end = mapped.find(b"\n", start + chunk_bytes) + 1 or size
+                ranges.append((start, end, line))
+                line += _line_ends(mapped, start, end)
+                start = end
     return ranges
+
+
+def _line_ends(mapped: mmap.mmap, start: int, end: int) -> int:
+    """The line ends (``\\r\\n``, ``\\r``, ``\\n``) in bytes ``start:end`` of ``mapped``."""
+    raw = np.frombuffer(mapped, np.uint8, end - start, start)
+    ends = int(np.count_nonzero(raw == LF))
+    if mapped.find(b"\r", start, end) >= 0:
+        returns = raw == CR
+        ends += int(np.count_nonzero(returns)) - int(np.count_nonzero(returns[:-1] & (raw[1:] == LF)))
+    return ends
 
 
 def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: DataConfig, features: FeaturesConfig,
@@ -830,7 +847,9 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
     if None in entries.duration:
         return None
     size = len(entries.id)
-    codes = [code or text.language for code in entries.language]
+    unnamed = entries.language.count("")  # clips that name no language: the config's
+    codes = (entries.language if not unnamed else [text.language] * size if unnamed == size
+             else [code or text.language for code in entries.language])
     frontend = _frontend((text.frontend, text.digits))
     # Each distinct (language, text) once, in file order (at: its place there of each clip), and
     # its units (None: an unknown language) and lost characters.
@@ -882,21 +901,22 @@ def _manifest_chunk(path: str, start: int, end: int, first_line: int, data: Data
     columns = {"id": entries.id if every else [entries.id[n] for n in chosen],
                "text": entries.text if every else [entries.text[n] for n in chosen],
                "audio": entries.audio if every else [entries.audio[n] for n in chosen],
-               "units": [made[k] for k in at[picked].tolist()]}
+               "units": made if every and len(made) == size else [made[k] for k in at[picked].tolist()]}
     numbers = {"num_tokens": counts[picked], "num_frames": num_frames_of(samples[picked], features),
                "duration_s": durations[picked], "line": np.asarray(entries.line, np.int64)[picked],
                "speaker": speaker_codes, "language": language_codes}
     ids = pack_strings(entries.id)
+    strings = {name: ids if name == "id" and every else pack_strings(columns[name]) for name in STRING_COLUMNS}
     return {
         "parsed": parsed, "rejected": rejected, "lost": lost, "listed": listed, "rows": rows,
         "tokenized": tokenized, "ids": ids, "lines": np.asarray(entries.line, np.int64).reshape(size),
         "hashes": hash_strings(ids[0], np.frombuffer(ids[1], np.uint8), np.arange(size)),
-        "metadata_lines": pack_strings(list(map("{}\t{}\t{}\t{}\n".format, entries.id, entries.text, entries.speaker,
-                                                entries.language))),
+        "id_order": np.argsort(_fixed_width(*ids, max(1, _widest(ids[0]))), kind="stable"),
+        "metadata_lines": _tab_lines([entries.id, entries.text, entries.speaker, entries.language]),
         "audio_lines": _suffixed(ids, entries.id, f"\t{UNMEASURED}\n"),
-        "seen": set("".join(columns["units"])),
+        "seen": _symbols(strings["units"][1]),
         "numbers": {name: np.asarray(numbers[name], kind) for name, kind in NUMBER_COLUMNS.items()},
-        "strings": {name: pack_strings(columns[name]) for name in STRING_COLUMNS},
+        "strings": strings,
         "speakers": speakers, "languages": languages,
     }
 
@@ -930,8 +950,30 @@ def _distinct_units(codes: list[str], texts: list[str], frontend: Frontend) -> t
 def _coded(values: list[Any], kind: type = np.int32) -> tuple[list[Any], np.ndarray]:
     """The distinct ``values`` in first-seen order, and each value's place there (``kind``)."""
     names = list(dict.fromkeys(values))
-    place = {name: n for n, name in enumerate(names)}
+    if len(names) == len(values):  # each value once (a column of texts often is): its place is its own
+        return names, np.arange(len(values), dtype=kind)
+    place = dict(zip(names, range(len(names))))
     return names, np.fromiter(map(place.__getitem__, values), kind, len(values))
+
+
+def _symbols(blob: bytes) -> set[str]:
+    """The characters of UTF-8 ``blob``, each once (of ASCII, counted over its bytes in C)."""
+    if blob.isascii():
+        return set(bytes(np.flatnonzero(np.bincount(np.frombuffer(blob, np.uint8), minlength=128)).tolist())
+                   .decode("ascii"))
+    return set(blob.decode("utf-8", ENCODING_ERRORS))
+
+
+def _tab_lines(columns: list[list[str]]) -> tuple[np.ndarray, bytes]:
+    """``pack_strings`` of each row of ``columns`` as a line, its values joined by tabs (as
+    :func:`agreement.metadata_fingerprint` hashes an entry): one join where they are ASCII."""
+    joined = "\n".join(map("\t".join, zip(*columns))) + ("\n" if columns[0] else "")
+    if not joined.isascii():
+        return pack_strings(["\t".join(row) + "\n" for row in zip(*columns)])
+    offsets = np.zeros(len(columns[0]) + 1, np.int64)
+    lengths = sum(np.fromiter(map(len, column), np.int64, len(column)) for column in columns)
+    np.cumsum(lengths + len(columns), out=offsets[1:])
+    return offsets, joined.encode("ascii")
 
 
 def _suffixed(packed: tuple[np.ndarray, bytes], values: list[str], suffix: str) -> tuple[np.ndarray, bytes]:
@@ -943,9 +985,10 @@ def _suffixed(packed: tuple[np.ndarray, bytes], values: list[str], suffix: str) 
 
 def _run_chunks(path: Path, ranges: list[tuple[int, int, int]], workers: int, data: DataConfig,
                 features: FeaturesConfig, text: TextConfig) -> tuple[list[dict[str, Any] | None], int]:
-    """:func:`_manifest_chunk` of every piece, in ``workers`` processes (this one included), in order."""
+    """:func:`_manifest_chunk` of every piece, in order: in ``workers`` helper processes (this one
+    taking their columns in) or, ``workers`` 1, in this one."""
     tasks = [(str(path), *piece, data, features, text) for piece in ranges]
-    return _shared_work(_manifest_chunk, tasks, workers - 1, "manifest indexing")
+    return _shared_work(_manifest_chunk, tasks, workers if workers > 1 else 0, "manifest indexing", here=False)
 
 
 def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
@@ -1013,20 +1056,25 @@ def _build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text
 
 def _repeated_ids(parts: list[dict[str, Any]]) -> list[Rejection]:
     """The rejections of ids repeated in a later piece than their first (each piece found its
-    own); the entries they reject are marked in ``part["drop"]`` (positions in that piece)."""
+    own); the entries they reject are marked in ``part["drop"]`` (positions in that piece). Only
+    the entries whose id hashes collide are looked at, in file order."""
     for p in parts:
         p["drop"] = []
     if not parts:
         return []
     hashes = np.concatenate([p["hashes"] for p in parts])
-    piece = np.repeat(np.arange(len(parts)), [len(p["hashes"]) for p in parts])
-    position = np.concatenate([np.arange(len(p["hashes"])) for p in parts])
-    order = np.argsort(hashes, kind="stable")  # stable: the entries of one hash in file order
-    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    order = np.argsort(hashes)  # not stable: the few entries that collide are put in file order below
+    ranked = hashes[order]
+    same = np.flatnonzero(ranked[1:] == ranked[:-1])
+    if not len(same):
+        return []
+    colliding = np.sort(order[np.unique(np.concatenate([same, same + 1]))])
+    colliding = colliding[np.argsort(hashes[colliding], kind="stable")]  # by hash, each in file order
+    bases = np.cumsum([0] + [len(p["hashes"]) for p in parts])
+    pieces = np.searchsorted(bases, colliding, side="right") - 1
     out = []
     firsts: dict[str, int] = {}
-    for at in np.unique(np.concatenate([same, same + 1])).tolist():
-        k, n = int(piece[order[at]]), int(position[order[at]])
+    for k, n in zip(pieces.tolist(), (colliding - bases[pieces]).tolist()):
         offsets, blob = parts[k]["ids"]
         sample_id = blob[offsets[n]:offsets[n + 1]].decode("utf-8", ENCODING_ERRORS)
         line = int(parts[k]["lines"][n])
@@ -1052,8 +1100,7 @@ def _drop_repeated(part: dict[str, Any]) -> None:
     part["numbers"] = {name: col[keep] for name, col in part["numbers"].items()}
     for name, (offsets, blob) in part["strings"].items():
         part["strings"][name] = _taken(offsets, blob, keep)
-    offsets, blob = part["strings"]["units"]
-    part["seen"] = set(blob.decode("utf-8", ENCODING_ERRORS)) if blob else set()
+    part["seen"] = _symbols(part["strings"]["units"][1])
 
 
 def _taken(offsets: np.ndarray, blob: bytes, rows: np.ndarray) -> tuple[np.ndarray, bytes]:
@@ -1067,8 +1114,9 @@ def _taken(offsets: np.ndarray, blob: bytes, rows: np.ndarray) -> tuple[np.ndarr
 def _concatenated(parts: list[dict[str, Any]], id_order: np.ndarray | None) -> SampleTable:
     """The samples of every piece as one table, speaker and language codes into sorted names;
     ``id_order``: its rows in id order (None: the table sorts its ids when asked)."""
-    speakers = sorted({p["speakers"][n] for p in parts for n in np.unique(p["numbers"]["speaker"]).tolist()})
-    languages = sorted({p["languages"][n] for p in parts for n in np.unique(p["numbers"]["language"]).tolist()})
+    speakers = sorted({p["speakers"][n] for p in parts for n in _used(p["numbers"]["speaker"], len(p["speakers"]))})
+    languages = sorted({p["languages"][n] for p in parts
+                        for n in _used(p["numbers"]["language"], len(p["languages"]))})
     codes = {"speaker": {name: n for n, name in enumerate(speakers)},
              "language": {name: n for n, name in enumerate(languages)}}
     numbers = {}
@@ -1084,11 +1132,20 @@ def _concatenated(parts: list[dict[str, Any]], id_order: np.ndarray | None) -> S
         numbers[name] = np.concatenate(cols) if cols else np.zeros(0, kind)
     strings = {}
     for name in STRING_COLUMNS:
-        bases = np.cumsum([0] + [len(p["strings"][name][1]) for p in parts])
-        offsets = np.concatenate([p["strings"][name][0][:-1] + base for p, base in zip(parts, bases)]
-                                 + [np.array([bases[-1]], np.int64)])
+        offsets = np.empty(sum(len(p["strings"][name][0]) - 1 for p in parts) + 1, np.int64)
+        row = base = 0
+        for p in parts:
+            piece, blob = p["strings"][name]
+            np.add(piece[:-1], base, out=offsets[row:row + len(piece) - 1])
+            row, base = row + len(piece) - 1, base + len(blob)
+        offsets[-1] = base
         strings[name] = (offsets, b"".join(p["strings"][name][1] for p in parts))
     return SampleTable(numbers, strings, speakers, languages, id_order=id_order)
+
+
+def _used(codes: np.ndarray, names: int) -> list[int]:
+    """The codes (0 to ``names`` - 1) that ``codes`` holds, each once, in order."""
+    return np.flatnonzero(np.bincount(codes, minlength=names)).tolist()
 
 
 def _table_id_order(parts: list[dict[str, Any]], by_id: np.ndarray) -> np.ndarray | None:
@@ -1128,17 +1185,34 @@ def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleT
 def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) -> tuple[dict[str, Any], np.ndarray]:
     """:func:`agreement.fingerprints` of the pieces' entries (every clip measured by its
     duration): their lines hashed in id order; and that order (positions in the entries the
-    pieces kept, one piece after the other)."""
-    kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) for p in parts]
-    ids = [_taken(*p["ids"], k) if p["drop"] else p["ids"] for p, k in zip(parts, kept)]
-    lines = [_taken(*p["metadata_lines"], k) if p["drop"] else p["metadata_lines"] for p, k in zip(parts, kept)]
-    width = max([1] + [int(np.diff(o).max()) for o, _ in ids if len(o) > 1])
+    pieces kept, one piece after the other), merged from each piece's own (``part["id_order"]``)."""
+    kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) if p["drop"] else None
+            for p in parts]
+    ids = [_taken(*p["ids"], k) if k is not None else p["ids"] for p, k in zip(parts, kept)]
+    lines = [_taken(*p["metadata_lines"], k) if k is not None else p["metadata_lines"] for p, k in zip(parts, kept)]
+    width = max([1] + [_widest(o) for o, _ in ids])
     keys = np.concatenate([_fixed_width(o, b, width) for o, b in ids]) if ids else np.zeros(0, f"S{width}")
-    order = np.argsort(keys, kind="stable")
+    runs, base = [], 0
+    for p, k in zip(parts, kept):
+        run = p["id_order"]
+        if k is not None:  # positions among the entries kept
+            at = np.full(len(p["lines"]), -1, np.int64)
+            at[k] = np.arange(len(k))
+            run = at[run]
+            run = run[run >= 0]
+        runs.append(run + base)
+        base += len(run)
+    runs_order = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+    order = runs_order[np.argsort(keys[runs_order], kind="stable")]  # the sorted runs merged (timsort finds them)
     meta = _gathered_digest(lines, order)
-    audio = _gathered_digest([_taken(*p["audio_lines"], k) if p["drop"] else p["audio_lines"]
+    audio = _gathered_digest([_taken(*p["audio_lines"], k) if k is not None else p["audio_lines"]
                               for p, k in zip(parts, kept)], order)
     return {"metadata": meta, "audio": audio, "missing": 0, "metadata_sha256": manifest_sha256}, order
+
+
+def _widest(offsets: np.ndarray) -> int:
+    """The longest of the strings at ``offsets`` (0 when there are none)."""
+    return int(np.diff(offsets).max()) if len(offsets) > 1 else 0
 
 
 def _fixed_width(offsets: np.ndarray, blob: bytes, width: int) -> np.ndarray:

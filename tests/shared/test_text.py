@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,19 @@ def test_unit_columns_are_normalize_of_each_text(digits: str, code: str) -> None
     units, lost = make_frontend("characters", digits).unit_columns(texts, code)
     assert list(zip(units, lost)) == [normalize(t, code, digits) for t in texts]
     assert make_frontend("characters", digits).units(texts, code) == [Units(u, x) for u, x in zip(units, lost)]
+
+
+@pytest.mark.parametrize("digits", ["spell", "keep"])
+def test_a_column_of_spaced_ascii_texts_is_normalize_of_each(digits: str) -> None:
+    """A column whose texts are all printable ASCII and spaces is normalised as one string: each
+    text as normalize() makes it, spaces at either end, runs of them and empty texts included."""
+    rng = random.Random(7)
+    alphabet = "ab Z `'.,-?" + ("" if digits == "spell" else "09")
+    texts = ["", " ", "  lead", "trail  ", "in   between", "`quoted`", " ", "A", ""]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(12))) for _ in range(300)]
+    units, lost = make_frontend("characters", digits).unit_columns(texts, "en")
+    assert list(zip(units, lost)) == [normalize(t, "en", digits) for t in texts]
+    assert make_frontend("characters", digits).unit_columns([], "en") == ([], [])
 
 
 @pytest.mark.parametrize("name", ["characters", "tests.shared.user_tokenizers:bytes_tokenizer"])
