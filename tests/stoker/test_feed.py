@@ -347,7 +347,10 @@ def test_a_feed_never_closed_is_closed_at_exit_with_a_warning(tmp_path, dataset)
 
 
 def test_ctrl_c_in_the_loop_writes_the_summary_and_leaves_no_process(tmp_path, dataset):
-    script = ("import stoker\n"
+    # Ctrl-C as at a terminal: a shell's background job (a test run started with &) ignores SIGINT, and a
+    # Python started with SIGINT ignored keeps ignoring it.
+    script = ("import signal, stoker\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               f"with stoker.Feed(**{options(tmp_path, dataset, steps=10_000)!r}) as feed:\n"
               "    print(__import__('os').getpid(), flush=True)\n"
               "    for batch in feed:\n"
