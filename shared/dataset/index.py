@@ -251,7 +251,7 @@ def _shared_work(fn: Callable[..., Any], tasks: Sequence[tuple], helpers: int, w
                         results[n], done[n] = fn(*tasks[n]), True
                         finished = [f for f in running if f.done()]
                     else:
-                        finished = concurrent.futures.wait(list(running), return_when="FIRST_COMPLETED").done
+                        finished = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED).done
                     for future in finished:
                         take(future)
                     top_up()
