@@ -196,13 +196,25 @@ def _retried(n: int) -> tuple[int, int]:
 
 
 @pytest.mark.timeout(60)
-def test_reads_retried_in_a_helper_process_count_in_this_one() -> None:
+@pytest.mark.parametrize("here", [True, False])
+def test_reads_retried_in_a_helper_process_count_in_this_one(here: bool) -> None:
     before = COUNTS.retries
     tasks = [(n,) for n in range(1, 21)]
-    results, processes = index_module._shared_work(_retried, tasks, 1, "a test's work")
-    assert processes == 2 and [n for _, n in results] == list(range(1, 21))
-    assert any(pid != os.getpid() for pid, _ in results)  # a helper worked some of them
+    results, processes = index_module._shared_work(_retried, tasks, 1, "a test's work", here=here)
+    assert processes == 1 + here and [n for _, n in results] == list(range(1, 21))
+    helped = [pid != os.getpid() for pid, _ in results]
+    assert any(helped) if here else all(helped)  # not here: this process only takes the results in
     assert COUNTS.retries - before == sum(range(1, 21))  # each retry once, wherever it was made
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("here", [True, False])
+def test_a_pool_that_cannot_take_the_work_leaves_it_to_this_process(here: bool,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    tasks = [(n,) for n in range(5)]
+    results, processes = index_module._shared_work(lambda n: n * n, tasks, 1, "a test's work", here=here)
+    assert results == [n * n for n in range(5)] and processes == 1  # a lambda cannot go to a helper
+    assert "parallel a test's work failed" in caplog.text
 
 
 def test_a_warm_load_maps_the_rows_in_id_order(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
