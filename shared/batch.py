@@ -298,6 +298,24 @@ def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id
 FRAMES = "mel_lengths"
 
 
+def row_identities(arrays: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What identifies the clip of each real row of a batch, from its data rather than from a
+    ledger of ids: its tokens, valid frames and the mean and mean magnitude of its valid mel
+    (a trainer notes these inside its step; tests map them back to the clips they made)."""
+    tokens, token_lengths = np.asarray(arrays["tokens"]), np.asarray(arrays["token_lengths"])
+    mel, frames = np.asarray(arrays["mel"]), np.asarray(arrays[FRAMES])
+    rows = []
+    for row in range(len(token_lengths)):
+        length, valid = int(token_lengths[row]), int(frames[row])
+        if length == 0:
+            continue  # an empty row of a batch with fixed rows
+        values = mel[row, :valid].astype(np.float64)
+        rows.append({"tokens": tokens[row, :length].tolist(), "frames": valid,
+                     "mel_mean": float(values.mean()) if valid else 0.0,
+                     "mel_abs": float(np.abs(values).mean()) if valid else 0.0})
+    return rows
+
+
 def batch_dims(batch_size: int, shape: Sequence[int], n_mels: int, hop_length: int = 0,
                ref_frames: int = 0) -> dict[str, int]:
     """The dimensions of a batch of a bucket ``shape`` = (L, T); S and R need ``hop_length``

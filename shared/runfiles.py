@@ -11,6 +11,8 @@ config.resume.yaml a resume's config, written by the launcher and moved over con
 summary.json       written at the end (also on Ctrl-C): throughput, wait, verdict, ...
 metrics.jsonl      one object per training step (shared/metrics.py)
 samples.jsonl      with --record-samples: the sample ids of every step
+trained.jsonl      with --record-samples: what stoker's trainer received in each step, row by row
+                   (shared/batch.py row_identities), noted inside its step
 rejected.jsonl     one object per clip left out, with its reason
 live.json          the live figures, rewritten every second (watch, the auto-scaler)
 gpu.jsonl          GPU utilisation samples (NVML), when there is a GPU
@@ -53,6 +55,8 @@ SUMMARY = "summary.json"
 TRAINED_BY_FEED = "stoker.Feed"
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
+# With --record-samples: {"step", "epoch", "rows"}, each row what identifies the clip the step trained.
+TRAINED = "trained.jsonl"
 REJECTED = "rejected.jsonl"
 LIVE = "live.json"
 GPU = "gpu.jsonl"

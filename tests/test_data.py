@@ -9,7 +9,7 @@ import pytest
 
 from tests.factories import make_dataset, make_faulty_dataset
 from tests.procs import read_json, read_jsonl, run_cli
-from tests.test_run import check_exactly_once
+from tests.trained import check_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -42,7 +42,7 @@ def test_every_fault_is_rejected_with_its_reason_and_every_valid_clip_trained_on
     summary = read_json(run_dir / "summary.json")
     assert summary["rejected"] == len(rows)
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 2
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(faulty.valid))
+    check_run(run_dir, 2, set(faulty.valid))
     assert summary["index"]["cache"] == "miss"
 
 
@@ -78,7 +78,7 @@ def test_precompute_then_train_reads_every_clip_and_a_corrupt_entry_is_recompute
     # damaged entry may come before the first epoch's rewrite: then it is found corrupt twice.
     assert fc["dir"] == str(cache) and fc["stale"] == 0 and fc["corrupt"] in (1, 2)
     assert fc["computed"] == fc["corrupt"] and fc["hits"] + fc["computed"] == 2 * valid
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(faulty.valid))
+    check_run(run_dir, 2, set(faulty.valid))
 
 
 def test_precompute_user_errors_are_one_line(tmp_path):
@@ -105,4 +105,4 @@ def test_a_manifest_with_durations_trains_from_them_and_a_wrong_one_is_rejected_
     assert row["reason"].startswith("audio of 0.800 s where the index says 1.600 s")
     summary = read_json(run_dir / "summary.json")
     assert summary["rejected"] == 1 and summary["index"]["headers_read"] == 0
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(ids) - {ids[3]})
+    check_run(run_dir, 2, set(ids) - {ids[3]})

@@ -7,7 +7,6 @@ counted inside its training step."""
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import re
@@ -19,6 +18,7 @@ import psutil
 import pytest
 
 from tests.procs import read_json, read_jsonl
+from tests.trained import check_run
 
 pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -31,16 +31,6 @@ DEMO_IDS = {line.split("|")[0] for line in (PROJECT / "data" / "demo" / "metadat
 def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *argv], cwd=PROJECT, capture_output=True, text=True, timeout=240,
                           env={**os.environ, **(env or {})})
-
-
-def assert_once_per_epoch(run_dir: Path, epochs: int) -> None:
-    """Every clip once per epoch, but the held-out ones (trainer.val_clips), never trained."""
-    held = set(read_json(run_dir / "validation.json")["ids"])
-    assert len(held) == 4
-    counts = collections.Counter((r["epoch"], i) for r in read_jsonl(run_dir / "samples.jsonl") for i in r["ids"])
-    assert max(counts.values()) == 1
-    for epoch in range(epochs):
-        assert {i for e, i in counts if e == epoch} == DEMO_IDS - held, f"epoch {epoch}"
 
 
 def producers_of(pid: int) -> list[psutil.Process]:
@@ -61,7 +51,7 @@ def test_custom_loop_killed_with_sigkill_resumes_from_its_checkpoint_with_every_
     _, alive = psutil.wait_procs(producers_of(killed.pid), timeout=10)
     assert not alive, "the killed trainer's producers outlived it"
     assert len(read_jsonl(run_dir / "metrics.jsonl")) >= 9
-    resumed = run([str(EXAMPLES / "feed_loop.py"), *argv])
+    resumed = run(["-m", "tests.feed_user", *argv])  # feed_loop.py, its steps noted
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restored" in resumed.stdout and "the feed goes on from step 9" in resumed.stdout
     assert re.findall(r"step (\d+): validation loss", resumed.stdout) == ["12", "16"]  # each epoch's end
@@ -69,7 +59,9 @@ def test_custom_loop_killed_with_sigkill_resumes_from_its_checkpoint_with_every_
     validated = read_jsonl(run_dir / "validation.jsonl")
     for step in (12, 16):  # the resumed run's passes: every held-out clip once in each
         assert sorted(i for r in validated if r["step"] == step for i in r["ids"]) == held, step
-    assert_once_per_epoch(run_dir, 4)
+    held = set(read_json(run_dir / "validation.json")["ids"])
+    assert len(held) == 4
+    check_run(run_dir, 4, DEMO_IDS - held)  # every clip but the held-out ones once per epoch, as the steps saw it
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 17))  # 4 epochs of 4 batches, each step once
     assert rows[-1]["loss"] < 0.6 * rows[0]["loss"], [r["loss"] for r in rows]
@@ -79,11 +71,13 @@ def test_custom_loop_killed_with_sigkill_resumes_from_its_checkpoint_with_every_
 
 def test_fit_on_as_dataset_learns_with_every_clip_once_per_epoch(tmp_path):
     run_dir = tmp_path / "run"
-    done = run([str(EXAMPLES / "feed_fit.py"), "--epochs", "4", "--run-dir", str(run_dir), "--record-samples"])
+    done = run(["-m", "tests.fit_user", "--epochs", "4", "--run-dir", str(run_dir), "--record-samples"])
     assert done.returncode == 0, done.stderr[-3000:]
     first, last = map(float, re.search(r"loss (\S+) -> (\S+)", done.stdout).groups())
     assert last < 0.6 * first, done.stdout
-    assert_once_per_epoch(run_dir, 4)
+    held = set(read_json(run_dir / "validation.json")["ids"])
+    assert len(held) == 4
+    check_run(run_dir, 4, DEMO_IDS - held)  # as fit's steps saw it
     summary = read_json(run_dir / "summary.json")
     assert summary["steps"] == 16 and summary["exit_reason"] == "completed"
 

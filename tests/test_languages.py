@@ -12,7 +12,7 @@ from stoker.shared.dataset import build_index
 from stoker.shared.text import Characters, make_frontend, normalize
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.speech import make_mixed_dataset, make_persian_dataset
-from tests.test_run import check_exactly_once
+from tests.trained import check_run
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -28,7 +28,7 @@ def test_persian_run_characters_then_resume_and_synth(tmp_path):
     result = run_cli("--data", str(tmp_path / "fa"), "--language", "fa", "--epochs", "2", "--run-dir", str(run_dir),
                      *FAST, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, set(made))
+    check_run(run_dir, 2, set(made))
     vocab = json.loads((run_dir / "vocab.json").read_text(encoding="utf-8"))
     units = {normalize(text, "fa")[0] for text, _, _ in made.values()}
     assert vocab["frontend"] == "characters" and vocab["languages"] == ["fa"]
@@ -60,7 +60,7 @@ def test_persian_run_characters_then_resume_and_synth(tmp_path):
     resumed = run_cli("--resume", str(run_dir), "--epochs", "3", timeout=240)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert json.loads((run_dir / "vocab.json").read_text(encoding="utf-8")) == vocab
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 3, set(made))
+    check_run(run_dir, 3, set(made))
     # ... and refuses a vocab.json that would number the tokens otherwise, in one line
     swapped = {**vocab, "symbols": vocab["symbols"][:2] + vocab["symbols"][3:4] + vocab["symbols"][2:3]
                + vocab["symbols"][4:]}
@@ -85,7 +85,7 @@ def test_mixed_datasets_run_phonemes(tmp_path):
                      "--run-dir", str(run_dir), *FAST, *conditioned, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     expected = {f"mix:{i}" for i in mixed} | {f"fa:{i}" for i in persian}
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 1, expected)
+    check_run(run_dir, 1, expected)
     vocab = json.loads((run_dir / "vocab.json").read_text(encoding="utf-8"))
     assert vocab["frontend"] == "phonemes" and vocab["languages"] == ["en", "fa"]
     assert vocab["speakers"] == sorted({speaker for _, speaker, _ in mixed.values()} | {"fa"})

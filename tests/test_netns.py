@@ -13,7 +13,6 @@ fixture's teardown, whatever happens.
 
 from __future__ import annotations
 
-import collections
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ import pytest
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 from stoker.shared.keys import make_keys
 from tests.procs import RunProcess, read_json, read_jsonl
+from tests.trained import check_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -153,12 +153,6 @@ def test_remote_host_with_a_link_cut(hosts: Hosts, tmp_path: Path):
     assert remote_stats["batches"] >= 2 and remote_stats["rtt_ms"] is not None
     assert any(f["producer"] == f"p0@{REMOTE_HOST}" and f["status"] == "dead" for f in summary["failovers"])
     assert not summary["rejected_messages"].get("unauthenticated")
-    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for row in read_jsonl(run_dir / "samples.jsonl"):
-        per_epoch[row["epoch"]].update(row["ids"])
-    last = max(per_epoch)
-    for epoch, counts in per_epoch.items():
-        assert max(counts.values()) == 1, f"epoch {epoch}: duplicates"
-        if epoch < last - 1:  # interrupted: the last epochs may be in flight
-            assert set(counts) == DEMO_IDS, f"epoch {epoch}: missing {DEMO_IDS - set(counts)}"
-    assert last >= 2
+    epochs = 1 + max(r["epoch"] for r in read_jsonl(run_dir / "trained.jsonl"))
+    assert epochs >= 3
+    check_run(run_dir, epochs, DEMO_IDS, open_epochs=2)  # interrupted: the last epochs may be in flight

@@ -8,7 +8,6 @@ noticed in 1.5 s, and waits only on log lines and exits, each with a deadline.
 
 from __future__ import annotations
 
-import collections
 import re
 import shutil
 import signal
@@ -28,6 +27,7 @@ from stoker.shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
 from stoker.shared.keys import make_keys
 from tests.factories import make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+from tests.trained import check_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -53,17 +53,6 @@ def produce(endpoint: str, *args: str, prefix: list[str] | None = None) -> RunPr
 def endpoint_of(run: RunProcess) -> str:
     line = run.wait_for_line(r"consumer listening on tcp://", START_S)
     return re.search(r"(tcp://\S+)", line).group(1)
-
-
-def check_exactly_once(samples_rows: list[dict], epochs: int | None, expected_ids: set[str]) -> None:
-    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for row in samples_rows:
-        per_epoch[row["epoch"]].update(row["ids"])
-    if epochs is not None:
-        assert sorted(per_epoch) == list(range(epochs))
-    for epoch, counts in per_epoch.items():
-        assert set(counts) == expected_ids, f"epoch {epoch}: missing {expected_ids - set(counts)}"
-        assert max(counts.values()) == 1, f"epoch {epoch}: duplicates {[k for k, v in counts.items() if v > 1]}"
 
 
 def producers_by_id(summary: dict) -> dict[str, dict]:
@@ -101,7 +90,7 @@ def test_remote_producer_joins_and_leaves_mid_epoch(tmp_path):
     assert "presumed dead" not in "\n".join(run.lines)  # it left; nobody had to time out
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 10
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 10, DEMO_IDS)
+    check_run(run_dir, 10, DEMO_IDS)
     remote_stats = next(p for p in summary["producers"] if p["id"].endswith("#2"))
     assert remote_stats["status"] == "left" and remote_stats["batches"] >= 1, summary["producers"]
     assert left
@@ -126,7 +115,7 @@ def test_kill_9_of_a_remote_producer_loses_nothing(tmp_path):
             assert survivor.wait(timeout=15) == 0, survivor.output()  # the trainer's STOP ended it
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 8
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 8, DEMO_IDS)
+    check_run(run_dir, 8, DEMO_IDS)
     dead = [f for f in summary["failovers"] if f["status"] == "dead"]
     assert len(dead) == 1 and dead[0]["reissued"] >= 1, summary["failovers"]
     assert dead[0]["reissue_after_last_heard_s"] <= HEARTBEAT_TIMEOUT_S + 1.0, dead[0]
@@ -149,7 +138,7 @@ def test_remote_producer_rejoins_a_restarted_trainer(tmp_path):
                 second.wait_for_line(r"producer p0@\S+ joined", 30)
                 assert second.wait(timeout=60) == 0, second.output()
                 assert remote.wait(timeout=15) == 0, remote.output()
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, DEMO_IDS)
+    check_run(run_dir, 2, DEMO_IDS)
 
 
 # ---------------------------------------------------------------- dataset agreement
@@ -177,7 +166,7 @@ def test_another_dataset_is_refused_and_a_clip_missing_everywhere_is_rejected(tm
             remote.wait(timeout=15)
     summary = read_json(run_dir / "summary.json")
     assert summary["refused_producers"][0]["reason"] in line
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, DEMO_IDS - {"DEMO-0003", "DEMO-0005"})
+    check_run(run_dir, 2, DEMO_IDS - {"DEMO-0003", "DEMO-0005"})
     rejected = read_jsonl(run_dir / "rejected.jsonl")
     # once, although both epochs planned them (a producer-side rejection is recorded once per run)
     assert sorted(r["id"] for r in rejected) == ["DEMO-0003", "DEMO-0005"]
@@ -217,7 +206,7 @@ def test_curve_an_unauthorised_producer_delivers_nothing_an_authorised_one_train
     assert len(summary["producers"]) == 1 and summary["producers"][0]["batches"] == 16
     assert summary["rejected_messages"]["unauthenticated"] >= 1
     assert summary["rejected_messages"]["handshake_failed"] >= 1
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, DEMO_IDS)
+    check_run(run_dir, 2, DEMO_IDS)
     secrets = [line.split('"')[1] for path in (keys / "server.key_secret", keys / "client.key_secret")
                for line in path.read_text().splitlines() if "secret-key" in line]
     assert len(secrets) == 2
@@ -331,5 +320,5 @@ def test_fuzz_thousands_of_malformed_messages_while_training(tmp_path):
     assert dropped["unknown_lease"] >= 2 * FUZZ_EACH, str(dropped) + "\n" + run.output()
     assert dropped["connection_dropped"] >= 3
     assert summary["exit_reason"] == "completed"
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), FUZZ_EPOCHS, DEMO_IDS)
+    check_run(run_dir, FUZZ_EPOCHS, DEMO_IDS)
     assert max(r["wait_ms"] for r in read_jsonl(run_dir / "metrics.jsonl")[1:]) < 3000

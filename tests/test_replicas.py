@@ -10,7 +10,8 @@ import pytest
 from stoker.shared import config as config_mod
 from tests.factories import make_dataset
 from tests.procs import read_json, read_jsonl, run_cli
-from tests.test_run import NUMPY_FEATURES, check_exactly_once
+from tests.test_run import NUMPY_FEATURES
+from tests.trained import check_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -24,14 +25,15 @@ REPLICATED = ["--model", "tests.consumer.training.user_models:good", "--replicas
 
 def test_two_replicas_train_each_clip_once_per_epoch_and_resume_from_the_checkpoint(tmp_path):
     data, run_dir = tmp_path / "data", tmp_path / "run"
-    make_dataset(data, count=24)
+    made = make_dataset(data, count=24)
     first = run_cli("--data", str(data), "--run-dir", str(run_dir), *REPLICATED, "--epochs", "2", timeout=200)
     assert first.returncode == 0, first.stderr[-3000:]
     summary = read_json(run_dir / "summary.json")
     rows = read_jsonl(run_dir / "samples.jsonl")
-    trained = {i for r in rows for i in r["ids"]}
-    assert len(trained) == summary["clips"] - summary["val_clips"]
-    check_exactly_once(rows, 2, trained)
+    held = set(read_json(run_dir / "validation.json")["ids"])
+    assert len(held) == summary["val_clips"] and held < set(made)
+    trained = set(made) - held
+    check_run(run_dir, 2, trained)
     assert summary["replicas"] == 2 and summary["trainer"]["replicas"] == 2
     assert summary["trainer"]["traces"] == summary["trainer"]["bucket_shapes"] == 2
     assert summary["trainer"]["retraces"] == 0
@@ -49,4 +51,4 @@ def test_two_replicas_train_each_clip_once_per_epoch_and_resume_from_the_checkpo
     assert resumed["resumed_from_step"] == steps and resumed["replicas"] == 2
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert {r["epoch"] for r in rows[steps:]} == {2}  # the third epoch only, from the checkpoint on
-    check_exactly_once(rows, 3, trained)
+    check_run(run_dir, 3, trained)

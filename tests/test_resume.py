@@ -17,7 +17,8 @@ import pytest
 from stoker.consumer.pipeline.checkpoint import CKPT_DIR, POSITION, Checkpointer
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 from tests.procs import RunProcess, holding_run_lock, read_json, read_jsonl, run_cli
-from tests.test_run import NUMPY_FEATURES, check_exactly_once
+from tests.test_run import NUMPY_FEATURES
+from tests.trained import check_run
 
 pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
 
@@ -72,7 +73,7 @@ def test_kill_9_mid_epoch_then_resume_trains_every_batch_once(tmp_path, batching
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"took over the lock of host .*: pid \d+ is not running", result.stderr)  # the killed launcher's
     rows = read_jsonl(run_dir / "samples.jsonl")
-    check_exactly_once(rows, 1, DEMO_IDS)  # every planned sample of the epoch, none twice
+    check_run(run_dir, 1, DEMO_IDS)  # every planned sample of the epoch, none twice
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert rows[:ckpt_step] == [r for r in before if r["step"] <= ckpt_step]
     after = [i for r in rows[ckpt_step:] for i in r["ids"]]
@@ -136,7 +137,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_resume_after_freeing_space_tra
     result = run_cli("--resume", str(run_dir), timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_jsonl(run_dir / "samples.jsonl")
-    check_exactly_once(rows, 1, DEMO_IDS)  # nothing lost, nothing twice
+    check_run(run_dir, 1, DEMO_IDS)  # nothing lost, nothing twice
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert read_json(run_dir / "summary.json")["resumed_from_step"] == ckpt_step
 

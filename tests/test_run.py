@@ -13,6 +13,7 @@ import zmq
 from stoker.shared import config as config_mod
 from tests.factories import add_clip, append_metadata, make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+from tests.trained import check_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -25,16 +26,6 @@ DEMO_CLIPS = 64
 # Fast failure detection for the fault tests: a dead producer's leases move after this.
 FAST_HEARTBEAT = ["--set", "pipeline.heartbeat_interval_s=0.3", "--set", "pipeline.heartbeat_timeout_s=1.5"]
 NUMPY_FEATURES = ["--set", "features.backend=numpy"]
-
-
-def check_exactly_once(samples_rows: list[dict], epochs: int, expected_ids: set[str]) -> None:
-    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for row in samples_rows:
-        per_epoch[row["epoch"]].update(row["ids"])
-    assert sorted(per_epoch) == list(range(epochs))
-    for epoch, counts in per_epoch.items():
-        assert set(counts) == expected_ids, f"epoch {epoch}: missing {expected_ids - set(counts)}"
-        assert max(counts.values()) == 1, f"epoch {epoch}: duplicates {[k for k, v in counts.items() if v > 1]}"
 
 
 def test_demo_synthetic_run_writes_contract_files(tmp_path):
@@ -66,7 +57,7 @@ def test_demo_synthetic_run_writes_contract_files(tmp_path):
     from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 
     demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, demo_ids)
+    check_run(run_dir, 2, demo_ids)
     assert "verdict:" in result.stdout
 
 
@@ -80,7 +71,7 @@ def test_frame_budget_run_trains_every_clip_once_in_few_static_shapes(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 2, {e.id for e in read_metadata(DEMO_DATA_DIR)[0]})
+    check_run(run_dir, 2, {e.id for e in read_metadata(DEMO_DATA_DIR)[0]})
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     computed = {r["frames_computed"] for r in metrics}
     # One rows x T per bucket shape, and the epoch's one short batch (only its real rows).
@@ -244,7 +235,7 @@ def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
     from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 
     demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 8, demo_ids)
+    check_run(run_dir, 8, demo_ids)
     assert max(p["connections"] for p in summary["producers"]) >= 2  # the restarted one joined again
 
 
@@ -310,7 +301,7 @@ def test_unreadable_clip_is_rejected_and_run_goes_on(tmp_path):
     assert rejected[ids[3]]["reason"].startswith(f"audio file unreadable: wavs/{ids[3]}.wav: ")
     assert "missing" in rejected["GHOST"]["reason"]
     assert "malformed metadata line 13" in rejected["BROKEN-LINE-WITHOUT-TEXT"]["reason"]
-    check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 1, set(ids) - {ids[3]})
+    check_run(run_dir, 1, set(ids) - {ids[3]})
 
 
 def _one_error_line(result) -> str:

@@ -76,7 +76,7 @@ _TMP_PREFIX = ".tmp-"
 HASH_CHUNK = 1 << 20
 # The run files a resume cuts back to the checkpoint's step, so they describe what the
 # model trained (rows after the checkpoint were trained by a model state now lost).
-STEP_LOGS = (runfiles.METRICS, runfiles.SAMPLES)
+STEP_LOGS = (runfiles.METRICS, runfiles.SAMPLES, runfiles.TRAINED)
 # Trainers whose checkpoints hold no model state, so one may resume another.
 STATELESS_MODEL = "synthetic:"
 # A refused resume names this many of the clips that changed in each way (and counts them all).

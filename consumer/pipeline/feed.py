@@ -83,7 +83,7 @@ from stoker.shared.layouts import Rejection
 from stoker.shared.melstats import MelStats, load, stats_key
 from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
 from stoker.shared.proc import EXIT_OK, EXIT_USER, parent_alive
-from stoker.shared.runfiles import (CONFIG, MEL_STATS, METRICS, REJECTED, RESUME_CONFIG, SAMPLES, SUMMARY,
+from stoker.shared.runfiles import (CONFIG, MEL_STATS, METRICS, REJECTED, RESUME_CONFIG, SAMPLES, SUMMARY, TRAINED,
                                     VALIDATION_SAMPLES, VOCAB, RunFileError, write_json)
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
@@ -261,6 +261,7 @@ class FeedCore:
         self._record_rejections(index.rejected + prepared.eval_rejected)
         self.metrics = JsonlWriter(self.run_dir / METRICS)
         self.samples_log = JsonlWriter(self.run_dir / SAMPLES) if cfg.trainer.record_samples else None
+        self.trained_log = JsonlWriter(self.run_dir / TRAINED) if cfg.trainer.record_samples else None
         self.val_log = JsonlWriter(self.run_dir / VALIDATION_SAMPLES) if cfg.trainer.record_samples else None
         # With --epochs the run ends when those epochs are complete; re-planned misses can add
         # a batch or two, so the step count is only the plan's expectation (for progress lines).
@@ -351,7 +352,7 @@ class FeedCore:
         except PositionError as exc:
             raise FeedStateError(f"resume= state: {exc}") from None
         self.step = int(state.get("step") or 0)
-        for name in (METRICS, SAMPLES):
+        for name in (METRICS, SAMPLES, TRAINED):
             last = trim_step_log(self.run_dir / name, self.step)
             if name == METRICS and last is not None:
                 self.started -= float(last.get("t", 0.0))
@@ -531,6 +532,11 @@ class FeedCore:
         if self.live.due():
             self.live.update(self._live_text())
 
+    def record_trained(self, epoch: int, rows: list[dict[str, Any]]) -> None:
+        """What the step just confirmed received, as its trainer noted it (trained.jsonl)."""
+        if self.trained_log is not None:
+            self.trained_log.write({"step": self.step, "epoch": epoch, "rows": rows})
+
     def flush_due(self) -> bool:
         """Whether the logging interval (trainer.log_every_steps) ends at this step."""
         return self.step % self.cfg.trainer.log_every_steps == 0 or self.finished()
@@ -578,8 +584,9 @@ class FeedCore:
     def flush_logs(self) -> None:
         """Every row so far on disk (before a checkpoint counts them)."""
         self.metrics.flush()
-        if self.samples_log is not None:
-            self.samples_log.flush()
+        for log_file in (self.samples_log, self.trained_log):
+            if log_file is not None:
+                log_file.flush()
 
     def _next_batch(self, asked: float, epoch: int | None = None) -> tuple[QueuedBatch, int] | None:
         """The next batch and the depth seen on asking (``epoch``: of that epoch or an earlier
@@ -758,7 +765,7 @@ class FeedCore:
         self.queue.close()
         self.val_queue.close()
         self.live.close()
-        for writer in (self.metrics, self.samples_log, self.val_log, self.rejected):
+        for writer in (self.metrics, self.samples_log, self.trained_log, self.val_log, self.rejected):
             if writer is not None:
                 self.file_step(writer.close)
         try:

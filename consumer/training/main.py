@@ -204,6 +204,8 @@ class TrainLoop:
         trainer = self.trainer = self._make_trainer(gpu_memory_mb)
         for item in feed.batches():
             feed.step_done(trainer.step(item.arrays))
+            if trainer.received:  # what the step received, as the trainer noted it (--record-samples)
+                feed.record_trained(item.epoch, trainer.received.pop())
             if feed.checkpoints.due(feed.step):
                 self.save_checkpoint()  # every trainer.checkpoint_every_steps
             if feed.flush_due():

@@ -11,6 +11,9 @@ A trainer (the ``Trainer`` protocol) has these methods, which the consumer's tra
                                 loop syncs with the device, once per logging interval
     health() -> Health          non-finite steps (skipped), read at the same point
     stats() -> dict             figures for summary.json
+    received                    with ``record``: each step's rows as the step received them
+                                (shared/batch.py row_identities), for the loop to write to
+                                trained.jsonl and clear
 
 A trainer with a model (the ``ModelTrainer`` protocol, checked with ``isinstance``: the
 Keras trainer; the synthetic one has none) has these too, for tracing ahead, validation,
@@ -83,11 +86,14 @@ import numpy as np
 
 from stoker.consumer.training import tts
 from stoker.consumer.training.tts import ModelError
-from stoker.shared.batch import OPTIONAL
+from stoker.shared.batch import FRAMES, OPTIONAL, row_identities
 from stoker.shared.config import Config, batch_schema
 from stoker.shared.tfsetup import device_stager, replica_stager
 
 log = logging.getLogger(__name__)
+
+# The fields row_identities reads.
+IDENTIFYING = ("tokens", "token_lengths", "mel", FRAMES)
 
 __all__ = ["ModelError", "Health", "Trainer", "ModelTrainer", "SyntheticTrainer", "KerasTrainer", "check_model",
            "uses_tensorflow", "make_trainer", "choose_precision", "choose_jit_compile"]
@@ -104,6 +110,7 @@ class Trainer(Protocol):
 
     name: str
     uses_tensorflow: bool
+    received: list[list[dict[str, Any]]]
 
     def stage(self, arrays: dict[str, np.ndarray]) -> Any: ...
 
@@ -138,18 +145,23 @@ class ModelTrainer(Trainer, Protocol):
 
 
 class SyntheticTrainer:
-    """Holds every step for a fixed time without CPU use."""
+    """Holds every step for a fixed time without CPU use; with ``record``, notes the rows each
+    step received (``received``)."""
 
     uses_tensorflow = False
 
-    def __init__(self, step_ms: float) -> None:
+    def __init__(self, step_ms: float, record: bool = False) -> None:
         self.step_ms = step_ms
         self.name = f"synthetic:{step_ms:g}"
+        self.record = record
+        self.received: list[list[dict[str, Any]]] = []
 
     def stage(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return arrays
 
     def step(self, staged: dict[str, np.ndarray]) -> None:
+        if self.record:
+            self.received.append(row_identities(staged))
         # Sleeping is the point here: it is the stand-in for device time, not a synchronisation.
         time.sleep(self.step_ms / 1000.0)
         return None
@@ -248,6 +260,8 @@ class KerasTrainer:
         self.vocab_size = vocab_size
         self.schema = batch_schema(cfg)
         self.cfg = cfg
+        self.record = cfg.trainer.record_samples
+        self.received: list[list[dict[str, Any]]] = []
         self.devices = [device] if isinstance(device, str) else list(device)
         if self.strategy is not None:
             local = list(self.strategy.extended.worker_devices)
@@ -584,10 +598,18 @@ class KerasTrainer:
         """One step; its handle is [loss, each term's mean] on the device, not yet fetched."""
         if self.strategy is not None and isinstance(staged[self.schema.names[0]], np.ndarray):
             staged = self.stage(staged)  # queued before staging began, or its staging failed: split it now
+        if self.record:
+            self.received.append(row_identities(self._on_host(staged)))
         args = self._args(staged)
         with self.tf.device(self.device):
             numerator, valid, grads, term_sums = self._concrete_for(args)(*args)
             return self._update(numerator, valid, term_sums, grads)
+
+    def _on_host(self, staged: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The staged batch's identifying fields back on the host, the replicas' parts joined."""
+        if self.strategy is None:
+            return {name: np.asarray(staged[name]) for name in IDENTIFYING}
+        return {name: np.concatenate([np.asarray(part) for part in staged[name].values]) for name in IDENTIFYING}
 
     def resolve(self, handles: Sequence[Any]) -> list[float | None]:
         """The steps' losses (one fetch for all); their terms go to ``resolved_terms``."""
@@ -677,5 +699,5 @@ def make_trainer(cfg: Config, device: str | Sequence[str], shapes: Sequence[tupl
                  total_batches: int | None, vocab_size: int, multi_worker: bool = False) -> Trainer:
     ms = check_model(cfg.trainer.model)
     if ms is not None:
-        return SyntheticTrainer(ms)
+        return SyntheticTrainer(ms, record=cfg.trainer.record_samples)
     return KerasTrainer(cfg, device, shapes, total_batches, vocab_size=vocab_size, multi_worker=multi_worker)

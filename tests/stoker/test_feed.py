@@ -8,7 +8,6 @@ reads, no process left behind, and one clear line for each misuse.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from stoker.feed import FeedError
 from stoker.shared.runlock import RunLocked
 from tests.factories import make_dataset
 from tests.procs import free_port, holding_run_lock, read_json, read_jsonl
+from tests.trained import IDENTIFYING, Recorder, check_trained, clips_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -49,13 +49,6 @@ def assert_no_producers_left(parent_pid: int) -> None:
     assert not alive, f"producers left behind: {[p.pid for p in alive]}"
 
 
-def once_per_epoch(samples: list[dict[str, Any]], ids: set[str], epochs: int) -> None:
-    counts = collections.Counter((r["epoch"], i) for r in samples for i in r["ids"])
-    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:5]
-    for epoch in range(epochs):
-        assert {i for e, i in counts if e == epoch} == ids, f"epoch {epoch}"
-
-
 @pytest.fixture
 def dataset(tmp_path: Path) -> Path:
     root = tmp_path / "data"
@@ -74,6 +67,7 @@ def test_every_clip_once_per_epoch_with_a_producer_killed_and_the_run_files_diag
     from stoker.diagnose import analyse
 
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
+    trained = Recorder()
     with stoker.Feed(**options(tmp_path, dataset, epochs=3, record_samples=True)) as feed:
         shapes = set(feed.shapes)
         for n, batch in enumerate(feed):
@@ -82,12 +76,13 @@ def test_every_clip_once_per_epoch_with_a_producer_killed_and_the_run_files_diag
             rows = int(batch["token_lengths"].shape[0])
             assert (rows, int(batch["tokens"].shape[1]), int(batch["mel"].shape[1])) in shapes
             assert np.all(batch["mel_lengths"].numpy() <= batch["mel"].shape[1])
+            trained.note(batch, feed.epoch)
             feed.step_done(loss=float(n))
         steps = feed.step
         with pytest.raises(StopIteration):  # as an exhausted Python iterator does, at every call
             next(feed)
     run = tmp_path / "run"
-    once_per_epoch(read_jsonl(run / "samples.jsonl"), ids, 3)
+    check_trained(trained.steps, clips_of(run), 3, ids)
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in metrics] == list(range(1, steps + 1))
     assert [r["loss"] for r in metrics] == [float(n) for n in range(steps)]
@@ -129,21 +124,25 @@ def test_producer_models_give_the_encoders_outputs_from_the_cache_in_epoch_2_eve
             np.testing.assert_allclose(b["speaker_embedding"][row], np.asarray(embedding)[0], atol=1e-5)
 
     hits = 0
+    trained = Recorder()
     with stoker.Feed(**given) as feed:
         for n, batch in enumerate(feed):
             if n == 2:  # a producer dies mid-epoch: its leases go to the other, it is restarted
                 producer_procs(os.getpid())[0].kill()
             check(batch)
+            trained.note(batch, feed.epoch)
             feed.step_done()
             if n == 7:  # the loop stops in epoch 2, saving the feed's state as a checkpoint would
                 state = json.loads(json.dumps(feed.state_dict()))
                 break
     hits += sum(p["model_hits"] for p in read_json(tmp_path / "run" / "summary.json")["producers"])
+    trained.rewind(state["step"])
     with stoker.Feed(**given, resume=state) as feed:
         for batch in feed:
             check(batch)
+            trained.note(batch, feed.epoch)
             feed.step_done()
-    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 2)
+    check_trained(trained.steps, clips_of(tmp_path / "run"), 2, ids)
     hits += sum(p["model_hits"] for p in read_json(tmp_path / "run" / "summary.json")["producers"])
     # Epoch 2's codes, at least, came from the cache (its references' embeddings too, where cached).
     assert hits >= len(ids), hits
@@ -165,8 +164,10 @@ def test_an_exception_in_the_loop_closes_the_feed_and_leaves_no_process(tmp_path
 def test_state_dict_resumes_where_it_was_and_refuses_another_plan(tmp_path, dataset):
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
     first = options(tmp_path, dataset, epochs=2, record_samples=True)
+    trained = Recorder()
     with stoker.Feed(**first) as feed:
-        for n, _ in enumerate(feed):
+        for n, batch in enumerate(feed):
+            trained.note(batch, feed.epoch)
             if n == 4:
                 feed.step_done()  # the step on this batch ended: the state counts it
                 state = json.loads(json.dumps(feed.state_dict()))  # what a user saves: JSON
@@ -175,9 +176,13 @@ def test_state_dict_resumes_where_it_was_and_refuses_another_plan(tmp_path, data
     # Batches handed out after the state was taken are not in it: cut back, as after a crash.
     summary = read_json(tmp_path / "run" / "summary.json")
     assert summary["exit_reason"] == "stopped by the training loop at step 5"
+    trained.rewind(state["step"])
     with stoker.Feed(**first, resume=state) as feed:
-        steps = sum(1 for _ in feed)
-    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 2)
+        steps = 0
+        for batch in feed:
+            trained.note(batch, feed.epoch)
+            steps += 1
+    check_trained(trained.steps, clips_of(tmp_path / "run"), 2, ids)
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == list(range(1, 6 + steps))
     other = dict(first, batch_size=3, run_dir=str(tmp_path / "other"))
     with pytest.raises(FeedStateError, match="another epoch plan"):
@@ -199,16 +204,19 @@ def test_as_dataset_is_one_epoch_per_iteration_and_ends_with_out_of_range(tmp_pa
         assert data.element_spec["mel"].shape.as_list() == [None, None, 80]
         assert data.element_spec["tokens"].dtype == tf.int32
         seen = []
-        for batch in data.map(lambda b: b["mel_lengths"]).prefetch(2):  # a user's map, batches taken ahead
-            seen.append(int(tf.reduce_sum(tf.cast(batch > 0, tf.int32))))
+        trained = Recorder()
+        for batch in data.map(lambda b: {k: b[k] for k in IDENTIFYING}).prefetch(2):  # a user's map, taken ahead
+            seen.append(int(tf.reduce_sum(tf.cast(batch["mel_lengths"] > 0, tf.int32))))
+            trained.note(batch, feed.epoch)
             feed.step_done()  # each step trained, confirmed
             assert feed.epoch == 0
         iterator = iter(data)  # tf.data's own way to the end: OutOfRangeError
         while True:
             try:
-                iterator.get_next()
+                batch = iterator.get_next()
             except tf.errors.OutOfRangeError:
                 break
+            trained.note(batch, feed.epoch)
             feed.step_done()
             seen.append(-1)
         assert feed.epoch == 1
@@ -218,22 +226,24 @@ def test_as_dataset_is_one_epoch_per_iteration_and_ends_with_out_of_range(tmp_pa
     assert sum(n for n in seen if n > 0) == len(ids) and len(seen) == 2 * feed.batches_per_epoch
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert [r["epoch"] for r in samples] == sorted(r["epoch"] for r in samples)  # epoch after epoch
-    once_per_epoch(samples, ids, 2)
+    check_trained(trained.steps, clips_of(tmp_path / "run"), 2, ids)
 
 
 def test_epochs_end_where_every_clip_of_the_epoch_was_handed_out(tmp_path, dataset):
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
     with stoker.Feed(**options(tmp_path, dataset, epochs=3, record_samples=True)) as feed:
         epochs = []
+        trained = Recorder()
         for epoch, batches in feed.epochs():
             epochs.append(epoch)
-            for _ in batches:
+            for batch in batches:
                 assert feed.epoch == epoch
+                trained.note(batch, epoch)
         assert next(iter(feed.epochs()), None) is None and feed.step == 3 * feed.batches_per_epoch
     assert epochs == [0, 1, 2]
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert [r["epoch"] for r in samples] == sorted(r["epoch"] for r in samples)
-    once_per_epoch(samples, ids, 3)
+    check_trained(trained.steps, clips_of(tmp_path / "run"), 3, ids)
 
 
 def test_validation_passes_give_each_held_out_clip_once_as_the_producers_make_it_and_train_none(tmp_path, dataset):
@@ -265,7 +275,9 @@ def test_validation_passes_give_each_held_out_clip_once_as_the_producers_make_it
     with stoker.Feed(**options(tmp_path, dataset, epochs=1, record_samples=True, set={})) as feed:
         held = set(feed.validation_clips)
         shapes = set(feed.shapes)
-        for n, _ in enumerate(feed):
+        trained = Recorder()
+        for n, batch in enumerate(feed):
+            trained.note(batch, feed.epoch)
             feed.step_done(loss=float(n))
             if n == 1:  # in the middle, with the training queue full: the pass must not wait for room in it
                 assert feed._core.queue.wait_for_depth(3, 30.0) == 3
@@ -275,7 +287,7 @@ def test_validation_passes_give_each_held_out_clip_once_as_the_producers_make_it
         steps, core = feed.step, feed._core
     assert len(held) == 2 and held == set(read_json(run / "validation.json")["ids"]) and clips == 2 and fitted
     # Training: every other clip once, no held-out one; every step once in metrics.jsonl, no validation row.
-    once_per_epoch(read_jsonl(run / "samples.jsonl"), ids - held, 1)
+    check_trained(trained.steps, clips_of(run), 1, ids - held)
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, steps + 1))
     assert [r["loss"] for r in read_jsonl(run / "metrics.jsonl")] == [float(n) for n in range(steps)]
     summary = read_json(run / "summary.json")
@@ -379,13 +391,16 @@ def test_producers_on_another_host_feed_the_loop(tmp_path, dataset):
             remote = subprocess.Popen([sys.executable, "run.py", "produce", "--connect", feed.endpoint, "--data",
                                        str(dataset), "--log-level", "WARNING"], cwd=PROJECT,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            steps = sum(1 for _ in feed)
+            trained = Recorder()
+            for batch in feed:
+                trained.note(batch, feed.epoch)
+            steps = len(trained.steps)
         assert remote.wait(timeout=30) == 0  # told STOP when the feed closed
     finally:
         if remote is not None and remote.poll() is None:
             remote.kill()
     assert steps == feed.batches_per_epoch
-    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
+    check_trained(trained.steps, clips_of(tmp_path / "run"), 1, ids)
     assert [p["id"] for p in read_json(tmp_path / "run" / "summary.json")["producers"]] == ["p0@" + __import__(
         "socket").gethostname()]
 
@@ -411,7 +426,9 @@ def test_a_feed_with_a_strategy_gives_each_replica_its_part_of_every_batch(tmp_p
         assert all(rows == 2 * 4 for rows, _, _ in feed.shapes)  # a global batch: batch_size rows per replica
         assert "row_mask" in feed.element_spec  # replicas fix the rows: the empty ones are marked
         total = marked = 0
+        trained = Recorder()
         for batch in feed:
+            trained.note(batch, feed.epoch)
             parts = batch["mel"].values
             assert [p.device.split("/")[-1] for p in parts] == ["device:CPU:0", "device:CPU:1"]
             assert parts[0].shape == parts[1].shape and parts[0].shape[0] == 4
@@ -420,7 +437,7 @@ def test_a_feed_with_a_strategy_gives_each_replica_its_part_of_every_batch(tmp_p
         with pytest.raises(FeedError, match="per-replica already"):
             feed.as_dataset()
     assert total == marked == len(ids)
-    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
+    check_trained(trained.steps, clips_of(tmp_path / "run"), 1, ids)
     assert read_json(tmp_path / "run" / "summary.json")["replicas"] == 2
 
 
@@ -432,9 +449,11 @@ def test_as_dataset_under_a_mirrored_strategy_gives_every_clip_to_a_replica(tmp_
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
     with stoker.Feed(**options(tmp_path, dataset, epochs=1, record_samples=True, replicas=2)) as feed:
         total = 0
+        trained = Recorder()
         for batch in strategy.experimental_distribute_dataset(feed.as_dataset()):
             total += int(clips(batch))
+            trained.note(batch, feed.epoch)
             feed.step_done()  # batches may be taken ahead: each step trained is confirmed
         batches = feed.step
     assert total == len(ids) and batches == len(read_jsonl(tmp_path / "run" / "samples.jsonl"))
-    once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
+    check_trained(trained.steps, clips_of(tmp_path / "run"), 1, ids)

@@ -12,7 +12,6 @@ they skip where it can be neither found nor installed.
 
 from __future__ import annotations
 
-import collections
 import os
 import shutil
 import socket
@@ -30,7 +29,8 @@ from stoker.shared.proc import EXIT_OK, EXIT_USER
 from stoker.shared.runlock import RunLocked
 from stoker.slurm import (FAILED, HANDOVER_DIR, HANDOVER_FILE, HANDOVER_KEYS, OVER, READY, Step, advertised, expand_counts,
                           expand_hostlist, place, read_handover, wait_handover, write_handover)
-from tests.procs import ROOT, free_port, holding_run_lock, read_json, read_jsonl
+from tests.procs import ROOT, free_port, holding_run_lock, read_json
+from tests.trained import check_run
 
 EXAMPLE = ROOT / "docs" / "examples" / "slurm" / "stoker.sbatch"
 SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "sinfo")
@@ -351,13 +351,8 @@ def test_heterogeneous_job_trains_with_producers_on_the_other_node(cluster, tmp_
     assert states == ["COMPLETED", "COMPLETED"], output + cluster.logs()
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 2
-    held_out = set(read_json(run_dir / "validation.json")) if (run_dir / "validation.json").exists() else set()
-    by_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for row in read_jsonl(run_dir / "samples.jsonl"):
-        by_epoch[row["epoch"]].update(row["ids"])
-    assert sorted(by_epoch) == [0, 1]
-    for counts in by_epoch.values():  # every sample exactly once per epoch
-        assert set(counts) == demo_ids() - held_out and set(counts.values()) == {1}
+    held_out = set(read_json(run_dir / "validation.json")["ids"]) if (run_dir / "validation.json").exists() else set()
+    check_run(run_dir, 2, demo_ids() - held_out)  # every sample exactly once per epoch, as the steps saw it
     # component 0 (the trainer) got the first node, component 1 (producers) the second
     producers = summary["producers"]
     assert producers and all(p["id"].endswith(f"@{NODES[1]}") for p in producers), producers
