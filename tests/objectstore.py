@@ -4,6 +4,8 @@ of a response, as a flaky network does. Both stop when their ``with`` block ends
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import select
 import socket
@@ -11,7 +13,8 @@ import struct
 import threading
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+from unittest import mock
 
 # The fake credentials moto accepts; the endpoint variable is how every S3 client finds the server.
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -48,6 +51,19 @@ class S3Server:
 
     def env(self, endpoint: str | None = None) -> dict[str, str]:
         return {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint or self.endpoint}
+
+    @contextlib.contextmanager
+    def client(self, **more: str) -> Iterator[None]:
+        """This process as the server's client: its variables (and ``more``) in the environment,
+        and no S3 filesystem of fsspec's instance cache made for an earlier server reused."""
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            with mock.patch.dict(os.environ, {**self.env(), **more}):
+                yield
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
 
     def upload(self, directory: Path, bucket: str, prefix: str) -> None:
         """Every file of ``directory`` to ``s3://bucket/prefix/NAME`` (the bucket made first)."""

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-from unittest import mock
 
 import psutil
 import pytest
@@ -65,10 +63,8 @@ def test_shards_train_every_clip_once_per_epoch_through_a_producer_kill_and_a_re
             proxy.arm(DROPS)  # the resumed run's member reads (its index comes from the cache)
         with RunProcess("--resume", str(run_dir), env=env) as again:
             assert again.wait(timeout=90) == 0, again.output()
-        if store == "s3":
-            env = {**server.env(server.endpoint), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-        with mock.patch.dict(os.environ, env):  # the clips as the store holds them
-            check_run(run_dir, EPOCHS, set(shards.clips))
+        with server.client(XDG_CACHE_HOME=str(tmp_path / "cache")) if store == "s3" else contextlib.nullcontext():
+            check_run(run_dir, EPOCHS, set(shards.clips))  # the clips as the store holds them
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == EPOCHS
     assert summary["resumed_from_step"] >= 6
@@ -98,7 +94,7 @@ def test_a_manifest_in_s3_trains_every_clip_once_per_epoch_and_a_cut_read_costs_
                         "--batch-size", "4", "--producers", "2", "--epochs", "1", "--record-samples",
                         *NUMPY_FEATURES, *FAST_HEARTBEAT, env=env) as run:
             assert run.wait(timeout=90) == 0, run.output()
-        with mock.patch.dict(os.environ, {**server.env(server.endpoint), "XDG_CACHE_HOME": str(tmp_path / "cache")}):
+        with server.client(XDG_CACHE_HOME=str(tmp_path / "cache")):
             check_run(run_dir, 2, set(ids))  # the clips as the store holds them
             check_run(tmp_path / "ljs", 1, set(ids))
     summary = read_json(run_dir / "summary.json")

@@ -82,3 +82,15 @@ def test_a_producer_that_swaps_two_clips_mels_fails_the_check_the_ledger_passes(
     assert set(ledger) == demo and set(ledger.values()) == {1}  # handed out: every clip once
     with pytest.raises(AssertionError, match="its mel is not theirs"):
         check_run(run_dir, 1, demo)  # trained: rows with another clip's mel
+
+
+def test_clips_made_alike_count_together():
+    """Two clips with the same text and audio: no data tells which one a row was, so each epoch
+    must train that data exactly twice."""
+    twins = {**CLIPS, "d": Clip("d", (7, 1), 2, (-2.0, 2.0))}  # b's twin
+    assert identify(step(0, "b")["rows"], twins) == ["b=d"]
+    check_trained([step(0, "a", "b"), step(0, "b", "c")], twins, 1, "abcd")
+    with pytest.raises(AssertionError, match=r"missing \['b=d'\]"):
+        check_trained([step(0, "a", "b"), step(0, "c")], twins, 1, "abcd")
+    with pytest.raises(AssertionError, match="more than once"):
+        check_trained([step(0, "a", "b", "b"), step(0, "b", "c")], twins, 1, "abcd")

@@ -102,28 +102,44 @@ def clips_of(run_dir: Path) -> dict[str, Clip]:
 
 
 def identify(rows: Iterable[Mapping[str, Any]], clips: Mapping[str, Clip]) -> list[str]:
-    """The clip of each trained row; AssertionError naming the row when its data is no clip's
-    or not the clip its tokens name."""
-    by_tokens: dict[tuple[int, ...], list[Clip]] = collections.defaultdict(list)
-    for clip in clips.values():
-        by_tokens[clip.tokens].append(clip)
+    """The clip of each trained row (clips the test made alike, which no data tells apart, as
+    their ids joined by "="); AssertionError naming the row when its data is no clip's or not
+    the clip its tokens name."""
+    by_tokens = _by_tokens(clips)
     out = []
     for n, row in enumerate(rows):
         named = by_tokens.get(tuple(row["tokens"]), [])
         assert named, f"row {n}: its tokens are no clip's of the dataset: {row['tokens'][:12]}..."
-        fitting = [c for c in named if c.frames == row["frames"] and _same_mel(c, row)]
+        fitting = [c for c in named if c.frames == row["frames"] and _same_mel(c.mel, (row["mel_mean"], row["mel_abs"]))]
         assert fitting, (f"row {n}: tokens of {[c.id for c in named]}, but its mel is not theirs "
                          f"(frames {row['frames']} vs {[c.frames for c in named]}, mean and magnitude "
                          f"{row['mel_mean']:.5f}, {row['mel_abs']:.5f} vs {[c.mel for c in named]})")
-        assert len(fitting) == 1, f"row {n}: the test's clips {[c.id for c in fitting]} cannot be told apart"
-        out.append(fitting[0].id)
+        out.append("=".join(sorted(c.id for c in fitting)))
     return out
 
 
-def _same_mel(clip: Clip, row: Mapping[str, Any]) -> bool:
-    if clip.mel is None:
+def _by_tokens(clips: Mapping[str, Clip]) -> dict[tuple[int, ...], list[Clip]]:
+    by_tokens: dict[tuple[int, ...], list[Clip]] = collections.defaultdict(list)
+    for clip in clips.values():
+        by_tokens[clip.tokens].append(clip)
+    return by_tokens
+
+
+def _same_mel(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    if a is None or b is None:
         return True
-    return abs(clip.mel[0] - row["mel_mean"]) <= MEL_TOLERANCE and abs(clip.mel[1] - row["mel_abs"]) <= MEL_TOLERANCE
+    return abs(a[0] - b[0]) <= MEL_TOLERANCE and abs(a[1] - b[1]) <= MEL_TOLERANCE
+
+
+def _alike(clips: Mapping[str, Clip], ids: Iterable[str]) -> collections.Counter[str]:
+    """How many rows of each identity one pass over ``ids`` trains (identify's names)."""
+    by_tokens = _by_tokens(clips)
+    counts: collections.Counter[str] = collections.Counter()
+    for i in ids:
+        clip = clips[i]
+        counts["=".join(sorted(c.id for c in by_tokens[clip.tokens]
+                               if c.frames == clip.frames and _same_mel(c.mel, clip.mel)))] += 1
+    return counts
 
 
 def trained_steps(*run_dirs: Path) -> list[dict[str, Any]]:
@@ -137,19 +153,22 @@ def check_trained(steps: Iterable[Mapping[str, Any]], clips: Mapping[str, Clip],
                   expected: Iterable[str], open_epochs: int = 0) -> dict[int, collections.Counter[str]]:
     """Every row of ``steps`` (trained.jsonl or a Recorder's) is the clip its tokens name, and
     each epoch of ``range(epochs)`` trained each ``expected`` clip once and nothing else (the last
-    ``open_epochs`` of them, of an interrupted run, only nothing twice); the counts per epoch."""
+    ``open_epochs`` of them, of an interrupted run, only nothing twice); the counts per epoch,
+    by identify's names."""
     expected = set(expected)
     assert expected <= set(clips), f"the test's clips {sorted(expected - set(clips))[:5]} are not in the index"
+    want = _alike(clips, expected)
     per_epoch: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for step in steps:
         per_epoch[step["epoch"]].update(identify(step["rows"], clips))
     assert sorted(per_epoch) == list(range(epochs)), f"epochs trained: {sorted(per_epoch)}"
     for epoch, counts in per_epoch.items():
-        assert set(counts) <= expected, f"epoch {epoch}: not expected {sorted(set(counts) - expected)[:5]}"
-        assert set(counts) == expected or epoch >= epochs - open_epochs, (f"epoch {epoch}: missing {sorted(expected - set(counts))[:5]}, "
-                                         f"not expected {sorted(set(counts) - expected)[:5]}")
-        twice = sorted(k for k, v in counts.items() if v > 1)
+        unexpected = sorted(set(counts) - set(want))
+        assert not unexpected, f"epoch {epoch}: not expected {unexpected[:5]}"
+        twice = sorted(k for k in counts if counts[k] > want[k])
         assert not twice, f"epoch {epoch}: trained more than once: {twice[:5]}"
+        missing = sorted(k for k in want if counts[k] < want[k])
+        assert not missing or epoch >= epochs - open_epochs, f"epoch {epoch}: missing {missing[:5]}"
     return per_epoch
 
 
