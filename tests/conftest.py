@@ -82,3 +82,37 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
         yield SmallDisk(path)
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+# The gpu marker: a test that needs an NVIDIA GPU (real NVML, CUDA in a child process) runs
+# only where NVML sees one (tests/gpu.sh runs them on a GPU host) and is skipped elsewhere,
+# saying why. NVML is asked once per session, and only when such a test is about to run.
+NVIDIA_GPU_ABSENT = pytest.StashKey[str]()
+
+
+def nvidia_gpu_absent() -> str:
+    """Why no NVIDIA GPU can be used here; "" when NVML sees at least one."""
+    try:
+        import pynvml  # nvidia-ml-py: the gpu extra, or the GPU host's own
+    except ImportError:
+        return "no NVIDIA GPU visible: nvidia-ml-py (pynvml) is not installed"
+    try:
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        return f"no NVIDIA GPU visible: NVML cannot be used ({exc})"
+    return "" if count else "no NVIDIA GPU visible: NVML finds no device"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test marked gpu, with the reason, where no NVIDIA GPU is visible."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    if NVIDIA_GPU_ABSENT not in item.config.stash:
+        item.config.stash[NVIDIA_GPU_ABSENT] = nvidia_gpu_absent()
+    reason = item.config.stash[NVIDIA_GPU_ABSENT]
+    if reason:
+        pytest.skip(reason)
