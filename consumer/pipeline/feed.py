@@ -261,7 +261,7 @@ class FeedCore:
         self._record_rejections(index.rejected + prepared.eval_rejected)
         self.metrics = JsonlWriter(self.run_dir / METRICS)
         self.samples_log = JsonlWriter(self.run_dir / SAMPLES) if cfg.trainer.record_samples else None
-        self.trained_log = JsonlWriter(self.run_dir / TRAINED) if cfg.trainer.record_samples else None
+        self.trained_log: JsonlWriter | None = None  # opened by the first step a trainer notes (record_trained)
         self.val_log = JsonlWriter(self.run_dir / VALIDATION_SAMPLES) if cfg.trainer.record_samples else None
         # With --epochs the run ends when those epochs are complete; re-planned misses can add
         # a batch or two, so the step count is only the plan's expectation (for progress lines).
@@ -533,9 +533,11 @@ class FeedCore:
             self.live.update(self._live_text())
 
     def record_trained(self, epoch: int, rows: list[dict[str, Any]]) -> None:
-        """What the step just confirmed received, as its trainer noted it (trained.jsonl)."""
-        if self.trained_log is not None:
-            self.trained_log.write({"step": self.step, "epoch": epoch, "rows": rows})
+        """What the step just confirmed received, as its trainer noted it (trained.jsonl; a
+        stoker.Feed's loop trains on its own and writes none)."""
+        if self.trained_log is None:
+            self.trained_log = JsonlWriter(self.run_dir / TRAINED)
+        self.trained_log.write({"step": self.step, "epoch": epoch, "rows": rows})
 
     def flush_due(self) -> bool:
         """Whether the logging interval (trainer.log_every_steps) ends at this step."""
