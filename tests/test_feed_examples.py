@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.procs import read_json, read_jsonl
-from tests.trained import check_run
+from tests.trained import check_run, check_trained, clips_of
 
 pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -82,21 +82,6 @@ def test_fit_on_as_dataset_learns_with_every_clip_once_per_epoch(tmp_path):
     assert summary["steps"] == 16 and summary["exit_reason"] == "completed"
 
 
-def trained_clips(run_dir: Path, rows: list[list[int]]) -> list[str]:
-    """The clip of each row a model trained, from its token ids (the run's own vocabulary and
-    text front-end applied to the dataset's texts)."""
-    from stoker.shared import config
-    from stoker.shared.dataset import build_index
-    from stoker.shared.vocab import load_vocabulary
-
-    cfg = config.load(run_dir / "config.yaml")
-    vocab = load_vocabulary(run_dir / "vocab.json")
-    index = build_index(cfg.data, cfg.features, cfg.text, vocab)
-    clips = {tuple(vocab.encode(s.units).tolist()): s.id for s in index.samples}
-    assert len(clips) == len(index.samples), "two demo clips share their tokens"
-    return [clips[tuple(row)] for row in rows]
-
-
 def test_tuple_trainer_under_fit_killed_after_a_checkpoint_trains_every_clip_once_per_epoch(tmp_path):
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     argv = ["--epochs", "3", "--batch-size", "8", "--run-dir", str(run_dir), "--checkpoint", str(ckpt),
@@ -107,12 +92,11 @@ def test_tuple_trainer_under_fit_killed_after_a_checkpoint_trains_every_clip_onc
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restored step-00000010: the feed goes on from step 10" in resumed.stdout
     final = sorted(ckpt.glob("step-*"))[-1]
-    trained = trained_clips(run_dir, json.loads((final / "trained.json").read_text()))
-    held_out = set(read_json(run_dir / "validation.json")["ids"])
-    clips = DEMO_IDS - held_out
-    assert len(trained) == 3 * len(clips)  # what the model's steps saw, restored with its checkpoint
-    for epoch in range(3):  # epoch after epoch, each clip once
-        assert sorted(trained[epoch * len(clips):(epoch + 1) * len(clips)]) == sorted(clips), epoch
+    rows = json.loads((final / "trained.json").read_text())  # what the model's steps saw, restored with its checkpoint
+    clips = DEMO_IDS - set(read_json(run_dir / "validation.json")["ids"])
+    assert len(rows) == 3 * len(clips)
+    epochs = [{"epoch": e, "rows": rows[e * len(clips):(e + 1) * len(clips)]} for e in range(3)]
+    check_trained(epochs, clips_of(run_dir), 3, clips)  # epoch after epoch, each clip once
     losses = [float(v) for v in resumed.stdout.rsplit("loss ", 1)[1].split(";")[0].split(" -> ")]
     assert losses[1] < losses[0], resumed.stdout
     summary = read_json(run_dir / "summary.json")

@@ -38,6 +38,7 @@ from keras import layers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import stoker  # noqa: E402
+from stoker.shared.batch import row_identities  # noqa: E402
 
 STATE = "feed_state.json"  # the feed's state in a checkpoint directory, beside the weights
 TRAINED = "trained.json"  # what the model trained, per step (--record-trained)
@@ -59,9 +60,11 @@ def masked_l1(mel: Any, predicted: Any, mel_lengths: Any) -> Any:
 
 class TupleTTS(keras.Model):
     """A small text-to-mel model whose steps take the 4-tuple. ``record``: a list that gets,
-    from inside each training step, the token ids of every row the step trained."""
+    from inside each training step, what identifies every row the step trained (its tokens,
+    frames and a digest of its mel: stoker.shared.batch.row_identities)."""
 
-    def __init__(self, vocab_size: int, n_mels: int, dim: int = 64, record: list[list[int]] | None = None) -> None:
+    def __init__(self, vocab_size: int, n_mels: int, dim: int = 64,
+                 record: list[dict[str, Any]] | None = None) -> None:
         super().__init__(name="tuple_tts")
         self.embed = layers.Embedding(vocab_size, dim)
         self.encoder = [layers.Conv1D(dim, 5, padding="same", activation="relu") for _ in range(2)]
@@ -97,7 +100,7 @@ class TupleTTS(keras.Model):
 
     def train_step(self, data: tuple[Any, Any, Any, Any]) -> dict[str, Any]:
         if self.record is not None:  # what this step trains, seen from inside it
-            tf.py_function(self._note, [data[0], data[2]], [])
+            tf.py_function(self._note, list(data), [])
         with tf.GradientTape() as tape:
             loss = self._loss(data, training=True)
         grads = tape.gradient(loss, self.trainable_variables)
@@ -109,10 +112,11 @@ class TupleTTS(keras.Model):
         self.loss_tracker.update_state(self._loss(data, training=False))
         return {"loss": self.loss_tracker.result()}
 
-    def _note(self, tokens: Any, token_lengths: Any) -> None:
+    def _note(self, tokens: Any, mel: Any, token_lengths: Any, mel_lengths: Any) -> None:
+        """Each real row of the step's batch: its tokens, frames and a digest of its mel."""
         assert self.record is not None
-        for row, length in zip(tokens.numpy(), token_lengths.numpy()):
-            self.record.append(row[:length].tolist())
+        self.record.extend(row_identities({"tokens": tokens.numpy(), "mel": mel.numpy(),
+                                           "token_lengths": token_lengths.numpy(), "mel_lengths": mel_lengths.numpy()}))
 
 
 class Checkpoints(keras.callbacks.Callback):
@@ -206,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, metavar="DIR", help="save (and restore) the trainer here")
     parser.add_argument("--checkpoint-every", type=int, default=4, metavar="STEPS")
     parser.add_argument("--record-trained", action="store_true",
-                        help=f"keep the token ids of every row trained (noted inside the step) in each checkpoint's "
+                        help=f"keep what identifies every row trained (noted inside the step) in each checkpoint's "
                              f"{TRAINED}")
     args = parser.parse_args(argv)
     options = {"data": args.data, "epochs": args.epochs, "producers": args.producers,
