@@ -218,11 +218,21 @@ def test_analyse_gives_the_mel_before_its_log_and_weighted_frame_powers(backend:
         MelComputer(cfg, weights=np.ones((10, 2)))
 
 
-def test_explicit_device_placement() -> None:
-    # "/CPU:0" exists everywhere; on a machine with a GPU the producers pass "/GPU:0".
+def test_explicit_device_placement(replica_devices: list[str]) -> None:
+    """The log-mel ops run on the device given (a producer passes its data GPU), not on
+    TensorFlow's default one: here the CPU's second logical device, which nothing picks unasked."""
+    import tensorflow as tf
+
+    device = replica_devices[1]
     audio = chirp_with_noise(1.0)
-    (result,) = MelComputer(TF_CFG, device="/CPU:0")([audio])
+    computer = MelComputer(TF_CFG, device=device)
+    (result,) = computer([audio])
     np.testing.assert_allclose(result, log_mel_spectrogram(audio, CFG), rtol=0, atol=BATCH_TOLERANCE)
+    wanted = tf.DeviceSpec.from_string(device)
+    kinds = ("RFFT", "MatMul", "Log")  # the framing's transform, the filterbank, the log
+    placed = {(op.type, tf.DeviceSpec.from_string(op.device))
+              for op in computer._tf_function().get_concrete_function().graph.get_operations() if op.type in kinds}
+    assert placed == {(kind, wanted) for kind in kinds}, placed
 
 
 def test_empty_batch(tf_computer: MelComputer) -> None:
