@@ -9,6 +9,7 @@ reads, no process left behind, and one clear line for each misuse.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ from stoker.consumer.pipeline.plan import MessageTooLarge
 from stoker.feed import FeedError
 from stoker.shared.runlock import RunLocked
 from tests.factories import make_dataset
-from tests.procs import free_port, holding_run_lock, read_json, read_jsonl
+from tests.procs import RunProcess, free_port, holding_run_lock, read_json, read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -373,17 +374,12 @@ def test_ctrl_c_in_the_loop_writes_the_summary_and_leaves_no_process(tmp_path, d
 
 def test_producers_on_another_host_feed_the_loop(tmp_path, dataset):
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
-    remote = None
-    try:
+    with contextlib.ExitStack() as cleanup:  # a failure leaves neither the launcher nor its producers running
         with stoker.Feed(**options(tmp_path, dataset, producers=0, epochs=1, record_samples=True)) as feed:
-            remote = subprocess.Popen([sys.executable, "run.py", "produce", "--connect", feed.endpoint, "--data",
-                                       str(dataset), "--log-level", "WARNING"], cwd=PROJECT,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            remote = cleanup.enter_context(RunProcess("produce", "--connect", feed.endpoint, "--data", str(dataset),
+                                                      "--log-level", "WARNING"))
             steps = sum(1 for _ in feed)
-        assert remote.wait(timeout=30) == 0  # told STOP when the feed closed
-    finally:
-        if remote is not None and remote.poll() is None:
-            remote.kill()
+        assert remote.wait(timeout=30) == 0, remote.output()  # told STOP when the feed closed
     assert steps == feed.batches_per_epoch
     once_per_epoch(read_jsonl(tmp_path / "run" / "samples.jsonl"), ids, 1)
     assert [p["id"] for p in read_json(tmp_path / "run" / "summary.json")["producers"]] == ["p0@" + __import__(
