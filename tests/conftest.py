@@ -6,15 +6,21 @@ asks for the ``replica_devices`` fixture; when the session holds one, the CPU is
 into ``REPLICA_DEVICES`` logical devices right after collection, before any test runs
 (a run without such a test never imports TensorFlow here). Tests of one device are
 unaffected: they use the first.
+
+No test may leave a process behind: ``no_leftover_processes`` checks every test.
 """
 
 from __future__ import annotations
 
 import errno
+import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import subprocess
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import pytest
 
 REPLICA_DEVICES = 2  # the fewest that show replicas doing different work
@@ -33,6 +39,62 @@ def replica_devices() -> list[str]:
     from stoker.shared.tfsetup import split_cpu
 
     return split_cpu(REPLICA_DEVICES)
+
+
+# A test's processes may still be exiting when it ends: this long, and they count as left behind.
+LEFTOVER_GRACE_S = 10.0
+
+
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``procs`` that still run (an exited one not yet reaped is a zombie: it runs nothing)."""
+    running = []
+    for proc in procs:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                running.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def _described(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:300]}"
+    except psutil.Error:
+        return f"pid {proc.pid}"
+
+
+def _process_helpers() -> set[int]:
+    """multiprocessing's resource tracker and fork server: one each per process, started by the
+    first test that needs them and living as long as this process, not a test's to stop."""
+    return {pid for pid in (getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None),
+                            getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)) if pid}
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """Fail a test that leaves a process behind: after it (and its fixtures' clean-up), the
+    descendants of this process that it started and that still run after LEFTOVER_GRACE_S are
+    killed, so the next test starts clean, and named. Processes that ran before it (pytest-xdist's,
+    those of module and session fixtures) are not its."""
+    me = psutil.Process()
+    before = set(me.children(recursive=True))
+    yield
+    multiprocessing.active_children()  # reaps multiprocessing's finished children
+    helpers = _process_helpers()
+    started = _running([p for p in me.children(recursive=True) if p not in before and p.pid not in helpers])
+    psutil.wait_procs(started, timeout=LEFTOVER_GRACE_S)
+    leftover = _running(started)
+    if not leftover:
+        return
+    named = [_described(p) for p in leftover]
+    for proc in leftover:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(leftover, timeout=LEFTOVER_GRACE_S)
+    pytest.fail(f"the test left {len(named)} process(es) running (killed now):\n" + "\n".join(named), pytrace=False)
 
 
 # The disk-full tests' filesystem: room for a short run's files and a few checkpoints.

@@ -9,8 +9,6 @@ from stoker.benchmarks import suite, trainer
 
 pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
 
-pytest.importorskip("tensorflow")
-
 
 @pytest.mark.timeout(120)
 def test_trainer_benchmark_structure() -> None:

@@ -46,8 +46,6 @@ def test_identical_channels_downmix_to_the_channel(tmp_path: Path) -> None:
 @pytest.mark.parametrize("source_rate", [16000, 44100, 8000])
 def test_resampled_to_exactly_expected_samples(tmp_path: Path, seconds: float, source_rate: int) -> None:
     audio = tone(seconds, source_rate, seed=5)
-    if audio.size == 0:
-        pytest.skip("duration below one sample at this rate")
     out = load_audio(_write(tmp_path / "r.wav", audio, source_rate, subtype="PCM_16"), RATE)
     assert out.dtype == np.float32 and out.ndim == 1
     assert out.shape[0] == expected_samples(audio.shape[0], source_rate, RATE)
@@ -91,18 +89,30 @@ def test_truncated_file(tmp_path: Path, keep: int) -> None:
         load_audio(cut, RATE)
 
 
-def test_truncated_data_still_decodes_what_is_there(tmp_path: Path) -> None:
-    # A file cut inside the sample data keeps a valid header: libsndfile reads the rest.
+def test_wav_cut_inside_its_samples_is_rejected_with_what_it_holds(tmp_path: Path) -> None:
+    """A WAV whose header declares more sample bytes than the file holds (a copy cut short) is
+    refused with both counts, not trained on in part."""
     good = _write(tmp_path / "full.wav", tone(0.5, RATE, seed=8), RATE, subtype="PCM_16")
     raw = good.read_bytes()
     cut = tmp_path / "cut.wav"
-    cut.write_bytes(raw[:44 + 2 * 1000])
-    try:
-        out = load_audio(cut, RATE)
-    except AudioError as exc:
-        assert "cut.wav" in str(exc)
-    else:
-        assert out.ndim == 1 and 0 < out.shape[0] <= 1000
+    cut.write_bytes(raw[:raw.index(b"data") + 8 + 2 * 1000])
+    declared = 2 * int(0.5 * RATE)
+    with pytest.raises(AudioError, match=f"^audio file truncated: cut.wav: holds 2000 of the {declared} sample "
+                                         "bytes its header declares$"):
+        load_audio(cut, RATE)
+
+
+def test_streamed_wav_cut_short_decodes_what_is_there(tmp_path: Path) -> None:
+    """A WAV written to a pipe declares no data size (0xFFFFFFFF): its samples run to the end of
+    the file, so a cut one decodes to exactly the samples it holds."""
+    good = _write(tmp_path / "full.wav", tone(0.5, RATE, seed=8), RATE, subtype="PCM_16")
+    raw = bytearray(good.read_bytes())
+    at = raw.index(b"data")
+    raw[at + 4:at + 8] = (0xFFFFFFFF).to_bytes(4, "little")
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(bytes(raw[:at + 8 + 2 * 1000]))
+    reference, _ = soundfile.read(str(good), dtype="float32")
+    np.testing.assert_array_equal(load_audio(cut, RATE), reference[:1000])
 
 
 def test_non_finite_samples(tmp_path: Path) -> None:

@@ -23,7 +23,6 @@ from stoker.shared.dataset import Sample, read_metadata, scan_audio
 from tests.factories import make_dataset
 from tests.procs import read_json, run_cli
 
-tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow  # TensorFlow: not a unit test
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import re
 import shutil
 import socket
 import threading
@@ -420,6 +421,8 @@ def test_a_zeromq_peer_of_another_kind_is_named_not_a_trainer(tmp_path, caplog):
 
 
 def test_nothing_listening_is_no_answer_yet(tmp_path, monkeypatch, caplog):
+    """Nothing listens at the endpoint: the producer keeps waiting, and its waiting note says no
+    answer came, not that a connection was accepted there (the note's other branch)."""
     from stoker.producer import worker
 
     monkeypatch.setattr(worker, "WAITING_NOTE_S", 0.3)
@@ -429,11 +432,18 @@ def test_nothing_listening_is_no_answer_yet(tmp_path, monkeypatch, caplog):
     endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
     ctx = zmq.Context()
     stop, thread, result = run_producer_against(endpoint, tmp_path, ctx)
+    def notes() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "waiting for the trainer at" in r.getMessage()]
+
     try:
         deadline = time.monotonic() + 20
-        while "no answer for" not in caplog.text and time.monotonic() < deadline:
+        while not notes() and time.monotonic() < deadline:
             thread.join(0.1)
-        assert "waiting for the trainer at" in caplog.text and "answered" not in caplog.text
+        said = notes()
+        assert said, caplog.text
+        no_answer = re.compile(rf"p-wrong: waiting for the trainer at {re.escape(endpoint)} \(no answer for \d+ s\)")
+        assert all(no_answer.fullmatch(note) for note in said), said
+        assert "answered" not in caplog.text
         assert thread.is_alive()
     finally:
         stop.set()

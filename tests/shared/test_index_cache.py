@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -151,15 +154,42 @@ def test_read_only_dataset_falls_back_to_the_user_cache(root: Path, tmp_path: Pa
     assert warm.stats.cache == "hit" and warm.stats.cache_file == cold.stats.cache_file
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
-def test_read_only_dataset_directory(root: Path, tmp_path: Path) -> None:
-    os.chmod(root, 0o555)
+@contextlib.contextmanager
+def read_only(directory: Path) -> Iterator[None]:
+    """``directory`` refuses this process's writes: bound read-only over itself where mounting is
+    permitted (a read-only filesystem, which root obeys too), else by its mode (which every user
+    but root obeys)."""
+    def mount(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30)
+
+    if mount("--bind", str(directory), str(directory)).returncode == 0:
+        try:
+            remounted = mount("-o", "remount,bind,ro", str(directory))
+            assert remounted.returncode == 0, remounted.stderr
+            yield
+        finally:
+            subprocess.run(["umount", str(directory)], capture_output=True, timeout=30)
+        return
+    if os.geteuid() == 0:
+        pytest.skip("no read-only mount here, and root writes to a directory whatever its mode")
+    os.chmod(directory, 0o555)
     try:
-        index = build_index(_data(root), FEATURES)
-        assert Path(index.stats.cache_file).is_relative_to(tmp_path / "user-cache")
-        assert build_index(_data(root), FEATURES).stats.cache == "hit"
+        yield
     finally:
-        os.chmod(root, 0o755)
+        os.chmod(directory, 0o755)
+
+
+def test_read_only_dataset_directory(root: Path, tmp_path: Path, caplog) -> None:
+    """A dataset directory nothing may be written to (a read-only disk, another user's files):
+    the index builds, its cache goes to the user cache, and the next build hits it there."""
+    with read_only(root):
+        with caplog.at_level(logging.INFO, logger="stoker.shared.dataset"):
+            index = build_index(_data(root), FEATURES)
+        assert len(index.samples) == CLIPS and not (root / ".stoker").exists()
+        assert Path(index.stats.cache_file).is_relative_to(tmp_path / "user-cache")
+        assert any(r.getMessage().startswith(f"cannot write the index cache in {root / '.stoker'} (")
+                   for r in caplog.records), caplog.text
+        assert build_index(_data(root), FEATURES).stats.cache == "hit"
 
 
 def test_nothing_writable_still_indexes(root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ reads, no process left behind, and one clear line for each misuse.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from stoker.consumer.pipeline.plan import MessageTooLarge
 from stoker.feed import FeedError
 from stoker.shared.runlock import RunLocked
 from tests.factories import make_dataset
-from tests.procs import free_port, holding_run_lock, read_json, read_jsonl
+from tests.procs import RunProcess, free_port, holding_run_lock, read_json, read_jsonl
 from tests.trained import IDENTIFYING, Recorder, check_trained, clips_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -385,20 +386,15 @@ def test_ctrl_c_in_the_loop_writes_the_summary_and_leaves_no_process(tmp_path, d
 
 def test_producers_on_another_host_feed_the_loop(tmp_path, dataset):
     ids = {line.split("|")[0] for line in (dataset / "metadata.csv").read_text().splitlines()}
-    remote = None
-    try:
+    with contextlib.ExitStack() as cleanup:  # a failure leaves neither the launcher nor its producers running
         with stoker.Feed(**options(tmp_path, dataset, producers=0, epochs=1, record_samples=True)) as feed:
-            remote = subprocess.Popen([sys.executable, "run.py", "produce", "--connect", feed.endpoint, "--data",
-                                       str(dataset), "--log-level", "WARNING"], cwd=PROJECT,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            remote = cleanup.enter_context(RunProcess("produce", "--connect", feed.endpoint, "--data", str(dataset),
+                                                      "--log-level", "WARNING"))
             trained = Recorder()
             for batch in feed:
                 trained.note(batch, feed.epoch)
             steps = len(trained.steps)
-        assert remote.wait(timeout=30) == 0  # told STOP when the feed closed
-    finally:
-        if remote is not None and remote.poll() is None:
-            remote.kill()
+        assert remote.wait(timeout=30) == 0, remote.output()  # told STOP when the feed closed
     assert steps == feed.batches_per_epoch
     check_trained(trained.steps, clips_of(tmp_path / "run"), 1, ids)
     assert [p["id"] for p in read_json(tmp_path / "run" / "summary.json")["producers"]] == ["p0@" + __import__(

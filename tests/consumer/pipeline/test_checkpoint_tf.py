@@ -7,16 +7,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from stoker.consumer.pipeline.checkpoint import CheckpointError, RunCheckpoints
 from stoker.consumer.pipeline.plan import EpochPlanner
 from stoker.shared.config import BatchingConfig, Config
 from tests.factories import make_samples
-
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

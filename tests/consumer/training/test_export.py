@@ -16,7 +16,6 @@ from stoker.shared.mel import pad_values
 from tests.consumer.training.fake_runs import SAVED_MODELS, fake_run
 from tests.procs import run_cli
 
-tf = pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 # Plain TensorFlow in a fresh interpreter where importing any module of stoker fails: an

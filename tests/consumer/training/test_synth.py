@@ -15,8 +15,6 @@ from stoker.shared.mel import pad_values
 from tests.consumer.training.fake_runs import SAVED_MODELS, TRAINED_TEXTS, fake_run as _run_dir
 from tests.procs import run_cli
 
-tf = pytest.importorskip("tensorflow")
-
 pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
 
 
@@ -51,6 +49,8 @@ def test_synth_restores_every_weight_and_is_deterministic(tmp_path) -> None:
 
 def test_synth_refuses_a_checkpoint_without_the_weights_list(tmp_path) -> None:
     run_dir = _run_dir(tmp_path, weights=False)
+    import tensorflow as tf
+
     from stoker.consumer.training import tts
 
     cfg = config_mod.load(run_dir / "config.yaml")
@@ -175,6 +175,8 @@ def test_generation_limit_grows_with_the_text_and_is_capped() -> None:
 
 
 def test_synth_takes_the_length_from_the_trained_weights(tmp_path) -> None:
+    import tensorflow as tf
+
     from stoker.consumer.training import tts
 
     model = "tests.consumer.training.user_models:lengthed"

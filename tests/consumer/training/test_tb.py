@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-tf = pytest.importorskip("tensorflow")
-
-from stoker.consumer.training.tb import TB_DIR, TensorBoard, trim_events  # noqa: E402
+from stoker.consumer.training.tb import TB_DIR, TensorBoard, trim_events
 
 
 def write_steps(directory: Path, steps: range, tag: str = "train/loss") -> None:
+    import tensorflow as tf
+
     writer = tf.summary.create_file_writer(str(directory))
     with writer.as_default():
         for step in steps:
@@ -21,6 +19,8 @@ def write_steps(directory: Path, steps: range, tag: str = "train/loss") -> None:
 
 def steps_in(directory: Path) -> list[int]:
     """The steps of the scalar events (not the file-version event) of every file, in order."""
+    import tensorflow as tf
+
     steps = []
     for path in sorted(directory.glob("events.out.tfevents.*")):
         for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
@@ -31,6 +31,8 @@ def steps_in(directory: Path) -> list[int]:
 
 
 def test_trim_drops_only_the_steps_after_the_checkpoint(tmp_path):
+    import tensorflow as tf
+
     write_steps(tmp_path, range(1, 11))
     assert trim_events(tmp_path, 6) == 4
     assert steps_in(tmp_path) == [1, 2, 3, 4, 5, 6]
@@ -69,6 +71,8 @@ def test_resumed_writer_goes_on_from_the_checkpoint(tmp_path):
 
 def scalars_in(directory: Path) -> dict[str, float]:
     """{tag: value} of the scalar events of every file, read with TensorFlow's own event records."""
+    import tensorflow as tf
+
     found = {}
     for path in sorted(directory.glob("events.out.tfevents.*")):
         for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():

@@ -18,9 +18,6 @@ from stoker.shared import config as config_mod
 from stoker.shared.mel import pad_values
 from tests.factories import TOKEN_IDS, make_batch
 
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
-
 pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
 
 SHAPE = (16, 32)  # (L, T) of every test batch
@@ -46,6 +43,8 @@ def _weights(trainer: KerasTrainer) -> list[np.ndarray]:
 @pytest.fixture(autouse=True)
 def _float32_policy():
     yield
+    import keras
+
     keras.mixed_precision.set_global_policy("float32")
 
 
@@ -75,6 +74,8 @@ def test_loss_falls_on_a_fixed_batch() -> None:
 def test_gradient_accumulation_equals_the_large_batch_gradient() -> None:
     """K=2 micro-batches, then one update == one update on both as a single batch (plain SGD,
     so the update is the gradient itself; different valid frames per micro-batch)."""
+    import keras
+
     first, second = make_batch(4, *SHAPE, valid=4, seed=1), make_batch(4, *SHAPE, valid=2, seed=2)
     assert first["mel_lengths"].sum() != second["mel_lengths"].sum()
     both = {k: np.concatenate([first[k], second[k]]) for k in first}
@@ -162,6 +163,8 @@ def test_user_model_breaking_the_contract_is_refused(name: str, message: str) ->
 
 
 def test_precision_and_xla_follow_the_device() -> None:
+    import keras
+
     assert choose_precision("auto", on_gpu=True) == "mixed_float16"
     assert choose_precision("auto", on_gpu=False) == "float32"
     assert choose_precision("mixed_bfloat16", on_gpu=True) == "mixed_bfloat16"
@@ -175,6 +178,8 @@ def test_precision_and_xla_follow_the_device() -> None:
 
 def test_mixed_float16_uses_loss_scaling() -> None:
     """What a GPU gets by default, forced here on the CPU: policy, scaled optimizer, float32 output."""
+    import keras
+
     trainer = _trainer(precision="mixed_float16", model=GOOD)
     assert trainer.loss_scaling and isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
     assert keras.mixed_precision.global_policy().name == "mixed_float16"
@@ -250,6 +255,7 @@ def test_a_model_failing_under_xla_is_one_line_naming_the_setting() -> None:
 
 
 def test_a_user_module_changing_global_settings_is_undone_with_a_warning(caplog) -> None:
+    import keras
     import tensorflow as tf
 
     jit = tf.config.optimizer.get_jit()

@@ -15,9 +15,6 @@ from stoker.consumer.training.trainer import Health, KerasTrainer
 from stoker.shared import config as config_mod
 from tests.factories import TOKEN_IDS, make_batch
 
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SHAPE = (16, 32)  # (L, T) of every test batch
@@ -33,6 +30,8 @@ def _cfg(**trainer) -> config_mod.Config:
 
 def _sgd_trainer(devices, rows: int, **trainer) -> KerasTrainer:
     """Plain SGD at rate 1: an update is the gradient itself, so updates compare gradients."""
+    import keras
+
     keras.utils.set_random_seed(0)
     return KerasTrainer(_cfg(**trainer), devices, [(rows, *SHAPE)], total_batches=10, vocab_size=TOKEN_IDS,
                         optimizer=lambda: keras.optimizers.SGD(learning_rate=1.0))
@@ -108,6 +107,8 @@ def test_a_non_finite_step_is_skipped_on_every_replica(replica_devices) -> None:
 
 
 def test_a_checkpoint_of_replicas_restores_into_one_device_and_back(replica_devices, tmp_path) -> None:
+    import tensorflow as tf
+
     batch = make_batch(8, *SHAPE, seed=8)
     replicated = _sgd_trainer(replica_devices, 8)
     for _ in range(2):

@@ -9,8 +9,6 @@ from stoker.consumer.training import tts
 from stoker.consumer.training.tts import ModelError
 from tests.factories import make_batch
 
-tf = pytest.importorskip("tensorflow")
-
 pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
 
 
@@ -37,6 +35,8 @@ def _built(preset: str):
 
 
 def test_objective_matches_numpy_masked_losses() -> None:
+    import tensorflow as tf
+
     batch = make_batch(batch_size=4, valid=3, seed=1)
     rng = np.random.default_rng(2)
     pred = rng.standard_normal(batch["mel"].shape).astype(np.float32)
@@ -60,6 +60,8 @@ def test_objective_matches_numpy_masked_losses() -> None:
 def test_empty_rows_do_not_count() -> None:
     """The loss of a batch of only its real rows (the default) equals that of the same rows
     with empty ones after them (fixed rows, row_mask 0 there): every term is masked by lengths."""
+    import tensorflow as tf
+
     full = make_batch(batch_size=2, valid=2, seed=3)
     padded = {k: np.concatenate([v, np.zeros_like(v)], axis=0) for k, v in full.items()}
     padded["mel"][2:] = 123.0  # whatever an empty row holds, it is masked out
