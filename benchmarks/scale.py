@@ -73,6 +73,8 @@ TARGETS = (("consumer_peak_rss_mb", 10_000_000, 1500.0), ("producer_peak_rss_mb"
 LOOSE_TARGETS = (("launch_to_first_batch_s", 1_000_000, 3.0),)
 # The loose files' metadata file (the LJSpeech layout's).
 LOOSE_METADATA = "metadata.csv"
+# Hard links to one loose file at most (ext4 allows 65,000).
+LINKS_PER_FILE = 50_000
 GROWTH_LIMIT = 1.2
 MB = 1e6
 
@@ -122,19 +124,22 @@ def make_dataset(root: Path, size: int) -> Path:
 
 def make_loose(root: Path, size: int) -> Path:
     """An LJSpeech layout of ``size`` loose files (module docstring): metadata.csv, a text of its
-    own per clip, and ``wavs/ID.wav`` each a hard link to one clip (kept beside ``wavs/``, not in it)."""
+    own per clip, and ``wavs/ID.wav`` each a hard link to one clip (kept beside ``wavs/``, not in
+    it; a copy of it every LINKS_PER_FILE links, the file system's limit of links to a file)."""
     wavs = root / "wavs"
     wavs.mkdir(parents=True, exist_ok=True)
-    clip = root / "clip.wav"
     frames = int(AUDIO_SECONDS[0] * SAMPLE_RATE_HZ)
-    soundfile.write(str(clip), [0.1 * ((i * 3) % 200 - 100) / 100 for i in range(frames)], SAMPLE_RATE_HZ,
-                    subtype="PCM_16")
+    tone = [0.1 * ((i * 3) % 200 - 100) / 100 for i in range(frames)]
     metadata = root / LOOSE_METADATA
     link = os.link
+    clip = root / "clip.wav"
     with open(metadata, "w", encoding="utf-8") as f:
         for start in range(0, size, WRITE_CHUNK):
             lines = []
             for i in range(start, min(size, start + WRITE_CHUNK)):
+                if i % LINKS_PER_FILE == 0:
+                    clip = root / f"clip{i // LINKS_PER_FILE}.wav"
+                    soundfile.write(str(clip), tone, SAMPLE_RATE_HZ, subtype="PCM_16")
                 sample_id = f"c{i:09d}"
                 text = " ".join((WORDS[i % len(WORDS)], _word(i), WORDS[(i // 7) % len(WORDS)])) + "."
                 lines.append(f"{sample_id}|{text}|{text}")
