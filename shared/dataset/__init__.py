@@ -101,7 +101,8 @@ from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SI
 from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, HASH_CHUNK_BYTES, Reference,
                                       audio_fingerprint, check_agreement, deferred, describe_copy, file_sha256,
                                       file_sizes, fingerprints, is_deferred, metadata_fingerprint, metadata_sha256,
-                                      scan_dataset, scan_from, shards_sha256, size_problem)
+                                      scan_dataset, scan_from, shards_sha256, size_problem,
+                                      stamp_problem)
 from ..dataset.table import NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, pack_strings
 from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
                                   INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SECTION_ALIGN, UNITS_FIELDS,
@@ -126,6 +127,6 @@ __all__ = [
     "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
     "metadata_fingerprint", "metadata_sha256", "open_index", "pack_index", "pack_strings", "probe_audio",
     "read_cache", "read_metadata", "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root",
-    "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "shards_sha256", "size_problem",
+    "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "shards_sha256", "size_problem", "stamp_problem",
     "user_cache_dir", "write_cache",
 ]
