@@ -39,7 +39,11 @@ found without reading the manifest: by a digest of the config and the manifest's
 (:func:`storage.file_stamp`: its size and mtime here; at a URL its size and the version or
 ETag the store gives, else its modification time; its content's SHA-256 only where a store
 gives none of them) and a stat of the files it measured. A manifest whose stamp changed but
-not its bytes is found by its content, before it is parsed. On any change the index is
+not its bytes is found by its content, before it is parsed. A local LJSpeech layout's is found
+by its metadata file's stamp too, with a stat of the files of the clips rejected as missing
+only: no listing of ``wavs/``; each clip's file size and mtime as indexed are columns of the
+table (``FILE_COLUMNS``) that a lease carries, and a producer rejects a file changed or deleted
+since (:func:`stamp_problem`) when it reads it. On any change the index is
 derived again, reusing what is still valid: header facts of audio files whose name, size
 and mtime are unchanged, and token counts of unchanged texts; only changed or new files
 are read. A cache file that fails a checksum or cannot be parsed is ignored (logged) and
