@@ -131,6 +131,6 @@ __all__ = [
     "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
     "metadata_fingerprint", "metadata_sha256", "open_index", "pack_index", "pack_strings", "probe_audio",
     "read_cache", "read_metadata", "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root",
-    "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "shards_sha256", "size_problem", "stamp_problem",
-    "user_cache_dir", "write_cache",
+    "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "shards_sha256", "size_problem",
+    "stamp_problem", "user_cache_dir", "write_cache",
 ]

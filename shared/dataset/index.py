@@ -361,6 +361,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             cached, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
+            if loose and stamp and cache_path is not None:  # the metadata touched, not changed: found by its stamp next
+                _restamp(cache_path, cached, loaded[1], _digest(config, stamp))
             return _finish(root, *loaded, key, stats, started, False, scan_inputs, data)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
     entries = resolve_audio(entries, metadata_file)  # a manifest at a URL: its audio paths beside it
@@ -422,6 +424,18 @@ def _absent(rejected: Sequence[Rejection]) -> list[list[Any]]:
     None, None]): a warm load by the metadata's stamp (:func:`_manifest_hit`) takes the long way
     when one of them has come since."""
     return sorted({r.file: [r.file, None, None] for r in rejected if r.kind == "missing-audio" and r.file}.values())
+
+
+def _restamp(path: Path, cached: CachedIndex, rejected: Sequence[Rejection], digest: str) -> None:
+    """The cache file of a local LJSpeech layout found the long way (its listing and the metadata's
+    bytes as they were: :func:`_loose_layout`) written again with the metadata's present stamp
+    (``digest``), so that the next start finds it by the stamp, without a listing; as it is when
+    it has that stamp already."""
+    manifest = cached.header.get("manifest")
+    if isinstance(manifest, dict) and manifest.get("digest") == digest:
+        return
+    header = {**cached.header, "manifest": {"digest": digest, "measured": _absent(rejected)}}
+    write_cache([path], pack_index(header, cached.sections))
 
 
 def _with_files(table: SampleTable, samples: Sequence[Sample], audio: dict[str, AudioFile]) -> SampleTable:

@@ -378,3 +378,16 @@ def test_a_clip_missing_at_indexing_whose_file_comes_is_indexed(root: Path) -> N
     index = build_index(_data(root), FEATURES)
     assert index.stats.cache == "stale" and index.stats.headers_read == 1
     assert "GONE" in index.by_id() and not index.rejected
+
+
+def test_a_touched_metadata_file_is_found_the_long_way_once(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metadata file touched but not changed misses the stamp: the start lists the audio and
+    finds the cache by its content, which it stamps anew, so the next start lists nothing."""
+    build_index(_data(root), FEATURES)
+    _later(root / "metadata.csv")
+    calls = _Counted(monkeypatch)
+    assert build_index(_data(root), FEATURES).stats.cache == "hit"
+    assert len(calls.under(root / "wavs")) > CLIPS  # the long way: the listing
+    calls.calls.clear()
+    index = build_index(_data(root), FEATURES)
+    assert (index.stats.cache, calls.under(root / "wavs")) == ("hit", [str(root / "wavs" / "GONE.wav")])
