@@ -69,6 +69,12 @@ ROLES = (("producer", "stoker.producer.worker"), ("consumer", "stoker.consumer.t
 TARGETS = (("consumer_peak_rss_mb", 10_000_000, 1500.0), ("producer_peak_rss_mb", 10_000_000, 400.0),
            ("launch_to_first_batch_s", 10_000_000, 10.0), ("cold_build_s", 10_000_000, 60.0),
            ("launch_to_first_batch_s", 1_000_000, 3.0))
+# Issue 35's target, of the loose files' runs: (figure, size, limit).
+LOOSE_TARGETS = (("launch_to_first_batch_s", 1_000_000, 3.0),)
+# The loose files' metadata file (the LJSpeech layout's).
+LOOSE_METADATA = "metadata.csv"
+# Hard links to one loose file at most (ext4 allows 65,000).
+LINKS_PER_FILE = 50_000
 GROWTH_LIMIT = 1.2
 MB = 1e6
 
@@ -76,6 +82,8 @@ MB = 1e6
 @dataclass
 class ScalePlan:
     sizes: tuple[int, ...] = (1_000_000, 10_000_000)
+    loose_sizes: tuple[int, ...] = (1_000_000,)
+    loose_steps: int = 20  # issue 35's run: its launch to first batch, not its steady rate
     steps: int = 400
     step_ms: float = 5.0
     producers: int = 2
@@ -114,19 +122,45 @@ def make_dataset(root: Path, size: int) -> Path:
     return manifest
 
 
-def index_child(root: str) -> None:
-    """In a child process: build (or load) the index of ``root``'s manifest; its figures as JSON."""
+def make_loose(root: Path, size: int) -> Path:
+    """An LJSpeech layout of ``size`` loose files (module docstring): metadata.csv, a text of its
+    own per clip, and ``wavs/ID.wav`` each a hard link to one clip (kept beside ``wavs/``, not in
+    it; a copy of it every LINKS_PER_FILE links, the file system's limit of links to a file)."""
+    wavs = root / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    frames = int(AUDIO_SECONDS[0] * SAMPLE_RATE_HZ)
+    tone = [0.1 * ((i * 3) % 200 - 100) / 100 for i in range(frames)]
+    metadata = root / LOOSE_METADATA
+    link = os.link
+    clip = root / "clip.wav"
+    with open(metadata, "w", encoding="utf-8") as f:
+        for start in range(0, size, WRITE_CHUNK):
+            lines = []
+            for i in range(start, min(size, start + WRITE_CHUNK)):
+                if i % LINKS_PER_FILE == 0:
+                    clip = root / f"clip{i // LINKS_PER_FILE}.wav"
+                    soundfile.write(str(clip), tone, SAMPLE_RATE_HZ, subtype="PCM_16")
+                sample_id = f"c{i:09d}"
+                text = " ".join((WORDS[i % len(WORDS)], _word(i), WORDS[(i // 7) % len(WORDS)])) + "."
+                lines.append(f"{sample_id}|{text}|{text}")
+                link(clip, wavs / f"{sample_id}.wav")
+            f.write("\n".join(lines) + "\n")
+    return metadata
+
+
+def index_child(root: str, metadata_file: str = "manifest.jsonl") -> None:
+    """In a child process: build (or load) the index of ``root``'s metadata; its figures as JSON."""
     from stoker.shared.dataset import build_index  # the child's own import: its cost is the child's
     started = time.perf_counter()
-    index = build_index(DataConfig(path=root, metadata_file="manifest.jsonl"), FeaturesConfig())
+    index = build_index(DataConfig(path=root, metadata_file=metadata_file), FeaturesConfig())
     seconds = time.perf_counter() - started
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB  # Linux: KiB
     print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_mb, "clips": len(index.samples),
                       "rejected": len(index.rejected), "cache": index.stats.cache}))
 
 
-def _index(root: Path) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "stoker.benchmarks.scale", "index-child", str(root)]
+def _index(root: Path, metadata_file: str = "manifest.jsonl") -> dict[str, Any]:
+    argv = [sys.executable, "-m", "stoker.benchmarks.scale", "index-child", str(root), metadata_file]
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
                           env={**os.environ, **QUIET_ENV}, check=False)
@@ -175,10 +209,12 @@ class RoleSampler:
         return out
 
 
-def _run(root: Path, plan: ScalePlan, work: Path) -> dict[str, Any]:
+def _run(root: Path, plan: ScalePlan, work: Path, metadata_file: str = "manifest.jsonl",
+         steps: int | None = None) -> dict[str, Any]:
     run_dir = work / "run"
-    argv = [*STOKER, "--data", str(root), "--set", "data.metadata_file=manifest.jsonl",
-            "--model", f"synthetic:{plan.step_ms:g}", "--producers", str(plan.producers), "--steps", str(plan.steps),
+    argv = [*STOKER, "--data", str(root), "--set", f"data.metadata_file={metadata_file}",
+            "--model", f"synthetic:{plan.step_ms:g}", "--producers", str(plan.producers),
+            "--steps", str(steps or plan.steps),
             "--batch-size", str(plan.batch_size), "--model-start-delay", "0", "--run-dir", str(run_dir),
             "--log-level", "WARNING"]
     log_path = work / "run.log"
@@ -233,6 +269,26 @@ def run_size(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None])
             "index_cache_mb": index_mb, "usable": cold["clips"], "rejected": cold["rejected"], **run}
 
 
+def run_loose(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """The loose files' case at ``size`` clips (module docstring)."""
+    root = work / f"loose{size}"
+    started = time.perf_counter()
+    make_loose(root, size)
+    log(f"loose {size}: metadata.csv and {size:,} links written in {time.perf_counter() - started:.0f} s")
+    cold = _index(root, LOOSE_METADATA)
+    log(f"loose {size}: cold index build {cold['seconds']:.1f} s, peak RSS {cold['peak_rss_mb']:.0f} MB")
+    warm = _index(root, LOOSE_METADATA)
+    log(f"loose {size}: warm index load {warm['seconds']:.2f} s ({warm['cache']}), peak RSS "
+        f"{warm['peak_rss_mb']:.0f} MB")
+    run = _run(root, plan, root, LOOSE_METADATA, plan.loose_steps)
+    log(f"loose {size}: launch to first batch {run['launch_to_first_batch_s']:.2f} s, "
+        f"{run['samples_per_s']:.0f} samples/s")
+    shutil.rmtree(root, ignore_errors=True)
+    return {"clips": size, "cold_build_s": cold["seconds"], "cold_build_peak_rss_mb": cold["peak_rss_mb"],
+            "warm_load_s": warm["seconds"], "warm_load_peak_rss_mb": warm["peak_rss_mb"], "warm_cache": warm["cache"],
+            "usable": cold["clips"], "rejected": cold["rejected"], **run}
+
+
 GROWN = ("cold_build_s", "warm_load_s", "consumer_peak_rss_mb", "producer_peak_rss_mb", "launch_to_first_batch_s",
          "index_cache_mb")
 
@@ -243,45 +299,62 @@ def run(plan: ScalePlan | None = None, log: Callable[[str], None] | None = None)
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-scale-"))
     try:
         rows = [run_size(size, plan, work, log) for size in plan.sizes]
+        loose = [run_loose(size, plan, work, log) for size in plan.loose_sizes]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    small, large = rows[0], rows[-1]
-    factor = large["clips"] / small["clips"]
-    growth = {k: (large[k] / small[k]) / factor if small[k] and factor > 1 else None for k in GROWN}
-    targets = []
-    for what, size, limit in TARGETS:
-        row = next((r for r in rows if r["clips"] == size), None)
-        if row is not None:
-            targets.append({"what": f"{what} at {size:,} clips", "value": row[what], "limit": limit,
-                            "met": row[what] <= limit})
+    growth: dict[str, float | None] = {}
+    if rows:
+        small, large = rows[0], rows[-1]
+        factor = large["clips"] / small["clips"]
+        growth = {k: (large[k] / small[k]) / factor if small[k] and factor > 1 else None for k in GROWN}
+    targets = _met(TARGETS, rows, "clips") + _met(LOOSE_TARGETS, loose, "loose files")
     targets += [{"what": f"per-clip growth of {k}", "value": g, "limit": GROWTH_LIMIT, "met": g <= GROWTH_LIMIT}
                 for k, g in growth.items() if g is not None and k != "launch_to_first_batch_s"]
-    return {"plan": plan.__dict__, "sizes": rows, "growth_per_clip": growth, "targets": targets}
+    return {"plan": plan.__dict__, "sizes": rows, "loose": loose, "growth_per_clip": growth, "targets": targets}
+
+
+def _met(limits: tuple[tuple[str, int, float], ...], rows: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
+    """Each of ``limits`` (figure, size, limit) that ``rows`` measured, met or not."""
+    out = []
+    for figure, size, limit in limits:
+        row = next((r for r in rows if r["clips"] == size), None)
+        if row is not None:
+            out.append({"what": f"{figure} at {size:,} {what}", "value": row[figure], "limit": limit,
+                        "met": row[figure] <= limit})
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
-    rows = result["sizes"]
+    rows, loose = result["sizes"], result.get("loose", [])
     figures = ("cold_build_s", "cold_build_peak_rss_mb", "warm_load_s", "index_cache_mb", "launch_to_first_batch_s",
                "samples_per_s", "consumer_peak_rss_mb", "producer_peak_rss_mb", "launcher_peak_rss_mb")
-    body = [[name, *(fmt(r[name]) for r in rows), fmt(result["growth_per_clip"].get(name))] for name in figures]
-    out = table(["figure", *(f"{r['clips']:,} clips" for r in rows), "per-clip growth"], body)
+    parts = []
+    if rows:
+        body = [[name, *(fmt(r[name]) for r in rows), fmt(result["growth_per_clip"].get(name))] for name in figures]
+        parts.append(table(["figure", *(f"{r['clips']:,} clips" for r in rows), "per-clip growth"], body))
+    if loose:
+        body = [[name, *(fmt(r[name]) for r in loose)] for name in figures if name != "index_cache_mb"]
+        parts.append(table(["figure", *(f"{r['clips']:,} loose files" for r in loose)], body))
     marks = [f"{'met' if t['met'] else 'NOT met'}: {t['what']} = {fmt(t['value'])} (limit {t['limit']:g})"
              for t in result["targets"]]
-    return "\n".join([out, *marks, f"command: {rows[-1]['command']}"])
+    return "\n".join([*parts, *marks, *(f"command: {r[-1]['command']}" for r in (rows, loose) if r)])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.scale")
     parser.add_argument("--sizes", help="clips per run, comma-separated (default 1000000,10000000)")
+    parser.add_argument("--loose-sizes", help="loose files per run of an LJSpeech layout (default 1000000)")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--json", help="also write the figures to this file")
     args, rest = parser.parse_known_args(argv)
     if rest[:1] == ["index-child"]:
-        index_child(rest[1])
+        index_child(*rest[1:3])
         return 0
     plan = ScalePlan()
-    if args.sizes:
-        plan.sizes = tuple(int(n) for n in args.sizes.split(","))
+    if args.sizes is not None:
+        plan.sizes = tuple(int(n) for n in args.sizes.split(",") if n)
+    if args.loose_sizes is not None:
+        plan.loose_sizes = tuple(int(n) for n in args.loose_sizes.split(",") if n)
     if args.steps:
         plan.steps = args.steps
     return run_alone("scale", lambda log: run(plan, log=log), render, args.json)

@@ -67,6 +67,7 @@ QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "sca
                   "scale")
 # --quick's scale section: two small manifests, to see the figures and the growth, not the targets.
 QUICK_SCALE_SIZES = (20_000, 100_000)
+QUICK_LOOSE_SIZES = (20_000,)  # and one LJSpeech layout of loose files
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
 SCALING_FIRST_BATCH_STEP_MS = 10.0
 
@@ -127,7 +128,8 @@ class SuitePlan:
                    alternatives=alternatives.AlternativesPlan.quick(), scaling=ScalingPlan.quick(),
                    trainer=trainer.TrainerPlan.quick(), batching=batching.BatchingPlan.quick(),
                    transforms=transforms.TransformsPlan.quick(),
-                   scale=scale.ScalePlan(sizes=QUICK_SCALE_SIZES, steps=100), sections=QUICK_SECTIONS)
+                   scale=scale.ScalePlan(sizes=QUICK_SCALE_SIZES, loose_sizes=QUICK_LOOSE_SIZES, steps=100),
+                   sections=QUICK_SECTIONS)
 
 
 def _log(text: str) -> None:

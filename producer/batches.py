@@ -27,7 +27,7 @@ from stoker.producer.transforms import Chain, TransformError
 from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, parse_model_fields
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
-from stoker.shared.dataset import audio_path, relative_audio, size_problem
+from stoker.shared.dataset import audio_path, relative_audio, size_problem, stamp_problem
 from stoker.shared.dataset.shards import Locator, is_locator
 from stoker.shared.dataset.storage import COUNTS, Reader, is_url, object_version, object_versions, shown
 from stoker.shared.mel import num_frames, pad_values
@@ -102,6 +102,7 @@ class BatchMaker:
         self._lease_texts: dict[str, str] = {}  # the current lease's
         self._lease_files: dict[str, str] = {}
         self._lease_sizes: dict[str, int] = {}  # the byte size of each file on the trainer (a remote producer's)
+        self._lease_stamps: dict[str, tuple[int, int]] = {}  # each file as indexed (a producer on the trainer's host)
         self._versions: dict[str, tuple[int, int] | None] = {}  # the lease's files at URLs: (size, version stamp)
         self.features = features
         self.name = name
@@ -148,8 +149,10 @@ class BatchMaker:
         (transformed: producer/transforms.py) when the mel must be computed or the batch
         carries the waveform or the user's transforms make fields. Raises AudioMissing (not on
         this host, or not the trainer's file: another byte size than the lease names), AudioError or
-        TransformError (unusable), whose text is the reason; AudioError too when the audio read is
-        not ``duration_s`` long (the index's, within DURATION_TOLERANCE_S)."""
+        TransformError (unusable), whose text is the reason; AudioError too when the file is not the
+        one the index measured (another size or mtime than the lease's stamp, or gone:
+        agreement.stamp_problem), or the audio read is not ``duration_s`` long (the index's, within
+        DURATION_TOLERANCE_S)."""
         # this host's own listing first (a remote copy may keep a file elsewhere), else the lease's
         name = self.files.get(sample_id) or self._lease_files.get(sample_id) or relative_audio(sample_id)
         path = audio_path(self.root, sample_id, name)
@@ -157,14 +160,23 @@ class BatchMaker:
         member = is_locator(name)  # a tar shard's member (shared/dataset/shards.py): not cached
         remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there)
         expected = self._lease_sizes.get(sample_id)
-        if (self.cache is not None or expected is not None) and not member and not remote:
+        indexed = self._lease_stamps.get(sample_id)
+        if (self.cache is not None or expected is not None or indexed is not None) and not member and not remote:
             try:
                 st = os.stat(path)
+            except FileNotFoundError:
+                st = None
+                changed = stamp_problem(relative_audio(sample_id, name), None, indexed)
+                if changed:
+                    raise AudioError(changed) from None
             except OSError:
                 st = None  # load_audio says why
             problem = size_problem(relative_audio(sample_id, name), st.st_size, expected) if st is not None else ""
             if problem:
                 raise AudioMissing(problem)
+            changed = stamp_problem(relative_audio(sample_id, name), st, indexed) if st is not None else ""
+            if changed:
+                raise AudioError(changed)
             if st is not None and self.cache is not None:
                 clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
                 clip.slot = None if clip.mel is not None else (name, st)
@@ -210,6 +222,7 @@ class BatchMaker:
         # more of the dataset than its leases').
         self._lease_texts, self._lease_files = lease.texts or {}, lease.files or {}
         self._lease_sizes = lease.sizes or {}
+        self._lease_stamps = lease.stamps or {}
         before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
         retries = COUNTS.retries
         rows: list[tuple[np.ndarray, _Clip, _Clip | None]] = []  # (tokens, clip, its reference clip)

@@ -29,7 +29,8 @@ checks it against the classes):
     REFUSE     C->P  reason: str, [metadata_file: str], [columns: str], [rejoin: bool]
     LEASE      C->P  lease: int, epoch: int, index: int, ids: [str], shape: [int, int], rows: int,
                      tokens: [[int]], [speakers: [int]], [languages: [int]], [refs: [str]],
-                     [texts: {str: str}], [files: {str: str}], [durations: [float]], [sizes: {str: int}]
+                     [texts: {str: str}], [files: {str: str}], [durations: [float]], [sizes: {str: int}],
+                     [stamps: {str: [int, int]}]
     READY      P->C  lease: int
     CREDIT     C->P  lease: int
     REVOKE     C->P  lease: int
@@ -608,7 +609,10 @@ class Lease(Body):
     references, {id: ...} (a producer reads no metadata of its own for them); per clip the
     duration the index holds, which the producer checks the audio against; and to a producer on
     another host the byte size of each clip's (and reference's) audio file on the trainer, {id:
-    bytes} (agreement.file_sizes): a file of another size there is not the trainer's."""
+    bytes} (agreement.file_sizes): a file of another size there is not the trainer's; to a producer
+    on the trainer's host, each clip's audio file as the index listed it, {id: (bytes, mtime in
+    ns)} (table.FILE_COLUMNS): a file changed or gone since is rejected when read
+    (agreement.stamp_problem), never trained with the index's stale length."""
 
     KIND: ClassVar[str] = LEASE
     SENDER: ClassVar[str] = "C->P"
@@ -626,6 +630,7 @@ class Lease(Body):
     files: dict[str, str] | None = None
     durations: tuple[float, ...] | None = None
     sizes: dict[str, int] | None = None
+    stamps: dict[str, tuple[int, int]] | None = None
 
     def problem(self) -> str:
         if self.durations is not None and len(self.durations) != len(self.ids):

@@ -56,7 +56,7 @@ import numpy as np
 from stoker.consumer.pipeline.shard_order import gather_batches, grouped_batches, shard_numbers
 from stoker.shared.batch import batch_dims
 from stoker.shared.config import BatchingConfig, Config, batch_schema
-from stoker.shared.dataset import Sample, SampleTable
+from stoker.shared.dataset import UNMEASURED, Sample, SampleTable
 from stoker.shared.errors import UserError
 from stoker.shared.vocab import Vocabulary
 
@@ -798,6 +798,9 @@ class TokenTable:
         self._languages = [languages.get(code, 0) for code in self._table.languages]
         # Read once: a view's column is a copy, and every lease reads them.
         self._columns = tuple(self._table.column(n) for n in ("speaker", "language", "duration_s"))
+        # Each clip's audio file as indexed (size, mtime), where the index listed them (table.FILE_COLUMNS).
+        self._stamps = ((self._table.column("file_size"), self._table.column("file_mtime_ns"))
+                        if self._table.has("file_size") else None)
 
     def __call__(self, ids: Sequence[str]) -> list[list[int]]:
         return [self.vocabulary.encode(self._table.string("units", r)).tolist() for r in self._rows(ids)]
@@ -821,14 +824,20 @@ class TokenTable:
 
     def lease_fields(self, ids: Sequence[str], clips: Sequence[int] | None = None) -> dict[str, Any]:
         """What a lease carries for its clips: token ids, speaker ids, language ids, and their
-        texts, audio locators and durations ({id: ...}), so that a producer reads no metadata.
-        ``clips``: their table rows, where the caller has them."""
+        texts, audio locators and durations ({id: ...}), so that a producer reads no metadata; and
+        the size and mtime of each clip's audio file as indexed ({id: [size, mtime_ns]}: a file the
+        index listed), which a producer on the trainer's host checks its file against when it reads
+        it (agreement.stamp_problem). ``clips``: their table rows, where the caller has them."""
         table = self._table
         rows = self._rows(ids, clips)
         speaker, language, duration = self._columns
+        stamps = None
+        if self._stamps is not None:
+            size, mtime = self._stamps
+            stamps = {i: [int(size[r]), int(mtime[r])] for i, r in zip(ids, rows) if size[r] != UNMEASURED}
         return {"tokens": [self.vocabulary.encode(table.string("units", r)).tolist() for r in rows],
                 "speakers": [self._speakers[speaker[r]] for r in rows],
                 "languages": [self._languages[language[r]] for r in rows],
                 "texts": {i: table.string("text", r) for i, r in zip(ids, rows)},
                 "files": {i: table.string("audio", r) for i, r in zip(ids, rows)},
-                "durations": tuple(float(duration[r]) for r in rows)}
+                "durations": tuple(float(duration[r]) for r in rows), "stamps": stamps or None}

@@ -323,14 +323,16 @@ class Scheduler:
             texts = {**carried["texts"], **(texts or {})}
             files = {**carried["files"], **tokens.files([r for r in refs or () if r not in carried["files"]]),
                      **(files or {})}
-        # A producer on another host reads its own copy: each file's size on the trainer (a stat each).
+        # A producer on another host reads its own copy: each file's size on the trainer (a stat each);
+        # one on this host the trainer's files, each checked against the index's size and mtime.
         sizes = self.peers.dataset.sizes(files) if files and peer.remote and self.peers.dataset is not None else None
+        stamps = carried.get("stamps") if not peer.remote else None
         self._send(peer.identity, wire.Lease(
             lease=lease.id, epoch=batch.epoch, index=batch.index, ids=tuple(batch.ids),
             shape=(batch.shape[0], batch.shape[1]), rows=batch.rows,
             tokens=tuple(tuple(row) for row in carried.get("tokens", ())),
             speakers=tuple(carried.get("speakers", ())), languages=tuple(carried.get("languages", ())),
-            refs=refs, texts=texts, files=files, durations=carried.get("durations"), sizes=sizes))
+            refs=refs, texts=texts, files=files, durations=carried.get("durations"), sizes=sizes, stamps=stamps))
         orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self._lock:
             stats = self.producers.get(peer.name)

@@ -39,7 +39,11 @@ found without reading the manifest: by a digest of the config and the manifest's
 (:func:`storage.file_stamp`: its size and mtime here; at a URL its size and the version or
 ETag the store gives, else its modification time; its content's SHA-256 only where a store
 gives none of them) and a stat of the files it measured. A manifest whose stamp changed but
-not its bytes is found by its content, before it is parsed. On any change the index is
+not its bytes is found by its content, before it is parsed. A local LJSpeech layout's is found
+by its metadata file's stamp too, with a stat of the files of the clips rejected as missing
+only: no listing of ``wavs/``; each clip's file size and mtime as indexed are columns of the
+table (``FILE_COLUMNS``) that a lease carries, and a producer rejects a file changed or deleted
+since (:func:`stamp_problem`) when it reads it. On any change the index is
 derived again, reusing what is still valid: header facts of audio files whose name, size
 and mtime are unchanged, and token counts of unchanged texts; only changed or new files
 are read. A cache file that fails a checksum or cannot be parsed is ignored (logged) and
@@ -101,7 +105,8 @@ from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SI
 from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, HASH_CHUNK_BYTES, Reference,
                                       audio_fingerprint, check_agreement, deferred, describe_copy, file_sha256,
                                       file_sizes, fingerprints, is_deferred, metadata_fingerprint, metadata_sha256,
-                                      scan_dataset, scan_from, shards_sha256, size_problem)
+                                      scan_dataset, scan_from, shards_sha256, size_problem,
+                                      stamp_problem)
 from ..dataset.table import NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, pack_strings
 from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
                                   INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SECTION_ALIGN, UNITS_FIELDS,
@@ -127,5 +132,5 @@ __all__ = [
     "metadata_fingerprint", "metadata_sha256", "open_index", "pack_index", "pack_strings", "probe_audio",
     "read_cache", "read_metadata", "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root",
     "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "shards_sha256", "size_problem",
-    "user_cache_dir", "write_cache",
+    "stamp_problem", "user_cache_dir", "write_cache",
 ]

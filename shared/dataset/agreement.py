@@ -2,7 +2,8 @@
 audio fingerprints, stored with the index), what a producer on another host says of its copy
 when joining (:func:`describe_copy`: the metadata's SHA-256, no parse and no audio listing),
 the trainer's verdict on it (:func:`check_agreement`), and the per-file check at reading time
-(:func:`file_sizes` on the trainer, :func:`size_problem` on the producer).
+(:func:`file_sizes` on the trainer, :func:`size_problem` on the producer; on the trainer's host,
+each file against the index's size and mtime: :func:`stamp_problem`).
 """
 
 from __future__ import annotations
@@ -217,6 +218,23 @@ def size_problem(name: str, size: int, expected: int | None) -> str:
         return ""
     return (f"{name} is {size} bytes on this host and {expected} on the trainer (a resampled, re-encoded or "
             "truncated copy?)")
+
+
+def stamp_problem(name: str, st: os.stat_result | None, indexed: tuple[int, int] | None) -> str:
+    """Why a clip's audio file on the trainer's host is not the one the index measured ("" when its
+    size and mtime are the index's, or the lease names none): rewritten (``st``: its stat now) or
+    deleted (``st`` None) since the index was built. The index's duration and frame count are of
+    the file it measured: such a clip is rejected, not trained with them."""
+    if indexed is None:
+        return ""
+    size, mtime_ns = indexed
+    if st is None:
+        return f"audio file missing: {name} (deleted since the index was built)"
+    if st.st_size != size:
+        return f"{name} changed since the index was built (size {size} -> {st.st_size})"
+    if st.st_mtime_ns != mtime_ns:
+        return f"{name} changed since the index was built (same size {size}, mtime {mtime_ns} -> {st.st_mtime_ns})"
+    return ""
 
 
 def _is_str(value: Any) -> bool:

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 # Bump when the cache layout or any rule that derives the index from its inputs changes.
-INDEX_FORMAT = 8
+INDEX_FORMAT = 9  # 9: each clip's audio file size and mtime (a loose file checked when read)
 
 
 # Cache files start with this magic, then the SHA-256 of the msgpack header that follows.

@@ -42,7 +42,7 @@ from ..dataset.table import (ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, Sa
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
 from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, manifest_columns
 from ..mel import min_num_samples, num_frames, num_frames_of
-from ..mixes import parse_entries
+from ..mixes import is_mix, parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
 from ..vocab import Vocabulary
 
@@ -317,8 +317,12 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     # A manifest's cache is found by its stamp (size and mtime, or a store's version or ETag: no
     # read), taken before the manifest is read; by its content's hash where there is no stamp: then a
     # manifest built in one pass is read whole once, its hash the cache lookup's and the cache's (a
-    # large one, built in pieces, is hashed a piece at a time and never held).
-    stamp = file_stamp(metadata_location(root, metadata_file)) if is_manifest(metadata_file) and candidates else ""
+    # large one, built in pieces, is hashed a piece at a time and never held). A local LJSpeech
+    # layout's is found by its metadata's stamp too, without listing its audio: each file is
+    # checked against the index when a producer reads it (:func:`_loose_layout`).
+    loose = _loose_layout(metadata_file)
+    stamp = (file_stamp(metadata_location(root, metadata_file)) if (is_manifest(metadata_file) or loose) and candidates
+             else "")
     metadata = _read_small_manifest(root, data.metadata_file) if candidates and not chunked and not stamp else None
     manifest_sha256 = (hashlib.sha256(metadata).hexdigest() if metadata is not None
                        else _sha256_of(metadata_location(root, metadata_file))
@@ -357,6 +361,8 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             cached, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
+            if loose and stamp and cache_path is not None:  # the metadata touched, not changed: found by its stamp next
+                _restamp(cache_path, cached, loaded[1], _digest(config, stamp))
             return _finish(root, *loaded, key, stats, started, False, scan_inputs, data)
     entries, rejected = parse_entries(metadata, data.metadata_file, data.columns)
     entries = resolve_audio(entries, metadata_file)  # a manifest at a URL: its audio paths beside it
@@ -390,14 +396,58 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
             header["manifest"] = {"digest": _digest(config, stamp or (manifest_sha256 if hashed
                                                                     else hashlib.sha256(metadata).hexdigest())),
                                   "measured": _measured(entries, audio)}
+        elif loose and stamp:  # found by the metadata's stamp: its missing files looked for, no listing
+            header["manifest"] = {"digest": _digest(config, stamp), "measured": _absent(rejected)}
     del entries, units, probes  # the clips are in the samples now: not held while they become columns
-    table = SampleTable.from_samples(samples)
+    table = _with_files(SampleTable.from_samples(samples), samples, audio)
     del samples
     if candidates:
         header["names"] = {"speakers": table.speakers, "languages": table.languages}
         written = write_cache(candidates, pack_index(header, {**table.sections(), "reuse": reuse}))
         stats.cache_file = str(written) if written else ""
     return _finish(root, table, rejected, lost, agreed, vocab, key, stats, started, True, scan_inputs, data)
+
+
+def _loose_layout(metadata_file: str) -> bool:
+    """Whether ``metadata_file`` is a local LJSpeech layout's (``wavs/`` beside it): its index
+    cache is found by the metadata's stamp alone, not by a listing and a stat of every audio file
+    (a million of them take seconds): a file changed or deleted since indexing is found when a
+    producer reads it (each clip's file size and mtime are columns of the index, which its lease
+    carries: agreement.stamp_problem), a clip rejected as missing by a stat of its file
+    (:func:`_absent`)."""
+    return not (is_url(metadata_file) or is_manifest(metadata_file) or is_shards(metadata_file)
+                or is_mix(metadata_file))
+
+
+def _absent(rejected: Sequence[Rejection]) -> list[list[Any]]:
+    """The files of clips rejected as missing, as :func:`_measured` lists a missing one ([name,
+    None, None]): a warm load by the metadata's stamp (:func:`_manifest_hit`) takes the long way
+    when one of them has come since."""
+    return sorted({r.file: [r.file, None, None] for r in rejected if r.kind == "missing-audio" and r.file}.values())
+
+
+def _restamp(path: Path, cached: CachedIndex, rejected: Sequence[Rejection], digest: str) -> None:
+    """The cache file of a local LJSpeech layout found the long way (its listing and the metadata's
+    bytes as they were: :func:`_loose_layout`) written again with the metadata's present stamp
+    (``digest``), so that the next start finds it by the stamp, without a listing; as it is when
+    it has that stamp already."""
+    manifest = cached.header.get("manifest")
+    if isinstance(manifest, dict) and manifest.get("digest") == digest:
+        return
+    header = {**cached.header, "manifest": {"digest": digest, "measured": _absent(rejected)}}
+    write_cache([path], pack_index(header, cached.sections))
+
+
+def _with_files(table: SampleTable, samples: Sequence[Sample], audio: dict[str, AudioFile]) -> SampleTable:
+    """``table`` (of ``samples``) with each clip's audio file as listed (table.FILE_COLUMNS):
+    UNMEASURED where the build looked at none (a manifest's clip with its duration); the table as
+    it is when it looked at no file at all."""
+    files = [audio.get(s.id) for s in samples]
+    if not any(files):
+        return table
+    sizes = np.fromiter((f.size if f is not None else UNMEASURED for f in files), np.int64, len(files))
+    mtimes = np.fromiter((f.mtime_ns if f is not None else UNMEASURED for f in files), np.int64, len(files))
+    return table.with_files(sizes, mtimes)
 
 
 def _loaded(cached: CachedIndex, fixed: Vocabulary | None) -> tuple[SampleTable, list[Rejection], dict[str, Any],
@@ -455,9 +505,10 @@ def _measured(entries: Sequence[Entry], audio: dict[str, AudioFile]) -> list[lis
 
 
 def _manifest_hit(root: Path, candidates: list[Path], digest: str) -> tuple[Path, CachedIndex] | None:
-    """A cache file of this manifest under this config whose measured audio files are as they
-    were (:func:`_measured`): one stat each, no parse of the manifest; its sections checked. None:
-    take the long way (which also reports a corrupt cache)."""
+    """A cache file of this manifest (or local LJSpeech layout's metadata: :func:`_loose_layout`)
+    under this config whose measured audio files are as they were (:func:`_measured`,
+    :func:`_absent`): one stat each, no parse of the metadata; its sections checked. None: take the
+    long way (which also reports a corrupt cache)."""
     for path in candidates:
         try:
             cached = open_index(path, check=False)

@@ -24,6 +24,13 @@ NUMBER_COLUMNS: dict[str, Any] = {"num_tokens": np.int32, "num_frames": np.int32
                                   "line": np.int64, "speaker": np.int32, "language": np.int32}
 
 
+# Optional numeric columns: each clip's audio file as the index listed it (byte size and mtime,
+# files.UNMEASURED where it was not looked at), which a lease carries so that a producer finds a
+# file changed since indexing when it reads it (agreement.stamp_problem). Only an index built
+# from a listing of its files has them.
+FILE_COLUMNS: dict[str, Any] = {"file_size": np.int64, "file_mtime_ns": np.int64}
+
+
 # The string columns, each a blob of UTF-8 (file names may hold undecodable bytes: surrogateescape)
 # and int64 offsets, one more than the clips.
 STRING_COLUMNS = ("id", "text", "audio", "units")
@@ -138,9 +145,21 @@ class SampleTable(Sequence[Sample]):
 
     # ------------------------------------------------------------ columns
     def column(self, name: str) -> np.ndarray:
-        """One numeric column (:data:`NUMBER_COLUMNS`), read-only."""
+        """One numeric column (:data:`NUMBER_COLUMNS`, or :data:`FILE_COLUMNS` where :meth:`has`), read-only."""
         col = self._numbers[name]
         return col if self._rows is None else col[self._rows]
+
+    def has(self, name: str) -> bool:
+        """Whether the table holds the numeric column ``name`` (an optional one: :data:`FILE_COLUMNS`)."""
+        return name in self._numbers
+
+    def with_files(self, sizes: np.ndarray, mtimes_ns: np.ndarray) -> "SampleTable":
+        """This whole table with :data:`FILE_COLUMNS`: each clip's audio file size and mtime, in row order."""
+        if self._rows is not None or len(sizes) != self._len or len(mtimes_ns) != self._len:
+            raise ValueError("file columns of another length than the table's")
+        numbers = {**self._numbers, "file_size": np.asarray(sizes, np.int64),
+                   "file_mtime_ns": np.asarray(mtimes_ns, np.int64)}
+        return SampleTable(numbers, self._strings, self.speakers, self.languages, id_order=self._id_order)
 
     def string(self, name: str, n: int) -> str:
         """Clip ``n``'s string ``name`` (:data:`STRING_COLUMNS`)."""
@@ -310,7 +329,8 @@ class SampleTable(Sequence[Sample]):
         sections serve both."""
         if self._rows is not None:
             raise ValueError("a view of a table is not stored")
-        out: dict[str, bytes | np.ndarray] = {f"n.{name}": np.ascontiguousarray(col, NUMBER_COLUMNS[name])
+        kinds = {**NUMBER_COLUMNS, **FILE_COLUMNS}
+        out: dict[str, bytes | np.ndarray] = {f"n.{name}": np.ascontiguousarray(col, kinds[name])
                                              for name, col in self._numbers.items()}
         for name, (offsets, blob) in self._strings.items():
             if name == UNITS_AS_TEXT[0] and _same_strings((offsets, blob), self._strings[UNITS_AS_TEXT[1]]):
@@ -328,6 +348,8 @@ class SampleTable(Sequence[Sample]):
         their checksums (they are what a table's :meth:`sections` wrote), so only their sizes
         are checked, not every offset and code (which would read them all in)."""
         numbers = {name: np.frombuffer(sections[f"n.{name}"], kind) for name, kind in NUMBER_COLUMNS.items()}
+        numbers.update({name: np.frombuffer(sections[f"n.{name}"], kind) for name, kind in FILE_COLUMNS.items()
+                        if f"n.{name}" in sections})
         count = len(numbers["num_frames"])
         strings = {}
         for name in STRING_COLUMNS:

@@ -34,3 +34,28 @@ def test_the_report_names_growth_and_targets() -> None:
     assert "1,000,000 clips" in text and "10,000,000 clips" in text
     assert "met: consumer_peak_rss_mb at 10,000,000 clips = 20.000 (limit 1500)" in text
     assert growth["consumer_peak_rss_mb"] == 2.0
+
+
+def test_the_generated_loose_layout_is_a_file_per_clip_and_indexed_from_their_headers(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    monkeypatch.setattr(scale, "LINKS_PER_FILE", 25)  # a copy of the clip every 25 links, as every 50,000
+    scale.make_loose(tmp_path, 60)
+    lines = (tmp_path / scale.LOOSE_METADATA).read_text().splitlines()
+    assert len(lines) == 60 and len({line.split("|")[0] for line in lines}) == 60
+    wavs = sorted((tmp_path / "wavs").iterdir())
+    assert [p.stem for p in wavs] == [line.split("|")[0] for line in lines]
+    assert len({p.stat().st_ino for p in wavs}) == 3  # hard links to three copies of one clip
+    index = build_index(DataConfig(path=str(tmp_path), index_cache="off"), FeaturesConfig())
+    assert len(index.samples) == 60 and index.rejected == [] and index.stats.headers_read == 60
+
+
+def test_the_report_names_the_loose_files_target() -> None:
+    figures = dict.fromkeys(("cold_build_s", "cold_build_peak_rss_mb", "warm_load_s", "launch_to_first_batch_s",
+                             "samples_per_s", "consumer_peak_rss_mb", "producer_peak_rss_mb",
+                             "launcher_peak_rss_mb"), 1.0)
+    loose = [{**figures, "clips": 1_000_000, "launch_to_first_batch_s": 4.0, "command": "c"}]
+    result = {"sizes": [], "loose": loose, "growth_per_clip": {},
+              "targets": scale._met(scale.LOOSE_TARGETS, loose, "loose files")}
+    text = scale.render(result)
+    assert "1,000,000 loose files" in text
+    assert "NOT met: launch_to_first_batch_s at 1,000,000 loose files = 4.000 (limit 3)" in text

@@ -57,11 +57,18 @@ def test_second_build_is_a_hit_that_reads_no_header(root: Path) -> None:
     _same(cold, warm)
 
 
-def test_touching_one_wav_rereads_that_header_only(root: Path) -> None:
+def _later(path: Path) -> None:
+    """Move ``path``'s mtime a second on (a change its stamp shows, whatever the clock's grain)."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+def test_touching_one_wav_and_the_metadata_rereads_that_header_only(root: Path) -> None:
+    """A warm load looks at no audio file; a touched metadata file (the way to index again a file
+    changed in place) makes it list them, and read again only the header that changed."""
     build_index(_data(root), FEATURES)
-    wav = root / "wavs" / "T0003.wav"
-    stat = wav.stat()
-    os.utime(wav, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    _later(root / "wavs" / "T0003.wav")
+    _later(root / "metadata.csv")
     index = build_index(_data(root), FEATURES)
     assert (index.stats.cache, index.stats.headers_read, index.stats.headers_reused) == ("stale", 1, CLIPS - 1)
     assert index.stats.texts_tokenized == 0
@@ -71,6 +78,7 @@ def test_touching_one_wav_rereads_that_header_only(root: Path) -> None:
 def test_a_rewritten_wav_changes_its_sample(root: Path) -> None:
     before = build_index(_data(root), FEATURES).by_id()["T0002"]
     add_clip(root, "T0002", 2.0, metadata=False)  # same name, new length
+    _later(root / "metadata.csv")
     index = build_index(_data(root), FEATURES)
     assert index.stats.headers_read == 1
     after = index.by_id()["T0002"]
@@ -342,3 +350,74 @@ def test_an_edited_user_tokenizer_tokenizes_again_without_a_version_bump(root: P
         assert [int(i) + 28 for i in old.units.split()] == [int(i) for i in new.units.split()]
     assert after.vocabulary == before.vocabulary  # the version names the ids a run saved: they keep loading
     assert build_index(_data(root), FEATURES, text).stats.cache == "hit"
+
+
+class _Counted:
+    """os.stat, os.scandir and os.listdir counted by the path they are given, or their dir_fd's
+    directory (scan_audio stats each file relative to the audio directory's descriptor)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for name in ("stat", "scandir", "listdir"):
+            monkeypatch.setattr(os, name, self._counting(getattr(os, name)))
+
+    def _counting(self, real):
+        def counted(path=".", *args, **kwargs):
+            fd = kwargs.get("dir_fd")
+            where = os.readlink(f"/proc/self/fd/{fd}") if fd is not None else ""
+            self.calls.append(os.path.join(where, os.fsdecode(path)) if not isinstance(path, int) else where)
+            return real(path, *args, **kwargs)
+        return counted
+
+    def under(self, directory: Path) -> list[str]:
+        return [c for c in self.calls if c == str(directory) or c.startswith(f"{directory}/")]
+
+
+def test_a_warm_load_stats_and_lists_no_audio_file(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the cache warm, a start reads the cache and the metadata's stamp: no listing of wavs/
+    and no stat of a clip's file (a million of them took 11.7 s), but the one clip rejected as
+    missing, looked for (it may have come since). The same build, cold, lists and stats them all."""
+    cold_calls = _Counted(monkeypatch)
+    cold = build_index(_data(root), FEATURES)
+    assert len(cold_calls.under(root / "wavs")) > CLIPS  # the cold build's listing: a stat a file, and the dir
+    monkeypatch.undo()
+    warm_calls = _Counted(monkeypatch)
+    warm = build_index(_data(root), FEATURES)
+    assert (warm.stats.cache, warm.stats.headers_read) == ("hit", 0)
+    assert warm_calls.under(root / "wavs") == [str(root / "wavs" / "GONE.wav")]
+    _same(cold, warm)
+
+
+def test_the_index_holds_each_clips_file_as_listed(root: Path) -> None:
+    """Each clip's audio file size and mtime are columns of the index (a lease carries them), the
+    same from the cache as built."""
+    cold = build_index(_data(root), FEATURES)
+    warm = build_index(_data(root), FEATURES)
+    for index in (cold, warm):
+        table = index.samples
+        stats = [(root / s.audio).stat() for s in table]
+        assert table.column("file_size").tolist() == [st.st_size for st in stats]
+        assert table.column("file_mtime_ns").tolist() == [st.st_mtime_ns for st in stats]
+
+
+def test_a_clip_missing_at_indexing_whose_file_comes_is_indexed(root: Path) -> None:
+    """The files of clips rejected as missing are looked for on a warm start: one that has come
+    makes the start list the audio, and the clip is indexed."""
+    assert "GONE" in {r.id for r in build_index(_data(root), FEATURES).rejected}
+    add_clip(root, "GONE", 1.0, metadata=False)
+    index = build_index(_data(root), FEATURES)
+    assert index.stats.cache == "stale" and index.stats.headers_read == 1
+    assert "GONE" in index.by_id() and not index.rejected
+
+
+def test_a_touched_metadata_file_is_found_the_long_way_once(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metadata file touched but not changed misses the stamp: the start lists the audio and
+    finds the cache by its content, which it stamps anew, so the next start lists nothing."""
+    build_index(_data(root), FEATURES)
+    _later(root / "metadata.csv")
+    calls = _Counted(monkeypatch)
+    assert build_index(_data(root), FEATURES).stats.cache == "hit"
+    assert len(calls.under(root / "wavs")) > CLIPS  # the long way: the listing
+    calls.calls.clear()
+    index = build_index(_data(root), FEATURES)
+    assert (index.stats.cache, calls.under(root / "wavs")) == ("hit", [str(root / "wavs" / "GONE.wav")])
