@@ -49,23 +49,30 @@ def endpoint_of(run: RunProcess) -> str:
 
 
 @contextlib.contextmanager
-def gated_producer(endpoint: str, batches: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """A producer in this process, on the trainer's data as a local one (it reads no metadata),
-    that prepares ``batches`` batches, then none until the event it yields is set; the block's
-    end sets it and stops the producer."""
+def gated_producer(endpoint: str, batches: int, monkeypatch: pytest.MonkeyPatch, data: Path = DEMO_DATA_DIR,
+                   name: str = "gated") -> Iterator[threading.Event]:
+    """A producer in this process, on the trainer's ``data`` as a local one (it reads no
+    metadata), that prepares ``batches`` batches, then none until the event it yields is set;
+    the block's end sets it and stops the producer. Each ``name`` has a gate of its own."""
     opened = threading.Event()
-    made = itertools.count()
-    real_make = BatchMaker.make
+    gates = getattr(BatchMaker.make, "gates", None)
+    if gates is None:  # the first gated producer of the test: BatchMaker.make asks each maker's gate
+        gates = {}
+        real_make = BatchMaker.make
 
-    def make(maker: BatchMaker, lease):
-        if next(made) >= batches:
-            opened.wait()
-        return real_make(maker, lease)
+        def make(maker: BatchMaker, lease):
+            if maker.name in gates:
+                limit, made, gate = gates[maker.name]
+                if next(made) >= limit:
+                    gate.wait()
+            return real_make(maker, lease)
 
-    monkeypatch.setattr(BatchMaker, "make", make)
+        make.gates = gates
+        monkeypatch.setattr(BatchMaker, "make", make)
+    gates[name] = (batches, itertools.count(), opened)
     stop = threading.Event()
     ctx = zmq.Context()
-    producer = Producer(endpoint, DEMO_DATA_DIR, "gated", stop, context=ctx, scan=False)
+    producer = Producer(endpoint, data, name, stop, context=ctx, scan=False)
     thread = threading.Thread(target=producer.run, name="gated-producer", daemon=True)
     thread.start()
     try:
