@@ -30,6 +30,7 @@ from stoker.shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
 from stoker.shared.keys import make_keys
 from tests.factories import make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+from tests.test_resume import gated_producer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -42,6 +43,9 @@ FAST_HEARTBEAT = ["--set", "pipeline.heartbeat_interval_s=0.3", "--set", "pipeli
 # Seconds allowed for start-up of a run.py process (interpreter, imports, dataset scan).
 START_S = 60
 DEMO_IDS = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
+# The join test's first producer prepares this many batches (half of the first epoch), then
+# none until the remote one has left: the run cannot end before that, however fast the host.
+GATE_BATCHES = 4
 
 
 def trainer(run_dir: Path, *args: str, heartbeat: list[str] = QUIET_HEARTBEAT,
@@ -89,25 +93,27 @@ def one_error_line(run: RunProcess) -> str:
 
 
 # ---------------------------------------------------------------- join, leave, die
-def test_remote_producer_joins_and_leaves_mid_epoch(tmp_path):
+def test_remote_producer_joins_and_leaves_mid_epoch(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    with trainer(run_dir, "--epochs", "10", "--producers", "1") as run:
+    with trainer(run_dir, "--epochs", "10", "--producers", "0") as run:
         endpoint = endpoint_of(run)
-        run.wait_for_line(r"step 4/", START_S)
-        with produce(endpoint) as remote:
-            leased = remote.wait_for_line(r"first lease [0-9.]+ s after connecting", START_S)
-            delivered = remote.wait_for_line(r"first batch delivered", START_S)
-            assert remote.lines.index(leased) < remote.lines.index(delivered)
-            run.wait_for_line(r"producer p0@\S+#2 joined", START_S)
-            remote.proc.send_signal(signal.SIGINT)  # Ctrl-C: its leases come back at once (BYE)
-            assert remote.wait(timeout=30) == 130, remote.output()
-        left = run.wait_for_line(r"producer p0@\S+#2 left, returning \d+ leases", START_S)
-        assert run.wait(timeout=90) == 0, run.output()
+        with gated_producer(endpoint, GATE_BATCHES, monkeypatch) as gate:
+            run.wait_for_line(r"step 4/", START_S)
+            with produce(endpoint) as remote:
+                leased = remote.wait_for_line(r"first lease [0-9.]+ s after connecting", START_S)
+                delivered = remote.wait_for_line(r"first batch delivered", START_S)
+                assert remote.lines.index(leased) < remote.lines.index(delivered)
+                run.wait_for_line(r"producer p0@\S+ joined", START_S)
+                remote.proc.send_signal(signal.SIGINT)  # Ctrl-C: its leases come back at once (BYE)
+                assert remote.wait(timeout=30) == 130, remote.output()
+            left = run.wait_for_line(r"producer p0@\S+ left, returning \d+ leases", START_S)
+            gate.set()  # the first producer trains the rest
+            assert run.wait(timeout=90) == 0, run.output()
     assert "presumed dead" not in "\n".join(run.lines)  # it left; nobody had to time out
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 10
     check_exactly_once(read_jsonl(run_dir / "samples.jsonl"), 10, DEMO_IDS)
-    remote_stats = next(p for p in summary["producers"] if p["id"].endswith("#2"))
+    remote_stats = next(p for p in summary["producers"] if p["id"].startswith("p0@"))
     assert remote_stats["status"] == "left" and remote_stats["batches"] >= 1, summary["producers"]
     assert left
 
