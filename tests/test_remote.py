@@ -2,8 +2,10 @@
 
 On loopback: producers joining and leaving mid-epoch, kill -9 of one, a producer with
 another dataset refused, a copy missing a clip, CURVE, and a fuzzer. Every run uses the
-numpy features and a synthetic trainer (no TensorFlow), fast heartbeats so failures are
-noticed in 1.5 s, and waits only on log lines and exits, each with a deadline.
+numpy features and a synthetic trainer (no TensorFlow), and waits only on log lines and
+exits, each with a generous deadline. These tests assert what happened and in which order;
+how soon a producer is leased work or presumed dead is tested on a virtual clock
+(tests/consumer/pipeline/test_peers.py).
 """
 
 from __future__ import annotations
@@ -27,23 +29,30 @@ from stoker.shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
 from stoker.shared.keys import make_keys
 from tests.factories import make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli
+from tests.test_resume import gated_producer
 from tests.trained import check_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 NUMPY_FEATURES = ["--set", "features.backend=numpy"]
-# A dead producer's leases move 1.5 s after its last message.
+# A heartbeat timeout no test here reaches: a producer is presumed dead because its connection
+# closed, never because a loaded host kept it (or the trainer) from speaking for a while.
+QUIET_HEARTBEAT = ["--set", "pipeline.heartbeat_timeout_s=600"]
+# For the test of a trainer that went silent: its producers notice after 1.5 s.
 FAST_HEARTBEAT = ["--set", "pipeline.heartbeat_interval_s=0.3", "--set", "pipeline.heartbeat_timeout_s=1.5"]
-HEARTBEAT_TIMEOUT_S = 1.5
 # Seconds allowed for start-up of a run.py process (interpreter, imports, dataset scan).
 START_S = 60
 DEMO_IDS = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
+# The join test's first producer prepares this many batches (half of the first epoch), then
+# none until the remote one has left: the run cannot end before that, however fast the host.
+GATE_BATCHES = 4
 
 
-def trainer(run_dir: Path, *args: str, prefix: list[str] | None = None) -> RunProcess:
+def trainer(run_dir: Path, *args: str, heartbeat: list[str] = QUIET_HEARTBEAT,
+            prefix: list[str] | None = None) -> RunProcess:
     return RunProcess("--model", "synthetic:100", "--batch-size", "8", "--record-samples", "--model-start-delay",
                       "0.2", "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", *NUMPY_FEATURES,
-                      *FAST_HEARTBEAT, *args, prefix=prefix)
+                      *heartbeat, *args, prefix=prefix)
 
 
 def produce(endpoint: str, *args: str, prefix: list[str] | None = None) -> RunProcess:
@@ -73,25 +82,27 @@ def one_error_line(run: RunProcess) -> str:
 
 
 # ---------------------------------------------------------------- join, leave, die
-def test_remote_producer_joins_and_leaves_mid_epoch(tmp_path):
+def test_remote_producer_joins_and_leaves_mid_epoch(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    with trainer(run_dir, "--epochs", "10", "--producers", "1") as run:
+    with trainer(run_dir, "--epochs", "10", "--producers", "0") as run:
         endpoint = endpoint_of(run)
-        run.wait_for_line(r"step 4/", START_S)
-        with produce(endpoint) as remote:
-            first = remote.wait_for_line(r"first lease ([0-9.]+) s after connecting", START_S)
-            assert float(re.search(r"first lease ([0-9.]+) s", first).group(1)) < 2.0
-            remote.wait_for_line(r"first batch delivered", 30)
-            run.wait_for_line(r"producer p0@\S+#2 joined", 10)
-            remote.proc.send_signal(signal.SIGINT)  # Ctrl-C: its leases come back at once (BYE)
-            assert remote.wait(timeout=15) == 130, remote.output()
-        left = run.wait_for_line(r"producer p0@\S+#2 left, returning \d+ leases", 10)
-        assert run.wait(timeout=90) == 0, run.output()
+        with gated_producer(endpoint, GATE_BATCHES, monkeypatch) as gate:
+            run.wait_for_line(r"step 4/", START_S)
+            with produce(endpoint) as remote:
+                leased = remote.wait_for_line(r"first lease [0-9.]+ s after connecting", START_S)
+                delivered = remote.wait_for_line(r"first batch delivered", START_S)
+                assert remote.lines.index(leased) < remote.lines.index(delivered)
+                run.wait_for_line(r"producer p0@\S+ joined", START_S)
+                remote.proc.send_signal(signal.SIGINT)  # Ctrl-C: its leases come back at once (BYE)
+                assert remote.wait(timeout=30) == 130, remote.output()
+            left = run.wait_for_line(r"producer p0@\S+ left, returning \d+ leases", START_S)
+            gate.set()  # the first producer trains the rest
+            assert run.wait(timeout=90) == 0, run.output()
     assert "presumed dead" not in "\n".join(run.lines)  # it left; nobody had to time out
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 10
     check_run(run_dir, 10, DEMO_IDS)
-    remote_stats = next(p for p in summary["producers"] if p["id"].endswith("#2"))
+    remote_stats = next(p for p in summary["producers"] if p["id"].startswith("p0@"))
     assert remote_stats["status"] == "left" and remote_stats["batches"] >= 1, summary["producers"]
     assert left
 
@@ -109,8 +120,8 @@ def test_kill_9_of_a_remote_producer_loses_nothing(tmp_path):
             child.kill()
             launcher.kill()
             victim.wait(timeout=10)
-            # the kernel closed its connection: presumed dead at once, not after the heartbeat timeout
-            run.wait_for_line(r"connection of producer \S+ closed without BYE: presumed dead", 10)
+            # the kernel closed its connection: presumed dead for that (the heartbeat timeout is out of reach)
+            line = run.wait_for_line(r"connection of producer \S+ closed without BYE: presumed dead", START_S)
             assert run.wait(timeout=90) == 0, run.output()
             assert survivor.wait(timeout=15) == 0, survivor.output()  # the trainer's STOP ended it
     summary = read_json(run_dir / "summary.json")
@@ -118,11 +129,12 @@ def test_kill_9_of_a_remote_producer_loses_nothing(tmp_path):
     check_run(run_dir, 8, DEMO_IDS)
     dead = [f for f in summary["failovers"] if f["status"] == "dead"]
     assert len(dead) == 1 and dead[0]["reissued"] >= 1, summary["failovers"]
-    assert dead[0]["reissue_after_last_heard_s"] <= HEARTBEAT_TIMEOUT_S + 1.0, dead[0]
+    assert f"connection of producer {dead[0]['producer']} closed without BYE" in line  # the victim, for that
+    assert not [x for x in run.lines if re.search(r"silent for [0-9.]+ s: presumed dead", x)]
 
 
 def test_remote_producer_rejoins_a_restarted_trainer(tmp_path):
-    with trainer(tmp_path / "first", "--steps", "100000", "--producers", "0") as first:
+    with trainer(tmp_path / "first", "--steps", "100000", "--producers", "0", heartbeat=FAST_HEARTBEAT) as first:
         endpoint = endpoint_of(first)
         with produce(endpoint) as remote:
             remote.wait_for_line(r"first batch delivered", START_S)
@@ -131,7 +143,7 @@ def test_remote_producer_rejoins_a_restarted_trainer(tmp_path):
                             if "stoker.consumer.training.main" in " ".join(p.cmdline()))
             consumer.kill()
             first.kill()
-            remote.wait_for_line(r"consumer silent for [0-9.]+ s; dropping \d+ leases and reconnecting", 10)
+            remote.wait_for_line(r"consumer silent for [0-9.]+ s; dropping \d+ leases and reconnecting", START_S)
             run_dir = tmp_path / "second"
             with trainer(run_dir, "--epochs", "2", "--producers", "0", "--bind", endpoint) as second:
                 assert endpoint_of(second) == endpoint
@@ -221,9 +233,9 @@ FUZZ_EACH = 1000
 # The run cannot end while the fuzzer's peer holds leases (it returns them with its BYE, after
 # everything it sent was read), so the run need only be long enough to train while it fuzzes.
 FUZZ_EPOCHS = 8
-# The fuzzer's sockets wait this long, at most, for their messages to leave.
+# The fuzzer's sockets wait this long, at most, for their messages to leave or an answer to come.
 FUZZ_LINGER_MS = 30000
-# The fuzzer's whole work: 4,000 messages and two round trips, on a loaded 2-core machine.
+# The fuzzer's whole work: 6,000 messages, 1,002 of them answered, on a loaded 2-core machine.
 FUZZ_JOIN_S = 120
 # The fuzzer's peer sends a heartbeat after this many messages on its other sockets, so that it
 # is never silent for the run's heartbeat timeout (a peer presumed dead loses its leases).
@@ -267,10 +279,21 @@ def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
         garbage = dealer()
         for i in range(FUZZ_EACH):
             garbage.send(b"\xc1" + rng.bytes(int(rng.integers(0, 40))))  # 0xc1 is never msgpack
-            garbage.send(msgpack.packb({"v": 99, "k": "hello", "a": []}))
             garbage.send(msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": f"nope{i % 7}", "a": []}))
             garbage.send_multipart([msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "batch",
                                                    "a": [["mel", "float32", [10, 10]]]}), b"short"])
+            if i % FUZZ_BEAT_EVERY == 0:
+                beat()
+        # A stranger's heartbeat is answered with a REFUSE that asks for a HELLO: the answer proves
+        # that the coordinator has read everything sent before it on this connection.
+        garbage.send_multipart(wire.Heartbeat(ready=0, working=0).encode())
+        refused, _ = wire.read(garbage.recv_multipart())
+        assert isinstance(refused, wire.Refuse) and refused.rejoin, refused
+        elder = dealer()  # a producer of another protocol version, each HELLO refused in its own
+        for i in range(FUZZ_EACH):
+            elder.send(msgpack.packb({"v": 99, "k": "hello", "a": []}))
+            header = msgpack.unpackb(elder.recv_multipart()[0])
+            assert (header["v"], header["k"]) == (99, "refuse"), header
             if i % FUZZ_BEAT_EVERY == 0:
                 beat()
         for _ in range(3):  # each above pipeline.max_message_mb=1: the socket closes that connection
@@ -280,8 +303,8 @@ def fuzz(endpoint: str, dataset: dict, report: dict) -> None:
             lease = 10 ** 9 + i
             peer.send_multipart(wire.Batch(lease, 0, 0, ()).encode())
             peer.send_multipart(wire.Ready(lease).encode())
-        # The pong to this ping proves the coordinator has read everything before it. (Closing
-        # a socket with unread input resets the connection, losing what is still in flight.)
+        # The pong to this ping proves the coordinator has read everything the peer sent before it.
+        # (Closing a socket with unread input resets the connection, losing what is still in flight.)
         peer.send_multipart(wire.Heartbeat(ready=0, working=0, ping=-1.0).encode())
         read_until(lambda msg: isinstance(msg, wire.Heartbeat) and msg.pong == -1.0)
         peer.send_multipart(wire.Bye(tuple(held)).encode())
@@ -321,4 +344,3 @@ def test_fuzz_thousands_of_malformed_messages_while_training(tmp_path):
     assert dropped["connection_dropped"] >= 3
     assert summary["exit_reason"] == "completed"
     check_run(run_dir, FUZZ_EPOCHS, DEMO_IDS)
-    assert max(r["wait_ms"] for r in read_jsonl(run_dir / "metrics.jsonl")[1:]) < 3000

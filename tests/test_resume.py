@@ -4,17 +4,24 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
+import itertools
 import re
 import shutil
 import signal
 import socket
+import threading
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
+import zmq
 
 from stoker.consumer.pipeline.checkpoint import CKPT_DIR, POSITION, Checkpointer
+from stoker.producer.batches import BatchMaker
+from stoker.producer.worker import Producer
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
 from tests.procs import RunProcess, holding_run_lock, read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES
@@ -23,13 +30,61 @@ from tests.trained import check_run
 pytestmark = pytest.mark.slow  # TensorFlow or processes: not a unit test
 
 DEMO_IDS = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
-# Batches of 4 make 16 steps an epoch on the 64 demo clips: a checkpoint every 3 steps
-# leaves time to crash mid-epoch after one. Steps of 60 ms keep the epoch at about a
-# second (100 ms in the crash test: 1 s from a checkpoint to the end), long enough to
-# land the kill before the epoch ends.
+# Batches of 4 make 16 steps an epoch on the 64 demo clips (21 with --max-frames 800), and
+# steps of 60 ms keep a run short.
 SMALL_RUN = ["--model", "synthetic:60", "--batch-size", "4", "--producers", "1", "--model-start-delay", "0.2",
              *NUMPY_FEATURES]
 CHECKPOINT_LINE = r"checkpoint at step (\d+) saved"
+# The runs that must be interrupted mid-epoch have no producer of their own, only gated_producer's,
+# which prepares this many batches and no more until the test lets it: a run cannot train past
+# that step, so a kill or a full disk lands mid-epoch by construction, however fast the host.
+GATE_BATCHES = 5  # a checkpoint every 3 steps: the one at step 3, and none after it
+DISK_GATE_BATCHES = 8  # checkpoints at steps 3 and 6
+# Seconds allowed for start-up of a run.py process (interpreter, imports, dataset scan).
+START_S = 60
+
+
+def endpoint_of(run: RunProcess) -> str:
+    line = run.wait_for_line(r"consumer listening on tcp://", START_S)
+    return re.search(r"(tcp://\S+)", line).group(1)
+
+
+@contextlib.contextmanager
+def gated_producer(endpoint: str, batches: int, monkeypatch: pytest.MonkeyPatch, data: Path = DEMO_DATA_DIR,
+                   name: str = "gated") -> Iterator[threading.Event]:
+    """A producer in this process, on the trainer's ``data`` as a local one (it reads no
+    metadata), that prepares ``batches`` batches, then none until the event it yields is set;
+    the block's end sets it and stops the producer. Each ``name`` has a gate of its own."""
+    opened = threading.Event()
+    gates = getattr(BatchMaker.make, "gates", None)
+    if gates is None:  # the first gated producer of the test: BatchMaker.make asks each maker's gate
+        gates = {}
+        real_make = BatchMaker.make
+
+        def make(maker: BatchMaker, lease):
+            if maker.name in gates:
+                limit, made, gate = gates[maker.name]
+                if next(made) >= limit:
+                    gate.wait()
+            return real_make(maker, lease)
+
+        make.gates = gates
+        monkeypatch.setattr(BatchMaker, "make", make)
+    gates[name] = (batches, itertools.count(), opened)
+    stop = threading.Event()
+    ctx = zmq.Context()
+    producer = Producer(endpoint, data, name, stop, context=ctx, scan=False)
+    thread = threading.Thread(target=producer.run, name="gated-producer", daemon=True)
+    thread.start()
+    try:
+        yield opened
+    finally:
+        opened.set()
+        stop.set()
+        thread.join(30)
+        if not thread.is_alive():
+            ctx.destroy(linger=0)
+    assert not thread.is_alive(), "the gated producer did not stop"
 
 
 def crash(run: RunProcess) -> None:
@@ -55,21 +110,20 @@ def latest_step(run_dir: Path) -> int:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("batching", "steps_per_epoch"), [((), 16), (("--max-frames", "800"), 21)],
                          ids=["fixed-rows", "frame-budget"])
-def test_kill_9_mid_epoch_then_resume_trains_every_batch_once(tmp_path, batching, steps_per_epoch):
+def test_kill_9_mid_epoch_then_resume_trains_every_batch_once(tmp_path, monkeypatch, batching, steps_per_epoch):
     run_dir = tmp_path / "run"
-    # Killed at the first checkpoint (step 3): the epoch's other 13+ steps of 150 ms leave a loaded
-    # host two seconds to land the kill mid-epoch.
-    with RunProcess(*SMALL_RUN, *batching, "--model", "synthetic:150", "--epochs", "1", "--record-samples",
+    with RunProcess(*SMALL_RUN, *batching, "--producers", "0", "--epochs", "1", "--record-samples",
                     "--run-dir", str(run_dir), "--set", "trainer.checkpoint_every_steps=3") as run:
-        run.wait_for_line(CHECKPOINT_LINE, timeout=60)
-        crash(run)
+        with gated_producer(endpoint_of(run), GATE_BATCHES, monkeypatch):
+            run.wait_for_line(CHECKPOINT_LINE, timeout=60)
+            crash(run)  # at step 3, 4 or 5 of the epoch: its producer has prepared no more
     ckpt_step = latest_step(run_dir)
     before = read_jsonl(run_dir / "samples.jsonl")
     assert not (run_dir / "summary.json").exists()
-    assert ckpt_step >= 3 and len(before) < steps_per_epoch, "the crash did not land mid-epoch"
+    assert ckpt_step == 3 and len(before) <= GATE_BATCHES < steps_per_epoch, (ckpt_step, len(before))
     done_then = {i for r in before if r["step"] <= ckpt_step for i in r["ids"]}
 
-    result = run_cli("--resume", str(run_dir), timeout=60)
+    result = run_cli("--resume", str(run_dir), "--producers", "1", timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"took over the lock of host .*: pid \d+ is not running", result.stderr)  # the killed launcher's
     rows = read_jsonl(run_dir / "samples.jsonl")
@@ -112,13 +166,16 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_extends_the_steps(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_full_disk_ends_the_run_in_one_line_and_resume_after_freeing_space_trains_every_batch_once(small_disk):
+def test_a_full_disk_ends_the_run_in_one_line_and_resume_after_freeing_space_trains_every_batch_once(small_disk,
+                                                                                                  monkeypatch):
     run_dir = small_disk.path / "run"
-    with RunProcess(*SMALL_RUN, "--model", "synthetic:100", "--epochs", "1", "--record-samples",
+    with RunProcess(*SMALL_RUN, "--producers", "0", "--epochs", "1", "--record-samples",
                     "--run-dir", str(run_dir), "--set", "trainer.checkpoint_every_steps=3") as run:
-        run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
-        small_disk.fill()  # every byte taken mid-epoch: the next write of the run meets ENOSPC
-        assert run.wait(timeout=60) == 2, run.output()
+        with gated_producer(endpoint_of(run), DISK_GATE_BATCHES, monkeypatch) as gate:
+            run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
+            small_disk.fill()  # every byte taken mid-epoch (at step 8 at most): the run's next write meets ENOSPC
+            gate.set()  # the rest of the epoch: steps to write about
+            assert run.wait(timeout=60) == 2, run.output()
         output = "\n".join(run.lines)
     errors = [line for line in output.splitlines() if line.startswith("stoker: error:")]
     assert len(errors) == 1 and "Traceback" not in output, output
@@ -134,7 +191,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_resume_after_freeing_space_tra
     assert Checkpointer.verify(ckpt.latest())["step"] == ckpt_step >= 6
 
     small_disk.free()
-    result = run_cli("--resume", str(run_dir), timeout=60)
+    result = run_cli("--resume", str(run_dir), "--producers", "1", timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_jsonl(run_dir / "samples.jsonl")
     check_run(run_dir, 1, DEMO_IDS)  # nothing lost, nothing twice

@@ -211,8 +211,6 @@ def test_a_producer_model_that_cannot_load_is_one_line_naming_it(tmp_path):
 
 def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
     run_dir = tmp_path / "run"
-    # 30 steps of 100 ms after the kill: time for the restarted producer to start and join on a
-    # slow, loaded host (the run would finish without it otherwise, and it would not be shown joining).
     with RunProcess("--model", "synthetic:100", "--epochs", "8", "--producers", "2", "--record-samples",
                     "--model-start-delay", "0.5", "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=2",
                     *NUMPY_FEATURES, *FAST_HEARTBEAT) as run:
@@ -224,9 +222,13 @@ def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
         # The pinning environment each child really got (CPU mode here: no GPU visible).
         for p in [*producers, *consumer]:
             assert p.environ().get("CUDA_VISIBLE_DEVICES") == ""
+        # The other producer is stopped meanwhile, so that the run cannot end before the restarted one
+        # joins, however slow its start. Its leases move after the 1.5 s heartbeat timeout.
+        producers[1].suspend()
         producers[0].kill()
         run.wait_for_line(r"crashed .*restarting it", timeout=30)
-        run.wait_for_line(r"producer \S+ joined", timeout=30, count=3)  # the two at the start, then the restarted one
+        run.wait_for_line(r"producer \S+ joined", timeout=60, count=3)  # the two at the start, then the restarted one
+        producers[1].resume()
         assert run.wait(timeout=120) == 0, run.output()
         run.remember_children()
     summary = read_json(run_dir / "summary.json")

@@ -5,6 +5,7 @@ followed by ``--resume`` of the job going on at the checkpoint's input position.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from tests.factories import make_dataset
 from tests.procs import RunProcess, free_port, read_json, read_jsonl
-from tests.test_resume import crash
+from tests.test_resume import crash, endpoint_of, gated_producer
 from tests.test_run import NUMPY_FEATURES
 from tests.trained import check_run
 
@@ -25,6 +26,10 @@ JOB = ["--model", "tests.consumer.training.user_models:good", "--batch-size", "4
        "--record-samples", "--model-start-delay", "0", "--set", "batching.num_buckets=2", "--set", "trainer.learning_rate=1e-2",
        "--set", "trainer.warmup_steps=0", *NUMPY_FEATURES]
 CHECKPOINT_LINE = r"checkpoint at step (\d+) saved"
+# In the kill test each worker's only producer prepares this many batches until the test lets
+# it: the job cannot train past step 5 of its 3 epochs, so the kill after the checkpoint at
+# step 4 lands mid-run, however fast the host.
+GATE_BATCHES = 5
 
 
 def tf_config(ports: list[int], index: int) -> str:
@@ -74,16 +79,20 @@ def test_two_workers_train_each_clip_once_per_epoch_in_step(tmp_path):
     assert summaries[0]["loss_last"] < summaries[0]["loss_first"]
 
 
-def test_kill_9_of_a_worker_then_resume_of_the_job_goes_on_at_the_checkpoint(tmp_path):
+def test_kill_9_of_a_worker_then_resume_of_the_job_goes_on_at_the_checkpoint(tmp_path, monkeypatch):
     data, job = tmp_path / "data", tmp_path / "job"
     made = make_dataset(data, count=24)
-    args = ["--data", str(data), "--run-dir", str(job), *JOB, "--epochs", "3", "--set",
+    args = ["--data", str(data), "--run-dir", str(job), *JOB, "--producers", "0", "--epochs", "3", "--set",
             "trainer.checkpoint_every_steps=2", "--log-level", "INFO"]
     workers = start_job(*args)
     try:
-        workers[0].wait_for_line(CHECKPOINT_LINE, timeout=150, count=2)
-        crash(workers[1])  # one worker dies; the job is gone (a scheduler ends the other, as here)
-        crash(workers[0])
+        with contextlib.ExitStack() as producers:
+            for w, worker in enumerate(workers):
+                producers.enter_context(gated_producer(endpoint_of(worker), GATE_BATCHES, monkeypatch, data,
+                                                       name=f"gated-{w}"))
+            workers[0].wait_for_line(CHECKPOINT_LINE, timeout=150, count=2)
+            crash(workers[1])  # one worker dies; the job is gone (a scheduler ends the other, as here)
+            crash(workers[0])
     finally:
         for worker in workers:
             worker.kill()
@@ -94,7 +103,7 @@ def test_kill_9_of_a_worker_then_resume_of_the_job_goes_on_at_the_checkpoint(tmp
     survivor = job / "worker-0" / "summary.json"  # it may have seen its peer go before it was killed
     assert not survivor.exists() or read_json(survivor)["exit_reason"].startswith("failed")
 
-    again = start_job("--resume", str(job), "--log-level", "WARNING")
+    again = start_job("--resume", str(job), "--producers", "1", "--log-level", "WARNING")
     try:
         finish(again)
     finally:

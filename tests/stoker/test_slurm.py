@@ -42,11 +42,12 @@ APT_TIMEOUT_S = 300.0
 # another node than the trainer, as on a real cluster.
 NODES = ("node1", "node2")
 CPUS_PER_NODE = 2
-# Between scancel's SIGTERM and SIGKILL: more than stoker's own stop bound (under 10 s,
-# stoker/launcher.py), less than Slurm's default 30 s so that a hung stop fails sooner.
-KILL_WAIT_S = 20
 CLUSTER_UP_S = 30.0
 JOB_TIMEOUT_S = 60.0
+# Between scancel's SIGTERM and SIGKILL: past the deadline of every wait for a job, so that a
+# cancelled job that ended within it stopped on SIGTERM by itself (stoker's own stop bound is
+# under 10 s, stoker/launcher.py), never by Slurm's SIGKILL.
+KILL_WAIT_S = int(2 * JOB_TIMEOUT_S)
 COMMAND_TIMEOUT_S = 20.0
 POLL_S = 0.1
 # Every cluster test's bound: a first one may install slurm-wlm and starts the cluster.
@@ -381,17 +382,14 @@ def test_scancel_stops_cleanly_and_resume_continues(cluster, tmp_path):
         assert time.monotonic() < deadline, job_output(out) + cluster.logs()
         assert not any(s in TERMINAL for s in cluster.states(job)), job_output(out)
         time.sleep(POLL_S)
-    cancelled = time.monotonic()
     cluster.run("scancel", job)
-    assert cluster.wait_job(job) == ["CANCELLED"]
-    stop_s = time.monotonic() - cancelled
+    assert cluster.wait_job(job) == ["CANCELLED"]  # within JOB_TIMEOUT_S: before a SIGKILL could come
     output = job_output(out)
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "interrupted", output
     assert summary.get("written_by") != "launcher", output  # the consumer's own summary, not a fallback
     checkpoints = sorted((run_dir / "ckpt").iterdir())
     assert checkpoints, output
-    assert stop_s < KILL_WAIT_S, f"stopped {stop_s:.1f} s after scancel: SIGKILL came first?\n{output}"
     assert "Traceback" not in output
 
     # --resume in a new job (the example script): fresh keys, a new endpoint, the rest of the run

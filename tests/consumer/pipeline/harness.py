@@ -17,6 +17,10 @@ from stoker.shared.dataset import Sample
 from tests.factories import make_batch
 
 RECV_TIMEOUT_MS = 5000
+# The socket tests' scripted producers send no heartbeats: a heartbeat timeout no such test
+# reaches keeps a slow host from presuming one dead mid-test. Liveness itself is tested on the
+# scheduler's virtual clock (test_scheduler.py, test_peers.py).
+QUIET_TIMEOUT_S = 3600.0
 
 
 def samples(n: int = 12) -> list[Sample]:
@@ -44,6 +48,11 @@ def make_config(**pipeline) -> Config:
         cfg, pipeline=dataclasses.replace(PipelineConfig(), **base),
         batching=dataclasses.replace(cfg.batching, batch_size=4, num_buckets=2),
         features=dataclasses.replace(cfg.features, n_mels=8))
+
+
+def socket_config(**pipeline) -> Config:
+    """make_config for a test on real sockets: nobody is presumed dead for being silent."""
+    return make_config(**{"heartbeat_timeout_s": QUIET_TIMEOUT_S, **pipeline})
 
 
 class Harness:

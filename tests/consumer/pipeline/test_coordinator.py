@@ -11,13 +11,13 @@ import pytest
 import zmq
 
 from stoker.shared import wire
-from tests.consumer.pipeline.harness import make_config
+from tests.consumer.pipeline.harness import socket_config
 from tests.factories import make_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 def test_hello_welcome_and_leases(harness):
-    h = harness(cfg=make_config())
+    h = harness(cfg=socket_config())
     sock = h.producer()
     welcome = h.recv(sock, wire.WELCOME)
     assert welcome.config.features.n_mels == 8
@@ -28,7 +28,7 @@ def test_hello_welcome_and_leases(harness):
 
 
 def test_garbage_messages_are_counted_never_fatal(harness):
-    h = harness(cfg=make_config())
+    h = harness(cfg=socket_config())
     attacker = h.ctx.socket(zmq.DEALER)
     attacker.linger = 0
     attacker.connect(h.endpoint)
@@ -51,7 +51,7 @@ def test_garbage_messages_are_counted_never_fatal(harness):
 
 
 def test_bye_returns_leases_at_once(harness):
-    h = harness(cfg=make_config(lease_ahead=2))
+    h = harness(cfg=socket_config(lease_ahead=2))
     leaving = h.producer("leaving")
     h.recv(leaving, wire.WELCOME)
     ids = [tuple(h.recv(leaving, wire.LEASE).ids) for _ in range(2)]
@@ -65,7 +65,7 @@ def test_bye_returns_leases_at_once(harness):
 
 
 def test_batch_with_non_string_ids_is_dropped_not_fatal(harness):
-    h = harness(cfg=make_config(lease_ahead=1))
+    h = harness(cfg=socket_config(lease_ahead=1))
     sock = h.producer()
     h.recv(sock, wire.WELCOME)
     lease = h.recv(sock, wire.LEASE)

@@ -20,7 +20,7 @@ import zmq
 from stoker.producer.worker import Producer
 from stoker.shared import wire
 from stoker.shared.keys import load_client_keys, load_server_keys, make_keys
-from tests.consumer.pipeline.harness import Harness, hello_of, lacking, make_config, samples
+from tests.consumer.pipeline.harness import Harness, hello_of, lacking, samples, socket_config
 from tests.factories import copy_described, fake_reference, make_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -114,7 +114,7 @@ class Sim:
 
 # ---------------------------------------------------------------- agreement
 def test_a_producer_without_a_dataset_description_is_refused(harness):
-    h = harness(cfg=make_config(), dataset=fake_reference())
+    h = harness(cfg=socket_config(), dataset=fake_reference())
     sock = h.producer("old")  # no dataset description
     assert "did not describe its dataset" in h.recv(sock, wire.REFUSE).reason
 
@@ -125,7 +125,7 @@ def _warnings(caplog, logger: str) -> list[str]:
 
 def test_a_producer_of_the_previous_protocol_version_is_refused_at_joining_with_one_line(harness, caplog):
     """A scripted DEALER saying HELLO as a version-3 producer does: it gets a REFUSE it can read."""
-    h = harness(cfg=make_config())
+    h = harness(cfg=socket_config())
     sock = h.socket()
     old = wire.PROTOCOL_VERSION - 1
     with caplog.at_level(logging.WARNING):
@@ -143,7 +143,7 @@ def test_a_producer_of_the_previous_protocol_version_is_refused_at_joining_with_
 
 def test_a_producer_lacking_a_config_key_is_refused_at_joining_with_one_line_on_both_sides(harness, tmp_path, caplog):
     """A real producer whose config schema lacks a key the trainer sends (a stoker version before it)."""
-    h = harness(cfg=make_config())
+    h = harness(cfg=socket_config())
     make_dataset(tmp_path / "data", count=2)
     stop = threading.Event()
     producer = Producer(h.endpoint, tmp_path / "data", "p-old", stop, context=h.ctx,
@@ -164,7 +164,7 @@ def test_a_producer_lacking_a_config_key_is_refused_at_joining_with_one_line_on_
 
 
 def test_clips_a_remote_copy_lacks_go_to_another_and_are_never_leased_to_it_again(harness):
-    h = harness(cfg=make_config(lease_ahead=2), max_epochs=2, dataset=fake_reference())
+    h = harness(cfg=socket_config(lease_ahead=2), max_epochs=2, dataset=fake_reference())
     sim = Sim(h)
     lacking = {IDS[0], IDS[5], IDS[7]}
     sim.join("full", dataset=copy_described())
@@ -179,7 +179,7 @@ def test_clips_a_remote_copy_lacks_go_to_another_and_are_never_leased_to_it_agai
 
 # ---------------------------------------------------------------- misses
 def test_a_missed_clip_is_replanned_onto_another_producer_in_its_shape(harness):
-    h = harness(cfg=make_config(lease_ahead=4), max_epochs=1)
+    h = harness(cfg=socket_config(lease_ahead=4), max_epochs=1)
     sim = Sim(h)
     sim.paused.add("a")
     sim.join("a", missing={IDS[5]})
@@ -198,7 +198,7 @@ def test_a_missed_clip_is_replanned_onto_another_producer_in_its_shape(harness):
 
 
 def test_a_clip_no_live_producer_has_is_rejected_with_the_hosts(harness):
-    h = harness(cfg=make_config(lease_ahead=2), max_epochs=1)
+    h = harness(cfg=socket_config(lease_ahead=2), max_epochs=1)
     sim = Sim(h)
     sim.join("a", missing={IDS[3]})
     sim.run_until(lambda: sim.accounted() == len(IDS), "an epoch")
@@ -210,7 +210,7 @@ def test_a_clip_no_live_producer_has_is_rejected_with_the_hosts(harness):
 
 def test_a_clip_nobody_alive_has_waits_for_a_producer_that_has_it(harness):
     # Its lease slots as many as the epoch's batches (3): full, so it never looks for work it lacks.
-    h = harness(cfg=make_config(lease_ahead=3), max_epochs=1, dataset=fake_reference())
+    h = harness(cfg=socket_config(lease_ahead=3), max_epochs=1, dataset=fake_reference())
     sim = Sim(h)
     sim.paused.add("partial")
     sim.join("partial", {IDS[3]}, dataset=copy_described())
@@ -225,7 +225,7 @@ def test_a_clip_nobody_alive_has_waits_for_a_producer_that_has_it(harness):
 
 # ---------------------------------------------------------------- liveness
 def test_ping_is_answered_with_pong_and_rtt_is_kept(harness):
-    h = harness(cfg=make_config())
+    h = harness(cfg=socket_config())
     sock = h.producer("p")
     h.recv(sock, wire.WELCOME)
     sock.send_multipart(wire.Heartbeat(ready=0, working=0, ping=12.5, rtt_ms=0.75).encode())
@@ -237,7 +237,7 @@ def test_ping_is_answered_with_pong_and_rtt_is_kept(harness):
 
 
 def test_an_unknown_producer_is_told_to_say_hello_again(harness):
-    h = harness(cfg=make_config())
+    h = harness(cfg=socket_config())
     sock = h.socket()
     sock.send_multipart(wire.Heartbeat(ready=0, working=0).encode())
     refuse = h.recv(sock, wire.REFUSE)
@@ -246,7 +246,7 @@ def test_an_unknown_producer_is_told_to_say_hello_again(harness):
 
 
 def test_a_lease_not_prepared_in_time_is_revoked_and_replanned(harness):
-    h = harness(cfg=make_config(lease_ahead=1, lease_timeout_s=0.5))
+    h = harness(cfg=socket_config(lease_ahead=1, lease_timeout_s=0.5))
     sock = h.producer("slow")
     h.recv(sock, wire.WELCOME)
     lease = h.recv(sock, wire.LEASE)
@@ -257,7 +257,7 @@ def test_a_lease_not_prepared_in_time_is_revoked_and_replanned(harness):
 
 
 def test_a_restarted_producer_takes_over_the_old_ones_leases_at_once(harness):
-    h = harness(cfg=make_config(lease_ahead=2, heartbeat_timeout_s=30.0))
+    h = harness(cfg=socket_config(lease_ahead=2))
     old = h.producer("p0@h", launcher=42)
     h.recv(old, wire.WELCOME)
     ids = sorted(tuple(h.recv(old, wire.LEASE).ids) for _ in range(2))
@@ -273,7 +273,7 @@ def test_a_restarted_producer_takes_over_the_old_ones_leases_at_once(harness):
 
 
 def test_stop_waits_for_the_producers_bye(harness):
-    h = harness(cfg=make_config())
+    h = harness(cfg=socket_config())
     sock = h.producer("p")
     h.recv(sock, wire.WELCOME)
     h.stop.set()
@@ -286,7 +286,7 @@ def test_stop_waits_for_the_producers_bye(harness):
 
 # ---------------------------------------------------------------- hostile connections
 def test_an_oversized_frame_closes_that_connection_only(harness):
-    h = harness(cfg=make_config(max_message_mb=1))
+    h = harness(cfg=socket_config(max_message_mb=1))
     honest = h.producer("honest")
     h.recv(honest, wire.WELCOME)
     attacker = h.socket()
@@ -306,7 +306,7 @@ def keys(tmp_path: Path) -> Path:
 
 
 def test_curve_admits_allowed_keys_only(harness, keys: Path):
-    h = harness(cfg=make_config(), keys=load_server_keys(keys / "keys"))
+    h = harness(cfg=socket_config(), keys=load_server_keys(keys / "keys"))
     allowed = load_client_keys(keys / "keys")
     stranger = load_client_keys(keys / "stranger")
     intruder = h.socket(curve_secretkey=stranger.secret, curve_publickey=stranger.public,
