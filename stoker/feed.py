@@ -14,9 +14,9 @@ The feed runs in the user's process: the trainer side of the pipeline (consumer/
 index, plan, coordinator, bounded queue, step rows, input position, summary.json), the
 staging of each batch onto the model device while the previous step runs (as TensorFlow
 tensors, PyTorch tensors, JAX arrays or numpy arrays: ``framework``, trainer.framework;
-consumer/pipeline/frameworks.py), and the local producer processes, started and supervised here as the launcher does for
-``python run.py`` (restarted when they crash, at most ``pipeline.producer_restarts``
-times each). It writes the run files of a stoker run, so ``diagnose`` and ``watch`` read
+consumer/pipeline/frameworks.py), and the local producer processes, started and
+supervised here as the launcher does for ``python run.py`` (restarted when they crash,
+at most ``pipeline.producer_restarts`` times each). It writes the run files of a stoker run, so ``diagnose`` and ``watch`` read
 it. docs/FEED.md is the user's guide.
 
 Lifecycle: constructing a feed checks its options and starts nothing; ``with`` (or the
@@ -50,7 +50,7 @@ from stoker.shared.errors import UserError
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
 from stoker.shared.runfiles import CONFIG, TRAINED_BY_FEED
 from stoker.shared.runlock import RunLock
-from stoker.shared.tfsetup import TF_EXTRA, device_stager, replica_stager, tensorflow_installed
+from stoker.shared.tfsetup import TF_EXTRA, device_stager, replica_stager
 
 log = logging.getLogger("stoker.feed")
 
