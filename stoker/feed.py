@@ -16,8 +16,8 @@ staging of each batch onto the model device while the previous step runs (as Ten
 tensors, PyTorch tensors, JAX arrays or numpy arrays: ``framework``, trainer.framework;
 consumer/pipeline/frameworks.py), and the local producer processes, started and
 supervised here as the launcher does for ``python run.py`` (restarted when they crash,
-at most ``pipeline.producer_restarts`` times each). It writes the run files of a stoker run, so ``diagnose`` and ``watch`` read
-it. docs/FEED.md is the user's guide.
+at most ``pipeline.producer_restarts`` times each). It writes the run files of a stoker
+run, so ``diagnose`` and ``watch`` read it. docs/FEED.md is the user's guide.
 
 Lifecycle: constructing a feed checks its options and starts nothing; ``with`` (or the
 first batch taken) starts it; leaving the ``with`` block, normally, by an exception or
