@@ -83,13 +83,15 @@ Implementations
 - :class:`MelComputer`: the producer's batched computation, TensorFlow ops inside one
   ``tf.function`` (backend ``"tf"``, optionally on a GPU) or numpy with scipy's
   pocketfft in single precision (backend ``"numpy"``); ``"auto"`` (the default) is
-  ``"tf"`` in a process given a GPU and ``"numpy"`` otherwise (:func:`resolve_backend`).
+  ``"tf"`` in a process given a GPU, where TensorFlow is installed, of a run whose
+  batches go to TensorFlow (``trainer.framework``), and ``"numpy"`` otherwise
+  (:func:`resolve_backend`).
 - :func:`log_mel_spectrogram`: the public function (``from producer.features import
   log_mel_spectrogram``), for inference and for anyone who needs the training features.
-  It always runs the TensorFlow path, whatever ``cfg.backend`` says: the code producers
-  run on the data GPU. On a CPU the numpy backend computes the same definition (both
-  within float32 rounding of the reference, see below) about twice as fast, which is
-  why ``"auto"`` picks it there.
+  It runs the TensorFlow path where TensorFlow is installed, whatever ``cfg.backend``
+  says: the code producers run on the data GPU; without TensorFlow, the numpy backend.
+  On a CPU the numpy backend computes the same definition (both within float32 rounding
+  of the reference, see below) about twice as fast, which is why ``"auto"`` picks it there.
 
 Both paths are tested against the float64 reference (relative error on linear mel
 magnitudes <= 1e-4) and against ``librosa.feature.melspectrogram`` with the parameters
@@ -113,9 +115,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from stoker.shared.config import FeaturesConfig
+from stoker.shared.config import TENSORFLOW, FeaturesConfig
 from stoker.shared.mel import (PAD_END, centred, log_scale, min_num_samples, num_frames, silence_value,
                                user_mel_function)
+from stoker.shared.tfsetup import require_tensorflow, tensorflow_installed
 
 logger = logging.getLogger(__name__)
 
@@ -357,6 +360,8 @@ class MelComputer:
         cfg = resolve_backend(cfg)
         if cfg.backend not in ("tf", "numpy"):
             raise ValueError(f"features backend must be 'auto', 'tf' or 'numpy', got {cfg.backend!r}")
+        if cfg.backend == "tf":
+            require_tensorflow("features.backend tf (TensorFlow ops in the producers)")
         bins = cfg.n_fft // 2 + 1
         if weights is not None and (weights.ndim != 2 or weights.shape[0] != bins):
             raise ValueError(f"spectral weights must be [n_fft // 2 + 1, W] = [{bins}, W], got {list(weights.shape)}")
@@ -533,19 +538,23 @@ def gpu_visible() -> bool:
     return bool(value) and not value.startswith("-")
 
 
-def resolve_backend(cfg: FeaturesConfig, has_gpu: bool | None = None) -> FeaturesConfig:
-    """``backend="auto"`` made concrete: "tf" in a process with a GPU, else "numpy".
+def resolve_backend(cfg: FeaturesConfig, has_gpu: bool | None = None, framework: str = TENSORFLOW) -> FeaturesConfig:
+    """``backend="auto"`` made concrete: "tf" in a process with a GPU, where TensorFlow is
+    installed, for a run whose batches go to TensorFlow (``framework``: trainer.framework);
+    else "numpy".
 
     On a GPU the TensorFlow ops run on the data device; on a CPU the numpy backend
     (pocketfft through scipy, single precision, cache-sized blocks) computes the same
     definition about twice as fast as TensorFlow's CPU kernels (whose complex
     magnitude alone costs as much as the FFT) and spares the producer importing
-    TensorFlow. Explicit "tf" or "numpy" are kept.
+    TensorFlow, as does a run for PyTorch, JAX or numpy, whose environment may have no
+    TensorFlow at all. Explicit "tf" or "numpy" are kept.
     """
     if cfg.backend != "auto":
         return cfg
     gpu = gpu_visible() if has_gpu is None else has_gpu
-    return dataclasses.replace(cfg, backend="tf" if gpu else "numpy")
+    use_tf = gpu and framework == TENSORFLOW and tensorflow_installed()
+    return dataclasses.replace(cfg, backend="tf" if use_tf else "numpy")
 
 
 @functools.lru_cache(maxsize=1)
@@ -610,10 +619,12 @@ def log_mel_spectrogram(audio: np.ndarray, cfg: FeaturesConfig = FeaturesConfig(
     """Log-mel spectrogram of one mono clip: [N] float audio at ``cfg.sample_rate_hz`` -> float32 [T, M].
 
     The definition is the module docstring's; ``T = num_frames(N, cfg)``, ``M = n_mels``.
-    This always runs the TensorFlow path (a :class:`MelComputer`, cached per config),
-    whatever ``cfg.backend`` says: the code producers run on the data device, placed on
-    TensorFlow's default device (a visible GPU, else the CPU). Raises ValueError for a clip
+    Where TensorFlow is installed this runs the TensorFlow path (a :class:`MelComputer`,
+    cached per config), whatever ``cfg.backend`` says: the code producers run on the data
+    device, placed on TensorFlow's default device (a visible GPU, else the CPU); without
+    TensorFlow, the numpy backend (the same definition). Raises ValueError for a clip
     that is not 1-D floating point or is shorter than :func:`min_num_samples`.
     """
-    tf_cfg = cfg if cfg.backend == "tf" else dataclasses.replace(cfg, backend="tf")
-    return _cached_computer(tf_cfg)([_as_clip(audio, tf_cfg, _TF_DTYPE)])[0]
+    backend = "tf" if tensorflow_installed() else "numpy"
+    chosen = cfg if cfg.backend == backend else dataclasses.replace(cfg, backend=backend)
+    return _cached_computer(chosen)([_as_clip(audio, chosen, _TF_DTYPE)])[0]

@@ -212,6 +212,7 @@ class TrainerConfig:
     val_clips: int  # clips held out of training for the validation loss (at most a tenth)
     val_every_steps: int  # validation loss (and a mel image in tb/) this often, and at the end
     log_every_steps: int  # progress line interval; the only point the step syncs with the host
+    framework: str  # what a stoker.Feed hands out: tensorflow | torch | jax | numpy (FRAMEWORKS)
     record_samples: bool  # write samples.jsonl (ids of every batch)
     seed: int
     checkpoint_every_steps: int  # checkpoint (ckpt/) every this many steps; 0 = only at the end and on stop
@@ -255,6 +256,9 @@ class Config:
 
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+# What a stoker.Feed hands out (trainer.framework): TensorFlow tensors, PyTorch tensors, JAX arrays, numpy arrays.
+TENSORFLOW = "tensorflow"
+FRAMEWORKS = (TENSORFLOW, "torch", "jax", "numpy")
 LR_DECAYS = ("cosine", "cosine_restarts", "noam", "constant")
 LOSSES = ("mel", "model")
 OPTIMIZERS = ("adam", "adamw")
@@ -355,6 +359,9 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
             f"{f.fmin_hz}, {f.fmax_hz}, {f.sample_rate_hz / 2}")
     if f.backend not in ("auto", "tf", "numpy"):
         raise ConfigError(f"features.backend must be 'auto', 'tf' or 'numpy', got {f.backend!r}")
+    if f.backend == "tf" and cfg.trainer.framework != TENSORFLOW:
+        raise ConfigError(f"features.backend tf runs TensorFlow in the producers, for TensorFlow runs only; "
+                          f"trainer.framework is {cfg.trainer.framework}: use auto or numpy")
     _validate_mel_convention(cfg)
     if b.max_frames < 0:
         raise ConfigError(f"batching.max_frames must be >= 0 (0: fixed batch_size rows), got {b.max_frames}")
@@ -413,6 +420,8 @@ def _validate_trainer(t: TrainerConfig) -> None:
                               f"got {value!r}")
     if t.weight_decay < 0 or t.restart_steps < 1:
         raise ConfigError("need trainer.weight_decay >= 0 and trainer.restart_steps >= 1")
+    if t.framework not in FRAMEWORKS:
+        raise ConfigError(f"trainer.framework must be one of {', '.join(FRAMEWORKS)}, got {t.framework!r}")
     if t.precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
     if t.grad_accum < 1 or t.max_bad_steps < 1 or t.val_every_steps < 1:

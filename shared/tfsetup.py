@@ -9,11 +9,15 @@ TensorFlow's native start-up lines (absl's "All log messages before absl::Initia
 oneDNN's and cudart's notices) are written by C++ straight to file descriptor 2, past
 Python's logging and ``TF_CPP_MIN_LOG_LEVEL``; they are kept out of the user's terminal
 while TensorFlow loads (:func:`native_stderr_quiet`), unless the log level is DEBUG.
+
+TensorFlow is an extra (``pip install 'stoker[tf]'``): a stoker.Feed for PyTorch, JAX or
+numpy runs without it. What needs it says so in one line (:func:`require_tensorflow`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import sys
@@ -21,9 +25,27 @@ from typing import Any, Callable, Iterator
 
 from .errors import UserError
 
+# The extra that installs TensorFlow with stoker (pyproject.toml); `gpu` is TensorFlow with CUDA.
+TF_EXTRA = "pip install 'stoker[tf]'"
+
 
 class GpuUnavailable(UserError):
     """A GPU was planned for this process and TensorFlow cannot use it; one line for the user."""
+
+
+class TensorFlowMissing(UserError):
+    """Something that runs on TensorFlow was asked for where TensorFlow is not installed."""
+
+
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow can be imported here, found without importing it (seconds of CPU)."""
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def require_tensorflow(what: str) -> None:
+    """TensorFlowMissing (one line naming ``what`` and the extra) unless TensorFlow is installed."""
+    if not tensorflow_installed():
+        raise TensorFlowMissing(f"{what} needs TensorFlow: {TF_EXTRA}")
 
 
 @contextlib.contextmanager
@@ -59,6 +81,7 @@ def configure_replicas(memory_mb: int | None, replicas: int):  # -> (the tensorf
     GPUs than were planned."""
     if "CUDA_VISIBLE_DEVICES" not in os.environ:
         raise RuntimeError("CUDA_VISIBLE_DEVICES must be set before TensorFlow is imported")
+    require_tensorflow("this process (stoker's trainer, or a producer with features.backend tf or transforms.models)")
     with native_stderr_quiet(logging.getLogger().getEffectiveLevel() > logging.DEBUG):
         import tensorflow as tf
 

@@ -31,6 +31,7 @@ from stoker.shared.config import DEFAULT_CONFIG
 from stoker.shared.errors import UserError
 from stoker.shared.keys import DEFAULT_CLIENT, make_keys
 from stoker.shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging
+from stoker.shared.tfsetup import require_tensorflow
 from stoker.slurm import run_task
 from stoker.watch import watch
 
@@ -252,11 +253,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    require_tensorflow("python run.py export (stoker's trainer's models are TensorFlow's)")
     out(describe(export(Path(args.run_dir), Path(args.out))))
     return 0
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    require_tensorflow("python run.py synth (stoker's trainer's models are TensorFlow's)")
     setup_logging("synth", "WARNING")
     run_dir = Path(args.run_dir).expanduser()
     if not run_dir.is_dir():
@@ -279,6 +282,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("librosa") is None:  # benchmarks/data.py measures the producer against it
         raise UserError("bench compares stoker's producer with librosa, which the test extra installs: "
                         "pip install 'stoker[test]'")
+    require_tensorflow("python run.py bench (it compares with tf.data and trains TensorFlow models)")
     command = [sys.executable, "-m", "stoker.benchmarks.suite", "--out", str(Path(args.out).resolve())]
     if args.quick:
         command.append("--quick")

@@ -5,18 +5,19 @@
     import stoker
     with stoker.Feed(data="~/LJSpeech-1.1", producers=4, batch_size=16, epochs=10,
                      run_dir="runs/mine") as feed:
-        for batch in feed:                      # dict of tensors on the model device
+        for batch in feed:                      # dict of tensors on the model device (framework=)
             loss = train_step(batch)            # the user's own step
             feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
         val = [eval_step(b) for b in feed.validation()]   # the held-out clips, once each
 
 The feed runs in the user's process: the trainer side of the pipeline (consumer/pipeline/feed.py:
 index, plan, coordinator, bounded queue, step rows, input position, summary.json), the
-staging of each batch onto the model device while the previous step runs, and the local
-producer processes, started and supervised here as the launcher does for
-``python run.py`` (restarted when they crash, at most ``pipeline.producer_restarts``
-times each). It writes the run files of a stoker run, so ``diagnose`` and ``watch`` read
-it. docs/FEED.md is the user's guide.
+staging of each batch onto the model device while the previous step runs (as TensorFlow
+tensors, PyTorch tensors, JAX arrays or numpy arrays: ``framework``, trainer.framework;
+consumer/pipeline/frameworks.py), and the local producer processes, started and
+supervised here as the launcher does for ``python run.py`` (restarted when they crash,
+at most ``pipeline.producer_restarts`` times each). It writes the run files of a stoker
+run, so ``diagnose`` and ``watch`` read it. docs/FEED.md is the user's guide.
 
 Lifecycle: constructing a feed checks its options and starts nothing; ``with`` (or the
 first batch taken) starts it; leaving the ``with`` block, normally, by an exception or
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -38,22 +40,29 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
+from stoker.consumer.pipeline.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
 from stoker.launcher import KILL_AFTER_S, PRODUCER_STOP_S, TICK_S, AutoControl, Supervisor, start_producers
 from stoker.service import FLAG_KEYS, make_run_dir, prepare_run, resolve_options
 from stoker.shared import config as config_mod
 from stoker.shared.cluster import from_env, worker_dir_name
-from stoker.shared.config import batch_schema
+from stoker.shared.config import FRAMEWORKS, TENSORFLOW, batch_schema
 from stoker.shared.errors import UserError
 from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
 from stoker.shared.runfiles import CONFIG, TRAINED_BY_FEED
 from stoker.shared.runlock import RunLock
-from stoker.shared.tfsetup import device_stager, replica_stager
+from stoker.shared.tfsetup import TF_EXTRA, device_stager, replica_stager
 
 log = logging.getLogger("stoker.feed")
 
 # The feed's options: every option of `python run.py` by its long name, except the ones
 # that name stoker's own trainer (the user's loop trains) or another command.
 NOT_FEED_OPTIONS = {"model": "the feed trains no model: your loop does"}
+# What each framework needs installed: its module, its name, and how to install it.
+FRAMEWORK_MODULES = {
+    TENSORFLOW: ("tensorflow", "TensorFlow", f"{TF_EXTRA}, or choose framework='torch', 'jax' or 'numpy'"),
+    "torch": ("torch", "PyTorch", "pip install torch (the build for your CUDA: pytorch.org)"),
+    "jax": ("jax", "JAX", "pip install 'jax[cpu]' (or 'jax[cuda12]')"),
+}
 
 
 class FeedError(UserError):
@@ -70,13 +79,19 @@ class Feed:
     ({"section.key": value}), ``resume`` (a :meth:`state_dict`), and every option of
     ``python run.py`` by its long name (``data``, ``producers``, ``batch_size``, ``steps``,
     ``epochs``, ``buffer_size``, ``model_start_delay``, ``bind``, ``keys``, ``max_frames``,
-    ``record_samples``, ``text_frontend``, ``data_gpu``, ``model_gpu``, ...)."""
+    ``record_samples``, ``text_frontend``, ``data_gpu``, ``model_gpu``, ...); ``framework``
+    (trainer.framework): what it hands out, TensorFlow tensors (the default), PyTorch
+    tensors, JAX arrays or numpy arrays."""
 
     def __init__(self, config: str | os.PathLike[str] | None = None, set: dict[str, Any] | None = None,
-                 resume: dict[str, Any] | None = None, strategy: Any = None, **options: Any) -> None:
-        """``strategy``: a ``tf.distribute`` strategy whose replicas take the batches: each batch
-        is then per-replica values (one part of the global batch on each replica's device),
-        ready for ``strategy.run``; ``replicas`` follows from it."""
+                 resume: dict[str, Any] | None = None, strategy: Any = None, framework: str | None = None,
+                 sharding: Any = None, **options: Any) -> None:
+        """``framework``: "tensorflow", "torch", "jax" or "numpy" (default: trainer.framework of the
+        config, tensorflow). ``strategy`` (TensorFlow): a ``tf.distribute`` strategy whose replicas
+        take the batches: each batch is then per-replica values (one part of the global batch on
+        each replica's device), ready for ``strategy.run``; ``replicas`` follows from it.
+        ``sharding`` (JAX): a ``jax.sharding.Sharding`` every field of a batch is put with
+        (default: the device ``jax.devices()[model_gpu or 0]``)."""
         for name in options:
             if name in NOT_FEED_OPTIONS:
                 raise FeedError(f"stoker.Feed: option {name!r} is not the feed's ({NOT_FEED_OPTIONS[name]})")
@@ -93,10 +108,19 @@ class Feed:
         self._strategy = strategy
         self._replicas = options.get("replicas")  # None: the loop's business (summary.json says null)
         sets = {str(key): value for key, value in (set or {}).items()}
+        if framework is not None:
+            if sets.get("trainer.framework", framework) != framework:
+                raise FeedError(f"stoker.Feed: framework={framework!r}, but set= has trainer.framework="
+                                f"{sets['trainer.framework']!r}")
+            sets["trainer.framework"] = framework
         try:
             self.cfg = resolve_options(str(config) if config is not None else None, options, sets)
         except config_mod.ConfigError as exc:
             raise FeedError(f"stoker.Feed: {exc}") from None
+        self.framework = self._check_framework(self.cfg.trainer.framework, strategy, sharding)
+        self._sharding = sharding
+        self._staging: Staging = Staging()  # from start() on: the framework's (host arrays until then)
+        self.device = "host"  # where batches are staged, from start() on
         self._resume = resume
         self._prepared: PreparedRun | None = None  # from prepare() on: the dataset indexed, the epochs planned
         self._core: FeedCore | None = None  # from start() on: the run opened (coordinator, queues, step logs)
@@ -116,6 +140,26 @@ class Feed:
         self.run_dir: Path | None = None
         self.endpoint = ""
 
+    @staticmethod
+    def _check_framework(framework: str, strategy: Any, sharding: Any) -> str:
+        """``framework`` if it is installed and the options fit it; else one FeedError line."""
+        assert framework in FRAMEWORKS  # the config checked it
+        if strategy is not None and framework != TENSORFLOW:
+            raise FeedError(f"stoker.Feed: strategy= is a tf.distribute strategy, for framework='tensorflow'; "
+                            f"this feed's framework is {framework!r}")
+        if sharding is not None and framework != "jax":
+            raise FeedError(f"stoker.Feed: sharding= is a jax.sharding.Sharding, for framework='jax'; this feed's "
+                            f"framework is {framework!r}")
+        module, name, install = FRAMEWORK_MODULES.get(framework, (None, "", ""))
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise FeedError(f"stoker.Feed(framework={framework!r}) needs {name}: {install}")
+        if sharding is not None:
+            import jax  # the user's sharding is JAX's: JAX is loaded already
+
+            if not isinstance(sharding, jax.sharding.Sharding):
+                raise FeedError(f"stoker.Feed: sharding= takes a jax.sharding.Sharding, got {type(sharding).__name__}")
+        return framework
+
     # ------------------------------------------------------------ starting
     def __enter__(self) -> "Feed":
         self.start()
@@ -132,7 +176,7 @@ class Feed:
             return self
         if self._closed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
-        cfg, plan = prepare_run(self.cfg, trains_model=False)
+        cfg, plan = prepare_run(self.cfg, trains_model=False)  # another framework's producers: backend numpy
         run_dir = self._run_dir(cfg)
         self._run_lock = RunLock.acquire(run_dir)  # before anything in the run directory is written; close() frees it
         try:
@@ -182,9 +226,11 @@ class Feed:
         try:
             self._core = core = FeedCore(prepared, self._stop, state=self._resume)
             self.endpoint = core.endpoint
-            stage = self._stager()
-            core.queue.enable_staging(stage)
-            core.val_queue.enable_staging(stage)
+            self._staging = staging = self._make_staging()
+            self.device = staging.device
+            if staging.stage is not None:
+                core.queue.enable_staging(staging.stage)
+                core.val_queue.enable_staging(staging.stage)
             self._start_producers()
         except BaseException:
             self.close()
@@ -208,7 +254,26 @@ class Feed:
                 return path
         return make_run_dir(requested)
 
-    def _stager(self) -> Any:
+    def _make_staging(self) -> Staging:
+        """How batches reach the loop for the feed's framework (consumer/pipeline/frameworks.py):
+        staged onto the model device in the queue's stager thread, or host arrays (numpy)."""
+        if self.framework == TENSORFLOW:
+            return self._tf_staging()
+        if self.framework == "torch":
+            return self._torch_staging()
+        if self.framework == "jax":
+            return self._jax_staging()
+        log.info("batches handed out as numpy arrays (host memory)")
+        return Staging()
+
+    def _one_model_gpu(self, several: str) -> int | None:
+        """``devices.model_gpu`` as one index (None: not given); FeedError for several, saying ``several``."""
+        wanted = self.cfg.devices.model_gpu
+        if isinstance(wanted, str):
+            raise FeedError(f"model_gpu={wanted!r}: {several}")
+        return wanted
+
+    def _tf_staging(self) -> Staging:
         """Host arrays -> tensors on the model device, in the queue's stager thread: the
         GPU ``devices.model_gpu`` names among this process's GPUs (default its first, with
         ``devices.model_gpu_memory_mb`` as its limit), else the CPU; with a strategy, each
@@ -218,12 +283,10 @@ class Feed:
         if self._strategy is not None:
             devices = list(self._strategy.extended.worker_devices)
             log.info("batches split over %d replicas and staged onto %s", len(devices), ", ".join(devices))
-            return replica_stager(tf, self._strategy, devices)
+            return FunctionStaging(replica_stager(tf, self._strategy, devices), ", ".join(devices))
 
-        wanted = self.cfg.devices.model_gpu
-        if isinstance(wanted, str):
-            raise FeedError(f"model_gpu={wanted!r}: without strategy= the feed stages each batch onto one GPU; "
-                            f"for a replica on each of several, give strategy=tf.distribute.MirroredStrategy(...)")
+        wanted = self._one_model_gpu("without strategy= the feed stages each batch onto one GPU; for a replica on "
+                                     "each of several, give strategy=tf.distribute.MirroredStrategy(...)")
         limit_mb = self.cfg.devices.model_gpu_memory_mb
         physical = tf.config.list_physical_devices("GPU")
         if wanted is not None and wanted >= len(physical):
@@ -240,9 +303,57 @@ class Feed:
         elif limit_mb:
             log.warning("model_gpu_memory=%d: this process has no GPU; nothing to limit", limit_mb)
         gpus = tf.config.list_logical_devices("GPU")
-        self.device = gpus[wanted or 0].name if gpus else "/CPU:0"
-        log.info("batches staged onto %s", self.device)
-        return device_stager(tf, self.device)
+        device = gpus[wanted or 0].name if gpus else "/CPU:0"
+        log.info("batches staged onto %s", device)
+        return FunctionStaging(device_stager(tf, device), device)
+
+    def _torch_staging(self) -> Staging:
+        """Batches as torch tensors on ``cuda:N`` (N: ``devices.model_gpu``, default 0) when
+        CUDA is available, with ``devices.model_gpu_memory_mb`` as the process's share of
+        that GPU; else on the CPU."""
+        import torch  # the user's framework: loaded with the feed of a torch loop only
+
+        wanted = self._one_model_gpu("the feed stages each batch onto one GPU, cuda:N; several GPUs are a process "
+                                     "each (torch.distributed), each with its model_gpu")
+        limit_mb = self.cfg.devices.model_gpu_memory_mb
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            if wanted is not None and wanted >= count:
+                raise FeedError(f"model_gpu {wanted}: PyTorch in this process sees {count} GPU(s) (numbered from 0 "
+                                f"among CUDA_VISIBLE_DEVICES)")
+            index = wanted or 0
+            if limit_mb:
+                total_mb = torch.cuda.get_device_properties(index).total_memory / 2**20
+                torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb / total_mb), index)
+            device = f"cuda:{index}"
+        elif wanted is not None:
+            raise FeedError(f"model_gpu {wanted}: PyTorch in this process sees no GPU (torch.cuda.is_available() is "
+                            f"False: a CPU build of torch, or no driver)")
+        else:
+            if limit_mb:
+                log.warning("model_gpu_memory=%d: this process has no GPU; nothing to limit", limit_mb)
+            device = "cpu"
+        log.info("batches staged onto %s as torch tensors", device)
+        return TorchStaging(torch, device)
+
+    def _jax_staging(self) -> Staging:
+        """Batches as jax arrays put with ``sharding=``, else onto ``jax.devices()[model_gpu or 0]``."""
+        import jax  # the user's framework: loaded with the feed of a JAX loop only
+
+        if self.cfg.devices.model_gpu_memory_mb:
+            log.warning("model_gpu_memory=%d: JAX takes its memory limit from XLA_PYTHON_CLIENT_MEM_FRACTION, set "
+                        "before JAX starts; not applied", self.cfg.devices.model_gpu_memory_mb)
+        if self._sharding is not None:
+            log.info("batches put with %s as jax arrays", self._sharding)
+            return JaxStaging(jax, self._sharding)
+        wanted = self._one_model_gpu("without sharding= the feed puts each batch on one device; for several, give "
+                                     "sharding=jax.sharding.NamedSharding(mesh, PartitionSpec('batch'))")
+        devices = jax.devices()
+        if wanted is not None and wanted >= len(devices):
+            raise FeedError(f"model_gpu {wanted}: JAX in this process has {len(devices)} device(s): {devices}")
+        device = devices[wanted or 0]
+        log.info("batches staged onto %s as jax arrays", device)
+        return JaxStaging(jax, device)
 
     def _start_producers(self) -> None:
         cfg, plan = self.cfg, self._plan
@@ -314,7 +425,7 @@ class Feed:
         except StopIteration:
             core.flush()
             raise
-        return item.arrays
+        return self._staging.take(item.arrays)
 
     def _take_by(self, way: str) -> None:
         """Batches go either to a loop that iterates the feed or to tf.data (``as_dataset``), which
@@ -347,6 +458,7 @@ class Feed:
         ``map``/``prefetch`` the dataset has: ``model.fit(feed.as_dataset(), epochs=E,
         callbacks=[feed.callback(), ...])``. Put it before callbacks that save
         ``feed.state_dict()``, so that their state counts the step that just ended."""
+        self._tensorflow_only("callback()", "a Keras callback")
         import keras
 
         feed = self
@@ -415,6 +527,7 @@ class Feed:
         Batches may be taken ahead of training (``map``, ``prefetch``): the steps trained are
         confirmed by :meth:`callback` under ``fit``, or by :meth:`step_done` in a custom loop.
         With replicas, ``strategy.experimental_distribute_dataset`` splits each global batch."""
+        self._tensorflow_only("as_dataset()", "a tf.data.Dataset")
         import tensorflow as tf
 
         if self._strategy is not None:
@@ -448,7 +561,7 @@ class Feed:
 
         def batches() -> Iterator[dict[str, Any]]:
             for item in core.validation_pass():
-                yield item.arrays
+                yield self._staging.take(item.arrays)
 
         return batches()
 
@@ -456,6 +569,7 @@ class Feed:
         """The validation passes as a ``tf.data.Dataset`` (element spec as :meth:`as_dataset`'s):
         each iteration over it is a new pass, so ``model.fit(..., validation_data=
         feed.validation_dataset())`` validates on every held-out clip at each epoch end."""
+        self._tensorflow_only("validation_dataset()", "a tf.data.Dataset")
         import tensorflow as tf
 
         if self._strategy is not None:
@@ -497,6 +611,7 @@ class Feed:
         """Each batch field's ``tf.TensorSpec``, per the batch schema: the dimensions that vary
         by bucket (B, L, T, S) None, F and R fixed. A ``tf.function`` with this
         ``input_signature`` traces once for every bucket."""
+        self._tensorflow_only("element_spec", "tf.TensorSpec's")
         import tensorflow as tf
 
         cfg = self._prepared_run().cfg  # fixed rows resolved (replicas, workers): row_mask among the fields
@@ -525,6 +640,7 @@ class Feed:
         """The feed's state as a ``tf.train.Checkpoint``-trackable object:
         ``tf.train.Checkpoint(model=model, feed=feed.trackable())``; restoring the
         checkpoint before the feed starts makes the feed continue from its position."""
+        self._tensorflow_only("trackable()", "a tf.train.Checkpoint object")
         import tensorflow as tf
 
         feed = self
@@ -538,6 +654,12 @@ class Feed:
                 feed.load_state_dict(json.loads(text))
 
         return FeedState()
+
+    def _tensorflow_only(self, what: str, is_: str) -> None:
+        """FeedError (one line) for a TensorFlow thing asked of a feed of another framework."""
+        if self.framework != TENSORFLOW:
+            raise FeedError(f"feed.{what} is {is_}, for framework='tensorflow'; this feed hands out "
+                            f"{self.framework} batches: iterate it (for batch in feed), and save feed.state_dict()")
 
     # ------------------------------------------------------------ closing
     def close(self, exc: BaseException | None = None) -> None:

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stoker.consumer.pipeline.checkpoint import Checkpointer
-from stoker.consumer.training.trainer import check_model
+from stoker.consumer.training.trainer import check_model, uses_tensorflow
 from stoker.devices import list_gpus, plan_devices, requested_replicas
 from stoker.launcher import run_producers, run_training
+from stoker.producer.features import resolve_backend
 from stoker.shared import config as config_mod
 from stoker.shared.cluster import from_env
-from stoker.shared.config import DevicesConfig
+from stoker.shared.config import TENSORFLOW, DevicesConfig
 from stoker.shared.dataset import describe_copy, feature_cache_dir, locate
 from stoker.shared.dataset.storage import is_url
 from stoker.shared.endpoints import EndpointError, check_endpoint
@@ -37,6 +38,7 @@ from stoker.shared.mixes import is_mix
 from stoker.shared.proc import setup_logging
 from stoker.shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG, RUN_LOCK
 from stoker.shared.runlock import RunLock
+from stoker.shared.tfsetup import require_tensorflow
 
 log = logging.getLogger("stoker")
 
@@ -145,12 +147,21 @@ def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
 def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[config_mod.Config, Any]:
     """Check what the user asked for before anything starts (the dataset, the model, the
     keys, the endpoint, the GPUs); the config with the dataset's paths, the replicas and
-    fixed rows (config.with_fixed_rows) resolved, and the device plan. UserError (one line)
-    for each mistake."""
+    fixed rows (config.with_fixed_rows) resolved, and the device plan; for a run whose batches
+    go to another framework than TensorFlow (trainer.framework), features.backend auto is numpy
+    (no producer imports TensorFlow). UserError (one line) for each mistake."""
 
     root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
     if trains_model:
         check_model(cfg.trainer.model)
+        if uses_tensorflow(cfg.trainer.model):
+            if cfg.trainer.framework != TENSORFLOW:
+                raise UserError(f"trainer.framework is {cfg.trainer.framework}: stoker's trainer (--model "
+                                f"{cfg.trainer.model}) trains with TensorFlow; the other frameworks are for your own "
+                                f"loop on stoker.Feed (docs/FEED.md)")
+            require_tensorflow(f"stoker's trainer (--model {cfg.trainer.model})")
+    if cfg.trainer.framework != TENSORFLOW:
+        cfg = dataclasses.replace(cfg, features=resolve_backend(cfg.features, framework=cfg.trainer.framework))
     if cfg.pipeline.keys:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(
             cfg.pipeline, keys=str(Path(cfg.pipeline.keys).expanduser().resolve())))

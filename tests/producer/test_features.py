@@ -31,6 +31,7 @@ from stoker.producer.features import (
 )
 from stoker.shared import mel as shared_mel
 from stoker.shared.config import FeaturesConfig
+from stoker.shared.tfsetup import TensorFlowMissing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_WAV = REPO_ROOT / "data" / "demo" / "wavs" / "DEMO-0004.wav"
@@ -321,6 +322,23 @@ def test_auto_backend_is_tf_only_with_a_gpu(visible: str | None, expected: str, 
     assert MelComputer(CFG).cfg.backend == expected
     assert features.resolve_backend(TF_CFG).backend == "tf"  # explicit choices are kept
     assert features.resolve_backend(CFG, has_gpu=True).backend == "tf"
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax", "numpy"])
+def test_auto_backend_is_numpy_on_a_gpu_for_a_run_of_another_framework(framework: str) -> None:
+    """The batches go to another framework than TensorFlow: no producer imports TensorFlow."""
+    assert features.resolve_backend(CFG, has_gpu=True, framework=framework).backend == "numpy"
+    assert features.resolve_backend(CFG, has_gpu=True, framework="tensorflow").backend == "tf"
+
+
+def test_without_tensorflow_auto_is_numpy_the_public_function_computes_and_tf_is_one_line(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # as if not installed: find_spec says None
+    assert features.resolve_backend(CFG, has_gpu=True).backend == "numpy"
+    audio = chirp_with_noise(1.0)
+    assert relative_error(log_mel_spectrogram(audio, CFG), log_mel_spectrogram_numpy(audio, CFG)) <= MAX_RELATIVE_ERROR
+    with pytest.raises(TensorFlowMissing, match=r"^features.backend tf \(TensorFlow ops in the producers\) needs "
+                                                  r"TensorFlow: pip install 'stoker\[tf\]'$"):
+        MelComputer(TF_CFG)
 
 
 def test_public_function_defaults_and_accepts_float64() -> None:

@@ -1,0 +1,243 @@
+"""Tests for consumer/pipeline/frameworks.py: what a feed hands out for PyTorch, JAX and numpy.
+
+The CUDA path of the torch staging cannot run on a host without a GPU: its order of
+operations (pinned host memory, copies queued on a side stream, an event after them, the
+loop's stream waiting on that event and marking each tensor as used) is checked against a
+recording stand-in for ``torch``; the CPU path runs on the real torch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch
+from stoker.consumer.pipeline.frameworks import CopiedBatch, JaxStaging, Staging, TorchStaging
+
+pytestmark = pytest.mark.timeout(60)
+
+WAIT_S = 10.0
+
+
+def host_batch() -> dict[str, np.ndarray]:
+    """A batch as the receive thread makes it: read-only views on the message's bytes."""
+    mel = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    lengths = np.array([3, 2], dtype=np.int32)
+    return {"mel": np.frombuffer(mel.tobytes(), np.float32).reshape(mel.shape),
+            "mel_lengths": np.frombuffer(lengths.tobytes(), np.int32)}
+
+
+# ---------------------------------------------------------------- torch on CUDA, recorded
+
+class FakeStream:
+    def __init__(self, log: list[tuple], name: str) -> None:
+        self.log, self.name = log, name
+
+    def wait_event(self, event: "FakeEvent") -> None:
+        self.log.append(("wait_event", self.name, event.name))
+
+    def synchronize(self) -> None:
+        self.log.append(("synchronize", self.name))
+
+
+class FakeEvent:
+    def __init__(self, log: list[tuple], name: str) -> None:
+        self.log, self.name = log, name
+
+    def record(self, stream: FakeStream) -> None:
+        self.log.append(("record", self.name, stream.name))
+
+    def synchronize(self) -> None:
+        self.log.append(("synchronize", self.name))
+
+
+class FakeTensor:
+    def __init__(self, torch: "FakeTorch", array: np.ndarray, where: str) -> None:
+        self.torch, self.array, self.where = torch, array, where
+
+    def pin_memory(self) -> "FakeTensor":
+        self.torch.log.append(("pin_memory", self.where))
+        return FakeTensor(self.torch, self.array.copy(), "pinned")
+
+    def to(self, device: "FakeDevice", non_blocking: bool = False) -> "FakeTensor":
+        cuda = self.torch.cuda
+        self.torch.log.append(("copy", self.where, str(device), non_blocking, cuda.current.name, cuda.device_set))
+        return FakeTensor(self.torch, self.array, str(device))
+
+    def record_stream(self, stream: FakeStream) -> None:
+        self.torch.log.append(("record_stream", self.where, stream.name))
+
+
+class FakeDevice:
+    def __init__(self, name: str) -> None:
+        self.type, _, index = name.partition(":")
+        self.index = int(index or 0)
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FakeCuda:
+    """torch.cuda as the staging uses it: streams, events, the current stream per thread."""
+
+    def __init__(self, log: list[tuple]) -> None:
+        self.log = log
+        self.loop_stream = FakeStream(log, "loop")
+        self.current = self.loop_stream
+        self.device_set: str | None = None
+        self.events = 0
+
+    def Stream(self, device: FakeDevice) -> FakeStream:  # noqa: N802 (torch's name)
+        return FakeStream(self.log, f"side@{device}")
+
+    def Event(self) -> FakeEvent:  # noqa: N802 (torch's name)
+        self.events += 1
+        return FakeEvent(self.log, f"event{self.events}")
+
+    @contextmanager
+    def stream(self, stream: FakeStream) -> Iterator[None]:
+        before, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = before
+
+    @contextmanager
+    def device(self, device: FakeDevice) -> Iterator[None]:
+        before, self.device_set = self.device_set, str(device)
+        try:
+            yield
+        finally:
+            self.device_set = before
+
+    def current_stream(self, device: FakeDevice) -> FakeStream:
+        self.log.append(("current_stream", str(device)))
+        return self.current
+
+    def synchronize(self, device: Any = None) -> None:
+        self.log.append(("synchronize", "device"))
+
+
+class FakeTorch:
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self.cuda = FakeCuda(self.log)
+
+    def device(self, name: str) -> FakeDevice:
+        return FakeDevice(name)
+
+    def from_numpy(self, array: np.ndarray) -> FakeTensor:
+        return FakeTensor(self, array, "host")
+
+
+def test_cuda_staging_copies_from_pinned_memory_on_a_side_stream_and_records_an_event_after_the_copies() -> None:
+    torch = FakeTorch()
+    staging = TorchStaging(torch, "cuda:1")
+    staged = staging.stage(host_batch())
+    assert isinstance(staged, CopiedBatch) and sorted(staged.tensors) == ["mel", "mel_lengths"]
+    assert torch.log == [
+        ("pin_memory", "host"), ("copy", "pinned", "cuda:1", True, "side@cuda:1", "cuda:1"),
+        ("pin_memory", "host"), ("copy", "pinned", "cuda:1", True, "side@cuda:1", "cuda:1"),
+        ("record", "event1", "side@cuda:1"),  # after both copies, on the stream that queued them
+    ]
+    assert staged.copied.name == "event1"
+    assert torch.cuda.current is torch.cuda.loop_stream and torch.cuda.device_set is None  # both restored
+    np.testing.assert_array_equal(staged.tensors["mel"].array, host_batch()["mel"])
+
+
+def test_taking_a_cuda_batch_makes_the_loops_stream_wait_on_its_event_and_marks_each_tensor_used_there() -> None:
+    torch = FakeTorch()
+    staging = TorchStaging(torch, "cuda:0")
+    staged = staging.stage(host_batch())
+    torch.log.clear()
+    batch = staging.take(staged)
+    assert batch is staged.tensors
+    assert torch.log == [("current_stream", "cuda:0"), ("wait_event", "loop", "event1"),
+                         ("record_stream", "cuda:0", "loop"), ("record_stream", "cuda:0", "loop")]
+    assert not [entry for entry in torch.log if entry[0] == "synchronize"]  # the host never waits
+
+
+def test_cuda_batches_staged_by_the_queues_stager_thread_reach_the_loop_in_order() -> None:
+    """The queue stages in its own thread and the loop takes each batch with ``take``."""
+    torch = FakeTorch()
+    staging = TorchStaging(torch, "cuda:0")
+    queue = BatchQueue(3, stage=staging.stage)
+    try:
+        for n in range(3):
+            arrays = {"mel_lengths": np.full(2, n, np.int32)}
+            queue.put(QueuedBatch(lease=n, epoch=0, index=n, ids=[f"c{n}"], arrays=arrays, producer="p0"))
+        taken = []
+        for _ in range(3):
+            got = queue.get(WAIT_S)
+            assert got is not None
+            taken.append(staging.take(got[0].arrays)["mel_lengths"].array[0])
+    finally:
+        queue.close()
+    assert taken == [0, 1, 2]
+    waits = [entry[2] for entry in torch.log if entry[0] == "wait_event"]
+    assert waits == ["event1", "event2", "event3"]
+
+
+# ---------------------------------------------------------------- torch on the CPU, real
+
+def test_cpu_tensors_share_the_received_arrays_memory() -> None:
+    torch = pytest.importorskip("torch")
+    arrays = host_batch()
+    staging = TorchStaging(torch, "cpu")
+    batch = staging.take(staging.stage(arrays))
+    assert all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in batch.values())
+    assert batch["mel"].data_ptr() == arrays["mel"].ctypes.data  # torch.from_numpy: no copy
+    assert batch["mel_lengths"].dtype == torch.int32 and batch["mel_lengths"].tolist() == [3, 2]
+
+
+def test_host_arrays_whose_staging_failed_are_torch_tensors_when_taken() -> None:
+    torch = pytest.importorskip("torch")
+    batch = TorchStaging(torch, "cpu").take(host_batch())  # what the queue keeps when staging raised
+    assert all(isinstance(t, torch.Tensor) for t in batch.values())
+    assert batch["mel"].shape == (2, 3, 4)
+
+
+@pytest.mark.slow
+def test_staging_read_only_arrays_raises_no_warning_in_a_fresh_process() -> None:
+    """torch warns once per process about a tensor made from a read-only array, which every
+    received batch is: the feed's loop shows no such warning (a fresh process, whose first
+    such call would warn, with warnings as errors)."""
+    probe = ("import numpy as np, torch\n"
+             "from stoker.consumer.pipeline.frameworks import TorchStaging\n"
+             "batch = TorchStaging(torch, 'cpu').stage({'x': np.frombuffer(bytes(16), np.float32)})\n"
+             "print(type(batch['x']).__name__, batch['x'].tolist())\n")
+    done = subprocess.run([sys.executable, "-W", "error", "-c", probe], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["Tensor", "[0.0,", "0.0,", "0.0,", "0.0]"], done.stdout
+
+
+# ---------------------------------------------------------------- jax and numpy
+
+def test_jax_arrays_are_put_on_the_device_given() -> None:
+    jax = pytest.importorskip("jax")
+    device = jax.devices()[0]
+    staging = JaxStaging(jax, device)
+    batch = staging.take(staging.stage(host_batch()))
+    assert all(isinstance(a, jax.Array) and a.devices() == {device} for a in batch.values())
+    np.testing.assert_array_equal(np.asarray(batch["mel"]), host_batch()["mel"])
+    assert staging.device == str(device)
+
+
+def test_jax_arrays_are_put_with_the_sharding_given_also_when_staging_failed() -> None:
+    jax = pytest.importorskip("jax")
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    staging = JaxStaging(jax, sharding)
+    for batch in (staging.take(staging.stage(host_batch())), staging.take(host_batch())):
+        assert all(isinstance(a, jax.Array) and a.sharding == sharding for a in batch.values())
+
+
+def test_numpy_batches_are_the_host_arrays_unstaged() -> None:
+    arrays = host_batch()
+    staging = Staging()
+    assert staging.stage is None and staging.take(arrays) is arrays
