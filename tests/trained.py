@@ -62,7 +62,9 @@ class Recorder:
 def _on_host(value: Any) -> np.ndarray:
     parts = getattr(value, "values", None)  # a replicated batch: one part per replica, rows in order
     if isinstance(parts, tuple):
-        return np.concatenate([np.asarray(p) for p in parts])
+        return np.concatenate([_on_host(p) for p in parts])
+    if hasattr(value, "detach"):  # a PyTorch tensor, on any device
+        return value.detach().cpu().numpy()
     return np.asarray(value)
 
 
