@@ -159,8 +159,12 @@ def shard_source(path: str, metadata_file: str) -> tuple[Path, str] | None:
 
 def _directory_glob(url: str) -> str:
     """The pattern a directory URL stands for: its Parquet files where it holds some and no tar
-    shard (one listing), else its tar shards."""
-    names = [s.name.lower() for s in list_remote(url)]
+    shard (one listing), else its tar shards (also where the store cannot be asked now: listing
+    them says why)."""
+    try:
+        names = [s.name.lower() for s in list_remote(url)]
+    except DatasetError:
+        return SHARD_GLOB
     parquet = any(n.endswith(PARQUET_GLOB[1:]) for n in names) and not any(n.endswith(SHARD_GLOB[1:]) for n in names)
     return PARQUET_GLOB if parquet else SHARD_GLOB
 
