@@ -222,10 +222,10 @@ class BatchMaker:
         # (Parquet files: its rows' row groups, each read once)
         members = [self.files.get(i, "") for i in (*lease.ids, *(lease.refs or ()))]
         self.reader.prefetch((m.shard, m.offset, m.size) for m in map(Locator.parse, filter(is_member, members)))
-        rows = [r for r in (self.files.get(i) or self._lease_files.get(i, "") for i in (*lease.ids, *(lease.refs or ())))
-                if is_row(r)]
-        if rows:
-            row_reader(self.reader.root).prefetch(rows)
+        parquet_rows = [n for n in (self.files.get(i) or self._lease_files.get(i, "")
+                                    for i in (*lease.ids, *(lease.refs or ()))) if is_row(n)]
+        if parquet_rows:
+            row_reader(self.reader.root).prefetch(parquet_rows)
         if self.cache is not None:  # loose files at URLs: their versions, the cache's key, looked up together
             named = (self.files.get(i) or self._lease_files.get(i, "") for i in (*lease.ids, *(lease.refs or ())))
             self._versions = object_versions(n for n in named if is_url(n) and not is_locator(n))
