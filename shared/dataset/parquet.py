@@ -62,9 +62,10 @@ LISTING_FORMAT = 1
 AUDIO_COLUMNS = ("audio", "audio_filepath", "path", "file", "file_name")
 
 
-# Row groups whose audio a reader keeps decoded from Parquet (not from audio): a lease's rows come
-# from the few row groups of its window (batching.shard_window), each read once.
-MAX_GROUPS = 16
+# Row groups whose audio column a reader keeps (the encoded bytes, not decoded audio): a lease's rows
+# come from the few row groups of its window (batching.shard_window, 4 by default), each read once;
+# a bound, as a row group of 100 clips of LJSpeech's length holds ~30 MB.
+MAX_GROUPS = 8
 
 
 def pyarrow_modules() -> tuple[Any, Any]:
@@ -92,7 +93,8 @@ def audio_column(schema: Any) -> tuple[str, str, str] | None:
         if pa.types.is_struct(kind):
             children = {kind.field(n).name: kind.field(n).type for n in range(kind.num_fields)}
             if "bytes" in children and any(is_(children["bytes"]) for is_ in binary):
-                paths = f"{field.name}.path" if "path" in children and any(is_(children["path"]) for is_ in text) else ""
+                named = "path" in children and any(is_(children["path"]) for is_ in text)
+                paths = f"{field.name}.path" if named else ""
                 return field.name, f"{field.name}.bytes", paths
     for want, make in ((binary, lambda n: (n, n, "")), (text, lambda n: (n, "", n))):
         for name in AUDIO_COLUMNS:
@@ -320,7 +322,8 @@ def probe_row(root: Path, name: str) -> AudioProbe:
     try:
         data = row_reader(root).read(name)
     except FileNotFoundError:
-        return AudioProbe(error="audio file missing", detail=f"no Parquet file {shown(ROW_LOCATOR.match(name)['file'])}")
+        file = ROW_LOCATOR.match(name)["file"]  # type: ignore[index]
+        return AudioProbe(error="audio file missing", detail=f"no Parquet file {shown(file)}")
     except StorageError as exc:
         return AudioProbe(error="audio file unreadable", detail=str(exc))
     return probe_bytes(data)

@@ -77,8 +77,8 @@ def test_columns_are_found_by_their_usual_names_or_as_data_columns_maps_them(tmp
     assert {s.id: (s.text, s.speaker, s.language) for s in mapped.samples} == made.clips
 
 
-@pytest.mark.parametrize("spec, problem", [("text=|speaker=who", "'text=' is not ROLE=COLUMN"), ("txt=words", "unknown role 'txt'"),
-                                           ("text=a|text=b", "'text' is named twice")])
+@pytest.mark.parametrize("spec, problem", [("text=|speaker=who", "'text=' is not ROLE=COLUMN"),
+                                           ("txt=words", "unknown role 'txt'"), ("text=a|text=b", "'text' is named twice")])
 def test_a_column_map_that_cannot_work_is_one_line(spec: str, problem: str) -> None:
     with pytest.raises(LayoutError, match=problem):
         parse_column_map(spec)
@@ -147,7 +147,8 @@ def test_a_row_group_corrupt_only_in_its_audio_is_rejected_by_the_reader_naming_
 def test_an_undecodable_row_is_rejected_by_the_index_or_by_the_reader_naming_file_and_row(tmp_path: Path) -> None:
     good = clip_member(1, 0.8, "wav")
     rows = {"id": ["ok", "junk"], "text": ["Some words.", "More words."],
-            "audio": [{"bytes": good, "path": "ok.wav"}, {"bytes": b"this is no audio at all\n" * 40, "path": "j.flac"}]}
+            "audio": [{"bytes": good, "path": "ok.wav"},
+                      {"bytes": b"this is no audio at all\n" * 40, "path": "j.flac"}]}
     write_parquet(tmp_path / "headers" / "train.parquet", rows, row_group=2)
     index = build_index(_data(tmp_path / "headers"), FEATURES)  # no duration column: the header is read
     assert [s.id for s in index.samples] == ["ok"]
