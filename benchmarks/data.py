@@ -52,8 +52,12 @@ producer
       Hugging Face ``datasets`` library writes them (an ``audio`` struct of bytes and path,
       uncompressed, beside ``id`` and ``text``; row groups of :data:`CLIPS_PER_SHARD` clips, files
       of :data:`CLIPS_PER_PARQUET_FILE`: shared/dataset/parquet.py), read a row group at a time by
-      the producer's row reader, its kept row groups dropped before each pass (a row group read
-      once a pass, as an epoch grouped by row group reads it), in the same batches.
+      the producer's row reader (its kept row groups dropped before each pass), in the batches
+      a run plans from the Parquet files (the same clips and buckets, batches grouped by row
+      group, ``batching.shard_window`` 4: consumer/pipeline/shard_order.py), as a Parquet run's
+      producer reads them; the same variant in the loose files' batches (every row group in
+      every batch: the reader's worst case, each lease reading whole row groups for a clip or
+      two of each) is ``stoker-parquet-mixed``.
 
     Judged with one thread per process (``OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS=1``, TF
     intra- and inter-op threads 1): producers run one per core, so one core is what each
@@ -123,6 +127,8 @@ SHARDS_DIR = "shards"
 # ... and into Parquet files of this many clips (row groups of CLIPS_PER_SHARD), in this directory.
 CLIPS_PER_PARQUET_FILE = 32
 PARQUET_DIR = "parquet"
+# The variants that read the clips packed beside the loose files, and where.
+PACKED_VARIANTS = {"stoker-shards": SHARDS_DIR, "stoker-parquet": PARQUET_DIR, "stoker-parquet-mixed": PARQUET_DIR}
 # Generated index items: tiny real WAV files (header + 0.25 s of 8 kHz 16-bit silence).
 INDEX_RATE_HZ = 8000
 INDEX_SECONDS = 0.25
@@ -444,9 +450,8 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
     """One variant in its own process: answer each "run" with the seconds one pass took."""
     try:
         base = Path(root)
-        if variant in ("stoker-shards", "stoker-parquet"):  # the same clips beside them (make_clip_shards, _parquet)
-            base, pattern = locate(str(base.parent / (SHARDS_DIR if variant == "stoker-shards" else PARQUET_DIR)),
-                                   "metadata.csv")
+        if variant in PACKED_VARIANTS:  # the same clips beside them (make_clip_shards, make_clip_parquet)
+            base, pattern = locate(str(base.parent / PACKED_VARIANTS[variant]), "metadata.csv")
             scan = scan_dataset(base, pattern)
             texts, files = {e.id: e.text for e in scan.entries}, dict(scan.files)
         else:
@@ -470,6 +475,8 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         else:
             maker = BatchMaker(base, texts, features, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")
+        if variant == "stoker-parquet":  # the batches a run plans from the Parquet files (module docstring)
+            leases = _plan_leases(base / pattern)
         clips = sum(len(lease.ids) for lease in leases)
         backend = variant if variant in ("librosa", "numpy-reference") else features.backend
         conn.send({"ok": True, "ready": True, "backend": backend})
@@ -480,7 +487,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
             if command == "refill" and getattr(maker, "cache", None) is not None:
                 for entry in maker.cache.dir.glob("*.mel"):
                     entry.unlink()
-            if variant == "stoker-parquet":
+            if variant.startswith("stoker-parquet"):
                 row_reader(base).close()  # each row group read once a pass (module docstring)
             started, cpu0 = time.perf_counter(), time.process_time()
             for lease in leases:
@@ -615,7 +622,7 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
     make_clips(root, plan.clips)
     if "stoker-shards" in plan.variants:
         make_clip_shards(root)
-    if "stoker-parquet" in plan.variants:
+    if any(v.startswith("stoker-parquet") for v in plan.variants):
         make_clip_parquet(root)
     leases = _plan_leases(root)
     result: dict[str, Any] = {"clips": plan.clips, "batches": len(leases), "threads": {}}

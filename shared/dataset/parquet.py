@@ -209,22 +209,28 @@ def _flat(table: Any, path: str, keep: Any) -> list[Any]:
 class RowReader:
     """Reads rows' audio bytes by locator, a row group's audio column at a time, keeping the last
     :data:`MAX_GROUPS` groups and :data:`shared.dataset.storage.MAX_OPEN_FILES` files open (a
-    producer's leases read a few row groups each; the index's header reads go through the file in
-    order). Local files or URLs (through storage.py: reads retried and counted)."""
+    producer's leases read a few row groups each, consecutive leases of a window the same ones;
+    the index's header reads go through the file in order). Local files or URLs (through
+    storage.py: reads retried and counted). One thread reads (a producer's compute thread)."""
 
     def __init__(self, root: Path | None) -> None:
         self.root = root
         self._files: collections.OrderedDict[str, tuple[Any, Any, str]] = collections.OrderedDict()
         self._groups: collections.OrderedDict[tuple[str, int], Any] = collections.OrderedDict()
+        self._ahead: dict[str, bytes] = {}  # rows read by prefetch, not yet asked for
         self._lock = threading.Lock()
 
     def prefetch(self, names: Iterable[str]) -> None:
-        """Read the row groups of the rows ``names`` locates, in file and group order; a group that
-        cannot be read is left for its rows' :meth:`read`, which says why."""
-        matches = [m for m in map(ROW_LOCATOR.match, names) if m is not None]
-        for file, group in sorted({(m["file"], int(m["group"])) for m in matches}):
+        """Read the rows ``names`` locates, their row groups in file and group order, each once
+        (however many groups: a row's bytes are kept, not its group's), to be taken by
+        :meth:`read` in any order. What was prefetched before and not taken is dropped. A row
+        that cannot be read is left for its :meth:`read`, which says why."""
+        self._ahead = {}
+        matches = sorted((m["file"], int(m["group"]), int(m["row"]), m.string)
+                         for m in map(ROW_LOCATOR.match, set(names)) if m is not None)
+        for name in (name for *_, name in matches):
             try:
-                self._group(file, group)
+                self._ahead[name] = self.read(name)
             except (FileNotFoundError, StorageError):
                 continue
 
@@ -232,6 +238,9 @@ class RowReader:
         """The audio bytes of the row ``name`` locates. Raises FileNotFoundError (no such file
         here) or StorageError (its file or row group unreadable, or no such row: changed since
         it was indexed)."""
+        ahead = self._ahead.pop(name, None)
+        if ahead is not None:
+            return ahead
         match = ROW_LOCATOR.match(name)
         if match is None:
             raise ValueError(f"not a Parquet row's locator: {name!r}")
@@ -301,6 +310,7 @@ class RowReader:
                 handle.close()
             self._files.clear()
             self._groups.clear()
+            self._ahead = {}
 
 
 _READERS: dict[str, RowReader] = {}  # this process's, by dataset root: the index's header reads, a producer's

@@ -17,6 +17,7 @@ from stoker.producer.audio import AudioError, load_audio, load_member
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import DatasetError, Reference, build_index, locate, metadata_sha256, scan_dataset
+from stoker.shared.dataset import parquet
 from stoker.shared.dataset.parquet import RowReader, pyarrow_modules
 from stoker.shared.dataset.storage import Reader
 from stoker.shared.dataset.files import read_metadata_bytes
@@ -114,6 +115,29 @@ def test_a_row_decodes_to_the_same_samples_as_its_loose_file(tmp_path: Path) -> 
     for sample in index.samples:
         wav = next((loose / "wavs").glob(f"{sample.id}.*"))
         np.testing.assert_array_equal(load_member(reader, sample.audio, 16000), load_audio(wav, 16000))
+
+
+def test_a_lease_s_rows_are_read_a_row_group_at_a_time_each_once_then_taken_in_any_order(tmp_path: Path,
+                                                                                         monkeypatch) -> None:
+    made = make_parquet(tmp_path / "pq", files=2, per_file=8, row_group=4)
+    index = build_index(_data(tmp_path / "pq"), FEATURES)
+    monkeypatch.setattr(parquet, "MAX_GROUPS", 1)  # fewer groups kept than the lease spans
+    pq = pyarrow_modules()[1]
+    reads: list[tuple[int, int]] = []  # (file object, row group) of each row group read
+    plain = pq.ParquetFile.read_row_group
+
+    def spy(self, group, *args, **kw):
+        reads.append((id(self), group))
+        return plain(self, group, *args, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    reader = RowReader(tmp_path / "pq")
+    wanted = {s.audio: s.id for s in reversed(index.samples)}  # a lease's order: any
+    reader.prefetch(wanted)
+    assert len(reads) == len(set(reads)) == 4  # each of the 4 row groups once
+    for name, sample_id in wanted.items():
+        assert reader.read(name) == made.audio[sample_id]
+    assert len(reads) == 4  # taken from what was read ahead
 
 
 def test_a_corrupt_row_group_is_a_rejection_per_row_naming_its_file_and_row(tmp_path: Path) -> None:
