@@ -50,7 +50,8 @@ producer
       reader's worst case; a run from shards leases batches grouped by shard).
     - ``stoker-parquet``: as ``stoker-shards``, the same clips' bytes in Parquet files as the
       Hugging Face ``datasets`` library writes them (an ``audio`` struct of bytes and path,
-      uncompressed, beside ``id`` and ``text``; row groups of :data:`CLIPS_PER_SHARD` clips, files
+      uncompressed and PLAIN-encoded, beside ``id`` and ``text``, snappy and dictionary-encoded;
+      row groups of :data:`CLIPS_PER_SHARD` clips, files
       of :data:`CLIPS_PER_PARQUET_FILE`: shared/dataset/parquet.py), read a row group at a time by
       the producer's row reader (its kept row groups dropped before each pass), in the batches
       a run plans from the Parquet files (the same clips and buckets, batches grouped by row
@@ -271,7 +272,9 @@ def make_clip_parquet(root: Path, per_group: int = CLIPS_PER_SHARD, per_file: in
         table = pa.table({"audio": [{"bytes": (root / files[e.id].name).read_bytes(), "path": files[e.id].name}
                                     for e in part],
                           "id": [e.id for e in part], "text": [e.text for e in part]}, schema=schema)
-        pq.write_table(table, out / f"clips-{n // per_file:04d}.parquet", row_group_size=per_group, compression="none")
+        pq.write_table(table, out / f"clips-{n // per_file:04d}.parquet", row_group_size=per_group,  # as datasets
+                       compression={"audio.bytes": "none", "audio.path": "none", "id": "snappy", "text": "snappy"},
+                       use_dictionary=["id", "text"], column_encoding={"audio.bytes": "PLAIN", "audio.path": "PLAIN"})
     return out
 
 

@@ -62,10 +62,11 @@ LISTING_FORMAT = 1
 AUDIO_COLUMNS = ("audio", "audio_filepath", "path", "file", "file_name")
 
 
-# Row groups whose audio column a reader keeps (the encoded bytes, not decoded audio): a lease's rows
-# come from the few row groups of its window (batching.shard_window, 4 by default), each read once;
-# a bound, as a row group of 100 clips of LJSpeech's length holds ~30 MB.
-MAX_GROUPS = 8
+# The audio columns of row groups a reader keeps (the encoded bytes, not decoded audio), in bytes:
+# consecutive leases of a window read the same few row groups (batching.shard_window, 4 by default)
+# and the index's header reads go through a file in order; a bound, as datasets writes row groups
+# of up to 100 MB. The last group read is kept whatever its size.
+KEPT_GROUP_BYTES = 256 << 20
 
 
 def pyarrow_modules() -> tuple[Any, Any]:
@@ -208,7 +209,7 @@ def _flat(table: Any, path: str, keep: Any) -> list[Any]:
 
 class RowReader:
     """Reads rows' audio bytes by locator, a row group's audio column at a time, keeping the last
-    :data:`MAX_GROUPS` groups and :data:`shared.dataset.storage.MAX_OPEN_FILES` files open (a
+    groups read (:data:`KEPT_GROUP_BYTES`) and :data:`shared.dataset.storage.MAX_OPEN_FILES` files open (a
     producer's leases read a few row groups each, consecutive leases of a window the same ones;
     the index's header reads go through the file in order). Local files or URLs (through
     storage.py: reads retried and counted). One thread reads (a producer's compute thread)."""
@@ -268,14 +269,15 @@ class RowReader:
                                        f"{group + 1} (changed since it was indexed?)")
                 table = parquet.read_row_group(group, columns=[bytes_path])
                 top, _, child = bytes_path.partition(".")
-                column = table.column(top).combine_chunks()
+                chunks = table.column(top)
+                column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
                 column = column.field(child) if child else column
             except (OSError, pa.ArrowException) as exc:
                 if isinstance(exc, (StorageError, FileNotFoundError)):
                     raise
                 raise StorageError(f"row group {group} of {shown(file)} cannot be read: {_message(exc)}") from None
             self._groups[(file, group)] = column
-            while len(self._groups) > MAX_GROUPS:
+            while len(self._groups) > 1 and sum(c.nbytes for c in self._groups.values()) > KEPT_GROUP_BYTES:
                 self._groups.popitem(last=False)
             return column
 

@@ -121,7 +121,7 @@ def test_a_lease_s_rows_are_read_a_row_group_at_a_time_each_once_then_taken_in_a
                                                                                          monkeypatch) -> None:
     made = make_parquet(tmp_path / "pq", files=2, per_file=8, row_group=4)
     index = build_index(_data(tmp_path / "pq"), FEATURES)
-    monkeypatch.setattr(parquet, "MAX_GROUPS", 1)  # fewer groups kept than the lease spans
+    monkeypatch.setattr(parquet, "KEPT_GROUP_BYTES", 1)  # one group kept: fewer than the lease spans
     pq = pyarrow_modules()[1]
     reads: list[tuple[int, int]] = []  # (file object, row group) of each row group read
     plain = pq.ParquetFile.read_row_group
