@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
 from stoker.shared.dataset.parquet import row_reader
+from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
 from stoker.shared.dataset.shards import Locator
 from stoker.shared.dataset.storage import Reader, StorageError, read_url, shown
 from stoker.shared.parquet_layout import is_row, row_where

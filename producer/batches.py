@@ -30,10 +30,10 @@ from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, T
 from stoker.shared.dataset import audio_path, relative_audio, size_problem
 from stoker.shared.dataset.parquet import row_reader
 from stoker.shared.dataset.shards import Locator, is_locator, is_member
-from stoker.shared.parquet_layout import is_row
 from stoker.shared.dataset.storage import COUNTS, Reader, is_url, object_version, object_versions, shown
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
+from stoker.shared.parquet_layout import is_row
 
 log = logging.getLogger("producer")
 
