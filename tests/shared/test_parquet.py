@@ -208,6 +208,22 @@ def test_a_path_column_names_audio_files_beside_the_parquet_file(tmp_path: Path)
     assert index.stats.headers_read == 3
 
 
+def test_a_row_whose_audio_struct_holds_no_bytes_is_the_file_its_path_names(tmp_path: Path) -> None:
+    pa, pq = pyarrow_modules()
+    root = tmp_path / "corpus"
+    (root / "clips").mkdir(parents=True)
+    (root / "clips" / "b.wav").write_bytes(clip_member(2, 0.9, "wav"))
+    audio = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"audio": pa.array([{"bytes": clip_member(1, 0.8), "path": "a.flac"},
+                                         {"bytes": None, "path": "clips/b.wav"}], audio),
+                      "text": ["First clip.", "Second clip."]})
+    pq.write_table(table, root / "train.parquet")
+    index = build_index(_data(root / "train.parquet"), FEATURES)
+    assert index.rejected == []
+    assert {s.id: s.audio for s in index.samples} == {"train_0": "train.parquet#0:0", "train_1": "clips/b.wav"}
+    assert index.sample("train_1").duration_s == pytest.approx(0.9, abs=1e-4)
+
+
 def test_an_epoch_is_grouped_by_file_and_row_group(tmp_path: Path) -> None:
     made = make_parquet(tmp_path / "pq", files=2, per_file=6, row_group=4)
     index = build_index(_data(tmp_path / "pq"), FEATURES)
