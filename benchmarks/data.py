@@ -48,13 +48,25 @@ producer
       ``KEY.txt`` members) on the same disk, through the producer's shard reader, in the
       same batches (planned from the loose files: clips of every shard in every batch, the
       reader's worst case; a run from shards leases batches grouped by shard).
+    - ``stoker-parquet``: as ``stoker-shards``, the same clips' bytes in Parquet files as the
+      Hugging Face ``datasets`` library writes them (an ``audio`` struct of bytes and path,
+      uncompressed and PLAIN-encoded, beside ``id`` and ``text``, snappy and dictionary-encoded;
+      row groups of :data:`CLIPS_PER_SHARD` clips, files
+      of :data:`CLIPS_PER_PARQUET_FILE`: shared/dataset/parquet.py), read a row group at a time by
+      the producer's row reader (its kept row groups dropped before each pass), in the batches
+      a run plans from the Parquet files (the same clips and buckets, batches grouped by row
+      group, ``batching.shard_window`` 4: consumer/pipeline/shard_order.py), as a Parquet run's
+      producer reads them; the same variant in the loose files' batches (every row group in
+      every batch: the reader's worst case, each lease reading whole row groups for a clip or
+      two of each) is ``stoker-parquet-mixed``.
 
     Judged with one thread per process (``OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS=1``, TF
     intra- and inter-op threads 1): producers run one per core, so one core is what each
     has. The same variants with the libraries' default threading are reported too
     (informational; on 2 cores a library that starts a thread per core in each of two
     producers oversubscribes the machine). Targets: stoker >= 1.5 x librosa clips/s;
-    warm cache >= 5 x stoker (cold) clips/s; from shards >= 0.9 x from loose files.
+    warm cache >= 5 x stoker (cold) clips/s; from shards, and from Parquet, >= 0.9 x from loose
+    files.
 
 Quick mode: smaller index sizes (13,100 and 30,000), fewer clips and repetitions, no
 default-threads rows.
@@ -94,6 +106,7 @@ from stoker.shared.batch import SCHEMA, batch_dims, collate
 from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
 from stoker.shared.dataset.index import _workers
+from stoker.shared.dataset.parquet import pyarrow_modules, row_reader
 from stoker.shared.mel import pad_values
 
 LJSPEECH_ITEMS = 13_100
@@ -112,6 +125,11 @@ TARGET_SHARDS_VS_FILES = 0.9
 # in this directory beside the clips' own.
 CLIPS_PER_SHARD = 8
 SHARDS_DIR = "shards"
+# ... and into Parquet files of this many clips (row groups of CLIPS_PER_SHARD), in this directory.
+CLIPS_PER_PARQUET_FILE = 32
+PARQUET_DIR = "parquet"
+# The variants that read the clips packed beside the loose files, and where.
+PACKED_VARIANTS = {"stoker-shards": SHARDS_DIR, "stoker-parquet": PARQUET_DIR, "stoker-parquet-mixed": PARQUET_DIR}
 # Generated index items: tiny real WAV files (header + 0.25 s of 8 kHz 16-bit silence).
 INDEX_RATE_HZ = 8000
 INDEX_SECONDS = 0.25
@@ -142,7 +160,7 @@ class DataPlan:
     clips: int = 64
     repetitions: int = 5
     variants: list[str] = field(default_factory=lambda: ["stoker", "librosa", "stoker-warm", "stoker-tf",
-                                                         "stoker-shards"])
+                                                         "stoker-shards", "stoker-parquet"])
     default_threads: bool = True  # also measure with the libraries' default threading
 
     @classmethod
@@ -237,6 +255,27 @@ def make_clip_shards(root: Path, per_shard: int = CLIPS_PER_SHARD) -> Path:
                 info.size = len(text)
                 tar.addfile(info, io.BytesIO(text))
     return shards
+
+
+def make_clip_parquet(root: Path, per_group: int = CLIPS_PER_SHARD, per_file: int = CLIPS_PER_PARQUET_FILE) -> Path:
+    """The clips of :func:`make_clips` in ``root`` as Parquet files beside it, laid out as
+    ``datasets`` writes an Audio column (module docstring); returns their directory."""
+    pa, pq = pyarrow_modules()
+    out = root.parent / PARQUET_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    entries, _ = read_metadata(root)
+    files = scan_audio(root)
+    schema = pa.schema([("audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])), ("id", pa.string()),
+                        ("text", pa.string())])
+    for n in range(0, len(entries), per_file):
+        part = entries[n:n + per_file]
+        table = pa.table({"audio": [{"bytes": (root / files[e.id].name).read_bytes(), "path": files[e.id].name}
+                                    for e in part],
+                          "id": [e.id for e in part], "text": [e.text for e in part]}, schema=schema)
+        pq.write_table(table, out / f"clips-{n // per_file:04d}.parquet", row_group_size=per_group,  # as datasets
+                       compression={"audio.bytes": "none", "audio.path": "none", "id": "snappy", "text": "snappy"},
+                       use_dictionary=["id", "text"], column_encoding={"audio.bytes": "PLAIN", "audio.path": "PLAIN"})
+    return out
 
 
 # ------------------------------------------------------------------------ index
@@ -414,8 +453,8 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
     """One variant in its own process: answer each "run" with the seconds one pass took."""
     try:
         base = Path(root)
-        if variant == "stoker-shards":  # the same clips in the shards beside them (make_clip_shards)
-            base, pattern = locate(str(base.parent / SHARDS_DIR), "metadata.csv")
+        if variant in PACKED_VARIANTS:  # the same clips beside them (make_clip_shards, make_clip_parquet)
+            base, pattern = locate(str(base.parent / PACKED_VARIANTS[variant]), "metadata.csv")
             scan = scan_dataset(base, pattern)
             texts, files = {e.id: e.text for e in scan.entries}, dict(scan.files)
         else:
@@ -439,6 +478,8 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         else:
             maker = BatchMaker(base, texts, features, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")
+        if variant == "stoker-parquet":  # the batches a run plans from the Parquet files (module docstring)
+            leases = _plan_leases(base / pattern)
         clips = sum(len(lease.ids) for lease in leases)
         backend = variant if variant in ("librosa", "numpy-reference") else features.backend
         conn.send({"ok": True, "ready": True, "backend": backend})
@@ -449,6 +490,8 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
             if command == "refill" and getattr(maker, "cache", None) is not None:
                 for entry in maker.cache.dir.glob("*.mel"):
                     entry.unlink()
+            if variant.startswith("stoker-parquet"):
+                row_reader(base).close()  # each row group read once a pass (module docstring)
             started, cpu0 = time.perf_counter(), time.process_time()
             for lease in leases:
                 prepared = maker.make(lease)
@@ -582,6 +625,8 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
     make_clips(root, plan.clips)
     if "stoker-shards" in plan.variants:
         make_clip_shards(root)
+    if any(v.startswith("stoker-parquet") for v in plan.variants):
+        make_clip_parquet(root)
     leases = _plan_leases(root)
     result: dict[str, Any] = {"clips": plan.clips, "batches": len(leases), "threads": {}}
     modes = [True, False] if plan.default_threads else [True]
@@ -612,9 +657,17 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
         targets["shards_vs_files"] = {"what": f"producer clips/s from tar shards >= {TARGET_SHARDS_VS_FILES} x from "
                                               f"loose files", "ratio": r, "value": r["value"],
                                       "limit": TARGET_SHARDS_VS_FILES, "met": r["value"] >= TARGET_SHARDS_VS_FILES}
+    if "stoker" in judged and "stoker-parquet" in judged:
+        r = ratio(judged["stoker-parquet"]["clips_per_s"]["median"], judged["stoker"]["clips_per_s"]["median"],
+                  note=f"median clips/s, one thread per process, same clips and batches, same run: from Parquet "
+                       f"files (row groups of {CLIPS_PER_SHARD} clips) / from loose files")
+        targets["parquet_vs_files"] = {"what": f"producer clips/s from Parquet >= {TARGET_SHARDS_VS_FILES} x from "
+                                               f"loose files", "ratio": r, "value": r["value"],
+                                       "limit": TARGET_SHARDS_VS_FILES, "met": r["value"] >= TARGET_SHARDS_VS_FILES}
     result["targets"] = targets
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(root.parent / SHARDS_DIR, ignore_errors=True)
+    shutil.rmtree(root.parent / PARQUET_DIR, ignore_errors=True)
     return result
 
 

@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
+from stoker.shared.dataset.parquet import row_reader
 from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
 from stoker.shared.dataset.shards import Locator
 from stoker.shared.dataset.storage import Reader, StorageError, read_url, shown
+from stoker.shared.parquet_layout import is_row, row_where
 
 # soxr's "HQ" recipe: passband to 0.91 of Nyquist, ~125 dB stopband; librosa's default
 # resampler ("soxr_hq") is the same one.
@@ -65,7 +67,18 @@ def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.
 
 def load_member(reader: Reader, name: str, target_rate_hz: int) -> np.ndarray:
     """:func:`load_audio` of a tar shard's member, named by its locator (shared/dataset/shards.py),
-    its bytes read through ``reader`` (local or at a URL, retried: shared/dataset/storage.py)."""
+    its bytes read through ``reader`` (local or at a URL, retried: shared/dataset/storage.py); or
+    of a Parquet row (shared/dataset/parquet.py), its row group read by this process's row reader
+    of ``reader``'s dataset."""
+    if is_row(name):
+        where = row_where(name)
+        try:
+            data = row_reader(reader.root).read(name)
+        except FileNotFoundError:
+            raise AudioMissing(f"audio file missing: {where}: no such Parquet file") from None
+        except StorageError as exc:
+            raise AudioError(f"audio file unreadable: {where}: {exc}") from None
+        return _decoded(data, target_rate_hz, where)
     locator = Locator.parse(name)
     where = locator.where
     try:

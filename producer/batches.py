@@ -28,10 +28,12 @@ from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, parse_model_fields
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset import audio_path, relative_audio, size_problem, stamp_problem
-from stoker.shared.dataset.shards import Locator, is_locator
+from stoker.shared.dataset.parquet import row_reader
+from stoker.shared.dataset.shards import Locator, is_locator, is_member
 from stoker.shared.dataset.storage import COUNTS, Reader, is_url, object_version, object_versions, shown
 from stoker.shared.mel import num_frames, pad_values
 from stoker.shared.melstats import MelStats, minmax, normalize
+from stoker.shared.parquet_layout import is_row
 
 log = logging.getLogger("producer")
 
@@ -157,7 +159,7 @@ class BatchMaker:
         name = self.files.get(sample_id) or self._lease_files.get(sample_id) or relative_audio(sample_id)
         path = audio_path(self.root, sample_id, name)
         clip = _Clip(sample_id)
-        member = is_locator(name)  # a tar shard's member (shared/dataset/shards.py): not cached
+        member = is_locator(name)  # a tar shard's member or a Parquet row (shared/dataset/shards.py): not cached
         remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there)
         expected = self._lease_sizes.get(sample_id)
         indexed = self._lease_stamps.get(sample_id)
@@ -230,8 +232,13 @@ class BatchMaker:
         missed: list[wire.Entry] = []
         extra = {i: (s, g) for i, s, g in zip(lease.ids, lease.speakers, lease.languages)}
         # tar shards: the lease's members read in shard and offset order, then its rows made in its order
+        # (Parquet files: its rows' row groups, each read once)
         members = [self.files.get(i, "") for i in (*lease.ids, *(lease.refs or ()))]
-        self.reader.prefetch((m.shard, m.offset, m.size) for m in map(Locator.parse, filter(is_locator, members)))
+        self.reader.prefetch((m.shard, m.offset, m.size) for m in map(Locator.parse, filter(is_member, members)))
+        parquet_rows = [n for n in (self.files.get(i) or self._lease_files.get(i, "")
+                                    for i in (*lease.ids, *(lease.refs or ()))) if is_row(n)]
+        if parquet_rows:
+            row_reader(self.reader.root).prefetch(parquet_rows)
         if self.cache is not None:  # loose files at URLs: their versions, the cache's key, looked up together
             named = (self.files.get(i) or self._lease_files.get(i, "") for i in (*lease.ids, *(lease.refs or ())))
             self._versions = object_versions(n for n in named if is_url(n) and not is_locator(n))

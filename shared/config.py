@@ -27,6 +27,7 @@ from .batch import BatchSchema, parse_declared_fields, schema_for
 from .endpoints import EndpointError, check_endpoint
 from .errors import UserError
 from .layouts import LayoutError, parse_columns
+from .parquet_layout import is_column_map, parse_column_map
 from .runfiles import write_atomic
 from .text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
 
@@ -486,7 +487,7 @@ def _validate_transforms(cfg: Config) -> None:
 def _validate_data_devices_run(cfg: Config) -> None:
     try:
         if cfg.data.columns:
-            parse_columns(cfg.data.columns)
+            (parse_column_map if is_column_map(cfg.data.columns) else parse_columns)(cfg.data.columns)
     except LayoutError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.data.index_workers < 0:

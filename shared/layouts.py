@@ -105,6 +105,8 @@ MANIFEST_SUFFIXES = (".jsonl", ".json")
 # A metadata file name ending so is a pattern of tar shards (shared/dataset/shards.py), read
 # as the JSON-lines manifest made from them.
 SHARD_SUFFIX = ".tar"
+# So is one ending so a pattern of Parquet files (shared/dataset/parquet.py, shared/parquet_layout.py).
+PARQUET_SUFFIX = ".parquet"
 # A language code, BCP 47 style (fa, en-us, pt_BR, cmn-Hans-CN): 2 to 16 characters.
 _LANGUAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{1,15}")
 # A speaker name or a manifest's id or audio path is one line of printable text: a tab or a
@@ -215,8 +217,14 @@ def is_url(path: str) -> bool:
 
 
 def is_shards(file_name: str) -> bool:
-    """Whether a dataset's metadata file is a pattern of tar shards (shared/dataset/shards.py)."""
-    return file_name.lower().endswith(SHARD_SUFFIX)
+    """Whether a dataset's metadata file is a pattern of tar shards (shared/dataset/shards.py) or of
+    Parquet files (:func:`is_parquet`): files of many clips, read as the manifest made from them."""
+    return file_name.lower().endswith((SHARD_SUFFIX, PARQUET_SUFFIX))
+
+
+def is_parquet(file_name: str) -> bool:
+    """Whether a dataset's metadata file is a pattern of Parquet files (shared/dataset/parquet.py)."""
+    return file_name.lower().endswith(PARQUET_SUFFIX)
 
 
 def parse_columns(spec: str) -> tuple[str, ...]:

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import msgpack
 import yaml
 
-from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_shards, is_url,
+from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_parquet, is_shards, is_url,
                       language_problem, parse_columns, parse_manifest, parse_metadata)
+from .parquet_layout import parquet_entries
 
 MIX_SUFFIXES = (".yaml", ".yml")
 MIX_ID_SEPARATOR = ":"
@@ -125,6 +126,8 @@ def parse_mix(blob: bytes) -> tuple[list[Entry], list[Rejection]]:
 def parse_entries(raw: bytes, file_name: str, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
     """The one reader of a dataset's metadata: :func:`parse_manifest` for ``*.jsonl`` / ``*.json`` file names,
     :func:`parse_mix` for a mix (``*.yaml``: the blob of :func:`pack_mix`), else :func:`parse_metadata`."""
+    if is_parquet(file_name):  # Parquet files: their rows' columns as data.columns maps them
+        return parquet_entries(raw, columns)
     if is_manifest(file_name) or is_shards(file_name):  # shards: the manifest made from them
         return parse_manifest(raw)
     if is_mix(file_name):

@@ -1,5 +1,7 @@
 """Epoch order for a dataset of tar shards (shared/dataset/shards.py): batches grouped by shard,
-so that a producer reads a few shards at a time, while the order is still shuffled.
+so that a producer reads a few shards at a time, while the order is still shuffled. A Parquet
+dataset's (shared/dataset/parquet.py) are grouped alike by row group: each (file, row group) is a
+"shard" here, read once by the producer whose batch needs it.
 
 Each epoch (a pure function of the seed and the epoch, as every plan):
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from stoker.shared.dataset import SampleTable
 from stoker.shared.dataset.shards import is_locator
+from stoker.shared.parquet_layout import GROUP_END, is_row
 
 
 # What ends a shard's name in a member's locator (shared/dataset/shards.py: SHARD.tar#MEMBER@OFFSET+SIZE).
@@ -48,6 +51,8 @@ def shard_numbers(table: SampleTable) -> np.ndarray | None:
     whose locator is malformed is rejected when a producer reads it)."""
     if not len(table) or not is_locator(table.string("audio", 0)):
         return None
+    if is_row(table.string("audio", 0)):
+        return row_group_numbers(table)
     codes: dict[str, int] = {}  # shard name -> its number in the order first seen
     numbers = np.empty(len(table), np.int64)
     for first in range(0, len(table), SHARD_SCAN_ROWS):
@@ -65,6 +70,27 @@ def shard_numbers(table: SampleTable) -> np.ndarray | None:
                     if not is_locator(audio):
                         return None
                     code = codes[last] = len(codes)
+            numbers[row] = code
+    in_name_order = np.empty(len(codes), np.int64)
+    in_name_order[[codes[name] for name in sorted(codes)]] = np.arange(len(codes))
+    return in_name_order[numbers]
+
+
+def row_group_numbers(table: SampleTable) -> np.ndarray | None:
+    """Each clip's Parquet row group (shared/parquet_layout.py: a row's locator up to its last
+    ``:``, its file and group), numbered in name order, so that a window of
+    ``batching.shard_window`` "shards" is as many row groups; None unless every clip is a row's."""
+    codes: dict[str, int] = {}
+    numbers = np.empty(len(table), np.int64)
+    for first in range(0, len(table), SHARD_SCAN_ROWS):
+        stop = min(len(table), first + SHARD_SCAN_ROWS)
+        for row, audio in enumerate(table.strings_between("audio", first, stop), start=first):
+            group = audio[:audio.rfind(GROUP_END)]
+            code = codes.get(group, -1)
+            if code < 0:
+                if not is_row(audio):
+                    return None
+                code = codes[group] = len(codes)
             numbers[row] = code
     in_name_order = np.empty(len(codes), np.int64)
     in_name_order[[codes[name] for name in sorted(codes)]] = np.arange(len(codes))

@@ -16,7 +16,7 @@ from typing import Iterable
 from ..dataset.shards import list_remote, read_shards, remote_root, remote_stat, shard_source
 from ..dataset.storage import StorageError, is_url, read_url, shown
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, DatasetError
-from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_shards, nfc
+from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_parquet, is_shards, nfc
 from ..mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_entries, parse_mix_spec, unpack_mix
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
@@ -274,7 +274,13 @@ def _other_form(root: Path, path: str, listings: dict[Path, dict[str, str]]) -> 
 def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:
     """The audio of a dataset by id: the files a manifest names, or the listing of ``wavs/`` (at a
     URL: :func:`scan_remote_audio`); for a mix, each dataset's, by prefixed id, with paths from ``root``; for tar shards, each
-    clip's audio member, named by its locator (shared/dataset/shards.py)."""
+    clip's audio member, named by its locator (shared/dataset/shards.py); for Parquet files, each row's
+    locator, or the file its path column names (shared/dataset/parquet.py)."""
+    if is_parquet(metadata_file):  # each row's locator (shared/dataset/parquet.py), or the file a path column names
+        listed = read_shards(root, metadata_file).audio
+        entries, _ = parse_entries(metadata, metadata_file, columns)
+        return {**locate_audio(root, [e for e in entries if e.audio not in listed]),
+                **{e.id: listed[e.audio] for e in entries if e.audio in listed}}
     if is_shards(metadata_file):
         return read_shards(root, metadata_file).audio
     if is_manifest(metadata_file):

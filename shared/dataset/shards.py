@@ -29,6 +29,10 @@ headers and its text members, not its audio; the index reads the audio headers f
 member bytes (or takes the JSON's duration, reading nothing: a clip whose real length
 disagrees is rejected when a producer reads it).
 
+Parquet files are named and listed the same way (``*.parquet``: their rows, shared/dataset/parquet.py,
+which :func:`read_shards` walks instead of a tar's members; their rows' locators are
+shared/parquet_layout.py's).
+
 Every member that cannot be used is a :class:`Rejection` naming the shard and the member:
 audio without text or text without audio, a duplicate id, a member the shard ends before
 (a truncated shard), a JSON that is not an object; an unreadable tar header ends that
@@ -54,13 +58,18 @@ from ..dataset.probe import probe_bytes, probe_url
 from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown,
                                transit_errors, url_fs)
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError
-from ..layouts import SHARD_SUFFIX, Rejection, nfc
+from ..layouts import Rejection, is_parquet, is_shards, nfc
+from ..parquet_layout import is_row
 
 log = logging.getLogger(__name__)
 
 
 # The pattern a directory of shards stands for.
 SHARD_GLOB = "*.tar"
+
+
+# The pattern a directory of Parquet files stands for (shared/dataset/parquet.py).
+PARQUET_GLOB = "*.parquet"
 
 
 # The text members, in order of preference for the text itself.
@@ -87,7 +96,13 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
 def is_locator(name: str) -> bool:
-    """Whether an audio name (Sample.audio) is a shard member's locator."""
+    """Whether an audio name (Sample.audio) is a shard member's locator or a Parquet row's
+    (shared/parquet_layout.py: :func:`is_member` tells the first)."""
+    return "#" in name and (_LOCATOR.match(name) is not None or is_row(name))
+
+
+def is_member(name: str) -> bool:
+    """Whether an audio name (Sample.audio) is a tar shard member's locator."""
     return "#" in name and _LOCATOR.match(name) is not None
 
 
@@ -130,18 +145,28 @@ def shard_source(path: str, metadata_file: str) -> tuple[Path, str] | None:
     ``metadata_file``: the configured metadata file; a directory that holds it is not a shard
     directory."""
     if is_url(path):
-        pattern = path if _names_shards(path) else path.rstrip("/") + "/" + SHARD_GLOB
+        pattern = path if is_shards(path) else path.rstrip("/") + "/" + _directory_glob(path)
         return remote_root(pattern), pattern
     given = Path(path).expanduser()
-    if _names_shards(given.name):
+    if is_shards(given.name):
         return given.parent.resolve(), given.name
-    if given.is_dir() and not (given / metadata_file).exists() and any(given.glob(SHARD_GLOB)):
-        return given.resolve(), SHARD_GLOB
+    if given.is_dir() and not (given / metadata_file).exists():
+        for glob in (SHARD_GLOB, PARQUET_GLOB):
+            if any(given.glob(glob)):
+                return given.resolve(), glob
     return None
 
 
-def _names_shards(name: str) -> bool:
-    return name.lower().endswith(SHARD_SUFFIX)
+def _directory_glob(url: str) -> str:
+    """The pattern a directory URL stands for: its Parquet files where it holds some and no tar
+    shard (one listing), else its tar shards (also where the store cannot be asked now: listing
+    them says why)."""
+    try:
+        names = [s.name.lower() for s in list_remote(url)]
+    except DatasetError:
+        return SHARD_GLOB
+    parquet = any(n.endswith(PARQUET_GLOB[1:]) for n in names) and not any(n.endswith(SHARD_GLOB[1:]) for n in names)
+    return PARQUET_GLOB if parquet else SHARD_GLOB
 
 
 def remote_root(pattern: str) -> Path:
@@ -180,8 +205,9 @@ def list_shards(root: Path, pattern: str) -> list[Shard]:
         found = _remote_shards(name) if is_url(name) else _local_shards(root, name)
         if not found:
             where = shown(name) if is_url(name) else str(root / name)
-            raise DatasetError(f"no tar shard at {where}" if not _GLOB_CHARS.search(name)
-                               else f"no tar shard matches {where}")
+            kind = "Parquet file" if is_parquet(name) else "tar shard"
+            raise DatasetError(f"no {kind} at {where}" if not _GLOB_CHARS.search(name)
+                               else f"no {kind} matches {where}")
         shards.extend(found)
     unique = {s.name: s for s in shards}
     return [unique[n] for n in sorted(unique)]
@@ -318,7 +344,11 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
     cached = _LISTINGS.get((str(root), pattern))
     if cached is not None and cached[0] == shards:
         return cached[1]
-    key = hashlib.sha256(repr((LISTING_FORMAT, pattern, shards)).encode("utf-8", "surrogateescape")).hexdigest()
+    parquet = is_parquet(pattern)
+    if parquet:  # Parquet files: each file's rows (shared/dataset/parquet.py)
+        from ..dataset.parquet import LISTING_FORMAT as PARQUET_FORMAT, list_file
+    kind = ("parquet", PARQUET_FORMAT) if parquet else LISTING_FORMAT
+    key = hashlib.sha256(repr((kind, pattern, shards)).encode("utf-8", "surrogateescape")).hexdigest()
     candidates = [path.with_name(path.name.replace("index-", "shards-", 1))
                   for path in index_cache_file(root, DataConfig(path=str(root), metadata_file=pattern))]
     listing = _cached_listing(candidates, key)
@@ -326,12 +356,16 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
         listing = ShardListing(shards=len(shards))
         seen: dict[str, str] = {}  # id -> where it was first
         for shard in shards:
-            _list_shard(root, shard, listing, seen)
+            if parquet:
+                list_file(root, shard, listing)
+            else:
+                _list_shard(root, shard, listing, seen)
         listed = msgpack.packb(listing.to_payload(), use_bin_type=True)
         write_cache(candidates, pack_index({"key": key}, {"listing": listed}))
     _LISTINGS.clear()
     _LISTINGS[(str(root), pattern)] = (shards, listing)
-    log.info("%d tar shards of %s: %d clips, %d members rejected", len(shards), shown(pattern) if is_url(pattern)
+    log.info("%d %s of %s: %d clips, %d rejected", len(shards), "Parquet files" if parquet else "tar shards",
+             shown(pattern) if is_url(pattern)
              else root / pattern, len(listing.lines), len(listing.rejected))
     return listing
 
@@ -475,6 +509,10 @@ def probe_member(root: Path, name: str) -> AudioProbe:
     a loose file at a URL (a manifest's clip without a duration, an LJSpeech layout's wav: its
     header read, :func:`probe_url`); or why it cannot be used."""
     global _READER
+    if is_row(name):  # a Parquet row's (shared/dataset/parquet.py)
+        from ..dataset.parquet import probe_row
+
+        return probe_row(root, name)
     if not is_locator(name):
         return probe_url(name)
     if _READER is None or _READER.root != root:

@@ -25,7 +25,8 @@ def test_tiny_data_benchmark_reports_every_figure_and_target(tmp_path, monkeypat
 
     monkeypatch.setattr(data, "_timed_index", recorded)
     plan = data.DataPlan(index_sizes=[data.LJSPEECH_ITEMS // 40, data.LJSPEECH_ITEMS // 20], index_repetitions=1,
-                         clips=6, repetitions=1, variants=["stoker", "librosa", "stoker-warm", "stoker-shards"],
+                         clips=6, repetitions=1, variants=["stoker", "librosa", "stoker-warm", "stoker-shards",
+                                                               "stoker-parquet"],
                          default_threads=False)
     report = data.run(plan, workdir=tmp_path, log=lambda line: None)
     rows = report["index"]["rows"]
@@ -36,11 +37,12 @@ def test_tiny_data_benchmark_reports_every_figure_and_target(tmp_path, monkeypat
         assert (cold["cache"], cold["headers_read"]) == ("miss", r["items"]), cold
         assert (warm["cache"], warm["headers_read"]) == ("hit", 0), warm
     variants = report["producer"]["threads"]["1"]
-    assert set(variants) == {"stoker", "librosa", "stoker-warm", "stoker-shards"}
+    assert set(variants) == {"stoker", "librosa", "stoker-warm", "stoker-shards", "stoker-parquet"}
     assert variants["stoker"]["backend"] == "numpy"  # auto on a machine without a GPU for this process
     assert variants["stoker-warm"]["cache"]["hits"] == plan.clips
     targets = {(t["section"], t["what"]) for t in report["targets"]}
-    assert len(targets) == 9 and ("producer", "producer clips/s from tar shards >= 0.9 x from loose files") in targets
+    assert len(targets) == 10 and ("producer", "producer clips/s from tar shards >= 0.9 x from loose files") in targets
+    assert ("producer", "producer clips/s from Parquet >= 0.9 x from loose files") in targets
     phonemes = report["index"]["phonemes"]
     assert phonemes["sentences"] == plan.index_sizes[0] and phonemes["sentences_per_s_per_core"] > 0
     assert phonemes["cold_s"]["median"] > 0 and phonemes["warm_s"]["median"] > 0
