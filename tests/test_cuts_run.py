@@ -14,11 +14,8 @@ import pytest
 import soundfile
 from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
 
-from stoker.producer.audio import load_audio
 from stoker.producer.features import log_mel_spectrogram_numpy
 from stoker.shared import config as config_mod
-from stoker.shared.cuts import parse_span
-from stoker.shared.dataset import build_index
 from stoker.shared.runfiles import CONFIG, REJECTED
 from tests.factories import sentence, tone
 from tests.procs import RunProcess, read_json, read_jsonl
@@ -73,17 +70,17 @@ def write_corpus(root: Path) -> tuple[Path, list[str]]:
     return manifest, usable
 
 
-def window_mels(run_dir: Path) -> dict[str, Clip]:
-    """clips_of's clips with each window's mel computed from its own frames (clips_of computes the
-    mel of whole local files only): a producer that read another part of the recording fails."""
-    cfg = config_mod.load(run_dir / CONFIG)
+def window_mels(run_dir: Path, manifest: Path) -> dict[str, Clip]:
+    """clips_of's clips with each window's mel computed from its frames as lhotse reads them
+    (clips_of computes the mel of whole local files only; the recordings are at the features'
+    rate): a producer that read another part of the recording fails."""
+    features = config_mod.load(run_dir / CONFIG).features
     clips = clips_of(run_dir)
-    for sample in build_index(cfg.data, cfg.features, cfg.text).samples:
-        span = parse_span(sample.audio)
-        if span is not None:
-            audio = load_audio(Path(span[0]), cfg.features.sample_rate_hz, span=span[1:])
-            mel = log_mel_spectrogram_numpy(audio, cfg.features).astype(np.float64)
-            clips[sample.id] = dataclasses.replace(clips[sample.id], mel=(float(mel.mean()), float(np.abs(mel).mean())))
+    for cut in CutSet.from_file(manifest):
+        if cut.id in clips and cut.duration < cut.recording.duration:
+            assert cut.sampling_rate == features.sample_rate_hz
+            mel = log_mel_spectrogram_numpy(cut.load_audio()[0].astype(np.float32), features).astype(np.float64)
+            clips[cut.id] = dataclasses.replace(clips[cut.id], mel=(float(mel.mean()), float(np.abs(mel).mean())))
     return clips
 
 
@@ -110,7 +107,7 @@ def test_cuts_train_every_clip_once_per_epoch_through_a_producer_kill_and_a_resu
     with RunProcess("--resume", str(run_dir)) as again:
         assert again.wait(timeout=90) == 0, again.output()
     check_run(run_dir, EPOCHS, set(usable))
-    check_trained(trained_steps(run_dir), window_mels(run_dir), EPOCHS, usable)  # each window's own mel too
+    check_trained(trained_steps(run_dir), window_mels(run_dir, manifest), EPOCHS, usable)  # each window's own mel too
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == EPOCHS
     assert summary["resumed_from_step"] >= 6
