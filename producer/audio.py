@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
+from stoker.shared.cuts import END_TOLERANCE_S
 from stoker.shared.dataset.parquet import row_reader
 from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
 from stoker.shared.dataset.shards import Locator
@@ -38,11 +39,13 @@ class AudioMissing(AudioError):
     """The clip's file is not on this host; another host may have it."""
 
 
-def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.ndarray:
+def load_audio(path: Path, target_rate_hz: int, where: str | None = None,
+               span: tuple[float, float] | None = None) -> np.ndarray:
     """Return mono float32 audio at ``target_rate_hz``; raise :class:`AudioError`.
 
     ``where`` names the file in reasons (the dataset-relative path); default: its name.
-    A file absent on this host raises :class:`AudioMissing`.
+    A file absent on this host raises :class:`AudioMissing`. ``span``: only the seconds
+    ``[start, end)`` of the file (a lhotse cut's window, shared/cuts.py), read without the rest.
     """
     where = where or Path(path).name
     try:
@@ -57,12 +60,30 @@ def load_audio(path: Path, target_rate_hz: int, where: str | None = None) -> np.
     if problem:
         raise AudioError(f"audio file truncated: {where}: {problem}")
     try:
-        audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        if span is None:
+            audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        else:
+            with soundfile.SoundFile(str(path)) as f:
+                rate = f.samplerate
+                start, stop = _frames_of(span, rate, f.frames, where)
+                f.seek(start)
+                audio = f.read(stop - start, dtype="float32", always_2d=True)
+    except AudioError:
+        raise
     except Exception as exc:  # libsndfile raises LibsndfileError/RuntimeError for corrupt data
         if not Path(path).exists():  # soundfile reports a missing file as LibsndfileError, not FileNotFoundError
             raise AudioMissing(f"audio file missing: {where}") from None
         raise AudioError(f"audio file unreadable: {where}: {libsndfile_message(exc)}") from None
     return _resampled(audio, rate, target_rate_hz, where)
+
+
+def _frames_of(span: tuple[float, float], rate: int, frames: int, where: str) -> tuple[int, int]:
+    """The frames [start, stop) of a file of ``frames`` frames at ``rate`` that the seconds ``span``
+    are (a frame or so past the end is rounding: cut off); AudioError when the span ends beyond the file."""
+    start, stop = round(span[0] * rate), round(span[1] * rate)
+    if stop > frames + max(1, round(END_TOLERANCE_S * rate)):
+        raise AudioError(f"cut ends at {span[1]:.3f} s, beyond its recording's end ({frames / rate:.3f} s): {where}")
+    return start, min(stop, frames)
 
 
 def load_member(reader: Reader, name: str, target_rate_hz: int) -> np.ndarray:
@@ -90,9 +111,10 @@ def load_member(reader: Reader, name: str, target_rate_hz: int) -> np.ndarray:
     return _decoded(data, target_rate_hz, where)
 
 
-def load_url(url: str, target_rate_hz: int) -> np.ndarray:
+def load_url(url: str, target_rate_hz: int, span: tuple[float, float] | None = None) -> np.ndarray:
     """:func:`load_audio` of a loose file at a URL (a manifest's at a URL), its bytes read whole
-    through shared/dataset/storage.py (a read failing in transit retried and counted)."""
+    through shared/dataset/storage.py (a read failing in transit retried and counted); ``span``
+    as :func:`load_audio`'s."""
     where = shown(url)
     try:
         data = read_url(url)
@@ -102,10 +124,10 @@ def load_url(url: str, target_rate_hz: int) -> np.ndarray:
         raise AudioError(f"audio file unreadable: {where}: {exc}") from None
     if not data:
         raise AudioError(f"audio file empty: {where}")
-    return _decoded(data, target_rate_hz, where)
+    return _decoded(data, target_rate_hz, where, span)
 
 
-def _decoded(data: bytes, target_rate_hz: int, where: str) -> np.ndarray:
+def _decoded(data: bytes, target_rate_hz: int, where: str, span: tuple[float, float] | None = None) -> np.ndarray:
     """:func:`load_audio` of a file's bytes (a shard member's, a file's at a URL)."""
     riff = riff_facts_of(data)
     if riff is not None and riff.problem:
@@ -115,12 +137,20 @@ def _decoded(data: bytes, target_rate_hz: int, where: str) -> np.ndarray:
         # exact in float32), without its reads through Python callbacks of an in-memory file
         pcm = np.frombuffer(data, "<i2", riff.frames * riff.channels, riff.pcm16_offset)
         audio = (pcm.astype(np.float32) * np.float32(1 / INT16_SCALE)).reshape(-1, riff.channels)
-        return _resampled(audio, riff.rate, target_rate_hz, where)
+        return _resampled(_window(audio, riff.rate, span, where), riff.rate, target_rate_hz, where)
     try:
         audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as exc:  # libsndfile raises LibsndfileError/RuntimeError for corrupt data
         raise AudioError(f"audio file unreadable: {where}: {libsndfile_message(exc)}") from None
-    return _resampled(audio, rate, target_rate_hz, where)
+    return _resampled(_window(audio, rate, span, where), rate, target_rate_hz, where)
+
+
+def _window(audio: np.ndarray, rate: int, span: tuple[float, float] | None, where: str) -> np.ndarray:
+    """The frames of decoded ``audio`` that ``span`` names (all of them for None)."""
+    if span is None:
+        return audio
+    start, stop = _frames_of(span, rate, audio.shape[0], where)
+    return audio[start:stop]
 
 
 def _resampled(audio: np.ndarray, rate: int, target_rate_hz: int, where: str) -> np.ndarray:

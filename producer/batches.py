@@ -27,6 +27,7 @@ from stoker.producer.transforms import Chain, TransformError
 from stoker.shared import wire
 from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, parse_model_fields
 from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
+from stoker.shared.cuts import parse_span, span_file
 from stoker.shared.dataset import audio_path, relative_audio, size_problem, stamp_problem
 from stoker.shared.dataset.parquet import row_reader
 from stoker.shared.dataset.shards import Locator, is_locator, is_member
@@ -157,10 +158,12 @@ class BatchMaker:
         DURATION_TOLERANCE_S)."""
         # this host's own listing first (a remote copy may keep a file elsewhere), else the lease's
         name = self.files.get(sample_id) or self._lease_files.get(sample_id) or relative_audio(sample_id)
-        path = audio_path(self.root, sample_id, name)
+        span = parse_span(name)  # a lhotse cut's window of its recording (shared/cuts.py)
+        path = audio_path(self.root, sample_id, span[0] if span is not None else name)
         clip = _Clip(sample_id)
         member = is_locator(name)  # a tar shard's member or a Parquet row (shared/dataset/shards.py): not cached
         remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there)
+        seconds = span[1:] if span is not None else None
         expected = self._lease_sizes.get(sample_id)
         indexed = self._lease_stamps.get(sample_id)
         if (self.cache is not None or expected is not None or indexed is not None) and not member and not remote:
@@ -185,15 +188,16 @@ class BatchMaker:
                 clip.source = (name, st)
         elif self.cache is not None and remote and not member:  # a loose file at a URL: keyed by its version
             # one request, none of the audio (None: read, not cached); looked up with the lease's others
-            version = self._versions[name] if name in self._versions else object_version(name)
+            file = span_file(name)
+            version = self._versions[file] if file in self._versions else object_version(file)
             if version is not None:
                 clip.mel = self.cache.get(sample_id, name, *version)
                 clip.slot = None if clip.mel is not None else (name, _Version(*version))
                 clip.source = (name, _Version(*version))
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
             clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
-                          load_url(name, self.features.sample_rate_hz) if remote else
-                          load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name)))
+                          load_url(span_file(name), self.features.sample_rate_hz, seconds) if remote else
+                          load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name), seconds))
             seconds = len(clip.audio) / self.features.sample_rate_hz
             if duration_s is not None and abs(seconds - duration_s) > DURATION_TOLERANCE_S:
                 raise AudioError(f"audio of {seconds:.3f} s where the index says {duration_s:.3f} s: "
@@ -241,7 +245,7 @@ class BatchMaker:
             row_reader(self.reader.root).prefetch(parquet_rows)
         if self.cache is not None:  # loose files at URLs: their versions, the cache's key, looked up together
             named = (self.files.get(i) or self._lease_files.get(i, "") for i in (*lease.ids, *(lease.refs or ())))
-            self._versions = object_versions(n for n in named if is_url(n) and not is_locator(n))
+            self._versions = object_versions(span_file(n) for n in named if is_url(n) and not is_locator(n))
         for n, sample_id in enumerate(lease.ids):
             row = self._row(lease, n, sample_id, extra, rejected, missed)
             if row is not None:

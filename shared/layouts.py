@@ -68,6 +68,10 @@ JSON-lines manifests (``*.jsonl``, ``*.json``; NeMo and Coqui style)
 Mixes of datasets (``*.yaml``, ``*.yml``)
     Several datasets in one run: shared/mixes.py (``parse_mix_spec``).
 
+lhotse cut manifests (``*cuts*.jsonl``, ``*cuts*.jsonl.gz``)
+    A cut per line, each a clip (a window of a recording, its supervisions' text): shared/cuts.py
+    (``parse_cuts``). Otherwise read as a manifest is (:func:`is_manifest`).
+
 Rejected, each with its line number: a line that is not UTF-8; a metadata line with the
 wrong number of fields; a manifest line that is not a JSON object, lacks a required key or
 has one of the wrong type; an id, language code or speaker as above that is not usable; a
@@ -102,6 +106,8 @@ AUTO_COLUMNS = {
     5: (ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE),
 }
 MANIFEST_SUFFIXES = (".jsonl", ".json")
+# A lhotse cut manifest's file name (cuts.jsonl.gz, librispeech_cuts_train.jsonl.gz): shared/cuts.py.
+_CUTS_NAME = re.compile(r"(?i)(^|.*/)[^/]*cuts[^/]*\.jsonl(\.gz)?$")
 # A metadata file name ending so is a pattern of tar shards (shared/dataset/shards.py), read
 # as the JSON-lines manifest made from them.
 SHARD_SUFFIX = ".tar"
@@ -204,7 +210,13 @@ def nfc(name: str) -> str:
 
 
 def is_manifest(file_name: str) -> bool:
-    return file_name.lower().endswith(MANIFEST_SUFFIXES)
+    """Whether a metadata file is read as a manifest: JSON lines, a lhotse cut manifest's too."""
+    return file_name.lower().endswith(MANIFEST_SUFFIXES) or is_cuts(file_name)
+
+
+def is_cuts(file_name: str) -> bool:
+    """Whether a metadata file's name is a lhotse cut manifest's (shared/cuts.py)."""
+    return _CUTS_NAME.match(file_name) is not None
 
 
 # A URL's start (``s3://``): an object store's or a web server's location, not a path of this host.

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import msgpack
 import yaml
 
-from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_parquet, is_shards, is_url,
+from .cuts import parse_cuts
+from .layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_cuts, is_manifest, is_parquet, is_shards, is_url,
                       language_problem, parse_columns, parse_manifest, parse_metadata)
 from .parquet_layout import parquet_entries
 
@@ -125,9 +126,12 @@ def parse_mix(blob: bytes) -> tuple[list[Entry], list[Rejection]]:
 
 def parse_entries(raw: bytes, file_name: str, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
     """The one reader of a dataset's metadata: :func:`parse_manifest` for ``*.jsonl`` / ``*.json`` file names,
-    :func:`parse_mix` for a mix (``*.yaml``: the blob of :func:`pack_mix`), else :func:`parse_metadata`."""
+    :func:`parse_mix` for a mix (``*.yaml``: the blob of :func:`pack_mix`), :func:`shared.cuts.parse_cuts` for a
+    lhotse cut manifest (its lines decompressed), else :func:`parse_metadata`."""
     if is_parquet(file_name):  # Parquet files: their rows' columns as data.columns maps them
         return parquet_entries(raw, columns)
+    if is_cuts(file_name):
+        return parse_cuts(raw)
     if is_manifest(file_name) or is_shards(file_name):  # shards: the manifest made from them
         return parse_manifest(raw)
     if is_mix(file_name):

@@ -33,7 +33,7 @@ from stoker.shared.dataset.storage import is_url
 from stoker.shared.endpoints import EndpointError, check_endpoint
 from stoker.shared.errors import UserError
 from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
-from stoker.shared.layouts import is_manifest, is_shards
+from stoker.shared.layouts import is_cuts, is_manifest, is_shards
 from stoker.shared.mixes import is_mix
 from stoker.shared.proc import setup_logging
 from stoker.shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG, RUN_LOCK
@@ -180,7 +180,7 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
 
 def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
     """What ``--data`` names, resolved, as producers are given it: the dataset directory, a mix
-    file, tar shards (their pattern: at a URL as given, else below their directory), or a
+    file, a lhotse cut manifest, tar shards (their pattern: at a URL as given, else below their directory), or a
     manifest at a URL (as given). An LJSpeech metadata file at a URL named ``configured``
     (data.metadata_file): its directory's URL. data.eval_file is found beside either
     (consumer/pipeline/validation.py, shared/dataset/files.py ``beside``)."""
@@ -191,7 +191,7 @@ def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
         return metadata_file
     if is_shards(metadata_file):
         return str(root / metadata_file)
-    return str(root / metadata_file if is_mix(metadata_file) else root)
+    return str(root / metadata_file if is_mix(metadata_file) or is_cuts(metadata_file) else root)
 
 
 def launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,

@@ -18,7 +18,8 @@ from ..dataset.files import UNMEASURED, list_audio, metadata_error, metadata_loc
 from ..dataset.shards import is_locator, list_shards
 from ..dataset.storage import is_url, open_file, shown
 from ..dataset.types import AudioFile, DatasetError
-from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_shards
+from ..cuts import span_file
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_cuts, is_shards
 from ..mixes import is_mix, parse_entries
 
 # A metadata file is hashed this much at a time, so that neither a producer nor a warm load holds it whole.
@@ -119,7 +120,7 @@ def metadata_sha256(root: Path, metadata_file: str = "metadata.csv") -> str:
     per shard, or one listing at a URL: their members are not read). DatasetError if unreadable."""
     if is_shards(metadata_file):
         return shards_sha256(root, metadata_file)
-    if is_mix(metadata_file):
+    if is_mix(metadata_file) or is_cuts(metadata_file):  # a cut manifest's lines, gunzipped
         return hashlib.sha256(read_metadata_bytes(root, metadata_file)).hexdigest()
     where = metadata_location(root, metadata_file)  # a manifest at a URL is read through storage.py
     try:
@@ -205,7 +206,7 @@ def file_sizes(root: Path, files: Mapping[str, str]) -> dict[str, int]:
         if is_locator(name) or is_url(name):
             continue
         try:
-            sizes[sample_id] = os.stat(root / name).st_size
+            sizes[sample_id] = os.stat(root / span_file(name)).st_size  # a cut's: its recording's
         except OSError:
             continue
     return sizes

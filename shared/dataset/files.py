@@ -16,7 +16,9 @@ from typing import Iterable
 from ..dataset.shards import list_remote, read_shards, remote_root, remote_stat, shard_source
 from ..dataset.storage import StorageError, is_url, read_url, shown
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, DatasetError
-from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, is_manifest, is_parquet, is_shards, nfc
+from ..cuts import decompressed
+from ..layouts import (COLUMNS_AUTO, Entry, LayoutError, Rejection, is_cuts, is_manifest, is_parquet, is_shards,
+                       nfc)
 from ..mixes import MIX_ID_SEPARATOR, is_mix, pack_mix, parse_entries, parse_mix_spec, unpack_mix
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
@@ -49,7 +51,8 @@ def resolve_root(path: str) -> Path:
 def locate(path: str, metadata_file: str) -> tuple[Path, str]:
     """(root, metadata file) of what ``--data`` names: a dataset directory, a mix file
     (``*.yaml``, shared/layouts.py), whose directory is the root its datasets are found from,
-    or tar shards (shared/dataset/shards.py: their root, and their pattern as the metadata file).
+    or tar shards (shared/dataset/shards.py: their root, and their pattern as the metadata file),
+    or a lhotse cut manifest (``DIR/cuts.jsonl.gz``, shared/cuts.py: its directory the root).
 
     A JSON-lines manifest at a URL (``s3://bucket/corpus/train.jsonl``, or a directory URL with
     ``data.metadata_file`` a manifest's name) is its own metadata file, the URL; its root a
@@ -76,6 +79,8 @@ def locate(path: str, metadata_file: str) -> tuple[Path, str]:
         if not given.is_file():
             raise DatasetError(f"mix file {given} does not exist")
         return given.resolve().parent, given.name
+    if given is not None and is_cuts(given.name) and not given.is_dir():  # a lhotse cut manifest: its directory
+        return resolve_root(str(given.parent)), given.name
     return resolve_root(path), metadata_file
 
 
@@ -309,7 +314,17 @@ def list_audio(root: Path, metadata_file: str, metadata: bytes, columns: str = C
 
 def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> bytes:
     """The bytes of ``root/metadata_file``; for a mix, the blob of every dataset's metadata; for
-    tar shards, the manifest made from them."""
+    tar shards, the manifest made from them; for a lhotse cut manifest, its lines (gunzipped)."""
+    if is_cuts(metadata_file):
+        raw = _read_metadata(root, metadata_file)
+        try:
+            return decompressed(raw)
+        except ValueError as exc:
+            raise DatasetError(f"{metadata_location(root, metadata_file)}: {exc}") from None
+    return _read_metadata(root, metadata_file)
+
+
+def _read_metadata(root: Path, metadata_file: str) -> bytes:
     if is_shards(metadata_file):
         return read_shards(root, metadata_file).manifest
     if is_mix(metadata_file):

@@ -40,7 +40,7 @@ from ..dataset.storage import COUNTS, file_stamp, is_url
 from ..dataset.table import (ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, hash_strings, pack_strings,
                              sorts_as_str)
 from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample
-from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_manifest, is_shards, manifest_columns
+from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_cuts, is_manifest, is_shards, manifest_columns
 from ..mel import min_num_samples, num_frames, num_frames_of
 from ..mixes import is_mix, parse_entries
 from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, TextError, Units, make_frontend
@@ -312,7 +312,9 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     config = index_config(data, features, text, frontend, fixed)
     candidates = index_cache_file(root, data)
     # a manifest at a URL is read whole by the one-process build (its pieces are local byte ranges)
-    size = _size(root / metadata_file) if is_manifest(metadata_file) and not is_url(metadata_file) else 0
+    # (a lhotse cut manifest's too, gzip: not cut in pieces)
+    size = (_size(root / metadata_file) if is_manifest(metadata_file) and not is_url(metadata_file)
+            and not is_cuts(metadata_file) else 0)
     chunked = fixed is None and size >= CHUNKED_MIN_BYTES
     # A manifest's cache is found by its stamp (size and mtime, or a store's version or ETag: no
     # read), taken before the manifest is read; by its content's hash where there is no stamp: then a

@@ -1,0 +1,160 @@
+"""lhotse CutSet manifests as a dataset layout (pure functions, no I/O; lhotse is not needed).
+
+``--data DIR/cuts.jsonl.gz`` (or ``cuts.jsonl``; any file name holding ``cuts`` and ending in
+``.jsonl`` or ``.jsonl.gz``, as lhotse and icefall name them: ``librispeech_cuts_train.jsonl.gz``)
+is read as one clip per cut, a line per cut as ``CutSet.to_file`` writes it (gzip or plain)::
+
+    {"id": "c1", "start": 0.5, "duration": 1.25, "supervisions": [{"text": "Hello.", "speaker": "al",
+     "language": "en", ...}], "recording": {"id": "r1", "sources": [{"type": "file", "source":
+     "wavs/r1.wav", ...}], "sampling_rate": 16000, "num_samples": 48000, "duration": 3.0}, "type": "MonoCut"}
+
+===================  ==================================================================
+``id``               the clip's id (a plain file name, as a manifest's ``id``)
+``start``            seconds into the recording where the cut begins
+``duration``         the cut's seconds: the clip's length as the index takes it (no audio read)
+``supervisions``     their ``text`` joined by spaces, in order of ``start``; the first one's
+                     ``speaker`` and ``language`` (each optional, as a manifest's)
+``recording``        its first source's ``source``, of type ``file`` (a path relative to the
+                     manifest's directory, or absolute) or ``url``; its ``duration``
+===================  ==================================================================
+
+A cut that is all of its recording reads the file as a manifest line's ``audio_filepath``
+would; a window of a longer recording is a clip whose audio is :func:`span_locator`'s
+``FILE#t=START,END`` (seconds, a W3C media fragment): a producer reads only those frames of
+the file (producer/audio.py). The recording's channels are averaged, as any file's are.
+
+Rejected, each naming the cut and its line: a line that is not a JSON object or not a cut with
+a recording (a MixedCut or PaddingCut, a recording whose source is not a file or URL); an id,
+start or duration that is not usable; a cut that ends beyond its recording's end (as the
+manifest gives it); a cut without a supervision with text; a duplicate id. A recording missing
+on a producer's host, or shorter there than the cut's end, is rejected when a producer reads it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import zlib
+import re
+from typing import Any
+
+import orjson
+
+from .layouts import Entry, Rejection, _id_problem, _shown, _speaker_problem, language_problem, nfc
+
+GZIP_MAGIC = b"\x1f\x8b"
+# How far a cut may end beyond its recording's duration and still be read (frames rounded to seconds).
+END_TOLERANCE_S = 1e-3
+_SPAN = re.compile(r"^(?P<file>.+)#t=(?P<start>[0-9.eE+-]+),(?P<end>[0-9.eE+-]+)$")
+_SOURCE_TYPES = ("file", "url")
+
+
+def span_locator(file: str, start: float, end: float) -> str:
+    """The audio name of a clip that is ``[start, end)`` seconds of ``file``."""
+    return f"{file}#t={float(start)!r},{float(end)!r}"
+
+
+def parse_span(name: str) -> tuple[str, float, float] | None:
+    """(file, start, end) of a :func:`span_locator` name, or None for a whole file's name."""
+    match = _SPAN.match(name) if "#t=" in name else None
+    if match is None:
+        return None
+    try:
+        return match["file"], float(match["start"]), float(match["end"])
+    except ValueError:
+        return None
+
+
+def span_file(name: str) -> str:
+    """The file a clip's audio name reads: a span's file, else the name itself."""
+    span = parse_span(name)
+    return span[0] if span is not None else name
+
+
+def decompressed(raw: bytes) -> bytes:
+    """A cut manifest's lines: ``raw`` gunzipped when it is gzip (lhotse's ``.jsonl.gz``), else as it
+    is; ValueError (one line) when its gzip stream is broken."""
+    if not raw.startswith(GZIP_MAGIC):
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"not a readable gzip file ({exc})") from None
+
+
+def parse_cuts(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
+    """The entries of a cut manifest's lines (``raw`` decompressed); faults become rejections."""
+    entries: list[Entry] = []
+    rejected: list[Rejection] = []
+    first_line: dict[str, int] = {}
+    for number, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            rejected.append(Rejection(f"line:{number}", f"cut manifest line {number} is not JSON ({exc})", line=number))
+            continue
+        said = _cut_entry(obj, number) if type(obj) is dict else \
+            Rejection(f"line:{number}", f"cut manifest line {number} is not a JSON object", line=number)
+        if isinstance(said, Rejection):
+            rejected.append(said)
+        elif said.id in first_line:
+            rejected.append(Rejection(said.id, f"duplicate cut id on cut manifest line {number} "
+                                               f"(first on line {first_line[said.id]})", line=number))
+        else:
+            first_line[said.id] = number
+            entries.append(said)
+    return entries, rejected
+
+
+def _cut_entry(cut: dict[str, Any], number: int) -> Entry | Rejection:
+    """One cut's entry, or why it is unusable (naming the cut once its id is known)."""
+    given = cut.get("id")
+    sample_id = nfc(given.strip()) if type(given) is str else ""
+    if not sample_id or _id_problem(sample_id) or "\t" in sample_id or "\n" in sample_id:
+        return Rejection(f"line:{number}", f"cut manifest line {number} has an 'id' that is not a plain file name "
+                                           f"({_shown(given)})", line=number)
+
+    def rejection(problem: str, file: str | None = None) -> Rejection:
+        return Rejection(sample_id, f"cut {sample_id} (cut manifest line {number}) {problem}", line=number, file=file)
+
+    recording = cut.get("recording")
+    if type(recording) is not dict:
+        return rejection(f"is a {cut.get('type', 'cut')} without a recording: only a MonoCut (a window of one "
+                         "recording) is read")
+    sources = recording.get("sources")
+    source = sources[0] if type(sources) is list and sources and type(sources[0]) is dict else {}
+    path = source.get("source")
+    if source.get("type") not in _SOURCE_TYPES or type(path) is not str or not path.strip():
+        return rejection(f"has a recording whose source is not a file or URL ({_shown(source or sources)})")
+    path = path.strip()
+    start, duration = cut.get("start", 0), cut.get("duration")
+    for key, value in (("start", start), ("duration", duration)):
+        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+            return rejection(f"has a '{key}' that is not a number of seconds ({_shown(value)})", path)
+    if duration == 0:
+        return rejection("has a duration of 0 s", path)
+    whole = recording.get("duration")
+    end = start + duration
+    if type(whole) in (int, float) and end > whole + END_TOLERANCE_S:
+        return rejection(f"ends at {end:.3f} s, beyond its recording's end ({whole:.3f} s: {_shown(path)})", path)
+    supervisions = cut.get("supervisions") or []
+    if type(supervisions) is not list or not all(type(s) is dict for s in supervisions):
+        return rejection("has 'supervisions' that are not a list of objects", path)
+    spoken = sorted((s for s in supervisions if type(s.get("text")) is str and s["text"].strip()),
+                    key=lambda s: s.get("start", 0) if type(s.get("start", 0)) in (int, float) else 0)
+    if not spoken:
+        return rejection("has no supervision with text", path)
+    first = spoken[0]
+    speaker, language = first.get("speaker") or "", first.get("language") or ""
+    if type(speaker) is int:
+        speaker = str(speaker)
+    if type(speaker) is not str or (speaker.strip() and _speaker_problem(speaker.strip())):
+        return rejection(f"has a supervision 'speaker' that is not usable ({_shown(speaker)})", path)
+    if type(language) is not str or (language.strip() and language_problem(language.strip())):
+        return rejection(f"has a supervision 'language' that is not a language code ({_shown(language)})", path)
+    covers = start == 0 and type(whole) in (int, float) and abs(duration - whole) <= END_TOLERANCE_S
+    audio = path if covers else span_locator(path, start, end)
+    return Entry(sample_id, " ".join(s["text"].strip() for s in spoken), number, speaker.strip(), language.strip(),
+                 audio, duration=float(duration))
