@@ -228,6 +228,19 @@ def is_url(path: str) -> bool:
     return bool(_URL.match(path))
 
 
+# A URL's user:password@, never shown.
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+
+# A URL's query, which may carry credentials (a presigned URL's signature).
+_QUERY = re.compile(r"(://[^\s?'\"]*)\?[^\s'\"]*")
+
+
+def shown(text: str) -> str:
+    """``text`` (a URL, or a message naming URLs) as logs and errors may show it: each URL
+    without its ``user:password@`` and its query (a presigned URL's signature)."""
+    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1", text))
+
+
 def is_shards(file_name: str) -> bool:
     """Whether a dataset's metadata file is a pattern of tar shards (shared/dataset/shards.py) or of
     Parquet files (:func:`is_parquet`): files of many clips, read as the manifest made from them."""

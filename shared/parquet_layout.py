@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from .layouts import Entry, LayoutError, Rejection, parse_manifest
+from .layouts import Entry, LayoutError, Rejection, parse_manifest, shown
 
 # The manifest field each role fills, and the column names it is found by, in order.
 ROLES: dict[str, tuple[str, ...]] = {
@@ -55,8 +55,6 @@ def row_where(name: str) -> str:
     match = ROW_LOCATOR.match(name)
     if match is None:
         return name
-    from .dataset.storage import shown  # a URL shown without its credentials (shared/dataset/storage.py)
-
     return f"row {match['row']} of row group {match['group']} of {shown(match['file'])}"
 
 

@@ -45,9 +45,8 @@ from typing import Any, Iterable
 import orjson
 
 from ..dataset.probe import probe_bytes
-from ..dataset.shards import Shard, ShardListing
 from ..dataset.storage import MAX_OPEN_FILES, StorageError, first_line, is_url, open_file, shown
-from ..dataset.types import AudioFile, AudioProbe, DatasetError
+from ..dataset.types import AudioFile, AudioProbe, DatasetError, Shard, ShardListing
 from ..layouts import Rejection
 from ..parquet_layout import ROW_LOCATOR, row_where
 
@@ -72,8 +71,8 @@ KEPT_GROUP_BYTES = 256 << 20
 def pyarrow_modules() -> tuple[Any, Any]:
     """(pyarrow, pyarrow.parquet); DatasetError (one line) where pyarrow is not installed."""
     try:
-        import pyarrow
-        import pyarrow.parquet
+        import pyarrow  # the parquet extra's: only a Parquet dataset needs it
+        import pyarrow.parquet  # (as above)
     except ImportError:
         raise DatasetError("reading Parquet files needs pyarrow: pip install 'stoker[parquet]'") from None
     return pyarrow, pyarrow.parquet

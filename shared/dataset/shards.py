@@ -57,7 +57,8 @@ from ..dataset.cache import index_cache_file, pack_index, read_cache, user_cache
 from ..dataset.probe import probe_bytes, probe_url
 from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown,
                                transit_errors, url_fs)
-from ..dataset.types import AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError
+from ..dataset.types import (AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError, Shard,
+                             ShardListing)
 from ..layouts import Rejection, is_parquet, is_shards, nfc
 from ..parquet_layout import is_row
 
@@ -84,9 +85,6 @@ MAX_TEXT_BYTES = 1 << 20
 LISTING_FORMAT = 1
 
 
-# The sample rate of the probe a JSON duration makes (microseconds): the index computes a
-# clip's length at the feature rate from frames / rate, exact to a microsecond.
-DURATION_RATE_HZ = 1_000_000
 
 
 _BRACE_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -187,15 +185,6 @@ def expand_braces(pattern: str) -> list[str]:
     else:
         values = match[1].split(",")
     return [p for v in values for p in expand_braces(pattern[:match.start()] + v + pattern[match.end():])]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One shard as listed: its name (relative to the root, or a URL), size and modification stamp."""
-
-    name: str
-    size: int
-    mtime_ns: int
 
 
 def list_shards(root: Path, pattern: str) -> list[Shard]:
@@ -299,39 +288,6 @@ class _Clip:
     rejected: bool = False  # a member of it was rejected (and the rejection noted)
 
 
-@dataclass
-class ShardListing:
-    """The clips of a set of shards: a manifest line per clip, the audio members as files
-    (name = locator, size = the member's, mtime = the shard's), the durations the JSON gave
-    (by locator), and the rejected members."""
-
-    lines: list[str] = field(default_factory=list)
-    audio: dict[str, AudioFile] = field(default_factory=dict)
-    durations: dict[str, float] = field(default_factory=dict)
-    rejected: list[Rejection] = field(default_factory=list)
-    shards: int = 0
-
-    @property
-    def manifest(self) -> bytes:
-        return "".join(line + "\n" for line in self.lines).encode("utf-8")
-
-    def to_payload(self) -> dict[str, Any]:
-        return {"shards": self.shards, "lines": self.lines, "durations": self.durations,
-                "audio": [[i, *a] for i, a in self.audio.items()],
-                "rejected": [[r.id, r.reason, r.file, r.kind] for r in self.rejected]}
-
-    @classmethod
-    def from_payload(cls, payload: dict[str, Any]) -> "ShardListing":
-        return cls(lines=list(payload["lines"]), durations=dict(payload["durations"]), shards=int(payload["shards"]),
-                   audio={i: AudioFile(name, size, mtime) for i, name, size, mtime in payload["audio"]},
-                   rejected=[Rejection(i, reason, file=file, kind=kind) for i, reason, file, kind in payload["rejected"]])
-
-    def probes(self) -> dict[str, AudioProbe]:
-        """The header facts the JSON durations give (no audio read), by locator."""
-        return {name: AudioProbe(round(seconds * DURATION_RATE_HZ), DURATION_RATE_HZ, 1)
-                for name, seconds in self.durations.items()}
-
-
 _LISTINGS: dict[tuple[str, str], tuple[tuple[Shard, ...], ShardListing]] = {}  # one per dataset, while unchanged
 
 
@@ -346,7 +302,7 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
         return cached[1]
     parquet = is_parquet(pattern)
     if parquet:  # Parquet files: each file's rows (shared/dataset/parquet.py)
-        from ..dataset.parquet import LISTING_FORMAT as PARQUET_FORMAT, list_file
+        from ..dataset.parquet import LISTING_FORMAT as PARQUET_FORMAT, list_file  # it imports this module
     kind = ("parquet", PARQUET_FORMAT) if parquet else LISTING_FORMAT
     key = hashlib.sha256(repr((kind, pattern, shards)).encode("utf-8", "surrogateescape")).hexdigest()
     candidates = [path.with_name(path.name.replace("index-", "shards-", 1))
@@ -510,7 +466,7 @@ def probe_member(root: Path, name: str) -> AudioProbe:
     header read, :func:`probe_url`); or why it cannot be used."""
     global _READER
     if is_row(name):  # a Parquet row's (shared/dataset/parquet.py)
-        from ..dataset.parquet import probe_row
+        from ..dataset.parquet import probe_row  # it imports this module
 
         return probe_row(root, name)
     if not is_locator(name):

@@ -25,14 +25,13 @@ import hashlib
 import io
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable
 
-from ..layouts import is_url  # a URL or a path of this host: the manifest format's (shared/layouts.py)
+from ..layouts import is_url, shown  # a URL or a path of this host, a URL shown safely (shared/layouts.py)
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +75,6 @@ STAMP_BYTES = 7
 VERSION_LOOKUPS = 16
 
 
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
-
-
-# A URL's query, which may carry credentials (a presigned URL's signature).
-_QUERY = re.compile(r"(://[^\s?'\"]*)\?[^\s'\"]*")
-
-
 class StorageError(OSError):
     """A read that failed for good (after its retries); ``str(exc)`` is one line, no credentials."""
 
@@ -95,12 +87,6 @@ class ReadCounts:
 
 
 COUNTS = ReadCounts()
-
-
-def shown(text: str) -> str:
-    """``text`` (a URL, or a message naming URLs) as logs and errors may show it: each URL
-    without its ``user:password@`` and its query (a presigned URL's signature)."""
-    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1", text))
 
 
 def url_fs(url: str) -> tuple[Any, str]:

@@ -6,10 +6,11 @@ be used at all.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..errors import UserError
+from ..layouts import Rejection
 
 # Suffixes of formats libsndfile reads, in order of preference when one id has several.
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".w64",
@@ -81,3 +82,50 @@ class IndexStats:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# The sample rate of the probe a JSON duration makes (microseconds): the index computes a
+# clip's length at the feature rate from frames / rate, exact to a microsecond.
+DURATION_RATE_HZ = 1_000_000
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard as listed: its name (relative to the root, or a URL), size and modification stamp."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class ShardListing:
+    """The clips of a set of shards: a manifest line per clip, the audio members as files
+    (name = locator, size = the member's, mtime = the shard's), the durations the JSON gave
+    (by locator), and the rejected members."""
+
+    lines: list[str] = field(default_factory=list)
+    audio: dict[str, AudioFile] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+    rejected: list[Rejection] = field(default_factory=list)
+    shards: int = 0
+
+    @property
+    def manifest(self) -> bytes:
+        return "".join(line + "\n" for line in self.lines).encode("utf-8")
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"shards": self.shards, "lines": self.lines, "durations": self.durations,
+                "audio": [[i, *a] for i, a in self.audio.items()],
+                "rejected": [[r.id, r.reason, r.file, r.kind] for r in self.rejected]}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> "ShardListing":
+        return cls(lines=list(payload["lines"]), durations=dict(payload["durations"]), shards=int(payload["shards"]),
+                   audio={i: AudioFile(name, size, mtime) for i, name, size, mtime in payload["audio"]},
+                   rejected=[Rejection(i, reason, file=file, kind=kind) for i, reason, file, kind in payload["rejected"]])
+
+    def probes(self) -> dict[str, AudioProbe]:
+        """The header facts the JSON durations give (no audio read), by locator."""
+        return {name: AudioProbe(round(seconds * DURATION_RATE_HZ), DURATION_RATE_HZ, 1)
+                for name, seconds in self.durations.items()}
