@@ -140,7 +140,8 @@ def build_model(torch: Any, vocab_size: int, n_mels: int, size: ModelSize) -> An
             return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
         def forward(self, tokens: Any, token_lengths: Any, frames: int, mel_lengths: Any) -> Any:
-            padding = torch.arange(tokens.shape[1], device=tokens.device)[None, :] >= token_lengths.clamp(min=1)[:, None]
+            positions = torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+            padding = positions >= token_lengths.clamp(min=1)[:, None]
             x = self.embed(tokens.long()) + self.query(self.places(tokens.shape[1], token_lengths))
             x = self.encoder(x, src_key_padding_mask=padding)
             h, _ = self.attend(self.query(self.places(frames, mel_lengths)), x, x, key_padding_mask=padding,
@@ -255,10 +256,9 @@ class PlannedDataset:
 
         b = self.batches[i]
         cfg = self.features
-        examples = [{"tokens": np.asarray(tokens, np.int32),
-                     "mel": log_mel_spectrogram_numpy(load_audio(Path(self.root) / self.paths[sample], cfg.sample_rate_hz),
-                                                      cfg, np.float32)}
-                    for sample, tokens in zip(b["ids"], b["tokens"])]
+        clips = [load_audio(Path(self.root) / self.paths[sample], cfg.sample_rate_hz) for sample in b["ids"]]
+        examples = [{"tokens": np.asarray(tokens, np.int32), "mel": log_mel_spectrogram_numpy(clip, cfg, np.float32)}
+                    for clip, tokens in zip(clips, b["tokens"])]
         arrays = collate(examples, batch_dims(len(examples), b["shape"], cfg.n_mels), pad_values(SCHEMA, cfg, "off"))
         return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
@@ -471,7 +471,7 @@ def run(plan: GpuPlan | None = None, log: Callable[[str], None] | None = None) -
             size = SIZES[name]
             size = dataclasses.replace(size, dim=plan.dim or size.dim, layers=plan.layers or size.layers)
             if not cuda:
-                size = dataclasses.replace(size, dim=CPU_DIM, heads=min(size.heads, 4))
+                size = dataclasses.replace(size, dim=plan.dim or CPU_DIM, heads=min(size.heads, 4))
             hold = 0 if cuda else (plan.cpu_hold_ops if plan.cpu_hold_ops >= 0 else CPU_HOLD_OPS[name])
             base = {"data": str(data), "batch_size": plan.batch_size, "epochs": plan.epochs, "device": device,
                     "size": dataclasses.asdict(size), "hold_ops": hold, "name": name}
