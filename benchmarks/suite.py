@@ -28,6 +28,10 @@ Runs the sections below, prints plain tables and writes ``bench.json``:
                    in the producers (transforms.models), and from the feature cache, vs no
                    encoder: samples/s and wait share, with the processes sharing the cores
                    and one core per device (benchmarks/producer_models.py)
+    gpu            (full run only) a PyTorch text-to-mel model fed by stoker.Feed(framework="torch"),
+                   by a DataLoader and from batches held on the device: samples/s, step per shape,
+                   wait share; on a host without CUDA a CPU step that holds the interpreter
+                   (benchmarks/gpu.py)
     scale          manifests of 1 M and 10 M clips with durations (--quick: 20,000 and
                    100,000): index build cold and warm, launch to first batch, samples/s
                    and peak RSS of a synthetic:5 run, per-clip growth (benchmarks/scale.py)
@@ -56,12 +60,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks import (alternatives, batching, data, feed, memory, pipeline, producer_models, producers,
+from stoker.benchmarks import (alternatives, batching, data, feed, gpu, memory, pipeline, producer_models, producers,
                                replicas, scale, starvation, trainer, transforms, transport)
 from stoker.benchmarks.common import machine_info, table
 
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
-            "feed", "replicas", "producer_models", "scale")
+            "feed", "replicas", "producer_models", "gpu", "scale")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
 QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms",
                   "scale")
@@ -116,6 +120,7 @@ class SuitePlan:
     feed: feed.FeedPlan = field(default_factory=feed.FeedPlan)
     replicas: replicas.ReplicasPlan = field(default_factory=replicas.ReplicasPlan)
     producer_models: producer_models.ProducerModelsPlan = field(default_factory=producer_models.ProducerModelsPlan)
+    gpu: gpu.GpuPlan = field(default_factory=gpu.GpuPlan.quick)
     scale: scale.ScalePlan = field(default_factory=scale.ScalePlan)
     sections: tuple[str, ...] = SECTIONS
 
@@ -187,7 +192,7 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
                            o["overhead"]["value"], o["target"], o["met"], o["overhead"]))
         out.append(_target("trainer", f"traces after warm-up over {r['steps']} steps",
                            float(r["traces_after_warmup"]), 0.0, r["met"]))
-    out += _listed(sections, ("batching", "transforms", "feed", "replicas", "producer_models", "scale"))
+    out += _listed(sections, ("batching", "transforms", "feed", "replicas", "producer_models", "gpu", "scale"))
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -226,6 +231,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "feed": lambda: feed.run(plan.feed, log),
         "replicas": lambda: replicas.run(plan.replicas, log),
         "producer_models": lambda: producer_models.run(plan.producer_models, log),
+        "gpu": lambda: gpu.run(plan.gpu, log),
         "scale": lambda: scale.run(plan.scale, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
@@ -301,6 +307,9 @@ def render(report: dict[str, Any]) -> str:
                       "in the producers, from the cache, vs none; demo data, batch 16, 2 producers; shared cores and "
                       "one core per device",
                   producer_models.render(sections["producer_models"])]
+    if sections.get("gpu"):
+        parts += ["", "gpu: a PyTorch text-to-mel model fed by stoker.Feed, a DataLoader (as many workers) and from "
+                      "batches held on the device; the same batches", gpu.render(sections["gpu"])]
     if sections.get("scale"):
         parts += ["", "scale: manifests with durations (audio: a few files reused), index cold and warm, a synthetic:5 "
                       "run warm; peak RSS by process", scale.render(sections["scale"])]

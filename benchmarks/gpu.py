@@ -1,0 +1,587 @@
+"""A PyTorch text-to-mel model fed three ways (``python -m stoker.benchmarks.gpu``, and the ``gpu``
+section of ``python run.py bench``).
+
+The same model, the same clips and the same batches (the consumer's epoch plan: length-grouped
+batches of the plan's bucket shapes, epoch after epoch), each way in its own process:
+
+    feed        ``stoker.Feed(framework="torch")`` with P producer processes: the coordinator,
+                receiving, unpacking and staging run as threads of the trainer's process.
+    dataloader  ``torch.utils.data.DataLoader`` with P workers (spawned), ``batch_size=None`` over
+                the planned batches: each item reads its clips, computes stoker's numpy log-mel
+                (``producer.features.log_mel_spectrogram_numpy``, float32) and pads the index's
+                tokens and the mels into the batch's bucket shape; ``pin_memory`` on CUDA and
+                ``non_blocking`` copies.
+    replay      one batch of each bucket shape made once and held on the device, replayed in the
+                plan's order of shapes for the same number of steps, after one warm-up step per
+                shape: the step's own time, with no input pipeline in the process.
+
+Each way trains the same number of samples (``epochs`` whole epochs). Figures per way: samples/s
+after the first ``warmup_steps`` steps; the step time per bucket shape (median over its steps,
+each shape's first step left out): on CUDA the device time between two
+``torch.cuda.Event(enable_timing=True)`` around the step, read after one synchronize at the
+end; on the CPU the step's wall time; the trainer's wait share (time in ``next()`` over the
+loop's time after warm-up); the time to the first batch (from before the index is built to
+the first batch in hand); GPU utilisation (mean of NVML samples, shared/gpumon.py, when NVML
+is present). Ratios: feed / replay step per shape, feed / dataloader samples/s, each with its
+two numbers.
+
+The step. On CUDA: a transformer text encoder, frames that attend to the text from their
+place in the clip, a residual MLP mel decoder, masked L1 loss, AdamW, bf16 autocast. Two sizes
+(``--size``, ``SIZES``): ``small`` aims at a launch-bound step of ~10-20 ms on an H100,
+``large`` at ~50 ms (dimensions by flags: ``--dim``, ``--layers``). On the CPU the model is
+cut to ``CPU_DIM`` and the step adds a fixed count of tiny torch ops (``CPU_HOLD_OPS`` per
+size): like a step that launches kernels, it spends its time in the interpreter, so the
+feed's threads in the same process contend with it for the GIL as they do on a GPU host.
+
+Targets (reported, not enforced; the largest P): feed step within 3 % of replay for every
+shape; feed samples/s >= 1.5 x the dataloader's; feed wait share <= 1 %.
+
+    python -m stoker.benchmarks.gpu [--quick] [--size small --size large] [--producers 1 --producers 2]
+        [--clips N] [--epochs E] [--batch-size B] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from stoker.benchmarks.common import (CHILD_TIMEOUT_S, PACKAGE_PARENT, BenchError, machine_info, ratio, report,
+                                      table)
+
+KINDS = ("replay", "feed", "dataloader")
+RESULT_PREFIX = "GPU-BENCH-RESULT "
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    dim: int
+    layers: int  # transformer encoder layers
+    heads: int
+    decoder_layers: int  # residual MLP blocks of the mel decoder
+
+
+SIZES = {"small": ModelSize(dim=256, layers=2, heads=4, decoder_layers=2),
+         "large": ModelSize(dim=512, layers=6, heads=8, decoder_layers=6)}
+# On the CPU: the model at this width, plus a fixed count of tiny torch ops per step.
+CPU_DIM = 32
+CPU_HOLD_OPS = {"small": 1500, "large": 5000}
+# Targets (ratios against numbers measured in the same run).
+TARGET_STEP_RATIO = 1.03
+TARGET_VS_DATALOADER = 1.5
+TARGET_WAIT_SHARE = 0.01
+# Spread of generated clips is data.make_clips's (1.1-10.1 s, LJSpeech-like).
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
+
+
+def producer_sweep(cores: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to the cores (the cores themselves last when not a power of two)."""
+    out = [p for p in (2 ** k for k in range(8)) if p <= cores]
+    return tuple(out + ([cores] if cores not in out else []))
+
+
+@dataclass
+class GpuPlan:
+    clips: int = 256
+    batch_size: int = 16
+    epochs: int = 3
+    producers: tuple[int, ...] = field(default_factory=lambda: producer_sweep(os.cpu_count() or 1))
+    sizes: tuple[str, ...] = ("small", "large")
+    warmup_steps: int = 4
+    dim: int = 0  # 0: the size's (SIZES); else every size's width
+    layers: int = 0  # 0: the size's
+    cpu_hold_ops: int = -1  # -1: CPU_HOLD_OPS of the size
+    device: str = "auto"  # "auto": cuda:0 when CUDA is available, else cpu
+
+    @classmethod
+    def quick(cls) -> "GpuPlan":
+        cores = os.cpu_count() or 1
+        return cls(clips=96, epochs=2, producers=tuple(sorted({1, cores})))
+
+
+# ---------------------------------------------------------------- the model and the step
+def build_model(torch: Any, vocab_size: int, n_mels: int, size: ModelSize) -> Any:
+    """The text-to-mel model (a module of ``torch.nn``)."""
+    nn = torch.nn
+
+    class TextToMel(nn.Module):
+        """Tokens -> encoder; each frame queries the text from its place in the clip; MLP decoder -> mel."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            d = size.dim
+            self.embed = nn.Embedding(vocab_size, d)
+            layer = nn.TransformerEncoderLayer(d, size.heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+            self.encoder = nn.TransformerEncoder(layer, size.layers, enable_nested_tensor=False)
+            self.query = nn.Linear(32, d)
+            self.attend = nn.MultiheadAttention(d, size.heads, batch_first=True)
+            self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.GELU(),
+                                                      nn.Linear(2 * d, d)) for _ in range(size.decoder_layers))
+            self.out = nn.Linear(d, n_mels)
+
+        @staticmethod
+        def places(n: int, lengths: Any) -> Any:
+            """[B, n, 32]: sines and cosines of each position's place (0..1) in its row."""
+            place = torch.arange(n, device=lengths.device)[None, :] / lengths.clamp(min=1)[:, None]
+            angles = place[..., None] * torch.arange(1, 17, device=lengths.device) * math.pi
+            return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+        def forward(self, tokens: Any, token_lengths: Any, frames: int, mel_lengths: Any) -> Any:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+            padding = positions >= token_lengths.clamp(min=1)[:, None]
+            x = self.embed(tokens.long()) + self.query(self.places(tokens.shape[1], token_lengths))
+            x = self.encoder(x, src_key_padding_mask=padding)
+            h, _ = self.attend(self.query(self.places(frames, mel_lengths)), x, x, key_padding_mask=padding,
+                               need_weights=False)
+            for block in self.blocks:
+                h = h + block(h)
+            return self.out(h)
+
+    return TextToMel()
+
+
+class Step:
+    """One optimizer step on a batch of torch tensors on ``device``; the loss stays on the device."""
+
+    def __init__(self, torch: Any, vocab_size: int, n_mels: int, size: ModelSize, device: str,
+                 hold_ops: int) -> None:
+        torch.manual_seed(0)
+        self.torch = torch
+        self.cuda = device.startswith("cuda")
+        self.model = build_model(torch, vocab_size, n_mels, size).to(device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.hold_ops = hold_ops
+        self._held = torch.zeros(8)
+
+    def __call__(self, batch: dict[str, Any]) -> Any:
+        torch = self.torch
+        mel, mel_lengths = batch["mel"], batch["mel_lengths"]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.cuda):
+            predicted = self.model(batch["tokens"], batch["token_lengths"], mel.shape[1], mel_lengths)
+        mask = (torch.arange(mel.shape[1], device=mel.device)[None, :] < mel_lengths[:, None]).unsqueeze(-1)
+        loss = ((predicted.float() - mel).abs() * mask).sum() / (mask.sum() * mel.shape[2]).clamp(min=1)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        held = self._held
+        for _ in range(self.hold_ops):  # the interpreter-bound part of a step on the CPU (see the docstring)
+            held.add_(1.0)
+        return loss.detach()
+
+
+class StepClock:
+    """Each step's time: CUDA events read after one synchronize at the end, or the wall clock on the CPU."""
+
+    def __init__(self, torch: Any, cuda: bool) -> None:
+        self.torch = torch
+        self.cuda = cuda
+        self.marks: list[Any] = []
+
+    def begin(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self, begun: Any) -> None:
+        if not self.cuda:
+            self.marks.append(time.perf_counter() - begun)
+            return
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.marks.append((begun, event))
+
+    def seconds(self) -> list[float]:
+        """Every step's seconds (synchronizes once on CUDA)."""
+        if not self.cuda:
+            return list(self.marks)
+        self.torch.cuda.synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in self.marks]
+
+
+# ---------------------------------------------------------------- the data
+def _config(root: str, batch_size: int) -> Any:
+    from stoker.shared import config as config_mod
+
+    return config_mod.load(None, {"data.path": root, "batching.batch_size": batch_size, "trainer.val_clips": 0,
+                                  "data.index_cache": "off"})
+
+
+def planned_batches(root: str, batch_size: int, epochs: int) -> tuple[Any, Any, list[Any], Any]:
+    """(config, index, the plan's batches of ``epochs`` epochs, token table): what the feed plans."""
+    from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable
+    from stoker.shared.dataset import build_index
+
+    cfg = _config(root, batch_size)
+    index = build_index(cfg.data, cfg.features, cfg.text)
+    planner = EpochPlanner(index.samples, cfg.batching)
+    batches = [b for epoch in range(epochs) for b in planner.plan(epoch)]
+    return cfg, index, batches, TokenTable(index.samples, index.vocabulary)
+
+
+class PlannedDataset:
+    """The DataLoader's dataset: item ``i`` is planned batch ``i``, made as a producer makes it
+    (read, numpy log-mel, the index's tokens, padded to the bucket shape), as torch tensors."""
+
+    def __init__(self, root: str, paths: dict[str, str], features: Any, batches: list[dict[str, Any]]) -> None:
+        self.root = root
+        self.paths = paths
+        self.features = features
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        from stoker.producer.audio import load_audio
+        from stoker.producer.features import log_mel_spectrogram_numpy
+        from stoker.shared.batch import SCHEMA, batch_dims, collate
+        from stoker.shared.mel import pad_values
+
+        b = self.batches[i]
+        cfg = self.features
+        clips = [load_audio(Path(self.root) / self.paths[sample], cfg.sample_rate_hz) for sample in b["ids"]]
+        examples = [{"tokens": np.asarray(tokens, np.int32), "mel": log_mel_spectrogram_numpy(clip, cfg, np.float32)}
+                    for clip, tokens in zip(clips, b["tokens"])]
+        arrays = collate(examples, batch_dims(len(examples), b["shape"], cfg.n_mels), pad_values(SCHEMA, cfg, "off"))
+        return {name: torch.from_numpy(array) for name, array in arrays.items()}
+
+
+# ---------------------------------------------------------------- the loops (child processes)
+def _timed_loop(torch: Any, batches: Iterator[dict[str, Any]], step: Step, clock: StepClock, device: str,
+                on_step: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Train every batch; per step: its shape, rows, wait (time in next()) and end time."""
+    rows: list[dict[str, Any]] = []
+    first_batch = None
+    while True:
+        asked = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        got = time.perf_counter()
+        if first_batch is None:
+            first_batch = got
+        if batch["mel"].device.type != torch.device(device).type:
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        begun = clock.begin()
+        loss = step(batch)
+        clock.end(begun)
+        if on_step is not None:
+            on_step(loss)
+        mel = batch["mel"]
+        rows.append({"shape": f"{mel.shape[0]}x{batch['tokens'].shape[1]}x{mel.shape[1]}", "rows": int(mel.shape[0]),
+                     "wait_s": got - asked, "end": time.perf_counter()})
+    if clock.cuda:
+        torch.cuda.synchronize()
+        if rows:
+            rows[-1]["end"] = time.perf_counter()
+    return {"rows": rows, "first_batch": first_batch}
+
+
+class Utilisation:
+    """Mean GPU utilisation over a block, from shared/gpumon's NVML samples (None without NVML)."""
+
+    def __init__(self, torch: Any, cuda: bool, work: Path) -> None:
+        from stoker.shared.gpumon import GpuSampler
+
+        self.path = work / "gpu.jsonl"
+        self.sampler = GpuSampler({"model": torch.cuda.current_device()}, work) if cuda else None
+        self.on = False
+
+    def __enter__(self) -> "Utilisation":
+        self.on = self.sampler is not None and self.sampler.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+
+    def mean(self) -> float | None:
+        if not self.on or not self.path.exists():
+            return None
+        utils = [json.loads(line)["util"] for line in self.path.read_text(encoding="utf-8").splitlines() if line]
+        return statistics.fmean(utils) if utils else None
+
+
+def child_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """One way (spec["kind"]) of one size with P producers; its raw figures."""
+    import torch
+
+    cuda = spec["device"].startswith("cuda")
+    if not cuda:
+        torch.set_num_threads(1)  # the step is one interpreter's work; the producers have the other cores
+    device = spec["device"]
+    work = Path(spec["work"])
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    cfg, index, planned, tokens = planned_batches(spec["data"], spec["batch_size"], spec["epochs"])
+    paths = {s.id: s.audio for s in index.samples}
+    items = [{"ids": list(b.ids), "shape": list(b.shape), "tokens": [list(map(int, t)) for t in tokens(b.ids)]}
+             for b in planned]
+    dataset = PlannedDataset(spec["data"], paths, cfg.features, items)
+    step = Step(torch, index.vocabulary.size, cfg.features.n_mels, ModelSize(**spec["size"]), device,
+                spec["hold_ops"])
+    clock = StepClock(torch, cuda)
+    kind = spec["kind"]
+    with Utilisation(torch, cuda, work) as util:
+        if kind == "replay":
+            out = _replay(torch, dataset, step, clock, device)
+        elif kind == "feed":
+            out = _feed(torch, spec, step, clock, device, planned)
+        elif kind == "dataloader":
+            loader = torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False,
+                                                 num_workers=spec["producers"], pin_memory=cuda,
+                                                 multiprocessing_context="spawn")
+            out = _timed_loop(torch, iter(loader), step, clock, device)
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+    first = out.pop("first_batch")
+    return {**out, "step_s": clock.seconds(), "gpu_util": util.mean(),
+            "first_batch_s": None if first is None or kind == "replay" else first - started}
+
+
+def _replay(torch: Any, dataset: PlannedDataset, step: Step, clock: StepClock, device: str) -> dict[str, Any]:
+    """One batch per shape made once and put on the device; a warm-up step each (not timed); then
+    the plan's batches in order, each replaced by the held batch of its shape."""
+    held: dict[tuple[int, ...], dict[str, Any]] = {}
+    keys = []
+    for i, b in enumerate(dataset.batches):
+        key = (len(b["ids"]), *b["shape"])
+        keys.append(key)
+        if key not in held:
+            held[key] = {k: v.to(device) for k, v in dataset[i].items()}
+    for batch in held.values():
+        step(batch)
+    if clock.cuda:
+        torch.cuda.synchronize()
+    return _timed_loop(torch, iter([held[key] for key in keys]), step, clock, device)
+
+
+def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device: str,
+          planned: list[Any]) -> dict[str, Any]:
+    import stoker
+
+    feed = stoker.Feed(framework="torch", data=spec["data"], producers=spec["producers"],
+                       batch_size=spec["batch_size"], epochs=spec["epochs"], run_dir=str(Path(spec["work"]) / "run"),
+                       model_start_delay=0.0, log_level="WARNING",
+                       set={"trainer.val_clips": 0, "data.index_cache": "off", "trainer.checkpoint_every_steps": 0})
+    with feed:
+        if feed.batches_per_epoch * spec["epochs"] != len(planned) or \
+                sorted(feed.shapes) != sorted({(len(b.ids), *b.shape) for b in planned}):
+            raise BenchError(f"the feed plans other batches ({feed.batches_per_epoch} per epoch in {feed.shapes}) "
+                             "than the dataloader's")
+        return _timed_loop(torch, iter(feed), step, clock, device, on_step=lambda loss: feed.step_done(loss=loss))
+
+
+# ---------------------------------------------------------------- the parent: runs and figures
+def _run_child(spec: dict[str, Any], log_path: Path) -> dict[str, Any]:
+    env = {**os.environ, **ENV}
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "stoker.benchmarks.gpu", "child", json.dumps(spec)],
+                                stdout=subprocess.PIPE, stderr=log_file, env=env)
+        try:
+            stdout, _ = proc.communicate(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise BenchError(f"{spec['kind']} ({spec['name']}) timed out after {CHILD_TIMEOUT_S:.0f} s") from None
+    lines = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise BenchError(f"{spec['kind']} ({spec['name']}) exited with status {proc.returncode}:\n{tail}")
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def summarize_run(raw: dict[str, Any], warmup_steps: int) -> dict[str, Any]:
+    """samples/s and wait share after the warm-up steps; the median step per shape (each shape's first left out)."""
+    rows, steps = raw["rows"], raw["step_s"]
+    if len(rows) <= warmup_steps + 1 or len(steps) != len(rows):
+        raise BenchError(f"{len(rows)} steps ({len(steps)} timed): too few for {warmup_steps} warm-up steps")
+    after = rows[warmup_steps:]
+    span = after[-1]["end"] - rows[warmup_steps - 1]["end"] if warmup_steps else after[-1]["end"] - rows[0]["end"]
+    samples_after = sum(r["rows"] for r in (after if warmup_steps else after[1:]))
+    waits = sum(r["wait_s"] for r in (after if warmup_steps else after[1:]))
+    per_shape: dict[str, list[float]] = {}
+    seen: set[str] = set()
+    for r, s in zip(rows, steps):
+        if r["shape"] in seen:
+            per_shape.setdefault(r["shape"], []).append(s)
+        seen.add(r["shape"])
+    return {"samples": sum(r["rows"] for r in rows), "steps": len(rows),
+            "samples_per_s": samples_after / span, "wait_share": waits / span,
+            "first_batch_s": raw["first_batch_s"], "gpu_util": raw["gpu_util"],
+            "step_ms": {shape: {"median": statistics.median(v) * 1e3, "n": len(v)}
+                        for shape, v in sorted(per_shape.items())}}
+
+
+def compare(replay: dict[str, Any], feed: dict[str, Any], dataloader: dict[str, Any]) -> dict[str, Any]:
+    """Per shape: feed / replay and dataloader / replay step; feed / dataloader samples/s."""
+    shapes = {}
+    for shape, r in replay["step_ms"].items():
+        f, d = feed["step_ms"].get(shape), dataloader["step_ms"].get(shape)
+        shapes[shape] = {"replay_ms": r["median"], "feed_ms": f and f["median"], "dataloader_ms": d and d["median"],
+                         "feed_vs_replay": f and ratio(f["median"], r["median"]),
+                         "dataloader_vs_replay": d and ratio(d["median"], r["median"])}
+    return {"shapes": shapes,
+            "feed_vs_dataloader": ratio(feed["samples_per_s"], dataloader["samples_per_s"],
+                                        note="feed / dataloader samples/s"),
+            "feed_vs_replay": ratio(feed["samples_per_s"], replay["samples_per_s"], note="feed / replay samples/s")}
+
+
+def _device(plan: GpuPlan) -> tuple[str, str]:
+    """(device, its name) for the children, decided here without keeping CUDA open."""
+    if plan.device != "auto":
+        return plan.device, plan.device
+    code = ("import torch; ok = torch.cuda.is_available(); "
+            "print(torch.cuda.get_device_name(0) if ok else '')")
+    name = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.strip()
+    return ("cuda:0", name) if name else ("cpu", "cpu")
+
+
+def run(plan: GpuPlan | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    from stoker.benchmarks.data import make_clips
+
+    plan = plan or GpuPlan()
+    log = log or (lambda text: None)
+    device, device_name = _device(plan)
+    cuda = device.startswith("cuda")
+    work = Path(tempfile.mkdtemp(prefix="stoker-bench-gpu-"))
+    try:
+        data = work / "clips"
+        make_clips(data, plan.clips)
+        sizes: dict[str, Any] = {}
+        for name in plan.sizes:
+            size = SIZES[name]
+            size = dataclasses.replace(size, dim=plan.dim or size.dim, layers=plan.layers or size.layers)
+            if not cuda:
+                size = dataclasses.replace(size, dim=plan.dim or CPU_DIM, heads=min(size.heads, 4))
+            hold = 0 if cuda else (plan.cpu_hold_ops if plan.cpu_hold_ops >= 0 else CPU_HOLD_OPS[name])
+            base = {"data": str(data), "batch_size": plan.batch_size, "epochs": plan.epochs, "device": device,
+                    "size": dataclasses.asdict(size), "hold_ops": hold, "name": name}
+
+            def one(kind: str, producers: int) -> dict[str, Any]:
+                spec = {**base, "kind": kind, "producers": producers,
+                        "work": str(work / f"{name}-{kind}-{producers}")}
+                raw = _run_child(spec, work / f"{name}-{kind}-{producers}.log")
+                s = summarize_run(raw, plan.warmup_steps)
+                log(f"gpu {name} {kind} P={producers}: {s['samples_per_s']:.1f} samples/s, wait {s['wait_share']:.3f}, "
+                    f"steps {s['steps']}, samples {s['samples']}")
+                return s
+
+            replay = one("replay", 0)
+            runs = {}
+            for p in plan.producers:
+                runs[str(p)] = {"feed": one("feed", p), "dataloader": one("dataloader", p)}
+                runs[str(p)]["compare"] = compare(replay, runs[str(p)]["feed"], runs[str(p)]["dataloader"])
+            sizes[name] = {"model": dataclasses.asdict(size), "hold_ops": hold, "replay": replay, "producers": runs}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"config": {**dataclasses.asdict(plan), "producers": list(plan.producers), "sizes": list(plan.sizes)},
+            "device": device, "device_name": device_name, "machine": machine_info(),
+            "step": ("model, bf16 autocast, CUDA events" if cuda else
+                     f"model at width {CPU_DIM} + tiny torch ops (interpreter-bound), wall clock, 1 torch thread"),
+            "sizes": sizes, "targets": targets(sizes)}
+
+
+def targets(sizes: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets at the largest producer count of each size."""
+    out = []
+    for name, s in sizes.items():
+        p = max(s["producers"], key=int)
+        run_ = s["producers"][p]
+        c = run_["compare"]
+        worst = max((v["feed_vs_replay"] for v in c["shapes"].values() if v["feed_vs_replay"]),
+                    key=lambda r: r["value"])
+        out.append({"what": f"{name} P={p}: feed step / replay step, worst shape", "value": worst["value"],
+                    "ratio": worst, "limit": TARGET_STEP_RATIO, "met": worst["value"] <= TARGET_STEP_RATIO})
+        r = c["feed_vs_dataloader"]
+        out.append({"what": f"{name} P={p}: feed / DataLoader samples/s", "value": r["value"], "ratio": r,
+                    "limit": TARGET_VS_DATALOADER, "met": r["value"] >= TARGET_VS_DATALOADER})
+        wait = run_["feed"]["wait_share"]
+        out.append({"what": f"{name} P={p}: feed wait share", "value": wait, "limit": TARGET_WAIT_SHARE,
+                    "met": wait <= TARGET_WAIT_SHARE})
+    return out
+
+
+def render(section: dict[str, Any]) -> str:
+    def num(v: Any, digits: int = 1) -> str:
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    parts = [f"device {section['device']} ({section['device_name']}); step: {section['step']}"]
+    for name, s in section["sizes"].items():
+        rows = [[name, "replay", "-", num(s["replay"]["samples_per_s"]), "-", "-",
+                 num(s["replay"]["gpu_util"], 0), s["replay"]["samples"]]]
+        for p, r in s["producers"].items():
+            for kind in ("feed", "dataloader"):
+                v = r[kind]
+                rows.append([name, kind, p, num(v["samples_per_s"]), num(v["wait_share"], 4),
+                             num(v["first_batch_s"], 2), num(v["gpu_util"], 0), v["samples"]])
+        parts += ["", table(["size", "way", "P", "samples/s", "wait share", "first batch s", "GPU util %", "samples"],
+                            rows)]
+        shape_rows = []
+        for p, r in s["producers"].items():
+            for shape, v in r["compare"]["shapes"].items():
+                shape_rows.append([name, p, shape, num(v["replay_ms"], 2), num(v["feed_ms"], 2),
+                                   num(v["dataloader_ms"], 2),
+                                   num(v["feed_vs_replay"] and v["feed_vs_replay"]["value"], 3),
+                                   num(v["dataloader_vs_replay"] and v["dataloader_vs_replay"]["value"], 3)])
+        parts += ["", "median step per bucket shape (B x L x T), ms; ratios against replay",
+                  table(["size", "P", "shape", "replay", "feed", "dataloader", "feed/replay", "dataloader/replay"],
+                        shape_rows)]
+    parts += ["", table(["target", "value", "limit", "result"],
+                        [[t["what"], f"{t['value']:.4f}", f"{t['limit']:g}", "met" if t["met"] else "NOT met"]
+                         for t in section["targets"]])]
+    return "\n".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["child"]:
+        print(RESULT_PREFIX + json.dumps(child_main(json.loads(args[1]))), flush=True)
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.gpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer clips and epochs, P = 1 and the cores")
+    parser.add_argument("--size", action="append", choices=sorted(SIZES), help="model sizes (default: both)")
+    parser.add_argument("--producers", type=int, action="append", help="P of the sweep (default 1, 2, 4 ... cores)")
+    parser.add_argument("--clips", type=int)
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--warmup-steps", type=int)
+    parser.add_argument("--dim", type=int, help="model width of every size (default: the size's)")
+    parser.add_argument("--layers", type=int, help="encoder layers of every size (default: the size's)")
+    parser.add_argument("--cpu-hold-ops", type=int, help="tiny torch ops per step on the CPU (default: the size's)")
+    parser.add_argument("--device", help="cuda:N or cpu (default: cuda:0 when available)")
+    parser.add_argument("--out", help="also write the section to this JSON file")
+    ns = parser.parse_args(args)
+    plan = GpuPlan.quick() if ns.quick else GpuPlan()
+    changes = {"sizes": tuple(ns.size) if ns.size else None, "producers": tuple(ns.producers) if ns.producers else None,
+               "clips": ns.clips, "epochs": ns.epochs, "batch_size": ns.batch_size, "warmup_steps": ns.warmup_steps,
+               "dim": ns.dim, "layers": ns.layers, "cpu_hold_ops": ns.cpu_hold_ops, "device": ns.device}
+    plan = dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
+    try:
+        section = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True))
+    except BenchError as exc:
+        print(f"gpu benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    return report(render(section), section, ns.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
