@@ -59,6 +59,17 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+import stoker
+from stoker.benchmarks.data import make_clips
+from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable
+from stoker.producer.audio import load_audio
+from stoker.producer.features import log_mel_spectrogram_numpy
+from stoker.shared import config as config_mod
+from stoker.shared.batch import SCHEMA, batch_dims, collate
+from stoker.shared.dataset import build_index
+from stoker.shared.gpumon import GpuSampler
+from stoker.shared.mel import pad_values
+
 from stoker.benchmarks.common import (CHILD_TIMEOUT_S, PACKAGE_PARENT, BenchError, machine_info, ratio, report,
                                       table)
 
@@ -215,16 +226,12 @@ class StepClock:
 
 # ---------------------------------------------------------------- the data
 def _config(root: str, batch_size: int) -> Any:
-    from stoker.shared import config as config_mod
-
     return config_mod.load(None, {"data.path": root, "batching.batch_size": batch_size, "trainer.val_clips": 0,
                                   "data.index_cache": "off"})
 
 
 def planned_batches(root: str, batch_size: int, epochs: int) -> tuple[Any, Any, list[Any], Any]:
     """(config, index, the plan's batches of ``epochs`` epochs, token table): what the feed plans."""
-    from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable
-    from stoker.shared.dataset import build_index
 
     cfg = _config(root, batch_size)
     index = build_index(cfg.data, cfg.features, cfg.text)
@@ -248,11 +255,6 @@ class PlannedDataset:
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         import torch
-
-        from stoker.producer.audio import load_audio
-        from stoker.producer.features import log_mel_spectrogram_numpy
-        from stoker.shared.batch import SCHEMA, batch_dims, collate
-        from stoker.shared.mel import pad_values
 
         b = self.batches[i]
         cfg = self.features
@@ -299,8 +301,6 @@ class Utilisation:
     """Mean GPU utilisation over a block, from shared/gpumon's NVML samples (None without NVML)."""
 
     def __init__(self, torch: Any, cuda: bool, work: Path) -> None:
-        from stoker.shared.gpumon import GpuSampler
-
         self.path = work / "gpu.jsonl"
         self.sampler = GpuSampler({"model": torch.cuda.current_device()}, work) if cuda else None
         self.on = False
@@ -376,7 +376,6 @@ def _replay(torch: Any, dataset: PlannedDataset, step: Step, clock: StepClock, d
 
 def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device: str,
           planned: list[Any]) -> dict[str, Any]:
-    import stoker
 
     feed = stoker.Feed(framework="torch", data=spec["data"], producers=spec["producers"],
                        batch_size=spec["batch_size"], epochs=spec["epochs"], run_dir=str(Path(spec["work"]) / "run"),
@@ -456,8 +455,7 @@ def _device(plan: GpuPlan) -> tuple[str, str]:
 
 
 def run(plan: GpuPlan | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    from stoker.benchmarks.data import make_clips
-
+    """Every size and producer count of ``plan``, the three ways each: the report (bench.json's section)."""
     plan = plan or GpuPlan()
     log = log or (lambda text: None)
     device, device_name = _device(plan)

@@ -9,7 +9,6 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import soundfile
 from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
@@ -19,7 +18,7 @@ from stoker.shared import config as config_mod
 from stoker.shared.runfiles import CONFIG, REJECTED
 from tests.factories import sentence, tone
 from tests.procs import RunProcess, read_json, read_jsonl
-from tests.test_resume import CHECKPOINT_LINE, crash
+from tests.test_resume import kill_a_producer_then_crash
 from tests.test_run import FAST_HEARTBEAT, NUMPY_FEATURES
 from tests.trained import Clip, check_run, check_trained, clips_of, trained_steps
 
@@ -84,26 +83,12 @@ def window_mels(run_dir: Path, manifest: Path) -> dict[str, Clip]:
     return clips
 
 
-def _command(process: psutil.Process) -> str:
-    try:
-        return " ".join(process.cmdline())
-    except psutil.NoSuchProcess:  # a short-lived child of the run, gone since it was listed
-        return ""
-
-
 def test_cuts_train_every_clip_once_per_epoch_through_a_producer_kill_and_a_resume(tmp_path):
     manifest, usable = write_corpus(tmp_path / "corpus")
     assert len(usable) == 36 and sum(1 for i in usable if i.startswith("L")) == 28
     run_dir = tmp_path / "run"
     with RunProcess("--data", str(manifest), "--run-dir", str(run_dir), *RUN) as run:
-        run.wait_for_line(r"step 2/", timeout=60)
-        producers = [p for p in run.remember_children().values() if "stoker.producer.worker" in _command(p)]
-        assert len(producers) == 2
-        producers[0].kill()  # SIGKILL: its leases move, it is restarted
-        run.wait_for_line(r"crashed .*restarting it", timeout=30)
-        run.descendants.pop(producers[0].pid)  # gone: crash() kills the rest
-        run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
-        crash(run)
+        kill_a_producer_then_crash(run)
     with RunProcess("--resume", str(run_dir)) as again:
         assert again.wait(timeout=90) == 0, again.output()
     check_run(run_dir, EPOCHS, set(usable))

@@ -101,7 +101,7 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
 
 # Imported inside a function without a word of reason: each costs a process that never uses it
 # a tenth of a second or more (TensorFlow seconds).
-HEAVY = ("tensorflow", "keras", "librosa", "scipy", "phonemizer", "pyloudnorm")
+HEAVY = ("tensorflow", "keras", "librosa", "scipy", "phonemizer", "pyloudnorm", "torch", "jax", "pyarrow")
 
 
 def project_modules() -> dict[str, Path]:

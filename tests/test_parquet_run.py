@@ -14,9 +14,9 @@ import pytest
 from tests.factories import clip_member
 from tests.parquet_data import corrupt_row_group, make_parquet, write_parquet
 from tests.procs import RunProcess, read_json, read_jsonl
-from tests.test_resume import CHECKPOINT_LINE, crash
+from tests.test_resume import kill_a_producer_then_crash
 from tests.test_run import FAST_HEARTBEAT, NUMPY_FEATURES
-from tests.test_shards_run import DROPS, RUN, _command
+from tests.test_shards_run import DROPS, RUN
 from tests.objectstore import DroppingProxy, S3Server
 from tests.trained import check_run
 
@@ -37,14 +37,7 @@ def test_parquet_trains_every_clip_once_per_epoch_through_a_producer_kill_and_a_
             server.upload(made.root, "corpus", "data")
             data, env = "s3://corpus/data/", {**server.env(proxy.endpoint), "XDG_CACHE_HOME": str(tmp_path / "cache")}
         with RunProcess("--data", data, "--run-dir", str(run_dir), *RUN, env=env) as run:
-            run.wait_for_line(r"step 2/", timeout=60)
-            producers = [p for p in run.remember_children().values() if "stoker.producer.worker" in _command(p)]
-            assert len(producers) == 2
-            producers[0].kill()  # SIGKILL: its leases move, it is restarted
-            run.wait_for_line(r"crashed .*restarting it", timeout=30)
-            run.descendants.pop(producers[0].pid)  # gone: crash() kills the rest
-            run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
-            crash(run)
+            kill_a_producer_then_crash(run)
         if proxy is not None:
             proxy.arm(DROPS)  # the resumed run's row group reads (its index comes from the cache)
         with RunProcess("--resume", str(run_dir), env=env) as again:

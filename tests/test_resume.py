@@ -103,6 +103,26 @@ def crash(run: RunProcess) -> None:
     assert not alive, f"survivors: {alive}"
 
 
+def kill_a_producer_then_crash(run: RunProcess) -> None:
+    """Once the run trains: SIGKILL one of its two local producers (its leases move, the launcher
+    restarts it); after the run's second checkpoint, :func:`crash` the whole run."""
+    run.wait_for_line(r"step 2/", timeout=60)
+    producers = [p for p in run.remember_children().values() if "stoker.producer.worker" in _command(p)]
+    assert len(producers) == 2
+    producers[0].kill()
+    run.wait_for_line(r"crashed .*restarting it", timeout=30)
+    run.descendants.pop(producers[0].pid)  # gone: crash() kills the rest
+    run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
+    crash(run)
+
+
+def _command(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.NoSuchProcess:  # a short-lived child of the run, gone since it was listed
+        return ""
+
+
 def latest_step(run_dir: Path) -> int:
     return Checkpointer(run_dir / CKPT_DIR, keep=1).checkpoints()[-1][0]
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 
-import psutil
 import pytest
 import soundfile
 
 from tests.factories import make_dataset, make_shards
 from tests.objectstore import DroppingProxy, S3Server
 from tests.procs import RunProcess, read_json
-from tests.test_resume import CHECKPOINT_LINE, crash
+from tests.test_resume import kill_a_producer_then_crash
 from tests.test_run import FAST_HEARTBEAT, NUMPY_FEATURES
 from tests.trained import check_run
 
@@ -30,13 +29,6 @@ RUN = ["--model", "synthetic:60", "--batch-size", "4", "--producers", "2", "--ep
        "--record-samples", "--model-start-delay", "0.2", "--set", "trainer.checkpoint_every_steps=3",
        "--set", "trainer.log_every_steps=1", "--set", "batching.shard_window=2", *NUMPY_FEATURES, *FAST_HEARTBEAT]
 DROPS = 2  # responses the proxy cuts during the resumed run
-
-
-def _command(process: psutil.Process) -> str:
-    try:
-        return " ".join(process.cmdline())
-    except psutil.NoSuchProcess:  # a short-lived child of the run, gone since it was listed
-        return ""
 
 
 @pytest.mark.parametrize("store", ["local", "s3"])
@@ -51,14 +43,7 @@ def test_shards_train_every_clip_once_per_epoch_through_a_producer_kill_and_a_re
             server.upload(shards.root, "corpus", "train")
             data, env = "s3://corpus/train/", {**server.env(proxy.endpoint), "XDG_CACHE_HOME": str(tmp_path / "cache")}
         with RunProcess("--data", data, "--run-dir", str(run_dir), *RUN, env=env) as run:
-            run.wait_for_line(r"step 2/", timeout=60)
-            producers = [p for p in run.remember_children().values() if "stoker.producer.worker" in _command(p)]
-            assert len(producers) == 2
-            producers[0].kill()  # SIGKILL: its leases move, it is restarted
-            run.wait_for_line(r"crashed .*restarting it", timeout=30)
-            run.descendants.pop(producers[0].pid)  # gone: crash() kills the rest
-            run.wait_for_line(CHECKPOINT_LINE, timeout=60, count=2)
-            crash(run)
+            kill_a_producer_then_crash(run)
         if proxy is not None:
             proxy.arm(DROPS)  # the resumed run's member reads (its index comes from the cache)
         with RunProcess("--resume", str(run_dir), env=env) as again:

@@ -71,9 +71,7 @@ def shard_numbers(table: SampleTable) -> np.ndarray | None:
                         return None
                     code = codes[last] = len(codes)
             numbers[row] = code
-    in_name_order = np.empty(len(codes), np.int64)
-    in_name_order[[codes[name] for name in sorted(codes)]] = np.arange(len(codes))
-    return in_name_order[numbers]
+    return _in_name_order(codes, numbers)
 
 
 def row_group_numbers(table: SampleTable) -> np.ndarray | None:
@@ -92,6 +90,12 @@ def row_group_numbers(table: SampleTable) -> np.ndarray | None:
                     return None
                 code = codes[group] = len(codes)
             numbers[row] = code
+    return _in_name_order(codes, numbers)
+
+
+def _in_name_order(codes: dict[str, int], numbers: np.ndarray) -> np.ndarray:
+    """Each row's number renumbered so that the names ``codes`` numbered in order of first sight
+    are numbered in name order."""
     in_name_order = np.empty(len(codes), np.int64)
     in_name_order[[codes[name] for name in sorted(codes)]] = np.arange(len(codes))
     return in_name_order[numbers]
