@@ -298,6 +298,10 @@ def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id
 FRAMES = "mel_lengths"
 
 
+# The fields row_identities reads.
+IDENTIFYING = ("tokens", "token_lengths", "mel", FRAMES)
+
+
 def row_identities(arrays: Mapping[str, Any]) -> list[dict[str, Any]]:
     """What identifies the clip of each real row of a batch, from its data rather than from a
     ledger of ids: its tokens, valid frames and the mean and mean magnitude of its valid mel

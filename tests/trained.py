@@ -21,13 +21,11 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from stoker.shared import config as config_mod
-from stoker.shared.batch import row_identities
+from stoker.shared.batch import IDENTIFYING, row_identities
 from stoker.shared.runfiles import CONFIG, TRAINED, VOCAB
 from tests.procs import read_jsonl
 
 FAULTS = Path(__file__).resolve().parent / "faults"
-# The batch fields row_identities reads.
-IDENTIFYING = ("tokens", "token_lengths", "mel", "mel_lengths")
 # A mel computed here agrees with a producer's (another backend, the feature cache's uint16
 # store) to about 1e-4; another clip's, even at the same length, is off by orders more.
 MEL_TOLERANCE = 5e-3

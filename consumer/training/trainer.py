@@ -86,14 +86,11 @@ import numpy as np
 
 from stoker.consumer.training import tts
 from stoker.consumer.training.tts import ModelError
-from stoker.shared.batch import FRAMES, OPTIONAL, row_identities
+from stoker.shared.batch import IDENTIFYING, OPTIONAL, row_identities
 from stoker.shared.config import Config, batch_schema
 from stoker.shared.tfsetup import device_stager, replica_stager
 
 log = logging.getLogger(__name__)
-
-# The fields row_identities reads.
-IDENTIFYING = ("tokens", "token_lengths", "mel", FRAMES)
 
 __all__ = ["ModelError", "Health", "Trainer", "ModelTrainer", "SyntheticTrainer", "KerasTrainer", "check_model",
            "uses_tensorflow", "make_trainer", "choose_precision", "choose_jit_compile"]
