@@ -84,15 +84,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import psutil
 
-from stoker.benchmarks.common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, spread, table
-from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable
-from stoker.producer.audio import load_audio
-from stoker.producer.features import MelComputer, pad_value
-from stoker.shared.batch import SCHEMA, batch_dims, collate
-from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
-from stoker.shared.metrics import wait_share
-from stoker.shared.mel import pad_values
+from .common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, spread, table
+from ..consumer.pipeline.plan import EpochPlanner, TokenTable
+from ..producer.audio import load_audio
+from ..producer.features import MelComputer, pad_value
+from ..shared.batch import SCHEMA, batch_dims, collate
+from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig
+from ..shared.dataset import build_index
+from ..shared.metrics import wait_share
+from ..shared.mel import pad_values
 
 KINDS = ("stoker", "stoker (tf ops)", "tf.data", "tf.data service", "mp.Queue")
 # The stoker variants and their features.backend.

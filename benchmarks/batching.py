@@ -41,13 +41,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from stoker.benchmarks.common import ratio, report, spread, table
-from stoker.benchmarks.trainer import TOKEN_IDS, _batch
-from stoker.consumer.pipeline.plan import EpochPlanner, group_buckets
-from stoker.consumer.training.trainer import KerasTrainer
-from stoker.shared import config as config_mod
-from stoker.shared.config import BatchingConfig, FeaturesConfig
-from stoker.shared.dataset import Sample
+from .common import ratio, report, spread, table
+from .trainer import TOKEN_IDS, _batch
+from ..consumer.pipeline.plan import EpochPlanner, group_buckets
+from ..consumer.training.trainer import KerasTrainer
+from ..shared import config as config_mod
+from ..shared.config import BatchingConfig, FeaturesConfig
+from ..shared.dataset import Sample
 
 log = logging.getLogger(__name__)
 

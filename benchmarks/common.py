@@ -23,7 +23,7 @@ import numpy
 import zmq
 
 import stoker
-from stoker.shared.dataset.files import DEMO_DATA_DIR
+from ..shared.dataset.files import DEMO_DATA_DIR
 
 # The benchmarks run stoker as its users do, as programs: ``python -m stoker ...`` (the
 # same as ``python run.py`` and the ``stoker`` command), with this stoker on PYTHONPATH.

@@ -96,18 +96,18 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import soundfile
 
-from stoker.benchmarks.common import DEMO_DATA, BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
-from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable
-from stoker.producer.audio import load_audio
-from stoker.producer.batches import BatchMaker, Prepared
-from stoker.producer.features import log_mel_spectrogram_numpy, resolve_backend
-from stoker.shared import wire
-from stoker.shared.batch import SCHEMA, batch_dims, collate
-from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
-from stoker.shared.dataset.index import _workers
-from stoker.shared.dataset.parquet import pyarrow_modules, row_reader
-from stoker.shared.mel import pad_values
+from .common import DEMO_DATA, BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
+from ..consumer.pipeline.plan import EpochPlanner, TokenTable
+from ..producer.audio import load_audio
+from ..producer.batches import BatchMaker, Prepared
+from ..producer.features import log_mel_spectrogram_numpy, resolve_backend
+from ..shared import wire
+from ..shared.batch import SCHEMA, batch_dims, collate
+from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
+from ..shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
+from ..shared.dataset.index import _workers
+from ..shared.dataset.parquet import pyarrow_modules, row_reader
+from ..shared.mel import pad_values
 
 LJSPEECH_ITEMS = 13_100
 LARGE_ITEMS = 100_000

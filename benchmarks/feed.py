@@ -55,14 +55,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import stoker
-from stoker.benchmarks.common import (CHILD_TIMEOUT_S, DEMO_DATA, QUIET_ENV, SETTLING_STEPS, STOKER, BenchError, ratio,
+from .common import (CHILD_TIMEOUT_S, DEMO_DATA, QUIET_ENV, SETTLING_STEPS, STOKER, BenchError, ratio,
                                       report, spread, table)
-from stoker.benchmarks.alternatives import plan_batches, tf_dataset
-from stoker.consumer.training import tts
-from stoker.consumer.training.trainer import ModelTrainer, make_trainer
-from stoker.shared.config import Config, DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
-from stoker.shared.metrics import wait_share
+from .alternatives import plan_batches, tf_dataset
+from ..consumer.training import tts
+from ..consumer.training.trainer import ModelTrainer, make_trainer
+from ..shared.config import Config, DataConfig, FeaturesConfig
+from ..shared.dataset import build_index
+from ..shared.metrics import wait_share
 
 log = logging.getLogger(__name__)
 

@@ -60,17 +60,17 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 import stoker
-from stoker.benchmarks.data import make_clips
-from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable
-from stoker.producer.audio import load_audio
-from stoker.producer.features import log_mel_spectrogram_numpy
-from stoker.shared import config as config_mod
-from stoker.shared.batch import SCHEMA, batch_dims, collate
-from stoker.shared.dataset import build_index
-from stoker.shared.gpumon import GpuSampler
-from stoker.shared.mel import pad_values
+from .data import make_clips
+from ..consumer.pipeline.plan import EpochPlanner, TokenTable
+from ..producer.audio import load_audio
+from ..producer.features import log_mel_spectrogram_numpy
+from ..shared import config as config_mod
+from ..shared.batch import SCHEMA, batch_dims, collate
+from ..shared.dataset import build_index
+from ..shared.gpumon import GpuSampler
+from ..shared.mel import pad_values
 
-from stoker.benchmarks.common import (CHILD_TIMEOUT_S, PACKAGE_PARENT, BenchError, machine_info, ratio, report,
+from .common import (CHILD_TIMEOUT_S, PACKAGE_PARENT, BenchError, machine_info, ratio, report,
                                       table)
 
 KINDS = ("replay", "feed", "dataloader")

@@ -47,16 +47,16 @@ import numpy as np
 import psutil
 import zmq
 
-from stoker.benchmarks.common import (run_alone, BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
+from .common import (run_alone, BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
                                stop_children, table)
-from stoker.consumer.pipeline.buffer import BatchQueue
-from stoker.consumer.pipeline.coordinator import Coordinator
-from stoker.consumer.pipeline.plan import EpochPlanner
-from stoker.shared import wire
-from stoker.shared.batch import SCHEMA, batch_dims, collate
-from stoker.shared.config import Config, FeaturesConfig
-from stoker.shared.dataset import build_index
-from stoker.shared.mel import pad_values
+from ..consumer.pipeline.buffer import BatchQueue
+from ..consumer.pipeline.coordinator import Coordinator
+from ..consumer.pipeline.plan import EpochPlanner
+from ..shared import wire
+from ..shared.batch import SCHEMA, batch_dims, collate
+from ..shared.config import Config, FeaturesConfig
+from ..shared.dataset import build_index
+from ..shared.mel import pad_values
 
 MB = 1 << 20
 GROWTH_LIMIT_FRAC = 0.05

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks.common import run_alone, STOKER, BenchError, ratio, spread, table
-from stoker.shared.metrics import wait_share
+from .common import run_alone, STOKER, BenchError, ratio, spread, table
+from ..shared.metrics import wait_share
 
 STEP_MS = 100.0
 IDEAL_STEPS_PER_S = 1000.0 / STEP_MS

@@ -53,7 +53,7 @@ from typing import Any
 
 import psutil
 
-from stoker.benchmarks.common import QUIET_ENV, STOKER, BenchError, ratio, run_alone, spread, table
+from .common import QUIET_ENV, STOKER, BenchError, ratio, run_alone, spread, table
 
 # The encoder's width: at B = 16 on the demo's buckets its forward pass costs about as much as
 # the trainer's step (measured on the 2-core reference host; see docs/BENCHMARKS.md).

@@ -66,13 +66,13 @@ import numpy as np
 import psutil
 import zmq
 
-from stoker.benchmarks.common import STOKER, BenchError, machine_info, ratio, spawn_context, stop_children, table
-from stoker.shared import wire
-from stoker.shared.batch import SCHEMA, batch_dims, collate
-from stoker.shared.config import FeaturesConfig
-from stoker.shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
-from stoker.shared.metrics import wait_share
-from stoker.shared.mel import pad_values
+from .common import STOKER, BenchError, machine_info, ratio, spawn_context, stop_children, table
+from ..shared import wire
+from ..shared.batch import SCHEMA, batch_dims, collate
+from ..shared.config import FeaturesConfig
+from ..shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
+from ..shared.metrics import wait_share
+from ..shared.mel import pad_values
 
 BATCH_SIZE = 16
 SCALING_STEP_MS = 1.0

@@ -42,8 +42,8 @@ from typing import Any, Callable
 import psutil
 import soundfile
 
-from stoker.benchmarks.common import QUIET_ENV, STOKER, BenchError, fmt, run_alone, table
-from stoker.shared.config import DataConfig, FeaturesConfig
+from .common import QUIET_ENV, STOKER, BenchError, fmt, run_alone, table
+from ..shared.config import DataConfig, FeaturesConfig
 
 # Distinct audio files the clips share, and their durations (s): short, at the feature rate.
 AUDIO_FILES = 8
@@ -150,7 +150,7 @@ def make_loose(root: Path, size: int) -> Path:
 
 def index_child(root: str, metadata_file: str = "manifest.jsonl") -> None:
     """In a child process: build (or load) the index of ``root``'s metadata; its figures as JSON."""
-    from stoker.shared.dataset import build_index  # the child's own import: its cost is the child's
+    from ..shared.dataset import build_index  # the child's own import: its cost is the child's
     started = time.perf_counter()
     index = build_index(DataConfig(path=root, metadata_file=metadata_file), FeaturesConfig())
     seconds = time.perf_counter() - started

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from stoker.benchmarks.common import STOKER, BenchError
+from .common import STOKER, BenchError
 from stoker.diagnose import analyse
-from stoker.shared.metrics import wait_share
+from ..shared.metrics import wait_share
 
 RUN_TIMEOUT_S = 400
 # A trainer wanting 10 batches/s and producers that need ~330 ms per batch, mostly the

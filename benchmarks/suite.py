@@ -60,9 +60,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.benchmarks import (alternatives, batching, data, feed, gpu, memory, pipeline, producer_models, producers,
+from . import (alternatives, batching, data, feed, gpu, memory, pipeline, producer_models, producers,
                                replicas, scale, starvation, trainer, transforms, transport)
-from stoker.benchmarks.common import machine_info, table
+from .common import machine_info, table
 
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
             "feed", "replicas", "producer_models", "gpu", "scale")

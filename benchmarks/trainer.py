@@ -41,17 +41,17 @@ from typing import Any
 
 import numpy as np
 
-from stoker.benchmarks.common import BenchError, ratio, report, spread, table
-from stoker.consumer.pipeline import validation
-from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch
-from stoker.consumer.pipeline.plan import EpochPlanner
-from stoker.consumer.training.trainer import KerasTrainer
-from stoker.shared import config as config_mod
-from stoker.shared.batch import SCHEMA, batch_dims, collate
-from stoker.shared.config import FeaturesConfig
-from stoker.shared.dataset import DEMO_DATA_DIR, build_index
-from stoker.shared.text import FIRST_SYMBOL_ID
-from stoker.shared.mel import pad_values
+from .common import BenchError, ratio, report, spread, table
+from ..consumer.pipeline import validation
+from ..consumer.pipeline.buffer import BatchQueue, QueuedBatch
+from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.training.trainer import KerasTrainer
+from ..shared import config as config_mod
+from ..shared.batch import SCHEMA, batch_dims, collate
+from ..shared.config import FeaturesConfig
+from ..shared.dataset import DEMO_DATA_DIR, build_index
+from ..shared.text import FIRST_SYMBOL_ID
+from ..shared.mel import pad_values
 
 log = logging.getLogger(__name__)
 

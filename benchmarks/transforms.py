@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from stoker.benchmarks.common import ratio, report, spread, table
-from stoker.benchmarks.data import _plan_leases
-from stoker.producer.batches import BatchMaker
-from stoker.shared.config import FeaturesConfig, TransformsConfig
-from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
+from .common import ratio, report, spread, table
+from .data import _plan_leases
+from ..producer.batches import BatchMaker
+from ..shared.config import FeaturesConfig, TransformsConfig
+from ..shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
 
 TARGET_RATIO = 1.2
 TRANSFORMS = {"trim_db": 40.0, "normalize": "loudness", "loudness_lufs": -23.0}

@@ -56,10 +56,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from stoker.benchmarks.common import (run_alone, BenchError, close_queue, collect, ratio, spawn_context, spread,
+from .common import (run_alone, BenchError, close_queue, collect, ratio, spawn_context, spread,
                                stop_children, table)
-from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch
-from stoker.shared import wire
+from ..consumer.pipeline.buffer import BatchQueue, QueuedBatch
+from ..shared import wire
 
 BATCH_SIZE = 16
 N_MELS = 80

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from stoker.shared.cuts import END_TOLERANCE_S
-from stoker.shared.dataset.parquet import row_reader
-from stoker.shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
-from stoker.shared.dataset.shards import Locator
-from stoker.shared.dataset.storage import Reader, StorageError, read_url, shown
-from stoker.shared.parquet_layout import is_row, row_where
+from ..shared.cuts import END_TOLERANCE_S
+from ..shared.dataset.parquet import row_reader
+from ..shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
+from ..shared.dataset.shards import Locator
+from ..shared.dataset.storage import Reader, StorageError, read_url, shown
+from ..shared.parquet_layout import is_row, row_where
 
 # soxr's "HQ" recipe: passband to 0.91 of Nyquist, ~125 dB stopband; librosa's default
 # resampler ("soxr_hq") is the same one.

@@ -20,21 +20,21 @@ from typing import NamedTuple
 
 import numpy as np
 
-from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member, load_url
-from stoker.producer.feature_cache import CacheCounts, FeatureCache, ModelCache
-from stoker.producer.features import MelComputer, UserMelError
-from stoker.producer.transforms import Chain, TransformError
-from stoker.shared import wire
-from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, parse_model_fields
-from stoker.shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
-from stoker.shared.cuts import parse_span, span_file
-from stoker.shared.dataset import audio_path, relative_audio, size_problem, stamp_problem
-from stoker.shared.dataset.parquet import row_reader
-from stoker.shared.dataset.shards import Locator, is_locator, is_member
-from stoker.shared.dataset.storage import COUNTS, Reader, is_url, object_version, object_versions, shown
-from stoker.shared.mel import num_frames, pad_values
-from stoker.shared.melstats import MelStats, minmax, normalize
-from stoker.shared.parquet_layout import is_row
+from .audio import AudioError, AudioMissing, load_audio, load_member, load_url
+from .feature_cache import CacheCounts, FeatureCache, ModelCache
+from .features import MelComputer, UserMelError
+from .transforms import Chain, TransformError
+from ..shared import wire
+from ..shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, parse_model_fields
+from ..shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
+from ..shared.cuts import parse_span, span_file
+from ..shared.dataset import audio_path, relative_audio, size_problem, stamp_problem
+from ..shared.dataset.parquet import row_reader
+from ..shared.dataset.shards import Locator, is_locator, is_member
+from ..shared.dataset.storage import COUNTS, Reader, is_url, object_version, object_versions, shown
+from ..shared.mel import num_frames, pad_values
+from ..shared.melstats import MelStats, minmax, normalize
+from ..shared.parquet_layout import is_row
 
 log = logging.getLogger("producer")
 
@@ -127,7 +127,7 @@ class BatchMaker:
         self.models = None
         self._model_caches: dict[str, ModelCache] = {}
         if transforms.models:
-            from stoker.producer.models import ModelRunner  # imports TensorFlow: only where a model is configured
+            from .models import ModelRunner  # imports TensorFlow: only where a model is configured
 
             fields = parse_model_fields(transforms.model_fields, list(chain.declared))
             self.models = ModelRunner(transforms.models, fields, model_device)
@@ -359,7 +359,7 @@ class BatchMaker:
         from the model cache when it holds every row's clip, else the model run on the batch and
         its outputs stored per clip. A model failing on the batch rejects its clips (the batch
         goes on empty); returns (arrays, stats, rows, counts: model_runs, model_hits)."""
-        from stoker.producer.models import ModelBatchError, clip_slice  # loaded with the runner, above
+        from .models import ModelBatchError, clip_slice  # loaded with the runner, above
 
         assert self.models is not None
         if not rows:  # every clip missed or rejected: the model fields are all padding

@@ -53,9 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from stoker.shared.config import FeaturesConfig
-from stoker.shared.mel import features_key
-from stoker.shared.runfiles import write_atomic
+from ..shared.config import FeaturesConfig
+from ..shared.mel import features_key
+from ..shared.runfiles import write_atomic
 
 log = logging.getLogger(__name__)
 

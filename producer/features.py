@@ -115,10 +115,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from stoker.shared.config import TENSORFLOW, FeaturesConfig
-from stoker.shared.mel import (PAD_END, centred, log_scale, min_num_samples, num_frames, silence_value,
+from ..shared.config import TENSORFLOW, FeaturesConfig
+from ..shared.mel import (PAD_END, centred, log_scale, min_num_samples, num_frames, silence_value,
                                user_mel_function)
-from stoker.shared.tfsetup import require_tensorflow, tensorflow_installed
+from ..shared.tfsetup import require_tensorflow, tensorflow_installed
 
 logger = logging.getLogger(__name__)
 

@@ -52,11 +52,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from stoker.shared.batch import Field
-from stoker.shared.errors import UserError
-from stoker.shared.mel import source_version
-from stoker.shared.proc import EXIT_USER
-from stoker.shared.userfn import import_function
+from ..shared.batch import Field
+from ..shared.errors import UserError
+from ..shared.mel import source_version
+from ..shared.proc import EXIT_USER
+from ..shared.userfn import import_function
 
 log = logging.getLogger("producer")
 

@@ -52,12 +52,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from stoker.producer.features import centered_window, min_num_samples, num_frames
-from stoker.shared.batch import Field
-from stoker.shared.config import TRANSFORMS_REVISION, FeaturesConfig, TransformsConfig, parse_declared_fields
-from stoker.shared.errors import UserError
-from stoker.shared.mel import centred, frame_centre, source_version
-from stoker.shared.userfn import import_function
+from .features import centered_window, min_num_samples, num_frames
+from ..shared.batch import Field
+from ..shared.config import TRANSFORMS_REVISION, FeaturesConfig, TransformsConfig, parse_declared_fields
+from ..shared.errors import UserError
+from ..shared.mel import centred, frame_centre, source_version
+from ..shared.userfn import import_function
 
 # A clip whose largest sample is below this is silent: no gain can be computed for it.
 SILENCE_PEAK = 1e-8

@@ -65,21 +65,21 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from stoker.producer.transforms import TransformSetupError, load_user
-from stoker.shared import wire
-from stoker.shared.batch import schema_for
-from stoker.shared.config import PipelineConfig
-from stoker.shared.dataset import deferred, describe_copy, locate
-from stoker.shared.dataset.storage import shown
-from stoker.producer.batches import BatchMaker
-from stoker.shared.errors import UserError
-from stoker.shared.keys import ClientKeys, load_client_keys, short
-from stoker.shared.layouts import COLUMNS_AUTO
-from stoker.shared.mel import MelFunctionError, user_mel_function
-from stoker.shared.melstats import load
-from stoker.shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
+from .transforms import TransformSetupError, load_user
+from ..shared import wire
+from ..shared.batch import schema_for
+from ..shared.config import PipelineConfig
+from ..shared.dataset import deferred, describe_copy, locate
+from ..shared.dataset.storage import shown
+from .batches import BatchMaker
+from ..shared.errors import UserError
+from ..shared.keys import ClientKeys, load_client_keys, short
+from ..shared.layouts import COLUMNS_AUTO
+from ..shared.mel import MelFunctionError, user_mel_function
+from ..shared.melstats import load
+from ..shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \
     install_stop_handlers, parent_alive, setup_logging
-from stoker.shared.tfsetup import configure_tensorflow
+from ..shared.tfsetup import configure_tensorflow
 
 log = logging.getLogger("producer")
 

@@ -67,7 +67,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 import msgpack
 import numpy as np
 
-from stoker.shared.config import ConfigError, FaultsConfig, FeaturesConfig, TransformsConfig, section_from
+from .config import ConfigError, FaultsConfig, FeaturesConfig, TransformsConfig, section_from
 
 # 2: a LEASE carries the token ids of its clips (the trainer tokenizes; producers of version 1
 # tokenized themselves, with a fixed a-z vocabulary, and must not join).

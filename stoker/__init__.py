@@ -19,7 +19,7 @@ __all__ = ["Feed", "FeedError"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from stoker import feed  # on first use: `import stoker` stays cheap
+        from . import feed  # on first use: `import stoker` stays cheap
 
         return getattr(feed, name)
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.shared.metrics import PRODUCER_MARGIN
-from stoker.shared.runfiles import LIVE
+from .shared.metrics import PRODUCER_MARGIN
+from .shared.runfiles import LIVE
 
 log = logging.getLogger("launcher.autoscale")
 

@@ -19,21 +19,21 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-from stoker import service
-from stoker.console import out, print_precompute_summary, print_summary
-from stoker.consumer.training.export import describe, export
-from stoker.consumer.training.synth import SynthError, synthesize
-from stoker.consumer.training.tts import ModelError
-from stoker.diagnose import analyse, render
-from stoker.launcher import with_stoker_path
-from stoker.shared.cluster import from_env, worker_dir_name
-from stoker.shared.config import DEFAULT_CONFIG
-from stoker.shared.errors import UserError
-from stoker.shared.keys import DEFAULT_CLIENT, make_keys
-from stoker.shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging
-from stoker.shared.tfsetup import require_tensorflow
-from stoker.slurm import run_task
-from stoker.watch import watch
+from . import service
+from .console import out, print_precompute_summary, print_summary
+from .consumer.training.export import describe, export
+from .consumer.training.synth import SynthError, synthesize
+from .consumer.training.tts import ModelError
+from .diagnose import analyse, render
+from .launcher import with_stoker_path
+from .shared.cluster import from_env, worker_dir_name
+from .shared.config import DEFAULT_CONFIG
+from .shared.errors import UserError
+from .shared.keys import DEFAULT_CLIENT, make_keys
+from .shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging
+from .shared.tfsetup import require_tensorflow
+from .slurm import run_task
+from .watch import watch
 
 COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth", "export", "slurm")
 

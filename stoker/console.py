@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from stoker.shared.runfiles import REJECTED, SUMMARY
+from .shared.runfiles import REJECTED, SUMMARY
 
 
 def out(text: str = "") -> None:

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from stoker.shared.config import DevicesConfig
-from stoker.shared.errors import UserError
+from .shared.config import DevicesConfig
+from .shared.errors import UserError
 
 log = logging.getLogger(__name__)
 

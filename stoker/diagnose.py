@@ -25,9 +25,9 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
-from stoker.shared.errors import UserError
-from stoker.shared.metrics import (PRODUCER_MARGIN, WAIT_BOUND_FRAC, read_jsonl, recommend_producers, verdict)
-from stoker.shared.runfiles import CONFIG, GPU, METRICS, REJECTED, SUMMARY, TRAINED_BY_FEED
+from .shared.errors import UserError
+from .shared.metrics import (PRODUCER_MARGIN, WAIT_BOUND_FRAC, read_jsonl, recommend_producers, verdict)
+from .shared.runfiles import CONFIG, GPU, METRICS, REJECTED, SUMMARY, TRAINED_BY_FEED
 
 SPARK = " ▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 64

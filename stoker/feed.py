@@ -39,18 +39,18 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
-from stoker.consumer.pipeline.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
-from stoker.launcher import KILL_AFTER_S, PRODUCER_STOP_S, TICK_S, AutoControl, Supervisor, start_producers
-from stoker.service import FLAG_KEYS, make_run_dir, prepare_run, resolve_options
-from stoker.shared import config as config_mod
-from stoker.shared.cluster import from_env, worker_dir_name
-from stoker.shared.config import FRAMEWORKS, TENSORFLOW, batch_schema
-from stoker.shared.errors import UserError
-from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
-from stoker.shared.runfiles import CONFIG, TRAINED_BY_FEED
-from stoker.shared.runlock import RunLock
-from stoker.shared.tfsetup import TF_EXTRA, device_stager, replica_stager
+from .consumer.pipeline.feed import FeedCore, PreparedRun
+from .consumer.pipeline.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
+from .launcher import KILL_AFTER_S, PRODUCER_STOP_S, TICK_S, AutoControl, Supervisor, start_producers
+from .service import FLAG_KEYS, make_run_dir, prepare_run, resolve_options
+from .shared import config as config_mod
+from .shared.cluster import from_env, worker_dir_name
+from .shared.config import FRAMEWORKS, TENSORFLOW, batch_schema
+from .shared.errors import UserError
+from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
+from .shared.runfiles import CONFIG, TRAINED_BY_FEED
+from .shared.runlock import RunLock
+from .shared.tfsetup import TF_EXTRA, device_stager, replica_stager
 
 log = logging.getLogger("stoker.feed")
 

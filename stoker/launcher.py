@@ -41,14 +41,14 @@ from typing import Any, Callable, Mapping
 
 import psutil
 
-from stoker.consumer.pipeline.checkpoint import POSITION, Checkpointer
-from stoker.shared.config import Config
-from stoker.shared.errors import UserError
-from stoker.shared.metrics import read_jsonl, summarize
-from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
-from stoker.shared.runfiles import CKPT_DIR, METRICS, REJECTED, SUMMARY, RunFileError, write_json
-from stoker.autoscale import DECISION_INTERVAL_S, AutoScaler, LiveWindow, default_max_producers
-from stoker.devices import DevicePlan, child_env
+from .consumer.pipeline.checkpoint import POSITION, Checkpointer
+from .shared.config import Config
+from .shared.errors import UserError
+from .shared.metrics import read_jsonl, summarize
+from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
+from .shared.runfiles import CKPT_DIR, METRICS, REJECTED, SUMMARY, RunFileError, write_json
+from .autoscale import DECISION_INTERVAL_S, AutoScaler, LiveWindow, default_max_producers
+from .devices import DevicePlan, child_env
 
 log = logging.getLogger("launcher")
 

@@ -20,25 +20,25 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from stoker.consumer.pipeline.checkpoint import Checkpointer
-from stoker.consumer.training.trainer import check_model, uses_tensorflow
-from stoker.devices import list_gpus, plan_devices, requested_replicas
-from stoker.launcher import run_producers, run_training
-from stoker.producer.features import resolve_backend
-from stoker.shared import config as config_mod
-from stoker.shared.cluster import from_env
-from stoker.shared.config import TENSORFLOW, DevicesConfig
-from stoker.shared.dataset import describe_copy, feature_cache_dir, locate
-from stoker.shared.dataset.storage import is_url
-from stoker.shared.endpoints import EndpointError, check_endpoint
-from stoker.shared.errors import UserError
-from stoker.shared.keys import KeysError, load_client_keys, load_server_keys
-from stoker.shared.layouts import is_cuts, is_manifest, is_shards
-from stoker.shared.mixes import is_mix
-from stoker.shared.proc import setup_logging
-from stoker.shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG, RUN_LOCK
-from stoker.shared.runlock import RunLock
-from stoker.shared.tfsetup import require_tensorflow
+from .consumer.pipeline.checkpoint import Checkpointer
+from .consumer.training.trainer import check_model, uses_tensorflow
+from .devices import list_gpus, plan_devices, requested_replicas
+from .launcher import run_producers, run_training
+from .producer.features import resolve_backend
+from .shared import config as config_mod
+from .shared.cluster import from_env
+from .shared.config import TENSORFLOW, DevicesConfig
+from .shared.dataset import describe_copy, feature_cache_dir, locate
+from .shared.dataset.storage import is_url
+from .shared.endpoints import EndpointError, check_endpoint
+from .shared.errors import UserError
+from .shared.keys import KeysError, load_client_keys, load_server_keys
+from .shared.layouts import is_cuts, is_manifest, is_shards
+from .shared.mixes import is_mix
+from .shared.proc import setup_logging
+from .shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG, RUN_LOCK
+from .shared.runlock import RunLock
+from .shared.tfsetup import require_tensorflow
 
 log = logging.getLogger("stoker")
 

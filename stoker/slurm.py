@@ -44,14 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from stoker import service
-from stoker.console import print_summary
-from stoker.launcher import CONSUMER_READY_TIMEOUT_S
-from stoker.shared.errors import UserError
-from stoker.shared.keys import DEFAULT_CLIENT, SECRET_MODE, make_keys
-from stoker.shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, setup_logging
-from stoker.shared.runfiles import HANDOVER_DIR, HANDOVER_FILE, HANDOVER_KEYS, write_json
-from stoker.shared.runlock import RunLock
+from . import service
+from .console import print_summary
+from .launcher import CONSUMER_READY_TIMEOUT_S
+from .shared.errors import UserError
+from .shared.keys import DEFAULT_CLIENT, SECRET_MODE, make_keys
+from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, setup_logging
+from .shared.runfiles import HANDOVER_DIR, HANDOVER_FILE, HANDOVER_KEYS, write_json
+from .shared.runlock import RunLock
 
 log = logging.getLogger("stoker.slurm")
 

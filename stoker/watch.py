@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from stoker.shared.runfiles import LIVE, SUMMARY
+from .shared.runfiles import LIVE, SUMMARY
 
 # Refresh period: live.json itself changes once a second.
 REFRESH_S = 1.0

@@ -44,13 +44,20 @@ def imported_packages(path: Path, package: tuple[str, ...] | None = None) -> set
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
-        elif isinstance(node, ast.ImportFrom) and node.level > 0:  # relative: within its layer, or above it
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:  # relative: resolved from the file's package
             package = package or path.resolve().relative_to(ROOT).parent.parts  # e.g. ("shared", "dataset")
-            names = ["stoker." + package[0] if node.level <= len(package) else "stoker"]
+            names = [resolve_relative(("stoker", *package), node.level, node.module)]
         else:
             continue
         found.update((layer_of(name), node.lineno) for name in names if name.split(".")[0] == "stoker")
     return found
+
+
+def resolve_relative(package: tuple[str, ...], level: int, module: str | None) -> str:
+    """The absolute name of ``from {'.' * level}{module} import ...`` in ``package``: shared/, producer/,
+    consumer/ and benchmarks/ are stoker's subpackages, so ``..`` climbs from a layer to stoker."""
+    base = package[:len(package) - (level - 1)] if level - 1 < len(package) else ("stoker",)
+    return ".".join((*base, *([module] if module else [])))
 
 
 def layer_of(module: str) -> str:
@@ -86,8 +93,25 @@ def test_a_part_of_the_consumer_imports_only_the_parts_below_it(part: str) -> No
 
 def test_the_check_sees_relative_imports_that_climb_out_of_their_layer(tmp_path: Path) -> None:
     source = tmp_path / "m.py"  # as if it were shared/dataset/m.py
-    source.write_text("from ..text import Units\nfrom ... import cli\n")
-    assert imported_packages(source, ("shared", "dataset")) == {("shared", 1), ("stoker", 2)}
+    source.write_text("from ..text import Units\nfrom ... import cli\nfrom ...producer import audio\n")
+    assert imported_packages(source, ("shared", "dataset")) == {("shared", 1), ("stoker", 2), ("producer", 3)}
+
+
+LIBRARY_LAYERS = ("shared", "producer", "consumer", "benchmarks")  # folders of their own, stoker's subpackages
+
+
+@pytest.mark.parametrize("package", LIBRARY_LAYERS + ("stoker",))
+def test_imports_within_the_package_are_relative(package: str) -> None:
+    """``from ..shared.config import X`` in producer/, not ``from stoker.shared.config``: the dots climb
+    the folders a reader sees (producer/.. holds shared/), as the wheel's stoker/ holds them, so an editor
+    or a structure tool follows the import from the file tree. Only benchmarks/, above stoker/, name it."""
+    named = [f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}"
+             for path in sorted((ROOT / package).rglob("*.py")) if not path.is_symlink()
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+             and node.module.split(".")[0] == "stoker"
+             and (package != "benchmarks" or layer_of(node.module) in LIBRARY_LAYERS)]
+    assert not named, "imports of the package by its name, not relative:\n" + "\n".join(named)
 
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:

@@ -57,12 +57,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, PositionError
-from stoker.shared import runfiles
-from stoker.shared.runfiles import CKPT_DIR, VOCAB
-from stoker.shared.config import Config
-from stoker.shared.errors import UserError
-from stoker.shared.vocab import Vocabulary
+from .plan import EpochPlanner, InputPosition, PositionError
+from ...shared import runfiles
+from ...shared.runfiles import CKPT_DIR, VOCAB
+from ...shared.config import Config
+from ...shared.errors import UserError
+from ...shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

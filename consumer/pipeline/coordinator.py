@@ -32,16 +32,16 @@ from typing import Any, Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from stoker.consumer.pipeline.buffer import BatchQueue
-from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, ReferenceTable, TokenTable
-from stoker.consumer.pipeline.scheduler import Scheduler, ValidationSet
-from stoker.shared import wire
-from stoker.shared.config import Config
-from stoker.shared.dataset import Reference
-from stoker.shared.errors import UserError
-from stoker.shared.keys import ServerKeys, short
-from stoker.shared.layouts import Rejection
-from stoker.shared.melstats import MelStats
+from .buffer import BatchQueue
+from .plan import EpochPlanner, InputPosition, ReferenceTable, TokenTable
+from .scheduler import Scheduler, ValidationSet
+from ...shared import wire
+from ...shared.config import Config
+from ...shared.dataset import Reference
+from ...shared.errors import UserError
+from ...shared.keys import ServerKeys, short
+from ...shared.layouts import Rejection
+from ...shared.melstats import MelStats
 
 log = logging.getLogger("consumer.coordinator")
 

@@ -63,29 +63,29 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from stoker.consumer.pipeline import validation
-from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch
-from stoker.consumer.pipeline.checkpoint import RunCheckpoints, trim_step_log
-from stoker.consumer.pipeline.coordinator import Coordinator
-from stoker.consumer.pipeline.handout import Confirmed, HandOutLedger
-from stoker.consumer.pipeline.plan import (EpochPlanner, InputPosition, PlannedBatch, PositionError, ReferenceTable,
+from . import validation
+from .buffer import BatchQueue, QueuedBatch
+from .checkpoint import RunCheckpoints, trim_step_log
+from .coordinator import Coordinator
+from .handout import Confirmed, HandOutLedger
+from .plan import (EpochPlanner, InputPosition, PlannedBatch, PositionError, ReferenceTable,
                                   TokenTable, check_message_size, validation_batches)
-from stoker.consumer.pipeline.progress import LiveLine
-from stoker.consumer.pipeline.scheduler import ValidationSet
-from stoker.consumer.pipeline.telemetry import Telemetry
-from stoker.consumer.pipeline.validation import VALIDATION_QUEUE_CAPACITY
-from stoker.shared import config as config_mod
-from stoker.shared.cluster import Cluster, from_env, worker_dir_name
-from stoker.shared.dataset import DatasetIndex, Reference, Sample, build_index, feature_cache_dir, mel_stats_file
-from stoker.shared.errors import UserError
-from stoker.shared.keys import load_server_keys
-from stoker.shared.layouts import Rejection
-from stoker.shared.melstats import MelStats, load, stats_key
-from stoker.shared.metrics import JsonlWriter, read_jsonl, summarize
-from stoker.shared.proc import EXIT_OK, EXIT_USER, parent_alive
-from stoker.shared.runfiles import (CONFIG, MEL_STATS, METRICS, REJECTED, RESUME_CONFIG, SAMPLES, SUMMARY, TRAINED,
+from .progress import LiveLine
+from .scheduler import ValidationSet
+from .telemetry import Telemetry
+from .validation import VALIDATION_QUEUE_CAPACITY
+from ...shared import config as config_mod
+from ...shared.cluster import Cluster, from_env, worker_dir_name
+from ...shared.dataset import DatasetIndex, Reference, Sample, build_index, feature_cache_dir, mel_stats_file
+from ...shared.errors import UserError
+from ...shared.keys import load_server_keys
+from ...shared.layouts import Rejection
+from ...shared.melstats import MelStats, load, stats_key
+from ...shared.metrics import JsonlWriter, read_jsonl, summarize
+from ...shared.proc import EXIT_OK, EXIT_USER, parent_alive
+from ...shared.runfiles import (CONFIG, MEL_STATS, METRICS, REJECTED, RESUME_CONFIG, SAMPLES, SUMMARY, TRAINED,
                                     VALIDATION_SAMPLES, VOCAB, RunFileError, write_json)
-from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
+from ...shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 
 log = logging.getLogger("consumer")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from stoker.consumer.pipeline.buffer import QueuedBatch
+from .buffer import QueuedBatch
 
 
 @dataclass

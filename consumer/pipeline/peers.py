@@ -31,9 +31,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from stoker.shared import wire
-from stoker.shared.config import Config
-from stoker.shared.dataset import Reference, check_agreement, is_deferred
+from ...shared import wire
+from ...shared.config import Config
+from ...shared.dataset import Reference, check_agreement, is_deferred
 
 log = logging.getLogger("consumer.coordinator")
 

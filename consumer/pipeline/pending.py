@@ -17,7 +17,7 @@ import collections
 import itertools
 from typing import Callable, Iterable
 
-from stoker.consumer.pipeline.plan import EpochPlan, InputPosition, PlannedBatch
+from .plan import EpochPlan, InputPosition, PlannedBatch
 
 
 class Pending:

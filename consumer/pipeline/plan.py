@@ -53,12 +53,12 @@ from typing import Any, Callable, Iterable, Sequence, overload
 
 import numpy as np
 
-from stoker.consumer.pipeline.shard_order import gather_batches, grouped_batches, shard_numbers
-from stoker.shared.batch import batch_dims
-from stoker.shared.config import BatchingConfig, Config, batch_schema
-from stoker.shared.dataset import UNMEASURED, Sample, SampleTable
-from stoker.shared.errors import UserError
-from stoker.shared.vocab import Vocabulary
+from .shard_order import gather_batches, grouped_batches, shard_numbers
+from ...shared.batch import batch_dims
+from ...shared.config import BatchingConfig, Config, batch_schema
+from ...shared.dataset import UNMEASURED, Sample, SampleTable
+from ...shared.errors import UserError
+from ...shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

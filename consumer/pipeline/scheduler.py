@@ -87,18 +87,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch, QueueFull
-from stoker.consumer.pipeline.pending import Pending
-from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
-from stoker.producer.transforms import load_user
-from stoker.shared import wire
-from stoker.shared.batch import FRAMES, batch_dims
-from stoker.shared.config import Config, batch_fields, batch_schema
-from stoker.consumer.pipeline.peers import Peer, Peers, ProducerStats
-from stoker.shared.dataset import Reference
-from stoker.shared.layouts import Rejection
-from stoker.shared.mel import user_mel_function
-from stoker.shared.melstats import MelStats
+from .buffer import BatchQueue, QueuedBatch, QueueFull
+from .pending import Pending
+from .plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
+from ...producer.transforms import load_user
+from ...shared import wire
+from ...shared.batch import FRAMES, batch_dims
+from ...shared.config import Config, batch_fields, batch_schema
+from .peers import Peer, Peers, ProducerStats
+from ...shared.dataset import Reference
+from ...shared.layouts import Rejection
+from ...shared.mel import user_mel_function
+from ...shared.melstats import MelStats
 
 log = logging.getLogger("consumer.coordinator")
 
@@ -196,7 +196,7 @@ class Scheduler:
         if cfg.features.user:
             self.transform_versions[cfg.features.user] = user_mel_function(cfg.features.user)[1]
         if cfg.transforms.models:  # the producer models' source and weights (producer/models.py)
-            from stoker.producer.models import model_versions  # imports TensorFlow: only with a model configured
+            from ...producer.models import model_versions  # imports TensorFlow: only with a model configured
 
             self.transform_versions.update(model_versions(cfg.transforms.models))
         # transforms.mel_norm: the statistics producers normalise with (None: off); and the ones measured.

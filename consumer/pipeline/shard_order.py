@@ -32,9 +32,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from stoker.shared.dataset import SampleTable
-from stoker.shared.dataset.shards import is_locator
-from stoker.shared.parquet_layout import GROUP_END, is_row
+from ...shared.dataset import SampleTable
+from ...shared.dataset.shards import is_locator
+from ...shared.parquet_layout import GROUP_END, is_row
 
 
 # What ends a shard's name in a member's locator (shared/dataset/shards.py: SHARD.tar#MEMBER@OFFSET+SIZE).

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from stoker.shared.runfiles import LIVE, write_json
+from ...shared.runfiles import LIVE, write_json
 
 log = logging.getLogger(__name__)
 

@@ -43,11 +43,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from stoker.shared.config import Config
-from stoker.shared.dataset import DatasetIndex, Sample, SampleTable, build_index
-from stoker.shared.dataset.files import beside
-from stoker.shared.layouts import Rejection
-from stoker.shared.runfiles import VALIDATION, write_json
+from ...shared.config import Config
+from ...shared.dataset import DatasetIndex, Sample, SampleTable, build_index
+from ...shared.dataset.files import beside
+from ...shared.layouts import Rejection
+from ...shared.runfiles import VALIDATION, write_json
 
 log = logging.getLogger(__name__)
 

@@ -47,13 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from stoker.consumer.training.synth import SynthError, one_batch, restore_model, run_config, run_vocabulary
-from stoker.shared.config import batch_schema
-from stoker.shared.errors import UserError
-from stoker.shared.runfiles import MEL_STATS, VOCAB, write_json
-from stoker.shared.text import EOS_ID, FIRST_SYMBOL_ID
-from stoker.shared.tfsetup import configure_tensorflow
-from stoker.shared.mel import pad_values
+from .synth import SynthError, one_batch, restore_model, run_config, run_vocabulary
+from ...shared.config import batch_schema
+from ...shared.errors import UserError
+from ...shared.runfiles import MEL_STATS, VOCAB, write_json
+from ...shared.text import EOS_ID, FIRST_SYMBOL_ID
+from ...shared.tfsetup import configure_tensorflow
+from ...shared.mel import pad_values
 
 log = logging.getLogger(__name__)
 

@@ -29,17 +29,17 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from stoker.consumer.training import melimage
-from stoker.consumer.pipeline.feed import FeedCore, PreparedRun, Resolved, TransformFailed
-from stoker.consumer.training.trainer import ModelError, ModelTrainer, Trainer, make_trainer, uses_tensorflow
-from stoker.consumer.training.tb import TensorBoard
-from stoker.shared import config as config_mod
-from stoker.shared.batch import FRAMES
-from stoker.shared.errors import UserError
-from stoker.shared.gpumon import GpuSampler
-from stoker.shared.runfiles import CONFIG, RESUME_CONFIG, RunFileError
-from stoker.shared.tfsetup import configure_replicas
-from stoker.shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
+from . import melimage
+from ..pipeline.feed import FeedCore, PreparedRun, Resolved, TransformFailed
+from .trainer import ModelError, ModelTrainer, Trainer, make_trainer, uses_tensorflow
+from .tb import TensorBoard
+from ...shared import config as config_mod
+from ...shared.batch import FRAMES
+from ...shared.errors import UserError
+from ...shared.gpumon import GpuSampler
+from ...shared.runfiles import CONFIG, RESUME_CONFIG, RunFileError
+from ...shared.tfsetup import configure_replicas
+from ...shared.proc import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USER, StatusWriter, die_with_parent,
                          exit_without_teardown, flush_sockets, install_stop_handlers, setup_logging)
 
 log = logging.getLogger("consumer")

@@ -28,20 +28,20 @@ from typing import Any
 
 import numpy as np
 
-from stoker.consumer.training import melimage, tts
-from stoker.consumer.pipeline.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
-from stoker.producer.audio import AudioError, load_audio
-from stoker.producer.features import MelComputer
-from stoker.producer.transforms import Chain, TransformError
-from stoker.shared import config as config_mod
-from stoker.shared.batch import batch_dims, collate, example
-from stoker.shared.errors import UserError
-from stoker.shared.melstats import load, minmax
-from stoker.shared.runfiles import CONFIG, MEL_STATS, VOCAB
-from stoker.shared.text import TextError, make_frontend
-from stoker.shared.tfsetup import configure_tensorflow
-from stoker.shared.vocab import Vocabulary, load_vocabulary
-from stoker.shared.mel import pad_values
+from . import melimage, tts
+from ..pipeline.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
+from ...producer.audio import AudioError, load_audio
+from ...producer.features import MelComputer
+from ...producer.transforms import Chain, TransformError
+from ...shared import config as config_mod
+from ...shared.batch import batch_dims, collate, example
+from ...shared.errors import UserError
+from ...shared.melstats import load, minmax
+from ...shared.runfiles import CONFIG, MEL_STATS, VOCAB
+from ...shared.text import TextError, make_frontend
+from ...shared.tfsetup import configure_tensorflow
+from ...shared.vocab import Vocabulary, load_vocabulary
+from ...shared.mel import pad_values
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stoker.shared.runfiles import GPU, TB_DIR, replacing
+from ...shared.runfiles import GPU, TB_DIR, replacing
 
 log = logging.getLogger(__name__)
 

@@ -84,11 +84,11 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from stoker.consumer.training import tts
-from stoker.consumer.training.tts import ModelError
-from stoker.shared.batch import IDENTIFYING, OPTIONAL, row_identities
-from stoker.shared.config import Config, batch_schema
-from stoker.shared.tfsetup import device_stager, replica_stager
+from . import tts
+from .tts import ModelError
+from ...shared.batch import IDENTIFYING, OPTIONAL, row_identities
+from ...shared.config import Config, batch_schema
+from ...shared.tfsetup import device_stager, replica_stager
 
 log = logging.getLogger(__name__)
 

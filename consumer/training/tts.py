@@ -62,11 +62,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from stoker.shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
-from stoker.shared.config import BatchingConfig, FeaturesConfig
-from stoker.shared.errors import UserError
-from stoker.shared.text import FIRST_SYMBOL_ID
-from stoker.shared.mel import pad_values
+from ...shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
+from ...shared.config import BatchingConfig, FeaturesConfig
+from ...shared.errors import UserError
+from ...shared.text import FIRST_SYMBOL_ID
+from ...shared.mel import pad_values
 
 log = logging.getLogger(__name__)
 
