@@ -67,7 +67,6 @@ import TensorFlow.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import logging
 import re
@@ -81,6 +80,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from . import userfn
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -564,7 +564,7 @@ class UserTokenizer(Frontend):
         return {**self.engine(), "source": self.source}
 
     def changed(self) -> bool:
-        return _source_hash(importlib.import_module(self.name.partition(":")[0])) != self.source
+        return _source_hash(userfn.import_module(self.name.partition(":")[0])) != self.source
 
 
 # The source hash of each user tokenizer module as load_user_tokenizer last (re)imported it.
@@ -579,14 +579,14 @@ def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str,
         raise TextError(f"text front-end {spec!r} must be characters, phonemes or package.module:function")
     try:
         imported = module_name in sys.modules
-        module = importlib.import_module(module_name)
+        module = userfn.import_module(module_name)
         source = _source_hash(module)
         # imported before (by the user, or by this module from another source): run what the file says
         if imported and _LOADED_SOURCES.get(module_name) != source:
-            module = importlib.reload(module)
+            module = userfn.reload(module)
     except Exception as exc:  # the user's module: any error while importing it is theirs
-        raise TextError(f"tokenizer module {module_name!r} cannot be imported: {type(exc).__name__}: {exc}") \
-            from None
+        raise TextError(f"tokenizer module {module_name!r} cannot be imported: {type(exc).__name__}: "
+                        f"{userfn.first_line(exc)} (is it on PYTHONPATH?)") from None
     _LOADED_SOURCES[module_name] = source
     function = getattr(module, attr, None)
     if not callable(function):

@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,7 @@ class SynthResult:
 
 def run_config(run_dir: Path, what: str = "synthesize with") -> Any:
     """The resolved config of a run that trained a model; SynthError (one line) otherwise.
-    A user's model module is then found as in training: on PYTHONPATH, then here."""
+    A user's model module is found as in training (shared/userfn.py): on PYTHONPATH, then here."""
     cfg_path = run_dir / CONFIG
     if not cfg_path.is_file():
         raise SynthError(f"{run_dir} is not a run directory (no config.yaml)")
@@ -85,8 +84,6 @@ def run_config(run_dir: Path, what: str = "synthesize with") -> Any:
     kind = tts.check_spec(spec)
     if kind == "synthetic":
         raise SynthError(f"run {run_dir} trained the stand-in trainer {spec}, which has no model to {what}")
-    if kind == "user" and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
     return cfg
 
 

@@ -72,12 +72,9 @@ in 30 lines.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
-import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
@@ -89,6 +86,7 @@ from .tts import ModelError
 from ...shared.batch import IDENTIFYING, OPTIONAL, row_identities
 from ...shared.config import Config, batch_schema
 from ...shared.tfsetup import device_stager, replica_stager
+from ...shared.userfn import find_module, import_function
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +291,7 @@ class KerasTrainer:
             result = self._first_call(dummy, (batch, tokens, frames, n_mels))
             tts.check_outputs(t.model, result, batch, frames, n_mels)
             self.loss_mode = t.loss
-            self.user_loss = tts.load_function(t.loss, "trainer.loss") if t.loss not in ("mel", "model") else None
+            self.user_loss = import_function(t.loss, "trainer.loss", ModelError)[0] if t.loss not in ("mel", "model") else None
             self.term_names = self._check_loss(tts.outputs_of(result), dummy)
             self.validation_training = bool(getattr(self.model, "validation_training", False))
             self.param_count = tts.count_params(self.model)
@@ -407,7 +405,7 @@ class KerasTrainer:
             return keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=clip)
         if t.optimizer == "adamw":
             return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=t.weight_decay, global_clipnorm=clip)
-        builder = tts.load_function(t.optimizer, "trainer.optimizer")
+        builder = import_function(t.optimizer, "trainer.optimizer", ModelError)[0]
         try:
             optimizer = builder(learning_rate=schedule)
         except Exception as exc:  # the user's code: named with the contract, in one line
@@ -672,17 +670,10 @@ def check_model(spec: str) -> float | None:
         return ms
     if kind == "user":
         module = spec.partition(":")[0]
-        # As the children will (stoker/devices.py, child_env): PYTHONPATH, then the current directory.
-        added = os.getcwd() not in sys.path
-        if added:
-            sys.path.append(os.getcwd())
-        try:
-            found = importlib.util.find_spec(module)
+        try:  # where the children will find it: on PYTHONPATH, then in the current directory
+            found = find_module(module)
         except (ImportError, ValueError):
             found = None
-        finally:
-            if added:
-                sys.path.remove(os.getcwd())
         if found is None:
             raise ModelError(f"--model {spec}: no module named {module} (is its directory on PYTHONPATH?)")
     return None

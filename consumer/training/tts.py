@@ -50,8 +50,6 @@ T^2 and the convolutions give the decoder the local context it needs.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import math
 import re
@@ -66,6 +64,7 @@ from ...shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example
 from ...shared.config import BatchingConfig, FeaturesConfig
 from ...shared.errors import UserError
 from ...shared.text import FIRST_SYMBOL_ID
+from ...shared.userfn import find_module, import_function
 from ...shared.mel import pad_values
 
 log = logging.getLogger(__name__)
@@ -271,7 +270,7 @@ def _user_frame(exc: BaseException, spec: str) -> str:
     """Where in the user's own module the error came from ("" when not from there)."""
     module = spec.partition(":")[0]
     try:
-        found = importlib.util.find_spec(module)
+        found = find_module(module)
     except (ImportError, ValueError):
         found = None
     origin = getattr(found, "origin", None)
@@ -303,7 +302,7 @@ def explain(exc: BaseException, spec: str, precision: str = "float32", jit_compi
 
 def load_user_builder(spec: str) -> Callable[..., Any]:
     """The function of ``--model package.module:function``; ModelError (one line) when not there."""
-    return load_function(spec, "--model")
+    return import_function(spec, "--model", ModelError)[0]
 
 
 def _keep_settings(spec: str, what: str, policy: str, jit: Any) -> None:
@@ -379,21 +378,6 @@ def check_outputs(spec: str, result: Any, batch: int, frames: int, n_mels: int) 
         if tuple(getattr(value, "shape", ())) != ():
             raise ModelError(f"--model {spec}: its loss term {name!r} has shape {list(value.shape)}, not a scalar; "
                              f"{CONTRACT}")
-
-
-def load_function(spec: str, setting: str) -> Callable[..., Any]:
-    """The user's function named by ``setting`` (e.g. trainer.loss) = ``package.module:function``;
-    ModelError (one line) when it cannot be imported or is not there."""
-    module_name, _, function = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module: any error it raises on import is theirs to see
-        raise ModelError(f"{setting} {spec}: cannot import {module_name}: {type(exc).__name__}: {exc} "
-                         f"(is it on PYTHONPATH?)") from exc
-    fn = getattr(module, function, None)
-    if not callable(fn):
-        raise ModelError(f"{setting} {spec}: {module_name} has no function {function}")
-    return fn
 
 
 def loss_terms(tf: Any, out: dict[str, Any], batch: dict[str, Any], mode: str,
