@@ -176,6 +176,11 @@ class PipelineConfig:
     keys: str  # directory of CURVE keys (empty: no authentication)
     insecure: bool  # allow binding a non-loopback address without keys
 
+    @property
+    def max_message_bytes(self) -> int:
+        """``max_message_mb`` in bytes: the largest frame a socket takes (ZMQ_MAXMSGSIZE)."""
+        return self.max_message_mb << 20
+
 
 @section("devices")
 class DevicesConfig:

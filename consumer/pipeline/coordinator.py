@@ -94,7 +94,7 @@ class Coordinator:
         self._wake_local = threading.local()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
-        self._max_bytes = cfg.pipeline.max_message_mb << 20
+        self._max_bytes = cfg.pipeline.max_message_bytes
 
     # ------------------------------------------------------------ lifecycle
     def bind(self, endpoint: str) -> str:

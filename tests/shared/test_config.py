@@ -315,3 +315,8 @@ def test_rows_are_fixed_where_batches_split_and_fixed_rows_switch_row_mask_on() 
         assert config_mod.batch_schema(fixed).names[-2:] == ("speaker_id", "row_mask")
     asked = config_mod.load(None, {"batching.fields": "row_mask", "batching.fixed_rows": True})
     assert config_mod.batch_fields(asked) == "row_mask"  # switched on by hand too: still once
+
+
+def test_max_message_bytes_is_the_megabytes_setting_in_bytes() -> None:
+    """The sockets' frame limit and the plan's wire check read the one conversion."""
+    assert load(None, {"pipeline.max_message_mb": 3}).pipeline.max_message_bytes == 3 * 1024 * 1024
