@@ -19,8 +19,8 @@ written: a missing manifest, a missing file, a size or checksum mismatch is a
 :class:`CheckpointError` naming the file (one line for the user), and nothing in the
 run directory is changed.
 
-The TensorFlow part holds whatever the trainer exposes as ``trackables`` (a dict of
-name -> trackable, e.g. ``{"model": ..., "optimizer": ...}``; an attribute or a method)
+The TensorFlow part holds whatever the trainer's ``trackables()`` returns (a dict of
+name -> trackable, e.g. ``{"model": ..., "optimizer": ...}``: :class:`Checkpointed`)
 plus ``step``. Restoring uses ``tf.train.Checkpoint.read``, whose deferred restoration
 fills variables as they are created (Keras builds a model and its optimizer slots at
 the first step). A trainer without trackables (``synthetic:MS``) gets a checkpoint
@@ -55,7 +55,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from .plan import EpochPlanner, InputPosition, PositionError
 from ...shared import runfiles
@@ -300,10 +300,19 @@ class Checkpointer:
 
 
 # --------------------------------------------------------------------------- the run's hooks
-def _trackables_of(trainer: Any) -> dict[str, Any] | None:
-    trackables = getattr(trainer, "trackables", None)
-    if callable(trackables):
-        trackables = trackables()
+class Checkpointed(Protocol):
+    """A trainer as its checkpoints see it (the trainers of consumer/training/trainer.py are
+    ones): its name, whether it runs TensorFlow, and what a checkpoint must hold to continue it
+    exactly, name -> trackable (None: nothing beyond the step and input position)."""
+
+    name: str
+    uses_tensorflow: bool
+
+    def trackables(self) -> dict[str, Any] | None: ...
+
+
+def _trackables_of(trainer: Checkpointed) -> dict[str, Any] | None:
+    trackables = trainer.trackables()
     if trackables is not None and "step" in trackables:
         raise ValueError("a trainer's trackables must not be named 'step' (the checkpoint's own step)")
     return dict(trackables) if trackables else None
@@ -428,18 +437,18 @@ class RunCheckpoints:
         return mine[max(steps)] if steps else None
 
     # ------------------------------------------------------------ training
-    def attach(self, trainer: Any) -> None:
+    def attach(self, trainer: Checkpointed) -> None:
         """Take the trainer's trackables; restore them when resuming."""
         self._trackables = _trackables_of(trainer)
         self._attached = True
         saved_state = self.resumed.state if self.resumed is not None else None
         if self._trackables is None:
-            if getattr(trainer, "uses_tensorflow", False):
+            if trainer.uses_tensorflow:
                 log.warning("trainer %s exposes no trackables: checkpoints hold the step and input position, "
-                            "not the model", getattr(trainer, "name", "?"))
+                            "not the model", trainer.name)
             if saved_state:
                 raise CheckpointError(f"checkpoint {self.resumed.path} holds {saved_state} but trainer "
-                                      f"{getattr(trainer, 'name', '?')} exposes no trackables to restore")
+                                      f"{trainer.name} exposes no trackables to restore")
             return
         import tensorflow as tf
 

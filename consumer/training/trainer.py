@@ -11,6 +11,8 @@ A trainer (the ``Trainer`` protocol) has these methods, which the consumer's tra
                                 loop syncs with the device, once per logging interval
     health() -> Health          non-finite steps (skipped), read at the same point
     stats() -> dict             figures for summary.json
+    trackables() -> dict|None   what a checkpoint holds to continue it (consumer/pipeline/checkpoint.py,
+                                Checkpointed); None: the step and input position only
     received                    with ``record``: each step's rows as the step received them
                                 (shared/batch.py row_identities), for the loop to write to
                                 trained.jsonl and clear
@@ -21,10 +23,11 @@ TensorBoard and checkpoints:
 
     prepare(shapes)             trace the step for every bucket shape, before the first batch
     stage_one(arrays) -> staged a batch, whole, onto the first device (validation, prediction)
-    evaluate(staged) -> loss    the loss over validation batches (its terms: evaluated_terms)
+    evaluate(batches) -> loss   the loss over staged validation batches, all their valid frames
+                                together (None without batches; its terms: evaluated_terms)
     predict(arrays) -> outputs  the model's outputs on one batch (the validation image)
     learning_rate() -> float    the optimizer's rate now
-    trackables() -> dict        what a checkpoint holds (consumer/pipeline/checkpoint.py)
+    trackables() -> dict        the model, its weights and the optimizer
     resolved_terms              each resolved step's loss terms (set by resolve)
 
 ``synthetic:MS`` holds each step for MS milliseconds without using the CPU (it sleeps
@@ -83,6 +86,7 @@ import numpy as np
 
 from . import tts
 from .tts import ModelError
+from ..pipeline.checkpoint import Checkpointed
 from ...shared.batch import IDENTIFYING, OPTIONAL, row_identities
 from ...shared.config import Config, batch_schema
 from ...shared.tfsetup import device_stager, replica_stager
@@ -100,8 +104,8 @@ class Health:
     bad_total: int  # steps skipped for a non-finite loss in the whole run
 
 
-class Trainer(Protocol):
-    """What the training loop asks of every trainer (module docstring)."""
+class Trainer(Checkpointed, Protocol):
+    """What the training loop asks of every trainer (module docstring), its checkpoints too."""
 
     name: str
     uses_tensorflow: bool
@@ -169,6 +173,10 @@ class SyntheticTrainer:
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    def trackables(self) -> None:
+        """Nothing: a checkpoint holds the step and the input position only."""
+        return None
 
 
 def choose_precision(setting: str, on_gpu: bool) -> str:

@@ -153,6 +153,9 @@ class Fake:
     name = "fake"
     uses_tensorflow = False
 
+    def trackables(self) -> None:
+        return None
+
 
 def run_checkpoints(run_dir: Path, plan_of: EpochPlanner, model: str = "synthetic:1",
                     fingerprint: str = "data-1") -> RunCheckpoints:

@@ -1,4 +1,4 @@
-"""The TensorFlow part of consumer/pipeline/checkpoint.py: a trainer's ``trackables`` (a small Keras
+"""The TensorFlow part of consumer/pipeline/checkpoint.py: a trainer's ``trackables()`` (a small Keras
 model and its optimizer) saved with the step and restored into fresh objects."""
 
 from __future__ import annotations
@@ -23,21 +23,18 @@ PLANNER = EpochPlanner(make_samples(20, seed=5), BatchingConfig(batch_size=4, nu
 
 
 class KerasTrainer:
-    """A minimal trainer exposing ``trackables`` as the consumer's trainers do."""
+    """A minimal trainer exposing ``trackables()`` as the consumer's trainers do."""
 
     name = "keras-test"
     uses_tensorflow = True
 
-    def __init__(self, as_method: bool = False) -> None:
+    def __init__(self) -> None:
         keras.utils.set_random_seed(1)
         self.model = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
         self.optimizer = keras.optimizers.Adam(1e-2)
         self.x = tf.constant(np.linspace(-1, 1, 24, dtype=np.float32).reshape(8, 3))
         self.y = tf.reduce_sum(self.x, axis=1, keepdims=True)
-        if as_method:
-            self.trackables = lambda: {"model": self.model, "optimizer": self.optimizer}
 
-    @property
     def trackables(self) -> dict:
         return {"model": self.model, "optimizer": self.optimizer}
 
@@ -47,13 +44,6 @@ class KerasTrainer:
         grads = tape.gradient(loss, self.model.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return float(loss)
-
-
-class MethodTrainer(KerasTrainer):
-    trackables = None  # replaced per instance by a method
-
-    def __init__(self) -> None:
-        super().__init__(as_method=True)
 
 
 def checkpoints(run_dir, planner: EpochPlanner = PLANNER, fingerprint: str = "data-1") -> RunCheckpoints:
@@ -72,15 +62,14 @@ def three_steps_saved(trainer: Any, tmp_path: Path) -> Path:
     return saving.save(3)
 
 
-@pytest.mark.parametrize("trainer_cls", [KerasTrainer, MethodTrainer])
-def test_model_optimizer_and_step_are_restored(tmp_path, trainer_cls):
-    first = trainer_cls()
+def test_model_optimizer_and_step_are_restored(tmp_path):
+    first = KerasTrainer()
     path = three_steps_saved(first, tmp_path)
     assert sorted(p.name for p in path.iterdir()) == ["MANIFEST.json", "position.json", "state.data-00000-of-00001",
                                                       "state.index"]
     expected = [first.step() for _ in range(2)]  # what training goes on to do from step 3
 
-    second = trainer_cls()  # fresh weights; Keras builds them (and the optimizer's slots) at the first step
+    second = KerasTrainer()  # fresh weights; Keras builds them (and the optimizer's slots) at the first step
     resuming = checkpoints(tmp_path)
     assert resuming.resume().step == 3
     resuming.attach(second)
@@ -108,6 +97,9 @@ def test_a_fresh_plan_restores_the_model_and_optimizer_over_a_changed_dataset(tm
 def test_checkpoint_without_model_state_cannot_restore_a_model(tmp_path):
     class Stateless:
         name, uses_tensorflow = "stateless", False
+
+        def trackables(self) -> None:
+            return None
 
     saving = checkpoints(tmp_path)
     saving.attach(Stateless())
