@@ -205,7 +205,7 @@ class TrainerConfig:
     weight_decay: float  # AdamW's decoupled weight decay (optimizer: adamw)
     learning_rate: float  # peak learning rate, reached after the warm-up
     warmup_steps: int  # optimizer updates of linear learning-rate warm-up
-    lr_decay: str  # after the warm-up: cosine | cosine_restarts | noam | constant (consumer/training/trainer.lr_at)
+    lr_decay: str  # after the warm-up: cosine | cosine_restarts | noam | constant (consumer/training/optim.lr_at)
     min_lr_frac: float
     restart_steps: int  # cosine_restarts: optimizer updates per cycle
     grad_accum: int  # batches whose gradients are summed into one update

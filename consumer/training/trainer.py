@@ -42,9 +42,9 @@ docs/MODELS.md):
   shape (B, L, T), traced when that shape first arrives; the plan has at most
   ``batching.num_buckets`` shapes, so tracing is bounded, and a shape beyond them is
   traced too, counted as a retrace and logged as a warning. The update (accumulate,
-  skip if non-finite, clip, Adam): one graph traced once, since gradients have the
-  variables' shapes whatever the bucket (the optimizer's many small ops made a
-  per-bucket trace twice as slow).
+  skip if non-finite, clip, Adam: consumer/training/optim.py, ``Update``): one graph
+  traced once, since gradients have the variables' shapes whatever the bucket (the
+  optimizer's many small ops made a per-bucket trace twice as slow).
 - XLA (``jit_compile``) on a GPU by default (``trainer.jit_compile``).
 - Mixed precision on a GPU by default (``trainer.precision: auto`` -> ``mixed_float16``
   with dynamic loss scaling via Keras' LossScaleOptimizer); float32 on the CPU.
@@ -64,19 +64,14 @@ docs/MODELS.md):
   with the step's loss in one fetch (``resolved_terms``).
 - Global-norm gradient clipping (``trainer.clip_norm``); ``trainer.optimizer`` Adam, AdamW
   or the user's; a linear warm-up, then ``lr_decay`` (cosine over the run's budget, cosine
-  with restarts, Noam, constant: ``lr_at``).
+  with restarts, Noam, constant: ``lr_at``; consumer/training/optim.py).
 - A step whose loss is NaN or inf is skipped inside the graph (no update, no
   accumulation) and counted; the loop stops after ``trainer.max_bad_steps`` in a row.
-
-One file of some 580 lines: the Keras trainer is one object whose step, update, schedule,
-checks and figures share its state; the synthetic trainer beside it is the same contract
-in 30 lines.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -85,6 +80,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from . import tts
+from .optim import Update, make_optimizer
 from .tts import ModelError
 from ..pipeline.checkpoint import Checkpointed
 from ...shared.batch import IDENTIFYING, OPTIONAL, row_identities
@@ -191,54 +187,9 @@ def choose_jit_compile(setting: bool | None, on_gpu: bool) -> bool:
     return on_gpu if setting is None else setting
 
 
-class _FloatOps:
-    """math-like functions on floats, for ``lr_at`` outside the graph."""
-
-    minimum, maximum, cos, sqrt = staticmethod(min), staticmethod(max), staticmethod(math.cos), staticmethod(math.sqrt)
-    mod = staticmethod(math.fmod)
-
-
-def lr_at(step: Any, peak: float, warmup: int, total: int | None, decay: str, min_frac: float,
-          ops: Any = _FloatOps, restart: int = 1) -> Any:
-    """Learning rate at optimizer update ``step`` (0-based), with s = step + 1:
-
-    - the warm-up: linear up to ``peak`` over ``warmup`` updates (none when 0), then
-    - ``constant``: ``peak``;
-    - ``cosine``: a half cosine from ``peak`` down to ``min_frac x peak`` at update ``total``
-      (the run's budget; without one it stays at the peak);
-    - ``cosine_restarts``: the same half cosine over cycles of ``restart`` updates, each
-      starting again at the peak (SGDR);
-    - ``noam``: ``peak x min(s / warmup, sqrt(warmup / s))``: the transformer's schedule
-      (Vaswani et al.), scaled so that it peaks at ``peak`` at the end of the warm-up.
-
-    ``ops``: minimum, maximum, cos, sqrt and mod for floats (default), or for tensors
-    (``_TensorOps``).
-    """
-    s = step + 1.0
-    if decay == "noam":
-        w = float(max(warmup, 1))
-        return peak * ops.minimum(s / w, ops.sqrt(w / s))
-    warm = ops.minimum(1.0, s / max(warmup, 1)) if warmup else 1.0
-    if decay == "cosine_restarts":
-        progress = ops.mod(ops.maximum(0.0, s - warmup), float(restart)) / restart
-    elif decay == "cosine" and total and total > warmup:
-        progress = ops.minimum(1.0, ops.maximum(0.0, (s - warmup) / (total - warmup)))
-    else:
-        return peak * warm
-    cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
-    return peak * warm * (min_frac + (1.0 - min_frac) * cosine)
-
-
-class _TensorOps:
-    """math-like functions on tensors, for ``lr_at`` inside the graph."""
-
-    def __init__(self, tf: Any) -> None:
-        self.minimum, self.maximum, self.cos, self.sqrt = tf.minimum, tf.maximum, tf.cos, tf.sqrt
-        self.mod = tf.math.floormod
-
-
 class KerasTrainer:
-    """A Keras text-to-mel model, its loss, optimizer and schedule (module docstring)."""
+    """A Keras text-to-mel model and its training step (module docstring); its optimizer, schedule
+    and update graph are consumer/training/optim.py's."""
 
     uses_tensorflow = True
 
@@ -258,13 +209,45 @@ class KerasTrainer:
 
         t = cfg.trainer
         self.tf = tf
-        # Made first: TensorFlow requires the multi-worker strategy before any other op.
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy() if multi_worker else None
+        self.cfg = cfg
+        self.name = t.model
         self.vocab_size = vocab_size
         self.schema = batch_schema(cfg)
-        self.cfg = cfg
-        self.record = cfg.trainer.record_samples
+        self.record = t.record_samples
         self.received: list[list[dict[str, Any]]] = []
+        self._place(tf, device, multi_worker)
+        on_gpu = "GPU" in self.device.upper()
+        self.precision = choose_precision(t.precision, on_gpu)
+        self.jit_compile = choose_jit_compile(t.jit_compile, on_gpu)
+        if self.precision != "float32" and not on_gpu:
+            log.warning("trainer.precision=%s on the CPU: mixed precision is slow there", self.precision)
+        keras.mixed_precision.set_global_policy(self.precision)
+        tf.random.set_seed(t.seed)
+        keras.utils.set_random_seed(t.seed)
+        self.accum = t.grad_accum
+        self.bucket_shapes = len(shapes)
+        self.loss_mode = t.loss
+        self.loss_scaling = self.precision == "mixed_float16"
+        self.total_updates = -(-total_batches // self.accum) if total_batches else None
+        with self._placed():
+            self._build(shapes[0] if shapes else (cfg.batching.batch_size, cfg.batching.tokens_multiple,
+                                                  cfg.batching.frames_multiple))
+            if optimizer is None:
+                optimizer = make_optimizer(keras, tf, t, self.total_updates)
+            elif not isinstance(optimizer, keras.optimizers.Optimizer):
+                optimizer = optimizer()  # made here, in the strategy's scope where there are replicas
+            self.optimizer = keras.optimizers.LossScaleOptimizer(optimizer) if self.loss_scaling else optimizer
+            self._updater = Update(tf, self.optimizer, self.model.trainable_variables, self.accum)
+        self._compile()
+        log.info("model %s: %s trainable parameters; precision %s%s; XLA %s; gradient accumulation %d; "
+                 "%d replica(s) on %s", t.model, f"{self.param_count:,}", self.precision,
+                 " with loss scaling" if self.loss_scaling else "", "on" if self.jit_compile else "off", self.accum,
+                 len(self.devices), ", ".join(self.devices))
+
+    def _place(self, tf: Any, device: str | Sequence[str], multi_worker: bool) -> None:
+        """The devices of the replicas and their strategy (None for one device)."""
+        # Made first: TensorFlow requires the multi-worker strategy before any other op.
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy() if multi_worker else None
         self.devices = [device] if isinstance(device, str) else list(device)
         if self.strategy is not None:
             local = list(self.strategy.extended.worker_devices)
@@ -276,34 +259,29 @@ class KerasTrainer:
         elif len(self.devices) > 1:
             self.strategy = tf.distribute.MirroredStrategy(self.devices)
         self.device = self.devices[0]  # validation and prediction run here
-        self.name = t.model
-        on_gpu = "GPU" in self.device.upper()
-        self.precision = choose_precision(t.precision, on_gpu)
-        self.jit_compile = choose_jit_compile(t.jit_compile, on_gpu)
-        if self.precision != "float32" and not on_gpu:
-            log.warning("trainer.precision=%s on the CPU: mixed precision is slow there", self.precision)
-        keras.mixed_precision.set_global_policy(self.precision)
-        tf.random.set_seed(t.seed)
-        keras.utils.set_random_seed(t.seed)
-        self.accum = t.grad_accum
-        self.bucket_shapes = len(shapes)
-        batch, tokens, frames = shapes[0] if shapes else (cfg.batching.batch_size, cfg.batching.tokens_multiple,
-                                                          cfg.batching.frames_multiple)
+
+    def _build(self, shape: tuple[int, int, int]) -> None:
+        """The model built and called once on a batch of ``shape`` (B, L, T) split over the
+        replicas (which makes its variables), its outputs and its loss checked against the contract."""
+        cfg, t = self.cfg, self.cfg.trainer
         n_mels = cfg.features.n_mels
-        with self._placed():
-            self.model = tts.build(t.model, vocab_size, n_mels)
-            # Build the variables and check the contract on a batch of the first bucket's shape.
-            batch //= len(self.devices)  # a replica's batch
-            dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, vocab_size, self.schema,
-                                     cfg.features.hop_length, cfg.batching.ref_frames)
-            result = self._first_call(dummy, (batch, tokens, frames, n_mels))
-            tts.check_outputs(t.model, result, batch, frames, n_mels)
-            self.loss_mode = t.loss
-            self.user_loss = import_function(t.loss, "trainer.loss", ModelError)[0] if t.loss not in ("mel", "model") else None
-            self.term_names = self._check_loss(tts.outputs_of(result), dummy)
-            self.validation_training = bool(getattr(self.model, "validation_training", False))
-            self.param_count = tts.count_params(self.model)
-            self._make_optimizer(keras, optimizer, total_batches)
+        batch, tokens, frames = shape
+        batch //= len(self.devices)  # a replica's batch
+        self.model = tts.build(t.model, self.vocab_size, n_mels)
+        dummy = tts.dummy_inputs(batch, tokens, frames, n_mels, -1.0, self.vocab_size, self.schema,
+                                 cfg.features.hop_length, cfg.batching.ref_frames)
+        result = self._first_call(dummy, (batch, tokens, frames, n_mels))
+        tts.check_outputs(t.model, result, batch, frames, n_mels)
+        self.user_loss = import_function(t.loss, "trainer.loss", ModelError)[0] if t.loss not in ("mel", "model") \
+            else None
+        self.term_names = self._check_loss(tts.outputs_of(result), dummy)
+        self.validation_training = bool(getattr(self.model, "validation_training", False))
+        self.param_count = tts.count_params(self.model)
+
+    def _compile(self) -> None:
+        """The stagers and the step's graphs: forward/backward (traced per bucket shape, on first
+        use), the update (traced once, here) and validation's loss."""
+        tf = self.tf
         self._stage_one = device_stager(tf, self.device)
         self._function = tf.function(self._grad_fn, jit_compile=self.jit_compile, reduce_retracing=False)
         if self.strategy is not None:
@@ -313,7 +291,7 @@ class KerasTrainer:
         else:
             self._stage = self._stage_one
         with tf.device(self.device):
-            self._update = tf.function(self._update_fn, jit_compile=self.jit_compile).get_concrete_function(
+            self._update = tf.function(self._updater, jit_compile=self.jit_compile).get_concrete_function(
                 tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32),
                 tf.TensorSpec([len(self.term_names)], tf.float32),
                 [tf.TensorSpec(v.shape, v.dtype) for v in self.model.trainable_variables])
@@ -323,10 +301,6 @@ class KerasTrainer:
         self.evaluated_terms: dict[str, float] = {}  # the last validation's loss terms (evaluate)
         self.traces = 0  # incremented by the Python body of the step, i.e. once per trace
         self.retraces = 0  # traces of shapes beyond the plan's bucket shapes
-        log.info("model %s: %s trainable parameters; precision %s%s; XLA %s; gradient accumulation %d; "
-                 "%d replica(s) on %s", t.model, f"{self.param_count:,}", self.precision,
-                 " with loss scaling" if self.loss_scaling else "", "on" if self.jit_compile else "off", self.accum,
-                 len(self.devices), ", ".join(self.devices))
 
     def _placed(self) -> Any:
         """Where variables are made: the strategy's scope (mirrored on every replica's device)
@@ -360,29 +334,6 @@ class KerasTrainer:
                              f"{tts.explain(exc, t.model, self.precision)}; {tts.CONTRACT}") from exc
         return result
 
-    def _make_optimizer(self, keras: Any, optimizer: Any, total_batches: int | None) -> None:
-        """The optimizer (trainer.optimizer and its schedule, loss-scaled under mixed_float16),
-        built, and the variables of accumulation and of the non-finite guard."""
-        tf = self.tf
-        updates = -(-total_batches // self.accum) if total_batches else None
-        self.total_updates = updates
-        if optimizer is None:
-            optimizer = self._optimizer(keras, self._schedule(keras, updates))
-        elif not isinstance(optimizer, keras.optimizers.Optimizer):
-            optimizer = optimizer()  # made here, in the strategy's scope where there are replicas
-        self.loss_scaling = self.precision == "mixed_float16"
-        if self.loss_scaling:
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        self.optimizer = optimizer
-        variables = self.model.trainable_variables
-        self.optimizer.build(variables)
-        self._grad_sums = ([tf.Variable(tf.zeros_like(v), trainable=False, name="grad_sum") for v in variables]
-                           if self.accum > 1 else [])
-        self._frames_sum = tf.Variable(0.0, trainable=False, name="frames_sum")
-        self._micro = tf.Variable(0, trainable=False, dtype=tf.int64, name="micro_step")
-        self._bad_in_row = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_in_row")
-        self._bad_total = tf.Variable(0, trainable=False, dtype=tf.int64, name="bad_total")
-
     def _check_loss(self, out: dict[str, Any], batch: dict[str, Any]) -> list[str]:
         """The names of the loss terms, from the loss of the first batch; ModelError (one line)
         when trainer.loss cannot be computed from this model's outputs."""
@@ -404,42 +355,6 @@ class KerasTrainer:
         if not bool(tf.math.is_finite(numerator)):
             log.warning("the loss of the first (dummy) batch is not finite: %s", float(numerator))
         return list(terms)
-
-    def _optimizer(self, keras: Any, schedule: Any) -> Any:
-        """trainer.optimizer: Adam, AdamW (decoupled weight decay) or the user's own."""
-        t = self.cfg.trainer
-        clip = t.clip_norm or None
-        if t.optimizer == "adam":
-            return keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=clip)
-        if t.optimizer == "adamw":
-            return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=t.weight_decay, global_clipnorm=clip)
-        builder = import_function(t.optimizer, "trainer.optimizer", ModelError)[0]
-        try:
-            optimizer = builder(learning_rate=schedule)
-        except Exception as exc:  # the user's code: named with the contract, in one line
-            raise ModelError(f"trainer.optimizer {t.optimizer}: {tts.explain(exc, t.optimizer)}; it is called as "
-                             f"fn(learning_rate=schedule) and returns a keras optimizer") from exc
-        if not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise ModelError(f"trainer.optimizer {t.optimizer} returned {type(optimizer).__name__}, not a keras "
-                             f"optimizer; it is called as fn(learning_rate=schedule)")
-        if clip and getattr(optimizer, "global_clipnorm", None) is None:
-            optimizer.global_clipnorm = clip  # trainer.clip_norm holds for the user's optimizer too
-        return optimizer
-
-    def _schedule(self, keras: Any, updates: int | None) -> Any:
-        t = self.cfg.trainer
-        ops = _TensorOps(self.tf)
-        tf = self.tf
-
-        class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
-            def __call__(self, step: Any) -> Any:
-                return lr_at(tf.cast(step, tf.float32), t.learning_rate, t.warmup_steps, updates,
-                             t.lr_decay, t.min_lr_frac, ops, t.restart_steps)
-
-            def get_config(self) -> dict[str, Any]:
-                return {}
-
-        return WarmupCosine()
 
     # -- the step -------------------------------------------------------------------------
 
@@ -464,10 +379,6 @@ class KerasTrainer:
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
         return numerator, valid, grads, means
 
-    def _apply(self, grads: list[Any], frames: Any) -> None:
-        denom = self.tf.maximum(frames, 1.0)
-        self.optimizer.apply([g / denom for g in grads], self.model.trainable_variables)
-
     def _grad_fn(self, *arrays: Any) -> Any:
         """Forward and backward of one batch (its arrays in the schema's order): (loss
         numerator, valid frames, gradient numerators, each term's numerator). Traced once per
@@ -488,49 +399,6 @@ class KerasTrainer:
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
         return total(numerator), total(valid), [total(g) for g in grads], total(sums)
-
-    def _update_fn(self, numerator: Any, valid: Any, term_sums: Any, grads: list[Any]) -> Any:
-        """Apply (or accumulate) one batch's gradients, skipping a non-finite loss; return
-        [loss, each term's mean] of the batch.
-
-        Its inputs have the variables' shapes whatever the bucket, so it is traced once:
-        the optimizer's many small ops are traced and optimised one time, not per bucket.
-        """
-        tf = self.tf
-        loss = numerator / tf.maximum(valid, 1.0)
-        finite = tf.math.is_finite(loss)
-
-        def skip() -> Any:
-            return tf.constant(False)
-
-        if self.accum == 1:
-            def update() -> Any:
-                self._apply(grads, valid)
-                return tf.constant(True)
-
-            tf.cond(finite, update, skip)
-        else:
-            def accumulate() -> Any:
-                for total, g in zip(self._grad_sums, grads):
-                    total.assign_add(g)
-                self._frames_sum.assign_add(valid)
-                return tf.constant(True)
-
-            def update_accumulated() -> Any:
-                self._apply([s.read_value() for s in self._grad_sums], self._frames_sum.read_value())
-                for total in self._grad_sums:
-                    total.assign(tf.zeros_like(total))
-                self._frames_sum.assign(0.0)
-                self._micro.assign(0)
-                return tf.constant(True)
-
-            tf.cond(finite, accumulate, skip)
-            self._micro.assign_add(1)
-            tf.cond(self._micro >= self.accum, update_accumulated, skip)
-        bad = tf.cast(tf.logical_not(finite), tf.int64)
-        self._bad_in_row.assign((self._bad_in_row + bad) * bad)
-        self._bad_total.assign_add(bad)
-        return tf.concat([loss[None], term_sums / tf.maximum(valid, 1.0)], axis=0)
 
     def _eval_fn(self, *arrays: Any) -> Any:
         """The loss as training computes it, on the teacher-forced batch (the mel given as
@@ -624,7 +492,7 @@ class KerasTrainer:
         return [float(row[0]) for row in values]
 
     def health(self) -> Health:
-        return Health(int(self._bad_in_row.numpy()), int(self._bad_total.numpy()))
+        return Health(*self._updater.bad_steps())
 
     def learning_rate(self) -> float:
         lr = self.optimizer.learning_rate

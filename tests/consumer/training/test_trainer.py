@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from stoker.consumer.training import trainer as trainers
-from stoker.consumer.training.trainer import (Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision,
-                                              lr_at)
+from stoker.consumer.training.optim import lr_at
+from stoker.consumer.training.trainer import (Health, KerasTrainer, ModelError, choose_jit_compile, choose_precision)
 from stoker.shared import config as config_mod
 from stoker.shared.mel import pad_values
 from tests.factories import TOKEN_IDS, make_batch
