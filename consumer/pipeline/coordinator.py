@@ -33,7 +33,9 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from .buffer import BatchQueue
-from .plan import EpochPlanner, InputPosition, ReferenceTable, TokenTable
+from .lease_tables import ReferenceTable, TokenTable
+from .plan import EpochPlanner
+from .position import InputPosition
 from .scheduler import Scheduler, ValidationSet
 from ...shared import wire
 from ...shared.config import Config

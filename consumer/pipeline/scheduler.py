@@ -22,7 +22,7 @@ leases: their planned batches go back to the front of the pending list, and the 
 free lease slot of a live producer takes them. A lease not prepared within
 ``lease_timeout_s`` is revoked (REVOKE) and re-planned. That keeps "every valid sample
 exactly once per epoch" while any producer is alive. A resumed run passes its input
-position (consumer/pipeline/plan.InputPosition): planning starts at its first open epoch and
+position (consumer/pipeline/position.InputPosition): planning starts at its first open epoch and
 leases only the planned batches (or the parts of them) not trained at the checkpoint.
 
 Misses: a producer that does not have a leased clip (deleted, or an unfinished copy)
@@ -89,7 +89,9 @@ from typing import Any, Callable
 
 from .buffer import BatchQueue, QueuedBatch, QueueFull
 from .pending import Pending
-from .plan import EpochPlanner, InputPosition, PlannedBatch, ReferenceTable, TokenTable
+from .lease_tables import ReferenceTable, TokenTable
+from .plan import EpochPlanner, PlannedBatch
+from .position import InputPosition
 from ...producer.transforms import load_user
 from ...shared import wire
 from ...shared.batch import FRAMES, batch_dims
@@ -212,7 +214,7 @@ class Scheduler:
         self._last_beat = now
         self._outbox: list[Outgoing] = []
         self._pending = Pending()
-        # A resumed run leases only what its checkpoint's input position left (consumer/pipeline/plan.InputPosition).
+        # A resumed run leases only what its checkpoint's input position left (consumer/pipeline/position.py).
         self.resume = resume
         self._next_epoch = resume.first_open() if resume is not None else 0
         self._next_lease = 1

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from stoker.consumer.pipeline.buffer import BatchQueue
-from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable, validation_batches
+from stoker.consumer.pipeline.lease_tables import TokenTable
+from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
 from stoker.consumer.pipeline.peers import DISCONNECT_GRACE_S
 from stoker.consumer.pipeline.scheduler import MAX_LEASE_FAILURES, Scheduler, ValidationSet
 from stoker.shared import wire

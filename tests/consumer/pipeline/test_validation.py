@@ -10,7 +10,8 @@ import pytest
 
 from stoker.consumer.pipeline import validation
 from stoker.consumer.pipeline.buffer import BatchQueue
-from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable, validation_batches
+from stoker.consumer.pipeline.lease_tables import TokenTable
+from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
 from stoker.consumer.pipeline.scheduler import Scheduler, ValidationSet
 from stoker.producer.audio import load_audio
 from stoker.producer.batches import BatchMaker
