@@ -16,7 +16,9 @@ from stoker.consumer.pipeline.buffer import BatchQueue
 from stoker.consumer.pipeline.lease_tables import TokenTable
 from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
 from stoker.consumer.pipeline.peers import DISCONNECT_GRACE_S
-from stoker.consumer.pipeline.scheduler import MAX_LEASE_FAILURES, Scheduler, ValidationSet
+from stoker.consumer.pipeline.leases import ValidationSet
+from stoker.consumer.pipeline.replan import MAX_LEASE_FAILURES
+from stoker.consumer.pipeline.scheduler import Scheduler
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import Reference, Sample, build_index, deferred, describe_copy
@@ -491,7 +493,7 @@ def test_a_clip_a_workers_producer_lacks_is_rejected_not_replanned_into_an_extra
     assert [r.id for r in b.rejected] == [missing] and "missing on host test" in b.rejected[0].reason
     # what is left to do is the rest of the plan, each planned batch once: no extra batch for the clip
     left = [(m.epoch, m.index) for m in b.take(b"lacking", wire.LEASE)]
-    left += [(batch.epoch, batch.index) for batch in b.scheduler._pending]
+    left += [(batch.epoch, batch.index) for batch in b.scheduler.replan.pending]
     rest = [(0, batch.index) for batch in b.scheduler.planner.plan(0) if batch.index != lease.index]
     assert sorted(left) == sorted(rest)
 
@@ -558,7 +560,7 @@ def test_a_validation_pass_gives_every_held_out_clip_once_beside_a_full_training
     b.hello(b"p2")
     while b.work(b"p1") + b.work(b"p2"):  # the training queue fills; the trainer, validating, takes none
         pass
-    training = {lease.id: lease.batch for lease in b.scheduler._leases.values()}
+    training = {lease.id: lease.batch for lease in b.scheduler.leases}
     queued = b.queue.positions()
     assert len(queued) == 2 and len(training) == 4  # both producers' slots hold ready batches, no credit
     for number in (1, 2):
@@ -581,14 +583,14 @@ def test_a_validation_pass_gives_every_held_out_clip_once_beside_a_full_training
         assert {item.epoch for item in got} == {-number}
         assert sorted(i for item in got for i in item.ids) == sorted(s.id for s in HELD)  # each once per pass
         assert b.queue.positions() == queued  # no validation batch in the training queue, none taken from it
-        p1 = [b.scheduler._leases[i] for i in b.scheduler.peers.live[b"p1"].leases]
+        p1 = [b.scheduler.leases[i] for i in b.scheduler.peers.live[b"p1"].leases]
         assert all(training[lease.id] == lease.batch for lease in p1 if lease.batch.epoch >= 0)  # untouched
         assert not [m for m in b.take(b"p1", wire.REVOKE) if m.lease in training]
     trained = b.drain_queue()
     while b.work(b"p1"):
         trained += b.drain_queue()
     assert sorted(trained) == sorted([*IDS, *IDS])  # training: every clip once per epoch, no held-out one
-    assert not b.rejected and b.scheduler.reissued > 0
+    assert not b.rejected and b.scheduler.figures.reissued > 0
 
 
 def test_a_validation_pass_left_early_stops_leasing_and_the_next_one_is_whole() -> None:
@@ -600,7 +602,7 @@ def test_a_validation_pass_left_early_stops_leasing_and_the_next_one_is_whole() 
     b.scheduler.cancel_validation(1, b.now)
     b._collect()
     assert b.take(b"p1", wire.REVOKE) and b.scheduler.validation_finished == 1
-    assert all(lease.state == "credited" for lease in b.scheduler._leases.values())
+    assert all(lease.state == "credited" for lease in b.scheduler.leases)
     got = b.take_items(b.val_queue)  # the trainer skips what is left of pass 1
     b.scheduler.start_validation(2, b.now)
     b._collect()
