@@ -34,10 +34,15 @@ def test_a_plan_above_max_message_mb_is_refused_in_one_line() -> None:
                   "batching.batch_size"):
         assert named in line
     check_message_size(cfg, [(16, 40, 800), (1, 88, 310080)])  # 99 MB: it fits
-    # The limit is exact: the arrays and the header's room, against max_message_mb MiB.
+    # The limit is exact: the arrays and the header's room (shared/wire.header_bytes), against
+    # max_message_mb MiB. Short clips (T=10): a row's header room weighs, and counts.
     small = _message_cfg(pipeline={"max_message_mb": 1})
-    row = sum(message_bytes(small, 1, (8, 1000)).values()) + header_bytes(1, 80) - header_bytes(0, 80)
-    rows = ((1 << 20) - header_bytes(0, 80)) // row
-    check_message_size(small, [(rows, 8, 1000)])
+
+    def arrays(rows: int) -> int:
+        return sum(message_bytes(small, rows, (8, 10)).values())
+
+    rows = max(r for r in range(1, 1000) if arrays(r) + header_bytes(r, 80) <= 1 << 20)
+    check_message_size(small, [(rows, 8, 10)])
+    assert arrays(rows + 1) <= 1 << 20  # the arrays alone would fit: the header's room refuses them
     with pytest.raises(MessageTooLarge):
-        check_message_size(small, [(rows + 1, 8, 1000)])
+        check_message_size(small, [(rows + 1, 8, 10)])
