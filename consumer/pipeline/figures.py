@@ -15,6 +15,7 @@ from typing import Any
 
 from .leases import Lease
 from .peers import ProducerStats
+from .plan import PlannedBatch
 from ...shared import wire
 
 log = logging.getLogger("consumer.coordinator")
@@ -53,6 +54,8 @@ class Figures:
         self.missed = 0
         self.failovers: list[Failover] = []
         self._epoch_rejected: collections.Counter[int] = collections.Counter()
+        # (epoch, index) of a batch put back from a gone producer -> its failover, until leased again.
+        self._orphans: dict[tuple[int, int], Failover] = {}
 
     def count(self, reason: str, detail: str = "") -> None:
         """A message dropped for ``reason``."""
@@ -89,9 +92,15 @@ class Figures:
             if stats is not None:
                 stats.lacks = count
 
-    def leased(self, name: str, after_join_s: float, orphan: Failover | None, now_unix: float) -> None:
-        """A lease went to producer ``name`` ``after_join_s`` after it joined; ``orphan``: the
-        failover whose batch it took over."""
+    def orphaned(self, batch: PlannedBatch, failover: Failover | None) -> None:
+        """``batch`` was put back from the gone producer of ``failover`` (None: not from one)."""
+        if failover is not None:
+            self._orphans[(batch.epoch, batch.index)] = failover
+
+    def leased(self, name: str, batch: PlannedBatch, after_join_s: float, now_unix: float) -> None:
+        """``batch`` was leased to producer ``name`` ``after_join_s`` after it joined (at
+        ``now_unix``): a gone producer's batch counts as re-issued for its failover."""
+        orphan = self._orphans.pop((batch.epoch, batch.index), None)
         with self.lock:
             stats = self.producers.get(name)
             if stats is not None and stats.first_lease_ms is None:

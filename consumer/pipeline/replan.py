@@ -115,10 +115,11 @@ class Replanner:
         self.validation_pending.clear()
 
     # ------------------------------------------------------------ putting back
-    def put_back(self, leases: list[Lease], orphaned: Callable[[PlannedBatch], None], failure: str = "") -> int:
+    def put_back(self, leases: list[Lease], failure: str, orphaned: Callable[[PlannedBatch], None]) -> int:
         """Released leases' batches back at the front of their pending list, in plan order;
-        ``orphaned(batch)`` notes each training batch put back; ``failure``: how their leases
-        failed (a batch that failed so MAX_LEASE_FAILURES times is rejected). The batches put back."""
+        ``failure``: how their leases failed (a batch that failed so MAX_LEASE_FAILURES times is
+        rejected; "": not a failure); ``orphaned(batch)`` notes each training batch put back. How
+        many were put back."""
         batches, checks = [], []
         for lease in leases:
             validation = is_validation(lease.batch)

@@ -89,7 +89,6 @@ class Scheduler:
         self.credits = Credits(queue, validation.queue if validation is not None else None, self.leases,
                                self.replan, self.ordered, self._send)
         self.validation_finished = 0  # the last pass finished (read by the trainer's thread)
-        self._orphans: dict[tuple[int, int], Failover] = {}  # re-planned batches of a gone producer
         self._max_bytes = cfg.pipeline.max_message_mb << 20
 
     # ------------------------------------------------------------ figures for the trainer
@@ -273,8 +272,7 @@ class Scheduler:
         lease = self.leases.issue(batch, peer.identity, self._now)
         peer.leases.add(lease.id)
         self._send(peer.identity, self.writer.message(lease, peer.remote))
-        orphan = self._orphans.pop((batch.epoch, batch.index), None)
-        self.figures.leased(peer.name, self._now - peer.joined_t, orphan, time.time())
+        self.figures.leased(peer.name, batch, self._now - peer.joined_t, time.time())
 
     def _assign(self, peer: Peer) -> None:
         """Fill the peer's free lease slots: the pass's batches in slots of their own beside the
@@ -319,12 +317,7 @@ class Scheduler:
             if peer is not None:
                 peer.leases.discard(lease_id)
             released.append(lease)
-
-        def orphaned(batch: PlannedBatch) -> None:
-            if orphaned_by is not None:
-                self._orphans[(batch.epoch, batch.index)] = orphaned_by
-
-        reissued = self.replan.put_back(released, orphaned, failure)
+        reissued = self.replan.put_back(released, failure, lambda batch: self.figures.orphaned(batch, orphaned_by))
         if failure and self.replan.validation_pass:
             self._check_validation_done()  # its last batch may have been rejected
         if reissued:
