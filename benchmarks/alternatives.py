@@ -26,7 +26,7 @@ epoch, each batch padded to its bucket shape [B, L] / [B, T, F]. Same preprocess
 read the WAV, the log-mel of ``producer/features.py`` computed by its TensorFlow ops
 (the ``tf.function`` of :class:`producer.features.MelComputer`, which is what
 ``log_mel_spectrogram`` runs; stoker's producers run it with ``features.backend=tf``),
-token ids from the index's vocabulary (``consumer.pipeline.plan.TokenTable``, as the leases carry
+token ids from the index's vocabulary (``consumer.pipeline.lease_tables.TokenTable``, as the leases carry
 them; for the tf.data variants put into the plan's tensors, since a Python tokenizer
 cannot run in a tf.data service worker), padding with the same values. stoker's own default computes the same
 definition without TensorFlow (the issue's "tf.data service ... needs the TF-op version
@@ -85,7 +85,8 @@ import numpy as np
 import psutil
 
 from .common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, spread, table
-from ..consumer.pipeline.plan import EpochPlanner, TokenTable
+from ..consumer.pipeline.lease_tables import TokenTable
+from ..consumer.pipeline.plan import EpochPlanner
 from ..producer.audio import load_audio
 from ..producer.features import MelComputer, pad_value
 from ..shared.batch import SCHEMA, batch_dims, collate

@@ -97,7 +97,8 @@ import numpy as np
 import soundfile
 
 from .common import DEMO_DATA, BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
-from ..consumer.pipeline.plan import EpochPlanner, TokenTable
+from ..consumer.pipeline.lease_tables import TokenTable
+from ..consumer.pipeline.plan import EpochPlanner
 from ..producer.audio import load_audio
 from ..producer.batches import BatchMaker, Prepared
 from ..producer.features import log_mel_spectrogram_numpy, resolve_backend

@@ -61,7 +61,8 @@ import numpy as np
 
 import stoker
 from .data import make_clips
-from ..consumer.pipeline.plan import EpochPlanner, TokenTable
+from ..consumer.pipeline.lease_tables import TokenTable
+from ..consumer.pipeline.plan import EpochPlanner
 from ..producer.audio import load_audio
 from ..producer.features import log_mel_spectrogram_numpy
 from ..shared import config as config_mod

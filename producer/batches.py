@@ -81,7 +81,7 @@ class BatchMaker:
     """Turns one lease into the frames of a BATCH message.
 
     Per clip: the token ids the lease carries (the trainer tokenizes: see
-    consumer/pipeline/plan.TokenTable); the log-mel from the feature cache when
+    consumer/pipeline/lease_tables.TokenTable); the log-mel from the feature cache when
     one is configured and holds a valid entry, else from the audio (read, downmixed,
     resampled, then transformed with the other clips of the batch at once, and stored
     in the cache). With the optional fields on: the waveform (``audio``), and the log-mel of

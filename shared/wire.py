@@ -91,6 +91,20 @@ CONFIG_VERSION = 1
 # header (a batch of 64 ids is ~2 KiB) and small enough that a hostile one costs nothing.
 MAX_HEADER_BYTES = 1 << 20
 
+# Room a BATCH message keeps beside its arrays, under pipeline.max_message_mb, for its header:
+# its fixed fields and figures (lease, timings, cache counts), plus per row an id and, for a
+# clip rejected, its reason (the coordinator keeps 300 characters), plus the mel statistics (two
+# float64 per channel, 9 bytes each in msgpack). A real header is below this.
+HEADER_FIXED_BYTES = 4 << 10
+HEADER_ROW_BYTES = 384
+HEADER_CHANNEL_BYTES = 18
+
+
+def header_bytes(rows: int, n_mels: int) -> int:
+    """The most a BATCH header of ``rows`` rows and ``n_mels`` mel channels takes."""
+    return HEADER_FIXED_BYTES + HEADER_ROW_BYTES * rows + HEADER_CHANNEL_BYTES * n_mels
+
+
 # At most this many arrays per message: a batch has four; the bound stops a header
 # from making the receiver build thousands of views.
 MAX_ARRAYS = 16

@@ -29,7 +29,7 @@ of the step and input position only, and TensorFlow is never imported.
 checkpoints and cannot make the input position and the model state one atomic unit,
 and the synthetic trainer has no TensorFlow to run it.
 
-The input position (consumer/pipeline/plan.InputPosition, beside the planner whose plans it
+The input position (consumer/pipeline/position.InputPosition, over the planner whose plans it
 follows) is saved as its ``state_dict()`` in ``position.json``: which planned batches of
 which epochs were trained, so a resume trains each of them once.
 
@@ -57,7 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from .plan import EpochPlanner, InputPosition, PositionError
+from .plan import EpochPlanner
+from .position import InputPosition, PositionError
 from ...shared import runfiles
 from ...shared.runfiles import CKPT_DIR, VOCAB
 from ...shared.config import Config

@@ -33,8 +33,11 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from .buffer import BatchQueue
-from .plan import EpochPlanner, InputPosition, ReferenceTable, TokenTable
-from .scheduler import Scheduler, ValidationSet
+from .lease_tables import ReferenceTable, TokenTable
+from .leases import ValidationSet
+from .plan import EpochPlanner
+from .position import InputPosition
+from .scheduler import Scheduler
 from ...shared import wire
 from ...shared.config import Config
 from ...shared.dataset import Reference

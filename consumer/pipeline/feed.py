@@ -68,10 +68,12 @@ from .buffer import BatchQueue, QueuedBatch
 from .checkpoint import RunCheckpoints, trim_step_log
 from .coordinator import Coordinator
 from .handout import Confirmed, HandOutLedger
-from .plan import (EpochPlanner, InputPosition, PlannedBatch, PositionError, ReferenceTable,
-                                  TokenTable, check_message_size, validation_batches)
+from .lease_tables import ReferenceTable, TokenTable
+from .leases import ValidationSet
+from .message_size import check_message_size
+from .plan import EpochPlanner, PlannedBatch, validation_batches
+from .position import InputPosition, PositionError
 from .progress import LiveLine
-from .scheduler import ValidationSet
 from .telemetry import Telemetry
 from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared import config as config_mod

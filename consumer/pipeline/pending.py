@@ -5,7 +5,7 @@ At the front, the batches already made: put back (a lease released or revoked), 
 leased yet. Behind them, the rest of the planned epochs (consumer/pipeline/plan.EpochPlan),
 made a batch at a time as they are reached, so that pending work costs the plan's arrays,
 not a Python object per batch of an epoch of millions of clips. A resumed run's input
-position (plan.InputPosition) leaves out what its checkpoint trained as batches are made.
+position (consumer/pipeline/position.py) leaves out what its checkpoint trained as batches are made.
 
 Every batch made from a plan precedes, in (epoch, index) order, the plan's batches not made
 yet, so an order kept among the made ones (trainer workers' plan order) holds for the whole.
@@ -17,7 +17,8 @@ import collections
 import itertools
 from typing import Callable, Iterable
 
-from .plan import EpochPlan, InputPosition, PlannedBatch
+from .plan import EpochPlan, PlannedBatch
+from .position import InputPosition
 
 
 class Pending:

@@ -20,7 +20,7 @@ validation pass (consumer/pipeline/feed.py ``FeedCore.validation_pass``: ``feed.
 ``stoker.Feed``, and stoker's own trainer every ``trainer.val_every_steps``). They are
 planned once (consumer/pipeline/plan.validation_batches: each clip in the smallest training bucket
 shape that holds it, so a model traced for the training shapes traces nothing new) and,
-at each pass, leased by the coordinator (consumer/pipeline/scheduler.py, "Validation passes") with
+at each pass, leased by the coordinator (docs/DESIGN.md, "Validation passes") with
 lease slots and credits of their own, into a queue of their own of
 :data:`VALIDATION_QUEUE_CAPACITY` batches (a feed stages them onto the model device like
 training batches). Every held-out clip is in exactly one batch per pass, also when a

@@ -23,7 +23,7 @@ import pytest
 
 import stoker
 from stoker.consumer.pipeline.feed import FeedStateError
-from stoker.consumer.pipeline.plan import MessageTooLarge
+from stoker.consumer.pipeline.message_size import MessageTooLarge
 from stoker.feed import FeedError
 from stoker.shared.runlock import RunLocked
 from tests.factories import make_dataset

@@ -14,7 +14,8 @@ import pytest
 from stoker.consumer.pipeline.checkpoint import (CKPT_DIR, MANIFEST, POSITION, CheckpointError, Checkpointer,
                                                  RunCheckpoints, checkpoint_name, trim_step_log)
 from stoker.consumer.pipeline import checkpoint as checkpoint_module
-from stoker.consumer.pipeline.plan import EpochPlanner, InputPosition, PositionError
+from stoker.consumer.pipeline.plan import EpochPlanner
+from stoker.consumer.pipeline.position import InputPosition, PositionError
 from stoker.shared import wire
 from stoker.shared.config import BatchingConfig, Config
 from stoker.shared.runfiles import RunFileError

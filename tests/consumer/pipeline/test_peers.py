@@ -11,7 +11,7 @@ import pytest
 
 from stoker.consumer.pipeline.peers import DISCONNECT_GRACE_S
 from stoker.shared import wire
-from tests.consumer.pipeline.test_scheduler import IDS, Bench
+from tests.consumer.pipeline.scheduler_bench import IDS, Bench
 
 # Far above DISCONNECT_GRACE_S: a closed connection, not the silence, must be what ends a producer.
 HEARTBEAT_TIMEOUT_S = 10.0

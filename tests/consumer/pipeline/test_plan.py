@@ -11,11 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from stoker.consumer.pipeline.plan import (EpochPlanner, InputPosition, MessageTooLarge, check_message_size,
-                                          frame_budget_bounds, group_buckets, header_bytes, make_buckets,
-                                          message_bytes, rows_for)
+from stoker.consumer.pipeline.plan import EpochPlanner, frame_budget_bounds, group_buckets, make_buckets, rows_for
+from stoker.consumer.pipeline.position import InputPosition
 from stoker.consumer.pipeline.shard_order import top_shard_share
-from stoker.shared.config import BatchingConfig, FeaturesConfig, from_dict
+from stoker.shared.config import BatchingConfig, FeaturesConfig
 from stoker.shared.dataset import Sample, SampleTable
 from stoker.shared.mel import pad_values
 from tests.factories import make_samples
@@ -308,57 +307,6 @@ def test_frame_budget_off_keeps_the_fixed_plan() -> None:
     assert max(sizes) - min(sizes) <= 1
 
 
-# ------------------------------------------------------------------ input position
-
-
-def test_position_marks_an_epoch_complete_when_every_sample_is_trained_or_rejected() -> None:
-    from stoker.consumer.pipeline.plan import InputPosition
-
-    samples = make_samples(40, seed=21)
-    planner = EpochPlanner(samples, _cfg(batch_size=8))
-    position = InputPosition(planner)
-    plan = planner.plan(0)
-    for batch in plan[:-1]:
-        position.record(0, batch.ids)
-    rejected = {0: 0}
-    assert position.update_complete(1, rejected.get) == 0
-    assert position.trained(0) == 40 - len(plan[-1].ids)
-    rejected[0] = len(plan[-1].ids)  # the last batch's clips were all rejected meanwhile
-    assert position.update_complete(1, rejected.get) == 1 and position.complete == {0}
-    assert position.trained(0) == planner.samples_per_epoch
-    # The state round-trips through JSON; a fresh epoch opens where the last one ended.
-    import json
-
-    again = InputPosition.from_state_dict(json.loads(json.dumps(position.state_dict())), planner)
-    assert again.complete == {0} and again.first_open() == 1 and again.remaining(planner.plan(1)) == planner.plan(1)
-    copy = position.copy()
-    copy.record(1, plan[0].ids)
-    assert position.trained(1) == 0 and copy.trained(1) == len(plan[0].ids)
-
-
-# ------------------------------------------------------------------ references (ref_mel)
-
-
-def test_references_are_another_clip_of_the_same_speaker_fixed_per_epoch() -> None:
-    from stoker.consumer.pipeline.plan import ReferenceTable
-
-    samples = [Sample(f"A{i}", "x", 5, 50, 1.0, speaker="anna") for i in range(6)] + \
-              [Sample(f"B{i}", "x", 5, 50, 1.0, speaker="bob") for i in range(3)] + \
-              [Sample("C0", "x", 5, 50, 1.0, speaker="carl")]
-    table = ReferenceTable(samples, seed=7)
-    ids = [s.id for s in samples]
-    speaker = {s.id: s.speaker for s in samples}
-    first = table(0, ids)
-    assert first == table(0, ids) == ReferenceTable(list(reversed(samples)), seed=7)(0, ids)  # a pure function
-    assert table(0, ids[3:5]) == first[3:5]  # of each clip alone, not of its batch
-    for sample_id, ref in zip(ids, first):
-        assert speaker[ref] == speaker[sample_id]
-        assert ref != sample_id or sample_id == "C0"  # only a speaker's single clip is its own reference
-    epochs = [tuple(table(e, ids)) for e in range(6)]
-    assert len(set(epochs)) > 1  # another epoch, other references
-    assert ReferenceTable(samples, seed=8)(0, ids) != first
-
-
 @pytest.mark.parametrize(("samples", "cfg"), [CASES[0], CASES[5], CASES[7]], ids=["rows", "budget", "budget-short"])
 def test_with_replicas_a_batch_holds_a_replica_batch_for_each_in_one_shape(samples, cfg) -> None:
     """A planned batch is one step's: N replica batches of the bucket's B rows, every sample
@@ -393,77 +341,6 @@ def test_workers_share_every_global_batch_and_train_each_sample_once(samples, cf
         ids = [i for p in plans for b in p for i in b.ids]
         assert sorted(ids) == sorted(s.id for s in samples)
         assert sum(w.samples_in(epoch) for w in workers) == len(samples)
-
-
-def test_a_workers_position_counts_planned_batches_taken_even_empty_ones() -> None:
-    samples = make_samples(9, seed=21)
-    planner = EpochPlanner(samples, _cfg(batch_size=4, num_buckets=1), workers=2, worker=1)
-    plan = planner.plan(0)  # 9 clips in global batches of 8: the second's share for worker 1 is empty
-    assert [len(b.ids) for b in plan] == [4, 0]
-    position = InputPosition(planner)
-    assert [b.index for b in position.remaining(plan)] == [0, 1]
-    position.record(0, plan[0].ids[:3], index=plan[0].index)  # one of its clips was rejected: still done
-    assert [b.index for b in position.remaining(plan)] == [1] and position.update_complete(1, lambda e: 0) == 0
-    position.record(0, [], index=plan[1].index)
-    assert position.remaining(plan) == [] and position.update_complete(1, lambda e: 0) == 1
-    again = InputPosition.from_state_dict(position.state_dict(), planner)
-    assert again.complete == {0}
-
-
-@pytest.mark.parametrize("fixed", [False, True], ids=["real-rows", "fixed-rows"])
-def test_a_partly_trained_batch_resumes_with_only_its_untrained_rows(fixed: bool) -> None:
-    """On resume a planned batch cut to its untrained clips keeps index, bucket and shape; its
-    B is those clips (only real rows) unless rows are fixed."""
-    samples = make_samples(40, seed=21)
-    planner = EpochPlanner(samples, _cfg(batch_size=8, fixed_rows=fixed))
-    position = InputPosition(planner)
-    plan = planner.plan(0)
-    position.record(0, plan[0].ids[:3])
-    position.record(0, plan[1].ids, clips=plan[1].clips)  # rows given by the batch, or looked up: the same
-    state = position.state_dict()
-    assert state["open"]["0"] == {"done": [plan[1].index], "ids": sorted(plan[0].ids[:3])}  # named by id
-    again = InputPosition.from_state_dict(state, planner)
-    left = again.remaining(plan)
-    assert position.copy().remaining(plan) == left and position.copy().state_dict() == state
-    assert [b.index for b in left] == [0] + [b.index for b in plan[2:]]
-    cut = left[0]
-    assert cut.ids == plan[0].ids[3:] and (cut.bucket, cut.shape) == (plan[0].bucket, plan[0].shape)
-    assert cut.rows == (8 if fixed else 5)
-    assert sorted([*plan[0].ids[:3], *plan[1].ids, *(i for b in left for i in b.ids)]) == sorted(s.id for s in samples)
-
-
-def _message_cfg(**sections):
-    return from_dict({"features": {"n_mels": 80, "hop_length": 256}, **sections})
-
-
-def test_message_bytes_is_every_field_at_the_bucket_dims() -> None:
-    # B=4, L=88, T=310080 (a one-hour clip at hop 256): the issue's bucket, ~397 MB of mel.
-    plain = message_bytes(_message_cfg(), 4, (88, 310080))
-    assert plain == {"tokens": 4 * 88 * 4, "token_lengths": 16, "mel": 4 * 310080 * 80 * 4, "mel_lengths": 16}
-    assert 396 < plain["mel"] / 1e6 < 398
-    with_audio = message_bytes(_message_cfg(batching={"fields": "audio,ref_mel", "ref_frames": 100}), 2, (8, 10))
-    assert with_audio["audio"] == 2 * 10 * 256 * 4  # S = T x hop_length
-    assert with_audio["ref_mel"] == 2 * 100 * 80 * 4  # R = batching.ref_frames
-    assert with_audio["audio_lengths"] == with_audio["ref_mel_lengths"] == 2 * 4
-
-
-def test_a_plan_above_max_message_mb_is_refused_in_one_line() -> None:
-    cfg = _message_cfg(pipeline={"max_message_mb": 256})
-    with pytest.raises(MessageTooLarge) as refused:
-        check_message_size(cfg, [(16, 40, 800), (4, 88, 310080), (1, 88, 310080)])
-    line = str(refused.value)
-    assert "\n" not in line
-    for named in ("(B=4, L=88, T=310080", "pipeline.max_message_mb=256", "data.max_audio_s", "batching.max_frames",
-                  "batching.batch_size"):
-        assert named in line
-    check_message_size(cfg, [(16, 40, 800), (1, 88, 310080)])  # 99 MB: it fits
-    # The limit is exact: the arrays and the header's room, against max_message_mb MiB.
-    small = _message_cfg(pipeline={"max_message_mb": 1})
-    row = sum(message_bytes(small, 1, (8, 1000)).values()) + header_bytes(small, 1) - header_bytes(small, 0)
-    rows = ((1 << 20) - header_bytes(small, 0)) // row
-    check_message_size(small, [(rows, 8, 1000)])
-    with pytest.raises(MessageTooLarge):
-        check_message_size(small, [(rows + 1, 8, 1000)])
 
 
 def _sharded(count: int, per_shard: int, seed: int = 3) -> tuple[list[Sample], dict[str, int]]:

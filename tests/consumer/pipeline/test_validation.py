@@ -10,8 +10,10 @@ import pytest
 
 from stoker.consumer.pipeline import validation
 from stoker.consumer.pipeline.buffer import BatchQueue
-from stoker.consumer.pipeline.plan import EpochPlanner, TokenTable, validation_batches
-from stoker.consumer.pipeline.scheduler import Scheduler, ValidationSet
+from stoker.consumer.pipeline.lease_tables import TokenTable
+from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
+from stoker.consumer.pipeline.leases import ValidationSet
+from stoker.consumer.pipeline.scheduler import Scheduler
 from stoker.producer.audio import load_audio
 from stoker.producer.batches import BatchMaker
 from stoker.producer.features import log_mel_spectrogram_numpy
