@@ -33,7 +33,7 @@ def check_message_size(cfg: Config, shapes: Iterable[tuple[int, int, int]]) -> N
     training and validation) is over ``pipeline.max_message_mb`` with its header: the
     coordinator's socket would drop every producer that sends it (MessageTooLarge, one line
     naming the bucket, its size and the settings that fix it)."""
-    limit = cfg.pipeline.max_message_mb << 20
+    limit = cfg.pipeline.max_message_bytes
     sized = [(sum(message_bytes(cfg, b, (l, t)).values()) + header_bytes(b, cfg.features.n_mels), (b, l, t))
              for b, l, t in shapes]
     if not sized:

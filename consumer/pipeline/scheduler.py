@@ -89,7 +89,7 @@ class Scheduler:
         self.credits = Credits(queue, validation.queue if validation is not None else None, self.leases,
                                self.replan, self.ordered, self._send)
         self.validation_finished = 0  # the last pass finished (read by the trainer's thread)
-        self._max_bytes = cfg.pipeline.max_message_mb << 20
+        self._max_bytes = cfg.pipeline.max_message_bytes
 
     # ------------------------------------------------------------ figures for the trainer
     def alive(self) -> int:
