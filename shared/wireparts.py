@@ -95,7 +95,7 @@ def _header_value(value: Any) -> Any:
 
 
 def _type_name(annotation: Any) -> str:
-    """A field's type as the module docstring's table writes it."""
+    """A field's type as shared/wire.py's docstring table writes it."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is Any:
         return "any"
@@ -172,7 +172,7 @@ class Part:
 
     @classmethod
     def field_table(cls) -> str:
-        """The fields as the module docstring's table lists them: ``name: type``, optional ones
+        """The fields as shared/wire.py's docstring table lists them: ``name: type``, optional ones
         in brackets, after the required ones."""
         hints = typing.get_type_hints(cls)
         required, optional = [], []
