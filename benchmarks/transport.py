@@ -291,7 +291,7 @@ def protocol_sender(shape: tuple[int, int], ep_q: Any, res_q: Any, done: Any, ti
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
-    sock.copy_threshold = wire.COPY_THRESHOLD_BYTES  # as producer/worker.py sets it
+    sock.copy_threshold = wire.COPY_THRESHOLD_BYTES  # as producer/link.py sets it
     try:
         endpoint = ep_q.get(timeout=timeout_s)
         arrays = make_batch(*shape)

@@ -164,36 +164,11 @@ class BatchMaker:
         member = is_locator(name)  # a tar shard's member or a Parquet row (shared/dataset/shards.py): not cached
         remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there)
         seconds = span[1:] if span is not None else None
-        expected = self._lease_sizes.get(sample_id)
-        indexed = self._lease_stamps.get(sample_id)
-        if (self.cache is not None or expected is not None or indexed is not None) and not member and not remote:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                st = None
-                changed = stamp_problem(relative_audio(sample_id, name), None, indexed)
-                if changed:
-                    raise AudioError(changed) from None
-            except OSError:
-                st = None  # load_audio says why
-            problem = size_problem(relative_audio(sample_id, name), st.st_size, expected) if st is not None else ""
-            if problem:
-                raise AudioMissing(problem)
-            changed = stamp_problem(relative_audio(sample_id, name), st, indexed) if st is not None else ""
-            if changed:
-                raise AudioError(changed)
-            if st is not None and self.cache is not None:
-                clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
-                clip.slot = None if clip.mel is not None else (name, st)
-                clip.source = (name, st)
+        checked = self._lease_sizes.get(sample_id) is not None or self._lease_stamps.get(sample_id) is not None
+        if (self.cache is not None or checked) and not member and not remote:
+            self._check_file(clip, name, path)
         elif self.cache is not None and remote and not member:  # a loose file at a URL: keyed by its version
-            # one request, none of the audio (None: read, not cached); looked up with the lease's others
-            file = span_file(name)
-            version = self._versions[file] if file in self._versions else object_version(file)
-            if version is not None:
-                clip.mel = self.cache.get(sample_id, name, *version)
-                clip.slot = None if clip.mel is not None else (name, _Version(*version))
-                clip.source = (name, _Version(*version))
+            self._look_up_at_url(clip, name)
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
             clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
                           load_url(span_file(name), self.features.sample_rate_hz, seconds) if remote else
@@ -208,6 +183,41 @@ class BatchMaker:
                                   {"file": name})
                 clip.audio, clip.fields, clip.uncut = done.audio, done.fields, self.chain.measures
         return clip
+
+    def _check_file(self, clip: _Clip, name: str, path: Path) -> None:
+        """A local file's byte size against the lease's (AudioMissing), its stamp against the
+        index's (AudioError), then its mel from the feature cache, keyed by size and mtime."""
+        sample_id = clip.id
+        indexed = self._lease_stamps.get(sample_id)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            changed = stamp_problem(relative_audio(sample_id, name), None, indexed)
+            if changed:
+                raise AudioError(changed) from None
+            return
+        except OSError:
+            return  # load_audio says why
+        problem = size_problem(relative_audio(sample_id, name), st.st_size, self._lease_sizes.get(sample_id))
+        if problem:
+            raise AudioMissing(problem)
+        changed = stamp_problem(relative_audio(sample_id, name), st, indexed)
+        if changed:
+            raise AudioError(changed)
+        if self.cache is not None:
+            clip.mel = self.cache.get(sample_id, name, st.st_size, st.st_mtime_ns)
+            clip.slot = None if clip.mel is not None else (name, st)
+            clip.source = (name, st)
+
+    def _look_up_at_url(self, clip: _Clip, name: str) -> None:
+        """A loose file at a URL: its mel from the feature cache, keyed by the file's version (one
+        request, none of the audio; None: read, not cached), looked up with the lease's others."""
+        file = span_file(name)
+        version = self._versions[file] if file in self._versions else object_version(file)
+        if version is not None:
+            clip.mel = self.cache.get(clip.id, name, *version)
+            clip.slot = None if clip.mel is not None else (name, _Version(*version))
+            clip.source = (name, _Version(*version))
 
     def _text(self, sample_id: str) -> str:
         return self._lease_texts.get(sample_id, self.texts.get(sample_id, ""))

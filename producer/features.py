@@ -1,105 +1,18 @@
 """The log-mel spectrogram: the one definition used for training data and at inference.
 
-Every producer computes its training features here, and a user synthesising with a
-trained model must compute the same features the same way, so the definition is fixed
-and written down exactly. By default it matches librosa's
-``librosa.feature.melspectrogram(y, sr, n_fft, hop_length, win_length, window="hann",
-center=True, pad_mode="reflect", power=1.0, n_mels, fmin, fmax, htk=False,
-norm="slaney")`` followed by ``log(max(mel, log_floor))`` (librosa itself is not
-needed); the convention settings (``mel_scale``, ``filter_norm``, ``padding``, ``power``,
-``log``, ``log_offset``, ``top_db``) select the other common conventions, each step below
-saying what they change. With ``cfg = FeaturesConfig`` (``shared/config.py``):
+Every producer computes its training features here, and a user synthesising with a trained
+model must compute the same ones: by default librosa's ``melspectrogram(..., center=True,
+pad_mode="reflect", power=1.0, htk=False, norm="slaney")`` then ``log(max(mel, log_floor))``,
+the ``features`` settings (shared/config.py ``FeaturesConfig``) selecting the other common
+conventions; docs/DESIGN.md (The feature definition) writes it out step by step. Here
+:func:`log_mel_spectrogram_numpy` (the float64 reference), :class:`MelComputer` (the
+producer's batched computation, TensorFlow or numpy, or the user's ``features.user``) and
+:func:`log_mel_spectrogram` (the public function). TensorFlow is imported inside the
+functions that need it, so importing this module does not pay for it.
 
-Definition
-----------
-1. **Padding.** ``padding: reflect`` (default): the mono float signal x[n] (n samples,
-   n >= n_fft//2 + 1) is padded by ``n_fft // 2`` samples on both sides in *reflect* mode
-   (the edge sample is not repeated: ``[x2, x1, x0, x1, x2, ...]``, numpy's/TF's
-   ``"reflect"``); a clip of at most ``n_fft // 2`` samples cannot be reflected and is
-   refused with ValueError. ``constant``: the same with zeros (librosa's
-   ``pad_mode="constant"``). ``end``: no padding before the clip; after it the zeros its
-   last frame needs (tf.signal.stft's ``pad_end=True``). ``none``: no padding (librosa's
-   ``center=False``); a clip shorter than n_fft is refused. See
-   :func:`min_num_samples`.
-2. **Framing.** Frames of ``n_fft`` samples start every ``hop_length`` samples of the
-   padded signal, the last one being the last that fits entirely. Centred (reflect,
-   constant), frame t is centred on sample ``t * hop_length`` of the original signal and
-   the frame count is ``1 + n // hop_length`` (for an even n_fft, as in every shipped
-   config; in general ``1 + (n + 2 * (n_fft // 2) - n_fft) // hop_length``); otherwise
-   frame t starts on sample ``t * hop_length``, and there are ``ceil(n / hop_length)``
-   frames (end) or ``1 + (n - n_fft) // hop_length`` (none). See :func:`num_frames`.
-3. **Window.** A *periodic* Hann window of ``win_length`` samples,
-   ``w[k] = 0.5 - 0.5 * cos(2 * pi * k / win_length)``, k = 0 .. win_length-1
-   (scipy's ``get_window("hann", win_length, fftbins=True)``), zero-padded to n_fft and
-   *centred* in it: it starts at offset ``(n_fft - win_length) // 2``, as librosa's
-   ``pad_center`` does.
-4. **STFT.** ``S[t, f] = |rfft(frame_t * window)[f]| ** power``, f = 0 .. n_fft//2:
-   the magnitude (``power: 1``, default, librosa's ``power=1.0``) or the power (``2``).
-5. **Mel filterbank.** ``n_mels`` triangular filters. On the *Slaney* mel scale
-   (default, librosa's ``htk=False``, from Slaney's Auditory Toolbox: linear below
-   1 kHz, ``mel = 3 * f / 200``; logarithmic above, ``mel = 15 + 27 * ln(f / 1000) /
-   ln(6.4)``) or the *HTK* scale (``mel_scale: htk`` or ``tf``: ``mel = 2595 *
-   log10(1 + f / 700)``). The n_mels + 2 edge frequencies are equally spaced in mel between
-   ``fmin_hz`` and ``fmax_hz``; filter m rises linearly from edge m to edge m+1 and
-   falls to edge m+2, evaluated at the rfft bin frequencies ``k * sample_rate_hz /
-   n_fft``: linearly in Hz (slaney, htk: librosa's), or in mel (``tf``:
-   tf.signal.linear_to_mel_weight_matrix's). With ``filter_norm: slaney`` (default) each
-   filter is then *Slaney area normalised* (librosa's ``norm="slaney"``): multiplied by
-   ``2 / (edge[m+2] - edge[m])`` in Hz, so filters have roughly constant energy per
-   channel; ``none`` keeps triangles of peak 1. See :func:`mel_filterbank`.
-6. **Mel values.** ``M[t, m] = sum_f S[t, f] * fb[f, m]``.
-7. **Log.** ``L[t, m] = s * ln(max(M[t, m] + log_offset, log_floor))``: ``s = 1`` (``log:
-   ln``, default, the *natural* log), ``1 / ln 10`` (``log10``) or ``(20 / power) / ln 10``
-   (``db``: 10 log10 of a power, librosa's power_to_db / amplitude_to_db with ``amin =
-   log_floor``); the floor clamps silence (``log_floor = 1e-5`` gives a minimum of about
-   -11.51), the offset is an additive one (``log(x + 1e-6)``: ``log_offset: 1e-6,
-   log_floor: 0``). With ``top_db`` > 0 (dB only), each clip's values are then raised to
-   at least its maximum minus top_db.
-
-``features.user`` replaces the definition with the user's function (:class:`MelComputer`).
-
-Padding
--------
-When a batch pads spectrograms of different lengths to a common frame count, padded
-frames take the value of digital silence, ``s * ln(max(log_offset, log_floor))``
-(:func:`pad_value`; ``ln(log_floor)`` by default), not 0 (which would be a loud frame in
-log space); after ``transforms.mel_norm: clip_minmax``, 0 (shared/mel.py
-``mel_pad_value``).
-
-Shapes
-------
-Dimension legend used in the docstrings below:
-
-- ``N``: number of audio samples of one clip
-- ``B``: number of clips in one batched computation
-- ``T``: number of frames, ``num_frames(N, cfg)``
-- ``F``: number of rfft bins, ``n_fft // 2 + 1``
-- ``M``: number of mel channels, ``n_mels``
-
-Implementations
----------------
-- :func:`log_mel_spectrogram_numpy`: the plain numpy reference (explicit frames,
-  ``np.fft.rfft``), in float64 by default.
-- :class:`MelComputer`: the producer's batched computation, TensorFlow ops inside one
-  ``tf.function`` (backend ``"tf"``, optionally on a GPU) or numpy with scipy's
-  pocketfft in single precision (backend ``"numpy"``); ``"auto"`` (the default) is
-  ``"tf"`` in a process given a GPU, where TensorFlow is installed, of a run whose
-  batches go to TensorFlow (``trainer.framework``), and ``"numpy"`` otherwise
-  (:func:`resolve_backend`).
-- :func:`log_mel_spectrogram`: the public function (``from producer.features import
-  log_mel_spectrogram``), for inference and for anyone who needs the training features.
-  It runs the TensorFlow path where TensorFlow is installed, whatever ``cfg.backend``
-  says: the code producers run on the data GPU; without TensorFlow, the numpy backend.
-  On a CPU the numpy backend computes the same definition (both within float32 rounding
-  of the reference, see below) about twice as fast, which is why ``"auto"`` picks it there.
-
-Both paths are tested against the float64 reference (relative error on linear mel
-magnitudes <= 1e-4) and against ``librosa.feature.melspectrogram`` with the parameters
-above (<= 1e-3; tests/producer/test_features.py).
-
-TensorFlow is imported lazily, inside the functions that need it: importing this module
-does not import TensorFlow, so a process that only reads configs or uses the numpy
-backend does not pay for it.
+Shapes in the docstrings below: ``N`` samples of a clip, ``B`` clips in one batched
+computation, ``T`` frames (``num_frames(N, cfg)``), ``F`` rfft bins (``n_fft // 2 + 1``),
+``M`` mel channels (``n_mels``).
 """
 
 from __future__ import annotations
@@ -618,7 +531,7 @@ def _cached_computer(cfg: FeaturesConfig) -> MelComputer:
 def log_mel_spectrogram(audio: np.ndarray, cfg: FeaturesConfig = FeaturesConfig()) -> np.ndarray:
     """Log-mel spectrogram of one mono clip: [N] float audio at ``cfg.sample_rate_hz`` -> float32 [T, M].
 
-    The definition is the module docstring's; ``T = num_frames(N, cfg)``, ``M = n_mels``.
+    The definition is docs/DESIGN.md's (The feature definition); ``T = num_frames(N, cfg)``, ``M = n_mels``.
     Where TensorFlow is installed this runs the TensorFlow path (a :class:`MelComputer`,
     cached per config), whatever ``cfg.backend`` says: the code producers run on the data
     device, placed on TensorFlow's default device (a visible GPU, else the CPU); without

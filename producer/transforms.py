@@ -1,45 +1,12 @@
 """Producer transforms: what happens to a clip before its log-mel.
 
-In this order, each off by default (``transforms.*`` in the config):
-
-1. **the user's transforms** (``transforms.user``: ``package.module:function``, comma-separated),
-   each called as ``fn(audio=float32 [N], sample_rate_hz=int, text=str, sample_id=str,
-   speaker=int, language=int, metadata=dict)``. It returns None (nothing changed), a float32
-   1-D array (a changed waveform), or a dict that may hold ``"audio"`` (a changed waveform)
-   and the arrays of the batch fields the run declares in ``transforms.fields`` (for example
-   durations [L], pitch and energy [T]; each checked against its declaration, with T the
-   frame count of the waveform the transforms end with).
-2. **trim** (``trim_db``): leading and trailing frames whose energy is more than ``trim_db``
-   below the clip's loudest frame are cut (librosa.effects.trim's rule, on the mel's own
-   frames: the energy of frame t is that of its Hann-windowed samples, centred on sample
-   t x hop, or starting there when ``features.padding`` is end or none). The clip keeps
-   samples [first loud frame x hop, (last loud frame + 1) x hop) (without padding, to the
-   last loud frame's end: the samples of exactly the loud frames), and its log-mel is
-   frames [first loud frame, first + T) of the untrimmed clip's, T = ``num_frames`` of the
-   samples kept: the edge frames see the audio around the cut, as a
-   mel computed once and sliced does. Declared fields with a T dimension are cut the same way.
-3. **normalize**: ``peak`` scales the clip so that its largest sample is ``peak_dbfs``;
-   ``loudness`` so that its integrated loudness (ITU-R BS.1770-4: K-weighting, 400 ms blocks
-   overlapping by 75%, the absolute and relative gates) is ``loudness_lufs``, then limits the
-   peak to 0 dBFS. Silence stays silence. The loudness is measured on the mel's frames: the
-   K-weighting is applied as its filters' power response to each frame's spectrum, and a
-   block's energy is the sum of the frames it covers (:func:`frame_loudness`); on speech this
-   is within 0.01 LU of the time-domain measurement (pyloudnorm's), on bursty noise within
-   0.05 LU (tests/producer/test_transforms.py), inside the 0.1 LU a BS.1770 meter may differ
-   by (EBU Tech 3341).
-4. **pre-emphasis** (``preemphasis`` a): y[n] = x[n] - a x[n-1], y[0] = x[0], on the whole
-   scaled clip before the cut.
-
-Steps 2 and 3 measure the frames the log-mel is computed from (producer/features.py's
-``MelComputer.analyse``): the clip's spectrum is computed once, the levels are read from it,
-and the mel of the cut, scaled clip is its mel cut and scaled (:meth:`Chain.finish`). Only
-pre-emphasis needs a second spectrum, of the emphasised clip.
-
-A clip a transform cannot handle (a user transform that raises or returns the wrong dtype or
-shape) is rejected with the transform's error; the producer goes on. The whole chain (these
-settings and each user module's version: its ``__version__``, else a hash of its source) is
-part of the producers' agreement with the trainer and of the feature cache's key
-(:func:`chain_key`), so a changed chain never serves stale mels.
+In this order, each off by default (``transforms.*``): the user's transforms
+(``transforms.user``), trim (``trim_db``), normalize (peak or loudness) and pre-emphasis. Trim
+and loudness are measured on the frames the log-mel is computed from, so the mel of the cut,
+scaled clip is its mel cut and scaled (:meth:`Chain.finish`). A clip a transform cannot handle
+is rejected with the transform's error; the chain's settings and versions key the feature
+cache and the producers' agreement (:func:`chain_key`). docs/DESIGN.md (Producer transforms)
+has each step's rule.
 """
 
 from __future__ import annotations
@@ -252,7 +219,7 @@ class Finished:
 
 
 class Chain:
-    """The transforms of a run (module docstring): ``chain(audio, ...)`` runs the user's
+    """The transforms of a run (docs/DESIGN.md): ``chain(audio, ...)`` runs the user's
     transforms on one clip (and pre-emphasis, when nothing is measured); when the chain
     measures (:attr:`measures`: trim or normalize on), :meth:`finish` runs steps 2 to 4 on the
     clips of a batch and makes their log-mels."""

@@ -1,84 +1,12 @@
 """Dataset layouts: metadata bytes in, entries and rejections out (pure functions, no I/O).
 
-This module reads a dataset's metadata: shared/mixes.py's :func:`parse_entries` (the one
-reader, a mix's parts included) picks the layout by the metadata file's name. Every line that cannot be used becomes a
-:class:`Rejection` naming its line number and why, so no line is dropped silently and
-no fault in the data raises. Only a ``data.columns`` that cannot be right raises, a
-:class:`LayoutError` (a user mistake: one line to read).
-
-LJSpeech-style metadata (any other file name: ``metadata.csv``, ``metadata_train.csv``, ...)
-    One clip per line, fields separated by ``|``, UTF-8 (a leading byte order mark is
-    ignored; line ends may be ``\\n``, ``\\r\\n`` or ``\\r``; blank lines are skipped).
-    Values are stripped of surrounding spaces. Audio is ``wavs/<id>.<suffix>`` in the
-    dataset directory.
-
-    ``data.columns`` names the fields in order, separated by ``|``:
-
-    ===================  ==================================================================
-    ``id``               required: the audio file's name without the suffix (no ``/`` or
-                         ``\\``, no leading ``.``)
-    ``text``             the text spoken (a spec names ``text``, ``normalized_text`` or both)
-    ``normalized_text``  preferred to ``text`` when not empty (LJSpeech's third column)
-    ``speaker``          a name without tabs or other control characters; empty = the
-                         dataset's speaker
-    ``language``         a code such as ``fa``, ``en-us`` or ``pt_BR``: 2 to 16 letters,
-                         digits, ``-`` or ``_``; empty = ``text.language``
-    ``_``                a field to ignore (may repeat)
-    ===================  ==================================================================
-
-    For example ``data.columns: "id|speaker|text"`` or ``"id|_|text|language"``; every
-    line must then have exactly that many fields. The default, ``data.columns: ""``,
-    chooses by the number of fields:
-
-    - 2 fields: ``id|text``
-    - 3 fields: ``id|text|normalized_text`` (LJSpeech; 2- and 3-field lines may mix, but a
-      2-field line among 3-field ones whose id has no audio file is a line that lost a
-      field, and the index rejects it as malformed, not as a missing audio file)
-    - 5 fields: ``id|text|normalized_text|speaker|language``
-
-    The first line with 2, 3 or 5 fields decides whether the file has speaker and language
-    columns: if it has 5, every line must; if it has 2 or 3, none may. Other numbers of
-    fields are malformed lines: set ``data.columns`` for other forms.
-
-JSON-lines manifests (``*.jsonl``, ``*.json``; NeMo and Coqui style)
-    One JSON object per line, UTF-8, blank lines skipped::
-
-        {"audio_filepath": "wavs/a1.wav", "text": "Hello.", "duration": 1.7, "speaker": 3}
-
-    ===================  ==================================================================
-    ``audio_filepath``   required: relative to the dataset directory, absolute, or a URL
-                         (a manifest at a URL: relative to its directory there,
-                         shared/dataset/files.py ``resolve_audio``)
-    ``text``             required, a string (a line with only ``normalized_text`` is
-                         accepted too)
-    ``normalized_text``  preferred to ``text`` when not empty
-    ``speaker``          a string or an integer (made a string), as above
-    ``language``         a code, as above
-    ``duration``         seconds, a finite number: the clip's length as the index takes it,
-                         without opening its audio file (a clip whose audio is not that long
-                         is rejected when a producer reads it); without it the audio header
-                         tells
-    ``id``               a plain file name, as above. Without it, a clip's id is its audio
-                         file's name without the suffix, so two lines whose files share that
-                         name are duplicates
-    ===================  ==================================================================
-
-    ``null`` is the same as leaving an optional key out; other keys are ignored.
-
-Mixes of datasets (``*.yaml``, ``*.yml``)
-    Several datasets in one run: shared/mixes.py (``parse_mix_spec``).
-
-lhotse cut manifests (``*cuts*.jsonl``, ``*cuts*.jsonl.gz``)
-    A cut per line, each a clip (a window of a recording, its supervisions' text): shared/cuts.py
-    (``parse_cuts``). Otherwise read as a manifest is (:func:`is_manifest`).
-
-Rejected, each with its line number: a line that is not UTF-8; a metadata line with the
-wrong number of fields; a manifest line that is not a JSON object, lacks a required key or
-has one of the wrong type; an id, language code or speaker as above that is not usable; a
-duplicate id (the first line with it wins). A speaker or language left empty takes the
-dataset's default (the speaker ``default``, or a mix dataset's name; the language
-``text.language``, or a mix dataset's language). Whether a language code is one the text
-front-ends know is the index's question (shared/dataset/index.py), not the layout's.
+LJSpeech-style metadata (``metadata.csv`` or any other name, its fields named by
+``data.columns`` or told by their count) and JSON-lines manifests (``*.jsonl``, ``*.json``);
+shared/mixes.py's :func:`parse_entries` (the one reader, mixes of datasets included) picks the
+layout by the file's name, and lhotse cut manifests are shared/cuts.py's. Every line that
+cannot be used becomes a :class:`Rejection` naming its line and why; only a ``data.columns``
+that cannot be right raises (:class:`LayoutError`). docs/DESIGN.md (Data, Layouts) says what
+each layout's fields may hold.
 """
 from __future__ import annotations
 
@@ -363,7 +291,7 @@ def _count_problem(count: int, names: tuple[str, ...] | None) -> str:
 
 
 def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
-    """Parse LJSpeech-style metadata (module docstring); malformed lines become rejections, never
+    """Parse LJSpeech-style metadata (docs/DESIGN.md, Layouts); malformed lines become rejections, never
     exceptions. LayoutError only for a ``columns`` spec that cannot work."""
     names = parse_columns(columns) if columns else None
     layouts = ({count: _positions(auto) for count, auto in AUTO_COLUMNS.items()} if names is None
@@ -585,7 +513,7 @@ class ManifestColumns:
 
 
 def parse_manifest(raw: bytes, start_line: int = 1) -> tuple[list[Entry], list[Rejection]]:
-    """Parse a JSON-lines manifest (module docstring); faulty lines become rejections, never exceptions.
+    """Parse a JSON-lines manifest (docs/DESIGN.md, Layouts); faulty lines become rejections, never exceptions.
     ``start_line`` > 1: ``raw`` is a piece of a manifest cut at a line end, whose first line is that
     line of the file (a chunked index build: duplicate ids are then found within the piece only)."""
     c, rejected = manifest_columns(raw, start_line)

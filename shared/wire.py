@@ -1,24 +1,16 @@
-"""The wire protocol between producers and the consumer.
+"""The wire protocol between producers and the consumer: the framing and the typed messages.
 
 One message is a list of ZeroMQ frames, as in pyzmq's ``examples/serialization``:
 
     frame 0      msgpack map, the header: {"v": PROTOCOL_VERSION, "k": kind, "a": arrays, ...fields}
     frame 1..n   one raw buffer per array, C order, in the order of "a"
 
-``"a"`` is a list of ``[name, dtype, shape]`` triples. A receiver trusts nothing: the
-header must be a msgpack map within :data:`MAX_HEADER_BYTES`, name this protocol
-version and a known kind, list only allowed dtypes, and every array's declared size
-must equal its frame's length (:func:`decode`); then its fields must be those of its
-kind's message class, each of its type (:func:`parse`). Anything else raises
-:class:`ProtocolError` with a short reason that the consumer counts
-(``rejected_messages`` in summary.json) before dropping the message. Nothing is ever
-unpickled.
-
-Each kind is a frozen dataclass below (:data:`MESSAGES`): senders build one and send
-``msg.encode(arrays)``; receivers ``read(frames)`` (:func:`decode`, then :func:`parse`).
-A field with a default may be absent (and a None one is left out of the header); a
-sequence arrives as a tuple. The table (``[field]``: optional; tests/shared/test_wire.py
-checks it against the classes):
+``"a"`` is a list of ``[name, dtype, shape]`` triples. A receiver trusts nothing: the framing
+(:func:`decode`) and then the fields (:func:`parse`) are checked, and anything off raises
+:class:`ProtocolError` with a short reason the consumer counts; nothing is ever unpickled.
+Senders build a message and send ``msg.encode(arrays)``; receivers ``read(frames)``. The kinds
+(``[field]``: optional; an Entry is ``{id: str, [reason: str]}``; tests/shared/test_wire.py
+checks the table against the classes, whose docstrings say what each field means):
 
     HELLO      P->C  producer: str, host: str, pid: int, config: ConfigSchema, [launcher: int],
                      [session: str], [dataset: any]
@@ -41,17 +33,8 @@ checks it against the classes):
     BYE        P->C  [leases: [int]]
     STOP       C->P  reason: str
 
-What each field means is its class's docstring. An Entry is ``{id: str, [reason: str]}``;
-a ConfigSchema ``{version: int, sections: {str: [str]}}``; a ProducerConfig ``{version:
-int, features: {...}, transforms: {...}, faults: {...}}`` (those sections of
-shared/config.py, key by key). Joining: a producer's HELLO names its
-config schema (:class:`ConfigSchema`: :data:`CONFIG_VERSION` and the keys of each section
-it takes); the trainer refuses (REFUSE, one line on both sides, ``refused_producers`` in
-summary.json) a producer of another protocol version, or of another config version, or
-lacking a key of a section the trainer sends in WELCOME's :class:`ProducerConfig`. A
-REFUSE's header, ``{"v", "k": "refuse", "a": [], "reason"}``, is the same in every
-protocol version: the trainer answers a HELLO of another version with a REFUSE in that
-version (:class:`OtherVersion`), which any producer reads and exits on.
+
+docs/DESIGN.md (Protocol) has the checks, the joining and the versions.
 """
 
 from __future__ import annotations
@@ -59,15 +42,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import traceback
-import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, Mapping, Sequence, TypeVar
 
 import msgpack
 import numpy as np
 
 from .config import ConfigError, FaultsConfig, FeaturesConfig, TransformsConfig, section_from
+from .wireparts import FieldError, Part
 
 # 2: a LEASE carries the token ids of its clips (the trainer tokenizes; producers of version 1
 # tokenized themselves, with a fixed a-z vocabulary, and must not join).
@@ -271,6 +254,12 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
         raise ProtocolError("bad_header", "array list")
     if len(frames) != 1 + len(specs):
         raise ProtocolError("frame_count", f"{len(frames) - 1} frames for {len(specs)} arrays")
+    return Message(kind=kind, fields=header, arrays=_arrays(frames, specs, total, max_bytes))
+
+
+def _arrays(frames: Sequence[Any], specs: list[Any], total: int, max_bytes: int | None) -> dict[str, np.ndarray]:
+    """The arrays the header's specs declare, as read-only views on frames 1..n, each checked
+    against its frame's length; ``total``: the bytes counted so far against ``max_bytes``."""
     arrays: dict[str, np.ndarray] = {}
     for i, spec in enumerate(specs, 1):
         if type(spec) is not list or len(spec) != 3:
@@ -292,169 +281,10 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
             arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
         except ValueError:  # too many dimensions, or a dimension numpy cannot index (0-size)
             raise ProtocolError("bad_array", f"{name}: shape {shape}"[:200]) from None
-    return Message(kind=kind, fields=header, arrays=arrays)
+    return arrays
 
 
-# --------------------------------------------------------------------------- typed fields
-
-_Check = Callable[[str, Any], Any]
-
-
-def _bad(where: str, value: Any) -> ProtocolError:
-    return ProtocolError("bad_field", f"{where} = {value!r}"[:200])
-
-
-def _scalar(expected: type) -> _Check:
-    """``type() is``: msgpack builds plain types, and a bool is no int; an int is a float."""
-    def check(where: str, value: Any) -> Any:
-        if type(value) is expected:
-            return value
-        if expected is float and type(value) is int:
-            return float(value)
-        raise _bad(where, value)
-    return check
-
-
-def _any(where: str, value: Any) -> Any:
-    return value
-
-
-def _checker(annotation: Any) -> _Check:
-    """The check (and conversion: list -> tuple) of a field of this type hint."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is Any:
-        return _any
-    if annotation in (int, float, str, bool):
-        return _scalar(annotation)
-    if origin in (typing.Union, types.UnionType):  # X | None: the None is the field's absence
-        (inner,) = [a for a in args if a is not type(None)]
-        return _checker(inner)
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        item = _checker(args[0])
-
-        def sequence(where: str, value: Any) -> tuple[Any, ...]:
-            if type(value) is not list:
-                raise _bad(where, value)
-            return tuple([item(where, x) for x in value])
-        return sequence
-    if origin is tuple:
-        items = [_checker(a) for a in args]
-
-        def fixed(where: str, value: Any) -> tuple[Any, ...]:
-            if type(value) is not list or len(value) != len(items):
-                raise _bad(where, value)
-            return tuple([check(where, x) for check, x in zip(items, value)])
-        return fixed
-    if origin is dict:
-        key, item = _checker(args[0]), _checker(args[1])
-
-        def mapping(where: str, value: Any) -> dict[Any, Any]:
-            if type(value) is not dict:
-                raise _bad(where, value)
-            return {key(where, k): item(where, v) for k, v in value.items()}
-        return mapping
-    if isinstance(annotation, type) and hasattr(annotation, "from_header"):
-        return lambda where, value: annotation.from_header(value, where)
-    raise TypeError(f"no wire check for {annotation!r}")  # a message class's bug
-
-
-def _header_value(value: Any) -> Any:
-    """A field's value as msgpack packs it (a nested part as its map)."""
-    if hasattr(value, "to_header"):
-        return value.to_header()
-    if type(value) is tuple and value and hasattr(value[0], "to_header"):
-        return [v.to_header() for v in value]
-    return value
-
-
-def _type_name(annotation: Any) -> str:
-    """A field's type as the module docstring's table writes it."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is Any:
-        return "any"
-    if origin in (typing.Union, types.UnionType):
-        return _type_name(next(a for a in args if a is not type(None)))
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        return f"[{_type_name(args[0])}]"
-    if origin is tuple:
-        return "[" + ", ".join(_type_name(a) for a in args) + "]"
-    if origin is dict:
-        return f"{{{_type_name(args[0])}: {_type_name(args[1])}}}"
-    return annotation.__name__
-
-
-_PartT = TypeVar("_PartT", bound="Part")
-
-
-class Part:
-    """A dataclass carried as a msgpack map: its fields by name, each checked for its type on
-    the way in (``_fields``: name, check, whether it may be absent, its default)."""
-
-    _fields: ClassVar[list[tuple[str, _Check, bool, Any]]]
-
-    @classmethod
-    def _spec(cls) -> list[tuple[str, _Check, bool, Any]]:
-        if "_fields" not in cls.__dict__:
-            hints = typing.get_type_hints(cls)
-            spec = []
-            for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-                has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-                default = f.default if f.default is not dataclasses.MISSING else (
-                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-                spec.append((f.name, _checker(hints[f.name]), has_default, default))
-            cls._fields = spec
-        return cls._fields
-
-    def to_header(self) -> dict[str, Any]:
-        """The fields as a msgpack map; those None are left out."""
-        out = {}
-        for name, *_ in self._spec():
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = _header_value(value)
-        return out
-
-    @classmethod
-    def from_header(cls: type[_PartT], fields: Any, where: str = "") -> _PartT:
-        """The part from a received map: ProtocolError ``bad_field`` for a field missing or of
-        the wrong type (a field this class lacks is ignored), then the class's own checks."""
-        where = where or getattr(cls, "KIND", cls.__name__)
-        if type(fields) is not dict:
-            raise _bad(where, fields)
-        values = {}
-        try:  # the checks name only the field: formatting "kind.field" for every field costs microseconds
-            for name, check, optional, default in cls._spec():
-                value = fields.get(name)
-                if value is None:
-                    if not optional:
-                        raise _bad(name, value)
-                    values[name] = default
-                else:
-                    values[name] = check(name, value)
-        except ProtocolError as exc:
-            if exc.reason != "bad_field":
-                raise
-            raise ProtocolError(exc.reason, f"{where}.{exc.detail}"[:200]) from None
-        part = cls(**values)
-        problem = part.problem()
-        if problem:
-            raise ProtocolError("bad_field", f"{where}: {problem}"[:200])
-        return part
-
-    def problem(self) -> str:
-        """What is wrong with these values beyond their types (ranges, sizes); "" if nothing."""
-        return ""
-
-    @classmethod
-    def field_table(cls) -> str:
-        """The fields as the module docstring's table lists them: ``name: type``, optional ones
-        in brackets, after the required ones."""
-        hints = typing.get_type_hints(cls)
-        required, optional = [], []
-        for name, _, absent_ok, _ in cls._spec():
-            text = f"{name}: {_type_name(hints[name])}"
-            (optional if absent_ok else required).append(f"[{text}]" if absent_ok else text)
-        return ", ".join(required + optional)
+_BodyT = TypeVar("_BodyT", bound="Body")
 
 
 class Body(Part):
@@ -462,6 +292,15 @@ class Body(Part):
 
     KIND: ClassVar[str]
     SENDER: ClassVar[str]
+
+    @classmethod
+    def from_header(cls: type[_BodyT], fields: Any, where: str = "") -> _BodyT:
+        """The message from its received header fields; ProtocolError ``bad_field`` (naming the
+        field) or ``bad_config`` when they are not this kind's."""
+        try:
+            return super().from_header(fields, where)
+        except FieldError as exc:
+            raise ProtocolError("bad_field", exc.detail) from None
 
     def encode(self, arrays: Mapping[str, np.ndarray] | None = None, version: int = PROTOCOL_VERSION) -> list[Any]:
         """The message's frames (``version``: only a REFUSE is sent in another, see Refuse)."""
@@ -517,14 +356,14 @@ class ProducerConfig:
     @classmethod
     def from_header(cls, value: Any, where: str = "config") -> ProducerConfig:
         if type(value) is not dict or type(value.get("version")) is not int:
-            raise _bad(where, value)
+            raise FieldError.of(where, value)
         if value["version"] != CONFIG_VERSION:
             raise ProtocolError("bad_config", f"config version {value['version']}, this producer's {CONFIG_VERSION}")
         sections = {}
         for name in CONFIG_SECTIONS:
             given = value.get(name, {})
             if type(given) is not dict:
-                raise _bad(f"{where}.{name}", given)
+                raise FieldError.of(f"{where}.{name}", given)
             try:
                 sections[name] = section_from(name, given)
             except ConfigError as exc:

@@ -196,20 +196,13 @@ def analyse(run_dir: Path) -> dict[str, Any]:
     step_mean = float(np.mean(step_ms)) if step_ms else None
     recommended = recommend_producers(kind, step_mean, [p.get("prep_ms_mean") for p in producers], alive)
     prep_means = [p["prep_ms_mean"] for p in producer_rows if p["prep_ms_mean"]]
-    # A step of N model replicas takes N replica batches, made by a producer as one planned batch.
     replicas = int(summary.get("replicas") or config.get("devices", {}).get("replicas") or 1)
-    demand = replicas * 1000 / step_mean if step_mean else None
-    rate = replicas * 1000 / float(np.mean(prep_means)) if prep_means else None
     report = {
         "run_dir": str(run_dir),
         "steps": steps,
         "capacity": capacity,
         "replicas": replicas,
-        "step_ms": {"mean": step_mean, "p50": percentile(step_ms, 50), "p95": percentile(step_ms, 95),
-                    "p99": percentile(step_ms, 99)},
-        "wait_ms": {"mean": float(np.mean(waits)) if waits else None, "p95": percentile(waits, 95),
-                    "first": waits[0] if waits else None},
-        "data_wait_frac": wait_frac,
+        **_step_times(step_ms, waits, wait_frac),
         "queue_depth": {
             "mean": depth_mean,
             "histogram": {str(d): depths.count(d) for d in range(capacity + 1)},
@@ -224,9 +217,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "verdict": kind,
         "evidence": {
             "data_wait_frac": wait_frac, "wait_bound_frac": WAIT_BOUND_FRAC, "queue_depth_mean": depth_mean,
-            "replicas": replicas,
-            "trainer_demand_batches_per_s": round(demand, 3) if demand else None,  # replica batches
-            "producer_rate_batches_per_s": round(rate, 3) if rate else None,
+            "replicas": replicas, **_rates(replicas, step_mean, prep_means),
             "producers_delivering": alive, "margin": PRODUCER_MARGIN,
         },
         "recommended_producers": recommended,
@@ -236,6 +227,26 @@ def analyse(run_dir: Path) -> dict[str, Any]:
     }
     report["starvation"] = starvation_report(depths, waits)
     return report
+
+
+def _step_times(step_ms: Sequence[float], waits: Sequence[float], wait_frac: float | None) -> dict[str, Any]:
+    """The step time's and the data wait's figures, as the report holds them."""
+    return {
+        "step_ms": {"mean": float(np.mean(step_ms)) if step_ms else None, "p50": percentile(step_ms, 50),
+                    "p95": percentile(step_ms, 95), "p99": percentile(step_ms, 99)},
+        "wait_ms": {"mean": float(np.mean(waits)) if waits else None, "p95": percentile(waits, 95),
+                    "first": waits[0] if waits else None},
+        "data_wait_frac": wait_frac,
+    }
+
+
+def _rates(replicas: int, step_mean: float | None, prep_means: Sequence[float]) -> dict[str, float | None]:
+    """The trainer's demand and the producers' rate, in replica batches per second: a step of N
+    model replicas takes N replica batches, made by a producer as one planned batch."""
+    demand = replicas * 1000 / step_mean if step_mean else None
+    rate = replicas * 1000 / float(np.mean(prep_means)) if prep_means else None
+    return {"trainer_demand_batches_per_s": round(demand, 3) if demand else None,
+            "producer_rate_batches_per_s": round(rate, 3) if rate else None}
 
 
 def starvation_report(depths: Sequence[int], waits: Sequence[float]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ def _user_errors() -> list[type]:
     from stoker.consumer.pipeline.coordinator import BindError
     from stoker.consumer.training.synth import SynthError
     from stoker.consumer.training.tts import ModelError
-    from stoker.producer.worker import Refused
+    from stoker.producer.link import Refused
     from stoker.shared.config import ConfigError
     from stoker.shared.dataset import DatasetError
     from stoker.shared.keys import KeysError

@@ -404,6 +404,13 @@ def test_a_field_missing_or_of_the_wrong_type_or_range_is_refused(kind: str, cha
     assert err.reason == "bad_field" and err.detail.startswith(names), err.detail
 
 
+def test_a_message_typed_from_its_fields_alone_refuses_a_wrong_one_as_bad_field() -> None:
+    """The consumer types a BATCH's fields itself (``wire.Batch.from_header``), counting reasons."""
+    with pytest.raises(ProtocolError) as info:
+        wire.Batch.from_header({"lease": "7", "epoch": 0, "index": 0, "ids": []})
+    assert (info.value.reason, info.value.detail) == ("bad_field", "batch.lease = '7'")
+
+
 @pytest.mark.parametrize(("config", "said"), [
     ({"version": wire.CONFIG_VERSION + 1}, "config version"),
     ({"version": wire.CONFIG_VERSION, "features": {"n_mels_new": 3}}, "features.n_mels_new"),  # a key we lack
