@@ -30,7 +30,6 @@ the launcher's stop bound (stoker/launcher.py), far below Slurm's default KillWa
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from typing import Any, Mapping
 from . import service
 from .console import print_summary
 from .launcher import CONSUMER_READY_TIMEOUT_S
+from .shared.config import Config
 from .shared.errors import UserError
 from .shared.keys import DEFAULT_CLIENT, SECRET_MODE, make_keys
 from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, setup_logging
@@ -251,13 +251,18 @@ def wait_handover(run_dir: Path, job_id: str, timeout_s: float) -> dict[str, Any
         time.sleep(POLL_S)
 
 
+def job_keys(run_dir: Path) -> Path:
+    """The directory of this job's keys (made by :func:`make_job_keys`)."""
+    return handover_dir(run_dir) / HANDOVER_KEYS
+
+
 def make_job_keys(run_dir: Path) -> Path:
     """Fresh CURVE keys for this job (a resumed run's older ones are replaced): the
     server pair and one client pair, every file 0600 in a 0700 directory."""
     directory = handover_dir(run_dir)
     directory.mkdir(mode=HANDOVER_DIR_MODE, exist_ok=True)
     os.chmod(directory, HANDOVER_DIR_MODE)
-    keys = directory / HANDOVER_KEYS
+    keys = job_keys(run_dir)
     if keys.exists():
         shutil.rmtree(keys)
     make_keys(keys, [DEFAULT_CLIENT])
@@ -278,36 +283,58 @@ def advertised(endpoint: str, host: str) -> str:
 
 # ---------------------------------------------------------------- the tasks
 
-def run_task(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """``python run.py slurm``: this task's role in the job step."""
-    setup_logging("launcher", args.log_level or "INFO")
-    if args.producer_nodes not in PRODUCER_NODES:
-        raise UserError(f"--producer-nodes {args.producer_nodes}: expected one of {', '.join(PRODUCER_NODES)}")
-    if args.keys:
-        raise UserError("--keys: stoker slurm makes the job's own keys in RUN_DIR/slurm/keys; leave it out")
+@dataclass(frozen=True)
+class Task:
+    """What a task of ``python run.py slurm`` is asked, beside the config keys: a YAML file, a
+    run to resume (with a fresh plan), where producer tasks may run, producers per task."""
+
+    config: str | None = None
+    resume: str | None = None
+    fresh_plan: bool = False
+    producer_nodes: str = "other"
+    task_producers: int | None = None
+
+
+def run_task(env: Mapping[str, str], overrides: Mapping[str, Any], task: Task = Task()) -> int:
+    """``python run.py slurm``: this task's role in the job step (``env``: Slurm's), with the
+    config keys ``overrides`` gives; they are read, never changed."""
+    given = dict(overrides)
+    setup_logging("launcher", given.get("run.log_level") or "INFO")
+    if task.producer_nodes not in PRODUCER_NODES:
+        raise UserError(f"--producer-nodes {task.producer_nodes}: expected one of {', '.join(PRODUCER_NODES)}")
+    if given.get("pipeline.keys"):
+        raise UserError("pipeline.keys: stoker slurm makes the job's own keys in RUN_DIR/slurm/keys; leave it out")
     step = Step.from_env(env)
-    if args.producers is None:
-        args.producers = 0  # remote producers only: the producer tasks
-    run_dir = Path(args.resume or args.run_dir or DEFAULT_RUN_DIR.format(job_id=step.job_id)).expanduser().resolve()
+    given.setdefault("pipeline.producers", 0)  # remote producers only: the producer tasks
+    run_dir = Path(task.resume or given.get("run.run_dir") or DEFAULT_RUN_DIR.format(job_id=step.job_id))
+    run_dir = run_dir.expanduser().resolve()
     try:
         # What every task finds alike from the same flags and environment: each task stops at
         # once, and only the trainer's says why (one line, not one per task).
-        place(step, args.producer_nodes, args.producers)
-        if args.resume:
-            service.resume_config(argparse.Namespace(**vars(args)))
-        else:
-            service.resolve_config(args)
+        place(step, task.producer_nodes, given["pipeline.producers"])
+        _config(task, given, run_dir)
     except UserError as exc:
         if step.is_trainer:
             raise
         log.debug("task %d stops: %s", step.proc_id, exc)
         return EXIT_USER
     if step.is_trainer:
-        return trainer_task(args, step, run_dir)
-    return producer_task(args, step, run_dir)
+        return trainer_task(task, given, step, run_dir)
+    return producer_task(task, given, step, run_dir)
 
 
-def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
+def _config(task: Task, given: Mapping[str, Any], run_dir: Path) -> tuple[Config, Path | None]:
+    """The trainer's config (with the job's keys) and the run directory it resumes (None: a new run)."""
+    if task.resume:
+        if task.config is not None:
+            raise UserError("--resume continues with RUN_DIR/config.yaml; change keys with flags or --set, "
+                            "not --config")
+        return service.resume_config(task.resume, {**given, "pipeline.keys": str(job_keys(run_dir))})
+    job = {"pipeline.bind": DEFAULT_BIND, **given, "run.run_dir": str(run_dir), "pipeline.keys": str(job_keys(run_dir))}
+    return service.resolve(task.config, job), None
+
+
+def trainer_task(task: Task, given: Mapping[str, Any], step: Step, run_dir: Path) -> int:
     """Train, and tell the producer tasks through the hand-over file: the endpoint once
     bound, the error when the run cannot start, "over" when it ends. A run directory of
     another run that is not this job's (no slurm/ in it) is left as it is."""
@@ -316,7 +343,7 @@ def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
     # runs leaves the old one's files alone (RunLocked, one line); the launch takes it again.
     lock = RunLock.acquire(run_dir)
     try:
-        code = _train(args, step, run_dir)
+        code = _train(task, given, step, run_dir)
         return code
     except UserError as exc:
         if handover_dir(run_dir).is_dir():
@@ -330,14 +357,9 @@ def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
         lock.release()
 
 
-def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
-    args.keys = str(handover_dir(run_dir) / HANDOVER_KEYS)
-    if args.resume:
-        cfg, resume_dir = service.resume_config(args)
-    else:
-        args.bind = args.bind or DEFAULT_BIND
-        args.run_dir = str(run_dir)
-        cfg, resume_dir = service.resolve_config(args), None
+def _train(task: Task, given: Mapping[str, Any], step: Step, run_dir: Path) -> int:
+    cfg, resume_dir = _config(task, given, run_dir)
+    if resume_dir is None:
         service.make_run_dir(str(run_dir))
     make_job_keys(run_dir)
     host = socket.gethostname()
@@ -348,26 +370,27 @@ def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
         log.info("trainer on %s: endpoint %s handed over in %s", step.node, public,
                  handover_dir(run_dir) / HANDOVER_FILE)
 
-    code, _, _ = service.launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready, fresh_plan=args.fresh_plan)
+    code, _, _ = service.launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready, fresh_plan=task.fresh_plan)
     print_summary(run_dir)
     return code
 
 
-def producer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
+def producer_task(task: Task, given: Mapping[str, Any], step: Step, run_dir: Path) -> int:
     record = wait_handover(run_dir, step.job_id, HANDOVER_WAIT_S)
     if record["state"] != READY:
         log.debug("the trainer task ended before it was ready (%s): no producers here", record)
         return EXIT_USER if record["state"] == FAILED else EXIT_OK
-    count = args.task_producers or step.cpus_per_task or 1
+    count = task.task_producers or step.cpus_per_task or 1
     log.info("producer task %d on %s: %d producer(s) for %s", step.proc_id, step.node, count, record["endpoint"])
     over = threading.Event()
     # Until the producers' launcher takes SIGTERM over (its first act), the stop arrives here.
     signal.signal(signal.SIGTERM, _interrupt)
     threading.Thread(target=_watch_trainer, args=(run_dir, step.job_id, over), daemon=True).start()
     try:
-        code = service.produce(record["endpoint"], record["data"], count, data_gpu=args.data_gpu,
-                               data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / HANDOVER_KEYS),
-                               log_level=args.log_level or "INFO", host=step.node)
+        code = service.produce(record["endpoint"], record["data"], count, data_gpu=given.get("devices.data_gpu"),
+                               data_gpu_memory_mb=given.get("devices.data_gpu_memory_mb"),
+                               keys=str(job_keys(run_dir)), log_level=given.get("run.log_level") or "INFO",
+                               host=step.node)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     if over.is_set() and code == EXIT_INTERRUPTED:

@@ -127,13 +127,12 @@ def run_slurm_task(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], *argv: 
     """``python run.py slurm ARGV`` as the task ``env`` describes, in this process."""
     import logging
 
-    from stoker.cli import build_parser
-    from stoker.slurm import run_task
+    from stoker.cli import build_parser, cmd_slurm
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", list(root.handlers))  # setup_logging's handler goes with the test
     monkeypatch.setattr(root, "level", root.level)
-    return run_task(build_parser().parse_args(["slurm", *argv]), env)
+    return cmd_slurm(build_parser().parse_args(["slurm", *argv]), env)
 
 
 def test_producer_tasks_end_quietly_with_the_trainers_error(tmp_path, monkeypatch, capsys):
