@@ -30,7 +30,6 @@ from .consumer.pipeline.feed import FeedCore, PreparedRun
 from .consumer.pipeline.frameworks import Staging
 from .feed_staging import FeedError, check_framework, make_staging
 from .feed_tf import checkpoint_state, element_spec, keras_callback
-from .launcher import BackgroundProducers
 from .shared import config as config_mod
 from .shared.config import TENSORFLOW
 from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
@@ -122,7 +121,7 @@ class Feed:
         self._resume = resume
         self._prepared: PreparedRun | None = None  # from prepare() on: the dataset indexed, the epochs planned
         self._core: FeedCore | None = None  # from start() on: the run opened (coordinator, queues, step logs)
-        self._producers: BackgroundProducers | None = None  # from start() on: the run service's
+        self._producers: service.BackgroundProducers | None = None  # from start() on: the run service's
         self._stop = threading.Event()
         self._batches: Iterator[Any] | None = None
         self._taken_by: str | None = None  # "iteration" or "as_dataset()"

@@ -99,3 +99,13 @@ def test_each_trainer_worker_writes_its_own_directory_of_the_jobs(tmp_path, monk
     assert service.job_run_dir(str(tmp_path / "job")) == str(tmp_path / "job" / "worker-1")
     with pytest.raises(UserError, match=r"^run.run_dir: TF_CONFIG names 2 trainer workers: give every worker the same"):
         service.job_run_dir("")
+
+
+def test_a_feed_starts_its_producers_through_the_service_not_the_launcher() -> None:
+    """stoker.Feed's producers are started and supervised by the run service (start_producers);
+    the feed, like the command line and Slurm's tasks, runs on the service."""
+    from tests.test_layers import import_graph
+
+    graph = import_graph()
+    assert "stoker.launcher" not in graph["stoker.feed"]
+    assert all("stoker.service" in graph[adapter] for adapter in ("stoker.feed", "stoker.slurm", "stoker.cli"))
