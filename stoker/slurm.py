@@ -1,35 +1,13 @@
-"""A stoker job under Slurm: one ``srun`` line starts the trainer and the producers.
-
-``srun python run.py slurm [train flags]`` runs the same command on every task of a job
-step; each task finds its role in the Slurm environment: task 0 (``SLURM_PROCID``, the
-first task of a heterogeneous job's first component) is the trainer, every other task
-starts producers on its node. Placement is the job script's: a heterogeneous job
-(component 0: the trainer's node, component 1: the producer nodes; ``srun
---het-group=0,1``), or one step over N nodes with one task each. docs/SLURM.md shows both.
-
-Hand-over, through the run directory (on a filesystem every node shares):
-
-1. The trainer makes fresh CURVE keys for this job in ``RUN_DIR/slurm/keys/`` (directory
-   0700, every file 0600): the job script holds no key and no port.
-2. It binds a free port (``tcp://0.0.0.0:*`` unless ``--bind`` says otherwise) and, once
-   bound, writes ``RUN_DIR/slurm/endpoint.json``: the job id, the endpoint with its node's
-   host name, the dataset path. A failure before that writes the file with its error.
-3. Producer tasks wait for that file (with this job's id; a resumed run directory holds
-   the previous job's) for at most HANDOVER_WAIT_S, then connect with the server's public
-   key and the job's client key pair from ``RUN_DIR/slurm/keys/``.
-4. When the trainer ends it marks the file ``over``; producer tasks still running stop.
-
-Every task works out the placement from the same environment (``SLURM_STEP_NODELIST``,
-``SLURM_STEP_TASKS_PER_NODE``, ``SLURM_HET_SIZE``), so a step with no node for producers
-ends every task at once, and only the trainer's task says why, in one line.
-
-``scancel`` sends SIGTERM to every task (and SIGKILL after the cluster's KillWait): the
-trainer stops after its current step, saves a checkpoint and writes summary.json within
-the launcher's stop bound (stoker/launcher.py), far below Slurm's default KillWait of 30 s.
+"""A stoker job under Slurm: one ``srun python run.py slurm [train flags]`` line starts the
+trainer (task 0) and producers on every other task's node. Each task finds its role and
+the placement in Slurm's environment; the trainer hands its endpoint and the job's fresh
+keys to the producer tasks through the run directory. docs/SLURM.md tells the whole story
+(placement, the hand-over, scancel and resume).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -312,29 +290,37 @@ def run_task(env: Mapping[str, str], overrides: Mapping[str, Any], task: Task = 
         # What every task finds alike from the same flags and environment: each task stops at
         # once, and only the trainer's says why (one line, not one per task).
         place(step, task.producer_nodes, given["pipeline.producers"])
-        _config(task, given, run_dir)
+        cfg, resume_dir = _config(task, given, run_dir, step)
     except UserError as exc:
         if step.is_trainer:
             raise
         log.debug("task %d stops: %s", step.proc_id, exc)
         return EXIT_USER
     if step.is_trainer:
-        return trainer_task(task, given, step, run_dir)
+        return trainer_task(task, cfg, resume_dir, step, run_dir)
     return producer_task(task, given, step, run_dir)
 
 
-def _config(task: Task, given: Mapping[str, Any], run_dir: Path) -> tuple[Config, Path | None]:
-    """The trainer's config (with the job's keys) and the run directory it resumes (None: a new run)."""
+def _config(task: Task, given: Mapping[str, Any], run_dir: Path, step: Step) -> tuple[Config, Path | None]:
+    """The trainer's config, with the job's keys, and the run directory it resumes (None: a new
+    run). A new run binds DEFAULT_BIND unless the user chose pipeline.bind: the default's
+    loopback address is out of reach of producer tasks on other nodes (said in one line)."""
+    keys = {"pipeline.keys": str(job_keys(run_dir))}
     if task.resume:
         if task.config is not None:
             raise UserError("--resume continues with RUN_DIR/config.yaml; change keys with flags or --set, "
                             "not --config")
-        return service.resume_config(task.resume, {**given, "pipeline.keys": str(job_keys(run_dir))})
-    job = {"pipeline.bind": DEFAULT_BIND, **given, "run.run_dir": str(run_dir), "pipeline.keys": str(job_keys(run_dir))}
-    return service.resolve(task.config, job), None
+        return service.resume_config(task.resume, {**given, **keys})
+    cfg = service.resolve(task.config, {**given, **keys, "run.run_dir": str(run_dir)})
+    if "pipeline.bind" not in given and cfg.pipeline.bind == Config().pipeline.bind:
+        if step.is_trainer:
+            log.info("pipeline.bind: %s -> %s, which producer tasks on other nodes reach (give pipeline.bind to "
+                     "choose)", cfg.pipeline.bind, DEFAULT_BIND)
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, bind=DEFAULT_BIND))
+    return cfg, None
 
 
-def trainer_task(task: Task, given: Mapping[str, Any], step: Step, run_dir: Path) -> int:
+def trainer_task(task: Task, cfg: Config, resume_dir: Path | None, step: Step, run_dir: Path) -> int:
     """Train, and tell the producer tasks through the hand-over file: the endpoint once
     bound, the error when the run cannot start, "over" when it ends. A run directory of
     another run that is not this job's (no slurm/ in it) is left as it is."""
@@ -343,7 +329,7 @@ def trainer_task(task: Task, given: Mapping[str, Any], step: Step, run_dir: Path
     # runs leaves the old one's files alone (RunLocked, one line); the launch takes it again.
     lock = RunLock.acquire(run_dir)
     try:
-        code = _train(task, given, step, run_dir)
+        code = _train(task, cfg, resume_dir, step, run_dir)
         return code
     except UserError as exc:
         if handover_dir(run_dir).is_dir():
@@ -357,8 +343,7 @@ def trainer_task(task: Task, given: Mapping[str, Any], step: Step, run_dir: Path
         lock.release()
 
 
-def _train(task: Task, given: Mapping[str, Any], step: Step, run_dir: Path) -> int:
-    cfg, resume_dir = _config(task, given, run_dir)
+def _train(task: Task, cfg: Config, resume_dir: Path | None, step: Step, run_dir: Path) -> int:
     if resume_dir is None:
         service.make_run_dir(str(run_dir))
     make_job_keys(run_dir)
