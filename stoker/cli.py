@@ -14,6 +14,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,13 +202,20 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def with_flags(message: str, flags: Mapping[str, str]) -> str:
-    """A run service's error as the command line says it: the config key it starts with gets
-    its flag beside it (``pipeline.bind (--bind): ...``), a parameter its flag alone
-    (``--connect: ...``)."""
-    name, sep, rest = message.partition(": ")
-    if not sep or name not in flags:
+    """A run service's error as the command line says it: the config key it starts with
+    (``KEY: ...``) and each one it names after that get their flag beside them
+    (``pipeline.bind (--bind): ... set pipeline.keys (--keys) ...``); a parameter that is no
+    config key becomes its flag (``--connect: ...``). ``flags``: this command's."""
+    head, sep, rest = message.partition(": ")
+    if not sep:
         return message
-    return f"{name} ({flags[name]}): {rest}" if name in KEY_FLAGS else f"{flags[name]}: {rest}"
+    if head in flags:
+        head = f"{head} ({flags[head]})" if head in KEY_FLAGS else flags[head]
+    keys = sorted((key for key in flags if key in KEY_FLAGS), key=len, reverse=True)
+    if keys:
+        named = re.compile(r"(?<![\w./])(" + "|".join(map(re.escape, keys)) + r")(?![\w.])")
+        rest = named.sub(lambda match: f"{match[1]} ({flags[match[1]]})", rest)
+    return f"{head}: {rest}"
 
 
 def cmd_train(args: argparse.Namespace) -> int:

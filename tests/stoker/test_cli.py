@@ -39,10 +39,13 @@ def test_the_command_line_and_the_feed_name_the_same_config_keys() -> None:
 
 
 def test_an_error_naming_a_config_key_gets_the_flag_beside_it() -> None:
-    flags = {"pipeline.bind": "--bind", "connect": "--connect"}
-    assert with_flags("pipeline.bind: x is reachable", flags) == "pipeline.bind (--bind): x is reachable"
+    flags = {"pipeline.bind": "--bind", "pipeline.keys": "--keys", "connect": "--connect"}
+    assert with_flags("pipeline.bind: x is reachable; set pipeline.keys, not pipeline.keys_x", flags) == \
+        "pipeline.bind (--bind): x is reachable; set pipeline.keys (--keys), not pipeline.keys_x"
     assert with_flags("connect: not an endpoint", flags) == "--connect: not an endpoint"
     assert with_flags("run.run_dir: not empty", flags) == "run.run_dir: not empty"  # this command has no such flag
+    assert with_flags("pipeline.bind is fine: see pipeline.bind", flags) == \
+        "pipeline.bind is fine: see pipeline.bind (--bind)"  # only a key that starts an error is followed by ':'
     assert with_flags("pipeline.bind is fine", flags) == "pipeline.bind is fine"
 
 
@@ -50,8 +53,8 @@ def test_a_service_error_reaches_the_command_line_with_its_key_and_flag(capsys, 
     assert main(["--bind", "tcp://0.0.0.0:5555", "--steps", "1", "--model", "synthetic:1"]) == 2
     assert capsys.readouterr().err == (
         "stoker: error: pipeline.bind (--bind): tcp://0.0.0.0:5555 is reachable from other hosts; producers there "
-        "would be unauthenticated: set pipeline.keys to a keys directory (python run.py keys DIR), or "
-        "pipeline.insecure to accept that\n")
+        "would be unauthenticated: set pipeline.keys (--keys) to a keys directory (python run.py keys DIR), or "
+        "pipeline.insecure (--insecure) to accept that\n")
 
 
 def test_a_fresh_plan_without_resume_is_one_line(monkeypatch, capsys, kept_logging) -> None:
