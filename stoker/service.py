@@ -53,8 +53,10 @@ AUTO_START = 1
 def resolve(config: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
     """The run's config: the YAML file ``config`` (default configs/default.yaml), then
     ``overrides`` by config key (``{"pipeline.producers": 4}``; pipeline.producers ``"auto"``
-    starts AUTO_START and adds by evidence). A change to a value the user gave is one
-    logged line naming the key and both values (docs/DESIGN.md, The run service)."""
+    starts AUTO_START and adds by evidence). A value the user gave is kept; where stoker
+    changes one (its default producers per replica, a steps or epochs of the user's file that
+    an override replaces), one logged line names the key and both values (docs/DESIGN.md,
+    The run service)."""
     given = dict(overrides or {})
     if given.get("pipeline.producers") == "auto":
         given["pipeline.producers"] = AUTO_START
