@@ -201,20 +201,19 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-def with_flags(message: str, flags: Mapping[str, str]) -> str:
-    """A run service's error as the command line says it: the config key it starts with
-    (``KEY: ...``) and each one it names after that get their flag beside them
-    (``pipeline.bind (--bind): ... set pipeline.keys (--keys) ...``); a parameter that is no
-    config key becomes its flag (``--connect: ...``). ``flags``: this command's."""
+def with_flags(message: str, flags: Mapping[str, str], suggests: Sequence[str] = ()) -> str:
+    """A run service's error as the command line says it: the config key it starts with gets
+    its flag beside it (``pipeline.bind (--bind): ...``), and so does each key it suggests
+    (``suggests``: a SettingError's); a parameter that is no config key becomes its flag
+    (``--connect: ...``). ``flags``: this command's."""
     head, sep, rest = message.partition(": ")
     if not sep:
         return message
     if head in flags:
         head = f"{head} ({flags[head]})" if head in KEY_FLAGS else flags[head]
-    keys = sorted((key for key in flags if key in KEY_FLAGS), key=len, reverse=True)
-    if keys:
-        named = re.compile(r"(?<![\w./])(" + "|".join(map(re.escape, keys)) + r")(?![\w.])")
-        rest = named.sub(lambda match: f"{match[1]} ({flags[match[1]]})", rest)
+    for key in suggests:
+        if key in flags:
+            rest = re.sub(rf"(?<![\w./]){re.escape(key)}(?![\w.])", f"{key} ({flags[key]})", rest)
     return f"{head}: {rest}"
 
 
@@ -336,7 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         flags = {name: flag for name, flag in {**KEY_FLAGS, **PARAMETER_FLAGS}.items() if name in vars(args)}
         return globals()[f"cmd_{args.command}"](args)  # each command's function: cmd_train, cmd_produce, ...
     except UserError as exc:  # every error the user can fix (shared/errors.py): one line
-        sys.stderr.write(f"stoker: error: {with_flags(str(exc), flags)}\n")
+        suggests = exc.suggests if isinstance(exc, service.SettingError) else ()
+        sys.stderr.write(f"stoker: error: {with_flags(str(exc), flags, suggests)}\n")
         return EXIT_USER
     except KeyboardInterrupt:
         sys.stderr.write("stoker: interrupted\n")

@@ -50,6 +50,15 @@ PRECOMPUTE_MODEL = "synthetic:0"
 AUTO_START = 1
 
 
+class SettingError(UserError):
+    """A setting that cannot work, one line starting with its config key (``key: message``),
+    with the keys the message suggests setting instead: an adapter may name their flags."""
+
+    def __init__(self, key: str, message: str, suggests: tuple[str, ...] = ()) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key, self.suggests = key, suggests
+
+
 def resolve(config: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
     """The run's config: the YAML file ``config`` (default configs/default.yaml), then
     ``overrides`` by config key (``{"pipeline.producers": 4}``; pipeline.producers ``"auto"``
@@ -190,9 +199,9 @@ def prepare_run(cfg: Config, *, trains_model: bool = True) -> tuple[Config, Devi
             cfg.pipeline, keys=str(Path(cfg.pipeline.keys).expanduser().resolve())))
         check_keys(Path(cfg.pipeline.keys), server=True, client=cfg.pipeline.producers > 0)
     elif not is_loopback(cfg.pipeline.bind) and not cfg.pipeline.insecure:
-        raise UserError(f"pipeline.bind: {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
-                        "unauthenticated: set pipeline.keys to a keys directory (python run.py keys DIR), or "
-                        "pipeline.insecure to accept that")
+        raise SettingError("pipeline.bind", f"{cfg.pipeline.bind} is reachable from other hosts; producers there "
+                           "would be unauthenticated: set pipeline.keys to a keys directory (python run.py keys DIR), "
+                           "or pipeline.insecure to accept that", suggests=("pipeline.keys", "pipeline.insecure"))
     plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
     data = dataclasses.replace(cfg.data, path=data_path(root, metadata_file, cfg.data.metadata_file),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))

@@ -40,13 +40,13 @@ def test_the_command_line_and_the_feed_name_the_same_config_keys() -> None:
 
 def test_an_error_naming_a_config_key_gets_the_flag_beside_it() -> None:
     flags = {"pipeline.bind": "--bind", "pipeline.keys": "--keys", "connect": "--connect"}
-    assert with_flags("pipeline.bind: x is reachable; set pipeline.keys, not pipeline.keys_x", flags) == \
+    assert with_flags("pipeline.bind: x is reachable; set pipeline.keys, not pipeline.keys_x", flags,
+                      suggests=("pipeline.keys",)) == \
         "pipeline.bind (--bind): x is reachable; set pipeline.keys (--keys), not pipeline.keys_x"
+    assert with_flags("pipeline.bind: see pipeline.keys", flags) == "pipeline.bind (--bind): see pipeline.keys"
     assert with_flags("connect: not an endpoint", flags) == "--connect: not an endpoint"
     assert with_flags("run.run_dir: not empty", flags) == "run.run_dir: not empty"  # this command has no such flag
-    assert with_flags("pipeline.bind is fine: see pipeline.bind", flags) == \
-        "pipeline.bind is fine: see pipeline.bind (--bind)"  # only a key that starts an error is followed by ':'
-    assert with_flags("pipeline.bind is fine", flags) == "pipeline.bind is fine"
+    assert with_flags("pipeline.bind is fine: see it", flags) == "pipeline.bind is fine: see it"
 
 
 def test_a_service_error_reaches_the_command_line_with_its_key_and_flag(capsys, kept_logging) -> None:
