@@ -378,7 +378,7 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
     try:
         check_endpoint(p.bind, bind=True)
     except EndpointError as exc:
-        raise ConfigError(f"pipeline.bind (--bind): {exc}") from None
+        raise ConfigError(f"pipeline.bind: {exc}") from None
     try:
         schema_for(b.fields)
     except ValueError as exc:

@@ -14,10 +14,11 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from . import service
 from .console import out, print_precompute_summary, print_summary
@@ -26,15 +27,30 @@ from .consumer.training.synth import SynthError, synthesize
 from .consumer.training.tts import ModelError
 from .diagnose import analyse, render
 from .launcher import with_stoker_path
-from .shared.cluster import from_env, worker_dir_name
-from .shared.config import DEFAULT_CONFIG
+from .shared.config import parse_override
 from .shared.errors import UserError
 from .shared.keys import DEFAULT_CLIENT, make_keys
 from .shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging
 from .shared.tfsetup import require_tensorflow
-from .slurm import run_task
+from .slurm import Task, run_task
 from .watch import watch
 
+# The flags that set a config key, by key: each is parsed into its key (the run service takes
+# config keys), and an error that starts with the key gets the flag beside it (with_flags).
+KEY_FLAGS = {
+    "data.path": "--data", "devices.data_gpu": "--data-gpu", "devices.model_gpu": "--model-gpu",
+    "devices.replicas": "--replicas", "devices.data_gpu_memory_mb": "--data-gpu-memory",
+    "devices.model_gpu_memory_mb": "--model-gpu-memory", "pipeline.producers": "--producers",
+    "pipeline.max_producers": "--max-producers", "pipeline.bind": "--bind", "batching.batch_size": "--batch-size",
+    "batching.max_frames": "--max-frames", "trainer.steps": "--steps", "trainer.epochs": "--epochs",
+    "pipeline.buffer_size": "--buffer-size", "pipeline.model_start_delay_s": "--model-start-delay",
+    "trainer.model": "--model", "text.frontend": "--text-frontend", "transforms.models": "--producer-models",
+    "text.language": "--language", "run.run_dir": "--run-dir", "trainer.record_samples": "--record-samples",
+    "pipeline.keys": "--keys", "pipeline.insecure": "--insecure", "run.log_level": "--log-level",
+    "run.metrics_port": "--metrics-port",
+}
+# The run service's parameters that are no config key, with their flags: an error names them alone.
+PARAMETER_FLAGS = {"connect": "--connect"}
 COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth", "export", "slurm")
 
 
@@ -63,47 +79,65 @@ def _gpus_arg(text: str) -> int | str:
     return int(text) if text.strip().isdigit() else text
 
 
+def _key(parser: argparse.ArgumentParser, key: str, **kwargs: Any) -> None:
+    """The flag of config key ``key`` (KEY_FLAGS), parsed into ``key`` itself."""
+    parser.add_argument(KEY_FLAGS[key], dest=key, **kwargs)
+
+
 def _train_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint, with its "
                         "config.yaml (flags and --set given now override it, e.g. --steps N to go further)")
     parser.add_argument("--fresh-plan", action="store_true", help="with --resume, when the dataset changed: keep "
                         "the checkpoint's weights, optimizer and step count, and start a new epoch plan over the data")
-    parser.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
-    parser.add_argument("--data-gpu", type=int, help="GPU index for the producers")
-    parser.add_argument("--model-gpu", type=_gpus_arg, metavar="N|N,M,...|all",
-                        help="GPU index for the trainer; a list or all: a model replica on each (MirroredStrategy)")
-    parser.add_argument("--replicas", type=int, metavar="N", help="model replicas: one per --model-gpu GPU, or "
-                        "N logical devices of the CPU on a host without GPUs")
-    parser.add_argument("--data-gpu-memory", type=int, metavar="MB", help="memory limit per producer process")
-    parser.add_argument("--model-gpu-memory", type=int, metavar="MB", help="memory limit of the trainer")
-    parser.add_argument("--producers", type=_producers_arg, help="local producer processes (0: remote ones only), "
-                        "or auto: start with one, add while the trainer starves")
-    parser.add_argument("--max-producers", type=int, metavar="N", help="ceiling for --producers auto")
-    parser.add_argument("--bind", metavar="ENDPOINT", help="consumer endpoint, e.g. tcp://0.0.0.0:5555")
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--max-frames", type=int, metavar="N",
-                        help="frame-budget batches: rows per bucket so that a batch holds about N frames")
-    parser.add_argument("--steps", type=int, help="train this many steps")
-    parser.add_argument("--epochs", type=int, help="train this many epochs (instead of --steps)")
-    parser.add_argument("--buffer-size", type=int, help="queue capacity in batches (default 3)")
-    parser.add_argument("--model-start-delay", type=float, metavar="S", help="warm-up before the first step")
-    parser.add_argument("--model", help="tiny | small | base | synthetic:MS | package.module:function")
-    parser.add_argument("--text-frontend", metavar="NAME",
-                        help="characters (any script) | phonemes (espeak-ng) | package.module:function")
-    parser.add_argument("--producer-models", metavar="SPECS",
-                        help="package.module:function, comma-separated: neural features the producers compute "
-                             "(transforms.models; declare their fields in transforms.model_fields)")
-    parser.add_argument("--language", metavar="CODE", help="language of clips whose metadata names none (en, fa, ...)")
-    parser.add_argument("--run-dir", help="where the run's files go (default runs/<timestamp>)")
-    parser.add_argument("--record-samples", action="store_true", default=None, help="write samples.jsonl")
-    parser.add_argument("--keys", metavar="DIR", help="CURVE keys directory")
-    parser.add_argument("--insecure", action="store_true", default=None,
-                        help="allow a non-loopback bind without keys")
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
-    parser.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on port N")
+    _key(parser, "data.path", help="dataset directory, LJSpeech layout (default: embedded demo set)")
+    _key(parser, "devices.data_gpu", type=int, help="GPU index for the producers")
+    _key(parser, "devices.model_gpu", type=_gpus_arg, metavar="N|N,M,...|all",
+         help="GPU index for the trainer; a list or all: a model replica on each (MirroredStrategy)")
+    _key(parser, "devices.replicas", type=int, metavar="N", help="model replicas: one per --model-gpu GPU, or "
+         "N logical devices of the CPU on a host without GPUs")
+    _key(parser, "devices.data_gpu_memory_mb", type=int, metavar="MB", help="memory limit per producer process")
+    _key(parser, "devices.model_gpu_memory_mb", type=int, metavar="MB", help="memory limit of the trainer")
+    _key(parser, "pipeline.producers", type=_producers_arg, help="local producer processes (0: remote ones only), "
+         "or auto: start with one, add while the trainer starves")
+    _key(parser, "pipeline.max_producers", type=int, metavar="N", help="ceiling for --producers auto")
+    _key(parser, "pipeline.bind", metavar="ENDPOINT", help="consumer endpoint, e.g. tcp://0.0.0.0:5555")
+    _key(parser, "batching.batch_size", type=int)
+    _key(parser, "batching.max_frames", type=int, metavar="N",
+         help="frame-budget batches: rows per bucket so that a batch holds about N frames")
+    _key(parser, "trainer.steps", type=int, help="train this many steps")
+    _key(parser, "trainer.epochs", type=int, help="train this many epochs (instead of --steps)")
+    _key(parser, "pipeline.buffer_size", type=int, help="queue capacity in batches (default 3)")
+    _key(parser, "pipeline.model_start_delay_s", type=float, metavar="S", help="warm-up before the first step")
+    _key(parser, "trainer.model", help="tiny | small | base | synthetic:MS | package.module:function")
+    _key(parser, "text.frontend", metavar="NAME",
+         help="characters (any script) | phonemes (espeak-ng) | package.module:function")
+    _key(parser, "transforms.models", metavar="SPECS", help="package.module:function, comma-separated: neural "
+         "features the producers compute (transforms.models; declare their fields in transforms.model_fields)")
+    _key(parser, "text.language", metavar="CODE", help="language of clips whose metadata names none (en, fa, ...)")
+    _key(parser, "run.run_dir", help="where the run's files go (default runs/<timestamp>)")
+    _key(parser, "trainer.record_samples", action="store_true", default=None, help="write samples.jsonl")
+    _key(parser, "pipeline.keys", metavar="DIR", help="CURVE keys directory")
+    _key(parser, "pipeline.insecure", action="store_true", default=None, help="allow a non-loopback bind without keys")
+    _key(parser, "run.log_level", help="DEBUG, INFO, WARNING or ERROR")
+    _key(parser, "run.metrics_port", type=int, metavar="N", help="serve Prometheus metrics on port N")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. --set trainer.learning_rate=1e-3")
+
+
+def _precompute_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config (default: configs/default.yaml)")
+    _key(parser, "data.path", help="dataset directory, LJSpeech layout (default: embedded demo set)")
+    _key(parser, "pipeline.producers", type=int, help="local producer processes (default: pipeline.producers)")
+    _key(parser, "devices.data_gpu", type=int, help="GPU index for the producers")
+    _key(parser, "devices.data_gpu_memory_mb", type=int, metavar="MB", help="memory limit per producer process")
+    _key(parser, "batching.batch_size", type=int)
+    _key(parser, "transforms.models", metavar="SPECS", help="package.module:function, comma-separated: the "
+         "producer models whose outputs to cache too (transforms.models)")
+    _key(parser, "run.run_dir", help="where the run's files go (default runs/<timestamp>)")
+    _key(parser, "run.log_level", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key; "
+                        "data.feature_cache=DIR picks the cache (default: auto, DATASET/.stoker/features)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,12 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub.add_parser("train", help="train (the default command)"))
     produce = sub.add_parser("produce", help="start producers on this host for a trainer elsewhere")
     produce.add_argument("--connect", required=True, metavar="ENDPOINT", help="the trainer's endpoint")
-    produce.add_argument("--data", default="", help="dataset directory (same dataset as the trainer's)")
-    produce.add_argument("--producers", type=int, default=1)
-    produce.add_argument("--data-gpu", type=int)
-    produce.add_argument("--data-gpu-memory", type=int, metavar="MB")
-    produce.add_argument("--keys", metavar="DIR", help="CURVE keys: server.key and one client key pair")
-    produce.add_argument("--log-level", default="INFO")
+    _key(produce, "data.path", default="", help="dataset directory (same dataset as the trainer's)")
+    _key(produce, "pipeline.producers", type=int, default=1)
+    _key(produce, "devices.data_gpu", type=int)
+    _key(produce, "devices.data_gpu_memory_mb", type=int, metavar="MB")
+    _key(produce, "pipeline.keys", metavar="DIR", help="CURVE keys: server.key and one client key pair")
+    _key(produce, "run.log_level", default="INFO")
     slurm = sub.add_parser("slurm", help="a task of a Slurm job step (srun python run.py slurm ...): task 0 "
                            "trains, every other task starts producers on its node (docs/SLURM.md)")
     _train_parser(slurm)
@@ -148,21 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out", metavar="OUT", help="a new directory")
     watch = sub.add_parser("watch", help="show a running trainer's queue depth, wait and throughput")
     watch.add_argument("run_dir", metavar="RUN_DIR")
-    precompute = sub.add_parser("precompute", help="fill the feature cache ahead of training, with all producers")
-    precompute.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
-    precompute.add_argument("--data", help="dataset directory, LJSpeech layout (default: embedded demo set)")
-    precompute.add_argument("--producers", type=int, help="local producer processes (default: pipeline.producers)")
-    precompute.add_argument("--data-gpu", type=int, help="GPU index for the producers")
-    precompute.add_argument("--data-gpu-memory", type=int, metavar="MB", help="memory limit per producer process")
-    precompute.add_argument("--batch-size", type=int)
-    precompute.add_argument("--producer-models", metavar="SPECS",
-                            help="package.module:function, comma-separated: the producer models whose outputs to cache "
-                                 "too (transforms.models)")
-    precompute.add_argument("--run-dir", help="where the run's files go (default runs/<timestamp>)")
-    precompute.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
-    precompute.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                            help="override any config key; data.feature_cache=DIR picks the cache "
-                                 "(default: auto, DATASET/.stoker/features)")
+    _precompute_parser(sub.add_parser("precompute", help="fill the feature cache ahead of training, with all "
+                                      "producers"))
     keys = sub.add_parser("keys", help="make CURVE key pairs for authenticated remote producers")
     keys.add_argument("dir", metavar="DIR", help="directory for the keys (created; existing keys are kept)")
     keys.add_argument("--client", action="append", metavar="NAME",
@@ -173,47 +194,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _worker_paths(args: argparse.Namespace) -> None:
-    """With TF_CONFIG naming several trainer workers, --run-dir and --resume name the job's
-    directory, the same for every worker, and each worker's run is its worker-N inside."""
-    cluster = from_env(os.environ)
-    if cluster is None or cluster.size == 1:
-        return
-    job = args.resume or args.run_dir
-    if not job:
-        raise UserError(f"TF_CONFIG names {cluster.size} trainer workers: give every worker the same --run-dir "
-                        f"DIR (on a filesystem they share); worker N writes DIR/{worker_dir_name(0)[:-1]}N")
-    mine = str(Path(job).expanduser().resolve() / worker_dir_name(cluster.index))
-    if args.resume:
-        args.resume = mine
-        args.run_dir = None
-    else:
-        args.run_dir = mine
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys a command line gives: its flags' (parsed into their keys), then ``--set``'s."""
+    given = {key: value for key, value in vars(args).items() if key in KEY_FLAGS and value is not None}
+    given.update(parse_override(item) for item in getattr(args, "set", []))
+    return given
+
+
+def with_flags(message: str, flags: Mapping[str, str], suggests: Sequence[str] = ()) -> str:
+    """A run service's error as the command line says it: the config key it starts with gets
+    its flag beside it (``pipeline.bind (--bind): ...``), and so does each key it suggests
+    (``suggests``: a SettingError's); a parameter that is no config key becomes its flag
+    (``--connect: ...``). ``flags``: this command's."""
+    head, sep, rest = message.partition(": ")
+    if not sep:
+        return message
+    if head in flags:
+        head = f"{head} ({flags[head]})" if head in KEY_FLAGS else flags[head]
+    for key in suggests:
+        if key in flags:
+            rest = re.sub(rf"(?<![\w./]){re.escape(key)}(?![\w.])", f"{key} ({flags[key]})", rest)
+    return f"{head}: {rest}"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    _worker_paths(args)
+    setup_logging("launcher", vars(args)["run.log_level"] or "INFO")  # the config's notes (service.resolve)
     if args.resume:
-        cfg, resume_dir = service.resume_config(args)
+        if args.config is not None:
+            raise UserError("--resume continues with RUN_DIR/config.yaml; change keys with flags or --set, "
+                            "not --config")
+        cfg, resume_dir = service.resume_config(args.resume, overrides(args))
         code, run_dir, _ = service.launch(cfg, resume_dir, fresh_plan=args.fresh_plan)
     else:
         if args.fresh_plan:
             raise UserError("--fresh-plan starts a new epoch plan for a resumed run: give it with --resume RUN_DIR")
-        code, run_dir, _ = service.launch(service.resolve_config(args))
+        code, run_dir, _ = service.launch(service.resolve(args.config, overrides(args)))
     print_summary(run_dir)
     return code
 
 
 def cmd_precompute(args: argparse.Namespace) -> int:
-    code, run_dir, cfg = service.launch(service.precompute_config(service.resolve_config(args)))
+    setup_logging("launcher", vars(args)["run.log_level"] or "INFO")  # the config's notes (service.resolve)
+    code, run_dir, cfg = service.launch(service.precompute_config(service.resolve(args.config, overrides(args))))
     print_precompute_summary(run_dir, cfg.data.feature_cache)
     return code
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    return service.produce(args.connect, args.data, args.producers, data_gpu=args.data_gpu,
-                           data_gpu_memory=args.data_gpu_memory, keys=args.keys or "",
-                           log_level=args.log_level)
+    given = vars(args)
+    return service.produce(args.connect, given["data.path"], given["pipeline.producers"],
+                           data_gpu=given["devices.data_gpu"], data_gpu_memory_mb=given["devices.data_gpu_memory_mb"],
+                           keys=given["pipeline.keys"] or "", log_level=given["run.log_level"])
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -231,8 +262,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_slurm(args: argparse.Namespace) -> int:
-    return run_task(args, os.environ)
+def cmd_slurm(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
+    task = Task(config=args.config, resume=args.resume, fresh_plan=args.fresh_plan,
+                producer_nodes=args.producer_nodes, task_producers=args.task_producers)
+    return run_task(env, overrides(args), task)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -293,14 +326,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
         argv = ["train", *argv]
+    flags: dict[str, str] = {}
     try:
         args = build_parser().parse_args(argv)
         if args.command not in COMMANDS:
             build_parser().print_help()
             return EXIT_USER
+        flags = {name: flag for name, flag in {**KEY_FLAGS, **PARAMETER_FLAGS}.items() if name in vars(args)}
         return globals()[f"cmd_{args.command}"](args)  # each command's function: cmd_train, cmd_produce, ...
     except UserError as exc:  # every error the user can fix (shared/errors.py): one line
-        sys.stderr.write(f"stoker: error: {exc}\n")
+        suggests = exc.suggests if isinstance(exc, service.SettingError) else ()
+        sys.stderr.write(f"stoker: error: {with_flags(str(exc), flags, suggests)}\n")
         return EXIT_USER
     except KeyboardInterrupt:
         sys.stderr.write("stoker: interrupted\n")

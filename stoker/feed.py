@@ -8,80 +8,100 @@
         for batch in feed:                      # dict of tensors on the model device (framework=)
             loss = train_step(batch)            # the user's own step
             feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
-        val = [eval_step(b) for b in feed.validation()]   # the held-out clips, once each
 
-The feed runs in the user's process: the trainer side of the pipeline (consumer/pipeline/feed.py:
-index, plan, coordinator, bounded queue, step rows, input position, summary.json), the
-staging of each batch onto the model device while the previous step runs (as TensorFlow
-tensors, PyTorch tensors, JAX arrays or numpy arrays: ``framework``, trainer.framework;
-consumer/pipeline/frameworks.py), and the local producer processes, started and
-supervised here as the launcher does for ``python run.py`` (restarted when they crash,
-at most ``pipeline.producer_restarts`` times each). It writes the run files of a stoker
-run, so ``diagnose`` and ``watch`` read it. docs/FEED.md is the user's guide.
-
-Lifecycle: constructing a feed checks its options and starts nothing; ``with`` (or the
-first batch taken) starts it; leaving the ``with`` block, normally, by an exception or
-by Ctrl-C, closes it with the shutdown protocol: the coordinator tells every producer
-STOP, the producers are joined with a timeout and then terminated, summary.json is
-written. A feed that is never closed is closed at interpreter exit, with a warning.
+The feed runs the trainer side of the pipeline (consumer/pipeline/feed.py) in the user's
+process; the run service starts and supervises its producers. docs/FEED.md is the user's
+guide, docs/DESIGN.md (One path to a training step) the long story.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
-import importlib.util
-import json
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
+from . import service
 from .consumer.pipeline.feed import FeedCore, PreparedRun
-from .consumer.pipeline.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
-from .launcher import KILL_AFTER_S, PRODUCER_STOP_S, TICK_S, AutoControl, Supervisor, start_producers
-from .service import FLAG_KEYS, make_run_dir, prepare_run, resolve_options
+from .consumer.pipeline.frameworks import Staging
+from .feed_staging import FeedError, check_framework, make_staging
+from .feed_tf import checkpoint_state, element_spec, keras_callback
 from .shared import config as config_mod
-from .shared.cluster import from_env, worker_dir_name
-from .shared.config import FRAMEWORKS, TENSORFLOW, batch_schema
-from .shared.errors import UserError
+from .shared.config import TENSORFLOW
 from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
 from .shared.runfiles import CONFIG, TRAINED_BY_FEED
 from .shared.runlock import RunLock
-from .shared.tfsetup import TF_EXTRA, device_stager, replica_stager
 
 log = logging.getLogger("stoker.feed")
 
-# The feed's options: every option of `python run.py` by its long name, except the ones
-# that name stoker's own trainer (the user's loop trains) or another command.
-NOT_FEED_OPTIONS = {"model": "the feed trains no model: your loop does"}
-# What each framework needs installed: its module, its name, and how to install it.
-FRAMEWORK_MODULES = {
-    TENSORFLOW: ("tensorflow", "TensorFlow", f"{TF_EXTRA}, or choose framework='torch', 'jax' or 'numpy'"),
-    "torch": ("torch", "PyTorch", "pip install torch (the build for your CUDA: pytorch.org)"),
-    "jax": ("jax", "JAX", "pip install 'jax[cpu]' (or 'jax[cuda12]')"),
+# The feed's keyword options and the config key each one sets: python run.py's long option
+# names, as docs/FEED.md lists them. Any other config key goes through set=.
+OPTION_KEYS = {
+    "data": "data.path", "data_gpu": "devices.data_gpu", "model_gpu": "devices.model_gpu",
+    "data_gpu_memory": "devices.data_gpu_memory_mb", "model_gpu_memory": "devices.model_gpu_memory_mb",
+    "replicas": "devices.replicas", "producers": "pipeline.producers", "max_producers": "pipeline.max_producers",
+    "bind": "pipeline.bind", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
+    "buffer_size": "pipeline.buffer_size", "model_start_delay": "pipeline.model_start_delay_s",
+    "batch_size": "batching.batch_size", "max_frames": "batching.max_frames", "steps": "trainer.steps",
+    "epochs": "trainer.epochs", "record_samples": "trainer.record_samples", "text_frontend": "text.frontend",
+    "language": "text.language", "producer_models": "transforms.models", "run_dir": "run.run_dir",
+    "log_level": "run.log_level", "metrics_port": "run.metrics_port",
 }
+# Options of python run.py that are not the feed's, and why.
+NOT_FEED_OPTIONS = {"model": "it sets trainer.model, stoker's trainer's; the feed trains no model: your loop does"}
 
 
-class FeedError(UserError):
-    """A feed used wrongly (an unknown option, a feed used after it closed, a state that
-    does not fit); the message is one line for the user."""
+def feed_overrides(options: Mapping[str, Any], sets: Mapping[str, Any]) -> dict[str, Any]:
+    """The config keys a feed's keyword ``options`` (OPTION_KEYS; None: not given) and its
+    ``set=`` give, ``set=`` last; FeedError (one line) for an option that is not the feed's."""
+    given: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in NOT_FEED_OPTIONS:
+            raise FeedError(f"stoker.Feed: option {name!r} is not the feed's ({NOT_FEED_OPTIONS[name]})")
+        if name not in OPTION_KEYS:
+            raise FeedError(f"stoker.Feed: unknown option {name!r}; the options are {', '.join(sorted(OPTION_KEYS))} "
+                            f"(and config=, set= for any config key, resume=, framework=, strategy=, sharding=)")
+        if value is not None:
+            given[OPTION_KEYS[name]] = value
+    producers = given.get("pipeline.producers")
+    if producers is not None and (isinstance(producers, bool) or not isinstance(producers, (int, str))):
+        raise FeedError(f"stoker.Feed: producers (pipeline.producers) must be a number or 'auto', got {producers!r}")
+    given.update({str(key): value for key, value in sets.items()})
+    return given
 
 
-def _option_names() -> list[str]:
-    return sorted(set(FLAG_KEYS) - set(NOT_FEED_OPTIONS))
+def feed_config(config: str | os.PathLike[str] | None, sets: Mapping[str, Any], options: Mapping[str, Any],
+                framework: str | None, strategy: Any) -> config_mod.Config:
+    """A feed's config: the YAML file ``config``, then its keyword ``options`` and ``set=``
+    (:func:`feed_overrides`), ``framework=`` and the replicas of ``strategy``; FeedError (one
+    line) for each mistake."""
+    given = feed_overrides(options, sets)
+    if strategy is not None:
+        replicas = len(strategy.extended.worker_devices)  # this worker's (all of them but on several workers)
+        if given.get("devices.replicas") not in (None, replicas):
+            raise FeedError(f"stoker.Feed: devices.replicas is {given['devices.replicas']}, but the strategy has "
+                            f"{replicas}")
+        given["devices.replicas"] = replicas
+    if framework is not None:
+        if given.get("trainer.framework", framework) != framework:
+            raise FeedError(f"stoker.Feed: framework={framework!r}, but set= has trainer.framework="
+                            f"{given['trainer.framework']!r}")
+        given["trainer.framework"] = framework
+    try:
+        return service.resolve(config, given)
+    except config_mod.ConfigError as exc:
+        raise FeedError(f"stoker.Feed: {exc}") from None
 
 
 class Feed:
     """stoker's batches for the user's loop. Options: ``config`` (a YAML file), ``set``
-    ({"section.key": value}), ``resume`` (a :meth:`state_dict`), and every option of
-    ``python run.py`` by its long name (``data``, ``producers``, ``batch_size``, ``steps``,
-    ``epochs``, ``buffer_size``, ``model_start_delay``, ``bind``, ``keys``, ``max_frames``,
-    ``record_samples``, ``text_frontend``, ``data_gpu``, ``model_gpu``, ...); ``framework``
-    (trainer.framework): what it hands out, TensorFlow tensors (the default), PyTorch
-    tensors, JAX arrays or numpy arrays."""
+    ({"section.key": value}), ``resume`` (a :meth:`state_dict`), the keyword options of
+    OPTION_KEYS (``data``, ``producers``, ``batch_size``, ``epochs``, ...), and ``framework``
+    (trainer.framework): TensorFlow tensors (the default), PyTorch tensors, JAX arrays or numpy."""
 
     def __init__(self, config: str | os.PathLike[str] | None = None, set: dict[str, Any] | None = None,
                  resume: dict[str, Any] | None = None, strategy: Any = None, framework: str | None = None,
@@ -92,43 +112,16 @@ class Feed:
         each replica's device), ready for ``strategy.run``; ``replicas`` follows from it.
         ``sharding`` (JAX): a ``jax.sharding.Sharding`` every field of a batch is put with
         (default: the device ``jax.devices()[model_gpu or 0]``)."""
-        for name in options:
-            if name in NOT_FEED_OPTIONS:
-                raise FeedError(f"stoker.Feed: option {name!r} is not the feed's ({NOT_FEED_OPTIONS[name]})")
-            if name not in _option_names():
-                raise FeedError(f"stoker.Feed: unknown option {name!r}; the options are the long names of python "
-                                f"run.py's: {', '.join(_option_names())} (and config=, set=, resume=)")
-        if options.get("producers") is not None and not isinstance(options["producers"], (int, str)):
-            raise FeedError(f"stoker.Feed: producers must be a number or 'auto', got {options['producers']!r}")
-        if strategy is not None:
-            replicas = len(strategy.extended.worker_devices)  # this worker's (all of them but on several workers)
-            if options.get("replicas") not in (None, replicas):
-                raise FeedError(f"stoker.Feed: replicas={options['replicas']}, but the strategy has {replicas}")
-            options["replicas"] = replicas
-        self._strategy = strategy
-        self._replicas = options.get("replicas")  # None: the loop's business (summary.json says null)
-        sets = {str(key): value for key, value in (set or {}).items()}
-        if framework is not None:
-            if sets.get("trainer.framework", framework) != framework:
-                raise FeedError(f"stoker.Feed: framework={framework!r}, but set= has trainer.framework="
-                                f"{sets['trainer.framework']!r}")
-            sets["trainer.framework"] = framework
-        try:
-            self.cfg = resolve_options(str(config) if config is not None else None, options, sets)
-        except config_mod.ConfigError as exc:
-            raise FeedError(f"stoker.Feed: {exc}") from None
-        self.framework = self._check_framework(self.cfg.trainer.framework, strategy, sharding)
-        self._sharding = sharding
+        self.cfg = feed_config(config, set or {}, options, framework, strategy)
+        self._strategy, self._sharding = strategy, sharding
+        self._replicas = self.cfg.devices.replicas  # None: the loop's business (summary.json says null)
+        self.framework = check_framework(self.cfg.trainer.framework, strategy, sharding)
         self._staging: Staging = Staging()  # from start() on: the framework's (host arrays until then)
         self.device = "host"  # where batches are staged, from start() on
         self._resume = resume
         self._prepared: PreparedRun | None = None  # from prepare() on: the dataset indexed, the epochs planned
         self._core: FeedCore | None = None  # from start() on: the run opened (coordinator, queues, step logs)
-        self._producers: list[Any] = []
-        self._supervisor: Any = None
-        self._auto: Any = None
-        self._watch: threading.Thread | None = None
-        self._closing = threading.Event()
+        self._producers: service.BackgroundProducers | None = None  # from start() on: the run service's
         self._stop = threading.Event()
         self._batches: Iterator[Any] | None = None
         self._taken_by: str | None = None  # "iteration" or "as_dataset()"
@@ -139,26 +132,6 @@ class Feed:
         self._run_lock: RunLock | None = None  # the run directory's, from prepare() to close()
         self.run_dir: Path | None = None
         self.endpoint = ""
-
-    @staticmethod
-    def _check_framework(framework: str, strategy: Any, sharding: Any) -> str:
-        """``framework`` if it is installed and the options fit it; else one FeedError line."""
-        assert framework in FRAMEWORKS  # the config checked it
-        if strategy is not None and framework != TENSORFLOW:
-            raise FeedError(f"stoker.Feed: strategy= is a tf.distribute strategy, for framework='tensorflow'; "
-                            f"this feed's framework is {framework!r}")
-        if sharding is not None and framework != "jax":
-            raise FeedError(f"stoker.Feed: sharding= is a jax.sharding.Sharding, for framework='jax'; this feed's "
-                            f"framework is {framework!r}")
-        module, name, install = FRAMEWORK_MODULES.get(framework, (None, "", ""))
-        if module is not None and importlib.util.find_spec(module) is None:
-            raise FeedError(f"stoker.Feed(framework={framework!r}) needs {name}: {install}")
-        if sharding is not None:
-            import jax  # the user's sharding is JAX's: JAX is loaded already
-
-            if not isinstance(sharding, jax.sharding.Sharding):
-                raise FeedError(f"stoker.Feed: sharding= takes a jax.sharding.Sharding, got {type(sharding).__name__}")
-        return framework
 
     # ------------------------------------------------------------ starting
     def __enter__(self) -> "Feed":
@@ -176,7 +149,7 @@ class Feed:
             return self
         if self._closed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
-        cfg, plan = prepare_run(self.cfg, trains_model=False)  # another framework's producers: backend numpy
+        cfg, plan = service.prepare_run(self.cfg, trains_model=False)  # another framework's producers: backend numpy
         run_dir = self._run_dir(cfg)
         self._run_lock = RunLock.acquire(run_dir)  # before anything in the run directory is written; close() frees it
         try:
@@ -221,17 +194,18 @@ class Feed:
         if self._reused_dir and self._resume is None:
             self._started_once = False
             self.close()
-            raise FeedError(f"run directory {self.run_dir} holds a run; choose another run_dir, or continue it with "
-                            f"resume=feed.state_dict() (or a restored feed.trackable())")
+            raise FeedError(f"run.run_dir: {self.run_dir} holds a run; choose another run directory, or continue it "
+                            f"with resume=feed.state_dict() (or a restored feed.trackable())")
         try:
             self._core = core = FeedCore(prepared, self._stop, state=self._resume)
             self.endpoint = core.endpoint
-            self._staging = staging = self._make_staging()
+            self._staging = staging = make_staging(self.framework, self.cfg.devices, self._strategy, self._sharding)
             self.device = staging.device
             if staging.stage is not None:
                 core.queue.enable_staging(staging.stage)
                 core.val_queue.enable_staging(staging.stage)
-            self._start_producers()
+            assert self.run_dir is not None
+            self._producers = service.start_producers(self.cfg, self._plan, self.endpoint, self.run_dir)
         except BaseException:
             self.close()
             raise
@@ -240,140 +214,13 @@ class Feed:
     def _run_dir(self, cfg: config_mod.Config) -> Path:
         """The run directory: a new one, or a stoker run directory to continue (its step logs
         go on; :meth:`start` refuses it unless the feed resumes)."""
-        requested = cfg.run.run_dir
-        cluster = from_env(os.environ)
-        if cluster is not None and cluster.size > 1:  # each trainer worker's feed writes DIR/worker-N
-            if not requested:
-                raise FeedError(f"TF_CONFIG names {cluster.size} trainer workers: give every worker's feed the same "
-                                f"run_dir (on a filesystem they share); worker N writes run_dir/worker-N")
-            requested = str(Path(requested).expanduser().resolve() / worker_dir_name(cluster.index))
+        requested = service.job_run_dir(cfg.run.run_dir)  # each trainer worker's feed writes RUN_DIR/worker-N
         if requested:
             path = Path(requested).expanduser().resolve()
             if (path / CONFIG).is_file():
                 self._reused_dir = True
                 return path
-        return make_run_dir(requested)
-
-    def _make_staging(self) -> Staging:
-        """How batches reach the loop for the feed's framework (consumer/pipeline/frameworks.py):
-        staged onto the model device in the queue's stager thread, or host arrays (numpy)."""
-        if self.framework == TENSORFLOW:
-            return self._tf_staging()
-        if self.framework == "torch":
-            return self._torch_staging()
-        if self.framework == "jax":
-            return self._jax_staging()
-        log.info("batches handed out as numpy arrays (host memory)")
-        return Staging()
-
-    def _one_model_gpu(self, several: str) -> int | None:
-        """``devices.model_gpu`` as one index (None: not given); FeedError for several, saying ``several``."""
-        wanted = self.cfg.devices.model_gpu
-        if isinstance(wanted, str):
-            raise FeedError(f"model_gpu={wanted!r}: {several}")
-        return wanted
-
-    def _tf_staging(self) -> Staging:
-        """Host arrays -> tensors on the model device, in the queue's stager thread: the
-        GPU ``devices.model_gpu`` names among this process's GPUs (default its first, with
-        ``devices.model_gpu_memory_mb`` as its limit), else the CPU; with a strategy, each
-        replica's part onto that replica's device."""
-        import tensorflow as tf
-
-        if self._strategy is not None:
-            devices = list(self._strategy.extended.worker_devices)
-            log.info("batches split over %d replicas and staged onto %s", len(devices), ", ".join(devices))
-            return FunctionStaging(replica_stager(tf, self._strategy, devices), ", ".join(devices))
-
-        wanted = self._one_model_gpu("without strategy= the feed stages each batch onto one GPU; for a replica on "
-                                     "each of several, give strategy=tf.distribute.MirroredStrategy(...)")
-        limit_mb = self.cfg.devices.model_gpu_memory_mb
-        physical = tf.config.list_physical_devices("GPU")
-        if wanted is not None and wanted >= len(physical):
-            raise FeedError(f"model_gpu {wanted}: TensorFlow in this process sees {len(physical)} GPU(s) (numbered "
-                            f"from 0 among CUDA_VISIBLE_DEVICES)")
-        if limit_mb and physical:
-            try:
-                tf.config.set_logical_device_configuration(
-                    physical[wanted or 0], [tf.config.LogicalDeviceConfiguration(memory_limit=int(limit_mb))])
-            except RuntimeError:
-                raise FeedError("model_gpu_memory: TensorFlow in this process has set up its GPUs already (a tensor "
-                                "or model was made before the feed started); start the feed first, or leave the "
-                                "limit to tf.config.set_logical_device_configuration in your code") from None
-        elif limit_mb:
-            log.warning("model_gpu_memory=%d: this process has no GPU; nothing to limit", limit_mb)
-        gpus = tf.config.list_logical_devices("GPU")
-        device = gpus[wanted or 0].name if gpus else "/CPU:0"
-        log.info("batches staged onto %s", device)
-        return FunctionStaging(device_stager(tf, device), device)
-
-    def _torch_staging(self) -> Staging:
-        """Batches as torch tensors on ``cuda:N`` (N: ``devices.model_gpu``, default 0) when
-        CUDA is available, with ``devices.model_gpu_memory_mb`` as the process's share of
-        that GPU; else on the CPU."""
-        import torch  # the user's framework: loaded with the feed of a torch loop only
-
-        wanted = self._one_model_gpu("the feed stages each batch onto one GPU, cuda:N; several GPUs are a process "
-                                     "each (torch.distributed), each with its model_gpu")
-        limit_mb = self.cfg.devices.model_gpu_memory_mb
-        if torch.cuda.is_available():
-            count = torch.cuda.device_count()
-            if wanted is not None and wanted >= count:
-                raise FeedError(f"model_gpu {wanted}: PyTorch in this process sees {count} GPU(s) (numbered from 0 "
-                                f"among CUDA_VISIBLE_DEVICES)")
-            index = wanted or 0
-            if limit_mb:
-                total_mb = torch.cuda.get_device_properties(index).total_memory / 2**20
-                torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb / total_mb), index)
-            device = f"cuda:{index}"
-        elif wanted is not None:
-            raise FeedError(f"model_gpu {wanted}: PyTorch in this process sees no GPU (torch.cuda.is_available() is "
-                            f"False: a CPU build of torch, or no driver)")
-        else:
-            if limit_mb:
-                log.warning("model_gpu_memory=%d: this process has no GPU; nothing to limit", limit_mb)
-            device = "cpu"
-        log.info("batches staged onto %s as torch tensors", device)
-        return TorchStaging(torch, device)
-
-    def _jax_staging(self) -> Staging:
-        """Batches as jax arrays put with ``sharding=``, else onto ``jax.devices()[model_gpu or 0]``."""
-        import jax  # the user's framework: loaded with the feed of a JAX loop only
-
-        if self.cfg.devices.model_gpu_memory_mb:
-            log.warning("model_gpu_memory=%d: JAX takes its memory limit from XLA_PYTHON_CLIENT_MEM_FRACTION, set "
-                        "before JAX starts; not applied", self.cfg.devices.model_gpu_memory_mb)
-        if self._sharding is not None:
-            log.info("batches put with %s as jax arrays", self._sharding)
-            return JaxStaging(jax, self._sharding)
-        wanted = self._one_model_gpu("without sharding= the feed puts each batch on one device; for several, give "
-                                     "sharding=jax.sharding.NamedSharding(mesh, PartitionSpec('batch'))")
-        devices = jax.devices()
-        if wanted is not None and wanted >= len(devices):
-            raise FeedError(f"model_gpu {wanted}: JAX in this process has {len(devices)} device(s): {devices}")
-        device = devices[wanted or 0]
-        log.info("batches staged onto %s as jax arrays", device)
-        return JaxStaging(jax, device)
-
-    def _start_producers(self) -> None:
-        cfg, plan = self.cfg, self._plan
-        self._supervisor = sup = Supervisor(plan, cfg.run.log_level)
-        self._producers.extend(start_producers(sup, cfg, plan, self.endpoint))
-        if cfg.pipeline.producers_auto:
-            assert self.run_dir is not None
-            self._auto = AutoControl(cfg, self.run_dir, sup, self._producers, self.endpoint, plan)
-        self._watch = threading.Thread(target=self._supervise, name="stoker-producers", daemon=True)
-        self._watch.start()
-
-    def _supervise(self) -> None:
-        """The producers' supervision, beside the user's loop: status lines, crashes restarted."""
-        sup = self._supervisor
-        while not self._closing.is_set():
-            sup.poll_status(TICK_S)
-            sup.supervise_producers(self._producers, self.cfg.pipeline.producer_restarts,
-                                    keep_going=lambda: not self._closing.is_set())
-            if self._auto is not None:
-                self._auto.step()
+        return service.make_run_dir(requested)
 
     # ------------------------------------------------------------ batches
     def __iter__(self) -> "Feed":
@@ -459,36 +306,7 @@ class Feed:
         callbacks=[feed.callback(), ...])``. Put it before callbacks that save
         ``feed.state_dict()``, so that their state counts the step that just ended."""
         self._tensorflow_only("callback()", "a Keras callback")
-        import keras
-
-        feed = self
-
-        class FeedCallback(keras.callbacks.Callback):
-            # Keras may run the batch hooks in a thread of its own, after the step's logs are on the
-            # host: the step is then confirmed when it is done, and the training thread never waits.
-            async_safe = True
-
-            def __init__(self) -> None:
-                super().__init__()
-                self._seen = 0  # steps of this Keras epoch confirmed
-                self._lock = threading.Lock()
-
-            def on_train_begin(self, logs: Any = None) -> None:
-                # Every fit makes its own iterator: what an earlier one took ahead was never trained.
-                feed.return_prefetched()
-
-            def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-                self._seen = 0
-
-            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-                # ``batch`` is the index of the last step run (several under steps_per_execution); run
-                # in Keras' threads, a later batch's hook can come first and count the steps before it.
-                with self._lock:
-                    steps, self._seen = max(0, batch + 1 - self._seen), max(self._seen, batch + 1)
-                if steps:
-                    feed._confirm_steps(steps)
-
-        return FeedCallback()
+        return keras_callback(self.return_prefetched, self._confirm_steps)
 
     def return_prefetched(self) -> int:
         """Batches handed out through ``as_dataset()`` and never confirmed go back to the feed,
@@ -612,12 +430,7 @@ class Feed:
         by bucket (B, L, T, S) None, F and R fixed. A ``tf.function`` with this
         ``input_signature`` traces once for every bucket."""
         self._tensorflow_only("element_spec", "tf.TensorSpec's")
-        import tensorflow as tf
-
-        cfg = self._prepared_run().cfg  # fixed rows resolved (replicas, workers): row_mask among the fields
-        fixed = {"F": cfg.features.n_mels, "R": cfg.batching.ref_frames}  # the same in every bucket
-        return {f.name: tf.TensorSpec([fixed.get(dim) for dim in f.dims], tf.as_dtype(f.dtype), name=f.name)
-                for f in batch_schema(cfg).fields}
+        return element_spec(self._prepared_run().cfg)  # fixed rows resolved (replicas, workers)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the feed is in its plan (JSON-serialisable): which planned batches of which
@@ -641,19 +454,7 @@ class Feed:
         ``tf.train.Checkpoint(model=model, feed=feed.trackable())``; restoring the
         checkpoint before the feed starts makes the feed continue from its position."""
         self._tensorflow_only("trackable()", "a tf.train.Checkpoint object")
-        import tensorflow as tf
-
-        feed = self
-
-        class FeedState(tf.train.experimental.PythonState):
-            def serialize(self) -> str:
-                return json.dumps(feed.state_dict())
-
-            def deserialize(self, string_value: Any) -> None:
-                text = string_value.decode() if isinstance(string_value, bytes) else str(string_value)
-                feed.load_state_dict(json.loads(text))
-
-        return FeedState()
+        return checkpoint_state(self.state_dict, self.load_state_dict)
 
     def _tensorflow_only(self, what: str, is_: str) -> None:
         """FeedError (one line) for a TensorFlow thing asked of a feed of another framework."""
@@ -670,46 +471,16 @@ class Feed:
             return
         self._closed = True
         try:
-            self._close_core(exc)
+            if self._core is not None and self._core.opened:
+                close_core(self._core, exc, self._ended, self._taken_by, self._replicas)
         finally:
-            self._stop_producers()
+            if self._producers is not None:
+                self._producers.close()  # they were told STOP
+                self._producers = None
             atexit.unregister(self._at_exit)
             if self._run_lock is not None:
                 self._run_lock.release()
                 self._run_lock = None
-
-    def _close_core(self, exc: BaseException | None) -> None:
-        core = self._core
-        if core is not None and core.opened:
-            if isinstance(exc, KeyboardInterrupt):
-                core.exit_reason, core.code = "interrupted", EXIT_INTERRUPTED
-            elif exc is not None:
-                core.exit_reason, core.code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
-            elif not self._ended and not core.finished():
-                core.exit_reason = f"stopped by the training loop at step {core.step}"
-            if self._taken_by == "as_dataset()" and not core.step and core.handed_steps:
-                log.warning("%d batches went out through as_dataset() and no step was confirmed: pass "
-                            "callbacks=[feed.callback()] to fit, or call feed.step_done() after each step of your "
-                            "loop; the feed's state counts confirmed steps only", core.handed_steps)
-            # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the
-            # feed's to know.
-            core.close({"trained_by": TRAINED_BY_FEED, "model": None, "replicas": self._replicas})
-            failure = core.file_failure()  # a file of the run it could not write while closing (a full disk)
-            if failure is not None and exc is None:
-                raise failure
-
-    def _stop_producers(self) -> None:
-        self._closing.set()
-        if self._watch is not None:
-            self._watch.join(timeout=5.0)
-        sup = self._supervisor
-        if sup is None:
-            return
-        try:
-            sup.wait(self._producers, PRODUCER_STOP_S)  # they were told STOP
-            sup.terminate(self._producers, KILL_AFTER_S)
-        finally:
-            sup.cleanup()
 
     def _at_exit(self) -> None:
         if not self._closed:
@@ -720,6 +491,29 @@ class Feed:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._started_once else "not started"
         return f"<stoker.Feed {state} run_dir={self.run_dir} step={self.step}>"
+
+
+def close_core(core: FeedCore, exc: BaseException | None, ended: bool, taken_by: str | None,
+               replicas: int | None) -> None:
+    """Close a feed's open run: its exit reason (``exc``: what ended the user's loop; ``ended``:
+    the loop took every batch), the step logs and summary.json; a file it could not write
+    is raised unless the loop's own exception is on its way."""
+    if isinstance(exc, KeyboardInterrupt):
+        core.exit_reason, core.code = "interrupted", EXIT_INTERRUPTED
+    elif exc is not None:
+        core.exit_reason, core.code = f"failed: {type(exc).__name__}: {exc}"[:500], EXIT_FAILED
+    elif not ended and not core.finished():
+        core.exit_reason = f"stopped by the training loop at step {core.step}"
+    if taken_by == "as_dataset()" and not core.step and core.handed_steps:
+        log.warning("%d batches went out through as_dataset() and no step was confirmed: pass "
+                    "callbacks=[feed.callback()] to fit, or call feed.step_done() after each step of your "
+                    "loop; the feed's state counts confirmed steps only", core.handed_steps)
+    # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the
+    # feed's to know.
+    core.close({"trained_by": TRAINED_BY_FEED, "model": None, "replicas": replicas})
+    failure = core.file_failure()  # a file of the run it could not write while closing (a full disk)
+    if failure is not None and exc is None:
+        raise failure
 
 
 __all__ = ["Feed", "FeedError"]

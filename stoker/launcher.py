@@ -35,6 +35,7 @@ import site
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from importlib.machinery import PathFinder
@@ -417,6 +418,46 @@ def start_producers(sup: Supervisor, cfg: Config, plan: DevicePlan, endpoint: st
     if producers:
         log.info("started %d local producer(s) for %s", len(producers), endpoint)
     return producers
+
+
+class BackgroundProducers:
+    """The local producers of a trainer in this process (a ``stoker.Feed``), supervised in a
+    thread beside the user's loop as :func:`run_training` supervises a run's: status lines
+    read, crashes restarted (at most ``pipeline.producer_restarts`` each), ``auto`` scaled.
+    ``close()``, once the trainer side has told them STOP, joins them, then terminates."""
+
+    def __init__(self, cfg: Config, plan: DevicePlan, endpoint: str, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.sup = Supervisor(plan, cfg.run.log_level)
+        self.producers: list[Child] = []
+        self._closing = threading.Event()
+        try:
+            self.producers.extend(start_producers(self.sup, cfg, plan, endpoint))
+            self.auto: AutoControl | None = None
+            if cfg.pipeline.producers_auto:
+                self.auto = AutoControl(cfg, run_dir, self.sup, self.producers, endpoint, plan)
+        except BaseException:
+            self.sup.cleanup()
+            raise
+        self._thread = threading.Thread(target=self._supervise, name="stoker-producers", daemon=True)
+        self._thread.start()
+
+    def _supervise(self) -> None:
+        while not self._closing.is_set():
+            self.sup.poll_status(TICK_S)
+            self.sup.supervise_producers(self.producers, self.cfg.pipeline.producer_restarts,
+                                         keep_going=lambda: not self._closing.is_set())
+            if self.auto is not None:
+                self.auto.step()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(timeout=5.0)
+        try:
+            self.sup.wait(self.producers, PRODUCER_STOP_S)  # they were told STOP
+            self.sup.terminate(self.producers, KILL_AFTER_S)
+        finally:
+            self.sup.cleanup()
 
 
 class AutoControl:

@@ -1,33 +1,30 @@
 """The run service: what the command line (stoker/cli.py), ``stoker.Feed`` (stoker/feed.py)
-and Slurm's tasks (stoker/slurm.py) do alike to run stoker.
-
-An options' mapping (the command line's long flag names) and ``--set`` keys become a
-config (:func:`resolve_options`); :func:`prepare_run` checks what the config asks for
-before anything starts (the dataset, the model, the keys, the endpoint, the GPUs);
-:func:`make_run_dir` makes a new run directory; :func:`launch` runs the launcher's
-training and :func:`produce` its producers for a trainer elsewhere. Each mistake a user
-can make is one UserError line. It imports no command line: the callers above it do the
-parsing and the printing.
+and Slurm's tasks (stoker/slurm.py) do alike to run stoker, as typed functions keyed by
+config keys: a config from a YAML file and overrides (:func:`resolve`), the checks before
+anything starts (:func:`prepare_run`), a run directory, a run (:func:`launch`), producers for
+a trainer elsewhere (:func:`produce`) or beside the user's loop (:func:`start_producers`).
+Each mistake is one UserError line naming the config key; docs/DESIGN.md, The run service.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as _dt
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+import yaml
 
 from .consumer.pipeline.checkpoint import Checkpointer
 from .consumer.training.trainer import check_model, uses_tensorflow
-from .devices import list_gpus, plan_devices, requested_replicas
-from .launcher import run_producers, run_training
+from .devices import DevicePlan, list_gpus, plan_devices, requested_replicas
+from .launcher import BackgroundProducers, run_producers, run_training
 from .producer.features import resolve_backend
 from .shared import config as config_mod
-from .shared.cluster import from_env
-from .shared.config import TENSORFLOW, DevicesConfig
+from .shared.cluster import from_env, worker_dir_name
+from .shared.config import TENSORFLOW, Config, DevicesConfig
 from .shared.dataset import describe_copy, feature_cache_dir, locate
 from .shared.dataset.storage import is_url
 from .shared.endpoints import EndpointError, check_endpoint
@@ -49,53 +46,87 @@ PRODUCE_RESTARTS = 3
 # precompute is one epoch of a run whose trainer takes each batch and drops it at once:
 # the real producers (all of them) fill the feature cache, and nothing waits on a model.
 PRECOMPUTE_MODEL = "synthetic:0"
-
-FLAG_KEYS = {
-    "data": "data.path", "data_gpu": "devices.data_gpu", "model_gpu": "devices.model_gpu",
-    "data_gpu_memory": "devices.data_gpu_memory_mb", "model_gpu_memory": "devices.model_gpu_memory_mb",
-    "replicas": "devices.replicas",
-    "producers": "pipeline.producers", "bind": "pipeline.bind", "batch_size": "batching.batch_size",
-    "max_frames": "batching.max_frames",
-    "steps": "trainer.steps", "epochs": "trainer.epochs", "buffer_size": "pipeline.buffer_size",
-    "model_start_delay": "pipeline.model_start_delay_s", "model": "trainer.model", "run_dir": "run.run_dir",
-    "record_samples": "trainer.record_samples", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
-    "log_level": "run.log_level", "metrics_port": "run.metrics_port", "max_producers": "pipeline.max_producers",
-    "text_frontend": "text.frontend", "language": "text.language", "producer_models": "transforms.models",
-}
+# pipeline.producers "auto": start with this many, add while the trainer starves.
+AUTO_START = 1
 
 
-def resolve_config(args: argparse.Namespace) -> config_mod.Config:
-    """The config of a parsed command line: the options FLAG_KEYS names, ``config`` and ``set``."""
-    options = {attr: getattr(args, attr, None) for attr in FLAG_KEYS}
-    sets = dict(config_mod.parse_override(item) for item in args.set)
-    return resolve_options(args.config, options, sets)
+class SettingError(UserError):
+    """A setting that cannot work, one line starting with its config key (``key: message``),
+    with the keys the message suggests setting instead: an adapter may name their flags."""
+
+    def __init__(self, key: str, message: str, suggests: tuple[str, ...] = ()) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key, self.suggests = key, suggests
 
 
-def resolve_options(config: str | None, options: dict[str, Any], sets: dict[str, Any]) -> config_mod.Config:
-    """The run's config: the YAML file (default configs/default.yaml), the options by their
-    long names (FLAG_KEYS; None: not given), then ``sets`` (dotted config keys)."""
-    overrides: dict[str, Any] = {}
-    for attr, key in FLAG_KEYS.items():
-        value = options.get(attr)
-        if value is not None:
-            overrides[key] = value
-    if overrides.get("pipeline.producers") == "auto":
-        overrides["pipeline.producers"] = 1
-        overrides["pipeline.producers_auto"] = True
-    steps, epochs = options.get("steps"), options.get("epochs")
-    if steps is not None and epochs is None:
-        overrides["trainer.epochs"] = None
-    if epochs is not None and steps is None:
-        overrides["trainer.steps"] = None
-    overrides.update(sets)
-    if "data.path" in overrides and overrides["data.path"] and not is_url(overrides["data.path"]):
-        overrides["data.path"] = str(Path(overrides["data.path"]).expanduser().resolve())
-    cfg = config_mod.load(config or DEFAULT_CONFIG, overrides)
-    if "pipeline.producers" not in overrides:
-        # A step takes one batch per model replica: the default producers are per replica.
-        producers = cfg.pipeline.producers * requested_replicas(cfg.devices)
-        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, producers=producers))
+def resolve(config: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
+    """The run's config: the YAML file ``config`` (default configs/default.yaml), then
+    ``overrides`` by config key (``{"pipeline.producers": 4}``; pipeline.producers ``"auto"``
+    starts AUTO_START and adds by evidence). A value the user gave is kept; where stoker
+    changes one (its default producers per replica, a steps or epochs of the user's file that
+    an override replaces), one logged line names the key and both values (docs/DESIGN.md,
+    The run service)."""
+    given = dict(overrides or {})
+    if given.get("pipeline.producers") == "auto":
+        given["pipeline.producers"] = AUTO_START
+        given["pipeline.producers_auto"] = True
+    path = given.get("data.path")
+    if isinstance(path, str) and path and not is_url(path):
+        given["data.path"] = str(Path(path).expanduser().resolve())
+    user_file = config is not None and Path(config).resolve() != Path(DEFAULT_CONFIG).resolve()
+    cfg = config_mod.load(config if user_file else DEFAULT_CONFIG, given)
+    cfg = _steps_or_epochs(cfg, given, user_file)
+    if "pipeline.producers" not in given and not (user_file and _names(config, "pipeline", "producers")):
+        cfg = _producers_per_replica(cfg)
     return cfg
+
+
+def _steps_or_epochs(cfg: Config, given: Mapping[str, Any], user_file: bool) -> Config:
+    """trainer.steps and trainer.epochs are alternatives: the one given in the overrides ends the
+    run, and the other, from the config file, is dropped (said when the user's file set it)."""
+    trainer = cfg.trainer
+    if trainer.steps is None or trainer.epochs is None:
+        return cfg
+    for kept, dropped in (("steps", "epochs"), ("epochs", "steps")):
+        if f"trainer.{kept}" in given and f"trainer.{dropped}" not in given:
+            if user_file:
+                log.info("trainer.%s: %s -> null, since trainer.%s %s is given (the run stops at the one given)",
+                         dropped, getattr(trainer, dropped), kept, getattr(trainer, kept))
+            return dataclasses.replace(cfg, trainer=dataclasses.replace(trainer, **{dropped: None}))
+    return cfg
+
+
+def _producers_per_replica(cfg: Config) -> Config:
+    """stoker's default pipeline.producers is per model replica (a step takes one batch per
+    replica): multiplied by the replicas asked for, and said in one line. A count the user
+    gives (an override, or their config file) is kept as given."""
+    replicas = requested_replicas(cfg.devices)
+    if replicas <= 1 or cfg.pipeline.producers_auto:
+        return cfg
+    producers = cfg.pipeline.producers * replicas
+    log.info("pipeline.producers: %d -> %d, the default per model replica times %d replicas (give "
+             "pipeline.producers to choose the count)", cfg.pipeline.producers, producers, replicas)
+    return dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, producers=producers))
+
+
+def _names(config: str | os.PathLike[str], section: str, key: str) -> bool:
+    """Whether the YAML file ``config`` (read by config.load already) sets ``section.key``."""
+    raw = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
+    return key in (raw.get(section) or {})
+
+
+def job_run_dir(requested: str) -> str:
+    """``requested`` as this trainer worker's run directory: with TF_CONFIG naming several
+    workers, every worker is given the job's directory (the same one) and writes its
+    worker-N inside; a single trainer's is ``requested`` itself."""
+    cluster = from_env(os.environ)
+    if cluster is None or cluster.size == 1:
+        return requested
+    if not requested:
+        raise UserError(f"run.run_dir: TF_CONFIG names {cluster.size} trainer workers: give every worker the same "
+                        f"run directory (on a filesystem they share); worker N writes "
+                        f"RUN_DIR/{worker_dir_name(0)[:-1]}N")
+    return str(Path(requested).expanduser().resolve() / worker_dir_name(cluster.index))
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -117,34 +148,35 @@ def make_run_dir(requested: str) -> Path:
             path = Path("runs").resolve() / f"{stamp}-{n}"
             n += 1
     if path.exists() and any(p.name != RUN_LOCK for p in path.iterdir()):  # its lock: taken by this run first
-        raise UserError(f"run directory {path} is not empty; choose another --run-dir")
+        raise UserError(f"run.run_dir: {path} is not empty; choose another run directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"cannot create run directory {path}: {exc.strerror}") from None
+        raise UserError(f"run.run_dir: cannot create {path}: {exc.strerror}") from None
     return path
 
 
-def resume_config(args: argparse.Namespace) -> tuple[config_mod.Config, Path]:
-    """``--resume RUN_DIR``: that run's config.yaml with the flags given now; checks that
-    there is something to resume (the consumer checks the checkpoint itself)."""
-    run_dir = Path(args.resume).expanduser().resolve()
+def resume_config(run_dir: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None
+                  ) -> tuple[Config, Path]:
+    """The config of a run to continue: ``run_dir``'s config.yaml with ``overrides`` (by
+    config key; e.g. trainer.steps to go further), and the run directory (this worker's in a
+    job of several: :func:`job_run_dir`); checks that there is something to resume (the
+    consumer checks the checkpoint itself)."""
+    run_dir = Path(job_run_dir(str(run_dir))).expanduser().resolve()
     if not run_dir.is_dir():
-        raise UserError(f"--resume {run_dir}: no such run directory")
+        raise UserError(f"cannot resume {run_dir}: no such run directory")
     if not (run_dir / CONFIG).is_file():
-        raise UserError(f"--resume {run_dir}: it has no config.yaml, so it is not a stoker run directory")
-    if args.config is not None:
-        raise UserError("--resume continues with RUN_DIR/config.yaml; change keys with flags or --set, not --config")
-    if args.run_dir is not None and Path(args.run_dir).expanduser().resolve() != run_dir:
-        raise UserError("--resume continues in RUN_DIR itself; --run-dir cannot name another directory")
+        raise UserError(f"cannot resume {run_dir}: it has no config.yaml, so it is not a stoker run directory")
+    other = (overrides or {}).get("run.run_dir")
+    if other and Path(job_run_dir(other)).expanduser().resolve() != run_dir:
+        raise UserError(f"run.run_dir: a resumed run continues in its own directory {run_dir}, not in {other}")
     if Checkpointer(run_dir / CKPT_DIR, keep=1).latest() is None:
-        raise UserError(f"--resume {run_dir}: no checkpoint in {run_dir / CKPT_DIR} (the run stopped before its "
+        raise UserError(f"cannot resume {run_dir}: no checkpoint in {run_dir / CKPT_DIR} (the run stopped before its "
                         "first one); nothing to resume")
-    args.config = str(run_dir / CONFIG)
-    return resolve_config(args), run_dir
+    return resolve(run_dir / CONFIG, overrides), run_dir
 
 
-def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[config_mod.Config, Any]:
+def prepare_run(cfg: Config, *, trains_model: bool = True) -> tuple[Config, DevicePlan]:
     """Check what the user asked for before anything starts (the dataset, the model, the
     keys, the endpoint, the GPUs); the config with the dataset's paths, the replicas and
     fixed rows (config.with_fixed_rows) resolved, and the device plan; for a run whose batches
@@ -156,10 +188,10 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
         check_model(cfg.trainer.model)
         if uses_tensorflow(cfg.trainer.model):
             if cfg.trainer.framework != TENSORFLOW:
-                raise UserError(f"trainer.framework is {cfg.trainer.framework}: stoker's trainer (--model "
+                raise UserError(f"trainer.framework is {cfg.trainer.framework}: stoker's trainer (trainer.model "
                                 f"{cfg.trainer.model}) trains with TensorFlow; the other frameworks are for your own "
                                 f"loop on stoker.Feed (docs/FEED.md)")
-            require_tensorflow(f"stoker's trainer (--model {cfg.trainer.model})")
+            require_tensorflow(f"stoker's trainer (trainer.model {cfg.trainer.model})")
     if cfg.trainer.framework != TENSORFLOW:
         cfg = dataclasses.replace(cfg, features=resolve_backend(cfg.features, framework=cfg.trainer.framework))
     if cfg.pipeline.keys:
@@ -167,15 +199,21 @@ def prepare_run(cfg: config_mod.Config, *, trains_model: bool = True) -> tuple[c
             cfg.pipeline, keys=str(Path(cfg.pipeline.keys).expanduser().resolve())))
         check_keys(Path(cfg.pipeline.keys), server=True, client=cfg.pipeline.producers > 0)
     elif not is_loopback(cfg.pipeline.bind) and not cfg.pipeline.insecure:
-        raise UserError(f"--bind {cfg.pipeline.bind} is reachable from other hosts; producers there would be "
-                        "unauthenticated: use --keys DIR (python run.py keys DIR), or add --insecure to accept that")
+        raise SettingError("pipeline.bind", f"{cfg.pipeline.bind} is reachable from other hosts; producers there "
+                           "would be unauthenticated: set pipeline.keys to a keys directory (python run.py keys DIR), "
+                           "or pipeline.insecure to accept that", suggests=("pipeline.keys", "pipeline.insecure"))
     plan = plan_devices(cfg.devices, list_gpus(), cfg.pipeline.producers)
     data = dataclasses.replace(cfg.data, path=data_path(root, metadata_file, cfg.data.metadata_file),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
     devices = dataclasses.replace(cfg.devices, replicas=plan.replicas)  # resolved: the plan's batches depend on it
     cluster = from_env(os.environ)
     resolved = dataclasses.replace(cfg, data=data, devices=devices)
-    return config_mod.with_fixed_rows(resolved, cluster.size if cluster is not None else 1), plan
+    workers = cluster.size if cluster is not None else 1
+    fixed = config_mod.with_fixed_rows(resolved, workers)
+    if fixed.batching.fixed_rows != resolved.batching.fixed_rows:
+        log.info("batching.fixed_rows: false -> true, since %d model replica(s) and %d trainer worker(s) split "
+                 "every batch into equal parts", plan.replicas, workers)
+    return fixed, plan
 
 
 def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
@@ -194,9 +232,9 @@ def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
     return str(root / metadata_file if is_mix(metadata_file) or is_cuts(metadata_file) else root)
 
 
-def launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
+def launch(cfg: Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
            on_ready: Callable[[str], None] | None = None,
-           fresh_plan: bool = False) -> tuple[int, Path, config_mod.Config]:
+           fresh_plan: bool = False) -> tuple[int, Path, Config]:
     """Check what the user asked for, make the run directory (or take the resumed one's, or
     ``run_dir`` made by the caller), run; (status, run dir, config). ``on_ready``: called
     with the trainer's endpoint once it is bound; ``fresh_plan``: a resumed run keeps the
@@ -204,7 +242,7 @@ def launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: P
 
     setup_logging("launcher", cfg.run.log_level)
     cfg, plan = prepare_run(cfg)
-    run_dir = resume_dir or run_dir or make_run_dir(cfg.run.run_dir)
+    run_dir = resume_dir or run_dir or make_run_dir(job_run_dir(cfg.run.run_dir))
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
     with RunLock.acquire(run_dir):  # before anything in the run directory is written
         if resume_dir is None:
@@ -226,10 +264,10 @@ def launch(cfg: config_mod.Config, resume_dir: Path | None = None, *, run_dir: P
             pending.unlink(missing_ok=True)
 
 
-def precompute_config(cfg: config_mod.Config) -> config_mod.Config:
+def precompute_config(cfg: Config) -> Config:
     """``run.py precompute``: ``cfg`` as one epoch that fills the feature cache (PRECOMPUTE_MODEL)."""
     if cfg.pipeline.producers < 1:
-        raise UserError("precompute needs at least one local producer (--producers N)")
+        raise UserError("pipeline.producers: precompute needs at least one local producer, got 0")
     return dataclasses.replace(
         cfg,
         data=dataclasses.replace(cfg.data, feature_cache=cfg.data.feature_cache or "auto"),
@@ -245,29 +283,38 @@ def check_keys(directory: Path, server: bool, client: bool) -> None:
         if client:
             load_client_keys(directory)
     except KeysError as exc:
-        raise UserError(f"--keys: {exc}") from None
+        raise UserError(f"pipeline.keys: {exc}") from None
 
 
 def produce(connect: str, data: str, producers: int, *, data_gpu: int | None = None,
-            data_gpu_memory: int | None = None, keys: str = "", log_level: str = "INFO", host: str = "") -> int:
+            data_gpu_memory_mb: int | None = None, keys: str = "", log_level: str = "INFO", host: str = "") -> int:
     """``run.py produce``: ``producers`` producer processes on this host for the trainer at
-    ``connect``; ``host`` names them (default: this host's name)."""
+    ``connect``, reading the dataset ``data`` (data.path); the keywords are the config keys'
+    (devices.data_gpu, pipeline.keys, ...); ``host`` names them (default: this host's name)."""
     setup_logging("launcher", log_level)
     if producers < 1:
-        raise UserError("--producers must be at least 1")
+        raise UserError(f"pipeline.producers: producers for a trainer elsewhere are at least 1, got {producers}")
     try:
         check_endpoint(connect, bind=False)
     except EndpointError as exc:
-        raise UserError(f"--connect: {exc}") from None
+        raise UserError(f"connect: {exc}") from None
     if keys:
         keys = str(Path(keys).expanduser().resolve())
         check_keys(Path(keys), server=False, client=True)
     elif not is_loopback(connect):
-        log.warning("connecting to %s without --keys: batches travel unencrypted and the trainer cannot tell "
-                    "who sends them", connect)
+        log.warning("connecting to %s without pipeline.keys: batches travel unencrypted and the trainer cannot "
+                    "tell who sends them", connect)
     root, metadata_file = locate(data, "metadata.csv")
     described = describe_copy(root, metadata_file)  # its metadata readable here: else one line, before any producer
-    devices = DevicesConfig(data_gpu=data_gpu, model_gpu=None, data_gpu_memory_mb=data_gpu_memory)
+    devices = DevicesConfig(data_gpu=data_gpu, model_gpu=None, data_gpu_memory_mb=data_gpu_memory_mb)
     plan = plan_devices(devices, list_gpus() if data_gpu is not None else [], producers)
     log.info("dataset %s (%s), SHA-256 %s", root, metadata_file, described["sha256"][:16])
-    return run_producers(connect, data_path(root, metadata_file), producers, plan, PRODUCE_RESTARTS, log_level, keys=keys, host=host)
+    return run_producers(connect, data_path(root, metadata_file), producers, plan, PRODUCE_RESTARTS, log_level,
+                         keys=keys, host=host)
+
+
+def start_producers(cfg: Config, plan: DevicePlan, endpoint: str, run_dir: Path) -> BackgroundProducers:
+    """The local producers (pipeline.producers, or auto) of a trainer in this process (a
+    ``stoker.Feed``), started for ``endpoint`` and supervised in a thread beside the user's
+    loop as the launcher supervises a run's; ``close()`` stops them."""
+    return BackgroundProducers(cfg, plan, endpoint, run_dir)

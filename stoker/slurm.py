@@ -1,36 +1,13 @@
-"""A stoker job under Slurm: one ``srun`` line starts the trainer and the producers.
-
-``srun python run.py slurm [train flags]`` runs the same command on every task of a job
-step; each task finds its role in the Slurm environment: task 0 (``SLURM_PROCID``, the
-first task of a heterogeneous job's first component) is the trainer, every other task
-starts producers on its node. Placement is the job script's: a heterogeneous job
-(component 0: the trainer's node, component 1: the producer nodes; ``srun
---het-group=0,1``), or one step over N nodes with one task each. docs/SLURM.md shows both.
-
-Hand-over, through the run directory (on a filesystem every node shares):
-
-1. The trainer makes fresh CURVE keys for this job in ``RUN_DIR/slurm/keys/`` (directory
-   0700, every file 0600): the job script holds no key and no port.
-2. It binds a free port (``tcp://0.0.0.0:*`` unless ``--bind`` says otherwise) and, once
-   bound, writes ``RUN_DIR/slurm/endpoint.json``: the job id, the endpoint with its node's
-   host name, the dataset path. A failure before that writes the file with its error.
-3. Producer tasks wait for that file (with this job's id; a resumed run directory holds
-   the previous job's) for at most HANDOVER_WAIT_S, then connect with the server's public
-   key and the job's client key pair from ``RUN_DIR/slurm/keys/``.
-4. When the trainer ends it marks the file ``over``; producer tasks still running stop.
-
-Every task works out the placement from the same environment (``SLURM_STEP_NODELIST``,
-``SLURM_STEP_TASKS_PER_NODE``, ``SLURM_HET_SIZE``), so a step with no node for producers
-ends every task at once, and only the trainer's task says why, in one line.
-
-``scancel`` sends SIGTERM to every task (and SIGKILL after the cluster's KillWait): the
-trainer stops after its current step, saves a checkpoint and writes summary.json within
-the launcher's stop bound (stoker/launcher.py), far below Slurm's default KillWait of 30 s.
+"""A stoker job under Slurm: one ``srun python run.py slurm [train flags]`` line starts the
+trainer (task 0) and producers on every other task's node. Each task finds its role and
+the placement in Slurm's environment; the trainer hands its endpoint and the job's fresh
+keys to the producer tasks through the run directory. docs/SLURM.md tells the whole story
+(placement, the hand-over, scancel and resume).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -47,6 +24,7 @@ from typing import Any, Mapping
 from . import service
 from .console import print_summary
 from .launcher import CONSUMER_READY_TIMEOUT_S
+from .shared.config import Config
 from .shared.errors import UserError
 from .shared.keys import DEFAULT_CLIENT, SECRET_MODE, make_keys
 from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, setup_logging
@@ -251,13 +229,18 @@ def wait_handover(run_dir: Path, job_id: str, timeout_s: float) -> dict[str, Any
         time.sleep(POLL_S)
 
 
+def job_keys(run_dir: Path) -> Path:
+    """The directory of this job's keys (made by :func:`make_job_keys`)."""
+    return handover_dir(run_dir) / HANDOVER_KEYS
+
+
 def make_job_keys(run_dir: Path) -> Path:
     """Fresh CURVE keys for this job (a resumed run's older ones are replaced): the
     server pair and one client pair, every file 0600 in a 0700 directory."""
     directory = handover_dir(run_dir)
     directory.mkdir(mode=HANDOVER_DIR_MODE, exist_ok=True)
     os.chmod(directory, HANDOVER_DIR_MODE)
-    keys = directory / HANDOVER_KEYS
+    keys = job_keys(run_dir)
     if keys.exists():
         shutil.rmtree(keys)
     make_keys(keys, [DEFAULT_CLIENT])
@@ -278,36 +261,66 @@ def advertised(endpoint: str, host: str) -> str:
 
 # ---------------------------------------------------------------- the tasks
 
-def run_task(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """``python run.py slurm``: this task's role in the job step."""
-    setup_logging("launcher", args.log_level or "INFO")
-    if args.producer_nodes not in PRODUCER_NODES:
-        raise UserError(f"--producer-nodes {args.producer_nodes}: expected one of {', '.join(PRODUCER_NODES)}")
-    if args.keys:
-        raise UserError("--keys: stoker slurm makes the job's own keys in RUN_DIR/slurm/keys; leave it out")
+@dataclass(frozen=True)
+class Task:
+    """What a task of ``python run.py slurm`` is asked, beside the config keys: a YAML file, a
+    run to resume (with a fresh plan), where producer tasks may run, producers per task."""
+
+    config: str | None = None
+    resume: str | None = None
+    fresh_plan: bool = False
+    producer_nodes: str = "other"
+    task_producers: int | None = None
+
+
+def run_task(env: Mapping[str, str], overrides: Mapping[str, Any], task: Task = Task()) -> int:
+    """``python run.py slurm``: this task's role in the job step (``env``: Slurm's), with the
+    config keys ``overrides`` gives; they are read, never changed."""
+    given = dict(overrides)
+    setup_logging("launcher", given.get("run.log_level") or "INFO")
+    if task.producer_nodes not in PRODUCER_NODES:
+        raise UserError(f"--producer-nodes {task.producer_nodes}: expected one of {', '.join(PRODUCER_NODES)}")
+    if given.get("pipeline.keys"):
+        raise UserError("pipeline.keys: stoker slurm makes the job's own keys in RUN_DIR/slurm/keys; leave it out")
     step = Step.from_env(env)
-    if args.producers is None:
-        args.producers = 0  # remote producers only: the producer tasks
-    run_dir = Path(args.resume or args.run_dir or DEFAULT_RUN_DIR.format(job_id=step.job_id)).expanduser().resolve()
+    given.setdefault("pipeline.producers", 0)  # remote producers only: the producer tasks
+    run_dir = Path(task.resume or given.get("run.run_dir") or DEFAULT_RUN_DIR.format(job_id=step.job_id))
+    run_dir = run_dir.expanduser().resolve()
     try:
         # What every task finds alike from the same flags and environment: each task stops at
         # once, and only the trainer's says why (one line, not one per task).
-        place(step, args.producer_nodes, args.producers)
-        if args.resume:
-            service.resume_config(argparse.Namespace(**vars(args)))
-        else:
-            service.resolve_config(args)
+        place(step, task.producer_nodes, given["pipeline.producers"])
+        cfg, resume_dir = _config(task, given, run_dir, step)
     except UserError as exc:
         if step.is_trainer:
             raise
         log.debug("task %d stops: %s", step.proc_id, exc)
         return EXIT_USER
     if step.is_trainer:
-        return trainer_task(args, step, run_dir)
-    return producer_task(args, step, run_dir)
+        return trainer_task(task, cfg, resume_dir, step, run_dir)
+    return producer_task(task, given, step, run_dir)
 
 
-def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
+def _config(task: Task, given: Mapping[str, Any], run_dir: Path, step: Step) -> tuple[Config, Path | None]:
+    """The trainer's config, with the job's keys, and the run directory it resumes (None: a new
+    run). A new run binds DEFAULT_BIND unless the user chose pipeline.bind: the default's
+    loopback address is out of reach of producer tasks on other nodes (said in one line)."""
+    keys = {"pipeline.keys": str(job_keys(run_dir))}
+    if task.resume:
+        if task.config is not None:
+            raise UserError("--resume continues with RUN_DIR/config.yaml; change keys with flags or --set, "
+                            "not --config")
+        return service.resume_config(task.resume, {**given, **keys})
+    cfg = service.resolve(task.config, {**given, **keys, "run.run_dir": str(run_dir)})
+    if "pipeline.bind" not in given and cfg.pipeline.bind == Config().pipeline.bind:
+        if step.is_trainer:
+            log.info("pipeline.bind: %s -> %s, which producer tasks on other nodes reach (give pipeline.bind to "
+                     "choose)", cfg.pipeline.bind, DEFAULT_BIND)
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, bind=DEFAULT_BIND))
+    return cfg, None
+
+
+def trainer_task(task: Task, cfg: Config, resume_dir: Path | None, step: Step, run_dir: Path) -> int:
     """Train, and tell the producer tasks through the hand-over file: the endpoint once
     bound, the error when the run cannot start, "over" when it ends. A run directory of
     another run that is not this job's (no slurm/ in it) is left as it is."""
@@ -316,7 +329,7 @@ def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
     # runs leaves the old one's files alone (RunLocked, one line); the launch takes it again.
     lock = RunLock.acquire(run_dir)
     try:
-        code = _train(args, step, run_dir)
+        code = _train(task, cfg, resume_dir, step, run_dir)
         return code
     except UserError as exc:
         if handover_dir(run_dir).is_dir():
@@ -330,14 +343,8 @@ def trainer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
         lock.release()
 
 
-def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
-    args.keys = str(handover_dir(run_dir) / HANDOVER_KEYS)
-    if args.resume:
-        cfg, resume_dir = service.resume_config(args)
-    else:
-        args.bind = args.bind or DEFAULT_BIND
-        args.run_dir = str(run_dir)
-        cfg, resume_dir = service.resolve_config(args), None
+def _train(task: Task, cfg: Config, resume_dir: Path | None, step: Step, run_dir: Path) -> int:
+    if resume_dir is None:
         service.make_run_dir(str(run_dir))
     make_job_keys(run_dir)
     host = socket.gethostname()
@@ -348,26 +355,27 @@ def _train(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
         log.info("trainer on %s: endpoint %s handed over in %s", step.node, public,
                  handover_dir(run_dir) / HANDOVER_FILE)
 
-    code, _, _ = service.launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready, fresh_plan=args.fresh_plan)
+    code, _, _ = service.launch(cfg, resume_dir, run_dir=run_dir, on_ready=ready, fresh_plan=task.fresh_plan)
     print_summary(run_dir)
     return code
 
 
-def producer_task(args: argparse.Namespace, step: Step, run_dir: Path) -> int:
+def producer_task(task: Task, given: Mapping[str, Any], step: Step, run_dir: Path) -> int:
     record = wait_handover(run_dir, step.job_id, HANDOVER_WAIT_S)
     if record["state"] != READY:
         log.debug("the trainer task ended before it was ready (%s): no producers here", record)
         return EXIT_USER if record["state"] == FAILED else EXIT_OK
-    count = args.task_producers or step.cpus_per_task or 1
+    count = task.task_producers or step.cpus_per_task or 1
     log.info("producer task %d on %s: %d producer(s) for %s", step.proc_id, step.node, count, record["endpoint"])
     over = threading.Event()
     # Until the producers' launcher takes SIGTERM over (its first act), the stop arrives here.
     signal.signal(signal.SIGTERM, _interrupt)
     threading.Thread(target=_watch_trainer, args=(run_dir, step.job_id, over), daemon=True).start()
     try:
-        code = service.produce(record["endpoint"], record["data"], count, data_gpu=args.data_gpu,
-                               data_gpu_memory=args.data_gpu_memory, keys=str(handover_dir(run_dir) / HANDOVER_KEYS),
-                               log_level=args.log_level or "INFO", host=step.node)
+        code = service.produce(record["endpoint"], record["data"], count, data_gpu=given.get("devices.data_gpu"),
+                               data_gpu_memory_mb=given.get("devices.data_gpu_memory_mb"),
+                               keys=str(job_keys(run_dir)), log_level=given.get("run.log_level") or "INFO",
+                               host=step.node)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     if over.is_set() and code == EXIT_INTERRUPTED:

@@ -85,7 +85,7 @@ def test_precompute_user_errors_are_one_line(tmp_path):
     result = run_cli("precompute", "--producers", "0", "--run-dir", str(tmp_path / "r"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "stoker: error: precompute needs at least one local producer (--producers N)")
+        "stoker: error: pipeline.producers (--producers): precompute needs at least one local producer, got 0")
     result = run_cli("precompute", "--data", str(tmp_path / "nope"))
     assert result.returncode == 2 and "does not exist" in result.stderr.strip().splitlines()[-1]
 

@@ -54,6 +54,6 @@ def test_the_command_line_and_the_feed_say_the_one_line(capsys) -> None:
     assert main(["--bind", "tcp://127.0.0.1:99999", "--steps", "1"]) == 2
     assert capsys.readouterr().err == ("stoker: error: pipeline.bind (--bind): 'tcp://127.0.0.1:99999' is not an "
                                        "endpoint to bind: port 99999 is out of range (1-65535 or *)\n")
-    with pytest.raises(FeedError, match=r"^stoker.Feed: pipeline.bind \(--bind\): 'tcp://127.0.0.1:99999' is not an "
+    with pytest.raises(FeedError, match=r"^stoker.Feed: pipeline.bind: 'tcp://127.0.0.1:99999' is not an "
                                         r"endpoint to bind: port 99999 is out of range"):
         Feed(bind="tcp://127.0.0.1:99999", steps=1)

@@ -259,12 +259,12 @@ def test_a_bad_replica_request_is_one_line(given, gpus, says) -> None:
 
 
 def test_the_default_producers_are_per_replica_and_a_given_count_is_kept() -> None:
-    from stoker.service import resolve_options
+    from stoker.service import resolve
 
-    def producers(**options) -> int:
-        return resolve_options(None, options, {}).pipeline.producers
+    def producers(**overrides) -> int:
+        return resolve(None, overrides).pipeline.producers
 
     one = producers()
-    assert producers(replicas=3) == 3 * one and producers(model_gpu="1,2") == 2 * one
-    assert producers(replicas=3, producers=1) == 1
+    assert producers(**{"devices.replicas": 3}) == 3 * one and producers(**{"devices.model_gpu": "1,2"}) == 2 * one
+    assert producers(**{"devices.replicas": 3, "pipeline.producers": 1}) == 1
     assert devices.requested_replicas(_cfg(model_gpu=1)) == 1

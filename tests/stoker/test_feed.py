@@ -324,6 +324,28 @@ def test_a_wrong_option_is_one_line(given, says):
     assert "\n" not in str(caught.value)
 
 
+def test_each_option_sets_its_config_key_and_an_error_names_the_key(caplog):
+    """The keyword options map onto config keys (docs/FEED.md's table), set= last; a mistake
+    names the key, not a flag of the command line."""
+    import logging
+
+    from stoker.feed import OPTION_KEYS
+
+    cfg = stoker.Feed(data_gpu_memory=512, model_start_delay=0.5, producer_models="", steps=9,
+                      set={"trainer.steps": 11}).cfg
+    assert (cfg.devices.data_gpu_memory_mb, cfg.pipeline.model_start_delay_s, cfg.trainer.steps) == (512, 0.5, 11)
+    assert OPTION_KEYS["data_gpu_memory"] == "devices.data_gpu_memory_mb"
+    with pytest.raises(FeedError, match=r"^stoker.Feed: producers \(pipeline.producers\) must be a number or 'auto'"):
+        stoker.Feed(producers=1.5)
+    with pytest.raises(FeedError, match=r"^stoker.Feed: pipeline.bind: 'tcp://h:0x' is not an endpoint to bind"):
+        stoker.Feed(bind="tcp://h:0x")
+    caplog.set_level(logging.INFO, logger="stoker")
+    default = stoker.Feed().cfg.pipeline.producers
+    assert stoker.Feed(replicas=2).cfg.pipeline.producers == 2 * default  # stoker's default, per replica: said
+    assert f"pipeline.producers: {default} -> {2 * default}" in caplog.text
+    assert stoker.Feed(replicas=2, producers=3).cfg.pipeline.producers == 3  # the user's count: kept
+
+
 def test_a_feed_owns_its_run_directory_and_refuses_a_batch_that_cannot_cross_the_wire(tmp_path, dataset):
     with holding_run_lock(tmp_path / "run") as owner:
         with pytest.raises(RunLocked, match=f"in use by host .*, pid {owner.pid}"):

@@ -15,7 +15,7 @@ import pytest
 import stoker
 from stoker import cli
 from stoker.feed import FeedError
-from stoker.service import prepare_run, resolve_options
+from stoker.service import prepare_run, resolve
 from stoker.shared import config as config_mod
 from stoker.shared.errors import UserError
 
@@ -140,16 +140,16 @@ def test_the_feed_state_is_a_torch_stateful_taken_back_before_the_start() -> Non
 def test_stokers_trainer_without_tensorflow_is_one_line(without, capsys, kept_logging) -> None:
     without("tensorflow", "keras")
     assert cli.main(["--steps", "1", "--producers", "1"]) == 2
-    assert capsys.readouterr().err == f"stoker: error: stoker's trainer (--model tiny) {NO_TENSORFLOW}\n"
+    assert capsys.readouterr().err == f"stoker: error: stoker's trainer (trainer.model tiny) {NO_TENSORFLOW}\n"
     for command in (["synth", ".", "--text", "hello", "--out", "mel.npy"], ["export", ".", "exported"]):
         assert cli.main(command) == 2
         assert capsys.readouterr().err.endswith(f"{NO_TENSORFLOW}\n"), command
 
 
 def test_stokers_trainer_trains_tensorflow_batches_only() -> None:
-    cfg = resolve_options(None, {"producers": 1}, {"trainer.framework": "torch"})
+    cfg = resolve(None, {"pipeline.producers": 1, "trainer.framework": "torch"})
     with pytest.raises(UserError, match="trainer.framework is torch: stoker's trainer .* trains with "
                                                "TensorFlow"):
         prepare_run(cfg)
-    synthetic = resolve_options(None, {"producers": 1, "model": "synthetic:1"}, {"trainer.framework": "torch"})
+    synthetic = resolve(None, {"pipeline.producers": 1, "trainer.model": "synthetic:1", "trainer.framework": "torch"})
     assert prepare_run(synthetic)[0].features.backend == "numpy"  # the pipeline alone needs no TensorFlow

@@ -12,6 +12,7 @@ they skip where it can be neither found nor installed.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -125,15 +126,12 @@ def test_endpoint_handover(tmp_path):
 
 def run_slurm_task(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], *argv: str) -> int:
     """``python run.py slurm ARGV`` as the task ``env`` describes, in this process."""
-    import logging
-
-    from stoker.cli import build_parser
-    from stoker.slurm import run_task
+    from stoker.cli import build_parser, cmd_slurm
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", list(root.handlers))  # setup_logging's handler goes with the test
     monkeypatch.setattr(root, "level", root.level)
-    return run_task(build_parser().parse_args(["slurm", *argv]), env)
+    return cmd_slurm(build_parser().parse_args(["slurm", *argv]), env)
 
 
 def test_producer_tasks_end_quietly_with_the_trainers_error(tmp_path, monkeypatch, capsys):
@@ -150,6 +148,38 @@ def test_producer_tasks_end_quietly_with_the_trainers_error(tmp_path, monkeypatc
         run_slurm_task(monkeypatch, {**step_env(), **one_node}, "--run-dir", str(tmp_path / "new"))
     assert "error" not in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_task_reads_its_overrides_and_changes_none(tmp_path, monkeypatch):
+    """run_task takes the config keys as given and works on its own copy: the caller needs none."""
+    from stoker.slurm import Task, run_task
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # setup_logging's handler goes with the test
+    given = {"run.run_dir": str(tmp_path / "run"), "trainer.steps": 3}
+    one_node = step_env(SLURM_PROCID="1", SLURMD_NODENAME="gpu1", SLURM_STEP_NODELIST="gpu1",
+                        SLURM_STEP_TASKS_PER_NODE="2")
+    assert run_task(one_node, given, Task()) == EXIT_USER  # no node for producers: this task stops quietly
+    assert given == {"run.run_dir": str(tmp_path / "run"), "trainer.steps": 3}
+
+
+def test_the_trainer_binds_where_other_nodes_reach_it_unless_the_user_chose_and_says_so(tmp_path, caplog):
+    from stoker.slurm import DEFAULT_BIND, Task, _config
+
+    caplog.set_level(logging.INFO, logger="stoker.slurm")
+    trainer = Step.from_env(step_env())
+    cfg, resume_dir = _config(Task(), {}, tmp_path, trainer)
+    assert cfg.pipeline.bind == DEFAULT_BIND and resume_dir is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"pipeline.bind: tcp://127.0.0.1:* -> {DEFAULT_BIND}, which producer tasks on other nodes reach (give "
+        f"pipeline.bind to choose)"]
+    caplog.clear()
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("pipeline:\n  bind: tcp://10.0.0.1:*\n")
+    assert _config(Task(config=str(mine)), {}, tmp_path, trainer)[0].pipeline.bind == "tcp://10.0.0.1:*"
+    assert _config(Task(), {"pipeline.bind": "tcp://10.0.0.2:*"}, tmp_path, trainer)[0].pipeline.bind == \
+        "tcp://10.0.0.2:*"
+    assert not caplog.records
 
 
 def test_a_requeued_trainer_task_leaves_a_running_jobs_run_directory_alone(tmp_path, monkeypatch):
