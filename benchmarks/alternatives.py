@@ -84,7 +84,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import psutil
 
-from .common import DEMO_DATA, PACKAGE_PARENT, STOKER, BenchError, ratio, spread, table
+from .common import DEMO_DATA, QUIET_ENV, STOKER, BenchError, ratio, spread, table
 from ..consumer.pipeline.lease_tables import TokenTable
 from ..consumer.pipeline.plan import EpochPlanner
 from ..producer.audio import load_audio
@@ -111,7 +111,6 @@ RUN_OVERHEAD_S = 150.0
 TERM_GRACE_S = 10.0
 # The trainer process prints its figures on one line starting with this.
 RESULT_PREFIX = "ALTERNATIVES-RESULT "
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
 
 
 @dataclass

@@ -22,14 +22,12 @@ from typing import Any, Sequence
 import numpy
 import zmq
 
-import stoker
 from ..shared.dataset.files import DEMO_DATA_DIR
+from ..shared.proc import with_stoker_path
 
 # The benchmarks run stoker as its users do, as programs: ``python -m stoker ...`` (the
 # same as ``python run.py`` and the ``stoker`` command), with this stoker on PYTHONPATH.
 STOKER = (sys.executable, "-m", "stoker")
-# The directory that holds the stoker package (a checkout's root, or site-packages).
-PACKAGE_PARENT = Path(stoker.__file__).resolve().parent.parent
 DEMO_DATA = DEMO_DATA_DIR
 
 # Children that do not stop on their own within this many seconds after their work is
@@ -40,8 +38,9 @@ CHILD_TIMEOUT_S = 400.0
 # Steps/s of a training child is taken over the steps after these: the first executions of
 # each bucket shape (0.9 s for the first step on 2 cores) would otherwise decide a short run's figure.
 SETTLING_STEPS = 8
-# A training child's environment: TensorFlow's start-up chatter off, this stoker importable.
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
+# A training child's environment over os.environ: TensorFlow's start-up chatter off, this stoker
+# importable (the user's PYTHONPATH, with this stoker's directory only where a child needs it).
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": with_stoker_path(os.environ).get("PYTHONPATH", "")}
 
 
 class BenchError(RuntimeError):

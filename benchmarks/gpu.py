@@ -71,7 +71,7 @@ from ..shared.dataset import build_index
 from ..shared.gpumon import GpuSampler
 from ..shared.mel import pad_values
 
-from .common import (CHILD_TIMEOUT_S, PACKAGE_PARENT, BenchError, machine_info, ratio, report,
+from .common import (CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report,
                                       table)
 
 KINDS = ("replay", "feed", "dataloader")
@@ -95,8 +95,6 @@ CPU_HOLD_OPS = {"small": 1500, "large": 5000}
 TARGET_STEP_RATIO = 1.03
 TARGET_VS_DATALOADER = 1.5
 TARGET_WAIT_SHARE = 0.01
-# Spread of generated clips is data.make_clips's (1.1-10.1 s, LJSpeech-like).
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
 
 
 def producer_sweep(cores: int) -> tuple[int, ...]:
@@ -392,7 +390,7 @@ def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device
 
 # ---------------------------------------------------------------- the parent: runs and figures
 def _run_child(spec: dict[str, Any], log_path: Path) -> dict[str, Any]:
-    env = {**os.environ, **ENV}
+    env = {**os.environ, **QUIET_ENV}
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "stoker.benchmarks.gpu", "child", json.dumps(spec)],
                                 stdout=subprocess.PIPE, stderr=log_file, env=env)

@@ -55,7 +55,7 @@ import numpy as np
 from ..shared.batch import Field
 from ..shared.errors import UserError
 from ..shared.mel import source_version
-from ..shared.proc import EXIT_USER
+from ..shared.proc import EXIT_USER, with_stoker_path
 from ..shared.userfn import import_function
 
 log = logging.getLogger("producer")
@@ -171,9 +171,7 @@ def model_versions(models: str) -> dict[str, str]:
     loaded in a child process, on its CPU: the trainer's own TensorFlow is configured later (its
     devices, their memory) and must not be started here. ModelSetupError (one line) when one
     cannot be loaded."""
-    package_parent = Path(sys.modules["stoker"].__file__ or ".").resolve().parent.parent
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(package_parent), os.environ.get("PYTHONPATH", "")) if p)}
+    env = with_stoker_path({**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"})
     done = subprocess.run([sys.executable, "-m", "stoker.producer.models", models], capture_output=True, text=True,
                           env=env, timeout=VERSIONS_TIMEOUT_S)
     if done.returncode == EXIT_USER:

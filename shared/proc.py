@@ -19,13 +19,22 @@ import json
 import logging
 import os
 import signal
+import site
 import sys
 import threading
-from typing import Any
+from importlib.machinery import PathFinder
+from pathlib import Path
+from typing import Any, Mapping
 
 import zmq
 
 log = logging.getLogger(__name__)
+
+# The directory that holds the stoker package (a checkout's root, or site-packages), and the
+# package's own file: a child must import this stoker, not another the interpreter can find.
+# Through the package's own module: an editable install maps stoker.shared to a folder beside stoker/.
+STOKER_INIT = Path(sys.modules[__name__.partition(".")[0]].__file__ or "__init__.py").resolve()
+PACKAGE_PARENT = STOKER_INIT.parent.parent
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -138,3 +147,58 @@ def install_stop_handlers(event: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def with_stoker_path(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with :data:`PACKAGE_PARENT` on PYTHONPATH only where a child would not import this
+    stoker without it, so that a user's own module named ``shared``, ``producer`` or ``tests``
+    is not shadowed by a checkout's folders of those names.
+
+    A child (``python -m stoker....``) looks for ``stoker`` in its current directory, then in
+    PYTHONPATH's entries, then in site-packages and through the finders installed there (an
+    editable install's). Where that ends at this stoker (a wheel, an editable install of this
+    checkout, an entry holding it), ``env`` is returned as it is. Otherwise (this checkout run as
+    ``python run.py`` while the editable install names another git worktree of it, or no
+    stoker is installed) the directory goes after the user's entries, or just before the first
+    that holds another stoker: every entry ahead of it then holds none, so the child's stoker is
+    this one and the user's modules in those entries still come first. The current directory is
+    not looked at: it comes first whatever PYTHONPATH says, so where it holds this stoker the
+    added entry changes nothing, and where it holds another nothing on PYTHONPATH could win.
+    A directory that a .pth file adds is not looked at either: a stoker found only there gets
+    the entry, which is correct, merely not needed."""
+    out = dict(env)
+    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    at = len(entries)
+    for index, entry in enumerate(entries):
+        found = _stoker_in([str(Path(entry).resolve())])
+        if found == STOKER_INIT:
+            return out
+        if found is not None:
+            at = index
+            break
+    else:
+        if _installed_stoker() == STOKER_INIT:
+            return out
+    out["PYTHONPATH"] = os.pathsep.join([*entries[:at], str(PACKAGE_PARENT), *entries[at:]])
+    return out
+
+
+def _stoker_in(directories: list[str]) -> Path | None:
+    """The file of the ``stoker`` package (or module) found first in ``directories``, or None."""
+    origin = getattr(PathFinder.find_spec("stoker", directories), "origin", None)
+    return Path(origin).resolve() if origin else None
+
+
+def _installed_stoker() -> Path | None:
+    """The file of the ``stoker`` a child finds past PYTHONPATH: in site-packages, or through a
+    finder that site-packages' .pth files installed (this process ran them too)."""
+    sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    for finder in sys.meta_path:
+        if finder is PathFinder:
+            found = _stoker_in(sites)
+        else:
+            spec = finder.find_spec("stoker", None) if hasattr(finder, "find_spec") else None
+            found = Path(spec.origin).resolve() if getattr(spec, "origin", None) else None
+        if found is not None:
+            return found
+    return None

@@ -26,11 +26,10 @@ from .consumer.training.export import describe, export
 from .consumer.training.synth import SynthError, synthesize
 from .consumer.training.tts import ModelError
 from .diagnose import analyse, render
-from .launcher import with_stoker_path
 from .shared.config import parse_override
 from .shared.errors import UserError
 from .shared.keys import DEFAULT_CLIENT, make_keys
-from .shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging
+from .shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging, with_stoker_path
 from .shared.tfsetup import require_tensorflow
 from .slurm import Task, run_task
 from .watch import watch

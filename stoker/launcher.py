@@ -31,16 +31,14 @@ import os
 import re
 import select
 import signal
-import site
 import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from importlib.machinery import PathFinder
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import psutil
 
@@ -48,17 +46,12 @@ from .consumer.pipeline.checkpoint import POSITION, Checkpointer
 from .shared.config import Config
 from .shared.errors import UserError
 from .shared.metrics import read_jsonl, summarize
-from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER
+from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, with_stoker_path
 from .shared.runfiles import CKPT_DIR, METRICS, REJECTED, SUMMARY, RunFileError, write_json
 from .autoscale import DECISION_INTERVAL_S, AutoScaler, LiveWindow, default_max_producers
 from .devices import DevicePlan, child_env
 
 log = logging.getLogger("launcher")
-
-# The directory that holds the stoker package (a checkout's root, or site-packages), and the
-# package's own file: a child must import this stoker, not another the interpreter can find.
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent
-STOKER_INIT = Path(__file__).resolve().parent / "__init__.py"
 
 # The consumer stops after its current step; a tiny step is far below this, but a
 # consumer still importing TensorFlow finishes the import before it can react.
@@ -78,61 +71,6 @@ CONSUMER_READY_TIMEOUT_S = 600.0
 # Defaults only: a variable set in the user's environment wins.
 PRODUCER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
-
-
-def with_stoker_path(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with :data:`PACKAGE_PARENT` on PYTHONPATH only where a child would not import this
-    stoker without it, so that a user's own module named ``shared``, ``producer`` or ``tests``
-    is not shadowed by a checkout's folders of those names.
-
-    A child (``python -m stoker....``) looks for ``stoker`` in its current directory, then in
-    PYTHONPATH's entries, then in site-packages and through the finders installed there (an
-    editable install's). Where that ends at this stoker (a wheel, an editable install of this
-    checkout, an entry holding it), ``env`` is returned as it is. Otherwise (this checkout run as
-    ``python run.py`` while the editable install names another git worktree of it, or no
-    stoker is installed) the directory goes after the user's entries, or just before the first
-    that holds another stoker: every entry ahead of it then holds none, so the child's stoker is
-    this one and the user's modules in those entries still come first. The current directory is
-    not looked at: it comes first whatever PYTHONPATH says, so where it holds this stoker the
-    added entry changes nothing, and where it holds another nothing on PYTHONPATH could win.
-    A directory that a .pth file adds is not looked at either: a stoker found only there gets
-    the entry, which is correct, merely not needed."""
-    out = dict(env)
-    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    at = len(entries)
-    for index, entry in enumerate(entries):
-        found = _stoker_in([str(Path(entry).resolve())])
-        if found == STOKER_INIT:
-            return out
-        if found is not None:
-            at = index
-            break
-    else:
-        if _installed_stoker() == STOKER_INIT:
-            return out
-    out["PYTHONPATH"] = os.pathsep.join([*entries[:at], str(PACKAGE_PARENT), *entries[at:]])
-    return out
-
-
-def _stoker_in(directories: list[str]) -> Path | None:
-    """The file of the ``stoker`` package (or module) found first in ``directories``, or None."""
-    origin = getattr(PathFinder.find_spec("stoker", directories), "origin", None)
-    return Path(origin).resolve() if origin else None
-
-
-def _installed_stoker() -> Path | None:
-    """The file of the ``stoker`` a child finds past PYTHONPATH: in site-packages, or through a
-    finder that site-packages' .pth files installed (this process ran them too)."""
-    sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
-    for finder in sys.meta_path:
-        if finder is PathFinder:
-            found = _stoker_in(sites)
-        else:
-            spec = finder.find_spec("stoker", None) if hasattr(finder, "find_spec") else None
-            found = Path(spec.origin).resolve() if getattr(spec, "origin", None) else None
-        if found is not None:
-            return found
-    return None
 
 
 class LaunchError(UserError):
@@ -297,7 +235,7 @@ def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory
                    log_level: str, host: str, keys: str = "", metadata_file: str = "metadata.csv",
                    local: bool = False) -> Child:
     """A producer process; ``local``: started beside the trainer, on its host, reading its files
-    (it joins without scanning the dataset: producer/worker.py, Joining)."""
+    (it joins without scanning the dataset: docs/DESIGN.md, Dataset agreement)."""
     name = f"p{index}@{host}"
     argv = ["stoker.producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level,
             "--metadata-file", metadata_file]

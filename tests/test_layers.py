@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 import stoker
-from stoker.launcher import with_stoker_path
+from stoker.shared.proc import with_stoker_path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("shared", "producer", "consumer", "stoker", "benchmarks")

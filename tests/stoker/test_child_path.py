@@ -1,4 +1,4 @@
-"""The children's PYTHONPATH (stoker/launcher.py, with_stoker_path): the directory holding this
+"""The children's PYTHONPATH (shared/proc.py with_stoker_path, used by the launcher): the directory holding this
 stoker only where a child would not import this stoker otherwise, and never ahead of a user's
 module named as one of a checkout's folders."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from stoker.devices import DevicePlan
-from stoker.launcher import PACKAGE_PARENT, STOKER_INIT, Child, Supervisor, with_stoker_path
+from stoker.launcher import Child, Supervisor
+from stoker.shared.proc import PACKAGE_PARENT, STOKER_INIT, with_stoker_path
 
 CHILD_DEADLINE_S = 60.0  # a child that imports stoker.shared.proc on a busy machine
 
