@@ -123,15 +123,15 @@ def list_gpus() -> list[GpuInfo]:
         return []
 
 
-def _check(index: int, flag: str, gpus: list[GpuInfo]) -> GpuInfo:
+def _check(index: int, key: str, gpus: list[GpuInfo]) -> GpuInfo:
     for gpu in gpus:
         if gpu.index == index:
             return gpu
     if not gpus:
-        raise DeviceError(f"{flag} {index} requested, but no GPU is visible on this host "
-                          f"(omit {flag} to run on the CPU)")
+        raise DeviceError(f"{key}: GPU {index} requested, but no GPU is visible on this host "
+                          f"(leave {key} unset to run on the CPU)")
     found = ", ".join(f"{g.index} ({g.name})" for g in gpus)
-    raise DeviceError(f"{flag} {index}: no such GPU; this host has {len(gpus)}: {found}")
+    raise DeviceError(f"{key}: GPU {index}: no such GPU; this host has {len(gpus)}: {found}")
 
 
 def model_gpu_indexes(value: int | str | None, gpus: list[GpuInfo]) -> tuple[int, ...]:
@@ -140,20 +140,21 @@ def model_gpu_indexes(value: int | str | None, gpus: list[GpuInfo]) -> tuple[int
     if value is None:
         return ()
     if isinstance(value, int):
-        return (_check(value, "--model-gpu", gpus).index,)
+        return (_check(value, "devices.model_gpu", gpus).index,)
     text = value.strip()
     if text == "all":
         if not gpus:
-            raise DeviceError("--model-gpu all: no GPU is visible on this host (omit --model-gpu to run on the CPU)")
+            raise DeviceError("devices.model_gpu: all, but no GPU is visible on this host (leave devices.model_gpu unset "
+                              "to run on the CPU)")
         return tuple(g.index for g in gpus)
     parts = [p.strip() for p in text.split(",")]
     if not all(p.isdigit() for p in parts):
-        raise DeviceError(f"--model-gpu {value}: expected a GPU index, a list such as 1,2,3, or all")
+        raise DeviceError(f"devices.model_gpu: {value}: expected a GPU index, a list such as 1,2,3, or all")
     indexes = [int(p) for p in parts]
     twice = sorted({i for i in indexes if indexes.count(i) > 1})
     if twice:
-        raise DeviceError(f"--model-gpu {value}: GPU {twice[0]} is named twice (one model replica per GPU)")
-    return tuple(_check(i, "--model-gpu", gpus).index for i in indexes)
+        raise DeviceError(f"devices.model_gpu: {value}: GPU {twice[0]} is named twice (one model replica per GPU)")
+    return tuple(_check(i, "devices.model_gpu", gpus).index for i in indexes)
 
 
 def requested_replicas(cfg: DevicesConfig) -> int:
@@ -173,14 +174,15 @@ def _choose(cfg: DevicesConfig, gpus: list[GpuInfo]) -> tuple[int | None, tuple[
     producers (the first, shared, when there is none left)."""
     data_idx = cfg.data_gpu
     if data_idx is not None:
-        _check(data_idx, "--data-gpu", gpus)  # the first flag is the first named in an error
+        _check(data_idx, "devices.data_gpu", gpus)  # the first key is the first named in an error
     model = model_gpu_indexes(cfg.model_gpu, gpus)
     if data_idx is not None or model or not gpus:
         return data_idx, model
     wanted = cfg.replicas or 1
     if wanted > len(gpus):
         found = ", ".join(f"{g.index} ({g.name})" for g in gpus)
-        raise DeviceError(f"--replicas {wanted}: this host has {len(gpus)} GPU(s): {found} (one replica per GPU)")
+        raise DeviceError(f"devices.replicas: {wanted}, but this host has {len(gpus)} GPU(s): {found} (one replica per "
+                          f"GPU)")
     model = tuple(g.index for g in gpus[:wanted])
     return (gpus[wanted].index if len(gpus) > wanted else gpus[0].index), model
 
@@ -191,9 +193,9 @@ def plan_devices(cfg: DevicesConfig, gpus: list[GpuInfo], producers: int) -> Dev
     data_idx, model_gpus = _choose(cfg, gpus)
     if model_gpus:
         if cfg.replicas is not None and cfg.replicas != len(model_gpus):
-            raise DeviceError(f"--replicas {cfg.replicas} with --model-gpu {','.join(map(str, model_gpus))}: on GPUs "
-                              f"there is one replica per model GPU ({len(model_gpus)}); name {cfg.replicas} GPUs or "
-                              f"leave --replicas out")
+            raise DeviceError(f"devices.replicas: {cfg.replicas} with devices.model_gpu "
+                              f"{','.join(map(str, model_gpus))}: on GPUs there is one replica per model GPU "
+                              f"({len(model_gpus)}); name {cfg.replicas} GPUs or leave devices.replicas unset")
         replicas = len(model_gpus)
     else:
         replicas = cfg.replicas or 1
@@ -201,7 +203,7 @@ def plan_devices(cfg: DevicesConfig, gpus: list[GpuInfo], producers: int) -> Dev
         return DevicePlan("cpu", None, None, None, None, (), replicas)
     model_idx = model_gpus[0] if model_gpus else None
     if data_idx is not None and data_idx in model_gpus:
-        shared = _check(data_idx, "--data-gpu", gpus)
+        shared = _check(data_idx, "devices.data_gpu", gpus)
         total = shared.memory_mb
         n = max(producers, 1)
         data_mb = cfg.data_gpu_memory_mb or max(256, min(DEFAULT_PRODUCER_MEMORY_MB,
@@ -216,7 +218,7 @@ def plan_devices(cfg: DevicesConfig, gpus: list[GpuInfo], producers: int) -> Dev
         return DevicePlan("single-gpu", data_idx, model_idx, data_mb, model_mb, model_gpus, replicas)
     data_mb = None
     if data_idx is not None:
-        data_gpu = _check(data_idx, "--data-gpu", gpus)
+        data_gpu = _check(data_idx, "devices.data_gpu", gpus)
         data_mb = cfg.data_gpu_memory_mb or min(DEFAULT_PRODUCER_MEMORY_MB,
                                                 int(data_gpu.memory_mb * 0.9 / max(producers, 1)))
     mode = "dual-gpu" if data_idx is not None and model_gpus else "mixed"

@@ -322,7 +322,7 @@ def test_nonexistent_data_is_one_line(tmp_path):
 
 def test_missing_gpu_is_one_line(tmp_path):
     line = _one_error_line(run_cli("--data-gpu", "7", "--model-gpu", "1", "--run-dir", str(tmp_path / "r")))
-    assert "--data-gpu 7" in line
+    assert "devices.data_gpu (--data-gpu): GPU 7 requested, but no GPU is visible" in line
 
 
 def test_bad_flag_and_unknown_key_are_one_line(tmp_path):
