@@ -105,7 +105,7 @@ from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
 from ..shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
-from ..shared.dataset.index import _workers
+from ..shared.dataset.parallel import index_workers
 from ..shared.dataset.parquet import pyarrow_modules, row_reader
 from ..shared.mel import pad_values
 
@@ -367,7 +367,7 @@ def _phonemes_index(root: Path, cache: Path, repetitions: int, log: Callable[[st
     The speed-up is the phonemizing stage's (``IndexStats.read_s``: headers and texts, the
     work spread over the cores); the whole builds' times are reported beside it.
     """
-    cores = _workers(DataConfig())
+    cores = index_workers(DataConfig())
     one, cold, one_stage, cold_stage, warm = [], [], [], [], []
     stats: dict[str, Any] = {}
     for _ in range(repetitions):

@@ -36,7 +36,7 @@ import gzip
 import math
 import zlib
 import re
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -82,8 +82,18 @@ def decompressed(raw: bytes) -> bytes:
         raise ValueError(f"not a readable gzip file ({exc})") from None
 
 
-def parse_cuts(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
-    """The entries of a cut manifest's lines (``raw`` decompressed); faults become rejections."""
+def manifest_line(number: int) -> str:
+    """Where a cut manifest's line is, as its rejections name it."""
+    return f"cut manifest line {number}"
+
+
+def parse_cuts(raw: bytes, place: Callable[[int], str] = manifest_line,
+               shar: bool = False) -> tuple[list[Entry], list[Rejection]]:
+    """The entries of a cut manifest's lines (``raw`` decompressed); faults become rejections, each
+    naming its line as ``place`` words it. ``shar``: the cuts of a lhotse Shar shard, whose
+    recordings are members of the shard's tar (shared/dataset/shar.py): their entries' audio is
+    left empty, for the caller to fill, and a cut must be all of its recording (as lhotse's
+    ``to_shar`` writes every cut)."""
     entries: list[Entry] = []
     rejected: list[Rejection] = []
     first_line: dict[str, int] = {}
@@ -93,14 +103,14 @@ def parse_cuts(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            rejected.append(Rejection(f"line:{number}", f"cut manifest line {number} is not JSON ({exc})", line=number))
+            rejected.append(Rejection(f"line:{number}", f"{place(number)} is not JSON ({exc})", line=number))
             continue
-        said = _cut_entry(obj, number) if type(obj) is dict else \
-            Rejection(f"line:{number}", f"cut manifest line {number} is not a JSON object", line=number)
+        said = _cut_entry(obj, number, place(number), shar) if type(obj) is dict else \
+            Rejection(f"line:{number}", f"{place(number)} is not a JSON object", line=number)
         if isinstance(said, Rejection):
             rejected.append(said)
         elif said.id in first_line:
-            rejected.append(Rejection(said.id, f"duplicate cut id on cut manifest line {number} "
+            rejected.append(Rejection(said.id, f"duplicate cut id on {place(number)} "
                                                f"(first on line {first_line[said.id]})", line=number))
         else:
             first_line[said.id] = number
@@ -108,16 +118,17 @@ def parse_cuts(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
     return entries, rejected
 
 
-def _cut_entry(cut: dict[str, Any], number: int) -> Entry | Rejection:
-    """One cut's entry, or why it is unusable (naming the cut once its id is known)."""
+def _cut_entry(cut: dict[str, Any], number: int, where: str, shar: bool) -> Entry | Rejection:
+    """One cut's entry, or why it is unusable (naming the cut once its id is known, and ``where``
+    its line is)."""
     given = cut.get("id")
     sample_id = nfc(given.strip()) if type(given) is str else ""
     if not sample_id or _id_problem(sample_id) or "\t" in sample_id or "\n" in sample_id:
-        return Rejection(f"line:{number}", f"cut manifest line {number} has an 'id' that is not a plain file name "
-                                           f"({_shown(given)})", line=number)
+        return Rejection(f"line:{number}", f"{where} has an 'id' that is not a plain file name ({_shown(given)})",
+                         line=number)
 
     def rejection(problem: str, file: str | None = None) -> Rejection:
-        return Rejection(sample_id, f"cut {sample_id} (cut manifest line {number}) {problem}", line=number, file=file)
+        return Rejection(sample_id, f"cut {sample_id} ({where}) {problem}", line=number, file=file)
 
     recording = cut.get("recording")
     if type(recording) is not dict:
@@ -126,7 +137,9 @@ def _cut_entry(cut: dict[str, Any], number: int) -> Entry | Rejection:
     sources = recording.get("sources")
     source = sources[0] if type(sources) is list and sources and type(sources[0]) is dict else {}
     path = source.get("source")
-    if source.get("type") not in _SOURCE_TYPES or type(path) is not str or not path.strip():
+    if shar:
+        path = ""  # the shard's member, found by the cut's id
+    elif source.get("type") not in _SOURCE_TYPES or type(path) is not str or not path.strip():
         return rejection(f"has a recording whose source is not a file or URL ({_shown(source or sources)})")
     path = path.strip()
     start, duration = cut.get("start", 0), cut.get("duration")
@@ -155,6 +168,9 @@ def _cut_entry(cut: dict[str, Any], number: int) -> Entry | Rejection:
     if type(language) is not str or (language.strip() and language_problem(language.strip())):
         return rejection(f"has a supervision 'language' that is not a language code ({_shown(language)})", path)
     covers = start == 0 and type(whole) in (int, float) and abs(duration - whole) <= END_TOLERANCE_S
+    if shar and not covers:
+        return rejection(f"is {duration:g} s from {start:g} s of a recording of {_shown(whole)} s: a cut of a Shar "
+                         "shard is read whole (as lhotse's to_shar writes it)")
     audio = path if covers else span_locator(path, start, end)
     return Entry(sample_id, " ".join(s["text"].strip() for s in spoken), number, speaker.strip(), language.strip(),
                  audio, duration=float(duration))
