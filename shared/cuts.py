@@ -151,7 +151,8 @@ def _cut_entry(cut: dict[str, Any], number: int, where: str, shar: bool) -> Entr
     whole = recording.get("duration")
     end = start + duration
     if type(whole) in (int, float) and end > whole + END_TOLERANCE_S:
-        return rejection(f"ends at {end:.3f} s, beyond its recording's end ({whole:.3f} s: {_shown(path)})", path)
+        named = f": {_shown(path)}" if path else ""  # a Shar cut's recording is the member of its id
+        return rejection(f"ends at {end:.3f} s, beyond its recording's end ({whole:.3f} s{named})", path)
     supervisions = cut.get("supervisions") or []
     if type(supervisions) is not list or not all(type(s) is dict for s in supervisions):
         return rejection("has 'supervisions' that are not a list of objects", path)
@@ -169,7 +170,8 @@ def _cut_entry(cut: dict[str, Any], number: int, where: str, shar: bool) -> Entr
         return rejection(f"has a supervision 'language' that is not a language code ({_shown(language)})", path)
     covers = start == 0 and type(whole) in (int, float) and abs(duration - whole) <= END_TOLERANCE_S
     if shar and not covers:
-        return rejection(f"is {duration:g} s from {start:g} s of a recording of {_shown(whole)} s: a cut of a Shar "
+        length = f"{whole:.3f} s" if type(whole) in (int, float) else "unknown length"
+        return rejection(f"is {duration:.3f} s from {start:.3f} s of a recording of {length}: a cut of a Shar "
                          "shard is read whole (as lhotse's to_shar writes it)")
     audio = path if covers else span_locator(path, start, end)
     return Entry(sample_id, " ".join(s["text"].strip() for s in spoken), number, speaker.strip(), language.strip(),
