@@ -24,7 +24,7 @@ from ..dataset.reuse import (absent_files, cache_digest, cache_payload, file_siz
                              manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
                              with_files)
 from ..dataset.rules import apply_rules, vocabulary_of
-from ..dataset.shards import read_shards
+from ..dataset.shards import listing_stamp, read_shards
 from ..dataset.storage import COUNTS, file_stamp, is_url
 from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, IndexStats
@@ -127,7 +127,9 @@ def _started(data: DataConfig, features: FeaturesConfig, text: TextConfig, fixed
     if not build.candidates:
         return build
     where = metadata_location(root, metadata_file)
-    build.stamp = file_stamp(where) if manifest or build.loose else ""
+    # shards (tar, Parquet, Shar): found by their files' stamps, their listing not read
+    build.stamp = (file_stamp(where) if manifest or build.loose
+                   else listing_stamp(root, metadata_file) if is_shards(metadata_file) else "")
     if not build.chunked and not build.stamp:
         build.metadata = read_small_manifest(root, metadata_file)
     build.manifest_sha256 = (hashlib.sha256(build.metadata).hexdigest() if build.metadata is not None
@@ -174,8 +176,8 @@ def _one_pass(build: _Build) -> DatasetIndex:
             cached, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            if build.loose and build.stamp and cache_path is not None:  # touched, not changed: found by its stamp next
-                restamp(cache_path, cached, loaded[1], cache_digest(build.config, build.stamp))
+            if not is_manifest(metadata_file) and build.stamp and cache_path is not None:  # found by its stamp next
+                restamp(cache_path, cached, loaded[1] if build.loose else [], cache_digest(build.config, build.stamp))
             return finished_index(root, *loaded, key, stats, build.started, False, scan_inputs, data)
     return _derived(build, metadata, audio, key, cached, stats, scan_inputs)
 
@@ -203,8 +205,9 @@ def _derived(build: _Build, metadata: bytes, audio: dict[str, AudioFile], key: s
         if is_manifest(metadata_file):
             header["manifest"] = {"digest": cache_digest(build.config, build.stamp or build.manifest_sha256),
                                   "measured": measured_files(entries, audio)}
-        elif build.loose and build.stamp:  # found by the metadata's stamp: its missing files looked for, no listing
-            header["manifest"] = {"digest": cache_digest(build.config, build.stamp), "measured": absent_files(rejected)}
+        elif build.stamp:  # found by the metadata's (or shards') stamp: a layout's missing files looked for
+            header["manifest"] = {"digest": cache_digest(build.config, build.stamp),
+                                  "measured": absent_files(rejected) if build.loose else []}
     del entries, units, probes  # the clips are in the samples now: not held while they become columns
     table = with_files(SampleTable.from_samples(samples), samples, audio)
     del samples

@@ -10,7 +10,8 @@ root and "metadata file" are the directory (a cache directory for a URL) and the
 shards; :func:`shared.layouts.is_shards` is true of both, so the index, the dataset agreement and
 the producers take a Parquet dataset as a shard dataset, through the manifest its listing makes.
 
-The listing (:func:`list_file`, one file's; cached beside the index as the shards' is) reads each
+The listing (:func:`list_file`, one file's; cached beside the index as the shards' is, its rules'
+version shards.PARQUET_LISTING_FORMAT) reads each
 file's footer and, a row group at a time, every column but the audio: a JSON line per row
 (shared/parquet_layout.py, which maps the columns to a clip's id, text, speaker, language and
 duration by ``data.columns`` or their usual names). A row's audio is its **locator**
@@ -51,10 +52,6 @@ from ..layouts import Rejection
 from ..parquet_layout import ROW_LOCATOR, row_where
 
 log = logging.getLogger(__name__)
-
-
-# Bump when the listing's rules or its lines change.
-LISTING_FORMAT = 1
 
 
 # Names of an audio column that is not a struct: binary (the encoded file) or a string (its path).

@@ -47,10 +47,10 @@ def absent_files(rejected: Sequence[Rejection]) -> list[list[Any]]:
 
 
 def restamp(path: Path, cached: CachedIndex, rejected: Sequence[Rejection], digest: str) -> None:
-    """The cache file of a local LJSpeech layout found the long way (its listing and the metadata's
-    bytes as they were: :func:`loose_layout`) written again with the metadata's present stamp
-    (``digest``), so that the next start finds it by the stamp, without a listing; as it is when
-    it has that stamp already."""
+    """The cache file of a local LJSpeech layout (or of shards) found the long way (its listing and
+    the metadata's bytes as they were: :func:`loose_layout`) written again with the metadata's (the
+    shards') present stamp (``digest``), so that the next start finds it by the stamp, without a
+    listing; as it is when it has that stamp already."""
     manifest = cached.header.get("manifest")
     if isinstance(manifest, dict) and manifest.get("digest") == digest:
         return

@@ -54,6 +54,7 @@ import msgpack
 
 from ..config import DataConfig
 from ..dataset.cache import index_cache_file, pack_index, read_cache, user_cache_dir, write_cache
+from ..dataset.parquet import list_file, probe_row
 from ..dataset.probe import probe_bytes, probe_url
 from ..dataset.shar import SHAR_GLOB, add_cuts, audio_member, cuts_file, is_shar, is_shar_directory
 from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown,
@@ -82,8 +83,9 @@ TEXT_SUFFIXES = ("json", "txt")
 MAX_TEXT_BYTES = 1 << 20
 
 
-# Bump when the listing's rules or its cached form change.
+# Bump when the listing's rules or its cached form change (PARQUET_LISTING_FORMAT: a Parquet file's).
 LISTING_FORMAT = 1
+PARQUET_LISTING_FORMAT = 1
 
 
 
@@ -301,18 +303,12 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
     beside the index cache (``DATASET/.stoker/shards-*.msgpack``, else the user cache dir),
     keyed on every shard's name, size and stamp, so that only a changed set of shards is
     walked again; and in this process, which asks for the manifest and the audio in turn."""
-    shards = tuple(list_shards(root, pattern))
+    shards, stamps, key = _listed_files(root, pattern)
     parquet = is_parquet(pattern)
     shar = not parquet and is_shar(pattern)
-    # a Shar shard's texts are its cuts file's: theirs are part of what the listing is of
-    stamps = shards + tuple(_shar_cuts(root, shards)) if shar else shards
     cached = _LISTINGS.get((str(root), pattern))
     if cached is not None and cached[0] == stamps:
         return cached[1]
-    if parquet:  # Parquet files: each file's rows (shared/dataset/parquet.py)
-        from ..dataset.parquet import LISTING_FORMAT as PARQUET_FORMAT, list_file  # it imports this module
-    kind = ("parquet", PARQUET_FORMAT) if parquet else ("shar", LISTING_FORMAT) if shar else LISTING_FORMAT
-    key = hashlib.sha256(repr((kind, pattern, stamps)).encode("utf-8", "surrogateescape")).hexdigest()
     candidates = [path.with_name(path.name.replace("index-", "shards-", 1))
                   for path in index_cache_file(root, DataConfig(path=str(root), metadata_file=pattern))]
     listing = _cached_listing(candidates, key)
@@ -335,6 +331,25 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
              shown(pattern) if is_url(pattern)
              else root / pattern, len(listing.lines), len(listing.rejected))
     return listing
+
+
+def listing_stamp(root: Path, pattern: str) -> str:
+    """What the listing of the shards ``pattern`` names is of (their names, sizes and stamps, a
+    Shar shard's cuts file's too, and the listing's rules), as one digest: a shard dataset's index
+    cache is found by it without reading the listing (index.py). DatasetError as :func:`list_shards`."""
+    return _listed_files(root, pattern)[2]
+
+
+def _listed_files(root: Path, pattern: str) -> tuple[tuple[Shard, ...], tuple[Shard, ...], str]:
+    """The shards ``pattern`` names, every file their listing reads (a Shar shard's cuts file
+    too), and the listing's key: a digest of those files and the listing's rules."""
+    shards = tuple(list_shards(root, pattern))
+    parquet = is_parquet(pattern)
+    shar = not parquet and is_shar(pattern)
+    # a Shar shard's texts are its cuts file's: theirs are part of what the listing is of
+    stamps = shards + tuple(_shar_cuts(root, shards)) if shar else shards
+    kind = ("parquet", PARQUET_LISTING_FORMAT) if parquet else ("shar", LISTING_FORMAT) if shar else LISTING_FORMAT
+    return shards, stamps, hashlib.sha256(repr((kind, pattern, stamps)).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _cached_listing(candidates: list[Path], key: str) -> ShardListing | None:
@@ -513,8 +528,6 @@ def probe_member(root: Path, name: str) -> AudioProbe:
     header read, :func:`probe_url`); or why it cannot be used."""
     global _READER
     if is_row(name):  # a Parquet row's (shared/dataset/parquet.py)
-        from ..dataset.parquet import probe_row  # it imports this module
-
         return probe_row(root, name)
     if not is_locator(name):
         return probe_url(name)

@@ -242,3 +242,23 @@ def test_without_pyarrow_a_parquet_dataset_is_one_line_naming_the_extra(tmp_path
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(DatasetError, match=r"needs pyarrow: pip install 'stoker\[parquet\]'"):
         build_index(_data(tmp_path / "pq", index_cache="off"), FEATURES)
+
+
+def test_a_warm_start_finds_the_index_by_the_files_stamps_without_reading_the_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm, a Parquet dataset's index is found by its files' names, sizes and stamps: the
+    listing (every row's columns, or its cached copy) is not read; a file rewritten is read again."""
+    from stoker.shared.dataset import index as index_module
+
+    made = make_parquet(tmp_path / "pq", files=2, per_file=6, row_group=4)
+    data = DataConfig(path=str(made.root), index_cache=str(tmp_path / "cache"))
+    cold = build_index(data, FeaturesConfig())
+    with monkeypatch.context() as m:
+        m.setattr(index_module, "read_shards", lambda *args: pytest.fail("the listing was read"))
+        m.setattr(index_module, "list_audio", lambda *args: pytest.fail("the listing was read"))
+        warm = build_index(data, FeaturesConfig())
+    assert warm.stats.cache == "hit" and list(warm.samples) == list(cold.samples)
+    write_parquet(made.paths[1], {"id": ["new"], "text": ["A new row."], "duration": [0.9],
+                                  "audio": [{"bytes": clip_member(5, 0.9, "wav"), "path": "new.wav"}]}, row_group=1)
+    again = build_index(data, FeaturesConfig())
+    assert again.stats.cache != "hit" and "new" in {s.id for s in again.samples}
