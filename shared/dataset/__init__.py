@@ -84,8 +84,9 @@ The package, one module per idea (each imports only those above it in this list)
     probe.py       audio headers without decoding (shared with producer/audio.py)
     storage.py     bytes of files here or at fsspec URLs (bounded read-ahead, counted retries)
     cache.py       the index cache: its place, key and file format
-    shards.py      WebDataset-style tar shards: their listing as a manifest, each clip's locator
     parquet.py     Parquet files: their rows' listing (read as shards' through shards.py), row groups read
+    shar.py        lhotse Shar directories: a shard's cuts matched to its recording tar's members
+    shards.py      WebDataset-style tar shards: their listing as a manifest, each clip's locator
     files.py       where metadata and audio are (the directory, a mix file, each id's file, shards,
                    a manifest at a URL)
     agreement.py   what a host sees of a dataset, a producer's copy at joining and per file, the verdict

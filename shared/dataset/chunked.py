@@ -10,7 +10,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import numpy as np
@@ -56,22 +56,24 @@ BUILD_CHUNK_BYTES = 8 << 20
 FINGERPRINT_ROWS = 1 << 16
 
 
-def _run_chunks(path: Path, ranges: list[tuple[int, int, int]], workers: int, data: DataConfig,
-                features: FeaturesConfig, text: TextConfig) -> tuple[list[dict[str, Any] | None], int]:
-    """:func:`manifest_chunk` of every piece, in order: in ``workers`` helper processes (this one
-    taking their columns in) or, ``workers`` 1, in this one."""
-    tasks = [(str(path), *piece, data, features, text) for piece in ranges]
-    return shared_work(manifest_chunk, tasks, workers if workers > 1 else 0, "manifest indexing", here=False)
+def _run_chunks(fn: Callable[..., dict[str, Any] | None], tasks: list[tuple],
+                workers: int) -> tuple[list[dict[str, Any] | None], int]:
+    """``fn`` of every piece's task, in order: in ``workers`` helper processes (this one taking
+    their columns in) or, ``workers`` 1, in this one."""
+    return shared_work(fn, tasks, workers if workers > 1 else 0, "manifest indexing", here=False)
 
 
 def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
                    config: dict[str, Any], candidates: list[Path], manifest_sha256: str, digest: str,
-                   started: float) -> DatasetIndex | None:
+                   started: float, pieces: tuple[Callable[..., Any], list[tuple]] | None = None,
+                   named: Callable[[Rejection], Rejection] | None = None) -> DatasetIndex | None:
     """The index of a manifest whose clips all give their durations, built in pieces (the
     module's comment); None when a clip gives none (then the one-process build reads its
-    header). A cache file of the same content is loaded before anything is parsed (the manifest's stamp changed,
-    not its bytes); ``digest``: what the cache file written is found by (:func:`manifest_hit`)."""
-    path = root / data.metadata_file
+    header). ``pieces``: the work of each piece (a function and its tasks) where it is not the
+    manifest's byte ranges (Parquet files: parquet_pieces.py); ``named``: what a line's rejection
+    becomes there (a row's, naming it). A cache file of the same content
+    is loaded before anything is parsed (the manifest's stamp changed, not its bytes);
+    ``digest``: what the cache file written is found by (:func:`manifest_hit`)."""
     key = index_key_of(bytes.fromhex(manifest_sha256), {}, config)
     cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
     if state == "hit" and cached is not None:
@@ -84,20 +86,36 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
             stats = IndexStats(cache="hit", cache_file=str(cache_path))
             return finished_index(root, *loaded, key, stats, started, False, None, data)
     read_started = time.perf_counter()
-    try:
-        ranges = manifest_ranges(path, BUILD_CHUNK_BYTES)
-    except OSError:
-        return None  # the one-process build says why
-    chunks, workers = _run_chunks(path, ranges, max(1, index_workers(data)), data, features, text)
+    if pieces is None:
+        path = root / data.metadata_file
+        try:
+            ranges = manifest_ranges(path, BUILD_CHUNK_BYTES)
+        except OSError:
+            return None  # the one-process build says why
+        pieces = (manifest_chunk, [(str(path), *piece, data, features, text) for piece in ranges])
+    chunks, workers = _run_chunks(*pieces, max(1, index_workers(data)))
     if any(chunk is None for chunk in chunks):
-        log.info("%s has clips without a duration: their audio headers are read", path)
+        log.info("%s has clips without a duration: their audio headers are read", root / data.metadata_file)
         return None
+    stats = IndexStats(cache=state, workers=workers)
     parts: list[dict[str, Any]] = chunks  # type: ignore[assignment]
-    stats = IndexStats(cache=state, workers=workers, texts_tokenized=sum(p["tokenized"] for p in parts))
+    return _merged(root, data, frontend, config, candidates, (key, digest, manifest_sha256), parts, stats,
+                   (started, read_started), named)
+
+
+def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, Any], candidates: list[Path],
+            keys: tuple[str, str, str], parts: list[dict[str, Any]], stats: IndexStats,
+            times: tuple[float, float], named: Callable[[Rejection], Rejection] | None) -> DatasetIndex:
+    """The index of the pieces' columns merged (the module's comment), written to the cache under
+    ``keys`` (the index key, the digest it is found by, the manifest's SHA-256)."""
+    key, digest, manifest_sha256 = keys
+    stats.texts_tokenized = sum(p["tokenized"] for p in parts)
     parsed = [r for p in parts for r in p["parsed"]] + _repeated_ids(parts)
     parsed.sort(key=lambda r: r.line)  # as one pass over the lines finds them
     for p in parts:
         _drop_repeated(p)
+    if named is not None:
+        parsed = [named(r) for r in parsed]
     rejected = parsed + [r for p in parts for _, r in p["rejected"]]
     report = LostReport()
     for p in parts:
@@ -106,7 +124,7 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
     lost = report.to_json()
     agreed, by_id = _manifest_fingerprints(parts, manifest_sha256)
     table = _concatenated(parts, _table_id_order(parts, by_id))
-    stats.read_s = time.perf_counter() - read_started
+    stats.read_s = time.perf_counter() - times[1]
     seen: set[str] = set()
     for p in parts:
         seen.update(p["seen"])
@@ -119,7 +137,7 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
         written = write_cache(candidates, pack_index(header, {**table.sections(),
                                                               "reuse": _reuse(frontend, parts, parsed, table)}))
         stats.cache_file = str(written) if written else ""
-    return finished_index(root, table, rejected, lost, agreed, vocab, key, stats, started, True, None, data)
+    return finished_index(root, table, rejected, lost, agreed, vocab, key, stats, times[0], True, None, data)
 
 
 def _reuse(frontend: Frontend, parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleTable) -> bytes:

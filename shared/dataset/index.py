@@ -20,6 +20,7 @@ from ..dataset.chunked import CHUNKED_MIN_BYTES, build_manifest
 from ..dataset.files import list_audio, locate, metadata_location, read_metadata_bytes, resolve_audio
 from ..dataset.indexed import DatasetIndex, finished_index
 from ..dataset.parallel import TextKey, frontend_of, index_workers, run_items
+from ..dataset.parquet_pieces import parquet_pieces
 from ..dataset.reuse import (absent_files, cache_digest, cache_payload, file_size, loaded_index, loose_layout,
                              manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
                              with_files)
@@ -28,7 +29,7 @@ from ..dataset.shards import listing_stamp, read_shards
 from ..dataset.storage import COUNTS, file_stamp, is_url
 from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, IndexStats
-from ..layouts import Entry, is_cuts, is_manifest, is_shards
+from ..layouts import Entry, is_cuts, is_manifest, is_parquet, is_shards
 from ..mixes import parse_entries
 from ..text import Frontend, TextError, Units
 from ..vocab import Vocabulary
@@ -91,6 +92,10 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     metadata_file = build.data.metadata_file
     if build.chunked:
         build.manifest_sha256 = build.manifest_sha256 or sha256_of(metadata_location(build.root, metadata_file))
+    if is_parquet(metadata_file) and fixed is None:
+        built = _parquet_in_pieces(build)
+        if built is not None:
+            return built
     if build.manifest_sha256 and build.chunked:
         built = build_manifest(build.root, build.data, features, text, build.frontend, build.config,
                                build.candidates, build.manifest_sha256,
@@ -98,6 +103,17 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         if built is not None:
             return built
     return _one_pass(build)
+
+
+def _parquet_in_pieces(build: _Build) -> DatasetIndex | None:
+    """The index of a large local Parquet dataset built in pieces (parquet_pieces.py), found by its
+    listing's key (its files' stamps, a SHA-256); None where the listing's build is the way."""
+    pieces = parquet_pieces(build.root, build.data.metadata_file, build.data, build.features, build.text)
+    if pieces is None:
+        return None
+    key = build.stamp or listing_stamp(build.root, build.data.metadata_file)
+    return build_manifest(build.root, build.data, build.features, build.text, build.frontend, build.config,
+                          build.candidates, key, cache_digest(build.config, key), build.started, *pieces)
 
 
 def _started(data: DataConfig, features: FeaturesConfig, text: TextConfig, fixed: Vocabulary | None) -> _Build:

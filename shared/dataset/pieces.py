@@ -68,6 +68,12 @@ def manifest_chunk(path: str, start: int, end: int, first_line: int, data: DataC
     with open(path, "rb") as f:
         f.seek(start)
         raw = f.read(end - start)
+    return manifest_piece(raw, first_line, data, features, text)
+
+
+def manifest_piece(raw: bytes, first_line: int, data: DataConfig, features: FeaturesConfig,
+                   text: TextConfig) -> dict[str, Any] | None:
+    """:func:`manifest_chunk` of a piece's lines (``raw``, its first line numbered ``first_line``)."""
     entries, parsed = manifest_columns(raw, first_line)
     del raw
     if None in entries.duration:

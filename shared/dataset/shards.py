@@ -31,7 +31,8 @@ disagrees is rejected when a producer reads it).
 
 Parquet files are named and listed the same way (``*.parquet``: their rows, shared/dataset/parquet.py,
 which :func:`read_shards` walks instead of a tar's members; their rows' locators are
-shared/parquet_layout.py's).
+shared/parquet_layout.py's). So are lhotse Shar directories (``recording*.tar``: each recording
+tar walked here, its members matched to the cuts file beside it by shared/dataset/shar.py).
 
 Every member that cannot be used is a :class:`Rejection` naming the shard and the member:
 audio without text or text without audio, a duplicate id, a member the shard ends before
