@@ -25,10 +25,15 @@ from ..parquet_layout import ROLES, is_column_map, parse_column_map, row_rejecti
 PARQUET_CHUNKED_MIN_ROWS = 200_000
 
 
+# Rows of a piece (whole row groups, at least one): about a large manifest's piece of 8 MB, many
+# pieces so that the last ones balance the load and none is a file's millions of rows at once.
+PIECE_ROWS = 65_536
+
+
 def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: FeaturesConfig,
                    text: TextConfig) -> tuple[tuple[Callable[..., Any], list[tuple]],
                                               Callable[[Rejection], Rejection]] | None:
-    """The pieces of a local Parquet dataset (one a file: :func:`parquet_chunk` and its tasks) and
+    """The pieces of a local Parquet dataset (row groups of a file: :func:`parquet_chunk` and its tasks) and
     what a line's rejection becomes (its row's, naming it); None where the one-process build is
     the way: a small dataset, files at a URL, a file whose footer cannot be read, or a row group
     whose statistics do not show every row with audio bytes and a duration."""
@@ -50,9 +55,15 @@ def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: Feature
         return None
     tasks, first, starts = [], 1, []
     for name, groups in files:
-        tasks.append((str(root), name, first, data, features, text))
         starts.append((first, name, groups))
-        first += sum(groups)
+        group, row = 0, 0  # the piece's first row group, and its first row in the file
+        while group < len(groups):
+            end = group + 1
+            while end < len(groups) and sum(groups[group:end + 1]) <= PIECE_ROWS:
+                end += 1
+            tasks.append((str(root), name, (group, end, row), first, data, features, text))
+            rows = sum(groups[group:end])
+            group, row, first = end, row + rows, first + rows
     return (parquet_chunk, tasks), lambda rejection: _named(rejection, starts)
 
 
@@ -93,9 +104,10 @@ def _named(rejection: Rejection, starts: list[tuple[int, str, list[int]]]) -> Re
     return rejection
 
 
-def parquet_chunk(root: str, name: str, first_line: int, data: DataConfig, features: FeaturesConfig,
-                  text: TextConfig) -> dict[str, Any] | None:
-    """One Parquet file's rows as manifest lines (each the listing line's manifest object:
+def parquet_chunk(root: str, name: str, groups: tuple[int, int, int], first_line: int, data: DataConfig,
+                  features: FeaturesConfig, text: TextConfig) -> dict[str, Any] | None:
+    """The rows of row groups ``groups[0]`` to ``groups[1]`` - 1 of a Parquet file (the first of
+    them its row ``groups[2]``) as manifest lines (each the listing line's manifest object:
     shared.parquet_layout.manifest_object), indexed as a manifest's piece (runs in helper processes)."""
     pa, _ = pyarrow_modules()
     mapping = parse_column_map(data.columns) if is_column_map(data.columns) else {}
@@ -104,8 +116,8 @@ def parquet_chunk(root: str, name: str, first_line: int, data: DataConfig, featu
         with parquet_file(Path(root), name) as parquet:
             found = audio_column(parquet.schema_arrow)
             others = scalar_columns(parquet.schema_arrow, found[0]) if found is not None else []
-            base = 0
-            for group in range(parquet.metadata.num_row_groups):
+            base = groups[2]
+            for group in range(groups[0], groups[1]):
                 table = parquet.read_row_group(group, columns=others)
                 lines.extend(_group_lines(table, others, mapping, f"{name}#{group}:", f"{stem(name)}_", base))
                 base += table.num_rows

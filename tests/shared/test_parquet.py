@@ -283,6 +283,7 @@ def test_a_large_parquet_dataset_built_in_pieces_is_the_listing_build(tmp_path: 
     monkeypatch.setattr(parquet_pieces, "PARQUET_CHUNKED_MIN_ROWS", 1 << 40)
     one = build_index(data, FEATURES)
     monkeypatch.setattr(parquet_pieces, "PARQUET_CHUNKED_MIN_ROWS", 1)
+    monkeypatch.setattr(parquet_pieces, "PIECE_ROWS", 4)  # a row group or two a piece: pieces of a file
     monkeypatch.setattr(shards, "list_file", lambda *args: pytest.fail("the rows were listed"))
     pieces = build_index(dataclasses.replace(data, index_cache=str(tmp_path / "pieces")), FEATURES)
     assert pieces.stats.workers == workers and pieces.stats.cache == "miss"
