@@ -96,6 +96,7 @@ The package, one module per idea (each imports only those above it in this list)
     reuse.py       the index cache as a build uses it: found by a stamp, loaded, what a stale one holds
     pieces.py      one piece of a large manifest with durations, indexed as columns
     chunked.py     a large manifest's pieces indexed by helpers and merged
+    parquet_pieces.py  a large Parquet dataset's row groups made pieces of a manifest
     index.py       building the index (build_index)
 
 Everything public is importable from ``shared.dataset`` itself.

@@ -1,6 +1,7 @@
 """Building the index (build_index): the usable samples and the rejections of a dataset, from its
 metadata and audio headers, through the text front-end, with the index cache reused where it
-still holds; a large manifest with durations is built in pieces (chunked.py).
+still holds; a large manifest with durations (chunked.py) and a large Parquet dataset
+(parquet_pieces.py) are built in pieces.
 """
 
 from __future__ import annotations
