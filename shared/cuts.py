@@ -28,6 +28,9 @@ a recording (a MixedCut or PaddingCut, a recording whose source is not a file or
 start or duration that is not usable; a cut that ends beyond its recording's end (as the
 manifest gives it); a cut without a supervision with text; a duplicate id. A recording missing
 on a producer's host, or shorter there than the cut's end, is rejected when a producer reads it.
+
+A lhotse Shar shard's cuts file is read by the same parser (``parse_cuts(..., shar=True)``:
+shared/dataset/shar.py), its cuts' audio the members of the shard's recording tar.
 """
 
 from __future__ import annotations
