@@ -59,14 +59,22 @@ producer
       producer reads them; the same variant in the loose files' batches (every row group in
       every batch: the reader's worst case, each lease reading whole row groups for a clip or
       two of each) is ``stoker-parquet-mixed``.
+    - ``stoker-shar``: as ``stoker-parquet``, the same clips' bytes in a lhotse Shar directory
+      laid out as ``CutSet.to_shar`` writes one (``cuts.NNNNNN.jsonl.gz`` beside
+      ``recording.NNNNNN.tar`` of ``ID.wav`` and ``ID.json`` members; shards of
+      :data:`CLIPS_PER_SHARD` cuts: shared/dataset/shar.py), in the batches a run plans from it
+      (grouped by shard, ``batching.shard_window`` 4).
+
+    Beside the clips/s, each layout's cold index time over the same clips (``build_index``, one
+    process, no cache file before it), against the loose files'.
 
     Judged with one thread per process (``OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS=1``, TF
     intra- and inter-op threads 1): producers run one per core, so one core is what each
     has. The same variants with the libraries' default threading are reported too
     (informational; on 2 cores a library that starts a thread per core in each of two
     producers oversubscribes the machine). Targets: stoker >= 1.5 x librosa clips/s;
-    warm cache >= 5 x stoker (cold) clips/s; from shards, and from Parquet, >= 0.9 x from loose
-    files.
+    warm cache >= 5 x stoker (cold) clips/s; from shards, from Parquet and from Shar, >= 0.9 x
+    from loose files.
 
 Quick mode: smaller index sizes (13,100 and 30,000), fewer clips and repetitions, no
 default-threads rows.
@@ -76,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import importlib.util
 import io
 import json
@@ -106,7 +115,7 @@ from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
 from ..shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
-from ..shared.dataset.index import _workers
+from ..shared.dataset.parallel import index_workers
 from ..shared.dataset.parquet import pyarrow_modules, row_reader
 from ..shared.mel import pad_values
 
@@ -129,8 +138,13 @@ SHARDS_DIR = "shards"
 # ... and into Parquet files of this many clips (row groups of CLIPS_PER_SHARD), in this directory.
 CLIPS_PER_PARQUET_FILE = 32
 PARQUET_DIR = "parquet"
+# ... and into a lhotse Shar directory of shards of CLIPS_PER_SHARD cuts, in this directory.
+SHAR_DIR = "shar"
 # The variants that read the clips packed beside the loose files, and where.
-PACKED_VARIANTS = {"stoker-shards": SHARDS_DIR, "stoker-parquet": PARQUET_DIR, "stoker-parquet-mixed": PARQUET_DIR}
+PACKED_VARIANTS = {"stoker-shards": SHARDS_DIR, "stoker-parquet": PARQUET_DIR, "stoker-parquet-mixed": PARQUET_DIR,
+                   "stoker-shar": SHAR_DIR}
+# The variants whose batches are planned from their own layout (grouped by shard or row group).
+OWN_PLAN_VARIANTS = ("stoker-parquet", "stoker-shar")
 # Generated index items: tiny real WAV files (header + 0.25 s of 8 kHz 16-bit silence).
 INDEX_RATE_HZ = 8000
 INDEX_SECONDS = 0.25
@@ -161,7 +175,7 @@ class DataPlan:
     clips: int = 64
     repetitions: int = 5
     variants: list[str] = field(default_factory=lambda: ["stoker", "librosa", "stoker-warm", "stoker-tf",
-                                                         "stoker-shards", "stoker-parquet"])
+                                                         "stoker-shards", "stoker-parquet", "stoker-shar"])
     default_threads: bool = True  # also measure with the libraries' default threading
 
     @classmethod
@@ -279,6 +293,50 @@ def make_clip_parquet(root: Path, per_group: int = CLIPS_PER_SHARD, per_file: in
     return out
 
 
+def make_clip_shar(root: Path, per_shard: int = CLIPS_PER_SHARD) -> Path:
+    """The clips of :func:`make_clips` in ``root`` as a lhotse Shar directory beside it, laid out as
+    ``CutSet.to_shar(fields={"recording": "wav"})`` writes one (module docstring; no lhotse needed);
+    returns its directory."""
+    out = root.parent / SHAR_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    entries, _ = read_metadata(root)
+    files = scan_audio(root)
+    for n in range(0, len(entries), per_shard):
+        cuts = []
+        with tarfile.open(out / f"recording.{n // per_shard:06d}.tar", "w") as tar:
+            for entry in entries[n:n + per_shard]:
+                path = root / files[entry.id].name
+                info = soundfile.info(str(path))
+                recording = {"id": entry.id, "sources": [{"type": "shar", "channels": [0], "source": ""}],
+                             "sampling_rate": info.samplerate, "num_samples": info.frames,
+                             "duration": info.frames / info.samplerate, "channel_ids": [0]}
+                tar.add(str(path), arcname=f"{entry.id}.wav")
+                manifest = json.dumps(recording).encode("utf-8") + b"\n"
+                member = tarfile.TarInfo(f"{entry.id}.json")
+                member.size = len(manifest)
+                tar.addfile(member, io.BytesIO(manifest))
+                cuts.append({"id": entry.id, "start": 0, "duration": recording["duration"], "channel": 0,
+                             "supervisions": [{"id": f"{entry.id}-s", "recording_id": entry.id, "start": 0.0,
+                                               "duration": recording["duration"], "channel": 0, "text": entry.text}],
+                             "recording": recording, "type": "MonoCut"})
+        lines = "".join(json.dumps(c) + "\n" for c in cuts).encode("utf-8")
+        (out / f"cuts.{n // per_shard:06d}.jsonl.gz").write_bytes(gzip.compress(lines))
+    return out
+
+
+def layout_index_seconds(root: Path, variants: Sequence[str], workdir: Path) -> dict[str, float]:
+    """The cold index time (one process, the cache file written) of the loose clips at ``root``
+    and of each packed layout of ``variants`` beside them (PACKED_VARIANTS)."""
+    places = {"loose": root, **{v: root.parent / PACKED_VARIANTS[v] for v in variants if v in PACKED_VARIANTS}}
+    out = {}
+    for name, place in places.items():
+        cache = workdir / f"layout-index-{name}"
+        shutil.rmtree(cache, ignore_errors=True)
+        out[name], _ = _timed_index(place, cache, workers=1)
+        shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
 # ------------------------------------------------------------------------ index
 
 
@@ -368,7 +426,7 @@ def _phonemes_index(root: Path, cache: Path, repetitions: int, log: Callable[[st
     The speed-up is the phonemizing stage's (``IndexStats.read_s``: headers and texts, the
     work spread over the cores); the whole builds' times are reported beside it.
     """
-    cores = _workers(DataConfig())
+    cores = index_workers(DataConfig())
     one, cold, one_stage, cold_stage, warm = [], [], [], [], []
     stats: dict[str, Any] = {}
     for _ in range(repetitions):
@@ -479,7 +537,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
         else:
             maker = BatchMaker(base, texts, features, None, variant, files=files,
                                feature_cache=cache_dir if variant == "stoker-warm" else "")
-        if variant == "stoker-parquet":  # the batches a run plans from the Parquet files (module docstring)
+        if variant in OWN_PLAN_VARIANTS:  # the batches a run plans from the layout itself (module docstring)
             leases = _plan_leases(base / pattern)
         clips = sum(len(lease.ids) for lease in leases)
         backend = variant if variant in ("librosa", "numpy-reference") else features.backend
@@ -628,8 +686,12 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
         make_clip_shards(root)
     if any(v.startswith("stoker-parquet") for v in plan.variants):
         make_clip_parquet(root)
+    if "stoker-shar" in plan.variants:
+        make_clip_shar(root)
     leases = _plan_leases(root)
-    result: dict[str, Any] = {"clips": plan.clips, "batches": len(leases), "threads": {}}
+    result: dict[str, Any] = {"clips": plan.clips, "batches": len(leases), "threads": {},
+                              "index_s": layout_index_seconds(root, plan.variants, workdir)}
+    log("cold index over the same clips: " + ", ".join(f"{k} {v:.2f} s" for k, v in result["index_s"].items()))
     modes = [True, False] if plan.default_threads else [True]
     for one_thread in modes:
         cache_dir = workdir / f"feature-cache-{'one' if one_thread else 'default'}"
@@ -665,8 +727,16 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
         targets["parquet_vs_files"] = {"what": f"producer clips/s from Parquet >= {TARGET_SHARDS_VS_FILES} x from "
                                                f"loose files", "ratio": r, "value": r["value"],
                                        "limit": TARGET_SHARDS_VS_FILES, "met": r["value"] >= TARGET_SHARDS_VS_FILES}
+    if "stoker" in judged and "stoker-shar" in judged:
+        r = ratio(judged["stoker-shar"]["clips_per_s"]["median"], judged["stoker"]["clips_per_s"]["median"],
+                  note=f"median clips/s, one thread per process, same clips, same run: from a Shar directory "
+                       f"(shards of {CLIPS_PER_SHARD} cuts) / from loose files")
+        targets["shar_vs_files"] = {"what": f"producer clips/s from Shar >= {TARGET_SHARDS_VS_FILES} x from "
+                                            f"loose files", "ratio": r, "value": r["value"],
+                                    "limit": TARGET_SHARDS_VS_FILES, "met": r["value"] >= TARGET_SHARDS_VS_FILES}
     result["targets"] = targets
     shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root.parent / SHAR_DIR, ignore_errors=True)
     shutil.rmtree(root.parent / SHARDS_DIR, ignore_errors=True)
     shutil.rmtree(root.parent / PARQUET_DIR, ignore_errors=True)
     return result
@@ -723,6 +793,8 @@ def _render_phonemes(p: dict[str, Any]) -> str:
 def render(report: dict[str, Any]) -> str:
     lines = [render_index(report["index"])] if "index" in report else []
     prod = report.get("producer", {"threads": {}})
+    if prod.get("index_s"):
+        lines += ["", "cold index over the same clips: " + ", ".join(f"{k} {v:.2f} s" for k, v in prod["index_s"].items())]
     for threads, variants in prod["threads"].items():
         rows = []
         for name, v in variants.items():

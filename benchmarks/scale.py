@@ -14,12 +14,20 @@ For each size N (default 1,000,000 and 10,000,000 clips), in a fresh directory:
   consumer (trainer and coordinator), of each producer and of the launcher, sampled every
   MEMORY_SAMPLE_S with psutil.
 
+Parquet (issue 35): the same N clips as Parquet files of PARQUET_FILE_ROWS rows in row groups
+of PARQUET_GROUP_ROWS, laid out as the Hugging Face ``datasets`` library writes them (an
+``audio`` struct of bytes and path, beside id, text, speaker and a duration column), each row's
+audio one of AUDIO_FILES FLAC files of silence of its duration (~200 bytes), dictionary-encoded,
+so that 10 M rows stay a few hundred MB; the same cold and warm index builds and run (``--data
+DIR``: the directory of Parquet files). Targets at 10 M rows: cold index <= 60 s, warm launch to
+first batch <= 10 s, consumer (whose coordinator holds the index) <= 1.5 GB.
+
 Per-clip growth: each figure at the largest size over the smallest, divided by the ratio of
 the sizes (1.0: linear). Targets (issue 23, 10 M clips): consumer <= 1.5 GB, a producer
 <= 400 MB, warm launch to first batch <= 10 s, cold build <= 60 s; at 1 M warm launch to
 first batch <= 3 s; per-clip cost from the smallest to the largest within 1.2 x.
 
-``python -m stoker.benchmarks.scale [--sizes 1000000,10000000] [--json FILE]``, and the
+``python -m stoker.benchmarks.scale [--sizes 1000000,10000000] [--parquet-sizes 10000000] [--json FILE]``, and the
 ``scale`` section of ``python run.py bench`` (full run only, at the sizes of ScalePlan).
 """
 
@@ -39,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import psutil
 import soundfile
 
@@ -71,6 +80,15 @@ TARGETS = (("consumer_peak_rss_mb", 10_000_000, 1500.0), ("producer_peak_rss_mb"
            ("launch_to_first_batch_s", 1_000_000, 3.0))
 # Issue 35's target, of the loose files' runs: (figure, size, limit).
 LOOSE_TARGETS = (("launch_to_first_batch_s", 1_000_000, 3.0),)
+# Issue 35's targets, of the Parquet runs: (figure, size, limit).
+PARQUET_TARGETS = (("cold_build_s", 10_000_000, 60.0), ("launch_to_first_batch_s", 10_000_000, 10.0),
+                   ("consumer_peak_rss_mb", 10_000_000, 1500.0))
+# Rows of a Parquet file and of its row groups (a row group of some 3 MB here; of datasets' own
+# audio row groups, 100 rows of real audio, some 20 MB).
+PARQUET_FILE_ROWS = 1_000_000
+PARQUET_GROUP_ROWS = 10_000
+# The Parquet dataset's metadata file: the pattern of its files (shared/dataset/shards.py).
+PARQUET_PATTERN = "*.parquet"
 # The loose files' metadata file (the LJSpeech layout's).
 LOOSE_METADATA = "metadata.csv"
 # Hard links to one loose file at most (ext4 allows 65,000).
@@ -83,6 +101,7 @@ MB = 1e6
 class ScalePlan:
     sizes: tuple[int, ...] = (1_000_000, 10_000_000)
     loose_sizes: tuple[int, ...] = (1_000_000,)
+    parquet_sizes: tuple[int, ...] = (10_000_000,)
     loose_steps: int = 20  # issue 35's run: its launch to first batch, not its steady rate
     steps: int = 400
     step_ms: float = 5.0
@@ -146,6 +165,38 @@ def make_loose(root: Path, size: int) -> Path:
                 link(clip, wavs / f"{sample_id}.wav")
             f.write("\n".join(lines) + "\n")
     return metadata
+
+
+def make_parquet(root: Path, size: int) -> Path:
+    """The Parquet files of ``size`` rows (module docstring); returns their directory."""
+    import pyarrow as pa  # the parquet extra's, for this layout only
+    import pyarrow.parquet as pq  # (as above)
+
+    root.mkdir(parents=True, exist_ok=True)
+    flacs = []
+    for seconds in AUDIO_SECONDS:
+        with tempfile.SpooledTemporaryFile() as f:
+            soundfile.write(f, np.zeros(int(seconds * SAMPLE_RATE_HZ), np.int16), SAMPLE_RATE_HZ, format="FLAC",
+                            subtype="PCM_16")
+            f.seek(0)
+            flacs.append(f.read())
+    schema = pa.schema([("audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])), ("id", pa.string()),
+                        ("text", pa.string()), ("speaker", pa.string()), ("duration", pa.float64())])
+    for first in range(0, size, PARQUET_FILE_ROWS):
+        path = root / f"train-{first // PARQUET_FILE_ROWS:05d}.parquet"
+        with pq.ParquetWriter(path, schema, compression="snappy") as writer:
+            for start in range(first, min(size, first + PARQUET_FILE_ROWS), PARQUET_GROUP_ROWS):
+                rows = range(start, min(size, first + PARQUET_FILE_ROWS, start + PARQUET_GROUP_ROWS))
+                kinds = [i % AUDIO_FILES for i in rows]
+                audio = pa.StructArray.from_arrays([pa.array([flacs[k] for k in kinds], pa.binary()),
+                                                    pa.array([f"a{k}.flac" for k in kinds])], ["bytes", "path"])
+                texts = [" ".join((WORDS[i % len(WORDS)], _word(i), WORDS[(i // 7) % len(WORDS)],
+                                   WORDS[(i // 3) % len(WORDS)])) + "." for i in rows]
+                writer.write_table(pa.table({"audio": audio, "id": [f"c{i:09d}" for i in rows], "text": texts,
+                                             "speaker": [f"s{i % SPEAKERS}" for i in rows],
+                                             "duration": [AUDIO_SECONDS[k] for k in kinds]}, schema=schema),
+                                   row_group_size=PARQUET_GROUP_ROWS)
+    return root
 
 
 def index_child(root: str, metadata_file: str = "manifest.jsonl") -> None:
@@ -269,6 +320,29 @@ def run_size(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None])
             "index_cache_mb": index_mb, "usable": cold["clips"], "rejected": cold["rejected"], **run}
 
 
+def run_parquet(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """The Parquet case at ``size`` rows (module docstring)."""
+    root = work / f"parquet{size}"
+    started = time.perf_counter()
+    make_parquet(root, size)
+    on_disk = sum(p.stat().st_size for p in root.glob(PARQUET_PATTERN)) / MB
+    log(f"parquet {size}: {on_disk:.0f} MB of Parquet files written in {time.perf_counter() - started:.0f} s")
+    cold = _index(root, PARQUET_PATTERN)
+    log(f"parquet {size}: cold index build {cold['seconds']:.1f} s, peak RSS {cold['peak_rss_mb']:.0f} MB")
+    warm = _index(root, PARQUET_PATTERN)
+    log(f"parquet {size}: warm index load {warm['seconds']:.2f} s ({warm['cache']}), peak RSS "
+        f"{warm['peak_rss_mb']:.0f} MB")
+    run = _run(root, plan, root, PARQUET_PATTERN, plan.loose_steps)
+    log(f"parquet {size}: launch to first batch {run['launch_to_first_batch_s']:.2f} s, consumer "
+        f"{run['consumer_peak_rss_mb']:.0f} MB, producer {run['producer_peak_rss_mb']:.0f} MB")
+    index_mb = sum(p.stat().st_size for p in (root / ".stoker").glob("*")) / MB
+    shutil.rmtree(root, ignore_errors=True)
+    return {"clips": size, "parquet_mb": on_disk, "cold_build_s": cold["seconds"],
+            "cold_build_peak_rss_mb": cold["peak_rss_mb"], "warm_load_s": warm["seconds"],
+            "warm_load_peak_rss_mb": warm["peak_rss_mb"], "warm_cache": warm["cache"], "index_cache_mb": index_mb,
+            "usable": cold["clips"], "rejected": cold["rejected"], **run}
+
+
 def run_loose(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """The loose files' case at ``size`` clips (module docstring)."""
     root = work / f"loose{size}"
@@ -300,6 +374,7 @@ def run(plan: ScalePlan | None = None, log: Callable[[str], None] | None = None)
     try:
         rows = [run_size(size, plan, work, log) for size in plan.sizes]
         loose = [run_loose(size, plan, work, log) for size in plan.loose_sizes]
+        parquet = [run_parquet(size, plan, work, log) for size in plan.parquet_sizes]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     growth: dict[str, float | None] = {}
@@ -307,10 +382,12 @@ def run(plan: ScalePlan | None = None, log: Callable[[str], None] | None = None)
         small, large = rows[0], rows[-1]
         factor = large["clips"] / small["clips"]
         growth = {k: (large[k] / small[k]) / factor if small[k] and factor > 1 else None for k in GROWN}
-    targets = _met(TARGETS, rows, "clips") + _met(LOOSE_TARGETS, loose, "loose files")
+    targets = (_met(TARGETS, rows, "clips") + _met(LOOSE_TARGETS, loose, "loose files")
+               + _met(PARQUET_TARGETS, parquet, "Parquet rows"))
     targets += [{"what": f"per-clip growth of {k}", "value": g, "limit": GROWTH_LIMIT, "met": g <= GROWTH_LIMIT}
                 for k, g in growth.items() if g is not None and k != "launch_to_first_batch_s"]
-    return {"plan": plan.__dict__, "sizes": rows, "loose": loose, "growth_per_clip": growth, "targets": targets}
+    return {"plan": plan.__dict__, "sizes": rows, "loose": loose, "parquet": parquet, "growth_per_clip": growth,
+            "targets": targets}
 
 
 def _met(limits: tuple[tuple[str, int, float], ...], rows: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
@@ -325,7 +402,7 @@ def _met(limits: tuple[tuple[str, int, float], ...], rows: list[dict[str, Any]],
 
 
 def render(result: dict[str, Any]) -> str:
-    rows, loose = result["sizes"], result.get("loose", [])
+    rows, loose, parquet = result["sizes"], result.get("loose", []), result.get("parquet", [])
     figures = ("cold_build_s", "cold_build_peak_rss_mb", "warm_load_s", "index_cache_mb", "launch_to_first_batch_s",
                "samples_per_s", "consumer_peak_rss_mb", "producer_peak_rss_mb", "launcher_peak_rss_mb")
     parts = []
@@ -335,15 +412,19 @@ def render(result: dict[str, Any]) -> str:
     if loose:
         body = [[name, *(fmt(r[name]) for r in loose)] for name in figures if name != "index_cache_mb"]
         parts.append(table(["figure", *(f"{r['clips']:,} loose files" for r in loose)], body))
+    if parquet:
+        body = [[name, *(fmt(r[name]) for r in parquet)] for name in ("parquet_mb", *figures)]
+        parts.append(table(["figure", *(f"{r['clips']:,} Parquet rows" for r in parquet)], body))
     marks = [f"{'met' if t['met'] else 'NOT met'}: {t['what']} = {fmt(t['value'])} (limit {t['limit']:g})"
              for t in result["targets"]]
-    return "\n".join([*parts, *marks, *(f"command: {r[-1]['command']}" for r in (rows, loose) if r)])
+    return "\n".join([*parts, *marks, *(f"command: {r[-1]['command']}" for r in (rows, loose, parquet) if r)])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stoker.benchmarks.scale")
     parser.add_argument("--sizes", help="clips per run, comma-separated (default 1000000,10000000)")
     parser.add_argument("--loose-sizes", help="loose files per run of an LJSpeech layout (default 1000000)")
+    parser.add_argument("--parquet-sizes", help="rows per run of Parquet files (default 10000000)")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--json", help="also write the figures to this file")
     args, rest = parser.parse_known_args(argv)
@@ -355,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         plan.sizes = tuple(int(n) for n in args.sizes.split(",") if n)
     if args.loose_sizes is not None:
         plan.loose_sizes = tuple(int(n) for n in args.loose_sizes.split(",") if n)
+    if args.parquet_sizes is not None:
+        plan.parquet_sizes = tuple(int(n) for n in args.parquet_sizes.split(",") if n)
     if args.steps:
         plan.steps = args.steps
     return run_alone("scale", lambda log: run(plan, log=log), render, args.json)

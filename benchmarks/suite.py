@@ -72,6 +72,7 @@ QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "sca
 # --quick's scale section: two small manifests, to see the figures and the growth, not the targets.
 QUICK_SCALE_SIZES = (20_000, 100_000)
 QUICK_LOOSE_SIZES = (20_000,)  # and one LJSpeech layout of loose files
+QUICK_PARQUET_SIZES = (100_000,)  # and one set of Parquet files
 # Time to first batch at scale: a run of a few steps of this synthetic trainer.
 SCALING_FIRST_BATCH_STEP_MS = 10.0
 
@@ -133,7 +134,8 @@ class SuitePlan:
                    alternatives=alternatives.AlternativesPlan.quick(), scaling=ScalingPlan.quick(),
                    trainer=trainer.TrainerPlan.quick(), batching=batching.BatchingPlan.quick(),
                    transforms=transforms.TransformsPlan.quick(),
-                   scale=scale.ScalePlan(sizes=QUICK_SCALE_SIZES, loose_sizes=QUICK_LOOSE_SIZES, steps=100),
+                   scale=scale.ScalePlan(sizes=QUICK_SCALE_SIZES, loose_sizes=QUICK_LOOSE_SIZES,
+                                         parquet_sizes=QUICK_PARQUET_SIZES, steps=100),
                    sections=QUICK_SECTIONS)
 
 

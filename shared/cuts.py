@@ -28,6 +28,9 @@ a recording (a MixedCut or PaddingCut, a recording whose source is not a file or
 start or duration that is not usable; a cut that ends beyond its recording's end (as the
 manifest gives it); a cut without a supervision with text; a duplicate id. A recording missing
 on a producer's host, or shorter there than the cut's end, is rejected when a producer reads it.
+
+A lhotse Shar shard's cuts file is read by the same parser (``parse_cuts(..., shar=True)``:
+shared/dataset/shar.py), its cuts' audio the members of the shard's recording tar.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import gzip
 import math
 import zlib
 import re
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -82,8 +85,18 @@ def decompressed(raw: bytes) -> bytes:
         raise ValueError(f"not a readable gzip file ({exc})") from None
 
 
-def parse_cuts(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
-    """The entries of a cut manifest's lines (``raw`` decompressed); faults become rejections."""
+def manifest_line(number: int) -> str:
+    """Where a cut manifest's line is, as its rejections name it."""
+    return f"cut manifest line {number}"
+
+
+def parse_cuts(raw: bytes, place: Callable[[int], str] = manifest_line,
+               shar: bool = False) -> tuple[list[Entry], list[Rejection]]:
+    """The entries of a cut manifest's lines (``raw`` decompressed); faults become rejections, each
+    naming its line as ``place`` words it. ``shar``: the cuts of a lhotse Shar shard, whose
+    recordings are members of the shard's tar (shared/dataset/shar.py): their entries' audio is
+    left empty, for the caller to fill, and a cut must be all of its recording (as lhotse's
+    ``to_shar`` writes every cut)."""
     entries: list[Entry] = []
     rejected: list[Rejection] = []
     first_line: dict[str, int] = {}
@@ -93,14 +106,14 @@ def parse_cuts(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            rejected.append(Rejection(f"line:{number}", f"cut manifest line {number} is not JSON ({exc})", line=number))
+            rejected.append(Rejection(f"line:{number}", f"{place(number)} is not JSON ({exc})", line=number))
             continue
-        said = _cut_entry(obj, number) if type(obj) is dict else \
-            Rejection(f"line:{number}", f"cut manifest line {number} is not a JSON object", line=number)
+        said = _cut_entry(obj, number, place(number), shar) if type(obj) is dict else \
+            Rejection(f"line:{number}", f"{place(number)} is not a JSON object", line=number)
         if isinstance(said, Rejection):
             rejected.append(said)
         elif said.id in first_line:
-            rejected.append(Rejection(said.id, f"duplicate cut id on cut manifest line {number} "
+            rejected.append(Rejection(said.id, f"duplicate cut id on {place(number)} "
                                                f"(first on line {first_line[said.id]})", line=number))
         else:
             first_line[said.id] = number
@@ -108,16 +121,17 @@ def parse_cuts(raw: bytes) -> tuple[list[Entry], list[Rejection]]:
     return entries, rejected
 
 
-def _cut_entry(cut: dict[str, Any], number: int) -> Entry | Rejection:
-    """One cut's entry, or why it is unusable (naming the cut once its id is known)."""
+def _cut_entry(cut: dict[str, Any], number: int, where: str, shar: bool) -> Entry | Rejection:
+    """One cut's entry, or why it is unusable (naming the cut once its id is known, and ``where``
+    its line is)."""
     given = cut.get("id")
     sample_id = nfc(given.strip()) if type(given) is str else ""
     if not sample_id or _id_problem(sample_id) or "\t" in sample_id or "\n" in sample_id:
-        return Rejection(f"line:{number}", f"cut manifest line {number} has an 'id' that is not a plain file name "
-                                           f"({_shown(given)})", line=number)
+        return Rejection(f"line:{number}", f"{where} has an 'id' that is not a plain file name ({_shown(given)})",
+                         line=number)
 
     def rejection(problem: str, file: str | None = None) -> Rejection:
-        return Rejection(sample_id, f"cut {sample_id} (cut manifest line {number}) {problem}", line=number, file=file)
+        return Rejection(sample_id, f"cut {sample_id} ({where}) {problem}", line=number, file=file)
 
     recording = cut.get("recording")
     if type(recording) is not dict:
@@ -126,7 +140,9 @@ def _cut_entry(cut: dict[str, Any], number: int) -> Entry | Rejection:
     sources = recording.get("sources")
     source = sources[0] if type(sources) is list and sources and type(sources[0]) is dict else {}
     path = source.get("source")
-    if source.get("type") not in _SOURCE_TYPES or type(path) is not str or not path.strip():
+    if shar:
+        path = ""  # the shard's member, found by the cut's id
+    elif source.get("type") not in _SOURCE_TYPES or type(path) is not str or not path.strip():
         return rejection(f"has a recording whose source is not a file or URL ({_shown(source or sources)})")
     path = path.strip()
     start, duration = cut.get("start", 0), cut.get("duration")
@@ -138,7 +154,8 @@ def _cut_entry(cut: dict[str, Any], number: int) -> Entry | Rejection:
     whole = recording.get("duration")
     end = start + duration
     if type(whole) in (int, float) and end > whole + END_TOLERANCE_S:
-        return rejection(f"ends at {end:.3f} s, beyond its recording's end ({whole:.3f} s: {_shown(path)})", path)
+        named = f": {_shown(path)}" if path else ""  # a Shar cut's recording is the member of its id
+        return rejection(f"ends at {end:.3f} s, beyond its recording's end ({whole:.3f} s{named})", path)
     supervisions = cut.get("supervisions") or []
     if type(supervisions) is not list or not all(type(s) is dict for s in supervisions):
         return rejection("has 'supervisions' that are not a list of objects", path)
@@ -155,6 +172,10 @@ def _cut_entry(cut: dict[str, Any], number: int) -> Entry | Rejection:
     if type(language) is not str or (language.strip() and language_problem(language.strip())):
         return rejection(f"has a supervision 'language' that is not a language code ({_shown(language)})", path)
     covers = start == 0 and type(whole) in (int, float) and abs(duration - whole) <= END_TOLERANCE_S
+    if shar and not covers:
+        length = f"{whole:.3f} s" if type(whole) in (int, float) else "unknown length"
+        return rejection(f"is {duration:.3f} s from {start:.3f} s of a recording of {length}: a cut of a Shar "
+                         "shard is read whole (as lhotse's to_shar writes it)")
     audio = path if covers else span_locator(path, start, end)
     return Entry(sample_id, " ".join(s["text"].strip() for s in spoken), number, speaker.strip(), language.strip(),
                  audio, duration=float(duration))

@@ -107,7 +107,12 @@ def _of_row(rejection: Rejection, lines: list[dict[str, Any]]) -> Rejection:
     """A manifest line's rejection as its row's: the row and file named instead of the line."""
     if rejection.line is None or not 0 < rejection.line <= len(lines):
         return rejection
-    audio = lines[rejection.line - 1]["audio_filepath"]
+    return row_rejection(rejection, lines[rejection.line - 1]["audio_filepath"])
+
+
+def row_rejection(rejection: Rejection, audio: str) -> Rejection:
+    """A manifest line's rejection as the rejection of the row whose audio is ``audio`` (its
+    locator, or a path column's file): the row and file named instead of the line."""
     where = row_where(audio) if is_row(audio) else f"the row of {audio}"
     return Rejection(rejection.id, _MANIFEST_LINE.sub(where, rejection.reason, count=1), rejection.producer,
                      None, audio, rejection.kind)

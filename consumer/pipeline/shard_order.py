@@ -78,19 +78,13 @@ def row_group_numbers(table: SampleTable) -> np.ndarray | None:
     """Each clip's Parquet row group (shared/parquet_layout.py: a row's locator up to its last
     ``:``, its file and group), numbered in name order, so that a window of
     ``batching.shard_window`` "shards" is as many row groups; None unless every clip is a row's."""
-    codes: dict[str, int] = {}
-    numbers = np.empty(len(table), np.int64)
-    for first in range(0, len(table), SHARD_SCAN_ROWS):
-        stop = min(len(table), first + SHARD_SCAN_ROWS)
-        for row, audio in enumerate(table.strings_between("audio", first, stop), start=first):
-            group = audio[:audio.rfind(GROUP_END)]
-            code = codes.get(group, -1)
-            if code < 0:
-                if not is_row(audio):
-                    return None
-                code = codes[group] = len(codes)
-            numbers[row] = code
-    return _in_name_order(codes, numbers)
+    found = table.prefix_numbers("audio", ord(GROUP_END))  # a pass in C over the locators' bytes
+    if found is None:
+        return None
+    names, numbers = found
+    if not all(is_row(table.string("audio", row)) for row in np.unique(numbers, return_index=True)[1].tolist()):
+        return None  # a clip of each group checked whole
+    return _in_name_order(dict(zip(names, range(len(names)))), numbers)
 
 
 def _in_name_order(codes: dict[str, int], numbers: np.ndarray) -> np.ndarray:

@@ -84,11 +84,19 @@ The package, one module per idea (each imports only those above it in this list)
     probe.py       audio headers without decoding (shared with producer/audio.py)
     storage.py     bytes of files here or at fsspec URLs (bounded read-ahead, counted retries)
     cache.py       the index cache: its place, key and file format
-    shards.py      WebDataset-style tar shards: their listing as a manifest, each clip's locator
     parquet.py     Parquet files: their rows' listing (read as shards' through shards.py), row groups read
+    shar.py        lhotse Shar directories: a shard's cuts matched to its recording tar's members
+    shards.py      WebDataset-style tar shards: their listing as a manifest, each clip's locator
     files.py       where metadata and audio are (the directory, a mix file, each id's file, shards,
                    a manifest at a URL)
     agreement.py   what a host sees of a dataset, a producer's copy at joining and per file, the verdict
+    parallel.py    the build's header and text reads, shared out to helper processes
+    rules.py       what a clip must pass to be indexed, the rejections and lost characters
+    indexed.py     the index as built (DatasetIndex), and every build's last step
+    reuse.py       the index cache as a build uses it: found by a stamp, loaded, what a stale one holds
+    pieces.py      one piece of a large manifest with durations, indexed as columns
+    chunked.py     a large manifest's pieces indexed by helpers and merged
+    parquet_pieces.py  a large Parquet dataset's row groups made pieces of a manifest
     index.py       building the index (build_index)
 
 Everything public is importable from ``shared.dataset`` itself.
@@ -114,9 +122,11 @@ from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO,
                                   columns_of, feature_cache_dir, index_cache_file, index_config, index_key,
                                   mel_stats_file, open_index, pack_index, read_cache, rejections_of, user_cache_dir,
                                   write_cache)
-from ..dataset.index import (CHUNK_ITEMS, DatasetIndex, FLAC_HEADER_S, Item, KIND_HINTS, LostReport,
-                                  MOSTLY_REJECTED_FRAC, OTHER_HEADER_S, PARALLEL_MIN_SECONDS, PHONEMES_S,
-                                  PHONEME_CHUNK_ITEMS, TEXT_S, TextKey, WAV_HEADER_S, build_index)
+from ..dataset.parallel import (CHUNK_ITEMS, FLAC_HEADER_S, Item, OTHER_HEADER_S, PARALLEL_MIN_SECONDS, PHONEMES_S,
+                                PHONEME_CHUNK_ITEMS, TEXT_S, TextKey, WAV_HEADER_S)
+from ..dataset.rules import KIND_HINTS, LostReport, MOSTLY_REJECTED_FRAC
+from ..dataset.indexed import DatasetIndex
+from ..dataset.index import build_index
 
 __all__ = [
     "AUDIO_DIR", "AUDIO_SUFFIX", "AUDIO_SUFFIXES", "Agreement", "AudioFile", "AudioProbe", "CHUNK_ITEMS",

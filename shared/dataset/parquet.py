@@ -10,7 +10,8 @@ root and "metadata file" are the directory (a cache directory for a URL) and the
 shards; :func:`shared.layouts.is_shards` is true of both, so the index, the dataset agreement and
 the producers take a Parquet dataset as a shard dataset, through the manifest its listing makes.
 
-The listing (:func:`list_file`, one file's; cached beside the index as the shards' is) reads each
+The listing (:func:`list_file`, one file's; cached beside the index as the shards' is, its rules'
+version shards.PARQUET_LISTING_FORMAT) reads each
 file's footer and, a row group at a time, every column but the audio: a JSON line per row
 (shared/parquet_layout.py, which maps the columns to a clip's id, text, speaker, language and
 duration by ``data.columns`` or their usual names). A row's audio is its **locator**
@@ -36,11 +37,12 @@ when it decodes the clip, naming the row and file).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import posixpath
 import threading
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import orjson
 
@@ -51,10 +53,6 @@ from ..layouts import Rejection
 from ..parquet_layout import ROW_LOCATOR, row_where
 
 log = logging.getLogger(__name__)
-
-
-# Bump when the listing's rules or its lines change.
-LISTING_FORMAT = 1
 
 
 # Names of an audio column that is not a struct: binary (the encoded file) or a string (its path).
@@ -109,7 +107,21 @@ def _scalar(kind: Any) -> bool:
                                      pa.types.is_floating, pa.types.is_boolean))
 
 
-def _stem(name: str) -> str:
+def scalar_columns(schema: Any, audio: str) -> list[str]:
+    """The columns a listing line holds of each row: every scalar one but the audio column ``audio``."""
+    return [f.name for f in schema if f.name != audio and _scalar(f.type)]
+
+
+@contextlib.contextmanager
+def parquet_file(root: Path | None, name: str) -> Iterator[Any]:
+    """The ``pyarrow.parquet.ParquetFile`` of ``name`` (relative to ``root``, or a URL), open while in use."""
+    _, pq = pyarrow_modules()
+    with open_file(_path(root, name)) as handle:
+        yield pq.ParquetFile(handle)
+
+
+def stem(name: str) -> str:
+    """A Parquet file's name without its directory and suffix: its rows' default ids' start."""
     base = name.rpartition("/")[2]
     return base[:-len(".parquet")] if base.lower().endswith(".parquet") else base
 
@@ -126,12 +138,11 @@ def list_file(root: Path, shard: Shard, listing: ShardListing) -> None:
     """Add one Parquet file's rows to ``listing`` (module docstring): a line per row, the rows'
     locators as its audio files (the file's size and stamp), its faults as rejections. Ids are
     checked when the lines are read (shared/parquet_layout.py), as data.columns names them."""
-    pa, pq = pyarrow_modules()
-    name, stem = shard.name, _stem(shard.name)
+    pa, _ = pyarrow_modules()
+    name, rows_of = shard.name, stem(shard.name)
     first = 0
     try:
-        with open_file(_path(root, name)) as handle:
-            parquet = pq.ParquetFile(handle)
+        with parquet_file(root, name) as parquet:
             found = audio_column(parquet.schema_arrow)
             if found is None:
                 listing.rejected.append(Rejection(f"file:{name}", f"Parquet file {shown(name)} has no audio column (a "
@@ -139,15 +150,16 @@ def list_file(root: Path, shard: Shard, listing: ShardListing) -> None:
                                                                   f"{'/'.join(AUDIO_COLUMNS)})"))
                 return
             column, bytes_path, paths_path = found
-            others = [f.name for f in parquet.schema_arrow if f.name != column and _scalar(f.type)]
+            others = scalar_columns(parquet.schema_arrow, column)
             metadata = parquet.metadata
             for group in range(metadata.num_row_groups):
                 rows = metadata.row_group(group).num_rows
                 try:
-                    _list_group(parquet, name, stem, group, first, (bytes_path, paths_path), others, shard, listing)
+                    _list_group(parquet, name, rows_of, group, first, (bytes_path, paths_path), others, shard,
+                                listing)
                 except (OSError, pa.ArrowException) as exc:
                     reason = f"row group {group} of {shown(name)} cannot be read: {_message(exc)}"
-                    listing.rejected.extend(Rejection(f"{stem}_{first + r}", f"row {r} of {reason}",
+                    listing.rejected.extend(Rejection(f"{rows_of}_{first + r}", f"row {r} of {reason}",
                                                       file=f"{name}#{group}:{r}", kind="unreadable-audio")
                                             for r in range(rows))
                 first += rows

@@ -31,7 +31,8 @@ disagrees is rejected when a producer reads it).
 
 Parquet files are named and listed the same way (``*.parquet``: their rows, shared/dataset/parquet.py,
 which :func:`read_shards` walks instead of a tar's members; their rows' locators are
-shared/parquet_layout.py's).
+shared/parquet_layout.py's). So are lhotse Shar directories (``recording*.tar``: each recording
+tar walked here, its members matched to the cuts file beside it by shared/dataset/shar.py).
 
 Every member that cannot be used is a :class:`Rejection` naming the shard and the member:
 audio without text or text without audio, a duplicate id, a member the shard ends before
@@ -54,7 +55,9 @@ import msgpack
 
 from ..config import DataConfig
 from ..dataset.cache import index_cache_file, pack_index, read_cache, user_cache_dir, write_cache
+from ..dataset.parquet import list_file, probe_row
 from ..dataset.probe import probe_bytes, probe_url
+from ..dataset.shar import SHAR_GLOB, add_cuts, audio_member, cuts_file, is_shar, is_shar_directory
 from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown,
                                transit_errors, url_fs)
 from ..dataset.types import (AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError, Shard,
@@ -81,8 +84,9 @@ TEXT_SUFFIXES = ("json", "txt")
 MAX_TEXT_BYTES = 1 << 20
 
 
-# Bump when the listing's rules or its cached form change.
+# Bump when the listing's rules or its cached form change (PARQUET_LISTING_FORMAT: a Parquet file's).
 LISTING_FORMAT = 1
+PARQUET_LISTING_FORMAT = 1
 
 
 
@@ -149,6 +153,8 @@ def shard_source(path: str, metadata_file: str) -> tuple[Path, str] | None:
     if is_shards(given.name):
         return given.parent.resolve(), given.name
     if given.is_dir() and not (given / metadata_file).exists():
+        if is_shar_directory([p.name for p in given.iterdir()]):  # a lhotse Shar directory (shar.py)
+            return given.resolve(), SHAR_GLOB
         for glob in (SHARD_GLOB, PARQUET_GLOB):
             if any(given.glob(glob)):
                 return given.resolve(), glob
@@ -163,6 +169,8 @@ def _directory_glob(url: str) -> str:
         names = [s.name.lower() for s in list_remote(url)]
     except DatasetError:
         return SHARD_GLOB
+    if is_shar_directory(names):
+        return SHAR_GLOB
     parquet = any(n.endswith(PARQUET_GLOB[1:]) for n in names) and not any(n.endswith(SHARD_GLOB[1:]) for n in names)
     return PARQUET_GLOB if parquet else SHARD_GLOB
 
@@ -296,15 +304,12 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
     beside the index cache (``DATASET/.stoker/shards-*.msgpack``, else the user cache dir),
     keyed on every shard's name, size and stamp, so that only a changed set of shards is
     walked again; and in this process, which asks for the manifest and the audio in turn."""
-    shards = tuple(list_shards(root, pattern))
-    cached = _LISTINGS.get((str(root), pattern))
-    if cached is not None and cached[0] == shards:
-        return cached[1]
+    shards, stamps, key = _listed_files(root, pattern)
     parquet = is_parquet(pattern)
-    if parquet:  # Parquet files: each file's rows (shared/dataset/parquet.py)
-        from ..dataset.parquet import LISTING_FORMAT as PARQUET_FORMAT, list_file  # it imports this module
-    kind = ("parquet", PARQUET_FORMAT) if parquet else LISTING_FORMAT
-    key = hashlib.sha256(repr((kind, pattern, shards)).encode("utf-8", "surrogateescape")).hexdigest()
+    shar = not parquet and is_shar(pattern)
+    cached = _LISTINGS.get((str(root), pattern))
+    if cached is not None and cached[0] == stamps:
+        return cached[1]
     candidates = [path.with_name(path.name.replace("index-", "shards-", 1))
                   for path in index_cache_file(root, DataConfig(path=str(root), metadata_file=pattern))]
     listing = _cached_listing(candidates, key)
@@ -314,16 +319,38 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
         for shard in shards:
             if parquet:
                 list_file(root, shard, listing)
+            elif shar:
+                _list_shar_shard(root, shard, listing, seen)
             else:
                 _list_shard(root, shard, listing, seen)
         listed = msgpack.packb(listing.to_payload(), use_bin_type=True)
         write_cache(candidates, pack_index({"key": key}, {"listing": listed}))
     _LISTINGS.clear()
-    _LISTINGS[(str(root), pattern)] = (shards, listing)
-    log.info("%d %s of %s: %d clips, %d rejected", len(shards), "Parquet files" if parquet else "tar shards",
+    _LISTINGS[(str(root), pattern)] = (stamps, listing)
+    log.info("%d %s of %s: %d clips, %d rejected", len(shards),
+             "Parquet files" if parquet else "Shar shards" if shar else "tar shards",
              shown(pattern) if is_url(pattern)
              else root / pattern, len(listing.lines), len(listing.rejected))
     return listing
+
+
+def listing_stamp(root: Path, pattern: str) -> str:
+    """What the listing of the shards ``pattern`` names is of (their names, sizes and stamps, a
+    Shar shard's cuts file's too, and the listing's rules), as one digest: a shard dataset's index
+    cache is found by it without reading the listing (index.py). DatasetError as :func:`list_shards`."""
+    return _listed_files(root, pattern)[2]
+
+
+def _listed_files(root: Path, pattern: str) -> tuple[tuple[Shard, ...], tuple[Shard, ...], str]:
+    """The shards ``pattern`` names, every file their listing reads (a Shar shard's cuts file
+    too), and the listing's key: a digest of those files and the listing's rules."""
+    shards = tuple(list_shards(root, pattern))
+    parquet = is_parquet(pattern)
+    shar = not parquet and is_shar(pattern)
+    # a Shar shard's texts are its cuts file's: theirs are part of what the listing is of
+    stamps = shards + tuple(_shar_cuts(root, shards)) if shar else shards
+    kind = ("parquet", PARQUET_LISTING_FORMAT) if parquet else ("shar", LISTING_FORMAT) if shar else LISTING_FORMAT
+    return shards, stamps, hashlib.sha256(repr((kind, pattern, stamps)).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _cached_listing(candidates: list[Path], key: str) -> ShardListing | None:
@@ -379,6 +406,42 @@ def _list_shard(root: Path, shard: Shard, listing: ShardListing, seen: dict[str,
                                                                  f"{type(exc).__name__}: {first_line(exc)}"))
     for clip in clips.values():
         _add_clip(shard, clip, listing, seen)
+
+
+def _shar_cuts(root: Path, shards: tuple[Shard, ...]) -> list[Shard]:
+    """The cuts files of a Shar dataset's recording tars, as listed (their sizes and stamps: the
+    listing's key); a missing one is left out (its shard's listing says so)."""
+    found: list[Shard] = []
+    for shard in shards:
+        name = cuts_file(shard.name)
+        found.extend(_remote_shards(name) if is_url(name) else _local_shards(root, name))
+    return found
+
+
+def _list_shar_shard(root: Path, shard: Shard, listing: ShardListing, seen: dict[str, str]) -> None:
+    """Walk one Shar recording tar's headers (its audio members by cut id; a truncated one a
+    rejection naming the cut and shard), then add its cuts (shar.py)."""
+    path = shard.name if is_url(shard.name) or Path(shard.name).is_absolute() else str(root / shard.name)
+    members: dict[str, tuple[str, int, int] | None] = {}  # None: its member truncated (rejected here)
+    try:
+        with open_file(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+            for member in _members(tar, shard, listing):
+                cut = audio_member(member.name.rpartition("/")[2])
+                if cut is None:
+                    continue
+                if member.offset_data + member.size > shard.size:
+                    held = max(0, shard.size - member.offset_data)
+                    listing.rejected.append(Rejection(
+                        nfc(cut), f"member {member.name} of Shar shard {shown(shard.name)} (the audio of cut {cut}) "
+                                  f"is truncated: the shard holds {held} of its {member.size} bytes",
+                        file=f"{shard.name}#{member.name}", kind="unreadable-audio"))
+                    members[nfc(cut)] = None
+                    continue
+                members[nfc(cut)] = (member.name, member.offset_data, member.size)
+    except (OSError, StorageError, tarfile.TarError, EOFError) as exc:
+        listing.rejected.append(Rejection(f"shard:{shard.name}", f"Shar shard {shown(shard.name)} cannot be read: "
+                                                                 f"{type(exc).__name__}: {first_line(exc)}"))
+    add_cuts(root, shard, members, listing, seen)
 
 
 def _members(tar: tarfile.TarFile, shard: Shard, listing: ShardListing) -> Iterator[tarfile.TarInfo]:
@@ -466,8 +529,6 @@ def probe_member(root: Path, name: str) -> AudioProbe:
     header read, :func:`probe_url`); or why it cannot be used."""
     global _READER
     if is_row(name):  # a Parquet row's (shared/dataset/parquet.py)
-        from ..dataset.parquet import probe_row  # it imports this module
-
         return probe_row(root, name)
     if not is_locator(name):
         return probe_url(name)

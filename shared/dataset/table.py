@@ -57,6 +57,11 @@ JOIN_GRID_BYTES = 64
 FILE_READ_STRINGS = 4096
 
 
+# Strings read at a time when a column's prefixes are numbered (SampleTable.prefix_numbers): some
+# tens of MB of locators and the arrays over their bytes.
+PREFIX_SCAN_ROWS = 1 << 20
+
+
 # Ids are hashed (and made keys) this many at a time (a few arrays of this length at once).
 ID_HASH_CHUNK = 1 << 20
 
@@ -202,6 +207,35 @@ class SampleTable(Sequence[Sample]):
             text = piece.decode("ascii")
             return [text[cuts[n]:cuts[n + 1]] for n in range(len(cuts) - 1)]
         return [piece[cuts[n]:cuts[n + 1]].decode("utf-8", ENCODING_ERRORS) for n in range(len(cuts) - 1)]
+
+    def prefix_numbers(self, name: str, sep: int) -> tuple[list[str], np.ndarray] | None:
+        """Each clip's string ``name`` up to its last byte ``sep`` (a Parquet row's locator up to
+        its row: its file and row group), numbered: (the distinct prefixes, each clip's number
+        into them). The strings are read PREFIX_SCAN_ROWS at a time, and a clip's prefix is
+        compared with the clip's before it in C: a prefix is decoded once a run of clips that
+        share it. None when a clip's string has no ``sep``."""
+        offsets, blob = self._strings[name]
+        stored = len(offsets) - 1
+        numbers = np.empty(stored, np.int64)
+        codes: dict[bytes, int] = {}
+        for first in range(0, stored, PREFIX_SCAN_ROWS):
+            bounds = offsets[first:min(stored, first + PREFIX_SCAN_ROWS) + 1]
+            base = int(bounds[0])
+            raw = np.frombuffer(bytes(blob[base:int(bounds[-1])]), np.uint8)
+            starts, ends = bounds[:-1] - base, bounds[1:] - base
+            seps = np.flatnonzero(raw == sep)
+            last = np.searchsorted(seps, ends) - 1  # the last sep before each string's end
+            if (last < 0).any() or (seps[np.maximum(last, 0)] < starts).any():
+                return None
+            cuts = seps[last]
+            new = _new_runs(raw, starts, cuts - starts)
+            runs = [codes.setdefault(raw[starts[r]:cuts[r]].tobytes(), len(codes)) for r in np.flatnonzero(new)]
+            numbers[first:first + len(starts)] = np.asarray(runs, np.int64)[np.cumsum(new) - 1]
+        if self._rows is not None:
+            numbers = numbers[self._rows]
+        used, numbers = np.unique(numbers, return_inverse=True)  # only the prefixes of this table's clips
+        names = [key.decode("utf-8", ENCODING_ERRORS) for key in codes]
+        return [names[n] for n in used.tolist()], numbers.reshape(-1).astype(np.int64)
 
     def joined(self, name: str, rows: np.ndarray, sep: bytes) -> bytes:
         """The UTF-8 of string ``name`` of clips ``rows``, ``sep`` between them: the bytes of
@@ -393,6 +427,21 @@ class FileBlob:
 
     def __bytes__(self) -> bytes:
         return self[0:self.size]
+
+
+def _new_runs(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Whether each string (``starts`` and ``lengths`` into ``raw``) differs from the one before
+    it (the first: True): the strings as zero-padded rows of a sliding window over ``raw``,
+    each compared with the row before."""
+    width = max(1, int(lengths.max()) if len(lengths) else 1)
+    padded = np.zeros(len(raw) + width, np.uint8)
+    padded[:len(raw)] = raw
+    keys = np.lib.stride_tricks.sliding_window_view(padded, width)[starts]
+    keys[np.arange(width) >= lengths[:, None]] = 0
+    rows = keys.view(f"S{width}").ravel()
+    new = np.ones(len(starts), bool)
+    new[1:] = (rows[1:] != rows[:-1]) | (lengths[1:] != lengths[:-1])
+    return new
 
 
 def buffer_of(blob: Any) -> Any:

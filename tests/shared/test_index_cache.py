@@ -14,11 +14,10 @@ from typing import Iterator
 import pytest
 
 from stoker.shared import dataset
-from stoker.shared.dataset import index as index_module
+from stoker.shared.dataset import parallel as parallel_module
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index, index_cache_file
 from stoker.shared.dataset import table as table_module
-from stoker.shared.dataset.storage import COUNTS
 from tests.factories import add_clip, append_metadata, make_dataset
 from tests.shared.user_tokenizers import write_editable
 
@@ -217,42 +216,13 @@ def test_cache_off_and_cache_in_a_given_directory(root: Path, tmp_path: Path) ->
 
 
 def test_parallel_build_equals_serial_build(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(index_module, "PARALLEL_MIN_SECONDS", 0.0)
-    monkeypatch.setattr(index_module, "CHUNK_ITEMS", 3)
+    monkeypatch.setattr(parallel_module, "PARALLEL_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(parallel_module, "CHUNK_ITEMS", 3)
     serial = build_index(_data(root, index_cache="off", index_workers=1), FEATURES)
     parallel = build_index(_data(root, index_cache="off", index_workers=2), FEATURES)
     assert (serial.stats.workers, parallel.stats.workers) == (1, 2)
     assert parallel.stats.headers_read == CLIPS
     _same(serial, parallel)
-
-
-def _retried(n: int) -> tuple[int, int]:
-    """A task whose reads were retried ``n`` times (counted as storage.RetryingFile counts them), in
-    whichever process works it."""
-    COUNTS.retries += n
-    return os.getpid(), n
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("here", [True, False])
-def test_reads_retried_in_a_helper_process_count_in_this_one(here: bool) -> None:
-    before = COUNTS.retries
-    tasks = [(n,) for n in range(1, 21)]
-    results, processes = index_module._shared_work(_retried, tasks, 1, "a test's work", here=here)
-    assert processes == 1 + here and [n for _, n in results] == list(range(1, 21))
-    helped = [pid != os.getpid() for pid, _ in results]
-    assert any(helped) if here else all(helped)  # not here: this process only takes the results in
-    assert COUNTS.retries - before == sum(range(1, 21))  # each retry once, wherever it was made
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("here", [True, False])
-def test_a_pool_that_cannot_take_the_work_leaves_it_to_this_process(here: bool,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    tasks = [(n,) for n in range(5)]
-    results, processes = index_module._shared_work(lambda n: n * n, tasks, 1, "a test's work", here=here)
-    assert results == [n * n for n in range(5)] and processes == 1  # a lambda cannot go to a helper
-    assert "parallel a test's work failed" in caplog.text
 
 
 def test_a_warm_load_maps_the_rows_in_id_order(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -312,17 +282,6 @@ def test_feature_cache_dir_setting(root: Path, tmp_path: Path, monkeypatch: pyte
     make_dataset(other, count=1)
     (other / ".stoker").write_text("blocked")
     assert feature_cache_dir("AUTO", other) == str(tmp_path / "user-cache" / "stoker" / "features")
-
-
-def test_parallel_only_when_the_work_outlasts_starting_a_helper() -> None:
-    wavs = [(f"{i}.wav", 1000, "some text") for i in range(20_000)]
-    assert index_module._estimated_seconds(wavs, dataset.TEXT_S) == pytest.approx(20_000 * (dataset.WAV_HEADER_S +
-                                                                                        dataset.TEXT_S))
-    assert index_module._estimated_seconds(wavs, dataset.TEXT_S) < dataset.PARALLEL_MIN_SECONDS  # LJSpeech-sized: one process
-    # the same texts through the phonemizer are worth spreading over the cores
-    assert index_module._estimated_seconds(wavs, dataset.PHONEMES_S) > dataset.PARALLEL_MIN_SECONDS
-    flacs = [(f"{i}.flac", 1000, None) for i in range(20_000)]
-    assert index_module._estimated_seconds(flacs, dataset.TEXT_S) > dataset.PARALLEL_MIN_SECONDS
 
 
 def test_a_front_end_change_sends_every_text_through_it_again_but_reads_no_header(root: Path) -> None:

@@ -15,6 +15,7 @@ from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index
 from stoker.shared.dataset import index as index_module
+from stoker.shared.dataset import reuse as reuse_module
 from stoker.shared.dataset import probe as probe_module
 from stoker.shared.mel import num_frames
 from tests.factories import make_dataset
@@ -33,7 +34,7 @@ def test_a_manifest_with_durations_is_indexed_without_opening_audio(tmp_path: Pa
         raise AssertionError("an audio file was opened")
 
     monkeypatch.setattr(probe_module, "probe_audio", never)
-    monkeypatch.setattr("stoker.shared.dataset.index.probe_audio", never)
+    monkeypatch.setattr("stoker.shared.dataset.parallel.probe_audio", never)
     # the files need not exist to be indexed: each clip reuses one of two, or names none at all
     rows = [{"audio_filepath": f"audio/c{i % 2}.wav", "id": f"clip{i}", "text": f"clip number {i}.",
              "duration": 0.5 + i / 10, "speaker": i % 3} for i in range(6)]
@@ -59,8 +60,9 @@ def test_a_small_manifest_is_read_once_and_found_again_by_its_stamp_or_that_hash
     the hash of one more read."""
     reads: list[str] = []
     read = index_module.read_metadata_bytes
-    monkeypatch.setattr(index_module, "read_metadata_bytes", lambda *args: reads.append(args[1]) or read(*args))
-    monkeypatch.setattr(index_module, "file_sha256", lambda where: pytest.fail("the manifest was hashed apart"))
+    for module in (index_module, reuse_module):  # the build's read, and the read of a manifest to hash
+        monkeypatch.setattr(module, "read_metadata_bytes", lambda *args: reads.append(args[1]) or read(*args))
+    monkeypatch.setattr(reuse_module, "file_sha256", lambda where: pytest.fail("the manifest was hashed apart"))
     if not stamped:
         monkeypatch.setattr(index_module, "file_stamp", lambda where: "")
     rows = [{"audio_filepath": f"audio/c{i}.wav", "text": f"clip {i}.", "duration": 1.0} for i in range(4)]

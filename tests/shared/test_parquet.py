@@ -5,6 +5,7 @@ group, audio that does not decode, a file that is not Parquet) a rejection namin
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -242,3 +243,55 @@ def test_without_pyarrow_a_parquet_dataset_is_one_line_naming_the_extra(tmp_path
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(DatasetError, match=r"needs pyarrow: pip install 'stoker\[parquet\]'"):
         build_index(_data(tmp_path / "pq", index_cache="off"), FEATURES)
+
+
+def test_a_warm_start_finds_the_index_by_the_files_stamps_without_reading_the_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm, a Parquet dataset's index is found by its files' names, sizes and stamps: the
+    listing (every row's columns, or its cached copy) is not read; a file rewritten is read again."""
+    from stoker.shared.dataset import index as index_module
+
+    made = make_parquet(tmp_path / "pq", files=2, per_file=6, row_group=4)
+    data = DataConfig(path=str(made.root), index_cache=str(tmp_path / "cache"))
+    cold = build_index(data, FeaturesConfig())
+    with monkeypatch.context() as m:
+        m.setattr(index_module, "read_shards", lambda *args: pytest.fail("the listing was read"))
+        m.setattr(index_module, "list_audio", lambda *args: pytest.fail("the listing was read"))
+        warm = build_index(data, FeaturesConfig())
+    assert warm.stats.cache == "hit" and list(warm.samples) == list(cold.samples)
+    write_parquet(made.paths[1], {"id": ["new"], "text": ["A new row."], "duration": [0.9],
+                                  "audio": [{"bytes": clip_member(5, 0.9, "wav"), "path": "new.wav"}]}, row_group=1)
+    again = build_index(data, FeaturesConfig())
+    assert again.stats.cache != "hit" and "new" in {s.id for s in again.samples}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_large_parquet_dataset_built_in_pieces_is_the_listing_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      workers: int) -> None:
+    """Built in pieces (shared/dataset/parquet_pieces.py: a file's rows as manifest lines in a
+    helper process), the index is the listing's: the same samples in the same order, the same
+    rejections naming the same rows, the same vocabulary and fingerprints."""
+    from stoker.shared.dataset import parquet_pieces, shards
+
+    made = make_parquet(tmp_path / "pq", files=3, per_file=7, row_group=3)
+    good = clip_member(90, 0.9, "wav")
+    write_parquet(tmp_path / "pq" / "train-003.parquet", {  # rules' rejections and a repeat across files
+        "id": ["long", "PQ0002", "blank", "fine"], "text": ["Far too long.", "A repeat.", "", "Fine words."],
+        "duration": [99.0, 0.9, 0.9, 0.9], "audio": [{"bytes": good, "path": "g.wav"}] * 4}, row_group=2)
+    data = DataConfig(path=str(made.root), index_cache=str(tmp_path / "one"), index_workers=workers)
+    monkeypatch.setattr(parquet_pieces, "PARQUET_CHUNKED_MIN_ROWS", 1 << 40)
+    one = build_index(data, FEATURES)
+    monkeypatch.setattr(parquet_pieces, "PARQUET_CHUNKED_MIN_ROWS", 1)
+    monkeypatch.setattr(parquet_pieces, "PIECE_ROWS", 4)  # a row group or two a piece: pieces of a file
+    monkeypatch.setattr(shards, "list_file", lambda *args: pytest.fail("the rows were listed"))
+    pieces = build_index(dataclasses.replace(data, index_cache=str(tmp_path / "pieces")), FEATURES)
+    assert pieces.stats.workers == workers and pieces.stats.cache == "miss"
+    assert list(pieces.samples) == list(one.samples) and len(one.samples) == 22
+    assert pieces.rejected == one.rejected and {r.id for r in one.rejected} == {"long", "PQ0002", "blank"}
+    assert "row 1 of row group 0 of train-003.parquet" in next(r.reason for r in one.rejected if r.id == "PQ0002")
+    assert pieces.vocabulary.state_dict() == one.vocabulary.state_dict()
+    assert {k: v for k, v in pieces.agreement.items() if k != "metadata_sha256"} == \
+        {k: v for k, v in one.agreement.items() if k != "metadata_sha256"}
+    warm = build_index(dataclasses.replace(data, index_cache=str(tmp_path / "pieces")), FEATURES)
+    assert warm.stats.cache == "hit" and list(warm.samples) == list(one.samples)

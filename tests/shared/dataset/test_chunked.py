@@ -1,4 +1,4 @@
-"""A manifest with durations built in pieces (shared/dataset/index.py, the chunked build) is the
+"""A manifest with durations built in pieces (shared/dataset/chunked.py and pieces.py) is the
 index the one-process build makes: the same samples in the same order, the same rejections with
 the same reasons and lines, the same vocabulary, fingerprints and cache file."""
 
@@ -12,7 +12,10 @@ import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index
+from stoker.shared.dataset import chunked as chunked_module
 from stoker.shared.dataset import index as index_module
+from stoker.shared.dataset import pieces as pieces_module
+from stoker.shared.dataset import reuse as reuse_module
 from stoker.shared.dataset import table as table_module
 
 FEATURES = FeaturesConfig()
@@ -55,7 +58,7 @@ def _lines() -> list[bytes]:
 def _build(root: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, chunked: bool, workers: int = 1,
            max_lost_frac: float = 0.0):
     monkeypatch.setattr(index_module, "CHUNKED_MIN_BYTES", 1 if chunked else 1 << 40)
-    monkeypatch.setattr(index_module, "BUILD_CHUNK_BYTES", 700)  # a few lines a piece
+    monkeypatch.setattr(chunked_module, "BUILD_CHUNK_BYTES", 700)  # a few lines a piece
     data = DataConfig(path=str(root), metadata_file="train.jsonl", index_cache=str(cache), index_workers=workers,
                       max_tokens=200)
     return build_index(data, FEATURES, TextConfig(max_lost_frac=max_lost_frac))
@@ -73,7 +76,7 @@ def test_the_chunked_build_is_the_one_process_build(tmp_path: Path, monkeypatch:
         m.setattr(table_module, "fixed_width", lambda *args: pytest.fail("the ids are sorted again"))
         pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers,
                         max_lost_frac=max_lost_frac)
-    assert len(index_module._manifest_ranges(root / "train.jsonl", 700)) > 5  # many pieces, repeats across them
+    assert len(pieces_module.manifest_ranges(root / "train.jsonl", 700)) > 5  # many pieces, repeats across them
     assert pieces.stats.workers == workers
     assert list(pieces.samples) == list(one.samples) and len(one.samples) > 40
     assert pieces.rejected == one.rejected
@@ -123,15 +126,16 @@ def test_a_manifest_cache_is_found_by_the_manifest_stamp_then_by_its_content(
         raise AssertionError("the manifest is read")
 
     with monkeypatch.context() as m:  # its size and mtime as cached: not a byte of it read
-        for name in ("_sha256_of", "read_metadata_bytes", "_manifest_ranges"):
-            m.setattr(index_module, name, never)
+        for module, name in ((index_module, "sha256_of"), (index_module, "read_metadata_bytes"),
+                             (reuse_module, "read_metadata_bytes"), (chunked_module, "manifest_ranges")):
+            m.setattr(module, name, never)
         warm = _build(root, tmp_path / "cache", monkeypatch, chunked)
     assert warm.stats.cache == "hit" and list(warm.samples) == list(cold.samples)
     stat = manifest.stat()
     os.utime(manifest, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # touched: the same bytes
     with monkeypatch.context() as m:  # found by its content's hash, nothing parsed
         m.setattr(index_module, "parse_entries", never)
-        m.setattr(index_module, "_run_chunks", never)
+        m.setattr(chunked_module, "_run_chunks", never)
         touched = _build(root, tmp_path / "cache", monkeypatch, chunked)
     assert touched.stats.cache == "hit" and list(touched.samples) == list(cold.samples)
     manifest.write_bytes(b"".join(_lines()).replace(b"clip number 7,", b"clip numero 7,"))  # edited
@@ -140,8 +144,9 @@ def test_a_manifest_cache_is_found_by_the_manifest_stamp_then_by_its_content(
     monkeypatch.setattr(index_module, "file_stamp", lambda where: "")  # a store that gives no version nor time
     _build(root, tmp_path / "unstamped", monkeypatch, chunked)
     with monkeypatch.context() as m:  # found by the manifest's hash: read once (whole, a small one), not parsed
-        m.setattr(index_module, "read_metadata_bytes" if chunked else "parse_entries", never)
-        m.setattr(index_module, "_manifest_ranges", never)
+        for module in (index_module, reuse_module) if chunked else (index_module,):
+            m.setattr(module, "read_metadata_bytes" if chunked else "parse_entries", never)
+        m.setattr(chunked_module, "manifest_ranges", never)
         again = _build(root, tmp_path / "unstamped", monkeypatch, chunked)
     assert again.stats.cache == "hit" and list(again.samples) == list(edited.samples)
 
@@ -158,7 +163,7 @@ def test_a_clean_manifest_of_sorted_ids_is_the_one_process_build(tmp_path: Path,
                     "duration": 0.5 + (i % 7) / 10, "speaker": i % 4}).encode() + b"\n" for i in range(80)))
     one = _build(root, tmp_path / "one", monkeypatch, chunked=False)
     pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=2)
-    assert len(index_module._manifest_ranges(root / "train.jsonl", 700)) > 5
+    assert len(pieces_module.manifest_ranges(root / "train.jsonl", 700)) > 5
     assert list(pieces.samples) == list(one.samples) and len(one.samples) == 80 and one.rejected == []
     assert pieces.agreement == one.agreement and pieces.vocabulary.state_dict() == one.vocabulary.state_dict()
     (one_file,) = (tmp_path / "one").iterdir()

@@ -1,0 +1,159 @@
+"""Large Parquet datasets indexed in pieces: each file's rows made into manifest lines in a helper
+process (their columns mapped to a clip's fields as the listing and shared/parquet_layout.py map
+them) and indexed as a large manifest's piece is (pieces.py), then merged (chunked.py), so that
+ten million rows are never a Python object each in one process. Only where every row has its
+audio bytes and a duration: otherwise the listing's one-process build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from ..config import DataConfig, FeaturesConfig, TextConfig
+from ..dataset.parquet import audio_column, parquet_file, pyarrow_modules, scalar_columns, stem
+from ..dataset.pieces import manifest_piece
+from ..dataset.shards import list_shards
+from ..dataset.storage import StorageError, is_url
+from ..layouts import Rejection
+from ..parquet_layout import ROLES, is_column_map, parse_column_map, row_rejection
+
+# A Parquet dataset of at least this many rows is indexed in pieces; a smaller one by the
+# listing in one process (its build takes a few seconds, about what helper processes take to start).
+PARQUET_CHUNKED_MIN_ROWS = 200_000
+
+
+# Rows of a piece (whole row groups, at least one): about a large manifest's piece of 8 MB, many
+# pieces so that the last ones balance the load and none is a file's millions of rows at once.
+PIECE_ROWS = 65_536
+
+
+def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: FeaturesConfig,
+                   text: TextConfig) -> tuple[tuple[Callable[..., Any], list[tuple]],
+                                              Callable[[Rejection], Rejection]] | None:
+    """The pieces of a local Parquet dataset (row groups of a file: :func:`parquet_chunk` and its tasks) and
+    what a line's rejection becomes (its row's, naming it); None where the one-process build is
+    the way: a small dataset, files at a URL, a file whose footer cannot be read, or a row group
+    whose statistics do not show every row with audio bytes and a duration."""
+    if is_url(pattern):
+        return None
+    mapping = parse_column_map(data.columns) if is_column_map(data.columns) else {}
+    pa, _ = pyarrow_modules()
+    files: list[tuple[str, list[int]]] = []  # (name, rows of each row group)
+    for shard in list_shards(root, pattern):
+        try:
+            with parquet_file(root, shard.name) as parquet:
+                groups = _complete_groups(parquet, mapping)
+        except (OSError, StorageError, pa.ArrowException):
+            return None
+        if groups is None:
+            return None
+        files.append((shard.name, groups))
+    if sum(sum(groups) for _, groups in files) < PARQUET_CHUNKED_MIN_ROWS:
+        return None
+    tasks, first, starts = [], 1, []
+    for name, groups in files:
+        starts.append((first, name, groups))
+        group, row = 0, 0  # the piece's first row group, and its first row in the file
+        while group < len(groups):
+            end = group + 1
+            while end < len(groups) and sum(groups[group:end + 1]) <= PIECE_ROWS:
+                end += 1
+            tasks.append((str(root), name, (group, end, row), first, data, features, text))
+            rows = sum(groups[group:end])
+            group, row, first = end, row + rows, first + rows
+    return (parquet_chunk, tasks), lambda rejection: _named(rejection, starts)
+
+
+def _complete_groups(parquet: Any, mapping: dict[str, str]) -> list[int] | None:
+    """The rows of each row group of a Parquet file whose every row has audio bytes and a
+    duration (the row groups' statistics say so: no null); None otherwise."""
+    found = audio_column(parquet.schema_arrow)
+    columns = scalar_columns(parquet.schema_arrow, found[0]) if found is not None else []
+    duration = mapping.get("duration") or next((n for n in ROLES["duration"] if n in columns), None)
+    if found is None or not found[1] or duration not in columns:
+        return None
+    schema = parquet.metadata.schema
+    leaves = {schema.column(n).path: n for n in range(len(schema))}
+    rows = []
+    for group in range(parquet.metadata.num_row_groups):
+        meta = parquet.metadata.row_group(group)
+        for path in (found[1], duration):
+            stats = meta.column(leaves[path]).statistics
+            if stats is None or not stats.has_null_count or stats.null_count:
+                return None
+        rows.append(meta.num_rows)
+    return rows
+
+
+def _named(rejection: Rejection, starts: list[tuple[int, str, list[int]]]) -> Rejection:
+    """A manifest line's rejection as its row's (:func:`shared.parquet_layout.row_rejection`): line
+    N is the Nth row of the files in order."""
+    line = rejection.line
+    if line is None:
+        return rejection
+    for first, name, groups in reversed(starts):
+        if line >= first:
+            row = line - first
+            for group, count in enumerate(groups):
+                if row < count:
+                    return row_rejection(rejection, f"{name}#{group}:{row}")
+                row -= count
+    return rejection
+
+
+def parquet_chunk(root: str, name: str, groups: tuple[int, int, int], first_line: int, data: DataConfig,
+                  features: FeaturesConfig, text: TextConfig) -> dict[str, Any] | None:
+    """The rows of row groups ``groups[0]`` to ``groups[1]`` - 1 of a Parquet file (the first of
+    them its row ``groups[2]``) as manifest lines (each the listing line's manifest object:
+    shared.parquet_layout.manifest_object), indexed as a manifest's piece (runs in helper processes)."""
+    pa, _ = pyarrow_modules()
+    mapping = parse_column_map(data.columns) if is_column_map(data.columns) else {}
+    lines: list[bytes] = []
+    try:
+        with parquet_file(Path(root), name) as parquet:
+            found = audio_column(parquet.schema_arrow)
+            others = scalar_columns(parquet.schema_arrow, found[0]) if found is not None else []
+            base = groups[2]
+            for group in range(groups[0], groups[1]):
+                table = parquet.read_row_group(group, columns=others)
+                lines.extend(_group_lines(table, others, mapping, f"{name}#{group}:", f"{stem(name)}_", base))
+                base += table.num_rows
+    except (OSError, StorageError, pa.ArrowException):
+        return None  # a row group that cannot be read: the listing's build words its rows' rejections
+    return manifest_piece(b"".join(lines), first_line, data, features, text)
+
+
+def _group_lines(table: Any, others: list[str], mapping: dict[str, str], locator: str, row_id: str,
+                 base: int) -> list[bytes]:
+    """A row group's manifest lines: each role's value from its column (a role named by
+    data.columns from that column; else the first of its usual names that the row has), the
+    row's own id (``STEM_ROW``) where it has none."""
+    values = {n: table.column(n).to_pylist() for n in others}
+    count = table.num_rows
+    roles: list[tuple[str, list[Any]]] = []
+    for role, names in ROLES.items():
+        if role in mapping:
+            column = values.get(mapping[role])
+        else:
+            candidates = [values[n] for n in names if n in values]
+            column = (candidates[0] if len(candidates) == 1 else
+                      [next((v for v in row if v is not None), None) for row in zip(*candidates)] if candidates
+                      else None)
+        if column is not None:
+            if role == "id":
+                column = [str(v) if type(v) is int else v for v in column]
+            roles.append((role, column))
+    dumps = orjson.dumps
+    out = []
+    for r in range(count):
+        obj: dict[str, Any] = {"audio_filepath": f"{locator}{r}"}
+        for role, column in roles:
+            value = column[r]
+            if value is not None:
+                obj[role] = value
+        obj.setdefault("id", f"{row_id}{base + r}")
+        out.append(dumps(obj) + b"\n")
+    return out
