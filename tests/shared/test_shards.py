@@ -15,7 +15,7 @@ import soundfile
 from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member
 from stoker.service import data_path
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import DatasetError, build_index, locate, scan_dataset
+from stoker.shared.dataset import build_index, locate, scan_dataset
 from stoker.shared.dataset import files, storage
 from stoker.shared.dataset.files import resolve_audio, scan_remote_audio
 from stoker.shared.dataset.shards import Locator, expand_braces, is_locator, remote_root
