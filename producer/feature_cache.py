@@ -69,7 +69,7 @@ def cache_dir_name(features: FeaturesConfig, root: Path, transforms: dict[str, A
 
 
 def quantize(mel: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """float [T, M] -> (lo, step, uint16 codes [T, M]); see the module docstring."""
+    """float [T, M] -> (lo, step, uint16 codes [T, M]); docs/DESIGN.md, Feature cache."""
     values = np.asarray(mel, dtype=np.float64)
     lo = float(values.min()) if values.size else 0.0
     hi = float(values.max()) if values.size else 0.0

@@ -77,7 +77,7 @@ def weights_digest(obj: Any) -> str:
 
 
 def _input_names(obj: Any) -> tuple[str, ...]:
-    """The batch fields a model is called with (module docstring)."""
+    """The batch fields a model is called with (docs/MODELS.md, Producer models)."""
     inputs = getattr(obj, "inputs", None)
     if inputs and all(hasattr(t, "name") for t in inputs):  # a built Keras model
         return tuple(str(t.name).split(":")[0] for t in inputs)
@@ -106,7 +106,7 @@ class ProducerModel:
 
 def load_model(spec: str) -> ProducerModel:
     """Import, build or load one model (``spec``: package.module:function); ModelSetupError (one
-    line naming it) when it cannot, or when its inputs are not of one clip (module docstring)."""
+    line naming it) when it cannot, or when its inputs are not of one clip (docs/MODELS.md, Producer models)."""
     import tensorflow as tf  # the producer's heavy dependency, only where a model is configured
 
     fn, module = import_function(spec, "transforms.models", ModelSetupError)
@@ -250,7 +250,7 @@ class ModelRunner:
     def run(self, m: ProducerModel, arrays: Mapping[str, np.ndarray], dims: Mapping[str, int],
             filled: int) -> dict[str, np.ndarray]:
         """The outputs of model ``m`` on a batch (``arrays`` at ``dims``, its first ``filled`` rows
-        real, the others empty: all padding), checked, cast and padded (module docstring);
+        real, the others empty: all padding), checked, cast and padded (docs/MODELS.md);
         ModelBatchError (the clips' rejection reason) when it fails."""
         missing = [n for n in m.inputs if n not in arrays]
         if missing:

@@ -114,7 +114,7 @@ def verdict(data_wait_frac: float | None, queue_depth_mean: float | None, capaci
 
 def recommend_producers(kind: str, step_ms_mean: float | None, prep_ms_means: Iterable[float | None],
                         current: int) -> int:
-    """Producers needed for the trainer's demand, with margin (see module docstring)."""
+    """Producers needed for the trainer's demand, with margin (docs/DESIGN.md, Seeing starvation)."""
     rates = [p for p in prep_ms_means if p]
     if not step_ms_mean or not rates:
         return max(current, 1) + (1 if kind == "producer-bound" else 0)

@@ -150,7 +150,7 @@ _DIGITS = {**{chr(0x0660 + d): str(d) for d in range(10)}, **{chr(0x06F0 + d): s
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL_EN = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
-# Unicode general categories no front-end represents (see the module docstring).
+# Unicode general categories no front-end represents (docs/DESIGN.md, Text front-ends).
 _LOST_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cn", "Cs", "So"})
 # ASCII text: control characters other than whitespace are lost, whitespace is a space, ` is '.
 _ASCII_LOST = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")

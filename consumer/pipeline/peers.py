@@ -88,7 +88,7 @@ class ProducerStats:
 
 
 class Peers:
-    """Membership and liveness (module docstring). ``send`` queues a message, ``count`` counts
+    """Membership and liveness (docs/DESIGN.md, Producers on other hosts). ``send`` queues a message, ``count`` counts
     a dropped one, ``welcome`` gives a peer's WELCOME, ``on_drop(peer, status)`` is the
     scheduler's, ``holds_credits(peer)`` whether it holds credited leases; ``lock`` guards the
     figures other threads read (``producers``, ``refusals``)."""

@@ -85,7 +85,7 @@ def _in_name_order(codes: dict[str, int], numbers: np.ndarray) -> np.ndarray:
 def grouped_batches(buckets: Sequence[tuple[int, np.ndarray]], shards: np.ndarray, window: int,
                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The epoch's batches in training order from ``buckets`` as (rows, clips): (the clips
-    batch after batch, each batch's size, each batch's bucket position) (module docstring)."""
+    batch after batch, each batch's size, each batch's bucket position) (docs/DESIGN.md, Leases by shard)."""
     count = int(shards.max()) + 1
     rank = np.empty(count, np.int64)
     rank[rng.permutation(count)] = np.arange(count)

@@ -48,7 +48,7 @@ class ExportResult:
 
 
 def export(run_dir: Path, out: Path) -> ExportResult:
-    """Write the run's trained model to the new directory ``out`` (module docstring)."""
+    """Write the run's trained model to the new directory ``out`` (docs/DESIGN.md, Export)."""
     out = out.expanduser()
     if out.exists():
         raise ExportError(f"{out} exists; export writes a new directory")
@@ -96,7 +96,7 @@ def export(run_dir: Path, out: Path) -> ExportResult:
 
 def _write_saved_model(tf: Any, model: Any, schema: Any, cfg: Any, pads: dict[str, float], inputs: list[str],
                        path: Path) -> None:
-    """The SavedModel with the ``serve`` endpoint (module docstring), through Keras' ExportArchive,
+    """The SavedModel with the ``serve`` endpoint (docs/DESIGN.md, Export), through Keras' ExportArchive,
     which tracks every variable of the model (also those a checkpoint misses)."""
     import keras
 

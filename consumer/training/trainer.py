@@ -39,7 +39,7 @@ class Health:
 
 
 class Trainer(Checkpointed, Protocol):
-    """What the training loop asks of every trainer (module docstring), its checkpoints too."""
+    """What the training loop asks of every trainer (docs/DESIGN.md, The trainer), its checkpoints too."""
 
     name: str
     uses_tensorflow: bool
@@ -59,7 +59,7 @@ class Trainer(Checkpointed, Protocol):
 @runtime_checkable
 class ModelTrainer(Trainer, Protocol):
     """A trainer with a model, which the loop traces ahead, validates and draws in TensorBoard
-    (module docstring); ``isinstance(trainer, ModelTrainer)`` tells it from one without."""
+    (docs/DESIGN.md, The trainer); ``isinstance(trainer, ModelTrainer)`` tells it from one without."""
 
     resolved_terms: list[dict[str, float]]
     evaluated_terms: dict[str, float]
@@ -126,7 +126,7 @@ def choose_jit_compile(setting: bool | None, on_gpu: bool) -> bool:
 
 
 class KerasTrainer:
-    """A Keras text-to-mel model and its training step (module docstring); its optimizer, schedule
+    """A Keras text-to-mel model and its training step (docs/DESIGN.md, The trainer); its optimizer, schedule
     and update graph are consumer/training/optim.py's."""
 
     uses_tensorflow = True

@@ -120,7 +120,7 @@ def _frame_queries(tf: Any, token_lengths: Any, mel_lengths: Any, frames: Any, d
 
 
 def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
-    """The built-in ``TextToMel`` Keras model of a preset (see the module docstring)."""
+    """The built-in ``TextToMel`` Keras model of a preset (docs/MODELS.md, The built-in model)."""
     import keras
     import tensorflow as tf
     from keras import layers
