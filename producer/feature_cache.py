@@ -1,41 +1,9 @@
 """The feature cache: computed log-mels stored on disk and read back instead of recomputed.
 
-``data.feature_cache=DIR`` makes every producer look up each clip's log-mel here before
-reading and transforming its audio, and store what it computed. Epoch two of a run, and
-every later run with the same preprocessing, then reads instead of computes;
-``python run.py precompute`` fills the cache ahead of training with all producers.
-
-Layout: ``DIR/<key>/<id>.mel``, where ``key`` (16 hex digits) is a SHA-256 over the
-features config (shared/mel.py ``features_key``: every key except ``backend``, both backends
-computing the same definition, and with ``features.user`` a hash of the function's module
-source), the resolved dataset directory and :data:`FORMAT_VERSION`.
-``DIR/<key>/config.json`` says in words what the key stands for. Producer models' outputs
-(producer/models.py) go beside the mels, per clip, in ``DIR/<key>/models/<model key>/``
-(:class:`ModelCache`). A different config or
-dataset gets a directory of its own, so nothing stale is ever read across configs.
-
-One entry (little-endian):
-
-    header   magic "STKMEL01" | frames u32 | n_mels u32 | name_crc u32 | lo f64 | step f64 |
-             audio_size u64 | audio_mtime_ns i64 | crc32 u32
-    payload  uint16 [frames, n_mels], C order
-
-Compact dtype: each clip's log-mel is quantised affinely to 16 bits,
-``code = round((x - lo) / step)`` with ``lo`` the clip's minimum and
-``step = (max - lo) / 65535``, and read back as ``lo + code * step`` in float32. The error
-is at most ``step / 2`` (plus float32 rounding): for a typical clip spanning the log floor
-(-11.5) to +4 that is 1.2e-4 in natural-log units, i.e. 0.012% in linear magnitude, and
-the clip's minimum (digital silence: exactly its log, ln(log_floor) by default) comes back
-exactly. Half the size of float32, and far more precise than float16 (whose step at |x| = 8 is 7.8e-3).
-
-Checks on every read: the magic, the shape against the file size and the config, the
-audio file's size, mtime and name against the entry (an edited clip is *stale*, not
-read; for a loose file at a URL, its URL, the object's size and, in the mtime field, a
-stamp of its version or ETag: shared/dataset/storage.py ``object_version``, one lookup
-and no audio read; a tar shard's members are not cached), and a CRC-32 over the header fields and payload (a flipped bit is *corrupt*).
-A stale or corrupt entry is recomputed and rewritten, and counted. Writes go to a
-temporary file in the same directory and are renamed into place, so concurrent
-producers and interrupted runs never leave a half-written entry under a real name.
+With ``data.feature_cache=DIR`` every producer looks a clip's log-mel up in
+``DIR/<key>/<id>.mel`` before reading its audio, and stores what it computed, quantised to
+16 bits and checked on every read; producer models' outputs go beside it (:class:`ModelCache`).
+The key, the entry's format, the quantisation and the checks: docs/DESIGN.md, Feature cache.
 """
 
 from __future__ import annotations
@@ -101,7 +69,7 @@ def cache_dir_name(features: FeaturesConfig, root: Path, transforms: dict[str, A
 
 
 def quantize(mel: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """float [T, M] -> (lo, step, uint16 codes [T, M]); see the module docstring."""
+    """float [T, M] -> (lo, step, uint16 codes [T, M]); docs/DESIGN.md, Feature cache."""
     values = np.asarray(mel, dtype=np.float64)
     lo = float(values.min()) if values.size else 0.0
     hi = float(values.max()) if values.size else 0.0

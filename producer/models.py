@@ -1,40 +1,10 @@
 """Producer models: the user's neural networks (an audio codec's encoder, a speaker encoder),
 run by the producers on each batch after its log-mel, on their data device.
 
-``transforms.models`` names them (``package.module:function``, comma-separated); each function,
-called without arguments, returns a Keras model, a TensorFlow callable (a ``tf.function``, a
-``tf.Module``'s bound method, any function of tensors) or the path of a SavedModel (its
-``serving_default`` signature). A model is called with the batch fields its inputs name, by
-name: a Keras model's ``inputs``' names, a SavedModel signature's arguments, else the callable's
-parameters. Its inputs are the fields of one clip (``mel``, ``mel_lengths``, ``audio``,
-``audio_lengths``) or of its reference clip (``ref_mel``, ``ref_mel_lengths``), never both: its
-outputs for a row are a function of that one clip, which is what lets them be cached per clip
-(producer/feature_cache.py's ModelCache). It returns a dict of the fields
-``transforms.model_fields`` declares (shared/batch.py's parse_model_fields); each is checked
-for its shape at the batch's dimensions (``T/4``: the bucket's frames divided by 4, rounded up),
-cast to its declared dtype (an integer output to int32, a float one to float32; another kind is
-refused), checked finite, and set to its declared padding past each row's valid length (``T``:
-the row's mel_lengths, ``T/4``: those divided by 4 rounded up, ``R``: ref_mel_lengths, ...), so
-a model need not mask its own padded outputs; it must however give a clip's valid outputs
-whatever the padding after it (mask its inputs by the lengths), as cached outputs are reused in
-batches of other shapes.
-
-Each model is one ``tf.function`` traced once with its inputs' dimensions left open, with XLA on a
-GPU (``jit_compile``: compiled once per bucket shape, when first seen; a model XLA cannot compile
-falls back to the plain function, once, logged).
-
-A model's *version* is the SHA-256 of its module's source with the SHA-256 of its weights (a
-Keras model's or ``tf.Module``'s variables, a SavedModel's files): part of the cache's key and of
-the producers' agreement with the trainer (a producer whose model differs refuses to join).
-
-Faults: a model that does not import, build or load is one line naming it
-(:class:`ModelSetupError`); a batch on which it raises or gives a non-finite or wrongly shaped
-output is :class:`ModelBatchError`, whose text (``producer model SPEC: ...``) the producer rejects
-the batch's clips with. A model that fails on every batch is the trainer's to see: when the
-first clips rejected all failed the same model, the run ends with one line
-(consumer/pipeline/feed.py's all_failed_one_transform).
-
-TensorFlow is imported here only: a producer imports this module only when a model is configured.
+Loads the ``transforms.models`` functions' models, takes their versions, and runs each on a
+batch (:class:`ModelRunner`), its outputs checked, cast and padded as ``transforms.model_fields``
+declares. The user's contract: docs/MODELS.md, Producer models; the design and the faults:
+docs/DESIGN.md, Producer models. TensorFlow is imported here only.
 """
 
 from __future__ import annotations
@@ -107,7 +77,7 @@ def weights_digest(obj: Any) -> str:
 
 
 def _input_names(obj: Any) -> tuple[str, ...]:
-    """The batch fields a model is called with (module docstring)."""
+    """The batch fields a model is called with (docs/MODELS.md, Producer models)."""
     inputs = getattr(obj, "inputs", None)
     if inputs and all(hasattr(t, "name") for t in inputs):  # a built Keras model
         return tuple(str(t.name).split(":")[0] for t in inputs)
@@ -136,7 +106,7 @@ class ProducerModel:
 
 def load_model(spec: str) -> ProducerModel:
     """Import, build or load one model (``spec``: package.module:function); ModelSetupError (one
-    line naming it) when it cannot, or when its inputs are not of one clip (module docstring)."""
+    line naming it) when it cannot, or when its inputs are not of one clip (docs/MODELS.md, Producer models)."""
     import tensorflow as tf  # the producer's heavy dependency, only where a model is configured
 
     fn, module = import_function(spec, "transforms.models", ModelSetupError)
@@ -280,7 +250,7 @@ class ModelRunner:
     def run(self, m: ProducerModel, arrays: Mapping[str, np.ndarray], dims: Mapping[str, int],
             filled: int) -> dict[str, np.ndarray]:
         """The outputs of model ``m`` on a batch (``arrays`` at ``dims``, its first ``filled`` rows
-        real, the others empty: all padding), checked, cast and padded (module docstring);
+        real, the others empty: all padding), checked, cast and padded (docs/MODELS.md);
         ModelBatchError (the clips' rejection reason) when it fails."""
         missing = [n for n in m.inputs if n not in arrays]
         if missing:

@@ -1,29 +1,9 @@
 """The batch, declared once: every array a training batch carries, its dtype, its
 dimensions, the dimensions that vary by bucket, and its padding value.
 
-Producers collate by it (:func:`collate`), the coordinator checks every BATCH against
-it, the trainer, validation and synth build and read batches by it, and the design notes
-print its table (:func:`BatchSchema.table`; a test keeps docs/DESIGN.md equal to it).
-
-Dimension legend:
-
-====  ===================================================================================
-B     rows: ``batching.batch_size``, or per bucket under a frame budget (``batching.max_frames``
-      // T); a batch carries only its real examples (fewer rows: the epoch's one short batch, a
-      clip rejected), unless rows are fixed (``batching.fixed_rows``, replicas, trainer workers):
-      then rows past the real examples are empty, and ``row_mask`` marks the real ones
-L     token length of the bucket (bucketed: padded up to ``batching.tokens_multiple``)
-T     mel frames of the bucket (bucketed: padded up to ``batching.frames_multiple``)
-F     mel channels (``features.n_mels``)
-S     audio samples of the bucket: T x ``features.hop_length`` (every clip of the bucket fits)
-R     reference frames: ``batching.ref_frames`` (fixed per run; a longer reference is cropped)
-====  ===================================================================================
-
-A *length* field holds, per row, the valid length of another field's first dimension
-after B (0 for an empty row); it is computed by collation, never sent by hand.
-
-Collation (:func:`collate`) pads a planned batch's examples, each a dict of its data
-fields (``tokens`` [L_i], ``mel`` [T_i, F]), into the fixed arrays of its bucket.
+Producers collate by it (:func:`collate`), the coordinator checks every BATCH against it,
+the trainer, validation and synth build and read batches by it. Its table and dimension
+legend: docs/DESIGN.md, Batches (printed by :meth:`BatchSchema.table`; a test keeps them equal).
 """
 
 from __future__ import annotations

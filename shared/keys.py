@@ -1,23 +1,8 @@
 """CURVE keys: who may connect to a trainer, and how a producer proves it may.
 
-``python run.py keys DIR [--client NAME ...]`` makes (with pyzmq's
-``zmq.auth.create_certificates``, ZeroMQ's certificate file format):
-
-    DIR/server.key            the trainer's public key: copy it to every producer host
-    DIR/server.key_secret     the trainer's secret key: stays on the trainer host
-    DIR/NAME.key              a producer's public key (default NAME: client)
-    DIR/NAME.key_secret       a producer's secret key: copy it to the producer host(s)
-    DIR/authorized/NAME.key   the allow-list: the public keys the trainer accepts
-
-Running it again keeps every existing pair (a key is never overwritten) and adds the
-clients not yet there. Secret files are written with mode 0600, the directory 0700.
-
-``--keys DIR`` on the trainer: CURVE server with ``server.key_secret``; pyzmq's
-``ThreadAuthenticator`` admits exactly the public keys in ``DIR/authorized/`` (remove a
-file there to revoke a producer). ``--keys DIR`` on a producer: ``server.key`` plus one
-client pair, ``client.key_secret`` if present, else the only other ``*.key_secret``
-that is not the server's. A secret key is never logged, put in a message, or written
-to the run directory; logs name keys by a short prefix of the *public* key.
+:func:`make_keys` writes ``python run.py keys DIR``'s pairs and allow-list;
+:func:`load_server_keys` and :func:`load_client_keys` read them for ``--keys DIR``. The files,
+who gets which, and what is never logged: docs/DESIGN.md, Producers on other hosts, Security.
 """
 
 from __future__ import annotations

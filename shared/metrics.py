@@ -1,27 +1,9 @@
 """Per-step metrics, the run summary and the starvation verdict.
 
-``metrics.jsonl`` has one object per training step (a contract: README.md): ``step``,
-``epoch``, ``t`` (s since the run started), ``queue_depth`` (batches held when the
-trainer asked), ``wait_ms`` (time the trainer waited for the batch), ``step_ms``
-(time of the step itself), ``loss`` (null for the synthetic trainer).
-
-:func:`summarize` turns those rows into summary.json's figures. It is a pure function
-of the rows and the producers' statistics, so the launcher can write a summary from
-``metrics.jsonl`` when the consumer could not, and ``diagnose`` can recompute it.
-
-``data_wait_frac`` is the share of the trainer's time (waits + steps) spent waiting for
-data after warm-up; warm-up ends when the first batch is in hand, so the first step's
-wait is reported apart (``first_batch_wait_ms``, and ``data_wait_frac_incl_warmup``).
-``steps_per_s`` and ``samples_per_s`` are over the same time (from the first step's start).
-
-Verdict:
-    producer-bound   the trainer waited for data more than WAIT_BOUND_FRAC of its time
-    consumer-bound   it hardly waited and the queue was nearly full on average: the
-                     producers are ahead and spend their time waiting for credits
-    balanced         neither
-``recommended_producers`` = ceil(PRODUCER_MARGIN x producer time per batch / trainer
-time per batch): how many producers keep up with a trainer that never waits (the
-tf.data service auto-scaler's demand / rate formula), with a margin for jitter.
+:func:`summarize` turns metrics.jsonl's rows (a contract: README.md) and the producers'
+statistics into summary.json's figures, as a pure function of them, so the launcher and
+``diagnose`` can recompute a summary. The fields, the figures and the verdict's rules:
+docs/DESIGN.md, Seeing starvation.
 """
 
 from __future__ import annotations
@@ -132,7 +114,7 @@ def verdict(data_wait_frac: float | None, queue_depth_mean: float | None, capaci
 
 def recommend_producers(kind: str, step_ms_mean: float | None, prep_ms_means: Iterable[float | None],
                         current: int) -> int:
-    """Producers needed for the trainer's demand, with margin (see module docstring)."""
+    """Producers needed for the trainer's demand, with margin (docs/DESIGN.md, Seeing starvation)."""
     rates = [p for p in prep_ms_means if p]
     if not step_ms_mean or not rates:
         return max(current, 1) + (1 if kind == "producer-bound" else 0)

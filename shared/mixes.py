@@ -1,22 +1,8 @@
-"""Mixes of datasets (shared/layouts.py parses each part).
+"""Mixes of datasets: ``--data mix.yaml`` names several, each with its own layout and language.
 
-``--data mix.yaml``: several datasets in one run, each with its own layout and language:
-
-    datasets:
-      - path: persian              # a dataset directory: relative to this file, or absolute (or a URL)
-        language: fa               # its clips' language where their metadata names none
-      - path: /data/LJSpeech-1.1
-        name: lj                   # default: the directory's name
-        metadata_file: metadata.csv   # default: data.metadata_file (a manifest works too)
-        columns: ""                # default: data.columns
-
-A clip's id becomes ``NAME:ID`` (two datasets may both have an ``0001``), its audio path
-is relative to the mix file's directory (a URL or an absolute path a manifest names stays as
-written), and a clip whose metadata names no speaker is
-the dataset's own speaker, ``NAME``. The mix and every part's metadata bytes are packed
-into one blob (:func:`pack_mix`), so the index key, the scan and the dataset agreement
-see a mix exactly as they see one metadata file. A mix file at a URL names its datasets by
-URLs or paths relative to its own URL (shared/dataset/files.py).
+Reads the mix file (shared/layouts.py parses each part), names its clips ``NAME:ID`` and packs
+the mix and its parts' metadata into one blob (:func:`pack_mix`) that the index, the scan and
+the dataset agreement see as one metadata file. The file's format: docs/DESIGN.md, Layouts.
 """
 
 from __future__ import annotations

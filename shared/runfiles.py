@@ -1,38 +1,9 @@
 """The files of a run directory, each named once, and the one way a file is written whole.
 
-A run directory (``--run-dir``, default ``runs/<timestamp>/``; the README states these
-names and fields as a contract):
-
-=================  ====================================================================
-config.yaml        the resolved configuration; what every process of the run loads
-config.resume.yaml a resume's config, written by the launcher and moved over config.yaml by
-                   the consumer only once the checkpoint has been checked (a failed resume
-                   changes nothing)
-summary.json       written at the end (also on Ctrl-C): throughput, wait, verdict, ...
-metrics.jsonl      one object per training step (shared/metrics.py)
-samples.jsonl      with --record-samples: the sample ids of every step
-trained.jsonl      with --record-samples: what stoker's trainer received in each step, row by row
-                   (shared/batch.py row_identities), noted inside its step
-rejected.jsonl     one object per clip left out, with its reason
-live.json          the live figures, rewritten every second (watch, the auto-scaler)
-gpu.jsonl          GPU utilisation samples (NVML), when there is a GPU
-validation.json    the held-out clips' ids
-validation.jsonl   with --record-samples: the ids of every validation batch, by pass
-vocab.json         the text front-end's vocabulary, language and speaker tables
-mel_stats.json     each mel channel's mean and std over an epoch (after a whole epoch, or used
-                   by transforms.mel_norm: dataset)
-tb/                TensorBoard event files
-ckpt/              checkpoints (consumer/pipeline/checkpoint.py)
-slurm/             a Slurm job's hand-over (stoker/slurm.py), directory 0700: endpoint.json
-                   (the job id, the trainer's endpoint or its error) and keys/ (the job's
-                   CURVE keys)
-run.lock           while a run writes the directory: its owner (host, pid, start time), so
-                   that no second run or resume writes it at once (shared/runlock.py)
-=================  ====================================================================
-
-:func:`write_atomic` writes beside the target and renames over it, so a reader (``watch``,
-``diagnose``, a resume after a crash) sees the old file or the new one, never a part;
-:func:`replacing` is the same for a writer that needs a path of its own (TensorFlow's).
+Every name in ``RUN_DIR`` is a constant here (the README states them as a contract);
+:func:`write_atomic` and :func:`replacing` write beside the target and rename over it, and
+:class:`RunFileError` is a run file that cannot be written. What each file holds:
+docs/DESIGN.md, The run directory.
 """
 
 from __future__ import annotations

@@ -1,41 +1,9 @@
 """One owner per run directory: the lock file ``RUN_DIR/run.lock`` (shared/runfiles.py RUN_LOCK).
 
-``python run.py`` (a run and ``--resume``), ``stoker slurm``'s trainer task and
-``stoker.Feed`` take it before they write anything in the run directory and hold it until
-the run ends; a second run or resume of the same directory is refused with one line naming
-the owner (:class:`RunLocked`). The file holds the owner's host, pid, process start time,
-PID namespace and a random token (JSON).
-
-How a lock is taken: the owner's record is written whole to a file of its own, then
-hard-linked to the lock's name: ``link`` is atomic and fails when the name exists, on local
-filesystems and NFS alike, so a lock file is never seen empty or half written. Where the
-filesystem has no hard links, the file is created exclusively (``O_CREAT | O_EXCL``) and
-then written; an unreadable lock is honoured for LOCK_WRITE_S, the time such a write may
-take. Not ``fcntl``/``flock`` locks: on the network filesystems run
-directories live on (NFS, Lustre, GPFS) they depend on a lock daemon or a mount option,
-fail with ENOLCK/ENOSYS where those are missing, and an ``fcntl`` lock is released when
-any descriptor of the file in the process closes; an exclusive create is atomic on local
-filesystems and on NFS v3 and later, and leaves a file anyone can read to see who holds it.
-What it cannot do by itself is vanish with a dead owner, hence:
-
-- same host (its name and PID namespace: a container with the host's name but pids of its
-  own is another host): the lock is honoured while its pid runs and is the same process (its start
-  time, from psutil, equal to the one written); a pid gone, or reused by another process,
-  means the owner died (SIGKILL, a crash, a node reboot), and the lock is taken over with a
-  log line;
-- another host (pids mean nothing here): the owner refreshes the file's mtime every
-  LOCK_HEARTBEAT_S; a lock not refreshed for LOCK_STALE_S is stale and taken over.
-
-Taking over moves the stale file aside with an atomic rename, checks that what moved is the
-file judged stale (not a fresh lock another process made meanwhile, which is put back), and
-creates a new one exclusively: of two processes taking over at once one wins.
-
-Limits (what the filesystem allows): the heartbeat compares this host's clock with an mtime
-set by the file server (or the owner's host), so clocks apart by more than LOCK_STALE_S, or
-an owner frozen longer than that (SIGSTOP, a suspended job), let another host take the lock
-over; two hosts with one host name are taken for one (use distinct hostnames); a
-filesystem without exclusive create (NFS v2) gives no guarantee. The owner notices a lock
-taken from it at its next heartbeat and says so in the log.
+A run, a resume, Slurm's trainer task and ``stoker.Feed`` hold it while they write the
+directory; a second owner is refused (:class:`RunLocked`) and a dead owner's lock taken over.
+How a lock is taken and taken over, and its limits: docs/DESIGN.md, Checkpoints and resume,
+One owner per run directory.
 """
 
 from __future__ import annotations
@@ -149,7 +117,7 @@ def owner_gone(owner: LockOwner | None, age_s: float, host: str, pids: str = "",
 
 
 class RunLock:
-    """The lock of one run directory, held by this process (module docstring). Taken again in
+    """The lock of one run directory, held by this process (docs/DESIGN.md, One owner per run directory). Taken again in
     the process that holds it (the Slurm trainer task, then its launch), it is the same lock,
     released when the last taker releases it."""
 
@@ -234,7 +202,7 @@ class RunLock:
 
 
 def _create(path: Path, me: LockOwner) -> bool:
-    """Make the lock file holding ``me``, atomically and whole (module docstring): False when
+    """Make the lock file holding ``me``, atomically and whole (docs/DESIGN.md, One owner per run directory): False when
     it exists."""
     record = path.with_name(f"{path.name}.{me.token}.new")
     try:

@@ -1,67 +1,10 @@
 """Text front-ends: what a clip's text becomes before the model sees it, for any language.
 
-A front-end turns ``(text, language)`` into *units*, a string whose characters are the
-tokens (letters of any script, or IPA phoneme symbols), and reports every character it
-could not represent. The vocabulary (shared/vocab.py) maps units to ids; it is built when the
-index is built, from the front-end's whole inventory of the run's languages (:meth:`Frontend.inventory`),
-so that any sentence of a trained language can be said, and then travels with the run
-(``RUN_DIR/vocab.json`` and every checkpoint), so that ``--resume``, ``synth`` and ``export``
-use the run's ids, not whatever today's code and data would give.
-
-Front-ends (``text.frontend``, ``--text-frontend``)
----------------------------------------------------
-
-``characters`` (default)
-    The normalised text, one token per Unicode character (Persian, Arabic, Cyrillic,
-    CJK, accented Latin, ...). Its inventory is :data:`COMMON_CHARACTERS` (Latin letters,
-    digits, ASCII punctuation, space) and each language's alphabet (:attr:`Language.alphabet`),
-    as normalisation leaves them; a language without a listed alphabet (zh, ja, ko) adds only
-    the characters of its texts (logged).
-``phonemes``
-    The normalised text phonemized by espeak-ng (through ``phonemizer`` with the
-    library and data of the ``espeakng-loader`` wheel: no system package), one token
-    per IPA symbol, punctuation kept, stress marks kept, language-switch flags removed.
-    Its inventory is every symbol espeak-ng can write (:data:`ESPEAK_IPA`), the punctuation
-    kept and the space, for any language. Phonemizing is done once, in parallel, when the
-    index is built, and cached with it.
-``package.module:function``
-    The user's own tokenizer: ``function(text, language) -> sequence of int`` whose
-    vocabulary size is ``function.vocab_size`` (or the module's ``VOCAB_SIZE``). Ids are
-    used as returned (no EOS is added); id 0 is the padding value, so a tokenizer should
-    not use it for a real token. The index cache keys its ids by the module's ``__version__``
-    (or ``function.version``) and the hash of the module's source file: an edited tokenizer
-    tokenizes again (reloaded in a process that imported it before); the run's vocabulary
-    names the version only, so a run stays usable after an edit that keeps it.
-
-Normalisation (:func:`normalize`), in order
--------------------------------------------
-
-1. Unicode NFKC: compatibility forms become their plain letters (the ligature ``"ﬁ"``
-   becomes ``"fi"``, Arabic presentation forms their base letters, full-width Latin
-   plain Latin, ``"…"`` becomes ``"..."``); accents stay (``"café"`` keeps its ``é``).
-2. Per-language letters (:data:`LANGUAGES`): for ``fa`` the Arabic yeh and kaf (``ي``
-   ``ى`` ``ك``) become the Persian ``ی`` ``ک``, for ``ar`` the other way round; tatweel
-   (``ـ``) goes. The zero-width non-joiner (U+200C) is kept where the language writes
-   with it (``fa``: ``می‌روم`` is one word, not two) and becomes a space elsewhere.
-3. Typographic quotes and dashes become ASCII ``'`` ``"`` ``-``.
-4. Numbers (ASCII, Arabic-Indic and Persian digits, with a decimal point) are spelled
-   out in the clip's language by num2words where it knows the language
-   (``text.digits: spell``), else kept as digit symbols (``keep``), as are numbers of
-   more than 15 digits and any num2words cannot say. Never dropped.
-5. Case is folded (:meth:`str.casefold`) in scripts that have case.
-6. Whitespace runs become one space; both ends are stripped.
-
-Characters no front-end can represent are *lost*, and reported: control and format
-characters (other than the joiners a language keeps), private-use, unassigned and
-surrogate code points, and "other symbols" (emoji, dingbats, ``©``). With a vocabulary
-fixed by the run (``--resume``, ``synth``), a character the vocabulary lacks is lost too.
-The index counts lost characters per dataset and rejects a clip that loses more than
-``text.max_lost_frac`` of its characters (default 0: any loss).
-
-Token ids: 0 is ``<pad>`` (padding), 1 is ``<eos>`` (appended to every text), then the
-inventory in code-point order, then any other symbol of the texts in code-point order: the
-same ids for the same languages and settings, whatever the texts. This module does not
-import TensorFlow.
+A front-end (``characters``, ``phonemes`` or a user's ``package.module:function``) turns
+``(text, language)`` into units, whose characters are the tokens, and reports the characters
+it loses; :func:`normalize` is the normalisation the built-in ones apply first. The
+front-ends, the normalisation's steps, lost characters and the token ids: docs/DESIGN.md,
+Text front-ends. This module does not import TensorFlow.
 """
 
 from __future__ import annotations
@@ -207,7 +150,7 @@ _DIGITS = {**{chr(0x0660 + d): str(d) for d in range(10)}, **{chr(0x06F0 + d): s
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL_EN = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
-# Unicode general categories no front-end represents (see the module docstring).
+# Unicode general categories no front-end represents (docs/DESIGN.md, Text front-ends).
 _LOST_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cn", "Cs", "So"})
 # ASCII text: control characters other than whitespace are lost, whitespace is a space, ` is '.
 _ASCII_LOST = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")

@@ -1,15 +1,8 @@
 """The wire protocol between producers and the consumer: the framing and the typed messages.
 
-One message is a list of ZeroMQ frames, as in pyzmq's ``examples/serialization``:
-
-    frame 0      msgpack map, the header: {"v": PROTOCOL_VERSION, "k": kind, "a": arrays, ...fields}
-    frame 1..n   one raw buffer per array, C order, in the order of "a"
-
-``"a"`` is a list of ``[name, dtype, shape]`` triples. A receiver trusts nothing: the framing
-(:func:`decode`) and then the fields (:func:`parse`) are checked, and anything off raises
-:class:`ProtocolError` with a short reason the consumer counts; nothing is ever unpickled.
-Senders build a message and send ``msg.encode(arrays)``; receivers ``read(frames)``. The kinds
-(``[field]``: optional; an Entry is ``{id: str, [reason: str]}``; tests/shared/test_wire.py
+A message is a msgpack header frame and one raw frame per array; a receiver checks the framing
+(:func:`decode`) and the fields (:func:`parse`) and raises :class:`ProtocolError` on anything
+off. The kinds (``[field]``: optional; an Entry is ``{id: str, [reason: str]}``; a test
 checks the table against the classes, whose docstrings say what each field means):
 
     HELLO      P->C  producer: str, host: str, pid: int, config: ConfigSchema, [launcher: int],
@@ -33,8 +26,7 @@ checks the table against the classes, whose docstrings say what each field means
     BYE        P->C  [leases: [int]]
     STOP       C->P  reason: str
 
-
-docs/DESIGN.md (Protocol) has the checks, the joining and the versions.
+The framing, the checks, the joining and the versions: docs/DESIGN.md, Protocol.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """``--producers auto``: add local producers while the trainer starves, remove idle ones.
 
-The launcher reads the consumer's ``live.json`` (consumer/pipeline/telemetry.py) once per
-DECISION_INTERVAL_S and asks :class:`AutoScaler` for a decision. The evidence for each
-decision is logged.
-
-Rules, with hysteresis so the count does not oscillate:
-  add     the trainer waited more than ADD_WAIT_FRAC of its time in ADD_STREAK windows
-          in a row, the count is below the maximum, and the host has a free core; it
-          adds as many as the window's demand / rate says are needed (at least one)
-  remove  it waited less than REMOVE_WAIT_FRAC, the queue was nearly full and the
-          producers spent more than REMOVE_BLOCKED_FRAC of their time holding prepared
-          batches that waited for a credit, in REMOVE_STREAK windows in a row; and the
-          count stays above any count that was seen starving (never step back into
-          starvation)
-  wait    after every change, until each producer has delivered a batch and one full
-          window has passed (a new producer needs time to start)
+The launcher reads the consumer's ``live.json`` once per DECISION_INTERVAL_S and asks
+:class:`AutoScaler` for a decision, logged with its evidence. The rules and their hysteresis:
+docs/DESIGN.md, Seeing starvation.
 """
 
 from __future__ import annotations

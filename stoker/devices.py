@@ -1,27 +1,8 @@
 """Which GPU each process gets, decided before any TensorFlow is imported.
 
-The launcher never imports TensorFlow. It lists GPUs with ``nvidia-smi`` (or NVML when
-``nvidia-ml-py`` is installed), decides a :class:`DevicePlan`, and gives each child an
-environment in which ``CUDA_VISIBLE_DEVICES`` names exactly one GPU (or none), so the
-child's TensorFlow sees only its own device as ``/GPU:0``. Memory limits are applied
-inside the child by :func:`shared.tfsetup.configure_tensorflow`, the only place
-TensorFlow is imported for device setup.
-
-Modes:
-    cpu          no GPU found, or none requested while some flag was given: all on CPU
-    dual-gpu     producers on --data-gpu, trainer on --model-gpu (different indexes)
-    single-gpu   one GPU shared (only one exists, or both flags name the same index):
-                 memory is split between the trainer and the producers, and stated
-    mixed        one role on a GPU, the other on the CPU (only one flag given)
-With neither flag, stoker picks: GPU 0 for the trainer and GPU 1 (or 0, shared) for
-the producers when GPUs exist; CPU otherwise. With only one flag, the other role runs
-on CPU.
-
-Model replicas (``tf.distribute.MirroredStrategy`` in the trainer): ``--model-gpu 1,2,3``
-or ``--model-gpu all`` puts one replica on each GPU named, and the trainer's
-``CUDA_VISIBLE_DEVICES`` names them all; ``--replicas N`` alone picks the first N GPUs,
-and on a host without GPUs splits the CPU into N logical devices (shared/tfsetup.py).
-A memory limit applies to each model GPU alike, since every replica holds the same model.
+Lists the GPUs, decides a :class:`DevicePlan` (the mode, the model replicas, the memory
+split) and gives each child a ``CUDA_VISIBLE_DEVICES`` of its own (:func:`child_env`).
+The modes and the defaults: docs/DESIGN.md, Devices.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """The launcher: starts, pins, supervises and stops the local processes of a run.
 
-It never imports TensorFlow. Children are started with ``subprocess`` (a fresh
-interpreter, never a fork), each with its own environment from
-:func:`stoker.devices.child_env`, in a session of its own (so a terminal's Ctrl-C
-reaches the launcher only), and with a status pipe (shared/proc.py).
-
-Shutdown protocol (as PyTorch's DataLoader documents its own):
-  1. Stop signal. The trainer finishing ends the consumer, which sends STOP to every
-     producer. On Ctrl-C or SIGTERM the launcher sends SIGTERM to every child at once:
-     the consumer stops after its current step and writes summary.json; producers send
-     BYE with their leases and exit.
-  2. Drain and join with a timeout: the consumer gets CONSUMER_STOP_S, producers
-     PRODUCER_STOP_S after the consumer has gone.
-  3. Terminate: whatever is still running gets SIGTERM, then SIGKILL after KILL_AFTER_S.
-     If the consumer could not write summary.json, the launcher writes it from
-     metrics.jsonl. Total bound: under 10 s from the signal.
-
-Supervision: a local producer that exits with an error while the run goes on is
-reported with its error message and restarted, at most ``pipeline.producer_restarts``
-times each. One that stops with a user error (status 2: refused by the trainer, a bad
-key) is not restarted; ``run.py produce`` ends with that reason as its one error line.
+It never imports TensorFlow. Each child is a fresh interpreter (``subprocess``, never a fork)
+with its device environment, a session of its own and a status pipe; a crashed producer is
+restarted. Processes, supervision and the shutdown's steps and bounds: docs/DESIGN.md,
+Processes and Shutdown protocol.
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """Checkpoints and resume: model, optimizer, step and the input position, in ``RUN_DIR/ckpt/``.
 
-Layout: one directory per checkpoint, named by its step, the newest K kept
-(``trainer.keep_checkpoints``)::
-
-    ckpt/ckpt-000120/position.json                 step, input position, plan identity, model, vocabulary
-    ckpt/ckpt-000120/state.index                   tf.train.Checkpoint(**trainer.trackables, step=...): the
-                                                   model, its variables as a list (consumer/training/tts.restorable),
-                                                   the optimizer
-    ckpt/ckpt-000120/state.data-00000-of-00001     (only when the trainer has trackables)
-    ckpt/ckpt-000120/MANIFEST.json                 size and SHA-256 of every file above; written last
-
-A checkpoint is written into ``ckpt/.tmp-ckpt-000120-PID/`` (every file fsynced), then
-renamed to ``ckpt-000120`` in one step, so a directory named ``ckpt-N`` is always
-complete and the newest such directory is the latest checkpoint; a crash mid-save
-leaves only a ``.tmp-*`` directory, which resume ignores and the next save removes.
-On resume every file is checked against the manifest before anything else is read or
-written: a missing manifest, a missing file, a size or checksum mismatch is a
-:class:`CheckpointError` naming the file (one line for the user), and nothing in the
-run directory is changed.
-
-The TensorFlow part holds whatever the trainer's ``trackables()`` returns (a dict of
-name -> trackable, e.g. ``{"model": ..., "optimizer": ...}``: :class:`Checkpointed`)
-plus ``step``. Restoring uses ``tf.train.Checkpoint.read``, whose deferred restoration
-fills variables as they are created (Keras builds a model and its optimizer slots at
-the first step). A trainer without trackables (``synthetic:MS``) gets a checkpoint
-of the step and input position only, and TensorFlow is never imported.
-``tf.train.CheckpointManager`` is not used: it keeps its own state file beside the
-checkpoints and cannot make the input position and the model state one atomic unit,
-and the synthetic trainer has no TensorFlow to run it.
-
-The input position (consumer/pipeline/position.InputPosition, over the planner whose plans it
-follows) is saved as its ``state_dict()`` in ``position.json``: which planned batches of
-which epochs were trained, so a resume trains each of them once.
-
-Resume: the coordinator starts at the first open epoch, plans each epoch as before and
-leases only what is left (:meth:`InputPosition.remaining`): done planned batches are
-skipped, a partly trained one keeps its untrained samples, in its planned shape and
-place; complete epochs are skipped. So the plan is the same, only the remaining batches
-are trained, and nothing trained at the last checkpoint is trained again. Samples
-rejected before the checkpoint are not part of the position: they are tried again and
-rejected again. The plan identity (a SHA-256 over the batching config and every
-bucket's shape and sample ids) must match, or the plan would differ: resume refuses.
+A checkpoint is a directory ``ckpt-NNNNNN`` (position.json, the TensorFlow state of the
+trainer's trackables, MANIFEST.json), made whole in a temporary directory and renamed into
+place; a resume checks it against its manifest and its plan identity before anything changes
+(:class:`CheckpointError`). The files, the trainer interface and the resume rules:
+docs/DESIGN.md, Checkpoints and resume.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """The producers as peers: who has joined, under which name and on which connection, and
-who is presumed gone. A part of the scheduler (consumer/pipeline/scheduler.py), with no sockets.
+who is presumed gone. A part of the scheduler (consumer/pipeline/scheduler.py), with no sockets;
+dropping a peer calls the scheduler back (``on_drop``), which re-plans its leases.
 
-Joining: a producer's HELLO names its config schema and describes its dataset
-(shared/dataset/agreement.py). A producer of another protocol version (answered in its
-own: shared/wire.py), whose config schema lacks a key the trainer sends in WELCOME, or
-whose metadata file is not the trainer's (its SHA-256) is sent REFUSE with the reason, which
-both sides log (``refused_producers`` in summary.json). Its audio files are checked when it
-reads them: its leases carry their byte sizes on the trainer (``remote``), and a clip it
-misses (absent there, or of another size) is never leased to it again. A HELLO with the
-name, host and launcher pid of a live producer is that producer restarted: the old one is
-dropped at once. Otherwise several producers with one name (two hosts with one hostname)
-get ``#2``...
-
-Liveness: a peer is gone when it says BYE, reports a fatal ERROR, is silent for
-``heartbeat_timeout_s``, or its connection closes without BYE (its process died: the
-kernel closed the socket) and no new connection takes the same descriptor within
-DISCONNECT_GRACE_S. A heartbeat's ping is answered at once (pong), and the round trip the
-producer measured is kept (``rtt_ms`` in summary.json). A message from an identity that
-is not a peer (the trainer restarted, or declared it dead) is answered, at most once a
-second, with REFUSE ``rejoin``: the producer says HELLO again.
-
-Dropping a peer calls the scheduler back (``on_drop``), which re-plans its leases.
+Joining, refusals and liveness: docs/DESIGN.md, Protocol (Versions at joining) and Producers
+on other hosts (Dataset agreement, Liveness and reconnection).
 """
 
 from __future__ import annotations
@@ -105,7 +88,7 @@ class ProducerStats:
 
 
 class Peers:
-    """Membership and liveness (module docstring). ``send`` queues a message, ``count`` counts
+    """Membership and liveness (docs/DESIGN.md, Producers on other hosts). ``send`` queues a message, ``count`` counts
     a dropped one, ``welcome`` gives a peer's WELCOME, ``on_drop(peer, status)`` is the
     scheduler's, ``holds_credits(peer)`` whether it holds credited leases; ``lock`` guards the
     figures other threads read (``producers``, ``refusals``)."""

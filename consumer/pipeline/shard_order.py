@@ -1,28 +1,9 @@
-"""Epoch order for a dataset of tar shards (shared/dataset/shards.py): batches grouped by shard,
-so that a producer reads a few shards at a time, while the order is still shuffled. A Parquet
-dataset's (shared/dataset/parquet.py) are grouped alike by row group: each (file, row group) is a
-"shard" here, read once by the producer whose batch needs it.
+"""Epoch order for a dataset of tar shards or Parquet row groups: batches grouped by shard,
+so that a producer reads a few shards at a time, while the order is still shuffled.
 
-Each epoch (a pure function of the seed and the epoch, as every plan):
-
-1. the shards are put in a random order and cut into *windows* of ``batching.shard_window``
-   shards (the last may be smaller);
-2. within each bucket, its clips are shuffled, then ordered by their shard's window (a
-   stable sort: random within a window), and cut into batches of the bucket's rows;
-3. the batches are trained window by window, in a random order within each window (batches
-   of every bucket mixed), the windows in the shards' random order.
-
-So a batch holds the clips of the ``shard_window`` shards of its window (one more where a
-bucket's batch straddles two windows), the batches of one stretch of the epoch come from
-those few shards, which a producer keeps open (shared/dataset/storage.py), and from epoch to
-epoch the shards meet in other windows and other orders. The buckets, shapes, and the set of
-clips of every epoch are the plan's (consumer/pipeline/plan.py); only which clips share a batch
-and the batches' order differ, so every clip is still in exactly one batch per epoch.
-
-Mixing, measured by :func:`top_shard_share` (the mean share of a batch's clips that come from
-its most common shard): 1.0 would be a batch from one shard; a plan shuffled across every shard
-of a many-shard dataset is near 1 / (the rows); this order is about 1 / ``shard_window`` and
-above (docs/DESIGN.md gives the figures of the planner's unit test).
+A pure function of the seed and the epoch over the plan's buckets (consumer/pipeline/plan.py);
+:func:`top_shard_share` measures how well it mixes. The order and its figures:
+docs/DESIGN.md, Leases by shard.
 """
 
 from __future__ import annotations
@@ -98,7 +79,7 @@ def _in_name_order(codes: dict[str, int], numbers: np.ndarray) -> np.ndarray:
 def grouped_batches(buckets: Sequence[tuple[int, np.ndarray]], shards: np.ndarray, window: int,
                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The epoch's batches in training order from ``buckets`` as (rows, clips): (the clips
-    batch after batch, each batch's size, each batch's bucket position) (module docstring)."""
+    batch after batch, each batch's size, each batch's bucket position) (docs/DESIGN.md, Leases by shard)."""
     count = int(shards.max()) + 1
     rank = np.empty(count, np.int64)
     rank[rng.permutation(count)] = np.arange(count)

@@ -1,36 +1,9 @@
-"""Held-out validation clips: which ones, and their batches.
+"""Held-out validation clips: which ones, recorded where a resume finds them again.
 
-Who holds clips out: stoker's trainer when it has a loss to validate, and ``stoker.Feed``
-always, so that with the defaults (``trainer.val_clips: 4``) a feed holds 4 clips out;
-``trainer.val_clips: 0`` and no ``data.eval_file`` hold none out.
-
-Where ``data.eval_file`` names a second metadata file (``metadata_eval.csv`` beside
-``metadata_train.csv``, the layout of the first users' own trainer), its clips are the
-validation clips, indexed with the training set's vocabulary (a character the training
-text never had rejects its clip, counted like any other). Otherwise
-``trainer.val_clips`` clips (at most a tenth of the dataset, so a small dataset is not
-emptied) are held out of every epoch plan when the trainer has a loss to validate. The
-choice is a pure function of the sample ids and ``batching.seed`` (a hash order, computed
-over the index's columns in C), so another host holds out the same clips. The held-out ids
-are written to ``RUN_DIR/validation.json`` (:data:`VALIDATION`), and a resumed run holds out
-the ones recorded there (with the same settings), whichever stoker version chose them.
-
-Their batches are made through the producers, as training batches are, at each
-validation pass (consumer/pipeline/feed.py ``FeedCore.validation_pass``: ``feed.validation()`` of
-``stoker.Feed``, and stoker's own trainer every ``trainer.val_every_steps``). They are
-planned once (consumer/pipeline/plan.validation_batches: each clip in the smallest training bucket
-shape that holds it, so a model traced for the training shapes traces nothing new) and,
-at each pass, leased by the coordinator (docs/DESIGN.md, "Validation passes") with
-lease slots and credits of their own, into a queue of their own of
-:data:`VALIDATION_QUEUE_CAPACITY` batches (a feed stages them onto the model device like
-training batches). Every held-out clip is in exactly one batch per pass, also when a
-producer dies mid-pass; a pass is no training step: the step count, the input position,
-metrics.jsonl and samples.jsonl stay as they are (with ``--record-samples`` each
-validation batch's ids go to ``validation.jsonl``).
-
-So the validation loss is measured on exactly what training batches look like: the same
-reader, transforms, features, mel normalisation and collation, on the data device, with
-the clips of ``data.eval_file`` named in their leases (no producer indexes that file).
+:func:`hold_out` takes ``data.eval_file``'s clips, or ``trainer.val_clips`` clips in a hash
+order of the ids and the seed, out of the training set, and records them in
+``RUN_DIR/validation.json``; the producers make their batches at each validation pass. Who
+holds clips out, and the passes: docs/DESIGN.md, Leases and exactly-once, Validation passes.
 """
 
 from __future__ import annotations

@@ -1,72 +1,10 @@
 """Trainers the consumer can run: ``synthetic:MS`` and the Keras text-to-mel models.
 
-A trainer (the ``Trainer`` protocol) has these methods, which the consumer's training loop
-(consumer/training/main.py) calls:
-
-    stage(arrays) -> staged     host numpy arrays -> what step() takes (device tensors);
-                                runs in the stager thread while the previous step trains
-    step(staged) -> handle      one training step; returns a handle on its loss without
-                                waiting for the device (a tensor, or None)
-    resolve(handles) -> losses  the losses of those steps as floats: the one point where the
-                                loop syncs with the device, once per logging interval
-    health() -> Health          non-finite steps (skipped), read at the same point
-    stats() -> dict             figures for summary.json
-    trackables() -> dict|None   what a checkpoint holds to continue it (consumer/pipeline/checkpoint.py,
-                                Checkpointed); None: the step and input position only
-    received                    with ``record``: each step's rows as the step received them
-                                (shared/batch.py row_identities), for the loop to write to
-                                trained.jsonl and clear
-
-A trainer with a model (the ``ModelTrainer`` protocol, checked with ``isinstance``: the
-Keras trainer; the synthetic one has none) has these too, for tracing ahead, validation,
-TensorBoard and checkpoints:
-
-    prepare(shapes)             trace the step for every bucket shape, before the first batch
-    stage_one(arrays) -> staged a batch, whole, onto the first device (validation, prediction)
-    evaluate(batches) -> loss   the loss over staged validation batches, all their valid frames
-                                together (None without batches; its terms: evaluated_terms)
-    predict(arrays) -> outputs  the model's outputs on one batch (the validation image)
-    learning_rate() -> float    the optimizer's rate now
-    trackables() -> dict        the model, its weights and the optimizer
-    resolved_terms              each resolved step's loss terms (set by resolve)
-
-``synthetic:MS`` holds each step for MS milliseconds without using the CPU (it sleeps
-until a deadline, standing in for a GPU kernel), so a run measures the input pipeline
-alone. It does not import TensorFlow.
-
-``KerasTrainer`` trains a built-in preset (``tiny``, ``small``, ``base``: consumer/training/tts.py)
-or a user's model (``package.module:function``, contract in consumer/training/tts.py and
-docs/MODELS.md):
-
-- The step is two graphs. Forward and backward: one concrete ``tf.function`` per bucket
-  shape (B, L, T), traced when that shape first arrives; the plan has at most
-  ``batching.num_buckets`` shapes, so tracing is bounded, and a shape beyond them is
-  traced too, counted as a retrace and logged as a warning. The update (accumulate,
-  skip if non-finite, clip, Adam: consumer/training/optim.py, ``Update``): one graph
-  traced once, since gradients have the variables' shapes whatever the bucket (the
-  optimizer's many small ops made a per-bucket trace twice as slow).
-- XLA (``jit_compile``) on a GPU by default (``trainer.jit_compile``).
-- Mixed precision on a GPU by default (``trainer.precision: auto`` -> ``mixed_float16``
-  with dynamic loss scaling via Keras' LossScaleOptimizer); float32 on the CPU.
-- Model replicas (``devices.replicas`` > 1): ``tf.distribute.MirroredStrategy`` over the
-  devices the consumer was given (GPUs, or logical CPU devices). A planned batch is the
-  step's global batch; the stager splits its rows into one batch per replica, each copied
-  to its replica's device while the previous step runs. The forward/backward graph runs
-  on every replica (``strategy.run``); numerators, valid frames, term sums and gradients
-  are summed over the replicas, and the update graph applies them once to the mirrored
-  variables. The loss is still (sum of numerators) / (sum of valid frames) over the global
-  batch, so N replicas of B rows give the gradient of one batch of N x B rows.
-- Gradient accumulation over ``trainer.grad_accum`` batches: the gradient numerators
-  are summed and divided by the summed valid frames, which equals the gradient of those
-  batches as one (see consumer/training/tts.py, objective).
-- The loss of ``trainer.loss`` (consumer/training/tts.py, objective: stoker's masked mel terms and
-  the model's own, or the model's alone, or a user function's), each term's mean reported
-  with the step's loss in one fetch (``resolved_terms``).
-- Global-norm gradient clipping (``trainer.clip_norm``); ``trainer.optimizer`` Adam, AdamW
-  or the user's; a linear warm-up, then ``lr_decay`` (cosine over the run's budget, cosine
-  with restarts, Noam, constant: ``lr_at``; consumer/training/optim.py).
-- A step whose loss is NaN or inf is skipped inside the graph (no update, no
-  accumulation) and counted; the loop stops after ``trainer.max_bad_steps`` in a row.
+The ``Trainer`` protocol is what the training loop (consumer/training/main.py) calls and
+``ModelTrainer`` what a trainer with a model adds; ``synthetic:MS`` holds each step for MS ms
+without the CPU or TensorFlow, and ``KerasTrainer`` trains a preset (consumer/training/tts.py)
+or a user's model. The protocols and how the Keras step runs (graphs, replicas, precision,
+accumulation, the non-finite guard): docs/DESIGN.md, The trainer.
 """
 
 from __future__ import annotations
@@ -101,7 +39,7 @@ class Health:
 
 
 class Trainer(Checkpointed, Protocol):
-    """What the training loop asks of every trainer (module docstring), its checkpoints too."""
+    """What the training loop asks of every trainer (docs/DESIGN.md, The trainer), its checkpoints too."""
 
     name: str
     uses_tensorflow: bool
@@ -121,7 +59,7 @@ class Trainer(Checkpointed, Protocol):
 @runtime_checkable
 class ModelTrainer(Trainer, Protocol):
     """A trainer with a model, which the loop traces ahead, validates and draws in TensorBoard
-    (module docstring); ``isinstance(trainer, ModelTrainer)`` tells it from one without."""
+    (docs/DESIGN.md, The trainer); ``isinstance(trainer, ModelTrainer)`` tells it from one without."""
 
     resolved_terms: list[dict[str, float]]
     evaluated_terms: dict[str, float]
@@ -188,7 +126,7 @@ def choose_jit_compile(setting: bool | None, on_gpu: bool) -> bool:
 
 
 class KerasTrainer:
-    """A Keras text-to-mel model and its training step (module docstring); its optimizer, schedule
+    """A Keras text-to-mel model and its training step (docs/DESIGN.md, The trainer); its optimizer, schedule
     and update graph are consumer/training/optim.py's."""
 
     uses_tensorflow = True

@@ -1,51 +1,9 @@
-"""The text-to-mel acoustic model (presets ``tiny``, ``small``, ``base``), the loss, and
-the contract a user's own model (``--model package.module:function``) must keep.
+"""The text-to-mel acoustic model (presets ``tiny``, ``small``, ``base``), the loss
+(:func:`objective`), and the contract a user's own model (``--model package.module:function``)
+must keep.
 
-Inputs of every model: one training batch, the arrays declared in shared/batch.py
-(``SCHEMA``, with the dimension legend B batch, L tokens, T mel frames, F mel channels,
-and each array's padding). Of ``mel`` only its shape (T) is meant to be used: at
-synthesis it is all padding (a model may use it for teacher forcing).
-
-The model is called as ``model(inputs, training=...)`` with ``inputs`` a dict of those
-tensors, and returns either the predicted mel ``[B, T, F]`` or a dict with:
-
-    "mel"          [B, T, F]  the prediction (required)
-    "log_frames"   [B]        predicted log(number of frames), used by ``run.py synth``
-                              to choose T (optional: without it synth needs ``--frames``)
-    "loss"         scalar     an extra loss added to the total (optional)
-    "losses"       {name: scalar}  the model's own loss terms, each a mean (optional)
-    anything else             extra outputs (stop logits, attention maps): accepted, unused
-
-The loss (``objective``), per batch, with V = sum(mel_lengths) valid frames, depends on
-``trainer.loss``:
-
-    mel       stoker's terms and the model's own:
-              mel_l1   = sum(|pred - mel| * mask) / (V * F)
-              mel_l2   = sum((pred - mel)^2 * mask) / (V * F)        weight trainer.l2_weight
-              length   = sum_b mel_lengths_b * (log_frames_b - log(mel_lengths_b))^2 / V
-                                                                     weight trainer.length_loss_weight
-              loss     = mel_l1 + l2_weight * mel_l2 + length_weight * length + extra + sum(losses)
-    model     the model's own terms only: loss = extra + sum(losses) (a model returning none is
-              refused)
-    mod:fn    a user's function ``fn(batch, outputs)`` returning a scalar or {name: scalar}:
-              loss = its terms + extra + sum(losses)
-
-Every term is a sum over valid frames divided by V, so gradient accumulation over K
-micro-batches (sum the numerators' gradients, divide by the summed V) gives exactly the
-gradient of the K batches as one large batch. A model's or function's term is taken as a
-mean and weighted by V, i.e. over micro-batches it is averaged in proportion to their
-frames. Each term is logged (metrics.jsonl ``terms``, TensorBoard ``train/loss/NAME``).
-
-The built-in model (``TextToMel``): a transformer text encoder (token embedding,
-sinusoidal positions, pre-norm self-attention blocks with convolutional feed-forward),
-and a decoder whose queries, one per output frame, encode where in the text that frame
-is expected to be (frame / T_valid x L_valid, a monotonic prior) and where in the clip it
-is; each decoder block attends from frames to the text (padding masked) and applies a
-convolutional feed-forward along time. Attention learns the alignment from the mel
-loss alone: no external durations. A length head predicts log(frames) from the pooled
-text encoding (on a stopped gradient, so the mel loss alone shapes the encoder), which
-is what lets ``synth`` choose T. Frame self-attention is left out: its cost grows with
-T^2 and the convolutions give the decoder the local context it needs.
+The model, the loss's terms and the contract: docs/MODELS.md (The built-in model, The loss,
+Your own model: the contract); the batch a model reads: docs/DESIGN.md, Batches.
 """
 
 from __future__ import annotations
@@ -162,7 +120,7 @@ def _frame_queries(tf: Any, token_lengths: Any, mel_lengths: Any, frames: Any, d
 
 
 def build_model(preset: str, vocab_size: int, n_mels: int) -> Any:
-    """The built-in ``TextToMel`` Keras model of a preset (see the module docstring)."""
+    """The built-in ``TextToMel`` Keras model of a preset (docs/MODELS.md, The built-in model)."""
     import keras
     import tensorflow as tf
     from keras import layers
