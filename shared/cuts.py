@@ -1,36 +1,9 @@
 """lhotse CutSet manifests as a dataset layout (pure functions, no I/O; lhotse is not needed).
 
-``--data DIR/cuts.jsonl.gz`` (or ``cuts.jsonl``; any file name holding ``cuts`` and ending in
-``.jsonl`` or ``.jsonl.gz``, as lhotse and icefall name them: ``librispeech_cuts_train.jsonl.gz``)
-is read as one clip per cut, a line per cut as ``CutSet.to_file`` writes it (gzip or plain)::
-
-    {"id": "c1", "start": 0.5, "duration": 1.25, "supervisions": [{"text": "Hello.", "speaker": "al",
-     "language": "en", ...}], "recording": {"id": "r1", "sources": [{"type": "file", "source":
-     "wavs/r1.wav", ...}], "sampling_rate": 16000, "num_samples": 48000, "duration": 3.0}, "type": "MonoCut"}
-
-===================  ==================================================================
-``id``               the clip's id (a plain file name, as a manifest's ``id``)
-``start``            seconds into the recording where the cut begins
-``duration``         the cut's seconds: the clip's length as the index takes it (no audio read)
-``supervisions``     their ``text`` joined by spaces, in order of ``start``; the first one's
-                     ``speaker`` and ``language`` (each optional, as a manifest's)
-``recording``        its first source's ``source``, of type ``file`` (a path relative to the
-                     manifest's directory, or absolute) or ``url``; its ``duration``
-===================  ==================================================================
-
-A cut that is all of its recording reads the file as a manifest line's ``audio_filepath``
-would; a window of a longer recording is a clip whose audio is :func:`span_locator`'s
-``FILE#t=START,END`` (seconds, a W3C media fragment): a producer reads only those frames of
-the file (producer/audio.py). The recording's channels are averaged, as any file's are.
-
-Rejected, each naming the cut and its line: a line that is not a JSON object or not a cut with
-a recording (a MixedCut or PaddingCut, a recording whose source is not a file or URL); an id,
-start or duration that is not usable; a cut that ends beyond its recording's end (as the
-manifest gives it); a cut without a supervision with text; a duplicate id. A recording missing
-on a producer's host, or shorter there than the cut's end, is rejected when a producer reads it.
-
-A lhotse Shar shard's cuts file is read by the same parser (``parse_cuts(..., shar=True)``:
-shared/dataset/shar.py), its cuts' audio the members of the shard's recording tar.
+:func:`parse_cuts` reads a cut manifest (``cuts*.jsonl`` or ``.jsonl.gz``), or a Shar shard's cuts
+file (``shar=True``: shared/dataset/shar.py), as one clip per MonoCut; :func:`span_locator` names a
+window of a longer recording (``FILE#t=START,END``). The fields read, the windows and the
+rejections: docs/DESIGN.md, lhotse cut manifests.
 """
 
 from __future__ import annotations

@@ -1,43 +1,11 @@
 """WebDataset-style tar shards as a dataset: which shards ``--data`` names, their members
 grouped into clips, and each clip's locator.
 
-A shard is a ``.tar`` file whose members are grouped by key (the member's path up to the
-first ``.`` of its file name): ``KEY.flac`` (or any suffix of :data:`AUDIO_SUFFIXES`: any
-format libsndfile reads; the first in that order when a key has several) is the audio,
-``KEY.txt`` (UTF-8) or ``KEY.json`` the text. A JSON member is an object with ``text``
-(or ``normalized_text``), and optionally ``speaker``, ``language`` and ``duration``
-(seconds), as a JSON-lines manifest line (shared/layouts.py); a ``KEY.txt`` beside it
-gives the text when the JSON has none. The clip's id is the key's file name part.
-
-``--data`` names shards as: a directory holding ``*.tar`` files (and no metadata file);
-one ``.tar`` file; a brace pattern (``shards/train-{000..127}.tar``, WebDataset's
-notation, also ``{a,b}``) or a glob (``shards/*.tar``); or any of these as a URL
-(``s3://bucket/corpus/``, ``https://host/train-{000..009}.tar``), read through fsspec
-(shared/dataset/storage.py). The dataset's root is then the directory (for a URL, a
-directory of this host's cache that holds the index cache and feature cache), and its
-"metadata file" the pattern of shard names (``*.tar``), which is how the rest of the
-package knows it is a shard dataset (:func:`is_shards`).
-
-The shards are read as a JSON-lines manifest that this module makes from them
-(:meth:`ShardListing.manifest`: a line per clip with its id, text, speaker, language,
-duration when the JSON gives one, and ``audio_filepath`` its **locator**): the index,
-dataset agreement and producers take it as any manifest. A locator names the clip's bytes
-so that a reader can seek to them: ``SHARD#MEMBER@OFFSET+SIZE`` (the shard relative to the
-root, or a URL; the member's name; its data's offset and size in the shard), e.g.
-``train-003.tar#clips/a17.flac@1536+48211``. Reading a shard's listing reads its tar
-headers and its text members, not its audio; the index reads the audio headers from the
-member bytes (or takes the JSON's duration, reading nothing: a clip whose real length
-disagrees is rejected when a producer reads it).
-
-Parquet files are named and listed the same way (``*.parquet``: their rows, shared/dataset/parquet.py,
-which :func:`read_shards` walks instead of a tar's members; their rows' locators are
-shared/parquet_layout.py's). So are lhotse Shar directories (``recording*.tar``: each recording
-tar walked here, its members matched to the cuts file beside it by shared/dataset/shar.py).
-
-Every member that cannot be used is a :class:`Rejection` naming the shard and the member:
-audio without text or text without audio, a duplicate id, a member the shard ends before
-(a truncated shard), a JSON that is not an object; an unreadable tar header ends that
-shard's listing with one rejection naming the shard and the byte.
+:func:`read_shards` walks the shards' tar headers and text members (a Parquet file's rows and a
+Shar shard's recording tar alike) into a :class:`ShardListing`, read as a JSON-lines manifest
+whose audio is each member's locator ``SHARD#MEMBER@OFFSET+SIZE``. The members, the names
+``--data`` takes, the listing's cache and the rejections: docs/DESIGN.md, Tar shards and object
+stores.
 """
 
 from __future__ import annotations
@@ -142,7 +110,8 @@ class Locator:
 
 
 def shard_source(path: str, metadata_file: str) -> tuple[Path, str] | None:
-    """(root, shard pattern) when ``--data`` names shards (module docstring), else None.
+    """(root, shard pattern) when ``--data`` names shards (docs/DESIGN.md, Tar shards and object
+    stores), else None.
 
     ``metadata_file``: the configured metadata file; a directory that holds it is not a shard
     directory."""
@@ -300,7 +269,8 @@ _LISTINGS: dict[tuple[str, str], tuple[tuple[Shard, ...], ShardListing]] = {}  #
 
 
 def read_shards(root: Path, pattern: str) -> ShardListing:
-    """The listing of the shards ``pattern`` names below ``root`` (module docstring). It is kept
+    """The listing of the shards ``pattern`` names below ``root`` (docs/DESIGN.md, Tar shards and
+    object stores). It is kept
     beside the index cache (``DATASET/.stoker/shards-*.msgpack``, else the user cache dir),
     keyed on every shard's name, size and stamp, so that only a changed set of shards is
     walked again; and in this process, which asks for the manifest and the audio in turn."""

@@ -1,20 +1,10 @@
 """Bytes of a dataset's files, on this host's file system or at an fsspec URL (``s3://``,
-``gs://``, ``http(s)://``, any protocol fsspec knows and whose package is installed:
-``s3fs`` for S3, the ``s3`` extra).
+``gs://``, ``http(s)://``; s3fs for S3, the ``s3`` extra).
 
-Object stores: a file is opened with fsspec's ``readahead`` cache of
-:data:`READ_AHEAD_BYTES` (a bounded read-ahead: consecutive reads of a tar shard's
-members are served from one ranged request; a manifest or a loose audio file is read
-whole, :func:`read_url`), and a read that fails in transit (a connection dropped
-mid-body, a timeout) is retried on a fresh handle up to
-:data:`READ_RETRIES` times, each retry counted in :data:`COUNTS` (the producer reports
-them with its batches; summary.json's ``read_retries`` per producer). s3fs's own retries
-are turned off so that every retry is one this module makes and counts. Credentials come
-from where the protocol's library looks (for S3: ``AWS_ACCESS_KEY_ID`` /
-``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and ``~/.aws``, an instance role;
-``AWS_ENDPOINT_URL`` names an S3-compatible server); they are never logged, and a URL
-shown in a log line or an error has its ``user:password@`` part and its query (a presigned
-URL's signature) removed (:func:`shown`).
+:class:`Reader` keeps a few shards open and reads members from them; a read at a URL goes
+through a bounded read-ahead and is retried on a fresh handle when it fails in transit, each
+retry counted in :data:`COUNTS`; :func:`shown` is a URL as a log may show it. The read-ahead,
+the retries, credentials and stamps: docs/DESIGN.md, Tar shards and object stores.
 """
 
 from __future__ import annotations
@@ -97,7 +87,7 @@ def url_fs(url: str) -> tuple[Any, str]:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:
         raise StorageError(f"cannot read {shown(url)}: {exc}") from None
-    if hasattr(fs, "retries"):  # s3fs: this module retries, and counts (module docstring)
+    if hasattr(fs, "retries"):  # s3fs: this module retries, and counts (docs/DESIGN.md, Tar shards)
         fs.retries = 1
     return fs, path
 
@@ -122,7 +112,8 @@ def transit_errors() -> tuple[type[BaseException], ...]:
 
 class RetryingFile(io.RawIOBase):
     """A file at a URL, read through fsspec with the bounded read-ahead; a read failing in
-    transit is retried from the same position on a fresh handle (module docstring).
+    transit is retried from the same position on a fresh handle (docs/DESIGN.md, Tar shards and
+    object stores).
     ``block_size``: the read-ahead; a reader of a few header bytes asks for little more."""
 
     def __init__(self, url: str, block_size: int = READ_AHEAD_BYTES) -> None:
