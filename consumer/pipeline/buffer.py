@@ -44,6 +44,7 @@ class QueuedBatch:
     frames_computed: int = 0  # frames the step computes: B x T, padding included
     staged: bool = False
     clips: list[int] | None = None  # the ids' rows in the planner's table (None: a validation batch, or unknown)
+    slot: int = -1  # its shared-memory slot (consumer/pipeline/handoff.py); -1: none, or released
 
 
 class BatchQueue:

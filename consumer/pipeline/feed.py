@@ -66,19 +66,16 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from . import validation
 from .buffer import BatchQueue, QueuedBatch
 from .checkpoint import RunCheckpoints, trim_step_log
-from .coordinator import Coordinator
+from .handoff import CoordinatorProcess
 from .handout import Confirmed, HandOutLedger
-from .plan import (EpochPlanner, InputPosition, PlannedBatch, PositionError, ReferenceTable,
-                                  TokenTable, check_message_size, validation_batches)
+from .plan import EpochPlanner, InputPosition, PlannedBatch, PositionError, check_message_size, validation_batches
 from .progress import LiveLine
-from .scheduler import ValidationSet
 from .telemetry import Telemetry
 from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared import config as config_mod
 from ...shared.cluster import Cluster, from_env, worker_dir_name
-from ...shared.dataset import DatasetIndex, Reference, Sample, build_index, feature_cache_dir, mel_stats_file
+from ...shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir, mel_stats_file
 from ...shared.errors import UserError
-from ...shared.keys import load_server_keys
 from ...shared.layouts import Rejection
 from ...shared.melstats import MelStats, load, stats_key
 from ...shared.metrics import JsonlWriter, read_jsonl, summarize
@@ -100,8 +97,6 @@ ALL_FAILED_CLIPS = 32
 REASON_CHARS = 300
 # The start of a rejection reason naming the user transform (or declared field) that failed it.
 TRANSFORM_FAILURE = re.compile(r"(?:transform|producer model) (field \S+|[\w.]+:\w+)")
-# After training, give the coordinator this long to send STOP and close.
-COORDINATOR_JOIN_S = 3.0
 # The format of a feed's state_dict(); a newer one is refused, not guessed at.
 FEED_STATE_FORMAT = 1
 
@@ -267,36 +262,19 @@ class FeedCore:
         # a batch or two, so the step count is only the plan's expectation (for progress lines).
         self.total_steps = None if self.epochs else cfg.trainer.steps
         self.expected_steps = self.epochs * planner.batches_per_epoch if self.epochs else cfg.trainer.steps
-        keys = load_server_keys(Path(cfg.pipeline.keys)) if cfg.pipeline.keys else None
         self.queue = BatchQueue(cfg.pipeline.buffer_size)
         self.val_queue = BatchQueue(VALIDATION_QUEUE_CAPACITY)
         resumed = self.checkpoints.resumed is not None or state is not None
-        self.coordinator = Coordinator(
-            cfg, planner, self.queue, self.stop, max_epochs=cfg.trainer.epochs,
-            on_rejected=self._record_rejections,
-            dataset=Reference.of(index),
-            keys=keys, resume=self.position.copy() if resumed else None,
-            tokens=TokenTable(prepared.train_samples, self.vocabulary),
-            references=(ReferenceTable(prepared.train_samples, cfg.batching.seed)
-                        if "ref_mel" in config_mod.batch_schema(cfg).names else None),
-            mel_norm=self.mel_norm, validation=self._validation_set())
-        self.queue.on_free = self.val_queue.on_free = self.coordinator.notify_free
+        # The coordinator, in a process of its own, bound once this returns (consumer/pipeline/handoff.py).
+        self.coordinator = CoordinatorProcess(prepared, self.queue, self.val_queue, self.stop,
+                                              self._record_rejections, self.position.copy() if resumed else None,
+                                              self.mel_norm)
         self.telemetry = Telemetry(self.run_dir, self.queue.capacity, self.expected_steps,
                                    lambda: self.coordinator.snapshot()["producers"], cfg.run.metrics_port)
         self.live = LiveLine()
-        self.endpoint = self.coordinator.bind(cfg.pipeline.bind)
-        self.coordinator.start()
+        self.endpoint = self.coordinator.endpoint
         self.opened = True  # until close()
         log.info("consumer listening on %s", self.endpoint)
-
-    def _validation_set(self) -> ValidationSet:
-        """The held-out clips as the coordinator leases them: their batches, queue, tokens and
-        references (among themselves, the same at every pass)."""
-        held = self.val_samples
-        refs = "ref_mel" in config_mod.batch_schema(self.cfg).names
-        return ValidationSet(self.val_batches, self.val_queue, TokenTable(held, self.vocabulary),
-                             ReferenceTable(held, self.cfg.batching.seed) if refs and held else None,
-                             texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held if s.audio})
 
     def _resume_checkpoint(self) -> None:
         """Continue from the run directory's latest checkpoint: check it, cut the step logs back
@@ -513,6 +491,7 @@ class FeedCore:
             done = self.ledger.confirm(ended)
             if done is None:
                 return False
+            self.coordinator.release(done.item)  # its memory may be written again: the step is done
             self._record_step(done, ended, handle)
         return True
 
@@ -604,6 +583,7 @@ class FeedCore:
             # A later epoch's batches wait in the queue; the coordinator keeps a slot free for this one's.
             got = self.queue.get(WAIT_SLICE_S, want, up_to_epoch=epoch)
             if got is not None:
+                self.coordinator.taken(got[0])
                 return got
             if self.epochs or epoch is not None:
                 with self._lock:
@@ -611,6 +591,8 @@ class FeedCore:
                 if self.handed_all(epoch):
                     return None
             last_warn = self._waiting(asked, last_warn, "no batch for")
+        if self.coordinator.failure is not None:  # it stopped the run: its one line, to the loop
+            raise self.coordinator.failure
         return None
 
     def _next_position(self) -> tuple[int, int] | None:
@@ -682,6 +664,7 @@ class FeedCore:
                 if got is None:
                     last_warn = self._waiting(asked, last_warn, "no validation batch for")
                     continue
+                self.coordinator.taken(got[0])
                 item = got[0]
                 if item.epoch != -number:
                     continue  # of a pass left before its end
@@ -762,8 +745,7 @@ class FeedCore:
                      "them, a resume trains them", len(self.ledger.unconfirmed))
         self.file_step(lambda: self.flush(resolve, check=False))
         self.stop.set()
-        self.coordinator.join(COORDINATOR_JOIN_S)
-        self.coordinator.close_notifier()
+        self.coordinator.close()
         self.queue.close()
         self.val_queue.close()
         self.live.close()
