@@ -4,7 +4,7 @@ trainer's interpreter (``python -m stoker.consumer.pipeline.coordproc DIR PARENT
 The trainer process (consumer/pipeline/handoff.py) writes DIR/start (the run's config, the
 training and held-out clips' columns, the input position) and spawns this process, which
 binds the ROUTER socket and runs the :class:`~.coordinator.Coordinator` loop in its main
-thread. Delivered batches go into the slots of DIR/slots (consumer/pipeline/slots.py); the
+thread. Delivered batches go into the slots of a shared file (consumer/pipeline/slots.py); the
 trainer process gets a descriptor per batch. The protocol (messages both ways, slots,
 credits, shutdown, errors) is in docs/DESIGN.md, "The coordinator process".
 """
@@ -46,11 +46,11 @@ START, SLOTS, DOWN, UP = "start", "slots", "down.ipc", "up.ipc"
 # Messages to the trainer process (msgpack maps with "kind").
 READY, ERROR, BATCH, REJECTED, STATE, BYE = "ready", "error", "batch", "rejected", "state", "bye"
 # The trainer process's messages in (bytes): a batch taken from its queue, a slot it no longer
-# reads, stop; and the coordinator's own wake-ups (validation passes).
-TAKE, RELEASE, STOP = b"take:", b"release:", b"stop"
+# reads, stop, hello (it is connected); and the coordinator's own wake-ups (validation passes).
+TAKE, RELEASE, STOP, HELLO = b"take:", b"release:", b"stop", b"hello"
 # The figures the trainer reads (producers, rejected messages, ...) are sent at most this often.
 SNAPSHOT_EVERY_S = 0.5
-# Epochs whose rejected counts are sent, after the last one a batch was delivered for.
+# Epochs whose rejected counts are sent, after the last one with a batch delivered or a clip rejected.
 EPOCHS_AHEAD = 2
 
 
@@ -109,6 +109,7 @@ class ChildCoordinator(Coordinator):
     def __init__(self, directory: Path, up: zmq.Socket, parent_pid: int, stop: threading.Event,
                  make: Callable[["ChildCoordinator"], dict[str, Any]]) -> None:
         self.up = up
+        self.directory = directory
         self.parent_pid = parent_pid
         self._outbox: list[dict[str, Any]] = []
         self._sent: dict[str, Any] = {}
@@ -119,8 +120,12 @@ class ChildCoordinator(Coordinator):
         self._wake_addr = f"ipc://{directory / DOWN}"
 
     def send(self, message: dict[str, Any]) -> None:
-        """A message to the trainer process, now."""
-        self.up.send(msgpack.packb(message, use_bin_type=True))
+        """A message to the trainer process, now (dropped if it has been gone for a while: its
+        queue full; the loop stops at its next look at the parent)."""
+        try:
+            self.up.send(msgpack.packb(message, use_bin_type=True))
+        except zmq.Again:
+            log.debug("the trainer process does not take %s", message["kind"])
 
     def defer(self, message: dict[str, Any]) -> None:
         """A batch's descriptor, sent after the event that delivered it (:meth:`_flush`)."""
@@ -128,10 +133,14 @@ class ChildCoordinator(Coordinator):
         self._outbox.append(message)
 
     def _epochs(self) -> dict[int, int]:
+        """The rejected counts (not zero) of the epochs being leased: a few either side of the last
+        with a batch delivered or a clip rejected (the window moves with them)."""
         first = self.scheduler.resume.first_open() if self.scheduler.resume is not None else 0
-        last = self.scheduler.max_epochs if self.scheduler.max_epochs else self._last_epoch + EPOCHS_AHEAD
-        counts = {e: self.scheduler.rejected_in_epoch(e) for e in range(first, last + 1)}
-        return {e: n for e, n in counts.items() if n}
+        first = max(first, self._last_epoch - EPOCHS_AHEAD)  # an epoch's count moves no more once it is behind
+        counts = {e: self.scheduler.rejected_in_epoch(e) for e in range(first, self._last_epoch + EPOCHS_AHEAD + 1)}
+        counts = {e: n for e, n in counts.items() if n}
+        self._last_epoch = max(self._last_epoch, *counts) if counts else self._last_epoch
+        return counts
 
     def _on_rejected(self, rejections: list[Rejection]) -> None:
         """Rejections go before the batch of the same event, with the epochs' counts."""
@@ -145,6 +154,9 @@ class ChildCoordinator(Coordinator):
                     (queue.taken if token.startswith(TAKE) else queue.release)(slot)
         elif token == STOP:
             self.stop.set()
+        elif token == HELLO:  # both ends connected: nothing is left for a crash to leave behind
+            (self.directory / DOWN).unlink(missing_ok=True)
+            shutil.rmtree(self.directory, ignore_errors=True)
         else:
             super()._on_wake(token, now)
 
@@ -186,7 +198,7 @@ def _parts(directory: Path, coordinator: ChildCoordinator) -> dict[str, Any]:
         raise RuntimeError("the coordinator process planned other epochs than the trainer process")
     vocab = load_vocabulary(Path(head["vocabulary"]))
     slots = head["slots"]
-    file = SlotFile(directory / SLOTS, slots["count"], slots["size"])
+    file = SlotFile(Path(slots["path"]), slots["count"], slots["size"])
     capacity = cfg.pipeline.buffer_size
     train_queue = SlotQueue(capacity, list(range(capacity + slots["hold"])), slots["hold"], file, "train",
                             coordinator.defer)
@@ -214,6 +226,7 @@ def run(directory: Path, parent_pid: int) -> int:
     ctx = zmq.Context.instance()
     up = ctx.socket(zmq.PUSH)
     up.linger = 1000
+    up.sndtimeo = 1000
     up.connect(f"ipc://{directory / UP}")
     coordinator: ChildCoordinator | None = None
     try:

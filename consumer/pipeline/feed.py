@@ -111,14 +111,14 @@ class FeedCore:
         self.expected_steps = self.epochs * planner.batches_per_epoch if self.epochs else cfg.trainer.steps
         self.queue = BatchQueue(cfg.pipeline.buffer_size)
         self.val_queue = BatchQueue(VALIDATION_QUEUE_CAPACITY)
+        self.telemetry = Telemetry(self.run_dir, self.queue.capacity, self.expected_steps,
+                                   lambda: self.coordinator.snapshot()["producers"], cfg.run.metrics_port)
+        self.live = LiveLine()
         resumed = self.checkpoints.resumed is not None or state is not None
         # The coordinator, in a process of its own, bound once this returns (consumer/pipeline/handoff.py).
         self.coordinator = CoordinatorProcess(prepared, self.queue, self.val_queue, self.stop,
                                               self._record_rejections, self.position.copy() if resumed else None,
                                               self.mel_norm)
-        self.telemetry = Telemetry(self.run_dir, self.queue.capacity, self.expected_steps,
-                                   lambda: self.coordinator.snapshot()["producers"], cfg.run.metrics_port)
-        self.live = LiveLine()
         self.passes = ValidationPasses(self.val_batches, self.val_queue, self.coordinator, self.stop,
                                        self.logs.validation, self._waiting, WAIT_SLICE_S)
         self.endpoint = self.coordinator.endpoint

@@ -42,7 +42,7 @@ from ...shared.runfiles import VOCAB
 
 log = logging.getLogger("consumer.coordinator")
 
-# Where the slots live: memory, not a disk (the system's temporary directory where there is none).
+# Where the slots live: memory, not a disk (the system's temporary directory where it has no room).
 SHM_DIR = Path("/dev/shm")
 # The coordinator process reads the start file, plans and binds within this (a large index's columns).
 START_TIMEOUT_S = 300.0
@@ -113,7 +113,7 @@ class CoordinatorProcess:
         self._bye = threading.Event()
         self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.dir = Path(tempfile.mkdtemp(prefix="stoker-coordinator-", dir=SHM_DIR if SHM_DIR.is_dir() else None))
+        self.dir = Path(tempfile.mkdtemp(prefix="stoker-coordinator-"))
         self.ctx = zmq.Context.instance()
         self._up = self.ctx.socket(zmq.PULL)
         self._up.linger = 0
@@ -133,22 +133,37 @@ class CoordinatorProcess:
         slots = {"count": 2 * capacity + 1 + VALIDATION_QUEUE_CAPACITY, "hold": hold,
                  "val": VALIDATION_QUEUE_CAPACITY, "size": slot_bytes(prepared.cfg, shapes)}
         started = time.monotonic()
-        write_start(self.dir / proto.START, prepared, position, mel_norm, slots)
-        self.slots = SlotFile(self.dir / proto.SLOTS, slots["count"], slots["size"], create=True)
+        self.slots = self._slot_file(slots)
+        write_start(self.dir / proto.START, prepared, position, mel_norm, {**slots, "path": str(self.slots.path)})
         self._up.bind(f"ipc://{self.dir / proto.UP}")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", f"{PACKAGE}.coordproc", str(self.dir), str(os.getpid())],
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True, stdin=subprocess.DEVNULL)
         ready = self._wait_ready()
         self.endpoint = ready["endpoint"]
-        for name in (proto.START, proto.SLOTS):  # both mapped now: nothing is left behind on a crash
-            (self.dir / name).unlink(missing_ok=True)
+        # Both files mapped, the child connected: nothing is left behind on a crash (the child
+        # removes the directory when it hears from this end).
+        for path in (self.dir / proto.START, self.slots.path, self.dir / proto.UP):
+            path.unlink(missing_ok=True)
         self._down.connect(f"ipc://{self.dir / proto.DOWN}")
+        self._tell(proto.HELLO)
         log.info("coordinator process %d ready in %.2f s (%d slots of %.1f MB in shared memory)", self.proc.pid,
                  time.monotonic() - started, slots["count"], slots["size"] / 2**20)
         self._thread = threading.Thread(target=self._receive, name="coordinator-receiver", daemon=True)
         self._thread.start()
+
+    def _slot_file(self, slots: dict[str, int]) -> SlotFile:
+        """The slots, in memory (/dev/shm); where it has no room for them (a container's 64 MB), in
+        the system's temporary directory (a file in the page cache), said once."""
+        count, size = slots["count"], slots["size"]
+        if SHM_DIR.is_dir():
+            try:
+                return SlotFile(SHM_DIR / f"{self.dir.name}-{proto.SLOTS}", count, size, create=True)
+            except OSError as exc:
+                log.warning("no room for the batch slots (%d MB) in %s (%s); they are in %s", count * size >> 20,
+                            SHM_DIR, exc.strerror or exc, self.dir)
+        return SlotFile(self.dir / proto.SLOTS, count, size, create=True)
 
     def _wait_ready(self) -> dict[str, Any]:
         """The coordinator process's first message: ready, or its start failure raised here."""
@@ -183,7 +198,13 @@ class CoordinatorProcess:
         assert self.proc is not None
         while not self._bye.is_set():
             if self._up.poll(RECEIVE_SLICE_MS):
-                self._on_message(msgpack.unpackb(self._up.recv(), raw=False, strict_map_key=False))
+                try:
+                    self._on_message(msgpack.unpackb(self._up.recv(), raw=False, strict_map_key=False))
+                except Exception as exc:  # rejected.jsonl on a full disk: it ends the run, the goodbye still comes
+                    if self.failure is None:
+                        self.failure = exc
+                        log.error("taking the coordinator process's message failed: %s", exc)
+                    self.stop.set()
             elif self.proc.poll() is not None:
                 if not self._bye.is_set() and self.failure is None:
                     self.failure = CoordinatorGone(f"the coordinator process (pid {self.proc.pid}) ended "
@@ -197,11 +218,11 @@ class CoordinatorProcess:
         if kind == proto.BATCH:
             self._on_batch(message)
         elif kind == proto.REJECTED:
-            self._epochs = {int(e): n for e, n in message["epochs"].items()}
+            self._epochs.update({int(e): n for e, n in message["epochs"].items()})
             self.on_rejected([Rejection(**row) for row in message["rows"]])
         elif kind == proto.STATE:
             self._alive, self._validation_finished = message["alive"], message["validation_finished"]
-            self._epochs = {int(e): n for e, n in message["epochs"].items()}
+            self._epochs.update({int(e): n for e, n in message["epochs"].items()})  # counts only grow
             self._snapshot = message.get("snapshot", self._snapshot)
         elif kind == proto.ERROR:
             self.failure = self._error(message)
@@ -292,6 +313,8 @@ class CoordinatorProcess:
         self._up.close()
         self._down.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if hasattr(self, "slots"):
+            self.slots.path.unlink(missing_ok=True)  # a start that failed before the child mapped it
 
 
 __all__ = ["CoordinatorError", "CoordinatorGone", "CoordinatorProcess", "write_start"]

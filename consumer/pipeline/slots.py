@@ -1,7 +1,7 @@
 """Batches in shared memory, between the coordinator process and the trainer process.
 
-One file on /dev/shm, mapped by both, holds ``count`` slots of ``size`` bytes, a slot sized
-for the plan's largest batch. The coordinator process copies a received batch's arrays into
+One file, mapped by both (on /dev/shm, or where there is no room there in the system's temporary
+directory), holds ``count`` slots of ``size`` bytes, a slot sized for the plan's largest batch. The coordinator process copies a received batch's arrays into
 a free slot (:meth:`SlotFile.write`) and sends the trainer process a small descriptor (the
 slot and each array's name, dtype, shape and offset); the trainer process reads the batch
 as read-only numpy views of the slot (:meth:`SlotFile.views`). Who owns which slot, and when
@@ -46,8 +46,12 @@ class SlotFile:
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
-            if create:
-                os.ftruncate(fd, count * size)
+            if create:  # the memory itself, now: a full /dev/shm is an OSError here, not a SIGBUS at a write
+                try:
+                    os.posix_fallocate(fd, 0, count * size)
+                except OSError:
+                    path.unlink()
+                    raise
             self._map = mmap.mmap(fd, count * size)
         finally:
             os.close(fd)

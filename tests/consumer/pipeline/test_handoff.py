@@ -142,7 +142,7 @@ def test_the_coordinator_process_binds_reports_its_endpoint_and_exits_when_the_c
     finally:
         core.close()
     assert child.wait(10) == 0
-    assert not core.coordinator.dir.exists()  # its slots and sockets are gone
+    assert not core.coordinator.dir.exists() and not core.coordinator.slots.path.exists()  # slots, sockets gone
 
 
 def test_the_coordinator_process_ends_when_its_trainer_process_is_killed(tmp_path) -> None:
@@ -170,3 +170,32 @@ def test_the_coordinator_process_ends_when_its_trainer_process_is_killed(tmp_pat
         trainer.kill()
         trainer.wait()
         trainer.stdout.close()
+
+
+def test_batches_the_loop_holds_are_not_written_over_while_the_queue_fills_and_credits_resume_when_let_go(
+        tmp_path) -> None:
+    import stoker
+    from tests.procs import free_port
+
+    make_dataset(tmp_path / "data", count=24)
+    with stoker.Feed(data=str(tmp_path / "data"), producers=1, batch_size=4, epochs=3, framework="numpy",
+                     run_dir=str(tmp_path / "run"), bind=f"tcp://127.0.0.1:{free_port()}", model_start_delay=0.0,
+                     log_level="WARNING", set={"trainer.val_clips": 0}) as feed:
+        core = feed.start()._core
+        capacity = core.queue.capacity
+        batches = core.batches(confirm_on_request=False)  # taken ahead, as tf.data's prefetch takes them
+        held = [next(batches) for _ in range(capacity + 1)]  # the slots the trainer may keep beyond a full queue
+        # The producer fills the queue meanwhile, into other slots; the loop takes those too.
+        assert core.queue.wait_for_depth(capacity, 60) == capacity
+        held += [next(batches) for _ in range(capacity)]
+        copies = [{name: array.copy() for name, array in item.arrays.items()} for item in held]
+        assert len({item.slot for item in held}) == len(held)
+        # Every slot is held: no credit, so no batch comes to be written over one the loop holds.
+        assert core.queue.wait_for_depth(1, 3.0) == 0
+        for item, copy in zip(held, copies):
+            for name, array in copy.items():
+                np.testing.assert_array_equal(item.arrays[name], array)
+        for _ in held:
+            assert core.step_done()  # each step confirmed: its slot let go
+        after = [next(batches) for _ in range(capacity)]  # credits flow into the let-go slots
+        assert len({(item.epoch, item.index) for item in held + after}) == len(held + after)  # each planned batch once
