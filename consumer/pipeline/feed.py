@@ -90,8 +90,7 @@ class FeedCore:
         # run; and whether summary.json could not be written either (close).
         self.file_error: RunFileError | None = None
         self.summary_error: RunFileError | None = None
-        self.ledger = HandOutLedger()  # handed out, held back, confirmed
-        self.warmed = False
+        self.ledger, self.warmed = HandOutLedger(), False  # handed out, held back, confirmed; warm-up done
         # Batches are handed out in one thread (tf.data's, under fit) and confirmed in another.
         self._lock = threading.Lock()
         if prepared.resume or state is not None:
@@ -189,10 +188,12 @@ class FeedCore:
             return epoch in self.handed.complete or (self.epochs is not None and epoch >= self.epochs)
         return self.total_steps is None and len(self.handed.complete) >= (self.epochs or 0)
 
-    def _update_epochs(self) -> None:
-        """Mark epochs whose every sample was trained (handed out) or rejected while the run went on."""
-        self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
-        self.handed.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+    def _update_epochs(self, trained: bool = True, handed: bool = True) -> None:
+        """Mark epochs whose every sample was trained (handed out) or rejected; a step moves one of the two."""
+        if trained:
+            self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+        if handed:
+            self.handed.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
 
     def batches(self, confirm_on_request: bool = True, epoch: int | None = None) -> Iterator[QueuedBatch]:
         """Warm-up, then one batch per step until the budget, the plan's end or a stop
@@ -224,7 +225,7 @@ class FeedCore:
                     self.handed_steps += 1
                     self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None,
                                        item.clips)
-                    self._update_epochs()
+                    self._update_epochs(trained=False)
             yield item
             if self.stop.is_set() and not self.handed_all(epoch):
                 if confirm_on_request:
@@ -279,7 +280,7 @@ class FeedCore:
                "producer": item.producer, "frames": item.frames, "frames_computed": item.frames_computed}
         self.logs.add(row, handle, item.ids)
         self.position.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None, item.clips)
-        self._update_epochs()
+        self._update_epochs(handed=False)
         self.telemetry.on_step(row)
         if self.live.due():
             self.live.update(self._live_text())

@@ -1,11 +1,12 @@
 """Batches in shared memory, between the coordinator process and the trainer process.
 
-One file, mapped by both (on /dev/shm, or where there is no room there in the system's temporary
-directory), holds ``count`` slots of ``size`` bytes, a slot sized for the plan's largest batch. The coordinator process copies a received batch's arrays into
-a free slot (:meth:`SlotFile.write`) and sends the trainer process a small descriptor (the
-slot and each array's name, dtype, shape and offset); the trainer process reads the batch
-as read-only numpy views of the slot (:meth:`SlotFile.views`). Who owns which slot, and when
-a slot is free again, is the protocol of consumer/pipeline/coordproc.py.
+One file, mapped by both (on /dev/shm, or where there is no room there in the system's
+temporary directory), holds ``count`` slots of ``size`` bytes, each sized for the plan's
+largest batch. The coordinator process copies a received batch's arrays into a free slot
+(:meth:`SlotFile.write`) and sends the trainer process a small descriptor (the slot and each
+array's name, dtype, shape and offset); the trainer process reads the batch as read-only
+numpy views of the slot (:meth:`SlotFile.views`). Who owns which slot, and when a slot is
+free again: consumer/pipeline/coordproc.py and docs/DESIGN.md, "The coordinator process".
 """
 
 from __future__ import annotations
