@@ -148,8 +148,8 @@ class CoordinatorProcess:
             path.unlink(missing_ok=True)
         self._down.connect(f"ipc://{self.dir / proto.DOWN}")
         self._tell(proto.HELLO)
-        log.info("coordinator process %d ready in %.2f s (%d slots of %.1f MB in shared memory)", self.proc.pid,
-                 time.monotonic() - started, slots["count"], slots["size"] / 2**20)
+        log.info("coordinator process %d ready in %.2f s (%d slots of %.1f MB in %s)", self.proc.pid,
+                 time.monotonic() - started, slots["count"], slots["size"] / 2**20, self.slots.path.parent)
         self._thread = threading.Thread(target=self._receive, name="coordinator-receiver", daemon=True)
         self._thread.start()
 
