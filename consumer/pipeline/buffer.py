@@ -1,4 +1,4 @@
-"""The bounded batch queue between the receive thread and the trainer.
+"""The bounded batch queue between the receiver (consumer/pipeline/handoff.py) and the trainer.
 
 Capacity counts every batch the consumer holds that the trainer has not taken: those
 received and waiting, and those already staged onto the model device. The coordinator
