@@ -18,6 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
+import stoker
 from stoker.consumer.pipeline.buffer import QueuedBatch, QueueFull
 from stoker.consumer.pipeline.coordproc import SlotQueue
 from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
@@ -25,6 +26,7 @@ from stoker.consumer.pipeline.handoff import CoordinatorGone
 from stoker.consumer.pipeline.slots import ALIGN, SlotFile
 from stoker.shared.config import Config
 from tests.factories import make_dataset
+from tests.procs import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,6 +116,7 @@ def config(tmp_path: Path) -> Config:
                                pipeline=dataclasses.replace(cfg.pipeline, bind="tcp://127.0.0.1:*"))
 
 
+@pytest.mark.slow
 def test_the_coordinator_process_dying_ends_the_wait_with_one_line_and_no_process_is_left(tmp_path) -> None:
     core = FeedCore(PreparedRun(config(tmp_path), tmp_path / "run"), threading.Event())
     child = core.coordinator.proc
@@ -131,6 +134,7 @@ def test_the_coordinator_process_dying_ends_the_wait_with_one_line_and_no_proces
     assert child.poll() is not None
 
 
+@pytest.mark.slow
 def test_the_coordinator_process_binds_reports_its_endpoint_and_exits_when_the_core_closes(tmp_path) -> None:
     core = FeedCore(PreparedRun(config(tmp_path), tmp_path / "run"), threading.Event())
     child = core.coordinator.proc
@@ -145,6 +149,7 @@ def test_the_coordinator_process_binds_reports_its_endpoint_and_exits_when_the_c
     assert not core.coordinator.dir.exists() and not core.coordinator.slots.path.exists()  # slots, sockets gone
 
 
+@pytest.mark.slow
 def test_the_coordinator_process_ends_when_its_trainer_process_is_killed(tmp_path) -> None:
     script = textwrap.dedent(f"""
         import dataclasses, sys, threading
@@ -172,11 +177,9 @@ def test_the_coordinator_process_ends_when_its_trainer_process_is_killed(tmp_pat
         trainer.stdout.close()
 
 
+@pytest.mark.slow
 def test_batches_the_loop_holds_are_not_written_over_while_the_queue_fills_and_credits_resume_when_let_go(
         tmp_path) -> None:
-    import stoker
-    from tests.procs import free_port
-
     make_dataset(tmp_path / "data", count=24)
     with stoker.Feed(data=str(tmp_path / "data"), producers=1, batch_size=4, epochs=3, framework="numpy",
                      run_dir=str(tmp_path / "run"), bind=f"tcp://127.0.0.1:{free_port()}", model_start_delay=0.0,
