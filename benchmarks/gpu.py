@@ -4,8 +4,8 @@ section of ``python run.py bench``).
 The same model, the same clips and the same batches (the consumer's epoch plan: length-grouped
 batches of the plan's bucket shapes, epoch after epoch), each way in its own process:
 
-    feed        ``stoker.Feed(framework="torch")`` with P producer processes: the coordinator,
-                receiving, unpacking and staging run as threads of the trainer's process.
+    feed        ``stoker.Feed(framework="torch")`` with P producer processes: the coordinator and
+                the receiving run in a process of their own, staging in a thread of the trainer's.
     dataloader  ``torch.utils.data.DataLoader`` with P workers (spawned), ``batch_size=None`` over
                 the planned batches: each item reads its clips, computes stoker's numpy log-mel
                 (``producer.features.log_mel_spectrogram_numpy``, float32) and pads the index's

@@ -247,7 +247,7 @@ def test_ctrl_c_drains_writes_summary_and_leaves_no_orphans(tmp_path):
                     "--model-start-delay", "0.5", "--set", "trainer.log_every_steps=5", *NUMPY_FEATURES) as run:
         run.wait_for_line(r"step 5/", timeout=60)
         run.remember_children()
-        assert len(run.descendants) == 3
+        assert len(run.descendants) == 4  # the consumer, its coordinator process and two producers
         run.proc.send_signal(signal.SIGINT)
         code = run.wait(timeout=10)
         assert code == 130, run.output()

@@ -1,4 +1,4 @@
-"""The bounded batch queue between the receive thread and the trainer.
+"""The bounded batch queue between the receiver (consumer/pipeline/handoff.py) and the trainer.
 
 Capacity counts every batch the consumer holds that the trainer has not taken: those
 received and waiting, and those already staged onto the model device. The coordinator
@@ -44,6 +44,7 @@ class QueuedBatch:
     frames_computed: int = 0  # frames the step computes: B x T, padding included
     staged: bool = False
     clips: list[int] | None = None  # the ids' rows in the planner's table (None: a validation batch, or unknown)
+    slot: int = -1  # its shared-memory slot (consumer/pipeline/handoff.py); -1: none, or released
 
 
 class BatchQueue:

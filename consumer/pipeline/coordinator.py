@@ -1,6 +1,7 @@
 """The coordinator: the trainer's ROUTER socket and the loop that serves it.
 
-It runs in its own thread and is the only user of the ROUTER socket. Everything it
+It runs in the coordinator process's main thread (consumer/pipeline/coordproc.py: a run's), or in a
+thread of its own (the tests' harness, benchmarks/memory.py), and is the only user of the ROUTER socket. Everything it
 decides, it asks the scheduler (consumer/pipeline/scheduler.py, a state machine with no sockets:
 leases, credits, re-planning, misses, rejections, peers and liveness); what is left here
 is the socket's side:

@@ -5,15 +5,20 @@ A :class:`Staging` has two halves. ``stage`` runs in the queue's stager thread
 (consumer/pipeline/buffer.py) as soon as a batch arrives, while the loop's step on the
 previous batch runs; ``take`` runs in the loop's thread when the loop takes the batch.
 
-- ``numpy``: the host arrays as they arrived (read-only views on the message); no staging.
+- ``numpy``: the host arrays as they arrived (read-only views of their shared-memory slot,
+  valid until the batch's step is confirmed: docs/DESIGN.md, "The coordinator process"); no staging.
 - ``torch``: on a CUDA device, each array copied from pinned host memory with
   ``non_blocking=True`` on a side stream of the stager thread, and an event recorded on
   that stream after the copies. ``take`` makes the loop's current stream wait for that
   event (the host never waits) and marks each tensor as used on that stream
   (``record_stream``), so the caching allocator does not give its memory to another tensor
   while work of the loop on it is still queued. On the CPU, ``torch.from_numpy``: no copy,
-  so the tensors share the received message's memory and are for reading.
-- ``jax``: ``jax.device_put`` onto a device, or a ``jax.sharding.Sharding`` given to the feed.
+  so the tensors share the batch's shared-memory slot and are for reading (valid until the
+  batch's step is confirmed; torch's CPU ops are done when the step returns).
+- ``jax``: ``jax.device_put`` onto a device, or a ``jax.sharding.Sharding`` given to the feed;
+  the stager waits for the copy (``block_until_ready``), and on the CPU copies the host arrays
+  first: JAX would share their memory (a shared-memory slot, consumer/pipeline/slots.py) and
+  its asynchronous dispatch could read it after the step is confirmed.
 - ``tensorflow``: shared/tfsetup.py's stagers, wrapped (:class:`FunctionStaging`).
 
 A batch whose staging failed reaches ``take`` as host arrays (the queue trains it from host
@@ -29,7 +34,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 # torch warns once per process that a tensor made from a read-only array must not be written:
-# the CPU path's tensors share the received message's memory on purpose (docs/FEED.md).
+# the CPU path's tensors share the batch's shared-memory slot on purpose (docs/FEED.md).
 READ_ONLY_WARNING = "The given NumPy array is not writable"
 
 
@@ -102,9 +107,18 @@ class JaxStaging(Staging):
         self.target = target
         self.device = str(target)
         self.stage = self._put
+        devices = target.device_set if hasattr(target, "device_set") else {target}
+        # On the CPU, device_put shares an aligned numpy buffer (a shared-memory slot), and a step
+        # dispatched asynchronously may read it after the step is confirmed and the slot written
+        # again: the arrays are copied first.
+        self._host = all(d.platform == "cpu" for d in devices)
 
     def _put(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        return {name: self.jax.device_put(array, self.target) for name, array in arrays.items()}
+        put = {name: self.jax.device_put(np.array(array) if self._host else array, self.target)
+               for name, array in arrays.items()}
+        for value in put.values():  # the host memory read before it may be written again (the stager waits)
+            value.block_until_ready()
+        return put
 
     def take(self, staged: Any) -> dict[str, Any]:
         if all(isinstance(value, self.jax.Array) for value in staged.values()):

@@ -1,0 +1,321 @@
+"""The trainer process's side of the coordinator process (consumer/pipeline/coordproc.py).
+
+:class:`CoordinatorProcess` spawns it (never forks: the trainer may have imported TensorFlow
+or torch), hands it the run in one start file, and then, in a receiver thread that waits in
+ZeroMQ without the interpreter, turns each batch descriptor into a :class:`QueuedBatch` of
+read-only views of its shared-memory slot in the trainer's queue, and keeps the figures the
+coordinator publishes. It offers what the feed core asked of the in-process coordinator
+(alive, snapshot, rejected_in_epoch, validation passes, mel statistics, failure). The rule
+for slots, the messages and shutdown are in docs/DESIGN.md, "The coordinator process".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import msgpack
+import numpy as np
+import zmq
+
+from . import coordproc as proto
+from .buffer import BatchQueue, QueuedBatch, QueueFull
+from .coordinator import BindError
+from .plan import as_table
+from .position import InputPosition
+from .slots import SlotFile, slot_bytes
+from .validation import VALIDATION_QUEUE_CAPACITY
+from ...shared import config as config_mod
+from ...shared.dataset.cache import pack_index
+from ...shared.dataset.table import SampleTable
+from ...shared.errors import UserError
+from ...shared.layouts import Rejection
+from ...shared.melstats import MelStats
+from ...shared.runfiles import VOCAB
+
+log = logging.getLogger("consumer.coordinator")
+
+# Where the slots live: memory, not a disk (the system's temporary directory where it has no room).
+SHM_DIR = Path("/dev/shm")
+# The coordinator process reads the start file, plans and binds within this (a large index's columns).
+START_TIMEOUT_S = 300.0
+# The receiver looks at the coordinator process this often while no message comes.
+RECEIVE_SLICE_MS = 250
+# On close: the coordinator process says STOP to every producer (coordinator.STOP_ACK_S), its
+# sockets linger, it says goodbye; then it is killed.
+BYE_TIMEOUT_S = 4.0
+# The directory holding this stoker package: first on the coordinator process's PYTHONPATH.
+PACKAGE = __package__ or ""
+PACKAGE_PARENT = Path(sys.modules[PACKAGE.partition(".")[0]].__file__ or ".").parent.parent
+
+
+class CoordinatorError(UserError):
+    """The coordinator process could not start for a reason the user fixes (one line)."""
+
+
+class CoordinatorGone(RuntimeError):
+    """The coordinator process failed or ended without its goodbye; the message is one line."""
+
+
+def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_norm: dict[str, Any] | None,
+                slots: dict[str, int]) -> None:
+    """DIR/start: the run as the coordinator process needs it (coordproc._parts reads it): the
+    config, the planner's settings, the clips' columns (a view's rows with its table's columns),
+    the input position to resume from and the slots."""
+    cfg, planner = prepared.cfg, prepared.planner
+    index = prepared.index
+    sections: dict[str, Any] = {}
+    header: dict[str, Any] = {
+        "cfg": config_mod.to_dict(cfg), "planner": [planner.replicas, planner.workers, planner.worker],
+        "check": [planner.batches_per_epoch, [list(s) for s in planner.shapes]],
+        "max_epochs": cfg.trainer.epochs, "resume": position.state_dict() if position is not None else None,
+        "vocabulary": str(prepared.run_dir / VOCAB), "mel_norm": mel_norm, "slots": slots,
+        "refs": "ref_mel" in config_mod.batch_schema(cfg).names,
+        "dataset": [str(index.root), index.metadata_file, index.columns, index.agreement["metadata_sha256"]]}
+    for name, samples in (("train", prepared.train_samples), ("val", prepared.val_samples)):
+        table = as_table(samples)
+        rows = table._rows  # a view (a hold-out): its table's columns go once, with the rows it keeps
+        if rows is not None:
+            table = SampleTable(table._numbers, table._strings, table.speakers, table.languages)
+            sections[f"{name}.rows"] = np.ascontiguousarray(rows, np.int64)
+        header[name] = {"speakers": table.speakers, "languages": table.languages}
+        sections.update({f"{name}.{key}": value for key, value in table.sections().items()})
+    with open(path, "wb") as f:
+        for part in pack_index(header, sections):
+            f.write(part)
+
+
+class CoordinatorProcess:
+    """The coordinator in a process of its own, as the feed core sees it (module docstring).
+    Its constructor starts it and returns once its ROUTER socket is bound (``endpoint``);
+    BindError and other start failures are raised here, as one line."""
+
+    def __init__(self, prepared: Any, queue: BatchQueue, val_queue: BatchQueue, stop: threading.Event,
+                 on_rejected: Callable[[list[Rejection]], None], position: InputPosition | None,
+                 mel_norm: dict[str, Any] | None) -> None:
+        self.queue, self.val_queue, self.stop, self.on_rejected = queue, val_queue, stop, on_rejected
+        self.n_mels = prepared.cfg.features.n_mels
+        self.failure: BaseException | None = None
+        self.endpoint = ""
+        self._alive = 0
+        self._validation_finished = 0
+        self._epochs: dict[int, int] = {}
+        self._snapshot: dict[str, Any] = {"producers": [], "rejected_messages": {}, "reissued_leases": 0,
+                                          "missed_samples": 0, "refused_producers": [], "failovers": []}
+        self._mel: MelStats = MelStats.empty(self.n_mels)
+        self._bye = threading.Event()
+        self._send_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.dir = Path(tempfile.mkdtemp(prefix="stoker-coordinator-"))
+        self.ctx = zmq.Context.instance()
+        self._up = self.ctx.socket(zmq.PULL)
+        self._up.linger = 0
+        self._down = self.ctx.socket(zmq.PUSH)
+        self._down.linger = 0
+        self.proc: subprocess.Popen | None = None
+        try:
+            self._start(prepared, position, mel_norm)
+        except BaseException:
+            self.close(0.0)
+            raise
+
+    def _start(self, prepared: Any, position: InputPosition | None, mel_norm: dict[str, Any] | None) -> None:
+        capacity = prepared.cfg.pipeline.buffer_size
+        hold = capacity + 1
+        shapes = [*prepared.planner.shapes, *((b.rows, *b.shape) for b in prepared.val_batches)]
+        slots = {"count": 2 * capacity + 1 + VALIDATION_QUEUE_CAPACITY, "hold": hold,
+                 "val": VALIDATION_QUEUE_CAPACITY, "size": slot_bytes(prepared.cfg, shapes)}
+        started = time.monotonic()
+        self.slots = self._slot_file(slots)
+        write_start(self.dir / proto.START, prepared, position, mel_norm, {**slots, "path": str(self.slots.path)})
+        self._up.bind(f"ipc://{self.dir / proto.UP}")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen([sys.executable, "-m", f"{PACKAGE}.coordproc", str(self.dir), str(os.getpid())],
+                                     env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        ready = self._wait_ready()
+        self.endpoint = ready["endpoint"]
+        # Both files mapped, the child connected: nothing is left behind on a crash (the child
+        # removes the directory when it hears from this end).
+        for path in (self.dir / proto.START, self.slots.path, self.dir / proto.UP):
+            path.unlink(missing_ok=True)
+        self._down.connect(f"ipc://{self.dir / proto.DOWN}")
+        self._tell(proto.HELLO)
+        log.info("coordinator process %d ready in %.2f s (%d slots of %.1f MB in %s)", self.proc.pid,
+                 time.monotonic() - started, slots["count"], slots["size"] / 2**20, self.slots.path.parent)
+        self._thread = threading.Thread(target=self._receive, name="coordinator-receiver", daemon=True)
+        self._thread.start()
+
+    def _slot_file(self, slots: dict[str, int]) -> SlotFile:
+        """The slots, in memory (/dev/shm); where it has no room for them (a container's 64 MB), in
+        the system's temporary directory (a file in the page cache), said once."""
+        count, size = slots["count"], slots["size"]
+        if SHM_DIR.is_dir():
+            try:
+                return SlotFile(SHM_DIR / f"{self.dir.name}-{proto.SLOTS}", count, size, create=True)
+            except OSError as exc:
+                log.warning("no room for the batch slots (%d MB) in %s (%s); they are in %s", count * size >> 20,
+                            SHM_DIR, exc.strerror or exc, self.dir)
+        return SlotFile(self.dir / proto.SLOTS, count, size, create=True)
+
+    def _wait_ready(self) -> dict[str, Any]:
+        """The coordinator process's first message: ready, or its start failure raised here."""
+        assert self.proc is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._up.poll(RECEIVE_SLICE_MS):
+                message = msgpack.unpackb(self._up.recv(), raw=False, strict_map_key=False)
+                if message["kind"] == proto.READY:
+                    return message
+                if message["kind"] == proto.ERROR:
+                    raise self._error(message)
+            elif self.proc.poll() is not None:
+                raise CoordinatorGone(f"the coordinator process ended while starting (exit status "
+                                      f"{self.proc.returncode}); its log says why")
+        raise CoordinatorGone(f"the coordinator process did not start within {START_TIMEOUT_S:.0f} s")
+
+    @staticmethod
+    def _error(message: dict[str, Any]) -> BaseException:
+        """An error of the coordinator process as this process raises it: the same one line."""
+        text = message["message"]
+        if message["type"] == BindError.__name__:
+            return BindError(text)
+        if message["user_error"]:
+            return CoordinatorError(text)
+        return CoordinatorGone(f"the coordinator process failed ({message['where']}): {message['type']}: {text}")
+
+    # ------------------------------------------------------------ receiving
+    def _receive(self) -> None:
+        """Until goodbye: batches into the queues, rejections, the published figures; a
+        coordinator process that dies without goodbye ends the run (``failure``, stop)."""
+        assert self.proc is not None
+        while not self._bye.is_set():
+            if self._up.poll(RECEIVE_SLICE_MS):
+                try:
+                    self._on_message(msgpack.unpackb(self._up.recv(), raw=False, strict_map_key=False))
+                except Exception as exc:  # rejected.jsonl on a full disk: it ends the run, the goodbye still comes
+                    if self.failure is None:
+                        self.failure = exc
+                        log.error("taking the coordinator process's message failed: %s", exc)
+                    self.stop.set()
+            elif self.proc.poll() is not None:
+                if not self._bye.is_set() and self.failure is None:
+                    self.failure = CoordinatorGone(f"the coordinator process (pid {self.proc.pid}) ended "
+                                                   f"unexpectedly (exit status {self.proc.returncode}); the run stops")
+                    log.error("%s", self.failure)
+                self.stop.set()
+                return
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind = message["kind"]
+        if kind == proto.BATCH:
+            self._on_batch(message)
+        elif kind == proto.REJECTED:
+            self._epochs.update({int(e): n for e, n in message["epochs"].items()})
+            self.on_rejected([Rejection(**row) for row in message["rows"]])
+        elif kind == proto.STATE:
+            self._alive, self._validation_finished = message["alive"], message["validation_finished"]
+            self._epochs.update({int(e): n for e, n in message["epochs"].items()})  # counts only grow
+            self._snapshot = message.get("snapshot", self._snapshot)
+        elif kind == proto.ERROR:
+            self.failure = self._error(message)
+            self.stop.set()
+        elif kind == proto.BYE:
+            self._snapshot = message["snapshot"]
+            self._mel = MelStats.from_fields(message["mel_stats"], self.n_mels) or self._mel
+            self._bye.set()
+
+    def _on_batch(self, message: dict[str, Any]) -> None:
+        """A batch in its slot: views of it into the training queue (the slot is released when
+        the trainer no longer needs it: :meth:`release`); a validation batch is copied out at
+        once (a pass's batches are all held together) and its slot released."""
+        slot = message["slot"]
+        arrays = self.slots.views(message["layout"])
+        validation = message["queue"] == "val"
+        if validation:
+            arrays = {name: np.array(array) for name, array in arrays.items()}
+            self._tell(proto.RELEASE + str(slot).encode())
+        item = QueuedBatch(lease=message["lease"], epoch=message["epoch"], index=message["index"], ids=message["ids"],
+                           arrays=arrays, producer=message["producer"], frames=message["frames"],
+                           frames_computed=message["frames_computed"], clips=message["clips"],
+                           slot=slot)
+        try:
+            (self.val_queue if validation else self.queue).put(item)
+        except QueueFull:  # the credits make it impossible; the batch is lost, and says so
+            log.error("queue full on delivery of lease %d from the coordinator process", item.lease)
+
+    # ------------------------------------------------------------ the trainer's messages
+    def _tell(self, token: bytes) -> None:
+        with self._send_lock:
+            try:
+                self._down.send(token, flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # the coordinator process is gone: the receiver says so
+                log.debug("coordinator process not told %r: %s", token, exc)
+
+    def taken(self, item: QueuedBatch) -> None:
+        """``item`` left the trainer's queue: a free place in it (the coordinator may credit it)."""
+        self._tell(proto.TAKE + str(item.slot).encode())
+
+    def release(self, item: QueuedBatch) -> None:
+        """The trainer no longer reads training batch ``item``'s slot (its step is confirmed): it
+        may be written again. Once per batch (a validation batch's slot is released on arrival)."""
+        if item.slot >= 0:
+            self._tell(proto.RELEASE + str(item.slot).encode())
+            item.slot = -1
+
+    def start_validation(self, number: int) -> None:
+        self._tell(b"validate:" + str(number).encode())
+
+    def cancel_validation(self, number: int) -> None:
+        self._tell(b"cancel:" + str(number).encode())
+
+    # ------------------------------------------------------------ the published figures
+    @property
+    def mel_stats(self) -> MelStats:
+        return self._mel
+
+    def alive(self) -> int:
+        return self._alive
+
+    def rejected_in_epoch(self, epoch: int) -> int:
+        return self._epochs.get(epoch, 0)
+
+    def validation_finished(self) -> int:
+        return self._validation_finished
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._snapshot
+
+    # ------------------------------------------------------------ closing
+    def close(self, timeout: float = BYE_TIMEOUT_S) -> None:
+        """The shutdown protocol: stop to the coordinator process (it says STOP to every producer,
+        then goodbye with its last figures, and exits); killed if it does not within ``timeout``."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            self._tell(proto.STOP)
+            if not self._bye.wait(timeout):
+                log.warning("the coordinator process did not say goodbye within %.0f s; killing it", timeout)
+            try:
+                proc.wait(timeout if self._bye.is_set() else 0.1)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._bye.set()  # the receiver ends
+        if self._thread is not None:
+            self._thread.join()
+        self._up.close()
+        self._down.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if hasattr(self, "slots"):
+            self.slots.path.unlink(missing_ok=True)  # a start that failed before the child mapped it
+
+
+__all__ = ["CoordinatorError", "CoordinatorGone", "CoordinatorProcess", "write_start"]

@@ -1,0 +1,204 @@
+"""The coordinator process and the trainer process (consumer/pipeline/coordproc.py, handoff.py,
+slots.py): a batch's arrays cross in shared memory unchanged, a slot the trainer holds is never
+written again until it lets it go, and the coordinator process neither outlives its trainer nor
+dies unseen."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+import stoker
+from stoker.consumer.pipeline.buffer import QueuedBatch, QueueFull
+from stoker.consumer.pipeline.coordproc import SlotQueue
+from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
+from stoker.consumer.pipeline.handoff import CoordinatorGone
+from stoker.consumer.pipeline.slots import ALIGN, SlotFile
+from stoker.shared.config import Config
+from tests.factories import make_dataset
+from tests.procs import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def batch(lease: int, seed: int) -> dict[str, np.ndarray]:
+    """Arrays of several dtypes and shapes, one of them not contiguous, with ``seed``'s values."""
+    rng = np.random.default_rng(seed)
+    return {"mel": rng.standard_normal((3, 7, 5)).astype(np.float32),
+            "tokens": rng.integers(0, 90, (3, 11)).astype(np.int32),
+            "mel_lengths": np.arange(3, dtype=np.int64) + lease,
+            "strided": rng.standard_normal((4, 6))[:, ::2]}
+
+
+def test_a_batch_crosses_in_a_slot_with_its_values_dtypes_and_shapes_read_only(tmp_path) -> None:
+    writer = SlotFile(tmp_path / "slots", 2, 4096, create=True)
+    reader = SlotFile(tmp_path / "slots", 2, 4096)  # as the other process maps it
+    arrays = batch(1, 7)
+    layout = writer.write(1, arrays)
+    got = reader.views(layout)
+    assert list(got) == list(arrays)
+    for name, array in arrays.items():
+        assert got[name].dtype == array.dtype and got[name].shape == array.shape
+        np.testing.assert_array_equal(got[name], array)
+        assert not got[name].flags.writeable
+        assert got[name].ctypes.data % ALIGN == 0
+    assert all(offset >= 4096 for *_, offset in layout)  # in slot 1, not slot 0
+
+
+class Sent(list):
+    """The descriptors a SlotQueue sends to the trainer process."""
+
+    def __call__(self, message) -> None:
+        self.append(message)
+
+
+def item(lease: int) -> QueuedBatch:
+    return QueuedBatch(lease=lease, epoch=0, index=lease, ids=[f"c{lease}"], arrays=batch(lease, lease), producer="p")
+
+
+def test_a_slot_the_trainer_holds_is_never_written_until_it_is_released(tmp_path) -> None:
+    file = SlotFile(tmp_path / "slots", 5, 4096, create=True)
+    reader = SlotFile(tmp_path / "slots", 5, 4096)
+    sent = Sent()
+    queue = SlotQueue(capacity=3, slots=list(range(5)), hold=2, file=file, queue="train", send=sent)
+    held = {}
+    for lease in range(5):  # each taken at once and kept: the trainer trains it, its step not confirmed
+        queue.put(item(lease))
+        slot = sent[-1]["slot"]
+        assert slot not in held
+        held[slot] = reader.views(sent[-1]["layout"])
+        queue.taken(slot)
+    # Every slot is held: the queue says it is full, so the scheduler grants no credit, and a
+    # batch arriving anyway (a credit accounting error) is refused, not written over a held one.
+    assert len(queue) == queue.capacity
+    with pytest.raises(QueueFull):
+        queue.put(item(5))
+    for lease, (slot, views) in enumerate(sorted(held.items(), key=lambda kv: kv[1]["mel_lengths"][0])):
+        np.testing.assert_array_equal(views["mel"], batch(lease, lease)["mel"])
+    released = sent[1]["slot"]
+    queue.release(released)  # the step of lease 1 was confirmed
+    queue.put(item(6))
+    assert sent[-1]["slot"] == released
+    np.testing.assert_array_equal(reader.views(sent[-1]["layout"])["mel"], batch(6, 6)["mel"])
+    for slot, views in held.items():  # the others are as they were
+        if slot != released:
+            lease = int(views["mel_lengths"][0])
+            np.testing.assert_array_equal(views["mel"], batch(lease, lease)["mel"])
+
+
+def test_untaken_batches_count_against_the_capacity_whatever_slots_are_free(tmp_path) -> None:
+    file = SlotFile(tmp_path / "slots", 7, 4096, create=True)
+    queue = SlotQueue(capacity=3, slots=list(range(7)), hold=4, file=file, queue="train", send=Sent())
+    for lease in range(3):
+        queue.put(item(lease))
+    assert len(queue) == 3
+    with pytest.raises(QueueFull):
+        queue.put(item(3))
+    assert sorted(queue.positions()) == [(0, 0), (0, 1), (0, 2)]
+
+
+def config(tmp_path: Path) -> Config:
+    make_dataset(tmp_path / "data", count=6)
+    cfg = Config()
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(tmp_path / "data")),
+                               pipeline=dataclasses.replace(cfg.pipeline, bind="tcp://127.0.0.1:*"))
+
+
+@pytest.mark.slow
+def test_the_coordinator_process_dying_ends_the_wait_with_one_line_and_no_process_is_left(tmp_path) -> None:
+    core = FeedCore(PreparedRun(config(tmp_path), tmp_path / "run"), threading.Event())
+    child = core.coordinator.proc
+    try:
+        assert psutil.Process(child.pid).is_running()
+        batches = core.batches()
+        os.kill(child.pid, signal.SIGKILL)
+        with pytest.raises(CoordinatorGone) as caught:
+            next(batches)
+        message = str(caught.value)
+        assert "\n" not in message and f"coordinator process (pid {child.pid}) ended unexpectedly" in message
+        assert "SIGKILL" in message or "-9" in message
+    finally:
+        core.close()
+    assert child.poll() is not None
+
+
+@pytest.mark.slow
+def test_the_coordinator_process_binds_reports_its_endpoint_and_exits_when_the_core_closes(tmp_path) -> None:
+    core = FeedCore(PreparedRun(config(tmp_path), tmp_path / "run"), threading.Event())
+    child = core.coordinator.proc
+    try:
+        host, port = core.endpoint.rsplit(":", 1)
+        assert host == "tcp://127.0.0.1" and int(port) > 0
+        listening = {c.laddr.port for c in psutil.Process(child.pid).net_connections() if c.status == "LISTEN"}
+        assert int(port) in listening  # bound by the coordinator process, not this one
+    finally:
+        core.close()
+    assert child.wait(10) == 0
+    assert not core.coordinator.dir.exists() and not core.coordinator.slots.path.exists()  # slots, sockets gone
+
+
+@pytest.mark.slow
+def test_the_coordinator_process_ends_when_its_trainer_process_is_killed(tmp_path) -> None:
+    script = textwrap.dedent(f"""
+        import dataclasses, sys, threading
+        sys.path.insert(0, {str(ROOT)!r})
+        from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
+        from stoker.shared.config import Config
+        cfg = Config()
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path={str(tmp_path / "data")!r}),
+                                  pipeline=dataclasses.replace(cfg.pipeline, bind="tcp://127.0.0.1:*"))
+        core = FeedCore(PreparedRun(cfg, __import__("pathlib").Path({str(tmp_path / "run")!r})), threading.Event())
+        print(core.coordinator.proc.pid, flush=True)
+        threading.Event().wait()
+        """)
+    make_dataset(tmp_path / "data", count=6)
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(trainer.stdout.readline()))
+        trainer.kill()
+        trainer.wait(10)
+        gone, alive = psutil.wait_procs([child], timeout=30)
+        assert not alive, "the coordinator process outlived its trainer process"
+    finally:
+        trainer.kill()
+        trainer.wait()
+        trainer.stdout.close()
+
+
+@pytest.mark.slow
+def test_batches_the_loop_holds_are_not_written_over_while_the_queue_fills_and_credits_resume_when_let_go(
+        tmp_path) -> None:
+    make_dataset(tmp_path / "data", count=24)
+    with stoker.Feed(data=str(tmp_path / "data"), producers=1, batch_size=4, epochs=3, framework="numpy",
+                     run_dir=str(tmp_path / "run"), bind=f"tcp://127.0.0.1:{free_port()}", model_start_delay=0.0,
+                     log_level="WARNING", set={"trainer.val_clips": 0}) as feed:
+        core = feed.start()._core
+        capacity = core.queue.capacity
+        batches = core.batches(confirm_on_request=False)  # taken ahead, as tf.data's prefetch takes them
+        held = [next(batches) for _ in range(capacity + 1)]  # the slots the trainer may keep beyond a full queue
+        # The producer fills the queue meanwhile, into other slots; the loop takes those too.
+        assert core.queue.wait_for_depth(capacity, 60) == capacity
+        held += [next(batches) for _ in range(capacity)]
+        copies = [{name: array.copy() for name, array in item.arrays.items()} for item in held]
+        assert len({item.slot for item in held}) == len(held)
+        # Every slot is held: no credit, so no batch comes to be written over one the loop holds.
+        assert core.queue.wait_for_depth(1, 3.0) == 0
+        for item, copy in zip(held, copies):
+            for name, array in copy.items():
+                np.testing.assert_array_equal(item.arrays[name], array)
+        for _ in held:
+            assert core.step_done()  # each step confirmed: its slot let go
+        after = [next(batches) for _ in range(capacity)]  # credits flow into the let-go slots
+        assert len({(item.epoch, item.index) for item in held + after}) == len(held + after)  # each planned batch once
