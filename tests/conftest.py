@@ -86,7 +86,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    if hasattr(config, "workerinput"):  # only xdist's workers hand files out; a plain session keeps its order
+    if hasattr(config, "workerinput"):  # xdist hands files out in its workers' order; a plain session keeps its own
         _longest_files_first(config, items)
     if any("replica_devices" in getattr(item, "fixturenames", ()) for item in items):
         from stoker.shared.tfsetup import split_cpu
