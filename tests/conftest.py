@@ -8,10 +8,15 @@ into ``REPLICA_DEVICES`` logical devices right after collection, before any test
 unaffected: they use the first.
 
 No test may leave a process behind: ``no_leftover_processes`` checks every test.
+
+pytest-xdist hands each worker a whole file at a time, in collection order: files are
+collected longest first (each test's seconds from the last session that ran it, kept in
+pytest's cache), so that no long file starts last and keeps one worker busy alone.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
 import multiprocessing
 import multiprocessing.forkserver
@@ -26,7 +31,63 @@ import pytest
 REPLICA_DEVICES = 2  # the fewest that show replicas doing different work
 
 
+# Each test's seconds (set-up, call and teardown) of the last session that ran it, in pytest's
+# cache; a test never timed counts UNTIMED_SLOW_S when marked slow (it starts processes or
+# TensorFlow), nothing otherwise.
+TEST_SECONDS = "stoker/test_seconds"
+UNTIMED_SLOW_S = 10.0
+_timed: dict[str, float] = {}
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _test_seconds(config: pytest.Config) -> dict[str, float]:
+    """The cached seconds; a worker has them from the controller, so that every worker
+    collects the same order (xdist requires it) whatever another session writes meanwhile."""
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None:
+        return worker_input.get(TEST_SECONDS, {})
+    cache = getattr(config, "cache", None)
+    return cache.get(TEST_SECONDS, {}) if cache is not None else {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist's controller, per worker: the cached seconds go with the worker's input."""
+    node.workerinput[TEST_SECONDS] = _test_seconds(node.config)
+
+
+def _longest_files_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seconds = _test_seconds(config)
+    per_file: dict[str, float] = collections.defaultdict(float)
+    for item in items:
+        untimed = UNTIMED_SLOW_S if item.get_closest_marker("slow") else 0.0
+        per_file[_file_of(item.nodeid)] += seconds.get(item.nodeid, untimed)
+    items.sort(key=lambda item: -per_file[_file_of(item.nodeid)])  # stable: each file's own order kept
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _timed[report.nodeid] = _timed.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller (or a session without workers) keeps the seconds of the tests it ran,
+    beside those of earlier sessions whose files still exist."""
+    config = session.config
+    cache = getattr(config, "cache", None)
+    if hasattr(config, "workerinput") or cache is None or not _timed:
+        return
+    kept = {nodeid: s for nodeid, s in cache.get(TEST_SECONDS, {}).items()
+            if (config.rootpath / _file_of(nodeid)).exists()}
+    kept.update({nodeid: round(s, 2) for nodeid, s in _timed.items()})
+    cache.set(TEST_SECONDS, kept)
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # xdist hands files out in its workers' order; a plain session keeps its own
+        _longest_files_first(config, items)
     if any("replica_devices" in getattr(item, "fixturenames", ()) for item in items):
         from stoker.shared.tfsetup import split_cpu
 

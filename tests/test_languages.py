@@ -16,10 +16,11 @@ from tests.trained import check_run
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-# Small, fast runs: a tiny model, CPU log-mels, no held-out clips (every clip trains).
+# Small, fast runs: a tiny model, CPU log-mels, no held-out clips (every clip trains), one
+# bucket shape (the step traced for it and the short batch only).
 FAST = ["--model", "tiny", "--batch-size", "4", "--producers", "1", "--model-start-delay", "0.2",
         "--record-samples", "--set", "features.backend=numpy", "--set", "trainer.val_clips=0",
-        "--set", "trainer.log_every_steps=5"]
+        "--set", "trainer.log_every_steps=5", "--set", "batching.num_buckets=1"]
 
 
 def test_persian_run_characters_then_resume_and_synth(tmp_path):

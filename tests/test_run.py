@@ -26,6 +26,10 @@ DEMO_CLIPS = 64
 # Fast failure detection for the fault tests: a dead producer's leases move after this.
 FAST_HEARTBEAT = ["--set", "pipeline.heartbeat_interval_s=0.3", "--set", "pipeline.heartbeat_timeout_s=1.5"]
 NUMPY_FEATURES = ["--set", "features.backend=numpy"]
+# A run of a TensorFlow model traces its step ahead for every bucket shape (seconds each on a
+# CPU): runs that check no bucketing plan one bucket shape (and the short batch's) or two.
+ONE_BUCKET = ["--set", "batching.num_buckets=1"]
+TWO_BUCKETS = ["--set", "batching.num_buckets=2"]
 
 
 def test_demo_synthetic_run_writes_contract_files(tmp_path):
@@ -92,7 +96,7 @@ def test_demo_tiny_model_learns_validates_checkpoints_and_synthesizes(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("--model", "tiny", "--steps", "40", "--producers", "1", "--batch-size", "8",
                      "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=10",
-                     "--set", "trainer.val_every_steps=20", timeout=200)
+                     "--set", "trainer.val_every_steps=20", *TWO_BUCKETS, timeout=200)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(run_dir / "summary.json")
     assert summary["steps"] == 40
@@ -146,7 +150,8 @@ def test_nan_loss_stops_the_run_with_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("--model", "tests.consumer.training.user_models:nan_loss", "--steps", "50", "--producers", "1",
                      "--batch-size", "8", "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=2",
-                     "--set", "trainer.max_bad_steps=4", "--model-start-delay", "0", timeout=150)
+                     "--set", "trainer.max_bad_steps=4", "--model-start-delay", "0", *ONE_BUCKET,
+                     timeout=150)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert "NaN or inf for 4 steps in a row" in result.stderr.strip().splitlines()[-1]
@@ -169,7 +174,8 @@ NEURAL_FEATURES = ["--producer-models", "neural_features:codec,neural_features:s
 def test_docs_example_user_model_trains(tmp_path, model, more):
     run_dir = tmp_path / "run"
     result = run_cli("--model", model, "--steps", "12", "--producers", "1", "--batch-size", "8",
-                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", "--model-start-delay", "0", *more,
+                     "--run-dir", str(run_dir), "--set", "trainer.log_every_steps=4", "--model-start-delay", "0",
+                     *ONE_BUCKET, *more,
                      env={"PYTHONPATH": "docs/examples", "NEURAL_FEATURES_WEIGHTS": str(tmp_path / "weights")},
                      timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
