@@ -11,6 +11,8 @@ column ``data.columns`` names for it, ``ROLE=COLUMN`` pairs separated by ``|`` (
 ``"text=sentence|speaker=client_id"``), else from the first column of its usual names
 (:data:`ROLES`); a row without an ``id`` column is its ID. The rows are then checked as a
 manifest's lines are, and a rejection names the row and its file instead of a manifest line.
+A large dataset's pieces (shared/dataset/parquet_pieces.py) make the same entries from the
+columns, without the lines (:func:`role_columns`, :func:`checked_columns`).
 """
 
 from __future__ import annotations
