@@ -1,9 +1,9 @@
-"""Large Parquet datasets indexed in pieces: each file's rows made into manifest lines in a helper
-process (their columns mapped to a clip's fields as the listing and shared/parquet_layout.py map
-them) and indexed as a large manifest's piece is (pieces.py), then merged (chunked.py), so that
-ten million rows are never a Python object each in one process. Only where every row has its
-audio bytes and a duration: otherwise the listing's one-process build.
-"""
+"""Large Parquet datasets indexed in pieces: each piece's rows (row groups of a file) made a
+manifest piece's entries in a helper process, straight from their columns (mapped to a clip's
+fields as shared/parquet_layout.py maps them; JSON lines only for a piece with a faulty row,
+whose parse words the fault), indexed as a large manifest's piece is (pieces.py), then merged
+(chunked.py), so that ten million rows are never a Python object each in one process. Only where
+every row has its audio bytes and a duration: otherwise the listing's one-process build."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import orjson
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.parquet import audio_column, parquet_file, pyarrow_modules, scalar_columns, stem
-from ..dataset.pieces import manifest_piece
+from ..dataset.pieces import columns_piece, manifest_piece
 from ..dataset.shards import list_shards
 from ..dataset.storage import StorageError, is_url
 from ..layouts import Rejection
-from ..parquet_layout import ROLES, is_column_map, parse_column_map, row_rejection
+from ..parquet_layout import ROLES, checked_columns, is_column_map, parse_column_map, role_columns, row_rejection
 
 # A Parquet dataset of at least this many rows is indexed in pieces; a smaller one by the
 # listing in one process (its build takes a few seconds, about what helper processes take to start).
@@ -107,53 +107,46 @@ def _named(rejection: Rejection, starts: list[tuple[int, str, list[int]]]) -> Re
 def parquet_chunk(root: str, name: str, groups: tuple[int, int, int], first_line: int, data: DataConfig,
                   features: FeaturesConfig, text: TextConfig) -> dict[str, Any] | None:
     """The rows of row groups ``groups[0]`` to ``groups[1]`` - 1 of a Parquet file (the first of
-    them its row ``groups[2]``) as manifest lines (each the listing line's manifest object:
-    shared.parquet_layout.manifest_object), indexed as a manifest's piece (runs in helper processes)."""
+    them its row ``groups[2]``) indexed as a manifest's piece of their manifest lines (each the
+    listing line's manifest object: shared.parquet_layout.manifest_object; runs in helper
+    processes). The entries are made straight from the columns where every row passes the
+    manifest's checks (:func:`shared.parquet_layout.checked_columns`); else the lines are made
+    and parsed, which word each fault."""
     pa, _ = pyarrow_modules()
     mapping = parse_column_map(data.columns) if is_column_map(data.columns) else {}
-    lines: list[bytes] = []
     try:
         with parquet_file(Path(root), name) as parquet:
             found = audio_column(parquet.schema_arrow)
             others = scalar_columns(parquet.schema_arrow, found[0]) if found is not None else []
-            base = groups[2]
-            for group in range(groups[0], groups[1]):
-                table = parquet.read_row_group(group, columns=others)
-                lines.extend(_group_lines(table, others, mapping, f"{name}#{group}:", f"{stem(name)}_", base))
-                base += table.num_rows
+            tables = [parquet.read_row_group(group, columns=others) for group in range(groups[0], groups[1])]
     except (OSError, StorageError, pa.ArrowException):
         return None  # a row group that cannot be read: the listing's build words its rows' rejections
-    return manifest_piece(b"".join(lines), first_line, data, features, text)
+    audio = [f"{name}#{group}:{r}" for group, read in enumerate(tables, groups[0]) for r in range(read.num_rows)]
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    roles = role_columns({n: table.column(n).to_pylist() for n in others}, mapping)
+    del tables, table
+    row_id = f"{stem(name)}_"
+    given = roles.get("id")
+    row_ids = ([f"{row_id}{row}" for row in range(groups[2], groups[2] + len(audio))]
+               if given is None or None in given else [])  # none where every row has its id
+    columns = checked_columns(roles, audio, row_ids, first_line)
+    if columns is not None:
+        return columns_piece(columns, [], data, features, text)
+    return manifest_piece(_lines(roles, audio, row_ids), first_line, data, features, text)
 
 
-def _group_lines(table: Any, others: list[str], mapping: dict[str, str], locator: str, row_id: str,
-                 base: int) -> list[bytes]:
-    """A row group's manifest lines: each role's value from its column (a role named by
-    data.columns from that column; else the first of its usual names that the row has), the
-    row's own id (``STEM_ROW``) where it has none."""
-    values = {n: table.column(n).to_pylist() for n in others}
-    count = table.num_rows
-    roles: list[tuple[str, list[Any]]] = []
-    for role, names in ROLES.items():
-        if role in mapping:
-            column = values.get(mapping[role])
-        else:
-            candidates = [values[n] for n in names if n in values]
-            column = (candidates[0] if len(candidates) == 1 else
-                      [next((v for v in row if v is not None), None) for row in zip(*candidates)] if candidates
-                      else None)
-        if column is not None:
-            if role == "id":
-                column = [str(v) if type(v) is int else v for v in column]
-            roles.append((role, column))
+def _lines(roles: dict[str, list[Any]], audio: list[str], row_ids: list[str]) -> bytes:
+    """The rows' manifest lines: each role's value where the row has one, the row's own id
+    (``STEM_ROW``) where it has none."""
     dumps = orjson.dumps
     out = []
-    for r in range(count):
-        obj: dict[str, Any] = {"audio_filepath": f"{locator}{r}"}
-        for role, column in roles:
+    for r, locator in enumerate(audio):
+        obj: dict[str, Any] = {"audio_filepath": locator}
+        for role, column in roles.items():
             value = column[r]
             if value is not None:
                 obj[role] = value
-        obj.setdefault("id", f"{row_id}{base + r}")
+        if "id" not in obj:
+            obj["id"] = row_ids[r]
         out.append(dumps(obj) + b"\n")
-    return out
+    return b"".join(out)

@@ -19,7 +19,7 @@ from ..dataset.parallel import frontend_of
 from ..dataset.rules import LostReport, audio_rules, text_rules
 from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, hash_strings, pack_strings
 from ..dataset.types import DEFAULT_SPEAKER
-from ..layouts import Rejection, manifest_columns
+from ..layouts import ManifestColumns, Rejection, manifest_columns
 from ..mel import min_num_samples, num_frames_of
 from ..text import LANGUAGES, Frontend, Units
 
@@ -74,8 +74,13 @@ def manifest_chunk(path: str, start: int, end: int, first_line: int, data: DataC
 def manifest_piece(raw: bytes, first_line: int, data: DataConfig, features: FeaturesConfig,
                    text: TextConfig) -> dict[str, Any] | None:
     """:func:`manifest_chunk` of a piece's lines (``raw``, its first line numbered ``first_line``)."""
-    entries, parsed = manifest_columns(raw, first_line)
-    del raw
+    return columns_piece(*manifest_columns(raw, first_line), data, features, text)
+
+
+def columns_piece(entries: ManifestColumns, parsed: list[Rejection], data: DataConfig, features: FeaturesConfig,
+                  text: TextConfig) -> dict[str, Any] | None:
+    """:func:`manifest_piece` of a piece's entries as columns (``parsed``: its lines' rejections),
+    however they were made (parquet_pieces.py makes a Parquet piece's from its columns)."""
     if None in entries.duration:
         return None
     size = len(entries.id)
