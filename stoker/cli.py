@@ -36,18 +36,7 @@ from .watch import watch
 
 # The flags that set a config key, by key: each is parsed into its key (the run service takes
 # config keys), and an error that starts with the key gets the flag beside it (with_flags).
-KEY_FLAGS = {
-    "data.path": "--data", "devices.data_gpu": "--data-gpu", "devices.model_gpu": "--model-gpu",
-    "devices.replicas": "--replicas", "devices.data_gpu_memory_mb": "--data-gpu-memory",
-    "devices.model_gpu_memory_mb": "--model-gpu-memory", "pipeline.producers": "--producers",
-    "pipeline.max_producers": "--max-producers", "pipeline.bind": "--bind", "batching.batch_size": "--batch-size",
-    "batching.max_frames": "--max-frames", "trainer.steps": "--steps", "trainer.epochs": "--epochs",
-    "pipeline.buffer_size": "--buffer-size", "pipeline.model_start_delay_s": "--model-start-delay",
-    "trainer.model": "--model", "text.frontend": "--text-frontend", "transforms.models": "--producer-models",
-    "text.language": "--language", "run.run_dir": "--run-dir", "trainer.record_samples": "--record-samples",
-    "pipeline.keys": "--keys", "pipeline.insecure": "--insecure", "run.log_level": "--log-level",
-    "run.metrics_port": "--metrics-port",
-}
+KEY_FLAGS = {key: "--" + name.replace("_", "-") for key, name in service.KEY_NAMES.items()}
 # The run service's parameters that are no config key, with their flags: an error names them alone.
 PARAMETER_FLAGS = {"connect": "--connect"}
 COMMANDS = ("train", "produce", "precompute", "bench", "diagnose", "watch", "keys", "synth", "export", "slurm")

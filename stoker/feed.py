@@ -38,21 +38,11 @@ from .shared.runlock import RunLock
 
 log = logging.getLogger("stoker.feed")
 
-# The feed's keyword options and the config key each one sets: python run.py's long option
-# names, as docs/FEED.md lists them. Any other config key goes through set=.
-OPTION_KEYS = {
-    "data": "data.path", "data_gpu": "devices.data_gpu", "model_gpu": "devices.model_gpu",
-    "data_gpu_memory": "devices.data_gpu_memory_mb", "model_gpu_memory": "devices.model_gpu_memory_mb",
-    "replicas": "devices.replicas", "producers": "pipeline.producers", "max_producers": "pipeline.max_producers",
-    "bind": "pipeline.bind", "keys": "pipeline.keys", "insecure": "pipeline.insecure",
-    "buffer_size": "pipeline.buffer_size", "model_start_delay": "pipeline.model_start_delay_s",
-    "batch_size": "batching.batch_size", "max_frames": "batching.max_frames", "steps": "trainer.steps",
-    "epochs": "trainer.epochs", "record_samples": "trainer.record_samples", "text_frontend": "text.frontend",
-    "language": "text.language", "producer_models": "transforms.models", "run_dir": "run.run_dir",
-    "log_level": "run.log_level", "metrics_port": "run.metrics_port",
-}
 # Options of python run.py that are not the feed's, and why.
 NOT_FEED_OPTIONS = {"model": "it sets trainer.model, stoker's trainer's; the feed trains no model: your loop does"}
+# The feed's keyword options and the config key each one sets: python run.py's long option
+# names (service.KEY_NAMES), as docs/FEED.md lists them. Any other config key goes through set=.
+OPTION_KEYS = {name: key for key, name in service.KEY_NAMES.items() if name not in NOT_FEED_OPTIONS}
 
 
 def feed_overrides(options: Mapping[str, Any], sets: Mapping[str, Any]) -> dict[str, Any]:

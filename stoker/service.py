@@ -40,6 +40,20 @@ from .shared.tfsetup import require_tensorflow
 log = logging.getLogger("stoker")
 
 DEFAULT_CONFIG = config_mod.DEFAULT_CONFIG
+# The config keys a run sets by name, and that name: the command line's flag is --NAME (its
+# underscores as dashes), stoker.Feed's keyword is NAME; any other key goes through --set / set=.
+KEY_NAMES = {
+    "data.path": "data", "devices.data_gpu": "data_gpu", "devices.model_gpu": "model_gpu",
+    "devices.replicas": "replicas", "devices.data_gpu_memory_mb": "data_gpu_memory",
+    "devices.model_gpu_memory_mb": "model_gpu_memory", "pipeline.producers": "producers",
+    "pipeline.max_producers": "max_producers", "pipeline.bind": "bind", "batching.batch_size": "batch_size",
+    "batching.max_frames": "max_frames", "trainer.steps": "steps", "trainer.epochs": "epochs",
+    "pipeline.buffer_size": "buffer_size", "pipeline.model_start_delay_s": "model_start_delay",
+    "trainer.model": "model", "text.frontend": "text_frontend", "transforms.models": "producer_models",
+    "text.language": "language", "run.run_dir": "run_dir", "trainer.record_samples": "record_samples",
+    "pipeline.keys": "keys", "pipeline.insecure": "insecure", "run.log_level": "log_level",
+    "run.metrics_port": "metrics_port",
+}
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 # `run.py produce` restarts a crashed producer at most this many times (as pipeline.producer_restarts).
 PRODUCE_RESTARTS = 3

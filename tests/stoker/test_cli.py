@@ -3,23 +3,9 @@ the service's errors with the flag beside the key, the commands' own checks."""
 
 from __future__ import annotations
 
-import logging
-from typing import Iterator
-
-import pytest
-
 from stoker.cli import KEY_FLAGS, build_parser, main, overrides, with_flags
 from stoker.feed import OPTION_KEYS
 
-
-@pytest.fixture
-def kept_logging() -> Iterator[None]:
-    """The command line sets up the root logger for its run: this process's is put back after."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_flags_are_parsed_into_the_config_keys_they_set_and_set_comes_last() -> None:

@@ -6,9 +6,8 @@ process: the feeds are never started (tests/test_feed_frameworks.py runs them)."
 
 from __future__ import annotations
 
-import logging
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -72,15 +71,6 @@ def test_framework_and_set_must_agree() -> None:
     with pytest.raises(FeedError, match="framework='numpy', but set= has trainer.framework='jax'"):
         stoker.Feed(framework="numpy", set={"trainer.framework": "jax"})
 
-
-@pytest.fixture
-def kept_logging() -> Iterator[None]:
-    """The command line sets up the root logger for its run: this process's is put back after."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 class FakeStrategy:
