@@ -116,6 +116,7 @@ class ChildCoordinator(Coordinator):
         self._outbox: list[dict[str, Any]] = []
         self._sent: dict[str, Any] = {}
         self._snapshot_t = 0.0
+        self.orphaned = False  # the trainer died: its producers must see what they saw of a dead trainer
         self._last_epoch = 0
         self.queues: list[SlotQueue] = []
         super().__init__(stop=stop, on_rejected=self._on_rejected, **make(self))
@@ -162,6 +163,13 @@ class ChildCoordinator(Coordinator):
         else:
             super()._on_wake(token, now)
 
+    def _say_stop(self, router: zmq.Socket) -> None:
+        """STOP to every producer, unless the trainer process died: then, as when the coordinator
+        lived in it, no STOP reaches them; they find the trainer silent, drop their leases and
+        reconnect, so remote producers rejoin a restarted trainer (local ones the launcher stops)."""
+        if not self.orphaned:
+            super()._say_stop(router)
+
     def _flush(self) -> None:
         super()._flush()
         out, self._outbox = self._outbox, []
@@ -173,7 +181,8 @@ class ChildCoordinator(Coordinator):
             self._snapshot_t = now
             state["snapshot"] = self.snapshot()
             if not parent_alive(self.parent_pid):
-                log.error("the trainer process is gone; stopping")
+                log.error("the trainer process is gone; stopping without a word to the producers")
+                self.orphaned = True
                 self.stop.set()
         if any(self._sent.get(k) != v for k, v in state.items()):
             self._sent.update(state)
