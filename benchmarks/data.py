@@ -713,27 +713,20 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
         targets["warm_vs_cold"] = {"what": f"warm feature cache clips/s >= {TARGET_WARM_VS_COLD} x cold",
                                    "ratio": r, "value": r["value"], "limit": TARGET_WARM_VS_COLD,
                                    "met": r["value"] >= TARGET_WARM_VS_COLD}
-    if "stoker" in judged and "stoker-shards" in judged:
-        r = ratio(judged["stoker-shards"]["clips_per_s"]["median"], judged["stoker"]["clips_per_s"]["median"],
-                  note=f"median clips/s, one thread per process, same clips and batches, same run: from tar shards "
-                       f"of {CLIPS_PER_SHARD} clips / from loose files")
-        targets["shards_vs_files"] = {"what": f"producer clips/s from tar shards >= {TARGET_SHARDS_VS_FILES} x from "
-                                              f"loose files", "ratio": r, "value": r["value"],
-                                      "limit": TARGET_SHARDS_VS_FILES, "met": r["value"] >= TARGET_SHARDS_VS_FILES}
-    if "stoker" in judged and "stoker-parquet" in judged:
-        r = ratio(judged["stoker-parquet"]["clips_per_s"]["median"], judged["stoker"]["clips_per_s"]["median"],
-                  note=f"median clips/s, one thread per process, same clips and batches, same run: from Parquet "
-                       f"files (row groups of {CLIPS_PER_SHARD} clips) / from loose files")
-        targets["parquet_vs_files"] = {"what": f"producer clips/s from Parquet >= {TARGET_SHARDS_VS_FILES} x from "
-                                               f"loose files", "ratio": r, "value": r["value"],
-                                       "limit": TARGET_SHARDS_VS_FILES, "met": r["value"] >= TARGET_SHARDS_VS_FILES}
-    if "stoker" in judged and "stoker-shar" in judged:
-        r = ratio(judged["stoker-shar"]["clips_per_s"]["median"], judged["stoker"]["clips_per_s"]["median"],
-                  note=f"median clips/s, one thread per process, same clips, same run: from a Shar directory "
-                       f"(shards of {CLIPS_PER_SHARD} cuts) / from loose files")
-        targets["shar_vs_files"] = {"what": f"producer clips/s from Shar >= {TARGET_SHARDS_VS_FILES} x from "
-                                            f"loose files", "ratio": r, "value": r["value"],
-                                    "limit": TARGET_SHARDS_VS_FILES, "met": r["value"] >= TARGET_SHARDS_VS_FILES}
+    same = "median clips/s, one thread per process, same clips"
+    for variant, key, layout, note in (
+            ("stoker-shards", "shards_vs_files", "tar shards",
+             f"{same} and batches, same run: from tar shards of {CLIPS_PER_SHARD} clips / from loose files"),
+            ("stoker-parquet", "parquet_vs_files", "Parquet",
+             f"{same} and batches, same run: from Parquet files (row groups of {CLIPS_PER_SHARD} clips) / from "
+             f"loose files"),
+            ("stoker-shar", "shar_vs_files", "Shar",
+             f"{same}, same run: from a Shar directory (shards of {CLIPS_PER_SHARD} cuts) / from loose files")):
+        if "stoker" in judged and variant in judged:
+            r = ratio(judged[variant]["clips_per_s"]["median"], judged["stoker"]["clips_per_s"]["median"], note=note)
+            targets[key] = {"what": f"producer clips/s from {layout} >= {TARGET_SHARDS_VS_FILES} x from loose files",
+                            "ratio": r, "value": r["value"], "limit": TARGET_SHARDS_VS_FILES,
+                            "met": r["value"] >= TARGET_SHARDS_VS_FILES}
     result["targets"] = targets
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(root.parent / SHAR_DIR, ignore_errors=True)
