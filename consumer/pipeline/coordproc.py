@@ -2,7 +2,8 @@
 trainer's interpreter (``python -m stoker.consumer.pipeline.coordproc DIR PARENT_PID``).
 
 The trainer process (consumer/pipeline/handoff.py) writes DIR/start (the run's config, the
-training and held-out clips' columns, the input position) and spawns this process, which
+training and held-out clips' columns or the index cache file's descriptor, the input position)
+and spawns this process, which
 binds the ROUTER socket and runs the :class:`~.coordinator.Coordinator` loop in its main
 thread. Delivered batches go into the slots of a shared file (consumer/pipeline/slots.py); the
 trainer process gets a descriptor per batch. The protocol (messages both ways, slots,
@@ -34,6 +35,7 @@ from .slots import SlotFile, SlotTooSmall
 from ...shared import config as config_mod
 from ...shared.dataset import Reference
 from ...shared.dataset.cache import open_index
+from ...shared.dataset.reuse import cached_table
 from ...shared.dataset.table import SampleTable
 from ...shared.errors import UserError
 from ...shared.keys import load_server_keys
@@ -190,11 +192,17 @@ class ChildCoordinator(Coordinator):
 
 
 def _table(start: Any, prefix: str) -> SampleTable:
-    """A table of the start file: its columns (sections ``prefix``.*) and, for a view, its rows."""
+    """A table of the start file: its columns (sections ``prefix``.*, or the index cache file
+    whose descriptor the trainer process passed) and, for a view, its rows."""
     header = start.header[prefix]
     sections = {k[len(prefix) + 1:]: v for k, v in start.sections.items() if k.startswith(prefix + ".")}
     rows = sections.pop("rows", None)
-    table = SampleTable.from_sections(sections, header["speakers"], header["languages"], checksummed=True)
+    if "index_fd" in header:  # the very file the trainer process mapped, even if a new one took its name
+        cached = open_index(Path(f"/dev/fd/{header['index_fd']}"), check=False)
+        cached.checked = header["checked"]
+        table = cached_table(cached)
+    else:
+        table = SampleTable.from_sections(sections, header["speakers"], header["languages"], checksummed=True)
     return table.take(np.frombuffer(rows, np.int64)) if rows is not None else table
 
 

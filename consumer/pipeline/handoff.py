@@ -66,10 +66,12 @@ class CoordinatorGone(RuntimeError):
 
 
 def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_norm: dict[str, Any] | None,
-                slots: dict[str, int]) -> None:
+                slots: dict[str, int]) -> list[int]:
     """DIR/start: the run as the coordinator process needs it (coordproc._parts reads it): the
-    config, the planner's settings, the clips' columns (a view's rows with its table's columns),
-    the input position to resume from and the slots."""
+    config, the planner's settings, the clips' columns, the input position to resume from and the
+    slots. Columns held in a mapped index cache file are not copied: the process is given that
+    file's descriptor (returned here, to pass to it) and a view's rows; others are written (a
+    view's rows with its table's columns)."""
     cfg, planner = prepared.cfg, prepared.planner
     index = prepared.index
     sections: dict[str, Any] = {}
@@ -80,9 +82,17 @@ def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_n
         "vocabulary": str(prepared.run_dir / VOCAB), "mel_norm": mel_norm, "slots": slots,
         "refs": "ref_mel" in config_mod.batch_schema(cfg).names,
         "dataset": [str(index.root), index.metadata_file, index.columns, index.agreement["metadata_sha256"]]}
+    passed: set[int] = set()
     for name, samples in (("train", prepared.train_samples), ("val", prepared.val_samples)):
         table = as_table(samples)
         rows = table._rows  # a view (a hold-out): its table's columns go once, with the rows it keeps
+        cached = table.stored_in
+        if cached is not None and cached.reader is not None:
+            header[name] = {"index_fd": cached.reader.fileno(), "checked": cached.checked}
+            passed.add(cached.reader.fileno())
+            if rows is not None:
+                sections[f"{name}.rows"] = np.ascontiguousarray(rows, np.int64)
+            continue
         if rows is not None:
             table = SampleTable(table._numbers, table._strings, table.speakers, table.languages)
             sections[f"{name}.rows"] = np.ascontiguousarray(rows, np.int64)
@@ -91,6 +101,7 @@ def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_n
     with open(path, "wb") as f:
         for part in pack_index(header, sections):
             f.write(part)
+    return sorted(passed)
 
 
 class CoordinatorProcess:
@@ -135,12 +146,13 @@ class CoordinatorProcess:
                  "val": VALIDATION_QUEUE_CAPACITY, "size": slot_bytes(prepared.cfg, shapes)}
         started = time.monotonic()
         self.slots = self._slot_file(slots)
-        write_start(self.dir / proto.START, prepared, position, mel_norm, {**slots, "path": str(self.slots.path)})
+        passed = write_start(self.dir / proto.START, prepared, position, mel_norm,
+                             {**slots, "path": str(self.slots.path)})
         self._up.bind(f"ipc://{self.dir / proto.UP}")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", f"{PACKAGE}.coordproc", str(self.dir), str(os.getpid())],
-                                     env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+                                     env=env, start_new_session=True, stdin=subprocess.DEVNULL, pass_fds=passed)
         ready = self._wait_ready()
         self.endpoint = ready["endpoint"]
         # Both files mapped, the child connected: nothing is left behind on a crash (the child
@@ -149,8 +161,9 @@ class CoordinatorProcess:
             path.unlink(missing_ok=True)
         self._down.connect(f"ipc://{self.dir / proto.DOWN}")
         self._tell(proto.HELLO)
-        log.info("coordinator process %d ready in %.2f s (%d slots of %.1f MB in %s)", self.proc.pid,
-                 time.monotonic() - started, slots["count"], slots["size"] / 2**20, self.slots.path.parent)
+        log.info("coordinator process %d ready in %.2f s (%d slots of %.1f MB in %s; the clips' columns %s)",
+                 self.proc.pid, time.monotonic() - started, slots["count"], slots["size"] / 2**20,
+                 self.slots.path.parent, "mapped from the index cache file" if passed else "in the start file")
         self._thread = threading.Thread(target=self._receive, name="coordinator-receiver", daemon=True)
         self._thread.start()
 

@@ -168,7 +168,9 @@ READ_BY_CLIP = ("s.text", "s.audio", "s.units")
 def cached_table(cached: CachedIndex) -> SampleTable:
     names = cached.header["names"]
     sections = {name: cached.blob(name) if name in READ_BY_CLIP else view for name, view in cached.sections.items()}
-    return SampleTable.from_sections(sections, names["speakers"], names["languages"], checksummed=cached.checked)
+    table = SampleTable.from_sections(sections, names["speakers"], names["languages"], checksummed=cached.checked)
+    table.stored_in = cached
+    return table
 
 
 def reusable(cached: CachedIndex | None, frontend: Frontend) -> tuple[dict[str, tuple], dict[TextKey, Units]]:

@@ -92,6 +92,9 @@ class SampleTable(Sequence[Sample]):
         self._id_rows: tuple[np.ndarray, np.ndarray] | None = None  # (sorted id hashes, their rows)
         self._ids: list[str] | None = None
         self._id_order = id_order  # rows by clip id (id_order): the builder's, when it sorted the ids
+        # The index cache file (a CachedIndex) whose mapping holds these columns, None where they are
+        # in memory: another process maps that file rather than getting a copy of the columns.
+        self.stored_in: Any = None
 
     @classmethod
     def from_samples(cls, samples: Iterable[Sample]) -> "SampleTable":
@@ -345,6 +348,7 @@ class SampleTable(Sequence[Sample]):
         picked = np.asarray(rows, np.int64)
         view = SampleTable(self._numbers, self._strings, self.speakers, self.languages,
                            self._rows[picked] if self._rows is not None else picked)
+        view.stored_in = self.stored_in
         if self._ids is not None:
             view._ids = [self._ids[n] for n in picked.tolist()]  # the same strings, not decoded again
         increasing = not len(picked) or bool((picked[1:] > picked[:-1]).all())  # equal ids stay in row order

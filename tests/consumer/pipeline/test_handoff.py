@@ -22,9 +22,11 @@ import stoker
 from stoker.consumer.pipeline.buffer import QueuedBatch, QueueFull
 from stoker.consumer.pipeline.coordproc import SlotQueue
 from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
-from stoker.consumer.pipeline.handoff import CoordinatorGone
+from stoker.consumer.pipeline import coordproc
+from stoker.consumer.pipeline.handoff import CoordinatorGone, write_start
 from stoker.consumer.pipeline.slots import ALIGN, SlotFile
 from stoker.shared.config import Config
+from stoker.shared.dataset.cache import open_index
 from tests.factories import make_dataset
 from tests.procs import free_port
 
@@ -109,8 +111,8 @@ def test_untaken_batches_count_against_the_capacity_whatever_slots_are_free(tmp_
     assert sorted(queue.positions()) == [(0, 0), (0, 1), (0, 2)]
 
 
-def config(tmp_path: Path) -> Config:
-    make_dataset(tmp_path / "data", count=6)
+def config(tmp_path: Path, count: int = 6) -> Config:
+    make_dataset(tmp_path / "data", count=count)
     cfg = Config()
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(tmp_path / "data")),
                                pipeline=dataclasses.replace(cfg.pipeline, bind="tcp://127.0.0.1:*"))
@@ -156,6 +158,7 @@ def test_the_coordinator_process_ends_when_its_trainer_process_is_killed(tmp_pat
         sys.path.insert(0, {str(ROOT)!r})
         from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
         from stoker.shared.config import Config
+from stoker.shared.dataset.cache import open_index
         cfg = Config()
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path={str(tmp_path / "data")!r}),
                                   pipeline=dataclasses.replace(cfg.pipeline, bind="tcp://127.0.0.1:*"))
@@ -202,3 +205,20 @@ def test_batches_the_loop_holds_are_not_written_over_while_the_queue_fills_and_c
             assert core.step_done()  # each step confirmed: its slot let go
         after = [next(batches) for _ in range(capacity)]  # credits flow into the let-go slots
         assert len({(item.epoch, item.index) for item in held + after}) == len(held + after)  # each planned batch once
+
+
+def test_a_warm_index_reaches_the_coordinator_process_as_its_cache_file_not_a_copy(tmp_path) -> None:
+    cfg = config(tmp_path, count=24)
+    PreparedRun(cfg, tmp_path / "cold")  # indexes the clips, writes the index cache
+    prepared = PreparedRun(cfg, tmp_path / "run", hold_out=True)  # warm: the table is views of the cache file
+    train = list(prepared.train_samples)
+    assert 0 < len(train) < 24 and prepared.val_samples
+    passed = write_start(tmp_path / "start", prepared, None, None, {"count": 1, "hold": 0, "val": 0, "size": 64})
+    assert len(passed) == 1
+    start = open_index(tmp_path / "start")
+    assert sorted(name for name in start.sections if name.startswith("train.")) == ["train.rows"]  # no column copied
+    # A later build renames another cache file over the name: the coordinator reads the one the trainer checked.
+    cache = Path(prepared.index.stats.cache_file)
+    os.replace(tmp_path / "start", cache)
+    assert list(coordproc._table(start, "train")) == train
+    assert list(coordproc._table(start, "val")) == list(prepared.val_samples)
