@@ -41,8 +41,10 @@ class ConfigError(UserError, ValueError):
 
 
 def _yaml_defaults() -> dict[str, Any]:
+    """The defaults file, parsed by libyaml where PyYAML has it: every stoker process parses it
+    when it starts, and the pure-Python parser takes a good part of that start."""
     with open(DEFAULT_CONFIG, encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
 
 
 # Every default is written once, in configs/default.yaml beside its explanation; the

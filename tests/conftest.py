@@ -9,6 +9,10 @@ unaffected: they use the first.
 
 No test may leave a process behind: ``no_leftover_processes`` checks every test.
 
+The package and the tests' modules are compiled once, before any test: the suite starts about a
+thousand Python processes, and where bytecode is not written (PYTHONDONTWRITEBYTECODE) each would
+otherwise compile every stoker module it imports.
+
 pytest-xdist hands each worker a whole file at a time, in collection order: files are
 collected longest first (each test's seconds from the last session that ran it, kept in
 pytest's cache), so that no long file starts last and keeps one worker busy alone.
@@ -17,6 +21,7 @@ pytest's cache), so that no long file starts last and keeps one worker busy alon
 from __future__ import annotations
 
 import collections
+import compileall
 import errno
 import multiprocessing
 import multiprocessing.forkserver
@@ -51,6 +56,20 @@ def _test_seconds(config: pytest.Config) -> dict[str, float]:
         return worker_input.get(TEST_SECONDS, {})
     cache = getattr(config, "cache", None)
     return cache.get(TEST_SECONDS, {}) if cache is not None else {}
+
+
+# The folders of the checkout whose modules the suite's processes import (stoker/'s links to the
+# layers are not followed: the layers are compiled where they live, which is where they are cached).
+COMPILED = ("stoker", "shared", "producer", "consumer", "benchmarks", "tests", "docs/examples")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller (or a session without workers) compiles the checkout's modules, once."""
+    if hasattr(config, "workerinput"):
+        return
+    for folder in COMPILED:
+        if (config.rootpath / folder).is_dir():
+            compileall.compile_dir(config.rootpath / folder, quiet=2)
 
 
 @pytest.hookimpl(optionalhook=True)
