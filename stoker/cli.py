@@ -31,7 +31,7 @@ from .shared.errors import UserError
 from .shared.keys import DEFAULT_CLIENT, make_keys
 from .shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging, with_stoker_path
 from .shared.tfsetup import require_tensorflow
-from .slurm import Task, run_task
+from .slurm import LAUNCHERS, TORCHRUN, Task, TorchrunJob, run_task, torchrun_task
 from .watch import watch
 
 # The flags that set a config key, by key: each is parsed into its key (the run service takes
@@ -149,6 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--task-producers", type=int, metavar="N",
                        help="producer processes per producer task (default: the task's CPUs, "
                             "SLURM_CPUS_PER_TASK, or 1)")
+    slurm.add_argument("--launcher", choices=LAUNCHERS, default="stoker",
+                       help="stoker (default): the trainer and producer tasks above; torchrun: each task (one per "
+                            "node) runs that node's torchrun of SCRIPT, a loop on stoker.Feed (docs/SLURM.md)")
+    slurm.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="torchrun: ranks on each node")
+    slurm.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                       help="torchrun: restarts of the whole job after a rank fails")
+    slurm.add_argument("--rdzv-port", type=int, metavar="PORT",
+                       help="torchrun: the rendezvous port on the first node (default: from the job id)")
+    slurm.add_argument("script", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
+                       help="torchrun: the training script and its arguments")
     diagnose = sub.add_parser("diagnose", help="explain where a run's time went")
     diagnose.add_argument("run_dir", metavar="RUN_DIR")
     diagnose.add_argument("--json", action="store_true", help="the report as JSON")
@@ -251,6 +261,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
+    if args.launcher == TORCHRUN:
+        given = [KEY_FLAGS.get(key, f"--set {key}") for key in overrides(args)]
+        given += [flag for flag, value in (("--config", args.config), ("--resume", args.resume),
+                                           ("--fresh-plan", args.fresh_plan), ("--task-producers", args.task_producers))
+                  if value]
+        job = TorchrunJob(tuple(args.script), args.nproc_per_node, args.max_restarts, args.rdzv_port)
+        torchrun_task(env, job, given)
+    if args.script:
+        raise UserError(f"{args.script[0]}: stoker slurm takes a script with --launcher torchrun only")
     task = Task(config=args.config, resume=args.resume, fresh_plan=args.fresh_plan,
                 producer_nodes=args.producer_nodes, task_producers=args.task_producers)
     return run_task(env, overrides(args), task)
