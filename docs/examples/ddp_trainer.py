@@ -22,9 +22,15 @@ Checkpoints are ``torch.distributed.checkpoint`` (DCP) directories ``CHECKPOINT/
 model and the optimizer (replicated: written once), and each rank's ``feed.state_dict()`` under
 a key of its own (``feed.rank-R``, a JSON string). A checkpoint is written under a temporary name
 and renamed by rank 0 once every rank's part is in, so a ``step-N`` directory is always whole.
-Restart the same command after a crash, even a ``kill -9`` of one rank (torchrun's
-``--max-restarts`` does it for you): every rank restores the newest checkpoint, and its feed goes
-on from its own state there, so no clip is lost or trained twice.
+Restart the same command after a crash, even a ``kill -9`` of one rank: every rank restores
+the newest checkpoint, and its feed goes on from its own state there, so no clip is lost or
+trained twice. torchrun's ``--max-restarts N`` restarts the job by itself; give it
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and the c10d rendezvous (``--standalone`` on one
+host), or the restarted ranks find the killed attempt's addresses in the store
+(docs/DESIGN.md, torchrun ranks)::
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 2 --max-restarts 3 \
+        docs/examples/ddp_trainer.py --data data/demo --run-dir runs/ddp --checkpoint ckpts/ddp
 """
 
 from __future__ import annotations
