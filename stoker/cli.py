@@ -128,6 +128,27 @@ def _precompute_parser(parser: argparse.ArgumentParser) -> None:
                         "data.feature_cache=DIR picks the cache (default: auto, DATASET/.stoker/features)")
 
 
+def _slurm_parser(parser: argparse.ArgumentParser) -> None:
+    """``slurm``'s flags: train's, where producer tasks run, and a torchrun job's."""
+    _train_parser(parser)
+    parser.add_argument("--producer-nodes", default="other", metavar="WHERE",
+                        help="other (default): producer tasks must run on nodes other than the trainer's; "
+                             "any: they may share it")
+    parser.add_argument("--task-producers", type=int, metavar="N",
+                        help="producer processes per producer task (default: the task's CPUs, "
+                             "SLURM_CPUS_PER_TASK, or 1)")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="stoker",
+                        help="stoker (default): the trainer and producer tasks above; torchrun: each task (one per "
+                             "node) runs that node's torchrun of SCRIPT, a loop on stoker.Feed (docs/SLURM.md)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="torchrun: ranks on each node")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="torchrun: restarts of the whole job after a rank fails")
+    parser.add_argument("--rdzv-port", type=int, metavar="PORT",
+                        help="torchrun: the rendezvous port on the first node (default: from the job id)")
+    parser.add_argument("script", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
+                        help="torchrun: the training script and its arguments")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=_program().split()[-1], description="stoker: keep a training GPU fed")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -142,23 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _key(produce, "run.log_level", default="INFO")
     slurm = sub.add_parser("slurm", help="a task of a Slurm job step (srun python run.py slurm ...): task 0 "
                            "trains, every other task starts producers on its node (docs/SLURM.md)")
-    _train_parser(slurm)
-    slurm.add_argument("--producer-nodes", default="other", metavar="WHERE",
-                       help="other (default): producer tasks must run on nodes other than the trainer's; "
-                            "any: they may share it")
-    slurm.add_argument("--task-producers", type=int, metavar="N",
-                       help="producer processes per producer task (default: the task's CPUs, "
-                            "SLURM_CPUS_PER_TASK, or 1)")
-    slurm.add_argument("--launcher", choices=LAUNCHERS, default="stoker",
-                       help="stoker (default): the trainer and producer tasks above; torchrun: each task (one per "
-                            "node) runs that node's torchrun of SCRIPT, a loop on stoker.Feed (docs/SLURM.md)")
-    slurm.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="torchrun: ranks on each node")
-    slurm.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                       help="torchrun: restarts of the whole job after a rank fails")
-    slurm.add_argument("--rdzv-port", type=int, metavar="PORT",
-                       help="torchrun: the rendezvous port on the first node (default: from the job id)")
-    slurm.add_argument("script", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
-                       help="torchrun: the training script and its arguments")
+    _slurm_parser(slurm)
     diagnose = sub.add_parser("diagnose", help="explain where a run's time went")
     diagnose.add_argument("run_dir", metavar="RUN_DIR")
     diagnose.add_argument("--json", action="store_true", help="the report as JSON")
