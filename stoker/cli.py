@@ -31,7 +31,7 @@ from .shared.errors import UserError
 from .shared.keys import DEFAULT_CLIENT, make_keys
 from .shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging, with_stoker_path
 from .shared.tfsetup import require_tensorflow
-from .slurm import Task, run_task
+from .slurm import LAUNCHERS, TORCHRUN, Task, TorchrunJob, run_task, torchrun_task
 from .watch import watch
 
 # The flags that set a config key, by key: each is parsed into its key (the run service takes
@@ -128,6 +128,27 @@ def _precompute_parser(parser: argparse.ArgumentParser) -> None:
                         "data.feature_cache=DIR picks the cache (default: auto, DATASET/.stoker/features)")
 
 
+def _slurm_parser(parser: argparse.ArgumentParser) -> None:
+    """``slurm``'s flags: train's, where producer tasks run, and a torchrun job's."""
+    _train_parser(parser)
+    parser.add_argument("--producer-nodes", default="other", metavar="WHERE",
+                        help="other (default): producer tasks must run on nodes other than the trainer's; "
+                             "any: they may share it")
+    parser.add_argument("--task-producers", type=int, metavar="N",
+                        help="producer processes per producer task (default: the task's CPUs, "
+                             "SLURM_CPUS_PER_TASK, or 1)")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="stoker",
+                        help="stoker (default): the trainer and producer tasks above; torchrun: each task (one per "
+                             "node) runs that node's torchrun of SCRIPT, a loop on stoker.Feed (docs/SLURM.md)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="torchrun: ranks on each node")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="torchrun: restarts of the whole job after a rank fails")
+    parser.add_argument("--rdzv-port", type=int, metavar="PORT",
+                        help="torchrun: the rendezvous port on the first node (default: from the job id)")
+    parser.add_argument("script", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
+                        help="torchrun: the training script and its arguments")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=_program().split()[-1], description="stoker: keep a training GPU fed")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -142,13 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _key(produce, "run.log_level", default="INFO")
     slurm = sub.add_parser("slurm", help="a task of a Slurm job step (srun python run.py slurm ...): task 0 "
                            "trains, every other task starts producers on its node (docs/SLURM.md)")
-    _train_parser(slurm)
-    slurm.add_argument("--producer-nodes", default="other", metavar="WHERE",
-                       help="other (default): producer tasks must run on nodes other than the trainer's; "
-                            "any: they may share it")
-    slurm.add_argument("--task-producers", type=int, metavar="N",
-                       help="producer processes per producer task (default: the task's CPUs, "
-                            "SLURM_CPUS_PER_TASK, or 1)")
+    _slurm_parser(slurm)
     diagnose = sub.add_parser("diagnose", help="explain where a run's time went")
     diagnose.add_argument("run_dir", metavar="RUN_DIR")
     diagnose.add_argument("--json", action="store_true", help="the report as JSON")
@@ -251,6 +266,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
+    if args.launcher == TORCHRUN:
+        given = [KEY_FLAGS.get(key, f"--set {key}") for key in overrides(args)]
+        given += [flag for flag, value in (("--config", args.config), ("--resume", args.resume),
+                                           ("--fresh-plan", args.fresh_plan), ("--task-producers", args.task_producers))
+                  if value]
+        job = TorchrunJob(tuple(args.script), args.nproc_per_node, args.max_restarts, args.rdzv_port)
+        torchrun_task(env, job, given)
+    if args.script:
+        raise UserError(f"{args.script[0]}: stoker slurm takes a script with --launcher torchrun only")
     task = Task(config=args.config, resume=args.resume, fresh_plan=args.fresh_plan,
                 producer_nodes=args.producer_nodes, task_producers=args.task_producers)
     return run_task(env, overrides(args), task)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from typing import Any
 
 from .consumer.pipeline.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
+from .shared.cluster import TORCHRUN, from_env
 from .shared.config import FRAMEWORKS, TENSORFLOW, DevicesConfig
 from .shared.errors import UserError
 from .shared.tfsetup import TF_EXTRA, device_stager, replica_stager
@@ -107,9 +109,10 @@ def tf_staging(devices: DevicesConfig, strategy: Any) -> Staging:
 
 
 def torch_staging(devices: DevicesConfig) -> Staging:
-    """Batches as torch tensors on ``cuda:N`` (N: ``devices.model_gpu``, default 0) when
-    CUDA is available, with ``devices.model_gpu_memory_mb`` as the process's share of
-    that GPU; else on the CPU."""
+    """Batches as torch tensors on ``cuda:N`` when CUDA is available (N: ``devices.model_gpu``;
+    by default 0, or under torchrun LOCAL_RANK modulo the GPUs seen, so the ranks of a host
+    take a GPU each, or share them when they outnumber the GPUs), with
+    ``devices.model_gpu_memory_mb`` as the process's share of that GPU; else on the CPU."""
     import torch  # the user's framework: loaded with the feed of a torch loop only
 
     wanted = one_model_gpu(devices, "the feed stages each batch onto one GPU, cuda:N; several GPUs are a process "
@@ -120,7 +123,7 @@ def torch_staging(devices: DevicesConfig) -> Staging:
         if wanted is not None and wanted >= count:
             raise FeedError(f"devices.model_gpu {wanted}: PyTorch in this process sees {count} GPU(s) (numbered "
                             f"from 0 among CUDA_VISIBLE_DEVICES)")
-        index = wanted or 0
+        index = wanted if wanted is not None else torchrun_gpu(count)
         if limit_mb:
             total_mb = torch.cuda.get_device_properties(index).total_memory / 2**20
             torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb / total_mb), index)
@@ -134,6 +137,15 @@ def torch_staging(devices: DevicesConfig) -> Staging:
         device = "cpu"
     log.info("batches staged onto %s as torch tensors", device)
     return TorchStaging(torch, device)
+
+
+def torchrun_gpu(count: int) -> int:
+    """The GPU of this process among ``count``: under torchrun its LOCAL_RANK's (modulo
+    ``count``), else the first."""
+    cluster = from_env(os.environ)
+    if cluster is None or cluster.source != TORCHRUN or cluster.local_rank is None:
+        return 0
+    return cluster.local_rank % count
 
 
 def jax_staging(devices: DevicesConfig, sharding: Any) -> Staging:

@@ -23,7 +23,7 @@ from .devices import DevicePlan, list_gpus, plan_devices, requested_replicas
 from .launcher import BackgroundProducers, run_producers, run_training
 from .producer.features import resolve_backend
 from .shared import config as config_mod
-from .shared.cluster import from_env, worker_dir_name
+from .shared.cluster import TF_CONFIG, from_env, worker_dir_name
 from .shared.config import TENSORFLOW, Config, DevicesConfig
 from .shared.dataset import describe_copy, feature_cache_dir, locate
 from .shared.dataset.storage import is_url
@@ -130,15 +130,15 @@ def _names(config: str | os.PathLike[str], section: str, key: str) -> bool:
 
 
 def job_run_dir(requested: str) -> str:
-    """``requested`` as this trainer worker's run directory: with TF_CONFIG naming several
-    workers, every worker is given the job's directory (the same one) and writes its
-    worker-N inside; a single trainer's is ``requested`` itself."""
+    """``requested`` as this trainer worker's run directory: with TF_CONFIG (or torchrun)
+    naming several workers, every worker is given the job's directory (the same one) and
+    writes its worker-N inside; a single trainer's is ``requested`` itself."""
     cluster = from_env(os.environ)
     if cluster is None or cluster.size == 1:
         return requested
     if not requested:
-        raise UserError(f"run.run_dir: TF_CONFIG names {cluster.size} trainer workers: give every worker the same "
-                        f"run directory (on a filesystem they share); worker N writes "
+        raise UserError(f"run.run_dir: {cluster.source} names {cluster.size} trainer workers: give every worker the "
+                        f"same run directory (on a filesystem they share); worker N writes "
                         f"RUN_DIR/{worker_dir_name(0)[:-1]}N")
     return str(Path(requested).expanduser().resolve() / worker_dir_name(cluster.index))
 
@@ -198,7 +198,12 @@ def prepare_run(cfg: Config, *, trains_model: bool = True) -> tuple[Config, Devi
     (no producer imports TensorFlow). UserError (one line) for each mistake."""
 
     root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
+    cluster = from_env(os.environ)
     if trains_model:
+        if cluster is not None and cluster.source != TF_CONFIG:
+            raise UserError(f"{cluster.source} started this trainer: stoker's own trainer's workers are TensorFlow's "
+                            f"(TF_CONFIG); under torchrun train in your own loop on stoker.Feed(framework='torch') "
+                            f"(docs/examples/ddp_trainer.py)")
         check_model(cfg.trainer.model)
         if uses_tensorflow(cfg.trainer.model):
             if cfg.trainer.framework != TENSORFLOW:
@@ -220,7 +225,6 @@ def prepare_run(cfg: Config, *, trains_model: bool = True) -> tuple[Config, Devi
     data = dataclasses.replace(cfg.data, path=data_path(root, metadata_file, cfg.data.metadata_file),
                                feature_cache=feature_cache_dir(cfg.data.feature_cache, root))
     devices = dataclasses.replace(cfg.devices, replicas=plan.replicas)  # resolved: the plan's batches depend on it
-    cluster = from_env(os.environ)
     resolved = dataclasses.replace(cfg, data=data, devices=devices)
     workers = cluster.size if cluster is not None else 1
     fixed = config_mod.with_fixed_rows(resolved, workers)

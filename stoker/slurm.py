@@ -1,8 +1,9 @@
 """A stoker job under Slurm: one ``srun python run.py slurm [train flags]`` line starts the
 trainer (task 0) and producers on every other task's node. Each task finds its role and
 the placement in Slurm's environment; the trainer hands its endpoint and the job's fresh
-keys to the producer tasks through the run directory. docs/SLURM.md tells the whole story
-(placement, the hand-over, scancel and resume).
+keys to the producer tasks through the run directory. With ``--launcher torchrun SCRIPT``
+each task (one per node) is that node's torchrun instead, its ranks the user's script on
+stoker.Feed. docs/SLURM.md tells the whole story (placement, the hand-over, scancel and resume).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn, Sequence
 
 from . import service
 from .console import print_summary
@@ -46,6 +48,11 @@ POLL_S = 0.5
 WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
 DEFAULT_BIND = "tcp://0.0.0.0:*"
 PRODUCER_NODES = ("other", "any")
+TORCHRUN = "torchrun"
+LAUNCHERS = ("stoker", TORCHRUN)
+# torchrun's rendezvous port on the step's first node, by default: one of its own for each job
+# (the job id's), the same on every task.
+RDZV_PORT_BASE, RDZV_PORTS = 20000, 20000
 # handover states
 READY, FAILED, OVER = "ready", "failed", "over"
 
@@ -399,3 +406,54 @@ def _watch_trainer(run_dir: Path, job_id: str, over: threading.Event) -> None:
             os.kill(os.getpid(), signal.SIGTERM)  # the launcher's own stop: drain, BYE, join
             return
         time.sleep(POLL_S)
+
+
+# ---------------------------------------------------------------- torchrun jobs
+
+@dataclass(frozen=True)
+class TorchrunJob:
+    """What ``python run.py slurm --launcher torchrun`` is asked: the script and its arguments,
+    the ranks of each node, how often torchrun may restart the job, its rendezvous port."""
+
+    script: tuple[str, ...]
+    nproc_per_node: int = 1
+    max_restarts: int = 0
+    rdzv_port: int | None = None  # None: RDZV_PORT_BASE + the job id modulo RDZV_PORTS
+
+
+def torchrun_command(step: Step, job: TorchrunJob) -> tuple[list[str], dict[str, str]]:
+    """This task's torchrun: its command line (this node's agent of the job's ``nodes x
+    nproc_per_node`` ranks, meeting at the step's first node) and the environment it adds.
+    UserError (one line) for a step that is not one task per node."""
+    if not job.script:
+        raise UserError("--launcher torchrun needs the training script: python run.py slurm --launcher torchrun "
+                        "[--nproc-per-node N] SCRIPT [ARGS...]")
+    if step.het_size > 1 or set(step.tasks_per_node) != {1}:
+        raise UserError(f"--launcher torchrun runs one task per node (that node's torchrun starts its ranks); the "
+                        f"step runs {','.join(map(str, step.tasks_per_node))} task(s) on its nodes "
+                        f"{','.join(step.nodes)}: srun --ntasks-per-node=1 (a plain job, not a heterogeneous one)")
+    if job.nproc_per_node < 1 or job.max_restarts < 0:
+        raise UserError(f"--nproc-per-node {job.nproc_per_node}, --max-restarts {job.max_restarts}: expected at "
+                        f"least 1 rank per node and 0 restarts or more")
+    port = job.rdzv_port or RDZV_PORT_BASE + int(re.sub(r"\D", "", step.job_id) or 0) % RDZV_PORTS
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(step.nodes)),
+               "--node-rank", str(step.nodes.index(step.node)), "--nproc-per-node", str(job.nproc_per_node),
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{step.nodes[0]}:{port}", "--rdzv-id", step.job_id,
+               "--max-restarts", str(job.max_restarts), *job.script]
+    # torch's workers share the rendezvous store by default, which keeps the last attempt's
+    # addresses: a restarted job's process group then cannot connect (docs/DESIGN.md, torchrun ranks).
+    return command, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def torchrun_task(env: Mapping[str, str], job: TorchrunJob, overrides: Sequence[str] = ()) -> NoReturn:
+    """``python run.py slurm --launcher torchrun``: this node's torchrun in this process's place
+    (scancel's SIGTERM reaches torchrun, which stops its ranks). ``overrides``: stoker flags given
+    too, which are the script's to take, not this command's."""
+    if overrides:
+        raise UserError(f"--launcher torchrun starts your script, which makes its own stoker.Feed: give "
+                        f"{', '.join(overrides)} to the script (after its name), not to stoker slurm")
+    setup_logging("launcher", "INFO")
+    step = Step.from_env(env)
+    command, extra = torchrun_command(step, job)
+    log.info("task %d on %s: %s", step.proc_id, step.node, " ".join(command))
+    os.execve(command[0], command, {**env, **extra})

@@ -39,7 +39,7 @@ class PreparedRun:
         self.run_dir = run_dir
         self.resume = resume
         self.fresh_plan = fresh_plan
-        # Trainer workers of a multi-host job (TF_CONFIG): this one trains its share of every step's batch.
+        # Trainer workers of a multi-host job (TF_CONFIG, torchrun): this one trains its share of every step's batch.
         cluster: Cluster | None = from_env(os.environ)
         # Replicas and workers split every batch into equal parts: its rows are fixed (row_mask on).
         cfg = config_mod.with_fixed_rows(cfg, cluster.size if cluster is not None else 1)

@@ -143,3 +143,19 @@ def test_stokers_trainer_trains_tensorflow_batches_only() -> None:
         prepare_run(cfg)
     synthetic = resolve(None, {"pipeline.producers": 1, "trainer.model": "synthetic:1", "trainer.framework": "torch"})
     assert prepare_run(synthetic)[0].features.backend == "numpy"  # the pipeline alone needs no TensorFlow
+
+
+def test_under_torchrun_each_rank_of_a_host_stages_onto_its_local_rank_gpu(monkeypatch) -> None:
+    """torchrun's LOCAL_RANK picks the GPU (modulo those seen: ranks share GPUs they outnumber);
+    without torchrun, the first."""
+    from stoker.feed_staging import torchrun_gpu
+
+    for name in ("TF_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert torchrun_gpu(2) == 0
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h0:1", "h1:1"]}, "task": {"type": "worker", "index": 1}}')
+    assert torchrun_gpu(2) == 0  # a TensorFlow worker: its GPUs are the strategy's business
+    monkeypatch.delenv("TF_CONFIG")
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    assert [torchrun_gpu(count) for count in (4, 2, 1)] == [3, 1, 0]

@@ -101,6 +101,22 @@ def test_each_trainer_worker_writes_its_own_directory_of_the_jobs(tmp_path, monk
         service.job_run_dir("")
 
 
+def test_torchrun_ranks_write_their_directories_of_the_jobs_and_feed_only_a_users_loop(tmp_path, monkeypatch) -> None:
+    """Under torchrun each rank is a trainer worker of the job, as under TF_CONFIG; stoker's own
+    trainer, whose workers are TensorFlow's, is refused there in one line."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    assert service.job_run_dir(str(tmp_path / "job")) == str(tmp_path / "job" / "worker-1")
+    with pytest.raises(UserError, match=r"^run.run_dir: torchrun names 2 trainer workers"):
+        service.job_run_dir("")
+    cfg = service.resolve(None, {"trainer.model": "synthetic:1", "pipeline.producers": 1})
+    with pytest.raises(UserError, match=r"^torchrun started this trainer: stoker's own trainer's workers are "
+                                        r"TensorFlow's \(TF_CONFIG\); under torchrun train in your own loop"):
+        service.prepare_run(cfg)
+    assert service.prepare_run(cfg, trains_model=False)[0].batching.fixed_rows  # a feed's: each rank's share
+
+
 def test_a_feed_starts_its_producers_through_the_service_not_the_launcher() -> None:
     """stoker.Feed's producers are started and supervised by the run service (start_producers);
     the feed, like the command line and Slurm's tasks, runs on the service."""

@@ -192,6 +192,65 @@ def test_a_requeued_trainer_task_leaves_a_running_jobs_run_directory_alone(tmp_p
     assert sorted(p.name for p in (run_dir / "slurm").iterdir()) == ["endpoint.json"]  # no keys of job 43
 
 
+# ---------------------------------------------------------------- unit: torchrun jobs
+
+TORCHRUN_EXAMPLE = ROOT / "docs" / "examples" / "slurm" / "torchrun.sbatch"
+
+
+class Execed(Exception):
+    """What a stand-in os.execve raises with its arguments."""
+
+
+def execed(path: str, argv: list[str], env: dict[str, str]) -> None:
+    raise Execed(path, argv, env)
+
+
+def srun_line_of(script: Path, tmp_path: Path, *args: str) -> list[str]:
+    """The srun command line job script ``script`` runs with ``args``, recorded by a stand-in srun."""
+    bin_dir, recorded = tmp_path / "bin", tmp_path / "srun-args"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > {recorded}\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", str(script), *args], env=env, check=True, timeout=COMMAND_TIMEOUT_S)
+    return recorded.read_text().splitlines()
+
+
+def test_the_torchrun_job_script_starts_one_torchrun_per_node_meeting_at_the_first(tmp_path, monkeypatch):
+    """docs/examples/slurm/torchrun.sbatch: each task of its srun line is its node's torchrun of
+    the user's script, with the job's nodes, this node's rank among them and one rendezvous."""
+    user = ["docs/examples/ddp_trainer.py", "--data", "data/demo", "--run-dir", "runs/ddp", "--checkpoint", "ck"]
+    srun = srun_line_of(TORCHRUN_EXAMPLE, tmp_path, *user)
+    monkeypatch.setattr(os, "execve", execed)
+    assert srun[:4] == ["--ntasks-per-node=1", "python", "run.py", "slurm"]
+    second = step_env(SLURM_PROCID="1", SLURMD_NODENAME="cpu1", SLURM_JOB_ID="1234")
+    with pytest.raises(Execed) as started:  # execve never returns: torchrun takes the task's process over
+        run_slurm_task(monkeypatch, second, *srun[4:])
+    path, argv, env = started.value.args
+    assert path == sys.executable and argv == [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "gpu1:21234", "--rdzv-id", "1234", "--max-restarts", "1", *user]
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and env["SLURM_JOB_ID"] == "1234"
+
+
+@pytest.mark.parametrize(("env", "argv", "says"), [
+    (step_env(SLURM_STEP_TASKS_PER_NODE="2,1(x2)"), ["--launcher", "torchrun", "train.py"],
+     "--launcher torchrun runs one task per node (that node's torchrun starts its ranks); the step runs 2,1,1 "
+     "task(s)"),
+    (step_env(SLURM_HET_SIZE="2"), ["--launcher", "torchrun", "train.py"],
+     "--launcher torchrun runs one task per node"),
+    (step_env(), ["--launcher", "torchrun"], "--launcher torchrun needs the training script"),
+    (step_env(), ["--data", "d", "--launcher", "torchrun", "train.py"],
+     "--launcher torchrun starts your script, which makes its own stoker.Feed: give --data to the script"),
+    (step_env(), ["train.py"], "train.py: stoker slurm takes a script with --launcher torchrun only"),
+])
+def test_a_torchrun_job_stoker_cannot_start_is_one_line(monkeypatch, env, argv, says):
+    monkeypatch.setattr(os, "execve", execed)
+    with pytest.raises(UserError) as info:
+        run_slurm_task(monkeypatch, env, *argv)
+    assert str(info.value).startswith(says) and "\n" not in str(info.value)
+
+
 # ---------------------------------------------------------------- the cluster
 
 def _missing() -> list[str]:
