@@ -72,6 +72,17 @@ def pytest_configure(config: pytest.Config) -> None:
             compileall.compile_dir(config.rootpath / folder, quiet=2)
 
 
+# pytest-xdist workers per core for ``-n auto``: most of the suite's time is spent waiting on the
+# processes a test starts (runs, producers, servers), which leaves a core to another worker.
+WORKERS_PER_CORE = 2
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: WORKERS_PER_CORE workers per core this process may use."""
+    return WORKERS_PER_CORE * len(psutil.Process().cpu_affinity() or [None])
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """xdist's controller, per worker: the cached seconds go with the worker's input."""
