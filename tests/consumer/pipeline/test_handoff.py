@@ -158,7 +158,6 @@ def test_the_coordinator_process_ends_when_its_trainer_process_is_killed(tmp_pat
         sys.path.insert(0, {str(ROOT)!r})
         from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
         from stoker.shared.config import Config
-from stoker.shared.dataset.cache import open_index
         cfg = Config()
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path={str(tmp_path / "data")!r}),
                                   pipeline=dataclasses.replace(cfg.pipeline, bind="tcp://127.0.0.1:*"))
