@@ -37,7 +37,9 @@ process each: ``python -m stoker.benchmarks.producer_models --child WAY``; no pr
 TensorFlow): none, (a) the encoder in the PyTorch step, (b) in the producers
 (``transforms.models`` naming the module), (c) from a cache ``precompute`` filled with it. In
 the pinned layout the loop's process starts on the data core, so that the producers it starts
-inherit it, then moves its own threads to the trainer's core (PyTorch on one thread there).
+inherit it, then moves its own threads to the trainer's core. PyTorch runs on one thread in
+both layouts (its producers too), and its encoder has fewer layers (``TORCH_DEPTH``), so that
+it costs about one PyTorch step.
 
 No GPU is measured here: the pinned layout shows what separate devices change, not a GPU's speed.
 """
@@ -360,6 +362,10 @@ def _run_tensorflow(plan: ProducerModelsPlan, layouts_run: dict[str, Cores | Non
 
 # ---------------------------------------------------------------- the PyTorch encoder
 TORCH_ENCODER = "stoker.benchmarks.producer_models:torch_encoder"
+# The PyTorch step is cheaper than the Keras one (about 29 ms a batch against 41 ms on the
+# demo's buckets, one core): 3 residual convolutions instead of the Keras encoder's 5 make the
+# PyTorch encoder cost about one step, as the targets assume (5 cost about 1.5 steps).
+TORCH_DEPTH = 3
 TORCH_LABEL = "PyTorch encoder, "
 # The loop's ways: whether its feed names the encoder as a producer model, whether it reads a cache.
 TORCH_MODELS = {"none": False, "in step": False, "producers": True, "cache": True}
@@ -367,8 +373,9 @@ TORCH_CACHED = {"none": True, "in step": False, "producers": False, "cache": Tru
 
 
 def torch_encoder() -> Any:
-    """The producer model in PyTorch: :func:`encoder`'s layers, mel, mel_lengths -> codes
-    [B, T/4], its weights drawn from a seeded generator (the same in every process)."""
+    """The producer model in PyTorch: :func:`encoder`'s layers (:data:`TORCH_DEPTH` residual
+    convolutions), mel, mel_lengths -> codes [B, T/4], its weights drawn from a seeded
+    generator (the same in every process)."""
     import torch
     from torch import nn
 
@@ -376,7 +383,7 @@ def torch_encoder() -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.group = nn.Conv1d(N_MELS, WIDTH, GROUP, stride=GROUP)
-            self.convs = nn.ModuleList(nn.Conv1d(WIDTH, WIDTH, 5, padding=2) for _ in range(5))
+            self.convs = nn.ModuleList(nn.Conv1d(WIDTH, WIDTH, 5, padding=2) for _ in range(TORCH_DEPTH))
             self.project = nn.Linear(WIDTH, CODE_DIM)
             self.register_buffer("book", torch.empty(CODEBOOK, CODE_DIM))
 
@@ -461,7 +468,7 @@ def torch_child(way: str, steps: int, run_dir: Path, cache: Path, cores: Cores |
     """One PyTorch run (``--child WAY``): a training loop on stoker.Feed(framework="torch")."""
     import torch
 
-    import stoker
+    import stoker  # the user's API, imported as a user's loop imports it
 
     if cores is not None:
         os.sched_setaffinity(0, cores.producers)  # this thread's: the producers the feed starts inherit it
@@ -481,11 +488,13 @@ def torch_child(way: str, steps: int, run_dir: Path, cache: Path, cores: Cores |
     if encoder is not None:
         encoder.to(device)
     optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+    # One thread in both layouts: PyTorch's default (one per core) spins its OpenMP threads
+    # against the producers on a 2-core host (steps of 460 to 620 ms instead of 30 to 70, measured).
+    torch.set_num_threads(1)
     pinned: dict[str, Any] = {}
     with feed:
         if cores is not None:
             pinned = _pin_self(cores)
-            torch.set_num_threads(1)  # one core: the model device
         for batch in feed:
             optimizer.zero_grad(set_to_none=True)
             loss = model(batch)

@@ -48,6 +48,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 def weights(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURAL_FEATURES_WEIGHTS", str(tmp_path_factory.getbasetemp() / "weights"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU, as the launcher gives a producer without a GPU
+    for name in models_jax.environment(None):  # what a runner sets for JAX: this process's own values come back
+        monkeypatch.delenv(name, raising=False)
 
 
 def _maker(root: Path, models: str, fields: str, cache: Path | None = None, batch_fields: str = "ref_mel") -> BatchMaker:
