@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.step()
             feed.step_done(loss=loss.detach())
             if step % 20 == 0:
-                print(f"step {step}: codes cross-entropy {float(code_loss):.3f}, mel L1 {float(mel_l1):.3f}", flush=True)
+                print(f"step {step}: codes cross-entropy {float(code_loss.detach()):.3f}, mel L1 "
+                      f"{float(mel_l1.detach()):.3f}", flush=True)
 
 
 if __name__ == "__main__":

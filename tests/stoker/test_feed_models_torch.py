@@ -48,7 +48,7 @@ def test_torch_encoders_in_the_producers_every_clip_once_through_a_kill_and_a_la
             np.testing.assert_array_equal(b["codes"][row, :-(-int(b["mel_lengths"][row]) // um.nft.GROUP)], codes)
             assert_relative(b["speaker_embedding"][row], embedding)
 
-    trained = Recorder()
+    trained, kept = Recorder(), []
     with stoker.Feed(**options(tmp_path, root, epochs=2, record_samples=True, set=sets, framework="torch",
                                producer_models=models)) as feed:
         for n, batch in enumerate(feed):
@@ -57,6 +57,7 @@ def test_torch_encoders_in_the_producers_every_clip_once_through_a_kill_and_a_la
             assert isinstance(batch["codes"], torch.Tensor)
             check(batch)
             trained.note(batch, feed.epoch)
+            kept.append({k: v.clone() for k, v in batch.items()})
             feed.step_done()
     check_trained(trained.steps, clips_of(tmp_path / "run"), 2, ids)
     first = read_jsonl(calls)
@@ -73,3 +74,15 @@ def test_torch_encoders_in_the_producers_every_clip_once_through_a_kill_and_a_la
     producers = read_json(tmp_path / "later" / "summary.json")["producers"]
     assert sum(p["model_runs"] for p in producers) == 0 and sum(p["model_hits"] for p in producers) == 2 * len(ids)
     assert_no_producers_left(os.getpid())
+    # The example's model trains on these fields: a few steps on one batch lower its loss.
+    torch.manual_seed(0)
+    model = um.nft.CodesTTS(int(max(b["tokens"].max() for b in kept)) + 1, um.nft.N_MELS)
+    optimizer = torch.optim.Adam(model.parameters(), 3e-3)
+    losses = []
+    for _ in range(6):
+        optimizer.zero_grad()
+        loss = sum(model(kept[0]))
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0], losses
