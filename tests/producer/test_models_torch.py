@@ -174,6 +174,8 @@ def test_the_version_names_the_framework_and_follows_the_weights() -> None:
     assert weights_digest((apply, {**params, "shift": [params["shift"][0] + 1]})) != weights_digest((apply, params))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(150)
 def test_no_tensorflow_is_imported_for_torch_and_jax_models(dataset) -> None:
     """A fresh process (this one may have TensorFlow from another test) runs a batch through a
     PyTorch and a JAX model: TensorFlow is never imported."""
