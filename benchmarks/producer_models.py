@@ -31,6 +31,16 @@ Each way runs in two layouts of the processes on the host's cores, in the same r
                 as its process appears (TensorFlow sizes its thread pools from one core either
                 way). Skipped, with the reason, on a host with fewer than 2 cores.
 
+The PyTorch encoder (``torch_encoder``: the same layers in PyTorch) is measured the same four
+ways, in both layouts, in a PyTorch loop on ``stoker.Feed(framework="torch")`` (a child
+process each: ``python -m stoker.benchmarks.producer_models --child WAY``; no process imports
+TensorFlow): none, (a) the encoder in the PyTorch step, (b) in the producers
+(``transforms.models`` naming the module), (c) from a cache ``precompute`` filled with it. In
+the pinned layout the loop's process starts on the data core, so that the producers it starts
+inherit it, then moves its own threads to the trainer's core. PyTorch runs on one thread in
+both layouts (its producers too), and its encoder has fewer layers (``TORCH_DEPTH``), so that
+it costs about one PyTorch step.
+
 No GPU is measured here: the pinned layout shows what separate devices change, not a GPU's speed.
 """
 
@@ -49,7 +59,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import psutil
 
@@ -151,6 +161,7 @@ class _Pinner:
 class ProducerModelsPlan:
     steps: int = 120
     repetitions: int = 2  # of each way, alternated (the order reversed every other round): medians
+    frameworks: tuple[str, ...] = ("tensorflow", "torch")  # whose encoder and step are measured
 
     @classmethod
     def quick(cls) -> "ProducerModelsPlan":
@@ -294,7 +305,7 @@ def _layout(measured: dict[str, list[dict[str, Any]]], commands: dict[str, str])
             "cache_vs_none": ratio(sps["cache"], sps["none"], target=TARGET_CACHE_VS_NONE)}
 
 
-def _targets(layouts: dict[str, Any]) -> list[dict[str, Any]]:
+def _targets(layouts: dict[str, Any], label: str = "") -> list[dict[str, Any]]:
     out = []
     for name, layout in layouts.items():
         if "skipped" in layout:
@@ -303,9 +314,242 @@ def _targets(layouts: dict[str, Any]) -> list[dict[str, Any]]:
                                   TARGET_PRODUCERS_VS_STEP),
                                  ("cache_vs_none", "codes from the cache / no encoder", TARGET_CACHE_VS_NONE)):
             r = layout[key]
-            out.append({"what": f"{name} cores: {what}, samples/s", "value": r["value"], "limit": limit, "ratio": r,
-                        "met": r["value"] >= limit})
+            out.append({"what": f"{label}{name} cores: {what}, samples/s", "value": r["value"], "limit": limit,
+                        "ratio": r, "met": r["value"] >= limit})
     return out
+
+
+def _measure(plan: ProducerModelsPlan, layouts_run: dict[str, Cores | None], ways: Sequence[str],
+             run_one: Callable[[str, str, int], dict[str, Any]], say: Callable[[str], None],
+             label: str) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every way in every layout, ``plan.repetitions`` rounds alternated: their summaries."""
+    order = [(layout, way) for layout in layouts_run for way in ways]
+    measured: dict[str, dict[str, list[dict[str, Any]]]] = {layout: {way: [] for way in ways} for layout in layouts_run}
+    for round_ in range(plan.repetitions):
+        for layout, way in (order if round_ % 2 == 0 else order[::-1]):
+            summary = run_one(layout, way, round_)
+            measured[layout][way].append(summary)
+            say(f"producer models{label}: {layout} cores, {way}: {summary['samples_per_s']:.1f} samples/s, wait "
+                f"{summary['data_wait_frac']:.3f}, step {summary['step_ms_mean']:.1f} ms")
+    return measured
+
+
+def _run_tensorflow(plan: ProducerModelsPlan, layouts_run: dict[str, Cores | None], work: Path,
+                    say: Callable[[str], None]) -> dict[str, Any]:
+    """The Keras encoder and trainer in stoker's runs (``python -m stoker``): layouts and targets."""
+    common = ["--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE), "--model-start-delay", "1",
+              "--set", "features.backend=numpy", "--set", "trainer.val_clips=0",
+              "--set", "trainer.checkpoint_every_steps=0", "--set", "trainer.log_every_steps=20"]
+    models = ["--producer-models", ENCODER, "--set", f"transforms.model_fields={MODEL_FIELDS}"]
+    cache = ["--set", f"data.feature_cache={work / 'cache'}"]
+    ways = {"none": cache, "in step": [], "producers": models, "cache": models + cache}
+    commands = {way: " ".join(["python run.py", "--model", f"stoker.benchmarks.producer_models:{TRAINERS[way]}",
+                               "--steps", str(plan.steps), *common, *ways[way]]) for way in ways}
+    started = time.monotonic()
+    _stoker(["precompute", "--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE),
+             "--set", "trainer.val_clips=0", *models, *cache], work / "precompute")
+    say(f"producer models: cache filled by precompute in {time.monotonic() - started:.1f} s")
+
+    def one(layout: str, way: str, round_: int) -> dict[str, Any]:
+        model = f"stoker.benchmarks.producer_models:{TRAINERS[way]}"
+        return _stoker(["--model", model, "--steps", str(plan.steps), *common, *ways[way]],
+                       work / f"run-{layout}-{way.replace(' ', '-')}-{round_}", layouts_run[layout])
+
+    measured = _measure(plan, layouts_run, list(ways), one, say, "")
+    layouts = {layout: _layout(measured[layout], commands) for layout in layouts_run}
+    return {"layouts": layouts, "targets": _targets(layouts)}
+
+
+# ---------------------------------------------------------------- the PyTorch encoder
+TORCH_ENCODER = "stoker.benchmarks.producer_models:torch_encoder"
+# The PyTorch step is cheaper than the Keras one (about 29 ms a batch against 41 ms on the
+# demo's buckets, one core): 3 residual convolutions instead of the Keras encoder's 5 make the
+# PyTorch encoder cost about one step, as the targets assume (5 cost about 1.5 steps).
+TORCH_DEPTH = 3
+TORCH_LABEL = "PyTorch encoder, "
+# The loop's ways: whether its feed names the encoder as a producer model, whether it reads a cache.
+TORCH_MODELS = {"none": False, "in step": False, "producers": True, "cache": True}
+TORCH_CACHED = {"none": True, "in step": False, "producers": False, "cache": True}
+
+
+def torch_encoder() -> Any:
+    """The producer model in PyTorch: :func:`encoder`'s layers (:data:`TORCH_DEPTH` residual
+    convolutions), mel, mel_lengths -> codes [B, T/4], its weights drawn from a seeded
+    generator (the same in every process)."""
+    import torch
+    from torch import nn
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.group = nn.Conv1d(N_MELS, WIDTH, GROUP, stride=GROUP)
+            self.convs = nn.ModuleList(nn.Conv1d(WIDTH, WIDTH, 5, padding=2) for _ in range(TORCH_DEPTH))
+            self.project = nn.Linear(WIDTH, CODE_DIM)
+            self.register_buffer("book", torch.empty(CODEBOOK, CODE_DIM))
+
+        def forward(self, mel: Any, mel_lengths: Any) -> dict[str, Any]:
+            valid = torch.arange(mel.shape[1], device=mel.device)[None, :] < mel_lengths[:, None]
+            x = nn.functional.pad((mel * valid[..., None]).transpose(1, 2), (0, -mel.shape[1] % GROUP))
+            x = torch.relu(self.group(x))
+            for conv in self.convs:
+                x = x + torch.relu(conv(x))
+            z = self.project(x.transpose(1, 2))
+            distances = (z * z).sum(-1, keepdim=True) - 2.0 * z @ self.book.T + (self.book * self.book).sum(-1)
+            return {"codes": distances.argmin(-1).to(torch.int32)}
+
+    model = Encoder()
+    generator = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            bound = (6.0 / (t.shape[0] + (t[0].numel() if t.dim() > 1 else 1))) ** 0.5  # Glorot's
+            t.copy_((torch.rand(t.shape, generator=generator) * 2.0 - 1.0) * bound)
+    return model.eval()
+
+
+def _torch_trainer(vocab_size: int, way: str) -> Any:
+    """Text -> codes (and a coarse mel) in PyTorch: the same model whichever way it gets its codes."""
+    import torch
+    from torch import nn
+
+    class CodesModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, 128)
+            self.text = nn.ModuleList(nn.Conv1d(128, 128, 5, padding=2) for _ in range(2))
+            self.query = nn.Linear(64, 128)
+            self.attention = nn.MultiheadAttention(128, 2, batch_first=True)
+            self.logits = nn.Linear(128, CODEBOOK)
+            self.mel = nn.Linear(128, N_MELS * GROUP)
+
+        def forward(self, batch: dict[str, Any]) -> Any:
+            mel, lengths = batch["mel"], batch["mel_lengths"]
+            frames, device = mel.shape[1], mel.device
+            steps = -(-frames // GROUP)
+            if encoder is not None:  # (a): every step encodes its batch first
+                with torch.no_grad():
+                    codes = encoder(mel=mel, mel_lengths=lengths)["codes"]
+            else:
+                codes = batch.get("codes", torch.zeros(mel.shape[0], steps, dtype=torch.int32, device=device))
+            x = self.embed(batch["tokens"].long())
+            for conv in self.text:
+                x = x + torch.relu(conv(x.transpose(1, 2))).transpose(1, 2)
+            position = (torch.arange(steps, device=device) / steps)[:, None] * torch.arange(1, 33, device=device)
+            q = self.query(torch.cat([position.sin(), position.cos()], -1)).expand(x.shape[0], -1, -1)
+            h = q + self.attention(q, x, x, need_weights=False)[0]
+            mask = (torch.arange(steps, device=device)[None, :] < ((lengths + GROUP - 1) // GROUP)[:, None]).float()
+            ce = nn.functional.cross_entropy(self.logits(h).transpose(1, 2), codes.long().clamp(min=0),
+                                             reduction="none")
+            predicted = self.mel(h).reshape(h.shape[0], steps * GROUP, N_MELS)[:, :frames]
+            return (ce * mask).sum() / mask.sum().clamp(min=1) + (predicted - mel).abs().mean()
+
+    model = CodesModel()  # first: the same initial weights whichever way (the encoder's layers draw too)
+    encoder = torch_encoder() if way == "in step" else None
+    return model, encoder
+
+
+def _pin_self(cores: Cores) -> dict[str, Any]:
+    """After the feed started its producers (they inherited the data core from this thread):
+    every thread of this process to the trainer's core; the producers must have kept theirs."""
+    moved = 0
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            os.sched_setaffinity(tid, cores.trainer)
+            moved += 1
+        except ProcessLookupError:  # a thread that ended since the listing
+            continue
+    children = psutil.Process().children(recursive=True)
+    stray = [c.pid for c in children if set(c.cpu_affinity()) != set(cores.producers)]
+    return {"trainer_core": sorted(cores.trainer), "producer_core": sorted(cores.producers),
+            "trainer_processes": 1, "producer_processes": len(children), "trainer_threads_moved": moved,
+            "stray": stray}
+
+
+def torch_child(way: str, steps: int, run_dir: Path, cache: Path, cores: Cores | None) -> dict[str, Any]:
+    """One PyTorch run (``--child WAY``): a training loop on stoker.Feed(framework="torch")."""
+    import torch
+
+    import stoker  # the user's API, imported as a user's loop imports it
+
+    if cores is not None:
+        os.sched_setaffinity(0, cores.producers)  # this thread's: the producers the feed starts inherit it
+    sets: dict[str, Any] = {"features.backend": "numpy", "trainer.val_clips": 0, "trainer.checkpoint_every_steps": 0,
+                            "trainer.log_every_steps": 20}
+    if TORCH_MODELS[way]:
+        sets["transforms.model_fields"] = MODEL_FIELDS
+    if TORCH_CACHED[way]:
+        sets["data.feature_cache"] = str(cache)
+    feed = stoker.Feed(steps=steps, run_dir=str(run_dir), producers=PRODUCERS, batch_size=BATCH_SIZE,
+                       framework="torch", model_start_delay=1.0, log_level="WARNING",
+                       producer_models=TORCH_ENCODER if TORCH_MODELS[way] else "", set=sets)
+    torch.manual_seed(SEED)
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"  # where the feed puts the batches
+    model, encoder = _torch_trainer(feed.vocabulary.size, way)
+    model.to(device)
+    if encoder is not None:
+        encoder.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+    # One thread in both layouts: PyTorch's default (one per core) spins its OpenMP threads
+    # against the producers on a 2-core host (steps of 460 to 620 ms instead of 30 to 70, measured).
+    torch.set_num_threads(1)
+    pinned: dict[str, Any] = {}
+    with feed:
+        if cores is not None:
+            pinned = _pin_self(cores)
+        for batch in feed:
+            optimizer.zero_grad(set_to_none=True)
+            loss = model(batch)
+            loss.backward()
+            optimizer.step()
+            feed.step_done(loss=loss.detach())
+    return pinned
+
+
+CHILD_RESULT = "PRODUCER-MODELS-CHILD "
+
+
+def _torch_run(way: str, steps: int, run_dir: Path, cache: Path, cores: Cores | None) -> dict[str, Any]:
+    """One PyTorch run in a child process: its summary.json (with ``pinned``: the layout held)."""
+    argv = [sys.executable, "-m", "stoker.benchmarks.producer_models", "--child", way, "--steps", str(steps),
+            "--run-dir", str(run_dir), "--cache", str(cache)]
+    if cores is not None:
+        argv += ["--cores", f"{min(cores.trainer)}:{min(cores.producers)}"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                              env={**os.environ, **QUIET_ENV})
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"the PyTorch run {way!r} ran past {RUN_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        raise BenchError(f"the PyTorch run {way!r} exited with {done.returncode}: {done.stderr[-800:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if cores is None:
+        return summary
+    pinned = json.loads([line for line in done.stdout.splitlines() if line.startswith(CHILD_RESULT)][-1]
+                        [len(CHILD_RESULT):])
+    if pinned["stray"] or not pinned["producer_processes"]:
+        raise BenchError(f"the pinned layout did not hold in the PyTorch run {way!r}: {pinned}")
+    return {**summary, "pinned": pinned}
+
+
+def _run_torch(plan: ProducerModelsPlan, layouts_run: dict[str, Cores | None], work: Path,
+               say: Callable[[str], None]) -> dict[str, Any]:
+    """The PyTorch encoder and trainer on stoker.Feed(framework="torch"): layouts and targets."""
+    cache = work / "torch-cache"
+    started = time.monotonic()
+    _stoker(["precompute", "--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE), "--set",
+             "trainer.val_clips=0", "--set", "features.backend=numpy", "--producer-models", TORCH_ENCODER,
+             "--set", f"transforms.model_fields={MODEL_FIELDS}", "--set", f"data.feature_cache={cache}"],
+            work / "torch-precompute")
+    say(f"producer models (PyTorch): cache filled by precompute in {time.monotonic() - started:.1f} s")
+    commands = {way: f"python -m stoker.benchmarks.producer_models --child '{way}' --steps {plan.steps} --run-dir RUN "
+                     f"--cache CACHE" for way in TORCH_MODELS}
+
+    def one(layout: str, way: str, round_: int) -> dict[str, Any]:
+        return _torch_run(way, plan.steps, work / f"torch-{layout}-{way.replace(' ', '-')}-{round_}", cache,
+                          layouts_run[layout])
+
+    measured = _measure(plan, layouts_run, list(TORCH_MODELS), one, say, " (PyTorch)")
+    layouts = {layout: _layout(measured[layout], commands) for layout in layouts_run}
+    return {"layouts": layouts, "targets": _targets(layouts, TORCH_LABEL)}
 
 
 def run(plan: ProducerModelsPlan, log_fn: Any = None, usable_cores: set[int] | None = None) -> dict[str, Any]:
@@ -315,45 +559,30 @@ def run(plan: ProducerModelsPlan, log_fn: Any = None, usable_cores: set[int] | N
     if not isinstance(cores, Cores):
         say(f"producer models: pinned layout skipped: {cores}")
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-models-"))
-    common = ["--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE), "--model-start-delay", "1",
-              "--set", "features.backend=numpy", "--set", "trainer.val_clips=0",
-              "--set", "trainer.checkpoint_every_steps=0", "--set", "trainer.log_every_steps=20"]
-    models = ["--producer-models", ENCODER, "--set", f"transforms.model_fields={MODEL_FIELDS}"]
-    cache = ["--set", f"data.feature_cache={work / 'cache'}"]
-    ways = {"none": cache, "in step": [], "producers": models, "cache": models + cache}
-    commands = {way: " ".join(["python run.py", "--model", f"stoker.benchmarks.producer_models:{TRAINERS[way]}",
-                               "--steps", str(plan.steps), *common, *ways[way]]) for way in ways}
-    order = [(layout, way) for layout in layouts_run for way in ways]
-    measured: dict[str, dict[str, list[dict[str, Any]]]] = {layout: {way: [] for way in ways} for layout in layouts_run}
+    result: dict[str, Any] = {"steps": plan.steps, "batch_size": BATCH_SIZE, "producers": PRODUCERS, "width": WIDTH,
+                              "targets": []}
     try:
-        started = time.monotonic()
-        _stoker(["precompute", "--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE),
-                 "--set", "trainer.val_clips=0", *models, *cache], work / "precompute")
-        say(f"producer models: cache filled by precompute in {time.monotonic() - started:.1f} s")
-        for round_ in range(plan.repetitions):
-            for layout, way in (order if round_ % 2 == 0 else order[::-1]):
-                model = f"stoker.benchmarks.producer_models:{TRAINERS[way]}"
-                summary = _stoker(["--model", model, "--steps", str(plan.steps), *common, *ways[way]],
-                                  work / f"run-{layout}-{way.replace(' ', '-')}-{round_}", layouts_run[layout])
-                measured[layout][way].append(summary)
-                say(f"producer models: {layout} cores, {way}: {summary['samples_per_s']:.1f} samples/s, wait "
-                    f"{summary['data_wait_frac']:.3f}, step {summary['step_ms_mean']:.1f} ms")
+        if "tensorflow" in plan.frameworks:
+            result.update(_run_tensorflow(plan, layouts_run, work, say))
+        if "torch" in plan.frameworks:
+            result["torch"] = _run_torch(plan, layouts_run, work, say)
+            result["targets"] = result["targets"] + result["torch"]["targets"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    layouts = {layout: _layout(measured[layout], commands) for layout in layouts_run}
     if not isinstance(cores, Cores):
-        layouts["pinned"] = {"skipped": cores}
-    return {"layouts": layouts, "steps": plan.steps, "batch_size": BATCH_SIZE, "producers": PRODUCERS,
-            "width": WIDTH, "targets": _targets(layouts)}
+        for part in (result, result.get("torch")):
+            if part is not None and "layouts" in part:
+                part["layouts"]["pinned"] = {"skipped": cores}
+    return result
 
 
 LAYOUT_TITLES = {"shared": "shared cores (every process on every core)",
                  "pinned": "one core per device (trainer on one core, producers on another)"}
 
 
-def render(result: dict[str, Any]) -> str:
+def _render_layouts(layouts: dict[str, Any]) -> list[str]:
     out = []
-    for name, layout in result["layouts"].items():
+    for name, layout in layouts.items():
         if "skipped" in layout:
             out.append(f"{LAYOUT_TITLES[name]}: skipped ({layout['skipped']})")
             continue
@@ -364,6 +593,14 @@ def render(result: dict[str, Any]) -> str:
                 f"(b) producers / (a) in step: {layout['producers_vs_in_step']['value']:.2f} (target >= "
                 f"{TARGET_PRODUCERS_VS_STEP}); (c) cache / none: {layout['cache_vs_none']['value']:.2f} "
                 f"(target >= {TARGET_CACHE_VS_NONE})"]
+    return out
+
+
+def render(result: dict[str, Any]) -> str:
+    out = _render_layouts(result["layouts"]) if "layouts" in result else []
+    if "torch" in result:
+        out += ["PyTorch encoder and step (stoker.Feed(framework=\"torch\"), no TensorFlow):",
+                *_render_layouts(result["torch"]["layouts"])]
     out.append("No GPU was measured: the pinned layout is the CPU analogue of a data GPU beside a model GPU.")
     return "\n".join(out)
 
@@ -371,9 +608,26 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--framework", choices=("tensorflow", "torch", "both"), default="both",
+                        help="whose encoder and training step to measure")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one PyTorch run: its way
+    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cores", default=None, help=argparse.SUPPRESS)  # TRAINER:PRODUCERS
     args = parser.parse_args(argv)
+    if args.child:
+        cores = None
+        if args.cores:
+            trainer, producers = (int(c) for c in args.cores.split(":"))
+            cores = Cores(trainer=frozenset({trainer}), producers=frozenset({producers}))
+        pinned = torch_child(args.child, args.steps, Path(args.run_dir), Path(args.cache), cores)
+        print(CHILD_RESULT + json.dumps(pinned), flush=True)
+        return 0
     plan = ProducerModelsPlan.quick() if args.quick else ProducerModelsPlan()
+    if args.framework != "both":
+        plan.frameworks = (args.framework,)
     return run_alone("producer_models", lambda log: run(plan, log), render, args.out)
 
 

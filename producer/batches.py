@@ -98,7 +98,7 @@ class BatchMaker:
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
                  ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None,
                  mel_norm: tuple[np.ndarray, np.ndarray] | None = None, fixed_rows: bool = False,
-                 model_device: str | None = None) -> None:
+                 model_device: str | None = None, model_memory_mb: int | None = None) -> None:
         self.root = root
         self.texts = texts  # of this host's metadata ({} for a producer that reads none: leases carry them)
         self.files = files if files is not None else {}
@@ -127,10 +127,10 @@ class BatchMaker:
         self.models = None
         self._model_caches: dict[str, ModelCache] = {}
         if transforms.models:
-            from .models import ModelRunner  # imports TensorFlow: only where a model is configured
+            from .models import ModelRunner  # imports the models' frameworks: only where a model is configured
 
             fields = parse_model_fields(transforms.model_fields, list(chain.declared))
-            self.models = ModelRunner(transforms.models, fields, model_device)
+            self.models = ModelRunner(transforms.models, fields, model_device, model_memory_mb)
             if self.cache is not None:
                 self._model_caches = {m.spec: ModelCache(self.cache, m.spec, m.version, transforms.model_fields)
                                       for m in self.models.models}

@@ -1,134 +1,107 @@
 """Producer models: the user's neural networks (an audio codec's encoder, a speaker encoder),
 run by the producers on each batch after its log-mel, on their data device.
 
-Loads the ``transforms.models`` functions' models, takes their versions, and runs each on a
-batch (:class:`ModelRunner`), its outputs checked, cast and padded as ``transforms.model_fields``
-declares. The user's contract: docs/MODELS.md, Producer models; the design and the faults:
-docs/DESIGN.md, Producer models. TensorFlow is imported here only.
+Loads the ``transforms.models`` functions' models, whichever framework's (TensorFlow, PyTorch,
+JAX: producer/models_tf.py, models_torch.py, models_jax.py, picked by what the function
+returns), takes their versions, and runs each on a batch (:class:`ModelRunner`), its outputs
+checked, cast and padded as ``transforms.model_fields`` declares. The user's contract:
+docs/MODELS.md, Producer models; the design and the faults: docs/DESIGN.md, Producer models.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import logging
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from . import models_jax, models_tf, models_torch
+from .models_common import CLIP_INPUTS, REFERENCE_INPUTS, ModelBatchError, ModelSetupError, ProducerModel, one_line
 from ..shared.batch import Field
-from ..shared.errors import UserError
 from ..shared.mel import source_version
 from ..shared.proc import EXIT_USER, with_stoker_path
 from ..shared.userfn import import_function
 
 log = logging.getLogger("producer")
 
-# The inputs a model may name: a clip's own fields, or its reference clip's.
-CLIP_INPUTS = ("mel", "mel_lengths", "audio", "audio_lengths")
-REFERENCE_INPUTS = ("ref_mel", "ref_mel_lengths")
 # The length field that gives a row's valid extent along each bucketed dimension.
 LENGTH_OF = {"T": "mel_lengths", "R": "ref_mel_lengths", "S": "audio_lengths", "L": "token_lengths"}
 # Hex digits of a weights digest kept in a model's version.
 DIGEST_HEX = 16
-# Loading the models to take their versions (model_versions) imports TensorFlow and builds or
-# loads each model: a child that takes longer than this has hung.
+# Loading the models to take their versions (model_versions) imports their frameworks and builds
+# or loads each model: a child that takes longer than this has hung.
 VERSIONS_TIMEOUT_S = 600.0
-
-
-class ModelSetupError(UserError):
-    """A producer model cannot be imported, built or loaded; one line naming it."""
-
-
-class ModelBatchError(Exception):
-    """A model failed on one batch; ``str(exc)`` is the reason its clips are rejected with."""
+KINDS = ("a PyTorch module (eager, TorchScript or torch.export'ed), a JAX (apply_fn, params) pair, a Keras model, "
+         "a TensorFlow callable or a SavedModel path")
 
 
 def specs_of(models: str) -> list[str]:
     return [s.strip() for s in models.split(",") if s.strip()]
 
 
-def weights_digest(obj: Any) -> str:
-    """``sha256:`` and the first hex digits of the SHA-256 of a model's weights: a SavedModel's
-    files (path and bytes, in order), else the values of its variables (a Keras model's
-    ``weights``, a ``tf.Module``'s ``variables``, a bound method's owner's), "none" without any."""
-    h = hashlib.sha256()
-    if isinstance(obj, (str, os.PathLike)):
-        root = Path(obj)
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
-        return "sha256:" + h.hexdigest()[:DIGEST_HEX]
-    owner = getattr(obj, "__self__", obj)
-    variables = getattr(owner, "weights", None) or getattr(owner, "variables", None) or ()
-    if not variables:
-        return "none"
-    for v in variables:
-        value = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
-        h.update(str((value.dtype.name, value.shape)).encode())
-        h.update(np.ascontiguousarray(value).tobytes())
-    return "sha256:" + h.hexdigest()[:DIGEST_HEX]
+def weights_digest(made: Any) -> str:
+    """``sha256:`` and the first hex digits of the SHA-256 of a model's weights (what its model
+    function returned: a PyTorch module's state_dict, a JAX pair's params, a SavedModel's files,
+    a Keras model's or TensorFlow callable's variables), "none" without any."""
+    if models_torch.owns(made):
+        full = models_torch.digest(made)
+    elif models_jax.owns(made):
+        full = models_jax.digest(made[1])
+    else:
+        full = models_tf.digest(made)
+    return "sha256:" + full[:DIGEST_HEX] if full else "none"
 
 
-def _input_names(obj: Any) -> tuple[str, ...]:
-    """The batch fields a model is called with (docs/MODELS.md, Producer models)."""
-    inputs = getattr(obj, "inputs", None)
-    if inputs and all(hasattr(t, "name") for t in inputs):  # a built Keras model
-        return tuple(str(t.name).split(":")[0] for t in inputs)
-    signature = inspect.signature(obj)
-    return tuple(name for name, p in signature.parameters.items()
-                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+def framework_of(version: str) -> str:
+    """The framework a model version names (its first part: :func:`load_model`)."""
+    return version.split(":", 1)[0]
 
 
-@dataclass
-class ProducerModel:
-    """One loaded model: how it is called, what it reads, its version, its traced functions."""
+def frameworks_of(versions: Mapping[str, str]) -> set[str]:
+    """The frameworks of the models among a WELCOME's versions (``model:SPEC`` keys): a
+    producer configures TensorFlow for its models only where one is TensorFlow's."""
+    return {framework_of(v) for k, v in versions.items() if k.startswith("model:")}
 
-    spec: str
-    fn: Callable[..., Any]  # called with the inputs by name
-    inputs: tuple[str, ...]
-    version: str
-    keras: bool  # a Keras model: called with a dict of its inputs
-    traced: Any = None  # its tf.function (shapes left open: XLA compiles it once per bucket shape)
-    jit: bool = False
 
-    @property
-    def reference(self) -> bool:
-        """Whether its inputs are the reference clip's (its outputs are cached under that clip)."""
-        return any(name in REFERENCE_INPUTS for name in self.inputs)
+def _adopt(spec: str, made: Any) -> ProducerModel:
+    """A loaded model of what ``spec``'s function returned, its framework told by its type."""
+    if models_torch.owns(made):
+        fn, names = models_torch.adopt(made)
+        return ProducerModel(spec, fn, names, "", models_torch.FRAMEWORK, made=made)
+    if models_jax.owns(made):
+        fn, names, params = models_jax.adopt(made)
+        return ProducerModel(spec, fn, names, "", models_jax.FRAMEWORK, made=made, params=params)
+    if not callable(made) and not isinstance(made, (str, os.PathLike)):
+        raise ModelSetupError(f"transforms.models {spec} returned {type(made).__name__}, not {KINDS}")
+    fn, names, keras = models_tf.adopt(made)
+    return ProducerModel(spec, fn, names, "", models_tf.FRAMEWORK, keras=keras, made=made)
 
 
 def load_model(spec: str) -> ProducerModel:
     """Import, build or load one model (``spec``: package.module:function); ModelSetupError (one
-    line naming it) when it cannot, or when its inputs are not of one clip (docs/MODELS.md, Producer models)."""
-    import tensorflow as tf  # the producer's heavy dependency, only where a model is configured
-
+    line naming it) when it cannot, or when its inputs are not of one clip (docs/MODELS.md,
+    Producer models). Its version: FRAMEWORK:SOURCE+WEIGHTS, its module's source's and its
+    weights' SHA-256. Only the model's own framework is imported."""
     fn, module = import_function(spec, "transforms.models", ModelSetupError)
     try:
         made = fn()
-        if isinstance(made, (str, os.PathLike)):
-            signature = tf.saved_model.load(os.fspath(made)).signatures["serving_default"]
-            call, names = signature, tuple(signature.structured_input_signature[1])
-        else:
-            call, names = made, _input_names(made)
-        version = f"{source_version(module.__name__)}+{weights_digest(made)}"
+        model = _adopt(spec, made)
+        model.version = f"{model.framework}:{source_version(module.__name__)}+{weights_digest(made)}"
+    except ModelSetupError:
+        raise
     except Exception as exc:  # the user's model: what its building or loading raised, in one line
         raise ModelSetupError(f"transforms.models {spec}: cannot build or load the model: {one_line(exc)}") from None
-    if not callable(call):
-        raise ModelSetupError(f"transforms.models {spec} returned {type(made).__name__}, not a Keras model, a "
-                              f"TensorFlow callable or a SavedModel path")
+    names = model.inputs
     unknown = [n for n in names if n not in CLIP_INPUTS + REFERENCE_INPUTS]
     both = any(n in CLIP_INPUTS for n in names) and any(n in REFERENCE_INPUTS for n in names)
     if unknown or both or not names:
         raise ModelSetupError(f"transforms.models {spec}: inputs {list(names)}; a model reads the fields of one "
                               f"clip ({', '.join(CLIP_INPUTS)}) or of its reference ({', '.join(REFERENCE_INPUTS)})")
-    return ProducerModel(spec, call, names, version, keras=isinstance(made, tf.keras.Model))
+    return model
 
 
 def load_models(models: str) -> list[ProducerModel]:
@@ -138,10 +111,11 @@ def load_models(models: str) -> list[ProducerModel]:
 def model_versions(models: str) -> dict[str, str]:
     """Each model's version, keyed ``model:SPEC`` (the trainer's WELCOME carries them beside the
     transforms' versions; a producer whose versions differ refuses to join). The models are
-    loaded in a child process, on its CPU: the trainer's own TensorFlow is configured later (its
+    loaded in a child process, on its CPU: the trainer's own framework is configured later (its
     devices, their memory) and must not be started here. ModelSetupError (one line) when one
     cannot be loaded."""
-    env = with_stoker_path({**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    env = with_stoker_path({**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3",
+                            "JAX_PLATFORMS": "cpu"})
     done = subprocess.run([sys.executable, "-m", "stoker.producer.models", models], capture_output=True, text=True,
                           env=env, timeout=VERSIONS_TIMEOUT_S)
     if done.returncode == EXIT_USER:
@@ -162,15 +136,6 @@ def _print_versions(models: str) -> int:
         return EXIT_USER
     sys.stdout.write(json.dumps(versions) + "\n")
     return 0
-
-
-def one_line(exc: BaseException) -> str:
-    """What a model raised, in one line: TensorFlow's errors from a traced function say "in user
-    code:" and the frames first, the error itself last."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if lines and lines[0] == "in user code:":
-        return lines[-1][:300]
-    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def valid_extent(dim: str, row: int, arrays: Mapping[str, np.ndarray]) -> int | None:
@@ -199,53 +164,31 @@ def clip_slice(value: np.ndarray, f: Field, row: int, arrays: Mapping[str, np.nd
 
 
 class ModelRunner:
-    """The run's producer models on one device: :meth:`run` calls one on a batch's arrays."""
+    """The run's producer models on the producer's data device: :meth:`run` calls one on a
+    batch's arrays. ``device``: TensorFlow's, where the producer configured TensorFlow for its
+    models (None: the CPU, or no TensorFlow model); PyTorch and JAX find the device themselves
+    (the GPU CUDA_VISIBLE_DEVICES names, within ``memory_mb``, else the CPU)."""
 
-    def __init__(self, models: str, fields: Sequence[Field], device: str | None) -> None:
-        import tensorflow as tf  # only where a model is configured
-
-        self.tf = tf
-        self.device = device or "/CPU:0"
-        if "GPU" not in self.device.upper():  # producers are one per core: each runs its models on one thread
-            try:
-                tf.config.threading.set_intra_op_parallelism_threads(1)
-                tf.config.threading.set_inter_op_parallelism_threads(1)
-            except RuntimeError:  # TensorFlow already ran ops in this process: its threads are set
-                log.debug("producer models: TensorFlow's threads were set before the models were loaded")
+    def __init__(self, models: str, fields: Sequence[Field], device: str | None = None,
+                 memory_mb: int | None = None) -> None:
         self.fields = {f.name: f for f in fields}
-        with tf.device(self.device):
+        self.tf_device, self.memory_mb = device, memory_mb
+        self._backends: dict[str, Any] = {}
+        models_jax.prepare_environment(memory_mb)  # JAX reads it when a model's module imports it
+        with models_tf.loading_scope(device):
             self.models = load_models(models)
-        gpu = "GPU" in self.device.upper()
         for m in self.models:
-            m.jit = gpu  # XLA where the device allows it (a GPU); the CPU runs the plain function
-        log.info("producer models %s on %s", ", ".join(f"{m.spec} ({m.version})" for m in self.models), self.device)
+            self.backend(m.framework).prepare(m)
+        log.info("producer models %s", ", ".join(f"{m.spec} ({m.version}) on {self.backend(m.framework).device}"
+                                                  for m in self.models))
 
-    def _traced(self, m: ProducerModel, inputs: Mapping[str, np.ndarray]) -> Any:
-        """The model's tf.function, traced once with its inputs' dimensions left open: the graph
-        serves every bucket, and with XLA each bucket shape is compiled once, when first seen."""
-        if m.traced is None:
-            tf, fn = self.tf, m.fn
-            spec = [{n: tf.TensorSpec([None] * inputs[n].ndim, tf.as_dtype(inputs[n].dtype), name=n)
-                     for n in m.inputs}]
-            if m.keras:
-                m.traced = tf.function(lambda kw: fn(kw, training=False), input_signature=spec, jit_compile=m.jit)
-            else:
-                m.traced = tf.function(lambda kw: fn(**kw), input_signature=spec, jit_compile=m.jit)
-        return m.traced
-
-    def _call(self, m: ProducerModel, inputs: Mapping[str, np.ndarray]) -> Any:
-        tf = self.tf
-        with tf.device(self.device):
-            tensors = {n: tf.constant(inputs[n]) for n in m.inputs}
-            try:
-                return self._traced(m, inputs)(tensors)
-            except Exception as exc:  # XLA may not compile the user's ops: the plain function, once
-                if not m.jit:
-                    raise
-                log.warning("producer model %s: XLA cannot compile it (%s); running it without XLA", m.spec,
-                            one_line(exc))
-                m.jit, m.traced = False, None
-                return self._traced(m, inputs)(tensors)
+    def backend(self, framework: str) -> Any:
+        """The framework's models' device and calls, made at its first model."""
+        if framework not in self._backends:
+            self._backends[framework] = (models_torch.Backend(self.memory_mb) if framework == models_torch.FRAMEWORK
+                                         else models_jax.Backend() if framework == models_jax.FRAMEWORK
+                                         else models_tf.Backend(self.tf_device))
+        return self._backends[framework]
 
     def run(self, m: ProducerModel, arrays: Mapping[str, np.ndarray], dims: Mapping[str, int],
             filled: int) -> dict[str, np.ndarray]:
@@ -257,7 +200,7 @@ class ModelRunner:
             raise ModelBatchError(f"producer model {m.spec}: its inputs {missing} are not batch fields of this run "
                                   f"(switch them on in batching.fields)")
         try:
-            result = self._call(m, arrays)
+            result = self.backend(m.framework).call(m, arrays)
         except Exception as exc:  # the user's model: what it raised is the clips' rejection reason
             raise ModelBatchError(f"producer model {m.spec}: {one_line(exc)}") from None
         if not isinstance(result, Mapping):
@@ -285,8 +228,8 @@ class ModelRunner:
         return out
 
 
-__all__ = ["ModelBatchError", "ModelRunner", "ModelSetupError", "ProducerModel",
-           "clip_slice", "load_model", "model_versions", "specs_of", "weights_digest"]
+__all__ = ["ModelBatchError", "ModelRunner", "ModelSetupError", "ProducerModel", "clip_slice", "frameworks_of",
+           "load_model", "model_versions", "one_line", "specs_of", "weights_digest"]
 
 
 if __name__ == "__main__":

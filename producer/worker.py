@@ -26,6 +26,8 @@ import zmq
 
 from .batches import BatchMaker
 from .link import HELLO_RETRY_S, Link, Refused
+from .models import frameworks_of
+from .models_tf import FRAMEWORK as TF_MODELS
 from .transforms import TransformSetupError, load_user
 from ..shared import wire
 from ..shared.batch import schema_for
@@ -124,9 +126,11 @@ class Producer:
         assert welcome is not None  # leases come after the WELCOME
         features = welcome.config.features
         device = model_device = None
-        if features.backend == "tf" or welcome.config.transforms.models:
-            _, model_device = configure_tensorflow(self.memory_mb)
-            device = model_device if features.backend == "tf" else None
+        tf_models = TF_MODELS in frameworks_of(welcome.transform_versions)  # PyTorch's and JAX's need none
+        if features.backend == "tf" or tf_models:
+            _, tf_device = configure_tensorflow(self.memory_mb)
+            device = tf_device if features.backend == "tf" else None
+            model_device = tf_device if tf_models else None
         cache_dir = welcome.feature_cache
         log.info("%s computing log-mels with %s on %s%s", self.name, features.backend, device or "CPU",
                  f"; feature cache {cache_dir}" if cache_dir else "")
@@ -136,7 +140,7 @@ class Producer:
         return BatchMaker(self.root, {}, features, device, self.name, self.host, feature_cache=cache_dir,
                           faults=welcome.config.faults, schema=schema, ref_frames=welcome.ref_frames,
                           transforms=transforms, mel_norm=mel_norm, fixed_rows=welcome.fixed_rows,
-                          model_device=model_device)
+                          model_device=model_device, model_memory_mb=self.memory_mb)
 
     def _check_transforms(self, welcome: wire.Welcome) -> None:
         """The user transforms (and mel function, features.user) the trainer runs must run here,

@@ -48,7 +48,7 @@ def transform_versions(cfg: Config) -> dict[str, str]:
     if cfg.features.user:
         versions[cfg.features.user] = user_mel_function(cfg.features.user)[1]
     if cfg.transforms.models:  # the producer models' source and weights (producer/models.py)
-        from ...producer.models import model_versions  # imports TensorFlow: only with a model configured
+        from ...producer.models import model_versions  # loads the models in a child: only with a model configured
 
         versions.update(model_versions(cfg.transforms.models))
     return versions

@@ -415,15 +415,17 @@ def test_the_trainers_transform_version_is_accepted(setup):
     assert "code" not in result
 
 
-@pytest.mark.parametrize("same", [True, False])
+@pytest.mark.parametrize("spec, same", [("tests.producer.user_models:mean_level", True),
+                                         ("tests.producer.user_models:mean_level", False),
+                                         ("tests.producer.user_models_torch:level", False)])
 def test_a_producer_model_of_other_weights_or_source_than_the_trainers_ends_with_status_2(setup, caplog, monkeypatch,
-                                                                                         same):
+                                                                                         spec, same):
     from stoker.producer.models import model_versions
 
     consumer, producer, stop, thread, result, ids, root, features = setup
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # as the launcher pins a producer: here, no GPU
-    spec = "tests.producer.user_models:mean_level"
-    versions = model_versions(spec) if same else {f"model:{spec}": "sha256:0+sha256:0"}
+    framework = "torch" if "torch" in spec else "tensorflow"
+    versions = model_versions(spec) if same else {f"model:{spec}": f"{framework}:sha256:0+sha256:0"}
     consumer.recv(wire.HELLO)
     consumer.send(welcome_of(features, models=spec, model_fields="score:float32:-:0", versions=versions))
     if same:
@@ -433,5 +435,6 @@ def test_a_producer_model_of_other_weights_or_source_than_the_trainers_ends_with
         return
     thread.join(20)
     assert result["code"] == 2
-    assert f"producer model {spec} is version sha256:" in caplog.text
-    assert "sha256:0+sha256:0 on the trainer: every host must run the same model code and weights" in caplog.text
+    assert f"producer model {spec} is version {framework}:sha256:" in caplog.text
+    assert f"{framework}:sha256:0+sha256:0 on the trainer: every host must run the same model code and weights" \
+        in caplog.text
