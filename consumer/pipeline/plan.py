@@ -15,9 +15,10 @@ from typing import Any, Sequence, overload
 
 import numpy as np
 
-from .shard_order import gather_batches, grouped_batches, shard_numbers
+from .shard_order import gather_batches, grouped_batches
 from ...shared.config import BatchingConfig
 from ...shared.dataset import Sample, SampleTable
+from ...shared.dataset.groups import shard_numbers
 
 
 def round_up(value: Any, multiple: int) -> Any:

@@ -70,6 +70,11 @@ ID_HASH_CHUNK = 1 << 20
 ID_ORDER_SECTION = "r.id_order"
 
 
+# The section of each clip's shard or row group, numbered (shared/dataset/groups.py), where the
+# index stored it (SampleTable.stored_groups).
+GROUPS_SECTION = "g.groups"
+
+
 # The units not stored when they equal the texts (a front-end that keeps the text as it is).
 UNITS_AS_TEXT = ("units", "text")
 
@@ -95,6 +100,7 @@ class SampleTable(Sequence[Sample]):
         # The index cache file (a CachedIndex) whose mapping holds these columns, None where they are
         # in memory: another process maps that file rather than getting a copy of the columns.
         self.stored_in: Any = None
+        self._groups: np.ndarray | None = None  # each stored clip's group, as the index stored it
 
     @classmethod
     def from_samples(cls, samples: Iterable[Sample]) -> "SampleTable":
@@ -156,6 +162,19 @@ class SampleTable(Sequence[Sample]):
         """One numeric column (:data:`NUMBER_COLUMNS`, or :data:`FILE_COLUMNS` where :meth:`has`), read-only."""
         col = self._numbers[name]
         return col if self._rows is None else col[self._rows]
+
+    def keep_groups(self, numbers: np.ndarray) -> None:
+        """Keep each clip's group number (of a whole table), as an index stores them."""
+        if self._rows is not None or len(numbers) != self._len:
+            raise ValueError("groups are kept for a whole table, one per clip")
+        self._groups = numbers
+
+    def stored_groups(self) -> np.ndarray | None:
+        """Each clip's shard or row group number as the index stored it (of the whole table: a
+        view's clips may not use every number); None where it stored none."""
+        if self._groups is None:
+            return None
+        return self._groups if self._rows is None else self._groups[self._rows]
 
     def has(self, name: str) -> bool:
         """Whether the table holds the numeric column ``name`` (an optional one: :data:`FILE_COLUMNS`)."""
@@ -348,7 +367,7 @@ class SampleTable(Sequence[Sample]):
         picked = np.asarray(rows, np.int64)
         view = SampleTable(self._numbers, self._strings, self.speakers, self.languages,
                            self._rows[picked] if self._rows is not None else picked)
-        view.stored_in = self.stored_in
+        view.stored_in, view._groups = self.stored_in, self._groups
         if self._ids is not None:
             view._ids = [self._ids[n] for n in picked.tolist()]  # the same strings, not decoded again
         increasing = not len(picked) or bool((picked[1:] > picked[:-1]).all())  # equal ids stay in row order
@@ -408,7 +427,10 @@ class SampleTable(Sequence[Sample]):
         order = np.frombuffer(sections[ID_ORDER_SECTION], np.int64) if ID_ORDER_SECTION in sections else None
         if order is not None and len(order) != count:
             raise ValueError("the rows in id order are not the table's")
-        return cls(numbers, strings, speakers, languages, id_order=order)
+        table = cls(numbers, strings, speakers, languages, id_order=order)
+        if GROUPS_SECTION in sections:
+            table.keep_groups(np.frombuffer(sections[GROUPS_SECTION], np.int64))
+        return table
 
 
 class FileBlob:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.consumer.pipeline.shard_order import shard_numbers
+from stoker.shared.dataset.groups import shard_numbers
 from stoker.producer.audio import AudioError, load_audio, load_member
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig

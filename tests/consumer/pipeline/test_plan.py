@@ -350,28 +350,6 @@ def _sharded(count: int, per_shard: int, seed: int = 3) -> tuple[list[Sample], d
     return samples, {s.id: n // per_shard for n, s in enumerate(samples)}
 
 
-def test_shards_are_numbered_in_name_order_from_the_locators_a_piece_at_a_time(monkeypatch) -> None:
-    """Each clip's shard by row, numbered in name order, as the locators' own parse gives it
-    (members of a shard not together, names that hold ".tar"), read a few clips at a time; a
-    clip that is no shard member anywhere, or a shard whose first locator is malformed, makes it
-    None (a later malformed member is rejected when a producer reads it)."""
-    from stoker.consumer.pipeline import shard_order
-    from stoker.shared.dataset.shards import shard_of
-
-    names = ["b/x.tar.tar", "a.tar", "b/x.tar", "c d.tar"]
-    audio = [f"{names[(n * 7) % 4]}#k{n}.tar.flac@{n}+9" for n in range(50)]
-    samples = [s._replace(audio=a) for s, a in zip(make_samples(50, seed=4), audio)]
-    monkeypatch.setattr(shard_order, "SHARD_SCAN_ROWS", 8)
-    table = SampleTable.from_samples(samples)
-    number = {name: n for n, name in enumerate(sorted(names))}
-    assert shard_order.shard_numbers(table).tolist() == [number[shard_of(a)] for a in audio]
-    assert table.strings_between("audio", 3, 11) == audio[3:11] == table.take(range(50)).strings_between(
-        "audio", 3, 11)
-    for odd in ("wavs/loose.wav", "z.tar#member-without-place"):
-        changed = [s._replace(audio=odd) if n == 20 else s for n, s in enumerate(samples)]
-        assert shard_order.shard_numbers(SampleTable.from_samples(changed)) is None
-
-
 def test_shard_grouped_plans_keep_the_buckets_and_every_clip_once_per_epoch() -> None:
     samples, _ = _sharded(1000, 50)
     grouped, shuffled = EpochPlanner(samples, _cfg(shard_window=4)), EpochPlanner(samples, _cfg(shard_window=0))
