@@ -33,9 +33,14 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def producers_of(pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"])
-            if "stoker.producer.worker" in " ".join(p.info["cmdline"] or []) and
-            f"--parent-pid {pid}" in " ".join(p.info["cmdline"] or [])]
+    """The feed's processes of trainer ``pid``: its producers and its coordinator process."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if ("stoker.producer.worker" in line and f"--parent-pid {pid}" in line) or (
+                "stoker.consumer.pipeline.coordproc" in line and line.endswith(f" {pid}")):
+            found.append(p)
+    return found
 
 
 def test_custom_loop_killed_with_sigkill_resumes_from_its_checkpoint_with_every_clip_once(tmp_path):
@@ -45,18 +50,18 @@ def test_custom_loop_killed_with_sigkill_resumes_from_its_checkpoint_with_every_
     killed = subprocess.Popen([sys.executable, "-m", "tests.feed_user", *argv], cwd=PROJECT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               env={**os.environ, "KILL_AT_STEP": "9"})
-    try:
-        out, _ = killed.communicate(timeout=240)
-        assert killed.returncode == -9, out
-        _, alive = psutil.wait_procs(producers_of(killed.pid), timeout=10)
-        assert not alive, "the killed trainer's producers outlived it"
+    try:  # the trainer's own end, not its stdout's: a process it left would hold that open
+        assert killed.wait(timeout=240) == -9
+        _, alive = psutil.wait_procs(producers_of(killed.pid), timeout=30)
+        assert not alive, f"the killed trainer's producers or coordinator outlived it: {alive}"
     finally:  # a failure above leaves neither the trainer nor its producers running
         leftover = producers_of(killed.pid)
         killed.kill()
-        killed.communicate()
         for proc in leftover:
             proc.kill()
         psutil.wait_procs(leftover, timeout=10)
+        out = killed.communicate(timeout=30)[0]
+    assert "killing myself after the checkpoint of step 9" in out, out
     assert len(read_jsonl(run_dir / "metrics.jsonl")) >= 9
     resumed = run(["-m", "tests.feed_user", *argv])  # feed_loop.py, its steps noted
     assert resumed.returncode == 0, resumed.stderr[-3000:]
