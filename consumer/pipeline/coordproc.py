@@ -140,8 +140,7 @@ class ChildCoordinator(Coordinator):
     def _epochs(self) -> dict[int, int]:
         """The rejected counts (not zero) of the epochs being leased: a few either side of the last
         with a batch delivered or a clip rejected (the window moves with them)."""
-        first = self.scheduler.replan.resume.first_open() if self.scheduler.replan.resume is not None else 0
-        first = max(first, self._last_epoch - EPOCHS_AHEAD)  # an epoch's count moves no more once it is behind
+        first = max(self.scheduler.first_open_epoch(), self._last_epoch - EPOCHS_AHEAD)  # an epoch's count moves no more once it is behind
         counts = {e: self.scheduler.rejected_in_epoch(e) for e in range(first, self._last_epoch + EPOCHS_AHEAD + 1)}
         counts = {e: n for e, n in counts.items() if n}
         self._last_epoch = max(self._last_epoch, *counts) if counts else self._last_epoch

@@ -95,6 +95,11 @@ class Scheduler:
     def alive(self) -> int:
         return self.peers.alive()
 
+    def first_open_epoch(self) -> int:
+        """The first epoch not yet wholly trained where the run resumed from a position; 0 otherwise."""
+        resume = self.replan.resume
+        return resume.first_open() if resume is not None else 0
+
     def rejected_in_epoch(self, epoch: int) -> int:
         """Samples of ``epoch`` rejected while the run went on (they will not be trained)."""
         return self.figures.rejected_in_epoch(epoch)
