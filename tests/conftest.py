@@ -11,7 +11,7 @@ No test may leave a process behind: ``no_leftover_processes`` checks every test.
 
 The package and the tests' modules are compiled once, before any test: the suite starts about a
 thousand Python processes, and where bytecode is not written (PYTHONDONTWRITEBYTECODE) each would
-otherwise compile every stoker module it imports.
+otherwise compile every stoker module it imports (the suite's own processes write theirs).
 
 pytest-xdist hands each worker a whole file at a time, in collection order: files are
 collected longest first (each test's seconds from the last session that ran it, kept in
@@ -27,6 +27,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -64,7 +65,10 @@ COMPILED = ("stoker", "shared", "producer", "consumer", "benchmarks", "tests", "
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller (or a session without workers) compiles the checkout's modules, once."""
+    """The controller (or a session without workers) compiles the checkout's modules, once; every
+    pytest process keeps the test modules as its assertion rewriting made them (each worker would
+    otherwise rewrite them all again)."""
+    sys.dont_write_bytecode = False
     if hasattr(config, "workerinput"):
         return
     for folder in COMPILED:
