@@ -35,7 +35,6 @@ from .slots import SlotFile, slot_bytes
 from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared import config as config_mod
 from ...shared.dataset.cache import pack_index
-from ...shared.dataset.table import SampleTable
 from ...shared.errors import UserError
 from ...shared.layouts import Rejection
 from ...shared.melstats import MelStats
@@ -94,7 +93,7 @@ def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_n
                 sections[f"{name}.rows"] = np.ascontiguousarray(rows, np.int64)
             continue
         if rows is not None:
-            table = SampleTable(table._numbers, table._strings, table.speakers, table.languages)
+            table = table.whole()
             sections[f"{name}.rows"] = np.ascontiguousarray(rows, np.int64)
         header[name] = {"speakers": table.speakers, "languages": table.languages}
         sections.update({f"{name}.{key}": value for key, value in table.sections().items()})

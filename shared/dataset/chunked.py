@@ -18,7 +18,7 @@ from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import FINGERPRINT_HEX
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, columns_of, index_key_of, pack_index,
                              read_cache, write_cache)
-from ..dataset.groups import group_sections
+from ..dataset.groups import number_groups
 from ..dataset.indexed import DatasetIndex, finished_index
 from ..dataset.parallel import index_workers, shared_work
 from ..dataset.pieces import fixed_width, manifest_chunk, manifest_ranges, unit_symbols, widest
@@ -125,6 +125,7 @@ def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, 
     lost = report.to_json()
     agreed, by_id = _manifest_fingerprints(parts, manifest_sha256)
     table = _concatenated(parts, _table_id_order(parts, by_id))
+    number_groups(table)
     stats.read_s = time.perf_counter() - times[1]
     seen: set[str] = set()
     for p in parts:
@@ -135,7 +136,7 @@ def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, 
                   "lost": lost, "vocabulary": vocab.state_dict(), "agreement": agreed,
                   "manifest": {"digest": digest, "measured": []},
                   "names": {"speakers": table.speakers, "languages": table.languages}}
-        written = write_cache(candidates, pack_index(header, {**table.sections(), **group_sections(table),
+        written = write_cache(candidates, pack_index(header, {**table.sections(),
                                                               "reuse": _reuse(frontend, parts, parsed, table)}))
         stats.cache_file = str(written) if written else ""
     return finished_index(root, table, rejected, lost, agreed, vocab, key, stats, times[0], True, None, data)

@@ -1,6 +1,6 @@
 """Each clip's shard (tar shards) or row group (Parquet), numbered in name order: the unit by
 which the epoch order groups its leases (consumer/pipeline/shard_order.py). A pure function of
-the index, so an index build stores it in the cache (GROUPS_SECTION) and a warm start reads it
+the index, so an index build stores it in the cache (table.GROUPS_SECTION) and a warm start reads it
 rather than scanning every clip's locator again (docs/DESIGN.md, Leases by shard).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dataset.shards import is_locator
-from ..dataset.table import GROUPS_SECTION, SampleTable
+from ..dataset.table import SampleTable
 from ..parquet_layout import GROUP_END, is_row
 
 # What ends a shard's name in a member's locator (shared/dataset/shards.py: SHARD.tar#MEMBER@OFFSET+SIZE).
@@ -73,15 +73,13 @@ def _in_name_order(codes: dict[str, int], numbers: np.ndarray) -> np.ndarray:
     return in_name_order[numbers]
 
 
-def group_sections(table: SampleTable) -> dict[str, np.ndarray]:
-    """A whole table's groups numbered once and kept with it (its later :func:`shard_numbers`
-    reads them); what an index cache stores of them: GROUPS_SECTION, or nothing for clips that
-    are not all shards' members or rows."""
+def number_groups(table: SampleTable) -> None:
+    """A whole table's groups numbered once and kept with it: its later :func:`shard_numbers`
+    reads them and its sections store them (GROUPS_SECTION); nothing for clips that are not all
+    shards' members or rows."""
     numbers = shard_numbers(table)
-    if numbers is None:
-        return {}
-    table.keep_groups(numbers)
-    return {GROUPS_SECTION: numbers}
+    if numbers is not None:
+        table.keep_groups(numbers)
 
 
 def _renumbered(numbers: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from ..dataset.agreement import fingerprints
 from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_key, pack_index, read_cache, write_cache
 from ..dataset.chunked import CHUNKED_MIN_BYTES, build_manifest
 from ..dataset.files import list_audio, locate, metadata_location, read_metadata_bytes, resolve_audio
-from ..dataset.groups import group_sections
+from ..dataset.groups import number_groups
 from ..dataset.indexed import DatasetIndex, finished_index
 from ..dataset.parallel import TextKey, frontend_of, index_workers, run_items
 from ..dataset.parquet_pieces import parquet_pieces
@@ -229,10 +229,10 @@ def _derived(build: _Build, metadata: bytes, audio: dict[str, AudioFile], key: s
     del entries, units, probes  # the clips are in the samples now: not held while they become columns
     table = with_files(SampleTable.from_samples(samples), samples, audio)
     del samples
+    number_groups(table)  # once, here: the cache stores them, the planners and the coordinator read them
     if build.candidates:
         header["names"] = {"speakers": table.speakers, "languages": table.languages}
-        written = write_cache(build.candidates, pack_index(header, {**table.sections(), **group_sections(table),
-                                                                   "reuse": reuse}))
+        written = write_cache(build.candidates, pack_index(header, {**table.sections(), "reuse": reuse}))
         stats.cache_file = str(written) if written else ""
     return finished_index(root, table, rejected, lost, agreed, vocab, key, stats, build.started, True, scan_inputs,
                           data)

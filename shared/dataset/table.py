@@ -378,10 +378,18 @@ class SampleTable(Sequence[Sample]):
             view._id_order = order[order >= 0]
         return view
 
+    def whole(self) -> "SampleTable":
+        """The whole table this one is a view of (its columns, its clips' groups), or itself."""
+        if self._rows is None:
+            return self
+        table = SampleTable(self._numbers, self._strings, self.speakers, self.languages)
+        table.stored_in, table._groups = self.stored_in, self._groups
+        return table
+
     # ------------------------------------------------------------ storage
     def sections(self) -> dict[str, bytes | np.ndarray]:
         """The arrays and blobs to store (:meth:`from_sections` reads them back); of a whole table.
-        The rows in id order are stored (``r.id_order``: made here if not yet); units equal to
+        The clips' groups where they were kept (:meth:`keep_groups`); the rows in id order are stored (``r.id_order``: made here if not yet); units equal to
         the texts clip for clip (a front-end that keeps the text as it is) are not: the texts'
         sections serve both."""
         if self._rows is not None:
@@ -395,6 +403,8 @@ class SampleTable(Sequence[Sample]):
             out[f"o.{name}"] = np.ascontiguousarray(offsets, np.int64)
             out[f"s.{name}"] = buffer_of(blob)
         out[ID_ORDER_SECTION] = self.id_order()
+        if self._groups is not None:
+            out[GROUPS_SECTION] = self._groups
         return out
 
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import SampleTable, build_index
@@ -59,3 +60,18 @@ def test_a_warm_index_gives_each_clips_row_group_as_its_build_stored_it_without_
     view = warm.samples.take(rows[::-1])
     assert groups.shard_numbers(view).tolist() == groups.shard_numbers(
         SampleTable.from_samples(list(view))).tolist() == np.searchsorted([1, 4, 8], computed[rows[::-1]]).tolist()
+
+
+def test_a_view_copied_as_its_whole_tables_sections_keeps_its_groups_without_reading_the_locators(
+        tmp_path: Path, monkeypatch) -> None:
+    """As the coordinator process gets a cold start's table: the whole table's sections and the view's rows."""
+    make_parquet(tmp_path / "pq", files=2, per_file=6, row_group=2)
+    index = build_index(DataConfig(path=str(tmp_path / "pq"), index_workers=1, index_cache="off"), FeaturesConfig())
+    view = index.samples.take([11, 0, 5, 6])
+    expected = groups.shard_numbers(SampleTable.from_samples(list(view))).tolist()
+    whole = view.whole()
+    copied = SampleTable.from_sections({k: bytes(memoryview(v)) for k, v in whole.sections().items()},
+                                       whole.speakers, whole.languages)
+    assert GROUPS_SECTION in whole.sections()
+    monkeypatch.setattr(SampleTable, "prefix_numbers", lambda *a, **k: pytest.fail("the locators were read"))
+    assert groups.shard_numbers(copied.take([11, 0, 5, 6])).tolist() == expected == [3, 0, 1, 2]
