@@ -504,8 +504,11 @@ def targets(sizes: dict[str, Any]) -> list[dict[str, Any]]:
         p = max(s["producers"], key=int)
         run_ = s["producers"][p]
         c = run_["compare"]
-        worst = max((v["feed_vs_replay"] for v in c["shapes"].values() if v["feed_vs_replay"]),
-                    key=lambda r: r["value"])
+        compared = [v["feed_vs_replay"] for v in c["shapes"].values() if v["feed_vs_replay"]]
+        if not compared:
+            raise BenchError(f"{name} P={p}: no bucket shape was timed by both the feed and the replay "
+                             "(past their warm-up): give more clips or epochs")
+        worst = max(compared, key=lambda r: r["value"])
         out.append({"what": f"{name} P={p}: feed step / replay step, worst shape", "value": worst["value"],
                     "ratio": worst, "limit": TARGET_STEP_RATIO, "met": worst["value"] <= TARGET_STEP_RATIO})
         r = c["feed_vs_dataloader"]

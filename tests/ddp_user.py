@@ -7,7 +7,7 @@ the job, which goes on from that checkpoint.
 
 REPORT_DIR/rank-R-attempt-A.json (A: torchrun's restart count) holds this rank's pid, its
 steps (tests/trained.py's Recorder: each batch's rows as the step received them, with the
-feed's epoch) and each step's batch shape. It is written after every checkpoint, every rank's
+feed's epoch), each step's batch shape and device, and the process group's backend. It is written after every checkpoint, every rank's
 before any rank goes on (so the killed attempt's reports hold the steps its checkpoint holds),
 and when the feed closes at the end of the plan."""
 
@@ -31,11 +31,13 @@ RANK, ATTEMPT = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_CO
 KILL_RANK, KILL_AT = int(os.environ.get("KILL_RANK", "-1")), int(os.environ.get("KILL_AT_STEP", "0"))
 recorder = Recorder()
 shapes: list[list[list[int]]] = []
+devices: list[str] = []  # where each step's batch was (the feed stages it there)
 feeds: list[stoker.Feed] = []
 
 
 def write_report() -> None:
-    report = {"pid": os.getpid(), "steps": recorder.steps, "shapes": shapes,
+    report = {"pid": os.getpid(), "steps": recorder.steps, "shapes": shapes, "devices": devices,
+              "backend": dist.get_backend(),
               "batches_per_epoch": feeds[-1].batches_per_epoch}
     (Path(report_dir) / f"rank-{RANK}-attempt-{ATTEMPT}.json").write_text(json.dumps(report))
 
@@ -47,6 +49,7 @@ def noted(step):
         batch = {"tokens": tokens, "mel": mel, "token_lengths": token_lengths, "mel_lengths": mel_lengths}
         recorder.note(batch, feeds[-1].epoch)
         shapes.append([list(tokens.shape), list(mel.shape)])
+        devices.append(str(mel.device))
         return step(model, optimizer, data)
     return step_noted
 

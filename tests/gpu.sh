@@ -4,8 +4,9 @@
 # pyyaml, fsspec and nvidia-ml-py; TensorFlow is not needed. From the checkout's root:
 #
 #   tests/gpu.sh wheels [DIR]   on a machine with a package index: the wheels a bare GPU host
-#                               lacks (stoker's other dependencies and the test runner, pytest
-#                               and pytest-timeout) into DIR (default .whl), for python 3.12 x86-64
+#                               lacks (stoker's other dependencies, the test runner, pytest and
+#                               pytest-timeout, and py-spy for benchmarks/gpu_host.sh's profile)
+#                               into DIR (default .whl), for python 3.12 x86-64
 #   tests/gpu.sh [DIR]          on the GPU host: installs DIR/*.whl, if any, into $SITE (default
 #                               /tmp/site) without dependencies, puts it on PYTHONPATH, then runs
 #                               every test file that uses the gpu marker
@@ -28,7 +29,7 @@ if [[ "${1:-}" == wheels ]]; then
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$DIR" \
     pyzmq soundfile cffi pycparser soxr orjson xxhash num2words pyloudnorm \
-    pytest pytest-timeout pluggy iniconfig packaging pygments
+    pytest pytest-timeout pluggy iniconfig packaging pygments py-spy
   ls "$DIR"
   exit 0
 fi

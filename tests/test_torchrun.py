@@ -3,7 +3,8 @@ stoker.Feed and producer. One rank kills itself with SIGKILL right after a check
 restarts the job, every rank restores the DCP checkpoint with its own feed state, and the
 job goes on: every clip but the held-out ones trained exactly once per epoch across the ranks,
 as counted inside the model's step (tests/trained.py), every rank the same number of steps in
-each epoch, and at each step both ranks' batches of one bucket shape."""
+each epoch, and at each step both ranks' batches of one bucket shape. On the CPU (gloo) in the
+suite; on a GPU host (tests/gpu.sh) the same job with both ranks sharing its first GPU."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import psutil
 import pytest
 
 from tests.factories import make_dataset
+from tests.gpus import nvml_gpus
 from tests.procs import read_json, read_jsonl
 from tests.trained import check_trained, clips_of
 
@@ -41,7 +43,8 @@ def torchrun(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     (its ranks run in sessions of their own)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
                "--max-restarts", "1", "--monitor-interval", "0.1", "-m", *argv]
-    env = {**os.environ, "PYTHONPATH": str(PROJECT), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **env}
+    path = os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))  # a GPU host's site too
+    env = {**os.environ, "PYTHONPATH": path, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **env}
     proc = subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
     try:
@@ -62,14 +65,16 @@ def check_no_producer_left(pids: list[int]) -> None:
     assert not alive, f"producers outlived their rank: {[p.pid for p in alive]}"
 
 
-def test_two_torchrun_ranks_killed_after_a_checkpoint_restart_and_train_every_clip_once(tmp_path: Path) -> None:
+def run_job(tmp_path: Path, devices: dict[str, str]) -> dict[tuple[int, int], dict]:
+    """The job (``devices``: the CUDA variables its ranks see), a rank killed after a checkpoint and
+    the job restarted, checked as the module says; each (rank, attempt)'s report (tests/ddp_user.py)."""
     data, job, reports = tmp_path / "data", tmp_path / "job", tmp_path / "reports"
     reports.mkdir()
     made = make_dataset(data, count=24)
     argv = ["tests.ddp_user", str(reports), "--data", str(data), "--epochs", str(EPOCHS), "--batch-size", "4",
             "--producers", "1", "--run-dir", str(job), "--checkpoint", str(tmp_path / "ckpt"),
             "--checkpoint-every", "2"]
-    result = torchrun(argv, {"KILL_RANK": str(KILL_RANK), "KILL_AT_STEP": str(KILL_AT)})
+    result = torchrun(argv, {"KILL_RANK": str(KILL_RANK), "KILL_AT_STEP": str(KILL_AT), **devices})
     assert result.returncode == 0, result.stdout[-4000:]
     assert f"rank {KILL_RANK}: killing myself after the checkpoint of step {KILL_AT}" in result.stdout
     for rank in range(RANKS):  # torchrun restarted the job: every rank went on from the checkpoint
@@ -95,3 +100,19 @@ def test_two_torchrun_ranks_killed_after_a_checkpoint_restart_and_train_every_cl
         assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == EPOCHS
         rows = read_jsonl(job / f"worker-{rank}" / "metrics.jsonl")
         assert [r["step"] for r in rows] == list(range(1, EPOCHS * 3 + 1))  # each step once, across the kill
+    return report
+
+
+def test_two_torchrun_ranks_killed_after_a_checkpoint_restart_and_train_every_clip_once(tmp_path: Path) -> None:
+    report = run_job(tmp_path, {"CUDA_VISIBLE_DEVICES": ""})  # the CPU, wherever the suite runs
+    assert {r["backend"] for r in report.values()} == {"gloo"}
+    assert {d for r in report.values() for d in r["devices"]} == {"cpu"}
+
+
+@pytest.mark.gpu
+def test_two_torchrun_ranks_sharing_one_gpu_killed_restart_and_train_every_clip_once(tmp_path: Path) -> None:
+    """A one-GPU host: both ranks' batches staged onto the one card, the process group gloo (nccl
+    refuses two ranks on one device)."""
+    report = run_job(tmp_path, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(nvml_gpus()[0].index)})
+    assert {r["backend"] for r in report.values()} == {"gloo"}
+    assert {d for r in report.values() for d in r["devices"]} == {"cuda:0"}

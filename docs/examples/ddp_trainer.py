@@ -9,8 +9,10 @@ rank plans the same epochs and takes its share of every planned batch, so at eac
 rank trains a part of one global batch in the same bucket shape, all ranks take the same
 number of steps per epoch, and each clip is trained once per epoch across them. Each rank
 starts its own producers (``--producers`` each) and writes its run in ``RUN_DIR/worker-RANK``.
-The process group is gloo on the CPU and nccl on GPUs, where the feed stages each rank's
-batches onto ``cuda:LOCAL_RANK`` (modulo the GPUs seen: two ranks may share one GPU).
+The process group is nccl where each rank of the host has a GPU of its own, where the feed
+stages each rank's batches onto ``cuda:LOCAL_RANK``; gloo on the CPU, and where ranks share
+a GPU (fewer GPUs seen than LOCAL_WORLD_SIZE: rank R on ``cuda:R`` modulo the GPUs), since
+nccl refuses two ranks on one device.
 
 The step takes ``(tokens, mel, token_lengths, mel_lengths)`` tuples, as the user's trainer of
 docs/examples/tuple_trainer.py does; its loss is the mean over the valid frames of the global
@@ -170,6 +172,12 @@ def train(options: dict[str, Any], checkpoint_dir: Path, checkpoint_every: int,
     return losses
 
 
+def backend() -> str:
+    """nccl where every rank of this host has a GPU of its own; gloo on the CPU or where ranks share one."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here else "gloo"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="dataset directory (default: stoker's demo data)")
@@ -182,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options = {"data": args.data, "epochs": args.epochs, "producers": args.producers, "batch_size": args.batch_size,
                "run_dir": args.run_dir}
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend())
     try:
         losses = train(options, args.checkpoint, args.checkpoint_every)
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stoker.benchmarks import gpu, suite
+from stoker.benchmarks.common import BenchError
 from tests.benchmarks.checks import assert_ratio
 
 pytestmark = pytest.mark.slow  # processes: not a unit test
@@ -53,3 +54,9 @@ def test_producer_sweep_doubles_up_to_the_cores() -> None:
     assert gpu.producer_sweep(2) == (1, 2)
     assert gpu.producer_sweep(16) == (1, 2, 4, 8, 16)
     assert gpu.producer_sweep(6) == (1, 2, 4, 6)
+
+
+def test_targets_without_a_shape_timed_both_ways_is_one_line() -> None:
+    one = {"compare": {"shapes": {"16x80x448": {"feed_vs_replay": None}}}, "feed": {"wait_share": 0.0}}
+    with pytest.raises(BenchError, match="small P=2: no bucket shape was timed by both"):
+        gpu.targets({"small": {"producers": {"2": one}}})
