@@ -258,7 +258,7 @@ class CoordinatorProcess:
         item = QueuedBatch(lease=message["lease"], epoch=message["epoch"], index=message["index"], ids=message["ids"],
                            arrays=arrays, producer=message["producer"], frames=message["frames"],
                            frames_computed=message["frames_computed"], clips=message["clips"],
-                           slot=slot)
+                           whole=message["whole"], slot=slot)
         try:
             (self.val_queue if validation else self.queue).put(item)
         except QueueFull:  # the credits make it impossible; the batch is lost, and says so

@@ -88,14 +88,21 @@ class InputPosition:
         return progress
 
     def record(self, epoch: int, ids: Sequence[str], index: int | None = None,
-               clips: Sequence[int] | None = None) -> None:
+               clips: Sequence[int] | None = None, whole: int | None = None) -> None:
         """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned);
         ``clips``: their table rows, where the caller has them (else looked up by id).
         ``index``: the planned batch they are, taken whole (trainer workers step through the
-        plan in order, a step per planned batch): it is done, however many samples it had."""
+        plan in order, a step per planned batch): it is done, however many samples it had.
+        ``whole``: the planned batch whose every clip ``clips`` are, each once, where the
+        coordinator found so (EpochPlanner.is_whole): done at once, as counting each row
+        would leave it, unless part of it was trained before (then row by row, so that the
+        log names those rows)."""
         progress = self._progress(epoch)
         if index is not None and 0 <= index < len(progress.sizes):
             progress.mark_done(index)
+        elif whole is not None and 0 <= whole < len(progress.sizes) and whole not in progress.done \
+                and whole not in progress.partial:
+            progress.mark_done(whole)
         else:
             rows = clips if clips is not None and len(clips) == len(ids) else self.planner.table.find_rows(list(ids))
             strays = [i for i, row in zip(ids, rows) if not progress.add(row)]
