@@ -190,10 +190,12 @@ class FeedCore:
 
     def _update_epochs(self, trained: bool = True, handed: bool = True) -> None:
         """Mark epochs whose every sample was trained (handed out) or rejected; a step moves one of the two."""
+        rejected = self.coordinator.rejected_epochs()
         if trained:
-            self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+            self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch,
+                                                                  rejected)
         if handed:
-            self.handed.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+            self.handed.update_complete(self.epochs, self.coordinator.rejected_in_epoch, rejected)
 
     def batches(self, confirm_on_request: bool = True, epoch: int | None = None) -> Iterator[QueuedBatch]:
         """Warm-up, then one batch per step until the budget, the plan's end or a stop

@@ -201,13 +201,23 @@ class InputPosition:
         progress = self._epochs.get(epoch)
         return progress.trained() if progress is not None else 0
 
-    def update_complete(self, epochs: int | None, rejected_in_epoch: Callable[[int], int]) -> int:
+    def update_complete(self, epochs: int | None, rejected_in_epoch: Callable[[int], int],
+                        rejected_epochs: Iterable[int] | None = None) -> int:
         """Mark the epochs whose every sample was trained or rejected; the number complete.
 
         ``epochs``: the run's epoch budget (None: look at the epochs trained so far);
-        ``rejected_in_epoch``: the samples of an epoch rejected while the run went on.
+        ``rejected_in_epoch``: the samples of an epoch rejected while the run went on;
+        ``rejected_epochs``: the epochs with rejections, where the caller knows them. An epoch
+        with nothing trained is complete only by its rejections (a worker's, never: it steps
+        through its planned batches), so the epochs looked at are those trained and those
+        rejected from, not the whole budget at every step.
         """
-        candidates = set(range(epochs)) if epochs else set(self._epochs)
+        if epochs and self.planner.workers > 1:
+            candidates = {e for e in self._epochs if 0 <= e < epochs}
+        elif epochs and rejected_epochs is not None and self.planner.samples_per_epoch > 0:
+            candidates = {e for e in (*self._epochs, *rejected_epochs) if 0 <= e < epochs}
+        else:
+            candidates = set(range(epochs)) if epochs else set(self._epochs)
         for epoch in sorted(candidates - self.complete):
             if self.planner.workers > 1:  # a worker steps through every planned batch, its share empty or not
                 progress = self._epochs.get(epoch)

@@ -132,3 +132,32 @@ def test_is_whole_wants_every_clip_of_the_batch_once() -> None:
     assert not planner.is_whole(1, 2, [])
     planner.plan(2), planner.plan(3)  # epoch 1's plan no longer kept: not made again to answer
     assert not planner.is_whole(1, 2, rows)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("seed", range(4))
+def test_update_complete_looking_at_begun_and_rejected_epochs_only_marks_what_a_full_scan_does(seed: int,
+                                                                                           workers: int) -> None:
+    """The epochs complete, against the rule applied to every epoch of the budget."""
+    rng = np.random.default_rng(seed)
+    planner = EpochPlanner(make_samples(30, seed=seed), _cfg(batch_size=8), workers=workers, worker=workers - 1)
+    budget = 12
+    position = InputPosition(planner)
+    rejected: dict[int, int] = {}
+
+    def complete(epoch: int) -> bool:
+        if workers > 1:
+            return len(position.done_batches(epoch)) == len(planner.plan(epoch))
+        return position.trained(epoch) + rejected.get(epoch, 0) >= planner.samples_in(epoch)
+
+    for _ in range(80):
+        epoch = int(rng.integers(budget + 2))
+        if rng.random() < 0.3:  # rejections, some of a whole epoch nothing of which was trained
+            rejected[epoch] = min(planner.samples_in(epoch), rejected.get(epoch, 0) + int(rng.integers(1, 40)))
+        else:
+            plan = planner.plan(epoch)
+            batch = plan[int(rng.integers(len(plan)))]
+            position.record(epoch, batch.ids, batch.index if workers > 1 else None, batch.clips)
+        expected = position.complete | {e for e in range(budget) if complete(e)}
+        assert position.update_complete(budget, lambda e: rejected.get(e, 0), list(rejected)) == len(expected)
+        assert position.complete == expected
