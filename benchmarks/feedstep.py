@@ -11,10 +11,11 @@ feed      ``stoker.Feed(framework=F)`` with one producer on generated clips (ben
           mean over the steps after WARMUP_STEPS (flushes included) and median (without them),
           in microseconds; beside them the CPU of the process's other threads per step (the
           receiver, the stager), waiting excluded throughout (a blocked thread uses none).
-position  the input position's bookkeeping alone, in one process: every planned batch of an
-          epoch of those clips recorded as the feed records it (handed out, then confirmed:
-          ``InputPosition.record`` twice and ``update_complete`` after each), CPU microseconds
-          per batch.
+position  the input position's bookkeeping alone, in one process: every planned batch of those
+          epochs recorded as the feed records it (handed out, then confirmed: ``InputPosition.record``
+          twice, each batch whole as the coordinator process says where the checkout knows
+          ``EpochPlanner.is_whole``, and ``update_complete`` after each, for a run of ``--budget``
+          epochs), CPU microseconds per batch.
 
 Each runs ``--repeats`` times per framework and batch size, in turns; the table gives the
 median and range over the repeats. ``--tree DIR`` (repeatable) also runs another checkout of
@@ -22,7 +23,7 @@ stoker (the directory holding its ``stoker`` package, which must hold this modul
 commit that added it or a later one) in the same turns.
 
     python -m stoker.benchmarks.feedstep [--framework torch --framework numpy] [--batch-size 8 --batch-size 32]
-        [--repeats 3] [--steps 80] [--clips 128] [--hold-ms 30] [--tree DIR] [--out FILE]
+        [--repeats 3] [--steps 80] [--clips 128] [--hold-ms 30] [--budget 1000] [--tree DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ BATCH_SIZES = (8, 32)
 CLIPS = 128
 STEPS = 80
 HOLD_MS = 30.0
+# The epoch budget of the run whose position the position figure keeps (a TTS run trains for hundreds).
+BUDGET = 1000
 REPEATS = 3
 # Steps left out at the start of a feed run: the first batches, staging's first calls, imports.
 WARMUP_STEPS = 5
@@ -93,16 +96,22 @@ def _position_child(spec: dict[str, Any]) -> dict[str, Any]:
                                  "trainer.val_clips": 0, "data.index_cache": "off"})
     index = build_index(cfg.data, cfg.features, cfg.text)
     planner = EpochPlanner(index.samples, cfg.batching)
-    batches = [(b.epoch, list(b.ids), list(map(int, b.clips))) for e in range(spec["epochs"]) for b in planner.plan(e)]
+    batches = []
+    for epoch in range(spec["epochs"]):
+        for b in planner.plan(epoch):
+            clips = list(map(int, b.clips))
+            whole = b.index if hasattr(planner, "is_whole") and planner.is_whole(epoch, b.index, clips) else None
+            batches.append((epoch, list(b.ids), clips, {} if whole is None else {"whole": whole}))
+    rejections = {"rejected_epochs": ()} if hasattr(planner, "is_whole") else {}  # the coordinator's: none
     per_batch = []
     for _ in range(spec["passes"]):
         handed, trained = InputPosition(planner), InputPosition(planner)
         cpu = time.process_time()
-        for epoch, ids, clips in batches:
-            handed.record(epoch, ids, None, clips)
-            handed.update_complete(spec["epochs"], lambda e: 0)
-            trained.record(epoch, ids, None, clips)
-            trained.update_complete(spec["epochs"], lambda e: 0)
+        for epoch, ids, clips, whole in batches:
+            handed.record(epoch, ids, None, clips, **whole)
+            handed.update_complete(spec["budget"], lambda e: 0, **rejections)
+            trained.record(epoch, ids, None, clips, **whole)
+            trained.update_complete(spec["budget"], lambda e: 0, **rejections)
         per_batch.append((time.process_time() - cpu) / len(batches))
         if len(trained.complete) != spec["epochs"]:
             raise BenchError(f"{len(trained.complete)} of {spec['epochs']} epochs complete after the plan")
@@ -144,7 +153,7 @@ def _child(spec: dict[str, Any], tree: Path, log_path: Path) -> dict[str, Any]:
 
 
 def run(frameworks: Sequence[str], batch_sizes: Sequence[int], repeats: int, steps: int, clips: int,
-        hold_ms: float, trees: Sequence[Path], log: Callable[[str], None]) -> dict[str, Any]:
+        hold_ms: float, budget: int, trees: Sequence[Path], log: Callable[[str], None]) -> dict[str, Any]:
     """``repeats`` turns of every tree's feed (per framework and batch size) and position figure."""
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-feedstep-"))
     feeds: dict[str, list[dict[str, Any]]] = {}
@@ -158,7 +167,8 @@ def run(frameworks: Sequence[str], batch_sizes: Sequence[int], repeats: int, ste
                 for size in batch_sizes:
                     n += 1
                     epochs = -(-steps * size // clips)
-                    spec = {**base, "kind": "position", "batch_size": size, "epochs": epochs, "passes": 5}
+                    spec = {**base, "kind": "position", "batch_size": size, "epochs": epochs, "passes": 5,
+                            "budget": budget}
                     raw = _child(spec, tree, work / f"{n}.log")
                     positions.setdefault(f"{tree}|{size}", []).append(statistics.median(raw["per_batch_s"]) * 1e6)
                     for framework in frameworks:
@@ -174,6 +184,7 @@ def run(frameworks: Sequence[str], batch_sizes: Sequence[int], repeats: int, ste
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"machine": machine_info(), "repeats": repeats, "steps": steps, "clips": clips, "hold_ms": hold_ms,
+            "budget": budget,
             "warmup_steps": WARMUP_STEPS, "trees": [str(t) for t in trees], "feed": feeds, "position": positions}
 
 
@@ -194,7 +205,8 @@ def render(result: dict[str, Any]) -> str:
     position = [[*key.split("|"), _mid(values)] for key, values in result["position"].items()]
     return "\n\n".join([head, table(["tree", "framework", "batch", "steps", "feed mean", "feed median", "next()",
                                      "step_done()", "other threads"], rows),
-                        "the input position alone: recorded handed out and confirmed, CPU µs per planned batch",
+                        f"the input position alone (a run of {result['budget']} epochs): recorded handed out and "
+                        f"confirmed, CPU µs per planned batch",
                         table(["tree", "batch", "µs per batch"], position)])
 
 
@@ -210,13 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--clips", type=int, default=CLIPS)
     parser.add_argument("--hold-ms", type=float, default=HOLD_MS)
+    parser.add_argument("--budget", type=int, default=BUDGET, help="the position figure's run's epochs")
     parser.add_argument("--tree", action="append", type=Path, help="another checkout's feed too (repeatable)")
     parser.add_argument("--out", help="also write the figures to this JSON file")
     ns = parser.parse_args(args)
     trees = [*(t.resolve() for t in ns.tree or []), PACKAGE_PARENT]
     try:
         result = run(ns.framework or FRAMEWORKS, ns.batch_size or BATCH_SIZES, ns.repeats, ns.steps, ns.clips,
-                     ns.hold_ms, trees, lambda text: print(text, file=sys.stderr, flush=True))
+                     ns.hold_ms, ns.budget, trees, lambda text: print(text, file=sys.stderr, flush=True))
     except BenchError as exc:
         print(f"feedstep benchmark failed: {exc}", file=sys.stderr)
         return 1
