@@ -382,14 +382,15 @@ class EpochPlanner:
             self._shares[epoch] = int(self.plan(epoch).sizes().sum())
         return self._shares[epoch]
 
-    def homes(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    def homes(self, epoch: int) -> tuple[np.ndarray, list[int]]:
         """Each table row's planned batch in ``epoch`` (its index, -1: none) and each batch's
         sample count: made once per epoch and shared by every InputPosition (they are read
-        only), so a copy of a position costs its progress, not a map of every clip."""
+        only), so a copy of a position costs its progress, not a map of every clip. The
+        counts are a list: a step looks one up, and a NumPy scalar costs more to make."""
         homes = self._homes.get(epoch)
         if homes is None:
             plan = self.plan(epoch)
-            homes = self._homes[epoch] = (plan.homes(), plan.sizes())
+            homes = self._homes[epoch] = (plan.homes(), plan.sizes().tolist())
             while len(self._homes) > PLANS_KEPT:
                 del self._homes[min(self._homes)]
         return homes

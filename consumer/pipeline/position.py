@@ -27,7 +27,7 @@ class PositionError(UserError):
 @dataclass
 class _EpochProgress:
     home: np.ndarray  # table row -> index of its planned batch in this epoch's plan, -1: none (the planner's, shared)
-    sizes: np.ndarray  # samples of each planned batch (shared too)
+    sizes: list[int]  # samples of each planned batch (shared too)
     done: set[int] = field(default_factory=set)
     partial: dict[int, set[int]] = field(default_factory=dict)  # planned index -> rows trained so far
     count: int = 0  # samples trained: kept as they are recorded (asked at every step)
@@ -50,7 +50,7 @@ class _EpochProgress:
         """Planned batch ``index`` trained whole."""
         if index not in self.done:
             self.done.add(index)
-            self.count += int(self.sizes[index]) - len(self.partial.pop(index, ()))
+            self.count += self.sizes[index] - len(self.partial.pop(index, ()))
 
     def trained(self) -> int:
         return self.count
