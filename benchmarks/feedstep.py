@@ -3,16 +3,17 @@ issue 33's "the trainer process only trains", measured where wall-clock step tim
 
 Two figures, each way in a process of its own:
 
-feed      ``stoker.Feed(framework=F)`` with one producer on generated clips (benchmarks/data.py),
-          epochs enough for ``--steps`` steps; the loop's "step" sleeps ``--hold-ms`` (no CPU, so the producer
-          keeps the queue full and the figure is the feed's alone). Per step, the loop thread's
+feed      ``stoker.Feed(framework=F)`` with one producer on generated clips (benchmarks/data.py):
+          the first ``--steps`` steps of a run of ``--budget`` epochs. The loop's "step" sleeps
+          ``--hold-ms`` (no CPU, so the producer keeps the queue full and the figure is the
+          feed's alone). Per step, the loop thread's
           CPU time (``time.thread_time``) inside ``next(feed)`` (hand-out, the confirmation of
           the step before, a flush every trainer.log_every_steps) and ``feed.step_done``; its
           mean over the steps after WARMUP_STEPS (flushes included) and median (without them),
           in microseconds; beside them the CPU of the process's other threads per step (the
           receiver, the stager), waiting excluded throughout (a blocked thread uses none).
-position  the input position's bookkeeping alone, in one process: every planned batch of those
-          epochs recorded as the feed records it (handed out, then confirmed: ``InputPosition.record``
+position  the input position's bookkeeping alone, in one process: every planned batch of the
+          epochs of ``--steps`` steps recorded as the feed records it (handed out, then confirmed: ``InputPosition.record``
           twice, each batch whole as the coordinator process says where the checkout knows
           ``EpochPlanner.is_whole``, and ``update_complete`` after each, for a run of ``--budget``
           epochs), CPU microseconds per batch.
@@ -63,7 +64,7 @@ def _feed_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     work = Path(spec["work"])
     feed = stoker.Feed(framework=spec["framework"], data=spec["data"], producers=1, batch_size=spec["batch_size"],
-                       epochs=spec["epochs"], run_dir=str(work / "run"), model_start_delay=0.0, log_level="WARNING",
+                       epochs=spec["budget"], run_dir=str(work / "run"), model_start_delay=0.0, log_level="WARNING",
                        set={"trainer.val_clips": 0, "data.index_cache": "off", "trainer.checkpoint_every_steps": 0})
     hold = spec["hold_ms"] / 1e3
     clock = time.thread_time
@@ -71,7 +72,7 @@ def _feed_child(spec: dict[str, Any]) -> dict[str, Any]:
     marks: list[tuple[float, float]] = []  # (process CPU, loop thread CPU) at each step's start
     with feed:
         batches = iter(feed)
-        while True:
+        while len(steps) < spec["steps"]:
             marks.append((time.process_time(), clock()))
             wall, cpu = time.perf_counter(), clock()
             try:
@@ -174,7 +175,7 @@ def run(frameworks: Sequence[str], batch_sizes: Sequence[int], repeats: int, ste
                     for framework in frameworks:
                         n += 1
                         spec = {**base, "kind": "feed", "framework": framework, "batch_size": size,
-                                "epochs": epochs, "work": str(work / str(n))}
+                                "steps": steps, "budget": budget, "work": str(work / str(n))}
                         figures = summarize_feed(_child(spec, tree, work / f"{n}.log"))
                         feeds.setdefault(f"{tree}|{framework}|{size}", []).append(figures)
                         log(f"turn {turn + 1}/{repeats} {tree} {framework} batch {size}: "
