@@ -200,9 +200,9 @@ def render(result: dict[str, Any]) -> str:
         rows.append([tree, framework, size, runs[0]["steps"], _mid([r["feed_us_mean"] for r in runs]),
                      _mid([r["feed_us_median"] for r in runs]), _mid([r["next_us_median"] for r in runs]),
                      _mid([r["step_done_us_median"] for r in runs]), _mid([r["other_threads_us"] for r in runs])])
-    head = (f"{result['repeats']} repeats, {result['clips']} clips, epochs for {result['steps']} steps, 1 producer, "
-            f"a step of {result['hold_ms']:g} ms asleep; CPU µs per step after {result['warmup_steps']}, median "
-            f"(range) over the repeats")
+    head = (f"{result['repeats']} repeats, {result['clips']} clips, the first {result['steps']} steps of a run of "
+            f"{result['budget']} epochs, 1 producer, a step of {result['hold_ms']:g} ms asleep; CPU µs per step after "
+            f"{result['warmup_steps']}, median (range) over the repeats")
     position = [[*key.split("|"), _mid(values)] for key, values in result["position"].items()]
     return "\n\n".join([head, table(["tree", "framework", "batch", "steps", "feed mean", "feed median", "next()",
                                      "step_done()", "other threads"], rows),
