@@ -255,7 +255,8 @@ class Feed:
         """The next batch of ``batches`` for a loop that asks when it needs one: the step of the
         batch before ended when the loop asked (unless step_done said so earlier)."""
         core = self._running()
-        core.confirm(time.monotonic())
+        if core.unconfirmed:  # else step_done() confirmed it
+            core.confirm(time.monotonic())
         core.flush_if_due()
         try:
             item = next(batches)

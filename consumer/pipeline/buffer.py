@@ -44,6 +44,7 @@ class QueuedBatch:
     frames_computed: int = 0  # frames the step computes: B x T, padding included
     staged: bool = False
     clips: list[int] | None = None  # the ids' rows in the planner's table (None: a validation batch, or unknown)
+    whole: bool = False  # its clips are every clip of planned batch ``index``, each once (EpochPlanner.is_whole)
     slot: int = -1  # its shared-memory slot (consumer/pipeline/handoff.py); -1: none, or released
 
 
@@ -130,8 +131,7 @@ class BatchQueue:
                     return None
                 self._cond.wait(remaining)
                 item = self._find(want, up_to_epoch)
-            self._items.remove(item)
-            self._cond.notify_all()
+            self._items.remove(item)  # no notify: nothing waits for a free place (put never blocks)
         if self.on_free is not None:
             self.on_free()
         return item, depth

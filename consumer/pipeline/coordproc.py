@@ -93,7 +93,7 @@ class SlotQueue:
             raise QueueFull(str(exc)) from None
         self._untaken[slot] = (item.epoch, item.index)
         self._send({"kind": BATCH, "queue": self.queue, "slot": slot, "layout": layout, "lease": item.lease,
-                    "epoch": item.epoch, "index": item.index, "ids": item.ids, "clips": item.clips,
+                    "epoch": item.epoch, "index": item.index, "ids": item.ids, "clips": item.clips, "whole": item.whole,
                     "producer": item.producer, "frames": item.frames, "frames_computed": item.frames_computed})
 
     def taken(self, slot: int) -> None:

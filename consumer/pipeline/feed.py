@@ -190,10 +190,12 @@ class FeedCore:
 
     def _update_epochs(self, trained: bool = True, handed: bool = True) -> None:
         """Mark epochs whose every sample was trained (handed out) or rejected; a step moves one of the two."""
+        rejected = self.coordinator.rejected_epochs()
         if trained:
-            self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+            self.epochs_completed = self.position.update_complete(self.epochs, self.coordinator.rejected_in_epoch,
+                                                                  rejected)
         if handed:
-            self.handed.update_complete(self.epochs, self.coordinator.rejected_in_epoch)
+            self.handed.update_complete(self.epochs, self.coordinator.rejected_in_epoch, rejected)
 
     def batches(self, confirm_on_request: bool = True, epoch: int | None = None) -> Iterator[QueuedBatch]:
         """Warm-up, then one batch per step until the budget, the plan's end or a stop
@@ -223,8 +225,7 @@ class FeedCore:
             with self._lock:
                 if self.ledger.hand(item, depth, asked, time.monotonic()):  # not a batch handed out again
                     self.handed_steps += 1
-                    self.handed.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None,
-                                       item.clips)
+                    self._record(self.handed, item)
                     self._update_epochs(trained=False)
             yield item
             if self.stop.is_set() and not self.handed_all(epoch):
@@ -234,6 +235,11 @@ class FeedCore:
                 return
         if confirm_on_request:
             self.confirm(time.monotonic())
+
+    def _record(self, position: InputPosition, item: QueuedBatch) -> None:
+        """``item`` counts in ``position`` (handed out, or trained)."""
+        position.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None, item.clips,
+                        item.index if item.whole else None)
 
     def step_done(self, handle: Any = None) -> bool:
         """The step of the oldest batch handed out and not yet confirmed ended now; ``handle``:
@@ -279,7 +285,7 @@ class FeedCore:
                "step_ms": round(done.step_s * 1e3, 3), "loss": None, "samples": len(item.ids),
                "producer": item.producer, "frames": item.frames, "frames_computed": item.frames_computed}
         self.logs.add(row, handle, item.ids)
-        self.position.record(item.epoch, item.ids, item.index if self.planner.workers > 1 else None, item.clips)
+        self._record(self.position, item)
         self._update_epochs(handed=False)
         self.telemetry.on_step(row)
         if self.live.due():

@@ -91,6 +91,8 @@ class TorchStaging(Staging):
 
     def take(self, staged: Any) -> dict[str, Any]:
         if not isinstance(staged, CopiedBatch):  # CPU tensors, or host arrays whose staging failed
+            if self._stream is None and all(isinstance(value, self.torch.Tensor) for value in staged.values()):
+                return staged
             return {name: self.torch.as_tensor(value, device=self._device) for name, value in staged.items()}
         current = self.torch.cuda.current_stream(self._device)
         current.wait_event(staged.copied)

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import msgpack
 import numpy as np
@@ -231,11 +231,11 @@ class CoordinatorProcess:
         if kind == proto.BATCH:
             self._on_batch(message)
         elif kind == proto.REJECTED:
-            self._epochs.update({int(e): n for e, n in message["epochs"].items()})
+            self._count_rejected(message["epochs"])
             self.on_rejected([Rejection(**row) for row in message["rows"]])
         elif kind == proto.STATE:
             self._alive, self._validation_finished = message["alive"], message["validation_finished"]
-            self._epochs.update({int(e): n for e, n in message["epochs"].items()})  # counts only grow
+            self._count_rejected(message["epochs"])
             self._snapshot = message.get("snapshot", self._snapshot)
         elif kind == proto.ERROR:
             self.failure = self._error(message)
@@ -244,6 +244,12 @@ class CoordinatorProcess:
             self._snapshot = message["snapshot"]
             self._mel = MelStats.from_fields(message["mel_stats"], self.n_mels) or self._mel
             self._bye.set()
+
+    def _count_rejected(self, epochs: dict[Any, int]) -> None:
+        """The coordinator process's rejected counts of epochs (only those not zero; counts only
+        grow), into a new dict: the trainer's thread reads the one it has without a lock."""
+        if any(self._epochs.get(int(e)) != n for e, n in epochs.items()):
+            self._epochs = {**self._epochs, **{int(e): n for e, n in epochs.items()}}
 
     def _on_batch(self, message: dict[str, Any]) -> None:
         """A batch in its slot: views of it into the training queue (the slot is released when
@@ -258,7 +264,7 @@ class CoordinatorProcess:
         item = QueuedBatch(lease=message["lease"], epoch=message["epoch"], index=message["index"], ids=message["ids"],
                            arrays=arrays, producer=message["producer"], frames=message["frames"],
                            frames_computed=message["frames_computed"], clips=message["clips"],
-                           slot=slot)
+                           whole=message["whole"], slot=slot)
         try:
             (self.val_queue if validation else self.queue).put(item)
         except QueueFull:  # the credits make it impossible; the batch is lost, and says so
@@ -299,6 +305,10 @@ class CoordinatorProcess:
 
     def rejected_in_epoch(self, epoch: int) -> int:
         return self._epochs.get(epoch, 0)
+
+    def rejected_epochs(self) -> Iterable[int]:
+        """The epochs with samples rejected (InputPosition.update_complete looks at no other untrained one)."""
+        return self._epochs.keys()
 
     def validation_finished(self) -> int:
         return self._validation_finished

@@ -276,6 +276,15 @@ class EpochPlan(Sequence[PlannedBatch]):
         workers, worker = self.planner.workers, self.planner.worker
         return np.maximum(0, (whole - worker + workers - 1) // workers)
 
+    def whole(self, index: int, rows: Sequence[int]) -> bool:
+        """Whether ``rows`` are every clip of batch ``index`` (this worker's share), each once."""
+        if not 0 <= index < len(self):
+            return False
+        clips = self.clips[self.starts[index]:self.starts[index + 1]]
+        if self.planner.workers > 1:
+            clips = clips[self.planner.worker::self.planner.workers]
+        return 0 < len(rows) == len(clips) and np.array_equal(np.sort(np.asarray(rows, clips.dtype)), np.sort(clips))
+
     def homes(self) -> np.ndarray:
         """Each table row's batch in this plan (-1: none, or another worker's share)."""
         home = np.full(len(self.planner.table), -1, row_type(len(self)))
@@ -354,6 +363,13 @@ class EpochPlanner:
                 return [known[i] for i in ids]
         return self.table.find_rows(list(ids))
 
+    def is_whole(self, epoch: int, index: int, rows: Sequence[int]) -> bool:
+        """Whether ``rows`` are every clip of planned batch ``index`` of ``epoch``, each once
+        (the input position counts such a batch done at once: InputPosition.record). False
+        where the epoch's plan is no longer kept: it is not made again for this."""
+        plan = self._plans.get(epoch)
+        return plan is not None and plan.whole(index, rows)
+
     def bucket_rows(self, batch: PlannedBatch) -> int:
         """The most clips a batch of ``batch``'s bucket holds (this worker's share of them)."""
         return self.buckets[batch.bucket].rows // self.workers
@@ -366,14 +382,15 @@ class EpochPlanner:
             self._shares[epoch] = int(self.plan(epoch).sizes().sum())
         return self._shares[epoch]
 
-    def homes(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    def homes(self, epoch: int) -> tuple[np.ndarray, list[int]]:
         """Each table row's planned batch in ``epoch`` (its index, -1: none) and each batch's
         sample count: made once per epoch and shared by every InputPosition (they are read
-        only), so a copy of a position costs its progress, not a map of every clip."""
+        only), so a copy of a position costs its progress, not a map of every clip. The
+        counts are a list: a step looks one up, and a NumPy scalar costs more to make."""
         homes = self._homes.get(epoch)
         if homes is None:
             plan = self.plan(epoch)
-            homes = self._homes[epoch] = (plan.homes(), plan.sizes())
+            homes = self._homes[epoch] = (plan.homes(), plan.sizes().tolist())
             while len(self._homes) > PLANS_KEPT:
                 del self._homes[min(self._homes)]
         return homes

@@ -27,7 +27,7 @@ class PositionError(UserError):
 @dataclass
 class _EpochProgress:
     home: np.ndarray  # table row -> index of its planned batch in this epoch's plan, -1: none (the planner's, shared)
-    sizes: np.ndarray  # samples of each planned batch (shared too)
+    sizes: list[int]  # samples of each planned batch (shared too)
     done: set[int] = field(default_factory=set)
     partial: dict[int, set[int]] = field(default_factory=dict)  # planned index -> rows trained so far
     count: int = 0  # samples trained: kept as they are recorded (asked at every step)
@@ -50,7 +50,7 @@ class _EpochProgress:
         """Planned batch ``index`` trained whole."""
         if index not in self.done:
             self.done.add(index)
-            self.count += int(self.sizes[index]) - len(self.partial.pop(index, ()))
+            self.count += self.sizes[index] - len(self.partial.pop(index, ()))
 
     def trained(self) -> int:
         return self.count
@@ -88,14 +88,21 @@ class InputPosition:
         return progress
 
     def record(self, epoch: int, ids: Sequence[str], index: int | None = None,
-               clips: Sequence[int] | None = None) -> None:
+               clips: Sequence[int] | None = None, whole: int | None = None) -> None:
         """The samples ``ids`` of ``epoch`` were trained (one batch, planned or re-planned);
         ``clips``: their table rows, where the caller has them (else looked up by id).
         ``index``: the planned batch they are, taken whole (trainer workers step through the
-        plan in order, a step per planned batch): it is done, however many samples it had."""
+        plan in order, a step per planned batch): it is done, however many samples it had.
+        ``whole``: the planned batch whose every clip ``clips`` are, each once, where the
+        coordinator found so (EpochPlanner.is_whole): done at once, as counting each row
+        would leave it, unless part of it was trained before (then row by row, so that the
+        log names those rows)."""
         progress = self._progress(epoch)
         if index is not None and 0 <= index < len(progress.sizes):
             progress.mark_done(index)
+        elif whole is not None and 0 <= whole < len(progress.sizes) and whole not in progress.done \
+                and whole not in progress.partial:
+            progress.mark_done(whole)
         else:
             rows = clips if clips is not None and len(clips) == len(ids) else self.planner.table.find_rows(list(ids))
             strays = [i for i, row in zip(ids, rows) if not progress.add(row)]
@@ -194,13 +201,23 @@ class InputPosition:
         progress = self._epochs.get(epoch)
         return progress.trained() if progress is not None else 0
 
-    def update_complete(self, epochs: int | None, rejected_in_epoch: Callable[[int], int]) -> int:
+    def update_complete(self, epochs: int | None, rejected_in_epoch: Callable[[int], int],
+                        rejected_epochs: Iterable[int] | None = None) -> int:
         """Mark the epochs whose every sample was trained or rejected; the number complete.
 
         ``epochs``: the run's epoch budget (None: look at the epochs trained so far);
-        ``rejected_in_epoch``: the samples of an epoch rejected while the run went on.
+        ``rejected_in_epoch``: the samples of an epoch rejected while the run went on;
+        ``rejected_epochs``: the epochs with rejections, where the caller knows them. An epoch
+        with nothing trained is complete only by its rejections (a worker's, never: it steps
+        through its planned batches), so the epochs looked at are those trained and those
+        rejected from, not the whole budget at every step.
         """
-        candidates = set(range(epochs)) if epochs else set(self._epochs)
+        if epochs and self.planner.workers > 1:
+            candidates = {e for e in self._epochs if 0 <= e < epochs}
+        elif epochs and rejected_epochs is not None and self.planner.samples_per_epoch > 0:
+            candidates = {e for e in (*self._epochs, *rejected_epochs) if 0 <= e < epochs}
+        else:
+            candidates = set(range(epochs)) if epochs else set(self._epochs)
         for epoch in sorted(candidates - self.complete):
             if self.planner.workers > 1:  # a worker steps through every planned batch, its share empty or not
                 progress = self._epochs.get(epoch)

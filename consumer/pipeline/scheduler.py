@@ -418,10 +418,11 @@ class Scheduler:
         validation = is_validation(batch)
         queue = self.validation.queue if validation and self.validation is not None else self.queue
         frames = arrays[FRAMES]
-        item = QueuedBatch(lease=lease.id, epoch=batch.epoch, index=batch.index, ids=list(msg.ids),
-                           clips=None if validation else self.planner.clips_of(batch, msg.ids),
+        clips = None if validation else self.planner.clips_of(batch, msg.ids)
+        item = QueuedBatch(lease=lease.id, epoch=batch.epoch, index=batch.index, ids=list(msg.ids), clips=clips,
                            arrays=arrays, producer=peer.name, frames=int(frames.sum()),
-                           frames_computed=int(frames.shape[0] * batch.shape[1]))
+                           frames_computed=int(frames.shape[0] * batch.shape[1]),
+                           whole=clips is not None and self.planner.is_whole(batch.epoch, batch.index, clips))
         try:
             queue.put(item)
         except QueueFull:
