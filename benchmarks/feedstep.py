@@ -41,8 +41,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import stoker
 from .common import CHILD_TIMEOUT_S, BenchError, machine_info, report, table
 from .data import make_clips
+from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.pipeline.position import InputPosition
+from ..shared import config as config_mod
+from ..shared.dataset import build_index
 from ..shared.proc import PACKAGE_PARENT
 
 RESULT_PREFIX = "FEEDSTEP-RESULT "
@@ -60,8 +65,6 @@ WARMUP_STEPS = 5
 
 # ---------------------------------------------------------------- the children
 def _feed_child(spec: dict[str, Any]) -> dict[str, Any]:
-    import stoker
-
     work = Path(spec["work"])
     feed = stoker.Feed(framework=spec["framework"], data=spec["data"], producers=1, batch_size=spec["batch_size"],
                        epochs=spec["budget"], run_dir=str(work / "run"), model_start_delay=0.0, log_level="WARNING",
@@ -88,11 +91,6 @@ def _feed_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _position_child(spec: dict[str, Any]) -> dict[str, Any]:
-    from stoker.consumer.pipeline.plan import EpochPlanner
-    from stoker.consumer.pipeline.position import InputPosition
-    from stoker.shared import config as config_mod
-    from stoker.shared.dataset import build_index
-
     cfg = config_mod.load(None, {"data.path": spec["data"], "batching.batch_size": spec["batch_size"],
                                  "trainer.val_clips": 0, "data.index_cache": "off"})
     index = build_index(cfg.data, cfg.features, cfg.text)

@@ -28,9 +28,11 @@ from typing import Any, Iterator, Mapping
 from . import service
 from .consumer.pipeline.feed import FeedCore, PreparedRun
 from .consumer.pipeline.frameworks import Staging
+from .feed_dcp import DistributedState, state_key
 from .feed_staging import FeedError, check_framework, make_staging
 from .feed_tf import checkpoint_state, element_spec, keras_callback
 from .shared import config as config_mod
+from .shared.cluster import from_env
 from .shared.config import TENSORFLOW
 from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
 from .shared.runfiles import CONFIG, TRAINED_BY_FEED
@@ -440,10 +442,15 @@ class Feed:
                             "restore the checkpoint before the `with` block")
         self._resume = state
 
+    def stateful(self) -> DistributedState:
+        """The state for ``torch.distributed.checkpoint`` (stoker/feed_dcp.py): ``dcp.save`` writes
+        it, ``dcp.load`` restores it into a feed not yet started."""
+        return DistributedState(self.state_dict, self.load_state_dict, lambda: self._started_once,
+                                state_key(from_env(os.environ)))
+
     def trackable(self) -> Any:
-        """The feed's state as a ``tf.train.Checkpoint``-trackable object:
-        ``tf.train.Checkpoint(model=model, feed=feed.trackable())``; restoring the
-        checkpoint before the feed starts makes the feed continue from its position."""
+        """The state for ``tf.train.Checkpoint(model=model, feed=feed.trackable())``; restored
+        before the feed starts, the feed continues from its position."""
         self._tensorflow_only("trackable()", "a tf.train.Checkpoint object")
         return checkpoint_state(self.state_dict, self.load_state_dict)
 

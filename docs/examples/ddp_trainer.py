@@ -21,8 +21,9 @@ empty (``row_mask`` 0) weigh nothing. After each epoch every rank runs one pass 
 held-out clips (the same clips on every rank) and rank 0 prints the validation loss.
 
 Checkpoints are ``torch.distributed.checkpoint`` (DCP) directories ``CHECKPOINT/step-N``: the
-model and the optimizer (replicated: written once), and each rank's ``feed.state_dict()`` under
-a key of its own (``feed.rank-R``, a JSON string). A checkpoint is written under a temporary name
+model and the optimizer (replicated: written once), and ``feed.stateful()``: each rank's feed
+state under a key of its own (``feed.worker-R``), which ``dcp.load`` restores into the rank's
+feed before it starts. A checkpoint is written under a temporary name
 and renamed by rank 0 once every rank's part is in, so a ``step-N`` directory is always whole.
 Restart the same command after a crash, even a ``kill -9`` of one rank: every rank restores
 the newest checkpoint, and its feed goes on from its own state there, so no clip is lost or
@@ -38,7 +39,6 @@ host), or the restarted ranks find the killed attempt's addresses in the store
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -100,10 +100,10 @@ def validate(model: TinyTTS, feed: stoker.Feed) -> float | None:
     return total / count if count else None
 
 
-def checkpoint_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, feed_state: str) -> dict[str, Any]:
-    """What a checkpoint holds, as DCP reads and writes it: this rank's feed under its own key."""
+def checkpoint_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, feed: stoker.Feed) -> dict[str, Any]:
+    """What a checkpoint holds, as DCP reads and writes it (the feed's Stateful keeps each rank's own)."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    return {"model": model_state, "optimizer": optimizer_state, "feed": {f"rank-{dist.get_rank()}": feed_state}}
+    return {"model": model_state, "optimizer": optimizer_state, "feed": feed.stateful()}
 
 
 def save_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -114,7 +114,7 @@ def save_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
     if dist.get_rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
     dist.barrier()
-    dcp.save(checkpoint_state(model, optimizer, json.dumps(feed.state_dict())), checkpoint_id=partial)
+    dcp.save(checkpoint_state(model, optimizer, feed), checkpoint_id=partial)
     dist.barrier()  # every rank's files are in (DCP wrote its metadata last)
     if dist.get_rank() == 0:
         os.replace(partial, final)
@@ -127,18 +127,16 @@ def latest(directory: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def restore(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-    """The newest checkpoint loaded into the model and the optimizer; this rank's feed state (None: none yet)."""
+def restore(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, feed: stoker.Feed) -> None:
+    """The newest checkpoint, if any, loaded into the model, the optimizer and the feed (not started yet)."""
     found = latest(directory)
     if found is None:
-        return None
-    state = checkpoint_state(model, optimizer, "")
+        return
+    state = checkpoint_state(model, optimizer, feed)
     dcp.load(state, checkpoint_id=found)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    feed_state = json.loads(state["feed"][f"rank-{dist.get_rank()}"])
-    print(f"rank {dist.get_rank()}: restored {found.name}: the feed goes on from step {feed_state['step']}",
+    print(f"rank {dist.get_rank()}: restored {found.name}: the feed goes on from step {feed.state_dict()['step']}",
           flush=True)
-    return feed_state
 
 
 def train(options: dict[str, Any], checkpoint_dir: Path, checkpoint_every: int,
@@ -154,9 +152,7 @@ def train(options: dict[str, Any], checkpoint_dir: Path, checkpoint_every: int,
     else:
         model = DistributedDataParallel(module)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    resume = restore(checkpoint_dir, model, optimizer)
-    if resume is not None:
-        feed.load_state_dict(resume)  # before the feed starts
+    restore(checkpoint_dir, model, optimizer, feed)  # before the feed starts
     losses = []
     with feed:
         for batch in feed:
