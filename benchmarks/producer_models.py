@@ -41,7 +41,10 @@ inherit it, then moves its own threads to the trainer's core. PyTorch runs on on
 both layouts (its producers too), and its encoder has fewer layers (``TORCH_DEPTH``), so that
 it costs about one PyTorch step.
 
-No GPU is measured here: the pinned layout shows what separate devices change, not a GPU's speed.
+The TensorFlow runs use no GPU: the pinned layout shows what separate devices change, not a GPU's
+speed. The PyTorch runs, where CUDA is available, put the batches and the step on GPU 0 and the
+producers' encoder on the same GPU (``data_gpu`` 0, as on a one-GPU host: producers and trainer
+share it), the cache filled by ``precompute`` on it too; the result names the device.
 """
 
 from __future__ import annotations
@@ -478,9 +481,10 @@ def torch_child(way: str, steps: int, run_dir: Path, cache: Path, cores: Cores |
         sets["transforms.model_fields"] = MODEL_FIELDS
     if TORCH_CACHED[way]:
         sets["data.feature_cache"] = str(cache)
+    on_gpu = {"data_gpu": 0} if torch.cuda.is_available() else {}  # the producers' encoder on the step's GPU
     feed = stoker.Feed(steps=steps, run_dir=str(run_dir), producers=PRODUCERS, batch_size=BATCH_SIZE,
                        framework="torch", model_start_delay=1.0, log_level="WARNING",
-                       producer_models=TORCH_ENCODER if TORCH_MODELS[way] else "", set=sets)
+                       producer_models=TORCH_ENCODER if TORCH_MODELS[way] else "", set=sets, **on_gpu)
     torch.manual_seed(SEED)
     device = "cuda:0" if torch.cuda.is_available() else "cpu"  # where the feed puts the batches
     model, encoder = _torch_trainer(feed.vocabulary.size, way)
@@ -533,9 +537,12 @@ def _torch_run(way: str, steps: int, run_dir: Path, cache: Path, cores: Cores | 
 def _run_torch(plan: ProducerModelsPlan, layouts_run: dict[str, Cores | None], work: Path,
                say: Callable[[str], None]) -> dict[str, Any]:
     """The PyTorch encoder and trainer on stoker.Feed(framework="torch"): layouts and targets."""
+    import torch
+
     cache = work / "torch-cache"
     started = time.monotonic()
-    _stoker(["precompute", "--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE), "--set",
+    gpu = ["--data-gpu", "0"] if torch.cuda.is_available() else []  # where the PyTorch runs' producers encode
+    _stoker(["precompute", *gpu, "--producers", str(PRODUCERS), "--batch-size", str(BATCH_SIZE), "--set",
              "trainer.val_clips=0", "--set", "features.backend=numpy", "--producer-models", TORCH_ENCODER,
              "--set", f"transforms.model_fields={MODEL_FIELDS}", "--set", f"data.feature_cache={cache}"],
             work / "torch-precompute")
@@ -549,7 +556,8 @@ def _run_torch(plan: ProducerModelsPlan, layouts_run: dict[str, Cores | None], w
 
     measured = _measure(plan, layouts_run, list(TORCH_MODELS), one, say, " (PyTorch)")
     layouts = {layout: _layout(measured[layout], commands) for layout in layouts_run}
-    return {"layouts": layouts, "targets": _targets(layouts, TORCH_LABEL)}
+    device = torch.cuda.get_device_name(0) if gpu else "cpu"
+    return {"device": device, "layouts": layouts, "targets": _targets(layouts, TORCH_LABEL)}
 
 
 def run(plan: ProducerModelsPlan, log_fn: Any = None, usable_cores: set[int] | None = None) -> dict[str, Any]:
@@ -599,7 +607,8 @@ def _render_layouts(layouts: dict[str, Any]) -> list[str]:
 def render(result: dict[str, Any]) -> str:
     out = _render_layouts(result["layouts"]) if "layouts" in result else []
     if "torch" in result:
-        out += ["PyTorch encoder and step (stoker.Feed(framework=\"torch\"), no TensorFlow):",
+        out += [f"PyTorch encoder and step (stoker.Feed(framework=\"torch\"), no TensorFlow) on "
+                f"{result['torch'].get('device', 'cpu')}:",
                 *_render_layouts(result["torch"]["layouts"])]
     out.append("No GPU was measured: the pinned layout is the CPU analogue of a data GPU beside a model GPU.")
     return "\n".join(out)

@@ -124,6 +124,7 @@ def test_the_pytorch_encoder_is_measured_the_four_ways_on_the_feed_with_its_own_
         (way, layout) for layout in ("shared", "pinned") for way in ("none", "in step", "producers", "cache")]
     assert "layouts" not in result  # no Keras runs asked for
     torch_result = result["torch"]
+    assert torch_result["device"] == "cpu" and "--data-gpu" not in precompute  # this host has no GPU
     assert math.isclose(torch_result["layouts"]["shared"]["producers_vs_in_step"]["value"], 180 / 150)
     assert math.isclose(torch_result["layouts"]["pinned"]["producers_vs_in_step"]["value"], 150 / 90)
     assert math.isclose(torch_result["layouts"]["pinned"]["cache_vs_none"]["value"], 196 / 200)
@@ -132,7 +133,8 @@ def test_the_pytorch_encoder_is_measured_the_four_ways_on_the_feed_with_its_own_
         ("PyTorch encoder, shared cores", False), ("PyTorch encoder, shared cores", True),
         ("PyTorch encoder, pinned cores", True), ("PyTorch encoder, pinned cores", True)]
     text = producer_models.render(result)
-    assert "PyTorch encoder and step" in text and "(b) producers / (a) in step: 1.67" in text
+    assert "PyTorch encoder and step" in text and "no TensorFlow) on cpu:" in text
+    assert "(b) producers / (a) in step: 1.67" in text
 
 
 def test_the_pytorch_trainer_takes_its_codes_the_way_it_is_run() -> None:
