@@ -610,7 +610,11 @@ def render(result: dict[str, Any]) -> str:
         out += [f"PyTorch encoder and step (stoker.Feed(framework=\"torch\"), no TensorFlow) on "
                 f"{result['torch'].get('device', 'cpu')}:",
                 *_render_layouts(result["torch"]["layouts"])]
-    out.append("No GPU was measured: the pinned layout is the CPU analogue of a data GPU beside a model GPU.")
+    if result.get("torch", {}).get("device", "cpu") == "cpu":
+        out.append("No GPU was measured: the pinned layout is the CPU analogue of a data GPU beside a model GPU.")
+    else:
+        out.append("TensorFlow's runs (where asked) on the CPU; PyTorch's on the GPU named above, the producers' "
+                   "encoder on it too.")
     return "\n".join(out)
 
 

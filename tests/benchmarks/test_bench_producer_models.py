@@ -134,7 +134,9 @@ def test_the_pytorch_encoder_is_measured_the_four_ways_on_the_feed_with_its_own_
         ("PyTorch encoder, pinned cores", True), ("PyTorch encoder, pinned cores", True)]
     text = producer_models.render(result)
     assert "PyTorch encoder and step" in text and "no TensorFlow) on cpu:" in text
-    assert "(b) producers / (a) in step: 1.67" in text
+    assert "(b) producers / (a) in step: 1.67" in text and "No GPU was measured" in text
+    on_gpu = producer_models.render({**result, "torch": {**torch_result, "device": "NVIDIA H200"}})
+    assert "no TensorFlow) on NVIDIA H200:" in on_gpu and "No GPU was measured" not in on_gpu
 
 
 def test_the_pytorch_trainer_takes_its_codes_the_way_it_is_run() -> None:
