@@ -14,6 +14,7 @@ import os
 import platform
 import queue as queue_mod
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -191,3 +192,18 @@ def report(text: str, result: Any, out: str | None) -> int:
     if out:
         Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def tree_child(module: str, spec: dict[str, Any], tree: Path, log_path: Path, result_prefix: str) -> dict[str, Any]:
+    """``python -m MODULE child SPEC`` run on ``tree``'s stoker (another checkout, e.g. the commit
+    before a change): the JSON after ``result_prefix`` on its stdout; its stderr in ``log_path``,
+    whose tail a BenchError gives when it fails."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(tree)}
+    with open(log_path, "wb") as log_file:
+        done = subprocess.run([sys.executable, "-m", module, "child", json.dumps(spec)], stdout=subprocess.PIPE,
+                              stderr=log_file, env=env, timeout=CHILD_TIMEOUT_S, cwd=tree)
+    lines = [line for line in done.stdout.decode("utf-8", "replace").splitlines() if line.startswith(result_prefix)]
+    if done.returncode != 0 or not lines:
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise BenchError(f"{spec['kind']} of {tree} exited with status {done.returncode}:\n{tail}")
+    return json.loads(lines[-1][len(result_prefix):])

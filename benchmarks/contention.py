@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .common import CHILD_TIMEOUT_S, BenchError, machine_info, report, table
+from .common import BenchError, machine_info, report, table, tree_child
 from .data import make_clips
 from .gpu import CPU_DIM, RESULT_PREFIX, SIZES, summarize_run
 from ..shared.proc import PACKAGE_PARENT
@@ -44,15 +41,7 @@ HOLD_OPS = 3000
 
 def _child(spec: dict[str, Any], tree: Path, log_path: Path) -> dict[str, Any]:
     """One gpu.py child of ``tree``'s stoker; its summary (summarize_run)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(tree)}
-    with open(log_path, "wb") as log_file:
-        done = subprocess.run([sys.executable, "-m", "stoker.benchmarks.gpu", "child", json.dumps(spec)],
-                              stdout=subprocess.PIPE, stderr=log_file, env=env, timeout=CHILD_TIMEOUT_S, cwd=tree)
-    lines = [line for line in done.stdout.decode("utf-8", "replace").splitlines() if line.startswith(RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-        raise BenchError(f"{spec['kind']} of {tree} exited with status {done.returncode}:\n{tail}")
-    return summarize_run(json.loads(lines[-1][len(RESULT_PREFIX):]), WARMUP_STEPS)
+    return summarize_run(tree_child("stoker.benchmarks.gpu", spec, tree, log_path, RESULT_PREFIX), WARMUP_STEPS)
 
 
 def run(rounds: int, hold_ops: int, trees: Sequence[Path], log: Callable[[str], None]) -> dict[str, Any]:

@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import stoker
-from .common import CHILD_TIMEOUT_S, BenchError, machine_info, report, table
+from .common import BenchError, machine_info, report, table, tree_child
 from .data import make_clips
 from ..consumer.pipeline.plan import EpochPlanner
 from ..consumer.pipeline.position import InputPosition
@@ -140,15 +138,7 @@ def summarize_feed(raw: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the parent
 def _child(spec: dict[str, Any], tree: Path, log_path: Path) -> dict[str, Any]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(tree)}
-    with open(log_path, "wb") as log_file:
-        done = subprocess.run([sys.executable, "-m", "stoker.benchmarks.feedstep", "child", json.dumps(spec)],
-                              stdout=subprocess.PIPE, stderr=log_file, env=env, timeout=CHILD_TIMEOUT_S, cwd=tree)
-    lines = [line for line in done.stdout.decode("utf-8", "replace").splitlines() if line.startswith(RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-        raise BenchError(f"{spec['kind']} of {tree} exited with status {done.returncode}:\n{tail}")
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    return tree_child("stoker.benchmarks.feedstep", spec, tree, log_path, RESULT_PREFIX)
 
 
 def run(frameworks: Sequence[str], batch_sizes: Sequence[int], repeats: int, steps: int, clips: int,
