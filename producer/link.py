@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import threading
 import time
 import uuid
 from typing import Any, Callable, Iterator
@@ -60,16 +59,17 @@ class Refused(UserError):
 
 
 class Link:
-    """One producer's connection to its trainer (its io thread's alone). ``hello`` makes the
+    """One producer's connection to one trainer (its io thread's alone). ``hello`` makes the
     HELLO of a connection's session; the link says it when the connection is up, again until a
-    WELCOME, and after reconnecting."""
+    WELCOME, and after reconnecting. ``poller``: the io thread's, shared by a producer's links
+    (one of its own by default)."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, name: str, host: str, keys: ClientKeys | None,
-                 hello: Callable[[str], wire.Hello]) -> None:
+                 hello: Callable[[str], wire.Hello], poller: zmq.Poller | None = None) -> None:
         self.ctx, self.endpoint, self.name, self.host, self.keys = ctx, endpoint, name, host, keys
         self._hello = hello
         self.identity = f"{name}-{uuid.uuid4().hex[:8]}".encode()
-        self.poller = zmq.Poller()
+        self.poller = poller if poller is not None else zmq.Poller()
         self.sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self._handshake_failures = 0
@@ -82,6 +82,7 @@ class Link:
         self.connected_t = self.last_hello = self.last_beat = self.last_heard = self.last_waiting_note = 0.0
         self.hello_sent = False
         self.backoff = RECONNECT_MIN_S
+        self.reopen_at: float | None = None  # closed after the trainer's silence: connect again then
         # Until the WELCOME says the trainer's settings, the config's defaults (written once, there).
         self.interval = PipelineConfig.heartbeat_interval_s
         self.timeout = PipelineConfig.heartbeat_timeout_s
@@ -305,14 +306,17 @@ class Link:
         """Joined, and the trainer has said nothing for the heartbeat timeout."""
         return self.welcomed and now - self.last_heard > self.timeout
 
-    def reconnect(self, stop: threading.Event) -> bool:
-        """Close, wait the back-off (doubling it for next time), connect again and say HELLO;
-        False when stopped while waiting."""
+    def drop(self, now: float) -> None:
+        """Close after the trainer's silence; :meth:`reopen` connects again once the back-off
+        (doubled for next time) is over, without holding up the producer's other links."""
         self.welcomed = False
         self.close()
-        if stop.wait(self.backoff):
-            return False
+        self.reopen_at = now + self.backoff
         self.backoff = min(self.backoff * 2, RECONNECT_MAX_S)
-        self.open()
-        self.say_hello()
-        return True
+
+    def reopen(self, now: float) -> None:
+        """Connect again and say HELLO, when a :meth:`drop`'s back-off is over."""
+        if self.reopen_at is not None and now >= self.reopen_at:
+            self.reopen_at = None
+            self.open()
+            self.say_hello()

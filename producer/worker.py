@@ -1,10 +1,12 @@
 """A producer process: planned batches (leases) in, padded batches out, against credits.
 
-Two threads: the io thread keeps the link to the trainer (producer/link.py) and the lease
-book (LEASE in, READY when a batch is prepared, BATCH on its CREDIT, BYE on stop); the compute
-thread prepares the leases (producer/batches.py), the lowest (epoch, index) first, so that
-re-planned work goes before new work. docs/DESIGN.md has the story (Processes, Producers on
-other hosts: joining, missing clips, liveness and reconnection; Shutdown protocol).
+Two threads: the io thread keeps a link to each trainer it serves (producer/link.py; the
+ranks of a host may share a producer) and each trainer's lease book (LEASE in, READY when a
+batch is prepared, BATCH on its CREDIT, BYE on stop); the compute thread prepares the leases
+(producer/batches.py), the lowest (epoch, index) first, so that re-planned work goes before
+new work and ranks in step are served in step. docs/DESIGN.md has the story (Processes,
+Producers on other hosts: joining, missing clips, liveness and reconnection; Shutdown
+protocol; torchrun ranks).
 """
 
 from __future__ import annotations
@@ -52,15 +54,40 @@ WORK_POLL_S = 0.2
 FINAL_LINGER_MS = 500
 
 
-class Producer:
-    """One producer: its link to the trainer, its lease book and its compute thread."""
+def recipe(welcome: wire.Welcome) -> tuple[Any, ...]:
+    """What a WELCOME says of how batches are made: trainers a producer serves at once must agree."""
+    return (welcome.config, welcome.fields, welcome.fixed_rows, welcome.ref_frames, welcome.transform_versions,
+            welcome.feature_cache, welcome.mel_norm)
 
-    def __init__(self, endpoint: str, data_root: Path, name: str, stop: threading.Event,
+
+class Book:
+    """What a producer holds for one trainer: the link, the trainer's WELCOME, the leases given
+    and not delivered yet, the batches ready (guarded by the producer's lock) and the credits
+    that came before their batch."""
+
+    def __init__(self, index: int, link: Link) -> None:
+        self.index = index
+        self.link = link
+        self.welcome: wire.Welcome | None = None
+        self.held: set[int] = set()
+        self.credited: set[int] = set()
+        self.ready: dict[int, list[Any]] = {}
+        self.generation = 0  # bumps on reconnect; work of an older generation is dropped
+        self.done = False  # said BYE to the trainer's STOP: served no more
+
+    def __repr__(self) -> str:
+        return f"<Book {self.index} {self.link.endpoint} held={len(self.held)}>"
+
+
+class Producer:
+    """One producer: a link and a lease book per trainer it serves (the ranks of a host share a
+    producer so), and its compute thread, which prepares every trainer's leases in plan order."""
+
+    def __init__(self, endpoints: str | list[str], data_root: Path, name: str, stop: threading.Event,
                  parent_pid: int | None = None, memory_mb: int | None = None,
                  status: StatusWriter | None = None, context: zmq.Context | None = None,
                  keys: ClientKeys | None = None, metadata_file: str = "metadata.csv",
                  config_schema: wire.ConfigSchema | None = None, scan: bool = True) -> None:
-        self.endpoint = endpoint
         self.root = data_root
         self.name = name
         self.stop = stop
@@ -72,19 +99,23 @@ class Producer:
         self.scan = scan  # False: hashes no metadata (agreement.deferred: the trainer's own files)
         self.config_schema = config_schema or wire.ConfigSchema.local()  # the config keys it takes (HELLO)
         self.host = pysocket.gethostname()
-        self.link = Link(self.ctx, endpoint, name, self.host, keys, self._hello)
+        self.poller = zmq.Poller()
+        endpoints = [endpoints] if isinstance(endpoints, str) else list(dict.fromkeys(endpoints))
+        self.books = [Book(i, Link(self.ctx, e, name, self.host, keys, self._hello, self.poller))
+                      for i, e in enumerate(endpoints)]
         self._wake_addr = f"inproc://producer-wake-{uuid.uuid4().hex}"
         self._work: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()  # ties in (epoch, index) keep arrival order
-        self._ready: dict[int, list[Any]] = {}
         self._ready_lock = threading.Lock()
-        self._held: set[int] = set()  # leases given to us and not yet delivered
-        self._credited: set[int] = set()  # credits that arrived before their batch was ready
-        self._generation = 0  # bumps on reconnect; work of an older generation is dropped
         self._failure: BaseException | None = None
-        self._welcome: wire.Welcome | None = None
+        self._welcome: wire.Welcome | None = None  # the settings batches are made with (recipe)
         self._described: dict[str, Any] | None = None  # the HELLO's dataset (None: agreement.deferred)
         self._scanned: set[tuple[str, str]] = set()  # (metadata file, data.columns) described so far
+
+    @property
+    def link(self) -> Link:
+        """The first trainer's link (a producer of one trainer has no other)."""
+        return self.books[0].link
 
     # ---------------------------------------------------------------- compute thread
     def _compute(self) -> None:
@@ -92,27 +123,31 @@ class Producer:
         wake.linger = 0
         wake.connect(self._wake_addr)
         maker: BatchMaker | None = None
+        made_for: tuple[Any, ...] | None = None  # the recipe of maker
         try:
             while not self.stop.is_set():
-                if maker is None and self._welcome is not None and self._welcome.config.transforms.models:
-                    maker = self._make_maker()  # at joining: a producer model that differs refuses before any lease
-                    self._check_models(maker)
+                welcome = self._welcome
+                if welcome is not None and (recipe(welcome) != made_for if maker is not None
+                                            else bool(welcome.config.transforms.models)):
+                    # at joining: a producer model that differs refuses before any lease
+                    maker, made_for = self._make_maker(welcome), recipe(welcome)
                 try:
-                    *_, generation, lease = self._work.get(timeout=WORK_POLL_S)
+                    *_, book_index, generation, lease = self._work.get(timeout=WORK_POLL_S)
                 except queue.Empty:
                     continue
-                if generation != self._generation or lease.lease not in self._held:
+                book = self.books[book_index]
+                if generation != book.generation or lease.lease not in book.held:
                     continue  # dropped on reconnect, or revoked while waiting
                 if maker is None:
-                    maker = self._make_maker()
-                    self._check_models(maker)
+                    assert self._welcome is not None  # leases come after a WELCOME
+                    maker, made_for = self._make_maker(self._welcome), recipe(self._welcome)
                 prepared = maker.make(lease)
                 frames = prepared.batch.encode(prepared.arrays)
-                if generation != self._generation:
+                if generation != book.generation:
                     continue
                 with self._ready_lock:
-                    self._ready[lease.lease] = frames
-                wake.send(str(lease.lease).encode())
+                    book.ready[lease.lease] = frames
+                wake.send(f"{book_index}:{lease.lease}".encode())
         except BaseException as exc:  # reported by the io thread as an ERROR message
             self._failure = exc
             if not isinstance(exc, UserError):  # a user's error is its one line (run())
@@ -121,9 +156,8 @@ class Producer:
         finally:
             wake.close()
 
-    def _make_maker(self) -> BatchMaker:
-        welcome = self._welcome
-        assert welcome is not None  # leases come after the WELCOME
+    def _make_maker(self, welcome: wire.Welcome) -> BatchMaker:
+        """A batch maker for ``welcome``'s settings, its producer models checked against the trainer's."""
         features = welcome.config.features
         device = model_device = None
         tf_models = TF_MODELS in frameworks_of(welcome.transform_versions)  # PyTorch's and JAX's need none
@@ -137,10 +171,12 @@ class Producer:
         transforms = welcome.config.transforms
         schema = schema_for(welcome.fields, transforms.fields, transforms.model_fields)
         mel_norm = load(welcome.mel_norm, features.n_mels) if welcome.mel_norm else None
-        return BatchMaker(self.root, {}, features, device, self.name, self.host, feature_cache=cache_dir,
-                          faults=welcome.config.faults, schema=schema, ref_frames=welcome.ref_frames,
-                          transforms=transforms, mel_norm=mel_norm, fixed_rows=welcome.fixed_rows,
-                          model_device=model_device, model_memory_mb=self.memory_mb)
+        maker = BatchMaker(self.root, {}, features, device, self.name, self.host, feature_cache=cache_dir,
+                           faults=welcome.config.faults, schema=schema, ref_frames=welcome.ref_frames,
+                           transforms=transforms, mel_norm=mel_norm, fixed_rows=welcome.fixed_rows,
+                           model_device=model_device, model_memory_mb=self.memory_mb)
+        self._check_models(maker, welcome)
+        return maker
 
     def _check_transforms(self, welcome: wire.Welcome) -> None:
         """The user transforms (and mel function, features.user) the trainer runs must run here,
@@ -159,11 +195,10 @@ class Producer:
                 raise Refused(f"transform {spec} is version {version} on host {self.host} and {theirs.get(spec)} on "
                               f"the trainer: every host must run the same transform code")
 
-    def _check_models(self, maker: BatchMaker) -> None:
+    def _check_models(self, maker: BatchMaker, welcome: wire.Welcome) -> None:
         """The producer models (producer/models.py) must be the trainer's: the same source and
         weights; Refused (one line, exit status 2) when one differs."""
-        assert self._welcome is not None
-        theirs = self._welcome.transform_versions
+        theirs = welcome.transform_versions
         for m in maker.models.models if maker.models is not None else ():
             if theirs.get(f"model:{m.spec}") != m.version:
                 raise Refused(f"producer model {m.spec} is version {m.version} on host {self.host} and "
@@ -184,75 +219,93 @@ class Producer:
         log.info("%s: dataset %s (%s), SHA-256 %s (%.2f s)", self.name, self.root, shown(metadata_file),
                  self._described["sha256"][:16], time.monotonic() - started)
 
-    def _reset_work(self) -> None:
-        self._generation += 1
+    def _reset_work(self, book: Book) -> None:
+        book.generation += 1
         with self._ready_lock:
-            self._ready.clear()
-        self._held.clear()
-        self._credited.clear()
+            book.ready.clear()
+        book.held.clear()
+        book.credited.clear()
 
-    def _send_batch(self, lease_id: int) -> None:
+    def _send_batch(self, book: Book, lease_id: int) -> None:
         with self._ready_lock:
-            frames = self._ready.pop(lease_id, None)
+            frames = book.ready.pop(lease_id, None)
         if frames is None:
-            self._credited.add(lease_id)
+            book.credited.add(lease_id)
             return
-        if self.link.send_frames(frames):
-            self.link.first("batch delivered", time.monotonic())
+        if book.link.send_frames(frames):
+            book.link.first("batch delivered", time.monotonic())
         else:  # the link is down; the consumer revokes the credit and re-plans the batch
-            log.warning("%s: could not send the batch of lease %d: consumer not reachable", self.name, lease_id)
-        self._held.discard(lease_id)
+            log.warning("%s: could not send the batch of lease %d to %s: consumer not reachable", self.name,
+                        lease_id, book.link.endpoint)
+        book.held.discard(lease_id)
 
-    def _forget(self, lease_id: int) -> None:
-        self._held.discard(lease_id)
-        self._credited.discard(lease_id)
+    def _forget(self, book: Book, lease_id: int) -> None:
+        book.held.discard(lease_id)
+        book.credited.discard(lease_id)
         with self._ready_lock:
-            self._ready.pop(lease_id, None)
+            book.ready.pop(lease_id, None)
 
-    def _handle(self, msg: wire.Body, now: float) -> bool:
-        """Act on one consumer message; return False when the producer must stop."""
+    def _handle(self, book: Book, msg: wire.Body, now: float) -> bool:
+        """Act on one message of ``book``'s trainer; False when it said STOP (answered with BYE)."""
         if isinstance(msg, wire.Welcome):
-            if self._welcome is None:
-                self._check_transforms(msg)
-            self._welcome = msg
-            log.info("%s joined %s as producer %s (%s)", self.name, self.endpoint, msg.producer_name,
-                     msg.producer_index)
+            self._on_welcome(book, msg)
         elif isinstance(msg, wire.Lease):
-            self.link.first("lease", now)
-            self._held.add(msg.lease)
-            self._work.put((msg.epoch, msg.index, next(self._order), self._generation, msg))
+            book.link.first("lease", now)
+            book.held.add(msg.lease)
+            self._work.put((msg.epoch, msg.index, next(self._order), book.index, book.generation, msg))
         elif isinstance(msg, wire.Credit):
-            if msg.lease in self._held:
-                self._send_batch(msg.lease)
+            if msg.lease in book.held:
+                self._send_batch(book, msg.lease)
         elif isinstance(msg, wire.Revoke):
-            self._forget(msg.lease)
+            self._forget(book, msg.lease)
         elif isinstance(msg, wire.Stop):
-            log.info("%s: consumer says stop (%s)", self.name, msg.reason)
-            self.link.send(wire.Bye(tuple(sorted(self._held))))  # the consumer waits for this
+            log.info("%s: consumer says stop (%s): %s", self.name, book.link.endpoint, msg.reason)
+            book.link.send(wire.Bye(tuple(sorted(book.held))))  # the consumer waits for this
+            book.done = True
             return False
         elif isinstance(msg, wire.Refuse):
-            self._on_refuse(msg, now)
+            self._on_refuse(book, msg, now)
         return True
 
-    def _on_refuse(self, msg: wire.Refuse, now: float) -> None:
+    def _on_welcome(self, book: Book, msg: wire.Welcome) -> None:
+        """Joined ``book``'s trainer: its settings are the ones batches are made with, and every
+        other trainer this producer serves must have the same (Refused, one line, otherwise)."""
+        for other in self.books:
+            if other is not book and not other.done and other.welcome is not None \
+                    and recipe(other.welcome) != recipe(msg):
+                raise Refused(f"the trainers at {other.link.endpoint} and {book.link.endpoint} make batches with "
+                              f"other settings (config, batch fields or transforms): a producer serves the ranks "
+                              f"of one job")
+        if self._welcome is None or recipe(self._welcome) != recipe(msg):
+            self._check_transforms(msg)
+            self._welcome = msg
+        book.welcome = msg
+        log.info("%s joined %s as producer %s (%s)", self.name, book.link.endpoint, msg.producer_name,
+                 msg.producer_index)
+
+    def _on_refuse(self, book: Book, msg: wire.Refuse, now: float) -> None:
         """HELLO again when the trainer does not know this producer (its work dropped) or reads
         another metadata file (described first); else Refused, the trainer's reason its line."""
+        link = book.link
         wanted = msg.metadata_file
         columns = msg.columns if msg.columns is not None else COLUMNS_AUTO
         if msg.rejoin:
-            if now - self.link.last_hello < HELLO_RETRY_S:
+            if now - link.last_hello < HELLO_RETRY_S:
                 return  # answers a message sent before our latest HELLO
-            if self.link.welcomed:
-                log.warning("%s: the consumer does not know this producer any more; joining again", self.name)
-                self._reset_work()
-                self.link.welcomed = False
-            self.link.say_hello()
+            if link.welcomed:
+                log.warning("%s: the consumer at %s does not know this producer any more; joining again", self.name,
+                            link.endpoint)
+                self._reset_work(book)
+                link.welcomed = False
+            link.say_hello()
         elif wanted is not None and (wanted, columns) not in self._scanned and "/" not in wanted:
             log.info("%s: the trainer reads %s (columns %r); describing that instead", self.name, wanted, columns)
             self._describe(wanted, columns)
-            self.link.say_hello()
+            for other in self.books:
+                if not other.done and not other.link.welcomed:
+                    other.link.say_hello()
         else:
-            raise Refused(f"the trainer at {self.endpoint} refused this producer: {msg.reason[:1000]}")
+            raise Refused(f"the trainer at {link.endpoint} refused this producer: {msg.reason[:1000]}")
 
     def _refused(self, exc: UserError) -> int:
         self.status.send("error", type=type(exc).__name__, message=str(exc), where=self.name, user_error=True)
@@ -260,8 +313,11 @@ class Producer:
         log.log(logging.DEBUG if self.status.connected else logging.ERROR, "%s", exc)
         return EXIT_USER
 
+    def _serving(self) -> list[Book]:
+        return [book for book in self.books if not book.done]
+
     def run(self) -> int:
-        """Serve until STOP, a signal or a dead parent; return the exit status."""
+        """Serve until every trainer said STOP, a signal or a dead parent; return the exit status."""
         if self.scan:
             self._describe(self.metadata_file)
         wake = self.ctx.socket(zmq.PAIR)
@@ -269,78 +325,103 @@ class Producer:
         wake.bind(self._wake_addr)
         worker = threading.Thread(target=self._compute, name=f"{self.name}-compute", daemon=True)
         worker.start()
-        link = self.link
-        link.open()
-        link.poller.register(wake, zmq.POLLIN)
-        link.say_hello()
+        self.poller.register(wake, zmq.POLLIN)
+        for book in self.books:
+            book.link.open()
+            book.link.say_hello()
         try:
             while not self.stop.is_set():
-                events = dict(link.poller.poll(POLL_INTERVAL_MS))
+                events = dict(self.poller.poll(POLL_INTERVAL_MS))
                 now = time.monotonic()
                 if wake in events and not self._on_wake(wake.recv()):
-                    link.close(FINAL_LINGER_MS)
+                    self._close_links(FINAL_LINGER_MS)
                     if isinstance(self._failure, UserError):  # a model that differs or fails: one line
                         return self._refused(self._failure)
                     self.status.error(self._failure or RuntimeError("compute thread failed"), self.name)
                     return EXIT_FAILED
-                link.on_events(events)
-                if link.sock in events and not all(self._handle(msg, now) for msg in link.receive(now)):
-                    break  # STOP was answered with BYE already
+                for book in self._serving():
+                    self._receive(book, events, now)
+                if not self._serving():
+                    break  # every trainer's STOP was answered with BYE already
                 if not parent_alive(self.parent_pid):
                     log.warning("%s: parent process is gone, exiting", self.name)
                     return EXIT_FAILED
-                if not self._keep_alive(now):
-                    break
+                for book in self._serving():
+                    self._keep_alive(book, now)
             else:
-                if self._held:
-                    log.info("%s: leaving, returning %d leases", self.name, len(self._held))
-                link.send(wire.Bye(tuple(sorted(self._held))))
+                for book in self._serving():
+                    if book.held:
+                        log.info("%s: leaving %s, returning %d leases", self.name, book.link.endpoint, len(book.held))
+                    if book.link.reopen_at is None:
+                        book.link.send(wire.Bye(tuple(sorted(book.held))))
             return EXIT_OK
         except Refused as exc:
             return self._refused(exc)
         finally:
             self.stop.set()
             worker.join(timeout=2.0)
-            link.close(FINAL_LINGER_MS)
+            self._close_links(FINAL_LINGER_MS)
             wake.close()
+
+    def _receive(self, book: Book, events: dict[Any, int], now: float) -> None:
+        """``book``'s link: its socket monitor's news and its trainer's messages; closed after STOP."""
+        link = book.link
+        if link.reopen_at is not None:
+            return  # closed until its back-off is over
+        link.on_events(events)
+        if link.sock in events and not all(self._handle(book, msg, now) for msg in link.receive(now)):
+            link.close(FINAL_LINGER_MS)
+
+    def _close_links(self, linger_ms: int) -> None:
+        for book in self.books:
+            book.link.close(linger_ms)
 
     def _on_wake(self, token: bytes) -> bool:
         """The compute thread finished a lease (or failed: False, after a fatal ERROR is sent)."""
         if token == b"failed":
             exc = self._failure or RuntimeError("compute thread failed")
-            self.link.send(wire.Error.of(exc, self.name, fatal=True))
+            for book in self._serving():
+                book.link.send(wire.Error.of(exc, self.name, fatal=True))
             return False
-        lease_id = int(token)
-        if lease_id in self._credited:
-            self._credited.discard(lease_id)
-            self._send_batch(lease_id)
-        elif lease_id in self._held:
-            self.link.send(wire.Ready(lease_id))
+        index, _, lease = token.partition(b":")
+        book, lease_id = self.books[int(index)], int(lease)
+        if book.done:
+            return True
+        if lease_id in book.credited:
+            book.credited.discard(lease_id)
+            self._send_batch(book, lease_id)
+        elif lease_id in book.held:
+            book.link.send(wire.Ready(lease_id))
         else:  # revoked while it was being prepared
-            self._forget(lease_id)
+            self._forget(book, lease_id)
         return True
 
-    def _keep_alive(self, now: float) -> bool:
+    def _keep_alive(self, book: Book, now: float) -> None:
         """Heartbeats once joined, HELLO until then; when the trainer has been silent too long,
-        the leases dropped and the link made again. False when stopped while waiting to reconnect."""
-        link = self.link
+        its leases dropped and its link made again after a back-off (the other trainers served
+        meanwhile)."""
+        link = book.link
+        if link.reopen_at is not None:
+            link.reopen(now)
+            return
         if not link.welcomed:
             link.court(now)
-            return True
+            return
         with self._ready_lock:
-            ready = len(self._ready)
-        link.beat(now, ready, len(self._held) - ready)
+            ready = len(book.ready)
+        link.beat(now, ready, len(book.held) - ready)
         if not link.silent(now):
-            return True
-        log.warning("%s: consumer silent for %.1f s; dropping %d leases and reconnecting in %.1f s",
-                    self.name, now - link.last_heard, len(self._held), link.backoff)
-        self._reset_work()
-        return link.reconnect(self.stop)
+            return
+        log.warning("%s: consumer silent for %.1f s; dropping %d leases and reconnecting to %s in %.1f s",
+                    self.name, now - link.last_heard, len(book.held), link.endpoint, link.backoff)
+        self._reset_work(book)
+        link.drop(now)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stoker.producer.worker")
-    parser.add_argument("--connect", required=True)
+    parser.add_argument("--connect", required=True, action="append",
+                        help="a trainer's endpoint; once per trainer served (the ranks of a host)")
     parser.add_argument("--data", default="")
     parser.add_argument("--name", default=f"p0@{pysocket.gethostname()}")
     parser.add_argument("--keys", default="", help="CURVE keys directory (server.key and a client key pair)")

@@ -164,6 +164,7 @@ class PipelineConfig:
     """Processes, sockets and flow control."""
 
     producers: int  # local producer processes; 0 means remote ones only
+    producers_per: str  # rank | host: under torchrun, each rank's own, or one pool for the ranks of a host
     producers_auto: bool  # --producers auto: start with one, add/remove by evidence
     max_producers: int  # ceiling for producers_auto (0: the host's core count)
     bind: str  # consumer's ROUTER endpoint; '*' picks a free port
@@ -375,6 +376,8 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
         raise ConfigError(f"batching.max_frames must be >= 0 (0: fixed batch_size rows), got {b.max_frames}")
     if p.heartbeat_timeout_s <= p.heartbeat_interval_s:
         raise ConfigError("pipeline.heartbeat_timeout_s must exceed pipeline.heartbeat_interval_s")
+    if p.producers_per not in PRODUCERS_PER:
+        raise ConfigError(f"pipeline.producers_per must be one of {', '.join(PRODUCERS_PER)}, got {p.producers_per!r}")
     if p.producers < 0 or p.producer_restarts < 0 or p.model_start_delay_s < 0 or p.max_producers < 0:
         raise ConfigError("pipeline.producers, producer_restarts and model_start_delay_s must be >= 0")
     try:
@@ -387,6 +390,7 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
         raise ConfigError(f"batching.fields: {exc}") from None
 
 
+PRODUCERS_PER = ("rank", "host")
 MEL_SCALES = ("slaney", "htk", "tf")
 FILTER_NORMS = ("slaney", "none")
 PADDINGS = ("reflect", "constant", "end", "none")

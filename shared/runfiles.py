@@ -42,6 +42,8 @@ HANDOVER_DIR = "slurm"
 HANDOVER_FILE = "endpoint.json"  # in HANDOVER_DIR
 HANDOVER_KEYS = "keys"  # in HANDOVER_DIR
 RUN_LOCK = "run.lock"
+# A torchrun rank's, with pipeline.producers_per host: where its trainer listens (stoker/hostpool.py).
+LISTENING = "listening.json"
 
 
 # The errors of a run's own file that its owner must fix (free space, a quota, permissions, a

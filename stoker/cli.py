@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     _train_parser(sub.add_parser("train", help="train (the default command)"))
     produce = sub.add_parser("produce", help="start producers on this host for a trainer elsewhere")
-    produce.add_argument("--connect", required=True, metavar="ENDPOINT", help="the trainer's endpoint")
+    produce.add_argument("--connect", required=True, action="append", metavar="ENDPOINT",
+                         help="the trainer's endpoint; once per rank for the torchrun ranks of a job (every producer "
+                              "serves them all)")
     _key(produce, "data.path", default="", help="dataset directory (same dataset as the trainer's)")
     _key(produce, "pipeline.producers", type=int, default=1)
     _key(produce, "devices.data_gpu", type=int)

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import psutil
 
@@ -215,14 +215,15 @@ class Supervisor:
                 p.done = True
 
 
-def producer_child(index: int, endpoint: str, data: str, gpu: int | None, memory_mb: int | None,
+def producer_child(index: int, endpoints: Sequence[str], data: str, gpu: int | None, memory_mb: int | None,
                    log_level: str, host: str, keys: str = "", metadata_file: str = "metadata.csv",
                    local: bool = False) -> Child:
-    """A producer process; ``local``: started beside the trainer, on its host, reading its files
-    (it joins without scanning the dataset: docs/DESIGN.md, Dataset agreement)."""
+    """A producer process serving the trainers at ``endpoints`` (one, or the ranks of a host);
+    ``local``: started beside the trainers, on their host, reading their files (it joins without
+    scanning the dataset: docs/DESIGN.md, Dataset agreement)."""
     name = f"p{index}@{host}"
-    argv = ["stoker.producer.worker", "--connect", endpoint, "--data", data, "--name", name, "--log-level", log_level,
-            "--metadata-file", metadata_file]
+    argv = ["stoker.producer.worker", *(a for e in endpoints for a in ("--connect", e)), "--data", data, "--name",
+            name, "--log-level", log_level, "--metadata-file", metadata_file]
     if local:
         argv.append("--local")
     if memory_mb:
@@ -252,9 +253,9 @@ def run_training(cfg: Config, run_dir: Path, plan: DevicePlan, resume: bool = Fa
         if endpoint is not None and on_ready is not None:
             on_ready(endpoint)
         if endpoint is not None and sup.signalled is None:
-            producers = start_producers(sup, cfg, plan, endpoint)
+            producers = start_producers(sup, cfg, plan, [endpoint])
         if cfg.pipeline.producers_auto:
-            auto = AutoControl(cfg, run_dir, sup, producers, endpoint, plan)
+            auto = AutoControl(cfg, run_dir, sup, producers, [endpoint], plan)
         while consumer.proc.poll() is None and sup.signalled is None:
             sup.poll_status(TICK_S)
             sup.supervise_producers(producers, cfg.pipeline.producer_restarts,
@@ -330,15 +331,15 @@ def wait_ready(sup: Supervisor, consumer: Child) -> str | None:
             raise LaunchError(f"the consumer was not ready after {CONSUMER_READY_TIMEOUT_S:.0f} s")
 
 
-def start_producers(sup: Supervisor, cfg: Config, plan: DevicePlan, endpoint: str) -> list[Child]:
-    """The run's local producers (pipeline.producers of them), started for ``endpoint``."""
+def start_producers(sup: Supervisor, cfg: Config, plan: DevicePlan, endpoints: Sequence[str]) -> list[Child]:
+    """The run's local producers (pipeline.producers of them), started for the trainers at ``endpoints``."""
     host = socket.gethostname()
-    producers = [sup.spawn(producer_child(i, endpoint, cfg.data.path, plan.data_gpu, plan.data_memory_mb,
+    producers = [sup.spawn(producer_child(i, endpoints, cfg.data.path, plan.data_gpu, plan.data_memory_mb,
                                           cfg.run.log_level, host, keys=cfg.pipeline.keys,
                                           metadata_file=cfg.data.metadata_file, local=True))
                  for i in range(cfg.pipeline.producers)]
     if producers:
-        log.info("started %d local producer(s) for %s", len(producers), endpoint)
+        log.info("started %d local producer(s) for %s", len(producers), ", ".join(endpoints))
     return producers
 
 
@@ -348,16 +349,16 @@ class BackgroundProducers:
     read, crashes restarted (at most ``pipeline.producer_restarts`` each), ``auto`` scaled.
     ``close()``, once the trainer side has told them STOP, joins them, then terminates."""
 
-    def __init__(self, cfg: Config, plan: DevicePlan, endpoint: str, run_dir: Path) -> None:
+    def __init__(self, cfg: Config, plan: DevicePlan, endpoints: Sequence[str], run_dir: Path) -> None:
         self.cfg = cfg
         self.sup = Supervisor(plan, cfg.run.log_level)
         self.producers: list[Child] = []
         self._closing = threading.Event()
         try:
-            self.producers.extend(start_producers(self.sup, cfg, plan, endpoint))
+            self.producers.extend(start_producers(self.sup, cfg, plan, endpoints))
             self.auto: AutoControl | None = None
             if cfg.pipeline.producers_auto:
-                self.auto = AutoControl(cfg, run_dir, self.sup, self.producers, endpoint, plan)
+                self.auto = AutoControl(cfg, run_dir, self.sup, self.producers, endpoints, plan)
         except BaseException:
             self.sup.cleanup()
             raise
@@ -386,8 +387,8 @@ class AutoControl:
     """Applies :class:`stoker.autoscale.AutoScaler` decisions to local producers."""
 
     def __init__(self, cfg: Config, run_dir: Path, sup: "Supervisor", producers: list[Child],
-                 endpoint: str, plan: DevicePlan) -> None:
-        self.cfg, self.sup, self.producers, self.endpoint, self.plan = cfg, sup, producers, endpoint, plan
+                 endpoints: Sequence[str], plan: DevicePlan) -> None:
+        self.cfg, self.sup, self.producers, self.endpoints, self.plan = cfg, sup, producers, endpoints, plan
         self.host = socket.gethostname()
         self.scaler = AutoScaler(cfg.pipeline.max_producers or default_max_producers(), cfg.pipeline.buffer_size)
         self.window = LiveWindow(run_dir)
@@ -415,7 +416,7 @@ class AutoControl:
         for _ in range(max(change, 0)):
             index = len(self.producers)
             self.producers.append(self.sup.spawn(producer_child(
-                index, self.endpoint, self.cfg.data.path, self.plan.data_gpu, self.plan.data_memory_mb,
+                index, self.endpoints, self.cfg.data.path, self.plan.data_gpu, self.plan.data_memory_mb,
                 self.cfg.run.log_level, self.host, keys=self.cfg.pipeline.keys,
                 metadata_file=self.cfg.data.metadata_file, local=True)))
         self.last_count += change
@@ -586,19 +587,19 @@ def oom_record(pid: int, kernel_log: str = KERNEL_LOG) -> str | None:
     return found
 
 
-def run_producers(endpoint: str, data: str, count: int, plan: DevicePlan, restarts: int, log_level: str,
+def run_producers(endpoints: Sequence[str], data: str, count: int, plan: DevicePlan, restarts: int, log_level: str,
                   keys: str = "", host: str = "") -> int:
-    """``run.py produce``: N producers on this host for a consumer elsewhere, until Ctrl-C or the
-    trainer's STOP. Raises LaunchError with the reason when the producers were refused.
+    """``run.py produce``: N producers on this host for the trainers at ``endpoints`` elsewhere
+    (one, or the ranks of a job), until Ctrl-C or every trainer's STOP. Raises LaunchError with the reason when the producers were refused.
     ``host``: the name in the producers' ids (default: this host's name; ``stoker slurm``
     gives the Slurm node's)."""
     sup = Supervisor(plan, log_level)
     sup.install_signals()
     host = host or socket.gethostname()
-    producers = [sup.spawn(producer_child(i, endpoint, data, plan.data_gpu, plan.data_memory_mb, log_level, host,
+    producers = [sup.spawn(producer_child(i, endpoints, data, plan.data_gpu, plan.data_memory_mb, log_level, host,
                                           keys=keys))
                  for i in range(count)]
-    log.info("started %d producer(s) for %s", count, endpoint)
+    log.info("started %d producer(s) for %s", count, ", ".join(endpoints))
     try:
         while sup.signalled is None and not all(p.done for p in producers):
             sup.poll_status(TICK_S)

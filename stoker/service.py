@@ -13,13 +13,14 @@ import datetime as _dt
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
 from .consumer.pipeline.checkpoint import Checkpointer
 from .consumer.training.trainer import check_model, uses_tensorflow
 from .devices import DevicePlan, list_gpus, plan_devices, requested_replicas
+from .hostpool import HostPool
 from .launcher import BackgroundProducers, run_producers, run_training
 from .producer.features import resolve_backend
 from .shared import config as config_mod
@@ -46,7 +47,8 @@ KEY_NAMES = {
     "data.path": "data", "devices.data_gpu": "data_gpu", "devices.model_gpu": "model_gpu",
     "devices.replicas": "replicas", "devices.data_gpu_memory_mb": "data_gpu_memory",
     "devices.model_gpu_memory_mb": "model_gpu_memory", "pipeline.producers": "producers",
-    "pipeline.max_producers": "max_producers", "pipeline.bind": "bind", "batching.batch_size": "batch_size",
+    "pipeline.producers_per": "producers_per", "pipeline.max_producers": "max_producers", "pipeline.bind": "bind",
+    "batching.batch_size": "batch_size",
     "batching.max_frames": "max_frames", "trainer.steps": "steps", "trainer.epochs": "epochs",
     "pipeline.buffer_size": "buffer_size", "pipeline.model_start_delay_s": "model_start_delay",
     "trainer.model": "model", "text.frontend": "text_frontend", "transforms.models": "producer_models",
@@ -304,35 +306,49 @@ def check_keys(directory: Path, server: bool, client: bool) -> None:
         raise UserError(f"pipeline.keys: {exc}") from None
 
 
-def produce(connect: str, data: str, producers: int, *, data_gpu: int | None = None,
+def produce(connect: str | Sequence[str], data: str, producers: int, *, data_gpu: int | None = None,
             data_gpu_memory_mb: int | None = None, keys: str = "", log_level: str = "INFO", host: str = "") -> int:
     """``run.py produce``: ``producers`` producer processes on this host for the trainer at
-    ``connect``, reading the dataset ``data`` (data.path); the keywords are the config keys'
-    (devices.data_gpu, pipeline.keys, ...); ``host`` names them (default: this host's name)."""
+    ``connect`` (or the trainers: the ranks of a torchrun job, each producer serving them all),
+    reading the dataset ``data`` (data.path); the keywords are the config keys' (devices.data_gpu,
+    pipeline.keys, ...); ``host`` names them (default: this host's name)."""
     setup_logging("launcher", log_level)
+    endpoints = [connect] if isinstance(connect, str) else list(dict.fromkeys(connect))
     if producers < 1:
         raise UserError(f"pipeline.producers: producers for a trainer elsewhere are at least 1, got {producers}")
-    try:
-        check_endpoint(connect, bind=False)
-    except EndpointError as exc:
-        raise UserError(f"connect: {exc}") from None
+    for endpoint in endpoints:
+        try:
+            check_endpoint(endpoint, bind=False)
+        except EndpointError as exc:
+            raise UserError(f"connect: {exc}") from None
     if keys:
         keys = str(Path(keys).expanduser().resolve())
         check_keys(Path(keys), server=False, client=True)
-    elif not is_loopback(connect):
-        log.warning("connecting to %s without pipeline.keys: batches travel unencrypted and the trainer cannot "
-                    "tell who sends them", connect)
+    else:
+        for endpoint in endpoints:
+            if not is_loopback(endpoint):
+                log.warning("connecting to %s without pipeline.keys: batches travel unencrypted and the trainer "
+                            "cannot tell who sends them", endpoint)
     root, metadata_file = locate(data, "metadata.csv")
     described = describe_copy(root, metadata_file)  # its metadata readable here: else one line, before any producer
     devices = DevicesConfig(data_gpu=data_gpu, model_gpu=None, data_gpu_memory_mb=data_gpu_memory_mb)
     plan = plan_devices(devices, list_gpus() if data_gpu is not None else [], producers)
     log.info("dataset %s (%s), SHA-256 %s", root, metadata_file, described["sha256"][:16])
-    return run_producers(connect, data_path(root, metadata_file), producers, plan, PRODUCE_RESTARTS, log_level,
+    return run_producers(endpoints, data_path(root, metadata_file), producers, plan, PRODUCE_RESTARTS, log_level,
                          keys=keys, host=host)
 
 
-def start_producers(cfg: Config, plan: DevicePlan, endpoint: str, run_dir: Path) -> BackgroundProducers:
+def start_producers(cfg: Config, plan: DevicePlan, endpoint: str, run_dir: Path) -> BackgroundProducers | None:
     """The local producers (pipeline.producers, or auto) of a trainer in this process (a
-    ``stoker.Feed``), started for ``endpoint`` and supervised in a thread beside the user's
-    loop as the launcher supervises a run's; ``close()`` stops them."""
-    return BackgroundProducers(cfg, plan, endpoint, run_dir)
+    ``stoker.Feed``) bound at ``endpoint``, supervised in a thread beside the user's loop as the
+    launcher supervises a run's; ``close()`` stops them. Under torchrun with
+    pipeline.producers_per host, one pool serves every rank of the host: local rank 0 starts it
+    once every rank has bound (stoker/hostpool.py), the other ranks start none (None)."""
+    pool = HostPool.of(from_env(os.environ), cfg.pipeline.producers_per, run_dir)
+    if pool is None:
+        return BackgroundProducers(cfg, plan, [endpoint], run_dir)
+    pool.publish(endpoint)
+    if not pool.starts:
+        log.info("pipeline.producers_per host: the producers of local rank 0 serve this rank too")
+        return None
+    return BackgroundProducers(cfg, plan, pool.endpoints(), run_dir)

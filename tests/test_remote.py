@@ -133,6 +133,28 @@ def test_kill_9_of_a_remote_producer_loses_nothing(tmp_path):
     assert not [x for x in run.lines if re.search(r"silent for [0-9.]+ s: presumed dead", x)]
 
 
+def test_one_remote_producer_serves_two_trainers_and_leaves_when_both_said_stop(tmp_path):
+    """``run.py produce --connect A --connect B`` (the ranks of a job elsewhere): one producer
+    process has a link to each trainer, each trains every clip once per epoch from it, and it
+    exits once both have said STOP, the first STOP leaving the other trainer served."""
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    with trainer(first_dir, "--epochs", "2", "--producers", "0") as first, \
+            trainer(second_dir, "--epochs", "4", "--producers", "0") as second:
+        endpoints = [endpoint_of(first), endpoint_of(second)]
+        with RunProcess("produce", "--connect", endpoints[0], "--connect", endpoints[1], "--producers", "1") as remote:
+            assert first.wait(timeout=90) == 0, first.output()
+            stopped = remote.wait_for_line(r"consumer says stop \(" + re.escape(endpoints[0]), START_S)
+            assert second.wait(timeout=90) == 0, second.output()  # trained on by the same producer
+            assert remote.wait(timeout=30) == 0, remote.output()
+    assert remote.lines.index(stopped) < remote.lines.index(
+        next(line for line in remote.lines if re.search(r"consumer says stop \(" + re.escape(endpoints[1]), line)))
+    check_run(first_dir, 2, DEMO_IDS)
+    check_run(second_dir, 4, DEMO_IDS)
+    served = [read_json(d / "summary.json")["producers"] for d in (first_dir, second_dir)]
+    assert [len(s) for s in served] == [1, 1] and served[0][0]["pid"] == served[1][0]["pid"], served
+    assert served[0][0]["batches"] >= 1 and served[1][0]["batches"] >= 1
+
+
 def test_remote_producer_rejoins_a_restarted_trainer(tmp_path):
     with trainer(tmp_path / "first", "--steps", "100000", "--producers", "0", heartbeat=FAST_HEARTBEAT) as first:
         endpoint = endpoint_of(first)

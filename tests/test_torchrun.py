@@ -1,5 +1,5 @@
 """End to end: docs/examples/ddp_trainer.py as two torchrun ranks (gloo, CPU), each with its own
-stoker.Feed and producer. One rank kills itself with SIGKILL right after a checkpoint; torchrun
+stoker.Feed, served by one pool of producers for the host (or each by its own). One rank kills itself with SIGKILL right after a checkpoint; torchrun
 restarts the job, every rank restores the DCP checkpoint with its own feed state, and the
 job goes on: every clip but the held-out ones trained exactly once per epoch across the ranks,
 as counted inside the model's step (tests/trained.py), every rank the same number of steps in
@@ -33,6 +33,7 @@ RANKS = 2
 EPOCHS = 2
 KILL_RANK = 1  # not rank 0: the one that writes the checkpoint's metadata and names it lives on
 KILL_AT = 4  # a checkpoint inside epoch 1: 22 training clips in global batches of 8 are 3 steps an epoch
+PRODUCERS = 2
 JOB_TIMEOUT_S = 240
 
 
@@ -65,14 +66,15 @@ def check_no_producer_left(pids: list[int]) -> None:
     assert not alive, f"producers outlived their rank: {[p.pid for p in alive]}"
 
 
-def run_job(tmp_path: Path, devices: dict[str, str]) -> dict[tuple[int, int], dict]:
-    """The job (``devices``: the CUDA variables its ranks see), a rank killed after a checkpoint and
-    the job restarted, checked as the module says; each (rank, attempt)'s report (tests/ddp_user.py)."""
+def run_job(tmp_path: Path, devices: dict[str, str], producers_per: str = "host") -> dict[tuple[int, int], dict]:
+    """The job (``devices``: the CUDA variables its ranks see; ``producers_per``: one pool for the
+    host or each rank's own), a rank killed after a checkpoint and the job restarted, checked as
+    the module says; each (rank, attempt)'s report (tests/ddp_user.py)."""
     data, job, reports = tmp_path / "data", tmp_path / "job", tmp_path / "reports"
     reports.mkdir()
     made = make_dataset(data, count=24)
     argv = ["tests.ddp_user", str(reports), "--data", str(data), "--epochs", str(EPOCHS), "--batch-size", "4",
-            "--producers", "1", "--run-dir", str(job), "--checkpoint", str(tmp_path / "ckpt"),
+            "--producers", str(PRODUCERS), "--producers-per", producers_per, "--run-dir", str(job), "--checkpoint", str(tmp_path / "ckpt"),
             "--checkpoint-every", "2"]
     result = torchrun(argv, {"KILL_RANK": str(KILL_RANK), "KILL_AT_STEP": str(KILL_AT), **devices})
     assert result.returncode == 0, result.stdout[-4000:]
@@ -95,6 +97,11 @@ def run_job(tmp_path: Path, devices: dict[str, str]) -> dict[tuple[int, int], di
     assert [(t[1], m[1]) for t, m in shapes[0]] == [(t[1], m[1]) for t, m in shapes[1]]  # L and T, step by step
     assert [t[0] for t, _ in shapes[0]] == [t[0] for t, _ in shapes[1]]  # rows: each rank's equal share
 
+    joined = [{p["pid"] for p in read_json(job / f"worker-{r}" / "summary.json")["producers"]} for r in range(RANKS)]
+    if producers_per == "host":  # the restarted attempt's pool of local rank 0 served both ranks
+        assert joined[0] == joined[1] and len(joined[0]) == PRODUCERS, joined
+    else:
+        assert not joined[0] & joined[1] and len(joined[0]) == len(joined[1]) == PRODUCERS, joined
     for rank in range(RANKS):
         summary = read_json(job / f"worker-{rank}" / "summary.json")
         assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == EPOCHS
@@ -103,8 +110,11 @@ def run_job(tmp_path: Path, devices: dict[str, str]) -> dict[tuple[int, int], di
     return report
 
 
-def test_two_torchrun_ranks_killed_after_a_checkpoint_restart_and_train_every_clip_once(tmp_path: Path) -> None:
-    report = run_job(tmp_path, {"CUDA_VISIBLE_DEVICES": ""})  # the CPU, wherever the suite runs
+@pytest.mark.parametrize("producers_per", ["host", "rank"])
+def test_two_torchrun_ranks_killed_after_a_checkpoint_restart_and_train_every_clip_once(tmp_path: Path,
+                                                                                       producers_per: str) -> None:
+    """The ranks of the host share one pool of producers (the example's default), or each has its own."""
+    report = run_job(tmp_path, {"CUDA_VISIBLE_DEVICES": ""}, producers_per)  # the CPU, wherever the suite runs
     assert {r["backend"] for r in report.values()} == {"gloo"}
     assert {d for r in report.values() for d in r["devices"]} == {"cpu"}
 

@@ -57,6 +57,7 @@ class Peer:
 class ProducerStats:
     id: str
     host: str
+    pid: int | None = None  # its process on its host (the latest, after a restart)
     batches: int = 0
     samples: int = 0
     rejected: int = 0
@@ -241,7 +242,7 @@ class Peers:
         with self.lock:
             stats = self.producers.setdefault(unique, ProducerStats(id=unique, host=host))
             stats.status = "alive"
-            stats.host = host
+            stats.host, stats.pid = host, msg.pid
             stats.connections += 1
             stats.lacks = 0
             stats.first_lease_ms = None

@@ -8,7 +8,9 @@ reads torchrun's RANK and WORLD_SIZE (as stoker's TensorFlow workers read TF_CON
 rank plans the same epochs and takes its share of every planned batch, so at each step every
 rank trains a part of one global batch in the same bucket shape, all ranks take the same
 number of steps per epoch, and each clip is trained once per epoch across them. Each rank
-starts its own producers (``--producers`` each) and writes its run in ``RUN_DIR/worker-RANK``.
+writes its run in ``RUN_DIR/worker-RANK``. The ranks of a host share one pool of producers
+(``--producers`` of them, started by local rank 0, each producer serving every rank of the
+host in plan order); ``--producers-per rank`` gives each rank ``--producers`` of its own.
 The process group is nccl where each rank of the host has a GPU of its own, where the feed
 stages each rank's batches onto ``cuda:LOCAL_RANK``; gloo on the CPU, and where ranks share
 a GPU (fewer GPUs seen than LOCAL_WORLD_SIZE: rank R on ``cuda:R`` modulo the GPUs), since
@@ -178,14 +180,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="dataset directory (default: stoker's demo data)")
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--producers", type=int, default=1, help="producer processes of each rank")
+    parser.add_argument("--producers", type=int, default=1, help="producer processes of the host (or of each rank)")
+    parser.add_argument("--producers-per", choices=("host", "rank"), default="host",
+                        help="one pool for the ranks of a host, or producers of each rank's own")
     parser.add_argument("--batch-size", type=int, default=16, help="rows of each rank's share of a batch")
     parser.add_argument("--run-dir", required=True, help="the job's run directory (rank R writes worker-R in it)")
     parser.add_argument("--checkpoint", type=Path, required=True, metavar="DIR", help="DCP checkpoints, step-N")
     parser.add_argument("--checkpoint-every", type=int, default=4, metavar="STEPS")
     args = parser.parse_args(argv)
     options = {"data": args.data, "epochs": args.epochs, "producers": args.producers, "batch_size": args.batch_size,
-               "run_dir": args.run_dir}
+               "run_dir": args.run_dir, "producers_per": args.producers_per}
     dist.init_process_group(backend())
     try:
         losses = train(options, args.checkpoint, args.checkpoint_every)

@@ -162,3 +162,38 @@ def test_a_keyless_producer_whose_handshakes_are_closed_names_the_trainers_keys_
     assert str(caught.value) == ("tcp://127.0.0.1:9 closed the connection during ZeroMQ's handshake: the trainer uses "
                                  "--keys: pass --keys DIR with server.key and a client key pair, or it is not a stoker "
                                  "trainer's endpoint")
+
+
+def test_a_link_dropped_after_the_trainers_silence_connects_again_only_after_its_back_off():
+    """drop() closes at once and returns (a producer's other links are served meanwhile);
+    reopen() connects again and says HELLO once the back-off is over, which doubles."""
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)
+    server.linger = 0
+    server.rcvtimeo = 10000
+    server.setsockopt(zmq.ROUTER_HANDOVER, 1)  # as the coordinator's: the link comes back with its identity
+    endpoint = f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}"
+    from stoker.shared import wire
+
+    hello = wire.Hello(producer="p", host="h", pid=1, config=wire.ConfigSchema.local(), launcher=1, session="",
+                       dataset=None)
+    one = Link(ctx, endpoint, "p-test", "h", None, lambda session: hello)
+    try:
+        one.open()
+        one.drop(now=100.0)
+        assert one.sock.closed and one.reopen_at == 100.0 + link.RECONNECT_MIN_S
+        assert one.backoff == 2 * link.RECONNECT_MIN_S
+        one.reopen(now=100.0)  # the back-off is not over
+        assert one.sock.closed
+        one.reopen(now=100.0 + link.RECONNECT_MIN_S)
+        assert not one.sock.closed and one.reopen_at is None
+        for _ in range(100):  # the HELLO leaves once the connection is up, within 10 s
+            if server.poll(0):
+                break
+            one.on_events(dict(one.poller.poll(100)))
+            one.court(time.monotonic())  # as a producer's io thread: HELLO again until joined
+        assert wire.read(server.recv_multipart()[1:])[0] == hello
+    finally:
+        one.close()
+        server.close()
+        ctx.term()

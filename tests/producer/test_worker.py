@@ -251,7 +251,7 @@ def test_a_rejoin_request_drops_work_and_says_hello_again(setup):
     producer.link.last_hello -= 10  # the REFUSE answers a message sent after our HELLO
     consumer.send(wire.Refuse("unknown producer", rejoin=True))
     consumer.recv(wire.HELLO, skip=(wire.HEARTBEAT, wire.READY))
-    assert producer._held == set() and thread.is_alive()
+    assert producer.books[0].held == set() and thread.is_alive()
 
 
 def test_a_revoked_lease_is_never_delivered(setup):
@@ -283,18 +283,19 @@ class SentFrames:
 
 def test_a_lease_revoked_while_it_is_prepared_is_neither_offered_nor_sent(tmp_path):
     producer = Producer("tcp://127.0.0.1:1", tmp_path, "p-book", threading.Event())
-    sock = producer.link.sock = SentFrames()
-    producer._handle(lease(1, ["T0000"]), now=0.0)
-    producer._handle(wire.Revoke(1), now=0.0)
-    producer._ready[1] = wire.Batch(1, 0, 0, ()).encode()  # the compute thread finishes it
-    assert producer._on_wake(b"1")
-    producer._handle(wire.Credit(1), now=0.0)
-    assert sock.sent == [] and producer._ready == {} and producer._held == set()
+    book = producer.books[0]
+    sock = book.link.sock = SentFrames()
+    producer._handle(book, lease(1, ["T0000"]), now=0.0)
+    producer._handle(book, wire.Revoke(1), now=0.0)
+    book.ready[1] = wire.Batch(1, 0, 0, ()).encode()  # the compute thread finishes it
+    assert producer._on_wake(b"0:1")
+    producer._handle(book, wire.Credit(1), now=0.0)
+    assert sock.sent == [] and book.ready == {} and book.held == set()
     # the same lease not revoked is offered, then sent on its credit
-    producer._handle(lease(2, ["T0001"]), now=0.0)
-    producer._ready[2] = wire.Batch(2, 0, 0, ()).encode()
-    producer._on_wake(b"2")
-    producer._handle(wire.Credit(2), now=0.0)
+    producer._handle(book, lease(2, ["T0001"]), now=0.0)
+    book.ready[2] = wire.Batch(2, 0, 0, ()).encode()
+    producer._on_wake(b"0:2")
+    producer._handle(book, wire.Credit(2), now=0.0)
     assert sock.sent == [wire.Ready(2), wire.Batch(2, 0, 0, ())]
 
 
@@ -438,3 +439,88 @@ def test_a_producer_model_of_other_weights_or_source_than_the_trainers_ends_with
     assert f"producer model {spec} is version {framework}:sha256:" in caplog.text
     assert f"{framework}:sha256:0+sha256:0 on the trainer: every host must run the same model code and weights" \
         in caplog.text
+
+
+@pytest.fixture
+def two_trainers(tmp_path):
+    """One producer serving two trainers (the ranks of a host), each a scripted consumer."""
+    ids = make_dataset(tmp_path / "data", count=6)
+    ctx = zmq.Context()
+    first, second = FakeConsumer(ctx), FakeConsumer(ctx)
+    stop = threading.Event()
+    producer = Producer([first.endpoint, second.endpoint], tmp_path / "data", "p-test", stop, context=ctx)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", producer.run()), daemon=True)
+    thread.start()
+    yield first, second, stop, thread, result, ids, tmp_path / "data", FeaturesConfig(backend="numpy", n_mels=16)
+    stop.set()
+    thread.join(10)
+    first.sock.close()
+    second.sock.close()
+    ctx.term()
+
+
+def check_rows(consumer: FakeConsumer, batch: wire.Batch, root: Path, features: FeaturesConfig) -> None:
+    """Each row of ``batch`` is its id's clip: the lease's tokens and the clip's own log-mel."""
+    import soundfile
+
+    for row, sample_id in enumerate(batch.ids):
+        expected_tokens = tokens_of(sample_id)
+        assert consumer.arrays["tokens"][row, :len(expected_tokens)].tolist() == expected_tokens
+        audio, _ = soundfile.read(str(root / "wavs" / f"{sample_id}.wav"), dtype="float32")
+        expected = log_mel_spectrogram_numpy(audio, features, dtype=np.float32)
+        assert consumer.arrays["mel_lengths"][row] == expected.shape[0]
+        np.testing.assert_allclose(consumer.arrays["mel"][row, :expected.shape[0]], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_one_producer_serves_two_trainers_each_its_own_leases_and_stop(two_trainers):
+    first, second, stop, thread, result, ids, root, features = two_trainers
+    welcome(first, features)
+    welcome(second, features)
+    first.send(lease(1, [ids[0], ids[1]]))
+    second.send(lease(1, [ids[2], ids[3]]))  # the same lease id: each trainer's book is its own
+    for consumer, mine in ((first, (ids[0], ids[1])), (second, (ids[2], ids[3]))):
+        assert consumer.recv(wire.READY).lease == 1
+        consumer.send(wire.Credit(1))
+        batch = consumer.recv(wire.BATCH)
+        assert batch.ids == mine
+        check_rows(consumer, batch, root, features)
+    first.send(wire.Stop("rank 0 is done"))
+    assert first.recv(wire.BYE).leases == ()
+    second.send(lease(2, [ids[4]], index=1))  # the other trainer is still served
+    assert second.recv(wire.READY).lease == 2
+    second.send(wire.Credit(2))
+    batch = second.recv(wire.BATCH)
+    assert batch.ids == (ids[4],) and thread.is_alive()
+    check_rows(second, batch, root, features)
+    second.send(wire.Stop("rank 1 is done"))
+    second.recv(wire.BYE)
+    thread.join(10)
+    assert result["code"] == 0
+
+
+def test_a_stop_signal_says_bye_to_every_trainer_with_its_own_leases(two_trainers):
+    first, second, stop, thread, result, ids, root, features = two_trainers
+    welcome(first, features)
+    welcome(second, features)
+    first.send(lease(3, [ids[0]]))
+    second.send(lease(4, [ids[1]]))
+    first.recv(wire.READY)
+    second.recv(wire.READY)
+    stop.set()
+    assert first.recv(wire.BYE).leases == (3,)
+    assert second.recv(wire.BYE).leases == (4,)
+    thread.join(10)
+    assert result["code"] == 0
+
+
+def test_trainers_that_make_batches_otherwise_refuse_the_producer_in_one_line(two_trainers, caplog):
+    first, second, stop, thread, result, ids, root, features = two_trainers
+    welcome(first, features)
+    second.recv(wire.HELLO)
+    second.send(welcome_of(dataclasses.replace(features, n_mels=32)))
+    thread.join(10)
+    assert result["code"] == 2
+    errors = [r.getMessage() for r in caplog.records if r.name == "producer" and r.levelno >= logging.WARNING]
+    assert errors == [f"the trainers at {first.endpoint} and {second.endpoint} make batches with other settings "
+                      "(config, batch fields or transforms): a producer serves the ranks of one job"]

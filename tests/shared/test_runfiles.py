@@ -57,7 +57,7 @@ def test_a_writer_that_fails_in_replacing_keeps_the_old_file(tmp_path) -> None:
 def test_names_are_distinct() -> None:
     names = [runfiles.CONFIG, runfiles.RESUME_CONFIG, runfiles.SUMMARY, runfiles.METRICS, runfiles.SAMPLES,
              runfiles.REJECTED, runfiles.LIVE, runfiles.GPU, runfiles.VALIDATION, runfiles.VOCAB, runfiles.MEL_STATS,
-             runfiles.TB_DIR, runfiles.CKPT_DIR, runfiles.HANDOVER_DIR]
+             runfiles.TB_DIR, runfiles.CKPT_DIR, runfiles.HANDOVER_DIR, runfiles.LISTENING]
     assert len(set(names)) == len(names)
 
 

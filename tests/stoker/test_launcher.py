@@ -124,6 +124,14 @@ def test_without_a_checkpoint_the_epochs_are_unknown_not_zero(tmp_path: Path) ->
 
 
 def test_the_runs_own_producers_read_no_metadata_and_remote_ones_scan() -> None:
-    local = producer_child(0, "tcp://127.0.0.1:5555", "data", None, None, "INFO", "here", local=True)
-    remote = producer_child(0, "tcp://10.0.0.1:5555", "data", None, None, "INFO", "there")
+    local = producer_child(0, ["tcp://127.0.0.1:5555"], "data", None, None, "INFO", "here", local=True)
+    remote = producer_child(0, ["tcp://10.0.0.1:5555"], "data", None, None, "INFO", "there")
     assert "--local" in local.argv and "--local" not in remote.argv
+
+
+def test_a_producer_of_several_trainers_connects_to_each() -> None:
+    """The ranks of a host share a pool: each producer has a link to every rank's endpoint."""
+    child = producer_child(1, ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"], "data", None, None, "INFO", "here",
+                           local=True)
+    assert [child.argv[i + 1] for i, a in enumerate(child.argv) if a == "--connect"] == ["tcp://127.0.0.1:5555",
+                                                                                        "tcp://127.0.0.1:5556"]
