@@ -262,6 +262,7 @@ class Producer:
             log.info("%s: consumer says stop (%s): %s", self.name, book.link.endpoint, msg.reason)
             book.link.send(wire.Bye(tuple(sorted(book.held))))  # the consumer waits for this
             book.done = True
+            self._reset_work(book)  # its leases are not prepared for nobody
             return False
         elif isinstance(msg, wire.Refuse):
             self._on_refuse(book, msg, now)

@@ -12,9 +12,10 @@ previous batch runs; ``take`` runs in the loop's thread when the loop takes the 
   that stream after the copies. ``take`` makes the loop's current stream wait for that
   event (the host never waits) and marks each tensor as used on that stream
   (``record_stream``), so the caching allocator does not give its memory to another tensor
-  while work of the loop on it is still queued. On the CPU, ``torch.from_numpy``: no copy,
-  so the tensors share the batch's shared-memory slot and are for reading (valid until the
-  batch's step is confirmed; torch's CPU ops are done when the step returns).
+  while work of the loop on it is still queued. On the CPU, ``torch.from_numpy`` in ``take``:
+  no copy, so the tensors share the batch's shared-memory slot and are for reading (valid
+  until the batch's step is confirmed; torch's CPU ops are done when the step returns), and
+  no staging, so no stager thread takes the interpreter while the step runs.
 - ``jax``: ``jax.device_put`` onto a device, or a ``jax.sharding.Sharding`` given to the feed;
   the stager waits for the copy (``block_until_ready``), and on the CPU copies the host arrays
   first: JAX would share their memory (a shared-memory slot, consumer/pipeline/slots.py) and
@@ -73,12 +74,11 @@ class TorchStaging(Staging):
         self.device = device
         self._device = torch.device(device)
         self._stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
-        self.stage = self._copy if self._stream is not None else self._wrap
+        # On the CPU nothing is copied: the loop's thread wraps the arrays when it takes them,
+        # and no stager thread wakes (and takes the interpreter) while the step runs.
+        self.stage = self._copy if self._stream is not None else None
         # Only the warning this module's own calls raise (warnings match the caller's module).
         warnings.filterwarnings("ignore", message=READ_ONLY_WARNING, category=UserWarning, module=__name__)
-
-    def _wrap(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        return {name: self.torch.from_numpy(array) for name, array in arrays.items()}
 
     def _copy(self, arrays: Mapping[str, np.ndarray]) -> CopiedBatch:
         torch, stream = self.torch, self._stream
@@ -90,9 +90,9 @@ class TorchStaging(Staging):
         return CopiedBatch(tensors, copied)
 
     def take(self, staged: Any) -> dict[str, Any]:
-        if not isinstance(staged, CopiedBatch):  # CPU tensors, or host arrays whose staging failed
-            if self._stream is None and all(isinstance(value, self.torch.Tensor) for value in staged.values()):
-                return staged
+        if not isinstance(staged, CopiedBatch):  # the CPU's host arrays, or those whose staging failed
+            if self._stream is None:
+                return {name: self.torch.from_numpy(value) for name, value in staged.items()}
             return {name: self.torch.as_tensor(value, device=self._device) for name, value in staged.items()}
         current = self.torch.cuda.current_stream(self._device)
         current.wait_event(staged.copied)

@@ -186,11 +186,12 @@ def test_cuda_batches_staged_by_the_queues_stager_thread_reach_the_loop_in_order
 
 # ---------------------------------------------------------------- torch on the CPU, real
 
-def test_cpu_tensors_share_the_received_arrays_memory() -> None:
+def test_cpu_tensors_share_the_received_arrays_memory_made_in_the_loops_thread() -> None:
     torch = pytest.importorskip("torch")
     arrays = host_batch()
     staging = TorchStaging(torch, "cpu")
-    batch = staging.take(staging.stage(arrays))
+    assert staging.stage is None  # no stager thread: it would take the interpreter from the step for nothing
+    batch = staging.take(arrays)
     assert all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in batch.values())
     assert batch["mel"].data_ptr() == arrays["mel"].ctypes.data  # torch.from_numpy: no copy
     assert batch["mel_lengths"].dtype == torch.int32 and batch["mel_lengths"].tolist() == [3, 2]
@@ -204,13 +205,13 @@ def test_host_arrays_whose_staging_failed_are_torch_tensors_when_taken() -> None
 
 
 @pytest.mark.slow
-def test_staging_read_only_arrays_raises_no_warning_in_a_fresh_process() -> None:
+def test_taking_read_only_arrays_raises_no_warning_in_a_fresh_process() -> None:
     """torch warns once per process about a tensor made from a read-only array, which every
     received batch is: the feed's loop shows no such warning (a fresh process, whose first
     such call would warn, with warnings as errors)."""
     probe = ("import numpy as np, torch\n"
              "from stoker.consumer.pipeline.frameworks import TorchStaging\n"
-             "batch = TorchStaging(torch, 'cpu').stage({'x': np.frombuffer(bytes(16), np.float32)})\n"
+             "batch = TorchStaging(torch, 'cpu').take({'x': np.frombuffer(bytes(16), np.float32)})\n"
              "print(type(batch['x']).__name__, batch['x'].tolist())\n")
     done = subprocess.run([sys.executable, "-W", "error", "-c", probe], capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr[-2000:]
