@@ -75,9 +75,6 @@ class Book:
         self.generation = 0  # bumps on reconnect; work of an older generation is dropped
         self.done = False  # said BYE to the trainer's STOP: served no more
 
-    def __repr__(self) -> str:
-        return f"<Book {self.index} {self.link.endpoint} held={len(self.held)}>"
-
 
 class Producer:
     """One producer: a link and a lease book per trainer it serves (the ranks of a host share a
@@ -112,25 +109,20 @@ class Producer:
         self._described: dict[str, Any] | None = None  # the HELLO's dataset (None: agreement.deferred)
         self._scanned: set[tuple[str, str]] = set()  # (metadata file, data.columns) described so far
 
-    @property
-    def link(self) -> Link:
-        """The first trainer's link (a producer of one trainer has no other)."""
-        return self.books[0].link
-
     # ---------------------------------------------------------------- compute thread
     def _compute(self) -> None:
         wake = self.ctx.socket(zmq.PAIR)
         wake.linger = 0
         wake.connect(self._wake_addr)
         maker: BatchMaker | None = None
-        made_for: tuple[Any, ...] | None = None  # the recipe of maker
+        made_for: wire.Welcome | None = None  # the WELCOME maker follows (_on_welcome replaces it on a new recipe)
         try:
             while not self.stop.is_set():
                 welcome = self._welcome
-                if welcome is not None and (recipe(welcome) != made_for if maker is not None
+                if welcome is not None and (welcome is not made_for if maker is not None
                                             else bool(welcome.config.transforms.models)):
                     # at joining: a producer model that differs refuses before any lease
-                    maker, made_for = self._make_maker(welcome), recipe(welcome)
+                    maker, made_for = self._make_maker(welcome), welcome
                 try:
                     *_, book_index, generation, lease = self._work.get(timeout=WORK_POLL_S)
                 except queue.Empty:
@@ -140,7 +132,7 @@ class Producer:
                     continue  # dropped on reconnect, or revoked while waiting
                 if maker is None:
                     assert self._welcome is not None  # leases come after a WELCOME
-                    maker, made_for = self._make_maker(self._welcome), recipe(self._welcome)
+                    maker, made_for = self._make_maker(self._welcome), self._welcome
                 prepared = maker.make(lease)
                 frames = prepared.batch.encode(prepared.arrays)
                 if generation != book.generation:
@@ -386,8 +378,6 @@ class Producer:
             return False
         index, _, lease = token.partition(b":")
         book, lease_id = self.books[int(index)], int(lease)
-        if book.done:
-            return True
         if lease_id in book.credited:
             book.credited.discard(lease_id)
             self._send_batch(book, lease_id)

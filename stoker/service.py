@@ -313,7 +313,7 @@ def produce(connect: str | Sequence[str], data: str, producers: int, *, data_gpu
     reading the dataset ``data`` (data.path); the keywords are the config keys' (devices.data_gpu,
     pipeline.keys, ...); ``host`` names them (default: this host's name)."""
     setup_logging("launcher", log_level)
-    endpoints = [connect] if isinstance(connect, str) else list(dict.fromkeys(connect))
+    endpoints = [connect] if isinstance(connect, str) else list(connect)
     if producers < 1:
         raise UserError(f"pipeline.producers: producers for a trainer elsewhere are at least 1, got {producers}")
     for endpoint in endpoints:

@@ -248,7 +248,7 @@ def test_a_rejoin_request_drops_work_and_says_hello_again(setup):
     welcome(consumer, features)
     consumer.send(lease(8, [ids[0]], index=0))
     consumer.recv(wire.READY)
-    producer.link.last_hello -= 10  # the REFUSE answers a message sent after our HELLO
+    producer.books[0].link.last_hello -= 10  # the REFUSE answers a message sent after our HELLO
     consumer.send(wire.Refuse("unknown producer", rejoin=True))
     consumer.recv(wire.HELLO, skip=(wire.HEARTBEAT, wire.READY))
     assert producer.books[0].held == set() and thread.is_alive()
