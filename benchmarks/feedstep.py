@@ -18,6 +18,10 @@ position  the input position's bookkeeping alone, in one process: every planned 
           ``EpochPlanner.is_whole``, and ``update_complete`` after each, for a run of ``--budget``
           epochs), CPU microseconds per batch.
 
+A feed child whose spec says ``neighbour`` runs until its stdin closes and prints STEADY_LINE
+once past its warm-up steps: the pipeline's load beside another process's step
+(benchmarks/contention.py).
+
 Each runs ``--repeats`` times per framework and batch size, in turns; the table gives the
 median and range over the repeats. ``--tree DIR`` (repeatable) also runs another checkout of
 stoker (the directory holding its ``stoker`` package, which must hold this module too: the
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import shutil
 import statistics
 import sys
@@ -49,6 +54,8 @@ from ..shared.dataset import build_index
 from ..shared.proc import PACKAGE_PARENT
 
 RESULT_PREFIX = "FEEDSTEP-RESULT "
+# A neighbour (spec "neighbour") says this once past its warm-up steps: its load is steady.
+STEADY_LINE = "FEEDSTEP-STEADY"
 FRAMEWORKS = ("torch", "numpy")
 BATCH_SIZES = (8, 32)
 CLIPS = 128
@@ -71,9 +78,10 @@ def _feed_child(spec: dict[str, Any]) -> dict[str, Any]:
     clock = time.thread_time
     steps: list[list[float]] = []  # per step: CPU in next(), CPU in step_done(), wall in next()
     marks: list[tuple[float, float]] = []  # (process CPU, loop thread CPU) at each step's start
+    neighbour = spec.get("neighbour", False)
     with feed:
         batches = iter(feed)
-        while len(steps) < spec["steps"]:
+        while not (_told_to_stop() if neighbour else len(steps) >= spec["steps"]):
             marks.append((time.process_time(), clock()))
             wall, cpu = time.perf_counter(), clock()
             try:
@@ -85,7 +93,14 @@ def _feed_child(spec: dict[str, Any]) -> dict[str, Any]:
             cpu = clock()
             feed.step_done(loss=0.0)
             steps.append([taken, clock() - cpu, wall])
+            if neighbour and len(steps) == WARMUP_STEPS:
+                print(STEADY_LINE, flush=True)
     return {"steps": steps, "marks": marks}
+
+
+def _told_to_stop() -> bool:
+    """A neighbour runs until its parent closes its stdin (readable: at its end)."""
+    return bool(select.select([sys.stdin], [], [], 0)[0])
 
 
 def _position_child(spec: dict[str, Any]) -> dict[str, Any]:

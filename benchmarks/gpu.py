@@ -70,6 +70,7 @@ from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.dataset import build_index
 from ..shared.gpumon import GpuSampler
 from ..shared.mel import pad_values
+from ..shared.proc import steady_heap
 
 from .common import (CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report,
                                       table)
@@ -326,6 +327,9 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     cuda = spec["device"].startswith("cuda")
     if not cuda:
         torch.set_num_threads(1)  # the step is one interpreter's work; the producers have the other cores
+    # Every way's step on the same malloc settings (the feed's, docs/DESIGN.md, "The trainer's heap"):
+    # with glibc's own, whether a step's freed heap is faulted in again depends on the process's history.
+    steady_heap()
     device = spec["device"]
     work = Path(spec["work"])
     work.mkdir(parents=True, exist_ok=True)

@@ -223,6 +223,7 @@ class TrainerConfig:
     log_every_steps: int  # progress line interval; the only point the step syncs with the host
     framework: str  # what a stoker.Feed hands out: tensorflow | torch | jax | numpy (FRAMEWORKS)
     record_samples: bool  # write samples.jsonl (ids of every batch)
+    steady_heap: bool  # glibc's malloc keeps the heap's freed top in the trainer process (shared/proc.steady_heap)
     seed: int
     checkpoint_every_steps: int  # checkpoint (ckpt/) every this many steps; 0 = only at the end and on stop
     keep_checkpoints: int  # the newest this many checkpoints are kept

@@ -37,6 +37,9 @@ STOKER_INIT = Path(sys.modules[__name__.partition(".")[0]].__file__ or "__init__
 PACKAGE_PARENT = STOKER_INIT.parent.parent
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# glibc's malloc.h: mallopt's parameters, and the ceiling of its dynamic mmap threshold on 64 bits.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+GLIBC_MMAP_THRESHOLD_MAX_BYTES = 32 << 20
 
 # Exit statuses of run.py and its children: finished, trainer failed, user error, interrupted.
 EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -106,6 +109,24 @@ def die_with_parent(parent_pid: int | None) -> None:
 
 def parent_alive(parent_pid: int | None) -> bool:
     return parent_pid is None or os.getppid() == parent_pid
+
+
+def steady_heap() -> bool:
+    """Have glibc's malloc keep the freed top of its heap instead of handing it back to the
+    kernel at each free: a training step frees and re-allocates the same large tensors every
+    step, and each hand-back is faulted in again on the next (docs/DESIGN.md, "The trainer's
+    heap"). The values are glibc's own dynamic ceiling and its rule for the trim threshold,
+    fixed from the start instead of reached only after a large free. False where the C
+    library is not glibc."""
+    try:
+        libc_name = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):  # a platform without the name
+        return False
+    if not libc_name.startswith("glibc"):
+        return False
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD_MAX_BYTES)
+                and libc.mallopt(M_TRIM_THRESHOLD, 2 * GLIBC_MMAP_THRESHOLD_MAX_BYTES))
 
 
 def flush_sockets(timeout_s: float) -> None:

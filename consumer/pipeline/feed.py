@@ -42,7 +42,7 @@ from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared.errors import UserError
 from ...shared.layouts import Rejection
 from ...shared.melstats import stats_key
-from ...shared.proc import EXIT_OK, EXIT_USER, parent_alive
+from ...shared.proc import EXIT_OK, EXIT_USER, parent_alive, steady_heap
 from ...shared.runfiles import (CONFIG, METRICS, RESUME_CONFIG, SAMPLES, SUMMARY, TRAINED, RunFileError,
                                 write_json)
 
@@ -121,6 +121,8 @@ class FeedCore:
         self.passes = ValidationPasses(self.val_batches, self.val_queue, self.coordinator, self.stop,
                                        self.logs.validation, self._waiting, WAIT_SLICE_S)
         self.endpoint = self.coordinator.endpoint
+        if cfg.trainer.steady_heap and not steady_heap():
+            log.debug("trainer.steady_heap: the C library is not glibc; its malloc is left as it is")
         self.opened = True  # until close()
         log.info("consumer listening on %s", self.endpoint)
 

@@ -36,3 +36,20 @@ def test_a_run_whose_every_clip_was_rejected_ends_with_one_line_naming_the_reaso
     finally:
         core.close()
     assert [r["id"] for r in read_jsonl(tmp_path / "run" / "rejected.jsonl")] == ["c0", "c1", "c2", "c3"]
+
+
+@pytest.mark.parametrize("steady", [True, False])
+def test_the_trainer_process_keeps_its_heap_steady_unless_configured_not_to(tmp_path, monkeypatch,
+                                                                           steady: bool) -> None:
+    import stoker.consumer.pipeline.feed as feed_module
+
+    calls: list[bool] = []
+    monkeypatch.setattr(feed_module, "steady_heap", lambda: calls.append(True) or True)
+    make_dataset(tmp_path / "data", count=4)
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(tmp_path / "data")),
+                              pipeline=dataclasses.replace(cfg.pipeline, bind="tcp://127.0.0.1:*"),
+                              trainer=dataclasses.replace(cfg.trainer, steady_heap=steady))
+    core = FeedCore(PreparedRun(cfg, tmp_path / "run"), threading.Event())
+    core.close()
+    assert calls == ([True] if steady else [])
