@@ -122,7 +122,7 @@ class FeedCore:
                                        self.logs.validation, self._waiting, WAIT_SLICE_S)
         self.endpoint = self.coordinator.endpoint
         if cfg.trainer.steady_heap and not steady_heap():
-            log.debug("trainer.steady_heap: the C library is not glibc; its malloc is left as it is")
+            log.debug("trainer.steady_heap: malloc left as it is (the C library is not glibc, or mallopt refused)")
         self.opened = True  # until close()
         log.info("consumer listening on %s", self.endpoint)
 
