@@ -194,14 +194,20 @@ def report(text: str, result: Any, out: str | None) -> int:
     return 0
 
 
+def tree_command(module: str, spec: dict[str, Any], tree: Path) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of ``python -m MODULE child SPEC`` on ``tree``'s stoker."""
+    return ([sys.executable, "-m", module, "child", json.dumps(spec)],
+            {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(tree)})
+
+
 def tree_child(module: str, spec: dict[str, Any], tree: Path, log_path: Path, result_prefix: str) -> dict[str, Any]:
     """``python -m MODULE child SPEC`` run on ``tree``'s stoker (another checkout, e.g. the commit
     before a change): the JSON after ``result_prefix`` on its stdout; its stderr in ``log_path``,
     whose tail a BenchError gives when it fails."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(tree)}
+    argv, env = tree_command(module, spec, tree)
     with open(log_path, "wb") as log_file:
-        done = subprocess.run([sys.executable, "-m", module, "child", json.dumps(spec)], stdout=subprocess.PIPE,
-                              stderr=log_file, env=env, timeout=CHILD_TIMEOUT_S, cwd=tree)
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log_file, env=env, timeout=CHILD_TIMEOUT_S,
+                              cwd=tree)
     lines = [line for line in done.stdout.decode("utf-8", "replace").splitlines() if line.startswith(result_prefix)]
     if done.returncode != 0 or not lines:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]

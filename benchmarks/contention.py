@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import select
 import shutil
@@ -40,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .common import BenchError, machine_info, report, table, tree_child
+from .common import BenchError, machine_info, report, table, tree_child, tree_command
 from .data import make_clips
 from .feedstep import STEADY_LINE
 from .gpu import CPU_DIM, RESULT_PREFIX, SIZES, summarize_run
@@ -76,10 +75,9 @@ def _beside(spec: dict[str, Any], hold_ms: float, work: Path) -> dict[str, Any]:
 def neighbour_feed(spec: dict[str, Any], log_path: Path) -> Iterator[subprocess.Popen]:
     """benchmarks/feedstep.py's feed child as a neighbour (``spec["neighbour"]``), its load steady
     when this enters; told to stop (its stdin closed) on exit, and BenchError if it failed."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PACKAGE_PARENT)}
+    argv, env = tree_command("stoker.benchmarks.feedstep", spec, PACKAGE_PARENT)
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "stoker.benchmarks.feedstep", "child", json.dumps(spec)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, env=env)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, env=env)
         try:
             _await_line(proc, STEADY_LINE, STEADY_TIMEOUT_S)
             yield proc

@@ -111,6 +111,14 @@ def parent_alive(parent_pid: int | None) -> bool:
     return parent_pid is None or os.getppid() == parent_pid
 
 
+def glibc() -> bool:
+    """This process's C library is glibc."""
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (ValueError, OSError):  # a platform without the name
+        return False
+
+
 def steady_heap() -> bool:
     """Have glibc's malloc keep the freed top of its heap instead of handing it back to the
     kernel at each free: a training step frees and re-allocates the same large tensors every
@@ -118,11 +126,7 @@ def steady_heap() -> bool:
     heap"). The values are glibc's own dynamic ceiling and its rule for the trim threshold,
     fixed from the start instead of reached only after a large free. False where the C
     library is not glibc."""
-    try:
-        libc_name = os.confstr("CS_GNU_LIBC_VERSION") or ""
-    except (ValueError, OSError):  # a platform without the name
-        return False
-    if not libc_name.startswith("glibc"):
+    if not glibc():
         return False
     libc = ctypes.CDLL(None)
     return bool(libc.mallopt(M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD_MAX_BYTES)

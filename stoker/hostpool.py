@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from .shared.cluster import TORCHRUN, Cluster, worker_dir_name
 from .shared.errors import UserError
 from .shared.runfiles import LISTENING, write_json
+from .shared.runlock import process_start
 
 log = logging.getLogger("stoker")
 
@@ -68,8 +68,8 @@ class HostPool:
 
     def publish(self, endpoint: str) -> None:
         """Say where this rank's trainer listens (written whole: a temporary file renamed)."""
-        me = psutil.Process()
-        write_json(self.file(self.rank), {"endpoint": endpoint, "pid": me.pid, "started": me.create_time()})
+        pid = os.getpid()
+        write_json(self.file(self.rank), {"endpoint": endpoint, "pid": pid, "started": process_start(pid)})
 
     def endpoints(self, wait_s: float = PEER_WAIT_S) -> list[str]:
         """Every local rank's endpoint, in rank order, once each has published it from a live
@@ -106,8 +106,4 @@ def live_endpoint(path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.debug("%s is not readable yet: %s", path, exc)
         return None
-    try:
-        alive = psutil.Process(pid).create_time() == started
-    except psutil.Error:  # gone (an earlier attempt's), or not ours to see
-        return None
-    return endpoint if alive else None
+    return endpoint if process_start(pid) == started else None  # else gone: an earlier attempt's

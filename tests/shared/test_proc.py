@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from stoker.shared.proc import glibc
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # starts interpreters
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,14 +61,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 STEP_PAGES = 24 * (1 << 20) // os.sysconf("SC_PAGE_SIZE")
 
 
-def _glibc() -> bool:
-    try:
-        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
-    except (ValueError, OSError):
-        return False
-
-
-@pytest.mark.skipif(not _glibc(), reason="steady_heap tunes glibc's malloc; this C library is another")
+@pytest.mark.skipif(not glibc(), reason="steady_heap tunes glibc's malloc; this C library is another")
 def test_a_steady_heap_is_not_faulted_in_again_at_every_step() -> None:
     faults = {}
     for case in ("glibc's own", "steady"):
