@@ -190,8 +190,16 @@ def report(text: str, result: Any, out: str | None) -> int:
     given); exit status 0."""
     sys.stdout.write(text + "\n")
     if out:
-        Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_json(Path(out), result)
     return 0
+
+
+def write_json(path: Path, result: Any) -> None:
+    """``result`` as JSON in ``path``, whole or not at all (written beside it, then renamed):
+    a benchmark killed at its deadline leaves the last figures it kept."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    os.replace(part, path)
 
 
 def tree_command(module: str, spec: dict[str, Any], tree: Path) -> tuple[list[str], dict[str, str]]:

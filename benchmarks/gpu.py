@@ -27,8 +27,10 @@ two numbers.
 
 The step. On CUDA: a transformer text encoder, frames that attend to the text from their
 place in the clip, a residual MLP mel decoder, masked L1 loss, AdamW, bf16 autocast. Two sizes
-(``--size``, ``SIZES``): ``small`` aims at a launch-bound step of ~10-20 ms on an H100,
-``large`` at ~50 ms (dimensions by flags: ``--dim``, ``--layers``). On the CPU the model is
+(``--size``, ``SIZES``): ``small``, a launch-bound step of ~15 ms, ``large``, ~50 ms (``AIMS``).
+How long a size's step takes differs from GPU to GPU, so each is first calibrated on the device
+(benchmarks/calibrate.py: the small one's decoder depth, the large one's width, searched with its
+step timed as replay times it); ``--dim`` / ``--layers`` fix the model instead. On the CPU the model is
 cut to ``CPU_DIM`` and the step adds a fixed count of tiny torch ops (``CPU_HOLD_OPS`` per
 size): like a step that launches kernels, it spends its time in the interpreter, so the
 feed's threads in the same process contend with it for the GIL as they do on a GPU host.
@@ -37,12 +39,13 @@ Targets (reported, not enforced; the largest P): feed step within 3 % of replay 
 shape; feed samples/s >= 1.5 x the dataloader's; feed wait share <= 1 %.
 
     python -m stoker.benchmarks.gpu [--quick] [--size small --size large] [--producers 1 --producers 2]
-        [--clips N] [--epochs E] [--batch-size B] [--out FILE]
+        [--clips N] [--epochs E] [--batch-size B] [--[no-]calibrate] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -60,6 +63,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 import stoker
+from .calibrate import Aim, search
 from .data import make_clips
 from ..consumer.pipeline.lease_tables import TokenTable
 from ..consumer.pipeline.plan import EpochPlanner
@@ -72,10 +76,8 @@ from ..shared.gpumon import GpuSampler
 from ..shared.mel import pad_values
 from ..shared.proc import steady_heap
 
-from .common import (CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report,
-                                      table)
+from .common import CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, table, write_json
 
-KINDS = ("replay", "feed", "dataloader")
 RESULT_PREFIX = "GPU-BENCH-RESULT "
 
 
@@ -89,6 +91,13 @@ class ModelSize:
 
 SIZES = {"small": ModelSize(dim=256, layers=2, heads=4, decoder_layers=2),
          "large": ModelSize(dim=512, layers=6, heads=8, decoder_layers=6)}
+# The step each size aims at on a GPU, and what moves it there (benchmarks/calibrate.py): the small
+# size is launch-bound, so its depth; the large one is bound by its matrix products, so its width.
+AIMS = {"small": Aim(step_ms=15.0, field="decoder_layers", lo=1, hi=64),
+        "large": Aim(step_ms=50.0, field="dim", lo=256, hi=4096, grain=64)}
+# Calibration: steps before the timed ones, and the steps timed (their median), per value tried.
+CALIBRATION_WARMUP_STEPS = 2
+CALIBRATION_STEPS = 6
 # On the CPU: the model at this width, plus a fixed count of tiny torch ops per step.
 CPU_DIM = 32
 CPU_HOLD_OPS = {"small": 1500, "large": 5000}
@@ -116,6 +125,7 @@ class GpuPlan:
     layers: int = 0  # 0: the size's
     cpu_hold_ops: int = -1  # -1: CPU_HOLD_OPS of the size
     device: str = "auto"  # "auto": cuda:0 when CUDA is available, else cpu
+    calibrate: bool | None = None  # each size to its AIMS on the device; None: on CUDA, unless dim or layers are given
 
     @classmethod
     def quick(cls) -> "GpuPlan":
@@ -172,7 +182,8 @@ class Step:
         torch.manual_seed(0)
         self.torch = torch
         self.cuda = device.startswith("cuda")
-        self.model = build_model(torch, vocab_size, n_mels, size).to(device)
+        with torch.device(device):  # made where it trains: a wide model is not initialised on the CPU first
+            self.model = build_model(torch, vocab_size, n_mels, size)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.hold_ops = hold_ops
         self._held = torch.zeros(8)
@@ -339,6 +350,8 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     items = [{"ids": list(b.ids), "shape": list(b.shape), "tokens": [list(map(int, t)) for t in tokens(b.ids)]}
              for b in planned]
     dataset = PlannedDataset(spec["data"], paths, cfg.features, items)
+    if spec["kind"] == "calibrate":
+        return _calibrate(torch, spec, dataset, index.vocabulary.size, cfg.features.n_mels)
     step = Step(torch, index.vocabulary.size, cfg.features.n_mels, ModelSize(**spec["size"]), device,
                 spec["hold_ops"])
     clock = StepClock(torch, cuda)
@@ -357,7 +370,41 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unknown kind {kind!r}")
     first = out.pop("first_batch")
     return {**out, "step_s": clock.seconds(), "gpu_util": util.mean(),
+            "parameters": sum(p.numel() for p in step.model.parameters()),
             "first_batch_s": None if first is None or kind == "replay" else first - started}
+
+
+def _calibrate(torch: Any, spec: dict[str, Any], dataset: PlannedDataset, vocab_size: int,
+               n_mels: int) -> dict[str, Any]:
+    """The size's aim searched on the device (benchmarks/calibrate.py), each value's step timed as
+    replay times it, on a batch of the plan's middle bucket shape: the size chosen, and the trail."""
+    device, cuda, aim = spec["device"], spec["device"].startswith("cuda"), Aim(**spec["aim"])
+    first: dict[tuple[int, ...], int] = {}  # each bucket shape's first planned batch
+    for i, b in enumerate(dataset.batches):
+        first.setdefault((len(b["ids"]), *b["shape"]), i)
+    shape, i = sorted(first.items())[len(first) // 2]
+    batch = {k: v.to(device) for k, v in dataset[i].items()}
+    size = ModelSize(**spec["size"])
+
+    def measure(value: int) -> float:
+        step = Step(torch, vocab_size, n_mels, dataclasses.replace(size, **{aim.field: value}), device,
+                    spec["hold_ops"])
+        for _ in range(CALIBRATION_WARMUP_STEPS):
+            step(batch)
+        clock = StepClock(torch, cuda)
+        for _ in range(CALIBRATION_STEPS):
+            begun = clock.begin()
+            step(batch)
+            clock.end(begun)
+        ms = statistics.median(clock.seconds()) * 1e3
+        del step
+        if cuda:
+            torch.cuda.empty_cache()  # the next value's model has the memory
+        return ms
+
+    value, trail = search(measure, getattr(size, aim.field), aim)
+    return {"size": dataclasses.asdict(dataclasses.replace(size, **{aim.field: value})),
+            "shape": "x".join(map(str, shape)), "aim": dataclasses.asdict(aim), "trail": trail}
 
 
 def _replay(torch: Any, dataset: PlannedDataset, step: Step, clock: StepClock, device: str) -> dict[str, Any]:
@@ -429,21 +476,23 @@ def summarize_run(raw: dict[str, Any], warmup_steps: int) -> dict[str, Any]:
     return {"samples": sum(r["rows"] for r in rows), "steps": len(rows),
             "samples_per_s": samples_after / span, "wait_share": waits / span,
             "first_batch_s": raw["first_batch_s"], "gpu_util": raw["gpu_util"],
+            "parameters": raw.get("parameters"),  # None from a checkout before the count (benchmarks/contention.py)
             "step_ms": {shape: {"median": statistics.median(v) * 1e3, "n": len(v)}
                         for shape, v in sorted(per_shape.items())}}
 
 
-def compare(replay: dict[str, Any], feed: dict[str, Any], dataloader: dict[str, Any]) -> dict[str, Any]:
-    """Per shape: feed / replay and dataloader / replay step; feed / dataloader samples/s."""
+def compare(replay: dict[str, Any], feed: dict[str, Any], dataloader: dict[str, Any] | None) -> dict[str, Any]:
+    """Per shape: feed / replay and dataloader / replay step; feed / dataloader samples/s (None
+    while the dataloader has not run: a partial section)."""
     shapes = {}
     for shape, r in replay["step_ms"].items():
-        f, d = feed["step_ms"].get(shape), dataloader["step_ms"].get(shape)
+        f, d = feed["step_ms"].get(shape), dataloader and dataloader["step_ms"].get(shape)
         shapes[shape] = {"replay_ms": r["median"], "feed_ms": f and f["median"], "dataloader_ms": d and d["median"],
                          "feed_vs_replay": f and ratio(f["median"], r["median"]),
                          "dataloader_vs_replay": d and ratio(d["median"], r["median"])}
     return {"shapes": shapes,
-            "feed_vs_dataloader": ratio(feed["samples_per_s"], dataloader["samples_per_s"],
-                                        note="feed / dataloader samples/s"),
+            "feed_vs_dataloader": dataloader and ratio(feed["samples_per_s"], dataloader["samples_per_s"],
+                                                       note="feed / dataloader samples/s"),
             "feed_vs_replay": ratio(feed["samples_per_s"], replay["samples_per_s"], note="feed / replay samples/s")}
 
 
@@ -457,48 +506,75 @@ def _device(plan: GpuPlan) -> tuple[str, str]:
     return ("cuda:0", name) if name else ("cpu", "cpu")
 
 
-def run(plan: GpuPlan | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every size and producer count of ``plan``, the three ways each: the report (bench.json's section)."""
+def run(plan: GpuPlan | None = None, log: Callable[[str], None] | None = None,
+        partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every size and producer count of ``plan``, the three ways each: the report (bench.json's
+    section). ``partial`` is given the section as it stands after each way (``complete`` false,
+    no targets yet), so that a run stopped at a deadline still leaves what it measured."""
     plan = plan or GpuPlan()
     log = log or (lambda text: None)
     device, device_name = _device(plan)
     cuda = device.startswith("cuda")
+    head = {"config": {**dataclasses.asdict(plan), "producers": list(plan.producers), "sizes": list(plan.sizes)},
+            "device": device, "device_name": device_name, "machine": machine_info(),
+            "step": ("model, bf16 autocast, CUDA events" if cuda else
+                     f"model at width {CPU_DIM} + tiny torch ops (interpreter-bound), wall clock, 1 torch thread")}
+    sizes: dict[str, Any] = {}
+
+    def keep() -> None:
+        if partial is not None:
+            partial(copy.deepcopy({**head, "sizes": sizes, "complete": False}))
+
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-gpu-"))
     try:
         data = work / "clips"
         make_clips(data, plan.clips)
-        sizes: dict[str, Any] = {}
         for name in plan.sizes:
-            size = SIZES[name]
-            size = dataclasses.replace(size, dim=plan.dim or size.dim, layers=plan.layers or size.layers)
-            if not cuda:
-                size = dataclasses.replace(size, dim=plan.dim or CPU_DIM, heads=min(size.heads, 4))
-            hold = 0 if cuda else (plan.cpu_hold_ops if plan.cpu_hold_ops >= 0 else CPU_HOLD_OPS[name])
-            base = {"data": str(data), "batch_size": plan.batch_size, "epochs": plan.epochs, "device": device,
-                    "size": dataclasses.asdict(size), "hold_ops": hold, "name": name}
-
-            def one(kind: str, producers: int) -> dict[str, Any]:
-                spec = {**base, "kind": kind, "producers": producers,
-                        "work": str(work / f"{name}-{kind}-{producers}")}
-                raw = _run_child(spec, work / f"{name}-{kind}-{producers}.log")
-                s = summarize_run(raw, plan.warmup_steps)
-                log(f"gpu {name} {kind} P={producers}: {s['samples_per_s']:.1f} samples/s, wait {s['wait_share']:.3f}, "
-                    f"steps {s['steps']}, samples {s['samples']}")
-                return s
-
-            replay = one("replay", 0)
-            runs = {}
-            for p in plan.producers:
-                runs[str(p)] = {"feed": one("feed", p), "dataloader": one("dataloader", p)}
-                runs[str(p)]["compare"] = compare(replay, runs[str(p)]["feed"], runs[str(p)]["dataloader"])
-            sizes[name] = {"model": dataclasses.asdict(size), "hold_ops": hold, "replay": replay, "producers": runs}
+            _one_size(plan, name, device, work, sizes, log, keep)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"config": {**dataclasses.asdict(plan), "producers": list(plan.producers), "sizes": list(plan.sizes)},
-            "device": device, "device_name": device_name, "machine": machine_info(),
-            "step": ("model, bf16 autocast, CUDA events" if cuda else
-                     f"model at width {CPU_DIM} + tiny torch ops (interpreter-bound), wall clock, 1 torch thread"),
-            "sizes": sizes, "targets": targets(sizes)}
+    return {**head, "sizes": sizes, "targets": targets(sizes), "complete": True}
+
+
+def _one_size(plan: GpuPlan, name: str, device: str, work: Path, sizes: dict[str, Any],
+              log: Callable[[str], None], keep: Callable[[], None]) -> None:
+    """Size ``name``: calibrated where asked, then replay and, for each P, the feed and the
+    DataLoader, each into ``sizes[name]`` as it is measured (``keep`` after each)."""
+    cuda = device.startswith("cuda")
+    size = SIZES[name]
+    size = dataclasses.replace(size, dim=plan.dim or size.dim, layers=plan.layers or size.layers)
+    if not cuda:
+        size = dataclasses.replace(size, dim=plan.dim or CPU_DIM, heads=min(size.heads, 4))
+    hold = 0 if cuda else (plan.cpu_hold_ops if plan.cpu_hold_ops >= 0 else CPU_HOLD_OPS[name])
+    base = {"data": str(work / "clips"), "batch_size": plan.batch_size, "epochs": plan.epochs, "device": device,
+            "size": dataclasses.asdict(size), "hold_ops": hold, "name": name}
+    calibration = None
+    if plan.calibrate if plan.calibrate is not None else cuda and not (plan.dim or plan.layers):
+        aim = AIMS[name]
+        calibration = _run_child({**base, "kind": "calibrate", "producers": 0, "aim": dataclasses.asdict(aim),
+                                  "work": str(work / f"{name}-calibrate")}, work / f"{name}-calibrate.log")
+        base["size"] = calibration["size"]
+        log(f"gpu {name}: {aim.field} {calibration['size'][aim.field]} for a step of ~{aim.step_ms:g} ms at "
+            f"{calibration['shape']} (tried: " + ", ".join(f"{v} -> {ms:.1f} ms" for v, ms in calibration["trail"]) + ")")
+
+    def one(kind: str, producers: int) -> dict[str, Any]:
+        spec = {**base, "kind": kind, "producers": producers, "work": str(work / f"{name}-{kind}-{producers}")}
+        s = summarize_run(_run_child(spec, work / f"{name}-{kind}-{producers}.log"), plan.warmup_steps)
+        log(f"gpu {name} {kind} P={producers}: {s['samples_per_s']:.1f} samples/s, wait {s['wait_share']:.3f}, "
+            f"steps {s['steps']}, samples {s['samples']}")
+        return s
+
+    runs: dict[str, Any] = {}
+    sizes[name] = {"model": base["size"], "hold_ops": hold, "calibration": calibration, "replay": one("replay", 0),
+                   "producers": runs}
+    keep()
+    for p in plan.producers:
+        run_ = runs[str(p)] = {"feed": one("feed", p), "dataloader": None}
+        run_["compare"] = compare(sizes[name]["replay"], run_["feed"], None)
+        keep()  # the feed's figures, before the dataloader runs
+        run_["dataloader"] = one("dataloader", p)
+        run_["compare"] = compare(sizes[name]["replay"], run_["feed"], run_["dataloader"])
+        keep()
 
 
 def targets(sizes: dict[str, Any]) -> list[dict[str, Any]]:
@@ -530,6 +606,12 @@ def render(section: dict[str, Any]) -> str:
 
     parts = [f"device {section['device']} ({section['device_name']}); step: {section['step']}"]
     for name, s in section["sizes"].items():
+        model = ", ".join(f"{k} {v}" for k, v in s["model"].items())
+        parts += ["", f"{name}: {model}; {s['replay']['parameters'] / 1e6:.2f} M parameters"]
+        if s.get("calibration"):
+            c = s["calibration"]
+            parts[-1] += (f"; its {c['aim']['field']} calibrated for a step of ~{c['aim']['step_ms']:g} ms at "
+                          f"{c['shape']} (" + ", ".join(f"{v}: {ms:.1f} ms" for v, ms in c["trail"]) + ")")
         rows = [[name, "replay", "-", num(s["replay"]["samples_per_s"]), "-", "-",
                  num(s["replay"]["gpu_util"], 0), s["replay"]["samples"]]]
         for p, r in s["producers"].items():
@@ -572,15 +654,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, help="encoder layers of every size (default: the size's)")
     parser.add_argument("--cpu-hold-ops", type=int, help="tiny torch ops per step on the CPU (default: the size's)")
     parser.add_argument("--device", help="cuda:N or cpu (default: cuda:0 when available)")
-    parser.add_argument("--out", help="also write the section to this JSON file")
+    parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction,
+                        help="size each model to its step on the device first (default: on CUDA, unless --dim or "
+                             "--layers are given)")
+    parser.add_argument("--out", help="also write the section to this JSON file (after each way, with "
+                                      "complete: false, until the end)")
     ns = parser.parse_args(args)
     plan = GpuPlan.quick() if ns.quick else GpuPlan()
     changes = {"sizes": tuple(ns.size) if ns.size else None, "producers": tuple(ns.producers) if ns.producers else None,
                "clips": ns.clips, "epochs": ns.epochs, "batch_size": ns.batch_size, "warmup_steps": ns.warmup_steps,
-               "dim": ns.dim, "layers": ns.layers, "cpu_hold_ops": ns.cpu_hold_ops, "device": ns.device}
+               "dim": ns.dim, "layers": ns.layers, "cpu_hold_ops": ns.cpu_hold_ops, "device": ns.device,
+               "calibrate": ns.calibrate}
     plan = dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
     try:
-        section = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True))
+        section = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True),
+                      partial=(lambda kept: write_json(Path(ns.out), kept)) if ns.out else None)
     except BenchError as exc:
         print(f"gpu benchmark failed: {exc}", file=sys.stderr)
         return 1

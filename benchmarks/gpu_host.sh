@@ -15,9 +15,11 @@
 #   models  (GPU_MODELS_S, 240) the producer-models benchmark's PyTorch encoder, quick: in the
 #           step, in the producers on the same GPU, from the cache: OUT/producer_models.json, .txt
 #   bench   (GPU_BENCH_S, 300) the GPU benchmark (python -m stoker.benchmarks.gpu: the feed, the
-#           DataLoader and the replayed batches, both model sizes, P = 2 and GPU_BENCH_PRODUCERS,
-#           12; GPU_BENCH_ARGS adds flags, e.g. "--quick --size small" for a try elsewhere):
-#           OUT/gpu.json and OUT/gpu.txt; where py-spy is installed, its first feed child (the
+#           DataLoader and the replayed batches, both model sizes, each first calibrated on the GPU
+#           to its step of ~15 or ~50 ms, P = 2 and GPU_BENCH_PRODUCERS, 12; GPU_BENCH_ARGS adds
+#           flags, e.g. "--quick --size small" for a try elsewhere): OUT/gpu.json (rewritten after
+#           each way, "complete": false until the end, so that the deadline leaves what was
+#           measured) and OUT/gpu.txt; where py-spy is installed, its first feed child (the
 #           trainer process) sampled by thread from start to end (OUT/feed-gil.txt, raw: one stack
 #           a line with its thread; keep those under the training loop to leave its start-up out)
 #

@@ -3,25 +3,46 @@ from, and that the feed, the DataLoader and the replay trained the same samples;
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import torch
 
 from stoker.benchmarks import gpu, suite
-from stoker.benchmarks.common import BenchError
+from stoker.benchmarks.calibrate import MAX_TRIES
+from stoker.benchmarks.data import make_clips
+from stoker.benchmarks.common import BenchError, write_json
 from tests.benchmarks.checks import assert_ratio
 
 pytestmark = pytest.mark.slow  # processes: not a unit test
 
 
 @pytest.mark.timeout(300)
-def test_gpu_benchmark_structure() -> None:
+def test_gpu_benchmark_structure(tmp_path: Path) -> None:
     plan = gpu.GpuPlan(clips=16, batch_size=8, epochs=2, producers=(1,), sizes=("small",), warmup_steps=1,
-                       cpu_hold_ops=20, device="cpu")
-    result = gpu.run(plan)
-    assert result["device"] == "cpu" and list(result["sizes"]) == ["small"]
+                       cpu_hold_ops=20, device="cpu", calibrate=True)
+    kept: list[dict] = []
+    result = gpu.run(plan, partial=kept.append)
+    assert result["device"] == "cpu" and list(result["sizes"]) == ["small"] and result["complete"]
     size = result["sizes"]["small"]
     assert size["model"]["dim"] == gpu.CPU_DIM and size["hold_ops"] == 20
     replay, one = size["replay"], size["producers"]["1"]
     feed, loader = one["feed"], one["dataloader"]
+    # calibrated first (the small size's depth), and the three ways trained the model it chose
+    calibration = size["calibration"]
+    aim = gpu.AIMS["small"]
+    assert calibration["aim"]["field"] == aim.field == "decoder_layers" and calibration["size"] == size["model"]
+    tried = [value for value, _ in calibration["trail"]]
+    assert tried[0] == gpu.SIZES["small"].decoder_layers and size["model"][aim.field] in tried
+    assert all(aim.lo <= value <= aim.hi for value in tried) and len(tried) <= MAX_TRIES
+    make_clips(tmp_path, plan.clips)  # the same generated clips: the same vocabulary and plan
+    cfg, index, planned, _ = gpu.planned_batches(str(tmp_path), plan.batch_size, 1)
+    shapes = sorted({(b.rows, *b.shape) for b in planned})
+    assert calibration["shape"] == "x".join(map(str, shapes[len(shapes) // 2]))  # the middle bucket shape
+    model = gpu.build_model(torch, index.vocabulary.size, cfg.features.n_mels, gpu.ModelSize(**size["model"]))
+    assert replay["parameters"] == feed["parameters"] == loader["parameters"] == \
+        sum(p.numel() for p in model.parameters())
     # the same epochs of the same plan, three ways: the same steps and samples (16 clips, 2 epochs)
     assert replay["samples"] == feed["samples"] == loader["samples"] == 32
     assert replay["steps"] == feed["steps"] == loader["steps"] == 4
@@ -45,8 +66,26 @@ def test_gpu_benchmark_structure() -> None:
     assert [t["met"] for t in result["targets"]] == [t["value"] <= t["limit"] if n != 1 else t["value"] >= t["limit"]
                                                      for n, t in enumerate(result["targets"])]
     text = gpu.render(result)
-    assert "feed/replay" in text and "dataloader" in text
+    assert "feed/replay" in text and "dataloader" in text and "decoder_layers calibrated for a step of ~15 ms" in text
     assert [t["what"] for t in suite.targets({"gpu": result})] == whats
+    # kept on the way (what a run stopped at its deadline leaves): the feed's figures before the
+    # dataloader ran, then both, each a snapshot the later ways did not change
+    assert [k["complete"] for k in kept] == [False] * 3 and all("targets" not in k for k in kept)
+    assert kept[0]["sizes"]["small"]["producers"] == {} and kept[0]["sizes"]["small"]["replay"] == replay
+    after_feed = kept[1]["sizes"]["small"]["producers"]["1"]
+    assert after_feed["feed"] == feed and after_feed["dataloader"] is None
+    assert after_feed["compare"]["shapes"] == {
+        shape: {**row, "dataloader_ms": None, "dataloader_vs_replay": None} for shape, row in compared["shapes"].items()}
+    assert after_feed["compare"]["feed_vs_dataloader"] is None
+    assert kept[2]["sizes"] == result["sizes"]
+
+
+def test_write_json_replaces_the_file_whole(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    write_json(out, {"complete": False})
+    write_json(out, {"complete": True, "sizes": {}})
+    assert json.loads(out.read_text()) == {"complete": True, "sizes": {}}
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu.json"]
 
 
 def test_producer_sweep_doubles_up_to_the_cores() -> None:
