@@ -105,8 +105,9 @@ class Backend:
         self.device = jax.devices()[0]
         if gpu_visible() and self.device.platform != "gpu":
             raise ModelSetupError(f"this producer was given GPU {os.environ['CUDA_VISIBLE_DEVICES']} "
-                                  f"(CUDA_VISIBLE_DEVICES), but JAX sees no GPU (its backend is {self.device.platform}): "
-                                  f"install JAX with CUDA (jax[cuda12])")
+                                  f"(CUDA_VISIBLE_DEVICES), but JAX sees no GPU (its backend is "
+                                  f"{self.device.platform}): install JAX with CUDA (jax[cuda13] or jax[cuda12], "
+                                  "as your CUDA)")
 
     def prepare(self, m: ProducerModel) -> None:
         m.params = self.jax.device_put(m.params, self.device)

@@ -23,7 +23,7 @@ log = logging.getLogger("stoker.feed")
 FRAMEWORK_MODULES = {
     TENSORFLOW: ("tensorflow", "TensorFlow", f"{TF_EXTRA}, or choose framework='torch', 'jax' or 'numpy'"),
     "torch": ("torch", "PyTorch", "pip install torch (the build for your CUDA: pytorch.org)"),
-    "jax": ("jax", "JAX", "pip install 'jax[cpu]' (or 'jax[cuda12]')"),
+    "jax": ("jax", "JAX", "pip install 'jax[cpu]' (or 'jax[cuda13]', 'jax[cuda12]')"),
 }
 
 

@@ -8,8 +8,9 @@
 #                               pytest-timeout, and py-spy for benchmarks/gpu_host.sh's profile)
 #                               into DIR (default .whl), for python 3.12 x86-64
 #   tests/gpu.sh [DIR]          on the GPU host: installs DIR/*.whl, if any, into $SITE (default
-#                               /tmp/site) without dependencies, puts it on PYTHONPATH, then runs
-#                               every test file that uses the gpu marker
+#                               /tmp/site) without dependencies (the test runner's only where the
+#                               host has none), puts it on PYTHONPATH, then runs every test file
+#                               that uses the gpu marker
 #
 # Other test files are not collected there: many import TensorFlow or test-only packages the GPU
 # host lacks. pytest-xdist is not needed: the run is one process (addopts overridden).
@@ -37,7 +38,14 @@ fi
 DIR=${1:-.whl}
 SITE=${SITE:-/tmp/site}
 shopt -s nullglob
-wheels=("$DIR"/*.whl)
+wheels=()
+for wheel in "$DIR"/*.whl; do
+  case "${wheel##*/}" in  # a host with its own pytest keeps it: its plugins were installed for that one
+    pytest-*|pytest_timeout-*|pluggy-*|iniconfig-*|packaging-*|pygments-*)
+      "$PY" -c "import pytest, pytest_timeout" 2>/dev/null && continue ;;
+  esac
+  wheels+=("$wheel")
+done
 if ((${#wheels[@]})); then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "${wheels[@]}"
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"

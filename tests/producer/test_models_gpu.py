@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,12 @@ def run_child(framework: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def jax_with_cuda() -> bool:
+    """JAX and a CUDA plugin of it (jax_cuda13_plugin, jax_cuda12_plugin: whichever CUDA the host has)."""
+    return importlib.util.find_spec("jax") is not None and any(
+        m.name.startswith("jax_cuda") and m.name.endswith("_plugin") for m in pkgutil.iter_modules())
+
+
 def test_a_torch_model_runs_on_the_pinned_gpu_within_its_memory_share(tmp_path, monkeypatch) -> None:
     if importlib.util.find_spec("torch") is None:
         pytest.skip("PyTorch is not installed on this GPU host")
@@ -46,8 +53,8 @@ def test_a_torch_model_runs_on_the_pinned_gpu_within_its_memory_share(tmp_path, 
 
 
 def test_a_jax_model_runs_on_the_pinned_gpu_within_its_memory_share() -> None:
-    if importlib.util.find_spec("jax") is None or importlib.util.find_spec("jax_cuda12_plugin") is None:
-        pytest.skip("JAX with CUDA (jax[cuda12]) is not installed on this GPU host")
+    if not jax_with_cuda():
+        pytest.skip("JAX with CUDA (jax[cuda13] or jax[cuda12]) is not installed on this GPU host")
     if importlib.util.find_spec("torch") is None:
         pytest.skip("PyTorch is not installed on this GPU host (the test models' module imports it)")
     report = run_child("jax")
