@@ -10,8 +10,9 @@ feed      ``stoker.Feed(framework=F)`` with one producer on generated clips (ben
           CPU time (``time.thread_time``) inside ``next(feed)`` (hand-out, the confirmation of
           the step before, a flush every trainer.log_every_steps) and ``feed.step_done``; its
           mean over the steps after WARMUP_STEPS (flushes included) and median (without them),
-          in microseconds; beside them the CPU of the process's other threads per step (the
-          receiver, the stager), waiting excluded throughout (a blocked thread uses none).
+          in microseconds; beside them the CPU of the process's other threads per step (ZeroMQ's
+          I/O thread, a stager; before the loop's thread received, a receiver thread), waiting
+          excluded throughout (a blocked thread uses none).
 position  the input position's bookkeeping alone, in one process: every planned batch of the
           epochs of ``--steps`` steps recorded as the feed records it (handed out, then confirmed: ``InputPosition.record``
           twice, each batch whole as the coordinator process says where the checkout knows

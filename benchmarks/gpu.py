@@ -4,8 +4,9 @@ section of ``python run.py bench``).
 The same model, the same clips and the same batches (the consumer's epoch plan: length-grouped
 batches of the plan's bucket shapes, epoch after epoch), each way in its own process:
 
-    feed        ``stoker.Feed(framework="torch")`` with P producer processes: the coordinator and
-                the receiving run in a process of their own, staging in a thread of the trainer's.
+    feed        ``stoker.Feed(framework="torch")`` with P producer processes: the coordinator (which
+                receives the producers' batches) in a process of its own, the loop's thread taking
+                the batches' descriptors between steps, staging in a thread of the trainer's.
     dataloader  ``torch.utils.data.DataLoader`` with P workers (spawned), ``batch_size=None`` over
                 the planned batches: each item reads its clips, computes stoker's numpy log-mel
                 (``producer.features.log_mel_spectrogram_numpy``, float32) and pads the index's
@@ -554,8 +555,9 @@ def _one_size(plan: GpuPlan, name: str, device: str, work: Path, sizes: dict[str
         calibration = _run_child({**base, "kind": "calibrate", "producers": 0, "aim": dataclasses.asdict(aim),
                                   "work": str(work / f"{name}-calibrate")}, work / f"{name}-calibrate.log")
         base["size"] = calibration["size"]
+        tried = ", ".join(f"{v} -> {ms:.1f} ms" for v, ms in calibration["trail"])
         log(f"gpu {name}: {aim.field} {calibration['size'][aim.field]} for a step of ~{aim.step_ms:g} ms at "
-            f"{calibration['shape']} (tried: " + ", ".join(f"{v} -> {ms:.1f} ms" for v, ms in calibration["trail"]) + ")")
+            f"{calibration['shape']} (tried: {tried})")
 
     def one(kind: str, producers: int) -> dict[str, Any]:
         spec = {**base, "kind": kind, "producers": producers, "work": str(work / f"{name}-{kind}-{producers}")}

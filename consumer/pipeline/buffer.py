@@ -1,4 +1,4 @@
-"""The bounded batch queue between the receiver (consumer/pipeline/handoff.py) and the trainer.
+"""The bounded batch queue between the coordinator process (consumer/pipeline/handoff.py) and the trainer.
 
 Capacity counts every batch the consumer holds that the trainer has not taken: those
 received and waiting, and those already staged onto the model device. The coordinator
@@ -6,6 +6,11 @@ grants a credit only for a free slot (``capacity - len(queue) - credits in fligh
 so :meth:`BatchQueue.put` finding the queue full is a protocol violation, never
 back-pressure. With the default capacity of 3 the queue is the triple buffer: one
 batch arriving, one staged on the model device, one being trained on.
+
+Receiving: with a ``pump`` (the coordinator process's ``receive``), the thread that asks for a
+batch receives what was sent, first whatever arrived during the step, then, while none is
+there, waiting in ZeroMQ (without the interpreter); without one, it waits for a ``put`` of
+another thread.
 
 Staging: when a ``stage`` function is given, a stager thread converts each batch's
 host arrays to device tensors as soon as it arrives, while the trainer runs its step
@@ -56,6 +61,9 @@ class BatchQueue:
         self.capacity = capacity
         self._stage = stage
         self.on_free = on_free
+        # What receives batches into the queue, in the asking thread: called with the seconds it
+        # may wait for the first message (module docstring); None: another thread puts them.
+        self.pump: Callable[[float], None] | None = None
         self._items: collections.deque[QueuedBatch] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -92,13 +100,16 @@ class BatchQueue:
     def wait_for_depth(self, depth: int, timeout: float, stop: threading.Event | None = None) -> int:
         """Block until ``depth`` batches are held, ``timeout`` passes or ``stop`` is set."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while len(self._items) < depth and not self._closed and not (stop and stop.is_set()):
+        while True:
+            with self._cond:
+                held = len(self._items)
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(min(remaining, STAGER_POLL_S))
-            return len(self._items)
+                if held >= depth or self._closed or (stop and stop.is_set()) or remaining <= 0:
+                    return held
+                if self.pump is None:
+                    self._cond.wait(min(remaining, STAGER_POLL_S))
+                    continue
+            self.pump(min(remaining, STAGER_POLL_S))
 
     def positions(self) -> list[tuple[int, int]]:
         """(epoch, index) of the planned batches held."""
@@ -122,16 +133,23 @@ class BatchQueue:
         flag and asks again; the wait still counts as data wait).
         """
         deadline = time.monotonic() + timeout
+        if self.pump is not None:
+            self.pump(0.0)  # what arrived while the loop trained
         with self._cond:
             depth = len(self._items)
-            item = self._find(want, up_to_epoch)
-            while item is None or not item.staged:
+        while True:
+            with self._cond:
+                item = self._find(want, up_to_epoch)
+                if item is not None and item.staged:
+                    self._items.remove(item)  # no notify: nothing waits for a free place (put never blocks)
+                    break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
                     return None
-                self._cond.wait(remaining)
-                item = self._find(want, up_to_epoch)
-            self._items.remove(item)  # no notify: nothing waits for a free place (put never blocks)
+                if self.pump is None or item is not None:  # a put, or its staging, wakes this
+                    self._cond.wait(remaining)
+                    continue
+            self.pump(remaining)
         if self.on_free is not None:
             self.on_free()
         return item, depth

@@ -118,6 +118,7 @@ class FeedCore:
         self.coordinator = CoordinatorProcess(prepared, self.queue, self.val_queue, self.stop,
                                               self._record_rejections, self.position.copy() if resumed else None,
                                               self.mel_norm)
+        self.queue.pump = self.val_queue.pump = self.coordinator.receive  # received by the thread that asks
         self.passes = ValidationPasses(self.val_batches, self.val_queue, self.coordinator, self.stop,
                                        self.logs.validation, self._waiting, WAIT_SLICE_S)
         self.endpoint = self.coordinator.endpoint

@@ -1,10 +1,11 @@
 """The trainer process's side of the coordinator process (consumer/pipeline/coordproc.py).
 
 :class:`CoordinatorProcess` spawns it (never forks: the trainer may have imported TensorFlow
-or torch), hands it the run in one start file, and then, in a receiver thread that waits in
-ZeroMQ without the interpreter, turns each batch descriptor into a :class:`QueuedBatch` of
-read-only views of its shared-memory slot in the trainer's queue, and keeps the figures the
-coordinator publishes. It offers what the feed core asked of the in-process coordinator
+or torch) and hands it the run in one start file. Then the thread that asks the trainer's queue
+for a batch receives (:meth:`CoordinatorProcess.receive`, the queues' pump): each batch
+descriptor becomes a :class:`QueuedBatch` of read-only views of its shared-memory slot in the
+queue, and the figures the coordinator publishes are kept. No thread of the feed's takes the
+interpreter while the loop's step runs. It offers what the feed core asked of the in-process coordinator
 (alive, snapshot, rejected_in_epoch, validation passes, mel statistics, failure). The rule
 for slots, the messages and shutdown are in docs/DESIGN.md, "The coordinator process".
 """
@@ -46,8 +47,9 @@ log = logging.getLogger("consumer.coordinator")
 SHM_DIR = Path("/dev/shm")
 # The coordinator process reads the start file, plans and binds within this (a large index's columns).
 START_TIMEOUT_S = 300.0
-# The receiver looks at the coordinator process this often while no message comes.
-RECEIVE_SLICE_MS = 250
+# A thread waiting for a message looks at the coordinator process this often, and lets another
+# thread that asks meanwhile receive (one socket, one thread at a time).
+RECEIVE_SLICE_S = 0.05
 # On close: the coordinator process says STOP to every producer (coordinator.STOP_ACK_S), its
 # sockets linger, it says goodbye; then it is killed.
 BYE_TIMEOUT_S = 4.0
@@ -123,7 +125,8 @@ class CoordinatorProcess:
         self._mel: MelStats = MelStats.empty(self.n_mels)
         self._bye = threading.Event()
         self._send_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._receiving = threading.Lock()  # the socket from the coordinator process: one thread at a time
+        self._closed = False
         self.dir = Path(tempfile.mkdtemp(prefix="stoker-coordinator-"))
         self.ctx = zmq.Context.instance()
         self._up = self.ctx.socket(zmq.PULL)
@@ -163,8 +166,6 @@ class CoordinatorProcess:
         log.info("coordinator process %d ready in %.2f s (%d slots of %.1f MB in %s; the clips' columns %s)",
                  self.proc.pid, time.monotonic() - started, slots["count"], slots["size"] / 2**20,
                  self.slots.path.parent, "mapped from the index cache file" if passed else "in the start file")
-        self._thread = threading.Thread(target=self._receive, name="coordinator-receiver", daemon=True)
-        self._thread.start()
 
     def _slot_file(self, slots: dict[str, int]) -> SlotFile:
         """The slots, in memory (/dev/shm); where it has no room for them (a container's 64 MB), in
@@ -183,7 +184,7 @@ class CoordinatorProcess:
         assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self._up.poll(RECEIVE_SLICE_MS):
+            if self._up.poll(round(RECEIVE_SLICE_S * 1000)):
                 message = msgpack.unpackb(self._up.recv(), raw=False, strict_map_key=False)
                 if message["kind"] == proto.READY:
                     return message
@@ -205,26 +206,54 @@ class CoordinatorProcess:
         return CoordinatorGone(f"the coordinator process failed ({message['where']}): {message['type']}: {text}")
 
     # ------------------------------------------------------------ receiving
-    def _receive(self) -> None:
-        """Until goodbye: batches into the queues, rejections, the published figures; a
-        coordinator process that dies without goodbye ends the run (``failure``, stop)."""
-        assert self.proc is not None
-        while not self._bye.is_set():
-            if self._up.poll(RECEIVE_SLICE_MS):
-                try:
-                    self._on_message(msgpack.unpackb(self._up.recv(), raw=False, strict_map_key=False))
-                except Exception as exc:  # rejected.jsonl on a full disk: it ends the run, the goodbye still comes
-                    if self.failure is None:
-                        self.failure = exc
-                        log.error("taking the coordinator process's message failed: %s", exc)
-                    self.stop.set()
-            elif self.proc.poll() is not None:
-                if not self._bye.is_set() and self.failure is None:
-                    self.failure = CoordinatorGone(f"the coordinator process (pid {self.proc.pid}) ended "
-                                                   f"unexpectedly (exit status {self.proc.returncode}); the run stops")
-                    log.error("%s", self.failure)
-                self.stop.set()
+    def receive(self, seconds: float) -> None:
+        """The coordinator process's messages, handled: batches into the queues, rejections, the
+        published figures. Waits up to ``seconds`` for the first (at most RECEIVE_SLICE_S: the
+        caller looks at its queue and asks again), then takes whatever else has arrived. A
+        coordinator process found gone while waiting, without goodbye, ends the run
+        (``failure``, stop). The queues call it in the thread that asks for a batch
+        (BatchQueue.pump); a thread that finds another receiving takes only what is there."""
+        if not self._receiving.acquire(blocking=False):
+            if not self._receiving.acquire(timeout=max(seconds, 0.0)):
                 return
+            seconds = 0.0  # what the other thread took is in the queues: the caller looks first
+        try:
+            if not self._closed and not self._drain(seconds) and seconds > 0:
+                self._check_alive()
+        finally:
+            self._receiving.release()
+
+    def _drain(self, seconds: float) -> bool:
+        """Waits up to ``seconds`` (RECEIVE_SLICE_S at most) for a message, then takes every one
+        there is; whether any came. The caller holds the receiving lock."""
+        if not self._up.poll(round(min(max(seconds, 0.0), RECEIVE_SLICE_S) * 1000)):
+            return False
+        while True:
+            try:
+                raw = self._up.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return True
+            self._take(raw)
+
+    def _take(self, raw: bytes) -> None:
+        try:
+            self._on_message(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+        except Exception as exc:  # rejected.jsonl on a full disk: it ends the run, the goodbye still comes
+            if self.failure is None:
+                self.failure = exc
+                log.error("taking the coordinator process's message failed: %s", exc)
+            self.stop.set()
+
+    def _check_alive(self) -> None:
+        """No message came: a coordinator process that ended without goodbye ends the run."""
+        assert self.proc is not None
+        if self.proc.poll() is None or self._bye.is_set():
+            return
+        if self.failure is None:
+            self.failure = CoordinatorGone(f"the coordinator process (pid {self.proc.pid}) ended "
+                                           f"unexpectedly (exit status {self.proc.returncode}); the run stops")
+            log.error("%s", self.failure)
+        self.stop.set()
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message["kind"]
@@ -275,7 +304,7 @@ class CoordinatorProcess:
         with self._send_lock:
             try:
                 self._down.send(token, flags=zmq.NOBLOCK)
-            except zmq.ZMQError as exc:  # the coordinator process is gone: the receiver says so
+            except zmq.ZMQError as exc:  # the coordinator process is gone: receiving says so
                 log.debug("coordinator process not told %r: %s", token, exc)
 
     def taken(self, item: QueuedBatch) -> None:
@@ -323,17 +352,22 @@ class CoordinatorProcess:
         proc = self.proc
         if proc is not None and proc.poll() is None:
             self._tell(proto.STOP)
-            if not self._bye.wait(timeout):
+            deadline = time.monotonic() + timeout
+            with self._receiving:
+                while not self._bye.is_set() and time.monotonic() < deadline:
+                    exited = proc.poll() is not None  # what it sent before it exited is still to be read
+                    if not self._drain(deadline - time.monotonic()) and exited:
+                        break
+            if not self._bye.is_set():
                 log.warning("the coordinator process did not say goodbye within %.0f s; killing it", timeout)
             try:
                 proc.wait(timeout if self._bye.is_set() else 0.1)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._bye.set()  # the receiver ends
-        if self._thread is not None:
-            self._thread.join()
-        self._up.close()
+        with self._receiving:  # no thread is receiving, and none will
+            self._closed = True
+            self._up.close()
         self._down.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         if hasattr(self, "slots"):

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from stoker.consumer.pipeline.buffer import BatchQueue, QueuedBatch, QueueFull
+from stoker.consumer.pipeline.buffer import STAGER_POLL_S, BatchQueue, QueuedBatch, QueueFull
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,6 +98,66 @@ def test_on_free_called_once_per_get(queues) -> None:
     assert calls == [2, 1, 0]
     assert q.get(0) is None
     assert len(calls) == 3  # a timed-out get frees nothing
+
+
+class Pump:
+    """A pump that puts ``arrivals[k]`` (items, or nothing) into its queue at its k-th call,
+    noting the seconds each call was allowed to wait."""
+
+    def __init__(self, queue: BatchQueue, arrivals: list[list[int]]) -> None:
+        self.queue, self.arrivals, self.waits = queue, arrivals, []
+        queue.pump = self
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        for lease in self.arrivals.pop(0) if self.arrivals else []:
+            self.queue.put(_item(lease))
+
+
+def test_a_pumped_get_takes_what_arrived_during_the_step_then_receives_until_one_comes(queues) -> None:
+    q = queues(3)
+    pump = Pump(q, [[0, 1], [], [], [], [], [2]])
+    item, depth = q.get(WAIT_S)
+    assert item.lease == 0 and depth == 2  # the depth seen once what arrived during the step is in
+    assert pump.waits == [0.0]  # nothing waited for: a batch was there
+    assert q.get(WAIT_S)[0].lease == 1 and pump.waits == [0.0, 0.0]
+    item, depth = q.get(WAIT_S)  # none there: it receives, waiting, until one comes
+    assert item.lease == 2 and depth == 0
+    assert pump.waits[2] == 0.0 and len(pump.waits) == 6 and all(0 < w <= WAIT_S for w in pump.waits[3:])
+    assert q.get(SHORT_S) is None  # nothing comes: None at the deadline, every wait within it
+    assert all(0 <= w <= SHORT_S for w in pump.waits[6:]) and len(pump.waits) > 7
+
+
+def test_a_pumped_get_waits_for_a_staging_without_receiving(queues) -> None:
+    """The head has arrived and is being staged: the stager wakes the get, not a message."""
+    release = threading.Event()
+
+    def stage(arrays):
+        assert release.wait(WAIT_S)
+        return {"staged": arrays["x"] * 10}
+
+    q = queues(3, stage=stage)
+    pump = Pump(q, [[4]])
+    result = {}
+    t = threading.Thread(target=lambda: result.update(got=q.get(WAIT_S)))
+    t.start()
+    while not pump.waits:  # the get has asked (a poll of a fact, bounded by the test's timeout)
+        time.sleep(0.001)
+    release.set()
+    t.join(WAIT_S)
+    assert not t.is_alive() and result["got"][0].lease == 4
+    np.testing.assert_array_equal(result["got"][0].arrays["staged"], [40, 40])
+    assert pump.waits == [0.0]
+
+
+def test_a_pumped_wait_for_depth_receives_until_the_depth_or_the_stop(queues) -> None:
+    q = queues(3)
+    stop = threading.Event()
+    pump = Pump(q, [[0], [], [1, 2]])
+    assert q.wait_for_depth(3, WAIT_S, stop) == 3 and len(pump.waits) == 3
+    assert all(0 < w <= STAGER_POLL_S for w in pump.waits)
+    stop.set()
+    assert q.wait_for_depth(4, WAIT_S, stop) == 3 and len(pump.waits) == 3  # stopped: no receiving
 
 
 def test_get_blocks_until_an_item_arrives(queues) -> None:
