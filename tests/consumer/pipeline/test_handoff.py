@@ -221,3 +221,38 @@ def test_a_warm_index_reaches_the_coordinator_process_as_its_cache_file_not_a_co
     os.replace(tmp_path / "start", cache)
     assert list(coordproc._table(start, "train")) == train
     assert list(coordproc._table(start, "val")) == list(prepared.val_samples)
+
+
+@pytest.mark.slow
+def test_two_threads_asking_at_once_each_receive_their_own_batches_every_clip_once(tmp_path) -> None:
+    """One socket from the coordinator process, two askers (tf.data's thread taking training
+    batches while a validation pass runs, as under Keras fit): whichever thread receives a
+    message, each gets its own queue's batches, every clip once, and neither waits forever."""
+    ids = make_dataset(tmp_path / "data", count=60)  # a tenth held out at most: 6, in batches of 2 or fewer
+    with stoker.Feed(data=str(tmp_path / "data"), producers=1, batch_size=2, epochs=1, framework="numpy",
+                     run_dir=str(tmp_path / "run"), bind=f"tcp://127.0.0.1:{free_port()}", model_start_delay=0.0,
+                     log_level="WARNING", set={"trainer.val_clips": 6}) as feed:
+        core = feed.start()._core
+        held_out = sorted(i for b in core.val_batches for i in b.ids)
+        planned = {"train": core.planner.batches_per_epoch, "val": len(core.val_batches)}
+        seen: dict[str, list[list[str]]] = {"train": [], "val": []}
+        failures: list[BaseException] = []
+
+        def take(kind: str) -> None:
+            try:
+                batches = core.batches() if kind == "train" else core.validation_pass()
+                for item in batches:
+                    assert item.arrays["tokens"].shape[0] >= len(item.ids)  # the batch's own rows, readable
+                    seen[kind].append(list(item.ids))
+            except BaseException as exc:  # reported below, in the test's thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=take, args=(kind,)) for kind in ("train", "val")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+        assert not any(thread.is_alive() for thread in threads) and failures == []
+    assert len(held_out) == 6 and planned["val"] >= 2 and {k: len(v) for k, v in seen.items()} == planned
+    assert sorted(i for batch in seen["val"] for i in batch) == held_out
+    assert sorted(i for batch in seen["train"] for i in batch) == sorted(set(ids) - set(held_out))
