@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -400,7 +401,8 @@ def _calibrate(torch: Any, spec: dict[str, Any], dataset: PlannedDataset, vocab_
         ms = statistics.median(clock.seconds()) * 1e3
         del step
         if cuda:
-            torch.cuda.empty_cache()  # the next value's model has the memory
+            gc.collect()  # the model and its optimizer state, whatever holds them, before the next value's
+            torch.cuda.empty_cache()
         return ms
 
     value, trail = search(measure, getattr(size, aim.field), aim)
