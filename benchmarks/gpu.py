@@ -266,6 +266,18 @@ class PlannedDataset:
     def __len__(self) -> int:
         return len(self.batches)
 
+    @staticmethod
+    def shape(batch: dict[str, Any]) -> tuple[int, ...]:
+        """A planned batch's bucket shape: (B, L, T)."""
+        return (len(batch["ids"]), *batch["shape"])
+
+    def first_of_each_shape(self) -> dict[tuple[int, ...], int]:
+        """Each bucket shape's first planned batch, by its index, in the plan's order."""
+        first: dict[tuple[int, ...], int] = {}
+        for i, b in enumerate(self.batches):
+            first.setdefault(self.shape(b), i)
+        return first
+
     def __getitem__(self, i: int) -> dict[str, Any]:
         import torch
 
@@ -381,9 +393,7 @@ def _calibrate(torch: Any, spec: dict[str, Any], dataset: PlannedDataset, vocab_
     """The size's aim searched on the device (benchmarks/calibrate.py), each value's step timed as
     replay times it, on a batch of the plan's middle bucket shape: the size chosen, and the trail."""
     device, cuda, aim = spec["device"], spec["device"].startswith("cuda"), Aim(**spec["aim"])
-    first: dict[tuple[int, ...], int] = {}  # each bucket shape's first planned batch
-    for i, b in enumerate(dataset.batches):
-        first.setdefault((len(b["ids"]), *b["shape"]), i)
+    first = dataset.first_of_each_shape()
     shape, i = sorted(first.items())[len(first) // 2]
     batch = {k: v.to(device) for k, v in dataset[i].items()}
     size = ModelSize(**spec["size"])
@@ -413,18 +423,12 @@ def _calibrate(torch: Any, spec: dict[str, Any], dataset: PlannedDataset, vocab_
 def _replay(torch: Any, dataset: PlannedDataset, step: Step, clock: StepClock, device: str) -> dict[str, Any]:
     """One batch per shape made once and put on the device; a warm-up step each (not timed); then
     the plan's batches in order, each replaced by the held batch of its shape."""
-    held: dict[tuple[int, ...], dict[str, Any]] = {}
-    keys = []
-    for i, b in enumerate(dataset.batches):
-        key = (len(b["ids"]), *b["shape"])
-        keys.append(key)
-        if key not in held:
-            held[key] = {k: v.to(device) for k, v in dataset[i].items()}
+    held = {key: {k: v.to(device) for k, v in dataset[i].items()} for key, i in dataset.first_of_each_shape().items()}
     for batch in held.values():
         step(batch)
     if clock.cuda:
         torch.cuda.synchronize()
-    return _timed_loop(torch, iter([held[key] for key in keys]), step, clock, device)
+    return _timed_loop(torch, iter([held[PlannedDataset.shape(b)] for b in dataset.batches]), step, clock, device)
 
 
 def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device: str,
@@ -557,9 +561,7 @@ def _one_size(plan: GpuPlan, name: str, device: str, work: Path, sizes: dict[str
         calibration = _run_child({**base, "kind": "calibrate", "producers": 0, "aim": dataclasses.asdict(aim),
                                   "work": str(work / f"{name}-calibrate")}, work / f"{name}-calibrate.log")
         base["size"] = calibration["size"]
-        tried = ", ".join(f"{v} -> {ms:.1f} ms" for v, ms in calibration["trail"])
-        log(f"gpu {name}: {aim.field} {calibration['size'][aim.field]} for a step of ~{aim.step_ms:g} ms at "
-            f"{calibration['shape']} (tried: {tried})")
+        log(f"gpu {name}: {aim.field} {calibration['size'][aim.field]}, its {calibrated(calibration)}")
 
     def one(kind: str, producers: int) -> dict[str, Any]:
         spec = {**base, "kind": kind, "producers": producers, "work": str(work / f"{name}-{kind}-{producers}")}
@@ -604,6 +606,13 @@ def targets(sizes: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def calibrated(calibration: dict[str, Any]) -> str:
+    """What a size's calibration aimed at, and every value it tried with its step."""
+    field, aim = calibration["aim"]["field"], calibration["aim"]["step_ms"]
+    tried = ", ".join(f"{value}: {ms:.1f} ms" for value, ms in calibration["trail"])
+    return f"{field} calibrated for a step of ~{aim:g} ms at {calibration['shape']} ({tried})"
+
+
 def render(section: dict[str, Any]) -> str:
     def num(v: Any, digits: int = 1) -> str:
         return "-" if v is None else f"{v:.{digits}f}"
@@ -613,9 +622,7 @@ def render(section: dict[str, Any]) -> str:
         model = ", ".join(f"{k} {v}" for k, v in s["model"].items())
         parts += ["", f"{name}: {model}; {s['replay']['parameters'] / 1e6:.2f} M parameters"]
         if s.get("calibration"):
-            c = s["calibration"]
-            parts[-1] += (f"; its {c['aim']['field']} calibrated for a step of ~{c['aim']['step_ms']:g} ms at "
-                          f"{c['shape']} (" + ", ".join(f"{v}: {ms:.1f} ms" for v, ms in c["trail"]) + ")")
+            parts[-1] += f"; its {calibrated(s['calibration'])}"
         rows = [[name, "replay", "-", num(s["replay"]["samples_per_s"]), "-", "-",
                  num(s["replay"]["gpu_util"], 0), s["replay"]["samples"]]]
         for p, r in s["producers"].items():
