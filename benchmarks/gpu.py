@@ -6,7 +6,8 @@ batches of the plan's bucket shapes, epoch after epoch), each way in its own pro
 
     feed        ``stoker.Feed(framework="torch")`` with P producer processes: the coordinator (which
                 receives the producers' batches) in a process of its own, the loop's thread taking
-                the batches' descriptors between steps, staging in a thread of the trainer's.
+                the batches' descriptors and (from slots page-locked for CUDA) queueing their copies
+                between steps; the trainer process's threads are reported.
     dataloader  ``torch.utils.data.DataLoader`` with P workers (spawned), ``batch_size=None`` over
                 the planned batches: each item reads its clips, computes stoker's numpy log-mel
                 (``producer.features.log_mel_spectrogram_numpy``, float32) and pads the index's
@@ -57,6 +58,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -443,7 +445,8 @@ def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device
                 sorted(feed.shapes) != sorted({(len(b.ids), *b.shape) for b in planned}):
             raise BenchError(f"the feed plans other batches ({feed.batches_per_epoch} per epoch in {feed.shapes}) "
                              "than the dataloader's")
-        return _timed_loop(torch, iter(feed), step, clock, device, on_step=lambda loss: feed.step_done(loss=loss))
+        out = _timed_loop(torch, iter(feed), step, clock, device, on_step=lambda loss: feed.step_done(loss=loss))
+        return {**out, "threads": sorted({thread.name for thread in threading.enumerate()})}  # a stager's among them?
 
 
 # ---------------------------------------------------------------- the parent: runs and figures
@@ -484,6 +487,7 @@ def summarize_run(raw: dict[str, Any], warmup_steps: int) -> dict[str, Any]:
             "samples_per_s": samples_after / span, "wait_share": waits / span,
             "first_batch_s": raw["first_batch_s"], "gpu_util": raw["gpu_util"],
             "parameters": raw.get("parameters"),  # None from a checkout before the count (benchmarks/contention.py)
+            "threads": raw.get("threads"),  # the feed's trainer process's
             "step_ms": {shape: {"median": statistics.median(v) * 1e3, "n": len(v)}
                         for shape, v in sorted(per_shape.items())}}
 
@@ -632,6 +636,8 @@ def render(section: dict[str, Any]) -> str:
                              num(v["first_batch_s"], 2), num(v["gpu_util"], 0), v["samples"]])
         parts += ["", table(["size", "way", "P", "samples/s", "wait share", "first batch s", "GPU util %", "samples"],
                             rows)]
+        threads = {p: ", ".join(r["feed"]["threads"]) for p, r in s["producers"].items() if r["feed"].get("threads")}
+        parts += [f"the feed's trainer process's threads (P={p}): {names}" for p, names in threads.items()]
         shape_rows = []
         for p, r in s["producers"].items():
             for shape, v in r["compare"]["shapes"].items():

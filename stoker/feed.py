@@ -193,9 +193,7 @@ class Feed:
             self.endpoint = core.endpoint
             self._staging = staging = make_staging(self.framework, self.cfg.devices, self._strategy, self._sharding)
             self.device = staging.device
-            if staging.stage is not None:
-                core.queue.enable_staging(staging.stage)
-                core.val_queue.enable_staging(staging.stage)
+            core.use_staging(staging)
             assert self.run_dir is not None
             self._producers = service.start_producers(self.cfg, self._plan, self.endpoint, self.run_dir)
         except BaseException:

@@ -5,7 +5,8 @@ project root; with ``KILL_AT_STEP`` it kills itself with SIGKILL right after the
 of that step is saved (a crash at a known point, with no time for any cleanup).
 
 REPORT (JSON) holds the steps (tests/trained.py's Recorder: each batch's rows as the step
-received them, with the feed's epoch), the types of the batch values, and what imported
+received them, with the feed's epoch), the types and devices of the batch values, the names of
+the process's threads seen at the steps, and what imported
 TensorFlow: the modules of this process and, for each producer process the feed started,
 the TensorFlow libraries mapped into it (/proc/PID/maps). It is written when the feed
 closes, and at the kill."""
@@ -14,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -36,6 +38,8 @@ recorder = Recorder()
 feeds: list[stoker.Feed] = []
 types: set[str] = set()
 foreign: list[str] = []  # batch values that are not the framework's
+devices: set[str] = set()  # where the batch values were
+threads: set[str] = set()  # the names of this process's threads at each step
 
 
 def producer_libraries() -> dict[int, list[str]]:
@@ -55,6 +59,7 @@ def producer_libraries() -> dict[int, list[str]]:
 
 def write_report() -> None:
     report = {"steps": recorder.steps, "types": sorted(types), "foreign": foreign, "producers": producer_libraries(),
+              "devices": sorted(devices), "threads": sorted(threads),
               "modules": sorted(m for m in sys.modules if m.split(".")[0] in TF_MODULES)}
     Path(report_path).write_text(json.dumps(report))
 
@@ -65,6 +70,9 @@ def noted(step):
         batch = args[-1]
         types.update(f"{type(v).__module__}.{type(v).__name__}" for v in batch.values())
         foreign.extend(f"{k}: {type(v).__name__}" for k, v in batch.items() if not isinstance(v, BATCH_TYPE))
+        devices.update(str(v.device) if framework == "torch" else ",".join(map(str, v.devices()))
+                       for v in batch.values())
+        threads.update(t.name for t in threading.enumerate())
         recorder.note(batch, feeds[-1].epoch)
         return step(*args)
     return step_noted

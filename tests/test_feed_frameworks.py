@@ -76,7 +76,27 @@ def test_example_loop_killed_after_a_checkpoint_resumes_and_trains_every_clip_on
     for report in (first, second):
         assert report["foreign"] == [] and report["types"], report["types"]
         check_no_tensorflow(report)
+        if framework == "torch":  # on the CPU: the slots' memory wrapped in the loop's thread, no stager
+            assert report["devices"] == ["cpu"] and "stager" not in report["threads"], report["threads"]
     assert "validation loss" in resumed.stdout  # each epoch's end: a pass over the held-out clips
+
+
+@pytest.mark.gpu
+def test_the_torch_loop_on_a_gpu_trains_every_clip_once_copied_from_page_locked_slots_between_steps(
+        tmp_path: Path) -> None:
+    """On a GPU host the example's batches are on cuda:0, copied from the slots page-locked for
+    CUDA, staged in the loop's thread between steps (no stager thread), each row the clip its
+    id says and every clip once per epoch, as counted inside the step."""
+    pytest.importorskip("torch")
+    run_dir = tmp_path / "run"
+    done = run_user("torch", tmp_path / "report.json", ["--epochs", str(EPOCHS), "--run-dir", str(run_dir)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "could not be page-locked" not in done.stdout + done.stderr
+    assert report["devices"] == ["cuda:0"] and "stager" not in report["threads"], (report["devices"], report["threads"])
+    held_out = set(read_json(run_dir / "validation.json")["ids"])
+    check_trained(report["steps"], clips_of(run_dir), EPOCHS, DEMO_IDS - held_out)
+    check_no_tensorflow(report)
 
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, EPOCHS * 4 + 1))  # each step once, across the kill

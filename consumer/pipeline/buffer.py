@@ -15,7 +15,9 @@ another thread.
 Staging: when a ``stage`` function is given, a stager thread converts each batch's
 host arrays to device tensors as soon as it arrives, while the trainer runs its step
 on the previous one. The trainer takes batches in arrival order and waits for the
-head batch's staging if it is not finished yet.
+head batch's staging if it is not finished yet. Staged ``on_request`` (a stage that only
+queues asynchronous copies), the queue's asking thread stages each batch that arrived before
+it looks for one, between steps, and no thread wakes during a step.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class BatchQueue:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._stage = stage
+        self._stage: Callable[[Any], Any] | None = None
         self.on_free = on_free
         # What receives batches into the queue, in the asking thread: called with the seconds it
         # may wait for the first message (module docstring); None: another thread puts them.
@@ -70,18 +72,22 @@ class BatchQueue:
         self.high_water = 0
         self.stage_errors = 0  # batches trained from host memory because staging failed (summary.json)
         self._stager: threading.Thread | None = None
+        self._on_request = False  # staged by the asking thread (module docstring)
         if stage is not None:
             self.enable_staging(stage)
 
-    def enable_staging(self, stage: Callable[[Any], Any]) -> None:
+    def enable_staging(self, stage: Callable[[Any], Any], on_request: bool = False) -> None:
         """Stage every batch that arrives from now on (the trainer may be built after the
-        queue has started filling; batches already held are used from host memory)."""
+        queue has started filling; batches already held are used from host memory), in a
+        stager thread, or ``on_request`` in the thread that asks for a batch."""
         with self._cond:
-            if self._stager is not None:
+            if self._stage is not None:
                 raise RuntimeError("staging already enabled")
             self._stage = stage
-            self._stager = threading.Thread(target=self._stage_loop, name="stager", daemon=True)
-            self._stager.start()
+            self._on_request = on_request
+            if not on_request:
+                self._stager = threading.Thread(target=self._stage_loop, name="stager", daemon=True)
+                self._stager.start()
 
     def __len__(self) -> int:
         with self._cond:
@@ -138,6 +144,8 @@ class BatchQueue:
         with self._cond:
             depth = len(self._items)
         while True:
+            if self._on_request:
+                self._stage_arrived()
             with self._cond:
                 item = self._find(want, up_to_epoch)
                 if item is not None and item.staged:
@@ -146,6 +154,8 @@ class BatchQueue:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
                     return None
+                if item is not None and self._on_request:
+                    continue  # put by another thread's pump just now: staged at the top of the loop
                 if self.pump is None or item is not None:  # a put, or its staging, wakes this
                     self._cond.wait(remaining)
                     continue
@@ -168,7 +178,6 @@ class BatchQueue:
         return None
 
     def _stage_loop(self) -> None:
-        assert self._stage is not None
         while True:
             with self._cond:
                 item = self._next_unstaged()
@@ -177,13 +186,24 @@ class BatchQueue:
                     item = self._next_unstaged()
                 if self._closed:
                     return
-            try:
-                staged = self._stage(item.arrays)
-            except Exception:  # a staging failure must not kill the thread: train from host memory
-                log.exception("staging batch of lease %d failed; it will be used from host memory", item.lease)
-                self.stage_errors += 1
-                staged = item.arrays
-            with self._cond:
-                item.arrays = staged
-                item.staged = True
-                self._cond.notify_all()
+            self._stage_one(item)
+
+    def _stage_arrived(self) -> None:
+        """Stage, in this (the asking) thread, every batch held and not staged yet, oldest first."""
+        with self._cond:
+            arrived = [item for item in self._items if not item.staged]
+        for item in arrived:
+            self._stage_one(item)
+
+    def _stage_one(self, item: QueuedBatch) -> None:
+        assert self._stage is not None
+        try:
+            staged = self._stage(item.arrays)
+        except Exception:  # a staging failure must not end the run (or the thread): train from host memory
+            log.exception("staging batch of lease %d failed; it will be used from host memory", item.lease)
+            self.stage_errors += 1
+            staged = item.arrays
+        with self._cond:
+            item.arrays = staged
+            item.staged = True
+            self._cond.notify_all()

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .buffer import BatchQueue, QueuedBatch
 from .checkpoint import trim_step_log
+from .frameworks import Staging
 from .handoff import CoordinatorProcess
 from .handout import Confirmed, HandOutLedger
 from .position import InputPosition
@@ -119,6 +120,7 @@ class FeedCore:
                                               self._record_rejections, self.position.copy() if resumed else None,
                                               self.mel_norm)
         self.queue.pump = self.val_queue.pump = self.coordinator.receive  # received by the thread that asks
+        self.staging = Staging()  # host arrays, until use_staging
         self.passes = ValidationPasses(self.val_batches, self.val_queue, self.coordinator, self.stop,
                                        self.logs.validation, self._waiting, WAIT_SLICE_S)
         self.endpoint = self.coordinator.endpoint
@@ -126,6 +128,15 @@ class FeedCore:
             log.debug("trainer.steady_heap: malloc left as it is (the C library is not glibc, or mallopt refused)")
         self.opened = True  # until close()
         log.info("consumer listening on %s", self.endpoint)
+
+    def use_staging(self, staging: Staging) -> None:
+        """Stage the batches that arrive from now on with ``staging`` (consumer/pipeline/frameworks.py),
+        which is told where they arrive and settles each before its slot is written again."""
+        staging.use_memory(*self.coordinator.slots.memory())
+        self.staging = staging
+        if staging.stage is not None:
+            for queue in (self.queue, self.val_queue):
+                queue.enable_staging(staging.stage, on_request=staging.on_request)
 
     def state_dict(self) -> dict[str, Any]:
         """The input position with what it belongs to (JSON): which planned batches of which
@@ -276,6 +287,7 @@ class FeedCore:
             done = self.ledger.confirm(ended)
             if done is None:
                 return False
+            self.staging.settle(done.item.arrays)
             self.coordinator.release(done.item)  # its memory may be written again: the step is done
             self._record_step(done, ended, handle)
         return True
@@ -457,6 +469,7 @@ class FeedCore:
         self.coordinator.close()
         self.queue.close()
         self.val_queue.close()
+        self.staging.close()
         self.live.close()
         for writer in (*self.logs.writers(), self.rejections.writer):
             if writer is not None:

@@ -70,6 +70,11 @@ class SlotFile:
             at += aligned(array.nbytes)
         return layout
 
+    def memory(self) -> tuple[int, int]:
+        """The mapping's address in this process and its length (to page-lock it for a device's copies)."""
+        whole = np.frombuffer(self._map, np.uint8)
+        return whole.ctypes.data, whole.nbytes
+
     def views(self, layout: list[list[Any]]) -> dict[str, np.ndarray]:
         """The arrays of a slot as :meth:`write` laid them out: read-only views, nothing copied."""
         out = {}

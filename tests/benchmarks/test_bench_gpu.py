@@ -49,6 +49,8 @@ def test_gpu_benchmark_structure(tmp_path: Path) -> None:
     for way in (replay, feed, loader):
         assert way["samples_per_s"] > 0 and 0 <= way["wait_share"] < 1 and way["gpu_util"] is None
     assert feed["first_batch_s"] > 0 and loader["first_batch_s"] > 0 and replay["first_batch_s"] is None
+    # the feed's trainer process on the CPU: the loop's thread, no stager (torch on the CPU stages nothing)
+    assert "MainThread" in feed["threads"] and "stager" not in feed["threads"] and replay["threads"] is None
     # every shape the replay timed is compared, each ratio with the two medians it came from
     compared = one["compare"]
     assert set(compared["shapes"]) == set(replay["step_ms"]) and compared["shapes"]
@@ -67,6 +69,7 @@ def test_gpu_benchmark_structure(tmp_path: Path) -> None:
                                                      for n, t in enumerate(result["targets"])]
     text = gpu.render(result)
     assert "feed/replay" in text and "dataloader" in text and "decoder_layers calibrated for a step of ~15 ms" in text
+    assert f"the feed's trainer process's threads (P=1): {', '.join(feed['threads'])}" in text
     assert [t["what"] for t in suite.targets({"gpu": result})] == whats
     # kept on the way (what a run stopped at its deadline leaves): the feed's figures before the
     # dataloader ran, then both, each a snapshot the later ways did not change

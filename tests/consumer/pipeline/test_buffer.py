@@ -1,4 +1,5 @@
-"""Tests for consumer/pipeline/buffer.py: the bounded queue, its staging thread, and capacity under load."""
+"""Tests for consumer/pipeline/buffer.py: the bounded queue, its staging (a thread, or on request), and
+capacity under load."""
 
 from __future__ import annotations
 
@@ -148,6 +149,71 @@ def test_a_pumped_get_waits_for_a_staging_without_receiving(queues) -> None:
     assert not t.is_alive() and result["got"][0].lease == 4
     np.testing.assert_array_equal(result["got"][0].arrays["staged"], [40, 40])
     assert pump.waits == [0.0]
+
+
+class OnRequest:
+    """A stage that notes the thread it ran in and each batch it staged."""
+
+    def __init__(self, fail: int | None = None) -> None:
+        self.staged: list[tuple[int, int]] = []  # (the batch's value, the staging thread)
+        self.fail = fail
+
+    def __call__(self, arrays):
+        value = int(arrays["x"][0])
+        if value == self.fail:
+            raise RuntimeError("no room on the device")
+        self.staged.append((value, threading.get_ident()))
+        return {"staged": arrays["x"] * 10}
+
+
+def test_batches_staged_on_request_are_staged_by_the_asking_thread_between_steps_each_once(queues) -> None:
+    """No thread of the queue's own: each request stages what arrived since the last one,
+    oldest first, before it hands out the head (so later batches' copies overlap the next step)."""
+    stage = OnRequest()
+    q = queues(3)
+    q.enable_staging(stage, on_request=True)
+    pump = Pump(q, [[0, 1], [], [], [2], [], [3]])
+    assert not [t for t in threading.enumerate() if t.name == "stager"]
+    item, depth = q.get(WAIT_S)
+    assert item.lease == 0 and depth == 2
+    np.testing.assert_array_equal(item.arrays["staged"], [0, 0])
+    assert stage.staged == [(0, threading.get_ident()), (1, threading.get_ident())]  # both, in this thread
+    item, _ = q.get(WAIT_S)  # staged by the request before: not again
+    assert item.lease == 1 and [v for v, _ in stage.staged] == [0, 1]
+    item, _ = q.get(WAIT_S)  # none held: received while waiting, then staged
+    assert item.lease == 2 and item.staged and [v for v, _ in stage.staged] == [0, 1, 2]
+    assert q.get(WAIT_S)[0].lease == 3 and len(pump.waits) >= 6
+    assert {thread for _, thread in stage.staged} == {threading.get_ident()}
+
+
+def test_a_batch_put_by_another_thread_is_staged_by_the_asking_one(queues) -> None:
+    stage = OnRequest()
+    q = queues(3)
+    q.enable_staging(stage, on_request=True)
+    taken = {}
+    asker = threading.Thread(target=lambda: taken.update(got=q.get(WAIT_S), thread=threading.get_ident()))
+    asker.start()
+    q.put(_item(5))  # no pump: another thread's put (a receiving thread, or the in-process coordinator)
+    asker.join(WAIT_S)
+    assert not asker.is_alive() and taken["got"][0].lease == 5
+    np.testing.assert_array_equal(taken["got"][0].arrays["staged"], [50, 50])
+    assert stage.staged == [(5, taken["thread"])]
+
+
+def test_a_batch_whose_staging_on_request_failed_is_handed_out_from_host_memory(queues) -> None:
+    q = queues(3)
+    q.enable_staging(OnRequest(fail=1), on_request=True)
+    for n in range(3):
+        q.put(_item(n))
+    got = [q.get(WAIT_S)[0] for _ in range(3)]
+    assert [item.lease for item in got] == [0, 1, 2] and q.stage_errors == 1
+    assert "staged" in got[0].arrays and "x" in got[1].arrays and "staged" in got[2].arrays
+
+
+def test_staging_is_enabled_once(queues) -> None:
+    q = queues(3, stage=OnRequest())
+    with pytest.raises(RuntimeError, match="already"):
+        q.enable_staging(OnRequest(), on_request=True)
 
 
 def test_a_pumped_wait_for_depth_receives_until_the_depth_or_the_stop(queues) -> None:

@@ -1,15 +1,19 @@
 """Tests for consumer/pipeline/frameworks.py: what a feed hands out for PyTorch, JAX and numpy.
 
 The CUDA path of the torch staging cannot run on a host without a GPU: its order of
-operations (pinned host memory, copies queued on a side stream, an event after them, the
-loop's stream waiting on that event and marking each tensor as used) is checked against a
-recording stand-in for ``torch``; the CPU path runs on the real torch.
+operations (the slots page-locked, or pinned host memory; copies queued on a side stream, an
+event after them, the loop's stream waiting on that event and marking each tensor as used; the
+event waited for before a slot is written again) is checked against a recording stand-in for
+``torch``; the CPU path runs on the real torch, and the CUDA path on a GPU host
+(tests/test_feed_frameworks.py, marked gpu).
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -83,6 +87,23 @@ class FakeDevice:
         return self.name
 
 
+class FakeCudart:
+    """torch.cuda.cudart(): host memory registration, noting the thread and device of each call;
+    ``refuse``: the cudaError a registration returns (0: cudaSuccess)."""
+
+    def __init__(self, cuda: "FakeCuda", refuse: int = 0) -> None:
+        self.cuda, self.refuse = cuda, refuse
+
+    def cudaHostRegister(self, address: int, nbytes: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
+        thread = threading.current_thread().name
+        self.cuda.log.append(("register", address, nbytes, flags, self.cuda.device_set, thread))
+        return self.refuse
+
+    def cudaHostUnregister(self, address: int) -> int:  # noqa: N802 (CUDA's name)
+        self.cuda.log.append(("unregister", address, self.cuda.device_set, threading.current_thread().name))
+        return 0
+
+
 class FakeCuda:
     """torch.cuda as the staging uses it: streams, events, the current stream per thread."""
 
@@ -92,6 +113,12 @@ class FakeCuda:
         self.current = self.loop_stream
         self.device_set: str | None = None
         self.events = 0
+        self.runtime: FakeCudart | None = FakeCudart(self)
+
+    def cudart(self) -> FakeCudart:
+        if self.runtime is None:
+            raise AssertionError("libcudart functions unavailable")  # as torch says it
+        return self.runtime
 
     def Stream(self, device: FakeDevice) -> FakeStream:  # noqa: N802 (torch's name)
         return FakeStream(self.log, f"side@{device}")
@@ -149,6 +176,58 @@ def test_cuda_staging_copies_from_pinned_memory_on_a_side_stream_and_records_an_
     assert staged.copied.name == "event1"
     assert torch.cuda.current is torch.cuda.loop_stream and torch.cuda.device_set is None  # both restored
     np.testing.assert_array_equal(staged.tensors["mel"].array, host_batch()["mel"])
+
+
+def test_page_locked_slots_are_copied_from_directly_on_request_and_settled_before_reuse() -> None:
+    """Registered with the driver (in a thread of its own, on the model device), the slots'
+    memory is copied from with no pinned copy, so staging moves to the asking thread; a batch's
+    copies are waited for before its slot may be written again, and the memory is let go at the
+    end once the side stream is done."""
+    torch = FakeTorch()
+    staging = TorchStaging(torch, "cuda:1")
+    assert not staging.on_request
+    staging.use_memory(4096, 65536)
+    assert staging.on_request
+    (call,) = torch.log
+    assert call[:5] == ("register", 4096, 65536, 1, "cuda:1") and call[5] != threading.current_thread().name
+    torch.log.clear()
+    staged = staging.stage(host_batch())
+    assert torch.log == [("copy", "host", "cuda:1", True, "side@cuda:1", "cuda:1"),
+                         ("copy", "host", "cuda:1", True, "side@cuda:1", "cuda:1"),
+                         ("record", "event1", "side@cuda:1")]  # no pin_memory: the slot is pinned
+    torch.log.clear()
+    staging.settle(staged)
+    assert torch.log == [("synchronize", "event1")]
+    torch.log.clear()
+    staging.close()
+    assert torch.log[0] == ("synchronize", "side@cuda:1") and torch.log[1][:3] == ("unregister", 4096, "cuda:1")
+    staging.close()
+    assert len(torch.log) == 2  # once
+
+
+@pytest.mark.parametrize("runtime", ["refuses", "absent"])
+def test_slots_the_driver_does_not_page_lock_go_through_pinned_copies_in_a_stager_thread(
+        runtime: str, caplog: pytest.LogCaptureFixture) -> None:
+    torch = FakeTorch()
+    if runtime == "refuses":
+        torch.cuda.runtime = FakeCudart(torch.cuda, refuse=712)  # cudaErrorHostMemoryAlreadyRegistered
+    else:
+        torch.cuda.runtime = None
+    staging = TorchStaging(torch, "cuda:0")
+    with caplog.at_level(logging.WARNING, logger="stoker.consumer.pipeline.frameworks"):
+        staging.use_memory(4096, 65536)
+    assert not staging.on_request
+    reason = "cudaError 712" if runtime == "refuses" else "AssertionError: libcudart functions unavailable"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the batch slots could not be page-locked for CUDA ({reason}); each batch is copied to pinned memory "
+        f"in a stager thread instead"]
+    torch.log.clear()
+    staged = staging.stage(host_batch())
+    assert [entry[0] for entry in torch.log] == ["pin_memory", "copy", "pin_memory", "copy", "record"]
+    torch.log.clear()
+    staging.settle(staged)  # the slot was read when the stager copied it to pinned memory
+    staging.close()
+    assert torch.log == []
 
 
 def test_taking_a_cuda_batch_makes_the_loops_stream_wait_on_its_event_and_marks_each_tensor_used_there() -> None:

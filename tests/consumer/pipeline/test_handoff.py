@@ -19,9 +19,11 @@ import psutil
 import pytest
 
 import stoker
+import stoker.feed as feed_module
 from stoker.consumer.pipeline.buffer import QueuedBatch, QueueFull
 from stoker.consumer.pipeline.coordproc import SlotQueue
 from stoker.consumer.pipeline.feed import FeedCore, PreparedRun
+from stoker.consumer.pipeline.frameworks import Staging
 from stoker.consumer.pipeline import coordproc
 from stoker.consumer.pipeline.handoff import CoordinatorGone, write_start
 from stoker.consumer.pipeline.slots import ALIGN, SlotFile
@@ -256,3 +258,82 @@ def test_two_threads_asking_at_once_each_receive_their_own_batches_every_clip_on
     assert len(held_out) == 6 and planned["val"] >= 2 and {k: len(v) for k, v in seen.items()} == planned
     assert sorted(i for batch in seen["val"] for i in batch) == held_out
     assert sorted(i for batch in seen["train"] for i in batch) == sorted(set(ids) - set(held_out))
+
+
+class OnRequestStaging(Staging):
+    """Stages as the page-locked CUDA staging does (on request, copies that read the slot
+    itself, settled before the slot is written again), noting each call in ``events``."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.memory = (0, 0)
+        self.stage = self._stage
+
+    def use_memory(self, address: int, nbytes: int) -> None:
+        self.memory = (address, nbytes)
+        self.on_request = True
+
+    def _stage(self, arrays: dict[str, np.ndarray]) -> tuple[int, dict[str, np.ndarray]]:
+        start, nbytes = self.memory
+        where = arrays["tokens"].ctypes.data  # which slot
+        assert all(start <= a.ctypes.data and a.ctypes.data + a.nbytes <= start + nbytes for a in arrays.values())
+        self.events.append(("stage", where, threading.current_thread().name))
+        return where, {name: array.copy() for name, array in arrays.items()}
+
+    def take(self, staged: tuple[int, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        self.events.append(("take", staged[0], threading.current_thread().name))
+        return staged[1]
+
+    def settle(self, staged: tuple[int, dict[str, np.ndarray]]) -> None:
+        self.events.append(("settle", staged[0]))
+
+    def close(self) -> None:
+        self.events.append(("close",))
+
+
+@pytest.mark.slow
+def test_batches_staged_on_request_in_the_loops_thread_are_settled_before_their_slot_is_released(
+        tmp_path, monkeypatch) -> None:
+    """The wiring of a staging that reads the slots themselves (CUDA's, page-locked): told the
+    slots' memory, it stages every batch once, in the loop's thread and before the loop takes it,
+    with no stager thread; each slot is released only right after its batch was settled; it is
+    closed once, after the last step."""
+    staging = OnRequestStaging()
+    monkeypatch.setattr(feed_module, "make_staging", lambda *args: staging)
+    make_dataset(tmp_path / "data", count=24)
+    seen: list[bytes] = []
+    with stoker.Feed(data=str(tmp_path / "data"), producers=1, batch_size=4, epochs=2, framework="numpy",
+                     run_dir=str(tmp_path / "run"), bind=f"tcp://127.0.0.1:{free_port()}", model_start_delay=0.0,
+                     log_level="WARNING", set={"trainer.val_clips": 0}) as feed:
+        core = feed._core
+        released: list[int] = []
+        release = core.coordinator.release
+
+        def noted_release(item: QueuedBatch) -> None:
+            if item.slot >= 0:
+                staging.events.append(("release", item.arrays[0]))
+                released.append(item.slot)
+            release(item)
+
+        monkeypatch.setattr(core.coordinator, "release", noted_release)
+        assert staging.memory == core.coordinator.slots.memory()
+        for batch in feed:
+            assert not [t for t in threading.enumerate() if t.name == "stager"]
+            seen.append(batch["tokens"].tobytes())
+    loop = threading.current_thread().name
+    events = staging.events
+    assert events[-1] == ("close",) and events.count(("close",)) == 1
+    stages = [e for e in events if e[0] == "stage"]
+    takes = [e for e in events if e[0] == "take"]
+    assert len(takes) == len(seen) == 2 * core.planner.batches_per_epoch
+    assert len(stages) == len(takes) and {e[2] for e in stages + takes} == {loop}
+    pending: dict[int, int] = {}  # slot address -> batches staged there and not yet taken
+    for event in events:
+        if event[0] == "stage":
+            pending[event[1]] = pending.get(event[1], 0) + 1
+        elif event[0] == "take":
+            assert pending.get(event[1], 0) == 1, "taken before it was staged, or a slot staged twice"
+            pending[event[1]] -= 1
+    releases = [n for n, e in enumerate(events) if e[0] == "release"]
+    assert len(releases) == len(released) == len(takes)
+    assert all(events[n - 1] == ("settle", events[n][1]) for n in releases)
