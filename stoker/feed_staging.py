@@ -53,8 +53,8 @@ def check_framework(framework: str, strategy: Any, sharding: Any) -> str:
 
 
 def make_staging(framework: str, devices: DevicesConfig, strategy: Any = None, sharding: Any = None) -> Staging:
-    """How batches reach the loop for ``framework``: staged onto the model device in the
-    queue's stager thread, or host arrays (numpy)."""
+    """How batches reach the loop for ``framework``: staged onto the model device (in the
+    queue's stager thread, or between steps: consumer/pipeline/frameworks.py), or host arrays (numpy)."""
     if framework == TENSORFLOW:
         return tf_staging(devices, strategy)
     if framework == "torch":

@@ -4,7 +4,7 @@
 
 ``stoker.Feed(framework="torch")`` hands out each batch as a dict of torch tensors on the
 model device: ``cuda:N`` (``model_gpu``, default 0) when CUDA is available, copied there
-from pinned memory on a side stream while the previous step runs, else the CPU. No
+from page-locked shared memory on a side stream while the previous step runs, else the CPU. No
 process of the run imports TensorFlow, so this runs where only PyTorch is installed.
 
 The model is a small text-to-mel model of this file's own (a convolutional text encoder,
