@@ -507,7 +507,7 @@ def close_core(core: FeedCore, exc: BaseException | None, ended: bool, taken_by:
     # The user's loop trains: its model, and its replicas (a tf.distribute strategy), are not the
     # feed's to know.
     core.close({"trained_by": TRAINED_BY_FEED, "model": None, "replicas": replicas})
-    failure = core.file_failure()  # a file of the run it could not write while closing (a full disk)
+    failure = core.files.failure()  # a file of the run it could not write while closing (a full disk)
     if failure is not None and exc is None:
         raise failure
 

@@ -35,8 +35,8 @@ from .prepared import PreparedRun
 from .passes import ValidationPasses
 from .progress import LiveLine
 from .rejections import RejectionLog
-from .runstate import (FeedStateError, MelStatsMissing, dataset_mel_norm, feature_cache_totals, feed_state,
-                       keep_mel_stats, position_of, run_summary)
+from .runstate import (FeedStateError, FileFailures, MelStatsMissing, dataset_mel_norm, feature_cache_totals,
+                       feed_state, keep_mel_stats, position_of, run_summary)
 from .steplog import Resolved, StepLog, live_text, progress_line, resolve_floats
 from .telemetry import Telemetry
 from .validation import VALIDATION_QUEUE_CAPACITY
@@ -78,8 +78,6 @@ class FeedCore:
         self.val_samples, self.val_batches = prepared.val_samples, prepared.val_batches
         self.stop = stop
         self.parent_pid = parent_pid
-        # With workers: the plan's order, step by step (a generator: it reads the position at the first step).
-        self._positions = self._plan_order()
         self.started = time.monotonic()  # "t" in metrics.jsonl counts from here: the run's socket opens now
         self.rejections = RejectionLog(self.run_dir)
         self.step = 0
@@ -87,10 +85,7 @@ class FeedCore:
         self.warmup_s = 0.0
         self.interrupted = False
         self.exit_reason, self.code = "completed", EXIT_OK
-        # The first of the run's files that could not be written (a full disk, ...): it ends the
-        # run; and whether summary.json could not be written either (close).
-        self.file_error: RunFileError | None = None
-        self.summary_error: RunFileError | None = None
+        self.files = FileFailures()  # the run's files it could not write (a full disk): the first ends the run
         self.ledger, self.warmed = HandOutLedger(), False  # handed out, held back, confirmed; warm-up done
         # Batches are handed out in one thread (tf.data's, under fit) and confirmed in another.
         self._lock = threading.Lock()
@@ -98,6 +93,8 @@ class FeedCore:
             self._resume(state)
         self.position: InputPosition = self.checkpoints.position  # what was trained (confirmed)
         self.handed = self.position.copy()  # what was handed out: the trained part and what is taken ahead
+        # With workers: the plan's order, step by step (a generator: it reads the position as it goes).
+        self._positions = self.handed.planned_from_here(planner, self.epochs)
         self.handed_steps = self.step
         self.epochs_completed = len(self.position.complete)
         self.mel_key = stats_key(cfg.features, cfg.transforms, index.dataset_fingerprint)
@@ -341,7 +338,7 @@ class FeedCore:
         one; the queue holds later ones meanwhile); None when stopped while waiting, or when
         nothing is left to hand out meanwhile (the last samples were rejected)."""
         last_warn = asked
-        want = self._next_position() if self.planner.workers > 1 else None
+        want = next(self._positions, None) if self.planner.workers > 1 else None  # what every worker trains now
         while not self.stop.is_set():
             with self._lock:
                 held = self.ledger.take_held(epoch)
@@ -361,20 +358,6 @@ class FeedCore:
         if self.coordinator.failure is not None:  # it stopped the run: its one line, to the loop
             raise self.coordinator.failure
         return None
-
-    def _next_position(self) -> tuple[int, int] | None:
-        """The (epoch, index) every worker trains at this step: the plan's batches in order,
-        from the input position on (None past the last planned epoch)."""
-        return next(self._positions, None)
-
-    def _plan_order(self) -> Iterator[tuple[int, int]]:
-        epoch = self.handed.first_open()
-        while self.epochs is None or epoch < self.epochs:
-            plan = self.planner.plan(epoch)
-            for index in range(len(plan)):  # the plan's batches made one at a time
-                if not self.handed.is_done(epoch, index):
-                    yield epoch, index
-            epoch += 1
 
     def _waiting(self, since: float, last_warn: float, what: str) -> float:
         """One slice of waiting for a batch: live figures, the parent's liveness, a data
@@ -426,12 +409,9 @@ class FeedCore:
     # ------------------------------------------------------------ closing
     def note_file_error(self, exc: RunFileError) -> None:
         """One of the run's files could not be written: the first such error ends the run
-        (exit_reason, EXIT_USER); later ones (the same full disk) only go to the log."""
-        if self.file_error is None:
-            self.file_error = exc
+        (exit_reason, EXIT_USER; ``files.failure()`` is its one line); later ones only go to the log."""
+        if self.files.note(exc):
             self.exit_reason, self.code = f"failed: {exc}"[:500], EXIT_USER
-        else:
-            log.warning("%s", exc)
 
     def file_step(self, step: Callable[[], Any]) -> None:
         """Run ``step``, a write of the run's files; its RunFileError is noted, not raised, so
@@ -441,15 +421,6 @@ class FeedCore:
         except RunFileError as exc:
             self.note_file_error(exc)
 
-    def file_failure(self) -> UserError | None:
-        """The one line of a run ended by a file it could not write (None if none): the file
-        and the error, and whether summary.json could not be written either."""
-        if self.file_error is None:
-            return None
-        summary = self.summary_error
-        return UserError(f"{self.file_error}" + (f"; summary.json not written either ({summary.strerror})"
-                                                 if summary is not None else ""))
-
     def close(self, figures: Mapping[str, Any] | None = None,
               resolve: Callable[[Sequence[Any]], Resolved] = resolve_floats) -> None:
         """Stop the coordinator (STOP to every producer), close the queue and the step logs,
@@ -457,7 +428,7 @@ class FeedCore:
         ``figures``: the training loop's own for summary.json (its trainer, or who trained);
         ``resolve``: what makes losses of the last interval's loss handles (as :meth:`flush`).
         A file of the run it cannot write ends the run (:meth:`note_file_error`; the caller
-        reports :meth:`file_failure`), and closing goes on."""
+        reports ``files.failure()``), and closing goes on."""
         if not self.opened:
             return
         self.opened = False
@@ -477,13 +448,13 @@ class FeedCore:
         try:
             write_json(self.run_dir / SUMMARY, run_summary(self, figures or {}))
         except RunFileError as exc:
-            self.summary_error = exc
+            self.files.summary = exc
             self.note_file_error(exc)
         if self.epochs_completed and not self.mel_norm and self.coordinator.mel_stats.frames:
             self.file_step(lambda: keep_mel_stats(self.coordinator.mel_stats, self.cfg, self.index.root, self.mel_key,
                                                   self.run_dir))
         log.info("run over (%s): %d steps, summary %s", self.exit_reason, self.step,
-                 f"in {self.run_dir / SUMMARY}" if self.summary_error is None else "not written")
+                 f"in {self.run_dir / SUMMARY}" if self.files.summary is None else "not written")
 
 
 __all__ = ["FeedCore", "FeedStateError", "MelStatsMissing", "PreparedRun", "Resolved", "TransformFailed",

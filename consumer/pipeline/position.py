@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -130,6 +130,17 @@ class InputPosition:
         """The part of an epoch's plan still to train: done planned batches left out, partly
         trained ones cut to their untrained samples (same index, bucket and shape)."""
         return [left for left in map(self.left_of, batches) if left is not None]
+
+    def planned_from_here(self, planner: EpochPlanner, epochs: int | None) -> Iterator[tuple[int, int]]:
+        """(epoch, index) of the plan's batches in order from this position on, those done left out,
+        up to epoch ``epochs`` (None: no end); read as it goes, so it follows this position."""
+        epoch = self.first_open()
+        while epochs is None or epoch < epochs:
+            plan = planner.plan(epoch)
+            for index in range(len(plan)):  # the plan's batches made one at a time
+                if not self.is_done(epoch, index):
+                    yield epoch, index
+            epoch += 1
 
     def is_done(self, epoch: int, index: int) -> bool:
         """Whether planned batch ``index`` of ``epoch`` was trained whole."""

@@ -19,12 +19,37 @@ from ...shared.dataset import mel_stats_file
 from ...shared.errors import UserError
 from ...shared.melstats import MelStats, load
 from ...shared.metrics import read_jsonl, summarize
-from ...shared.runfiles import MEL_STATS, METRICS, write_json
+from ...shared.runfiles import MEL_STATS, METRICS, RunFileError, write_json
 
 log = logging.getLogger("consumer")
 
 # The format of a feed's state_dict(); a newer one is refused, not guessed at.
 FEED_STATE_FORMAT = 1
+
+
+class FileFailures:
+    """The run's files that could not be written (a full disk, ...): the first ends the run, later
+    ones only go to the log, and closing goes on; ``summary``: summary.json's, if it failed too."""
+
+    def __init__(self) -> None:
+        self.first: RunFileError | None = None
+        self.summary: RunFileError | None = None
+
+    def note(self, exc: RunFileError) -> bool:
+        """Keep ``exc`` if it is the first (True); a later one (the same full disk) is logged."""
+        if self.first is None:
+            self.first = exc
+            return True
+        log.warning("%s", exc)
+        return False
+
+    def failure(self) -> UserError | None:
+        """The one line of a run ended by a file it could not write (None if none): the file and
+        the error, and whether summary.json could not be written either."""
+        if self.first is None:
+            return None
+        either = f"; summary.json not written either ({self.summary.strerror})" if self.summary is not None else ""
+        return UserError(f"{self.first}{either}")
 
 
 class MelStatsMissing(UserError):

@@ -112,7 +112,7 @@ class Run:
         finally:
             feed.file_step(loop.close)
             feed.close(loop.model_summary(), loop.resolve)
-        failure = feed.file_failure()  # one line: the file, its error, and summary.json if it is not written
+        failure = feed.files.failure()  # one line: the file, its error, and summary.json if it is not written
         if failure is not None:
             log.log(logging.DEBUG if self.status.connected else logging.ERROR, "%s", failure)
             self.status.error(failure, "consumer", user_error=True)
