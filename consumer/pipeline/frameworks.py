@@ -16,7 +16,7 @@ loop takes the batch. ``settle`` runs before a batch's host memory may be writte
   feed's takes the interpreter while the step launches its kernels; ``settle`` waits for the
   copies' event before the slot is released (the host is ahead of the device). Elsewhere each
   array is first copied to pinned memory (``pin_memory``) in the stager thread. ``take`` makes
-  the loop's current stream wait for that event (the host never waits) and marks each tensor
+  the loop's current stream wait for that event (the host does not wait there) and marks each tensor
   as used on that stream (``record_stream``), so the caching allocator does not give its
   memory to another tensor while work of the loop on it is still queued. On the CPU,
   ``torch.from_numpy`` in ``take``: no copy, so the tensors share the batch's shared-memory
