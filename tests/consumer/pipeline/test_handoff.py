@@ -31,6 +31,7 @@ from stoker.shared.config import Config
 from stoker.shared.dataset.cache import open_index
 from tests.factories import make_dataset
 from tests.procs import free_port
+from tests.trained import Recorder, check_trained, clips_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -297,11 +298,12 @@ def test_batches_staged_on_request_in_the_loops_thread_are_settled_before_their_
     """The wiring of a staging that reads the slots themselves (CUDA's, page-locked): told the
     slots' memory, it stages every batch once, in the loop's thread and before the loop takes it,
     with no stager thread; each slot is released only right after its batch was settled; it is
-    closed once, after the last step."""
+    closed once, after the last step; and the loop's rows, noted in its step, are every clip once
+    per epoch, each the clip its id says (what the staging copied from the slots)."""
     staging = OnRequestStaging()
     monkeypatch.setattr(feed_module, "make_staging", lambda *args: staging)
-    make_dataset(tmp_path / "data", count=24)
-    seen: list[bytes] = []
+    ids = make_dataset(tmp_path / "data", count=24)
+    recorder = Recorder()
     with stoker.Feed(data=str(tmp_path / "data"), producers=1, batch_size=4, epochs=2, framework="numpy",
                      run_dir=str(tmp_path / "run"), bind=f"tcp://127.0.0.1:{free_port()}", model_start_delay=0.0,
                      log_level="WARNING", set={"trainer.val_clips": 0}) as feed:
@@ -319,13 +321,14 @@ def test_batches_staged_on_request_in_the_loops_thread_are_settled_before_their_
         assert staging.memory == core.coordinator.slots.memory()
         for batch in feed:
             assert not [t for t in threading.enumerate() if t.name == "stager"]
-            seen.append(batch["tokens"].tobytes())
+            recorder.note(batch, feed.epoch)
     loop = threading.current_thread().name
     events = staging.events
     assert events[-1] == ("close",) and events.count(("close",)) == 1
     stages = [e for e in events if e[0] == "stage"]
     takes = [e for e in events if e[0] == "take"]
-    assert len(takes) == len(seen) == 2 * core.planner.batches_per_epoch
+    assert len(takes) == len(recorder.steps) == 2 * core.planner.batches_per_epoch
+    check_trained(recorder.steps, clips_of(tmp_path / "run"), 2, ids)
     assert len(stages) == len(takes) and {e[2] for e in stages + takes} == {loop}
     pending: dict[int, int] = {}  # slot address -> batches staged there and not yet taken
     for event in events:
