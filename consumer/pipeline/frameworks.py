@@ -23,10 +23,12 @@ loop takes the batch. ``settle`` runs before a batch's host memory may be writte
   slot and are for reading (valid until the batch's step is confirmed; torch's CPU ops are
   done when the step returns), and no staging, so no stager thread takes the interpreter
   while the step runs.
-- ``jax``: ``jax.device_put`` onto a device, or a ``jax.sharding.Sharding`` given to the feed;
-  the stager waits for the copy (``block_until_ready``), and on the CPU copies the host arrays
-  first: JAX would share their memory (a shared-memory slot, consumer/pipeline/slots.py) and
-  its asynchronous dispatch could read it after the step is confirmed.
+- ``jax``: ``jax.device_put`` onto a device, or a ``jax.sharding.Sharding`` given to the feed.
+  On an accelerator the put only queues the transfers, so staging runs on request, between
+  steps, as torch's does, and ``settle`` waits for them (``block_until_ready``) before the slot
+  is released. In host memory (the CPU, or a sharding of a host memory kind) JAX would share the
+  arrays' memory (a shared-memory slot, consumer/pipeline/slots.py) and its asynchronous
+  dispatch could read it after the step is confirmed: the stager thread copies them first.
 - ``tensorflow``: shared/tfsetup.py's stagers, wrapped (:class:`FunctionStaging`).
 
 A batch whose staging failed reaches ``take`` as host arrays (the queue trains it from host
@@ -52,6 +54,8 @@ READ_ONLY_WARNING = "The given NumPy array is not writable"
 # cudaHostRegisterPortable: the memory counts as pinned for every CUDA context (as torch's own
 # torch/cuda/_pin_memory_utils.py registers shared memory).
 HOST_REGISTER_PORTABLE = 1
+# JAX's memory kinds in host memory: a put there may share the host array's memory.
+HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
 
 
 class Staging:
@@ -186,19 +190,26 @@ class JaxStaging(Staging):
         self.device = str(target)
         self.stage = self._put
         devices = target.device_set if hasattr(target, "device_set") else {target}
-        # On the CPU, device_put shares an aligned numpy buffer (a shared-memory slot), and a step
-        # dispatched asynchronously may read it after the step is confirmed and the slot written
-        # again: the arrays are copied first.
-        self._host = all(d.platform == "cpu" for d in devices)
+        # In host memory, device_put shares an aligned numpy buffer (a shared-memory slot), and a
+        # step dispatched asynchronously may read it after the step is confirmed and the slot
+        # written again: the arrays are copied first, in the stager thread. Elsewhere the put
+        # only queues transfers that read the slot, so it runs between steps and settle waits.
+        self._host = (all(d.platform == "cpu" for d in devices)
+                      or getattr(target, "memory_kind", None) in HOST_MEMORY_KINDS)
+        self.on_request = not self._host
 
     def _put(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        put = {name: self.jax.device_put(np.array(array) if self._host else array, self.target)
-               for name, array in arrays.items()}
-        for value in put.values():  # the host memory read before it may be written again (the stager waits)
-            value.block_until_ready()
-        return put
+        return {name: self.jax.device_put(np.array(array) if self._host else array, self.target)
+                for name, array in arrays.items()}
 
     def take(self, staged: Any) -> dict[str, Any]:
         if all(isinstance(value, self.jax.Array) for value in staged.values()):
             return staged
-        return self._put(staged)  # host arrays whose staging failed
+        put = self._put(staged)  # host arrays whose staging failed
+        self.settle(put)  # read before the step: the confirmation's settle sees only the host arrays
+        return put
+
+    def settle(self, staged: Any) -> None:
+        for value in staged.values():
+            if isinstance(value, self.jax.Array):
+                value.block_until_ready()  # its transfer, which reads the slot, is done

@@ -5,7 +5,8 @@ operations (the slots page-locked, or pinned host memory; copies queued on a sid
 event after them, the loop's stream waiting on that event and marking each tensor as used; the
 event waited for before a slot is written again) is checked against a recording stand-in for
 ``torch``; the CPU path runs on the real torch, and the CUDA path on a GPU host
-(tests/test_feed_frameworks.py, marked gpu).
+(tests/test_feed_frameworks.py, marked gpu). The jax staging's accelerator path (puts
+that block on nothing, each array waited for before its slot is released) is recorded the same way.
 """
 
 from __future__ import annotations
@@ -295,6 +296,86 @@ def test_taking_read_only_arrays_raises_no_warning_in_a_fresh_process() -> None:
     done = subprocess.run([sys.executable, "-W", "error", "-c", probe], capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["Tensor", "[0.0,", "0.0,", "0.0,", "0.0]"], done.stdout
+
+
+# ---------------------------------------------------------------- jax on a GPU, recorded
+
+class FakeJaxDevice:
+    def __init__(self, platform: str) -> None:
+        self.platform = platform
+
+    def __str__(self) -> str:
+        return f"{self.platform}:0"
+
+
+class FakeJax:
+    """jax as the staging uses it, on a device of ``platform``: each put and each wait noted
+    with the array's name and the calling thread."""
+
+    def __init__(self, platform: str = "gpu") -> None:
+        self.log: list[tuple] = []
+        jax = self
+
+        class Array:
+            def __init__(self, name: str, host: np.ndarray) -> None:
+                self.name, self.host = name, host
+
+            def block_until_ready(self) -> "Array":
+                jax.log.append(("ready", self.name, threading.current_thread().name))
+                return self
+
+        self.Array = Array
+        self.device = FakeJaxDevice(platform)
+
+    def device_put(self, array: np.ndarray, target: Any) -> Any:
+        name = next(key for key, value in host_batch().items() if np.array_equal(value, array))
+        self.log.append(("put", name, target is self.device, threading.current_thread().name))
+        return self.Array(name, array)
+
+
+def test_jax_on_a_gpu_stages_on_request_and_settle_waits_for_every_transfer() -> None:
+    """On an accelerator ``device_put`` only queues transfers that read the slot: staging them
+    blocks on nothing (so it can run between steps, in the asking thread), and ``settle`` waits
+    for each array before the slot may be written again."""
+    jax = FakeJax("gpu")
+    staging = JaxStaging(jax, jax.device)
+    assert staging.on_request and staging.device == "gpu:0"
+    staged = staging.stage(host_batch())
+    me = threading.current_thread().name
+    assert jax.log == [("put", "mel", True, me), ("put", "mel_lengths", True, me)]  # nothing waited for
+    assert staging.take(staged) is staged and len(jax.log) == 2
+    staging.settle(staged)
+    assert jax.log[2:] == [("ready", "mel", me), ("ready", "mel_lengths", me)]
+
+
+def test_jax_on_a_gpu_waits_for_the_transfers_of_a_batch_whose_staging_failed_before_handing_it_out() -> None:
+    """Host arrays reach ``take`` when their staging failed; the confirmation's ``settle`` then
+    sees only those host arrays, so ``take`` waits for their transfers itself."""
+    jax = FakeJax("gpu")
+    staging = JaxStaging(jax, jax.device)
+    arrays = host_batch()
+    batch = staging.take(arrays)
+    assert [entry[0] for entry in jax.log] == ["put", "put", "ready", "ready"]
+    assert all(isinstance(value, jax.Array) for value in batch.values())
+    staging.settle(arrays)  # what the confirmation holds: nothing more to wait for
+    assert len(jax.log) == 4
+
+
+def test_jax_in_host_memory_copies_each_array_in_the_stager_thread() -> None:
+    """A put in host memory may share the slot's buffer, which is written again after the step
+    is confirmed while JAX's dispatch may still read it: the stager thread puts a copy. A
+    sharding of a host memory kind counts as host memory, whatever its devices."""
+    cpu = FakeJax("cpu")
+    gpu = FakeJax("gpu")
+    host_sharding = type("Sharding", (), {"device_set": {gpu.device}, "memory_kind": "pinned_host"})()
+    for jax, target in ((cpu, cpu.device), (gpu, host_sharding)):
+        staging = JaxStaging(jax, target)
+        assert not staging.on_request
+        arrays = host_batch()
+        staged = staging.stage(arrays)
+        for name, value in staged.items():
+            assert value.host is not arrays[name] and not np.shares_memory(value.host, arrays[name])
+            np.testing.assert_array_equal(value.host, arrays[name])
 
 
 # ---------------------------------------------------------------- jax and numpy
