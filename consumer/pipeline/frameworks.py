@@ -24,7 +24,7 @@ loop takes the batch. ``settle`` runs before a batch's host memory may be writte
   done when the step returns), and no staging, so no stager thread takes the interpreter
   while the step runs.
 - ``jax``: ``jax.device_put`` onto a device, or a ``jax.sharding.Sharding`` given to the feed.
-  On an accelerator the put only queues the transfers, so staging runs on request, between
+  On an accelerator the put returns before its transfers are done, so staging runs on request, between
   steps, as torch's does, and ``settle`` waits for them (``block_until_ready``) before the slot
   is released. In host memory (the CPU, or a sharding of a host memory kind) JAX would share the
   arrays' memory (a shared-memory slot, consumer/pipeline/slots.py) and its asynchronous
@@ -193,7 +193,7 @@ class JaxStaging(Staging):
         # In host memory, device_put shares an aligned numpy buffer (a shared-memory slot), and a
         # step dispatched asynchronously may read it after the step is confirmed and the slot
         # written again: the arrays are copied first, in the stager thread. Elsewhere the put
-        # only queues transfers that read the slot, so it runs between steps and settle waits.
+        # returns before its transfers (which read the slot) are done: it runs between steps, settle waits.
         self._host = (all(d.platform == "cpu" for d in devices)
                       or getattr(target, "memory_kind", None) in HOST_MEMORY_KINDS)
         self.on_request = not self._host

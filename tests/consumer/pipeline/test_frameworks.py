@@ -334,7 +334,7 @@ class FakeJax:
 
 
 def test_jax_on_a_gpu_stages_on_request_and_settle_waits_for_every_transfer() -> None:
-    """On an accelerator ``device_put`` only queues transfers that read the slot: staging them
+    """On an accelerator ``device_put`` returns before its transfers, which read the slot, are done: staging
     blocks on nothing (so it can run between steps, in the asking thread), and ``settle`` waits
     for each array before the slot may be written again."""
     jax = FakeJax("gpu")
