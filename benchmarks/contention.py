@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .common import BenchError, machine_info, report, table, tree_child, tree_command
-from .data import make_clips
+from .corpus import make_clips
 from .feedstep import STEADY_LINE
 from .gpu import CPU_DIM, RESULT_PREFIX, SIZES, summarize_run
 from ..shared.proc import PACKAGE_PARENT

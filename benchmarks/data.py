@@ -84,18 +84,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import importlib.util
-import io
 import json
 import logging
 import os
-import random
 import resource
 import shutil
-import struct
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -103,20 +98,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-import soundfile
 
 from .common import DEMO_DATA, BenchError, machine_info, ratio, spawn_context, spread, stop_children, table
-from ..consumer.pipeline.lease_tables import TokenTable
-from ..consumer.pipeline.plan import EpochPlanner
+from .corpus import (BATCH_SIZE, CLIPS_PER_SHARD, PARQUET_DIR, SHAR_DIR, SHARDS_DIR, make_clip_parquet, make_clip_shar,
+                     make_clip_shards, make_clips, make_index_dataset, plan_leases)
 from ..producer.audio import load_audio
 from ..producer.batches import BatchMaker, Prepared
 from ..producer.features import log_mel_spectrogram_numpy, resolve_backend
 from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
-from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig, TextConfig
+from ..shared.config import DataConfig, FeaturesConfig, TextConfig
 from ..shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
 from ..shared.dataset.parallel import index_workers
-from ..shared.dataset.parquet import pyarrow_modules, row_reader
+from ..shared.dataset.parquet import row_reader
 from ..shared.mel import pad_values
 
 LJSPEECH_ITEMS = 13_100
@@ -131,26 +125,11 @@ TARGET_LINEAR = 1.3
 TARGET_VS_LIBROSA = 1.5
 TARGET_WARM_VS_COLD = 5.0
 TARGET_SHARDS_VS_FILES = 0.9
-# The producer section's clips packed into tar shards of this many (8 shards of ~2.3 MB for 64 clips),
-# in this directory beside the clips' own.
-CLIPS_PER_SHARD = 8
-SHARDS_DIR = "shards"
-# ... and into Parquet files of this many clips (row groups of CLIPS_PER_SHARD), in this directory.
-CLIPS_PER_PARQUET_FILE = 32
-PARQUET_DIR = "parquet"
-# ... and into a lhotse Shar directory of shards of CLIPS_PER_SHARD cuts, in this directory.
-SHAR_DIR = "shar"
 # The variants that read the clips packed beside the loose files, and where.
 PACKED_VARIANTS = {"stoker-shards": SHARDS_DIR, "stoker-parquet": PARQUET_DIR, "stoker-parquet-mixed": PARQUET_DIR,
                    "stoker-shar": SHAR_DIR}
 # The variants whose batches are planned from their own layout (grouped by shard or row group).
 OWN_PLAN_VARIANTS = ("stoker-parquet", "stoker-shar")
-# Generated index items: tiny real WAV files (header + 0.25 s of 8 kHz 16-bit silence).
-INDEX_RATE_HZ = 8000
-INDEX_SECONDS = 0.25
-# LJSpeech's clip durations: mean 6.6 s, sd ~2.2 s, between 1.1 and 10.1 s.
-CLIP_MEAN_S, CLIP_SD_S, CLIP_MIN_S, CLIP_MAX_S = 6.6, 2.2, 1.1, 10.1
-BATCH_SIZE = 16
 # The preprocessing section (issue 6): stoker's producer as configured by default (numpy
 # log-mels on a CPU), with TensorFlow's ops, the same work with librosa, the numpy reference.
 PREPROCESSING_VARIANTS = ("stoker", "stoker-tf", "librosa", "numpy-reference")
@@ -162,9 +141,6 @@ QUIET_TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 PASS_TIMEOUT_S = 600.0
 # Starting a child includes importing TensorFlow or librosa.
 CHILD_START_TIMEOUT_S = 180.0
-WORDS = ("the prisoner was taken to newgate where he remained until his trial at the old bailey in "
-         "september of that year when the jury found him guilty and the court sentenced him to death "
-         "but the sentence was afterwards commuted to transportation for life").split()
 
 
 @dataclass
@@ -202,126 +178,6 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-# ------------------------------------------------------------------------ generation
-
-
-def _wav_bytes(rate_hz: int, seconds: float) -> bytes:
-    """A complete 16-bit mono PCM WAV file of silence."""
-    frames = int(rate_hz * seconds)
-    data = frames * 2
-    header = b"RIFF" + struct.pack("<I", 36 + data) + b"WAVE" + b"fmt " + struct.pack(
-        "<IHHIIHH", 16, 1, 1, rate_hz, rate_hz * 2, 2, 16) + b"data" + struct.pack("<I", data)
-    return header + b"\0" * data
-
-
-def make_index_dataset(root: Path, items: int, seed: int = 0) -> float:
-    """Metadata plus ``items`` tiny WAV files; returns the seconds it took."""
-    started = time.perf_counter()
-    rng = random.Random(seed)
-    wavs = root / "wavs"
-    wavs.mkdir(parents=True, exist_ok=True)
-    blob = _wav_bytes(INDEX_RATE_HZ, INDEX_SECONDS)
-    lines = []
-    for i in range(items):
-        sample_id = f"LJ{i // 1000:03d}-{i % 1000:04d}"
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 24))).capitalize() + "."
-        lines.append(f"{sample_id}|{text}|{text}")
-        with open(wavs / f"{sample_id}.wav", "wb") as f:
-            f.write(blob)
-    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return time.perf_counter() - started
-
-
-def make_clips(root: Path, count: int, seed: int = 0) -> None:
-    """``count`` LJSpeech-like clips (voiced-like tones) with texts of matching length."""
-    rng = np.random.default_rng(seed)
-    wavs = root / "wavs"
-    wavs.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for i in range(count):
-        seconds = float(np.clip(rng.normal(CLIP_MEAN_S, CLIP_SD_S), CLIP_MIN_S, CLIP_MAX_S))
-        t = np.arange(int(seconds * 22050)) / 22050
-        f0 = 100 + 60 * rng.random()
-        phase = 2 * np.pi * np.cumsum(f0 * (1 + 0.05 * np.sin(2 * np.pi * 3 * t))) / 22050
-        audio = sum(np.sin(k * phase) / k for k in range(1, 8)) * 0.15 + 0.005 * rng.standard_normal(t.size)
-        sample_id = f"CLIP{i:04d}"
-        soundfile.write(str(wavs / f"{sample_id}.wav"), audio.astype(np.float32), 22050, subtype="PCM_16")
-        words = max(2, int(seconds * 2.6))  # LJSpeech: ~15 characters per second
-        text = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(words)).capitalize() + "."
-        lines.append(f"{sample_id}|{text}|{text}")
-    (root / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def make_clip_shards(root: Path, per_shard: int = CLIPS_PER_SHARD) -> Path:
-    """The clips of :func:`make_clips` in ``root`` packed into tar shards beside it
-    (``KEY.wav`` + ``KEY.txt`` members, in metadata order); returns their directory."""
-    shards = root.parent / SHARDS_DIR
-    shards.mkdir(parents=True, exist_ok=True)
-    entries, _ = read_metadata(root)
-    files = scan_audio(root)
-    for n in range(0, len(entries), per_shard):
-        with tarfile.open(shards / f"clips-{n // per_shard:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
-            for entry in entries[n:n + per_shard]:
-                tar.add(str(root / files[entry.id].name), arcname=f"{entry.id}.wav")
-                text = entry.text.encode("utf-8")
-                info = tarfile.TarInfo(f"{entry.id}.txt")
-                info.size = len(text)
-                tar.addfile(info, io.BytesIO(text))
-    return shards
-
-
-def make_clip_parquet(root: Path, per_group: int = CLIPS_PER_SHARD, per_file: int = CLIPS_PER_PARQUET_FILE) -> Path:
-    """The clips of :func:`make_clips` in ``root`` as Parquet files beside it, laid out as
-    ``datasets`` writes an Audio column (module docstring); returns their directory."""
-    pa, pq = pyarrow_modules()
-    out = root.parent / PARQUET_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    entries, _ = read_metadata(root)
-    files = scan_audio(root)
-    schema = pa.schema([("audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])), ("id", pa.string()),
-                        ("text", pa.string())])
-    for n in range(0, len(entries), per_file):
-        part = entries[n:n + per_file]
-        table = pa.table({"audio": [{"bytes": (root / files[e.id].name).read_bytes(), "path": files[e.id].name}
-                                    for e in part],
-                          "id": [e.id for e in part], "text": [e.text for e in part]}, schema=schema)
-        pq.write_table(table, out / f"clips-{n // per_file:04d}.parquet", row_group_size=per_group,  # as datasets
-                       compression={"audio.bytes": "none", "audio.path": "none", "id": "snappy", "text": "snappy"},
-                       use_dictionary=["id", "text"], column_encoding={"audio.bytes": "PLAIN", "audio.path": "PLAIN"})
-    return out
-
-
-def make_clip_shar(root: Path, per_shard: int = CLIPS_PER_SHARD) -> Path:
-    """The clips of :func:`make_clips` in ``root`` as a lhotse Shar directory beside it, laid out as
-    ``CutSet.to_shar(fields={"recording": "wav"})`` writes one (module docstring; no lhotse needed);
-    returns its directory."""
-    out = root.parent / SHAR_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    entries, _ = read_metadata(root)
-    files = scan_audio(root)
-    for n in range(0, len(entries), per_shard):
-        cuts = []
-        with tarfile.open(out / f"recording.{n // per_shard:06d}.tar", "w") as tar:
-            for entry in entries[n:n + per_shard]:
-                path = root / files[entry.id].name
-                info = soundfile.info(str(path))
-                recording = {"id": entry.id, "sources": [{"type": "shar", "channels": [0], "source": ""}],
-                             "sampling_rate": info.samplerate, "num_samples": info.frames,
-                             "duration": info.frames / info.samplerate, "channel_ids": [0]}
-                tar.add(str(path), arcname=f"{entry.id}.wav")
-                manifest = json.dumps(recording).encode("utf-8") + b"\n"
-                member = tarfile.TarInfo(f"{entry.id}.json")
-                member.size = len(manifest)
-                tar.addfile(member, io.BytesIO(manifest))
-                cuts.append({"id": entry.id, "start": 0, "duration": recording["duration"], "channel": 0,
-                             "supervisions": [{"id": f"{entry.id}-s", "recording_id": entry.id, "start": 0.0,
-                                               "duration": recording["duration"], "channel": 0, "text": entry.text}],
-                             "recording": recording, "type": "MonoCut"})
-        lines = "".join(json.dumps(c) + "\n" for c in cuts).encode("utf-8")
-        (out / f"cuts.{n // per_shard:06d}.jsonl.gz").write_bytes(gzip.compress(lines))
-    return out
 
 
 def layout_index_seconds(root: Path, variants: Sequence[str], workdir: Path) -> dict[str, float]:
@@ -507,6 +363,27 @@ class ReferenceBatchMaker(_PerClipBatchMaker):
         return log_mel_spectrogram_numpy(load_audio(path, self.f.sample_rate_hz), self.f)
 
 
+def _variant_maker(variant: str, base: Path, texts: dict[str, str], files: dict[str, str], cache_dir: str,
+                   one_thread: bool) -> tuple[Any, FeaturesConfig]:
+    """The batch maker of ``variant`` over the clips at ``base``, and its features config."""
+    if variant in ("librosa", "numpy-reference"):
+        features = FeaturesConfig(backend="numpy")  # only its parameters are used
+    else:
+        features = resolve_backend(FeaturesConfig(backend="tf" if variant == "stoker-tf" else "auto"))
+    if features.backend == "tf":
+        import tensorflow as tf
+
+        if one_thread:
+            tf.config.threading.set_intra_op_parallelism_threads(1)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+    if variant == "librosa":
+        return LibrosaBatchMaker(base, texts, files, features, BATCH_SIZE), features
+    if variant == "numpy-reference":
+        return ReferenceBatchMaker(base, texts, files, features, BATCH_SIZE), features
+    return BatchMaker(base, texts, features, None, variant, files=files,
+                      feature_cache=cache_dir if variant == "stoker-warm" else ""), features
+
+
 def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, Any]], cache_dir: str,
                     one_thread: bool) -> None:
     """One variant in its own process: answer each "run" with the seconds one pass took."""
@@ -520,25 +397,9 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
             entries, _ = read_metadata(base)
             texts = {e.id: e.text for e in entries}
             files = {k: v.name for k, v in scan_audio(base).items()}
-        if variant in ("librosa", "numpy-reference"):
-            features = FeaturesConfig(backend="numpy")  # only its parameters are used
-        else:
-            features = resolve_backend(FeaturesConfig(backend="tf" if variant == "stoker-tf" else "auto"))
-        if features.backend == "tf":
-            import tensorflow as tf
-
-            if one_thread:
-                tf.config.threading.set_intra_op_parallelism_threads(1)
-                tf.config.threading.set_inter_op_parallelism_threads(1)
-        if variant == "librosa":
-            maker: Any = LibrosaBatchMaker(base, texts, files, features, BATCH_SIZE)
-        elif variant == "numpy-reference":
-            maker = ReferenceBatchMaker(base, texts, files, features, BATCH_SIZE)
-        else:
-            maker = BatchMaker(base, texts, features, None, variant, files=files,
-                               feature_cache=cache_dir if variant == "stoker-warm" else "")
+        maker, features = _variant_maker(variant, base, texts, files, cache_dir, one_thread)
         if variant in OWN_PLAN_VARIANTS:  # the batches a run plans from the layout itself (module docstring)
-            leases = _plan_leases(base / pattern)
+            leases = plan_leases(base / pattern)
         clips = sum(len(lease.ids) for lease in leases)
         backend = variant if variant in ("librosa", "numpy-reference") else features.backend
         conn.send({"ok": True, "ready": True, "backend": backend})
@@ -568,16 +429,6 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
             pass
     finally:
         conn.close()
-
-
-def _plan_leases(root: Path) -> list[Any]:
-    """The leases (shared/wire.py's Lease) of the first epoch's plan of ``root``."""
-    index = build_index(DataConfig(path=str(root), index_cache="off"), FeaturesConfig())
-    planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
-    assert index.vocabulary is not None
-    tokens = TokenTable(index.samples, index.vocabulary)
-    return [wire.Lease(n, 0, b.index, tuple(b.ids), (b.shape[0], b.shape[1]), b.rows,
-                       tuple(tuple(row) for row in tokens(b.ids))) for n, b in enumerate(planner.plan(0), start=1)]
 
 
 def _answer(conn: Any, proc: Any, what: str, timeout_s: float) -> dict[str, Any]:
@@ -654,7 +505,7 @@ def run_preprocessing(repetitions: int, variants: Sequence[str] = PREPROCESSING_
     """Clips/s of one producer process on the demo data (one thread each), against librosa
     (when installed) and the plain numpy reference; its CPU per clip and peak RSS."""
     chosen = [v for v in variants if v != "librosa" or importlib.util.find_spec("librosa") is not None]
-    leases = _plan_leases(root)
+    leases = plan_leases(root)
     with tempfile.TemporaryDirectory(prefix="stoker-bench-pre-") as cache_dir:
         measured = _measure(chosen, root, leases, Path(cache_dir), True, repetitions, log)
     out: dict[str, Any] = {"data": str(root), "clips": measured[chosen[0]]["clips"], "batches": len(leases),
@@ -688,7 +539,7 @@ def run_producer(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _lo
         make_clip_parquet(root)
     if "stoker-shar" in plan.variants:
         make_clip_shar(root)
-    leases = _plan_leases(root)
+    leases = plan_leases(root)
     result: dict[str, Any] = {"clips": plan.clips, "batches": len(leases), "threads": {},
                               "index_s": layout_index_seconds(root, plan.variants, workdir)}
     log("cold index over the same clips: " + ", ".join(f"{k} {v:.2f} s" for k, v in result["index_s"].items()))

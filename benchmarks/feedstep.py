@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 
 import stoker
 from .common import BenchError, machine_info, report, table, tree_child
-from .data import make_clips
+from .corpus import make_clips
 from ..consumer.pipeline.plan import EpochPlanner
 from ..consumer.pipeline.position import InputPosition
 from ..shared import config as config_mod

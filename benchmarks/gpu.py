@@ -68,7 +68,7 @@ import numpy as np
 
 import stoker
 from .calibrate import Aim, search
-from .data import make_clips
+from .corpus import make_clips
 from ..consumer.pipeline.lease_tables import TokenTable
 from ..consumer.pipeline.plan import EpochPlanner
 from ..producer.audio import load_audio

@@ -58,7 +58,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import (alternatives, batching, data, feed, gpu, memory, pipeline, producer_models, producers,
                                replicas, scale, starvation, trainer, transforms, transport)
@@ -264,71 +264,57 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
     return report
 
 
+# The report's sections in the order printed: each one's heading (from its figures) and its tables.
+SECTION_VIEWS: tuple[tuple[str, Callable[[dict[str, Any]], str], Callable[[dict[str, Any]], str]], ...] = (
+    ("transport", lambda s: "1. transport: protocol (DEALER/ROUTER + wire + credits, capacity 3) vs raw PUSH/PULL; "
+                            "median [min,max] of repetitions", transport.render),
+    ("preprocessing", lambda s: f"2. preprocessing: one producer process, one thread, the demo data ({s['clips']} "
+                                f"clips in {s['batches']} batches of 16): read + resample + log-mel + tokens + "
+                                "padding + message; ratio = stoker clips/s / this variant's",
+     data.render_preprocessing),
+    ("pipeline", lambda s: "3. pipeline: python run.py --model synthetic:MS --batch-size 16 (ideal 1000/MS steps/s); "
+                           "after warm-up = from the end of step 1", pipeline.render),
+    ("alternatives", lambda s: "4. alternatives: same demo data, same batches, same log-mel (stoker: its default numpy "
+                               "backend; stoker (tf ops) and the tf.data variants: TF ops), trainer step = sleep "
+                               f"{s['config']['step_ms']:g} ms, P = {s['config']['workers']} (producers / parallel "
+                               f"calls / service workers / queue workers), {s['config']['steps']} steps; median "
+                               f"[min,max] of {s['config']['repetitions']}", alternatives.render),
+    ("scaling", lambda s: "5. scaling",
+     lambda s: producers.render({"scaling": s["producers"]}) + "\n\n" + data.render_index(s["index"])),
+    ("batching", lambda s: "batching: frame-budget batches vs fixed rows on 13,100 LJSpeech-like clip lengths (same "
+                           "peak memory)", batching.render),
+    ("transforms", lambda s: "transforms: one producer (numpy backend) over the demo epoch, plain vs trim + loudness "
+                             "+ mel normalisation; ms per clip", transforms.render),
+    ("feed", lambda s: "feed: the tiny model on the CPU, demo data, batch 16, 2 producers: stoker's trainer, the feed "
+                       "in a user's loop, fit on the feed and on tf.data", feed.render),
+    ("replicas", lambda s: "replicas: 2 model replicas (2 logical CPU devices) vs 1, demo data, the same batch per "
+                           "replica", replicas.render),
+    ("producer_models", lambda s: "producer_models: one encoder (mel -> codes, about a training step's cost) in the "
+                                  "training step, in the producers, from the cache, vs none; demo data, batch 16, 2 "
+                                  "producers; shared cores and one core per device", producer_models.render),
+    ("gpu", lambda s: "gpu: a PyTorch text-to-mel model fed by stoker.Feed, a DataLoader (as many workers) and from "
+                      "batches held on the device; the same batches", gpu.render),
+    ("scale", lambda s: "scale: manifests with durations (audio: a few files reused), index cold and warm, a "
+                        "synthetic:5 run warm; peak RSS by process", scale.render),
+    ("trainer", lambda s: "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / "
+                          "memory time per step - 1 (median of repetitions)", trainer.render),
+    ("memory", lambda s: "memory: consumer process RSS (coordinator + queue capacity 3, trainer as fast as possible)",
+     memory.render),
+    ("starvation", lambda s: "starvation: is the diagnosis right? real runs with injected producer faults",
+     starvation.table),
+    ("data", lambda s: "data: index build and cache, producer vs librosa, feature cache", data.render),
+    ("producers", lambda s: "producers: scaling with N producers, failover of a killed one", producers.render),
+)
+
+
 def render(report: dict[str, Any]) -> str:
     m = report["machine"]
     parts = [f"stoker bench ({'quick' if report['quick'] else 'full'}): {m.get('cores')} cores, "
              f"python {m.get('python')}, {m.get('platform')}; {report['duration_s']} s"]
     sections = report["sections"]
-    if sections.get("transport"):
-        parts += ["", "1. transport: protocol (DEALER/ROUTER + wire + credits, capacity 3) vs raw PUSH/PULL; "
-                      "median [min,max] of repetitions",
-                  transport.render(sections["transport"])]
-    if sections.get("preprocessing"):
-        pre = sections["preprocessing"]
-        parts += ["", f"2. preprocessing: one producer process, one thread, the demo data ({pre['clips']} clips in "
-                      f"{pre['batches']} batches of 16): read + resample + log-mel + tokens + padding + message; "
-                      "ratio = stoker clips/s / this variant's", data.render_preprocessing(pre)]
-    if sections.get("pipeline"):
-        parts += ["", "3. pipeline: python run.py --model synthetic:MS --batch-size 16 (ideal 1000/MS steps/s); "
-                      "after warm-up = from the end of step 1", pipeline.render(sections["pipeline"])]
-    if sections.get("alternatives"):
-        a = sections["alternatives"]["config"]
-        parts += ["", f"4. alternatives: same demo data, same batches, same log-mel (stoker: its default numpy backend; "
-                      f"stoker (tf ops) and the tf.data variants: TF ops), trainer step = sleep "
-                      f"{a['step_ms']:g} ms, P = {a['workers']} (producers / parallel calls / service workers / queue "
-                      f"workers), {a['steps']} steps; median [min,max] of {a['repetitions']}",
-                  alternatives.render(sections["alternatives"])]
-    if sections.get("scaling"):
-        sc = sections["scaling"]
-        parts += ["", "5. scaling", producers.render({"scaling": sc["producers"]}), "",
-                  data.render_index(sc["index"])]
-    if sections.get("batching"):
-        parts += ["", "batching: frame-budget batches vs fixed rows on 13,100 LJSpeech-like clip lengths (same peak "
-                      "memory)", batching.render(sections["batching"])]
-    if sections.get("transforms"):
-        parts += ["", "transforms: one producer (numpy backend) over the demo epoch, plain vs trim + loudness + mel "
-                      "normalisation; ms per clip", transforms.render(sections["transforms"])]
-    if sections.get("feed"):
-        parts += ["", "feed: the tiny model on the CPU, demo data, batch 16, 2 producers: stoker's trainer, the feed in "
-                      "a user's loop, fit on the feed and on tf.data", feed.render(sections["feed"])]
-    if sections.get("replicas"):
-        parts += ["", "replicas: 2 model replicas (2 logical CPU devices) vs 1, demo data, the same batch per replica",
-                  replicas.render(sections["replicas"])]
-    if sections.get("producer_models"):
-        parts += ["", "producer_models: one encoder (mel -> codes, about a training step's cost) in the training step, "
-                      "in the producers, from the cache, vs none; demo data, batch 16, 2 producers; shared cores and "
-                      "one core per device",
-                  producer_models.render(sections["producer_models"])]
-    if sections.get("gpu"):
-        parts += ["", "gpu: a PyTorch text-to-mel model fed by stoker.Feed, a DataLoader (as many workers) and from "
-                      "batches held on the device; the same batches", gpu.render(sections["gpu"])]
-    if sections.get("scale"):
-        parts += ["", "scale: manifests with durations (audio: a few files reused), index cold and warm, a synthetic:5 "
-                      "run warm; peak RSS by process", scale.render(sections["scale"])]
-    if sections.get("trainer"):
-        parts += ["", "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / memory "
-                      "time per step - 1 (median of repetitions)", trainer.render(sections["trainer"])]
-    if sections.get("memory"):
-        parts += ["", "memory: consumer process RSS (coordinator + queue capacity 3, trainer as fast as possible)",
-                  memory.render(sections["memory"])]
-    if sections.get("starvation"):
-        parts += ["", "starvation: is the diagnosis right? real runs with injected producer faults",
-                  starvation.table(sections["starvation"])]
-    if sections.get("data"):
-        parts += ["", "data: index build and cache, producer vs librosa, feature cache", data.render(sections["data"])]
-    if sections.get("producers"):
-        parts += ["", "producers: scaling with N producers, failover of a killed one",
-                  producers.render(sections["producers"])]
+    for name, heading, view in SECTION_VIEWS:
+        if sections.get(name):
+            parts += ["", heading(sections[name]), view(sections[name])]
     if report["targets"]:
         parts += ["", "targets", render_targets(report["targets"])]
     for name, error in report["errors"].items():

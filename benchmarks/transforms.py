@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .common import ratio, report, spread, table
-from .data import _plan_leases
+from .corpus import plan_leases
 from ..producer.batches import BatchMaker
 from ..shared.config import FeaturesConfig, TransformsConfig
 from ..shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
@@ -51,7 +51,7 @@ def _maker(transformed: bool) -> tuple[Any, list[dict[str, Any]]]:
     maker = BatchMaker(DEMO_DATA_DIR, {e.id: e.text for e in entries}, features, None, "bench", files=files,
                        transforms=TransformsConfig(**TRANSFORMS) if transformed else None,
                        mel_norm=mel_norm if transformed else None)
-    return maker, _plan_leases(DEMO_DATA_DIR)
+    return maker, plan_leases(DEMO_DATA_DIR)
 
 
 def _pass(maker: Any, leases: list[Any]) -> tuple[float, int]:

@@ -9,7 +9,7 @@ import pytest
 
 from stoker.benchmarks import contention, feedstep
 from stoker.benchmarks.common import BenchError
-from stoker.benchmarks.data import make_clips
+from stoker.benchmarks.corpus import make_clips
 
 pytestmark = pytest.mark.slow  # processes: not a unit test
 

@@ -1,4 +1,4 @@
-"""The corpora the benchmarks generate (issue 35): the data benchmark's Shar directory is the
+"""The corpora the benchmarks generate (issue 35): benchmarks/corpus.py's Shar directory is the
 layout lhotse's own reader reads, and stoker indexes it as the loose clips; the scale
 benchmark's Parquet files are indexed from their duration column, in pieces."""
 
@@ -10,15 +10,15 @@ import numpy as np
 import soundfile
 from lhotse import CutSet
 
-from stoker.benchmarks import data, scale
+from stoker.benchmarks import corpus, scale
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index, parquet_pieces
 
 
 def test_the_shar_directory_is_read_by_lhotse_and_indexed_as_the_loose_clips(tmp_path: Path) -> None:
     root = tmp_path / "clips"
-    data.make_clips(root, 5)
-    shar = data.make_clip_shar(root, per_shard=2)
+    corpus.make_clips(root, 5)
+    shar = corpus.make_clip_shar(root, per_shard=2)
     loose = build_index(DataConfig(path=str(root), index_cache="off"), FeaturesConfig())
     packed = build_index(DataConfig(path=str(shar), index_cache="off"), FeaturesConfig())
     assert [(s.id, s.text, s.num_frames) for s in packed.samples] == \

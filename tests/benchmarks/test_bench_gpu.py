@@ -11,7 +11,7 @@ import torch
 
 from stoker.benchmarks import gpu, suite
 from stoker.benchmarks.calibrate import MAX_TRIES
-from stoker.benchmarks.data import make_clips
+from stoker.benchmarks.corpus import make_clips
 from stoker.benchmarks.common import BenchError, write_json
 from tests.benchmarks.checks import assert_ratio
 
