@@ -9,10 +9,10 @@
 #
 # The steps, with their deadlines (seconds; 13 minutes in all, so that a host lent for 15 runs
 # them in two calls, e.g. `tests models` then `bench`):
-#   tests   (GPU_TESTS_S, 240) the tests marked gpu (tests/gpu.sh: real NVML, pinning by
+#   tests   (GPU_TESTS_S, 300) the tests marked gpu (tests/gpu.sh: real NVML, pinning by
 #           CUDA_VISIBLE_DEVICES, a run on GPU 0, the producer models on CUDA, two torchrun ranks
 #           sharing one GPU): OUT/gpu-tests.log
-#   models  (GPU_MODELS_S, 240) the producer-models benchmark's PyTorch encoder, quick: in the
+#   models  (GPU_MODELS_S, 180) the producer-models benchmark's PyTorch encoder, quick: in the
 #           step, in the producers on the same GPU, from the cache: OUT/producer_models.json, .txt
 #   bench   (GPU_BENCH_S, 300) the GPU benchmark (python -m stoker.benchmarks.gpu: the feed, the
 #           DataLoader and the replayed batches, both model sizes, each first calibrated on the GPU
@@ -60,7 +60,7 @@ profile() {  # the first feed child's threads, sampled from its start to its end
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 if wanted tests; then
-  step tests "${GPU_TESTS_S:-240}" bash tests/gpu.sh > "$OUT/gpu-tests.log" 2>&1
+  step tests "${GPU_TESTS_S:-300}" bash tests/gpu.sh > "$OUT/gpu-tests.log" 2>&1
 fi
 
 if [[ -d .whl ]]; then  # where tests/gpu.sh installs the wheels: the benchmarks' processes import them too
@@ -75,7 +75,7 @@ fi
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 
 if wanted models; then
-  step models "${GPU_MODELS_S:-240}" "$PY" -m stoker.benchmarks.producer_models --quick --framework torch \
+  step models "${GPU_MODELS_S:-180}" "$PY" -m stoker.benchmarks.producer_models --quick --framework torch \
     --out "$OUT/producer_models.json" > "$OUT/producer_models.txt" 2> "$OUT/producer_models.log"
 fi
 
