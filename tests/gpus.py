@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pkgutil
 import queue
 import subprocess
 import sys
@@ -29,6 +30,12 @@ MATRIX_SIZE = 4096
 # Importing PyTorch and creating a CUDA context take seconds; a cold host's first one longer.
 CHILD_START_S = 120.0
 CHILD_STOP_S = 30.0
+
+
+def jax_with_cuda() -> bool:
+    """JAX and a CUDA plugin of it (jax_cuda13_plugin, jax_cuda12_plugin: whichever CUDA the host has)."""
+    return importlib.util.find_spec("jax") is not None and any(
+        m.name.startswith("jax_cuda") and m.name.endswith("_plugin") for m in pkgutil.iter_modules())
 
 
 @dataclass(frozen=True)

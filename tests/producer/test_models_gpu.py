@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from stoker.devices import child_env
-from tests.gpus import CHILD_START_S, nvml_gpus
+from tests.gpus import CHILD_START_S, jax_with_cuda, nvml_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -33,12 +32,6 @@ def run_child(framework: str) -> dict[str, Any]:
                           capture_output=True, text=True, env=env, cwd=PROJECT, timeout=CHILD_START_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def jax_with_cuda() -> bool:
-    """JAX and a CUDA plugin of it (jax_cuda13_plugin, jax_cuda12_plugin: whichever CUDA the host has)."""
-    return importlib.util.find_spec("jax") is not None and any(
-        m.name.startswith("jax_cuda") and m.name.endswith("_plugin") for m in pkgutil.iter_modules())
 
 
 def test_a_torch_model_runs_on_the_pinned_gpu_within_its_memory_share(tmp_path, monkeypatch) -> None:
