@@ -113,7 +113,7 @@ def run(rounds: int, steps: int, ops: int, calls: int) -> dict[str, Any]:
     for n in range(rounds):
         for way in WAYS[n % len(WAYS):] + WAYS[:n % len(WAYS)]:  # each way first in a round in turn
             per_round[way].append(run_way(way, torch, steps, ops, calls))
-    ways = {way: {"step_ms": spread([r["step_ms"] for r in rows]), "between_ms": spread([r["between_ms"] for r in rows])}
+    ways = {way: {figure: spread([r[figure] for r in rows]) for figure in ("step_ms", "between_ms")}
             for way, rows in per_round.items()}
     none = ways["none"]["step_ms"]["median"]
     return {"machine": machine_info(), "torch": torch.__version__,

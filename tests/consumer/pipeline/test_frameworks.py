@@ -340,9 +340,11 @@ def test_jax_on_a_gpu_stages_on_request_and_settle_waits_for_every_transfer() ->
     jax = FakeJax("gpu")
     staging = JaxStaging(jax, jax.device)
     assert staging.on_request and staging.device == "gpu:0"
-    staged = staging.stage(host_batch())
+    arrays = host_batch()
+    staged = staging.stage(arrays)
     me = threading.current_thread().name
     assert jax.log == [("put", "mel", True, me), ("put", "mel_lengths", True, me)]  # nothing waited for
+    assert all(staged[name].host is arrays[name] for name in arrays)  # the slot's own arrays, not a copy
     assert staging.take(staged) is staged and len(jax.log) == 2
     staging.settle(staged)
     assert jax.log[2:] == [("ready", "mel", me), ("ready", "mel_lengths", me)]
