@@ -379,8 +379,9 @@ class Cluster:
             states = self.states(job)
             if states and all(s in TERMINAL for s in states):
                 return states
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job} still {states} after {timeout} s")
+            if time.monotonic() > deadline:  # with why Slurm keeps it, and the daemons' logs
+                reasons = self.run("squeue", "-h", "-t", "all", "-j", job, "-o", "%T %r", check=False).strip()
+                raise AssertionError(f"job {job} still {states} after {timeout} s ({reasons}):\n{self.logs()}")
             time.sleep(POLL_S)
 
     def stop(self) -> None:
