@@ -2,9 +2,10 @@
 
 For each size N (default 1,000,000 and 10,000,000 clips), in a fresh directory:
 
-- a JSON-lines manifest of N clips, each with its duration, id, speaker (one of
-  SPEAKERS) and a text of its own, whose audio is one of AUDIO_FILES short WAV files
-  reused (the disk holds the manifest and a few hundred KiB of audio);
+- a JSON-lines manifest of N clips as a real corpus has them: each with its duration (1 to 20 s),
+  id, speaker (one of SPEAKERS) and a text of its own of some 100 characters (WORDS_PER_TEXT
+  words of a Zipf vocabulary), whose audio is one of AUDIO_FILES WAV files, one of each
+  duration, reused (the disk holds the manifest and some 30 MB of audio);
 - index build, cold: ``build_index`` in a child process of its own with no index cache
   (wall time, peak RSS); then the same warm (the cache it wrote is loaded);
 - a run, warm: ``python -m stoker --data DIR --set data.metadata_file=manifest.jsonl --model
@@ -56,18 +57,33 @@ import soundfile
 from .common import QUIET_ENV, STOKER, BenchError, fmt, run_alone, table
 from ..shared.config import DataConfig, FeaturesConfig
 
-# Distinct audio files the clips share, and their durations (s): short, at the feature rate.
-AUDIO_FILES = 8
-AUDIO_SECONDS = tuple(1.0 + 0.25 * n for n in range(AUDIO_FILES))
+# Distinct audio files the clips share, and their durations (s): every half second from 1 to 20 s,
+# at the feature rate, so that a clip's duration is a real corpus's (its file has exactly that length).
+AUDIO_SECONDS = tuple(1.0 + 0.5 * n for n in range(39))
+AUDIO_FILES = len(AUDIO_SECONDS)
 SAMPLE_RATE_HZ = FeaturesConfig.sample_rate_hz
-SPEAKERS = 50
+# Speakers, as a multi-speaker corpus has them.
+SPEAKERS = 2000
 # Manifest lines are written this many at a time.
 WRITE_CHUNK = 100_000
 # Letters that make each clip's text its own without digits (which the text front-end would
 # spell out, a cost of its own).
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+# A text's words: WORDS_PER_TEXT (inclusive bounds) drawn from a vocabulary of VOCABULARY words by
+# Zipf's law (ZIPF_EXPONENT), their letters by English letter frequency and their lengths as
+# English words have them, with one word of the clip's own: some 100 characters a text, as
+# LJSpeech's (~100) and the large read-speech corpora's.
+WORDS_PER_TEXT = (14, 26)
+VOCABULARY = 20_000
+ZIPF_EXPONENT = 1.05
+LETTER_FREQUENCY = {"e": 12.7, "t": 9.1, "a": 8.2, "o": 7.5, "i": 7.0, "n": 6.7, "s": 6.3, "h": 6.1, "r": 6.0,
+                    "d": 4.3, "l": 4.0, "c": 2.8, "u": 2.8, "m": 2.4, "w": 2.4, "f": 2.2, "g": 2.0, "y": 2.0,
+                    "p": 1.9, "b": 1.5, "v": 1.0, "k": 0.8, "j": 0.15, "x": 0.15, "q": 0.1, "z": 0.07}
+# The short texts of the loose files' and the Parquet runs (their figures kept comparable with before).
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "voices", "read",
          "aloud", "from", "an", "old", "book")
+# The generator's seed: the same corpus at every run.
+SEED = 0
 # Peak RSS is sampled this often.
 MEMORY_SAMPLE_S = 0.2
 # Steady samples/s is taken over the steps after this share of them.
@@ -121,24 +137,53 @@ def _word(n: int) -> str:
             return out
 
 
+def _vocabulary(rng: np.random.Generator) -> list[str]:
+    """VOCABULARY words of English-like letters and lengths (a gamma of mean ~4.6 letters)."""
+    letters = np.array(list(LETTER_FREQUENCY))
+    weights = np.array(list(LETTER_FREQUENCY.values()))
+    lengths = np.maximum(1, rng.gamma(2.2, 2.1, VOCABULARY).astype(np.int64))
+    drawn = rng.choice(letters, size=int(lengths.sum()), p=weights / weights.sum())
+    ends = np.cumsum(lengths)
+    return ["".join(drawn[end - n:end]) for n, end in zip(lengths.tolist(), ends.tolist())]
+
+
+def _texts(rng: np.random.Generator, vocabulary: list[str], first: int, count: int) -> list[str]:
+    """The texts of clips ``first`` to ``first + count``: a sentence each (module docstring), its
+    clip's own word (:func:`_word`) among the drawn ones, so no two clips share a text."""
+    zipf = 1.0 / np.arange(1, len(vocabulary) + 1) ** ZIPF_EXPONENT
+    counts = rng.integers(WORDS_PER_TEXT[0], WORDS_PER_TEXT[1] + 1, count)
+    drawn = rng.choice(len(vocabulary), size=int(counts.sum()), p=zipf / zipf.sum()).tolist()
+    texts, at = [], 0
+    for n, words in enumerate(counts.tolist()):
+        chosen = [vocabulary[w] for w in drawn[at:at + words - 1]]
+        at += words - 1
+        chosen.insert(len(chosen) // 2, _word(first + n))
+        sentence = " ".join(chosen)
+        texts.append(sentence[0].upper() + sentence[1:] + ".")
+    return texts
+
+
 def make_dataset(root: Path, size: int) -> Path:
-    """The manifest of ``size`` clips and the audio files they share (module docstring)."""
+    """The manifest of ``size`` clips and the audio files they share (module docstring): texts,
+    speakers and durations as a real corpus has them, the same at every run (SEED)."""
     audio = root / "audio"
     audio.mkdir(parents=True, exist_ok=True)
     for n, seconds in enumerate(AUDIO_SECONDS):
-        frames = int(seconds * SAMPLE_RATE_HZ)
-        tone = [0.1 * ((i * (n + 3)) % 200 - 100) / 100 for i in range(frames)]
-        soundfile.write(str(audio / f"a{n}.wav"), tone, SAMPLE_RATE_HZ, subtype="PCM_16")
+        frames = np.arange(int(seconds * SAMPLE_RATE_HZ))
+        soundfile.write(str(audio / f"a{n}.wav"), 0.1 * ((frames * (n + 3)) % 200 - 100) / 100, SAMPLE_RATE_HZ,
+                        subtype="PCM_16")
+    rng = np.random.default_rng(SEED)
+    vocabulary = _vocabulary(rng)
     manifest = root / "manifest.jsonl"
     with open(manifest, "w", encoding="utf-8") as f:
         for start in range(0, size, WRITE_CHUNK):
-            lines = []
-            for i in range(start, min(size, start + WRITE_CHUNK)):
-                k = i % AUDIO_FILES
-                words = (WORDS[i % len(WORDS)], _word(i), WORDS[(i // 7) % len(WORDS)], WORDS[(i // 3) % len(WORDS)])
-                text = " ".join(words) + "."
-                lines.append(json.dumps({"audio_filepath": f"audio/a{k}.wav", "id": f"c{i:09d}", "text": text,
-                                         "duration": AUDIO_SECONDS[k], "speaker": f"s{i % SPEAKERS}"}))
+            count = min(size, start + WRITE_CHUNK) - start
+            texts = _texts(rng, vocabulary, start, count)
+            kinds = rng.integers(0, AUDIO_FILES, count).tolist()
+            speakers = rng.integers(0, SPEAKERS, count).tolist()
+            lines = [json.dumps({"audio_filepath": f"audio/a{k}.wav", "id": f"c{start + n:09d}", "text": text,
+                                 "duration": AUDIO_SECONDS[k], "speaker": f"s{speaker}"})
+                     for n, (text, k, speaker) in enumerate(zip(texts, kinds, speakers))]
             f.write("\n".join(lines) + "\n")
     return manifest
 
