@@ -5,7 +5,7 @@ For each size N (default 1,000,000 and 10,000,000 clips), in a fresh directory:
 - a JSON-lines manifest of N clips as a real corpus has them: each with its duration (1 to 20 s),
   id, speaker (one of SPEAKERS) and a text of its own of some 100 characters (WORDS_PER_TEXT
   words of a Zipf vocabulary), whose audio is one of AUDIO_FILES WAV files, one of each
-  duration, reused (the disk holds the manifest and some 30 MB of audio);
+  duration, reused (the disk holds the manifest and some 18 MB of audio);
 - index build, cold: ``build_index`` in a child process of its own with no index cache
   (wall time, peak RSS); then the same warm (the cache it wrote is loaded);
 - a run, warm: ``python -m stoker --data DIR --set data.metadata_file=manifest.jsonl --model
@@ -79,7 +79,7 @@ ZIPF_EXPONENT = 1.05
 LETTER_FREQUENCY = {"e": 12.7, "t": 9.1, "a": 8.2, "o": 7.5, "i": 7.0, "n": 6.7, "s": 6.3, "h": 6.1, "r": 6.0,
                     "d": 4.3, "l": 4.0, "c": 2.8, "u": 2.8, "m": 2.4, "w": 2.4, "f": 2.2, "g": 2.0, "y": 2.0,
                     "p": 1.9, "b": 1.5, "v": 1.0, "k": 0.8, "j": 0.15, "x": 0.15, "q": 0.1, "z": 0.07}
-# The short texts of the loose files' and the Parquet runs (their figures kept comparable with before).
+# The short texts of the loose files' and the Parquet runs (the Parquet rows take AUDIO_SECONDS' durations).
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "voices", "read",
          "aloud", "from", "an", "old", "book")
 # The generator's seed: the same corpus at every run.
@@ -147,12 +147,18 @@ def _vocabulary(rng: np.random.Generator) -> list[str]:
     return ["".join(drawn[end - n:end]) for n, end in zip(lengths.tolist(), ends.tolist())]
 
 
-def _texts(rng: np.random.Generator, vocabulary: list[str], first: int, count: int) -> list[str]:
+def _zipf(words: int) -> np.ndarray:
+    """The probability of each of ``words`` words, by rank (Zipf's law, ZIPF_EXPONENT)."""
+    weights = 1.0 / np.arange(1, words + 1) ** ZIPF_EXPONENT
+    return weights / weights.sum()
+
+
+def _texts(rng: np.random.Generator, vocabulary: list[str], zipf: np.ndarray, first: int, count: int) -> list[str]:
     """The texts of clips ``first`` to ``first + count``: a sentence each (module docstring), its
-    clip's own word (:func:`_word`) among the drawn ones, so no two clips share a text."""
-    zipf = 1.0 / np.arange(1, len(vocabulary) + 1) ** ZIPF_EXPONENT
+    words drawn with probabilities ``zipf``, its clip's own word (:func:`_word`) among them, so no
+    two clips share a text."""
     counts = rng.integers(WORDS_PER_TEXT[0], WORDS_PER_TEXT[1] + 1, count)
-    drawn = rng.choice(len(vocabulary), size=int(counts.sum()), p=zipf / zipf.sum()).tolist()
+    drawn = rng.choice(len(vocabulary), size=int(counts.sum()), p=zipf).tolist()
     texts, at = [], 0
     for n, words in enumerate(counts.tolist()):
         chosen = [vocabulary[w] for w in drawn[at:at + words - 1]]
@@ -174,11 +180,12 @@ def make_dataset(root: Path, size: int) -> Path:
                         subtype="PCM_16")
     rng = np.random.default_rng(SEED)
     vocabulary = _vocabulary(rng)
+    zipf = _zipf(len(vocabulary))
     manifest = root / "manifest.jsonl"
     with open(manifest, "w", encoding="utf-8") as f:
         for start in range(0, size, WRITE_CHUNK):
             count = min(size, start + WRITE_CHUNK) - start
-            texts = _texts(rng, vocabulary, start, count)
+            texts = _texts(rng, vocabulary, zipf, start, count)
             kinds = rng.integers(0, AUDIO_FILES, count).tolist()
             speakers = rng.integers(0, SPEAKERS, count).tolist()
             lines = [json.dumps({"audio_filepath": f"audio/a{k}.wav", "id": f"c{start + n:09d}", "text": text,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import soundfile
+
 from stoker.benchmarks import scale
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index
@@ -15,6 +17,11 @@ def test_the_generated_manifest_is_indexed_from_its_durations(tmp_path: Path) ->
     rows = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert len(rows) == 60 and len({r["text"] for r in rows}) == 60 and len({r["id"] for r in rows}) == 60
     assert len(list((tmp_path / "audio").iterdir())) == scale.AUDIO_FILES
+    # each file as long as the duration its clips give (a producer rejects a clip 0.1 s off)
+    lengths = {f"audio/a{n}.wav": soundfile.info(str(tmp_path / "audio" / f"a{n}.wav")).duration
+               for n in range(scale.AUDIO_FILES)}
+    assert all(abs(lengths[r["audio_filepath"]] - r["duration"]) < 1e-3 for r in rows)
+    assert scale.make_dataset(tmp_path / "again", 60).read_text() == manifest.read_text()  # the same corpus twice
     index = build_index(DataConfig(path=str(tmp_path), metadata_file="manifest.jsonl", index_cache="off"),
                         FeaturesConfig())
     assert len(index.samples) == 60 and index.rejected == [] and index.stats.headers_read == 0
