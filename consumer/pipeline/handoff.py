@@ -35,7 +35,7 @@ from .position import InputPosition
 from .slots import SlotFile, slot_bytes
 from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared import config as config_mod
-from ...shared.dataset.cache import pack_index
+from ...shared.dataset.cache import write_index
 from ...shared.errors import UserError
 from ...shared.layouts import Rejection
 from ...shared.melstats import MelStats
@@ -100,8 +100,7 @@ def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_n
         header[name] = {"speakers": table.speakers, "languages": table.languages}
         sections.update({f"{name}.{key}": value for key, value in table.sections().items()})
     with open(path, "wb") as f:
-        for part in pack_index(header, sections):
-            f.write(part)
+        write_index(f, header, sections)
     return sorted(passed)
 
 

@@ -24,8 +24,8 @@ from ..dataset.table import NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, pack_st
 from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
                                   INDEX_FORMAT, PROBE_FIELDS, REJECTION_FIELDS, SECTION_ALIGN, UNITS_FIELDS,
                                   columns_of, feature_cache_dir, index_cache_file, index_config, index_key,
-                                  mel_stats_file, open_index, pack_index, read_cache, rejections_of, user_cache_dir,
-                                  write_cache)
+                                  mel_stats_file, open_index, read_cache, rejections_of, user_cache_dir,
+                                  write_cache, write_index)
 from ..dataset.parallel import (CHUNK_ITEMS, FLAC_HEADER_S, Item, OTHER_HEADER_S, PARALLEL_MIN_SECONDS, PHONEMES_S,
                                 PHONEME_CHUNK_ITEMS, TEXT_S, TextKey, WAV_HEADER_S)
 from ..dataset.rules import KIND_HINTS, LostReport, MOSTLY_REJECTED_FRAC
@@ -44,8 +44,8 @@ __all__ = [
     "build_index", "check_agreement", "columns_of", "deferred", "describe_copy", "expected_samples",
     "feature_cache_dir", "file_sha256", "file_sizes", "fingerprints", "index_cache_file", "index_config", "index_key",
     "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
-    "metadata_fingerprint", "metadata_sha256", "open_index", "pack_index", "pack_strings", "probe_audio",
+    "metadata_fingerprint", "metadata_sha256", "open_index", "pack_strings", "probe_audio",
     "read_cache", "read_metadata", "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root",
     "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "shards_sha256", "size_problem",
-    "stamp_problem", "user_cache_dir", "write_cache",
+    "stamp_problem", "user_cache_dir", "write_cache", "write_index",
 ]

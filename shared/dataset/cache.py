@@ -1,10 +1,11 @@
 """The index cache: where it lives, its key, and its file format; the feature cache's directory.
 
-A cache file is a small checksummed msgpack header (the key, the config, the rejections, the
-vocabulary, a table of sections) and sections, each with its xxh3-64 checksum: the numeric
-columns and string blobs of the samples and their rows in id order (shared/dataset/table.py),
-mapped read-only when loaded, and a msgpack section of what a later rebuild can reuse (read
-only then).
+A cache file is sections, each with its xxh3-64 checksum, then a small checksummed msgpack
+header (the key, the config, the rejections, the vocabulary, a table of sections) at its end, so
+that a build can stream its sections into the file before it knows the header (:class:`IndexWriter`):
+the numeric columns and string blobs of the samples and their rows in id order
+(shared/dataset/table.py), mapped read-only when loaded, and a msgpack section of what a later
+rebuild can reuse (read only then).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 import msgpack
 import numpy as np
@@ -36,11 +37,15 @@ log = logging.getLogger(__name__)
 
 
 # Bump when the cache layout or any rule that derives the index from its inputs changes.
-INDEX_FORMAT = 9  # 9: each clip's audio file size and mtime (a loose file checked when read)
+INDEX_FORMAT = 10  # 10: the header after the sections (a build streams them)
 
 
-# Cache files start with this magic, then the SHA-256 of the msgpack header that follows.
-INDEX_CACHE_MAGIC = b"STKIDX03"
+# Cache files start and end with this magic; before the last, the header's SHA-256 and length.
+INDEX_CACHE_MAGIC = b"STKIDX04"
+
+
+# What files of earlier formats start with: such a file is rebuilt, said as that, never read.
+OLD_MAGICS = (b"STKIDX03", b"STKIDX02", b"STKIDX01")
 
 
 # Sections start at multiples of this many bytes: every numpy type is aligned in the mapped file.
@@ -218,42 +223,80 @@ def _buffer(data: bytes | np.ndarray | memoryview) -> memoryview:
     return memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
 
 
-def pack_index(header: dict[str, Any], sections: Mapping[str, bytes | np.ndarray | memoryview]) -> list[memoryview]:
-    """The parts of a cache file, in order: magic, SHA-256 of the header, its length, the header
-    (msgpack, with the section table: name -> [offset from the data start, bytes, xxh3-64 of the
-    section and its padding]), then each section at a multiple of :data:`SECTION_ALIGN` bytes."""
-    table: dict[str, list[int]] = {}
-    body: list[memoryview] = []
-    offset = 0
+class OldFormat(ValueError):
+    """A cache file of an earlier format: rebuilt, not misread."""
+
+
+# What ends a cache file: the header's SHA-256, its length and the magic.
+TRAILER_BYTES = 32 + 8 + len(INDEX_CACHE_MAGIC)
+
+
+Data = bytes | np.ndarray | memoryview
+
+
+class IndexWriter:
+    """A cache file written front to back: the magic, each section as it comes (whole or in
+    chunks, each checksummed with its padding and aligned), then the header with the section
+    table (name -> [offset from the data start, bytes, xxh3-64]) and the trailer."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.table: dict[str, list[int]] = {}
+        self.offset = 0
+        lead = INDEX_CACHE_MAGIC + bytes(-len(INDEX_CACHE_MAGIC) % SECTION_ALIGN)
+        f.write(lead)
+        self.start = len(lead)
+
+    def add(self, name: str, data: Data | Iterable[Data]) -> None:
+        """Section ``name``: one buffer, or an iterable of them written one after another."""
+        digest = xxhash.xxh3_64()
+        nbytes = 0
+        for chunk in (data,) if isinstance(data, (bytes, np.ndarray, memoryview)) else data:
+            view = _buffer(chunk)
+            digest.update(view)
+            self.f.write(view)
+            nbytes += view.nbytes
+        pad = bytes(-nbytes % SECTION_ALIGN)
+        digest.update(pad)  # the padding checked too
+        self.f.write(pad)
+        self.table[name] = [self.offset, nbytes, digest.intdigest()]
+        self.offset += nbytes + len(pad)
+
+    def finish(self, header: dict[str, Any]) -> None:
+        head = msgpack.packb({**header, "format": INDEX_FORMAT, "sections": self.table}, use_bin_type=True)
+        self.f.write(head + hashlib.sha256(head).digest() + struct.pack("<Q", len(head)) + INDEX_CACHE_MAGIC)
+        self.f.flush()
+
+
+def write_index(f: BinaryIO, header: dict[str, Any], sections: Mapping[str, Data | Iterable[Data]]) -> None:
+    """A cache file of ``header`` and ``sections`` (each a buffer or an iterable of them) to ``f``."""
+    writer = IndexWriter(f)
     for name, data in sections.items():
-        view = _buffer(data)
-        pad = -view.nbytes % SECTION_ALIGN
-        digest = xxhash.xxh3_64(view)
-        digest.update(bytes(pad))  # the padding checked too
-        table[name] = [offset, view.nbytes, digest.intdigest()]
-        body.append(view)
-        if pad:
-            body.append(memoryview(bytes(pad)))
-        offset += view.nbytes + pad
-    head = msgpack.packb({**header, "format": INDEX_FORMAT, "sections": table}, use_bin_type=True)
-    prefix = INDEX_CACHE_MAGIC + hashlib.sha256(head).digest() + struct.pack("<Q", len(head)) + head
-    prefix += bytes(-len(prefix) % SECTION_ALIGN)
-    return [memoryview(prefix), *body]
+        writer.add(name, data)
+    writer.finish(header)
 
 
 def open_index(path: Path, check: bool = True) -> CachedIndex:
     """A cache file's header and sections, mapped read-only; ValueError if it is not one, fails a
-    checksum or does not hold what its header says. ``check`` False: the sections are not hashed
-    yet (:meth:`CachedIndex.check`, before they are used), so a file whose header tells it is not
-    the one wanted costs only its header."""
+    checksum or does not hold what its header says (:class:`OldFormat`: one of an earlier format).
+    ``check`` False: the sections are not hashed yet (:meth:`CachedIndex.check`, before they are
+    used), so a file whose header tells it is not the one wanted costs only its header."""
     with open(path, "rb") as f:
-        fixed = len(INDEX_CACHE_MAGIC) + 32 + 8
-        lead = f.read(fixed)
-        if len(lead) < fixed or lead[:len(INDEX_CACHE_MAGIC)] != INDEX_CACHE_MAGIC:
+        lead = f.read(len(INDEX_CACHE_MAGIC))
+        if lead in OLD_MAGICS:
+            raise OldFormat("of an earlier format")
+        size = os.fstat(f.fileno()).st_size
+        start = len(INDEX_CACHE_MAGIC) + -len(INDEX_CACHE_MAGIC) % SECTION_ALIGN
+        if lead != INDEX_CACHE_MAGIC or size < start + TRAILER_BYTES:
             raise ValueError("not an index cache file of this version")
-        (length,) = struct.unpack("<Q", lead[-8:])
-        head = f.read(length) if length < MAX_HEADER_BYTES else b""
-        if len(head) != length or hashlib.sha256(head).digest() != lead[len(INDEX_CACHE_MAGIC):-8]:
+        f.seek(size - TRAILER_BYTES)
+        trailer = f.read(TRAILER_BYTES)
+        (length,) = struct.unpack("<Q", trailer[32:40])
+        if trailer[40:] != INDEX_CACHE_MAGIC or length > min(MAX_HEADER_BYTES, size - start - TRAILER_BYTES):
+            raise ValueError("cut short")
+        f.seek(size - TRAILER_BYTES - length)
+        head = f.read(length)
+        if hashlib.sha256(head).digest() != trailer[:32]:
             raise ValueError("checksum mismatch")
         try:
             header = msgpack.unpackb(head, raw=False, strict_map_key=False)
@@ -261,17 +304,15 @@ def open_index(path: Path, check: bool = True) -> CachedIndex:
             raise ValueError(f"bad header ({type(exc).__name__})") from None
         if not isinstance(header, dict) or header.get("format") != INDEX_FORMAT:
             raise ValueError("unknown payload format")
-        start = fixed + length + (-(fixed + length) % SECTION_ALIGN)
-        size = os.fstat(f.fileno()).st_size
         table = header.get("sections")
         if not isinstance(table, dict):
             raise ValueError("no section table")
         for name, (offset, nbytes, _) in table.items():
-            if start + offset + nbytes + -nbytes % SECTION_ALIGN > size:
+            if start + offset + nbytes + -nbytes % SECTION_ALIGN > size - TRAILER_BYTES - length:
                 raise ValueError(f"section {name} is cut short")
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         reader = os.fdopen(os.dup(f.fileno()), "rb")  # this very file, even if a new one takes its name
-    view = memoryview(mapped) if mapped is not None else memoryview(b"")
+    view = memoryview(mapped)
     sections = {name: view[start + offset:start + offset + nbytes] for name, (offset, nbytes, _) in table.items()}
     cached = CachedIndex(header, sections, view, start, reader=reader)
     return cached.check() if check else cached
@@ -294,6 +335,9 @@ def read_cache(candidates: list[Path], key: str) -> tuple[Path | None, CachedInd
             cached.check()
         except (FileNotFoundError, NotADirectoryError):
             continue
+        except OldFormat:
+            log.info("index cache %s is of an earlier stoker's format; rebuilding the index", path)
+            continue
         except ValueError as exc:
             log.warning("index cache %s is corrupt (%s); rebuilding the index", path, exc)
             corrupt = True
@@ -309,14 +353,21 @@ def read_cache(candidates: list[Path], key: str) -> tuple[Path | None, CachedInd
     return None, None, "corrupt" if corrupt else "miss"
 
 
-def write_cache(candidates: list[Path], parts: Sequence[memoryview]) -> Path | None:
-    """Write to the first candidate that accepts it; log a fall-back; never raise."""
+def write_cache(candidates: list[Path], header: dict[str, Any],
+                sections: Mapping[str, Data | Iterable[Data]]) -> Path | None:
+    """:func:`write_index` to the first candidate that accepts it; log a fall-back; never raise."""
+    return write_cache_with(candidates, lambda f: write_index(f, header, sections))
+
+
+def write_cache_with(candidates: list[Path], write: Callable[[BinaryIO], None]) -> Path | None:
+    """``write`` (a whole cache file, to a file open for writing and reading) to the first
+    candidate that accepts it, called again for the next one after a failure; log a fall-back;
+    never raise."""
     for n, path in enumerate(candidates):
         try:
             with replacing(path) as tmp:
-                with open(tmp, "wb") as f:
-                    for part in parts:
-                        f.write(part)
+                with open(tmp, "w+b") as f:
+                    write(f)
         except OSError as exc:
             nxt = candidates[n + 1] if n + 1 < len(candidates) else None
             if nxt is not None:

@@ -1,30 +1,34 @@
 """A large manifest whose clips all give their durations, indexed in pieces (pieces.py) by helper
-processes and merged: ids repeated across pieces, the rejections' order, the vocabulary, the
-lost-character report and the fingerprints, so that the index and its cache file are the
-one-process build's.
+processes, each piece spilled to a run file (spill.py), and merged on disk into the cache file:
+ids repeated across pieces, the rejections' order, the vocabulary, the lost-character report and
+the fingerprints, so that the index and its cache file are the one-process build's, and the
+build's memory is a piece and a block per piece, however large the manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 import msgpack
 import numpy as np
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import FINGERPRINT_HEX
-from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, columns_of, index_key_of, pack_index,
-                             read_cache, write_cache)
+from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, IndexWriter, columns_of,
+                             index_key_of, open_index, read_cache, write_cache_with)
 from ..dataset.groups import number_groups
 from ..dataset.indexed import DatasetIndex, finished_index
 from ..dataset.parallel import index_workers, shared_work
 from ..dataset.pieces import fixed_width, manifest_chunk, manifest_ranges, unit_symbols, widest
-from ..dataset.reuse import loaded_index
+from ..dataset.reuse import cached_table, loaded_index
 from ..dataset.rules import LostReport
-from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, sorts_as_str
+from ..dataset.spill import Run, gathered, merged, remove_spill, span_strings, spill_dir, write_run
+from ..dataset.table import (ENCODING_ERRORS, GROUPS_SECTION, ID_ORDER_SECTION, NUMBER_COLUMNS, STRING_COLUMNS,
+                             UNITS_AS_TEXT, SampleTable, _same_strings, sorts_as_str)
 from ..dataset.types import IndexStats
 from ..layouts import Rejection
 from ..text import Frontend
@@ -34,12 +38,13 @@ log = logging.getLogger(__name__)
 
 # A manifest whose clips all give their durations needs no audio header: its index is its lines
 # through the JSON parser, the text front-end and the rules, which worker processes do a piece
-# of the file each (pieces.py), each piece becoming columns rather than an object
-# per clip, and its ids sorted. What spans pieces is done here after: ids repeated in two
-# pieces, the order of the rejections, the vocabulary, the lost-character report and the
-# dataset fingerprints (the pieces' sorted ids merged), so that the index (and its cache file)
-# is the one the one-process build makes. This process only takes the pieces' columns in while
-# the workers run (a piece's are megabytes: a worker would wait for this one to read them).
+# of the file each (pieces.py), each piece becoming columns rather than an object per clip,
+# written to a run file of its own (its ids sorted, with their lines in that order). What spans
+# pieces is done here after, reading the runs a block at a time: ids repeated in two pieces (the
+# runs' sorted id hashes merged), the order of the rejections, the vocabulary, the lost-character
+# report, the dataset fingerprints and the rows in id order (the runs' sorted ids merged), each
+# section of the cache file streamed into it, so that the index (and its cache file) is the one
+# the one-process build makes.
 
 
 # A manifest at least this large is built in pieces; a smaller one in one pass (its build takes
@@ -47,21 +52,51 @@ log = logging.getLogger(__name__)
 CHUNKED_MIN_BYTES = 32 << 20
 
 
-# A piece of a manifest given to one worker: some 60,000 clips of a typical manifest (the
-# columns it sends back are about its size), many pieces so that the last ones balance the load.
+# A piece of a manifest given to one worker: some 60,000 clips of a typical manifest (its run
+# file is about its size), many pieces so that the last ones balance the load.
 BUILD_CHUNK_BYTES = 8 << 20
 
 
-# Rows at a time when hashing the fingerprints' lines in id order (a gather index of
-# about 8 bytes per byte of those rows).
-FINGERPRINT_ROWS = 1 << 16
+# What a spilled piece keeps in memory: its results that are not columns (rejections, lost
+# characters, the units listed apart, the names), a few of each piece.
+SMALL_RESULTS = ("parsed", "tokenized", "rejected", "lost", "seen", "speakers", "languages")
 
 
 def _run_chunks(fn: Callable[..., dict[str, Any] | None], tasks: list[tuple],
                 workers: int) -> tuple[list[dict[str, Any] | None], int]:
-    """``fn`` of every piece's task, in order: in ``workers`` helper processes (this one taking
-    their columns in) or, ``workers`` 1, in this one."""
-    return shared_work(fn, tasks, workers if workers > 1 else 0, "manifest indexing", here=False)
+    """``fn`` of every piece's task, in order, in ``workers`` processes (this one included)."""
+    return shared_work(fn, tasks, workers - 1, "manifest indexing")
+
+
+def spilled_piece(path: str, fn: Callable[..., dict[str, Any] | None], task: tuple) -> dict[str, Any] | None:
+    """``fn(*task)`` (a piece's columns: pieces.py) written to the run file ``path``, and what
+    the merge keeps of it in memory (:data:`SMALL_RESULTS`, sizes and flags); None as ``fn``.
+    Runs in worker processes, and in this one."""
+    piece = fn(*task)
+    if piece is None:
+        return None
+    ids, order = piece["ids"], piece["id_order"]
+    hash_order = np.argsort(piece["hashes"], kind="stable")
+    width = max(1, widest(ids[0]))
+    arrays: dict[str, Any] = {
+        "rows": piece["rows"], "lines": piece["lines"], "ids.o": ids[0], "ids.s": ids[1],
+        "h": piece["hashes"][hash_order], "hpos": hash_order.astype(np.int64),
+        "order": order.astype(np.int64), "key": fixed_width(*ids, width)[order],
+        "rid": piece["rows"][order]}
+    for name in ("metadata_lines", "audio_lines"):
+        offsets, blob = _taken(*piece[name], order)
+        arrays[f"{name}.o"], arrays[f"{name}.s"] = offsets, blob
+    arrays.update({f"n.{name}": col for name, col in piece["numbers"].items()})
+    for name, (offsets, blob) in piece["strings"].items():
+        arrays[f"c.{name}.o"], arrays[f"c.{name}.s"] = offsets, blob
+    write_run(Path(path), {}, arrays)
+    strings = piece["strings"]
+    return {**{name: piece[name] for name in SMALL_RESULTS}, "path": path,
+            "listed": [(n, int(piece["lines"][n]), *rest) for n, *rest in piece["listed"]],
+            "entries": len(piece["lines"]), "samples": len(piece["rows"][piece["rows"] >= 0]), "width": width,
+            "sorts": sorts_as_str(strings["id"][1]),
+            "units_as_text": _same_strings(strings[UNITS_AS_TEXT[0]], strings[UNITS_AS_TEXT[1]]),
+            "line_bytes": len(arrays["metadata_lines.s"]) + len(arrays["audio_lines.s"])}
 
 
 def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
@@ -94,27 +129,41 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
         except OSError:
             return None  # the one-process build says why
         pieces = (manifest_chunk, [(str(path), *piece, data, features, text) for piece in ranges])
-    chunks, workers = _run_chunks(*pieces, max(1, index_workers(data)))
-    if any(chunk is None for chunk in chunks):
-        log.info("%s has clips without a duration: their audio headers are read", root / data.metadata_file)
-        return None
-    stats = IndexStats(cache=state, workers=workers)
-    parts: list[dict[str, Any]] = chunks  # type: ignore[assignment]
-    return _merged(root, data, frontend, config, candidates, (key, digest, manifest_sha256), parts, stats,
-                   (started, read_started), named)
+    spill = spill_dir(candidates)
+    try:
+        fn, tasks = pieces
+        chunks, workers = _run_chunks(spilled_piece, [(str(spill / f"piece-{n}.run"), fn, task)
+                                                      for n, task in enumerate(tasks)],
+                                      max(1, index_workers(data)))
+        if any(chunk is None for chunk in chunks):
+            log.info("%s has clips without a duration: their audio headers are read", root / data.metadata_file)
+            return None
+        stats = IndexStats(cache=state, workers=workers)
+        parts: list[dict[str, Any]] = chunks  # type: ignore[assignment]
+        runs = [Run(Path(p["path"])) for p in parts]
+        try:
+            return _merged(root, data, frontend, config, candidates, (key, digest, manifest_sha256), parts, runs,
+                           spill, stats, (started, read_started), named)
+        finally:
+            for run in runs:
+                run.close()
+    finally:
+        remove_spill(spill)
 
 
 def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, Any], candidates: list[Path],
-            keys: tuple[str, str, str], parts: list[dict[str, Any]], stats: IndexStats,
-            times: tuple[float, float], named: Callable[[Rejection], Rejection] | None) -> DatasetIndex:
-    """The index of the pieces' columns merged (the module's comment), written to the cache under
-    ``keys`` (the index key, the digest it is found by, the manifest's SHA-256)."""
+            keys: tuple[str, str, str], parts: list[dict[str, Any]], runs: list[Run], spill: Path,
+            stats: IndexStats, times: tuple[float, float],
+            named: Callable[[Rejection], Rejection] | None) -> DatasetIndex:
+    """The index of the spilled pieces merged (the module's comment), its cache file written
+    under ``keys`` (the index key, the digest it is found by, the manifest's SHA-256) to the
+    first candidate that takes it, else to a file in ``spill`` (removed once mapped)."""
     key, digest, manifest_sha256 = keys
     stats.texts_tokenized = sum(p["tokenized"] for p in parts)
-    parsed = [r for p in parts for r in p["parsed"]] + _repeated_ids(parts)
+    parsed = [r for p in parts for r in p["parsed"]] + _repeated_ids(parts, runs)
     parsed.sort(key=lambda r: r.line)  # as one pass over the lines finds them
-    for p in parts:
-        _drop_repeated(p)
+    for p, run in zip(parts, runs):
+        _drop_repeated(p, run)
     if named is not None:
         parsed = [named(r) for r in parsed]
     rejected = parsed + [r for p in parts for _, r in p["rejected"]]
@@ -123,23 +172,155 @@ def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, 
         for _, sample_id, lost_chars in p["lost"]:
             report.add(sample_id, lost_chars)
     lost = report.to_json()
-    agreed, by_id = _manifest_fingerprints(parts, manifest_sha256)
-    table = _concatenated(parts, _table_id_order(parts, by_id))
-    number_groups(table)
-    stats.read_s = time.perf_counter() - times[1]
     seen: set[str] = set()
     for p in parts:
         seen.update(p["seen"])
-    vocab = Vocabulary.build(frontend, ["".join(sorted(seen))], table.languages, table.speakers)
-    if candidates:
-        header = {"key": key, "root": str(root), "config": config, "rejected": columns_of(rejected, REJECTION_FIELDS),
-                  "lost": lost, "vocabulary": vocab.state_dict(), "agreement": agreed,
-                  "manifest": {"digest": digest, "measured": []},
-                  "names": {"speakers": table.speakers, "languages": table.languages}}
-        written = write_cache(candidates, pack_index(header, {**table.sections(),
-                                                              "reuse": _reuse(frontend, parts, parsed, table)}))
-        stats.cache_file = str(written) if written else ""
-    return finished_index(root, table, rejected, lost, agreed, vocab, key, stats, times[0], True, None, data)
+    speakers, languages = _names(parts, runs, "speaker"), _names(parts, runs, "language")
+    vocab = Vocabulary.build(frontend, ["".join(sorted(seen))], languages, speakers)
+    header = {"key": key, "root": str(root), "config": config, "rejected": columns_of(rejected, REJECTION_FIELDS),
+              "lost": lost, "vocabulary": vocab.state_dict(), "agreement": {},
+              "manifest": {"digest": digest, "measured": []},
+              "names": {"speakers": speakers, "languages": languages}}
+    merge = _Merge(frontend, parts, runs, parsed, header, manifest_sha256)
+    written = write_cache_with(candidates, merge.write) if candidates else None
+    path = written
+    if path is None:
+        path = spill / "index.idx"
+        with open(path, "w+b") as f:
+            merge.write(f)
+    cached = open_index(path, check=False)
+    cached.checked = True  # written just now, by this process
+    stats.cache_file = str(written) if written else ""
+    stats.read_s = time.perf_counter() - times[1]
+    table = cached_table(cached)
+    return finished_index(root, table, rejected, lost, merge.agreed, vocab, key, stats, times[0], True, None, data)
+
+
+class _Merge:
+    """The cache file of the spilled pieces, written section by section (:meth:`write`, again
+    for another candidate when one fails): the columns piece by piece, the rows in id order and
+    the fingerprints from the pieces' sorted ids merged (:attr:`agreed`), the clips' groups and
+    what a rebuild reuses from the table written so far, then the header."""
+
+    def __init__(self, frontend: Frontend, parts: list[dict[str, Any]], runs: list[Run], parsed: list[Rejection],
+                 header: dict[str, Any], manifest_sha256: str) -> None:
+        self.frontend, self.parts, self.runs, self.parsed = frontend, parts, runs, parsed
+        self.header, self.manifest_sha256 = header, manifest_sha256
+        self.agreed: dict[str, Any] = {}
+        names = header["names"]
+        self.codes = {"speaker": {name: n for n, name in enumerate(names["speakers"])},
+                      "language": {name: n for n, name in enumerate(names["languages"])}}
+        self.bases = np.cumsum([0] + [p["samples"] - len(p["gone"]) for p in parts]).tolist()
+
+    def write(self, f: BinaryIO) -> None:
+        writer = IndexWriter(f)
+        for name, kind in NUMBER_COLUMNS.items():
+            writer.add(f"n.{name}", self._numbers(name, kind))
+        for name in STRING_COLUMNS:
+            if name == UNITS_AS_TEXT[0] and all(p["units_as_text"] for p in self.parts):
+                continue  # the texts' sections serve both (SampleTable.sections)
+            writer.add(f"o.{name}", self._offsets(name))
+            writer.add(f"s.{name}", self._blobs(name))
+        rows = self._id_merge()
+        if all(p["sorts"] for p in self.parts):
+            writer.add(ID_ORDER_SECTION, rows)
+        else:  # bytes order is not str order: the table sorts its ids as the one-process build does
+            for _ in rows:
+                pass
+            writer.add(ID_ORDER_SECTION, self._table(f, writer).id_order())
+        table = self._table(f, writer)
+        number_groups(table)
+        groups = table.stored_groups()
+        if groups is not None:
+            writer.add(GROUPS_SECTION, np.ascontiguousarray(groups, np.int64))
+        writer.add("reuse", _reuse(self.frontend, self.parts, self.parsed, table))
+        writer.finish({**self.header, "agreement": self.agreed})  # in its place (the one-process build's order)
+
+    def _table(self, f: BinaryIO, writer: IndexWriter) -> SampleTable:
+        """The table of the sections written so far, the file mapped (its blobs read with pread)."""
+        f.flush()
+        view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        sections = {name: view[writer.start + offset:writer.start + offset + nbytes]
+                    for name, (offset, nbytes, _) in writer.table.items()}
+        cached = CachedIndex({"names": self.header["names"], "sections": writer.table}, sections, view, writer.start,
+                             checked=True, reader=f)
+        return cached_table(cached)
+
+    def _kept(self, k: int) -> np.ndarray | None:
+        """The rows of piece ``k``'s samples that a later piece's repeat did not take (None: all)."""
+        gone = self.parts[k]["gone"]
+        return np.setdiff1d(np.arange(self.parts[k]["samples"]), gone) if len(gone) else None
+
+    def _numbers(self, name: str, kind: Any) -> Iterator[np.ndarray]:
+        for k, (p, run) in enumerate(zip(self.parts, self.runs)):
+            col = run.array(f"n.{name}", kind)
+            kept = self._kept(k)
+            if kept is not None:
+                col = col[kept]
+            if name in self.codes:
+                lookup = np.array([self.codes[name].get(n, -1) for n in p[f"{name}s"]], np.int32)
+                col = lookup[col] if len(col) else col
+            yield np.ascontiguousarray(col, kind)
+
+    def _strings(self, k: int, name: str) -> tuple[np.ndarray, bytes]:
+        offsets, blob = self.runs[k].strings(f"c.{name}")
+        kept = self._kept(k)
+        return _taken(offsets, blob, kept) if kept is not None else (offsets, blob)
+
+    def _offsets(self, name: str) -> Iterator[np.ndarray]:
+        base = 0
+        for k in range(len(self.parts)):
+            offsets, blob = self._strings(k, name)
+            yield offsets[:-1] + base
+            base += len(blob)
+        yield np.array([base], np.int64)
+
+    def _blobs(self, name: str) -> Iterator[bytes]:
+        for k in range(len(self.parts)):
+            yield self._strings(k, name)[1]
+
+    def _id_merge(self) -> Iterator[np.ndarray]:
+        """The table's rows in id order, a round of the merge at a time, and on the way the
+        fingerprints (:func:`agreement.fingerprints`: the entries' lines hashed in id order) set
+        in :attr:`agreed`. Equal ids (repeats, one of them dropped) in file order."""
+        width = max([1] + [p["width"] for p in self.parts])
+        entries = max(1, sum(p["entries"] for p in self.parts))
+        row_bytes = 16 + sum(p["line_bytes"] for p in self.parts) // entries
+        dropped = [np.sort(np.flatnonzero(np.isin(run.array("order", np.int64), p["drop"])))
+                   for p, run in zip(self.parts, self.runs)]
+        digests = {"metadata": hashlib.sha256(), "audio": hashlib.sha256()}
+        dtypes = [f"S{p['width']}" for p in self.parts]
+        for _, perm, spans in merged(self.runs, "key", dtypes, f"S{width}", row_bytes):
+            keep = np.concatenate([~np.isin(np.arange(first, stop), dropped[k]) for k, first, stop in spans])
+            order = perm[keep[perm]]
+            for name, column in (("metadata", "metadata_lines"), ("audio", "audio_lines")):
+                digests[name].update(gathered(*span_strings(self.runs, column, spans), order))
+            rows = np.concatenate([self._rows(k, first, stop) for k, first, stop in spans])[order]
+            yield rows[rows >= 0]
+        self.agreed = {"metadata": digests["metadata"].hexdigest()[:FINGERPRINT_HEX],
+                       "audio": digests["audio"].hexdigest()[:FINGERPRINT_HEX], "missing": 0,
+                       "metadata_sha256": self.manifest_sha256}
+
+    def _rows(self, k: int, first: int, stop: int) -> np.ndarray:
+        """The table rows of piece ``k``'s entries ``first:stop`` in its id order (-1: no sample)."""
+        rows = self.runs[k].array("rid", np.int64, first, stop).copy()
+        sampled = rows >= 0
+        gone = self.parts[k]["gone"]
+        rows[sampled] = self.bases[k] + rows[sampled] - np.searchsorted(gone, rows[sampled])
+        return rows
+
+
+def _names(parts: list[dict[str, Any]], runs: list[Run], name: str) -> list[str]:
+    """The sorted names of column ``name`` (speaker, language) that the pieces' samples use."""
+    used: set[str] = set()
+    for p, run in zip(parts, runs):
+        local = p[f"{name}s"]
+        if len(p["gone"]):
+            codes = np.delete(run.array(f"n.{name}", np.int32), p["gone"])
+            used.update(local[n] for n in np.flatnonzero(np.bincount(codes, minlength=len(local))).tolist())
+        else:
+            used.update(local)
+    return sorted(used)
 
 
 def _reuse(frontend: Frontend, parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleTable) -> bytes:
@@ -152,30 +333,39 @@ def _reuse(frontend: Frontend, parts: list[dict[str, Any]], parsed: list[Rejecti
                          use_bin_type=True)
 
 
-def _repeated_ids(parts: list[dict[str, Any]]) -> list[Rejection]:
+def _repeated_ids(parts: list[dict[str, Any]], runs: list[Run]) -> list[Rejection]:
     """The rejections of ids repeated in a later piece than their first (each piece found its
     own); the entries they reject are marked in ``part["drop"]`` (positions in that piece). Only
-    the entries whose id hashes collide are looked at, in file order."""
+    the entries whose id hashes collide are looked at (the pieces' sorted hashes merged), in
+    file order."""
     for p in parts:
         p["drop"] = []
-    if not parts:
-        return []
-    hashes = np.concatenate([p["hashes"] for p in parts])
-    order = np.argsort(hashes)  # not stable: the few entries that collide are put in file order below
-    ranked = hashes[order]
-    same = np.flatnonzero(ranked[1:] == ranked[:-1])
-    if not len(same):
-        return []
-    colliding = np.sort(order[np.unique(np.concatenate([same, same + 1]))])
-    colliding = colliding[np.argsort(hashes[colliding], kind="stable")]  # by hash, each in file order
-    bases = np.cumsum([0] + [len(p["hashes"]) for p in parts])
-    pieces = np.searchsorted(bases, colliding, side="right") - 1
+    colliding: list[tuple[int, int]] = []  # (piece, place in its sorted hashes), by hash, each in file order
+    last: tuple[int, int, int] | None = None  # the previous round's last hash, and where it is
+    for joined, perm, spans in merged(runs, "h", [np.uint64] * len(runs), np.uint64, 8):
+        hashes = joined[perm]
+        starts = np.cumsum([0] + [stop - first for _, first, stop in spans])
+
+        def place(j: int) -> tuple[int, int]:
+            s = int(np.searchsorted(starts, perm[j], "right")) - 1
+            return spans[s][0], spans[s][1] + int(perm[j] - starts[s])
+
+        same = np.flatnonzero(hashes[1:] == hashes[:-1])
+        picked = np.unique(np.concatenate([same, same + 1])).tolist()
+        if last is not None and last[0] == int(hashes[0]):  # a hash across two rounds
+            if not colliding or colliding[-1] != last[1:]:
+                colliding.append(last[1:])
+            if not picked or picked[0] != 0:
+                picked.insert(0, 0)
+        colliding.extend(place(j) for j in picked)
+        last = (int(hashes[-1]), *place(len(hashes) - 1))
     out = []
     firsts: dict[str, int] = {}
-    for k, n in zip(pieces.tolist(), (colliding - bases[pieces]).tolist()):
-        offsets, blob = parts[k]["ids"]
-        sample_id = blob[offsets[n]:offsets[n + 1]].decode("utf-8", ENCODING_ERRORS)
-        line = int(parts[k]["lines"][n])
+    for k, place in colliding:
+        n = int(runs[k].array("hpos", np.int64, place, place + 1)[0])
+        offsets, blob = runs[k].strings("ids", n, n + 1)
+        sample_id = blob.decode("utf-8", ENCODING_ERRORS)
+        line = int(runs[k].array("lines", np.int64, n, n + 1)[0])
         if sample_id not in firsts:
             firsts[sample_id] = line
         else:
@@ -185,90 +375,36 @@ def _repeated_ids(parts: list[dict[str, Any]]) -> list[Rejection]:
     return out
 
 
-def _drop_repeated(part: dict[str, Any]) -> None:
-    """Take the entries :func:`_repeated_ids` rejected out of a piece's results; note the symbols
-    of its samples' units (``part["seen"]``) for the vocabulary."""
+def _drop_repeated(part: dict[str, Any], run: Run) -> None:
+    """Take the entries :func:`_repeated_ids` rejected out of a piece's results: ``part["gone"]``,
+    the rows of its samples they were (sorted); the symbols of its samples' units
+    (``part["seen"]``) for the vocabulary."""
     drop = set(part["drop"])
+    part["gone"] = np.zeros(0, np.int64)
     if not drop:
         return
     for name in ("rejected", "lost", "listed"):
         part[name] = [row for row in part[name] if row[0] not in drop]
-    gone = part["rows"][sorted(drop)]
-    keep = np.setdiff1d(np.arange(len(part["numbers"]["num_frames"])), gone[gone >= 0])
-    part["numbers"] = {name: col[keep] for name, col in part["numbers"].items()}
-    for name, (offsets, blob) in part["strings"].items():
-        part["strings"][name] = _taken(offsets, blob, keep)
-    part["seen"] = unit_symbols(part["strings"]["units"][1])
+    rows = run.array("rows", np.int64)[sorted(drop)]
+    part["gone"] = np.sort(rows[rows >= 0])
+    offsets, blob = run.strings("c.units")
+    kept = np.setdiff1d(np.arange(part["samples"]), part["gone"])
+    part["seen"] = unit_symbols(_taken(offsets, blob, kept)[1])
 
 
 def _taken(offsets: np.ndarray, blob: bytes, rows: np.ndarray) -> tuple[np.ndarray, bytes]:
     """(offsets, blob) of the strings ``rows`` of (offsets, blob)."""
-    pieces = [blob[offsets[n]:offsets[n + 1]] for n in rows.tolist()]
-    out = np.zeros(len(pieces) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, pieces), np.int64, len(pieces)), out=out[1:])
-    return out, b"".join(pieces)
-
-
-def _concatenated(parts: list[dict[str, Any]], id_order: np.ndarray | None) -> SampleTable:
-    """The samples of every piece as one table, speaker and language codes into sorted names;
-    ``id_order``: its rows in id order (None: the table sorts its ids when asked)."""
-    speakers = sorted({p["speakers"][n] for p in parts for n in _used(p["numbers"]["speaker"], len(p["speakers"]))})
-    languages = sorted({p["languages"][n] for p in parts
-                        for n in _used(p["numbers"]["language"], len(p["languages"]))})
-    codes = {"speaker": {name: n for n, name in enumerate(speakers)},
-             "language": {name: n for n, name in enumerate(languages)}}
-    numbers = {}
-    for name, kind in NUMBER_COLUMNS.items():
-        cols = []
-        for p in parts:
-            col = p["numbers"][name]
-            if name in codes:
-                local = p[f"{name}s"]
-                lookup = np.array([codes[name].get(n, -1) for n in local], np.int32)
-                col = lookup[col] if len(col) else col
-            cols.append(np.asarray(col, kind))
-        numbers[name] = np.concatenate(cols) if cols else np.zeros(0, kind)
-    strings = {}
-    for name in STRING_COLUMNS:
-        offsets = np.empty(sum(len(p["strings"][name][0]) - 1 for p in parts) + 1, np.int64)
-        row = base = 0
-        for p in parts:
-            piece, blob = p["strings"][name]
-            np.add(piece[:-1], base, out=offsets[row:row + len(piece) - 1])
-            row, base = row + len(piece) - 1, base + len(blob)
-        offsets[-1] = base
-        strings[name] = (offsets, b"".join(p["strings"][name][1] for p in parts))
-    return SampleTable(numbers, strings, speakers, languages, id_order=id_order)
-
-
-def _used(codes: np.ndarray, names: int) -> list[int]:
-    """The codes (0 to ``names`` - 1) that ``codes`` holds, each once, in order."""
-    return np.flatnonzero(np.bincount(codes, minlength=names)).tolist()
-
-
-def _table_id_order(parts: list[dict[str, Any]], by_id: np.ndarray) -> np.ndarray | None:
-    """The table's rows in id order (SampleTable.id_order) from the fingerprints' sort of every
-    entry the pieces kept (``by_id``: positions in those entries, one piece after the other): the
-    entries that became samples, as rows, with no second sort. None where the ids' bytes do not
-    sort as the ids do (table.sorts_as_str): the table sorts them itself when asked."""
-    if not all(sorts_as_str(p["strings"]["id"][1]) for p in parts):
-        return None
-    sampled = []
-    for p in parts:
-        kept = np.ones(len(p["lines"]), bool)
-        kept[np.asarray(p["drop"], np.int64)] = False
-        sampled.append(p["rows"][kept] >= 0)
-    became = np.concatenate(sampled) if sampled else np.zeros(0, bool)
-    rows = np.cumsum(became) - 1  # an entry's row in the table, where it became a sample
-    return rows[by_id[became[by_id]]]
+    lengths = offsets[rows + 1] - offsets[rows]
+    out = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out, gathered(offsets, blob, rows)
 
 
 def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleTable) -> list[tuple[str, str, str,
                                                                                                        str]]:
     """What :func:`cache_payload` lists of the units (texts that lost characters, and the clips rejected or
     named by a rejection), in file order, one row per text."""
-    rows: list[tuple[int, str, str, str, str]] = [(int(p["lines"][n]), *rest) for p in parts
-                                                  for n, *rest in p["listed"]]
+    rows: list[tuple[int, str, str, str, str]] = [(line, *rest) for p in parts for _, line, *rest in p["listed"]]
     named = sorted({r.id for r in parsed})
     for row in (r for r in table.find_rows(named) if r >= 0) if named else ():
         language = table.languages[int(table.column("language")[row])]
@@ -278,49 +414,3 @@ def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleT
     for _, language, spoken, made, lost_chars in sorted(rows, key=lambda row: row[0]):
         out.setdefault((language, spoken), (language, spoken, made, lost_chars))
     return list(out.values())
-
-
-def _manifest_fingerprints(parts: list[dict[str, Any]], manifest_sha256: str) -> tuple[dict[str, Any], np.ndarray]:
-    """:func:`agreement.fingerprints` of the pieces' entries (every clip measured by its
-    duration): their lines hashed in id order; and that order (positions in the entries the
-    pieces kept, one piece after the other), merged from each piece's own (``part["id_order"]``)."""
-    kept = [np.setdiff1d(np.arange(len(p["lines"])), np.asarray(p["drop"], np.int64)) if p["drop"] else None
-            for p in parts]
-    ids = [_taken(*p["ids"], k) if k is not None else p["ids"] for p, k in zip(parts, kept)]
-    lines = [_taken(*p["metadata_lines"], k) if k is not None else p["metadata_lines"] for p, k in zip(parts, kept)]
-    width = max([1] + [widest(o) for o, _ in ids])
-    keys = np.concatenate([fixed_width(o, b, width) for o, b in ids]) if ids else np.zeros(0, f"S{width}")
-    runs, base = [], 0
-    for p, k in zip(parts, kept):
-        run = p["id_order"]
-        if k is not None:  # positions among the entries kept
-            at = np.full(len(p["lines"]), -1, np.int64)
-            at[k] = np.arange(len(k))
-            run = at[run]
-            run = run[run >= 0]
-        runs.append(run + base)
-        base += len(run)
-    runs_order = np.concatenate(runs) if runs else np.zeros(0, np.int64)
-    order = runs_order[np.argsort(keys[runs_order], kind="stable")]  # the sorted runs merged (timsort finds them)
-    meta = _gathered_digest(lines, order)
-    audio = _gathered_digest([_taken(*p["audio_lines"], k) if k is not None else p["audio_lines"]
-                              for p, k in zip(parts, kept)], order)
-    return {"metadata": meta, "audio": audio, "missing": 0, "metadata_sha256": manifest_sha256}, order
-
-
-def _gathered_digest(columns: list[tuple[np.ndarray, bytes]], order: np.ndarray) -> str:
-    """:func:`agreement._digest` of the strings of the concatenated (offsets, blob) pieces, taken in ``order``."""
-    digest = hashlib.sha256()
-    if (order == np.arange(len(order))).all():  # the ids in file order already (often so): no gather
-        for _, piece in columns:
-            digest.update(piece)
-        return digest.hexdigest()[:FINGERPRINT_HEX]
-    bases = np.cumsum([0] + [len(b) for _, b in columns])
-    offsets = np.concatenate([o[:-1] + base for (o, _), base in zip(columns, bases)] + [bases[-1:]])
-    blob = np.frombuffer(b"".join(b for _, b in columns), np.uint8)
-    for first in range(0, len(order), FINGERPRINT_ROWS):
-        rows = order[first:first + FINGERPRINT_ROWS]
-        starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
-        at = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
-        digest.update(blob[at].tobytes())
-    return digest.hexdigest()[:FINGERPRINT_HEX]

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import fingerprints
-from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_key, pack_index, read_cache, write_cache
+from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_key, read_cache, write_cache
 from ..dataset.chunked import CHUNKED_MIN_BYTES, build_manifest
 from ..dataset.files import list_audio, locate, metadata_location, read_metadata_bytes, resolve_audio
 from ..dataset.groups import number_groups
@@ -232,7 +232,7 @@ def _derived(build: _Build, metadata: bytes, audio: dict[str, AudioFile], key: s
     number_groups(table)  # once, here: the cache stores them, the planners and the coordinator read them
     if build.candidates:
         header["names"] = {"speakers": table.speakers, "languages": table.languages}
-        written = write_cache(build.candidates, pack_index(header, {**table.sections(), "reuse": reuse}))
+        written = write_cache(build.candidates, header, {**table.sections(), "reuse": reuse})
         stats.cache_file = str(written) if written else ""
     return finished_index(root, table, rejected, lost, agreed, vocab, key, stats, build.started, True, scan_inputs,
                           data)

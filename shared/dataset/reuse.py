@@ -15,7 +15,7 @@ import numpy as np
 from ..config import TextConfig
 from ..dataset.agreement import file_sha256
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of, open_index,
-                             pack_index, rejections_of, write_cache)
+                             rejections_of, write_cache)
 from ..dataset.files import UNMEASURED, read_metadata_bytes
 from ..dataset.parallel import TextKey, Item, probe_tuple
 from ..dataset.shards import remote_stat
@@ -55,7 +55,7 @@ def restamp(path: Path, cached: CachedIndex, rejected: Sequence[Rejection], dige
     if isinstance(manifest, dict) and manifest.get("digest") == digest:
         return
     header = {**cached.header, "manifest": {"digest": digest, "measured": absent_files(rejected)}}
-    write_cache([path], pack_index(header, cached.sections))
+    write_cache([path], header, cached.sections)
 
 
 def with_files(table: SampleTable, samples: Sequence[Sample], audio: dict[str, AudioFile]) -> SampleTable:

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import msgpack
 
 from ..config import DataConfig
-from ..dataset.cache import index_cache_file, pack_index, read_cache, user_cache_dir, write_cache
+from ..dataset.cache import index_cache_file, read_cache, user_cache_dir, write_cache
 from ..dataset.parquet import list_file, probe_row
 from ..dataset.probe import probe_bytes, probe_url
 from ..dataset.shar import SHAR_GLOB, add_cuts, audio_member, cuts_file, is_shar, is_shar_directory
@@ -294,7 +294,7 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
             else:
                 _list_shard(root, shard, listing, seen)
         listed = msgpack.packb(listing.to_payload(), use_bin_type=True)
-        write_cache(candidates, pack_index({"key": key}, {"listing": listed}))
+        write_cache(candidates, {"key": key}, {"listing": listed})
     _LISTINGS.clear()
     _LISTINGS[(str(root), pattern)] = (stamps, listing)
     log.info("%d %s of %s: %d clips, %d rejected", len(shards),

@@ -129,6 +129,19 @@ def test_a_config_key_the_index_ignores_keeps_the_cache(root: Path, change: dict
     assert build_index(_data(root), dataclasses.replace(FEATURES, **change)).stats.cache == "hit"
 
 
+def test_a_cache_file_of_an_earlier_format_is_rebuilt_with_one_line(root: Path, caplog) -> None:
+    cold = build_index(_data(root), FEATURES)
+    path = Path(cold.stats.cache_file)
+    path.write_bytes(b"STKIDX03" + bytes(32) + (8).to_bytes(8, "little") + b"\x80" * 8)  # the old layout's start
+    with caplog.at_level(logging.INFO, logger="stoker.shared.dataset"):
+        rebuilt = build_index(_data(root), FEATURES)
+    assert rebuilt.stats.cache == "miss" and rebuilt.stats.headers_read == CLIPS
+    said = [r.getMessage() for r in caplog.records if "index cache" in r.getMessage()]
+    assert len(said) == 1 and "earlier stoker's format" in said[0], said
+    _same(cold, rebuilt)
+    assert build_index(_data(root), FEATURES).stats.cache == "hit"  # and rewritten in this format
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])
 def test_a_corrupt_cache_file_is_rebuilt_from_scratch(root: Path, damage: str, caplog) -> None:
     cold = build_index(_data(root), FEATURES)

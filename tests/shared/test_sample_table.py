@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.shared.dataset import (Sample, SampleTable, build_index, open_index, pack_index, write_cache)
+from stoker.shared.dataset import (Sample, SampleTable, build_index, open_index, write_cache)
 from stoker.shared.dataset import table as table_module
 from stoker.shared.config import DataConfig, FeaturesConfig
 from tests.factories import make_dataset
@@ -40,7 +40,7 @@ def test_samples_round_trip_through_the_table() -> None:
 def test_samples_round_trip_through_a_mapped_cache_file(tmp_path: Path) -> None:
     table = SampleTable.from_samples(SAMPLES)
     path = tmp_path / "index.idx"
-    assert write_cache([path], pack_index({"key": "k", "extra": [1, "two"]}, {**table.sections(), "reuse": b"r"}))
+    assert write_cache([path], {"key": "k", "extra": [1, "two"]}, {**table.sections(), "reuse": b"r"})
     cached = open_index(path)
     assert cached.header["key"] == "k" and cached.header["extra"] == [1, "two"]
     assert bytes(cached.sections["reuse"]) == b"r"
@@ -55,7 +55,7 @@ def test_strings_left_in_the_file_read_as_the_mapped_ones(tmp_path: Path) -> Non
     stored again from them is the same."""
     table = SampleTable.from_samples(SAMPLES * 2000)  # more strings than FILE_READ_STRINGS at once
     path = tmp_path / "index.idx"
-    write_cache([path], pack_index({}, table.sections()))
+    write_cache([path], {}, table.sections())
     cached = open_index(path)
     blobs = {name: cached.blob(name) for name in ("s.text", "s.audio")}
     assert all(isinstance(b, table_module.FileBlob) for b in blobs.values())
@@ -72,7 +72,7 @@ def test_strings_left_in_the_file_read_as_the_mapped_ones(tmp_path: Path) -> Non
 def test_an_empty_table_round_trips(tmp_path: Path) -> None:
     table = SampleTable.from_samples([])
     path = tmp_path / "empty.idx"
-    write_cache([path], pack_index({}, table.sections()))
+    write_cache([path], {}, table.sections())
     assert list(SampleTable.from_sections(open_index(path).sections, [], [])) == []
 
 
@@ -133,7 +133,7 @@ def test_id_order_is_the_rows_sorted_by_id_as_python_sorts_them(ids: list[str], 
     picked = [ids[n] for n in (4, 2, 0, 1)]
     assert view.id_order().tolist() == sorted(range(4), key=picked.__getitem__)
     path = tmp_path / "index.idx"
-    write_cache([path], pack_index({}, table.sections()))
+    write_cache([path], {}, table.sections())
     back = SampleTable.from_sections(open_index(path).sections, table.speakers, table.languages)
     assert back.id_order().tolist() == expected
 
@@ -146,7 +146,7 @@ def test_a_stored_table_maps_its_id_order_and_keeps_units_equal_to_texts_once(tm
     assert "s.units" not in sections and "o.units" not in sections  # the texts' sections serve both
     assert "s.units" in SampleTable.from_samples(SAMPLES).sections()
     path = tmp_path / "index.idx"
-    write_cache([path], pack_index({}, sections))
+    write_cache([path], {}, sections)
 
     def no_sort(*args, **kwargs):
         raise AssertionError("a stored table's id order is read, not made")

@@ -16,6 +16,7 @@ from stoker.shared.dataset import chunked as chunked_module
 from stoker.shared.dataset import index as index_module
 from stoker.shared.dataset import pieces as pieces_module
 from stoker.shared.dataset import reuse as reuse_module
+from stoker.shared.dataset import spill as spill_module
 from stoker.shared.dataset import table as table_module
 
 FEATURES = FeaturesConfig()
@@ -169,3 +170,38 @@ def test_a_clean_manifest_of_sorted_ids_is_the_one_process_build(tmp_path: Path,
     (one_file,) = (tmp_path / "one").iterdir()
     (pieces_file,) = (tmp_path / "pieces").iterdir()
     assert pieces_file.read_bytes() == one_file.read_bytes()
+
+
+@pytest.mark.timeout(60)
+def test_the_chunked_build_merges_a_few_keys_at_a_time_into_the_same_index(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs read two keys at a time (many rounds, repeats across them): the same cache file;
+    no run file is left."""
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "train.jsonl").write_bytes(b"".join(_lines()))
+    one = _build(root, tmp_path / "one", monkeypatch, chunked=False)
+    monkeypatch.setattr(spill_module, "MIN_BLOCK_ROWS", 2)
+    monkeypatch.setattr(spill_module, "MERGE_BUDGET_BYTES", 1)
+    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=2)
+    assert list(pieces.samples) == list(one.samples) and pieces.rejected == one.rejected
+    (one_file,) = (tmp_path / "one").iterdir()
+    (pieces_file,) = (tmp_path / "pieces").iterdir()  # the spill directory beside it is gone
+    assert pieces_file.read_bytes() == one_file.read_bytes()
+
+
+@pytest.mark.timeout(60)
+def test_the_chunked_build_without_a_cache_maps_a_file_of_its_own(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "train.jsonl").write_bytes(b"".join(_lines()))
+    one = _build(root, tmp_path / "one", monkeypatch, chunked=False)
+    monkeypatch.setattr(index_module, "CHUNKED_MIN_BYTES", 1)
+    monkeypatch.setattr(chunked_module, "BUILD_CHUNK_BYTES", 700)
+    data = DataConfig(path=str(root), metadata_file="train.jsonl", index_cache="off", max_tokens=200)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    off = build_index(data, FEATURES, TextConfig())
+    assert off.stats.cache == "off" and list(off.samples) == list(one.samples) and off.agreement == one.agreement
+    assert list((tmp_path / "tmp").iterdir()) == []  # its spill directory removed, the file mapped still
