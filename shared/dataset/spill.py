@@ -140,9 +140,13 @@ def span_strings(runs: Sequence[Run], name: str, spans: list[tuple[int, int, int
 
 
 def gathered(offsets: np.ndarray, blob: bytes, rows: np.ndarray) -> bytes:
-    """The bytes of strings ``rows`` of (offsets, blob), one after another, gathered in C."""
+    """The bytes of strings ``rows`` of (offsets, blob), one after another: the blob as it is
+    where the rows are all of them in order (ids in file order often are), else one join of
+    slices (lines of some hundred bytes: fewer steps than gathering byte by byte)."""
     if not len(rows):
         return b""
-    starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
-    at = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
-    return np.frombuffer(blob, np.uint8)[at].tobytes()
+    if len(rows) == len(offsets) - 1 and bool((rows == np.arange(len(rows))).all()):
+        return bytes(memoryview(blob)[int(offsets[0]):int(offsets[-1])])
+    view = memoryview(blob)
+    bounds = offsets.tolist()
+    return b"".join([view[bounds[r]:bounds[r + 1]] for r in rows.tolist()])
