@@ -32,7 +32,8 @@ def manifest_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
     """The pieces of a manifest: (start byte, end byte, the number of its first line), each of
     about ``chunk_bytes`` and ending at a line end (``\\n``) but the last; lines counted as
     :func:`layouts._text_lines` cuts them (``\\r\\n``, ``\\r``, ``\\n``). The file is mapped, not
-    read: its line ends are counted in place."""
+    read: its line ends are counted in place, each piece's pages let go of after (a mapped
+    file's pages read count as this process's memory: the whole manifest, else)."""
     ranges: list[tuple[int, int, int]] = []
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -46,8 +47,18 @@ def manifest_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int, int]]:
                     end = mapped.find(b"\n", start + chunk_bytes) + 1 or size
                 ranges.append((start, end, line))
                 line += _line_ends(mapped, start, end)
+                _let_go(mapped, start, end)
                 start = end
     return ranges
+
+
+def _let_go(mapped: mmap.mmap, start: int, end: int) -> None:
+    """Drop the whole pages of bytes [start, end) of ``mapped`` from this process (clean pages of
+    a file: read again from the page cache if touched)."""
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = end // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first and hasattr(mapped, "madvise"):  # madvise: not on every platform
+        mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def _line_ends(mapped: mmap.mmap, start: int, end: int) -> int:
