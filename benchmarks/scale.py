@@ -259,10 +259,11 @@ def index_child(root: str, metadata_file: str = "manifest.jsonl") -> None:
     started = time.perf_counter()
     index = build_index(DataConfig(path=root, metadata_file=metadata_file), FeaturesConfig())
     seconds = time.perf_counter() - started
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB  # Linux: KiB
     used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    peak_mb, helper_mb = (u.ru_maxrss * 1024 / MB for u in used)  # Linux: KiB; the largest helper's (reaped)
     cpu_s = sum(u.ru_utime + u.ru_stime for u in used)  # the helper processes' too (reaped: RUSAGE_CHILDREN)
-    print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "peak_rss_mb": peak_mb, "clips": len(index.samples),
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "peak_rss_mb": peak_mb, "helper_peak_rss_mb": helper_mb,
+                      "clips": len(index.samples),
                       "rejected": len(index.rejected), "cache": index.stats.cache}))
 
 
@@ -361,7 +362,8 @@ def run_size(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None])
     log(f"scale {size}: manifest of {manifest.stat().st_size / MB:.0f} MB written in "
         f"{time.perf_counter() - started:.0f} s")
     cold = _index(root)
-    log(f"scale {size}: cold index build {cold['seconds']:.1f} s, peak RSS {cold['peak_rss_mb']:.0f} MB")
+    log(f"scale {size}: cold index build {cold['seconds']:.1f} s ({cold['cpu_s']:.1f} s of CPU), peak RSS "
+        f"{cold['peak_rss_mb']:.0f} MB (largest helper {cold['helper_peak_rss_mb']:.0f} MB)")
     warm = _index(root)
     log(f"scale {size}: warm index load {warm['seconds']:.2f} s ({warm['cache']}), peak RSS "
         f"{warm['peak_rss_mb']:.0f} MB")
@@ -372,7 +374,8 @@ def run_size(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None])
     index_mb = sum(p.stat().st_size for p in (root / ".stoker").glob("index-*")) / MB
     shutil.rmtree(root, ignore_errors=True)
     return {"clips": size, "cold_build_s": cold["seconds"], "cold_build_peak_rss_mb": cold["peak_rss_mb"],
-            "warm_load_s": warm["seconds"], "warm_load_peak_rss_mb": warm["peak_rss_mb"],
+            "cold_build_helper_peak_rss_mb": cold["helper_peak_rss_mb"], "warm_load_s": warm["seconds"],
+            "warm_load_peak_rss_mb": warm["peak_rss_mb"],
             "index_cache_mb": index_mb, "usable": cold["clips"], "rejected": cold["rejected"], **run}
 
 
@@ -418,7 +421,8 @@ def run_loose(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]
         f"{run['samples_per_s']:.0f} samples/s")
     shutil.rmtree(root, ignore_errors=True)
     return {"clips": size, "cold_build_s": cold["seconds"], "cold_build_peak_rss_mb": cold["peak_rss_mb"],
-            "warm_load_s": warm["seconds"], "warm_load_peak_rss_mb": warm["peak_rss_mb"], "warm_cache": warm["cache"],
+            "cold_build_helper_peak_rss_mb": cold["helper_peak_rss_mb"], "warm_load_s": warm["seconds"],
+            "warm_load_peak_rss_mb": warm["peak_rss_mb"], "warm_cache": warm["cache"],
             "usable": cold["clips"], "rejected": cold["rejected"], **run}
 
 
