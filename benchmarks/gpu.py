@@ -76,7 +76,7 @@ import numpy as np
 
 import stoker
 from .calibrate import Aim, search
-from .corpus import make_clips
+from .corpus import leases_of, make_clips
 from ..consumer.pipeline.lease_tables import TokenTable
 from ..consumer.pipeline.plan import EpochPlanner
 from ..feed import feed_config
@@ -92,7 +92,7 @@ from ..shared.mel import pad_values
 from ..shared.proc import steady_heap
 from ..shared.runfiles import SAMPLES
 
-from .common import CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, table, write_json
+from .common import CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, spread, table, write_json
 
 RESULT_PREFIX = "GPU-BENCH-RESULT "
 
@@ -274,21 +274,6 @@ def planned_batches(root: str, batch_size: int, epochs: int) -> tuple[Any, Any, 
     planner = EpochPlanner(index.samples, cfg.batching)
     batches = [b for epoch in range(epochs) for b in planner.plan(epoch)]
     return cfg, index, batches, TokenTable(index.samples, index.vocabulary)
-
-
-def leases_of(planned: Sequence[Any], tokens: TokenTable) -> list[wire.Lease]:
-    """The lease the coordinator sends a producer on this host for each planned batch
-    (consumer/pipeline/leases.py: the table's token ids, speakers, languages, texts, files,
-    durations and the files' stamps)."""
-    out = []
-    for n, b in enumerate(planned, start=1):
-        carried = tokens.lease_fields(b.ids, b.clips)
-        out.append(wire.Lease(lease=n, epoch=b.epoch, index=b.index, ids=tuple(b.ids), shape=(b.shape[0], b.shape[1]),
-                              rows=b.rows, tokens=tuple(tuple(row) for row in carried["tokens"]),
-                              speakers=tuple(carried["speakers"]), languages=tuple(carried["languages"]),
-                              texts=carried["texts"], files=carried["files"], durations=carried["durations"],
-                              stamps=carried["stamps"]))
-    return out
 
 
 class PlannedDataset:
@@ -558,7 +543,8 @@ def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device
 def _check(torch: Any, spec: dict[str, Any], dataset: PlannedDataset) -> dict[str, Any]:
     """One epoch from a feed (one producer, its batches' ids from samples.jsonl) against the
     items of a DataLoader over ``dataset`` (one worker, as the timed ones are made), and the
-    reference way's made here (check_same_work), before any way is timed."""
+    reference way's made here (check_same_work), before any way is timed; with each way's CPU
+    per batch, made here in turns (this process in the producers' environment, _run_child)."""
     run_dir = Path(spec["work"]) / "run"
     got = []
     with _open_feed(spec, 1, 1, run_dir, **{"trainer.record_samples": True}) as feed:
@@ -574,15 +560,25 @@ def _check(torch: Any, spec: dict[str, Any], dataset: PlannedDataset) -> dict[st
                                          multiprocessing_context="spawn")
     items = [{name: tensor.numpy() for name, tensor in item.items()} for item in loader]
     reference = None
+    cpu_ms: dict[str, list[float]] = {"dataloader": [], "dataloader-reference": []}
+    way = PlannedDataset(dataset.root, dataset.features, dataset.leases, "reference")
+    for i in range(len(dataset)):  # each way's CPU per batch here, batch by batch in turns
+        for name, made in (("dataloader", dataset), ("dataloader-reference", way if spec["reference"] else None)):
+            if made is not None:
+                began = time.process_time()
+                made.arrays(i)
+                cpu_ms[name].append((time.process_time() - began) * 1e3)
     if spec["reference"]:
-        way = PlannedDataset(dataset.root, dataset.features, dataset.leases, "reference")
         reference = [way.arrays(i) for i in range(len(way))]
-    return check_same_work(list(zip(ids, got)), dataset.leases, items, reference)
+    same = check_same_work(list(zip(ids, got)), dataset.leases, items, reference)
+    return {**same, "cpu_ms_per_batch": {name: spread(v) for name, v in cpu_ms.items() if v}}
 
 
 # ---------------------------------------------------------------- the parent: runs and figures
 def _run_child(spec: dict[str, Any], log_path: Path) -> dict[str, Any]:
     env = {**os.environ, **QUIET_ENV}
+    if spec["kind"] == "check":  # its own batches made as a producer makes them (producers_env)
+        env = {**PRODUCER_ENV, **env}
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "stoker.benchmarks.gpu", "child", json.dumps(spec)],
                                 stdout=subprocess.PIPE, stderr=log_file, env=env)
@@ -773,6 +769,11 @@ def render(section: dict[str, Any]) -> str:
     if same:
         parts.append(f"dataloader: the producers' BatchMaker in its workers; its arrays equal the feed's in "
                      f"{same['batches']} batches (checked before timing)")
+        cpu = same.get("cpu_ms_per_batch") or {}
+        if cpu:
+            parts.append("CPU per batch, made in the check's process in turns (ms, median [min, max] over "
+                         f"{same['batches']} batches): " + "; ".join(
+                             f"{name} {v['median']:.1f} [{v['min']:.1f}, {v['max']:.1f}]" for name, v in cpu.items()))
         if same["reference_mel_max_abs_diff"] is not None:
             parts.append(f"dataloader-reference (extra way): the per-clip reference log-mel instead; its mels within "
                          f"{same['reference_mel_max_abs_diff']:.1e} of the feed's")

@@ -34,6 +34,8 @@ def test_gpu_benchmark_structure(tmp_path: Path) -> None:
     # before timing: one epoch of the feed's batches (16 clips / 8) equal to the DataLoader's, array by array
     same = result["same_work"]
     assert same["batches"] == 2 and same["equal"] and 0 < same["reference_mel_max_abs_diff"] < 1e-3
+    assert {name: v["n"] for name, v in same["cpu_ms_per_batch"].items()} == {"dataloader": 2,
+                                                                               "dataloader-reference": 2}
     # calibrated first (the small size's depth), and the three ways trained the model it chose
     calibration = size["calibration"]
     aim = gpu.AIMS["small"]
@@ -77,6 +79,7 @@ def test_gpu_benchmark_structure(tmp_path: Path) -> None:
     text = gpu.render(result)
     assert "feed/replay" in text and "decoder_layers calibrated for a step of ~15 ms" in text
     assert "its arrays equal the feed's in 2 batches (checked before timing)" in text
+    assert "CPU per batch, made in the check's process in turns" in text
     assert "dataloader-reference (extra way)" in text and "feed / dataloader-reference samples/s (the extra way" in text
     assert f"the feed's trainer process's threads (P=1): {', '.join(feed['threads'])}" in text
     assert [t["what"] for t in suite.targets({"gpu": result})] == whats
