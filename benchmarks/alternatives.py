@@ -18,15 +18,18 @@ measured from outside:
                   ``dataset.apply(distribute("distributed_epoch", ...))``; the map runs in
                   the workers with ``num_parallel_calls=1`` (one core each, as a producer).
     mp.Queue      the trainer process starts P ``multiprocessing`` (spawn) workers that put
-                  pickled batch dicts into a ``multiprocessing.Queue(maxsize=3)``.
+                  pickled batch dicts into a ``multiprocessing.Queue(maxsize=3)``; each batch made
+                  by the producers' own code (``producer.batches.BatchMaker.make`` on the lease the
+                  coordinator sends, ``features.backend=auto`` resolved as a producer resolves it,
+                  the launcher's producer environment): exactly the ``stoker`` row's work.
 
 Same data: the embedded demo set (64 clips, 22,050 Hz 16-bit WAV). Same batches: the
 consumer's epoch plan (``consumer/pipeline/plan.py``, batch 16, bucketed shapes), epoch after
 epoch, each batch padded to its bucket shape [B, L] / [B, T, F]. Same preprocessing:
-read the WAV, the log-mel of ``producer/features.py`` computed by its TensorFlow ops
-(the ``tf.function`` of :class:`producer.features.MelComputer`, which is what
-``log_mel_spectrogram`` runs; stoker's producers run it with ``features.backend=tf``),
-token ids from the index's vocabulary (``consumer.pipeline.lease_tables.TokenTable``, as the leases carry
+read the WAV, the log-mel of ``producer/features.py``: in the tf.data variants computed by its
+TensorFlow ops (the ``tf.function`` of :class:`producer.features.MelComputer`, which
+``stoker (tf ops)``'s producers run with ``features.backend=tf``), in mp.Queue by the producers'
+BatchMaker as in ``stoker``; token ids from the index's vocabulary (``consumer.pipeline.lease_tables.TokenTable``, as the leases carry
 them; for the tf.data variants put into the plan's tensors, since a Python tokenizer
 cannot run in a tf.data service worker), padding with the same values. stoker's own default computes the same
 definition without TensorFlow (the issue's "tf.data service ... needs the TF-op version
@@ -55,8 +58,12 @@ min, max):
 
 Ratios are stoker / alternative for throughput (higher is better for stoker) and
 alternative / stoker for time to first batch, CPU and memory (higher: stoker uses less),
-each stored with the two medians it came from. Targets: stoker's wait share <= that of
-tf.data and of tf.data service; its time to first batch lower than both.
+each stored with the two medians it came from, against the stoker row that does the same
+per-batch work (SAME_WORK): ``stoker (tf ops)`` for the tf.data variants (the same TF ops,
+TensorFlow imported in the workers), ``stoker`` for mp.Queue (the producers' BatchMaker). A
+run without that row compares with ``stoker`` and says so (``same_work`` false). Targets: the
+same-work stoker row's wait share <= that of tf.data and of tf.data service; its time to first
+batch lower than both.
 
 Run alone: ``python -m stoker.benchmarks.alternatives [--quick] [--json FILE]``.
 """
@@ -85,21 +92,25 @@ import numpy as np
 import psutil
 
 from .common import DEMO_DATA, QUIET_ENV, STOKER, BenchError, ratio, spread, table
+from .corpus import leases_of
 from ..consumer.pipeline.lease_tables import TokenTable
 from ..consumer.pipeline.plan import EpochPlanner
-from ..producer.audio import load_audio
-from ..producer.features import MelComputer, pad_value
-from ..shared.batch import SCHEMA, batch_dims, collate
+from ..launcher import PRODUCER_ENV
+from ..producer.batches import BatchMaker
+from ..producer.features import MelComputer, pad_value, resolve_backend
 from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig
 from ..shared.dataset import build_index
 from ..shared.metrics import wait_share
-from ..shared.mel import pad_values
 
 KINDS = ("stoker", "stoker (tf ops)", "tf.data", "tf.data service", "mp.Queue")
 # The stoker variants and their features.backend.
 STOKER_BACKENDS = {"stoker": "auto", "stoker (tf ops)": "tf"}
 # The variants a target compares stoker with.
 TARGET_KINDS = ("tf.data", "tf.data service")
+# Each alternative's stoker row of the same per-batch work: the TF-op mels for the tf.data
+# variants (a tf.data service worker runs TF ops only), the producers' BatchMaker for mp.Queue.
+SAME_WORK = {"stoker (tf ops)": "stoker", "tf.data": "stoker (tf ops)", "tf.data service": "stoker (tf ops)",
+             "mp.Queue": "stoker"}
 BATCH_SIZE = 16
 # Queue capacity of the mp.Queue variant: stoker's default buffer size.
 QUEUE_CAPACITY = 3
@@ -124,13 +135,14 @@ class AlternativesPlan:
 
     @classmethod
     def quick(cls) -> "AlternativesPlan":
-        # The TF-op stoker row only in the full run: --quick must stay under 3 minutes.
-        return cls(steps=30, repetitions=1, kinds=tuple(k for k in KINDS if k != "stoker (tf ops)"))
+        # Every row, the TF-op stoker one too (the tf.data variants' same work), once, short.
+        return cls(steps=30, repetitions=1)
 
 
 # ---------------------------------------------------------------- the shared work
 def plan_batches(data_dir: Path, steps: int) -> list[dict[str, Any]]:
-    """The consumer's planned batches, epoch after epoch, until ``steps`` batches."""
+    """The consumer's planned batches, epoch after epoch, until ``steps`` batches; each with
+    its lease as the coordinator sends it (benchmarks/corpus.leases_of)."""
     index = build_index(DataConfig(path=str(data_dir), index_cache="off"), FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=BATCH_SIZE))
     files = {s.id: s.audio for s in index.samples}
@@ -139,21 +151,13 @@ def plan_batches(data_dir: Path, steps: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     epoch = 0
     while len(out) < steps:
-        for b in planner.plan(epoch):
+        planned = planner.plan(epoch)
+        for b, lease in zip(planned, leases_of(planned, tokens)):
             out.append({"ids": list(b.ids), "shape": list(b.shape),
                         "paths": [str(data_dir / files[i]) for i in b.ids],
-                        "tokens": tokens(b.ids)})
+                        "tokens": [list(row) for row in lease.tokens], "lease": lease})
         epoch += 1
     return out[:steps]
-
-
-def numpy_batch(batch: dict[str, Any], mels: Any, cfg: Any) -> dict[str, Any]:
-    """One planned batch, as a stoker producer makes it (read, TF-op log-mel, tokens, pad)."""
-    clips = [load_audio(Path(p), cfg.sample_rate_hz) for p in batch["paths"]]
-    tokens = [np.asarray(t, np.int32) for t in batch["tokens"]]
-    max_tokens, max_frames = batch["shape"]
-    return collate([{"tokens": t, "mel": m} for t, m in zip(tokens, mels(clips))],
-                   batch_dims(BATCH_SIZE, (max_tokens, max_frames), cfg.n_mels), pad_values(SCHEMA, cfg, "off"))
 
 
 def plan_tensors(batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -229,11 +233,12 @@ def train_loop(next_batch: Callable[[], Any], steps: int, step_ms: float) -> dic
     return {"first_batch_unix": first_unix, "rows": rows}
 
 
-def _queue_worker(batches: list[dict[str, Any]], cfg: Any, out: Any) -> None:
-    """One mp.Queue worker: every batch given to it, pickled into the queue."""
-    mels = MelComputer(dataclasses.replace(cfg, backend="tf"))
+def _queue_worker(root: str, batches: list[dict[str, Any]], out: Any) -> None:
+    """One mp.Queue worker: every batch given to it made by the producers' BatchMaker (the
+    features a producer resolves), pickled into the queue."""
+    maker = BatchMaker(Path(root), {}, resolve_backend(FeaturesConfig()), None, "mp.Queue")
     for b in batches:
-        out.put(numpy_batch(b, mels, cfg))
+        out.put(maker.make(b["lease"]).arrays)
 
 
 def child_main(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -242,9 +247,11 @@ def child_main(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     batches = plan_batches(Path(spec["data"]), spec["steps"])
     workers = int(spec["workers"])
     if kind == "mp.Queue":
+        for key, value in PRODUCER_ENV.items():  # the workers' environment, as the launcher gives producers theirs
+            os.environ.setdefault(key, value)
         ctx = multiprocessing.get_context("spawn")
         q = ctx.Queue(maxsize=QUEUE_CAPACITY)
-        procs = [ctx.Process(target=_queue_worker, args=(batches[k::workers], cfg, q), daemon=True)
+        procs = [ctx.Process(target=_queue_worker, args=(spec["data"], batches[k::workers], q), daemon=True)
                  for k in range(workers)]
         for p in procs:
             p.start()
@@ -467,19 +474,21 @@ def run(plan: AlternativesPlan | None = None, log: Callable[[str], None] | None 
 
 
 def summarize(plan: AlternativesPlan, samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Medians per variant, ratios against stoker, targets."""
+    """Medians per variant, ratios against the stoker row of the same work (SAME_WORK), targets."""
     variants = {kind: {f: spread([r[f] for r in runs]) for f in FIGURES} | {"runs": runs}
                 for kind, runs in samples.items()}
     out: dict[str, Any] = {"config": dataclasses.asdict(plan), "ideal_steps_per_s": 1000.0 / plan.step_ms,
                            "variants": variants, "vs_stoker": {}, "targets": []}
     if "stoker" not in variants:
         return out
-    s = variants["stoker"]
     for kind, v in variants.items():
         if kind == "stoker":
             continue
+        against = SAME_WORK[kind] if SAME_WORK[kind] in variants else "stoker"
+        s = variants[against]
         med = {f: v[f]["median"] for f in FIGURES}
         out["vs_stoker"][kind] = {
+            "against": against, "same_work": against == SAME_WORK[kind],
             "throughput": ratio(s["steps_per_s"]["median"], med["steps_per_s"], note="stoker / alternative steps/s"),
             "time_to_first_batch": ratio(med["time_to_first_batch_s"], s["time_to_first_batch_s"]["median"],
                                          note="alternative / stoker seconds"),
@@ -489,10 +498,10 @@ def summarize(plan: AlternativesPlan, samples: dict[str, list[dict[str, Any]]]) 
                           "difference": med["wait_frac"] - s["wait_frac"]["median"]},
         }
         if kind in TARGET_KINDS:
-            out["targets"].append({"what": f"stoker wait share <= {kind}'s", "value": s["wait_frac"]["median"],
+            out["targets"].append({"what": f"{against} wait share <= {kind}'s", "value": s["wait_frac"]["median"],
                                    "limit": med["wait_frac"], "met": s["wait_frac"]["median"] <= med["wait_frac"]})
             r = out["vs_stoker"][kind]["time_to_first_batch"]
-            out["targets"].append({"what": f"stoker time to first batch < {kind}'s", "value": r["value"],
+            out["targets"].append({"what": f"{against} time to first batch < {kind}'s", "value": r["value"],
                                    "ratio": r, "limit": 1.0, "met": r["value"] > 1.0})
     return out
 
@@ -506,12 +515,13 @@ def render(section: dict[str, Any]) -> str:
             return f"{s['median']:.{digits}f} [{s['min']:.{digits}f},{s['max']:.{digits}f}]"
 
         r = vs.get(kind)
-        rows.append([kind, cell("steps_per_s", 2), cell("wait_frac", 4), cell("time_to_first_batch_s", 2),
+        rows.append([kind, r["against"] + ("" if r["same_work"] else " (other work)") if r else "-",
+                     cell("steps_per_s", 2), cell("wait_frac", 4), cell("time_to_first_batch_s", 2),
                      cell("cpu_s", 1), cell("peak_rss_mb", 0),
                      f"{r['throughput']['value']:.3f}" if r else "-",
                      f"{r['time_to_first_batch']['value']:.2f}" if r else "-",
                      f"{r['cpu']['value']:.2f}" if r else "-", f"{r['memory']['value']:.2f}" if r else "-"])
-    lines = [table(["variant", "steps/s", "wait share", "first batch s", "CPU s", "peak RSS MB",
+    lines = [table(["variant", "against", "steps/s", "wait share", "first batch s", "CPU s", "peak RSS MB",
                     "stoker/alt steps", "alt/stoker first", "alt/stoker CPU", "alt/stoker RSS"], rows)]
     if section.get("targets"):
         lines += ["", table(["target", "value", "limit", "result"],

@@ -171,3 +171,19 @@ def plan_leases(root: Path, batch_size: int = BATCH_SIZE) -> list[Any]:
     tokens = TokenTable(index.samples, index.vocabulary)
     return [wire.Lease(n, 0, b.index, tuple(b.ids), (b.shape[0], b.shape[1]), b.rows,
                        tuple(tuple(row) for row in tokens(b.ids))) for n, b in enumerate(planner.plan(0), start=1)]
+
+
+def leases_of(planned: Any, tokens: TokenTable) -> list[wire.Lease]:
+    """The lease the coordinator sends a producer on the trainer's host for each planned batch
+    (consumer/pipeline/leases.py: the table's token ids, speakers, languages, texts, files,
+    durations and the files' stamps), numbered from 1: what a baseline hands the producers'
+    BatchMaker so that it does their work."""
+    out = []
+    for n, b in enumerate(planned, start=1):
+        carried = tokens.lease_fields(b.ids, b.clips)
+        out.append(wire.Lease(lease=n, epoch=b.epoch, index=b.index, ids=tuple(b.ids), shape=(b.shape[0], b.shape[1]),
+                              rows=b.rows, tokens=tuple(tuple(row) for row in carried["tokens"]),
+                              speakers=tuple(carried["speakers"]), languages=tuple(carried["languages"]),
+                              texts=carried["texts"], files=carried["files"], durations=carried["durations"],
+                              stamps=carried["stamps"]))
+    return out

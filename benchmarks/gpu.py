@@ -9,10 +9,18 @@ batches of the plan's bucket shapes, epoch after epoch), each way in its own pro
                 the batches' descriptors and (from slots page-locked for CUDA) queueing their copies
                 between steps; the trainer process's threads are reported.
     dataloader  ``torch.utils.data.DataLoader`` with P workers (spawned), ``batch_size=None`` over
-                the planned batches: each item reads its clips, computes stoker's numpy log-mel
-                (``producer.features.log_mel_spectrogram_numpy``, float32) and pads the index's
-                tokens and the mels into the batch's bucket shape; ``pin_memory`` on CUDA and
-                ``non_blocking`` copies.
+                the planned batches: each item is made by the producers' own code, in the worker
+                (``producer.batches.BatchMaker.make`` on the lease the coordinator sends for that
+                batch: read, the batch's log-mels at once by ``MelComputer`` with the feed's resolved
+                ``features``, the lease's tokens, collation into the bucket's shape); ``pin_memory``
+                on CUDA and ``non_blocking`` copies. Before any way is timed, a check child takes one
+                epoch from a feed and requires these items' arrays to equal the feed's, batch by
+                batch (the same ids), exactly: the two ways do the same work.
+    dataloader-reference  (an extra way, labelled as such) the same DataLoader with each clip's
+                log-mel computed alone by the per-clip reference ``log_mel_spectrogram_numpy``
+                (float32): what a user porting the definition clip by clip writes; about twice the
+                producers' CPU per batch. Its mels differ from the feed's within float32 rounding
+                (the check reports the largest difference). ``--no-reference`` leaves it out.
     replay      one batch of each bucket shape made once and held on the device, replayed in the
                 plan's order of shapes for the same number of steps, after one warm-up step per
                 shape: the step's own time, with no input pipeline in the process.
@@ -24,8 +32,8 @@ each shape's first step left out): on CUDA the device time between two
 end; on the CPU the step's wall time; the trainer's wait share (time in ``next()`` over the
 loop's time after warm-up); the time to the first batch (from before the index is built to
 the first batch in hand); GPU utilisation (mean of NVML samples, shared/gpumon.py, when NVML
-is present). Ratios: feed / replay step per shape, feed / dataloader samples/s, each with its
-two numbers.
+is present). Ratios: feed / replay step per shape, feed / dataloader samples/s (the target's) and
+feed / dataloader-reference samples/s (informational), each with its two numbers.
 
 The step. On CUDA: a transformer text encoder, frames that attend to the text from their
 place in the clip, a residual MLP mel decoder, masked L1 loss, AdamW, bf16 autocast. Two sizes
@@ -38,10 +46,10 @@ size): like a step that launches kernels, it spends its time in the interpreter,
 feed's threads in the same process contend with it for the GIL as they do on a GPU host.
 
 Targets (reported, not enforced; the largest P): feed step within 3 % of replay for every
-shape; feed samples/s >= 1.5 x the dataloader's; feed wait share <= 1 %.
+shape; feed samples/s >= 1.5 x the dataloader's (the same work); feed wait share <= 1 %.
 
     python -m stoker.benchmarks.gpu [--quick] [--size small --size large] [--producers 1 --producers 2]
-        [--clips N] [--epochs E] [--batch-size B] [--[no-]calibrate] [--out FILE]
+        [--clips N] [--epochs E] [--batch-size B] [--[no-]calibrate] [--no-reference] [--out FILE]
 """
 
 from __future__ import annotations
@@ -68,19 +76,23 @@ import numpy as np
 
 import stoker
 from .calibrate import Aim, search
-from .corpus import make_clips
+from .corpus import leases_of, make_clips
 from ..consumer.pipeline.lease_tables import TokenTable
 from ..consumer.pipeline.plan import EpochPlanner
+from ..feed import feed_config
+from ..launcher import PRODUCER_ENV
 from ..producer.audio import load_audio
-from ..producer.features import log_mel_spectrogram_numpy
-from ..shared import config as config_mod
+from ..producer.batches import BatchMaker
+from ..producer.features import log_mel_spectrogram_numpy, resolve_backend
+from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.dataset import build_index
 from ..shared.gpumon import GpuSampler
 from ..shared.mel import pad_values
 from ..shared.proc import steady_heap
+from ..shared.runfiles import SAMPLES
 
-from .common import CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, table, write_json
+from .common import CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, spread, table, write_json
 
 RESULT_PREFIX = "GPU-BENCH-RESULT "
 
@@ -130,6 +142,7 @@ class GpuPlan:
     cpu_hold_ops: int = -1  # -1: CPU_HOLD_OPS of the size
     device: str = "auto"  # "auto": cuda:0 when CUDA is available, else cpu
     calibrate: bool | None = None  # each size to its AIMS on the device; None: on CUDA, unless dim or layers are given
+    reference: bool = True  # also the extra way, dataloader-reference (the per-clip reference mel)
 
     @classmethod
     def quick(cls) -> "GpuPlan":
@@ -240,9 +253,17 @@ class StepClock:
 
 
 # ---------------------------------------------------------------- the data
+# The config keys every way's feed (and the DataLoader's plan) sets beside data, batch size and epochs.
+FEED_SET = {"trainer.val_clips": 0, "data.index_cache": "off", "trainer.checkpoint_every_steps": 0}
+# How the DataLoader's items make their log-mels: by the producers' code, or per clip (the extra way).
+DATALOADER_MELS = {"dataloader": "producer", "dataloader-reference": "reference"}
+
+
 def _config(root: str, batch_size: int) -> Any:
-    return config_mod.load(None, {"data.path": root, "batching.batch_size": batch_size, "trainer.val_clips": 0,
-                                  "data.index_cache": "off"})
+    """The feed's own config for these options (stoker.feed.feed_config, framework torch): its
+    ``features`` resolved as the run service resolves them for the producers."""
+    cfg = feed_config(None, FEED_SET, {"data": root, "batch_size": batch_size}, "torch", None)
+    return dataclasses.replace(cfg, features=resolve_backend(cfg.features, framework=cfg.trainer.framework))
 
 
 def planned_batches(root: str, batch_size: int, epochs: int) -> tuple[Any, Any, list[Any], Any]:
@@ -256,40 +277,106 @@ def planned_batches(root: str, batch_size: int, epochs: int) -> tuple[Any, Any, 
 
 
 class PlannedDataset:
-    """The DataLoader's dataset: item ``i`` is planned batch ``i``, made as a producer makes it
-    (read, numpy log-mel, the index's tokens, padded to the bucket shape), as torch tensors."""
+    """The DataLoader's dataset: item ``i`` is planned batch ``i`` (its lease), as torch tensors.
 
-    def __init__(self, root: str, paths: dict[str, str], features: Any, batches: list[dict[str, Any]]) -> None:
+    ``mel="producer"``: made as a producer makes it, by its own BatchMaker (one per worker
+    process, made there on first use) with the feed's features: the same reading, batched
+    MelComputer log-mels and collation. ``mel="reference"`` (the extra way): each clip's log-mel
+    by the per-clip reference ``log_mel_spectrogram_numpy`` (float32), the same reading, tokens
+    and collation."""
+
+    def __init__(self, root: str, features: Any, leases: list[wire.Lease], mel: str = "producer") -> None:
+        if mel not in DATALOADER_MELS.values():
+            raise ValueError(f"unknown mel way {mel!r}")
         self.root = root
-        self.paths = paths
         self.features = features
-        self.batches = batches
+        self.leases = leases
+        self.mel = mel
+        self._maker: BatchMaker | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maker": None}  # each worker makes its own
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.leases)
 
     @staticmethod
-    def shape(batch: dict[str, Any]) -> tuple[int, ...]:
+    def shape(lease: wire.Lease) -> tuple[int, ...]:
         """A planned batch's bucket shape: (B, L, T)."""
-        return (len(batch["ids"]), *batch["shape"])
+        return (len(lease.ids), *lease.shape)
 
     def first_of_each_shape(self) -> dict[tuple[int, ...], int]:
         """Each bucket shape's first planned batch, by its index, in the plan's order."""
         first: dict[tuple[int, ...], int] = {}
-        for i, b in enumerate(self.batches):
-            first.setdefault(self.shape(b), i)
+        for i, lease in enumerate(self.leases):
+            first.setdefault(self.shape(lease), i)
         return first
+
+    def arrays(self, i: int) -> dict[str, np.ndarray]:
+        """Planned batch ``i``'s arrays; BenchError where a clip was rejected or missed (the ways
+        would no longer train the same samples)."""
+        lease = self.leases[i]
+        if self.mel == "reference":
+            cfg = self.features
+            clips = [load_audio(Path(self.root) / lease.files[sample], cfg.sample_rate_hz) for sample in lease.ids]
+            examples = [{"tokens": np.asarray(tokens, np.int32),
+                         "mel": log_mel_spectrogram_numpy(clip, cfg, np.float32)}
+                        for clip, tokens in zip(clips, lease.tokens)]
+            return collate(examples, batch_dims(len(examples), lease.shape, cfg.n_mels),
+                           pad_values(SCHEMA, cfg, "off"))
+        if self._maker is None:
+            self._maker = BatchMaker(Path(self.root), {}, self.features, None, "dataloader")
+        prepared = self._maker.make(lease)
+        dropped = prepared.batch.rejected + prepared.batch.missed
+        if dropped:
+            raise BenchError(f"batch {i}: the producer's code dropped {dropped[0].id}: {dropped[0].reason}")
+        return prepared.arrays
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         import torch
 
-        b = self.batches[i]
-        cfg = self.features
-        clips = [load_audio(Path(self.root) / self.paths[sample], cfg.sample_rate_hz) for sample in b["ids"]]
-        examples = [{"tokens": np.asarray(tokens, np.int32), "mel": log_mel_spectrogram_numpy(clip, cfg, np.float32)}
-                    for clip, tokens in zip(clips, b["tokens"])]
-        arrays = collate(examples, batch_dims(len(examples), b["shape"], cfg.n_mels), pad_values(SCHEMA, cfg, "off"))
-        return {name: torch.from_numpy(array) for name, array in arrays.items()}
+        return {name: torch.from_numpy(array) for name, array in self.arrays(i).items()}
+
+
+def check_same_work(feed_batches: Sequence[tuple[tuple[str, ...], dict[str, np.ndarray]]],
+                    leases: Sequence[wire.Lease], items: Sequence[dict[str, np.ndarray]],
+                    reference: Sequence[dict[str, np.ndarray]] | None) -> dict[str, Any]:
+    """The DataLoader's items (one per lease, in the plan's order) against the feed's batches of
+    the same ids: every array equal in name, dtype, shape and value (BenchError naming the first
+    that is not); the reference way's mels' largest difference from the feed's over the valid
+    frames (informational)."""
+    by_ids = {tuple(lease.ids): i for i, lease in enumerate(leases)}
+    worst = 0.0
+    for ids, got in feed_batches:
+        if ids not in by_ids:
+            raise BenchError(f"the feed handed out a batch the plan does not have (first clip {ids[0]})")
+        i = by_ids[ids]
+        ours = items[i]
+        if set(ours) != set(got):
+            raise BenchError(f"batch {i}: the DataLoader's arrays {sorted(ours)}, the feed's {sorted(got)}")
+        for name, array in ours.items():
+            if array.dtype != got[name].dtype or not np.array_equal(array, got[name]):
+                raise BenchError(f"batch {i}: the DataLoader's {name} ({array.dtype}{list(array.shape)}) is not the "
+                                 f"feed's ({got[name].dtype}{list(got[name].shape)}): not the producers' work")
+        if reference is not None:
+            mel = reference[i]["mel"]
+            for row, frames in enumerate(got["mel_lengths"]):
+                worst = max(worst, float(np.abs(mel[row, :frames] - got["mel"][row, :frames]).max(initial=0.0)))
+    if not feed_batches:
+        raise BenchError("the feed handed out no batch to check")
+    return {"batches": len(feed_batches), "equal": True, "reference_mel_max_abs_diff": worst if reference else None}
+
+
+def producers_env() -> None:
+    """This process's environment as the launcher gives a producer's (launcher.PRODUCER_ENV,
+    where not set already), for the DataLoader workers it spawns: one OpenBLAS thread, as a
+    producer computes its mels (and, with more threads, the mels' last bits can differ)."""
+    for key, value in PRODUCER_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+# Each way run per producer count as the report names it, and its key there.
+WAY_KEYS = {"feed": "feed", "dataloader": "dataloader", "dataloader-reference": "dataloader_reference"}
 
 
 # ---------------------------------------------------------------- the loops (child processes)
@@ -362,12 +449,12 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cfg, index, planned, tokens = planned_batches(spec["data"], spec["batch_size"], spec["epochs"])
-    paths = {s.id: s.audio for s in index.samples}
-    items = [{"ids": list(b.ids), "shape": list(b.shape), "tokens": [list(map(int, t)) for t in tokens(b.ids)]}
-             for b in planned]
-    dataset = PlannedDataset(spec["data"], paths, cfg.features, items)
+    leases = leases_of(planned, tokens)
+    dataset = PlannedDataset(spec["data"], cfg.features, leases, DATALOADER_MELS.get(spec["kind"], "producer"))
     if spec["kind"] == "calibrate":
         return _calibrate(torch, spec, dataset, index.vocabulary.size, cfg.features.n_mels)
+    if spec["kind"] == "check":
+        return _check(torch, spec, dataset)
     step = Step(torch, index.vocabulary.size, cfg.features.n_mels, ModelSize(**spec["size"]), device,
                 spec["hold_ops"])
     clock = StepClock(torch, cuda)
@@ -377,7 +464,8 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             out = _replay(torch, dataset, step, clock, device)
         elif kind == "feed":
             out = _feed(torch, spec, step, clock, device, planned)
-        elif kind == "dataloader":
+        elif kind in DATALOADER_MELS:
+            producers_env()
             loader = torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False,
                                                  num_workers=spec["producers"], pin_memory=cuda,
                                                  multiprocessing_context="spawn")
@@ -430,16 +518,19 @@ def _replay(torch: Any, dataset: PlannedDataset, step: Step, clock: StepClock, d
         step(batch)
     if clock.cuda:
         torch.cuda.synchronize()
-    return _timed_loop(torch, iter([held[PlannedDataset.shape(b)] for b in dataset.batches]), step, clock, device)
+    return _timed_loop(torch, iter([held[PlannedDataset.shape(lease)] for lease in dataset.leases]), step, clock, device)
+
+
+def _open_feed(spec: dict[str, Any], epochs: int, producers: int, run_dir: Path, **sets: Any) -> Any:
+    """The feed of the benchmark's runs: these clips, batch size and epochs, framework torch."""
+    return stoker.Feed(framework="torch", data=spec["data"], producers=producers, batch_size=spec["batch_size"],
+                       epochs=epochs, run_dir=str(run_dir), model_start_delay=0.0, log_level="WARNING",
+                       set={**FEED_SET, **sets})
 
 
 def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device: str,
           planned: list[Any]) -> dict[str, Any]:
-
-    feed = stoker.Feed(framework="torch", data=spec["data"], producers=spec["producers"],
-                       batch_size=spec["batch_size"], epochs=spec["epochs"], run_dir=str(Path(spec["work"]) / "run"),
-                       model_start_delay=0.0, log_level="WARNING",
-                       set={"trainer.val_clips": 0, "data.index_cache": "off", "trainer.checkpoint_every_steps": 0})
+    feed = _open_feed(spec, spec["epochs"], spec["producers"], Path(spec["work"]) / "run")
     with feed:
         if feed.batches_per_epoch * spec["epochs"] != len(planned) or \
                 sorted(feed.shapes) != sorted({(len(b.ids), *b.shape) for b in planned}):
@@ -449,9 +540,45 @@ def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device
         return {**out, "threads": sorted({thread.name for thread in threading.enumerate()})}  # a stager's among them?
 
 
+def _check(torch: Any, spec: dict[str, Any], dataset: PlannedDataset) -> dict[str, Any]:
+    """One epoch from a feed (one producer, its batches' ids from samples.jsonl) against the
+    items of a DataLoader over ``dataset`` (one worker, as the timed ones are made), and the
+    reference way's made here (check_same_work), before any way is timed; with each way's CPU
+    per batch, made here in turns (this process in the producers' environment, _run_child)."""
+    run_dir = Path(spec["work"]) / "run"
+    got = []
+    with _open_feed(spec, 1, 1, run_dir, **{"trainer.record_samples": True}) as feed:
+        for batch in feed:
+            got.append({name: tensor.numpy().copy() for name, tensor in batch.items()})  # before its slot is reused
+            feed.step_done()
+    rows = [json.loads(line) for line in (run_dir / SAMPLES).read_text(encoding="utf-8").splitlines() if line]
+    ids = [tuple(row["ids"]) for row in sorted(rows, key=lambda row: row["step"])]
+    if len(ids) != len(got):
+        raise BenchError(f"the feed handed out {len(got)} batches, its samples.jsonl names {len(ids)}")
+    producers_env()
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False, num_workers=1,
+                                         multiprocessing_context="spawn")
+    items = [{name: tensor.numpy() for name, tensor in item.items()} for item in loader]
+    reference = None
+    cpu_ms: dict[str, list[float]] = {"dataloader": [], "dataloader-reference": []}
+    way = PlannedDataset(dataset.root, dataset.features, dataset.leases, "reference")
+    for i in range(len(dataset)):  # each way's CPU per batch here, batch by batch in turns
+        for name, made in (("dataloader", dataset), ("dataloader-reference", way if spec["reference"] else None)):
+            if made is not None:
+                began = time.process_time()
+                made.arrays(i)
+                cpu_ms[name].append((time.process_time() - began) * 1e3)
+    if spec["reference"]:
+        reference = [way.arrays(i) for i in range(len(way))]
+    same = check_same_work(list(zip(ids, got)), dataset.leases, items, reference)
+    return {**same, "cpu_ms_per_batch": {name: spread(v) for name, v in cpu_ms.items() if v}}
+
+
 # ---------------------------------------------------------------- the parent: runs and figures
 def _run_child(spec: dict[str, Any], log_path: Path) -> dict[str, Any]:
     env = {**os.environ, **QUIET_ENV}
+    if spec["kind"] == "check":  # its own batches made as a producer makes them (producers_env)
+        env = {**PRODUCER_ENV, **env}
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "stoker.benchmarks.gpu", "child", json.dumps(spec)],
                                 stdout=subprocess.PIPE, stderr=log_file, env=env)
@@ -492,9 +619,11 @@ def summarize_run(raw: dict[str, Any], warmup_steps: int) -> dict[str, Any]:
                         for shape, v in sorted(per_shape.items())}}
 
 
-def compare(replay: dict[str, Any], feed: dict[str, Any], dataloader: dict[str, Any] | None) -> dict[str, Any]:
-    """Per shape: feed / replay and dataloader / replay step; feed / dataloader samples/s (None
-    while the dataloader has not run: a partial section)."""
+def compare(replay: dict[str, Any], feed: dict[str, Any], dataloader: dict[str, Any] | None,
+            reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per shape: feed / replay and dataloader / replay step; feed / dataloader samples/s and
+    feed / dataloader-reference samples/s (None while that way has not run: a partial section,
+    or the extra way left out)."""
     shapes = {}
     for shape, r in replay["step_ms"].items():
         f, d = feed["step_ms"].get(shape), dataloader and dataloader["step_ms"].get(shape)
@@ -503,7 +632,10 @@ def compare(replay: dict[str, Any], feed: dict[str, Any], dataloader: dict[str, 
                          "dataloader_vs_replay": d and ratio(d["median"], r["median"])}
     return {"shapes": shapes,
             "feed_vs_dataloader": dataloader and ratio(feed["samples_per_s"], dataloader["samples_per_s"],
-                                                       note="feed / dataloader samples/s"),
+                                                       note="feed / dataloader samples/s (the same work)"),
+            "feed_vs_dataloader_reference": reference and ratio(
+                feed["samples_per_s"], reference["samples_per_s"],
+                note="feed / dataloader-reference samples/s (per-clip reference mel: the extra way)"),
             "feed_vs_replay": ratio(feed["samples_per_s"], replay["samples_per_s"], note="feed / replay samples/s")}
 
 
@@ -519,8 +651,9 @@ def _device(plan: GpuPlan) -> tuple[str, str]:
 
 def run(plan: GpuPlan | None = None, log: Callable[[str], None] | None = None,
         partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Every size and producer count of ``plan``, the three ways each: the report (bench.json's
-    section). ``partial`` is given the section as it stands after each way (``complete`` false,
+    """Every size and producer count of ``plan``, each way (the extra one where ``plan.reference``),
+    after the check that the DataLoader's arrays are the feed's (``same_work``, BenchError if
+    not): the report (bench.json's section). ``partial`` is given the section as it stands after each way (``complete`` false,
     no targets yet), so that a run stopped at a deadline still leaves what it measured."""
     plan = plan or GpuPlan()
     log = log or (lambda text: None)
@@ -540,6 +673,11 @@ def run(plan: GpuPlan | None = None, log: Callable[[str], None] | None = None,
     try:
         data = work / "clips"
         make_clips(data, plan.clips)
+        head["same_work"] = _run_child({"kind": "check", "name": "same work", "data": str(data),
+                                        "batch_size": plan.batch_size, "epochs": 1, "device": "cpu",
+                                        "reference": plan.reference, "work": str(work / "check")},
+                                       work / "check.log")
+        log(f"gpu check: the DataLoader's arrays equal the feed's in {head['same_work']['batches']} batches")
         for name in plan.sizes:
             _one_size(plan, name, device, work, sizes, log, keep)
     finally:
@@ -579,12 +717,17 @@ def _one_size(plan: GpuPlan, name: str, device: str, work: Path, sizes: dict[str
                    "producers": runs}
     keep()
     for p in plan.producers:
-        run_ = runs[str(p)] = {"feed": one("feed", p), "dataloader": None}
+        run_ = runs[str(p)] = {"feed": one("feed", p), "dataloader": None, "dataloader_reference": None}
         run_["compare"] = compare(sizes[name]["replay"], run_["feed"], None)
         keep()  # the feed's figures, before the dataloader runs
         run_["dataloader"] = one("dataloader", p)
         run_["compare"] = compare(sizes[name]["replay"], run_["feed"], run_["dataloader"])
         keep()
+        if plan.reference:
+            run_["dataloader_reference"] = one("dataloader-reference", p)
+            run_["compare"] = compare(sizes[name]["replay"], run_["feed"], run_["dataloader"],
+                                      run_["dataloader_reference"])
+            keep()
 
 
 def targets(sizes: dict[str, Any]) -> list[dict[str, Any]]:
@@ -622,6 +765,18 @@ def render(section: dict[str, Any]) -> str:
         return "-" if v is None else f"{v:.{digits}f}"
 
     parts = [f"device {section['device']} ({section['device_name']}); step: {section['step']}"]
+    same = section.get("same_work")
+    if same:
+        parts.append(f"dataloader: the producers' BatchMaker in its workers; its arrays equal the feed's in "
+                     f"{same['batches']} batches (checked before timing)")
+        cpu = same.get("cpu_ms_per_batch") or {}
+        if cpu:
+            parts.append("CPU per batch, made in the check's process in turns (ms, median [min, max] over "
+                         f"{same['batches']} batches): " + "; ".join(
+                             f"{name} {v['median']:.1f} [{v['min']:.1f}, {v['max']:.1f}]" for name, v in cpu.items()))
+        if same["reference_mel_max_abs_diff"] is not None:
+            parts.append(f"dataloader-reference (extra way): the per-clip reference log-mel instead; its mels within "
+                         f"{same['reference_mel_max_abs_diff']:.1e} of the feed's")
     for name, s in section["sizes"].items():
         model = ", ".join(f"{k} {v}" for k, v in s["model"].items())
         parts += ["", f"{name}: {model}; {s['replay']['parameters'] / 1e6:.2f} M parameters"]
@@ -630,12 +785,17 @@ def render(section: dict[str, Any]) -> str:
         rows = [[name, "replay", "-", num(s["replay"]["samples_per_s"]), "-", "-",
                  num(s["replay"]["gpu_util"], 0), s["replay"]["samples"]]]
         for p, r in s["producers"].items():
-            for kind in ("feed", "dataloader"):
-                v = r[kind]
-                rows.append([name, kind, p, num(v["samples_per_s"]), num(v["wait_share"], 4),
-                             num(v["first_batch_s"], 2), num(v["gpu_util"], 0), v["samples"]])
+            for kind, key in WAY_KEYS.items():
+                v = r.get(key)
+                if v is not None:
+                    rows.append([name, kind, p, num(v["samples_per_s"]), num(v["wait_share"], 4),
+                                 num(v["first_batch_s"], 2), num(v["gpu_util"], 0), v["samples"]])
         parts += ["", table(["size", "way", "P", "samples/s", "wait share", "first batch s", "GPU util %", "samples"],
                             rows)]
+        extra = [f"P={p} {r['compare']['feed_vs_dataloader_reference']['value']:.3f}" for p, r in s["producers"].items()
+                 if r["compare"].get("feed_vs_dataloader_reference")]
+        if extra:
+            parts.append("feed / dataloader-reference samples/s (the extra way, not a target): " + ", ".join(extra))
         threads = {p: ", ".join(r["feed"]["threads"]) for p, r in s["producers"].items() if r["feed"].get("threads")}
         parts += [f"the feed's trainer process's threads (P={p}): {names}" for p, names in threads.items()]
         shape_rows = []
@@ -674,6 +834,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction,
                         help="size each model to its step on the device first (default: on CUDA, unless --dim or "
                              "--layers are given)")
+    parser.add_argument("--no-reference", dest="reference", action="store_false", default=None,
+                        help="leave out the extra way, dataloader-reference (the per-clip reference log-mel)")
     parser.add_argument("--out", help="also write the section to this JSON file (after each way, with "
                                       "complete: false, until the end)")
     ns = parser.parse_args(args)
@@ -681,7 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     changes = {"sizes": tuple(ns.size) if ns.size else None, "producers": tuple(ns.producers) if ns.producers else None,
                "clips": ns.clips, "epochs": ns.epochs, "batch_size": ns.batch_size, "warmup_steps": ns.warmup_steps,
                "dim": ns.dim, "layers": ns.layers, "cpu_hold_ops": ns.cpu_hold_ops, "device": ns.device,
-               "calibrate": ns.calibrate}
+               "calibrate": ns.calibrate, "reference": ns.reference}
     plan = dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
     try:
         section = run(plan, log=lambda text: print(text, file=sys.stderr, flush=True),

@@ -29,8 +29,10 @@ Runs the sections below, prints plain tables and writes ``bench.json``:
                    encoder: samples/s and wait share, with the processes sharing the cores
                    and one core per device (benchmarks/producer_models.py)
     gpu            (full run only) a PyTorch text-to-mel model fed by stoker.Feed(framework="torch"),
-                   by a DataLoader and from batches held on the device: samples/s, step per shape,
-                   wait share; on a host without CUDA a CPU step that holds the interpreter
+                   by a DataLoader doing the producers' work (checked equal before timing; the
+                   per-clip reference mel as an extra way) and from batches held on the device:
+                   samples/s, step per shape, wait share; on a host without CUDA a CPU step that
+                   holds the interpreter
                    (benchmarks/gpu.py)
     scale          manifests of 1 M and 10 M clips with durations (--quick: 20,000 and
                    100,000): index build cold and warm, launch to first batch, samples/s
@@ -292,8 +294,9 @@ SECTION_VIEWS: tuple[tuple[str, Callable[[dict[str, Any]], str], Callable[[dict[
     ("producer_models", lambda s: "producer_models: one encoder (mel -> codes, about a training step's cost) in the "
                                   "training step, in the producers, from the cache, vs none; demo data, batch 16, 2 "
                                   "producers; shared cores and one core per device", producer_models.render),
-    ("gpu", lambda s: "gpu: a PyTorch text-to-mel model fed by stoker.Feed, a DataLoader (as many workers) and from "
-                      "batches held on the device; the same batches", gpu.render),
+    ("gpu", lambda s: "gpu: a PyTorch text-to-mel model fed by stoker.Feed, a DataLoader (as many workers) doing the "
+                      "producers' work, the same with the per-clip reference mel (an extra way), and from batches "
+                      "held on the device; the same batches", gpu.render),
     ("scale", lambda s: "scale: manifests with durations (audio: a few files reused), index cold and warm, a "
                         "synthetic:5 run warm; peak RSS by process", scale.render),
     ("trainer", lambda s: "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / "

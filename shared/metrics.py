@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+import psutil
+
 from .runfiles import file_error
 
 # Waiting more than 5% of the time for data means the GPU visibly starves.
@@ -28,6 +30,13 @@ FULL_QUEUE_SLACK = 1.0
 PRODUCER_MARGIN = 1.2
 # metrics.jsonl is flushed at least this often, so a crash loses at most this much.
 FLUSH_INTERVAL_S = 1.0
+# A host whose cores were busy this share of their time or more has none to spare for another
+# producer (stoker/autoscale.py adds none beyond it either).
+HOST_BUSY_FRAC = 0.9
+# The verdict's other value of summary.json's "limit": the host's CPU, not the producer count.
+HOST_CPU_LIMIT = "host-cpu"
+# psutil.cpu_times fields that Linux counts inside "user" and "nice" already.
+_GUEST_TIMES = ("guest", "guest_nice")
 
 
 class JsonlWriter:
@@ -126,6 +135,48 @@ def recommend_producers(kind: str, step_ms_mean: float | None, prep_ms_means: It
     return needed
 
 
+class HostCpu:
+    """The host's CPU over a run's steady window (from the end of warm-up to the summary): the
+    share of its cores' time that was busy (psutil.cpu_times: every process on the host, the
+    trainer, the producers and anything else) and this process's own CPU seconds (the trainer's)."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, Any, os.times_result] | None = None
+
+    def start(self) -> None:
+        self._start = (time.monotonic(), psutil.cpu_times(), os.times())
+
+    def figures(self, producers: Sequence[dict[str, Any]], host: str) -> dict[str, Any] | None:
+        """summary.json's ``host_cpu`` (None before :meth:`start`): ``cores``, ``window_s``,
+        ``busy_frac``, ``trainer_cpu_s`` and, of the producers that delivered from ``host`` (this
+        one), their count and the seconds they spent preparing batches (their prep_ms)."""
+        if self._start is None:
+            return None
+        began, host_before, own_before = self._start
+        host_now, own_now = psutil.cpu_times(), os.times()
+        spent = {name: getattr(host_now, name) - getattr(host_before, name) for name in host_now._fields
+                 if name not in _GUEST_TIMES}
+        total = sum(spent.values())
+        idle = spent.get("idle", 0.0) + spent.get("iowait", 0.0)
+        local = [p for p in producers if p.get("host") == host and p.get("batches")]
+        return {"cores": os.cpu_count(), "window_s": round(time.monotonic() - began, 3),
+                "busy_frac": round(1 - idle / total, 4) if total > 0 else None,
+                "trainer_cpu_s": round(own_now.user + own_now.system - own_before.user - own_before.system, 3),
+                "local_producers": len(local),
+                "local_prep_s": round(sum(p["batches"] * (p.get("prep_ms_mean") or 0.0) for p in local) / 1000, 3)}
+
+
+def host_cpu_limited(kind: str, host_cpu: dict[str, Any] | None) -> bool:
+    """Whether the host's CPU, not the producer count, limited a producer- or consumer-bound run:
+    its cores were busy (HOST_BUSY_FRAC of their time or more, over the steady window) while
+    producers ran on it beside the trainer, so more producers there would only share the same
+    cores, and the trainer's own step competes with them for them."""
+    if kind == "balanced" or not host_cpu:
+        return False
+    busy = host_cpu.get("busy_frac")
+    return busy is not None and busy >= HOST_BUSY_FRAC and bool(host_cpu.get("local_producers"))
+
+
 def wait_share(rows: Sequence[dict[str, Any]]) -> float | None:
     """The share of the trainer's time these step rows spent waiting for a batch:
     wait / (wait + step); None when they took no time."""
@@ -137,8 +188,10 @@ def wait_share(rows: Sequence[dict[str, Any]]) -> float | None:
 def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoch: int,
               producers: list[dict[str, Any]], rejected: int, exit_reason: str,
               wall_s: float, warmup_s: float = 0.0, batch_size: int = 0,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """summary.json from metrics rows (its fields are a contract: README.md, "What a run writes")."""
+              host_cpu: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """summary.json from metrics rows (its fields are a contract: README.md, "What a run writes").
+    ``host_cpu``: HostCpu.figures of the run; where it says the host's CPU was the limit
+    (host_cpu_limited), ``limit`` is "host-cpu" and no more producers are recommended."""
     steps = len(rows)
     wait = [r["wait_ms"] for r in rows]
     step_ms = [r["step_ms"] for r in rows]
@@ -154,6 +207,8 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
     depth_mean = _mean(depth)
     kind = verdict(data_wait_frac, depth_mean, capacity)
     alive = sum(1 for p in producers if p.get("batches"))
+    host_limited = host_cpu_limited(kind, host_cpu)
+    recommended = recommend_producers(kind, _mean(step_ms), [p.get("prep_ms_mean") for p in producers], alive)
     # Rates over the same time as data_wait_frac: from the start of the first step on.
     steady_s = steady_ms / 1000
     summary: dict[str, Any] = {
@@ -179,8 +234,9 @@ def summarize(rows: Sequence[dict[str, Any]], *, capacity: int, batches_per_epoc
         "frames_per_batch": _spread([int(r["frames_computed"]) for r in rows if r.get("frames_computed")]),
         "producers": producers,
         "verdict": kind,
-        "recommended_producers": recommend_producers(
-            kind, _mean(step_ms), [p.get("prep_ms_mean") for p in producers], alive),
+        "limit": HOST_CPU_LIMIT if host_limited else kind,
+        "host_cpu": host_cpu,
+        "recommended_producers": min(recommended, max(alive, 1)) if host_limited else recommended,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "capacity": capacity,

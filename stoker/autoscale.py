@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .shared.metrics import PRODUCER_MARGIN
+from .shared.metrics import HOST_BUSY_FRAC, PRODUCER_MARGIN
 from .shared.runfiles import LIVE
 
 log = logging.getLogger("launcher.autoscale")
@@ -30,8 +30,6 @@ REMOVE_BLOCKED_FRAC = 0.5
 REMOVE_STREAK = 3
 # A window with fewer steps says too little to act on.
 MIN_WINDOW_STEPS = 4
-# A host whose cores are busier than this has no room for another CPU producer.
-MAX_CPU_BUSY_FRAC = 0.9
 
 
 @dataclass
@@ -76,7 +74,7 @@ class AutoScaler:
         if self._add_streak >= ADD_STREAK:
             if count >= self.max_producers:
                 reason = f"starving but at the maximum of {self.max_producers} producers"
-            elif ev.cpu_busy_frac > MAX_CPU_BUSY_FRAC:
+            elif ev.cpu_busy_frac > HOST_BUSY_FRAC:
                 reason = "starving but the host has no free core"
             else:
                 # Jump to what the evidence says is needed (the diagnosis' demand / rate

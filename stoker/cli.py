@@ -29,6 +29,7 @@ from .diagnose import analyse, render
 from .shared.config import parse_override
 from .shared.errors import UserError
 from .shared.keys import DEFAULT_CLIENT, make_keys
+from .shared.metrics import HOST_CPU_LIMIT
 from .shared.proc import EXIT_INTERRUPTED, EXIT_USER, setup_logging, with_stoker_path
 from .shared.tfsetup import require_tensorflow
 from .slurm import LAUNCHERS, TORCHRUN, Task, TorchrunJob, run_task, torchrun_task
@@ -294,8 +295,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise UserError(f"{run_dir} is not a directory")
     summary = watch(run_dir)
     if summary is not None:
+        limit = "; the host's CPU is the limit" if summary.get("limit") == HOST_CPU_LIMIT else ""
         out(f"run over ({summary.get('exit_reason')}): verdict {summary.get('verdict')}, "
-            f"recommended producers {summary.get('recommended_producers')}")
+            f"recommended producers {summary.get('recommended_producers')}{limit}")
     return 0
 
 

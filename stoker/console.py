@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from .shared.metrics import HOST_CPU_LIMIT
 from .shared.runfiles import REJECTED, SUMMARY
 
 
@@ -53,3 +54,8 @@ def print_summary(run_dir: Path) -> None:
         f"{s.get('queue_depth_mean') or 0:.2f} of {s.get('capacity')}; {s['starved_steps']} starved steps; "
         f"{s['rejected']} samples rejected")
     out(f"  verdict: {s['verdict']}; recommended producers: {s['recommended_producers']}")
+    host = s.get("host_cpu") or {}
+    if s.get("limit") == HOST_CPU_LIMIT:
+        out(f"  the host's CPU is the limit: its {host.get('cores')} cores were {100 * host['busy_frac']:.0f}% busy "
+            f"with the trainer and {host.get('local_producers')} producers; more producers here cannot help: run "
+            f"them on another host (python run.py produce --connect ...) or use the data GPU (--data-gpu N)")

@@ -11,7 +11,9 @@ Reads ``metrics.jsonl`` (one row per step), ``summary.json`` (producers' figures
 - per producer: batches, samples, time to prepare a batch (its rate), and time a
   prepared batch waited for a credit (the sign that the trainer is the limit);
 - rejected samples by reason; GPU utilisation of the data and model GPUs;
-- the verdict with the numbers behind it, and the cure as a command line.
+- the verdict with the numbers behind it, and the cure as a command line; where the host's
+  cores were all busy with the producers beside the trainer (summary.json's ``host_cpu``), that
+  the host's CPU is the limit, and the cure that moves work off it instead of more producers.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import numpy as np
 import yaml
 
 from .shared.errors import UserError
-from .shared.metrics import (PRODUCER_MARGIN, WAIT_BOUND_FRAC, read_jsonl, recommend_producers, verdict)
+from .shared.metrics import (HOST_CPU_LIMIT, PRODUCER_MARGIN, WAIT_BOUND_FRAC, host_cpu_limited, read_jsonl,
+                             recommend_producers, verdict)
 from .shared.runfiles import CONFIG, GPU, METRICS, REJECTED, SUMMARY, TRAINED_BY_FEED
 
 SPARK = " ▁▂▃▄▅▆▇█"
@@ -195,6 +198,10 @@ def analyse(run_dir: Path) -> dict[str, Any]:
     alive = sum(1 for p in producers if p.get("batches"))
     step_mean = float(np.mean(step_ms)) if step_ms else None
     recommended = recommend_producers(kind, step_mean, [p.get("prep_ms_mean") for p in producers], alive)
+    host_cpu = summary.get("host_cpu")
+    host_limited = host_cpu_limited(kind, host_cpu)
+    if host_limited:
+        recommended = min(recommended, max(alive, 1))  # more on these cores cannot help
     prep_means = [p["prep_ms_mean"] for p in producer_rows if p["prep_ms_mean"]]
     replicas = int(summary.get("replicas") or config.get("devices", {}).get("replicas") or 1)
     report = {
@@ -215,13 +222,16 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "gpu": gpu_report(run_dir),
         "padding": padding_report(rows),
         "verdict": kind,
+        "limit": HOST_CPU_LIMIT if host_limited else kind,
+        "host_cpu": host_cpu,
         "evidence": {
             "data_wait_frac": wait_frac, "wait_bound_frac": WAIT_BOUND_FRAC, "queue_depth_mean": depth_mean,
             "replicas": replicas, **_rates(replicas, step_mean, prep_means),
             "producers_delivering": alive, "margin": PRODUCER_MARGIN,
         },
         "recommended_producers": recommended,
-        "cure": cure_command(config, kind, recommended, alive, feed=summary.get("trained_by") == TRAINED_BY_FEED),
+        "cure": (host_cure(config, feed=summary.get("trained_by") == TRAINED_BY_FEED) if host_limited else
+                 cure_command(config, kind, recommended, alive, feed=summary.get("trained_by") == TRAINED_BY_FEED)),
         "host_cores": summary.get("host_cores"),
         "exit_reason": summary.get("exit_reason"),
     }
@@ -341,6 +351,35 @@ def cure_command(config: dict[str, Any], kind: str, recommended: int, current: i
     return " ".join(parts)
 
 
+def host_cure(config: dict[str, Any], feed: bool = False) -> str:
+    """What to do when the host's CPU is the limit: the producers' work off its cores, on
+    another host or on the data GPU (more producers here would share the same cores)."""
+    data = config.get("data", {}).get("path", "") or "DIR"
+    here = "stoker.Feed(..., producers=0)" if feed else "--producers 0 here"
+    return (f"move the producers' work off this host's cores: run them on another host (there: python run.py "
+            f"produce --connect tcp://THIS_HOST:PORT --data {data}; {here}), or compute the features on the data "
+            f"GPU (--data-gpu N)")
+
+
+def host_lines(report: dict[str, Any]) -> list[str]:
+    """The host's CPU over the run (summary.json's host_cpu), and whether it was the limit."""
+    h = report.get("host_cpu")
+    if not h:
+        return []
+    window = h.get("window_s") or 0.0
+    trainer = h["trainer_cpu_s"] / window if window else None
+    producing = h["local_prep_s"] / window if window else None
+    busy = h.get("busy_frac")
+    line = (f"host cpu      {h.get('cores')} cores {_fmt(busy * 100 if busy is not None else None)}% busy over "
+            f"{window:.1f} s: the trainer process used {_fmt(trainer, '.2f')} cores; {h.get('local_producers')} "
+            f"producers here prepared batches {_fmt(producing, '.2f')} s a second (their prep time, warm-up's "
+            f"batches included)")
+    if report["limit"] != HOST_CPU_LIMIT:
+        return [line]
+    return [line, f"limit         the host's CPU, not the producer count: {report['verdict']} with every core "
+                  f"busy, and more producers on this host would share the same cores"]
+
+
 def _fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
@@ -425,6 +464,10 @@ def _verdict_lines(report: dict[str, Any]) -> list[str]:
                  f"/{report['capacity']}; trainer wants {_fmt(ev['trainer_demand_batches_per_s'], '.2f')} "
                  f"batches/s{' (' + str(ev['replicas']) + ' replicas x steps/s)' if ev['replicas'] > 1 else ''}, "
                  f"one producer makes {_fmt(ev['producer_rate_batches_per_s'], '.2f')}/s")
+    lines += host_lines(report)
+    if report["limit"] == HOST_CPU_LIMIT:
+        lines.append(f"advice        no more producers here ({report['recommended_producers']}); {report['cure']}")
+        return lines
     lines.append(f"advice        {report['recommended_producers']} producers "
                  f"(= ceil({ev['margin']} x demand / rate)); {report['cure']}")
     cores = report.get("host_cores")

@@ -43,6 +43,7 @@ from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared.errors import UserError
 from ...shared.layouts import Rejection
 from ...shared.melstats import stats_key
+from ...shared.metrics import HostCpu
 from ...shared.proc import EXIT_OK, EXIT_USER, parent_alive, steady_heap
 from ...shared.runfiles import (CONFIG, METRICS, RESUME_CONFIG, SAMPLES, SUMMARY, TRAINED, RunFileError,
                                 write_json)
@@ -83,6 +84,7 @@ class FeedCore:
         self.step = 0
         self.epochs = cfg.trainer.epochs
         self.warmup_s = 0.0
+        self.host_cpu = HostCpu()
         self.interrupted = False
         self.exit_reason, self.code = "completed", EXIT_OK
         self.files = FileFailures()  # the run's files it could not write (a full disk): the first ends the run
@@ -388,6 +390,7 @@ class FeedCore:
         self.queue.wait_for_depth(self.queue.capacity, self.cfg.pipeline.model_start_delay_s, self.stop)
         self.warmup_s = time.monotonic() - warm_start
         self.ledger.start(time.monotonic())
+        self.host_cpu.start()  # summary.json's host_cpu: over the steady window
 
     # ------------------------------------------------------------ validation
     def validation_pass(self) -> Iterator[QueuedBatch]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -146,6 +147,7 @@ def run_summary(core: Any, figures: Mapping[str, Any]) -> dict[str, Any]:
         batches_per_epoch=core.planner.batches_per_epoch, producers=snap["producers"],
         rejected=core.rejections.count, exit_reason=core.exit_reason,
         wall_s=time.monotonic() - core.started, warmup_s=core.warmup_s, batch_size=cfg.batching.batch_size,
+        host_cpu=core.host_cpu.figures(snap["producers"], socket.gethostname()),
         extra={"epochs_completed": core.epochs_completed, "model": cfg.trainer.model,
                "rejected_messages": snap["rejected_messages"], "reissued_leases": snap["reissued_leases"],
                "queue_high_water": queue.high_water, "stage_errors": queue.stage_errors,

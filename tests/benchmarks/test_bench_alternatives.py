@@ -48,6 +48,23 @@ def test_summarize_ratios_and_targets():
         if t["numerator"] is not None:
             assert math.isclose(t["value"], t["numerator"] / t["denominator"])
     assert "tf.data service" in alternatives.render(section)
+    # without the TF-op stoker row the tf.data variants are compared with stoker's default, and say so
+    assert [(k, v["against"], v["same_work"]) for k, v in section["vs_stoker"].items()] == [
+        ("tf.data", "stoker", False), ("tf.data service", "stoker", False), ("mp.Queue", "stoker", True)]
+    assert "stoker (other work)" in alternatives.render(section)
+    # with it, each alternative against the stoker row of the same per-batch work
+    samples["stoker (tf ops)"] = [fake_result(9.7, 0.002, 7.0), fake_result(9.7, 0.004, 8.0)]
+    fair = alternatives.summarize(plan, samples)
+    assert {k: v["against"] for k, v in fair["vs_stoker"].items()} == {
+        "tf.data": "stoker (tf ops)", "tf.data service": "stoker (tf ops)", "mp.Queue": "stoker",
+        "stoker (tf ops)": "stoker"}
+    assert all(v["same_work"] for v in fair["vs_stoker"].values())
+    tf_data = fair["vs_stoker"]["tf.data"]
+    assert tf_data["throughput"]["numerator"] == fair["variants"]["stoker (tf ops)"]["steps_per_s"]["median"]
+    assert tf_data["time_to_first_batch"]["denominator"] == 7.5
+    assert [t["what"] for t in fair["targets"]] == [
+        "stoker (tf ops) wait share <= tf.data's", "stoker (tf ops) time to first batch < tf.data's",
+        "stoker (tf ops) wait share <= tf.data service's", "stoker (tf ops) time to first batch < tf.data service's"]
 
 
 def test_analyze_uses_the_steps_after_the_first():
@@ -63,6 +80,9 @@ def test_analyze_uses_the_steps_after_the_first():
 def test_plan_tensors_pad_to_the_bucket_shapes():
     batches = alternatives.plan_batches(alternatives.DEMO_DATA, 6)
     assert len(batches) == 6
+    # each batch's lease, as the coordinator sends it: the same clips and tokens
+    assert all(list(b["lease"].ids) == b["ids"] and [list(t) for t in b["lease"].tokens] == b["tokens"]
+               for b in batches)
     t = alternatives.plan_tensors(batches)
     assert t["paths"].shape == t["token_lengths"].shape == (6, alternatives.BATCH_SIZE)
     assert t["tokens"].shape[2] >= max(b["shape"][0] for b in batches)

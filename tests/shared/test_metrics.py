@@ -255,3 +255,51 @@ def test_wait_share_is_wait_over_wait_plus_step_and_none_without_time() -> None:
     rows = [{"wait_ms": 10.0, "step_ms": 90.0}, {"wait_ms": 30.0, "step_ms": 70.0}]
     assert wait_share(rows) == pytest.approx(40.0 / 200.0)
     assert wait_share([]) is None and wait_share([{"wait_ms": 0.0, "step_ms": 0.0}]) is None
+
+
+def _host(busy: float | None, local: int = 2, cores: int = 2) -> dict:
+    """summary.json's host_cpu of a run over 10 s (HostCpu.figures)."""
+    return {"cores": cores, "window_s": 10.0, "busy_frac": busy, "trainer_cpu_s": 9.0, "local_producers": local,
+            "local_prep_s": 10.5}
+
+
+@pytest.mark.parametrize("kind", ["consumer-bound", "producer-bound"])
+def test_a_bound_run_on_a_host_with_every_core_busy_is_host_cpu_limited(kind: str) -> None:
+    assert metrics.host_cpu_limited(kind, _host(0.97))
+    assert metrics.host_cpu_limited(kind, _host(metrics.HOST_BUSY_FRAC))
+
+
+@pytest.mark.parametrize("kind, host", [
+    ("consumer-bound", _host(0.55)),  # cores to spare: the trainer itself is the limit
+    ("producer-bound", _host(0.6)),  # cores to spare: more producers help
+    ("consumer-bound", _host(0.97, local=0)),  # busy, but no producer of the run on it: not the run's cores
+    ("balanced", _host(0.99)),  # nothing starves
+    ("producer-bound", None),  # a summary that recorded no host figures
+    ("producer-bound", _host(None)),
+])
+def test_a_host_with_cores_to_spare_or_without_producers_is_not_the_limit(kind: str, host) -> None:
+    assert not metrics.host_cpu_limited(kind, host)
+
+
+def test_summary_on_a_busy_host_says_host_cpu_and_asks_for_no_more_producers() -> None:
+    # waiting 50 % of the time for one producer of 300 ms batches: the producer count's verdict asks for 4
+    rows = _rows([500.0] + [100.0] * 19, [100.0] * 20, [0] * 20)
+    starving = _summary(rows, producers=[_producer(1, 300.0, 20)], host_cpu=_host(0.55, local=1))
+    assert starving["verdict"] == starving["limit"] == "producer-bound"
+    assert starving["recommended_producers"] == 4 and starving["host_cpu"] == _host(0.55, local=1)
+    busy = _summary(rows, producers=[_producer(1, 300.0, 20)], host_cpu=_host(0.98, local=1))
+    assert busy["verdict"] == "producer-bound" and busy["limit"] == metrics.HOST_CPU_LIMIT == "host-cpu"
+    assert busy["recommended_producers"] == 1  # the one it had: more on these cores cannot help
+    # a run with no host figures (written by the launcher from metrics.jsonl alone) keeps the verdict
+    assert _summary(rows, producers=[_producer(1, 300.0, 20)])["limit"] == "producer-bound"
+
+
+def test_host_cpu_figures_are_of_the_window_and_this_hosts_delivering_producers() -> None:
+    host_cpu = metrics.HostCpu()
+    assert host_cpu.figures([], "h") is None  # not started: no window
+    host_cpu.start()
+    producers = [_producer(1, 300.0, 20), {**_producer(2, 100.0, 5), "host": "other"}, _producer(3, 50.0, 0)]
+    figures = host_cpu.figures(producers, "h")
+    assert figures["local_producers"] == 1 and figures["local_prep_s"] == pytest.approx(6.0)  # 20 x 300 ms
+    assert figures["cores"] >= 1 and figures["window_s"] >= 0 and figures["trainer_cpu_s"] >= 0
+    assert figures["busy_frac"] is None or 0 <= figures["busy_frac"] <= 1

@@ -46,12 +46,13 @@ def producer(index: int, batches: int, prep_ms: float, credit_wait_ms: float) ->
             "status": "stopped", "prep_ms_mean": prep_ms, "credit_wait_ms_mean": credit_wait_ms}
 
 
-def write_run(run_dir: Path, rows: list[dict[str, Any]], producers: list[dict[str, Any]]) -> dict[str, Any]:
+def write_run(run_dir: Path, rows: list[dict[str, Any]], producers: list[dict[str, Any]],
+              host_cpu: dict[str, Any] | None = None) -> dict[str, Any]:
     """A run's files with these figures; its summary.json, as the run computes it."""
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = summarize(rows, capacity=CAPACITY, batches_per_epoch=16, producers=producers, rejected=0,
-                        exit_reason="steps", wall_s=rows[-1]["t"], batch_size=4)
+                        exit_reason="steps", wall_s=rows[-1]["t"], batch_size=4, host_cpu=host_cpu)
     (run_dir / "summary.json").write_text(json.dumps(summary))
     (run_dir / "config.yaml").write_text(CONFIG)
     return summary
@@ -180,3 +181,67 @@ def test_with_replicas_the_demand_is_replica_batches_and_the_cure_keeps_them(tmp
     assert report["cure"].endswith("--replicas 2 --producers 5")
     text = render(report)
     assert "replicas      2" in text and "(2 replicas x steps/s)" in text
+
+
+def host_cpu(busy_frac: float, window_s: float, trainer_cpu_s: float, producers: int, prep_s: float) -> dict[str, Any]:
+    """summary.json's host_cpu as the run records it (shared/metrics.HostCpu) on a 2-core host."""
+    return {"cores": 2, "window_s": window_s, "busy_frac": busy_frac, "trainer_cpu_s": trainer_cpu_s,
+            "local_producers": producers, "local_prep_s": prep_s}
+
+
+def test_a_consumer_bound_run_on_a_host_with_every_core_busy_says_the_host_cpu_is_the_limit(tmp_path):
+    # Two producers and a CPU-heavy trainer on 2 cores: the queue stays full (the trainer's step is
+    # slowed by the producers beside it), so the producer count's verdict is consumer-bound; the
+    # host's cores were 98 % busy over the 4 s, the trainer using 1.1 of them, the producers 0.8.
+    rows = rows_of([(WARMUP_WAIT_MS, 100.0, 0)] + [(0.0, 100.0, 3)] * 39)
+    cpu = host_cpu(0.98, 4.0, 4.4, 2, 3.2)
+    summary = write_run(tmp_path / "busy", rows, [producer(i, 20, prep_ms=80.0, credit_wait_ms=120.0)
+                                                  for i in range(2)], cpu)
+    report = analyse(tmp_path / "busy")
+    assert report["verdict"] == summary["verdict"] == "consumer-bound"
+    assert report["limit"] == summary["limit"] == "host-cpu" and report["host_cpu"] == cpu
+    assert report["recommended_producers"] == summary["recommended_producers"] == 1  # never more than the 2
+    assert "python run.py produce --connect tcp://THIS_HOST:PORT --data corpus" in report["cure"]
+    assert "--producers 0 here" in report["cure"] and "data GPU (--data-gpu N)" in report["cure"]
+    text = render(report)
+    assert "host cpu      2 cores 98.0% busy over 4.0 s: the trainer process used 1.10 cores; 2 producers here " \
+           "prepared batches 0.80 s a second" in text
+    assert "limit         the host's CPU, not the producer count: consumer-bound with every core busy" in text
+    assert "advice        no more producers here (1); move the producers' work off this host's cores" in text
+    # the same figures from a feed in the user's loop: the feed's option, not the command line
+    feed_run = tmp_path / "feed"
+    write_run(feed_run, rows, [producer(i, 20, prep_ms=80.0, credit_wait_ms=120.0) for i in range(2)], cpu)
+    written = json.loads((feed_run / "summary.json").read_text())
+    (feed_run / "summary.json").write_text(json.dumps({**written, "trained_by": "stoker.Feed"}))
+    assert "stoker.Feed(..., producers=0)" in analyse(feed_run)["cure"]
+
+
+def test_a_producer_bound_run_on_a_busy_host_asks_for_no_more_producers_there(tmp_path):
+    # One producer of 165 ms a batch for a 50 ms step (the first test's run), on a host with every
+    # core busy: three more producers on those cores would not make batches faster.
+    rows = rows_of([(WARMUP_WAIT_MS, 50.0, 0)] + [(115.0, 50.0, 0)] * 29)
+    summary = write_run(tmp_path / "busy", rows, [producer(0, 30, prep_ms=165.0, credit_wait_ms=0.0)],
+                        host_cpu(0.95, 5.0, 3.0, 1, 4.95))
+    report = analyse(tmp_path / "busy")
+    assert report["verdict"] == "producer-bound" and report["limit"] == summary["limit"] == "host-cpu"
+    assert report["recommended_producers"] == summary["recommended_producers"] == 1
+    assert "--producers 4" not in report["cure"] and "another host" in report["cure"]
+
+
+def test_genuine_limits_on_a_host_with_cores_to_spare_keep_their_advice(tmp_path):
+    # The slow trainer and the too few producers of the tests above, on a host 40 % and 60 % busy:
+    # the producer count's verdicts and cures stand, and the host's line says it was not the limit.
+    slow = rows_of([(WARMUP_WAIT_MS, 75.0, 0)] + [(0.0, 75.0, 3)] * 39)
+    write_run(tmp_path / "slow", slow, [producer(i, 20, prep_ms=40.0, credit_wait_ms=110.0) for i in range(2)],
+              host_cpu(0.4, 3.0, 0.9, 2, 1.6))
+    report = analyse(tmp_path / "slow")
+    assert report["verdict"] == report["limit"] == "consumer-bound" and report["recommended_producers"] == 1
+    assert report["cure"] == f"the trainer is the limit and fewer producers suffice: {CURE} --producers 1"
+    text = render(report)
+    assert "host cpu      2 cores 40.0% busy" in text and "limit         the host's CPU" not in text
+    few = rows_of([(WARMUP_WAIT_MS, 50.0, 0)] + [(115.0, 50.0, 0)] * 29)
+    write_run(tmp_path / "few", few, [producer(0, 30, prep_ms=165.0, credit_wait_ms=0.0)],
+              host_cpu(0.6, 5.0, 1.0, 1, 4.95))
+    report = analyse(tmp_path / "few")
+    assert report["verdict"] == report["limit"] == "producer-bound"
+    assert report["recommended_producers"] == 4 and report["cure"] == f"{CURE} --producers 4"
