@@ -344,19 +344,20 @@ class EpochPlanner:
 
     @property
     def key(self) -> str:
-        """A digest of all that the epoch plans are a function of: the seed, the shard window, the
-        workers' split, each bucket's shape and clips (as table rows, in member order) and the
-        clips' shards. An input position saved over other plans is refused by it
-        (consumer/pipeline/position.py). Made once, in C (xxh3 over the arrays: some 0.1 s at
-        10^8 clips)."""
+        """A digest of all that the epoch plans are a function of: the seed, the workers' split,
+        each bucket's shape and clips (as table rows, in member order) and, for clips of shards,
+        the shard window and their shards. An input position saved over other plans is refused
+        by it (consumer/pipeline/position.py). Made once, in C (xxh3 over the arrays: some 0.1 s
+        at 10^8 clips)."""
         if self._key is None:
             digest = xxhash.xxh3_128()
-            digest.update(json.dumps([self.cfg.seed, self.cfg.shard_window, self.fixed_rows, self.replicas,
-                                      self.workers, self.worker, len(self.table)]).encode())
+            digest.update(json.dumps([self.cfg.seed, self.fixed_rows, self.replicas, self.workers, self.worker,
+                                      len(self.table)]).encode())
             for bucket in self.buckets:
                 digest.update(json.dumps([*bucket.shape, len(bucket.members)]).encode())
                 digest.update(np.ascontiguousarray(bucket.members, np.int64))
-            if self.shards is not None:
+            if self.shards is not None:  # the window orders only the batches of shards
+                digest.update(json.dumps([self.cfg.shard_window]).encode())
                 digest.update(np.ascontiguousarray(self.shards, np.int64))
             self._key = digest.hexdigest()
         return self._key
