@@ -1,7 +1,7 @@
 """Checkpoints and resume: model, optimizer, step and the input position, in ``RUN_DIR/ckpt/``.
 
-A checkpoint is a directory ``ckpt-NNNNNN`` (position.json, the TensorFlow state of the
-trainer's trackables, MANIFEST.json), made whole in a temporary directory and renamed into
+A checkpoint is a directory ``ckpt-NNNNNN`` (position.json, the input position's bit arrays in
+position.msgpack, the TensorFlow state of the trainer's trackables, MANIFEST.json), made whole in a temporary directory and renamed into
 place; a resume checks it against its manifest and its plan identity before anything changes
 (:class:`CheckpointError`). The files, the trainer interface and the resume rules:
 docs/DESIGN.md, Checkpoints and resume.
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
+import msgpack
+
 from .plan import EpochPlanner
 from .position import InputPosition, PositionError
 from ...shared import runfiles
@@ -31,9 +33,14 @@ from ...shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # of position.json and MANIFEST.json; a newer one is refused, not guessed at
+FORMAT = 2  # of position.json and MANIFEST.json; a newer one is refused, not guessed at
+# Format 1 held the whole input position in position.json (its clips by id); still read.
+FORMATS_READ = (1, FORMAT)
 MANIFEST = "MANIFEST.json"
 POSITION = "position.json"
+# The input position (InputPosition.state_dict: bit arrays as raw bytes), msgpack; position.json's
+# ``position`` sums it up (the epochs complete, those open) for readers of the JSON alone.
+POSITION_STATE = "position.msgpack"
 STATE_PREFIX = "state"  # tf.train.Checkpoint files: state.index, state.data-*
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _TMP_PREFIX = ".tmp-"
@@ -192,9 +199,12 @@ class Checkpointer:
         found = self.checkpoints()
         return found[-1][1] if found else None
 
-    def save(self, step: int, position: dict[str, Any], tf_checkpoint: Any = None) -> Path:
-        """Write checkpoint ``step`` (``position`` -> position.json; ``tf_checkpoint``, a
-        tf.train.Checkpoint, -> state.*), atomically; then keep only the newest ``keep``."""
+    def save(self, step: int, position: dict[str, Any], tf_checkpoint: Any = None,
+             state: dict[str, Any] | None = None) -> Path:
+        """Write checkpoint ``step`` (``position`` -> position.json; ``state``, the input position's
+        state_dict, -> position.msgpack, summed up in position.json's ``position``;
+        ``tf_checkpoint``, a tf.train.Checkpoint, -> state.*), atomically; then keep only the
+        newest ``keep``."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob(_TMP_PREFIX + "*"):  # from a save a crash cut short
             shutil.rmtree(leftover, ignore_errors=True)
@@ -202,6 +212,12 @@ class Checkpointer:
         tmp = self.directory / f"{_TMP_PREFIX}{name}-{os.getpid()}"
         try:
             tmp.mkdir()
+            if state is not None:
+                (tmp / POSITION_STATE).write_bytes(msgpack.packb(state, use_bin_type=True))  # fsynced below
+                position = {**position, "position": {"complete_below": state["complete_below"],
+                                                     "complete": state["complete"],
+                                                     "open": [entry["epoch"] for entry in state["open"]],
+                                                     "file": POSITION_STATE}}
             runfiles.write_json(tmp / POSITION, {"format": FORMAT, "step": step, **position}, indent=None, durable=True)
             if tf_checkpoint is not None:
                 tf_checkpoint.write(str(tmp / STATE_PREFIX))
@@ -241,8 +257,9 @@ class Checkpointer:
             raise corrupt(f"{MANIFEST} is missing") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise corrupt(f"{MANIFEST} unreadable: {exc}") from None
-        if version != FORMAT:
-            raise CheckpointError(f"checkpoint {path} has format {version!r}; this stoker reads format {FORMAT}")
+        if version not in FORMATS_READ:
+            raise CheckpointError(f"checkpoint {path} has format {version!r}; this stoker reads formats "
+                                  f"{FORMATS_READ[0]} to {FORMAT}")
         if not isinstance(files, dict) or POSITION not in files:
             raise corrupt(f"{MANIFEST} lists no {POSITION}")
         for name, expected in sorted(files.items()):
@@ -261,6 +278,11 @@ class Checkpointer:
             raise corrupt(f"{POSITION}: {exc}") from None
         if not isinstance(position, dict) or not isinstance(position.get("step"), int):
             raise corrupt(f"{POSITION} has no step")
+        if POSITION_STATE in files:
+            try:
+                position["position"] = msgpack.unpackb((path / POSITION_STATE).read_bytes(), raw=False)
+            except ValueError as exc:
+                raise corrupt(f"{POSITION_STATE}: {exc}") from None
         return position
 
 
@@ -333,9 +355,9 @@ class RunCheckpoints:
         if path is None:
             raise CheckpointError(f"no checkpoint in {self.checkpointer.directory}: nothing to resume")
         saved = Checkpointer.verify(path)
-        if saved.get("format") != FORMAT:
+        if saved.get("format") not in FORMATS_READ:
             raise CheckpointError(f"checkpoint {path} has format {saved.get('format')!r}; this stoker reads "
-                                  f"format {FORMAT}")
+                                  f"formats {FORMATS_READ[0]} to {FORMAT}")
         plan = saved.get("plan") or {}
         if plan.get("fingerprint") != self.identity["fingerprint"] and not fresh_plan:
             run_dir = self.run_dir.parent if self.peers else self.run_dir  # a job's workers: its directory
@@ -444,9 +466,9 @@ class RunCheckpoints:
             self._step_var.assign(step)
         path = self.checkpointer.save(step, {
             "saved_unix": round(time.time(), 3), "model": self.cfg.trainer.model, "plan": self.identity,
-            "state": sorted(self._trackables or {}), "position": self.position.state_dict(),
+            "state": sorted(self._trackables or {}),
             **({"vocabulary": self.vocabulary.state_dict()} if self.vocabulary is not None else {})},
-            self._tf_checkpoint)
+            self._tf_checkpoint, state=self.position.state_dict())
         elapsed_ms = (time.monotonic() - began) * 1e3
         self.saved += 1
         self.last_step = step

@@ -1,9 +1,12 @@
 """The input position: how far training got through the epoch plans.
 
 The sampler state a checkpoint saves (:meth:`InputPosition.state_dict`) and a resume loads:
-per epoch, which planned batches were trained, recorded by sample id against the epoch's plan
+per epoch, which planned batches were trained, recorded by sample against the epoch's plan
 (consumer/pipeline/plan.py), so a batch that travelled in parts or was re-planned still counts
-once. docs/DESIGN.md ("Checkpoints and resume", "Index cache") tells the long story.
+once. Saved as bit arrays over the plan (a bit per planned batch, and the places in the
+planned order of the clips trained from batches not done), raw bytes that msgpack keeps as
+they are: some 0.4 MB an open epoch at 10^8 clips. docs/DESIGN.md ("Checkpoints and resume",
+"Index cache") tells the long story.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .plan import EpochPlanner, PlannedBatch
+from .plan import EpochPlan, EpochPlanner, PlannedBatch
 from ...shared.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -24,17 +27,42 @@ class PositionError(UserError):
     """A saved input position does not fit this run's epoch plan (one line)."""
 
 
+# The form of :meth:`InputPosition.state_dict`: bit arrays over the epochs' plans. A state
+# without ``form`` is the one before (done batch indices and trained clips by id, plain JSON),
+# still read; a newer form is refused.
+STATE_FORM = 2
+
+
+# How an epoch's trained places are saved: as numbers (little-endian, 4 bytes while they fit), or
+# as a bit per clip of the plan where that is smaller (more than one clip in 32 or 64 trained from
+# batches not done), so an open epoch never takes more than a bit per clip and a bit per batch.
+PLACES_AS_BITS = "bits"
+
+
+def place_form(clips: int, places: int) -> str:
+    """The form of ``places`` trained places of a plan of ``clips``: a numpy type, or PLACES_AS_BITS."""
+    kind = "<u4" if clips < 1 << 32 else "<u8"
+    return PLACES_AS_BITS if places * np.dtype(kind).itemsize * 8 > clips else kind
+
+
 @dataclass
 class _EpochProgress:
+    plan: EpochPlan  # the epoch's plan (the planner's, shared): where a trained clip lies in its order
     home: np.ndarray  # table row -> index of its planned batch in this epoch's plan, -1: none (the planner's, shared)
     sizes: list[int]  # samples of each planned batch (shared too)
-    done: set[int] = field(default_factory=set)
+    done: np.ndarray  # a bool per planned batch: trained whole
     partial: dict[int, set[int]] = field(default_factory=dict)  # planned index -> rows trained so far
     count: int = 0  # samples trained: kept as they are recorded (asked at every step)
+    batches_done: int = 0  # of ``done``, kept the same way
+
+    @classmethod
+    def of(cls, planner: EpochPlanner, epoch: int) -> "_EpochProgress":
+        home, sizes = planner.homes(epoch)  # first: where they are made, the plan is made and kept
+        return cls(planner.plan(epoch), home, sizes, np.zeros(len(sizes), bool))
 
     def add(self, row: int) -> bool:
         index = int(self.home[row]) if 0 <= row < len(self.home) else -1
-        if index < 0 or index in self.done:
+        if index < 0 or self.done[index]:
             return False
         got = self.partial.setdefault(index, set())
         if row in got:
@@ -42,18 +70,101 @@ class _EpochProgress:
         got.add(row)
         self.count += 1
         if len(got) == self.sizes[index]:
-            self.done.add(index)
+            self.done[index] = True
+            self.batches_done += 1
             del self.partial[index]
         return True
 
     def mark_done(self, index: int) -> None:
         """Planned batch ``index`` trained whole."""
-        if index not in self.done:
-            self.done.add(index)
+        if not self.done[index]:
+            self.done[index] = True
+            self.batches_done += 1
             self.count += self.sizes[index] - len(self.partial.pop(index, ()))
 
     def trained(self) -> int:
         return self.count
+
+    def copy(self) -> "_EpochProgress":
+        return _EpochProgress(self.plan, self.home, self.sizes, self.done.copy(),
+                              {i: set(r) for i, r in self.partial.items()}, self.count, self.batches_done)
+
+    def places(self) -> np.ndarray:
+        """The places in the planned order (``plan.clips``) of the clips trained from batches not done, ascending."""
+        plan = self.plan
+        found = [plan.starts[index] + np.flatnonzero(np.isin(plan.clips[plan.starts[index]:plan.starts[index + 1]],
+                                                             np.fromiter(rows, np.int64, len(rows))))
+                 for index, rows in self.partial.items()]
+        return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
+
+    def state(self, epoch: int) -> dict[str, Any]:
+        """This epoch's part of the saved position: raw bytes, no object per clip."""
+        places, clips = self.places(), len(self.plan.clips)
+        form = place_form(clips, len(places))
+        if form == PLACES_AS_BITS:
+            bits = np.zeros(clips, bool)
+            bits[places] = True
+            raw = np.packbits(bits).tobytes()
+        else:
+            raw = places.astype(form).tobytes()
+        return {"epoch": epoch, "batches": len(self.done), "clips": clips, "done": np.packbits(self.done).tobytes(),
+                "places_as": form, "places": raw}
+
+    def restore(self, entry: Any) -> None:
+        """Take the saved ``entry`` (of :meth:`state`); ValueError naming what does not fit the plan."""
+        epoch, plan, batches = int(entry["epoch"]), self.plan, len(self.done)
+        if (int(entry["batches"]), int(entry["clips"])) != (batches, len(plan.clips)):
+            raise ValueError(f"epoch {epoch} was saved with {entry['batches']} planned batches of "
+                             f"{entry['clips']} clips, its plan has {batches} of {len(plan.clips)}")
+        self.done = _bits(entry["done"], batches, f"epoch {epoch}'s done batches")
+        self.batches_done = int(np.count_nonzero(self.done))
+        self.count = int(plan.sizes()[self.done].sum())
+        form, raw = entry["places_as"], bytes(entry["places"])
+        if form == PLACES_AS_BITS:
+            places = np.flatnonzero(_bits(raw, len(plan.clips), f"epoch {epoch}'s trained places"))
+        elif form in ("<u4", "<u8"):
+            kind = np.dtype(form)
+            if len(raw) % kind.itemsize:
+                raise ValueError(f"epoch {epoch}: {len(raw)} bytes of places are not {kind.itemsize}-byte numbers")
+            places = np.frombuffer(raw, kind).astype(np.int64)
+        else:
+            raise ValueError(f"epoch {epoch}: places saved as {form!r}")
+        if len(places) and (places[-1] >= len(plan.clips) or (np.diff(places) <= 0).any()):
+            raise ValueError(f"epoch {epoch}: trained places not ascending within its {len(plan.clips)} clips")
+        rows = plan.clips[places]
+        index = self.home[rows]
+        if (index < 0).any() or self.done[np.maximum(index, 0)].any():
+            raise ValueError(f"epoch {epoch}: a trained place is in another worker's share or a done batch")
+        firsts = np.flatnonzero(np.diff(index, prepend=-1))  # places ascend: a batch's are together
+        for first, stop in zip(firsts, [*firsts[1:], len(index)]):
+            batch = int(index[first])
+            got = set(rows[first:stop].tolist())
+            if len(got) == self.sizes[batch]:
+                self.mark_done(batch)
+            else:
+                self.partial[batch] = got
+                self.count += len(got)
+
+    def untrained(self) -> np.ndarray:
+        """The table rows of this worker's share still to train, in planned order."""
+        place, batch = self.plan.share()
+        left = ~self.done[batch]
+        rows = self.plan.clips[place[left]]
+        if self.partial:
+            trained = np.fromiter((r for got in self.partial.values() for r in got), np.int64)
+            rows = rows[~np.isin(rows, trained)]
+        return rows
+
+
+def _bits(raw: Any, count: int, what: str) -> np.ndarray:
+    """``count`` bools from their packed bytes; ValueError unless there are just enough, the rest zero."""
+    packed = np.frombuffer(bytes(raw), np.uint8)
+    if len(packed) != -(-count // 8):
+        raise ValueError(f"{what}: {len(packed)} bytes for {count} bits")
+    bits = np.unpackbits(packed)
+    if bits[count:].any():
+        raise ValueError(f"{what}: bits set beyond the {count}")
+    return bits[:count].astype(bool)
 
 
 class InputPosition:
@@ -70,9 +181,10 @@ class InputPosition:
     (:meth:`update_complete`). Several epochs can be open at once, since the coordinator
     leases ahead across the epoch boundary.
 
-    Its state: per open epoch the indices of the done planned batches and the ids trained
-    from batches not yet done; complete epochs as ``complete_below`` (all epochs before it)
-    and ``complete`` (later ones, when leasing ahead finished one first).
+    Its state: per open epoch a bool per planned batch (done) and, for the batches partly
+    trained, their rows trained so far; complete epochs as ``complete_below`` (all epochs
+    before it) and ``complete`` (later ones, when leasing ahead finished one first). Saved
+    (:meth:`state_dict`) as bit arrays over each open epoch's plan, with the plan's key.
     """
 
     def __init__(self, planner: EpochPlanner) -> None:
@@ -83,8 +195,7 @@ class InputPosition:
     def _progress(self, epoch: int) -> _EpochProgress:
         progress = self._epochs.get(epoch)
         if progress is None:
-            home, sizes = self.planner.homes(epoch)
-            progress = self._epochs[epoch] = _EpochProgress(home, sizes)
+            progress = self._epochs[epoch] = _EpochProgress.of(self.planner, epoch)
         return progress
 
     def record(self, epoch: int, ids: Sequence[str], index: int | None = None,
@@ -100,7 +211,7 @@ class InputPosition:
         progress = self._progress(epoch)
         if index is not None and 0 <= index < len(progress.sizes):
             progress.mark_done(index)
-        elif whole is not None and 0 <= whole < len(progress.sizes) and whole not in progress.done \
+        elif whole is not None and 0 <= whole < len(progress.sizes) and not progress.done[whole] \
                 and whole not in progress.partial:
             progress.mark_done(whole)
         else:
@@ -109,7 +220,7 @@ class InputPosition:
             if strays:
                 log.warning("epoch %d: %d trained samples are not in its plan or were trained before: %s", epoch,
                             len(strays), strays[:5])
-        for done in [e for e in self._epochs if e in self.complete]:  # their ids are needed no more
+        for done in [e for e in self._epochs if e in self.complete]:  # their progress is needed no more
             del self._epochs[done]
 
     def first_open(self) -> int:
@@ -124,7 +235,18 @@ class InputPosition:
 
     def done_batches(self, epoch: int) -> set[int]:
         progress = self._epochs.get(epoch)
-        return set(progress.done) if progress is not None else set()
+        return set(np.flatnonzero(progress.done).tolist()) if progress is not None else set()
+
+    def untrained(self, epoch: int) -> np.ndarray:
+        """The table rows of ``epoch`` still to train (this worker's share), in planned order, as
+        one array: what :meth:`remaining` leaves, without a batch object each."""
+        if epoch in self.complete:
+            return np.zeros(0, np.int64)
+        progress = self._epochs.get(epoch)
+        if progress is None:
+            plan = self.planner.plan(epoch)
+            return plan.clips[plan.share()[0]]
+        return progress.untrained()
 
     def remaining(self, batches: Iterable[PlannedBatch]) -> list[PlannedBatch]:
         """The part of an epoch's plan still to train: done planned batches left out, partly
@@ -145,7 +267,7 @@ class InputPosition:
     def is_done(self, epoch: int, index: int) -> bool:
         """Whether planned batch ``index`` of ``epoch`` was trained whole."""
         progress = self._epochs.get(epoch)
-        return epoch in self.complete or (progress is not None and index in progress.done)
+        return epoch in self.complete or (progress is not None and bool(progress.done[index]))
 
     def left_of(self, batch: PlannedBatch) -> PlannedBatch | None:
         """What is still to train of a planned batch: itself, its untrained samples (same
@@ -163,46 +285,66 @@ class InputPosition:
         return batch if len(ids) == len(batch.ids) else self.planner.with_ids(batch, ids)
 
     def state_dict(self) -> dict[str, Any]:
+        """The position as msgpack keeps it (raw bytes: not JSON): the plan's key and seed it was
+        saved over, the epochs complete, and per open epoch its bit arrays (module docstring)."""
         below = self.first_open()
-        return {
-            "complete_below": below,
-            "complete": sorted(e for e in self.complete if e > below),
-            "open": {str(e): {"done": sorted(p.done),
-                              "ids": sorted(self.planner.table.strings(
-                                  "id", sorted(row for rows in p.partial.values() for row in rows)))}
-                     for e, p in sorted(self._epochs.items()) if e not in self.complete},
-        }
+        return {"form": STATE_FORM, "plan": self.planner.key, "seed": self.planner.cfg.seed,
+                "complete_below": below, "complete": sorted(e for e in self.complete if e > below),
+                "open": [p.state(e) for e, p in sorted(self._epochs.items()) if e not in self.complete]}
 
     @classmethod
     def from_state_dict(cls, data: Any, planner: EpochPlanner) -> "InputPosition":
-        """Rebuild a position; PositionError when it does not fit the plan."""
+        """Rebuild a position (:meth:`state_dict`'s, or the form before it); PositionError when it
+        does not fit the plan."""
         position = cls(planner)
         try:
-            below = data["complete_below"]
-            position.complete = set(range(int(below))) | {int(e) for e in data["complete"]}
-            for key, entry in data["open"].items():
-                epoch = int(key)
-                progress = position._progress(epoch)
-                for index in entry["done"]:
-                    index = int(index)
-                    if not 0 <= index < len(progress.sizes):
-                        raise ValueError(f"epoch {epoch} has no planned batch {index}")
-                    progress.mark_done(index)
-                ids = [str(i) for i in entry["ids"]]
-                for sample_id, row in zip(ids, planner.table.find_rows(ids) if ids else []):
-                    if row < 0 or progress.home[row] < 0:
-                        raise ValueError(f"sample {sample_id!r} is not in the plan of epoch {epoch}")
-                    progress.add(row)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if "form" not in data:
+                return position._restore_ids(data)
+            if data["form"] != STATE_FORM:
+                raise PositionError(f"the input position has form {data['form']!r}; this stoker reads form "
+                                    f"{STATE_FORM} (and the one before)")
+            if (data["plan"], data["seed"]) != (planner.key, planner.cfg.seed):
+                raise PositionError(f"the input position was saved over another epoch plan (seed {data['seed']}, "
+                                    f"plan key {str(data['plan'])[:16]}; this run's: seed {planner.cfg.seed}, "
+                                    f"plan key {planner.key[:16]})")
+            position._complete_from(data)
+            for entry in data["open"]:
+                epoch = int(entry["epoch"])
+                if epoch in position._epochs or epoch in position.complete or epoch < 0:
+                    raise ValueError(f"epoch {epoch} is open twice, or complete too")
+                position._progress(epoch).restore(entry)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise PositionError(f"the input position does not fit this run's epoch plan ({exc})") from None
         return position
+
+    def _complete_from(self, data: Any) -> None:
+        self.complete = set(range(int(data["complete_below"]))) | {int(e) for e in data["complete"]}
+
+    def _restore_ids(self, data: Any) -> "InputPosition":
+        """The form before :data:`STATE_FORM` (JSON: per open epoch the indices of its done
+        batches and the ids trained from the others), as checkpoints and feed states written
+        before it hold it."""
+        self._complete_from(data)
+        for key, entry in data["open"].items():
+            epoch = int(key)
+            progress = self._progress(epoch)
+            for index in entry["done"]:
+                index = int(index)
+                if not 0 <= index < len(progress.sizes):
+                    raise ValueError(f"epoch {epoch} has no planned batch {index}")
+                progress.mark_done(index)
+            ids = [str(i) for i in entry["ids"]]
+            for sample_id, row in zip(ids, self.planner.table.find_rows(ids) if ids else []):
+                if row < 0 or progress.home[row] < 0:
+                    raise ValueError(f"sample {sample_id!r} is not in the plan of epoch {epoch}")
+                progress.add(row)
+        return self
 
     def copy(self) -> "InputPosition":
         """An independent copy (for the coordinator, which plans in its own thread)."""
         other = InputPosition(self.planner)
         other.complete = set(self.complete)
-        other._epochs = {e: _EpochProgress(p.home, p.sizes, set(p.done), {i: set(r) for i, r in p.partial.items()},
-                                           p.count) for e, p in self._epochs.items()}
+        other._epochs = {e: p.copy() for e, p in self._epochs.items()}
         return other
 
     def trained(self, epoch: int) -> int:
@@ -232,7 +374,7 @@ class InputPosition:
         for epoch in sorted(candidates - self.complete):
             if self.planner.workers > 1:  # a worker steps through every planned batch, its share empty or not
                 progress = self._epochs.get(epoch)
-                if progress is not None and len(progress.done) == len(progress.sizes):
+                if progress is not None and progress.batches_done == len(progress.sizes):
                     self.complete.add(epoch)
             elif self.trained(epoch) + rejected_in_epoch(epoch) >= self.planner.samples_in(epoch):
                 self.complete.add(epoch)

@@ -5,6 +5,7 @@ epoch) and summary.json.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -12,6 +13,8 @@ import socket
 import time
 from pathlib import Path
 from typing import Any, Mapping
+
+import msgpack
 
 from .plan import EpochPlanner
 from .position import InputPosition, PositionError
@@ -24,8 +27,10 @@ from ...shared.runfiles import MEL_STATS, METRICS, RunFileError, write_json
 
 log = logging.getLogger("consumer")
 
-# The format of a feed's state_dict(); a newer one is refused, not guessed at.
-FEED_STATE_FORMAT = 1
+# The format of a feed's state_dict(); a newer one is refused, not guessed at. Format 1 held the
+# input position as JSON values (its clips by id); still read.
+FEED_STATE_FORMAT = 2
+FEED_STATE_FORMATS_READ = (1, FEED_STATE_FORMAT)
 
 
 class FileFailures:
@@ -62,10 +67,12 @@ class FeedStateError(UserError):
 
 
 def feed_state(step: int, position: InputPosition, identity: Mapping[str, Any]) -> dict[str, Any]:
-    """A feed's state_dict(): the input position (JSON) with the plan's and dataset's identity."""
+    """A feed's state_dict(): the input position with the plan's and dataset's identity, all plain
+    JSON values (docs/FEED.md): the position's msgpack (raw bit arrays) as one base64 string."""
+    packed = msgpack.packb(position.state_dict(), use_bin_type=True)
     return {"format": FEED_STATE_FORMAT, "step": step, "plan": identity["fingerprint"],
             "dataset_fingerprint": identity["dataset_fingerprint"],
-            "batches_per_epoch": identity["batches_per_epoch"], "position": position.state_dict()}
+            "batches_per_epoch": identity["batches_per_epoch"], "position": base64.b64encode(packed).decode("ascii")}
 
 
 def position_of(state: Any, identity: Mapping[str, Any], planner: EpochPlanner) -> tuple[InputPosition, int]:
@@ -74,17 +81,23 @@ def position_of(state: Any, identity: Mapping[str, Any], planner: EpochPlanner) 
     if not isinstance(state, dict) or "position" not in state or "plan" not in state:
         raise FeedStateError("resume= takes what feed.state_dict() returned (a dict with the input position); "
                              f"got {type(state).__name__}")
-    if state.get("format") != FEED_STATE_FORMAT:
+    if state.get("format") not in FEED_STATE_FORMATS_READ:
         raise FeedStateError(f"resume= state has format {state.get('format')!r}; this stoker reads "
-                             f"format {FEED_STATE_FORMAT}")
+                             f"formats {FEED_STATE_FORMATS_READ[0]} to {FEED_STATE_FORMAT}")
     if state.get("dataset_fingerprint") != identity["dataset_fingerprint"]:
         raise FeedStateError(f"resume= state belongs to another dataset (fingerprint "
                              f"{state.get('dataset_fingerprint')}, this one {identity['dataset_fingerprint']})")
     if state.get("plan") != identity["fingerprint"]:
         raise FeedStateError("resume= state belongs to another epoch plan of this dataset (batch_size, "
                              "max_frames, num_buckets, seed or the features differ from the run that saved it)")
+    saved = state["position"]
     try:
-        position = InputPosition.from_state_dict(state["position"], planner)
+        if state["format"] == FEED_STATE_FORMAT:
+            saved = msgpack.unpackb(base64.b64decode(saved, validate=True), raw=False)
+    except (TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+        raise FeedStateError(f"resume= state: its position is not the base64 of a saved position ({exc})") from None
+    try:
+        position = InputPosition.from_state_dict(saved, planner)
     except PositionError as exc:
         raise FeedStateError(f"resume= state: {exc}") from None
     return position, int(state.get("step") or 0)

@@ -9,10 +9,12 @@ import hashlib
 import json
 from pathlib import Path
 
+import msgpack
+import numpy as np
 import pytest
 
-from stoker.consumer.pipeline.checkpoint import (CKPT_DIR, MANIFEST, POSITION, CheckpointError, Checkpointer,
-                                                 RunCheckpoints, checkpoint_name, trim_step_log)
+from stoker.consumer.pipeline.checkpoint import (CKPT_DIR, MANIFEST, POSITION, POSITION_STATE, CheckpointError,
+                                                 Checkpointer, RunCheckpoints, checkpoint_name, trim_step_log)
 from stoker.consumer.pipeline import checkpoint as checkpoint_module
 from stoker.consumer.pipeline.plan import EpochPlanner
 from stoker.consumer.pipeline.position import InputPosition, PositionError
@@ -46,11 +48,17 @@ def test_position_marks_planned_batches_done_and_round_trips():
         position.record(0, batch.ids)
     assert position.done_batches(0) == {0, 1, 2}
     assert position.trained_counts() == {0: sum(len(b.ids) for b in plan0[:3])}
-    saved = json.loads(json.dumps(position.state_dict()))
-    assert saved == {"complete_below": 0, "complete": [], "open": {"0": {"done": [0, 1, 2], "ids": []}}}
+    saved = msgpack.unpackb(msgpack.packb(position.state_dict(), use_bin_type=True), raw=False)
+    assert saved["complete_below"] == 0 and saved["complete"] == [] and saved["plan"] == plan_of.key
+    assert [(e["epoch"], e["batches"], e["done"], e["places"]) for e in saved["open"]] == [
+        (0, len(plan0), bytes([0b11100000]), b"")]  # a bit per planned batch, the first three set
     again = InputPosition.from_state_dict(saved, plan_of)
     assert again.done_batches(0) == {0, 1, 2}
     assert again.remaining(plan0) == plan0[3:]  # the same plan, the remaining batches only
+    # The form before (JSON, done batches by index) still restores to the same position.
+    old = InputPosition.from_state_dict({"complete_below": 0, "complete": [], "open": {"0": {"done": [0, 1, 2],
+                                                                                             "ids": []}}}, plan_of)
+    assert old.state_dict() == position.state_dict() and old.trained_counts() == position.trained_counts()
 
 
 def test_split_and_replanned_samples_count_for_their_planned_batch():
@@ -67,7 +75,7 @@ def test_split_and_replanned_samples_count_for_their_planned_batch():
     assert part.ids == target.ids[:1] and part.shape == target.shape and part.bucket == target.bucket
     position.record(0, [*plan0[5].ids, target.ids[0]])  # re-planned into batch 5's delivery
     assert position.done_batches(0) == {2, 5}
-    assert position.state_dict()["open"]["0"]["ids"] == []
+    assert position.state_dict()["open"][0]["places"] == b""
 
 
 def test_epochs_in_flight_complete_ones_and_first_open():
@@ -78,7 +86,7 @@ def test_epochs_in_flight_complete_ones_and_first_open():
     position.complete.update({0, 2})  # leasing ahead can finish a later epoch first
     assert position.first_open() == 1
     saved = position.state_dict()
-    assert saved["complete_below"] == 1 and saved["complete"] == [2] and list(saved["open"]) == ["1"]
+    assert saved["complete_below"] == 1 and saved["complete"] == [2] and [e["epoch"] for e in saved["open"]] == [1]
     again = InputPosition.from_state_dict(saved, plan_of)
     assert again.remaining(plan_of.plan(0)) == [] and again.remaining(plan_of.plan(2)) == []
     assert again.remaining(plan_of.plan(1)) == plan_of.plan(1)[1:]
@@ -190,6 +198,33 @@ def test_resume_continues_at_the_checkpoint_position(tmp_path):
     assert resumed.position.remaining(plan_of.plan(0)) == plan_of.plan(0)[4:]
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 5 is trained again, so its row goes
+
+
+def test_a_checkpoint_keeps_the_position_as_bit_arrays_beside_a_summary_in_position_json(tmp_path):
+    plan_of = planner()
+    first_session(tmp_path, plan_of, steps=4)
+    latest = Checkpointer(tmp_path / CKPT_DIR, keep=3).latest()
+    assert sorted(p.name for p in latest.iterdir()) == [MANIFEST, POSITION, POSITION_STATE]
+    summary = json.loads((latest / POSITION).read_text())["position"]
+    assert summary == {"complete_below": 0, "complete": [], "open": [0], "file": POSITION_STATE}
+    state = msgpack.unpackb((latest / POSITION_STATE).read_bytes(), raw=False)
+    assert np.flatnonzero(np.unpackbits(np.frombuffer(state["open"][0]["done"], np.uint8))).tolist() == [0, 1, 2, 3]
+
+
+def test_a_checkpoint_of_the_format_before_still_resumes(tmp_path, monkeypatch):
+    """Format 1: the whole position in position.json, its partly trained clips by id."""
+    plan_of = planner()
+    plan0 = plan_of.plan(0)
+    old = {"complete_below": 0, "complete": [], "open": {"0": {"done": [0, 1], "ids": list(plan0[2].ids[:1])}}}
+    monkeypatch.setattr(checkpoint_module, "FORMAT", 1)
+    Checkpointer(tmp_path / CKPT_DIR, keep=3).save(2, {"model": "synthetic:1", "state": [], "position": old,
+                                                       "plan": run_checkpoints(tmp_path, plan_of).identity})
+    monkeypatch.undo()
+    resumed = run_checkpoints(tmp_path, plan_of)
+    assert resumed.resume().step == 2
+    left = resumed.position.remaining(plan0)
+    assert [b.index for b in left] == [b.index for b in plan0[2:]] and left[0].ids == plan0[2].ids[1:]
+    assert resumed.position.trained(0) == len(plan0[0].ids) + len(plan0[1].ids) + 1
 
 
 @pytest.mark.parametrize("change, message", [

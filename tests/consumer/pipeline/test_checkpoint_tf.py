@@ -65,8 +65,8 @@ def three_steps_saved(trainer: Any, tmp_path: Path) -> Path:
 def test_model_optimizer_and_step_are_restored(tmp_path):
     first = KerasTrainer()
     path = three_steps_saved(first, tmp_path)
-    assert sorted(p.name for p in path.iterdir()) == ["MANIFEST.json", "position.json", "state.data-00000-of-00001",
-                                                      "state.index"]
+    assert sorted(p.name for p in path.iterdir()) == ["MANIFEST.json", "position.json", "position.msgpack",
+                                                      "state.data-00000-of-00001", "state.index"]
     expected = [first.step() for _ in range(2)]  # what training goes on to do from step 3
 
     second = KerasTrainer()  # fresh weights; Keras builds them (and the optimizer's slots) at the first step

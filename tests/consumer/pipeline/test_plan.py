@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from stoker.consumer.pipeline.plan import EpochPlanner, frame_budget_bounds, group_buckets, make_buckets, rows_for
-from stoker.consumer.pipeline.position import InputPosition
+from stoker.consumer.pipeline.position import InputPosition, PositionError
 from stoker.consumer.pipeline.shard_order import top_shard_share
 from stoker.shared.config import BatchingConfig, FeaturesConfig
 from stoker.shared.dataset import Sample, SampleTable
@@ -405,3 +405,20 @@ def test_a_plan_from_the_columns_equals_the_plan_from_the_samples(budget: int) -
         table = SampleTable.from_samples(samples)
         assert make_buckets(table, cfg) == make_buckets(samples, cfg)
         assert EpochPlanner(table, cfg).plan(3) == EpochPlanner(samples, cfg).plan(3)
+
+
+def test_the_plans_key_changes_with_what_the_plans_are_a_function_of_and_only_that() -> None:
+    """EpochPlanner.key: equal for planners made alike; another seed, worker split, clip set or
+    (for clips of shards) shard window is another key; a shard window over loose files plans
+    the same epochs, so the same key."""
+    samples, sharded = make_samples(120, seed=2), _sharded(120, 10)[0]
+    key = EpochPlanner(samples, _cfg()).key
+    assert EpochPlanner(samples, _cfg()).key == key == EpochPlanner(samples, _cfg(shard_window=7)).key
+    others = [EpochPlanner(samples, _cfg(seed=_cfg().seed + 1)), EpochPlanner(samples[1:], _cfg()),
+              EpochPlanner(samples, _cfg(), workers=2, worker=0), EpochPlanner(samples, _cfg(), workers=2, worker=1),
+              EpochPlanner(sharded, _cfg(shard_window=2)), EpochPlanner(sharded, _cfg(shard_window=3))]
+    assert len({key, *(p.key for p in others)}) == 1 + len(others)
+    position = InputPosition(others[-2])
+    position.record(0, others[-2].plan(0)[0].ids)
+    with pytest.raises(PositionError, match="saved over another epoch plan"):  # the shard window changed
+        InputPosition.from_state_dict(position.state_dict(), others[-1])

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import msgpack
 import numpy as np
 import pytest
 
+from stoker.benchmarks.position import BATCHING, exactly_once, once_each, synthetic_table, train_part
 from stoker.consumer.pipeline.plan import EpochPlanner
-from stoker.consumer.pipeline.position import InputPosition
+from stoker.consumer.pipeline.position import InputPosition, PositionError
 from stoker.shared.config import BatchingConfig
 from tests.factories import make_samples
 
@@ -66,7 +68,11 @@ def test_a_partly_trained_batch_resumes_with_only_its_untrained_rows(fixed: bool
     position.record(0, plan[0].ids[:3])
     position.record(0, plan[1].ids, clips=plan[1].clips)  # rows given by the batch, or looked up: the same
     state = position.state_dict()
-    assert state["open"]["0"] == {"done": [plan[1].index], "ids": sorted(plan[0].ids[:3])}  # named by id
+    (entry,) = state["open"]
+    places = np.flatnonzero(np.unpackbits(np.frombuffer(entry["places"], np.uint8))[:40])
+    assert entry["places_as"] == "bits"  # 3 places of 4 bytes: more than a bit for each of the 40 clips
+    assert entry["epoch"] == 0 and places.tolist() == [0, 1, 2]  # batch 0's first 3 clips in the planned order
+    assert np.flatnonzero(np.unpackbits(np.frombuffer(entry["done"], np.uint8))).tolist() == [plan[1].index]
     again = InputPosition.from_state_dict(state, planner)
     left = again.remaining(plan)
     assert position.copy().remaining(plan) == left and position.copy().state_dict() == state
@@ -161,3 +167,108 @@ def test_update_complete_looking_at_begun_and_rejected_epochs_only_marks_what_a_
         expected = position.complete | {e for e in range(budget) if complete(e)}
         assert position.update_complete(budget, lambda e: rejected.get(e, 0), list(rejected)) == len(expected)
         assert position.complete == expected
+
+
+# --------------------------------------------------------------------------- at scale, over the plan's arrays
+# The unit tests' size; benchmarks/position.py runs the same checks at 10^8 clips.
+LARGE = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def large_table():
+    return synthetic_table(LARGE, seed=3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_every_clip_of_an_epoch_is_in_exactly_one_batch_of_exactly_one_ranks_share(large_table, world: int) -> None:
+    """Each rank plans on its own: the same global batches, and its share of each; counted with
+    bincounts over the shares, every clip is in one rank's, once."""
+    counted = exactly_once(large_table, world, epoch=1)
+    assert counted["planned"] == LARGE and counted["once"] == LARGE and counted["not_once"] == 0
+    assert counted["unplanned_in_a_share"] == 0 and counted["batches_whole"]
+    ranks = [EpochPlanner(large_table, BATCHING, workers=world, worker=rank) for rank in (0, world - 1)]
+    first, last = (planner.plan(1) for planner in ranks)
+    assert np.array_equal(first.clips, last.clips) and np.array_equal(first.starts, last.starts)
+    for planner, plan in zip(ranks, (first, last)):  # a rank's own share is the one counted, and its row map's
+        place, batch = plan.share()
+        assert all(np.array_equal(a, b) for a, b in zip((place, batch), first.share(planner.worker)))
+        home, _ = planner.homes(1)
+        assert np.array_equal(home[plan.clips[place]], batch) and np.count_nonzero(home >= 0) == len(place)
+        assert np.array_equal(np.bincount(batch, minlength=len(plan)), plan.sizes())
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_a_position_restored_mid_epoch_leaves_exactly_the_untrained_clips_each_once(large_table, world: int) -> None:
+    """Half the batches trained whole and a thousand in part, saved (msgpack bytes) and restored:
+    the trained rows and the rest are the rank's share, each once; the restored position saves
+    the same bytes and counts the same samples."""
+    planner = EpochPlanner(large_table, BATCHING, workers=world, worker=world - 1)
+    position = InputPosition(planner)
+    trained = train_part(position, 0, np.random.default_rng(world))
+    saved = msgpack.packb(position.state_dict(), use_bin_type=True)
+    assert len(saved) < 100_000  # bit arrays: a bit per batch, 4 bytes per clip of the batches trained in part
+    again = InputPosition.from_state_dict(msgpack.unpackb(saved, raw=False), planner)
+    plan = planner.plan(0)
+    share = plan.clips[plan.share()[0]]
+    rest = again.untrained(0)
+    assert once_each(trained, rest, share, LARGE) and len(rest) == planner.samples_in(0) - len(trained)
+    assert again.trained(0) == position.trained(0) == len(trained)
+    assert msgpack.packb(again.state_dict(), use_bin_type=True) == saved
+    assert [again.is_done(0, i) for i in range(0, len(plan), 997)] == [position.is_done(0, i)
+                                                                      for i in range(0, len(plan), 997)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_untrained_rows_are_what_the_remaining_batches_hold(workers: int) -> None:
+    """InputPosition.untrained (arrays) against remaining (the batches a resume leases), after a
+    restore, with batches done, in part and not begun."""
+    planner = EpochPlanner(make_samples(200, seed=4), _cfg(batch_size=8), workers=workers, worker=workers - 1)
+    position = InputPosition(planner)
+    plan = planner.plan(0)
+    for batch in plan[::3]:
+        position.record(0, batch.ids, batch.index if workers > 1 else None, batch.clips)
+    for batch in plan[1::5]:
+        position.record(0, batch.ids[:2], None, batch.clips[:2])
+    again = InputPosition.from_state_dict(position.state_dict(), planner)
+    left = [row for batch in again.remaining(plan) for row in planner.clips_of(batch)]
+    assert again.untrained(0).tolist() == left
+    assert again.untrained(1).tolist() == [row for batch in plan_rows(planner, 1) for row in batch]
+
+
+def plan_rows(planner: EpochPlanner, epoch: int) -> list[list[int]]:
+    return [list(batch.clips) for batch in planner.plan(epoch)]
+
+
+def test_a_position_of_another_plan_or_broken_bits_is_refused_with_one_line() -> None:
+    samples = make_samples(300, seed=6)
+    planner = EpochPlanner(samples, _cfg(batch_size=8))
+    position = InputPosition(planner)
+    plan = planner.plan(0)
+    for batch in plan[:5]:
+        position.record(0, batch.ids)
+    position.record(0, plan[5].ids[:2])
+    state = position.state_dict()
+    for other in (EpochPlanner(samples, _cfg(batch_size=8, seed=99)), EpochPlanner(samples[1:], _cfg(batch_size=8)),
+                  EpochPlanner(samples, _cfg(batch_size=8), workers=2, worker=1)):
+        with pytest.raises(PositionError, match="saved over another epoch plan") as refused:
+            InputPosition.from_state_dict(state, other)
+        assert "\n" not in str(refused.value)
+    (entry,) = state["open"]
+    done_place = int(plan.starts[2])  # a clip of batch 2, which is done
+    broken = {
+        "planned batches": {**entry, "batches": entry["batches"] + 1},
+        "bytes for": {**entry, "done": entry["done"] + b"\0"},
+        "bits set beyond": {**entry, "done": entry["done"][:-1] + bytes([entry["done"][-1] | 1])},
+        "another worker's share or a done batch": {
+            **entry, "places_as": "<u4", "places": np.array([done_place], "<u4").tobytes()},
+        "not ascending": {**entry, "places_as": "<u4", "places": np.array([41, 40], "<u4").tobytes()},
+        "places saved as": {**entry, "places_as": "f8"},
+        "open twice": None,
+    }
+    assert np.frombuffer(entry["places"], entry["places_as"]).tolist() == [40, 41]  # batch 5's first two
+    for reason, bad in broken.items():
+        opened = [entry, entry] if bad is None else [bad]
+        with pytest.raises(PositionError, match=reason):
+            InputPosition.from_state_dict({**state, "open": opened}, planner)
+    with pytest.raises(PositionError, match="form 3; this stoker reads form 2"):
+        InputPosition.from_state_dict({**state, "form": 3}, planner)
