@@ -81,7 +81,7 @@ def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_n
         "check": [planner.batches_per_epoch, [list(s) for s in planner.shapes]],
         "max_epochs": cfg.trainer.epochs, "resume": position.state_dict() if position is not None else None,
         "vocabulary": str(prepared.run_dir / VOCAB), "mel_norm": mel_norm, "slots": slots,
-        "refs": "ref_mel" in config_mod.batch_schema(cfg).names,
+        "refs": "ref_mel" in config_mod.batch_schema(cfg).names, "val_positions": prepared.val_positions,
         "dataset": [str(index.root), index.metadata_file, index.columns, index.agreement["metadata_sha256"]]}
     passed: set[int] = set()
     for name, samples in (("train", prepared.train_samples), ("val", prepared.val_samples)):

@@ -152,9 +152,10 @@ class LeaseWriter:
     plan's tables or the validation set's."""
 
     def __init__(self, tokens: TokenTable | None, references: ReferenceTable | None,
-                 validation: ValidationSet | None, dataset: Reference | None) -> None:
+                 validation: ValidationSet | None, dataset: Reference | None, positions: bool = False) -> None:
         # None only where no producer makes batches (tests, benchmarks of the queue).
         self.tokens = tokens
+        self.positions = positions  # the clip batch field is on: each lease carries its clips' positions
         self.references = references  # None: the ref_mel batch field is off
         self.validation = validation
         self.dataset = dataset
@@ -185,4 +186,5 @@ class LeaseWriter:
             shape=(batch.shape[0], batch.shape[1]), rows=batch.rows,
             tokens=tuple(tuple(row) for row in carried.get("tokens", ())),
             speakers=tuple(carried.get("speakers", ())), languages=tuple(carried.get("languages", ())),
-            refs=refs, texts=texts, files=files, durations=carried.get("durations"), sizes=sizes, stamps=stamps)
+            refs=refs, texts=texts, files=files, durations=carried.get("durations"), sizes=sizes, stamps=stamps,
+            positions=carried.get("positions", ()) if self.positions else ())

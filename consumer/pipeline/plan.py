@@ -285,6 +285,15 @@ class EpochPlan(Sequence[PlannedBatch]):
             clips = clips[self.planner.worker::self.planner.workers]
         return 0 < len(rows) == len(clips) and np.array_equal(np.sort(np.asarray(rows, clips.dtype)), np.sort(clips))
 
+    def order(self) -> np.ndarray:
+        """The table rows of the epoch's clips in training order, batch after batch (with workers,
+        this worker's share of each batch)."""
+        if self.planner.workers == 1:
+            return self.clips
+        whole = np.diff(self.starts)
+        place = np.arange(len(self.clips)) - np.repeat(self.starts[:-1], whole)
+        return self.clips[place % self.planner.workers == self.planner.worker]
+
     def homes(self) -> np.ndarray:
         """Each table row's batch in this plan (-1: none, or another worker's share)."""
         home = np.full(len(self.planner.table), -1, row_type(len(self)))

@@ -84,7 +84,7 @@ class Scheduler:
                            lambda peer: bool(self.leases.credited(peer)), self.figures.lock)
         self.figures.producers = self.peers.producers  # the per-producer figures deliveries add to
         self.leases = Leases()
-        self.writer = LeaseWriter(tokens, references, validation, dataset)
+        self.writer = LeaseWriter(tokens, references, validation, dataset, "clip" in self.schema.names)
         self.replan = Replanner(planner, self.ordered, max_epochs, resume, self._reject)
         self.credits = Credits(queue, validation.queue if validation is not None else None, self.leases,
                                self.replan, self.ordered, self._send)
