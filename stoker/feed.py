@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from . import service
+from .consumer.pipeline.clips import ClipList
 from .consumer.pipeline.feed import FeedCore, PreparedRun
 from .consumer.pipeline.frameworks import Staging
 from .feed_dcp import DistributedState, state_key
@@ -112,6 +113,7 @@ class Feed:
         self.device = "host"  # where batches are staged, from start() on
         self._resume = resume
         self._prepared: PreparedRun | None = None  # from prepare() on: the dataset indexed, the epochs planned
+        self._clips: ClipList | None = None  # feed.clips, made when first asked
         self._core: FeedCore | None = None  # from start() on: the run opened (coordinator, queues, step logs)
         self._producers: service.BackgroundProducers | None = None  # from start() on: the run service's
         self._stop = threading.Event()
@@ -408,8 +410,20 @@ class Feed:
 
     @property
     def vocabulary(self) -> Any:
-        """The text front-end's vocabulary (shared/vocab.Vocabulary): ``.size`` token ids."""
+        """The text front-end's vocabulary (shared/vocab.Vocabulary): ``.size`` token ids,
+        ``.symbols`` (symbol ``i`` has id ``i``; empty for a user tokenizer), ``.pad_id``,
+        ``.eos_id``, ``.decode(ids)`` and ``.encode(units)``, ``.speakers`` and ``.languages``."""
         return self._prepared_run().vocabulary
+
+    @property
+    def clips(self) -> ClipList:
+        """Every clip of the run by position, the ``clip`` batch field's value for its row
+        (consumer/pipeline/clips.py): ``feed.clips[p]`` (id, text, units, tokens, audio, speaker,
+        language, duration_s, held_out), ``.position(id)``, ``.epoch(n)`` (the positions epoch n
+        trains) and ``.validation``."""
+        if self._clips is None:
+            self._clips = ClipList(self._prepared_run())
+        return self._clips
 
     @property
     def n_mels(self) -> int:

@@ -26,7 +26,7 @@ from stoker.consumer.pipeline.feed import FeedStateError
 from stoker.consumer.pipeline.message_size import MessageTooLarge
 from stoker.feed import FeedError
 from stoker.shared.runlock import RunLocked
-from tests.factories import make_dataset
+from tests.factories import append_metadata, make_dataset
 from tests.procs import RunProcess, free_port, holding_run_lock, read_json, read_jsonl
 from tests.trained import IDENTIFYING, Recorder, check_trained, clips_of
 
@@ -475,3 +475,53 @@ def test_as_dataset_under_a_mirrored_strategy_gives_every_clip_to_a_replica(tmp_
         batches = feed.step
     assert total == len(ids) and batches == len(read_jsonl(tmp_path / "run" / "samples.jsonl"))
     check_trained(trained.steps, clips_of(tmp_path / "run"), 1, ids)
+
+
+DEMO = PROJECT / "data" / "demo"
+
+
+def test_the_clip_field_names_every_rows_clip_each_once_per_epoch_and_the_held_out_ones_in_validation(tmp_path):
+    """Over the demo data (4 clips held out), with fixed rows: inside the step, each real row's clip
+    carries the tokens of the clip feed.clips names, an empty row is -1, and every clip of the plan's
+    epoch list is trained once per epoch."""
+    given = options(tmp_path, DEMO, epochs=2, batch_size=16, framework="numpy")
+    given["set"] = {"batching.fields": "clip", "batching.fixed_rows": True}
+    trained: dict[int, list[int]] = {}
+    empty = 0
+    with stoker.Feed(**given) as feed:
+        clips, vocabulary = feed.clips, feed.vocabulary
+        assert len(clips) == 64 and vocabulary.pad_id == 0 and vocabulary.eos_id == 1
+        for epoch, batches in feed.epochs():
+            for batch in batches:
+                lengths = batch["token_lengths"]
+                for row, position in enumerate(batch["clip"].tolist()):
+                    if position == -1:
+                        assert lengths[row] == 0 and batch["row_mask"][row] == 0
+                        empty += 1
+                        continue
+                    clip = clips[position]
+                    assert batch["tokens"][row, :lengths[row]].tolist() == clip.tokens.tolist()
+                    assert vocabulary.decode(batch["tokens"][row]) == clip.units and not clip.held_out
+                    assert clips.position(clip.id) == position
+                    trained.setdefault(epoch, []).append(position)
+                feed.step_done()
+        validated = [p for batch in feed.validation() for p in batch["clip"].tolist() if p != -1]
+        planned = {epoch: clips.epoch(epoch).tolist() for epoch in trained}
+        held = clips.validation
+    assert sorted(trained) == [0, 1] and empty > 0  # the epoch's short batch: empty rows
+    for epoch, positions in trained.items():
+        assert len(positions) == len(set(positions)) == 60 and sorted(positions) == sorted(planned[epoch])
+    assert sorted(validated) == sorted(held) and len(held) == 4 and all(clips[p].held_out for p in held)
+    demo = {line.split("|")[0] for line in (DEMO / "metadata.csv").read_text().splitlines()}
+    assert {clips[p].id for p in trained[0] + validated} == demo
+    assert_no_producers_left(os.getpid())
+
+
+def test_the_indexs_rejections_are_in_rejected_jsonl_when_the_with_block_starts(tmp_path, dataset):
+    append_metadata(dataset, ["T9999|a clip without audio|a clip without audio"])
+    with stoker.Feed(**options(tmp_path, dataset, epochs=1, framework="numpy")) as feed:
+        assert [r["id"] for r in read_jsonl(tmp_path / "run" / "rejected.jsonl")] == ["T9999"]
+        assert len(feed.clips) == 24
+        with pytest.raises(KeyError):
+            feed.clips.position("T9999")
+
