@@ -39,6 +39,7 @@ from ...shared.dataset.cache import pack_index
 from ...shared.errors import UserError
 from ...shared.layouts import Rejection
 from ...shared.melstats import MelStats
+from ...shared.proc import caller_path
 from ...shared.runfiles import VOCAB
 
 log = logging.getLogger("consumer.coordinator")
@@ -152,7 +153,9 @@ class CoordinatorProcess:
                              {**slots, "path": str(self.slots.path)})
         self._up.bind(f"ipc://{self.dir / proto.UP}")
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
+        # This stoker first, then the caller's import path (a user's module it names imports here too).
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+            p for p in (str(PACKAGE_PARENT), *caller_path(), *env.get("PYTHONPATH", "").split(os.pathsep)) if p))
         self.proc = subprocess.Popen([sys.executable, "-m", f"{PACKAGE}.coordproc", str(self.dir), str(os.getpid())],
                                      env=env, start_new_session=True, stdin=subprocess.DEVNULL, pass_fds=passed)
         ready = self._wait_ready()

@@ -525,3 +525,24 @@ def test_the_indexs_rejections_are_in_rejected_jsonl_when_the_with_block_starts(
         with pytest.raises(KeyError):
             feed.clips.position("T9999")
 
+
+def test_a_user_transform_only_on_the_callers_sys_path_runs_in_the_producers(tmp_path, dataset, monkeypatch):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "quieter.py").write_text(
+        "import os\n\n\ndef halve(audio, sample_id, **_):\n"
+        f"    with open({str(tmp_path / 'called')!r}, 'a') as f:\n"
+        "        f.write(f'{os.getpid()} {sample_id}\\n')\n"
+        "    return audio * 0.5\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(mine))  # beside the user's script: on sys.path, not on PYTHONPATH
+    monkeypatch.chdir(tmp_path)
+    given = options(tmp_path, dataset, epochs=1, framework="numpy")
+    given["set"] = {**given["set"], "transforms.user": "quieter:halve"}
+    with stoker.Feed(**given) as feed:
+        rows = sum(len(batch["token_lengths"]) for batch in feed)
+    assert rows == 24
+    called = [line.split() for line in (tmp_path / "called").read_text().splitlines()]
+    assert {sample_id for _, sample_id in called} == {f"T{i:04d}" for i in range(24)}
+    assert str(os.getpid()) not in {pid for pid, _ in called}  # in the producers
+    assert_no_producers_left(os.getpid())
+
