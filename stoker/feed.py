@@ -36,7 +36,7 @@ from .shared import config as config_mod
 from .shared.cluster import from_env
 from .shared.config import TENSORFLOW
 from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
-from .shared.runfiles import CONFIG, TRAINED_BY_FEED
+from .shared.runfiles import CONFIG, TRAINED_BY_FEED, clear_untrained, trained_nothing
 from .shared.runlock import RunLock
 
 log = logging.getLogger("stoker.feed")
@@ -147,6 +147,11 @@ class Feed:
         run_dir = self._run_dir(cfg)
         self._run_lock = RunLock.acquire(run_dir)  # before anything in the run directory is written; close() frees it
         try:
+            if self._reused_dir and self._resume is None and trained_nothing(run_dir):
+                # A start that failed (or a loop stopped before its first step) trained nothing: no rerun is refused.
+                log.info("run directory %s held a run that trained no step; its files are replaced (%s)", run_dir,
+                         ", ".join(clear_untrained(run_dir)))
+                self._reused_dir = False
             cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
             self.cfg, self.run_dir, self._plan = cfg, run_dir, plan
             config_mod.save(cfg, run_dir / CONFIG)
@@ -205,7 +210,7 @@ class Feed:
 
     def _run_dir(self, cfg: config_mod.Config) -> Path:
         """The run directory: a new one, or a stoker run directory to continue (its step logs
-        go on; :meth:`start` refuses it unless the feed resumes)."""
+        go on; :meth:`start` refuses it unless the feed resumes, or its run trained no step)."""
         requested = service.job_run_dir(cfg.run.run_dir)  # each trainer worker's feed writes RUN_DIR/worker-N
         if requested:
             path = Path(requested).expanduser().resolve()

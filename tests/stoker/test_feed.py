@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ import stoker
 from stoker.consumer.pipeline.feed import FeedStateError
 from stoker.consumer.pipeline.message_size import MessageTooLarge
 from stoker.feed import FeedError
+from stoker.shared.errors import UserError
 from stoker.shared.runlock import RunLocked
 from tests.factories import append_metadata, make_dataset
 from tests.procs import RunProcess, free_port, holding_run_lock, read_json, read_jsonl
@@ -546,3 +548,22 @@ def test_a_user_transform_only_on_the_callers_sys_path_runs_in_the_producers(tmp
     assert str(os.getpid()) not in {pid for pid, _ in called}  # in the producers
     assert_no_producers_left(os.getpid())
 
+
+def test_a_feed_whose_start_failed_leaves_a_run_directory_the_next_feed_starts_in(tmp_path, dataset):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = options(tmp_path, dataset, epochs=1, framework="numpy", bind=f"tcp://127.0.0.1:{busy.getsockname()[1]}")
+        with pytest.raises(UserError, match="in use"):
+            with stoker.Feed(**taken):
+                pass
+    run = tmp_path / "run"
+    assert (run / "config.yaml").is_file() and not (run / "run.lock").exists()
+    (run / "notes.txt").write_text("mine", encoding="utf-8")
+    with stoker.Feed(**options(tmp_path, dataset, epochs=1, framework="numpy")) as feed:
+        rows = sum(len(batch["token_lengths"]) for batch in feed)
+    assert rows == 24 and read_json(run / "summary.json")["steps"] == feed.step > 0
+    assert (run / "notes.txt").read_text(encoding="utf-8") == "mine"  # not a file of the run's: kept
+    with pytest.raises(FeedError, match="holds a run"):  # this one trained: continued only with resume=
+        stoker.Feed(**options(tmp_path, dataset, epochs=1, framework="numpy")).start()
+    assert_no_producers_left(os.getpid())
