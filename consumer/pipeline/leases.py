@@ -56,6 +56,7 @@ class Lease:
     issued_t: float = 0.0
     ready_t: float = 0.0
     credited_t: float = 0.0
+    positions: tuple[int, ...] = ()  # its clips' positions in the run's clip list, as the LEASE carried them
 
 
 def mismatch(lease: Lease, batch: wire.Batch, arrays: dict[str, Any], schema: BatchSchema,
@@ -68,6 +69,10 @@ def mismatch(lease: Lease, batch: wire.Batch, arrays: dict[str, Any], schema: Ba
     accounted = [*batch.ids, *(e.id for e in batch.rejected), *(e.id for e in batch.missed)]
     if len(accounted) != len(lease.batch.ids) or set(accounted) != set(lease.batch.ids):
         return "its clips are not the lease's"
+    if lease.positions and "clip" in arrays:
+        position = dict(zip(lease.batch.ids, lease.positions))
+        if arrays["clip"][:len(batch.ids)].tolist() != [position[i] for i in batch.ids]:
+            return "its clip field does not name the lease's clips in its rows' order"
     return schema.check_rows(arrays, len(batch.ids)) or None
 
 

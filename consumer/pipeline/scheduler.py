@@ -276,7 +276,9 @@ class Scheduler:
     def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
         lease = self.leases.issue(batch, peer.identity, self._now)
         peer.leases.add(lease.id)
-        self._send(peer.identity, self.writer.message(lease, peer.remote))
+        message = self.writer.message(lease, peer.remote)
+        lease.positions = message.positions  # what its batch's clip field must hold (mismatch checks)
+        self._send(peer.identity, message)
         self.figures.leased(peer.name, batch, self._now - peer.joined_t, time.time())
 
     def _assign(self, peer: Peer) -> None:

@@ -516,6 +516,7 @@ def test_the_clip_field_names_every_rows_clip_each_once_per_epoch_and_the_held_o
     assert sorted(validated) == sorted(held) and len(held) == 4 and all(clips[p].held_out for p in held)
     demo = {line.split("|")[0] for line in (DEMO / "metadata.csv").read_text().splitlines()}
     assert {clips[p].id for p in trained[0] + validated} == demo
+    assert read_json(tmp_path / "run" / "summary.json")["rejected_messages"] == {}  # no batch's clip field was off
     assert_no_producers_left(os.getpid())
 
 
