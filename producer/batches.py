@@ -294,6 +294,9 @@ class BatchMaker:
         if "ref_mel" in names and n >= len(refs):
             rejected.append(wire.Entry(sample_id, "the lease names no reference clip for this clip"))
             return None
+        if "clip" in names and n >= len(lease.positions):
+            rejected.append(wire.Entry(sample_id, "the lease carries no clip position for this clip"))
+            return None
         what = ""
         speaker, language = extra.get(sample_id, (0, 0))
         tok = np.asarray(token_rows[n], dtype=np.int32)
@@ -340,13 +343,14 @@ class BatchMaker:
         """The lease's rows collated into its bucket's arrays (mel normalised when the run does),
         and the channel statistics of the mel as defined (before normalising)."""
         names = self.schema.names
+        positions = dict(zip(lease.ids, lease.positions))  # the clip field's (empty when it is off)
         examples = []
         for tok, clip, ref in rows:
             speaker, language = extra.get(clip.id, (0, 0))
             examples.append(example(tok, clip.mel, self.schema, speaker, language,
                                     audio=clip.audio if "audio" in names else None,
                                     ref_mel=self._reference(ref.mel) if ref is not None else None,
-                                    declared=clip.fields))
+                                    declared=clip.fields, clip=positions.get(clip.id, -1)))
         self._inject_faults()
         dims = batch_dims(lease.rows if self.fixed_rows else len(examples), lease.shape,
                           self.features.n_mels, self.features.hop_length, self.ref_frames)

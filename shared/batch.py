@@ -103,6 +103,8 @@ class BatchSchema:
                 return f"{f.name} does not match the {filled} clips delivered"
         if "row_mask" in arrays and (np.any(arrays["row_mask"][:filled] != 1) or np.any(arrays["row_mask"][filled:])):
             return f"row_mask does not match the {filled} clips delivered"
+        if "clip" in arrays and (np.any(arrays["clip"][:filled] < 0) or np.any(arrays["clip"][filled:] != -1)):
+            return f"clip does not match the {filled} clips delivered"
         return ""
 
     def table(self) -> str:
@@ -139,6 +141,8 @@ OPTIONAL: dict[str, Field] = {f.name: f for f in (
           length_of="ref_mel"),
     Field("row_mask", "float32", ("B",), 0.0, "1 for a real row, 0 for an empty one (optional; on whenever rows "
                                              "are fixed)"),
+    Field("clip", "int32", ("B",), -1, "the row's clip: its position in the run's clip list (stoker.Feed's "
+                                       "feed.clips), -1 on an empty row (optional)"),
 )}
 # A field switched on brings its length field with it.
 COMPANIONS = {"audio": ("audio_lengths",), "ref_mel": ("ref_mel_lengths",)}
@@ -247,9 +251,10 @@ def schema_for(fields: str | Sequence[str], declared: str = "", models: str = ""
 
 def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id: int = 0,
             language_id: int = 0, audio: np.ndarray | None = None, ref_mel: np.ndarray | None = None,
-            declared: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            declared: Mapping[str, Any] | None = None, clip: int = -1) -> dict[str, Any]:
     """One clip's data fields for :func:`collate`, with the optional ones ``schema`` has
-    (``audio``, ``ref_mel`` and the ``declared`` fields default to empty: all padding)."""
+    (``audio``, ``ref_mel`` and the ``declared`` fields default to empty: all padding;
+    ``clip``: its position in the run's clip list)."""
     out: dict[str, Any] = {"tokens": tokens, "mel": mel}
     for f in schema.data_fields:
         if f.name not in out and f.name not in OPTIONAL:  # a declared field: the transform's, else empty
@@ -267,6 +272,8 @@ def example(tokens: np.ndarray, mel: np.ndarray, schema: BatchSchema, speaker_id
         out["language_id"] = np.int32(language_id)
     if "row_mask" in names:
         out["row_mask"] = np.float32(1.0)
+    if "clip" in names:
+        out["clip"] = np.int32(clip)
     if "stop" in names:
         stop = np.zeros(len(mel), np.float32)
         stop[-1:] = 1.0

@@ -21,6 +21,7 @@ import os
 import signal
 import site
 import sys
+import sysconfig
 import threading
 from importlib.machinery import PathFinder
 from pathlib import Path
@@ -206,6 +207,41 @@ def with_stoker_path(env: Mapping[str, str]) -> dict[str, str]:
             return out
     out["PYTHONPATH"] = os.pathsep.join([*entries[:at], str(PACKAGE_PARENT), *entries[at:]])
     return out
+
+
+def caller_path() -> list[str]:
+    """This process's import path as a child started by it needs it on PYTHONPATH to import the
+    same user modules: the directories on ``sys.path``, in its order (the script's directory or
+    the current one first; ``""`` is the current directory), absolute, without those a child's
+    interpreter puts there itself (the standard library, site-packages and the directories their
+    .pth files add), which PYTHONPATH would move ahead of the standard library."""
+    own = _interpreter_paths()
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    out: list[str] = []
+    for entry in sys.path:
+        path = Path(entry or os.getcwd()).resolve()
+        if not path.is_dir() or path in own or path.is_relative_to(stdlib):
+            continue
+        if str(path) not in out:
+            out.append(str(path))
+    return out
+
+
+def _interpreter_paths() -> set[Path]:
+    """The directories a child's interpreter puts on its path by itself: site-packages (the user's
+    too) and the directories listed in their .pth files."""
+    sites = [Path(p) for p in (*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE
+                                                          else []))]
+    own = {p.resolve() for p in sites}
+    for folder in sites:
+        for pth in sorted(folder.glob("*.pth")) if folder.is_dir() else ():
+            try:
+                lines = pth.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue  # site skips a .pth file it cannot read too
+            own.update((folder / line.strip()).resolve() for line in lines
+                       if line.strip() and not line.startswith(("#", "import ", "import\t")))
+    return own
 
 
 def _stoker_in(directories: list[str]) -> Path | None:

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -44,6 +45,50 @@ HANDOVER_KEYS = "keys"  # in HANDOVER_DIR
 RUN_LOCK = "run.lock"
 # A torchrun rank's, with pipeline.producers_per host: where its trainer listens (stoker/hostpool.py).
 LISTENING = "listening.json"
+
+
+# The files a run writes in RUN_DIR itself; those of a run that trained no step are removed before
+# another starts there (:func:`clear_untrained`).
+RUN_FILES = (CONFIG, RESUME_CONFIG, SUMMARY, METRICS, SAMPLES, TRAINED, REJECTED, LIVE, GPU, VALIDATION,
+             VALIDATION_SAMPLES, VOCAB, MEL_STATS, LISTENING)
+
+
+def trained_nothing(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` trained no step: metrics.jsonl holds no row (a state or checkpoint
+    taken at a step writes the rows up to it first), summary.json counts none and ckpt/ holds nothing
+    (a start that failed, or a run stopped before its first step)."""
+    try:
+        with open(run_dir / METRICS, encoding="utf-8") as f:
+            if f.readline().strip():
+                return False
+    except FileNotFoundError:
+        pass
+    try:
+        if json.loads((run_dir / SUMMARY).read_text(encoding="utf-8")).get("steps"):
+            return False
+    except FileNotFoundError:
+        pass
+    except (ValueError, AttributeError):
+        return False  # not a summary stoker wrote whole: the directory is not taken as empty
+    checkpoints = run_dir / CKPT_DIR
+    return not (checkpoints.is_dir() and any(checkpoints.iterdir()))
+
+
+def clear_untrained(run_dir: Path) -> list[str]:
+    """Remove the files of a run that trained nothing (:func:`trained_nothing`) from ``run_dir``:
+    :data:`RUN_FILES`, tb/ and the empty ckpt/; files of other names stay. The names removed."""
+    removed = []
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_file():
+            path.unlink()
+            removed.append(name)
+    for name in (TB_DIR, CKPT_DIR):
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+            removed.append(name)
+    return removed
 
 
 # The errors of a run's own file that its owner must fix (free space, a quota, permissions, a

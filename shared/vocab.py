@@ -57,6 +57,16 @@ class Vocabulary:
     def is_user(self) -> bool:
         return not self.symbols
 
+    @property
+    def pad_id(self) -> int:
+        """The id that pads ``tokens`` past a row's length (0, a user tokenizer's too)."""
+        return PAD_ID
+
+    @property
+    def eos_id(self) -> int | None:
+        """The id that ends every row's tokens (1); None for a user tokenizer, whose ids are its own."""
+        return None if self.is_user else EOS_ID
+
     def missing(self, units: str) -> str:
         """The characters of ``units`` this vocabulary lacks, in order ("" for a user tokenizer)."""
         if self.is_user:

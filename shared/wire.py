@@ -15,7 +15,7 @@ checks the table against the classes, whose docstrings say what each field means
     LEASE      C->P  lease: int, epoch: int, index: int, ids: [str], shape: [int, int], rows: int,
                      tokens: [[int]], [speakers: [int]], [languages: [int]], [refs: [str]],
                      [texts: {str: str}], [files: {str: str}], [durations: [float]], [sizes: {str: int}],
-                     [stamps: {str: [int, int]}]
+                     [stamps: {str: [int, int]}], [positions: [int]]
     READY      P->C  lease: int
     CREDIT     C->P  lease: int
     REVOKE     C->P  lease: int
@@ -55,7 +55,9 @@ from .wireparts import FieldError, Part
 # (shared/dataset/agreement.describe_copy: no scan, no list of missing files), and a LEASE to it
 # carries each clip's expected audio byte size (``sizes``), checked when the file is read;
 # WELCOME no longer carries the metadata's SHA-256 (the producer compares nothing).
-PROTOCOL_VERSION = 5
+# 6: a LEASE carries each clip's position in the run's clip list (``positions``), which the optional
+# ``clip`` batch field holds: a producer of version 5 would not fill it.
+PROTOCOL_VERSION = 6
 
 # The config a producer takes from WELCOME (ProducerConfig: sections of shared/config.py, each
 # a map of its keys). 1: features, transforms and faults. Raised when a key keeps its name but
@@ -457,7 +459,8 @@ class Lease(Body):
     bytes} (agreement.file_sizes): a file of another size there is not the trainer's; to a producer
     on the trainer's host, each clip's audio file as the index listed it, {id: (bytes, mtime in
     ns)} (table.FILE_COLUMNS): a file changed or gone since is rejected when read
-    (agreement.stamp_problem), never trained with the index's stale length."""
+    (agreement.stamp_problem), never trained with the index's stale length; with the ``clip``
+    batch field, per clip its position in the run's clip list (lease_tables.TokenTable)."""
 
     KIND: ClassVar[str] = LEASE
     SENDER: ClassVar[str] = "C->P"
@@ -476,10 +479,13 @@ class Lease(Body):
     durations: tuple[float, ...] | None = None
     sizes: dict[str, int] | None = None
     stamps: dict[str, tuple[int, int]] | None = None
+    positions: tuple[int, ...] = ()
 
     def problem(self) -> str:
         if self.durations is not None and len(self.durations) != len(self.ids):
             return "durations not one per clip"
+        if len(self.positions) > len(self.ids) or any(p < 0 for p in self.positions):
+            return "positions not one per clip, or negative"
         if min(self.shape) < 0 or self.rows < 0:
             return f"shape {self.shape}, rows {self.rows}"
         if len(self.tokens) > len(self.ids) or (self.refs is not None and len(self.refs) > len(self.ids)):

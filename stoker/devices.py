@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .shared.config import DevicesConfig
 from .shared.errors import UserError
@@ -207,9 +207,11 @@ def plan_devices(cfg: DevicesConfig, gpus: list[GpuInfo], producers: int) -> Dev
                       model_gpus, replicas)
 
 
-def child_env(base: Mapping[str, str], gpu: int | tuple[int, ...] | None) -> dict[str, str]:
+def child_env(base: Mapping[str, str], gpu: int | tuple[int, ...] | None,
+              import_path: Sequence[str] = ()) -> dict[str, str]:
     """The environment of a child pinned to ``gpu`` (several: a trainer with a replica on
-    each; None or (): no GPU visible at all)."""
+    each; None or (): no GPU visible at all); ``import_path``: directories its PYTHONPATH starts
+    with (a stoker.Feed's caller's: shared/proc.caller_path)."""
     env = dict(base)
     gpus = gpu if isinstance(gpu, tuple) else () if gpu is None else (gpu,)
     # An empty value hides every GPU from CUDA, so TensorFlow places everything on the CPU.
@@ -225,5 +227,5 @@ def child_env(base: Mapping[str, str], gpu: int | tuple[int, ...] | None) -> dic
     # PYTHONPATH or in the current directory, both passed as absolute paths (a child's own
     # path handling must not depend on where it runs).
     paths = [str(Path(p).resolve()) for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, os.getcwd()]))
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*import_path, *paths, os.getcwd()]))
     return env

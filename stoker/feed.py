@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from . import service
+from .consumer.pipeline.clips import ClipList
 from .consumer.pipeline.feed import FeedCore, PreparedRun
 from .consumer.pipeline.frameworks import Staging
 from .feed_dcp import DistributedState, state_key
@@ -35,7 +36,7 @@ from .shared import config as config_mod
 from .shared.cluster import from_env
 from .shared.config import TENSORFLOW
 from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED
-from .shared.runfiles import CONFIG, TRAINED_BY_FEED
+from .shared.runfiles import CONFIG, TRAINED_BY_FEED, clear_untrained, trained_nothing
 from .shared.runlock import RunLock
 
 log = logging.getLogger("stoker.feed")
@@ -112,6 +113,7 @@ class Feed:
         self.device = "host"  # where batches are staged, from start() on
         self._resume = resume
         self._prepared: PreparedRun | None = None  # from prepare() on: the dataset indexed, the epochs planned
+        self._clips: ClipList | None = None  # feed.clips, made when first asked
         self._core: FeedCore | None = None  # from start() on: the run opened (coordinator, queues, step logs)
         self._producers: service.BackgroundProducers | None = None  # from start() on: the run service's
         self._stop = threading.Event()
@@ -145,6 +147,11 @@ class Feed:
         run_dir = self._run_dir(cfg)
         self._run_lock = RunLock.acquire(run_dir)  # before anything in the run directory is written; close() frees it
         try:
+            if self._reused_dir and self._resume is None and trained_nothing(run_dir):
+                # A start that failed (or a loop stopped before its first step) trained nothing: no rerun is refused.
+                log.info("run directory %s held a run that trained no step; its files are replaced (%s)", run_dir,
+                         ", ".join(clear_untrained(run_dir)))
+                self._reused_dir = False
             cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
             self.cfg, self.run_dir, self._plan = cfg, run_dir, plan
             config_mod.save(cfg, run_dir / CONFIG)
@@ -203,7 +210,7 @@ class Feed:
 
     def _run_dir(self, cfg: config_mod.Config) -> Path:
         """The run directory: a new one, or a stoker run directory to continue (its step logs
-        go on; :meth:`start` refuses it unless the feed resumes)."""
+        go on; :meth:`start` refuses it unless the feed resumes, or its run trained no step)."""
         requested = service.job_run_dir(cfg.run.run_dir)  # each trainer worker's feed writes RUN_DIR/worker-N
         if requested:
             path = Path(requested).expanduser().resolve()
@@ -408,8 +415,20 @@ class Feed:
 
     @property
     def vocabulary(self) -> Any:
-        """The text front-end's vocabulary (shared/vocab.Vocabulary): ``.size`` token ids."""
+        """The text front-end's vocabulary (shared/vocab.Vocabulary): ``.size`` token ids,
+        ``.symbols`` (symbol ``i`` has id ``i``; empty for a user tokenizer), ``.pad_id``,
+        ``.eos_id``, ``.decode(ids)`` and ``.encode(units)``, ``.speakers`` and ``.languages``."""
         return self._prepared_run().vocabulary
+
+    @property
+    def clips(self) -> ClipList:
+        """Every clip of the run by position, the ``clip`` batch field's value for its row
+        (consumer/pipeline/clips.py): ``feed.clips[p]`` (id, text, units, tokens, audio, speaker,
+        language, duration_s, held_out), ``.position(id)``, ``.epoch(n)`` (the positions epoch n
+        trains) and ``.validation``."""
+        if self._clips is None:
+            self._clips = ClipList(self._prepared_run())
+        return self._clips
 
     @property
     def n_mels(self) -> int:

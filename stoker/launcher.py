@@ -30,7 +30,7 @@ from .consumer.pipeline.checkpoint import POSITION, Checkpointer
 from .shared.config import Config
 from .shared.errors import UserError
 from .shared.metrics import read_jsonl, summarize
-from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, with_stoker_path
+from .shared.proc import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER, caller_path, with_stoker_path
 from .shared.runfiles import CKPT_DIR, METRICS, REJECTED, SUMMARY, RunFileError, write_json
 from .autoscale import DECISION_INTERVAL_S, AutoScaler, LiveWindow, default_max_producers
 from .devices import DevicePlan, child_env
@@ -81,9 +81,13 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, plan: DevicePlan, log_level: str = "INFO") -> None:
+    """Starts, watches and stops the children of this process. ``import_path``: directories every
+    child's PYTHONPATH starts with (devices.child_env)."""
+
+    def __init__(self, plan: DevicePlan, log_level: str = "INFO", import_path: Sequence[str] = ()) -> None:
         self.plan = plan
         self.log_level = log_level
+        self.import_path = tuple(import_path)
         self.children: list[Child] = []
         self.signalled: int | None = None
 
@@ -100,7 +104,7 @@ class Supervisor:
     # ------------------------------------------------------------ children
     def spawn(self, child: Child) -> Child:
         read_fd, write_fd = os.pipe()
-        env = child_env(os.environ, child.gpu)
+        env = child_env(os.environ, child.gpu, self.import_path)
         for key, value in child.env.items():
             env.setdefault(key, value)
         env = with_stoker_path(env)
@@ -351,7 +355,8 @@ class BackgroundProducers:
 
     def __init__(self, cfg: Config, plan: DevicePlan, endpoints: Sequence[str], run_dir: Path) -> None:
         self.cfg = cfg
-        self.sup = Supervisor(plan, cfg.run.log_level)
+        # The caller's import path: a user transform or producer model beside the script imports in the producers.
+        self.sup = Supervisor(plan, cfg.run.log_level, caller_path())
         self.producers: list[Child] = []
         self._closing = threading.Event()
         try:

@@ -225,7 +225,8 @@ def _parts(directory: Path, coordinator: ChildCoordinator) -> dict[str, Any]:
     coordinator.queues = [train_queue, val_queue]
     refs = head["refs"]
     seed = cfg.batching.seed
-    validation = ValidationSet(validation_batches(held, planner), val_queue, TokenTable(held, vocab),
+    validation = ValidationSet(validation_batches(held, planner), val_queue,
+                               TokenTable(held, vocab, head["val_positions"]),
                                ReferenceTable(held, seed) if refs and held else None,
                                texts={s.id: s.text for s in held}, files={s.id: s.audio for s in held if s.audio})
     dataset = head["dataset"]

@@ -103,6 +103,7 @@ class FeedCore:
         self.mel_norm = dataset_mel_norm(cfg, index.root, self.mel_key, self.run_dir)
         self.rejections.open()
         self._record_rejections(index.rejected + prepared.eval_rejected)
+        self.rejections.flush()  # in rejected.jsonl before the feed's start returns, not at a later flush
         self.logs = StepLog(self.run_dir, cfg.trainer.record_samples)
         # With --epochs the run ends when those epochs are complete; re-planned misses can add
         # a batch or two, so the step count is only the plan's expectation (for progress lines).

@@ -39,6 +39,7 @@ from ...shared.dataset.cache import write_index
 from ...shared.errors import UserError
 from ...shared.layouts import Rejection
 from ...shared.melstats import MelStats
+from ...shared.proc import caller_path
 from ...shared.runfiles import VOCAB
 
 log = logging.getLogger("consumer.coordinator")
@@ -81,7 +82,7 @@ def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_n
         "check": [planner.batches_per_epoch, [list(s) for s in planner.shapes]],
         "max_epochs": cfg.trainer.epochs, "resume": position.state_dict() if position is not None else None,
         "vocabulary": str(prepared.run_dir / VOCAB), "mel_norm": mel_norm, "slots": slots,
-        "refs": "ref_mel" in config_mod.batch_schema(cfg).names,
+        "refs": "ref_mel" in config_mod.batch_schema(cfg).names, "val_positions": prepared.val_positions,
         "dataset": [str(index.root), index.metadata_file, index.columns, index.agreement["metadata_sha256"]]}
     passed: set[int] = set()
     for name, samples in (("train", prepared.train_samples), ("val", prepared.val_samples)):
@@ -151,7 +152,9 @@ class CoordinatorProcess:
                              {**slots, "path": str(self.slots.path)})
         self._up.bind(f"ipc://{self.dir / proto.UP}")
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
+        # This stoker first, then the caller's import path (a user's module it names imports here too).
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+            p for p in (str(PACKAGE_PARENT), *caller_path(), *env.get("PYTHONPATH", "").split(os.pathsep)) if p))
         self.proc = subprocess.Popen([sys.executable, "-m", f"{PACKAGE}.coordproc", str(self.dir), str(os.getpid())],
                                      env=env, start_new_session=True, stdin=subprocess.DEVNULL, pass_fds=passed)
         ready = self._wait_ready()

@@ -74,9 +74,13 @@ class TokenTable:
     phonemizer or vocabulary of its own, and its tokens cannot differ from the index's.
     """
 
-    def __init__(self, samples: Sequence[Sample], vocabulary: Vocabulary) -> None:
+    def __init__(self, samples: Sequence[Sample], vocabulary: Vocabulary,
+                 positions: Sequence[int] | None = None) -> None:
         self.vocabulary = vocabulary
         self._table = as_table(samples)
+        # Each row's position in the run's clip list (the ``clip`` batch field): ``positions``, else the
+        # row in the whole table this one is a view of (the index's, from which a hold-out is taken).
+        self._positions = np.asarray(positions, np.int64) if positions is not None else None
         speakers = {name: n for n, name in enumerate(vocabulary.speakers)}
         languages = {code: n for n, code in enumerate(vocabulary.languages)}
         # The table's speaker and language codes as the vocabulary's ids.
@@ -109,7 +113,8 @@ class TokenTable:
         return {i: table.string("audio", r) for i, r in zip(ids, table.find_rows(ids)) if r >= 0}
 
     def lease_fields(self, ids: Sequence[str], clips: Sequence[int] | None = None) -> dict[str, Any]:
-        """What a lease carries for its clips: token ids, speaker ids, language ids, and their
+        """What a lease carries for its clips: token ids, speaker ids, language ids, their
+        positions in the run's clip list, and their
         texts, audio locators and durations ({id: ...}), so that a producer reads no metadata; and
         the size and mtime of each clip's audio file as indexed ({id: [size, mtime_ns]}: a file the
         index listed), which a producer on the trainer's host checks its file against when it reads
@@ -126,5 +131,12 @@ class TokenTable:
                 "languages": [self._languages[language[r]] for r in rows],
                 "texts": {i: table.string("text", r) for i, r in zip(ids, rows)},
                 "files": {i: table.string("audio", r) for i, r in zip(ids, rows)},
-                "durations": tuple(float(duration[r]) for r in rows), "stamps": stamps or None}
+                "durations": tuple(float(duration[r]) for r in rows), "stamps": stamps or None,
+                "positions": tuple(self.positions(rows).tolist())}
+
+    def positions(self, rows: Sequence[int]) -> np.ndarray:
+        """The clip list positions of table rows ``rows`` (TokenTable's ``positions``)."""
+        if self._positions is not None:
+            return self._positions[np.asarray(rows, np.int64)]
+        return self._table.stored_rows(rows)
 

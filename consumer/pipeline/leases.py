@@ -56,6 +56,7 @@ class Lease:
     issued_t: float = 0.0
     ready_t: float = 0.0
     credited_t: float = 0.0
+    positions: tuple[int, ...] = ()  # its clips' positions in the run's clip list, as the LEASE carried them
 
 
 def mismatch(lease: Lease, batch: wire.Batch, arrays: dict[str, Any], schema: BatchSchema,
@@ -68,6 +69,10 @@ def mismatch(lease: Lease, batch: wire.Batch, arrays: dict[str, Any], schema: Ba
     accounted = [*batch.ids, *(e.id for e in batch.rejected), *(e.id for e in batch.missed)]
     if len(accounted) != len(lease.batch.ids) or set(accounted) != set(lease.batch.ids):
         return "its clips are not the lease's"
+    if lease.positions and "clip" in arrays:
+        position = dict(zip(lease.batch.ids, lease.positions))
+        if arrays["clip"][:len(batch.ids)].tolist() != [position[i] for i in batch.ids]:
+            return "its clip field does not name the lease's clips in its rows' order"
     return schema.check_rows(arrays, len(batch.ids)) or None
 
 
@@ -152,9 +157,10 @@ class LeaseWriter:
     plan's tables or the validation set's."""
 
     def __init__(self, tokens: TokenTable | None, references: ReferenceTable | None,
-                 validation: ValidationSet | None, dataset: Reference | None) -> None:
+                 validation: ValidationSet | None, dataset: Reference | None, positions: bool = False) -> None:
         # None only where no producer makes batches (tests, benchmarks of the queue).
         self.tokens = tokens
+        self.positions = positions  # the clip batch field is on: each lease carries its clips' positions
         self.references = references  # None: the ref_mel batch field is off
         self.validation = validation
         self.dataset = dataset
@@ -185,4 +191,5 @@ class LeaseWriter:
             shape=(batch.shape[0], batch.shape[1]), rows=batch.rows,
             tokens=tuple(tuple(row) for row in carried.get("tokens", ())),
             speakers=tuple(carried.get("speakers", ())), languages=tuple(carried.get("languages", ())),
-            refs=refs, texts=texts, files=files, durations=carried.get("durations"), sizes=sizes, stamps=stamps)
+            refs=refs, texts=texts, files=files, durations=carried.get("durations"), sizes=sizes, stamps=stamps,
+            positions=carried.get("positions", ()) if self.positions else ())

@@ -301,6 +301,13 @@ class EpochPlan(Sequence[PlannedBatch]):
         mine = (place - self.starts[:-1][batch]) % workers == worker
         return place[mine], batch[mine]
 
+    def order(self) -> np.ndarray:
+        """The table rows of the epoch's clips in training order, batch after batch (with workers,
+        this worker's share of each batch)."""
+        if self.planner.workers == 1:
+            return self.clips
+        return self.clips[self.share()[0]]
+
     def homes(self) -> np.ndarray:
         """Each table row's batch in this plan (-1: none, or another worker's share)."""
         home = np.full(len(self.planner.table), -1, row_type(len(self)))

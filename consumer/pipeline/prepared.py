@@ -54,6 +54,11 @@ class PreparedRun:
         else:
             train, self.eval_rejected = index.samples, []
         self.train_samples = train
+        # Each held-out clip's position in the run's clip list (ClipList): its index row, else (a clip of
+        # data.eval_file the index lacks) one past the index's clips, in the held-out order.
+        found = index.samples.find_rows([s.id for s in self.val_samples]) if self.val_samples else []
+        extra = iter(range(len(index.samples), len(index.samples) + found.count(-1)))
+        self.val_positions: list[int] = [row if row >= 0 else next(extra) for row in found]
         workers, worker = (cluster.size, cluster.index) if cluster is not None else (1, 0)
         self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
         # the held-out clips' batches (consumer/pipeline/plan.validation_batches)

@@ -59,6 +59,11 @@ class RejectionLog:
             self.writer.write(r.to_json())
             self.count += 1
 
+    def flush(self) -> None:
+        """The rows written so far on disk: the index's rejections are there once the run is open."""
+        assert self.writer is not None
+        self.writer.flush()
+
     def all_failed_one_transform(self, step: int, at_least: int = 1) -> str:
         """The one line when no clip trained (``step`` 0) and every clip a producer rejected (at
         least ``at_least``) failed the same user transform ("" otherwise)."""

@@ -84,7 +84,7 @@ class Scheduler:
                            lambda peer: bool(self.leases.credited(peer)), self.figures.lock)
         self.figures.producers = self.peers.producers  # the per-producer figures deliveries add to
         self.leases = Leases()
-        self.writer = LeaseWriter(tokens, references, validation, dataset)
+        self.writer = LeaseWriter(tokens, references, validation, dataset, "clip" in self.schema.names)
         self.replan = Replanner(planner, self.ordered, max_epochs, resume, self._reject)
         self.credits = Credits(queue, validation.queue if validation is not None else None, self.leases,
                                self.replan, self.ordered, self._send)
@@ -276,7 +276,9 @@ class Scheduler:
     def _lease(self, peer: Peer, batch: PlannedBatch) -> None:
         lease = self.leases.issue(batch, peer.identity, self._now)
         peer.leases.add(lease.id)
-        self._send(peer.identity, self.writer.message(lease, peer.remote))
+        message = self.writer.message(lease, peer.remote)
+        lease.positions = message.positions  # what its batch's clip field must hold (mismatch checks)
+        self._send(peer.identity, message)
         self.figures.leased(peer.name, batch, self._now - peer.joined_t, time.time())
 
     def _assign(self, peer: Peer) -> None:

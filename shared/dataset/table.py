@@ -378,6 +378,12 @@ class SampleTable(Sequence[Sample]):
             view._id_order = order[order >= 0]
         return view
 
+    def stored_rows(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The rows of clips ``rows`` of this table in the whole table it is a view of (:meth:`whole`;
+        ``rows`` themselves for a whole table): an index's clip positions, from a hold-out's view."""
+        picked = np.asarray(rows, np.int64)
+        return self._rows[picked] if self._rows is not None else picked
+
     def whole(self) -> "SampleTable":
         """The whole table this one is a view of (its columns, its clips' groups), or itself."""
         if self._rows is None:

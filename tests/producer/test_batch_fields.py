@@ -3,6 +3,7 @@ log-mel of each clip's reference clip (``ref_mel``), with their lengths and padd
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -134,6 +135,22 @@ def test_a_rejected_clip_leaves_only_real_rows_or_with_fixed_rows_a_marked_empty
     for name, array in real.arrays.items():  # the real rows are the same either way; the rest is padding
         np.testing.assert_array_equal(fixed.arrays[name][:2], array)
     assert not fixed.arrays["mel_lengths"][2:].any() and not fixed.arrays["token_lengths"][2:].any()
+
+
+def test_clip_holds_each_real_rows_lease_position_after_a_rejection_and_minus_one_on_empty_rows(dataset) -> None:
+    root, ids = dataset
+    (root / "wavs" / f"{ids[1]}.wav").write_bytes(b"RIFF not really")
+    lease = dataclasses.replace(_lease(ids[:3]), positions=(40, 41, 42))
+    real = _maker(root, "clip").make(lease)
+    fixed = _maker(root, "clip", fixed_rows=True).make(lease)
+    assert real.batch.ids == (ids[0], ids[2])
+    assert real.arrays["clip"].dtype == np.int32 and real.arrays["clip"].tolist() == [40, 42]
+    assert fixed.arrays["clip"].tolist() == [40, 42, -1, -1]  # the rejected clip's row went; empty rows are -1
+    assert schema_for("clip,row_mask").check_rows(fixed.arrays, 2) == ""
+    assert "clip" in schema_for("clip").check_rows({**real.arrays, "clip": np.array([40, -1], np.int32)}, 2)
+    unplaced = _maker(root, "clip").make(_lease([ids[0], ids[2]]))  # a lease without positions
+    assert unplaced.batch.ids == () and {e.reason for e in unplaced.batch.rejected} == {
+        "the lease carries no clip position for this clip"}
 
 
 def test_mel_norm_normalises_the_valid_frames_and_reports_the_raw_sums(dataset) -> None:

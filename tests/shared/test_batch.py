@@ -211,3 +211,15 @@ def test_model_fields_take_derived_and_fixed_dimensions_and_collate_to_their_pad
     batch = collate([example(np.ones(3, np.int32), np.zeros((5, 80), np.float32), schema)], dims, pads, schema)
     assert (batch["codes"] == -1).all() and (batch["latents"] == 0.5).all() and batch["n"].tolist() == [7, 7]
     assert schema.check(batch, dims) == ""
+
+
+def test_the_clip_field_pads_with_minus_one_and_the_check_knows_a_real_row_from_an_empty_one() -> None:
+    schema = schema_for("clip")
+    mel = np.zeros((5, 8), np.float32)
+    examples = [example(np.array([3, 1], np.int32), mel, schema, clip=clip) for clip in (7, 0)]
+    pads = {f.name: 0.0 if f.pad == MEL_PAD else float(f.pad) for f in schema.fields}
+    arrays = collate(examples, batch_dims(3, (4, 8), 8), pads, schema)
+    assert arrays["clip"].dtype == np.int32 and arrays["clip"].tolist() == [7, 0, -1]
+    assert schema.check_rows(arrays, 2) == ""
+    assert "clip" in schema.check_rows({**arrays, "clip": np.array([7, -1, -1], np.int32)}, 2)
+    assert "clip" in schema.check_rows({**arrays, "clip": np.array([7, 0, 5], np.int32)}, 2)

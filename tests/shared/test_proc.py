@@ -72,3 +72,19 @@ def test_a_steady_heap_is_not_faulted_in_again_at_every_step() -> None:
     # glibc's own thresholds hand the freed top back and fault it in again: most of every step's pages
     assert faults["glibc's own"] > 5 * STEP_PAGES // 2
     assert faults["steady"] < STEP_PAGES // 10
+
+
+def test_caller_path_is_the_users_directories_in_order_without_the_interpreters_own(tmp_path, monkeypatch) -> None:
+    import site
+    import sysconfig
+
+    from stoker.shared.proc import caller_path
+
+    first, later = tmp_path / "script", tmp_path / "appended"
+    first.mkdir()
+    later.mkdir()
+    monkeypatch.chdir(tmp_path)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    monkeypatch.setattr(sys, "path", [str(first), "", stdlib, *site.getsitepackages(), str(tmp_path / "gone"),
+                                      str(tmp_path / "file.zip"), str(later), str(first)])
+    assert caller_path() == [str(first.resolve()), str(tmp_path.resolve()), str(later.resolve())]

@@ -59,6 +59,29 @@ def test_names_are_distinct() -> None:
              runfiles.REJECTED, runfiles.LIVE, runfiles.GPU, runfiles.VALIDATION, runfiles.VOCAB, runfiles.MEL_STATS,
              runfiles.TB_DIR, runfiles.CKPT_DIR, runfiles.HANDOVER_DIR, runfiles.LISTENING]
     assert len(set(names)) == len(names)
+    assert len(set(runfiles.RUN_FILES)) == len(runfiles.RUN_FILES)
+
+
+def test_a_run_that_trained_no_step_is_cleared_and_one_that_trained_is_not(tmp_path) -> None:
+    run = tmp_path / "run"
+    (run / runfiles.TB_DIR / "events").mkdir(parents=True)
+    for name in (runfiles.CONFIG, runfiles.METRICS, runfiles.REJECTED, "notes.txt"):
+        (run / name).write_text("" if name == runfiles.METRICS else "x", encoding="utf-8")
+    (run / runfiles.SUMMARY).write_text(json.dumps({"steps": 0}), encoding="utf-8")
+    (run / runfiles.CKPT_DIR).mkdir()
+    assert runfiles.trained_nothing(run)
+    assert sorted(runfiles.clear_untrained(run)) == sorted([runfiles.CONFIG, runfiles.SUMMARY, runfiles.METRICS,
+                                                            runfiles.REJECTED, runfiles.TB_DIR, runfiles.CKPT_DIR])
+    assert [p.name for p in run.iterdir()] == ["notes.txt"]  # not a run file: kept
+    (run / runfiles.METRICS).write_text('{"step": 1}\n', encoding="utf-8")
+    assert not runfiles.trained_nothing(run)
+    (run / runfiles.METRICS).unlink()
+    (run / runfiles.SUMMARY).write_text(json.dumps({"steps": 3}), encoding="utf-8")
+    assert not runfiles.trained_nothing(run)
+    (run / runfiles.SUMMARY).unlink()
+    (run / runfiles.CKPT_DIR).mkdir()
+    (run / runfiles.CKPT_DIR / "ckpt-1.index").write_text("x", encoding="utf-8")
+    assert not runfiles.trained_nothing(run)
 
 
 def test_a_run_file_is_named_only_here() -> None:

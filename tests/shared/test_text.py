@@ -195,6 +195,15 @@ def test_encode_is_the_vocabulary_order() -> None:
     assert vocab.decode(row) == "ab"
 
 
+def test_the_vocabulary_names_its_pad_and_eos_ids_as_a_row_holds_them() -> None:
+    vocab = Vocabulary.build(Characters(), ["ba"], ["en"])
+    row = vocab.encode("ab")
+    assert (vocab.pad_id, vocab.eos_id) == (0, 1) and row[-1] == vocab.eos_id
+    assert vocab.symbols[vocab.pad_id] == "<pad>" and vocab.symbols[vocab.eos_id] == "<eos>"
+    user = Vocabulary.build(make_frontend("tests.shared.user_tokenizers:bytes_tokenizer"), [], ["en"])
+    assert (user.pad_id, user.eos_id, user.symbols) == (0, None, ())  # a user tokenizer's ids are its own
+
+
 def test_ascii_shortcut_gives_what_the_general_path_gives() -> None:
     """normalize() takes a C-level path for ASCII text; it must not differ from the per-character one."""
     import random

@@ -48,7 +48,7 @@ EXAMPLES: dict[str, wire.Body] = {m.KIND: m for m in (
                  "/cache", 1.0, 5.0, mel_norm={"mean": [0.5], "std": [2.0]}),
     wire.Refuse("reads train.csv", metadata_file="train.csv", columns="id|text", rejoin=True),
     wire.Lease(7, -1, 3, ("a", "b"), (16, 64), 4, ((5, 6, 1), (7, 1)), (3, 1), (0, 2), refs=("b", "a"),
-               texts={"a": "one", "b": "two"}, files={"a": "wavs/a.wav", "b": "wavs/b.wav"}),
+               texts={"a": "one", "b": "two"}, files={"a": "wavs/a.wav", "b": "wavs/b.wav"}, positions=(12, 0)),
     wire.Ready(7),
     wire.Credit(7),
     wire.Revoke(7),
@@ -532,3 +532,10 @@ def test_fuzz_mutations_of_a_valid_message() -> None:
         _decode_only_protocol_errors(frames)
     # The untouched message still decodes.
     assert wire.parse(wire.decode(valid)).lease == 3
+
+
+def test_a_lease_with_a_negative_clip_position_or_more_positions_than_clips_is_refused() -> None:
+    lease = EXAMPLES[wire.LEASE]
+    for positions in ((3, -1), (1, 2, 3)):
+        with pytest.raises(ProtocolError, match="positions"):
+            wire.parse(wire.decode(dataclasses.replace(lease, positions=positions).encode()))

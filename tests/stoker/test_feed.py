@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +26,9 @@ import stoker
 from stoker.consumer.pipeline.feed import FeedStateError
 from stoker.consumer.pipeline.message_size import MessageTooLarge
 from stoker.feed import FeedError
+from stoker.shared.errors import UserError
 from stoker.shared.runlock import RunLocked
-from tests.factories import make_dataset
+from tests.factories import append_metadata, make_dataset
 from tests.procs import RunProcess, free_port, holding_run_lock, read_json, read_jsonl
 from tests.trained import IDENTIFYING, Recorder, check_trained, clips_of
 
@@ -475,3 +477,94 @@ def test_as_dataset_under_a_mirrored_strategy_gives_every_clip_to_a_replica(tmp_
         batches = feed.step
     assert total == len(ids) and batches == len(read_jsonl(tmp_path / "run" / "samples.jsonl"))
     check_trained(trained.steps, clips_of(tmp_path / "run"), 1, ids)
+
+
+DEMO = PROJECT / "data" / "demo"
+
+
+def test_the_clip_field_names_every_rows_clip_each_once_per_epoch_and_the_held_out_ones_in_validation(tmp_path):
+    """Over the demo data (4 clips held out), with fixed rows: inside the step, each real row's clip
+    carries the tokens of the clip feed.clips names, an empty row is -1, and every clip of the plan's
+    epoch list is trained once per epoch."""
+    given = options(tmp_path, DEMO, epochs=2, batch_size=16, framework="numpy")
+    given["set"] = {"batching.fields": "clip", "batching.fixed_rows": True}
+    trained: dict[int, list[int]] = {}
+    empty = 0
+    with stoker.Feed(**given) as feed:
+        clips, vocabulary = feed.clips, feed.vocabulary
+        assert len(clips) == 64 and vocabulary.pad_id == 0 and vocabulary.eos_id == 1
+        for epoch, batches in feed.epochs():
+            for batch in batches:
+                lengths = batch["token_lengths"]
+                for row, position in enumerate(batch["clip"].tolist()):
+                    if position == -1:
+                        assert lengths[row] == 0 and batch["row_mask"][row] == 0
+                        empty += 1
+                        continue
+                    clip = clips[position]
+                    assert batch["tokens"][row, :lengths[row]].tolist() == clip.tokens.tolist()
+                    assert vocabulary.decode(batch["tokens"][row]) == clip.units and not clip.held_out
+                    assert clips.position(clip.id) == position
+                    trained.setdefault(epoch, []).append(position)
+                feed.step_done()
+        validated = [p for batch in feed.validation() for p in batch["clip"].tolist() if p != -1]
+        planned = {epoch: clips.epoch(epoch).tolist() for epoch in trained}
+        held = clips.validation
+    assert sorted(trained) == [0, 1] and empty > 0  # the epoch's short batch: empty rows
+    for epoch, positions in trained.items():
+        assert len(positions) == len(set(positions)) == 60 and sorted(positions) == sorted(planned[epoch])
+    assert sorted(validated) == sorted(held) and len(held) == 4 and all(clips[p].held_out for p in held)
+    demo = {line.split("|")[0] for line in (DEMO / "metadata.csv").read_text().splitlines()}
+    assert {clips[p].id for p in trained[0] + validated} == demo
+    assert read_json(tmp_path / "run" / "summary.json")["rejected_messages"] == {}  # no batch's clip field was off
+    assert_no_producers_left(os.getpid())
+
+
+def test_the_indexs_rejections_are_in_rejected_jsonl_when_the_with_block_starts(tmp_path, dataset):
+    append_metadata(dataset, ["T9999|a clip without audio|a clip without audio"])
+    with stoker.Feed(**options(tmp_path, dataset, epochs=1, framework="numpy")) as feed:
+        assert [r["id"] for r in read_jsonl(tmp_path / "run" / "rejected.jsonl")] == ["T9999"]
+        assert len(feed.clips) == 24
+        with pytest.raises(KeyError):
+            feed.clips.position("T9999")
+
+
+def test_a_user_transform_only_on_the_callers_sys_path_runs_in_the_producers(tmp_path, dataset, monkeypatch):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "quieter.py").write_text(
+        "import os\n\n\ndef halve(audio, sample_id, **_):\n"
+        f"    with open({str(tmp_path / 'called')!r}, 'a') as f:\n"
+        "        f.write(f'{os.getpid()} {sample_id}\\n')\n"
+        "    return audio * 0.5\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(mine))  # beside the user's script: on sys.path, not on PYTHONPATH
+    monkeypatch.chdir(tmp_path)
+    given = options(tmp_path, dataset, epochs=1, framework="numpy")
+    given["set"] = {**given["set"], "transforms.user": "quieter:halve"}
+    with stoker.Feed(**given) as feed:
+        rows = sum(len(batch["token_lengths"]) for batch in feed)
+    assert rows == 24
+    called = [line.split() for line in (tmp_path / "called").read_text().splitlines()]
+    assert {sample_id for _, sample_id in called} == {f"T{i:04d}" for i in range(24)}
+    assert str(os.getpid()) not in {pid for pid, _ in called}  # in the producers
+    assert_no_producers_left(os.getpid())
+
+
+def test_a_feed_whose_start_failed_leaves_a_run_directory_the_next_feed_starts_in(tmp_path, dataset):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = options(tmp_path, dataset, epochs=1, framework="numpy", bind=f"tcp://127.0.0.1:{busy.getsockname()[1]}")
+        with pytest.raises(UserError, match="in use"):
+            with stoker.Feed(**taken):
+                pass
+    run = tmp_path / "run"
+    assert (run / "config.yaml").is_file() and not (run / "run.lock").exists()
+    (run / "notes.txt").write_text("mine", encoding="utf-8")
+    with stoker.Feed(**options(tmp_path, dataset, epochs=1, framework="numpy")) as feed:
+        rows = sum(len(batch["token_lengths"]) for batch in feed)
+    assert rows == 24 and read_json(run / "summary.json")["steps"] == feed.step > 0
+    assert (run / "notes.txt").read_text(encoding="utf-8") == "mine"  # not a file of the run's: kept
+    with pytest.raises(FeedError, match="holds a run"):  # this one trained: continued only with resume=
+        stoker.Feed(**options(tmp_path, dataset, epochs=1, framework="numpy")).start()
+    assert_no_producers_left(os.getpid())

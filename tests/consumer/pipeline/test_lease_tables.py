@@ -1,9 +1,12 @@
-"""What a lease carries for its clips: their reference clips (ref_mel)."""
+"""What a lease carries for its clips: their reference clips (ref_mel) and their positions in the run's clip list."""
 
 from __future__ import annotations
 
-from stoker.consumer.pipeline.lease_tables import ReferenceTable
-from stoker.shared.dataset import Sample
+from stoker.consumer.pipeline.lease_tables import ReferenceTable, TokenTable
+from stoker.consumer.pipeline.leases import Lease, LeaseWriter
+from stoker.consumer.pipeline.plan import PlannedBatch
+from stoker.shared.dataset import Sample, SampleTable
+from stoker.shared.vocab import Vocabulary
 
 
 def test_references_are_another_clip_of_the_same_speaker_fixed_per_epoch() -> None:
@@ -22,3 +25,17 @@ def test_references_are_another_clip_of_the_same_speaker_fixed_per_epoch() -> No
     epochs = [tuple(table(e, ids)) for e in range(6)]
     assert len(set(epochs)) > 1  # another epoch, other references
     assert ReferenceTable(samples, seed=8)(0, ids) != first
+
+
+def test_a_lease_carries_each_clips_position_in_the_index_through_a_hold_out_view() -> None:
+    index = SampleTable.from_samples([Sample(f"c{i}", "ab", 3, 50, 1.0, units="ab") for i in range(6)])
+    train = index.take([0, 2, 3, 5])  # c1 and c4 held out
+    vocab = Vocabulary("characters", ("<pad>", "<eos>", "a", "b"), 4, {})
+    tokens = TokenTable(train, vocab)
+    assert tokens.lease_fields(["c5", "c2"])["positions"] == (5, 2)
+    assert tokens.lease_fields(["c5", "c2"], [3, 1])["positions"] == (5, 2)  # from the plan's rows
+    held = TokenTable([index[1], index[4]], vocab, positions=[1, 4])  # a list of the held-out clips
+    assert held.lease_fields(["c4"])["positions"] == (4,)
+    batch = Lease(1, PlannedBatch(0, 0, 0, ("c3", "c0"), (8, 64), 2), b"p")
+    assert LeaseWriter(tokens, None, None, None, positions=True).message(batch, False).positions == (3, 0)
+    assert LeaseWriter(tokens, None, None, None).message(batch, False).positions == ()  # the clip field off

@@ -8,9 +8,11 @@ import numpy as np
 
 from stoker.consumer.pipeline.buffer import BatchQueue
 from stoker.consumer.pipeline.lease_tables import TokenTable
-from stoker.consumer.pipeline.plan import EpochPlanner
+from stoker.consumer.pipeline.leases import Lease, mismatch
+from stoker.consumer.pipeline.plan import EpochPlanner, PlannedBatch
 from stoker.consumer.pipeline.scheduler import Scheduler
 from stoker.shared import wire
+from stoker.shared.batch import batch_dims, schema_for
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import Reference, build_index, deferred, describe_copy
 from tests.consumer.pipeline.harness import hello_of, make_config
@@ -75,6 +77,16 @@ def test_a_batch_that_does_not_match_its_lease_is_dropped_and_replanned() -> Non
     again, = b.take(b"p1", wire.LEASE)
     assert again.ids == lease.ids and again.lease != lease.lease
     assert b.scheduler.snapshot()["rejected_messages"] == {"bad_batch": 1} and len(b.queue) == 0
+
+
+def test_a_clip_field_that_does_not_name_the_leases_clips_in_row_order_is_a_mismatch() -> None:
+    lease = Lease(1, PlannedBatch(0, 0, 0, ("a", "b", "c"), (16, 32), 3), b"p", positions=(10, 11, 12))
+    batch = wire.Batch(1, 0, 0, ("c", "a"), rejected=(wire.Entry("b", "unreadable"),))
+    dims, schema = batch_dims(3, (16, 32), 8), schema_for("clip")
+    arrays = make_batch(3, 16, 32, 8, valid=2)
+    assert mismatch(lease, batch, {**arrays, "clip": np.array([12, 10, -1], np.int32)}, schema, dims) is None
+    for wrong in ([10, 12, -1], [12, 11, -1]):  # rows swapped; the rejected clip's position
+        assert "clip field" in mismatch(lease, batch, {**arrays, "clip": np.array(wrong, np.int32)}, schema, dims)
 
 
 def test_late_uncredited_and_foreign_batches_are_counted_and_dropped() -> None:

@@ -341,6 +341,8 @@ def test_workers_share_every_global_batch_and_train_each_sample_once(samples, cf
         ids = [i for p in plans for b in p for i in b.ids]
         assert sorted(ids) == sorted(s.id for s in samples)
         assert sum(w.samples_in(epoch) for w in workers) == len(samples)
+        for worker, plan in zip(workers, plans):  # its clips in training order: its share of each batch
+            assert worker.table.strings("id", plan.order().tolist()) == [i for b in plan for i in b.ids]
 
 
 def _sharded(count: int, per_shard: int, seed: int = 3) -> tuple[list[Sample], dict[str, int]]:
