@@ -172,15 +172,20 @@ def test_a_clean_manifest_of_sorted_ids_is_the_one_process_build(tmp_path: Path,
     assert pieces_file.read_bytes() == one_file.read_bytes()
 
 
+def _one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The dataset of :func:`_lines` and its one-process index."""
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "train.jsonl").write_bytes(b"".join(_lines()))
+    return root, _build(root, tmp_path / "one", monkeypatch, chunked=False)
+
+
 @pytest.mark.timeout(60)
 def test_the_chunked_build_merges_a_few_keys_at_a_time_into_the_same_index(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The runs read two keys at a time (many rounds, repeats across them): the same cache file;
     no run file is left."""
-    root = tmp_path / "data"
-    root.mkdir()
-    (root / "train.jsonl").write_bytes(b"".join(_lines()))
-    one = _build(root, tmp_path / "one", monkeypatch, chunked=False)
+    root, one = _one_process(tmp_path, monkeypatch)
     monkeypatch.setattr(spill_module, "MIN_BLOCK_ROWS", 2)
     monkeypatch.setattr(spill_module, "MERGE_BUDGET_BYTES", 1)
     pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=2)
@@ -193,10 +198,7 @@ def test_the_chunked_build_merges_a_few_keys_at_a_time_into_the_same_index(tmp_p
 @pytest.mark.timeout(60)
 def test_the_chunked_build_without_a_cache_maps_a_file_of_its_own(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path / "data"
-    root.mkdir()
-    (root / "train.jsonl").write_bytes(b"".join(_lines()))
-    one = _build(root, tmp_path / "one", monkeypatch, chunked=False)
+    root, one = _one_process(tmp_path, monkeypatch)
     monkeypatch.setattr(index_module, "CHUNKED_MIN_BYTES", 1)
     monkeypatch.setattr(chunked_module, "BUILD_CHUNK_BYTES", 700)
     data = DataConfig(path=str(root), metadata_file="train.jsonl", index_cache="off", max_tokens=200)
