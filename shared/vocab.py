@@ -57,6 +57,18 @@ class Vocabulary:
     def is_user(self) -> bool:
         return not self.symbols
 
+    @property
+    def pad_id(self) -> int | None:
+        """The padding id: ``PAD_ID``, or a user tokenizer object's own (None where it has none, and
+        for a tokenizer function). The batch pads token rows with ``PAD_ID`` whatever it is."""
+        return self.engine.get("pad_id") if self.is_user else PAD_ID
+
+    @property
+    def eos_id(self) -> int | None:
+        """The id ending each text: ``EOS_ID``, or a user tokenizer object's own (None where it has
+        none, and for a tokenizer function): a user tokenizer's ids are its own, none appended."""
+        return self.engine.get("eos_id") if self.is_user else EOS_ID
+
     def missing(self, units: str) -> str:
         """The characters of ``units`` this vocabulary lacks, in order ("" for a user tokenizer)."""
         if self.is_user:
