@@ -94,7 +94,8 @@ def test_every_clip_once_per_epoch_with_a_producer_killed_and_the_run_files_diag
     assert summary["steps"] == steps and summary["samples"] == 3 * len(ids)
     report = analyse(run)
     assert report["steps"] == steps and summary["trained_by"] == "stoker.Feed" and summary["replicas"] is None
-    assert report["cure"].startswith(("stoker.Feed(..., producers=", "no change needed"))  # the feed's option
+    cure = report["cure"]  # the feed's option (a busy host's cure names it too: producers=0 here, the rest elsewhere)
+    assert "stoker.Feed(..., producers=" in cure or cure.startswith("no change needed"), cure
     assert_no_producers_left(os.getpid())
 
 

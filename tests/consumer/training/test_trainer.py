@@ -230,7 +230,7 @@ def test_optional_fields_reach_the_model_and_one_it_lacks_is_named() -> None:
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     with pytest.raises(ModelError, match=r"reads the batch field 'stop', which this run does not switch on: "
                                          r"--set batching.fields=stop \(optional fields: speaker_id, language_id, "
-                                         r"stop, audio, ref_mel, row_mask\)$"):
+                                         r"stop, audio, ref_mel, row_mask, clip\)$"):
         _trainer(model="tests.consumer.training.user_models:conditioned")
 
 
