@@ -256,7 +256,7 @@ def test_the_vocabulary_names_its_pad_and_eos_ids_as_a_row_holds_them() -> None:
     assert (vocab.pad_id, vocab.eos_id) == (0, 1) and row[-1] == vocab.eos_id
     assert vocab.symbols[vocab.pad_id] == "<pad>" and vocab.symbols[vocab.eos_id] == "<eos>"
     user = Vocabulary.build(make_frontend("tests.shared.user_tokenizers:bytes_tokenizer"), [], ["en"])
-    assert (user.pad_id, user.eos_id, user.symbols) == (0, None, ())  # a user tokenizer's ids are its own
+    assert (user.pad_id, user.eos_id, user.symbols) == (None, None, ())  # a tokenizer function: its ids its own, no pad or EOS of its own
 
 
 def test_ascii_shortcut_gives_what_the_general_path_gives() -> None:
