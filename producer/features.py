@@ -29,20 +29,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..shared.config import TENSORFLOW, FeaturesConfig
-from ..shared.mel import (PAD_END, centred, log_scale, min_num_samples, num_frames, silence_value,
-                               user_mel_function)
+from ..shared.mel import (PAD_END, REFLECT_OVERLAP, centred, db_normalised, filterbank_weights, log_scale,
+                          min_num_samples, num_frames, side_pad, silence_value, user_mel_function)
+from ..shared.mel import hz_to_mel as _hz_to_mel, mel_to_hz as _mel_to_hz  # noqa: F401 (the tests' names)
 from ..shared.tfsetup import require_tensorflow, tensorflow_installed
 
 logger = logging.getLogger(__name__)
-
-# Slaney's mel scale (Auditory Toolbox, and librosa with htk=False).
-_SLANEY_F_SP_HZ = 200.0 / 3.0  # Hz per mel in the linear part
-_SLANEY_MIN_LOG_HZ = 1000.0  # where the scale switches from linear to logarithmic
-_SLANEY_MIN_LOG_MEL = _SLANEY_MIN_LOG_HZ / _SLANEY_F_SP_HZ  # = 15 mel at 1 kHz
-_SLANEY_LOGSTEP = math.log(6.4) / 27.0  # 27 mel per factor 6.4 above 1 kHz
-# The HTK mel scale (librosa with htk=True, tf.signal): mel = 2595 log10(1 + f / 700 Hz).
-_HTK_MEL_FACTOR = 2595.0
-_HTK_BREAK_HZ = 700.0
 
 # The TF path works in float32: the precision of the audio and of the features the model
 # consumes; float64 is only worth it for the reference.
@@ -60,35 +52,6 @@ _CACHED_COMPUTERS = 8
 # ---------------------------------------------------------------------------- helpers
 
 
-def _hz_to_mel(hz: np.ndarray, scale: str = "slaney") -> np.ndarray:
-    """Slaney (or, for any other ``scale``, HTK) mel of frequencies ``hz`` (any shape, float64)."""
-    hz = np.asarray(hz, dtype=np.float64)
-    if scale != "slaney":
-        return _HTK_MEL_FACTOR * np.log10(1.0 + hz / _HTK_BREAK_HZ)
-    mel = hz / _SLANEY_F_SP_HZ
-    log_part = hz >= _SLANEY_MIN_LOG_HZ
-    mel = np.where(
-        log_part,
-        _SLANEY_MIN_LOG_MEL + np.log(np.maximum(hz, _SLANEY_MIN_LOG_HZ) / _SLANEY_MIN_LOG_HZ) / _SLANEY_LOGSTEP,
-        mel,
-    )
-    return mel
-
-
-def _mel_to_hz(mel: np.ndarray, scale: str = "slaney") -> np.ndarray:
-    """Inverse of :func:`_hz_to_mel` (any shape, float64)."""
-    mel = np.asarray(mel, dtype=np.float64)
-    if scale != "slaney":
-        return _HTK_BREAK_HZ * (10.0 ** (mel / _HTK_MEL_FACTOR) - 1.0)
-    hz = _SLANEY_F_SP_HZ * mel
-    log_part = mel >= _SLANEY_MIN_LOG_MEL
-    return np.where(
-        log_part,
-        _SLANEY_MIN_LOG_HZ * np.exp(_SLANEY_LOGSTEP * (np.maximum(mel, _SLANEY_MIN_LOG_MEL) - _SLANEY_MIN_LOG_MEL)),
-        hz,
-    )
-
-
 def _check_cfg(cfg: FeaturesConfig) -> None:
     if cfg.win_length > cfg.n_fft:
         raise ValueError(f"win_length ({cfg.win_length}) must not exceed n_fft ({cfg.n_fft})")
@@ -100,10 +63,12 @@ def _check_cfg(cfg: FeaturesConfig) -> None:
 
 
 def centered_window(cfg: FeaturesConfig) -> np.ndarray:
-    """The analysis window, float64 [n_fft]: periodic Hann of win_length, centred."""
+    """The analysis window, float64 [n_fft]: Hann of win_length, periodic (or symmetric for
+    ``window: hann_symmetric``), centred."""
     _check_cfg(cfg)
     k = np.arange(cfg.win_length, dtype=np.float64)
-    hann = 0.5 - 0.5 * np.cos(2.0 * np.pi * k / cfg.win_length)
+    period = cfg.win_length - 1 if cfg.window == "hann_symmetric" and cfg.win_length > 1 else cfg.win_length
+    hann = 0.5 - 0.5 * np.cos(2.0 * np.pi * k / period)
     window = np.zeros(cfg.n_fft, dtype=np.float64)
     start = (cfg.n_fft - cfg.win_length) // 2
     window[start:start + cfg.win_length] = hann
@@ -128,18 +93,36 @@ def _as_clip(audio: Any, cfg: FeaturesConfig, dtype: Any, what: str = "audio") -
 
 def _framing_pads(num_samples: int, cfg: FeaturesConfig) -> tuple[int, int]:
     """Samples (before, after) the clip that framing adds (step 1): n_fft // 2 each side when
-    centred; when padding at the end, the zeros its last frame needs; else none."""
-    if centred(cfg):
-        return cfg.n_fft // 2, cfg.n_fft // 2
+    centred, (n_fft - hop_length) // 2 for reflect_overlap; when padding at the end, the zeros
+    its last frame needs; else none."""
     if cfg.padding == PAD_END:
         return 0, max(0, (num_frames(num_samples, cfg) - 1) * cfg.hop_length + cfg.n_fft - num_samples)
-    return 0, 0
+    return side_pad(cfg), side_pad(cfg)
 
 
 def _pad_for_framing(clip: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
     """Step 1: [N] -> the padded signal its frames are cut from."""
     before, after = _framing_pads(clip.shape[0], cfg)
-    return np.pad(clip, (before, after), mode="reflect" if cfg.padding == "reflect" else "constant")
+    return np.pad(clip, (before, after), mode="reflect" if _reflected(cfg) else "constant")
+
+
+def _reflected(cfg: FeaturesConfig) -> bool:
+    """Whether step 1 pads with the clip's reflection (else with zeros)."""
+    return cfg.padding in ("reflect", REFLECT_OVERLAP)
+
+
+def _guarded(cfg: FeaturesConfig) -> bool:
+    """Whether step 4 takes each bin's |X|^2 as max(|X|^2 + bin_power_offset, bin_power_floor)."""
+    return bool(cfg.bin_power_offset or cfg.bin_power_floor)
+
+
+def _guard_in_place(power: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
+    """Step 4's guard on bin powers |X|^2, in place: max(|X|^2 + offset, floor); returns ``power``."""
+    if cfg.bin_power_offset:
+        np.add(power, power.dtype.type(cfg.bin_power_offset), out=power)
+    if cfg.bin_power_floor:
+        np.maximum(power, power.dtype.type(cfg.bin_power_floor), out=power)
+    return power
 
 
 def _log_in_place(mel: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
@@ -157,9 +140,16 @@ def _log_in_place(mel: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
 
 def _clamp_top_db(mel: np.ndarray, cfg: FeaturesConfig) -> np.ndarray:
     """Step 7's per-clip part on one clip's log-mel [T, M], in place: values below the clip's
-    maximum minus ``top_db`` raised to it (librosa's power_to_db top_db); returns ``mel``."""
+    maximum minus ``top_db`` raised to it (librosa's power_to_db top_db), then the fixed dB
+    range of ``db_norm`` (shared/mel.py ``db_normalised``); returns ``mel``."""
     if cfg.top_db > 0 and mel.size:
         np.maximum(mel, mel.dtype.type(mel.max() - cfg.top_db), out=mel)
+    if cfg.db_norm != "off":
+        m, low, kind = cfg.db_max_abs, cfg.db_min_level, mel.dtype.type
+        np.subtract(mel, kind(cfg.db_ref_level + low), out=mel)
+        np.multiply(mel, kind(2.0 * m / -low), out=mel)
+        np.subtract(mel, kind(m), out=mel)
+        np.clip(mel, kind(-m), kind(m), out=mel)
     return mel
 
 
@@ -177,24 +167,7 @@ def mel_filterbank(cfg: FeaturesConfig) -> np.ndarray:
     many mels for this n_fft).
     """
     _check_cfg(cfg)
-    fft_hz = np.fft.rfftfreq(cfg.n_fft, d=1.0 / cfg.sample_rate_hz)  # [F]
-    scale = cfg.mel_scale
-    mel_edges = np.linspace(_hz_to_mel(cfg.fmin_hz, scale), _hz_to_mel(cfg.fmax_hz, scale), cfg.n_mels + 2)
-    edges_hz = _mel_to_hz(mel_edges, scale)  # [M + 2]
-    # The triangles are linear in Hz (librosa), or in mel for tf.signal's filters.
-    edges, points = (mel_edges, _hz_to_mel(fft_hz, scale)) if scale == "tf" else (edges_hz, fft_hz)
-    widths = np.diff(edges)  # [M + 1]
-    ramps = edges[:, None] - points[None, :]  # [M + 2, F]
-    lower = -ramps[:-2] / widths[:-1, None]  # rising edge, [M, F]
-    upper = ramps[2:] / widths[1:, None]  # falling edge, [M, F]
-    weights = np.maximum(0.0, np.minimum(lower, upper))  # [M, F]
-    if cfg.filter_norm == "slaney":
-        weights *= (2.0 / (edges_hz[2:] - edges_hz[:-2]))[:, None]  # Slaney area normalisation
-    empty = np.flatnonzero(weights.max(axis=1) <= 0.0)
-    if empty.size:
-        logger.warning("mel filterbank: %d of %d filters cover no FFT bin (channels %s); "
-                       "use fewer n_mels or a larger n_fft", empty.size, cfg.n_mels, empty.tolist()[:10])
-    return np.ascontiguousarray(weights.T)
+    return filterbank_weights(cfg)
 
 
 def pad_value(cfg: FeaturesConfig) -> float:
@@ -221,7 +194,9 @@ def log_mel_spectrogram_numpy(
     if frames.shape[0] != expected:  # the definition and num_frames must agree
         raise AssertionError(f"framing produced {frames.shape[0]} frames, num_frames says {expected}")
     window = centered_window(cfg).astype(dtype)
-    spectrum = np.abs(np.fft.rfft(frames * window, n=cfg.n_fft, axis=-1)) ** cfg.power  # [T, F]
+    bins = np.fft.rfft(frames * window, n=cfg.n_fft, axis=-1)  # [T, F]
+    power = _guard_in_place((bins.real ** 2 + bins.imag ** 2).astype(dtype), cfg)  # |X|^2, guarded
+    spectrum = power if cfg.power == 2 else np.sqrt(power)  # [T, F]
     mel = spectrum.astype(dtype, copy=False) @ mel_filterbank(cfg).astype(dtype)  # [T, M]
     return _clamp_top_db(_log_in_place(np.array(mel, dtype=dtype), cfg), cfg)
 
@@ -348,6 +323,7 @@ class MelComputer:
         out = np.empty((frames.shape[0], cfg.n_mels), dtype=np.float32)  # [R, M]
         weights = self.weights if analyse else None
         squared = cfg.power == 2  # the mel of |X|^2, else of |X|
+        guarded = _guarded(cfg)  # |X|^2 offset or floored before the power
         powers = np.empty((frames.shape[0], weights.shape[1]), dtype=np.float32) if weights is not None else None
         block_rows = min(_NUMPY_BLOCK_ROWS, frames.shape[0])
         buffer = np.empty((block_rows, cfg.n_fft), dtype=np.float32)
@@ -362,12 +338,21 @@ class MelComputer:
             spectrum = rfft(block)  # [b, F]
             if power is None:
                 magnitude = np.abs(spectrum[:, low:high], out=magnitudes[:b])  # [b, high - low]
-                if squared:
+                if squared or guarded:
                     np.square(magnitude, out=magnitude)
+                if guarded:
+                    _guard_in_place(magnitude, cfg)
+                    if not squared:
+                        np.sqrt(magnitude, out=magnitude)
             else:
                 np.abs(spectrum, out=magnitudes[:b])  # [b, F]
                 np.matmul(np.square(magnitudes[:b], out=power[:b]), weights, out=powers[start:end])
-                magnitude = (power if squared else magnitudes)[:b, low:high]
+                if guarded:
+                    magnitude = _guard_in_place(power[:b, low:high], cfg)  # the weighted powers are made
+                    if not squared:
+                        magnitude = np.sqrt(magnitude, out=magnitudes[:b, low:high])
+                else:
+                    magnitude = (power if squared else magnitudes)[:b, low:high]
             np.matmul(magnitude, filterbank, out=out[start:end])
         if not analyse:
             _log_in_place(out, cfg)
@@ -411,6 +396,7 @@ class MelComputer:
         filterbank = self._filterbank[low:high].astype(_TF_DTYPE)  # [high - low, M]
         weights = self.weights if analyse else None
         squared = cfg.power == 2  # the mel of |X|^2, else of |X|
+        guarded, bin_offset, bin_floor = _guarded(cfg), float(cfg.bin_power_offset), float(cfg.bin_power_floor)
         log_offset, log_floor, scale = float(cfg.log_offset), float(cfg.log_floor), log_scale(cfg)
         device_scope = self._device_scope
 
@@ -421,11 +407,14 @@ class MelComputer:
             with device_scope():
                 frames = tf.signal.frame(signal, cfg.n_fft, cfg.hop_length, pad_end=False)  # [R, n_fft]
                 spectrum = tf.signal.rfft(frames * tf.constant(window), fft_length=[cfg.n_fft])  # [R, F]
-                if weights is None and not squared:
+                if weights is None and not squared and not guarded:
                     magnitude = tf.abs(spectrum[:, low:high])  # [R, high - low]: bins every filter ignores dropped
                 else:
                     power = tf.square(tf.math.real(spectrum)) + tf.square(tf.math.imag(spectrum))  # [R, F]
-                    magnitude = power[:, low:high] if squared else tf.sqrt(power[:, low:high])
+                    used = power[:, low:high]
+                    if guarded:
+                        used = tf.maximum(used + bin_offset, bin_floor)
+                    magnitude = used if squared else tf.sqrt(used)
                 mel = tf.linalg.matmul(magnitude, tf.constant(filterbank))  # [R, M]
                 if not analyse:
                     if log_offset:
@@ -512,7 +501,7 @@ def _concatenate_for_framing(clips: Sequence[np.ndarray],
     starts = np.concatenate([[0], np.cumsum(segment_lengths)]).astype(np.int64)
     total = max(int(starts[-1]), cfg.n_fft)
     signal = np.zeros(total, dtype=_TF_DTYPE)
-    reflect = cfg.padding == "reflect"
+    reflect = _reflected(cfg)
     for clip, n, start, (half, _) in zip(clips, lengths, starts[:-1], pads):
         start = int(start)
         signal[start + half:start + half + n] = clip

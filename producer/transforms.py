@@ -1,6 +1,7 @@
 """Producer transforms: what happens to a clip before its log-mel.
 
-In this order, each off by default (``transforms.*``): the user's transforms
+In this order, each off by default (``transforms.*``): the trim of the samples
+(``trim_margin_s``, ``trim_samples_db``: Coqui TTS's, on loading), the user's transforms
 (``transforms.user``), trim (``trim_db``), normalize (peak or loudness) and pre-emphasis. Trim
 and loudness are measured on the frames the log-mel is computed from, so the mel of the cut,
 scaled clip is its mel cut and scaled (:meth:`Chain.finish`). A clip a transform cannot handle
@@ -23,7 +24,7 @@ from .features import centered_window, min_num_samples, num_frames
 from ..shared.batch import Field
 from ..shared.config import TRANSFORMS_REVISION, FeaturesConfig, TransformsConfig, parse_declared_fields
 from ..shared.errors import UserError
-from ..shared.mel import centred, frame_centre, source_version
+from ..shared.mel import NO_PADDING, frame_centre, source_version
 from ..shared.userfn import import_function
 
 # A clip whose largest sample is below this is silent: no gain can be computed for it.
@@ -40,6 +41,11 @@ RELATIVE_GATE_LU = 10.0
 # The same gates in block energy (-0.691 + 10 log10(z) is a block's loudness): no log per block.
 ABSOLUTE_GATE_Z = 10 ** ((ABSOLUTE_GATE_LUFS + 0.691) / 10)
 RELATIVE_GATE_FACTOR = 10 ** (-RELATIVE_GATE_LU / 10)
+
+
+# The settings added with the trim of the samples: left out of chain_key at their defaults (off),
+# so that the feature caches made before them stay valid.
+SAMPLE_TRIM_FIELDS = ("trim_margin_s", "trim_samples_db")
 
 
 class TransformError(Exception):
@@ -107,7 +113,7 @@ def trim_bounds(energy: np.ndarray, num_samples: int, top_db: float, features: F
         return 0, num_samples
     loud = np.flatnonzero(energy > peak * 10 ** (-top_db / 10))
     hop, first, last = features.hop_length, int(loud[0]), int(loud[-1])
-    end = (last + 1) * hop if centred(features) or features.padding == "end" else last * hop + features.n_fft
+    end = last * hop + features.n_fft if features.padding == NO_PADDING else (last + 1) * hop
     return first * hop, min(num_samples, end)
 
 
@@ -171,6 +177,27 @@ def loudness_gain(peak: float, weighted: np.ndarray, num_samples: int, features:
     return min(10 ** ((target_lufs - measured) / 20), 1.0 / peak)
 
 
+def trim_samples(audio: np.ndarray, margin: int, top_db: float, features: FeaturesConfig) -> np.ndarray:
+    """Step 0: ``margin`` samples cut off each end, then (``top_db`` > 0) the samples
+    ``librosa.effects.trim(audio, top_db=top_db, frame_length=win_length, hop_length=hop_length)``
+    keeps: RMS frames of win_length every hop_length, centred with zeros outside the clip, a
+    frame loud when its ``10 log10(max(1e-10, mean square))`` exceeds the loudest one's minus
+    ``top_db``; kept, the samples from the first loud frame's hop to the last one's end (or to
+    the end of the clip). What Coqui TTS's AudioProcessor.trim_silence does on loading."""
+    clip = audio[margin:len(audio) - margin]
+    if top_db <= 0 or len(clip) == 0:
+        return clip
+    length, hop = features.win_length, features.hop_length
+    squares = np.concatenate([[0.0], np.cumsum(np.square(clip, dtype=np.float64))])  # [N + 1]
+    starts = np.arange(1 + len(clip) // hop) * hop - length // 2  # each frame's first sample
+    mean_square = (squares[np.clip(starts + length, 0, len(clip))] - squares[np.clip(starts, 0, len(clip))]) / length
+    db = 10.0 * np.log10(np.maximum(1e-10, mean_square))
+    loud = np.flatnonzero(db - 10.0 * np.log10(max(1e-10, float(mean_square.max()))) > -top_db)
+    if loud.size == 0:
+        return clip[:0]
+    return clip[int(loud[0]) * hop:min(len(clip), (int(loud[-1]) + 1) * hop)]
+
+
 def preemphasize(audio: np.ndarray, coefficient: float) -> np.ndarray:
     if coefficient == 0 or len(audio) == 0:
         return audio
@@ -199,7 +226,9 @@ def chain_key(cfg: TransformsConfig, versions: Mapping[str, str]) -> dict[str, A
     """What the mel of a clip depends on besides the features: the settings and each user
     module's version (the feature cache's key and the producers' agreement); not the producer
     models, which run after the mel (their outputs have keys of their own: producer/models.py)."""
-    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("models", "model_fields")}
+    default = TransformsConfig()
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("models", "model_fields")
+                and not (k in SAMPLE_TRIM_FIELDS and v == getattr(default, k))}
     return {**settings, "versions": dict(versions), "revision": TRANSFORMS_REVISION}
 
 
@@ -237,7 +266,12 @@ class Chain:
 
     @property
     def active(self) -> bool:
-        return bool(self.user or self.measures or self.cfg.preemphasis)
+        return bool(self.user or self.measures or self.cfg.preemphasis or self.trims_samples)
+
+    @property
+    def trims_samples(self) -> bool:
+        """Whether step 0 is on: a margin or the samples' silence cut before anything else."""
+        return self.cfg.trim_margin_s > 0 or self.cfg.trim_samples_db > 0
 
     @property
     def measures(self) -> bool:
@@ -254,6 +288,11 @@ class Chain:
         """The clip after the user's transforms (and pre-emphasis when the chain does not
         measure: else :meth:`finish` does it); TransformError (the rejection reason) when one fails."""
         rate = self.features.sample_rate_hz
+        if self.trims_samples:
+            audio = trim_samples(audio, int(rate * self.cfg.trim_margin_s), self.cfg.trim_samples_db, self.features)
+            if len(audio) < min_num_samples(self.features):
+                raise TransformError(f"{len(audio)} samples are left after trimming the silence (trim_margin_s, "
+                                     f"trim_samples_db); the log-mel needs at least {min_num_samples(self.features)}")
         fields: dict[str, np.ndarray] = {}
         for spec, fn, _ in self.user:
             try:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from .batch import BatchSchema, parse_declared_fields, schema_for
+from .conventions import convention_settings
 from .endpoints import EndpointError, check_endpoint
 from .errors import UserError
 from .layouts import LayoutError, parse_columns
@@ -111,12 +112,20 @@ class FeaturesConfig:
     fmax_hz: float
     mel_scale: str  # slaney | htk (triangles linear in Hz) | tf (HTK, triangles linear in mel)
     filter_norm: str  # slaney (unit-area filters) | none (peak 1)
-    padding: str  # reflect | constant (centred frames) | end | none (frames from sample 0)
+    padding: str  # reflect | constant (centred frames) | end | none (frames from sample 0) | reflect_overlap
+    window: str  # hann (periodic) | hann_symmetric
     power: float  # 1: magnitude | 2: power
+    bin_power_offset: float  # each bin's |X|^2 as max(|X|^2 + offset, floor) before the power
+    bin_power_floor: float
     log: str  # ln | log10 | db
     log_floor: float  # log(max(mel + log_offset, log_floor))
     log_offset: float
     top_db: float  # log: db only: each clip clamped to its maximum - top_db (0: off)
+    db_norm: str  # off | symmetric: a fixed dB range [ref + min, ref] mapped to [-max_abs, max_abs], clipped
+    db_ref_level: float
+    db_min_level: float
+    db_max_abs: float
+    convention: str  # "" | a codebase's definition by name (shared/conventions.py), filling in the defaults
     user: str  # "" | package.module:function, the user's mel: (audio, sample_rate_hz) -> float32 [T, n_mels]
     backend: str  # "tf": TensorFlow ops on the data device; "numpy": numpy/scipy; "auto": tf on a GPU
 
@@ -135,6 +144,8 @@ class TransformsConfig:
     fields: str  # batch fields they return: name:dtype:DIMS:pad, comma-separated (e.g. pitch:float32:T:0)
     models: str  # producer models (producer/models.py): package.module:function, comma-separated
     model_fields: str  # batch fields they return: name:dtype:DIMS:pad (DIMS may hold T/4 and numbers)
+    trim_margin_s: float  # cut this much off each end first
+    trim_samples_db: float  # then cut leading/trailing samples by their RMS frames' dB (librosa.effects.trim; 0: off)
     trim_db: float  # cut leading and trailing frames this many dB below the loudest (0: off)
     normalize: str  # off | peak (to peak_dbfs) | loudness (to loudness_lufs, ITU-R BS.1770)
     peak_dbfs: float
@@ -394,7 +405,9 @@ def _validate_features_and_pipeline(cfg: Config) -> None:
 PRODUCERS_PER = ("rank", "host")
 MEL_SCALES = ("slaney", "htk", "tf")
 FILTER_NORMS = ("slaney", "none")
-PADDINGS = ("reflect", "constant", "end", "none")
+PADDINGS = ("reflect", "constant", "end", "none", "reflect_overlap")
+WINDOWS = ("hann", "hann_symmetric")
+DB_NORMS = ("off", "symmetric")
 POWERS = (1.0, 2.0)
 LOGS = ("ln", "log10", "db")
 MEL_NORMS = ("off", "dataset", "clip_minmax")
@@ -404,7 +417,8 @@ def _validate_mel_convention(cfg: Config) -> None:
     """The mel convention's settings (producer/features.py), one line for the first wrong one."""
     f = cfg.features
     for key, value, allowed in (("mel_scale", f.mel_scale, MEL_SCALES), ("filter_norm", f.filter_norm, FILTER_NORMS),
-                                ("padding", f.padding, PADDINGS), ("log", f.log, LOGS)):
+                                ("padding", f.padding, PADDINGS), ("log", f.log, LOGS),
+                                ("window", f.window, WINDOWS), ("db_norm", f.db_norm, DB_NORMS)):
         if value not in allowed:
             raise ConfigError(f"features.{key} must be one of {', '.join(allowed)}, got {value!r}")
     if f.power not in POWERS:
@@ -414,14 +428,23 @@ def _validate_mel_convention(cfg: Config) -> None:
                           f"silence) and top_db >= 0; got {f.log_floor}, {f.log_offset}, {f.top_db}")
     if f.top_db > 0 and f.log != "db":
         raise ConfigError(f"features.top_db clamps decibels: it needs features.log: db (got {f.log!r})")
+    if min(f.bin_power_offset, f.bin_power_floor) < 0:
+        raise ConfigError(f"need features.bin_power_offset >= 0 and bin_power_floor >= 0, got {f.bin_power_offset}, "
+                          f"{f.bin_power_floor}")
+    if f.db_norm != "off" and (f.log != "db" or f.db_min_level >= 0 or f.db_max_abs <= 0):
+        raise ConfigError(f"features.db_norm {f.db_norm} maps decibels: it needs features.log: db, db_min_level < 0 "
+                          f"and db_max_abs > 0 (got {f.log!r}, {f.db_min_level}, {f.db_max_abs})")
+    if f.user and f.convention:
+        raise ConfigError(f"features.user replaces the mel that features.convention {f.convention} defines: "
+                          f"set one of them")
     if f.user and not _is_function_spec(f.user):
         raise ConfigError(f"features.user must be package.module:function, got {f.user!r}")
     if f.user and (cfg.transforms.trim_db > 0 or cfg.transforms.normalize != "off"):
         raise ConfigError("features.user cannot be combined with transforms.trim_db or transforms.normalize, which "
                           "measure the built-in mel's frames")
-    if f.padding == "none" and "audio" in schema_for(cfg.batching.fields).names:
-        raise ConfigError("batching.fields audio needs features.padding reflect, constant or end: without padding "
-                          "a clip's samples do not fit in T x hop_length")
+    if f.padding in ("none", "reflect_overlap") and "audio" in schema_for(cfg.batching.fields).names:
+        raise ConfigError(f"batching.fields audio needs features.padding reflect, constant or end: with padding "
+                          f"{f.padding} a clip's samples do not fit in T x hop_length")
 
 
 def _validate_trainer(t: TrainerConfig) -> None:
@@ -492,6 +515,9 @@ def _validate_transforms(cfg: Config) -> None:
         raise ConfigError(f"transforms.mel_norm must be one of {', '.join(MEL_NORMS)}, got {tr.mel_norm!r}")
     if tr.normalize not in ("off", "peak", "loudness"):
         raise ConfigError(f"transforms.normalize must be off, peak or loudness, got {tr.normalize!r}")
+    if tr.trim_margin_s < 0 or tr.trim_samples_db < 0:
+        raise ConfigError(f"need transforms.trim_margin_s >= 0 and trim_samples_db >= 0, got {tr.trim_margin_s}, "
+                          f"{tr.trim_samples_db}")
     if tr.trim_db < 0 or not 0 <= tr.preemphasis < 1 or tr.peak_dbfs > 0:
         raise ConfigError("need transforms.trim_db >= 0, 0 <= transforms.preemphasis < 1 and transforms.peak_dbfs <= 0")
 
@@ -547,6 +573,26 @@ def with_fixed_rows(cfg: Config, workers: int = 1) -> Config:
     return dataclasses.replace(cfg, batching=dataclasses.replace(cfg.batching, fixed_rows=True))
 
 
+def with_convention(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``raw`` with the settings of its ``features.convention`` (shared/conventions.py) under the
+    keys it gives: a convention fills in the defaults, every key written beside it wins."""
+    given = raw.get("features")
+    name = given.get("convention", "") if isinstance(given, Mapping) else ""
+    if not name:
+        return raw
+    if not isinstance(name, str):
+        raise ConfigError(f"features.convention must be a name, got {name!r}")
+    try:
+        preset = convention_settings(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    out = dict(raw)
+    for section_name, values in preset.items():
+        mine = raw.get(section_name)
+        out[section_name] = {**values, **(mine if isinstance(mine, Mapping) else {})}
+    return out
+
+
 def from_dict(raw: Mapping[str, Any] | None, base: Config | None = None) -> Config:
     """Build a Config from nested mappings, on top of ``base`` (defaults if None)."""
     base = base or Config()
@@ -554,6 +600,7 @@ def from_dict(raw: Mapping[str, Any] | None, base: Config | None = None) -> Conf
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a config must be a mapping of sections, got {type(raw).__name__}")
+    raw = with_convention(raw)
     sections = {}
     for name, section_cls in SECTIONS.items():
         current = getattr(base, name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import logging
 import re
 import string
@@ -460,12 +461,17 @@ def load_espeak() -> Any:
 
 
 class UserTokenizer(Frontend):
-    """A user's ``module:function`` mapping ``(text, language)`` to ids."""
+    """A user's ``package.module:function``: a function mapping ``(text, language)`` to ids, or a
+    tokenizer of the user's own (:class:`LoadedTokenizer`) whose ``encode`` gives them."""
 
     def __init__(self, spec: str, digits: str = DIGITS_SPELL) -> None:
         super().__init__(digits)
         self.name = spec
-        self.function, self.vocab_size, self.version, self.source = load_user_tokenizer(spec)
+        loaded = load_user_tokenizer(spec)
+        self.function, self.vocab_size, self.version, self.source = (loaded.function, loaded.vocab_size,
+                                                                     loaded.version, loaded.source)
+        self.tokenizer, self.pad_id, self.eos_id, self.config = (loaded.tokenizer, loaded.pad_id, loaded.eos_id,
+                                                                 loaded.config)
 
     def is_user(self) -> bool:
         return True
@@ -474,6 +480,13 @@ class UserTokenizer(Frontend):
         return len(units.split(USER_ID_SEPARATOR)) if units else 0
 
     def units(self, texts: Sequence[str], code: str) -> list[Units]:
+        if self.tokenizer is not None and texts:
+            try:  # the tokenizer's own batch call where it has one (in Rust, for a Hugging Face one)
+                made = encode_batch(self.tokenizer, texts)
+            except Exception as exc:  # the user's tokenizer: its failure is reported as theirs
+                raise TextError(f"tokenizer {self.name} failed on a batch of {len(texts)} texts from "
+                                f"{texts[0][:40]!r}: {type(exc).__name__}: {exc}") from None
+            return [Units(USER_ID_SEPARATOR.join(map(str, self._checked(ids, text)))) for ids, text in zip(made, texts)]
         out = []
         for text in texts:
             try:
@@ -499,8 +512,12 @@ class UserTokenizer(Frontend):
         return [int(v) for v in values]
 
     def engine(self) -> dict[str, Any]:
-        return {"text_format": TEXT_FORMAT, "tokenizer": self.name, "version": self.version,
-                "vocab_size": self.vocab_size}
+        found = {"text_format": TEXT_FORMAT, "tokenizer": self.name, "version": self.version,
+                 "vocab_size": self.vocab_size}
+        if self.tokenizer is None:
+            return found
+        # a tokenizer object's vocabulary and rules decide its ids: another one is another run's
+        return {**found, "config": self.config, "pad_id": self.pad_id, "eos_id": self.eos_id}
 
     def cache_key(self) -> dict[str, Any]:
         # the source too: an edited tokenizer whose version was not raised tokenizes again
@@ -510,13 +527,40 @@ class UserTokenizer(Frontend):
         return _source_hash(userfn.import_module(self.name.partition(":")[0])) != self.source
 
 
-# The source hash of each user tokenizer module as load_user_tokenizer last (re)imported it.
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """What ``package.module:function`` names, ready to tokenize.
+
+    The name is a tokenizer function ``(text, language) -> ids`` (its vocabulary size
+    ``function.vocab_size`` or ``module.VOCAB_SIZE``), or a tokenizer object with an ``encode``
+    method: the object itself, or a factory (a function or class called with no arguments)
+    returning it, such as a Hugging Face ``tokenizers.Tokenizer``, a ``transformers`` tokenizer or
+    a codebase's own class. An object's ids are ``encode(text)`` (its ``.ids`` where it returns an
+    encoding), its size, pad and EOS ids its own (:func:`tokenizer_size`, :func:`special_id`).
+    """
+
+    function: Callable[[str, str], Any]
+    vocab_size: int
+    version: str
+    source: str  # hash of the module's source file
+    tokenizer: Any = None  # the tokenizer object; None for a tokenizer function
+    pad_id: int | None = None
+    eos_id: int | None = None
+    config: str = ""  # hash of the tokenizer object's vocabulary and rules ("" where it shows none)
+
+
+# The module of each user tokenizer as load_user_tokenizer last (re)imported it, by source hash.
 _LOADED_SOURCES: dict[str, str] = {}
 
+# Special tokens looked up by name in a tokenizer that names no pad or EOS id of its own (a
+# Hugging Face tokenizers.Tokenizer: its vocabulary holds them, its rules do not say which is which).
+PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>")
+EOS_TOKENS = ("</s>", "<eos>", "<|endoftext|>", "<|eos|>")
 
-def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str, str]:
-    """(function, vocab size, version, source hash) of a ``module:function`` tokenizer; TextError
-    if unusable. A module this process imported before is reloaded, unless from the same source."""
+
+def load_user_tokenizer(spec: str) -> LoadedTokenizer:
+    """The tokenizer ``module:function`` names; TextError if unusable. A module this process
+    imported before is reloaded, unless from the same source."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise TextError(f"text front-end {spec!r} must be characters, phonemes or package.module:function")
@@ -531,15 +575,125 @@ def load_user_tokenizer(spec: str) -> tuple[Callable[[str, str], Any], int, str,
         raise TextError(f"tokenizer module {module_name!r} cannot be imported: {type(exc).__name__}: "
                         f"{userfn.first_line(exc)} (is it on PYTHONPATH?)") from None
     _LOADED_SOURCES[module_name] = source
-    function = getattr(module, attr, None)
-    if not callable(function):
-        raise TextError(f"tokenizer {spec}: {module_name} has no function {attr!r}")
-    size = getattr(function, "vocab_size", getattr(module, "VOCAB_SIZE", None))
-    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
-        raise TextError(f"tokenizer {spec} has no vocabulary size: set {attr}.vocab_size or {module_name}.VOCAB_SIZE "
-                        "to an integer >= 2")
-    version = str(getattr(module, "__version__", "") or getattr(function, "version", ""))
-    return function, size, version, source
+    named = getattr(module, attr, None)
+    told = getattr(named, "version", "")  # a function's attribute (a class's method is no version)
+    version = str(getattr(module, "__version__", "") or (told if isinstance(told, (str, int)) else ""))
+    tokenizer = named if _is_tokenizer(named) else _built(spec, named) if _is_factory(named) else None
+    if tokenizer is None:
+        if not callable(named):
+            raise TextError(f"tokenizer {spec}: {module_name} has no function {attr!r}")
+        declared = getattr(named, "vocab_size", getattr(module, "VOCAB_SIZE", None))
+        if isinstance(declared, bool) or not isinstance(declared, int) or declared < 2:
+            raise TextError(f"tokenizer {spec} has no vocabulary size: set {attr}.vocab_size or "
+                            f"{module_name}.VOCAB_SIZE to an integer >= 2")
+        return LoadedTokenizer(named, declared, version, source)
+    size = tokenizer_size(tokenizer)
+    size = getattr(module, "VOCAB_SIZE", None) if size is None else size
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 2:
+        raise TextError(f"tokenizer {spec}: its {type(tokenizer).__name__} tells no vocabulary size "
+                        "(get_vocab_size(), len(), vocab_size, n_vocab or get_piece_size()); set "
+                        f"{module_name}.VOCAB_SIZE to an integer >= 2")
+    return LoadedTokenizer(lambda text, code: encode_batch(tokenizer, [text])[0], int(size), version, source, tokenizer,
+                           special_id(tokenizer, "pad", PAD_TOKENS), special_id(tokenizer, "eos", EOS_TOKENS),
+                           tokenizer_config(tokenizer))
+
+
+def _is_tokenizer(value: Any) -> bool:
+    """Whether ``value`` is a tokenizer object itself: an instance with an ``encode`` method."""
+    return not isinstance(value, type) and callable(getattr(value, "encode", None))
+
+
+def _is_factory(value: Any) -> bool:
+    """Whether ``value`` is called with no arguments (a factory or a class), not as ``(text, language)``."""
+    if not callable(value):
+        return False
+    try:
+        inspect.signature(value).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a built-in): taken as a tokenizer function
+        return False
+    return True
+
+
+def _built(spec: str, factory: Callable[[], Any]) -> Any:
+    """The tokenizer ``factory()`` returns; TextError when it fails or returns no tokenizer."""
+    try:
+        tokenizer = factory()
+    except Exception as exc:  # the user's factory: its failure is reported as theirs
+        raise TextError(f"tokenizer factory {spec} failed: {type(exc).__name__}: {userfn.first_line(exc)}") from None
+    if not _is_tokenizer(tokenizer):
+        raise TextError(f"tokenizer factory {spec} returned {type(tokenizer).__name__}, which has no encode method")
+    return tokenizer
+
+
+def encode_batch(tokenizer: Any, texts: Sequence[str]) -> list[Any]:
+    """The ids of each of ``texts`` as ``tokenizer.encode(text)`` gives them (``.ids`` of an
+    encoding), in one ``encode_batch`` call where the tokenizer has one and pads nothing (a Hugging
+    Face tokenizer with padding on pads a batch to its longest text, one text alone to none)."""
+    batch = getattr(tokenizer, "encode_batch", None)
+    padding = getattr(tokenizer, "padding", None)
+    made = batch(list(texts)) if callable(batch) and padding is None else [tokenizer.encode(t) for t in texts]
+    return [getattr(m, "ids", m) for m in made]
+
+
+def tokenizer_size(tokenizer: Any) -> Any:
+    """The vocabulary size a tokenizer object tells, its added tokens included: ``get_vocab_size()``
+    (Hugging Face tokenizers), ``len()`` (transformers), ``vocab_size`` (an attribute or method),
+    ``n_vocab`` (tiktoken), ``get_piece_size()`` (SentencePiece); None where it tells none."""
+    if callable(getattr(tokenizer, "get_vocab_size", None)):
+        return tokenizer.get_vocab_size()
+    if callable(getattr(type(tokenizer), "__len__", None)):
+        return len(tokenizer)
+    for name in ("vocab_size", "n_vocab", "get_piece_size"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return value() if callable(value) else value
+    return None
+
+
+def special_id(tokenizer: Any, kind: str, names: Sequence[str]) -> int | None:
+    """The tokenizer's ``kind`` ("pad" or "eos") id: ``{kind}_token_id`` (transformers), ``{kind}_id``
+    (an attribute or method: SentencePiece, a codebase's class; negative means none), for
+    ``pad`` its padding's ``pad_id`` (Hugging Face tokenizers), else the id of the first token of
+    ``names`` its vocabulary holds; None where it has none."""
+    for name in (f"{kind}_token_id", f"{kind}_id"):
+        value = getattr(tokenizer, name, None)
+        value = value() if callable(value) else value
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            return int(value) if value >= 0 else None
+    padding = getattr(tokenizer, "padding", None) if kind == "pad" else None
+    if isinstance(padding, dict) and isinstance(padding.get("pad_id"), int):
+        return int(padding["pad_id"])
+    lookup = getattr(tokenizer, "token_to_id", None)
+    if callable(lookup):
+        for token in names:
+            found = lookup(token)
+            if isinstance(found, int):
+                return found
+    return None
+
+
+def tokenizer_config(tokenizer: Any) -> str:
+    """16 hex digits over what decides a tokenizer object's ids: its serialised form (``to_str()``
+    of a Hugging Face tokenizer, of a transformers one's ``backend_tokenizer``; a SentencePiece
+    model's proto), else its ``get_vocab()``; "" where it shows none (then its module's source and
+    version key the index's cache alone)."""
+    for owner in (tokenizer, getattr(tokenizer, "backend_tokenizer", None)):
+        to_str = getattr(owner, "to_str", None)
+        if callable(to_str):
+            return _digest(to_str())
+    proto = getattr(tokenizer, "serialized_model_proto", None)
+    if callable(proto):
+        return _digest(proto())
+    vocab = getattr(tokenizer, "get_vocab", None)
+    if callable(vocab):
+        return _digest(json.dumps(sorted(vocab().items(), key=repr), ensure_ascii=False, default=str))
+    return ""
+
+
+def _digest(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data).hexdigest()[:16]
 
 
 def _source_hash(module: Any) -> str:

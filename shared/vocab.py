@@ -58,14 +58,16 @@ class Vocabulary:
         return not self.symbols
 
     @property
-    def pad_id(self) -> int:
-        """The id that pads ``tokens`` past a row's length (0, a user tokenizer's too)."""
-        return PAD_ID
+    def pad_id(self) -> int | None:
+        """The padding id: ``PAD_ID``, or a user tokenizer object's own (None where it has none, and
+        for a tokenizer function). The batch pads token rows with ``PAD_ID`` whatever it is."""
+        return self.engine.get("pad_id") if self.is_user else PAD_ID
 
     @property
     def eos_id(self) -> int | None:
-        """The id that ends every row's tokens (1); None for a user tokenizer, whose ids are its own."""
-        return None if self.is_user else EOS_ID
+        """The id ending each text: ``EOS_ID``, or a user tokenizer object's own (None where it has
+        none, and for a tokenizer function): a user tokenizer's ids are its own, none appended."""
+        return self.engine.get("eos_id") if self.is_user else EOS_ID
 
     def missing(self, units: str) -> str:
         """The characters of ``units`` this vocabulary lacks, in order ("" for a user tokenizer)."""

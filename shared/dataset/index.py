@@ -129,7 +129,7 @@ def _started(data: DataConfig, features: FeaturesConfig, text: TextConfig, fixed
     started = time.perf_counter()
     root, metadata_file = locate(data.path, data.metadata_file)
     data = dataclasses.replace(data, metadata_file=metadata_file)
-    frontend = frontend_of((text.frontend, text.digits))
+    frontend = frontend_of((text.frontend, text.digits), fresh=True)
     if fixed is not None:
         problem = fixed.check_engine(frontend)
         if problem:

@@ -70,9 +70,12 @@ Item = tuple["str | None", int, "TextKey | None"]
 _FRONTENDS: dict[tuple[str, str], Frontend] = {}  # per process: a phonemizer backend is set up once
 
 
-def frontend_of(spec: tuple[str, str]) -> Frontend:
+def frontend_of(spec: tuple[str, str], fresh: bool = False) -> Frontend:
+    """The front-end of ``spec`` (text.frontend, text.digits), made once per process and again when
+    its code changed; a user tokenizer again when ``fresh`` (an index build's start: the files its
+    factory reads may have changed, and with them its ids and the cache key)."""
     frontend = _FRONTENDS.get(spec)
-    if frontend is None or frontend.changed():
+    if frontend is None or frontend.changed() or (fresh and frontend.is_user()):
         frontend = _FRONTENDS[spec] = make_frontend(*spec)
     return frontend
 

@@ -19,7 +19,7 @@ from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index, index_cache_file
 from stoker.shared.dataset import table as table_module
 from tests.factories import add_clip, append_metadata, make_dataset
-from tests.shared.user_tokenizers import write_editable
+from tests.shared.user_tokenizers import TOKENIZER_ENV, train_bpe, write_editable
 
 FEATURES = FeaturesConfig()
 CLIPS = 10
@@ -322,6 +322,37 @@ def test_an_edited_user_tokenizer_tokenizes_again_without_a_version_bump(root: P
         assert [int(i) + 28 for i in old.units.split()] == [int(i) for i in new.units.split()]
     assert after.vocabulary == before.vocabulary  # the version names the ids a run saved: they keep loading
     assert build_index(_data(root), FEATURES, text).stats.cache == "hit"
+
+
+
+def test_a_tokenizer_object_s_lengths_are_the_index_s_and_another_tokenizer_is_another_index(
+        root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Hugging Face tokenizer's factory as the front-end: each clip's units are its ids, its
+    token count their number (data.max_tokens rejects by it), the vocabulary its size; the
+    same tokenizer is a cache hit, another one at the same file (in this same process, the
+    settings unchanged) a re-tokenized index."""
+    pytest.importorskip("tokenizers")
+    lines = (root / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    texts = {line.split("|")[0]: line.split("|")[2] for line in lines}
+    path = tmp_path / "bpe.json"
+    monkeypatch.setenv(TOKENIZER_ENV, str(path))
+    text = TextConfig(frontend="tests.shared.user_tokenizers:hf_tokenizer")
+    vocabularies, limit = [], 0
+    for size in (80, 70):
+        tokenizer = train_bpe(list(texts.values()), path, vocab_size=size)
+        lengths = {i: len(tokenizer.encode(t).ids) for i, t in texts.items()}
+        limit = limit or sorted(lengths.values())[3 * len(lengths) // 4]  # some of the first one's texts are longer
+        index = build_index(_data(root, max_tokens=limit), FEATURES, text)
+        assert index.stats.cache == ("miss" if size == 80 else "stale")
+        assert index.vocabulary is not None and index.vocabulary.size == tokenizer.get_vocab_size() == size
+        vocabularies.append(index.vocabulary)
+        for sample in index.samples:
+            assert [int(i) for i in sample.units.split()] == tokenizer.encode(texts[sample.id]).ids
+            assert sample.num_tokens == lengths[sample.id] <= limit
+        too_long = {r.id for r in index.rejected if "data.max_tokens" in r.reason}
+        assert too_long == {i for i, n in lengths.items() if n > limit} and too_long and index.samples
+        assert build_index(_data(root, max_tokens=limit), FEATURES, text).stats.cache == "hit"
+    assert vocabularies[0].engine["config"] != vocabularies[1].engine["config"]
 
 
 class _Counted:

@@ -13,7 +13,7 @@ import pytest
 from stoker.shared.text import EOS_ID, LANGUAGES, PAD_ID, Characters, TextError, Units, make_frontend, normalize
 
 from stoker.shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
-from tests.shared.user_tokenizers import write_editable
+from tests.shared.user_tokenizers import TOKENIZER_ENV, train_bpe, write_editable
 
 IMPORT_TIMEOUT_S = 60  # a cold interpreter importing numpy, with a wide margin
 PERSIAN = "امروز هوا آفتابی و کمی سرد است."
@@ -179,6 +179,61 @@ def test_user_tokenizer() -> None:
         make_frontend("tests.shared.user_tokenizers:too_large").units(["a"], "en")
 
 
+DEMO_TEXTS = [line.split("|")[2] for line in
+              (Path(__file__).resolve().parents[2] / "data" / "demo" / "metadata.csv").read_text().splitlines()]
+HF = "tests.shared.user_tokenizers:hf_tokenizer"
+
+
+def test_a_hugging_face_tokenizer_s_ids_size_pad_and_eos_are_its_own(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A factory returning a tokenizers.Tokenizer: each text's units are encode(text).ids, nothing
+    re-mapped or appended; the vocabulary's size, pad and EOS ids are the tokenizer's, kept by vocab.json."""
+    pytest.importorskip("tokenizers")
+    tokenizer = train_bpe(DEMO_TEXTS, tmp_path / "bpe.json")
+    monkeypatch.setenv(TOKENIZER_ENV, str(tmp_path / "bpe.json"))
+    frontend = make_frontend(HF)
+    made = frontend.units(DEMO_TEXTS, "en")
+    expected = [tokenizer.encode(t).ids for t in DEMO_TEXTS]
+    assert [[int(i) for i in m.units.split()] for m in made] == expected and all(not m.lost for m in made)
+    assert frontend.counts([m.units for m in made]).tolist() == [len(ids) for ids in expected]
+    vocab = Vocabulary.build(frontend, [m.units for m in made], ["en"])
+    assert vocab.size == tokenizer.get_vocab_size() == 200 and vocab.is_user
+    assert (vocab.pad_id, vocab.eos_id) == (tokenizer.token_to_id("<pad>"), tokenizer.token_to_id("</s>")) == (0, 1)
+    assert all(vocab.encode(m.units).tolist() == ids for m, ids in zip(made, expected))
+    save_vocabulary(vocab, tmp_path / "vocab.json")
+    saved = load_vocabulary(tmp_path / "vocab.json")
+    assert saved == vocab and (saved.pad_id, saved.eos_id) == (0, 1) and saved.check_engine(frontend) == ""
+    # another tokenizer at the same file: another vocabulary, refused by the run's, another cache key
+    train_bpe(DEMO_TEXTS, tmp_path / "bpe.json", vocab_size=150)
+    other = make_frontend(HF)
+    assert other.vocab_size == 150 and other.cache_key() != frontend.cache_key()
+    assert "config" in saved.check_engine(other) and "vocab_size 200 -> 150" in saved.check_engine(other)
+    # padding switched on in the tokenizer: a batch of texts is still each text's own encode
+    tokenizer.enable_padding(pad_id=0, pad_token="<pad>")
+    tokenizer.save(str(tmp_path / "bpe.json"))
+    padded = make_frontend(HF)
+    assert [[int(i) for i in m.units.split()] for m in padded.units(DEMO_TEXTS[:4], "en")] == expected[:4]
+
+
+def test_a_codebase_class_or_object_is_used_through_its_own_encode() -> None:
+    for name in ("CodebaseTokenizer", "codebase_instance"):  # the class (called as a factory) or the object
+        frontend = make_frontend(f"tests.shared.user_tokenizers:{name}")
+        assert frontend.units(["ab"], "fr")[0].units == "99 100 1" and frontend.count("99 100 1") == 3
+        vocab = Vocabulary.build(frontend, ["99 100 1"])
+        assert (vocab.size, vocab.pad_id, vocab.eos_id) == (130, 0, 1)
+    sized = Vocabulary.build(make_frontend("tests.shared.user_tokenizers:Sized"), [])
+    assert (sized.size, sized.pad_id, sized.eos_id) == (10, None, None)  # none of its own: none said
+    function = Vocabulary.build(make_frontend("tests.shared.user_tokenizers:bytes_tokenizer"), [])
+    assert (function.pad_id, function.eos_id) == (None, None)
+    assert (Vocabulary.build(Characters(), ["a"]).pad_id, Vocabulary.build(Characters(), ["a"]).eos_id) == (PAD_ID,
+                                                                                                           EOS_ID)
+    for name, message in [("Unsized", "its Unsized tells no vocabulary size"),
+                          ("not_a_tokenizer", "returned int, which has no encode method"),
+                          ("failing_factory", "factory .*failing_factory failed: OSError: tokenizer.json not found")]:
+        with pytest.raises(TextError, match=message):
+            make_frontend(f"tests.shared.user_tokenizers:{name}")
+
+
 def test_text_module_does_not_import_tensorflow() -> None:
     code = "import stoker.shared.text, sys; assert 'tensorflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=IMPORT_TIMEOUT_S,
@@ -201,7 +256,7 @@ def test_the_vocabulary_names_its_pad_and_eos_ids_as_a_row_holds_them() -> None:
     assert (vocab.pad_id, vocab.eos_id) == (0, 1) and row[-1] == vocab.eos_id
     assert vocab.symbols[vocab.pad_id] == "<pad>" and vocab.symbols[vocab.eos_id] == "<eos>"
     user = Vocabulary.build(make_frontend("tests.shared.user_tokenizers:bytes_tokenizer"), [], ["en"])
-    assert (user.pad_id, user.eos_id, user.symbols) == (0, None, ())  # a user tokenizer's ids are its own
+    assert (user.pad_id, user.eos_id, user.symbols) == (None, None, ())  # a tokenizer function: its ids its own, no pad or EOS of its own
 
 
 def test_ascii_shortcut_gives_what_the_general_path_gives() -> None:
