@@ -390,7 +390,7 @@ def _producer_child(conn: Any, variant: str, root: str, leases: list[dict[str, A
     try:
         base = Path(root)
         if variant in PACKED_VARIANTS:  # the same clips beside them (make_clip_shards, make_clip_parquet)
-            base, pattern = locate(str(base.parent / PACKED_VARIANTS[variant]), "metadata.csv")
+            base, pattern = locate(str(base.parent / PACKED_VARIANTS[variant]), "metadata.csv").where
             scan = scan_dataset(base, pattern)
             texts, files = {e.id: e.text for e in scan.entries}, dict(scan.files)
         else:

@@ -15,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from ..shared.cuts import END_TOLERANCE_S
+from ..shared.dataset.corpus.address import Member, Row
+from ..shared.dataset.corpus.cuts import END_TOLERANCE_S
 from ..shared.dataset.parquet import row_reader
 from ..shared.dataset.probe import expected_samples, libsndfile_message, riff_facts_of, riff_problem
-from ..shared.dataset.shards import Locator
 from ..shared.dataset.storage import Reader, StorageError, read_url, shown
-from ..shared.parquet_layout import is_row, row_where
 
 # soxr's "HQ" recipe: passband to 0.91 of Nyquist, ~125 dB stopband; librosa's default
 # resampler ("soxr_hq") is the same one.
@@ -45,7 +44,7 @@ def load_audio(path: Path, target_rate_hz: int, where: str | None = None,
 
     ``where`` names the file in reasons (the dataset-relative path); default: its name.
     A file absent on this host raises :class:`AudioMissing`. ``span``: only the seconds
-    ``[start, end)`` of the file (a lhotse cut's window, shared/cuts.py), read without the rest.
+    ``[start, end)`` of the file (a lhotse cut's window, shared/dataset/corpus/cuts.py), read without the rest.
     """
     where = where or Path(path).name
     try:
@@ -86,22 +85,19 @@ def _frames_of(span: tuple[float, float], rate: int, frames: int, where: str) ->
     return start, min(stop, frames)
 
 
-def load_member(reader: Reader, name: str, target_rate_hz: int) -> np.ndarray:
-    """:func:`load_audio` of a tar shard's member, named by its locator (shared/dataset/shards.py),
-    its bytes read through ``reader`` (local or at a URL, retried: shared/dataset/storage.py); or
-    of a Parquet row (shared/dataset/parquet.py), its row group read by this process's row reader
-    of ``reader``'s dataset."""
-    if is_row(name):
-        where = row_where(name)
+def load_member(reader: Reader, locator: Member | Row, target_rate_hz: int) -> np.ndarray:
+    """:func:`load_audio` of a tar shard's member (shared/dataset/shards.py), its bytes read through
+    ``reader`` (local or at a URL, retried: shared/dataset/storage.py); or of a Parquet row
+    (shared/dataset/parquet.py), its row group read by this process's row reader of ``reader``'s dataset."""
+    where = locator.where
+    if isinstance(locator, Row):
         try:
-            data = row_reader(reader.root).read(name)
+            data = row_reader(reader.root).read(locator.name)
         except FileNotFoundError:
             raise AudioMissing(f"audio file missing: {where}: no such Parquet file") from None
         except StorageError as exc:
             raise AudioError(f"audio file unreadable: {where}: {exc}") from None
         return _decoded(data, target_rate_hz, where)
-    locator = Locator.parse(name)
-    where = locator.where
     try:
         data = reader.read(locator.shard, locator.offset, locator.size)
     except FileNotFoundError:

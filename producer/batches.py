@@ -27,14 +27,12 @@ from .transforms import Chain, TransformError
 from ..shared import wire
 from ..shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, parse_model_fields
 from ..shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
-from ..shared.cuts import parse_span, span_file
 from ..shared.dataset import audio_path, relative_audio, size_problem, stamp_problem
+from ..shared.dataset.corpus.address import IN_SHARDS, Member, Row, Url, address_of
 from ..shared.dataset.parquet import row_reader
-from ..shared.dataset.shards import Locator, is_locator, is_member
-from ..shared.dataset.storage import COUNTS, Reader, is_url, object_version, object_versions, shown
+from ..shared.dataset.storage import COUNTS, Reader, object_version, object_versions, shown
 from ..shared.mel import num_frames, pad_values
 from ..shared.melstats import MelStats, minmax, normalize
-from ..shared.parquet_layout import is_row
 
 log = logging.getLogger("producer")
 
@@ -158,21 +156,21 @@ class BatchMaker:
         DURATION_TOLERANCE_S)."""
         # this host's own listing first (a remote copy may keep a file elsewhere), else the lease's
         name = self.files.get(sample_id) or self._lease_files.get(sample_id) or relative_audio(sample_id)
-        span = parse_span(name)  # a lhotse cut's window of its recording (shared/cuts.py)
-        path = audio_path(self.root, sample_id, span[0] if span is not None else name)
+        address = address_of(name)  # a tar shard's member or a Parquet row (not cached), a file here or at a URL
+        member = isinstance(address, IN_SHARDS)
+        remote = isinstance(address, Url)
+        path = audio_path(self.root, sample_id, name if member else address.path)  # type: ignore[union-attr]
         clip = _Clip(sample_id)
-        member = is_locator(name)  # a tar shard's member or a Parquet row (shared/dataset/shards.py): not cached
-        remote = is_url(name)  # a shard's member or a file at a URL (a manifest's there)
-        seconds = span[1:] if span is not None else None
         checked = self._lease_sizes.get(sample_id) is not None or self._lease_stamps.get(sample_id) is not None
         if (self.cache is not None or checked) and not member and not remote:
             self._check_file(clip, name, path)
-        elif self.cache is not None and remote and not member:  # a loose file at a URL: keyed by its version
-            self._look_up_at_url(clip, name)
+        elif self.cache is not None and remote:  # a loose file at a URL: keyed by its version
+            self._look_up_at_url(clip, name, address.path)  # type: ignore[union-attr]
         if clip.mel is None or need_audio or (self.chain is not None and self.chain.user):
-            clip.audio = (load_member(self.reader, name, self.features.sample_rate_hz) if member else
-                          load_url(span_file(name), self.features.sample_rate_hz, seconds) if remote else
-                          load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name), seconds))
+            clip.audio = (load_member(self.reader, address, self.features.sample_rate_hz) if member else
+                          load_url(address.path, self.features.sample_rate_hz, address.span) if remote else
+                          load_audio(path, self.features.sample_rate_hz, relative_audio(sample_id, name),
+                                     address.span))  # type: ignore[union-attr]
             seconds = len(clip.audio) / self.features.sample_rate_hz
             if duration_s is not None and abs(seconds - duration_s) > DURATION_TOLERANCE_S:
                 raise AudioError(f"audio of {seconds:.3f} s where the index says {duration_s:.3f} s: "
@@ -209,10 +207,10 @@ class BatchMaker:
             clip.slot = None if clip.mel is not None else (name, st)
             clip.source = (name, st)
 
-    def _look_up_at_url(self, clip: _Clip, name: str) -> None:
-        """A loose file at a URL: its mel from the feature cache, keyed by the file's version (one
-        request, none of the audio; None: read, not cached), looked up with the lease's others."""
-        file = span_file(name)
+    def _look_up_at_url(self, clip: _Clip, name: str, file: str) -> None:
+        """A loose file at a URL (``file``, a window of it ``name``): its mel from the feature cache,
+        keyed by the file's version (one request, none of the audio; None: read, not cached),
+        looked up with the lease's others."""
         version = self._versions[file] if file in self._versions else object_version(file)
         if version is not None:
             clip.mel = self.cache.get(clip.id, name, *version)
@@ -247,15 +245,15 @@ class BatchMaker:
         extra = {i: (s, g) for i, s, g in zip(lease.ids, lease.speakers, lease.languages)}
         # tar shards: the lease's members read in shard and offset order, then its rows made in its order
         # (Parquet files: its rows' row groups, each read once)
-        members = [self.files.get(i, "") for i in (*lease.ids, *(lease.refs or ()))]
-        self.reader.prefetch((m.shard, m.offset, m.size) for m in map(Locator.parse, filter(is_member, members)))
-        parquet_rows = [n for n in (self.files.get(i) or self._lease_files.get(i, "")
-                                    for i in (*lease.ids, *(lease.refs or ()))) if is_row(n)]
+        members = [address_of(self.files.get(i, "")) for i in (*lease.ids, *(lease.refs or ()))]
+        self.reader.prefetch((m.shard, m.offset, m.size) for m in members if isinstance(m, Member))
+        named = [address_of(self.files.get(i) or self._lease_files.get(i, ""))
+                 for i in (*lease.ids, *(lease.refs or ()))]
+        parquet_rows = [a.name for a in named if isinstance(a, Row)]
         if parquet_rows:
             row_reader(self.reader.root).prefetch(parquet_rows)
         if self.cache is not None:  # loose files at URLs: their versions, the cache's key, looked up together
-            named = (self.files.get(i) or self._lease_files.get(i, "") for i in (*lease.ids, *(lease.refs or ())))
-            self._versions = object_versions(span_file(n) for n in named if is_url(n) and not is_locator(n))
+            self._versions = object_versions(a.path for a in named if isinstance(a, Url))
         for n, sample_id in enumerate(lease.ids):
             row = self._row(lease, n, sample_id, extra, rejected, missed)
             if row is not None:

@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     install_stop_handlers(stop)
     try:
         die_with_parent(args.parent_pid)
-        root, metadata_file = locate(args.data, args.metadata_file)
+        root, metadata_file = locate(args.data, args.metadata_file).where
         keys = load_client_keys(Path(args.keys)) if args.keys else None
         producer = Producer(args.connect, root, args.name, stop, args.parent_pid, args.gpu_memory_mb, status,
                             keys=keys, metadata_file=metadata_file, scan=not args.local)

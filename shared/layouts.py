@@ -2,8 +2,7 @@
 
 LJSpeech-style metadata (``metadata.csv`` or any other name, its fields named by
 ``data.columns`` or told by their count) and JSON-lines manifests (``*.jsonl``, ``*.json``);
-shared/mixes.py's :func:`parse_entries` (the one reader, mixes of datasets included) picks the
-layout by the file's name, and lhotse cut manifests are shared/cuts.py's. Every line that
+which a metadata file is, its format tells (shared/dataset/corpus/: chosen once by its registry). Every line that
 cannot be used becomes a :class:`Rejection` naming its line and why; only a ``data.columns``
 that cannot be right raises (:class:`LayoutError`). docs/DESIGN.md (Data, Layouts) says what
 each layout's fields may hold.
@@ -33,14 +32,6 @@ AUTO_COLUMNS = {
     3: (ID, TEXT, NORMALIZED_TEXT),
     5: (ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE),
 }
-MANIFEST_SUFFIXES = (".jsonl", ".json")
-# A lhotse cut manifest's file name (cuts.jsonl.gz, librispeech_cuts_train.jsonl.gz): shared/cuts.py.
-_CUTS_NAME = re.compile(r"(?i)(^|.*/)[^/]*cuts[^/]*\.jsonl(\.gz)?$")
-# A metadata file name ending so is a pattern of tar shards (shared/dataset/shards.py), read
-# as the JSON-lines manifest made from them.
-SHARD_SUFFIX = ".tar"
-# So is one ending so a pattern of Parquet files (shared/dataset/parquet.py, shared/parquet_layout.py).
-PARQUET_SUFFIX = ".parquet"
 # A language code, BCP 47 style (fa, en-us, pt_BR, cmn-Hans-CN): 2 to 16 characters.
 _LANGUAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{1,15}")
 # A speaker name or a manifest's id or audio path is one line of printable text: a tab or a
@@ -137,16 +128,6 @@ def nfc(name: str) -> str:
     return name if name.isascii() else unicodedata.normalize("NFC", name)
 
 
-def is_manifest(file_name: str) -> bool:
-    """Whether a metadata file is read as a manifest: JSON lines, a lhotse cut manifest's too."""
-    return file_name.lower().endswith(MANIFEST_SUFFIXES) or is_cuts(file_name)
-
-
-def is_cuts(file_name: str) -> bool:
-    """Whether a metadata file's name is a lhotse cut manifest's (shared/cuts.py)."""
-    return _CUTS_NAME.match(file_name) is not None
-
-
 # A URL's start (``s3://``): an object store's or a web server's location, not a path of this host.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -167,17 +148,6 @@ def shown(text: str) -> str:
     """``text`` (a URL, or a message naming URLs) as logs and errors may show it: each URL
     without its ``user:password@`` and its query (a presigned URL's signature)."""
     return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1", text))
-
-
-def is_shards(file_name: str) -> bool:
-    """Whether a dataset's metadata file is a pattern of tar shards (shared/dataset/shards.py) or of
-    Parquet files (:func:`is_parquet`): files of many clips, read as the manifest made from them."""
-    return file_name.lower().endswith((SHARD_SUFFIX, PARQUET_SUFFIX))
-
-
-def is_parquet(file_name: str) -> bool:
-    """Whether a dataset's metadata file is a pattern of Parquet files (shared/dataset/parquet.py)."""
-    return file_name.lower().endswith(PARQUET_SUFFIX)
 
 
 def parse_columns(spec: str) -> tuple[str, ...]:

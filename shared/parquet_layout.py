@@ -49,11 +49,6 @@ GROUP_END = ":"
 _MANIFEST_LINE = re.compile(r"manifest line (\d+)")
 
 
-def is_row(name: str) -> bool:
-    """Whether an audio name (Sample.audio) is a Parquet row's locator."""
-    return "#" in name and ROW_LOCATOR.match(name) is not None
-
-
 def row_where(name: str) -> str:
     """A row's locator as reasons name it: ``row R of row group G of FILE``."""
     match = ROW_LOCATOR.match(name)
@@ -214,6 +209,6 @@ def _of_row(rejection: Rejection, lines: list[dict[str, Any]]) -> Rejection:
 def row_rejection(rejection: Rejection, audio: str) -> Rejection:
     """A manifest line's rejection as the rejection of the row whose audio is ``audio`` (its
     locator, or a path column's file): the row and file named instead of the line."""
-    where = row_where(audio) if is_row(audio) else f"the row of {audio}"
+    where = row_where(audio) if ROW_LOCATOR.match(audio) else f"the row of {audio}"
     return Rejection(rejection.id, _MANIFEST_LINE.sub(where, rejection.reason, count=1), rejection.producer,
                      None, audio, rejection.kind)

@@ -31,8 +31,7 @@ from .shared.dataset.storage import is_url
 from .shared.endpoints import EndpointError, check_endpoint
 from .shared.errors import UserError
 from .shared.keys import KeysError, load_client_keys, load_server_keys
-from .shared.layouts import is_cuts, is_manifest, is_shards
-from .shared.mixes import is_mix
+from .shared.dataset.corpus.registry import format_of
 from .shared.proc import setup_logging
 from .shared.runfiles import CKPT_DIR, CONFIG, RESUME_CONFIG, RUN_LOCK
 from .shared.runlock import RunLock
@@ -199,7 +198,7 @@ def prepare_run(cfg: Config, *, trains_model: bool = True) -> tuple[Config, Devi
     go to another framework than TensorFlow (trainer.framework), features.backend auto is numpy
     (no producer imports TensorFlow). UserError (one line) for each mistake."""
 
-    root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file)
+    root, metadata_file = locate(cfg.data.path, cfg.data.metadata_file).where
     cluster = from_env(os.environ)
     if trains_model:
         if cluster is not None and cluster.source != TF_CONFIG:
@@ -241,15 +240,8 @@ def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
     file, a lhotse cut manifest, tar shards (their pattern: at a URL as given, else below their directory), or a
     manifest at a URL (as given). An LJSpeech metadata file at a URL named ``configured``
     (data.metadata_file): its directory's URL. data.eval_file is found beside either
-    (consumer/pipeline/validation.py, shared/dataset/files.py ``beside``)."""
-    if is_url(metadata_file):
-        directory, _, name = metadata_file.rpartition("/")
-        if name == configured and not is_manifest(name) and not is_shards(name) and not is_mix(name):
-            return f"{directory}/"
-        return metadata_file
-    if is_shards(metadata_file):
-        return str(root / metadata_file)
-    return str(root / metadata_file if is_mix(metadata_file) or is_cuts(metadata_file) else root)
+    (consumer/pipeline/validation.py, shared/dataset/corpus/registry.py ``beside``)."""
+    return format_of(metadata_file).named(root, metadata_file, configured)
 
 
 def launch(cfg: Config, resume_dir: Path | None = None, *, run_dir: Path | None = None,
@@ -329,7 +321,7 @@ def produce(connect: str | Sequence[str], data: str, producers: int, *, data_gpu
             if not is_loopback(endpoint):
                 log.warning("connecting to %s without pipeline.keys: batches travel unencrypted and the trainer "
                             "cannot tell who sends them", endpoint)
-    root, metadata_file = locate(data, "metadata.csv")
+    root, metadata_file = locate(data, "metadata.csv").where
     described = describe_copy(root, metadata_file)  # its metadata readable here: else one line, before any producer
     devices = DevicesConfig(data_gpu=data_gpu, model_gpu=None, data_gpu_memory_mb=data_gpu_memory_mb)
     plan = plan_devices(devices, list_gpus() if data_gpu is not None else [], producers)

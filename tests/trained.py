@@ -71,8 +71,8 @@ def clips_of(run_dir: Path) -> dict[str, Clip]:
     frames and, for a local dataset whose mel is stoker's own with no transform, its mel."""
     from stoker.producer.audio import AudioError, load_audio
     from stoker.producer.features import log_mel_spectrogram_numpy
-    from stoker.shared.cuts import parse_span
     from stoker.shared.dataset import DEMO_DATA_DIR, build_index
+    from stoker.shared.dataset.corpus.address import File, address_of
     from stoker.shared.dataset.files import audio_path
     from stoker.shared.vocab import load_vocabulary
 
@@ -89,11 +89,12 @@ def clips_of(run_dir: Path) -> dict[str, Clip]:
     clips = {}
     for s in index.samples:
         mel = None
-        span = parse_span(s.audio) if s.audio else None  # a window of a longer recording (a lhotse cut)
-        path = audio_path(root, s.id, span[0] if span else s.audio)
+        address = address_of(s.audio) if s.audio else None  # a file, a window of one (a lhotse cut), or a member
+        span = address.span if isinstance(address, File) else None
+        path = audio_path(root, s.id, address.path if isinstance(address, File) else s.audio)
         if plain and local and path.is_file():
             try:
-                audio = load_audio(path, cfg.features.sample_rate_hz, span=span[1:] if span else None)
+                audio = load_audio(path, cfg.features.sample_rate_hz, span=span)
             except AudioError:  # a clip the producers reject too: never trained
                 audio = None
             if audio is not None:

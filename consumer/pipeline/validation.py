@@ -18,7 +18,7 @@ import numpy as np
 
 from ...shared.config import Config
 from ...shared.dataset import DatasetIndex, Sample, SampleTable, build_index
-from ...shared.dataset.files import beside
+from ...shared.dataset.corpus.registry import beside
 from ...shared.layouts import Rejection
 from ...shared.runfiles import VALIDATION, write_json
 

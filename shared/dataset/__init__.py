@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from ..dataset.types import (AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample)
 from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_DIR, UNMEASURED, audio_path,
-                                  list_audio,
-                                  locate, locate_audio, read_metadata, read_metadata_bytes, relative_audio,
-                                  resolve_root, scan_audio)
+                             locate_audio, relative_audio, resolve_root, scan_audio)
+from ..dataset.corpus.registry import list_audio, locate, read_metadata, read_metadata_bytes
+from ..dataset.storage import HASH_CHUNK_BYTES, file_sha256
 from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SIZES, RiffFacts,
                                   expected_samples, libsndfile_message, probe_audio, riff_facts, riff_problem)
-from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, HASH_CHUNK_BYTES, Reference,
-                                      audio_fingerprint, check_agreement, deferred, describe_copy, file_sha256,
+from ..dataset.agreement import (Agreement, DatasetScan, FINGERPRINT_HEX, Reference,
+                                      audio_fingerprint, check_agreement, deferred, describe_copy,
                                       file_sizes, fingerprints, is_deferred, metadata_fingerprint, metadata_sha256,
-                                      scan_dataset, scan_from, shards_sha256, size_problem,
+                                      scan_dataset, scan_from, size_problem,
                                       stamp_problem)
 from ..dataset.table import NUMBER_COLUMNS, STRING_COLUMNS, SampleTable, pack_strings
 from ..dataset.cache import (CachedIndex, DATASET_CACHE_DIR, FEATURE_CACHE_AUTO, INDEX_CACHE_MAGIC, INDEX_CACHE_OFF,
@@ -46,6 +46,6 @@ __all__ = [
     "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
     "metadata_fingerprint", "metadata_sha256", "open_index", "pack_strings", "probe_audio",
     "read_cache", "read_metadata", "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root",
-    "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "shards_sha256", "size_problem",
+    "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "size_problem",
     "stamp_problem", "user_cache_dir", "write_cache", "write_index",
 ]

@@ -14,17 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..dataset.files import UNMEASURED, list_audio, metadata_error, metadata_location, read_metadata_bytes
-from ..dataset.shards import is_locator, list_shards
-from ..dataset.storage import is_url, open_file, shown
+from ..dataset.corpus.address import File, address_of
+from ..dataset.corpus.registry import format_of
+from ..dataset.files import UNMEASURED
 from ..dataset.types import AudioFile, DatasetError
-from ..cuts import span_file
-from ..layouts import COLUMNS_AUTO, Entry, Rejection, is_cuts, is_shards
-from ..mixes import is_mix, parse_entries
-
-# A metadata file is hashed this much at a time, so that neither a producer nor a warm load holds it whole.
-HASH_CHUNK_BYTES = 8 << 20
-
+from ..layouts import COLUMNS_AUTO, Entry, Rejection
 
 # Fingerprints are this many hex digits of sha256: 64 bits, ample to tell datasets apart.
 FINGERPRINT_HEX = 16
@@ -90,7 +84,7 @@ def fingerprints(entries: list[Entry], audio: Mapping[str, AudioFile], metadata:
 def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[str, AudioFile],
               columns: str = COLUMNS_AUTO) -> DatasetScan:
     """The scan of metadata bytes and an audio listing (:func:`scan_audio`) already read."""
-    entries, malformed = parse_entries(metadata, metadata_file, columns)
+    entries, malformed = format_of(metadata_file).parse(metadata, columns)
     sizes: dict[str, int] = {}
     files: dict[str, str] = {}
     missing: list[str] = []
@@ -109,8 +103,9 @@ def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[st
 
 def scan_dataset(root: Path, metadata_file: str = "metadata.csv", columns: str = COLUMNS_AUTO) -> DatasetScan:
     """Read the metadata and list the audio files; raise DatasetError if unreadable."""
-    metadata = read_metadata_bytes(root, metadata_file)
-    return scan_from(root, metadata_file, metadata, list_audio(root, metadata_file, metadata, columns), columns)
+    fmt = format_of(metadata_file)
+    metadata = fmt.read(root, metadata_file)
+    return scan_from(root, metadata_file, metadata, fmt.audio(root, metadata_file, metadata, columns), columns)
 
 
 def metadata_sha256(root: Path, metadata_file: str = "metadata.csv") -> str:
@@ -118,34 +113,7 @@ def metadata_sha256(root: Path, metadata_file: str = "metadata.csv") -> str:
     host's copy: a metadata file hashed a piece at a time (never parsed nor held whole), a mix's
     blob of every dataset's metadata; for tar shards, of their names and byte sizes (one stat
     per shard, or one listing at a URL: their members are not read). DatasetError if unreadable."""
-    if is_shards(metadata_file):
-        return shards_sha256(root, metadata_file)
-    if is_mix(metadata_file) or is_cuts(metadata_file):  # a cut manifest's lines, gunzipped
-        return hashlib.sha256(read_metadata_bytes(root, metadata_file)).hexdigest()
-    where = metadata_location(root, metadata_file)  # a manifest at a URL is read through storage.py
-    try:
-        return file_sha256(where)
-    except OSError as exc:  # StorageError too: a read at a URL that failed after its retries
-        if is_url(where):
-            raise DatasetError(f"{shown(where)} not found" if isinstance(exc, FileNotFoundError)
-                               else f"cannot read {shown(where)}: {shown(str(exc))}") from None
-        raise metadata_error(Path(where), exc) from None
-
-
-def file_sha256(where: str) -> str:
-    """SHA-256 (hex) of a file here or at a URL, read a piece at a time (never held whole);
-    OSError (StorageError at a URL) when it cannot be read."""
-    digest = hashlib.sha256()
-    with open_file(where) as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def shards_sha256(root: Path, pattern: str) -> str:
-    """SHA-256 of ``name TAB byte-size LF`` per tar shard ``pattern`` names, in name order."""
-    return hashlib.sha256("".join(f"{s.name}\t{s.size}\n" for s in list_shards(root, pattern))
-                          .encode("utf-8", "surrogateescape")).hexdigest()
+    return format_of(metadata_file).sha256(root, metadata_file)
 
 
 def describe_copy(root: Path, metadata_file: str = "metadata.csv", columns: str = COLUMNS_AUTO) -> dict[str, Any]:
@@ -171,7 +139,7 @@ def is_deferred(described: Any) -> bool:
 class Reference:
     """The trainer's side of the agreement: its dataset's root, metadata file and data.columns,
     and the metadata SHA-256 its index stores (:func:`fingerprints`). A shard dataset's
-    :func:`shards_sha256` is made when a producer on another host first joins."""
+    :meth:`Format.sha256` (corpus/tar.py) is made when a producer on another host first joins."""
 
     root: Path
     metadata_file: str
@@ -187,8 +155,8 @@ class Reference:
     def sha256(self) -> str:
         """What a producer's :func:`describe_copy` must say."""
         if self._sha256 is None:
-            self._sha256 = (shards_sha256(self.root, self.metadata_file) if is_shards(self.metadata_file)
-                            else self.stored_sha256)
+            fmt = format_of(self.metadata_file)
+            self._sha256 = fmt.sha256(self.root, self.metadata_file) if fmt.sharded else self.stored_sha256
         return self._sha256
 
     def sizes(self, files: Mapping[str, str]) -> dict[str, int]:
@@ -199,14 +167,15 @@ class Reference:
 def file_sizes(root: Path, files: Mapping[str, str]) -> dict[str, int]:
     """The byte size of each clip's audio file here, by id (``files``: its name relative to
     ``root``, or absolute), which a lease to a producer on another host carries: one stat each.
-    Left out: tar shard members (their shards' sizes are agreed at joining: :func:`shards_sha256`),
+    Left out: tar shard members (their shards' sizes are agreed at joining: corpus/tar.py),
     files at URLs (the same object for every host) and files absent here."""
     sizes: dict[str, int] = {}
     for sample_id, name in files.items():
-        if is_locator(name) or is_url(name):
+        address = address_of(name)
+        if not isinstance(address, File):
             continue
         try:
-            sizes[sample_id] = os.stat(root / span_file(name)).st_size  # a cut's: its recording's
+            sizes[sample_id] = os.stat(root / address.path).st_size  # a cut's: its recording's
         except OSError:
             continue
     return sizes

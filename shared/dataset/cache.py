@@ -104,6 +104,11 @@ def index_key_of(metadata_sha256: bytes, audio: dict[str, AudioFile], config: di
     return digest.hexdigest()
 
 
+def remote_root(pattern: str) -> Path:
+    """The local directory standing for a dataset at a URL: where its index and feature caches live."""
+    return user_cache_dir() / "remote" / hashlib.sha256(pattern.encode("utf-8")).hexdigest()[:16]
+
+
 def user_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/stoker`` or ``~/.cache/stoker``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

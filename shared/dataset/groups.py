@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dataset.shards import is_locator
+from ..dataset.corpus.address import IN_SHARDS, Row, address_of
 from ..dataset.table import SampleTable
-from ..parquet_layout import GROUP_END, is_row
+from ..parquet_layout import GROUP_END
 
 # What ends a shard's name in a member's locator (shared/dataset/shards.py: SHARD.tar#MEMBER@OFFSET+SIZE).
 SHARD_MARK = ".tar#"
@@ -22,14 +22,15 @@ def shard_numbers(table: SampleTable) -> np.ndarray | None:
     """Each clip's shard (by table row), numbered in name order; None unless every clip is a
     shard's member. Those the index stored where it has them; otherwise the first clip's audio tells loose files at once; otherwise each locator's
     shard is the part before its last ``.tar#`` (SHARD_MARK), read SHARD_SCAN_ROWS clips at a
-    time, and the first locator of each shard is checked whole (:func:`is_locator`; a member
+    time, and the first locator of each shard is checked whole (corpus/address.py; a member
     whose locator is malformed is rejected when a producer reads it)."""
     stored = table.stored_groups()
     if stored is not None:
         return _renumbered(stored)
-    if not len(table) or not is_locator(table.string("audio", 0)):
+    first = address_of(table.string("audio", 0)) if len(table) else None
+    if not isinstance(first, IN_SHARDS):
         return None
-    if is_row(table.string("audio", 0)):
+    if isinstance(first, Row):
         return row_group_numbers(table)
     codes: dict[str, int] = {}  # shard name -> its number in the order first seen
     numbers = np.empty(len(table), np.int64)
@@ -45,7 +46,7 @@ def shard_numbers(table: SampleTable) -> np.ndarray | None:
                 last = audio[:cut + len(SHARD_MARK) - 1]
                 code = codes.get(last, -1)
                 if code < 0:
-                    if not is_locator(audio):
+                    if not isinstance(address_of(audio), IN_SHARDS):
                         return None
                     code = codes[last] = len(codes)
             numbers[row] = code
@@ -60,7 +61,7 @@ def row_group_numbers(table: SampleTable) -> np.ndarray | None:
     if found is None:
         return None
     names, numbers = found
-    if not all(is_row(table.string("audio", row)) for row in np.unique(numbers, return_index=True)[1].tolist()):
+    if not all(isinstance(address_of(table.string("audio", row)), Row) for row in np.unique(numbers, return_index=True)[1].tolist()):
         return None  # a clip of each group checked whole
     return _in_name_order(dict(zip(names, range(len(names)))), numbers)
 

@@ -18,21 +18,20 @@ from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import fingerprints
 from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_key, read_cache, write_cache
 from ..dataset.chunked import CHUNKED_MIN_BYTES, build_manifest
-from ..dataset.files import list_audio, locate, metadata_location, read_metadata_bytes, resolve_audio
+from ..dataset.corpus.base import Located
+from ..dataset.corpus.registry import locate
+from ..dataset.files import metadata_location
 from ..dataset.groups import number_groups
 from ..dataset.indexed import DatasetIndex, finished_index
 from ..dataset.parallel import TextKey, frontend_of, index_workers, run_items
-from ..dataset.parquet_pieces import parquet_pieces
-from ..dataset.reuse import (absent_files, cache_digest, cache_payload, file_size, loaded_index, loose_layout,
+from ..dataset.reuse import (absent_files, cache_digest, cache_payload, file_size, loaded_index,
                              manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
                              with_files)
 from ..dataset.rules import apply_rules, vocabulary_of
-from ..dataset.shards import listing_stamp, read_shards
-from ..dataset.storage import COUNTS, file_stamp, is_url
+from ..dataset.storage import COUNTS, is_url
 from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, IndexStats
-from ..layouts import Entry, is_cuts, is_manifest, is_parquet, is_shards
-from ..mixes import parse_entries
+from ..layouts import Entry
 from ..text import Frontend, TextError, Units
 from ..vocab import Vocabulary
 
@@ -70,6 +69,7 @@ class _Build:
     content's SHA-256 where a store gives no stamp)."""
 
     root: Path
+    located: Located
     data: DataConfig
     features: FeaturesConfig
     text: TextConfig
@@ -78,7 +78,6 @@ class _Build:
     config: dict[str, Any]
     candidates: list[Path]
     started: float
-    loose: bool = False
     chunked: bool = False
     stamp: str = ""
     metadata: bytes | None = None
@@ -91,10 +90,10 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     found = _found_by_stamp(build)
     if found is not None:
         return found
-    metadata_file = build.data.metadata_file
     if build.chunked:
-        build.manifest_sha256 = build.manifest_sha256 or sha256_of(metadata_location(build.root, metadata_file))
-    if is_parquet(metadata_file) and fixed is None:
+        build.manifest_sha256 = build.manifest_sha256 or sha256_of(metadata_location(build.root,
+                                                                                     build.data.metadata_file))
+    if fixed is None:
         built = _parquet_in_pieces(build)
         if built is not None:
             return built
@@ -110,10 +109,11 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
 def _parquet_in_pieces(build: _Build) -> DatasetIndex | None:
     """The index of a large local Parquet dataset built in pieces (parquet_pieces.py), found by its
     listing's key (its files' stamps, a SHA-256); None where the listing's build is the way."""
-    pieces = parquet_pieces(build.root, build.data.metadata_file, build.data, build.features, build.text)
+    pieces = build.located.format.pieces(build.root, build.data.metadata_file, build.data, build.features,
+                                         build.text)
     if pieces is None:
         return None
-    key = build.stamp or listing_stamp(build.root, build.data.metadata_file)
+    key = build.stamp or build.located.stamp()
     return build_manifest(build.root, build.data, build.features, build.text, build.frontend, build.config,
                           build.candidates, key, cache_digest(build.config, key), build.started, *pieces)
 
@@ -125,33 +125,31 @@ def _started(data: DataConfig, features: FeaturesConfig, text: TextConfig, fixed
     manifest built in one pass is read whole once, its hash the cache lookup's and the cache's (a
     large one, built in pieces, is hashed a piece at a time and never held). A local LJSpeech
     layout's is found by its metadata's stamp too, without listing its audio: each file is
-    checked against the index when a producer reads it (:func:`loose_layout`)."""
+    checked against the index when a producer reads it (corpus/base.py: ``Format.loose``)."""
     started = time.perf_counter()
-    root, metadata_file = locate(data.path, data.metadata_file)
+    located = locate(data.path, data.metadata_file)
+    root, metadata_file, fmt = located.root, located.metadata_file, located.format
     data = dataclasses.replace(data, metadata_file=metadata_file)
     frontend = frontend_of((text.frontend, text.digits), fresh=True)
     if fixed is not None:
         problem = fixed.check_engine(frontend)
         if problem:
             raise TextError(f"cannot keep the run's vocabulary: {problem}")
-    build = _Build(root, data, features, text, fixed, frontend, index_config(data, features, text, frontend, fixed),
-                   index_cache_file(root, data), started, loose=loose_layout(metadata_file))
+    build = _Build(root, located, data, features, text, fixed, frontend,
+                   index_config(data, features, text, frontend, fixed), index_cache_file(root, data), started)
     # a manifest at a URL is read whole by the one-process build (its pieces are local byte ranges)
     # (a lhotse cut manifest's too, gzip: not cut in pieces)
-    manifest = is_manifest(metadata_file)
-    size = (file_size(root / metadata_file) if manifest and not is_url(metadata_file) and not is_cuts(metadata_file)
-            else 0)
+    size = file_size(root / metadata_file) if fmt.split and not is_url(metadata_file) else 0
     build.chunked = fixed is None and size >= CHUNKED_MIN_BYTES
     if not build.candidates:
         return build
-    where = metadata_location(root, metadata_file)
     # shards (tar, Parquet, Shar): found by their files' stamps, their listing not read
-    build.stamp = (file_stamp(where) if manifest or build.loose
-                   else listing_stamp(root, metadata_file) if is_shards(metadata_file) else "")
-    if not build.chunked and not build.stamp:
-        build.metadata = read_small_manifest(root, metadata_file)
+    build.stamp = located.stamp()
+    if not build.chunked and not build.stamp and fmt.manifest:
+        build.metadata = read_small_manifest(located)
     build.manifest_sha256 = (hashlib.sha256(build.metadata).hexdigest() if build.metadata is not None
-                             else sha256_of(where) if manifest and not build.stamp else "")
+                             else sha256_of(metadata_location(root, metadata_file)) if fmt.manifest and not build.stamp
+                             else "")
     return build
 
 
@@ -174,18 +172,18 @@ def _found_by_stamp(build: _Build) -> DatasetIndex | None:
 def _one_pass(build: _Build) -> DatasetIndex:
     """The index from the metadata read whole and the audio listed: the cache file of that key
     loaded, else the index derived again, reusing what a stale cache file still holds."""
-    root, data, metadata_file = build.root, build.data, build.data.metadata_file
+    root, data, metadata_file, fmt = build.root, build.data, build.data.metadata_file, build.located.format
     hashed = build.metadata is not None  # what manifest_sha256 is the hash of
-    metadata = build.metadata if hashed else read_metadata_bytes(root, metadata_file)
-    if not hashed and is_manifest(metadata_file) and build.candidates and not build.stamp:
+    metadata = build.metadata if hashed else build.located.read()
+    if not hashed and fmt.manifest and build.candidates and not build.stamp:
         build.manifest_sha256 = hashlib.sha256(metadata).hexdigest()
     build.metadata = None  # held below as long as it is needed, not by the build's facts
-    audio = list_audio(root, metadata_file, metadata, data.columns)
+    audio = build.located.audio(metadata, data.columns)
     key = index_key(metadata, audio, build.config)
     cache_path, cached, state = read_cache(build.candidates, key) if build.candidates else (None, None, "off")
     stats = IndexStats(cache=state)
     # Kept for the scan, but a manifest's: it may be of millions of clips, read again if a scan is wanted.
-    scan_inputs = None if is_manifest(metadata_file) else (metadata_file, metadata, audio)
+    scan_inputs = None if fmt.manifest else (metadata_file, metadata, audio)
     if state == "hit" and cached is not None:
         try:
             loaded = loaded_index(cached, build.fixed)
@@ -194,8 +192,8 @@ def _one_pass(build: _Build) -> DatasetIndex:
             cached, stats.cache = None, "corrupt"
         else:
             stats.cache_file = str(cache_path)
-            if not is_manifest(metadata_file) and build.stamp and cache_path is not None:  # found by its stamp next
-                restamp(cache_path, cached, loaded[1] if build.loose else [], cache_digest(build.config, build.stamp))
+            if not fmt.manifest and build.stamp and cache_path is not None:  # found by its stamp next
+                restamp(cache_path, cached, loaded[1] if fmt.loose else [], cache_digest(build.config, build.stamp))
             return finished_index(root, *loaded, key, stats, build.started, False, scan_inputs, data)
     return _derived(build, metadata, audio, key, cached, stats, scan_inputs)
 
@@ -204,14 +202,11 @@ def _derived(build: _Build, metadata: bytes, audio: dict[str, AudioFile], key: s
              stats: IndexStats, scan_inputs: tuple[str, bytes, dict[str, AudioFile]] | None) -> DatasetIndex:
     """The index derived from the metadata's entries, the headers and texts read (those a stale
     cache file holds reused), through the rules; written to the cache."""
-    root, data, text, metadata_file = build.root, build.data, build.text, build.data.metadata_file
-    entries, rejected = parse_entries(metadata, metadata_file, data.columns)
-    entries = resolve_audio(entries, metadata_file)  # a manifest at a URL: its audio paths beside it
+    root, data, text, fmt = build.root, build.data, build.text, build.located.format
+    entries, rejected = build.located.entries(metadata, data.columns)  # at a URL: its audio paths beside it
     agreed = fingerprints(entries, audio, metadata)
-    probes: dict[str, AudioProbe] = {}
-    if is_shards(metadata_file):  # the members the shards' walk rejected; the headers their JSON gave
-        listing = read_shards(root, metadata_file)
-        rejected, probes = rejected + listing.rejected, listing.probes()
+    walked, probes = fmt.listed(root, data.metadata_file)  # a shards' walk's rejections, headers
+    rejected = rejected + walked
     units = _read(build, entries, audio, cached, probes, stats)
     samples, rejected, lost = apply_rules(entries, rejected, audio, probes, units, data, build.features, text,
                                           build.frontend, build.fixed)
@@ -220,12 +215,12 @@ def _derived(build: _Build, metadata: bytes, audio: dict[str, AudioFile], key: s
         header, reuse = cache_payload(key, root, build.config, rejected, entries, audio, probes, units,
                                       build.frontend, text, lost, vocab)
         header["agreement"] = agreed
-        if is_manifest(metadata_file):
+        if fmt.manifest:
             header["manifest"] = {"digest": cache_digest(build.config, build.stamp or build.manifest_sha256),
                                   "measured": measured_files(entries, audio)}
         elif build.stamp:  # found by the metadata's (or shards') stamp: a layout's missing files looked for
             header["manifest"] = {"digest": cache_digest(build.config, build.stamp),
-                                  "measured": absent_files(rejected) if build.loose else []}
+                                  "measured": absent_files(rejected) if fmt.loose else []}
     del entries, units, probes  # the clips are in the samples now: not held while they become columns
     table = with_files(SampleTable.from_samples(samples), samples, audio)
     del samples

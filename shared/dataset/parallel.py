@@ -15,8 +15,9 @@ from typing import Any, Callable, Sequence
 
 from ..config import DataConfig
 from ..dataset.probe import probe_audio
-from ..dataset.shards import is_locator, probe_member
-from ..dataset.storage import COUNTS, is_url
+from ..dataset.corpus.address import File, address_of
+from ..dataset.shards import probe_member
+from ..dataset.storage import COUNTS
 from ..dataset.types import AudioProbe
 from ..text import Frontend, TextError, make_frontend
 
@@ -89,7 +90,7 @@ def _work_items(root: str, items: Sequence[Item], text_spec: tuple[str, str]) ->
     go to the front-end one list per language (a phonemizer call has a set-up cost).
     """
     join = os.path.join
-    probes = [probe_tuple(probe_member(Path(root), name) if is_url(name) or is_locator(name)
+    probes = [probe_tuple(probe_member(Path(root), name) if not isinstance(address_of(name), File)
                            else probe_audio(join(root, name), size))
               if name is not None else None for name, size, _ in items]
     by_language: dict[str, list[int]] = collections.defaultdict(list)

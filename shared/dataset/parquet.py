@@ -7,8 +7,9 @@ columns of text, speaker and language. ``--data`` names them as it names tar sha
 (shared/dataset/shards.py): one ``.parquet`` file, a directory of them (and no metadata file), a
 glob or brace pattern, or any of these as a URL (fsspec: shared/dataset/storage.py). The dataset's
 root and "metadata file" are the directory (a cache directory for a URL) and the pattern, as for
-shards; :func:`shared.layouts.is_shards` is true of both, so the index, the dataset agreement and
-the producers take a Parquet dataset as a shard dataset, through the manifest its listing makes.
+shards; its format (corpus/parquet.py) is a sharded one as theirs is, so the index, the dataset
+agreement and the producers take a Parquet dataset as a shard dataset, through the manifest its
+listing makes.
 
 The listing (:func:`list_file`, one file's; cached beside the index as the shards' is, its rules'
 version shards.PARQUET_LISTING_FORMAT) reads each

@@ -13,30 +13,17 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 from ..config import TextConfig
-from ..dataset.agreement import file_sha256
 from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of, open_index,
                              rejections_of, write_cache)
-from ..dataset.files import UNMEASURED, read_metadata_bytes
+from ..dataset.corpus.base import Located
+from ..dataset.files import UNMEASURED
 from ..dataset.parallel import TextKey, Item, probe_tuple
-from ..dataset.shards import remote_stat
-from ..dataset.storage import is_url
+from ..dataset.storage import file_sha256, is_url, remote_stat
 from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, DatasetError, IndexStats, Sample
-from ..layouts import Entry, Rejection, is_manifest, is_shards
-from ..mixes import is_mix
+from ..layouts import Entry, Rejection
 from ..text import LANGUAGES, Frontend, Units
 from ..vocab import Vocabulary
-
-
-def loose_layout(metadata_file: str) -> bool:
-    """Whether ``metadata_file`` is a local LJSpeech layout's (``wavs/`` beside it): its index
-    cache is found by the metadata's stamp alone, not by a listing and a stat of every audio file
-    (a million of them take seconds): a file changed or deleted since indexing is found when a
-    producer reads it (each clip's file size and mtime are columns of the index, which its lease
-    carries: agreement.stamp_problem), a clip rejected as missing by a stat of its file
-    (:func:`absent_files`)."""
-    return not (is_url(metadata_file) or is_manifest(metadata_file) or is_shards(metadata_file)
-                or is_mix(metadata_file))
 
 
 def absent_files(rejected: Sequence[Rejection]) -> list[list[Any]]:
@@ -48,7 +35,7 @@ def absent_files(rejected: Sequence[Rejection]) -> list[list[Any]]:
 
 def restamp(path: Path, cached: CachedIndex, rejected: Sequence[Rejection], digest: str) -> None:
     """The cache file of a local LJSpeech layout (or of shards) found the long way (its listing and
-    the metadata's bytes as they were: :func:`loose_layout`) written again with the metadata's (the
+    the metadata's bytes as they were: ``Format.loose``) written again with the metadata's (the
     shards') present stamp (``digest``), so that the next start finds it by the stamp, without a
     listing; as it is when it has that stamp already."""
     manifest = cached.header.get("manifest")
@@ -94,13 +81,11 @@ def sha256_of(path: str) -> str:
         return ""
 
 
-def read_small_manifest(root: Path, metadata_file: str) -> bytes | None:
-    """The bytes of a manifest (the one-pass build's: a small one, or one at a URL); None for
-    other metadata, or when it cannot be read (the build reads it again, and says why)."""
-    if not is_manifest(metadata_file):
-        return None
+def read_small_manifest(located: Located) -> bytes | None:
+    """The bytes of a manifest (the one-pass build's: a small one, or one at a URL); None when it
+    cannot be read (the build reads it again, and says why)."""
     try:
-        return read_metadata_bytes(root, metadata_file)
+        return located.read()
     except DatasetError:
         return None
 
@@ -125,7 +110,7 @@ def measured_files(entries: Sequence[Entry], audio: dict[str, AudioFile]) -> lis
 
 
 def manifest_hit(root: Path, candidates: list[Path], digest: str) -> tuple[Path, CachedIndex] | None:
-    """A cache file of this manifest (or local LJSpeech layout's metadata: :func:`loose_layout`)
+    """A cache file of this manifest (or local LJSpeech layout's metadata: ``Format.loose``)
     under this config whose measured audio files are as they were (:func:`measured_files`,
     :func:`absent_files`): one stat each, no parse of the metadata; its sections checked. None: take the
     long way (which also reports a corrupt cache)."""

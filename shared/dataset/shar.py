@@ -3,7 +3,7 @@ the audio members of its recording tar (``recording.NNNNNN.tar``), read without 
 
 shards.py lists a Shar directory as tar shards whose pattern is :data:`SHAR_GLOB`: it walks each
 recording tar's headers and hands its members here, where the shard's cuts file (beside it, or at
-the URL beside it) is read as a cut manifest (shared/cuts.py) and each cut becomes a manifest
+the URL beside it) is read as a cut manifest (corpus/cuts.py) and each cut becomes a manifest
 line whose audio is its member's locator. The long story is in docs/DESIGN.md (Shar).
 """
 
@@ -13,7 +13,8 @@ import json
 import re
 from pathlib import Path
 
-from ..cuts import decompressed, parse_cuts
+from ..dataset.corpus.cuts import decompressed, parse_cuts
+from ..dataset.corpus.address import Member
 from ..dataset.storage import StorageError, first_line, is_url, open_file, shown
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, Shard, ShardListing
 from ..layouts import Rejection
@@ -78,7 +79,7 @@ def add_cuts(root: Path, shard: Shard, members: dict[str, tuple[str, int, int] |
                                               file=f"{shard.name}#{entry.id}", kind="missing-audio"))
             continue
         member, offset, size = found
-        locator = f"{shard.name}#{member}@{offset}+{size}"  # shards.Locator's form
+        locator = str(Member(shard.name, member, offset, size))
         if entry.id in seen:
             listing.rejected.append(Rejection(entry.id, f"duplicate cut id {entry.id} in shard {shown(shard.name)} "
                                                         f"(first in {seen[entry.id]})", file=locator))

@@ -22,16 +22,16 @@ from typing import Any, Iterator
 import msgpack
 
 from ..config import DataConfig
-from ..dataset.cache import index_cache_file, read_cache, user_cache_dir, write_cache
+from ..dataset.cache import index_cache_file, read_cache, remote_root, write_cache
 from ..dataset.parquet import list_file, probe_row
 from ..dataset.probe import probe_bytes, probe_url
 from ..dataset.shar import SHAR_GLOB, add_cuts, audio_member, cuts_file, is_shar, is_shar_directory
-from ..dataset.storage import (Reader, StorageError, first_line, is_url, open_file, shown,
+from ..dataset.storage import (Reader, StorageError, first_line, is_url, list_remote, open_file, shown, stamp_of,
                                transit_errors, url_fs)
 from ..dataset.types import (AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError, Shard,
                              ShardListing)
-from ..layouts import Rejection, is_parquet, is_shards, nfc
-from ..parquet_layout import is_row
+from ..dataset.corpus.address import Member, Row, address_of
+from ..layouts import Rejection, nfc
 
 log = logging.getLogger(__name__)
 
@@ -61,52 +61,18 @@ PARQUET_LISTING_FORMAT = 1
 
 _BRACE_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _BRACE_LIST = re.compile(r"\{([^{}]*,[^{}]*)\}")
-_LOCATOR = re.compile(r"^(?P<shard>.+\.tar)#(?P<member>.+)@(?P<offset>\d+)\+(?P<size>\d+)$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-def is_locator(name: str) -> bool:
-    """Whether an audio name (Sample.audio) is a shard member's locator or a Parquet row's
-    (shared/parquet_layout.py: :func:`is_member` tells the first)."""
-    return "#" in name and (_LOCATOR.match(name) is not None or is_row(name))
-
-
-def is_member(name: str) -> bool:
-    """Whether an audio name (Sample.audio) is a tar shard member's locator."""
-    return "#" in name and _LOCATOR.match(name) is not None
-
-
-def shard_of(name: str) -> str:
-    """The shard of a member's locator."""
-    match = _LOCATOR.match(name)
-    if match is None:
-        raise ValueError(f"not a shard member's locator: {name!r}")
-    return match["shard"]
-
-
-@dataclass(frozen=True)
-class Locator:
-    """Where a clip's bytes are: in ``shard`` (relative to the dataset root, or a URL), member ``member``."""
-
-    shard: str
-    member: str
-    offset: int
-    size: int
-
-    def __str__(self) -> str:
-        return f"{self.shard}#{self.member}@{self.offset}+{self.size}"
-
-    @classmethod
-    def parse(cls, name: str) -> "Locator":
-        match = _LOCATOR.match(name)
-        if match is None:
-            raise ValueError(f"not a shard member's locator: {name!r}")
-        return cls(match["shard"], match["member"], int(match["offset"]), int(match["size"]))
-
-    @property
-    def where(self) -> str:
-        """The shard and member, for reasons: ``member M of shard S``."""
-        return f"member {self.member} of shard {shown(self.shard)}"
+def _kind(pattern: str) -> str:
+    """The kind of files a shard pattern names: "parquet", "shar" (a Shar directory's recording
+    tars), "tar", or "" (not a pattern of shards)."""
+    lowered = pattern.lower()
+    if lowered.endswith(PARQUET_GLOB[1:]):
+        return "parquet"
+    if lowered.endswith(SHARD_GLOB[1:]):
+        return "shar" if is_shar(pattern) else "tar"
+    return ""
 
 
 def shard_source(path: str, metadata_file: str) -> tuple[Path, str] | None:
@@ -116,10 +82,10 @@ def shard_source(path: str, metadata_file: str) -> tuple[Path, str] | None:
     ``metadata_file``: the configured metadata file; a directory that holds it is not a shard
     directory."""
     if is_url(path):
-        pattern = path if is_shards(path) else path.rstrip("/") + "/" + _directory_glob(path)
+        pattern = path if _kind(path) else path.rstrip("/") + "/" + _directory_glob(path)
         return remote_root(pattern), pattern
     given = Path(path).expanduser()
-    if is_shards(given.name):
+    if _kind(given.name):
         return given.parent.resolve(), given.name
     if given.is_dir() and not (given / metadata_file).exists():
         if is_shar_directory([p.name for p in given.iterdir()]):  # a lhotse Shar directory (shar.py)
@@ -144,11 +110,6 @@ def _directory_glob(url: str) -> str:
     return PARQUET_GLOB if parquet else SHARD_GLOB
 
 
-def remote_root(pattern: str) -> Path:
-    """The local directory standing for shards at a URL: where their index and feature caches live."""
-    return user_cache_dir() / "remote" / hashlib.sha256(pattern.encode("utf-8")).hexdigest()[:16]
-
-
 def expand_braces(pattern: str) -> list[str]:
     """``a-{000..002}.tar`` -> a-000.tar, a-001.tar, a-002.tar (widths kept); ``{a,b}`` -> each."""
     found = [m for m in (_BRACE_RANGE.search(pattern), _BRACE_LIST.search(pattern)) if m is not None]
@@ -171,7 +132,7 @@ def list_shards(root: Path, pattern: str) -> list[Shard]:
         found = _remote_shards(name) if is_url(name) else _local_shards(root, name)
         if not found:
             where = shown(name) if is_url(name) else str(root / name)
-            kind = "Parquet file" if is_parquet(name) else "tar shard"
+            kind = "Parquet file" if _kind(name) == "parquet" else "tar shard"
             raise DatasetError(f"no {kind} at {where}" if not _GLOB_CHARS.search(name)
                                else f"no {kind} matches {where}")
         shards.extend(found)
@@ -210,48 +171,8 @@ def _remote_shards(url: str) -> list[Shard]:
         if info.get("type", "file") != "file":
             continue
         name = info["name"]  # without the protocol (s3, gs, file), or the whole URL (http)
-        found.append(Shard(name if is_url(name) else f"{protocol}://{name}", int(info.get("size") or 0), _stamp(info)))
+        found.append(Shard(name if is_url(name) else f"{protocol}://{name}", int(info.get("size") or 0), stamp_of(info)))
     return found
-
-
-def remote_stat(url: str) -> tuple[int, int] | None:
-    """(size, modification stamp) of the file at ``url``, or None when there is none; DatasetError
-    when the store cannot be asked (no such bucket, no credentials, no connection)."""
-    try:
-        fs, path = url_fs(url)
-        info = fs.info(path)
-    except FileNotFoundError:
-        return None
-    except (ValueError, StorageError, *transit_errors()) as exc:
-        raise DatasetError(f"cannot look up {shown(url)}: {type(exc).__name__}: {first_line(exc)}") from None
-    if info.get("type", "file") != "file":
-        return None
-    return int(info.get("size") or 0), _stamp(info)
-
-
-def list_remote(url: str) -> list[Shard]:
-    """The files directly in the directory at ``url`` (one listing, paged by the store), each
-    named by its URL, with its size and modification stamp; none when there is no such
-    directory. DatasetError when the store cannot be asked (as :func:`remote_stat`)."""
-    try:
-        fs, path = url_fs(url)
-        infos = fs.ls(path.rstrip("/"), detail=True)
-    except FileNotFoundError:
-        return []
-    except (ValueError, StorageError, *transit_errors()) as exc:
-        raise DatasetError(f"cannot list {shown(url)}: {type(exc).__name__}: {first_line(exc)}") from None
-    directory = url.rstrip("/")  # each file's URL: the directory's and its name (a store's own names vary)
-    return [Shard(f"{directory}/{info['name'].rstrip('/').rpartition('/')[2]}", int(info.get("size") or 0),
-                  _stamp(info)) for info in infos if info.get("type", "file") == "file"]
-
-
-def _stamp(info: dict[str, Any]) -> int:
-    """A remote file's modification stamp, as an integer (its ETag's hash when it has no time)."""
-    when = info.get("LastModified") or info.get("mtime") or info.get("updated")
-    if hasattr(when, "timestamp"):
-        return int(when.timestamp() * 1e9)
-    tag = str(info.get("ETag") or info.get("etag") or when or "")
-    return int.from_bytes(hashlib.sha256(tag.encode()).digest()[:7], "little")
 
 
 @dataclass
@@ -275,8 +196,8 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
     keyed on every shard's name, size and stamp, so that only a changed set of shards is
     walked again; and in this process, which asks for the manifest and the audio in turn."""
     shards, stamps, key = _listed_files(root, pattern)
-    parquet = is_parquet(pattern)
-    shar = not parquet and is_shar(pattern)
+    kind = _kind(pattern)
+    parquet, shar = kind == "parquet", kind == "shar"
     cached = _LISTINGS.get((str(root), pattern))
     if cached is not None and cached[0] == stamps:
         return cached[1]
@@ -315,8 +236,8 @@ def _listed_files(root: Path, pattern: str) -> tuple[tuple[Shard, ...], tuple[Sh
     """The shards ``pattern`` names, every file their listing reads (a Shar shard's cuts file
     too), and the listing's key: a digest of those files and the listing's rules."""
     shards = tuple(list_shards(root, pattern))
-    parquet = is_parquet(pattern)
-    shar = not parquet and is_shar(pattern)
+    kind = _kind(pattern)
+    parquet, shar = kind == "parquet", kind == "shar"
     # a Shar shard's texts are its cuts file's: theirs are part of what the listing is of
     stamps = shards + tuple(_shar_cuts(root, shards)) if shar else shards
     kind = ("parquet", PARQUET_LISTING_FORMAT) if parquet else ("shar", LISTING_FORMAT) if shar else LISTING_FORMAT
@@ -449,7 +370,7 @@ def _add_clip(shard: Shard, clip: _Clip, listing: ShardListing, seen: dict[str, 
                                                      f"{', '.join(clip.members)})", kind="missing-audio"))
         return
     _, member, offset, size = clip.audio
-    locator = str(Locator(shard.name, member, offset, size))
+    locator = str(Member(shard.name, member, offset, size))
     fields, problem = _text_fields(clip)
     if problem:
         listing.rejected.append(Rejection(sample_id, f"{problem} for {named}", file=locator))
@@ -498,13 +419,13 @@ def probe_member(root: Path, name: str) -> AudioProbe:
     a loose file at a URL (a manifest's clip without a duration, an LJSpeech layout's wav: its
     header read, :func:`probe_url`); or why it cannot be used."""
     global _READER
-    if is_row(name):  # a Parquet row's (shared/dataset/parquet.py)
+    locator = address_of(name)
+    if isinstance(locator, Row):  # a Parquet row's (shared/dataset/parquet.py)
         return probe_row(root, name)
-    if not is_locator(name):
+    if not isinstance(locator, Member):
         return probe_url(name)
     if _READER is None or _READER.root != root:
         _READER = Reader(root)
-    locator = Locator.parse(name)
     try:
         data = _READER.read(locator.shard, locator.offset, locator.size)
     except FileNotFoundError:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable
 
+from ..dataset.types import DatasetError, Shard
 from ..layouts import is_url, shown  # a URL or a path of this host, a URL shown safely (shared/layouts.py)
 
 log = logging.getLogger(__name__)
@@ -340,3 +341,57 @@ def open_file(path: str) -> IO[bytes]:
     if not is_url(path):
         return open(path, "rb")
     return RetryingFile(path)  # type: ignore[return-value]
+
+
+# A metadata file is hashed this much at a time, so that neither a producer nor a warm load holds it whole.
+HASH_CHUNK_BYTES = 8 << 20
+
+
+def file_sha256(where: str) -> str:
+    """SHA-256 (hex) of a file here or at a URL, read a piece at a time (never held whole);
+    OSError (StorageError at a URL) when it cannot be read."""
+    digest = hashlib.sha256()
+    with open_file(where) as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def remote_stat(url: str) -> tuple[int, int] | None:
+    """(size, modification stamp) of the file at ``url``, or None when there is none; DatasetError
+    when the store cannot be asked (no such bucket, no credentials, no connection)."""
+    try:
+        fs, path = url_fs(url)
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    except (ValueError, StorageError, *transit_errors()) as exc:
+        raise DatasetError(f"cannot look up {shown(url)}: {type(exc).__name__}: {first_line(exc)}") from None
+    if info.get("type", "file") != "file":
+        return None
+    return int(info.get("size") or 0), stamp_of(info)
+
+
+def list_remote(url: str) -> list[Shard]:
+    """The files directly in the directory at ``url`` (one listing, paged by the store), each
+    named by its URL, with its size and modification stamp; none when there is no such
+    directory. DatasetError when the store cannot be asked (as :func:`remote_stat`)."""
+    try:
+        fs, path = url_fs(url)
+        infos = fs.ls(path.rstrip("/"), detail=True)
+    except FileNotFoundError:
+        return []
+    except (ValueError, StorageError, *transit_errors()) as exc:
+        raise DatasetError(f"cannot list {shown(url)}: {type(exc).__name__}: {first_line(exc)}") from None
+    directory = url.rstrip("/")  # each file's URL: the directory's and its name (a store's own names vary)
+    return [Shard(f"{directory}/{info['name'].rstrip('/').rpartition('/')[2]}", int(info.get("size") or 0),
+                  stamp_of(info)) for info in infos if info.get("type", "file") == "file"]
+
+
+def stamp_of(info: dict[str, Any]) -> int:
+    """A remote file's modification stamp, as an integer (its ETag's hash when it has no time)."""
+    when = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    if hasattr(when, "timestamp"):
+        return int(when.timestamp() * 1e9)
+    tag = str(info.get("ETag") or info.get("etag") or when or "")
+    return int.from_bytes(hashlib.sha256(tag.encode()).digest()[:7], "little")

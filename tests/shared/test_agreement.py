@@ -14,8 +14,8 @@ import pytest
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import (Agreement, DatasetError, Reference, build_index, check_agreement, deferred,
                                    describe_copy, file_sizes, is_deferred, locate, metadata_sha256, scan_dataset,
-                                   shards_sha256, size_problem)
-from stoker.shared.dataset import agreement
+                                   size_problem)
+from stoker.shared.dataset import storage
 from tests.factories import append_metadata, make_dataset, make_shards
 
 
@@ -68,7 +68,7 @@ def test_fingerprints_ignore_path_mtime_and_line_order(data, tmp_path: Path) -> 
 def test_the_metadata_sha256_is_the_files_read_in_pieces(data, monkeypatch: pytest.MonkeyPatch) -> None:
     root, _ = data
     whole = hashlib.sha256((root / "metadata.csv").read_bytes()).hexdigest()
-    monkeypatch.setattr(agreement, "HASH_CHUNK_BYTES", 7)
+    monkeypatch.setattr(storage, "HASH_CHUNK_BYTES", 7)
     assert metadata_sha256(root) == whole == scan_dataset(root).metadata_sha256
 
 
@@ -170,13 +170,14 @@ def test_a_file_of_another_size_is_named_with_both_sizes() -> None:
 
 def test_tar_shards_agree_by_their_names_and_sizes_without_reading_members(tmp_path: Path) -> None:
     made = make_shards(tmp_path / "trainer", shards=2, per_shard=3)
-    root, pattern = locate(str(tmp_path / "trainer"), "metadata.csv")
+    located = locate(str(tmp_path / "trainer"), "metadata.csv")
+    root, pattern = located.where
     trainer = Reference(root, pattern, stored_sha256="the manifest's: not what shards are compared by")
     other = copy(tmp_path / "trainer", tmp_path / "other")
-    other_root, other_pattern = locate(str(other), "metadata.csv")
+    other_root, other_pattern = locate(str(other), "metadata.csv").where
     assert check_agreement(trainer, describe_copy(other_root, other_pattern), "b").ok
     expected = "".join(f"{p.name}\t{p.stat().st_size}\n" for p in sorted(made.paths))
-    assert shards_sha256(root, pattern) == hashlib.sha256(expected.encode()).hexdigest()
+    assert located.sha256() == hashlib.sha256(expected.encode()).hexdigest()
     with open(other / made.paths[1].name, "ab") as f:  # a shard of another size: another copy
         f.write(bytes(512))
     verdict = check_agreement(trainer, describe_copy(other_root, other_pattern), "b")

@@ -14,12 +14,18 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 
 from stoker.producer.audio import AudioError, AudioMissing, load_audio
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.cuts import parse_span
 from stoker.shared.dataset import build_index
+from stoker.shared.dataset.corpus.address import address_of
 from stoker.shared.mel import num_frames
 from tests.factories import tone
 
 RATE = 16000
+def parse_span(name: str) -> tuple[str, float, float] | None:
+    """(file, start, end) of a window of a recording, None for a whole file's name."""
+    address = address_of(name)
+    return (address.path, *address.span) if address.span is not None else None  # type: ignore[union-attr]
+
+
 FEATURES = FeaturesConfig()
 
 

@@ -13,7 +13,6 @@ from stoker.shared import layouts
 from stoker.shared.layouts import (Entry, LayoutError, Rejection, manifest_columns, parse_columns, parse_manifest,
                                     parse_metadata)
 
-from stoker.shared.mixes import parse_entries, parse_mix_spec
 
 PERSIAN = "امروز هوا آفتابی و کمی سرد است."
 PERSIAN_ZWNJ = "می‌خواهم"  # with a zero-width non-joiner (U+200C), which must survive as is
@@ -530,33 +529,3 @@ def test_every_non_blank_manifest_line_is_an_entry_or_a_rejection() -> None:
         assert sorted([e.line for e in entries] + [r.line for r in rejected]) == expected, raw
         for e in entries:  # every string of an entry can be written out again
             assert e.id and "".join((e.id, e.text, e.speaker, e.language, e.audio)).encode("utf-8")
-
-
-# ------------------------------------------------------------------ the one entry point
-
-@pytest.mark.parametrize("name", ["train.jsonl", "manifest.json", "sub/dir/EVAL.JSONL"])
-def test_parse_entries_reads_manifests_by_name(name: str) -> None:
-    manifest = _manifest({"audio_filepath": "a/A.wav", "text": "Hi.", "speaker": 2})
-    entries, rejected = parse_entries(manifest, name, "id|speaker|text")  # columns are for metadata files only
-    assert rejected == [] and entries == [Entry("A", "Hi.", 1, "2", "", "a/A.wav")]
-
-
-@pytest.mark.parametrize("name", ["metadata.csv", "metadata_train.csv", "list.txt", "jsonl.csv", "data"])
-def test_parse_entries_reads_metadata_otherwise(name: str) -> None:
-    assert parse_entries(_lines("A|Hi."), name) == ([Entry("A", "Hi.", 1)], [])
-    assert parse_entries(_lines("A|spk|Hi."), name, "id|speaker|text") == ([Entry("A", "Hi.", 1, "spk")], [])
-    entries, rejected = parse_entries(_manifest({"audio_filepath": "a/A.wav", "text": "Hi."}), name)
-    assert entries == [] and [r.line for r in rejected] == [1]  # JSON in a metadata file is one malformed line
-
-
-# ------------------------------------------------------------------ mixes
-
-def test_mix_spec_defaults_and_names() -> None:
-    parts = parse_mix_spec("datasets:\n  - path: data/persian\n    language: fa\n  - path: /x/lj\n    name: lj\n"
-                           "    metadata_file: metadata_train.csv\n", "metadata.csv", "")
-    assert [(p.name, p.path, p.language, p.metadata_file) for p in parts] == [
-        ("persian", "data/persian", "fa", "metadata.csv"), ("lj", "/x/lj", "", "metadata_train.csv")]
-    with pytest.raises(LayoutError, match="not valid YAML"):
-        parse_mix_spec("datasets: [", "metadata.csv", "")
-    with pytest.raises(LayoutError, match="columns 'id\\|nope': unknown column 'nope'"):
-        parse_mix_spec("datasets:\n  - path: a\n    columns: id|nope\n", "metadata.csv", "")

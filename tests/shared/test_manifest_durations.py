@@ -14,7 +14,8 @@ from stoker.producer.batches import DURATION_TOLERANCE_S, BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index
-from stoker.shared.dataset import index as index_module
+from stoker.shared.dataset.corpus import manifest as manifest_module
+from stoker.shared.dataset.corpus.manifest import Manifest
 from stoker.shared.dataset import reuse as reuse_module
 from stoker.shared.dataset import probe as probe_module
 from stoker.shared.mel import num_frames
@@ -59,12 +60,11 @@ def test_a_small_manifest_is_read_once_and_found_again_by_its_stamp_or_that_hash
     (size and mtime) without a read, or, where there is no stamp (a store that gives none), by
     the hash of one more read."""
     reads: list[str] = []
-    read = index_module.read_metadata_bytes
-    for module in (index_module, reuse_module):  # the build's read, and the read of a manifest to hash
-        monkeypatch.setattr(module, "read_metadata_bytes", lambda *args: reads.append(args[1]) or read(*args))
+    read = Manifest.read  # the build's read, and the read of a manifest to hash
+    monkeypatch.setattr(Manifest, "read", lambda self, root, name: reads.append(name) or read(self, root, name))
     monkeypatch.setattr(reuse_module, "file_sha256", lambda where: pytest.fail("the manifest was hashed apart"))
     if not stamped:
-        monkeypatch.setattr(index_module, "file_stamp", lambda where: "")
+        monkeypatch.setattr(manifest_module, "file_stamp", lambda where: "")
     rows = [{"audio_filepath": f"audio/c{i}.wav", "text": f"clip {i}.", "duration": 1.0} for i in range(4)]
     data = dataclasses.replace(_manifest(tmp_path, rows), index_cache=str(tmp_path / "cache"))
     built = build_index(data, FEATURES)

@@ -235,7 +235,7 @@ def test_several_datasets_mixed_in_one_run(tmp_path: Path) -> None:
     for name in ("fa", "en", "man"):
         (copy / name).symlink_to(tmp_path / name)
     (copy / "mix.yaml").write_text(MIX, encoding="utf-8")
-    root, mix_file = locate(str(copy / "mix.yaml"), "metadata.csv")
+    root, mix_file = locate(str(copy / "mix.yaml"), "metadata.csv").where
     assert check_agreement(Reference.of(index), describe_copy(root, mix_file), "hostb").ok
     # a missing clip is named with its dataset's path
     (tmp_path / "en" / "wavs" / f"{next(iter(english))}.wav").unlink()

@@ -21,9 +21,9 @@ from stoker.shared.dataset import DatasetError, Reference, build_index, locate, 
 from stoker.shared.dataset import parquet
 from stoker.shared.dataset.parquet import RowReader, pyarrow_modules
 from stoker.shared.dataset.storage import Reader
-from stoker.shared.dataset.files import read_metadata_bytes
+from stoker.shared.dataset.corpus.address import address_of
+from stoker.shared.dataset.corpus.registry import format_of
 from stoker.shared.layouts import LayoutError
-from stoker.shared.mixes import parse_entries
 from stoker.shared.parquet_layout import ROW_LOCATOR, parse_column_map
 from tests.factories import clip_member
 from tests.parquet_data import corrupt_row_group, loose_copy, make_parquet, write_parquet
@@ -71,8 +71,9 @@ def test_columns_are_found_by_their_usual_names_or_as_data_columns_maps_them(tmp
     made = make_parquet(tmp_path / "own", names=("words", "who", "tongue"))
     with pytest.raises(DatasetError, match="no usable clip"):
         build_index(_data(tmp_path / "own"), FEATURES)
-    root, pattern = locate(str(tmp_path / "own"), "metadata.csv")
-    entries, rejected = parse_entries(read_metadata_bytes(root, pattern), pattern)
+    root, pattern = locate(str(tmp_path / "own"), "metadata.csv").where
+    fmt = format_of(pattern)
+    entries, rejected = fmt.parse(fmt.read(root, pattern), "")
     assert entries == [] and {r.reason for r in rejected if r.id == "PQ0009"} == {
         "row 1 of row group 0 of train-001.parquet lacks 'text'"}
     mapped = build_index(_data(tmp_path / "own", columns="text=words|speaker=who|language=tongue"), FEATURES)
@@ -90,7 +91,7 @@ def test_a_column_map_that_cannot_work_is_one_line(spec: str, problem: str) -> N
 
 def test_data_names_parquet_files_as_a_directory_a_file_or_a_glob(tmp_path: Path) -> None:
     made = make_parquet(tmp_path / "pq", files=3, per_file=2)
-    assert locate(str(tmp_path / "pq"), "metadata.csv") == (tmp_path / "pq", "*.parquet")
+    assert locate(str(tmp_path / "pq"), "metadata.csv").where == (tmp_path / "pq", "*.parquet")
     for given, count in ((tmp_path / "pq", 6), (made.paths[1], 2), (tmp_path / "pq" / "train-00[02].parquet", 4)):
         assert len(build_index(_data(given, index_cache="off"), FEATURES).samples) == count
     with pytest.raises(DatasetError, match="no Parquet file matches"):
@@ -100,7 +101,7 @@ def test_data_names_parquet_files_as_a_directory_a_file_or_a_glob(tmp_path: Path
 def test_a_producer_scan_agrees_with_the_index_and_a_copy_is_agreed_by_file_names_and_sizes(tmp_path: Path) -> None:
     make_parquet(tmp_path / "pq")
     index = build_index(_data(tmp_path / "pq"), FEATURES)
-    root, pattern = locate(str(tmp_path / "pq"), "metadata.csv")
+    root, pattern = locate(str(tmp_path / "pq"), "metadata.csv").where
     assert scan_dataset(root, pattern).fingerprint == index.dataset_fingerprint
     shutil.copytree(tmp_path / "pq", tmp_path / "copy")
     assert metadata_sha256(tmp_path / "copy", pattern) == Reference.of(index).sha256()
@@ -115,7 +116,7 @@ def test_a_row_decodes_to_the_same_samples_as_its_loose_file(tmp_path: Path) -> 
     reader = Reader(tmp_path / "pq")
     for sample in index.samples:
         wav = next((loose / "wavs").glob(f"{sample.id}.*"))
-        np.testing.assert_array_equal(load_member(reader, sample.audio, 16000), load_audio(wav, 16000))
+        np.testing.assert_array_equal(load_member(reader, address_of(sample.audio), 16000), load_audio(wav, 16000))
 
 
 def test_a_lease_s_rows_are_read_a_row_group_at_a_time_each_once_then_taken_in_any_order(tmp_path: Path,
@@ -163,10 +164,10 @@ def test_a_row_group_corrupt_only_in_its_audio_is_rejected_by_the_reader_naming_
     index = build_index(_data(tmp_path / "pq"), FEATURES)  # the duration column: the audio is not read
     assert len(index.samples) == 8
     reader = Reader(tmp_path / "pq")
-    assert load_member(reader, "train-000.parquet#0:3", 22050).size  # another group reads
+    assert load_member(reader, address_of("train-000.parquet#0:3"), 22050).size  # another group reads
     with pytest.raises(AudioError, match=r"unreadable: row 2 of row group 1 of train-000.parquet: row group 1 of "
                                          r"train-000.parquet cannot be read"):
-        load_member(reader, "train-000.parquet#1:2", 22050)
+        load_member(reader, address_of("train-000.parquet#1:2"), 22050)
 
 
 def test_an_undecodable_row_is_rejected_by_the_index_or_by_the_reader_naming_file_and_row(tmp_path: Path) -> None:
@@ -183,7 +184,7 @@ def test_an_undecodable_row_is_rejected_by_the_index_or_by_the_reader_naming_fil
     index = build_index(_data(tmp_path / "timed"), FEATURES)  # a duration column: nothing read until a producer does
     assert sorted(s.id for s in index.samples) == ["junk", "ok"]
     with pytest.raises(AudioError, match="audio file unreadable: row 1 of row group 0 of train.parquet"):
-        load_member(Reader(tmp_path / "timed"), index.sample("junk").audio, 22050)
+        load_member(Reader(tmp_path / "timed"), address_of(index.sample("junk").audio), 22050)
 
 
 def test_a_file_that_is_not_parquet_is_one_rejection_naming_it(tmp_path: Path) -> None:
@@ -249,14 +250,14 @@ def test_a_warm_start_finds_the_index_by_the_files_stamps_without_reading_the_li
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Warm, a Parquet dataset's index is found by its files' names, sizes and stamps: the
     listing (every row's columns, or its cached copy) is not read; a file rewritten is read again."""
-    from stoker.shared.dataset import index as index_module
+    from stoker.shared.dataset.corpus import parquet as corpus_parquet
 
     made = make_parquet(tmp_path / "pq", files=2, per_file=6, row_group=4)
     data = DataConfig(path=str(made.root), index_cache=str(tmp_path / "cache"))
     cold = build_index(data, FeaturesConfig())
     with monkeypatch.context() as m:
-        m.setattr(index_module, "read_shards", lambda *args: pytest.fail("the listing was read"))
-        m.setattr(index_module, "list_audio", lambda *args: pytest.fail("the listing was read"))
+        for method in ("read", "audio", "listed"):
+            m.setattr(corpus_parquet.Parquet, method, lambda *args: pytest.fail("the listing was read"))
         warm = build_index(data, FeaturesConfig())
     assert warm.stats.cache == "hit" and list(warm.samples) == list(cold.samples)
     write_parquet(made.paths[1], {"id": ["new"], "text": ["A new row."], "duration": [0.9],

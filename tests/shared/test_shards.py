@@ -16,13 +16,15 @@ from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_mem
 from stoker.service import data_path
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index, locate, scan_dataset
-from stoker.shared.dataset import files, storage
-from stoker.shared.dataset.files import resolve_audio, scan_remote_audio
-from stoker.shared.dataset.shards import Locator, expand_braces, is_locator, remote_root
+from stoker.shared.dataset import storage
+from stoker.shared.dataset.cache import remote_root
+from stoker.shared.dataset.corpus import url as url_module
+from stoker.shared.dataset.corpus.address import Member, address_of, member_of
+from stoker.shared.dataset.corpus.registry import format_of
+from stoker.shared.dataset.shards import expand_braces
 from stoker.shared.dataset.storage import Reader
 from stoker.shared.dataset.probe import probe_url
 from stoker.shared.layouts import COLUMNS_AUTO, parse_manifest
-from stoker.shared.mixes import parse_entries
 from tests.factories import add_shard, clip_member, loose_copy, make_shards, tone
 
 FEATURES = FeaturesConfig()
@@ -44,7 +46,7 @@ def test_shards_index_every_clip_with_its_text_speaker_language_and_member(tmp_p
     got = {s.id: (s.text, s.speaker, s.language) for s in index.samples}
     assert got == shards.clips
     for sample in index.samples:
-        locator = Locator.parse(sample.audio)
+        locator = member_of(sample.audio)
         shard, member = shards.members[sample.id]
         assert (locator.shard, locator.member) == (shard, member)
         raw = (tmp_path / "shards" / shard).read_bytes()[locator.offset:locator.offset + locator.size]
@@ -125,8 +127,8 @@ def test_an_unreadable_tar_header_ends_its_shard_with_one_rejection(tmp_path: Pa
 def test_data_names_shards_as_a_directory_a_file_a_brace_pattern_or_a_glob(tmp_path: Path) -> None:
     root = tmp_path / "shards"
     make_shards(root, shards=3, per_shard=2)
-    assert locate(str(root), "metadata.csv") == (root.resolve(), "*.tar")
-    assert locate(str(root / "train-001.tar"), "metadata.csv") == (root.resolve(), "train-001.tar")
+    assert locate(str(root), "metadata.csv").where == (root.resolve(), "*.tar")
+    assert locate(str(root / "train-001.tar"), "metadata.csv").where == (root.resolve(), "train-001.tar")
     assert expand_braces("train-{000..002}.tar") == ["train-000.tar", "train-001.tar", "train-002.tar"]
     assert expand_braces("{a,b}-{8..10}.tar") == ["a-8.tar", "a-9.tar", "a-10.tar", "b-8.tar", "b-9.tar", "b-10.tar"]
     counts = {pattern: len(build_index(_data(root / pattern), FEATURES, ).samples)
@@ -137,11 +139,11 @@ def test_data_names_shards_as_a_directory_a_file_a_brace_pattern_or_a_glob(tmp_p
 def test_a_producer_scan_of_shards_agrees_with_the_index(tmp_path: Path) -> None:
     make_shards(tmp_path / "shards", shards=2, per_shard=3)
     index = build_index(_data(tmp_path / "shards"), FEATURES)
-    root, metadata_file = locate(str(tmp_path / "shards"), "metadata.csv")
+    root, metadata_file = locate(str(tmp_path / "shards"), "metadata.csv").where
     scan = scan_dataset(root, metadata_file)
     assert (scan.metadata_fp, scan.audio_fp) == (index.scan.metadata_fp, index.scan.audio_fp)
     assert scan.files == {s.id: s.audio for s in index.samples}
-    assert all(is_locator(name) for name in scan.files.values())
+    assert all(isinstance(address_of(name), Member) for name in scan.files.values())
 
 
 def test_a_member_decodes_to_the_same_samples_as_its_loose_file(tmp_path: Path) -> None:
@@ -152,13 +154,13 @@ def test_a_member_decodes_to_the_same_samples_as_its_loose_file(tmp_path: Path) 
     for sample in index.samples:
         member = shards.members[sample.id][1].rpartition("/")[2]
         expected = load_audio(loose / "wavs" / member, 16000)
-        np.testing.assert_array_equal(load_member(reader, sample.audio, 16000), expected)
+        np.testing.assert_array_equal(load_member(reader, member_of(sample.audio), 16000), expected)
     stereo = tmp_path / "stereo.wav"  # 16-bit PCM read without libsndfile: the same samples, any channels
     soundfile.write(str(stereo), tone(0.7, 16000, seed=5, channels=2), 16000, subtype="PCM_16")
     add_shard(tmp_path / "shards", "train-009.tar", {"ST.wav": stereo.read_bytes(), "ST.txt": b"Two channels."})
     sample = {s.id: s for s in build_index(_data(tmp_path / "shards"), FEATURES).samples}["ST"]
     for rate in (16000, 22050):
-        np.testing.assert_array_equal(load_member(reader, sample.audio, rate), load_audio(stereo, rate))
+        np.testing.assert_array_equal(load_member(reader, member_of(sample.audio), rate), load_audio(stereo, rate))
     reader.close()
 
 
@@ -191,16 +193,16 @@ def test_a_url_is_shown_without_its_credentials() -> None:
 def test_a_shard_changed_since_indexing_is_a_rejection_when_read(tmp_path: Path) -> None:
     shards = make_shards(tmp_path / "shards", shards=1, per_shard=3)
     index = build_index(_data(tmp_path / "shards"), FEATURES)
-    last = max(index.samples, key=lambda s: Locator.parse(s.audio).offset)
-    locator = Locator.parse(last.audio)
+    last = max(index.samples, key=lambda s: member_of(s.audio).offset)
+    locator = member_of(last.audio)
     shards.paths[0].write_bytes(shards.paths[0].read_bytes()[:locator.offset + 100])  # cut after the index
     with pytest.raises(AudioError, match=rf"^audio file unreadable: member {locator.member} of shard train-000.tar: "
                                          rf"train-000.tar holds 100 of the {locator.size} bytes from byte "
                                          rf"{locator.offset} \(changed since it was indexed\?\)$"):
-        load_member(Reader(tmp_path / "shards"), last.audio, 22050)
+        load_member(Reader(tmp_path / "shards"), member_of(last.audio), 22050)
     (tmp_path / "shards" / "train-000.tar").unlink()
     with pytest.raises(AudioMissing, match="no such shard"):
-        load_member(Reader(tmp_path / "shards"), last.audio, 22050)
+        load_member(Reader(tmp_path / "shards"), member_of(last.audio), 22050)
 
 
 def test_a_batch_s_members_are_read_in_shard_and_offset_order_then_taken_in_any_order(tmp_path: Path) -> None:
@@ -214,7 +216,7 @@ def test_a_batch_s_members_are_read_in_shard_and_offset_order_then_taken_in_any_
             return super().read(name, offset, size)
 
     reader = Spy(tmp_path / "shards")
-    wanted = [Locator.parse(s.audio) for s in reversed(index.samples)]  # a lease's order: any
+    wanted = [member_of(s.audio) for s in reversed(index.samples)]  # a lease's order: any
     expected = {m: _member_bytes(tmp_path / "shards" / m.shard, m.member) for m in wanted}
     reader.prefetch((m.shard, m.offset, m.size) for m in wanted)
     assert order == sorted(order) and len(order) == len(shards.clips)
@@ -231,24 +233,24 @@ def test_data_names_a_manifest_at_a_url_whose_relative_audio_is_beside_it(tmp_pa
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     url = "s3://corpus/ljs/train.jsonl"
     root = remote_root(url)
-    assert locate(url, "metadata.csv") == locate("s3://corpus/ljs/", "train.jsonl") == (root, url)
+    assert locate(url, "metadata.csv").where == locate("s3://corpus/ljs/", "train.jsonl").where == (root, url)
     assert root.parent == tmp_path / "cache" / "stoker" / "remote"
     lj, held_out = "s3://corpus/lj/metadata.csv", "s3://corpus/lj/eval.csv"  # what the store holds
-    monkeypatch.setattr(files, "remote_stat", lambda where: (1, 1) if where in (lj, held_out) else None)
-    assert locate("s3://corpus/ljs/", "metadata.csv")[1] == "s3://corpus/ljs/*.tar"  # no metadata.csv: shards
-    assert locate("s3://corpus/lj", "metadata.csv") == locate(lj, "metadata.csv") == (remote_root(lj), lj)
+    monkeypatch.setattr(url_module, "remote_stat", lambda where: (1, 1) if where in (lj, held_out) else None)
+    assert locate("s3://corpus/ljs/", "metadata.csv").metadata_file == "s3://corpus/ljs/*.tar"  # no metadata.csv: shards
+    assert locate("s3://corpus/lj", "metadata.csv").where == locate(lj, "metadata.csv").where == (remote_root(lj), lj)
     assert data_path(root, url) == url and data_path(remote_root(lj), lj) == lj  # what producers are given
     # data.metadata_file's: the directory, where data.eval_file is found beside it
     assert data_path(remote_root(lj), lj, "metadata.csv") == "s3://corpus/lj/"
-    assert locate("s3://corpus/lj/", "eval.csv") == (remote_root(held_out), held_out)
+    assert locate("s3://corpus/lj/", "eval.csv").where == (remote_root(held_out), held_out)
     mix = "s3://corpus/mixes/all.yaml"  # a mix at a URL is its own metadata file
-    assert locate(mix, "metadata.csv") == (remote_root(mix), mix) and data_path(remote_root(mix), mix) == mix
-    entries, _ = parse_entries(b"a|A.|A.\nb|B.|B.\n", lj, COLUMNS_AUTO)  # an LJSpeech layout's: wavs/ beside it
-    assert [e.audio for e in resolve_audio(entries, lj)] == ["s3://corpus/lj/wavs/a.wav", "s3://corpus/lj/wavs/b.wav"]
+    assert locate(mix, "metadata.csv").where == (remote_root(mix), mix) and data_path(remote_root(mix), mix) == mix
+    entries, _ = format_of(lj).entries(b"a|A.|A.\nb|B.|B.\n", lj, COLUMNS_AUTO)  # an LJSpeech layout's: wavs/ beside
+    assert [e.audio for e in entries] == ["s3://corpus/lj/wavs/a.wav", "s3://corpus/lj/wavs/b.wav"]
     entries, _ = parse_manifest(b"".join(json.dumps({"audio_filepath": a, "text": "t", "id": f"c{n}"}).encode() + b"\n"
                                          for n, a in enumerate(["wavs/a.wav", "./b.wav", "s3://other/c.wav",
                                                                 "/data/d.wav"])))
-    assert [e.audio for e in resolve_audio(entries, url)] == [
+    assert [e.audio for e in format_of(url).resolve(entries, url)] == [
         "s3://corpus/ljs/wavs/a.wav", "s3://corpus/ljs/b.wav", "s3://other/c.wav", "/data/d.wav"]
 
 
@@ -261,11 +263,12 @@ def test_an_ljspeech_layout_at_a_url_lists_wavs_once_preferring_suffixes_and_rea
     data = whole.read_bytes()
     for name, body in [("a.wav", data), ("a.flac", b"x"), ("b.flac", data), ("c.txt", b"x"), ("d.wav", data[:9000])]:
         fs.pipe(f"{base}/wavs/{name}", body)
-    found = scan_remote_audio(f"{base}/metadata.csv")
+    found = format_of(f"{base}/metadata.csv").audio(Path(), f"{base}/metadata.csv", b"", COLUMNS_AUTO)
     assert sorted((i, f.name, f.size) for i, f in found.items()) == [
         ("a", f"{base}/wavs/a.wav", len(data)), ("b", f"{base}/wavs/b.flac", len(data)),
         ("d", f"{base}/wavs/d.wav", 9000)]
-    assert scan_remote_audio(f"memory://{tmp_path.name}/none/metadata.csv") == {}
+    nothing = f"memory://{tmp_path.name}/none/metadata.csv"
+    assert format_of(nothing).audio(Path(), nothing, b"", COLUMNS_AUTO) == {}
     reads: list[int] = []
     original = storage.RetryingFile.read
 

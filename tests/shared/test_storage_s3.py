@@ -20,8 +20,8 @@ from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import DatasetError, Reference, build_index, check_agreement, describe_copy
-from stoker.shared.dataset.files import locate
-from stoker.shared.dataset.shards import Locator
+from stoker.shared.dataset.corpus.address import member_of
+from stoker.shared.dataset.corpus.registry import locate
 from stoker.shared.dataset.storage import COUNTS, READ_RETRIES, Reader, RetryingFile, StorageError
 from tests.factories import make_dataset, make_shards
 from tests.objectstore import DroppingProxy, S3Server, use_env
@@ -93,7 +93,7 @@ def test_shards_in_s3_index_as_local_ones_and_a_dropped_connection_costs_a_count
         before = COUNTS.retries
         with caplog.at_level(logging.WARNING, "stoker.shared.dataset.storage"):
             for sample in index.samples:  # every member, through connections cut mid-response
-                locator = Locator.parse(sample.audio)
+                locator = member_of(sample.audio)
                 data = reader.read(locator.shard, locator.offset, locator.size)
                 assert data == expected[locator.shard.rpartition("/")[2], locator.member]
         reader.close()
@@ -103,7 +103,7 @@ def test_shards_in_s3_index_as_local_ones_and_a_dropped_connection_costs_a_count
         assert sum("failed (ClientPayloadError); retry " in r.getMessage() for r in caplog.records) == 1 + 2
 
         proxy.arm(READ_RETRIES + 1)  # a store that fails every try: the read fails, with a reason
-        locator = Locator.parse(index.samples[0].audio)
+        locator = member_of(index.samples[0].audio)
         with pytest.raises(StorageError, match=f"cannot read s3://corpus/train/train-000.tar at byte "
                                                f"{locator.offset}: .* \\(after {READ_RETRIES} retries\\)"):
             Reader().read(locator.shard, locator.offset, locator.size)
@@ -212,7 +212,7 @@ def test_an_ljspeech_layout_and_a_mix_in_s3_index_as_the_local_ones_reading_head
 
         accepted = ids[:4]
         _batches_agree_through_a_cut(proxy, caplog, index, local, root, accepted)
-        described = describe_copy(*locate("s3://corpus/LJSpeech/metadata.csv", "metadata.csv"))
+        described = describe_copy(*locate("s3://corpus/LJSpeech/metadata.csv", "metadata.csv").where)
         assert check_agreement(Reference.of(index), described, "elsewhere").ok
 
 

@@ -20,7 +20,7 @@ from stoker.producer.features import log_mel_spectrogram_numpy
 from stoker.shared import config as config_mod, wire
 from stoker.shared.config import batch_schema
 from stoker.shared.dataset import SampleTable, build_index
-from stoker.shared.dataset.files import beside
+from stoker.shared.dataset.corpus.registry import beside
 from stoker.shared.runfiles import VALIDATION
 from tests.consumer.pipeline.harness import hello_of
 from tests.factories import make_dataset, make_samples

@@ -13,9 +13,10 @@ import pytest
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import build_index
 from stoker.shared.dataset import chunked as chunked_module
+from stoker.shared.dataset.corpus import manifest as manifest_module
+from stoker.shared.dataset.corpus.base import Located
 from stoker.shared.dataset import index as index_module
 from stoker.shared.dataset import pieces as pieces_module
-from stoker.shared.dataset import reuse as reuse_module
 from stoker.shared.dataset import spill as spill_module
 from stoker.shared.dataset import table as table_module
 
@@ -127,26 +128,28 @@ def test_a_manifest_cache_is_found_by_the_manifest_stamp_then_by_its_content(
         raise AssertionError("the manifest is read")
 
     with monkeypatch.context() as m:  # its size and mtime as cached: not a byte of it read
-        for module, name in ((index_module, "sha256_of"), (index_module, "read_metadata_bytes"),
-                             (reuse_module, "read_metadata_bytes"), (chunked_module, "manifest_ranges")):
+        for module, name in ((index_module, "sha256_of"), (manifest_module.Manifest, "read"),
+                             (chunked_module, "manifest_ranges")):
             m.setattr(module, name, never)
         warm = _build(root, tmp_path / "cache", monkeypatch, chunked)
     assert warm.stats.cache == "hit" and list(warm.samples) == list(cold.samples)
     stat = manifest.stat()
     os.utime(manifest, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # touched: the same bytes
     with monkeypatch.context() as m:  # found by its content's hash, nothing parsed
-        m.setattr(index_module, "parse_entries", never)
+        m.setattr(Located, "entries", never)  # the build's entries (the audio listing's parse is the key's)
         m.setattr(chunked_module, "_run_chunks", never)
         touched = _build(root, tmp_path / "cache", monkeypatch, chunked)
     assert touched.stats.cache == "hit" and list(touched.samples) == list(cold.samples)
     manifest.write_bytes(b"".join(_lines()).replace(b"clip number 7,", b"clip numero 7,"))  # edited
     edited = _build(root, tmp_path / "cache", monkeypatch, chunked)
     assert edited.stats.cache == "stale" and edited.sample("c007").text == "clip numero 7, said."
-    monkeypatch.setattr(index_module, "file_stamp", lambda where: "")  # a store that gives no version nor time
+    monkeypatch.setattr(manifest_module, "file_stamp", lambda where: "")  # a store that gives no version nor time
     _build(root, tmp_path / "unstamped", monkeypatch, chunked)
     with monkeypatch.context() as m:  # found by the manifest's hash: read once (whole, a small one), not parsed
-        for module in (index_module, reuse_module) if chunked else (index_module,):
-            m.setattr(module, "read_metadata_bytes" if chunked else "parse_entries", never)
+        if chunked:
+            m.setattr(manifest_module.Manifest, "read", never)
+        else:
+            m.setattr(Located, "entries", never)
         m.setattr(chunked_module, "manifest_ranges", never)
         again = _build(root, tmp_path / "unstamped", monkeypatch, chunked)
     assert again.stats.cache == "hit" and list(again.samples) == list(edited.samples)

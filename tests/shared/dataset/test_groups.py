@@ -12,7 +12,7 @@ from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import SampleTable, build_index
 from stoker.shared.dataset import groups
 from stoker.shared.dataset.cache import open_index
-from stoker.shared.dataset.shards import shard_of
+from stoker.shared.dataset.corpus.address import member_of
 from stoker.shared.dataset.table import GROUPS_SECTION
 from tests.factories import make_samples
 from tests.parquet_data import make_parquet
@@ -29,7 +29,7 @@ def test_shards_are_numbered_in_name_order_from_the_locators_a_piece_at_a_time(m
     monkeypatch.setattr(groups, "SHARD_SCAN_ROWS", 8)
     table = SampleTable.from_samples(samples)
     number = {name: n for n, name in enumerate(sorted(names))}
-    assert groups.shard_numbers(table).tolist() == [number[shard_of(a)] for a in audio]
+    assert groups.shard_numbers(table).tolist() == [number[member_of(a).shard] for a in audio]
     assert table.strings_between("audio", 3, 11) == audio[3:11] == table.take(range(50)).strings_between(
         "audio", 3, 11)
     for odd in ("wavs/loose.wav", "z.tar#member-without-place"):

@@ -32,7 +32,7 @@ def _edit_cuts(path: Path, change) -> None:
 
 def test_a_shar_directory_is_its_cuts_with_their_members_and_an_edit_is_read_again(tmp_path: Path) -> None:
     shar, ids = write_shar(tmp_path / "corpus", clips=12, shard_size=5)
-    assert locate(str(shar), "metadata.csv") == (shar.resolve(), "recording*.tar")
+    assert locate(str(shar), "metadata.csv").where == (shar.resolve(), "recording*.tar")
     index = _index(shar, tmp_path)
     assert [s.id for s in index.samples] == ids and index.rejected == [] and index.stats.headers_read == 0
     first = index.sample("cut006")

@@ -1,50 +1,36 @@
 """lhotse CutSet manifests as a dataset layout (pure functions, no I/O; lhotse is not needed).
 
 :func:`parse_cuts` reads a cut manifest (``cuts*.jsonl`` or ``.jsonl.gz``), or a Shar shard's cuts
-file (``shar=True``: shared/dataset/shar.py), as one clip per MonoCut; :func:`span_locator` names a
-window of a longer recording (``FILE#t=START,END``). The fields read, the windows and the
+file (``shar=True``: shared/dataset/shar.py), as one clip per MonoCut; a window of a longer recording is
+named ``FILE#t=START,END`` (address.py). The fields read, the windows and the
 rejections: docs/DESIGN.md, lhotse cut manifests.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import math
-import zlib
 import re
+import zlib
+from pathlib import Path
 from typing import Any, Callable
 
 import orjson
 
-from .layouts import Entry, Rejection, _id_problem, _shown, _speaker_problem, language_problem, nfc
+from ...layouts import Entry, Rejection, _id_problem, _shown, _speaker_problem, language_problem, nfc
+from ..files import metadata_location, read_file, resolve_root
+from ..storage import is_url
+from ..types import DatasetError
+from .address import span_name
+from .manifest import Manifest
 
 GZIP_MAGIC = b"\x1f\x8b"
 # How far a cut may end beyond its recording's duration and still be read (frames rounded to seconds).
 END_TOLERANCE_S = 1e-3
-_SPAN = re.compile(r"^(?P<file>.+)#t=(?P<start>[0-9.eE+-]+),(?P<end>[0-9.eE+-]+)$")
 _SOURCE_TYPES = ("file", "url")
-
-
-def span_locator(file: str, start: float, end: float) -> str:
-    """The audio name of a clip that is ``[start, end)`` seconds of ``file``."""
-    return f"{file}#t={float(start)!r},{float(end)!r}"
-
-
-def parse_span(name: str) -> tuple[str, float, float] | None:
-    """(file, start, end) of a :func:`span_locator` name, or None for a whole file's name."""
-    match = _SPAN.match(name) if "#t=" in name else None
-    if match is None:
-        return None
-    try:
-        return match["file"], float(match["start"]), float(match["end"])
-    except ValueError:
-        return None
-
-
-def span_file(name: str) -> str:
-    """The file a clip's audio name reads: a span's file, else the name itself."""
-    span = parse_span(name)
-    return span[0] if span is not None else name
+# A cut manifest's file name (cuts.jsonl.gz, librispeech_cuts_train.jsonl.gz).
+_CUTS_NAME = re.compile(r"(?i)(^|.*/)[^/]*cuts[^/]*\.jsonl(\.gz)?$")
 
 
 def decompressed(raw: bytes) -> bytes:
@@ -149,6 +135,40 @@ def _cut_entry(cut: dict[str, Any], number: int, where: str, shar: bool) -> Entr
         length = f"{whole:.3f} s" if type(whole) in (int, float) else "unknown length"
         return rejection(f"is {duration:.3f} s from {start:.3f} s of a recording of {length}: a cut of a Shar "
                          "shard is read whole (as lhotse's to_shar writes it)")
-    audio = path if covers else span_locator(path, start, end)
+    audio = path if covers else span_name(path, start, end)
     return Entry(sample_id, " ".join(s["text"].strip() for s in spoken), number, speaker.strip(), language.strip(),
                  audio, duration=float(duration))
+
+
+class Cuts(Manifest):
+    """A lhotse cut manifest (``cuts.jsonl.gz``, ``librispeech_cuts_train.jsonl.gz``): a manifest
+    whose lines are cuts, read whole (gzip is not cut in pieces)."""
+
+    name = "cuts"
+    split = False
+
+    def claims(self, metadata_file: str) -> bool:
+        return _CUTS_NAME.match(metadata_file) is not None
+
+    def locate(self, path: str, metadata_file: str) -> tuple[Path, str] | None:
+        """``--data DIR/cuts.jsonl.gz``: its directory the root."""
+        given = Path(path).expanduser() if path and not is_url(path) else None
+        if given is None or not self.claims(given.name) or given.is_dir():
+            return None
+        return resolve_root(str(given.parent)), given.name
+
+    def named(self, root: Path, metadata_file: str, configured: str) -> str:
+        return metadata_file if is_url(metadata_file) else str(root / metadata_file)
+
+    def read(self, root: Path, metadata_file: str) -> bytes:
+        try:
+            return decompressed(read_file(root, metadata_file))
+        except ValueError as exc:
+            raise DatasetError(f"{metadata_location(root, metadata_file)}: {exc}") from None
+
+    def parse(self, raw: bytes, columns: str) -> tuple[list[Entry], list[Rejection]]:
+        return parse_cuts(raw)
+
+    def sha256(self, root: Path, metadata_file: str) -> str:
+        """Of its lines, gunzipped."""
+        return hashlib.sha256(self.read(root, metadata_file)).hexdigest()
