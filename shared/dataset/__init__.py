@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..dataset.types import (AudioFile, AudioProbe, DEFAULT_SPEAKER, DatasetError, IndexStats, Sample)
 from ..dataset.files import (AUDIO_DIR, AUDIO_SUFFIX, AUDIO_SUFFIXES, DEMO_DATA_DIR, UNMEASURED, audio_path,
                              locate_audio, relative_audio, resolve_root, scan_audio)
-from ..dataset.corpus.registry import list_audio, locate, read_metadata, read_metadata_bytes
+from ..dataset.corpus.registry import locate, read_metadata
 from ..dataset.storage import HASH_CHUNK_BYTES, file_sha256
 from ..dataset.probe import (MAX_DETAIL_CHARS, RIFF_PROBE_BYTES, RIFF_UNKNOWN_SIZES, RiffFacts,
                                   expected_samples, libsndfile_message, probe_audio, riff_facts, riff_problem)
@@ -43,9 +43,9 @@ __all__ = [
     "TEXT_S", "TextKey", "UNITS_FIELDS", "UNMEASURED", "WAV_HEADER_S", "audio_fingerprint", "audio_path",
     "build_index", "check_agreement", "columns_of", "deferred", "describe_copy", "expected_samples",
     "feature_cache_dir", "file_sha256", "file_sizes", "fingerprints", "index_cache_file", "index_config", "index_key",
-    "is_deferred", "libsndfile_message", "list_audio", "locate", "locate_audio", "mel_stats_file",
+    "is_deferred", "libsndfile_message", "locate", "locate_audio", "mel_stats_file",
     "metadata_fingerprint", "metadata_sha256", "open_index", "pack_strings", "probe_audio",
-    "read_cache", "read_metadata", "read_metadata_bytes", "rejections_of", "relative_audio", "resolve_root",
+    "read_cache", "read_metadata", "rejections_of", "relative_audio", "resolve_root",
     "riff_facts", "riff_problem", "scan_audio", "scan_dataset", "scan_from", "size_problem",
     "stamp_problem", "user_cache_dir", "write_cache", "write_index",
 ]

@@ -71,20 +71,25 @@ def audio_fingerprint(sizes: Mapping[str, int]) -> str:
     return _digest(f"{i}\t{sizes[i]}\n" for i in sorted(sizes))
 
 
-def fingerprints(entries: list[Entry], audio: Mapping[str, AudioFile], metadata: bytes) -> dict[str, Any]:
+def fingerprints(entries: list[Entry], audio: Mapping[str, AudioFile], metadata_sha256: str) -> dict[str, Any]:
     """What the index stores of the trainer's scan (:class:`DatasetScan`'s fingerprints, the count of
     ids without audio, the metadata's SHA-256), so that a warm run has them without parsing the
     metadata: {"metadata", "audio", "missing", "metadata_sha256"}."""
     sizes = {e.id: audio[e.id].size if e.duration is None else UNMEASURED for e in entries
              if e.id in audio or e.duration is not None}
     return {"metadata": metadata_fingerprint(entries), "audio": audio_fingerprint(sizes),
-            "missing": len(entries) - len(sizes), "metadata_sha256": hashlib.sha256(metadata).hexdigest()}
+            "missing": len(entries) - len(sizes), "metadata_sha256": metadata_sha256}
 
 
 def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[str, AudioFile],
               columns: str = COLUMNS_AUTO) -> DatasetScan:
     """The scan of metadata bytes and an audio listing (:func:`scan_audio`) already read."""
     entries, malformed = format_of(metadata_file).parse(metadata, columns)
+    return _scan(root, metadata_file, entries, malformed, audio, hashlib.sha256(metadata).hexdigest(), columns)
+
+
+def _scan(root: Path, metadata_file: str, entries: list[Entry], malformed: list[Rejection],
+          audio: Mapping[str, AudioFile], metadata_sha256: str, columns: str) -> DatasetScan:
     sizes: dict[str, int] = {}
     files: dict[str, str] = {}
     missing: list[str] = []
@@ -98,14 +103,18 @@ def scan_from(root: Path, metadata_file: str, metadata: bytes, audio: Mapping[st
     return DatasetScan(root=root, metadata_file=metadata_file, entries=entries, malformed=malformed, sizes=sizes,
                        missing=sorted(missing), metadata_fp=metadata_fingerprint(entries),
                        audio_fp=audio_fingerprint(sizes), files=files,
-                       metadata_sha256=hashlib.sha256(metadata).hexdigest(), columns=columns)
+                       metadata_sha256=metadata_sha256, columns=columns)
 
 
 def scan_dataset(root: Path, metadata_file: str = "metadata.csv", columns: str = COLUMNS_AUTO) -> DatasetScan:
     """Read the metadata and list the audio files; raise DatasetError if unreadable."""
     fmt = format_of(metadata_file)
-    metadata = fmt.read(root, metadata_file)
-    return scan_from(root, metadata_file, metadata, fmt.audio(root, metadata_file, metadata, columns), columns)
+    listing = fmt.listing(root, metadata_file, columns)
+    if listing.raw is not None:  # read whole: parsed as read (as scan_from does)
+        entries, malformed = fmt.parse(listing.raw, columns)
+    else:  # a mix's parts, read again in turn
+        entries, malformed = fmt.clips(root, metadata_file, columns)
+    return _scan(root, metadata_file, entries, malformed, listing.audio, listing.sha256.hex(), columns)
 
 
 def metadata_sha256(root: Path, metadata_file: str = "metadata.csv") -> str:

@@ -8,12 +8,11 @@ decomposed on disk is its composed id's.
 from __future__ import annotations
 
 import os
-import posixpath
 import stat as stat_module
 from pathlib import Path
 from typing import Iterable
 
-from ..dataset.storage import StorageError, file_sha256, is_url, list_remote, read_url, remote_stat, shown
+from ..dataset.storage import StorageError, file_sha256, is_url, read_url, remote_stat, shown
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, DatasetError
 from ..layouts import Entry, nfc
 

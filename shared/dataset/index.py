@@ -16,9 +16,9 @@ from typing import Any
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import fingerprints
-from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_key, read_cache, write_cache
+from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_key_of, read_cache, write_cache
 from ..dataset.chunked import CHUNKED_MIN_BYTES, build_manifest
-from ..dataset.corpus.base import Located
+from ..dataset.corpus.base import Listing, Located
 from ..dataset.corpus.registry import locate
 from ..dataset.files import metadata_location
 from ..dataset.groups import number_groups
@@ -170,20 +170,21 @@ def _found_by_stamp(build: _Build) -> DatasetIndex | None:
 
 
 def _one_pass(build: _Build) -> DatasetIndex:
-    """The index from the metadata read whole and the audio listed: the cache file of that key
-    loaded, else the index derived again, reusing what a stale cache file still holds."""
+    """The index from the metadata's listing (its digest and the audio listed: the metadata read
+    whole, a mix's parts in turn): the cache file of that key loaded, else the index derived
+    again, reusing what a stale cache file still holds."""
     root, data, metadata_file, fmt = build.root, build.data, build.data.metadata_file, build.located.format
     hashed = build.metadata is not None  # what manifest_sha256 is the hash of
-    metadata = build.metadata if hashed else build.located.read()
+    listing = build.located.listing(data.columns, build.metadata)
     if not hashed and fmt.manifest and build.candidates and not build.stamp:
-        build.manifest_sha256 = hashlib.sha256(metadata).hexdigest()
+        build.manifest_sha256 = listing.sha256.hex()
     build.metadata = None  # held below as long as it is needed, not by the build's facts
-    audio = build.located.audio(metadata, data.columns)
-    key = index_key(metadata, audio, build.config)
+    audio = listing.audio
+    key = index_key_of(listing.sha256, audio, build.config)
     cache_path, cached, state = read_cache(build.candidates, key) if build.candidates else (None, None, "off")
     stats = IndexStats(cache=state)
     # Kept for the scan, but a manifest's: it may be of millions of clips, read again if a scan is wanted.
-    scan_inputs = None if fmt.manifest else (metadata_file, metadata, audio)
+    scan_inputs = None if fmt.manifest or listing.raw is None else (metadata_file, listing.raw, audio)
     if state == "hit" and cached is not None:
         try:
             loaded = loaded_index(cached, build.fixed)
@@ -195,17 +196,18 @@ def _one_pass(build: _Build) -> DatasetIndex:
             if not fmt.manifest and build.stamp and cache_path is not None:  # found by its stamp next
                 restamp(cache_path, cached, loaded[1] if fmt.loose else [], cache_digest(build.config, build.stamp))
             return finished_index(root, *loaded, key, stats, build.started, False, scan_inputs, data)
-    return _derived(build, metadata, audio, key, cached, stats, scan_inputs)
+    return _derived(build, listing, key, cached, stats, scan_inputs)
 
 
-def _derived(build: _Build, metadata: bytes, audio: dict[str, AudioFile], key: str, cached: CachedIndex | None,
+def _derived(build: _Build, listing: Listing, key: str, cached: CachedIndex | None,
              stats: IndexStats, scan_inputs: tuple[str, bytes, dict[str, AudioFile]] | None) -> DatasetIndex:
     """The index derived from the metadata's entries, the headers and texts read (those a stale
     cache file holds reused), through the rules; written to the cache."""
-    root, data, text, fmt = build.root, build.data, build.text, build.located.format
-    entries, rejected = build.located.entries(metadata, data.columns)  # at a URL: its audio paths beside it
-    agreed = fingerprints(entries, audio, metadata)
-    walked, probes = fmt.listed(root, data.metadata_file)  # a shards' walk's rejections, headers
+    root, data, text, fmt, audio = build.root, build.data, build.text, build.located.format, listing.audio
+    entries, rejected = build.located.clips(data.columns, listing.raw)  # at a URL: its audio paths beside it
+    agreed = fingerprints(entries, audio, listing.sha256.hex())
+    del listing  # the metadata's bytes: not held while the clips are read
+    walked, probes = fmt.walked(root, data.metadata_file)  # a shards' walk's rejections, headers
     rejected = rejected + walked
     units = _read(build, entries, audio, cached, probes, stats)
     samples, rejected, lost = apply_rules(entries, rejected, audio, probes, units, data, build.features, text,

@@ -256,7 +256,7 @@ def test_a_warm_start_finds_the_index_by_the_files_stamps_without_reading_the_li
     data = DataConfig(path=str(made.root), index_cache=str(tmp_path / "cache"))
     cold = build_index(data, FeaturesConfig())
     with monkeypatch.context() as m:
-        for method in ("read", "audio", "listed"):
+        for method in ("read", "audio", "walked"):
             m.setattr(corpus_parquet.Parquet, method, lambda *args: pytest.fail("the listing was read"))
         warm = build_index(data, FeaturesConfig())
     assert warm.stats.cache == "hit" and list(warm.samples) == list(cold.samples)

@@ -20,6 +20,17 @@ from ..types import AudioFile, AudioProbe
 
 
 @dataclass(frozen=True)
+class Listing:
+    """What the index is keyed by, before any metadata is parsed: the metadata's SHA-256 (as the
+    index stores it), each clip's audio file by id, and the metadata's bytes where they were read
+    whole (None: a dataset of parts, each read in turn: :meth:`Format.clips` reads them again)."""
+
+    sha256: bytes
+    audio: dict[str, AudioFile]
+    raw: bytes | None
+
+
+@dataclass(frozen=True)
 class Located:
     """A dataset found: the directory its caches live under (a URL's: a local one), its metadata
     file (a name below ``root``, a pattern of shards, or a URL), and its format."""
@@ -36,11 +47,11 @@ class Located:
     def read(self) -> bytes:
         return self.format.read(self.root, self.metadata_file)
 
-    def entries(self, raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
-        return self.format.entries(raw, self.metadata_file, columns)
+    def listing(self, columns: str = COLUMNS_AUTO, raw: bytes | None = None) -> Listing:
+        return self.format.listing(self.root, self.metadata_file, columns, raw)
 
-    def audio(self, raw: bytes, columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:
-        return self.format.audio(self.root, self.metadata_file, raw, columns)
+    def clips(self, columns: str = COLUMNS_AUTO, raw: bytes | None = None) -> tuple[list[Entry], list[Rejection]]:
+        return self.format.clips(self.root, self.metadata_file, columns, raw)
 
     def stamp(self) -> str:
         return self.format.stamp(self.root, self.metadata_file)
@@ -51,7 +62,8 @@ class Located:
 
 class Format:
     """One corpus format. ``claims`` is the one test of a metadata file's name; the rest read the
-    dataset. Flags say how the index build treats it: ``manifest`` (a file of one JSON line per
+    dataset: :meth:`listing` and :meth:`clips` are what the index build asks (by default from
+    :meth:`read`, :meth:`audio` and :meth:`entries`, of metadata read whole; a mix streams its parts). Flags say how the index build treats it: ``manifest`` (a file of one JSON line per
     clip: its cache found by the file's stamp or hash, a large local one built in pieces),
     ``sharded`` (files of many clips, listed by a walk whose stamp finds the cache) and ``loose``
     (a local LJSpeech layout: its cache found by the metadata's stamp, its audio not listed)."""
@@ -104,11 +116,21 @@ class Format:
         a store's version, a listing's digest); "" where there is none (then its content's hash)."""
         return ""
 
+    def listing(self, root: Path, metadata_file: str, columns: str, raw: bytes | None = None) -> Listing:
+        """The metadata's SHA-256 and the clips' audio files (``raw``: the metadata's bytes, where held)."""
+        raw = self.read(root, metadata_file) if raw is None else raw
+        return Listing(hashlib.sha256(raw).digest(), self.audio(root, metadata_file, raw, columns), raw)
+
+    def clips(self, root: Path, metadata_file: str, columns: str,
+              raw: bytes | None = None) -> tuple[list[Entry], list[Rejection]]:
+        """:meth:`entries` of the metadata (read where ``raw`` is None)."""
+        return self.entries(self.read(root, metadata_file) if raw is None else raw, metadata_file, columns)
+
     def sha256(self, root: Path, metadata_file: str) -> str:
         """The SHA-256 (hex) of the metadata as the index stores it (the dataset agreement's)."""
         return hashlib.sha256(self.read(root, metadata_file)).hexdigest()
 
-    def listed(self, root: Path, metadata_file: str) -> tuple[list[Rejection], dict[str, AudioProbe]]:
+    def walked(self, root: Path, metadata_file: str) -> tuple[list[Rejection], dict[str, AudioProbe]]:
         """What a walk of the files found beside the entries: its rejections and the audio headers
         it read (a sharded format's); none by default."""
         return [], {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...layouts import Entry, Rejection, parse_metadata
-from ..files import hashed_file, metadata_location, read_file, resolve_root, scan_audio
+from ..files import hashed_file, metadata_location, read_file, scan_audio
 from ..storage import file_stamp
 from ..types import AudioFile
 from .base import Format
@@ -21,9 +21,6 @@ class LJSpeech(Format):
 
     def claims(self, metadata_file: str) -> bool:
         return True
-
-    def locate(self, path: str, metadata_file: str) -> tuple[Path, str] | None:
-        return resolve_root(path), metadata_file
 
     def read(self, root: Path, metadata_file: str) -> bytes:
         return read_file(root, metadata_file)

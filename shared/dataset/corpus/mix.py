@@ -1,18 +1,18 @@
 """Mixes of datasets: ``--data mix.yaml`` names several, each with its own layout and language.
 
-Reads the mix file, each part through its own format (the registry's, handed in), names its
-clips ``NAME:ID`` and packs the mix and its parts' metadata into one blob (:func:`pack_mix`)
-that the index, the scan and the dataset agreement see as one metadata file. The file's
-format: docs/DESIGN.md, Layouts.
+Reads the mix file, then each part in turn through its own format (the registry's, handed in):
+its metadata read, hashed into the mix's SHA-256, listed or parsed, and let go before the next
+is read; names its clips ``NAME:ID``. The file's format: docs/DESIGN.md, Layouts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import msgpack
 import yaml
@@ -21,7 +21,7 @@ from ...layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, language_pro
 from ..files import read_file
 from ..storage import is_url, shown
 from ..types import AudioFile, DatasetError
-from .base import Format
+from .base import Format, Listing
 
 MIX_SUFFIXES = (".yaml", ".yml")
 MIX_ID_SEPARATOR = ":"
@@ -81,20 +81,27 @@ def parse_mix_spec(text: str, metadata_file: str, columns: str) -> list[MixPart]
     return parts
 
 
-def pack_mix(parts: list[tuple[MixPart, str, bytes]]) -> bytes:
-    """One blob of a mix: each part, its directory relative to the mix file's (or absolute), its metadata bytes."""
-    return msgpack.packb([{"name": p.name, "dir": d, "language": p.language, "metadata_file": p.metadata_file,
-                           "columns": p.columns, "metadata": raw} for p, d, raw in parts], use_bin_type=True)
+@dataclass(frozen=True)
+class _Part:
+    """A mix's dataset as read: its part, its directory as the index names its files (relative to
+    the mix file's, absolute, or a URL), where its metadata is read from, and its metadata file."""
 
+    part: MixPart
+    directory: str
+    where: Path
+    metadata_file: str
 
-def unpack_mix(blob: bytes) -> list[tuple[MixPart, str, bytes]]:
-    return [(MixPart(d["name"], d["dir"], d["language"], d["metadata_file"], d["columns"]), d["dir"], d["metadata"])
-            for d in msgpack.unpackb(blob, raw=False)]
+    def packed(self, raw: bytes) -> dict[str, Any]:
+        """The part as the mix's digest takes it (the form a mix's metadata always had)."""
+        p = self.part
+        return {"name": p.name, "dir": self.directory, "language": p.language, "metadata_file": p.metadata_file,
+                "columns": p.columns, "metadata": raw}
 
 
 class Mix(Format):
     """A mix file (``*.yaml``): its parts read, parsed and listed each by its own format
-    (``format_of``: the registry's choice for a part's metadata file)."""
+    (``format_of``: the registry's choice for a part's metadata file), one part at a time: only
+    one part's metadata is held, and the mix's SHA-256 is taken as the parts stream by."""
 
     name = "mix"
 
@@ -117,81 +124,103 @@ class Mix(Format):
         return metadata_file if is_url(metadata_file) else str(root / metadata_file)
 
     def read(self, root: Path, metadata_file: str) -> bytes:
-        return self._remote(metadata_file) if is_url(metadata_file) else self._local(root, metadata_file)
+        """The mix file's own bytes (its parts' are read by :meth:`listing` and :meth:`clips`)."""
+        return read_file(root, metadata_file) if is_url(metadata_file) else _read(root / metadata_file)
 
-    def _local(self, root: Path, mix_file: str) -> bytes:
-        try:
-            parts = parse_mix_spec(_read(root / mix_file).decode("utf-8", "replace"), "metadata.csv", COLUMNS_AUTO)
-        except LayoutError as exc:
-            raise DatasetError(f"{root / mix_file}: {exc}") from None
-        packed = []
-        for part in parts:
-            directory = Path(part.path).expanduser()
-            where = directory if directory.is_absolute() else root / directory
-            if not where.is_dir():
-                raise DatasetError(f"{root / mix_file}: dataset {part.name}: {where} is not a directory")
-            label = str(directory) if directory.is_absolute() else directory.as_posix().rstrip("/")
-            packed.append((part, label, self.format_of(part.metadata_file).read(where, part.metadata_file)))
-        return pack_mix(packed)
+    def listing(self, root: Path, metadata_file: str, columns: str, raw: bytes | None = None) -> Listing:
+        """Every part's audio by prefixed id, named from ``root`` (a dataset at a URL's by their
+        URLs), and the SHA-256 of the parts' metadata, each part read in turn."""
+        audio: dict[str, AudioFile] = {}
+        digest = self._digest(root, metadata_file, audio)
+        return Listing(digest.digest(), audio, None)
 
-    def _remote(self, mix_url: str) -> bytes:
-        """:meth:`_local` of a mix file at a URL: each dataset a URL, or a path relative to the
-        mix file's URL (``../lj`` of ``s3://b/mixes/all.yaml``: ``s3://b/lj``), read as a dataset
-        at a URL; a path of this host is refused."""
-        text = read_file(Path(), mix_url)
-        try:
-            parts = parse_mix_spec(text.decode("utf-8", "replace"), "metadata.csv", COLUMNS_AUTO)
-        except LayoutError as exc:
-            raise DatasetError(f"{shown(mix_url)}: {exc}") from None
-        scheme, _, where = mix_url.partition("://")
-        packed = []
-        for part in parts:
-            if part.path.startswith(("/", "~")):
-                raise DatasetError(f"{shown(mix_url)}: dataset {part.name}: {part.path} is a path of this host; the "
-                                   f"datasets of a mix at a URL are URLs or paths relative to it")
-            directory = (part.path.rstrip("/") if is_url(part.path) else
-                         f"{scheme}://{posixpath.normpath(posixpath.join(posixpath.dirname(where), part.path))}")
-            metadata_file = f"{directory}/{part.metadata_file}"
-            try:
-                packed.append((part, directory, self.format_of(metadata_file).read(Path(), metadata_file)))
-            except DatasetError as exc:
-                raise DatasetError(f"{shown(mix_url)}: dataset {part.name}: {exc}") from None
-        return pack_mix(packed)
+    def sha256(self, root: Path, metadata_file: str) -> str:
+        return self._digest(root, metadata_file, None).hexdigest()
 
-    def parse(self, raw: bytes, columns: str) -> tuple[list[Entry], list[Rejection]]:
-        """The entries of every dataset of a mix, ids prefixed with the dataset's name."""
+    def clips(self, root: Path, metadata_file: str, columns: str,
+              raw: bytes | None = None) -> tuple[list[Entry], list[Rejection]]:
+        """The entries of every dataset of the mix, ids prefixed with its name, each part read in turn."""
         entries: list[Entry] = []
         rejected: list[Rejection] = []
-        for part, directory, part_raw in unpack_mix(raw):
-            prefix = f"{part.name}{MIX_ID_SEPARATOR}"
-            found, bad = self.format_of(part.metadata_file).parse(part_raw, part.columns)
+        for part in self._parts(root, metadata_file):
+            p, directory = part.part, part.directory
+            fmt = self.format_of(p.metadata_file)
+            found, bad = fmt.parse(self._read_part(metadata_file, part, fmt), p.columns)
+            prefix = f"{p.name}{MIX_ID_SEPARATOR}"
             for e in found:
                 # a manifest's relative path from the mix file's directory (a URL or an absolute path as
                 # written); for LJSpeech, where the clip is expected
                 audio = (e.audio if e.audio.startswith("/") or is_url(e.audio) else f"{directory}/{e.audio}"
                          if e.audio else f"{directory}/wavs/{e.id}.wav")
-                entries.append(Entry(prefix + e.id, e.text, e.line, e.speaker or part.name,
-                                     e.language or part.language, audio, e.short, e.duration))
-            rejected += [Rejection(prefix + r.id, f"{part.name}: {r.reason}", r.producer, r.line, r.file, r.kind)
+                entries.append(Entry(prefix + e.id, e.text, e.line, e.speaker or p.name, e.language or p.language,
+                                     audio, e.short, e.duration))
+            rejected += [Rejection(prefix + r.id, f"{p.name}: {r.reason}", r.producer, r.line, r.file, r.kind)
                          for r in bad]
         return entries, rejected
 
-    def audio(self, root: Path, metadata_file: str, raw: bytes, columns: str) -> dict[str, AudioFile]:
-        """Each dataset's, by prefixed id, named from ``root`` (a dataset at a URL's by their URLs)."""
-        found: dict[str, AudioFile] = {}
-        for part, directory, part_raw in unpack_mix(raw):
-            prefix = f"{part.name}{MIX_ID_SEPARATOR}"
-            if is_url(directory):
-                part_file = f"{directory}/{part.metadata_file}"
-                found.update({prefix + i: a for i, a in
-                              self.format_of(part_file).audio(root, part_file, part_raw, part.columns).items()})
+    def _digest(self, root: Path, metadata_file: str, audio: dict[str, AudioFile] | None) -> Any:
+        """The SHA-256 of the parts' metadata (a msgpack array of :meth:`_Part.packed`, packed a part
+        at a time), each part's audio added to ``audio`` where it is given."""
+        parts = self._parts(root, metadata_file)
+        packer = msgpack.Packer(use_bin_type=True)
+        digest = hashlib.sha256(packer.pack_array_header(len(parts)))
+        for part in parts:
+            p = part.part
+            part_format = self.format_of(part.metadata_file)
+            part_raw = self._read_part(metadata_file, part, part_format)
+            digest.update(packer.pack(part.packed(part_raw)))
+            if audio is None:
                 continue
-            listed = self.format_of(part.metadata_file).audio(root / directory, part.metadata_file, part_raw,
-                                                              part.columns)
-            found.update({prefix + i: AudioFile(a.name if a.name.startswith("/") or is_url(a.name) else
-                                                f"{directory}/{a.name}", a.size, a.mtime_ns)
+            prefix = f"{p.name}{MIX_ID_SEPARATOR}"
+            if is_url(part.directory):  # a mix at a URL's dataset: its files named by their URLs
+                listed = part_format.audio(root, part.metadata_file, part_raw, p.columns)
+                audio.update({prefix + i: a for i, a in listed.items()})
+                continue
+            listed = part_format.audio(part.where, part.metadata_file, part_raw, p.columns)
+            audio.update({prefix + i: AudioFile(a.name if a.name.startswith("/") or is_url(a.name) else
+                                                f"{part.directory}/{a.name}", a.size, a.mtime_ns)
                           for i, a in listed.items()})
+        return digest
+
+    def _read_part(self, mix_file: str, part: _Part, fmt: Format) -> bytes:
+        if not is_url(part.directory):
+            return fmt.read(part.where, part.metadata_file)
+        try:
+            return fmt.read(part.where, part.metadata_file)
+        except DatasetError as exc:
+            raise DatasetError(f"{shown(mix_file)}: dataset {part.part.name}: {exc}") from None
+
+    def _parts(self, root: Path, mix_file: str) -> list[_Part]:
+        """The mix's datasets, found: of a mix file here, each a directory (absolute, or relative to
+        the mix file's); of one at a URL, each a URL, or a path relative to the mix file's URL
+        (``../lj`` of ``s3://b/mixes/all.yaml``: ``s3://b/lj``), a path of this host refused."""
+        shown_as = shown(mix_file) if is_url(mix_file) else str(root / mix_file)
+        try:
+            parts = parse_mix_spec(self.read(root, mix_file).decode("utf-8", "replace"), "metadata.csv",
+                                   COLUMNS_AUTO)
+        except LayoutError as exc:
+            raise DatasetError(f"{shown_as}: {exc}") from None
+        if not is_url(mix_file):
+            return [self._local_part(root, mix_file, part) for part in parts]
+        scheme, _, where = mix_file.partition("://")
+        found = []
+        for part in parts:
+            if part.path.startswith(("/", "~")):
+                raise DatasetError(f"{shown_as}: dataset {part.name}: {part.path} is a path of this host; the "
+                                   f"datasets of a mix at a URL are URLs or paths relative to it")
+            directory = (part.path.rstrip("/") if is_url(part.path) else
+                         f"{scheme}://{posixpath.normpath(posixpath.join(posixpath.dirname(where), part.path))}")
+            found.append(_Part(part, directory, Path(), f"{directory}/{part.metadata_file}"))
         return found
+
+    @staticmethod
+    def _local_part(root: Path, mix_file: str, part: MixPart) -> _Part:
+        directory = Path(part.path).expanduser()
+        where = directory if directory.is_absolute() else root / directory
+        if not where.is_dir():
+            raise DatasetError(f"{root / mix_file}: dataset {part.name}: {where} is not a directory")
+        label = str(directory) if directory.is_absolute() else directory.as_posix().rstrip("/")
+        return _Part(part, label, where, part.metadata_file)
 
 
 def _read(path: Path) -> bytes:

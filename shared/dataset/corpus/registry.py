@@ -10,7 +10,6 @@ from pathlib import Path
 from ...layouts import COLUMNS_AUTO, Entry, Rejection
 from ..files import resolve_root
 from ..storage import is_url
-from ..types import AudioFile
 from .base import Format, Located
 from .cuts import Cuts
 from .ljspeech import LJSpeech
@@ -44,11 +43,16 @@ FORMATS: list[Format] = [
 
 def _finders() -> list[Format]:
     """The formats asked where ``--data`` names a dataset, in order: a URL's finder before the
-    shards' (any other URL is a shard directory), then those found by a file name of their own;
-    the rest are a dataset directory's metadata file (LJSpeech's finder, last)."""
+    shards' (any other URL is a shard directory), then those found by a file name of their own,
+    then any other with a finder of its own (one of each finder: Parquet's and Shar's are tar's)."""
     by_name = {f.name: f for f in FORMATS}
     first = [by_name[n] for n in ("url", "tar", "mix", "cuts") if n in by_name]
-    return first + [f for f in FORMATS if f not in first and f.name != "ljspeech"] + [by_name["ljspeech"]]
+    found: list[Format] = []
+    for fmt in first + [f for f in FORMATS if f not in first]:
+        finder = type(fmt).locate
+        if finder is not Format.locate and finder not in {type(f).locate for f in found}:
+            found.append(fmt)
+    return found
 
 
 def locate(path: str, metadata_file: str) -> Located:
@@ -59,7 +63,7 @@ def locate(path: str, metadata_file: str) -> Located:
         found = fmt.locate(path, metadata_file)
         if found is not None:
             return Located(found[0], found[1], format_of(found[1]))
-    return Located(resolve_root(path), metadata_file, format_of(metadata_file))
+    return Located(resolve_root(path), metadata_file, format_of(metadata_file))  # a dataset directory
 
 
 def beside(path: str, metadata_file: str) -> str:
@@ -75,19 +79,7 @@ def beside(path: str, metadata_file: str) -> str:
     return path
 
 
-def read_metadata_bytes(root: Path, metadata_file: str = "metadata.csv") -> bytes:
-    """The metadata bytes of a dataset as its format reads them."""
-    return format_of(metadata_file).read(root, metadata_file)
-
-
 def read_metadata(root: Path, metadata_file: str = "metadata.csv",
                   columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
-    """A dataset's entries (their audio as written) and rejections, as its format parses them."""
-    fmt = format_of(metadata_file)
-    return fmt.parse(fmt.read(root, metadata_file), columns)
-
-
-def list_audio(root: Path, metadata_file: str, metadata: bytes,
-               columns: str = COLUMNS_AUTO) -> dict[str, AudioFile]:
-    """A dataset's audio files by id, as its format lists them."""
-    return format_of(metadata_file).audio(root, metadata_file, metadata, columns)
+    """A dataset's entries and rejections, as its format reads them for the index."""
+    return format_of(metadata_file).clips(root, metadata_file, columns)

@@ -7,8 +7,8 @@ import hashlib
 from pathlib import Path
 
 from ...layouts import Entry, Rejection, parse_manifest
-from ..storage import is_url
 from ..shards import list_shards, listing_stamp, read_shards, shard_source
+from ..storage import is_url
 from ..types import AudioFile, AudioProbe
 from .base import Format
 
@@ -43,7 +43,7 @@ class Sharded(Format):
         return hashlib.sha256("".join(f"{s.name}\t{s.size}\n" for s in list_shards(root, metadata_file))
                               .encode("utf-8", "surrogateescape")).hexdigest()
 
-    def listed(self, root: Path, metadata_file: str) -> tuple[list[Rejection], dict[str, AudioProbe]]:
+    def walked(self, root: Path, metadata_file: str) -> tuple[list[Rejection], dict[str, AudioProbe]]:
         listing = read_shards(root, metadata_file)
         return listing.rejected, listing.probes()
 

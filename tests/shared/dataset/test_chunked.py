@@ -136,7 +136,7 @@ def test_a_manifest_cache_is_found_by_the_manifest_stamp_then_by_its_content(
     stat = manifest.stat()
     os.utime(manifest, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # touched: the same bytes
     with monkeypatch.context() as m:  # found by its content's hash, nothing parsed
-        m.setattr(Located, "entries", never)  # the build's entries (the audio listing's parse is the key's)
+        m.setattr(Located, "clips", never)  # the build's entries (the audio listing's parse is the key's)
         m.setattr(chunked_module, "_run_chunks", never)
         touched = _build(root, tmp_path / "cache", monkeypatch, chunked)
     assert touched.stats.cache == "hit" and list(touched.samples) == list(cold.samples)
@@ -149,7 +149,7 @@ def test_a_manifest_cache_is_found_by_the_manifest_stamp_then_by_its_content(
         if chunked:
             m.setattr(manifest_module.Manifest, "read", never)
         else:
-            m.setattr(Located, "entries", never)
+            m.setattr(Located, "clips", never)
         m.setattr(chunked_module, "manifest_ranges", never)
         again = _build(root, tmp_path / "unstamped", monkeypatch, chunked)
     assert again.stats.cache == "hit" and list(again.samples) == list(edited.samples)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
+import msgpack
 import pytest
 
+from stoker.shared.dataset.corpus import registry
+from stoker.shared.dataset.corpus.ljspeech import LJSpeech
 from stoker.shared.dataset.corpus.mix import parse_mix_spec
 from stoker.shared.layouts import LayoutError
+from tests.factories import make_dataset
 
 
 def test_mix_spec_defaults_and_names() -> None:
@@ -17,3 +24,32 @@ def test_mix_spec_defaults_and_names() -> None:
         parse_mix_spec("datasets: [", "metadata.csv", "")
     with pytest.raises(LayoutError, match="columns 'id\\|nope': unknown column 'nope'"):
         parse_mix_spec("datasets:\n  - path: a\n    columns: id|nope\n", "metadata.csv", "")
+
+
+def test_a_mix_streams_its_parts_one_at_a_time_and_hashes_them_as_it_goes(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each part is read, hashed and listed before the next is read (never all parts' metadata at
+    once), and the mix's SHA-256 is that of its parts' metadata packed together, as the index and
+    the dataset agreement have always keyed a mix."""
+    make_dataset(tmp_path / "a", count=3, prefix="A")
+    make_dataset(tmp_path / "b", count=2, prefix="B")
+    (tmp_path / "mix.yaml").write_text("datasets:\n  - path: a\n    language: en\n  - path: b\n")
+    located = registry.locate(str(tmp_path / "mix.yaml"), "metadata.csv")
+    events: list[str] = []
+    read, audio = LJSpeech.read, LJSpeech.audio
+    monkeypatch.setattr(LJSpeech, "read", lambda self, root, name: events.append(f"read {root.name}") or
+                        read(self, root, name))
+    monkeypatch.setattr(LJSpeech, "audio", lambda self, root, *args: events.append(f"list {root.name}") or
+                        audio(self, root, *args))
+    listing = located.listing()
+    assert events == ["read a", "list a", "read b", "list b"] and listing.raw is None
+    assert sorted(listing.audio) == ["a:A0000", "a:A0001", "a:A0002", "b:B0000", "b:B0001"]
+    parts = [{"name": name, "dir": name, "language": language, "metadata_file": "metadata.csv", "columns": "",
+              "metadata": (tmp_path / name / "metadata.csv").read_bytes()} for name, language in (("a", "en"), ("b", ""))]
+    whole = hashlib.sha256(msgpack.packb(parts, use_bin_type=True))
+    assert listing.sha256 == whole.digest() and located.sha256() == whole.hexdigest()
+    entries, rejected = located.clips()
+    assert rejected == [] and [(e.id, e.speaker, e.language) for e in entries] == [
+        ("a:A0000", "a", "en"), ("a:A0001", "a", "en"), ("a:A0002", "a", "en"), ("b:B0000", "b", ""),
+        ("b:B0001", "b", "")]
+    assert entries[0].audio == "a/wavs/A0000.wav"
