@@ -169,7 +169,7 @@ def run_size(clips: int, repeats: int, log: Callable[[str], None]) -> dict[str, 
     planner = EpochPlanner(table, BATCHING)
     planner_s = time.perf_counter() - began
     began = time.perf_counter()
-    planner.homes(0)
+    planner.batch_sizes(0)
     plan_s = time.perf_counter() - began
     position = mid_epoch(planner, repeats)
     log(f"  position: {position['bytes']:,} bytes, save {position['save_s']['median']:.3f} s, restore "

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import msgpack
+import numpy as np
+import xxhash
 
-from .plan import EpochPlanner
+from .plan import EpochPlanner, id_digest
 from .position import InputPosition, PositionError
 from ...shared import runfiles
 from ...shared.runfiles import CKPT_DIR, VOCAB
@@ -69,16 +71,45 @@ def checkpoint_name(step: int) -> str:
 PLAN_CLIPS_LISTED = 200_000
 
 
-# The plan's digest reads the ids of this many clips at a time (a few tens of MB of bytes).
+# The plan's digest of the form before (:func:`legacy_fingerprint`) reads the ids of this many
+# clips at a time (a few tens of MB of bytes).
 DIGEST_CLIPS = 1 << 20
 
 
+# What starts a plan fingerprint of :func:`plan_identity`'s form: one without it is of the form
+# before (the buckets' ids joined), still matched (:func:`same_plan`).
+FINGERPRINT_PREFIX = "p2:"
+
+
 def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, Any]:
-    """What makes two runs' epoch plans equal: batching config and the buckets' shapes and ids."""
-    digest = hashlib.sha256()
+    """What makes two runs' epoch plans equal: batching config and the buckets' shapes and clips.
+    The clips as rows of the index, with the digest of the index's id column made when the index
+    was built (:func:`~.plan.id_digest`): no id is read here, so at 10^8 clips it costs the rows'
+    hashing (xxh3), not a join of every id."""
+    digest = xxhash.xxh3_128()
     cfg = planner.cfg
     listed = planner.samples_per_epoch <= PLAN_CLIPS_LISTED
     workers = [planner.workers, planner.worker] if planner.workers > 1 else []  # a worker's share is its own plan
+    digest.update(json.dumps([cfg.batch_size, cfg.seed, *workers], separators=(",", ":")).encode())
+    digest.update(id_digest(planner.table))
+    for bucket in planner.buckets:
+        digest.update(json.dumps([bucket.index, bucket.rows, bucket.max_tokens, bucket.max_frames,
+                                  len(bucket.members)]).encode())
+        digest.update(np.ascontiguousarray(planner.table.stored_rows(bucket.members), np.int64))
+    return {"fingerprint": FINGERPRINT_PREFIX + digest.hexdigest(), "dataset_fingerprint": dataset_fingerprint,
+            "batching": dataclasses.asdict(cfg), "batches_per_epoch": planner.batches_per_epoch,
+            "samples_per_epoch": planner.samples_per_epoch,
+            # each bucket's shape and clips: what a refused resume names the changed clips from
+            # (the clips only up to PLAN_CLIPS_LISTED: each checkpoint stores them)
+            "buckets": [[*bucket.shape, list(bucket.sample_ids) if listed else None] for bucket in planner.buckets]}
+
+
+def legacy_fingerprint(planner: EpochPlanner) -> str:
+    """The plan fingerprint of the form before :data:`FINGERPRINT_PREFIX` (SHA-256 over the buckets'
+    ids joined), as checkpoints and feed states written before it hold it: made only to match one."""
+    digest = hashlib.sha256()
+    cfg = planner.cfg
+    workers = [planner.workers, planner.worker] if planner.workers > 1 else []
     digest.update(json.dumps([cfg.batch_size, cfg.seed, *workers], separators=(",", ":")).encode())
     for bucket in planner.buckets:
         digest.update(f"\n{bucket.index}\t{bucket.rows}\t{bucket.max_tokens}\t{bucket.max_frames}\t".encode())
@@ -86,12 +117,16 @@ def plan_identity(planner: EpochPlanner, dataset_fingerprint: str) -> dict[str, 
             if first:
                 digest.update(b"\t")
             digest.update(planner.table.joined("id", bucket.members[first:first + DIGEST_CLIPS], b"\t"))
-    return {"fingerprint": digest.hexdigest(), "dataset_fingerprint": dataset_fingerprint,
-            "batching": dataclasses.asdict(cfg), "batches_per_epoch": planner.batches_per_epoch,
-            "samples_per_epoch": planner.samples_per_epoch,
-            # each bucket's shape and clips: what a refused resume names the changed clips from
-            # (the clips only up to PLAN_CLIPS_LISTED: each checkpoint stores them)
-            "buckets": [[*bucket.shape, list(bucket.sample_ids) if listed else None] for bucket in planner.buckets]}
+    return digest.hexdigest()
+
+
+def same_plan(saved: Any, identity: dict[str, Any], planner: EpochPlanner) -> bool:
+    """Whether a saved plan fingerprint is this plan's: of this form, or of the form before."""
+    if not isinstance(saved, str):
+        return False
+    if saved.startswith(FINGERPRINT_PREFIX):
+        return saved == identity["fingerprint"]
+    return saved == legacy_fingerprint(planner)
 
 
 def _plan_difference(saved: dict[str, Any], now: dict[str, Any]) -> str:
@@ -359,7 +394,8 @@ class RunCheckpoints:
             raise CheckpointError(f"checkpoint {path} has format {saved.get('format')!r}; this stoker reads "
                                   f"formats {FORMATS_READ[0]} to {FORMAT}")
         plan = saved.get("plan") or {}
-        if plan.get("fingerprint") != self.identity["fingerprint"] and not fresh_plan:
+        same = same_plan(plan.get("fingerprint"), self.identity, self.planner)
+        if not same and not fresh_plan:
             run_dir = self.run_dir.parent if self.peers else self.run_dir  # a job's workers: its directory
             raise CheckpointError(f"cannot resume from {path}: this run's epoch plan differs from the "
                                   f"checkpoint's ({_plan_difference(plan, self.identity)}). To go on training its "
@@ -385,8 +421,7 @@ class RunCheckpoints:
                      "it is now (%d clips, %d batches per epoch) starts at epoch 0%s", ", ".join(
                          saved.get("state") or ["no model state (the trainer has none)"]), saved["step"], path,
                      self.planner.samples_per_epoch, self.planner.batches_per_epoch,
-                     "" if plan.get("fingerprint") != self.identity["fingerprint"]
-                     else " (the plan had not changed: its epochs are trained again from the start)")
+                     "" if not same else " (the plan had not changed: its epochs are trained again from the start)")
         else:
             try:
                 position = InputPosition.from_state_dict(saved.get("position"), self.planner)

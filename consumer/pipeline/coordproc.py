@@ -28,7 +28,8 @@ import zmq
 from .buffer import QueuedBatch, QueueFull
 from .coordinator import Coordinator
 from .lease_tables import ReferenceTable, TokenTable
-from .plan import EpochPlanner, validation_batches
+from .plan import EpochPlanner, stored_buckets, validation_batches
+from .planfiles import PlanFiles
 from .position import InputPosition
 from .scheduler import ValidationSet
 from .slots import SlotFile, SlotTooSmall
@@ -47,6 +48,8 @@ log = logging.getLogger("consumer.coordinator")
 
 # Files and sockets of DIR: the start file, the slots, the trainer's messages in, this process's out.
 START, SLOTS, DOWN, UP = "start", "slots", "down.ipc", "up.ipc"
+# The start file's section of the trainer process's buckets' members, one bucket after another.
+BUCKET_MEMBERS = "plan.members"
 # Messages to the trainer process (msgpack maps with "kind").
 READY, ERROR, BATCH, REJECTED, STATE, BYE = "ready", "error", "batch", "rejected", "state", "bye"
 # The trainer process's messages in (bytes): a batch taken from its queue, a slot it no longer
@@ -211,7 +214,10 @@ def _parts(directory: Path, coordinator: ChildCoordinator) -> dict[str, Any]:
     head = start.header
     cfg = config_mod.from_dict(head["cfg"])
     train, held = _table(start, "train"), list(_table(start, "val"))
-    planner = EpochPlanner(train, cfg.batching, *head["planner"])
+    members = np.frombuffer(start.sections[BUCKET_MEMBERS], np.dtype(head["members_dtype"]))
+    files = PlanFiles(Path(head["plan_files"])) if head["plan_files"] is not None else None  # the trainer's too
+    planner = EpochPlanner(train, cfg.batching, *head["planner"], buckets=stored_buckets(train, head["buckets"], members),
+                           files=files)
     if [planner.batches_per_epoch, [list(s) for s in planner.shapes]] != head["check"]:
         raise RuntimeError("the coordinator process planned other epochs than the trainer process")
     vocab = load_vocabulary(Path(head["vocabulary"]))

@@ -30,7 +30,7 @@ import zmq
 from . import coordproc as proto
 from .buffer import BatchQueue, QueuedBatch, QueueFull
 from .coordinator import BindError
-from .plan import as_table
+from .plan import as_table, row_type
 from .position import InputPosition
 from .slots import SlotFile, slot_bytes
 from .validation import VALIDATION_QUEUE_CAPACITY
@@ -76,14 +76,19 @@ def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_n
     view's rows with its table's columns)."""
     cfg, planner = prepared.cfg, prepared.planner
     index = prepared.index
-    sections: dict[str, Any] = {}
     header: dict[str, Any] = {
         "cfg": config_mod.to_dict(cfg), "planner": [planner.replicas, planner.workers, planner.worker],
         "check": [planner.batches_per_epoch, [list(s) for s in planner.shapes]],
         "max_epochs": cfg.trainer.epochs, "resume": position.state_dict() if position is not None else None,
         "vocabulary": str(prepared.run_dir / VOCAB), "mel_norm": mel_norm, "slots": slots,
         "refs": "ref_mel" in config_mod.batch_schema(cfg).names, "val_positions": prepared.val_positions,
-        "dataset": [str(index.root), index.metadata_file, index.columns, index.agreement["metadata_sha256"]]}
+        "dataset": [str(index.root), index.metadata_file, index.columns, index.agreement["metadata_sha256"]],
+        "buckets": [[b.max_tokens, b.max_frames, b.rows, len(b.members)] for b in planner.buckets],
+        "plan_files": str(planner.files.directory) if planner.files is not None else None}
+    # The buckets the trainer process made: the coordinator process takes them, not making them again.
+    members = np.concatenate([b.members for b in planner.buckets] or [np.zeros(0, np.int64)])
+    sections: dict[str, Any] = {proto.BUCKET_MEMBERS: members.astype(row_type(len(planner.table)), copy=False)}
+    header["members_dtype"] = sections[proto.BUCKET_MEMBERS].dtype.str
     passed: set[int] = set()
     for name, samples in (("train", prepared.train_samples), ("val", prepared.val_samples)):
         table = as_table(samples)

@@ -10,6 +10,7 @@ long story: the ways of bucketing, full batches, fixed rows, replicas and worker
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence, overload
@@ -17,10 +18,13 @@ from typing import Any, Sequence, overload
 import numpy as np
 import xxhash
 
+from .planfiles import BUCKETS, PlanFiles
 from .shard_order import gather_batches, grouped_batches
 from ...shared.config import BatchingConfig
 from ...shared.dataset import Sample, SampleTable
+from ...shared.dataset.cache import SECTION_ALIGN
 from ...shared.dataset.groups import shard_numbers
+from ...shared.dataset.table import NUMBER_COLUMNS, buffer_of
 
 
 def round_up(value: Any, multiple: int) -> Any:
@@ -126,6 +130,53 @@ def frame_budget_bounds(frames: Sequence[int], cfg: BatchingConfig, replicas: in
     return bounds[::-1]
 
 
+# The sections of the id column in an index cache file (shared/dataset/table.py SampleTable.sections).
+ID_SECTIONS = ("o.id", "s.id")
+# The sections the buckets are a function of: the ids (their order) and the lengths.
+BUCKET_SECTIONS = (*ID_SECTIONS, "n.num_frames", "n.num_tokens")
+
+
+def id_digest(table: SampleTable) -> bytes:
+    """A digest of the whole index's id column (the table a view is of): :func:`column_digest`."""
+    return column_digest(table, ID_SECTIONS)
+
+
+def column_digest(table: SampleTable, sections: Sequence[str]) -> bytes:
+    """A digest of columns of the whole index (the table a view is of), made once: where the
+    table is mapped from an index cache file, the xxh3-64 checksums its header stores of the
+    columns' sections (written at the index build); else the same checksums made of the columns
+    (each section with its padding, as the file would hold it), so a run over a table just built
+    and its resume over the cache file agree."""
+    whole = table.whole()
+    cached = whole.stored_in
+    stored = cached.header.get("sections", {}) if cached is not None else {}
+    if all(name in stored for name in sections):
+        return np.array([int(stored[name][2]) for name in sections], "<u8").tobytes()
+    checksums = []
+    for name in sections:
+        digest = xxhash.xxh3_64()
+        data = _section(whole, name)
+        if data is not None:
+            view = memoryview(data).cast("B")
+            digest.update(view)
+            digest.update(bytes(-view.nbytes % SECTION_ALIGN))
+        checksums.append(digest.intdigest())
+    return np.array(checksums, "<u8").tobytes()
+
+
+def _section(table: SampleTable, name: str) -> Any:
+    """The bytes of section ``name`` of a whole table as its cache file would hold them (None: it
+    has no such column, as a benchmark's table of numbers alone has no ids)."""
+    kind, _, column = name.partition(".")
+    if kind == "n":
+        return np.ascontiguousarray(table.column(column), NUMBER_COLUMNS[column]) if table.has(column) else None
+    strings = table._strings.get(column)
+    if strings is None:
+        return None
+    offsets, blob = strings
+    return np.ascontiguousarray(offsets, np.int64) if kind == "o" else buffer_of(blob)
+
+
 def as_table(samples: Sequence[Sample]) -> SampleTable:
     """``samples`` as a SampleTable (a list of Samples is put in columns; a table is itself)."""
     return samples if isinstance(samples, SampleTable) else SampleTable.from_samples(samples)
@@ -179,6 +230,17 @@ def _bucket(table: SampleTable, index: int, members: np.ndarray, frames: np.ndar
                   max_frames=longest, members=members, rows=rows_for(longest, cfg, replicas), table=table)
 
 
+def stored_buckets(samples: Sequence[Sample], shapes: Sequence[Sequence[int]], members: np.ndarray) -> list[Bucket]:
+    """The buckets another process made (:func:`make_buckets`), from each one's (L, T, B, clip
+    count) and all their members one bucket after another: the same buckets, not made again."""
+    table = as_table(samples)
+    ends = np.cumsum([int(shape[3]) for shape in shapes], dtype=np.int64)
+    if len(members) != (int(ends[-1]) if len(ends) else 0):
+        raise ValueError(f"{len(members)} bucket members for buckets of {ends[-1] if len(ends) else 0} clips")
+    return [Bucket(index=n, max_tokens=int(tokens), max_frames=int(frames), members=part, rows=int(rows), table=table)
+            for n, ((tokens, frames, rows, _), part) in enumerate(zip(shapes, np.split(members, ends[:-1])))]
+
+
 def group_buckets(samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1) -> list[Bucket]:
     """The buckets by mel length alone: equal counts (fixed rows) or the frame budget's
     bounds (:func:`frame_budget_bounds`); their leftover clips not yet moved."""
@@ -225,12 +287,21 @@ class EpochPlan(Sequence[PlannedBatch]):
     is this worker's share of the global batch (every W-th clip from the w-th on)."""
 
     def __init__(self, planner: "EpochPlanner", epoch: int, clips: np.ndarray, sizes: np.ndarray,
-                 buckets: np.ndarray) -> None:
+                 buckets: np.ndarray, place: np.ndarray | None = None) -> None:
         self.planner = planner
         self.epoch = epoch
         self.clips = clips
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.buckets = buckets
+        self._place = place  # table row -> its place in ``clips`` (-1: none); made on first use
+
+    @property
+    def place(self) -> np.ndarray:
+        """Each table row's place in :attr:`clips` (-1: not in the plan): one array for every
+        worker, the map from a trained clip to its batch (:meth:`batch_of`)."""
+        if self._place is None:
+            self._place = places_of(self.clips, len(self.planner.table))
+        return self._place
 
     def __len__(self) -> int:
         return len(self.buckets)
@@ -308,15 +379,41 @@ class EpochPlan(Sequence[PlannedBatch]):
             return self.clips
         return self.clips[self.share()[0]]
 
-    def homes(self) -> np.ndarray:
-        """Each table row's batch in this plan (-1: none, or another worker's share)."""
-        home = np.full(len(self.planner.table), -1, row_type(len(self)))
-        if self.planner.workers == 1:
-            home[self.clips] = np.repeat(np.arange(len(self), dtype=home.dtype), np.diff(self.starts))
-        else:
-            place, batch = self.share()
-            home[self.clips[place]] = batch
-        return home
+    def batch_of(self, rows: np.ndarray) -> np.ndarray:
+        """Each of table ``rows``' batch in this plan (this worker's share of it; -1: none, or
+        another worker's share), from :attr:`place`: no map of every row is made per worker."""
+        rows = np.asarray(rows, np.int64)
+        inside = (rows >= 0) & (rows < len(self.planner.table))
+        place = np.where(inside, self.place[np.where(inside, rows, 0)], -1).astype(np.int64)
+        batch = np.searchsorted(self.starts, place, side="right") - 1
+        mine = place >= 0
+        if self.planner.workers > 1:
+            mine &= (place - self.starts[np.maximum(batch, 0)]) % self.planner.workers == self.planner.worker
+        return np.where(mine, batch, -1)
+
+    def batch_of_row(self, row: int) -> int:
+        """:meth:`batch_of` of one row (a step records a few: no arrays made)."""
+        if not 0 <= row < len(self.planner.table):
+            return -1
+        place = int(self.place[row])
+        if place < 0:
+            return -1
+        batch = int(np.searchsorted(self.starts, place, side="right")) - 1
+        workers = self.planner.workers
+        if workers > 1 and (place - int(self.starts[batch])) % workers != self.planner.worker:
+            return -1
+        return batch
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The plan as the arrays a plan file keeps (consumer/pipeline/planfiles.py)."""
+        return {"clips": self.clips, "sizes": np.diff(self.starts), "buckets": self.buckets, "place": self.place}
+
+
+def places_of(clips: np.ndarray, rows: int) -> np.ndarray:
+    """Each of ``rows`` table rows' place in ``clips`` (-1: none)."""
+    place = np.full(rows, -1, row_type(max(rows, len(clips))))
+    place[clips] = np.arange(len(clips), dtype=place.dtype)
+    return place
 
 
 def row_type(count: int) -> type:
@@ -330,20 +427,25 @@ class EpochPlanner:
     Clips are rows of :attr:`table` throughout; their ids only in the batches made."""
 
     def __init__(self, samples: Sequence[Sample], cfg: BatchingConfig, replicas: int = 1, workers: int = 1,
-                 worker: int = 0) -> None:
+                 worker: int = 0, buckets: Sequence[Bucket] | None = None, files: PlanFiles | None = None) -> None:
         self.cfg = cfg
         self.replicas = replicas
         self.workers, self.worker = workers, worker
         self.table = as_table(samples)
         # Batches split into equal parts (one per replica, per worker) keep their bucket's rows.
         self.fixed_rows = cfg.fixed_rows or replicas * workers > 1
-        self.buckets = make_buckets(self.table, cfg, replicas * workers)
+        # Where the buckets and epoch plans are kept for every process of the host
+        # (consumer/pipeline/planfiles.py; None: made in this process).
+        self.files = files
+        # ``buckets``: made already, by the process that hands this one the plan (stored_buckets).
+        self.buckets = list(buckets) if buckets is not None else self._made_buckets()
         # Clips of tar shards: batches grouped by shard (consumer/pipeline/shard_order.py).
         self.shards = shard_numbers(self.table) if cfg.shard_window > 0 else None
         self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
         self._plans: dict[int, EpochPlan] = {}  # the latest epochs planned (PLANS_KEPT)
-        self._homes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # of the latest epochs (PLANS_KEPT)
+        self._sizes: dict[int, list[int]] = {}  # of the latest epochs (PLANS_KEPT)
         self._key: str | None = None  # made on first use (:attr:`key`)
+        self._global_key: str | None = None  # (:attr:`global_key`)
         self.batches_per_epoch = sum(-(-len(b.members) // b.rows) for b in self.buckets)
         # Every valid sample is in every epoch; the coordinator may re-plan a missed one into
         # an extra batch, so an epoch is complete when all its samples are trained or rejected.
@@ -351,23 +453,64 @@ class EpochPlanner:
 
     @property
     def key(self) -> str:
-        """A digest of all that the epoch plans are a function of: the seed, the workers' split,
-        each bucket's shape and clips (as table rows, in member order) and, for clips of shards,
-        the shard window and their shards. An input position saved over other plans is refused
-        by it (consumer/pipeline/position.py). Made once, in C (xxh3 over the arrays: some 0.1 s
-        at 10^8 clips)."""
+        """A digest of all that this worker's epoch plans are a function of: the seed, the workers'
+        split, each bucket's shape and clips (as table rows, in member order) and, for clips of
+        shards, the shard window and their shards. An input position saved over other plans is
+        refused by it (consumer/pipeline/position.py). Made once, in C (xxh3 over the arrays: some
+        0.1 s at 10^8 clips)."""
         if self._key is None:
-            digest = xxhash.xxh3_128()
-            digest.update(json.dumps([self.cfg.seed, self.fixed_rows, self.replicas, self.workers, self.worker,
-                                      len(self.table)]).encode())
-            for bucket in self.buckets:
-                digest.update(json.dumps([*bucket.shape, len(bucket.members)]).encode())
-                digest.update(np.ascontiguousarray(bucket.members, np.int64))
-            if self.shards is not None:  # the window orders only the batches of shards
-                digest.update(json.dumps([self.cfg.shard_window]).encode())
-                digest.update(np.ascontiguousarray(self.shards, np.int64))
-            self._key = digest.hexdigest()
+            self._key = self._digest(with_worker=True)
         return self._key
+
+    @property
+    def global_key(self) -> str:
+        """The key of the global plans every worker of the job shares (their plan files,
+        consumer/pipeline/planfiles.py): :attr:`key` without this worker's number, with the
+        index's id digest (:func:`id_digest`) and, for a view of the index (a hold-out), the
+        buckets' clips as its rows, so that plans of other clips never share a file."""
+        if self._global_key is None:
+            digest = xxhash.xxh3_128(self._digest(with_worker=False).encode())
+            digest.update(id_digest(self.table))
+            if self.table.whole() is not self.table:
+                for bucket in self.buckets:
+                    digest.update(np.ascontiguousarray(self.table.stored_rows(bucket.members), np.int64))
+            self._global_key = digest.hexdigest()
+        return self._global_key
+
+    def _digest(self, with_worker: bool) -> str:
+        digest = xxhash.xxh3_128()
+        worker = [self.worker] if with_worker else []
+        digest.update(json.dumps([self.cfg.seed, self.fixed_rows, self.replicas, self.workers, *worker,
+                                  len(self.table)]).encode())
+        for bucket in self.buckets:
+            digest.update(json.dumps([*bucket.shape, len(bucket.members)]).encode())
+            digest.update(np.ascontiguousarray(bucket.members, np.int64))
+        if self.shards is not None:  # the window orders only the batches of shards
+            digest.update(json.dumps([self.cfg.shard_window]).encode())
+            digest.update(np.ascontiguousarray(self.shards, np.int64))
+        return digest.hexdigest()
+
+    def _made_buckets(self) -> list[Bucket]:
+        """:func:`make_buckets`, or, with plan files, the buckets of the host's file of them (made
+        there by the first process to want them): keyed by all they are a function of, the
+        batching config, the split and the index's columns of ids, frames and tokens (their
+        digests made at the index build, :func:`column_digest`)."""
+        split = self.replicas * self.workers
+        if self.files is None:
+            return make_buckets(self.table, self.cfg, split)
+        digest = xxhash.xxh3_128(json.dumps([dataclasses.asdict(self.cfg), split, len(self.table)]).encode())
+        digest.update(column_digest(self.table, BUCKET_SECTIONS))
+        if self.table.whole() is not self.table:
+            digest.update(np.ascontiguousarray(self.table.stored_rows(np.arange(len(self.table))), np.int64))
+
+        def make() -> dict[str, np.ndarray]:
+            made = make_buckets(self.table, self.cfg, split)
+            shapes = np.array([[b.max_tokens, b.max_frames, b.rows, len(b.members)] for b in made], np.int64)
+            members = np.concatenate([b.members for b in made] or [np.zeros(0, np.int64)])
+            return {"shapes": shapes, "members": members.astype(row_type(len(self.table)))}
+
+        arrays = self.files.get(digest.hexdigest() + BUCKETS, make)
+        return stored_buckets(self.table, arrays["shapes"].reshape(-1, 4).tolist(), arrays["members"])
 
     @property
     def shapes(self) -> list[tuple[int, int, int]]:
@@ -423,25 +566,28 @@ class EpochPlanner:
             self._shares[epoch] = int(self.plan(epoch).sizes().sum())
         return self._shares[epoch]
 
-    def homes(self, epoch: int) -> tuple[np.ndarray, list[int]]:
-        """Each table row's planned batch in ``epoch`` (its index, -1: none) and each batch's
-        sample count: made once per epoch and shared by every InputPosition (they are read
-        only), so a copy of a position costs its progress, not a map of every clip. The
-        counts are a list: a step looks one up, and a NumPy scalar costs more to make."""
-        homes = self._homes.get(epoch)
-        if homes is None:
-            plan = self.plan(epoch)
-            homes = self._homes[epoch] = (plan.homes(), plan.sizes().tolist())
-            while len(self._homes) > PLANS_KEPT:
-                del self._homes[min(self._homes)]
-        return homes
+    def batch_sizes(self, epoch: int) -> list[int]:
+        """Each planned batch's sample count in ``epoch`` (this worker's share): made once per
+        epoch and shared by every InputPosition. A list: a step looks one up, and a NumPy scalar
+        costs more to make."""
+        sizes = self._sizes.get(epoch)
+        if sizes is None:
+            sizes = self._sizes[epoch] = self.plan(epoch).sizes().tolist()
+            while len(self._sizes) > PLANS_KEPT:
+                del self._sizes[min(self._sizes)]
+        return sizes
 
     def plan(self, epoch: int) -> EpochPlan:
         """The epoch's batches in the order they are trained (``index``); with workers, this
         worker's share of each."""
         cached = self._plans.get(epoch)
         if cached is None:
-            cached = self._plans[epoch] = self._global_plan(epoch)
+            if self.files is None:
+                cached = self._global_plan(epoch)
+            else:  # mapped from the host's file of it, made there by the first process to want it
+                arrays = self.files.epoch(self.global_key, epoch, lambda: self._global_plan(epoch).arrays())
+                cached = EpochPlan(self, epoch, arrays["clips"], arrays["sizes"], arrays["buckets"], arrays["place"])
+            self._plans[epoch] = cached
             while len(self._plans) > PLANS_KEPT:
                 del self._plans[min(self._plans)]
         return cached

@@ -47,8 +47,7 @@ def place_form(clips: int, places: int) -> str:
 
 @dataclass
 class _EpochProgress:
-    plan: EpochPlan  # the epoch's plan (the planner's, shared): where a trained clip lies in its order
-    home: np.ndarray  # table row -> index of its planned batch in this epoch's plan, -1: none (the planner's, shared)
+    plan: EpochPlan  # the epoch's plan (the planner's, shared): where a trained clip lies, its batch (batch_of)
     sizes: list[int]  # samples of each planned batch (shared too)
     done: np.ndarray  # a bool per planned batch: trained whole
     partial: dict[int, set[int]] = field(default_factory=dict)  # planned index -> rows trained so far
@@ -57,11 +56,11 @@ class _EpochProgress:
 
     @classmethod
     def of(cls, planner: EpochPlanner, epoch: int) -> "_EpochProgress":
-        home, sizes = planner.homes(epoch)  # first: where they are made, the plan is made and kept
-        return cls(planner.plan(epoch), home, sizes, np.zeros(len(sizes), bool))
+        sizes = planner.batch_sizes(epoch)  # first: where they are made, the plan is made and kept
+        return cls(planner.plan(epoch), sizes, np.zeros(len(sizes), bool))
 
     def add(self, row: int) -> bool:
-        index = int(self.home[row]) if 0 <= row < len(self.home) else -1
+        index = self.plan.batch_of_row(row)
         if index < 0 or self.done[index]:
             return False
         got = self.partial.setdefault(index, set())
@@ -86,7 +85,7 @@ class _EpochProgress:
         return self.count
 
     def copy(self) -> "_EpochProgress":
-        return _EpochProgress(self.plan, self.home, self.sizes, self.done.copy(),
+        return _EpochProgress(self.plan, self.sizes, self.done.copy(),
                               {i: set(r) for i, r in self.partial.items()}, self.count, self.batches_done)
 
     def places(self) -> np.ndarray:
@@ -132,7 +131,7 @@ class _EpochProgress:
         if len(places) and (places[-1] >= len(plan.clips) or (np.diff(places) <= 0).any()):
             raise ValueError(f"epoch {epoch}: trained places not ascending within its {len(plan.clips)} clips")
         rows = plan.clips[places]
-        index = self.home[rows]
+        index = plan.batch_of(rows)
         if (index < 0).any() or self.done[np.maximum(index, 0)].any():
             raise ValueError(f"epoch {epoch}: a trained place is in another worker's share or a done batch")
         firsts = np.flatnonzero(np.diff(index, prepend=-1))  # places ascend: a batch's are together
@@ -335,7 +334,7 @@ class InputPosition:
                 progress.mark_done(index)
             ids = [str(i) for i in entry["ids"]]
             for sample_id, row in zip(ids, self.planner.table.find_rows(ids) if ids else []):
-                if row < 0 or progress.home[row] < 0:
+                if progress.plan.batch_of_row(row) < 0:
                     raise ValueError(f"sample {sample_id!r} is not in the plan of epoch {epoch}")
                 progress.add(row)
         return self

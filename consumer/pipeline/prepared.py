@@ -16,6 +16,7 @@ from . import validation
 from .checkpoint import RunCheckpoints
 from .message_size import check_message_size
 from .plan import EpochPlanner, PlannedBatch, validation_batches
+from .planfiles import PLANS_DIR, PlanFiles
 from ...shared import config as config_mod
 from ...shared.cluster import Cluster, from_env, worker_dir_name
 from ...shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir
@@ -60,7 +61,10 @@ class PreparedRun:
         extra = iter(range(len(index.samples), len(index.samples) + found.count(-1)))
         self.val_positions: list[int] = [row if row >= 0 else next(extra) for row in found]
         workers, worker = (cluster.size, cluster.index) if cluster is not None else (1, 0)
-        self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker)
+        # The buckets and epoch plans in files beside the index cache: one of each for the host's processes.
+        files = PlanFiles(Path(index.stats.cache_file).resolve().parent / PLANS_DIR) if index.stats.cache_file else None
+        self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker,
+                                              files=files)
         # the held-out clips' batches (consumer/pipeline/plan.validation_batches)
         self.val_batches: list[PlannedBatch] = validation_batches(self.val_samples, planner)
         check_message_size(cfg, [*planner.shapes, *((b.rows, *b.shape) for b in self.val_batches)])

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import msgpack
 
+from .checkpoint import same_plan
 from .plan import EpochPlanner
 from .position import InputPosition, PositionError
 from ...shared.config import Config
@@ -87,7 +88,7 @@ def position_of(state: Any, identity: Mapping[str, Any], planner: EpochPlanner) 
     if state.get("dataset_fingerprint") != identity["dataset_fingerprint"]:
         raise FeedStateError(f"resume= state belongs to another dataset (fingerprint "
                              f"{state.get('dataset_fingerprint')}, this one {identity['dataset_fingerprint']})")
-    if state.get("plan") != identity["fingerprint"]:
+    if not same_plan(state.get("plan"), identity, planner):
         raise FeedStateError("resume= state belongs to another epoch plan of this dataset (batch_size, "
                              "max_frames, num_buckets, seed or the features differ from the run that saved it)")
     saved = state["position"]

@@ -192,8 +192,9 @@ def test_every_clip_of_an_epoch_is_in_exactly_one_batch_of_exactly_one_ranks_sha
     for planner, plan in zip(ranks, (first, last)):  # a rank's own share is the one counted, and its row map's
         place, batch = plan.share()
         assert all(np.array_equal(a, b) for a, b in zip((place, batch), first.share(planner.worker)))
-        home, _ = planner.homes(1)
+        home = plan.batch_of(np.arange(LARGE))  # each row's batch of this rank's share, from the shared places
         assert np.array_equal(home[plan.clips[place]], batch) and np.count_nonzero(home >= 0) == len(place)
+        assert [plan.batch_of_row(int(r)) for r in plan.clips[place[:50]]] == batch[:50].tolist()
         assert np.array_equal(np.bincount(batch, minlength=len(plan)), plan.sizes())
 
 
