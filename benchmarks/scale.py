@@ -54,6 +54,7 @@ import numpy as np
 import psutil
 import soundfile
 
+from . import mix_corpus
 from .common import QUIET_ENV, STOKER, BenchError, fmt, run_alone, table
 from ..shared.config import DataConfig, FeaturesConfig
 
@@ -113,6 +114,19 @@ LOOSE_METADATA = "metadata.csv"
 LINKS_PER_FILE = 50_000
 GROWTH_LIMIT = 1.2
 MB = 1e6
+# A cold build whose processes together pass this much RSS is stopped (:class:`BuildWatch`): it
+# does not stream, and would take the memory of a host that others share.
+BUILD_LIMIT_MB = 6000.0  # issue 48's peak for a build of 10^8 clips
+# Issue 48's targets, of the mix (benchmarks/mix_corpus.py): (figure, size, limit).
+MIX_TARGETS = (("mix.cold_build_s", 100_000_000, 1200.0), ("mix.all_peak_rss_mb", 100_000_000, 6000.0),
+               ("mix.launch_to_first_batch_s", 100_000_000, 15.0), ("mix.consumer_peak_rss_mb", 100_000_000, 2500.0),
+               ("mix.producer_peak_rss_mb", 100_000_000, 150.0))
+MIX_GROWTH_LIMIT = 1.1
+# What the mix's tables show of each build (a part's alone, the mix's), and of the mix's run.
+BUILD_FIGURES = ("wall_s", "cpu_s", "all_peak_rss_mb", "peak_rss_mb", "helper_peak_rss_mb", "spill_peak_mb",
+                 "cache_dir_peak_mb", "cache_mb", "streamed", "killed")
+MIX_FIGURES = ("warm_load_s", "launch_to_first_batch_s", "samples_per_s", "consumer_peak_rss_mb",
+               "producer_peak_rss_mb", "launcher_peak_rss_mb")
 
 
 @dataclass
@@ -120,6 +134,7 @@ class ScalePlan:
     sizes: tuple[int, ...] = (1_000_000, 10_000_000)
     loose_sizes: tuple[int, ...] = (1_000_000,)
     parquet_sizes: tuple[int, ...] = (10_000_000,)
+    mix_sizes: tuple[int, ...] = (1_000_000, 10_000_000)
     loose_steps: int = 20  # issue 35's run: its launch to first batch, not its steady rate
     steps: int = 400
     step_ms: float = 5.0
@@ -261,10 +276,97 @@ def index_child(root: str, metadata_file: str = "manifest.jsonl") -> None:
     seconds = time.perf_counter() - started
     used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     peak_mb, helper_mb = (u.ru_maxrss * 1024 / MB for u in used)  # Linux: KiB; the largest helper's (reaped)
+    peak_mb = _high_water_mb() or peak_mb  # ru_maxrss keeps the parent's peak across fork and exec
     cpu_s = sum(u.ru_utime + u.ru_stime for u in used)  # the helper processes' too (reaped: RUSAGE_CHILDREN)
     print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "peak_rss_mb": peak_mb, "helper_peak_rss_mb": helper_mb,
                       "clips": len(index.samples),
                       "rejected": len(index.rejected), "cache": index.stats.cache}))
+
+
+class BuildWatch:
+    """What a cold build holds while it runs, sampled every MEMORY_SAMPLE_S: the summed RSS of the
+    process and its helpers, and the bytes on disk of its run files (``.spill-*``) and of the
+    cache directory ``cache_dir`` (runs and the cache file written); the build is killed when its
+    processes pass ``limit_mb`` (a build that does not stream would take the host's memory)."""
+
+    def __init__(self, proc: subprocess.Popen, cache_dir: Path, limit_mb: float) -> None:
+        self.proc, self.cache_dir, self.limit_mb = proc, cache_dir, limit_mb
+        self.rss_mb = self.spill_mb = self.disk_mb = 0.0
+        self.killed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.proc.pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            rss = 0
+            for p in procs:
+                try:
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    continue
+            self.rss_mb = max(self.rss_mb, rss / MB)
+            if self.rss_mb > self.limit_mb and not self.killed:
+                self.killed = True
+                for p in reversed(procs):
+                    try:
+                        p.kill()
+                    except psutil.Error:
+                        continue
+            spill = sum(mix_corpus.disk_bytes(d) for d in self.cache_dir.glob(".spill-*"))
+            self.spill_mb = max(self.spill_mb, spill / MB)
+            self.disk_mb = max(self.disk_mb, mix_corpus.disk_bytes(self.cache_dir) / MB)
+            self._stop.wait(MEMORY_SAMPLE_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _watched_index(root: Path, metadata_file: str, limit_mb: float) -> dict[str, Any]:
+    """:func:`_index`, cold, watched (:class:`BuildWatch`): its figures, and ``streamed`` (it
+    spilled run files: the chunked build), or ``killed`` with the memory it had reached."""
+    argv = [sys.executable, "-m", "stoker.benchmarks.scale", "index-child", str(root), metadata_file]
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **QUIET_ENV})
+        watch = BuildWatch(proc, root / ".stoker", limit_mb)
+        try:
+            code = proc.wait(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise BenchError(f"index build timed out: {' '.join(argv)}") from None
+        finally:
+            watch.stop()
+        wall = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        text, problem = out.read(), err.read()
+    figures = {"wall_s": wall, "all_peak_rss_mb": watch.rss_mb, "spill_peak_mb": watch.spill_mb,
+               "cache_dir_peak_mb": watch.disk_mb, "streamed": watch.spill_mb > 0, "killed": watch.killed,
+               "load_before": load, "load_after": os.getloadavg()[0]}
+    if watch.killed:
+        return figures
+    if code != 0:
+        raise BenchError(f"index build failed: {problem.strip()[-2000:]}")
+    return {**json.loads(text.strip().splitlines()[-1]), **figures}
+
+
+def _high_water_mb() -> float | None:
+    """This process's peak RSS since its exec (Linux's VmHWM), None where not known."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 / MB for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def _index(root: Path, metadata_file: str = "manifest.jsonl") -> dict[str, Any]:
@@ -426,6 +528,55 @@ def run_loose(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]
             "usable": cold["clips"], "rejected": cold["rejected"], **run}
 
 
+def run_mix(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """The mix of three corpora at ``size`` clips (benchmarks/mix_corpus.py): its generation, a
+    cold build of each dataset alone and of the mix (watched: memory, run files, the cache), then
+    the mix's warm load and run. Figures are named ``SCOPE.FIGURE`` (SCOPE: a dataset, or mix)."""
+    root = work / f"mix{size}"
+    started, cpu = time.perf_counter(), time.process_time()
+    mix_corpus.write_mix(root, size, log)
+    row: dict[str, Any] = {"clips": size, "generation_s": time.perf_counter() - started,
+                           "generation_cpu_s": time.process_time() - cpu}
+    for part in mix_corpus.PARTS:
+        row[f"{part.name}.corpus_mb"] = mix_corpus.disk_bytes(root / part.directory) / MB
+    log(f"mix {size}: generated in {row['generation_s']:.0f} s ({row['generation_cpu_s']:.0f} s of CPU)")
+    try:
+        for part in mix_corpus.PARTS:
+            where = root / part.directory
+            _cold(row, part.name, where, part.metadata_file, log)
+            shutil.rmtree(where / ".stoker", ignore_errors=True)
+        _cold(row, "mix", root, mix_corpus.MIX_FILE, log)
+        if not row["mix.killed"]:
+            warm = _index(root, mix_corpus.MIX_FILE)
+            row["mix.warm_load_s"] = warm["seconds"]
+            run = _run(root, plan, root, mix_corpus.MIX_FILE)
+            row.update({f"mix.{k}": v for k, v in run.items()})
+            log(f"mix {size}: warm load {warm['seconds']:.2f} s, launch to first batch "
+                f"{run['launch_to_first_batch_s']:.2f} s, consumer {run['consumer_peak_rss_mb']:.0f} MB, producer "
+                f"{run['producer_peak_rss_mb']:.0f} MB")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return row
+
+
+def _cold(row: dict[str, Any], scope: str, root: Path, metadata_file: str, log: Callable[[str], None]) -> None:
+    """A watched cold build of ``root``'s ``metadata_file`` (:func:`_watched_index`) into ``row``."""
+    cold = _watched_index(root, metadata_file, BUILD_LIMIT_MB)
+    cold["cache_mb"] = mix_corpus.disk_bytes(root / ".stoker") / MB
+    cold.setdefault("cpu_s", None)
+    row.update({f"{scope}.{k}": cold.get(k) for k in BUILD_FIGURES})
+    row[f"{scope}.cold_build_s"] = cold["wall_s"]
+    if cold["killed"]:
+        log(f"mix {row['clips']}: {scope} cold build stopped at {cold['all_peak_rss_mb']:.0f} MB of its processes "
+            f"(limit {BUILD_LIMIT_MB:.0f} MB), after {cold['wall_s']:.0f} s")
+        return
+    log(f"mix {row['clips']}: {scope} cold build {cold['wall_s']:.1f} s ({cold['cpu_s']:.1f} s of CPU, load "
+        f"{cold['load_before']:.1f} to {cold['load_after']:.1f}), {'streamed' if cold['streamed'] else 'one process'}"
+        f", processes' peak {cold['all_peak_rss_mb']:.0f} MB (main {cold['peak_rss_mb']:.0f}, largest helper "
+        f"{cold['helper_peak_rss_mb']:.0f}), run files' peak {cold['spill_peak_mb']:.0f} MB, cache "
+        f"{cold['cache_mb']:.0f} MB")
+
+
 GROWN = ("cold_build_s", "warm_load_s", "consumer_peak_rss_mb", "producer_peak_rss_mb", "launch_to_first_batch_s",
          "index_cache_mb")
 
@@ -438,6 +589,7 @@ def run(plan: ScalePlan | None = None, log: Callable[[str], None] | None = None)
         rows = [run_size(size, plan, work, log) for size in plan.sizes]
         loose = [run_loose(size, plan, work, log) for size in plan.loose_sizes]
         parquet = [run_parquet(size, plan, work, log) for size in plan.parquet_sizes]
+        mixes = [run_mix(size, plan, work, log) for size in plan.mix_sizes]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     growth: dict[str, float | None] = {}
@@ -449,8 +601,28 @@ def run(plan: ScalePlan | None = None, log: Callable[[str], None] | None = None)
                + _met(PARQUET_TARGETS, parquet, "Parquet rows"))
     targets += [{"what": f"per-clip growth of {k}", "value": g, "limit": GROWTH_LIMIT, "met": g <= GROWTH_LIMIT}
                 for k, g in growth.items() if g is not None and k != "launch_to_first_batch_s"]
-    return {"plan": plan.__dict__, "sizes": rows, "loose": loose, "parquet": parquet, "growth_per_clip": growth,
-            "targets": targets}
+    mix_growth = _growth(mixes)
+    targets += _met(MIX_TARGETS, mixes, "clips in a mix")
+    targets += [{"what": f"per-clip growth of {k} in the mix", "value": g, "limit": MIX_GROWTH_LIMIT,
+                 "met": g <= MIX_GROWTH_LIMIT}
+                for k, g in mix_growth.items() if g is not None and k.startswith("mix.") and k[4:] in MIX_GROWN]
+    return {"plan": plan.__dict__, "sizes": rows, "loose": loose, "parquet": parquet, "mix": mixes,
+            "growth_per_clip": growth, "mix_growth_per_clip": mix_growth, "targets": targets}
+
+
+# The mix's figures whose per-clip growth has a target (issue 48: within MIX_GROWTH_LIMIT).
+MIX_GROWN = ("cold_build_s", "all_peak_rss_mb", "launch_to_first_batch_s", "consumer_peak_rss_mb",
+             "producer_peak_rss_mb")
+
+
+def _growth(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each numeric figure at the largest size over the smallest, per clip (1.0: linear)."""
+    if len(rows) < 2:
+        return {}
+    small, large = rows[0], rows[-1]
+    factor = large["clips"] / small["clips"]
+    return {k: (large[k] / small[k]) / factor if isinstance(small[k], float) and small[k] and
+            isinstance(large.get(k), float) else None for k in small if k != "clips"}
 
 
 def _met(limits: tuple[tuple[str, int, float], ...], rows: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
@@ -458,7 +630,7 @@ def _met(limits: tuple[tuple[str, int, float], ...], rows: list[dict[str, Any]],
     out = []
     for figure, size, limit in limits:
         row = next((r for r in rows if r["clips"] == size), None)
-        if row is not None:
+        if row is not None and row.get(figure) is not None:
             out.append({"what": f"{figure} at {size:,} {what}", "value": row[figure], "limit": limit,
                         "met": row[figure] <= limit})
     return out
@@ -478,9 +650,18 @@ def render(result: dict[str, Any]) -> str:
     if parquet:
         body = [[name, *(fmt(r[name]) for r in parquet)] for name in ("parquet_mb", "cold_build_cpu_s", *figures)]
         parts.append(table(["figure", *(f"{r['clips']:,} Parquet rows" for r in parquet)], body))
+    mixes = result.get("mix", [])
+    if mixes:
+        growth = result.get("mix_growth_per_clip", {})
+        names = ["generation_s", "generation_cpu_s", *(f"{p.name}.corpus_mb" for p in mix_corpus.PARTS)]
+        for scope in [p.name for p in mix_corpus.PARTS] + ["mix"]:
+            names += [f"{scope}.{k}" for k in BUILD_FIGURES + (MIX_FIGURES if scope == "mix" else ())]
+        body = [[name, *(fmt(r.get(name)) for r in mixes), fmt(growth.get(name))] for name in names]
+        parts.append(table(["figure", *(f"{r['clips']:,} clips in a mix" for r in mixes), "per-clip growth"], body))
     marks = [f"{'met' if t['met'] else 'NOT met'}: {t['what']} = {fmt(t['value'])} (limit {t['limit']:g})"
              for t in result["targets"]]
-    return "\n".join([*parts, *marks, *(f"command: {r[-1]['command']}" for r in (rows, loose, parquet) if r)])
+    commands = [r[-1].get("command", r[-1].get("mix.command")) for r in (rows, loose, parquet, mixes) if r]
+    return "\n".join([*parts, *marks, *(f"command: {c}" for c in commands if c)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", help="clips per run, comma-separated (default 1000000,10000000)")
     parser.add_argument("--loose-sizes", help="loose files per run of an LJSpeech layout (default 1000000)")
     parser.add_argument("--parquet-sizes", help="rows per run of Parquet files (default 10000000)")
+    parser.add_argument("--mix-sizes", help="clips per run of a mix of three corpora (default 1000000,10000000)")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--json", help="also write the figures to this file")
     args, rest = parser.parse_known_args(argv)
@@ -501,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
         plan.loose_sizes = tuple(int(n) for n in args.loose_sizes.split(",") if n)
     if args.parquet_sizes is not None:
         plan.parquet_sizes = tuple(int(n) for n in args.parquet_sizes.split(",") if n)
+    if args.mix_sizes is not None:
+        plan.mix_sizes = tuple(int(n) for n in args.mix_sizes.split(",") if n)
     if args.steps:
         plan.steps = args.steps
     return run_alone("scale", lambda log: run(plan, log=log), render, args.json)

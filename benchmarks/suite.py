@@ -137,7 +137,7 @@ class SuitePlan:
                    trainer=trainer.TrainerPlan.quick(), batching=batching.BatchingPlan.quick(),
                    transforms=transforms.TransformsPlan.quick(),
                    scale=scale.ScalePlan(sizes=QUICK_SCALE_SIZES, loose_sizes=QUICK_LOOSE_SIZES,
-                                         parquet_sizes=QUICK_PARQUET_SIZES, steps=100),
+                                         parquet_sizes=QUICK_PARQUET_SIZES, mix_sizes=(), steps=100),
                    sections=QUICK_SECTIONS)
 
 
