@@ -380,7 +380,7 @@ WAY_KEYS = {"feed": "feed", "dataloader": "dataloader", "dataloader-reference": 
 
 
 # ---------------------------------------------------------------- the loops (child processes)
-def _timed_loop(torch: Any, batches: Iterator[dict[str, Any]], step: Step, clock: StepClock, device: str,
+def timed_loop(torch: Any, batches: Iterator[dict[str, Any]], step: Step, clock: StepClock, device: str,
                 on_step: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Train every batch; per step: its shape, rows, wait (time in next()) and end time."""
     rows: list[dict[str, Any]] = []
@@ -461,7 +461,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     kind = spec["kind"]
     with Utilisation(torch, cuda, work) as util:
         if kind == "replay":
-            out = _replay(torch, dataset, step, clock, device)
+            out = replay_loop(torch, dataset, step, clock, device)
         elif kind == "feed":
             out = _feed(torch, spec, step, clock, device, planned)
         elif kind in DATALOADER_MELS:
@@ -469,7 +469,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             loader = torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False,
                                                  num_workers=spec["producers"], pin_memory=cuda,
                                                  multiprocessing_context="spawn")
-            out = _timed_loop(torch, iter(loader), step, clock, device)
+            out = timed_loop(torch, iter(loader), step, clock, device)
         else:
             raise ValueError(f"unknown kind {kind!r}")
     first = out.pop("first_batch")
@@ -510,7 +510,7 @@ def _calibrate(torch: Any, spec: dict[str, Any], dataset: PlannedDataset, vocab_
             "shape": "x".join(map(str, shape)), "aim": dataclasses.asdict(aim), "trail": trail}
 
 
-def _replay(torch: Any, dataset: PlannedDataset, step: Step, clock: StepClock, device: str) -> dict[str, Any]:
+def replay_loop(torch: Any, dataset: PlannedDataset, step: Step, clock: StepClock, device: str) -> dict[str, Any]:
     """One batch per shape made once and put on the device; a warm-up step each (not timed); then
     the plan's batches in order, each replaced by the held batch of its shape."""
     held = {key: {k: v.to(device) for k, v in dataset[i].items()} for key, i in dataset.first_of_each_shape().items()}
@@ -518,10 +518,10 @@ def _replay(torch: Any, dataset: PlannedDataset, step: Step, clock: StepClock, d
         step(batch)
     if clock.cuda:
         torch.cuda.synchronize()
-    return _timed_loop(torch, iter([held[PlannedDataset.shape(lease)] for lease in dataset.leases]), step, clock, device)
+    return timed_loop(torch, iter([held[PlannedDataset.shape(lease)] for lease in dataset.leases]), step, clock, device)
 
 
-def _open_feed(spec: dict[str, Any], epochs: int, producers: int, run_dir: Path, **sets: Any) -> Any:
+def open_feed(spec: dict[str, Any], epochs: int, producers: int, run_dir: Path, **sets: Any) -> Any:
     """The feed of the benchmark's runs: these clips, batch size and epochs, framework torch."""
     return stoker.Feed(framework="torch", data=spec["data"], producers=producers, batch_size=spec["batch_size"],
                        epochs=epochs, run_dir=str(run_dir), model_start_delay=0.0, log_level="WARNING",
@@ -530,13 +530,13 @@ def _open_feed(spec: dict[str, Any], epochs: int, producers: int, run_dir: Path,
 
 def _feed(torch: Any, spec: dict[str, Any], step: Step, clock: StepClock, device: str,
           planned: list[Any]) -> dict[str, Any]:
-    feed = _open_feed(spec, spec["epochs"], spec["producers"], Path(spec["work"]) / "run")
+    feed = open_feed(spec, spec["epochs"], spec["producers"], Path(spec["work"]) / "run")
     with feed:
         if feed.batches_per_epoch * spec["epochs"] != len(planned) or \
                 sorted(feed.shapes) != sorted({(len(b.ids), *b.shape) for b in planned}):
             raise BenchError(f"the feed plans other batches ({feed.batches_per_epoch} per epoch in {feed.shapes}) "
                              "than the dataloader's")
-        out = _timed_loop(torch, iter(feed), step, clock, device, on_step=lambda loss: feed.step_done(loss=loss))
+        out = timed_loop(torch, iter(feed), step, clock, device, on_step=lambda loss: feed.step_done(loss=loss))
         return {**out, "threads": sorted({thread.name for thread in threading.enumerate()})}  # a stager's among them?
 
 
@@ -547,7 +547,7 @@ def _check(torch: Any, spec: dict[str, Any], dataset: PlannedDataset) -> dict[st
     per batch, made here in turns (this process in the producers' environment, _run_child)."""
     run_dir = Path(spec["work"]) / "run"
     got = []
-    with _open_feed(spec, 1, 1, run_dir, **{"trainer.record_samples": True}) as feed:
+    with open_feed(spec, 1, 1, run_dir, **{"trainer.record_samples": True}) as feed:
         for batch in feed:
             got.append({name: tensor.numpy().copy() for name, tensor in batch.items()})  # before its slot is reused
             feed.step_done()

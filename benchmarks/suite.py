@@ -34,6 +34,11 @@ Runs the sections below, prints plain tables and writes ``bench.json``:
                    samples/s, step per shape, wait share; on a host without CUDA a CPU step that
                    holds the interpreter
                    (benchmarks/gpu.py)
+    peers          (full run only) the same step fed by stoker.Feed (and with its feature cache), the
+                   DataLoader, SPDL (threads, processes), torchdata.nodes (threads, processes) and
+                   Grain, all doing the producers' work (checked equal), and replay, at W = 1, 2,
+                   interleaved and repeated: samples/s, step per shape, wait share, first batch,
+                   CPU and PSS of the process tree, the cores' limit (benchmarks/peers.py)
     scale          manifests of 1 M and 10 M clips with durations (--quick: 20,000 and
                    100,000): index build cold and warm, launch to first batch, samples/s
                    and peak RSS of a synthetic:5 run, per-clip growth (benchmarks/scale.py)
@@ -62,12 +67,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import (alternatives, batching, data, feed, gpu, memory, pipeline, producer_models, producers,
+from . import (alternatives, batching, data, feed, gpu, memory, peers, pipeline, producer_models, producers,
                                replicas, scale, starvation, trainer, transforms, transport)
 from .common import machine_info, table
 
 SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms", "trainer",
-            "feed", "replicas", "producer_models", "gpu", "scale")
+            "feed", "replicas", "producer_models", "gpu", "peers", "scale")
 # The trainer section (TensorFlow in this process, ~4 minutes) would take --quick past 3 minutes.
 QUICK_SECTIONS = ("transport", "preprocessing", "pipeline", "alternatives", "scaling", "batching", "transforms",
                   "scale")
@@ -124,6 +129,7 @@ class SuitePlan:
     replicas: replicas.ReplicasPlan = field(default_factory=replicas.ReplicasPlan)
     producer_models: producer_models.ProducerModelsPlan = field(default_factory=producer_models.ProducerModelsPlan)
     gpu: gpu.GpuPlan = field(default_factory=gpu.GpuPlan.quick)
+    peers: peers.PeersPlan = field(default_factory=peers.PeersPlan.suite)
     scale: scale.ScalePlan = field(default_factory=scale.ScalePlan)
     sections: tuple[str, ...] = SECTIONS
 
@@ -196,7 +202,8 @@ def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
                            o["overhead"]["value"], o["target"], o["met"], o["overhead"]))
         out.append(_target("trainer", f"traces after warm-up over {r['steps']} steps",
                            float(r["traces_after_warmup"]), 0.0, r["met"]))
-    out += _listed(sections, ("batching", "transforms", "feed", "replicas", "producer_models", "gpu", "scale"))
+    out += _listed(sections, ("batching", "transforms", "feed", "replicas", "producer_models", "gpu", "peers",
+                              "scale"))
     mem = sections.get("memory")
     if mem:
         c = mem["criterion"]
@@ -236,6 +243,7 @@ def run_suite(plan: SuitePlan, out_path: Path, quick: bool, log: Any = _log) -> 
         "replicas": lambda: replicas.run(plan.replicas, log),
         "producer_models": lambda: producer_models.run(plan.producer_models, log),
         "gpu": lambda: gpu.run(plan.gpu, log),
+        "peers": lambda: peers.run(plan.peers, log),
         "scale": lambda: scale.run(plan.scale, log),
         "memory": lambda: memory.run(plan.memory, log=log),
         "starvation": lambda: starvation.main(quick=quick),
@@ -297,6 +305,9 @@ SECTION_VIEWS: tuple[tuple[str, Callable[[dict[str, Any]], str], Callable[[dict[
     ("gpu", lambda s: "gpu: a PyTorch text-to-mel model fed by stoker.Feed, a DataLoader (as many workers) doing the "
                       "producers' work, the same with the per-clip reference mel (an extra way), and from batches "
                       "held on the device; the same batches", gpu.render),
+    ("peers", lambda s: "peers: the PyTorch step fed by stoker.Feed and by the loaders a user picks instead, the "
+                        "producers' work in each (checked equal); median [min,max] of "
+                        f"{s['config']['repetitions']} interleaved repetitions", peers.render),
     ("scale", lambda s: "scale: manifests with durations (audio: a few files reused), index cold and warm, a "
                         "synthetic:5 run warm; peak RSS by process", scale.render),
     ("trainer", lambda s: "trainer: the tiny model on the CPU, batch 16, demo bucket shapes; overhead = queue / "
