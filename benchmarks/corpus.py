@@ -163,9 +163,10 @@ def make_clip_shar(root: Path, per_shard: int = CLIPS_PER_SHARD) -> Path:
     return out
 
 
-def plan_leases(root: Path, batch_size: int = BATCH_SIZE) -> list[Any]:
-    """The leases (shared/wire.py's Lease) of the first epoch's plan of ``root``."""
-    index = build_index(DataConfig(path=str(root), index_cache="off"), FeaturesConfig())
+def plan_leases(root: Path, batch_size: int = BATCH_SIZE, features: FeaturesConfig | None = None) -> list[Any]:
+    """The leases (shared/wire.py's Lease) of the first epoch's plan of ``root`` (its frames
+    under ``features``, default the default mel's)."""
+    index = build_index(DataConfig(path=str(root), index_cache="off"), features or FeaturesConfig())
     planner = EpochPlanner(index.samples, BatchingConfig(batch_size=batch_size))
     assert index.vocabulary is not None
     tokens = TokenTable(index.samples, index.vocabulary)

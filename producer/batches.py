@@ -33,6 +33,7 @@ from ..shared.dataset.parquet import row_reader
 from ..shared.dataset.storage import COUNTS, Reader, object_version, object_versions, shown
 from ..shared.mel import num_frames, pad_values
 from ..shared.melstats import MelStats, minmax, normalize
+from ..shared.text import PAD_ID
 
 log = logging.getLogger("producer")
 
@@ -96,7 +97,8 @@ class BatchMaker:
                  faults: FaultsConfig | None = None, schema: BatchSchema = SCHEMA,
                  ref_frames: int = BatchingConfig.ref_frames, transforms: TransformsConfig | None = None,
                  mel_norm: tuple[np.ndarray, np.ndarray] | None = None, fixed_rows: bool = False,
-                 model_device: str | None = None, model_memory_mb: int | None = None) -> None:
+                 model_device: str | None = None, model_memory_mb: int | None = None,
+                 token_pad: int = PAD_ID) -> None:
         self.root = root
         self.texts = texts  # of this host's metadata ({} for a producer that reads none: leases carry them)
         self.files = files if files is not None else {}
@@ -114,7 +116,8 @@ class BatchMaker:
         self.fixed_rows = fixed_rows  # batches keep the lease's rows (empty ones padded); else only real rows
         transforms = transforms or TransformsConfig()
         self.clip_minmax = transforms.mel_norm == "clip_minmax"  # each clip's mel scaled to [0, 1]
-        self._pads = pad_values(schema, features, transforms.mel_norm)
+        # token rows padded with the vocabulary's pad id (a user tokenizer's own), not always PAD_ID
+        self._pads = {**pad_values(schema, features, transforms.mel_norm), "tokens": token_pad}
         chain = Chain(transforms, features)
         self.chain = chain if chain.active else None  # producer/transforms.py: None when every step is off
         self._mels = MelComputer(features, device=device, weights=chain.weights)

@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -43,6 +43,10 @@ _TF_DTYPE = np.float32
 # The numpy backend transforms this many frames at a time: 128 x 1024 float32 frames are
 # 512 KiB, so a block and its spectrum stay in a core's cache.
 _NUMPY_BLOCK_ROWS = 128
+# The numpy backend applies the filterbank in groups of bands, each over only the rfft bins its
+# filters reach: a filter is non-zero over a few bins, so one dense [bins, n_mels] product is
+# mostly zeros (8 groups: a third of the product's time at 80 bands, benchmarks/transforms.py).
+_FILTER_GROUPS = 8
 
 # How many MelComputers log_mel_spectrogram keeps (one per distinct FeaturesConfig): a
 # process normally uses one config; a few more cover tests and notebooks.
@@ -260,7 +264,7 @@ class MelComputer:
         self._filterbank = mel_filterbank(cfg)  # float64 [F, M]
         self._window = centered_window(cfg)  # float64 [n_fft]
         self._tf_fns: dict[bool, Callable[[Any], Any]] = {}  # per analyse: the log-mel, or (mel, powers)
-        self._np_parts: tuple[np.ndarray, int, int, np.ndarray] | None = None
+        self._np_parts: tuple[np.ndarray, int, int, list[_FilterGroup]] | None = None
         self._build_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -316,9 +320,8 @@ class MelComputer:
         frames = np.lib.stride_tricks.sliding_window_view(signal, cfg.n_fft)[:: cfg.hop_length]  # [R, n_fft] view
         if self._np_parts is None:
             low, high = _filterbank_support(self._filterbank)
-            self._np_parts = (self._window.astype(np.float32), low, high,
-                              np.ascontiguousarray(self._filterbank[low:high], dtype=np.float32))
-        window, low, high, filterbank = self._np_parts
+            self._np_parts = (self._window.astype(np.float32), low, high, _filter_groups(self._filterbank, low, high))
+        window, low, high, groups = self._np_parts
         rfft = _rfft()
         out = np.empty((frames.shape[0], cfg.n_mels), dtype=np.float32)  # [R, M]
         weights = self.weights if analyse else None
@@ -353,7 +356,8 @@ class MelComputer:
                         magnitude = np.sqrt(magnitude, out=magnitudes[:b, low:high])
                 else:
                     magnitude = (power if squared else magnitudes)[:b, low:high]
-            np.matmul(magnitude, filterbank, out=out[start:end])
+            for first, last, bins, weights_g in groups:  # magnitude's columns are the bins from low on
+                np.matmul(magnitude[:, bins], weights_g, out=out[start:end, first:last])
         if not analyse:
             _log_in_place(out, cfg)
         return [(out[row:row + count], None if powers is None else powers[row:row + count])
@@ -470,6 +474,28 @@ def _rfft() -> Callable[[np.ndarray], np.ndarray]:
         logger.info("scipy is not installed: the numpy backend uses numpy.fft (slower)")
         return functools.partial(np.fft.rfft, axis=-1)
     return functools.partial(scipy.fft.rfft, axis=-1, overwrite_x=True)
+
+
+class _FilterGroup(NamedTuple):
+    """Bands [first, last) of the filterbank, over the rfft bins ``bins`` (counted from the support's low bin)."""
+
+    first: int
+    last: int
+    bins: slice
+    weights: np.ndarray  # float32 [bins, last - first]
+
+
+def _filter_groups(filterbank: np.ndarray, low: int, high: int) -> list[_FilterGroup]:
+    """The filterbank [F, M] in up to _FILTER_GROUPS groups of consecutive bands, each cut to the
+    bins of its support [low, high) its filters reach (all of them for a group of zero filters)."""
+    groups = []
+    edges = np.linspace(0, filterbank.shape[1], min(_FILTER_GROUPS, filterbank.shape[1]) + 1).astype(int)
+    for first, last in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        lo, hi = _filterbank_support(filterbank[:, first:last])
+        lo, hi = max(lo, low), min(hi, high)
+        groups.append(_FilterGroup(first, last, slice(lo - low, hi - low),
+                                   np.ascontiguousarray(filterbank[lo:hi, first:last], dtype=np.float32)))
+    return groups
 
 
 def _filterbank_support(filterbank: np.ndarray) -> tuple[int, int]:

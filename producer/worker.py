@@ -57,7 +57,7 @@ FINAL_LINGER_MS = 500
 def recipe(welcome: wire.Welcome) -> tuple[Any, ...]:
     """What a WELCOME says of how batches are made: trainers a producer serves at once must agree."""
     return (welcome.config, welcome.fields, welcome.fixed_rows, welcome.ref_frames, welcome.transform_versions,
-            welcome.feature_cache, welcome.mel_norm)
+            welcome.feature_cache, welcome.mel_norm, welcome.token_pad)
 
 
 class Book:
@@ -166,7 +166,7 @@ class Producer:
         maker = BatchMaker(self.root, {}, features, device, self.name, self.host, feature_cache=cache_dir,
                            faults=welcome.config.faults, schema=schema, ref_frames=welcome.ref_frames,
                            transforms=transforms, mel_norm=mel_norm, fixed_rows=welcome.fixed_rows,
-                           model_device=model_device, model_memory_mb=self.memory_mb)
+                           model_device=model_device, model_memory_mb=self.memory_mb, token_pad=welcome.token_pad)
         self._check_models(maker, welcome)
         return maker
 

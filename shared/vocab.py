@@ -60,8 +60,14 @@ class Vocabulary:
     @property
     def pad_id(self) -> int | None:
         """The padding id: ``PAD_ID``, or a user tokenizer object's own (None where it has none, and
-        for a tokenizer function). The batch pads token rows with ``PAD_ID`` whatever it is."""
+        for a tokenizer function). The batch pads token rows with :attr:`padding_id`."""
         return self.engine.get("pad_id") if self.is_user else PAD_ID
+
+    @property
+    def padding_id(self) -> int:
+        """The id the batch pads token rows with: :attr:`pad_id`, or ``PAD_ID`` where there is none."""
+        pad = self.pad_id
+        return PAD_ID if pad is None else int(pad)
 
     @property
     def eos_id(self) -> int | None:
@@ -105,7 +111,8 @@ class Vocabulary:
             if not 0 <= v < self.size:
                 raise ValueError(f"token id {v} is outside the vocabulary [0, {self.size})")
         if self.is_user:
-            return USER_ID_SEPARATOR.join(str(v) for v in values if v != PAD_ID)
+            pad = self.padding_id
+            return USER_ID_SEPARATOR.join(str(v) for v in values if v != pad)
         out = []
         for v in values:
             if v == EOS_ID:

@@ -10,7 +10,7 @@ checks the table against the classes, whose docstrings say what each field means
     WELCOME    C->P  producer_index: int, producer_name: str, config: ProducerConfig, fields: str,
                      fixed_rows: bool, ref_frames: int, transform_versions: {str: str}, metadata_file: str,
                      feature_cache: str, heartbeat_interval_s: float, heartbeat_timeout_s: float,
-                     [mel_norm: any]
+                     [mel_norm: any], [token_pad: int]
     REFUSE     C->P  reason: str, [metadata_file: str], [columns: str], [rejoin: bool]
     LEASE      C->P  lease: int, epoch: int, index: int, ids: [str], shape: [int, int], rows: int,
                      tokens: [[int]], [speakers: [int]], [languages: [int]], [refs: [str]],
@@ -57,7 +57,9 @@ from .wireparts import FieldError, Part
 # WELCOME no longer carries the metadata's SHA-256 (the producer compares nothing).
 # 6: a LEASE carries each clip's position in the run's clip list (``positions``), which the optional
 # ``clip`` batch field holds: a producer of version 5 would not fill it.
-PROTOCOL_VERSION = 6
+# 7: WELCOME carries the id token rows are padded with (``token_pad``: a user tokenizer's own pad id),
+# which a producer of version 6 would ignore, padding with 0.
+PROTOCOL_VERSION = 7
 
 # The config a producer takes from WELCOME (ProducerConfig: sections of shared/config.py, each
 # a map of its keys). 1: features, transforms and faults. Raised when a key keeps its name but
@@ -403,7 +405,8 @@ class Welcome(Body):
     user transforms' versions and the producer models' (keyed ``model:SPEC``: their source and
     weights; a producer running another refuses itself), the mel
     statistics it normalises with (transforms.mel_norm: dataset), the trainer's metadata file,
-    the feature cache and the heartbeat settings."""
+    the feature cache, the heartbeat settings and the id token rows are padded with (the
+    vocabulary's pad id; absent: 0)."""
 
     KIND: ClassVar[str] = WELCOME
     SENDER: ClassVar[str] = "C->P"
@@ -419,8 +422,11 @@ class Welcome(Body):
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     mel_norm: Any = None
+    token_pad: int = 0
 
     def problem(self) -> str:
+        if self.token_pad < 0:
+            return "token_pad must not be negative"
         if not (0 < self.heartbeat_interval_s and 0 < self.heartbeat_timeout_s):
             return "heartbeat settings must be positive"
         return "" if self.ref_frames > 0 else "ref_frames must be positive"

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.procs import read_json, read_jsonl
-from tests.trained import check_run, check_trained, clips_of
+from tests.trained import Recorder, check_run, check_trained, clips_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -113,3 +113,34 @@ def test_tuple_trainer_under_fit_killed_after_a_checkpoint_trains_every_clip_onc
     assert losses[1] < losses[0], resumed.stdout
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed" and summary["epochs_completed"] == 3
+
+
+def test_the_hugging_face_tokenizer_example_trains_every_clip_once_per_epoch_on_the_tokenizers_own_ids(
+        tmp_path, monkeypatch):
+    """docs/examples/hf_tokenizer.py in this process: inside each step, every row's ids are the
+    tokenizer's own encoding of the text of the clip its ``clip`` field names; each clip but the
+    held-out ones is trained once per epoch; the loss falls."""
+    pytest.importorskip("tokenizers")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setenv("HF_TOKENIZER_FILE", "")  # the example sets it; restored after the test
+    import hf_tokenizer
+
+    run_dir, recorder, checked = tmp_path / "run", Recorder(), []
+
+    def on_step(feed, batch, epoch):
+        recorder.note(batch, epoch)
+        clips = feed.clips
+        own = hf_tokenizer.tokenizer()
+        tokens, lengths = batch["tokens"].cpu().numpy(), batch["token_lengths"].cpu().numpy()
+        for row, position in enumerate(batch["clip"].tolist()):
+            assert tokens[row, :lengths[row]].tolist() == own.encode(clips[position].text).ids
+            assert (tokens[row, lengths[row]:] == own.token_to_id(hf_tokenizer.PAD)).all()
+            checked.append(position)
+
+    losses = hf_tokenizer.train(PROJECT / "data" / "demo", run_dir, epochs=3, on_step=on_step)
+    held = set(read_json(run_dir / "validation.json")["ids"])
+    assert len(held) == 4 and len(checked) == 3 * (len(DEMO_IDS) - 4)
+    check_trained(recorder.steps, clips_of(run_dir), 3, DEMO_IDS - held)
+    assert read_json(run_dir / "vocab.json")["size"] == hf_tokenizer.tokenizer().get_vocab_size()
+    assert sum(losses[-4:]) < 0.8 * sum(losses[:4]), losses
+

@@ -33,6 +33,7 @@ from ...shared.dataset import Reference
 from ...shared.layouts import Rejection
 from ...shared.mel import user_mel_function
 from ...shared.melstats import MelStats
+from ...shared.text import PAD_ID
 
 log = logging.getLogger("consumer.coordinator")
 
@@ -85,6 +86,8 @@ class Scheduler:
         self.figures.producers = self.peers.producers  # the per-producer figures deliveries add to
         self.leases = Leases()
         self.writer = LeaseWriter(tokens, references, validation, dataset, "clip" in self.schema.names)
+        # The id token rows are padded with: the vocabulary's (a user tokenizer's own pad id).
+        self.token_pad = tokens.vocabulary.padding_id if tokens is not None else PAD_ID
         self.replan = Replanner(planner, self.ordered, max_epochs, resume, self._reject)
         self.credits = Credits(queue, validation.queue if validation is not None else None, self.leases,
                                self.replan, self.ordered, self._send)
@@ -125,7 +128,8 @@ class Scheduler:
             metadata_file=self.cfg.data.metadata_file,
             feature_cache=self.cfg.data.feature_cache,
             heartbeat_interval_s=self.cfg.pipeline.heartbeat_interval_s,
-            heartbeat_timeout_s=self.cfg.pipeline.heartbeat_timeout_s, mel_norm=self.mel_norm)
+            heartbeat_timeout_s=self.cfg.pipeline.heartbeat_timeout_s, mel_norm=self.mel_norm,
+            token_pad=self.token_pad)
 
     # ------------------------------------------------------------ events
     def on_message(self, identity: bytes, frames: list[Any], now: float, fd: int = -1) -> None:

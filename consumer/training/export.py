@@ -63,7 +63,7 @@ def export(run_dir: Path, out: Path) -> ExportResult:
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the export's graphs are device-neutral
 
     tf, device = configure_tensorflow(None)
-    pads = pad_values(schema, cfg.features, cfg.transforms.mel_norm)
+    pads = {**pad_values(schema, cfg.features, cfg.transforms.mel_norm), "tokens": vocab.padding_id}
     probe = one_batch(np.array([FIRST_SYMBOL_ID, EOS_ID], np.int32), cfg.batching.frames_multiple,
                       cfg.features.n_mels, pads, schema, hop_length=cfg.features.hop_length,
                       ref_frames=cfg.batching.ref_frames)

@@ -146,7 +146,7 @@ def synthesize(run_dir: Path, text: str, out: Path, frames: int | None = None, g
 
     tf, device = configure_tensorflow(None)
     n_mels = cfg.features.n_mels
-    pads = pad_values(schema, cfg.features, cfg.transforms.mel_norm)
+    pads = {**pad_values(schema, cfg.features, cfg.transforms.mel_norm), "tokens": vocab.padding_id}
     shapes = {"hop_length": cfg.features.hop_length, "ref_frames": cfg.batching.ref_frames, "ref_mel": ref_mel}
     probe = one_batch(tokens, cfg.batching.frames_multiple, n_mels, pads, schema, **ids, **shapes)
     model, found = restore_model(tf, device, run_dir, cfg, vocab.size, probe)

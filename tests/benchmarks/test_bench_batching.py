@@ -42,10 +42,15 @@ def test_padding_figures_of_both_plans() -> None:
 def test_transforms_cost_figures() -> None:
     from stoker.benchmarks import transforms
 
-    result = transforms.run(transforms.TransformsPlan(repetitions=1))
-    target = result["targets"][0]
-    assert result["clips"] == 64 and target["limit"] == transforms.TARGET_RATIO
+    result = transforms.run(transforms.TransformsPlan(repetitions=1, conventions=("vocos",)))
+    target, vocos = result["targets"]
+    assert result["clips"] == 64 and target["limit"] == vocos["limit"] == transforms.TARGET_RATIO
     assert math.isclose(target["value"], result["transformed_ms_per_clip"]["median"]
                         / result["plain_ms_per_clip"]["median"])
-    assert [t["section"] for t in suite.targets({"transforms": result})] == ["transforms"]
-    assert "trim + loudness + mel norm" in transforms.render(result)
+    conventions = result["conventions"]
+    assert math.isclose(vocos["value"], conventions["ms_per_clip"]["vocos"]["mel"]["median"]
+                        / conventions["ms_per_clip"]["default"]["mel"]["median"])
+    # the same clips each way: 24 kHz makes 24000 / 22050 as many frames (within one a clip)
+    assert abs(conventions["frames"]["vocos"] - conventions["frames"]["default"] * 24000 / 22050) <= 64
+    assert [t["section"] for t in suite.targets({"transforms": result})] == ["transforms"] * 2
+    assert "trim + loudness + mel norm" in transforms.render(result) and "vocos" in transforms.render(result)

@@ -55,16 +55,19 @@ TOKENIZER_ENV = "STOKER_TEST_TOKENIZER"
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 
 
-def train_bpe(texts: list[str], path: Path, vocab_size: int = 200) -> "tokenizers.Tokenizer":  # noqa: F821
-    """A Hugging Face BPE tokenizer trained on ``texts``, <pad> id 0 and </s> id 1 appended to
-    every text (as stoker's own EOS), saved at ``path``."""
+def train_bpe(texts: list[str], path: Path, vocab_size: int = 200,
+              specials: tuple[str, ...] = (PAD, EOS, UNK)) -> "tokenizers.Tokenizer":  # noqa: F821
+    """A Hugging Face BPE tokenizer trained on ``texts``, its special tokens the first ids in the
+    order of ``specials`` (<pad> 0, </s> 1 by default), </s> appended to every text (as stoker's
+    own EOS), saved at ``path``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, UNK],
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
                                                              show_progress=False))
-    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, 1)])
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}",
+                                                             special_tokens=[(EOS, specials.index(EOS))])
     tokenizer.save(str(path))
     return tokenizer
 
