@@ -91,7 +91,7 @@ def _timed(epochs: Iterable[tuple[int, Iterable[dict[str, Any]]]], trainer: _Tra
            started: float) -> dict[str, Any]:
     """Train every batch of ``epochs``; the way's figures (module docstring)."""
     waited = useful = frames = samples = 0.0
-    first_at = None
+    first_at, first_rows = None, 0
     per_epoch: dict[int, list[int]] = {}
     for epoch, batches in epochs:
         batches = iter(batches)
@@ -106,6 +106,7 @@ def _timed(epochs: Iterable[tuple[int, Iterable[dict[str, Any]]]], trainer: _Tra
             else:
                 waited += now - t0
             rows, mel_lengths, shape = rows_of(batch)
+            first_rows = first_rows or len(rows)
             per_epoch.setdefault(epoch, []).extend(rows)
             useful, frames, samples = useful + sum(mel_lengths), frames + shape[0] * shape[1], samples + len(rows)
             trainer.step(batch["coqui"] if "coqui" in batch else batch)
@@ -113,8 +114,7 @@ def _timed(epochs: Iterable[tuple[int, Iterable[dict[str, Any]]]], trainer: _Tra
                 batch["done"]()
     assert first_at is not None, "no batch"
     wall = time.perf_counter() - first_at
-    after_first = samples - len(per_epoch[min(per_epoch)][:BATCH_SIZE])
-    return {"samples_per_s": after_first / wall, "wait_frac": waited / wall, "first_batch_s": first_at - started,
+    return {"samples_per_s": (samples - first_rows) / wall, "wait_frac": waited / wall, "first_batch_s": first_at - started,
             "frames_useful_frac": useful / frames, "per_epoch": {e: sorted(r) for e, r in per_epoch.items()}}
 
 
