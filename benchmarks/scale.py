@@ -25,12 +25,21 @@ processes' included) and the load average beside its time, as a loaded machine s
 time, not the CPU. Targets at 10 M rows: cold index <= 60 s, warm launch to first batch <= 10 s,
 consumer (whose coordinator holds the index) <= 1.5 GB.
 
+The mix (``--mix-sizes``, default 1 M and 10 M clips): N clips in all as a mix of three
+corpora, a JSON-lines manifest, Parquet files as ``datasets`` writes them and a lhotse cut
+manifest (benchmarks/mix_corpus.py), generated a chunk at a time (its seconds and CPU seconds);
+a cold build of each dataset alone and of the mix, each watched (:class:`BuildWatch`: the summed
+RSS of its processes, stopped past BUILD_LIMIT_MB; the disk of its run files, which tell a build
+that streamed from one in one process, and of its cache directory), the mix's warm load and its
+run. Targets at 10^8 clips (MIX_TARGETS) and per-clip growth within MIX_GROWTH_LIMIT.
+
 Per-clip growth: each figure at the largest size over the smallest, divided by the ratio of
 the sizes (1.0: linear). Targets (issue 23, 10 M clips): consumer <= 1.5 GB, a producer
 <= 400 MB, warm launch to first batch <= 10 s, cold build <= 60 s; at 1 M warm launch to
 first batch <= 3 s; per-clip cost from the smallest to the largest within 1.2 x.
 
-``python -m stoker.benchmarks.scale [--sizes 1000000,10000000] [--parquet-sizes 10000000] [--json FILE]``, and the
+``python -m stoker.benchmarks.scale [--sizes 1000000,10000000] [--parquet-sizes 10000000] [--mix-sizes
+1000000,10000000] [--json FILE]``, and the
 ``scale`` section of ``python run.py bench`` (full run only, at the sizes of ScalePlan).
 """
 
@@ -116,8 +125,8 @@ GROWTH_LIMIT = 1.2
 MB = 1e6
 # A cold build whose processes together pass this much RSS is stopped (:class:`BuildWatch`): it
 # does not stream, and would take the memory of a host that others share.
-BUILD_LIMIT_MB = 6000.0  # issue 48's peak for a build of 10^8 clips
-# Issue 48's targets, of the mix (benchmarks/mix_corpus.py): (figure, size, limit).
+BUILD_LIMIT_MB = 6000.0  # the target's peak for a build of 10^8 clips
+# The targets at 10^8 clips, of the mix (benchmarks/mix_corpus.py): (figure, size, limit).
 MIX_TARGETS = (("mix.cold_build_s", 100_000_000, 1200.0), ("mix.all_peak_rss_mb", 100_000_000, 6000.0),
                ("mix.launch_to_first_batch_s", 100_000_000, 15.0), ("mix.consumer_peak_rss_mb", 100_000_000, 2500.0),
                ("mix.producer_peak_rss_mb", 100_000_000, 150.0))
@@ -610,7 +619,7 @@ def run(plan: ScalePlan | None = None, log: Callable[[str], None] | None = None)
             "growth_per_clip": growth, "mix_growth_per_clip": mix_growth, "targets": targets}
 
 
-# The mix's figures whose per-clip growth has a target (issue 48: within MIX_GROWTH_LIMIT).
+# The mix's figures whose per-clip growth has a target (from 10^7 to 10^8: within MIX_GROWTH_LIMIT).
 MIX_GROWN = ("cold_build_s", "all_peak_rss_mb", "launch_to_first_batch_s", "consumer_peak_rss_mb",
              "producer_peak_rss_mb")
 

@@ -57,6 +57,15 @@ CHUNKED_MIN_BYTES = 32 << 20
 BUILD_CHUNK_BYTES = 8 << 20
 
 
+# The first of a run file's sections that only the repeated ids need (_repeated_ids, _drop_repeated):
+# it and those after it are given back before the cache file is written.
+RELEASED_FIRST = "rows"
+
+
+class RunsReleased(RuntimeError):
+    """A cache file's write, tried again after a failure, finds the run files already given back."""
+
+
 # What a spilled piece keeps in memory: its results that are not columns (rejections, lost
 # characters, the units listed apart, the names), a few of each piece.
 SMALL_RESULTS = ("parsed", "tokenized", "rejected", "lost", "seen", "speakers", "languages")
@@ -78,17 +87,18 @@ def spilled_piece(path: str, fn: Callable[..., dict[str, Any] | None], task: tup
     ids, order = piece["ids"], piece["id_order"]
     hash_order = np.argsort(piece["hashes"], kind="stable")
     width = max(1, widest(ids[0]))
-    arrays: dict[str, Any] = {
-        "rows": piece["rows"], "lines": piece["lines"], "ids.o": ids[0], "ids.s": ids[1],
-        "h": piece["hashes"][hash_order], "hpos": hash_order.astype(np.int64),
-        "order": order.astype(np.int64), "key": fixed_width(*ids, width)[order],
-        "rid": piece["rows"][order]}
+    # The sections in the reverse of the order the merge is done with them (RELEASED_FIRST, then
+    # _Merge.write's columns, then its id merge's), each given back as soon as it is (Run.release).
+    arrays: dict[str, Any] = {"key": fixed_width(*ids, width)[order], "rid": piece["rows"][order],
+                              "order": order.astype(np.int64)}
     for name in ("metadata_lines", "audio_lines"):
         offsets, blob = _taken(*piece[name], order)
         arrays[f"{name}.o"], arrays[f"{name}.s"] = offsets, blob
-    arrays.update({f"n.{name}": col for name, col in piece["numbers"].items()})
-    for name, (offsets, blob) in piece["strings"].items():
-        arrays[f"c.{name}.o"], arrays[f"c.{name}.s"] = offsets, blob
+    for name in reversed(STRING_COLUMNS):
+        arrays[f"c.{name}.o"], arrays[f"c.{name}.s"] = piece["strings"][name]
+    arrays.update({f"n.{name}": piece["numbers"][name] for name in reversed(NUMBER_COLUMNS)})
+    arrays.update({RELEASED_FIRST: piece["rows"], "lines": piece["lines"], "ids.o": ids[0], "ids.s": ids[1],
+                   "h": piece["hashes"][hash_order], "hpos": hash_order.astype(np.int64)})
     write_run(Path(path), {}, arrays)
     strings = piece["strings"]
     return {**{name: piece[name] for name in SMALL_RESULTS}, "path": path,
@@ -102,14 +112,17 @@ def spilled_piece(path: str, fn: Callable[..., dict[str, Any] | None], task: tup
 def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
                    config: dict[str, Any], candidates: list[Path], manifest_sha256: str, digest: str,
                    started: float, pieces: tuple[Callable[..., Any], list[tuple]] | None = None,
-                   named: Callable[[Rejection], Rejection] | None = None) -> DatasetIndex | None:
+                   named: Callable[[Rejection], Rejection] | None = None, release: bool = True) -> DatasetIndex | None:
     """The index of a manifest whose clips all give their durations, built in pieces (the
     module's comment); None when a clip gives none (then the one-process build reads its
     header). ``pieces``: the work of each piece (a function and its tasks) where it is not the
     manifest's byte ranges (Parquet files: parquet_pieces.py); ``named``: what a line's rejection
     becomes there (a row's, naming it). A cache file of the same content
     is loaded before anything is parsed (the manifest's stamp changed, not its bytes);
-    ``digest``: what the cache file written is found by (:func:`manifest_hit`)."""
+    ``digest``: what the cache file written is found by (:func:`manifest_hit`). ``release``: the
+    run files given back as the merge is done with them (the build's peak disk is its runs', not
+    its runs' and its cache file's); a cache file whose write fails after that is built again
+    without it, for the next place to take it."""
     key = index_key_of(bytes.fromhex(manifest_sha256), {}, config)
     cache_path, cached, state = read_cache(candidates, key) if candidates else (None, None, "off")
     if state == "hit" and cached is not None:
@@ -143,18 +156,23 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
         runs = [Run(Path(p["path"])) for p in parts]
         try:
             return _merged(root, data, frontend, config, candidates, (key, digest, manifest_sha256), parts, runs,
-                           spill, stats, (started, read_started), named)
+                           spill, stats, (started, read_started), named, release)
+        except RunsReleased:
+            log.warning("the index cache of %s could not be written where first tried; building it again",
+                        root / data.metadata_file)
         finally:
             for run in runs:
                 run.close()
     finally:
         remove_spill(spill)
+    return build_manifest(root, data, features, text, frontend, config, candidates, manifest_sha256, digest, started,
+                          pieces, named, release=False)
 
 
 def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, Any], candidates: list[Path],
             keys: tuple[str, str, str], parts: list[dict[str, Any]], runs: list[Run], spill: Path,
             stats: IndexStats, times: tuple[float, float],
-            named: Callable[[Rejection], Rejection] | None) -> DatasetIndex:
+            named: Callable[[Rejection], Rejection] | None, release: bool) -> DatasetIndex:
     """The index of the spilled pieces merged (the module's comment), its cache file written
     under ``keys`` (the index key, the digest it is found by, the manifest's SHA-256) to the
     first candidate that takes it, else to a file in ``spill`` (removed once mapped)."""
@@ -176,12 +194,15 @@ def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, 
     for p in parts:
         seen.update(p["seen"])
     speakers, languages = _names(parts, runs, "speaker"), _names(parts, runs, "language")
+    if release:
+        for run in runs:
+            run.release(RELEASED_FIRST)
     vocab = Vocabulary.build(frontend, ["".join(sorted(seen))], languages, speakers)
     header = {"key": key, "root": str(root), "config": config, "rejected": columns_of(rejected, REJECTION_FIELDS),
               "lost": lost, "vocabulary": vocab.state_dict(), "agreement": {},
               "manifest": {"digest": digest, "measured": []},
               "names": {"speakers": speakers, "languages": languages}}
-    merge = _Merge(frontend, parts, runs, parsed, header, manifest_sha256)
+    merge = _Merge(frontend, parts, runs, parsed, header, manifest_sha256, release)
     written = write_cache_with(candidates, merge.write) if candidates else None
     path = written
     if path is None:
@@ -200,12 +221,14 @@ class _Merge:
     """The cache file of the spilled pieces, written section by section (:meth:`write`, again
     for another candidate when one fails): the columns piece by piece, the rows in id order and
     the fingerprints from the pieces' sorted ids merged (:attr:`agreed`), the clips' groups and
-    what a rebuild reuses from the table written so far, then the header."""
+    what a rebuild reuses from the table written so far, then the header. ``release``: each run
+    section given back once written (:meth:`_done`); a second write then raises RunsReleased."""
 
     def __init__(self, frontend: Frontend, parts: list[dict[str, Any]], runs: list[Run], parsed: list[Rejection],
-                 header: dict[str, Any], manifest_sha256: str) -> None:
+                 header: dict[str, Any], manifest_sha256: str, release: bool) -> None:
         self.frontend, self.parts, self.runs, self.parsed = frontend, parts, runs, parsed
         self.header, self.manifest_sha256 = header, manifest_sha256
+        self.release, self.released = release, False
         self.agreed: dict[str, Any] = {}
         names = header["names"]
         self.codes = {"speaker": {name: n for n, name in enumerate(names["speakers"])},
@@ -213,12 +236,16 @@ class _Merge:
         self.bases = np.cumsum([0] + [p["samples"] - len(p["gone"]) for p in parts]).tolist()
 
     def write(self, f: BinaryIO) -> None:
+        if self.released:
+            raise RunsReleased("the run files were given back to the first write")
         writer = IndexWriter(f)
         for name, kind in NUMBER_COLUMNS.items():
             writer.add(f"n.{name}", self._numbers(name, kind))
         for name in STRING_COLUMNS:
             if name == UNITS_AS_TEXT[0] and all(p["units_as_text"] for p in self.parts):
-                continue  # the texts' sections serve both (SampleTable.sections)
+                for k in range(len(self.runs)):  # the texts' sections serve both (SampleTable.sections)
+                    self._done(k, f"c.{name}.o")
+                continue
             writer.add(f"o.{name}", self._offsets(name))
             writer.add(f"s.{name}", self._blobs(name))
         rows = self._id_merge()
@@ -235,6 +262,14 @@ class _Merge:
             writer.add(GROUPS_SECTION, np.ascontiguousarray(groups, np.int64))
         writer.add("reuse", _reuse(self.frontend, self.parts, self.parsed, table))
         writer.finish({**self.header, "agreement": self.agreed})  # in its place (the one-process build's order)
+
+    def _done(self, k: int, name: str) -> None:
+        """Run ``k``'s section ``name``, and those after it, given back (spilled_piece's layout):
+        each run's as soon as the cache file holds what it gave, so that the disk holds the runs and
+        one piece's column at most."""
+        if self.release:
+            self.released = True
+            self.runs[k].release(name)
 
     def _table(self, f: BinaryIO, writer: IndexWriter) -> SampleTable:
         """The table of the sections written so far, the file mapped (its blobs read with pread)."""
@@ -261,6 +296,7 @@ class _Merge:
                 lookup = np.array([self.codes[name].get(n, -1) for n in p[f"{name}s"]], np.int32)
                 col = lookup[col] if len(col) else col
             yield np.ascontiguousarray(col, kind)
+            self._done(k, f"n.{name}")
 
     def _strings(self, k: int, name: str) -> tuple[np.ndarray, bytes]:
         offsets, blob = self.runs[k].strings(f"c.{name}")
@@ -278,6 +314,7 @@ class _Merge:
     def _blobs(self, name: str) -> Iterator[bytes]:
         for k in range(len(self.parts)):
             yield self._strings(k, name)[1]
+            self._done(k, f"c.{name}.o")
 
     def _id_merge(self) -> Iterator[np.ndarray]:
         """The table's rows in id order, a round of the merge at a time, and on the way the
@@ -290,12 +327,16 @@ class _Merge:
                    for p, run in zip(self.parts, self.runs)]
         digests = {"metadata": hashlib.sha256(), "audio": hashlib.sha256()}
         dtypes = [f"S{p['width']}" for p in self.parts]
+        ends = [run.length("key", dtype) for run, dtype in zip(self.runs, dtypes)]
         for _, perm, spans in merged(self.runs, "key", dtypes, f"S{width}", row_bytes):
             keep = np.concatenate([~np.isin(np.arange(first, stop), dropped[k]) for k, first, stop in spans])
             order = perm[keep[perm]]
             for name, column in (("metadata", "metadata_lines"), ("audio", "audio_lines")):
                 digests[name].update(gathered(*span_strings(self.runs, column, spans), order))
             rows = np.concatenate([self._rows(k, first, stop) for k, first, stop in spans])[order]
+            for k, _, stop in spans:
+                if stop == ends[k]:  # the run's last key: merged reads it no more
+                    self._done(k, "key")
             yield rows[rows >= 0]
         self.agreed = {"metadata": digests["metadata"].hexdigest()[:FINGERPRINT_HEX],
                        "audio": digests["audio"].hexdigest()[:FINGERPRINT_HEX], "missing": 0,

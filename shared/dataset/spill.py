@@ -1,6 +1,7 @@
 """A build's pieces spilled to disk and read back a block at a time: each piece's arrays in a run
 file of its own (the index cache's format, shared/dataset/cache.py) and a k-way merge of the
-pieces' sorted keys whose memory is a block per piece, however large the corpus.
+pieces' sorted keys whose memory is a block per piece, however large the corpus; a run's
+sections given back from its end as its reader is done with them (:meth:`Run.release`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Run:
     process's (a mapped file's pages read count as its memory)."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         cached: CachedIndex = open_index(path, check=False)
         self.header = cached.header
         self._table = cached.header["sections"]
@@ -61,6 +63,12 @@ class Run:
 
     def close(self) -> None:
         self._file.close()
+
+    def release(self, name: str) -> None:
+        """Give back the disk of section ``name`` and of every section after it in the file: the
+        file cut short at its start (they are not read again; a file laid out in the reverse of
+        the order its reader is done with its sections shrinks as it is read)."""
+        os.truncate(self.path, self._start + self._table[name][0])
 
     def raw(self, name: str, first: int = 0, stop: int | None = None) -> bytes:
         """Bytes ``first:stop`` of section ``name``."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import soundfile
 
-from stoker.benchmarks import scale
+from stoker.benchmarks import mix_corpus, scale
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset import build_index
 
@@ -66,3 +67,28 @@ def test_the_report_names_the_loose_files_target() -> None:
     text = scale.render(result)
     assert "1,000,000 loose files" in text
     assert "NOT met: launch_to_first_batch_s at 1,000,000 loose files = 4.000 (limit 3)" in text
+
+
+def test_the_report_names_the_mix_builds_their_growth_and_the_targets_at_ten_to_the_eight() -> None:
+    small = {"clips": 1_000_000, "mix.cold_build_s": 10.0, "mix.streamed": False, "cuts.all_peak_rss_mb": 800.0}
+    large = {"clips": 10_000_000, "mix.cold_build_s": 120.0, "mix.streamed": False, "cuts.all_peak_rss_mb": None}
+    growth = scale._growth([small, large])
+    assert growth == {"mix.cold_build_s": 1.2, "mix.streamed": None, "cuts.all_peak_rss_mb": None}
+    at_scale = [{"clips": 100_000_000, "mix.cold_build_s": 1300.0, "mix.all_peak_rss_mb": None}]
+    targets = scale._met(scale.MIX_TARGETS, at_scale, "clips in a mix")
+    text = scale.render({"sizes": [], "mix": [small, large], "mix_growth_per_clip": growth, "targets": targets})
+    assert "10,000,000 clips in a mix" in text and "mix.streamed" in text
+    assert "NOT met: mix.cold_build_s at 100,000,000 clips in a mix = 1300.000 (limit 1200)" in text
+    assert "all_peak_rss_mb at 100,000,000" not in text  # a build stopped has no figure to judge
+
+
+@pytest.mark.timeout(120)
+def test_a_watched_build_past_its_memory_limit_is_stopped_and_one_within_it_gives_its_figures(
+        tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(mix_corpus, "CHUNK", 500)
+    mix_corpus.write_mix(tmp_path, 1500)
+    stopped = scale._watched_index(tmp_path / "cuts", "cuts.jsonl.gz", limit_mb=1.0)
+    assert stopped["killed"] and not (tmp_path / "cuts" / ".stoker").exists()
+    done = scale._watched_index(tmp_path / "manifest", "manifest.jsonl", limit_mb=10_000.0)
+    assert not done["killed"] and done["clips"] == 500 and done["rejected"] == 0
+    assert not done["streamed"] and done["all_peak_rss_mb"] > 0  # a small manifest: one process, no run files

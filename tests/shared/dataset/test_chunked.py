@@ -210,3 +210,58 @@ def test_the_chunked_build_without_a_cache_maps_a_file_of_its_own(tmp_path: Path
     off = build_index(data, FEATURES, TextConfig())
     assert off.stats.cache == "off" and list(off.samples) == list(one.samples) and off.agreement == one.agreement
     assert list((tmp_path / "tmp").iterdir()) == []  # its spill directory removed, the file mapped still
+
+
+@pytest.mark.timeout(60)
+def test_the_runs_are_given_back_as_the_cache_is_written_so_the_disk_peaks_at_the_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each section the cache file's write adds, the run files and the cache file written
+    so far hold no more than the runs did before it began (they held both at the end); the same
+    cache file."""
+    root, one = _one_process(tmp_path, monkeypatch)
+    held: list[int] = []
+    add = chunked_module.IndexWriter.add
+
+    def measured(writer, name, data) -> None:
+        if str(writer.f.name).endswith(".run"):  # a piece's run file, not the cache file
+            add(writer, name, data)
+            return
+        spill = next((tmp_path / "pieces").glob(".spill-*"))
+        if not held:
+            held.append(sum(p.stat().st_size for p in spill.glob("*.run")))
+        add(writer, name, data)
+        writer.f.flush()
+        held.append(sum(p.stat().st_size for p in spill.glob("*.run")) + writer.f.tell())
+
+    monkeypatch.setattr(chunked_module.IndexWriter, "add", measured)
+    pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=2)
+    assert len(held) > 10 and max(held[1:]) <= held[0]
+    assert list(pieces.samples) == list(one.samples)
+    (one_file,) = (tmp_path / "one").iterdir()
+    (pieces_file,) = (tmp_path / "pieces").iterdir()
+    assert pieces_file.read_bytes() == one_file.read_bytes()
+
+
+@pytest.mark.timeout(60)
+def test_a_cache_write_that_fails_after_the_runs_were_given_back_is_built_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The disk full halfway through the cache file: its runs are gone, so the build is done
+    again (one warning) and its cache file is the one-process build's."""
+    root, one = _one_process(tmp_path, monkeypatch)
+    add = chunked_module.IndexWriter.add
+    failed: list[str] = []
+
+    def full_once(writer, name, data) -> None:
+        if name == "s.text" and not failed:
+            failed.append(name)
+            raise OSError(28, "No space left on device")
+        add(writer, name, data)
+
+    monkeypatch.setattr(chunked_module.IndexWriter, "add", full_once)
+    with caplog.at_level("WARNING"):
+        pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True)
+    assert failed and "building it again" in caplog.text
+    assert list(pieces.samples) == list(one.samples) and pieces.rejected == one.rejected
+    (one_file,) = (tmp_path / "one").iterdir()
+    (pieces_file,) = (tmp_path / "pieces").iterdir()
+    assert pieces_file.read_bytes() == one_file.read_bytes()
