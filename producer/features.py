@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import math
 import os
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
@@ -29,7 +28,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..shared.config import TENSORFLOW, FeaturesConfig
-from ..shared.mel import (PAD_END, REFLECT_OVERLAP, centred, db_normalised, filterbank_weights, log_scale,
+from ..shared.mel import (PAD_END, REFLECT_OVERLAP, filterbank_weights, log_scale,
                           min_num_samples, num_frames, side_pad, silence_value, user_mel_function)
 from ..shared.mel import hz_to_mel as _hz_to_mel, mel_to_hz as _mel_to_hz  # noqa: F401 (the tests' names)
 from ..shared.tfsetup import require_tensorflow, tensorflow_installed
