@@ -214,10 +214,12 @@ def _parts(directory: Path, coordinator: ChildCoordinator) -> dict[str, Any]:
     head = start.header
     cfg = config_mod.from_dict(head["cfg"])
     train, held = _table(start, "train"), list(_table(start, "val"))
-    members = np.frombuffer(start.sections[BUCKET_MEMBERS], np.dtype(head["members_dtype"]))
     files = PlanFiles(Path(head["plan_files"])) if head["plan_files"] is not None else None  # the trainer's too
-    planner = EpochPlanner(train, cfg.batching, *head["planner"], buckets=stored_buckets(train, head["buckets"], members),
-                           files=files)
+    buckets = None  # with plan files, the trainer process's buckets are mapped from theirs
+    if BUCKET_MEMBERS in start.sections:
+        members = np.frombuffer(start.sections[BUCKET_MEMBERS], np.dtype(head["members_dtype"]))
+        buckets = stored_buckets(train, head["buckets"], members)
+    planner = EpochPlanner(train, cfg.batching, *head["planner"], buckets=buckets, files=files)
     if [planner.batches_per_epoch, [list(s) for s in planner.shapes]] != head["check"]:
         raise RuntimeError("the coordinator process planned other epochs than the trainer process")
     vocab = load_vocabulary(Path(head["vocabulary"]))

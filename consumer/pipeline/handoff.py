@@ -85,10 +85,13 @@ def write_start(path: Path, prepared: Any, position: InputPosition | None, mel_n
         "dataset": [str(index.root), index.metadata_file, index.columns, index.agreement["metadata_sha256"]],
         "buckets": [[b.max_tokens, b.max_frames, b.rows, len(b.members)] for b in planner.buckets],
         "plan_files": str(planner.files.directory) if planner.files is not None else None}
-    # The buckets the trainer process made: the coordinator process takes them, not making them again.
-    members = np.concatenate([b.members for b in planner.buckets] or [np.zeros(0, np.int64)])
-    sections: dict[str, Any] = {proto.BUCKET_MEMBERS: members.astype(row_type(len(planner.table)), copy=False)}
-    header["members_dtype"] = sections[proto.BUCKET_MEMBERS].dtype.str
+    # The buckets the trainer process made: the coordinator process maps their file (plan files), or
+    # takes them from here, not making them again.
+    sections: dict[str, Any] = {}
+    if planner.files is None:
+        members = np.concatenate([b.members for b in planner.buckets] or [np.zeros(0, np.int64)])
+        sections[proto.BUCKET_MEMBERS] = members.astype(row_type(len(planner.table)), copy=False)
+        header["members_dtype"] = sections[proto.BUCKET_MEMBERS].dtype.str
     passed: set[int] = set()
     for name, samples in (("train", prepared.train_samples), ("val", prepared.val_samples)):
         table = as_table(samples)

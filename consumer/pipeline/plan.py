@@ -384,6 +384,8 @@ class EpochPlan(Sequence[PlannedBatch]):
         another worker's share), from :attr:`place`: no map of every row is made per worker."""
         rows = np.asarray(rows, np.int64)
         inside = (rows >= 0) & (rows < len(self.planner.table))
+        if not inside.any():  # (an empty table has no place to look in)
+            return np.full(len(rows), -1, np.int64)
         place = np.where(inside, self.place[np.where(inside, rows, 0)], -1).astype(np.int64)
         batch = np.searchsorted(self.starts, place, side="right") - 1
         mine = place >= 0

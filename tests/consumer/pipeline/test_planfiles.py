@@ -112,3 +112,9 @@ def test_the_buckets_file_is_keyed_by_the_clips_lengths_and_the_config(table, tm
     assert len(list(tmp_path.glob(f"*{planfiles.BUCKETS}.plan"))) == 3
     for planner, cfg, world in ((first, BATCHING, 1), (other, other.cfg, 1), (split, BATCHING, 2)):
         assert planner.buckets == plan_module.make_buckets(table, cfg, world)
+
+
+def test_rows_outside_an_empty_plan_have_no_batch(tmp_path: Path) -> None:
+    empty = EpochPlanner(SampleTable.from_samples([]), BATCHING, files=PlanFiles(tmp_path)).plan(0)
+    assert len(empty) == 0 and empty.batch_of(np.array([-1, 0, 5])).tolist() == [-1, -1, -1]
+    assert empty.batch_of_row(0) == -1
