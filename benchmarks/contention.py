@@ -1,5 +1,5 @@
 """The feed's step against the same step with no pipeline, on the CPU, with a step that holds the
-interpreter (``python -m stoker.benchmarks.contention``): issue 33's "the trainer process only
+interpreter (``python -m stoker.benchmarks.contention``): the target "the trainer process only
 trains", where a GPU host is not at hand.
 
 It runs the GPU benchmark's children (benchmarks/gpu.py: ``replay``, the step on batches held

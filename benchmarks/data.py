@@ -130,7 +130,7 @@ PACKED_VARIANTS = {"stoker-shards": SHARDS_DIR, "stoker-parquet": PARQUET_DIR, "
                    "stoker-shar": SHAR_DIR}
 # The variants whose batches are planned from their own layout (grouped by shard or row group).
 OWN_PLAN_VARIANTS = ("stoker-parquet", "stoker-shar")
-# The preprocessing section (issue 6): stoker's producer as configured by default (numpy
+# The preprocessing section: stoker's producer as configured by default (numpy
 # log-mels on a CPU), with TensorFlow's ops, the same work with librosa, the numpy reference.
 PREPROCESSING_VARIANTS = ("stoker", "stoker-tf", "librosa", "numpy-reference")
 # Environment of a process with one thread per library (set before the child starts).

@@ -1,5 +1,5 @@
 """The feed's own work per step in the trainer process, by CPU time (``python -m stoker.benchmarks.feedstep``):
-issue 33's "the trainer process only trains", measured where wall-clock step times are too noisy.
+the target "the trainer process only trains", measured where wall-clock step times are too noisy.
 
 Two figures, each way in a process of its own:
 

@@ -75,7 +75,7 @@ class RunSpec:
 
 @dataclass
 class PipelinePlan:
-    # Several trainer steps (issue 6): 100 ms is judged; 200 ms is easier, 50 ms asks
+    # Several trainer steps: 100 ms is judged; 200 ms is easier, 50 ms asks
     # 20 batches/s of two producers on two cores (informational: capacity shown).
     runs: list[RunSpec] = field(default_factory=lambda: [
         RunSpec("tf", 2, 200, 2, targets=True),

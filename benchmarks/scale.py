@@ -1,4 +1,4 @@
-"""Scale: a run over a manifest of millions of clips (issue 23's targets).
+"""Scale: a run over a manifest of millions of clips (the scale targets).
 
 For each size N (default 1,000,000 and 10,000,000 clips), in a fresh directory:
 
@@ -15,7 +15,7 @@ For each size N (default 1,000,000 and 10,000,000 clips), in a fresh directory:
   consumer (trainer and coordinator), of each producer and of the launcher, sampled every
   MEMORY_SAMPLE_S with psutil.
 
-Parquet (issue 35): the same N clips as Parquet files of PARQUET_FILE_ROWS rows in row groups
+Parquet: the same N clips as Parquet files of PARQUET_FILE_ROWS rows in row groups
 of PARQUET_GROUP_ROWS, laid out as the Hugging Face ``datasets`` library writes them (an
 ``audio`` struct of bytes and path, beside id, text, speaker and a duration column), each row's
 audio one of AUDIO_FILES FLAC files of silence of its duration (~200 bytes), dictionary-encoded,
@@ -34,7 +34,7 @@ that streamed from one in one process, and of its cache directory), the mix's wa
 run. Targets at 10^8 clips (MIX_TARGETS) and per-clip growth within MIX_GROWTH_LIMIT.
 
 Per-clip growth: each figure at the largest size over the smallest, divided by the ratio of
-the sizes (1.0: linear). Targets (issue 23, 10 M clips): consumer <= 1.5 GB, a producer
+the sizes (1.0: linear). Targets (10 M clips): consumer <= 1.5 GB, a producer
 <= 400 MB, warm launch to first batch <= 10 s, cold build <= 60 s; at 1 M warm launch to
 first batch <= 3 s; per-clip cost from the smallest to the largest within 1.2 x.
 
@@ -102,13 +102,13 @@ SETTLING_FRAC = 0.2
 CHILD_TIMEOUT_S = 1800.0
 # Roles of the processes of a run, by a part of their command line.
 ROLES = (("producer", "stoker.producer.worker"), ("consumer", "stoker.consumer.training.main"))
-# Issue 23's targets: (figure, size it applies to, limit).
+# The scale targets: (figure, size it applies to, limit).
 TARGETS = (("consumer_peak_rss_mb", 10_000_000, 1500.0), ("producer_peak_rss_mb", 10_000_000, 400.0),
            ("launch_to_first_batch_s", 10_000_000, 10.0), ("cold_build_s", 10_000_000, 60.0),
            ("launch_to_first_batch_s", 1_000_000, 3.0))
-# Issue 35's target, of the loose files' runs: (figure, size, limit).
+# The target of the loose files' runs: (figure, size, limit).
 LOOSE_TARGETS = (("launch_to_first_batch_s", 1_000_000, 3.0),)
-# Issue 35's targets, of the Parquet runs: (figure, size, limit).
+# The targets of the Parquet runs: (figure, size, limit).
 PARQUET_TARGETS = (("cold_build_s", 10_000_000, 60.0), ("launch_to_first_batch_s", 10_000_000, 10.0),
                    ("consumer_peak_rss_mb", 10_000_000, 1500.0))
 # Rows of a Parquet file and of its row groups (a row group of some 3 MB here; of datasets' own
@@ -144,7 +144,7 @@ class ScalePlan:
     loose_sizes: tuple[int, ...] = (1_000_000,)
     parquet_sizes: tuple[int, ...] = (10_000_000,)
     mix_sizes: tuple[int, ...] = (1_000_000, 10_000_000)
-    loose_steps: int = 20  # issue 35's run: its launch to first batch, not its steady rate
+    loose_steps: int = 20  # the loose files' run: its launch to first batch, not its steady rate
     steps: int = 400
     step_ms: float = 5.0
     producers: int = 2

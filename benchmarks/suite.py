@@ -17,7 +17,7 @@ Runs the sections below, prints plain tables and writes ``bench.json``:
                    (benchmarks/batching.py)
     trainer        (full run only) the trainer's input side (dequeue + staging) vs the same
                    model fed from tensors in memory, and traces after warm-up over 1,000
-                   steps (benchmarks/trainer.py, issue 3's targets)
+                   steps (benchmarks/trainer.py, the trainer's targets)
     feed           (full run only) the tiny model's steps/s through stoker.Feed in a user's
                    loop and through as_dataset() + fit vs stoker's own trainer; fit on the
                    feed vs fit on a tf.data pipeline: wait share, first batch (benchmarks/feed.py)

@@ -74,7 +74,7 @@ TRANSPORTS = ("tcp", "ipc")
 # frame layout (frames / credit) and Python work per batch (protocol / frames).
 KINDS = ("raw", "credit", "frames", "protocol")
 STEPS = ("credit", "frames")
-# Minimum protocol/raw throughput ratio by batch size (issue 6): big batches must move at
+# Minimum protocol/raw throughput ratio by batch size: big batches must move at
 # nearly wire speed; small ones pay a per-message cost (header, credit round trip, queue).
 TARGET_RATIOS = {"8MiB": 0.8, "64KiB": 0.5}
 TARGET_SIZE = "8MiB"

@@ -1,4 +1,4 @@
-"""End-to-end: a run with every opening of issue 13 at once (optional fields, the model's own
+"""End-to-end: a run with every opening at once (optional fields, the model's own
 loss terms, AdamW with the Noam schedule, frame-budget batches), killed and resumed."""
 
 from __future__ import annotations

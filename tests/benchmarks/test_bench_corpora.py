@@ -1,4 +1,4 @@
-"""The corpora the benchmarks generate (issue 35): benchmarks/corpus.py's Shar directory is the
+"""The corpora the benchmarks generate: benchmarks/corpus.py's Shar directory is the
 layout lhotse's own reader reads, and stoker indexes it as the loose clips; the scale
 benchmark's Parquet files are indexed from their duration column, in pieces."""
 
