@@ -32,7 +32,7 @@ TensorFlow ops (the ``tf.function`` of :class:`producer.features.MelComputer`, w
 BatchMaker as in ``stoker``; token ids from the index's vocabulary (``consumer.pipeline.lease_tables.TokenTable``, as the leases carry
 them; for the tf.data variants put into the plan's tensors, since a Python tokenizer
 cannot run in a tf.data service worker), padding with the same values. stoker's own default computes the same
-definition without TensorFlow (the issue's "tf.data service ... needs the TF-op version
+definition without TensorFlow (the target "tf.data service ... needs the TF-op version
 of the preprocessing"); both stoker rows are reported. The demo set needs no resampling (a
 dataset at another rate would need a resampling op in the TF-op version). Same trainer
 step: a sleep of MS milliseconds per batch (stoker's ``synthetic:MS``), standing in for

@@ -731,7 +731,7 @@ def _one_size(plan: GpuPlan, name: str, device: str, work: Path, sizes: dict[str
 
 
 def targets(sizes: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets at the largest producer count of each size."""
+    """The GPU targets at the largest producer count of each size."""
     out = []
     for name, s in sizes.items():
         p = max(s["producers"], key=int)

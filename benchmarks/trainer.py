@@ -86,7 +86,7 @@ class TrainerPlan:
 
 def _demo_setup(batch_size: int) -> tuple[Any, Any]:
     """The resolved default config (CPU, this batch size) and the demo dataset's planner."""
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU figure the issue asks for
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # the CPU figure the targets ask for
 
     cfg = config_mod.load(None, {"data.path": str(DEMO_DATA_DIR), "batching.batch_size": batch_size})
     index = build_index(cfg.data, cfg.features)

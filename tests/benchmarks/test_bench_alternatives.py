@@ -1,4 +1,4 @@
-"""The issue-6 sections (alternatives, preprocessing, scaling) in tiny configurations.
+"""The comparison sections (alternatives, preprocessing, scaling) in tiny configurations.
 
 Structure only: every figure is there, every ratio is the quotient of the two measured
 numbers stored with it. No timing assertions. One real run of stoker and one of the

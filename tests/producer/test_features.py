@@ -500,7 +500,7 @@ def test_pad_value_is_what_silence_gives(name: str) -> None:
 
 
 def users_training_mel(audio: np.ndarray, rate_hz: int) -> np.ndarray:
-    """The user's mel (issue "The feed in the users' own trainers"), written out in float64: a
+    """The mel of a user's own TF trainer, written out in float64: a
     non-centred STFT padded at the end (tf.signal.stft(pad_end=True): periodic Hann of n_fft),
     the magnitude, HTK mel filters without area normalisation as tf.signal makes them (triangles
     linear in HTK mel), log(x + 1e-6), then each clip min-max scaled to [0, 1]."""

@@ -14,7 +14,7 @@ def _message_cfg(**sections):
 
 
 def test_message_bytes_is_every_field_at_the_bucket_dims() -> None:
-    # B=4, L=88, T=310080 (a one-hour clip at hop 256): the bucket, ~397 MB of mel.
+    # B=4, L=88, T=310080 (a one-hour clip at hop 256): the largest bucket, ~397 MB of mel.
     plain = message_bytes(_message_cfg(), 4, (88, 310080))
     assert plain == {"tokens": 4 * 88 * 4, "token_lengths": 16, "mel": 4 * 310080 * 80 * 4, "mel_lengths": 16}
     assert 396 < plain["mel"] / 1e6 < 398
