@@ -112,12 +112,14 @@ def spilled_piece(path: str, fn: Callable[..., dict[str, Any] | None], task: tup
 def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
                    config: dict[str, Any], candidates: list[Path], manifest_sha256: str, digest: str,
                    started: float, pieces: tuple[Callable[..., Any], list[tuple]] | None = None,
-                   named: Callable[[Rejection], Rejection] | None = None, release: bool = True) -> DatasetIndex | None:
+                   named: Callable[[Rejection], Rejection] | None = None, release: bool = True,
+                   repeated: str = "duplicate id on manifest line") -> DatasetIndex | None:
     """The index of a manifest whose clips all give their durations, built in pieces (the
     module's comment); None when a clip gives none (then the one-process build reads its
     header). ``pieces``: the work of each piece (a function and its tasks) where it is not the
-    manifest's byte ranges (Parquet files: parquet_pieces.py); ``named``: what a line's rejection
-    becomes there (a row's, naming it). A cache file of the same content
+    manifest's byte ranges (Parquet files: parquet_pieces.py; a cut manifest's blocks:
+    cuts_pieces.py); ``named``: what a line's rejection becomes there (a row's, naming it);
+    ``repeated``: the words of an id repeated in a later piece than its first. A cache file of the same content
     is loaded before anything is parsed (the manifest's stamp changed, not its bytes);
     ``digest``: what the cache file written is found by (:func:`manifest_hit`). ``release``: the
     run files given back as the merge is done with them (the build's peak disk is its runs', not
@@ -156,7 +158,7 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
         runs = [Run(Path(p["path"])) for p in parts]
         try:
             return _merged(root, data, frontend, config, candidates, (key, digest, manifest_sha256), parts, runs,
-                           spill, stats, (started, read_started), named, release)
+                           spill, stats, (started, read_started), (named, repeated), release)
         except RunsReleased:
             log.warning("the index cache of %s could not be written where first tried; building it again",
                         root / data.metadata_file)
@@ -166,19 +168,20 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
     finally:
         remove_spill(spill)
     return build_manifest(root, data, features, text, frontend, config, candidates, manifest_sha256, digest, started,
-                          pieces, named, release=False)
+                          pieces, named, release=False, repeated=repeated)
 
 
 def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, Any], candidates: list[Path],
             keys: tuple[str, str, str], parts: list[dict[str, Any]], runs: list[Run], spill: Path,
             stats: IndexStats, times: tuple[float, float],
-            named: Callable[[Rejection], Rejection] | None, release: bool) -> DatasetIndex:
+            wording: tuple[Callable[[Rejection], Rejection] | None, str], release: bool) -> DatasetIndex:
     """The index of the spilled pieces merged (the module's comment), its cache file written
     under ``keys`` (the index key, the digest it is found by, the manifest's SHA-256) to the
     first candidate that takes it, else to a file in ``spill`` (removed once mapped)."""
     key, digest, manifest_sha256 = keys
+    named, repeated = wording
     stats.texts_tokenized = sum(p["tokenized"] for p in parts)
-    parsed = [r for p in parts for r in p["parsed"]] + _repeated_ids(parts, runs)
+    parsed = [r for p in parts for r in p["parsed"]] + _repeated_ids(parts, runs, repeated)
     parsed.sort(key=lambda r: r.line)  # as one pass over the lines finds them
     for p, run in zip(parts, runs):
         _drop_repeated(p, run)
@@ -374,11 +377,11 @@ def _reuse(frontend: Frontend, parts: list[dict[str, Any]], parsed: list[Rejecti
                          use_bin_type=True)
 
 
-def _repeated_ids(parts: list[dict[str, Any]], runs: list[Run]) -> list[Rejection]:
+def _repeated_ids(parts: list[dict[str, Any]], runs: list[Run], words: str) -> list[Rejection]:
     """The rejections of ids repeated in a later piece than their first (each piece found its
-    own); the entries they reject are marked in ``part["drop"]`` (positions in that piece). Only
-    the entries whose id hashes collide are looked at (the pieces' sorted hashes merged), in
-    file order."""
+    own), worded ``words LINE (first on line FIRST)``; the entries they reject are marked in
+    ``part["drop"]`` (positions in that piece). Only the entries whose id hashes collide are
+    looked at (the pieces' sorted hashes merged), in file order."""
     for p in parts:
         p["drop"] = []
     colliding: list[tuple[int, int]] = []  # (piece, place in its sorted hashes), by hash, each in file order
@@ -410,7 +413,7 @@ def _repeated_ids(parts: list[dict[str, Any]], runs: list[Run]) -> list[Rejectio
         if sample_id not in firsts:
             firsts[sample_id] = line
         else:
-            out.append(Rejection(sample_id, f"duplicate id on manifest line {line} (first on line "
+            out.append(Rejection(sample_id, f"{words} {line} (first on line "
                                             f"{firsts[sample_id]})", line=line))
             parts[k]["drop"].append(n)
     return out

@@ -1,7 +1,7 @@
 """Building the index (build_index): the usable samples and the rejections of a dataset, from its
 metadata and audio headers, through the text front-end, with the index cache reused where it
-still holds; a large manifest with durations (chunked.py) and a large Parquet dataset
-(parquet_pieces.py) are built in pieces.
+still holds; a large manifest with durations (chunked.py), a large Parquet dataset
+(parquet_pieces.py) and a large lhotse cut manifest (cuts_pieces.py) are built in pieces.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..dataset.reuse import (absent_files, cache_digest, cache_payload, file_siz
                              manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
                              with_files)
 from ..dataset.rules import apply_rules, vocabulary_of
+from ..dataset.spill import remove_spill
 from ..dataset.storage import COUNTS, is_url
 from ..dataset.table import SampleTable
 from ..dataset.types import AudioFile, AudioProbe, IndexStats
@@ -94,7 +95,7 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
         build.manifest_sha256 = build.manifest_sha256 or sha256_of(metadata_location(build.root,
                                                                                      build.data.metadata_file))
     if fixed is None:
-        built = _parquet_in_pieces(build)
+        built = _in_pieces(build)
         if built is not None:
             return built
     if build.manifest_sha256 and build.chunked:
@@ -106,16 +107,22 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
     return _one_pass(build)
 
 
-def _parquet_in_pieces(build: _Build) -> DatasetIndex | None:
-    """The index of a large local Parquet dataset built in pieces (parquet_pieces.py), found by its
-    listing's key (its files' stamps, a SHA-256); None where the listing's build is the way."""
+def _in_pieces(build: _Build) -> DatasetIndex | None:
+    """The index of a large local dataset its format builds in pieces (Parquet: parquet_pieces.py;
+    lhotse cuts: cuts_pieces.py), found by its listing's key (its files' stamps, a SHA-256, the
+    SHA-256 of a stream the pieces were cut from); None where the listing's build is the way."""
     pieces = build.located.format.pieces(build.root, build.data.metadata_file, build.data, build.features,
-                                         build.text)
+                                         build.text, build.candidates)
     if pieces is None:
         return None
     key = build.stamp or build.located.stamp()
-    return build_manifest(build.root, build.data, build.features, build.text, build.frontend, build.config,
-                          build.candidates, key, cache_digest(build.config, key), build.started, *pieces)
+    try:
+        return build_manifest(build.root, build.data, build.features, build.text, build.frontend, build.config,
+                              build.candidates, pieces.sha256 or key, cache_digest(build.config, key), build.started,
+                              pieces.work, pieces.named, repeated=pieces.repeated)
+    finally:
+        if pieces.spill is not None:
+            remove_spill(pieces.spill)
 
 
 def _started(data: DataConfig, features: FeaturesConfig, text: TextConfig, fixed: Vocabulary | None) -> _Build:
@@ -137,8 +144,8 @@ def _started(data: DataConfig, features: FeaturesConfig, text: TextConfig, fixed
             raise TextError(f"cannot keep the run's vocabulary: {problem}")
     build = _Build(root, located, data, features, text, fixed, frontend,
                    index_config(data, features, text, frontend, fixed), index_cache_file(root, data), started)
-    # a manifest at a URL is read whole by the one-process build (its pieces are local byte ranges)
-    # (a lhotse cut manifest's too, gzip: not cut in pieces)
+    # a manifest at a URL is read whole by the one-process build (its pieces are local byte ranges);
+    # a lhotse cut manifest's pieces are blocks of its gzip stream (its format's pieces: _in_pieces)
     size = file_size(root / metadata_file) if fmt.split and not is_url(metadata_file) else 0
     build.chunked = fixed is None and size >= CHUNKED_MIN_BYTES
     if not build.candidates:

@@ -23,11 +23,12 @@ from ..files import metadata_location, read_file, resolve_root
 from ..storage import is_url
 from ..types import DatasetError
 from .address import span_name
+from .base import Pieces
 from .manifest import Manifest
 
-GZIP_MAGIC = b"\x1f\x8b"
 # How far a cut may end beyond its recording's duration and still be read (frames rounded to seconds).
 END_TOLERANCE_S = 1e-3
+GZIP_MAGIC = b"\x1f\x8b"
 _SOURCE_TYPES = ("file", "url")
 # A cut manifest's file name (cuts.jsonl.gz, librispeech_cuts_train.jsonl.gz).
 _CUTS_NAME = re.compile(r"(?i)(^|.*/)[^/]*cuts[^/]*\.jsonl(\.gz)?$")
@@ -49,17 +50,19 @@ def manifest_line(number: int) -> str:
     return f"cut manifest line {number}"
 
 
-def parse_cuts(raw: bytes, place: Callable[[int], str] = manifest_line,
-               shar: bool = False) -> tuple[list[Entry], list[Rejection]]:
+def parse_cuts(raw: bytes, place: Callable[[int], str] = manifest_line, shar: bool = False,
+               start_line: int = 1) -> tuple[list[Entry], list[Rejection]]:
     """The entries of a cut manifest's lines (``raw`` decompressed); faults become rejections, each
-    naming its line as ``place`` words it. ``shar``: the cuts of a lhotse Shar shard, whose
+    naming its line as ``place`` words it. ``start_line`` > 1: ``raw`` is a block of a manifest cut
+    at a line end, whose first line is that line of the file (cuts_pieces.py: duplicate ids are
+    then found within the block only). ``shar``: the cuts of a lhotse Shar shard, whose
     recordings are members of the shard's tar (shared/dataset/shar.py): their entries' audio is
     left empty, for the caller to fill, and a cut must be all of its recording (as lhotse's
     ``to_shar`` writes every cut)."""
     entries: list[Entry] = []
     rejected: list[Rejection] = []
     first_line: dict[str, int] = {}
-    for number, line in enumerate(raw.splitlines(), start=1):
+    for number, line in enumerate(raw.splitlines(), start=start_line):
         if not line.strip():
             continue
         try:
@@ -142,10 +145,14 @@ def _cut_entry(cut: dict[str, Any], number: int, where: str, shar: bool) -> Entr
 
 class Cuts(Manifest):
     """A lhotse cut manifest (``cuts.jsonl.gz``, ``librispeech_cuts_train.jsonl.gz``): a manifest
-    whose lines are cuts, read whole (gzip is not cut in pieces)."""
+    whose lines are cuts; a large local one is decompressed as a stream into blocks of lines,
+    built in pieces (../cuts_pieces.py), a small one read whole."""
 
     name = "cuts"
     split = False
+
+    def __init__(self, in_pieces: Callable[..., Pieces | None] | None = None) -> None:
+        self.in_pieces = in_pieces  # the registry's: ../cuts_pieces.py (which reads this module's cuts)
 
     def claims(self, metadata_file: str) -> bool:
         return _CUTS_NAME.match(metadata_file) is not None
@@ -172,3 +179,7 @@ class Cuts(Manifest):
     def sha256(self, root: Path, metadata_file: str) -> str:
         """Of its lines, gunzipped."""
         return hashlib.sha256(self.read(root, metadata_file)).hexdigest()
+
+    def pieces(self, root: Path, metadata_file: str, data: Any, features: Any, text: Any,
+               candidates: list[Path]) -> Pieces | None:
+        return self.in_pieces(root, metadata_file, data, features, text, candidates) if self.in_pieces else None

@@ -13,6 +13,7 @@ from ..files import locate_audio
 from ..parquet_pieces import parquet_pieces
 from ..shards import read_shards
 from ..types import AudioFile
+from .base import Pieces
 from .tar import Sharded
 
 
@@ -32,5 +33,7 @@ class Parquet(Sharded):
         return {**locate_audio(root, [e for e in entries if e.audio not in listed]),
                 **{e.id: listed[e.audio] for e in entries if e.audio in listed}}
 
-    def pieces(self, root: Path, metadata_file: str, *config: Any) -> tuple | None:
-        return parquet_pieces(root, metadata_file, *config)
+    def pieces(self, root: Path, metadata_file: str, data: Any, features: Any, text: Any,
+               candidates: list[Path]) -> Pieces | None:
+        found = parquet_pieces(root, metadata_file, data, features, text)
+        return None if found is None else Pieces(*found)
