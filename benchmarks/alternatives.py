@@ -91,7 +91,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import psutil
 
-from .common import DEMO_DATA, QUIET_ENV, STOKER, BenchError, ratio, spread, table
+from .common import DEMO_DATA, QUIET_ENV, STOKER, BenchError, ratio, spread, table, targets_table
 from .corpus import leases_of
 from ..consumer.pipeline.lease_tables import TokenTable
 from ..consumer.pipeline.plan import EpochPlanner
@@ -524,9 +524,7 @@ def render(section: dict[str, Any]) -> str:
     lines = [table(["variant", "against", "steps/s", "wait share", "first batch s", "CPU s", "peak RSS MB",
                     "stoker/alt steps", "alt/stoker first", "alt/stoker CPU", "alt/stoker RSS"], rows)]
     if section.get("targets"):
-        lines += ["", table(["target", "value", "limit", "result"],
-                            [[t["what"], f"{t['value']:.4f}", f"{t['limit']:.4f}", "met" if t["met"] else "NOT met"]
-                             for t in section["targets"]])]
+        lines += ["", targets_table(section["targets"], limit=".4f")]
     return "\n".join(lines)
 
 

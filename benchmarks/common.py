@@ -174,6 +174,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def targets_table(targets: Sequence[dict[str, Any]], value: str = ".4f", limit: str = "g") -> str:
+    """A section's targets (``what``, ``value``, ``limit``, ``met``) as a table, the numbers in the
+    given formats."""
+    return table(["target", "value", "limit", "result"],
+                 [[t["what"], format(t["value"], value), format(t["limit"], limit), "met" if t["met"] else "NOT met"]
+                  for t in targets])
+
+
 def run_alone(name: str, run: Any, render: Any, out: str | None) -> int:
     """``python -m stoker.benchmarks.NAME``: ``run(log)`` with its progress on stderr, then
     :func:`report`; a BenchError is one line and exit status 1."""

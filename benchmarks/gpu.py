@@ -92,7 +92,8 @@ from ..shared.mel import pad_values
 from ..shared.proc import steady_heap
 from ..shared.runfiles import SAMPLES
 
-from .common import CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, spread, table, write_json
+from .common import (CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, spread, table, targets_table,
+                     write_json)
 
 RESULT_PREFIX = "GPU-BENCH-RESULT "
 
@@ -808,9 +809,7 @@ def render(section: dict[str, Any]) -> str:
         parts += ["", "median step per bucket shape (B x L x T), ms; ratios against replay",
                   table(["size", "P", "shape", "replay", "feed", "dataloader", "feed/replay", "dataloader/replay"],
                         shape_rows)]
-    parts += ["", table(["target", "value", "limit", "result"],
-                        [[t["what"], f"{t['value']:.4f}", f"{t['limit']:g}", "met" if t["met"] else "NOT met"]
-                         for t in section["targets"]])]
+    parts += ["", targets_table(section["targets"])]
     return "\n".join(parts)
 
 

@@ -80,7 +80,8 @@ import numpy as np
 import psutil
 
 from . import gpu
-from .common import CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, spread, table, write_json
+from .common import (CHILD_TIMEOUT_S, QUIET_ENV, BenchError, machine_info, ratio, report, spread, table, targets_table,
+                     write_json)
 from .corpus import leases_of, make_clips
 from ..launcher import PRODUCER_ENV
 from ..shared.proc import steady_heap
@@ -545,9 +546,7 @@ def render(section: dict[str, Any]) -> str:
     parts += ["", table(["way", "W", "samples/s", "of limit", "wait share", "first batch s", "CPU s (tree)",
                          "peak PSS MB", "step/replay median/worst shape"], rows)]
     if section.get("targets"):
-        parts += ["", table(["target", "value", "limit", "result"],
-                            [[t["what"], f"{t['value']:.3f}", f"{t['limit']:g}", "met" if t["met"] else "NOT met"]
-                             for t in section["targets"]])]
+        parts += ["", targets_table(section["targets"], value=".3f")]
     return "\n".join(parts)
 
 
