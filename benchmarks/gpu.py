@@ -442,7 +442,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     cuda = spec["device"].startswith("cuda")
     if not cuda:
         torch.set_num_threads(1)  # the step is one interpreter's work; the producers have the other cores
-    # Every way's step on the same malloc settings (the feed's, docs/DESIGN.md, "The trainer's heap"):
+    # Every way's step on the same malloc settings (the feed's, docs/design/processes.md, "The trainer's heap"):
     # with glibc's own, whether a step's freed heap is faulted in again depends on the process's history.
     steady_heap()
     device = spec["device"]

@@ -3,7 +3,7 @@
 With ``data.feature_cache=DIR`` every producer looks a clip's log-mel up in
 ``DIR/<key>/<id>.mel`` before reading its audio, and stores what it computed, quantised to
 16 bits and checked on every read; producer models' outputs go beside it (:class:`ModelCache`).
-The key, the entry's format, the quantisation and the checks: docs/DESIGN.md, Feature cache.
+The key, the entry's format, the quantisation and the checks: docs/design/features.md, "Feature cache".
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def cache_dir_name(features: FeaturesConfig, root: Path, transforms: dict[str, A
 
 
 def quantize(mel: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """float [T, M] -> (lo, step, uint16 codes [T, M]); docs/DESIGN.md, Feature cache."""
+    """float [T, M] -> (lo, step, uint16 codes [T, M]); docs/design/features.md, "Feature cache"."""
     values = np.asarray(mel, dtype=np.float64)
     lo = float(values.min()) if values.size else 0.0
     hi = float(values.max()) if values.size else 0.0

@@ -4,7 +4,7 @@ Every producer computes its training features here, and a user synthesising with
 model must compute the same ones: by default librosa's ``melspectrogram(..., center=True,
 pad_mode="reflect", power=1.0, htk=False, norm="slaney")`` then ``log(max(mel, log_floor))``,
 the ``features`` settings (shared/config.py ``FeaturesConfig``) selecting the other common
-conventions; docs/DESIGN.md (The feature definition) writes it out step by step. Here
+conventions; docs/design/features.md, "The feature definition", writes it out step by step. Here
 :func:`log_mel_spectrogram_numpy` (the float64 reference), :class:`MelComputer` (the
 producer's batched computation, TensorFlow or numpy, or the user's ``features.user``) and
 :func:`log_mel_spectrogram` (the public function). TensorFlow is imported inside the
@@ -545,7 +545,7 @@ def _cached_computer(cfg: FeaturesConfig) -> MelComputer:
 def log_mel_spectrogram(audio: np.ndarray, cfg: FeaturesConfig = FeaturesConfig()) -> np.ndarray:
     """Log-mel spectrogram of one mono clip: [N] float audio at ``cfg.sample_rate_hz`` -> float32 [T, M].
 
-    The definition is docs/DESIGN.md's (The feature definition); ``T = num_frames(N, cfg)``, ``M = n_mels``.
+    The definition is docs/design/features.md, "The feature definition"; ``T = num_frames(N, cfg)``, ``M = n_mels``.
     Where TensorFlow is installed this runs the TensorFlow path (a :class:`MelComputer`,
     cached per config), whatever ``cfg.backend`` says: the code producers run on the data
     device, placed on TensorFlow's default device (a visible GPU, else the CPU); without

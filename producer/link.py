@@ -5,7 +5,7 @@ The link tells "no answer yet" from "answered, but not as a stoker trainer" by i
 monitor (:class:`Refused`, one line); joined, it beats every ``heartbeat_interval_s`` with a
 ping the trainer answers, and after ``heartbeat_timeout_s`` of the trainer's silence it
 connects again with a back-off. What a producer says and does is producer/worker.py's;
-docs/DESIGN.md (Producers on other hosts) has the story.
+docs/design/protocol.md, "Producers on other hosts", has the story.
 """
 
 from __future__ import annotations

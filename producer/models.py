@@ -5,7 +5,7 @@ Loads the ``transforms.models`` functions' models, whichever framework's (Tensor
 JAX: producer/models_tf.py, models_torch.py, models_jax.py, picked by what the function
 returns), takes their versions, and runs each on a batch (:class:`ModelRunner`), its outputs
 checked, cast and padded as ``transforms.model_fields`` declares. The user's contract:
-docs/MODELS.md, Producer models; the design and the faults: docs/DESIGN.md, Producer models.
+docs/MODELS.md, Producer models; the design and the faults: docs/design/features.md, "Producer models".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Producer models in JAX (producer/models.py picks this module by the model's type): a model
 function returns ``(apply_fn, params)``, called ``apply_fn(params, **inputs)``, jitted (one
 compilation per bucket shape), on the producer's data device (its pinned GPU within its
-memory share, or the CPU on one thread). docs/DESIGN.md, Producer models.
+memory share, or the CPU on one thread). docs/design/features.md, "Producer models".
 """
 
 from __future__ import annotations

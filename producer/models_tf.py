@@ -2,7 +2,7 @@
 Keras model, a TensorFlow callable or a SavedModel path, run as one tf.function per model.
 
 TensorFlow is imported here only, and only for a TensorFlow model (or a producer whose trainer
-said one is configured). docs/DESIGN.md, Producer models.
+said one is configured). docs/design/features.md, "Producer models".
 """
 
 from __future__ import annotations

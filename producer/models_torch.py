@@ -1,7 +1,7 @@
 """Producer models in PyTorch (producer/models.py picks this module by the model's type): an
 eager ``nn.Module``, a TorchScript module or a ``torch.export`` ExportedProgram, run eagerly
 on the producer's data device (its pinned GPU within its memory share, or the CPU on one
-thread). docs/DESIGN.md, Producer models.
+thread). docs/design/features.md, "Producer models".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ In this order, each off by default (``transforms.*``): the trim of the samples
 and loudness are measured on the frames the log-mel is computed from, so the mel of the cut,
 scaled clip is its mel cut and scaled (:meth:`Chain.finish`). A clip a transform cannot handle
 is rejected with the transform's error; the chain's settings and versions key the feature
-cache and the producers' agreement (:func:`chain_key`). docs/DESIGN.md (Producer transforms)
+cache and the producers' agreement (:func:`chain_key`). docs/design/features.md, "Producer transforms",
 has each step's rule.
 """
 
@@ -248,7 +248,7 @@ class Finished:
 
 
 class Chain:
-    """The transforms of a run (docs/DESIGN.md): ``chain(audio, ...)`` runs the user's
+    """The transforms of a run (docs/design/features.md, "Producer transforms"): ``chain(audio, ...)`` runs the user's
     transforms on one clip (and pre-emphasis, when nothing is measured); when the chain
     measures (:attr:`measures`: trim or normalize on), :meth:`finish` runs steps 2 to 4 on the
     clips of a batch and makes their log-mels."""

@@ -4,9 +4,9 @@ Two threads: the io thread keeps a link to each trainer it serves (producer/link
 ranks of a host may share a producer) and each trainer's lease book (LEASE in, READY when a
 batch is prepared, BATCH on its CREDIT, BYE on stop); the compute thread prepares the leases
 (producer/batches.py), the lowest (epoch, index) first, so that re-planned work goes before
-new work and ranks in step are served in step. docs/DESIGN.md has the story (Processes,
-Producers on other hosts: joining, missing clips, liveness and reconnection; Shutdown
-protocol; torchrun ranks).
+new work and ranks in step are served in step. The story: docs/design/processes.md,
+"Processes", "Shutdown protocol"; docs/design/protocol.md, "Producers on other hosts" (joining,
+missing clips, liveness and reconnection); docs/design/training.md, "torchrun ranks".
 """
 
 from __future__ import annotations

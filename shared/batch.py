@@ -3,7 +3,7 @@ dimensions, the dimensions that vary by bucket, and its padding value.
 
 Producers collate by it (:func:`collate`), the coordinator checks every BATCH against it,
 the trainer, validation and synth build and read batches by it. Its table and dimension
-legend: docs/DESIGN.md, Batches (printed by :meth:`BatchSchema.table`; a test keeps them equal).
+legend: docs/design/batches.md (printed by :meth:`BatchSchema.table`; a test keeps them equal).
 """
 
 from __future__ import annotations

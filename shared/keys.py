@@ -2,7 +2,7 @@
 
 :func:`make_keys` writes ``python run.py keys DIR``'s pairs and allow-list;
 :func:`load_server_keys` and :func:`load_client_keys` read them for ``--keys DIR``. The files,
-who gets which, and what is never logged: docs/DESIGN.md, Producers on other hosts, Security.
+who gets which, and what is never logged: docs/design/protocol.md, "Security".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ LJSpeech-style metadata (``metadata.csv`` or any other name, its fields named by
 ``data.columns`` or told by their count) and JSON-lines manifests (``*.jsonl``, ``*.json``);
 which a metadata file is, its format tells (shared/dataset/corpus/: chosen once by its registry). Every line that
 cannot be used becomes a :class:`Rejection` naming its line and why; only a ``data.columns``
-that cannot be right raises (:class:`LayoutError`). docs/DESIGN.md (Data, Layouts) says what
+that cannot be right raises (:class:`LayoutError`). docs/design/data.md, "Layouts", says what
 each layout's fields may hold.
 """
 from __future__ import annotations
@@ -261,7 +261,7 @@ def _count_problem(count: int, names: tuple[str, ...] | None) -> str:
 
 
 def parse_metadata(raw: bytes, columns: str = COLUMNS_AUTO) -> tuple[list[Entry], list[Rejection]]:
-    """Parse LJSpeech-style metadata (docs/DESIGN.md, Layouts); malformed lines become rejections, never
+    """Parse LJSpeech-style metadata (docs/design/data.md, "Layouts"); malformed lines become rejections, never
     exceptions. LayoutError only for a ``columns`` spec that cannot work."""
     names = parse_columns(columns) if columns else None
     layouts = ({count: _positions(auto) for count, auto in AUTO_COLUMNS.items()} if names is None
@@ -483,7 +483,7 @@ class ManifestColumns:
 
 
 def parse_manifest(raw: bytes, start_line: int = 1) -> tuple[list[Entry], list[Rejection]]:
-    """Parse a JSON-lines manifest (docs/DESIGN.md, Layouts); faulty lines become rejections, never exceptions.
+    """Parse a JSON-lines manifest (docs/design/data.md, "Layouts"); faulty lines become rejections, never exceptions.
     ``start_line`` > 1: ``raw`` is a piece of a manifest cut at a line end, whose first line is that
     line of the file (a chunked index build: duplicate ids are then found within the piece only)."""
     c, rejected = manifest_columns(raw, start_line)

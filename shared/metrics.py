@@ -3,7 +3,7 @@
 :func:`summarize` turns metrics.jsonl's rows (a contract: README.md) and the producers'
 statistics into summary.json's figures, as a pure function of them, so the launcher and
 ``diagnose`` can recompute a summary. The fields, the figures and the verdict's rules:
-docs/DESIGN.md, Seeing starvation.
+docs/design/starvation.md.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def verdict(data_wait_frac: float | None, queue_depth_mean: float | None, capaci
 
 def recommend_producers(kind: str, step_ms_mean: float | None, prep_ms_means: Iterable[float | None],
                         current: int) -> int:
-    """Producers needed for the trainer's demand, with margin (docs/DESIGN.md, Seeing starvation)."""
+    """Producers needed for the trainer's demand, with margin (docs/design/starvation.md)."""
     rates = [p for p in prep_ms_means if p]
     if not step_ms_mean or not rates:
         return max(current, 1) + (1 if kind == "producer-bound" else 0)

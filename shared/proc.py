@@ -123,8 +123,8 @@ def glibc() -> bool:
 def steady_heap() -> bool:
     """Have glibc's malloc keep the freed top of its heap instead of handing it back to the
     kernel at each free: a training step frees and re-allocates the same large tensors every
-    step, and each hand-back is faulted in again on the next (docs/DESIGN.md, "The trainer's
-    heap"). The values are glibc's own dynamic ceiling and its rule for the trim threshold,
+    step, and each hand-back is faulted in again on the next (docs/design/processes.md,
+    "The trainer's heap"). The values are glibc's own dynamic ceiling and its rule for the trim threshold,
     fixed from the start instead of reached only after a large free. False where the C
     library is not glibc."""
     if not glibc():

@@ -3,7 +3,7 @@
 Every name in ``RUN_DIR`` is a constant here (the README states them as a contract);
 :func:`write_atomic` and :func:`replacing` write beside the target and rename over it, and
 :class:`RunFileError` is a run file that cannot be written. What each file holds:
-docs/DESIGN.md, The run directory.
+docs/design/service.md, "The run directory".
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A run, a resume, Slurm's trainer task and ``stoker.Feed`` hold it while they write the
 directory; a second owner is refused (:class:`RunLocked`) and a dead owner's lock taken over.
-How a lock is taken and taken over, and its limits: docs/DESIGN.md, Checkpoints and resume,
-One owner per run directory.
+How a lock is taken and taken over, and its limits: docs/design/checkpoints.md,
+"One owner per run directory".
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def owner_gone(owner: LockOwner | None, age_s: float, host: str, pids: str = "",
 
 
 class RunLock:
-    """The lock of one run directory, held by this process (docs/DESIGN.md, One owner per run directory). Taken again in
+    """The lock of one run directory, held by this process (docs/design/checkpoints.md, "One owner per run directory"). Taken again in
     the process that holds it (the Slurm trainer task, then its launch), it is the same lock,
     released when the last taker releases it."""
 
@@ -202,7 +202,7 @@ class RunLock:
 
 
 def _create(path: Path, me: LockOwner) -> bool:
-    """Make the lock file holding ``me``, atomically and whole (docs/DESIGN.md, One owner per run directory): False when
+    """Make the lock file holding ``me``, atomically and whole (docs/design/checkpoints.md, "One owner per run directory"): False when
     it exists."""
     record = path.with_name(f"{path.name}.{me.token}.new")
     try:

@@ -3,8 +3,8 @@
 A front-end (``characters``, ``phonemes`` or a user's ``package.module:function``) turns
 ``(text, language)`` into units, whose characters are the tokens, and reports the characters
 it loses; :func:`normalize` is the normalisation the built-in ones apply first. The
-front-ends, the normalisation's steps, lost characters and the token ids: docs/DESIGN.md,
-Text front-ends. This module does not import TensorFlow.
+front-ends, the normalisation's steps, lost characters and the token ids: docs/design/text.md.
+This module does not import TensorFlow.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ _DIGITS = {**{chr(0x0660 + d): str(d) for d in range(10)}, **{chr(0x06F0 + d): s
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ORDINAL_EN = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b", re.IGNORECASE)
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
-# Unicode general categories no front-end represents (docs/DESIGN.md, Text front-ends).
+# Unicode general categories no front-end represents (docs/design/text.md).
 _LOST_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cn", "Cs", "So"})
 # ASCII text: control characters other than whitespace are lost, whitespace is a space, ` is '.
 _ASCII_LOST = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")

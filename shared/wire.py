@@ -26,7 +26,7 @@ checks the table against the classes, whose docstrings say what each field means
     BYE        P->C  [leases: [int]]
     STOP       C->P  reason: str
 
-The framing, the checks, the joining and the versions: docs/DESIGN.md, Protocol.
+The framing, the checks, the joining and the versions: docs/design/protocol.md, "Protocol".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The launcher reads the consumer's ``live.json`` once per DECISION_INTERVAL_S and asks
 :class:`AutoScaler` for a decision, logged with its evidence. The rules and their hysteresis:
-docs/DESIGN.md, Seeing starvation.
+docs/design/starvation.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Lists the GPUs, decides a :class:`DevicePlan` (the mode, the model replicas, the memory
 split) and gives each child a ``CUDA_VISIBLE_DEVICES`` of its own (:func:`child_env`).
-The modes and the defaults: docs/DESIGN.md, Devices.
+The modes and the defaults: docs/design/processes.md, "Devices".
 """
 
 from __future__ import annotations

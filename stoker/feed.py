@@ -11,7 +11,7 @@
 
 The feed runs the trainer side of the pipeline (consumer/pipeline/feed.py) in the user's
 process; the run service starts and supervises its producers. docs/FEED.md is the user's
-guide, docs/DESIGN.md (One path to a training step) the long story.
+guide, docs/design/feed.md the long story.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Every local rank's feed binds its own endpoint and writes it in its worker direc
 (``listening.json``: the endpoint, the rank's pid and that process's start time); local rank
 0 reads the files of its host's ranks (torchrun numbers them RANK - LOCAL_RANK on), each
 once the process it names is alive, so a file an earlier attempt left behind is never taken,
-and starts the pool with a link to every endpoint. docs/DESIGN.md (torchrun ranks) has the
-story.
+and starts the pool with a link to every endpoint. docs/design/training.md, "torchrun ranks",
+has the story.
 """
 
 from __future__ import annotations

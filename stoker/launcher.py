@@ -2,8 +2,8 @@
 
 It never imports TensorFlow. Each child is a fresh interpreter (``subprocess``, never a fork)
 with its device environment, a session of its own and a status pipe; a crashed producer is
-restarted. Processes, supervision and the shutdown's steps and bounds: docs/DESIGN.md,
-Processes and Shutdown protocol.
+restarted. Processes, supervision and the shutdown's steps and bounds: docs/design/processes.md,
+"Processes", "Shutdown protocol".
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def producer_child(index: int, endpoints: Sequence[str], data: str, gpu: int | N
                    local: bool = False) -> Child:
     """A producer process serving the trainers at ``endpoints`` (one, or the ranks of a host);
     ``local``: started beside the trainers, on their host, reading their files (it joins without
-    scanning the dataset: docs/DESIGN.md, Dataset agreement)."""
+    scanning the dataset: docs/design/protocol.md, "Dataset agreement")."""
     name = f"p{index}@{host}"
     argv = ["stoker.producer.worker", *(a for e in endpoints for a in ("--connect", e)), "--data", data, "--name",
             name, "--log-level", log_level, "--metadata-file", metadata_file]

@@ -3,7 +3,7 @@ and Slurm's tasks (stoker/slurm.py) do alike to run stoker, as typed functions k
 config keys: a config from a YAML file and overrides (:func:`resolve`), the checks before
 anything starts (:func:`prepare_run`), a run directory, a run (:func:`launch`), producers for
 a trainer elsewhere (:func:`produce`) or beside the user's loop (:func:`start_producers`).
-Each mistake is one UserError line naming the config key; docs/DESIGN.md, The run service.
+Each mistake is one UserError line naming the config key; docs/design/service.md, "The run service".
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def resolve(config: str | os.PathLike[str] | None = None, overrides: Mapping[str
     ``overrides`` by config key (``{"pipeline.producers": 4}``; pipeline.producers ``"auto"``
     starts AUTO_START and adds by evidence). A value the user gave is kept; where stoker
     changes one (its default producers per replica, a steps or epochs of the user's file that
-    an override replaces), one logged line names the key and both values (docs/DESIGN.md,
-    The run service)."""
+    an override replaces), one logged line names the key and both values (docs/design/service.md,
+    "The run service")."""
     given = dict(overrides or {})
     if given.get("pipeline.producers") == "auto":
         given["pipeline.producers"] = AUTO_START

@@ -441,7 +441,7 @@ def torchrun_command(step: Step, job: TorchrunJob) -> tuple[list[str], dict[str,
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{step.nodes[0]}:{port}", "--rdzv-id", step.job_id,
                "--max-restarts", str(job.max_restarts), *job.script]
     # torch's workers share the rendezvous store by default, which keeps the last attempt's
-    # addresses: a restarted job's process group then cannot connect (docs/DESIGN.md, torchrun ranks).
+    # addresses: a restarted job's process group then cannot connect (docs/design/training.md, "torchrun ranks").
     return command, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 

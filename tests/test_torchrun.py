@@ -40,7 +40,7 @@ JOB_TIMEOUT_S = 240
 def torchrun(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """``python -m torch.distributed.run`` (torchrun) on this host, allowed one restart of the job
     (with a rendezvous store of each attempt's own: TORCH_DISABLE_SHARE_RDZV_TCP_STORE, see
-    docs/DESIGN.md); torchrun and every process under it killed if it outlives its deadline
+    docs/design/training.md, "torchrun ranks"); torchrun and every process under it killed if it outlives its deadline
     (its ranks run in sessions of their own)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
                "--max-restarts", "1", "--monitor-interval", "0.1", "-m", *argv]

@@ -4,7 +4,7 @@ A checkpoint is a directory ``ckpt-NNNNNN`` (position.json, the input position's
 position.msgpack, the TensorFlow state of the trainer's trackables, MANIFEST.json), made whole in a temporary directory and renamed into
 place; a resume checks it against its manifest and its plan identity before anything changes
 (:class:`CheckpointError`). The files, the trainer interface and the resume rules:
-docs/DESIGN.md, Checkpoints and resume.
+docs/design/checkpoints.md.
 """
 
 from __future__ import annotations

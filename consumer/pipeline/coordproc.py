@@ -7,7 +7,7 @@ and spawns this process, which
 binds the ROUTER socket and runs the :class:`~.coordinator.Coordinator` loop in its main
 thread. Delivered batches go into the slots of a shared file (consumer/pipeline/slots.py); the
 trainer process gets a descriptor per batch. The protocol (messages both ways, slots,
-credits, shutdown, errors) is in docs/DESIGN.md, "The coordinator process".
+credits, shutdown, errors) is in docs/design/processes.md, "The coordinator process".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A ready lease gets a CREDIT only while queued batches + credits in flight < capa
 queue never overflows and its depth is exact; credits go to the producer holding the fewest
 first, then in plan order. A later epoch's batches leave one slot for the earliest epoch's;
 with trainer workers only the planned batches of the credit window get them; a validation
-pass has a queue and credits of its own. docs/DESIGN.md ("Credits and the triple buffer").
+pass has a queue and credits of its own. docs/design/feed.md, "Credits and the triple buffer".
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ writes the step logs and summary.json. stoker's trainer (consumer/training/main.
             core.flush(resolve)           # the interval's losses fetched at once, rows written
     core.close(figures, resolve)         # the loop's own figures go into summary.json
 
-docs/DESIGN.md ("One path to a training step", "The coordinator process") tells the rest: what
+docs/design/feed.md and docs/design/processes.md, "The coordinator process", tell the rest: what
 confirms a step, what a step row measures, how long a handed-out batch's memory stays valid.
 """
 

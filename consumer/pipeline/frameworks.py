@@ -8,7 +8,7 @@ arrived meanwhile (consumer/pipeline/buffer.py). ``take`` runs in the loop's thr
 loop takes the batch. ``settle`` runs before a batch's host memory may be written again.
 
 - ``numpy``: the host arrays as they arrived (read-only views of their shared-memory slot,
-  valid until the batch's step is confirmed: docs/DESIGN.md, "The coordinator process"); no staging.
+  valid until the batch's step is confirmed: docs/design/processes.md, "The coordinator process"); no staging.
 - ``torch``: on a CUDA device, each array copied with ``non_blocking=True`` on a side stream, and
   an event recorded on that stream after the copies. Where the slots' memory could be
   page-locked for CUDA (``use_memory``: registered with the driver), the copies read the slot

@@ -7,7 +7,7 @@ descriptor becomes a :class:`QueuedBatch` of read-only views of its shared-memor
 queue, and the figures the coordinator publishes are kept. No thread of the feed's takes the
 interpreter while the loop's step runs. It offers what the feed core asked of the in-process coordinator
 (alive, snapshot, rejected_in_epoch, validation passes, mel statistics, failure). The rule
-for slots, the messages and shutdown are in docs/DESIGN.md, "The coordinator process".
+for slots, the messages and shutdown are in docs/design/processes.md, "The coordinator process".
 """
 
 from __future__ import annotations

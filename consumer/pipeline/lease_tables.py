@@ -2,8 +2,8 @@
 
 Token ids, speakers, languages, texts, audio locators and file stamps (:class:`TokenTable`),
 and each clip's reference clip for the ``ref_mel`` field (:class:`ReferenceTable`): the
-trainer tokenizes and chooses, so a producer reads no metadata (docs/DESIGN.md, "Producers on
-other hosts").
+trainer tokenizes and chooses, so a producer reads no metadata (docs/design/protocol.md,
+"Text and vocabulary", "Dataset agreement").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A lease goes working -> ready -> credited -> delivered (then it is gone). Re-issuing a
 planned batch makes a new id, so a late delivery of an old one is told apart and dropped;
 a lease not prepared in time, or whose credit is not used, has expired. The LEASE message is
-written here too. docs/DESIGN.md ("Leases and exactly-once") tells the long story.
+written here too. docs/design/scheduling.md, "Leases and exactly-once", tells the long story.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def is_validation(batch: PlannedBatch) -> bool:
 
 @dataclass
 class ValidationSet:
-    """The held-out clips as the scheduler leases them, a pass at a time (docs/DESIGN.md,
-    "The trainer", Validation)."""
+    """The held-out clips as the scheduler leases them, a pass at a time (docs/design/scheduling.md,
+    "Validation passes")."""
 
     batches: list[PlannedBatch]  # consumer/pipeline/plan.validation_batches: the same at every pass
     queue: BatchQueue  # where their batches go, with credits of its own

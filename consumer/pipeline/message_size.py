@@ -4,7 +4,7 @@ before training.
 The coordinator's socket refuses frames over ``pipeline.max_message_mb`` by closing the
 connection, so a bucket whose BATCH (every field of the batch schema at its dimensions, and
 the header's room: shared/wire.header_bytes) is larger would drop every producer that sends
-it. docs/DESIGN.md ("Protocol") tells where the check runs.
+it. docs/design/protocol.md, "Protocol", tells where the check runs.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 who is presumed gone. A part of the scheduler (consumer/pipeline/scheduler.py), with no sockets;
 dropping a peer calls the scheduler back (``on_drop``), which re-plans its leases.
 
-Joining, refusals and liveness: docs/DESIGN.md, Protocol (Versions at joining) and Producers
-on other hosts (Dataset agreement, Liveness and reconnection).
+Joining, refusals and liveness: docs/design/protocol.md, "Versions at joining",
+"Dataset agreement", "Liveness and reconnection".
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class ProducerStats:
 
 
 class Peers:
-    """Membership and liveness (docs/DESIGN.md, Producers on other hosts). ``send`` queues a message, ``count`` counts
+    """Membership and liveness (docs/design/protocol.md, "Producers on other hosts"). ``send`` queues a message, ``count`` counts
     a dropped one, ``welcome`` gives a peer's WELCOME, ``on_drop(peer, status)`` is the
     scheduler's, ``holds_credits(peer)`` whether it holds credited leases; ``lock`` guards the
     figures other threads read (``producers``, ``refusals``)."""

@@ -4,8 +4,8 @@ Which samples form which batch, in which padded shape (B, L, T): the buckets (eq
 or a frame budget, leftover clips moved up so that batches are full) and an epoch's planned
 batches, a pure function of (index, config, epoch) shuffled by (seed, epoch). Apart from
 collation (shared/batch.py) and serialization (shared/wire.py), as lhotse keeps its samplers
-apart from collate_vectors. docs/DESIGN.md ("Batches", "Several trainer hosts") tells the
-long story: the ways of bucketing, full batches, fixed rows, replicas and workers' shares.
+apart from collate_vectors. docs/design/batches.md and docs/design/training.md, "Several trainer hosts",
+tell the long story: the ways of bucketing, full batches, fixed rows, replicas and workers' shares.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ directory's lock and writes its arrays to a file (the index cache's format: chec
 shared/dataset/cache.py), keyed by the plan's key and the epoch; the others, and later runs of
 the same plan, map that file instead of planning again, so the plan's pages are the page cache's,
 held once for the host. Files of epochs well behind the one written are removed (a process that
-mapped one keeps it). docs/DESIGN.md ("A host's plans") tells the long story.
+mapped one keeps it). docs/design/scheduling.md, "A host's plans", tells the long story.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ per epoch, which planned batches were trained, recorded by sample against the ep
 (consumer/pipeline/plan.py), so a batch that travelled in parts or was re-planned still counts
 once. Saved as bit arrays over the plan (a bit per planned batch, and the places in the
 planned order of the clips trained from batches not done), raw bytes that msgpack keeps as
-they are: some 0.4 MB an open epoch at 10^8 clips. docs/DESIGN.md ("Checkpoints and resume",
-"Index cache") tells the long story.
+they are: some 0.4 MB an open epoch at 10^8 clips. docs/design/checkpoints.md, "Input position", and
+docs/design/index.md, "Index cache", tell the long story.
 """
 
 from __future__ import annotations

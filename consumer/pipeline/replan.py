@@ -5,8 +5,8 @@ epoch (a resumed run from its first open one, less what its input position train
 lease lost, revoked or refused puts its batch back at the front in plan order; clips a
 producer missed go back into their epoch and bucket shape; clips every live producer lacks,
 and a batch whose lease failed ``MAX_LEASE_FAILURES`` times the same way, are rejected. The
-validation pass being leased has a pending list of its own. docs/DESIGN.md ("Leases and
-exactly-once", "Producers on other hosts") tells the long story.
+validation pass being leased has a pending list of its own. docs/design/scheduling.md,
+"Leases and exactly-once", and docs/design/protocol.md, "Missing clips", tell the long story.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ feeds it events (:meth:`Scheduler.on_message`, :meth:`~Scheduler.on_free`,
 left), each with the time, and sends what it leaves in its outbox
 (:meth:`~Scheduler.take_outbox`). Its parts, each with its own state: the peers (peers.py),
 the leases (leases.py), the credits (credits.py), the re-planning (replan.py) and the figures
-(figures.py). docs/DESIGN.md ("Leases and exactly-once", "The scheduler's parts") tells the
-long story.
+(figures.py). docs/design/scheduling.md, "Leases and exactly-once", "The scheduler's parts",
+tells the long story.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ so that a producer reads a few shards at a time, while the order is still shuffl
 
 A pure function of the seed and the epoch over the plan's buckets (consumer/pipeline/plan.py);
 :func:`top_shard_share` measures how well it mixes. The order and its figures:
-docs/DESIGN.md, Leases by shard.
+docs/design/scheduling.md, "Leases by shard".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 def grouped_batches(buckets: Sequence[tuple[int, np.ndarray]], shards: np.ndarray, window: int,
                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The epoch's batches in training order from ``buckets`` as (rows, clips): (the clips
-    batch after batch, each batch's size, each batch's bucket position) (docs/DESIGN.md, Leases by shard)."""
+    batch after batch, each batch's size, each batch's bucket position) (docs/design/scheduling.md, "Leases by shard")."""
     count = int(shards.max()) + 1
     rank = np.empty(count, np.int64)
     rank[rng.permutation(count)] = np.arange(count)

@@ -3,7 +3,7 @@
 :func:`hold_out` takes ``data.eval_file``'s clips, or ``trainer.val_clips`` clips in a hash
 order of the ids and the seed, out of the training set, and records them in
 ``RUN_DIR/validation.json``; the producers make their batches at each validation pass. Who
-holds clips out, and the passes: docs/DESIGN.md, Leases and exactly-once, Validation passes.
+holds clips out, and the passes: docs/design/scheduling.md, "Validation passes".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Writes OUT whole or not at all: a SavedModel whose ``serve`` endpoint plain TensorFlow loads,
 the Keras model, the run's vocabulary and ``stoker.json``. The directory's files and the
-endpoint's inputs and outputs: docs/DESIGN.md, Export (the user's guide: docs/MODELS.md).
+endpoint's inputs and outputs: docs/design/training.md, "Export" (the user's guide: docs/MODELS.md).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ExportResult:
 
 
 def export(run_dir: Path, out: Path) -> ExportResult:
-    """Write the run's trained model to the new directory ``out`` (docs/DESIGN.md, Export)."""
+    """Write the run's trained model to the new directory ``out`` (docs/design/training.md, "Export")."""
     out = out.expanduser()
     if out.exists():
         raise ExportError(f"{out} exists; export writes a new directory")
@@ -96,7 +96,7 @@ def export(run_dir: Path, out: Path) -> ExportResult:
 
 def _write_saved_model(tf: Any, model: Any, schema: Any, cfg: Any, pads: dict[str, float], inputs: list[str],
                        path: Path) -> None:
-    """The SavedModel with the ``serve`` endpoint (docs/DESIGN.md, Export), through Keras' ExportArchive,
+    """The SavedModel with the ``serve`` endpoint (docs/design/training.md, "Export"), through Keras' ExportArchive,
     which tracks every variable of the model (also those a checkpoint misses)."""
     import keras
 

@@ -4,7 +4,7 @@ The ``Trainer`` protocol is what the training loop (consumer/training/main.py) c
 ``ModelTrainer`` what a trainer with a model adds; ``synthetic:MS`` holds each step for MS ms
 without the CPU or TensorFlow, and ``KerasTrainer`` trains a preset (consumer/training/tts.py)
 or a user's model. The protocols and how the Keras step runs (graphs, replicas, precision,
-accumulation, the non-finite guard): docs/DESIGN.md, The trainer.
+accumulation, the non-finite guard): docs/design/training.md, "The trainer".
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Health:
 
 
 class Trainer(Checkpointed, Protocol):
-    """What the training loop asks of every trainer (docs/DESIGN.md, The trainer), its checkpoints too."""
+    """What the training loop asks of every trainer (docs/design/training.md, "The trainer"), its checkpoints too."""
 
     name: str
     uses_tensorflow: bool
@@ -59,7 +59,7 @@ class Trainer(Checkpointed, Protocol):
 @runtime_checkable
 class ModelTrainer(Trainer, Protocol):
     """A trainer with a model, which the loop traces ahead, validates and draws in TensorBoard
-    (docs/DESIGN.md, The trainer); ``isinstance(trainer, ModelTrainer)`` tells it from one without."""
+    (docs/design/training.md, "The trainer"); ``isinstance(trainer, ModelTrainer)`` tells it from one without."""
 
     resolved_terms: list[dict[str, float]]
     evaluated_terms: dict[str, float]
@@ -126,7 +126,7 @@ def choose_jit_compile(setting: bool | None, on_gpu: bool) -> bool:
 
 
 class KerasTrainer:
-    """A Keras text-to-mel model and its training step (docs/DESIGN.md, The trainer); its optimizer, schedule
+    """A Keras text-to-mel model and its training step (docs/design/training.md, "The trainer"); its optimizer, schedule
     and update graph are consumer/training/optim.py's."""
 
     uses_tensorflow = True

@@ -3,7 +3,7 @@
 must keep.
 
 The model, the loss's terms and the contract: docs/MODELS.md (The built-in model, The loss,
-Your own model: the contract); the batch a model reads: docs/DESIGN.md, Batches.
+Your own model: the contract); the batch a model reads: docs/design/batches.md.
 """
 
 from __future__ import annotations

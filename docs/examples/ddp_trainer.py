@@ -32,7 +32,7 @@ the newest checkpoint, and its feed goes on from its own state there, so no clip
 trained twice. torchrun's ``--max-restarts N`` restarts the job by itself; give it
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and the c10d rendezvous (``--standalone`` on one
 host), or the restarted ranks find the killed attempt's addresses in the store
-(docs/DESIGN.md, torchrun ranks)::
+(docs/design/training.md, "torchrun ranks")::
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 2 --max-restarts 3 \
         docs/examples/ddp_trainer.py --data data/demo --run-dir runs/ddp --checkpoint ckpts/ddp

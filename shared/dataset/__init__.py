@@ -2,8 +2,8 @@
 
 A package of one module per idea; the index's names (:func:`build_index`, :class:`DatasetIndex`,
 its records, files, headers, agreement and cache) are importable from here. The modules and
-their order, the index's rules: docs/DESIGN.md, The index; its columns and cache: Index cache;
-what a producer's copy must agree on: Producers on other hosts, Dataset agreement.
+their order, the index's rules: docs/design/index.md; its columns and cache: docs/design/index.md,
+"Index cache"; what a producer's copy must agree on: docs/design/protocol.md, "Dataset agreement".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Each clip's shard (tar shards) or row group (Parquet), numbered in name order: the unit by
 which the epoch order groups its leases (consumer/pipeline/shard_order.py). A pure function of
 the index, so an index build stores it in the cache (table.GROUPS_SECTION) and a warm start reads it
-rather than scanning every clip's locator again (docs/DESIGN.md, Leases by shard).
+rather than scanning every clip's locator again (docs/design/scheduling.md, "Leases by shard").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the audio members of its recording tar (``recording.NNNNNN.tar``), read without 
 shards.py lists a Shar directory as tar shards whose pattern is :data:`SHAR_GLOB`: it walks each
 recording tar's headers and hands its members here, where the shard's cuts file (beside it, or at
 the URL beside it) is read as a cut manifest (corpus/cuts.py) and each cut becomes a manifest
-line whose audio is its member's locator. The long story is in docs/DESIGN.md (Shar).
+line whose audio is its member's locator. The long story is in docs/design/data.md, "Shar directories".
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ grouped into clips, and each clip's locator.
 :func:`read_shards` walks the shards' tar headers and text members (a Parquet file's rows and a
 Shar shard's recording tar alike) into a :class:`ShardListing`, read as a JSON-lines manifest
 whose audio is each member's locator ``SHARD#MEMBER@OFFSET+SIZE``. The members, the names
-``--data`` takes, the listing's cache and the rejections: docs/DESIGN.md, Tar shards and object
-stores.
+``--data`` takes, the listing's cache and the rejections: docs/design/data.md, "Tar shards and
+object stores".
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def _kind(pattern: str) -> str:
 
 
 def shard_source(path: str, metadata_file: str) -> tuple[Path, str] | None:
-    """(root, shard pattern) when ``--data`` names shards (docs/DESIGN.md, Tar shards and object
-    stores), else None.
+    """(root, shard pattern) when ``--data`` names shards (docs/design/data.md, "Tar shards and
+    object stores"), else None.
 
     ``metadata_file``: the configured metadata file; a directory that holds it is not a shard
     directory."""
@@ -190,8 +190,8 @@ _LISTINGS: dict[tuple[str, str], tuple[tuple[Shard, ...], ShardListing]] = {}  #
 
 
 def read_shards(root: Path, pattern: str) -> ShardListing:
-    """The listing of the shards ``pattern`` names below ``root`` (docs/DESIGN.md, Tar shards and
-    object stores). It is kept
+    """The listing of the shards ``pattern`` names below ``root`` (docs/design/data.md, "Tar shards
+    and object stores"). It is kept
     beside the index cache (``DATASET/.stoker/shards-*.msgpack``, else the user cache dir),
     keyed on every shard's name, size and stamp, so that only a changed set of shards is
     walked again; and in this process, which asks for the manifest and the audio in turn."""

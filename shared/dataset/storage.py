@@ -4,7 +4,7 @@
 :class:`Reader` keeps a few shards open and reads members from them; a read at a URL goes
 through a bounded read-ahead and is retried on a fresh handle when it fails in transit, each
 retry counted in :data:`COUNTS`; :func:`shown` is a URL as a log may show it. The read-ahead,
-the retries, credentials and stamps: docs/DESIGN.md, Tar shards and object stores.
+the retries, credentials and stamps: docs/design/data.md, "Tar shards and object stores".
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def url_fs(url: str) -> tuple[Any, str]:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:
         raise StorageError(f"cannot read {shown(url)}: {exc}") from None
-    if hasattr(fs, "retries"):  # s3fs: this module retries, and counts (docs/DESIGN.md, Tar shards)
+    if hasattr(fs, "retries"):  # s3fs: this module retries, and counts (docs/design/data.md, "Tar shards and object stores")
         fs.retries = 1
     return fs, path
 
@@ -113,8 +113,8 @@ def transit_errors() -> tuple[type[BaseException], ...]:
 
 class RetryingFile(io.RawIOBase):
     """A file at a URL, read through fsspec with the bounded read-ahead; a read failing in
-    transit is retried from the same position on a fresh handle (docs/DESIGN.md, Tar shards and
-    object stores).
+    transit is retried from the same position on a fresh handle (docs/design/data.md, "Tar shards
+    and object stores").
     ``block_size``: the read-ahead; a reader of a few header bytes asks for little more."""
 
     def __init__(self, url: str, block_size: int = READ_AHEAD_BYTES) -> None:

@@ -524,7 +524,7 @@ def users_training_mel(audio: np.ndarray, rate_hz: int) -> np.ndarray:
 
 
 USERS_FEATURES = dict(mel_scale="tf", filter_norm="none", padding="end", power=1.0, log="ln", log_floor=0.0,
-                      log_offset=1e-6, top_db=0.0)  # with transforms.mel_norm: clip_minmax (docs/DESIGN.md)
+                      log_offset=1e-6, top_db=0.0)  # with transforms.mel_norm: clip_minmax (docs/design/features.md, "Mel conventions")
 
 
 def test_the_users_mel_is_reproduced() -> None:

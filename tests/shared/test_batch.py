@@ -131,7 +131,7 @@ def test_schema_checks_names_dtypes_and_bucket_shapes() -> None:
 def test_the_design_notes_print_the_schema() -> None:
     from pathlib import Path
 
-    design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design" / "batches.md").read_text(encoding="utf-8")
     assert SCHEMA.table() in design
     assert MEL_PAD in SCHEMA.table()
     from stoker.shared.batch import OPTIONAL, BatchSchema

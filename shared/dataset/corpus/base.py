@@ -3,7 +3,7 @@ audio listed, its stamp for the index cache, its SHA-256 for the dataset agreeme
 
 A format is one object (one module each: ljspeech.py, manifest.py, cuts.py, tar.py, parquet.py,
 shar.py, mix.py, url.py), chosen once by registry.py from the metadata file's name; the index
-build and every other caller ask it, never the name. docs/DESIGN.md (Corpus formats) tells the
+build and every other caller ask it, never the name. docs/design/index.md, "Corpus formats", tells the
 story: the registry's order, what each method returns, how a format is added.
 """
 

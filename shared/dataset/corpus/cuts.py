@@ -3,7 +3,7 @@
 :func:`parse_cuts` reads a cut manifest (``cuts*.jsonl`` or ``.jsonl.gz``), or a Shar shard's cuts
 file (``shar=True``: shared/dataset/shar.py), as one clip per MonoCut; a window of a longer recording is
 named ``FILE#t=START,END`` (address.py). The fields read, the windows and the
-rejections: docs/DESIGN.md, lhotse cut manifests.
+rejections: docs/design/data.md, "lhotse cut manifests".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Reads the mix file, then each part in turn through its own format (the registry's, handed in):
 its metadata read, hashed into the mix's SHA-256, listed or parsed, and let go before the next
-is read; names its clips ``NAME:ID``. The file's format: docs/DESIGN.md, Layouts.
+is read; names its clips ``NAME:ID``. The file's format: docs/design/data.md, "Layouts".
 """
 
 from __future__ import annotations

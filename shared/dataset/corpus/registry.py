@@ -1,6 +1,6 @@
 """The one place a corpus format is chosen: by its metadata file's name (:func:`format_of`), or
 from what ``--data`` names (:func:`locate`). A new format is a module of its own (base.py's
-contract) and one line of :data:`FORMATS`; docs/DESIGN.md, Corpus formats.
+contract) and one line of :data:`FORMATS`; docs/design/index.md, "Corpus formats".
 """
 
 from __future__ import annotations

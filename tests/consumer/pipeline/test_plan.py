@@ -366,7 +366,7 @@ def test_shard_grouped_plans_keep_the_buckets_and_every_clip_once_per_epoch() ->
 
 
 def test_shard_grouped_batches_draw_from_a_few_shards_yet_mix_them_each_epoch() -> None:
-    """The mixing figures docs/DESIGN.md gives: 64 shards of 200 clips, batches of 16."""
+    """The mixing figures docs/design/scheduling.md, "Leases by shard", gives: 64 shards of 200 clips, batches of 16."""
     samples, shard = _sharded(64 * 200, 200)
     share, per_batch, per_stretch = {}, {}, {}
     for window in (0, 1, 4):
