@@ -2,8 +2,39 @@
 
 A run, a resume, Slurm's trainer task and ``stoker.Feed`` hold it while they write the
 directory; a second owner is refused (:class:`RunLocked`) and a dead owner's lock taken over.
-How a lock is taken and taken over, and its limits: docs/design/checkpoints.md,
-"One owner per run directory".
+Who takes it and when: docs/design/checkpoints.md, "One owner per run directory".
+
+How a lock is taken: the owner's record is written whole to a file of its own, then
+hard-linked to the lock's name: ``link`` is atomic and fails when the name exists, on local
+filesystems and NFS alike, so a lock file is never seen empty or half written. Where the
+filesystem has no hard links, the file is created exclusively (``O_CREAT | O_EXCL``, atomic
+on local filesystems and NFS v3 and later) and then written; an unreadable lock is honoured
+for 5 s (``LOCK_WRITE_S``), the time such a write may take. Not ``fcntl``/``flock`` locks: on the
+network filesystems run directories live on (NFS, Lustre, GPFS) they depend on a lock daemon
+or a mount option, fail with ENOLCK/ENOSYS where those are missing, and an ``fcntl`` lock is
+released when any descriptor of the file in the process closes; a created file also leaves
+a record anyone can read to see who holds the lock. What it cannot do by itself is vanish
+with a dead owner, hence:
+
+- same host (its name and PID namespace: a container with the host's name but pids of its
+  own counts as another host): the lock is honoured while its pid runs as the same process
+  (its start time, from psutil, equal to the one written); a pid gone or reused by another
+  process means the owner died (kill -9, a crash, a node reboot), and the next run takes the
+  lock over with a log line;
+- another host (pids mean nothing there): the owner refreshes the file's mtime every 10 s
+  (``LOCK_HEARTBEAT_S``); a lock not refreshed for 120 s (``LOCK_STALE_S``) is stale and taken
+  over.
+
+Taking over moves the stale file aside with an atomic rename, checks that what moved is the
+file judged stale (not a fresh lock another process made meanwhile, which is put back), and
+creates a new one exclusively: of two processes taking over at once, one wins.
+
+Limits (what the filesystem allows): the heartbeat compares this host's clock with an mtime
+set by the file server (or the owner's host), so clocks apart by more than ``LOCK_STALE_S``,
+or an owner frozen longer than that (SIGSTOP, a suspended job), let another host take the
+lock over; two hosts with one hostname are taken for one (use distinct hostnames); a
+filesystem without exclusive create (NFS v2) gives no guarantee. The owner notices a lock
+taken from it at its next heartbeat and says so in the log.
 """
 
 from __future__ import annotations
@@ -117,7 +148,7 @@ def owner_gone(owner: LockOwner | None, age_s: float, host: str, pids: str = "",
 
 
 class RunLock:
-    """The lock of one run directory, held by this process (docs/design/checkpoints.md, "One owner per run directory"). Taken again in
+    """The lock of one run directory, held by this process (the module's docstring). Taken again in
     the process that holds it (the Slurm trainer task, then its launch), it is the same lock,
     released when the last taker releases it."""
 
@@ -202,7 +233,7 @@ class RunLock:
 
 
 def _create(path: Path, me: LockOwner) -> bool:
-    """Make the lock file holding ``me``, atomically and whole (docs/design/checkpoints.md, "One owner per run directory"): False when
+    """Make the lock file holding ``me``, atomically and whole (the module's docstring): False when
     it exists."""
     record = path.with_name(f"{path.name}.{me.token}.new")
     try:

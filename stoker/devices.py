@@ -1,8 +1,28 @@
 """Which GPU each process gets, decided before any TensorFlow is imported.
 
-Lists the GPUs, decides a :class:`DevicePlan` (the mode, the model replicas, the memory
-split) and gives each child a ``CUDA_VISIBLE_DEVICES`` of its own (:func:`child_env`).
-The modes and the defaults: docs/design/processes.md, "Devices".
+The launcher lists the GPUs (``nvidia-smi``, or NVML when ``nvidia-ml-py`` is installed),
+decides a :class:`DevicePlan` (the mode, the model replicas, the memory split) and gives each
+child an environment whose ``CUDA_VISIBLE_DEVICES`` names exactly its GPU, or none
+(:func:`child_env`), so the child's TensorFlow sees only its own device, as ``/GPU:0``. Memory
+limits are applied inside the child by ``shared/tfsetup.configure_tensorflow``, the only place
+TensorFlow is imported for device setup. The modes:
+
+- ``cpu``: no GPU found, or none requested while some device key was given: all on the CPU;
+- ``dual-gpu``: producers on ``devices.data_gpu`` (``--data-gpu``), the trainer on
+  ``devices.model_gpu`` (``--model-gpu``), different indexes;
+- ``single-gpu``: one GPU shared (only one exists, or both keys name the same index): memory is
+  split between the trainer and the producers, and stated;
+- ``mixed``: one role on a GPU, the other on the CPU (only one key given).
+
+With neither key, stoker picks GPU 0 for the trainer and GPU 1 (or 0, shared) for the producers
+when GPUs exist, the CPU otherwise; with only one, the other role runs on the CPU.
+
+Model replicas (``tf.distribute.MirroredStrategy`` in the trainer): ``devices.model_gpu: 1,2,3``
+(``--model-gpu 1,2,3``) or ``all`` puts one replica on each GPU named, and the trainer's
+``CUDA_VISIBLE_DEVICES`` names them all; ``devices.replicas: N`` (``--replicas N``) alone picks
+the first N GPUs, and on a host without GPUs splits the CPU into N logical devices
+(shared/tfsetup.py). A memory limit applies to each model GPU alike, since every replica holds
+the same model.
 """
 
 from __future__ import annotations

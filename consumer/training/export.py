@@ -1,8 +1,33 @@
 """``python run.py export RUN_DIR OUT``: the trained model, out of stoker, in standard formats.
 
-Writes OUT whole or not at all: a SavedModel whose ``serve`` endpoint plain TensorFlow loads,
-the Keras model, the run's vocabulary and ``stoker.json``. The directory's files and the
-endpoint's inputs and outputs: docs/design/training.md, "Export" (the user's guide: docs/MODELS.md).
+OUT is a new directory, written beside it and renamed into place, so it is whole or absent
+(the user's guide: docs/MODELS.md):
+
+- ``saved_model/``: a TensorFlow SavedModel that plain TensorFlow loads without stoker
+  (``tf.saved_model.load(OUT + "/saved_model")``); its ``serve`` endpoint (also
+  ``serving_default``) is below;
+- ``model.keras``: the Keras model (architecture and weights); loading it needs the model's code
+  importable (the user's module, or stoker for a preset);
+- ``vocab.json``: the run's vocabulary: token ids of the text front-end's symbols, and the
+  language and speaker tables (docs/design/text.md);
+- ``stoker.json``: what using the model needs besides: the model name, the checkpoint step, the
+  log-mel settings (``features``, producer/features.py), the text settings, the batch fields and
+  their padding, the endpoint's inputs.
+
+``serve(tokens, token_lengths, frames[, speaker_id][, language_id][, ref_mel, ref_mel_lengths])``
+runs the model once as ``synth`` does, without a generation loop::
+
+    tokens          int32 [B, L]   token ids (vocab.json; EOS = 1 ends each row, PAD = 0 after)
+    token_lengths   int32 [B]      valid tokens per row
+    frames          int32 []       T, the frames to make (a model with a length head tells it:
+                                   its log_frames output, exp and round)
+    speaker_id ...  int32 [B]      present when the run switched those batch fields on
+
+It returns ``mel`` float32 [B, T, F] (log-mel, producer/features.py) and, when the model has
+one, ``log_frames`` float32 [B]. Batch fields the endpoint does not take (the targets: mel,
+stop, audio, ...) are filled with their padding, as synth fills them. A model's own generation
+loop (``generate``, docs/MODELS.md) is Python code around the model: it is not part of the
+SavedModel; with the .keras file and the model's code it runs as in synth.
 """
 
 from __future__ import annotations
@@ -48,7 +73,7 @@ class ExportResult:
 
 
 def export(run_dir: Path, out: Path) -> ExportResult:
-    """Write the run's trained model to the new directory ``out`` (docs/design/training.md, "Export")."""
+    """Write the run's trained model to the new directory ``out`` (the module's docstring)."""
     out = out.expanduser()
     if out.exists():
         raise ExportError(f"{out} exists; export writes a new directory")
@@ -96,7 +121,7 @@ def export(run_dir: Path, out: Path) -> ExportResult:
 
 def _write_saved_model(tf: Any, model: Any, schema: Any, cfg: Any, pads: dict[str, float], inputs: list[str],
                        path: Path) -> None:
-    """The SavedModel with the ``serve`` endpoint (docs/design/training.md, "Export"), through Keras' ExportArchive,
+    """The SavedModel with the ``serve`` endpoint (the module's docstring), through Keras' ExportArchive,
     which tracks every variable of the model (also those a checkpoint misses)."""
     import keras
 
