@@ -1,5 +1,6 @@
-"""The README's layout table names every module of the package, so a reader finds each file's
-job there (a module added without a word in the table fails here)."""
+"""The docs a reader follows: the README's layout table names every module of the package, so a
+reader finds each file's job there (a module added without a word in the table fails here); every
+section of docs/DESIGN.md or docs/design/ that a file names exists; the docs name no issue number."""
 
 from __future__ import annotations
 
