@@ -93,8 +93,8 @@ import psutil
 
 from .common import DEMO_DATA, QUIET_ENV, STOKER, BenchError, ratio, spread, table, targets_table
 from .corpus import leases_of
-from ..consumer.pipeline.lease_tables import TokenTable
-from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.coordinator.lease_tables import TokenTable
+from ..consumer.plan import EpochPlanner
 from ..launcher import PRODUCER_ENV
 from ..producer.batches import BatchMaker
 from ..producer.features import MelComputer, pad_value, resolve_backend

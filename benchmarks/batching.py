@@ -43,7 +43,7 @@ import numpy as np
 
 from .common import ratio, report, spread, table
 from .trainer import TOKEN_IDS, _batch
-from ..consumer.pipeline.plan import EpochPlanner, group_buckets
+from ..consumer.plan import EpochPlanner, group_buckets
 from ..consumer.training.trainer import KerasTrainer
 from ..shared import config as config_mod
 from ..shared.config import BatchingConfig, FeaturesConfig

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from ..consumer.pipeline.lease_tables import TokenTable
-from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.coordinator.lease_tables import TokenTable
+from ..consumer.plan import EpochPlanner
 from ..shared import wire
 from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig
 from ..shared.dataset import build_index, read_metadata, scan_audio

@@ -49,9 +49,9 @@ import zmq
 
 from .common import (run_alone, BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
                                stop_children, table)
-from ..consumer.pipeline.buffer import BatchQueue
-from ..consumer.pipeline.coordinator import Coordinator
-from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.buffer import BatchQueue
+from ..consumer.coordinator.coordinator import Coordinator
+from ..consumer.plan import EpochPlanner
 from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import Config, FeaturesConfig

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .common import machine_info, ratio, report, spread, table
-from ..consumer.pipeline.buffer import BatchQueue, QueuedBatch
+from ..consumer.buffer import BatchQueue, QueuedBatch
 
 WAYS = ("none", "thread", "request")
 WARMUP_STEPS = 5

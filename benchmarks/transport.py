@@ -58,7 +58,7 @@ import zmq
 
 from .common import (run_alone, BenchError, close_queue, collect, ratio, spawn_context, spread,
                                stop_children, table)
-from ..consumer.pipeline.buffer import BatchQueue, QueuedBatch
+from ..consumer.buffer import BatchQueue, QueuedBatch
 from ..shared import wire
 
 BATCH_SIZE = 16

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from . import service
-from .consumer.pipeline.clips import ClipList
-from .consumer.pipeline.feed import FeedCore, PreparedRun
-from .consumer.pipeline.frameworks import Staging
+from .consumer.feed.clips import ClipList
+from .consumer.feed.feed import FeedCore, PreparedRun
+from .consumer.feed.frameworks import Staging
 from .feed_dcp import DistributedState, state_key
 from .feed_staging import FeedError, check_framework, make_staging
 from .feed_tf import checkpoint_state, element_spec, keras_callback

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from .consumer.pipeline.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
+from .consumer.feed.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
 from .shared.cluster import TORCHRUN, from_env
 from .shared.config import FRAMEWORKS, TENSORFLOW, DevicesConfig
 from .shared.errors import UserError

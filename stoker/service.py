@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from .consumer.pipeline.checkpoint import Checkpointer
+from .consumer.feed.checkpoint import Checkpointer
 from .consumer.training.trainer import check_model, uses_tensorflow
 from .devices import DevicePlan, list_gpus, plan_devices, requested_replicas
 from .hostpool import HostPool

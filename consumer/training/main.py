@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import melimage
-from ..pipeline.feed import FeedCore, PreparedRun, Resolved, TransformFailed
+from ..feed.feed import FeedCore, PreparedRun, Resolved, TransformFailed
 from .trainer import ModelError, ModelTrainer, Trainer, make_trainer, uses_tensorflow
 from .tb import TensorBoard
 from ...shared import config as config_mod
