@@ -38,6 +38,7 @@ from .lease_tables import ReferenceTable, TokenTable
 from .leases import ValidationSet
 from ..plan import EpochPlanner
 from ..position import InputPosition
+from ..protocol import WAKE_CANCEL, WAKE_VALIDATE, BindError
 from .scheduler import Scheduler
 from ...shared import wire
 from ...shared.config import Config
@@ -57,18 +58,11 @@ POLL_INTERVAL_MS = 100
 STOP_ACK_S = 1.0
 # Then give anything still queued this long to leave.
 STOP_LINGER_MS = 500
-# The trainer's wake-ups that ask for a validation pass, or leave one, followed by its number.
-WAKE_VALIDATE = b"validate:"
-WAKE_CANCEL = b"cancel:"
 # At most this many messages (or monitor events) per wake-up, then heartbeats get their turn.
 BURST = 64
 # Socket events the coordinator watches.
 MONITOR_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-
-
-class BindError(UserError):
-    """The ROUTER socket cannot bind (address in use, bad endpoint)."""
 
 
 class Coordinator:

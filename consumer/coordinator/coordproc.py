@@ -31,6 +31,8 @@ from .lease_tables import ReferenceTable, TokenTable
 from ..plan import EpochPlanner, stored_buckets, validation_batches
 from ..planfiles import PlanFiles
 from ..position import InputPosition
+from ..protocol import (BATCH, BATCH_FIELDS, BUCKET_MEMBERS, BYE, DOWN, HELLO, READY, REJECTED, RELEASE, START, STATE,
+                        STOP, TAKE, UP, error_message)
 from .scheduler import ValidationSet
 from ..slots import SlotFile, SlotTooSmall
 from ...shared import config as config_mod
@@ -38,7 +40,6 @@ from ...shared.dataset import Reference
 from ...shared.dataset.cache import open_index
 from ...shared.dataset.reuse import cached_table
 from ...shared.dataset.table import SampleTable
-from ...shared.errors import UserError
 from ...shared.keys import load_server_keys
 from ...shared.layouts import Rejection
 from ...shared.proc import install_stop_handlers, parent_alive, setup_logging
@@ -46,15 +47,6 @@ from ...shared.vocab import load_vocabulary
 
 log = logging.getLogger("consumer.coordinator")
 
-# Files and sockets of DIR: the start file, the slots, the trainer's messages in, this process's out.
-START, SLOTS, DOWN, UP = "start", "slots", "down.ipc", "up.ipc"
-# The start file's section of the trainer process's buckets' members, one bucket after another.
-BUCKET_MEMBERS = "plan.members"
-# Messages to the trainer process (msgpack maps with "kind").
-READY, ERROR, BATCH, REJECTED, STATE, BYE = "ready", "error", "batch", "rejected", "state", "bye"
-# The trainer process's messages in (bytes): a batch taken from its queue, a slot it no longer
-# reads, stop, hello (it is connected); and the coordinator's own wake-ups (validation passes).
-TAKE, RELEASE, STOP, HELLO = b"take:", b"release:", b"stop", b"hello"
 # The figures the trainer reads (producers, rejected messages, ...) are sent at most this often.
 SNAPSHOT_EVERY_S = 0.5
 # Epochs whose rejected counts are sent, after the last one with a batch delivered or a clip rejected.
@@ -95,9 +87,8 @@ class SlotQueue:
             self._free.appendleft(slot)
             raise QueueFull(str(exc)) from None
         self._untaken[slot] = (item.epoch, item.index)
-        self._send({"kind": BATCH, "queue": self.queue, "slot": slot, "layout": layout, "lease": item.lease,
-                    "epoch": item.epoch, "index": item.index, "ids": item.ids, "clips": item.clips, "whole": item.whole,
-                    "producer": item.producer, "frames": item.frames, "frames_computed": item.frames_computed})
+        self._send({"kind": BATCH, "queue": self.queue, "slot": slot, "layout": layout,
+                    **{name: getattr(item, name) for name in BATCH_FIELDS}})
 
     def taken(self, slot: int) -> None:
         self._untaken.pop(slot, None)
@@ -262,15 +253,13 @@ def run(directory: Path, parent_pid: int) -> int:
             setup_logging("coordinator", coordinator.cfg.run.log_level)
             endpoint = coordinator.bind(coordinator.cfg.pipeline.bind)
         except BaseException as exc:  # crosses to the trainer process as a message: its one line there
-            up.send(msgpack.packb({"kind": ERROR, "type": type(exc).__name__, "message": str(exc),
-                                   "where": "coordinator start", "user_error": _user_error(exc)}))
+            up.send(msgpack.packb(error_message(exc, "coordinator start")))
             return 1
         coordinator.send({"kind": READY, "endpoint": endpoint})
         coordinator._run_guarded()
         failure = coordinator.failure
         if failure is not None:
-            coordinator.send({"kind": ERROR, "type": type(failure).__name__, "message": str(failure),
-                              "where": "coordinator", "user_error": _user_error(failure)})
+            coordinator.send(error_message(failure, "coordinator"))
         coordinator.send({"kind": BYE, "snapshot": coordinator.snapshot(),
                           "mel_stats": coordinator.mel_stats.to_fields()})
         return 0 if failure is None else 1
@@ -278,10 +267,6 @@ def run(directory: Path, parent_pid: int) -> int:
         up.close()
         ctx.term()
         shutil.rmtree(directory, ignore_errors=True)  # the trainer process mapped and connected what it needs
-
-
-def _user_error(exc: BaseException) -> bool:
-    return isinstance(exc, UserError)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,11 @@ import msgpack
 import numpy as np
 import zmq
 
-from ..coordinator import coordproc as proto
+from .. import protocol as proto
 from ..buffer import BatchQueue, QueuedBatch, QueueFull
-from ..coordinator.coordinator import BindError
 from ..plan import as_table, row_type
 from ..position import InputPosition
+from ..protocol import BindError
 from ..slots import SlotFile, slot_bytes
 from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared import config as config_mod
@@ -163,7 +163,7 @@ class CoordinatorProcess:
         # This stoker first, then the caller's import path (a user's module it names imports here too).
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
             p for p in (str(PACKAGE_PARENT), *caller_path(), *env.get("PYTHONPATH", "").split(os.pathsep)) if p))
-        self.proc = subprocess.Popen([sys.executable, "-m", proto.__name__, str(self.dir), str(os.getpid())],
+        self.proc = subprocess.Popen([sys.executable, "-m", proto.COORDINATOR_MODULE, str(self.dir), str(os.getpid())],
                                      env=env, start_new_session=True, stdin=subprocess.DEVNULL, pass_fds=passed)
         ready = self._wait_ready()
         self.endpoint = ready["endpoint"]
@@ -300,10 +300,7 @@ class CoordinatorProcess:
         if validation:
             arrays = {name: np.array(array) for name, array in arrays.items()}
             self._tell(proto.RELEASE + str(slot).encode())
-        item = QueuedBatch(lease=message["lease"], epoch=message["epoch"], index=message["index"], ids=message["ids"],
-                           arrays=arrays, producer=message["producer"], frames=message["frames"],
-                           frames_computed=message["frames_computed"], clips=message["clips"],
-                           whole=message["whole"], slot=slot)
+        item = QueuedBatch(arrays=arrays, slot=slot, **{name: message[name] for name in proto.BATCH_FIELDS})
         try:
             (self.val_queue if validation else self.queue).put(item)
         except QueueFull:  # the credits make it impossible; the batch is lost, and says so
@@ -329,10 +326,10 @@ class CoordinatorProcess:
             item.slot = -1
 
     def start_validation(self, number: int) -> None:
-        self._tell(b"validate:" + str(number).encode())
+        self._tell(proto.WAKE_VALIDATE + str(number).encode())
 
     def cancel_validation(self, number: int) -> None:
-        self._tell(b"cancel:" + str(number).encode())
+        self._tell(proto.WAKE_CANCEL + str(number).encode())
 
     # ------------------------------------------------------------ the published figures
     @property
