@@ -176,7 +176,7 @@ def plan_leases(root: Path, batch_size: int = BATCH_SIZE, features: FeaturesConf
 
 def leases_of(planned: Any, tokens: TokenTable) -> list[wire.Lease]:
     """The lease the coordinator sends a producer on the trainer's host for each planned batch
-    (consumer/pipeline/leases.py: the table's token ids, speakers, languages, texts, files,
+    (consumer/coordinator/leases.py: the table's token ids, speakers, languages, texts, files,
     durations and the files' stamps), numbered from 1: what a baseline hands the producers'
     BatchMaker so that it does their work."""
     out = []

@@ -1,8 +1,8 @@
 """Memory benchmark: the consumer's memory stays bounded over thousands of batches.
 
-In this process: the real ``consumer.pipeline.coordinator.Coordinator`` (ROUTER socket bound to
+In this process: the real ``consumer.coordinator.coordinator.Coordinator`` (ROUTER socket bound to
 tcp loopback, epoch plan over the demo data's index, leases, credits) and the real
-``consumer.pipeline.buffer.BatchQueue`` (capacity 3), built as consumer/training/main.py builds them, and
+``consumer.buffer.BatchQueue`` (capacity 3), built as consumer/training/main.py builds them, and
 a trainer thread that takes batches as fast as it can (no step time). In a spawned
 child: a fake producer that speaks the protocol (HELLO; for each LEASE, a batch of the
 lease's shape collated with ``shared.batch.collate`` from random data, then READY;

@@ -1,4 +1,4 @@
-"""The bounded batch queue between the coordinator process (consumer/pipeline/handoff.py) and the trainer.
+"""The bounded batch queue between the coordinator process (consumer/feed/handoff.py) and the trainer.
 
 Capacity counts every batch the consumer holds that the trainer has not taken: those
 received and waiting, and those already staged onto the model device. The coordinator
@@ -52,7 +52,7 @@ class QueuedBatch:
     staged: bool = False
     clips: list[int] | None = None  # the ids' rows in the planner's table (None: a validation batch, or unknown)
     whole: bool = False  # its clips are every clip of planned batch ``index``, each once (EpochPlanner.is_whole)
-    slot: int = -1  # its shared-memory slot (consumer/pipeline/handoff.py); -1: none, or released
+    slot: int = -1  # its shared-memory slot (consumer/feed/handoff.py); -1: none, or released
 
 
 class BatchQueue:

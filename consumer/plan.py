@@ -407,7 +407,7 @@ class EpochPlan(Sequence[PlannedBatch]):
         return batch
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The plan as the arrays a plan file keeps (consumer/pipeline/planfiles.py)."""
+        """The plan as the arrays a plan file keeps (consumer/planfiles.py)."""
         return {"clips": self.clips, "sizes": np.diff(self.starts), "buckets": self.buckets, "place": self.place}
 
 
@@ -437,11 +437,11 @@ class EpochPlanner:
         # Batches split into equal parts (one per replica, per worker) keep their bucket's rows.
         self.fixed_rows = cfg.fixed_rows or replicas * workers > 1
         # Where the buckets and epoch plans are kept for every process of the host
-        # (consumer/pipeline/planfiles.py; None: made in this process).
+        # (consumer/planfiles.py; None: made in this process).
         self.files = files
         # ``buckets``: made already, by the process that hands this one the plan (stored_buckets).
         self.buckets = list(buckets) if buckets is not None else self._made_buckets()
-        # Clips of tar shards: batches grouped by shard (consumer/pipeline/shard_order.py).
+        # Clips of tar shards: batches grouped by shard (consumer/shard_order.py).
         self.shards = shard_numbers(self.table) if cfg.shard_window > 0 else None
         self._shares: dict[int, int] = {}  # epoch -> this worker's samples in it
         self._plans: dict[int, EpochPlan] = {}  # the latest epochs planned (PLANS_KEPT)
@@ -458,7 +458,7 @@ class EpochPlanner:
         """A digest of all that this worker's epoch plans are a function of: the seed, the workers'
         split, each bucket's shape and clips (as table rows, in member order) and, for clips of
         shards, the shard window and their shards. An input position saved over other plans is
-        refused by it (consumer/pipeline/position.py). Made once, in C (xxh3 over the arrays: some
+        refused by it (consumer/position.py). Made once, in C (xxh3 over the arrays: some
         0.1 s at 10^8 clips)."""
         if self._key is None:
             self._key = self._digest(with_worker=True)
@@ -467,7 +467,7 @@ class EpochPlanner:
     @property
     def global_key(self) -> str:
         """The key of the global plans every worker of the job shares (their plan files,
-        consumer/pipeline/planfiles.py): :attr:`key` without this worker's number, with the
+        consumer/planfiles.py): :attr:`key` without this worker's number, with the
         index's id digest (:func:`id_digest`) and, for a view of the index (a hold-out), the
         buckets' clips as its rows, so that plans of other clips never share a file."""
         if self._global_key is None:

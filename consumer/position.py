@@ -2,7 +2,7 @@
 
 The sampler state a checkpoint saves (:meth:`InputPosition.state_dict`) and a resume loads:
 per epoch, which planned batches were trained, recorded by sample against the epoch's plan
-(consumer/pipeline/plan.py), so a batch that travelled in parts or was re-planned still counts
+(consumer/plan.py), so a batch that travelled in parts or was re-planned still counts
 once. Saved as bit arrays over the plan (a bit per planned batch, and the places in the
 planned order of the clips trained from batches not done), raw bytes that msgpack keeps as
 they are: some 0.4 MB an open epoch at 10^8 clips. docs/DESIGN.md ("Checkpoints and resume",

@@ -1,7 +1,7 @@
 """Epoch order for a dataset of tar shards or Parquet row groups: batches grouped by shard,
 so that a producer reads a few shards at a time, while the order is still shuffled.
 
-A pure function of the seed and the epoch over the plan's buckets (consumer/pipeline/plan.py);
+A pure function of the seed and the epoch over the plan's buckets (consumer/plan.py);
 :func:`top_shard_share` measures how well it mixes. The order and its figures:
 docs/DESIGN.md, Leases by shard.
 """

@@ -6,7 +6,7 @@ largest batch. The coordinator process copies a received batch's arrays into a f
 (:meth:`SlotFile.write`) and sends the trainer process a small descriptor (the slot and each
 array's name, dtype, shape and offset); the trainer process reads the batch as read-only
 numpy views of the slot (:meth:`SlotFile.views`). Who owns which slot, and when a slot is
-free again: consumer/pipeline/coordproc.py and docs/DESIGN.md, "The coordinator process".
+free again: consumer/coordinator/coordproc.py and docs/DESIGN.md, "The coordinator process".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
             loss = train_step(batch)            # the user's own step
             feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
 
-The feed runs the trainer side of the pipeline (consumer/pipeline/feed.py) in the user's
+The feed runs the trainer side of the pipeline (consumer/feed/feed.py) in the user's
 process; the run service starts and supervises its producers. docs/FEED.md is the user's
 guide, docs/DESIGN.md (One path to a training step) the long story.
 """
@@ -423,7 +423,7 @@ class Feed:
     @property
     def clips(self) -> ClipList:
         """Every clip of the run by position, the ``clip`` batch field's value for its row
-        (consumer/pipeline/clips.py): ``feed.clips[p]`` (id, text, units, tokens, audio, speaker,
+        (consumer/feed/clips.py): ``feed.clips[p]`` (id, text, units, tokens, audio, speaker,
         language, duration_s, held_out), ``.position(id)``, ``.epoch(n)`` (the positions epoch n
         trains) and ``.validation``."""
         if self._clips is None:

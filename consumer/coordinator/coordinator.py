@@ -1,8 +1,8 @@
 """The coordinator: the trainer's ROUTER socket and the loop that serves it.
 
-It runs in the coordinator process's main thread (consumer/pipeline/coordproc.py: a run's), or in a
+It runs in the coordinator process's main thread (consumer/coordinator/coordproc.py: a run's), or in a
 thread of its own (the tests' harness, benchmarks/memory.py), and is the only user of the ROUTER socket. Everything it
-decides, it asks the scheduler (consumer/pipeline/scheduler.py, a state machine with no sockets:
+decides, it asks the scheduler (consumer/coordinator/scheduler.py, a state machine with no sockets:
 leases, credits, re-planning, misses, rejections, peers and liveness); what is left here
 is the socket's side:
 

@@ -1,13 +1,14 @@
 """The coordinator process: the ROUTER socket, the scheduler and the receive path, out of the
-trainer's interpreter (``python -m stoker.consumer.pipeline.coordproc DIR PARENT_PID``).
+trainer's interpreter (``python -m stoker.consumer.coordinator.coordproc DIR PARENT_PID``).
 
-The trainer process (consumer/pipeline/handoff.py) writes DIR/start (the run's config, the
+The trainer process (consumer/feed/handoff.py) writes DIR/start (the run's config, the
 training and held-out clips' columns or the index cache file's descriptor, the input position)
 and spawns this process, which
 binds the ROUTER socket and runs the :class:`~.coordinator.Coordinator` loop in its main
-thread. Delivered batches go into the slots of a shared file (consumer/pipeline/slots.py); the
-trainer process gets a descriptor per batch. The protocol (messages both ways, slots,
-credits, shutdown, errors) is in docs/DESIGN.md, "The coordinator process".
+thread. Delivered batches go into the slots of a shared file (consumer/slots.py); the
+trainer process gets a descriptor per batch. The protocol's files, messages and errors are
+consumer/protocol.py's; its rules (slots, credits, shutdown) are in docs/DESIGN.md, "The
+coordinator process".
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class SlotQueue:
 
     ``len`` counts the batches sent to the trainer and not taken from its queue, and also
     holds credits back while the trainer keeps more than ``hold`` slots it took (their batch
-    still in use: consumer/pipeline/handoff.py), so every credit in flight has a free slot."""
+    still in use: consumer/feed/handoff.py), so every credit in flight has a free slot."""
 
     def __init__(self, capacity: int, slots: list[int], hold: int, file: SlotFile, queue: str,
                  send: Callable[[dict[str, Any]], None]) -> None:

@@ -43,7 +43,7 @@ class Failover:
 
 
 class Figures:
-    """The figures (module docstring); ``producers`` are the peers' (consumer/pipeline/peers.py),
+    """The figures (module docstring); ``producers`` are the peers' (consumer/coordinator/peers.py),
     ``lock`` guards them all."""
 
     def __init__(self) -> None:

@@ -35,7 +35,7 @@ class ValidationSet:
     """The held-out clips as the scheduler leases them, a pass at a time (docs/DESIGN.md,
     "The trainer", Validation)."""
 
-    batches: list[PlannedBatch]  # consumer/pipeline/plan.validation_batches: the same at every pass
+    batches: list[PlannedBatch]  # consumer/plan.validation_batches: the same at every pass
     queue: BatchQueue  # where their batches go, with credits of its own
     tokens: TokenTable | None = None  # their token ids (None only where no producer makes batches)
     references: ReferenceTable | None = None  # their reference clips, among themselves (ref_mel on)
@@ -153,7 +153,7 @@ class Leases:
 
 class LeaseWriter:
     """The LEASE message of a lease: its clips, shape and rows, and what a producer needs to
-    make them without reading metadata (consumer/pipeline/lease_tables.py), from the training
+    make them without reading metadata (consumer/coordinator/lease_tables.py), from the training
     plan's tables or the validation set's."""
 
     def __init__(self, tokens: TokenTable | None, references: ReferenceTable | None,

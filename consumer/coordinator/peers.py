@@ -1,5 +1,5 @@
 """The producers as peers: who has joined, under which name and on which connection, and
-who is presumed gone. A part of the scheduler (consumer/pipeline/scheduler.py), with no sockets;
+who is presumed gone. A part of the scheduler (consumer/coordinator/scheduler.py), with no sockets;
 dropping a peer calls the scheduler back (``on_drop``), which re-plans its leases.
 
 Joining, refusals and liveness: docs/DESIGN.md, Protocol (Versions at joining) and Producers

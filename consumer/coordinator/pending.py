@@ -2,10 +2,10 @@
 
 At the front, the batches already made: put back (a lease released or revoked), re-planned
 (missed clips), split (the part of a batch a producer lacks) or made from the plan and not
-leased yet. Behind them, the rest of the planned epochs (consumer/pipeline/plan.EpochPlan),
+leased yet. Behind them, the rest of the planned epochs (consumer/plan.EpochPlan),
 made a batch at a time as they are reached, so that pending work costs the plan's arrays,
 not a Python object per batch of an epoch of millions of clips. A resumed run's input
-position (consumer/pipeline/position.py) leaves out what its checkpoint trained as batches are made.
+position (consumer/position.py) leaves out what its checkpoint trained as batches are made.
 
 Every batch made from a plan precedes, in (epoch, index) order, the plan's batches not made
 yet, so an order kept among the made ones (trainer workers' plan order) holds for the whole.

@@ -1,6 +1,6 @@
 """The scheduler's re-planning: what is still to lease, and what comes back to it.
 
-The planned batches wait in the pending list (consumer/pipeline/pending.py), epoch after
+The planned batches wait in the pending list (consumer/coordinator/pending.py), epoch after
 epoch (a resumed run from its first open one, less what its input position trained). A
 lease lost, revoked or refused puts its batch back at the front in plan order; clips a
 producer missed go back into their epoch and bucket shape; clips every live producer lacks,
@@ -54,7 +54,7 @@ class Replanner:
         self.max_epochs = max_epochs
         self.reject = reject
         self.pending = Pending()
-        # A resumed run leases only what its checkpoint's input position left (consumer/pipeline/position.py).
+        # A resumed run leases only what its checkpoint's input position left (consumer/position.py).
         self.resume = resume
         self._next_epoch = resume.first_open() if resume is not None else 0
         self.validation_pass = 0  # the pass being leased (0: none), and its pending batches

@@ -1,6 +1,6 @@
 """The coordinator's scheduler: who prepares which planned batch, and when it may be sent.
 
-A pure state machine with no sockets: the router loop (consumer/pipeline/coordinator.py)
+A pure state machine with no sockets: the router loop (consumer/coordinator/coordinator.py)
 feeds it events (:meth:`Scheduler.on_message`, :meth:`~Scheduler.on_free`,
 :meth:`~Scheduler.tick`, the socket monitor's connection events, validation passes asked and
 left), each with the time, and sends what it leaves in its outbox
@@ -343,7 +343,7 @@ class Scheduler:
         self._release(lease_ids, failure=failure)
 
     def _on_dropped(self, peer: Peer, status: str) -> None:
-        """A peer is gone (consumer/pipeline/peers.py): its leases go back to the front of the plan."""
+        """A peer is gone (consumer/coordinator/peers.py): its leases go back to the front of the plan."""
         now = self._now
         failover = None
         if peer.leases:

@@ -115,7 +115,7 @@ class FeedCore:
                                    lambda: self.coordinator.snapshot()["producers"], cfg.run.metrics_port)
         self.live = LiveLine()
         resumed = self.checkpoints.resumed is not None or state is not None
-        # The coordinator, in a process of its own, bound once this returns (consumer/pipeline/handoff.py).
+        # The coordinator, in a process of its own, bound once this returns (consumer/feed/handoff.py).
         self.coordinator = CoordinatorProcess(prepared, self.queue, self.val_queue, self.stop,
                                               self._record_rejections, self.position.copy() if resumed else None,
                                               self.mel_norm)
@@ -130,7 +130,7 @@ class FeedCore:
         log.info("consumer listening on %s", self.endpoint)
 
     def use_staging(self, staging: Staging) -> None:
-        """Stage the batches that arrive from now on with ``staging`` (consumer/pipeline/frameworks.py),
+        """Stage the batches that arrive from now on with ``staging`` (consumer/feed/frameworks.py),
         which is told where they arrive and settles each before its slot is written again."""
         staging.use_memory(*self.coordinator.slots.memory())
         self.staging = staging
@@ -395,7 +395,7 @@ class FeedCore:
 
     # ------------------------------------------------------------ validation
     def validation_pass(self) -> Iterator[QueuedBatch]:
-        """One validation pass (consumer/pipeline/passes.py): every held-out clip once, in batches the
+        """One validation pass (consumer/feed/passes.py): every held-out clip once, in batches the
         producers made as they make training batches, from a queue of their own. The step, the
         input position and metrics.jsonl stay as they are. Leaving it before its end leaves
         the rest of the pass unmade."""

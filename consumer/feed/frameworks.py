@@ -4,7 +4,7 @@ reach the model device, and what the user's loop gets when it takes the batch.
 A :class:`Staging` has two halves. ``stage`` starts a batch's way to the device: in the queue's
 stager thread as soon as the batch arrives, while the loop's step on the previous batch runs,
 or (``on_request``) in the thread that asks for a batch, between steps, for each batch that
-arrived meanwhile (consumer/pipeline/buffer.py). ``take`` runs in the loop's thread when the
+arrived meanwhile (consumer/buffer.py). ``take`` runs in the loop's thread when the
 loop takes the batch. ``settle`` runs before a batch's host memory may be written again.
 
 - ``numpy``: the host arrays as they arrived (read-only views of their shared-memory slot,
@@ -27,7 +27,7 @@ loop takes the batch. ``settle`` runs before a batch's host memory may be writte
   On an accelerator the put returns before its transfers are done, so staging runs on request, between
   steps, as torch's does, and ``settle`` waits for them (``block_until_ready``) before the slot
   is released. In host memory (the CPU, or a sharding of a host memory kind) JAX would share the
-  arrays' memory (a shared-memory slot, consumer/pipeline/slots.py) and its asynchronous
+  arrays' memory (a shared-memory slot, consumer/slots.py) and its asynchronous
   dispatch could read it after the step is confirmed: the stager thread copies them first.
 - ``tensorflow``: shared/tfsetup.py's stagers, wrapped (:class:`FunctionStaging`).
 

@@ -1,4 +1,4 @@
-"""The trainer process's side of the coordinator process (consumer/pipeline/coordproc.py).
+"""The trainer process's side of the coordinator process (consumer/coordinator/coordproc.py).
 
 :class:`CoordinatorProcess` spawns it (never forks: the trainer may have imported TensorFlow
 or torch) and hands it the run in one start file. Then the thread that asks the trainer's queue
@@ -6,8 +6,9 @@ for a batch receives (:meth:`CoordinatorProcess.receive`, the queues' pump): eac
 descriptor becomes a :class:`QueuedBatch` of read-only views of its shared-memory slot in the
 queue, and the figures the coordinator publishes are kept. No thread of the feed's takes the
 interpreter while the loop's step runs. It offers what the feed core asked of the in-process coordinator
-(alive, snapshot, rejected_in_epoch, validation passes, mel statistics, failure). The rule
-for slots, the messages and shutdown are in docs/DESIGN.md, "The coordinator process".
+(alive, snapshot, rejected_in_epoch, validation passes, mel statistics, failure). The messages
+are consumer/protocol.py's; the rule for slots and shutdown are in docs/DESIGN.md, "The
+coordinator process".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Batches that an iterator took ahead and dropped untrained (:meth:`HandOutLedger.
 are held here to go out again first, without being counted twice.
 
 Pure bookkeeping: no socket, no thread, no clock of its own (times are passed in); the
-feed core (consumer/pipeline/feed.py) calls it under its lock.
+feed core (consumer/feed/feed.py) calls it under its lock.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Validation passes of an open run (consumer/pipeline/validation.py says what a pass is).
+"""Validation passes of an open run (consumer/feed/validation.py says what a pass is).
 
 A pass asks the coordinator to lease every held-out batch, takes them from the validation
 queue as the producers deliver them and ends when the coordinator says the pass is finished

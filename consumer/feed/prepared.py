@@ -65,7 +65,7 @@ class PreparedRun:
         files = PlanFiles(Path(index.stats.cache_file).resolve().parent / PLANS_DIR) if index.stats.cache_file else None
         self.planner = planner = EpochPlanner(train, cfg.batching, cfg.devices.replicas or 1, workers, worker,
                                               files=files)
-        # the held-out clips' batches (consumer/pipeline/plan.validation_batches)
+        # the held-out clips' batches (consumer/plan.validation_batches)
         self.val_batches: list[PlannedBatch] = validation_batches(self.val_samples, planner)
         check_message_size(cfg, [*planner.shapes, *((b.rows, *b.shape) for b in self.val_batches)])
         log.info("dataset %s: %d clips usable, %d rejected; %d batches per epoch in %d shapes (B, L, T) %s%s",

@@ -3,7 +3,7 @@
 Each rejected clip is written once (a clip a producer cannot read fails again every epoch; a
 resumed run keeps the rows of the sessions before). The reasons are counted, so that a run
 in which every clip failed the same user transform, or was rejected, ends with one line
-naming it (consumer/pipeline/feed.py asks while it waits, and at the end).
+naming it (consumer/feed/feed.py asks while it waits, and at the end).
 """
 
 from __future__ import annotations

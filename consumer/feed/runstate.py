@@ -151,7 +151,7 @@ def feature_cache_totals(directory: str, producers: list[dict[str, Any]]) -> dic
 
 
 def run_summary(core: Any, figures: Mapping[str, Any]) -> dict[str, Any]:
-    """summary.json of an open run (consumer/pipeline/feed.FeedCore): the figures of metrics.jsonl and the
+    """summary.json of an open run (consumer/feed/feed.FeedCore): the figures of metrics.jsonl and the
     coordinator, with the dataset, text, checkpoint and the training loop's ``figures`` beside them."""
     cfg, index, vocab, queue = core.cfg, core.index, core.vocabulary, core.queue
     snap = core.coordinator.snapshot()

@@ -2,7 +2,7 @@
 
 A confirmed step's row waits here with its loss handle until the end of its logging interval,
 when the interval's losses are fetched at once (the one device sync) by the loop's resolver
-and the rows written (consumer/pipeline/feed.py says what the row's figures measure).
+and the rows written (consumer/feed/feed.py says what the row's figures measure).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class StepLog:
 
 
 def live_text(step: int, expected: int | None, last_loss: float | None, window: dict[str, Any], capacity: int) -> str:
-    """The live line of progress (consumer/pipeline/progress.py) from the telemetry's window."""
+    """The live line of progress (consumer/feed/progress.py) from the telemetry's window."""
     total = f"/{expected}" if expected else ""
     loss = f"  loss {last_loss:.4f}" if last_loss is not None else ""
     wait = window["wait_frac"]

@@ -1,4 +1,4 @@
-"""Tests for consumer/pipeline/buffer.py: the bounded queue, its staging (a thread, or on request), and
+"""Tests for consumer/buffer.py: the bounded queue, its staging (a thread, or on request), and
 capacity under load."""
 
 from __future__ import annotations

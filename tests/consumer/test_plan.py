@@ -1,4 +1,4 @@
-"""Tests for consumer/pipeline/plan.py: bucketing and deterministic per-epoch batch plans."""
+"""Tests for consumer/plan.py: bucketing and deterministic per-epoch batch plans."""
 
 from __future__ import annotations
 

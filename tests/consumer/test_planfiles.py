@@ -1,4 +1,4 @@
-"""A host's epoch plans in files every process maps (consumer/pipeline/planfiles.py): made once,
+"""A host's epoch plans in files every process maps (consumer/planfiles.py): made once,
 the same plans and shares as planned in each process, a position over them resumed exactly."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class Bench:
         """``count`` clips; ``workers``/``worker``: the plan is that trainer worker's share;
         ``held``: held-out clips, leased in validation passes into ``val_queue``; ``fixed_rows``:
         batches keep their bucket's rows (row_mask on); ``shards``: the clips are members of this
-        many tar shards (batches grouped by shard: consumer/pipeline/shard_order.py)."""
+        many tar shards (batches grouped by shard: consumer/shard_order.py)."""
         self.cfg = make_config(**pipeline)
         self.cfg = dataclasses.replace(self.cfg, batching=dataclasses.replace(self.cfg.batching, fixed_rows=fixed_rows))
         self.queue = BatchQueue(self.cfg.pipeline.buffer_size)

@@ -1,4 +1,4 @@
-"""The scheduler's credits (consumer/pipeline/credits.py), driven through the scheduler on a
+"""The scheduler's credits (consumer/coordinator/credits.py), driven through the scheduler on a
 virtual clock: never more than the free slots, one slot kept for the earliest epoch, and a
 worker's credit window in plan order."""
 

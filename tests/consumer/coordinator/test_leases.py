@@ -1,4 +1,4 @@
-"""The scheduler's leases (consumer/pipeline/leases.py), driven through the scheduler on a virtual
+"""The scheduler's leases (consumer/coordinator/leases.py), driven through the scheduler on a virtual
 clock: a BATCH is taken only against its credited lease and in its shape; late, foreign and
 mismatched ones are dropped; a LEASE carries what its producer needs."""
 

@@ -1,4 +1,4 @@
-"""A producer's liveness as the scheduler keeps it (consumer/pipeline/peers.py), on a virtual
+"""A producer's liveness as the scheduler keeps it (consumer/coordinator/peers.py), on a virtual
 clock: the decisions that depend on time, at the exact instants they must happen. The
 end-to-end tests with real processes (tests/test_remote.py) assert what happened and in
 which order; how soon is asserted here, where time is the number each event carries."""

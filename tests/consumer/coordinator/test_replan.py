@@ -1,4 +1,4 @@
-"""The scheduler's re-planning (consumer/pipeline/replan.py), driven through the scheduler on a
+"""The scheduler's re-planning (consumer/coordinator/replan.py), driven through the scheduler on a
 virtual clock: work lost with a producer, clips missed or missing everywhere, and batches whose
 lease keeps failing, each sample still trained exactly once."""
 

@@ -1,4 +1,4 @@
-"""Tests for consumer/pipeline/checkpoint.py: input position, checkpoint files, resume checks, and the
+"""Tests for consumer/feed/checkpoint.py: input position, checkpoint files, resume checks, and the
 coordinator leasing only what a resumed position left. No TensorFlow here (see
 test_checkpoint_tf.py for the model state)."""
 

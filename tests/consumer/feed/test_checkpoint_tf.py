@@ -1,4 +1,4 @@
-"""The TensorFlow part of consumer/pipeline/checkpoint.py: a trainer's ``trackables()`` (a small Keras
+"""The TensorFlow part of consumer/feed/checkpoint.py: a trainer's ``trackables()`` (a small Keras
 model and its optimizer) saved with the step and restored into fresh objects."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run's clip list (consumer/pipeline/clips.py): every clip by position, as the clip batch field
+"""The run's clip list (consumer/feed/clips.py): every clip by position, as the clip batch field
 names it, held-out clips included, and the clips each epoch's plan trains."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""consumer/pipeline/feed.py on a small dataset, without producers: what the feed core says of
+"""consumer/feed/feed.py on a small dataset, without producers: what the feed core says of
 a run that trained nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for consumer/pipeline/frameworks.py: what a feed hands out for PyTorch, JAX and numpy.
+"""Tests for consumer/feed/frameworks.py: what a feed hands out for PyTorch, JAX and numpy.
 
 The CUDA path of the torch staging cannot run on a host without a GPU: its order of
 operations (the slots page-locked, or pinned host memory; copies queued on a side stream, an

@@ -1,5 +1,5 @@
-"""The coordinator process and the trainer process (consumer/pipeline/coordproc.py, handoff.py,
-slots.py): a batch's arrays cross in shared memory unchanged, a slot the trainer holds is never
+"""The coordinator process and the trainer process (consumer/coordinator/coordproc.py, consumer/feed/handoff.py,
+consumer/slots.py): a batch's arrays cross in shared memory unchanged, a slot the trainer holds is never
 written again until it lets it go, and the coordinator process neither outlives its trainer nor
 dies unseen."""
 

@@ -1,4 +1,4 @@
-"""The live progress line (consumer/pipeline/progress.py): only on a terminal, cleared before log records."""
+"""The live progress line (consumer/feed/progress.py): only on a terminal, cleared before log records."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A feed's state (consumer/pipeline/runstate.py): plain JSON values holding the input position's bit
+"""A feed's state (consumer/feed/runstate.py): plain JSON values holding the input position's bit
 arrays, and the state of the format before still taken."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Held-out validation clips (consumer/pipeline/validation.py)."""
+"""Held-out validation clips (consumer/feed/validation.py)."""
 
 from __future__ import annotations
 
