@@ -24,12 +24,12 @@ measured from outside:
                   the launcher's producer environment): exactly the ``stoker`` row's work.
 
 Same data: the embedded demo set (64 clips, 22,050 Hz 16-bit WAV). Same batches: the
-consumer's epoch plan (``consumer/pipeline/plan.py``, batch 16, bucketed shapes), epoch after
+consumer's epoch plan (``consumer/plan.py``, batch 16, bucketed shapes), epoch after
 epoch, each batch padded to its bucket shape [B, L] / [B, T, F]. Same preprocessing:
 read the WAV, the log-mel of ``producer/features.py``: in the tf.data variants computed by its
 TensorFlow ops (the ``tf.function`` of :class:`producer.features.MelComputer`, which
 ``stoker (tf ops)``'s producers run with ``features.backend=tf``), in mp.Queue by the producers'
-BatchMaker as in ``stoker``; token ids from the index's vocabulary (``consumer.pipeline.lease_tables.TokenTable``, as the leases carry
+BatchMaker as in ``stoker``; token ids from the index's vocabulary (``consumer.coordinator.lease_tables.TokenTable``, as the leases carry
 them; for the tf.data variants put into the plan's tensors, since a Python tokenizer
 cannot run in a tf.data service worker), padding with the same values. stoker's own default computes the same
 definition without TensorFlow (the target "tf.data service ... needs the TF-op version
@@ -93,8 +93,8 @@ import psutil
 
 from .common import DEMO_DATA, QUIET_ENV, STOKER, BenchError, ratio, spread, table, targets_table
 from .corpus import leases_of
-from ..consumer.pipeline.lease_tables import TokenTable
-from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.coordinator.lease_tables import TokenTable
+from ..consumer.plan import EpochPlanner
 from ..launcher import PRODUCER_ENV
 from ..producer.batches import BatchMaker
 from ..producer.features import MelComputer, pad_value, resolve_backend

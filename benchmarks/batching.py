@@ -17,7 +17,7 @@ Two figures, both measured in this run:
    Targets: frames_useful_frac >= 0.97 with at most 8 shapes.
    Against the plan before leftover clips moved up (each bucket's last batch filled with
    empty rows, computed here from the same buckets before the move,
-   consumer/pipeline/plan.group_buckets): frames_useful_frac of the plan of only real rows, and of
+   consumer/plan.group_buckets): frames_useful_frac of the plan of only real rows, and of
    the same plan with ``batching.fixed_rows`` (its one short batch padded), each no worse
    than that plan's by more than 0.01.
 2. Throughput at the same memory budget. The tiny model trains on the CPU on a batch of
@@ -43,7 +43,7 @@ import numpy as np
 
 from .common import ratio, report, spread, table
 from .trainer import TOKEN_IDS, _batch
-from ..consumer.pipeline.plan import EpochPlanner, group_buckets
+from ..consumer.plan import EpochPlanner, group_buckets
 from ..consumer.training.trainer import KerasTrainer
 from ..shared import config as config_mod
 from ..shared.config import BatchingConfig, FeaturesConfig

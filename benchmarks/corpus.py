@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from ..consumer.pipeline.lease_tables import TokenTable
-from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.coordinator.lease_tables import TokenTable
+from ..consumer.plan import EpochPlanner
 from ..shared import wire
 from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig
 from ..shared.dataset import build_index, read_metadata, scan_audio
@@ -176,7 +176,7 @@ def plan_leases(root: Path, batch_size: int = BATCH_SIZE, features: FeaturesConf
 
 def leases_of(planned: Any, tokens: TokenTable) -> list[wire.Lease]:
     """The lease the coordinator sends a producer on the trainer's host for each planned batch
-    (consumer/pipeline/leases.py: the table's token ids, speakers, languages, texts, files,
+    (consumer/coordinator/leases.py: the table's token ids, speakers, languages, texts, files,
     durations and the files' stamps), numbered from 1: what a baseline hands the producers'
     BatchMaker so that it does their work."""
     out = []

@@ -29,7 +29,7 @@ index
 producer
     The same clips (LJSpeech-like: 22,050 Hz 16-bit mono, durations drawn from a normal
     of mean 6.6 s, sd 2.2 s, clipped to 1.1..10.1 s, as LJSpeech's are), in the same
-    planned batches (consumer/pipeline/plan.py: batch 16, 4 buckets), through each variant in its
+    planned batches (consumer/plan.py: batch 16, 4 buckets), through each variant in its
     own spawned process, one at a time, variants interleaved repetition by repetition:
 
     - ``stoker``: producer.batches.BatchMaker with the default config (``features.backend:
@@ -55,7 +55,7 @@ producer
       of :data:`CLIPS_PER_PARQUET_FILE`: shared/dataset/parquet.py), read a row group at a time by
       the producer's row reader (its kept row groups dropped before each pass), in the batches
       a run plans from the Parquet files (the same clips and buckets, batches grouped by row
-      group, ``batching.shard_window`` 4: consumer/pipeline/shard_order.py), as a Parquet run's
+      group, ``batching.shard_window`` 4: consumer/shard_order.py), as a Parquet run's
       producer reads them; the same variant in the loose files' batches (every row group in
       every batch: the reader's worst case, each lease reading whole row groups for a clip or
       two of each) is ``stoker-parquet-mixed``.

@@ -48,8 +48,8 @@ from typing import Any, Callable, Sequence
 import stoker
 from .common import BenchError, machine_info, report, table, tree_child
 from .corpus import make_clips
-from ..consumer.pipeline.plan import EpochPlanner
-from ..consumer.pipeline.position import InputPosition
+from ..consumer.plan import EpochPlanner
+from ..consumer.position import InputPosition
 from ..shared import config as config_mod
 from ..shared.dataset import build_index
 from ..shared.proc import PACKAGE_PARENT

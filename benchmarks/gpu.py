@@ -77,8 +77,8 @@ import numpy as np
 import stoker
 from .calibrate import Aim, search
 from .corpus import leases_of, make_clips
-from ..consumer.pipeline.lease_tables import TokenTable
-from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.coordinator.lease_tables import TokenTable
+from ..consumer.plan import EpochPlanner
 from ..feed import feed_config
 from ..launcher import PRODUCER_ENV
 from ..producer.audio import load_audio

@@ -1,8 +1,8 @@
 """Memory benchmark: the consumer's memory stays bounded over thousands of batches.
 
-In this process: the real ``consumer.pipeline.coordinator.Coordinator`` (ROUTER socket bound to
+In this process: the real ``consumer.coordinator.coordinator.Coordinator`` (ROUTER socket bound to
 tcp loopback, epoch plan over the demo data's index, leases, credits) and the real
-``consumer.pipeline.buffer.BatchQueue`` (capacity 3), built as consumer/training/main.py builds them, and
+``consumer.buffer.BatchQueue`` (capacity 3), built as consumer/training/main.py builds them, and
 a trainer thread that takes batches as fast as it can (no step time). In a spawned
 child: a fake producer that speaks the protocol (HELLO; for each LEASE, a batch of the
 lease's shape collated with ``shared.batch.collate`` from random data, then READY;
@@ -49,9 +49,9 @@ import zmq
 
 from .common import (run_alone, BenchError, close_queue, collect, least_squares_slope, ratio, spawn_context,
                                stop_children, table)
-from ..consumer.pipeline.buffer import BatchQueue
-from ..consumer.pipeline.coordinator import Coordinator
-from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.buffer import BatchQueue
+from ..consumer.coordinator.coordinator import Coordinator
+from ..consumer.plan import EpochPlanner
 from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import Config, FeaturesConfig

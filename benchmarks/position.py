@@ -37,8 +37,8 @@ import msgpack
 import numpy as np
 
 from .common import BenchError, fmt, run_alone, spread, table
-from ..consumer.pipeline.plan import EpochPlanner
-from ..consumer.pipeline.position import InputPosition
+from ..consumer.plan import EpochPlanner
+from ..consumer.position import InputPosition
 from ..shared.config import BatchingConfig
 from ..shared.dataset.table import SampleTable
 

@@ -1,6 +1,6 @@
 """Where a batch is staged, measured on the CPU (``python -m stoker.benchmarks.staging``): a stager
 thread beside a step that holds the interpreter, against the thread that asks for a batch, between
-steps (consumer/pipeline/buffer.py, ``BatchQueue.enable_staging(on_request=...)``).
+steps (consumer/buffer.py, ``BatchQueue.enable_staging(on_request=...)``).
 
 On a GPU host PyTorch's staging is a few calls per array (each copy queued on a side stream) and
 a launch-bound step is the interpreter launching kernels, each launch letting go of the
@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .common import machine_info, ratio, report, spread, table
-from ..consumer.pipeline.buffer import BatchQueue, QueuedBatch
+from ..consumer.buffer import BatchQueue, QueuedBatch
 
 WAYS = ("none", "thread", "request")
 WARMUP_STEPS = 5

@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 
 from .common import BenchError, ratio, report, spread, table
-from ..consumer.pipeline import validation
-from ..consumer.pipeline.buffer import BatchQueue, QueuedBatch
-from ..consumer.pipeline.plan import EpochPlanner
+from ..consumer.feed import validation
+from ..consumer.buffer import BatchQueue, QueuedBatch
+from ..consumer.plan import EpochPlanner
 from ..consumer.training.trainer import KerasTrainer
 from ..shared import config as config_mod
 from ..shared.batch import SCHEMA, batch_dims, collate

@@ -8,7 +8,7 @@ Candidate (``protocol``): DEALER (producer side) -> ROUTER (consumer side) with
 real batch (tokens int32 [B, L], token_lengths int32 [B], mel float32 [B, T, F],
 mel_lengths int32 [B]) with B = 16, F = 80 and L, T picked so the four arrays total
 about 8 MiB, 1 MiB or 64 KiB. The receiver grants a CREDIT only for a free slot of a
-capacity-3 ``consumer.pipeline.buffer.BatchQueue`` (``capacity - len(queue) - credits in
+capacity-3 ``consumer.buffer.BatchQueue`` (``capacity - len(queue) - credits in
 flight``), and drains each arriving BATCH at once: decode (all header checks and
 size checks, then the BATCH's typed fields), ``put``, ``get``. The sender sends a BATCH only against a CREDIT. So at
 most 3 batches are in flight, as in a run. (The LEASE/READY messages of a real run
@@ -58,7 +58,7 @@ import zmq
 
 from .common import (run_alone, BenchError, close_queue, collect, ratio, spawn_context, spread,
                                stop_children, table)
-from ..consumer.pipeline.buffer import BatchQueue, QueuedBatch
+from ..consumer.buffer import BatchQueue, QueuedBatch
 from ..shared import wire
 
 BATCH_SIZE = 16

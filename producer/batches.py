@@ -3,7 +3,7 @@ shape) in, the bucket's arrays and the BATCH message out. It reads each clip
 (producer/audio.py), runs the transforms (producer/transforms.py), computes the log-mels
 for the batch at once (producer/features.py, or the feature cache), and collates by the
 batch schema (shared/batch.py). It never sees a socket: producer/worker.py is its
-transport, and the trainer's validation (consumer/pipeline/validation.py) makes its held-out
+transport, and the trainer's validation (consumer/feed/validation.py) makes its held-out
 batches with it too.
 """
 
@@ -80,7 +80,7 @@ class BatchMaker:
     """Turns one lease into the frames of a BATCH message.
 
     Per clip: the token ids the lease carries (the trainer tokenizes: see
-    consumer/pipeline/lease_tables.TokenTable); the log-mel from the feature cache when
+    consumer/coordinator/lease_tables.TokenTable); the log-mel from the feature cache when
     one is configured and holds a valid entry, else from the audio (read, downmixed,
     resampled, then transformed with the other clips of the batch at once, and stored
     in the cache). With the optional fields on: the waveform (``audio``), and the log-mel of

@@ -11,7 +11,7 @@ Two launchers describe a job, and stoker reads either (never both at once):
 - ``torchrun`` (torch.distributed's ``env://`` variables) gives each rank ``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``: every rank is a trainer worker.
 
-stoker reads the job to shard the epoch plan (consumer/pipeline/plan.py: worker w of W
+stoker reads the job to shard the epoch plan (consumer/plan.py: worker w of W
 trains its share of every global batch) and to name each worker's run directory; the
 framework reads it to connect the workers. Each mistake is one line (ClusterError) naming
 its source: not JSON, no worker list, an address named twice, a task or rank that is not in

@@ -42,7 +42,7 @@ ROLES: dict[str, tuple[str, ...]] = {
 ROW_LOCATOR = re.compile(r"^(?P<file>.+\.parquet)#(?P<group>\d+):(?P<row>\d+)$", re.IGNORECASE)
 
 
-# The part of a row's locator that names its file and row group (consumer/pipeline/shard_order.py).
+# The part of a row's locator that names its file and row group (consumer/shard_order.py).
 GROUP_END = ":"
 
 

@@ -9,7 +9,7 @@
             loss = train_step(batch)            # the user's own step
             feed.step_done(loss=loss)           # optional: the step's loss for metrics.jsonl
 
-The feed runs the trainer side of the pipeline (consumer/pipeline/feed.py) in the user's
+The feed runs the trainer side of the pipeline (consumer/feed/feed.py) in the user's
 process; the run service starts and supervises its producers. docs/FEED.md is the user's
 guide, docs/design/feed.md the long story.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from . import service
-from .consumer.pipeline.clips import ClipList
-from .consumer.pipeline.feed import FeedCore, PreparedRun
-from .consumer.pipeline.frameworks import Staging
+from .consumer.feed.clips import ClipList
+from .consumer.feed.feed import FeedCore, PreparedRun
+from .consumer.feed.frameworks import Staging
 from .feed_dcp import DistributedState, state_key
 from .feed_staging import FeedError, check_framework, make_staging
 from .feed_tf import checkpoint_state, element_spec, keras_callback
@@ -423,7 +423,7 @@ class Feed:
     @property
     def clips(self) -> ClipList:
         """Every clip of the run by position, the ``clip`` batch field's value for its row
-        (consumer/pipeline/clips.py): ``feed.clips[p]`` (id, text, units, tokens, audio, speaker,
+        (consumer/feed/clips.py): ``feed.clips[p]`` (id, text, units, tokens, audio, speaker,
         language, duration_s, held_out), ``.position(id)``, ``.epoch(n)`` (the positions epoch n
         trains) and ``.validation``."""
         if self._clips is None:

@@ -1,6 +1,6 @@
 """How a ``stoker.Feed``'s batches reach the user's loop, per framework (trainer.framework):
 the framework checked before anything starts, then a :class:`Staging` onto the model device
-(consumer/pipeline/frameworks.py) as devices.model_gpu, a ``tf.distribute`` strategy or a
+(consumer/feed/frameworks.py) as devices.model_gpu, a ``tf.distribute`` strategy or a
 JAX sharding say. docs/FEED.md, Other frameworks, is the user's side.
 """
 
@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from .consumer.pipeline.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
+from .consumer.feed.frameworks import FunctionStaging, JaxStaging, Staging, TorchStaging
 from .shared.cluster import TORCHRUN, from_env
 from .shared.config import FRAMEWORKS, TENSORFLOW, DevicesConfig
 from .shared.errors import UserError
@@ -54,7 +54,7 @@ def check_framework(framework: str, strategy: Any, sharding: Any) -> str:
 
 def make_staging(framework: str, devices: DevicesConfig, strategy: Any = None, sharding: Any = None) -> Staging:
     """How batches reach the loop for ``framework``: staged onto the model device (in the
-    queue's stager thread, or between steps: consumer/pipeline/frameworks.py), or host arrays (numpy)."""
+    queue's stager thread, or between steps: consumer/feed/frameworks.py), or host arrays (numpy)."""
     if framework == TENSORFLOW:
         return tf_staging(devices, strategy)
     if framework == "torch":

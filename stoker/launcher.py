@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import psutil
 
-from .consumer.pipeline.checkpoint import POSITION, Checkpointer
+from .consumer.feed.checkpoint import POSITION, Checkpointer
 from .shared.config import Config
 from .shared.errors import UserError
 from .shared.metrics import read_jsonl, summarize

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from .consumer.pipeline.checkpoint import Checkpointer
+from .consumer.feed.checkpoint import Checkpointer
 from .consumer.training.trainer import check_model, uses_tensorflow
 from .devices import DevicePlan, list_gpus, plan_devices, requested_replicas
 from .hostpool import HostPool
@@ -240,7 +240,7 @@ def data_path(root: Path, metadata_file: str, configured: str = "") -> str:
     file, a lhotse cut manifest, tar shards (their pattern: at a URL as given, else below their directory), or a
     manifest at a URL (as given). An LJSpeech metadata file at a URL named ``configured``
     (data.metadata_file): its directory's URL. data.eval_file is found beside either
-    (consumer/pipeline/validation.py, shared/dataset/corpus/registry.py ``beside``)."""
+    (consumer/feed/validation.py, shared/dataset/corpus/registry.py ``beside``)."""
     return format_of(metadata_file).named(root, metadata_file, configured)
 
 

@@ -1,6 +1,6 @@
 """``python run.py watch RUN_DIR``: the live state of a running trainer, once a second.
 
-Reads ``live.json`` (consumer/pipeline/telemetry.py), which the consumer rewrites every second,
+Reads ``live.json`` (consumer/feed/telemetry.py), which the consumer rewrites every second,
 and prints one line per refresh: step, queue depth, wait share, samples/s, producers
 alive. On a terminal the line is redrawn in place; otherwise (a log file) one line is
 written per refresh. It ends when the run's summary.json appears, with the verdict.

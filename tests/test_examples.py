@@ -214,7 +214,7 @@ def test_generation_is_deterministic_and_bounded(clips) -> None:
 def test_synth_restores_the_example_and_lets_it_decide_the_length(tmp_path) -> None:
     """synth on a checkpoint of ar_tts: the restored stop layer decides how many frames come out."""
     from stoker.consumer.training import tts
-    from stoker.consumer.pipeline.checkpoint import CKPT_DIR, Checkpointer
+    from stoker.consumer.feed.checkpoint import CKPT_DIR, Checkpointer
     from stoker.consumer.training.synth import generation_limit, synthesize
     from stoker.shared.runfiles import VOCAB
     from stoker.shared.text import Characters

@@ -38,7 +38,7 @@ def producers_of(pid: int) -> list[psutil.Process]:
     for p in psutil.process_iter(["cmdline"]):
         line = " ".join(p.info["cmdline"] or [])
         if ("stoker.producer.worker" in line and f"--parent-pid {pid}" in line) or (
-                "stoker.consumer.pipeline.coordproc" in line and line.endswith(f" {pid}")):
+                "stoker.consumer.coordinator.coordproc" in line and line.endswith(f" {pid}")):
             found.append(p)
     return found
 

@@ -2,9 +2,11 @@
 
     benchmarks   measure the application                      (top)
     stoker       command line, launcher, auto-scaler, devices, diagnose, watch
-    consumer     the trainer's side, in two parts, training above the pipeline:
-                   training   stoker's trainers, the model, the consumer process's training loop
-                   pipeline   the feed core, coordinator, queue, plan, checkpoints
+    consumer     the trainer's side, its processes' parts side by side on what both use:
+                   training     stoker's trainers, the model, the consumer process's training loop (on feed)
+                   feed         the trainer process's side: the feed core, hand-out, staging, checkpoints
+                   coordinator  the coordinator process: its ROUTER loop, the scheduler, leases, peers
+                   (consumer/)  what both use: the protocol between them, the queue, the plan, the slots
     producer     a producer's process: audio, features, batches
     shared       what both sides share: config, wire, batch schema, dataset, text (a leaf)
 
@@ -76,20 +78,50 @@ def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
     assert not upward, "imports that run back up a layer:\n" + "\n".join(upward)
 
 
-CONSUMER_PARTS = ("pipeline", "training")  # consumer/'s subpackages, lowest first
+# consumer/'s parts, each with the parts it may import besides itself. consumer/'s own modules ("") are what
+# both processes use, the protocol between them among them: they import no part. The coordinator process's
+# modules and the trainer process's (feed/) meet only there; training runs on the feed.
+CONSUMER_PARTS = {"": (), "coordinator": ("",), "feed": ("",), "training": ("", "feed")}
 
 
-@pytest.mark.parametrize("part", CONSUMER_PARTS)
-def test_a_part_of_the_consumer_imports_only_the_parts_below_it(part: str) -> None:
-    """Training may use the pipeline; the pipeline feeds any training loop and imports nothing of stoker's."""
+def consumer_part(module: str) -> str | None:
+    """The part of consumer/ a module is in: its subpackage, "" for consumer/'s own modules, None outside."""
+    parts = module.split(".")
+    if parts[:2] != ["stoker", "consumer"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in CONSUMER_PARTS else ""
+
+
+def consumer_crossings(imports: list[tuple[str, str, str]]) -> list[str]:
+    """Of (module, module it imports, where), the imports from one part of consumer/ into another it may not use."""
+    return [f"{where} imports {target}" for name, target, where in imports
+            if consumer_part(name) is not None and consumer_part(target) is not None
+            and consumer_part(target) not in (consumer_part(name), *CONSUMER_PARTS[consumer_part(name)])]
+
+
+def test_a_part_of_the_consumer_imports_only_the_parts_it_stands_on() -> None:
+    """The coordinator process's modules and the trainer process's import each other only through
+    consumer/protocol.py (and what both use); training may use the feed; the feed feeds any training loop."""
     modules = project_modules()
-    above = tuple(f"stoker.consumer.{name}" for name in CONSUMER_PARTS[CONSUMER_PARTS.index(part) + 1:])
-    upward = [f"{path.relative_to(ROOT)}:{node.lineno} imports {target}"
-              for name, path in modules.items() if name.startswith(f"stoker.consumer.{part}.")
-              for target, node, _ in module_imports(name, path, set(modules))
-              if target.startswith(above)]
-    assert not upward, "imports that run back up a part of the consumer:\n" + "\n".join(upward)
-    assert {name.split(".")[2] for name in modules if name.startswith("stoker.consumer.")} == set(CONSUMER_PARTS)
+    imports = [(name, target, f"{path.relative_to(ROOT)}:{node.lineno}")
+               for name, path in modules.items() for target, node, _ in module_imports(name, path, set(modules))]
+    crossings = consumer_crossings(imports)
+    assert not crossings, "imports across the parts of the consumer:\n" + "\n".join(crossings)
+    assert {consumer_part(name) for name in modules if name.startswith("stoker.consumer.")} == set(CONSUMER_PARTS)
+
+
+def test_the_part_check_sees_one_process_import_the_other() -> None:
+    assert consumer_crossings([
+        ("stoker.consumer.feed.handoff", "stoker.consumer.coordinator.coordproc", "a:1"),
+        ("stoker.consumer.coordinator.scheduler", "stoker.consumer.feed.validation", "b:2"),
+        ("stoker.consumer.plan", "stoker.consumer.feed", "c:3"),
+        ("stoker.consumer.training.main", "stoker.consumer.coordinator.coordinator", "d:4"),
+        ("stoker.consumer.feed.handoff", "stoker.consumer.protocol", "e:5"),
+        ("stoker.consumer.coordinator.coordproc", "stoker.consumer.protocol", "f:6"),
+        ("stoker.consumer.training.main", "stoker.consumer.feed.feed", "g:7"),
+        ("stoker.feed", "stoker.consumer.coordinator.coordproc", "h:8"),
+    ]) == ["a:1 imports stoker.consumer.coordinator.coordproc", "b:2 imports stoker.consumer.feed.validation",
+           "c:3 imports stoker.consumer.feed", "d:4 imports stoker.consumer.coordinator.coordinator"]
 
 
 def test_the_check_sees_relative_imports_that_climb_out_of_their_layer(tmp_path: Path) -> None:
@@ -117,7 +149,7 @@ def test_imports_within_the_package_are_relative(package: str) -> None:
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("import os\n\ndef f():\n    from stoker.consumer.pipeline.plan import EpochPlanner\n"
+    source.write_text("import os\n\ndef f():\n    from stoker.consumer.plan import EpochPlanner\n"
                       "    import stoker.cli\n    import stoker\n")
     assert imported_packages(source) == {("consumer", 4), ("stoker", 5), ("stoker", 6)}
 

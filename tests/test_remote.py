@@ -5,7 +5,7 @@ another dataset refused, a copy missing a clip, CURVE, and a fuzzer. Every run u
 numpy features and a synthetic trainer (no TensorFlow), and waits only on log lines and
 exits, each with a generous deadline. These tests assert what happened and in which order;
 how soon a producer is leased work or presumed dead is tested on a virtual clock
-(tests/consumer/pipeline/test_peers.py).
+(tests/consumer/coordinator/test_peers.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import zmq
 
-from stoker.consumer.pipeline.checkpoint import CKPT_DIR, POSITION, Checkpointer
+from stoker.consumer.feed.checkpoint import CKPT_DIR, POSITION, Checkpointer
 from stoker.producer.batches import BatchMaker
 from stoker.producer.worker import Producer
 from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata

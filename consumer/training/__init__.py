@@ -1,2 +1,2 @@
 """Training: stoker's own trainers and the consumer process's training loop (main.py), the built-in TTS
-model, synthesis, export, TensorBoard and mel images. It takes its batches from the pipeline (pipeline/)."""
+model, synthesis, export, TensorBoard and mel images. It takes its batches from the feed (feed/)."""

@@ -1,4 +1,4 @@
-"""The consumer process: the feed (consumer/pipeline/feed.py) and stoker's trainer on it.
+"""The consumer process: the feed (consumer/feed/feed.py) and stoker's trainer on it.
 
 Started by the launcher as ``python -m stoker.consumer.training.main --run-dir DIR`` with
 ``CUDA_VISIBLE_DEVICES`` already naming the model GPU (or none). It reads the resolved
@@ -6,14 +6,14 @@ Started by the launcher as ``python -m stoker.consumer.training.main --run-dir D
 process tells the launcher the endpoint on its status pipe (``{"event": "ready",
 "endpoint": ...}``), then builds the model and trains on the feed's batches.
 
-Per step (consumer/pipeline/feed.py says how wait, depth and step time are measured): the
+Per step (consumer/feed/feed.py says how wait, depth and step time are measured): the
 trainer's step on the staged batch, the step's loss handle to the feed, and at the end
 of each logging interval the losses fetched at once and checked for NaN or inf.
 
 Stop: the feed ends (the step budget, the planned epochs complete) or SIGTERM/SIGINT
 arrives (checked between steps and while waiting). Then the feed closes: STOP to every
 producer, the run files flushed, summary.json written.
-Checkpoints (consumer/pipeline/checkpoint.py): every ``trainer.checkpoint_every_steps``, at the
+Checkpoints (consumer/feed/checkpoint.py): every ``trainer.checkpoint_every_steps``, at the
 end and after a stop signal, model, optimizer, step and input position go to
 ``DIR/ckpt/``; with ``--resume`` the run goes on from the latest one.
 Exit status: 0 finished, 130 interrupted, 1 failed, 2 a user error (bad dataset,
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import melimage
-from ..pipeline.feed import FeedCore, PreparedRun, Resolved, TransformFailed
+from ..feed.feed import FeedCore, PreparedRun, Resolved, TransformFailed
 from .trainer import ModelError, ModelTrainer, Trainer, make_trainer, uses_tensorflow
 from .tb import TensorBoard
 from ...shared import config as config_mod
@@ -60,7 +60,7 @@ class NonFiniteLoss(Exception):
 
 
 class Run:
-    """One training run in this process: the feed (consumer/pipeline/feed.py) and stoker's trainer on it."""
+    """One training run in this process: the feed (consumer/feed/feed.py) and stoker's trainer on it."""
 
     def __init__(self, cfg: config_mod.Config, run_dir: Path, stop: threading.Event,
                  status: StatusWriter, parent_pid: int | None, gpu_memory_mb: int | None,
@@ -256,7 +256,7 @@ class TrainLoop:
 
     def _validate(self, trainer: ModelTrainer) -> None:
         """The loss on the held-out clips, made by the producers in a validation pass of the
-        feed (consumer/pipeline/validation.py), and the first clip's mel image, into the log and tb/."""
+        feed (consumer/feed/validation.py), and the first clip's mel image, into the log and tb/."""
         feed = self.feed
         if not feed.val_batches or self.tb is None:
             return

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import melimage, tts
-from ..pipeline.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
+from ..feed.checkpoint import CKPT_DIR, STATE_PREFIX, CheckpointError, Checkpointer
 from ...producer.audio import AudioError, load_audio
 from ...producer.features import MelComputer
 from ...producer.transforms import Chain, TransformError

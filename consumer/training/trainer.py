@@ -20,7 +20,7 @@ import numpy as np
 from . import tts
 from .optim import Update, make_optimizer
 from .tts import ModelError
-from ..pipeline.checkpoint import Checkpointed
+from ..feed.checkpoint import Checkpointed
 from ...shared.batch import IDENTIFYING, OPTIONAL, row_identities
 from ...shared.config import Config, batch_schema
 from ...shared.tfsetup import device_stager, replica_stager

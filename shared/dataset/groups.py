@@ -1,5 +1,5 @@
 """Each clip's shard (tar shards) or row group (Parquet), numbered in name order: the unit by
-which the epoch order groups its leases (consumer/pipeline/shard_order.py). A pure function of
+which the epoch order groups its leases (consumer/shard_order.py). A pure function of
 the index, so an index build stores it in the cache (table.GROUPS_SECTION) and a warm start reads it
 rather than scanning every clip's locator again (docs/design/scheduling.md, "Leases by shard").
 """

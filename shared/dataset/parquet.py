@@ -26,7 +26,7 @@ The index takes a row's duration from its duration column, reading no audio; a r
 is measured from its audio's header, read from the bytes (:func:`probe_row`). A producer reads its
 lease's rows a row group at a time (:class:`RowReader`: each group's audio column once, a few
 groups kept), the lease's rows grouped by file and row group as a shard dataset's by shard
-(consumer/pipeline/shard_order.py).
+(consumer/shard_order.py).
 
 Faults are rejections, never crashes: a file whose footer cannot be read (one rejection naming
 the file), a row group whose columns cannot be read (a rejection per row, naming the row, its row

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.consumer.pipeline.lease_tables import ReferenceTable
+from stoker.consumer.coordinator.lease_tables import ReferenceTable
 from stoker.producer.batches import BatchMaker
 from stoker.producer.models import ModelSetupError, load_model, weights_digest
 from stoker.shared import config as config_mod

@@ -8,8 +8,8 @@ from stoker.shared.errors import UserError
 
 
 def _user_errors() -> list[type]:
-    from stoker.consumer.pipeline.checkpoint import CheckpointError
-    from stoker.consumer.pipeline.coordinator import BindError
+    from stoker.consumer.feed.checkpoint import CheckpointError
+    from stoker.consumer.protocol import BindError
     from stoker.consumer.training.synth import SynthError
     from stoker.consumer.training.tts import ModelError
     from stoker.producer.link import Refused

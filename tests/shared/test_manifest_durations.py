@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.consumer.pipeline.lease_tables import TokenTable
+from stoker.consumer.coordinator.lease_tables import TokenTable
 from stoker.producer.batches import DURATION_TOLERANCE_S, BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig

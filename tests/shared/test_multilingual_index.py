@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.consumer.pipeline import validation
+from stoker.consumer.feed import validation
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset import (DatasetError, Reference, build_index, check_agreement, describe_copy, locate,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from stoker.consumer.pipeline.lease_tables import TokenTable
+from stoker.consumer.coordinator.lease_tables import TokenTable
 from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig

@@ -23,8 +23,8 @@ import psutil
 import pytest
 
 import stoker
-from stoker.consumer.pipeline.feed import FeedStateError
-from stoker.consumer.pipeline.message_size import MessageTooLarge
+from stoker.consumer.feed.feed import FeedStateError
+from stoker.consumer.message_size import MessageTooLarge
 from stoker.feed import FeedError
 from stoker.shared.errors import UserError
 from stoker.shared.runlock import RunLocked

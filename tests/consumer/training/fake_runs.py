@@ -3,7 +3,7 @@ training run leaves them (for synth and export)."""
 
 from __future__ import annotations
 
-from stoker.consumer.pipeline.checkpoint import CKPT_DIR, Checkpointer
+from stoker.consumer.feed.checkpoint import CKPT_DIR, Checkpointer
 from stoker.shared import config as config_mod
 from stoker.shared.runfiles import CONFIG, VOCAB
 from stoker.shared.text import Characters

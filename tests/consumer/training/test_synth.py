@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stoker.consumer.pipeline.checkpoint import CKPT_DIR, Checkpointer
+from stoker.consumer.feed.checkpoint import CKPT_DIR, Checkpointer
 from stoker.consumer.training.synth import SynthError, synthesize
 from stoker.shared import config as config_mod
 from stoker.shared.runfiles import VOCAB

@@ -1,6 +1,6 @@
 """SampleTable.prefix_numbers (shared/dataset/table.py): each clip's string up to its last
 separator, numbered, as a plain pass over the strings numbers them (the Parquet row groups of a
-plan's leases: consumer/pipeline/shard_order.py)."""
+plan's leases: consumer/shard_order.py)."""
 
 from __future__ import annotations
 
