@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.corpus.base import Pieces
 from ..dataset.corpus.cuts import GZIP_MAGIC, parse_cuts
-from ..dataset.pieces import columns_piece
+from ..dataset.pieces import Pieces, columns_piece
 from ..dataset.spill import remove_spill, spill_dir
 from ..dataset.storage import is_url
 from ..layouts import ManifestColumns

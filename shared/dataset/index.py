@@ -12,7 +12,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import fingerprints
@@ -20,10 +20,13 @@ from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_k
 from ..dataset.chunked import CHUNKED_MIN_BYTES, build_manifest
 from ..dataset.corpus.base import Listing, Located
 from ..dataset.corpus.registry import locate
+from ..dataset.cuts_pieces import cuts_pieces
 from ..dataset.files import metadata_location
 from ..dataset.groups import number_groups
 from ..dataset.indexed import DatasetIndex, finished_index
 from ..dataset.parallel import TextKey, frontend_of, index_workers, run_items
+from ..dataset.parquet_pieces import parquet_pieces
+from ..dataset.pieces import Pieces
 from ..dataset.reuse import (absent_files, cache_digest, cache_payload, file_size, loaded_index,
                              manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
                              with_files)
@@ -37,6 +40,10 @@ from ..text import Frontend, TextError, Units
 from ..vocab import Vocabulary
 
 log = logging.getLogger(__name__)
+
+# The formats whose large local datasets are built in pieces, by name: each function gives the
+# pieces (blocks spilled beside the index cache's candidates), or None where the one-pass build is the way.
+IN_PIECES: dict[str, Callable[..., Pieces | None]] = {"parquet": parquet_pieces, "cuts": cuts_pieces}
 
 
 def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | None = None,
@@ -111,8 +118,9 @@ def _in_pieces(build: _Build) -> DatasetIndex | None:
     """The index of a large local dataset its format builds in pieces (Parquet: parquet_pieces.py;
     lhotse cuts: cuts_pieces.py), found by its listing's key (its files' stamps, a SHA-256, the
     SHA-256 of a stream the pieces were cut from); None where the listing's build is the way."""
-    pieces = build.located.format.pieces(build.root, build.data.metadata_file, build.data, build.features,
-                                         build.text, build.candidates)
+    in_pieces = IN_PIECES.get(build.located.format.name)
+    pieces = None if in_pieces is None else in_pieces(build.root, build.data.metadata_file, build.data,
+                                                      build.features, build.text, build.candidates)
     if pieces is None:
         return None
     key = build.stamp or build.located.stamp()

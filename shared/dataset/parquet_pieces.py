@@ -8,13 +8,13 @@ every row has its audio bytes and a duration: otherwise the listing's one-proces
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.parquet import audio_column, parquet_file, pyarrow_modules, scalar_columns, stem
-from ..dataset.pieces import columns_piece, manifest_piece
+from ..dataset.pieces import Pieces, columns_piece, manifest_piece
 from ..dataset.shards import list_shards
 from ..dataset.storage import StorageError, is_url
 from ..layouts import Rejection
@@ -30,12 +30,11 @@ PARQUET_CHUNKED_MIN_ROWS = 200_000
 PIECE_ROWS = 65_536
 
 
-def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: FeaturesConfig,
-                   text: TextConfig) -> tuple[tuple[Callable[..., Any], list[tuple]],
-                                              Callable[[Rejection], Rejection]] | None:
+def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: FeaturesConfig, text: TextConfig,
+                   candidates: list[Path]) -> Pieces | None:
     """The pieces of a local Parquet dataset (row groups of a file: :func:`parquet_chunk` and its tasks) and
-    what a line's rejection becomes (its row's, naming it); None where the one-process build is
-    the way: a small dataset, files at a URL, a file whose footer cannot be read, or a row group
+    what a line's rejection becomes (its row's, naming it); nothing is spilled beside ``candidates``. None
+    where the one-process build is the way: a small dataset, files at a URL, a file whose footer cannot be read, or a row group
     whose statistics do not show every row with audio bytes and a duration."""
     if is_url(pattern):
         return None
@@ -64,7 +63,7 @@ def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: Feature
             tasks.append((str(root), name, (group, end, row), first, data, features, text))
             rows = sum(groups[group:end])
             group, row, first = end, row + rows, first + rows
-    return (parquet_chunk, tasks), lambda rejection: _named(rejection, starts)
+    return Pieces((parquet_chunk, tasks), lambda rejection: _named(rejection, starts))
 
 
 def _complete_groups(parquet: Any, mapping: dict[str, str]) -> list[int] | None:

@@ -9,8 +9,9 @@ import collections
 import mmap
 import operator
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from ..config import DataConfig, FeaturesConfig, TextConfig
@@ -22,6 +23,20 @@ from ..dataset.types import DEFAULT_SPEAKER
 from ..layouts import ManifestColumns, Rejection, manifest_columns
 from ..mel import min_num_samples, num_frames_of
 from ..text import LANGUAGES, Frontend, Units
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """How a large dataset's index is built in pieces (chunked.py): each piece's work (a function
+    and its tasks), what a line's rejection becomes (None: as it is), the wording of an id
+    repeated in a later piece, the metadata's SHA-256 where the pieces were cut from a stream
+    (else its stamp keys the cache), and a directory of spilled blocks to remove after the build."""
+
+    work: tuple[Callable[..., Any], list[tuple]]
+    named: Callable[[Rejection], Rejection] | None = None
+    repeated: str = "duplicate id on manifest line"
+    sha256: str = ""
+    spill: Path | None = None
 
 
 # Line feed and carriage return, as bytes of a manifest.

@@ -23,7 +23,6 @@ from ..files import metadata_location, read_file, resolve_root
 from ..storage import is_url
 from ..types import DatasetError
 from .address import span_name
-from .base import Pieces
 from .manifest import Manifest
 
 # How far a cut may end beyond its recording's duration and still be read (frames rounded to seconds).
@@ -151,9 +150,6 @@ class Cuts(Manifest):
     name = "cuts"
     split = False
 
-    def __init__(self, in_pieces: Callable[..., Pieces | None] | None = None) -> None:
-        self.in_pieces = in_pieces  # the registry's: ../cuts_pieces.py (which reads this module's cuts)
-
     def claims(self, metadata_file: str) -> bool:
         return _CUTS_NAME.match(metadata_file) is not None
 
@@ -179,7 +175,3 @@ class Cuts(Manifest):
     def sha256(self, root: Path, metadata_file: str) -> str:
         """Of its lines, gunzipped."""
         return hashlib.sha256(self.read(root, metadata_file)).hexdigest()
-
-    def pieces(self, root: Path, metadata_file: str, data: Any, features: Any, text: Any,
-               candidates: list[Path]) -> Pieces | None:
-        return self.in_pieces(root, metadata_file, data, features, text, candidates) if self.in_pieces else None
