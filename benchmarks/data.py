@@ -108,7 +108,10 @@ from ..producer.features import log_mel_spectrogram_numpy, resolve_backend
 from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import DataConfig, FeaturesConfig, TextConfig
-from ..shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
+from ..shared.dataset.agreement import scan_dataset
+from ..shared.dataset.corpus.registry import locate, read_metadata
+from ..shared.dataset.files import scan_audio
+from ..shared.dataset.index import build_index
 from ..shared.dataset.parallel import index_workers
 from ..shared.dataset.parquet import row_reader
 from ..shared.mel import pad_values

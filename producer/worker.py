@@ -33,7 +33,8 @@ from .models_tf import FRAMEWORK as TF_MODELS
 from .transforms import TransformSetupError, load_user
 from ..shared import wire
 from ..shared.batch import schema_for
-from ..shared.dataset import deferred, describe_copy, locate
+from ..shared.dataset.agreement import deferred, describe_copy
+from ..shared.dataset.corpus.registry import locate
 from ..shared.dataset.storage import shown
 from ..shared.errors import UserError
 from ..shared.keys import ClientKeys, load_client_keys

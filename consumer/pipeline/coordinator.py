@@ -41,7 +41,7 @@ from .position import InputPosition
 from .scheduler import Scheduler
 from ...shared import wire
 from ...shared.config import Config
-from ...shared.dataset import Reference
+from ...shared.dataset.agreement import Reference
 from ...shared.errors import UserError
 from ...shared.keys import ServerKeys, short
 from ...shared.layouts import Rejection

@@ -34,7 +34,7 @@ from .position import InputPosition
 from .scheduler import ValidationSet
 from .slots import SlotFile, SlotTooSmall
 from ...shared import config as config_mod
-from ...shared.dataset import Reference
+from ...shared.dataset.agreement import Reference
 from ...shared.dataset.cache import open_index
 from ...shared.dataset.reuse import cached_table
 from ...shared.dataset.table import SampleTable

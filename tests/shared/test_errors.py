@@ -14,7 +14,7 @@ def _user_errors() -> list[type]:
     from stoker.consumer.training.tts import ModelError
     from stoker.producer.link import Refused
     from stoker.shared.config import ConfigError
-    from stoker.shared.dataset import DatasetError
+    from stoker.shared.dataset.types import DatasetError
     from stoker.shared.keys import KeysError
     from stoker.shared.layouts import LayoutError
     from stoker.shared.text import TextError

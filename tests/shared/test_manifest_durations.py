@@ -13,7 +13,7 @@ from stoker.consumer.pipeline.lease_tables import TokenTable
 from stoker.producer.batches import DURATION_TOLERANCE_S, BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
+from stoker.shared.dataset.index import build_index
 from stoker.shared.dataset.corpus import manifest as manifest_module
 from stoker.shared.dataset.corpus.manifest import Manifest
 from stoker.shared.dataset import reuse as reuse_module

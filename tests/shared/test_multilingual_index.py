@@ -12,8 +12,10 @@ import pytest
 from stoker.consumer.pipeline import validation
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import (DatasetError, Reference, build_index, check_agreement, describe_copy, locate,
-                                   scan_dataset)
+from stoker.shared.dataset.agreement import Reference, check_agreement, describe_copy, scan_dataset
+from stoker.shared.dataset.corpus.registry import locate
+from stoker.shared.dataset.index import build_index
+from stoker.shared.dataset.types import DatasetError
 from stoker.shared.text import Characters, TextError, normalize
 from stoker.shared.vocab import Vocabulary
 from tests.speech import (make_english_digits_dataset, make_manifest_dataset, make_mixed_dataset,

@@ -17,7 +17,10 @@ from stoker.shared.dataset.groups import shard_numbers
 from stoker.producer.audio import AudioError, load_audio, load_member
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import DatasetError, Reference, build_index, locate, metadata_sha256, scan_dataset
+from stoker.shared.dataset.agreement import Reference, metadata_sha256, scan_dataset
+from stoker.shared.dataset.corpus.registry import locate
+from stoker.shared.dataset.index import build_index
+from stoker.shared.dataset.types import DatasetError
 from stoker.shared.dataset import parquet
 from stoker.shared.dataset.parquet import RowReader, pyarrow_modules
 from stoker.shared.dataset.storage import Reader

@@ -15,7 +15,9 @@ import soundfile
 from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member
 from stoker.service import data_path
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index, locate, scan_dataset
+from stoker.shared.dataset.agreement import scan_dataset
+from stoker.shared.dataset.corpus.registry import locate
+from stoker.shared.dataset.index import build_index
 from stoker.shared.dataset import storage
 from stoker.shared.dataset.cache import remote_root
 from stoker.shared.dataset.corpus import url as url_module

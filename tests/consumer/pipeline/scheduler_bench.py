@@ -15,7 +15,7 @@ from stoker.consumer.pipeline.leases import ValidationSet
 from stoker.consumer.pipeline.plan import EpochPlanner, validation_batches
 from stoker.consumer.pipeline.scheduler import Scheduler
 from stoker.shared import wire
-from stoker.shared.dataset import Sample
+from stoker.shared.dataset.types import Sample
 from tests.consumer.pipeline.harness import hello_of, make_config, samples
 from tests.factories import make_batch
 

@@ -16,7 +16,7 @@ from stoker.consumer.pipeline import planfiles
 from stoker.consumer.pipeline.plan import EpochPlanner, stored_buckets
 from stoker.consumer.pipeline.planfiles import PlanFiles
 from stoker.consumer.pipeline.position import InputPosition
-from stoker.shared.dataset import SampleTable
+from stoker.shared.dataset.table import SampleTable
 from tests.factories import make_samples
 
 CLIPS = 3000

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import build_index
+from stoker.shared.dataset.index import build_index
 from stoker.shared.dataset import chunked as chunked_module
 from stoker.shared.dataset.corpus import manifest as manifest_module
 from stoker.shared.dataset.corpus.base import Located

@@ -11,7 +11,8 @@ import soundfile
 
 from stoker.producer.audio import load_audio
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import audio_path, build_index
+from stoker.shared.dataset.files import audio_path
+from stoker.shared.dataset.index import build_index
 from stoker.shared.dataset.corpus import registry
 from stoker.shared.dataset.corpus.address import File, address_of
 from stoker.shared.dataset.corpus.base import Format
