@@ -24,7 +24,7 @@ from ..shared import wire
 from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig
 from ..shared.dataset.corpus.registry import read_metadata
 from ..shared.dataset.files import scan_audio
-from ..shared.dataset.index import build_index
+from ..consumer.index.index import build_index
 from ..shared.dataset.parquet import pyarrow_modules
 
 # Clips packed into tar shards of this many (8 shards of ~2.3 MB for 64 clips), in this directory

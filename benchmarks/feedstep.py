@@ -51,7 +51,7 @@ from .corpus import make_clips
 from ..consumer.pipeline.plan import EpochPlanner
 from ..consumer.pipeline.position import InputPosition
 from ..shared import config as config_mod
-from ..shared.dataset.index import build_index
+from ..consumer.index.index import build_index
 from ..shared.proc import PACKAGE_PARENT
 
 RESULT_PREFIX = "FEEDSTEP-RESULT "

@@ -50,7 +50,7 @@ from ..shared import config as config_mod
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import FeaturesConfig
 from ..shared.dataset.files import DEMO_DATA_DIR
-from ..shared.dataset.index import build_index
+from ..consumer.index.index import build_index
 from ..shared.text import FIRST_SYMBOL_ID
 from ..shared.mel import pad_values
 

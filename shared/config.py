@@ -27,8 +27,8 @@ from .batch import BatchSchema, parse_declared_fields, schema_for
 from .conventions import convention_settings
 from .endpoints import EndpointError, check_endpoint
 from .errors import UserError
-from .layouts import LayoutError, parse_columns
-from .parquet_layout import is_column_map, parse_column_map
+from .dataset.layouts import LayoutError, parse_columns
+from .dataset.parquet_layout import is_column_map, parse_column_map
 from .runfiles import write_atomic
 from .text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
 

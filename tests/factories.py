@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import soundfile
 
-from stoker.shared.layouts import COLUMNS_AUTO
+from stoker.shared.dataset.layouts import COLUMNS_AUTO
 from stoker.shared.mel import pad_values
 
 if TYPE_CHECKING:

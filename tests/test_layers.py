@@ -76,7 +76,7 @@ def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
     assert not upward, "imports that run back up a layer:\n" + "\n".join(upward)
 
 
-CONSUMER_PARTS = ("pipeline", "training")  # consumer/'s subpackages, lowest first
+CONSUMER_PARTS = ("index", "pipeline", "training")  # consumer/'s subpackages, lowest first
 
 
 @pytest.mark.parametrize("part", CONSUMER_PARTS)

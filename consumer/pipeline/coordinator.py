@@ -44,7 +44,7 @@ from ...shared.config import Config
 from ...shared.dataset.agreement import Reference
 from ...shared.errors import UserError
 from ...shared.keys import ServerKeys, short
-from ...shared.layouts import Rejection
+from ...shared.dataset.layouts import Rejection
 from ...shared.melstats import MelStats
 
 log = logging.getLogger("consumer.coordinator")

@@ -24,7 +24,7 @@ from ...shared.config import BatchingConfig
 from ...shared.dataset.table import SampleTable
 from ...shared.dataset.types import Sample
 from ...shared.dataset.cache import SECTION_ALIGN
-from ...shared.dataset.groups import shard_numbers
+from ..index.groups import shard_numbers
 from ...shared.dataset.table import NUMBER_COLUMNS, buffer_of
 
 

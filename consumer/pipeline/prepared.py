@@ -20,8 +20,8 @@ from .planfiles import PLANS_DIR, PlanFiles
 from ...shared import config as config_mod
 from ...shared.cluster import Cluster, from_env, worker_dir_name
 from ...shared.dataset.cache import feature_cache_dir
-from ...shared.dataset.index import build_index
-from ...shared.dataset.indexed import DatasetIndex
+from ..index.index import build_index
+from ..index.indexed import DatasetIndex
 from ...shared.dataset.types import Sample
 from ...shared.runfiles import VOCAB
 from ...shared.vocab import Vocabulary, load_vocabulary, save_vocabulary

@@ -18,7 +18,7 @@ from ..dataset.corpus.address import File, address_of
 from ..dataset.corpus.registry import format_of
 from ..dataset.files import UNMEASURED
 from ..dataset.types import AudioFile
-from ..layouts import COLUMNS_AUTO, Entry, Rejection
+from .layouts import COLUMNS_AUTO, Entry, Rejection
 
 # Fingerprints are this many hex digits of sha256: 64 bits, ample to tell datasets apart.
 FINGERPRINT_HEX = 16

@@ -50,8 +50,8 @@ import orjson
 from ..dataset.probe import probe_bytes
 from ..dataset.storage import MAX_OPEN_FILES, StorageError, first_line, is_url, open_file, shown
 from ..dataset.types import AudioFile, AudioProbe, DatasetError, Shard, ShardListing
-from ..layouts import Rejection
-from ..parquet_layout import ROW_LOCATOR, row_where
+from .layouts import Rejection
+from .parquet_layout import ROW_LOCATOR, row_where
 
 log = logging.getLogger(__name__)
 

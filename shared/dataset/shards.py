@@ -31,7 +31,7 @@ from ..dataset.storage import (Reader, StorageError, first_line, is_url, list_re
 from ..dataset.types import (AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError, Shard,
                              ShardListing)
 from ..dataset.corpus.address import Member, Row, address_of
-from ..layouts import Rejection, nfc
+from .layouts import Rejection, nfc
 
 log = logging.getLogger(__name__)
 

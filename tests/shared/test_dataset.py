@@ -12,10 +12,10 @@ import soundfile
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset.corpus.registry import read_metadata
 from stoker.shared.dataset.files import DEMO_DATA_DIR, resolve_root, scan_audio
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.probe import expected_samples
 from stoker.shared.dataset.types import DatasetError
-from stoker.shared.layouts import Rejection
+from stoker.shared.dataset.layouts import Rejection
 from stoker.shared.text import normalize
 from tests.factories import add_clip, append_metadata, make_dataset, make_faulty_dataset, truncate_wav
 

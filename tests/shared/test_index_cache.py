@@ -13,11 +13,11 @@ from typing import Iterator
 
 import pytest
 
-from stoker.shared.dataset import parallel as parallel_module
+from stoker.consumer.index import parallel as parallel_module
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset.cache import index_cache_file
-from stoker.shared.dataset.index import build_index
-from stoker.shared.dataset.indexed import DatasetIndex
+from stoker.consumer.index.index import build_index
+from stoker.consumer.index.indexed import DatasetIndex
 from stoker.shared.dataset import table as table_module
 from tests.factories import add_clip, append_metadata, make_dataset
 from tests.shared.user_tokenizers import TOKENIZER_ENV, train_bpe, write_editable

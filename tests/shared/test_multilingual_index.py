@@ -14,7 +14,7 @@ from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
 from stoker.shared.dataset.agreement import Reference, check_agreement, describe_copy, scan_dataset
 from stoker.shared.dataset.corpus.registry import locate
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.types import DatasetError
 from stoker.shared.text import Characters, TextError, normalize
 from stoker.shared.vocab import Vocabulary

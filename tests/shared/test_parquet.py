@@ -13,21 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.shared.dataset.groups import shard_numbers
+from stoker.consumer.index.groups import shard_numbers
 from stoker.producer.audio import AudioError, load_audio, load_member
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset.agreement import Reference, metadata_sha256, scan_dataset
 from stoker.shared.dataset.corpus.registry import locate
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.types import DatasetError
 from stoker.shared.dataset import parquet
 from stoker.shared.dataset.parquet import RowReader, pyarrow_modules
 from stoker.shared.dataset.storage import Reader
 from stoker.shared.dataset.corpus.address import address_of
 from stoker.shared.dataset.corpus.registry import format_of
-from stoker.shared.layouts import LayoutError
-from stoker.shared.parquet_layout import ROW_LOCATOR, parse_column_map
+from stoker.shared.dataset.layouts import LayoutError
+from stoker.shared.dataset.parquet_layout import ROW_LOCATOR, parse_column_map
 from tests.factories import clip_member
 from tests.parquet_data import corrupt_row_group, loose_copy, make_parquet, write_parquet
 
@@ -276,7 +276,7 @@ def test_a_large_parquet_dataset_built_in_pieces_is_the_listing_build(tmp_path: 
     """Built in pieces (shared/dataset/parquet_pieces.py: a file's rows as manifest lines in a
     helper process), the index is the listing's: the same samples in the same order, the same
     rejections naming the same rows, the same vocabulary and fingerprints."""
-    from stoker.shared.dataset import parquet_pieces, shards
+    from stoker.consumer.index import parquet_pieces, shards
 
     made = make_parquet(tmp_path / "pq", files=3, per_file=7, row_group=3)
     good = clip_member(90, 0.9, "wav")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stoker.shared.dataset.cache import open_index, write_cache
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.table import SampleTable
 from stoker.shared.dataset.types import Sample
 from stoker.shared.dataset import table as table_module

@@ -20,7 +20,7 @@ from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset.agreement import Reference, check_agreement, describe_copy
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.types import DatasetError
 from stoker.shared.dataset.corpus.address import member_of
 from stoker.shared.dataset.corpus.registry import locate

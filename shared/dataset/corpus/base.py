@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...layouts import COLUMNS_AUTO, Entry, Rejection
+from ..layouts import COLUMNS_AUTO, Entry, Rejection
 from ..storage import is_url
 from ..types import AudioFile, AudioProbe
 

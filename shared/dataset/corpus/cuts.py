@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import orjson
 
-from ...layouts import Entry, Rejection, _id_problem, _shown, _speaker_problem, language_problem, nfc
+from ..layouts import Entry, Rejection, _id_problem, _shown, _speaker_problem, language_problem, nfc
 from ..files import metadata_location, read_file, resolve_root
 from ..storage import is_url
 from ..types import DatasetError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...layouts import Entry, Rejection, parse_metadata
+from ..layouts import Entry, Rejection, parse_metadata
 from ..files import hashed_file, metadata_location, read_file, scan_audio
 from ..storage import file_stamp
 from ..types import AudioFile

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...layouts import Entry, Rejection, parse_manifest
+from ..layouts import Entry, Rejection, parse_manifest
 from ..files import hashed_file, locate_audio, metadata_location, read_file
 from ..storage import file_stamp, is_url
 from ..types import AudioFile

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...layouts import Entry, Rejection
-from ...parquet_layout import parquet_entries
+from ..layouts import Entry, Rejection
+from ..parquet_layout import parquet_entries
 from ..files import locate_audio
 from ..shards import read_shards
 from ..types import AudioFile

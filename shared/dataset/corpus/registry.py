@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...layouts import COLUMNS_AUTO, Entry, Rejection
+from ..layouts import COLUMNS_AUTO, Entry, Rejection
 from ..files import resolve_root
 from ..storage import is_url
 from .base import Format, Located

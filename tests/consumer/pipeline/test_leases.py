@@ -15,7 +15,7 @@ from stoker.shared import wire
 from stoker.shared.batch import batch_dims, schema_for
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset.agreement import Reference, deferred, describe_copy
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from tests.consumer.pipeline.harness import hello_of, make_config
 from tests.consumer.pipeline.scheduler_bench import Bench
 from tests.factories import make_batch, make_dataset

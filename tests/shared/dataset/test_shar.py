@@ -14,7 +14,7 @@ import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig
 from stoker.shared.dataset.corpus.registry import locate
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from tests.test_shar_run import write_shar
 
 pytestmark = pytest.mark.timeout(120)

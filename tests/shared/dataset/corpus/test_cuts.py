@@ -14,7 +14,7 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 
 from stoker.producer.audio import AudioError, AudioMissing, load_audio
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.corpus.address import address_of
 from stoker.shared.mel import num_frames
 from tests.factories import tone

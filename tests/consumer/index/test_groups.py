@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset.index import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.table import SampleTable
-from stoker.shared.dataset import groups
+from stoker.consumer.index import groups
 from stoker.shared.dataset.cache import open_index
 from stoker.shared.dataset.corpus.address import member_of
 from stoker.shared.dataset.table import GROUPS_SECTION

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from stoker.shared.dataset import parallel as parallel_module
-from stoker.shared.dataset.parallel import PARALLEL_MIN_SECONDS, PHONEMES_S, TEXT_S, WAV_HEADER_S
+from stoker.consumer.index import parallel as parallel_module
+from stoker.consumer.index.parallel import PARALLEL_MIN_SECONDS, PHONEMES_S, TEXT_S, WAV_HEADER_S
 from stoker.shared.dataset.storage import COUNTS
 
 

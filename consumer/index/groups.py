@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dataset.corpus.address import IN_SHARDS, Row, address_of
-from ..dataset.table import SampleTable
-from ..parquet_layout import GROUP_END
+from ...shared.dataset.corpus.address import IN_SHARDS, Row, address_of
+from ...shared.dataset.table import SampleTable
+from ...shared.dataset.parquet_layout import GROUP_END
 
 # What ends a shard's name in a member's locator (shared/dataset/shards.py: SHARD.tar#MEMBER@OFFSET+SIZE).
 SHARD_MARK = ".tar#"

@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.files import UNMEASURED
-from ..dataset.parallel import frontend_of
-from ..dataset.rules import LostReport, audio_rules, text_rules
-from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, hash_strings, pack_strings
-from ..dataset.types import DEFAULT_SPEAKER
-from ..layouts import ManifestColumns, Rejection, manifest_columns
-from ..mel import min_num_samples, num_frames_of
-from ..text import LANGUAGES, Frontend, Units
+from ...shared.config import DataConfig, FeaturesConfig, TextConfig
+from ...shared.dataset.files import UNMEASURED
+from .parallel import frontend_of
+from .rules import LostReport, audio_rules, text_rules
+from ...shared.dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, hash_strings, pack_strings
+from ...shared.dataset.types import DEFAULT_SPEAKER
+from ...shared.dataset.layouts import ManifestColumns, Rejection, manifest_columns
+from ...shared.mel import min_num_samples, num_frames_of
+from ...shared.text import LANGUAGES, Frontend, Units
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.shared.dataset import spill as spill_module
-from stoker.shared.dataset.spill import Run, gathered, merged, span_strings, write_run
+from stoker.consumer.index import spill as spill_module
+from stoker.consumer.index.spill import Run, gathered, merged, span_strings, write_run
 
 
 def _runs(tmp_path: Path, keys: list[np.ndarray]) -> list[Run]:

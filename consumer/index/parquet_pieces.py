@@ -12,13 +12,13 @@ from typing import Any
 
 import orjson
 
-from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.parquet import audio_column, parquet_file, pyarrow_modules, scalar_columns, stem
-from ..dataset.pieces import Pieces, columns_piece, manifest_piece
-from ..dataset.shards import list_shards
-from ..dataset.storage import StorageError, is_url
-from ..layouts import Rejection
-from ..parquet_layout import ROLES, checked_columns, is_column_map, parse_column_map, role_columns, row_rejection
+from ...shared.config import DataConfig, FeaturesConfig, TextConfig
+from ...shared.dataset.parquet import audio_column, parquet_file, pyarrow_modules, scalar_columns, stem
+from .pieces import Pieces, columns_piece, manifest_piece
+from ...shared.dataset.shards import list_shards
+from ...shared.dataset.storage import StorageError, is_url
+from ...shared.dataset.layouts import Rejection
+from ...shared.dataset.parquet_layout import ROLES, checked_columns, is_column_map, parse_column_map, role_columns, row_rejection
 
 # A Parquet dataset of at least this many rows is indexed in pieces; a smaller one by the
 # listing in one process (its build takes a few seconds, about what helper processes take to start).

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import parquet_pieces
+from stoker.consumer.index import parquet_pieces
 
 NAME = "train-000.parquet"
 

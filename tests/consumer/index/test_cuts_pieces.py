@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset.index import build_index
-from stoker.shared.dataset import cuts_pieces as cuts_pieces_module
+from stoker.consumer.index.index import build_index
+from stoker.consumer.index import cuts_pieces as cuts_pieces_module
 
 FEATURES = FeaturesConfig()
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset.index import build_index
-from stoker.shared.dataset import chunked as chunked_module
+from stoker.consumer.index.index import build_index
+from stoker.consumer.index import chunked as chunked_module
 from stoker.shared.dataset.corpus import manifest as manifest_module
 from stoker.shared.dataset.corpus.base import Located
-from stoker.shared.dataset import index as index_module
-from stoker.shared.dataset import pieces as pieces_module
-from stoker.shared.dataset import spill as spill_module
+from stoker.consumer.index import index as index_module
+from stoker.consumer.index import pieces as pieces_module
+from stoker.consumer.index import spill as spill_module
 from stoker.shared.dataset import table as table_module
 
 FEATURES = FeaturesConfig()
