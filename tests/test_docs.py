@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Folder -> the table's row that describes its modules (shared/dataset/ is described in shared/'s row).
 ROWS = {"stoker": "stoker/", "shared": "shared/", "shared/dataset": "shared/", "producer": "producer/",
+        "consumer/index": "consumer/index/",
         "consumer/pipeline": "consumer/pipeline/", "consumer/training": "consumer/training/"}
 
 

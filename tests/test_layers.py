@@ -2,11 +2,13 @@
 
     benchmarks   measure the application                      (top)
     stoker       command line, launcher, auto-scaler, devices, diagnose, watch
-    consumer     the trainer's side, in two parts, training above the pipeline:
+    consumer     the trainer's side, in parts, training above the pipeline above the index build:
                    training   stoker's trainers, the model, the consumer process's training loop
                    pipeline   the feed core, coordinator, queue, plan, checkpoints
+                   index      the index build (the trainer's alone)
     producer     a producer's process: audio, features, batches
-    shared       what both sides share: config, wire, batch schema, dataset, text (a leaf)
+    shared       what both sides use: config, wire, batch schema, the dataset as read, text (a leaf:
+                 it never imports consumer/, the trainer's index build included)
 
 Every import counts, also one inside a function: a lazy import hides a cycle, it does not
 remove it. Processes are started by module name (``python -m stoker.consumer.training.main``), which is
@@ -67,12 +69,17 @@ def layer_of(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "stoker"
 
 
+def runs_up(package: str, found: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The (layer, line) of ``found`` (a file's imports) that a module of ``package`` may not import."""
+    allowed = set(LAYERS[:LAYERS.index(package) + 1])
+    return [(name, line) for name, line in sorted(found) if name not in allowed]
+
+
 @pytest.mark.parametrize("package", LAYERS)
 def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
-    allowed = set(LAYERS[:LAYERS.index(package) + 1])
     upward = [f"{path.relative_to(ROOT)}:{line} imports {name}"
               for path in sorted((ROOT / package).rglob("*.py"))
-              for name, line in sorted(imported_packages(path)) if name not in allowed]
+              for name, line in runs_up(package, imported_packages(path))]
     assert not upward, "imports that run back up a layer:\n" + "\n".join(upward)
 
 
@@ -113,6 +120,16 @@ def test_imports_within_the_package_are_relative(package: str) -> None:
              and node.module.split(".")[0] == "stoker"
              and (package != "benchmarks" or layer_of(node.module) in LIBRARY_LAYERS)]
     assert not named, "imports of the package by its name, not relative:\n" + "\n".join(named)
+
+
+def test_the_check_refuses_shared_importing_the_consumer(tmp_path: Path) -> None:
+    """shared/ is what producers and trainers both use: a format reaching into the trainer's index build
+    (as the formats' pieces once did) is an import that runs back up, however many dots it climbs."""
+    source = tmp_path / "m.py"  # as if it were shared/dataset/corpus/m.py
+    source.write_text("from ..layouts import Entry\nfrom ....consumer.index.pieces import Pieces\n"
+                      "def f():\n    from stoker.consumer.index import index\n")
+    assert runs_up("shared", imported_packages(source, ("shared", "dataset", "corpus"))) == [("consumer", 2),
+                                                                                             ("consumer", 4)]
 
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:

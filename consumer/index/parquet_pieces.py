@@ -1,6 +1,6 @@
 """Large Parquet datasets indexed in pieces: each piece's rows (row groups of a file) made a
 manifest piece's entries in a helper process, straight from their columns (mapped to a clip's
-fields as shared/parquet_layout.py maps them; JSON lines only for a piece with a faulty row,
+fields as shared/dataset/parquet_layout.py maps them; JSON lines only for a piece with a faulty row,
 whose parse words the fault), indexed as a large manifest's piece is (pieces.py), then merged
 (chunked.py), so that ten million rows are never a Python object each in one process. Only where
 every row has its audio bytes and a duration: otherwise the listing's one-process build."""
@@ -88,7 +88,7 @@ def _complete_groups(parquet: Any, mapping: dict[str, str]) -> list[int] | None:
 
 
 def _named(rejection: Rejection, starts: list[tuple[int, str, list[int]]]) -> Rejection:
-    """A manifest line's rejection as its row's (:func:`shared.parquet_layout.row_rejection`): line
+    """A manifest line's rejection as its row's (:func:`shared.dataset.parquet_layout.row_rejection`): line
     N is the Nth row of the files in order."""
     line = rejection.line
     if line is None:
@@ -107,9 +107,9 @@ def parquet_chunk(root: str, name: str, groups: tuple[int, int, int], first_line
                   features: FeaturesConfig, text: TextConfig) -> dict[str, Any] | None:
     """The rows of row groups ``groups[0]`` to ``groups[1]`` - 1 of a Parquet file (the first of
     them its row ``groups[2]``) indexed as a manifest's piece of their manifest lines (each the
-    listing line's manifest object: shared.parquet_layout.manifest_object; runs in helper
+    listing line's manifest object: shared.dataset.parquet_layout.manifest_object; runs in helper
     processes). The entries are made straight from the columns where every row passes the
-    manifest's checks (:func:`shared.parquet_layout.checked_columns`); else the lines are made
+    manifest's checks (:func:`shared.dataset.parquet_layout.checked_columns`); else the lines are made
     and parsed, which word each fault."""
     pa, _ = pyarrow_modules()
     mapping = parse_column_map(data.columns) if is_column_map(data.columns) else {}

@@ -158,7 +158,8 @@ class Reference:
 
     @classmethod
     def of(cls, index: Any) -> "Reference":
-        """The reference of a DatasetIndex (index.py; its fingerprints: :attr:`DatasetIndex.agreement`)."""
+        """The reference of a DatasetIndex (consumer/index/index.py; its fingerprints:
+        :attr:`DatasetIndex.agreement`)."""
         return cls(index.root, index.metadata_file, index.columns, index.agreement["metadata_sha256"])
 
     def sha256(self) -> str:

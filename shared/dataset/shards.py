@@ -228,7 +228,7 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
 def listing_stamp(root: Path, pattern: str) -> str:
     """What the listing of the shards ``pattern`` names is of (their names, sizes and stamps, a
     Shar shard's cuts file's too, and the listing's rules), as one digest: a shard dataset's index
-    cache is found by it without reading the listing (index.py). DatasetError as :func:`list_shards`."""
+    cache is found by it without reading the listing (consumer/index/index.py). DatasetError as :func:`list_shards`."""
     return _listed_files(root, pattern)[2]
 
 

@@ -1,6 +1,6 @@
 """The index on the data users have: Persian, English with digits, mixed languages and
-speakers, manifests, train/eval files; every character accounted for (shared/dataset/rules.py,
-shared/layouts.py, shared/text.py)."""
+speakers, manifests, train/eval files; every character accounted for (consumer/index/rules.py,
+shared/dataset/layouts.py, shared/text.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for shared/dataset/parquet.py and shared/parquet_layout.py: Parquet files written by the
+"""Tests for shared/dataset/parquet.py and shared/dataset/parquet_layout.py: Parquet files written by the
 Hugging Face ``datasets`` library indexed a row per clip, each row's audio read by its locator a row
 group at a time, columns found by their usual names or data.columns, and every fault (a corrupt row
 group, audio that does not decode, a file that is not Parquet) a rejection naming the file and row."""
@@ -273,7 +273,7 @@ def test_a_warm_start_finds_the_index_by_the_files_stamps_without_reading_the_li
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_large_parquet_dataset_built_in_pieces_is_the_listing_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       workers: int) -> None:
-    """Built in pieces (shared/dataset/parquet_pieces.py: a file's rows as manifest lines in a
+    """Built in pieces (consumer/index/parquet_pieces.py: a file's rows as manifest lines in a
     helper process), the index is the listing's: the same samples in the same order, the same
     rejections naming the same rows, the same vocabulary and fingerprints."""
     from stoker.consumer.index import parquet_pieces, shards

@@ -71,7 +71,7 @@ class Format:
     manifest = False
     sharded = False
     loose = False
-    split = False  # a large local file of this format is built in pieces, cut at line ends (chunked.py)
+    split = False  # a large local file of this format is built in pieces, cut at line ends (consumer/index/chunked.py)
 
     def claims(self, metadata_file: str) -> bool:
         """Whether a metadata file of this name is this format's."""

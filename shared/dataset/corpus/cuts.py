@@ -53,8 +53,8 @@ def parse_cuts(raw: bytes, place: Callable[[int], str] = manifest_line, shar: bo
                start_line: int = 1) -> tuple[list[Entry], list[Rejection]]:
     """The entries of a cut manifest's lines (``raw`` decompressed); faults become rejections, each
     naming its line as ``place`` words it. ``start_line`` > 1: ``raw`` is a block of a manifest cut
-    at a line end, whose first line is that line of the file (cuts_pieces.py: duplicate ids are
-    then found within the block only). ``shar``: the cuts of a lhotse Shar shard, whose
+    at a line end, whose first line is that line of the file (consumer/index/cuts_pieces.py: duplicate
+    ids are then found within the block only). ``shar``: the cuts of a lhotse Shar shard, whose
     recordings are members of the shard's tar (shared/dataset/shar.py): their entries' audio is
     left empty, for the caller to fill, and a cut must be all of its recording (as lhotse's
     ``to_shar`` writes every cut)."""
@@ -145,7 +145,7 @@ def _cut_entry(cut: dict[str, Any], number: int, where: str, shar: bool) -> Entr
 class Cuts(Manifest):
     """A lhotse cut manifest (``cuts.jsonl.gz``, ``librispeech_cuts_train.jsonl.gz``): a manifest
     whose lines are cuts; a large local one is decompressed as a stream into blocks of lines,
-    built in pieces (../cuts_pieces.py), a small one read whole."""
+    built in pieces (consumer/index/cuts_pieces.py), a small one read whole."""
 
     name = "cuts"
     split = False

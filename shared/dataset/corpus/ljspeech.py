@@ -1,5 +1,5 @@
 """LJSpeech-style metadata (``metadata.csv``: ``id|text[|normalized_text[|speaker|language]]``,
-or the fields ``data.columns`` names) beside ``wavs/``, on this host; parsed by shared/layouts.py."""
+or the fields ``data.columns`` names) beside ``wavs/``, on this host; parsed by shared/dataset/layouts.py."""
 
 from __future__ import annotations
 

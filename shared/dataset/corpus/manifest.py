@@ -1,5 +1,6 @@
 """JSON-lines manifests (``*.jsonl``, ``*.json``: one object a clip, NeMo's fields), here or at a
-URL; parsed by shared/layouts.py, a large local one in pieces by helper processes (chunked.py)."""
+URL; parsed by shared/dataset/layouts.py, a large local one in pieces by helper processes
+(consumer/index/chunked.py)."""
 
 from __future__ import annotations
 

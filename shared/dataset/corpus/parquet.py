@@ -1,6 +1,6 @@
 """Parquet files as Hugging Face ``datasets`` writes them (one clip a row): the row walk and reader
-are ../parquet.py's, a row's fields shared/parquet_layout.py's; a large local dataset is built
-in pieces (../parquet_pieces.py)."""
+are ../parquet.py's, a row's fields shared/dataset/parquet_layout.py's; a large local dataset is built
+in pieces by the trainer's index build (consumer/index/parquet_pieces.py)."""
 
 from __future__ import annotations
 

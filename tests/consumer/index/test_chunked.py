@@ -1,4 +1,4 @@
-"""A manifest with durations built in pieces (shared/dataset/chunked.py and pieces.py) is the
+"""A manifest with durations built in pieces (consumer/index/chunked.py and pieces.py) is the
 index the one-process build makes: the same samples in the same order, the same rejections with
 the same reasons and lines, the same vocabulary, fingerprints and cache file."""
 

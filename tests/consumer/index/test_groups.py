@@ -1,4 +1,4 @@
-"""Each clip's shard or row group, numbered (shared/dataset/groups.py): from the locators, and as
+"""Each clip's shard or row group, numbered (consumer/index/groups.py): from the locators, and as
 the index cache stores them for a warm start."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The index build's reads shared out (shared/dataset/parallel.py): helper processes only when the
+"""The index build's reads shared out (consumer/index/parallel.py): helper processes only when the
 work would outlast starting them, a helper's read retries counted in this process, and a pool that
 cannot take the work leaving it to this one."""
 

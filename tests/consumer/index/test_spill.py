@@ -1,4 +1,4 @@
-"""Run files and their merge (shared/dataset/spill.py): the runs' sorted keys merged a block at a
+"""Run files and their merge (consumer/index/spill.py): the runs' sorted keys merged a block at a
 time are a stable sort of the runs laid end to end, ties and all, whatever the block."""
 
 from __future__ import annotations

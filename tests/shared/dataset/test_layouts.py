@@ -1,4 +1,4 @@
-"""Tests for shared/layouts.py: metadata bytes to entries, for every layout, every bad line counted."""
+"""Tests for shared/dataset/layouts.py: metadata bytes to entries, for every layout, every bad line counted."""
 
 from __future__ import annotations
 
