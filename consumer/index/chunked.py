@@ -19,7 +19,7 @@ import numpy as np
 from ...shared.config import DataConfig, FeaturesConfig, TextConfig
 from ...shared.dataset.agreement import FINGERPRINT_HEX
 from ...shared.dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, IndexWriter, columns_of,
-                             index_key_of, open_index, read_cache, write_cache_with)
+                                     index_key_of, open_index, read_cache, write_cache_with)
 from .groups import number_groups
 from .indexed import DatasetIndex, finished_index
 from .parallel import index_workers, shared_work
@@ -28,7 +28,7 @@ from .reuse import cached_table, loaded_index
 from .rules import LostReport
 from .spill import Run, gathered, merged, remove_spill, span_strings, spill_dir, write_run
 from ...shared.dataset.table import (ENCODING_ERRORS, GROUPS_SECTION, ID_ORDER_SECTION, NUMBER_COLUMNS, STRING_COLUMNS,
-                             UNITS_AS_TEXT, SampleTable, _same_strings, sorts_as_str)
+                                     UNITS_AS_TEXT, SampleTable, _same_strings, sorts_as_str)
 from ...shared.dataset.types import IndexStats
 from ...shared.dataset.layouts import Rejection
 from ...shared.text import Frontend

@@ -28,8 +28,8 @@ from .parallel import TextKey, frontend_of, index_workers, run_items
 from .parquet_pieces import parquet_pieces
 from .pieces import Pieces
 from .reuse import (absent_files, cache_digest, cache_payload, file_size, loaded_index,
-                             manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
-                             with_files)
+                    manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
+                    with_files)
 from .rules import apply_rules, vocabulary_of
 from .spill import remove_spill
 from ...shared.dataset.storage import COUNTS, is_url

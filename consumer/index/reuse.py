@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 from ...shared.config import TextConfig
 from ...shared.dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of, open_index,
-                             rejections_of, write_cache)
+                                     rejections_of, write_cache)
 from ...shared.dataset.corpus.base import Located
 from ...shared.dataset.files import UNMEASURED
 from .parallel import TextKey, Item, probe_tuple

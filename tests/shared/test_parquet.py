@@ -276,7 +276,8 @@ def test_a_large_parquet_dataset_built_in_pieces_is_the_listing_build(tmp_path: 
     """Built in pieces (consumer/index/parquet_pieces.py: a file's rows as manifest lines in a
     helper process), the index is the listing's: the same samples in the same order, the same
     rejections naming the same rows, the same vocabulary and fingerprints."""
-    from stoker.consumer.index import parquet_pieces, shards
+    from stoker.consumer.index import parquet_pieces
+    from stoker.shared.dataset import shards
 
     made = make_parquet(tmp_path / "pq", files=3, per_file=7, row_group=3)
     good = clip_member(90, 0.9, "wav")
