@@ -99,7 +99,7 @@ from ..launcher import PRODUCER_ENV
 from ..producer.batches import BatchMaker
 from ..producer.features import MelComputer, pad_value, resolve_backend
 from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig
-from ..shared.dataset import build_index
+from ..consumer.index.index import build_index
 from ..shared.metrics import wait_share
 
 KINDS = ("stoker", "stoker (tf ops)", "tf.data", "tf.data service", "mp.Queue")

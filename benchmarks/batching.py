@@ -47,7 +47,7 @@ from ..consumer.plan import EpochPlanner, group_buckets
 from ..consumer.training.trainer import KerasTrainer
 from ..shared import config as config_mod
 from ..shared.config import BatchingConfig, FeaturesConfig
-from ..shared.dataset import Sample
+from ..shared.dataset.types import Sample
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import stoker
 
 from .common import report, spread, table
-from ..shared.dataset import DEMO_DATA_DIR
+from ..shared.dataset.files import DEMO_DATA_DIR
 
 BATCH_SIZE = 16
 INSTALL = "needs coqui-tts and a torchaudio that loads beside this torch (docs/examples/coqui_glow_tts.py, Installing)"

@@ -22,7 +22,9 @@ from ..consumer.coordinator.lease_tables import TokenTable
 from ..consumer.plan import EpochPlanner
 from ..shared import wire
 from ..shared.config import BatchingConfig, DataConfig, FeaturesConfig
-from ..shared.dataset import build_index, read_metadata, scan_audio
+from ..shared.dataset.corpus.registry import read_metadata
+from ..shared.dataset.files import scan_audio
+from ..consumer.index.index import build_index
 from ..shared.dataset.parquet import pyarrow_modules
 
 # Clips packed into tar shards of this many (8 shards of ~2.3 MB for 64 clips), in this directory

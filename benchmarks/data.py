@@ -108,8 +108,11 @@ from ..producer.features import log_mel_spectrogram_numpy, resolve_backend
 from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import DataConfig, FeaturesConfig, TextConfig
-from ..shared.dataset import build_index, locate, read_metadata, scan_audio, scan_dataset
-from ..shared.dataset.parallel import index_workers
+from ..shared.dataset.agreement import scan_dataset
+from ..shared.dataset.corpus.registry import locate, read_metadata
+from ..shared.dataset.files import scan_audio
+from ..consumer.index.index import build_index
+from ..consumer.index.parallel import index_workers
 from ..shared.dataset.parquet import row_reader
 from ..shared.mel import pad_values
 
@@ -209,7 +212,8 @@ def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
               with_dataset: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Index build times at each size; ``with_dataset(root)``, if given, runs on each
     generated dataset (index cache cold) and its result is kept in the row."""
-    logging.getLogger("stoker.shared.dataset").setLevel(logging.WARNING)  # one info line per build is noise here
+    for name in ("stoker.shared.dataset", "stoker.consumer.index"):  # one info line per build is noise here
+        logging.getLogger(name).setLevel(logging.WARNING)
     rows = []
     # the phonemes front-end is measured on the LJSpeech-sized dataset (or the first size)
     phoneme_items = LJSPEECH_ITEMS if LJSPEECH_ITEMS in plan.index_sizes else plan.index_sizes[0]

@@ -61,7 +61,7 @@ from .alternatives import plan_batches, tf_dataset
 from ..consumer.training import tts
 from ..consumer.training.trainer import ModelTrainer, make_trainer
 from ..shared.config import Config, DataConfig, FeaturesConfig
-from ..shared.dataset import build_index
+from ..consumer.index.index import build_index
 from ..shared.metrics import wait_share
 
 log = logging.getLogger(__name__)

@@ -51,7 +51,7 @@ from .corpus import make_clips
 from ..consumer.plan import EpochPlanner
 from ..consumer.position import InputPosition
 from ..shared import config as config_mod
-from ..shared.dataset import build_index
+from ..consumer.index.index import build_index
 from ..shared.proc import PACKAGE_PARENT
 
 RESULT_PREFIX = "FEEDSTEP-RESULT "

@@ -86,7 +86,7 @@ from ..producer.batches import BatchMaker
 from ..producer.features import log_mel_spectrogram_numpy, resolve_backend
 from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
-from ..shared.dataset import build_index
+from ..consumer.index.index import build_index
 from ..shared.gpumon import GpuSampler
 from ..shared.mel import pad_values
 from ..shared.proc import steady_heap

@@ -55,7 +55,7 @@ from ..consumer.plan import EpochPlanner
 from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import Config, FeaturesConfig
-from ..shared.dataset import build_index
+from ..consumer.index.index import build_index
 from ..shared.mel import pad_values
 
 MB = 1 << 20

@@ -70,7 +70,9 @@ from .common import STOKER, BenchError, machine_info, ratio, spawn_context, stop
 from ..shared import wire
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import FeaturesConfig
-from ..shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
+from ..shared.dataset.agreement import describe_copy
+from ..shared.dataset.corpus.registry import read_metadata
+from ..shared.dataset.files import DEMO_DATA_DIR
 from ..shared.metrics import wait_share
 from ..shared.mel import pad_values
 

@@ -279,7 +279,7 @@ def make_parquet(root: Path, size: int) -> Path:
 
 def index_child(root: str, metadata_file: str = "manifest.jsonl") -> None:
     """In a child process: build (or load) the index of ``root``'s metadata; its figures as JSON."""
-    from ..shared.dataset import build_index  # the child's own import: its cost is the child's
+    from ..consumer.index.index import build_index  # the child's own import: its cost is the child's
     started = time.perf_counter()
     index = build_index(DataConfig(path=root, metadata_file=metadata_file), FeaturesConfig())
     seconds = time.perf_counter() - started

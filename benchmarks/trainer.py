@@ -49,7 +49,8 @@ from ..consumer.training.trainer import KerasTrainer
 from ..shared import config as config_mod
 from ..shared.batch import SCHEMA, batch_dims, collate
 from ..shared.config import FeaturesConfig
-from ..shared.dataset import DEMO_DATA_DIR, build_index
+from ..shared.dataset.files import DEMO_DATA_DIR
+from ..consumer.index.index import build_index
 from ..shared.text import FIRST_SYMBOL_ID
 from ..shared.mel import pad_values
 

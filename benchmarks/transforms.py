@@ -43,7 +43,8 @@ from ..producer.batches import BatchMaker
 from ..producer.features import MelComputer
 from ..shared.config import Config, FeaturesConfig, TransformsConfig, from_dict
 from ..shared.conventions import CONVENTIONS
-from ..shared.dataset import DEMO_DATA_DIR, read_metadata, scan_audio
+from ..shared.dataset.corpus.registry import read_metadata
+from ..shared.dataset.files import DEMO_DATA_DIR, scan_audio
 
 TARGET_RATIO = 1.2
 TRANSFORMS = {"trim_db": 40.0, "normalize": "loudness", "loudness_lufs": -23.0}

@@ -21,9 +21,10 @@ import xxhash
 from .planfiles import BUCKETS, PlanFiles
 from .shard_order import gather_batches, grouped_batches
 from ..shared.config import BatchingConfig
-from ..shared.dataset import Sample, SampleTable
+from ..shared.dataset.table import SampleTable
+from ..shared.dataset.types import Sample
 from ..shared.dataset.cache import SECTION_ALIGN
-from ..shared.dataset.groups import shard_numbers
+from .index.groups import shard_numbers
 from ..shared.dataset.table import NUMBER_COLUMNS, buffer_of
 
 

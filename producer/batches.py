@@ -27,7 +27,8 @@ from .transforms import Chain, TransformError
 from ..shared import wire
 from ..shared.batch import SCHEMA, BatchSchema, batch_dims, collate, example, parse_model_fields
 from ..shared.config import BatchingConfig, FaultsConfig, FeaturesConfig, TransformsConfig
-from ..shared.dataset import audio_path, relative_audio, size_problem, stamp_problem
+from ..shared.dataset.agreement import size_problem, stamp_problem
+from ..shared.dataset.files import audio_path, relative_audio
 from ..shared.dataset.corpus.address import IN_SHARDS, Member, Row, Url, address_of
 from ..shared.dataset.parquet import row_reader
 from ..shared.dataset.storage import COUNTS, Reader, object_version, object_versions, shown

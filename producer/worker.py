@@ -33,11 +33,12 @@ from .models_tf import FRAMEWORK as TF_MODELS
 from .transforms import TransformSetupError, load_user
 from ..shared import wire
 from ..shared.batch import schema_for
-from ..shared.dataset import deferred, describe_copy, locate
+from ..shared.dataset.agreement import deferred, describe_copy
+from ..shared.dataset.corpus.registry import locate
 from ..shared.dataset.storage import shown
 from ..shared.errors import UserError
 from ..shared.keys import ClientKeys, load_client_keys
-from ..shared.layouts import COLUMNS_AUTO
+from ..shared.dataset.layouts import COLUMNS_AUTO
 from ..shared.mel import MelFunctionError, user_mel_function
 from ..shared.melstats import load
 from ..shared.proc import EXIT_FAILED, EXIT_OK, EXIT_USER, StatusWriter, die_with_parent, flush_sockets, \

@@ -27,8 +27,8 @@ from .batch import BatchSchema, parse_declared_fields, schema_for
 from .conventions import convention_settings
 from .endpoints import EndpointError, check_endpoint
 from .errors import UserError
-from .layouts import LayoutError, parse_columns
-from .parquet_layout import is_column_map, parse_column_map
+from .dataset.layouts import LayoutError, parse_columns
+from .dataset.parquet_layout import is_column_map, parse_column_map
 from .runfiles import write_atomic
 from .text import DIGITS_KEEP, DIGITS_SPELL, FRONTEND_CHARACTERS, FRONTEND_PHONEMES, LANGUAGES
 
@@ -79,7 +79,7 @@ class DataConfig:
 
     path: str  # LJSpeech-layout directory; empty means the embedded demo set
     metadata_file: str  # LJSpeech lines (see data.columns), or a *.jsonl manifest
-    columns: str  # metadata fields, e.g. "id|speaker|text"; "" = by field count (shared/layouts.py)
+    columns: str  # metadata fields, e.g. "id|speaker|text"; "" = by field count (shared/dataset/layouts.py)
     eval_file: str  # held-out clips in the same layout (metadata_eval.csv); "" = trainer.val_clips by hash
     min_audio_s: float  # shorter clips are rejected at index time
     max_audio_s: float  # longer clips are rejected at index time

@@ -26,7 +26,9 @@ from .producer.features import resolve_backend
 from .shared import config as config_mod
 from .shared.cluster import TF_CONFIG, from_env, worker_dir_name
 from .shared.config import TENSORFLOW, Config, DevicesConfig
-from .shared.dataset import describe_copy, feature_cache_dir, locate
+from .shared.dataset.agreement import describe_copy
+from .shared.dataset.cache import feature_cache_dir
+from .shared.dataset.corpus.registry import locate
 from .shared.dataset.storage import is_url
 from .shared.endpoints import EndpointError, check_endpoint
 from .shared.errors import UserError

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import soundfile
 
-from stoker.shared.layouts import COLUMNS_AUTO
+from stoker.shared.dataset.layouts import COLUMNS_AUTO
 from stoker.shared.mel import pad_values
 
 if TYPE_CHECKING:
-    from stoker.shared.dataset import Reference
+    from stoker.shared.dataset.agreement import Reference
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing "
          "near an old stone bridge under grey autumn skies").split()
@@ -83,7 +83,7 @@ def make_batch(batch_size: int = 4, max_tokens: int = 16, max_frames: int = 32, 
 def make_samples(count: int = 100, seed: int = 0, max_tokens: int = 150, max_frames: int = 800,
                  prefix: str = "S") -> list:
     """``count`` index samples (shared.dataset.Sample) of random text and mel lengths."""
-    from stoker.shared.dataset import Sample
+    from stoker.shared.dataset.types import Sample
 
     rng = np.random.default_rng(seed)
     samples = []
@@ -201,7 +201,7 @@ def make_faulty_dataset(root: Path, good: int = 8) -> FaultyDataset:
 def fake_reference(sha256: str = "", root: Path = Path("/nowhere")) -> "Reference":
     """The trainer's side of the dataset agreement without a metadata file: its SHA-256 made up
     (default: :func:`fake_sha256` of "trainer")."""
-    from stoker.shared.dataset import Reference
+    from stoker.shared.dataset.agreement import Reference
 
     return Reference(root, "metadata.csv", stored_sha256=sha256 or fake_sha256("trainer"))
 

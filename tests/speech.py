@@ -36,7 +36,7 @@ import numpy as np
 import soundfile
 import soxr
 
-from stoker.shared.dataset import DEFAULT_SPEAKER
+from stoker.shared.dataset.types import DEFAULT_SPEAKER
 
 RATE_HZ = 22050  # espeak-ng's rate and FeaturesConfig's default: no resampling in the tests' producers
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Folder -> the table's row that describes its modules (shared/dataset/ is described in shared/'s row).
 ROWS = {"stoker": "stoker/", "shared": "shared/", "shared/dataset": "shared/", "producer": "producer/",
         "consumer": "consumer/", "consumer/feed": "consumer/feed/", "consumer/coordinator": "consumer/coordinator/",
-        "consumer/training": "consumer/training/"}
+        "consumer/index": "consumer/index/", "consumer/training": "consumer/training/"}
 
 
 def layout_rows() -> dict[str, str]:

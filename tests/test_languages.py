@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.text import Characters, make_frontend, normalize
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.speech import make_mixed_dataset, make_persian_dataset

@@ -7,8 +7,10 @@
                    feed         the trainer process's side: the feed core, hand-out, staging, checkpoints
                    coordinator  the coordinator process: its ROUTER loop, the scheduler, leases, peers
                    (consumer/)  what both use: the protocol between them, the queue, the plan, the slots
+                   index        the index build (the trainer's alone), below all of them
     producer     a producer's process: audio, features, batches
-    shared       what both sides share: config, wire, batch schema, dataset, text (a leaf)
+    shared       what both sides use: config, wire, batch schema, the dataset as read, text (a leaf:
+                 it never imports consumer/, the trainer's index build included)
 
 Every import counts, also one inside a function: a lazy import hides a cycle, it does not
 remove it. Processes are started by module name (``python -m stoker.consumer.training.main``), which is
@@ -69,19 +71,26 @@ def layer_of(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "stoker"
 
 
+def runs_up(package: str, found: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The (layer, line) of ``found`` (a file's imports) that a module of ``package`` may not import."""
+    allowed = set(LAYERS[:LAYERS.index(package) + 1])
+    return [(name, line) for name, line in sorted(found) if name not in allowed]
+
+
 @pytest.mark.parametrize("package", LAYERS)
 def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
-    allowed = set(LAYERS[:LAYERS.index(package) + 1])
     upward = [f"{path.relative_to(ROOT)}:{line} imports {name}"
               for path in sorted((ROOT / package).rglob("*.py"))
-              for name, line in sorted(imported_packages(path)) if name not in allowed]
+              for name, line in runs_up(package, imported_packages(path))]
     assert not upward, "imports that run back up a layer:\n" + "\n".join(upward)
 
 
-# consumer/'s parts, each with the parts it may import besides itself. consumer/'s own modules ("") are what
-# both processes use, the protocol between them among them: they import no part. The coordinator process's
-# modules and the trainer process's (feed/) meet only there; training runs on the feed.
-CONSUMER_PARTS = {"": (), "coordinator": ("",), "feed": ("",), "training": ("", "feed")}
+# consumer/'s parts, each with the parts it may import besides itself. The index build (index/) is the lowest:
+# it imports no part. consumer/'s own modules ("") are what both processes use, the protocol between them among
+# them. The coordinator process's modules and the trainer process's (feed/) meet only there; training runs on
+# the feed.
+CONSUMER_PARTS = {"index": (), "": ("index",), "coordinator": ("", "index"), "feed": ("", "index"),
+                  "training": ("", "feed", "index")}
 
 
 def consumer_part(module: str) -> str | None:
@@ -145,6 +154,16 @@ def test_imports_within_the_package_are_relative(package: str) -> None:
              and node.module.split(".")[0] == "stoker"
              and (package != "benchmarks" or layer_of(node.module) in LIBRARY_LAYERS)]
     assert not named, "imports of the package by its name, not relative:\n" + "\n".join(named)
+
+
+def test_the_check_refuses_shared_importing_the_consumer(tmp_path: Path) -> None:
+    """shared/ is what producers and trainers both use: a format reaching into the trainer's index build
+    (as the formats' pieces once did) is an import that runs back up, however many dots it climbs."""
+    source = tmp_path / "m.py"  # as if it were shared/dataset/corpus/m.py
+    source.write_text("from ..layouts import Entry\nfrom ....consumer.index.pieces import Pieces\n"
+                      "def f():\n    from stoker.consumer.index import index\n")
+    assert runs_up("shared", imported_packages(source, ("shared", "dataset", "corpus"))) == [("consumer", 2),
+                                                                                             ("consumer", 4)]
 
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:

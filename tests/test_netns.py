@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import DEMO_DATA_DIR
 from stoker.shared.keys import make_keys
 from tests.procs import RunProcess, read_json, read_jsonl
 from tests.trained import check_run

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import DEMO_DATA_DIR
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES
 from tests.trained import check_run

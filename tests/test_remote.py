@@ -25,7 +25,9 @@ import pytest
 import zmq
 
 from stoker.shared import wire
-from stoker.shared.dataset import DEMO_DATA_DIR, describe_copy, read_metadata
+from stoker.shared.dataset.agreement import describe_copy
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import DEMO_DATA_DIR
 from stoker.shared.keys import make_keys
 from tests.factories import make_dataset
 from tests.procs import RunProcess, read_json, read_jsonl, run_cli

@@ -22,7 +22,8 @@ import zmq
 from stoker.consumer.feed.checkpoint import CKPT_DIR, POSITION, Checkpointer
 from stoker.producer.batches import BatchMaker
 from stoker.producer.worker import Producer
-from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import DEMO_DATA_DIR
 from tests.procs import RunProcess, holding_run_lock, read_json, read_jsonl, run_cli
 from tests.test_run import NUMPY_FEATURES
 from tests.trained import check_run

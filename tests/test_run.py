@@ -58,7 +58,8 @@ def test_demo_synthetic_run_writes_contract_files(tmp_path):
     assert [r["step"] for r in metrics] == list(range(1, 9))
     saved = config_mod.load(run_dir / "config.yaml")
     assert saved.trainer.model == "synthetic:5" and saved.trainer.epochs == 2
-    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+    from stoker.shared.dataset.corpus.registry import read_metadata
+    from stoker.shared.dataset.files import DEMO_DATA_DIR
 
     demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
     check_run(run_dir, 2, demo_ids)
@@ -73,7 +74,8 @@ def test_frame_budget_run_trains_every_clip_once_in_few_static_shapes(tmp_path):
                      "--max-frames", str(budget), "--model-start-delay", "0.5", "--run-dir", str(run_dir),
                      *NUMPY_FEATURES)
     assert result.returncode == 0, result.stderr[-3000:]
-    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+    from stoker.shared.dataset.corpus.registry import read_metadata
+    from stoker.shared.dataset.files import DEMO_DATA_DIR
 
     check_run(run_dir, 2, {e.id for e in read_metadata(DEMO_DATA_DIR)[0]})
     metrics = read_jsonl(run_dir / "metrics.jsonl")
@@ -243,7 +245,8 @@ def test_killed_producer_is_restarted_and_nothing_is_lost(tmp_path):
     summary = read_json(run_dir / "summary.json")
     assert summary["exit_reason"] == "completed"
     assert summary["epochs_completed"] == 8
-    from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+    from stoker.shared.dataset.corpus.registry import read_metadata
+    from stoker.shared.dataset.files import DEMO_DATA_DIR
 
     demo_ids = {e.id for e in read_metadata(DEMO_DATA_DIR)[0]}
     check_run(run_dir, 8, demo_ids)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from stoker.shared.dataset import DEFAULT_SPEAKER
+from stoker.shared.dataset.types import DEFAULT_SPEAKER
 from tests.speech import (ENGLISH, ENGLISH_DIGITS, PERSIAN, RATE_HZ, Description, make_english_digits_dataset,
                           make_manifest_dataset, make_mixed_dataset, make_persian_dataset, make_train_eval_dataset,
                           speak, write_clip)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from stoker.shared.batch import row_identities
-from stoker.shared.dataset import DEMO_DATA_DIR, read_metadata
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import DEMO_DATA_DIR
 from tests.procs import read_jsonl, run_cli
 from tests.trained import Clip, check_run, check_trained, fault_env, identify
 

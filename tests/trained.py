@@ -71,7 +71,8 @@ def clips_of(run_dir: Path) -> dict[str, Clip]:
     frames and, for a local dataset whose mel is stoker's own with no transform, its mel."""
     from stoker.producer.audio import AudioError, load_audio
     from stoker.producer.features import log_mel_spectrogram_numpy
-    from stoker.shared.dataset import DEMO_DATA_DIR, build_index
+    from stoker.shared.dataset.files import DEMO_DATA_DIR
+    from stoker.consumer.index.index import build_index
     from stoker.shared.dataset.corpus.address import File, address_of
     from stoker.shared.dataset.files import audio_path
     from stoker.shared.vocab import load_vocabulary

@@ -42,10 +42,10 @@ from ..protocol import WAKE_CANCEL, WAKE_VALIDATE, BindError
 from .scheduler import Scheduler
 from ...shared import wire
 from ...shared.config import Config
-from ...shared.dataset import Reference
+from ...shared.dataset.agreement import Reference
 from ...shared.errors import UserError
 from ...shared.keys import ServerKeys, short
-from ...shared.layouts import Rejection
+from ...shared.dataset.layouts import Rejection
 from ...shared.melstats import MelStats
 
 log = logging.getLogger("consumer.coordinator")

@@ -37,12 +37,12 @@ from ..protocol import (BATCH, BATCH_FIELDS, BUCKET_MEMBERS, BYE, DOWN, HELLO, R
 from .scheduler import ValidationSet
 from ..slots import SlotFile, SlotTooSmall
 from ...shared import config as config_mod
-from ...shared.dataset import Reference
+from ...shared.dataset.agreement import Reference
 from ...shared.dataset.cache import open_index
-from ...shared.dataset.reuse import cached_table
+from ..index.reuse import cached_table
 from ...shared.dataset.table import SampleTable
 from ...shared.keys import load_server_keys
-from ...shared.layouts import Rejection
+from ...shared.dataset.layouts import Rejection
 from ...shared.proc import install_stop_handlers, parent_alive, setup_logging
 from ...shared.vocab import load_vocabulary
 

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..plan import as_table
-from ...shared.dataset import UNMEASURED, Sample
+from ...shared.dataset.files import UNMEASURED
+from ...shared.dataset.types import Sample
 from ...shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from .peers import Peer
 from ..plan import PlannedBatch
 from ...shared import wire
 from ...shared.batch import BatchSchema
-from ...shared.dataset import Reference
+from ...shared.dataset.agreement import Reference
 
 # The epoch a validation clip's reference clip is chosen for: the same one at every pass.
 VALIDATION_REFERENCES = -1

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ...shared import wire
 from ...shared.config import Config
-from ...shared.dataset import Reference, check_agreement, is_deferred
+from ...shared.dataset.agreement import Reference, check_agreement, is_deferred
 
 log = logging.getLogger("consumer.coordinator")
 

@@ -21,7 +21,7 @@ from .peers import Peer
 from .pending import Pending
 from ..plan import EpochPlanner, PlannedBatch
 from ..position import InputPosition
-from ...shared.layouts import Rejection
+from ...shared.dataset.layouts import Rejection
 
 log = logging.getLogger("consumer.coordinator")
 

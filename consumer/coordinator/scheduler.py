@@ -29,8 +29,8 @@ from ...producer.transforms import load_user
 from ...shared import wire
 from ...shared.batch import FRAMES, batch_dims
 from ...shared.config import Config, batch_fields, batch_schema
-from ...shared.dataset import Reference
-from ...shared.layouts import Rejection
+from ...shared.dataset.agreement import Reference
+from ...shared.dataset.layouts import Rejection
 from ...shared.mel import user_mel_function
 from ...shared.melstats import MelStats
 from ...shared.text import PAD_ID

@@ -41,7 +41,7 @@ from .steplog import Resolved, StepLog, live_text, progress_line, resolve_floats
 from .telemetry import Telemetry
 from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared.errors import UserError
-from ...shared.layouts import Rejection
+from ...shared.dataset.layouts import Rejection
 from ...shared.melstats import stats_key
 from ...shared.metrics import HostCpu
 from ...shared.proc import EXIT_OK, EXIT_USER, parent_alive, steady_heap

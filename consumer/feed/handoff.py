@@ -38,7 +38,7 @@ from .validation import VALIDATION_QUEUE_CAPACITY
 from ...shared import config as config_mod
 from ...shared.dataset.cache import write_index
 from ...shared.errors import UserError
-from ...shared.layouts import Rejection
+from ...shared.dataset.layouts import Rejection
 from ...shared.melstats import MelStats
 from ...shared.proc import caller_path
 from ...shared.runfiles import VOCAB

@@ -19,7 +19,10 @@ from ..plan import EpochPlanner, PlannedBatch, validation_batches
 from ..planfiles import PLANS_DIR, PlanFiles
 from ...shared import config as config_mod
 from ...shared.cluster import Cluster, from_env, worker_dir_name
-from ...shared.dataset import DatasetIndex, Sample, build_index, feature_cache_dir
+from ...shared.dataset.cache import feature_cache_dir
+from ..index.index import build_index
+from ..index.indexed import DatasetIndex
+from ...shared.dataset.types import Sample
 from ...shared.runfiles import VOCAB
 from ...shared.vocab import Vocabulary, load_vocabulary, save_vocabulary
 

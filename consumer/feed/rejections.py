@@ -12,7 +12,7 @@ import collections
 import re
 from pathlib import Path
 
-from ...shared.layouts import Rejection
+from ...shared.dataset.layouts import Rejection
 from ...shared.metrics import JsonlWriter, read_jsonl
 from ...shared.runfiles import REJECTED
 

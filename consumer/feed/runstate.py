@@ -20,7 +20,7 @@ from .checkpoint import same_plan
 from ..plan import EpochPlanner
 from ..position import InputPosition, PositionError
 from ...shared.config import Config
-from ...shared.dataset import mel_stats_file
+from ...shared.dataset.cache import mel_stats_file
 from ...shared.errors import UserError
 from ...shared.melstats import MelStats, load
 from ...shared.metrics import read_jsonl, summarize

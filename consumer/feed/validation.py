@@ -17,9 +17,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...shared.config import Config
-from ...shared.dataset import DatasetIndex, Sample, SampleTable, build_index
+from ..index.index import build_index
+from ..index.indexed import DatasetIndex
+from ...shared.dataset.table import SampleTable
+from ...shared.dataset.types import Sample
 from ...shared.dataset.corpus.registry import beside
-from ...shared.layouts import Rejection
+from ...shared.dataset.layouts import Rejection
 from ...shared.runfiles import VALIDATION, write_json
 
 log = logging.getLogger(__name__)

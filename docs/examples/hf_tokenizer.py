@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.data is None:
-        from stoker.shared.dataset import DEMO_DATA_DIR
+        from stoker.shared.dataset.files import DEMO_DATA_DIR
 
         args.data = Path(DEMO_DATA_DIR)
     losses = train(args.data, args.run_dir, args.epochs, args.batch_size, args.producers)

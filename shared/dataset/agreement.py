@@ -18,7 +18,7 @@ from ..dataset.corpus.address import File, address_of
 from ..dataset.corpus.registry import format_of
 from ..dataset.files import UNMEASURED
 from ..dataset.types import AudioFile
-from ..layouts import COLUMNS_AUTO, Entry, Rejection
+from .layouts import COLUMNS_AUTO, Entry, Rejection
 
 # Fingerprints are this many hex digits of sha256: 64 bits, ample to tell datasets apart.
 FINGERPRINT_HEX = 16
@@ -158,7 +158,8 @@ class Reference:
 
     @classmethod
     def of(cls, index: Any) -> "Reference":
-        """The reference of a DatasetIndex (index.py; its fingerprints: :attr:`DatasetIndex.agreement`)."""
+        """The reference of a DatasetIndex (consumer/index/index.py; its fingerprints:
+        :attr:`DatasetIndex.agreement`)."""
         return cls(index.root, index.metadata_file, index.columns, index.agreement["metadata_sha256"])
 
     def sha256(self) -> str:

@@ -28,7 +28,7 @@ import xxhash
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.table import FileBlob
 from ..dataset.types import AudioFile
-from ..layouts import Rejection
+from .layouts import Rejection
 from ..runfiles import replacing
 from ..text import Frontend
 from ..vocab import Vocabulary

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from ..dataset.storage import StorageError, file_sha256, is_url, read_url, remote_stat, shown
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, DatasetError
-from ..layouts import Entry, nfc
+from .layouts import Entry, nfc
 
 DEMO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "demo"
 

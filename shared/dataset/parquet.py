@@ -14,9 +14,9 @@ listing makes.
 The listing (:func:`list_file`, one file's; cached beside the index as the shards' is, its rules'
 version shards.PARQUET_LISTING_FORMAT) reads each
 file's footer and, a row group at a time, every column but the audio: a JSON line per row
-(shared/parquet_layout.py, which maps the columns to a clip's id, text, speaker, language and
+(shared/dataset/parquet_layout.py, which maps the columns to a clip's id, text, speaker, language and
 duration by ``data.columns`` or their usual names). A row's audio is its **locator**
-``FILE.parquet#GROUP:ROW`` (:data:`shared.parquet_layout.ROW_LOCATOR`); where the audio column is
+``FILE.parquet#GROUP:ROW`` (:data:`shared.dataset.parquet_layout.ROW_LOCATOR`); where the audio column is
 a string column of paths instead (or the struct's bytes are null), the file that path names,
 relative to the Parquet file's directory (a loose file, read as a manifest's). The audio column:
 the first struct column with a binary ``bytes`` field, else a binary column named as in
@@ -50,8 +50,8 @@ import orjson
 from ..dataset.probe import probe_bytes
 from ..dataset.storage import MAX_OPEN_FILES, StorageError, first_line, is_url, open_file, shown
 from ..dataset.types import AudioFile, AudioProbe, DatasetError, Shard, ShardListing
-from ..layouts import Rejection
-from ..parquet_layout import ROW_LOCATOR, row_where
+from .layouts import Rejection
+from .parquet_layout import ROW_LOCATOR, row_where
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def _beside(name: str, path: str) -> str:
 def list_file(root: Path, shard: Shard, listing: ShardListing) -> None:
     """Add one Parquet file's rows to ``listing`` (module docstring): a line per row, the rows'
     locators as its audio files (the file's size and stamp), its faults as rejections. Ids are
-    checked when the lines are read (shared/parquet_layout.py), as data.columns names them."""
+    checked when the lines are read (shared/dataset/parquet_layout.py), as data.columns names them."""
     pa, _ = pyarrow_modules()
     name, rows_of = shard.name, stem(shard.name)
     first = 0

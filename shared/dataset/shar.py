@@ -17,7 +17,7 @@ from ..dataset.corpus.cuts import decompressed, parse_cuts
 from ..dataset.corpus.address import Member
 from ..dataset.storage import StorageError, first_line, is_url, open_file, shown
 from ..dataset.types import AUDIO_SUFFIXES, AudioFile, Shard, ShardListing
-from ..layouts import Rejection
+from .layouts import Rejection
 
 # The pattern a Shar directory stands for: its recording tars (``recording.tar`` when unsharded).
 SHAR_GLOB = "recording*.tar"

@@ -31,7 +31,7 @@ from ..dataset.storage import (Reader, StorageError, first_line, is_url, list_re
 from ..dataset.types import (AUDIO_SUFFIXES, AudioFile, AudioProbe, DatasetError, Shard,
                              ShardListing)
 from ..dataset.corpus.address import Member, Row, address_of
-from ..layouts import Rejection, nfc
+from .layouts import Rejection, nfc
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def read_shards(root: Path, pattern: str) -> ShardListing:
 def listing_stamp(root: Path, pattern: str) -> str:
     """What the listing of the shards ``pattern`` names is of (their names, sizes and stamps, a
     Shar shard's cuts file's too, and the listing's rules), as one digest: a shard dataset's index
-    cache is found by it without reading the listing (index.py). DatasetError as :func:`list_shards`."""
+    cache is found by it without reading the listing (consumer/index/index.py). DatasetError as :func:`list_shards`."""
     return _listed_files(root, pattern)[2]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable
 
 from ..dataset.types import DatasetError, Shard
-from ..layouts import is_url, shown  # a URL or a path of this host, a URL shown safely (shared/layouts.py)
+from .layouts import is_url, shown  # a URL or a path of this host, a URL shown safely (shared/dataset/layouts.py)
 
 log = logging.getLogger(__name__)
 

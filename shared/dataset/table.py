@@ -70,7 +70,7 @@ ID_HASH_CHUNK = 1 << 20
 ID_ORDER_SECTION = "r.id_order"
 
 
-# The section of each clip's shard or row group, numbered (shared/dataset/groups.py), where the
+# The section of each clip's shard or row group, numbered (consumer/index/groups.py), where the
 # index stored it (SampleTable.stored_groups).
 GROUPS_SECTION = "g.groups"
 

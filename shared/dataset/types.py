@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..errors import UserError
-from ..layouts import Rejection
+from .layouts import Rejection
 
 # Suffixes of formats libsndfile reads, in order of preference when one id has several.
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".w64",

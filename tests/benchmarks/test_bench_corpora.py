@@ -12,7 +12,8 @@ from lhotse import CutSet
 
 from stoker.benchmarks import corpus, scale
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index, parquet_pieces
+from stoker.consumer.index import parquet_pieces
+from stoker.consumer.index.index import build_index
 
 
 def test_the_shar_directory_is_read_by_lhotse_and_indexed_as_the_loose_clips(tmp_path: Path) -> None:

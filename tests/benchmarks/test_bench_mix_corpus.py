@@ -14,7 +14,7 @@ import soundfile
 
 from stoker.benchmarks import mix_corpus
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
+from stoker.consumer.index.index import build_index
 
 
 def test_texts_are_a_clips_own_of_about_a_hundred_characters() -> None:

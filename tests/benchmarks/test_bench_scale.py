@@ -10,7 +10,7 @@ import soundfile
 
 from stoker.benchmarks import mix_corpus, scale
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
+from stoker.consumer.index.index import build_index
 
 
 def test_the_generated_manifest_is_indexed_from_its_durations(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from stoker.consumer.coordinator.coordinator import Coordinator
 from stoker.consumer.plan import EpochPlanner
 from stoker.shared import wire
 from stoker.shared.config import Config, PipelineConfig
-from stoker.shared.dataset import Sample
+from stoker.shared.dataset.types import Sample
 from tests.factories import make_batch
 
 RECV_TIMEOUT_MS = 5000

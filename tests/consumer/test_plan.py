@@ -15,7 +15,8 @@ from stoker.consumer.plan import EpochPlanner, frame_budget_bounds, group_bucket
 from stoker.consumer.position import InputPosition, PositionError
 from stoker.consumer.shard_order import top_shard_share
 from stoker.shared.config import BatchingConfig, FeaturesConfig
-from stoker.shared.dataset import Sample, SampleTable
+from stoker.shared.dataset.table import SampleTable
+from stoker.shared.dataset.types import Sample
 from stoker.shared.mel import pad_values
 from tests.factories import make_samples
 

@@ -16,7 +16,7 @@ from stoker.consumer import planfiles
 from stoker.consumer.plan import EpochPlanner, stored_buckets
 from stoker.consumer.planfiles import PlanFiles
 from stoker.consumer.position import InputPosition
-from stoker.shared.dataset import SampleTable
+from stoker.shared.dataset.table import SampleTable
 from tests.factories import make_samples
 
 CLIPS = 3000

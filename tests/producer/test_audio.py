@@ -9,7 +9,7 @@ import pytest
 import soundfile
 
 from stoker.producer.audio import AudioError, load_audio
-from stoker.shared.dataset import expected_samples
+from stoker.shared.dataset.probe import expected_samples
 from tests.factories import tone
 
 RATE = 22050

@@ -16,7 +16,8 @@ from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig
-from stoker.shared.dataset import read_metadata, scan_audio
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import scan_audio
 from tests.factories import make_dataset
 
 FEATURES = FeaturesConfig(backend="numpy")

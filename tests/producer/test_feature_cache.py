@@ -15,7 +15,8 @@ from stoker.producer.features import log_mel_spectrogram_numpy
 from stoker.producer.batches import BatchMaker, Prepared
 from stoker.shared import wire
 from stoker.shared.config import FeaturesConfig
-from stoker.shared.dataset import read_metadata, scan_audio
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import scan_audio
 from tests.factories import make_dataset, tone
 
 FEATURES = FeaturesConfig(backend="numpy")

@@ -19,7 +19,9 @@ from stoker.shared import config as config_mod
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig, TransformsConfig
-from stoker.shared.dataset import Sample, read_metadata, scan_audio
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import scan_audio
+from stoker.shared.dataset.types import Sample
 from tests.factories import make_dataset
 from tests.procs import read_json, run_cli
 

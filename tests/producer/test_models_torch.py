@@ -23,7 +23,8 @@ from stoker.producer.models import ModelSetupError, frameworks_of, load_model, w
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig, TransformsConfig
-from stoker.shared.dataset import read_metadata, scan_audio
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import scan_audio
 from tests.factories import make_dataset
 
 torch = pytest.importorskip("torch")

@@ -12,7 +12,7 @@ import soundfile
 from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
+from stoker.consumer.index.index import build_index
 from tests.factories import make_dataset
 
 FEATURES = FeaturesConfig(backend="numpy")

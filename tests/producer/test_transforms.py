@@ -16,7 +16,8 @@ from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.batch import schema_for
 from stoker.shared.config import FeaturesConfig, TransformsConfig
-from stoker.shared.dataset import read_metadata, scan_audio
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import scan_audio
 from tests.factories import make_dataset
 from tests.producer.test_features import MAX_RELATIVE_ERROR, relative_error
 
@@ -116,7 +117,7 @@ def test_the_loudness_of_speech_read_from_the_frames() -> None:
     import pyloudnorm
 
     from stoker.producer.audio import load_audio
-    from stoker.shared.dataset import DEMO_DATA_DIR
+    from stoker.shared.dataset.files import DEMO_DATA_DIR
 
     for path in sorted((DEMO_DATA_DIR / "wavs").glob("*.wav"))[:16]:
         x = load_audio(path, RATE)

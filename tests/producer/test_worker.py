@@ -17,7 +17,7 @@ from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
 from stoker.producer.worker import Producer
 from stoker.shared import wire
 from stoker.shared.config import BatchingConfig, FeaturesConfig, TransformsConfig
-from stoker.shared.dataset import metadata_sha256
+from stoker.shared.dataset.agreement import metadata_sha256
 from tests.factories import make_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

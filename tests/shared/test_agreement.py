@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import (Agreement, DatasetError, Reference, build_index, check_agreement, deferred,
-                                   describe_copy, file_sizes, is_deferred, locate, metadata_sha256, scan_dataset,
-                                   size_problem)
+from stoker.shared.dataset.agreement import (Agreement, Reference, check_agreement, deferred, describe_copy,
+                                             file_sizes, is_deferred, metadata_sha256, scan_dataset, size_problem)
+from stoker.shared.dataset.corpus.registry import locate
+from stoker.consumer.index.index import build_index
+from stoker.shared.dataset.types import DatasetError
 from stoker.shared.dataset import storage
 from tests.factories import append_metadata, make_dataset, make_shards
 

@@ -10,16 +10,12 @@ import pytest
 import soundfile
 
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import (
-    DEMO_DATA_DIR,
-    DatasetError,
-    build_index,
-    expected_samples,
-    read_metadata,
-    resolve_root,
-    scan_audio,
-)
-from stoker.shared.layouts import Rejection
+from stoker.shared.dataset.corpus.registry import read_metadata
+from stoker.shared.dataset.files import DEMO_DATA_DIR, resolve_root, scan_audio
+from stoker.consumer.index.index import build_index
+from stoker.shared.dataset.probe import expected_samples
+from stoker.shared.dataset.types import DatasetError
+from stoker.shared.dataset.layouts import Rejection
 from stoker.shared.text import normalize
 from tests.factories import add_clip, append_metadata, make_dataset, make_faulty_dataset, truncate_wav
 
@@ -418,7 +414,7 @@ def test_a_file_named_in_nfd_is_the_clip_of_its_nfc_id(good) -> None:
     import json
     import unicodedata
 
-    from stoker.shared.dataset import scan_dataset
+    from stoker.shared.dataset.agreement import scan_dataset
 
     root, ids = good
     composed = "Caf\u00e9-\u00c5ngstr\u00f6m"
@@ -481,7 +477,7 @@ def test_rejections_carry_line_and_file_in_json(good) -> None:
     ("WAV", "ULAW", 1), ("WAV", "IMA_ADPCM", 1), ("FLAC", "PCM_16", 2), ("OGG", "VORBIS", 1),
 ])
 def test_header_facts_agree_with_libsndfile(tmp_path: Path, fmt: str, subtype: str, channels: int) -> None:
-    from stoker.shared.dataset import probe_audio
+    from stoker.shared.dataset.probe import probe_audio
 
     path = tmp_path / f"clip.{ {'WAV': 'wav', 'WAVEX': 'wav', 'RF64': 'wav', 'FLAC': 'flac', 'OGG': 'ogg'}[fmt] }"
     audio = np.stack([np.sin(np.arange(12345) * 0.01 * (c + 1)) * 0.3 for c in range(channels)], axis=1)

@@ -14,9 +14,9 @@ def _user_errors() -> list[type]:
     from stoker.consumer.training.tts import ModelError
     from stoker.producer.link import Refused
     from stoker.shared.config import ConfigError
-    from stoker.shared.dataset import DatasetError
+    from stoker.shared.dataset.types import DatasetError
     from stoker.shared.keys import KeysError
-    from stoker.shared.layouts import LayoutError
+    from stoker.shared.dataset.layouts import LayoutError
     from stoker.shared.text import TextError
     from stoker.devices import DeviceError
     from stoker.diagnose import DiagnoseError
@@ -34,7 +34,7 @@ def test_each_user_error_is_one(error: type) -> None:
 def test_value_errors_stay_value_errors() -> None:
     """Code that catches ValueError around a config or text check still does."""
     from stoker.shared.config import ConfigError
-    from stoker.shared.layouts import LayoutError
+    from stoker.shared.dataset.layouts import LayoutError
     from stoker.shared.text import TextError
 
     assert all(issubclass(e, ValueError) for e in (ConfigError, LayoutError, TextError))

@@ -13,10 +13,10 @@ from stoker.consumer.coordinator.lease_tables import TokenTable
 from stoker.producer.batches import DURATION_TOLERANCE_S, BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.corpus import manifest as manifest_module
 from stoker.shared.dataset.corpus.manifest import Manifest
-from stoker.shared.dataset import reuse as reuse_module
+from stoker.consumer.index import reuse as reuse_module
 from stoker.shared.dataset import probe as probe_module
 from stoker.shared.mel import num_frames
 from tests.factories import make_dataset
@@ -35,7 +35,7 @@ def test_a_manifest_with_durations_is_indexed_without_opening_audio(tmp_path: Pa
         raise AssertionError("an audio file was opened")
 
     monkeypatch.setattr(probe_module, "probe_audio", never)
-    monkeypatch.setattr("stoker.shared.dataset.parallel.probe_audio", never)
+    monkeypatch.setattr("stoker.consumer.index.parallel.probe_audio", never)
     # the files need not exist to be indexed: each clip reuses one of two, or names none at all
     rows = [{"audio_filepath": f"audio/c{i % 2}.wav", "id": f"clip{i}", "text": f"clip number {i}.",
              "duration": 0.5 + i / 10, "speaker": i % 3} for i in range(6)]

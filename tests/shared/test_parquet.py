@@ -1,4 +1,4 @@
-"""Tests for shared/dataset/parquet.py and shared/parquet_layout.py: Parquet files written by the
+"""Tests for shared/dataset/parquet.py and shared/dataset/parquet_layout.py: Parquet files written by the
 Hugging Face ``datasets`` library indexed a row per clip, each row's audio read by its locator a row
 group at a time, columns found by their usual names or data.columns, and every fault (a corrupt row
 group, audio that does not decode, a file that is not Parquet) a rejection naming the file and row."""
@@ -13,18 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.shared.dataset.groups import shard_numbers
+from stoker.consumer.index.groups import shard_numbers
 from stoker.producer.audio import AudioError, load_audio, load_member
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import DatasetError, Reference, build_index, locate, metadata_sha256, scan_dataset
+from stoker.shared.dataset.agreement import Reference, metadata_sha256, scan_dataset
+from stoker.shared.dataset.corpus.registry import locate
+from stoker.consumer.index.index import build_index
+from stoker.shared.dataset.types import DatasetError
 from stoker.shared.dataset import parquet
 from stoker.shared.dataset.parquet import RowReader, pyarrow_modules
 from stoker.shared.dataset.storage import Reader
 from stoker.shared.dataset.corpus.address import address_of
 from stoker.shared.dataset.corpus.registry import format_of
-from stoker.shared.layouts import LayoutError
-from stoker.shared.parquet_layout import ROW_LOCATOR, parse_column_map
+from stoker.shared.dataset.layouts import LayoutError
+from stoker.shared.dataset.parquet_layout import ROW_LOCATOR, parse_column_map
 from tests.factories import clip_member
 from tests.parquet_data import corrupt_row_group, loose_copy, make_parquet, write_parquet
 
@@ -270,10 +273,11 @@ def test_a_warm_start_finds_the_index_by_the_files_stamps_without_reading_the_li
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_large_parquet_dataset_built_in_pieces_is_the_listing_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       workers: int) -> None:
-    """Built in pieces (shared/dataset/parquet_pieces.py: a file's rows as manifest lines in a
+    """Built in pieces (consumer/index/parquet_pieces.py: a file's rows as manifest lines in a
     helper process), the index is the listing's: the same samples in the same order, the same
     rejections naming the same rows, the same vocabulary and fingerprints."""
-    from stoker.shared.dataset import parquet_pieces, shards
+    from stoker.consumer.index import parquet_pieces
+    from stoker.shared.dataset import shards
 
     made = make_parquet(tmp_path / "pq", files=3, per_file=7, row_group=3)
     good = clip_member(90, 0.9, "wav")

@@ -7,7 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.shared.dataset import (Sample, SampleTable, build_index, open_index, write_cache)
+from stoker.shared.dataset.cache import open_index, write_cache
+from stoker.consumer.index.index import build_index
+from stoker.shared.dataset.table import SampleTable
+from stoker.shared.dataset.types import Sample
 from stoker.shared.dataset import table as table_module
 from stoker.shared.config import DataConfig, FeaturesConfig
 from tests.factories import make_dataset

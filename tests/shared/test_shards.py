@@ -15,7 +15,9 @@ import soundfile
 from stoker.producer.audio import AudioError, AudioMissing, load_audio, load_member
 from stoker.service import data_path
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index, locate, scan_dataset
+from stoker.shared.dataset.agreement import scan_dataset
+from stoker.shared.dataset.corpus.registry import locate
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset import storage
 from stoker.shared.dataset.cache import remote_root
 from stoker.shared.dataset.corpus import url as url_module
@@ -24,7 +26,7 @@ from stoker.shared.dataset.corpus.registry import format_of
 from stoker.shared.dataset.shards import expand_braces
 from stoker.shared.dataset.storage import Reader
 from stoker.shared.dataset.probe import probe_url
-from stoker.shared.layouts import COLUMNS_AUTO, parse_manifest
+from stoker.shared.dataset.layouts import COLUMNS_AUTO, parse_manifest
 from tests.factories import add_shard, clip_member, loose_copy, make_shards, tone
 
 FEATURES = FeaturesConfig()

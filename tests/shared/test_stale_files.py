@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
+from stoker.consumer.index.index import build_index
 from tests.factories import add_clip, make_dataset
 from tests.procs import read_json, read_jsonl, run_cli
 from tests.trained import check_run

@@ -19,7 +19,9 @@ from stoker.consumer.coordinator.lease_tables import TokenTable
 from stoker.producer.batches import BatchMaker
 from stoker.shared import wire
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import DatasetError, Reference, build_index, check_agreement, describe_copy
+from stoker.shared.dataset.agreement import Reference, check_agreement, describe_copy
+from stoker.consumer.index.index import build_index
+from stoker.shared.dataset.types import DatasetError
 from stoker.shared.dataset.corpus.address import member_of
 from stoker.shared.dataset.corpus.registry import locate
 from stoker.shared.dataset.storage import COUNTS, READ_RETRIES, Reader, RetryingFile, StorageError

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
-from ...parquet_layout import ROW_LOCATOR, row_where
+from ..parquet_layout import ROW_LOCATOR, row_where
 from ..storage import is_url, shown
 
 _MEMBER = re.compile(r"^(?P<shard>.+\.tar)#(?P<member>.+)@(?P<offset>\d+)\+(?P<size>\d+)$")

@@ -12,9 +12,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from ...layouts import COLUMNS_AUTO, Entry, Rejection
+from ..layouts import COLUMNS_AUTO, Entry, Rejection
 from ..storage import is_url
 from ..types import AudioFile, AudioProbe
 
@@ -28,20 +27,6 @@ class Listing:
     sha256: bytes
     audio: dict[str, AudioFile]
     raw: bytes | None
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """How a large dataset's index is built in pieces (chunked.py): each piece's work (a function
-    and its tasks), what a line's rejection becomes (None: as it is), the wording of an id
-    repeated in a later piece, the metadata's SHA-256 where the pieces were cut from a stream
-    (else its stamp keys the cache), and a directory of spilled blocks to remove after the build."""
-
-    work: tuple[Callable[..., Any], list[tuple]]
-    named: Callable[[Rejection], Rejection] | None = None
-    repeated: str = "duplicate id on manifest line"
-    sha256: str = ""
-    spill: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +71,7 @@ class Format:
     manifest = False
     sharded = False
     loose = False
-    split = False  # a large local file of this format is built in pieces, cut at line ends (chunked.py)
+    split = False  # a large local file of this format is built in pieces, cut at line ends (consumer/index/chunked.py)
 
     def claims(self, metadata_file: str) -> bool:
         """Whether a metadata file of this name is this format's."""
@@ -148,10 +133,3 @@ class Format:
         """What a walk of the files found beside the entries: its rejections and the audio headers
         it read (a sharded format's); none by default."""
         return [], {}
-
-    def pieces(self, root: Path, metadata_file: str, data: Any, features: Any, text: Any,
-               candidates: list[Path]) -> Pieces | None:
-        """The pieces a large dataset's index is built from (parquet_pieces.py's, cuts_pieces.py's:
-        blocks spilled beside the index cache ``candidates``), or None where the one-pass build is
-        the way (a manifest's pieces are byte ranges: :attr:`split`)."""
-        return None

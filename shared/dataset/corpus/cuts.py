@@ -18,12 +18,11 @@ from typing import Any, Callable
 
 import orjson
 
-from ...layouts import Entry, Rejection, _id_problem, _shown, _speaker_problem, language_problem, nfc
+from ..layouts import Entry, Rejection, _id_problem, _shown, _speaker_problem, language_problem, nfc
 from ..files import metadata_location, read_file, resolve_root
 from ..storage import is_url
 from ..types import DatasetError
 from .address import span_name
-from .base import Pieces
 from .manifest import Manifest
 
 # How far a cut may end beyond its recording's duration and still be read (frames rounded to seconds).
@@ -54,8 +53,8 @@ def parse_cuts(raw: bytes, place: Callable[[int], str] = manifest_line, shar: bo
                start_line: int = 1) -> tuple[list[Entry], list[Rejection]]:
     """The entries of a cut manifest's lines (``raw`` decompressed); faults become rejections, each
     naming its line as ``place`` words it. ``start_line`` > 1: ``raw`` is a block of a manifest cut
-    at a line end, whose first line is that line of the file (cuts_pieces.py: duplicate ids are
-    then found within the block only). ``shar``: the cuts of a lhotse Shar shard, whose
+    at a line end, whose first line is that line of the file (consumer/index/cuts_pieces.py: duplicate
+    ids are then found within the block only). ``shar``: the cuts of a lhotse Shar shard, whose
     recordings are members of the shard's tar (shared/dataset/shar.py): their entries' audio is
     left empty, for the caller to fill, and a cut must be all of its recording (as lhotse's
     ``to_shar`` writes every cut)."""
@@ -146,13 +145,10 @@ def _cut_entry(cut: dict[str, Any], number: int, where: str, shar: bool) -> Entr
 class Cuts(Manifest):
     """A lhotse cut manifest (``cuts.jsonl.gz``, ``librispeech_cuts_train.jsonl.gz``): a manifest
     whose lines are cuts; a large local one is decompressed as a stream into blocks of lines,
-    built in pieces (../cuts_pieces.py), a small one read whole."""
+    built in pieces (consumer/index/cuts_pieces.py), a small one read whole."""
 
     name = "cuts"
     split = False
-
-    def __init__(self, in_pieces: Callable[..., Pieces | None] | None = None) -> None:
-        self.in_pieces = in_pieces  # the registry's: ../cuts_pieces.py (which reads this module's cuts)
 
     def claims(self, metadata_file: str) -> bool:
         return _CUTS_NAME.match(metadata_file) is not None
@@ -179,7 +175,3 @@ class Cuts(Manifest):
     def sha256(self, root: Path, metadata_file: str) -> str:
         """Of its lines, gunzipped."""
         return hashlib.sha256(self.read(root, metadata_file)).hexdigest()
-
-    def pieces(self, root: Path, metadata_file: str, data: Any, features: Any, text: Any,
-               candidates: list[Path]) -> Pieces | None:
-        return self.in_pieces(root, metadata_file, data, features, text, candidates) if self.in_pieces else None

@@ -1,11 +1,11 @@
 """LJSpeech-style metadata (``metadata.csv``: ``id|text[|normalized_text[|speaker|language]]``,
-or the fields ``data.columns`` names) beside ``wavs/``, on this host; parsed by shared/layouts.py."""
+or the fields ``data.columns`` names) beside ``wavs/``, on this host; parsed by shared/dataset/layouts.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ...layouts import Entry, Rejection, parse_metadata
+from ..layouts import Entry, Rejection, parse_metadata
 from ..files import hashed_file, metadata_location, read_file, scan_audio
 from ..storage import file_stamp
 from ..types import AudioFile

@@ -1,11 +1,12 @@
 """JSON-lines manifests (``*.jsonl``, ``*.json``: one object a clip, NeMo's fields), here or at a
-URL; parsed by shared/layouts.py, a large local one in pieces by helper processes (chunked.py)."""
+URL; parsed by shared/dataset/layouts.py, a large local one in pieces by helper processes
+(consumer/index/chunked.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ...layouts import Entry, Rejection, parse_manifest
+from ..layouts import Entry, Rejection, parse_manifest
 from ..files import hashed_file, locate_audio, metadata_location, read_file
 from ..storage import file_stamp, is_url
 from ..types import AudioFile

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import msgpack
 import yaml
 
-from ...layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, language_problem, parse_columns
+from ..layouts import COLUMNS_AUTO, Entry, LayoutError, Rejection, language_problem, parse_columns
 from ..files import read_file
 from ..storage import is_url, shown
 from ..types import AudioFile, DatasetError

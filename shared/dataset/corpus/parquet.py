@@ -1,19 +1,16 @@
 """Parquet files as Hugging Face ``datasets`` writes them (one clip a row): the row walk and reader
-are ../parquet.py's, a row's fields shared/parquet_layout.py's; a large local dataset is built
-in pieces (../parquet_pieces.py)."""
+are ../parquet.py's, a row's fields shared/dataset/parquet_layout.py's; a large local dataset is built
+in pieces by the trainer's index build (consumer/index/parquet_pieces.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from ...layouts import Entry, Rejection
-from ...parquet_layout import parquet_entries
+from ..layouts import Entry, Rejection
+from ..parquet_layout import parquet_entries
 from ..files import locate_audio
-from ..parquet_pieces import parquet_pieces
 from ..shards import read_shards
 from ..types import AudioFile
-from .base import Pieces
 from .tar import Sharded
 
 
@@ -32,8 +29,3 @@ class Parquet(Sharded):
         entries, _ = self.parse(raw, columns)
         return {**locate_audio(root, [e for e in entries if e.audio not in listed]),
                 **{e.id: listed[e.audio] for e in entries if e.audio in listed}}
-
-    def pieces(self, root: Path, metadata_file: str, data: Any, features: Any, text: Any,
-               candidates: list[Path]) -> Pieces | None:
-        found = parquet_pieces(root, metadata_file, data, features, text)
-        return None if found is None else Pieces(*found)

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...layouts import COLUMNS_AUTO, Entry, Rejection
-from ..cuts_pieces import cuts_pieces
+from ..layouts import COLUMNS_AUTO, Entry, Rejection
 from ..files import resolve_root
 from ..storage import is_url
 from .base import Format, Located
@@ -32,7 +31,7 @@ def format_of(metadata_file: str) -> Format:
 # tar shards', any other URL an LJSpeech layout there, and LJSpeech last.
 FORMATS: list[Format] = [
     Mix(format_of),
-    Cuts(cuts_pieces),
+    Cuts(),
     Manifest(),
     Parquet(),
     Shar(),

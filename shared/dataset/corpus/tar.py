@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ...layouts import Entry, Rejection, parse_manifest
+from ..layouts import Entry, Rejection, parse_manifest
 from ..shards import list_shards, listing_stamp, read_shards, shard_source
 from ..storage import is_url
 from ..types import AudioFile, AudioProbe

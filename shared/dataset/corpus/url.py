@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ...layouts import Entry, nfc
+from ..layouts import Entry, nfc
 from ..cache import remote_root
 from ..files import AUDIO_DIR, AUDIO_SUFFIX
 from ..storage import is_url, list_remote, remote_stat

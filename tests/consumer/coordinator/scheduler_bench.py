@@ -15,7 +15,7 @@ from stoker.consumer.coordinator.leases import ValidationSet
 from stoker.consumer.plan import EpochPlanner, validation_batches
 from stoker.consumer.coordinator.scheduler import Scheduler
 from stoker.shared import wire
-from stoker.shared.dataset import Sample
+from stoker.shared.dataset.types import Sample
 from tests.consumer.harness import hello_of, make_config, samples
 from tests.factories import make_batch
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from stoker.consumer.coordinator.lease_tables import ReferenceTable, TokenTable
 from stoker.consumer.coordinator.leases import Lease, LeaseWriter
 from stoker.consumer.plan import PlannedBatch
-from stoker.shared.dataset import Sample, SampleTable
+from stoker.shared.dataset.table import SampleTable
+from stoker.shared.dataset.types import Sample
 from stoker.shared.vocab import Vocabulary
 
 

@@ -14,7 +14,8 @@ from stoker.consumer.coordinator.scheduler import Scheduler
 from stoker.shared import wire
 from stoker.shared.batch import batch_dims, schema_for
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import Reference, build_index, deferred, describe_copy
+from stoker.shared.dataset.agreement import Reference, deferred, describe_copy
+from stoker.consumer.index.index import build_index
 from tests.consumer.harness import hello_of, make_config
 from tests.consumer.coordinator.scheduler_bench import Bench
 from tests.factories import make_batch, make_dataset

@@ -13,7 +13,8 @@ import numpy as np
 from stoker.consumer.coordinator.peers import DISCONNECT_GRACE_S
 from stoker.consumer.plan import EpochPlanner, validation_batches
 from stoker.shared import wire
-from stoker.shared.dataset import Sample, deferred
+from stoker.shared.dataset.agreement import deferred
+from stoker.shared.dataset.types import Sample
 from tests.consumer.harness import lacking, make_config, samples
 from tests.consumer.coordinator.scheduler_bench import IDS, Bench
 from tests.factories import copy_described, fake_reference, fake_sha256

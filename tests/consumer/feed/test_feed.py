@@ -10,7 +10,7 @@ import pytest
 
 from stoker.consumer.feed.feed import FeedCore, PreparedRun
 from stoker.shared.config import Config
-from stoker.shared.layouts import Rejection
+from stoker.shared.dataset.layouts import Rejection
 from stoker.shared.metrics import read_jsonl
 from tests.factories import make_dataset
 

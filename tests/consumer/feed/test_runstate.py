@@ -13,7 +13,7 @@ from stoker.consumer.plan import EpochPlanner
 from stoker.consumer.position import InputPosition
 from stoker.consumer.feed.runstate import FeedStateError, feed_state, position_of
 from stoker.shared.config import BatchingConfig, DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
+from stoker.consumer.index.index import build_index
 from tests.factories import make_dataset, make_samples
 
 BATCHING = BatchingConfig(batch_size=4, num_buckets=3, seed=7)

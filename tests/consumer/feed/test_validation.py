@@ -19,7 +19,8 @@ from stoker.producer.batches import BatchMaker
 from stoker.producer.features import log_mel_spectrogram_numpy
 from stoker.shared import config as config_mod, wire
 from stoker.shared.config import batch_schema
-from stoker.shared.dataset import SampleTable, build_index
+from stoker.consumer.index.index import build_index
+from stoker.shared.dataset.table import SampleTable
 from stoker.shared.dataset.corpus.registry import beside
 from stoker.shared.runfiles import VALIDATION
 from tests.consumer.harness import hello_of

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index, locate
+from stoker.shared.dataset.corpus.registry import locate
+from stoker.consumer.index.index import build_index
 from tests.test_shar_run import write_shar
 
 pytestmark = pytest.mark.timeout(120)

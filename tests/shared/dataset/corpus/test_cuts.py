@@ -14,7 +14,7 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 
 from stoker.producer.audio import AudioError, AudioMissing, load_audio
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import build_index
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.corpus.address import address_of
 from stoker.shared.mel import num_frames
 from tests.factories import tone
@@ -124,7 +124,7 @@ def test_a_cut_beyond_its_files_end_or_without_its_file_is_an_audio_error_naming
 
 
 def test_a_broken_gzip_cut_manifest_is_one_line_for_the_user(tmp_path: Path) -> None:
-    from stoker.shared.dataset import DatasetError
+    from stoker.shared.dataset.types import DatasetError
 
     (tmp_path / "cuts.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00broken")
     with pytest.raises(DatasetError, match="not a readable gzip file"):

@@ -11,7 +11,7 @@ import pytest
 from stoker.shared.dataset.corpus import registry
 from stoker.shared.dataset.corpus.ljspeech import LJSpeech
 from stoker.shared.dataset.corpus.mix import parse_mix_spec
-from stoker.shared.layouts import LayoutError
+from stoker.shared.dataset.layouts import LayoutError
 from tests.factories import make_dataset
 
 

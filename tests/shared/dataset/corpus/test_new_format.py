@@ -11,13 +11,14 @@ import soundfile
 
 from stoker.producer.audio import load_audio
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import audio_path, build_index
+from stoker.shared.dataset.files import audio_path
+from stoker.consumer.index.index import build_index
 from stoker.shared.dataset.corpus import registry
 from stoker.shared.dataset.corpus.address import File, address_of
 from stoker.shared.dataset.corpus.base import Format
 from stoker.shared.dataset.files import locate_audio, read_file
 from stoker.shared.dataset.types import AudioFile
-from stoker.shared.layouts import Entry, Rejection
+from stoker.shared.dataset.layouts import Entry, Rejection
 from stoker.shared.mel import num_frames
 from tests.factories import tone
 

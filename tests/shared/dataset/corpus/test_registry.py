@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stoker.shared.dataset.corpus.registry import format_of
-from stoker.shared.layouts import Entry
+from stoker.shared.dataset.layouts import Entry
 
 
 def _lines(*lines: str) -> bytes:

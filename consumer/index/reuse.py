@@ -12,18 +12,18 @@ from typing import Any, Sequence
 
 import msgpack
 import numpy as np
-from ..config import TextConfig
-from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of, open_index,
-                             rejections_of, write_cache)
-from ..dataset.corpus.base import Located
-from ..dataset.files import UNMEASURED
-from ..dataset.parallel import TextKey, Item, probe_tuple
-from ..dataset.storage import file_sha256, is_url, remote_stat
-from ..dataset.table import SampleTable
-from ..dataset.types import AudioFile, AudioProbe, DatasetError, IndexStats, Sample
-from ..layouts import Entry, Rejection
-from ..text import LANGUAGES, Frontend, Units
-from ..vocab import Vocabulary
+from ...shared.config import TextConfig
+from ...shared.dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, columns_of, open_index,
+                                     rejections_of, write_cache)
+from ...shared.dataset.corpus.base import Located
+from ...shared.dataset.files import UNMEASURED
+from .parallel import TextKey, Item, probe_tuple
+from ...shared.dataset.storage import file_sha256, is_url, remote_stat
+from ...shared.dataset.table import SampleTable
+from ...shared.dataset.types import AudioFile, AudioProbe, DatasetError, IndexStats, Sample
+from ...shared.dataset.layouts import Entry, Rejection
+from ...shared.text import LANGUAGES, Frontend, Units
+from ...shared.vocab import Vocabulary
 
 
 def absent_files(rejected: Sequence[Rejection]) -> list[list[Any]]:

@@ -1,6 +1,6 @@
 """The index on the data users have: Persian, English with digits, mixed languages and
-speakers, manifests, train/eval files; every character accounted for (shared/dataset/rules.py,
-shared/layouts.py, shared/text.py)."""
+speakers, manifests, train/eval files; every character accounted for (consumer/index/rules.py,
+shared/dataset/layouts.py, shared/text.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 from stoker.consumer.feed import validation
 from stoker.shared import config as config_mod
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import (DatasetError, Reference, build_index, check_agreement, describe_copy, locate,
-                                   scan_dataset)
+from stoker.shared.dataset.agreement import Reference, check_agreement, describe_copy, scan_dataset
+from stoker.shared.dataset.corpus.registry import locate
+from stoker.consumer.index.index import build_index
+from stoker.shared.dataset.types import DatasetError
 from stoker.shared.text import Characters, TextError, normalize
 from stoker.shared.vocab import Vocabulary
 from tests.speech import (make_english_digits_dataset, make_manifest_dataset, make_mixed_dataset,

@@ -9,15 +9,15 @@ import collections
 import unicodedata
 from typing import Any, Sequence
 
-from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.files import UNMEASURED, relative_audio
-from ..dataset.parallel import TextKey
-from ..dataset.probe import expected_samples
-from ..dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, Sample
-from ..layouts import Entry, Rejection
-from ..mel import min_num_samples, num_frames
-from ..text import LANGUAGES, LOST_EXAMPLES, Frontend, Units
-from ..vocab import Vocabulary
+from ...shared.config import DataConfig, FeaturesConfig, TextConfig
+from ...shared.dataset.files import UNMEASURED, relative_audio
+from .parallel import TextKey
+from ...shared.dataset.probe import expected_samples
+from ...shared.dataset.types import AudioFile, AudioProbe, DEFAULT_SPEAKER, Sample
+from ...shared.dataset.layouts import Entry, Rejection
+from ...shared.mel import min_num_samples, num_frames
+from ...shared.text import LANGUAGES, LOST_EXAMPLES, Frontend, Units
+from ...shared.vocab import Vocabulary
 
 
 # A dataset where more than this share of the clips is rejected for one cause ends the run

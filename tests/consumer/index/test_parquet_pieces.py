@@ -1,4 +1,4 @@
-"""A Parquet piece's entries made straight from its columns (shared/dataset/parquet_pieces.py,
+"""A Parquet piece's entries made straight from its columns (consumer/index/parquet_pieces.py,
 shared/parquet_layout.checked_columns) are the piece its rows' manifest lines make, parsed row by
 row: the same ids, texts, durations and locators, the same rejections naming the same rows; a
 row the manifest's checks would reject sends the piece down the row-by-row path."""
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import parquet_pieces
+from stoker.consumer.index import parquet_pieces
 
 NAME = "train-000.parquet"
 

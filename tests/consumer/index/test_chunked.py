@@ -1,4 +1,4 @@
-"""A manifest with durations built in pieces (shared/dataset/chunked.py and pieces.py) is the
+"""A manifest with durations built in pieces (consumer/index/chunked.py and pieces.py) is the
 index the one-process build makes: the same samples in the same order, the same rejections with
 the same reasons and lines, the same vocabulary, fingerprints and cache file."""
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import build_index
-from stoker.shared.dataset import chunked as chunked_module
+from stoker.consumer.index.index import build_index
+from stoker.consumer.index import chunked as chunked_module
 from stoker.shared.dataset.corpus import manifest as manifest_module
 from stoker.shared.dataset.corpus.base import Located
-from stoker.shared.dataset import index as index_module
-from stoker.shared.dataset import pieces as pieces_module
-from stoker.shared.dataset import spill as spill_module
+from stoker.consumer.index import index as index_module
+from stoker.consumer.index import pieces as pieces_module
+from stoker.consumer.index import spill as spill_module
 from stoker.shared.dataset import table as table_module
 
 FEATURES = FeaturesConfig()

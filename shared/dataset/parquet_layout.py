@@ -6,12 +6,12 @@ Voice) holds one clip per row. Its listing (shared/dataset/parquet.py) makes a J
 ``{"audio_filepath": AUDIO, "row": ID, "columns": {NAME: VALUE, ...}}``, with every column but the
 audio (AUDIO: the row's locator, :data:`ROW_LOCATOR`, or the path its path column names; ID: the
 file's stem and the row's number in the file, ``train-00000-of-00004_17``). :func:`parquet_entries`
-reads those lines with ``data.columns``: each field of a manifest (shared/layouts.py) from the
+reads those lines with ``data.columns``: each field of a manifest (shared/dataset/layouts.py) from the
 column ``data.columns`` names for it, ``ROLE=COLUMN`` pairs separated by ``|`` (e.g.
 ``"text=sentence|speaker=client_id"``), else from the first column of its usual names
 (:data:`ROLES`); a row without an ``id`` column is its ID. The rows are then checked as a
 manifest's lines are, and a rejection names the row and its file instead of a manifest line.
-A large dataset's pieces (shared/dataset/parquet_pieces.py) make the same entries from the
+A large dataset's pieces (consumer/index/parquet_pieces.py) make the same entries from the
 columns, without the lines (:func:`role_columns`, :func:`checked_columns`).
 """
 
@@ -116,7 +116,7 @@ def checked_columns(roles: dict[str, list[Any]], audio: list[str], row_ids: list
     """The manifest columns of a piece of rows (``roles``: :func:`role_columns`; ``audio``: their
     locators; ``row_ids``: their own ids; the first of them line ``first_line``) where every row
     passes every check a manifest line gets, without a repeated id: the columns
-    :func:`shared.layouts.manifest_columns` makes of the rows' manifest lines, without the lines
+    :func:`shared.dataset.layouts.manifest_columns` makes of the rows' manifest lines, without the lines
     (layouts._checked_columns' checks and values, made on the columns). None where a row fails
     one, or a value is of a kind a JSON line would not keep as it is (a NaN): then the lines are
     made and parsed, which word each fault."""

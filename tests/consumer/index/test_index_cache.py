@@ -13,10 +13,11 @@ from typing import Iterator
 
 import pytest
 
-from stoker.shared import dataset
-from stoker.shared.dataset import parallel as parallel_module
+from stoker.consumer.index import parallel as parallel_module
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import build_index, index_cache_file
+from stoker.shared.dataset.cache import index_cache_file
+from stoker.consumer.index.index import build_index
+from stoker.consumer.index.indexed import DatasetIndex
 from stoker.shared.dataset import table as table_module
 from tests.factories import add_clip, append_metadata, make_dataset
 from tests.shared.user_tokenizers import TOKENIZER_ENV, train_bpe, write_editable
@@ -38,7 +39,7 @@ def _data(root: Path, **kw) -> DataConfig:
     return DataConfig(path=str(root), **kw)
 
 
-def _same(a: dataset.DatasetIndex, b: dataset.DatasetIndex) -> None:
+def _same(a: DatasetIndex, b: DatasetIndex) -> None:
     assert a.samples == b.samples
     assert a.rejected == b.rejected
     assert a.fingerprint == b.fingerprint
@@ -285,7 +286,7 @@ def test_a_file_stamp_is_its_size_and_version_or_time_and_empty_without_them(tmp
 
 
 def test_feature_cache_dir_setting(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from stoker.shared.dataset import feature_cache_dir
+    from stoker.shared.dataset.cache import feature_cache_dir
 
     assert feature_cache_dir("", root) == ""
     assert feature_cache_dir("auto", root) == str(root / ".stoker" / "features")

@@ -1,4 +1,4 @@
-"""Tests for shared/layouts.py: metadata bytes to entries, for every layout, every bad line counted."""
+"""Tests for shared/dataset/layouts.py: metadata bytes to entries, for every layout, every bad line counted."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from stoker.shared import layouts
-from stoker.shared.layouts import (Entry, LayoutError, Rejection, manifest_columns, parse_columns, parse_manifest,
+from stoker.shared.dataset import layouts
+from stoker.shared.dataset.layouts import (Entry, LayoutError, Rejection, manifest_columns, parse_columns, parse_manifest,
                                     parse_metadata)
 
 

@@ -9,19 +9,34 @@ import collections
 import mmap
 import operator
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
-from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.files import UNMEASURED
-from ..dataset.parallel import frontend_of
-from ..dataset.rules import LostReport, audio_rules, text_rules
-from ..dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, hash_strings, pack_strings
-from ..dataset.types import DEFAULT_SPEAKER
-from ..layouts import ManifestColumns, Rejection, manifest_columns
-from ..mel import min_num_samples, num_frames_of
-from ..text import LANGUAGES, Frontend, Units
+from ...shared.config import DataConfig, FeaturesConfig, TextConfig
+from ...shared.dataset.files import UNMEASURED
+from .parallel import frontend_of
+from .rules import LostReport, audio_rules, text_rules
+from ...shared.dataset.table import ENCODING_ERRORS, NUMBER_COLUMNS, STRING_COLUMNS, hash_strings, pack_strings
+from ...shared.dataset.types import DEFAULT_SPEAKER
+from ...shared.dataset.layouts import ManifestColumns, Rejection, manifest_columns
+from ...shared.mel import min_num_samples, num_frames_of
+from ...shared.text import LANGUAGES, Frontend, Units
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """How a large dataset's index is built in pieces (chunked.py): each piece's work (a function
+    and its tasks), what a line's rejection becomes (None: as it is), the wording of an id
+    repeated in a later piece, the metadata's SHA-256 where the pieces were cut from a stream
+    (else its stamp keys the cache), and a directory of spilled blocks to remove after the build."""
+
+    work: tuple[Callable[..., Any], list[tuple]]
+    named: Callable[[Rejection], Rejection] | None = None
+    repeated: str = "duplicate id on manifest line"
+    sha256: str = ""
+    spill: Path | None = None
 
 
 # Line feed and carriage return, as bytes of a manifest.

@@ -13,13 +13,13 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..config import DataConfig
-from ..dataset.probe import probe_audio
-from ..dataset.corpus.address import File, address_of
-from ..dataset.shards import probe_member
-from ..dataset.storage import COUNTS
-from ..dataset.types import AudioProbe
-from ..text import Frontend, TextError, make_frontend
+from ...shared.config import DataConfig
+from ...shared.dataset.probe import probe_audio
+from ...shared.dataset.corpus.address import File, address_of
+from ...shared.dataset.shards import probe_member
+from ...shared.dataset.storage import COUNTS
+from ...shared.dataset.types import AudioProbe
+from ...shared.text import Frontend, TextError, make_frontend
 
 log = logging.getLogger(__name__)
 

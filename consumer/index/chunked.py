@@ -16,23 +16,23 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 import msgpack
 import numpy as np
-from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.agreement import FINGERPRINT_HEX
-from ..dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, IndexWriter, columns_of,
-                             index_key_of, open_index, read_cache, write_cache_with)
-from ..dataset.groups import number_groups
-from ..dataset.indexed import DatasetIndex, finished_index
-from ..dataset.parallel import index_workers, shared_work
-from ..dataset.pieces import fixed_width, manifest_chunk, manifest_ranges, unit_symbols, widest
-from ..dataset.reuse import cached_table, loaded_index
-from ..dataset.rules import LostReport
-from ..dataset.spill import Run, gathered, merged, remove_spill, span_strings, spill_dir, write_run
-from ..dataset.table import (ENCODING_ERRORS, GROUPS_SECTION, ID_ORDER_SECTION, NUMBER_COLUMNS, STRING_COLUMNS,
-                             UNITS_AS_TEXT, SampleTable, _same_strings, sorts_as_str)
-from ..dataset.types import IndexStats
-from ..layouts import Rejection
-from ..text import Frontend
-from ..vocab import Vocabulary
+from ...shared.config import DataConfig, FeaturesConfig, TextConfig
+from ...shared.dataset.agreement import FINGERPRINT_HEX
+from ...shared.dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, IndexWriter, columns_of,
+                                     index_key_of, open_index, read_cache, write_cache_with)
+from .groups import number_groups
+from .indexed import DatasetIndex, finished_index
+from .parallel import index_workers, shared_work
+from .pieces import fixed_width, manifest_chunk, manifest_ranges, unit_symbols, widest
+from .reuse import cached_table, loaded_index
+from .rules import LostReport
+from .spill import Run, gathered, merged, remove_spill, span_strings, spill_dir, write_run
+from ...shared.dataset.table import (ENCODING_ERRORS, GROUPS_SECTION, ID_ORDER_SECTION, NUMBER_COLUMNS, STRING_COLUMNS,
+                                     UNITS_AS_TEXT, SampleTable, _same_strings, sorts_as_str)
+from ...shared.dataset.types import IndexStats
+from ...shared.dataset.layouts import Rejection
+from ...shared.text import Frontend
+from ...shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A large lhotse cut manifest built in pieces (shared/dataset/cuts_pieces.py: its gzip stream cut
+"""A large lhotse cut manifest built in pieces (consumer/index/cuts_pieces.py: its gzip stream cut
 into blocks of lines, each parsed in a helper, merged by chunked.py) is the index the one-process
 build makes: the same samples, the same rejections with the same reasons and lines, the same
 vocabulary and fingerprints, and a cache file of the same bytes."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig, TextConfig
-from stoker.shared.dataset import build_index
-from stoker.shared.dataset import cuts_pieces as cuts_pieces_module
+from stoker.consumer.index.index import build_index
+from stoker.consumer.index import cuts_pieces as cuts_pieces_module
 
 FEATURES = FeaturesConfig()
 

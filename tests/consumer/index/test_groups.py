@@ -1,4 +1,4 @@
-"""Each clip's shard or row group, numbered (shared/dataset/groups.py): from the locators, and as
+"""Each clip's shard or row group, numbered (consumer/index/groups.py): from the locators, and as
 the index cache stores them for a warm start."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from stoker.shared.config import DataConfig, FeaturesConfig
-from stoker.shared.dataset import SampleTable, build_index
-from stoker.shared.dataset import groups
+from stoker.consumer.index.index import build_index
+from stoker.shared.dataset.table import SampleTable
+from stoker.consumer.index import groups
 from stoker.shared.dataset.cache import open_index
 from stoker.shared.dataset.corpus.address import member_of
 from stoker.shared.dataset.table import GROUPS_SECTION

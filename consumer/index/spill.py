@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..dataset.cache import CachedIndex, open_index, write_index
+from ...shared.dataset.cache import CachedIndex, open_index, write_index
 
 
 # What the merge reads of all the runs at once, shared out among them: the larger, the fewer

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from .errors import UserError
+from ..errors import UserError
 
 COLUMNS_AUTO = ""  # data.columns default: the mapping chosen by the number of fields
 ID, TEXT, NORMALIZED_TEXT, SPEAKER, LANGUAGE, IGNORED = "id", "text", "normalized_text", "speaker", "language", "_"

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import DataConfig
-from ..dataset.agreement import DatasetScan, scan_dataset, scan_from
-from ..dataset.rules import mostly_rejected
-from ..dataset.table import SampleTable
-from ..dataset.types import AudioFile, DatasetError, IndexStats, Sample
-from ..layouts import COLUMNS_AUTO, Rejection
-from ..vocab import Vocabulary
+from ...shared.config import DataConfig
+from ...shared.dataset.agreement import DatasetScan, scan_dataset, scan_from
+from .rules import mostly_rejected
+from ...shared.dataset.table import SampleTable
+from ...shared.dataset.types import AudioFile, DatasetError, IndexStats, Sample
+from ...shared.dataset.layouts import COLUMNS_AUTO, Rejection
+from ...shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 

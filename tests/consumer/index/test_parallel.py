@@ -1,4 +1,4 @@
-"""The index build's reads shared out (shared/dataset/parallel.py): helper processes only when the
+"""The index build's reads shared out (consumer/index/parallel.py): helper processes only when the
 work would outlast starting them, a helper's read retries counted in this process, and a pool that
 cannot take the work leaving it to this one."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from stoker.shared import dataset
-from stoker.shared.dataset import parallel as parallel_module
+from stoker.consumer.index import parallel as parallel_module
+from stoker.consumer.index.parallel import PARALLEL_MIN_SECONDS, PHONEMES_S, TEXT_S, WAV_HEADER_S
 from stoker.shared.dataset.storage import COUNTS
 
 
@@ -44,11 +44,10 @@ def test_a_pool_that_cannot_take_the_work_leaves_it_to_this_process(here: bool,
 
 def test_parallel_only_when_the_work_outlasts_starting_a_helper() -> None:
     wavs = [(f"{i}.wav", 1000, "some text") for i in range(20_000)]
-    assert parallel_module._estimated_seconds(wavs, dataset.TEXT_S) == pytest.approx(20_000 * (dataset.WAV_HEADER_S +
-                                                                                        dataset.TEXT_S))
+    assert parallel_module._estimated_seconds(wavs, TEXT_S) == pytest.approx(20_000 * (WAV_HEADER_S + TEXT_S))
     # LJSpeech-sized: one process
-    assert parallel_module._estimated_seconds(wavs, dataset.TEXT_S) < dataset.PARALLEL_MIN_SECONDS
+    assert parallel_module._estimated_seconds(wavs, TEXT_S) < PARALLEL_MIN_SECONDS
     # the same texts through the phonemizer are worth spreading over the cores
-    assert parallel_module._estimated_seconds(wavs, dataset.PHONEMES_S) > dataset.PARALLEL_MIN_SECONDS
+    assert parallel_module._estimated_seconds(wavs, PHONEMES_S) > PARALLEL_MIN_SECONDS
     flacs = [(f"{i}.flac", 1000, None) for i in range(20_000)]
-    assert parallel_module._estimated_seconds(flacs, dataset.TEXT_S) > dataset.PARALLEL_MIN_SECONDS
+    assert parallel_module._estimated_seconds(flacs, TEXT_S) > PARALLEL_MIN_SECONDS

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dataset.corpus.address import IN_SHARDS, Row, address_of
-from ..dataset.table import SampleTable
-from ..parquet_layout import GROUP_END
+from ...shared.dataset.corpus.address import IN_SHARDS, Row, address_of
+from ...shared.dataset.table import SampleTable
+from ...shared.dataset.parquet_layout import GROUP_END
 
 # What ends a shard's name in a member's locator (shared/dataset/shards.py: SHARD.tar#MEMBER@OFFSET+SIZE).
 SHARD_MARK = ".tar#"
@@ -54,7 +54,7 @@ def shard_numbers(table: SampleTable) -> np.ndarray | None:
 
 
 def row_group_numbers(table: SampleTable) -> np.ndarray | None:
-    """Each clip's Parquet row group (shared/parquet_layout.py: a row's locator up to its last
+    """Each clip's Parquet row group (shared/dataset/parquet_layout.py: a row's locator up to its last
     ``:``, its file and group), numbered in name order, so that a window of
     ``batching.shard_window`` "shards" is as many row groups; None unless every clip is a row's."""
     found = table.prefix_numbers("audio", ord(GROUP_END))  # a pass in C over the locators' bytes

@@ -12,31 +12,38 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.agreement import fingerprints
-from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_key_of, read_cache, write_cache
-from ..dataset.chunked import CHUNKED_MIN_BYTES, build_manifest
-from ..dataset.corpus.base import Listing, Located
-from ..dataset.corpus.registry import locate
-from ..dataset.files import metadata_location
-from ..dataset.groups import number_groups
-from ..dataset.indexed import DatasetIndex, finished_index
-from ..dataset.parallel import TextKey, frontend_of, index_workers, run_items
-from ..dataset.reuse import (absent_files, cache_digest, cache_payload, file_size, loaded_index,
-                             manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
-                             with_files)
-from ..dataset.rules import apply_rules, vocabulary_of
-from ..dataset.spill import remove_spill
-from ..dataset.storage import COUNTS, is_url
-from ..dataset.table import SampleTable
-from ..dataset.types import AudioFile, AudioProbe, IndexStats
-from ..layouts import Entry
-from ..text import Frontend, TextError, Units
-from ..vocab import Vocabulary
+from ...shared.config import DataConfig, FeaturesConfig, TextConfig
+from ...shared.dataset.agreement import fingerprints
+from ...shared.dataset.cache import CachedIndex, index_cache_file, index_config, index_key_of, read_cache, write_cache
+from .chunked import CHUNKED_MIN_BYTES, build_manifest
+from ...shared.dataset.corpus.base import Listing, Located
+from ...shared.dataset.corpus.registry import locate
+from .cuts_pieces import cuts_pieces
+from ...shared.dataset.files import metadata_location
+from .groups import number_groups
+from .indexed import DatasetIndex, finished_index
+from .parallel import TextKey, frontend_of, index_workers, run_items
+from .parquet_pieces import parquet_pieces
+from .pieces import Pieces
+from .reuse import (absent_files, cache_digest, cache_payload, file_size, loaded_index,
+                    manifest_hit, measured_files, read_small_manifest, restamp, reusable, sha256_of, to_read,
+                    with_files)
+from .rules import apply_rules, vocabulary_of
+from .spill import remove_spill
+from ...shared.dataset.storage import COUNTS, is_url
+from ...shared.dataset.table import SampleTable
+from ...shared.dataset.types import AudioFile, AudioProbe, IndexStats
+from ...shared.dataset.layouts import Entry
+from ...shared.text import Frontend, TextError, Units
+from ...shared.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
+
+# The formats whose large local datasets are built in pieces, by name: each function gives the
+# pieces (blocks spilled beside the index cache's candidates), or None where the one-pass build is the way.
+IN_PIECES: dict[str, Callable[..., Pieces | None]] = {"parquet": parquet_pieces, "cuts": cuts_pieces}
 
 
 def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | None = None,
@@ -111,8 +118,9 @@ def _in_pieces(build: _Build) -> DatasetIndex | None:
     """The index of a large local dataset its format builds in pieces (Parquet: parquet_pieces.py;
     lhotse cuts: cuts_pieces.py), found by its listing's key (its files' stamps, a SHA-256, the
     SHA-256 of a stream the pieces were cut from); None where the listing's build is the way."""
-    pieces = build.located.format.pieces(build.root, build.data.metadata_file, build.data, build.features,
-                                         build.text, build.candidates)
+    in_pieces = IN_PIECES.get(build.located.format.name)
+    pieces = None if in_pieces is None else in_pieces(build.root, build.data.metadata_file, build.data,
+                                                      build.features, build.text, build.candidates)
     if pieces is None:
         return None
     key = build.stamp or build.located.stamp()

@@ -1,6 +1,6 @@
 """Large Parquet datasets indexed in pieces: each piece's rows (row groups of a file) made a
 manifest piece's entries in a helper process, straight from their columns (mapped to a clip's
-fields as shared/parquet_layout.py maps them; JSON lines only for a piece with a faulty row,
+fields as shared/dataset/parquet_layout.py maps them; JSON lines only for a piece with a faulty row,
 whose parse words the fault), indexed as a large manifest's piece is (pieces.py), then merged
 (chunked.py), so that ten million rows are never a Python object each in one process. Only where
 every row has its audio bytes and a duration: otherwise the listing's one-process build."""
@@ -8,17 +8,17 @@ every row has its audio bytes and a duration: otherwise the listing's one-proces
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
-from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.parquet import audio_column, parquet_file, pyarrow_modules, scalar_columns, stem
-from ..dataset.pieces import columns_piece, manifest_piece
-from ..dataset.shards import list_shards
-from ..dataset.storage import StorageError, is_url
-from ..layouts import Rejection
-from ..parquet_layout import ROLES, checked_columns, is_column_map, parse_column_map, role_columns, row_rejection
+from ...shared.config import DataConfig, FeaturesConfig, TextConfig
+from ...shared.dataset.parquet import audio_column, parquet_file, pyarrow_modules, scalar_columns, stem
+from .pieces import Pieces, columns_piece, manifest_piece
+from ...shared.dataset.shards import list_shards
+from ...shared.dataset.storage import StorageError, is_url
+from ...shared.dataset.layouts import Rejection
+from ...shared.dataset.parquet_layout import ROLES, checked_columns, is_column_map, parse_column_map, role_columns, row_rejection
 
 # A Parquet dataset of at least this many rows is indexed in pieces; a smaller one by the
 # listing in one process (its build takes a few seconds, about what helper processes take to start).
@@ -30,12 +30,11 @@ PARQUET_CHUNKED_MIN_ROWS = 200_000
 PIECE_ROWS = 65_536
 
 
-def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: FeaturesConfig,
-                   text: TextConfig) -> tuple[tuple[Callable[..., Any], list[tuple]],
-                                              Callable[[Rejection], Rejection]] | None:
+def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: FeaturesConfig, text: TextConfig,
+                   candidates: list[Path]) -> Pieces | None:
     """The pieces of a local Parquet dataset (row groups of a file: :func:`parquet_chunk` and its tasks) and
-    what a line's rejection becomes (its row's, naming it); None where the one-process build is
-    the way: a small dataset, files at a URL, a file whose footer cannot be read, or a row group
+    what a line's rejection becomes (its row's, naming it); nothing is spilled beside ``candidates``. None
+    where the one-process build is the way: a small dataset, files at a URL, a file whose footer cannot be read, or a row group
     whose statistics do not show every row with audio bytes and a duration."""
     if is_url(pattern):
         return None
@@ -64,7 +63,7 @@ def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: Feature
             tasks.append((str(root), name, (group, end, row), first, data, features, text))
             rows = sum(groups[group:end])
             group, row, first = end, row + rows, first + rows
-    return (parquet_chunk, tasks), lambda rejection: _named(rejection, starts)
+    return Pieces((parquet_chunk, tasks), lambda rejection: _named(rejection, starts))
 
 
 def _complete_groups(parquet: Any, mapping: dict[str, str]) -> list[int] | None:
@@ -89,7 +88,7 @@ def _complete_groups(parquet: Any, mapping: dict[str, str]) -> list[int] | None:
 
 
 def _named(rejection: Rejection, starts: list[tuple[int, str, list[int]]]) -> Rejection:
-    """A manifest line's rejection as its row's (:func:`shared.parquet_layout.row_rejection`): line
+    """A manifest line's rejection as its row's (:func:`shared.dataset.parquet_layout.row_rejection`): line
     N is the Nth row of the files in order."""
     line = rejection.line
     if line is None:
@@ -108,9 +107,9 @@ def parquet_chunk(root: str, name: str, groups: tuple[int, int, int], first_line
                   features: FeaturesConfig, text: TextConfig) -> dict[str, Any] | None:
     """The rows of row groups ``groups[0]`` to ``groups[1]`` - 1 of a Parquet file (the first of
     them its row ``groups[2]``) indexed as a manifest's piece of their manifest lines (each the
-    listing line's manifest object: shared.parquet_layout.manifest_object; runs in helper
+    listing line's manifest object: shared.dataset.parquet_layout.manifest_object; runs in helper
     processes). The entries are made straight from the columns where every row passes the
-    manifest's checks (:func:`shared.parquet_layout.checked_columns`); else the lines are made
+    manifest's checks (:func:`shared.dataset.parquet_layout.checked_columns`); else the lines are made
     and parsed, which word each fault."""
     pa, _ = pyarrow_modules()
     mapping = parse_column_map(data.columns) if is_column_map(data.columns) else {}

@@ -1,4 +1,4 @@
-"""Run files and their merge (shared/dataset/spill.py): the runs' sorted keys merged a block at a
+"""Run files and their merge (consumer/index/spill.py): the runs' sorted keys merged a block at a
 time are a stable sort of the runs laid end to end, ties and all, whatever the block."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.shared.dataset import spill as spill_module
-from stoker.shared.dataset.spill import Run, gathered, merged, span_strings, write_run
+from stoker.consumer.index import spill as spill_module
+from stoker.consumer.index.spill import Run, gathered, merged, span_strings, write_run
 
 
 def _runs(tmp_path: Path, keys: list[np.ndarray]) -> list[Run]:

@@ -11,13 +11,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ..config import DataConfig, FeaturesConfig, TextConfig
-from ..dataset.corpus.base import Pieces
-from ..dataset.corpus.cuts import GZIP_MAGIC, parse_cuts
-from ..dataset.pieces import columns_piece
-from ..dataset.spill import remove_spill, spill_dir
-from ..dataset.storage import is_url
-from ..layouts import ManifestColumns
+from ...shared.config import DataConfig, FeaturesConfig, TextConfig
+from ...shared.dataset.corpus.cuts import GZIP_MAGIC, parse_cuts
+from .pieces import Pieces, columns_piece
+from .spill import remove_spill, spill_dir
+from ...shared.dataset.storage import is_url
+from ...shared.dataset.layouts import ManifestColumns
 
 # A cut manifest whose file (gzip) is at least this large is indexed in pieces; a smaller one in
 # one pass (about a large JSON-lines manifest's threshold, lhotse's gzip being some 4 to 8 times smaller).
