@@ -1,7 +1,7 @@
 """Where a dataset's files are: its directory, a metadata file's bytes here or at a URL, the
 audio file of each id (any format libsndfile reads; :data:`AUDIO_SUFFIXES` in order of
 preference) in ``wavs/`` or as a manifest names it; which files a format reads: corpus/. Names
-are matched to ids in Unicode normal form C (shared/layouts.nfc): a file whose name is
+are matched to ids in Unicode normal form C (shared/dataset/layouts.nfc): a file whose name is
 decomposed on disk is its composed id's.
 """
 

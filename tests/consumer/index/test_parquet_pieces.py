@@ -1,5 +1,5 @@
 """A Parquet piece's entries made straight from its columns (consumer/index/parquet_pieces.py,
-shared/parquet_layout.checked_columns) are the piece its rows' manifest lines make, parsed row by
+shared/dataset/parquet_layout.checked_columns) are the piece its rows' manifest lines make, parsed row by
 row: the same ids, texts, durations and locators, the same rejections naming the same rows; a
 row the manifest's checks would reject sends the piece down the row-by-row path."""
 
