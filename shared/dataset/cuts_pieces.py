@@ -14,7 +14,7 @@ from typing import Any
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.corpus.base import Pieces
 from ..dataset.corpus.cuts import GZIP_MAGIC, parse_cuts
-from ..dataset.pieces import columns_piece
+from ..dataset.pieces import Renamed, columns_piece
 from ..dataset.spill import remove_spill, spill_dir
 from ..dataset.storage import is_url
 from ..layouts import ManifestColumns
@@ -48,13 +48,22 @@ def cuts_pieces(root: Path, metadata_file: str, data: DataConfig, features: Feat
     except OSError:
         return None
     spill = spill_dir(candidates)
+    found = cuts_tasks(path, spill, data, features, text)
+    if found is None:
+        remove_spill(spill)
+        return None
+    return Pieces((cuts_chunk, found[0]), repeated=REPEATED_CUT, sha256=found[1], spill=spill)
+
+
+def cuts_tasks(path: Path, spill: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig,
+               renamed: Renamed | None = None) -> tuple[list[tuple], str] | None:
+    """:func:`cuts_chunk`'s tasks of a cut manifest's blocks spilled to ``spill`` (a mix's part's
+    entries ``renamed``), and the SHA-256 of its lines; None where its gzip stream cannot be read."""
     try:
         blocks, sha256 = _spilled_blocks(path, spill, BLOCK_BYTES)
     except (OSError, EOFError, zlib.error):
-        remove_spill(spill)
         return None
-    tasks = [(str(block), first, data, features, text) for block, first in blocks]
-    return Pieces((cuts_chunk, tasks), repeated=REPEATED_CUT, sha256=sha256, spill=spill)
+    return [(str(block), first, data, features, text, renamed) for block, first in blocks], sha256
 
 
 def _spilled_blocks(path: Path, spill: Path, chunk_bytes: int) -> tuple[list[tuple[Path, int]], str]:
@@ -95,11 +104,11 @@ def _spilled_blocks(path: Path, spill: Path, chunk_bytes: int) -> tuple[list[tup
 
 
 def cuts_chunk(block: str, first_line: int, data: DataConfig, features: FeaturesConfig,
-               text: TextConfig) -> dict[str, Any] | None:
+               text: TextConfig, renamed: Renamed | None = None) -> dict[str, Any] | None:
     """The cuts of a block file (its first line the manifest's ``first_line``) indexed as a
     manifest's piece (runs in helper processes, and in this one)."""
     entries, rejected = parse_cuts(Path(block).read_bytes(), start_line=first_line)
     columns = ManifestColumns([e.id for e in entries], [e.text for e in entries], [e.line for e in entries],
                               [e.speaker for e in entries], [e.language for e in entries],
                               [e.audio for e in entries], [e.duration for e in entries])
-    return columns_piece(columns, rejected, data, features, text)
+    return columns_piece(columns, rejected, data, features, text, renamed)

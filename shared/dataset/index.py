@@ -1,7 +1,8 @@
 """Building the index (build_index): the usable samples and the rejections of a dataset, from its
 metadata and audio headers, through the text front-end, with the index cache reused where it
 still holds; a large manifest with durations (chunked.py), a large Parquet dataset
-(parquet_pieces.py) and a large lhotse cut manifest (cuts_pieces.py) are built in pieces.
+(parquet_pieces.py), a large lhotse cut manifest (cuts_pieces.py) and a large mix of those
+(mix_pieces.py) are built in pieces.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 from ..config import DataConfig, FeaturesConfig, TextConfig
 from ..dataset.agreement import fingerprints
-from ..dataset.cache import CachedIndex, index_cache_file, index_config, index_key_of, read_cache, write_cache
+from ..dataset.cache import (STALE_CACHE, CachedIndex, index_cache_file, index_config, index_key_of, read_cache,
+                             write_cache)
 from ..dataset.chunked import CHUNKED_MIN_BYTES, build_manifest
 from ..dataset.corpus.base import Listing, Located
 from ..dataset.corpus.registry import locate
@@ -109,7 +111,7 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
 
 def _in_pieces(build: _Build) -> DatasetIndex | None:
     """The index of a large local dataset its format builds in pieces (Parquet: parquet_pieces.py;
-    lhotse cuts: cuts_pieces.py), found by its listing's key (its files' stamps, a SHA-256, the
+    lhotse cuts: cuts_pieces.py; a mix: mix_pieces.py), found by its listing's key (its files' stamps, a SHA-256, the
     SHA-256 of a stream the pieces were cut from); None where the listing's build is the way."""
     pieces = build.located.format.pieces(build.root, build.data.metadata_file, build.data, build.features,
                                          build.text, build.candidates)
@@ -119,7 +121,7 @@ def _in_pieces(build: _Build) -> DatasetIndex | None:
     try:
         return build_manifest(build.root, build.data, build.features, build.text, build.frontend, build.config,
                               build.candidates, pieces.sha256 or key, cache_digest(build.config, key), build.started,
-                              pieces.work, pieces.named, repeated=pieces.repeated)
+                              pieces.work, pieces.named, repeated=pieces.repeated, datasets=pieces.datasets)
     finally:
         if pieces.spill is not None:
             remove_spill(pieces.spill)
@@ -189,6 +191,8 @@ def _one_pass(build: _Build) -> DatasetIndex:
     audio = listing.audio
     key = index_key_of(listing.sha256, audio, build.config)
     cache_path, cached, state = read_cache(build.candidates, key) if build.candidates else (None, None, "off")
+    if state == "stale":
+        log.info(STALE_CACHE, cache_path)
     stats = IndexStats(cache=state)
     # Kept for the scan, but a manifest's: it may be of millions of clips, read again if a scan is wanted.
     scan_inputs = None if fmt.manifest or listing.raw is None else (metadata_file, listing.raw, audio)

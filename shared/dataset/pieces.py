@@ -10,7 +10,7 @@ import mmap
 import operator
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from ..config import DataConfig, FeaturesConfig, TextConfig
@@ -71,29 +71,37 @@ def _line_ends(mapped: mmap.mmap, start: int, end: int) -> int:
     return ends
 
 
+# What a piece's entries and rejections become before the rules (a mix's part's: named as the
+# mix names them, mix_pieces.py); a picklable callable, as helper processes are handed it.
+Renamed = Callable[[ManifestColumns, list[Rejection]], tuple[ManifestColumns, list[Rejection]]]
+
+
 def manifest_chunk(path: str, start: int, end: int, first_line: int, data: DataConfig, features: FeaturesConfig,
-                   text: TextConfig) -> dict[str, Any] | None:
+                   text: TextConfig, renamed: Renamed | None = None) -> dict[str, Any] | None:
     """One piece of a manifest, parsed, through the front-end and the rules, as columns (runs in
     worker processes, and in this one). None when a clip gives no duration (its audio header
     would be read: the one-process build's work)."""
     with open(path, "rb") as f:
         f.seek(start)
         raw = f.read(end - start)
-    return manifest_piece(raw, first_line, data, features, text)
+    return manifest_piece(raw, first_line, data, features, text, renamed)
 
 
 def manifest_piece(raw: bytes, first_line: int, data: DataConfig, features: FeaturesConfig,
-                   text: TextConfig) -> dict[str, Any] | None:
+                   text: TextConfig, renamed: Renamed | None = None) -> dict[str, Any] | None:
     """:func:`manifest_chunk` of a piece's lines (``raw``, its first line numbered ``first_line``)."""
-    return columns_piece(*manifest_columns(raw, first_line), data, features, text)
+    return columns_piece(*manifest_columns(raw, first_line), data, features, text, renamed)
 
 
 def columns_piece(entries: ManifestColumns, parsed: list[Rejection], data: DataConfig, features: FeaturesConfig,
-                  text: TextConfig) -> dict[str, Any] | None:
+                  text: TextConfig, renamed: Renamed | None = None) -> dict[str, Any] | None:
     """:func:`manifest_piece` of a piece's entries as columns (``parsed``: its lines' rejections),
-    however they were made (parquet_pieces.py makes a Parquet piece's from its columns)."""
+    however they were made (parquet_pieces.py makes a Parquet piece's from its columns), each
+    first ``renamed`` where given (a mix's ids, speakers, languages and audio paths)."""
     if None in entries.duration:
         return None
+    if renamed is not None:
+        entries, parsed = renamed(entries, parsed)
     size = len(entries.id)
     unnamed = entries.language.count("")  # clips that name no language: the config's
     codes = (entries.language if not unnamed else [text.language] * size if unnamed == size

@@ -33,15 +33,17 @@ class Listing:
 @dataclass(frozen=True)
 class Pieces:
     """How a large dataset's index is built in pieces (chunked.py): each piece's work (a function
-    and its tasks), what a line's rejection becomes (None: as it is), the wording of an id
-    repeated in a later piece, the metadata's SHA-256 where the pieces were cut from a stream
-    (else its stamp keys the cache), and a directory of spilled blocks to remove after the build."""
+    and its tasks), what a line's rejection of dataset N becomes (None: as it is), the wording of
+    an id repeated in a later piece (one per dataset of a mix), the metadata's SHA-256 where the
+    pieces were cut from a stream or a mix's parts (else its stamp keys the cache), a directory of
+    spilled blocks to remove after the build, and the dataset (of a mix) each piece is of."""
 
     work: tuple[Callable[..., Any], list[tuple]]
-    named: Callable[[Rejection], Rejection] | None = None
-    repeated: str = "duplicate id on manifest line"
+    named: Callable[[Rejection, int], Rejection] | None = None
+    repeated: str | tuple[str, ...] = "duplicate id on manifest line"
     sha256: str = ""
     spill: Path | None = None
+    datasets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ class Format:
 
     def pieces(self, root: Path, metadata_file: str, data: Any, features: Any, text: Any,
                candidates: list[Path]) -> Pieces | None:
-        """The pieces a large dataset's index is built from (parquet_pieces.py's, cuts_pieces.py's:
-        blocks spilled beside the index cache ``candidates``), or None where the one-pass build is
+        """The pieces a large dataset's index is built from (parquet_pieces.py's, cuts_pieces.py's,
+        mix_pieces.py's: blocks spilled beside the index cache ``candidates``), or None where the one-pass build is
         the way (a manifest's pieces are byte ranges: :attr:`split`)."""
         return None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ...layouts import COLUMNS_AUTO, Entry, Rejection
 from ..cuts_pieces import cuts_pieces
+from ..mix_pieces import mix_pieces
 from ..files import resolve_root
 from ..storage import is_url
 from .base import Format, Located
@@ -31,7 +32,7 @@ def format_of(metadata_file: str) -> Format:
 # In the order they are asked: a mix, a cut manifest before the manifests, a Shar pattern before
 # tar shards', any other URL an LJSpeech layout there, and LJSpeech last.
 FORMATS: list[Format] = [
-    Mix(format_of),
+    Mix(format_of, mix_pieces),
     Cuts(cuts_pieces),
     Manifest(),
     Parquet(),
