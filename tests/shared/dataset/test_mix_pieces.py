@@ -139,6 +139,23 @@ def test_a_mix_with_an_ljspeech_part_is_built_in_one_process(tmp_path: Path, mon
 
 
 @pytest.mark.timeout(60)
+def test_a_mix_with_a_clip_without_duration_takes_the_one_process_build(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece that meets a clip without a duration hands the mix back to the one-process build,
+    which reads its header (as a manifest's alone)."""
+    root = tmp_path / "data"
+    _mix(root)
+    make_dataset(root / "lines", count=1, prefix="W")  # wavs/W0000.wav
+    with open(root / "lines" / "train.jsonl", "ab") as f:
+        f.write(b'\n{"audio_filepath": "wavs/W0000.wav", "id": "measured", "text": "its header read"}\n')
+    one = _build(root, tmp_path / "one", monkeypatch, pieces=False)
+    tried = _build(root, tmp_path / "pieces", monkeypatch, pieces=True)
+    assert tried.stats.headers_read == one.stats.headers_read == 1
+    assert list(tried.samples) == list(one.samples) and tried.rejected == one.rejected
+    assert any(s.id == "lines:measured" for s in one.samples)
+
+
+@pytest.mark.timeout(60)
 def test_a_mix_cache_of_the_earlier_key_is_rebuilt_once_with_a_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
     """A cache file written when a mix was keyed by all its parts' bytes (no stamp, another
