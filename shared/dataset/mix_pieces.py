@@ -98,12 +98,13 @@ def mix_pieces(mix: Mix, root: Path, metadata_file: str, data: DataConfig, featu
     tasks, datasets, named, words, sha256s = found
     prefixes = [f"{part.part.name}: " for part in parts]
 
-    def renamed(rejection: Rejection, dataset: int) -> Rejection:
+    def in_mix(rejection: Rejection, dataset: int) -> Rejection:
+        """A line's rejection as its format names it (a Parquet row's), its reason prefixed ``NAME: ``."""
         own = named[dataset]
         r = own(rejection, 0) if own is not None else rejection
         return Rejection(r.id, prefixes[dataset] + r.reason, r.producer, r.line, r.file, r.kind)
 
-    return Pieces((mix_chunk, tasks), renamed, tuple(words), mix_digest(parts, sha256s).hexdigest(), spill,
+    return Pieces((mix_chunk, tasks), in_mix, tuple(words), mix_digest(parts, sha256s).hexdigest(), spill,
                   tuple(datasets))
 
 
