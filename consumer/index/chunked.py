@@ -18,8 +18,8 @@ import msgpack
 import numpy as np
 from ...shared.config import DataConfig, FeaturesConfig, TextConfig
 from ...shared.dataset.agreement import FINGERPRINT_HEX
-from ...shared.dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, UNITS_FIELDS, CachedIndex, IndexWriter, columns_of,
-                                     index_key_of, open_index, read_cache, write_cache_with)
+from ...shared.dataset.cache import (PROBE_FIELDS, REJECTION_FIELDS, STALE_CACHE, UNITS_FIELDS, CachedIndex,
+                                     IndexWriter, columns_of, index_key_of, open_index, read_cache, write_cache_with)
 from .groups import number_groups
 from .indexed import DatasetIndex, finished_index
 from .parallel import index_workers, shared_work
@@ -112,14 +112,18 @@ def spilled_piece(path: str, fn: Callable[..., dict[str, Any] | None], task: tup
 def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text: TextConfig, frontend: Frontend,
                    config: dict[str, Any], candidates: list[Path], manifest_sha256: str, digest: str,
                    started: float, pieces: tuple[Callable[..., Any], list[tuple]] | None = None,
-                   named: Callable[[Rejection], Rejection] | None = None, release: bool = True,
-                   repeated: str = "duplicate id on manifest line") -> DatasetIndex | None:
+                   named: Callable[[Rejection, int], Rejection] | None = None, release: bool = True,
+                   repeated: str | tuple[str, ...] = "duplicate id on manifest line",
+                   datasets: tuple[int, ...] = ()) -> DatasetIndex | None:
     """The index of a manifest whose clips all give their durations, built in pieces (the
     module's comment); None when a clip gives none (then the one-process build reads its
     header). ``pieces``: the work of each piece (a function and its tasks) where it is not the
     manifest's byte ranges (Parquet files: parquet_pieces.py; a cut manifest's blocks:
-    cuts_pieces.py); ``named``: what a line's rejection becomes there (a row's, naming it);
-    ``repeated``: the words of an id repeated in a later piece than its first. A cache file of the same content
+    cuts_pieces.py; a mix's parts: mix_pieces.py); ``named``: what a line's rejection of dataset
+    ``n`` becomes there (a row's, naming it; a mix's part's, prefixed), ``named(rejection, n)``;
+    ``repeated``: the words of an id repeated in a later piece than its first (one per dataset of
+    a mix); ``datasets``: the dataset (of a mix) each piece is of, the rejections ordered by
+    (dataset, line) as one pass over the parts in turn finds them. A cache file of the same content
     is loaded before anything is parsed (the manifest's stamp changed, not its bytes);
     ``digest``: what the cache file written is found by (:func:`manifest_hit`). ``release``: the
     run files given back as the merge is done with them (the build's peak disk is its runs', not
@@ -136,6 +140,8 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
         else:
             stats = IndexStats(cache="hit", cache_file=str(cache_path))
             return finished_index(root, *loaded, key, stats, started, False, None, data)
+    if state == "stale":
+        log.info(STALE_CACHE, cache_path)
     read_started = time.perf_counter()
     if pieces is None:
         path = root / data.metadata_file
@@ -155,6 +161,8 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
             return None
         stats = IndexStats(cache=state, workers=workers)
         parts: list[dict[str, Any]] = chunks  # type: ignore[assignment]
+        for p, dataset in zip(parts, datasets or (0,) * len(parts)):
+            p["dataset"] = dataset
         runs = [Run(Path(p["path"])) for p in parts]
         try:
             return _merged(root, data, frontend, config, candidates, (key, digest, manifest_sha256), parts, runs,
@@ -168,25 +176,26 @@ def build_manifest(root: Path, data: DataConfig, features: FeaturesConfig, text:
     finally:
         remove_spill(spill)
     return build_manifest(root, data, features, text, frontend, config, candidates, manifest_sha256, digest, started,
-                          pieces, named, release=False, repeated=repeated)
+                          pieces, named, release=False, repeated=repeated, datasets=datasets)
 
 
 def _merged(root: Path, data: DataConfig, frontend: Frontend, config: dict[str, Any], candidates: list[Path],
             keys: tuple[str, str, str], parts: list[dict[str, Any]], runs: list[Run], spill: Path,
             stats: IndexStats, times: tuple[float, float],
-            wording: tuple[Callable[[Rejection], Rejection] | None, str], release: bool) -> DatasetIndex:
+            wording: tuple[Callable[[Rejection, int], Rejection] | None, str | tuple[str, ...]],
+            release: bool) -> DatasetIndex:
     """The index of the spilled pieces merged (the module's comment), its cache file written
     under ``keys`` (the index key, the digest it is found by, the manifest's SHA-256) to the
     first candidate that takes it, else to a file in ``spill`` (removed once mapped)."""
     key, digest, manifest_sha256 = keys
     named, repeated = wording
     stats.texts_tokenized = sum(p["tokenized"] for p in parts)
-    parsed = [r for p in parts for r in p["parsed"]] + _repeated_ids(parts, runs, repeated)
-    parsed.sort(key=lambda r: r.line)  # as one pass over the lines finds them
+    words = (repeated,) if isinstance(repeated, str) else repeated
+    found = [(p["dataset"], r) for p in parts for r in p["parsed"]] + _repeated_ids(parts, runs, words)
+    found.sort(key=lambda pair: (pair[0], pair[1].line))  # as one pass over the lines (of each part) finds them
     for p, run in zip(parts, runs):
         _drop_repeated(p, run)
-    if named is not None:
-        parsed = [named(r) for r in parsed]
+    parsed = [r for _, r in found] if named is None else [named(r, dataset) for dataset, r in found]
     rejected = parsed + [r for p in parts for _, r in p["rejected"]]
     report = LostReport()
     for p in parts:
@@ -377,9 +386,11 @@ def _reuse(frontend: Frontend, parts: list[dict[str, Any]], parsed: list[Rejecti
                          use_bin_type=True)
 
 
-def _repeated_ids(parts: list[dict[str, Any]], runs: list[Run], words: str) -> list[Rejection]:
+def _repeated_ids(parts: list[dict[str, Any]], runs: list[Run], words: tuple[str, ...]) -> list[tuple[int,
+                                                                                                  Rejection]]:
     """The rejections of ids repeated in a later piece than their first (each piece found its
-    own), worded ``words LINE (first on line FIRST)``; the entries they reject are marked in
+    own), each with its piece's dataset (of a mix), worded ``WORDS LINE (first on line FIRST)``
+    (``words``: of each dataset); the entries they reject are marked in
     ``part["drop"]`` (positions in that piece). Only the entries whose id hashes collide are
     looked at (the pieces' sorted hashes merged), in file order."""
     for p in parts:
@@ -413,8 +424,9 @@ def _repeated_ids(parts: list[dict[str, Any]], runs: list[Run], words: str) -> l
         if sample_id not in firsts:
             firsts[sample_id] = line
         else:
-            out.append(Rejection(sample_id, f"{words} {line} (first on line "
-                                            f"{firsts[sample_id]})", line=line))
+            dataset = parts[k]["dataset"]
+            out.append((dataset, Rejection(sample_id, f"{words[dataset]} {line} (first on line "
+                                                      f"{firsts[sample_id]})", line=line)))
             parts[k]["drop"].append(n)
     return out
 
@@ -447,13 +459,17 @@ def _taken(offsets: np.ndarray, blob: bytes, rows: np.ndarray) -> tuple[np.ndarr
 def _listed(parts: list[dict[str, Any]], parsed: list[Rejection], table: SampleTable) -> list[tuple[str, str, str,
                                                                                                        str]]:
     """What :func:`cache_payload` lists of the units (texts that lost characters, and the clips rejected or
-    named by a rejection), in file order, one row per text."""
-    rows: list[tuple[int, str, str, str, str]] = [(line, *rest) for p in parts for _, line, *rest in p["listed"]]
+    named by a rejection), in file order (a mix's: part by part), one row per text."""
+    rows: list[tuple[tuple[int, int], str, str, str, str]] = [((p["dataset"], line), *rest) for p in parts
+                                                              for _, line, *rest in p["listed"]]
     named = sorted({r.id for r in parsed})
+    # a table row's dataset (of a mix): its piece's (the pieces' samples laid end to end)
+    ends = np.cumsum([p["samples"] - len(p["gone"]) for p in parts])
     for row in (r for r in table.find_rows(named) if r >= 0) if named else ():
         language = table.languages[int(table.column("language")[row])]
-        rows.append((int(table.column("line")[row]), language, table.string("text", row), table.string("units", row),
-                     ""))
+        dataset = parts[int(np.searchsorted(ends, row, "right"))]["dataset"]
+        rows.append(((dataset, int(table.column("line")[row])), language, table.string("text", row),
+                     table.string("units", row), ""))
     out: dict[tuple[str, str], tuple[str, str, str, str]] = {}
     for _, language, spoken, made, lost_chars in sorted(rows, key=lambda row: row[0]):
         out.setdefault((language, spoken), (language, spoken, made, lost_chars))

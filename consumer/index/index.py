@@ -1,7 +1,8 @@
 """Building the index (build_index): the usable samples and the rejections of a dataset, from its
 metadata and audio headers, through the text front-end, with the index cache reused where it
 still holds; a large manifest with durations (chunked.py), a large Parquet dataset
-(parquet_pieces.py) and a large lhotse cut manifest (cuts_pieces.py) are built in pieces.
+(parquet_pieces.py), a large lhotse cut manifest (cuts_pieces.py) and a large mix of those
+(mix_pieces.py) are built in pieces.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any, Callable
 
 from ...shared.config import DataConfig, FeaturesConfig, TextConfig
 from ...shared.dataset.agreement import fingerprints
-from ...shared.dataset.cache import CachedIndex, index_cache_file, index_config, index_key_of, read_cache, write_cache
+from ...shared.dataset.cache import (STALE_CACHE, CachedIndex, index_cache_file, index_config, index_key_of, read_cache,
+                                     write_cache)
 from .chunked import CHUNKED_MIN_BYTES, build_manifest
 from ...shared.dataset.corpus.base import Listing, Located
 from ...shared.dataset.corpus.registry import locate
@@ -24,6 +26,7 @@ from .cuts_pieces import cuts_pieces
 from ...shared.dataset.files import metadata_location
 from .groups import number_groups
 from .indexed import DatasetIndex, finished_index
+from .mix_pieces import mix_pieces
 from .parallel import TextKey, frontend_of, index_workers, run_items
 from .parquet_pieces import parquet_pieces
 from .pieces import Pieces
@@ -43,7 +46,8 @@ log = logging.getLogger(__name__)
 
 # The formats whose large local datasets are built in pieces, by name: each function gives the
 # pieces (blocks spilled beside the index cache's candidates), or None where the one-pass build is the way.
-IN_PIECES: dict[str, Callable[..., Pieces | None]] = {"parquet": parquet_pieces, "cuts": cuts_pieces}
+IN_PIECES: dict[str, Callable[..., Pieces | None]] = {"parquet": parquet_pieces, "cuts": cuts_pieces,
+                                                     "mix": mix_pieces}
 
 
 def build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig | None = None,
@@ -116,8 +120,9 @@ def _build_index(data: DataConfig, features: FeaturesConfig, text: TextConfig,
 
 def _in_pieces(build: _Build) -> DatasetIndex | None:
     """The index of a large local dataset its format builds in pieces (Parquet: parquet_pieces.py;
-    lhotse cuts: cuts_pieces.py), found by its listing's key (its files' stamps, a SHA-256, the
-    SHA-256 of a stream the pieces were cut from); None where the listing's build is the way."""
+    lhotse cuts: cuts_pieces.py; a mix: mix_pieces.py), found by its listing's key (its files'
+    stamps, a SHA-256, the SHA-256 of a stream the pieces were cut from or of a mix's parts'); None
+    where the listing's build is the way."""
     in_pieces = IN_PIECES.get(build.located.format.name)
     pieces = None if in_pieces is None else in_pieces(build.root, build.data.metadata_file, build.data,
                                                       build.features, build.text, build.candidates)
@@ -127,7 +132,7 @@ def _in_pieces(build: _Build) -> DatasetIndex | None:
     try:
         return build_manifest(build.root, build.data, build.features, build.text, build.frontend, build.config,
                               build.candidates, pieces.sha256 or key, cache_digest(build.config, key), build.started,
-                              pieces.work, pieces.named, repeated=pieces.repeated)
+                              pieces.work, pieces.named, repeated=pieces.repeated, datasets=pieces.datasets)
     finally:
         if pieces.spill is not None:
             remove_spill(pieces.spill)
@@ -197,6 +202,8 @@ def _one_pass(build: _Build) -> DatasetIndex:
     audio = listing.audio
     key = index_key_of(listing.sha256, audio, build.config)
     cache_path, cached, state = read_cache(build.candidates, key) if build.candidates else (None, None, "off")
+    if state == "stale":
+        log.info(STALE_CACHE, cache_path)
     stats = IndexStats(cache=state)
     # Kept for the scan, but a manifest's: it may be of millions of clips, read again if a scan is wanted.
     scan_inputs = None if fmt.manifest or listing.raw is None else (metadata_file, listing.raw, audio)

@@ -14,7 +14,7 @@ import orjson
 
 from ...shared.config import DataConfig, FeaturesConfig, TextConfig
 from ...shared.dataset.parquet import audio_column, parquet_file, pyarrow_modules, scalar_columns, stem
-from .pieces import Pieces, columns_piece, manifest_piece
+from .pieces import Pieces, Renamed, columns_piece, manifest_piece
 from ...shared.dataset.shards import list_shards
 from ...shared.dataset.storage import StorageError, is_url
 from ...shared.dataset.layouts import Rejection
@@ -31,11 +31,12 @@ PIECE_ROWS = 65_536
 
 
 def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: FeaturesConfig, text: TextConfig,
-                   candidates: list[Path]) -> Pieces | None:
+                   candidates: list[Path], min_rows: int | None = None) -> Pieces | None:
     """The pieces of a local Parquet dataset (row groups of a file: :func:`parquet_chunk` and its tasks) and
     what a line's rejection becomes (its row's, naming it); nothing is spilled beside ``candidates``. None
-    where the one-process build is the way: a small dataset, files at a URL, a file whose footer cannot be read, or a row group
-    whose statistics do not show every row with audio bytes and a duration."""
+    where the one-process build is the way: a small dataset (under ``min_rows``, default
+    :data:`PARQUET_CHUNKED_MIN_ROWS`; a mix's part is its pieces at any size), files at a URL, a file whose
+    footer cannot be read, or a row group whose statistics do not show every row with audio bytes and a duration."""
     if is_url(pattern):
         return None
     mapping = parse_column_map(data.columns) if is_column_map(data.columns) else {}
@@ -50,7 +51,7 @@ def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: Feature
         if groups is None:
             return None
         files.append((shard.name, groups))
-    if sum(sum(groups) for _, groups in files) < PARQUET_CHUNKED_MIN_ROWS:
+    if sum(sum(groups) for _, groups in files) < (PARQUET_CHUNKED_MIN_ROWS if min_rows is None else min_rows):
         return None
     tasks, first, starts = [], 1, []
     for name, groups in files:
@@ -63,7 +64,7 @@ def parquet_pieces(root: Path, pattern: str, data: DataConfig, features: Feature
             tasks.append((str(root), name, (group, end, row), first, data, features, text))
             rows = sum(groups[group:end])
             group, row, first = end, row + rows, first + rows
-    return Pieces((parquet_chunk, tasks), lambda rejection: _named(rejection, starts))
+    return Pieces((parquet_chunk, tasks), lambda rejection, dataset: _named(rejection, starts))
 
 
 def _complete_groups(parquet: Any, mapping: dict[str, str]) -> list[int] | None:
@@ -104,7 +105,7 @@ def _named(rejection: Rejection, starts: list[tuple[int, str, list[int]]]) -> Re
 
 
 def parquet_chunk(root: str, name: str, groups: tuple[int, int, int], first_line: int, data: DataConfig,
-                  features: FeaturesConfig, text: TextConfig) -> dict[str, Any] | None:
+                  features: FeaturesConfig, text: TextConfig, renamed: Renamed | None = None) -> dict[str, Any] | None:
     """The rows of row groups ``groups[0]`` to ``groups[1]`` - 1 of a Parquet file (the first of
     them its row ``groups[2]``) indexed as a manifest's piece of their manifest lines (each the
     listing line's manifest object: shared.dataset.parquet_layout.manifest_object; runs in helper
@@ -130,8 +131,8 @@ def parquet_chunk(root: str, name: str, groups: tuple[int, int, int], first_line
                if given is None or None in given else [])  # none where every row has its id
     columns = checked_columns(roles, audio, row_ids, first_line)
     if columns is not None:
-        return columns_piece(columns, [], data, features, text)
-    return manifest_piece(_lines(roles, audio, row_ids), first_line, data, features, text)
+        return columns_piece(columns, [], data, features, text, renamed)
+    return manifest_piece(_lines(roles, audio, row_ids), first_line, data, features, text, renamed)
 
 
 def _lines(roles: dict[str, list[Any]], audio: list[str], row_ids: list[str]) -> bytes:

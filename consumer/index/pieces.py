@@ -28,15 +28,17 @@ from ...shared.text import LANGUAGES, Frontend, Units
 @dataclass(frozen=True)
 class Pieces:
     """How a large dataset's index is built in pieces (chunked.py): each piece's work (a function
-    and its tasks), what a line's rejection becomes (None: as it is), the wording of an id
-    repeated in a later piece, the metadata's SHA-256 where the pieces were cut from a stream
-    (else its stamp keys the cache), and a directory of spilled blocks to remove after the build."""
+    and its tasks), what a line's rejection of dataset N becomes (None: as it is), the wording of
+    an id repeated in a later piece (one per dataset of a mix), the metadata's SHA-256 where the
+    pieces were cut from a stream or a mix's parts (else its stamp keys the cache), a directory of
+    spilled blocks to remove after the build, and the dataset (of a mix) each piece is of."""
 
     work: tuple[Callable[..., Any], list[tuple]]
-    named: Callable[[Rejection], Rejection] | None = None
-    repeated: str = "duplicate id on manifest line"
+    named: Callable[[Rejection, int], Rejection] | None = None
+    repeated: str | tuple[str, ...] = "duplicate id on manifest line"
     sha256: str = ""
     spill: Path | None = None
+    datasets: tuple[int, ...] = ()
 
 
 # Line feed and carriage return, as bytes of a manifest.
@@ -86,29 +88,37 @@ def _line_ends(mapped: mmap.mmap, start: int, end: int) -> int:
     return ends
 
 
+# What a piece's entries and rejections become before the rules (a mix's part's: named as the
+# mix names them, mix_pieces.py); a picklable callable, as helper processes are handed it.
+Renamed = Callable[[ManifestColumns, list[Rejection]], tuple[ManifestColumns, list[Rejection]]]
+
+
 def manifest_chunk(path: str, start: int, end: int, first_line: int, data: DataConfig, features: FeaturesConfig,
-                   text: TextConfig) -> dict[str, Any] | None:
+                   text: TextConfig, renamed: Renamed | None = None) -> dict[str, Any] | None:
     """One piece of a manifest, parsed, through the front-end and the rules, as columns (runs in
     worker processes, and in this one). None when a clip gives no duration (its audio header
     would be read: the one-process build's work)."""
     with open(path, "rb") as f:
         f.seek(start)
         raw = f.read(end - start)
-    return manifest_piece(raw, first_line, data, features, text)
+    return manifest_piece(raw, first_line, data, features, text, renamed)
 
 
 def manifest_piece(raw: bytes, first_line: int, data: DataConfig, features: FeaturesConfig,
-                   text: TextConfig) -> dict[str, Any] | None:
+                   text: TextConfig, renamed: Renamed | None = None) -> dict[str, Any] | None:
     """:func:`manifest_chunk` of a piece's lines (``raw``, its first line numbered ``first_line``)."""
-    return columns_piece(*manifest_columns(raw, first_line), data, features, text)
+    return columns_piece(*manifest_columns(raw, first_line), data, features, text, renamed)
 
 
 def columns_piece(entries: ManifestColumns, parsed: list[Rejection], data: DataConfig, features: FeaturesConfig,
-                  text: TextConfig) -> dict[str, Any] | None:
+                  text: TextConfig, renamed: Renamed | None = None) -> dict[str, Any] | None:
     """:func:`manifest_piece` of a piece's entries as columns (``parsed``: its lines' rejections),
-    however they were made (parquet_pieces.py makes a Parquet piece's from its columns)."""
+    however they were made (parquet_pieces.py makes a Parquet piece's from its columns), each
+    first ``renamed`` where given (a mix's ids, speakers, languages and audio paths)."""
     if None in entries.duration:
         return None
+    if renamed is not None:
+        entries, parsed = renamed(entries, parsed)
     size = len(entries.id)
     unnamed = entries.language.count("")  # clips that name no language: the config's
     codes = (entries.language if not unnamed else [text.language] * size if unnamed == size

@@ -323,6 +323,11 @@ def open_index(path: Path, check: bool = True) -> CachedIndex:
     return cached.check() if check else cached
 
 
+# The line a cache file of another key is rebuilt with (its metadata changed, or how the key is
+# made: a mix's is of its parts' SHA-256s, no longer of all their bytes).
+STALE_CACHE = "index cache %s is of other metadata or of an earlier key; rebuilding the index"
+
+
 def read_cache(candidates: list[Path], key: str) -> tuple[Path | None, CachedIndex | None, str]:
     """The cache file for ``key`` if one exists: (path, its content, state).
 

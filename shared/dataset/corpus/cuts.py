@@ -19,7 +19,7 @@ from typing import Any, Callable
 import orjson
 
 from ..layouts import Entry, Rejection, _id_problem, _shown, _speaker_problem, language_problem, nfc
-from ..files import metadata_location, read_file, resolve_root
+from ..files import metadata_error, metadata_location, read_file, resolve_root
 from ..storage import is_url
 from ..types import DatasetError
 from .address import span_name
@@ -173,5 +173,19 @@ class Cuts(Manifest):
         return parse_cuts(raw)
 
     def sha256(self, root: Path, metadata_file: str) -> str:
-        """Of its lines, gunzipped."""
-        return hashlib.sha256(self.read(root, metadata_file)).hexdigest()
+        """Of its lines, gunzipped (a local file's as a stream, a MB at a time: never held whole)."""
+        if is_url(metadata_file):
+            return hashlib.sha256(self.read(root, metadata_file)).hexdigest()
+        path = root / metadata_file
+        digest = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                gzipped = f.read(2) == GZIP_MAGIC
+            with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as stream:
+                for read in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(read)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise DatasetError(f"{path}: not a readable gzip file ({exc})") from None
+        except OSError as exc:
+            raise metadata_error(path, exc) from None
+        return digest.hexdigest()

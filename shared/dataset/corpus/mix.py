@@ -1,8 +1,10 @@
 """Mixes of datasets: ``--data mix.yaml`` names several, each with its own layout and language.
 
 Reads the mix file, then each part in turn through its own format (the registry's, handed in):
-its metadata read, hashed into the mix's SHA-256, listed or parsed, and let go before the next
-is read; names its clips ``NAME:ID``. The file's format: docs/design/data.md, "Layouts".
+its metadata read, listed or parsed, and let go before the next is read; names its clips
+``NAME:ID``. The mix's SHA-256 is of its parts' own SHA-256s, its stamp of their stamps, so that
+neither reads every part's bytes; a large mix is built in pieces (consumer/index/mix_pieces.py).
+The file's format: docs/design/data.md, "Layouts".
 """
 
 from __future__ import annotations
@@ -91,11 +93,17 @@ class _Part:
     where: Path
     metadata_file: str
 
-    def packed(self, raw: bytes) -> dict[str, Any]:
-        """The part as the mix's digest takes it (the form a mix's metadata always had)."""
+    def packed(self, identity: str) -> dict[str, Any]:
+        """The part as the mix's SHA-256 and stamp take it: its place in the mix and ``identity``
+        (its metadata's SHA-256, or its stamp)."""
         p = self.part
         return {"name": p.name, "dir": self.directory, "language": p.language, "metadata_file": p.metadata_file,
-                "columns": p.columns, "metadata": raw}
+                "columns": p.columns, "identity": identity}
+
+
+def mix_digest(parts: list[_Part], identities: list[str]) -> Any:
+    """The SHA-256 of a mix's parts each :meth:`_Part.packed` with its identity (a msgpack array)."""
+    return hashlib.sha256(msgpack.packb([part.packed(i) for part, i in zip(parts, identities)], use_bin_type=True))
 
 
 class Mix(Format):
@@ -129,20 +137,35 @@ class Mix(Format):
 
     def listing(self, root: Path, metadata_file: str, columns: str, raw: bytes | None = None) -> Listing:
         """Every part's audio by prefixed id, named from ``root`` (a dataset at a URL's by their
-        URLs), and the SHA-256 of the parts' metadata, each part read in turn."""
+        URLs), and the mix's SHA-256 (:meth:`sha256`), each part read in turn."""
         audio: dict[str, AudioFile] = {}
-        digest = self._digest(root, metadata_file, audio)
-        return Listing(digest.digest(), audio, None)
+        for part in self.parts(root, metadata_file):
+            self._listed(root, metadata_file, part, audio)
+        return Listing(bytes.fromhex(self.sha256(root, metadata_file)), audio, None)
 
     def sha256(self, root: Path, metadata_file: str) -> str:
-        return self._digest(root, metadata_file, None).hexdigest()
+        """Of the parts' places in the mix and each part's own SHA-256 (its format's: a manifest's
+        bytes, tar or Parquet shards' names and sizes), not of every part's bytes packed together:
+        what the index is keyed by and producers agree on, read a part at a time, never held."""
+        parts = self.parts(root, metadata_file)
+        return mix_digest(parts, [self._part_sha256(metadata_file, part) for part in parts]).hexdigest()
+
+    def stamp(self, root: Path, metadata_file: str) -> str:
+        """Of the parts' places and stamps, so that a warm start finds the cache without reading
+        any part; "" where a part has none, or is an LJSpeech layout (its audio listed for the mix)."""
+        parts = self.parts(root, metadata_file)
+        formats = [self.format_of(part.metadata_file) for part in parts]
+        if any(fmt.loose for fmt in formats):
+            return ""
+        stamps = [fmt.stamp(part.where, part.metadata_file) for part, fmt in zip(parts, formats)]
+        return "" if "" in stamps else mix_digest(parts, stamps).hexdigest()
 
     def clips(self, root: Path, metadata_file: str, columns: str,
               raw: bytes | None = None) -> tuple[list[Entry], list[Rejection]]:
         """The entries of every dataset of the mix, ids prefixed with its name, each part read in turn."""
         entries: list[Entry] = []
         rejected: list[Rejection] = []
-        for part in self._parts(root, metadata_file):
+        for part in self.parts(root, metadata_file):
             p, directory = part.part, part.directory
             fmt = self.format_of(p.metadata_file)
             found, bad = fmt.parse(self._read_part(metadata_file, part, fmt), p.columns)
@@ -158,29 +181,29 @@ class Mix(Format):
                          for r in bad]
         return entries, rejected
 
-    def _digest(self, root: Path, metadata_file: str, audio: dict[str, AudioFile] | None) -> Any:
-        """The SHA-256 of the parts' metadata (a msgpack array of :meth:`_Part.packed`, packed a part
-        at a time), each part's audio added to ``audio`` where it is given."""
-        parts = self._parts(root, metadata_file)
-        packer = msgpack.Packer(use_bin_type=True)
-        digest = hashlib.sha256(packer.pack_array_header(len(parts)))
-        for part in parts:
-            p = part.part
-            part_format = self.format_of(part.metadata_file)
-            part_raw = self._read_part(metadata_file, part, part_format)
-            digest.update(packer.pack(part.packed(part_raw)))
-            if audio is None:
-                continue
-            prefix = f"{p.name}{MIX_ID_SEPARATOR}"
-            if is_url(part.directory):  # a mix at a URL's dataset: its files named by their URLs
-                listed = part_format.audio(root, part.metadata_file, part_raw, p.columns)
-                audio.update({prefix + i: a for i, a in listed.items()})
-                continue
-            listed = part_format.audio(part.where, part.metadata_file, part_raw, p.columns)
-            audio.update({prefix + i: AudioFile(a.name if a.name.startswith("/") or is_url(a.name) else
-                                                f"{part.directory}/{a.name}", a.size, a.mtime_ns)
-                          for i, a in listed.items()})
-        return digest
+    def _listed(self, root: Path, metadata_file: str, part: _Part, audio: dict[str, AudioFile]) -> None:
+        """A part's audio added to ``audio`` by prefixed id (its metadata read, then let go)."""
+        p = part.part
+        part_format = self.format_of(part.metadata_file)
+        part_raw = self._read_part(metadata_file, part, part_format)
+        prefix = f"{p.name}{MIX_ID_SEPARATOR}"
+        if is_url(part.directory):  # a mix at a URL's dataset: its files named by their URLs
+            listed = part_format.audio(root, part.metadata_file, part_raw, p.columns)
+            audio.update({prefix + i: a for i, a in listed.items()})
+            return
+        listed = part_format.audio(part.where, part.metadata_file, part_raw, p.columns)
+        audio.update({prefix + i: AudioFile(a.name if a.name.startswith("/") or is_url(a.name) else
+                                            f"{part.directory}/{a.name}", a.size, a.mtime_ns)
+                      for i, a in listed.items()})
+
+    def _part_sha256(self, mix_file: str, part: _Part) -> str:
+        fmt = self.format_of(part.metadata_file)
+        if not is_url(part.directory):
+            return fmt.sha256(part.where, part.metadata_file)
+        try:
+            return fmt.sha256(part.where, part.metadata_file)
+        except DatasetError as exc:
+            raise DatasetError(f"{shown(mix_file)}: dataset {part.part.name}: {exc}") from None
 
     def _read_part(self, mix_file: str, part: _Part, fmt: Format) -> bytes:
         if not is_url(part.directory):
@@ -190,7 +213,7 @@ class Mix(Format):
         except DatasetError as exc:
             raise DatasetError(f"{shown(mix_file)}: dataset {part.part.name}: {exc}") from None
 
-    def _parts(self, root: Path, mix_file: str) -> list[_Part]:
+    def parts(self, root: Path, mix_file: str) -> list[_Part]:
         """The mix's datasets, found: of a mix file here, each a directory (absolute, or relative to
         the mix file's); of one at a URL, each a URL, or a path relative to the mix file's URL
         (``../lj`` of ``s3://b/mixes/all.yaml``: ``s3://b/lj``), a path of this host refused."""

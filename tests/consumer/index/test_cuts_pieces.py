@@ -79,9 +79,16 @@ def test_a_cut_manifest_built_in_pieces_is_the_one_process_build(tmp_path: Path,
     one = _build(root, tmp_path / "one", monkeypatch, chunked=False, max_lost_frac=max_lost_frac)
     assert one.stats.workers <= 1
     blocks, chunk = [], cuts_pieces_module.cuts_chunk
+
+    def parsed(*task):  # each block removed once its piece is parsed
+        piece = chunk(*task)
+        assert not Path(task[0]).exists()
+        blocks.append(task[1])
+        return piece
+
     with monkeypatch.context() as m:  # the blocks this process parsed (all of them, without helpers)
         if workers == 1:
-            m.setattr(cuts_pieces_module, "cuts_chunk", lambda *task: blocks.append(task[1]) or chunk(*task))
+            m.setattr(cuts_pieces_module, "cuts_chunk", parsed)
         pieces = _build(root, tmp_path / "pieces", monkeypatch, chunked=True, workers=workers,
                         max_lost_frac=max_lost_frac)
     assert pieces.stats.workers == workers and len(blocks) >= (10 if workers == 1 else 0)
@@ -117,3 +124,23 @@ def test_the_blocks_end_at_line_ends_and_number_the_lines_as_one_read(tmp_path: 
     for block, first in read:
         assert block.splitlines() == whole[first - 1:first - 1 + len(block.splitlines())]
     assert sha256 == hashlib.sha256(raw).hexdigest()
+
+
+def test_a_block_removed_once_parsed_is_read_again_from_the_manifest(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece worked again (a cache write retried, a helper lost) finds its block gone: its
+    lines are read again from the manifest's stream, the same piece."""
+    monkeypatch.setattr(cuts_pieces_module, "BLOCK_BYTES", 2000)
+    lines = b"".join(_lines())
+    (tmp_path / "cuts.jsonl.gz").write_bytes(gzip.compress(lines))
+    (tmp_path / "spill").mkdir()
+    data = DataConfig(path=str(tmp_path / "cuts.jsonl.gz"), max_tokens=200)
+    tasks, _ = cuts_pieces_module.cuts_tasks(tmp_path / "cuts.jsonl.gz", tmp_path / "spill", data, FEATURES,
+                                             TextConfig())
+    assert len(tasks) > 1
+    task = tasks[len(tasks) // 2]
+    first = cuts_pieces_module.cuts_chunk(*task)
+    assert not Path(task[0]).exists()
+    again = cuts_pieces_module.cuts_chunk(*task)
+    assert again["rejected"] == first["rejected"] and again["parsed"] == first["parsed"]
+    assert all(again["strings"][name][1] == first["strings"][name][1] for name in first["strings"])

@@ -28,9 +28,9 @@ def test_mix_spec_defaults_and_names() -> None:
 
 def test_a_mix_streams_its_parts_one_at_a_time_and_hashes_them_as_it_goes(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each part is read, hashed and listed before the next is read (never all parts' metadata at
-    once), and the mix's SHA-256 is that of its parts' metadata packed together, as the index and
-    the dataset agreement have always keyed a mix."""
+    """Each part is read and listed before the next is read (never all parts' metadata at once),
+    and the mix's SHA-256, which the index is keyed by and producers agree on, is that of its parts'
+    places and their own SHA-256s (not of all their bytes); its stamp of their stamps."""
     make_dataset(tmp_path / "a", count=3, prefix="A")
     make_dataset(tmp_path / "b", count=2, prefix="B")
     (tmp_path / "mix.yaml").write_text("datasets:\n  - path: a\n    language: en\n  - path: b\n")
@@ -45,9 +45,11 @@ def test_a_mix_streams_its_parts_one_at_a_time_and_hashes_them_as_it_goes(tmp_pa
     assert events == ["read a", "list a", "read b", "list b"] and listing.raw is None
     assert sorted(listing.audio) == ["a:A0000", "a:A0001", "a:A0002", "b:B0000", "b:B0001"]
     parts = [{"name": name, "dir": name, "language": language, "metadata_file": "metadata.csv", "columns": "",
-              "metadata": (tmp_path / name / "metadata.csv").read_bytes()} for name, language in (("a", "en"), ("b", ""))]
+              "identity": hashlib.sha256((tmp_path / name / "metadata.csv").read_bytes()).hexdigest()}
+             for name, language in (("a", "en"), ("b", ""))]
     whole = hashlib.sha256(msgpack.packb(parts, use_bin_type=True))
     assert listing.sha256 == whole.digest() and located.sha256() == whole.hexdigest()
+    assert located.stamp() == ""  # an LJSpeech part's audio is listed for the mix: found by its key
     entries, rejected = located.clips()
     assert rejected == [] and [(e.id, e.speaker, e.language) for e in entries] == [
         ("a:A0000", "a", "en"), ("a:A0001", "a", "en"), ("a:A0002", "a", "en"), ("b:B0000", "b", ""),
