@@ -28,7 +28,6 @@ from typing import Any, Iterator, Mapping
 from . import service
 from .consumer.pipeline.clips import ClipList
 from .consumer.pipeline.feed import FeedCore, PreparedRun
-from .consumer.pipeline.frameworks import Staging
 from .feed_dcp import DistributedState, state_key
 from .feed_staging import FeedError, check_framework, make_staging
 from .feed_tf import checkpoint_state, element_spec, keras_callback
@@ -109,7 +108,6 @@ class Feed:
         self._strategy, self._sharding = strategy, sharding
         self._replicas = self.cfg.devices.replicas  # None: the loop's business (summary.json says null)
         self.framework = check_framework(self.cfg.trainer.framework, strategy, sharding)
-        self._staging: Staging = Staging()  # from start() on: the framework's (host arrays until then)
         self.device = "host"  # where batches are staged, from start() on
         self._resume = resume
         self._prepared: PreparedRun | None = None  # from prepare() on: the dataset indexed, the epochs planned
@@ -198,7 +196,7 @@ class Feed:
         try:
             self._core = core = FeedCore(prepared, self._stop, state=self._resume)
             self.endpoint = core.endpoint
-            self._staging = staging = make_staging(self.framework, self.cfg.devices, self._strategy, self._sharding)
+            staging = make_staging(self.framework, self.cfg.devices, self._strategy, self._sharding)
             self.device = staging.device
             core.use_staging(staging)
             assert self.run_dir is not None
@@ -270,7 +268,7 @@ class Feed:
         except StopIteration:
             core.flush()
             raise
-        return self._staging.take(item.arrays)
+        return core.take(item)
 
     def _take_by(self, way: str) -> None:
         """Batches go either to a loop that iterates the feed or to tf.data (``as_dataset``), which
@@ -377,7 +375,7 @@ class Feed:
 
         def batches() -> Iterator[dict[str, Any]]:
             for item in core.validation_pass():
-                yield self._staging.take(item.arrays)
+                yield core.take(item)
 
         return batches()
 
