@@ -1,6 +1,6 @@
 """Where a batch is staged, measured on the CPU (``python -m stoker.benchmarks.staging``): a stager
 thread beside a step that holds the interpreter, against the thread that asks for a batch, between
-steps (consumer/buffer.py, ``BatchQueue.enable_staging(on_request=...)``).
+steps (consumer/buffer.py, ``BatchQueue.use_staging``, a staging ``on_request`` or not).
 
 On a GPU host PyTorch's staging is a few calls per array (each copy queued on a side stream) and
 a launch-bound step is the interpreter launching kernels, each launch letting go of the
@@ -33,6 +33,7 @@ import numpy as np
 
 from .common import machine_info, ratio, report, spread, table
 from ..consumer.buffer import BatchQueue, QueuedBatch
+from ..consumer.feed.frameworks import FunctionStaging
 
 WAYS = ("none", "thread", "request")
 WARMUP_STEPS = 5
@@ -78,7 +79,9 @@ def run_way(way: str, torch: Any, steps: int, ops: int, calls: int) -> dict[str,
     queue = BatchQueue(CAPACITY)
     threads: set[str] = set()
     if way != "none":
-        queue.enable_staging(make_stage(torch, calls, threads), on_request=way == "request")
+        staging = FunctionStaging(make_stage(torch, calls, threads), "bench")
+        staging.on_request = way == "request"
+        queue.use_staging(staging)
     lease = iter(range(1 << 30))
     slots = [make_batch() for _ in range(2 * CAPACITY + 1)]  # arrays made once, as the feed's slots are
 

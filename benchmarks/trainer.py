@@ -131,7 +131,7 @@ def _time_queue(trainer: Any, host: list[dict[str, np.ndarray]], steps: int, war
     """Seconds per step through the consumer's queue with device staging."""
     total = warmup + steps
     free = threading.Event()
-    queue = BatchQueue(3, stage=trainer.stage, on_free=free.set)
+    queue = BatchQueue(3, staging=trainer.staging(), on_free=free.set)
     stop = threading.Event()
     failure: list[BaseException] = []
 

@@ -12,12 +12,13 @@ batch receives what was sent, first whatever arrived during the step, then, whil
 there, waiting in ZeroMQ (without the interpreter); without one, it waits for a ``put`` of
 another thread.
 
-Staging: when a ``stage`` function is given, a stager thread converts each batch's
-host arrays to device tensors as soon as it arrives, while the trainer runs its step
-on the previous one. The trainer takes batches in arrival order and waits for the
-head batch's staging if it is not finished yet. Staged ``on_request`` (a stage that only
-queues asynchronous copies), the queue's asking thread stages each batch that arrived before
-it looks for one, between steps, and no thread wakes during a step.
+Staging: given a :class:`~.frameworks.Staging` with a ``stage`` (a ``stoker.Feed``'s or stoker's
+own trainer's, through FeedCore.use_staging), a stager thread converts each batch's host
+arrays to device tensors as soon as it arrives, while the trainer runs its step on the previous
+one. The trainer takes batches in arrival order and waits for the head batch's staging if it is
+not finished yet. Staged ``on_request`` (a stage that only queues asynchronous copies), the
+queue's asking thread stages each batch that arrived before it looks for one, between steps,
+and no thread wakes during a step.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from .frameworks import Staging
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ class QueuedBatch:
 
 
 class BatchQueue:
-    def __init__(self, capacity: int, stage: Callable[[Any], Any] | None = None,
+    def __init__(self, capacity: int, staging: Staging | None = None,
                  on_free: Callable[[], None] | None = None) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
@@ -73,19 +76,24 @@ class BatchQueue:
         self.stage_errors = 0  # batches trained from host memory because staging failed (summary.json)
         self._stager: threading.Thread | None = None
         self._on_request = False  # staged by the asking thread (module docstring)
-        if stage is not None:
-            self.enable_staging(stage)
+        if staging is not None:
+            self.use_staging(staging)
 
-    def enable_staging(self, stage: Callable[[Any], Any], on_request: bool = False) -> None:
-        """Stage every batch that arrives from now on (the trainer may be built after the
-        queue has started filling; batches already held are used from host memory), in a
-        stager thread, or ``on_request`` in the thread that asks for a batch."""
+    def use_staging(self, staging: Staging) -> None:
+        """Stage every batch held and every one that arrives from now on with ``staging.stage``
+        (the trainer may be built after the queue has started filling), in a stager thread, or
+        (``staging.on_request``) in the thread that asks for a batch; a staging without a stage
+        leaves the host arrays as they are."""
+        if staging.stage is None:
+            return
         with self._cond:
             if self._stage is not None:
                 raise RuntimeError("staging already enabled")
-            self._stage = stage
-            self._on_request = on_request
-            if not on_request:
+            self._stage = staging.stage
+            self._on_request = staging.on_request
+            for item in self._items:  # held as host arrays so far: staged before they are taken
+                item.staged = False
+            if not self._on_request:
                 self._stager = threading.Thread(target=self._stage_loop, name="stager", daemon=True)
                 self._stager.start()
 

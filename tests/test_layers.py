@@ -278,7 +278,7 @@ def test_only_the_entry_point_imports_the_command_line() -> None:
     which stoker.Feed and Slurm's tasks call too."""
     graph = import_graph()
     assert sorted(name for name, edges in graph.items() if "stoker.cli" in edges) == ["stoker.__main__"]
-    assert {"stoker.service"} <= graph["stoker.cli"] & graph["stoker.feed"] & graph["stoker.slurm"]
+    assert {"stoker.service"} <= graph["stoker.cli"] & graph["stoker.feed_run"] & graph["stoker.slurm"]
 
 
 def test_the_cycle_check_finds_a_cycle_through_a_lazy_import() -> None:

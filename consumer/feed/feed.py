@@ -7,8 +7,9 @@ writes the step logs and summary.json. stoker's trainer (consumer/training/main.
 ``stoker.Feed`` drive it, so there is one path from producers to a step::
 
     core = FeedCore(PreparedRun(cfg, run_dir), stop)   # index and plan, then open
+    core.use_staging(staging)            # how batches reach the device (consumer/feed/frameworks.py)
     for item in core.batches():          # warm-up first; ends when the budget is reached or on stop
-        handle = train_step(item.arrays)  # the user's step; a loss handle (float, tensor, None)
+        handle = train_step(core.take(item))  # the user's step; a loss handle (float, tensor, None)
         core.step_done(handle)           # its step ends here (else at the next request)
         if core.flush_due():
             core.flush(resolve)           # the interval's losses fetched at once, rows written
@@ -129,14 +130,20 @@ class FeedCore:
         self.opened = True  # until close()
         log.info("consumer listening on %s", self.endpoint)
 
-    def use_staging(self, staging: Staging) -> None:
-        """Stage the batches that arrive from now on with ``staging`` (consumer/feed/frameworks.py),
-        which is told where they arrive and settles each before its slot is written again."""
+    def use_staging(self, staging: Staging, validation: bool = True) -> None:
+        """Stage the batches held and those that arrive from now on with ``staging``
+        (consumer/feed/frameworks.py: a ``stoker.Feed``'s, or stoker's own trainer's), which
+        is told where they arrive and settles each before its slot is written again;
+        ``validation=False`` leaves the validation batches as host arrays (stoker's trainer
+        splits and stages them itself)."""
         staging.use_memory(*self.coordinator.slots.memory())
         self.staging = staging
-        if staging.stage is not None:
-            for queue in (self.queue, self.val_queue):
-                queue.enable_staging(staging.stage, on_request=staging.on_request)
+        for queue in (self.queue, self.val_queue) if validation else (self.queue,):
+            queue.use_staging(staging)
+
+    def take(self, item: QueuedBatch) -> Any:
+        """The batch of ``item`` for the loop, in the loop's thread (Staging.take)."""
+        return self.staging.take(item.arrays)
 
     def state_dict(self) -> dict[str, Any]:
         """The input position with what it belongs to (JSON): which planned batches of which

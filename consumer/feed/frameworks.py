@@ -29,10 +29,12 @@ loop takes the batch. ``settle`` runs before a batch's host memory may be writte
   is released. In host memory (the CPU, or a sharding of a host memory kind) JAX would share the
   arrays' memory (a shared-memory slot, consumer/slots.py) and its asynchronous
   dispatch could read it after the step is confirmed: the stager thread copies them first.
-- ``tensorflow``: shared/tfsetup.py's stagers, wrapped (:class:`FunctionStaging`).
+- ``tensorflow``: shared/tfsetup.py's stagers, wrapped (:class:`FunctionStaging`): a
+  ``stoker.Feed``'s (stoker/feed_staging.py) and stoker's own trainer's
+  (consumer/training/trainer.py), which both hand their staging to the feed (FeedCore.use_staging).
 
 A batch whose staging failed reaches ``take`` as host arrays (the queue trains it from host
-memory); torch and jax put it on the device there.
+memory); every staging but numpy's puts it on the device there.
 """
 
 from __future__ import annotations
@@ -80,11 +82,17 @@ class Staging:
 
 
 class FunctionStaging(Staging):
-    """A stager function (TensorFlow's) whose result the loop takes as it is."""
+    """A stager function (TensorFlow's) whose result the loop takes as it is; a batch whose
+    staging failed is staged in the loop's thread when it is taken."""
 
     def __init__(self, stage: Callable[[dict[str, Any]], Any], device: str) -> None:
         self.stage = stage
         self.device = device
+
+    def take(self, staged: Any) -> Any:
+        if all(isinstance(value, np.ndarray) for value in staged.values()):
+            return self.stage(staged)  # its staging failed: the step gets it on the device all the same
+        return staged
 
 
 @dataclass

@@ -179,8 +179,10 @@ class TrainLoop:
         trainer = make_trainer(cfg, devices, feed.planner.shapes, budget, feed.vocabulary.size,
                                multi_worker=feed.planner.workers > 1)
         feed.checkpoints.attach(trainer)  # restores the model and optimizer of a resumed run
+        # The one staging path, as a stoker.Feed's: the batches held and those to come, staged
+        # in the queue; validation batches stay on the host (split and staged in _validate).
+        feed.use_staging(trainer.staging(), validation=False)
         if isinstance(trainer, ModelTrainer):
-            feed.queue.enable_staging(trainer.stage)
             resumed = feed.checkpoints.resumed
             self.tb = TensorBoard(feed.run_dir, resumed.step if resumed is not None else None)
             if feed.val_batches:
@@ -203,7 +205,7 @@ class TrainLoop:
         feed, cfg = self.feed, self.cfg
         trainer = self.trainer = self._make_trainer(gpu_memory_mb)
         for item in feed.batches():
-            feed.step_done(trainer.step(item.arrays))
+            feed.step_done(trainer.step(feed.take(item)))
             if trainer.received:  # what the step received, as the trainer noted it (--record-samples)
                 feed.record_trained(item.epoch, trainer.received.pop())
             if feed.checkpoints.due(feed.step):

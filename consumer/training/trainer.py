@@ -21,6 +21,7 @@ from . import tts
 from .optim import Update, make_optimizer
 from .tts import ModelError
 from ..feed.checkpoint import Checkpointed
+from ..feed.frameworks import FunctionStaging, Staging
 from ...shared.batch import IDENTIFYING, OPTIONAL, row_identities
 from ...shared.config import Config, batch_schema
 from ...shared.tfsetup import device_stager, replica_stager
@@ -45,7 +46,7 @@ class Trainer(Checkpointed, Protocol):
     uses_tensorflow: bool
     received: list[list[dict[str, Any]]]
 
-    def stage(self, arrays: dict[str, np.ndarray]) -> Any: ...
+    def staging(self) -> Staging: ...
 
     def step(self, staged: Any) -> Any: ...
 
@@ -89,8 +90,9 @@ class SyntheticTrainer:
         self.record = record
         self.received: list[list[dict[str, Any]]] = []
 
-    def stage(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return arrays
+    def staging(self) -> Staging:
+        """Host arrays: nothing to stage."""
+        return Staging()
 
     def step(self, staged: dict[str, np.ndarray]) -> None:
         if self.record:
@@ -399,14 +401,18 @@ class KerasTrainer:
         """A planned batch onto the device (with replicas: split, one part per replica)."""
         return self._stage(arrays)
 
+    def staging(self) -> Staging:
+        """How the feed stages this trainer's batches (as a ``stoker.Feed``'s TensorFlow ones):
+        :meth:`stage` in the queue's stager thread, so every batch reaches :meth:`step` staged."""
+        return FunctionStaging(self._stage, ", ".join(self.devices))
+
     def stage_one(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         """A batch, whole, onto the first device: for validation and prediction."""
         return self._stage_one(arrays)
 
     def step(self, staged: dict[str, Any]) -> Any:
-        """One step; its handle is [loss, each term's mean] on the device, not yet fetched."""
-        if self.strategy is not None and isinstance(staged[self.schema.names[0]], np.ndarray):
-            staged = self.stage(staged)  # queued before staging began, or its staging failed: split it now
+        """One step on a staged batch (:meth:`staging`); its handle is [loss, each term's mean]
+        on the device, not yet fetched."""
         if self.record:
             self.received.append(row_identities(self._on_host(staged)))
         args = self._args(staged)

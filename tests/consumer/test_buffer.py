@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from stoker.consumer.buffer import STAGER_POLL_S, BatchQueue, QueuedBatch, QueueFull
+from stoker.consumer.feed.frameworks import FunctionStaging, Staging
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,6 +22,13 @@ STRESS_ITEMS = 3000
 def _item(n: int, arrays=None) -> QueuedBatch:
     return QueuedBatch(lease=n, epoch=0, index=n, ids=[f"id{n}"],
                        arrays={"x": np.full(2, n)} if arrays is None else arrays, producer="p0")
+
+
+def staged_by(stage, on_request: bool = False) -> Staging:
+    """A Staging of ``stage``, in the queue's stager thread or (``on_request``) in the asking one."""
+    staging = FunctionStaging(stage, "test")
+    staging.on_request = on_request
+    return staging
 
 
 @pytest.fixture
@@ -137,7 +145,7 @@ def test_a_pumped_get_waits_for_a_staging_without_receiving(queues) -> None:
         assert release.wait(WAIT_S)
         return {"staged": arrays["x"] * 10}
 
-    q = queues(3, stage=stage)
+    q = queues(3, staging=staged_by(stage))
     pump = Pump(q, [[4]])
     result = {}
     t = threading.Thread(target=lambda: result.update(got=q.get(WAIT_S)))
@@ -171,7 +179,7 @@ def test_batches_staged_on_request_are_staged_by_the_asking_thread_between_steps
     oldest first, before it hands out the head (so later batches' copies overlap the next step)."""
     stage = OnRequest()
     q = queues(3)
-    q.enable_staging(stage, on_request=True)
+    q.use_staging(staged_by(stage, on_request=True))
     pump = Pump(q, [[0, 1], [], [], [2], [], [3]])
     assert not [t for t in threading.enumerate() if t.name == "stager"]
     item, depth = q.get(WAIT_S)
@@ -189,7 +197,7 @@ def test_batches_staged_on_request_are_staged_by_the_asking_thread_between_steps
 def test_a_batch_put_by_another_thread_is_staged_by_the_asking_one(queues) -> None:
     stage = OnRequest()
     q = queues(3)
-    q.enable_staging(stage, on_request=True)
+    q.use_staging(staged_by(stage, on_request=True))
     taken = {}
     asker = threading.Thread(target=lambda: taken.update(got=q.get(WAIT_S), thread=threading.get_ident()))
     asker.start()
@@ -202,7 +210,7 @@ def test_a_batch_put_by_another_thread_is_staged_by_the_asking_one(queues) -> No
 
 def test_a_batch_whose_staging_on_request_failed_is_handed_out_from_host_memory(queues) -> None:
     q = queues(3)
-    q.enable_staging(OnRequest(fail=1), on_request=True)
+    q.use_staging(staged_by(OnRequest(fail=1), on_request=True))
     for n in range(3):
         q.put(_item(n))
     got = [q.get(WAIT_S)[0] for _ in range(3)]
@@ -210,10 +218,38 @@ def test_a_batch_whose_staging_on_request_failed_is_handed_out_from_host_memory(
     assert "staged" in got[0].arrays and "x" in got[1].arrays and "staged" in got[2].arrays
 
 
+@pytest.mark.parametrize("on_request", [False, True], ids=["thread", "request"])
+def test_batches_held_before_staging_began_are_staged_before_they_are_taken_each_once(queues, on_request) -> None:
+    """stoker's trainer is built while the queue fills: the batches held when its staging comes
+    are staged too, so every step gets a staged batch and none is staged again."""
+    stage = OnRequest()
+    q = queues(3)
+    for n in range(2):
+        q.put(_item(n))
+    q.use_staging(staged_by(stage, on_request=on_request))
+    q.put(_item(2))
+    got = [q.get(WAIT_S)[0] for _ in range(3)]
+    assert [item.lease for item in got] == [0, 1, 2] and all(item.staged for item in got)
+    for n, item in enumerate(got):
+        np.testing.assert_array_equal(item.arrays["staged"], [10 * n, 10 * n])
+    assert sorted(value for value, _ in stage.staged) == [0, 1, 2] and q.stage_errors == 0
+
+
+def test_a_staging_without_a_stage_leaves_the_host_arrays_and_starts_no_thread(queues) -> None:
+    q = queues(3)
+    q.use_staging(Staging())
+    item = _item(0)
+    arrays = item.arrays
+    q.put(item)
+    got, _ = q.get(WAIT_S)
+    assert got.arrays is arrays and q._stager is None
+    q.use_staging(staged_by(OnRequest()))  # the host's staging is none: a real one may follow
+
+
 def test_staging_is_enabled_once(queues) -> None:
-    q = queues(3, stage=OnRequest())
+    q = queues(3, staging=staged_by(OnRequest()))
     with pytest.raises(RuntimeError, match="already"):
-        q.enable_staging(OnRequest(), on_request=True)
+        q.use_staging(staged_by(OnRequest(), on_request=True))
 
 
 def test_a_pumped_wait_for_depth_receives_until_the_depth_or_the_stop(queues) -> None:
@@ -257,7 +293,7 @@ def test_get_waits_for_the_head_to_be_staged(queues) -> None:
             assert release.wait(WAIT_S)
         return {"staged": arrays["x"] * 10}
 
-    q = queues(3, stage=stage)
+    q = queues(3, staging=staged_by(stage))
     q.put(_item(0))
     q.put(_item(1))
     assert started.wait(WAIT_S)
@@ -280,7 +316,7 @@ def test_stage_failure_falls_back_to_host_arrays(queues) -> None:
             raise RuntimeError("device full")
         return {"device": arrays["x"]}
 
-    q = queues(4, stage=stage)
+    q = queues(4, staging=staged_by(stage))
     hosts = [_item(n) for n in range(4)]
     host_arrays = [h.arrays for h in hosts]
     for h in hosts:
@@ -295,7 +331,7 @@ def test_stage_failure_falls_back_to_host_arrays(queues) -> None:
 
 
 def test_close_stops_the_stager_and_wakes_get() -> None:
-    q = BatchQueue(2, stage=lambda a: a)
+    q = BatchQueue(2, staging=staged_by(lambda a: a))
     stager = q._stager
     assert stager is not None and stager.is_alive()
     result = {}
@@ -356,7 +392,8 @@ def test_producer_consumer_stress(queues, staging: bool) -> None:
         if n > capacity:
             over.append(n)
 
-    q = queues(capacity, stage=(lambda a: {"x": a["x"] + 1}) if staging else None, on_free=credits.release)
+    q = queues(capacity, staging=staged_by(lambda a: {"x": a["x"] + 1}) if staging else None,
+               on_free=credits.release)
     received: list[int] = []
     depths: list[int] = []
 

@@ -123,5 +123,5 @@ def test_a_feed_starts_its_producers_through_the_service_not_the_launcher() -> N
     from tests.test_layers import import_graph
 
     graph = import_graph()
-    assert "stoker.launcher" not in graph["stoker.feed"]
-    assert all("stoker.service" in graph[adapter] for adapter in ("stoker.feed", "stoker.slurm", "stoker.cli"))
+    assert not {"stoker.launcher"} & (graph["stoker.feed"] | graph["stoker.feed_run"])
+    assert all("stoker.service" in graph[adapter] for adapter in ("stoker.feed_run", "stoker.slurm", "stoker.cli"))

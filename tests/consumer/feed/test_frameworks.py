@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from stoker.consumer.buffer import BatchQueue, QueuedBatch
-from stoker.consumer.feed.frameworks import CopiedBatch, JaxStaging, Staging, TorchStaging
+from stoker.consumer.feed.frameworks import CopiedBatch, FunctionStaging, JaxStaging, Staging, TorchStaging
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -247,7 +247,7 @@ def test_cuda_batches_staged_by_the_queues_stager_thread_reach_the_loop_in_order
     """The queue stages in its own thread and the loop takes each batch with ``take``."""
     torch = FakeTorch()
     staging = TorchStaging(torch, "cuda:0")
-    queue = BatchQueue(3, stage=staging.stage)
+    queue = BatchQueue(3, staging=staging)
     try:
         for n in range(3):
             arrays = {"mel_lengths": np.full(2, n, np.int32)}
@@ -404,3 +404,22 @@ def test_numpy_batches_are_the_host_arrays_unstaged() -> None:
     arrays = host_batch()
     staging = Staging()
     assert staging.stage is None and staging.take(arrays) is arrays
+
+
+def test_a_function_staging_hands_out_what_it_staged_and_stages_a_batch_whose_staging_failed() -> None:
+    """TensorFlow's (a stoker.Feed's, stoker's trainer's): a staged batch is taken as it is, and a
+    batch that reached the loop as host arrays is staged there, once."""
+    calls = []
+
+    def stage(arrays):
+        calls.append(arrays)
+        return {name: ("device", value) for name, value in arrays.items()}
+
+    staging = FunctionStaging(stage, "/GPU:0")
+    staged = staging.stage(host_batch())
+    assert staging.take(staged) is staged and len(calls) == 1
+    failed = host_batch()
+    taken = staging.take(failed)
+    assert calls[1] is failed and set(taken) == set(failed)
+    assert all(taken[name][0] == "device" for name in taken)
+    np.testing.assert_array_equal(taken["mel"][1], failed["mel"])

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import stoker
-import stoker.feed as feed_module
+import stoker.feed_run as feed_run
 from stoker.consumer.buffer import QueuedBatch, QueueFull
 from stoker.consumer.coordinator.coordproc import SlotQueue
 from stoker.consumer.feed.feed import FeedCore, PreparedRun
@@ -301,7 +301,7 @@ def test_batches_staged_on_request_in_the_loops_thread_are_settled_before_their_
     closed once, after the last step; and the loop's rows, noted in its step, are every clip once
     per epoch, each the clip its id says (what the staging copied from the slots)."""
     staging = OnRequestStaging()
-    monkeypatch.setattr(feed_module, "make_staging", lambda *args: staging)
+    monkeypatch.setattr(feed_run, "make_staging", lambda *args: staging)
     ids = make_dataset(tmp_path / "data", count=24)
     recorder = Recorder()
     with stoker.Feed(data=str(tmp_path / "data"), producers=1, batch_size=4, epochs=2, framework="numpy",

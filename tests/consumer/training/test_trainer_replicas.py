@@ -127,3 +127,18 @@ def test_a_checkpoint_of_replicas_restores_into_one_device_and_back(replica_devi
     single.step(single.stage(batch))
     again.step(again.stage(batch))
     _updates_match(start, again, single)
+
+
+def test_the_trainers_staging_splits_each_batch_per_replica_also_one_whose_staging_failed(replica_devices) -> None:
+    """The feed stages the trainer's batches with its staging (as a stoker.Feed's): the queue's
+    stage splits a batch per replica, and a batch that reached the loop as host arrays (its
+    staging failed) is split when it is taken, so the step only ever gets per-replica parts."""
+    trainer = _sgd_trainer(replica_devices, 8)
+    staging = trainer.staging()
+    batch = make_batch(8, *SHAPE, seed=9)
+    staged = staging.stage(batch)
+    assert staging.take(staged) is staged
+    for parts in (staged, staging.take(batch)):
+        for name, value in parts.items():
+            np.testing.assert_array_equal(np.concatenate([p.numpy() for p in value.values]), batch[name])
+    assert staging.device == ", ".join(trainer.devices)
