@@ -12,7 +12,7 @@ batch receives what was sent, first whatever arrived during the step, then, whil
 there, waiting in ZeroMQ (without the interpreter); without one, it waits for a ``put`` of
 another thread.
 
-Staging: given a :class:`~.frameworks.Staging` with a ``stage`` (a ``stoker.Feed``'s or stoker's
+Staging: given a :class:`Staging` (consumer/feed/frameworks.py has each framework's) with a ``stage`` (a ``stoker.Feed``'s or stoker's
 own trainer's, through FeedCore.use_staging), a stager thread converts each batch's host
 arrays to device tensors as soon as it arrives, while the trainer runs its step on the previous
 one. The trainer takes batches in arrival order and waits for the head batch's staging if it is
@@ -30,12 +30,31 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .frameworks import Staging
-
 log = logging.getLogger(__name__)
 
 # The stager re-checks its stop flag at least this often while idle.
 STAGER_POLL_S = 0.5
+
+
+class Staging:
+    """Batches as host arrays: no staging, and the loop takes what arrived."""
+
+    stage: Callable[[dict[str, Any]], Any] | None = None
+    device = "host"
+    on_request = False  # stage in the thread that asks for a batch, between steps (else a stager thread)
+
+    def use_memory(self, address: int, nbytes: int) -> None:
+        """Batches will arrive in these bytes of this process's memory (the slots' mapping)."""
+
+    def take(self, staged: Any) -> dict[str, Any]:
+        """The batch for the loop, in the loop's thread."""
+        return staged
+
+    def settle(self, staged: Any) -> None:
+        """Return once nothing of ``staged`` still reads its host memory (before it is written again)."""
+
+    def close(self) -> None:
+        """Let go of what :meth:`use_memory` took; after the last step, with no batch in flight."""
 
 
 class QueueFull(RuntimeError):

@@ -48,6 +48,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..buffer import Staging
+
 log = logging.getLogger(__name__)
 
 # torch warns once per process that a tensor made from a read-only array must not be written:
@@ -58,27 +60,6 @@ READ_ONLY_WARNING = "The given NumPy array is not writable"
 HOST_REGISTER_PORTABLE = 1
 # JAX's memory kinds in host memory: a put there may share the host array's memory.
 HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
-
-
-class Staging:
-    """Batches as host arrays: no staging, and the loop takes what arrived."""
-
-    stage: Callable[[dict[str, Any]], Any] | None = None
-    device = "host"
-    on_request = False  # stage in the thread that asks for a batch, between steps (else a stager thread)
-
-    def use_memory(self, address: int, nbytes: int) -> None:
-        """Batches will arrive in these bytes of this process's memory (the slots' mapping)."""
-
-    def take(self, staged: Any) -> dict[str, Any]:
-        """The batch for the loop, in the loop's thread."""
-        return staged
-
-    def settle(self, staged: Any) -> None:
-        """Return once nothing of ``staged`` still reads its host memory (before it is written again)."""
-
-    def close(self) -> None:
-        """Let go of what :meth:`use_memory` took; after the last step, with no batch in flight."""
 
 
 class FunctionStaging(Staging):
