@@ -109,9 +109,9 @@ class BatchMaker:
         A clip whose file (or whose reference clip's file) is not on this host is *missed*;
         one that cannot be used is *rejected*, with the reason."""
         started = time.perf_counter()
-        self.clips.begin(lease)  # the lease names its clips' texts and files
+        retries = COUNTS.retries  # before the lease's reads ahead, whose retries are its own
         before = dataclasses.replace(self.cache.counts) if self.cache is not None else None
-        retries = COUNTS.retries
+        self.clips.begin(lease)  # the lease names its clips' texts and files
         rows: list[tuple[np.ndarray, Clip, Clip | None]] = []  # (tokens, clip, its reference clip)
         rejected: list[wire.Entry] = []
         missed: list[wire.Entry] = []
