@@ -13,6 +13,12 @@ The package and the tests' modules are compiled once, before any test: the suite
 thousand Python processes, and where bytecode is not written (PYTHONDONTWRITEBYTECODE) each would
 otherwise compile every stoker module it imports (the suite's own processes write theirs).
 
+Every process of the session (pytest's, and all the processes its tests start, which inherit
+the environment) runs OpenMP and the BLAS libraries on one thread: the suite runs two workers per
+core, each with processes of its own, and a pool of threads per process, each spinning while it
+waits for work, spends CPU the host does not have (on a busy 2-core host, a file computing with
+PyTorch took three times the CPU-seconds, for the same results). A variable already set is kept.
+
 pytest-xdist hands each worker a whole file at a time, in collection order: files are
 collected longest first (each test's seconds from the last session that ran it, kept in
 pytest's cache), so that no long file starts last and keeps one worker busy alone.
@@ -26,6 +32,7 @@ import errno
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +42,12 @@ import psutil
 import pytest
 
 REPLICA_DEVICES = 2  # the fewest that show replicas doing different work
+
+# One thread for OpenMP (PyTorch's CPU ops, librosa's) and the BLAS libraries, in every process
+# of the session: set before any of them is imported.
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+for _name, _value in ONE_THREAD_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 
 # Each test's seconds (set-up, call and teardown) of the last session that ran it, in pytest's
