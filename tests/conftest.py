@@ -46,7 +46,7 @@ import pytest
 
 REPLICA_DEVICES = 2  # the fewest that show replicas doing different work
 
-# One thread for OpenMP (PyTorch's CPU ops, librosa's) and the BLAS libraries, in every process
+# One thread for OpenMP (PyTorch's CPU ops) and the BLAS libraries (numpy's), in every process
 # of the session: set before any of them is imported.
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 for _name, _value in ONE_THREAD_ENV.items():
