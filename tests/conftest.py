@@ -13,9 +13,17 @@ The package and the tests' modules are compiled once, before any test: the suite
 thousand Python processes, and where bytecode is not written (PYTHONDONTWRITEBYTECODE) each would
 otherwise compile every stoker module it imports (the suite's own processes write theirs).
 
+Every process of the session (pytest's, and all the processes its tests start, which inherit
+the environment) runs OpenMP and the BLAS libraries on one thread: the suite runs two workers per
+core, each with processes of its own, and a pool of threads per process, each spinning while it
+waits for work, spends CPU the host does not have (on a busy 2-core host, a file computing with
+PyTorch took three times the CPU-seconds, for the same results). A variable already set is kept.
+
 pytest-xdist hands each worker a whole file at a time, in collection order: files are
 collected longest first (each test's seconds from the last session that ran it, kept in
-pytest's cache), so that no long file starts last and keeps one worker busy alone.
+pytest's cache; a file no session here has timed, as in a fresh clone on CI, by its seconds in
+FILE_SECONDS, which ``--write-file-seconds`` rewrites from a session's), so that no long file
+starts last and keeps one worker busy alone.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ from __future__ import annotations
 import collections
 import compileall
 import errno
+import json
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +46,12 @@ import pytest
 
 REPLICA_DEVICES = 2  # the fewest that show replicas doing different work
 
+# One thread for OpenMP (PyTorch's CPU ops) and the BLAS libraries (numpy's), in every process
+# of the session: set before any of them is imported.
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+for _name, _value in ONE_THREAD_ENV.items():
+    os.environ.setdefault(_name, _value)
+
 
 # Each test's seconds (set-up, call and teardown) of the last session that ran it, in pytest's
 # cache; a test never timed counts UNTIMED_SLOW_S when marked slow (it starts processes or
@@ -43,6 +59,21 @@ REPLICA_DEVICES = 2  # the fewest that show replicas doing different work
 TEST_SECONDS = "stoker/test_seconds"
 UNTIMED_SLOW_S = 10.0
 _timed: dict[str, float] = {}
+# Each file's seconds (its tests' set-up, call and teardown) in a whole suite's session, committed:
+# the order of a session without pytest's cache, which a file's tests timed in the cache override.
+FILE_SECONDS = Path(__file__).resolve().parent / "file_seconds.json"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--write-file-seconds", action="store_true",
+                     help=f"write each file's seconds of this session into {FILE_SECONDS.name} (run the whole suite)")
+
+
+def _file_seconds() -> dict[str, float]:
+    try:
+        return json.loads(FILE_SECONDS.read_text())
+    except FileNotFoundError:
+        return {}
 
 
 def _file_of(nodeid: str) -> str:
@@ -95,10 +126,17 @@ def pytest_configure_node(node) -> None:
 
 def _longest_files_first(config: pytest.Config, items: list[pytest.Item]) -> None:
     seconds = _test_seconds(config)
+    committed = _file_seconds()
     per_file: dict[str, float] = collections.defaultdict(float)
+    timed: set[str] = set()
     for item in items:
+        name = _file_of(item.nodeid)
         untimed = UNTIMED_SLOW_S if item.get_closest_marker("slow") else 0.0
-        per_file[_file_of(item.nodeid)] += seconds.get(item.nodeid, untimed)
+        per_file[name] += seconds.get(item.nodeid, untimed)
+        if item.nodeid in seconds:
+            timed.add(name)
+    for name in per_file.keys() - timed:
+        per_file[name] = committed.get(name, per_file[name])
     items.sort(key=lambda item: -per_file[_file_of(item.nodeid)])  # stable: each file's own order kept
 
 
@@ -108,10 +146,19 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The controller (or a session without workers) keeps the seconds of the tests it ran,
-    beside those of earlier sessions whose files still exist."""
+    beside those of earlier sessions whose files still exist; with ``--write-file-seconds``, each
+    file's in FILE_SECONDS."""
     config = session.config
+    if hasattr(config, "workerinput") or not _timed:
+        return
+    if config.getoption("write_file_seconds"):
+        per_file: dict[str, float] = collections.defaultdict(float)
+        for nodeid, s in _timed.items():
+            per_file[_file_of(nodeid)] += s
+        ordered = {name: round(s, 1) for name, s in sorted(per_file.items(), key=lambda kv: -kv[1])}
+        FILE_SECONDS.write_text(json.dumps(ordered, indent=0) + "\n")
     cache = getattr(config, "cache", None)
-    if hasattr(config, "workerinput") or cache is None or not _timed:
+    if cache is None:
         return
     kept = {nodeid: s for nodeid, s in cache.get(TEST_SECONDS, {}).items()
             if (config.rootpath / _file_of(nodeid)).exists()}

@@ -55,11 +55,12 @@ def test_the_wheel_installs_and_runs_from_anywhere(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stderr[-3000:]
     wheel, = wheels.glob("stoker-*.whl")
     venv = tmp_path / "venv"
-    made = run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
+    made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)  # this pip installs into it
     assert made.returncode == 0, made.stderr
     python, stoker = venv / "bin" / "python", venv / "bin" / "stoker"
     see_dependencies(python)
-    installed = run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], cwd=tmp_path)
+    installed = run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+                    cwd=tmp_path)
     assert installed.returncode == 0, installed.stderr[-3000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -12,6 +12,7 @@ tool stack): their functions are written out below from their source files, name
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +38,22 @@ def settings(name: str, **overrides: object) -> tuple[FeaturesConfig, Transforms
     return cfg.features, cfg.transforms
 
 
-def speech(rate_hz: int) -> list[np.ndarray]:
-    """The demo set's clips as producers load them at ``rate_hz`` (float32, resampled by soxr)."""
-    return [load_audio(path, rate_hz) for path in sorted(DEMO.glob("*.wav"))]
+@functools.cache
+def speech(rate_hz: int) -> tuple[np.ndarray, ...]:
+    """The demo set's clips as producers load them at ``rate_hz`` (float32, resampled by soxr),
+    loaded once per rate for the module's tests; read-only, so that no test changes another's."""
+    clips = tuple(load_audio(path, rate_hz) for path in sorted(DEMO.glob("*.wav")))
+    for clip in clips:
+        clip.flags.writeable = False
+    return clips
+
+
+@functools.cache
+def theirs(name: str, double: bool) -> tuple[np.ndarray, ...]:
+    """The codebase's function on every clip of :func:`speech` (in float64, or as it runs, float32),
+    computed once per convention for the module's tests."""
+    features = settings(name)[0]
+    return tuple(REFERENCES[name](clip, features, double) for clip in speech(features.sample_rate_hz))
 
 
 def ours(features: FeaturesConfig, transforms: TransformsConfig, clips: list[np.ndarray],
@@ -71,15 +85,14 @@ def beyond(mine: list[np.ndarray], truth: list[np.ndarray]) -> tuple[float, int]
     return max(float(e.max()) for e in errors), sum(int((e > TOLERANCE).sum()) for e in errors)
 
 
-def assert_as_close_as_its_own(name: str, mine: list[np.ndarray], clips: list[np.ndarray],
-                               features: FeaturesConfig) -> None:
-    """Float32 features against the codebase's function in float64: within the tolerance, but
-    where its own float32 run is not either. Values at float32's rounding noise (a band the
-    resampled speech leaves empty, 100 dB under the frame's peak) are determined by no float32
-    computation, the codebase's own included: there ours may not be farther from the float64
-    function than its own float32 run is, nor beyond the tolerance at many more values."""
-    truth = [REFERENCES[name](c, features, True) for c in clips]
-    own = [REFERENCES[name](c, features, False) for c in clips]
+def assert_as_close_as_its_own(name: str, mine: list[np.ndarray]) -> None:
+    """Float32 features of the first clips of :func:`speech` against the codebase's function in
+    float64: within the tolerance, but where its own float32 run is not either. Values at
+    float32's rounding noise (a band the resampled speech leaves empty, 100 dB under the frame's
+    peak) are determined by no float32 computation, the codebase's own included: there ours may
+    not be farther from the float64 function than its own float32 run is, nor beyond the
+    tolerance at many more values."""
+    truth, own = theirs(name, True)[:len(mine)], theirs(name, False)[:len(mine)]
     (worst_mine, count_mine), (worst_own, count_own) = beyond(mine, truth), beyond(own, truth)
     assert worst_mine <= max(TOLERANCE, worst_own) and count_mine <= NOISE_MARGIN * count_own, \
         (worst_mine, count_mine, worst_own, count_own)
@@ -93,7 +106,7 @@ def bigvgan_mel(clip: np.ndarray, f: FeaturesConfig, double: bool = False) -> np
     float32 only (its filters are float32 tensors)."""
     torch = pytest.importorskip("torch")
     meldataset = pytest.importorskip("bigvgan.meldataset")
-    mel = meldataset.mel_spectrogram(torch.from_numpy(clip)[None], f.n_fft, f.n_mels, f.sample_rate_hz,
+    mel = meldataset.mel_spectrogram(torch.tensor(clip)[None], f.n_fft, f.n_mels, f.sample_rate_hz,
                                      f.hop_length, f.win_length, f.fmin_hz, f.fmax_hz)
     return mel[0].T.double().numpy()
 
@@ -104,7 +117,7 @@ def torch_stft(clip: np.ndarray, f: FeaturesConfig, double: bool, periodic: bool
     import torch
 
     kind = torch.float64 if double else torch.float32
-    return torch.stft(torch.from_numpy(clip).to(kind), f.n_fft, f.hop_length, f.win_length,
+    return torch.stft(torch.tensor(clip).to(kind), f.n_fft, f.hop_length, f.win_length,
                       torch.hann_window(f.win_length, periodic=periodic, dtype=kind), center=True, pad_mode=pad_mode,
                       return_complex=True)
 
@@ -201,8 +214,7 @@ def test_convention_is_its_codebases_definition(name: str) -> None:
     # The float64 reference against the codebase's function in float64 (BigVGAN's: float32), every value.
     features, transforms = settings(name)
     clips = speech(features.sample_rate_hz)
-    theirs = [REFERENCES[name](clip, features, True) for clip in clips]
-    assert worst(ours(features, transforms, clips, backend="float64"), theirs) <= TOLERANCE
+    assert worst(ours(features, transforms, clips, backend="float64"), theirs(name, True)) <= TOLERANCE
 
 
 @pytest.mark.parametrize("name", list(CONVENTIONS))
@@ -210,7 +222,7 @@ def test_convention_matches_its_codebase_on_speech(name: str) -> None:
     # What producers compute (float32) against the codebase's function as it runs (float32).
     features, transforms = settings(name)
     clips = speech(features.sample_rate_hz)
-    assert_as_close_as_its_own(name, ours(features, transforms, clips), clips, features)
+    assert_as_close_as_its_own(name, ours(features, transforms, clips))
 
 
 @pytest.mark.slow  # TensorFlow
@@ -218,7 +230,7 @@ def test_convention_matches_its_codebase_on_speech(name: str) -> None:
 def test_convention_tf_backend_matches_its_codebase(name: str) -> None:
     features, transforms = settings(name)
     clips = speech(features.sample_rate_hz)[:8]
-    assert_as_close_as_its_own(name, ours(features, transforms, clips, backend="tf"), clips, features)
+    assert_as_close_as_its_own(name, ours(features, transforms, clips, backend="tf"))
 
 
 def test_coquis_trim_is_librosas_on_every_clip() -> None:
