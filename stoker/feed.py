@@ -183,7 +183,7 @@ class Feed:
         return self._core
 
     def start(self) -> "Feed":
-        """Prepare, then bind, stage and start the producers (the ``with`` statement calls it)."""
+        """Prepare, then start the producers and beside them bind, then stage (the ``with`` statement calls it)."""
         if self._closed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
         prepared = self._prepared_run()
@@ -196,13 +196,17 @@ class Feed:
             raise FeedError(f"run.run_dir: {self.run_dir} holds a run; choose another run directory, or continue it "
                             f"with resume=feed.state_dict() (or a restored feed.trackable())")
         try:
+            assert self.run_dir is not None
+            self._producers = service.producers_before_bind(self.cfg, self._plan, self.run_dir)
             self._core = core = FeedCore(prepared, self._stop, state=self._resume)
             self.endpoint = core.endpoint
+            if self._producers is not None:
+                self._producers.connect([self.endpoint])
             self._staging = staging = make_staging(self.framework, self.cfg.devices, self._strategy, self._sharding)
             self.device = staging.device
             core.use_staging(staging)
-            assert self.run_dir is not None
-            self._producers = service.start_producers(self.cfg, self._plan, self.endpoint, self.run_dir)
+            if self._producers is None:
+                self._producers = service.start_producers(self.cfg, self._plan, self.endpoint, self.run_dir)
         except BaseException:
             self.close()
             raise
