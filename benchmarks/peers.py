@@ -36,7 +36,8 @@ Each (way, W) runs in its own process, all of them interleaved and repeated (the
 rotated each repetition; this host's CPU speed drifts): median, min and max of each figure.
 Figures of a run: samples/s after the warm-up steps; the median step per bucket shape against
 replay's (each shape's first step left out); the wait share (time in ``next()``); the time to
-the first batch (from before the index is built); the CPU seconds of the whole process tree
+the first batch (from before the index is built: the feed's own, for the feed ways, which count
+against the bench's plan after their loop); the CPU seconds of the whole process tree
 (``getrusage`` of the waited-for children: workers, producers and the coordinator included);
 the peak PSS of the tree (psutil, sampled every ``MEMORY_SAMPLE_S``: shared pages split among
 the processes that map them, so torch's libraries are not counted once per worker).
@@ -268,33 +269,42 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     work = Path(spec["work"])
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    kind, workers = spec["kind"], spec["workers"]
+    size = gpu.ModelSize(**spec["size"])
+    clock = gpu.StepClock(torch, False)
+    if kind in FEED_WAYS:  # the feed builds its index and plan itself; the bench's plan, to count, after the loop
+        sets = {"trainer.record_samples": True}
+        if kind == "feed-cache":
+            sets["data.feature_cache"] = str(work / "features")
+        feed = gpu.open_feed(spec, spec["epochs"], workers, work / "run", **sets).prepare()
+        step = StepCpu(gpu.Step(torch, feed.vocabulary.size, feed.n_mels, size, "cpu", spec["hold_ops"]))
+        with feed:
+            out = gpu.timed_loop(torch, iter(feed), step, clock, "cpu", on_step=lambda loss: feed.step_done(loss=loss))
+        _, _, planned, tokens = gpu.planned_batches(spec["data"], spec["batch_size"], spec["epochs"])
+        leases = leases_of(planned, tokens)
+        counted = counted_once(leases, feed_ids(work / "run"), {i for lease in leases for i in lease.ids})
+        return child_result(out, step, clock, counted, started, kind)
     cfg, index, planned, tokens = gpu.planned_batches(spec["data"], spec["batch_size"], spec["epochs"])
     leases = leases_of(planned, tokens)
     dataset = gpu.PlannedDataset(spec["data"], cfg.features, leases)
     clips = {lease_id for lease in leases for lease_id in lease.ids}
-    if spec["kind"] == "check":
+    if kind == "check":
         return check(torch, spec, dataset, clips)
-    step = gpu.Step(torch, index.vocabulary.size, cfg.features.n_mels, gpu.ModelSize(**spec["size"]), "cpu",
-                    spec["hold_ops"])
-    step = StepCpu(step)
-    clock = gpu.StepClock(torch, False)
-    kind, workers = spec["kind"], spec["workers"]
+    step = StepCpu(gpu.Step(torch, index.vocabulary.size, cfg.features.n_mels, size, "cpu", spec["hold_ops"]))
     if kind == "replay":
         out = gpu.replay_loop(torch, dataset, step, clock, "cpu")
         counted = None
-    elif kind in FEED_WAYS:
-        sets = {"trainer.record_samples": True}
-        if kind == "feed-cache":
-            sets["data.feature_cache"] = str(work / "features")
-        feed = gpu.open_feed(spec, spec["epochs"], workers, work / "run", **sets)
-        with feed:
-            out = gpu.timed_loop(torch, iter(feed), step, clock, "cpu", on_step=lambda loss: feed.step_done(loss=loss))
-        counted = counted_once(leases, feed_ids(work / "run"), clips)
     else:
         taken: list[int] = []
         out = gpu.timed_loop(torch, as_torch(torch, peer_batches(kind, Maker(dataset), workers), taken), step,
                              clock, "cpu")
         counted = counted_once(leases, [leases[i].ids for i in taken], clips)
+    return child_result(out, step, clock, counted, started, kind)
+
+
+def child_result(out: dict[str, Any], step: "StepCpu", clock: Any, counted: dict[str, Any] | None, started: float,
+                 kind: str) -> dict[str, Any]:
+    """A timed child's raw figures: its loop's, the step's CPU, the first batch from ``started``."""
     first = out.pop("first_batch")
     return {**out, "step_s": clock.seconds(), "gpu_util": None, "counted": counted,
             "step_cpu_ms": statistics.median(step.cpu_s) * 1e3,

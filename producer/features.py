@@ -462,6 +462,12 @@ def resolve_backend(cfg: FeaturesConfig, has_gpu: bool | None = None, framework:
     return dataclasses.replace(cfg, backend="tf" if use_tf else "numpy")
 
 
+def preload() -> None:
+    """Import what the numpy backend's first batch would (scipy.fft), ahead of it: a producer
+    started before its trainer is bound does this while it waits."""
+    _rfft()
+
+
 @functools.lru_cache(maxsize=1)
 def _rfft() -> Callable[[np.ndarray], np.ndarray]:
     """rfft along the last axis, allowed to overwrite its input: scipy.fft when scipy is

@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import queue
+import select
 import socket as pysocket
 import sys
 import threading
@@ -27,6 +28,7 @@ from typing import Any
 import zmq
 
 from .batches import BatchMaker
+from .features import preload
 from .link import HELLO_RETRY_S, Link, Refused
 from .models import frameworks_of
 from .models_tf import FRAMEWORK as TF_MODELS
@@ -53,6 +55,24 @@ POLL_INTERVAL_MS = 100
 WORK_POLL_S = 0.2
 # Closing the socket after BYE or an ERROR: give the last message this long to leave.
 FINAL_LINGER_MS = 500
+# A producer started before its trainer bound (--connect-later) looks for its endpoints this often.
+ENDPOINTS_POLL_S = 0.2
+
+
+def endpoints_from(fd: int, stop: threading.Event) -> list[str]:
+    """The trainers' endpoints that the launcher writes on ``fd`` once they are bound (one line,
+    space-separated); [] at the end of the file (no trainer bound) or on stop."""
+    data = b""
+    while not stop.is_set():
+        if not select.select([fd], [], [], ENDPOINTS_POLL_S)[0]:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return []
+        data += chunk
+        if b"\n" in data:
+            return data.split(b"\n", 1)[0].decode().split()
+    return []
 
 
 def recipe(welcome: wire.Welcome) -> tuple[Any, ...]:
@@ -412,8 +432,10 @@ class Producer:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stoker.producer.worker")
-    parser.add_argument("--connect", required=True, action="append",
+    parser.add_argument("--connect", action="append", default=[],
                         help="a trainer's endpoint; once per trainer served (the ranks of a host)")
+    parser.add_argument("--connect-later", action="store_true",
+                        help="started before the trainer bound: its endpoints come as one line on stdin")
     parser.add_argument("--data", default="")
     parser.add_argument("--name", default=f"p0@{pysocket.gethostname()}")
     parser.add_argument("--keys", default="", help="CURVE keys directory (server.key and a client key pair)")
@@ -425,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-fd", type=int, default=None)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if not args.connect and not args.connect_later:
+        parser.error("--connect is required")
     setup_logging(args.name, args.log_level)
     status = StatusWriter(args.status_fd)
     stop = threading.Event()
@@ -433,7 +457,14 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent(args.parent_pid)
         root, metadata_file = locate(args.data, args.metadata_file).where
         keys = load_client_keys(Path(args.keys)) if args.keys else None
-        producer = Producer(args.connect, root, args.name, stop, args.parent_pid, args.gpu_memory_mb, status,
+        endpoints = args.connect
+        if args.connect_later:  # the first batch's imports while the trainer starts, then its endpoint
+            preload()
+            endpoints = endpoints_from(sys.stdin.fileno(), stop)
+            if not endpoints:
+                log.debug("%s: no trainer to serve (no endpoint came)", args.name)
+                return EXIT_OK
+        producer = Producer(endpoints, root, args.name, stop, args.parent_pid, args.gpu_memory_mb, status,
                             keys=keys, metadata_file=metadata_file, scan=not args.local)
         code = producer.run()
         flush_sockets(FINAL_LINGER_MS / 1000)  # the BYE must reach the consumer: it re-plans our leases at once

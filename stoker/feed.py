@@ -106,7 +106,7 @@ class Feed:
         return self
 
     def start(self) -> "Feed":
-        """Prepare, then bind, stage and start the producers (the ``with`` statement calls it)."""
+        """Prepare, then start the producers and beside them bind, then stage (the ``with`` statement calls it)."""
         self._run.start()
         return self
 

@@ -78,7 +78,7 @@ class FeedRun:
         return self.prepared
 
     def start(self) -> FeedCore:
-        """Prepare, then bind, stage and start the producers; the open run."""
+        """Prepare, then start the producers and beside them bind, then stage; the open run."""
         if self.closed:
             raise FeedError("this feed is closed; make a new stoker.Feed to train again")
         prepared = self.prepare()
@@ -92,13 +92,17 @@ class FeedRun:
             raise FeedError(f"run.run_dir: {self.run_dir} holds a run; choose another run directory, or continue it "
                             f"with resume=feed.state_dict() (or a restored feed.trackable())")
         try:
+            assert self.run_dir is not None
+            self.producers = service.producers_before_bind(self.cfg, self.plan, self.run_dir)
             self.core = core = FeedCore(prepared, self.stop, state=self.resume)
             self.endpoint = core.endpoint
+            if self.producers is not None:
+                self.producers.connect([self.endpoint])
             staging = make_staging(self.framework, self.cfg.devices, self.strategy, self.sharding)
             self.device = staging.device
             core.use_staging(staging)
-            assert self.run_dir is not None
-            self.producers = service.start_producers(self.cfg, self.plan, self.endpoint, self.run_dir)
+            if self.producers is None:
+                self.producers = service.start_producers(self.cfg, self.plan, self.endpoint, self.run_dir)
         except BaseException:
             self.close()
             raise

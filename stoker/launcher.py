@@ -54,6 +54,8 @@ CONSUMER_READY_TIMEOUT_S = 600.0
 # one, on 2 cores, and with several producers the threads also oversubscribe the cores.
 # Defaults only: a variable set in the user's environment wins.
 PRODUCER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+# A producer started before its trainer is bound takes the endpoints on stdin (Supervisor.connect).
+CONNECT_LATER = "--connect-later"
 
 
 
@@ -110,8 +112,8 @@ class Supervisor:
         env = with_stoker_path(env)
         argv = [sys.executable, "-m", *child.argv, "--parent-pid", str(os.getpid()), "--status-fd", str(write_fd)]
         child.oom_kills = cgroup_oom_kills()
-        child.proc = subprocess.Popen(argv, env=env, pass_fds=(write_fd,),
-                                      start_new_session=True, stdin=subprocess.DEVNULL)
+        child.proc = subprocess.Popen(argv, env=env, pass_fds=(write_fd,), start_new_session=True,
+                                      stdin=subprocess.PIPE if CONNECT_LATER in child.argv else subprocess.DEVNULL)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         child.status_fd = read_fd
@@ -122,6 +124,25 @@ class Supervisor:
         log.debug("started %s (pid %d) with CUDA_VISIBLE_DEVICES=%r", child.name, child.proc.pid,
                   env["CUDA_VISIBLE_DEVICES"])
         return child
+
+    def connect(self, children: list[Child], endpoints: Sequence[str]) -> None:
+        """Give producers started before their trainers were bound (``--connect-later``) the
+        trainers' endpoints, a line on their stdin; a restart has them on its command line.
+        No endpoints: their stdin is closed, and they end."""
+        for child in children:
+            if CONNECT_LATER not in child.argv:
+                continue
+            if endpoints:
+                at = child.argv.index(CONNECT_LATER)
+                child.argv[at:at + 1] = [a for e in endpoints for a in ("--connect", e)]
+            if child.proc is None or child.proc.stdin is None:
+                continue
+            try:
+                if endpoints:
+                    child.proc.stdin.write(" ".join(endpoints).encode() + b"\n")
+                child.proc.stdin.close()
+            except BrokenPipeError:
+                log.debug("%s ended before its trainer was bound", child.name)  # restarted with the endpoints
 
     def _read_status(self, child: Child) -> None:
         if child.status_fd < 0:
@@ -190,6 +211,8 @@ class Supervisor:
             if c.status_fd >= 0:
                 os.close(c.status_fd)
                 c.status_fd = -1
+            if c.proc and c.proc.stdin:
+                c.proc.stdin.close()  # nothing buffered: connect() flushed its line
 
     def supervise_producers(self, producers: list[Child], limit: int, keep_going: Callable[[], bool],
                             report_user_errors: bool = True) -> None:
@@ -222,11 +245,13 @@ class Supervisor:
 def producer_child(index: int, endpoints: Sequence[str], data: str, gpu: int | None, memory_mb: int | None,
                    log_level: str, host: str, keys: str = "", metadata_file: str = "metadata.csv",
                    local: bool = False) -> Child:
-    """A producer process serving the trainers at ``endpoints`` (one, or the ranks of a host);
-    ``local``: started beside the trainers, on their host, reading their files (it joins without
-    scanning the dataset: docs/design/protocol.md, "Dataset agreement")."""
+    """A producer process serving the trainers at ``endpoints`` (one, or the ranks of a host; none:
+    they come later, :meth:`Supervisor.connect`); ``local``: started beside the trainers, on their
+    host, reading their files (it joins without scanning the dataset: docs/design/protocol.md,
+    "Dataset agreement")."""
     name = f"p{index}@{host}"
-    argv = ["stoker.producer.worker", *(a for e in endpoints for a in ("--connect", e)), "--data", data, "--name",
+    connect = [a for e in endpoints for a in ("--connect", e)] or [CONNECT_LATER]
+    argv = ["stoker.producer.worker", *connect, "--data", data, "--name",
             name, "--log-level", log_level, "--metadata-file", metadata_file]
     if local:
         argv.append("--local")
@@ -336,14 +361,15 @@ def wait_ready(sup: Supervisor, consumer: Child) -> str | None:
 
 
 def start_producers(sup: Supervisor, cfg: Config, plan: DevicePlan, endpoints: Sequence[str]) -> list[Child]:
-    """The run's local producers (pipeline.producers of them), started for the trainers at ``endpoints``."""
+    """The run's local producers (pipeline.producers of them), started for the trainers at
+    ``endpoints`` (none: before they are bound; :meth:`Supervisor.connect` gives them later)."""
     host = socket.gethostname()
     producers = [sup.spawn(producer_child(i, endpoints, cfg.data.path, plan.data_gpu, plan.data_memory_mb,
                                           cfg.run.log_level, host, keys=cfg.pipeline.keys,
                                           metadata_file=cfg.data.metadata_file, local=True))
                  for i in range(cfg.pipeline.producers)]
     if producers:
-        log.info("started %d local producer(s) for %s", len(producers), ", ".join(endpoints))
+        log.info("started %d local producer(s) for %s", len(producers), ", ".join(endpoints) or "the trainer")
     return producers
 
 
@@ -351,36 +377,56 @@ class BackgroundProducers:
     """The local producers of a trainer in this process (a ``stoker.Feed``), supervised in a
     thread beside the user's loop as :func:`run_training` supervises a run's: status lines
     read, crashes restarted (at most ``pipeline.producer_restarts`` each), ``auto`` scaled.
-    ``close()``, once the trainer side has told them STOP, joins them, then terminates."""
+    Without ``endpoints`` they start while the trainer binds (their imports beside its start)
+    and wait for :meth:`connect`. ``close()``, once the trainer side has told them STOP, joins
+    them, then terminates."""
 
     def __init__(self, cfg: Config, plan: DevicePlan, endpoints: Sequence[str], run_dir: Path) -> None:
-        self.cfg = cfg
+        self.cfg, self.plan, self.run_dir = cfg, plan, run_dir
         # The caller's import path: a user transform or producer model beside the script imports in the producers.
         self.sup = Supervisor(plan, cfg.run.log_level, caller_path())
         self.producers: list[Child] = []
+        self.auto: AutoControl | None = None
         self._closing = threading.Event()
+        self._lock = threading.Lock()  # connect() against the supervision thread's restarts
+        self._connected = False
         try:
             self.producers.extend(start_producers(self.sup, cfg, plan, endpoints))
-            self.auto: AutoControl | None = None
-            if cfg.pipeline.producers_auto:
-                self.auto = AutoControl(cfg, run_dir, self.sup, self.producers, endpoints, plan)
+            if endpoints:
+                self._connect(endpoints)
         except BaseException:
             self.sup.cleanup()
             raise
         self._thread = threading.Thread(target=self._supervise, name="stoker-producers", daemon=True)
         self._thread.start()
 
+    def connect(self, endpoints: Sequence[str]) -> None:
+        """The trainers' endpoints, for producers started before they were bound."""
+        with self._lock:
+            self._connect(endpoints)
+
+    def _connect(self, endpoints: Sequence[str]) -> None:
+        self.sup.connect(self.producers, endpoints)
+        self._connected = True
+        if self.cfg.pipeline.producers_auto:
+            self.auto = AutoControl(self.cfg, self.run_dir, self.sup, self.producers, endpoints, self.plan)
+
     def _supervise(self) -> None:
         while not self._closing.is_set():
             self.sup.poll_status(TICK_S)
-            self.sup.supervise_producers(self.producers, self.cfg.pipeline.producer_restarts,
-                                         keep_going=lambda: not self._closing.is_set())
-            if self.auto is not None:
-                self.auto.step()
+            with self._lock:
+                self.sup.supervise_producers(self.producers, self.cfg.pipeline.producer_restarts,
+                                             keep_going=lambda: not self._closing.is_set())
+                if self.auto is not None:
+                    self.auto.step()
 
     def close(self) -> None:
         self._closing.set()
         self._thread.join(timeout=5.0)
+        with self._lock:
+            if not self._connected:  # no trainer was bound: they end at once
+                self.sup.connect(self.producers, [])
+                self._connected = True
         try:
             self.sup.wait(self.producers, PRODUCER_STOP_S)  # they were told STOP
             self.sup.terminate(self.producers, KILL_AFTER_S)

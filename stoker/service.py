@@ -332,6 +332,16 @@ def produce(connect: str | Sequence[str], data: str, producers: int, *, data_gpu
                          keys=keys, host=host)
 
 
+def producers_before_bind(cfg: Config, plan: DevicePlan, run_dir: Path) -> BackgroundProducers | None:
+    """The local producers of a ``stoker.Feed``, started before its trainer binds (their
+    interpreters start beside the coordinator's), to be given its endpoint
+    (``BackgroundProducers.connect``); None under a host's pool, which needs every rank bound
+    first (:func:`start_producers`)."""
+    if HostPool.of(from_env(os.environ), cfg.pipeline.producers_per, run_dir) is not None:
+        return None
+    return BackgroundProducers(cfg, plan, [], run_dir)
+
+
 def start_producers(cfg: Config, plan: DevicePlan, endpoint: str, run_dir: Path) -> BackgroundProducers | None:
     """The local producers (pipeline.producers, or auto) of a trainer in this process (a
     ``stoker.Feed``) bound at ``endpoint``, supervised in a thread beside the user's loop as the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import zmq
 
 from stoker.producer.features import log_mel_spectrogram_numpy, pad_value
-from stoker.producer.worker import Producer
+from stoker.producer.worker import Producer, endpoints_from
 from stoker.shared import wire
 from stoker.shared.config import BatchingConfig, FeaturesConfig, TransformsConfig
 from stoker.shared.dataset.agreement import metadata_sha256
@@ -524,3 +525,31 @@ def test_trainers_that_make_batches_otherwise_refuse_the_producer_in_one_line(tw
     errors = [r.getMessage() for r in caplog.records if r.name == "producer" and r.levelno >= logging.WARNING]
     assert errors == [f"the trainers at {first.endpoint} and {second.endpoint} make batches with other settings "
                       "(config, batch fields or transforms): a producer serves the ranks of one job"]
+
+
+def test_a_producer_started_before_its_trainer_reads_the_endpoints_from_one_line():
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, b"tcp://127.0.0.1:5555 tcp://127.0.0.1:5556\nignored")
+        assert endpoints_from(read_fd, threading.Event()) == ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"]
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_a_producer_whose_trainer_never_bound_has_no_endpoint_at_the_end_of_its_stdin_or_on_stop():
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"tcp://127.0.0.1:5555")  # no end of line: the launcher never finished it
+    os.close(write_fd)
+    try:
+        assert endpoints_from(read_fd, threading.Event()) == []
+    finally:
+        os.close(read_fd)
+    stopped = threading.Event()
+    stopped.set()
+    read_fd, write_fd = os.pipe()
+    try:
+        assert endpoints_from(read_fd, stopped) == []
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)

@@ -4,12 +4,13 @@ summary whose figures come from the run's own files. Pure: fake children and run
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 from types import SimpleNamespace
 
-from stoker.launcher import (Child, cgroup_oom_kills, ensure_summary, killed_reason, oom_record, producer_child,
-                             recovered_epochs)
+from stoker.launcher import (CONNECT_LATER, Child, Supervisor, cgroup_oom_kills, ensure_summary, killed_reason,
+                             oom_record, producer_child, recovered_epochs)
 from stoker.shared import config as config_mod
 from stoker.shared.proc import EXIT_FAILED
 
@@ -135,3 +136,26 @@ def test_a_producer_of_several_trainers_connects_to_each() -> None:
                            local=True)
     assert [child.argv[i + 1] for i, a in enumerate(child.argv) if a == "--connect"] == ["tcp://127.0.0.1:5555",
                                                                                         "tcp://127.0.0.1:5556"]
+
+
+def test_a_producer_started_before_its_trainer_binds_gets_the_endpoint_on_stdin_and_keeps_it() -> None:
+    """The feed starts its producers beside the coordinator: the endpoint goes on the waiting
+    process's stdin, and a restart has it on its command line."""
+    child = producer_child(0, [], "data", None, None, "INFO", "here", local=True)
+    assert CONNECT_LATER in child.argv and "--connect" not in child.argv
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "wb") as stdin, os.fdopen(read_fd, "rb") as seen:
+        child.proc = SimpleNamespace(stdin=stdin)  # type: ignore[assignment]
+        Supervisor(plan=None).connect([child], ["tcp://127.0.0.1:5555"])  # type: ignore[arg-type]
+        assert stdin.closed and seen.read() == b"tcp://127.0.0.1:5555\n"
+    assert CONNECT_LATER not in child.argv
+    assert child.argv[child.argv.index("--connect") + 1] == "tcp://127.0.0.1:5555"
+
+
+def test_producers_whose_trainer_never_bound_see_the_end_of_their_stdin() -> None:
+    child = producer_child(0, [], "data", None, None, "INFO", "here", local=True)
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "wb") as stdin, os.fdopen(read_fd, "rb") as seen:
+        child.proc = SimpleNamespace(stdin=stdin)  # type: ignore[assignment]
+        Supervisor(plan=None).connect([child], [])  # type: ignore[arg-type]
+        assert stdin.closed and seen.read() == b""
