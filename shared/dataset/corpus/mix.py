@@ -14,7 +14,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import msgpack
 import yaml
@@ -29,6 +29,7 @@ MIX_SUFFIXES = (".yaml", ".yml")
 MIX_ID_SEPARATOR = ":"
 _MIX_KEYS = {"path", "name", "language", "metadata_file", "columns"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+T = TypeVar("T")  # what a part gives: its bytes or its SHA-256
 
 
 @dataclass(frozen=True)
@@ -197,21 +198,10 @@ class Mix(Format):
                       for i, a in listed.items()})
 
     def _part_sha256(self, mix_file: str, part: _Part) -> str:
-        fmt = self.format_of(part.metadata_file)
-        if not is_url(part.directory):
-            return fmt.sha256(part.where, part.metadata_file)
-        try:
-            return fmt.sha256(part.where, part.metadata_file)
-        except DatasetError as exc:
-            raise DatasetError(f"{shown(mix_file)}: dataset {part.part.name}: {exc}") from None
+        return _of_part(mix_file, part, self.format_of(part.metadata_file).sha256)
 
     def _read_part(self, mix_file: str, part: _Part, fmt: Format) -> bytes:
-        if not is_url(part.directory):
-            return fmt.read(part.where, part.metadata_file)
-        try:
-            return fmt.read(part.where, part.metadata_file)
-        except DatasetError as exc:
-            raise DatasetError(f"{shown(mix_file)}: dataset {part.part.name}: {exc}") from None
+        return _of_part(mix_file, part, fmt.read)
 
     def parts(self, root: Path, mix_file: str) -> list[_Part]:
         """The mix's datasets, found: of a mix file here, each a directory (absolute, or relative to
@@ -251,3 +241,13 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise DatasetError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _of_part(mix_file: str, part: _Part, read: Callable[[Any, str], T]) -> T:
+    """``read(where, metadata_file)`` of a part; a part at a URL's error names the mix and the part."""
+    try:
+        return read(part.where, part.metadata_file)
+    except DatasetError as exc:
+        if not is_url(part.directory):
+            raise
+        raise DatasetError(f"{shown(mix_file)}: dataset {part.part.name}: {exc}") from None

@@ -166,7 +166,7 @@ def test_a_mix_cache_of_the_earlier_key_is_rebuilt_once_with_a_line(tmp_path: Pa
         m.setattr(Mix, "stamp", lambda *args: "")
         m.setattr(mix_pieces_module, "mix_digest", lambda *args: hashlib.sha256(b"all the parts' bytes"))
         old = _build(root, tmp_path / "cache", monkeypatch, pieces=True)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="stoker.consumer.index"):
         new = _build(root, tmp_path / "cache", monkeypatch, pieces=True)
     assert new.stats.cache == "stale" and list(new.samples) == list(old.samples)
     assert sum("of an earlier key; rebuilding the index" in r.getMessage() for r in caplog.records) == 1
