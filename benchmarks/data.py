@@ -211,9 +211,21 @@ def _timed_index(root: Path, cache_dir: Path, workers: int, frontend: str = "cha
 def run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None] = _log,
               with_dataset: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Index build times at each size; ``with_dataset(root)``, if given, runs on each
-    generated dataset (index cache cold) and its result is kept in the row."""
-    for name in ("stoker.shared.dataset", "stoker.consumer.index"):  # one info line per build is noise here
-        logging.getLogger(name).setLevel(logging.WARNING)
+    generated dataset (index cache cold) and its result is kept in the row. The index build's info
+    lines (one per build, noise here) are quieted while it runs, their loggers' levels restored after."""
+    loggers = [logging.getLogger(name) for name in ("stoker.shared.dataset", "stoker.consumer.index")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        return _run_index(plan, workdir, log, with_dataset)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _run_index(plan: DataPlan, workdir: Path, log: Callable[[str], None],
+               with_dataset: Callable[[Path], dict[str, Any]] | None) -> dict[str, Any]:
     rows = []
     # the phonemes front-end is measured on the LJSpeech-sized dataset (or the first size)
     phoneme_items = LJSPEECH_ITEMS if LJSPEECH_ITEMS in plan.index_sizes else plan.index_sizes[0]
