@@ -39,7 +39,7 @@ the sizes (1.0: linear). Targets (10 M clips): consumer <= 1.5 GB, a producer
 first batch <= 3 s; per-clip cost from the smallest to the largest within 1.2 x.
 
 ``python -m stoker.benchmarks.scale [--sizes 1000000,10000000] [--parquet-sizes 10000000] [--mix-sizes
-1000000,10000000] [--json FILE]``, and the
+1000000,10000000] [--corpora DIR [--generate-only]] [--no-parts-alone] [--json FILE]``, and the
 ``scale`` section of ``python run.py bench`` (full run only, at the sizes of ScalePlan).
 """
 
@@ -149,6 +149,9 @@ class ScalePlan:
     step_ms: float = 5.0
     producers: int = 2
     batch_size: int = 16
+    corpora_dir: str | None = None  # keep each generated mix there, and reuse one already there
+    parts_alone: bool = True  # build each dataset of a mix alone before the mix
+    generate_only: bool = False  # generate each mix, build nothing
 
 
 def _word(n: int) -> str:
@@ -541,16 +544,15 @@ def run_mix(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]) 
     """The mix of three corpora at ``size`` clips (benchmarks/mix_corpus.py): its generation, a
     cold build of each dataset alone and of the mix (watched: memory, run files, the cache), then
     the mix's warm load and run. Figures are named ``SCOPE.FIGURE`` (SCOPE: a dataset, or mix)."""
-    root = work / f"mix{size}"
-    started, cpu = time.perf_counter(), time.process_time()
-    mix_corpus.write_mix(root, size, log)
-    row: dict[str, Any] = {"clips": size, "generation_s": time.perf_counter() - started,
-                           "generation_cpu_s": time.process_time() - cpu}
-    for part in mix_corpus.PARTS:
-        row[f"{part.name}.corpus_mb"] = mix_corpus.disk_bytes(root / part.directory) / MB
-    log(f"mix {size}: generated in {row['generation_s']:.0f} s ({row['generation_cpu_s']:.0f} s of CPU)")
+    kept = plan.corpora_dir is not None
+    root = (Path(plan.corpora_dir) if kept else work) / f"mix{size}"
+    row = _generated(root, size, log)
+    if plan.generate_only:
+        return row
     try:
-        for part in mix_corpus.PARTS:
+        for where in [root, *(root / part.directory for part in mix_corpus.PARTS)]:
+            shutil.rmtree(where / ".stoker", ignore_errors=True)  # a kept corpus's cache of a run before
+        for part in mix_corpus.PARTS if plan.parts_alone else ():
             where = root / part.directory
             _cold(row, part.name, where, part.metadata_file, log)
             shutil.rmtree(where / ".stoker", ignore_errors=True)
@@ -564,7 +566,36 @@ def run_mix(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]) 
                 f"{run['launch_to_first_batch_s']:.2f} s, consumer {run['consumer_peak_rss_mb']:.0f} MB, producer "
                 f"{run['producer_peak_rss_mb']:.0f} MB")
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if kept:  # the corpus stays; its cache and run go
+            shutil.rmtree(root / ".stoker", ignore_errors=True)
+            shutil.rmtree(root / "run", ignore_errors=True)
+            (root / "run.log").unlink(missing_ok=True)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return row
+
+
+# A kept mix's record of its generation, written once the corpus is whole.
+GENERATED_FILE = "generated.json"
+
+
+def _generated(root: Path, size: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """The mix of ``size`` clips at ``root``, generated unless a whole one of that size is there
+    (its :data:`GENERATED_FILE`): the row's clips, generation figures and corpus sizes."""
+    record = root / GENERATED_FILE
+    if record.exists():
+        row = json.loads(record.read_text())
+        if row.get("clips") == size:
+            log(f"mix {size}: reusing the corpus at {root} (generated in {row['generation_s']:.0f} s, "
+                f"{row['generation_cpu_s']:.0f} s of CPU)")
+            return row
+    started, cpu = time.perf_counter(), time.process_time()
+    mix_corpus.write_mix(root, size, log)
+    row = {"clips": size, "generation_s": time.perf_counter() - started, "generation_cpu_s": time.process_time() - cpu}
+    for part in mix_corpus.PARTS:
+        row[f"{part.name}.corpus_mb"] = mix_corpus.disk_bytes(root / part.directory) / MB
+    record.write_text(json.dumps(row))
+    log(f"mix {size}: generated in {row['generation_s']:.0f} s ({row['generation_cpu_s']:.0f} s of CPU)")
     return row
 
 
@@ -680,6 +711,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parquet-sizes", help="rows per run of Parquet files (default 10000000)")
     parser.add_argument("--mix-sizes", help="clips per run of a mix of three corpora (default 1000000,10000000)")
     parser.add_argument("--steps", type=int)
+    parser.add_argument("--corpora", help="keep each generated mix in this directory, and reuse one already there")
+    parser.add_argument("--no-parts-alone", action="store_true", help="build only the mix, not each dataset alone first")
+    parser.add_argument("--generate-only", action="store_true", help="generate each mix (into --corpora), build nothing")
     parser.add_argument("--json", help="also write the figures to this file")
     args, rest = parser.parse_known_args(argv)
     if rest[:1] == ["index-child"]:
@@ -696,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
         plan.mix_sizes = tuple(int(n) for n in args.mix_sizes.split(",") if n)
     if args.steps:
         plan.steps = args.steps
+    if args.generate_only and not args.corpora:
+        parser.error("--generate-only keeps nothing without --corpora DIR")
+    plan.corpora_dir, plan.parts_alone, plan.generate_only = args.corpora, not args.no_parts_alone, args.generate_only
     return run_alone("scale", lambda log: run(plan, log=log), render, args.json)
 
 
