@@ -100,6 +100,9 @@ MEMORY_SAMPLE_S = 0.2
 SETTLING_FRAC = 0.2
 # A child (index build or run) that takes longer has hung.
 CHILD_TIMEOUT_S = 1800.0
+# A watched cold build still going after this long is stopped, its figures kept (three times the
+# 10^8 target's 20 minutes).
+BUILD_TIMEOUT_S = 3600.0
 # Roles of the processes of a run, by a part of their command line.
 ROLES = (("producer", "stoker.producer.worker"), ("consumer", "stoker.consumer.training.main"))
 # The scale targets: (figure, size it applies to, limit).
@@ -133,7 +136,7 @@ MIX_TARGETS = (("mix.cold_build_s", 100_000_000, 1200.0), ("mix.all_peak_rss_mb"
 MIX_GROWTH_LIMIT = 1.1
 # What the mix's tables show of each build (a part's alone, the mix's), and of the mix's run.
 BUILD_FIGURES = ("wall_s", "cpu_s", "all_peak_rss_mb", "peak_rss_mb", "helper_peak_rss_mb", "spill_peak_mb",
-                 "cache_dir_peak_mb", "cache_mb", "streamed", "killed")
+                 "cache_dir_peak_mb", "cache_mb", "streamed", "killed", "timed_out")
 MIX_FIGURES = ("warm_load_s", "launch_to_first_batch_s", "samples_per_s", "consumer_peak_rss_mb",
                "producer_peak_rss_mb", "launcher_peak_rss_mb")
 
@@ -350,12 +353,12 @@ def _watched_index(root: Path, metadata_file: str, limit_mb: float) -> dict[str,
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **QUIET_ENV})
         watch = BuildWatch(proc, root / ".stoker", limit_mb)
+        timed_out = False
         try:
-            code = proc.wait(timeout=CHILD_TIMEOUT_S)
+            code = proc.wait(timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
-            raise BenchError(f"index build timed out: {' '.join(argv)}") from None
+            code, timed_out = proc.wait(), True
         finally:
             watch.stop()
         wall = time.perf_counter() - started
@@ -364,8 +367,8 @@ def _watched_index(root: Path, metadata_file: str, limit_mb: float) -> dict[str,
         text, problem = out.read(), err.read()
     figures = {"wall_s": wall, "all_peak_rss_mb": watch.rss_mb, "spill_peak_mb": watch.spill_mb,
                "cache_dir_peak_mb": watch.disk_mb, "streamed": watch.spill_mb > 0, "killed": watch.killed,
-               "load_before": load, "load_after": os.getloadavg()[0]}
-    if watch.killed:
+               "timed_out": timed_out, "load_before": load, "load_after": os.getloadavg()[0]}
+    if watch.killed or timed_out:
         return figures
     if code != 0:
         raise BenchError(f"index build failed: {problem.strip()[-2000:]}")
@@ -557,7 +560,7 @@ def run_mix(size: int, plan: ScalePlan, work: Path, log: Callable[[str], None]) 
             _cold(row, part.name, where, part.metadata_file, log)
             shutil.rmtree(where / ".stoker", ignore_errors=True)
         _cold(row, "mix", root, mix_corpus.MIX_FILE, log)
-        if not row["mix.killed"]:
+        if not (row["mix.killed"] or row["mix.timed_out"]):
             warm = _index(root, mix_corpus.MIX_FILE)
             row["mix.warm_load_s"] = warm["seconds"]
             run = _run(root, plan, root, mix_corpus.MIX_FILE)
@@ -609,6 +612,10 @@ def _cold(row: dict[str, Any], scope: str, root: Path, metadata_file: str, log: 
     if cold["killed"]:
         log(f"mix {row['clips']}: {scope} cold build stopped at {cold['all_peak_rss_mb']:.0f} MB of its processes "
             f"(limit {BUILD_LIMIT_MB:.0f} MB), after {cold['wall_s']:.0f} s")
+        return
+    if cold["timed_out"]:
+        log(f"mix {row['clips']}: {scope} cold build stopped after {cold['wall_s']:.0f} s (limit {BUILD_TIMEOUT_S:.0f} s"
+            f"), processes' peak {cold['all_peak_rss_mb']:.0f} MB, run files' peak {cold['spill_peak_mb']:.0f} MB")
         return
     log(f"mix {row['clips']}: {scope} cold build {cold['wall_s']:.1f} s ({cold['cpu_s']:.1f} s of CPU, load "
         f"{cold['load_before']:.1f} to {cold['load_after']:.1f}), {'streamed' if cold['streamed'] else 'one process'}"
