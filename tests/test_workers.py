@@ -57,29 +57,10 @@ def check_once_per_epoch(job: Path, epochs: int, made: list[str]) -> set[str]:
     return trained
 
 
-def test_two_workers_train_each_clip_once_per_epoch_in_step(tmp_path):
-    data, job = tmp_path / "data", tmp_path / "job"
-    made = make_dataset(data, count=24)
-    workers = start_job("--data", str(data), "--run-dir", str(job), *JOB, "--epochs", "2", "--log-level", "WARNING")
-    try:
-        finish(workers)
-    finally:
-        for worker in workers:
-            worker.kill()
-    trained = check_once_per_epoch(job, 2, made)
-    summaries = [read_json(job / f"worker-{w}" / "summary.json") for w in range(WORKERS)]
-    assert len(trained) == summaries[0]["clips"] - summaries[0]["val_clips"]
-    assert [(s["workers"], s["worker"], s["replicas"]) for s in summaries] == [(2, 0, 2), (2, 1, 2)]
-    rows = [read_jsonl(job / f"worker-{w}" / "metrics.jsonl") for w in range(WORKERS)]
-    assert len(rows[0]) == len(rows[1]) == summaries[0]["steps"]
-    # In step: each step's loss is the global batch's, the same on both; and so is its bucket shape
-    # (each worker computes its rows x the bucket's T frames).
-    assert [r["loss"] for r in rows[0]] == [r["loss"] for r in rows[1]]
-    assert [r["frames_computed"] for r in rows[0]] == [r["frames_computed"] for r in rows[1]]
-    assert summaries[0]["loss_last"] < summaries[0]["loss_first"]
-
-
-def test_kill_9_of_a_worker_then_resume_of_the_job_goes_on_at_the_checkpoint(tmp_path, monkeypatch):
+def test_two_workers_in_step_and_a_kill_9_of_one_then_resume_of_the_job_goes_on_at_the_checkpoint(tmp_path,
+                                                                                                  monkeypatch):
+    """One job (two workers, their TensorFlow processes the dearest part of the test) checked for
+    both: the kill and resume, and the finished job's workers in step."""
     data, job = tmp_path / "data", tmp_path / "job"
     made = make_dataset(data, count=24)
     args = ["--data", str(data), "--run-dir", str(job), *JOB, "--producers", "0", "--epochs", "3", "--set",
@@ -109,7 +90,17 @@ def test_kill_9_of_a_worker_then_resume_of_the_job_goes_on_at_the_checkpoint(tmp
     finally:
         for worker in again:
             worker.kill()
-    check_once_per_epoch(job, 3, made)
+    trained = check_once_per_epoch(job, 3, made)
+    summaries = [read_json(job / f"worker-{w}" / "summary.json") for w in range(WORKERS)]
+    assert len(trained) == summaries[0]["clips"] - summaries[0]["val_clips"]
+    assert [(s["workers"], s["worker"], s["replicas"]) for s in summaries] == [(2, 0, 2), (2, 1, 2)]
+    metrics = [read_jsonl(job / f"worker-{w}" / "metrics.jsonl") for w in range(WORKERS)]
+    assert len(metrics[0]) == len(metrics[1]) == summaries[0]["steps"]
+    # In step, across the kill: each step's loss is the global batch's, the same on both; and so is
+    # its bucket shape (each worker computes its rows x the bucket's T frames).
+    assert [r["loss"] for r in metrics[0]] == [r["loss"] for r in metrics[1]]
+    assert [r["frames_computed"] for r in metrics[0]] == [r["frames_computed"] for r in metrics[1]]
+    assert summaries[0]["loss_last"] < summaries[0]["loss_first"]
     for w in range(WORKERS):
         summary = read_json(job / f"worker-{w}" / "summary.json")
         rows = read_jsonl(job / f"worker-{w}" / "samples.jsonl")

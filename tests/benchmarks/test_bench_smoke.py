@@ -187,7 +187,8 @@ def test_suite_writes_bench_json(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pipeline, "run_once", fake_run_once)
     plan = suite.SuitePlan(
-        transport=transport.TransportPlan(repetitions=2, messages={"8MiB": 3, "16KiB": 10}, warmup=1, timeout_s=60,
+        # one repetition: the suite's rows and targets (test_transport_tiny checks the repetitions' spread)
+        transport=transport.TransportPlan(repetitions=1, messages={"8MiB": 3, "16KiB": 10}, warmup=1, timeout_s=60,
                                           transports=("tcp",), kinds=("raw", "protocol")),
         transport_sizes={"8MiB": 8 << 20, "16KiB": 16 << 10},
         pipeline=pipeline.PipelinePlan([pipeline.RunSpec("tf", 2, 30, 2, targets=True),

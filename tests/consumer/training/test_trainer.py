@@ -59,10 +59,16 @@ def _speech_like_batch() -> dict[str, np.ndarray]:
     return batch
 
 
-def test_loss_falls_on_a_fixed_batch() -> None:
+@pytest.fixture(scope="module")
+def trained() -> tuple[KerasTrainer, list]:
+    """The real model trained 40 steps on one batch: built and traced once for the tests that use it."""
     trainer = _trainer(learning_rate=3e-3)
     staged = trainer.stage(_speech_like_batch())
-    losses = trainer.resolve([trainer.step(staged) for _ in range(40)])
+    return trainer, trainer.resolve([trainer.step(staged) for _ in range(40)])
+
+
+def test_loss_falls_on_a_fixed_batch(trained) -> None:
+    trainer, losses = trained
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < 0.5 * losses[0]
     assert trainer.updates == 40 and trainer.health() == Health(0, 0)
@@ -136,8 +142,8 @@ def test_one_trace_per_bucket_shape_and_retraces_are_logged(caplog) -> None:
     assert "not one of the plan's 2 bucket shapes" in caplog.text
 
 
-def test_evaluate_and_predict() -> None:
-    trainer = _trainer()
+def test_evaluate_and_predict(trained) -> None:
+    trainer, _ = trained  # evaluating and predicting need a built model, not an untrained one
     batch = make_batch(4, *SHAPE, valid=3)
     loss = trainer.evaluate([trainer.stage(batch)])
     assert loss is not None and math.isfinite(loss)
