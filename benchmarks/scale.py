@@ -345,7 +345,8 @@ class BuildWatch:
 
 def _watched_index(root: Path, metadata_file: str, limit_mb: float) -> dict[str, Any]:
     """:func:`_index`, cold, watched (:class:`BuildWatch`): its figures, and ``streamed`` (it
-    spilled run files: the chunked build), or ``killed`` with the memory it had reached."""
+    spilled run files: the chunked build), or ``killed`` with the memory it had reached, or
+    ``timed_out`` past BUILD_TIMEOUT_S with the figures it had reached."""
     argv = [sys.executable, "-m", "stoker.benchmarks.scale", "index-child", str(root), metadata_file]
     load = os.getloadavg()[0]
     started = time.perf_counter()

@@ -101,8 +101,7 @@ def test_two_workers_in_step_and_a_kill_9_of_one_then_resume_of_the_job_goes_on_
     assert [r["loss"] for r in metrics[0]] == [r["loss"] for r in metrics[1]]
     assert [r["frames_computed"] for r in metrics[0]] == [r["frames_computed"] for r in metrics[1]]
     assert summaries[0]["loss_last"] < summaries[0]["loss_first"]
-    for w in range(WORKERS):
-        summary = read_json(job / f"worker-{w}" / "summary.json")
+    for w, summary in enumerate(summaries):
         rows = read_jsonl(job / f"worker-{w}" / "samples.jsonl")
         assert summary["resumed_from_step"] == common and summary["epochs_completed"] == 3
         assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))

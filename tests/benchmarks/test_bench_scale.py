@@ -92,3 +92,30 @@ def test_a_watched_build_past_its_memory_limit_is_stopped_and_one_within_it_give
     done = scale._watched_index(tmp_path / "manifest", "manifest.jsonl", limit_mb=10_000.0)
     assert not done["killed"] and done["clips"] == 500 and done["rejected"] == 0
     assert not done["streamed"] and done["all_peak_rss_mb"] > 0  # a small manifest: one process, no run files
+
+
+@pytest.mark.timeout(120)
+def test_a_watched_build_past_its_time_limit_is_stopped_with_the_figures_it_reached(
+        tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(mix_corpus, "CHUNK", 500)
+    mix_corpus.write_mix(tmp_path, 1500)
+    monkeypatch.setattr(scale, "BUILD_TIMEOUT_S", 0.05)
+    stopped = scale._watched_index(tmp_path / "manifest", "manifest.jsonl", limit_mb=10_000.0)
+    assert stopped["timed_out"] and not stopped["killed"] and stopped["wall_s"] >= 0.05
+    assert "clips" not in stopped  # a build stopped has no index figures, only what the watch saw
+
+
+def test_a_kept_mix_is_generated_once_and_reused_with_its_generation_figures(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(mix_corpus, "CHUNK", 500)
+    first = scale._generated(tmp_path / "mix900", 900, lambda text: None)
+    made = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("a kept mix was generated again")
+
+    monkeypatch.setattr(mix_corpus, "write_mix", no_generation)
+    said: list[str] = []
+    again = scale._generated(tmp_path / "mix900", 900, said.append)
+    assert again == first and first["clips"] == 900 and first["generation_s"] > 0
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == made
+    assert "reusing the corpus" in said[0]

@@ -143,7 +143,7 @@ def test_one_trace_per_bucket_shape_and_retraces_are_logged(caplog) -> None:
 
 
 def test_evaluate_and_predict(trained) -> None:
-    trainer, _ = trained  # evaluating and predicting need a built model, not an untrained one
+    trainer, _ = trained  # what evaluate and predict give does not depend on the weights: the trained model serves
     batch = make_batch(4, *SHAPE, valid=3)
     loss = trainer.evaluate([trainer.stage(batch)])
     assert loss is not None and math.isfinite(loss)
